@@ -1,0 +1,84 @@
+#pragma once
+
+// The experts of one MoE layer held by one rank, and their computation
+// (DESIGN §7). SwiGLU: out = down( silu(gate(x)) * up(x) ) with gate, up
+// [I, H] and down [H, I], bf16 storage and fp32 accumulation (BLAS sgemm on
+// weights widened to fp32 per call). Identity: out = x.
+//
+// Seeded weights are a pure function of (seed, layer, expert, projection), so
+// any process (a worker holding a few experts, or the single-process
+// reference holding all) generates bit-identical weights.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/bf16.h"
+
+namespace moe_ep::core {
+
+enum class ExpertKind { kSwiGlu, kIdentity };
+
+// Weights of one SwiGLU expert, bf16 bit patterns, row-major.
+struct SwiGluWeights {
+  std::vector<bf16_t> gate;  // [I, H]
+  std::vector<bf16_t> up;    // [I, H]
+  std::vector<bf16_t> down;  // [H, I]
+};
+
+// Experts [first_expert, first_expert + num_experts) of one layer.
+class ExpertSet {
+ public:
+  // Seeded SwiGLU weights: values uniform in [-s, s] with s = 1/sqrt(fan_in),
+  // so activations keep their scale across layers.
+  // Errors: kInvalidArgument for hidden < 1, intermediate < 1, num_experts < 0.
+  static absl::StatusOr<ExpertSet> GenerateSwiGlu(uint64_t seed, int layer, int first_expert,
+                                                  int num_experts, int64_t hidden,
+                                                  int64_t intermediate);
+  static ExpertSet Identity(int first_expert, int num_experts, int64_t hidden);
+  // Loads gate/up/down of each expert from a safetensors file (bf16 or fp32
+  // tensors). `name_pattern` contains {layer}, {expert} and {proj} (gate_proj,
+  // up_proj, down_proj). Errors: kNotFound (file or tensor name),
+  // kInvalidArgument (shape or dtype differs from [I, H] / [H, I]).
+  static absl::StatusOr<ExpertSet> LoadSafetensors(const std::string& path,
+                                                   const std::string& name_pattern, int layer,
+                                                   int first_expert, int num_experts,
+                                                   int64_t hidden, int64_t intermediate);
+
+  ExpertKind kind() const { return kind_; }
+  int first_expert() const { return first_expert_; }
+  int num_experts() const { return num_experts_; }
+  int64_t hidden() const { return hidden_; }
+  int64_t intermediate() const { return intermediate_; }
+  bool Owns(int64_t expert_id) const {
+    return expert_id >= first_expert_ && expert_id < first_expert_ + num_experts_;
+  }
+  // Bytes of weight storage held (0 for identity).
+  int64_t weight_bytes() const;
+
+  // out[r, :] = expert(x[r, :]) for `rows` rows; x and out are [rows, H] fp32.
+  // Errors: kInvalidArgument when !Owns(expert_id) or spans are too short.
+  absl::Status Apply(int64_t expert_id, absl::Span<const float> x, int64_t rows,
+                     absl::Span<float> out) const;
+
+  // Expert compute for received rows (DESIGN §7): for each row r of `x`
+  // ([rows, H] fp32), out[r] = sum over k with Owns(ids[r, k]) of
+  // weights[r, k] * expert_{ids[r,k]}(x[r]). Rows are grouped by expert so each
+  // expert runs one GEMM. ids [rows, K] int32, weights [rows, K] fp32,
+  // out [rows, H] fp32 (overwritten). Rows with no local expert get zeros.
+  absl::Status ComputeWeightedSum(absl::Span<const float> x, absl::Span<const int32_t> ids,
+                                  absl::Span<const float> weights, int64_t rows, int top_k,
+                                  absl::Span<float> out) const;
+
+ private:
+  ExpertKind kind_ = ExpertKind::kIdentity;
+  int first_expert_ = 0;
+  int num_experts_ = 0;
+  int64_t hidden_ = 0;
+  int64_t intermediate_ = 0;
+  std::vector<SwiGluWeights> weights_;  // num_experts_ entries for kSwiGlu
+};
+
+}  // namespace moe_ep::core
