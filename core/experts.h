@@ -57,6 +57,10 @@ class ExpertSet {
   }
   // Bytes of weight storage held (0 for identity).
   int64_t weight_bytes() const;
+  // SwiGLU weights of local expert `first_expert() + local_index`, for copying
+  // onto a device (kernels/device_experts.h). REQUIRES: kind() == kSwiGlu and
+  // 0 <= local_index < num_experts().
+  const SwiGluWeights& swiglu_weights(int local_index) const { return weights_[local_index]; }
 
   // out[r, :] = expert(x[r, :]) for `rows` rows; x and out are [rows, H] fp32.
   // Errors: kInvalidArgument when !Owns(expert_id) or spans are too short.
