@@ -1,0 +1,385 @@
+#include "core/model_config.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <optional>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/status_macros.h"
+
+namespace moe_ep::core {
+
+int ModelDescription::NumSparseLayers() const {
+  return static_cast<int>(std::count(sparse_layers.begin(), sparse_layers.end(), true));
+}
+
+std::vector<int> ModelDescription::SparseLayerIndices() const {
+  std::vector<int> indices;
+  for (size_t i = 0; i < sparse_layers.size(); ++i) {
+    if (sparse_layers[i]) indices.push_back(static_cast<int>(i));
+  }
+  return indices;
+}
+
+namespace {
+
+using nlohmann::json;
+
+enum class Family { kDeepSeek, kQwenMoe, kAllSparse, kLlama4 };
+
+struct FamilyInfo {
+  Family family;
+  double default_rms_norm_eps;  // the Hugging Face config class default
+};
+
+const std::map<std::string, FamilyInfo>& Families() {
+  static const auto* families = new std::map<std::string, FamilyInfo>{
+      {"deepseek_v2", {Family::kDeepSeek, 1e-6}}, {"deepseek_v3", {Family::kDeepSeek, 1e-6}},
+      {"kimi_k2", {Family::kDeepSeek, 1e-6}},     {"qwen2_moe", {Family::kQwenMoe, 1e-6}},
+      {"qwen3_moe", {Family::kQwenMoe, 1e-6}},    {"mixtral", {Family::kAllSparse, 1e-5}},
+      {"gpt_oss", {Family::kAllSparse, 1e-5}},    {"minimax_m2", {Family::kAllSparse, 1e-6}},
+      {"llama4", {Family::kLlama4, 1e-5}},        {"llama4_text", {Family::kLlama4, 1e-5}},
+  };
+  return *families;
+}
+
+std::string SupportedFamilies() {
+  std::vector<std::string> names;
+  for (const auto& [name, info] : Families()) names.push_back(name);
+  return absl::StrJoin(names, ", ");
+}
+
+// Key lookups. `where` prefixes key names in messages ("text_config.").
+class ConfigReader {
+ public:
+  ConfigReader(const json& object, std::string where) : object_(object), where_(std::move(where)) {}
+
+  bool Has(const std::string& key) const {
+    return object_.contains(key) && !object_.at(key).is_null();
+  }
+
+  std::string Key(const std::string& key) const { return where_ + key; }
+
+  // An integer in [min, max]; absent (or null) -> nullopt.
+  absl::StatusOr<std::optional<int64_t>> OptionalInt(const std::string& key, int64_t min,
+                                                     int64_t max) const {
+    if (!Has(key)) return std::optional<int64_t>();
+    const json& value = object_.at(key);
+    if (!value.is_number_integer()) {
+      return absl::InvalidArgumentError(absl::StrCat("model config key '", Key(key),
+                                                     "' must be an integer, got ",
+                                                     value.type_name(), " ", value.dump()));
+    }
+    int64_t v = 0;
+    if (value.is_number_unsigned()) {
+      uint64_t u = value.get<uint64_t>();
+      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("model config key '", Key(key), "' is out of range: ", value.dump()));
+      }
+      v = static_cast<int64_t>(u);
+    } else {
+      v = value.get<int64_t>();
+    }
+    if (v < min || v > max) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model config key '", Key(key), "' must be in [", min, ", ", max, "], got ", v));
+    }
+    return std::optional<int64_t>(v);
+  }
+
+  absl::StatusOr<int64_t> RequiredInt(const std::string& key, int64_t min, int64_t max) const {
+    ASSIGN_OR_RETURN(std::optional<int64_t> v, OptionalInt(key, min, max));
+    if (!v.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model config is missing required key '", Key(key), "'"));
+    }
+    return *v;
+  }
+
+  absl::StatusOr<int64_t> IntOr(const std::string& key, int64_t fallback, int64_t min,
+                                int64_t max) const {
+    ASSIGN_OR_RETURN(std::optional<int64_t> v, OptionalInt(key, min, max));
+    return v.value_or(fallback);
+  }
+
+  // The first present key of `keys`; all present ones must agree.
+  absl::StatusOr<int64_t> OneOfInt(const std::vector<std::string>& keys, int64_t min,
+                                   int64_t max) const {
+    std::optional<int64_t> found;
+    std::string found_key;
+    for (const std::string& key : keys) {
+      ASSIGN_OR_RETURN(std::optional<int64_t> v, OptionalInt(key, min, max));
+      if (!v.has_value()) continue;
+      if (found.has_value() && *found != *v) {
+        return absl::InvalidArgumentError(absl::StrCat("model config keys '", Key(found_key), "' (",
+                                                       *found, ") and '", Key(key), "' (", *v,
+                                                       ") disagree"));
+      }
+      if (!found.has_value()) {
+        found = v;
+        found_key = key;
+      }
+    }
+    if (!found.has_value()) {
+      std::vector<std::string> names;
+      for (const std::string& key : keys) names.push_back("'" + Key(key) + "'");
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model config is missing required key: one of ", absl::StrJoin(names, ", ")));
+    }
+    return *found;
+  }
+
+  // A list of layer indices, each in [0, num_layers); absent -> empty.
+  absl::StatusOr<std::vector<int>> LayerList(const std::string& key, int num_layers) const {
+    std::vector<int> layers;
+    if (!Has(key)) return layers;
+    const json& value = object_.at(key);
+    if (!value.is_array()) {
+      return absl::InvalidArgumentError(absl::StrCat("model config key '", Key(key),
+                                                     "' must be a list of layer indices, got ",
+                                                     value.type_name()));
+    }
+    for (size_t i = 0; i < value.size(); ++i) {
+      const json& entry = value[i];
+      if (!entry.is_number_integer() || entry.get<int64_t>() < 0 ||
+          entry.get<int64_t>() >= num_layers) {
+        return absl::InvalidArgumentError(absl::StrCat("model config key '", Key(key), "' entry ",
+                                                       i, " must be a layer index in [0, ",
+                                                       num_layers, "), got ", entry.dump()));
+      }
+      layers.push_back(static_cast<int>(entry.get<int64_t>()));
+    }
+    return layers;
+  }
+
+  absl::StatusOr<double> DoubleOr(const std::string& key, double fallback) const {
+    if (!Has(key)) return fallback;
+    const json& value = object_.at(key);
+    if (!value.is_number()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model config key '", Key(key), "' must be a number, got ", value.type_name()));
+    }
+    double v = value.get<double>();
+    if (!(v > 0.0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model config key '", Key(key), "' must be positive, got ", v));
+    }
+    return v;
+  }
+
+ private:
+  const json& object_;
+  std::string where_;
+};
+
+constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+
+absl::StatusOr<ModelDescription> ParseChecked(const json& config, std::string name) {
+  if (!config.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config must be a JSON object, got ", config.type_name()));
+  }
+  if (!config.contains("model_type") || !config.at("model_type").is_string()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config key 'model_type' is missing or not a string; supported: ",
+                     SupportedFamilies()));
+  }
+  const std::string model_type = config.at("model_type").get<std::string>();
+  auto family_it = Families().find(model_type);
+  if (family_it == Families().end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config key 'model_type' is '", model_type,
+                     "', not a supported MoE family; supported: ", SupportedFamilies()));
+  }
+  const FamilyInfo info = family_it->second;
+
+  // Llama-4 multimodal configs keep the language model under text_config.
+  const json* text = &config;
+  std::string where;
+  if (model_type == "llama4") {
+    if (!config.contains("text_config") || !config.at("text_config").is_object()) {
+      return absl::InvalidArgumentError(
+          "model config key 'text_config' is missing or not an object (required for llama4)");
+    }
+    text = &config.at("text_config");
+    where = "text_config.";
+  }
+  const ConfigReader r(*text, where);
+
+  ModelDescription model;
+  model.name = std::move(name);
+  model.model_type = model_type;
+  ASSIGN_OR_RETURN(model.hidden_size, r.RequiredInt("hidden_size", 1, kInt64Max));
+  ASSIGN_OR_RETURN(int64_t num_layers, r.RequiredInt("num_hidden_layers", 1, kIntMax));
+  model.num_layers = static_cast<int>(num_layers);
+  ASSIGN_OR_RETURN(
+      int64_t num_experts,
+      r.OneOfInt({"n_routed_experts", "num_experts", "num_local_experts"}, 1, kIntMax));
+  model.num_experts = static_cast<int>(num_experts);
+  ASSIGN_OR_RETURN(int64_t top_k,
+                   r.OneOfInt({"num_experts_per_tok", "experts_per_token"}, 1, kIntMax));
+  model.top_k = static_cast<int>(top_k);
+  if (model.top_k > model.num_experts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config top-k (", r.Key("num_experts_per_tok"), ") ", model.top_k,
+                     " exceeds the number of routed experts ", model.num_experts));
+  }
+  ASSIGN_OR_RETURN(model.rms_norm_eps, r.DoubleOr("rms_norm_eps", info.default_rms_norm_eps));
+
+  // Expert and dense FFN sizes.
+  if (info.family == Family::kLlama4) {
+    ASSIGN_OR_RETURN(model.moe_intermediate_size, r.RequiredInt("intermediate_size", 1, kInt64Max));
+    ASSIGN_OR_RETURN(model.intermediate_size, r.IntOr("intermediate_size_mlp", 0, 1, kInt64Max));
+  } else if (r.Has("moe_intermediate_size")) {
+    ASSIGN_OR_RETURN(model.moe_intermediate_size,
+                     r.RequiredInt("moe_intermediate_size", 1, kInt64Max));
+    ASSIGN_OR_RETURN(model.intermediate_size, r.IntOr("intermediate_size", 0, 1, kInt64Max));
+  } else {
+    // Mixtral, gpt-oss, MiniMax: intermediate_size is the expert's; no dense MLP.
+    ASSIGN_OR_RETURN(model.moe_intermediate_size, r.RequiredInt("intermediate_size", 1, kInt64Max));
+  }
+
+  // Sparse pattern.
+  const int L = model.num_layers;
+  model.sparse_layers.assign(L, false);
+  std::string rule_keys;
+  switch (info.family) {
+    case Family::kDeepSeek: {
+      ASSIGN_OR_RETURN(int64_t first_dense, r.IntOr("first_k_dense_replace", 0, 0, L));
+      ASSIGN_OR_RETURN(int64_t freq, r.IntOr("moe_layer_freq", 1, 1, kIntMax));
+      for (int i = 0; i < L; ++i) model.sparse_layers[i] = i >= first_dense && i % freq == 0;
+      rule_keys = "'" + r.Key("first_k_dense_replace") + "', '" + r.Key("moe_layer_freq") + "'";
+      break;
+    }
+    case Family::kQwenMoe: {
+      ASSIGN_OR_RETURN(int64_t step, r.IntOr("decoder_sparse_step", 1, 1, kIntMax));
+      ASSIGN_OR_RETURN(std::vector<int> mlp_only, r.LayerList("mlp_only_layers", L));
+      for (int i = 0; i < L; ++i) model.sparse_layers[i] = (i + 1) % step == 0;
+      for (int i : mlp_only) model.sparse_layers[i] = false;
+      rule_keys = "'" + r.Key("decoder_sparse_step") + "', '" + r.Key("mlp_only_layers") + "'";
+      break;
+    }
+    case Family::kAllSparse:
+      model.sparse_layers.assign(L, true);
+      break;
+    case Family::kLlama4: {
+      if (r.Has("moe_layers")) {
+        ASSIGN_OR_RETURN(std::vector<int> moe_layers, r.LayerList("moe_layers", L));
+        for (int i : moe_layers) model.sparse_layers[i] = true;
+        rule_keys = "'" + r.Key("moe_layers") + "'";
+      } else {
+        ASSIGN_OR_RETURN(int64_t step, r.IntOr("interleave_moe_layer_step", 1, 1, kIntMax));
+        for (int i = 0; i < L; ++i) model.sparse_layers[i] = (i + 1) % step == 0;
+        rule_keys = "'" + r.Key("interleave_moe_layer_step") + "'";
+      }
+      break;
+    }
+  }
+  const int num_sparse = model.NumSparseLayers();
+  if (num_sparse == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model config has no sparse (MoE) layer among ",
+                                                   L, " layers; check ", rule_keys));
+  }
+  if (num_sparse < L && model.intermediate_size == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model config has ", L - num_sparse, " dense layers but no dense MLP size '",
+        r.Key(info.family == Family::kLlama4 ? "intermediate_size_mlp" : "intermediate_size"),
+        "'"));
+  }
+  return model;
+}
+
+}  // namespace
+
+absl::StatusOr<ModelDescription> ParseModelConfig(const nlohmann::json& config, std::string name) {
+  try {
+    return ParseChecked(config, std::move(name));
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("model config is malformed: ", e.what()));
+  }
+}
+
+absl::StatusOr<ModelDescription> LoadModelConfig(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return absl::NotFoundError(absl::StrCat("model config file '", path, "' does not exist"));
+  }
+  std::ifstream in(path);
+  if (!in) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot open model config file '", path, "'"));
+  }
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config file '", path, "' is not valid JSON: ", e.what()));
+  }
+  absl::StatusOr<ModelDescription> model =
+      ParseModelConfig(config, std::filesystem::path(path).stem().string());
+  if (!model.ok()) {
+    return absl::Status(model.status().code(), absl::StrCat(path, ": ", model.status().message()));
+  }
+  return model;
+}
+
+namespace {
+
+ModelDescription Preset(std::string name, std::string model_type, int64_t hidden, int layers,
+                        int experts, int top_k, int64_t moe_intermediate, int64_t intermediate,
+                        double eps, int first_dense_layers) {
+  ModelDescription m;
+  m.name = std::move(name);
+  m.model_type = std::move(model_type);
+  m.hidden_size = hidden;
+  m.num_layers = layers;
+  m.num_experts = experts;
+  m.top_k = top_k;
+  m.moe_intermediate_size = moe_intermediate;
+  m.intermediate_size = intermediate;
+  m.rms_norm_eps = eps;
+  m.sparse_layers.assign(layers, true);
+  for (int i = 0; i < first_dense_layers && i < layers; ++i) m.sparse_layers[i] = false;
+  return m;
+}
+
+const std::map<std::string, ModelDescription>& Presets() {
+  // Values from the published config.json of each model (Hugging Face).
+  static const auto* presets = new std::map<std::string, ModelDescription>{
+      {"qwen3-30b-a3b", Preset("qwen3-30b-a3b", "qwen3_moe", 2048, 48, 128, 8, 768, 6144, 1e-6, 0)},
+      {"deepseek-v3", Preset("deepseek-v3", "deepseek_v3", 7168, 61, 256, 8, 2048, 18432, 1e-6, 3)},
+      {"mixtral-8x7b", Preset("mixtral-8x7b", "mixtral", 4096, 32, 8, 2, 14336, 0, 1e-5, 0)},
+      {"gpt-oss-20b", Preset("gpt-oss-20b", "gpt_oss", 2880, 24, 32, 4, 2880, 0, 1e-5, 0)},
+      // Synthetic, small enough for CPU demos and CI; layer 0 dense so plans
+      // exercise both layer kinds.
+      {"tiny-moe", Preset("tiny-moe", "deepseek_v3", 128, 4, 8, 2, 256, 512, 1e-6, 1)},
+  };
+  return *presets;
+}
+
+}  // namespace
+
+absl::StatusOr<ModelDescription> BuiltinModel(const std::string& name) {
+  auto it = Presets().find(name);
+  if (it == Presets().end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no built-in model '", name, "'; known: ", absl::StrJoin(BuiltinModelNames(), ", ")));
+  }
+  return it->second;
+}
+
+std::vector<std::string> BuiltinModelNames() {
+  std::vector<std::string> names;
+  for (const auto& [name, model] : Presets()) names.push_back(name);
+  return names;
+}
+
+}  // namespace moe_ep::core

@@ -1,0 +1,87 @@
+#pragma once
+
+// The MoE shape of a model, read from its Hugging Face `config.json`
+// (DESIGN §9): sizes, routed experts, top-k and which decoder layers are
+// sparse (MoE) versus dense.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+
+namespace moe_ep::core {
+
+struct ModelDescription {
+  std::string name;                   // file stem or preset name, e.g. "DeepSeek-V3"
+  std::string model_type;             // the config's family, e.g. "deepseek_v3", "llama4"
+  int64_t hidden_size = 0;            // H, elements
+  int num_layers = 0;                 // decoder layers (MTP / next-n layers excluded)
+  int num_experts = 0;                // routed experts per sparse layer (shared experts excluded)
+  int top_k = 0;                      // K, routed experts per token
+  int64_t moe_intermediate_size = 0;  // I of one routed expert, elements
+  // I of the dense MLP, elements; 0 when the config has none and no layer is
+  // dense (Mixtral, gpt-oss, MiniMax: their `intermediate_size` is the expert
+  // size and lands in moe_intermediate_size).
+  int64_t intermediate_size = 0;
+  double rms_norm_eps = 0.0;
+  std::vector<bool> sparse_layers;  // [num_layers]; true = MoE layer
+
+  int NumSparseLayers() const;
+  // Indices of the sparse layers, ascending.
+  std::vector<int> SparseLayerIndices() const;
+};
+
+// ParseModelConfig()
+//
+// Reads a published Hugging Face config.json. The family is chosen by
+// `model_type`; each family's sparse-layer rule is the one of its Hugging Face
+// modelling code:
+//   deepseek_v2, deepseek_v3, kimi_k2: layer i is sparse iff
+//       i >= first_k_dense_replace (default 0) and i % moe_layer_freq (default 1) == 0;
+//   qwen2_moe, qwen3_moe: sparse iff i is not in mlp_only_layers (default [])
+//       and (i + 1) % decoder_sparse_step (default 1) == 0;
+//   mixtral, gpt_oss, minimax_m2: every layer sparse;
+//   llama4 (keys read from `text_config`), llama4_text: sparse iff i is in
+//       moe_layers when given, else (i + 1) % interleave_moe_layer_step
+//       (default 1) == 0. Expert size is `intermediate_size`, the dense MLP's
+//       is `intermediate_size_mlp`.
+// Routed experts come from n_routed_experts, num_experts or num_local_experts;
+// top-k from num_experts_per_tok or experts_per_token. When several of these
+// keys are present they must agree. The expert FFN size is
+// moe_intermediate_size where present, else intermediate_size. rms_norm_eps
+// defaults to the family's Hugging Face default (1e-6 DeepSeek/Qwen/MiniMax,
+// 1e-5 Mixtral/gpt-oss/Llama-4) when absent.
+//
+// Errors (kInvalidArgument, the message names the key):
+//   the config is not an object; model_type missing or not a supported family;
+//   a required key (hidden_size, num_hidden_layers, experts, top-k, expert FFN
+//   size) missing, of the wrong JSON type, or not positive; top-k > experts;
+//   a sparse-rule key out of range (mlp_only_layers / moe_layers entry outside
+//   [0, num_layers), first_k_dense_replace outside [0, num_layers],
+//   moe_layer_freq / decoder_sparse_step / interleave_moe_layer_step < 1);
+//   no sparse layer at all; a dense layer but no dense MLP size.
+//
+// Pure and thread-safe. Source: DESIGN §9; ../shared/data/models/README.md.
+// Example: DeepSeek-V3 -> H 7168, 61 layers (0..2 dense), 256 experts, top-8,
+// expert I 2048, dense I 18432.
+absl::StatusOr<ModelDescription> ParseModelConfig(const nlohmann::json& config, std::string name);
+
+// Reads and parses the file at `path`; the name is the file's stem
+// ("DeepSeek-V3.json" -> "DeepSeek-V3").
+// Errors: kNotFound (no such file), kInvalidArgument (unreadable, not JSON —
+// with the parser's position — or any ParseModelConfig error), each naming
+// the path.
+absl::StatusOr<ModelDescription> LoadModelConfig(const std::string& path);
+
+// Built-in presets written from published configs, for runs without a
+// config file: "deepseek-v3", "gpt-oss-20b", "mixtral-8x7b", "qwen3-30b-a3b",
+// plus "tiny-moe" (synthetic: H 128, 4 layers with layer 0 dense, 8 experts,
+// top-2, expert I 256) for CPU demos and CI.
+// Errors: kNotFound naming the name and the known presets.
+absl::StatusOr<ModelDescription> BuiltinModel(const std::string& name);
+// The preset names, sorted.
+std::vector<std::string> BuiltinModelNames();
+
+}  // namespace moe_ep::core
