@@ -1,0 +1,105 @@
+#include "server/grpc_store.h"
+
+#include <algorithm>
+#include <functional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "gloo/common/error.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+
+namespace moe_ep::server {
+namespace {
+
+// Pause between attempts while rank 0's worker is not reachable yet.
+constexpr absl::Duration kRetryInterval = absl::Milliseconds(100);
+// Extra time given to the RPC beyond the server-side wait, so that the server
+// answers DEADLINE_EXCEEDED (with the missing keys) before the client gives up.
+constexpr absl::Duration kRpcSlack = absl::Milliseconds(500);
+
+// Runs `attempt` (one RPC with the given deadline and server-side wait in ms)
+// until it succeeds or fails with something other than UNAVAILABLE, or the
+// overall deadline passes. Throws gloo::IoException on failure.
+void CallWithRetry(const std::string& what, const std::string& address, absl::Duration timeout,
+                   const std::function<grpc::Status(grpc::ClientContext*, int64_t)>& attempt) {
+  const absl::Time deadline = absl::Now() + timeout;
+  grpc::Status last;
+  while (true) {
+    const absl::Duration remaining = deadline - absl::Now();
+    if (remaining <= absl::ZeroDuration()) break;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + remaining + kRpcSlack));
+    context.set_wait_for_ready(true);
+    last = attempt(&context, std::max<int64_t>(0, absl::ToInt64Milliseconds(remaining)));
+    if (last.ok()) return;
+    if (last.error_code() != grpc::StatusCode::UNAVAILABLE) {
+      if (last.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) break;
+      throw gloo::IoException(absl::StrCat("rendezvous store at ", address, ": ", what,
+                                           " failed: gRPC code ", last.error_code(), ": ",
+                                           last.error_message()));
+    }
+    absl::SleepFor(std::min(kRetryInterval, deadline - absl::Now()));
+  }
+  throw gloo::IoException(absl::StrCat(
+      "Timed out after ", absl::ToInt64Milliseconds(timeout), " ms: rendezvous store at ", address,
+      ": ", what, last.ok() ? std::string() : absl::StrCat(" (", last.error_message(), ")")));
+}
+
+}  // namespace
+
+GrpcStore::GrpcStore(std::string address, absl::Duration timeout)
+    : address_(std::move(address)), timeout_(timeout) {
+  grpc::ChannelArguments args;
+  // Rank 0 may come up late: reconnect quickly instead of gRPC's default
+  // backoff (up to 120 s), which would outlast a typical join timeout.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  stub_ = v1::Rendezvous::NewStub(
+      grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+}
+
+void GrpcStore::set(const std::string& key, const std::vector<char>& data) {
+  v1::SetRequest request;
+  request.set_key(key);
+  request.set_value(data.data(), data.size());
+  CallWithRetry(absl::StrCat("set \"", key, "\""), address_, timeout_,
+                [&](grpc::ClientContext* context, int64_t /*wait_ms*/) {
+                  v1::SetResponse response;
+                  return stub_->Set(context, request, &response);
+                });
+}
+
+std::vector<char> GrpcStore::get(const std::string& key) {
+  v1::GetRequest request;
+  request.set_key(key);
+  v1::GetResponse response;
+  CallWithRetry(absl::StrCat("get \"", key, "\""), address_, timeout_,
+                [&](grpc::ClientContext* context, int64_t wait_ms) {
+                  request.set_timeout_ms(wait_ms);
+                  return stub_->Get(context, request, &response);
+                });
+  return std::vector<char>(response.value().begin(), response.value().end());
+}
+
+void GrpcStore::wait(const std::vector<std::string>& keys) {
+  wait(keys, std::chrono::milliseconds(0));
+}
+
+void GrpcStore::wait(const std::vector<std::string>& keys,
+                     const std::chrono::milliseconds& timeout) {
+  const absl::Duration limit = timeout.count() > 0 ? absl::FromChrono(timeout) : timeout_;
+  v1::WaitRequest request;
+  for (const std::string& key : keys) request.add_keys(key);
+  CallWithRetry(absl::StrCat("wait for \"", absl::StrJoin(keys, "\", \""), "\""), address_, limit,
+                [&](grpc::ClientContext* context, int64_t wait_ms) {
+                  request.set_timeout_ms(wait_ms);
+                  v1::WaitResponse response;
+                  return stub_->Wait(context, request, &response);
+                });
+}
+
+}  // namespace moe_ep::server

@@ -1,0 +1,50 @@
+#pragma once
+
+// A gloo::rendezvous::Store backed by the Rendezvous service of rank 0's
+// worker (server/rendezvous_service.h), reached over gRPC. Gloo's rendezvous
+// Context uses it to exchange the ranks' TCP addresses (DESIGN §8: "Gloo uses
+// the store as its Store, under a prefix per generation").
+//
+// Every call retries while rank 0 is not up yet (UNAVAILABLE: its worker may
+// start later than this one) until the store's timeout has passed. Gloo
+// expects exceptions from a Store, so failures throw gloo::IoException:
+//   - timeout: the message contains "Timed out" and names the key(s) and the
+//     address (core/gloo_collective.cc maps it to kDeadlineExceeded);
+//   - any other RPC error (ALREADY_EXISTS for a reused key, INVALID_ARGUMENT):
+//     the gRPC code and message (mapped to kUnavailable there).
+//
+// Thread-safe (gRPC stubs are); Gloo calls it from one thread.
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "gloo/rendezvous/store.h"
+#include "moe_ep/v1/rendezvous.grpc.pb.h"
+
+namespace moe_ep::server {
+
+class GrpcStore : public gloo::rendezvous::Store {
+ public:
+  // `address` is host:port of the Rendezvous service; `timeout` bounds each
+  // set/get/wait (and wait(keys, timeout) uses its own timeout, or this one
+  // when Gloo passes zero = "no timeout"). REQUIRES: timeout > 0.
+  GrpcStore(std::string address, absl::Duration timeout);
+
+  void set(const std::string& key, const std::vector<char>& data) override;
+  std::vector<char> get(const std::string& key) override;
+  void wait(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override;
+
+  const std::string& address() const { return address_; }
+
+ private:
+  std::string address_;
+  absl::Duration timeout_;
+  std::unique_ptr<v1::Rendezvous::Stub> stub_;
+};
+
+}  // namespace moe_ep::server
