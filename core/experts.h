@@ -38,10 +38,24 @@ class ExpertSet {
                                                   int num_experts, int64_t hidden,
                                                   int64_t intermediate);
   static ExpertSet Identity(int first_expert, int num_experts, int64_t hidden);
+  // SwiGLU experts [first_expert, first_expert + weights.size()) from given
+  // weights (tests, converters). Errors: kInvalidArgument for hidden or
+  // intermediate < 1, first_expert < 0, or a tensor whose size is not I * H.
+  static absl::StatusOr<ExpertSet> FromWeights(int first_expert, std::vector<SwiGluWeights> weights,
+                                               int64_t hidden, int64_t intermediate);
   // Loads gate/up/down of each expert from a safetensors file (bf16 or fp32
   // tensors). `name_pattern` contains {layer}, {expert} and {proj} (gate_proj,
   // up_proj, down_proj). Errors: kNotFound (file or tensor name),
   // kInvalidArgument (shape or dtype differs from [I, H] / [H, I]).
+  // Details (core/safetensors.h): `path` is a .safetensors file, a
+  // model.safetensors.index.json, or a directory holding either; BF16, F16
+  // and F32 tensors are accepted (F16/F32 rounded to bf16). {proj} expands to
+  // the Qwen/DeepSeek names gate_proj/up_proj/down_proj; {w} expands to
+  // Mixtral's w1/w3/w2 (gate/up/down), e.g.
+  //   Qwen-MoE, DeepSeek: "model.layers.{layer}.mlp.experts.{expert}.{proj}.weight"
+  //   Mixtral:            "model.layers.{layer}.block_sparse_moe.experts.{expert}.{w}.weight"
+  // The pattern must hold {expert} and {proj} or {w} (kInvalidArgument).
+  // A corrupt file is kDataLoss.
   static absl::StatusOr<ExpertSet> LoadSafetensors(const std::string& path,
                                                    const std::string& name_pattern, int layer,
                                                    int first_expert, int num_experts,

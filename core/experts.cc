@@ -1,0 +1,372 @@
+#include "core/experts.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "core/safetensors.h"
+#include "core/status_macros.h"
+
+namespace moe_ep::core {
+namespace {
+
+// --- Seeded weights -------------------------------------------------------
+//
+// Each tensor gets a 64-bit key mixed from (seed, layer, expert, projection);
+// element i is derived from SplitMix64(key + i * golden), a counter-based
+// stream, so a tensor's values do not depend on which other tensors a process
+// generates or in which order. One 64-bit output yields two elements (one per
+// 32-bit half, 24 bits of mantissa each).
+
+constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
+
+uint64_t SplitMix64(uint64_t x) {
+  x += kGolden;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+enum Projection : uint64_t { kGate = 1, kUp = 2, kDown = 3 };
+
+uint64_t TensorKey(uint64_t seed, int layer, int expert, Projection proj) {
+  uint64_t k = SplitMix64(seed ^ 0x6d6f652d65702d77ull);  // "moe-ep-w"
+  k = SplitMix64(k ^ static_cast<uint64_t>(static_cast<uint32_t>(layer)));
+  k = SplitMix64(k ^ static_cast<uint64_t>(static_cast<uint32_t>(expert)));
+  return SplitMix64(k ^ static_cast<uint64_t>(proj));
+}
+
+// Fills `out` with bf16(uniform[-scale, scale)) values of tensor `key`.
+void FillUniform(uint64_t key, float scale, std::vector<bf16_t>& out) {
+  const size_t n = out.size();
+  const float step = 2.0f * scale / 16777216.0f;  // 2^24 levels over [-s, s)
+  size_t i = 0;
+  for (uint64_t c = 0; i + 1 < n; ++c, i += 2) {
+    const uint64_t r = SplitMix64(key + c * kGolden);
+    out[i] = FloatToBf16(static_cast<float>(r >> 40) * step - scale);
+    out[i + 1] = FloatToBf16(static_cast<float>((r >> 8) & 0xffffff) * step - scale);
+  }
+  if (i < n) {
+    const uint64_t r = SplitMix64(key + (n / 2) * kGolden);
+    out[i] = FloatToBf16(static_cast<float>(r >> 40) * step - scale);
+  }
+}
+
+void Widen(const std::vector<bf16_t>& in, float* out) {
+  for (size_t i = 0; i < in.size(); ++i) out[i] = Bf16ToFloat(in[i]);
+}
+
+float Silu(float v) { return v / (1.0f + std::exp(-v)); }
+
+// y [rows, H] = down(silu(gate(x)) * up(x)) for x [rows, H], all fp32.
+// `w_gate_up` is [2I, H] (gate rows then up rows), `w_down` [H, I];
+// `scratch` holds rows * 2I floats.
+void SwiGluForward(const float* x, int64_t rows, int64_t hidden, int64_t inter,
+                   const float* w_gate_up, const float* w_down, float* scratch, float* y) {
+  if (rows == 0) return;
+  // scratch [rows, 2I] = x [rows, H] * w_gate_up^T
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, 2 * inter, hidden, 1.0f, x, hidden,
+              w_gate_up, hidden, 0.0f, scratch, 2 * inter);
+  // act [rows, I] written in place over the gate half: silu(g) * u.
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = scratch + r * 2 * inter;
+    for (int64_t j = 0; j < inter; ++j) row[j] = Silu(row[j]) * row[inter + j];
+  }
+  // y [rows, H] = act [rows, I] (leading dimension 2I) * w_down^T
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, hidden, inter, 1.0f, scratch,
+              2 * inter, w_down, inter, 0.0f, y, hidden);
+}
+
+// Expands the {layer}, {expert}, {proj} and {w} placeholders of a name pattern.
+std::string TensorName(const std::string& pattern, int layer, int expert, Projection proj) {
+  const char* hf = proj == kGate ? "gate_proj" : proj == kUp ? "up_proj" : "down_proj";
+  const char* mixtral = proj == kGate ? "w1" : proj == kUp ? "w3" : "w2";
+  return absl::StrReplaceAll(pattern, {{"{layer}", absl::StrCat(layer)},
+                                       {"{expert}", absl::StrCat(expert)},
+                                       {"{proj}", hf},
+                                       {"{w}", mixtral}});
+}
+
+// Reads one [rows, cols] tensor as bf16, converting F32 / F16.
+absl::StatusOr<std::vector<bf16_t>> ReadMatrix(SafetensorsCheckpoint& ckpt, const std::string& name,
+                                               int64_t rows, int64_t cols) {
+  ASSIGN_OR_RETURN(SafetensorsTensorView view, ckpt.Find(name));
+  if (view.shape.size() != 2 || view.shape[0] != rows || view.shape[1] != cols) {
+    std::string got;
+    for (size_t i = 0; i < view.shape.size(); ++i) {
+      absl::StrAppend(&got, i ? ", " : "", view.shape[i]);
+    }
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tensor \"%s\": shape: expected [%d, %d], got [%s]", name, rows, cols, got));
+  }
+  std::vector<bf16_t> out(rows * cols);
+  const uint8_t* p = view.data.data();
+  switch (view.dtype) {
+    case SafetensorsDType::kBF16:
+      for (size_t i = 0; i < out.size(); ++i)
+        out[i] = static_cast<bf16_t>(p[2 * i] | (p[2 * i + 1] << 8));
+      break;
+    case SafetensorsDType::kF32:
+      for (size_t i = 0; i < out.size(); ++i) {
+        const uint32_t bits = static_cast<uint32_t>(p[4 * i]) | (uint32_t{p[4 * i + 1]} << 8) |
+                              (uint32_t{p[4 * i + 2]} << 16) | (uint32_t{p[4 * i + 3]} << 24);
+        float f;
+        std::memcpy(&f, &bits, 4);
+        out[i] = FloatToBf16(f);
+      }
+      break;
+    case SafetensorsDType::kF16:
+      for (size_t i = 0; i < out.size(); ++i) {
+        const uint16_t h = static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8));
+        // IEEE half -> float: every half value is exact in float.
+        const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+        const int exp = (h >> 10) & 0x1f;
+        const uint32_t mant = h & 0x3ffu;
+        float f;
+        if (exp == 0) {
+          f = std::ldexp(static_cast<float>(mant), -24);
+          if (sign) f = -f;
+        } else {
+          const uint32_t bits =
+              exp == 31 ? (sign | 0x7f800000u | (mant << 13))
+                        : (sign | (static_cast<uint32_t>(exp - 15 + 127) << 23) | (mant << 13));
+          std::memcpy(&f, &bits, 4);
+        }
+        out[i] = FloatToBf16(f);
+      }
+      break;
+  }
+  return out;
+}
+
+absl::Status CheckDims(int first_expert, int num_experts, int64_t hidden, int64_t intermediate) {
+  if (hidden < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat("hidden: expected >= 1, got %d", hidden));
+  }
+  if (intermediate < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("intermediate: expected >= 1, got %d", intermediate));
+  }
+  if (num_experts < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("num_experts: expected >= 0, got %d", num_experts));
+  }
+  if (first_expert < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("first_expert: expected >= 0, got %d", first_expert));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ExpertSet> ExpertSet::GenerateSwiGlu(uint64_t seed, int layer, int first_expert,
+                                                    int num_experts, int64_t hidden,
+                                                    int64_t intermediate) {
+  RETURN_IF_ERROR(CheckDims(first_expert, num_experts, hidden, intermediate));
+  ExpertSet set;
+  set.kind_ = ExpertKind::kSwiGlu;
+  set.first_expert_ = first_expert;
+  set.num_experts_ = num_experts;
+  set.hidden_ = hidden;
+  set.intermediate_ = intermediate;
+  set.weights_.resize(num_experts);
+  const float in_scale = 1.0f / std::sqrt(static_cast<float>(hidden));
+  const float down_scale = 1.0f / std::sqrt(static_cast<float>(intermediate));
+  for (int i = 0; i < num_experts; ++i) {
+    const int e = first_expert + i;
+    SwiGluWeights& w = set.weights_[i];
+    w.gate.resize(intermediate * hidden);
+    w.up.resize(intermediate * hidden);
+    w.down.resize(hidden * intermediate);
+    FillUniform(TensorKey(seed, layer, e, kGate), in_scale, w.gate);
+    FillUniform(TensorKey(seed, layer, e, kUp), in_scale, w.up);
+    FillUniform(TensorKey(seed, layer, e, kDown), down_scale, w.down);
+  }
+  return set;
+}
+
+ExpertSet ExpertSet::Identity(int first_expert, int num_experts, int64_t hidden) {
+  ExpertSet set;
+  set.kind_ = ExpertKind::kIdentity;
+  set.first_expert_ = first_expert;
+  set.num_experts_ = num_experts;
+  set.hidden_ = hidden;
+  return set;
+}
+
+absl::StatusOr<ExpertSet> ExpertSet::FromWeights(int first_expert,
+                                                 std::vector<SwiGluWeights> weights, int64_t hidden,
+                                                 int64_t intermediate) {
+  RETURN_IF_ERROR(CheckDims(first_expert, static_cast<int>(weights.size()), hidden, intermediate));
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const SwiGluWeights& w = weights[i];
+    const size_t n = static_cast<size_t>(hidden * intermediate);
+    if (w.gate.size() != n || w.up.size() != n || w.down.size() != n) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "weights[%d]: expected gate, up and down of %d elements (I=%d, H=%d), got %d, %d, %d", i,
+          n, intermediate, hidden, w.gate.size(), w.up.size(), w.down.size()));
+    }
+  }
+  ExpertSet set;
+  set.kind_ = ExpertKind::kSwiGlu;
+  set.first_expert_ = first_expert;
+  set.num_experts_ = static_cast<int>(weights.size());
+  set.hidden_ = hidden;
+  set.intermediate_ = intermediate;
+  set.weights_ = std::move(weights);
+  return set;
+}
+
+absl::StatusOr<ExpertSet> ExpertSet::LoadSafetensors(const std::string& path,
+                                                     const std::string& name_pattern, int layer,
+                                                     int first_expert, int num_experts,
+                                                     int64_t hidden, int64_t intermediate) {
+  RETURN_IF_ERROR(CheckDims(first_expert, num_experts, hidden, intermediate));
+  const std::string_view pattern(name_pattern);
+  if (pattern.find("{expert}") == std::string_view::npos ||
+      (pattern.find("{proj}") == std::string_view::npos &&
+       pattern.find("{w}") == std::string_view::npos)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "name_pattern: expected {expert} and one of {proj} or {w}, got \"", name_pattern, "\""));
+  }
+  ASSIGN_OR_RETURN(SafetensorsCheckpoint ckpt, SafetensorsCheckpoint::Open(path));
+  std::vector<SwiGluWeights> weights(num_experts);
+  for (int i = 0; i < num_experts; ++i) {
+    const int e = first_expert + i;
+    ASSIGN_OR_RETURN(weights[i].gate, ReadMatrix(ckpt, TensorName(name_pattern, layer, e, kGate),
+                                                 intermediate, hidden));
+    ASSIGN_OR_RETURN(weights[i].up, ReadMatrix(ckpt, TensorName(name_pattern, layer, e, kUp),
+                                               intermediate, hidden));
+    ASSIGN_OR_RETURN(weights[i].down, ReadMatrix(ckpt, TensorName(name_pattern, layer, e, kDown),
+                                                 hidden, intermediate));
+  }
+  return FromWeights(first_expert, std::move(weights), hidden, intermediate);
+}
+
+int64_t ExpertSet::weight_bytes() const {
+  if (kind_ == ExpertKind::kIdentity) return 0;
+  return static_cast<int64_t>(num_experts_) * 3 * hidden_ * intermediate_ *
+         static_cast<int64_t>(sizeof(bf16_t));
+}
+
+absl::Status ExpertSet::Apply(int64_t expert_id, absl::Span<const float> x, int64_t rows,
+                              absl::Span<float> out) const {
+  if (!Owns(expert_id)) {
+    return absl::InvalidArgumentError(absl::StrFormat("expert_id: expected in [%d, %d), got %d",
+                                                      first_expert_, first_expert_ + num_experts_,
+                                                      expert_id));
+  }
+  if (rows < 0)
+    return absl::InvalidArgumentError(absl::StrFormat("rows: expected >= 0, got %d", rows));
+  const int64_t n = rows * hidden_;
+  if (static_cast<int64_t>(x.size()) < n || static_cast<int64_t>(out.size()) < n) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("x/out: expected at least rows * H = %d * %d elements, got %d and %d", rows,
+                        hidden_, x.size(), out.size()));
+  }
+  if (kind_ == ExpertKind::kIdentity) {
+    std::copy(x.begin(), x.begin() + n, out.begin());
+    return absl::OkStatus();
+  }
+  const SwiGluWeights& w = weights_[expert_id - first_expert_];
+  const int64_t ih = intermediate_ * hidden_;
+  std::vector<float> buf(3 * ih + rows * 2 * intermediate_);
+  float* gate_up = buf.data();
+  float* down = gate_up + 2 * ih;
+  Widen(w.gate, gate_up);
+  Widen(w.up, gate_up + ih);
+  Widen(w.down, down);
+  SwiGluForward(x.data(), rows, hidden_, intermediate_, gate_up, down, down + ih, out.data());
+  return absl::OkStatus();
+}
+
+absl::Status ExpertSet::ComputeWeightedSum(absl::Span<const float> x, absl::Span<const int32_t> ids,
+                                           absl::Span<const float> weights, int64_t rows, int top_k,
+                                           absl::Span<float> out) const {
+  if (rows < 0)
+    return absl::InvalidArgumentError(absl::StrFormat("rows: expected >= 0, got %d", rows));
+  if (top_k < 1)
+    return absl::InvalidArgumentError(absl::StrFormat("top_k: expected >= 1, got %d", top_k));
+  const int64_t n = rows * hidden_;
+  if (static_cast<int64_t>(x.size()) < n || static_cast<int64_t>(out.size()) < n) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("x/out: expected at least rows * H = %d * %d elements, got %d and %d", rows,
+                        hidden_, x.size(), out.size()));
+  }
+  if (static_cast<int64_t>(ids.size()) < rows * top_k ||
+      static_cast<int64_t>(weights.size()) < rows * top_k) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "ids/weights: expected at least rows * top_k = %d * %d elements, got %d and %d", rows,
+        top_k, ids.size(), weights.size()));
+  }
+  std::fill(out.begin(), out.begin() + n, 0.0f);
+
+  if (kind_ == ExpertKind::kIdentity) {
+    for (int64_t r = 0; r < rows; ++r) {
+      float w = 0.0f;
+      for (int k = 0; k < top_k; ++k) {
+        if (Owns(ids[r * top_k + k])) w += weights[r * top_k + k];
+      }
+      if (w == 0.0f) continue;
+      for (int64_t h = 0; h < hidden_; ++h) out[r * hidden_ + h] = w * x[r * hidden_ + h];
+    }
+    return absl::OkStatus();
+  }
+
+  // Group (row, k) entries by local expert: counting sort keeps rows in
+  // ascending order inside each expert.
+  std::vector<int64_t> start(num_experts_ + 1, 0);
+  for (int64_t i = 0; i < rows * top_k; ++i) {
+    if (Owns(ids[i])) ++start[ids[i] - first_expert_ + 1];
+  }
+  for (int e = 0; e < num_experts_; ++e) start[e + 1] += start[e];
+  std::vector<int64_t> entries(start[num_experts_]);  // flat index r * K + k
+  {
+    std::vector<int64_t> fill(start.begin(), start.end() - 1);
+    for (int64_t i = 0; i < rows * top_k; ++i) {
+      if (Owns(ids[i])) entries[fill[ids[i] - first_expert_]++] = i;
+    }
+  }
+  int64_t max_rows = 0;
+  for (int e = 0; e < num_experts_; ++e) max_rows = std::max(max_rows, start[e + 1] - start[e]);
+  if (max_rows == 0) return absl::OkStatus();
+
+  // Scratch: widened weights of one expert, gathered rows, intermediate, result.
+  const int64_t ih = intermediate_ * hidden_;
+  std::vector<float> w_gate_up(2 * ih), w_down(ih);
+  std::vector<float> xs(max_rows * hidden_), ys(max_rows * hidden_);
+  std::vector<float> mid(max_rows * 2 * intermediate_);
+  for (int e = 0; e < num_experts_; ++e) {
+    const int64_t m = start[e + 1] - start[e];
+    if (m == 0) continue;
+    const int64_t* ent = entries.data() + start[e];
+    for (int64_t j = 0; j < m; ++j) {
+      const int64_t r = ent[j] / top_k;
+      std::copy(x.begin() + r * hidden_, x.begin() + (r + 1) * hidden_, xs.begin() + j * hidden_);
+    }
+    const SwiGluWeights& w = weights_[e];
+    Widen(w.gate, w_gate_up.data());
+    Widen(w.up, w_gate_up.data() + ih);
+    Widen(w.down, w_down.data());
+    SwiGluForward(xs.data(), m, hidden_, intermediate_, w_gate_up.data(), w_down.data(), mid.data(),
+                  ys.data());
+    for (int64_t j = 0; j < m; ++j) {
+      const int64_t r = ent[j] / top_k;
+      const float wt = weights[ent[j]];
+      float* dst = out.data() + r * hidden_;
+      const float* src = ys.data() + j * hidden_;
+      for (int64_t h = 0; h < hidden_; ++h) dst[h] += wt * src[h];
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace moe_ep::core

@@ -1,0 +1,352 @@
+#include "core/experts.h"
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_replace.h"
+#include "core/safetensors.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace moe_ep::core {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<bf16_t> ToBf16(const std::vector<float>& v) {
+  std::vector<bf16_t> out;
+  for (float f : v) out.push_back(FloatToBf16(f));
+  return out;
+}
+
+SwiGluWeights RandomWeights(std::mt19937& rng, int64_t h, int64_t i) {
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  SwiGluWeights w;
+  for (int64_t j = 0; j < h * i; ++j) w.gate.push_back(FloatToBf16(u(rng)));
+  for (int64_t j = 0; j < h * i; ++j) w.up.push_back(FloatToBf16(u(rng)));
+  for (int64_t j = 0; j < h * i; ++j) w.down.push_back(FloatToBf16(u(rng)));
+  return w;
+}
+
+// Naive double-precision SwiGLU of one row; also returns sum_j |down * act|
+// per output element in `scale` (for the error bound).
+std::vector<double> NaiveSwiGlu(const SwiGluWeights& w, const float* x, int64_t h, int64_t in,
+                                std::vector<double>* scale) {
+  std::vector<double> act(in);
+  for (int64_t j = 0; j < in; ++j) {
+    double g = 0, u = 0;
+    for (int64_t c = 0; c < h; ++c) {
+      g += double{Bf16ToFloat(w.gate[j * h + c])} * x[c];
+      u += double{Bf16ToFloat(w.up[j * h + c])} * x[c];
+    }
+    act[j] = g / (1.0 + std::exp(-g)) * u;
+  }
+  std::vector<double> out(h, 0.0);
+  scale->assign(h, 0.0);
+  for (int64_t r = 0; r < h; ++r) {
+    for (int64_t j = 0; j < in; ++j) {
+      out[r] += double{Bf16ToFloat(w.down[r * in + j])} * act[j];
+      (*scale)[r] += std::abs(double{Bf16ToFloat(w.down[r * in + j])} * act[j]);
+    }
+  }
+  return out;
+}
+
+TEST(ExpertSet, HandComputedTwoByTwo) {
+  // H = 2, I = 2. gate = I, up = [[1,1],[0,2]], down = [[1,0],[1,1]], x = [2,1]:
+  // g = [2, 1], u = [3, 2], act = [3 silu(2), 2 silu(1)],
+  // out = [act0, act0 + act1].
+  SwiGluWeights w{ToBf16({1, 0, 0, 1}), ToBf16({1, 1, 0, 2}), ToBf16({1, 0, 1, 1})};
+  auto set = ExpertSet::FromWeights(7, {w}, 2, 2);
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->kind(), ExpertKind::kSwiGlu);
+  EXPECT_EQ(set->weight_bytes(), 3 * 2 * 2 * 2);
+  const std::vector<float> x = {2, 1};
+  std::vector<float> out(2);
+  ASSERT_TRUE(set->Apply(7, x, 1, absl::MakeSpan(out)).ok());
+  const double act0 = 3.0 * 2.0 / (1.0 + std::exp(-2.0));  // 5.2847824...
+  const double act1 = 2.0 * 1.0 / (1.0 + std::exp(-1.0));  // 1.4621171...
+  EXPECT_NEAR(out[0], act0, 1e-5);
+  EXPECT_NEAR(out[1], act0 + act1, 1e-5);
+  EXPECT_NEAR(out[0], 5.2847824, 1e-5);
+  EXPECT_NEAR(out[1], 6.7468996, 1e-5);
+}
+
+TEST(ExpertSet, SwiGluMatchesNaiveDouble) {
+  // Tolerance: fp32 accumulation over H and I terms; per element
+  // |blas - naive| <= 1e-5 * sum_j |down_rj * act_j| + 1e-6.
+  constexpr int64_t kH = 64, kI = 48, kRows = 5;
+  std::mt19937 rng(42);
+  SwiGluWeights w = RandomWeights(rng, kH, kI);
+  auto set = ExpertSet::FromWeights(0, {w}, kH, kI);
+  ASSERT_TRUE(set.ok());
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<float> x(kRows * kH);
+  for (float& v : x) v = n(rng);
+  std::vector<float> out(kRows * kH);
+  ASSERT_TRUE(set->Apply(0, x, kRows, absl::MakeSpan(out)).ok());
+  for (int64_t r = 0; r < kRows; ++r) {
+    std::vector<double> scale;
+    const std::vector<double> ref = NaiveSwiGlu(w, x.data() + r * kH, kH, kI, &scale);
+    for (int64_t c = 0; c < kH; ++c) {
+      EXPECT_NEAR(out[r * kH + c], ref[c], 1e-5 * scale[c] + 1e-6) << "row " << r << " col " << c;
+    }
+  }
+}
+
+TEST(ExpertSet, IdentityReturnsInput) {
+  ExpertSet set = ExpertSet::Identity(4, 4, 3);
+  EXPECT_EQ(set.kind(), ExpertKind::kIdentity);
+  EXPECT_EQ(set.weight_bytes(), 0);
+  const std::vector<float> x = {1, -2, 3.5f, 0, 7, -8};
+  std::vector<float> out(6, 99.0f);
+  ASSERT_TRUE(set.Apply(5, x, 2, absl::MakeSpan(out)).ok());
+  EXPECT_EQ(out, x);
+}
+
+TEST(ExpertSet, SeededWeightsArePureFunctionOfSeedLayerExpert) {
+  constexpr int64_t kH = 32, kI = 16;
+  auto a = ExpertSet::GenerateSwiGlu(7, 3, 0, 4, kH, kI);
+  auto b = ExpertSet::GenerateSwiGlu(7, 3, 2, 1, kH, kI);  // expert 2 alone
+  auto other_seed = ExpertSet::GenerateSwiGlu(8, 3, 2, 1, kH, kI);
+  auto other_layer = ExpertSet::GenerateSwiGlu(7, 4, 2, 1, kH, kI);
+  ASSERT_TRUE(a.ok() && b.ok() && other_seed.ok() && other_layer.ok());
+  EXPECT_EQ(a->weight_bytes(), 4 * 3 * kH * kI * 2);
+
+  const SwiGluWeights& w2 = a->swiglu_weights(2);
+  const SwiGluWeights& w2_alone = b->swiglu_weights(0);
+  EXPECT_EQ(w2.gate, w2_alone.gate);
+  EXPECT_EQ(w2.up, w2_alone.up);
+  EXPECT_EQ(w2.down, w2_alone.down);
+  EXPECT_NE(w2.gate, a->swiglu_weights(1).gate);  // different expert
+  EXPECT_NE(w2.gate, w2.up);                      // different projection
+  EXPECT_NE(w2.gate, other_seed->swiglu_weights(0).gate);
+  EXPECT_NE(w2.gate, other_layer->swiglu_weights(0).gate);
+
+  // Values are uniform in [-s, s], s = 1/sqrt(fan_in): bounded, mean ~ 0,
+  // variance ~ s^2 / 3.
+  auto check = [](const std::vector<bf16_t>& v, double s) {
+    double sum = 0, sq = 0, max_abs = 0;
+    for (bf16_t b : v) {
+      const double f = Bf16ToFloat(b);
+      sum += f;
+      sq += f * f;
+      max_abs = std::max(max_abs, std::abs(f));
+    }
+    const double n = static_cast<double>(v.size());
+    EXPECT_LE(max_abs, s * (1 + 1.0 / 128));  // bf16 rounding may reach just past s
+    EXPECT_NEAR(sum / n, 0.0, 0.1 * s);
+    EXPECT_NEAR(sq / n, s * s / 3, 0.15 * s * s / 3);
+  };
+  check(w2.gate, 1 / std::sqrt(32.0));
+  check(w2.down, 1 / std::sqrt(16.0));
+
+  // Same seed -> identical outputs.
+  std::vector<float> x(kH, 0.5f), y1(kH), y2(kH);
+  ASSERT_TRUE(a->Apply(2, x, 1, absl::MakeSpan(y1)).ok());
+  ASSERT_TRUE(b->Apply(2, x, 1, absl::MakeSpan(y2)).ok());
+  EXPECT_EQ(y1, y2);
+}
+
+TEST(ExpertSet, GenerateRejectsBadSizes) {
+  auto h = ExpertSet::GenerateSwiGlu(1, 0, 0, 1, 0, 4);
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(h.status().message(), HasSubstr("hidden"));
+  auto i = ExpertSet::GenerateSwiGlu(1, 0, 0, 1, 4, 0);
+  EXPECT_EQ(i.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(i.status().message(), HasSubstr("intermediate"));
+  auto n = ExpertSet::GenerateSwiGlu(1, 0, 0, -1, 4, 4);
+  EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(n.status().message(), HasSubstr("num_experts"));
+  auto f = ExpertSet::FromWeights(0, {SwiGluWeights{}}, 4, 4);
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(f.status().message(), HasSubstr("weights[0]"));
+}
+
+TEST(ExpertSet, ApplyRejectsForeignExpertAndShortSpans) {
+  auto set = ExpertSet::GenerateSwiGlu(1, 0, 4, 4, 8, 4);
+  ASSERT_TRUE(set.ok());
+  std::vector<float> x(16), out(16);
+  auto foreign = set->Apply(3, x, 1, absl::MakeSpan(out));
+  EXPECT_EQ(foreign.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(foreign.message(), HasSubstr("got 3"));
+  auto shortspan = set->Apply(4, x, 3, absl::MakeSpan(out));
+  EXPECT_EQ(shortspan.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(shortspan.message(), HasSubstr("rows * H"));
+}
+
+TEST(ExpertSet, ComputeWeightedSumMixedLocalAndForeignIds) {
+  // The set owns experts [4, 8) of 16. K = 3.
+  constexpr int64_t kH = 16, kI = 8, kRows = 5;
+  constexpr int kK = 3;
+  auto set = ExpertSet::GenerateSwiGlu(11, 2, 4, 4, kH, kI);
+  ASSERT_TRUE(set.ok());
+  const std::vector<int32_t> ids = {
+      5,  2,  7,   // two local
+      -1, 16, 1,   // none local: zeros
+      6,  6,  4,   // duplicate local id counts twice
+      4,  12, -1,  // one local
+      7,  5,  6,   // all local
+  };
+  const std::vector<float> w = {0.5f, 0.3f, 0.2f, 0.4f, 0.4f, 0.2f, 0.25f, 0.25f,
+                                0.5f, 0.9f, 0.1f, 0.0f, 0.1f, 0.2f, 0.7f};
+  std::mt19937 rng(3);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<float> x(kRows * kH);
+  for (float& v : x) v = n(rng);
+  std::vector<float> out(kRows * kH, 123.0f);
+  ASSERT_TRUE(set->ComputeWeightedSum(x, ids, w, kRows, kK, absl::MakeSpan(out)).ok());
+
+  // Reference: per (row, k) single-row Apply, summed in double.
+  for (int64_t r = 0; r < kRows; ++r) {
+    std::vector<double> ref(kH, 0.0);
+    for (int k = 0; k < kK; ++k) {
+      const int32_t id = ids[r * kK + k];
+      if (!set->Owns(id)) continue;
+      std::vector<float> y(kH);
+      ASSERT_TRUE(
+          set->Apply(id, absl::MakeConstSpan(x).subspan(r * kH, kH), 1, absl::MakeSpan(y)).ok());
+      for (int64_t c = 0; c < kH; ++c) ref[c] += double{w[r * kK + k]} * y[c];
+    }
+    for (int64_t c = 0; c < kH; ++c) {
+      if (r == 1) {
+        EXPECT_EQ(out[r * kH + c], 0.0f);
+      } else {
+        EXPECT_NEAR(out[r * kH + c], ref[c], 1e-5 * (1 + std::abs(ref[c]))) << r << "," << c;
+      }
+    }
+  }
+}
+
+TEST(ExpertSet, ComputeWeightedSumIdentity) {
+  // Identity experts: out = (sum of local weights) * x.
+  ExpertSet set = ExpertSet::Identity(0, 2, 2);
+  const std::vector<float> x = {1, 2, 3, 4};
+  const std::vector<int32_t> ids = {0, 1, 2, 1};  // row 1: expert 2 is not local
+  const std::vector<float> w = {0.25f, 0.5f, 0.75f, 0.125f};
+  std::vector<float> out(4);
+  ASSERT_TRUE(set.ComputeWeightedSum(x, ids, w, 2, 2, absl::MakeSpan(out)).ok());
+  EXPECT_EQ(out, (std::vector<float>{0.75f, 1.5f, 0.375f, 0.5f}));
+}
+
+TEST(ExpertSet, ComputeWeightedSumRejectsShortSpans) {
+  ExpertSet set = ExpertSet::Identity(0, 2, 2);
+  std::vector<float> x(4), out(4), w(3);
+  std::vector<int32_t> ids(4);
+  auto s = set.ComputeWeightedSum(x, ids, w, 2, 2, absl::MakeSpan(out));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("ids/weights"));
+  auto k = set.ComputeWeightedSum(x, ids, w, 2, 0, absl::MakeSpan(out));
+  EXPECT_EQ(k.code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Writes the experts of `set` as a checkpoint with Hugging Face names.
+std::vector<SafetensorsTensor> ExpertTensors(const ExpertSet& set, const std::string& pattern,
+                                             int layer, bool as_f32) {
+  std::vector<SafetensorsTensor> out;
+  const char* projs[3] = {"gate_proj", "up_proj", "down_proj"};
+  for (int i = 0; i < set.num_experts(); ++i) {
+    const SwiGluWeights& w = set.swiglu_weights(i);
+    const std::vector<bf16_t>* mats[3] = {&w.gate, &w.up, &w.down};
+    for (int p = 0; p < 3; ++p) {
+      SafetensorsTensor t;
+      t.name = absl::StrReplaceAll(pattern, {{"{layer}", std::to_string(layer)},
+                                             {"{expert}", std::to_string(set.first_expert() + i)},
+                                             {"{proj}", projs[p]}});
+      t.shape = p < 2 ? std::vector<int64_t>{set.intermediate(), set.hidden()}
+                      : std::vector<int64_t>{set.hidden(), set.intermediate()};
+      if (as_f32) {
+        t.dtype = SafetensorsDType::kF32;
+        for (bf16_t b : *mats[p]) {
+          const float f = Bf16ToFloat(b);
+          uint8_t bytes[4];
+          std::memcpy(bytes, &f, 4);
+          t.data.insert(t.data.end(), bytes, bytes + 4);
+        }
+      } else {
+        t.dtype = SafetensorsDType::kBF16;
+        for (bf16_t b : *mats[p]) {
+          t.data.push_back(static_cast<uint8_t>(b & 0xff));
+          t.data.push_back(static_cast<uint8_t>(b >> 8));
+        }
+      }
+      out.push_back(std::move(t));
+    }
+  }
+  return out;
+}
+
+TEST(ExpertSet, LoadSafetensorsRoundTrip) {
+  constexpr int64_t kH = 8, kI = 4;
+  const std::string pattern = "model.layers.{layer}.mlp.experts.{expert}.{proj}.weight";
+  auto src = ExpertSet::GenerateSwiGlu(5, 1, 0, 4, kH, kI);
+  ASSERT_TRUE(src.ok());
+  for (bool as_f32 : {false, true}) {
+    const std::string path = (std::filesystem::path(::testing::TempDir()) /
+                              (as_f32 ? "experts_f32.safetensors" : "experts_bf16.safetensors"))
+                                 .string();
+    ASSERT_TRUE(WriteSafetensors(path, ExpertTensors(*src, pattern, 1, as_f32)).ok());
+    // Load experts 2..3 only, as rank 1 of 2 would.
+    auto loaded = ExpertSet::LoadSafetensors(path, pattern, 1, 2, 2, kH, kI);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_EQ(loaded->first_expert(), 2);
+    EXPECT_EQ(loaded->num_experts(), 2);
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_EQ(loaded->swiglu_weights(i).gate, src->swiglu_weights(2 + i).gate);
+      EXPECT_EQ(loaded->swiglu_weights(i).up, src->swiglu_weights(2 + i).up);
+      EXPECT_EQ(loaded->swiglu_weights(i).down, src->swiglu_weights(2 + i).down);
+    }
+  }
+}
+
+TEST(ExpertSet, LoadSafetensorsMixtralNames) {
+  constexpr int64_t kH = 4, kI = 2;
+  auto src = ExpertSet::GenerateSwiGlu(9, 0, 0, 1, kH, kI);
+  ASSERT_TRUE(src.ok());
+  // Mixtral: w1 = gate, w3 = up, w2 = down.
+  std::vector<SafetensorsTensor> tensors = ExpertTensors(
+      *src, "model.layers.{layer}.block_sparse_moe.experts.{expert}.{proj}.weight", 0, false);
+  for (auto& t : tensors) {
+    t.name =
+        absl::StrReplaceAll(t.name, {{"gate_proj", "w1"}, {"up_proj", "w3"}, {"down_proj", "w2"}});
+  }
+  const std::string path =
+      (std::filesystem::path(::testing::TempDir()) / "mixtral.safetensors").string();
+  ASSERT_TRUE(WriteSafetensors(path, tensors).ok());
+  auto loaded = ExpertSet::LoadSafetensors(
+      path, "model.layers.{layer}.block_sparse_moe.experts.{expert}.{w}.weight", 0, 0, 1, kH, kI);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->swiglu_weights(0).up, src->swiglu_weights(0).up);
+  EXPECT_EQ(loaded->swiglu_weights(0).down, src->swiglu_weights(0).down);
+}
+
+TEST(ExpertSet, LoadSafetensorsErrors) {
+  constexpr int64_t kH = 8, kI = 4;
+  const std::string pattern = "layers.{layer}.experts.{expert}.{proj}.weight";
+  auto src = ExpertSet::GenerateSwiGlu(5, 0, 0, 2, kH, kI);
+  ASSERT_TRUE(src.ok());
+  const std::string path =
+      (std::filesystem::path(::testing::TempDir()) / "experts_err.safetensors").string();
+  ASSERT_TRUE(WriteSafetensors(path, ExpertTensors(*src, pattern, 0, false)).ok());
+
+  auto missing_file = ExpertSet::LoadSafetensors(path + ".nope", pattern, 0, 0, 2, kH, kI);
+  EXPECT_EQ(missing_file.status().code(), absl::StatusCode::kNotFound);
+  auto missing_tensor = ExpertSet::LoadSafetensors(path, pattern, 0, 1, 2, kH, kI);
+  EXPECT_EQ(missing_tensor.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing_tensor.status().message(), HasSubstr("layers.0.experts.2.gate_proj"));
+  auto wrong_layer = ExpertSet::LoadSafetensors(path, pattern, 1, 0, 1, kH, kI);
+  EXPECT_EQ(wrong_layer.status().code(), absl::StatusCode::kNotFound);
+  auto wrong_shape = ExpertSet::LoadSafetensors(path, pattern, 0, 0, 1, kI, kH);
+  EXPECT_EQ(wrong_shape.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(wrong_shape.status().message(), HasSubstr("expected [8, 4], got [4, 8]"));
+  auto bad_pattern = ExpertSet::LoadSafetensors(path, "layers.{layer}.gate", 0, 0, 1, kH, kI);
+  EXPECT_EQ(bad_pattern.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad_pattern.status().message(), HasSubstr("name_pattern"));
+}
+
+}  // namespace
+}  // namespace moe_ep::core
