@@ -1,0 +1,71 @@
+#include "kernels/device_experts.h"
+
+#include <cuda_runtime.h>
+
+#include "core/status_macros.h"
+#include "kernels/internal/cuda_status.h"
+
+namespace moe_ep::kernels {
+
+absl::StatusOr<std::unique_ptr<DeviceExpertSet>> DeviceExpertSet::Upload(
+    const core::ExpertSet& experts) {
+  std::unique_ptr<DeviceExpertSet> set(new DeviceExpertSet());
+  set->kind_ = experts.kind();
+  set->first_expert_ = experts.first_expert();
+  set->num_experts_ = experts.num_experts();
+  set->hidden_ = experts.hidden();
+  set->intermediate_ = experts.intermediate();
+  if (set->kind_ == core::ExpertKind::kIdentity || set->num_experts_ == 0) return set;
+
+  const int64_t h = set->hidden_;
+  const int64_t i = set->intermediate_;
+  const int64_t per_expert_gate_up = 2 * i * h;
+  const int64_t per_expert_down = h * i;
+  RETURN_IF_ERROR(internal::CudaStatus(
+      cudaMalloc(&set->gate_up_, set->num_experts_ * per_expert_gate_up * sizeof(uint16_t)),
+      "cudaMalloc(gate_up)"));
+  RETURN_IF_ERROR(internal::CudaStatus(
+      cudaMalloc(&set->down_, set->num_experts_ * per_expert_down * sizeof(uint16_t)),
+      "cudaMalloc(down)"));
+  for (int l = 0; l < set->num_experts_; ++l) {
+    const core::SwiGluWeights& w = experts.swiglu_weights(l);
+    if (static_cast<int64_t>(w.gate.size()) != i * h ||
+        static_cast<int64_t>(w.up.size()) != i * h ||
+        static_cast<int64_t>(w.down.size()) != h * i) {
+      return absl::InternalError("DeviceExpertSet::Upload: host weights have unexpected sizes");
+    }
+    uint16_t* gu = set->gate_up_ + l * per_expert_gate_up;
+    RETURN_IF_ERROR(internal::CudaStatus(
+        cudaMemcpy(gu, w.gate.data(), i * h * sizeof(uint16_t), cudaMemcpyHostToDevice),
+        "cudaMemcpy(gate)"));
+    RETURN_IF_ERROR(internal::CudaStatus(
+        cudaMemcpy(gu + i * h, w.up.data(), i * h * sizeof(uint16_t), cudaMemcpyHostToDevice),
+        "cudaMemcpy(up)"));
+    RETURN_IF_ERROR(
+        internal::CudaStatus(cudaMemcpy(set->down_ + l * per_expert_down, w.down.data(),
+                                        h * i * sizeof(uint16_t), cudaMemcpyHostToDevice),
+                             "cudaMemcpy(down)"));
+  }
+  return set;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceExpertSet>> DeviceExpertSet::LoadSafetensors(
+    const std::string& path, const std::string& name_pattern, int layer, int first_expert,
+    int num_experts, int64_t hidden, int64_t intermediate) {
+  ASSIGN_OR_RETURN(core::ExpertSet host,
+                   core::ExpertSet::LoadSafetensors(path, name_pattern, layer, first_expert,
+                                                    num_experts, hidden, intermediate));
+  return Upload(host);
+}
+
+DeviceExpertSet::~DeviceExpertSet() {
+  cudaFree(gate_up_);
+  cudaFree(down_);
+}
+
+int64_t DeviceExpertSet::weight_bytes() const {
+  if (kind_ == core::ExpertKind::kIdentity) return 0;
+  return int64_t{num_experts_} * 3 * hidden_ * intermediate_ * 2;
+}
+
+}  // namespace moe_ep::kernels

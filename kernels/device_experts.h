@@ -1,0 +1,64 @@
+#pragma once
+
+// The experts of one MoE layer held by one rank on its GPU (DESIGN §7):
+// SwiGLU weights in bf16, laid out for the grouped GEMMs of
+// kernels/expert_compute.h, or identity experts (no weights).
+//
+// Device layout (row-major bf16):
+//   gate_up [L, 2I, H]: rows [0, I) of expert l are gate, rows [I, 2I) up
+//   down    [L, H, I]
+// with L = num_experts() local experts, H = hidden, I = intermediate.
+//
+// Weights come from a core::ExpertSet (seeded generation or safetensors load
+// on the host, then one copy to the device), so the GPU holds bit-identical
+// weights to the CPU reference. Not thread-safe; owns its device memory.
+// Source: DESIGN §7; issue 3 (expert weights held on the GPU).
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/experts.h"
+
+namespace moe_ep::kernels {
+
+class DeviceExpertSet {
+ public:
+  // Copies `experts` to the current CUDA device (synchronous; not a step-path
+  // call). Errors: kResourceExhausted (cudaMalloc failed), kInternal (copy).
+  static absl::StatusOr<std::unique_ptr<DeviceExpertSet>> Upload(const core::ExpertSet& experts);
+
+  // core::ExpertSet::LoadSafetensors (the model family's layout, `name_pattern`
+  // with {layer}, {expert}, {proj}), then Upload. Errors: those of both.
+  static absl::StatusOr<std::unique_ptr<DeviceExpertSet>> LoadSafetensors(
+      const std::string& path, const std::string& name_pattern, int layer, int first_expert,
+      int num_experts, int64_t hidden, int64_t intermediate);
+
+  ~DeviceExpertSet();
+  DeviceExpertSet(const DeviceExpertSet&) = delete;
+  DeviceExpertSet& operator=(const DeviceExpertSet&) = delete;
+
+  core::ExpertKind kind() const { return kind_; }
+  int first_expert() const { return first_expert_; }
+  int num_experts() const { return num_experts_; }
+  int64_t hidden() const { return hidden_; }
+  int64_t intermediate() const { return intermediate_; }
+  // Device pointers; null for identity experts.
+  const uint16_t* gate_up() const { return gate_up_; }
+  const uint16_t* down() const { return down_; }
+  // Bytes of device weight storage.
+  int64_t weight_bytes() const;
+
+ private:
+  DeviceExpertSet() = default;
+  core::ExpertKind kind_ = core::ExpertKind::kIdentity;
+  int first_expert_ = 0;
+  int num_experts_ = 0;
+  int64_t hidden_ = 0;
+  int64_t intermediate_ = 0;
+  uint16_t* gate_up_ = nullptr;
+  uint16_t* down_ = nullptr;
+};
+
+}  // namespace moe_ep::kernels

@@ -1,0 +1,99 @@
+#include "absl/strings/str_format.h"
+#include "kernels/dispatch_pack.cuh"
+#include "kernels/internal/cuda_status.h"
+#include "kernels/route.cuh"
+
+namespace moe_ep::kernels {
+namespace {
+
+constexpr int kPackThreads = 256;
+
+// Block b: token b and padding slot b (see the header for the layout).
+// Hidden rows move as uint2 (4 bf16); H % 4 == 0 and 2H + 8K being a multiple
+// of 8 keep every vector 8-byte aligned.
+__global__ void PackDispatchKernel(const uint16_t* __restrict__ hidden,
+                                   const int32_t* __restrict__ topk_ids,
+                                   const float* __restrict__ topk_weights,
+                                   const int32_t* __restrict__ token_slot,
+                                   const int32_t* __restrict__ send_counts,
+                                   const int64_t* num_tokens, int64_t max_tokens,
+                                   int64_t hidden_size, int top_k, int ep_size,
+                                   int32_t invalid_expert_id, uint8_t* __restrict__ send) {
+  __shared__ int32_t dest_slot[kMaxEpSize];
+  __shared__ int32_t counts[kMaxEpSize];
+  const int64_t b = blockIdx.x;
+  const int64_t n = *num_tokens < max_tokens ? *num_tokens : max_tokens;
+  const int64_t row_bytes = 2 * hidden_size + 8 * top_k;
+  if (threadIdx.x < ep_size) {
+    dest_slot[threadIdx.x] = b < n ? token_slot[b * ep_size + threadIdx.x] : -1;
+    counts[threadIdx.x] = send_counts[threadIdx.x];
+  }
+  __syncthreads();
+  auto row = [&](int d, int64_t slot) { return send + (d * max_tokens + slot) * row_bytes; };
+  if (b < n) {
+    const uint2* src = reinterpret_cast<const uint2*>(hidden + b * hidden_size);
+    const int64_t vecs = hidden_size / 4;
+    for (int64_t v = threadIdx.x; v < vecs; v += blockDim.x) {
+      const uint2 x = src[v];
+      for (int d = 0; d < ep_size; ++d) {
+        if (dest_slot[d] >= 0) reinterpret_cast<uint2*>(row(d, dest_slot[d]))[v] = x;
+      }
+    }
+    for (int k = threadIdx.x; k < top_k; k += blockDim.x) {
+      const int32_t id = topk_ids[b * top_k + k];
+      const float w = topk_weights[b * top_k + k];
+      for (int d = 0; d < ep_size; ++d) {
+        if (dest_slot[d] < 0) continue;
+        uint8_t* r = row(d, dest_slot[d]);
+        reinterpret_cast<int32_t*>(r + 2 * hidden_size)[k] = id;
+        reinterpret_cast<float*>(r + 2 * hidden_size + 4 * top_k)[k] = w;
+      }
+    }
+  }
+  for (int d = 0; d < ep_size; ++d) {
+    if (b < counts[d]) continue;
+    uint8_t* r = row(d, b);
+    for (int k = threadIdx.x; k < top_k; k += blockDim.x) {
+      reinterpret_cast<int32_t*>(r + 2 * hidden_size)[k] = invalid_expert_id;
+      reinterpret_cast<float*>(r + 2 * hidden_size + 4 * top_k)[k] = 0.0f;
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status LaunchPackDispatch(const PackDispatchParams& p, cudaStream_t stream) {
+  if (p.num_tokens == nullptr || p.send_counts == nullptr ||
+      (p.max_tokens > 0 &&
+       (p.hidden == nullptr || p.topk_ids == nullptr || p.topk_weights == nullptr ||
+        p.token_slot == nullptr || p.send == nullptr))) {
+    return absl::InvalidArgumentError("LaunchPackDispatch: null device pointer");
+  }
+  if (p.max_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("LaunchPackDispatch: max_tokens expected >= 0, got %d", p.max_tokens));
+  }
+  if (p.hidden_size < 4 || p.hidden_size % 4 != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "LaunchPackDispatch: hidden expected a positive multiple of 4, got %d", p.hidden_size));
+  }
+  if (p.top_k < 1 || p.top_k > kMaxTopK) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "LaunchPackDispatch: top_k expected in [1, %d], got %d", kMaxTopK, p.top_k));
+  }
+  if (p.ep_size < 1 || p.ep_size > kMaxEpSize) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "LaunchPackDispatch: ep_size expected in [1, %d], got %d", kMaxEpSize, p.ep_size));
+  }
+  if (reinterpret_cast<uintptr_t>(p.send) % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(p.hidden) % 8 != 0) {
+    return absl::InvalidArgumentError("LaunchPackDispatch: send and hidden must be 8-byte aligned");
+  }
+  if (p.max_tokens == 0) return absl::OkStatus();
+  PackDispatchKernel<<<static_cast<unsigned>(p.max_tokens), kPackThreads, 0, stream>>>(
+      p.hidden, p.topk_ids, p.topk_weights, p.token_slot, p.send_counts, p.num_tokens, p.max_tokens,
+      p.hidden_size, p.top_k, p.ep_size, p.invalid_expert_id, p.send);
+  return internal::LaunchStatus("PackDispatchKernel");
+}
+
+}  // namespace moe_ep::kernels

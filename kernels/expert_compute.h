@@ -1,0 +1,85 @@
+#pragma once
+
+// Expert compute on the GPU for the rows a rank received in dispatch
+// (DESIGN §7): out[r] = sum over k whose expert is local of
+// w[r,k] * expert_{ids[r,k]}(x[r]), written as bf16 into the combine send
+// buffer.
+//
+// SwiGLU path: group (row, k) entries by local expert (stable radix sort,
+// deterministic), gather each expert's rows into a contiguous bf16 block, then
+// per expert one cuBLAS GEMM x [m, H] * gate_up^T -> [m, 2I] (bf16 in, fp32
+// out, CUBLAS_COMPUTE_32F), silu(gate) * up -> bf16 [m, I], one GEMM
+// act * down^T -> y [m, H] fp32, and a weighted per-row sum in fp32 over k in
+// ascending order. Identity path: the same grouping, then out = (sum of local
+// weights) * x, with no GEMM.
+//
+// Scratch (allocated once in Create, sized for max_rows * K entries):
+//   keys/values/sorted/position int32 [max_rows*K] x 5, offsets [L+1],
+//   cub sort temp, x bf16 [max_rows*K, H], gate_up fp32 [max_rows*K, 2I],
+//   act bf16 [max_rows*K, I], y fp32 [max_rows*K, H], cuBLAS workspace 32 MiB.
+// Host sync: the SwiGLU path copies the L+1 expert offsets to pinned host
+// memory and synchronises the stream once (cuBLAS needs each expert's row
+// count on the host); it is therefore not graph-capturable. The identity path
+// never synchronises and is capturable.
+// Not thread-safe. Source: DESIGN §7, issue 3.
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kernels/device_experts.h"
+#include "kernels/expert_kernels.cuh"
+
+namespace moe_ep::kernels {
+
+class ExpertCompute {
+ public:
+  // max_rows: received rows per step at most (E * N). max_intermediate: I of
+  // the largest SwiGLU expert set to run (0: identity only).
+  // Errors: kInvalidArgument (sizes), kResourceExhausted (cudaMalloc),
+  // kInternal (cuBLAS handle).
+  static absl::StatusOr<std::unique_ptr<ExpertCompute>> Create(int64_t max_rows, int top_k,
+                                                               int64_t hidden,
+                                                               int64_t max_intermediate,
+                                                               int max_local_experts);
+  ~ExpertCompute();
+  ExpertCompute(const ExpertCompute&) = delete;
+  ExpertCompute& operator=(const ExpertCompute&) = delete;
+
+  // Enqueues the expert compute for `num_rows` rows of `recv` ([rows, 2H+8K])
+  // on `stream`, writing `combine_send` [rows, H] bf16 (rows with no local
+  // expert are not written).
+  // Errors: kInvalidArgument (num_rows > max_rows, experts' H differs, I >
+  // max_intermediate, more local experts than max_local_experts),
+  // kFailedPrecondition (SwiGLU while `stream` is capturing), kInternal
+  // (CUDA/cuBLAS).
+  absl::Status Run(const uint8_t* recv, int64_t num_rows, const DeviceExpertSet& experts,
+                   uint16_t* combine_send, cudaStream_t stream);
+
+  // Device bytes of scratch held.
+  int64_t allocated_bytes() const { return allocated_bytes_; }
+
+ private:
+  ExpertCompute() = default;
+  absl::Status Alloc(void** ptr, int64_t bytes, const char* what);
+
+  int64_t max_rows_ = 0;
+  int top_k_ = 0;
+  int64_t hidden_ = 0;
+  int64_t max_intermediate_ = 0;
+  int max_local_experts_ = 0;
+  int64_t allocated_bytes_ = 0;
+  ExpertEntryBuffers entries_;
+  uint16_t* x_ = nullptr;
+  float* gate_up_ = nullptr;
+  uint16_t* act_ = nullptr;
+  float* y_ = nullptr;
+  void* cublas_workspace_ = nullptr;
+  int32_t* host_offsets_ = nullptr;  // pinned [max_local_experts + 1]
+  cublasHandle_t cublas_ = nullptr;
+};
+
+}  // namespace moe_ep::kernels

@@ -1,0 +1,37 @@
+#pragma once
+
+// Conversions of CUDA, cuBLAS and NCCL return codes to absl::Status, shared by
+// the files of kernels/ (STYLE §3: every CUDA/NCCL return is checked and its
+// text carried in the Status). Header-only; not part of the public API.
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace moe_ep::kernels::internal {
+
+// OK for cudaSuccess, else kInternal "<what>: <cudaGetErrorString>".
+// cudaErrorMemoryAllocation maps to kResourceExhausted.
+inline absl::Status CudaStatus(cudaError_t err, const std::string& what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  const std::string msg = absl::StrCat(what, ": ", cudaGetErrorString(err));
+  if (err == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(msg);
+  return absl::InternalError(msg);
+}
+
+// The status of the last kernel launch on this thread.
+inline absl::Status LaunchStatus(const std::string& kernel) {
+  return CudaStatus(cudaGetLastError(), absl::StrCat("launch of ", kernel));
+}
+
+// OK for CUBLAS_STATUS_SUCCESS, else kInternal with cublasGetStatusString.
+inline absl::Status CublasStatus(cublasStatus_t err, const std::string& what) {
+  if (err == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cublasGetStatusString(err)));
+}
+
+}  // namespace moe_ep::kernels::internal
