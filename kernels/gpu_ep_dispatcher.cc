@@ -1,0 +1,365 @@
+#include "kernels/gpu_ep_dispatcher.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+#include "absl/strings/str_format.h"
+#include "core/status_macros.h"
+#include "core/workspace.h"
+#include "kernels/combine_reduce.cuh"
+#include "kernels/dispatch_pack.cuh"
+#include "kernels/internal/cuda_status.h"
+#include "kernels/route.cuh"
+#include "kernels/step_header.cuh"
+
+namespace moe_ep::kernels {
+
+using internal::CudaStatus;
+
+absl::StatusOr<std::unique_ptr<GpuEpDispatcher>> GpuEpDispatcher::Create(
+    NcclCollective* collective, const GpuEpDispatcherOptions& options, int64_t memory_cap_bytes) {
+  if (collective == nullptr) return absl::InvalidArgumentError("collective: null");
+  const core::EpDispatcherOptions& o = options.dispatcher;
+  const core::WorkspaceSpec& ws = o.workspace;
+  if (ws.ep_size != collective->size()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("workspace.ep_size: expected the collective's size %d, got %d",
+                        collective->size(), ws.ep_size));
+  }
+  if (ws.ep_size > kMaxEpSize) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("workspace.ep_size: expected <= %d, got %d", kMaxEpSize, ws.ep_size));
+  }
+  if (ws.dtype != core::DispatchDType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("workspace.dtype: the GPU data plane moves bf16, got %s",
+                        core::DispatchDTypeName(ws.dtype)));
+  }
+  if (ws.capacity_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("workspace.capacity_tokens: expected >= 1, got %d", ws.capacity_tokens));
+  }
+  if (ws.hidden < 4 || ws.hidden % 4 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("workspace.hidden: expected a positive multiple of 4, got %d", ws.hidden));
+  }
+  if (ws.top_k < 1 || ws.top_k > kMaxTopK) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("workspace.top_k: expected in [1, %d], got %d", kMaxTopK, ws.top_k));
+  }
+  if (o.invalid_expert_id != -1 && o.invalid_expert_id != o.num_experts) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("invalid_expert_id: expected -1 or num_experts (%d), got %d", o.num_experts,
+                        o.invalid_expert_id));
+  }
+  int64_t prev = 0;
+  for (int64_t b : o.cuda_graph_buckets) {
+    if (b <= prev || b > ws.capacity_tokens) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "cuda_graph_buckets: expected ascending values in [1, %d], got %d after %d",
+          ws.capacity_tokens, b, prev));
+    }
+    prev = b;
+  }
+  if (options.max_intermediate < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("max_intermediate: expected >= 0, got %d", options.max_intermediate));
+  }
+  ASSIGN_OR_RETURN(core::ExpertPlacement placement,
+                   core::ExpertPlacement::Contiguous(o.num_experts, ws.ep_size));
+
+  std::unique_ptr<GpuEpDispatcher> d(new GpuEpDispatcher());
+  d->collective_ = collective;
+  d->options_ = options;
+  d->ep_size_ = ws.ep_size;
+  d->rank_ = collective->rank();
+  d->capacity_ = ws.capacity_tokens;
+  d->hidden_ = ws.hidden;
+  d->top_k_ = ws.top_k;
+  d->row_bytes_ = DispatchRowBytes(ws.hidden, ws.top_k);
+  d->first_expert_ = placement.FirstExpert(d->rank_);
+  d->num_local_experts_ = placement.NumLocalExperts(d->rank_);
+  d->counts_.assign(ws.ep_size, 0);
+
+  // Region sizes (bytes), each 128-byte aligned.
+  const int64_t e = ws.ep_size;
+  const int64_t n = ws.capacity_tokens;
+  const std::array<int64_t, 9> sizes = {core::AlignTo128(e * n * d->row_bytes_),
+                                        core::AlignTo128(e * n * d->row_bytes_),
+                                        core::AlignTo128(e * n * ws.hidden * 2),
+                                        core::AlignTo128(e * n * ws.hidden * 2),
+                                        core::AlignTo128(n * e * 4),
+                                        core::AlignTo128(e * 4),
+                                        core::AlignTo128(3 * 8),
+                                        core::AlignTo128(e * 3 * 8),
+                                        core::AlignTo128(4)};
+  int64_t total = 0;
+  for (int64_t s : sizes) total += s;
+
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(collective->device()), "cudaSetDevice"));
+  ASSIGN_OR_RETURN(d->expert_compute_,
+                   ExpertCompute::Create(e * n, ws.top_k, ws.hidden, options.max_intermediate,
+                                         d->num_local_experts_));
+  const int64_t with_scratch = total + d->expert_compute_->allocated_bytes();
+  if (memory_cap_bytes > 0 && with_scratch > memory_cap_bytes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "GPU data plane of rank %d needs %d bytes (buffers %d + expert scratch %d), cap is %d",
+        d->rank_, with_scratch, total, d->expert_compute_->allocated_bytes(), memory_cap_bytes));
+  }
+  RETURN_IF_ERROR(CudaStatus(cudaMalloc(&d->base_, total), "cudaMalloc(data plane buffers)"));
+  RETURN_IF_ERROR(CudaStatus(cudaMemset(d->base_, 0, total), "cudaMemset(data plane buffers)"));
+  d->allocated_bytes_ = with_scratch;
+  char* p = d->base_;
+  auto take = [&p](int64_t bytes) {
+    char* at = p;
+    p += bytes;
+    return at;
+  };
+  d->send_ = reinterpret_cast<uint8_t*>(take(sizes[0]));
+  d->recv_ = reinterpret_cast<uint8_t*>(take(sizes[1]));
+  d->combine_send_ = reinterpret_cast<uint16_t*>(take(sizes[2]));
+  d->combine_recv_ = reinterpret_cast<uint16_t*>(take(sizes[3]));
+  d->token_slot_ = reinterpret_cast<int32_t*>(take(sizes[4]));
+  d->send_counts_ = reinterpret_cast<int32_t*>(take(sizes[5]));
+  d->header_ = reinterpret_cast<int64_t*>(take(sizes[6]));
+  d->gathered_ = reinterpret_cast<int64_t*>(take(sizes[7]));
+  d->error_rank_ = reinterpret_cast<int32_t*>(take(sizes[8]));
+  return d;
+}
+
+GpuEpDispatcher::~GpuEpDispatcher() {
+  for (auto& [bucket, exec] : graphs_) cudaGraphExecDestroy(exec);
+  cudaFree(base_);
+}
+
+absl::StatusOr<std::vector<int64_t>> GpuEpDispatcher::SyncTokenCounts(int64_t local_tokens) {
+  if (local_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("local_tokens: expected >= 0 on rank %d, got %d", rank_, local_tokens));
+  }
+  return core::AllGatherInt64(*collective_, local_tokens);
+}
+
+absl::Status GpuEpDispatcher::CommitGeometry(int64_t epoch, int64_t r, int64_t local_tokens) {
+  if (r > capacity_) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("runtime_max_tokens_per_rank %d exceeds capacity_tokens %d on rank %d", r,
+                        capacity_, rank_));
+  }
+  if (r < 0 || r < local_tokens) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "runtime_max_tokens_per_rank %d must be >= 0 and >= local_tokens %d on rank %d", r,
+        local_tokens, rank_));
+  }
+  epoch_ = epoch;
+  runtime_max_tokens_ = r;
+  return absl::OkStatus();
+}
+
+absl::Status GpuEpDispatcher::CheckExperts(const DeviceExpertSet& experts) const {
+  if (experts.hidden() != hidden_ || experts.first_expert() != first_expert_ ||
+      experts.num_experts() != num_local_experts_) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "experts on rank %d: expected hidden %d and experts [%d, %d), got hidden %d and [%d, %d)",
+        rank_, hidden_, first_expert_, first_expert_ + num_local_experts_, experts.hidden(),
+        experts.first_expert(), experts.first_expert() + experts.num_experts()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuEpDispatcher::WriteHeader(int64_t epoch, int64_t r, int64_t num_tokens) {
+  // Pageable source: the copy is staged before cudaMemcpyAsync returns, so
+  // the host array may be reused immediately.
+  const int64_t header[3] = {epoch, r, num_tokens};
+  return CudaStatus(cudaMemcpyAsync(header_, header, sizeof(header), cudaMemcpyHostToDevice,
+                                    collective_->stream()),
+                    "cudaMemcpyAsync(step header)");
+}
+
+absl::Status GpuEpDispatcher::EnqueueStep(int64_t r, const uint16_t* hidden,
+                                          const int32_t* topk_ids, const float* topk_weights,
+                                          const DeviceExpertSet& experts, uint16_t* output) {
+  cudaStream_t s = collective_->stream();
+  // Null inputs are allowed for T == 0: the kernels read no row then, so any
+  // aligned device address stands in.
+  const uint16_t* in_hidden = hidden ? hidden : reinterpret_cast<const uint16_t*>(send_);
+  const int32_t* in_ids = topk_ids ? topk_ids : reinterpret_cast<const int32_t*>(send_);
+  const float* in_weights = topk_weights ? topk_weights : reinterpret_cast<const float*>(send_);
+  uint16_t* out = output ? output : combine_send_;
+  const int64_t* num_tokens = header_ + 2;
+  RETURN_IF_ERROR(LaunchRoute({in_ids, num_tokens, r, top_k_, options_.dispatcher.num_experts,
+                               ep_size_, token_slot_, send_counts_},
+                              s));
+  PackDispatchParams pack;
+  pack.hidden = in_hidden;
+  pack.topk_ids = in_ids;
+  pack.topk_weights = in_weights;
+  pack.token_slot = token_slot_;
+  pack.send_counts = send_counts_;
+  pack.num_tokens = num_tokens;
+  pack.max_tokens = r;
+  pack.hidden_size = hidden_;
+  pack.top_k = top_k_;
+  pack.ep_size = ep_size_;
+  pack.invalid_expert_id = options_.dispatcher.invalid_expert_id;
+  pack.send = send_;
+  RETURN_IF_ERROR(LaunchPackDispatch(pack, s));
+  std::fill(counts_.begin(), counts_.end(), r * row_bytes_);
+  RETURN_IF_ERROR(collective_->AllToAllV(send_, counts_, recv_, counts_));
+  RETURN_IF_ERROR(expert_compute_->Run(recv_, ep_size_ * r, experts, combine_send_, s));
+  std::fill(counts_.begin(), counts_.end(), r * hidden_ * 2);
+  RETURN_IF_ERROR(collective_->AllToAllV(combine_send_, counts_, combine_recv_, counts_));
+  CombineReduceParams combine;
+  combine.recv = combine_recv_;
+  combine.token_slot = token_slot_;
+  combine.num_tokens = num_tokens;
+  combine.max_tokens = r;
+  combine.hidden_size = hidden_;
+  combine.ep_size = ep_size_;
+  combine.output = out;
+  return LaunchCombineReduce(combine, s);
+}
+
+absl::Status GpuEpDispatcher::Forward(const uint16_t* hidden, const int32_t* topk_ids,
+                                      const float* topk_weights, int64_t num_tokens,
+                                      const DeviceExpertSet& experts, uint16_t* output) {
+  if (runtime_max_tokens_ < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("Forward on rank %d: no geometry committed", rank_));
+  }
+  if (num_tokens < 0 || num_tokens > runtime_max_tokens_) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("Forward on rank %d: num_tokens expected in [0, R=%d], got %d", rank_,
+                        runtime_max_tokens_, num_tokens));
+  }
+  if (num_tokens > 0 &&
+      (hidden == nullptr || topk_ids == nullptr || topk_weights == nullptr || output == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Forward on rank %d: null device pointer with %d tokens", rank_, num_tokens));
+  }
+  RETURN_IF_ERROR(CheckExperts(experts));
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(collective_->device()), "cudaSetDevice"));
+  // (epoch, R) agreement before any payload moves (DESIGN §6).
+  const int64_t mine[2] = {epoch_, runtime_max_tokens_};
+  std::vector<int64_t> all(2 * ep_size_);
+  RETURN_IF_ERROR(collective_->AllGather(mine, sizeof(mine), all.data()));
+  for (int r = 0; r < ep_size_; ++r) {
+    if (all[2 * r] != epoch_ || all[2 * r + 1] != runtime_max_tokens_) {
+      return absl::AbortedError(absl::StrFormat(
+          "geometry mismatch: rank %d has (epoch %d, R %d), rank %d has (epoch %d, R %d)", r,
+          all[2 * r], all[2 * r + 1], rank_, epoch_, runtime_max_tokens_));
+    }
+  }
+  RETURN_IF_ERROR(WriteHeader(epoch_, runtime_max_tokens_, num_tokens));
+  return EnqueueStep(runtime_max_tokens_, hidden, topk_ids, topk_weights, experts, output);
+}
+
+absl::Status GpuEpDispatcher::CaptureForward(int64_t bucket, const uint16_t* hidden,
+                                             const int32_t* topk_ids, const float* topk_weights,
+                                             const DeviceExpertSet& experts, uint16_t* output) {
+  if (bucket < 1 || bucket > capacity_) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "CaptureForward on rank %d: bucket expected in [1, %d], got %d", rank_, capacity_, bucket));
+  }
+  if (hidden == nullptr || topk_ids == nullptr || topk_weights == nullptr || output == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("CaptureForward on rank %d: null device pointer", rank_));
+  }
+  RETURN_IF_ERROR(CheckExperts(experts));
+  if (experts.kind() == core::ExpertKind::kSwiGlu) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "CaptureForward on rank %d: SwiGLU expert compute reads per-expert row counts on the "
+        "host and cannot be captured; capture identity experts or use Forward",
+        rank_));
+  }
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(collective_->device()), "cudaSetDevice"));
+  ASSIGN_OR_RETURN(std::vector<int64_t> buckets, core::AllGatherInt64(*collective_, bucket));
+  for (int r = 0; r < ep_size_; ++r) {
+    if (buckets[r] != bucket) {
+      return absl::AbortedError(
+          absl::StrFormat("CaptureForward: rank %d captures bucket %d, rank %d bucket %d", r,
+                          buckets[r], rank_, bucket));
+    }
+  }
+  cudaStream_t s = collective_->stream();
+  RETURN_IF_ERROR(CudaStatus(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal),
+                             "cudaStreamBeginCapture"));
+  absl::Status captured = collective_->AllGather(header_, 3 * sizeof(int64_t), gathered_);
+  if (captured.ok()) {
+    captured = LaunchVerifyStepHeader(gathered_, ep_size_, header_, error_rank_, s);
+  }
+  if (captured.ok())
+    captured = EnqueueStep(bucket, hidden, topk_ids, topk_weights, experts, output);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(s, &graph);
+  RETURN_IF_ERROR(captured);
+  RETURN_IF_ERROR(CudaStatus(end, "cudaStreamEndCapture"));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  RETURN_IF_ERROR(CudaStatus(inst, "cudaGraphInstantiate"));
+  auto it = graphs_.find(bucket);
+  if (it != graphs_.end()) {
+    cudaGraphExecDestroy(it->second);
+    it->second = exec;
+  } else {
+    graphs_.emplace(bucket, exec);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuEpDispatcher::ReplayForward(int64_t bucket, int64_t epoch, int64_t num_tokens) {
+  auto it = graphs_.find(bucket);
+  if (it == graphs_.end()) {
+    return absl::NotFoundError(absl::StrFormat(
+        "ReplayForward on rank %d: no graph captured for bucket %d", rank_, bucket));
+  }
+  if (num_tokens < 0 || num_tokens > bucket) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("ReplayForward on rank %d: num_tokens expected in [0, bucket=%d], got %d",
+                        rank_, bucket, num_tokens));
+  }
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(collective_->device()), "cudaSetDevice"));
+  RETURN_IF_ERROR(WriteHeader(epoch, bucket, num_tokens));
+  return CudaStatus(cudaGraphLaunch(it->second, collective_->stream()), "cudaGraphLaunch");
+}
+
+absl::Status GpuEpDispatcher::CheckReplay() {
+  RETURN_IF_ERROR(collective_->Synchronize());
+  int32_t error_rank = 0;
+  RETURN_IF_ERROR(
+      CudaStatus(cudaMemcpy(&error_rank, error_rank_, sizeof(error_rank), cudaMemcpyDeviceToHost),
+                 "cudaMemcpy(error flag)"));
+  if (error_rank == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(
+      CudaStatus(cudaMemset(error_rank_, 0, sizeof(int32_t)), "cudaMemset(error flag)"));
+  return absl::AbortedError(absl::StrFormat(
+      "replayed step: rank %d disagrees with rank %d on (epoch, R); the step moved no tokens",
+      error_rank - 1, rank_));
+}
+
+absl::StatusOr<ReceivedRowsForTest> GpuEpDispatcher::CopyReceivedForTest() {
+  RETURN_IF_ERROR(collective_->Synchronize());
+  const int64_t r = runtime_max_tokens_ < 0 ? 0 : runtime_max_tokens_;
+  std::vector<uint8_t> raw(ep_size_ * r * row_bytes_);
+  if (!raw.empty()) {
+    RETURN_IF_ERROR(CudaStatus(cudaMemcpy(raw.data(), recv_, raw.size(), cudaMemcpyDeviceToHost),
+                               "cudaMemcpy(recv)"));
+  }
+  ReceivedRowsForTest out;
+  out.runtime_max_tokens_per_rank = r;
+  const int64_t rows = ep_size_ * r;
+  out.hidden.resize(rows * hidden_);
+  out.ids.resize(rows * top_k_);
+  out.weights.resize(rows * top_k_);
+  for (int64_t i = 0; i < rows; ++i) {
+    const uint8_t* row = raw.data() + i * row_bytes_;
+    std::memcpy(out.hidden.data() + i * hidden_, row, hidden_ * 2);
+    std::memcpy(out.ids.data() + i * top_k_, row + 2 * hidden_, top_k_ * 4);
+    std::memcpy(out.weights.data() + i * top_k_, row + 2 * hidden_ + 4 * top_k_, top_k_ * 4);
+  }
+  return out;
+}
+
+}  // namespace moe_ep::kernels

@@ -1,0 +1,158 @@
+#pragma once
+
+// The GPU expert-parallel data plane of one rank (DESIGN §5-§7, §10): the
+// same semantics as core::EpDispatcher, on device memory, over NCCL.
+//
+// Buffers (one cudaMalloc in Create, 128-byte aligned regions, never on the
+// step path), with N = capacity_tokens, E = ep_size:
+//   dispatch send / recv  [E, N, 2H + 8K]   hidden bf16 | K ids int32 | K weights fp32
+//   combine send / recv   [E, N, H] bf16
+//   token_slot [N, E] int32, send_counts [E] int32, step header {epoch, R, T}
+//   int64, gathered headers [E, 3] int64, error flag int32
+// plus the expert scratch of kernels/expert_compute.h (sized for E * N rows).
+// A step with R = runtime_max_tokens_per_rank uses each region packed as
+// [E, R, ...] (offsets depend on R, hence the (epoch, R) agreement): slab s of
+// the receive region holds source s's tokens for this rank in slots
+// 0..count-1 (increasing source-token order), padding slots carry the invalid
+// id and zero weights.
+//
+// Step: route -> pack -> NCCL all-to-all of E x R rows -> experts -> NCCL
+// all-to-all of E x R combine rows -> combine reduction, all on the
+// collective's stream. The token count T lives in device memory, so a CUDA
+// graph captured at a bucket R replays with any T <= R.
+//
+// Host syncs (documented, DESIGN §10): Forward all-gathers (epoch, R) on the
+// host before moving payload (one small synchronous NCCL call); SwiGLU
+// experts read per-expert row counts on the host (kernels/expert_compute.h).
+// Identity experts with a captured graph run with no host sync at all; the
+// graph checks (epoch, R) on the device and CheckReplay() reports it.
+// Not thread-safe. Source: DESIGN §6, §7; issue 3.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/ep_dispatcher.h"
+#include "core/expert_placement.h"
+#include "kernels/device_experts.h"
+#include "kernels/expert_compute.h"
+#include "kernels/nccl_collective.h"
+
+namespace moe_ep::kernels {
+
+struct GpuEpDispatcherOptions {
+  core::EpDispatcherOptions dispatcher;  // ep_size, capacity N, H, K, dtype (bf16 only),
+                                         // num_experts, invalid id, graph buckets
+  int64_t max_intermediate = 0;          // I of the largest SwiGLU layer (0: identity only)
+};
+
+// Received rows of one step copied to the host, for tests: [E, R, ...].
+struct ReceivedRowsForTest {
+  int64_t runtime_max_tokens_per_rank = 0;  // R
+  std::vector<uint16_t> hidden;             // [E, R, H] bf16
+  std::vector<int32_t> ids;                 // [E, R, K]
+  std::vector<float> weights;               // [E, R, K]
+};
+
+class GpuEpDispatcher {
+ public:
+  // `collective` must outlive the dispatcher; its size() is ep_size and its
+  // device is current for the allocations.
+  // Errors: kInvalidArgument (options inconsistent with the collective or each
+  // other: ep_size, H % 4, K range, dtype not bf16, invalid id not -1 or
+  // num_experts, buckets not ascending or > N), kResourceExhausted (total
+  // device bytes > memory_cap_bytes when > 0, or cudaMalloc failed).
+  static absl::StatusOr<std::unique_ptr<GpuEpDispatcher>> Create(
+      NcclCollective* collective, const GpuEpDispatcherOptions& options, int64_t memory_cap_bytes);
+  ~GpuEpDispatcher();
+  GpuEpDispatcher(const GpuEpDispatcher&) = delete;
+  GpuEpDispatcher& operator=(const GpuEpDispatcher&) = delete;
+
+  // Device bytes held (buffers + expert scratch).
+  int64_t allocated_bytes() const { return allocated_bytes_; }
+  cudaStream_t stream() const { return collective_->stream(); }
+
+  // As core::EpDispatcher: all-gathers local token counts (collective).
+  absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens);
+  // As core::EpDispatcher: kResourceExhausted (R > N), kInvalidArgument
+  // (R < local_tokens or R < 0); previous geometry kept on error.
+  absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
+                              int64_t local_tokens);
+  int64_t epoch() const { return epoch_; }
+  int64_t runtime_max_tokens_per_rank() const { return runtime_max_tokens_; }
+
+  // One MoE layer on device pointers: hidden [T, H] bf16, topk_ids [T, K],
+  // topk_weights [T, K], output [T, H] bf16 (null allowed when T == 0).
+  // Verifies on the host that all ranks agree on the committed (epoch, R),
+  // then enqueues the step on stream() and returns; call
+  // collective->Synchronize() (or sync the stream) before reading output.
+  // Errors: kFailedPrecondition (no geometry committed), kInvalidArgument
+  // (T < 0, T > R, null pointers with T > 0, experts' H or range not this
+  // rank's), kAborted (a rank disagrees on (epoch, R), naming it), collective
+  // and CUDA errors.
+  absl::Status Forward(const uint16_t* hidden, const int32_t* topk_ids, const float* topk_weights,
+                       int64_t num_tokens, const DeviceExpertSet& experts, uint16_t* output);
+
+  // Captures one step at R = `bucket` into a CUDA graph held by this
+  // dispatcher, reading inputs from and writing output to the given device
+  // buffers (each with room for `bucket` rows). Collective (every rank
+  // captures the same bucket; checked on the host first: kAborted).
+  // Errors: kInvalidArgument (bucket < 1 or > N, null pointers, experts),
+  // kFailedPrecondition (SwiGLU experts: not capturable, see above),
+  // kAborted, CUDA/NCCL errors.
+  absl::Status CaptureForward(int64_t bucket, const uint16_t* hidden, const int32_t* topk_ids,
+                              const float* topk_weights, const DeviceExpertSet& experts,
+                              uint16_t* output);
+  // Replays the graph of `bucket` with T = num_tokens rows at `epoch`.
+  // Errors: kNotFound (no graph for bucket), kInvalidArgument (T outside
+  // [0, bucket]), CUDA errors. Asynchronous: see CheckReplay().
+  absl::Status ReplayForward(int64_t bucket, int64_t epoch, int64_t num_tokens);
+  // Waits for the stream and reports the device-side (epoch, R) check of the
+  // replays since the last call: kAborted naming the first disagreeing rank.
+  absl::Status CheckReplay();
+
+  // After a completed Forward: the receive region copied to the host (sync).
+  absl::StatusOr<ReceivedRowsForTest> CopyReceivedForTest();
+
+ private:
+  GpuEpDispatcher() = default;
+  absl::Status EnqueueStep(int64_t r, const uint16_t* hidden, const int32_t* topk_ids,
+                           const float* topk_weights, const DeviceExpertSet& experts,
+                           uint16_t* output);
+  absl::Status CheckExperts(const DeviceExpertSet& experts) const;
+  absl::Status WriteHeader(int64_t epoch, int64_t r, int64_t num_tokens);
+
+  NcclCollective* collective_ = nullptr;
+  GpuEpDispatcherOptions options_;
+  int ep_size_ = 0;
+  int rank_ = 0;
+  int64_t capacity_ = 0;
+  int64_t hidden_ = 0;
+  int top_k_ = 0;
+  int64_t row_bytes_ = 0;
+  int first_expert_ = 0;
+  int num_local_experts_ = 0;
+  int64_t epoch_ = -1;
+  int64_t runtime_max_tokens_ = -1;
+  int64_t allocated_bytes_ = 0;
+
+  char* base_ = nullptr;  // the one allocation
+  uint8_t* send_ = nullptr;
+  uint8_t* recv_ = nullptr;
+  uint16_t* combine_send_ = nullptr;
+  uint16_t* combine_recv_ = nullptr;
+  int32_t* token_slot_ = nullptr;
+  int32_t* send_counts_ = nullptr;
+  int64_t* header_ = nullptr;    // {epoch, R, T}
+  int64_t* gathered_ = nullptr;  // [E, 3]
+  int32_t* error_rank_ = nullptr;
+  std::unique_ptr<ExpertCompute> expert_compute_;
+  std::vector<int64_t> counts_;  // [E], reused for the all-to-all byte counts
+  std::map<int64_t, cudaGraphExec_t> graphs_;
+};
+
+}  // namespace moe_ep::kernels

@@ -1,0 +1,373 @@
+#include "kernels/nccl_collective.h"
+
+#include <cstring>
+#include <numeric>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "core/status_macros.h"
+#include "kernels/internal/cuda_status.h"
+
+namespace moe_ep::kernels {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string NcclText(ncclResult_t r, ncclComm_t comm) {
+  const char* last = ncclGetLastError(comm);
+  return absl::StrFormat("%s%s%s", ncclGetErrorString(r), (last && *last) ? ": " : "",
+                         last ? last : "");
+}
+
+// Polls `comm` until its last operation is no longer in progress. Returns the
+// final result (ncclSuccess or an error), or ncclInProgress at the deadline.
+ncclResult_t PollComm(ncclComm_t comm, Clock::time_point deadline) {
+  while (true) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+    if (r != ncclSuccess) return r;
+    if (state != ncclInProgress) return state;
+    if (Clock::now() >= deadline) return ncclInProgress;
+    std::this_thread::yield();
+  }
+}
+
+}  // namespace
+
+bool IsDevicePointer(const void* ptr) {
+  if (ptr == nullptr) return false;
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error of an unknown pointer
+    return false;
+  }
+  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+}
+
+absl::StatusOr<std::string> NcclCollective::NewUniqueId() {
+  ncclUniqueId id;
+  const ncclResult_t r = ncclGetUniqueId(&id);
+  if (r != ncclSuccess) {
+    return absl::UnavailableError(absl::StrFormat("ncclGetUniqueId: %s", ncclGetErrorString(r)));
+  }
+  return std::string(id.internal, sizeof(id.internal));
+}
+
+absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Create(
+    const std::string& unique_id, int rank, int size, int device,
+    std::chrono::milliseconds timeout) {
+  if (unique_id.size() != NCCL_UNIQUE_ID_BYTES) {
+    return absl::InvalidArgumentError(absl::StrFormat("unique_id: expected %d bytes, got %d",
+                                                      NCCL_UNIQUE_ID_BYTES, unique_id.size()));
+  }
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("rank: expected in [0, size=%d) with size >= 1, got %d", size, rank));
+  }
+  int num_devices = 0;
+  RETURN_IF_ERROR(internal::CudaStatus(cudaGetDeviceCount(&num_devices), "cudaGetDeviceCount"));
+  if (device < 0 || device >= num_devices) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "device: expected in [0, %d) on rank %d, got %d", num_devices, rank, device));
+  }
+  RETURN_IF_ERROR(internal::CudaStatus(cudaSetDevice(device), "cudaSetDevice"));
+  std::unique_ptr<NcclCollective> c(new NcclCollective());
+  c->rank_ = rank;
+  c->size_ = size;
+  c->device_ = device;
+  c->timeout_ = timeout;
+  RETURN_IF_ERROR(internal::CudaStatus(
+      cudaStreamCreateWithFlags(&c->stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
+
+  ncclUniqueId id;
+  std::memcpy(id.internal, unique_id.data(), NCCL_UNIQUE_ID_BYTES);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  const Clock::time_point deadline = Clock::now() + timeout;
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  if (r == ncclSuccess || r == ncclInProgress) r = PollComm(comm, deadline);
+  if (r != ncclSuccess) {
+    const std::string text = comm ? NcclText(r, comm) : ncclGetErrorString(r);
+    if (comm != nullptr) ncclCommAbort(comm);
+    if (r == ncclInProgress) {
+      return absl::DeadlineExceededError(
+          absl::StrFormat("NCCL init of rank %d/%d: not all ranks joined within %d ms", rank, size,
+                          timeout.count()));
+    }
+    return absl::UnavailableError(absl::StrFormat("NCCL init of rank %d/%d: %s", rank, size, text));
+  }
+  c->comm_ = comm;
+  return c;
+}
+
+NcclCollective::~NcclCollective() {
+  cudaSetDevice(device_);
+  if (comm_ != nullptr) {
+    // Finalize flushes outstanding work; a peer that is gone turns into an
+    // abort at the deadline instead of a hang.
+    ncclResult_t r = ncclCommFinalize(comm_);
+    if (r == ncclSuccess || r == ncclInProgress) r = PollComm(comm_, Clock::now() + timeout_);
+    if (r == ncclSuccess) {
+      ncclCommDestroy(comm_);
+    } else {
+      ncclCommAbort(comm_);
+    }
+  }
+  cudaFree(staging_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+absl::Status NcclCollective::CheckUsable() const {
+  if (comm_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "NCCL communicator of rank %d was aborted after an earlier error (%s); form a new group",
+        rank_, last_error_));
+  }
+  return absl::OkStatus();
+}
+
+void NcclCollective::Abort() {
+  if (comm_ != nullptr) {
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+}
+
+absl::Status NcclCollective::Fail(absl::Status status) {
+  last_error_ = std::string(status.message());
+  Abort();
+  return status;
+}
+
+absl::Status NcclCollective::WaitForNccl(ncclResult_t started, const char* what) {
+  ncclResult_t r = started;
+  if (r == ncclSuccess || r == ncclInProgress) r = PollComm(comm_, Clock::now() + timeout_);
+  if (r == ncclSuccess) return absl::OkStatus();
+  if (r == ncclInProgress) {
+    return Fail(absl::DeadlineExceededError(absl::StrFormat(
+        "%s on rank %d: NCCL still in progress after %d ms", what, rank_, timeout_.count())));
+  }
+  return Fail(absl::UnavailableError(
+      absl::StrFormat("%s on rank %d: %s", what, rank_, NcclText(r, comm_))));
+}
+
+absl::Status NcclCollective::Synchronize() {
+  RETURN_IF_ERROR(CheckUsable());
+  const Clock::time_point deadline = Clock::now() + timeout_;
+  while (true) {
+    const cudaError_t q = cudaStreamQuery(stream_);
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+    if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
+      const ncclResult_t bad = r != ncclSuccess ? r : state;
+      return Fail(absl::UnavailableError(absl::StrFormat(
+          "NCCL error on rank %d while waiting for the stream: %s", rank_, NcclText(bad, comm_))));
+    }
+    if (q == cudaSuccess) return absl::OkStatus();
+    if (q != cudaErrorNotReady) {
+      return Fail(internal::CudaStatus(q, absl::StrFormat("stream of rank %d", rank_)));
+    }
+    if (Clock::now() >= deadline) {
+      return Fail(absl::DeadlineExceededError(
+          absl::StrFormat("rank %d: collective did not complete within %d ms (a peer may be gone)",
+                          rank_, timeout_.count())));
+    }
+    std::this_thread::yield();
+  }
+}
+
+absl::Status NcclCollective::EnsureStaging(int64_t bytes) {
+  if (bytes <= staging_bytes_) return absl::OkStatus();
+  cudaFree(staging_);
+  staging_ = nullptr;
+  staging_bytes_ = 0;
+  RETURN_IF_ERROR(internal::CudaStatus(cudaMalloc(&staging_, bytes), "cudaMalloc(staging)"));
+  staging_bytes_ = bytes;
+  return absl::OkStatus();
+}
+
+absl::Status NcclCollective::EnqueueAllToAllV(const char* send,
+                                              absl::Span<const int64_t> send_bytes, char* recv,
+                                              absl::Span<const int64_t> recv_bytes) {
+  ncclResult_t r = ncclGroupStart();
+  int64_t send_off = 0;
+  int64_t recv_off = 0;
+  for (int p = 0; p < size_ && r == ncclSuccess; ++p) {
+    if (send_bytes[p] > 0) {
+      r = ncclSend(send + send_off, send_bytes[p], ncclChar, p, comm_, stream_);
+    }
+    if (r == ncclSuccess && recv_bytes[p] > 0) {
+      r = ncclRecv(recv + recv_off, recv_bytes[p], ncclChar, p, comm_, stream_);
+    }
+    send_off += send_bytes[p];
+    recv_off += recv_bytes[p];
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  if (r == ncclSuccess || r == ncclInProgress) r = end;
+  return WaitForNccl(r, "AllToAllV");
+}
+
+absl::Status NcclCollective::AllToAllV(const void* send, absl::Span<const int64_t> send_bytes,
+                                       void* recv, absl::Span<const int64_t> recv_bytes) {
+  RETURN_IF_ERROR(CheckUsable());
+  if (static_cast<int>(send_bytes.size()) != size_ ||
+      static_cast<int>(recv_bytes.size()) != size_) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "AllToAllV on rank %d: send_bytes/recv_bytes expected %d entries, got %d/%d", rank_, size_,
+        send_bytes.size(), recv_bytes.size()));
+  }
+  int64_t send_total = 0;
+  int64_t recv_total = 0;
+  for (int p = 0; p < size_; ++p) {
+    if (send_bytes[p] < 0 || recv_bytes[p] < 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "AllToAllV on rank %d: counts for peer %d expected >= 0, got send %d recv %d", rank_, p,
+          send_bytes[p], recv_bytes[p]));
+    }
+    send_total += send_bytes[p];
+    recv_total += recv_bytes[p];
+  }
+  RETURN_IF_ERROR(internal::CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  const bool send_dev = send_total == 0 || IsDevicePointer(send);
+  const bool recv_dev = recv_total == 0 || IsDevicePointer(recv);
+  if (send_dev && recv_dev) {
+    return EnqueueAllToAllV(static_cast<const char*>(send), send_bytes, static_cast<char*>(recv),
+                            recv_bytes);
+  }
+  // Host memory: stage through the device and complete before returning.
+  const int64_t send_stage = send_dev ? 0 : send_total;
+  RETURN_IF_ERROR(EnsureStaging(send_stage + (recv_dev ? 0 : recv_total)));
+  const char* dsend = static_cast<const char*>(send);
+  char* drecv = static_cast<char*>(recv);
+  if (!send_dev) {
+    RETURN_IF_ERROR(internal::CudaStatus(
+        cudaMemcpyAsync(staging_, send, send_total, cudaMemcpyHostToDevice, stream_),
+        "cudaMemcpyAsync(AllToAllV send)"));
+    dsend = staging_;
+  }
+  if (!recv_dev) drecv = staging_ + send_stage;
+  RETURN_IF_ERROR(EnqueueAllToAllV(dsend, send_bytes, drecv, recv_bytes));
+  if (!recv_dev) {
+    RETURN_IF_ERROR(internal::CudaStatus(
+        cudaMemcpyAsync(recv, drecv, recv_total, cudaMemcpyDeviceToHost, stream_),
+        "cudaMemcpyAsync(AllToAllV recv)"));
+  }
+  return Synchronize();
+}
+
+absl::Status NcclCollective::AllGather(const void* send, int64_t bytes_per_rank, void* recv) {
+  RETURN_IF_ERROR(CheckUsable());
+  if (bytes_per_rank < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "AllGather on rank %d: bytes_per_rank expected >= 0, got %d", rank_, bytes_per_rank));
+  }
+  if (bytes_per_rank == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(internal::CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  const bool send_dev = IsDevicePointer(send);
+  const bool recv_dev = IsDevicePointer(recv);
+  const int64_t recv_total = bytes_per_rank * size_;
+  if (send_dev && recv_dev) {
+    return WaitForNccl(ncclAllGather(send, recv, bytes_per_rank, ncclChar, comm_, stream_),
+                       "AllGather");
+  }
+  RETURN_IF_ERROR(EnsureStaging(bytes_per_rank + recv_total));
+  const void* dsend = send;
+  if (!send_dev) {
+    RETURN_IF_ERROR(internal::CudaStatus(
+        cudaMemcpyAsync(staging_, send, bytes_per_rank, cudaMemcpyHostToDevice, stream_),
+        "cudaMemcpyAsync(AllGather send)"));
+    dsend = staging_;
+  }
+  void* drecv = recv_dev ? recv : staging_ + bytes_per_rank;
+  RETURN_IF_ERROR(WaitForNccl(ncclAllGather(dsend, drecv, bytes_per_rank, ncclChar, comm_, stream_),
+                              "AllGather"));
+  if (!recv_dev) {
+    RETURN_IF_ERROR(internal::CudaStatus(
+        cudaMemcpyAsync(recv, drecv, recv_total, cudaMemcpyDeviceToHost, stream_),
+        "cudaMemcpyAsync(AllGather recv)"));
+  }
+  return Synchronize();
+}
+
+absl::Status NcclCollective::AllReduceSum(float* data, int64_t count) {
+  RETURN_IF_ERROR(CheckUsable());
+  if (count < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("AllReduceSum on rank %d: count expected >= 0, got %d", rank_, count));
+  }
+  if (count == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(internal::CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  if (IsDevicePointer(data)) {
+    return WaitForNccl(ncclAllReduce(data, data, count, ncclFloat, ncclSum, comm_, stream_),
+                       "AllReduceSum");
+  }
+  const int64_t bytes = count * static_cast<int64_t>(sizeof(float));
+  RETURN_IF_ERROR(EnsureStaging(bytes));
+  RETURN_IF_ERROR(
+      internal::CudaStatus(cudaMemcpyAsync(staging_, data, bytes, cudaMemcpyHostToDevice, stream_),
+                           "cudaMemcpyAsync(AllReduceSum)"));
+  RETURN_IF_ERROR(
+      WaitForNccl(ncclAllReduce(staging_, staging_, count, ncclFloat, ncclSum, comm_, stream_),
+                  "AllReduceSum"));
+  RETURN_IF_ERROR(
+      internal::CudaStatus(cudaMemcpyAsync(data, staging_, bytes, cudaMemcpyDeviceToHost, stream_),
+                           "cudaMemcpyAsync(AllReduceSum)"));
+  return Synchronize();
+}
+
+absl::Status NcclCollective::Barrier() {
+  float one = 1.0f;
+  return AllReduceSum(&one, 1);
+}
+
+absl::StatusOr<std::unique_ptr<core::Collective>> NcclCollective::Split(absl::Span<const int> ranks,
+                                                                        const std::string& tag) {
+  RETURN_IF_ERROR(CheckUsable());
+  bool has_self = false;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= size_ || (i > 0 && ranks[i] <= ranks[i - 1])) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "Split '%s' on rank %d: ranks expected ascending and in [0, %d), entry %d is %d", tag,
+          rank_, size_, i, ranks[i]));
+    }
+    has_self = has_self || ranks[i] == rank_;
+  }
+  if (!has_self) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("Split '%s': ranks do not contain this rank %d", tag, rank_));
+  }
+  RETURN_IF_ERROR(internal::CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  std::unique_ptr<NcclCollective> c(new NcclCollective());
+  c->device_ = device_;
+  c->timeout_ = timeout_;
+  RETURN_IF_ERROR(internal::CudaStatus(
+      cudaStreamCreateWithFlags(&c->stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t sub = nullptr;
+  ncclResult_t r = ncclCommSplit(comm_, ranks.front(), rank_, &sub, &config);
+  const Clock::time_point deadline = Clock::now() + timeout_;
+  if ((r == ncclSuccess || r == ncclInProgress) && sub != nullptr) r = PollComm(sub, deadline);
+  if (r == ncclSuccess) r = PollComm(comm_, deadline);
+  if (r != ncclSuccess || sub == nullptr) {
+    if (sub != nullptr) ncclCommAbort(sub);
+    if (r == ncclInProgress) {
+      return Fail(absl::DeadlineExceededError(absl::StrFormat(
+          "Split '%s' on rank %d: not complete within %d ms", tag, rank_, timeout_.count())));
+    }
+    return Fail(absl::UnavailableError(
+        absl::StrFormat("Split '%s' on rank %d: %s", tag, rank_, NcclText(r, comm_))));
+  }
+  c->comm_ = sub;
+  int sub_rank = 0;
+  int sub_size = 0;
+  ncclCommUserRank(sub, &sub_rank);
+  ncclCommCount(sub, &sub_size);
+  c->rank_ = sub_rank;
+  c->size_ = sub_size;
+  return std::unique_ptr<core::Collective>(std::move(c));
+}
+
+}  // namespace moe_ep::kernels

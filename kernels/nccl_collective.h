@@ -1,0 +1,111 @@
+#pragma once
+
+// The NCCL backend of core::Collective (DESIGN §1, §8; issue 3).
+//
+// Memory: every buffer may be device memory (the data plane's case) or host
+// memory (the control plane's case, e.g. core::AllGatherInt64).
+//   - device pointers: the call is enqueued on stream() and returns once NCCL
+//     has accepted it; completion is stream-ordered. Call Synchronize() to
+//     wait with the group's deadline. Capturable in a CUDA graph.
+//   - host pointers (any buffer not device-accessible): the bytes are staged
+//     through an internal device buffer and the call waits for completion
+//     with the deadline, so it behaves like the Gloo backend.
+// The communicator is non-blocking (ncclConfig_t.blocking = 0): init, split
+// and every enqueue are polled with ncclCommGetAsyncError against the
+// deadline. On an NCCL error or timeout the communicator is aborted
+// (ncclCommAbort) and the call returns kUnavailable (error) or
+// kDeadlineExceeded (timeout); every later call returns kFailedPrecondition.
+// A dead peer therefore becomes an error within `timeout`, never a hang.
+//
+// Not thread-safe: one caller thread per object. The CUDA device given at
+// creation is made current on the calling thread by every call.
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/collective.h"
+
+namespace moe_ep::kernels {
+
+class NcclCollective : public core::Collective {
+ public:
+  // A fresh ncclUniqueId as bytes (NCCL_UNIQUE_ID_BYTES = 128), made by rank
+  // 0 and moved to the others through the rendezvous store (DESIGN §8).
+  // Errors: kUnavailable (ncclGetUniqueId failed, e.g. no network interface).
+  static absl::StatusOr<std::string> NewUniqueId();
+
+  // Joins the group named by `unique_id` as `rank` of `size` on CUDA device
+  // `device`. Collective: all `size` ranks must call it with the same id.
+  // Errors: kInvalidArgument (id length != 128, rank outside [0, size),
+  // size < 1, device out of range), kDeadlineExceeded (not all ranks joined
+  // within `timeout`; the pending communicator is aborted), kUnavailable
+  // (NCCL init error, with ncclGetErrorString and ncclGetLastError).
+  static absl::StatusOr<std::unique_ptr<NcclCollective>> Create(const std::string& unique_id,
+                                                                int rank, int size, int device,
+                                                                std::chrono::milliseconds timeout);
+
+  ~NcclCollective() override;
+  NcclCollective(const NcclCollective&) = delete;
+  NcclCollective& operator=(const NcclCollective&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "nccl"; }
+  int device() const { return device_; }
+  // The stream every device-pointer call is enqueued on (owned, non-blocking).
+  cudaStream_t stream() const { return stream_; }
+  // False after an error or timeout aborted the communicator.
+  bool healthy() const { return comm_ != nullptr; }
+
+  absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_bytes, void* recv,
+                         absl::Span<const int64_t> recv_bytes) override;
+  absl::Status AllGather(const void* send, int64_t bytes_per_rank, void* recv) override;
+  absl::Status AllReduceSum(float* data, int64_t count) override;
+  absl::Status Barrier() override;
+  // ncclCommSplit with color = the lowest rank of `ranks`, key = this rank.
+  // The new collective uses the same device, a new stream and this timeout.
+  absl::StatusOr<std::unique_ptr<core::Collective>> Split(absl::Span<const int> ranks,
+                                                          const std::string& tag) override;
+
+  // Waits until all work enqueued on stream() has finished, polling NCCL's
+  // async error; kDeadlineExceeded / kUnavailable (and abort) as above.
+  absl::Status Synchronize();
+
+  // Aborts the communicator (e.g. when the control plane learns a peer is
+  // gone). Later calls return kFailedPrecondition.
+  void Abort();
+
+ private:
+  NcclCollective() = default;
+  absl::Status CheckUsable() const;
+  // Polls ncclCommGetAsyncError until the last NCCL call is no longer
+  // in progress; aborts on error or deadline.
+  absl::Status WaitForNccl(ncclResult_t started, const char* what);
+  absl::Status Fail(absl::Status status);
+  absl::Status EnsureStaging(int64_t bytes);
+  // Enqueues the grouped send/recv of AllToAllV on stream_.
+  absl::Status EnqueueAllToAllV(const char* send, absl::Span<const int64_t> send_bytes, char* recv,
+                                absl::Span<const int64_t> recv_bytes);
+
+  int rank_ = 0;
+  int size_ = 0;
+  int device_ = 0;
+  std::chrono::milliseconds timeout_{0};
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  char* staging_ = nullptr;  // device scratch for host-memory calls
+  int64_t staging_bytes_ = 0;
+  std::string last_error_;
+};
+
+// True when `ptr` is device memory (or managed/registered memory usable by a
+// kernel) of any device.
+bool IsDevicePointer(const void* ptr);
+
+}  // namespace moe_ep::kernels
