@@ -1,0 +1,654 @@
+#include "core/ep_dispatcher.h"
+
+// The CPU (Gloo) data plane of core/ep_dispatcher.h.
+//
+// Memory: one 128-byte-aligned block of AllocatedWorkspace::total_bytes from
+// ComputeAllocatedWorkspace (DESIGN §5); the four payload regions are found in
+// it by name. Their use on this two-sided path, with E = ep_size,
+// N = capacity_tokens, R = runtime_max_tokens_per_rank, c[s][d] = tokens rank s
+// sends to rank d, K = top_k, H = hidden (even, so every int32/fp32 part below
+// stays 4-byte aligned):
+//
+//   dispatch send  [E, N, dispatch_bytes] bytes. Per-destination blocks packed
+//                  back to back in destination order (Collective::AllToAllV
+//                  takes packed blocks); block d holds c[me][d] tokens in slot
+//                  order as struct-of-arrays:
+//                    hidden [c, H] bf16 | ids [c, K] int32 | weights [c, K] fp32
+//                  i.e. c * dispatch_bytes bytes (dispatch_bytes = 2H + 8K).
+//   dispatch recv  [E, N, dispatch_bytes] bytes. The packed blocks arrive back
+//                  to back and are then moved in place (sources in descending
+//                  order, which never overwrites an unmoved block) to one row
+//                  of N * dispatch_bytes bytes per source s:
+//                    hidden [N, H] bf16 | ids [N, K] int32 | weights [N, K] fp32
+//                  Slots 0..c[s][me]-1 are source s's tokens in increasing
+//                  source-token order; slots [c, R) are padding, sanitized to
+//                  zero hidden, the invalid id and zero weight (DESIGN §7).
+//   combine send   [E, N, 2H] bytes: expert outputs (bf16) of the received
+//                  rows, packed back to back in source order (row j of source s
+//                  at sum_{t<s} c[t][me] + j).
+//   combine recv   [E, N, 2H] bytes: results back from each destination d,
+//                  packed in destination order; row c of block d is slot c.
+// Metadata regions of the layout are part of the allocation; the per-step
+// counts themselves are small members sized once in Create. Expert compute
+// widens received rows to fp32 in chunks of up to kExpertChunkRows rows, with
+// scratch sized once in Create (not part of the workspace figure).
+//
+// Collective calls per step: one all-gather of (epoch, R, local error code,
+// send_counts[E]) — the agreement check and the count matrix in one round —
+// then one all-to-all for dispatch and one for combine. A rank whose own input
+// is invalid still joins the all-gather (so peers fail fast with kAborted
+// instead of timing out) and then returns its kInvalidArgument; no payload
+// moves. A token travels with its full K ids and weights as given, invalid
+// ones included (they select no expert anywhere; core/moe_reference.h does
+// the same, so received rows compare exactly).
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "core/routing.h"
+#include "core/status_macros.h"
+
+namespace moe_ep::core {
+namespace {
+
+constexpr int64_t kExpertChunkRows = 512;
+constexpr int kAgreeHeader = 3;  // epoch, R, local error code
+
+struct AlignedFree {
+  void operator()(std::byte* p) const { std::free(p); }
+};
+
+int64_t ElapsedUs(absl::Time start) { return absl::ToInt64Microseconds(absl::Now() - start); }
+
+}  // namespace
+
+struct EpDispatcher::Impl {
+  enum class Phase { kIdle, kDispatched, kComputed };
+
+  Collective* collective = nullptr;
+  EpDispatcherOptions options;
+  ExpertPlacement placement;
+  int rank = 0;
+  int ep_size = 0;
+  int64_t capacity = 0;  // N
+  int64_t hidden = 0;    // H
+  int top_k = 0;         // K
+  int64_t dispatch_bytes = 0;
+  int64_t combine_bytes = 0;
+
+  AllocatedWorkspace layout;
+  std::unique_ptr<std::byte, AlignedFree> memory;
+  std::byte* dispatch_send = nullptr;
+  std::byte* dispatch_recv = nullptr;
+  std::byte* combine_send = nullptr;
+  std::byte* combine_recv = nullptr;
+
+  // Geometry.
+  bool committed = false;
+  int64_t epoch = 0;
+  int64_t runtime_max = 0;  // R
+
+  // Per-step state, sized once.
+  Phase phase = Phase::kIdle;
+  DispatchRoute route;
+  int64_t step_tokens = 0;
+  int64_t step_r = 0;
+  std::vector<int64_t> agree_send;      // [3 + E]
+  std::vector<int64_t> agree_all;       // [E, 3 + E]
+  std::vector<int64_t> recv_counts;     // [E] rows received from each source
+  std::vector<int64_t> recv_row_off;    // [E] packed row offset of each source
+  std::vector<int64_t> send_row_off;    // [E] packed row offset of each destination
+  std::vector<int64_t> a2a_send_bytes;  // [E]
+  std::vector<int64_t> a2a_recv_bytes;  // [E]
+  std::vector<float> x_scratch;         // [chunk, H]
+  std::vector<float> y_scratch;         // [chunk, H]
+  std::vector<int32_t> ids_scratch;     // [chunk, K]
+  std::vector<float> w_scratch;         // [chunk, K]
+  std::vector<float> acc;               // [H]
+  StepStats stats;
+
+  explicit Impl(ExpertPlacement p) : placement(p) {}
+
+  int64_t RowBytes() const { return capacity * dispatch_bytes; }
+  bf16_t* RecvHidden(int s) const {
+    return reinterpret_cast<bf16_t*>(dispatch_recv + s * RowBytes());
+  }
+  int32_t* RecvIds(int s) const {
+    return reinterpret_cast<int32_t*>(dispatch_recv + s * RowBytes() + capacity * 2 * hidden);
+  }
+  float* RecvWeights(int s) const {
+    return reinterpret_cast<float*>(dispatch_recv + s * RowBytes() +
+                                    capacity * (2 * hidden + 4 * top_k));
+  }
+
+  absl::Status ValidateInput(absl::Span<const bf16_t> hidden_in, absl::Span<const int32_t> topk_ids,
+                             absl::Span<const float> topk_weights, int64_t num_tokens) const;
+  absl::Status Agree(absl::Status local_error);
+  absl::Status DispatchImpl(absl::Span<const bf16_t> hidden_in, absl::Span<const int32_t> topk_ids,
+                            absl::Span<const float> topk_weights, int64_t num_tokens,
+                            absl::Status local_error);
+  absl::Status ValidateExperts(const ExpertSet& experts) const;
+  absl::Status ComputeExpertsImpl(const ExpertSet& experts);
+  absl::Status CombineImpl(absl::Span<bf16_t> output);
+};
+
+EpDispatcher::EpDispatcher(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+EpDispatcher::~EpDispatcher() = default;
+
+absl::StatusOr<std::unique_ptr<EpDispatcher>> EpDispatcher::Create(
+    Collective* collective, const EpDispatcherOptions& options, int64_t memory_cap_bytes) {
+  if (collective == nullptr) return absl::InvalidArgumentError("collective: must not be null");
+  const WorkspaceSpec& spec = options.workspace;
+  if (spec.ep_size != collective->size()) {
+    return absl::InvalidArgumentError(absl::StrCat("workspace.ep_size: expected the group size ",
+                                                   collective->size(), ", got ", spec.ep_size));
+  }
+  if (spec.dtype != DispatchDType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("workspace.dtype: the CPU data plane dispatches bf16 only, got ",
+                     DispatchDTypeName(spec.dtype)));
+  }
+  if (spec.hidden % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("workspace.hidden: the CPU data plane needs an even hidden size (keeps the "
+                     "int32/fp32 payload parts 4-byte aligned), got ",
+                     spec.hidden));
+  }
+  ASSIGN_OR_RETURN(AllocatedWorkspace layout, ComputeAllocatedWorkspace(spec));
+  ASSIGN_OR_RETURN(int64_t dispatch_bytes,
+                   DispatchBytesPerToken(spec.dtype, spec.hidden, spec.top_k));
+  auto placement_or = ExpertPlacement::Contiguous(options.num_experts, spec.ep_size);
+  if (!placement_or.ok()) return placement_or.status();
+  if (options.invalid_expert_id != -1 && options.invalid_expert_id != options.num_experts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid_expert_id: expected -1 or num_experts (", options.num_experts,
+                     "), got ", options.invalid_expert_id));
+  }
+  for (size_t i = 0; i < options.cuda_graph_buckets.size(); ++i) {
+    const int64_t b = options.cuda_graph_buckets[i];
+    if (b < 1 || b > spec.capacity_tokens || (i > 0 && b <= options.cuda_graph_buckets[i - 1])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cuda_graph_buckets: expected strictly ascending values in [1, capacity_tokens = ",
+          spec.capacity_tokens, "], got [", absl::StrJoin(options.cuda_graph_buckets, ", "), "]"));
+    }
+  }
+  if (memory_cap_bytes > 0 && layout.total_bytes > memory_cap_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("workspace: ", layout.total_bytes,
+                                                     " bytes needed, memory cap is ",
+                                                     memory_cap_bytes, " bytes"));
+  }
+
+  auto impl = std::make_unique<Impl>(*placement_or);
+  impl->collective = collective;
+  impl->options = options;
+  impl->rank = collective->rank();
+  impl->ep_size = spec.ep_size;
+  impl->capacity = spec.capacity_tokens;
+  impl->hidden = spec.hidden;
+  impl->top_k = spec.top_k;
+  impl->dispatch_bytes = dispatch_bytes;
+  impl->combine_bytes = CombineBytesPerToken(spec.hidden);
+
+  // Find the four payload regions by name and check their sizes.
+  const int64_t slab = static_cast<int64_t>(spec.ep_size) * spec.capacity_tokens;
+  struct Want {
+    bool dispatch;
+    bool send;
+    int64_t min_bytes;
+    const WorkspaceRegion* found = nullptr;
+  } wants[4] = {{true, true, slab * dispatch_bytes},
+                {true, false, slab * dispatch_bytes},
+                {false, true, slab * impl->combine_bytes},
+                {false, false, slab * impl->combine_bytes}};
+  std::vector<std::string> names;
+  for (const WorkspaceRegion& region : layout.regions) {
+    names.push_back(absl::StrCat(region.name, "@", region.offset_bytes, "+", region.size_bytes));
+    const std::string n = absl::AsciiStrToLower(region.name);
+    const bool is_dispatch = absl::StrContains(n, "dispatch");
+    const bool is_combine = absl::StrContains(n, "combine");
+    const bool is_send = absl::StrContains(n, "send");
+    const bool is_recv = absl::StrContains(n, "recv") || absl::StrContains(n, "receive");
+    if (is_dispatch == is_combine || is_send == is_recv) continue;
+    for (Want& w : wants) {
+      if (w.dispatch == is_dispatch && w.send == is_send) {
+        if (w.found != nullptr) {
+          return absl::InternalError(absl::StrCat("workspace layout has two regions for one role: ",
+                                                  absl::StrJoin(names, ", ")));
+        }
+        w.found = &region;
+      }
+    }
+  }
+  for (const Want& w : wants) {
+    if (w.found == nullptr || w.found->size_bytes < w.min_bytes ||
+        w.found->offset_bytes % 128 != 0 ||
+        w.found->offset_bytes + w.found->size_bytes > layout.total_bytes) {
+      return absl::InternalError(
+          absl::StrCat("workspace layout lacks a usable ", w.dispatch ? "dispatch " : "combine ",
+                       w.send ? "send" : "receive", " region of at least ", w.min_bytes,
+                       " bytes; regions: ", absl::StrJoin(names, ", ")));
+    }
+  }
+
+  const int64_t alloc_bytes = std::max<int64_t>(AlignTo128(layout.total_bytes), 128);
+  std::byte* block = static_cast<std::byte*>(std::aligned_alloc(128, alloc_bytes));
+  if (block == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("workspace: cannot allocate ", layout.total_bytes, " bytes of host memory"));
+  }
+  impl->memory.reset(block);
+  impl->dispatch_send = block + wants[0].found->offset_bytes;
+  impl->dispatch_recv = block + wants[1].found->offset_bytes;
+  impl->combine_send = block + wants[2].found->offset_bytes;
+  impl->combine_recv = block + wants[3].found->offset_bytes;
+  impl->layout = std::move(layout);
+
+  const int e = spec.ep_size;
+  impl->agree_send.assign(kAgreeHeader + e, 0);
+  impl->agree_all.assign(static_cast<size_t>(e) * (kAgreeHeader + e), 0);
+  impl->recv_counts.assign(e, 0);
+  impl->recv_row_off.assign(e, 0);
+  impl->send_row_off.assign(e, 0);
+  impl->a2a_send_bytes.assign(e, 0);
+  impl->a2a_recv_bytes.assign(e, 0);
+  const int64_t chunk = std::min<int64_t>(slab, kExpertChunkRows);
+  impl->x_scratch.assign(chunk * spec.hidden, 0.0f);
+  impl->y_scratch.assign(chunk * spec.hidden, 0.0f);
+  impl->ids_scratch.assign(chunk * spec.top_k, 0);
+  impl->w_scratch.assign(chunk * spec.top_k, 0.0f);
+  impl->acc.assign(spec.hidden, 0.0f);
+  // Every slot of every source row starts sanitized.
+  for (int s = 0; s < e; ++s) {
+    std::memset(impl->RecvHidden(s), 0, spec.capacity_tokens * 2 * spec.hidden);
+    std::fill_n(impl->RecvIds(s), spec.capacity_tokens * spec.top_k, options.invalid_expert_id);
+    std::fill_n(impl->RecvWeights(s), spec.capacity_tokens * spec.top_k, 0.0f);
+  }
+  return std::unique_ptr<EpDispatcher>(new EpDispatcher(std::move(impl)));
+}
+
+int64_t EpDispatcher::allocated_bytes() const { return impl_->layout.total_bytes; }
+int64_t EpDispatcher::epoch() const { return impl_->epoch; }
+int64_t EpDispatcher::runtime_max_tokens_per_rank() const { return impl_->runtime_max; }
+const std::vector<int64_t>& EpDispatcher::received_counts() const { return impl_->recv_counts; }
+const StepStats& EpDispatcher::last_step() const { return impl_->stats; }
+
+absl::Span<const bf16_t> EpDispatcher::ReceivedHidden(int src) const {
+  if (src < 0 || src >= impl_->ep_size) return {};
+  return absl::MakeConstSpan(impl_->RecvHidden(src), impl_->step_r * impl_->hidden);
+}
+absl::Span<const int32_t> EpDispatcher::ReceivedIds(int src) const {
+  if (src < 0 || src >= impl_->ep_size) return {};
+  return absl::MakeConstSpan(impl_->RecvIds(src), impl_->step_r * impl_->top_k);
+}
+absl::Span<const float> EpDispatcher::ReceivedWeights(int src) const {
+  if (src < 0 || src >= impl_->ep_size) return {};
+  return absl::MakeConstSpan(impl_->RecvWeights(src), impl_->step_r * impl_->top_k);
+}
+
+absl::StatusOr<std::vector<int64_t>> EpDispatcher::SyncTokenCounts(int64_t local_tokens) {
+  // A negative count still joins the all-gather so peers fail fast too.
+  ASSIGN_OR_RETURN(std::vector<int64_t> counts, AllGatherInt64(*impl_->collective, local_tokens));
+  if (local_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("local_tokens: expected >= 0, got ",
+                                                   local_tokens, " (rank ", impl_->rank, ")"));
+  }
+  for (int r = 0; r < static_cast<int>(counts.size()); ++r) {
+    if (counts[r] < 0) {
+      return absl::AbortedError(
+          absl::StrCat("rank ", r, " reported an invalid local token count ", counts[r]));
+    }
+  }
+  return counts;
+}
+
+absl::Status EpDispatcher::CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
+                                          int64_t local_tokens) {
+  Impl& m = *impl_;
+  if (m.phase != Impl::Phase::kIdle) {
+    return absl::FailedPreconditionError(
+        "CommitGeometry: a dispatched step is in flight; Combine it first");
+  }
+  const int64_t r = runtime_max_tokens_per_rank;
+  if (local_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local_tokens: expected >= 0, got ", local_tokens));
+  }
+  if (r < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("runtime_max_tokens_per_rank: expected >= 0, got ", r));
+  }
+  if (r > m.capacity) {
+    return absl::ResourceExhaustedError(absl::StrCat("runtime_max_tokens_per_rank ", r,
+                                                     " exceeds capacity_tokens ", m.capacity,
+                                                     " (rank ", m.rank, ")"));
+  }
+  if (r < local_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("runtime_max_tokens_per_rank ", r,
+                                                   " is below this rank's local_tokens ",
+                                                   local_tokens, " (rank ", m.rank, ")"));
+  }
+  m.committed = true;
+  m.epoch = epoch;
+  m.runtime_max = r;
+  return absl::OkStatus();
+}
+
+absl::Status EpDispatcher::Impl::ValidateInput(absl::Span<const bf16_t> hidden_in,
+                                               absl::Span<const int32_t> topk_ids,
+                                               absl::Span<const float> topk_weights,
+                                               int64_t num_tokens) const {
+  if (num_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("num_tokens: expected >= 0, got ", num_tokens));
+  }
+  if (num_tokens > runtime_max) {
+    return absl::InvalidArgumentError(absl::StrCat("num_tokens ", num_tokens,
+                                                   " exceeds runtime_max_tokens_per_rank ",
+                                                   runtime_max, " (rank ", rank, ")"));
+  }
+  if (static_cast<int64_t>(hidden_in.size()) != num_tokens * hidden) {
+    return absl::InvalidArgumentError(absl::StrCat("hidden: expected [", num_tokens, ", ", hidden,
+                                                   "] = ", num_tokens * hidden, " elements, got ",
+                                                   hidden_in.size()));
+  }
+  if (static_cast<int64_t>(topk_ids.size()) != num_tokens * top_k) {
+    return absl::InvalidArgumentError(absl::StrCat("topk_ids: expected [", num_tokens, ", ", top_k,
+                                                   "] = ", num_tokens * top_k, " elements, got ",
+                                                   topk_ids.size()));
+  }
+  if (static_cast<int64_t>(topk_weights.size()) != num_tokens * top_k) {
+    return absl::InvalidArgumentError(absl::StrCat("topk_weights: expected [", num_tokens, ", ",
+                                                   top_k, "] = ", num_tokens * top_k,
+                                                   " elements, got ", topk_weights.size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EpDispatcher::Impl::Agree(absl::Status local_error) {
+  agree_send[0] = epoch;
+  agree_send[1] = runtime_max;
+  agree_send[2] = local_error.ok() ? 0 : static_cast<int64_t>(local_error.code());
+  for (int d = 0; d < ep_size; ++d) {
+    agree_send[kAgreeHeader + d] = local_error.ok() ? route.send_counts[d] : 0;
+  }
+  RETURN_IF_ERROR(collective->AllGather(agree_send.data(),
+                                        static_cast<int64_t>(agree_send.size() * sizeof(int64_t)),
+                                        agree_all.data()));
+  if (!local_error.ok()) return local_error;
+  const int stride = kAgreeHeader + ep_size;
+  for (int r = 0; r < ep_size; ++r) {
+    const int64_t code = agree_all[r * stride + 2];
+    if (code != 0) {
+      return absl::AbortedError(
+          absl::StrCat("rank ", r, " rejected its input for this step (",
+                       absl::StatusCodeToString(static_cast<absl::StatusCode>(code)),
+                       "); no payload was exchanged (this rank is rank ", rank, ")"));
+    }
+  }
+  for (int r = 0; r < ep_size; ++r) {
+    const int64_t e = agree_all[r * stride];
+    const int64_t rr = agree_all[r * stride + 1];
+    if (e != epoch || rr != runtime_max) {
+      return absl::AbortedError(absl::StrCat("geometry mismatch: rank ", r, " has (epoch ", e,
+                                             ", R ", rr, "), this rank (rank ", rank,
+                                             ") has (epoch ", epoch, ", R ", runtime_max,
+                                             "); commit the same geometry on every rank"));
+    }
+  }
+  for (int s = 0; s < ep_size; ++s) {
+    const int64_t c = agree_all[s * stride + kAgreeHeader + rank];
+    if (c < 0 || c > runtime_max) {
+      return absl::InternalError(absl::StrCat("rank ", s, " sends ", c,
+                                              " tokens to this rank (rank ", rank,
+                                              "), outside [0, R = ", runtime_max, "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EpDispatcher::Impl::DispatchImpl(absl::Span<const bf16_t> hidden_in,
+                                              absl::Span<const int32_t> topk_ids,
+                                              absl::Span<const float> topk_weights,
+                                              int64_t num_tokens, absl::Status local_error) {
+  const absl::Time start = absl::Now();
+  if (phase != Phase::kIdle) {
+    return absl::FailedPreconditionError(
+        "Dispatch: the previous step was dispatched but not combined; call Combine first");
+  }
+  if (local_error.ok() && !committed) {
+    local_error = absl::FailedPreconditionError(
+        absl::StrCat("Dispatch: no geometry committed on rank ", rank, "; call CommitGeometry"));
+  }
+  if (local_error.ok()) local_error = ValidateInput(hidden_in, topk_ids, topk_weights, num_tokens);
+  if (local_error.ok()) {
+    auto route_or = ComputeDispatchRoute(topk_ids, num_tokens, top_k, placement);
+    if (route_or.ok()) {
+      route = std::move(route_or).value();
+    } else {
+      local_error = route_or.status();
+    }
+  }
+  RETURN_IF_ERROR(Agree(local_error));
+
+  // Counts and packed offsets.
+  const int stride = kAgreeHeader + ep_size;
+  int64_t send_rows = 0;
+  int64_t recv_rows = 0;
+  for (int p = 0; p < ep_size; ++p) {
+    recv_counts[p] = agree_all[p * stride + kAgreeHeader + rank];
+    send_row_off[p] = send_rows;
+    recv_row_off[p] = recv_rows;
+    send_rows += route.send_counts[p];
+    recv_rows += recv_counts[p];
+    a2a_send_bytes[p] = route.send_counts[p] * dispatch_bytes;
+    a2a_recv_bytes[p] = recv_counts[p] * dispatch_bytes;
+  }
+
+  // Pack: block d = hidden [c, H] | ids [c, K] | weights [c, K].
+  const int32_t invalid = options.invalid_expert_id;
+  const size_t hidden_row = hidden * sizeof(bf16_t);
+  const size_t k_row = top_k * sizeof(int32_t);
+  for (int d = 0; d < ep_size; ++d) {
+    const int64_t c = route.send_counts[d];
+    std::byte* block = dispatch_send + send_row_off[d] * dispatch_bytes;
+    std::byte* ids_part = block + c * hidden_row;
+    std::byte* w_part = ids_part + c * k_row;
+    for (int64_t slot = 0; slot < c; ++slot) {
+      const int64_t t = route.tokens_for_rank[d][slot];
+      std::memcpy(block + slot * hidden_row, hidden_in.data() + t * hidden, hidden_row);
+      std::memcpy(ids_part + slot * k_row, topk_ids.data() + t * top_k, k_row);
+      std::memcpy(w_part + slot * k_row, topk_weights.data() + t * top_k, k_row);
+    }
+  }
+  absl::Status exchanged =
+      collective->AllToAllV(dispatch_send, a2a_send_bytes, dispatch_recv, a2a_recv_bytes);
+  if (!exchanged.ok()) return exchanged;
+
+  // Move each source's packed block to its row, descending (safe in place:
+  // block s starts at <= s * R * dispatch_bytes <= its row start), then split
+  // it into the [N, H] | [N, K] | [N, K] row layout and sanitize padding.
+  for (int s = ep_size - 1; s >= 0; --s) {
+    const int64_t c = recv_counts[s];
+    std::byte* row = dispatch_recv + s * RowBytes();
+    std::byte* packed = dispatch_recv + recv_row_off[s] * dispatch_bytes;
+    if (c > 0 && row != packed) std::memmove(row, packed, c * dispatch_bytes);
+    if (c > 0) {
+      std::memmove(RecvWeights(s), row + c * (hidden_row + k_row), c * k_row);
+      std::memmove(RecvIds(s), row + c * hidden_row, c * k_row);
+    }
+    // Rows [c, max(R, previous R)) are reset so no stale token survives.
+    const int64_t end = std::max(runtime_max, step_r);
+    if (end > c) {
+      std::memset(RecvHidden(s) + c * hidden, 0, (end - c) * hidden_row);
+      std::fill(RecvIds(s) + c * top_k, RecvIds(s) + end * top_k, invalid);
+      std::fill(RecvWeights(s) + c * top_k, RecvWeights(s) + end * top_k, 0.0f);
+    }
+  }
+
+  step_tokens = num_tokens;
+  step_r = runtime_max;
+  phase = Phase::kDispatched;
+  stats = StepStats{};
+  stats.runtime_max_tokens_per_rank = runtime_max;
+  stats.tokens_sent = static_cast<int64_t>(route.dest_rank.size());
+  stats.tokens_received = recv_rows;
+  for (int p = 0; p < ep_size; ++p) {
+    if (p != rank) stats.bytes_sent_remote += a2a_send_bytes[p];
+  }
+  stats.dispatch_us = ElapsedUs(start);
+  return absl::OkStatus();
+}
+
+absl::Status EpDispatcher::Impl::ValidateExperts(const ExpertSet& experts) const {
+  if (experts.hidden() != hidden) {
+    return absl::InvalidArgumentError(absl::StrCat("experts: hidden ", experts.hidden(),
+                                                   " differs from the workspace hidden ", hidden));
+  }
+  const int first = placement.FirstExpert(rank);
+  const int count = placement.NumLocalExperts(rank);
+  if (experts.first_expert() != first || experts.num_experts() != count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "experts: rank ", rank, " owns experts [", first, ", ", first + count, "), got [",
+        experts.first_expert(), ", ", experts.first_expert() + experts.num_experts(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EpDispatcher::Impl::ComputeExpertsImpl(const ExpertSet& experts) {
+  const absl::Time start = absl::Now();
+  if (phase == Phase::kIdle) {
+    return absl::FailedPreconditionError("ComputeExperts: no dispatched step; call Dispatch first");
+  }
+  RETURN_IF_ERROR(ValidateExperts(experts));
+  // Gather received rows of all sources, in source then slot order (= the
+  // packed combine-send order), in chunks; one ComputeWeightedSum per chunk.
+  const int64_t chunk = static_cast<int64_t>(x_scratch.size()) / hidden;
+  bf16_t* out_rows = reinterpret_cast<bf16_t*>(combine_send);
+  int64_t out_row = 0;
+  int s = 0;
+  int64_t slot = 0;
+  while (true) {
+    while (s < ep_size && slot >= recv_counts[s]) {
+      ++s;
+      slot = 0;
+    }
+    if (s >= ep_size) break;
+    int64_t rows = 0;
+    while (rows < chunk && s < ep_size) {
+      const int64_t take = std::min(chunk - rows, recv_counts[s] - slot);
+      const bf16_t* src = RecvHidden(s) + slot * hidden;
+      for (int64_t i = 0; i < take * hidden; ++i) {
+        x_scratch[rows * hidden + i] = Bf16ToFloat(src[i]);
+      }
+      std::copy_n(RecvIds(s) + slot * top_k, take * top_k, ids_scratch.begin() + rows * top_k);
+      std::copy_n(RecvWeights(s) + slot * top_k, take * top_k, w_scratch.begin() + rows * top_k);
+      rows += take;
+      slot += take;
+      while (s < ep_size && slot >= recv_counts[s]) {
+        ++s;
+        slot = 0;
+      }
+    }
+    RETURN_IF_ERROR(experts.ComputeWeightedSum(x_scratch, ids_scratch, w_scratch, rows, top_k,
+                                               absl::MakeSpan(y_scratch)));
+    for (int64_t i = 0; i < rows * hidden; ++i) {
+      out_rows[out_row * hidden + i] = FloatToBf16(y_scratch[i]);
+    }
+    out_row += rows;
+  }
+  phase = Phase::kComputed;
+  stats.expert_us = ElapsedUs(start);
+  return absl::OkStatus();
+}
+
+absl::Status EpDispatcher::Impl::CombineImpl(absl::Span<bf16_t> output) {
+  const absl::Time start = absl::Now();
+  if (phase == Phase::kIdle) {
+    return absl::FailedPreconditionError("Combine: no dispatched step; call Dispatch first");
+  }
+  if (phase != Phase::kComputed) {
+    return absl::FailedPreconditionError(
+        "Combine: the expert outputs of this step are not computed; call ComputeExperts first");
+  }
+  if (static_cast<int64_t>(output.size()) != step_tokens * hidden) {
+    return absl::InvalidArgumentError(absl::StrCat("output: expected [", step_tokens, ", ", hidden,
+                                                   "] = ", step_tokens * hidden, " elements, got ",
+                                                   output.size()));
+  }
+  // Send row block s (rows received from s) back to s; receive from each
+  // destination d the rows this rank sent it.
+  int64_t combine_remote = 0;
+  for (int p = 0; p < ep_size; ++p) {
+    a2a_send_bytes[p] = recv_counts[p] * combine_bytes;
+    a2a_recv_bytes[p] = route.send_counts[p] * combine_bytes;
+    if (p != rank) combine_remote += a2a_send_bytes[p];
+  }
+  // Whatever happens now, this step is over: a failed exchange broke the group.
+  phase = Phase::kIdle;
+  RETURN_IF_ERROR(
+      collective->AllToAllV(combine_send, a2a_send_bytes, combine_recv, a2a_recv_bytes));
+  const bf16_t* back = reinterpret_cast<const bf16_t*>(combine_recv);
+  for (int64_t t = 0; t < step_tokens; ++t) {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t e = route.token_offsets[t]; e < route.token_offsets[t + 1]; ++e) {
+      const int d = route.dest_rank[e];
+      const bf16_t* row = back + (send_row_off[d] + route.dest_slot[e]) * hidden;
+      for (int64_t h = 0; h < hidden; ++h) acc[h] += Bf16ToFloat(row[h]);
+    }
+    bf16_t* out = output.data() + t * hidden;
+    for (int64_t h = 0; h < hidden; ++h) out[h] = FloatToBf16(acc[h]);
+  }
+  stats.bytes_sent_remote += combine_remote;
+  stats.combine_us = ElapsedUs(start);
+  return absl::OkStatus();
+}
+
+absl::Status EpDispatcher::Dispatch(absl::Span<const bf16_t> hidden,
+                                    absl::Span<const int32_t> topk_ids,
+                                    absl::Span<const float> topk_weights, int64_t num_tokens) {
+  return impl_->DispatchImpl(hidden, topk_ids, topk_weights, num_tokens, absl::OkStatus());
+}
+
+absl::Status EpDispatcher::ComputeExperts(const ExpertSet& experts) {
+  return impl_->ComputeExpertsImpl(experts);
+}
+
+absl::Status EpDispatcher::Combine(absl::Span<bf16_t> output) { return impl_->CombineImpl(output); }
+
+absl::Status EpDispatcher::Forward(absl::Span<const bf16_t> hidden,
+                                   absl::Span<const int32_t> topk_ids,
+                                   absl::Span<const float> topk_weights, int64_t num_tokens,
+                                   const ExpertSet& experts, absl::Span<bf16_t> output) {
+  Impl& m = *impl_;
+  if (m.phase != Impl::Phase::kIdle) {
+    return absl::FailedPreconditionError(
+        "Forward: a dispatched step is in flight; call Combine first");
+  }
+  // Problems with this rank's experts or output are input errors: they are
+  // reported through the agreement round so that peers abort instead of
+  // waiting for this rank.
+  absl::Status local = m.ValidateExperts(experts);
+  if (local.ok() && num_tokens >= 0 &&
+      static_cast<int64_t>(output.size()) != num_tokens * m.hidden) {
+    local = absl::InvalidArgumentError(absl::StrCat("output: expected [", num_tokens, ", ",
+                                                    m.hidden, "] = ", num_tokens * m.hidden,
+                                                    " elements, got ", output.size()));
+  }
+  RETURN_IF_ERROR(m.DispatchImpl(hidden, topk_ids, topk_weights, num_tokens, local));
+  absl::Status computed = m.ComputeExpertsImpl(experts);
+  if (!computed.ok()) {
+    m.phase = Impl::Phase::kIdle;
+    return computed;
+  }
+  return m.CombineImpl(output);
+}
+
+}  // namespace moe_ep::core
