@@ -1,0 +1,132 @@
+#pragma once
+
+// The coordinator: the client side of the control plane (DESIGN §8). It holds
+// one gRPC channel per worker (rank i = targets[i]), fans every operation out
+// to all ranks in parallel (one thread per rank) under one deadline, and folds
+// the per-rank results into a single absl::Status that names each failing
+// rank and its address:
+//   "Forward failed on 2 of 4 ranks: rank 1 (127.0.0.1:4567): INVALID_ARGUMENT:
+//    ...; rank 2 (127.0.0.1:4568): DEADLINE_EXCEEDED: ..."
+//
+// Thread safety: one operation at a time (the fan-out is internal).
+// Source: DESIGN §8; proto/moe_ep/v1/worker.proto.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "moe_ep/v1/worker.grpc.pb.h"
+
+namespace moe_ep::client {
+
+namespace v1 = ::moe_ep::v1;
+
+struct CoordinatorOptions {
+  // Deadline of every fanned-out call (collectives included) unless the
+  // operation takes its own.
+  absl::Duration rpc_timeout = absl::Seconds(300);
+  // Collective timeout of the formed group (JoinRequest.timeout_ms); the Join
+  // call itself gets this plus 10 s.
+  absl::Duration group_timeout = absl::Seconds(120);
+  // Channel send/receive limit; gRPC's default receive limit (4 MiB) is far
+  // below one layer's hidden states.
+  int max_message_bytes = 256 << 20;
+  // "gloo", "nccl" or "auto" (JoinRequest.backend).
+  std::string backend = "gloo";
+  // Per-rank address each worker's data plane binds to
+  // (JoinRequest.data_plane_host). Empty: the host part of each target.
+  std::vector<std::string> data_plane_hosts;
+};
+
+// Returns OK when every entry of `per_rank` is OK; otherwise one status whose
+// message lists every failing rank as "rank R (TARGET): CODE: message",
+// separated by "; ", after "<op> failed on F of N ranks: ". Its code is that of
+// the lowest failing rank whose code is not DEADLINE_EXCEEDED, UNAVAILABLE or
+// CANCELLED (the root cause of a collective failing is usually the rank whose
+// error is specific; its peers just time out), else that of the lowest
+// failing rank.
+// REQUIRES: per_rank.size() == targets.size().
+absl::Status AggregateRankErrors(absl::string_view op, const std::vector<std::string>& targets,
+                                 const std::vector<absl::Status>& per_rank);
+
+// The agreed result of SyncTokenCounts (DESIGN §6).
+struct TokenCountSync {
+  std::vector<int64_t> token_counts;  // [world], tokens each rank feeds into dispatch
+  int64_t max_tokens = 0;
+  int64_t runtime_max_tokens_per_rank = 0;  // R
+};
+
+class Coordinator {
+ public:
+  // Creates one channel per target (connections are made lazily).
+  // Errors: kInvalidArgument when `targets` is empty, a target is malformed,
+  // or data_plane_hosts is non-empty with a size other than targets.size().
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Connect(std::vector<std::string> targets,
+                                                              CoordinatorOptions options = {});
+
+  int world_size() const { return static_cast<int>(targets_.size()); }
+  const std::vector<std::string>& targets() const { return targets_; }
+  const CoordinatorOptions& options() const { return options_; }
+  // Generation of the group formed last by FormGroup (0 before).
+  int64_t generation() const { return generation_; }
+  void set_rpc_timeout(absl::Duration timeout) { options_.rpc_timeout = timeout; }
+
+  // Polls GetStatus on every rank until all answer or `timeout` passes.
+  // Errors: kDeadlineExceeded naming the ranks that never answered and their
+  // last error.
+  absl::Status WaitReady(absl::Duration timeout);
+
+  // GetStatus of every rank; one entry per rank, each its own result (for a
+  // status table that shows unreachable workers).
+  std::vector<absl::StatusOr<v1::GetStatusResponse>> StatusEach();
+  // GetStatus of every rank; fails when any rank fails (aggregated).
+  absl::StatusOr<std::vector<v1::GetStatusResponse>> Status();
+
+  // Forms the group: ranks already joined to an earlier group are made to
+  // Leave first, then every rank Joins with rank = its index, world = N,
+  // the rendezvous at targets[0] and generation = 1 + the largest generation
+  // seen (ours or any worker's), so the store prefix is always fresh.
+  // Returns each rank's JoinResponse. Errors: aggregated per rank.
+  absl::StatusOr<std::vector<v1::JoinResponse>> FormGroup();
+  // Leave on every rank (generation()).
+  absl::Status Leave();
+
+  // The same request to every rank; per-rank responses (rank order).
+  absl::StatusOr<std::vector<v1::ConfigureLayersResponse>> ConfigureLayers(
+      const v1::ConfigureLayersRequest& request);
+  absl::StatusOr<std::vector<v1::AllocateWorkspaceResponse>> AllocateWorkspace(
+      const v1::AllocateWorkspaceRequest& request);
+  absl::StatusOr<std::vector<v1::LoadExpertsResponse>> LoadExperts(
+      const v1::LoadExpertsRequest& request);
+  absl::StatusOr<std::vector<v1::BenchmarkResponse>> Benchmark(const v1::BenchmarkRequest& request);
+
+  // SyncTokenCounts with rank r's local count local_tokens[r].
+  // Errors: kInvalidArgument when local_tokens.size() != world; aggregated
+  // per-rank errors; kInternal when ranks return different counts or R (the
+  // message shows rank 0's answer and the first that differs).
+  absl::StatusOr<TokenCountSync> SyncTokenCounts(int64_t epoch,
+                                                 const std::vector<int64_t>& local_tokens);
+  // CommitGeometry(epoch, R) on every rank, with rank r's local count.
+  // Errors: kInvalidArgument on a size mismatch; aggregated per-rank errors.
+  absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
+                              const std::vector<int64_t>& local_tokens);
+  // Forward with rank r's request requests[r] (each rank its own tokens).
+  // Errors: kInvalidArgument when requests.size() != world; aggregated.
+  absl::StatusOr<std::vector<v1::ForwardResponse>> Forward(
+      const std::vector<v1::ForwardRequest>& requests);
+
+ private:
+  Coordinator(std::vector<std::string> targets, CoordinatorOptions options);
+
+  std::vector<std::string> targets_;
+  CoordinatorOptions options_;
+  std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_;
+  int64_t generation_ = 0;
+};
+
+}  // namespace moe_ep::client

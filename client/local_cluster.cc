@@ -1,0 +1,357 @@
+#include "client/local_cluster.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "client/targets.h"
+#include "core/status_macros.h"
+
+namespace moe_ep::client {
+namespace {
+
+constexpr absl::string_view kListeningPrefix = "moe-ep-worker listening on ";
+
+std::mutex& RegistryMutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::set<LocalCluster*>& Registry() {
+  static std::set<LocalCluster*> live;
+  return live;
+}
+
+std::string DescribeWaitStatus(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exit code ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return absl::StrCat("signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
+  }
+  return absl::StrCat("wait status ", status);
+}
+
+// Writes all of `data` to `fd`, retrying on EINTR and short writes.
+void WriteAll(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    const ssize_t n = write(fd, data, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;  // the sink is gone; worker output is best effort
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+void DrainTo(int from_fd, int to_fd) {
+  char buf[4096];
+  while (true) {
+    const ssize_t n = read(from_fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    WriteAll(to_fd, buf, static_cast<size_t>(n));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> DefaultWorkerBinary() {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat("cannot read /proc/self/exe: ", ec.message(), "; pass --worker-binary"));
+  }
+  return (self.parent_path() / "moe-ep-worker").string();
+}
+
+absl::StatusOr<std::string> ParseListeningLine(const std::string& line) {
+  absl::string_view text = absl::StripTrailingAsciiWhitespace(line);
+  if (!absl::ConsumePrefix(&text, kListeningPrefix)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected '", kListeningPrefix, "HOST:PORT', got '", line, "'"));
+  }
+  auto hp = SplitHostPort(text);
+  if (!hp.ok()) return hp.status();
+  return std::string(text);
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
+    const LocalClusterOptions& options) {
+  if (options.num_workers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--workers: expected >= 1, got ", options.num_workers));
+  }
+  if (options.backend.empty()) return absl::InvalidArgumentError("--backend: empty");
+  std::string binary = options.worker_binary;
+  if (binary.empty()) {
+    ASSIGN_OR_RETURN(binary, DefaultWorkerBinary());
+  }
+  if (access(binary.c_str(), X_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat("worker binary '", binary,
+                                            "' is missing or not executable (", strerror(errno),
+                                            "); build moe-ep-worker or pass --worker-binary"));
+  }
+  std::unique_ptr<LocalCluster> cluster(new LocalCluster(options));
+  cluster->binary_ = binary;
+  cluster->workers_.resize(options.num_workers);
+  cluster->targets_.resize(options.num_workers);
+  {
+    std::lock_guard<std::mutex> lock(RegistryMutex());
+    Registry().insert(cluster.get());
+  }
+  for (int i = 0; i < options.num_workers; ++i) {
+    absl::Status s = cluster->Spawn(i);
+    if (!s.ok()) return s;  // the destructor stops the workers started so far
+  }
+  RETURN_IF_ERROR(cluster->ReadAddresses());
+  return cluster;
+}
+
+absl::Status LocalCluster::Spawn(int index) {
+  Worker& w = workers_[index];
+  if (!options_.log_dir.empty()) {
+    const std::string path = absl::StrCat(options_.log_dir, "/worker-", index, ".log");
+    w.log_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (w.log_fd < 0) {
+      return absl::NotFoundError(
+          absl::StrCat("--log-dir: cannot write '", path, "': ", strerror(errno)));
+    }
+    w.owns_log_fd = true;
+  } else {
+    w.log_fd = STDERR_FILENO;
+  }
+  // Everything the child needs is prepared before fork: after it, only
+  // async-signal-safe calls (this process has gRPC threads).
+  std::vector<std::string> args = {binary_, "--listen=127.0.0.1:0",
+                                   absl::StrCat("--backend=", options_.backend)};
+  for (const std::string& a : options_.extra_args) args.push_back(a);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  int pipefd[2];
+  if (pipe2(pipefd, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe2 for worker ", index, ": ", strerror(errno)));
+  }
+  const pid_t parent = getpid();
+  const int log_fd = w.log_fd;
+  const pid_t pid = fork();
+  if (pid < 0) {
+    const int err = errno;
+    close(pipefd[0]);
+    close(pipefd[1]);
+    return absl::InternalError(absl::StrCat("fork for worker ", index, ": ", strerror(err)));
+  }
+  if (pid == 0) {
+    // Child: die with the parent, own process group (a terminal Ctrl-C reaches
+    // only the CLI, which then stops the workers in order), default signal
+    // handling and an empty mask (the CLI blocks SIGINT/SIGTERM for its
+    // signal thread, and masks are inherited across exec).
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);
+    setpgid(0, 0);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
+    sigset_t empty;
+    sigemptyset(&empty);
+    sigprocmask(SIG_SETMASK, &empty, nullptr);
+    dup2(pipefd[1], STDOUT_FILENO);
+    if (log_fd != STDERR_FILENO) dup2(log_fd, STDERR_FILENO);
+    execv(argv[0], argv.data());
+    const char msg[] = "moe-ep: exec of moe-ep-worker failed\n";
+    WriteAll(STDERR_FILENO, msg, sizeof(msg) - 1);
+    _exit(127);
+  }
+  close(pipefd[1]);
+  std::lock_guard<std::mutex> lock(mu_);
+  w.pid = pid;
+  w.stdout_fd = pipefd[0];
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::ReadAddresses() {
+  const int n = num_workers();
+  const absl::Time deadline = absl::Now() + options_.start_timeout;
+  std::vector<std::string> buffers(n);
+  std::vector<bool> done(n, false);
+  int remaining = n;
+  while (remaining > 0) {
+    std::vector<pollfd> fds;
+    std::vector<int> index_of;
+    for (int i = 0; i < n; ++i) {
+      if (done[i]) continue;
+      fds.push_back(pollfd{workers_[i].stdout_fd, POLLIN, 0});
+      index_of.push_back(i);
+    }
+    const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (left_ms <= 0) {
+      std::string which;
+      for (int i = 0; i < n; ++i) {
+        if (!done[i]) absl::StrAppend(&which, which.empty() ? "" : ", ", i);
+      }
+      return absl::DeadlineExceededError(absl::StrCat(
+          "worker(s) ", which, " printed no '", kListeningPrefix, "HOST:PORT' line within ",
+          absl::FormatDuration(options_.start_timeout), " (binary ", binary_, ")"));
+    }
+    const int rc = poll(fds.data(), fds.size(), static_cast<int>(std::min<int64_t>(left_ms, 1000)));
+    if (rc < 0) {
+      if (errno == EINTR) continue;
+      return absl::InternalError(absl::StrCat("poll on worker output: ", strerror(errno)));
+    }
+    for (size_t k = 0; k < fds.size(); ++k) {
+      if (fds[k].revents == 0) continue;
+      const int i = index_of[k];
+      Worker& w = workers_[i];
+      char buf[4096];
+      const ssize_t got = read(w.stdout_fd, buf, sizeof(buf));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        // EOF: the worker exited (or closed stdout) before announcing itself.
+        std::lock_guard<std::mutex> lock(mu_);
+        for (int tries = 0; tries < 100 && !w.reaped; ++tries) {
+          ReapLocked(w, /*block=*/false);
+          if (!w.reaped) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        return absl::UnavailableError(absl::StrCat(
+            "worker ", i, " (pid ", w.pid, ") ",
+            w.reaped ? absl::StrCat("exited with ", DescribeWaitStatus(w.wait_status))
+                     : std::string("closed its stdout"),
+            " before printing its address; see its output",
+            options_.log_dir.empty() ? " above" : absl::StrCat(" in ", options_.log_dir)));
+      }
+      buffers[i].append(buf, static_cast<size_t>(got));
+      size_t newline;
+      while (!done[i] && (newline = buffers[i].find('\n')) != std::string::npos) {
+        std::string line = buffers[i].substr(0, newline);
+        buffers[i].erase(0, newline + 1);
+        auto address = ParseListeningLine(line);
+        if (address.ok()) {
+          targets_[i] = *address;
+          done[i] = true;
+          --remaining;
+        } else {
+          line.push_back('\n');
+          WriteAll(w.log_fd, line.data(), line.size());
+        }
+      }
+    }
+  }
+  // From here on the workers' stdout only carries logs.
+  for (int i = 0; i < n; ++i) {
+    Worker& w = workers_[i];
+    if (!buffers[i].empty()) WriteAll(w.log_fd, buffers[i].data(), buffers[i].size());
+    w.drain = std::thread(DrainTo, w.stdout_fd, w.log_fd);
+  }
+  return absl::OkStatus();
+}
+
+pid_t LocalCluster::pid(int index) const { return workers_.at(index).pid; }
+
+void LocalCluster::ReapLocked(Worker& w, bool block) {
+  if (w.reaped || w.pid <= 0) return;
+  int status = 0;
+  pid_t r;
+  do {
+    r = waitpid(w.pid, &status, block ? 0 : WNOHANG);
+  } while (r < 0 && errno == EINTR);
+  if (r == w.pid || (r < 0 && errno == ECHILD)) {
+    w.reaped = true;
+    w.wait_status = status;
+  }
+}
+
+absl::Status LocalCluster::StopLocked() {
+  for (Worker& w : workers_) {
+    ReapLocked(w, false);
+    if (!w.reaped && w.pid > 0) kill(w.pid, SIGTERM);
+  }
+  const absl::Time deadline = absl::Now() + options_.stop_timeout;
+  while (true) {
+    bool all = true;
+    for (Worker& w : workers_) {
+      ReapLocked(w, false);
+      all = all && (w.reaped || w.pid <= 0);
+    }
+    if (all || absl::Now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  int killed = 0;
+  for (Worker& w : workers_) {
+    if (!w.reaped && w.pid > 0) {
+      kill(w.pid, SIGKILL);
+      ReapLocked(w, true);
+      ++killed;
+    }
+  }
+  for (Worker& w : workers_) {
+    if (w.drain.joinable()) w.drain.join();
+    if (w.stdout_fd >= 0) close(w.stdout_fd);
+    w.stdout_fd = -1;
+    if (w.owns_log_fd && w.log_fd >= 0) close(w.log_fd);
+    w.log_fd = -1;
+    w.owns_log_fd = false;
+  }
+  if (killed > 0) {
+    return absl::DeadlineExceededError(absl::StrCat(killed, " worker(s) ignored SIGTERM for ",
+                                                    absl::FormatDuration(options_.stop_timeout),
+                                                    " and were killed"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::Stop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return StopLocked();
+}
+
+absl::Status LocalCluster::Kill(int index, int signo) {
+  if (index < 0 || index >= num_workers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker index: expected 0..", num_workers() - 1, ", got ", index));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  Worker& w = workers_[index];
+  ReapLocked(w, false);
+  if (w.reaped || w.pid <= 0) {
+    return absl::NotFoundError(absl::StrCat("worker ", index, " has already exited"));
+  }
+  if (kill(w.pid, signo) != 0) {
+    return absl::InternalError(absl::StrCat("kill(", w.pid, ", ", signo, "): ", strerror(errno)));
+  }
+  if (signo == SIGKILL) ReapLocked(w, true);
+  return absl::OkStatus();
+}
+
+bool LocalCluster::IsRunning(int index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Worker& w = workers_.at(index);
+  ReapLocked(w, false);
+  return w.pid > 0 && !w.reaped;
+}
+
+void LocalCluster::StopAll() {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  for (LocalCluster* cluster : Registry()) (void)cluster->Stop();
+}
+
+LocalCluster::~LocalCluster() {
+  {
+    std::lock_guard<std::mutex> lock(RegistryMutex());
+    Registry().erase(this);
+  }
+  (void)Stop();
+}
+
+}  // namespace moe_ep::client

@@ -1,0 +1,122 @@
+#pragma once
+
+// The embedded local cluster (DESIGN §8): N `moe-ep-worker` processes on
+// loopback ports started by this process, the default way to run the main job
+// on one machine.
+//
+// Each worker is started as
+//   moe-ep-worker --listen=127.0.0.1:0 --backend=<backend> [extra args]
+// and announces its address with one stdout line
+//   moe-ep-worker listening on HOST:PORT
+// which Start() reads (with a timeout). Worker i becomes target i (rank i).
+// Anything else a worker writes to stdout, and its stderr, goes to this
+// process's stderr or to <log_dir>/worker-<i>.log.
+//
+// No worker outlives this process: each child sets PR_SET_PDEATHSIG(SIGKILL)
+// before exec (the signal fires when the thread that started it exits, so call
+// Start() from a thread that lives as long as the cluster, e.g. main), and
+// Stop() / the destructor sends SIGTERM, waits up to `stop_timeout`, then
+// SIGKILLs what is left. StopAll() stops every live cluster of this process
+// (for a signal handler thread; see client/interrupt.h).
+//
+// Thread safety: Stop(), Kill() and StopAll() may race with each other; the
+// rest is for the owning thread. Source: DESIGN §8, issue 2 ("no orphans").
+
+#include <sys/types.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace moe_ep::client {
+
+struct LocalClusterOptions {
+  int num_workers = 4;
+  std::string backend = "gloo";  // passed as --backend
+  // Worker executable. Empty: DefaultWorkerBinary().
+  std::string worker_binary;
+  // Empty: worker output goes to this process's stderr. Otherwise each worker
+  // writes <log_dir>/worker-<i>.log (the directory must exist).
+  std::string log_dir;
+  absl::Duration start_timeout = absl::Seconds(30);  // until every address line is read
+  absl::Duration stop_timeout = absl::Seconds(10);   // SIGTERM grace before SIGKILL
+  std::vector<std::string> extra_args;               // appended to every worker's argv
+};
+
+// Returns "<directory of /proc/self/exe>/moe-ep-worker".
+// Errors: kInternal when /proc/self/exe cannot be read.
+absl::StatusOr<std::string> DefaultWorkerBinary();
+
+// Parses "moe-ep-worker listening on HOST:PORT" (trailing whitespace allowed)
+// and returns "HOST:PORT". Errors: kInvalidArgument for any other line.
+absl::StatusOr<std::string> ParseListeningLine(const std::string& line);
+
+class LocalCluster {
+ public:
+  // Starts the workers and waits for their addresses.
+  // Errors (every started worker is stopped again):
+  //   kInvalidArgument   num_workers < 1, empty backend.
+  //   kNotFound          the worker binary is missing or not executable (names
+  //                      the path and --worker-binary).
+  //   kNotFound          log_dir cannot be written.
+  //   kDeadlineExceeded  a worker printed no address within start_timeout.
+  //   kUnavailable       a worker exited before printing its address (names
+  //                      its index, pid and exit status).
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const LocalClusterOptions& options);
+
+  // Stops the workers (see the file comment).
+  ~LocalCluster();
+  LocalCluster(const LocalCluster&) = delete;
+  LocalCluster& operator=(const LocalCluster&) = delete;
+
+  // "127.0.0.1:PORT" of worker i, in rank order.
+  const std::vector<std::string>& targets() const { return targets_; }
+  int num_workers() const { return static_cast<int>(workers_.size()); }
+  // Process id of worker i (valid until Stop()).
+  pid_t pid(int index) const;
+  const std::string& worker_binary() const { return binary_; }
+
+  // SIGTERM to every live worker, wait up to stop_timeout, then SIGKILL.
+  // Idempotent. Returns OK when every worker has been reaped.
+  absl::Status Stop();
+  // Sends `signo` to worker `index` (e.g. to kill one mid-run) and, for
+  // SIGKILL, reaps it. Errors: kInvalidArgument for a bad index; kNotFound
+  // when the worker has already exited.
+  absl::Status Kill(int index, int signo);
+  // True while worker `index` runs (not yet reaped).
+  bool IsRunning(int index);
+
+  // Stops every live LocalCluster of this process.
+  static void StopAll();
+
+ private:
+  struct Worker {
+    pid_t pid = -1;
+    int stdout_fd = -1;  // read end of the worker's stdout pipe
+    int log_fd = -1;     // where its output goes (owned when a log file)
+    bool owns_log_fd = false;
+    bool reaped = false;
+    int wait_status = 0;
+    std::thread drain;  // copies stdout after the address line to log_fd
+  };
+
+  explicit LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {}
+  absl::Status Spawn(int index);
+  absl::Status ReadAddresses();
+  absl::Status StopLocked();
+  void ReapLocked(Worker& w, bool block);
+
+  LocalClusterOptions options_;
+  std::string binary_;
+  std::vector<std::string> targets_;
+  std::mutex mu_;  // guards workers_' process state
+  std::vector<Worker> workers_;
+};
+
+}  // namespace moe_ep::client

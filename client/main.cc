@@ -1,0 +1,134 @@
+// moe-ep: the coordinator CLI (DESIGN §8). Flags and wiring only; the logic
+// lives in the client library (client/*_command.h, client/run_job.h).
+//
+// Exit codes: 0 success; 1 an operation failed (or `run` found a layer that
+// disagrees with the reference); 2 bad command line; 130 interrupted.
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "client/interrupt.h"
+#include "client/local_cluster.h"
+#include "client/plan_command.h"
+#include "client/status_command.h"
+#include "client/up_command.h"
+#include "client/worker_selection.h"
+#include "client/workspace_command.h"
+
+namespace {
+
+using namespace moe_ep::client;  // NOLINT(build/namespaces): main.cc wiring only
+
+// --workers / --targets / --backend / --worker-binary / --log-dir.
+void AddWorkerFlags(CLI::App* cmd, WorkerSelection* w, bool allow_targets) {
+  auto* workers = cmd->add_option("--workers", w->num_workers,
+                                  "start an embedded local cluster of N moe-ep-worker processes")
+                      ->check(CLI::Range(1, 1024))
+                      ->capture_default_str();
+  if (allow_targets) {
+    cmd->add_option("--targets", w->targets,
+                    "use running workers instead: host:port,... (rank i = i-th address)")
+        ->excludes(workers);
+  }
+  cmd->add_option("--backend", w->backend, "data-plane backend of the workers: gloo | auto | nccl")
+      ->check(CLI::IsMember({"gloo", "auto", "nccl"}))
+      ->capture_default_str();
+  cmd->add_option("--worker-binary", w->worker_binary,
+                  "moe-ep-worker executable (default: next to moe-ep)");
+  cmd->add_option("--log-dir", w->log_dir,
+                  "write each local worker's output to DIR/worker-<i>.log instead of stderr")
+      ->check(CLI::ExistingDirectory);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "moe-ep: expert-parallel MoE coordinator (forms a group of moe-ep-worker "
+      "processes, configures, runs and verifies MoE layers)"};
+  app.require_subcommand(1);
+  std::function<absl::Status()> action;
+  bool long_running_up = false;
+
+  // up
+  WorkerSelection up_workers;
+  auto* up = app.add_subcommand("up", "start N local workers, form the group, wait for Ctrl-C");
+  AddWorkerFlags(up, &up_workers, /*allow_targets=*/false);
+  up->callback([&] {
+    long_running_up = true;
+    action = [&] { return RunUpCommand(up_workers, std::cout); };
+  });
+
+  // plan
+  PlanCommandOptions plan_options;
+  bool no_a2a = false;
+  auto* plan = app.add_subcommand("plan", "print the per-layer scatter-mode plan (offline)");
+  plan->add_option("--model", plan_options.model, "config.json path or preset name")
+      ->capture_default_str();
+  plan->add_option("--tp", plan_options.tp_size, "tensor-parallel size (= world)")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  plan->add_option("--attn-dp", plan_options.attn_dp_size, "attention data-parallel size")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  plan->add_option("--moe-dense-tp", plan_options.moe_dense_tp_size,
+                   "dense MLP TP size: 1, attn_tp or tp (default unset = tp)")
+      ->check(CLI::PositiveNumber);
+  plan->add_flag("--no-a2a", no_a2a, "no all-to-all backend: sparse MLPs run FULL");
+  plan->callback([&] {
+    plan_options.a2a_enabled = !no_a2a;
+    action = [&] { return RunPlanCommand(plan_options, std::cout); };
+  });
+
+  // workspace
+  WorkspaceCommandOptions ws_options;
+  auto* ws = app.add_subcommand("workspace", "print payload and workspace sizes (offline)");
+  ws->add_option("--model", ws_options.model, "config.json path or preset name")
+      ->capture_default_str();
+  ws->add_option("--ep", ws_options.ep_size, "EP size E")->required()->check(CLI::PositiveNumber);
+  ws->add_option("--max-tokens", ws_options.max_tokens, "capacity N, tokens per rank")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  ws->add_option("--dtype", ws_options.dtype, "dispatch dtype")
+      ->check(CLI::IsMember({"bf16", "nvfp4", "mxfp8"}))
+      ->capture_default_str();
+  ws->callback([&] { action = [&] { return RunWorkspaceCommand(ws_options, std::cout); }; });
+
+  // status
+  std::string status_targets;
+  auto* status = app.add_subcommand("status", "print a table of running workers");
+  status->add_option("--targets", status_targets, "host:port,...")->required();
+  status->callback([&] { action = [&] { return RunStatusCommand(status_targets, std::cout); }; });
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  // Installed after parsing (no threads exist yet) so every later thread
+  // inherits the blocked mask. `up` waits for the signal itself; the other
+  // commands stop any local workers and exit at once.
+  const absl::Status installed = InstallInterruptHandler([&](int signo) {
+    if (long_running_up) return;
+    LocalCluster::StopAll();
+    std::cerr << "moe-ep: interrupted (signal " << signo << "), workers stopped\n";
+    std::_Exit(130);
+  });
+  if (!installed.ok()) {
+    std::cerr << "moe-ep: " << installed << "\n";
+    return 1;
+  }
+  const absl::Status result = action();
+  if (!result.ok()) {
+    std::cerr << "moe-ep: error: " << result << "\n";
+    return 1;
+  }
+  return 0;
+}

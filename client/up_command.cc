@@ -1,0 +1,36 @@
+#include "client/up_command.h"
+
+#include <signal.h>
+
+#include <cstring>
+
+#include "absl/strings/str_join.h"
+#include "client/coordinator.h"
+#include "client/interrupt.h"
+#include "client/status_command.h"
+#include "core/status_macros.h"
+
+namespace moe_ep::client {
+
+absl::Status RunUpCommand(const WorkerSelection& selection, std::ostream& out) {
+  WorkerSelection local = selection;
+  local.targets.clear();  // `up` always starts its own workers
+  ASSIGN_OR_RETURN(AttachedWorkers workers, AttachWorkers(local));
+  CoordinatorOptions options;
+  options.backend = selection.backend;
+  ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
+                   Coordinator::Connect(workers.targets, options));
+  RETURN_IF_ERROR(coordinator->WaitReady(absl::Seconds(30)));
+  RETURN_IF_ERROR(coordinator->FormGroup().status());
+  out << "moe-ep: " << workers.targets.size() << " workers up, group generation "
+      << coordinator->generation() << "\n"
+      << RenderWorkerTable(workers.targets, coordinator->StatusEach())
+      << "targets: " << absl::StrJoin(workers.targets, ",") << "\n"
+      << "Press Ctrl-C to stop.\n";
+  out.flush();
+  const int signo = WaitForInterrupt();
+  out << "moe-ep: " << strsignal(signo) << ", stopping " << workers.targets.size() << " workers\n";
+  return workers.cluster->Stop();
+}
+
+}  // namespace moe_ep::client

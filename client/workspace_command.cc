@@ -1,0 +1,61 @@
+#include "client/workspace_command.h"
+
+#include "absl/strings/str_cat.h"
+#include "client/model_source.h"
+#include "client/text_table.h"
+#include "core/status_macros.h"
+#include "core/workspace.h"
+
+namespace moe_ep::client {
+namespace {
+
+std::vector<std::string> BytesRow(const std::string& quantity, int64_t bytes) {
+  return {quantity, absl::StrCat(bytes), FormatBytes(static_cast<double>(bytes))};
+}
+
+}  // namespace
+
+absl::Status RunWorkspaceCommand(const WorkspaceCommandOptions& options, std::ostream& out) {
+  ASSIGN_OR_RETURN(core::ModelDescription model, ResolveModel(options.model));
+  ASSIGN_OR_RETURN(core::DispatchDType dtype, core::ParseDispatchDType(options.dtype));
+  if (options.ep_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--ep: expected >= 1, got ", options.ep_size));
+  }
+  if (options.max_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-tokens: expected >= 1 (tokens per rank), got ", options.max_tokens));
+  }
+  core::WorkspaceSpec spec;
+  spec.ep_size = options.ep_size;
+  spec.capacity_tokens = options.max_tokens;
+  spec.hidden = model.hidden_size;
+  spec.top_k = model.top_k;
+  spec.dtype = dtype;
+  ASSIGN_OR_RETURN(int64_t dispatch_bytes,
+                   core::DispatchBytesPerToken(dtype, spec.hidden, spec.top_k));
+  ASSIGN_OR_RETURN(core::FlashInferWorkspace fi, core::ComputeFlashInferWorkspace(spec));
+  ASSIGN_OR_RETURN(core::AllocatedWorkspace own, core::ComputeAllocatedWorkspace(spec));
+
+  out << model.name << ": hidden " << spec.hidden << ", top-" << spec.top_k << ", "
+      << model.num_experts << " experts; ep " << spec.ep_size << ", capacity "
+      << spec.capacity_tokens << " tokens per rank, dispatch dtype "
+      << core::DispatchDTypeName(dtype) << "\n\n";
+  TextTable sizes({"quantity", "bytes", "size"});
+  sizes.AddRow(BytesRow("dispatch bytes per token", dispatch_bytes));
+  sizes.AddRow(BytesRow("combine bytes per token", core::CombineBytesPerToken(spec.hidden)));
+  sizes.AddRow(BytesRow("FlashInfer-compatible aux", fi.aux_bytes));
+  sizes.AddRow(BytesRow("FlashInfer-compatible dispatch region", fi.dispatch_region_bytes));
+  sizes.AddRow(BytesRow("FlashInfer-compatible combine region", fi.combine_region_bytes));
+  sizes.AddRow(BytesRow("FlashInfer-compatible total per rank", fi.total_bytes));
+  sizes.AddRow(BytesRow("moe-ep allocated per rank", own.total_bytes));
+  out << sizes.Render() << "\nmoe-ep allocation (each region 128-byte aligned):\n";
+  TextTable regions({"region", "offset", "bytes", "size"});
+  for (const core::WorkspaceRegion& r : own.regions) {
+    regions.AddRow({r.name, absl::StrCat(r.offset_bytes), absl::StrCat(r.size_bytes),
+                    FormatBytes(static_cast<double>(r.size_bytes))});
+  }
+  out << regions.Render();
+  return absl::OkStatus();
+}
+
+}  // namespace moe_ep::client
