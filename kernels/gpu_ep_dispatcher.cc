@@ -177,16 +177,14 @@ absl::Status GpuEpDispatcher::WriteHeader(int64_t epoch, int64_t r, int64_t num_
                     "cudaMemcpyAsync(step header)");
 }
 
-absl::Status GpuEpDispatcher::EnqueueStep(int64_t r, const uint16_t* hidden,
-                                          const int32_t* topk_ids, const float* topk_weights,
-                                          const DeviceExpertSet& experts, uint16_t* output) {
+absl::Status GpuEpDispatcher::EnqueueDispatch(int64_t r, const uint16_t* hidden,
+                                              const int32_t* topk_ids, const float* topk_weights) {
   cudaStream_t s = collective_->stream();
   // Null inputs are allowed for T == 0: the kernels read no row then, so any
   // aligned device address stands in.
   const uint16_t* in_hidden = hidden ? hidden : reinterpret_cast<const uint16_t*>(send_);
   const int32_t* in_ids = topk_ids ? topk_ids : reinterpret_cast<const int32_t*>(send_);
   const float* in_weights = topk_weights ? topk_weights : reinterpret_cast<const float*>(send_);
-  uint16_t* out = output ? output : combine_send_;
   const int64_t* num_tokens = header_ + 2;
   RETURN_IF_ERROR(LaunchRoute({in_ids, num_tokens, r, top_k_, options_.dispatcher.num_experts,
                                ep_size_, token_slot_, send_counts_},
@@ -206,24 +204,26 @@ absl::Status GpuEpDispatcher::EnqueueStep(int64_t r, const uint16_t* hidden,
   pack.send = send_;
   RETURN_IF_ERROR(LaunchPackDispatch(pack, s));
   std::fill(counts_.begin(), counts_.end(), r * row_bytes_);
-  RETURN_IF_ERROR(collective_->AllToAllV(send_, counts_, recv_, counts_));
-  RETURN_IF_ERROR(expert_compute_->Run(recv_, ep_size_ * r, experts, combine_send_, s));
+  return collective_->AllToAllV(send_, counts_, recv_, counts_);
+}
+
+absl::Status GpuEpDispatcher::EnqueueCombine(int64_t r, uint16_t* output) {
   std::fill(counts_.begin(), counts_.end(), r * hidden_ * 2);
   RETURN_IF_ERROR(collective_->AllToAllV(combine_send_, counts_, combine_recv_, counts_));
   CombineReduceParams combine;
   combine.recv = combine_recv_;
   combine.token_slot = token_slot_;
-  combine.num_tokens = num_tokens;
+  combine.num_tokens = header_ + 2;
   combine.max_tokens = r;
   combine.hidden_size = hidden_;
   combine.ep_size = ep_size_;
-  combine.output = out;
-  return LaunchCombineReduce(combine, s);
+  combine.output = output ? output : combine_send_;
+  return LaunchCombineReduce(combine, collective_->stream());
 }
 
-absl::Status GpuEpDispatcher::Forward(const uint16_t* hidden, const int32_t* topk_ids,
-                                      const float* topk_weights, int64_t num_tokens,
-                                      const DeviceExpertSet& experts, uint16_t* output) {
+absl::Status GpuEpDispatcher::CheckForwardArgs(int64_t num_tokens, const void* hidden,
+                                               const void* topk_ids,
+                                               const void* topk_weights) const {
   if (runtime_max_tokens_ < 0) {
     return absl::FailedPreconditionError(
         absl::StrFormat("Forward on rank %d: no geometry committed", rank_));
@@ -233,12 +233,14 @@ absl::Status GpuEpDispatcher::Forward(const uint16_t* hidden, const int32_t* top
         absl::StrFormat("Forward on rank %d: num_tokens expected in [0, R=%d], got %d", rank_,
                         runtime_max_tokens_, num_tokens));
   }
-  if (num_tokens > 0 &&
-      (hidden == nullptr || topk_ids == nullptr || topk_weights == nullptr || output == nullptr)) {
+  if (num_tokens > 0 && (hidden == nullptr || topk_ids == nullptr || topk_weights == nullptr)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "Forward on rank %d: null device pointer with %d tokens", rank_, num_tokens));
   }
-  RETURN_IF_ERROR(CheckExperts(experts));
+  return absl::OkStatus();
+}
+
+absl::Status GpuEpDispatcher::AgreeAndWriteHeader(int64_t num_tokens) {
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(collective_->device()), "cudaSetDevice"));
   // (epoch, R) agreement before any payload moves (DESIGN §6).
   const int64_t mine[2] = {epoch_, runtime_max_tokens_};
@@ -251,8 +253,59 @@ absl::Status GpuEpDispatcher::Forward(const uint16_t* hidden, const int32_t* top
           all[2 * r], all[2 * r + 1], rank_, epoch_, runtime_max_tokens_));
     }
   }
-  RETURN_IF_ERROR(WriteHeader(epoch_, runtime_max_tokens_, num_tokens));
-  return EnqueueStep(runtime_max_tokens_, hidden, topk_ids, topk_weights, experts, output);
+  return WriteHeader(epoch_, runtime_max_tokens_, num_tokens);
+}
+
+absl::Status GpuEpDispatcher::Forward(const uint16_t* hidden, const int32_t* topk_ids,
+                                      const float* topk_weights, int64_t num_tokens,
+                                      const DeviceExpertSet& experts, uint16_t* output) {
+  if (dispatched_) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("Forward on rank %d: a dispatch is pending its combine", rank_));
+  }
+  RETURN_IF_ERROR(CheckForwardArgs(num_tokens, hidden, topk_ids, topk_weights));
+  if (num_tokens > 0 && output == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("Forward on rank %d: null output with %d tokens", rank_, num_tokens));
+  }
+  RETURN_IF_ERROR(CheckExperts(experts));
+  RETURN_IF_ERROR(AgreeAndWriteHeader(num_tokens));
+  const int64_t r = runtime_max_tokens_;
+  RETURN_IF_ERROR(EnqueueDispatch(r, hidden, topk_ids, topk_weights));
+  RETURN_IF_ERROR(expert_compute_->Run(recv_, ep_size_ * r, experts, combine_send_, stream()));
+  return EnqueueCombine(r, output);
+}
+
+absl::Status GpuEpDispatcher::Dispatch(const uint16_t* hidden, const int32_t* topk_ids,
+                                       const float* topk_weights, int64_t num_tokens) {
+  if (dispatched_) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("Dispatch on rank %d: the previous dispatch has not been combined", rank_));
+  }
+  RETURN_IF_ERROR(CheckForwardArgs(num_tokens, hidden, topk_ids, topk_weights));
+  RETURN_IF_ERROR(AgreeAndWriteHeader(num_tokens));
+  RETURN_IF_ERROR(EnqueueDispatch(runtime_max_tokens_, hidden, topk_ids, topk_weights));
+  dispatched_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status GpuEpDispatcher::ComputeExperts(const DeviceExpertSet& experts) {
+  if (!dispatched_) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("ComputeExperts on rank %d: no dispatch pending", rank_));
+  }
+  RETURN_IF_ERROR(CheckExperts(experts));
+  return expert_compute_->Run(recv_, ep_size_ * runtime_max_tokens_, experts, combine_send_,
+                              stream());
+}
+
+absl::Status GpuEpDispatcher::Combine(uint16_t* output) {
+  if (!dispatched_) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("Combine on rank %d: no dispatch pending", rank_));
+  }
+  dispatched_ = false;
+  return EnqueueCombine(runtime_max_tokens_, output);
 }
 
 absl::Status GpuEpDispatcher::CaptureForward(int64_t bucket, const uint16_t* hidden,
@@ -289,8 +342,11 @@ absl::Status GpuEpDispatcher::CaptureForward(int64_t bucket, const uint16_t* hid
   if (captured.ok()) {
     captured = LaunchVerifyStepHeader(gathered_, ep_size_, header_, error_rank_, s);
   }
-  if (captured.ok())
-    captured = EnqueueStep(bucket, hidden, topk_ids, topk_weights, experts, output);
+  if (captured.ok()) captured = EnqueueDispatch(bucket, hidden, topk_ids, topk_weights);
+  if (captured.ok()) {
+    captured = expert_compute_->Run(recv_, ep_size_ * bucket, experts, combine_send_, s);
+  }
+  if (captured.ok()) captured = EnqueueCombine(bucket, output);
   cudaGraph_t graph = nullptr;
   const cudaError_t end = cudaStreamEndCapture(s, &graph);
   RETURN_IF_ERROR(captured);

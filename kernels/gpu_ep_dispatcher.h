@@ -97,6 +97,16 @@ class GpuEpDispatcher {
   absl::Status Forward(const uint16_t* hidden, const int32_t* topk_ids, const float* topk_weights,
                        int64_t num_tokens, const DeviceExpertSet& experts, uint16_t* output);
 
+  // The three phases of Forward, for benchmarks: Dispatch (route, pack,
+  // all-to-all) -> ComputeExperts -> Combine (all-to-all, reduction), each
+  // enqueued on stream(). Dispatch does the same host (epoch, R) check as
+  // Forward. Errors: as Forward, plus kFailedPrecondition for a second
+  // Dispatch before Combine or ComputeExperts/Combine without Dispatch.
+  absl::Status Dispatch(const uint16_t* hidden, const int32_t* topk_ids, const float* topk_weights,
+                        int64_t num_tokens);
+  absl::Status ComputeExperts(const DeviceExpertSet& experts);
+  absl::Status Combine(uint16_t* output);
+
   // Captures one step at R = `bucket` into a CUDA graph held by this
   // dispatcher, reading inputs from and writing output to the given device
   // buffers (each with room for `bucket` rows). Collective (every rank
@@ -120,9 +130,12 @@ class GpuEpDispatcher {
 
  private:
   GpuEpDispatcher() = default;
-  absl::Status EnqueueStep(int64_t r, const uint16_t* hidden, const int32_t* topk_ids,
-                           const float* topk_weights, const DeviceExpertSet& experts,
-                           uint16_t* output);
+  absl::Status EnqueueDispatch(int64_t r, const uint16_t* hidden, const int32_t* topk_ids,
+                               const float* topk_weights);
+  absl::Status EnqueueCombine(int64_t r, uint16_t* output);
+  absl::Status CheckForwardArgs(int64_t num_tokens, const void* hidden, const void* topk_ids,
+                                const void* topk_weights) const;
+  absl::Status AgreeAndWriteHeader(int64_t num_tokens);
   absl::Status CheckExperts(const DeviceExpertSet& experts) const;
   absl::Status WriteHeader(int64_t epoch, int64_t r, int64_t num_tokens);
 
@@ -139,6 +152,7 @@ class GpuEpDispatcher {
   int64_t epoch_ = -1;
   int64_t runtime_max_tokens_ = -1;
   int64_t allocated_bytes_ = 0;
+  bool dispatched_ = false;
 
   char* base_ = nullptr;  // the one allocation
   uint8_t* send_ = nullptr;

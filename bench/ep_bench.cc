@@ -1,0 +1,228 @@
+// ep_bench: dispatch and combine latency (p50/p99) and GB/s of the GPU data
+// plane (kernels/gpu_ep_dispatcher.h) on the GPUs of one host, one thread and
+// one GPU per rank, NCCL unique id shared in process. Identity experts, so the
+// numbers are the data plane's alone. Usable without the coordinator.
+//
+// Reported per configuration (rank 0's view; every rank runs the same loop):
+//   dispatch_us / combine_us p50 and p99 over --iters steps, timed with CUDA
+//   events around Dispatch (route, pack, all-to-all) and Combine (all-to-all,
+//   reduction) after an all-rank barrier each step;
+//   logical GB/s = payload bytes of all token copies (one per distinct
+//   destination rank, the local share included) / time, dispatch 2H + 8K and
+//   combine 2H bytes per copy; remote GB/s = bytes to other ranks / time and
+//   its fraction of 450 GB/s (NVLink 4, one direction); wire bytes/token =
+//   bytes this data plane moves per token (padded to R per peer).
+// Source: DESIGN §10; issue 3.
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "core/routing.h"
+#include "kernels/gpu_ep_dispatcher.h"
+
+namespace moe_ep::kernels {
+namespace {
+
+struct Config {
+  int64_t tokens;
+  int64_t hidden;
+  int top_k;
+  bool skewed;
+};
+
+struct Result {
+  double dispatch_p50 = 0, dispatch_p99 = 0, combine_p50 = 0, combine_p99 = 0;
+  double logical_dispatch_bytes = 0, logical_combine_bytes = 0;
+  double remote_dispatch_bytes = 0, remote_combine_bytes = 0;
+  double wire_bytes_per_token = 0;
+};
+
+// Uniform: K distinct experts uniformly. Skewed: expert e drawn with
+// probability proportional to 1 / (e + 1), so low ids (rank 0) are hot.
+std::vector<int32_t> MakeIds(uint64_t seed, int64_t tokens, int top_k, int num_experts,
+                             bool skewed) {
+  std::mt19937_64 rng(seed);
+  std::vector<double> p(num_experts);
+  for (int e = 0; e < num_experts; ++e) p[e] = skewed ? 1.0 / (e + 1) : 1.0;
+  std::discrete_distribution<int> pick(p.begin(), p.end());
+  std::vector<int32_t> ids(tokens * top_k);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int k = 0; k < top_k; ++k) {
+      int32_t e;
+      bool dup;
+      do {
+        e = pick(rng);
+        dup = false;
+        for (int j = 0; j < k; ++j) dup = dup || ids[t * top_k + j] == e;
+      } while (dup);
+      ids[t * top_k + k] = e;
+    }
+  }
+  return ids;
+}
+
+double Percentile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(std::ceil(q * v.size())) - 1);
+  return v[i];
+}
+
+#define BENCH_CHECK(expr)                                                                   \
+  do {                                                                                      \
+    absl::Status s_ = (expr);                                                               \
+    if (!s_.ok()) {                                                                         \
+      std::fprintf(stderr, "rank %d: %s failed: %s\n", rank, #expr, s_.ToString().c_str()); \
+      std::exit(1);                                                                         \
+    }                                                                                       \
+  } while (0)
+
+void RunRank(int rank, int ep, const std::string& id, const std::vector<Config>& configs,
+             int num_experts, int warmup, int iters, std::vector<Result>* results) {
+  cudaSetDevice(rank);
+  auto coll_or = NcclCollective::Create(id, rank, ep, rank, std::chrono::seconds(120));
+  if (!coll_or.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, coll_or.status().ToString().c_str());
+    std::exit(1);
+  }
+  NcclCollective& coll = **coll_or;
+  auto placement = *core::ExpertPlacement::Contiguous(num_experts, ep);
+  for (size_t ci = 0; ci < configs.size(); ++ci) {
+    const Config& c = configs[ci];
+    GpuEpDispatcherOptions options;
+    options.dispatcher.workspace = {ep, c.tokens, c.hidden, c.top_k, core::DispatchDType::kBF16};
+    options.dispatcher.num_experts = num_experts;
+    auto disp_or = GpuEpDispatcher::Create(&coll, options, 0);
+    BENCH_CHECK(disp_or.status());
+    GpuEpDispatcher& disp = **disp_or;
+    auto experts = *DeviceExpertSet::Upload(core::ExpertSet::Identity(
+        placement.FirstExpert(rank), placement.NumLocalExperts(rank), c.hidden));
+    const auto ids = MakeIds(1000 * ci + rank, c.tokens, c.top_k, num_experts, c.skewed);
+    std::vector<uint16_t> hidden(c.tokens * c.hidden, 0x3f80);  // 1.0
+    std::vector<float> weights(c.tokens * c.top_k, 1.0f / c.top_k);
+    uint16_t *d_hidden, *d_out;
+    int32_t* d_ids;
+    float* d_weights;
+    cudaMalloc(&d_hidden, hidden.size() * 2);
+    cudaMalloc(&d_out, hidden.size() * 2);
+    cudaMalloc(&d_ids, ids.size() * 4);
+    cudaMalloc(&d_weights, weights.size() * 4);
+    cudaMemcpy(d_hidden, hidden.data(), hidden.size() * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(d_weights, weights.data(), weights.size() * 4, cudaMemcpyHostToDevice);
+    BENCH_CHECK(disp.CommitGeometry(ci, c.tokens, c.tokens));
+    cudaEvent_t ev[4];
+    for (auto& e : ev) cudaEventCreate(&e);
+    std::vector<double> dispatch_us, combine_us;
+    for (int it = 0; it < warmup + iters; ++it) {
+      BENCH_CHECK(coll.Barrier());
+      cudaEventRecord(ev[0], disp.stream());
+      BENCH_CHECK(disp.Dispatch(d_hidden, d_ids, d_weights, c.tokens));
+      cudaEventRecord(ev[1], disp.stream());
+      BENCH_CHECK(disp.ComputeExperts(*experts));
+      cudaEventRecord(ev[2], disp.stream());
+      BENCH_CHECK(disp.Combine(d_out));
+      cudaEventRecord(ev[3], disp.stream());
+      BENCH_CHECK(coll.Synchronize());
+      float a = 0, b = 0;
+      cudaEventElapsedTime(&a, ev[0], ev[1]);
+      cudaEventElapsedTime(&b, ev[2], ev[3]);
+      if (it >= warmup) {
+        dispatch_us.push_back(a * 1000.0);
+        combine_us.push_back(b * 1000.0);
+      }
+    }
+    if (rank == 0) {
+      Result& r = (*results)[ci];
+      r.dispatch_p50 = Percentile(dispatch_us, 0.5);
+      r.dispatch_p99 = Percentile(dispatch_us, 0.99);
+      r.combine_p50 = Percentile(combine_us, 0.5);
+      r.combine_p99 = Percentile(combine_us, 0.99);
+      auto route = *core::ComputeDispatchRoute(ids, c.tokens, c.top_k, placement);
+      const double dispatch_row = 2.0 * c.hidden + 8.0 * c.top_k;
+      const double combine_row = 2.0 * c.hidden;
+      for (int d = 0; d < ep; ++d) {
+        r.logical_dispatch_bytes += route.send_counts[d] * dispatch_row;
+        r.logical_combine_bytes += route.send_counts[d] * combine_row;
+        if (d != rank) {
+          r.remote_dispatch_bytes += route.send_counts[d] * dispatch_row;
+          r.remote_combine_bytes += route.send_counts[d] * combine_row;
+        }
+      }
+      r.wire_bytes_per_token = (ep - 1) * (dispatch_row + combine_row);
+    }
+    for (auto& e : ev) cudaEventDestroy(e);
+    cudaFree(d_hidden);
+    cudaFree(d_out);
+    cudaFree(d_ids);
+    cudaFree(d_weights);
+  }
+}
+
+}  // namespace
+}  // namespace moe_ep::kernels
+
+int main(int argc, char** argv) {
+  using namespace moe_ep::kernels;
+  CLI::App app{"ep_bench: GPU dispatch/combine latency and bandwidth"};
+  std::vector<int64_t> tokens = {1, 16, 128, 512, 4096, 16384};
+  std::vector<int64_t> hiddens = {2048, 7168};
+  std::vector<int> topks = {2, 8};
+  std::vector<std::string> routings = {"uniform", "skewed"};
+  int num_experts = 256, warmup = 5, iters = 50, ep = 0;
+  app.add_option("--tokens", tokens, "tokens per rank");
+  app.add_option("--hidden", hiddens, "hidden sizes");
+  app.add_option("--topk", topks, "top-k values");
+  app.add_option("--routing", routings, "uniform and/or skewed");
+  app.add_option("--experts", num_experts, "routed experts");
+  app.add_option("--warmup", warmup);
+  app.add_option("--iters", iters);
+  app.add_option("--ep", ep, "ranks (default: all visible GPUs)");
+  CLI11_PARSE(app, argc, argv);
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) {
+    std::fprintf(stderr, "ep_bench: no CUDA device\n");
+    return 2;
+  }
+  if (ep <= 0) ep = gpus;
+  std::vector<Config> configs;
+  for (const auto& r : routings)
+    for (int64_t h : hiddens)
+      for (int k : topks)
+        for (int64_t t : tokens) configs.push_back({t, h, k, r == "skewed"});
+  auto id = NcclCollective::NewUniqueId();
+  if (!id.ok()) {
+    std::fprintf(stderr, "%s\n", id.status().ToString().c_str());
+    return 1;
+  }
+  std::vector<Result> results(configs.size());
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ep; ++r) {
+    threads.emplace_back(RunRank, r, ep, *id, configs, num_experts, warmup, iters, &results);
+  }
+  for (auto& t : threads) t.join();
+  std::printf(
+      "ep,routing,hidden,top_k,tokens,dispatch_p50_us,dispatch_p99_us,combine_p50_us,"
+      "combine_p99_us,dispatch_logical_GBps,combine_logical_GBps,dispatch_remote_GBps,"
+      "combine_remote_GBps,dispatch_nvlink_frac,combine_nvlink_frac,wire_bytes_per_token\n");
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const Config& c = configs[i];
+    const Result& r = results[i];
+    const double dl = r.logical_dispatch_bytes / (r.dispatch_p50 * 1e3);
+    const double cl = r.logical_combine_bytes / (r.combine_p50 * 1e3);
+    const double dr = r.remote_dispatch_bytes / (r.dispatch_p50 * 1e3);
+    const double cr = r.remote_combine_bytes / (r.combine_p50 * 1e3);
+    std::printf("%d,%s,%ld,%d,%ld,%.1f,%.1f,%.1f,%.1f,%.2f,%.2f,%.2f,%.2f,%.3f,%.3f,%.0f\n", ep,
+                c.skewed ? "skewed" : "uniform", c.hidden, c.top_k, c.tokens, r.dispatch_p50,
+                r.dispatch_p99, r.combine_p50, r.combine_p99, dl, cl, dr, cr, dr / 450.0,
+                cr / 450.0, r.wire_bytes_per_token);
+  }
+  return 0;
+}

@@ -1,0 +1,100 @@
+#include "kernels/device_experts.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "core/safetensors.h"
+#include "tests/kernels/gpu_test_util.h"
+
+namespace moe_ep::kernels {
+namespace {
+
+std::vector<uint16_t> Download(const uint16_t* dev, size_t count) {
+  std::vector<uint16_t> host(count);
+  EXPECT_EQ(cudaMemcpy(host.data(), dev, count * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  return host;
+}
+
+// Device layout: gate_up [L, 2I, H] (gate rows then up rows), down [L, H, I].
+void ExpectSameWeights(const core::ExpertSet& host, const DeviceExpertSet& dev) {
+  const int64_t h = host.hidden();
+  const int64_t i = host.intermediate();
+  ASSERT_EQ(dev.weight_bytes(), host.num_experts() * 3 * h * i * 2);
+  const auto gate_up = Download(dev.gate_up(), host.num_experts() * 2 * i * h);
+  const auto down = Download(dev.down(), host.num_experts() * h * i);
+  for (int l = 0; l < host.num_experts(); ++l) {
+    const auto& w = host.swiglu_weights(l);
+    EXPECT_TRUE(std::equal(w.gate.begin(), w.gate.end(), gate_up.begin() + l * 2 * i * h));
+    EXPECT_TRUE(std::equal(w.up.begin(), w.up.end(), gate_up.begin() + l * 2 * i * h + i * h));
+    EXPECT_TRUE(std::equal(w.down.begin(), w.down.end(), down.begin() + l * h * i));
+  }
+}
+
+TEST(DeviceExpertSet, UploadsSeededWeightsBitExact) {
+  MOE_EP_REQUIRE_GPUS(1);
+  auto host = core::ExpertSet::GenerateSwiGlu(9, 4, 3, 5, 64, 16);
+  ASSERT_TRUE(host.ok()) << host.status();
+  auto dev = DeviceExpertSet::Upload(*host);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  EXPECT_EQ((*dev)->first_expert(), 3);
+  EXPECT_EQ((*dev)->num_experts(), 5);
+  ExpectSameWeights(*host, **dev);
+}
+
+TEST(DeviceExpertSet, IdentityHoldsNoWeights) {
+  MOE_EP_REQUIRE_GPUS(1);
+  auto dev = DeviceExpertSet::Upload(core::ExpertSet::Identity(0, 4, 128));
+  ASSERT_TRUE(dev.ok());
+  EXPECT_EQ((*dev)->weight_bytes(), 0);
+  EXPECT_EQ((*dev)->gate_up(), nullptr);
+}
+
+// Writes a small DeepSeek-layout checkpoint, loads experts 1..2 of layer 0 onto
+// the GPU and compares with the bytes written.
+TEST(DeviceExpertSet, LoadsSafetensorsOntoGpu) {
+  MOE_EP_REQUIRE_GPUS(1);
+  const int64_t h = 16;
+  const int64_t i = 8;
+  std::vector<core::SafetensorsTensor> tensors;
+  std::vector<core::SwiGluWeights> expected;
+  for (int e = 0; e < 3; ++e) {
+    core::SwiGluWeights w;
+    for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
+      core::SafetensorsTensor t;
+      t.name = "model.layers.0.mlp.experts." + std::to_string(e) + "." + proj + ".weight";
+      t.dtype = core::SafetensorsDType::kBF16;
+      t.shape = std::string(proj) == "down_proj" ? std::vector<int64_t>{h, i}
+                                                 : std::vector<int64_t>{i, h};
+      std::vector<uint16_t> values(h * i);
+      for (size_t j = 0; j < values.size(); ++j) {
+        values[j] = core::FloatToBf16(0.01f * (e * 1000 + j) * (proj[0] == 'u' ? -1 : 1));
+      }
+      t.data.resize(values.size() * 2);
+      std::memcpy(t.data.data(), values.data(), t.data.size());
+      if (proj[0] == 'g') w.gate = values;
+      if (proj[0] == 'u') w.up = values;
+      if (proj[0] == 'd') w.down = values;
+      tensors.push_back(std::move(t));
+    }
+    expected.push_back(std::move(w));
+  }
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "moe_ep_device_experts_test.safetensors").string();
+  ASSERT_TRUE(core::WriteSafetensors(path, tensors).ok());
+  auto dev = DeviceExpertSet::LoadSafetensors(
+      path, "model.layers.{layer}.mlp.experts.{expert}.{proj}.weight", 0, 1, 2, h, i);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  auto host = core::ExpertSet::FromWeights(1, {expected[1], expected[2]}, h, i);
+  ASSERT_TRUE(host.ok());
+  ExpectSameWeights(*host, **dev);
+  auto missing = DeviceExpertSet::LoadSafetensors(
+      path, "model.layers.{layer}.mlp.experts.{expert}.{proj}.weight", 0, 2, 2, h, i);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace moe_ep::kernels

@@ -1,0 +1,351 @@
+#include "kernels/gpu_ep_dispatcher.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "core/moe_reference.h"
+#include "tests/kernels/gpu_test_util.h"
+
+// GPU data plane vs the CPU reference (core::ReferenceEpForward) on the same
+// seeded inputs: received ids, weights and slots exactly, hidden rows
+// bit-exactly, outputs within the bf16 tolerance stated in ExpectClose.
+// EP 2 runs two threads, one GPU each, sharing an NCCL unique id in process.
+
+namespace moe_ep::kernels {
+namespace {
+
+using core::bf16_t;
+using testing::DeviceBuffer;
+using testing::GpuCount;
+using testing::MakeInputs;
+using testing::MoeInputs;
+
+struct Case {
+  int ep_size = 1;
+  int64_t hidden = 2048;
+  int top_k = 2;
+  int num_experts = 8;
+  std::vector<int64_t> tokens;  // per rank
+  bool swiglu = false;
+  int64_t intermediate = 0;
+  int32_t invalid_id = -1;
+  double invalid_fraction = 0.1;
+};
+
+// Tolerance: |gpu - ref| <= 1/64 * |ref| + 1/64 * rms(ref). Sources of
+// difference: the GPU rounds SwiGLU's activation to bf16 before the down GEMM
+// (the CPU keeps fp32), GEMM accumulation order, and one bf16 rounding of each
+// destination's partial sum; identity experts differ by at most one bf16 ulp.
+void ExpectClose(const std::vector<bf16_t>& got, const std::vector<bf16_t>& want,
+                 const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double sq = 0;
+  for (bf16_t w : want) sq += double(core::Bf16ToFloat(w)) * core::Bf16ToFloat(w);
+  const double rms = want.empty() ? 0 : std::sqrt(sq / want.size());
+  int64_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double g = core::Bf16ToFloat(got[i]);
+    const double w = core::Bf16ToFloat(want[i]);
+    if (!(std::abs(g - w) <= std::abs(w) / 64 + rms / 64)) {
+      if (++bad <= 5) ADD_FAILURE() << what << " element " << i << ": gpu " << g << " ref " << w;
+    }
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << got.size() << " out of tolerance";
+}
+
+// Runs `body(rank)` on ep_size threads, each with its own GPU.
+void RunRanks(int ep_size, const std::function<void(int)>& body) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ep_size; ++r)
+    threads.emplace_back([&, r] {
+      ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
+      body(r);
+    });
+  for (auto& t : threads) t.join();
+}
+
+void RunCase(const Case& c) {
+  MOE_EP_REQUIRE_GPUS(c.ep_size);
+  auto placement = core::ExpertPlacement::Contiguous(c.num_experts, c.ep_size);
+  ASSERT_TRUE(placement.ok()) << placement.status();
+  std::vector<core::ExpertSet> sets;
+  for (int r = 0; r < c.ep_size; ++r) {
+    if (c.swiglu) {
+      auto s =
+          core::ExpertSet::GenerateSwiGlu(1234, 3, placement->FirstExpert(r),
+                                          placement->NumLocalExperts(r), c.hidden, c.intermediate);
+      ASSERT_TRUE(s.ok()) << s.status();
+      sets.push_back(std::move(*s));
+    } else {
+      sets.push_back(core::ExpertSet::Identity(placement->FirstExpert(r),
+                                               placement->NumLocalExperts(r), c.hidden));
+    }
+  }
+  std::vector<MoeInputs> inputs;
+  std::vector<core::EpRankInput> ref_inputs;
+  for (int r = 0; r < c.ep_size; ++r) {
+    inputs.push_back(
+        MakeInputs(77 + r, c.tokens[r], c.hidden, c.top_k, c.num_experts, c.invalid_fraction));
+  }
+  std::vector<const core::ExpertSet*> set_ptrs;
+  for (int r = 0; r < c.ep_size; ++r) {
+    ref_inputs.push_back({inputs[r].hidden, inputs[r].ids, inputs[r].weights, c.tokens[r]});
+    set_ptrs.push_back(&sets[r]);
+  }
+  core::EpReferenceOptions ref_options;
+  ref_options.invalid_expert_id = c.invalid_id;
+  auto ref = core::ReferenceEpForward(*placement, set_ptrs, ref_inputs, c.top_k, ref_options);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const int64_t r_max = ref->runtime_max_tokens_per_rank;
+
+  auto id = NcclCollective::NewUniqueId();
+  ASSERT_TRUE(id.ok()) << id.status();
+  RunRanks(c.ep_size, [&](int rank) {
+    auto coll = NcclCollective::Create(*id, rank, c.ep_size, rank, std::chrono::seconds(60));
+    ASSERT_TRUE(coll.ok()) << coll.status();
+    GpuEpDispatcherOptions options;
+    options.dispatcher.workspace = {c.ep_size, std::max<int64_t>(r_max, 1), c.hidden, c.top_k,
+                                    core::DispatchDType::kBF16};
+    options.dispatcher.num_experts = c.num_experts;
+    options.dispatcher.invalid_expert_id = c.invalid_id;
+    options.max_intermediate = c.intermediate;
+    auto disp = GpuEpDispatcher::Create(coll->get(), options, 0);
+    ASSERT_TRUE(disp.ok()) << disp.status();
+    auto experts = DeviceExpertSet::Upload(sets[rank]);
+    ASSERT_TRUE(experts.ok()) << experts.status();
+
+    const int64_t t = c.tokens[rank];
+    DeviceBuffer<bf16_t> hidden(inputs[rank].hidden);
+    DeviceBuffer<int32_t> ids(inputs[rank].ids);
+    DeviceBuffer<float> weights(inputs[rank].weights);
+    DeviceBuffer<bf16_t> out(t * c.hidden);
+    auto counts = (*disp)->SyncTokenCounts(t);
+    ASSERT_TRUE(counts.ok()) << counts.status();
+    EXPECT_EQ(*counts, c.tokens);
+    ASSERT_TRUE((*disp)->CommitGeometry(1, r_max, t).ok());
+    absl::Status s =
+        (*disp)->Forward(hidden.get(), ids.get(), weights.get(), t, **experts, out.get());
+    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_TRUE((*coll)->Synchronize().ok());
+
+    // Received rows: ids, weights and slots exactly; hidden bit-exact on valid rows.
+    auto got = (*disp)->CopyReceivedForTest();
+    ASSERT_TRUE(got.ok()) << got.status();
+    const core::EpRankReceive& want = ref->received[rank];
+    EXPECT_EQ(got->ids, want.ids) << "rank " << rank;
+    EXPECT_EQ(got->weights, want.weights) << "rank " << rank;
+    for (int src = 0; src < c.ep_size; ++src) {
+      for (int64_t slot = 0; slot < want.counts[src]; ++slot) {
+        const int64_t row = src * r_max + slot;
+        ASSERT_TRUE(std::equal(want.hidden.begin() + row * c.hidden,
+                               want.hidden.begin() + (row + 1) * c.hidden,
+                               got->hidden.begin() + row * c.hidden))
+            << "rank " << rank << " source " << src << " slot " << slot;
+      }
+    }
+    ExpectClose(out.Download(t * c.hidden), ref->output[rank],
+                "output of rank " + std::to_string(rank));
+  });
+}
+
+TEST(GpuEpDispatcher, Ep1IdentityH2048Top8E256Tokens4096) {
+  RunCase({1, 2048, 8, 256, {4096}, false, 0, -1, 0.05});
+}
+TEST(GpuEpDispatcher, Ep1IdentityH7168Top8E256Tokens127) {
+  RunCase({1, 7168, 8, 256, {127}, false, 0, 256, 0.1});
+}
+TEST(GpuEpDispatcher, Ep1SwiGluH4096Top2E60Tokens127) {
+  RunCase({1, 4096, 2, 60, {127}, true, 64, -1, 0.1});
+}
+TEST(GpuEpDispatcher, Ep1SwiGluH2048Top1E8Tokens1) {
+  RunCase({1, 2048, 1, 8, {1}, true, 128, -1, 0.0});
+}
+TEST(GpuEpDispatcher, Ep1ZeroTokens) { RunCase({1, 2048, 2, 8, {0}, true, 64, -1, 0.0}); }
+TEST(GpuEpDispatcher, Ep2IdentityH2048Top8E256UnevenTokens) {
+  RunCase({2, 2048, 8, 256, {4096, 127}, false, 0, -1, 0.05});
+}
+TEST(GpuEpDispatcher, Ep2IdentityH7168Top8E256Tokens127And1) {
+  RunCase({2, 7168, 8, 256, {127, 1}, false, 0, 256, 0.1});
+}
+TEST(GpuEpDispatcher, Ep2SwiGluH7168Top8E128) {
+  RunCase({2, 7168, 8, 128, {127, 64}, true, 32, -1, 0.1});
+}
+TEST(GpuEpDispatcher, Ep2SwiGluH4096Top2E60OneRankEmpty) {
+  RunCase({2, 4096, 2, 60, {127, 0}, true, 64, 60, 0.1});
+}
+TEST(GpuEpDispatcher, Ep2SwiGluH2048Top1E8Tokens4096) {
+  RunCase({2, 2048, 1, 8, {4096, 1000}, true, 64, -1, 0.05});
+}
+TEST(GpuEpDispatcher, Ep2BothRanksEmpty) { RunCase({2, 2048, 8, 8, {0, 0}, false, 0, -1, 0}); }
+
+// Graph captured at bucket 128, replayed with fewer tokens (and different
+// counts per rank), twice with fresh inputs written into the captured buffers.
+TEST(GpuEpDispatcher, GraphCaptureReplaysSmallerTokenCounts) {
+  const int ep = GpuCount() >= 2 ? 2 : 1;
+  MOE_EP_REQUIRE_GPUS(1);
+  const int64_t h = 2048;
+  const int k = 8;
+  const int ne = 256;
+  const int64_t bucket = 128;
+  auto placement = core::ExpertPlacement::Contiguous(ne, ep);
+  ASSERT_TRUE(placement.ok());
+  std::vector<core::ExpertSet> sets;
+  std::vector<const core::ExpertSet*> ptrs;
+  for (int r = 0; r < ep; ++r) {
+    sets.push_back(
+        core::ExpertSet::Identity(placement->FirstExpert(r), placement->NumLocalExperts(r), h));
+  }
+  for (auto& s : sets) ptrs.push_back(&s);
+  auto id = NcclCollective::NewUniqueId();
+  ASSERT_TRUE(id.ok());
+  const std::vector<std::vector<int64_t>> rounds = {{100, 5}, {7, 128}};
+  std::vector<std::vector<MoeInputs>> in(rounds.size());
+  std::vector<core::EpReferenceResult> refs;
+  for (size_t round = 0; round < rounds.size(); ++round) {
+    std::vector<core::EpRankInput> ri;
+    for (int r = 0; r < ep; ++r) {
+      in[round].push_back(MakeInputs(500 + 10 * round + r, rounds[round][r], h, k, ne, 0.1));
+    }
+    for (int r = 0; r < ep; ++r) {
+      ri.push_back({in[round][r].hidden, in[round][r].ids, in[round][r].weights, rounds[round][r]});
+    }
+    core::EpReferenceOptions o;
+    o.runtime_max_tokens_per_rank = bucket;
+    auto ref = core::ReferenceEpForward(*placement, ptrs, ri, k, o);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    refs.push_back(std::move(*ref));
+  }
+  RunRanks(ep, [&](int rank) {
+    auto coll = NcclCollective::Create(*id, rank, ep, rank, std::chrono::seconds(60));
+    ASSERT_TRUE(coll.ok()) << coll.status();
+    GpuEpDispatcherOptions options;
+    options.dispatcher.workspace = {ep, 256, h, k, core::DispatchDType::kBF16};
+    options.dispatcher.num_experts = ne;
+    options.dispatcher.cuda_graph_buckets = {bucket, 256};
+    auto disp = GpuEpDispatcher::Create(coll->get(), options, 0);
+    ASSERT_TRUE(disp.ok()) << disp.status();
+    auto experts = DeviceExpertSet::Upload(sets[rank]);
+    ASSERT_TRUE(experts.ok());
+    DeviceBuffer<bf16_t> hidden(bucket * h);
+    DeviceBuffer<int32_t> ids(bucket * k);
+    DeviceBuffer<float> weights(bucket * k);
+    DeviceBuffer<bf16_t> out(bucket * h);
+    absl::Status s = (*disp)->CaptureForward(bucket, hidden.get(), ids.get(), weights.get(),
+                                             **experts, out.get());
+    ASSERT_TRUE(s.ok()) << s;
+    for (size_t round = 0; round < rounds.size(); ++round) {
+      const int64_t t = rounds[round][rank];
+      hidden.Upload(in[round][rank].hidden);
+      ids.Upload(in[round][rank].ids);
+      weights.Upload(in[round][rank].weights);
+      ASSERT_TRUE((*disp)->ReplayForward(bucket, 7 + round, t).ok());
+      s = (*disp)->CheckReplay();
+      ASSERT_TRUE(s.ok()) << s;
+      ExpectClose(out.Download(t * h), refs[round].output[rank],
+                  "replay " + std::to_string(round) + " rank " + std::to_string(rank));
+    }
+    EXPECT_EQ((*disp)->ReplayForward(64, 1, 1).code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ((*disp)->ReplayForward(bucket, 1, bucket + 1).code(),
+              absl::StatusCode::kInvalidArgument);
+    // Ranks replaying different epochs: the device check reports kAborted.
+    ASSERT_TRUE((*disp)->ReplayForward(bucket, rank == 0 ? 50 : 51, 3).ok());
+    s = (*disp)->CheckReplay();
+    if (ep > 1) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+    } else {
+      EXPECT_TRUE(s.ok()) << s;
+    }
+  });
+}
+
+TEST(GpuEpDispatcher, SwiGluCaptureIsFailedPrecondition) {
+  MOE_EP_REQUIRE_GPUS(1);
+  auto id = NcclCollective::NewUniqueId();
+  ASSERT_TRUE(id.ok());
+  auto coll = NcclCollective::Create(*id, 0, 1, 0, std::chrono::seconds(30));
+  ASSERT_TRUE(coll.ok()) << coll.status();
+  GpuEpDispatcherOptions options;
+  options.dispatcher.workspace = {1, 16, 64, 2, core::DispatchDType::kBF16};
+  options.dispatcher.num_experts = 4;
+  options.max_intermediate = 32;
+  auto disp = GpuEpDispatcher::Create(coll->get(), options, 0);
+  ASSERT_TRUE(disp.ok()) << disp.status();
+  auto host = core::ExpertSet::GenerateSwiGlu(1, 0, 0, 4, 64, 32);
+  ASSERT_TRUE(host.ok());
+  auto experts = DeviceExpertSet::Upload(*host);
+  ASSERT_TRUE(experts.ok());
+  DeviceBuffer<bf16_t> hidden(16 * 64);
+  DeviceBuffer<int32_t> ids(16 * 2);
+  DeviceBuffer<float> weights(16 * 2);
+  DeviceBuffer<bf16_t> out(16 * 64);
+  absl::Status s =
+      (*disp)->CaptureForward(16, hidden.get(), ids.get(), weights.get(), **experts, out.get());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  // Forward before CommitGeometry, T > R, R > N.
+  EXPECT_EQ(
+      (*disp)->Forward(hidden.get(), ids.get(), weights.get(), 1, **experts, out.get()).code(),
+      absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*disp)->CommitGeometry(1, 17, 1).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ((*disp)->CommitGeometry(1, 4, 5).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*disp)->CommitGeometry(1, 4, 4).ok());
+  EXPECT_EQ(
+      (*disp)->Forward(hidden.get(), ids.get(), weights.get(), 5, **experts, out.get()).code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GpuEpDispatcher, CreateRejectsBadOptionsAndCap) {
+  MOE_EP_REQUIRE_GPUS(1);
+  auto id = NcclCollective::NewUniqueId();
+  ASSERT_TRUE(id.ok());
+  auto coll = NcclCollective::Create(*id, 0, 1, 0, std::chrono::seconds(30));
+  ASSERT_TRUE(coll.ok()) << coll.status();
+  GpuEpDispatcherOptions options;
+  options.dispatcher.workspace = {1, 16, 64, 2, core::DispatchDType::kBF16};
+  options.dispatcher.num_experts = 4;
+  EXPECT_EQ(GpuEpDispatcher::Create(coll->get(), options, 1000).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  auto bad = options;
+  bad.dispatcher.workspace.ep_size = 2;
+  EXPECT_EQ(GpuEpDispatcher::Create(coll->get(), bad, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  bad = options;
+  bad.dispatcher.workspace.hidden = 62;
+  EXPECT_EQ(GpuEpDispatcher::Create(coll->get(), bad, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  bad = options;
+  bad.dispatcher.invalid_expert_id = 7;
+  EXPECT_EQ(GpuEpDispatcher::Create(coll->get(), bad, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  bad = options;
+  bad.dispatcher.workspace.dtype = core::DispatchDType::kNVFP4;
+  EXPECT_EQ(GpuEpDispatcher::Create(coll->get(), bad, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GpuEpDispatcher, RanksDisagreeingOnGeometryAbort) {
+  MOE_EP_REQUIRE_GPUS(2);
+  auto id = NcclCollective::NewUniqueId();
+  ASSERT_TRUE(id.ok());
+  RunRanks(2, [&](int rank) {
+    auto coll = NcclCollective::Create(*id, rank, 2, rank, std::chrono::seconds(60));
+    ASSERT_TRUE(coll.ok()) << coll.status();
+    GpuEpDispatcherOptions options;
+    options.dispatcher.workspace = {2, 16, 64, 2, core::DispatchDType::kBF16};
+    options.dispatcher.num_experts = 4;
+    auto disp = GpuEpDispatcher::Create(coll->get(), options, 0);
+    ASSERT_TRUE(disp.ok()) << disp.status();
+    auto experts = DeviceExpertSet::Upload(core::ExpertSet::Identity(2 * rank, 2, 64));
+    ASSERT_TRUE(experts.ok());
+    ASSERT_TRUE((*disp)->CommitGeometry(3, rank == 0 ? 8 : 9, 0).ok());
+    absl::Status s = (*disp)->Forward(nullptr, nullptr, nullptr, 0, **experts, nullptr);
+    EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+    EXPECT_NE(s.message().find("geometry mismatch"), std::string::npos) << s;
+  });
+}
+
+}  // namespace
+}  // namespace moe_ep::kernels
