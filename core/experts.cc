@@ -43,6 +43,14 @@ uint64_t TensorKey(uint64_t seed, int layer, int expert, Projection proj) {
   return SplitMix64(k ^ static_cast<uint64_t>(proj));
 }
 
+// Round-to-nearest-even float -> bf16 for finite values (no NaN branch, so
+// the fill loop stays branch-free).
+inline bf16_t FiniteToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  return static_cast<bf16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
 // Fills `out` with bf16(uniform[-scale, scale)) values of tensor `key`.
 void FillUniform(uint64_t key, float scale, std::vector<bf16_t>& out) {
   const size_t n = out.size();
@@ -50,12 +58,12 @@ void FillUniform(uint64_t key, float scale, std::vector<bf16_t>& out) {
   size_t i = 0;
   for (uint64_t c = 0; i + 1 < n; ++c, i += 2) {
     const uint64_t r = SplitMix64(key + c * kGolden);
-    out[i] = FloatToBf16(static_cast<float>(r >> 40) * step - scale);
-    out[i + 1] = FloatToBf16(static_cast<float>((r >> 8) & 0xffffff) * step - scale);
+    out[i] = FiniteToBf16(static_cast<float>(r >> 40) * step - scale);
+    out[i + 1] = FiniteToBf16(static_cast<float>((r >> 8) & 0xffffff) * step - scale);
   }
   if (i < n) {
     const uint64_t r = SplitMix64(key + (n / 2) * kGolden);
-    out[i] = FloatToBf16(static_cast<float>(r >> 40) * step - scale);
+    out[i] = FiniteToBf16(static_cast<float>(r >> 40) * step - scale);
   }
 }
 
