@@ -54,6 +54,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/geometry.h"
 #include "core/routing.h"
 #include "core/status_macros.h"
 
@@ -318,23 +319,9 @@ absl::Status EpDispatcher::CommitGeometry(int64_t epoch, int64_t runtime_max_tok
         "CommitGeometry: a dispatched step is in flight; Combine it first");
   }
   const int64_t r = runtime_max_tokens_per_rank;
-  if (local_tokens < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("local_tokens: expected >= 0, got ", local_tokens));
-  }
-  if (r < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("runtime_max_tokens_per_rank: expected >= 0, got ", r));
-  }
-  if (r > m.capacity) {
-    return absl::ResourceExhaustedError(absl::StrCat("runtime_max_tokens_per_rank ", r,
-                                                     " exceeds capacity_tokens ", m.capacity,
-                                                     " (rank ", m.rank, ")"));
-  }
-  if (r < local_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("runtime_max_tokens_per_rank ", r,
-                                                   " is below this rank's local_tokens ",
-                                                   local_tokens, " (rank ", m.rank, ")"));
+  absl::Status valid = CheckRuntimeMaxTokens(local_tokens, r, m.capacity);
+  if (!valid.ok()) {
+    return absl::Status(valid.code(), absl::StrCat(valid.message(), " (rank ", m.rank, ")"));
   }
   m.committed = true;
   m.epoch = epoch;

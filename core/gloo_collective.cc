@@ -107,6 +107,12 @@ absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Create(
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     context->setTimeout(ToChronoMs(timeout));
     context->connectFullMesh(*group->prefix_store_, group->device_);
+    // connectFullMesh can return on one rank while a peer is still finishing
+    // its side of the handshake; a rank that then exits at once would reset
+    // that peer's connection. The barrier makes Create complete everywhere.
+    gloo::BarrierOptions barrier(context);
+    barrier.setTimeout(ToChronoMs(timeout));
+    gloo::barrier(barrier);
     group->context_ = std::move(context);
   } catch (const std::exception& e) {
     return FromGlooError(absl::StrCat("rendezvous (prefix \"", prefix, "\", size ", size, ")"),

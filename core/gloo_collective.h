@@ -49,8 +49,8 @@ class GlooCollective : public Collective {
   // Forms rank `rank` of a `size`-rank group: binds a TCP device to `host`
   // (an address or hostname of this machine, e.g. "127.0.0.1"), publishes its
   // address under `prefix` in `store`, and connects to every peer. Blocks
-  // until all `size` ranks have called Create with the same store and prefix,
-  // or `timeout` passes. `timeout` also bounds every later collective call.
+  // until all `size` ranks have connected (Create ends with a barrier), or
+  // `timeout` passes. `timeout` also bounds every later collective call.
   // Errors:
   //   kInvalidArgument    store null, prefix empty, size < 1, rank outside
   //                       [0, size), timeout <= 0, or `host` cannot be bound.
