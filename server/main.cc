@@ -1,0 +1,170 @@
+// moe-ep-worker: one expert-parallel MoE worker (one per rank), serving the
+// moe_ep.v1.Worker and moe_ep.v1.Rendezvous services, grpc.health.v1 and
+// server reflection. Flags and wiring only (STYLE §1); see
+// server/worker_service.h for the behaviour. Source: DESIGN §8.
+//
+// After binding it prints exactly one line to stdout,
+//   moe-ep-worker listening on HOST:PORT
+// (the local cluster launcher parses it). SIGTERM / SIGINT: health goes
+// NOT_SERVING, in-flight calls drain until --drain_timeout_ms, exit 0.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "server/health.h"
+#include "server/rendezvous_service.h"
+#include "server/worker_service.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:0",
+          "host:port to serve on; port 0 picks a free port (printed on stdout)");
+ABSL_FLAG(std::string, backend, "auto",
+          "data-plane backend when Join does not name one: auto (gloo without a GPU), gloo, nccl");
+ABSL_FLAG(int64_t, memory_cap_bytes, 0,
+          "bytes of workspace + expert weights this worker may hold; 0 = unlimited");
+ABSL_FLAG(std::string, log_level, "info",
+          "spdlog level: trace, debug, info, warn, error, critical, off");
+ABSL_FLAG(std::string, data_plane_host, "127.0.0.1",
+          "address the Gloo TCP data plane binds to when Join does not name one");
+ABSL_FLAG(std::string, port_file, "", "optional file to write the bound port to");
+ABSL_FLAG(int64_t, drain_timeout_ms, 5000,
+          "on SIGTERM/SIGINT, how long in-flight calls may run before they are cancelled");
+
+namespace {
+
+constexpr int kMaxMessageBytes = 256 << 20;  // Forward carries [T, H] tensors
+
+int g_signal_pipe[2] = {-1, -1};
+
+void OnStopSignal(int signal_number) {
+  // write() is async-signal-safe; a full pipe only drops a repeated signal.
+  const ssize_t ignored = write(g_signal_pipe[1], &signal_number, sizeof(signal_number));
+  (void)ignored;
+}
+
+int Fail(const std::string& message) {
+  spdlog::error("{}", message);
+  std::cerr << "moe-ep-worker: " << message << std::endl;
+  return 2;
+}
+
+// "host:port" -> host ("[::1]:0" -> "[::1]").
+std::string HostOf(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "moe-ep-worker [--listen HOST:PORT] [--backend auto|gloo|nccl] [--memory_cap_bytes N] "
+      "[--log_level LEVEL] [--data_plane_host ADDR] [--port_file PATH]");
+  absl::ParseCommandLine(argc, argv);
+
+  // Logs go to stderr: stdout carries only the "listening on" line.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("moe-ep-worker"));
+  const std::string level_name = absl::GetFlag(FLAGS_log_level);
+  const spdlog::level::level_enum level = spdlog::level::from_str(level_name);
+  if (level == spdlog::level::off && level_name != "off") {
+    return Fail(absl::StrCat("--log_level: unknown level \"", level_name,
+                             "\" (trace, debug, info, warn, error, critical, off)"));
+  }
+  spdlog::set_level(level);
+
+  moe_ep::server::WorkerOptions options;
+  options.memory_cap_bytes = absl::GetFlag(FLAGS_memory_cap_bytes);
+  options.default_backend = absl::GetFlag(FLAGS_backend);
+  options.data_plane_host = absl::GetFlag(FLAGS_data_plane_host);
+  if (options.memory_cap_bytes < 0) {
+    return Fail(absl::StrCat("--memory_cap_bytes: expected >= 0, got ", options.memory_cap_bytes));
+  }
+  if (auto backend = moe_ep::server::ResolveBackend(options.default_backend, "auto");
+      !backend.ok()) {
+    return Fail(absl::StrCat("--backend: ", backend.status().message()));
+  }
+  const int64_t drain_ms = absl::GetFlag(FLAGS_drain_timeout_ms);
+  if (drain_ms < 0) return Fail(absl::StrCat("--drain_timeout_ms: expected >= 0, got ", drain_ms));
+
+  // Stop signals: a handler (run on whichever thread gets the signal) writes
+  // the signal number into a pipe that this thread reads after start-up.
+  if (pipe(g_signal_pipe) != 0) return Fail("cannot create the signal pipe");
+  struct sigaction action = {};
+  action.sa_handler = OnStopSignal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+
+  moe_ep::server::HealthReporter health;
+  moe_ep::server::WorkerService worker(options, &health);
+  moe_ep::server::RendezvousService rendezvous;
+
+  moe_ep::server::EnableDefaultHealthService();
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  int port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.RegisterService(&worker);
+  builder.RegisterService(&rendezvous);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return Fail(absl::StrCat("--listen: cannot bind ", listen));
+  }
+  health.Attach(server->GetHealthCheckService());
+
+  const std::string bound = absl::StrCat(HostOf(listen), ":", port);
+  worker.SetListenAddress(bound);
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    std::ofstream out(port_file);
+    out << port << "\n";
+    if (!out) return Fail(absl::StrCat("--port_file: cannot write ", port_file));
+  }
+  std::cout << "moe-ep-worker listening on " << bound << std::endl;
+  spdlog::info(
+      "serving moe_ep.v1.Worker and moe_ep.v1.Rendezvous on {} (backend flag {}, "
+      "memory cap {} bytes)",
+      bound, options.default_backend, options.memory_cap_bytes);
+
+  int signal_number = 0;
+  while (read(g_signal_pipe[0], &signal_number, sizeof(signal_number)) < 0 && errno == EINTR) {
+  }
+  spdlog::info("signal {}: draining for up to {} ms", signal_number, drain_ms);
+  health.Shutdown();
+  worker.BeginShutdown();
+  // A handler stuck in a collective returns only at the group's timeout; do
+  // not let it hold the process past the drain deadline plus a grace period.
+  std::thread([drain_ms] {
+    absl::SleepFor(absl::Milliseconds(drain_ms) + absl::Seconds(2));
+    spdlog::warn("in-flight calls did not finish after the drain deadline; exiting");
+    std::fflush(stdout);
+    std::_Exit(0);
+  }).detach();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(drain_ms));
+  server->Wait();
+  spdlog::info("stopped");
+  return 0;
+}

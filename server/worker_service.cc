@@ -1,0 +1,1023 @@
+#include "server/worker_service.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "core/expert_placement.h"
+#include "core/geometry.h"
+#include "core/gloo_collective.h"
+#include "core/status_macros.h"
+#include "core/workspace.h"
+#include "gloo/rendezvous/hash_store.h"
+#include "server/grpc_store.h"
+#include "server/status_conversion.h"
+#include "server/tensor_codec.h"
+#include "spdlog/spdlog.h"
+
+namespace moe_ep::server {
+namespace {
+
+// Largest sizes a request may ask for; beyond them a multiplication of sizes
+// could overflow int64 before the memory cap is consulted.
+constexpr int64_t kMaxHidden = int64_t{1} << 20;
+constexpr int64_t kMaxTokens = int64_t{1} << 24;
+constexpr int kMaxExperts = 1 << 16;
+constexpr int kMaxBenchmarkIterations = 100000;
+
+// FNV-1a 64 of a canonical description: stable across processes (unlike
+// absl::Hash, which is seeded per process), so ranks can compare digests.
+uint64_t Fnv1a64(absl::string_view text) {
+  uint64_t hash = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ull;
+  }
+  return hash;
+}
+
+std::string Hex64(uint64_t value) { return absl::StrFormat("%016x", value); }
+
+absl::Time CallDeadline(const grpc::ServerContext* context) {
+  if (context == nullptr) return absl::InfiniteFuture();
+  const auto deadline = context->deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
+  return absl::FromChrono(deadline);
+}
+
+// Errors of a collective that leave the group unusable.
+bool IsGroupError(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kUnknown:
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kDataLoss:
+      return true;
+    case absl::StatusCode::kFailedPrecondition:
+      return absl::StrContains(status.message(), "group broken");
+    default:
+      return false;
+  }
+}
+
+v1::ScatterMode ToProto(core::ScatterMode mode) {
+  switch (mode) {
+    case core::ScatterMode::kScattered:
+      return v1::SCATTER_MODE_SCATTERED;
+    case core::ScatterMode::kTpAttnFull:
+      return v1::SCATTER_MODE_TP_ATTN_FULL;
+    case core::ScatterMode::kFull:
+      return v1::SCATTER_MODE_FULL;
+  }
+  return v1::SCATTER_MODE_UNSPECIFIED;
+}
+
+absl::Status Positive(absl::string_view field, int64_t value, int64_t max) {
+  if (value < 1 || value > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": expected in [1, ", max, "], got ", value));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NonNegative(absl::string_view field, int64_t value) {
+  if (value < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": expected >= 0, got ", value));
+  }
+  return absl::OkStatus();
+}
+
+int64_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page_size > 0 ? static_cast<int64_t>(pages) * page_size : 0;
+}
+
+absl::StatusOr<core::DispatchDType> ToCore(v1::DispatchDType dtype) {
+  switch (dtype) {
+    case v1::DISPATCH_DTYPE_UNSPECIFIED:
+    case v1::DISPATCH_DTYPE_BF16:
+      return core::DispatchDType::kBF16;
+    case v1::DISPATCH_DTYPE_NVFP4:
+      return core::DispatchDType::kNVFP4;
+    case v1::DISPATCH_DTYPE_MXFP8:
+      return core::DispatchDType::kMXFP8;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dispatch_dtype: expected DISPATCH_DTYPE_BF16, _NVFP4 or _MXFP8, got ", dtype));
+  }
+}
+
+// Nearest-rank percentile of ascending `sorted` (p in (0, 100]).
+double Percentile(const std::vector<double>& sorted, double p) {
+  if (sorted.empty()) return 0.0;
+  size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * sorted.size()));
+  rank = std::clamp<size_t>(rank, 1, sorted.size());
+  return sorted[rank - 1];
+}
+
+// K distinct experts per token, drawn from `weights` (proportional) without
+// replacement; ids [T, K] row-major.
+std::vector<int32_t> SampleRouting(std::mt19937_64& rng, int64_t tokens, int top_k,
+                                   const std::vector<double>& weights) {
+  std::vector<int32_t> ids(static_cast<size_t>(tokens) * top_k);
+  std::vector<double> w(weights.size());
+  for (int64_t t = 0; t < tokens; ++t) {
+    w = weights;
+    for (int k = 0; k < top_k; ++k) {
+      std::discrete_distribution<int32_t> pick(w.begin(), w.end());
+      const int32_t e = pick(rng);
+      ids[t * top_k + k] = e;
+      w[e] = 0.0;
+    }
+  }
+  return ids;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ResolveBackend(const std::string& requested,
+                                           const std::string& default_backend) {
+  const std::string name = requested.empty() ? default_backend : requested;
+  if (name == "gloo" || name == "auto") return std::string("gloo");
+  if (name == "nccl") {
+#ifdef MOE_EP_HAVE_CUDA
+    return absl::UnimplementedError(
+        "backend \"nccl\": the NCCL collective is not part of this worker yet (issue 3); use "
+        "\"gloo\" or \"auto\"");
+#else
+    return absl::FailedPreconditionError(
+        "backend \"nccl\": NCCL backend needs a CUDA build; this worker was built without CUDA "
+        "(use \"gloo\" or \"auto\")");
+#endif
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("backend: expected \"auto\", \"gloo\" or \"nccl\", got \"", name, "\""));
+}
+
+// Holds the collective slot for one call; released on destruction.
+class WorkerService::CollectiveSlot {
+ public:
+  explicit CollectiveSlot(WorkerService* service) : service_(service) {}
+  CollectiveSlot(const CollectiveSlot&) = delete;
+  CollectiveSlot& operator=(const CollectiveSlot&) = delete;
+  ~CollectiveSlot() {
+    if (!held_) return;
+    absl::MutexLock lock(&service_->slot_mu_);
+    service_->slot_free_ = true;
+  }
+
+  // Waits for the slot until the call's deadline.
+  absl::Status Acquire(const grpc::ServerContext* context, absl::string_view rpc) {
+    absl::MutexLock lock(&service_->slot_mu_);
+    if (!service_->slot_mu_.AwaitWithDeadline(absl::Condition(&service_->slot_free_),
+                                              CallDeadline(context))) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          rpc, ": another collective call kept this worker busy past the call's deadline"));
+    }
+    service_->slot_free_ = false;
+    held_ = true;
+    return absl::OkStatus();
+  }
+
+ private:
+  WorkerService* service_;
+  bool held_ = false;
+};
+
+WorkerService::WorkerService(WorkerOptions options, HealthReporter* health)
+    : options_(std::move(options)), health_(health) {
+  absl::MutexLock lock(&state_mu_);
+  status_.set_device_name("cpu");
+  status_.set_device_memory_bytes(PhysicalMemoryBytes());
+  status_.set_memory_cap_bytes(options_.memory_cap_bytes);
+  status_.set_state(ToProto(state_.phase()));
+  status_.mutable_counters();
+  UpdateHealthLocked();
+}
+
+WorkerService::~WorkerService() = default;
+
+void WorkerService::SetListenAddress(const std::string& address) {
+  absl::MutexLock lock(&state_mu_);
+  status_.set_listen_address(address);
+}
+
+void WorkerService::BeginShutdown() {
+  absl::MutexLock lock(&state_mu_);
+  shutting_down_ = true;
+}
+
+grpc::Status WorkerService::Finish(const absl::Status& status) {
+  if (!status.ok()) {
+    absl::MutexLock lock(&state_mu_);
+    status_.mutable_counters()->set_errors(status_.counters().errors() + 1);
+  }
+  return ToGrpcStatus(status);
+}
+
+absl::Status WorkerService::GroupResult(absl::Status status) {
+  if (status.ok() || !IsGroupError(status)) return status;
+  spdlog::warn("collective failed, group of generation {} is broken: {}", joined_.generation,
+               status.ToString());
+  absl::MutexLock lock(&state_mu_);
+  state_.MarkBroken(std::string(status.message()));
+  UpdateHealthLocked();
+  return status;
+}
+
+absl::Status WorkerService::RequireGroup(WorkerPhase phase, const char* rpc) {
+  absl::MutexLock lock(&state_mu_);
+  if (shutting_down_) return absl::UnavailableError(absl::StrCat(rpc, ": worker is shutting down"));
+  return state_.RequireGroup(phase, rpc, joined_.generation);
+}
+
+void WorkerService::UpdateHealthLocked() {
+  status_.set_state(ToProto(state_.phase()));
+  if (health_ != nullptr) {
+    health_->SetServing(state_.phase() == WorkerPhase::kAllocated && !state_.broken() &&
+                        !shutting_down_);
+  }
+}
+
+absl::Status WorkerService::CheckSameOnAllRanks(uint64_t fingerprint, const std::string& what) {
+  absl::StatusOr<std::vector<int64_t>> all =
+      core::AllGatherInt64(*collective_, static_cast<int64_t>(fingerprint));
+  RETURN_IF_ERROR(GroupResult(all.status()));
+  for (size_t r = 1; r < all->size(); ++r) {
+    if ((*all)[r] != (*all)[0]) {
+      return absl::AbortedError(absl::StrCat(
+          what, " differs across ranks: rank ", r, " has fingerprint ",
+          Hex64(static_cast<uint64_t>((*all)[r])), ", rank 0 has ",
+          Hex64(static_cast<uint64_t>((*all)[0])), "; every rank must get the same request"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void WorkerService::TearDownGroup() {
+  dispatcher_.reset();
+  experts_.clear();
+  expert_bytes_ = 0;
+  allocation_.reset();
+  geometry_committed_ = false;
+  plan_.clear();
+  model_.Clear();
+  collective_.reset();
+  absl::MutexLock lock(&state_mu_);
+  state_.Left();
+  status_.set_rank(0);
+  status_.set_world_size(0);
+  status_.set_backend("");
+  status_.set_plan_summary("");
+  status_.set_workspace_bytes(0);
+  status_.set_geometry_epoch(0);
+  status_.set_runtime_max_tokens_per_rank(0);
+  status_.set_capacity_tokens(0);
+  status_.set_expert_bytes(0);
+  UpdateHealthLocked();
+}
+
+// ---------------------------------------------------------------- GetStatus
+
+grpc::Status WorkerService::GetStatus(grpc::ServerContext* /*context*/,
+                                      const v1::GetStatusRequest* /*request*/,
+                                      v1::GetStatusResponse* response) {
+  absl::MutexLock lock(&state_mu_);
+  *response = status_;
+  response->set_state(ToProto(state_.phase()));
+  return grpc::Status::OK;
+}
+
+// --------------------------------------------------------------------- Join
+
+grpc::Status WorkerService::Join(grpc::ServerContext* context, const v1::JoinRequest* request,
+                                 v1::JoinResponse* response) {
+  return Finish(DoJoin(context, *request, response));
+}
+
+absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinRequest& request,
+                                   v1::JoinResponse* response) {
+  if (request.world_size() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size: expected >= 1, got ", request.world_size()));
+  }
+  if (request.rank() < 0 || request.rank() >= request.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank: expected in [0, ", request.world_size(),
+                                                   ") (world_size ", request.world_size(),
+                                                   "), got ", request.rank()));
+  }
+  if (request.generation() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("generation: expected >= 1, got ", request.generation()));
+  }
+  RETURN_IF_ERROR(NonNegative("timeout_ms", request.timeout_ms()));
+  if (request.world_size() > 1 && request.rendezvous_address().empty()) {
+    return absl::InvalidArgumentError(
+        "rendezvous_address: required (host:port of rank 0's worker) when world_size > 1");
+  }
+  ASSIGN_OR_RETURN(std::string backend,
+                   ResolveBackend(request.backend(), options_.default_backend));
+  JoinArgs args;
+  args.world_size = request.world_size();
+  args.rank = request.rank();
+  args.backend = backend;
+  args.rendezvous_address = request.rendezvous_address();
+  args.generation = request.generation();
+  args.timeout = request.timeout_ms() > 0 ? absl::Milliseconds(request.timeout_ms())
+                                          : options_.default_timeout;
+  args.data_plane_host =
+      request.data_plane_host().empty() ? options_.data_plane_host : request.data_plane_host();
+
+  CollectiveSlot slot(this);
+  RETURN_IF_ERROR(slot.Acquire(context, "Join"));
+  {
+    absl::MutexLock lock(&state_mu_);
+    if (shutting_down_) return absl::UnavailableError("Join: worker is shutting down");
+    if (state_.phase() != WorkerPhase::kStarted && args == joined_ && !state_.broken()) {
+      response->set_backend(joined_.backend);
+      return absl::OkStatus();  // idempotent
+    }
+    if (state_.phase() != WorkerPhase::kStarted && args == joined_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("Join: the group of generation ", joined_.generation, " is broken (",
+                       state_.broken_reason(), "); re-join with a new generation"));
+    }
+    if (state_.phase() != WorkerPhase::kStarted && args.generation == joined_.generation) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("Join: already joined generation ", joined_.generation, " as rank ",
+                       joined_.rank, " of ", joined_.world_size,
+                       " with different arguments; Leave first or join with a new generation"));
+    }
+  }
+  if (args.generation <= max_generation_used_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("generation: ", args.generation,
+                     " was already used by this worker (rendezvous keys are "
+                     "write-once); join with a generation > ",
+                     max_generation_used_));
+  }
+
+  // A new generation: drop the old group first, then form the new one.
+  TearDownGroup();
+  max_generation_used_ = args.generation;
+  std::shared_ptr<gloo::rendezvous::Store> store;
+  if (args.rendezvous_address.empty()) {
+    store = std::make_shared<gloo::rendezvous::HashStore>();  // world 1: nobody to meet
+  } else {
+    store = std::make_shared<GrpcStore>(args.rendezvous_address, args.timeout);
+  }
+  spdlog::info("Join: forming {} group generation {} as rank {} of {} via {}", args.backend,
+               args.generation, args.rank, args.world_size,
+               args.rendezvous_address.empty() ? "an in-process store" : args.rendezvous_address);
+  absl::StatusOr<std::unique_ptr<core::GlooCollective>> group =
+      core::GlooCollective::Create(store, absl::StrCat("gen", args.generation), args.rank,
+                                   args.world_size, args.data_plane_host, args.timeout);
+  if (!group.ok()) {
+    return absl::Status(
+        group.status().code(),
+        absl::StrCat("Join (rank ", args.rank, " of ", args.world_size, ", generation ",
+                     args.generation, "): ", group.status().message()));
+  }
+  collective_ = std::move(*group);
+  joined_ = args;
+  {
+    absl::MutexLock lock(&state_mu_);
+    state_.Joined();
+    status_.set_rank(args.rank);
+    status_.set_world_size(args.world_size);
+    status_.set_generation(args.generation);
+    status_.set_backend(args.backend);
+    UpdateHealthLocked();
+  }
+  response->set_backend(args.backend);
+  return absl::OkStatus();
+}
+
+// -------------------------------------------------------------------- Leave
+
+grpc::Status WorkerService::Leave(grpc::ServerContext* context, const v1::LeaveRequest* request,
+                                  v1::LeaveResponse* /*response*/) {
+  return Finish(DoLeave(context, *request));
+}
+
+absl::Status WorkerService::DoLeave(grpc::ServerContext* context, const v1::LeaveRequest& request) {
+  RETURN_IF_ERROR(NonNegative("generation", request.generation()));
+  CollectiveSlot slot(this);
+  RETURN_IF_ERROR(slot.Acquire(context, "Leave"));
+  {
+    absl::MutexLock lock(&state_mu_);
+    if (state_.phase() == WorkerPhase::kStarted) return absl::OkStatus();  // idempotent
+    if (request.generation() != 0 && request.generation() != joined_.generation) {
+      return absl::FailedPreconditionError(absl::StrCat("Leave: generation ", request.generation(),
+                                                        " does not match the joined generation ",
+                                                        joined_.generation));
+    }
+  }
+  spdlog::info("Leave: tearing down generation {}", joined_.generation);
+  TearDownGroup();
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------- ConfigureLayers
+
+grpc::Status WorkerService::ConfigureLayers(grpc::ServerContext* context,
+                                            const v1::ConfigureLayersRequest* request,
+                                            v1::ConfigureLayersResponse* response) {
+  return Finish(DoConfigureLayers(context, *request, response));
+}
+
+absl::Status WorkerService::DoConfigureLayers(grpc::ServerContext* context,
+                                              const v1::ConfigureLayersRequest& request,
+                                              v1::ConfigureLayersResponse* response) {
+  const v1::ModelDescription& model = request.model();
+  if (model.num_layers() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.num_layers: expected >= 1, got ", model.num_layers()));
+  }
+  if (model.sparse_layers_size() != model.num_layers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.sparse_layers: expected ", model.num_layers(),
+                     " entries (model.num_layers), got ", model.sparse_layers_size()));
+  }
+  RETURN_IF_ERROR(NonNegative("model.hidden_size", model.hidden_size()));
+  RETURN_IF_ERROR(NonNegative("model.num_experts", model.num_experts()));
+  RETURN_IF_ERROR(NonNegative("model.top_k", model.top_k()));
+  RETURN_IF_ERROR(NonNegative("model.moe_intermediate_size", model.moe_intermediate_size()));
+  if (model.top_k() > 0 && model.num_experts() > 0 && model.top_k() > model.num_experts()) {
+    return absl::InvalidArgumentError(absl::StrCat("model.top_k: expected <= model.num_experts (",
+                                                   model.num_experts(), "), got ", model.top_k()));
+  }
+  core::ParallelLayout layout;
+  layout.tp_size = request.layout().tp_size();
+  layout.attn_dp_size = request.layout().attn_dp_size();
+  layout.moe_dense_tp_size = request.layout().moe_dense_tp_size();
+  {
+    absl::Status valid = core::ValidateLayout(layout);
+    if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("layout: ", valid.message()));
+  }
+  const std::vector<bool> sparse(model.sparse_layers().begin(), model.sparse_layers().end());
+  absl::StatusOr<std::vector<core::LayerPlan>> plan =
+      core::PlanLayers(layout, sparse, request.a2a_enabled());
+  if (!plan.ok()) return plan.status();
+
+  CollectiveSlot slot(this);
+  RETURN_IF_ERROR(slot.Acquire(context, "ConfigureLayers"));
+  RETURN_IF_ERROR(RequireGroup(WorkerPhase::kJoined, "ConfigureLayers"));
+  if (layout.tp_size != joined_.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("layout.tp_size: expected ", joined_.world_size,
+                                                   " (the world size), got ", layout.tp_size));
+  }
+  const std::string plan_fingerprint = core::PlanFingerprint(layout, sparse, request.a2a_enabled());
+  const uint64_t fingerprint =
+      Fnv1a64(absl::StrCat("plan=", plan_fingerprint, ";model=", model.name(), ",",
+                           model.hidden_size(), ",", model.num_layers(), ",", model.num_experts(),
+                           ",", model.top_k(), ",", model.moe_intermediate_size()));
+  RETURN_IF_ERROR(CheckSameOnAllRanks(fingerprint, "ConfigureLayers configuration"));
+
+  response->Clear();
+  int num_sparse = 0;
+  for (const core::LayerPlan& p : *plan) {
+    v1::LayerPlan* out = response->add_layers();
+    out->set_layer(p.layer);
+    out->set_sparse(p.sparse);
+    out->set_input_mode(ToProto(p.input));
+    out->set_attention_mode(ToProto(p.attention));
+    out->set_residual_mode(ToProto(p.residual));
+    out->set_mlp_mode(ToProto(p.mlp));
+    out->set_output_mode(ToProto(p.output));
+    out->set_before_attention(core::StepName(p.before_attention));
+    out->set_before_mlp(core::DescribeBeforeMlp(p));
+    out->set_after_mlp(core::DescribeAfterMlp(p));
+    num_sparse += p.sparse ? 1 : 0;
+  }
+  response->set_fingerprint(Hex64(fingerprint));
+  plan_ = std::move(*plan);
+  model_ = model;
+  absl::MutexLock lock(&state_mu_);
+  state_.Configured();
+  status_.set_plan_summary(absl::StrCat(plan_.size(), " layers, ", num_sparse, " sparse"));
+  UpdateHealthLocked();
+  return absl::OkStatus();
+}
+
+// -------------------------------------------------------- AllocateWorkspace
+
+grpc::Status WorkerService::AllocateWorkspace(grpc::ServerContext* context,
+                                              const v1::AllocateWorkspaceRequest* request,
+                                              v1::AllocateWorkspaceResponse* response) {
+  return Finish(DoAllocateWorkspace(context, *request, response));
+}
+
+absl::Status WorkerService::DoAllocateWorkspace(grpc::ServerContext* context,
+                                                const v1::AllocateWorkspaceRequest& request,
+                                                v1::AllocateWorkspaceResponse* response) {
+  RETURN_IF_ERROR(Positive("hidden_size", request.hidden_size(), kMaxHidden));
+  RETURN_IF_ERROR(Positive("num_experts", request.num_experts(), kMaxExperts));
+  RETURN_IF_ERROR(Positive("top_k", request.top_k(), kMaxExperts));
+  if (request.top_k() > request.num_experts()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "top_k: expected <= num_experts (", request.num_experts(), "), got ", request.top_k()));
+  }
+  RETURN_IF_ERROR(NonNegative("capacity_tokens", request.capacity_tokens()));
+  RETURN_IF_ERROR(NonNegative("chunked_prefill_size", request.chunked_prefill_size()));
+  const int64_t capacity = request.capacity_tokens() > 0
+                               ? request.capacity_tokens()
+                               : core::DefaultCapacityTokens(request.chunked_prefill_size());
+  RETURN_IF_ERROR(Positive("capacity_tokens", capacity, kMaxTokens));
+  ASSIGN_OR_RETURN(core::DispatchDType dtype, ToCore(request.dispatch_dtype()));
+  int32_t invalid_id = -1;
+  switch (request.invalid_expert_id()) {
+    case v1::INVALID_EXPERT_ID_UNSPECIFIED:
+    case v1::INVALID_EXPERT_ID_MINUS_ONE:
+      break;
+    case v1::INVALID_EXPERT_ID_NUM_EXPERTS:
+      invalid_id = request.num_experts();
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("invalid_expert_id: expected INVALID_EXPERT_ID_MINUS_ONE or "
+                       "INVALID_EXPERT_ID_NUM_EXPERTS, got ",
+                       request.invalid_expert_id()));
+  }
+  std::vector<int64_t> buckets(request.cuda_graph_buckets().begin(),
+                               request.cuda_graph_buckets().end());
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    if (buckets[i] < 1 || (i > 0 && buckets[i] <= buckets[i - 1])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cuda_graph_buckets: expected positive and strictly ascending, got [",
+                       absl::StrJoin(buckets, ", "), "]"));
+    }
+  }
+
+  CollectiveSlot slot(this);
+  RETURN_IF_ERROR(slot.Acquire(context, "AllocateWorkspace"));
+  RETURN_IF_ERROR(RequireGroup(WorkerPhase::kConfigured, "AllocateWorkspace"));
+  const int world = joined_.world_size;
+  if (request.num_experts() < world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_experts: expected >= ", world,
+                     " (the world size: every rank owns an expert), got ", request.num_experts()));
+  }
+  if (model_.hidden_size() > 0 && request.hidden_size() != model_.hidden_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("hidden_size: expected ", model_.hidden_size(),
+                                                   " (the configured model), got ",
+                                                   request.hidden_size()));
+  }
+  if (model_.num_experts() > 0 && request.num_experts() != model_.num_experts()) {
+    return absl::InvalidArgumentError(absl::StrCat("num_experts: expected ", model_.num_experts(),
+                                                   " (the configured model), got ",
+                                                   request.num_experts()));
+  }
+  if (model_.top_k() > 0 && request.top_k() != model_.top_k()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "top_k: expected ", model_.top_k(), " (the configured model), got ", request.top_k()));
+  }
+
+  core::EpDispatcherOptions options;
+  options.workspace.ep_size = world;
+  options.workspace.capacity_tokens = capacity;
+  options.workspace.hidden = request.hidden_size();
+  options.workspace.top_k = request.top_k();
+  options.workspace.dtype = dtype;
+  options.num_experts = request.num_experts();
+  options.invalid_expert_id = invalid_id;
+  options.cuda_graph_buckets = buckets;
+
+  ASSIGN_OR_RETURN(int64_t dispatch_bytes,
+                   core::DispatchBytesPerToken(dtype, request.hidden_size(), request.top_k()));
+  ASSIGN_OR_RETURN(core::FlashInferWorkspace flashinfer,
+                   core::ComputeFlashInferWorkspace(options.workspace));
+  ASSIGN_OR_RETURN(core::AllocatedWorkspace allocated,
+                   core::ComputeAllocatedWorkspace(options.workspace));
+  const uint64_t fingerprint = Fnv1a64(absl::StrCat(
+      "H=", options.workspace.hidden, ",K=", options.workspace.top_k,
+      ",experts=", options.num_experts, ",N=", capacity, ",dtype=", core::DispatchDTypeName(dtype),
+      ",invalid=", invalid_id, ",buckets=", absl::StrJoin(buckets, ":")));
+  const bool same_spec = allocation_ != nullptr && allocation_->fingerprint == fingerprint;
+  // The memory cap covers the workspace and the expert weights kept with it
+  // (a different spec drops the loaded experts).
+  const int64_t kept_expert_bytes = same_spec ? expert_bytes_ : 0;
+  if (options_.memory_cap_bytes > 0 &&
+      allocated.total_bytes + kept_expert_bytes > options_.memory_cap_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "AllocateWorkspace: the workspace needs ", allocated.total_bytes, " bytes",
+        kept_expert_bytes > 0 ? absl::StrCat(" (plus ", kept_expert_bytes, " of experts)") : "",
+        ", more than the worker's memory cap of ", options_.memory_cap_bytes,
+        " bytes (--memory_cap_bytes)"));
+  }
+  RETURN_IF_ERROR(CheckSameOnAllRanks(fingerprint, "AllocateWorkspace spec"));
+
+  if (!same_spec) {
+    absl::StatusOr<std::unique_ptr<core::EpDispatcher>> dispatcher =
+        core::EpDispatcher::Create(collective_.get(), options, options_.memory_cap_bytes);
+    if (!dispatcher.ok()) return dispatcher.status();
+    auto allocation = std::make_unique<Allocation>();
+    allocation->options = options;
+    allocation->fingerprint = fingerprint;
+    v1::AllocateWorkspaceResponse& out = allocation->response;
+    out.set_dispatch_bytes_per_token(dispatch_bytes);
+    out.set_combine_bytes_per_token(core::CombineBytesPerToken(request.hidden_size()));
+    out.set_flashinfer_workspace_bytes(flashinfer.total_bytes);
+    out.set_flashinfer_aux_bytes(flashinfer.aux_bytes);
+    out.set_allocated_bytes((*dispatcher)->allocated_bytes());
+    for (const core::WorkspaceRegion& region : allocated.regions) {
+      v1::WorkspaceRegion* r = out.add_regions();
+      r->set_name(region.name);
+      r->set_offset_bytes(region.offset_bytes);
+      r->set_size_bytes(region.size_bytes);
+    }
+    out.set_capacity_tokens(capacity);
+    dispatcher_ = std::move(*dispatcher);
+    allocation_ = std::move(allocation);
+    geometry_committed_ = false;
+    experts_.clear();
+    expert_bytes_ = 0;
+  }
+  *response = allocation_->response;
+  absl::MutexLock lock(&state_mu_);
+  state_.Allocated();
+  status_.set_workspace_bytes(allocation_->response.allocated_bytes());
+  status_.set_capacity_tokens(capacity);
+  status_.set_expert_bytes(expert_bytes_);
+  if (!same_spec) {
+    status_.set_geometry_epoch(0);
+    status_.set_runtime_max_tokens_per_rank(0);
+  }
+  UpdateHealthLocked();
+  return absl::OkStatus();
+}
+
+// -------------------------------------------------------------- LoadExperts
+
+grpc::Status WorkerService::LoadExperts(grpc::ServerContext* context,
+                                        const v1::LoadExpertsRequest* request,
+                                        v1::LoadExpertsResponse* response) {
+  return Finish(DoLoadExperts(context, *request, response));
+}
+
+absl::Status WorkerService::DoLoadExperts(grpc::ServerContext* context,
+                                          const v1::LoadExpertsRequest& request,
+                                          v1::LoadExpertsResponse* response) {
+  RETURN_IF_ERROR(NonNegative("layer", request.layer()));
+  if (request.kind() != v1::EXPERT_KIND_SWIGLU && request.kind() != v1::EXPERT_KIND_IDENTITY) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kind: expected EXPERT_KIND_SWIGLU or EXPERT_KIND_IDENTITY, got ", request.kind()));
+  }
+  RETURN_IF_ERROR(NonNegative("intermediate_size", request.intermediate_size()));
+  if (!request.safetensors_path().empty() && request.kind() != v1::EXPERT_KIND_SWIGLU) {
+    return absl::InvalidArgumentError(
+        "safetensors_path: checkpoints hold SwiGLU experts; set kind EXPERT_KIND_SWIGLU");
+  }
+  if (!request.safetensors_path().empty() && request.name_pattern().empty()) {
+    return absl::InvalidArgumentError(
+        "name_pattern: required with safetensors_path, e.g. "
+        "\"model.layers.{layer}.mlp.experts.{expert}.{proj}.weight\"");
+  }
+
+  CollectiveSlot slot(this);
+  RETURN_IF_ERROR(slot.Acquire(context, "LoadExperts"));
+  RETURN_IF_ERROR(RequireGroup(WorkerPhase::kAllocated, "LoadExperts"));
+  if (request.layer() >= static_cast<int>(plan_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("layer: expected in [0, ", plan_.size(),
+                                                   ") (the configured layers), got ",
+                                                   request.layer()));
+  }
+  if (!plan_[request.layer()].sparse) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer: ", request.layer(),
+                     " is a dense layer in the configured plan; only MoE layers "
+                     "have experts"));
+  }
+  const core::EpDispatcherOptions& options = allocation_->options;
+  const int64_t hidden = options.workspace.hidden;
+  int64_t intermediate = request.intermediate_size();
+  if (request.kind() == v1::EXPERT_KIND_SWIGLU && intermediate == 0) {
+    intermediate = model_.moe_intermediate_size();
+    if (intermediate == 0) {
+      return absl::InvalidArgumentError(
+          "intermediate_size: required for EXPERT_KIND_SWIGLU (the configured model has no "
+          "moe_intermediate_size)");
+    }
+  }
+  RETURN_IF_ERROR(Positive("intermediate_size",
+                           request.kind() == v1::EXPERT_KIND_SWIGLU ? intermediate : 1,
+                           kMaxHidden * 16));
+  ASSIGN_OR_RETURN(core::ExpertPlacement placement,
+                   core::ExpertPlacement::Contiguous(options.num_experts, joined_.world_size));
+  const int rank = joined_.rank;
+  const int first = placement.FirstExpert(rank);
+  const int count = placement.NumLocalExperts(rank);
+  // Weight bytes the new set will hold: gate, up [I, H] and down [H, I], bf16.
+  const int64_t new_bytes =
+      request.kind() == v1::EXPERT_KIND_SWIGLU ? int64_t{count} * 3 * intermediate * hidden * 2 : 0;
+  auto old = experts_.find(request.layer());
+  const int64_t old_bytes = old == experts_.end() ? 0 : old->second.weight_bytes();
+  const int64_t total = dispatcher_->allocated_bytes() + expert_bytes_ - old_bytes + new_bytes;
+  if (options_.memory_cap_bytes > 0 && total > options_.memory_cap_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "LoadExperts: layer ", request.layer(), " needs ", new_bytes, " bytes of experts; with ",
+        dispatcher_->allocated_bytes(), " of workspace and ", expert_bytes_ - old_bytes,
+        " of other layers' experts that is ", total, " bytes, more than the memory cap of ",
+        options_.memory_cap_bytes, " bytes (--memory_cap_bytes)"));
+  }
+  absl::StatusOr<core::ExpertSet> experts;
+  if (request.kind() == v1::EXPERT_KIND_IDENTITY) {
+    experts = core::ExpertSet::Identity(first, count, hidden);
+  } else if (!request.safetensors_path().empty()) {
+    experts = core::ExpertSet::LoadSafetensors(request.safetensors_path(), request.name_pattern(),
+                                               request.layer(), first, count, hidden, intermediate);
+  } else {
+    experts = core::ExpertSet::GenerateSwiGlu(request.seed(), request.layer(), first, count, hidden,
+                                              intermediate);
+  }
+  if (!experts.ok()) return experts.status();
+  const int64_t bytes = experts->weight_bytes();
+  expert_bytes_ += bytes - old_bytes;
+  experts_.insert_or_assign(request.layer(), std::move(*experts));
+  response->set_first_expert(first);
+  response->set_num_local_experts(count);
+  response->set_expert_bytes(bytes);
+  absl::MutexLock lock(&state_mu_);
+  status_.set_expert_bytes(expert_bytes_);
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------- SyncTokenCounts
+
+grpc::Status WorkerService::SyncTokenCounts(grpc::ServerContext* context,
+                                            const v1::SyncTokenCountsRequest* request,
+                                            v1::SyncTokenCountsResponse* response) {
+  return Finish(DoSyncTokenCounts(context, *request, response));
+}
+
+absl::Status WorkerService::DoSyncTokenCounts(grpc::ServerContext* context,
+                                              const v1::SyncTokenCountsRequest& request,
+                                              v1::SyncTokenCountsResponse* response) {
+  RETURN_IF_ERROR(NonNegative("epoch", request.epoch()));
+  RETURN_IF_ERROR(NonNegative("local_tokens", request.local_tokens()));
+  CollectiveSlot slot(this);
+  RETURN_IF_ERROR(slot.Acquire(context, "SyncTokenCounts"));
+  RETURN_IF_ERROR(RequireGroup(WorkerPhase::kAllocated, "SyncTokenCounts"));
+  absl::StatusOr<std::vector<int64_t>> counts =
+      dispatcher_->SyncTokenCounts(request.local_tokens());
+  RETURN_IF_ERROR(GroupResult(counts.status()));
+  const core::EpDispatcherOptions& options = allocation_->options;
+  ASSIGN_OR_RETURN(int64_t runtime_max,
+                   core::ChooseRuntimeMaxTokens(*counts, options.cuda_graph_buckets,
+                                                options.workspace.capacity_tokens));
+  response->mutable_token_counts()->Assign(counts->begin(), counts->end());
+  response->set_max_tokens(*std::max_element(counts->begin(), counts->end()));
+  response->set_runtime_max_tokens_per_rank(runtime_max);
+  return absl::OkStatus();
+}
+
+// ----------------------------------------------------------- CommitGeometry
+
+grpc::Status WorkerService::CommitGeometry(grpc::ServerContext* context,
+                                           const v1::CommitGeometryRequest* request,
+                                           v1::CommitGeometryResponse* /*response*/) {
+  return Finish(DoCommitGeometry(context, *request));
+}
+
+absl::Status WorkerService::DoCommitGeometry(grpc::ServerContext* context,
+                                             const v1::CommitGeometryRequest& request) {
+  RETURN_IF_ERROR(NonNegative("epoch", request.epoch()));
+  RETURN_IF_ERROR(
+      NonNegative("runtime_max_tokens_per_rank", request.runtime_max_tokens_per_rank()));
+  RETURN_IF_ERROR(NonNegative("local_tokens", request.local_tokens()));
+  CollectiveSlot slot(this);
+  RETURN_IF_ERROR(slot.Acquire(context, "CommitGeometry"));
+  RETURN_IF_ERROR(RequireGroup(WorkerPhase::kAllocated, "CommitGeometry"));
+  RETURN_IF_ERROR(dispatcher_->CommitGeometry(
+      request.epoch(), request.runtime_max_tokens_per_rank(), request.local_tokens()));
+  geometry_committed_ = true;
+  absl::MutexLock lock(&state_mu_);
+  status_.set_geometry_epoch(request.epoch());
+  status_.set_runtime_max_tokens_per_rank(request.runtime_max_tokens_per_rank());
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------------ Forward
+
+grpc::Status WorkerService::Forward(grpc::ServerContext* context, const v1::ForwardRequest* request,
+                                    v1::ForwardResponse* response) {
+  return Finish(DoForward(context, *request, response));
+}
+
+absl::Status WorkerService::DoForward(grpc::ServerContext* context,
+                                      const v1::ForwardRequest& request,
+                                      v1::ForwardResponse* response) {
+  const absl::Time start = absl::Now();
+  RETURN_IF_ERROR(NonNegative("layer", request.layer()));
+  RETURN_IF_ERROR(NonNegative("epoch", request.epoch()));
+  ASSIGN_OR_RETURN(DecodedTensor<core::bf16_t> hidden,
+                   DecodeBf16(request.hidden_states(), "hidden_states", 2));
+  ASSIGN_OR_RETURN(DecodedTensor<int32_t> ids, DecodeInt32(request.topk_ids(), "topk_ids", 2));
+  ASSIGN_OR_RETURN(DecodedTensor<float> weights,
+                   DecodeFloat32(request.topk_weights(), "topk_weights", 2));
+  const int64_t tokens = hidden.shape[0];
+  if (ids.shape[0] != tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("topk_ids.shape[0]: expected ", tokens,
+                                                   " (hidden_states rows), got ", ids.shape[0]));
+  }
+  if (weights.shape != ids.shape) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("topk_weights.shape: expected [", absl::StrJoin(ids.shape, ", "),
+                     "] (topk_ids' shape), got [", absl::StrJoin(weights.shape, ", "), "]"));
+  }
+
+  CollectiveSlot slot(this);
+  RETURN_IF_ERROR(slot.Acquire(context, "Forward"));
+  RETURN_IF_ERROR(RequireGroup(WorkerPhase::kAllocated, "Forward"));
+  const core::EpDispatcherOptions& options = allocation_->options;
+  if (hidden.shape[1] != options.workspace.hidden) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hidden_states.shape[1]: expected ", options.workspace.hidden,
+                     " (the allocated hidden_size), got ", hidden.shape[1]));
+  }
+  if (ids.shape[1] != options.workspace.top_k) {
+    return absl::InvalidArgumentError(absl::StrCat("topk_ids.shape[1]: expected ",
+                                                   options.workspace.top_k,
+                                                   " (the allocated top_k), got ", ids.shape[1]));
+  }
+  auto experts = experts_.find(request.layer());
+  if (experts == experts_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Forward: layer ", request.layer(), " has no loaded experts; call LoadExperts first"));
+  }
+  if (!geometry_committed_) {
+    return absl::FailedPreconditionError(
+        "Forward requires a committed geometry; call SyncTokenCounts and CommitGeometry first");
+  }
+  if (request.epoch() != dispatcher_->epoch()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Forward: epoch ", request.epoch(), " does not match the committed geometry epoch ",
+        dispatcher_->epoch(), "; call CommitGeometry for epoch ", request.epoch(), " first"));
+  }
+  std::vector<core::bf16_t> output(hidden.values.size());
+  absl::Status status = dispatcher_->Forward(hidden.values, ids.values, weights.values, tokens,
+                                             experts->second, absl::MakeSpan(output));
+  RETURN_IF_ERROR(GroupResult(status));
+  const core::StepStats& step = dispatcher_->last_step();
+  const std::vector<int64_t> shape = {tokens, options.workspace.hidden};
+  *response->mutable_output() = EncodeBf16(output, shape);
+  v1::ForwardTimings* timings = response->mutable_timings();
+  timings->set_dispatch_us(step.dispatch_us);
+  timings->set_expert_us(step.expert_us);
+  timings->set_combine_us(step.combine_us);
+  timings->set_total_us(absl::ToInt64Microseconds(absl::Now() - start));
+  response->set_runtime_max_tokens_per_rank(step.runtime_max_tokens_per_rank);
+  response->set_tokens_sent(step.tokens_sent);
+  response->set_bytes_sent(step.bytes_sent_remote);
+  response->set_tokens_received(step.tokens_received);
+  absl::MutexLock lock(&state_mu_);
+  v1::Counters* counters = status_.mutable_counters();
+  counters->set_forwards(counters->forwards() + 1);
+  counters->set_tokens_dispatched(counters->tokens_dispatched() + step.tokens_sent);
+  counters->set_bytes_sent(counters->bytes_sent() + step.bytes_sent_remote);
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- Benchmark
+
+grpc::Status WorkerService::Benchmark(grpc::ServerContext* context,
+                                      const v1::BenchmarkRequest* request,
+                                      v1::BenchmarkResponse* response) {
+  return Finish(DoBenchmark(context, *request, response));
+}
+
+absl::Status WorkerService::DoBenchmark(grpc::ServerContext* context,
+                                        const v1::BenchmarkRequest& request,
+                                        v1::BenchmarkResponse* response) {
+  RETURN_IF_ERROR(Positive("tokens_per_rank", request.tokens_per_rank(), kMaxTokens));
+  RETURN_IF_ERROR(Positive("hidden_size", request.hidden_size(), kMaxHidden));
+  RETURN_IF_ERROR(Positive("num_experts", request.num_experts(), kMaxExperts));
+  RETURN_IF_ERROR(Positive("top_k", request.top_k(), kMaxExperts));
+  if (request.top_k() > request.num_experts()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "top_k: expected <= num_experts (", request.num_experts(), "), got ", request.top_k()));
+  }
+  RETURN_IF_ERROR(Positive("iterations", request.iterations(), kMaxBenchmarkIterations));
+  RETURN_IF_ERROR(NonNegative("warmup", request.warmup()));
+  if (request.warmup() > kMaxBenchmarkIterations) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("warmup: expected <= ", kMaxBenchmarkIterations, ", got ", request.warmup()));
+  }
+  const std::string routing = request.routing().empty() ? "uniform" : request.routing();
+  if (routing != "uniform" && routing != "skewed") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("routing: expected \"uniform\" or \"skewed\", got \"", routing, "\""));
+  }
+
+  CollectiveSlot slot(this);
+  RETURN_IF_ERROR(slot.Acquire(context, "Benchmark"));
+  RETURN_IF_ERROR(RequireGroup(WorkerPhase::kJoined, "Benchmark"));
+  const int world = joined_.world_size;
+  const int rank = joined_.rank;
+  if (request.num_experts() < world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_experts: expected >= ", world,
+                     " (the world size: every rank owns an expert), got ", request.num_experts()));
+  }
+  const int64_t tokens = request.tokens_per_rank();
+  const int64_t hidden_size = request.hidden_size();
+  const int top_k = request.top_k();
+  core::EpDispatcherOptions options;
+  options.workspace.ep_size = world;
+  options.workspace.capacity_tokens = tokens;
+  options.workspace.hidden = hidden_size;
+  options.workspace.top_k = top_k;
+  options.workspace.dtype = core::DispatchDType::kBF16;
+  options.num_experts = request.num_experts();
+  ASSIGN_OR_RETURN(core::AllocatedWorkspace needed,
+                   core::ComputeAllocatedWorkspace(options.workspace));
+  const int64_t held = (dispatcher_ ? dispatcher_->allocated_bytes() : 0) + expert_bytes_;
+  const int64_t inputs = tokens * (hidden_size * 2 * 2 + int64_t{top_k} * 8);
+  if (options_.memory_cap_bytes > 0 &&
+      held + needed.total_bytes + inputs > options_.memory_cap_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "Benchmark: needs ", needed.total_bytes + inputs,
+        " bytes (workspace and inputs) on top of ", held, " held, more than the memory cap of ",
+        options_.memory_cap_bytes, " bytes (--memory_cap_bytes)"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<core::EpDispatcher> bench,
+                   core::EpDispatcher::Create(collective_.get(), options, 0));
+  ASSIGN_OR_RETURN(int64_t dispatch_bytes_per_token,
+                   core::DispatchBytesPerToken(core::DispatchDType::kBF16, hidden_size, top_k));
+  const int64_t combine_bytes_per_token = core::CombineBytesPerToken(hidden_size);
+
+  // Inputs: seeded per rank. Uniform routing, or "skewed": expert e drawn in
+  // proportion to 1 / (e + 1) (Zipf, s = 1), K distinct experts per token.
+  std::mt19937_64 rng(request.seed() * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(rank));
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  std::vector<core::bf16_t> hidden(static_cast<size_t>(tokens * hidden_size));
+  for (core::bf16_t& h : hidden) h = core::FloatToBf16(value(rng));
+  std::vector<double> popularity(request.num_experts(), 1.0);
+  if (routing == "skewed") {
+    for (int e = 0; e < request.num_experts(); ++e) popularity[e] = 1.0 / (e + 1);
+  }
+  const std::vector<int32_t> ids = SampleRouting(rng, tokens, top_k, popularity);
+  std::vector<float> weights(ids.size());
+  std::uniform_real_distribution<float> weight(0.05f, 1.0f);
+  for (int64_t t = 0; t < tokens; ++t) {
+    float sum = 0.0f;
+    for (int k = 0; k < top_k; ++k) sum += weights[t * top_k + k] = weight(rng);
+    for (int k = 0; k < top_k; ++k) weights[t * top_k + k] /= sum;
+  }
+  ASSIGN_OR_RETURN(core::ExpertPlacement placement,
+                   core::ExpertPlacement::Contiguous(request.num_experts(), world));
+  const core::ExpertSet identity = core::ExpertSet::Identity(
+      placement.FirstExpert(rank), placement.NumLocalExperts(rank), hidden_size);
+  RETURN_IF_ERROR(bench->CommitGeometry(1, tokens, tokens));
+  std::vector<core::bf16_t> output(hidden.size());
+
+  std::vector<double> dispatch_us;
+  std::vector<double> combine_us;
+  int64_t tokens_sent = 0;
+  const int total = request.warmup() + request.iterations();
+  for (int i = 0; i < total; ++i) {
+    RETURN_IF_ERROR(GroupResult(collective_->Barrier()));
+    const auto t0 = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(GroupResult(bench->Dispatch(hidden, ids, weights, tokens)));
+    const auto t1 = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(GroupResult(bench->ComputeExperts(identity)));
+    const auto t2 = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(GroupResult(bench->Combine(absl::MakeSpan(output))));
+    const auto t3 = std::chrono::steady_clock::now();
+    if (i < request.warmup()) continue;
+    dispatch_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    combine_us.push_back(std::chrono::duration<double, std::micro>(t3 - t2).count());
+    tokens_sent = bench->last_step().tokens_sent;
+  }
+  std::sort(dispatch_us.begin(), dispatch_us.end());
+  std::sort(combine_us.begin(), combine_us.end());
+  response->set_dispatch_p50_us(Percentile(dispatch_us, 50));
+  response->set_dispatch_p99_us(Percentile(dispatch_us, 99));
+  response->set_combine_p50_us(Percentile(combine_us, 50));
+  response->set_combine_p99_us(Percentile(combine_us, 99));
+  // Logical bytes: every token copy this rank sends, the local share included.
+  const int64_t dispatch_bytes = tokens_sent * dispatch_bytes_per_token;
+  const int64_t combine_bytes = tokens_sent * combine_bytes_per_token;
+  response->set_dispatch_bytes(dispatch_bytes);
+  response->set_combine_bytes(combine_bytes);
+  const double d50 = response->dispatch_p50_us();
+  const double c50 = response->combine_p50_us();
+  response->set_dispatch_logical_gbps(d50 > 0 ? dispatch_bytes / (d50 * 1e3) : 0.0);
+  response->set_combine_logical_gbps(c50 > 0 ? combine_bytes / (c50 * 1e3) : 0.0);
+  return absl::OkStatus();
+}
+
+}  // namespace moe_ep::server

@@ -1,0 +1,185 @@
+#pragma once
+
+// The moe_ep.v1.Worker service (proto/moe_ep/v1/worker.proto, whose comments
+// are the contract): a thin synchronous gRPC service that validates each
+// request, calls core/ and replies. One per worker process (one per rank).
+//
+// Locking: all collective work (Join, Leave, ConfigureLayers,
+// AllocateWorkspace, LoadExperts, SyncTokenCounts, CommitGeometry, Forward,
+// Benchmark) is serialized by one "collective slot" (the collective is
+// single-threaded), taken with the call's deadline (DEADLINE_EXCEEDED when
+// another call holds it past the deadline). The snapshot GetStatus returns is
+// guarded by a separate mutex, so GetStatus never waits on peers.
+//
+// Requests are validated in full before anything changes: bad input returns
+// INVALID_ARGUMENT naming the field (expected vs got) and leaves the state as
+// it was. Field checks that need no state run before the collective slot is
+// taken, so a malformed call never waits behind a collective.
+//
+// Any collective failure (DEADLINE_EXCEEDED, UNAVAILABLE, ...) marks the group
+// broken: later collective calls return FAILED_PRECONDITION "... re-join with
+// a new generation" until Join with a new generation re-forms it. Health
+// (server/health.h) is SERVING only while joined, allocated and not broken.
+//
+// Thread-safe. Source: DESIGN §6-§8; issue 2 ("proto and server").
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "core/collective.h"
+#include "core/ep_dispatcher.h"
+#include "core/experts.h"
+#include "core/layer_plan.h"
+#include "moe_ep/v1/worker.grpc.pb.h"
+#include "server/health.h"
+#include "server/worker_state.h"
+
+namespace moe_ep::server {
+
+struct WorkerOptions {
+  // Bytes this worker may hold in workspace + expert weights; 0 = unlimited.
+  int64_t memory_cap_bytes = 0;
+  // Backend used when Join asks for "" : "auto", "gloo" or "nccl".
+  std::string default_backend = "auto";
+  // Address the Gloo TCP device binds to when Join leaves data_plane_host empty.
+  std::string data_plane_host = "127.0.0.1";
+  // Collective timeout when Join leaves timeout_ms at 0.
+  absl::Duration default_timeout = absl::Seconds(30);
+};
+
+// Returns the backend a Join request resolves to on this build: "gloo" for
+// "gloo" and for "auto" (and "" when `default_backend` says so).
+// Errors: kInvalidArgument for an unknown name; kFailedPrecondition for
+// "nccl" on a build without CUDA ("NCCL backend needs a CUDA build");
+// kUnimplemented for "nccl" on a CUDA build until kernels/ provides the NCCL
+// collective (issue 3).
+absl::StatusOr<std::string> ResolveBackend(const std::string& requested,
+                                           const std::string& default_backend);
+
+class WorkerService final : public v1::Worker::Service {
+ public:
+  // `health` may be null; it must outlive the service.
+  WorkerService(WorkerOptions options, HealthReporter* health);
+  ~WorkerService() override;
+
+  // Shown by GetStatus (the address main.cc bound).
+  void SetListenAddress(const std::string& address);
+  // From now on every RPC but GetStatus returns UNAVAILABLE "shutting down".
+  void BeginShutdown();
+
+  grpc::Status GetStatus(grpc::ServerContext* context, const v1::GetStatusRequest* request,
+                         v1::GetStatusResponse* response) override;
+  grpc::Status Join(grpc::ServerContext* context, const v1::JoinRequest* request,
+                    v1::JoinResponse* response) override;
+  grpc::Status Leave(grpc::ServerContext* context, const v1::LeaveRequest* request,
+                     v1::LeaveResponse* response) override;
+  grpc::Status ConfigureLayers(grpc::ServerContext* context,
+                               const v1::ConfigureLayersRequest* request,
+                               v1::ConfigureLayersResponse* response) override;
+  grpc::Status AllocateWorkspace(grpc::ServerContext* context,
+                                 const v1::AllocateWorkspaceRequest* request,
+                                 v1::AllocateWorkspaceResponse* response) override;
+  grpc::Status LoadExperts(grpc::ServerContext* context, const v1::LoadExpertsRequest* request,
+                           v1::LoadExpertsResponse* response) override;
+  grpc::Status SyncTokenCounts(grpc::ServerContext* context,
+                               const v1::SyncTokenCountsRequest* request,
+                               v1::SyncTokenCountsResponse* response) override;
+  grpc::Status CommitGeometry(grpc::ServerContext* context,
+                              const v1::CommitGeometryRequest* request,
+                              v1::CommitGeometryResponse* response) override;
+  grpc::Status Forward(grpc::ServerContext* context, const v1::ForwardRequest* request,
+                       v1::ForwardResponse* response) override;
+  grpc::Status Benchmark(grpc::ServerContext* context, const v1::BenchmarkRequest* request,
+                         v1::BenchmarkResponse* response) override;
+
+ private:
+  class CollectiveSlot;
+
+  // The normalized arguments a group was joined with (idempotency check).
+  struct JoinArgs {
+    int world_size = 0;
+    int rank = 0;
+    std::string backend;
+    std::string rendezvous_address;
+    int64_t generation = 0;
+    absl::Duration timeout;
+    std::string data_plane_host;
+    bool operator==(const JoinArgs&) const = default;
+  };
+
+  // The allocation in force (AllocateWorkspace, normalized).
+  struct Allocation {
+    core::EpDispatcherOptions options;
+    v1::AllocateWorkspaceResponse response;
+    uint64_t fingerprint = 0;
+  };
+
+  absl::Status DoJoin(grpc::ServerContext* context, const v1::JoinRequest& request,
+                      v1::JoinResponse* response);
+  absl::Status DoLeave(grpc::ServerContext* context, const v1::LeaveRequest& request);
+  absl::Status DoConfigureLayers(grpc::ServerContext* context,
+                                 const v1::ConfigureLayersRequest& request,
+                                 v1::ConfigureLayersResponse* response);
+  absl::Status DoAllocateWorkspace(grpc::ServerContext* context,
+                                   const v1::AllocateWorkspaceRequest& request,
+                                   v1::AllocateWorkspaceResponse* response);
+  absl::Status DoLoadExperts(grpc::ServerContext* context, const v1::LoadExpertsRequest& request,
+                             v1::LoadExpertsResponse* response);
+  absl::Status DoSyncTokenCounts(grpc::ServerContext* context,
+                                 const v1::SyncTokenCountsRequest& request,
+                                 v1::SyncTokenCountsResponse* response);
+  absl::Status DoCommitGeometry(grpc::ServerContext* context,
+                                const v1::CommitGeometryRequest& request);
+  absl::Status DoForward(grpc::ServerContext* context, const v1::ForwardRequest& request,
+                         v1::ForwardResponse* response);
+  absl::Status DoBenchmark(grpc::ServerContext* context, const v1::BenchmarkRequest& request,
+                           v1::BenchmarkResponse* response);
+
+  // Counts errors, converts to grpc::Status.
+  grpc::Status Finish(const absl::Status& status);
+  // `status` from a collective operation: a group error marks the group broken.
+  absl::Status GroupResult(absl::Status status);
+  // All-gathers `fingerprint`; kAborted naming the first rank that differs from rank 0.
+  absl::Status CheckSameOnAllRanks(uint64_t fingerprint, const std::string& what);
+  // Drops the group and everything built on it; back to STARTED. Needs the slot.
+  void TearDownGroup();
+  // Re-derives health from the state. Needs state_mu_.
+  void UpdateHealthLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_);
+  absl::Status RequireGroup(WorkerPhase phase, const char* rpc);
+
+  const WorkerOptions options_;
+  HealthReporter* const health_;
+
+  // The collective slot: held by at most one collective call at a time.
+  absl::Mutex slot_mu_;
+  bool slot_free_ ABSL_GUARDED_BY(slot_mu_) = true;
+
+  // Owned by the holder of the collective slot. The dispatcher and the
+  // experts point into / depend on the collective, so they are declared after
+  // it and destroyed first.
+  std::unique_ptr<core::Collective> collective_;
+  JoinArgs joined_;
+  int64_t max_generation_used_ = 0;
+  v1::ModelDescription model_;  // as configured (0 = field not given)
+  std::vector<core::LayerPlan> plan_;
+  std::unique_ptr<Allocation> allocation_;
+  std::unique_ptr<core::EpDispatcher> dispatcher_;
+  bool geometry_committed_ = false;
+  std::map<int, core::ExpertSet> experts_;  // layer -> this rank's experts
+  int64_t expert_bytes_ = 0;
+
+  // The snapshot GetStatus returns, and the state machine.
+  absl::Mutex state_mu_;
+  WorkerStateMachine state_ ABSL_GUARDED_BY(state_mu_);
+  v1::GetStatusResponse status_ ABSL_GUARDED_BY(state_mu_);
+  bool shutting_down_ ABSL_GUARDED_BY(state_mu_) = false;
+};
+
+}  // namespace moe_ep::server

@@ -1,0 +1,689 @@
+#include "server/worker_service.h"
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/bf16.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "gtest/gtest.h"
+#include "server/health.h"
+#include "server/rendezvous_service.h"
+#include "server/tensor_codec.h"
+#include "tests/server/health_probe.h"
+
+namespace moe_ep::server {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// One worker process's services, in process, on a free loopback port.
+class TestWorker {
+ public:
+  explicit TestWorker(WorkerOptions options = {}) : worker_(options, &health_) {
+    EnableDefaultHealthService();
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.SetMaxReceiveMessageSize(64 << 20);
+    builder.RegisterService(&worker_);
+    builder.RegisterService(&rendezvous_);
+    server_ = builder.BuildAndStart();
+    health_.Attach(server_->GetHealthCheckService());
+    stub_ = v1::Worker::NewStub(grpc::CreateChannel(address(), grpc::InsecureChannelCredentials()));
+  }
+  ~TestWorker() {
+    worker_.BeginShutdown();
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+  template <typename Req, typename Resp>
+  grpc::Status Call(grpc::Status (v1::Worker::Stub::*method)(grpc::ClientContext*, const Req&,
+                                                             Resp*),
+                    const Req& request, Resp* response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    return (stub_.get()->*method)(&context, request, response);
+  }
+
+  v1::GetStatusResponse Status() {
+    v1::GetStatusResponse response;
+    EXPECT_TRUE(Call(&v1::Worker::Stub::GetStatus, v1::GetStatusRequest(), &response).ok());
+    return response;
+  }
+  grpc::Status Join(int world, int rank, int64_t generation, const std::string& rendezvous,
+                    int64_t timeout_ms = 10000, const std::string& backend = "gloo") {
+    v1::JoinRequest request;
+    request.set_world_size(world);
+    request.set_rank(rank);
+    request.set_backend(backend);
+    request.set_rendezvous_address(rendezvous);
+    request.set_generation(generation);
+    request.set_timeout_ms(timeout_ms);
+    v1::JoinResponse response;
+    return Call(&v1::Worker::Stub::Join, request, &response);
+  }
+  grpc::Status Configure(const v1::ConfigureLayersRequest& request,
+                         v1::ConfigureLayersResponse* response = nullptr) {
+    v1::ConfigureLayersResponse ignored;
+    return Call(&v1::Worker::Stub::ConfigureLayers, request, response ? response : &ignored);
+  }
+  grpc::Status Allocate(const v1::AllocateWorkspaceRequest& request,
+                        v1::AllocateWorkspaceResponse* response = nullptr) {
+    v1::AllocateWorkspaceResponse ignored;
+    return Call(&v1::Worker::Stub::AllocateWorkspace, request, response ? response : &ignored);
+  }
+  grpc::Status Load(const v1::LoadExpertsRequest& request,
+                    v1::LoadExpertsResponse* response = nullptr) {
+    v1::LoadExpertsResponse ignored;
+    return Call(&v1::Worker::Stub::LoadExperts, request, response ? response : &ignored);
+  }
+  grpc::Status Sync(int64_t epoch, int64_t local, v1::SyncTokenCountsResponse* response = nullptr) {
+    v1::SyncTokenCountsRequest request;
+    request.set_epoch(epoch);
+    request.set_local_tokens(local);
+    v1::SyncTokenCountsResponse ignored;
+    return Call(&v1::Worker::Stub::SyncTokenCounts, request, response ? response : &ignored);
+  }
+  grpc::Status Commit(int64_t epoch, int64_t r, int64_t local) {
+    v1::CommitGeometryRequest request;
+    request.set_epoch(epoch);
+    request.set_runtime_max_tokens_per_rank(r);
+    request.set_local_tokens(local);
+    v1::CommitGeometryResponse response;
+    return Call(&v1::Worker::Stub::CommitGeometry, request, &response);
+  }
+  grpc::Status Forward(const v1::ForwardRequest& request, v1::ForwardResponse* response = nullptr) {
+    v1::ForwardResponse ignored;
+    return Call(&v1::Worker::Stub::Forward, request, response ? response : &ignored);
+  }
+  grpc::Status Leave(int64_t generation) {
+    v1::LeaveRequest request;
+    request.set_generation(generation);
+    v1::LeaveResponse response;
+    return Call(&v1::Worker::Stub::Leave, request, &response);
+  }
+
+ private:
+  HealthReporter health_;
+  WorkerService worker_;
+  RendezvousService rendezvous_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::Worker::Stub> stub_;
+};
+
+// GetStatus without the error counter (which bad calls are meant to bump).
+std::string Snapshot(TestWorker& worker) {
+  v1::GetStatusResponse status = worker.Status();
+  status.mutable_counters()->set_errors(0);
+  return status.SerializeAsString();
+}
+
+v1::ConfigureLayersRequest ConfigureRequest(int tp, std::vector<bool> sparse) {
+  v1::ConfigureLayersRequest request;
+  request.mutable_layout()->set_tp_size(tp);
+  request.mutable_layout()->set_attn_dp_size(1);
+  request.set_a2a_enabled(true);
+  v1::ModelDescription* model = request.mutable_model();
+  model->set_name("hand");
+  model->set_hidden_size(4);
+  model->set_num_layers(static_cast<int>(sparse.size()));
+  model->set_num_experts(4);
+  model->set_top_k(2);
+  for (bool s : sparse) model->add_sparse_layers(s);
+  return request;
+}
+
+v1::AllocateWorkspaceRequest AllocateRequest() {
+  v1::AllocateWorkspaceRequest request;
+  request.set_hidden_size(4);
+  request.set_top_k(2);
+  request.set_num_experts(4);
+  request.set_capacity_tokens(8);
+  request.set_dispatch_dtype(v1::DISPATCH_DTYPE_BF16);
+  return request;
+}
+
+v1::LoadExpertsRequest IdentityExperts(int layer) {
+  v1::LoadExpertsRequest request;
+  request.set_layer(layer);
+  request.set_kind(v1::EXPERT_KIND_IDENTITY);
+  return request;
+}
+
+// Hand values: every number is exact in bf16, and so are (sum w) * x.
+// Token 0: ids {0, 3}, weights {0.25, 0.5}  -> 0.75 * x0.
+// Token 1: ids {1, -1}, weights {0.75, 0.125}: -1 is "no expert" -> 0.75 * x1.
+v1::ForwardRequest HandForward(int64_t epoch) {
+  const float x[8] = {1, 2, 3, 4, 0.5f, -1, 2, 8};
+  std::vector<core::bf16_t> hidden;
+  for (float v : x) hidden.push_back(core::FloatToBf16(v));
+  const int32_t ids[4] = {0, 3, 1, -1};
+  const float weights[4] = {0.25f, 0.5f, 0.75f, 0.125f};
+  v1::ForwardRequest request;
+  request.set_layer(0);
+  request.set_epoch(epoch);
+  *request.mutable_hidden_states() = EncodeBf16(hidden, std::vector<int64_t>{2, 4});
+  *request.mutable_topk_ids() = EncodeInt32(ids, std::vector<int64_t>{2, 2});
+  *request.mutable_topk_weights() = EncodeFloat32(weights, std::vector<int64_t>{2, 2});
+  return request;
+}
+
+std::vector<float> DecodeOutput(const v1::Tensor& tensor) {
+  auto decoded = DecodeBf16(tensor, "output", 2);
+  EXPECT_TRUE(decoded.ok()) << decoded.status();
+  std::vector<float> out;
+  for (core::bf16_t v : decoded->values) out.push_back(core::Bf16ToFloat(v));
+  return out;
+}
+
+// Brings a 1-rank worker to ALLOCATED with identity experts on layer 0.
+void SetUpOneRank(TestWorker& worker) {
+  ASSERT_TRUE(worker.Join(1, 0, 1, worker.address()).ok());
+  ASSERT_TRUE(worker.Configure(ConfigureRequest(1, {true, false})).ok());
+  ASSERT_TRUE(worker.Allocate(AllocateRequest()).ok());
+  ASSERT_TRUE(worker.Load(IdentityExperts(0)).ok());
+}
+
+void ExpectError(const grpc::Status& status, grpc::StatusCode code, const std::string& fragment) {
+  EXPECT_EQ(status.error_code(), code) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr(fragment));
+}
+
+TEST(WorkerService, OneRankFullFlowComputesWeightedSumExactly) {
+  TestWorker worker;
+  EXPECT_EQ(ProbeHealth(worker.address(), ""), kNotServing);
+  EXPECT_EQ(worker.Status().state(), v1::WORKER_STATE_STARTED);
+  // Rendezvous through this worker's own Rendezvous service (GrpcStore).
+  ASSERT_TRUE(worker.Join(1, 0, 1, worker.address()).ok());
+  EXPECT_EQ(worker.Status().state(), v1::WORKER_STATE_JOINED);
+  EXPECT_EQ(worker.Status().backend(), "gloo");
+  EXPECT_EQ(ProbeHealth(worker.address(), kWorkerServiceName), kNotServing);
+
+  v1::ConfigureLayersResponse plan;
+  ASSERT_TRUE(worker.Configure(ConfigureRequest(1, {true, false}), &plan).ok());
+  ASSERT_EQ(plan.layers_size(), 2);
+  EXPECT_TRUE(plan.layers(0).sparse());
+  EXPECT_EQ(plan.layers(0).mlp_mode(), v1::SCATTER_MODE_SCATTERED);  // a2a on, sparse
+  EXPECT_EQ(plan.layers(1).mlp_mode(), v1::SCATTER_MODE_FULL);       // dense, moe_dense unset
+  EXPECT_EQ(plan.fingerprint().size(), 16u);
+  EXPECT_EQ(worker.Status().plan_summary(), "2 layers, 1 sparse");
+
+  v1::AllocateWorkspaceResponse alloc;
+  ASSERT_TRUE(worker.Allocate(AllocateRequest(), &alloc).ok());
+  EXPECT_EQ(alloc.dispatch_bytes_per_token(), 2 * 4 + 8 * 2);  // 2H + 8K
+  EXPECT_EQ(alloc.combine_bytes_per_token(), 8);               // 2H
+  EXPECT_EQ(alloc.capacity_tokens(), 8);
+  EXPECT_GT(alloc.allocated_bytes(), 0);
+  EXPECT_GT(alloc.flashinfer_workspace_bytes(), 0);
+  int64_t region_bytes = 0;
+  for (const v1::WorkspaceRegion& r : alloc.regions()) {
+    EXPECT_EQ(r.offset_bytes() % 128, 0) << r.name();
+    region_bytes = std::max(region_bytes, r.offset_bytes() + r.size_bytes());
+  }
+  EXPECT_LE(region_bytes, alloc.allocated_bytes());
+  EXPECT_EQ(ProbeHealth(worker.address(), ""), kServing);
+  EXPECT_EQ(ProbeHealth(worker.address(), kWorkerServiceName), kServing);
+
+  v1::LoadExpertsResponse loaded;
+  ASSERT_TRUE(worker.Load(IdentityExperts(0), &loaded).ok());
+  EXPECT_EQ(loaded.first_expert(), 0);
+  EXPECT_EQ(loaded.num_local_experts(), 4);
+  EXPECT_EQ(loaded.expert_bytes(), 0);
+
+  v1::SyncTokenCountsResponse sync;
+  ASSERT_TRUE(worker.Sync(1, 2, &sync).ok());
+  EXPECT_THAT(sync.token_counts(), ElementsAre(2));
+  EXPECT_EQ(sync.max_tokens(), 2);
+  EXPECT_EQ(sync.runtime_max_tokens_per_rank(), 2);
+  ASSERT_TRUE(worker.Commit(1, 2, 2).ok());
+
+  v1::ForwardResponse out;
+  grpc::Status s = worker.Forward(HandForward(1), &out);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_THAT(out.output().shape(), ElementsAre(2, 4));
+  EXPECT_THAT(DecodeOutput(out.output()),
+              ElementsAre(0.75f, 1.5f, 2.25f, 3.0f, 0.375f, -0.75f, 1.5f, 6.0f));
+  EXPECT_EQ(out.runtime_max_tokens_per_rank(), 2);
+  EXPECT_EQ(out.tokens_sent(), 2);  // each token once, to rank 0
+  EXPECT_EQ(out.bytes_sent(), 0);   // nothing crosses to another rank
+
+  // fp32 hidden states are accepted and rounded to bf16.
+  v1::ForwardRequest fp32 = HandForward(1);
+  const float x[8] = {1, 2, 3, 4, 0.5f, -1, 2, 8};
+  *fp32.mutable_hidden_states() = EncodeFloat32(x, std::vector<int64_t>{2, 4});
+  ASSERT_TRUE(worker.Forward(fp32, &out).ok());
+  EXPECT_THAT(DecodeOutput(out.output()),
+              ElementsAre(0.75f, 1.5f, 2.25f, 3.0f, 0.375f, -0.75f, 1.5f, 6.0f));
+
+  v1::GetStatusResponse status = worker.Status();
+  EXPECT_EQ(status.state(), v1::WORKER_STATE_ALLOCATED);
+  EXPECT_EQ(status.counters().forwards(), 2);
+  EXPECT_EQ(status.counters().tokens_dispatched(), 4);
+  EXPECT_EQ(status.geometry_epoch(), 1);
+  EXPECT_EQ(status.runtime_max_tokens_per_rank(), 2);
+  EXPECT_EQ(status.capacity_tokens(), 8);
+  EXPECT_EQ(status.workspace_bytes(), alloc.allocated_bytes());
+  EXPECT_EQ(status.world_size(), 1);
+  EXPECT_EQ(status.generation(), 1);
+  EXPECT_EQ(status.device_name(), "cpu");
+
+  ASSERT_TRUE(worker.Leave(1).ok());
+  EXPECT_EQ(worker.Status().state(), v1::WORKER_STATE_STARTED);
+  EXPECT_EQ(ProbeHealth(worker.address(), ""), kNotServing);
+  EXPECT_TRUE(worker.Leave(1).ok());  // idempotent
+}
+
+TEST(WorkerService, ZeroTokenForwardReturnsEmptyOutput) {
+  TestWorker worker;
+  SetUpOneRank(worker);
+  ASSERT_TRUE(worker.Sync(1, 0).ok());
+  ASSERT_TRUE(worker.Commit(1, 0, 0).ok());
+  v1::ForwardRequest request;
+  request.set_layer(0);
+  request.set_epoch(1);
+  *request.mutable_hidden_states() = EncodeBf16({}, std::vector<int64_t>{0, 4});
+  *request.mutable_topk_ids() = EncodeInt32({}, std::vector<int64_t>{0, 2});
+  *request.mutable_topk_weights() = EncodeFloat32({}, std::vector<int64_t>{0, 2});
+  v1::ForwardResponse out;
+  grpc::Status s = worker.Forward(request, &out);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_THAT(out.output().shape(), ElementsAre(0, 4));
+  EXPECT_EQ(out.output().data().size(), 0u);
+}
+
+TEST(WorkerService, CallsInTheWrongStateAreFailedPrecondition) {
+  TestWorker worker;
+  const std::string before = Snapshot(worker);
+  ExpectError(worker.Configure(ConfigureRequest(1, {true})), grpc::StatusCode::FAILED_PRECONDITION,
+              "ConfigureLayers requires state JOINED or later; worker is STARTED");
+  ExpectError(worker.Allocate(AllocateRequest()), grpc::StatusCode::FAILED_PRECONDITION,
+              "AllocateWorkspace requires state CONFIGURED");
+  ExpectError(worker.Load(IdentityExperts(0)), grpc::StatusCode::FAILED_PRECONDITION,
+              "LoadExperts requires state ALLOCATED");
+  ExpectError(worker.Sync(1, 1), grpc::StatusCode::FAILED_PRECONDITION,
+              "SyncTokenCounts requires state ALLOCATED");
+  ExpectError(worker.Commit(1, 1, 1), grpc::StatusCode::FAILED_PRECONDITION,
+              "CommitGeometry requires state ALLOCATED");
+  ExpectError(worker.Forward(HandForward(1)), grpc::StatusCode::FAILED_PRECONDITION,
+              "Forward requires state ALLOCATED");
+  EXPECT_EQ(Snapshot(worker), before);
+  EXPECT_EQ(worker.Status().counters().errors(), 6);
+
+  ASSERT_TRUE(worker.Join(1, 0, 1, "").ok());
+  const std::string joined = Snapshot(worker);
+  ExpectError(worker.Allocate(AllocateRequest()), grpc::StatusCode::FAILED_PRECONDITION,
+              "worker is JOINED");
+  ExpectError(worker.Forward(HandForward(1)), grpc::StatusCode::FAILED_PRECONDITION,
+              "worker is JOINED");
+  EXPECT_EQ(Snapshot(worker), joined);
+}
+
+TEST(WorkerService, JoinRejectsBadInputWithoutChangingState) {
+  TestWorker worker;
+  const std::string before = Snapshot(worker);
+  ExpectError(worker.Join(0, 0, 1, ""), grpc::StatusCode::INVALID_ARGUMENT, "world_size");
+  ExpectError(worker.Join(2, 2, 1, "127.0.0.1:1"), grpc::StatusCode::INVALID_ARGUMENT,
+              "rank: expected in [0, 2) (world_size 2), got 2");
+  ExpectError(worker.Join(2, -1, 1, "127.0.0.1:1"), grpc::StatusCode::INVALID_ARGUMENT, "rank");
+  ExpectError(worker.Join(1, 0, 0, ""), grpc::StatusCode::INVALID_ARGUMENT, "generation");
+  ExpectError(worker.Join(1, 0, 1, "", -5), grpc::StatusCode::INVALID_ARGUMENT, "timeout_ms");
+  ExpectError(worker.Join(2, 1, 1, ""), grpc::StatusCode::INVALID_ARGUMENT, "rendezvous_address");
+  ExpectError(worker.Join(1, 0, 1, "", 1000, "mpi"), grpc::StatusCode::INVALID_ARGUMENT, "backend");
+#ifndef MOE_EP_HAVE_CUDA
+  ExpectError(worker.Join(1, 0, 1, "", 1000, "nccl"), grpc::StatusCode::FAILED_PRECONDITION,
+              "NCCL backend needs a CUDA build");
+#endif
+  EXPECT_EQ(Snapshot(worker), before);
+}
+
+TEST(WorkerService, JoinIsIdempotentAndGenerationsAreFresh) {
+  TestWorker worker;
+  ASSERT_TRUE(worker.Join(1, 0, 1, "").ok());
+  ASSERT_TRUE(worker.Configure(ConfigureRequest(1, {true})).ok());
+  EXPECT_TRUE(worker.Join(1, 0, 1, "").ok());  // same arguments: nothing changes
+  EXPECT_EQ(worker.Status().state(), v1::WORKER_STATE_CONFIGURED);
+  ExpectError(worker.Join(1, 0, 1, "", 5000), grpc::StatusCode::FAILED_PRECONDITION,
+              "already joined generation 1");
+  EXPECT_EQ(worker.Status().state(), v1::WORKER_STATE_CONFIGURED);
+  ExpectError(worker.Leave(7), grpc::StatusCode::FAILED_PRECONDITION, "generation 7");
+  ASSERT_TRUE(worker.Join(1, 0, 2, "").ok());  // a new generation re-forms
+  EXPECT_EQ(worker.Status().state(), v1::WORKER_STATE_JOINED);
+  EXPECT_EQ(worker.Status().generation(), 2);
+  ASSERT_TRUE(worker.Leave(0).ok());
+  ExpectError(worker.Join(1, 0, 2, ""), grpc::StatusCode::FAILED_PRECONDITION,
+              "generation: 2 was already used");
+  EXPECT_EQ(worker.Status().state(), v1::WORKER_STATE_STARTED);
+}
+
+TEST(WorkerService, ConfigureLayersRejectsBadInput) {
+  TestWorker worker;
+  ASSERT_TRUE(worker.Join(1, 0, 1, "").ok());
+  const std::string before = Snapshot(worker);
+  ExpectError(worker.Configure(ConfigureRequest(2, {true})), grpc::StatusCode::INVALID_ARGUMENT,
+              "layout.tp_size: expected 1 (the world size), got 2");
+  v1::ConfigureLayersRequest request = ConfigureRequest(1, {true, true});
+  request.mutable_model()->set_num_layers(3);
+  ExpectError(worker.Configure(request), grpc::StatusCode::INVALID_ARGUMENT,
+              "model.sparse_layers: expected 3 entries");
+  request = ConfigureRequest(1, {});
+  ExpectError(worker.Configure(request), grpc::StatusCode::INVALID_ARGUMENT, "model.num_layers");
+  request = ConfigureRequest(1, {true});
+  request.mutable_model()->set_hidden_size(-4);
+  ExpectError(worker.Configure(request), grpc::StatusCode::INVALID_ARGUMENT, "model.hidden_size");
+  request = ConfigureRequest(1, {true});
+  request.mutable_model()->set_top_k(5);
+  ExpectError(worker.Configure(request), grpc::StatusCode::INVALID_ARGUMENT, "model.top_k");
+  request = ConfigureRequest(1, {true});
+  request.mutable_layout()->set_attn_dp_size(0);
+  ExpectError(worker.Configure(request), grpc::StatusCode::INVALID_ARGUMENT, "layout");
+  EXPECT_EQ(Snapshot(worker), before);
+}
+
+TEST(WorkerService, AllocateWorkspaceRejectsBadInput) {
+  TestWorker worker;
+  ASSERT_TRUE(worker.Join(1, 0, 1, "").ok());
+  ASSERT_TRUE(worker.Configure(ConfigureRequest(1, {true})).ok());
+  const std::string before = Snapshot(worker);
+  struct Case {
+    std::function<void(v1::AllocateWorkspaceRequest&)> edit;
+    std::string fragment;
+  };
+  const std::vector<Case> cases = {
+      {[](auto& r) { r.set_hidden_size(0); }, "hidden_size: expected in [1, "},
+      {[](auto& r) { r.set_hidden_size(-8); }, "hidden_size"},
+      {[](auto& r) { r.set_top_k(0); }, "top_k: expected in [1, "},
+      {[](auto& r) { r.set_top_k(5); }, "top_k: expected <= num_experts (4), got 5"},
+      {[](auto& r) { r.set_num_experts(0); }, "num_experts"},
+      {[](auto& r) { r.set_capacity_tokens(-1); }, "capacity_tokens: expected >= 0, got -1"},
+      {[](auto& r) { r.set_chunked_prefill_size(-1); }, "chunked_prefill_size"},
+      {[](auto& r) { r.set_dispatch_dtype(static_cast<v1::DispatchDType>(9)); }, "dispatch_dtype"},
+      {[](auto& r) { r.set_invalid_expert_id(static_cast<v1::InvalidExpertId>(9)); },
+       "invalid_expert_id"},
+      {[](auto& r) {
+         r.add_cuda_graph_buckets(4);
+         r.add_cuda_graph_buckets(2);
+       },
+       "cuda_graph_buckets"},
+      {[](auto& r) { r.set_hidden_size(8); }, "hidden_size: expected 4 (the configured model)"},
+  };
+  for (const Case& c : cases) {
+    v1::AllocateWorkspaceRequest request = AllocateRequest();
+    c.edit(request);
+    ExpectError(worker.Allocate(request), grpc::StatusCode::INVALID_ARGUMENT, c.fragment);
+  }
+  EXPECT_EQ(Snapshot(worker), before);
+  EXPECT_EQ(worker.Status().state(), v1::WORKER_STATE_CONFIGURED);
+}
+
+TEST(WorkerService, AllocateBeyondMemoryCapIsResourceExhaustedWithBothNumbers) {
+  WorkerOptions options;
+  options.memory_cap_bytes = 1000;
+  TestWorker worker(options);
+  ASSERT_TRUE(worker.Join(1, 0, 1, "").ok());
+  ASSERT_TRUE(worker.Configure(ConfigureRequest(1, {true})).ok());
+  const std::string before = Snapshot(worker);
+  grpc::Status s = worker.Allocate(AllocateRequest());
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("memory cap of 1000 bytes"));
+  EXPECT_THAT(s.error_message(), ::testing::ContainsRegex("needs [0-9]+ bytes"));
+  EXPECT_EQ(Snapshot(worker), before);
+}
+
+TEST(WorkerService, StepCallsRejectBadInputWithoutChangingState) {
+  TestWorker worker;
+  SetUpOneRank(worker);
+  ASSERT_TRUE(worker.Sync(1, 2).ok());
+  ASSERT_TRUE(worker.Commit(1, 2, 2).ok());
+  const std::string before = Snapshot(worker);
+
+  // LoadExperts.
+  v1::LoadExpertsRequest load = IdentityExperts(0);
+  load.set_kind(v1::EXPERT_KIND_UNSPECIFIED);
+  ExpectError(worker.Load(load), grpc::StatusCode::INVALID_ARGUMENT, "kind");
+  ExpectError(worker.Load(IdentityExperts(1)), grpc::StatusCode::INVALID_ARGUMENT,
+              "1 is a dense layer");
+  ExpectError(worker.Load(IdentityExperts(2)), grpc::StatusCode::INVALID_ARGUMENT,
+              "layer: expected in [0, 2)");
+  ExpectError(worker.Load(IdentityExperts(-1)), grpc::StatusCode::INVALID_ARGUMENT, "layer");
+  load = IdentityExperts(0);
+  load.set_kind(v1::EXPERT_KIND_SWIGLU);  // no intermediate size anywhere
+  ExpectError(worker.Load(load), grpc::StatusCode::INVALID_ARGUMENT, "intermediate_size");
+
+  // SyncTokenCounts / CommitGeometry.
+  ExpectError(worker.Sync(1, -1), grpc::StatusCode::INVALID_ARGUMENT, "local_tokens");
+  ExpectError(worker.Sync(-1, 1), grpc::StatusCode::INVALID_ARGUMENT, "epoch");
+  ExpectError(worker.Commit(2, 9, 1), grpc::StatusCode::RESOURCE_EXHAUSTED, "8");
+  ExpectError(worker.Commit(2, 1, 2), grpc::StatusCode::INVALID_ARGUMENT, "2");
+  ExpectError(worker.Commit(2, -1, 0), grpc::StatusCode::INVALID_ARGUMENT,
+              "runtime_max_tokens_per_rank");
+
+  // Forward.
+  v1::ForwardRequest f = HandForward(1);
+  f.mutable_hidden_states()->set_data(std::string(100, '\0'));
+  ExpectError(worker.Forward(f), grpc::StatusCode::INVALID_ARGUMENT,
+              "hidden_states.data: expected 16 bytes for shape [2, 4] bf16, got 100");
+  f = HandForward(1);
+  f.mutable_topk_ids()->set_dtype(static_cast<v1::DType>(42));
+  ExpectError(worker.Forward(f), grpc::StatusCode::INVALID_ARGUMENT, "topk_ids.dtype");
+  f = HandForward(1);
+  f.mutable_topk_weights()->set_dtype(v1::DTYPE_INT32);
+  ExpectError(worker.Forward(f), grpc::StatusCode::INVALID_ARGUMENT,
+              "topk_weights.dtype: expected fp32, got int32");
+  f = HandForward(1);
+  f.mutable_hidden_states()->set_shape(1, -4);
+  ExpectError(worker.Forward(f), grpc::StatusCode::INVALID_ARGUMENT, "hidden_states.shape[1]");
+  f = HandForward(1);
+  {
+    const int32_t ids[3] = {0, 1, 2};
+    const float w[3] = {0.5f, 0.25f, 0.25f};
+    *f.mutable_topk_ids() = EncodeInt32(ids, std::vector<int64_t>{1, 3});
+    *f.mutable_topk_weights() = EncodeFloat32(w, std::vector<int64_t>{1, 3});
+  }
+  ExpectError(worker.Forward(f), grpc::StatusCode::INVALID_ARGUMENT,
+              "topk_ids.shape[0]: expected 2 (hidden_states rows), got 1");
+  f = HandForward(1);
+  {
+    const int32_t ids[6] = {0, 1, 2, 0, 1, 2};
+    const float w[6] = {0.5f, 0.25f, 0.25f, 0.5f, 0.25f, 0.25f};
+    *f.mutable_topk_ids() = EncodeInt32(ids, std::vector<int64_t>{2, 3});
+    *f.mutable_topk_weights() = EncodeFloat32(w, std::vector<int64_t>{2, 3});
+  }
+  ExpectError(worker.Forward(f), grpc::StatusCode::INVALID_ARGUMENT,
+              "topk_ids.shape[1]: expected 2 (the allocated top_k), got 3");
+  f = HandForward(1);
+  {
+    std::vector<core::bf16_t> h(16, core::FloatToBf16(1.0f));
+    *f.mutable_hidden_states() = EncodeBf16(h, std::vector<int64_t>{2, 8});
+  }
+  ExpectError(worker.Forward(f), grpc::StatusCode::INVALID_ARGUMENT,
+              "hidden_states.shape[1]: expected 4 (the allocated hidden_size), got 8");
+  f = HandForward(1);
+  f.mutable_topk_weights()->clear_shape();
+  ExpectError(worker.Forward(f), grpc::StatusCode::INVALID_ARGUMENT, "topk_weights.shape");
+  f = HandForward(1);
+  f.set_layer(1);
+  ExpectError(worker.Forward(f), grpc::StatusCode::FAILED_PRECONDITION,
+              "layer 1 has no loaded experts");
+  ExpectError(worker.Forward(HandForward(5)), grpc::StatusCode::FAILED_PRECONDITION,
+              "epoch 5 does not match the committed geometry epoch 1");
+
+  EXPECT_EQ(Snapshot(worker), before);
+  // And the worker still works.
+  v1::ForwardResponse out;
+  ASSERT_TRUE(worker.Forward(HandForward(1), &out).ok());
+  EXPECT_THAT(DecodeOutput(out.output()),
+              ElementsAre(0.75f, 1.5f, 2.25f, 3.0f, 0.375f, -0.75f, 1.5f, 6.0f));
+}
+
+TEST(WorkerService, LoadExpertsCountsSwiGluBytes) {
+  TestWorker worker;
+  SetUpOneRank(worker);
+  v1::LoadExpertsRequest load;
+  load.set_layer(0);
+  load.set_kind(v1::EXPERT_KIND_SWIGLU);
+  load.set_seed(7);
+  load.set_intermediate_size(6);
+  v1::LoadExpertsResponse response;
+  ASSERT_TRUE(worker.Load(load, &response).ok());
+  // 4 experts x (gate + up + down) x I*H x 2 bytes = 4 * 3 * 24 * 2.
+  EXPECT_EQ(response.expert_bytes(), 4 * 3 * 6 * 4 * 2);
+  EXPECT_EQ(worker.Status().expert_bytes(), 4 * 3 * 6 * 4 * 2);
+  ASSERT_TRUE(worker.Load(IdentityExperts(0)).ok());  // replaces the layer's experts
+  EXPECT_EQ(worker.Status().expert_bytes(), 0);
+}
+
+TEST(WorkerService, BenchmarkReportsLatenciesAndLogicalBytes) {
+  TestWorker worker;
+  ASSERT_TRUE(worker.Join(1, 0, 1, "").ok());
+  v1::BenchmarkRequest request;
+  request.set_tokens_per_rank(8);
+  request.set_hidden_size(16);
+  request.set_top_k(2);
+  request.set_num_experts(4);
+  request.set_routing("skewed");
+  request.set_iterations(3);
+  request.set_warmup(1);
+  request.set_seed(1);
+  v1::BenchmarkResponse response;
+  grpc::Status s = worker.Call(&v1::Worker::Stub::Benchmark, request, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  // One rank: every token goes once to rank 0. Dispatch 2H + 8K = 48 bytes a
+  // token, combine 2H = 32.
+  EXPECT_EQ(response.dispatch_bytes(), 8 * 48);
+  EXPECT_EQ(response.combine_bytes(), 8 * 32);
+  EXPECT_GT(response.dispatch_p50_us(), 0.0);
+  EXPECT_GE(response.dispatch_p99_us(), response.dispatch_p50_us());
+  EXPECT_GE(response.combine_p99_us(), response.combine_p50_us());
+  EXPECT_GT(response.dispatch_logical_gbps(), 0.0);
+
+  request.set_routing("zipf");
+  ExpectError(worker.Call(&v1::Worker::Stub::Benchmark, request, &response),
+              grpc::StatusCode::INVALID_ARGUMENT, "routing");
+  request.set_routing("uniform");
+  request.set_top_k(5);
+  ExpectError(worker.Call(&v1::Worker::Stub::Benchmark, request, &response),
+              grpc::StatusCode::INVALID_ARGUMENT, "top_k");
+}
+
+// Runs f(0) and f(1) on two threads and waits for both.
+void OnBothRanks(const std::function<void(int)>& f) {
+  std::thread t1([&] { f(1); });
+  f(0);
+  t1.join();
+}
+
+TEST(WorkerService, TwoRanksFormGroupCheckConfigsAndForward) {
+  TestWorker rank0;
+  TestWorker rank1;
+  TestWorker* workers[2] = {&rank0, &rank1};
+  const std::string rendezvous = rank0.address();
+  grpc::Status status[2];
+
+  OnBothRanks([&](int r) { status[r] = workers[r]->Join(2, r, 1, rendezvous, 5000); });
+  ASSERT_TRUE(status[0].ok()) << status[0].error_message();
+  ASSERT_TRUE(status[1].ok()) << status[1].error_message();
+  EXPECT_EQ(rank1.Status().rank(), 1);
+  EXPECT_EQ(rank1.Status().world_size(), 2);
+
+  v1::ConfigureLayersResponse plan[2];
+  OnBothRanks([&](int r) {
+    status[r] = workers[r]->Configure(ConfigureRequest(2, {true, true}), &plan[r]);
+  });
+  ASSERT_TRUE(status[0].ok()) << status[0].error_message();
+  ASSERT_TRUE(status[1].ok()) << status[1].error_message();
+  EXPECT_EQ(plan[0].fingerprint(), plan[1].fingerprint());
+
+  // Rank 1 gets a different sparse pattern: both ranks refuse, naming rank 1,
+  // and keep the configuration they had.
+  const std::string before0 = Snapshot(rank0);
+  const std::string before1 = Snapshot(rank1);
+  OnBothRanks([&](int r) {
+    status[r] = workers[r]->Configure(ConfigureRequest(2, {true, r == 0}));
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(status[r].error_code(), grpc::StatusCode::ABORTED) << status[r].error_message();
+    EXPECT_THAT(status[r].error_message(), HasSubstr("rank 1"));
+  }
+  EXPECT_EQ(Snapshot(rank0), before0);
+  EXPECT_EQ(Snapshot(rank1), before1);
+
+  // num_experts below the world size.
+  v1::AllocateWorkspaceRequest few = AllocateRequest();
+  few.set_num_experts(1);
+  few.set_top_k(1);
+  ExpectError(rank0.Allocate(few), grpc::StatusCode::INVALID_ARGUMENT,
+              "num_experts: expected >= 2 (the world size");
+
+  OnBothRanks([&](int r) { status[r] = workers[r]->Allocate(AllocateRequest()); });
+  ASSERT_TRUE(status[0].ok()) << status[0].error_message();
+  ASSERT_TRUE(status[1].ok()) << status[1].error_message();
+  v1::LoadExpertsResponse loaded[2];
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(workers[r]->Load(IdentityExperts(0), &loaded[r]).ok());
+  EXPECT_EQ(loaded[0].first_expert(), 0);
+  EXPECT_EQ(loaded[1].first_expert(), 2);
+  EXPECT_EQ(loaded[1].num_local_experts(), 2);
+
+  // Rank 0 has the two hand tokens, rank 1 none.
+  v1::SyncTokenCountsResponse sync[2];
+  OnBothRanks([&](int r) { status[r] = workers[r]->Sync(1, r == 0 ? 2 : 0, &sync[r]); });
+  ASSERT_TRUE(status[0].ok()) << status[0].error_message();
+  ASSERT_TRUE(status[1].ok()) << status[1].error_message();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_THAT(sync[r].token_counts(), ElementsAre(2, 0));
+    EXPECT_EQ(sync[r].runtime_max_tokens_per_rank(), 2);
+  }
+  ASSERT_TRUE(rank0.Commit(1, 2, 2).ok());
+  ASSERT_TRUE(rank1.Commit(1, 2, 0).ok());
+
+  v1::ForwardRequest empty;
+  empty.set_layer(0);
+  empty.set_epoch(1);
+  *empty.mutable_hidden_states() = EncodeBf16({}, std::vector<int64_t>{0, 4});
+  *empty.mutable_topk_ids() = EncodeInt32({}, std::vector<int64_t>{0, 2});
+  *empty.mutable_topk_weights() = EncodeFloat32({}, std::vector<int64_t>{0, 2});
+  v1::ForwardResponse out[2];
+  OnBothRanks(
+      [&](int r) { status[r] = workers[r]->Forward(r == 0 ? HandForward(1) : empty, &out[r]); });
+  ASSERT_TRUE(status[0].ok()) << status[0].error_message();
+  ASSERT_TRUE(status[1].ok()) << status[1].error_message();
+  EXPECT_THAT(DecodeOutput(out[0].output()),
+              ElementsAre(0.75f, 1.5f, 2.25f, 3.0f, 0.375f, -0.75f, 1.5f, 6.0f));
+  EXPECT_THAT(out[1].output().shape(), ElementsAre(0, 4));
+  // Token 0 goes to ranks {0 (expert 0), 1 (expert 3)}, token 1 to rank 0: 3 sends.
+  EXPECT_EQ(out[0].tokens_sent(), 3);
+  EXPECT_EQ(out[1].tokens_received(), 1);
+  EXPECT_GT(out[0].bytes_sent(), 0);
+
+  // Rank 1 leaves: rank 0's next collective fails and breaks its group; later
+  // collectives say to re-join; a new generation recovers.
+  ASSERT_TRUE(rank1.Leave(1).ok());
+  grpc::Status broken = rank0.Sync(2, 1);
+  EXPECT_TRUE(broken.error_code() == grpc::StatusCode::UNAVAILABLE ||
+              broken.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)
+      << broken.error_message();
+  EXPECT_EQ(ProbeHealth(rank0.address(), ""), kNotServing);
+  ExpectError(rank0.Sync(2, 1), grpc::StatusCode::FAILED_PRECONDITION,
+              "re-join with a new generation");
+  ExpectError(rank0.Join(2, 0, 1, rendezvous, 5000), grpc::StatusCode::FAILED_PRECONDITION,
+              "re-join with a new generation");
+  OnBothRanks([&](int r) { status[r] = workers[r]->Join(2, r, 2, rendezvous, 5000); });
+  ASSERT_TRUE(status[0].ok()) << status[0].error_message();
+  ASSERT_TRUE(status[1].ok()) << status[1].error_message();
+  EXPECT_EQ(rank0.Status().state(), v1::WORKER_STATE_JOINED);
+  EXPECT_EQ(rank0.Status().generation(), 2);
+}
+
+}  // namespace
+}  // namespace moe_ep::server
