@@ -11,7 +11,9 @@
 //   destination rank, the local share included) / time, dispatch 2H + 8K and
 //   combine 2H bytes per copy; remote GB/s = bytes to other ranks / time and
 //   its fraction of 450 GB/s (NVLink 4, one direction); wire bytes/token =
-//   bytes this data plane moves per token (padded to R per peer).
+//   bytes this data plane moves per token (padded to R per peer);
+//   graph_step_us = one whole step (device (epoch, R) check, dispatch,
+//   identity experts, combine) replayed from a CUDA graph captured at R.
 // Source: DESIGN §10; issue 3.
 
 #include <cuda_runtime.h>
@@ -43,6 +45,7 @@ struct Result {
   double logical_dispatch_bytes = 0, logical_combine_bytes = 0;
   double remote_dispatch_bytes = 0, remote_combine_bytes = 0;
   double wire_bytes_per_token = 0;
+  double graph_step_p50 = 0, graph_step_p99 = 0;  // whole step replayed from a CUDA graph
 };
 
 // Uniform: K distinct experts uniformly. Skewed: expert e drawn with
@@ -139,8 +142,24 @@ void RunRank(int rank, int ep, const std::string& id, const std::vector<Config>&
         combine_us.push_back(b * 1000.0);
       }
     }
+    // Whole step (device-side (epoch, R) check, dispatch, identity experts,
+    // combine) captured at bucket R = tokens and replayed: no host sync inside.
+    std::vector<double> graph_us;
+    BENCH_CHECK(disp.CaptureForward(c.tokens, d_hidden, d_ids, d_weights, *experts, d_out));
+    for (int it = 0; it < warmup + iters; ++it) {
+      BENCH_CHECK(coll.Barrier());
+      cudaEventRecord(ev[0], disp.stream());
+      BENCH_CHECK(disp.ReplayForward(c.tokens, ci, c.tokens));
+      cudaEventRecord(ev[1], disp.stream());
+      BENCH_CHECK(disp.CheckReplay());
+      float a = 0;
+      cudaEventElapsedTime(&a, ev[0], ev[1]);
+      if (it >= warmup) graph_us.push_back(a * 1000.0);
+    }
     if (rank == 0) {
       Result& r = (*results)[ci];
+      r.graph_step_p50 = Percentile(graph_us, 0.5);
+      r.graph_step_p99 = Percentile(graph_us, 0.99);
       r.dispatch_p50 = Percentile(dispatch_us, 0.5);
       r.dispatch_p99 = Percentile(dispatch_us, 0.99);
       r.combine_p50 = Percentile(combine_us, 0.5);
@@ -211,7 +230,8 @@ int main(int argc, char** argv) {
   std::printf(
       "ep,routing,hidden,top_k,tokens,dispatch_p50_us,dispatch_p99_us,combine_p50_us,"
       "combine_p99_us,dispatch_logical_GBps,combine_logical_GBps,dispatch_remote_GBps,"
-      "combine_remote_GBps,dispatch_nvlink_frac,combine_nvlink_frac,wire_bytes_per_token\n");
+      "combine_remote_GBps,dispatch_nvlink_frac,combine_nvlink_frac,wire_bytes_per_token,"
+      "graph_step_p50_us,graph_step_p99_us\n");
   for (size_t i = 0; i < configs.size(); ++i) {
     const Config& c = configs[i];
     const Result& r = results[i];
@@ -219,10 +239,11 @@ int main(int argc, char** argv) {
     const double cl = r.logical_combine_bytes / (r.combine_p50 * 1e3);
     const double dr = r.remote_dispatch_bytes / (r.dispatch_p50 * 1e3);
     const double cr = r.remote_combine_bytes / (r.combine_p50 * 1e3);
-    std::printf("%d,%s,%ld,%d,%ld,%.1f,%.1f,%.1f,%.1f,%.2f,%.2f,%.2f,%.2f,%.3f,%.3f,%.0f\n", ep,
-                c.skewed ? "skewed" : "uniform", c.hidden, c.top_k, c.tokens, r.dispatch_p50,
-                r.dispatch_p99, r.combine_p50, r.combine_p99, dl, cl, dr, cr, dr / 450.0,
-                cr / 450.0, r.wire_bytes_per_token);
+    std::printf(
+        "%d,%s,%ld,%d,%ld,%.1f,%.1f,%.1f,%.1f,%.2f,%.2f,%.2f,%.2f,%.3f,%.3f,%.0f,%.1f,%.1f\n", ep,
+        c.skewed ? "skewed" : "uniform", c.hidden, c.top_k, c.tokens, r.dispatch_p50,
+        r.dispatch_p99, r.combine_p50, r.combine_p99, dl, cl, dr, cr, dr / 450.0, cr / 450.0,
+        r.wire_bytes_per_token, r.graph_step_p50, r.graph_step_p99);
   }
   return 0;
 }
