@@ -13,9 +13,11 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
+#include "client/bench_command.h"
 #include "client/interrupt.h"
 #include "client/local_cluster.h"
 #include "client/plan_command.h"
+#include "client/run_job.h"
 #include "client/status_command.h"
 #include "client/up_command.h"
 #include "client/worker_selection.h"
@@ -105,6 +107,87 @@ int main(int argc, char** argv) {
   auto* status = app.add_subcommand("status", "print a table of running workers");
   status->add_option("--targets", status_targets, "host:port,...")->required();
   status->callback([&] { action = [&] { return RunStatusCommand(status_targets, std::cout); }; });
+
+  // run
+  RunJobOptions run_options;
+  double rpc_timeout_s = 600;
+  auto* run = app.add_subcommand(
+      "run", "the main job: run a model's MoE layers across the workers and verify them");
+  AddWorkerFlags(run, &run_options.workers, /*allow_targets=*/true);
+  run->add_option("--model", run_options.model, "config.json path or preset name")
+      ->capture_default_str();
+  run->add_option("--layers", run_options.num_layers, "run the first L MoE layers")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  run->add_option("--tokens", run_options.tokens_per_rank,
+                  "mean tokens per rank and step (counts are uneven, one rank gets 0; "
+                  "trace: routing prescribes them)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  run->add_option("--steps", run_options.steps, "forward steps")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  run->add_option("--routing", run_options.routing,
+                  "uniform | skewed[:S] | trace:FILE.jsonl | load:FILE.json")
+      ->capture_default_str();
+  run->add_option("--seed", run_options.seed, "seed of hidden states, routing and experts")
+      ->capture_default_str();
+  run->add_option("--experts", run_options.experts, "swiglu | identity")
+      ->check(CLI::IsMember({"swiglu", "identity"}))
+      ->capture_default_str();
+  run->add_option("--capacity", run_options.capacity_tokens,
+                  "workspace capacity N, tokens per rank (default: the run's largest count)")
+      ->check(CLI::NonNegativeNumber);
+  run->add_option("--rel-tol", run_options.tolerance.rel,
+                  "pass when |out - ref| <= rel * max|ref| + atol")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  run->add_option("--abs-tol", run_options.tolerance.atol, "atol of the check above")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  run->add_option("--rpc-timeout", rpc_timeout_s, "deadline of each fanned-out call, seconds")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  run->callback([&] {
+    run_options.rpc_timeout = absl::Seconds(rpc_timeout_s);
+    action = [&]() -> absl::Status {
+      auto result = RunJob(run_options, std::cout);
+      if (!result.ok()) return result.status();
+      std::cout << "\n" << RenderRunSummary(*result);
+      if (!result->AllPass()) {
+        return absl::DataLossError("at least one layer disagrees with the reference (see above)");
+      }
+      return absl::OkStatus();
+    };
+  });
+
+  // bench
+  BenchCommandOptions bench_options;
+  auto* bench = app.add_subcommand("bench", "time dispatch and combine on the workers");
+  AddWorkerFlags(bench, &bench_options.workers, /*allow_targets=*/true);
+  bench->add_option("--tokens", bench_options.tokens_per_rank, "tokens per rank")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  bench->add_option("--hidden", bench_options.hidden, "hidden size H")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  bench->add_option("--top-k", bench_options.top_k, "experts per token K")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  bench->add_option("--experts", bench_options.num_experts, "routed experts")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  bench->add_option("--routing", bench_options.routing, "uniform | skewed")
+      ->check(CLI::IsMember({"uniform", "skewed"}))
+      ->capture_default_str();
+  bench->add_option("--iterations", bench_options.iterations, "timed iterations")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  bench->add_option("--warmup", bench_options.warmup, "untimed iterations first")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  bench->add_option("--seed", bench_options.seed, "routing seed")->capture_default_str();
+  bench->callback([&] { action = [&] { return RunBenchCommand(bench_options, std::cout); }; });
 
   try {
     app.parse(argc, argv);

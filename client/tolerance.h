@@ -5,14 +5,19 @@
 //
 // The tolerance: element i passes when
 //     |got_i - ref_i| <= rel * max_j |ref_j| + atol
-// with rel = 2^-7 and atol = 1e-6 by default. Why: the worker computes the
-// same fp32 expert math as the reference; what differs is (a) the order of the
-// fp32 additions in combine (one term per destination rank, ~1e-7 relative)
-// and (b) the final cast to bf16, whose rounding error is at most half a bf16
-// ulp, 2^-9 * |ref_i| (8 significand bits). Both are far below 2^-7 of the
-// largest output, while a misrouted token, a wrong slot, a missing or
-// duplicated term or a wrong weight shows up as an error of the order of the
-// values themselves. A NaN or Inf in `got` always fails.
+// with rel = 2^-6 and atol = 1e-6 by default. Why: the worker computes the
+// same fp32 expert math as the reference; what differs is rounding. Each
+// destination rank d returns its partial sum p_d (the row's local experts) as
+// bf16 (the combine payload, DESIGN §5/§7), the source adds the partials in
+// fp32 and casts the result to bf16. Each cast errs by at most half a bf16 ulp,
+// 2^-9 of the value (8 significand bits), so
+//     |got_i - ref_i| <= 2^-9 * (sum_d |p_d,i| + |ref_i|) + fp32 noise,
+// and the partials can exceed the sum when they cancel. 2^-6 * max|ref|
+// leaves room for partials up to ~7x max|ref| (measured on the default run:
+// errors about 2^-8 * max|ref|), while a misrouted token, a wrong slot, a
+// missing or duplicated expert term or a wrong weight gives an error of the
+// order of that term (w_k * |expert_k(x)|, w_k ~ 1/K and more under skew).
+// A NaN or Inf in `got` always fails.
 // Source: DESIGN §7 ("equals the dense reference up to bf16 rounding").
 
 #include <cstdint>
@@ -24,8 +29,8 @@
 namespace moe_ep::client {
 
 struct Tolerance {
-  double rel = 1.0 / 128.0;  // 2^-7, relative to max |ref|
-  double atol = 1e-6;        // absolute slack for an all-zero reference
+  double rel = 1.0 / 64.0;  // 2^-6, relative to max |ref|
+  double atol = 1e-6;       // absolute slack for an all-zero reference
 };
 
 struct Comparison {

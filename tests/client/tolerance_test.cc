@@ -23,14 +23,14 @@ TEST(CompareToReference, ExactValuesPass) {
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->max_abs_err, 0.0);
   EXPECT_EQ(c->max_abs_ref, 2.0);
-  EXPECT_DOUBLE_EQ(c->bound, 2.0 / 128 + 1e-6);
+  EXPECT_DOUBLE_EQ(c->bound, 2.0 / 64 + 1e-6);
   EXPECT_TRUE(c->pass);
   EXPECT_EQ(c->num_elements, 3);
 }
 
 TEST(CompareToReference, Bf16RoundingPasses) {
   // 1 + 2^-9 is not representable in bf16 (8 significand bits): it rounds to 1,
-  // an error of 2^-9 = 0.001953125, within 2^-7 * 1.
+  // an error of 2^-9 = 0.001953125, within 2^-6 * 1.
   const std::vector<float> ref = {1.0f + 1.0f / 512, 0.25f};
   auto c = CompareToReference(ToBf16(ref), ref);
   ASSERT_TRUE(c.ok());
@@ -46,7 +46,7 @@ TEST(CompareToReference, WrongValueFailsWithWorstIndex) {
   ASSERT_TRUE(c.ok());
   EXPECT_DOUBLE_EQ(c->max_abs_err, 0.5);
   EXPECT_EQ(c->worst_index, 2);
-  EXPECT_DOUBLE_EQ(c->bound, 4.0 / 128 + 1e-6);  // 0.03125...
+  EXPECT_DOUBLE_EQ(c->bound, 4.0 / 64 + 1e-6);  // 0.0625...
   EXPECT_FALSE(c->pass);
 }
 
@@ -98,7 +98,7 @@ TEST(MergeComparison, TakesMaximaAndAndsPass) {
   EXPECT_EQ(acc.max_abs_err, 0.5);
   EXPECT_EQ(acc.worst_index, 7);
   EXPECT_EQ(acc.max_abs_ref, 2.0);
-  EXPECT_DOUBLE_EQ(acc.bound, 2.0 / 128 + 1e-6);
+  EXPECT_DOUBLE_EQ(acc.bound, 2.0 / 64 + 1e-6);
   EXPECT_EQ(acc.num_elements, 14);
 }
 

@@ -1,0 +1,396 @@
+#include "client/run_job.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <random>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/coordinator.h"
+#include "client/model_source.h"
+#include "client/tensor_message.h"
+#include "client/text_table.h"
+#include "core/experts.h"
+#include "core/moe_reference.h"
+#include "core/routing_source.h"
+#include "core/status_macros.h"
+
+namespace moe_ep::client {
+namespace {
+
+// splitmix64: decorrelates the seeds of (seed, step, rank) streams.
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+
+// What one (step, rank) fed into one layer and got back.
+struct RankStep {
+  int64_t num_tokens = 0;
+  std::vector<core::bf16_t> input;   // [T, H]
+  std::vector<int32_t> ids;          // [T, K]
+  std::vector<float> weights;        // [T, K]
+  std::vector<core::bf16_t> output;  // [T, H]
+};
+
+}  // namespace
+
+absl::Status ValidateRunJobOptions(const RunJobOptions& o) {
+  if (o.num_layers < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--layers: expected >= 1, got ", o.num_layers));
+  }
+  if (o.tokens_per_rank < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tokens: expected >= 1 (mean tokens per rank), got ", o.tokens_per_rank));
+  }
+  if (o.steps < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--steps: expected >= 1, got ", o.steps));
+  }
+  if (o.capacity_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--capacity: expected >= 0 (0 = automatic), got ", o.capacity_tokens));
+  }
+  if (o.experts != "swiglu" && o.experts != "identity") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--experts: expected swiglu or identity, got '", o.experts, "'"));
+  }
+  if (!(o.tolerance.rel >= 0) || !(o.tolerance.atol >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("tolerance: expected rel, atol >= 0, got ",
+                                                   o.tolerance.rel, ", ", o.tolerance.atol));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int64_t> PlanTokenCounts(int64_t tokens_per_rank, int world, int64_t step,
+                                     uint64_t seed) {
+  std::vector<int64_t> counts(std::max(world, 0), tokens_per_rank);
+  if (world < 2) return counts;
+  std::mt19937_64 rng(Mix(seed ^ Mix(static_cast<uint64_t>(step) + 0x5eedull)));
+  std::uniform_int_distribution<int64_t> dist(tokens_per_rank / 2,
+                                              tokens_per_rank + tokens_per_rank / 2);
+  const int zero_rank = static_cast<int>((world - 1 + step) % world);
+  for (int r = 0; r < world; ++r) counts[r] = r == zero_rank ? 0 : dist(rng);
+  return counts;
+}
+
+std::vector<core::bf16_t> GenerateHidden(uint64_t seed, int64_t step, int rank, int64_t num_tokens,
+                                         int64_t hidden) {
+  std::mt19937_64 rng(Mix(Mix(seed) ^ Mix((static_cast<uint64_t>(step) << 20) ^
+                                          static_cast<uint64_t>(rank) ^ 0x41dd3ull)));
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<core::bf16_t> out(static_cast<size_t>(num_tokens * hidden));
+  for (auto& v : out) v = core::FloatToBf16(dist(rng));
+  return out;
+}
+
+int64_t ExpertBytesPerLayer(const core::ModelDescription& model) {
+  return int64_t{model.num_experts} * 3 * model.moe_intermediate_size * model.hidden_size * 2;
+}
+
+bool RunJobResult::AllPass() const {
+  return std::all_of(layers.begin(), layers.end(),
+                     [](const LayerRunSummary& l) { return l.comparison.pass; });
+}
+
+absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& out) {
+  // Everything that can be checked without workers first.
+  RETURN_IF_ERROR(ValidateRunJobOptions(options));
+  ASSIGN_OR_RETURN(core::ModelDescription model, ResolveModel(options.model));
+  const std::vector<int> sparse = model.SparseLayerIndices();
+  if (options.num_layers > static_cast<int>(sparse.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("--layers: ", model.name, " has ", sparse.size(),
+                                                   " MoE layers, asked for ", options.num_layers));
+  }
+  const std::vector<int> run_layers(sparse.begin(), sparse.begin() + options.num_layers);
+  core::RoutingSourceOptions routing_options;
+  routing_options.kind = options.routing;
+  routing_options.num_experts = model.num_experts;
+  routing_options.top_k = model.top_k;
+  routing_options.seed = options.seed;
+  ASSIGN_OR_RETURN(core::RoutingSource routing, core::RoutingSource::Create(routing_options));
+  const bool identity = options.experts == "identity";
+  const int64_t H = model.hidden_size;
+  const int K = model.top_k;
+
+  out << "moe-ep run: " << model.name << " (hidden " << H << ", " << model.num_experts
+      << " experts, top-" << K << ", expert intermediate " << model.moe_intermediate_size << ", "
+      << model.num_layers << " layers, " << sparse.size() << " MoE); running MoE layers "
+      << absl::StrJoin(run_layers, ",") << " with " << options.experts << " experts, routing "
+      << options.routing << ", " << options.steps << " step(s), seed " << options.seed << "\n";
+
+  ASSIGN_OR_RETURN(AttachedWorkers workers, AttachWorkers(options.workers));
+  const int world = static_cast<int>(workers.targets.size());
+  if (model.num_experts < world) {
+    return absl::InvalidArgumentError(absl::StrCat("--workers: ", model.name, " has ",
+                                                   model.num_experts, " experts, fewer than the ",
+                                                   world, " ranks"));
+  }
+  // Token counts of every step, known up front (capacity N must bound them).
+  std::vector<std::vector<int64_t>> counts(options.steps);
+  int64_t max_count = 0;
+  for (int s = 0; s < options.steps; ++s) {
+    counts[s] = routing.prescribes_token_counts()
+                    ? routing.TokensPerRank(s, world)
+                    : PlanTokenCounts(options.tokens_per_rank, world, s, options.seed);
+    for (int64_t c : counts[s]) max_count = std::max(max_count, c);
+  }
+  const int64_t capacity =
+      options.capacity_tokens > 0 ? options.capacity_tokens : std::max<int64_t>(max_count, 1);
+
+  CoordinatorOptions copts;
+  copts.backend = options.workers.backend;
+  copts.rpc_timeout = options.rpc_timeout;
+  ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
+                   Coordinator::Connect(workers.targets, copts));
+  RETURN_IF_ERROR(coordinator->WaitReady(absl::Seconds(30)));
+  ASSIGN_OR_RETURN(std::vector<v1::JoinResponse> joined, coordinator->FormGroup());
+  out << "group: " << world << " workers ("
+      << (workers.cluster ? "embedded local cluster" : "--targets") << ", backend "
+      << joined[0].backend() << ", generation " << coordinator->generation()
+      << "): " << absl::StrJoin(workers.targets, " ") << "\n";
+
+  v1::ConfigureLayersRequest configure;
+  configure.mutable_layout()->set_tp_size(world);
+  configure.mutable_layout()->set_attn_dp_size(world);
+  configure.mutable_layout()->set_moe_dense_tp_size(1);
+  configure.set_a2a_enabled(true);
+  v1::ModelDescription* md = configure.mutable_model();
+  md->set_name(model.name);
+  md->set_hidden_size(H);
+  md->set_num_layers(model.num_layers);
+  md->set_num_experts(model.num_experts);
+  md->set_top_k(K);
+  md->set_moe_intermediate_size(model.moe_intermediate_size);
+  for (bool b : model.sparse_layers) md->add_sparse_layers(b);
+  ASSIGN_OR_RETURN(std::vector<v1::ConfigureLayersResponse> configured,
+                   coordinator->ConfigureLayers(configure));
+  out << "configured: tp " << world << ", attn_dp " << world
+      << ", moe_dense_tp 1, a2a on; plan fingerprint " << configured[0].fingerprint() << "\n";
+
+  v1::AllocateWorkspaceRequest allocate;
+  allocate.set_hidden_size(H);
+  allocate.set_top_k(K);
+  allocate.set_num_experts(model.num_experts);
+  allocate.set_capacity_tokens(capacity);
+  allocate.set_dispatch_dtype(v1::DISPATCH_DTYPE_BF16);
+  allocate.set_invalid_expert_id(v1::INVALID_EXPERT_ID_MINUS_ONE);
+  ASSIGN_OR_RETURN(std::vector<v1::AllocateWorkspaceResponse> allocated,
+                   coordinator->AllocateWorkspace(allocate));
+  out << "workspace: capacity " << allocated[0].capacity_tokens() << " tokens/rank, "
+      << allocated[0].dispatch_bytes_per_token() << " B/token dispatch, "
+      << FormatBytes(allocated[0].allocated_bytes()) << " allocated per worker (FlashInfer-"
+      << "compatible: " << FormatBytes(allocated[0].flashinfer_workspace_bytes()) << ")\n";
+
+  RunJobResult result;
+  result.model_name = model.name;
+  result.world = world;
+  result.steps = options.steps;
+  result.expert_bytes_per_rank.assign(world, 0);
+  result.layer_expert_bytes = ExpertBytesPerLayer(model);
+  result.num_sparse_layers = static_cast<int>(sparse.size());
+  result.tolerance = options.tolerance;
+  for (int layer : run_layers) {
+    v1::LoadExpertsRequest load;
+    load.set_layer(layer);
+    load.set_kind(identity ? v1::EXPERT_KIND_IDENTITY : v1::EXPERT_KIND_SWIGLU);
+    load.set_seed(options.seed);
+    load.set_intermediate_size(model.moe_intermediate_size);
+    const absl::Time start = absl::Now();
+    ASSIGN_OR_RETURN(std::vector<v1::LoadExpertsResponse> loaded, coordinator->LoadExperts(load));
+    std::vector<std::string> ranges;
+    for (int r = 0; r < world; ++r) {
+      result.expert_bytes_per_rank[r] += loaded[r].expert_bytes();
+      ranges.push_back(absl::StrCat(loaded[r].first_expert(), "..",
+                                    loaded[r].first_expert() + loaded[r].num_local_experts() - 1));
+    }
+    out << absl::StrFormat(
+        "experts: layer %d loaded in %.1f s, per worker [%s] (%s each on rank 0)\n", layer,
+        Seconds(absl::Now() - start), absl::StrJoin(ranges, ", "),
+        FormatBytes(loaded[0].expert_bytes()));
+    LayerRunSummary summary;
+    summary.layer = layer;
+    result.layers.push_back(summary);
+  }
+
+  // record[layer index][step][rank]
+  const int L = options.num_layers;
+  std::vector<std::vector<std::vector<RankStep>>> record(
+      L, std::vector<std::vector<RankStep>>(options.steps, std::vector<RankStep>(world)));
+  for (int s = 0; s < options.steps; ++s) {
+    const int64_t epoch = s + 1;
+    ASSIGN_OR_RETURN(TokenCountSync sync, coordinator->SyncTokenCounts(epoch, counts[s]));
+    if (sync.token_counts != counts[s]) {
+      return absl::InternalError(
+          absl::StrCat("SyncTokenCounts epoch ", epoch, ": workers report counts [",
+                       absl::StrJoin(sync.token_counts, ","), "], the coordinator sent [",
+                       absl::StrJoin(counts[s], ","), "]"));
+    }
+    const int64_t R = sync.runtime_max_tokens_per_rank;
+    RETURN_IF_ERROR(coordinator->CommitGeometry(epoch, R, counts[s]));
+    std::vector<std::vector<core::bf16_t>> x(world);
+    for (int r = 0; r < world; ++r) x[r] = GenerateHidden(options.seed, s, r, counts[s][r], H);
+    std::vector<std::string> layer_times;
+    for (int li = 0; li < L; ++li) {
+      const int layer = run_layers[li];
+      std::vector<v1::ForwardRequest> requests(world);
+      for (int r = 0; r < world; ++r) {
+        RankStep& rs = record[li][s][r];
+        rs.num_tokens = counts[s][r];
+        rs.input = x[r];
+        rs.ids.resize(rs.num_tokens * K);
+        rs.weights.resize(rs.num_tokens * K);
+        RETURN_IF_ERROR(routing.Generate(layer, s, r, world, rs.num_tokens, absl::MakeSpan(rs.ids),
+                                         absl::MakeSpan(rs.weights)));
+        requests[r].set_layer(layer);
+        requests[r].set_epoch(epoch);
+        *requests[r].mutable_hidden_states() = MakeBf16Tensor(rs.input, rs.num_tokens, H);
+        *requests[r].mutable_topk_ids() = MakeInt32Tensor(rs.ids, rs.num_tokens, K);
+        *requests[r].mutable_topk_weights() = MakeFp32Tensor(rs.weights, rs.num_tokens, K);
+      }
+      const absl::Time start = absl::Now();
+      ASSIGN_OR_RETURN(std::vector<v1::ForwardResponse> responses, coordinator->Forward(requests));
+      const double elapsed = Seconds(absl::Now() - start);
+      LayerRunSummary& summary = result.layers[li];
+      summary.forward_s += elapsed;
+      summary.max_r = std::max(summary.max_r, R);
+      for (int r = 0; r < world; ++r) {
+        RankStep& rs = record[li][s][r];
+        ASSIGN_OR_RETURN(rs.output,
+                         ReadBf16Tensor(responses[r].output(),
+                                        absl::StrCat("rank ", r, " layer ", layer, " output"),
+                                        rs.num_tokens, H));
+        summary.tokens += rs.num_tokens;
+        summary.bytes_sent += responses[r].bytes_sent();
+        // The residual stream: the next layer sees x + moe(x).
+        for (size_t i = 0; i < x[r].size(); ++i) {
+          x[r][i] = core::FloatToBf16(core::Bf16ToFloat(x[r][i]) + core::Bf16ToFloat(rs.output[i]));
+        }
+      }
+      layer_times.push_back(absl::StrFormat("layer %d %.2f s", layer, elapsed));
+    }
+    out << "step " << s + 1 << "/" << options.steps << ": tokens per rank ["
+        << absl::StrJoin(counts[s], ", ") << "], R " << R << "; "
+        << absl::StrJoin(layer_times, ", ") << "\n";
+    out.flush();
+  }
+
+  // Verification, one layer's experts in memory at a time.
+  for (int li = 0; li < L; ++li) {
+    const int layer = run_layers[li];
+    const absl::Time start = absl::Now();
+    core::ExpertSet all_experts = core::ExpertSet::Identity(0, model.num_experts, H);
+    if (!identity) {
+      ASSIGN_OR_RETURN(all_experts,
+                       core::ExpertSet::GenerateSwiGlu(options.seed, layer, 0, model.num_experts, H,
+                                                       model.moe_intermediate_size));
+    }
+    // All (step, rank) rows of the layer in one call: one GEMM per expert.
+    int64_t total = 0;
+    for (int s = 0; s < options.steps; ++s) {
+      for (int r = 0; r < world; ++r) total += record[li][s][r].num_tokens;
+    }
+    std::vector<core::bf16_t> xs;
+    std::vector<int32_t> ids;
+    std::vector<float> ws;
+    xs.reserve(total * H);
+    ids.reserve(total * K);
+    ws.reserve(total * K);
+    for (int s = 0; s < options.steps; ++s) {
+      for (int r = 0; r < world; ++r) {
+        const RankStep& rs = record[li][s][r];
+        xs.insert(xs.end(), rs.input.begin(), rs.input.end());
+        ids.insert(ids.end(), rs.ids.begin(), rs.ids.end());
+        ws.insert(ws.end(), rs.weights.begin(), rs.weights.end());
+      }
+    }
+    std::vector<float> ref(total * H);
+    RETURN_IF_ERROR(core::DenseMoeReference({&all_experts}, model.num_experts, xs, ids, ws, total,
+                                            K, absl::MakeSpan(ref)));
+    LayerRunSummary& summary = result.layers[li];
+    int64_t offset = 0;
+    for (int s = 0; s < options.steps; ++s) {
+      for (int r = 0; r < world; ++r) {
+        const RankStep& rs = record[li][s][r];
+        ASSIGN_OR_RETURN(Comparison c, CompareToReference(rs.output,
+                                                          absl::MakeConstSpan(ref).subspan(
+                                                              offset * H, rs.num_tokens * H),
+                                                          options.tolerance));
+        if (!c.pass) {
+          out << absl::StrFormat(
+              "  layer %d step %d rank %d: max abs err %.3g at token %d, element %d (bound %.3g)\n",
+              layer, s + 1, r, c.max_abs_err, c.worst_index / H, c.worst_index % H, c.bound);
+        }
+        MergeComparison(c, options.tolerance, &summary.comparison);
+        offset += rs.num_tokens;
+      }
+    }
+    out << absl::StrFormat(
+        "verify: layer %d against the single-process reference (%d experts, "
+        "%d rows) in %.1f s: max abs err %.3g, bound %.3g: %s\n",
+        layer, model.num_experts, total, Seconds(absl::Now() - start),
+        summary.comparison.max_abs_err, summary.comparison.bound,
+        summary.comparison.pass ? "PASS" : "FAIL");
+    out.flush();
+  }
+  return result;
+}
+
+std::string RenderRunSummary(const RunJobResult& result) {
+  TextTable table({"layer", "tokens", "R", "bytes sent", "time", "max abs err", "bound", "result"});
+  int64_t tokens = 0, bytes = 0, max_r = 0;
+  double seconds = 0, max_err = 0;
+  for (const LayerRunSummary& l : result.layers) {
+    table.AddRow(
+        {absl::StrCat(l.layer), absl::StrCat(l.tokens), absl::StrCat(l.max_r),
+         FormatBytes(static_cast<double>(l.bytes_sent)), absl::StrFormat("%.3f s", l.forward_s),
+         absl::StrFormat("%.3g", l.comparison.max_abs_err),
+         absl::StrFormat("%.3g", l.comparison.bound), l.comparison.pass ? "PASS" : "FAIL"});
+    tokens += l.tokens;
+    bytes += l.bytes_sent;
+    max_r = std::max(max_r, l.max_r);
+    seconds += l.forward_s;
+    max_err = std::max(max_err, l.comparison.max_abs_err);
+  }
+  table.AddRow({"total", absl::StrCat(tokens), absl::StrCat(max_r),
+                FormatBytes(static_cast<double>(bytes)), absl::StrFormat("%.3f s", seconds),
+                absl::StrFormat("%.3g", max_err), "", result.AllPass() ? "PASS" : "FAIL"});
+  std::string text = table.Render();
+  absl::StrAppendFormat(&text, "throughput: %.0f tokens/s through %d MoE layer(s) on %d ranks\n",
+                        seconds > 0 ? tokens / seconds : 0.0, result.layers.size(), result.world);
+
+  int64_t max_rank_bytes = 0;
+  for (int64_t b : result.expert_bytes_per_rank) max_rank_bytes = std::max(max_rank_bytes, b);
+  const double all_layers =
+      static_cast<double>(result.layer_expert_bytes) * result.num_sparse_layers;
+  const double pages = static_cast<double>(sysconf(_SC_PHYS_PAGES));
+  const double page_size = static_cast<double>(sysconf(_SC_PAGESIZE));
+  TextTable memory({"memory footprint (routed experts, bf16)", "bytes"});
+  memory.AddRow({absl::StrCat("held by each worker (", result.layers.size(), " layer(s), max)"),
+                 FormatBytes(static_cast<double>(max_rank_bytes))});
+  memory.AddRow({absl::StrCat("one layer, all experts (the reference holds this)"),
+                 FormatBytes(static_cast<double>(result.layer_expert_bytes))});
+  memory.AddRow({absl::StrCat("all ", result.num_sparse_layers, " MoE layers, per worker at EP ",
+                              result.world),
+                 FormatBytes(all_layers / std::max(result.world, 1))});
+  memory.AddRow({absl::StrCat("all ", result.num_sparse_layers, " MoE layers, whole model"),
+                 FormatBytes(all_layers)});
+  if (pages > 0 && page_size > 0) {
+    memory.AddRow({"this machine's memory", FormatBytes(pages * page_size)});
+  }
+  text += memory.Render();
+  absl::StrAppendFormat(
+      &text,
+      "tolerance: |out - ref| <= %.4g * max|ref| + %.3g per layer and rank "
+      "(bf16 partial sums and output round by <= 2^-9 relative; see client/tolerance.h)\n",
+      result.tolerance.rel, result.tolerance.atol);
+  return text;
+}
+
+}  // namespace moe_ep::client

@@ -1,0 +1,103 @@
+#pragma once
+
+// `moe-ep run`, the main job (issue 2): a real MoE model's layers go through
+// expert-parallel dispatch, expert compute and combine across the workers and
+// every layer's output is checked against the single-process reference.
+//
+// Sequence: form the group; ConfigureLayers (tp = attn_dp = world, so every
+// rank is its own DP group and the MoE layers run SCATTERED through the
+// all-to-all; moe_dense_tp 1); AllocateWorkspace (capacity = the largest
+// per-rank count of the run unless given); LoadExperts for the first L sparse
+// layers (each with its own seeded weights; every worker builds only its own
+// experts). Then per step s (epoch s + 1): per-rank token counts (uneven, one
+// rank with zero tokens, or the trace's DP split), SyncTokenCounts -> R,
+// CommitGeometry, and one Forward per layer; layer l + 1's input is the
+// residual stream bf16(x_l + y_l), layer 0's is seeded N(0, 1) hidden
+// states. Finally each layer is verified: its experts (all of them) are
+// generated in this process from the same seed, one layer at a time, and
+// core::DenseMoeReference of every (step, rank) input is compared with the
+// workers' output under client/tolerance.h.
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/tolerance.h"
+#include "client/worker_selection.h"
+#include "core/bf16.h"
+#include "core/model_config.h"
+
+namespace moe_ep::client {
+
+struct RunJobOptions {
+  std::string model = "qwen3-30b-a3b";  // config path or preset
+  WorkerSelection workers;
+  int num_layers = 3;             // L: the first L sparse layers run
+  int64_t tokens_per_rank = 256;  // mean tokens per rank and step (trace: prescribed)
+  int steps = 2;
+  std::string routing = "skewed";  // uniform | skewed[:S] | trace:FILE | load:FILE
+  uint64_t seed = 1;
+  std::string experts = "swiglu";  // swiglu | identity
+  int64_t capacity_tokens = 0;     // N; 0 = the largest per-rank count of the run
+  Tolerance tolerance;
+  absl::Duration rpc_timeout = absl::Seconds(600);
+};
+
+// Errors: kInvalidArgument naming the flag: num_layers < 1, tokens < 1,
+// steps < 1, capacity < 0, experts not swiglu/identity, tolerance negative.
+absl::Status ValidateRunJobOptions(const RunJobOptions& options);
+
+// Token counts of step `step` on `world` ranks for a mean of
+// `tokens_per_rank`: with world >= 2, rank (world - 1 + step) % world has 0
+// tokens and every other rank a seeded count in [T/2, 3T/2] (T rounded down
+// for the lower end); with world 1 the one rank has T. Deterministic in
+// (tokens_per_rank, world, step, seed).
+std::vector<int64_t> PlanTokenCounts(int64_t tokens_per_rank, int world, int64_t step,
+                                     uint64_t seed);
+
+// Seeded hidden states [T, H] (bf16 of N(0, 1)) of (seed, step, rank).
+std::vector<core::bf16_t> GenerateHidden(uint64_t seed, int64_t step, int rank, int64_t num_tokens,
+                                         int64_t hidden);
+
+// Bytes of one sparse layer's routed experts: num_experts * 3 * I * H * 2
+// (gate, up [I, H], down [H, I], bf16).
+int64_t ExpertBytesPerLayer(const core::ModelDescription& model);
+
+struct LayerRunSummary {
+  int layer = 0;           // model layer index
+  int64_t tokens = 0;      // summed over steps and ranks
+  int64_t max_r = 0;       // largest R of its steps
+  int64_t bytes_sent = 0;  // dispatch + combine bytes to other ranks, all ranks and steps
+  double forward_s = 0.0;  // wall time of its Forward fan-outs
+  Comparison comparison;   // against the reference, all steps and ranks
+};
+
+struct RunJobResult {
+  std::string model_name;
+  int world = 0;
+  int steps = 0;
+  std::vector<LayerRunSummary> layers;
+  std::vector<int64_t> expert_bytes_per_rank;  // experts loaded on each worker, all run layers
+  int64_t layer_expert_bytes = 0;              // ExpertBytesPerLayer
+  int num_sparse_layers = 0;
+  Tolerance tolerance;
+
+  bool AllPass() const;
+};
+
+// Runs the job, printing progress lines to `out`.
+// Errors: ValidateRunJobOptions, ResolveModel, RoutingSource::Create errors
+// (before any worker starts); worker and coordinator errors (aggregated per
+// rank). A layer that disagrees with the reference is not an error: see
+// RunJobResult::AllPass().
+absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& out);
+
+// The summary table (per layer: tokens, R, bytes sent, time, max abs error,
+// bound, pass; a total row with tokens/s) and the memory footprint.
+std::string RenderRunSummary(const RunJobResult& result);
+
+}  // namespace moe_ep::client

@@ -1,0 +1,161 @@
+// Tests of the offline commands and the command helpers that need no workers:
+// client/plan_command.h, client/workspace_command.h, client/status_command.h,
+// client/bench_command.h (validation), client/model_source.h,
+// client/tensor_message.h.
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "client/bench_command.h"
+#include "client/model_source.h"
+#include "client/plan_command.h"
+#include "client/status_command.h"
+#include "client/tensor_message.h"
+#include "client/workspace_command.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace moe_ep::client {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string DataDir() {
+  const char* env = std::getenv("MOE_EP_DATA_DIR");
+  return env != nullptr ? env : MOE_EP_DATA_DIR;
+}
+
+TEST(ResolveModel, PresetAndPath) {
+  auto preset = ResolveModel("qwen3-30b-a3b");
+  ASSERT_TRUE(preset.ok()) << preset.status();
+  EXPECT_EQ(preset->hidden_size, 2048);
+  EXPECT_EQ(preset->num_experts, 128);
+  EXPECT_EQ(ResolveModel("no-such-preset").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ResolveModel("/no/such/config.json").status().code(), absl::StatusCode::kNotFound);
+  const std::string path = DataDir() + "/models/DeepSeek-V3.json";
+  if (!std::ifstream(path)) GTEST_SKIP() << "no data dir at " << DataDir();
+  auto file = ResolveModel(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->hidden_size, 7168);
+  EXPECT_EQ(file->num_experts, 256);
+}
+
+TEST(RunWorkspaceCommand, PrintsDesignCheckValue) {
+  // DESIGN §5: E=8, N=16384, H=7168, K=8, bf16 -> 3,769,368,960 bytes per rank.
+  WorkspaceCommandOptions o;
+  o.model = "deepseek-v3";
+  o.ep_size = 8;
+  o.max_tokens = 16384;
+  std::ostringstream out;
+  ASSERT_TRUE(RunWorkspaceCommand(o, out).ok());
+  EXPECT_THAT(out.str(), HasSubstr("dispatch bytes per token                    14400  14.1 KiB"));
+  EXPECT_THAT(out.str(), HasSubstr("FlashInfer-compatible total per rank   3769368960  3.51 GiB"));
+  EXPECT_THAT(out.str(), HasSubstr("dispatch_send"));
+}
+
+TEST(RunWorkspaceCommand, RejectsBadArguments) {
+  std::ostringstream out;
+  WorkspaceCommandOptions o;
+  o.ep_size = 0;
+  o.max_tokens = 1;
+  EXPECT_THAT(RunWorkspaceCommand(o, out).message(), HasSubstr("--ep"));
+  o.ep_size = 2;
+  o.max_tokens = 0;
+  EXPECT_THAT(RunWorkspaceCommand(o, out).message(), HasSubstr("--max-tokens"));
+  o.max_tokens = 1;
+  o.dtype = "fp8";
+  EXPECT_EQ(RunWorkspaceCommand(o, out).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RunPlanCommand, PrintsTheTable) {
+  PlanCommandOptions o;
+  o.model = "tiny-moe";  // layer 0 dense, 1..3 sparse
+  o.tp_size = 4;
+  o.attn_dp_size = 4;
+  o.moe_dense_tp_size = 1;
+  std::ostringstream out;
+  ASSERT_TRUE(RunPlanCommand(o, out).ok());
+  EXPECT_THAT(out.str(), HasSubstr("tiny-moe: 4 layers (3 sparse), tp 4, attn_dp 4 (attn_tp 1)"));
+  EXPECT_THAT(out.str(), HasSubstr("SCATTERED"));
+}
+
+TEST(RunPlanCommand, RejectsBadLayout) {
+  PlanCommandOptions o;
+  o.tp_size = 4;
+  o.attn_dp_size = 3;  // does not divide tp
+  std::ostringstream out;
+  EXPECT_EQ(RunPlanCommand(o, out).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RenderWorkerTable, ShowsStatesAndUnreachable) {
+  v1::GetStatusResponse s;
+  s.set_rank(1);
+  s.set_world_size(2);
+  s.set_state(v1::WORKER_STATE_ALLOCATED);
+  s.set_backend("gloo");
+  s.set_device_name("cpu");
+  s.set_workspace_bytes(2048);
+  s.set_geometry_epoch(3);
+  s.set_runtime_max_tokens_per_rank(17);
+  std::vector<absl::StatusOr<v1::GetStatusResponse>> statuses = {
+      s, absl::UnavailableError("connection refused")};
+  const std::string text = RenderWorkerTable({"127.0.0.1:1", "127.0.0.1:2"}, statuses);
+  EXPECT_THAT(text, HasSubstr("1/2   127.0.0.1:1  ALLOCATED"));
+  EXPECT_THAT(text, HasSubstr("2.00 KiB"));
+  EXPECT_THAT(text, HasSubstr("UNREACHABLE"));
+  EXPECT_THAT(text, HasSubstr("UNAVAILABLE: connection refused"));
+  EXPECT_EQ(WorkerStateName(v1::WORKER_STATE_JOINED), "JOINED");
+}
+
+TEST(RunStatusCommand, BadTargetsAreInvalidArgument) {
+  std::ostringstream out;
+  EXPECT_EQ(RunStatusCommand("nohost", out).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ValidateBenchOptions, RejectsEachBadFlag) {
+  EXPECT_TRUE(ValidateBenchOptions({}, 4).ok());
+  BenchCommandOptions o;
+  o.top_k = 300;
+  EXPECT_THAT(ValidateBenchOptions(o, 4).message(), HasSubstr("--top-k"));
+  o = {};
+  o.num_experts = 2;
+  o.top_k = 2;
+  EXPECT_THAT(ValidateBenchOptions(o, 4).message(), HasSubstr("number of ranks (4)"));
+  o = {};
+  o.tokens_per_rank = 0;
+  EXPECT_THAT(ValidateBenchOptions(o, 4).message(), HasSubstr("--tokens"));
+  o = {};
+  o.warmup = -1;
+  EXPECT_THAT(ValidateBenchOptions(o, 4).message(), HasSubstr("--warmup"));
+  o = {};
+  o.routing = "zipf";
+  EXPECT_THAT(ValidateBenchOptions(o, 4).message(), HasSubstr("--routing"));
+}
+
+TEST(TensorMessage, RoundTripAndValidation) {
+  const std::vector<core::bf16_t> values = {1, 2, 3, 4, 5, 6};
+  const v1::Tensor t = MakeBf16Tensor(values, 2, 3);
+  EXPECT_EQ(t.dtype(), v1::DTYPE_BF16);
+  EXPECT_THAT(t.shape(), ::testing::ElementsAre(2, 3));
+  EXPECT_EQ(t.data().size(), 12u);
+  auto back = ReadBf16Tensor(t, "output", 2, 3);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, values);
+  EXPECT_THAT(ReadBf16Tensor(t, "output", 3, 2).status().message(),
+              HasSubstr("output.shape: expected [3, 2], got [2, 3]"));
+  v1::Tensor short_data = t;
+  short_data.mutable_data()->resize(10);
+  EXPECT_THAT(ReadBf16Tensor(short_data, "output", 2, 3).status().message(),
+              HasSubstr("output.data: expected 12 bytes, got 10"));
+  const std::vector<int32_t> ids = {7, -1};
+  const v1::Tensor it = MakeInt32Tensor(ids, 1, 2);
+  EXPECT_EQ(it.dtype(), v1::DTYPE_INT32);
+  EXPECT_EQ(it.data().size(), 8u);
+  EXPECT_THAT(ReadBf16Tensor(it, "x", 1, 2).status().message(), HasSubstr("x.dtype"));
+  const std::vector<float> w = {0.5f};
+  EXPECT_EQ(MakeFp32Tensor(w, 1, 1).dtype(), v1::DTYPE_FP32);
+}
+
+}  // namespace
+}  // namespace moe_ep::client

@@ -1,0 +1,139 @@
+#include "client/run_job.h"
+
+#include <algorithm>
+#include <functional>
+#include <sstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace moe_ep::client {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(PlanTokenCounts, OneZeroRankOthersWithinHalfOfTheMean) {
+  for (int64_t step = 0; step < 8; ++step) {
+    const auto counts = PlanTokenCounts(256, 4, step, 7);
+    ASSERT_EQ(counts.size(), 4u);
+    // The zero rank rotates: step 0 -> rank 3, step 1 -> rank 0, ...
+    const int zero_rank = static_cast<int>((3 + step) % 4);
+    for (int r = 0; r < 4; ++r) {
+      if (r == zero_rank) {
+        EXPECT_EQ(counts[r], 0) << "step " << step;
+      } else {
+        EXPECT_GE(counts[r], 128);
+        EXPECT_LE(counts[r], 384);
+      }
+    }
+    EXPECT_EQ(counts, PlanTokenCounts(256, 4, step, 7));  // deterministic
+  }
+  EXPECT_NE(PlanTokenCounts(256, 4, 0, 7), PlanTokenCounts(256, 4, 0, 8));
+}
+
+TEST(PlanTokenCounts, SingleRankGetsTheMean) {
+  EXPECT_EQ(PlanTokenCounts(100, 1, 3, 1), std::vector<int64_t>{100});
+}
+
+TEST(GenerateHidden, DeterministicPerStepAndRank) {
+  const auto a = GenerateHidden(1, 0, 2, 3, 16);
+  ASSERT_EQ(a.size(), 48u);
+  EXPECT_EQ(a, GenerateHidden(1, 0, 2, 3, 16));
+  EXPECT_NE(a, GenerateHidden(1, 0, 1, 3, 16));
+  EXPECT_NE(a, GenerateHidden(1, 1, 2, 3, 16));
+  EXPECT_TRUE(GenerateHidden(1, 0, 0, 0, 16).empty());
+  // N(0, 1): over 4096 values the mean is near 0 and the variance near 1.
+  const auto big = GenerateHidden(5, 0, 0, 64, 64);
+  double sum = 0, sq = 0;
+  for (auto v : big) {
+    const double f = core::Bf16ToFloat(v);
+    sum += f;
+    sq += f * f;
+  }
+  EXPECT_NEAR(sum / big.size(), 0.0, 0.1);
+  EXPECT_NEAR(sq / big.size(), 1.0, 0.1);
+}
+
+TEST(ExpertBytesPerLayer, Qwen3Preset) {
+  core::ModelDescription m;
+  m.num_experts = 128;
+  m.moe_intermediate_size = 768;
+  m.hidden_size = 2048;
+  // 128 experts x 3 matrices x 768 x 2048 x 2 bytes = 1,207,959,552 (1.125 GiB).
+  EXPECT_EQ(ExpertBytesPerLayer(m), 1207959552);
+}
+
+TEST(ValidateRunJobOptions, DefaultsAreValid) { EXPECT_TRUE(ValidateRunJobOptions({}).ok()); }
+
+TEST(ValidateRunJobOptions, RejectsEachBadFlag) {
+  struct Case {
+    std::function<void(RunJobOptions&)> edit;
+    const char* fragment;
+  };
+  const std::vector<Case> cases = {
+      {[](RunJobOptions& o) { o.num_layers = 0; }, "--layers"},
+      {[](RunJobOptions& o) { o.tokens_per_rank = 0; }, "--tokens"},
+      {[](RunJobOptions& o) { o.steps = 0; }, "--steps"},
+      {[](RunJobOptions& o) { o.capacity_tokens = -1; }, "--capacity"},
+      {[](RunJobOptions& o) { o.experts = "relu"; }, "--experts"},
+      {[](RunJobOptions& o) { o.tolerance.rel = -1; }, "tolerance"},
+  };
+  for (const Case& c : cases) {
+    RunJobOptions o;
+    c.edit(o);
+    const absl::Status s = ValidateRunJobOptions(o);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.fragment;
+    EXPECT_THAT(s.message(), HasSubstr(c.fragment));
+  }
+}
+
+TEST(RunJob, RejectsMoreLayersThanTheModelHasBeforeStartingWorkers) {
+  RunJobOptions o;
+  o.model = "tiny-moe";  // 4 layers, 3 sparse
+  o.num_layers = 4;
+  o.workers.worker_binary = "/nonexistent/moe-ep-worker";  // never reached
+  std::ostringstream out;
+  auto r = RunJob(o, out);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("has 3 MoE layers, asked for 4"));
+}
+
+TEST(RunJob, UnknownModelIsNotFound) {
+  RunJobOptions o;
+  o.model = "no-such-preset";
+  std::ostringstream out;
+  EXPECT_EQ(RunJob(o, out).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(RenderRunSummary, TableTotalsAndFootprint) {
+  RunJobResult r;
+  r.world = 4;
+  r.steps = 2;
+  r.num_sparse_layers = 48;
+  r.layer_expert_bytes = 1207959552;
+  r.expert_bytes_per_rank = {905969664, 905969664, 905969664, 905969664};
+  LayerRunSummary a;
+  a.layer = 0;
+  a.tokens = 1000;
+  a.max_r = 300;
+  a.bytes_sent = 1 << 20;
+  a.forward_s = 2.0;
+  a.comparison.max_abs_err = 0.001;
+  a.comparison.bound = 0.004;
+  LayerRunSummary b = a;
+  b.layer = 1;
+  b.comparison.pass = false;
+  b.comparison.max_abs_err = 0.5;
+  r.layers = {a, b};
+  EXPECT_FALSE(r.AllPass());
+  const std::string text = RenderRunSummary(r);
+  EXPECT_THAT(text, HasSubstr("total    2000  300    2.00 MiB  4.000 s          0.5         FAIL"));
+  EXPECT_THAT(text, HasSubstr("FAIL"));
+  EXPECT_THAT(text, HasSubstr("throughput: 500 tokens/s through 2 MoE layer(s) on 4 ranks"));
+  EXPECT_THAT(text, HasSubstr("864 MiB"));   // per worker, held
+  EXPECT_THAT(text, HasSubstr("13.5 GiB"));  // 48 layers / 4 ranks
+  EXPECT_THAT(text, HasSubstr("54.0 GiB"));  // 48 layers
+}
+
+}  // namespace
+}  // namespace moe_ep::client
