@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <mutex>
 #include <numeric>
+#include <ostream>
 #include <set>
 #include <string>
 #include <vector>
@@ -52,6 +53,9 @@ struct StackCase {
   // Expected padding mode, after-MLP ops of the first layer.
   DpPaddingMode mode = DpPaddingMode::kMaxLen;
 };
+
+// gtest prints parameters with this (the name, not the bytes).
+void PrintTo(const StackCase& c, std::ostream* os) { *os << c.name; }
 
 LayerStackConfig ConfigOf(const StackCase& c) {
   LayerStackConfig config;
