@@ -1,0 +1,95 @@
+#pragma once
+
+// The fake coordinator of the integration tests: real moe-ep-worker processes
+// on loopback (client::LocalCluster), driven either through the real
+// client::Coordinator or through raw per-rank stubs, so a test can misbehave
+// (send rank 1 a different config, commit different R, kill a worker).
+// Source: DESIGN §8 ("Integration tests drive real worker processes with a
+// fake coordinator"), issue 2.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "client/coordinator.h"
+#include "client/local_cluster.h"
+#include "core/bf16.h"
+#include "moe_ep/v1/worker.grpc.pb.h"
+
+namespace moe_ep::testing {
+
+namespace v1 = ::moe_ep::v1;
+
+// A small MoE layer shape every test uses unless it says otherwise.
+struct SmallModel {
+  int64_t hidden = 64;
+  int num_experts = 10;  // 10 % 4 != 0: uneven placement on 4 ranks
+  int top_k = 3;
+  int64_t intermediate = 32;
+  int num_layers = 2;
+};
+
+// One rank's inputs of one step, seeded.
+struct RankInputs {
+  int64_t num_tokens = 0;
+  std::vector<core::bf16_t> hidden;  // [T, H]
+  std::vector<int32_t> ids;          // [T, K]
+  std::vector<float> weights;        // [T, K]
+};
+
+// Deterministic inputs: hidden uniform in [-1, 1), K distinct ids per token,
+// weights uniform in (0, 1]; `invalid_every` > 0 replaces every n-th id with -1.
+RankInputs MakeInputs(uint64_t seed, int64_t num_tokens, const SmallModel& model,
+                      int invalid_every = 0);
+
+v1::ForwardRequest MakeForwardRequest(int layer, int64_t epoch, const RankInputs& in,
+                                      const SmallModel& model);
+std::vector<float> DecodeBf16(const v1::Tensor& tensor);
+
+v1::ConfigureLayersRequest MakeConfigureRequest(int world, const SmallModel& model);
+v1::AllocateWorkspaceRequest MakeAllocateRequest(const SmallModel& model, int64_t capacity_tokens);
+
+class FakeCoordinator {
+ public:
+  // Starts `num_workers` workers (Gloo) with `extra_args` and connects.
+  static absl::StatusOr<std::unique_ptr<FakeCoordinator>> Start(
+      int num_workers, std::vector<std::string> extra_args = {});
+
+  client::LocalCluster& cluster() { return *cluster_; }
+  client::Coordinator& coordinator() { return *coordinator_; }
+  v1::Worker::Stub& stub(int rank) { return *stubs_[rank]; }
+  int world() const { return static_cast<int>(stubs_.size()); }
+
+  // Join, ConfigureLayers, AllocateWorkspace, LoadExperts (every layer) on all ranks.
+  absl::Status SetUp(const SmallModel& model, int64_t capacity_tokens,
+                     v1::ExpertKind kind = v1::EXPERT_KIND_SWIGLU, uint64_t seed = 7);
+
+  // Calls `fn(rank)` on one thread per rank and returns each rank's status.
+  template <typename Fn>
+  std::vector<absl::Status> OnEachRank(Fn fn);
+
+  v1::GetStatusResponse StatusOf(int rank);
+
+ private:
+  std::unique_ptr<client::LocalCluster> cluster_;
+  std::unique_ptr<client::Coordinator> coordinator_;
+  std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_;
+};
+
+}  // namespace moe_ep::testing
+
+#include <thread>
+
+template <typename Fn>
+std::vector<absl::Status> moe_ep::testing::FakeCoordinator::OnEachRank(Fn fn) {
+  std::vector<absl::Status> results(world());
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world(); ++r) {
+    threads.emplace_back([&, r] { results[r] = fn(r); });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
