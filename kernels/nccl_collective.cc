@@ -104,18 +104,12 @@ absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Create(
 
 NcclCollective::~NcclCollective() {
   cudaSetDevice(device_);
-  if (comm_ != nullptr) {
-    // Finalize flushes outstanding work; a peer that is gone turns into an
-    // abort at the deadline instead of a hang.
-    ncclResult_t r = ncclCommFinalize(comm_);
-    if (r == ncclSuccess || r == ncclInProgress) r = PollComm(comm_, Clock::now() + timeout_);
-    if (r == ncclSuccess) {
-      ncclCommDestroy(comm_);
-    } else {
-      ncclCommAbort(comm_);
-    }
-  }
+  // Abort rather than finalize + destroy: it is local, so tearing down never
+  // waits on a peer that is gone. Every collective this object returned from
+  // has been enqueued; callers synchronise before destroying.
+  if (comm_ != nullptr) ncclCommAbort(comm_);
   cudaFree(staging_);
+  cudaFreeHost(host_staging_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -181,10 +175,26 @@ absl::Status NcclCollective::Synchronize() {
 absl::Status NcclCollective::EnsureStaging(int64_t bytes) {
   if (bytes <= staging_bytes_) return absl::OkStatus();
   cudaFree(staging_);
+  cudaFreeHost(host_staging_);
   staging_ = nullptr;
+  host_staging_ = nullptr;
   staging_bytes_ = 0;
   RETURN_IF_ERROR(internal::CudaStatus(cudaMalloc(&staging_, bytes), "cudaMalloc(staging)"));
+  RETURN_IF_ERROR(
+      internal::CudaStatus(cudaMallocHost(&host_staging_, bytes), "cudaMallocHost(staging)"));
   staging_bytes_ = bytes;
+  return absl::OkStatus();
+}
+
+absl::Status NcclCollective::CopyOutAndWait(void* host_dst, const char* device_src, int64_t bytes) {
+  // A device-to-pageable copy would block the host until the collective
+  // finished (a hang if a peer is gone); pinned staging keeps the wait in
+  // Synchronize(), which has the deadline.
+  RETURN_IF_ERROR(internal::CudaStatus(
+      cudaMemcpyAsync(host_staging_, device_src, bytes, cudaMemcpyDeviceToHost, stream_),
+      "cudaMemcpyAsync(device to pinned staging)"));
+  RETURN_IF_ERROR(Synchronize());
+  std::memcpy(host_dst, host_staging_, bytes);
   return absl::OkStatus();
 }
 
@@ -249,11 +259,7 @@ absl::Status NcclCollective::AllToAllV(const void* send, absl::Span<const int64_
   }
   if (!recv_dev) drecv = staging_ + send_stage;
   RETURN_IF_ERROR(EnqueueAllToAllV(dsend, send_bytes, drecv, recv_bytes));
-  if (!recv_dev) {
-    RETURN_IF_ERROR(internal::CudaStatus(
-        cudaMemcpyAsync(recv, drecv, recv_total, cudaMemcpyDeviceToHost, stream_),
-        "cudaMemcpyAsync(AllToAllV recv)"));
-  }
+  if (!recv_dev) return CopyOutAndWait(recv, drecv, recv_total);
   return Synchronize();
 }
 
@@ -280,14 +286,10 @@ absl::Status NcclCollective::AllGather(const void* send, int64_t bytes_per_rank,
         "cudaMemcpyAsync(AllGather send)"));
     dsend = staging_;
   }
-  void* drecv = recv_dev ? recv : staging_ + bytes_per_rank;
+  char* drecv = recv_dev ? static_cast<char*>(recv) : staging_ + bytes_per_rank;
   RETURN_IF_ERROR(WaitForNccl(ncclAllGather(dsend, drecv, bytes_per_rank, ncclChar, comm_, stream_),
                               "AllGather"));
-  if (!recv_dev) {
-    RETURN_IF_ERROR(internal::CudaStatus(
-        cudaMemcpyAsync(recv, drecv, recv_total, cudaMemcpyDeviceToHost, stream_),
-        "cudaMemcpyAsync(AllGather recv)"));
-  }
+  if (!recv_dev) return CopyOutAndWait(recv, drecv, recv_total);
   return Synchronize();
 }
 
@@ -311,10 +313,7 @@ absl::Status NcclCollective::AllReduceSum(float* data, int64_t count) {
   RETURN_IF_ERROR(
       WaitForNccl(ncclAllReduce(staging_, staging_, count, ncclFloat, ncclSum, comm_, stream_),
                   "AllReduceSum"));
-  RETURN_IF_ERROR(
-      internal::CudaStatus(cudaMemcpyAsync(data, staging_, bytes, cudaMemcpyDeviceToHost, stream_),
-                           "cudaMemcpyAsync(AllReduceSum)"));
-  return Synchronize();
+  return CopyOutAndWait(data, staging_, bytes);
 }
 
 absl::Status NcclCollective::Barrier() {

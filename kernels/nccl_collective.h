@@ -15,7 +15,9 @@
 // deadline. On an NCCL error or timeout the communicator is aborted
 // (ncclCommAbort) and the call returns kUnavailable (error) or
 // kDeadlineExceeded (timeout); every later call returns kFailedPrecondition.
-// A dead peer therefore becomes an error within `timeout`, never a hang.
+// A dead peer therefore becomes an error within `timeout`, never a hang
+// (host-memory results come back through pinned staging, so no copy blocks
+// the host on an unfinished collective; the destructor aborts, never waits).
 //
 // Not thread-safe: one caller thread per object. The CUDA device given at
 // creation is made current on the calling thread by every call.
@@ -89,6 +91,9 @@ class NcclCollective : public core::Collective {
   absl::Status WaitForNccl(ncclResult_t started, const char* what);
   absl::Status Fail(absl::Status status);
   absl::Status EnsureStaging(int64_t bytes);
+  // Copies `bytes` from device staging to `host_dst` through pinned memory,
+  // waiting with the deadline.
+  absl::Status CopyOutAndWait(void* host_dst, const char* device_src, int64_t bytes);
   // Enqueues the grouped send/recv of AllToAllV on stream_.
   absl::Status EnqueueAllToAllV(const char* send, absl::Span<const int64_t> send_bytes, char* recv,
                                 absl::Span<const int64_t> recv_bytes);
@@ -99,7 +104,8 @@ class NcclCollective : public core::Collective {
   std::chrono::milliseconds timeout_{0};
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
-  char* staging_ = nullptr;  // device scratch for host-memory calls
+  char* staging_ = nullptr;       // device scratch for host-memory calls
+  void* host_staging_ = nullptr;  // pinned host scratch of the same size
   int64_t staging_bytes_ = 0;
   std::string last_error_;
 };
