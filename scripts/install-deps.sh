@@ -9,6 +9,13 @@ PACKAGES=(
   libgloo-dev nlohmann-json3-dev prometheus-cpp-dev libopenblas-dev libcli11-dev
   clang-format
 )
+# scripts/validate-deploy.sh (ctest -L deploy) also needs node + npm (its npm
+# packages: scripts/install-deploy-tools.sh) and kubectl with kustomize v4 or
+# later. The machine image brings both (NodeSource node 20, kubectl 1.32 with
+# kustomize v5). Debian's nodejs + npm are added only where node is missing:
+# Debian's npm conflicts with a NodeSource nodejs. Debian 12's kubectl
+# (kubernetes-client 1.20) embeds kustomize v2, too old for deploy/k8s.
+if ! command -v npm >/dev/null 2>&1; then PACKAGES+=(nodejs npm); fi
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive

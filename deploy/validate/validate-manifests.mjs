@@ -1,0 +1,576 @@
+// Validates rendered Kubernetes manifests offline (scripts/validate-deploy.sh
+// renders every kustomization and calls this). Checks, per document:
+//   1. schema: built-in kinds against the Kubernetes OpenAPI schemas shipped by
+//      kubernetes-models (types, required fields, formats, enums);
+//      LeaderWorkerSet against its CRD schema (deploy/schemas) with ajv;
+//      any other apiVersion/kind is an error (nothing may pass unvalidated);
+//   2. unknown fields (the API server's strict field validation): built-in
+//      kinds through the TypeScript checker and kubernetes-types (excess
+//      property errors only; types are step 1's), CRDs through the schema
+//      with additionalProperties: false added to every closed object;
+//   3. commands: every flag passed to moe-ep-worker / moe-ep (directly, in a
+//      `sh -c` script, or in an exec probe) exists in that binary's help
+//      (moe-ep-worker --helpfull; moe-ep [SUB] --help), every environment
+//      variable a container sets is used by its command, named in a binary's
+//      help, or listed in library-env.json with the library that reads it,
+//      and every $(VAR), $VAR, ${VAR} and $((VAR)) is defined;
+//   4. probes: gRPC probe services are "" or a service of proto/*.proto, and
+//      a gRPC probe's port is the worker's --listen port when that is literal;
+//   5. DESIGN §12: an NCCL worker has NCCL_NVLS_ENABLE=0; one on the host
+//      network also has NCCL_HOSTID from spec.nodeName, host IPC and IPC_LOCK.
+//
+// Usage: node validate-manifests.mjs --worker BIN --cli BIN --proto-dir DIR
+//          --schemas DIR RENDERED.yaml...
+// Exit status 0 when every document passes; 1 with one line per problem
+// ("FILE: KIND/NAME: what, where") otherwise; 2 on a usage error.
+
+import { execFileSync } from "node:child_process";
+import fs from "node:fs";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+import Ajv from "ajv";
+import ts from "typescript";
+import YAML from "yaml";
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+const BINARIES = ["moe-ep-worker", "moe-ep"];
+// deploy/Dockerfile*: ENTRYPOINT ["moe-ep-worker"], so a container of a moe-ep
+// image without a command runs the worker.
+const IMAGE_ENTRYPOINT = ["moe-ep-worker"];
+const SHELLS = ["sh", "bash", "dash"];
+// Set by the container runtime in every container.
+const RUNTIME_ENV = new Set(["HOSTNAME", "HOME", "PATH", "PWD"]);
+
+// ---- arguments --------------------------------------------------------------
+
+function parseArgs(argv) {
+  const opts = { files: [] };
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i];
+    const m = a.match(/^--(worker|cli|proto-dir|schemas)$/);
+    if (m) {
+      if (i + 1 >= argv.length) usage(`${a} needs a value`);
+      opts[m[1]] = argv[++i];
+    } else if (a.startsWith("--")) {
+      usage(`unknown option ${a}`);
+    } else {
+      opts.files.push(a);
+    }
+  }
+  for (const k of ["worker", "cli", "proto-dir", "schemas"]) {
+    if (!opts[k]) usage(`--${k} is required`);
+  }
+  if (opts.files.length === 0) usage("no rendered manifests given");
+  return opts;
+}
+
+function usage(message) {
+  console.error(`validate-manifests: ${message}`);
+  console.error(
+    "usage: node validate-manifests.mjs --worker BIN --cli BIN --proto-dir DIR --schemas DIR RENDERED.yaml...",
+  );
+  process.exit(2);
+}
+
+// ---- the binaries' help -----------------------------------------------------
+
+function runHelp(binary, args) {
+  try {
+    return execFileSync(binary, args, { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
+  } catch (e) {
+    // absl exits 1 after --helpfull; the text is still the help.
+    if (typeof e.stdout === "string" && e.stdout.length > 0) return e.stdout + (e.stderr ?? "");
+    throw new Error(`cannot run ${binary} ${args.join(" ")}: ${e.message}`);
+  }
+}
+
+function longFlags(text) {
+  const flags = new Set();
+  for (const m of text.matchAll(/(?:^|[\s,\[])--([A-Za-z0-9][A-Za-z0-9_-]*)/gm)) flags.add(m[1]);
+  return flags;
+}
+
+function loadHelp(workerBin, cliBin) {
+  // absl: --help lists only flags of a file named like the program; --helpfull
+  // lists every flag the binary accepts, grouped by defining file.
+  const workerText = runHelp(workerBin, ["--helpfull"]);
+  const workerFlags = new Set();
+  for (const m of workerText.matchAll(/^ {4}--([A-Za-z0-9_]+) \(/gm)) workerFlags.add(m[1]);
+  if (workerFlags.size === 0) throw new Error(`${workerBin} --helpfull lists no flags`);
+
+  const cliText = runHelp(cliBin, ["--help"]);
+  const sub = cliText.split(/^subcommands:\s*$/im)[1] ?? "";
+  const subcommands = new Map();
+  for (const m of sub.matchAll(/^ {2}([a-z][a-z0-9-]*)\s/gm)) {
+    const text = runHelp(cliBin, [m[1], "--help"]);
+    subcommands.set(m[1], { text, flags: longFlags(text) });
+  }
+  if (subcommands.size === 0) throw new Error(`${cliBin} --help lists no subcommands`);
+  return {
+    "moe-ep-worker": { text: workerText, flags: workerFlags, bool: workerText },
+    "moe-ep": { text: cliText, flags: longFlags(cliText), subcommands },
+  };
+}
+
+// ---- a small POSIX shell reader: words and simple commands ------------------
+
+// Splits a script into simple commands (arrays of words). Quotes are kept
+// out of word values; $(...), $((...)) and `...` stay inside one word.
+export function shellCommands(script) {
+  const text = script.replace(/\\\n/g, " ");
+  const commands = [];
+  let words = [];
+  let word = null;
+  let depth = 0;  // nesting of $( ( inside a word
+  let quote = null;
+  const endWord = () => {
+    if (word !== null) words.push(word);
+    word = null;
+  };
+  const endCommand = () => {
+    endWord();
+    if (words.length > 0) commands.push(words);
+    words = [];
+  };
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (quote === "'") {
+      if (c === "'") quote = null;
+      else word += c;
+      continue;
+    }
+    if (quote === '"') {
+      if (c === "\\" && i + 1 < text.length) word += text[++i];
+      else if (c === '"') quote = null;
+      else word += c;
+      continue;
+    }
+    if (depth > 0) {
+      word += c;
+      if (c === "(") depth++;
+      else if (c === ")") depth--;
+      continue;
+    }
+    if (c === "'" || c === '"') {
+      if (word === null) word = "";
+      quote = c;
+    } else if (c === "$" && text[i + 1] === "(") {
+      if (word === null) word = "";
+      word += "$(";
+      i++;
+      depth = 1;
+    } else if (c === "#" && word === null) {
+      while (i < text.length && text[i] !== "\n") i++;
+      endCommand();
+    } else if (c === "\n" || c === ";" || c === "|" || c === "&") {
+      endCommand();
+    } else if (c === " " || c === "\t") {
+      endWord();
+    } else {
+      if (word === null) word = "";
+      word += c;
+    }
+  }
+  endCommand();
+  return commands;
+}
+
+const PREFIX_WORDS = new Set(["exec", "then", "do", "else", "elif", "if", "while", "until", "!", "time", "nohup", "{"]);
+
+// Invocations of our binaries in a script: {bin, args}.
+function scriptInvocations(script) {
+  const found = [];
+  for (const words of shellCommands(script)) {
+    let i = 0;
+    while (i < words.length && (PREFIX_WORDS.has(words[i]) || /^[A-Za-z_][A-Za-z0-9_]*=/.test(words[i]))) i++;
+    if (i < words.length && BINARIES.includes(path.basename(words[i]))) {
+      found.push({ bin: path.basename(words[i]), args: words.slice(i + 1) });
+    }
+  }
+  return found;
+}
+
+// argv of a container or exec probe -> {invocations, scripts}.
+function argvInvocations(argv) {
+  if (argv.length === 0) return { invocations: [], scripts: [] };
+  const head = path.basename(argv[0]);
+  if (SHELLS.includes(head)) {
+    const c = argv.indexOf("-c");
+    if (c >= 0 && c + 1 < argv.length) {
+      return { invocations: scriptInvocations(argv[c + 1]), scripts: [argv[c + 1]] };
+    }
+    return { invocations: [], scripts: [] };
+  }
+  if (BINARIES.includes(head)) return { invocations: [{ bin: head, args: argv.slice(1) }], scripts: [] };
+  return { invocations: [], scripts: [] };
+}
+
+// Variables a script assigns itself (NAME=..., for NAME in, read NAME).
+function scriptAssigned(script) {
+  const names = new Set();
+  for (const m of script.matchAll(/(?:^|[\s;&|(])([A-Za-z_][A-Za-z0-9_]*)=/g)) names.add(m[1]);
+  for (const m of script.matchAll(/\bfor\s+([A-Za-z_][A-Za-z0-9_]*)\s+in\b/g)) names.add(m[1]);
+  for (const m of script.matchAll(/\bread\s+(?:-r\s+)?([A-Za-z_][A-Za-z0-9_]*)/g)) names.add(m[1]);
+  return names;
+}
+
+// Variables a script reads: $NAME, ${NAME...}, and bare names inside $((...)).
+function scriptReads(script) {
+  const names = new Set();
+  const body = script.replace(/^\s*#.*$/gm, "");
+  for (const m of body.matchAll(/\$\{?([A-Za-z_][A-Za-z0-9_]*)/g)) names.add(m[1]);
+  for (const m of body.matchAll(/\$\(\(([^]*?)\)\)/g)) {
+    for (const id of m[1].matchAll(/(?<![$\w])([A-Za-z_][A-Za-z0-9_]*)/g)) names.add(id[1]);
+  }
+  return names;
+}
+
+// ---- schema validation --------------------------------------------------------
+
+const modelCache = new Map();
+async function modelClass(apiVersion, kind) {
+  const key = `${apiVersion}/${kind}`;
+  if (!modelCache.has(key)) {
+    const modulePath = apiVersion.includes("/") ? apiVersion : `v1`;
+    const spec = `kubernetes-models/${modulePath}/${kind}`;
+    let cls = null;
+    try {
+      cls = (await import(spec))[kind] ?? null;
+    } catch {
+      cls = null;
+    }
+    modelCache.set(key, cls);
+  }
+  return modelCache.get(key);
+}
+
+// CRD schemas as the API server applies them with strict field validation:
+// an object with properties (and no preserve-unknown-fields or map values)
+// admits no other keys. x-kubernetes-* keywords are annotations to ajv.
+function strictCrdSchema(schema) {
+  if (Array.isArray(schema)) return schema.map(strictCrdSchema);
+  if (schema === null || typeof schema !== "object") return schema;
+  const out = {};
+  for (const [k, v] of Object.entries(schema)) {
+    out[k] = k === "properties" ? Object.fromEntries(Object.entries(v).map(([p, s]) => [p, strictCrdSchema(s)])) : strictCrdSchema(v);
+  }
+  if (out.properties && out.additionalProperties === undefined && !out["x-kubernetes-preserve-unknown-fields"]) {
+    out.additionalProperties = false;
+  }
+  if (out["x-kubernetes-int-or-string"]) {
+    delete out.type;
+  }
+  return out;
+}
+
+function loadCrdValidators(schemaDir) {
+  const ajv = new Ajv({ allErrors: true, strict: false, validateFormats: false });
+  const validators = new Map();
+  for (const f of fs.readdirSync(schemaDir).filter((f) => f.endsWith(".json"))) {
+    const doc = JSON.parse(fs.readFileSync(path.join(schemaDir, f), "utf8"));
+    const src = doc["x-moe-ep-source"];
+    if (!src) continue;
+    validators.set(`${src.group}/${src.version}/${src.kind}`, ajv.compile(strictCrdSchema(doc.schema)));
+  }
+  return validators;
+}
+
+function ajvMessage(e) {
+  if (e.keyword === "additionalProperties") return `${e.instancePath || "/"}: unknown field "${e.params.additionalProperty}"`;
+  return `${e.instancePath || "/"}: ${e.message}`;
+}
+
+// kubernetes-types modules by API group: "" -> core, "apps" -> apps,
+// "networking.k8s.io" -> networking.
+function typesModule(apiVersion) {
+  const [group, version] = apiVersion.includes("/") ? apiVersion.split("/") : ["core", apiVersion];
+  return `kubernetes-types/${group.split(".")[0]}/${version}`;
+}
+
+// Unknown fields of built-in kinds: each document becomes a typed object
+// literal; TypeScript reports every property its type does not declare.
+function unknownFieldErrors(entries) {
+  if (entries.length === 0) return [];
+  const imports = new Map();
+  const lines = [];
+  entries.forEach(({ doc }, i) => {
+    const mod = typesModule(doc.apiVersion);
+    if (!imports.has(mod)) imports.set(mod, `T${imports.size}`);
+    lines.push(`export const d${i}: ${imports.get(mod)}.${doc.kind} = ${JSON.stringify(doc, null, 1)};`);
+  });
+  const source =
+    [...imports].map(([mod, alias]) => `import type * as ${alias} from "${mod}";`).join("\n") + "\n" + lines.join("\n") + "\n";
+  // A virtual file beside node_modules, so that module resolution finds it.
+  const fileName = path.join(HERE, "__rendered_manifests__.ts");
+  const options = { noEmit: true, strict: true, skipLibCheck: true, types: [], module: ts.ModuleKind.ESNext, moduleResolution: ts.ModuleResolutionKind.Bundler, target: ts.ScriptTarget.ES2022 };
+  const host = ts.createCompilerHost(options);
+  const getSourceFile = host.getSourceFile;
+  host.getSourceFile = (name, lang, ...rest) =>
+    name === fileName ? ts.createSourceFile(name, source, lang) : getSourceFile.call(host, name, lang, ...rest);
+  const fileExists = host.fileExists;
+  host.fileExists = (name) => name === fileName || fileExists.call(host, name);
+  const readFile = host.readFile;
+  host.readFile = (name) => (name === fileName ? source : readFile.call(host, name));
+  const program = ts.createProgram([fileName], options, host);
+  const errors = [];
+  const starts = lines.map((_, i) => source.indexOf(`export const d${i}:`));
+  for (const d of ts.getPreEmitDiagnostics(program)) {
+    const message = ts.flattenDiagnosticMessageText(d.messageText, " ");
+    if (d.file?.fileName !== fileName) {
+      errors.push({ entry: null, message: `TypeScript: ${message}` });
+      continue;
+    }
+    // 2353/2561: "Object literal may only specify known properties" (the
+    // latter with "Did you mean"). Type mismatches are step 1's.
+    if (d.code !== 2353 && d.code !== 2561) continue;
+    let i = starts.length - 1;
+    while (i > 0 && starts[i] > d.start) i--;
+    errors.push({ entry: entries[i], message: `unknown field: ${message}` });
+  }
+  return errors;
+}
+
+// ---- pod templates and containers -------------------------------------------
+
+function podSpecs(doc) {
+  const s = doc.spec ?? {};
+  switch (doc.kind) {
+    case "Pod":
+      return [["spec", s]];
+    case "StatefulSet":
+    case "Deployment":
+    case "DaemonSet":
+    case "ReplicaSet":
+    case "Job":
+      return s.template?.spec ? [["spec.template.spec", s.template.spec]] : [];
+    case "CronJob":
+      return s.jobTemplate?.spec?.template?.spec ? [["spec.jobTemplate.spec.template.spec", s.jobTemplate.spec.template.spec]] : [];
+    case "LeaderWorkerSet": {
+      const t = s.leaderWorkerTemplate ?? {};
+      const out = [];
+      if (t.leaderTemplate?.spec) out.push(["spec.leaderWorkerTemplate.leaderTemplate.spec", t.leaderTemplate.spec]);
+      if (t.workerTemplate?.spec) out.push(["spec.leaderWorkerTemplate.workerTemplate.spec", t.workerTemplate.spec]);
+      return out;
+    }
+    default:
+      return [];
+  }
+}
+
+function probeList(c) {
+  return [
+    ["startupProbe", c.startupProbe],
+    ["livenessProbe", c.livenessProbe],
+    ["readinessProbe", c.readinessProbe],
+  ].filter(([, p]) => p);
+}
+
+function checkFlags(inv, help, where, problems) {
+  const h = help[inv.bin];
+  let flags = h.flags;
+  let label = inv.bin === "moe-ep-worker" ? "moe-ep-worker --helpfull" : "moe-ep --help";
+  let rest = inv.args;
+  if (inv.bin === "moe-ep") {
+    const subIndex = inv.args.findIndex((a) => !a.startsWith("-"));
+    if (subIndex < 0) {
+      problems.push(`${where}: moe-ep without a subcommand`);
+      return;
+    }
+    const sub = inv.args[subIndex];
+    if (!h.subcommands.has(sub)) {
+      problems.push(`${where}: moe-ep has no subcommand "${sub}" (moe-ep --help lists ${[...h.subcommands.keys()].join(", ")})`);
+      return;
+    }
+    for (const a of inv.args.slice(0, subIndex)) checkOne(a, h.flags, "moe-ep --help");
+    flags = h.subcommands.get(sub).flags;
+    label = `moe-ep ${sub} --help`;
+    rest = inv.args.slice(subIndex + 1);
+  }
+  for (const a of rest) checkOne(a, flags, label);
+
+  function checkOne(arg, known, source) {
+    if (!arg.startsWith("--") || arg === "--") return;
+    const name = arg.slice(2).split("=")[0];
+    const ok = known.has(name) || (inv.bin === "moe-ep-worker" && name.startsWith("no") && known.has(name.slice(2)));
+    if (!ok) problems.push(`${where}: flag --${name} of ${inv.bin} is not in \`${source}\``);
+  }
+}
+
+function listenPort(inv) {
+  for (let i = 0; i < inv.args.length; i++) {
+    const a = inv.args[i];
+    const value = a.startsWith("--listen=") ? a.slice(9) : a === "--listen" ? inv.args[i + 1] : null;
+    const m = value?.match(/:(\d+)$/);
+    if (m) return Number(m[1]);
+  }
+  return null;
+}
+
+function checkContainer(c, pod, where, ctx, problems) {
+  const env = c.env ?? [];
+  const envNames = new Set(env.map((e) => e.name));
+  const argv = [...(c.command ?? (/(^|\/)moe-ep(:|@|$)/.test(c.image ?? "") ? IMAGE_ENTRYPOINT : [])), ...(c.args ?? [])];
+  const main = argvInvocations(argv);
+  const invocations = [...main.invocations];
+  const scripts = [...main.scripts];
+  const probeTexts = [];
+  for (const [name, p] of probeList(c)) {
+    if (p.exec?.command) {
+      const r = argvInvocations(p.exec.command);
+      invocations.push(...r.invocations);
+      scripts.push(...r.scripts);
+      probeTexts.push(p.exec.command.join(" "));
+    }
+    if (p.grpc) {
+      const service = p.grpc.service ?? "";
+      if (service !== "" && !ctx.grpcServices.has(service)) {
+        problems.push(`${where}: ${name}.grpc.service "${service}" is not "" nor a service of proto/ (${[...ctx.grpcServices].join(", ")})`);
+      }
+      for (const inv of main.invocations.filter((i) => i.bin === "moe-ep-worker")) {
+        const port = listenPort(inv);
+        if (port !== null && p.grpc.port !== undefined && port !== p.grpc.port) {
+          problems.push(`${where}: ${name}.grpc.port ${p.grpc.port} is not the worker's --listen port ${port}`);
+        }
+      }
+    }
+  }
+  for (const inv of invocations) checkFlags(inv, ctx.help, `${where}: ${inv.bin}`, problems);
+
+  // Kubernetes expands $(NAME) in command, args and env values; an unknown
+  // name stays literally in the string, which is never what was meant.
+  const k8sTexts = [...(c.command ?? []), ...(c.args ?? []), ...env.map((e) => e.value ?? "")];
+  for (const t of k8sTexts) {
+    for (const m of t.matchAll(/(?<!\$)\$\(([A-Za-z_][A-Za-z0-9_]*)\)/g)) {
+      if (!envNames.has(m[1])) problems.push(`${where}: $(${m[1]}) is not an env variable of the container`);
+    }
+  }
+  // Shell reads must be defined: env, runtime, or assigned by the script.
+  for (const s of scripts) {
+    const assigned = scriptAssigned(s);
+    for (const name of scriptReads(s)) {
+      if (!envNames.has(name) && !assigned.has(name) && !RUNTIME_ENV.has(name)) {
+        problems.push(`${where}: the shell script reads ${name}, which is neither an env variable nor assigned in the script`);
+      }
+    }
+  }
+  // Every env variable must reach something that reads it.
+  if (invocations.length > 0) {
+    const used = [...k8sTexts, ...scripts, ...probeTexts].join("\n");
+    const binTexts = [...new Set(invocations.map((i) => i.bin))].map((b) => ctx.help[b].text);
+    for (const name of envNames) {
+      const read =
+        new RegExp(`\\$\\(${name}\\)|\\$\\{?${name}\\b`).test(used) ||
+        scripts.some((s) => scriptReads(s).has(name)) ||
+        binTexts.some((t) => new RegExp(`\\b${name}\\b`).test(t)) ||
+        Object.hasOwn(ctx.libraryEnv, name);
+      if (!read) {
+        problems.push(
+          `${where}: env ${name} is read by nothing: not used by the command, not in the help of ${[...new Set(invocations.map((i) => i.bin))].join(", ")}, not in deploy/validate/library-env.json`,
+        );
+      }
+    }
+  }
+
+  // DESIGN §12 for NCCL workers.
+  const workerInvs = main.invocations.filter((i) => i.bin === "moe-ep-worker");
+  const nccl = workerInvs.some((i) => i.args.some((a) => a === "--backend=nccl")) ;
+  if (nccl) {
+    const value = (n) => env.find((e) => e.name === n);
+    if (value("NCCL_NVLS_ENABLE")?.value !== "0") problems.push(`${where}: NCCL worker without NCCL_NVLS_ENABLE=0 (DESIGN §11)`);
+    if (pod.hostNetwork) {
+      if (value("NCCL_HOSTID")?.valueFrom?.fieldRef?.fieldPath !== "spec.nodeName") {
+        problems.push(`${where}: NCCL worker on the host network without NCCL_HOSTID from spec.nodeName (DESIGN §12)`);
+      }
+      if (!pod.hostIPC) problems.push(`${where}: NCCL worker on the host network without hostIPC (DESIGN §12)`);
+    }
+    if (!(c.securityContext?.capabilities?.add ?? []).includes("IPC_LOCK")) {
+      problems.push(`${where}: NCCL worker without the IPC_LOCK capability (DESIGN §12)`);
+    }
+  }
+}
+
+// ---- main ---------------------------------------------------------------------
+
+function grpcServicesOf(protoDir) {
+  const services = new Set(["grpc.health.v1.Health"]);
+  const walk = (dir) => {
+    for (const e of fs.readdirSync(dir, { withFileTypes: true })) {
+      const p = path.join(dir, e.name);
+      if (e.isDirectory()) walk(p);
+      else if (e.name.endsWith(".proto")) {
+        const text = fs.readFileSync(p, "utf8");
+        const pkg = text.match(/^\s*package\s+([\w.]+)\s*;/m)?.[1];
+        for (const m of text.matchAll(/^\s*service\s+(\w+)\s*\{/gm)) services.add(pkg ? `${pkg}.${m[1]}` : m[1]);
+      }
+    }
+  };
+  walk(protoDir);
+  return services;
+}
+
+async function main() {
+  const opts = parseArgs(process.argv.slice(2));
+  const ctx = {
+    help: loadHelp(opts.worker, opts.cli),
+    grpcServices: grpcServicesOf(opts["proto-dir"]),
+    libraryEnv: JSON.parse(fs.readFileSync(path.join(HERE, "library-env.json"), "utf8")),
+  };
+  const crdValidators = loadCrdValidators(opts.schemas);
+  const problems = [];
+  const builtins = [];
+  let count = 0;
+  for (const file of opts.files) {
+    const docs = YAML.parseAllDocuments(fs.readFileSync(file, "utf8"));
+    for (const d of docs) {
+      if (d.errors.length > 0) {
+        problems.push(`${file}: YAML: ${d.errors[0].message}`);
+        continue;
+      }
+      const doc = d.toJS();
+      if (doc === null) continue;
+      count++;
+      const label = `${file}: ${doc.kind ?? "?"}/${doc.metadata?.name ?? "?"}`;
+      if (typeof doc.apiVersion !== "string" || typeof doc.kind !== "string") {
+        problems.push(`${label}: apiVersion and kind are required strings`);
+        continue;
+      }
+      const crd = crdValidators.get(`${doc.apiVersion}/${doc.kind}`);
+      if (crd) {
+        if (!crd(doc)) for (const e of crd.errors) problems.push(`${label}: ${ajvMessage(e)}`);
+      } else {
+        const cls = await modelClass(doc.apiVersion, doc.kind);
+        if (!cls) {
+          problems.push(`${label}: no schema for ${doc.apiVersion} ${doc.kind} (not a built-in kind nor in deploy/schemas)`);
+          continue;
+        }
+        try {
+          new cls(doc).validate();
+        } catch (e) {
+          // kubernetes-models joins its errors: "data/a must ..., data/b ...".
+          for (const part of String(e.message).split(/,\s*(?=data[/\s])|\n/)) {
+            problems.push(`${label}: ${part.trim().replace(/^data/, "") || "/"}`);
+          }
+        }
+        builtins.push({ doc, label });
+      }
+      for (const [podPath, pod] of podSpecs(doc)) {
+        for (const kind of ["initContainers", "containers"]) {
+          for (const c of pod[kind] ?? []) {
+            checkContainer(c, pod, `${label}: ${podPath}.${kind}[${c.name}]`, ctx, problems);
+          }
+        }
+      }
+    }
+  }
+  for (const e of unknownFieldErrors(builtins)) problems.push(`${e.entry ? e.entry.label : "?"}: ${e.message}`);
+
+  for (const p of problems) console.log(`FAIL ${p}`);
+  console.log(`${count} documents in ${opts.files.length} renders: ${problems.length === 0 ? "valid" : `${problems.length} problems`}`);
+  process.exit(problems.length === 0 ? 0 : 1);
+}
+
+main().catch((e) => {
+  console.error(`validate-manifests: ${e.stack ?? e}`);
+  process.exit(2);
+});

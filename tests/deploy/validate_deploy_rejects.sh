@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Proves that scripts/validate-deploy.sh rejects broken manifests: breaks a
+# copy of deploy/k8s in ten independent ways, runs the validator once, and
+# requires exit status 1 and one FAIL line naming each breakage.
+# Usage: tests/deploy/validate_deploy_rejects.sh BUILD_DIR
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build_dir=${1:?usage: validate_deploy_rejects.sh BUILD_DIR}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cp -r "$root/deploy/k8s" "$work/k8s"
+k=$work/k8s
+
+# edit FILE OLD NEW: replace one exact line fragment, which must exist once.
+edit() {
+  local file=$k/$1
+  local n
+  n=$(OLD=$2 perl -0ne 'print scalar(() = /\Q$ENV{OLD}\E/g)' "$file")
+  [ "$n" = 1 ] || { echo "test bug: '$2' occurs $n times in $1, expected once"; exit 1; }
+  OLD=$2 NEW=$3 perl -0pi -e 's/\Q$ENV{OLD}\E/$ENV{NEW}/' "$file"
+}
+
+# 1. Kubernetes schema: wrong type.
+edit base/statefulset.yaml 'replicas: 2  #' 'replicas: two  #'
+# 2. unknown field in a built-in kind (a typo the API server drops or refuses).
+edit base/service.yaml 'publishNotReadyAddresses: true' 'publishNotReadyAddress: true'
+# 3. missing required field: a gRPC probe without its port.
+edit base/statefulset.yaml '            grpc:
+              port: 50051
+              service: moe_ep.v1.Worker' '            grpc:
+              service: moe_ep.v1.Worker'
+# 4. LeaderWorkerSet CRD schema: a value outside the enum, and an unknown field.
+edit overlays/lws/leaderworkerset.yaml 'restartPolicy: RecreateGroupOnPodRestart' 'restartPolicy: Sometimes'
+edit overlays/lws/leaderworkerset.yaml 'startupPolicy: LeaderCreated' 'startPolicy: LeaderCreated'
+# 5. a worker flag the binary does not have.
+edit overlays/cpu/worker-resources.yaml '--drain_timeout_ms=20000' '--drain_timeout=20000'
+# 6. a moe-ep run flag the binary does not have.
+edit base/coordinator-job.yaml '--rpc-timeout 300' '--rpc-deadline 300'
+# 7. an env variable nothing reads, and a script variable nothing defines.
+edit overlays/lws/coordinator-job.yaml '- name: MODEL' '- name: MODEL_NAME'
+# 8. a readiness probe on a service the worker does not serve.
+edit overlays/gpu-node/kustomization.yaml 'patches:' 'patches:
+  - patch: |-
+      - op: replace
+        path: /spec/template/spec/containers/0/readinessProbe/grpc/service
+        value: moe_ep.v1.Workers
+    target:
+      kind: StatefulSet'
+# 9. DESIGN §12: NCCL on the host network without NCCL_HOSTID from the node.
+edit overlays/gpu/worker-nccl.yaml 'fieldPath: spec.nodeName' 'fieldPath: metadata.name'
+# 10. $(VAR) expansion of an env variable the container does not define.
+edit overlays/cpu/worker-resources.yaml '--data_plane_host=$(POD_IP)' '--data_plane_host=$(POD_ADDR)'
+
+set +e
+out=$("$root/scripts/validate-deploy.sh" --k8s-dir "$k" "$build_dir" 2>&1)
+rc=$?
+set -e
+echo "$out"
+fails=0
+expect() {
+  if grep -qF -- "$1" <<<"$out"; then
+    echo "ok: rejected ($2)"
+  else
+    echo "MISSING: no FAIL line with '$1' ($2)"; fails=$((fails + 1))
+  fi
+}
+expect 'StatefulSet/moe-ep-worker: /spec/replicas must be integer' 'wrong type'
+expect "'\"publishNotReadyAddress\"' does not exist in type 'Service" 'unknown field'
+expect "/spec/template/spec/containers/0/readinessProbe/grpc must have required property port" 'missing required field'
+expect '/spec/leaderWorkerTemplate/restartPolicy: must be equal to one of the allowed values' 'LWS enum'
+expect 'LeaderWorkerSet/moe-ep: /spec: unknown field "startPolicy"' 'LWS unknown field'
+expect 'flag --drain_timeout of moe-ep-worker is not in `moe-ep-worker --helpfull`' 'worker flag'
+expect 'flag --rpc-deadline of moe-ep is not in `moe-ep run --help`' 'moe-ep flag'
+expect 'env MODEL_NAME is read by nothing' 'unused env'
+expect 'the shell script reads MODEL, which is neither an env variable nor assigned' 'undefined script variable'
+expect 'readinessProbe.grpc.service "moe_ep.v1.Workers" is not "" nor a service of proto/' 'probe service'
+expect 'NCCL worker on the host network without NCCL_HOSTID from spec.nodeName' 'DESIGN §12'
+expect '$(POD_ADDR) is not an env variable of the container' 'unresolved $(VAR)'
+if [ "$rc" -ne 1 ]; then echo "validate-deploy.sh exited $rc, expected 1"; fails=$((fails + 1)); fi
+if [ "$fails" -ne 0 ]; then echo "$fails expectations failed"; exit 1; fi
+echo "all breakages rejected"
