@@ -31,6 +31,9 @@ absl::Status InstallInterruptHandler(std::function<void(int signo)> on_signal) {
   if (rc != 0) {
     return absl::InternalError(std::string("pthread_sigmask: ") + strerror(rc));
   }
+  // Blocked first, so the default action can never run in between.
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
   std::thread([set, on_signal = std::move(on_signal)] {
     int signo = 0;
     while (sigwait(&set, &signo) != 0) {

@@ -7,6 +7,10 @@
 // normal (not async-signal) context, so the callback may take locks, stop the
 // local cluster (LocalCluster::StopAll) and print.
 //
+// Both signals get their default disposition first: a shell starts background
+// jobs with SIGINT ignored, and an ignored signal is discarded even while
+// blocked, so `kill -INT` would never reach the waiting thread.
+//
 // Worker processes started afterwards must unblock the signals themselves
 // (client/local_cluster.cc does so before exec).
 // Source: issue 2 ("stops them all on exit or Ctrl-C").

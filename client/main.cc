@@ -209,6 +209,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   const absl::Status result = action();
+  if (InterruptSignal() != 0 && !long_running_up) {
+    // The signal thread is stopping the workers (the calls above failed
+    // because of it); wait for it to finish rather than report those errors.
+    LocalCluster::StopAll();
+    return 130;
+  }
   if (!result.ok()) {
     std::cerr << "moe-ep: error: " << result << "\n";
     return 1;

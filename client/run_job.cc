@@ -196,6 +196,7 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
   result.layer_expert_bytes = ExpertBytesPerLayer(model);
   result.num_sparse_layers = static_cast<int>(sparse.size());
   result.tolerance = options.tolerance;
+  result.identity_experts = identity;
   for (int layer : run_layers) {
     v1::LoadExpertsRequest load;
     load.set_layer(layer);
@@ -374,7 +375,9 @@ std::string RenderRunSummary(const RunJobResult& result) {
   TextTable memory({"memory footprint (routed experts, bf16)", "bytes"});
   memory.AddRow({absl::StrCat("held by each worker (", result.layers.size(), " layer(s), max)"),
                  FormatBytes(static_cast<double>(max_rank_bytes))});
-  memory.AddRow({absl::StrCat("one layer, all experts (the reference holds this)"),
+  memory.AddRow({result.identity_experts
+                     ? std::string("one layer, all experts (identity run: none held)")
+                     : std::string("one layer, all experts (the reference holds this)"),
                  FormatBytes(static_cast<double>(result.layer_expert_bytes))});
   memory.AddRow({absl::StrCat("all ", result.num_sparse_layers, " MoE layers, per worker at EP ",
                               result.world),
@@ -385,6 +388,11 @@ std::string RenderRunSummary(const RunJobResult& result) {
     memory.AddRow({"this machine's memory", FormatBytes(pages * page_size)});
   }
   text += memory.Render();
+  if (result.identity_experts) {
+    text +=
+        "identity experts hold no weights; the sizes above are what the model's SwiGLU "
+        "experts would need\n";
+  }
   absl::StrAppendFormat(
       &text,
       "tolerance: |out - ref| <= %.4g * max|ref| + %.3g per layer and rank "

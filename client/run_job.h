@@ -84,6 +84,7 @@ struct RunJobResult {
   std::vector<int64_t> expert_bytes_per_rank;  // experts loaded on each worker, all run layers
   int64_t layer_expert_bytes = 0;              // ExpertBytesPerLayer
   int num_sparse_layers = 0;
+  bool identity_experts = false;  // --experts identity: no weights held
   Tolerance tolerance;
 
   bool AllPass() const;

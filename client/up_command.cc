@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <cstring>
+#include <ostream>
 
 #include "absl/strings/str_join.h"
 #include "client/coordinator.h"
@@ -29,8 +30,11 @@ absl::Status RunUpCommand(const WorkerSelection& selection, std::ostream& out) {
       << "Press Ctrl-C to stop.\n";
   out.flush();
   const int signo = WaitForInterrupt();
-  out << "moe-ep: " << strsignal(signo) << ", stopping " << workers.targets.size() << " workers\n";
-  return workers.cluster->Stop();
+  out << "moe-ep: " << strsignal(signo) << ", stopping " << workers.targets.size() << " workers"
+      << std::endl;
+  RETURN_IF_ERROR(workers.cluster->Stop());
+  out << "moe-ep: all workers stopped" << std::endl;
+  return absl::OkStatus();
 }
 
 }  // namespace moe_ep::client
