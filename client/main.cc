@@ -46,6 +46,9 @@ void AddWorkerFlags(CLI::App* cmd, WorkerSelection* w, bool allow_targets) {
   cmd->add_option("--log-dir", w->log_dir,
                   "write each local worker's output to DIR/worker-<i>.log instead of stderr")
       ->check(CLI::ExistingDirectory);
+  cmd->add_option("--worker-log-level", w->worker_log_level, "log level of local workers")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
+      ->capture_default_str();
 }
 
 }  // namespace

@@ -16,6 +16,9 @@ absl::StatusOr<AttachedWorkers> AttachWorkers(const WorkerSelection& selection) 
   options.backend = selection.backend;
   options.worker_binary = selection.worker_binary;
   options.log_dir = selection.log_dir;
+  if (!selection.worker_log_level.empty()) {
+    options.extra_args.push_back("--log_level=" + selection.worker_log_level);
+  }
   ASSIGN_OR_RETURN(out.cluster, LocalCluster::Start(options));
   out.targets = out.cluster->targets();
   return out;

@@ -18,6 +18,9 @@ struct WorkerSelection {
   std::string backend = "gloo";
   std::string worker_binary;  // empty: next to this executable
   std::string log_dir;        // empty: worker output to stderr
+  // Passed to local workers as --log_level (trace, debug, info, warn, error,
+  // critical, off); empty leaves the worker's default.
+  std::string worker_log_level = "warn";
 };
 
 struct AttachedWorkers {
