@@ -2,12 +2,16 @@
 // renders every kustomization and calls this). Checks, per document:
 //   1. schema: built-in kinds against the Kubernetes OpenAPI schemas shipped by
 //      kubernetes-models (types, required fields, formats, enums);
-//      LeaderWorkerSet against its CRD schema (deploy/schemas) with ajv;
-//      any other apiVersion/kind is an error (nothing may pass unvalidated);
+//      LeaderWorkerSet against moe-ep's own schema (deploy/schemas) with ajv,
+//      and the Kubernetes parts inside it (metadata, the pod templates), which
+//      that schema marks with x-moe-ep-kubernetes, against kubernetes-models
+//      like a built-in kind; any other apiVersion/kind is an error (nothing
+//      may pass unvalidated);
 //   2. unknown fields (the API server's strict field validation): built-in
-//      kinds through the TypeScript checker and kubernetes-types (excess
-//      property errors only; types are step 1's), CRDs through the schema
-//      with additionalProperties: false added to every closed object;
+//      kinds and the x-moe-ep-kubernetes parts of custom resources through
+//      the TypeScript checker and kubernetes-types (excess property errors
+//      only; types are step 1's), the levels a custom resource owns through
+//      its schema's additionalProperties: false;
 //   3. commands: every flag passed to moe-ep-worker / moe-ep (directly, in a
 //      `sh -c` script, or in an exec probe) exists in that binary's help
 //      (moe-ep-worker --helpfull; moe-ep [SUB] --help), every environment
@@ -245,33 +249,74 @@ async function modelClass(apiVersion, kind) {
   return modelCache.get(key);
 }
 
-// CRD schemas as the API server applies them with strict field validation:
-// an object with properties (and no preserve-unknown-fields or map values)
-// admits no other keys. x-kubernetes-* keywords are annotations to ajv.
-function strictCrdSchema(schema) {
-  if (Array.isArray(schema)) return schema.map(strictCrdSchema);
-  if (schema === null || typeof schema !== "object") return schema;
-  const out = {};
-  for (const [k, v] of Object.entries(schema)) {
-    out[k] = k === "properties" ? Object.fromEntries(Object.entries(v).map(([p, s]) => [p, strictCrdSchema(s)])) : strictCrdSchema(v);
-  }
-  if (out.properties && out.additionalProperties === undefined && !out["x-kubernetes-preserve-unknown-fields"]) {
-    out.additionalProperties = false;
-  }
-  if (out["x-kubernetes-int-or-string"]) {
-    delete out.type;
+// Custom resource schemas (deploy/schemas/*.json with x-moe-ep-kind). Their
+// keyword x-moe-ep-kubernetes {models, types, type} marks a Kubernetes-owned
+// value: ajv checks it with the kubernetes-models class of module `models`
+// and records it in `typedParts` for the unknown-field check against
+// kubernetes-types' `types` module, type `type`. The schemas state
+// additionalProperties themselves; ajv runs in strict mode so that a keyword
+// misspelt in a schema is an error rather than silently ignored.
+const typedParts = [];
+
+function kubernetesKeywordValues(schema, out = []) {
+  if (Array.isArray(schema)) schema.forEach((s) => kubernetesKeywordValues(s, out));
+  else if (schema !== null && typeof schema === "object") {
+    for (const [k, v] of Object.entries(schema)) {
+      if (k === "x-moe-ep-kubernetes") out.push(v);
+      else kubernetesKeywordValues(v, out);
+    }
   }
   return out;
 }
 
-function loadCrdValidators(schemaDir) {
-  const ajv = new Ajv({ allErrors: true, strict: false, validateFormats: false });
+async function loadCrdValidators(schemaDir) {
+  const models = new Map();
+  const ajv = new Ajv({ allErrors: true, strict: true, validateFormats: false });
+  ajv.addKeyword({ keyword: "x-moe-ep-kind", schemaType: "object" });
+  ajv.addKeyword({
+    keyword: "x-moe-ep-kubernetes",
+    schemaType: "object",
+    metaSchema: {
+      type: "object",
+      required: ["models", "types", "type"],
+      additionalProperties: false,
+      properties: { models: { type: "string" }, types: { type: "string" }, type: { type: "string" } },
+    },
+    errors: true,
+    validate: function kubernetesPart(ref, data, _parentSchema, cxt) {
+      const where = cxt?.instancePath ?? "";
+      kubernetesPart.errors = [];
+      // Not an object: the schema's own `type: object` reports it.
+      if (data === null || typeof data !== "object" || Array.isArray(data)) return true;
+      typedParts.push({ value: data, types: ref.types, type: ref.type, where });
+      try {
+        new (models.get(ref.models))(data).validate();
+      } catch (e) {
+        if (!Array.isArray(e.errors)) throw e;
+        for (const err of e.errors) {
+          kubernetesPart.errors.push({
+            keyword: "x-moe-ep-kubernetes",
+            instancePath: where + err.instancePath,
+            params: {},
+            message: `${err.message} (Kubernetes ${ref.type})`,
+          });
+        }
+      }
+      return kubernetesPart.errors.length === 0;
+    },
+  });
   const validators = new Map();
   for (const f of fs.readdirSync(schemaDir).filter((f) => f.endsWith(".json"))) {
-    const doc = JSON.parse(fs.readFileSync(path.join(schemaDir, f), "utf8"));
-    const src = doc["x-moe-ep-source"];
-    if (!src) continue;
-    validators.set(`${src.group}/${src.version}/${src.kind}`, ajv.compile(strictCrdSchema(doc.schema)));
+    const schema = JSON.parse(fs.readFileSync(path.join(schemaDir, f), "utf8"));
+    const id = schema["x-moe-ep-kind"];
+    if (!id) continue;
+    for (const ref of kubernetesKeywordValues(schema)) {
+      if (models.has(ref.models)) continue;
+      const cls = (await import(ref.models))[ref.type];
+      if (typeof cls !== "function") throw new Error(`${f}: ${ref.models} exports no ${ref.type}`);
+      models.set(ref.models, cls);
+    }
+    validators.set(`${id.apiVersion}/${id.kind}`, ajv.compile(schema));
   }
   return validators;
 }
@@ -288,16 +333,31 @@ function typesModule(apiVersion) {
   return `kubernetes-types/${group.split(".")[0]}/${version}`;
 }
 
-// Unknown fields of built-in kinds: each document becomes a typed object
-// literal; TypeScript reports every property its type does not declare.
+// An object literal of `value` whose leaves are `as any`: TypeScript still
+// checks every object for excess properties, but reports no type mismatch,
+// which would end its checking of the enclosing literal (kubernetes-types
+// declares Quantity as string, so `nvidia.com/gpu: 1`, valid Kubernetes,
+// would otherwise hide every unknown field of its pod template).
+function untypedLeaves(value) {
+  if (Array.isArray(value)) return `[${value.map(untypedLeaves).join(",")}]`;
+  if (value !== null && typeof value === "object") {
+    return `{${Object.entries(value).map(([k, v]) => `${JSON.stringify(k)}:${untypedLeaves(v)}`).join(",\n")}}`;
+  }
+  return `(${JSON.stringify(value)} as any)`;
+}
+
+// Unknown fields of built-in kinds and of the Kubernetes parts of custom
+// resources: each entry {value, types, type, label, where} becomes an object
+// literal of type `type` from module `types`, and TypeScript reports a
+// property its type does not declare (the first it meets in each entry: one
+// unknown field per entry fails the entry, the next shows once it is fixed).
 function unknownFieldErrors(entries) {
   if (entries.length === 0) return [];
   const imports = new Map();
   const lines = [];
-  entries.forEach(({ doc }, i) => {
-    const mod = typesModule(doc.apiVersion);
-    if (!imports.has(mod)) imports.set(mod, `T${imports.size}`);
-    lines.push(`export const d${i}: ${imports.get(mod)}.${doc.kind} = ${JSON.stringify(doc, null, 1)};`);
+  entries.forEach(({ value, types, type }, i) => {
+    if (!imports.has(types)) imports.set(types, `T${imports.size}`);
+    lines.push(`export const d${i}: ${imports.get(types)}.${type} = ${untypedLeaves(value)};`);
   });
   const source =
     [...imports].map(([mod, alias]) => `import type * as ${alias} from "${mod}";`).join("\n") + "\n" + lines.join("\n") + "\n";
@@ -516,9 +576,9 @@ async function main() {
     grpcServices: grpcServicesOf(opts["proto-dir"]),
     libraryEnv: JSON.parse(fs.readFileSync(path.join(HERE, "library-env.json"), "utf8")),
   };
-  const crdValidators = loadCrdValidators(opts.schemas);
+  const crdValidators = await loadCrdValidators(opts.schemas);
   const problems = [];
-  const builtins = [];
+  const typed = [];  // entries for unknownFieldErrors
   let count = 0;
   for (const file of opts.files) {
     const docs = YAML.parseAllDocuments(fs.readFileSync(file, "utf8"));
@@ -537,7 +597,9 @@ async function main() {
       }
       const crd = crdValidators.get(`${doc.apiVersion}/${doc.kind}`);
       if (crd) {
+        typedParts.length = 0;
         if (!crd(doc)) for (const e of crd.errors) problems.push(`${label}: ${ajvMessage(e)}`);
+        for (const p of typedParts) typed.push({ ...p, label });
       } else {
         const cls = await modelClass(doc.apiVersion, doc.kind);
         if (!cls) {
@@ -552,7 +614,7 @@ async function main() {
             problems.push(`${label}: ${part.trim().replace(/^data/, "") || "/"}`);
           }
         }
-        builtins.push({ doc, label });
+        typed.push({ value: doc, types: typesModule(doc.apiVersion), type: doc.kind, label, where: "" });
       }
       for (const [podPath, pod] of podSpecs(doc)) {
         for (const kind of ["initContainers", "containers"]) {
@@ -563,7 +625,9 @@ async function main() {
       }
     }
   }
-  for (const e of unknownFieldErrors(builtins)) problems.push(`${e.entry ? e.entry.label : "?"}: ${e.message}`);
+  for (const e of unknownFieldErrors(typed)) {
+    problems.push(e.entry ? `${e.entry.label}: ${e.entry.where ? `${e.entry.where}: ` : ""}${e.message}` : `?: ${e.message}`);
+  }
 
   for (const p of problems) console.log(`FAIL ${p}`);
   console.log(`${count} documents in ${opts.files.length} renders: ${problems.length === 0 ? "valid" : `${problems.length} problems`}`);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Proves that scripts/validate-deploy.sh rejects broken manifests: breaks a
-# copy of deploy/k8s in ten independent ways, runs the validator once, and
+# copy of deploy/k8s in eleven independent ways, runs the validator once, and
 # requires exit status 1 and one FAIL line naming each breakage.
 # Usage: tests/deploy/validate_deploy_rejects.sh BUILD_DIR
 set -euo pipefail
@@ -29,7 +29,7 @@ edit base/statefulset.yaml '            grpc:
               port: 50051
               service: moe_ep.v1.Worker' '            grpc:
               service: moe_ep.v1.Worker'
-# 4. LeaderWorkerSet CRD schema: a value outside the enum, and an unknown field.
+# 4. LeaderWorkerSet schema: a value outside the enum, and an unknown field.
 edit overlays/lws/leaderworkerset.yaml 'restartPolicy: RecreateGroupOnPodRestart' 'restartPolicy: Sometimes'
 edit overlays/lws/leaderworkerset.yaml 'startupPolicy: LeaderCreated' 'startPolicy: LeaderCreated'
 # 5. a worker flag the binary does not have.
@@ -50,6 +50,10 @@ edit overlays/gpu-node/kustomization.yaml 'patches:' 'patches:
 edit overlays/gpu/worker-nccl.yaml 'fieldPath: spec.nodeName' 'fieldPath: metadata.name'
 # 10. $(VAR) expansion of an env variable the container does not define.
 edit overlays/cpu/worker-resources.yaml '--data_plane_host=$(POD_IP)' '--data_plane_host=$(POD_ADDR)'
+# 11. LeaderWorkerSet pod template (checked as a Kubernetes PodTemplateSpec):
+# wrong type, and an unknown field.
+edit overlays/lws/leaderworkerset.yaml 'terminationGracePeriodSeconds: 30' 'terminationGracePeriodSeconds: thirty'
+edit overlays/lws/leaderworkerset.yaml 'runAsGroup: 0' 'runAsGroups: 0'
 
 set +e
 out=$("$root/scripts/validate-deploy.sh" --k8s-dir "$k" "$build_dir" 2>&1)
@@ -76,6 +80,8 @@ expect 'the shell script reads MODEL, which is neither an env variable nor assig
 expect 'readinessProbe.grpc.service "moe_ep.v1.Workers" is not "" nor a service of proto/' 'probe service'
 expect 'NCCL worker on the host network without NCCL_HOSTID from spec.nodeName' 'DESIGN §12'
 expect '$(POD_ADDR) is not an env variable of the container' 'unresolved $(VAR)'
+expect 'LeaderWorkerSet/moe-ep: /spec/leaderWorkerTemplate/workerTemplate/spec/terminationGracePeriodSeconds: must be integer' 'LWS pod template type'
+expect "LeaderWorkerSet/moe-ep: /spec/leaderWorkerTemplate/workerTemplate: unknown field: Object literal may only specify known properties, and '\"runAsGroups\"' does not exist in type 'PodSecurityContext'" 'LWS pod template unknown field'
 if [ "$rc" -ne 1 ]; then echo "validate-deploy.sh exited $rc, expected 1"; fails=$((fails + 1)); fi
 if [ "$fails" -ne 0 ]; then echo "$fails expectations failed"; exit 1; fi
 echo "all breakages rejected"
