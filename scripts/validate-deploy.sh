@@ -2,7 +2,7 @@
 # Validates the Kubernetes manifests offline: renders every kustomization under
 # deploy/k8s (kubectl kustomize, or kustomize build), then checks each rendered
 # document against the Kubernetes API schemas, unknown fields, the
-# LeaderWorkerSet CRD schema, and the flags and environment variables it passes
+# hand-written LeaderWorkerSet schema, and the flags and environment variables it passes
 # to moe-ep-worker / moe-ep against the binaries' help
 # (deploy/validate/validate-manifests.mjs says what exactly).
 #

@@ -1,6 +1,6 @@
 # Deployment checks (ctest -L deploy): every kustomization under deploy/k8s
 # renders and validates offline against the Kubernetes API schemas, the
-# LeaderWorkerSet CRD schema and the binaries' flags (scripts/validate-deploy.sh),
+# hand-written LeaderWorkerSet schema and the binaries' flags (scripts/validate-deploy.sh),
 # and the validator rejects a deliberately broken copy of the manifests.
 # Needs node + deploy/validate's npm packages (scripts/install-deploy-tools.sh)
 # and kubectl with kustomize; a missing tool fails the test, it does not skip.
