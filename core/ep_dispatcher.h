@@ -30,18 +30,18 @@
 namespace moe_ep::core {
 
 struct EpDispatcherOptions {
-  WorkspaceSpec workspace;               // ep_size, capacity_tokens, hidden, top_k, dtype
+  WorkspaceSpec workspace;  // ep_size, capacity_tokens, hidden, top_k, dtype
   int num_experts = 0;
-  int32_t invalid_expert_id = -1;        // -1 or num_experts (DESIGN §7)
+  int32_t invalid_expert_id = -1;           // -1 or num_experts (DESIGN §7)
   std::vector<int64_t> cuda_graph_buckets;  // ascending; empty = none (DESIGN §6)
 };
 
 // Byte and token counters of the last step.
 struct StepStats {
   int64_t runtime_max_tokens_per_rank = 0;  // R
-  int64_t tokens_sent = 0;       // token copies sent, one per distinct destination rank
-  int64_t tokens_received = 0;   // valid rows received from all sources
-  int64_t bytes_sent_remote = 0; // dispatch + combine payload bytes to other ranks
+  int64_t tokens_sent = 0;                  // token copies sent, one per distinct destination rank
+  int64_t tokens_received = 0;              // valid rows received from all sources
+  int64_t bytes_sent_remote = 0;            // dispatch + combine payload bytes to other ranks
   int64_t dispatch_us = 0;
   int64_t expert_us = 0;
   int64_t combine_us = 0;

@@ -18,15 +18,15 @@ namespace moe_ep::core {
 
 // One source rank's dispatch routing for one step.
 struct DispatchRoute {
-  int64_t num_tokens = 0;             // T
-  int top_k = 0;                      // K
-  std::vector<int64_t> send_counts;   // [E]: tokens sent to each destination rank
+  int64_t num_tokens = 0;            // T
+  int top_k = 0;                     // K
+  std::vector<int64_t> send_counts;  // [E]: tokens sent to each destination rank
   // CSR over source tokens: token t's destinations are entries
   // [token_offsets[t], token_offsets[t+1]) of dest_rank / dest_slot, ascending
   // by rank. token_offsets has T + 1 entries.
   std::vector<int64_t> token_offsets;
-  std::vector<int32_t> dest_rank;     // destination rank of each send
-  std::vector<int64_t> dest_slot;     // slot in [0, send_counts[rank]) on that rank
+  std::vector<int32_t> dest_rank;  // destination rank of each send
+  std::vector<int64_t> dest_slot;  // slot in [0, send_counts[rank]) on that rank
   // Send order per destination: tokens_for_rank[d][slot] = source token index.
   std::vector<std::vector<int64_t>> tokens_for_rank;
 };

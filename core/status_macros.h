@@ -16,10 +16,10 @@
 
 // RETURN_IF_ERROR(expr): returns the absl::Status of `expr` from the enclosing
 // function when it is not OK.
-#define RETURN_IF_ERROR(expr)                          \
-  do {                                                 \
-    ::absl::Status moe_ep_status_ = (expr);            \
-    if (!moe_ep_status_.ok()) return moe_ep_status_;   \
+#define RETURN_IF_ERROR(expr)                        \
+  do {                                               \
+    ::absl::Status moe_ep_status_ = (expr);          \
+    if (!moe_ep_status_.ok()) return moe_ep_status_; \
   } while (0)
 
 // ASSIGN_OR_RETURN(lhs, expr): evaluates the absl::StatusOr `expr`; returns its
@@ -32,10 +32,10 @@
   lhs = std::move(tmp).value()
 
 // CHECK(cond): "cannot happen" invariants only. Logs and aborts.
-#define CHECK(cond)                                                              \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
-      spdlog::critical("CHECK failed at {}:{}: {}", __FILE__, __LINE__, #cond);  \
-      std::abort();                                                              \
-    }                                                                            \
+#define CHECK(cond)                                                             \
+  do {                                                                          \
+    if (!(cond)) {                                                              \
+      spdlog::critical("CHECK failed at {}:{}: {}", __FILE__, __LINE__, #cond); \
+      std::abort();                                                             \
+    }                                                                           \
   } while (0)

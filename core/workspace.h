@@ -19,10 +19,10 @@ std::string DispatchDTypeName(DispatchDType dtype);
 absl::StatusOr<DispatchDType> ParseDispatchDType(const std::string& name);
 
 struct WorkspaceSpec {
-  int ep_size = 0;               // E
-  int64_t capacity_tokens = 0;   // N, per rank
-  int64_t hidden = 0;            // H, elements
-  int top_k = 0;                 // K
+  int ep_size = 0;              // E
+  int64_t capacity_tokens = 0;  // N, per rank
+  int64_t hidden = 0;           // H, elements
+  int top_k = 0;                // K
   DispatchDType dtype = DispatchDType::kBF16;
 };
 
