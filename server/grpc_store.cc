@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gloo/common/error.h"
 #include "grpcpp/create_channel.h"
@@ -48,7 +49,20 @@ void CallWithRetry(const std::string& what, const std::string& address, absl::Du
       ": ", what, last.ok() ? std::string() : absl::StrCat(" (", last.error_message(), ")")));
 }
 
+absl::Mutex g_peer_credentials_mu;
+std::shared_ptr<grpc::ChannelCredentials> g_peer_credentials ABSL_GUARDED_BY(g_peer_credentials_mu);
+
+std::shared_ptr<grpc::ChannelCredentials> PeerChannelCredentials() {
+  absl::MutexLock lock(&g_peer_credentials_mu);
+  return g_peer_credentials != nullptr ? g_peer_credentials : grpc::InsecureChannelCredentials();
+}
+
 }  // namespace
+
+void SetPeerChannelCredentials(std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  absl::MutexLock lock(&g_peer_credentials_mu);
+  g_peer_credentials = std::move(credentials);
+}
 
 GrpcStore::GrpcStore(std::string address, absl::Duration timeout)
     : address_(std::move(address)), timeout_(timeout) {
@@ -58,8 +72,8 @@ GrpcStore::GrpcStore(std::string address, absl::Duration timeout)
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  stub_ = v1::Rendezvous::NewStub(
-      grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+  stub_ =
+      v1::Rendezvous::NewStub(grpc::CreateCustomChannel(address_, PeerChannelCredentials(), args));
 }
 
 void GrpcStore::set(const std::string& key, const std::vector<char>& data) {

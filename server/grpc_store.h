@@ -22,9 +22,17 @@
 
 #include "absl/time/time.h"
 #include "gloo/rendezvous/store.h"
+#include "grpcpp/security/credentials.h"
 #include "moe_ep/v1/rendezvous.grpc.pb.h"
 
 namespace moe_ep::server {
+
+// The channel credentials every GrpcStore created afterwards uses to reach
+// rank 0 (TLS, client certificate, bearer token: server/tls_credentials.h's
+// MakePeerChannelCredentials). Process-wide because it is process
+// configuration (main.cc sets it once from the flags, before serving); null
+// (the default) means plaintext. Thread-safe.
+void SetPeerChannelCredentials(std::shared_ptr<grpc::ChannelCredentials> credentials);
 
 class GrpcStore : public gloo::rendezvous::Store {
  public:

@@ -19,6 +19,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -31,8 +32,13 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "server/auth.h"
+#include "server/grpc_store.h"
 #include "server/health.h"
+#include "server/logging.h"
+#include "server/metrics.h"
 #include "server/rendezvous_service.h"
+#include "server/tls_credentials.h"
 #include "server/worker_service.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -50,6 +56,30 @@ ABSL_FLAG(std::string, data_plane_host, "127.0.0.1",
 ABSL_FLAG(std::string, port_file, "", "optional file to write the bound port to");
 ABSL_FLAG(int64_t, drain_timeout_ms, 5000,
           "on SIGTERM/SIGINT, how long in-flight calls may run before they are cancelled");
+// Control-plane security and limits (server/tls_credentials.h, server/auth.h).
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain of this worker; TLS when set");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: when set, clients must present a certificate it signed (mutual TLS)");
+ABSL_FLAG(std::string, tls_peer_ca, "",
+          "PEM CA bundle that signed the other workers' certificates (rendezvous calls to rank "
+          "0); default --tls_client_ca, else the system roots");
+ABSL_FLAG(int32_t, tls_refresh_s, 10, "seconds between re-reads of the TLS files (hot reload)");
+ABSL_FLAG(bool, allow_insecure, false,
+          "serve plaintext on a non-loopback --listen address (plaintext on loopback is always "
+          "allowed)");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "file holding a bearer token every call must send as \"authorization: Bearer <token>\" "
+          "(needs TLS; re-read when it changes)");
+ABSL_FLAG(int32_t, max_message_bytes, 256 << 20,
+          "largest request this worker accepts, bytes (Forward carries [T, H] tensors)");
+// Observability (server/metrics.h, server/logging.h).
+ABSL_FLAG(std::string, metrics_listen, "",
+          "host:port of the Prometheus /metrics endpoint (plain HTTP); empty = off; port 0 picks "
+          "a free port (logged, and written to --metrics_port_file)");
+ABSL_FLAG(std::string, metrics_port_file, "", "optional file to write the metrics port to");
+ABSL_FLAG(std::string, log_format, "text",
+          "text, or json (one JSON object per line with rank, generation and epoch)");
 
 namespace {
 
@@ -92,6 +122,10 @@ int main(int argc, char** argv) {
                              "\" (trace, debug, info, warn, error, critical, off)"));
   }
   spdlog::set_level(level);
+  if (absl::Status format = moe_ep::server::ConfigureLogFormat(absl::GetFlag(FLAGS_log_format));
+      !format.ok()) {
+    return Fail(std::string(format.message()));
+  }
 
   moe_ep::server::WorkerOptions options;
   options.memory_cap_bytes = absl::GetFlag(FLAGS_memory_cap_bytes);
@@ -106,6 +140,35 @@ int main(int argc, char** argv) {
   }
   const int64_t drain_ms = absl::GetFlag(FLAGS_drain_timeout_ms);
   if (drain_ms < 0) return Fail(absl::StrCat("--drain_timeout_ms: expected >= 0, got ", drain_ms));
+  const int max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  if (max_message_bytes < 1) {
+    return Fail(absl::StrCat("--max_message_bytes: expected >= 1, got ", max_message_bytes));
+  }
+
+  // Transport security: TLS / mTLS from files, a bearer token, plaintext only
+  // on loopback unless --allow_insecure (server/tls_credentials.h).
+  moe_ep::server::ServerSecurityOptions security;
+  security.listen = absl::GetFlag(FLAGS_listen);
+  security.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  security.tls_key = absl::GetFlag(FLAGS_tls_key);
+  security.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  security.tls_peer_ca = absl::GetFlag(FLAGS_tls_peer_ca);
+  security.refresh_interval = absl::Seconds(absl::GetFlag(FLAGS_tls_refresh_s));
+  security.allow_insecure = absl::GetFlag(FLAGS_allow_insecure);
+  const std::string token_file = absl::GetFlag(FLAGS_auth_token_file);
+  security.auth_token = !token_file.empty();
+  auto credentials = moe_ep::server::MakeServerCredentials(security);
+  if (!credentials.ok()) return Fail(std::string(credentials.status().message()));
+  std::string peer_token;
+  if (security.auth_token) {
+    auto auth = moe_ep::server::BearerTokenAuth::Create(token_file);
+    if (!auth.ok()) return Fail(std::string(auth.status().message()));
+    (*credentials)->SetAuthMetadataProcessor(*auth);
+    peer_token = (*auth)->CurrentToken();
+  }
+  auto peer_credentials = moe_ep::server::MakePeerChannelCredentials(security, peer_token);
+  if (!peer_credentials.ok()) return Fail(std::string(peer_credentials.status().message()));
+  moe_ep::server::SetPeerChannelCredentials(*peer_credentials);
 
   // Stop signals: a handler (run on whichever thread gets the signal) writes
   // the signal number into a pipe that this thread reads after start-up.
@@ -125,11 +188,27 @@ int main(int argc, char** argv) {
   grpc::ServerBuilder builder;
   const std::string listen = absl::GetFlag(FLAGS_listen);
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.AddListeningPort(listen, *credentials, &port);
+  builder.SetMaxReceiveMessageSize(max_message_bytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.RegisterService(&worker);
   builder.RegisterService(&rendezvous);
+  // RPC metrics, and the log fields (rank, generation, epoch) refreshed after each call.
+  auto snapshot = [&worker] {
+    moe_ep::v1::GetStatusRequest request;
+    moe_ep::v1::GetStatusResponse status;
+    worker.GetStatus(nullptr, &request, &status);
+    return status;
+  };
+  moe_ep::server::WorkerMetrics metrics(snapshot, [&snapshot] {
+    const moe_ep::v1::GetStatusResponse status = snapshot();
+    const bool joined = status.state() != moe_ep::v1::WORKER_STATE_STARTED;
+    moe_ep::server::SetLogContext(joined ? status.rank() : -1, status.generation(),
+                                  status.geometry_epoch());
+  });
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(metrics.MakeInterceptorFactory());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return Fail(absl::StrCat("--listen: cannot bind ", listen));
@@ -143,6 +222,20 @@ int main(int argc, char** argv) {
     std::ofstream out(port_file);
     out << port << "\n";
     if (!out) return Fail(absl::StrCat("--port_file: cannot write ", port_file));
+  }
+  std::unique_ptr<moe_ep::server::MetricsServer> metrics_server;
+  if (const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+      !metrics_listen.empty()) {
+    auto started = moe_ep::server::MetricsServer::Start(metrics_listen, metrics);
+    if (!started.ok()) return Fail(std::string(started.status().message()));
+    metrics_server = std::move(*started);
+    spdlog::info("serving Prometheus metrics on http://{}:{}/metrics", HostOf(metrics_listen),
+                 metrics_server->port());
+    if (const std::string file = absl::GetFlag(FLAGS_metrics_port_file); !file.empty()) {
+      std::ofstream out(file);
+      out << metrics_server->port() << "\n";
+      if (!out) return Fail(absl::StrCat("--metrics_port_file: cannot write ", file));
+    }
   }
   std::cout << "moe-ep-worker listening on " << bound << std::endl;
   spdlog::info(
