@@ -84,7 +84,11 @@ Coordinator::Coordinator(std::vector<std::string> targets, CoordinatorOptions op
     // Workers are addressed directly; an http_proxy in the environment must not
     // capture loopback or cluster-internal addresses.
     args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
-    auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+    auto channel = grpc::CreateCustomChannel(target,
+                                             options_.channel_credentials != nullptr
+                                                 ? options_.channel_credentials
+                                                 : grpc::InsecureChannelCredentials(),
+                                             args);
     stubs_.push_back(v1::Worker::NewStub(channel));
   }
 }

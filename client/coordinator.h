@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "grpcpp/security/credentials.h"
 #include "moe_ep/v1/worker.grpc.pb.h"
 
 namespace moe_ep::client {
@@ -41,6 +42,9 @@ struct CoordinatorOptions {
   // Per-rank address each worker's data plane binds to
   // (JoinRequest.data_plane_host). Empty: the host part of each target.
   std::vector<std::string> data_plane_hosts;
+  // Credentials of every channel (TLS, client certificate, bearer token:
+  // client/credentials.h); null = plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
 };
 
 // Returns OK when every entry of `per_rank` is OK; otherwise one status whose

@@ -14,12 +14,14 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "client/bench_command.h"
+#include "client/credentials.h"
 #include "client/interrupt.h"
 #include "client/local_cluster.h"
 #include "client/plan_command.h"
 #include "client/run_job.h"
 #include "client/status_command.h"
 #include "client/up_command.h"
+#include "client/watch_command.h"
 #include "client/worker_selection.h"
 #include "client/workspace_command.h"
 
@@ -109,7 +111,39 @@ int main(int argc, char** argv) {
   std::string status_targets;
   auto* status = app.add_subcommand("status", "print a table of running workers");
   status->add_option("--targets", status_targets, "host:port,...")->required();
-  status->callback([&] { action = [&] { return RunStatusCommand(status_targets, std::cout); }; });
+  ClientSecurityOptions status_security;
+  AddSecurityFlags(status, &status_security);
+  status->callback([&] {
+    action = [&]() -> absl::Status {
+      CoordinatorOptions options;
+      auto credentials = MakeClientChannelCredentials(status_security);
+      if (!credentials.ok()) return credentials.status();
+      options.channel_credentials = *credentials;
+      options.rpc_timeout = absl::Seconds(10);
+      return RunStatusCommand(status_targets, options, std::cout);
+    };
+  });
+
+  // watch
+  WatchCommandOptions watch_options;
+  auto* watch = app.add_subcommand("watch", "refresh the status table until Ctrl-C");
+  watch->add_option("--targets", watch_options.targets, "host:port,...")->required();
+  watch->add_option("--interval-ms", watch_options.interval_ms, "refresh interval, ms")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  watch->add_option("--count", watch_options.count, "stop after N refreshes (0 = until Ctrl-C)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  bool watch_no_clear = false;
+  watch->add_flag("--no-clear", watch_no_clear, "append tables instead of redrawing the screen");
+  AddSecurityFlags(watch, &watch_options.security);
+  watch->callback([&] {
+    long_running_up = true;  // stops by itself on Ctrl-C (exit 0)
+    watch_options.clear_screen = !watch_no_clear;
+    action = [&] {
+      return RunWatchCommand(watch_options, std::cout, [] { return InterruptSignal() != 0; });
+    };
+  });
 
   // run
   RunJobOptions run_options;

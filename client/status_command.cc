@@ -50,8 +50,14 @@ std::string RenderWorkerTable(
 }
 
 absl::Status RunStatusCommand(const std::string& targets_text, std::ostream& out) {
+  return RunStatusCommand(targets_text, CoordinatorOptions(), out);
+}
+
+absl::Status RunStatusCommand(const std::string& targets_text, const CoordinatorOptions& options,
+                              std::ostream& out) {
   ASSIGN_OR_RETURN(std::vector<std::string> targets, ParseTargets(targets_text));
-  ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator, Coordinator::Connect(targets));
+  ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
+                   Coordinator::Connect(targets, options));
   const auto statuses = coordinator->StatusEach();
   out << RenderWorkerTable(targets, statuses);
   int unreachable = 0;

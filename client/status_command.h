@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "client/coordinator.h"
 #include "moe_ep/v1/worker.pb.h"
 
 namespace moe_ep::client {
@@ -27,5 +28,8 @@ std::string RenderWorkerTable(
 // Errors: kInvalidArgument for a bad target list; kUnavailable when any
 // worker did not answer (the table is printed first).
 absl::Status RunStatusCommand(const std::string& targets, std::ostream& out);
+// The same over channels made with `options` (credentials, timeouts).
+absl::Status RunStatusCommand(const std::string& targets, const CoordinatorOptions& options,
+                              std::ostream& out);
 
 }  // namespace moe_ep::client
