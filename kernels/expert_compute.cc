@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_format.h"
 #include "core/status_macros.h"
+#include "kernels/grouped_gemm.cuh"
 #include "kernels/internal/cuda_status.h"
 #include "kernels/route.cuh"
 
@@ -51,6 +52,9 @@ absl::StatusOr<std::unique_ptr<ExpertCompute>> ExpertCompute::Create(int64_t max
   RETURN_IF_ERROR(ec->Alloc(reinterpret_cast<void**>(&b.offsets),
                             (max_local_experts + 1) * int64_t{sizeof(int32_t)},
                             "cudaMalloc(offsets)"));
+  RETURN_IF_ERROR(ec->Alloc(reinterpret_cast<void**>(&ec->tile_offsets_),
+                            (max_local_experts + 1) * int64_t{sizeof(int32_t)},
+                            "cudaMalloc(tile_offsets)"));
   ASSIGN_OR_RETURN(b.sort_temp_bytes, SortTempBytes(n, max_local_experts));
   RETURN_IF_ERROR(ec->Alloc(&b.sort_temp, static_cast<int64_t>(b.sort_temp_bytes) + 16,
                             "cudaMalloc(sort_temp)"));
@@ -73,12 +77,12 @@ absl::StatusOr<std::unique_ptr<ExpertCompute>> ExpertCompute::Create(int64_t max
 
 ExpertCompute::~ExpertCompute() {
   if (cublas_ != nullptr) cublasDestroy(cublas_);
-  for (void* p :
-       {static_cast<void*>(entries_.keys), static_cast<void*>(entries_.values),
-        static_cast<void*>(entries_.sorted_keys), static_cast<void*>(entries_.sorted_values),
-        static_cast<void*>(entries_.position), static_cast<void*>(entries_.offsets),
-        entries_.sort_temp, static_cast<void*>(x_), static_cast<void*>(gate_up_),
-        static_cast<void*>(act_), static_cast<void*>(y_), cublas_workspace_}) {
+  for (void* p : {static_cast<void*>(entries_.keys), static_cast<void*>(entries_.values),
+                  static_cast<void*>(entries_.sorted_keys),
+                  static_cast<void*>(entries_.sorted_values), static_cast<void*>(entries_.position),
+                  static_cast<void*>(entries_.offsets), static_cast<void*>(tile_offsets_),
+                  entries_.sort_temp, static_cast<void*>(x_), static_cast<void*>(gate_up_),
+                  static_cast<void*>(act_), static_cast<void*>(y_), cublas_workspace_}) {
     cudaFree(p);
   }
   cudaFreeHost(host_offsets_);
@@ -107,14 +111,14 @@ absl::Status ExpertCompute::Run(const uint8_t* recv, int64_t num_rows,
         absl::StrFormat("ExpertCompute::Run: intermediate expected <= max_intermediate %d, got %d",
                         max_intermediate_, inter));
   }
-  if (swiglu) {
+  if (swiglu && gemm_ == ExpertGemm::kCublasHostCounts) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     RETURN_IF_ERROR(
         internal::CudaStatus(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing"));
     if (capture != cudaStreamCaptureStatusNone) {
       return absl::FailedPreconditionError(
-          "ExpertCompute::Run: SwiGLU experts read per-expert row counts on the host and cannot "
-          "be captured in a CUDA graph; capture identity experts or run eagerly");
+          "ExpertCompute::Run: SwiGLU experts with kCublasHostCounts read per-expert row counts on "
+          "the host and cannot be captured in a CUDA graph; use kGroupedDevice");
     }
   }
   if (num_rows == 0 || experts.num_experts() == 0) return absl::OkStatus();
@@ -128,6 +132,27 @@ absl::Status ExpertCompute::Run(const uint8_t* recv, int64_t num_rows,
   const int64_t max_entries = num_rows * top_k_;
   RETURN_IF_ERROR(
       LaunchGatherExpertRows(recv, max_entries, hidden_, top_k_, entries_, num_local, x_, stream));
+  if (gemm_ == ExpertGemm::kGroupedDevice) {
+    RETURN_IF_ERROR(LaunchExpertTileOffsets(entries_.offsets, num_local, tile_offsets_, stream));
+    GroupedGemmParams gate_up;
+    gate_up.a = x_;
+    gate_up.max_rows = max_entries;
+    gate_up.b = experts.gate_up();
+    gate_up.offsets = entries_.offsets;
+    gate_up.tile_offsets = tile_offsets_;
+    gate_up.num_local_experts = num_local;
+    gate_up.n = inter;
+    gate_up.k = hidden_;
+    RETURN_IF_ERROR(LaunchGroupedSwiGlu(gate_up, act_, stream));
+    GroupedGemmParams down = gate_up;
+    down.a = act_;
+    down.b = experts.down();
+    down.n = hidden_;
+    down.k = inter;
+    RETURN_IF_ERROR(LaunchGroupedGemm(down, y_, stream));
+    return LaunchWeightedExpertSum(recv, num_rows, hidden_, top_k_, entries_.position, y_,
+                                   combine_send, stream);
+  }
   // The one documented host sync: cuBLAS takes each expert's m on the host.
   RETURN_IF_ERROR(internal::CudaStatus(
       cudaMemcpyAsync(host_offsets_, entries_.offsets, (num_local + 1) * sizeof(int32_t),

@@ -17,10 +17,16 @@
 //   keys/values/sorted/position int32 [max_rows*K] x 5, offsets [L+1],
 //   cub sort temp, x bf16 [max_rows*K, H], gate_up fp32 [max_rows*K, 2I],
 //   act bf16 [max_rows*K, I], y fp32 [max_rows*K, H], cuBLAS workspace 32 MiB.
-// Host sync: the SwiGLU path copies the L+1 expert offsets to pinned host
-// memory and synchronises the stream once (cuBLAS needs each expert's row
-// count on the host); it is therefore not graph-capturable. The identity path
-// never synchronises and is capturable.
+// GEMMs (ExpertGemm, set_gemm):
+//   kGroupedDevice (default): the grouped WMMA kernels of
+//     kernels/grouped_gemm.cuh read each expert's row count on the device;
+//     gate_up and silu are fused (act = bf16(silu(x Wg^T) * (x Wu^T)), fp32
+//     inside), then y = act down^T in fp32. No host sync: graph-capturable.
+//   kCublasHostCounts: the L+1 expert offsets are copied to pinned host
+//     memory and the stream is synchronised once (cuBLAS takes each expert's
+//     m on the host); not graph-capturable. Kept for comparison.
+// Both round act to bf16 before the down GEMM and accumulate in fp32. The
+// identity path never synchronises and is capturable.
 // Not thread-safe. Source: DESIGN §7, issue 3.
 
 #include <cublas_v2.h>
@@ -34,6 +40,12 @@
 #include "kernels/expert_kernels.cuh"
 
 namespace moe_ep::kernels {
+
+// How the SwiGLU GEMMs get each expert's row count (see above).
+enum class ExpertGemm {
+  kGroupedDevice,     // device-side counts, grouped WMMA kernels, capturable
+  kCublasHostCounts,  // cuBLAS per expert, one host sync, not capturable
+};
 
 class ExpertCompute {
  public:
@@ -54,13 +66,16 @@ class ExpertCompute {
   // expert are not written).
   // Errors: kInvalidArgument (num_rows > max_rows, experts' H differs, I >
   // max_intermediate, more local experts than max_local_experts),
-  // kFailedPrecondition (SwiGLU while `stream` is capturing), kInternal
-  // (CUDA/cuBLAS).
+  // kFailedPrecondition (SwiGLU with kCublasHostCounts while `stream` is
+  // capturing), kInternal (CUDA/cuBLAS).
   absl::Status Run(const uint8_t* recv, int64_t num_rows, const DeviceExpertSet& experts,
                    uint16_t* combine_send, cudaStream_t stream);
 
   // Device bytes of scratch held.
   int64_t allocated_bytes() const { return allocated_bytes_; }
+
+  void set_gemm(ExpertGemm gemm) { gemm_ = gemm; }
+  ExpertGemm gemm() const { return gemm_; }
 
  private:
   ExpertCompute() = default;
@@ -72,7 +87,9 @@ class ExpertCompute {
   int64_t max_intermediate_ = 0;
   int max_local_experts_ = 0;
   int64_t allocated_bytes_ = 0;
+  ExpertGemm gemm_ = ExpertGemm::kGroupedDevice;
   ExpertEntryBuffers entries_;
+  int32_t* tile_offsets_ = nullptr;  // device [max_local_experts + 1]
   uint16_t* x_ = nullptr;
   float* gate_up_ = nullptr;
   uint16_t* act_ = nullptr;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <string>
 
 #include "absl/strings/str_format.h"
 #include "core/status_macros.h"
@@ -81,19 +82,22 @@ absl::StatusOr<std::unique_ptr<GpuEpDispatcher>> GpuEpDispatcher::Create(
   d->first_expert_ = placement.FirstExpert(d->rank_);
   d->num_local_experts_ = placement.NumLocalExperts(d->rank_);
   d->counts_.assign(ws.ep_size, 0);
+  d->header_counts_.assign(ws.ep_size, 3 * static_cast<int64_t>(sizeof(int64_t)));
 
   // Region sizes (bytes), each 128-byte aligned.
   const int64_t e = ws.ep_size;
   const int64_t n = ws.capacity_tokens;
-  const std::array<int64_t, 9> sizes = {core::AlignTo128(e * n * d->row_bytes_),
-                                        core::AlignTo128(e * n * d->row_bytes_),
-                                        core::AlignTo128(e * n * ws.hidden * 2),
-                                        core::AlignTo128(e * n * ws.hidden * 2),
-                                        core::AlignTo128(n * e * 4),
-                                        core::AlignTo128(e * 4),
-                                        core::AlignTo128(3 * 8),
-                                        core::AlignTo128(e * 3 * 8),
-                                        core::AlignTo128(4)};
+  static_assert(sizeof(StepHeaderError) <= 128, "error record fits its region");
+  const std::array<int64_t, 10> sizes = {core::AlignTo128(e * n * d->row_bytes_),
+                                         core::AlignTo128(e * n * d->row_bytes_),
+                                         core::AlignTo128(e * n * ws.hidden * 2),
+                                         core::AlignTo128(e * n * ws.hidden * 2),
+                                         core::AlignTo128(n * e * 4),
+                                         core::AlignTo128(e * 4),
+                                         core::AlignTo128(3 * 8),
+                                         core::AlignTo128(e * 3 * 8),
+                                         core::AlignTo128(sizeof(StepHeaderError)),
+                                         core::AlignTo128(e * 3 * 8)};
   int64_t total = 0;
   for (int64_t s : sizes) total += s;
 
@@ -124,7 +128,9 @@ absl::StatusOr<std::unique_ptr<GpuEpDispatcher>> GpuEpDispatcher::Create(
   d->send_counts_ = reinterpret_cast<int32_t*>(take(sizes[5]));
   d->header_ = reinterpret_cast<int64_t*>(take(sizes[6]));
   d->gathered_ = reinterpret_cast<int64_t*>(take(sizes[7]));
-  d->error_rank_ = reinterpret_cast<int32_t*>(take(sizes[8]));
+  d->error_ = reinterpret_cast<StepHeaderError*>(take(sizes[8]));
+  d->header_replicas_ = reinterpret_cast<int64_t*>(take(sizes[9]));
+  d->expert_compute_->set_gemm(options.expert_gemm);
   return d;
 }
 
@@ -169,12 +175,9 @@ absl::Status GpuEpDispatcher::CheckExperts(const DeviceExpertSet& experts) const
 }
 
 absl::Status GpuEpDispatcher::WriteHeader(int64_t epoch, int64_t r, int64_t num_tokens) {
-  // Pageable source: the copy is staged before cudaMemcpyAsync returns, so
-  // the host array may be reused immediately.
-  const int64_t header[3] = {epoch, r, num_tokens};
-  return CudaStatus(cudaMemcpyAsync(header_, header, sizeof(header), cudaMemcpyHostToDevice,
-                                    collective_->stream()),
-                    "cudaMemcpyAsync(step header)");
+  // A one-thread kernel with the values as arguments: no host copy, no wait.
+  return LaunchWriteStepHeader(header_, header_replicas_, ep_size_, epoch, r, num_tokens,
+                               collective_->stream());
 }
 
 absl::Status GpuEpDispatcher::EnqueueDispatch(int64_t r, const uint16_t* hidden,
@@ -204,7 +207,12 @@ absl::Status GpuEpDispatcher::EnqueueDispatch(int64_t r, const uint16_t* hidden,
   pack.send = send_;
   RETURN_IF_ERROR(LaunchPackDispatch(pack, s));
   std::fill(counts_.begin(), counts_.end(), r * row_bytes_);
-  return collective_->AllToAllV(send_, counts_, recv_, counts_);
+  // The step header rides in the payload's NCCL group (one launch), then one
+  // thread compares all ranks' (epoch, R) with ours (DESIGN §6).
+  const AllToAllVPart parts[2] = {{header_replicas_, header_counts_, gathered_, header_counts_},
+                                  {send_, counts_, recv_, counts_}};
+  RETURN_IF_ERROR(collective_->GroupedAllToAllV(parts));
+  return LaunchCheckStepHeaders(gathered_, ep_size_, header_, error_, s);
 }
 
 absl::Status GpuEpDispatcher::EnqueueCombine(int64_t r, uint16_t* output) {
@@ -256,6 +264,14 @@ absl::Status GpuEpDispatcher::AgreeAndWriteHeader(int64_t num_tokens) {
   return WriteHeader(epoch_, runtime_max_tokens_, num_tokens);
 }
 
+absl::Status GpuEpDispatcher::BeginStep(int64_t num_tokens) {
+  if (options_.geometry_check == GeometryCheck::kHostAllGather) {
+    return AgreeAndWriteHeader(num_tokens);
+  }
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(collective_->device()), "cudaSetDevice"));
+  return WriteHeader(epoch_, runtime_max_tokens_, num_tokens);
+}
+
 absl::Status GpuEpDispatcher::Forward(const uint16_t* hidden, const int32_t* topk_ids,
                                       const float* topk_weights, int64_t num_tokens,
                                       const DeviceExpertSet& experts, uint16_t* output) {
@@ -269,7 +285,7 @@ absl::Status GpuEpDispatcher::Forward(const uint16_t* hidden, const int32_t* top
         absl::StrFormat("Forward on rank %d: null output with %d tokens", rank_, num_tokens));
   }
   RETURN_IF_ERROR(CheckExperts(experts));
-  RETURN_IF_ERROR(AgreeAndWriteHeader(num_tokens));
+  RETURN_IF_ERROR(BeginStep(num_tokens));
   const int64_t r = runtime_max_tokens_;
   RETURN_IF_ERROR(EnqueueDispatch(r, hidden, topk_ids, topk_weights));
   RETURN_IF_ERROR(expert_compute_->Run(recv_, ep_size_ * r, experts, combine_send_, stream()));
@@ -283,7 +299,7 @@ absl::Status GpuEpDispatcher::Dispatch(const uint16_t* hidden, const int32_t* to
         absl::StrFormat("Dispatch on rank %d: the previous dispatch has not been combined", rank_));
   }
   RETURN_IF_ERROR(CheckForwardArgs(num_tokens, hidden, topk_ids, topk_weights));
-  RETURN_IF_ERROR(AgreeAndWriteHeader(num_tokens));
+  RETURN_IF_ERROR(BeginStep(num_tokens));
   RETURN_IF_ERROR(EnqueueDispatch(runtime_max_tokens_, hidden, topk_ids, topk_weights));
   dispatched_ = true;
   return absl::OkStatus();
@@ -320,10 +336,11 @@ absl::Status GpuEpDispatcher::CaptureForward(int64_t bucket, const uint16_t* hid
         absl::StrFormat("CaptureForward on rank %d: null device pointer", rank_));
   }
   RETURN_IF_ERROR(CheckExperts(experts));
-  if (experts.kind() == core::ExpertKind::kSwiGlu) {
+  if (experts.kind() == core::ExpertKind::kSwiGlu &&
+      options_.expert_gemm == ExpertGemm::kCublasHostCounts) {
     return absl::FailedPreconditionError(absl::StrFormat(
-        "CaptureForward on rank %d: SwiGLU expert compute reads per-expert row counts on the "
-        "host and cannot be captured; capture identity experts or use Forward",
+        "CaptureForward on rank %d: SwiGLU expert compute with kCublasHostCounts reads "
+        "per-expert row counts on the host and cannot be captured; use kGroupedDevice",
         rank_));
   }
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(collective_->device()), "cudaSetDevice"));
@@ -338,11 +355,7 @@ absl::Status GpuEpDispatcher::CaptureForward(int64_t bucket, const uint16_t* hid
   cudaStream_t s = collective_->stream();
   RETURN_IF_ERROR(CudaStatus(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal),
                              "cudaStreamBeginCapture"));
-  absl::Status captured = collective_->AllGather(header_, 3 * sizeof(int64_t), gathered_);
-  if (captured.ok()) {
-    captured = LaunchVerifyStepHeader(gathered_, ep_size_, header_, error_rank_, s);
-  }
-  if (captured.ok()) captured = EnqueueDispatch(bucket, hidden, topk_ids, topk_weights);
+  absl::Status captured = EnqueueDispatch(bucket, hidden, topk_ids, topk_weights);
   if (captured.ok()) {
     captured = expert_compute_->Run(recv_, ep_size_ * bucket, experts, combine_send_, s);
   }
@@ -381,18 +394,27 @@ absl::Status GpuEpDispatcher::ReplayForward(int64_t bucket, int64_t epoch, int64
   return CudaStatus(cudaGraphLaunch(it->second, collective_->stream()), "cudaGraphLaunch");
 }
 
-absl::Status GpuEpDispatcher::CheckReplay() {
+absl::Status GpuEpDispatcher::CheckReplay() { return CheckStep(); }
+
+absl::Status GpuEpDispatcher::CheckStep() {
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(collective_->device()), "cudaSetDevice"));
   RETURN_IF_ERROR(collective_->Synchronize());
-  int32_t error_rank = 0;
-  RETURN_IF_ERROR(
-      CudaStatus(cudaMemcpy(&error_rank, error_rank_, sizeof(error_rank), cudaMemcpyDeviceToHost),
-                 "cudaMemcpy(error flag)"));
-  if (error_rank == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(
-      CudaStatus(cudaMemset(error_rank_, 0, sizeof(int32_t)), "cudaMemset(error flag)"));
-  return absl::AbortedError(absl::StrFormat(
-      "replayed step: rank %d disagrees with rank %d on (epoch, R); the step moved no tokens",
-      error_rank - 1, rank_));
+  StepHeaderError error;
+  RETURN_IF_ERROR(CudaStatus(cudaMemcpy(&error, error_, sizeof(error), cudaMemcpyDeviceToHost),
+                             "cudaMemcpy(step error record)"));
+  if (error.rank_plus_1 == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CudaStatus(cudaMemset(error_, 0, sizeof(error)), "cudaMemset(error record)"));
+  std::string what = absl::StrFormat(
+      "geometry mismatch: rank %d has (epoch %d, R %d), rank %d has (epoch %d, R %d); the step "
+      "wrote no output",
+      error.rank_plus_1 - 1, error.their_epoch, error.their_r, rank_, error.my_epoch, error.my_r);
+  if (error.r_differs) {
+    // The payload transfers were sized by different R on the two ranks, so
+    // the communicator's channels can no longer be trusted.
+    collective_->Abort();
+    what += "; R differed, so the NCCL transfers were mismatched and the communicator was aborted";
+  }
+  return absl::AbortedError(what);
 }
 
 absl::StatusOr<ReceivedRowsForTest> GpuEpDispatcher::CopyReceivedForTest() {

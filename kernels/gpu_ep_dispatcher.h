@@ -8,7 +8,8 @@
 //   dispatch send / recv  [E, N, 2H + 8K]   hidden bf16 | K ids int32 | K weights fp32
 //   combine send / recv   [E, N, H] bf16
 //   token_slot [N, E] int32, send_counts [E] int32, step header {epoch, R, T}
-//   int64, gathered headers [E, 3] int64, error flag int32
+//   int64, gathered headers [E, 3] int64, error record (StepHeaderError,
+//   32 bytes), header replicas [E, 3] int64 (the header exchange's send side)
 // plus the expert scratch of kernels/expert_compute.h (sized for E * N rows).
 // A step with R = runtime_max_tokens_per_rank uses each region packed as
 // [E, R, ...] (offsets depend on R, hence the (epoch, R) agreement): slab s of
@@ -21,12 +22,24 @@
 // collective's stream. The token count T lives in device memory, so a CUDA
 // graph captured at a bucket R replays with any T <= R.
 //
-// Host syncs (documented, DESIGN §10): Forward all-gathers (epoch, R) on the
-// host before moving payload (one small synchronous NCCL call); SwiGLU
-// experts read per-expert row counts on the host (kernels/expert_compute.h).
-// Identity experts with a captured graph run with no host sync at all; the
-// graph checks (epoch, R) on the device and CheckReplay() reports it.
-// Not thread-safe. Source: DESIGN §6, §7; issue 3.
+// (epoch, R) agreement (DESIGN §6), chosen by GpuEpDispatcherOptions::
+// geometry_check:
+//   kHostAllGather (default, the behaviour the worker service was written
+//     against): Forward / Dispatch all-gather (epoch, R) on the host before
+//     moving payload (one small synchronous NCCL call) and return kAborted
+//     on a mismatch.
+//   kDevice: Forward / Dispatch / Combine only enqueue work. Each rank's
+//     header {epoch, R, T} travels to every peer in the same NCCL group as
+//     the dispatch payload (no extra launch); a one-thread kernel compares
+//     them and records the first disagreement in device memory, setting T to
+//     0 so the step writes no output row. CheckStep() (the documented sync
+//     point) waits for the stream and reports it as kAborted.
+// A captured graph always checks on the device (CheckReplay() == CheckStep()).
+// Expert compute: with ExpertGemm::kGroupedDevice (default) SwiGLU reads no
+// count on the host, so the whole step, SwiGLU included, is capturable and
+// runs with no host sync; kCublasHostCounts keeps the cuBLAS path with its
+// one host sync (kernels/expert_compute.h).
+// Not thread-safe. Source: DESIGN §6, §7, §10; issue 3.
 
 #include <cuda_runtime.h>
 
@@ -41,13 +54,22 @@
 #include "kernels/device_experts.h"
 #include "kernels/expert_compute.h"
 #include "kernels/nccl_collective.h"
+#include "kernels/step_header.cuh"
 
 namespace moe_ep::kernels {
+
+// Where ranks agree on (epoch, R) in Forward / Dispatch (see above).
+enum class GeometryCheck {
+  kHostAllGather,  // synchronous host all-gather, kAborted from the call
+  kDevice,         // on the stream with the payload, kAborted from CheckStep()
+};
 
 struct GpuEpDispatcherOptions {
   core::EpDispatcherOptions dispatcher;  // ep_size, capacity N, H, K, dtype (bf16 only),
                                          // num_experts, invalid id, graph buckets
   int64_t max_intermediate = 0;          // I of the largest SwiGLU layer (0: identity only)
+  GeometryCheck geometry_check = GeometryCheck::kHostAllGather;
+  ExpertGemm expert_gemm = ExpertGemm::kGroupedDevice;  // SwiGLU GEMMs
 };
 
 // Received rows of one step copied to the host, for tests: [E, R, ...].
@@ -125,6 +147,16 @@ class GpuEpDispatcher {
   // replays since the last call: kAborted naming the first disagreeing rank.
   absl::Status CheckReplay();
 
+  // The sync point of the device-side geometry check: waits for the stream
+  // (NcclCollective::Synchronize, with the group's deadline) and reports the
+  // first (epoch, R) disagreement recorded by any step (eager kDevice or
+  // replayed) since the last call, then clears it. Errors: kAborted naming
+  // the rank and its (epoch, R); when R differed, the step's NCCL transfers
+  // had mismatched sizes, so the communicator is aborted too (later calls
+  // kFailedPrecondition; form a new group). Collective errors as
+  // Synchronize.
+  absl::Status CheckStep();
+
   // After a completed Forward: the receive region copied to the host (sync).
   absl::StatusOr<ReceivedRowsForTest> CopyReceivedForTest();
 
@@ -136,6 +168,8 @@ class GpuEpDispatcher {
   absl::Status CheckForwardArgs(int64_t num_tokens, const void* hidden, const void* topk_ids,
                                 const void* topk_weights) const;
   absl::Status AgreeAndWriteHeader(int64_t num_tokens);
+  // kHostAllGather: AgreeAndWriteHeader; kDevice: WriteHeader only.
+  absl::Status BeginStep(int64_t num_tokens);
   absl::Status CheckExperts(const DeviceExpertSet& experts) const;
   absl::Status WriteHeader(int64_t epoch, int64_t r, int64_t num_tokens);
 
@@ -163,9 +197,11 @@ class GpuEpDispatcher {
   int32_t* send_counts_ = nullptr;
   int64_t* header_ = nullptr;    // {epoch, R, T}
   int64_t* gathered_ = nullptr;  // [E, 3]
-  int32_t* error_rank_ = nullptr;
+  StepHeaderError* error_ = nullptr;
+  int64_t* header_replicas_ = nullptr;  // [E, 3]
   std::unique_ptr<ExpertCompute> expert_compute_;
-  std::vector<int64_t> counts_;  // [E], reused for the all-to-all byte counts
+  std::vector<int64_t> counts_;         // [E], reused for the all-to-all byte counts
+  std::vector<int64_t> header_counts_;  // [E], 24 bytes each (the header exchange)
   std::map<int64_t, cudaGraphExec_t> graphs_;
 };
 

@@ -198,10 +198,9 @@ absl::Status NcclCollective::CopyOutAndWait(void* host_dst, const char* device_s
   return absl::OkStatus();
 }
 
-absl::Status NcclCollective::EnqueueAllToAllV(const char* send,
-                                              absl::Span<const int64_t> send_bytes, char* recv,
-                                              absl::Span<const int64_t> recv_bytes) {
-  ncclResult_t r = ncclGroupStart();
+ncclResult_t NcclCollective::PostAllToAllV(const char* send, absl::Span<const int64_t> send_bytes,
+                                           char* recv, absl::Span<const int64_t> recv_bytes) {
+  ncclResult_t r = ncclSuccess;
   int64_t send_off = 0;
   int64_t recv_off = 0;
   for (int p = 0; p < size_ && r == ncclSuccess; ++p) {
@@ -214,9 +213,52 @@ absl::Status NcclCollective::EnqueueAllToAllV(const char* send,
     send_off += send_bytes[p];
     recv_off += recv_bytes[p];
   }
+  return r;
+}
+
+absl::Status NcclCollective::EnqueueAllToAllV(const char* send,
+                                              absl::Span<const int64_t> send_bytes, char* recv,
+                                              absl::Span<const int64_t> recv_bytes) {
+  ncclResult_t r = ncclGroupStart();
+  if (r == ncclSuccess) r = PostAllToAllV(send, send_bytes, recv, recv_bytes);
   const ncclResult_t end = ncclGroupEnd();
   if (r == ncclSuccess || r == ncclInProgress) r = end;
   return WaitForNccl(r, "AllToAllV");
+}
+
+absl::Status NcclCollective::GroupedAllToAllV(absl::Span<const AllToAllVPart> parts) {
+  RETURN_IF_ERROR(CheckUsable());
+  if (parts.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("GroupedAllToAllV on rank %d: expected at least one part", rank_));
+  }
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const AllToAllVPart& part = parts[i];
+    if (static_cast<int>(part.send_bytes.size()) != size_ ||
+        static_cast<int>(part.recv_bytes.size()) != size_) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "GroupedAllToAllV on rank %d: part %d send_bytes/recv_bytes expected %d entries, got "
+          "%d/%d",
+          rank_, i, size_, part.send_bytes.size(), part.recv_bytes.size()));
+    }
+    for (int p = 0; p < size_; ++p) {
+      if (part.send_bytes[p] < 0 || part.recv_bytes[p] < 0) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "GroupedAllToAllV on rank %d: part %d counts for peer %d expected >= 0, got send %d "
+            "recv %d",
+            rank_, i, p, part.send_bytes[p], part.recv_bytes[p]));
+      }
+    }
+  }
+  RETURN_IF_ERROR(internal::CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  ncclResult_t r = ncclGroupStart();
+  for (size_t i = 0; i < parts.size() && r == ncclSuccess; ++i) {
+    r = PostAllToAllV(static_cast<const char*>(parts[i].send), parts[i].send_bytes,
+                      static_cast<char*>(parts[i].recv), parts[i].recv_bytes);
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  if (r == ncclSuccess || r == ncclInProgress) r = end;
+  return WaitForNccl(r, "GroupedAllToAllV");
 }
 
 absl::Status NcclCollective::AllToAllV(const void* send, absl::Span<const int64_t> send_bytes,

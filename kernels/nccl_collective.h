@@ -35,6 +35,16 @@
 
 namespace moe_ep::kernels {
 
+// One all-to-all-v of a grouped exchange (NcclCollective::GroupedAllToAllV):
+// `send` holds the bytes for peer p at offset sum(send_bytes[0..p)), `recv`
+// receives peer p's bytes at offset sum(recv_bytes[0..p)). Device memory.
+struct AllToAllVPart {
+  const void* send = nullptr;
+  absl::Span<const int64_t> send_bytes;  // [size()]
+  void* recv = nullptr;
+  absl::Span<const int64_t> recv_bytes;  // [size()]
+};
+
 class NcclCollective : public core::Collective {
  public:
   // A fresh ncclUniqueId as bytes (NCCL_UNIQUE_ID_BYTES = 128), made by rank
@@ -68,6 +78,14 @@ class NcclCollective : public core::Collective {
   absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_bytes, void* recv,
                          absl::Span<const int64_t> recv_bytes) override;
   absl::Status AllGather(const void* send, int64_t bytes_per_rank, void* recv) override;
+  // Several all-to-all-v's in one NCCL group (one kernel launch for all of
+  // them; per peer, parts are matched in the order given, so every rank must
+  // pass the same number of parts in the same order). The data plane uses it
+  // to move the step header with the payload. REQUIRES: device memory (not
+  // checked per call: this is the step path). Enqueued on stream(),
+  // capturable. Errors: kInvalidArgument (no parts, span sizes != size(),
+  // negative counts), then as AllToAllV.
+  absl::Status GroupedAllToAllV(absl::Span<const AllToAllVPart> parts);
   absl::Status AllReduceSum(float* data, int64_t count) override;
   absl::Status Barrier() override;
   // ncclCommSplit with color = the lowest rank of `ranks`, key = this rank.
@@ -97,6 +115,9 @@ class NcclCollective : public core::Collective {
   // Enqueues the grouped send/recv of AllToAllV on stream_.
   absl::Status EnqueueAllToAllV(const char* send, absl::Span<const int64_t> send_bytes, char* recv,
                                 absl::Span<const int64_t> recv_bytes);
+  // Posts the sends/recvs of one part (between ncclGroupStart and End).
+  ncclResult_t PostAllToAllV(const char* send, absl::Span<const int64_t> send_bytes, char* recv,
+                             absl::Span<const int64_t> recv_bytes);
 
   int rank_ = 0;
   int size_ = 0;

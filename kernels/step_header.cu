@@ -6,6 +6,22 @@
 namespace moe_ep::kernels {
 namespace {
 
+// Thread i < num_replicas writes replica row i; thread 0 also the header.
+__global__ void WriteStepHeaderKernel(int64_t* header, int64_t* replicas, int num_replicas,
+                                      int64_t epoch, int64_t r, int64_t num_tokens) {
+  const int i = threadIdx.x;
+  if (i == 0) {
+    header[0] = epoch;
+    header[1] = r;
+    header[2] = num_tokens;
+  }
+  if (i < num_replicas) {
+    replicas[3 * i] = epoch;
+    replicas[3 * i + 1] = r;
+    replicas[3 * i + 2] = num_tokens;
+  }
+}
+
 __global__ void VerifyStepHeaderKernel(const int64_t* gathered, int ep_size, int64_t* header,
                                        int32_t* error_rank) {
   for (int r = 0; r < ep_size; ++r) {
@@ -17,19 +33,68 @@ __global__ void VerifyStepHeaderKernel(const int64_t* gathered, int ep_size, int
   }
 }
 
+__global__ void CheckStepHeadersKernel(const int64_t* gathered, int ep_size, int64_t* header,
+                                       StepHeaderError* error) {
+  for (int r = 0; r < ep_size; ++r) {
+    if (gathered[3 * r] != header[0] || gathered[3 * r + 1] != header[1]) {
+      if (error->rank_plus_1 == 0) {
+        error->rank_plus_1 = r + 1;
+        error->r_differs = gathered[3 * r + 1] != header[1] ? 1 : 0;
+        error->their_epoch = gathered[3 * r];
+        error->their_r = gathered[3 * r + 1];
+        error->my_epoch = header[0];
+        error->my_r = header[1];
+      }
+      header[2] = 0;
+      return;
+    }
+  }
+}
+
+absl::Status CheckArgs(const void* gathered, int ep_size, const void* header, const void* error,
+                       const char* who) {
+  if (gathered == nullptr || header == nullptr || error == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: null device pointer", who));
+  }
+  if (ep_size < 1 || ep_size > kMaxEpSize) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: ep_size expected in [1, %d], got %d", who, kMaxEpSize, ep_size));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status LaunchWriteStepHeader(int64_t* header, int64_t* replicas, int num_replicas,
+                                   int64_t epoch, int64_t r, int64_t num_tokens,
+                                   cudaStream_t stream) {
+  if (header == nullptr || (replicas == nullptr && num_replicas > 0)) {
+    return absl::InvalidArgumentError("LaunchWriteStepHeader: null device pointer");
+  }
+  if (num_replicas < 0 || num_replicas > kMaxEpSize) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("LaunchWriteStepHeader: num_replicas expected in [0, %d], got %d",
+                        kMaxEpSize, num_replicas));
+  }
+  WriteStepHeaderKernel<<<1, kMaxEpSize, 0, stream>>>(header, replicas, num_replicas, epoch, r,
+                                                      num_tokens);
+  return internal::LaunchStatus("WriteStepHeaderKernel");
+}
 
 absl::Status LaunchVerifyStepHeader(const int64_t* gathered, int ep_size, int64_t* header,
                                     int32_t* error_rank, cudaStream_t stream) {
-  if (gathered == nullptr || header == nullptr || error_rank == nullptr) {
-    return absl::InvalidArgumentError("LaunchVerifyStepHeader: null device pointer");
-  }
-  if (ep_size < 1 || ep_size > kMaxEpSize) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "LaunchVerifyStepHeader: ep_size expected in [1, %d], got %d", kMaxEpSize, ep_size));
-  }
+  absl::Status s = CheckArgs(gathered, ep_size, header, error_rank, "LaunchVerifyStepHeader");
+  if (!s.ok()) return s;
   VerifyStepHeaderKernel<<<1, 1, 0, stream>>>(gathered, ep_size, header, error_rank);
   return internal::LaunchStatus("VerifyStepHeaderKernel");
+}
+
+absl::Status LaunchCheckStepHeaders(const int64_t* gathered, int ep_size, int64_t* header,
+                                    StepHeaderError* error, cudaStream_t stream) {
+  absl::Status s = CheckArgs(gathered, ep_size, header, error, "LaunchCheckStepHeaders");
+  if (!s.ok()) return s;
+  CheckStepHeadersKernel<<<1, 1, 0, stream>>>(gathered, ep_size, header, error);
+  return internal::LaunchStatus("CheckStepHeadersKernel");
 }
 
 }  // namespace moe_ep::kernels

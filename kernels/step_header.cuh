@@ -1,8 +1,9 @@
 #pragma once
 
-// Host launcher of the device-side geometry check of a replayed CUDA graph
-// (DESIGN §6): after the step header {epoch, R, T} of every rank has been
-// all-gathered on the device, verify that all ranks agree on (epoch, R).
+// Host launchers of the step header kernels (DESIGN §6): write this rank's
+// step header {epoch, R, T} on the stream (no host copy), and, after the
+// headers of every rank have been exchanged on the device, verify that all
+// ranks agree on (epoch, R).
 
 #include <cuda_runtime.h>
 
@@ -11,6 +12,31 @@
 #include "absl/status/status.h"
 
 namespace moe_ep::kernels {
+
+// The device-side record of the first (epoch, R) disagreement seen since the
+// owner last reset it (all zero = none). 40 bytes, device memory.
+struct StepHeaderError {
+  int32_t rank_plus_1 = 0;  // first disagreeing rank + 1; 0 = no error
+  int32_t r_differs = 0;    // 1 when that rank's R differs (not only its epoch)
+  int64_t their_epoch = 0;  // that rank's epoch
+  int64_t their_r = 0;      // that rank's R
+  int64_t my_epoch = 0;     // this rank's epoch in that step
+  int64_t my_r = 0;         // this rank's R in that step
+};
+
+// LaunchWriteStepHeader()
+//
+// Writes header[0..2] = {epoch, r, num_tokens} and the same three values
+// into each of the `num_replicas` rows of `replicas` ([num_replicas, 3]
+// int64, the send buffer of the header exchange; may be null when
+// num_replicas is 0). The values travel as kernel arguments, so nothing is
+// copied from (pageable) host memory and the host never waits.
+// Errors: kInvalidArgument (null header, null replicas with num_replicas > 0,
+// num_replicas outside [0, kMaxEpSize]), kInternal (launch). Never allocates
+// or synchronises.
+absl::Status LaunchWriteStepHeader(int64_t* header, int64_t* replicas, int num_replicas,
+                                   int64_t epoch, int64_t r, int64_t num_tokens,
+                                   cudaStream_t stream);
 
 // LaunchVerifyStepHeader()
 //
@@ -24,5 +50,14 @@ namespace moe_ep::kernels {
 // kInternal (launch). Never allocates or synchronises.
 absl::Status LaunchVerifyStepHeader(const int64_t* gathered, int ep_size, int64_t* header,
                                     int32_t* error_rank, cudaStream_t stream);
+
+// LaunchCheckStepHeaders()
+//
+// As LaunchVerifyStepHeader, recording the disagreement in `error` (only
+// when error->rank_plus_1 is still 0, so the first one sticks until the
+// owner resets it) and setting header[2] (T) to 0, so the rest of the step
+// writes no output row. Errors and guarantees as LaunchVerifyStepHeader.
+absl::Status LaunchCheckStepHeaders(const int64_t* gathered, int ep_size, int64_t* header,
+                                    StepHeaderError* error, cudaStream_t stream);
 
 }  // namespace moe_ep::kernels

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -34,6 +35,8 @@ struct Case {
   int64_t intermediate = 0;
   int32_t invalid_id = -1;
   double invalid_fraction = 0.1;
+  GeometryCheck check = GeometryCheck::kHostAllGather;
+  ExpertGemm gemm = ExpertGemm::kGroupedDevice;
 };
 
 // Tolerance, per element: |gpu - ref| <= |ref| / 64 + rms(ref) / 64 +
@@ -137,6 +140,8 @@ void RunCase(const Case& c) {
     options.dispatcher.num_experts = c.num_experts;
     options.dispatcher.invalid_expert_id = c.invalid_id;
     options.max_intermediate = c.intermediate;
+    options.geometry_check = c.check;
+    options.expert_gemm = c.gemm;
     auto disp = GpuEpDispatcher::Create(coll->get(), options, 0);
     ASSERT_TRUE(disp.ok()) << disp.status();
     auto experts = DeviceExpertSet::Upload(sets[rank]);
@@ -155,6 +160,8 @@ void RunCase(const Case& c) {
         (*disp)->Forward(hidden.get(), ids.get(), weights.get(), t, **experts, out.get());
     ASSERT_TRUE(s.ok()) << s;
     ASSERT_TRUE((*coll)->Synchronize().ok());
+    s = (*disp)->CheckStep();
+    ASSERT_TRUE(s.ok()) << s;
 
     // Received rows: ids, weights and slots exactly; hidden bit-exact on valid rows.
     auto got = (*disp)->CopyReceivedForTest();
@@ -206,23 +213,56 @@ TEST(GpuEpDispatcher, Ep2SwiGluH2048Top1E8Tokens4096) {
   RunCase({2, 2048, 1, 8, {4096, 1000}, true, 64, -1, 0.05});
 }
 TEST(GpuEpDispatcher, Ep2BothRanksEmpty) { RunCase({2, 2048, 8, 8, {0, 0}, false, 0, -1, 0}); }
+// The cuBLAS path with its host read of per-expert counts, kept for comparison.
+TEST(GpuEpDispatcher, Ep2SwiGluCublasHostCountsH4096Top2E60) {
+  RunCase({2,
+           4096,
+           2,
+           60,
+           {127, 33},
+           true,
+           64,
+           -1,
+           0.1,
+           GeometryCheck::kHostAllGather,
+           ExpertGemm::kCublasHostCounts});
+}
+// Device-side (epoch, R) check (no host sync in the step); I = 36 takes the
+// grouped GEMM's scalar K tail.
+TEST(GpuEpDispatcher, Ep2DeviceCheckSwiGluH2048Top8E64I36) {
+  RunCase({2, 2048, 8, 64, {127, 33}, true, 36, -1, 0.1, GeometryCheck::kDevice});
+}
+TEST(GpuEpDispatcher, Ep2DeviceCheckIdentityH7168Top8E256Tokens4096) {
+  RunCase({2, 7168, 8, 256, {4096, 1000}, false, 0, 256, 0.05, GeometryCheck::kDevice});
+}
+TEST(GpuEpDispatcher, Ep1DeviceCheckZeroTokens) {
+  RunCase({1, 2048, 2, 8, {0}, true, 64, -1, 0.0, GeometryCheck::kDevice});
+}
 
 // Graph captured at bucket 128, replayed with fewer tokens (and different
 // counts per rank), twice with fresh inputs written into the captured buffers.
-TEST(GpuEpDispatcher, GraphCaptureReplaysSmallerTokenCounts) {
+// `intermediate` 0: identity experts; else SwiGLU experts (grouped GEMMs
+// with device-side counts, captured too).
+void RunGraphCase(int ne, int64_t intermediate) {
   const int ep = GpuCount() >= 2 ? 2 : 1;
   MOE_EP_REQUIRE_GPUS(1);
   const int64_t h = 2048;
   const int k = 8;
-  const int ne = 256;
   const int64_t bucket = 128;
   auto placement = core::ExpertPlacement::Contiguous(ne, ep);
   ASSERT_TRUE(placement.ok());
   std::vector<core::ExpertSet> sets;
   std::vector<const core::ExpertSet*> ptrs;
   for (int r = 0; r < ep; ++r) {
-    sets.push_back(
-        core::ExpertSet::Identity(placement->FirstExpert(r), placement->NumLocalExperts(r), h));
+    if (intermediate > 0) {
+      auto set = core::ExpertSet::GenerateSwiGlu(99, 4, placement->FirstExpert(r),
+                                                 placement->NumLocalExperts(r), h, intermediate);
+      ASSERT_TRUE(set.ok()) << set.status();
+      sets.push_back(std::move(*set));
+    } else {
+      sets.push_back(
+          core::ExpertSet::Identity(placement->FirstExpert(r), placement->NumLocalExperts(r), h));
+    }
   }
   for (auto& s : sets) ptrs.push_back(&s);
   auto id = NcclCollective::NewUniqueId();
@@ -251,6 +291,7 @@ TEST(GpuEpDispatcher, GraphCaptureReplaysSmallerTokenCounts) {
     options.dispatcher.workspace = {ep, 256, h, k, core::DispatchDType::kBF16};
     options.dispatcher.num_experts = ne;
     options.dispatcher.cuda_graph_buckets = {bucket, 256};
+    options.max_intermediate = intermediate;
     auto disp = GpuEpDispatcher::Create(coll->get(), options, 0);
     ASSERT_TRUE(disp.ok()) << disp.status();
     auto experts = DeviceExpertSet::Upload(sets[rank]);
@@ -288,7 +329,11 @@ TEST(GpuEpDispatcher, GraphCaptureReplaysSmallerTokenCounts) {
   });
 }
 
-TEST(GpuEpDispatcher, SwiGluCaptureIsFailedPrecondition) {
+TEST(GpuEpDispatcher, GraphCaptureReplaysSmallerTokenCounts) { RunGraphCase(256, 0); }
+// SwiGLU in the graph: no host read of per-expert counts (issue 3).
+TEST(GpuEpDispatcher, SwiGluGraphCaptureReplaysVsReference) { RunGraphCase(64, 96); }
+
+TEST(GpuEpDispatcher, SwiGluCublasCaptureIsFailedPrecondition) {
   MOE_EP_REQUIRE_GPUS(1);
   auto id = NcclCollective::NewUniqueId();
   ASSERT_TRUE(id.ok());
@@ -298,6 +343,7 @@ TEST(GpuEpDispatcher, SwiGluCaptureIsFailedPrecondition) {
   options.dispatcher.workspace = {1, 16, 64, 2, core::DispatchDType::kBF16};
   options.dispatcher.num_experts = 4;
   options.max_intermediate = 32;
+  options.expert_gemm = ExpertGemm::kCublasHostCounts;
   auto disp = GpuEpDispatcher::Create(coll->get(), options, 0);
   ASSERT_TRUE(disp.ok()) << disp.status();
   auto host = core::ExpertSet::GenerateSwiGlu(1, 0, 0, 4, 64, 32);
@@ -370,6 +416,73 @@ TEST(GpuEpDispatcher, RanksDisagreeingOnGeometryAbort) {
     absl::Status s = (*disp)->Forward(nullptr, nullptr, nullptr, 0, **experts, nullptr);
     EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
     EXPECT_NE(s.message().find("geometry mismatch"), std::string::npos) << s;
+  });
+}
+
+// kDevice: the step only enqueues; an epoch disagreement is reported by
+// CheckStep (kAborted naming the rank), the communicator stays usable, and
+// the record is cleared.
+TEST(GpuEpDispatcher, DeviceCheckReportsEpochMismatchAtCheckStep) {
+  MOE_EP_REQUIRE_GPUS(2);
+  auto id = NcclCollective::NewUniqueId();
+  ASSERT_TRUE(id.ok());
+  RunRanks(2, [&](int rank) {
+    auto coll = NcclCollective::Create(*id, rank, 2, rank, std::chrono::seconds(60));
+    ASSERT_TRUE(coll.ok()) << coll.status();
+    GpuEpDispatcherOptions options;
+    options.dispatcher.workspace = {2, 16, 64, 2, core::DispatchDType::kBF16};
+    options.dispatcher.num_experts = 4;
+    options.geometry_check = GeometryCheck::kDevice;
+    auto disp = GpuEpDispatcher::Create(coll->get(), options, 0);
+    ASSERT_TRUE(disp.ok()) << disp.status();
+    auto experts = DeviceExpertSet::Upload(core::ExpertSet::Identity(2 * rank, 2, 64));
+    ASSERT_TRUE(experts.ok());
+    ASSERT_TRUE((*disp)->CommitGeometry(rank == 0 ? 3 : 4, 8, 0).ok());
+    ASSERT_TRUE((*disp)->Dispatch(nullptr, nullptr, nullptr, 0).ok());
+    ASSERT_TRUE((*disp)->ComputeExperts(**experts).ok());
+    ASSERT_TRUE((*disp)->Combine(nullptr).ok());
+    absl::Status s = (*disp)->CheckStep();
+    EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+    EXPECT_NE(s.message().find("geometry mismatch: rank " + std::to_string(1 - rank)),
+              std::string::npos)
+        << s;
+    EXPECT_TRUE((*coll)->healthy());
+    EXPECT_TRUE((*disp)->CheckStep().ok());  // cleared
+    ASSERT_TRUE((*disp)->CommitGeometry(5, 8, 0).ok());
+    ASSERT_TRUE((*disp)->Forward(nullptr, nullptr, nullptr, 0, **experts, nullptr).ok());
+    s = (*disp)->CheckStep();
+    EXPECT_TRUE(s.ok()) << s;
+  });
+}
+
+// kDevice with ranks disagreeing on R: the transfers were sized differently,
+// so CheckStep reports an error (kAborted when the step completed, or the
+// deadline's error) and the communicator ends aborted. Last in the file: it
+// waits out a short deadline.
+TEST(GpuEpDispatcher, DeviceCheckRMismatchAbortsCommunicator) {
+  MOE_EP_REQUIRE_GPUS(2);
+  auto id = NcclCollective::NewUniqueId();
+  ASSERT_TRUE(id.ok());
+  RunRanks(2, [&](int rank) {
+    auto coll = NcclCollective::Create(*id, rank, 2, rank, std::chrono::seconds(5));
+    ASSERT_TRUE(coll.ok()) << coll.status();
+    GpuEpDispatcherOptions options;
+    options.dispatcher.workspace = {2, 16, 64, 2, core::DispatchDType::kBF16};
+    options.dispatcher.num_experts = 4;
+    options.geometry_check = GeometryCheck::kDevice;
+    auto disp = GpuEpDispatcher::Create(coll->get(), options, 0);
+    ASSERT_TRUE(disp.ok()) << disp.status();
+    auto experts = DeviceExpertSet::Upload(core::ExpertSet::Identity(2 * rank, 2, 64));
+    ASSERT_TRUE(experts.ok());
+    ASSERT_TRUE((*disp)->CommitGeometry(3, rank == 0 ? 8 : 9, 0).ok());
+    ASSERT_TRUE((*disp)->Forward(nullptr, nullptr, nullptr, 0, **experts, nullptr).ok());
+    absl::Status s = (*disp)->CheckStep();
+    EXPECT_FALSE(s.ok());
+    EXPECT_TRUE(s.code() == absl::StatusCode::kAborted ||
+                s.code() == absl::StatusCode::kDeadlineExceeded ||
+                s.code() == absl::StatusCode::kUnavailable)
+        << s;
+    EXPECT_FALSE((*coll)->healthy()) << s;
   });
 }
 
