@@ -33,6 +33,7 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "server/auth.h"
+#include "server/device_info.h"
 #include "server/grpc_store.h"
 #include "server/health.h"
 #include "server/logging.h"
@@ -80,6 +81,9 @@ ABSL_FLAG(std::string, metrics_listen, "",
 ABSL_FLAG(std::string, metrics_port_file, "", "optional file to write the metrics port to");
 ABSL_FLAG(std::string, log_format, "text",
           "text, or json (one JSON object per line with rank, generation and epoch)");
+ABSL_FLAG(int32_t, device, 0,
+          "CUDA device ordinal the NCCL backend runs on (one worker per GPU: 0, 1, ...); "
+          "ignored by gloo");
 
 namespace {
 
@@ -110,7 +114,7 @@ std::string HostOf(const std::string& address) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "moe-ep-worker [--listen HOST:PORT] [--backend auto|gloo|nccl] [--memory_cap_bytes N] "
-      "[--log_level LEVEL] [--data_plane_host ADDR] [--port_file PATH]");
+      "[--log_level LEVEL] [--data_plane_host ADDR] [--port_file PATH] [--device ORDINAL]");
   absl::ParseCommandLine(argc, argv);
 
   // Logs go to stderr: stdout carries only the "listening on" line.
@@ -131,12 +135,16 @@ int main(int argc, char** argv) {
   options.memory_cap_bytes = absl::GetFlag(FLAGS_memory_cap_bytes);
   options.default_backend = absl::GetFlag(FLAGS_backend);
   options.data_plane_host = absl::GetFlag(FLAGS_data_plane_host);
+  options.device = absl::GetFlag(FLAGS_device);
   if (options.memory_cap_bytes < 0) {
     return Fail(absl::StrCat("--memory_cap_bytes: expected >= 0, got ", options.memory_cap_bytes));
   }
-  if (auto backend = moe_ep::server::ResolveBackend(options.default_backend, "auto");
-      !backend.ok()) {
-    return Fail(absl::StrCat("--backend: ", backend.status().message()));
+  auto backend = moe_ep::server::ResolveBackend(options.default_backend, "auto");
+  if (!backend.ok()) return Fail(absl::StrCat("--backend: ", backend.status().message()));
+  if (auto device =
+          moe_ep::server::CheckDevice(options.device, moe_ep::server::VisibleGpuCount(), *backend);
+      !device.ok()) {
+    return Fail(absl::StrCat("--", device.message()));
   }
   const int64_t drain_ms = absl::GetFlag(FLAGS_drain_timeout_ms);
   if (drain_ms < 0) return Fail(absl::StrCat("--drain_timeout_ms: expected >= 0, got ", drain_ms));
@@ -239,9 +247,9 @@ int main(int argc, char** argv) {
   }
   std::cout << "moe-ep-worker listening on " << bound << std::endl;
   spdlog::info(
-      "serving moe_ep.v1.Worker and moe_ep.v1.Rendezvous on {} (backend flag {}, "
-      "memory cap {} bytes)",
-      bound, options.default_backend, options.memory_cap_bytes);
+      "serving moe_ep.v1.Worker and moe_ep.v1.Rendezvous on {} (backend flag {} -> {}, "
+      "device {}, memory cap {} bytes)",
+      bound, options.default_backend, *backend, options.device, options.memory_cap_bytes);
 
   int signal_number = 0;
   while (read(g_signal_pipe[0], &signal_number, sizeof(signal_number)) < 0 && errno == EINTR) {

@@ -16,10 +16,10 @@
 #include "absl/time/clock.h"
 #include "core/expert_placement.h"
 #include "core/geometry.h"
-#include "core/gloo_collective.h"
 #include "core/status_macros.h"
 #include "core/workspace.h"
 #include "gloo/rendezvous/hash_store.h"
+#include "server/device_info.h"
 #include "server/grpc_store.h"
 #include "server/status_conversion.h"
 #include "server/tensor_codec.h"
@@ -99,12 +99,6 @@ absl::Status NonNegative(absl::string_view field, int64_t value) {
   return absl::OkStatus();
 }
 
-int64_t PhysicalMemoryBytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page_size = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page_size > 0 ? static_cast<int64_t>(pages) * page_size : 0;
-}
-
 absl::StatusOr<core::DispatchDType> ToCore(v1::DispatchDType dtype) {
   switch (dtype) {
     case v1::DISPATCH_DTYPE_UNSPECIFIED:
@@ -118,6 +112,17 @@ absl::StatusOr<core::DispatchDType> ToCore(v1::DispatchDType dtype) {
       return absl::InvalidArgumentError(absl::StrCat(
           "dispatch_dtype: expected DISPATCH_DTYPE_BF16, _NVFP4 or _MXFP8, got ", dtype));
   }
+}
+
+// What GetStatus reports for `backend` ("auto" resolved here): the CUDA
+// device for NCCL, the host for Gloo (and when the device cannot be read).
+DeviceInfo DeviceFor(const std::string& backend, int device) {
+  absl::StatusOr<std::string> resolved = ResolveBackend(backend, "auto");
+  if (resolved.ok() && *resolved == "nccl") {
+    absl::StatusOr<DeviceInfo> gpu = DescribeGpu(device);
+    if (gpu.ok()) return *gpu;
+  }
+  return DescribeHost();
 }
 
 // Nearest-rank percentile of ascending `sorted` (p in (0, 100]).
@@ -147,25 +152,6 @@ std::vector<int32_t> SampleRouting(std::mt19937_64& rng, int64_t tokens, int top
 }
 
 }  // namespace
-
-absl::StatusOr<std::string> ResolveBackend(const std::string& requested,
-                                           const std::string& default_backend) {
-  const std::string name = requested.empty() ? default_backend : requested;
-  if (name == "gloo" || name == "auto") return std::string("gloo");
-  if (name == "nccl") {
-#ifdef MOE_EP_HAVE_CUDA
-    return absl::UnimplementedError(
-        "backend \"nccl\": the NCCL collective is not part of this worker yet (issue 3); use "
-        "\"gloo\" or \"auto\"");
-#else
-    return absl::FailedPreconditionError(
-        "backend \"nccl\": NCCL backend needs a CUDA build; this worker was built without CUDA "
-        "(use \"gloo\" or \"auto\")");
-#endif
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("backend: expected \"auto\", \"gloo\" or \"nccl\", got \"", name, "\""));
-}
 
 // Holds the collective slot for one call; released on destruction.
 class WorkerService::CollectiveSlot {
@@ -199,9 +185,12 @@ class WorkerService::CollectiveSlot {
 
 WorkerService::WorkerService(WorkerOptions options, HealthReporter* health)
     : options_(std::move(options)), health_(health) {
+  // The device of the default backend until a group is formed (Join shows
+  // the joined backend's device, Leave the default's again).
+  const DeviceInfo device = DeviceFor(options_.default_backend, options_.device);
   absl::MutexLock lock(&state_mu_);
-  status_.set_device_name("cpu");
-  status_.set_device_memory_bytes(PhysicalMemoryBytes());
+  status_.set_device_name(device.name);
+  status_.set_device_memory_bytes(device.memory_bytes);
   status_.set_memory_cap_bytes(options_.memory_cap_bytes);
   status_.set_state(ToProto(state_.phase()));
   status_.mutable_counters();
@@ -254,7 +243,7 @@ void WorkerService::UpdateHealthLocked() {
 
 absl::Status WorkerService::CheckSameOnAllRanks(uint64_t fingerprint, const std::string& what) {
   absl::StatusOr<std::vector<int64_t>> all =
-      core::AllGatherInt64(*collective_, static_cast<int64_t>(fingerprint));
+      core::AllGatherInt64(data_plane_->collective(), static_cast<int64_t>(fingerprint));
   RETURN_IF_ERROR(GroupResult(all.status()));
   for (size_t r = 1; r < all->size(); ++r) {
     if ((*all)[r] != (*all)[0]) {
@@ -268,14 +257,12 @@ absl::Status WorkerService::CheckSameOnAllRanks(uint64_t fingerprint, const std:
 }
 
 void WorkerService::TearDownGroup() {
-  dispatcher_.reset();
-  experts_.clear();
   expert_bytes_ = 0;
   allocation_.reset();
   geometry_committed_ = false;
   plan_.clear();
   model_.Clear();
-  collective_.reset();
+  data_plane_.reset();
   absl::MutexLock lock(&state_mu_);
   state_.Left();
   status_.set_rank(0);
@@ -287,6 +274,9 @@ void WorkerService::TearDownGroup() {
   status_.set_runtime_max_tokens_per_rank(0);
   status_.set_capacity_tokens(0);
   status_.set_expert_bytes(0);
+  const DeviceInfo device = DeviceFor(options_.default_backend, options_.device);
+  status_.set_device_name(device.name);
+  status_.set_device_memory_bytes(device.memory_bytes);
   UpdateHealthLocked();
 }
 
@@ -330,6 +320,7 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
   }
   ASSIGN_OR_RETURN(std::string backend,
                    ResolveBackend(request.backend(), options_.default_backend));
+  RETURN_IF_ERROR(CheckDevice(options_.device, VisibleGpuCount(), backend));
   JoinArgs args;
   args.world_size = request.world_size();
   args.rank = request.rank();
@@ -382,16 +373,17 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
   spdlog::info("Join: forming {} group generation {} as rank {} of {} via {}", args.backend,
                args.generation, args.rank, args.world_size,
                args.rendezvous_address.empty() ? "an in-process store" : args.rendezvous_address);
-  absl::StatusOr<std::unique_ptr<core::GlooCollective>> group =
-      core::GlooCollective::Create(store, absl::StrCat("gen", args.generation), args.rank,
-                                   args.world_size, args.data_plane_host, args.timeout);
-  if (!group.ok()) {
-    return absl::Status(
-        group.status().code(),
-        absl::StrCat("Join (rank ", args.rank, " of ", args.world_size, ", generation ",
-                     args.generation, "): ", group.status().message()));
-  }
-  collective_ = std::move(*group);
+  DataPlaneGroup group;
+  group.backend = args.backend;
+  group.world_size = args.world_size;
+  group.rank = args.rank;
+  group.generation = args.generation;
+  group.timeout = args.timeout;
+  group.rendezvous_address = args.rendezvous_address;
+  group.data_plane_host = args.data_plane_host;
+  group.device = options_.device;
+  ASSIGN_OR_RETURN(data_plane_, FormDataPlane(group, store));
+  const DeviceInfo device = DeviceFor(args.backend, options_.device);
   joined_ = args;
   {
     absl::MutexLock lock(&state_mu_);
@@ -400,6 +392,8 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
     status_.set_world_size(args.world_size);
     status_.set_generation(args.generation);
     status_.set_backend(args.backend);
+    status_.set_device_name(device.name);
+    status_.set_device_memory_bytes(device.memory_bytes);
     UpdateHealthLocked();
   }
   response->set_backend(args.backend);
@@ -621,9 +615,10 @@ absl::Status WorkerService::DoAllocateWorkspace(grpc::ServerContext* context,
   RETURN_IF_ERROR(CheckSameOnAllRanks(fingerprint, "AllocateWorkspace spec"));
 
   if (!same_spec) {
-    absl::StatusOr<std::unique_ptr<core::EpDispatcher>> dispatcher =
-        core::EpDispatcher::Create(collective_.get(), options, options_.memory_cap_bytes);
-    if (!dispatcher.ok()) return dispatcher.status();
+    // Replaces the data plane's workspace and drops its experts.
+    ASSIGN_OR_RETURN(
+        DataPlaneAllocation held,
+        data_plane_->Allocate(options, model_.moe_intermediate_size(), options_.memory_cap_bytes));
     auto allocation = std::make_unique<Allocation>();
     allocation->options = options;
     allocation->fingerprint = fingerprint;
@@ -632,18 +627,16 @@ absl::Status WorkerService::DoAllocateWorkspace(grpc::ServerContext* context,
     out.set_combine_bytes_per_token(core::CombineBytesPerToken(request.hidden_size()));
     out.set_flashinfer_workspace_bytes(flashinfer.total_bytes);
     out.set_flashinfer_aux_bytes(flashinfer.aux_bytes);
-    out.set_allocated_bytes((*dispatcher)->allocated_bytes());
-    for (const core::WorkspaceRegion& region : allocated.regions) {
+    out.set_allocated_bytes(held.allocated_bytes);
+    for (const core::WorkspaceRegion& region : held.regions) {
       v1::WorkspaceRegion* r = out.add_regions();
       r->set_name(region.name);
       r->set_offset_bytes(region.offset_bytes);
       r->set_size_bytes(region.size_bytes);
     }
     out.set_capacity_tokens(capacity);
-    dispatcher_ = std::move(*dispatcher);
     allocation_ = std::move(allocation);
     geometry_committed_ = false;
-    experts_.clear();
     expert_bytes_ = 0;
   }
   *response = allocation_->response;
@@ -723,13 +716,12 @@ absl::Status WorkerService::DoLoadExperts(grpc::ServerContext* context,
   // Weight bytes the new set will hold: gate, up [I, H] and down [H, I], bf16.
   const int64_t new_bytes =
       request.kind() == v1::EXPERT_KIND_SWIGLU ? int64_t{count} * 3 * intermediate * hidden * 2 : 0;
-  auto old = experts_.find(request.layer());
-  const int64_t old_bytes = old == experts_.end() ? 0 : old->second.weight_bytes();
-  const int64_t total = dispatcher_->allocated_bytes() + expert_bytes_ - old_bytes + new_bytes;
+  const int64_t old_bytes = data_plane_->ExpertBytes(request.layer());
+  const int64_t total = data_plane_->allocated_bytes() + expert_bytes_ - old_bytes + new_bytes;
   if (options_.memory_cap_bytes > 0 && total > options_.memory_cap_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "LoadExperts: layer ", request.layer(), " needs ", new_bytes, " bytes of experts; with ",
-        dispatcher_->allocated_bytes(), " of workspace and ", expert_bytes_ - old_bytes,
+        data_plane_->allocated_bytes(), " of workspace and ", expert_bytes_ - old_bytes,
         " of other layers' experts that is ", total, " bytes, more than the memory cap of ",
         options_.memory_cap_bytes, " bytes (--memory_cap_bytes)"));
   }
@@ -744,14 +736,16 @@ absl::Status WorkerService::DoLoadExperts(grpc::ServerContext* context,
                                               intermediate);
   }
   if (!experts.ok()) return experts.status();
-  const int64_t bytes = experts->weight_bytes();
+  // The GPU plane uploads them (and may grow its expert scratch).
+  ASSIGN_OR_RETURN(int64_t bytes, data_plane_->LoadExperts(request.layer(), std::move(*experts),
+                                                           options_.memory_cap_bytes));
   expert_bytes_ += bytes - old_bytes;
-  experts_.insert_or_assign(request.layer(), std::move(*experts));
   response->set_first_expert(first);
   response->set_num_local_experts(count);
   response->set_expert_bytes(bytes);
   absl::MutexLock lock(&state_mu_);
   status_.set_expert_bytes(expert_bytes_);
+  status_.set_workspace_bytes(data_plane_->allocated_bytes());
   return absl::OkStatus();
 }
 
@@ -772,7 +766,7 @@ absl::Status WorkerService::DoSyncTokenCounts(grpc::ServerContext* context,
   RETURN_IF_ERROR(slot.Acquire(context, "SyncTokenCounts"));
   RETURN_IF_ERROR(RequireGroup(WorkerPhase::kAllocated, "SyncTokenCounts"));
   absl::StatusOr<std::vector<int64_t>> counts =
-      dispatcher_->SyncTokenCounts(request.local_tokens());
+      data_plane_->SyncTokenCounts(request.local_tokens());
   RETURN_IF_ERROR(GroupResult(counts.status()));
   const core::EpDispatcherOptions& options = allocation_->options;
   ASSIGN_OR_RETURN(int64_t runtime_max,
@@ -801,7 +795,7 @@ absl::Status WorkerService::DoCommitGeometry(grpc::ServerContext* context,
   CollectiveSlot slot(this);
   RETURN_IF_ERROR(slot.Acquire(context, "CommitGeometry"));
   RETURN_IF_ERROR(RequireGroup(WorkerPhase::kAllocated, "CommitGeometry"));
-  RETURN_IF_ERROR(dispatcher_->CommitGeometry(
+  RETURN_IF_ERROR(data_plane_->CommitGeometry(
       request.epoch(), request.runtime_max_tokens_per_rank(), request.local_tokens()));
   geometry_committed_ = true;
   absl::MutexLock lock(&state_mu_);
@@ -853,8 +847,7 @@ absl::Status WorkerService::DoForward(grpc::ServerContext* context,
                                                    options.workspace.top_k,
                                                    " (the allocated top_k), got ", ids.shape[1]));
   }
-  auto experts = experts_.find(request.layer());
-  if (experts == experts_.end()) {
+  if (!data_plane_->HasExperts(request.layer())) {
     return absl::FailedPreconditionError(absl::StrCat(
         "Forward: layer ", request.layer(), " has no loaded experts; call LoadExperts first"));
   }
@@ -862,16 +855,16 @@ absl::Status WorkerService::DoForward(grpc::ServerContext* context,
     return absl::FailedPreconditionError(
         "Forward requires a committed geometry; call SyncTokenCounts and CommitGeometry first");
   }
-  if (request.epoch() != dispatcher_->epoch()) {
+  if (request.epoch() != data_plane_->epoch()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "Forward: epoch ", request.epoch(), " does not match the committed geometry epoch ",
-        dispatcher_->epoch(), "; call CommitGeometry for epoch ", request.epoch(), " first"));
+        data_plane_->epoch(), "; call CommitGeometry for epoch ", request.epoch(), " first"));
   }
   std::vector<core::bf16_t> output(hidden.values.size());
-  absl::Status status = dispatcher_->Forward(hidden.values, ids.values, weights.values, tokens,
-                                             experts->second, absl::MakeSpan(output));
-  RETURN_IF_ERROR(GroupResult(status));
-  const core::StepStats& step = dispatcher_->last_step();
+  absl::StatusOr<core::StepStats> stats = data_plane_->Forward(
+      request.layer(), hidden.values, ids.values, weights.values, tokens, absl::MakeSpan(output));
+  RETURN_IF_ERROR(GroupResult(stats.status()));
+  const core::StepStats& step = *stats;
   const std::vector<int64_t> shape = {tokens, options.workspace.hidden};
   *response->mutable_output() = EncodeBf16(output, shape);
   v1::ForwardTimings* timings = response->mutable_timings();
@@ -944,7 +937,7 @@ absl::Status WorkerService::DoBenchmark(grpc::ServerContext* context,
   options.num_experts = request.num_experts();
   ASSIGN_OR_RETURN(core::AllocatedWorkspace needed,
                    core::ComputeAllocatedWorkspace(options.workspace));
-  const int64_t held = (dispatcher_ ? dispatcher_->allocated_bytes() : 0) + expert_bytes_;
+  const int64_t held = data_plane_->allocated_bytes() + expert_bytes_;
   const int64_t inputs = tokens * (hidden_size * 2 * 2 + int64_t{top_k} * 8);
   if (options_.memory_cap_bytes > 0 &&
       held + needed.total_bytes + inputs > options_.memory_cap_bytes) {
@@ -953,8 +946,6 @@ absl::Status WorkerService::DoBenchmark(grpc::ServerContext* context,
         " bytes (workspace and inputs) on top of ", held, " held, more than the memory cap of ",
         options_.memory_cap_bytes, " bytes (--memory_cap_bytes)"));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<core::EpDispatcher> bench,
-                   core::EpDispatcher::Create(collective_.get(), options, 0));
   ASSIGN_OR_RETURN(int64_t dispatch_bytes_per_token,
                    core::DispatchBytesPerToken(core::DispatchDType::kBF16, hidden_size, top_k));
   const int64_t combine_bytes_per_token = core::CombineBytesPerToken(hidden_size);
@@ -963,45 +954,34 @@ absl::Status WorkerService::DoBenchmark(grpc::ServerContext* context,
   // proportion to 1 / (e + 1) (Zipf, s = 1), K distinct experts per token.
   std::mt19937_64 rng(request.seed() * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(rank));
   std::uniform_real_distribution<float> value(-1.0f, 1.0f);
-  std::vector<core::bf16_t> hidden(static_cast<size_t>(tokens * hidden_size));
+  BenchmarkInputs bench_inputs;
+  bench_inputs.num_tokens = tokens;
+  std::vector<core::bf16_t>& hidden = bench_inputs.hidden;
+  hidden.resize(static_cast<size_t>(tokens * hidden_size));
   for (core::bf16_t& h : hidden) h = core::FloatToBf16(value(rng));
   std::vector<double> popularity(request.num_experts(), 1.0);
   if (routing == "skewed") {
     for (int e = 0; e < request.num_experts(); ++e) popularity[e] = 1.0 / (e + 1);
   }
-  const std::vector<int32_t> ids = SampleRouting(rng, tokens, top_k, popularity);
-  std::vector<float> weights(ids.size());
+  bench_inputs.topk_ids = SampleRouting(rng, tokens, top_k, popularity);
+  std::vector<float>& weights = bench_inputs.topk_weights;
+  weights.resize(bench_inputs.topk_ids.size());
   std::uniform_real_distribution<float> weight(0.05f, 1.0f);
   for (int64_t t = 0; t < tokens; ++t) {
     float sum = 0.0f;
     for (int k = 0; k < top_k; ++k) sum += weights[t * top_k + k] = weight(rng);
     for (int k = 0; k < top_k; ++k) weights[t * top_k + k] /= sum;
   }
-  ASSIGN_OR_RETURN(core::ExpertPlacement placement,
-                   core::ExpertPlacement::Contiguous(request.num_experts(), world));
-  const core::ExpertSet identity = core::ExpertSet::Identity(
-      placement.FirstExpert(rank), placement.NumLocalExperts(rank), hidden_size);
-  RETURN_IF_ERROR(bench->CommitGeometry(1, tokens, tokens));
-  std::vector<core::bf16_t> output(hidden.size());
-
-  std::vector<double> dispatch_us;
-  std::vector<double> combine_us;
-  int64_t tokens_sent = 0;
-  const int total = request.warmup() + request.iterations();
-  for (int i = 0; i < total; ++i) {
-    RETURN_IF_ERROR(GroupResult(collective_->Barrier()));
-    const auto t0 = std::chrono::steady_clock::now();
-    RETURN_IF_ERROR(GroupResult(bench->Dispatch(hidden, ids, weights, tokens)));
-    const auto t1 = std::chrono::steady_clock::now();
-    RETURN_IF_ERROR(GroupResult(bench->ComputeExperts(identity)));
-    const auto t2 = std::chrono::steady_clock::now();
-    RETURN_IF_ERROR(GroupResult(bench->Combine(absl::MakeSpan(output))));
-    const auto t3 = std::chrono::steady_clock::now();
-    if (i < request.warmup()) continue;
-    dispatch_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-    combine_us.push_back(std::chrono::duration<double, std::micro>(t3 - t2).count());
-    tokens_sent = bench->last_step().tokens_sent;
-  }
+  // Identity experts on a scratch dispatcher of the data plane (GPU: timed
+  // with CUDA events on the stream; CPU: wall clock).
+  const int64_t cap_left =
+      options_.memory_cap_bytes > 0 ? options_.memory_cap_bytes - held : int64_t{0};
+  absl::StatusOr<BenchmarkTimes> times = data_plane_->Benchmark(
+      options, bench_inputs, request.warmup(), request.iterations(), cap_left);
+  RETURN_IF_ERROR(GroupResult(times.status()));
+  std::vector<double>& dispatch_us = times->dispatch_us;
+  std::vector<double>& combine_us = times->combine_us;
+  const int64_t tokens_sent = times->tokens_sent;
   std::sort(dispatch_us.begin(), dispatch_us.end());
   std::sort(combine_us.begin(), combine_us.end());
   response->set_dispatch_p50_us(Percentile(dispatch_us, 50));

@@ -21,7 +21,12 @@
 // a new generation" until Join with a new generation re-forms it. Health
 // (server/health.h) is SERVING only while joined, allocated and not broken.
 //
-// Thread-safe. Source: DESIGN §6-§8; issue 2 ("proto and server").
+// Backends: Join resolves "auto" / "gloo" / "nccl" (server/backend_selection.h)
+// and forms the group's data plane (server/data_plane.h): Gloo + the CPU
+// dispatcher, or NCCL + the GPU dispatcher on WorkerOptions::device. GetStatus
+// reports that device's name and memory ("cpu" and host memory for Gloo).
+//
+// Thread-safe. Source: DESIGN §6-§8; issue 2 ("proto and server"), issue 3.
 
 #include <cstdint>
 #include <map>
@@ -38,6 +43,8 @@
 #include "core/experts.h"
 #include "core/layer_plan.h"
 #include "moe_ep/v1/worker.grpc.pb.h"
+#include "server/backend_selection.h"
+#include "server/data_plane.h"
 #include "server/health.h"
 #include "server/worker_state.h"
 
@@ -52,16 +59,9 @@ struct WorkerOptions {
   std::string data_plane_host = "127.0.0.1";
   // Collective timeout when Join leaves timeout_ms at 0.
   absl::Duration default_timeout = absl::Seconds(30);
+  // CUDA device ordinal the NCCL backend runs on (--device); Gloo ignores it.
+  int device = 0;
 };
-
-// Returns the backend a Join request resolves to on this build: "gloo" for
-// "gloo" and for "auto" (and "" when `default_backend` says so).
-// Errors: kInvalidArgument for an unknown name; kFailedPrecondition for
-// "nccl" on a build without CUDA ("NCCL backend needs a CUDA build");
-// kUnimplemented for "nccl" on a CUDA build until kernels/ provides the NCCL
-// collective (issue 3).
-absl::StatusOr<std::string> ResolveBackend(const std::string& requested,
-                                           const std::string& default_backend);
 
 class WorkerService final : public v1::Worker::Service {
  public:
@@ -161,19 +161,17 @@ class WorkerService final : public v1::Worker::Service {
   absl::Mutex slot_mu_;
   bool slot_free_ ABSL_GUARDED_BY(slot_mu_) = true;
 
-  // Owned by the holder of the collective slot. The dispatcher and the
-  // experts point into / depend on the collective, so they are declared after
-  // it and destroyed first.
-  std::unique_ptr<core::Collective> collective_;
+  // Owned by the holder of the collective slot. The data plane
+  // (server/data_plane.h) holds the group's collective, the dispatcher and
+  // the experts of each layer.
+  std::unique_ptr<DataPlane> data_plane_;
   JoinArgs joined_;
   int64_t max_generation_used_ = 0;
   v1::ModelDescription model_;  // as configured (0 = field not given)
   std::vector<core::LayerPlan> plan_;
   std::unique_ptr<Allocation> allocation_;
-  std::unique_ptr<core::EpDispatcher> dispatcher_;
   bool geometry_committed_ = false;
-  std::map<int, core::ExpertSet> experts_;  // layer -> this rank's experts
-  int64_t expert_bytes_ = 0;
+  int64_t expert_bytes_ = 0;  // all layers' experts held by the data plane
 
   // The snapshot GetStatus returns, and the state machine.
   absl::Mutex state_mu_;

@@ -1,0 +1,51 @@
+#include "server/backend_selection.h"
+
+#include "absl/strings/str_cat.h"
+#include "server/device_info.h"
+
+namespace moe_ep::server {
+
+absl::StatusOr<std::string> ResolveBackend(const std::string& requested,
+                                           const std::string& default_backend, int visible_gpus) {
+  const std::string name = requested.empty() ? default_backend : requested;
+  if (name == "gloo") return std::string("gloo");
+  if (name == "auto") {
+    return std::string(BuiltWithCuda() && visible_gpus > 0 ? "nccl" : "gloo");
+  }
+  if (name == "nccl") {
+    if (!BuiltWithCuda()) {
+      return absl::FailedPreconditionError(
+          "backend \"nccl\": NCCL backend needs a CUDA build; this worker was built without CUDA "
+          "(use \"gloo\" or \"auto\")");
+    }
+    if (visible_gpus < 1) {
+      return absl::FailedPreconditionError(
+          "backend \"nccl\": no CUDA device is visible to this worker (cudaGetDeviceCount = 0; "
+          "check the driver, CUDA_VISIBLE_DEVICES and the container's GPU request), or use "
+          "\"gloo\" or \"auto\"");
+    }
+    return std::string("nccl");
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("backend: expected \"auto\", \"gloo\" or \"nccl\", got \"", name, "\""));
+}
+
+absl::StatusOr<std::string> ResolveBackend(const std::string& requested,
+                                           const std::string& default_backend) {
+  return ResolveBackend(requested, default_backend, VisibleGpuCount());
+}
+
+absl::Status CheckDevice(int device, int visible_gpus, const std::string& backend) {
+  if (device < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device: expected a CUDA device ordinal >= 0, got ", device));
+  }
+  if (backend == "nccl" && device >= visible_gpus) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device: CUDA device ", device, " is not visible to this worker (", visible_gpus,
+        " visible); start the worker with --device in [0, ", visible_gpus, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace moe_ep::server

@@ -1,0 +1,121 @@
+#include "server/cpu_data_plane.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/expert_placement.h"
+#include "core/status_macros.h"
+#include "core/workspace.h"
+
+namespace moe_ep::server {
+
+CpuDataPlane::CpuDataPlane(std::unique_ptr<core::GlooCollective> collective)
+    : collective_(std::move(collective)) {}
+
+absl::StatusOr<std::unique_ptr<CpuDataPlane>> CpuDataPlane::Form(
+    const DataPlaneGroup& group, std::shared_ptr<gloo::rendezvous::Store> store) {
+  absl::StatusOr<std::unique_ptr<core::GlooCollective>> collective = core::GlooCollective::Create(
+      std::move(store), absl::StrCat("gen", group.generation), group.rank, group.world_size,
+      group.data_plane_host, group.timeout);
+  if (!collective.ok()) {
+    return absl::Status(
+        collective.status().code(),
+        absl::StrCat("Join (rank ", group.rank, " of ", group.world_size, ", generation ",
+                     group.generation, "): ", collective.status().message()));
+  }
+  return std::unique_ptr<CpuDataPlane>(new CpuDataPlane(std::move(*collective)));
+}
+
+absl::StatusOr<DataPlaneAllocation> CpuDataPlane::Allocate(const core::EpDispatcherOptions& options,
+                                                           int64_t /*max_intermediate*/,
+                                                           int64_t memory_cap_bytes) {
+  ASSIGN_OR_RETURN(core::AllocatedWorkspace layout,
+                   core::ComputeAllocatedWorkspace(options.workspace));
+  ASSIGN_OR_RETURN(std::unique_ptr<core::EpDispatcher> dispatcher,
+                   core::EpDispatcher::Create(collective_.get(), options, memory_cap_bytes));
+  DataPlaneAllocation allocation;
+  allocation.allocated_bytes = dispatcher->allocated_bytes();
+  allocation.regions = std::move(layout.regions);
+  experts_.clear();
+  dispatcher_ = std::move(dispatcher);
+  return allocation;
+}
+
+int64_t CpuDataPlane::allocated_bytes() const {
+  return dispatcher_ ? dispatcher_->allocated_bytes() : 0;
+}
+
+absl::StatusOr<int64_t> CpuDataPlane::LoadExperts(int layer, core::ExpertSet experts,
+                                                  int64_t /*memory_cap_bytes*/) {
+  const int64_t bytes = experts.weight_bytes();
+  experts_.insert_or_assign(layer, std::move(experts));
+  return bytes;
+}
+
+bool CpuDataPlane::HasExperts(int layer) const { return experts_.contains(layer); }
+
+int64_t CpuDataPlane::ExpertBytes(int layer) const {
+  auto it = experts_.find(layer);
+  return it == experts_.end() ? 0 : it->second.weight_bytes();
+}
+
+absl::StatusOr<std::vector<int64_t>> CpuDataPlane::SyncTokenCounts(int64_t local_tokens) {
+  return dispatcher_->SyncTokenCounts(local_tokens);
+}
+
+absl::Status CpuDataPlane::CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
+                                          int64_t local_tokens) {
+  return dispatcher_->CommitGeometry(epoch, runtime_max_tokens_per_rank, local_tokens);
+}
+
+int64_t CpuDataPlane::epoch() const { return dispatcher_ ? dispatcher_->epoch() : -1; }
+
+absl::StatusOr<core::StepStats> CpuDataPlane::Forward(
+    int layer, absl::Span<const core::bf16_t> hidden, absl::Span<const int32_t> topk_ids,
+    absl::Span<const float> topk_weights, int64_t num_tokens, absl::Span<core::bf16_t> output) {
+  auto experts = experts_.find(layer);
+  if (experts == experts_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Forward: layer ", layer, " has no loaded experts; call LoadExperts first"));
+  }
+  RETURN_IF_ERROR(
+      dispatcher_->Forward(hidden, topk_ids, topk_weights, num_tokens, experts->second, output));
+  return dispatcher_->last_step();
+}
+
+absl::StatusOr<BenchmarkTimes> CpuDataPlane::Benchmark(const core::EpDispatcherOptions& options,
+                                                       const BenchmarkInputs& inputs, int warmup,
+                                                       int iterations,
+                                                       int64_t /*memory_cap_bytes*/) {
+  // The caller checked the cap against core::ComputeAllocatedWorkspace, which
+  // is exactly what this dispatcher allocates.
+  ASSIGN_OR_RETURN(std::unique_ptr<core::EpDispatcher> bench,
+                   core::EpDispatcher::Create(collective_.get(), options, 0));
+  const int rank = collective_->rank();
+  ASSIGN_OR_RETURN(core::ExpertPlacement placement,
+                   core::ExpertPlacement::Contiguous(options.num_experts, collective_->size()));
+  const core::ExpertSet identity = core::ExpertSet::Identity(
+      placement.FirstExpert(rank), placement.NumLocalExperts(rank), options.workspace.hidden);
+  const int64_t tokens = inputs.num_tokens;
+  RETURN_IF_ERROR(bench->CommitGeometry(1, tokens, tokens));
+  std::vector<core::bf16_t> output(inputs.hidden.size());
+  BenchmarkTimes times;
+  for (int i = 0; i < warmup + iterations; ++i) {
+    RETURN_IF_ERROR(collective_->Barrier());
+    const auto t0 = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(bench->Dispatch(inputs.hidden, inputs.topk_ids, inputs.topk_weights, tokens));
+    const auto t1 = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(bench->ComputeExperts(identity));
+    const auto t2 = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(bench->Combine(absl::MakeSpan(output)));
+    const auto t3 = std::chrono::steady_clock::now();
+    if (i < warmup) continue;
+    times.dispatch_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    times.combine_us.push_back(std::chrono::duration<double, std::micro>(t3 - t2).count());
+    times.tokens_sent = bench->last_step().tokens_sent;
+  }
+  return times;
+}
+
+}  // namespace moe_ep::server

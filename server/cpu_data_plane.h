@@ -1,0 +1,59 @@
+#pragma once
+
+// The CPU data plane (server/data_plane.h): Gloo over TCP and
+// core::EpDispatcher on host memory, experts as core::ExpertSet. The backend
+// of CPU-only machines, CI and the embedded default (DESIGN §1, §8).
+// Not thread-safe. Source: DESIGN §6, §7; issue 2.
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/ep_dispatcher.h"
+#include "core/experts.h"
+#include "core/gloo_collective.h"
+#include "server/data_plane.h"
+
+namespace moe_ep::server {
+
+class CpuDataPlane final : public DataPlane {
+ public:
+  // Forms the Gloo group (group.backend must be "gloo"; group.device is
+  // ignored). Errors: those of core::GlooCollective::Create, prefixed with
+  // "Join (rank r of n, generation g)".
+  static absl::StatusOr<std::unique_ptr<CpuDataPlane>> Form(
+      const DataPlaneGroup& group, std::shared_ptr<gloo::rendezvous::Store> store);
+
+  std::string backend() const override { return "gloo"; }
+  core::Collective& collective() override { return *collective_; }
+  absl::StatusOr<DataPlaneAllocation> Allocate(const core::EpDispatcherOptions& options,
+                                               int64_t max_intermediate,
+                                               int64_t memory_cap_bytes) override;
+  int64_t allocated_bytes() const override;
+  absl::StatusOr<int64_t> LoadExperts(int layer, core::ExpertSet experts,
+                                      int64_t memory_cap_bytes) override;
+  bool HasExperts(int layer) const override;
+  int64_t ExpertBytes(int layer) const override;
+  absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens) override;
+  absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
+                              int64_t local_tokens) override;
+  int64_t epoch() const override;
+  absl::StatusOr<core::StepStats> Forward(int layer, absl::Span<const core::bf16_t> hidden,
+                                          absl::Span<const int32_t> topk_ids,
+                                          absl::Span<const float> topk_weights, int64_t num_tokens,
+                                          absl::Span<core::bf16_t> output) override;
+  absl::StatusOr<BenchmarkTimes> Benchmark(const core::EpDispatcherOptions& options,
+                                           const BenchmarkInputs& inputs, int warmup,
+                                           int iterations, int64_t memory_cap_bytes) override;
+
+ private:
+  explicit CpuDataPlane(std::unique_ptr<core::GlooCollective> collective);
+
+  // Declared first: the dispatcher points into the collective.
+  std::unique_ptr<core::GlooCollective> collective_;
+  std::unique_ptr<core::EpDispatcher> dispatcher_;
+  std::map<int, core::ExpertSet> experts_;  // layer -> this rank's experts
+};
+
+}  // namespace moe_ep::server

@@ -1,0 +1,62 @@
+#include "server/device_info.h"
+
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+
+#ifdef MOE_EP_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace moe_ep::server {
+
+bool BuiltWithCuda() {
+#ifdef MOE_EP_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+int VisibleGpuCount() {
+#ifdef MOE_EP_HAVE_CUDA
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver / no device" error
+    return 0;
+  }
+  return count;
+#else
+  return 0;
+#endif
+}
+
+absl::StatusOr<DeviceInfo> DescribeGpu(int device) {
+#ifdef MOE_EP_HAVE_CUDA
+  const int count = VisibleGpuCount();
+  if (device < 0 || device >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device: expected in [0, ", count, ") (visible CUDA devices), got ", device));
+  }
+  cudaDeviceProp props;
+  const cudaError_t error = cudaGetDeviceProperties(&props, device);
+  if (error != cudaSuccess) {
+    cudaGetLastError();
+    return absl::UnavailableError(
+        absl::StrCat("cudaGetDeviceProperties(device ", device, "): ", cudaGetErrorString(error)));
+  }
+  return DeviceInfo{props.name, static_cast<int64_t>(props.totalGlobalMem)};
+#else
+  return absl::FailedPreconditionError(
+      absl::StrCat("device ", device, ": this worker was built without CUDA"));
+#endif
+}
+
+DeviceInfo DescribeHost() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  return DeviceInfo{"cpu",
+                    pages > 0 && page_size > 0 ? static_cast<int64_t>(pages) * page_size : 0};
+}
+
+}  // namespace moe_ep::server

@@ -1,0 +1,505 @@
+#include "server/gpu_data_plane.h"
+
+#ifdef MOE_EP_HAVE_CUDA
+
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "core/routing.h"
+#include "core/status_macros.h"
+#include "core/workspace.h"
+#include "server/backend_selection.h"
+#include "server/device_info.h"
+
+namespace moe_ep::server {
+namespace {
+
+// OK for cudaSuccess; kResourceExhausted for allocation failures, else
+// kInternal, with the runtime's error string.
+absl::Status Cuda(cudaError_t error, absl::string_view what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  cudaGetLastError();
+  const std::string message = absl::StrCat(what, ": ", cudaGetErrorString(error));
+  if (error == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
+  return absl::InternalError(message);
+}
+
+std::string JoinContext(const DataPlaneGroup& group) {
+  return absl::StrCat("Join (rank ", group.rank, " of ", group.world_size, ", generation ",
+                      group.generation, ")");
+}
+
+absl::Status WithContext(const absl::Status& status, absl::string_view context) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
+}
+
+// The unique id through the rendezvous store: rank 0 sets it, the others get
+// it (the store bounds the wait by the group's timeout and throws).
+absl::StatusOr<std::string> ShareUniqueId(const DataPlaneGroup& group,
+                                          gloo::rendezvous::Store& store) {
+  const std::string key = NcclUniqueIdKey(group.generation);
+  const std::string where =
+      group.rendezvous_address.empty() ? "the in-process store" : group.rendezvous_address;
+  try {
+    if (group.rank == 0) {
+      ASSIGN_OR_RETURN(std::string id, kernels::NcclCollective::NewUniqueId());
+      store.set(key, std::vector<char>(id.begin(), id.end()));
+      return id;
+    }
+    const std::vector<char> value = store.get(key);
+    if (value.size() != NCCL_UNIQUE_ID_BYTES) {
+      return absl::UnavailableError(absl::StrCat("the NCCL unique id under \"", key, "\" at ",
+                                                 where, " has ", value.size(), " bytes, expected ",
+                                                 NCCL_UNIQUE_ID_BYTES));
+    }
+    return std::string(value.begin(), value.end());
+  } catch (const std::exception& e) {
+    const std::string lower = absl::AsciiStrToLower(e.what());
+    if (absl::StrContains(lower, "timed out") || absl::StrContains(lower, "timeout")) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "rank 0 did not publish the NCCL unique id under \"", key, "\" at ", where, " within ",
+          absl::FormatDuration(group.timeout),
+          "; check that rank 0 joined this generation with backend \"nccl\" (", e.what(), ")"));
+    }
+    return absl::UnavailableError(absl::StrCat("NCCL unique id rendezvous (\"", key, "\" at ",
+                                               where, ") failed: ", e.what()));
+  }
+}
+
+// Sum over regions of their sizes.
+int64_t Total(const std::vector<core::WorkspaceRegion>& regions) {
+  int64_t total = 0;
+  for (const core::WorkspaceRegion& r : regions) total += r.size_bytes;
+  return total;
+}
+
+}  // namespace
+
+// Pinned host and device staging of Forward, for N rows; freed on destruction.
+class GpuDataPlane::Staging {
+ public:
+  static absl::StatusOr<std::unique_ptr<Staging>> Create(int64_t capacity, int64_t hidden,
+                                                         int top_k) {
+    std::unique_ptr<Staging> s(new Staging());
+    s->hidden_bytes_ = capacity * hidden * 2;
+    s->k_bytes_ = capacity * top_k * 4;
+    const int64_t sizes[4] = {s->hidden_bytes_, s->k_bytes_, s->k_bytes_, s->hidden_bytes_};
+    for (int i = 0; i < 4; ++i) {
+      RETURN_IF_ERROR(Cuda(cudaMalloc(&s->device_[i], sizes[i]),
+                           absl::StrCat("cudaMalloc(forward staging, ", sizes[i], " bytes)")));
+      RETURN_IF_ERROR(Cuda(cudaMallocHost(&s->host_[i], sizes[i]),
+                           absl::StrCat("cudaMallocHost(forward staging, ", sizes[i], " bytes)")));
+    }
+    return s;
+  }
+  // Device bytes of staging for N rows (what Create allocates on the device).
+  static int64_t DeviceBytes(int64_t capacity, int64_t hidden, int top_k) {
+    return 2 * (capacity * hidden * 2) + 2 * (capacity * top_k * 4);
+  }
+  ~Staging() {
+    for (void* p : device_) cudaFree(p);
+    for (void* p : host_) cudaFreeHost(p);
+  }
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+
+  uint16_t* d_hidden() const { return static_cast<uint16_t*>(device_[0]); }
+  int32_t* d_ids() const { return static_cast<int32_t*>(device_[1]); }
+  float* d_weights() const { return static_cast<float*>(device_[2]); }
+  uint16_t* d_output() const { return static_cast<uint16_t*>(device_[3]); }
+  void* h_hidden() const { return host_[0]; }
+  void* h_ids() const { return host_[1]; }
+  void* h_weights() const { return host_[2]; }
+  void* h_output() const { return host_[3]; }
+
+ private:
+  Staging() = default;
+  int64_t hidden_bytes_ = 0;
+  int64_t k_bytes_ = 0;
+  std::array<void*, 4> device_ = {nullptr, nullptr, nullptr, nullptr};
+  std::array<void*, 4> host_ = {nullptr, nullptr, nullptr, nullptr};
+};
+
+absl::StatusOr<std::unique_ptr<GpuDataPlane>> GpuDataPlane::Form(
+    const DataPlaneGroup& group, std::shared_ptr<gloo::rendezvous::Store> store) {
+  const std::string context = JoinContext(group);
+  {
+    absl::Status device = CheckDevice(group.device, VisibleGpuCount(), "nccl");
+    if (!device.ok()) return WithContext(device, context);
+  }
+  RETURN_IF_ERROR(WithContext(Cuda(cudaSetDevice(group.device), "cudaSetDevice"), context));
+  absl::StatusOr<std::string> id = ShareUniqueId(group, *store);
+  if (!id.ok()) return WithContext(id.status(), context);
+  const auto timeout_ms =
+      std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(group.timeout)));
+  absl::StatusOr<std::unique_ptr<kernels::NcclCollective>> collective =
+      kernels::NcclCollective::Create(*id, group.rank, group.world_size, group.device, timeout_ms);
+  if (!collective.ok()) return WithContext(collective.status(), context);
+  std::unique_ptr<GpuDataPlane> plane(new GpuDataPlane());
+  plane->collective_ = std::move(*collective);
+  plane->device_ = group.device;
+  for (cudaEvent_t& event : plane->events_) {
+    RETURN_IF_ERROR(WithContext(Cuda(cudaEventCreate(&event), "cudaEventCreate"), context));
+  }
+  return plane;
+}
+
+GpuDataPlane::~GpuDataPlane() {
+  // Whatever is still enqueued must not outlive the buffers; a broken group
+  // was aborted by the collective, so this does not wait on a dead peer.
+  if (collective_ != nullptr && collective_->healthy()) (void)Synchronize();
+  experts_.clear();
+  staging_.reset();
+  dispatcher_.reset();
+  for (cudaEvent_t event : events_) {
+    if (event != nullptr) cudaEventDestroy(event);
+  }
+}
+
+absl::Status GpuDataPlane::MakeDeviceCurrent() const {
+  return Cuda(cudaSetDevice(device_), absl::StrCat("cudaSetDevice(", device_, ")"));
+}
+
+absl::Status GpuDataPlane::Synchronize() { return collective_->Synchronize(); }
+
+int64_t GpuDataPlane::TotalExpertBytes() const {
+  int64_t total = 0;
+  for (const auto& [layer, experts] : experts_) total += experts->weight_bytes();
+  return total;
+}
+
+absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatcherOptions& options,
+                                                           int64_t max_intermediate,
+                                                           int64_t memory_cap_bytes) {
+  RETURN_IF_ERROR(MakeDeviceCurrent());
+  const core::WorkspaceSpec& ws = options.workspace;
+  if (ws.dtype != core::DispatchDType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dispatch_dtype: the GPU data plane moves bf16, got ",
+                     core::DispatchDTypeName(ws.dtype), "; allocate with DISPATCH_DTYPE_BF16"));
+  }
+  ASSIGN_OR_RETURN(core::ExpertPlacement placement,
+                   core::ExpertPlacement::Contiguous(options.num_experts, ws.ep_size));
+  const int64_t staging_bytes = Staging::DeviceBytes(ws.capacity_tokens, ws.hidden, ws.top_k);
+  int64_t dispatcher_cap = 0;
+  if (memory_cap_bytes > 0) {
+    dispatcher_cap = memory_cap_bytes - staging_bytes;
+    if (dispatcher_cap <= 0) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("AllocateWorkspace: the Forward staging buffers alone need ", staging_bytes,
+                       " device bytes, more than the memory cap of ", memory_cap_bytes, " bytes"));
+    }
+  }
+  kernels::GpuEpDispatcherOptions gpu_options;
+  gpu_options.dispatcher = options;
+  gpu_options.max_intermediate = max_intermediate;
+  absl::StatusOr<std::unique_ptr<kernels::GpuEpDispatcher>> dispatcher =
+      kernels::GpuEpDispatcher::Create(collective_.get(), gpu_options, dispatcher_cap);
+  if (!dispatcher.ok()) {
+    if (dispatcher.status().code() == absl::StatusCode::kResourceExhausted &&
+        memory_cap_bytes > 0) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(dispatcher.status().message(), " (plus ", staging_bytes,
+                       " bytes of Forward staging under the memory cap of ", memory_cap_bytes,
+                       " bytes, --memory_cap_bytes)"));
+    }
+    return dispatcher.status();
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Staging> staging,
+                   Staging::Create(ws.capacity_tokens, ws.hidden, ws.top_k));
+
+  // The breakdown follows the layout documented in kernels/gpu_ep_dispatcher.h;
+  // whatever the dispatcher holds beyond it is its expert scratch.
+  const int64_t e = ws.ep_size;
+  const int64_t n = ws.capacity_tokens;
+  const int64_t row = 2 * ws.hidden + 8 * int64_t{ws.top_k};
+  DataPlaneAllocation allocation;
+  allocation.regions = {
+      {"dispatch_send", 0, core::AlignTo128(e * n * row)},
+      {"dispatch_recv", 0, core::AlignTo128(e * n * row)},
+      {"combine_send", 0, core::AlignTo128(e * n * ws.hidden * 2)},
+      {"combine_recv", 0, core::AlignTo128(e * n * ws.hidden * 2)},
+      {"metadata", 0,
+       core::AlignTo128(n * e * 4) + core::AlignTo128(e * 4) + core::AlignTo128(3 * 8) +
+           core::AlignTo128(e * 3 * 8) + core::AlignTo128(4)},
+  };
+  const int64_t scratch = (*dispatcher)->allocated_bytes() - Total(allocation.regions);
+  if (scratch >= 0) {
+    allocation.regions.push_back({"expert_scratch", 0, scratch});
+  } else {
+    allocation.regions = {{"gpu_data_plane", 0, (*dispatcher)->allocated_bytes()}};
+  }
+  allocation.regions.push_back({"forward_staging", 0, staging_bytes});
+  int64_t offset = 0;
+  for (core::WorkspaceRegion& region : allocation.regions) {
+    region.offset_bytes = offset;
+    offset += region.size_bytes;
+  }
+  allocation.allocated_bytes = offset;
+
+  experts_.clear();
+  staging_ = std::move(staging);
+  dispatcher_ = std::move(*dispatcher);
+  placement_ = std::make_unique<core::ExpertPlacement>(placement);
+  options_ = options;
+  max_intermediate_ = max_intermediate;
+  geometry_committed_ = false;
+  return allocation;
+}
+
+int64_t GpuDataPlane::allocated_bytes() const {
+  if (dispatcher_ == nullptr) return 0;
+  const core::WorkspaceSpec& ws = options_.workspace;
+  return dispatcher_->allocated_bytes() +
+         Staging::DeviceBytes(ws.capacity_tokens, ws.hidden, ws.top_k);
+}
+
+absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, core::ExpertSet experts,
+                                                  int64_t memory_cap_bytes) {
+  RETURN_IF_ERROR(MakeDeviceCurrent());
+  ASSIGN_OR_RETURN(std::unique_ptr<kernels::DeviceExpertSet> device,
+                   kernels::DeviceExpertSet::Upload(experts));
+  std::unique_ptr<kernels::GpuEpDispatcher> grown;
+  if (experts.kind() == core::ExpertKind::kSwiGlu && experts.intermediate() > max_intermediate_) {
+    // More scratch than the workspace was sized for: a new dispatcher with
+    // the same buffers' shapes, the committed geometry carried over.
+    const core::WorkspaceSpec& ws = options_.workspace;
+    int64_t cap = 0;
+    if (memory_cap_bytes > 0) {
+      cap = memory_cap_bytes - Staging::DeviceBytes(ws.capacity_tokens, ws.hidden, ws.top_k) -
+            (TotalExpertBytes() - ExpertBytes(layer)) - device->weight_bytes();
+      if (cap <= 0) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "LoadExperts: layer ", layer, " (intermediate ", experts.intermediate(),
+            ") needs more expert scratch than the workspace was allocated with (intermediate ",
+            max_intermediate_, "), and the memory cap of ", memory_cap_bytes,
+            " bytes leaves no room; configure the model's moe_intermediate_size before "
+            "AllocateWorkspace or raise --memory_cap_bytes"));
+      }
+    }
+    kernels::GpuEpDispatcherOptions gpu_options;
+    gpu_options.dispatcher = options_;
+    gpu_options.max_intermediate = experts.intermediate();
+    ASSIGN_OR_RETURN(grown, kernels::GpuEpDispatcher::Create(collective_.get(), gpu_options, cap));
+    if (geometry_committed_) {
+      RETURN_IF_ERROR(grown->CommitGeometry(dispatcher_->epoch(),
+                                            dispatcher_->runtime_max_tokens_per_rank(), 0));
+    }
+  }
+  if (grown != nullptr) {
+    RETURN_IF_ERROR(Synchronize());  // nothing of the old dispatcher may still run
+    dispatcher_ = std::move(grown);
+    max_intermediate_ = experts.intermediate();
+  }
+  const int64_t bytes = device->weight_bytes();
+  experts_.insert_or_assign(layer, std::move(device));
+  return bytes;
+}
+
+bool GpuDataPlane::HasExperts(int layer) const { return experts_.contains(layer); }
+
+int64_t GpuDataPlane::ExpertBytes(int layer) const {
+  auto it = experts_.find(layer);
+  return it == experts_.end() ? 0 : it->second->weight_bytes();
+}
+
+absl::StatusOr<std::vector<int64_t>> GpuDataPlane::SyncTokenCounts(int64_t local_tokens) {
+  RETURN_IF_ERROR(MakeDeviceCurrent());
+  return dispatcher_->SyncTokenCounts(local_tokens);
+}
+
+absl::Status GpuDataPlane::CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
+                                          int64_t local_tokens) {
+  RETURN_IF_ERROR(dispatcher_->CommitGeometry(epoch, runtime_max_tokens_per_rank, local_tokens));
+  geometry_committed_ = true;
+  return absl::OkStatus();
+}
+
+int64_t GpuDataPlane::epoch() const { return dispatcher_ ? dispatcher_->epoch() : -1; }
+
+absl::StatusOr<core::StepStats> GpuDataPlane::Forward(
+    int layer, absl::Span<const core::bf16_t> hidden, absl::Span<const int32_t> topk_ids,
+    absl::Span<const float> topk_weights, int64_t num_tokens, absl::Span<core::bf16_t> output) {
+  const core::WorkspaceSpec& ws = options_.workspace;
+  const int64_t h = ws.hidden;
+  const int k = ws.top_k;
+  const int rank = collective_->rank();
+  const int world = collective_->size();
+  auto experts = experts_.find(layer);
+  if (experts == experts_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Forward: layer ", layer, " has no loaded experts; call LoadExperts first"));
+  }
+  const int64_t r = dispatcher_->runtime_max_tokens_per_rank();
+  if (r < 0) {
+    return absl::FailedPreconditionError(
+        "Forward requires a committed geometry; call SyncTokenCounts and CommitGeometry first");
+  }
+  if (num_tokens < 0 || num_tokens > r) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Forward on rank ", rank, ": num_tokens expected in [0, R=", r, "], got ", num_tokens));
+  }
+  if (static_cast<int64_t>(hidden.size()) != num_tokens * h ||
+      static_cast<int64_t>(topk_ids.size()) != num_tokens * k ||
+      static_cast<int64_t>(topk_weights.size()) != num_tokens * k ||
+      static_cast<int64_t>(output.size()) != num_tokens * h) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Forward on rank ", rank, ": tensor sizes expected hidden/output ",
+                     num_tokens * h, " and topk ", num_tokens * k, " elements, got ", hidden.size(),
+                     ", ", topk_ids.size(), ", ", topk_weights.size(), ", ", output.size()));
+  }
+  RETURN_IF_ERROR(MakeDeviceCurrent());
+
+  // Step counters, as core::EpDispatcher counts them: sends per destination
+  // (host route), and what every source sends here (one small all-gather).
+  ASSIGN_OR_RETURN(core::DispatchRoute route,
+                   core::ComputeDispatchRoute(topk_ids, num_tokens, k, *placement_));
+  std::vector<int64_t> all_counts(static_cast<size_t>(world) * world);
+  RETURN_IF_ERROR(
+      collective_->AllGather(route.send_counts.data(), world * sizeof(int64_t), all_counts.data()));
+  ASSIGN_OR_RETURN(int64_t dispatch_bytes,
+                   core::DispatchBytesPerToken(core::DispatchDType::kBF16, h, k));
+  const int64_t combine_bytes = core::CombineBytesPerToken(h);
+  core::StepStats stats;
+  stats.runtime_max_tokens_per_rank = r;
+  stats.tokens_sent = static_cast<int64_t>(route.dest_rank.size());
+  for (int p = 0; p < world; ++p) {
+    const int64_t received = all_counts[static_cast<size_t>(p) * world + rank];
+    stats.tokens_received += received;
+    if (p == rank) continue;
+    stats.bytes_sent_remote += route.send_counts[p] * dispatch_bytes + received * combine_bytes;
+  }
+
+  // Inputs: host -> pinned -> device staging, on the collective's stream.
+  cudaStream_t stream = dispatcher_->stream();
+  const int64_t hidden_bytes = num_tokens * h * 2;
+  const int64_t k_bytes = num_tokens * k * 4;
+  if (num_tokens > 0) {
+    std::memcpy(staging_->h_hidden(), hidden.data(), hidden_bytes);
+    std::memcpy(staging_->h_ids(), topk_ids.data(), k_bytes);
+    std::memcpy(staging_->h_weights(), topk_weights.data(), k_bytes);
+    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(staging_->d_hidden(), staging_->h_hidden(), hidden_bytes,
+                                         cudaMemcpyHostToDevice, stream),
+                         "cudaMemcpyAsync(hidden to device)"));
+    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(staging_->d_ids(), staging_->h_ids(), k_bytes,
+                                         cudaMemcpyHostToDevice, stream),
+                         "cudaMemcpyAsync(topk_ids to device)"));
+    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(staging_->d_weights(), staging_->h_weights(), k_bytes,
+                                         cudaMemcpyHostToDevice, stream),
+                         "cudaMemcpyAsync(topk_weights to device)"));
+  }
+  const kernels::DeviceExpertSet& set = *experts->second;
+  RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[0], stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(dispatcher_->Dispatch(staging_->d_hidden(), staging_->d_ids(),
+                                        staging_->d_weights(), num_tokens));
+  RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[1], stream), "cudaEventRecord"));
+  absl::Status computed = absl::OkStatus();
+  if (set.kind() == core::ExpertKind::kSwiGlu) computed = Synchronize();
+  if (computed.ok()) computed = dispatcher_->ComputeExperts(set);
+  if (!computed.ok()) {
+    // Keep the ranks' collective sequence aligned (the peers go on to the
+    // combine all-to-all), then report this rank's failure.
+    (void)dispatcher_->Combine(staging_->d_output());
+    return computed;
+  }
+  RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[2], stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(dispatcher_->Combine(staging_->d_output()));
+  RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[3], stream), "cudaEventRecord"));
+  if (num_tokens > 0) {
+    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(staging_->h_output(), staging_->d_output(), hidden_bytes,
+                                         cudaMemcpyDeviceToHost, stream),
+                         "cudaMemcpyAsync(output to host)"));
+  }
+  RETURN_IF_ERROR(Synchronize());
+  if (num_tokens > 0) std::memcpy(output.data(), staging_->h_output(), hidden_bytes);
+  float ms[3] = {0, 0, 0};
+  for (int i = 0; i < 3; ++i) {
+    RETURN_IF_ERROR(
+        Cuda(cudaEventElapsedTime(&ms[i], events_[i], events_[i + 1]), "cudaEventElapsedTime"));
+  }
+  stats.dispatch_us = static_cast<int64_t>(ms[0] * 1000.0f);
+  stats.expert_us = static_cast<int64_t>(ms[1] * 1000.0f);
+  stats.combine_us = static_cast<int64_t>(ms[2] * 1000.0f);
+  return stats;
+}
+
+absl::StatusOr<BenchmarkTimes> GpuDataPlane::Benchmark(const core::EpDispatcherOptions& options,
+                                                       const BenchmarkInputs& inputs, int warmup,
+                                                       int iterations, int64_t memory_cap_bytes) {
+  RETURN_IF_ERROR(MakeDeviceCurrent());
+  const int rank = collective_->rank();
+  const int64_t tokens = inputs.num_tokens;
+  const int64_t h = options.workspace.hidden;
+  const int k = options.workspace.top_k;
+  const int64_t input_bytes = 2 * (tokens * h * 2) + 2 * (tokens * k * 4);
+  int64_t cap = 0;
+  if (memory_cap_bytes > 0) {
+    cap = memory_cap_bytes - input_bytes;
+    if (cap <= 0) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "Benchmark: inputs and output need ", input_bytes, " device bytes, more than the ",
+          memory_cap_bytes, " bytes the memory cap leaves (--memory_cap_bytes)"));
+    }
+  }
+  kernels::GpuEpDispatcherOptions gpu_options;
+  gpu_options.dispatcher = options;
+  ASSIGN_OR_RETURN(std::unique_ptr<kernels::GpuEpDispatcher> bench,
+                   kernels::GpuEpDispatcher::Create(collective_.get(), gpu_options, cap));
+  ASSIGN_OR_RETURN(core::ExpertPlacement placement,
+                   core::ExpertPlacement::Contiguous(options.num_experts, collective_->size()));
+  ASSIGN_OR_RETURN(std::unique_ptr<kernels::DeviceExpertSet> identity,
+                   kernels::DeviceExpertSet::Upload(core::ExpertSet::Identity(
+                       placement.FirstExpert(rank), placement.NumLocalExperts(rank), h)));
+  ASSIGN_OR_RETURN(std::unique_ptr<Staging> buffers, Staging::Create(tokens, h, k));
+  // One synchronous upload before timing (the stream is idle: no collective
+  // is pending on it).
+  RETURN_IF_ERROR(Cuda(
+      cudaMemcpy(buffers->d_hidden(), inputs.hidden.data(), tokens * h * 2, cudaMemcpyHostToDevice),
+      "cudaMemcpy(benchmark hidden)"));
+  RETURN_IF_ERROR(Cuda(
+      cudaMemcpy(buffers->d_ids(), inputs.topk_ids.data(), tokens * k * 4, cudaMemcpyHostToDevice),
+      "cudaMemcpy(benchmark topk_ids)"));
+  RETURN_IF_ERROR(Cuda(cudaMemcpy(buffers->d_weights(), inputs.topk_weights.data(), tokens * k * 4,
+                                  cudaMemcpyHostToDevice),
+                       "cudaMemcpy(benchmark topk_weights)"));
+  RETURN_IF_ERROR(bench->CommitGeometry(1, tokens, tokens));
+  ASSIGN_OR_RETURN(core::DispatchRoute route,
+                   core::ComputeDispatchRoute(inputs.topk_ids, tokens, k, placement));
+
+  cudaStream_t stream = bench->stream();
+  BenchmarkTimes times;
+  times.tokens_sent = static_cast<int64_t>(route.dest_rank.size());
+  for (int i = 0; i < warmup + iterations; ++i) {
+    RETURN_IF_ERROR(collective_->Barrier());
+    RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[0], stream), "cudaEventRecord"));
+    RETURN_IF_ERROR(
+        bench->Dispatch(buffers->d_hidden(), buffers->d_ids(), buffers->d_weights(), tokens));
+    RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[1], stream), "cudaEventRecord"));
+    RETURN_IF_ERROR(bench->ComputeExperts(*identity));
+    RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[2], stream), "cudaEventRecord"));
+    RETURN_IF_ERROR(bench->Combine(buffers->d_output()));
+    RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[3], stream), "cudaEventRecord"));
+    RETURN_IF_ERROR(Synchronize());
+    if (i < warmup) continue;
+    float dispatch_ms = 0;
+    float combine_ms = 0;
+    RETURN_IF_ERROR(
+        Cuda(cudaEventElapsedTime(&dispatch_ms, events_[0], events_[1]), "cudaEventElapsedTime"));
+    RETURN_IF_ERROR(
+        Cuda(cudaEventElapsedTime(&combine_ms, events_[2], events_[3]), "cudaEventElapsedTime"));
+    times.dispatch_us.push_back(dispatch_ms * 1000.0);
+    times.combine_us.push_back(combine_ms * 1000.0);
+  }
+  return times;
+}
+
+}  // namespace moe_ep::server
+
+#endif  // MOE_EP_HAVE_CUDA

@@ -1,0 +1,178 @@
+#include "server/data_plane.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/bf16.h"
+#include "gloo/rendezvous/hash_store.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/device_info.h"
+
+// FormDataPlane's backend dispatch and the CPU data plane through the
+// DataPlane interface (one rank, in-process store). The GPU plane is tested
+// through the service in tests/server/gpu_worker_service_test.cc.
+
+namespace moe_ep::server {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+DataPlaneGroup OneRank(const std::string& backend) {
+  DataPlaneGroup group;
+  group.backend = backend;
+  group.world_size = 1;
+  group.rank = 0;
+  group.generation = 3;
+  group.timeout = absl::Seconds(5);
+  return group;
+}
+
+core::EpDispatcherOptions HandOptions() {
+  core::EpDispatcherOptions options;
+  options.workspace.ep_size = 1;
+  options.workspace.capacity_tokens = 8;
+  options.workspace.hidden = 4;
+  options.workspace.top_k = 2;
+  options.workspace.dtype = core::DispatchDType::kBF16;
+  options.num_experts = 4;
+  return options;
+}
+
+std::vector<core::bf16_t> Bf16(const std::vector<float>& values) {
+  std::vector<core::bf16_t> out;
+  for (float v : values) out.push_back(core::FloatToBf16(v));
+  return out;
+}
+
+std::vector<float> Floats(const std::vector<core::bf16_t>& values) {
+  std::vector<float> out;
+  for (core::bf16_t v : values) out.push_back(core::Bf16ToFloat(v));
+  return out;
+}
+
+TEST(NcclUniqueIdKey, IsPrefixedByTheGeneration) {
+  EXPECT_EQ(NcclUniqueIdKey(7), "gen7/nccl_unique_id");
+}
+
+TEST(FormDataPlane, UnknownBackendIsInvalidArgument) {
+  absl::StatusOr<std::unique_ptr<DataPlane>> plane =
+      FormDataPlane(OneRank("auto"), std::make_shared<gloo::rendezvous::HashStore>());
+  EXPECT_EQ(plane.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(plane.status().message()), HasSubstr("got \"auto\""));
+}
+
+TEST(FormDataPlane, NcclWithoutCudaBuildIsFailedPrecondition) {
+  if (BuiltWithCuda()) GTEST_SKIP() << "CUDA build: NCCL is available";
+  absl::StatusOr<std::unique_ptr<DataPlane>> plane =
+      FormDataPlane(OneRank("nccl"), std::make_shared<gloo::rendezvous::HashStore>());
+  EXPECT_EQ(plane.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(plane.status().message()), HasSubstr("NCCL backend needs a CUDA build"));
+}
+
+TEST(FormDataPlane, NcclWithoutVisibleGpuNamesTheDevice) {
+  if (!BuiltWithCuda() || VisibleGpuCount() > 0) {
+    GTEST_SKIP() << "needs a CUDA build on a machine without a GPU";
+  }
+  absl::StatusOr<std::unique_ptr<DataPlane>> plane =
+      FormDataPlane(OneRank("nccl"), std::make_shared<gloo::rendezvous::HashStore>());
+  EXPECT_EQ(plane.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(plane.status().message()),
+              HasSubstr("Join (rank 0 of 1, generation 3): device: CUDA device 0 is not visible"));
+}
+
+TEST(CpuDataPlane, ForwardsHandTokensThroughIdentityExperts) {
+  absl::StatusOr<std::unique_ptr<DataPlane>> formed =
+      FormDataPlane(OneRank("gloo"), std::make_shared<gloo::rendezvous::HashStore>());
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  DataPlane& plane = **formed;
+  EXPECT_EQ(plane.backend(), "gloo");
+  EXPECT_EQ(plane.collective().size(), 1);
+  EXPECT_EQ(plane.allocated_bytes(), 0);
+
+  absl::StatusOr<DataPlaneAllocation> allocation = plane.Allocate(HandOptions(), 0, 0);
+  ASSERT_TRUE(allocation.ok()) << allocation.status();
+  // The CPU plane allocates exactly core::ComputeAllocatedWorkspace.
+  const core::AllocatedWorkspace expected =
+      *core::ComputeAllocatedWorkspace(HandOptions().workspace);
+  EXPECT_EQ(allocation->allocated_bytes, expected.total_bytes);
+  EXPECT_EQ(allocation->regions.size(), expected.regions.size());
+  EXPECT_EQ(plane.allocated_bytes(), expected.total_bytes);
+
+  EXPECT_FALSE(plane.HasExperts(0));
+  ASSERT_EQ(*plane.LoadExperts(0, core::ExpertSet::Identity(0, 4, 4), 0), 0);
+  EXPECT_TRUE(plane.HasExperts(0));
+  EXPECT_EQ(plane.ExpertBytes(0), 0);
+
+  EXPECT_THAT(*plane.SyncTokenCounts(2), ElementsAre(2));
+  ASSERT_TRUE(plane.CommitGeometry(5, 2, 2).ok());
+  EXPECT_EQ(plane.epoch(), 5);
+
+  // Token 0: ids {0, 3}, w {0.25, 0.5} -> 0.75 x0; token 1: ids {1, -1}
+  // ("no expert"), w {0.75, 0.125} -> 0.75 x1. All values exact in bf16.
+  const std::vector<core::bf16_t> hidden = Bf16({1, 2, 3, 4, 0.5f, -1, 2, 8});
+  const std::vector<int32_t> ids = {0, 3, 1, -1};
+  const std::vector<float> weights = {0.25f, 0.5f, 0.75f, 0.125f};
+  std::vector<core::bf16_t> output(8);
+  absl::StatusOr<core::StepStats> stats =
+      plane.Forward(0, hidden, ids, weights, 2, absl::MakeSpan(output));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_THAT(Floats(output), ElementsAre(0.75f, 1.5f, 2.25f, 3.0f, 0.375f, -0.75f, 1.5f, 6.0f));
+  EXPECT_EQ(stats->tokens_sent, 2);  // one rank: each token once
+  EXPECT_EQ(stats->tokens_received, 2);
+  EXPECT_EQ(stats->bytes_sent_remote, 0);
+  EXPECT_EQ(stats->runtime_max_tokens_per_rank, 2);
+
+  // A layer without experts.
+  absl::StatusOr<core::StepStats> missing =
+      plane.Forward(1, hidden, ids, weights, 2, absl::MakeSpan(output));
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("layer 1 has no loaded experts"));
+
+  // SwiGLU experts replace the layer's: 4 experts x 3 x I*H x 2 bytes.
+  absl::StatusOr<core::ExpertSet> swiglu = core::ExpertSet::GenerateSwiGlu(1, 0, 0, 4, 4, 6);
+  ASSERT_TRUE(swiglu.ok());
+  EXPECT_EQ(*plane.LoadExperts(0, std::move(*swiglu), 0), 4 * 3 * 6 * 4 * 2);
+  EXPECT_EQ(plane.ExpertBytes(0), 4 * 3 * 6 * 4 * 2);
+
+  // A new allocation drops every layer's experts.
+  ASSERT_TRUE(plane.Allocate(HandOptions(), 0, 0).ok());
+  EXPECT_FALSE(plane.HasExperts(0));
+}
+
+TEST(CpuDataPlane, AllocateBeyondTheCapKeepsThePreviousWorkspace) {
+  absl::StatusOr<std::unique_ptr<DataPlane>> formed =
+      FormDataPlane(OneRank("gloo"), std::make_shared<gloo::rendezvous::HashStore>());
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  DataPlane& plane = **formed;
+  ASSERT_TRUE(plane.Allocate(HandOptions(), 0, 0).ok());
+  const int64_t held = plane.allocated_bytes();
+  core::EpDispatcherOptions big = HandOptions();
+  big.workspace.capacity_tokens = 4096;
+  absl::StatusOr<DataPlaneAllocation> refused = plane.Allocate(big, 0, 4096);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(plane.allocated_bytes(), held);
+}
+
+TEST(CpuDataPlane, BenchmarkTimesEveryIterationAfterWarmup) {
+  absl::StatusOr<std::unique_ptr<DataPlane>> formed =
+      FormDataPlane(OneRank("gloo"), std::make_shared<gloo::rendezvous::HashStore>());
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  BenchmarkInputs inputs;
+  inputs.num_tokens = 2;
+  inputs.hidden = Bf16({1, 2, 3, 4, 0.5f, -1, 2, 8});
+  inputs.topk_ids = {0, 3, 1, 2};
+  inputs.topk_weights = {0.5f, 0.5f, 0.5f, 0.5f};
+  core::EpDispatcherOptions options = HandOptions();
+  options.workspace.capacity_tokens = 2;
+  absl::StatusOr<BenchmarkTimes> times = (*formed)->Benchmark(options, inputs, 2, 5, 0);
+  ASSERT_TRUE(times.ok()) << times.status();
+  EXPECT_EQ(times->dispatch_us.size(), 5u);
+  EXPECT_EQ(times->combine_us.size(), 5u);
+  EXPECT_EQ(times->tokens_sent, 2);
+}
+
+}  // namespace
+}  // namespace moe_ep::server
