@@ -10,11 +10,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/coordinator.h"
+#include "client/memory_budget.h"
 #include "client/model_source.h"
+#include "client/streamed_reference.h"
+#include "client/targets.h"
 #include "client/tensor_message.h"
 #include "client/text_table.h"
 #include "core/experts.h"
-#include "core/moe_reference.h"
 #include "core/routing_source.h"
 #include "core/status_macros.h"
 
@@ -125,8 +127,15 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
       << absl::StrJoin(run_layers, ",") << " with " << options.experts << " experts, routing "
       << options.routing << ", " << options.steps << " step(s), seed " << options.seed << "\n";
 
-  ASSIGN_OR_RETURN(AttachedWorkers workers, AttachWorkers(options.workers));
-  const int world = static_cast<int>(workers.targets.size());
+  // The group's size, known before any worker starts.
+  const bool local = options.workers.targets.empty();
+  int world = options.workers.num_workers;
+  if (!local) {
+    ASSIGN_OR_RETURN(std::vector<std::string> targets, ParseTargets(options.workers.targets));
+    world = static_cast<int>(targets.size());
+  } else if (world < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--workers: expected >= 1, got ", world));
+  }
   if (model.num_experts < world) {
     return absl::InvalidArgumentError(absl::StrCat("--workers: ", model.name, " has ",
                                                    model.num_experts, " experts, fewer than the ",
@@ -134,15 +143,63 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
   }
   // Token counts of every step, known up front (capacity N must bound them).
   std::vector<std::vector<int64_t>> counts(options.steps);
-  int64_t max_count = 0;
+  int64_t max_count = 0, rows_per_layer = 0, max_step_rows = 0;
   for (int s = 0; s < options.steps; ++s) {
     counts[s] = routing.prescribes_token_counts()
                     ? routing.TokensPerRank(s, world)
                     : PlanTokenCounts(options.tokens_per_rank, world, s, options.seed);
-    for (int64_t c : counts[s]) max_count = std::max(max_count, c);
+    int64_t step_rows = 0;
+    for (int64_t c : counts[s]) {
+      max_count = std::max(max_count, c);
+      step_rows += c;
+    }
+    rows_per_layer += step_rows;
+    max_step_rows = std::max(max_step_rows, step_rows);
   }
   const int64_t capacity =
       options.capacity_tokens > 0 ? options.capacity_tokens : std::max<int64_t>(max_count, 1);
+
+  // Memory preflight: fail here, before anything is allocated, when the run
+  // cannot fit on this machine.
+  RunMemoryInput memory_input;
+  memory_input.num_experts = model.num_experts;
+  memory_input.hidden = H;
+  memory_input.intermediate = model.moe_intermediate_size;
+  memory_input.top_k = K;
+  memory_input.world = world;
+  memory_input.num_local_workers = local ? world : 0;
+  memory_input.num_layers = options.num_layers;
+  memory_input.identity = identity;
+  memory_input.capacity_tokens = capacity;
+  memory_input.rows_per_layer = rows_per_layer;
+  memory_input.max_step_rows = max_step_rows;
+  ASSIGN_OR_RETURN(RunMemoryEstimate memory, EstimateRunMemory(memory_input));
+  WorkerSelection selection = options.workers;
+  const absl::StatusOr<int64_t> available = ReadMemAvailableBytes();
+  if (available.ok()) {
+    RETURN_IF_ERROR(CheckRunMemory(memory_input, *available));
+    selection.worker_memory_cap_bytes =
+        LocalWorkerMemoryCapBytes(memory, memory_input.num_local_workers, *available);
+    out << "memory: needs about " << FormatBytes(static_cast<double>(memory.needed_bytes))
+        << " here (";
+    if (local) {
+      out << world << " local worker(s) x " << FormatBytes(static_cast<double>(memory.worker_bytes))
+          << ", capped at " << FormatBytes(static_cast<double>(selection.worker_memory_cap_bytes))
+          << " each; ";
+    }
+    out << "this process " << FormatBytes(static_cast<double>(memory.coordinator_bytes))
+        << " with a reference chunk of " << memory.reference_chunk_experts << " expert(s)) of "
+        << FormatBytes(static_cast<double>(*available)) << " available\n";
+  } else {
+    out << "memory: preflight skipped (" << available.status().message()
+        << "); local workers run uncapped\n";
+  }
+
+  ASSIGN_OR_RETURN(AttachedWorkers workers, AttachWorkers(selection));
+  if (static_cast<int>(workers.targets.size()) != world) {
+    return absl::InternalError(
+        absl::StrCat("AttachWorkers: expected ", world, " workers, got ", workers.targets.size()));
+  }
 
   CoordinatorOptions copts;
   copts.backend = options.workers.backend;
@@ -197,6 +254,8 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
   result.num_sparse_layers = static_cast<int>(sparse.size());
   result.tolerance = options.tolerance;
   result.identity_experts = identity;
+  result.memory = memory;
+  result.memory_available_bytes = available.ok() ? *available : 0;
   for (int layer : run_layers) {
     v1::LoadExpertsRequest load;
     load.set_layer(layer);
@@ -282,16 +341,16 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
     out.flush();
   }
 
-  // Verification, one layer's experts in memory at a time.
+  // Verification, one chunk of one layer's experts in memory at a time.
   for (int li = 0; li < L; ++li) {
     const int layer = run_layers[li];
     const absl::Time start = absl::Now();
-    core::ExpertSet all_experts = core::ExpertSet::Identity(0, model.num_experts, H);
-    if (!identity) {
-      ASSIGN_OR_RETURN(all_experts,
-                       core::ExpertSet::GenerateSwiGlu(options.seed, layer, 0, model.num_experts, H,
-                                                       model.moe_intermediate_size));
-    }
+    const ExpertChunkFactory make_chunk = [&](int first,
+                                              int count) -> absl::StatusOr<core::ExpertSet> {
+      if (identity) return core::ExpertSet::Identity(first, count, H);
+      return core::ExpertSet::GenerateSwiGlu(options.seed, layer, first, count, H,
+                                             model.moe_intermediate_size);
+    };
     // All (step, rank) rows of the layer in one call: one GEMM per expert.
     int64_t total = 0;
     for (int s = 0; s < options.steps; ++s) {
@@ -312,8 +371,12 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
       }
     }
     std::vector<float> ref(total * H);
-    RETURN_IF_ERROR(core::DenseMoeReference({&all_experts}, model.num_experts, xs, ids, ws, total,
-                                            K, absl::MakeSpan(ref)));
+    ASSIGN_OR_RETURN(
+        StreamedReferenceStats chunks,
+        StreamedMoeReference(make_chunk, model.num_experts, memory.reference_chunk_experts, H, xs,
+                             ids, ws, total, K, absl::MakeSpan(ref)));
+    result.reference_chunks_made += chunks.chunks_made;
+    result.reference_chunks_skipped += chunks.chunks_skipped;
     LayerRunSummary& summary = result.layers[li];
     int64_t offset = 0;
     for (int s = 0; s < options.steps; ++s) {
@@ -333,11 +396,11 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
       }
     }
     out << absl::StrFormat(
-        "verify: layer %d against the single-process reference (%d experts, "
-        "%d rows) in %.1f s: max abs err %.3g, bound %.3g: %s\n",
-        layer, model.num_experts, total, Seconds(absl::Now() - start),
-        summary.comparison.max_abs_err, summary.comparison.bound,
-        summary.comparison.pass ? "PASS" : "FAIL");
+        "verify: layer %d against the single-process reference (%d experts in %d chunk(s) of "
+        "<= %d, %d skipped as unselected; %d rows) in %.1f s: max abs err %.3g, bound %.3g: %s\n",
+        layer, model.num_experts, chunks.chunks_made, memory.reference_chunk_experts,
+        chunks.chunks_skipped, total, Seconds(absl::Now() - start), summary.comparison.max_abs_err,
+        summary.comparison.bound, summary.comparison.pass ? "PASS" : "FAIL");
     out.flush();
   }
   return result;
@@ -377,13 +440,26 @@ std::string RenderRunSummary(const RunJobResult& result) {
                  FormatBytes(static_cast<double>(max_rank_bytes))});
   memory.AddRow({result.identity_experts
                      ? std::string("one layer, all experts (identity run: none held)")
-                     : std::string("one layer, all experts (the reference holds this)"),
+                     : std::string("one layer, all experts"),
                  FormatBytes(static_cast<double>(result.layer_expert_bytes))});
+  if (result.memory.reference_chunk_experts > 0) {
+    memory.AddRow({absl::StrCat("the reference's chunk (", result.memory.reference_chunk_experts,
+                                " experts; the most it holds)"),
+                   FormatBytes(static_cast<double>(result.memory.reference_chunk_bytes))});
+  }
   memory.AddRow({absl::StrCat("all ", result.num_sparse_layers, " MoE layers, per worker at EP ",
                               result.world),
                  FormatBytes(all_layers / std::max(result.world, 1))});
   memory.AddRow({absl::StrCat("all ", result.num_sparse_layers, " MoE layers, whole model"),
                  FormatBytes(all_layers)});
+  if (result.memory.needed_bytes > 0) {
+    memory.AddRow({"preflight estimate, this machine (workers + this process)",
+                   FormatBytes(static_cast<double>(result.memory.needed_bytes))});
+  }
+  if (result.memory_available_bytes > 0) {
+    memory.AddRow({"available at start (MemAvailable)",
+                   FormatBytes(static_cast<double>(result.memory_available_bytes))});
+  }
   if (pages > 0 && page_size > 0) {
     memory.AddRow({"this machine's memory", FormatBytes(pages * page_size)});
   }

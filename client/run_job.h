@@ -13,10 +13,19 @@
 // rank with zero tokens, or the trace's DP split), SyncTokenCounts -> R,
 // CommitGeometry, and one Forward per layer; layer l + 1's input is the
 // residual stream bf16(x_l + y_l), layer 0's is seeded N(0, 1) hidden
-// states. Finally each layer is verified: its experts (all of them) are
-// generated in this process from the same seed, one layer at a time, and
-// core::DenseMoeReference of every (step, rank) input is compared with the
-// workers' output under client/tolerance.h.
+// states. Finally each layer is verified: its experts are generated in this
+// process from the same seed a chunk at a time (client/streamed_reference.h:
+// the result of core::DenseMoeReference with all experts, bit for bit, but
+// one chunk in memory and chunks no token selects never made), and the
+// reference of every (step, rank) input is compared with the workers' output
+// under client/tolerance.h.
+//
+// Before any worker starts, a memory preflight (client/memory_budget.h)
+// checks what the local workers and this process will hold against
+// MemAvailable; a run that does not fit fails at once, naming the options
+// that do (--experts identity, fewer --layers, --targets). Local workers get
+// an equal share of the memory as --memory_cap_bytes, so a worker refuses
+// with RESOURCE_EXHAUSTED instead of being OOM-killed.
 
 #include <cstdint>
 #include <ostream>
@@ -26,6 +35,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/memory_budget.h"
 #include "client/tolerance.h"
 #include "client/worker_selection.h"
 #include "core/bf16.h"
@@ -86,15 +96,22 @@ struct RunJobResult {
   int num_sparse_layers = 0;
   bool identity_experts = false;  // --experts identity: no weights held
   Tolerance tolerance;
+  RunMemoryEstimate memory;            // the preflight's estimate
+  int64_t memory_available_bytes = 0;  // MemAvailable at start; 0 when unknown
+  int reference_chunks_made = 0;       // verification chunks, all layers
+  int reference_chunks_skipped = 0;    // chunks no token selected
 
   bool AllPass() const;
 };
 
 // Runs the job, printing progress lines to `out`.
-// Errors: ValidateRunJobOptions, ResolveModel, RoutingSource::Create errors
-// (before any worker starts); worker and coordinator errors (aggregated per
-// rank). A layer that disagrees with the reference is not an error: see
-// RunJobResult::AllPass().
+// Errors, before any worker starts: ValidateRunJobOptions, ResolveModel,
+// RoutingSource::Create and ParseTargets errors; kInvalidArgument for
+// --workers < 1 or fewer experts than ranks; kResourceExhausted when the
+// memory preflight finds the run too large for this machine (CheckRunMemory's
+// message: needed vs available and the options). Then worker and coordinator
+// errors (aggregated per rank). A layer that disagrees with the reference is
+// not an error: see RunJobResult::AllPass().
 absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& out);
 
 // The summary table (per layer: tokens, R, bytes sent, time, max abs error,

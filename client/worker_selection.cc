@@ -1,5 +1,7 @@
 #include "client/worker_selection.h"
 
+#include <string>
+
 #include "client/targets.h"
 #include "core/status_macros.h"
 
@@ -18,6 +20,10 @@ absl::StatusOr<AttachedWorkers> AttachWorkers(const WorkerSelection& selection) 
   options.log_dir = selection.log_dir;
   if (!selection.worker_log_level.empty()) {
     options.extra_args.push_back("--log_level=" + selection.worker_log_level);
+  }
+  if (selection.worker_memory_cap_bytes > 0) {
+    options.extra_args.push_back("--memory_cap_bytes=" +
+                                 std::to_string(selection.worker_memory_cap_bytes));
   }
   ASSIGN_OR_RETURN(out.cluster, LocalCluster::Start(options));
   out.targets = out.cluster->targets();

@@ -3,6 +3,7 @@
 // Which workers a CLI command drives: an embedded local cluster of N workers
 // (`--workers N`, the default) or running workers (`--targets h:p,...`).
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +22,9 @@ struct WorkerSelection {
   // Passed to local workers as --log_level (trace, debug, info, warn, error,
   // critical, off); empty leaves the worker's default.
   std::string worker_log_level = "warn";
+  // > 0: passed to local workers as --memory_cap_bytes (the worker refuses
+  // with RESOURCE_EXHAUSTED beyond it); 0 leaves them uncapped.
+  int64_t worker_memory_cap_bytes = 0;
 };
 
 struct AttachedWorkers {

@@ -1,9 +1,15 @@
 #include "client/run_job.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <sstream>
+#include <string>
 
+#include "client/memory_budget.h"
+#include "core/model_config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -11,6 +17,11 @@ namespace moe_ep::client {
 namespace {
 
 using ::testing::HasSubstr;
+
+std::string DataDir() {
+  const char* env = std::getenv("MOE_EP_DATA_DIR");
+  return env != nullptr && *env != '\0' ? env : MOE_EP_DATA_DIR;
+}
 
 TEST(PlanTokenCounts, OneZeroRankOthersWithinHalfOfTheMean) {
   for (int64_t step = 0; step < 8; ++step) {
@@ -103,6 +114,88 @@ TEST(RunJob, UnknownModelIsNotFound) {
   o.model = "no-such-preset";
   std::ostringstream out;
   EXPECT_EQ(RunJob(o, out).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(RunJob, RejectsZeroWorkersBeforeStartingAny) {
+  RunJobOptions o;
+  o.model = "tiny-moe";
+  o.workers.num_workers = 0;
+  std::ostringstream out;
+  auto r = RunJob(o, out);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("--workers: expected >= 1, got 0"));
+}
+
+TEST(RunJob, DeepSeekV3TooLargeFailsFastWithTheOptions) {
+  const std::string path = DataDir() + "/models/DeepSeek-V3.json";
+  if (access(path.c_str(), R_OK) != 0) GTEST_SKIP() << path << " is missing";
+  // The same preflight by hand: skip on a machine where one layer fits.
+  RunMemoryInput in;
+  in.num_experts = 256;
+  in.hidden = 7168;
+  in.intermediate = 2048;
+  in.top_k = 8;
+  in.world = 4;
+  in.num_local_workers = 4;
+  in.num_layers = 1;
+  in.capacity_tokens = 384;
+  in.rows_per_layer = 2 * 3 * 384;
+  in.max_step_rows = 3 * 384;
+  auto available = ReadMemAvailableBytes();
+  ASSERT_TRUE(available.ok()) << available.status();
+  if (CheckRunMemory(in, *available).ok()) {
+    GTEST_SKIP() << "this machine has room for a DeepSeek-V3 layer";
+  }
+  RunJobOptions o;
+  o.model = path;
+  o.num_layers = 1;
+  o.workers.worker_binary = "/nonexistent/moe-ep-worker";  // never reached
+  std::ostringstream out;
+  auto r = RunJob(o, out);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  const std::string message(r.status().message());
+  EXPECT_THAT(message, HasSubstr("memory preflight: this run needs about"));
+  EXPECT_THAT(message, HasSubstr("one layer's experts are 21.0 GiB"));
+  EXPECT_THAT(message, HasSubstr("--experts identity"));
+  EXPECT_THAT(message, HasSubstr("--layers"));
+  EXPECT_THAT(message, HasSubstr("--targets"));
+}
+
+TEST(RunJob, DeepSeekV3IdentityPassesThePreflight) {
+  const std::string path = DataDir() + "/models/DeepSeek-V3.json";
+  if (access(path.c_str(), R_OK) != 0) GTEST_SKIP() << path << " is missing";
+  RunJobOptions o;
+  o.model = path;
+  o.experts = "identity";
+  o.workers.worker_binary = "/nonexistent/moe-ep-worker";
+  std::ostringstream out;
+  auto r = RunJob(o, out);
+  // Past the preflight: the next step, starting workers, fails on the binary.
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("/nonexistent/moe-ep-worker"));
+  EXPECT_THAT(out.str(), HasSubstr("memory: needs about"));
+}
+
+TEST(RunJob, TinyModelEndToEndVerifiesInChunks) {
+  const std::string worker = std::string(MOE_EP_BINARY_DIR) + "/server/moe-ep-worker";
+  if (access(worker.c_str(), X_OK) != 0) GTEST_SKIP() << worker << " is not built";
+  RunJobOptions o;
+  o.model = "tiny-moe";  // 8 experts, H 128, I 256 (per expert 192 KiB)
+  o.num_layers = 2;
+  o.tokens_per_rank = 24;
+  o.workers.num_workers = 2;
+  o.workers.worker_binary = worker;
+  o.rpc_timeout = absl::Seconds(60);
+  std::ostringstream out;
+  auto r = RunJob(o, out);
+  ASSERT_TRUE(r.ok()) << r.status() << "\n" << out.str();
+  EXPECT_TRUE(r->AllPass()) << out.str();
+  // 8 experts fit one chunk (at most 16): one chunk per layer.
+  EXPECT_EQ(r->memory.reference_chunk_experts, 8);
+  EXPECT_EQ(r->reference_chunks_made + r->reference_chunks_skipped, 2);
+  EXPECT_GT(r->memory_available_bytes, 0);
+  EXPECT_THAT(out.str(), HasSubstr("capped at"));
+  EXPECT_THAT(RenderRunSummary(*r), HasSubstr("the reference's chunk (8 experts"));
 }
 
 TEST(RenderRunSummary, TableTotalsAndFootprint) {

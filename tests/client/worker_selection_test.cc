@@ -27,7 +27,7 @@ TEST(AttachWorkers, TargetsNeedNoCluster) {
   EXPECT_EQ(AttachWorkers(w).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(AttachWorkers, StartsLocalWorkersWithBackendAndLogLevel) {
+TEST(AttachWorkers, StartsLocalWorkersWithBackendLogLevelAndMemoryCap) {
   char tmpl[] = "/tmp/moe_ep_worker_selection_test_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
@@ -41,6 +41,7 @@ TEST(AttachWorkers, StartsLocalWorkersWithBackendAndLogLevel) {
   w.worker_binary = script;
   w.log_dir = dir;
   w.worker_log_level = "error";
+  w.worker_memory_cap_bytes = 123456;
   {
     auto attached = AttachWorkers(w);
     ASSERT_TRUE(attached.ok()) << attached.status();
@@ -49,7 +50,10 @@ TEST(AttachWorkers, StartsLocalWorkersWithBackendAndLogLevel) {
   }  // the cluster stops here
   std::ifstream log(dir + "/worker-1.log");
   const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
-  EXPECT_THAT(text, HasSubstr("args: --listen=127.0.0.1:0 --backend=auto --log_level=error"));
+  EXPECT_THAT(
+      text,
+      HasSubstr(
+          "args: --listen=127.0.0.1:0 --backend=auto --log_level=error --memory_cap_bytes=123456"));
   std::filesystem::remove_all(dir);
 }
 
