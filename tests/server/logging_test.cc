@@ -1,0 +1,72 @@
+#include "server/logging.h"
+
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "spdlog/logger.h"
+#include "spdlog/sinks/ostream_sink.h"
+
+namespace moe_ep::server {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
+
+// Logs `message` at info through a logger with `format`'s formatter.
+std::string LogOnce(const std::string& format, const std::string& message) {
+  std::ostringstream out;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out);
+  spdlog::logger logger("test-logger", sink);
+  auto formatter = MakeLogFormatter(format);
+  EXPECT_TRUE(formatter.ok()) << formatter.status();
+  logger.set_formatter(std::move(*formatter));
+  logger.info("{}", message);
+  return out.str();
+}
+
+TEST(LogFormat, JsonLinesCarryRankGenerationEpochAndEscapedMessage) {
+  SetLogContext(1, 3, 7);
+  const std::string line = LogOnce("json", "Join: \"quoted\"\nsecond line");
+  ASSERT_FALSE(line.empty());
+  EXPECT_EQ(line.back(), '\n');
+  EXPECT_EQ(line.find('\n'), line.size() - 1);  // one line
+  const nlohmann::json j = nlohmann::json::parse(line);
+  EXPECT_EQ(j["rank"], 1);
+  EXPECT_EQ(j["generation"], 3);
+  EXPECT_EQ(j["epoch"], 7);
+  EXPECT_EQ(j["level"], "info");
+  EXPECT_EQ(j["logger"], "test-logger");
+  EXPECT_EQ(j["msg"], "Join: \"quoted\"\nsecond line");
+  EXPECT_THAT(j["ts"].get<std::string>(),
+              MatchesRegex("[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{6}Z"));
+  SetLogContext(-1, 0, 0);
+}
+
+TEST(LogFormat, JsonBeforeJoinHasNullFields) {
+  SetLogContext(-1, 0, 0);
+  const nlohmann::json j = nlohmann::json::parse(LogOnce("json", "starting"));
+  EXPECT_TRUE(j["rank"].is_null());
+  EXPECT_TRUE(j["generation"].is_null());
+  EXPECT_TRUE(j["epoch"].is_null());
+}
+
+TEST(LogFormat, TextShowsTheContextField) {
+  SetLogContext(2, 5, 11);
+  EXPECT_THAT(LogOnce("text", "hello"), HasSubstr("[rank=2 gen=5 epoch=11] hello"));
+  SetLogContext(-1, 0, 0);
+  EXPECT_THAT(LogOnce("text", "hello"), HasSubstr("[rank=- gen=- epoch=-] hello"));
+}
+
+TEST(LogFormat, UnknownFormatIsInvalidArgument) {
+  auto formatter = MakeLogFormatter("yaml");
+  EXPECT_EQ(formatter.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(formatter.status().message(), HasSubstr("--log_format"));
+  EXPECT_THAT(formatter.status().message(), HasSubstr("yaml"));
+}
+
+}  // namespace
+}  // namespace moe_ep::server
