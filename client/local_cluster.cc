@@ -7,14 +7,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/targets.h"
 #include "core/status_macros.h"
@@ -87,6 +92,40 @@ absl::StatusOr<std::string> ParseListeningLine(const std::string& line) {
   return std::string(text);
 }
 
+int CountLocalGpus(const std::string& dev_dir, const char* cuda_visible_devices) {
+  int nodes = 0;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(dev_dir, error)) {
+    const std::string name = entry.path().filename().string();
+    absl::string_view rest = name;
+    if (absl::ConsumePrefix(&rest, "nvidia") && !rest.empty() &&
+        std::all_of(rest.begin(), rest.end(), absl::ascii_isdigit)) {
+      ++nodes;
+    }
+  }
+  if (error || cuda_visible_devices == nullptr) return error ? 0 : nodes;
+  int visible = 0;
+  for (absl::string_view entry : absl::StrSplit(cuda_visible_devices, ',')) {
+    entry = absl::StripAsciiWhitespace(entry);
+    int index = -1;
+    const bool uuid = absl::StartsWith(entry, "GPU-") || absl::StartsWith(entry, "MIG-");
+    if (!uuid && !(absl::SimpleAtoi(entry, &index) && index >= 0 && index < nodes)) break;
+    ++visible;
+  }
+  return std::min(visible, nodes);
+}
+
+int CountLocalGpus() { return CountLocalGpus("/dev", getenv("CUDA_VISIBLE_DEVICES")); }
+
+void UseOneWorkerPerGpu(int num_gpus, LocalClusterOptions* options) {
+  options->num_workers = num_gpus;
+  options->backend = "nccl";
+  options->per_worker_args.assign(num_gpus, {});
+  for (int i = 0; i < num_gpus; ++i) {
+    options->per_worker_args[i].push_back(absl::StrCat("--device=", i));
+  }
+}
+
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     const LocalClusterOptions& options) {
   if (options.num_workers < 1) {
@@ -94,6 +133,12 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
         absl::StrCat("--workers: expected >= 1, got ", options.num_workers));
   }
   if (options.backend.empty()) return absl::InvalidArgumentError("--backend: empty");
+  if (!options.per_worker_args.empty() &&
+      static_cast<int>(options.per_worker_args.size()) != options.num_workers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("per_worker_args: expected ", options.num_workers,
+                     " lists (one per worker), got ", options.per_worker_args.size()));
+  }
   std::string binary = options.worker_binary;
   if (binary.empty()) {
     ASSIGN_OR_RETURN(binary, DefaultWorkerBinary());
@@ -137,6 +182,9 @@ absl::Status LocalCluster::Spawn(int index) {
   std::vector<std::string> args = {binary_, "--listen=127.0.0.1:0",
                                    absl::StrCat("--backend=", options_.backend)};
   for (const std::string& a : options_.extra_args) args.push_back(a);
+  if (!options_.per_worker_args.empty()) {
+    for (const std::string& a : options_.per_worker_args[index]) args.push_back(a);
+  }
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

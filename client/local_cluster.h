@@ -47,7 +47,28 @@ struct LocalClusterOptions {
   absl::Duration start_timeout = absl::Seconds(30);  // until every address line is read
   absl::Duration stop_timeout = absl::Seconds(10);   // SIGTERM grace before SIGKILL
   std::vector<std::string> extra_args;               // appended to every worker's argv
+  // Empty, or one list per worker: per_worker_args[i] is appended to worker
+  // i's argv after extra_args (e.g. "--device=i", see UseOneWorkerPerGpu).
+  std::vector<std::vector<std::string>> per_worker_args;
 };
+
+// Number of NVIDIA GPUs this machine gives a worker, found without linking
+// CUDA into the client: the device nodes <dev_dir>/nvidia<N> (N a number;
+// nvidiactl, nvidia-uvm, ... are not GPUs), narrowed by CUDA_VISIBLE_DEVICES
+// when it is set (`cuda_visible_devices` non-null): its comma-separated
+// entries up to the first that is neither an index below the node count nor
+// a "GPU-"/"MIG-" UUID (CUDA stops there too; "" and "-1" hide every GPU),
+// at most the node count. 0 when dev_dir cannot be read. Never fails.
+// Example: /dev/nvidia0, /dev/nvidia1, /dev/nvidiactl and
+// CUDA_VISIBLE_DEVICES="1" -> 1.
+int CountLocalGpus(const std::string& dev_dir, const char* cuda_visible_devices);
+// CountLocalGpus("/dev", getenv("CUDA_VISIBLE_DEVICES")).
+int CountLocalGpus();
+
+// Makes `options` start one NCCL worker per GPU: num_workers = num_gpus,
+// backend "nccl", worker i gets "--device=i" (the i-th visible GPU).
+// REQUIRES: num_gpus >= 1.
+void UseOneWorkerPerGpu(int num_gpus, LocalClusterOptions* options);
 
 // Returns "<directory of /proc/self/exe>/moe-ep-worker".
 // Errors: kInternal when /proc/self/exe cannot be read.
@@ -61,7 +82,8 @@ class LocalCluster {
  public:
   // Starts the workers and waits for their addresses.
   // Errors (every started worker is stopped again):
-  //   kInvalidArgument   num_workers < 1, empty backend.
+  //   kInvalidArgument   num_workers < 1, empty backend, per_worker_args
+  //                      neither empty nor num_workers long.
   //   kNotFound          the worker binary is missing or not executable (names
   //                      the path and --worker-binary).
   //   kNotFound          log_dir cannot be written.
