@@ -16,6 +16,7 @@ constexpr int kBK = 32;
 constexpr int kLds = kBK + 8;  // padded smem row (bf16): 80 bytes, breaks bank conflicts
 constexpr int kThreads = 128;  // 4 warps, 2 x 2 over the 64 x 64 tile
 constexpr int kChunks = kBM * kBK / 8 / kThreads;  // 16-byte chunks per thread per matrix (2)
+constexpr int kStages = 3;                         // cp.async ring depth (K slices in flight)
 
 __global__ void ExpertTileOffsetsKernel(const int32_t* offsets, int num_local_experts,
                                         int32_t* tile_offsets) {
@@ -46,16 +47,30 @@ template <int kMats>
 struct __align__(128) Smem {
   union {
     struct {
-      uint16_t a[kBM][kLds];  // bf16 bits
-      uint16_t b[kMats][kBN][kLds];
+      uint16_t a[kStages][kBM][kLds];  // bf16 bits
+      uint16_t b[kStages][kMats][kBN][kLds];
     } ab;
     float c[kThreads / 32][kMats][32 * 32];  // per-warp epilogue staging
   };
 };
 
+// 16 bytes global -> shared without registers; src_bytes 0 zero-fills.
+__device__ __forceinline__ void CpAsync16(void* smem_dst, const void* src, int src_bytes) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
 // kFused: b is [L, 2N, K] and the block computes the gate and up tiles of the
 // same columns, writing bf16 silu(gate) * up; else b is [L, N, K] and the
-// block writes fp32. See the header for the tile mapping.
+// block writes fp32. See the header for the tile mapping. K slices move
+// through a kStages-deep cp.async ring (vec: K % 8 == 0 and 16-byte aligned
+// operands); otherwise they are loaded element-wise into the same ring.
 template <bool kFused>
 __global__ void __launch_bounds__(kThreads)
     GroupedGemmKernel(const uint16_t* __restrict__ a, const uint16_t* __restrict__ b,
@@ -114,46 +129,62 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < 2; ++i)
       for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[mat][i][j], 0.0f);
 
-  uint4 ra[kChunks];
-  uint4 rb[kMats][kChunks];
-  auto load = [&](int64_t k0) {
+  const int64_t num_slices = (k + kBK - 1) / kBK;
+  auto issue = [&](int64_t slice) {
+    if (slice >= num_slices) return;
+    const int st = static_cast<int>(slice % kStages);
+    const int64_t k0 = slice * kBK;
     for (int i = 0; i < kChunks; ++i) {
-      ra[i] = LoadChunk(a_row[i], a_ok[i], k0 + kc[i], k, vec);
-      for (int mat = 0; mat < kMats; ++mat) {
-        rb[mat][i] = LoadChunk(b_row[mat][i], b_ok[i], k0 + kc[i], k, vec);
+      const int64_t kk = k0 + kc[i];
+      if (vec) {
+        const bool in = kk < k;  // K % 8 == 0: a chunk is all in or all out
+        CpAsync16(&smem.ab.a[st][rr[i]][kc[i]], a_row[i] + (in ? kk : 0), a_ok[i] && in ? 16 : 0);
+        for (int mat = 0; mat < kMats; ++mat) {
+          CpAsync16(&smem.ab.b[st][mat][rr[i]][kc[i]], b_row[mat][i] + (in ? kk : 0),
+                    b_ok[i] && in ? 16 : 0);
+        }
+      } else {
+        *reinterpret_cast<uint4*>(&smem.ab.a[st][rr[i]][kc[i]]) =
+            LoadChunk(a_row[i], a_ok[i], kk, k, false);
+        for (int mat = 0; mat < kMats; ++mat) {
+          *reinterpret_cast<uint4*>(&smem.ab.b[st][mat][rr[i]][kc[i]]) =
+              LoadChunk(b_row[mat][i], b_ok[i], kk, k, false);
+        }
       }
     }
   };
-  load(0);
-  for (int64_t k0 = 0; k0 < k; k0 += kBK) {
-    for (int i = 0; i < kChunks; ++i) {
-      *reinterpret_cast<uint4*>(&smem.ab.a[rr[i]][kc[i]]) = ra[i];
-      for (int mat = 0; mat < kMats; ++mat) {
-        *reinterpret_cast<uint4*>(&smem.ab.b[mat][rr[i]][kc[i]]) = rb[mat][i];
-      }
-    }
-    __syncthreads();
-    if (k0 + kBK < k) load(k0 + kBK);  // in flight during the MMAs below
+  for (int s = 0; s < kStages - 1; ++s) {
+    issue(s);
+    CpAsyncCommit();
+  }
+  for (int64_t slice = 0; slice < num_slices; ++slice) {
+    CpAsyncWait<kStages - 2>();  // slice's group has landed
+    __syncthreads();             // ... for every thread; slice - 1's buffer is free
+    issue(slice + kStages - 1);
+    CpAsyncCommit();
+    const int st = static_cast<int>(slice % kStages);
     for (int kk = 0; kk < kBK; kk += 16) {
       wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
       for (int i = 0; i < 2; ++i) {
         wmma::load_matrix_sync(
-            fa[i], reinterpret_cast<const __nv_bfloat16*>(&smem.ab.a[wm * 32 + i * 16][kk]), kLds);
+            fa[i], reinterpret_cast<const __nv_bfloat16*>(&smem.ab.a[st][wm * 32 + i * 16][kk]),
+            kLds);
       }
       for (int mat = 0; mat < kMats; ++mat) {
         for (int j = 0; j < 2; ++j) {
           wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
           wmma::load_matrix_sync(
-              fb, reinterpret_cast<const __nv_bfloat16*>(&smem.ab.b[mat][wn * 32 + j * 16][kk]),
+              fb, reinterpret_cast<const __nv_bfloat16*>(&smem.ab.b[st][mat][wn * 32 + j * 16][kk]),
               kLds);
           for (int i = 0; i < 2; ++i) wmma::mma_sync(acc[mat][i][j], fa[i], fb, acc[mat][i][j]);
         }
       }
     }
-    __syncthreads();
   }
+  CpAsyncWait<0>();
+  __syncthreads();  // the ring is dead before the epilogue reuses it
 
-  // Epilogue through this warp's staging (the A/B tiles are dead now).
+  // Epilogue through this warp's staging.
   for (int mat = 0; mat < kMats; ++mat)
     for (int i = 0; i < 2; ++i)
       for (int j = 0; j < 2; ++j) {

@@ -13,8 +13,9 @@
 // (ceil(max_rows / 64) + L m-tiles, fastest varying, so the blocks that share
 // a weight tile run together and hit L2); blocks past tile_offsets[L] exit.
 // Block: 128 threads = 4 warps in 2 x 2, each warp 32 x 32 of the tile with
-// bf16 WMMA 16x16x16 and fp32 accumulation; K advances by 32 with the next
-// slice prefetched into registers while the current one is multiplied.
+// bf16 WMMA 16x16x16 and fp32 accumulation; K advances by 32 through a
+// 3-deep cp.async ring in shared memory (two slices in flight while one is
+// multiplied).
 
 #include <cuda_runtime.h>
 
