@@ -12,15 +12,27 @@
 //   combine 2H bytes per copy; remote GB/s = bytes to other ranks / time and
 //   its fraction of 450 GB/s (NVLink 4, one direction); wire bytes/token =
 //   bytes this data plane moves per token (padded to R per peer);
+//   *_host_call_us = wall time of the Dispatch / Combine host calls (enqueue
+//   cost; with kHostAllGather it includes the synchronous all-gather);
 //   graph_step_us = one whole step (device (epoch, R) check, dispatch,
 //   identity experts, combine) replayed from a CUDA graph captured at R.
+// --check host,device runs the eager loop once per (epoch, R) agreement mode
+// (GeometryCheck::kHostAllGather: synchronous host all-gather in Dispatch;
+// kDevice: header in the payload's NCCL group, checked on the device, read
+// at CheckStep after the step). --swiglu-intermediate I > 0 also times
+// ComputeExperts with seeded SwiGLU experts (one set per rank and hidden)
+// for both GEMM paths (grouped with device counts; cuBLAS with host counts)
+// and a whole SwiGLU step replayed from a graph (grouped path).
 // Source: DESIGN §10; issue 3.
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -38,6 +50,7 @@ struct Config {
   int64_t hidden;
   int top_k;
   bool skewed;
+  GeometryCheck check;
 };
 
 struct Result {
@@ -45,7 +58,10 @@ struct Result {
   double logical_dispatch_bytes = 0, logical_combine_bytes = 0;
   double remote_dispatch_bytes = 0, remote_combine_bytes = 0;
   double wire_bytes_per_token = 0;
-  double graph_step_p50 = 0, graph_step_p99 = 0;  // whole step replayed from a CUDA graph
+  double graph_step_p50 = 0, graph_step_p99 = 0;         // whole step replayed from a CUDA graph
+  double swiglu_grouped_p50 = 0, swiglu_cublas_p50 = 0;  // ComputeExperts, SwiGLU
+  double swiglu_graph_step_p50 = 0;                      // whole SwiGLU step, graph
+  double dispatch_host_p50 = 0, combine_host_p50 = 0;    // wall time of the host calls
 };
 
 // Uniform: K distinct experts uniformly. Skewed: expert e drawn with
@@ -88,7 +104,8 @@ double Percentile(std::vector<double> v, double q) {
   } while (0)
 
 void RunRank(int rank, int ep, const std::string& id, const std::vector<Config>& configs,
-             int num_experts, int warmup, int iters, std::vector<Result>* results) {
+             int num_experts, int warmup, int iters, int64_t swiglu_intermediate,
+             std::vector<Result>* results) {
   cudaSetDevice(rank);
   auto coll_or = NcclCollective::Create(id, rank, ep, rank, std::chrono::seconds(120));
   if (!coll_or.ok()) {
@@ -97,11 +114,14 @@ void RunRank(int rank, int ep, const std::string& id, const std::vector<Config>&
   }
   NcclCollective& coll = **coll_or;
   auto placement = *core::ExpertPlacement::Contiguous(num_experts, ep);
+  std::map<int64_t, std::unique_ptr<DeviceExpertSet>> swiglu;  // by hidden
   for (size_t ci = 0; ci < configs.size(); ++ci) {
     const Config& c = configs[ci];
     GpuEpDispatcherOptions options;
     options.dispatcher.workspace = {ep, c.tokens, c.hidden, c.top_k, core::DispatchDType::kBF16};
     options.dispatcher.num_experts = num_experts;
+    options.geometry_check = c.check;
+    options.max_intermediate = swiglu_intermediate;
     auto disp_or = GpuEpDispatcher::Create(&coll, options, 0);
     BENCH_CHECK(disp_or.status());
     GpuEpDispatcher& disp = **disp_or;
@@ -123,17 +143,29 @@ void RunRank(int rank, int ep, const std::string& id, const std::vector<Config>&
     BENCH_CHECK(disp.CommitGeometry(ci, c.tokens, c.tokens));
     cudaEvent_t ev[4];
     for (auto& e : ev) cudaEventCreate(&e);
-    std::vector<double> dispatch_us, combine_us;
+    std::vector<double> dispatch_us, combine_us, dispatch_host_us, combine_host_us;
+    using Clock = std::chrono::steady_clock;
+    auto us_since = [](Clock::time_point t0) {
+      return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+    };
     for (int it = 0; it < warmup + iters; ++it) {
       BENCH_CHECK(coll.Barrier());
       cudaEventRecord(ev[0], disp.stream());
+      Clock::time_point t0 = Clock::now();
       BENCH_CHECK(disp.Dispatch(d_hidden, d_ids, d_weights, c.tokens));
+      const double dh = us_since(t0);
       cudaEventRecord(ev[1], disp.stream());
       BENCH_CHECK(disp.ComputeExperts(*experts));
       cudaEventRecord(ev[2], disp.stream());
+      t0 = Clock::now();
       BENCH_CHECK(disp.Combine(d_out));
+      const double ch = us_since(t0);
       cudaEventRecord(ev[3], disp.stream());
-      BENCH_CHECK(coll.Synchronize());
+      if (it >= warmup) {
+        dispatch_host_us.push_back(dh);
+        combine_host_us.push_back(ch);
+      }
+      BENCH_CHECK(disp.CheckStep());
       float a = 0, b = 0;
       cudaEventElapsedTime(&a, ev[0], ev[1]);
       cudaEventElapsedTime(&b, ev[2], ev[3]);
@@ -156,9 +188,62 @@ void RunRank(int rank, int ep, const std::string& id, const std::vector<Config>&
       cudaEventElapsedTime(&a, ev[0], ev[1]);
       if (it >= warmup) graph_us.push_back(a * 1000.0);
     }
+    std::vector<double> grouped_us, cublas_us, swiglu_graph_us;
+    if (swiglu_intermediate > 0 && c.check == GeometryCheck::kDevice) {
+      if (swiglu.find(c.hidden) == swiglu.end()) {
+        auto host = core::ExpertSet::GenerateSwiGlu(7, 3, placement.FirstExpert(rank),
+                                                    placement.NumLocalExperts(rank), c.hidden,
+                                                    swiglu_intermediate);
+        BENCH_CHECK(host.status());
+        auto dev = DeviceExpertSet::Upload(*host);
+        BENCH_CHECK(dev.status());
+        swiglu[c.hidden] = std::move(*dev);
+      }
+      const DeviceExpertSet& sw = *swiglu[c.hidden];
+      for (ExpertGemm gemm : {ExpertGemm::kGroupedDevice, ExpertGemm::kCublasHostCounts}) {
+        GpuEpDispatcherOptions o = options;
+        o.expert_gemm = gemm;
+        auto d2 = GpuEpDispatcher::Create(&coll, o, 0);
+        BENCH_CHECK(d2.status());
+        BENCH_CHECK((*d2)->CommitGeometry(ci, c.tokens, c.tokens));
+        auto& out = gemm == ExpertGemm::kGroupedDevice ? grouped_us : cublas_us;
+        for (int it = 0; it < warmup + iters; ++it) {
+          BENCH_CHECK(coll.Barrier());
+          BENCH_CHECK((*d2)->Dispatch(d_hidden, d_ids, d_weights, c.tokens));
+          cudaEventRecord(ev[0], disp.stream());
+          BENCH_CHECK((*d2)->ComputeExperts(sw));
+          cudaEventRecord(ev[1], disp.stream());
+          BENCH_CHECK((*d2)->Combine(d_out));
+          BENCH_CHECK((*d2)->CheckStep());
+          float a = 0;
+          cudaEventElapsedTime(&a, ev[0], ev[1]);
+          if (it >= warmup) out.push_back(a * 1000.0);
+        }
+        if (gemm == ExpertGemm::kGroupedDevice) {
+          BENCH_CHECK((*d2)->CaptureForward(c.tokens, d_hidden, d_ids, d_weights, sw, d_out));
+          for (int it = 0; it < warmup + iters; ++it) {
+            BENCH_CHECK(coll.Barrier());
+            cudaEventRecord(ev[0], disp.stream());
+            BENCH_CHECK((*d2)->ReplayForward(c.tokens, ci, c.tokens));
+            cudaEventRecord(ev[1], disp.stream());
+            BENCH_CHECK((*d2)->CheckReplay());
+            float a = 0;
+            cudaEventElapsedTime(&a, ev[0], ev[1]);
+            if (it >= warmup) swiglu_graph_us.push_back(a * 1000.0);
+          }
+        }
+      }
+    }
     if (rank == 0) {
       Result& r = (*results)[ci];
+      if (!grouped_us.empty()) {
+        r.swiglu_grouped_p50 = Percentile(grouped_us, 0.5);
+        r.swiglu_cublas_p50 = Percentile(cublas_us, 0.5);
+        r.swiglu_graph_step_p50 = Percentile(swiglu_graph_us, 0.5);
+      }
       r.graph_step_p50 = Percentile(graph_us, 0.5);
+      r.dispatch_host_p50 = Percentile(dispatch_host_us, 0.5);
+      r.combine_host_p50 = Percentile(combine_host_us, 0.5);
       r.graph_step_p99 = Percentile(graph_us, 0.99);
       r.dispatch_p50 = Percentile(dispatch_us, 0.5);
       r.dispatch_p99 = Percentile(dispatch_us, 0.99);
@@ -195,7 +280,9 @@ int main(int argc, char** argv) {
   std::vector<int64_t> hiddens = {2048, 7168};
   std::vector<int> topks = {2, 8};
   std::vector<std::string> routings = {"uniform", "skewed"};
+  std::vector<std::string> checks = {"host", "device"};
   int num_experts = 256, warmup = 5, iters = 50, ep = 0;
+  int64_t swiglu_intermediate = 0;
   app.add_option("--tokens", tokens, "tokens per rank");
   app.add_option("--hidden", hiddens, "hidden sizes");
   app.add_option("--topk", topks, "top-k values");
@@ -204,6 +291,10 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup);
   app.add_option("--iters", iters);
   app.add_option("--ep", ep, "ranks (default: all visible GPUs)");
+  app.add_option("--check", checks, "(epoch, R) agreement: host and/or device");
+  app.add_option(
+      "--swiglu-intermediate", swiglu_intermediate,
+      "I > 0: also time SwiGLU expert compute (grouped vs cuBLAS) and a SwiGLU graph step");
   CLI11_PARSE(app, argc, argv);
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) {
@@ -215,7 +306,11 @@ int main(int argc, char** argv) {
   for (const auto& r : routings)
     for (int64_t h : hiddens)
       for (int k : topks)
-        for (int64_t t : tokens) configs.push_back({t, h, k, r == "skewed"});
+        for (int64_t t : tokens)
+          for (const auto& chk : checks)
+            configs.push_back(
+                {t, h, k, r == "skewed",
+                 chk == "device" ? GeometryCheck::kDevice : GeometryCheck::kHostAllGather});
   auto id = NcclCollective::NewUniqueId();
   if (!id.ok()) {
     std::fprintf(stderr, "%s\n", id.status().ToString().c_str());
@@ -224,14 +319,17 @@ int main(int argc, char** argv) {
   std::vector<Result> results(configs.size());
   std::vector<std::thread> threads;
   for (int r = 0; r < ep; ++r) {
-    threads.emplace_back(RunRank, r, ep, *id, configs, num_experts, warmup, iters, &results);
+    threads.emplace_back(RunRank, r, ep, *id, configs, num_experts, warmup, iters,
+                         swiglu_intermediate, &results);
   }
   for (auto& t : threads) t.join();
   std::printf(
-      "ep,routing,hidden,top_k,tokens,dispatch_p50_us,dispatch_p99_us,combine_p50_us,"
+      "ep,check,routing,hidden,top_k,tokens,dispatch_p50_us,dispatch_p99_us,combine_p50_us,"
       "combine_p99_us,dispatch_logical_GBps,combine_logical_GBps,dispatch_remote_GBps,"
       "combine_remote_GBps,dispatch_nvlink_frac,combine_nvlink_frac,wire_bytes_per_token,"
-      "graph_step_p50_us,graph_step_p99_us\n");
+      "graph_step_p50_us,graph_step_p99_us,swiglu_expert_grouped_p50_us,"
+      "swiglu_expert_cublas_p50_us,swiglu_graph_step_p50_us,dispatch_host_call_p50_us,"
+      "combine_host_call_p50_us\n");
   for (size_t i = 0; i < configs.size(); ++i) {
     const Config& c = configs[i];
     const Result& r = results[i];
@@ -240,10 +338,13 @@ int main(int argc, char** argv) {
     const double dr = r.remote_dispatch_bytes / (r.dispatch_p50 * 1e3);
     const double cr = r.remote_combine_bytes / (r.combine_p50 * 1e3);
     std::printf(
-        "%d,%s,%ld,%d,%ld,%.1f,%.1f,%.1f,%.1f,%.2f,%.2f,%.2f,%.2f,%.3f,%.3f,%.0f,%.1f,%.1f\n", ep,
-        c.skewed ? "skewed" : "uniform", c.hidden, c.top_k, c.tokens, r.dispatch_p50,
-        r.dispatch_p99, r.combine_p50, r.combine_p99, dl, cl, dr, cr, dr / 450.0, cr / 450.0,
-        r.wire_bytes_per_token, r.graph_step_p50, r.graph_step_p99);
+        "%d,%s,%s,%ld,%d,%ld,%.1f,%.1f,%.1f,%.1f,%.2f,%.2f,%.2f,%.2f,%.3f,%.3f,%.0f,%.1f,%.1f,%.1f,"
+        "%.1f,%.1f,%.1f,%.1f\n",
+        ep, c.check == GeometryCheck::kDevice ? "device" : "host", c.skewed ? "skewed" : "uniform",
+        c.hidden, c.top_k, c.tokens, r.dispatch_p50, r.dispatch_p99, r.combine_p50, r.combine_p99,
+        dl, cl, dr, cr, dr / 450.0, cr / 450.0, r.wire_bytes_per_token, r.graph_step_p50,
+        r.graph_step_p99, r.swiglu_grouped_p50, r.swiglu_cublas_p50, r.swiglu_graph_step_p50,
+        r.dispatch_host_p50, r.combine_host_p50);
   }
   return 0;
 }
