@@ -1,0 +1,36 @@
+"""Python control-plane client of moe-ep workers, for orchestrators.
+
+A small typed wrapper over the generated gRPC stubs of proto/moe_ep/v1
+(generate them with python/generate_stubs.sh OUT and put OUT on PYTHONPATH):
+
+    from moe_ep_client import Group, Security
+    group = Group(["10.0.0.1:50051", "10.0.0.2:50051"], security=Security(...))
+    group.form()                                  # Join, rank i = targets[i]
+    group.configure(hidden_size=..., ...)         # ConfigureLayers
+    group.allocate(hidden_size=..., ...)          # AllocateWorkspace
+    agreed = group.agree_geometry(epoch=1, local_tokens=[5, 3])
+    for s in group.status(): print(s.rank, s.state, s.runtime_max_tokens_per_rank)
+
+Every collective call is sent to all ranks in parallel under one deadline;
+failures raise GroupError listing each failing rank, its target and gRPC code.
+"""
+
+from moe_ep_client.client import (
+    AllocatedWorkspace,
+    GeometryAgreement,
+    Group,
+    GroupError,
+    RankFailure,
+    Security,
+    WorkerStatus,
+)
+
+__all__ = [
+    "AllocatedWorkspace",
+    "GeometryAgreement",
+    "Group",
+    "GroupError",
+    "RankFailure",
+    "Security",
+    "WorkerStatus",
+]

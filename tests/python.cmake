@@ -1,0 +1,35 @@
+# The Python control-plane client (python/moe_ep_client): its gRPC stubs are
+# generated from proto/ at build time into BUILD/python (never committed), and
+# ctest runs its tests and example against two real moe-ep-worker processes
+# with /usr/bin/python3, the interpreter Debian's python3-grpcio and
+# python3-protobuf serve (DESIGN §1).
+find_program(MOE_EP_SYSTEM_PYTHON NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
+find_program(MOE_EP_GRPC_PYTHON_PLUGIN grpc_python_plugin)
+if(NOT MOE_EP_SYSTEM_PYTHON OR NOT MOE_EP_GRPC_PYTHON_PLUGIN OR NOT TARGET moe-ep-worker)
+  message(STATUS "moe-ep: Python client tests off (need /usr/bin/python3, grpc_python_plugin "
+                 "and the worker)")
+  return()
+endif()
+execute_process(COMMAND ${MOE_EP_SYSTEM_PYTHON} -c "import grpc, google.protobuf"
+                RESULT_VARIABLE moe_ep_python_grpc OUTPUT_QUIET ERROR_QUIET)
+if(NOT moe_ep_python_grpc EQUAL 0)
+  message(STATUS "moe-ep: Python client tests off (/usr/bin/python3 lacks python3-grpcio or "
+                 "python3-protobuf; scripts/install-deps.sh installs them)")
+  return()
+endif()
+set(MOE_EP_PYTHON_OUT ${PROJECT_BINARY_DIR}/python)
+file(GLOB moe_ep_protos CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/proto/moe_ep/v1/*.proto)
+add_custom_command(
+  OUTPUT ${MOE_EP_PYTHON_OUT}/moe_ep/v1/worker_pb2_grpc.py
+  COMMAND ${CMAKE_COMMAND} -E env GRPC_PYTHON_PLUGIN=${MOE_EP_GRPC_PYTHON_PLUGIN}
+          bash ${PROJECT_SOURCE_DIR}/python/generate_stubs.sh ${MOE_EP_PYTHON_OUT}
+  DEPENDS ${moe_ep_protos} ${PROJECT_SOURCE_DIR}/python/generate_stubs.sh
+  COMMENT "Generating the Python gRPC stubs of proto/moe_ep/v1")
+add_custom_target(moe_ep_python_stubs ALL
+  DEPENDS ${MOE_EP_PYTHON_OUT}/moe_ep/v1/worker_pb2_grpc.py)
+add_test(NAME python_client
+  COMMAND ${CMAKE_COMMAND} -E env
+          PYTHONPATH=${MOE_EP_PYTHON_OUT}:${PROJECT_SOURCE_DIR}/python PYTHONDONTWRITEBYTECODE=1
+          MOE_EP_WORKER=$<TARGET_FILE:moe-ep-worker>
+          ${MOE_EP_SYSTEM_PYTHON} -m unittest discover -s ${PROJECT_SOURCE_DIR}/python/tests -v)
+set_tests_properties(python_client PROPERTIES LABELS python TIMEOUT 120)
