@@ -187,9 +187,11 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
           << ", capped at " << FormatBytes(static_cast<double>(selection.worker_memory_cap_bytes))
           << " each; ";
     }
-    out << "this process " << FormatBytes(static_cast<double>(memory.coordinator_bytes))
-        << " with a reference chunk of " << memory.reference_chunk_experts << " expert(s)) of "
-        << FormatBytes(static_cast<double>(*available)) << " available\n";
+    out << "this process " << FormatBytes(static_cast<double>(memory.coordinator_bytes));
+    if (!identity) {
+      out << " with a reference chunk of " << memory.reference_chunk_experts << " expert(s)";
+    }
+    out << ") of " << FormatBytes(static_cast<double>(*available)) << " available\n";
   } else {
     out << "memory: preflight skipped (" << available.status().message()
         << "); local workers run uncapped\n";
@@ -442,7 +444,7 @@ std::string RenderRunSummary(const RunJobResult& result) {
                      ? std::string("one layer, all experts (identity run: none held)")
                      : std::string("one layer, all experts"),
                  FormatBytes(static_cast<double>(result.layer_expert_bytes))});
-  if (result.memory.reference_chunk_experts > 0) {
+  if (!result.identity_experts && result.memory.reference_chunk_experts > 0) {
     memory.AddRow({absl::StrCat("the reference's chunk (", result.memory.reference_chunk_experts,
                                 " experts; the most it holds)"),
                    FormatBytes(static_cast<double>(result.memory.reference_chunk_bytes))});
