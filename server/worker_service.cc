@@ -167,11 +167,20 @@ class WorkerService::CollectiveSlot {
 
   // Waits for the slot until the call's deadline.
   absl::Status Acquire(const grpc::ServerContext* context, absl::string_view rpc) {
+    // A call whose deadline passed or whose client gave up (while queued in
+    // gRPC or waiting here) does no collective work at all.
+    const absl::Time deadline = CallDeadline(context);
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(rpc, ": the call's deadline passed before it started"));
+    }
     absl::MutexLock lock(&service_->slot_mu_);
-    if (!service_->slot_mu_.AwaitWithDeadline(absl::Condition(&service_->slot_free_),
-                                              CallDeadline(context))) {
+    if (!service_->slot_mu_.AwaitWithDeadline(absl::Condition(&service_->slot_free_), deadline)) {
       return absl::DeadlineExceededError(absl::StrCat(
           rpc, ": another collective call kept this worker busy past the call's deadline"));
+    }
+    if (context != nullptr && context->IsCancelled()) {
+      return absl::CancelledError(absl::StrCat(rpc, ": the client cancelled the call"));
     }
     service_->slot_free_ = false;
     held_ = true;
