@@ -8,7 +8,8 @@ void EnableDefaultHealthService() { grpc::EnableDefaultHealthCheckService(true);
 
 void HealthReporter::Attach(grpc::HealthCheckServiceInterface* service) {
   absl::MutexLock lock(&mu_);
-  service_ = service;
+  if (service == nullptr) return;
+  services_.push_back(service);
   ApplyLocked();
 }
 
@@ -26,7 +27,7 @@ void HealthReporter::Shutdown() {
   shut_down_ = true;
   // The default service's Shutdown() sets every name NOT_SERVING and ignores
   // later updates, so a draining server never reports SERVING again.
-  if (service_ != nullptr) service_->Shutdown();
+  for (grpc::HealthCheckServiceInterface* service : services_) service->Shutdown();
 }
 
 bool HealthReporter::serving() const {
@@ -35,9 +36,11 @@ bool HealthReporter::serving() const {
 }
 
 void HealthReporter::ApplyLocked() {
-  if (service_ == nullptr || shut_down_) return;
-  service_->SetServingStatus("", serving_);
-  service_->SetServingStatus(kWorkerServiceName, serving_);
+  if (shut_down_) return;
+  for (grpc::HealthCheckServiceInterface* service : services_) {
+    service->SetServingStatus("", serving_);
+    service->SetServingStatus(kWorkerServiceName, serving_);
+  }
 }
 
 }  // namespace moe_ep::server

@@ -12,6 +12,7 @@
 // Thread-safe.
 
 #include <string>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -26,8 +27,10 @@ void EnableDefaultHealthService();
 
 class HealthReporter {
  public:
-  // Starts reporting through `service` (may be null: then only the remembered
-  // state changes). Applies the current state at once.
+  // Starts reporting through `service` too (null is ignored: then only the
+  // remembered state changes). Call it once per server that serves health
+  // (the control plane, and the plaintext probe port of --health_listen).
+  // Applies the current state at once.
   void Attach(grpc::HealthCheckServiceInterface* service);
   // Sets SERVING (true) or NOT_SERVING (false) for both names. Ignored after Shutdown().
   void SetServing(bool serving);
@@ -38,7 +41,7 @@ class HealthReporter {
  private:
   void ApplyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   mutable absl::Mutex mu_;
-  grpc::HealthCheckServiceInterface* service_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::vector<grpc::HealthCheckServiceInterface*> services_ ABSL_GUARDED_BY(mu_);
   bool serving_ ABSL_GUARDED_BY(mu_) = false;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -29,6 +29,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
@@ -79,6 +80,9 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "host:port of the Prometheus /metrics endpoint (plain HTTP); empty = off; port 0 picks "
           "a free port (logged, and written to --metrics_port_file)");
 ABSL_FLAG(std::string, metrics_port_file, "", "optional file to write the metrics port to");
+ABSL_FLAG(std::string, health_listen, "",
+          "host:port of a plaintext port serving only grpc.health.v1, for probes that cannot "
+          "do TLS or send a token (Kubernetes gRPC probes); empty = off");
 ABSL_FLAG(std::string, log_format, "text",
           "text, or json (one JSON object per line with rank, generation and epoch)");
 ABSL_FLAG(int32_t, device, 0,
@@ -222,6 +226,24 @@ int main(int argc, char** argv) {
     return Fail(absl::StrCat("--listen: cannot bind ", listen));
   }
   health.Attach(server->GetHealthCheckService());
+  // The probe server has no sync service: a callback service (UNIMPLEMENTED
+  // for every method but health) makes gRPC poll its completion queue.
+  grpc::CallbackGenericService probe_unimplemented;
+  std::unique_ptr<grpc::Server> probe_server;
+  if (const std::string health_listen = absl::GetFlag(FLAGS_health_listen);
+      !health_listen.empty()) {
+    grpc::ServerBuilder probe_builder;
+    int probe_port = 0;
+    probe_builder.AddListeningPort(health_listen, grpc::InsecureServerCredentials(), &probe_port);
+    probe_builder.RegisterCallbackGenericService(&probe_unimplemented);
+    probe_server = probe_builder.BuildAndStart();
+    if (probe_server == nullptr || probe_port == 0) {
+      return Fail(absl::StrCat("--health_listen: cannot bind ", health_listen));
+    }
+    health.Attach(probe_server->GetHealthCheckService());
+    spdlog::info("serving grpc.health.v1 only (plaintext, for probes) on {}:{}",
+                 HostOf(health_listen), probe_port);
+  }
 
   const std::string bound = absl::StrCat(HostOf(listen), ":", port);
   worker.SetListenAddress(bound);

@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
@@ -19,6 +20,7 @@
 #include "server/health.h"
 #include "server/rendezvous_service.h"
 #include "server/worker_service.h"
+#include "tests/server/health_probe.h"
 #include "tests/test_certs.h"
 
 namespace moe_ep::server {
@@ -319,6 +321,49 @@ TEST_F(TlsTest, TwoRanksFormAGroupOverMutualTlsWithToken) {
   EXPECT_EQ(status.state(), v1::WORKER_STATE_JOINED);
   EXPECT_EQ(status.world_size(), 2);
   EXPECT_EQ(status.rank(), 1);
+}
+
+}  // namespace
+}  // namespace moe_ep::server
+
+namespace moe_ep::server {
+namespace {
+
+// --health_listen: a TLS control plane plus a plaintext port serving only
+// grpc.health.v1, both fed by one HealthReporter (Kubernetes gRPC probes
+// speak neither TLS nor tokens).
+TEST_F(TlsTest, PlaintextProbePortMirrorsHealthOfTlsServer) {
+  EnableDefaultHealthService();
+  auto credentials = MakeServerCredentials(Tls());
+  ASSERT_TRUE(credentials.ok());
+  HealthReporter health;
+  int tls_port = 0;
+  int probe_port = 0;
+  // Servers without sync services need a callback service to poll their
+  // completion queue; unknown methods get UNIMPLEMENTED.
+  grpc::CallbackGenericService unimplemented[2];  // one per server
+  grpc::ServerBuilder tls_builder;
+  tls_builder.AddListeningPort("127.0.0.1:0", *credentials, &tls_port);
+  tls_builder.RegisterCallbackGenericService(&unimplemented[0]);
+  std::unique_ptr<grpc::Server> tls_server = tls_builder.BuildAndStart();
+  grpc::ServerBuilder probe_builder;
+  probe_builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &probe_port);
+  probe_builder.RegisterCallbackGenericService(&unimplemented[1]);
+  std::unique_ptr<grpc::Server> probe_server = probe_builder.BuildAndStart();
+  ASSERT_NE(probe_server, nullptr);
+  health.Attach(tls_server->GetHealthCheckService());
+  health.Attach(probe_server->GetHealthCheckService());
+  const std::string probe = "127.0.0.1:" + std::to_string(probe_port);
+  EXPECT_EQ(ProbeHealth(probe, kWorkerServiceName), kNotServing);
+  health.SetServing(true);
+  EXPECT_EQ(ProbeHealth(probe, kWorkerServiceName), kServing);
+  EXPECT_EQ(ProbeHealth(probe, ""), kServing);
+  // The TLS port itself refuses a plaintext probe.
+  EXPECT_LT(ProbeHealth("127.0.0.1:" + std::to_string(tls_port), ""), 0);
+  health.Shutdown();
+  EXPECT_EQ(ProbeHealth(probe, ""), kNotServing);
+  tls_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  probe_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 
 }  // namespace
