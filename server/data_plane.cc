@@ -1,5 +1,10 @@
 #include "server/data_plane.h"
 
+#include <exception>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "server/cpu_data_plane.h"
 #include "server/gpu_data_plane.h"
@@ -8,6 +13,40 @@ namespace moe_ep::server {
 
 std::string NcclUniqueIdKey(int64_t generation) {
   return absl::StrCat("gen", generation, "/nccl_unique_id");
+}
+
+absl::StatusOr<std::string> ExchangeNcclUniqueId(
+    const DataPlaneGroup& group, gloo::rendezvous::Store& store,
+    const std::function<absl::StatusOr<std::string>()>& make_id) {
+  const std::string key = NcclUniqueIdKey(group.generation);
+  const std::string where =
+      group.rendezvous_address.empty() ? "the in-process store" : group.rendezvous_address;
+  try {
+    if (group.rank == 0) {
+      absl::StatusOr<std::string> id = make_id();
+      if (!id.ok()) return id.status();
+      store.set(key, std::vector<char>(id->begin(), id->end()));
+      return id;
+    }
+    const std::vector<char> value = store.get(key);
+    if (value.size() != kNcclUniqueIdBytes) {
+      return absl::UnavailableError(absl::StrCat("the NCCL unique id under \"", key, "\" at ",
+                                                 where, " has ", value.size(), " bytes, expected ",
+                                                 kNcclUniqueIdBytes));
+    }
+    return std::string(value.begin(), value.end());
+  } catch (const std::exception& e) {
+    // GrpcStore (server/grpc_store.h) throws with "Timed out" on its deadline.
+    const std::string lower = absl::AsciiStrToLower(e.what());
+    if (absl::StrContains(lower, "timed out") || absl::StrContains(lower, "timeout")) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "rank 0 did not publish the NCCL unique id under \"", key, "\" at ", where, " within ",
+          absl::FormatDuration(group.timeout),
+          "; check that rank 0 joined this generation with backend \"nccl\" (", e.what(), ")"));
+    }
+    return absl::UnavailableError(absl::StrCat("NCCL unique id rendezvous (\"", key, "\" at ",
+                                               where, ") failed: ", e.what()));
+  }
 }
 
 absl::StatusOr<std::unique_ptr<DataPlane>> FormDataPlane(

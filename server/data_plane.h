@@ -21,6 +21,7 @@
 // Source: DESIGN §6-§8; issue 3 ("What to build", bullets 1-2).
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -145,5 +146,20 @@ absl::StatusOr<std::unique_ptr<DataPlane>> FormDataPlane(
 
 // The rendezvous key of a generation's NCCL unique id: "gen<generation>/nccl_unique_id".
 std::string NcclUniqueIdKey(int64_t generation);
+
+// Size of an NCCL unique id (NCCL_UNIQUE_ID_BYTES).
+inline constexpr int kNcclUniqueIdBytes = 128;
+
+// The unique-id rendezvous of FormDataPlane for NCCL: rank 0 calls `make_id`
+// and sets the result under NcclUniqueIdKey(group.generation) in `store`; the
+// other ranks get it (the store bounds the wait: GrpcStore by group.timeout).
+// Returns the id's bytes on every rank.
+// Errors: kDeadlineExceeded (the key did not appear in time: rank 0 did not
+// join this generation with NCCL; names the key and the rendezvous address),
+// kUnavailable (the store failed, or the value is not kNcclUniqueIdBytes
+// long), and those of `make_id`.
+absl::StatusOr<std::string> ExchangeNcclUniqueId(
+    const DataPlaneGroup& group, gloo::rendezvous::Store& store,
+    const std::function<absl::StatusOr<std::string>()>& make_id);
 
 }  // namespace moe_ep::server

@@ -5,11 +5,8 @@
 #include <array>
 #include <chrono>
 #include <cstring>
-#include <exception>
 #include <utility>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/routing.h"
 #include "core/status_macros.h"
@@ -19,6 +16,8 @@
 
 namespace moe_ep::server {
 namespace {
+
+static_assert(kNcclUniqueIdBytes == NCCL_UNIQUE_ID_BYTES);
 
 // OK for cudaSuccess; kResourceExhausted for allocation failures, else
 // kInternal, with the runtime's error string.
@@ -38,39 +37,6 @@ std::string JoinContext(const DataPlaneGroup& group) {
 absl::Status WithContext(const absl::Status& status, absl::string_view context) {
   if (status.ok()) return status;
   return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
-}
-
-// The unique id through the rendezvous store: rank 0 sets it, the others get
-// it (the store bounds the wait by the group's timeout and throws).
-absl::StatusOr<std::string> ShareUniqueId(const DataPlaneGroup& group,
-                                          gloo::rendezvous::Store& store) {
-  const std::string key = NcclUniqueIdKey(group.generation);
-  const std::string where =
-      group.rendezvous_address.empty() ? "the in-process store" : group.rendezvous_address;
-  try {
-    if (group.rank == 0) {
-      ASSIGN_OR_RETURN(std::string id, kernels::NcclCollective::NewUniqueId());
-      store.set(key, std::vector<char>(id.begin(), id.end()));
-      return id;
-    }
-    const std::vector<char> value = store.get(key);
-    if (value.size() != NCCL_UNIQUE_ID_BYTES) {
-      return absl::UnavailableError(absl::StrCat("the NCCL unique id under \"", key, "\" at ",
-                                                 where, " has ", value.size(), " bytes, expected ",
-                                                 NCCL_UNIQUE_ID_BYTES));
-    }
-    return std::string(value.begin(), value.end());
-  } catch (const std::exception& e) {
-    const std::string lower = absl::AsciiStrToLower(e.what());
-    if (absl::StrContains(lower, "timed out") || absl::StrContains(lower, "timeout")) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "rank 0 did not publish the NCCL unique id under \"", key, "\" at ", where, " within ",
-          absl::FormatDuration(group.timeout),
-          "; check that rank 0 joined this generation with backend \"nccl\" (", e.what(), ")"));
-    }
-    return absl::UnavailableError(absl::StrCat("NCCL unique id rendezvous (\"", key, "\" at ",
-                                               where, ") failed: ", e.what()));
-  }
 }
 
 // Sum over regions of their sizes.
@@ -135,7 +101,8 @@ absl::StatusOr<std::unique_ptr<GpuDataPlane>> GpuDataPlane::Form(
     if (!device.ok()) return WithContext(device, context);
   }
   RETURN_IF_ERROR(WithContext(Cuda(cudaSetDevice(group.device), "cudaSetDevice"), context));
-  absl::StatusOr<std::string> id = ShareUniqueId(group, *store);
+  absl::StatusOr<std::string> id =
+      ExchangeNcclUniqueId(group, *store, &kernels::NcclCollective::NewUniqueId);
   if (!id.ok()) return WithContext(id.status(), context);
   const auto timeout_ms =
       std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(group.timeout)));

@@ -2,13 +2,19 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/bf16.h"
 #include "gloo/rendezvous/hash_store.h"
 #include "gmock/gmock.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "server/device_info.h"
+#include "server/grpc_store.h"
+#include "server/rendezvous_service.h"
 
 // FormDataPlane's backend dispatch and the CPU data plane through the
 // DataPlane interface (one rank, in-process store). The GPU plane is tested
@@ -55,6 +61,101 @@ std::vector<float> Floats(const std::vector<core::bf16_t>& values) {
 
 TEST(NcclUniqueIdKey, IsPrefixedByTheGeneration) {
   EXPECT_EQ(NcclUniqueIdKey(7), "gen7/nccl_unique_id");
+}
+
+// Rank 0's Rendezvous service on a loopback port, reached through GrpcStore.
+class UniqueIdRendezvous : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    address_ = "127.0.0.1:" + std::to_string(port);
+  }
+  void TearDown() override { server_->Shutdown(); }
+
+  DataPlaneGroup Rank(int rank, int64_t generation, absl::Duration timeout) {
+    DataPlaneGroup group;
+    group.backend = "nccl";
+    group.world_size = 2;
+    group.rank = rank;
+    group.generation = generation;
+    group.timeout = timeout;
+    group.rendezvous_address = address_;
+    return group;
+  }
+  GrpcStore Store(absl::Duration timeout) { return GrpcStore(address_, timeout); }
+
+  RendezvousService service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+};
+
+std::string FakeId(char fill) { return std::string(kNcclUniqueIdBytes, fill); }
+
+TEST_F(UniqueIdRendezvous, RankZeroPublishesAndTheOthersGetTheSameBytes) {
+  absl::StatusOr<std::string> got;
+  // Rank 1 asks first and waits for rank 0.
+  std::thread rank1([&] {
+    GrpcStore store = Store(absl::Seconds(10));
+    got = ExchangeNcclUniqueId(Rank(1, 4, absl::Seconds(10)), store,
+                               [] { return absl::StatusOr<std::string>(FakeId('x')); });
+  });
+  GrpcStore store = Store(absl::Seconds(10));
+  absl::StatusOr<std::string> made = ExchangeNcclUniqueId(Rank(0, 4, absl::Seconds(10)), store, [] {
+    return absl::StatusOr<std::string>(FakeId('\x7f'));
+  });
+  rank1.join();
+  ASSERT_TRUE(made.ok()) << made.status();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*made, FakeId('\x7f'));
+  EXPECT_EQ(*got, *made);  // rank 1's own make_id is never called
+  EXPECT_EQ(service_.NumKeys(), 1);
+}
+
+TEST_F(UniqueIdRendezvous, MissingRankZeroIsDeadlineExceededNamingKeyAndAddress) {
+  GrpcStore store = Store(absl::Milliseconds(300));
+  absl::StatusOr<std::string> got =
+      ExchangeNcclUniqueId(Rank(1, 9, absl::Milliseconds(300)), store,
+                           [] { return absl::StatusOr<std::string>(FakeId('x')); });
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded) << got.status();
+  EXPECT_THAT(std::string(got.status().message()),
+              HasSubstr("rank 0 did not publish the NCCL unique id under \"gen9/nccl_unique_id\" "
+                        "at " +
+                        address_));
+}
+
+TEST_F(UniqueIdRendezvous, AnIdOfAnotherGenerationIsNotUsed) {
+  GrpcStore store0 = Store(absl::Seconds(5));
+  ASSERT_TRUE(ExchangeNcclUniqueId(Rank(0, 1, absl::Seconds(5)), store0, [] {
+                return absl::StatusOr<std::string>(FakeId('a'));
+              }).ok());
+  GrpcStore store1 = Store(absl::Milliseconds(300));
+  absl::StatusOr<std::string> got =
+      ExchangeNcclUniqueId(Rank(1, 2, absl::Milliseconds(300)), store1,
+                           [] { return absl::StatusOr<std::string>(FakeId('x')); });
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded) << got.status();
+}
+
+TEST_F(UniqueIdRendezvous, WrongSizedValueIsUnavailable) {
+  GrpcStore store = Store(absl::Seconds(5));
+  store.set(NcclUniqueIdKey(3), std::vector<char>(5, 'z'));
+  absl::StatusOr<std::string> got = ExchangeNcclUniqueId(
+      Rank(1, 3, absl::Seconds(5)), store, [] { return absl::StatusOr<std::string>(FakeId('x')); });
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable) << got.status();
+  EXPECT_THAT(std::string(got.status().message()), HasSubstr("has 5 bytes, expected 128"));
+}
+
+TEST_F(UniqueIdRendezvous, RankZeroReportsAFailedIdAndPublishesNothing) {
+  GrpcStore store = Store(absl::Seconds(5));
+  absl::StatusOr<std::string> made = ExchangeNcclUniqueId(Rank(0, 5, absl::Seconds(5)), store, [] {
+    return absl::StatusOr<std::string>(absl::UnavailableError("ncclGetUniqueId: no interface"));
+  });
+  EXPECT_EQ(made.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(made.status().message()), HasSubstr("no interface"));
+  EXPECT_EQ(service_.NumKeys(), 0);
 }
 
 TEST(FormDataPlane, UnknownBackendIsInvalidArgument) {
