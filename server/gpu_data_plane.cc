@@ -121,6 +121,8 @@ absl::StatusOr<std::unique_ptr<GpuDataPlane>> GpuDataPlane::Form(
 GpuDataPlane::~GpuDataPlane() {
   // Whatever is still enqueued must not outlive the buffers; a broken group
   // was aborted by the collective, so this does not wait on a dead peer.
+  // Frees and event destruction happen on this group's device.
+  (void)MakeDeviceCurrent();
   if (collective_ != nullptr && collective_->healthy()) (void)Synchronize();
   experts_.clear();
   staging_.reset();
