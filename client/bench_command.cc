@@ -44,7 +44,7 @@ absl::Status RunBenchCommand(const BenchCommandOptions& options, std::ostream& o
   const int world = static_cast<int>(workers.targets.size());
   RETURN_IF_ERROR(ValidateBenchOptions(options, world));
   CoordinatorOptions copts;
-  copts.backend = options.workers.backend;
+  copts.backend = workers.backend;
   ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
                    Coordinator::Connect(workers.targets, copts));
   RETURN_IF_ERROR(coordinator->WaitReady(absl::Seconds(30)));

@@ -129,13 +129,13 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
 
   // The group's size, known before any worker starts.
   const bool local = options.workers.targets.empty();
-  int world = options.workers.num_workers;
-  if (!local) {
-    ASSIGN_OR_RETURN(std::vector<std::string> targets, ParseTargets(options.workers.targets));
-    world = static_cast<int>(targets.size());
-  } else if (world < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--workers: expected >= 1, got ", world));
+  if (local && options.workers.num_workers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--workers: expected >= 1, got ", options.workers.num_workers));
   }
+  // With GPUs and --backend auto/nccl, one worker per GPU (PlanWorkers).
+  ASSIGN_OR_RETURN(LocalWorkerPlan worker_plan, PlanWorkers(options.workers));
+  const int world = worker_plan.num_workers;
   if (model.num_experts < world) {
     return absl::InvalidArgumentError(absl::StrCat("--workers: ", model.name, " has ",
                                                    model.num_experts, " experts, fewer than the ",
@@ -204,7 +204,7 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
   }
 
   CoordinatorOptions copts;
-  copts.backend = options.workers.backend;
+  copts.backend = workers.backend;
   copts.rpc_timeout = options.rpc_timeout;
   ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
                    Coordinator::Connect(workers.targets, copts));

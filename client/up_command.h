@@ -13,23 +13,8 @@
 
 namespace moe_ep::client {
 
-// How `moe-ep up` starts its workers on a machine with `num_gpus` GPUs
-// (CountLocalGpus in client/local_cluster.h):
-//   --backend gloo            `num_workers` Gloo workers (GPUs unused);
-//   --backend auto or nccl    with GPUs: one NCCL worker per GPU, worker i on
-//                             --device=i (`num_workers` is not used);
-//   --backend auto            without GPUs: `num_workers` workers that resolve
-//                             "auto" themselves (Gloo);
-//   --backend nccl            without GPUs: kFailedPrecondition saying so.
-struct UpPlan {
-  int num_workers = 0;
-  std::string backend;       // passed to the workers and to Join
-  bool one_per_gpu = false;  // worker i gets --device=i
-};
-absl::StatusOr<UpPlan> PlanUp(const std::string& backend, int num_workers, int num_gpus);
-
 // REQUIRES: InstallInterruptHandler() was called (the wait ends on its signal).
-// Errors: those of PlanUp, LocalCluster::Start, Coordinator::WaitReady and
+// Errors: those of AttachWorkers, LocalCluster::Start, Coordinator::WaitReady and
 // FormGroup.
 absl::Status RunUpCommand(const WorkerSelection& selection, std::ostream& out);
 

@@ -14,11 +14,11 @@
 namespace moe_ep::client {
 
 struct WorkerSelection {
-  int num_workers = 4;  // local cluster size when `targets` is empty
-  std::string targets;  // comma-separated host:port list; wins when set
-  std::string backend = "gloo";
-  std::string worker_binary;  // empty: next to this executable
-  std::string log_dir;        // empty: worker output to stderr
+  int num_workers = 4;           // local cluster size when `targets` is empty
+  std::string targets;           // comma-separated host:port list; wins when set
+  std::string backend = "auto";  // NCCL, one worker per GPU, when GPUs are present; else Gloo
+  std::string worker_binary;     // empty: next to this executable
+  std::string log_dir;           // empty: worker output to stderr
   // Passed to local workers as --log_level (trace, debug, info, warn, error,
   // critical, off); empty leaves the worker's default.
   std::string worker_log_level = "warn";
@@ -27,13 +27,36 @@ struct WorkerSelection {
   int64_t worker_memory_cap_bytes = 0;
 };
 
+// How local workers are started on a machine with `num_gpus` GPUs
+// (CountLocalGpus in client/local_cluster.h), for `up`, `run` and `bench`:
+//   --backend gloo            `num_workers` Gloo workers (GPUs unused);
+//   --backend auto or nccl    with GPUs: one NCCL worker per GPU, worker i on
+//                             --device=i (`num_workers` is not used);
+//   --backend auto            without GPUs: `num_workers` workers that resolve
+//                             "auto" themselves (Gloo);
+//   --backend nccl            without GPUs: kFailedPrecondition saying so.
+// Source: issue 3 ("moe-ep up on a machine with GPUs starts one worker per GPU").
+struct LocalWorkerPlan {
+  int num_workers = 0;
+  std::string backend;       // passed to the workers and to Join
+  bool one_per_gpu = false;  // worker i gets --device=i
+};
+absl::StatusOr<LocalWorkerPlan> PlanLocalWorkers(const std::string& backend, int num_workers,
+                                                 int num_gpus);
+
+// The plan for `selection` on this machine: for --targets, the target count
+// and the selection's backend; otherwise PlanLocalWorkers with
+// CountLocalGpus(). Errors: those of ParseTargets and PlanLocalWorkers.
+absl::StatusOr<LocalWorkerPlan> PlanWorkers(const WorkerSelection& selection);
+
 struct AttachedWorkers {
   std::unique_ptr<LocalCluster> cluster;  // null for --targets
   std::vector<std::string> targets;       // rank order
+  std::string backend;                    // what to Join with (the plan's backend)
 };
 
-// Starts the local cluster or parses the targets.
-// Errors: those of ParseTargets and LocalCluster::Start.
+// Starts the local cluster as PlanWorkers says, or parses the targets.
+// Errors: those of PlanWorkers and LocalCluster::Start.
 absl::StatusOr<AttachedWorkers> AttachWorkers(const WorkerSelection& selection);
 
 }  // namespace moe_ep::client

@@ -57,5 +57,35 @@ TEST(AttachWorkers, StartsLocalWorkersWithBackendLogLevelAndMemoryCap) {
   std::filesystem::remove_all(dir);
 }
 
+// How local workers are started: the table in client/worker_selection.h.
+TEST(PlanLocalWorkers, GlooKeepsTheWorkerCountEvenWithGpus) {
+  const LocalWorkerPlan plan = *PlanLocalWorkers("gloo", 3, 8);
+  EXPECT_EQ(plan.num_workers, 3);
+  EXPECT_EQ(plan.backend, "gloo");
+  EXPECT_FALSE(plan.one_per_gpu);
+}
+
+TEST(PlanLocalWorkers, AutoAndNcclWithGpusStartOneNcclWorkerPerGpu) {
+  for (const char* backend : {"auto", "nccl"}) {
+    const LocalWorkerPlan plan = *PlanLocalWorkers(backend, 4, 2);
+    EXPECT_EQ(plan.num_workers, 2) << backend;
+    EXPECT_EQ(plan.backend, "nccl") << backend;
+    EXPECT_TRUE(plan.one_per_gpu) << backend;
+  }
+}
+
+TEST(PlanLocalWorkers, AutoWithoutGpusLetsTheWorkersResolveIt) {
+  const LocalWorkerPlan plan = *PlanLocalWorkers("auto", 4, 0);
+  EXPECT_EQ(plan.num_workers, 4);
+  EXPECT_EQ(plan.backend, "auto");
+  EXPECT_FALSE(plan.one_per_gpu);
+}
+
+TEST(PlanLocalWorkers, NcclWithoutGpusIsFailedPrecondition) {
+  absl::StatusOr<LocalWorkerPlan> plan = PlanLocalWorkers("nccl", 4, 0);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(plan.status().message()), HasSubstr("no NVIDIA GPU found"));
+}
+
 }  // namespace
 }  // namespace moe_ep::client
