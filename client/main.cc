@@ -161,6 +161,8 @@ int main(int argc, char** argv) {
                   "trace: routing prescribes them)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  run->add_flag("--even-tokens", run_options.even_tokens,
+                "every rank gets exactly --tokens tokens (no zero-token rank)");
   run->add_option("--steps", run_options.steps, "forward steps")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

@@ -145,8 +145,9 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
   std::vector<std::vector<int64_t>> counts(options.steps);
   int64_t max_count = 0, rows_per_layer = 0, max_step_rows = 0;
   for (int s = 0; s < options.steps; ++s) {
-    counts[s] = routing.prescribes_token_counts()
-                    ? routing.TokensPerRank(s, world)
+    counts[s] = routing.prescribes_token_counts() ? routing.TokensPerRank(s, world)
+                : options.even_tokens
+                    ? std::vector<int64_t>(world, options.tokens_per_rank)
                     : PlanTokenCounts(options.tokens_per_rank, world, s, options.seed);
     int64_t step_rows = 0;
     for (int64_t c : counts[s]) {

@@ -48,6 +48,9 @@ struct RunJobOptions {
   WorkerSelection workers;
   int num_layers = 3;             // L: the first L sparse layers run
   int64_t tokens_per_rank = 256;  // mean tokens per rank and step (trace: prescribed)
+  // Every rank gets exactly tokens_per_rank tokens (no zero-token rank), e.g.
+  // for "4096 tokens per rank" runs; ignored for trace routing.
+  bool even_tokens = false;
   int steps = 2;
   std::string routing = "skewed";  // uniform | skewed[:S] | trace:FILE | load:FILE
   uint64_t seed = 1;
