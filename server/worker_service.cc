@@ -266,6 +266,7 @@ absl::Status WorkerService::CheckSameOnAllRanks(uint64_t fingerprint, const std:
 }
 
 void WorkerService::TearDownGroup() {
+  layer_stack_.Reset();  // before the data plane its sub-groups point into
   expert_bytes_ = 0;
   allocation_.reset();
   geometry_committed_ = false;
@@ -509,6 +510,7 @@ absl::Status WorkerService::DoConfigureLayers(grpc::ServerContext* context,
   response->set_fingerprint(Hex64(fingerprint));
   plan_ = std::move(*plan);
   model_ = model;
+  layer_stack_.Configure(layout, sparse, request.a2a_enabled(), model);
   absl::MutexLock lock(&state_mu_);
   state_.Configured();
   status_.set_plan_summary(absl::StrCat(plan_.size(), " layers, ", num_sparse, " sparse"));
@@ -1007,6 +1009,33 @@ absl::Status WorkerService::DoBenchmark(grpc::ServerContext* context,
   response->set_dispatch_logical_gbps(d50 > 0 ? dispatch_bytes / (d50 * 1e3) : 0.0);
   response->set_combine_logical_gbps(c50 > 0 ? combine_bytes / (c50 * 1e3) : 0.0);
   return absl::OkStatus();
+}
+
+// ------------------------------------------------------------ ForwardLayers
+
+grpc::Status WorkerService::ForwardLayers(grpc::ServerContext* context,
+                                          const v1::ForwardLayersRequest* request,
+                                          v1::ForwardLayersResponse* response) {
+  return Finish(DoForwardLayers(context, *request, response));
+}
+
+absl::Status WorkerService::DoForwardLayers(grpc::ServerContext* context,
+                                            const v1::ForwardLayersRequest& request,
+                                            v1::ForwardLayersResponse* response) {
+  // The request is checked inside the runner, after the slot: a rank with a
+  // bad request still takes part in the runner's agreement all-gather, so its
+  // peers fail with ABORTED instead of timing out (server/layer_stack_runner.h).
+  CollectiveSlot slot(this);
+  RETURN_IF_ERROR(slot.Acquire(context, "ForwardLayers"));
+  RETURN_IF_ERROR(RequireGroup(WorkerPhase::kConfigured, "ForwardLayers"));
+  if (data_plane_->backend() != "gloo") {
+    return absl::UnimplementedError(
+        "ForwardLayers: the layer stack runs on the Gloo backend; GPU layer communicator is not "
+        "built yet (join with backend \"gloo\")");
+  }
+  const int64_t held = data_plane_->allocated_bytes() + expert_bytes_;
+  return GroupResult(layer_stack_.Run(data_plane_->collective(), joined_.generation, request,
+                                      options_.memory_cap_bytes, held, response));
 }
 
 }  // namespace moe_ep::server

@@ -6,7 +6,7 @@
 //
 // Locking: all collective work (Join, Leave, ConfigureLayers,
 // AllocateWorkspace, LoadExperts, SyncTokenCounts, CommitGeometry, Forward,
-// Benchmark) is serialized by one "collective slot" (the collective is
+// Benchmark, ForwardLayers) is serialized by one "collective slot" (the collective is
 // single-threaded), taken with the call's deadline (DEADLINE_EXCEEDED when
 // another call holds it past the deadline). The snapshot GetStatus returns is
 // guarded by a separate mutex, so GetStatus never waits on peers.
@@ -46,6 +46,7 @@
 #include "server/backend_selection.h"
 #include "server/data_plane.h"
 #include "server/health.h"
+#include "server/layer_stack_runner.h"
 #include "server/worker_state.h"
 
 namespace moe_ep::server {
@@ -98,6 +99,8 @@ class WorkerService final : public v1::Worker::Service {
                        v1::ForwardResponse* response) override;
   grpc::Status Benchmark(grpc::ServerContext* context, const v1::BenchmarkRequest* request,
                          v1::BenchmarkResponse* response) override;
+  grpc::Status ForwardLayers(grpc::ServerContext* context, const v1::ForwardLayersRequest* request,
+                             v1::ForwardLayersResponse* response) override;
 
  private:
   class CollectiveSlot;
@@ -141,6 +144,9 @@ class WorkerService final : public v1::Worker::Service {
                          v1::ForwardResponse* response);
   absl::Status DoBenchmark(grpc::ServerContext* context, const v1::BenchmarkRequest& request,
                            v1::BenchmarkResponse* response);
+  absl::Status DoForwardLayers(grpc::ServerContext* context,
+                               const v1::ForwardLayersRequest& request,
+                               v1::ForwardLayersResponse* response);
 
   // Counts errors, converts to grpc::Status.
   grpc::Status Finish(const absl::Status& status);
@@ -172,6 +178,9 @@ class WorkerService final : public v1::Worker::Service {
   std::unique_ptr<Allocation> allocation_;
   bool geometry_committed_ = false;
   int64_t expert_bytes_ = 0;  // all layers' experts held by the data plane
+  // ForwardLayers' stack (server/layer_stack_runner.h); built on the data
+  // plane's collective, so declared after data_plane_ and reset before it.
+  LayerStackRunner layer_stack_;
 
   // The snapshot GetStatus returns, and the state machine.
   absl::Mutex state_mu_;

@@ -1,0 +1,128 @@
+#pragma once
+
+// The ForwardLayers RPC of the Worker service (proto/moe_ep/v1/worker.proto):
+// runs a core::DistributedLayerStack (core/layer_stack.h) under the layout,
+// all-to-all switch and sparse pattern of ConfigureLayers, on the group's
+// world collective (the CPU data plane's Gloo group). The stack, and the
+// core::ParallelGroups it runs on, are built lazily on the first call after
+// Configure() and rebuilt when the configuration, the request's stack spec or
+// the group generation changes.
+//
+// One call, on every rank:
+//   1. checks the request by itself and against the configuration (sizes,
+//      the tokens tensor [n, H] fp32/bf16, the memory cap);
+//   2. all-gathers (ok, fingerprint of (stack config, epoch), needs-build)
+//      over the world, so every rank learns whether every other rank accepted
+//      its request and got the same one: a rank with a bad request returns its
+//      own error, its peers kAborted naming it; ranks with different requests
+//      all return kAborted. Nobody has built or run anything at that point,
+//      and the collectives stay in step, so the group stays usable;
+//   3. builds (when any rank needs it: all ranks build together) the sub-group
+//      under the Gloo tag "layer_stack.gen<generation>.build<b>" (Gloo store
+//      keys are write-once, so every build gets a fresh tag) and the stack;
+//   4. runs DistributedLayerStack::Forward.
+// Errors leave the runner as it was (a failed build keeps the previous stack).
+//
+// Not thread-safe: the Worker service calls it under its collective slot.
+// Source: DESIGN §2-§4, §8; issue 4 ("A layer-stack forward RPC").
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/collective.h"
+#include "core/layer_plan.h"
+#include "core/layer_stack.h"
+#include "core/parallel_groups.h"
+#include "moe_ep/v1/worker.pb.h"
+
+namespace moe_ep::server {
+
+// The capacity a ForwardLayers spec gets when capacity_tokens is 0.
+inline constexpr int64_t kDefaultStackCapacityTokens = 1024;
+
+// ResolveLayerStackConfig()
+//
+// The core::LayerStackConfig of `spec` under the configured `layout`,
+// `sparse_layers` ([configured layers]), `a2a_enabled` and `model`
+// (ConfigureLayers.model; its 0 fields mean "not given"). Zero fields of
+// `spec` take the model's value (see LayerStackSpec in worker.proto); the
+// first spec.num_layers (0 = all) entries of `sparse_layers` run.
+// Errors (kInvalidArgument naming "stack.<field>", expected vs got): a size
+// unset in both spec and model, negative, or beyond the worker's limits
+// (H <= 2^20, I <= 2^24, experts <= 2^16, capacity <= 2^24); a spec size that
+// differs from a non-zero model size; num_layers outside [0, configured];
+// dense_intermediate_size unset while a dense layer runs; rms_eps < 0; and
+// core::ValidateLayerStackConfig's errors (num_experts < tp_size, top_k >
+// num_experts, dense I not a multiple of tp_size, ...).
+// Pure and thread-safe.
+absl::StatusOr<core::LayerStackConfig> ResolveLayerStackConfig(
+    const v1::LayerStackSpec& spec, const core::ParallelLayout& layout,
+    const std::vector<bool>& sparse_layers, bool a2a_enabled, const v1::ModelDescription& model);
+
+// EstimateLayerStackBytes()
+//
+// An upper bound of the bytes rank `rank` holds for a stack built from
+// `config`: per layer the attention stand-in [H, H] fp32 and two norms [H]
+// fp32; per dense layer the whole dense SwiGLU (3 * I * H bf16, generated
+// whole before it is sharded); per sparse layer this rank's experts
+// (contiguous placement, 3 * I * H bf16 each); and, when a sparse layer runs
+// SCATTERED, the all-to-all workspace (core::ComputeAllocatedWorkspace with
+// E = tp_size, N = capacity_tokens, bf16). Activations of a step are not
+// included. Errors: those of ValidateLayerStackConfig, ExpertPlacement and
+// ComputeAllocatedWorkspace.
+// Example: tp 2, H 32, dense I 64, expert I 32, 8 experts, top-2, one dense
+// and one sparse layer, N 16, rank 0: 2*(4096+256) + 12288 + 4*6144 +
+// workspace.
+absl::StatusOr<int64_t> EstimateLayerStackBytes(const core::LayerStackConfig& config, int rank);
+
+class LayerStackRunner {
+ public:
+  // Records the configuration of ConfigureLayers (the stack is rebuilt on
+  // the next Run). Does no communication.
+  void Configure(const core::ParallelLayout& layout, std::vector<bool> sparse_layers,
+                 bool a2a_enabled, const v1::ModelDescription& model);
+  // Drops the configuration and the stack (Leave / re-Join). Must run before
+  // the world collective the stack was built on is destroyed.
+  void Reset();
+
+  bool configured() const { return configured_; }
+  // Bytes the built stack holds (EstimateLayerStackBytes); 0 when none.
+  int64_t held_bytes() const { return held_bytes_; }
+
+  // Run()
+  //
+  // One ForwardLayers call (see the file comment) on `world` (this rank's
+  // group of generation `generation`, rank world.rank()). `memory_cap_bytes`
+  // (0 = unlimited) bounds `other_held_bytes` (workspace and experts the
+  // worker already holds) plus the stack's EstimateLayerStackBytes.
+  // REQUIRES: configured(). A collective over `world`.
+  // Errors: as ForwardLayers in worker.proto: kInvalidArgument,
+  // kResourceExhausted, kAborted, and the collective's and the stack's errors.
+  absl::Status Run(core::Collective& world, int64_t generation,
+                   const v1::ForwardLayersRequest& request, int64_t memory_cap_bytes,
+                   int64_t other_held_bytes, v1::ForwardLayersResponse* response);
+
+ private:
+  bool configured_ = false;
+  core::ParallelLayout layout_;
+  std::vector<bool> sparse_layers_;
+  bool a2a_enabled_ = true;
+  v1::ModelDescription model_;
+
+  // The built stack, the configuration it was built from (its fingerprint)
+  // and the generation of the world it runs on. `stack_` points into
+  // `groups_`, which points into the world collective.
+  std::unique_ptr<core::ParallelGroups> groups_;
+  std::unique_ptr<core::DistributedLayerStack> stack_;
+  uint64_t built_fingerprint_ = 0;
+  bool stale_ = true;  // Configure() since the last build: rebuild on the next Run
+  int64_t built_generation_ = 0;
+  int64_t held_bytes_ = 0;
+  // Builds in this generation (part of the sub-group's Gloo tag).
+  int64_t builds_ = 0;
+};
+
+}  // namespace moe_ep::server
