@@ -348,4 +348,17 @@ absl::StatusOr<std::vector<v1::ForwardResponse>> Coordinator::Forward(
                                      });
 }
 
+absl::StatusOr<std::vector<v1::ForwardLayersResponse>> Coordinator::ForwardLayers(
+    const std::vector<v1::ForwardLayersRequest>& requests) {
+  if (static_cast<int>(requests.size()) != world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "requests: expected ", world_size(), " entries (one per rank), got ", requests.size()));
+  }
+  return FanOut<v1::ForwardLayersResponse>(
+      "ForwardLayers", targets_, options_.rpc_timeout,
+      [&](int r, grpc::ClientContext* c, v1::ForwardLayersResponse* resp) {
+        return stubs_[r]->ForwardLayers(c, requests[r], resp);
+      });
+}
+
 }  // namespace moe_ep::client

@@ -123,6 +123,10 @@ class Coordinator {
   // Errors: kInvalidArgument when requests.size() != world; aggregated.
   absl::StatusOr<std::vector<v1::ForwardResponse>> Forward(
       const std::vector<v1::ForwardRequest>& requests);
+  // ForwardLayers with rank r's request requests[r] (its DP group's tokens).
+  // Errors: kInvalidArgument when requests.size() != world; aggregated.
+  absl::StatusOr<std::vector<v1::ForwardLayersResponse>> ForwardLayers(
+      const std::vector<v1::ForwardLayersRequest>& requests);
 
  private:
   Coordinator(std::vector<std::string> targets, CoordinatorOptions options);
