@@ -1,8 +1,8 @@
 // moe-ep: the coordinator CLI (DESIGN §8). Flags and wiring only; the logic
 // lives in the client library (client/*_command.h, client/run_job.h).
 //
-// Exit codes: 0 success; 1 an operation failed (or `run` found a layer that
-// disagrees with the reference); 2 bad command line; 130 interrupted.
+// Exit codes: 0 success; 1 an operation failed (or `run` / `stack` found a
+// layer or DP group that disagrees with the reference); 2 bad command line; 130 interrupted.
 
 #include <unistd.h>
 
@@ -19,6 +19,7 @@
 #include "client/local_cluster.h"
 #include "client/plan_command.h"
 #include "client/run_job.h"
+#include "client/stack_job.h"
 #include "client/status_command.h"
 #include "client/up_command.h"
 #include "client/watch_command.h"
@@ -195,6 +196,83 @@ int main(int argc, char** argv) {
       std::cout << "\n" << RenderRunSummary(*result);
       if (!result->AllPass()) {
         return absl::DataLossError("at least one layer disagrees with the reference (see above)");
+      }
+      return absl::OkStatus();
+    };
+  });
+
+  // stack
+  StackJobOptions stack_options;
+  double stack_rpc_timeout_s = 120;
+  bool stack_no_a2a = false;
+  auto* stack = app.add_subcommand(
+      "stack",
+      "run K decoder layers under DP attention + EP (ForwardLayers, Gloo) and verify every DP "
+      "group against the single-process reference");
+  stack
+      ->add_option("--model", stack_options.model,
+                   "config.json path or preset: sparse pattern, experts, top-k, RMS eps")
+      ->capture_default_str();
+  stack->add_option("--tp", stack_options.tp_size, "tensor-parallel size (= workers)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  stack->add_option("--attn-dp", stack_options.attn_dp_size, "attention data-parallel size")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  stack
+      ->add_option("--moe-dense-tp", stack_options.moe_dense_tp_size,
+                   "dense MLP TP size: 1, attn_tp or tp (default unset = tp)")
+      ->check(CLI::PositiveNumber);
+  stack->add_flag("--no-a2a", stack_no_a2a, "no all-to-all backend: sparse MLPs run FULL");
+  stack->add_option("--layers", stack_options.num_layers, "run the model's first K layers")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  stack->add_option("--hidden", stack_options.hidden, "hidden size H (0 = the model's)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  stack
+      ->add_option("--moe-intermediate", stack_options.moe_intermediate,
+                   "expert intermediate size (0 = the model's)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  stack
+      ->add_option("--dense-intermediate", stack_options.dense_intermediate,
+                   "dense MLP intermediate size, a multiple of --tp (0 = the model's)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  stack
+      ->add_option("--tokens", stack_options.tokens_per_group,
+                   "mean tokens per DP group and step (uneven; one group gets 0 when attn_dp > 1)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  stack->add_option("--steps", stack_options.steps, "forward steps")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  stack->add_option("--seed", stack_options.seed, "seed of tokens, weights and routing")
+      ->capture_default_str();
+  stack->add_flag("--allow-reduce-scatter", stack_options.allow_reduce_scatter,
+                  "FULL MLPs skip their all-reduce; the after-MLP step reduce-scatters (MAX_LEN)");
+  stack->add_option("--targets", stack_options.workers.targets,
+                    "use running Gloo workers instead: host:port,... (--tp of them)");
+  stack->add_option("--worker-binary", stack_options.workers.worker_binary,
+                    "moe-ep-worker executable (default: next to moe-ep)");
+  stack
+      ->add_option("--log-dir", stack_options.workers.log_dir,
+                   "write each local worker's output to DIR/worker-<i>.log instead of stderr")
+      ->check(CLI::ExistingDirectory);
+  stack->add_option("--rpc-timeout", stack_rpc_timeout_s, "deadline of each fanned-out call, s")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  stack->callback([&] {
+    stack_options.a2a_enabled = !stack_no_a2a;
+    stack_options.rpc_timeout = absl::Seconds(stack_rpc_timeout_s);
+    action = [&]() -> absl::Status {
+      auto result = RunStackJob(stack_options, std::cout);
+      if (!result.ok()) return result.status();
+      std::cout << "\n" << RenderStackSummary(*result);
+      if (!result->AllPass()) {
+        return absl::DataLossError(
+            "at least one DP group disagrees with the reference (see above)");
       }
       return absl::OkStatus();
     };
