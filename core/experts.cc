@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "core/safetensors.h"
+#include "core/seeded_stream.h"
 #include "core/status_macros.h"
 
 namespace moe_ep::core {
@@ -19,52 +20,24 @@ namespace {
 
 // --- Seeded weights -------------------------------------------------------
 //
-// Each tensor gets a 64-bit key mixed from (seed, layer, expert, projection);
-// element i is derived from SplitMix64(key + i * golden), a counter-based
-// stream, so a tensor's values do not depend on which other tensors a process
-// generates or in which order. One 64-bit output yields two elements (one per
-// 32-bit half, 24 bits of mantissa each).
+// The stream, its keys and the bf16 rounding live in core/seeded_stream.h so
+// the device generator (kernels/seeded_weights.cuh) makes the same bits.
 
-constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
+using Projection = SeededProjection;
+constexpr Projection kGate = SeededProjection::kGate;
+constexpr Projection kUp = SeededProjection::kUp;
+constexpr Projection kDown = SeededProjection::kDown;
 
-uint64_t SplitMix64(uint64_t x) {
-  x += kGolden;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-enum Projection : uint64_t { kGate = 1, kUp = 2, kDown = 3 };
-
-uint64_t TensorKey(uint64_t seed, int layer, int expert, Projection proj) {
-  uint64_t k = SplitMix64(seed ^ 0x6d6f652d65702d77ull);  // "moe-ep-w"
-  k = SplitMix64(k ^ static_cast<uint64_t>(static_cast<uint32_t>(layer)));
-  k = SplitMix64(k ^ static_cast<uint64_t>(static_cast<uint32_t>(expert)));
-  return SplitMix64(k ^ static_cast<uint64_t>(proj));
-}
-
-// Round-to-nearest-even float -> bf16 for finite values (no NaN branch, so
-// the fill loop stays branch-free).
-inline bf16_t FiniteToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  return static_cast<bf16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-
-// Fills `out` with bf16(uniform[-scale, scale)) values of tensor `key`.
-void FillUniform(uint64_t key, float scale, std::vector<bf16_t>& out) {
+// Fills `out` with the elements of tensor `key`, a pair per stream output.
+void FillUniform(uint64_t key, SeededUniform range, std::vector<bf16_t>& out) {
   const size_t n = out.size();
-  const float step = 2.0f * scale / 16777216.0f;  // 2^24 levels over [-s, s)
   size_t i = 0;
   for (uint64_t c = 0; i + 1 < n; ++c, i += 2) {
-    const uint64_t r = SplitMix64(key + c * kGolden);
-    out[i] = FiniteToBf16(static_cast<float>(r >> 40) * step - scale);
-    out[i + 1] = FiniteToBf16(static_cast<float>((r >> 8) & 0xffffff) * step - scale);
+    const SeededBf16Pair pair = SeededPair(key, c, range);
+    out[i] = pair.first;
+    out[i + 1] = pair.second;
   }
-  if (i < n) {
-    const uint64_t r = SplitMix64(key + (n / 2) * kGolden);
-    out[i] = FiniteToBf16(static_cast<float>(r >> 40) * step - scale);
-  }
+  if (i < n) out[i] = SeededElement(key, i, range);
 }
 
 void Widen(const std::vector<bf16_t>& in, float* out) {
@@ -185,18 +158,19 @@ absl::StatusOr<ExpertSet> ExpertSet::GenerateSwiGlu(uint64_t seed, int layer, in
   set.num_experts_ = num_experts;
   set.hidden_ = hidden;
   set.intermediate_ = intermediate;
+  set.seed_origin_ = SeedOrigin{seed, layer};
   set.weights_.resize(num_experts);
-  const float in_scale = 1.0f / std::sqrt(static_cast<float>(hidden));
-  const float down_scale = 1.0f / std::sqrt(static_cast<float>(intermediate));
+  const SeededUniform in_range = SeededUniformFor(hidden);
+  const SeededUniform down_range = SeededUniformFor(intermediate);
   for (int i = 0; i < num_experts; ++i) {
     const int e = first_expert + i;
     SwiGluWeights& w = set.weights_[i];
     w.gate.resize(intermediate * hidden);
     w.up.resize(intermediate * hidden);
     w.down.resize(hidden * intermediate);
-    FillUniform(TensorKey(seed, layer, e, kGate), in_scale, w.gate);
-    FillUniform(TensorKey(seed, layer, e, kUp), in_scale, w.up);
-    FillUniform(TensorKey(seed, layer, e, kDown), down_scale, w.down);
+    FillUniform(SeededTensorKey(seed, layer, e, kGate), in_range, w.gate);
+    FillUniform(SeededTensorKey(seed, layer, e, kUp), in_range, w.up);
+    FillUniform(SeededTensorKey(seed, layer, e, kDown), down_range, w.down);
   }
   return set;
 }

@@ -10,6 +10,7 @@
 // reference holding all) generates bit-identical weights.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,14 @@ struct SwiGluWeights {
 // Experts [first_expert, first_expert + num_experts) of one layer.
 class ExpertSet {
  public:
+  // The arguments seeded weights were generated from (GenerateSwiGlu), so a
+  // device can make the same bits itself instead of copying them
+  // (kernels/device_experts.h, core/seeded_stream.h).
+  struct SeedOrigin {
+    uint64_t seed = 0;
+    int layer = 0;
+  };
+
   // Seeded SwiGLU weights: values uniform in [-s, s] with s = 1/sqrt(fan_in),
   // so activations keep their scale across layers.
   // Errors: kInvalidArgument for hidden < 1, intermediate < 1, num_experts < 0.
@@ -75,6 +84,9 @@ class ExpertSet {
   // onto a device (kernels/device_experts.h). REQUIRES: kind() == kSwiGlu and
   // 0 <= local_index < num_experts().
   const SwiGluWeights& swiglu_weights(int local_index) const { return weights_[local_index]; }
+  // (seed, layer) for sets made by GenerateSwiGlu; empty for identity,
+  // FromWeights and LoadSafetensors sets.
+  const std::optional<SeedOrigin>& seed_origin() const { return seed_origin_; }
 
   // out[r, :] = expert(x[r, :]) for `rows` rows; x and out are [rows, H] fp32.
   // Errors: kInvalidArgument when !Owns(expert_id) or spans are too short.
@@ -97,6 +109,7 @@ class ExpertSet {
   int64_t hidden_ = 0;
   int64_t intermediate_ = 0;
   std::vector<SwiGluWeights> weights_;  // num_experts_ entries for kSwiGlu
+  std::optional<SeedOrigin> seed_origin_;
 };
 
 }  // namespace moe_ep::core

@@ -108,6 +108,62 @@ TEST(ExpertSet, IdentityReturnsInput) {
   EXPECT_EQ(out, x);
 }
 
+// FNV-1a over the little-endian bytes of a bf16 tensor.
+uint64_t Fingerprint(const std::vector<bf16_t>& v) {
+  uint64_t h = 1469598103934665603ull;
+  for (bf16_t x : v) {
+    h = (h ^ (x & 0xffu)) * 1099511628211ull;
+    h = (h ^ (x >> 8)) * 1099511628211ull;
+  }
+  return h;
+}
+
+// Seeded weights are part of the wire contract (workers and the reference
+// regenerate them independently; kernels/seeded_weights.cuh makes them on
+// the GPU), so their bits are pinned: fingerprints recorded from the
+// generator at commit 981f0ae, before its stream moved to
+// core/seeded_stream.h. Odd I * H (5 x 3) covers the half-pair tail.
+TEST(ExpertSet, SeededWeightBitsArePinned) {
+  struct Case {
+    uint64_t seed;
+    int layer;
+    int expert;
+    int64_t hidden, intermediate;
+    uint64_t gate, up, down;
+    bf16_t gate_first, down_last;
+  };
+  const Case cases[] = {
+      {1, 0, 0, 64, 16, 0xe75d526a8b3d8e92ull, 0x162683da4330b393ull, 0x60bdbea6ec94f1ecull, 0xbdf8,
+       0xbdd3},
+      {9, 4, 7, 5, 3, 0x68d8b4eab984beccull, 0x70439bf7996a7c84ull, 0xfcf146c313fc5b94ull, 0x3e57,
+       0xbe21},
+      {0xdeadbeefull, 60, 255, 7168, 8, 0xa5b996111323f656ull, 0x9879bafdf0adc8f6ull,
+       0xc684fddce7b7f087ull, 0xbb54, 0x3e9a},
+  };
+  for (const Case& c : cases) {
+    auto set = ExpertSet::GenerateSwiGlu(c.seed, c.layer, c.expert, 1, c.hidden, c.intermediate);
+    ASSERT_TRUE(set.ok()) << set.status();
+    const SwiGluWeights& w = set->swiglu_weights(0);
+    EXPECT_EQ(Fingerprint(w.gate), c.gate) << "seed " << c.seed;
+    EXPECT_EQ(Fingerprint(w.up), c.up) << "seed " << c.seed;
+    EXPECT_EQ(Fingerprint(w.down), c.down) << "seed " << c.seed;
+    EXPECT_EQ(w.gate.front(), c.gate_first);
+    EXPECT_EQ(w.down.back(), c.down_last);
+  }
+}
+
+TEST(ExpertSet, SeedOriginOnlyForGeneratedSets) {
+  auto seeded = ExpertSet::GenerateSwiGlu(42, 5, 0, 2, 8, 4);
+  ASSERT_TRUE(seeded.ok());
+  ASSERT_TRUE(seeded->seed_origin().has_value());
+  EXPECT_EQ(seeded->seed_origin()->seed, 42u);
+  EXPECT_EQ(seeded->seed_origin()->layer, 5);
+  EXPECT_FALSE(ExpertSet::Identity(0, 2, 8).seed_origin().has_value());
+  auto given = ExpertSet::FromWeights(0, {seeded->swiglu_weights(0)}, 8, 4);
+  ASSERT_TRUE(given.ok());
+  EXPECT_FALSE(given->seed_origin().has_value());
+}
+
 TEST(ExpertSet, SeededWeightsArePureFunctionOfSeedLayerExpert) {
   constexpr int64_t kH = 32, kI = 16;
   auto a = ExpertSet::GenerateSwiGlu(7, 3, 0, 4, kH, kI);
