@@ -2,8 +2,10 @@
 
 #include <cuda_runtime.h>
 
+#include "absl/strings/str_format.h"
 #include "core/status_macros.h"
 #include "kernels/internal/cuda_status.h"
+#include "kernels/seeded_weights.cuh"
 
 namespace moe_ep::kernels {
 
@@ -47,6 +49,57 @@ absl::StatusOr<std::unique_ptr<DeviceExpertSet>> DeviceExpertSet::Upload(
                              "cudaMemcpy(down)"));
   }
   return set;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceExpertSet>> DeviceExpertSet::GenerateSwiGlu(
+    uint64_t seed, int layer, int first_expert, int num_experts, int64_t hidden,
+    int64_t intermediate) {
+  // Same argument checks and messages as core::ExpertSet::GenerateSwiGlu.
+  if (hidden < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat("hidden: expected >= 1, got %d", hidden));
+  }
+  if (intermediate < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("intermediate: expected >= 1, got %d", intermediate));
+  }
+  if (num_experts < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("num_experts: expected >= 0, got %d", num_experts));
+  }
+  if (first_expert < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("first_expert: expected >= 0, got %d", first_expert));
+  }
+  std::unique_ptr<DeviceExpertSet> set(new DeviceExpertSet());
+  set->kind_ = core::ExpertKind::kSwiGlu;
+  set->first_expert_ = first_expert;
+  set->num_experts_ = num_experts;
+  set->hidden_ = hidden;
+  set->intermediate_ = intermediate;
+  if (num_experts == 0) return set;
+  RETURN_IF_ERROR(set->AllocateSwiGlu());
+  SeededSwiGluParams params;
+  params.seed = seed;
+  params.layer = layer;
+  params.first_expert = first_expert;
+  params.num_experts = num_experts;
+  params.hidden = hidden;
+  params.intermediate = intermediate;
+  params.gate_up = set->gate_up_;
+  params.down = set->down_;
+  // The legacy default stream, as Upload's cudaMemcpy: ordered after work
+  // already enqueued on blocking streams; waited for here.
+  RETURN_IF_ERROR(LaunchSeededSwiGluWeights(params, /*stream=*/nullptr));
+  RETURN_IF_ERROR(internal::CudaStatus(cudaStreamSynchronize(nullptr),
+                                       "cudaStreamSynchronize(seeded expert weights)"));
+  return set;
+}
+
+absl::Status DeviceExpertSet::AllocateSwiGlu() {
+  const int64_t elements = int64_t{num_experts_} * hidden_ * intermediate_;
+  RETURN_IF_ERROR(internal::CudaStatus(cudaMalloc(&gate_up_, 2 * elements * sizeof(uint16_t)),
+                                       "cudaMalloc(gate_up)"));
+  return internal::CudaStatus(cudaMalloc(&down_, elements * sizeof(uint16_t)), "cudaMalloc(down)");
 }
 
 absl::StatusOr<std::unique_ptr<DeviceExpertSet>> DeviceExpertSet::LoadSafetensors(

@@ -10,8 +10,10 @@
 // with L = num_experts() local experts, H = hidden, I = intermediate.
 //
 // Weights come from a core::ExpertSet (seeded generation or safetensors load
-// on the host, then one copy to the device), so the GPU holds bit-identical
-// weights to the CPU reference. Not thread-safe; owns its device memory.
+// on the host, then one copy to the device), or are generated on the device
+// from a seed (GenerateSwiGlu: the stream of core/seeded_stream.h, no host
+// copy); either way the GPU holds bit-identical weights to the CPU
+// reference. Not thread-safe; owns its device memory.
 // Source: DESIGN §7; issue 3 (expert weights held on the GPU).
 
 #include <cstdint>
@@ -28,6 +30,21 @@ class DeviceExpertSet {
   // Copies `experts` to the current CUDA device (synchronous; not a step-path
   // call). Errors: kResourceExhausted (cudaMalloc failed), kInternal (copy).
   static absl::StatusOr<std::unique_ptr<DeviceExpertSet>> Upload(const core::ExpertSet& experts);
+
+  // Seeded SwiGLU experts [first_expert, first_expert + num_experts) of
+  // `layer`, generated on the current CUDA device by
+  // kernels/seeded_weights.cuh: bit-identical to
+  // Upload(core::ExpertSet::GenerateSwiGlu(seed, layer, first_expert,
+  // num_experts, hidden, intermediate)) without making them on the host.
+  // Synchronous (waits for the generation; not a step-path call).
+  // Errors: kInvalidArgument (hidden or intermediate < 1, num_experts or
+  // first_expert < 0; as core::ExpertSet::GenerateSwiGlu),
+  // kResourceExhausted (cudaMalloc failed), kInternal (launch or execution).
+  static absl::StatusOr<std::unique_ptr<DeviceExpertSet>> GenerateSwiGlu(uint64_t seed, int layer,
+                                                                         int first_expert,
+                                                                         int num_experts,
+                                                                         int64_t hidden,
+                                                                         int64_t intermediate);
 
   // core::ExpertSet::LoadSafetensors (the model family's layout, `name_pattern`
   // with {layer}, {expert}, {proj}), then Upload. Errors: those of both.
@@ -52,6 +69,8 @@ class DeviceExpertSet {
 
  private:
   DeviceExpertSet() = default;
+  // Allocates gate_up_ and down_ for num_experts_ SwiGLU experts.
+  absl::Status AllocateSwiGlu();
   core::ExpertKind kind_ = core::ExpertKind::kIdentity;
   int first_expert_ = 0;
   int num_experts_ = 0;

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <tuple>
+#include <vector>
 
 #include "core/safetensors.h"
 #include "tests/kernels/gpu_test_util.h"
@@ -42,6 +44,51 @@ TEST(DeviceExpertSet, UploadsSeededWeightsBitExact) {
   EXPECT_EQ((*dev)->first_expert(), 3);
   EXPECT_EQ((*dev)->num_experts(), 5);
   ExpectSameWeights(*host, **dev);
+}
+
+// Seeded generation on the device equals Upload of the host generator's
+// weights, bit for bit (kernels/seeded_weights.cuh does the work).
+TEST(DeviceExpertSet, GeneratesSeededWeightsOnDeviceBitExact) {
+  MOE_EP_REQUIRE_GPUS(1);
+  for (const auto& [seed, layer, first, count, h, i] :
+       std::vector<std::tuple<uint64_t, int, int, int, int64_t, int64_t>>{
+           {9, 4, 3, 5, 64, 16}, {1234, 3, 0, 2, 7, 5}, {1, 59, 120, 8, 4096, 32}}) {
+    auto host = core::ExpertSet::GenerateSwiGlu(seed, layer, first, count, h, i);
+    ASSERT_TRUE(host.ok()) << host.status();
+    auto dev = DeviceExpertSet::GenerateSwiGlu(seed, layer, first, count, h, i);
+    ASSERT_TRUE(dev.ok()) << dev.status();
+    EXPECT_EQ((*dev)->kind(), core::ExpertKind::kSwiGlu);
+    EXPECT_EQ((*dev)->first_expert(), first);
+    EXPECT_EQ((*dev)->num_experts(), count);
+    EXPECT_EQ((*dev)->hidden(), h);
+    EXPECT_EQ((*dev)->intermediate(), i);
+    ExpectSameWeights(*host, **dev);
+  }
+}
+
+TEST(DeviceExpertSet, GenerateWithZeroExpertsHoldsNoWeights) {
+  MOE_EP_REQUIRE_GPUS(1);
+  auto dev = DeviceExpertSet::GenerateSwiGlu(1, 0, 4, 0, 64, 16);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  EXPECT_EQ((*dev)->weight_bytes(), 0);
+  EXPECT_EQ((*dev)->gate_up(), nullptr);
+}
+
+// Argument errors are found before any CUDA call (no GPU needed).
+TEST(DeviceExpertSet, GenerateRejectsBadDimensions) {
+  struct Bad {
+    int first, count;
+    int64_t h, i;
+    const char* fragment;
+  };
+  for (const Bad& b : {Bad{0, 1, 0, 4, "hidden: expected >= 1, got 0"},
+                       Bad{0, 1, 8, 0, "intermediate: expected >= 1, got 0"},
+                       Bad{0, -1, 8, 4, "num_experts: expected >= 0, got -1"},
+                       Bad{-2, 1, 8, 4, "first_expert: expected >= 0, got -2"}}) {
+    auto dev = DeviceExpertSet::GenerateSwiGlu(1, 0, b.first, b.count, b.h, b.i);
+    EXPECT_EQ(dev.status().code(), absl::StatusCode::kInvalidArgument) << dev.status();
+    EXPECT_NE(dev.status().message().find(b.fragment), absl::string_view::npos) << dev.status();
+  }
 }
 
 TEST(DeviceExpertSet, IdentityHoldsNoWeights) {
