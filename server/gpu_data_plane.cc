@@ -5,6 +5,7 @@
 #include <array>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -233,8 +234,15 @@ int64_t GpuDataPlane::allocated_bytes() const {
 absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, core::ExpertSet experts,
                                                   int64_t memory_cap_bytes) {
   RETURN_IF_ERROR(MakeDeviceCurrent());
+  // Seeded SwiGLU experts are made on the device from their (seed, layer):
+  // the same bits as the host set (core/seeded_stream.h), without the copy.
+  const std::optional<core::ExpertSet::SeedOrigin>& origin = experts.seed_origin();
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::DeviceExpertSet> device,
-                   kernels::DeviceExpertSet::Upload(experts));
+                   experts.kind() == core::ExpertKind::kSwiGlu && origin.has_value()
+                       ? kernels::DeviceExpertSet::GenerateSwiGlu(
+                             origin->seed, origin->layer, experts.first_expert(),
+                             experts.num_experts(), experts.hidden(), experts.intermediate())
+                       : kernels::DeviceExpertSet::Upload(experts));
   std::unique_ptr<kernels::GpuEpDispatcher> grown;
   if (experts.kind() == core::ExpertKind::kSwiGlu && experts.intermediate() > max_intermediate_) {
     // More scratch than the workspace was sized for: a new dispatcher with

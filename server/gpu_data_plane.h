@@ -22,6 +22,10 @@
 // kernels/expert_compute.cc, so the stream is drained here first, with the
 // deadline), one at the end.
 //
+// Experts: seeded SwiGLU sets (core::ExpertSet::seed_origin()) are generated
+// on the device (kernels::DeviceExpertSet::GenerateSwiGlu, bit-identical to
+// the host set), others are copied from the host set.
+//
 // Expert scratch: sized by the max_intermediate given to Allocate (the
 // configured model's moe_intermediate_size); LoadExperts with a larger I
 // re-creates the dispatcher with larger scratch, keeping the committed
