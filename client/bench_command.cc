@@ -45,6 +45,7 @@ absl::Status RunBenchCommand(const BenchCommandOptions& options, std::ostream& o
   RETURN_IF_ERROR(ValidateBenchOptions(options, world));
   CoordinatorOptions copts;
   copts.backend = workers.backend;
+  copts.channel_credentials = workers.channel_credentials;
   ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
                    Coordinator::Connect(workers.targets, copts));
   RETURN_IF_ERROR(coordinator->WaitReady(absl::Seconds(30)));

@@ -30,28 +30,10 @@ namespace {
 
 using namespace moe_ep::client;  // NOLINT(build/namespaces): main.cc wiring only
 
-// --workers / --targets / --backend / --worker-binary / --log-dir.
+// --workers / --targets / --backend / --worker-binary / --log-dir /
+// --worker-log-level, and for --targets the TLS / token flags.
 void AddWorkerFlags(CLI::App* cmd, WorkerSelection* w, bool allow_targets) {
-  auto* workers = cmd->add_option("--workers", w->num_workers,
-                                  "start an embedded local cluster of N moe-ep-worker processes")
-                      ->check(CLI::Range(1, 1024))
-                      ->capture_default_str();
-  if (allow_targets) {
-    cmd->add_option("--targets", w->targets,
-                    "use running workers instead: host:port,... (rank i = i-th address)")
-        ->excludes(workers);
-  }
-  cmd->add_option("--backend", w->backend, "data-plane backend of the workers: gloo | auto | nccl")
-      ->check(CLI::IsMember({"gloo", "auto", "nccl"}))
-      ->capture_default_str();
-  cmd->add_option("--worker-binary", w->worker_binary,
-                  "moe-ep-worker executable (default: next to moe-ep)");
-  cmd->add_option("--log-dir", w->log_dir,
-                  "write each local worker's output to DIR/worker-<i>.log instead of stderr")
-      ->check(CLI::ExistingDirectory);
-  cmd->add_option("--worker-log-level", w->worker_log_level, "log level of local workers")
-      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
-      ->capture_default_str();
+  AddWorkerSelectionFlags(cmd, w, allow_targets);
 }
 
 }  // namespace

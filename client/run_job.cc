@@ -207,6 +207,7 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
   CoordinatorOptions copts;
   copts.backend = workers.backend;
   copts.rpc_timeout = options.rpc_timeout;
+  copts.channel_credentials = workers.channel_credentials;
   ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
                    Coordinator::Connect(workers.targets, copts));
   RETURN_IF_ERROR(coordinator->WaitReady(absl::Seconds(30)));

@@ -1,7 +1,10 @@
 #include "client/worker_selection.h"
 
 #include <string>
+#include <utility>
 
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "client/targets.h"
 #include "core/status_macros.h"
 
@@ -26,13 +29,51 @@ absl::StatusOr<LocalWorkerPlan> PlanWorkers(const WorkerSelection& selection) {
   return PlanLocalWorkers(selection.backend, selection.num_workers, CountLocalGpus());
 }
 
+void AddWorkerSelectionFlags(CLI::App* cmd, WorkerSelection* w, bool allow_targets) {
+  auto* workers = cmd->add_option("--workers", w->num_workers,
+                                  "start an embedded local cluster of N moe-ep-worker processes")
+                      ->check(CLI::Range(1, 1024))
+                      ->capture_default_str();
+  if (allow_targets) {
+    cmd->add_option("--targets", w->targets,
+                    "use running workers instead: host:port,... (rank i = i-th address)")
+        ->excludes(workers);
+  }
+  cmd->add_option("--backend", w->backend, "data-plane backend of the workers: gloo | auto | nccl")
+      ->check(CLI::IsMember({"gloo", "auto", "nccl"}))
+      ->capture_default_str();
+  cmd->add_option("--worker-binary", w->worker_binary,
+                  "moe-ep-worker executable (default: next to moe-ep)");
+  cmd->add_option("--log-dir", w->log_dir,
+                  "write each local worker's output to DIR/worker-<i>.log instead of stderr")
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--worker-log-level", w->worker_log_level, "log level of local workers")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
+      ->capture_default_str();
+  // TLS / mTLS / token for --targets (local workers serve plaintext on loopback).
+  if (allow_targets) AddSecurityFlags(cmd, &w->security);
+}
+
 absl::StatusOr<AttachedWorkers> AttachWorkers(const WorkerSelection& selection) {
   AttachedWorkers out;
   ASSIGN_OR_RETURN(LocalWorkerPlan plan, PlanWorkers(selection));
   out.backend = plan.backend;
   if (!selection.targets.empty()) {
     ASSIGN_OR_RETURN(out.targets, ParseTargets(selection.targets));
+    ASSIGN_OR_RETURN(out.channel_credentials, MakeClientChannelCredentials(selection.security));
     return out;
+  }
+  const ClientSecurityOptions& security = selection.security;
+  for (const auto& [flag, value] :
+       {std::pair<const char*, const std::string*>{"--tls-ca", &security.tls_ca},
+        {"--tls-cert", &security.tls_cert},
+        {"--tls-key", &security.tls_key},
+        {"--auth-token-file", &security.auth_token_file}}) {
+    if (!value->empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " \"", *value,
+                       "\": only with --targets (the local workers serve plaintext on loopback)"));
+    }
   }
   LocalClusterOptions options;
   options.num_workers = plan.num_workers;

@@ -1,7 +1,10 @@
 #pragma once
 
 // Which workers a CLI command drives: an embedded local cluster of N workers
-// (`--workers N`, the default) or running workers (`--targets h:p,...`).
+// (`--workers N`, the default) or running workers (`--targets h:p,...`), and
+// how to reach them: local workers serve plaintext on loopback; running
+// workers may need TLS, a client certificate and a bearer token
+// (--tls-ca, --tls-cert, --tls-key, --auth-token-file; client/credentials.h).
 
 #include <cstdint>
 #include <memory>
@@ -9,7 +12,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "client/credentials.h"
 #include "client/local_cluster.h"
+#include "grpcpp/security/credentials.h"
+
+namespace CLI {
+class App;
+}
 
 namespace moe_ep::client {
 
@@ -25,7 +34,17 @@ struct WorkerSelection {
   // > 0: passed to local workers as --memory_cap_bytes (the worker refuses
   // with RESOURCE_EXHAUSTED beyond it); 0 leaves them uncapped.
   int64_t worker_memory_cap_bytes = 0;
+  // How to reach --targets workers (TLS, mTLS, bearer token). Only with
+  // `targets`: local workers always serve plaintext on loopback.
+  ClientSecurityOptions security;
 };
+
+// Adds the worker-selection flags of `run`, `bench` and `up` to `cmd`:
+// --workers, --backend, --worker-binary, --log-dir, --worker-log-level, and
+// when `allow_targets` also --targets and the security flags of
+// client/credentials.h (--tls-ca, --tls-cert, --tls-key, --auth-token-file).
+// --targets excludes --workers. Parsing fills `w`.
+void AddWorkerSelectionFlags(CLI::App* cmd, WorkerSelection* w, bool allow_targets);
 
 // How local workers are started on a machine with `num_gpus` GPUs
 // (CountLocalGpus in client/local_cluster.h), for `up`, `run` and `bench`:
@@ -53,10 +72,16 @@ struct AttachedWorkers {
   std::unique_ptr<LocalCluster> cluster;  // null for --targets
   std::vector<std::string> targets;       // rank order
   std::string backend;                    // what to Join with (the plan's backend)
+  // What the coordinator's channels use (CoordinatorOptions::channel_credentials):
+  // from `selection.security` for --targets; null (plaintext) for a local cluster.
+  std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
 };
 
-// Starts the local cluster as PlanWorkers says, or parses the targets.
-// Errors: those of PlanWorkers and LocalCluster::Start.
+// Starts the local cluster as PlanWorkers says, or parses the targets and
+// builds their channel credentials.
+// Errors: kInvalidArgument for a security option without targets (names the
+// flag: local workers serve plaintext on loopback); those of
+// MakeClientChannelCredentials, PlanWorkers and LocalCluster::Start.
 absl::StatusOr<AttachedWorkers> AttachWorkers(const WorkerSelection& selection);
 
 }  // namespace moe_ep::client
