@@ -19,7 +19,12 @@
 //      help, or listed in library-env.json with the library that reads it,
 //      and every $(VAR), $VAR, ${VAR} and $((VAR)) is defined;
 //   4. probes: gRPC probe services are "" or a service of proto/*.proto, and
-//      a gRPC probe's port is the worker's --listen port when that is literal;
+//      a gRPC probe's port is the worker's --health_listen port (else its
+//      --listen port, which must then be plaintext) when that is literal;
+//      exec probes that call a TLS worker with moe-ep pass --tls-ca (and
+//      --tls-cert for mutual TLS);
+//   4b. transport security: a worker listening on a non-loopback address
+//      serves TLS or passes --allow_insecure (else it exits at start-up);
 //   5. DESIGN §12: an NCCL worker has NCCL_NVLS_ENABLE=0; one on the host
 //      network also has NCCL_HOSTID from spec.nodeName, host IPC and IPC_LOCK.
 //
@@ -457,14 +462,37 @@ function checkFlags(inv, help, where, problems) {
   }
 }
 
-function listenPort(inv) {
+// The value of flag --`name` in `inv` (--name=V or --name V), or null.
+function flagValue(inv, name) {
   for (let i = 0; i < inv.args.length; i++) {
     const a = inv.args[i];
-    const value = a.startsWith("--listen=") ? a.slice(9) : a === "--listen" ? inv.args[i + 1] : null;
-    const m = value?.match(/:(\d+)$/);
-    if (m) return Number(m[1]);
+    if (a.startsWith(`--${name}=`)) return a.slice(name.length + 3);
+    if (a === `--${name}` && i + 1 < inv.args.length) return inv.args[i + 1];
   }
   return null;
+}
+
+// The literal port of a host:port flag value, or null.
+function literalPort(value) {
+  const m = value?.match(/:(\d+)$/);
+  return m ? Number(m[1]) : null;
+}
+
+// Where the kubelet's gRPC probes must go: the plaintext --health_listen
+// port when the worker has one, else its --listen port (null: not literal).
+function probePort(inv) {
+  const health = flagValue(inv, "health_listen");
+  return health !== null ? { port: literalPort(health), flag: "--health_listen" } : { port: literalPort(flagValue(inv, "listen")), flag: "--listen" };
+}
+
+// server/tls_credentials.h: plaintext only on a loopback --listen address
+// unless --allow_insecure; a worker that breaks the rule exits at start-up.
+function isLoopbackListen(value) {
+  const host = (value ?? "127.0.0.1:0").replace(/:[^:]*$/, "");
+  return host === "localhost" || /^127\./.test(host) || host === "[::1]" || host === "::1";
+}
+function hasFlag(inv, name) {
+  return inv.args.some((a) => a === `--${name}` || a.startsWith(`--${name}=`));
 }
 
 function checkContainer(c, pod, where, ctx, problems) {
@@ -488,9 +516,12 @@ function checkContainer(c, pod, where, ctx, problems) {
         problems.push(`${where}: ${name}.grpc.service "${service}" is not "" nor a service of proto/ (${[...ctx.grpcServices].join(", ")})`);
       }
       for (const inv of main.invocations.filter((i) => i.bin === "moe-ep-worker")) {
-        const port = listenPort(inv);
+        const { port, flag } = probePort(inv);
         if (port !== null && p.grpc.port !== undefined && port !== p.grpc.port) {
-          problems.push(`${where}: ${name}.grpc.port ${p.grpc.port} is not the worker's --listen port ${port}`);
+          problems.push(`${where}: ${name}.grpc.port ${p.grpc.port} is not the worker's ${flag} port ${port}`);
+        }
+        if (flag === "--listen" && hasFlag(inv, "tls_cert")) {
+          problems.push(`${where}: ${name} is a gRPC probe of a TLS port (the kubelet cannot do TLS): give the worker --health_listen and probe that port`);
         }
       }
     }
@@ -532,8 +563,24 @@ function checkContainer(c, pod, where, ctx, problems) {
     }
   }
 
-  // DESIGN §12 for NCCL workers.
+  // Transport security (server/tls_credentials.h): a worker on a
+  // non-loopback address serves TLS or says --allow_insecure; the moe-ep
+  // calls of a TLS worker's exec probes bring the CA and a client certificate.
   const workerInvs = main.invocations.filter((i) => i.bin === "moe-ep-worker");
+  for (const inv of workerInvs) {
+    const tls = hasFlag(inv, "tls_cert");
+    if (!tls && !hasFlag(inv, "allow_insecure") && !isLoopbackListen(flagValue(inv, "listen"))) {
+      problems.push(`${where}: moe-ep-worker listens on ${flagValue(inv, "listen") ?? "?"} in plaintext without --allow_insecure (it refuses to start): pass --tls_cert/--tls_key, or --allow_insecure on a trusted network`);
+    }
+    if (!tls) continue;
+    for (const probe of invocations.filter((i) => i.bin === "moe-ep")) {
+      for (const f of ["tls-ca", hasFlag(inv, "tls_client_ca") ? "tls-cert" : null].filter(Boolean)) {
+        if (!hasFlag(probe, f)) problems.push(`${where}: a probe calls the TLS worker with moe-ep but without --${f}`);
+      }
+    }
+  }
+
+  // DESIGN §12 for NCCL workers.
   const nccl = workerInvs.some((i) => i.args.some((a) => a === "--backend=nccl")) ;
   if (nccl) {
     const value = (n) => env.find((e) => e.name === n);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Proves that scripts/validate-deploy.sh rejects broken manifests: breaks a
-# copy of deploy/k8s in eleven independent ways, runs the validator once, and
+# copy of deploy/k8s in thirteen independent ways, runs the validator once, and
 # requires exit status 1 and one FAIL line naming each breakage.
 # Usage: tests/deploy/validate_deploy_rejects.sh BUILD_DIR
 set -euo pipefail
@@ -26,7 +26,7 @@ edit base/statefulset.yaml 'replicas: 2  #' 'replicas: two  #'
 edit base/service.yaml 'publishNotReadyAddresses: true' 'publishNotReadyAddress: true'
 # 3. missing required field: a gRPC probe without its port.
 edit base/statefulset.yaml '            grpc:
-              port: 50051
+              port: 8081
               service: moe_ep.v1.Worker' '            grpc:
               service: moe_ep.v1.Worker'
 # 4. LeaderWorkerSet schema: a value outside the enum, and an unknown field.
@@ -54,6 +54,17 @@ edit overlays/cpu/worker-resources.yaml '--data_plane_host=$(POD_IP)' '--data_pl
 # wrong type, and an unknown field.
 edit overlays/lws/leaderworkerset.yaml 'terminationGracePeriodSeconds: 30' 'terminationGracePeriodSeconds: thirty'
 edit overlays/lws/leaderworkerset.yaml 'runAsGroup: 0' 'runAsGroups: 0'
+# 12. a worker on a pod address in plaintext without --allow_insecure (it
+# would exit at start-up).
+edit overlays/cpu-insecure/worker-plaintext.yaml '            - --allow_insecure
+' ''
+# 13. a kubelet gRPC probe on a port other than the plaintext --health_listen
+# port (the TLS port: the kubelet cannot do TLS).
+edit base/statefulset.yaml '              port: 8081
+              service: ""
+            periodSeconds: 10' '              port: 50051
+              service: ""
+            periodSeconds: 10'
 
 set +e
 out=$("$root/scripts/validate-deploy.sh" --k8s-dir "$k" "$build_dir" 2>&1)
@@ -82,6 +93,8 @@ expect 'NCCL worker on the host network without NCCL_HOSTID from spec.nodeName' 
 expect '$(POD_ADDR) is not an env variable of the container' 'unresolved $(VAR)'
 expect 'LeaderWorkerSet/moe-ep: /spec/leaderWorkerTemplate/workerTemplate/spec/terminationGracePeriodSeconds: must be integer' 'LWS pod template type'
 expect "LeaderWorkerSet/moe-ep: /spec/leaderWorkerTemplate/workerTemplate: unknown field: Object literal may only specify known properties, and '\"runAsGroups\"' does not exist in type 'PodSecurityContext'" 'LWS pod template unknown field'
+expect 'moe-ep-worker listens on 0.0.0.0:50051 in plaintext without --allow_insecure' 'plaintext without --allow_insecure'
+expect 'livenessProbe.grpc.port 50051 is not the worker'"'"'s --health_listen port 8081' 'probe not on the health port'
 if [ "$rc" -ne 1 ]; then echo "validate-deploy.sh exited $rc, expected 1"; fails=$((fails + 1)); fi
 if [ "$fails" -ne 0 ]; then echo "$fails expectations failed"; exit 1; fi
 echo "all breakages rejected"
