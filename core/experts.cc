@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "core/parallel_for.h"
 #include "core/safetensors.h"
 #include "core/seeded_stream.h"
 #include "core/status_macros.h"
@@ -28,20 +30,43 @@ constexpr Projection kGate = SeededProjection::kGate;
 constexpr Projection kUp = SeededProjection::kUp;
 constexpr Projection kDown = SeededProjection::kDown;
 
-// Fills `out` with the elements of tensor `key`, a pair per stream output.
-void FillUniform(uint64_t key, SeededUniform range, std::vector<bf16_t>& out) {
-  const size_t n = out.size();
-  size_t i = 0;
-  for (uint64_t c = 0; i + 1 < n; ++c, i += 2) {
+// Minimum work per thread of the parallel loops below (about a millisecond),
+// so small sets (tests, tiny models) stay on the calling thread.
+constexpr int64_t kMinPairsPerThread = int64_t{1} << 18;
+constexpr int64_t kMinWidenPerThread = int64_t{1} << 20;
+
+// Writes elements [2 * pair_begin, min(2 * pair_end, n)) of tensor `key` into
+// `out` (n = out.size(); the last pair of an odd n has one element).
+void FillPairs(uint64_t key, SeededUniform range, int64_t pair_begin, int64_t pair_end,
+               std::vector<bf16_t>& out) {
+  const int64_t n = static_cast<int64_t>(out.size());
+  const int64_t full_end = std::min(pair_end, n / 2);
+  for (int64_t c = pair_begin; c < full_end; ++c) {
     const SeededBf16Pair pair = SeededPair(key, c, range);
-    out[i] = pair.first;
-    out[i + 1] = pair.second;
+    out[2 * c] = pair.first;
+    out[2 * c + 1] = pair.second;
   }
-  if (i < n) out[i] = SeededElement(key, i, range);
+  if (n % 2 == 1 && pair_begin <= n / 2 && n / 2 < pair_end) {
+    out[n - 1] = SeededElement(key, n - 1, range);
+  }
 }
 
 void Widen(const std::vector<bf16_t>& in, float* out) {
   for (size_t i = 0; i < in.size(); ++i) out[i] = Bf16ToFloat(in[i]);
+}
+
+// out [3 * I * H] = fp32 of gate, up, down back to back, on all cores (the
+// widening of a large expert costs as much as its GEMMs on one core).
+void WidenAllCores(const SwiGluWeights& w, float* out) {
+  const int64_t ih = static_cast<int64_t>(w.gate.size());
+  ParallelFor(3 * ih, kMinWidenPerThread, [&](int64_t begin, int64_t end) {
+    const std::vector<bf16_t>* parts[3] = {&w.gate, &w.up, &w.down};
+    for (int p = 0; p < 3; ++p) {
+      const int64_t lo = std::max(begin, p * ih), hi = std::min(end, (p + 1) * ih);
+      const bf16_t* src = parts[p]->data() - p * ih;
+      for (int64_t i = lo; i < hi; ++i) out[i] = Bf16ToFloat(src[i]);
+    }
+  });
 }
 
 float Silu(float v) { return v / (1.0f + std::exp(-v)); }
@@ -162,16 +187,31 @@ absl::StatusOr<ExpertSet> ExpertSet::GenerateSwiGlu(uint64_t seed, int layer, in
   set.weights_.resize(num_experts);
   const SeededUniform in_range = SeededUniformFor(hidden);
   const SeededUniform down_range = SeededUniformFor(intermediate);
-  for (int i = 0; i < num_experts; ++i) {
-    const int e = first_expert + i;
-    SwiGluWeights& w = set.weights_[i];
-    w.gate.resize(intermediate * hidden);
-    w.up.resize(intermediate * hidden);
-    w.down.resize(hidden * intermediate);
-    FillUniform(SeededTensorKey(seed, layer, e, kGate), in_range, w.gate);
-    FillUniform(SeededTensorKey(seed, layer, e, kUp), in_range, w.up);
-    FillUniform(SeededTensorKey(seed, layer, e, kDown), down_range, w.down);
-  }
+  // Tensors t = 3 * i + p (p: gate, up, down), each n elements in
+  // ceil(n / 2) stream pairs. The stream is counter-based, so any split of
+  // the (tensor, pair) space over threads makes the same bits.
+  const int64_t n = intermediate * hidden;
+  const int64_t num_tensors = int64_t{num_experts} * 3;
+  const int64_t pairs_per_tensor = (n + 1) / 2;
+  const auto tensor = [&](int64_t t) -> std::vector<bf16_t>& {
+    SwiGluWeights& w = set.weights_[t / 3];
+    return t % 3 == 0 ? w.gate : t % 3 == 1 ? w.up : w.down;
+  };
+  ParallelFor(num_tensors, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) tensor(t).resize(n);
+  });
+  ParallelFor(num_tensors * pairs_per_tensor, kMinPairsPerThread, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin / pairs_per_tensor; t * pairs_per_tensor < end; ++t) {
+      const int64_t tensor_begin = t * pairs_per_tensor;
+      const int p = static_cast<int>(t % 3);
+      const uint64_t key = SeededTensorKey(seed, layer, first_expert + static_cast<int>(t / 3),
+                                           p == 0   ? kGate
+                                           : p == 1 ? kUp
+                                                    : kDown);
+      FillPairs(key, p == 2 ? down_range : in_range, std::max(begin, tensor_begin) - tensor_begin,
+                std::min(end, tensor_begin + pairs_per_tensor) - tensor_begin, tensor(t));
+    }
+  });
   return set;
 }
 
@@ -241,6 +281,16 @@ int64_t ExpertSet::weight_bytes() const {
 
 absl::Status ExpertSet::Apply(int64_t expert_id, absl::Span<const float> x, int64_t rows,
                               absl::Span<float> out) const {
+  return ApplyWithScratch(expert_id, x, rows, out, nullptr);
+}
+
+absl::Status ExpertSet::Apply(int64_t expert_id, absl::Span<const float> x, int64_t rows,
+                              absl::Span<float> out, std::vector<float>& scratch) const {
+  return ApplyWithScratch(expert_id, x, rows, out, &scratch);
+}
+
+absl::Status ExpertSet::ApplyWithScratch(int64_t expert_id, absl::Span<const float> x, int64_t rows,
+                                         absl::Span<float> out, std::vector<float>* scratch) const {
   if (!Owns(expert_id)) {
     return absl::InvalidArgumentError(absl::StrFormat("expert_id: expected in [%d, %d), got %d",
                                                       first_expert_, first_expert_ + num_experts_,
@@ -260,12 +310,22 @@ absl::Status ExpertSet::Apply(int64_t expert_id, absl::Span<const float> x, int6
   }
   const SwiGluWeights& w = weights_[expert_id - first_expert_];
   const int64_t ih = intermediate_ * hidden_;
-  std::vector<float> buf(3 * ih + rows * 2 * intermediate_);
-  float* gate_up = buf.data();
+  // Without caller scratch, a buffer that is not value-initialized: the
+  // weights are widened into it and sgemm with beta = 0 writes the rest
+  // without reading it.
+  const int64_t need = 3 * ih + rows * 2 * intermediate_;
+  std::unique_ptr<float[]> owned;
+  float* buf;
+  if (scratch != nullptr) {
+    if (static_cast<int64_t>(scratch->size()) < need) scratch->resize(need);
+    buf = scratch->data();
+  } else {
+    owned.reset(new float[need]);
+    buf = owned.get();
+  }
+  float* gate_up = buf;
   float* down = gate_up + 2 * ih;
-  Widen(w.gate, gate_up);
-  Widen(w.up, gate_up + ih);
-  Widen(w.down, down);
+  WidenAllCores(w, gate_up);
   SwiGluForward(x.data(), rows, hidden_, intermediate_, gate_up, down, down + ih, out.data());
   return absl::OkStatus();
 }

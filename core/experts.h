@@ -41,7 +41,9 @@ class ExpertSet {
   };
 
   // Seeded SwiGLU weights: values uniform in [-s, s] with s = 1/sqrt(fan_in),
-  // so activations keep their scale across layers.
+  // so activations keep their scale across layers. Large sets are generated
+  // on all cores (core/parallel_for.h; the counter-based stream of
+  // core/seeded_stream.h makes the bits independent of the split).
   // Errors: kInvalidArgument for hidden < 1, intermediate < 1, num_experts < 0.
   static absl::StatusOr<ExpertSet> GenerateSwiGlu(uint64_t seed, int layer, int first_expert,
                                                   int num_experts, int64_t hidden,
@@ -89,9 +91,18 @@ class ExpertSet {
   const std::optional<SeedOrigin>& seed_origin() const { return seed_origin_; }
 
   // out[r, :] = expert(x[r, :]) for `rows` rows; x and out are [rows, H] fp32.
+  // Widens the expert's weights to fp32 on all cores (large experts), then
+  // runs two BLAS sgemm calls (BLAS's own threads). Thread-compatible.
   // Errors: kInvalidArgument when !Owns(expert_id) or spans are too short.
   absl::Status Apply(int64_t expert_id, absl::Span<const float> x, int64_t rows,
                      absl::Span<float> out) const;
+  // As Apply, with the fp32 weights and intermediate held in `scratch`, grown
+  // to 3 * I * H + rows * 2 * I floats when smaller and never shrunk, so a
+  // caller applying many experts reuses one buffer instead of faulting in
+  // fresh pages on every call (a DeepSeek-V3 expert widens to 528 MiB).
+  // Same output bits as Apply.
+  absl::Status Apply(int64_t expert_id, absl::Span<const float> x, int64_t rows,
+                     absl::Span<float> out, std::vector<float>& scratch) const;
 
   // Expert compute for received rows (DESIGN §7): for each row r of `x`
   // ([rows, H] fp32), out[r] = sum over k with Owns(ids[r, k]) of
@@ -110,6 +121,10 @@ class ExpertSet {
   int64_t intermediate_ = 0;
   std::vector<SwiGluWeights> weights_;  // num_experts_ entries for kSwiGlu
   std::optional<SeedOrigin> seed_origin_;
+
+  // Both Apply overloads; `scratch` may be null (a buffer per call).
+  absl::Status ApplyWithScratch(int64_t expert_id, absl::Span<const float> x, int64_t rows,
+                                absl::Span<float> out, std::vector<float>* scratch) const;
 };
 
 }  // namespace moe_ep::core

@@ -1,5 +1,6 @@
 #include "core/experts.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -9,6 +10,7 @@
 
 #include "absl/strings/str_replace.h"
 #include "core/safetensors.h"
+#include "core/seeded_stream.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -150,6 +152,60 @@ TEST(ExpertSet, SeededWeightBitsArePinned) {
     EXPECT_EQ(w.gate.front(), c.gate_first);
     EXPECT_EQ(w.down.back(), c.down_last);
   }
+}
+
+// Sets large enough to be generated on several threads (2.4 M stream pairs;
+// odd I * H so ranges end inside a tensor and at its half pair) hold exactly
+// the stream's elements.
+TEST(ExpertSet, LargeSeededSetEqualsStreamElementByElement) {
+  constexpr int64_t kH = 1023, kI = 517;
+  auto set = ExpertSet::GenerateSwiGlu(77, 2, 10, 3, kH, kI);
+  ASSERT_TRUE(set.ok()) << set.status();
+  const SeededUniform in = SeededUniformFor(kH), down = SeededUniformFor(kI);
+  for (int l = 0; l < 3; ++l) {
+    const SwiGluWeights& w = set->swiglu_weights(l);
+    ASSERT_EQ(w.gate.size(), static_cast<size_t>(kH * kI));
+    const uint64_t kg = SeededTensorKey(77, 2, 10 + l, SeededProjection::kGate);
+    const uint64_t ku = SeededTensorKey(77, 2, 10 + l, SeededProjection::kUp);
+    const uint64_t kd = SeededTensorKey(77, 2, 10 + l, SeededProjection::kDown);
+    for (int64_t i = 0; i < kH * kI; ++i) {
+      ASSERT_EQ(w.gate[i], SeededElement(kg, i, in)) << "expert " << 10 + l << " gate " << i;
+      ASSERT_EQ(w.up[i], SeededElement(ku, i, in)) << "expert " << 10 + l << " up " << i;
+      ASSERT_EQ(w.down[i], SeededElement(kd, i, down)) << "expert " << 10 + l << " down " << i;
+    }
+  }
+}
+
+// Apply widens large experts on several threads; ComputeWeightedSum widens
+// on one. With weight 1 both run the same sgemm calls on the same fp32
+// weights, so their outputs are equal bit for bit.
+TEST(ExpertSet, ApplyOfLargeExpertEqualsComputeWeightedSum) {
+  constexpr int64_t kH = 1024, kI = 384, kRows = 5;  // 3 * I * H = 1.2 M elements
+  auto set = ExpertSet::GenerateSwiGlu(3, 1, 0, 2, kH, kI);
+  ASSERT_TRUE(set.ok());
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> x(kRows * kH);
+  for (float& v : x) v = u(rng);
+  std::vector<float> applied(kRows * kH), summed(kRows * kH);
+  ASSERT_TRUE(set->Apply(1, x, kRows, absl::MakeSpan(applied)).ok());
+  const std::vector<int32_t> ids(kRows, 1);
+  const std::vector<float> ones(kRows, 1.0f);
+  ASSERT_TRUE(set->ComputeWeightedSum(x, ids, ones, kRows, 1, absl::MakeSpan(summed)).ok());
+  EXPECT_EQ(applied, summed);
+  // The scratch overload: same bits; scratch grown once, then reused.
+  std::vector<float> scratch, with_scratch(kRows * kH);
+  ASSERT_TRUE(set->Apply(1, x, kRows, absl::MakeSpan(with_scratch), scratch).ok());
+  EXPECT_EQ(with_scratch, applied);
+  EXPECT_EQ(scratch.size(), static_cast<size_t>(3 * kI * kH + kRows * 2 * kI));
+  std::vector<float> again(kRows * kH);
+  ASSERT_TRUE(set->Apply(0, x, kRows, absl::MakeSpan(again), scratch).ok());  // other expert
+  ASSERT_TRUE(set->Apply(1, x, kRows, absl::MakeSpan(again), scratch).ok());
+  EXPECT_EQ(again, applied);
+  EXPECT_EQ(scratch.size(), static_cast<size_t>(3 * kI * kH + kRows * 2 * kI));
+  float max_abs = 0;
+  for (float v : applied) max_abs = std::max(max_abs, std::abs(v));
+  EXPECT_GT(max_abs, 0.0f);
 }
 
 TEST(ExpertSet, SeedOriginOnlyForGeneratedSets) {
