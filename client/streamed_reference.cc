@@ -1,5 +1,7 @@
 #include "client/streamed_reference.h"
 
+#include <cblas.h>
+
 #include <algorithm>
 #include <vector>
 
@@ -40,7 +42,12 @@ absl::StatusOr<StreamedReferenceStats> StreamedMoeReference(
 
   std::fill(out.begin(), out.end(), 0.0f);
   StreamedReferenceStats stats;
+  stats.blas_threads = openblas_get_num_threads();
   std::vector<float> xs, ys;
+  // One expert's fp32 weights and intermediate, reused by every Apply: a
+  // fresh 3 * I * H * 4-byte buffer per expert costs more in page faults
+  // than the expert's GEMMs.
+  std::vector<float> scratch;
   for (int first = 0; first < num_experts; first += chunk_experts) {
     const int count = std::min(chunk_experts, num_experts - first);
     const bool selected = std::any_of(rows_of.begin() + first, rows_of.begin() + first + count,
@@ -71,7 +78,7 @@ absl::StatusOr<StreamedReferenceStats> StreamedMoeReference(
           xs[j * hidden + c] = core::Bf16ToFloat(hidden_states[t * hidden + c]);
         }
       }
-      RETURN_IF_ERROR(chunk.Apply(e, xs, m, absl::MakeSpan(ys)));
+      RETURN_IF_ERROR(chunk.Apply(e, xs, m, absl::MakeSpan(ys), scratch));
       for (int64_t j = 0; j < m; ++j) {
         const int64_t t = rows[j] / top_k;
         const float w = topk_weights[rows[j]];

@@ -30,6 +30,7 @@ struct StreamedReferenceStats {
   int chunks_made = 0;          // chunks some token selects
   int chunks_skipped = 0;       // chunks no token selects (never made)
   int64_t max_chunk_bytes = 0;  // largest ExpertSet::weight_bytes() held at once
+  int blas_threads = 0;         // openblas_get_num_threads() for the GEMMs
 };
 
 // StreamedMoeReference()
@@ -47,6 +48,13 @@ struct StreamedReferenceStats {
 //   kInternal         `make_chunk` returned a set other than the one asked
 //                     for (first expert, count or H differ; names both).
 //   any error of `make_chunk`, unchanged.
+//
+// Time goes to making experts and to ExpertSet::Apply (widen to fp32, two
+// sgemm). Both use all cores: core::ExpertSet::GenerateSwiGlu generates a
+// chunk on all cores, Apply widens on all cores into one scratch buffer
+// reused for every expert (no per-expert page faults), and OpenBLAS (pthread
+// build) runs each sgemm on its own threads, all cores unless
+// OPENBLAS_NUM_THREADS says otherwise (reported in blas_threads).
 //
 // Thread-compatible. Source: issue 2 (every published config on one machine);
 // accumulation order of core/moe_reference.cc.

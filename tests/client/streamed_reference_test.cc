@@ -1,5 +1,7 @@
 #include "client/streamed_reference.h"
 
+#include <cblas.h>
+
 #include <random>
 #include <vector>
 
@@ -78,6 +80,46 @@ TEST(StreamedMoeReference, BitIdenticalToAllExpertsAtOnceForEveryChunkSize) {
     // One chunk of min(chunk, 10) experts x 3 x 16 x 32 x 2 bytes.
     EXPECT_EQ(stats->max_chunk_bytes, std::min(chunk, kExperts) * 3 * 16 * 32 * 2);
   }
+}
+
+// Experts large enough that generation and widening run on several threads
+// (core/parallel_for.h) and the Apply scratch is reused across experts and
+// chunks: still the same bits as DenseMoeReference with all experts held.
+TEST(StreamedMoeReference, BitIdenticalWithLargeExpertsOnAllCores) {
+  constexpr int kBigExperts = 6;
+  constexpr int64_t kBigHidden = 512, kBigInter = 768;  // 3 * I * H = 1.18 M per expert
+  constexpr int kBigTopK = 2;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int32_t> expert(0, kBigExperts - 1);
+  const int64_t tokens = 24;
+  std::vector<core::bf16_t> hidden(tokens * kBigHidden);
+  for (auto& h : hidden) h = core::FloatToBf16(normal(rng));
+  std::vector<int32_t> ids(tokens * kBigTopK);
+  std::vector<float> weights(tokens * kBigTopK);
+  for (int64_t t = 0; t < tokens; ++t) {
+    ids[t * 2] = expert(rng);
+    ids[t * 2 + 1] = (ids[t * 2] + 1 + t % (kBigExperts - 1)) % kBigExperts;  // distinct
+    weights[t * 2] = 0.75f;
+    weights[t * 2 + 1] = 0.25f;
+  }
+  auto all = core::ExpertSet::GenerateSwiGlu(kSeed, kLayer, 0, kBigExperts, kBigHidden, kBigInter);
+  ASSERT_TRUE(all.ok());
+  std::vector<float> ref(tokens * kBigHidden);
+  ASSERT_TRUE(core::DenseMoeReference({&*all}, kBigExperts, hidden, ids, weights, tokens, kBigTopK,
+                                      absl::MakeSpan(ref))
+                  .ok());
+  const ExpertChunkFactory factory = [](int first, int count) -> absl::StatusOr<core::ExpertSet> {
+    return core::ExpertSet::GenerateSwiGlu(kSeed, kLayer, first, count, kBigHidden, kBigInter);
+  };
+  std::vector<float> out(ref.size());
+  auto stats = StreamedMoeReference(factory, kBigExperts, 4, kBigHidden, hidden, ids, weights,
+                                    tokens, kBigTopK, absl::MakeSpan(out));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(out, ref);
+  EXPECT_EQ(stats->chunks_made, 2);
+  EXPECT_EQ(stats->blas_threads, openblas_get_num_threads());
+  EXPECT_GE(stats->blas_threads, 1);
 }
 
 TEST(StreamedMoeReference, SkipsChunksNoTokenSelects) {
