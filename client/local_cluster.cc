@@ -389,6 +389,21 @@ bool LocalCluster::IsRunning(int index) {
   return w.pid > 0 && !w.reaped;
 }
 
+absl::StatusOr<int> LocalCluster::WaitStatus(int index) {
+  if (index < 0 || index >= num_workers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker index: expected 0..", num_workers() - 1, ", got ", index));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  Worker& w = workers_[index];
+  ReapLocked(w, false);
+  if (!w.reaped) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", index, " (pid ", w.pid, ") is still running"));
+  }
+  return w.wait_status;
+}
+
 void LocalCluster::StopAll() {
   std::lock_guard<std::mutex> lock(RegistryMutex());
   for (LocalCluster* cluster : Registry()) (void)cluster->Stop();

@@ -113,6 +113,10 @@ class LocalCluster {
   absl::Status Kill(int index, int signo);
   // True while worker `index` runs (not yet reaped).
   bool IsRunning(int index);
+  // The waitpid() status of worker `index` once it has exited and been
+  // reaped (WIFEXITED / WEXITSTATUS apply). Errors: kInvalidArgument for a
+  // bad index; kFailedPrecondition while the worker still runs.
+  absl::StatusOr<int> WaitStatus(int index);
 
   // Stops every live LocalCluster of this process.
   static void StopAll();

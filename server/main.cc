@@ -6,7 +6,11 @@
 // After binding it prints exactly one line to stdout,
 //   moe-ep-worker listening on HOST:PORT
 // (the local cluster launcher parses it). SIGTERM / SIGINT: health goes
-// NOT_SERVING, in-flight calls drain until --drain_timeout_ms, exit 0.
+// NOT_SERVING, new calls get UNAVAILABLE, in-flight calls may finish until
+// --drain_timeout_ms (then they are cancelled; one stuck in a collective
+// gets 0.5 s more, then the process exits anyway, which drops the
+// communicator so that its peers fail instead of hanging); exit 0. An idle
+// worker exits at once.
 
 #include <signal.h>
 #include <unistd.h>
@@ -24,6 +28,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -37,6 +42,7 @@
 #include "server/device_info.h"
 #include "server/grpc_store.h"
 #include "server/health.h"
+#include "server/in_flight_calls.h"
 #include "server/logging.h"
 #include "server/metrics.h"
 #include "server/rendezvous_service.h"
@@ -57,7 +63,8 @@ ABSL_FLAG(std::string, data_plane_host, "127.0.0.1",
           "address the Gloo TCP data plane binds to when Join does not name one");
 ABSL_FLAG(std::string, port_file, "", "optional file to write the bound port to");
 ABSL_FLAG(int64_t, drain_timeout_ms, 5000,
-          "on SIGTERM/SIGINT, how long in-flight calls may run before they are cancelled");
+          "on SIGTERM/SIGINT: health goes NOT_SERVING, new calls are refused, and in-flight "
+          "calls may run this long before they are cancelled (an idle worker exits at once)");
 // Control-plane security and limits (server/tls_credentials.h, server/auth.h).
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain of this worker; TLS when set");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
@@ -92,6 +99,9 @@ ABSL_FLAG(int32_t, device, 0,
 namespace {
 
 constexpr int kMaxMessageBytes = 256 << 20;  // Forward carries [T, H] tensors
+// After the drain deadline, how long a call stuck in a collective may hold
+// the process before it exits anyway.
+constexpr absl::Duration kExitGrace = absl::Milliseconds(500);
 
 int g_signal_pipe[2] = {-1, -1};
 
@@ -116,9 +126,18 @@ std::string HostOf(const std::string& address) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // --help / --helpshort list this file's flags (absl's default matches only
+  // files named like the program, "moe-ep-worker.cc", and found none).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "server/main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
-      "moe-ep-worker [--listen HOST:PORT] [--backend auto|gloo|nccl] [--memory_cap_bytes N] "
-      "[--log_level LEVEL] [--data_plane_host ADDR] [--port_file PATH] [--device ORDINAL]");
+      "moe-ep-worker [--listen HOST:PORT] [--backend auto|gloo|nccl] [--device ORDINAL] "
+      "[--tls_cert PEM --tls_key PEM [--tls_client_ca PEM]] [--health_listen HOST:PORT] ... "
+      "(--help lists every flag)");
   absl::ParseCommandLine(argc, argv);
 
   // Logs go to stderr: stdout carries only the "listening on" line.
@@ -220,6 +239,8 @@ int main(int argc, char** argv) {
   });
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(metrics.MakeInterceptorFactory());
+  moe_ep::server::InFlightCalls in_flight;  // the SIGTERM drain waits for these
+  interceptors.push_back(in_flight.MakeInterceptorFactory());
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -276,18 +297,34 @@ int main(int argc, char** argv) {
   int signal_number = 0;
   while (read(g_signal_pipe[0], &signal_number, sizeof(signal_number)) < 0 && errno == EINTR) {
   }
-  spdlog::info("signal {}: draining for up to {} ms", signal_number, drain_ms);
+  const absl::Time drain_deadline = absl::Now() + absl::Milliseconds(drain_ms);
+  spdlog::info("signal {}: NOT_SERVING, draining {} in-flight call(s) for up to {} ms",
+               signal_number, in_flight.count(), drain_ms);
   health.Shutdown();
-  worker.BeginShutdown();
+  worker.BeginShutdown();  // new calls: UNAVAILABLE "shutting down"
   // A handler stuck in a collective returns only at the group's timeout; do
-  // not let it hold the process past the drain deadline plus a grace period.
-  std::thread([drain_ms] {
-    absl::SleepFor(absl::Milliseconds(drain_ms) + absl::Seconds(2));
-    spdlog::warn("in-flight calls did not finish after the drain deadline; exiting");
+  // not let it hold the process past the drain deadline plus a short grace.
+  // Exiting closes the data plane's sockets (Gloo) or ends the process that
+  // holds the communicator (NCCL), so the peers fail with UNAVAILABLE /
+  // DEADLINE_EXCEEDED instead of waiting on this rank.
+  std::thread([drain_deadline] {
+    absl::SleepFor(drain_deadline + kExitGrace - absl::Now());
+    spdlog::warn("a call is still stuck {} after the drain deadline; exiting",
+                 absl::FormatDuration(kExitGrace));
     std::fflush(stdout);
     std::_Exit(0);
   }).detach();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(drain_ms));
+  // Wait for the calls, not for the connections: Shutdown(deadline) would
+  // also wait for every idle client to read our GOAWAY, i.e. the whole drain
+  // (server/in_flight_calls.h). Shutdown(now) then cancels whatever still
+  // runs and closes the idle connections at once.
+  if (!in_flight.WaitIdle(drain_deadline)) {
+    spdlog::warn("{} call(s) still running at the drain deadline: cancelling them",
+                 in_flight.count());
+  }
+  const auto now = std::chrono::system_clock::now();
+  server->Shutdown(now);
+  if (probe_server != nullptr) probe_server->Shutdown(now);
   server->Wait();
   spdlog::info("stopped");
   return 0;
