@@ -110,6 +110,8 @@ bool RunRank(const Options& opt, const std::string& id, int rank,
                "upload", rank))
       return false;
   }
+  // The uploads are ordered on the legacy stream; the group's is non-blocking.
+  if (!Check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", rank)) return false;
   const int total = opt.warmup + opt.iters;
   std::vector<cudaEvent_t> start(total), stop(total);
   for (int i = 0; i < total; ++i) {
@@ -151,7 +153,10 @@ bool RunRank(const Options& opt, const std::string& id, int rank,
         times[ti][k].push_back(ms * 1000.0f);
       }
       if (impl == Impl::kFused) {
-        if (!Check(cudaMemcpy(fused_out, x, n_bytes, cudaMemcpyDeviceToDevice), "copy", rank))
+        // Device-to-device cudaMemcpy does not wait on the host: sync before the
+        // next impl's resets overwrite x on the group's stream.
+        if (!Check(cudaMemcpy(fused_out, x, n_bytes, cudaMemcpyDeviceToDevice), "copy", rank) ||
+            !Check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", rank))
           return false;
       } else if (impl == Impl::kUnfused) {
         std::vector<float> a(elems), b(elems);

@@ -40,6 +40,13 @@ absl::Status CopyRows(float* dst, const float* src, int64_t rows, int64_t hidden
       "cudaMemcpyAsync(rows)");
 }
 
+// Synchronous copy of `count` floats; nothing for zero.
+absl::Status CopySync(float* dst, const float* src, size_t count, cudaMemcpyKind kind,
+                      const char* what) {
+  if (count == 0) return absl::OkStatus();
+  return internal::CudaStatus(cudaMemcpy(dst, src, count * sizeof(float), kind), what);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -57,6 +64,9 @@ absl::StatusOr<std::unique_ptr<DeviceRmsNorm>> DeviceRmsNorm::Upload(const core:
   RETURN_IF_ERROR(internal::CudaStatus(
       cudaMemcpy(d->weight_, norm.weight().data(), bytes, cudaMemcpyHostToDevice),
       "cudaMemcpy(norm weight)"));
+  // Land the copy before any non-blocking stream reads the weight.
+  RETURN_IF_ERROR(internal::CudaStatus(cudaStreamSynchronize(cudaStreamLegacy),
+                                       "cudaStreamSynchronize(norm weight)"));
   return d;
 }
 
@@ -129,16 +139,16 @@ absl::Status GpuLayerActivations::Upload(const core::LayerActivations& host) {
     ASSIGN_OR_RETURN(residual_rows, rows_of(*host.residual, "residual"));
   }
   RETURN_IF_ERROR(internal::CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
-  RETURN_IF_ERROR(
-      internal::CudaStatus(cudaMemcpy(hidden_, host.hidden.data(),
-                                      host.hidden.size() * sizeof(float), cudaMemcpyHostToDevice),
+  RETURN_IF_ERROR(CopySync(hidden_, host.hidden.data(), host.hidden.size(), cudaMemcpyHostToDevice,
                            "cudaMemcpy(upload hidden)"));
   if (residual_rows >= 0) {
-    RETURN_IF_ERROR(internal::CudaStatus(
-        cudaMemcpy(residual_, host.residual->data(), host.residual->size() * sizeof(float),
-                   cudaMemcpyHostToDevice),
-        "cudaMemcpy(upload residual)"));
+    RETURN_IF_ERROR(CopySync(residual_, host.residual->data(), host.residual->size(),
+                             cudaMemcpyHostToDevice, "cudaMemcpy(upload residual)"));
   }
+  // cudaMemcpy from pageable memory may return before its DMA lands, ordered
+  // only on the legacy stream; the steps run on non-blocking streams.
+  RETURN_IF_ERROR(internal::CudaStatus(cudaStreamSynchronize(cudaStreamLegacy),
+                                       "cudaStreamSynchronize(upload)"));
   return SetRows(hidden_rows, residual_rows);
 }
 
@@ -146,16 +156,12 @@ absl::StatusOr<core::LayerActivations> GpuLayerActivations::Download() const {
   RETURN_IF_ERROR(internal::CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
   core::LayerActivations out;
   out.hidden.resize(hidden_rows_ * hidden_size_);
-  RETURN_IF_ERROR(
-      internal::CudaStatus(cudaMemcpy(out.hidden.data(), hidden_, out.hidden.size() * sizeof(float),
-                                      cudaMemcpyDeviceToHost),
+  RETURN_IF_ERROR(CopySync(out.hidden.data(), hidden_, out.hidden.size(), cudaMemcpyDeviceToHost,
                            "cudaMemcpy(download hidden)"));
   if (has_residual_) {
     out.residual.emplace(residual_rows_ * hidden_size_);
-    RETURN_IF_ERROR(internal::CudaStatus(
-        cudaMemcpy(out.residual->data(), residual_, out.residual->size() * sizeof(float),
-                   cudaMemcpyDeviceToHost),
-        "cudaMemcpy(download residual)"));
+    RETURN_IF_ERROR(CopySync(out.residual->data(), residual_, out.residual->size(),
+                             cudaMemcpyDeviceToHost, "cudaMemcpy(download residual)"));
   }
   return out;
 }

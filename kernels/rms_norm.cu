@@ -11,9 +11,10 @@ namespace moe_ep::kernels {
 namespace {
 
 constexpr int kMaxNormThreads = 256;
-// Rows whose fp32 copy fits the default 48 KiB of dynamic shared memory are
-// kept there between the two halves of the pass.
-constexpr int64_t kMaxCachedHidden = 48 * 1024 / static_cast<int64_t>(sizeof(float));
+// Rows whose fp32 copy fits the default 48 KiB of shared memory (less 1 KiB
+// kept for the static reduction scratch) stay there between the two halves
+// of the pass.
+constexpr int64_t kMaxCachedHidden = (48 * 1024 - 1024) / static_cast<int64_t>(sizeof(float));
 constexpr int64_t kMaxGridBlocks = int64_t{1} << 20;
 constexpr int kElementwiseThreads = 256;
 

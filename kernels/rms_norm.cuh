@@ -46,7 +46,7 @@ absl::Status LaunchRmsNorm(const float* in, float* out, const float* weight, int
 //   residual += x;  x = norm(residual) * weight
 // `x`, `residual` [rows, H], `weight` [H]. Each element of x and residual is
 // read once and written once: the summed row is kept in shared memory for
-// the second half of the pass when H * 4 bytes fit (H <= 12288), otherwise it
+// the second half of the pass when it fits (H <= 12032), otherwise it
 // is re-read from `residual` (which the same thread just wrote).
 // Errors: as LaunchRmsNorm; x == residual is kInvalidArgument.
 absl::Status LaunchAddResidualRmsNorm(float* x, float* residual, const float* weight, int64_t rows,

@@ -100,7 +100,7 @@ TEST(AllReduceNormImplName, Names) {
 // ---------------------------------------------------------------------------
 // Kernels against core::RmsNorm. Hidden sizes cover the float4 path with the
 // row cached in shared memory (7168, 64), the scalar path (13, 37 rows of an
-// odd width) and the uncached path (H = 16384 > 12288).
+// odd width) and the uncached path (H = 16384 > 12032).
 
 struct Shape {
   int64_t rows;
@@ -261,6 +261,7 @@ TEST(AllReduceAddRmsNorm, FusedAndUnfusedMatchCpuOnTwoRanks) {
       ASSERT_TRUE(
           norm.ApplyWithResidual(absl::MakeSpan(want_x), absl::MakeSpan(want_r), s.rows).ok());
       DeviceBuffer<float> dw(norm.weight());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       std::vector<std::vector<float>> outs;
       for (AllReduceNormImpl impl : {AllReduceNormImpl::kFused, AllReduceNormImpl::kUnfused}) {
         const std::string what = std::string(AllReduceNormImplName(impl)) + " rank " +
@@ -270,6 +271,9 @@ TEST(AllReduceAddRmsNorm, FusedAndUnfusedMatchCpuOnTwoRanks) {
         DeviceBuffer<float> dr(std::max<size_t>(n, 1));
         dx.Upload(rank == 0 ? x0 : x1);
         dr.Upload(r);
+        // The uploads are ordered on the legacy stream, the group's stream is
+        // non-blocking: land them first.
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         ASSERT_TRUE(
             AllReduceAddRmsNorm(group, impl, dx.get(), dr.get(), dw.get(), s.rows, s.hidden, kEps)
                 .ok())
