@@ -36,6 +36,18 @@ void AddWorkerFlags(CLI::App* cmd, WorkerSelection* w, bool allow_targets) {
   AddWorkerSelectionFlags(cmd, w, allow_targets);
 }
 
+// `moe-ep stack` and `moe-ep run --tp`: run, print the summary, and fail
+// when any DP group disagrees with the reference.
+absl::Status RunStackAction(const StackJobOptions& options) {
+  auto result = RunStackJob(options, std::cout);
+  if (!result.ok()) return result.status();
+  std::cout << "\n" << RenderStackSummary(*result);
+  if (!result->AllPass()) {
+    return absl::DataLossError("at least one DP group disagrees with the reference (see above)");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -170,8 +182,39 @@ int main(int argc, char** argv) {
   run->add_option("--rpc-timeout", rpc_timeout_s, "deadline of each fanned-out call, seconds")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  // Issue 4: `run --layers K --tp T --attn-dp D` runs the whole decoder stack
+  // (the same job as `moe-ep stack`) instead of the MoE layers alone.
+  int run_tp = 0, run_attn_dp = 1, run_moe_dense_tp = 0;
+  auto* run_tp_option =
+      run->add_option("--tp", run_tp,
+                      "run the model's first --layers decoder layers (attention stand-in, DESIGN "
+                      "§3 steps, dense and MoE MLPs) on T Gloo workers, as `moe-ep stack`")
+          ->check(CLI::PositiveNumber);
+  run->add_option("--attn-dp", run_attn_dp, "with --tp: attention data-parallel size")
+      ->needs(run_tp_option)
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  run->add_option("--moe-dense-tp", run_moe_dense_tp,
+                  "with --tp: dense MLP TP size (1, or the attention-TP size); unset = tp")
+      ->needs(run_tp_option)
+      ->check(CLI::NonNegativeNumber);
   run->callback([&] {
     run_options.rpc_timeout = absl::Seconds(rpc_timeout_s);
+    if (run_tp > 0) {
+      StackJobOptions stack_job;
+      stack_job.model = run_options.model;
+      stack_job.workers = run_options.workers;
+      stack_job.tp_size = run_tp;
+      stack_job.attn_dp_size = run_attn_dp;
+      stack_job.moe_dense_tp_size = run_moe_dense_tp;
+      stack_job.num_layers = run_options.num_layers;
+      stack_job.tokens_per_group = run_options.tokens_per_rank;
+      stack_job.steps = run_options.steps;
+      stack_job.seed = run_options.seed;
+      stack_job.rpc_timeout = run_options.rpc_timeout;
+      action = [stack_job]() { return RunStackAction(stack_job); };
+      return;
+    }
     action = [&]() -> absl::Status {
       auto result = RunJob(run_options, std::cout);
       if (!result.ok()) return result.status();
@@ -248,16 +291,7 @@ int main(int argc, char** argv) {
   stack->callback([&] {
     stack_options.a2a_enabled = !stack_no_a2a;
     stack_options.rpc_timeout = absl::Seconds(stack_rpc_timeout_s);
-    action = [&]() -> absl::Status {
-      auto result = RunStackJob(stack_options, std::cout);
-      if (!result.ok()) return result.status();
-      std::cout << "\n" << RenderStackSummary(*result);
-      if (!result->AllPass()) {
-        return absl::DataLossError(
-            "at least one DP group disagrees with the reference (see above)");
-      }
-      return absl::OkStatus();
-    };
+    action = [&]() { return RunStackAction(stack_options); };
   });
 
   // bench
