@@ -99,6 +99,29 @@ absl::Status NonNegative(absl::string_view field, int64_t value) {
   return absl::OkStatus();
 }
 
+// The MoE sizes of AllocateWorkspace and Benchmark: hidden_size, num_experts
+// and top_k each in [1, max], and top_k <= num_experts.
+absl::Status CheckMoeSizes(int64_t hidden_size, int num_experts, int top_k) {
+  RETURN_IF_ERROR(Positive("hidden_size", hidden_size, kMaxHidden));
+  RETURN_IF_ERROR(Positive("num_experts", num_experts, kMaxExperts));
+  RETURN_IF_ERROR(Positive("top_k", top_k, kMaxExperts));
+  if (top_k > num_experts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_k: expected <= num_experts (", num_experts, "), got ", top_k));
+  }
+  return absl::OkStatus();
+}
+
+// Contiguous placement gives every rank at least one expert: num_experts >= world.
+absl::Status CheckEveryRankOwnsAnExpert(int num_experts, int world) {
+  if (num_experts < world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_experts: expected >= ", world,
+                     " (the world size: every rank owns an expert), got ", num_experts));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<core::DispatchDType> ToCore(v1::DispatchDType dtype) {
   switch (dtype) {
     case v1::DISPATCH_DTYPE_UNSPECIFIED:
@@ -529,13 +552,7 @@ grpc::Status WorkerService::AllocateWorkspace(grpc::ServerContext* context,
 absl::Status WorkerService::DoAllocateWorkspace(grpc::ServerContext* context,
                                                 const v1::AllocateWorkspaceRequest& request,
                                                 v1::AllocateWorkspaceResponse* response) {
-  RETURN_IF_ERROR(Positive("hidden_size", request.hidden_size(), kMaxHidden));
-  RETURN_IF_ERROR(Positive("num_experts", request.num_experts(), kMaxExperts));
-  RETURN_IF_ERROR(Positive("top_k", request.top_k(), kMaxExperts));
-  if (request.top_k() > request.num_experts()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "top_k: expected <= num_experts (", request.num_experts(), "), got ", request.top_k()));
-  }
+  RETURN_IF_ERROR(CheckMoeSizes(request.hidden_size(), request.num_experts(), request.top_k()));
   RETURN_IF_ERROR(NonNegative("capacity_tokens", request.capacity_tokens()));
   RETURN_IF_ERROR(NonNegative("chunked_prefill_size", request.chunked_prefill_size()));
   const int64_t capacity = request.capacity_tokens() > 0
@@ -571,11 +588,7 @@ absl::Status WorkerService::DoAllocateWorkspace(grpc::ServerContext* context,
   RETURN_IF_ERROR(slot.Acquire(context, "AllocateWorkspace"));
   RETURN_IF_ERROR(RequireGroup(WorkerPhase::kConfigured, "AllocateWorkspace"));
   const int world = joined_.world_size;
-  if (request.num_experts() < world) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_experts: expected >= ", world,
-                     " (the world size: every rank owns an expert), got ", request.num_experts()));
-  }
+  RETURN_IF_ERROR(CheckEveryRankOwnsAnExpert(request.num_experts(), world));
   if (model_.hidden_size() > 0 && request.hidden_size() != model_.hidden_size()) {
     return absl::InvalidArgumentError(absl::StrCat("hidden_size: expected ", model_.hidden_size(),
                                                    " (the configured model), got ",
@@ -907,13 +920,7 @@ absl::Status WorkerService::DoBenchmark(grpc::ServerContext* context,
                                         const v1::BenchmarkRequest& request,
                                         v1::BenchmarkResponse* response) {
   RETURN_IF_ERROR(Positive("tokens_per_rank", request.tokens_per_rank(), kMaxTokens));
-  RETURN_IF_ERROR(Positive("hidden_size", request.hidden_size(), kMaxHidden));
-  RETURN_IF_ERROR(Positive("num_experts", request.num_experts(), kMaxExperts));
-  RETURN_IF_ERROR(Positive("top_k", request.top_k(), kMaxExperts));
-  if (request.top_k() > request.num_experts()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "top_k: expected <= num_experts (", request.num_experts(), "), got ", request.top_k()));
-  }
+  RETURN_IF_ERROR(CheckMoeSizes(request.hidden_size(), request.num_experts(), request.top_k()));
   RETURN_IF_ERROR(Positive("iterations", request.iterations(), kMaxBenchmarkIterations));
   RETURN_IF_ERROR(NonNegative("warmup", request.warmup()));
   if (request.warmup() > kMaxBenchmarkIterations) {
@@ -931,11 +938,7 @@ absl::Status WorkerService::DoBenchmark(grpc::ServerContext* context,
   RETURN_IF_ERROR(RequireGroup(WorkerPhase::kJoined, "Benchmark"));
   const int world = joined_.world_size;
   const int rank = joined_.rank;
-  if (request.num_experts() < world) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_experts: expected >= ", world,
-                     " (the world size: every rank owns an expert), got ", request.num_experts()));
-  }
+  RETURN_IF_ERROR(CheckEveryRankOwnsAnExpert(request.num_experts(), world));
   const int64_t tokens = request.tokens_per_rank();
   const int64_t hidden_size = request.hidden_size();
   const int top_k = request.top_k();
