@@ -210,6 +210,13 @@ class WorkerService::CollectiveSlot {
     return absl::OkStatus();
   }
 
+  // Acquire, then RequireGroup(phase): the worker is in a usable group at
+  // `phase` or later.
+  absl::Status Acquire(const grpc::ServerContext* context, const char* rpc, WorkerPhase phase) {
+    RETURN_IF_ERROR(Acquire(context, rpc));
+    return service_->RequireGroup(phase, rpc);
+  }
+
  private:
   WorkerService* service_;
   bool held_ = false;
@@ -501,8 +508,7 @@ absl::Status WorkerService::DoConfigureLayers(grpc::ServerContext* context,
   if (!plan.ok()) return plan.status();
 
   CollectiveSlot slot(this);
-  RETURN_IF_ERROR(slot.Acquire(context, "ConfigureLayers"));
-  RETURN_IF_ERROR(RequireGroup(WorkerPhase::kJoined, "ConfigureLayers"));
+  RETURN_IF_ERROR(slot.Acquire(context, "ConfigureLayers", WorkerPhase::kJoined));
   if (layout.tp_size != joined_.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("layout.tp_size: expected ", joined_.world_size,
                                                    " (the world size), got ", layout.tp_size));
@@ -585,8 +591,7 @@ absl::Status WorkerService::DoAllocateWorkspace(grpc::ServerContext* context,
   }
 
   CollectiveSlot slot(this);
-  RETURN_IF_ERROR(slot.Acquire(context, "AllocateWorkspace"));
-  RETURN_IF_ERROR(RequireGroup(WorkerPhase::kConfigured, "AllocateWorkspace"));
+  RETURN_IF_ERROR(slot.Acquire(context, "AllocateWorkspace", WorkerPhase::kConfigured));
   const int world = joined_.world_size;
   RETURN_IF_ERROR(CheckEveryRankOwnsAnExpert(request.num_experts(), world));
   if (model_.hidden_size() > 0 && request.hidden_size() != model_.hidden_size()) {
@@ -705,8 +710,7 @@ absl::Status WorkerService::DoLoadExperts(grpc::ServerContext* context,
   }
 
   CollectiveSlot slot(this);
-  RETURN_IF_ERROR(slot.Acquire(context, "LoadExperts"));
-  RETURN_IF_ERROR(RequireGroup(WorkerPhase::kAllocated, "LoadExperts"));
+  RETURN_IF_ERROR(slot.Acquire(context, "LoadExperts", WorkerPhase::kAllocated));
   if (request.layer() >= static_cast<int>(plan_.size())) {
     return absl::InvalidArgumentError(absl::StrCat("layer: expected in [0, ", plan_.size(),
                                                    ") (the configured layers), got ",
@@ -787,8 +791,7 @@ absl::Status WorkerService::DoSyncTokenCounts(grpc::ServerContext* context,
   RETURN_IF_ERROR(NonNegative("epoch", request.epoch()));
   RETURN_IF_ERROR(NonNegative("local_tokens", request.local_tokens()));
   CollectiveSlot slot(this);
-  RETURN_IF_ERROR(slot.Acquire(context, "SyncTokenCounts"));
-  RETURN_IF_ERROR(RequireGroup(WorkerPhase::kAllocated, "SyncTokenCounts"));
+  RETURN_IF_ERROR(slot.Acquire(context, "SyncTokenCounts", WorkerPhase::kAllocated));
   absl::StatusOr<std::vector<int64_t>> counts =
       data_plane_->SyncTokenCounts(request.local_tokens());
   RETURN_IF_ERROR(GroupResult(counts.status()));
@@ -817,8 +820,7 @@ absl::Status WorkerService::DoCommitGeometry(grpc::ServerContext* context,
       NonNegative("runtime_max_tokens_per_rank", request.runtime_max_tokens_per_rank()));
   RETURN_IF_ERROR(NonNegative("local_tokens", request.local_tokens()));
   CollectiveSlot slot(this);
-  RETURN_IF_ERROR(slot.Acquire(context, "CommitGeometry"));
-  RETURN_IF_ERROR(RequireGroup(WorkerPhase::kAllocated, "CommitGeometry"));
+  RETURN_IF_ERROR(slot.Acquire(context, "CommitGeometry", WorkerPhase::kAllocated));
   RETURN_IF_ERROR(data_plane_->CommitGeometry(
       request.epoch(), request.runtime_max_tokens_per_rank(), request.local_tokens()));
   geometry_committed_ = true;
@@ -858,8 +860,7 @@ absl::Status WorkerService::DoForward(grpc::ServerContext* context,
   }
 
   CollectiveSlot slot(this);
-  RETURN_IF_ERROR(slot.Acquire(context, "Forward"));
-  RETURN_IF_ERROR(RequireGroup(WorkerPhase::kAllocated, "Forward"));
+  RETURN_IF_ERROR(slot.Acquire(context, "Forward", WorkerPhase::kAllocated));
   const core::EpDispatcherOptions& options = allocation_->options;
   if (hidden.shape[1] != options.workspace.hidden) {
     return absl::InvalidArgumentError(
@@ -934,8 +935,7 @@ absl::Status WorkerService::DoBenchmark(grpc::ServerContext* context,
   }
 
   CollectiveSlot slot(this);
-  RETURN_IF_ERROR(slot.Acquire(context, "Benchmark"));
-  RETURN_IF_ERROR(RequireGroup(WorkerPhase::kJoined, "Benchmark"));
+  RETURN_IF_ERROR(slot.Acquire(context, "Benchmark", WorkerPhase::kJoined));
   const int world = joined_.world_size;
   const int rank = joined_.rank;
   RETURN_IF_ERROR(CheckEveryRankOwnsAnExpert(request.num_experts(), world));
@@ -1029,8 +1029,7 @@ absl::Status WorkerService::DoForwardLayers(grpc::ServerContext* context,
   // bad request still takes part in the runner's agreement all-gather, so its
   // peers fail with ABORTED instead of timing out (server/layer_stack_runner.h).
   CollectiveSlot slot(this);
-  RETURN_IF_ERROR(slot.Acquire(context, "ForwardLayers"));
-  RETURN_IF_ERROR(RequireGroup(WorkerPhase::kConfigured, "ForwardLayers"));
+  RETURN_IF_ERROR(slot.Acquire(context, "ForwardLayers", WorkerPhase::kConfigured));
   if (data_plane_->backend() != "gloo") {
     return absl::UnimplementedError(
         "ForwardLayers: the layer stack runs on the Gloo backend; GPU layer communicator is not "
