@@ -1,9 +1,9 @@
 #pragma once
 
 // Test helper: one worker's services (Worker + Rendezvous) in process on a
-// free loopback port, with a stub and request builders for the backend and
-// GPU tests (tests/server/backend_selection_test.cc,
-// tests/server/gpu_worker_service_test.cc).
+// free loopback port, with a stub and request builders for the worker service,
+// backend and GPU tests (tests/server/worker_service_test.cc,
+// tests/server/backend_selection_test.cc, tests/server/gpu_worker_service_test.cc).
 
 #include <chrono>
 #include <functional>
@@ -78,9 +78,10 @@ class InProcessWorker {
     v1::JoinResponse ignored;
     return Call(&v1::Worker::Stub::Join, request, response ? response : &ignored);
   }
-  grpc::Status Configure(const v1::ConfigureLayersRequest& request) {
-    v1::ConfigureLayersResponse response;
-    return Call(&v1::Worker::Stub::ConfigureLayers, request, &response);
+  grpc::Status Configure(const v1::ConfigureLayersRequest& request,
+                         v1::ConfigureLayersResponse* response = nullptr) {
+    v1::ConfigureLayersResponse ignored;
+    return Call(&v1::Worker::Stub::ConfigureLayers, request, response ? response : &ignored);
   }
   grpc::Status Allocate(const v1::AllocateWorkspaceRequest& request,
                         v1::AllocateWorkspaceResponse* response = nullptr) {

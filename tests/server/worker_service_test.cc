@@ -1,130 +1,27 @@
 #include "server/worker_service.h"
 
-#include <chrono>
-#include <cstring>
 #include <functional>
-#include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "core/bf16.h"
 #include "gmock/gmock.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
-#include "grpcpp/security/server_credentials.h"
-#include "grpcpp/server.h"
-#include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "server/health.h"
-#include "server/rendezvous_service.h"
 #include "server/tensor_codec.h"
 #include "tests/server/health_probe.h"
+#include "tests/server/in_process_worker.h"
 
 namespace moe_ep::server {
 namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-// One worker process's services, in process, on a free loopback port.
-class TestWorker {
- public:
-  explicit TestWorker(WorkerOptions options = {}) : worker_(options, &health_) {
-    EnableDefaultHealthService();
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.SetMaxReceiveMessageSize(64 << 20);
-    builder.RegisterService(&worker_);
-    builder.RegisterService(&rendezvous_);
-    server_ = builder.BuildAndStart();
-    health_.Attach(server_->GetHealthCheckService());
-    stub_ = v1::Worker::NewStub(grpc::CreateChannel(address(), grpc::InsecureChannelCredentials()));
-  }
-  ~TestWorker() {
-    worker_.BeginShutdown();
-    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
-
-  template <typename Req, typename Resp>
-  grpc::Status Call(grpc::Status (v1::Worker::Stub::*method)(grpc::ClientContext*, const Req&,
-                                                             Resp*),
-                    const Req& request, Resp* response) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    return (stub_.get()->*method)(&context, request, response);
-  }
-
-  v1::GetStatusResponse Status() {
-    v1::GetStatusResponse response;
-    EXPECT_TRUE(Call(&v1::Worker::Stub::GetStatus, v1::GetStatusRequest(), &response).ok());
-    return response;
-  }
-  grpc::Status Join(int world, int rank, int64_t generation, const std::string& rendezvous,
-                    int64_t timeout_ms = 10000, const std::string& backend = "gloo") {
-    v1::JoinRequest request;
-    request.set_world_size(world);
-    request.set_rank(rank);
-    request.set_backend(backend);
-    request.set_rendezvous_address(rendezvous);
-    request.set_generation(generation);
-    request.set_timeout_ms(timeout_ms);
-    v1::JoinResponse response;
-    return Call(&v1::Worker::Stub::Join, request, &response);
-  }
-  grpc::Status Configure(const v1::ConfigureLayersRequest& request,
-                         v1::ConfigureLayersResponse* response = nullptr) {
-    v1::ConfigureLayersResponse ignored;
-    return Call(&v1::Worker::Stub::ConfigureLayers, request, response ? response : &ignored);
-  }
-  grpc::Status Allocate(const v1::AllocateWorkspaceRequest& request,
-                        v1::AllocateWorkspaceResponse* response = nullptr) {
-    v1::AllocateWorkspaceResponse ignored;
-    return Call(&v1::Worker::Stub::AllocateWorkspace, request, response ? response : &ignored);
-  }
-  grpc::Status Load(const v1::LoadExpertsRequest& request,
-                    v1::LoadExpertsResponse* response = nullptr) {
-    v1::LoadExpertsResponse ignored;
-    return Call(&v1::Worker::Stub::LoadExperts, request, response ? response : &ignored);
-  }
-  grpc::Status Sync(int64_t epoch, int64_t local, v1::SyncTokenCountsResponse* response = nullptr) {
-    v1::SyncTokenCountsRequest request;
-    request.set_epoch(epoch);
-    request.set_local_tokens(local);
-    v1::SyncTokenCountsResponse ignored;
-    return Call(&v1::Worker::Stub::SyncTokenCounts, request, response ? response : &ignored);
-  }
-  grpc::Status Commit(int64_t epoch, int64_t r, int64_t local) {
-    v1::CommitGeometryRequest request;
-    request.set_epoch(epoch);
-    request.set_runtime_max_tokens_per_rank(r);
-    request.set_local_tokens(local);
-    v1::CommitGeometryResponse response;
-    return Call(&v1::Worker::Stub::CommitGeometry, request, &response);
-  }
-  grpc::Status Forward(const v1::ForwardRequest& request, v1::ForwardResponse* response = nullptr) {
-    v1::ForwardResponse ignored;
-    return Call(&v1::Worker::Stub::Forward, request, response ? response : &ignored);
-  }
-  grpc::Status Leave(int64_t generation) {
-    v1::LeaveRequest request;
-    request.set_generation(generation);
-    v1::LeaveResponse response;
-    return Call(&v1::Worker::Stub::Leave, request, &response);
-  }
-
- private:
-  HealthReporter health_;
-  WorkerService worker_;
-  RendezvousService rendezvous_;
-  int port_ = 0;
-  std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<v1::Worker::Stub> stub_;
-};
+using testing::InProcessWorker;
+using testing::OnAllRanks;
 
 // GetStatus without the error counter (which bad calls are meant to bump).
-std::string Snapshot(TestWorker& worker) {
+std::string Snapshot(InProcessWorker& worker) {
   v1::GetStatusResponse status = worker.Status();
   status.mutable_counters()->set_errors(0);
   return status.SerializeAsString();
@@ -189,8 +86,8 @@ std::vector<float> DecodeOutput(const v1::Tensor& tensor) {
 }
 
 // Brings a 1-rank worker to ALLOCATED with identity experts on layer 0.
-void SetUpOneRank(TestWorker& worker) {
-  ASSERT_TRUE(worker.Join(1, 0, 1, worker.address()).ok());
+void SetUpOneRank(InProcessWorker& worker) {
+  ASSERT_TRUE(worker.Join(1, 0, 1, worker.address(), "gloo").ok());
   ASSERT_TRUE(worker.Configure(ConfigureRequest(1, {true, false})).ok());
   ASSERT_TRUE(worker.Allocate(AllocateRequest()).ok());
   ASSERT_TRUE(worker.Load(IdentityExperts(0)).ok());
@@ -202,11 +99,11 @@ void ExpectError(const grpc::Status& status, grpc::StatusCode code, const std::s
 }
 
 TEST(WorkerService, OneRankFullFlowComputesWeightedSumExactly) {
-  TestWorker worker;
+  InProcessWorker worker;
   EXPECT_EQ(ProbeHealth(worker.address(), ""), kNotServing);
   EXPECT_EQ(worker.Status().state(), v1::WORKER_STATE_STARTED);
   // Rendezvous through this worker's own Rendezvous service (GrpcStore).
-  ASSERT_TRUE(worker.Join(1, 0, 1, worker.address()).ok());
+  ASSERT_TRUE(worker.Join(1, 0, 1, worker.address(), "gloo").ok());
   EXPECT_EQ(worker.Status().state(), v1::WORKER_STATE_JOINED);
   EXPECT_EQ(worker.Status().backend(), "gloo");
   EXPECT_EQ(ProbeHealth(worker.address(), kWorkerServiceName), kNotServing);
@@ -286,7 +183,7 @@ TEST(WorkerService, OneRankFullFlowComputesWeightedSumExactly) {
 }
 
 TEST(WorkerService, ZeroTokenForwardReturnsEmptyOutput) {
-  TestWorker worker;
+  InProcessWorker worker;
   SetUpOneRank(worker);
   ASSERT_TRUE(worker.Sync(1, 0).ok());
   ASSERT_TRUE(worker.Commit(1, 0, 0).ok());
@@ -304,7 +201,7 @@ TEST(WorkerService, ZeroTokenForwardReturnsEmptyOutput) {
 }
 
 TEST(WorkerService, CallsInTheWrongStateAreFailedPrecondition) {
-  TestWorker worker;
+  InProcessWorker worker;
   const std::string before = Snapshot(worker);
   ExpectError(worker.Configure(ConfigureRequest(1, {true})), grpc::StatusCode::FAILED_PRECONDITION,
               "ConfigureLayers requires state JOINED or later; worker is STARTED");
@@ -321,7 +218,7 @@ TEST(WorkerService, CallsInTheWrongStateAreFailedPrecondition) {
   EXPECT_EQ(Snapshot(worker), before);
   EXPECT_EQ(worker.Status().counters().errors(), 6);
 
-  ASSERT_TRUE(worker.Join(1, 0, 1, "").ok());
+  ASSERT_TRUE(worker.Join(1, 0, 1, "", "gloo").ok());
   const std::string joined = Snapshot(worker);
   ExpectError(worker.Allocate(AllocateRequest()), grpc::StatusCode::FAILED_PRECONDITION,
               "worker is JOINED");
@@ -331,45 +228,48 @@ TEST(WorkerService, CallsInTheWrongStateAreFailedPrecondition) {
 }
 
 TEST(WorkerService, JoinRejectsBadInputWithoutChangingState) {
-  TestWorker worker;
+  InProcessWorker worker;
   const std::string before = Snapshot(worker);
-  ExpectError(worker.Join(0, 0, 1, ""), grpc::StatusCode::INVALID_ARGUMENT, "world_size");
-  ExpectError(worker.Join(2, 2, 1, "127.0.0.1:1"), grpc::StatusCode::INVALID_ARGUMENT,
+  ExpectError(worker.Join(0, 0, 1, "", "gloo"), grpc::StatusCode::INVALID_ARGUMENT, "world_size");
+  ExpectError(worker.Join(2, 2, 1, "127.0.0.1:1", "gloo"), grpc::StatusCode::INVALID_ARGUMENT,
               "rank: expected in [0, 2) (world_size 2), got 2");
-  ExpectError(worker.Join(2, -1, 1, "127.0.0.1:1"), grpc::StatusCode::INVALID_ARGUMENT, "rank");
-  ExpectError(worker.Join(1, 0, 0, ""), grpc::StatusCode::INVALID_ARGUMENT, "generation");
-  ExpectError(worker.Join(1, 0, 1, "", -5), grpc::StatusCode::INVALID_ARGUMENT, "timeout_ms");
-  ExpectError(worker.Join(2, 1, 1, ""), grpc::StatusCode::INVALID_ARGUMENT, "rendezvous_address");
-  ExpectError(worker.Join(1, 0, 1, "", 1000, "mpi"), grpc::StatusCode::INVALID_ARGUMENT, "backend");
+  ExpectError(worker.Join(2, -1, 1, "127.0.0.1:1", "gloo"), grpc::StatusCode::INVALID_ARGUMENT,
+              "rank");
+  ExpectError(worker.Join(1, 0, 0, "", "gloo"), grpc::StatusCode::INVALID_ARGUMENT, "generation");
+  ExpectError(worker.Join(1, 0, 1, "", "gloo", -5), grpc::StatusCode::INVALID_ARGUMENT,
+              "timeout_ms");
+  ExpectError(worker.Join(2, 1, 1, "", "gloo"), grpc::StatusCode::INVALID_ARGUMENT,
+              "rendezvous_address");
+  ExpectError(worker.Join(1, 0, 1, "", "mpi", 1000), grpc::StatusCode::INVALID_ARGUMENT, "backend");
 #ifndef MOE_EP_HAVE_CUDA
-  ExpectError(worker.Join(1, 0, 1, "", 1000, "nccl"), grpc::StatusCode::FAILED_PRECONDITION,
+  ExpectError(worker.Join(1, 0, 1, "", "nccl", 1000), grpc::StatusCode::FAILED_PRECONDITION,
               "NCCL backend needs a CUDA build");
 #endif
   EXPECT_EQ(Snapshot(worker), before);
 }
 
 TEST(WorkerService, JoinIsIdempotentAndGenerationsAreFresh) {
-  TestWorker worker;
-  ASSERT_TRUE(worker.Join(1, 0, 1, "").ok());
+  InProcessWorker worker;
+  ASSERT_TRUE(worker.Join(1, 0, 1, "", "gloo").ok());
   ASSERT_TRUE(worker.Configure(ConfigureRequest(1, {true})).ok());
-  EXPECT_TRUE(worker.Join(1, 0, 1, "").ok());  // same arguments: nothing changes
+  EXPECT_TRUE(worker.Join(1, 0, 1, "", "gloo").ok());  // same arguments: nothing changes
   EXPECT_EQ(worker.Status().state(), v1::WORKER_STATE_CONFIGURED);
-  ExpectError(worker.Join(1, 0, 1, "", 5000), grpc::StatusCode::FAILED_PRECONDITION,
+  ExpectError(worker.Join(1, 0, 1, "", "gloo", 5000), grpc::StatusCode::FAILED_PRECONDITION,
               "already joined generation 1");
   EXPECT_EQ(worker.Status().state(), v1::WORKER_STATE_CONFIGURED);
   ExpectError(worker.Leave(7), grpc::StatusCode::FAILED_PRECONDITION, "generation 7");
-  ASSERT_TRUE(worker.Join(1, 0, 2, "").ok());  // a new generation re-forms
+  ASSERT_TRUE(worker.Join(1, 0, 2, "", "gloo").ok());  // a new generation re-forms
   EXPECT_EQ(worker.Status().state(), v1::WORKER_STATE_JOINED);
   EXPECT_EQ(worker.Status().generation(), 2);
   ASSERT_TRUE(worker.Leave(0).ok());
-  ExpectError(worker.Join(1, 0, 2, ""), grpc::StatusCode::FAILED_PRECONDITION,
+  ExpectError(worker.Join(1, 0, 2, "", "gloo"), grpc::StatusCode::FAILED_PRECONDITION,
               "generation: 2 was already used");
   EXPECT_EQ(worker.Status().state(), v1::WORKER_STATE_STARTED);
 }
 
 TEST(WorkerService, ConfigureLayersRejectsBadInput) {
-  TestWorker worker;
-  ASSERT_TRUE(worker.Join(1, 0, 1, "").ok());
+  InProcessWorker worker;
+  ASSERT_TRUE(worker.Join(1, 0, 1, "", "gloo").ok());
   const std::string before = Snapshot(worker);
   ExpectError(worker.Configure(ConfigureRequest(2, {true})), grpc::StatusCode::INVALID_ARGUMENT,
               "layout.tp_size: expected 1 (the world size), got 2");
@@ -392,8 +292,8 @@ TEST(WorkerService, ConfigureLayersRejectsBadInput) {
 }
 
 TEST(WorkerService, AllocateWorkspaceRejectsBadInput) {
-  TestWorker worker;
-  ASSERT_TRUE(worker.Join(1, 0, 1, "").ok());
+  InProcessWorker worker;
+  ASSERT_TRUE(worker.Join(1, 0, 1, "", "gloo").ok());
   ASSERT_TRUE(worker.Configure(ConfigureRequest(1, {true})).ok());
   const std::string before = Snapshot(worker);
   struct Case {
@@ -430,8 +330,8 @@ TEST(WorkerService, AllocateWorkspaceRejectsBadInput) {
 TEST(WorkerService, AllocateBeyondMemoryCapIsResourceExhaustedWithBothNumbers) {
   WorkerOptions options;
   options.memory_cap_bytes = 1000;
-  TestWorker worker(options);
-  ASSERT_TRUE(worker.Join(1, 0, 1, "").ok());
+  InProcessWorker worker(options);
+  ASSERT_TRUE(worker.Join(1, 0, 1, "", "gloo").ok());
   ASSERT_TRUE(worker.Configure(ConfigureRequest(1, {true})).ok());
   const std::string before = Snapshot(worker);
   grpc::Status s = worker.Allocate(AllocateRequest());
@@ -442,7 +342,7 @@ TEST(WorkerService, AllocateBeyondMemoryCapIsResourceExhaustedWithBothNumbers) {
 }
 
 TEST(WorkerService, StepCallsRejectBadInputWithoutChangingState) {
-  TestWorker worker;
+  InProcessWorker worker;
   SetUpOneRank(worker);
   ASSERT_TRUE(worker.Sync(1, 2).ok());
   ASSERT_TRUE(worker.Commit(1, 2, 2).ok());
@@ -528,7 +428,7 @@ TEST(WorkerService, StepCallsRejectBadInputWithoutChangingState) {
 }
 
 TEST(WorkerService, LoadExpertsCountsSwiGluBytes) {
-  TestWorker worker;
+  InProcessWorker worker;
   SetUpOneRank(worker);
   v1::LoadExpertsRequest load;
   load.set_layer(0);
@@ -545,8 +445,8 @@ TEST(WorkerService, LoadExpertsCountsSwiGluBytes) {
 }
 
 TEST(WorkerService, BenchmarkReportsLatenciesAndLogicalBytes) {
-  TestWorker worker;
-  ASSERT_TRUE(worker.Join(1, 0, 1, "").ok());
+  InProcessWorker worker;
+  ASSERT_TRUE(worker.Join(1, 0, 1, "", "gloo").ok());
   v1::BenchmarkRequest request;
   request.set_tokens_per_rank(8);
   request.set_hidden_size(16);
@@ -577,28 +477,21 @@ TEST(WorkerService, BenchmarkReportsLatenciesAndLogicalBytes) {
               grpc::StatusCode::INVALID_ARGUMENT, "top_k");
 }
 
-// Runs f(0) and f(1) on two threads and waits for both.
-void OnBothRanks(const std::function<void(int)>& f) {
-  std::thread t1([&] { f(1); });
-  f(0);
-  t1.join();
-}
-
 TEST(WorkerService, TwoRanksFormGroupCheckConfigsAndForward) {
-  TestWorker rank0;
-  TestWorker rank1;
-  TestWorker* workers[2] = {&rank0, &rank1};
+  InProcessWorker rank0;
+  InProcessWorker rank1;
+  InProcessWorker* workers[2] = {&rank0, &rank1};
   const std::string rendezvous = rank0.address();
   grpc::Status status[2];
 
-  OnBothRanks([&](int r) { status[r] = workers[r]->Join(2, r, 1, rendezvous, 5000); });
+  OnAllRanks(2, [&](int r) { status[r] = workers[r]->Join(2, r, 1, rendezvous, "gloo", 5000); });
   ASSERT_TRUE(status[0].ok()) << status[0].error_message();
   ASSERT_TRUE(status[1].ok()) << status[1].error_message();
   EXPECT_EQ(rank1.Status().rank(), 1);
   EXPECT_EQ(rank1.Status().world_size(), 2);
 
   v1::ConfigureLayersResponse plan[2];
-  OnBothRanks([&](int r) {
+  OnAllRanks(2, [&](int r) {
     status[r] = workers[r]->Configure(ConfigureRequest(2, {true, true}), &plan[r]);
   });
   ASSERT_TRUE(status[0].ok()) << status[0].error_message();
@@ -609,7 +502,7 @@ TEST(WorkerService, TwoRanksFormGroupCheckConfigsAndForward) {
   // and keep the configuration they had.
   const std::string before0 = Snapshot(rank0);
   const std::string before1 = Snapshot(rank1);
-  OnBothRanks([&](int r) {
+  OnAllRanks(2, [&](int r) {
     status[r] = workers[r]->Configure(ConfigureRequest(2, {true, r == 0}));
   });
   for (int r = 0; r < 2; ++r) {
@@ -626,7 +519,7 @@ TEST(WorkerService, TwoRanksFormGroupCheckConfigsAndForward) {
   ExpectError(rank0.Allocate(few), grpc::StatusCode::INVALID_ARGUMENT,
               "num_experts: expected >= 2 (the world size");
 
-  OnBothRanks([&](int r) { status[r] = workers[r]->Allocate(AllocateRequest()); });
+  OnAllRanks(2, [&](int r) { status[r] = workers[r]->Allocate(AllocateRequest()); });
   ASSERT_TRUE(status[0].ok()) << status[0].error_message();
   ASSERT_TRUE(status[1].ok()) << status[1].error_message();
   v1::LoadExpertsResponse loaded[2];
@@ -637,7 +530,7 @@ TEST(WorkerService, TwoRanksFormGroupCheckConfigsAndForward) {
 
   // Rank 0 has the two hand tokens, rank 1 none.
   v1::SyncTokenCountsResponse sync[2];
-  OnBothRanks([&](int r) { status[r] = workers[r]->Sync(1, r == 0 ? 2 : 0, &sync[r]); });
+  OnAllRanks(2, [&](int r) { status[r] = workers[r]->Sync(1, r == 0 ? 2 : 0, &sync[r]); });
   ASSERT_TRUE(status[0].ok()) << status[0].error_message();
   ASSERT_TRUE(status[1].ok()) << status[1].error_message();
   for (int r = 0; r < 2; ++r) {
@@ -654,8 +547,8 @@ TEST(WorkerService, TwoRanksFormGroupCheckConfigsAndForward) {
   *empty.mutable_topk_ids() = EncodeInt32({}, std::vector<int64_t>{0, 2});
   *empty.mutable_topk_weights() = EncodeFloat32({}, std::vector<int64_t>{0, 2});
   v1::ForwardResponse out[2];
-  OnBothRanks(
-      [&](int r) { status[r] = workers[r]->Forward(r == 0 ? HandForward(1) : empty, &out[r]); });
+  OnAllRanks(
+      2, [&](int r) { status[r] = workers[r]->Forward(r == 0 ? HandForward(1) : empty, &out[r]); });
   ASSERT_TRUE(status[0].ok()) << status[0].error_message();
   ASSERT_TRUE(status[1].ok()) << status[1].error_message();
   EXPECT_THAT(DecodeOutput(out[0].output()),
@@ -676,9 +569,9 @@ TEST(WorkerService, TwoRanksFormGroupCheckConfigsAndForward) {
   EXPECT_EQ(ProbeHealth(rank0.address(), ""), kNotServing);
   ExpectError(rank0.Sync(2, 1), grpc::StatusCode::FAILED_PRECONDITION,
               "re-join with a new generation");
-  ExpectError(rank0.Join(2, 0, 1, rendezvous, 5000), grpc::StatusCode::FAILED_PRECONDITION,
+  ExpectError(rank0.Join(2, 0, 1, rendezvous, "gloo", 5000), grpc::StatusCode::FAILED_PRECONDITION,
               "re-join with a new generation");
-  OnBothRanks([&](int r) { status[r] = workers[r]->Join(2, r, 2, rendezvous, 5000); });
+  OnAllRanks(2, [&](int r) { status[r] = workers[r]->Join(2, r, 2, rendezvous, "gloo", 5000); });
   ASSERT_TRUE(status[0].ok()) << status[0].error_message();
   ASSERT_TRUE(status[1].ok()) << status[1].error_message();
   EXPECT_EQ(rank0.Status().state(), v1::WORKER_STATE_JOINED);
