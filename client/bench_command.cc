@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/coordinator.h"
+#include "client/group_session.h"
 #include "client/text_table.h"
 #include "core/status_macros.h"
 
@@ -43,13 +44,8 @@ absl::Status RunBenchCommand(const BenchCommandOptions& options, std::ostream& o
   ASSIGN_OR_RETURN(AttachedWorkers workers, AttachWorkers(options.workers));
   const int world = static_cast<int>(workers.targets.size());
   RETURN_IF_ERROR(ValidateBenchOptions(options, world));
-  CoordinatorOptions copts;
-  copts.backend = workers.backend;
-  copts.channel_credentials = workers.channel_credentials;
-  ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
-                   Coordinator::Connect(workers.targets, copts));
-  RETURN_IF_ERROR(coordinator->WaitReady(absl::Seconds(30)));
-  ASSIGN_OR_RETURN(std::vector<v1::JoinResponse> joined, coordinator->FormGroup());
+  ASSIGN_OR_RETURN(GroupSession group, FormWorkerGroup(workers));
+  Coordinator* const coordinator = group.coordinator.get();
 
   // A one-layer MoE model of the benchmark's sizes.
   v1::ConfigureLayersRequest configure;
@@ -85,7 +81,7 @@ absl::Status RunBenchCommand(const BenchCommandOptions& options, std::ostream& o
   request.set_seed(options.seed);
   ASSIGN_OR_RETURN(std::vector<v1::BenchmarkResponse> results, coordinator->Benchmark(request));
 
-  out << "bench: " << world << " ranks (backend " << joined[0].backend() << "), "
+  out << "bench: " << world << " ranks (backend " << group.joined[0].backend() << "), "
       << options.tokens_per_rank << " tokens/rank, hidden " << options.hidden << ", top-"
       << options.top_k << ", " << options.num_experts << " experts, " << options.routing
       << " routing, " << options.iterations << " iterations after " << options.warmup

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/coordinator.h"
+#include "client/group_session.h"
 #include "client/memory_budget.h"
 #include "client/model_source.h"
 #include "client/streamed_reference.h"
@@ -205,16 +206,12 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
   }
 
   CoordinatorOptions copts;
-  copts.backend = workers.backend;
   copts.rpc_timeout = options.rpc_timeout;
-  copts.channel_credentials = workers.channel_credentials;
-  ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
-                   Coordinator::Connect(workers.targets, copts));
-  RETURN_IF_ERROR(coordinator->WaitReady(absl::Seconds(30)));
-  ASSIGN_OR_RETURN(std::vector<v1::JoinResponse> joined, coordinator->FormGroup());
+  ASSIGN_OR_RETURN(GroupSession group, FormWorkerGroup(workers, copts));
+  Coordinator* const coordinator = group.coordinator.get();
   out << "group: " << world << " workers ("
       << (workers.cluster ? "embedded local cluster" : "--targets") << ", backend "
-      << joined[0].backend() << ", generation " << coordinator->generation()
+      << group.joined[0].backend() << ", generation " << coordinator->generation()
       << "): " << absl::StrJoin(workers.targets, " ") << "\n";
 
   v1::ConfigureLayersRequest configure;

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_join.h"
 #include "client/coordinator.h"
+#include "client/group_session.h"
 #include "client/interrupt.h"
 #include "client/status_command.h"
 #include "core/status_macros.h"
@@ -21,12 +22,8 @@ absl::Status RunUpCommand(const WorkerSelection& selection, std::ostream& out) {
   if (workers.backend == "nccl") {
     out << "moe-ep: " << workers.targets.size() << " GPU(s) found: one NCCL worker per GPU\n";
   }
-  CoordinatorOptions options;
-  options.backend = workers.backend;
-  ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
-                   Coordinator::Connect(workers.targets, options));
-  RETURN_IF_ERROR(coordinator->WaitReady(absl::Seconds(30)));
-  RETURN_IF_ERROR(coordinator->FormGroup().status());
+  ASSIGN_OR_RETURN(GroupSession group, FormWorkerGroup(workers));
+  Coordinator* const coordinator = group.coordinator.get();
   out << "moe-ep: " << workers.targets.size() << " workers up, group generation "
       << coordinator->generation() << "\n"
       << RenderWorkerTable(workers.targets, coordinator->StatusEach())

@@ -1,0 +1,38 @@
+#pragma once
+
+// The opening of every command that drives workers (`run`, `stack`, `bench`,
+// `up`): a coordinator connected to the attached workers, every worker
+// answering, and the group formed.
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/coordinator.h"
+#include "client/worker_selection.h"
+#include "moe_ep/v1/worker.pb.h"
+
+namespace moe_ep::client {
+
+struct GroupSession {
+  std::unique_ptr<Coordinator> coordinator;
+  std::vector<v1::JoinResponse> joined;  // [world], rank order
+};
+
+// FormWorkerGroup()
+//
+// Connects a Coordinator to `workers.targets` with `options`, whose backend
+// and channel credentials are replaced by `workers.backend` and
+// `workers.channel_credentials`; waits up to 30 s for every worker to answer
+// GetStatus (Coordinator::WaitReady); forms a new group (Coordinator::FormGroup).
+// Returns the coordinator and each rank's JoinResponse.
+//
+// Errors: those of Coordinator::Connect (kInvalidArgument: no or malformed
+// targets), WaitReady (kDeadlineExceeded naming the silent ranks) and
+// FormGroup (aggregated per rank).
+//
+// Not thread-safe with other users of the same workers.
+absl::StatusOr<GroupSession> FormWorkerGroup(const AttachedWorkers& workers,
+                                             CoordinatorOptions options = {});
+
+}  // namespace moe_ep::client
