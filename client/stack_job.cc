@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/coordinator.h"
+#include "client/group_session.h"
 #include "client/model_source.h"
 #include "client/run_job.h"
 #include "client/targets.h"
@@ -164,12 +165,10 @@ absl::StatusOr<StackJobResult> RunStackJob(const StackJobOptions& options, std::
   }
   ASSIGN_OR_RETURN(AttachedWorkers workers, AttachWorkers(selection));
   CoordinatorOptions copts;
-  copts.backend = "gloo";
   copts.rpc_timeout = options.rpc_timeout;
-  ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
-                   Coordinator::Connect(workers.targets, copts));
-  RETURN_IF_ERROR(coordinator->WaitReady(absl::Seconds(30)));
-  RETURN_IF_ERROR(coordinator->FormGroup().status());
+  // workers.backend is "gloo" (selection.backend above).
+  ASSIGN_OR_RETURN(GroupSession group, FormWorkerGroup(workers, copts));
+  Coordinator* const coordinator = group.coordinator.get();
   out << "group: " << tp << " workers ("
       << (workers.cluster ? "embedded local cluster" : "--targets") << ", backend gloo, generation "
       << coordinator->generation() << "): " << absl::StrJoin(workers.targets, " ") << "\n";
