@@ -67,26 +67,26 @@ int64_t ModeRows(const DpGatherLayout& dp, ScatterMode mode) {
   return 0;
 }
 
+absl::Status CheckDpLayoutFits(const DpGatherLayout& dp, const ParallelGroups& groups, int layer) {
+  if (dp.attn_tp_size != groups.attn_tp_size() ||
+      static_cast<int>(dp.padded_counts.size()) != groups.attn_dp_size() ||
+      static_cast<int>(dp.offsets.size()) != groups.attn_dp_size() ||
+      dp.dp_rank != groups.dp_rank()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer ", layer, ": DP layout (attn_tp_size ", dp.attn_tp_size, ", ",
+        dp.padded_counts.size(), " DP groups, dp_rank ", dp.dp_rank, ") does not fit rank ",
+        groups.rank(), " (attn_tp_size ", groups.attn_tp_size(), ", ", groups.attn_dp_size(),
+        " DP groups, dp_rank ", groups.dp_rank(), ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<LayerCommunicator> LayerCommunicator::Create(const ParallelGroups* groups,
                                                             const LayerPlan& plan, int64_t hidden) {
   if (groups == nullptr) return absl::InvalidArgumentError("groups is null");
   if (hidden < 1)
     return absl::InvalidArgumentError(absl::StrCat("hidden: expected >= 1, got ", hidden));
   return LayerCommunicator(groups, plan, hidden);
-}
-
-absl::Status LayerCommunicator::CheckLayout(const DpGatherLayout& dp) const {
-  if (dp.attn_tp_size != groups_->attn_tp_size() ||
-      static_cast<int>(dp.padded_counts.size()) != groups_->attn_dp_size() ||
-      static_cast<int>(dp.offsets.size()) != groups_->attn_dp_size() ||
-      dp.dp_rank != groups_->dp_rank()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "layer ", plan_.layer, ": DP layout (attn_tp_size ", dp.attn_tp_size, ", ",
-        dp.padded_counts.size(), " DP groups, dp_rank ", dp.dp_rank, ") does not fit rank ",
-        groups_->rank(), " (attn_tp_size ", groups_->attn_tp_size(), ", ", groups_->attn_dp_size(),
-        " DP groups, dp_rank ", groups_->dp_rank(), ")"));
-  }
-  return absl::OkStatus();
 }
 
 absl::Status LayerCommunicator::CheckRows(const char* step, const char* tensor,
@@ -106,7 +106,7 @@ absl::Status LayerCommunicator::PrepareAttention(const DpGatherLayout& dp,
                                                  const RmsNorm& input_norm,
                                                  LayerActivations& act) const {
   constexpr const char* kStep = "before_attention";
-  RETURN_IF_ERROR(CheckLayout(dp));
+  RETURN_IF_ERROR(CheckDpLayoutFits(dp, *groups_, plan_.layer));
   RETURN_IF_ERROR(CheckRows(kStep, "hidden", act.hidden, dp, plan_.input));
   if (act.residual.has_value()) {
     RETURN_IF_ERROR(CheckRows(kStep, "residual", *act.residual, dp, plan_.input));
@@ -133,7 +133,7 @@ absl::Status LayerCommunicator::PrepareMlp(const DpGatherLayout& dp,
                                            const RmsNorm& post_attention_norm,
                                            LayerActivations& act) const {
   constexpr const char* kStep = "before_mlp";
-  RETURN_IF_ERROR(CheckLayout(dp));
+  RETURN_IF_ERROR(CheckDpLayoutFits(dp, *groups_, plan_.layer));
   RETURN_IF_ERROR(CheckRows(kStep, "hidden", act.hidden, dp, plan_.attention));
   if (!act.residual.has_value()) {
     return absl::FailedPreconditionError(
@@ -214,7 +214,7 @@ AfterMlpOp LayerCommunicator::ResolveAfterMlp(const DpGatherLayout& dp,
 absl::Status LayerCommunicator::PostMlp(const DpGatherLayout& dp, AfterMlpOp op,
                                         LayerActivations& act) const {
   constexpr const char* kStep = "after_mlp";
-  RETURN_IF_ERROR(CheckLayout(dp));
+  RETURN_IF_ERROR(CheckDpLayoutFits(dp, *groups_, plan_.layer));
   const bool allowed = op == plan_.after_mlp || (op == AfterMlpOp::kReduceScatter &&
                                                  plan_.after_mlp == AfterMlpOp::kDpScatter);
   if (!allowed) {

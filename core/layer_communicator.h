@@ -69,6 +69,12 @@ struct LayerActivations {
 // TP_ATTN_FULL 6, FULL 12.
 int64_t ModeRows(const DpGatherLayout& dp, ScatterMode mode);
 
+// OK when `dp` was made for this rank of `groups`: the same attn_tp_size, one
+// padded count and one offset per DP group, and this rank's dp_rank.
+// Errors: kInvalidArgument naming `layer` and both sides' values.
+// Pure. Used by LayerCommunicator and kernels::GpuLayerCommunicator.
+absl::Status CheckDpLayoutFits(const DpGatherLayout& dp, const ParallelGroups& groups, int layer);
+
 class LayerCommunicator {
  public:
   // `groups` is not owned and must outlive the communicator; `plan` comes
@@ -126,7 +132,6 @@ class LayerCommunicator {
   LayerCommunicator(const ParallelGroups* groups, const LayerPlan& plan, int64_t hidden)
       : groups_(groups), plan_(plan), hidden_(hidden) {}
 
-  absl::Status CheckLayout(const DpGatherLayout& dp) const;
   absl::Status CheckRows(const char* step, const char* tensor, const std::vector<float>& t,
                          const DpGatherLayout& dp, ScatterMode mode) const;
 

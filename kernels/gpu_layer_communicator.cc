@@ -222,20 +222,6 @@ absl::Status GpuLayerCommunicator::Synchronize() const {
   return world_->Synchronize();
 }
 
-absl::Status GpuLayerCommunicator::CheckLayout(const DpGatherLayout& dp) const {
-  if (dp.attn_tp_size != groups_->attn_tp_size() ||
-      static_cast<int>(dp.padded_counts.size()) != groups_->attn_dp_size() ||
-      static_cast<int>(dp.offsets.size()) != groups_->attn_dp_size() ||
-      dp.dp_rank != groups_->dp_rank()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "layer ", plan_.layer, ": DP layout (attn_tp_size ", dp.attn_tp_size, ", ",
-        dp.padded_counts.size(), " DP groups, dp_rank ", dp.dp_rank, ") does not fit rank ",
-        groups_->rank(), " (attn_tp_size ", groups_->attn_tp_size(), ", ", groups_->attn_dp_size(),
-        " DP groups, dp_rank ", groups_->dp_rank(), ")"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status GpuLayerCommunicator::CheckRows(const char* step, const char* tensor, int64_t rows,
                                              const DpGatherLayout& dp, ScatterMode mode) const {
   if (rows != ModeRows(dp, mode)) {
@@ -324,7 +310,7 @@ absl::Status GpuLayerCommunicator::PrepareAttention(const DpGatherLayout& dp,
                                                     const DeviceRmsNorm& input_norm,
                                                     GpuLayerActivations& act) const {
   constexpr const char* kStep = "before_attention";
-  RETURN_IF_ERROR(CheckLayout(dp));
+  RETURN_IF_ERROR(core::CheckDpLayoutFits(dp, *groups_, plan_.layer));
   RETURN_IF_ERROR(CheckActivations(kStep, dp, act));
   RETURN_IF_ERROR(CheckRows(kStep, "hidden", act.hidden_rows_, dp, plan_.input));
   if (act.has_residual_) {
@@ -354,7 +340,7 @@ absl::Status GpuLayerCommunicator::PrepareMlp(const DpGatherLayout& dp,
                                               const DeviceRmsNorm& post_attention_norm,
                                               GpuLayerActivations& act) const {
   constexpr const char* kStep = "before_mlp";
-  RETURN_IF_ERROR(CheckLayout(dp));
+  RETURN_IF_ERROR(core::CheckDpLayoutFits(dp, *groups_, plan_.layer));
   RETURN_IF_ERROR(CheckActivations(kStep, dp, act));
   RETURN_IF_ERROR(CheckRows(kStep, "hidden", act.hidden_rows_, dp, plan_.attention));
   if (!act.has_residual_) {
@@ -451,7 +437,7 @@ AfterMlpOp GpuLayerCommunicator::ResolveAfterMlp(const DpGatherLayout& dp,
 absl::Status GpuLayerCommunicator::PostMlp(const DpGatherLayout& dp, AfterMlpOp op,
                                            GpuLayerActivations& act) const {
   constexpr const char* kStep = "after_mlp";
-  RETURN_IF_ERROR(CheckLayout(dp));
+  RETURN_IF_ERROR(core::CheckDpLayoutFits(dp, *groups_, plan_.layer));
   const bool allowed = op == plan_.after_mlp || (op == AfterMlpOp::kReduceScatter &&
                                                  plan_.after_mlp == AfterMlpOp::kDpScatter);
   if (!allowed) {

@@ -190,7 +190,6 @@ class GpuLayerCommunicator {
  private:
   GpuLayerCommunicator() = default;
 
-  absl::Status CheckLayout(const core::DpGatherLayout& dp) const;
   absl::Status CheckRows(const char* step, const char* tensor, int64_t rows,
                          const core::DpGatherLayout& dp, core::ScatterMode mode) const;
   absl::Status CheckActivations(const char* step, const core::DpGatherLayout& dp,
