@@ -152,7 +152,10 @@ absl::StatusOr<std::vector<bf16_t>> ReadMatrix(SafetensorsCheckpoint& ckpt, cons
   return out;
 }
 
-absl::Status CheckDims(int first_expert, int num_experts, int64_t hidden, int64_t intermediate) {
+}  // namespace
+
+absl::Status CheckSwiGluDims(int first_expert, int num_experts, int64_t hidden,
+                             int64_t intermediate) {
   if (hidden < 1) {
     return absl::InvalidArgumentError(absl::StrFormat("hidden: expected >= 1, got %d", hidden));
   }
@@ -171,12 +174,10 @@ absl::Status CheckDims(int first_expert, int num_experts, int64_t hidden, int64_
   return absl::OkStatus();
 }
 
-}  // namespace
-
 absl::StatusOr<ExpertSet> ExpertSet::GenerateSwiGlu(uint64_t seed, int layer, int first_expert,
                                                     int num_experts, int64_t hidden,
                                                     int64_t intermediate) {
-  RETURN_IF_ERROR(CheckDims(first_expert, num_experts, hidden, intermediate));
+  RETURN_IF_ERROR(CheckSwiGluDims(first_expert, num_experts, hidden, intermediate));
   ExpertSet set;
   set.kind_ = ExpertKind::kSwiGlu;
   set.first_expert_ = first_expert;
@@ -227,7 +228,8 @@ ExpertSet ExpertSet::Identity(int first_expert, int num_experts, int64_t hidden)
 absl::StatusOr<ExpertSet> ExpertSet::FromWeights(int first_expert,
                                                  std::vector<SwiGluWeights> weights, int64_t hidden,
                                                  int64_t intermediate) {
-  RETURN_IF_ERROR(CheckDims(first_expert, static_cast<int>(weights.size()), hidden, intermediate));
+  RETURN_IF_ERROR(
+      CheckSwiGluDims(first_expert, static_cast<int>(weights.size()), hidden, intermediate));
   for (size_t i = 0; i < weights.size(); ++i) {
     const SwiGluWeights& w = weights[i];
     const size_t n = static_cast<size_t>(hidden * intermediate);
@@ -251,7 +253,7 @@ absl::StatusOr<ExpertSet> ExpertSet::LoadSafetensors(const std::string& path,
                                                      const std::string& name_pattern, int layer,
                                                      int first_expert, int num_experts,
                                                      int64_t hidden, int64_t intermediate) {
-  RETURN_IF_ERROR(CheckDims(first_expert, num_experts, hidden, intermediate));
+  RETURN_IF_ERROR(CheckSwiGluDims(first_expert, num_experts, hidden, intermediate));
   const std::string_view pattern(name_pattern);
   if (pattern.find("{expert}") == std::string_view::npos ||
       (pattern.find("{proj}") == std::string_view::npos &&

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "core/bf16.h"
@@ -21,6 +22,13 @@
 namespace moe_ep::core {
 
 enum class ExpertKind { kSwiGlu, kIdentity };
+
+// The argument checks of ExpertSet::GenerateSwiGlu, FromWeights and
+// LoadSafetensors (and kernels::DeviceExpertSet::GenerateSwiGlu), in this
+// order. Errors: kInvalidArgument for hidden < 1, intermediate < 1,
+// num_experts < 0 or first_expert < 0, naming the field and its value.
+absl::Status CheckSwiGluDims(int first_expert, int num_experts, int64_t hidden,
+                             int64_t intermediate);
 
 // Weights of one SwiGLU expert, bf16 bit patterns, row-major.
 struct SwiGluWeights {

@@ -2,7 +2,6 @@
 
 #include <cuda_runtime.h>
 
-#include "absl/strings/str_format.h"
 #include "core/status_macros.h"
 #include "kernels/internal/cuda_status.h"
 #include "kernels/seeded_weights.cuh"
@@ -55,21 +54,7 @@ absl::StatusOr<std::unique_ptr<DeviceExpertSet>> DeviceExpertSet::GenerateSwiGlu
     uint64_t seed, int layer, int first_expert, int num_experts, int64_t hidden,
     int64_t intermediate) {
   // Same argument checks and messages as core::ExpertSet::GenerateSwiGlu.
-  if (hidden < 1) {
-    return absl::InvalidArgumentError(absl::StrFormat("hidden: expected >= 1, got %d", hidden));
-  }
-  if (intermediate < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("intermediate: expected >= 1, got %d", intermediate));
-  }
-  if (num_experts < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("num_experts: expected >= 0, got %d", num_experts));
-  }
-  if (first_expert < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("first_expert: expected >= 0, got %d", first_expert));
-  }
+  RETURN_IF_ERROR(core::CheckSwiGluDims(first_expert, num_experts, hidden, intermediate));
   std::unique_ptr<DeviceExpertSet> set(new DeviceExpertSet());
   set->kind_ = core::ExpertKind::kSwiGlu;
   set->first_expert_ = first_expert;

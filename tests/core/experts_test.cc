@@ -460,5 +460,27 @@ TEST(ExpertSet, LoadSafetensorsErrors) {
   EXPECT_THAT(bad_pattern.status().message(), HasSubstr("name_pattern"));
 }
 
+TEST(CheckSwiGluDims, NamesEachFieldAndValue) {
+  EXPECT_TRUE(CheckSwiGluDims(0, 0, 1, 1).ok());
+  EXPECT_TRUE(CheckSwiGluDims(3, 2, 64, 128).ok());
+  const struct {
+    int first, count;
+    int64_t hidden, intermediate;
+    const char* message;
+  } cases[] = {
+      {0, 1, 0, 8, "hidden: expected >= 1, got 0"},
+      {0, 1, 8, -2, "intermediate: expected >= 1, got -2"},
+      {0, -1, 8, 8, "num_experts: expected >= 0, got -1"},
+      {-3, 1, 8, 8, "first_expert: expected >= 0, got -3"},
+      // The checks run in this order: hidden is named first.
+      {-1, -1, 0, 0, "hidden: expected >= 1, got 0"},
+  };
+  for (const auto& c : cases) {
+    const absl::Status s = CheckSwiGluDims(c.first, c.count, c.hidden, c.intermediate);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.message;
+    EXPECT_EQ(s.message(), c.message);
+  }
+}
+
 }  // namespace
 }  // namespace moe_ep::core
