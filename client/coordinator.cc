@@ -158,6 +158,7 @@ std::vector<absl::StatusOr<v1::GetStatusResponse>> Coordinator::StatusEach() {
   const int n = world_size();
   std::vector<absl::StatusOr<v1::GetStatusResponse>> out(n);
   std::vector<std::thread> threads;
+  threads.reserve(n);
   const auto deadline = DeadlineAfter(std::min(options_.rpc_timeout, absl::Seconds(10)));
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {

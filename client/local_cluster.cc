@@ -186,6 +186,7 @@ absl::Status LocalCluster::Spawn(int index) {
     for (const std::string& a : options_.per_worker_args[index]) args.push_back(a);
   }
   std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   int pipefd[2];

@@ -50,6 +50,9 @@ absl::Status RunStackAction(const StackJobOptions& options) {
 
 }  // namespace
 
+// NOLINTNEXTLINE(bugprone-exception-escape): parse errors are caught below and
+// library throws become absl::Status inside the commands; what is left
+// (bad_alloc, a CLI11 flag defined twice) should terminate.
 int main(int argc, char** argv) {
   CLI::App app{
       "moe-ep: expert-parallel MoE coordinator (forms a group of moe-ep-worker "

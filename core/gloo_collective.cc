@@ -90,7 +90,8 @@ absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Create(
     }
     freeaddrinfo(result);
   }
-  auto group = absl::WrapUnique(new GlooCollective(store, prefix, rank, size, host, timeout));
+  auto group =
+      absl::WrapUnique(new GlooCollective(std::move(store), prefix, rank, size, host, timeout));
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = host;

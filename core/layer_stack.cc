@@ -229,6 +229,7 @@ absl::StatusOr<std::vector<float>> ReferenceLayerStack(
         std::vector<bf16_t> x16(hidden.size());
         for (size_t i = 0; i < hidden.size(); ++i) x16[i] = FloatToBf16(hidden[i]);
         std::vector<const ExpertSet*> set_ptrs;
+        set_ptrs.reserve(sets.size());
         for (const ExpertSet& s : sets) set_ptrs.push_back(&s);
         std::vector<EpRankInput> inputs(tp);
         inputs[0] = EpRankInput{x16, ids, weights, n};
@@ -358,7 +359,7 @@ absl::StatusOr<std::unique_ptr<DistributedLayerStack>> DistributedLayerStack::Cr
   for (const LayerPlan& plan : impl->plans) {
     ASSIGN_OR_RETURN(LayerCommunicator comm,
                      LayerCommunicator::Create(groups, plan, config.hidden));
-    impl->comms.push_back(std::move(comm));
+    impl->comms.push_back(comm);
     ASSIGN_OR_RETURN(LayerWeights w, MakeLayerWeights(config, plan.layer));
     impl->weights.push_back(std::move(w));
     if (plan.sparse) {

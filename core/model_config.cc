@@ -129,6 +129,7 @@ class ConfigReader {
     }
     if (!found.has_value()) {
       std::vector<std::string> names;
+      names.reserve(keys.size());
       for (const std::string& key : keys) names.push_back("'" + Key(key) + "'");
       return absl::InvalidArgumentError(absl::StrCat(
           "model config is missing required key: one of ", absl::StrJoin(names, ", ")));

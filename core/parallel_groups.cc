@@ -35,6 +35,7 @@ absl::StatusOr<std::unique_ptr<ParallelGroups>> ParallelGroups::Create(
   const int attn_tp_size = layout.attn_tp_size();
   const int dp_rank = world->rank() / attn_tp_size;
   std::vector<int> ranks;
+  ranks.reserve(attn_tp_size);
   for (int j = 0; j < attn_tp_size; ++j) ranks.push_back(dp_rank * attn_tp_size + j);
   ASSIGN_OR_RETURN(std::unique_ptr<Collective> attn_tp,
                    world->Split(ranks, absl::StrCat(tag_prefix, ".", dp_rank)));

@@ -1,6 +1,7 @@
 #include "server/data_plane.h"
 
 #include <exception>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -52,13 +53,15 @@ absl::StatusOr<std::string> ExchangeNcclUniqueId(
 absl::StatusOr<std::unique_ptr<DataPlane>> FormDataPlane(
     const DataPlaneGroup& group, std::shared_ptr<gloo::rendezvous::Store> store) {
   if (group.backend == "gloo") {
-    absl::StatusOr<std::unique_ptr<CpuDataPlane>> plane = CpuDataPlane::Form(group, store);
+    absl::StatusOr<std::unique_ptr<CpuDataPlane>> plane =
+        CpuDataPlane::Form(group, std::move(store));
     if (!plane.ok()) return plane.status();
     return std::unique_ptr<DataPlane>(std::move(*plane));
   }
   if (group.backend == "nccl") {
 #ifdef MOE_EP_HAVE_CUDA
-    absl::StatusOr<std::unique_ptr<GpuDataPlane>> plane = GpuDataPlane::Form(group, store);
+    absl::StatusOr<std::unique_ptr<GpuDataPlane>> plane =
+        GpuDataPlane::Form(group, std::move(store));
     if (!plane.ok()) return plane.status();
     return std::unique_ptr<DataPlane>(std::move(*plane));
 #else
