@@ -10,6 +10,7 @@
 #include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
 #include "prometheus/metric_family.h"
+#include "server/thread_stack_floor.h"
 
 namespace moe_ep::server {
 namespace {
@@ -305,6 +306,8 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
         absl::StrCat("--metrics_listen: expected host:port, got \"", listen, "\""));
   }
   std::unique_ptr<MetricsServer> server(new MetricsServer());
+  // civetweb's small thread stacks need the floor (server/thread_stack_floor.h).
+  (void)EffectiveThreadStackBytes(0);
   try {
     server->exposer_ = std::make_unique<prometheus::Exposer>(listen, 2);
   } catch (const std::exception& e) {
