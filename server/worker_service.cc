@@ -122,6 +122,17 @@ absl::Status CheckEveryRankOwnsAnExpert(int num_experts, int world) {
   return absl::OkStatus();
 }
 
+// A request size against the ConfigureLayers model's: equal, or the model
+// left it 0 (unset).
+absl::Status MatchesConfiguredModel(absl::string_view field, int64_t configured,
+                                    int64_t requested) {
+  if (configured > 0 && requested != configured) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": expected ", configured, " (the configured model), got ", requested));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<core::DispatchDType> ToCore(v1::DispatchDType dtype) {
   switch (dtype) {
     case v1::DISPATCH_DTYPE_UNSPECIFIED:
@@ -594,20 +605,11 @@ absl::Status WorkerService::DoAllocateWorkspace(grpc::ServerContext* context,
   RETURN_IF_ERROR(slot.Acquire(context, "AllocateWorkspace", WorkerPhase::kConfigured));
   const int world = joined_.world_size;
   RETURN_IF_ERROR(CheckEveryRankOwnsAnExpert(request.num_experts(), world));
-  if (model_.hidden_size() > 0 && request.hidden_size() != model_.hidden_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("hidden_size: expected ", model_.hidden_size(),
-                                                   " (the configured model), got ",
-                                                   request.hidden_size()));
-  }
-  if (model_.num_experts() > 0 && request.num_experts() != model_.num_experts()) {
-    return absl::InvalidArgumentError(absl::StrCat("num_experts: expected ", model_.num_experts(),
-                                                   " (the configured model), got ",
-                                                   request.num_experts()));
-  }
-  if (model_.top_k() > 0 && request.top_k() != model_.top_k()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "top_k: expected ", model_.top_k(), " (the configured model), got ", request.top_k()));
-  }
+  RETURN_IF_ERROR(
+      MatchesConfiguredModel("hidden_size", model_.hidden_size(), request.hidden_size()));
+  RETURN_IF_ERROR(
+      MatchesConfiguredModel("num_experts", model_.num_experts(), request.num_experts()));
+  RETURN_IF_ERROR(MatchesConfiguredModel("top_k", model_.top_k(), request.top_k()));
 
   core::EpDispatcherOptions options;
   options.workspace.ep_size = world;
