@@ -1,10 +1,12 @@
 #include "core/gloo_collective.h"
 
 #include <netdb.h>
+#include <signal.h>
 #include <sys/socket.h>
 
 #include <chrono>
 #include <exception>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,9 +63,22 @@ GlooCollective::GlooCollective(std::shared_ptr<gloo::rendezvous::Store> store, s
 
 GlooCollective::~GlooCollective() = default;
 
+namespace {
+
+// A peer that closed its socket must become an error, not SIGPIPE (see Create).
+void IgnoreSigpipeIfDefault() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    signal(SIGPIPE, SIG_IGN);
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Create(
     std::shared_ptr<gloo::rendezvous::Store> store, const std::string& prefix, int rank, int size,
     const std::string& host, absl::Duration timeout) {
+  IgnoreSigpipeIfDefault();
   if (store == nullptr) return absl::InvalidArgumentError("store: must not be null");
   if (prefix.empty()) return absl::InvalidArgumentError("prefix: must not be empty");
   if (size < 1) return absl::InvalidArgumentError(absl::StrCat("size: expected >= 1, got ", size));

@@ -56,6 +56,10 @@ class GlooCollective : public Collective {
   //                       [0, size), timeout <= 0, or `host` cannot be bound.
   //   kDeadlineExceeded   a peer did not publish its address within timeout.
   //   kUnavailable        connecting to a peer failed.
+  // Process-wide effect: when SIGPIPE is at its default action, Create sets it
+  // to ignored. Gloo writes to peer sockets with writev, so a peer that has
+  // closed its end would otherwise kill this process instead of surfacing as
+  // kUnavailable (seen as a flaky SIGPIPE death in the missing-peer test).
   static absl::StatusOr<std::unique_ptr<GlooCollective>> Create(
       std::shared_ptr<gloo::rendezvous::Store> store, const std::string& prefix, int rank, int size,
       const std::string& host, absl::Duration timeout);

@@ -1,5 +1,7 @@
 #include "core/gloo_collective.h"
 
+#include <signal.h>
+
 #include <atomic>
 #include <cstdint>
 #include <numeric>
@@ -126,6 +128,16 @@ TEST_P(GlooCollectiveGroupTest, SplitFormsIndependentSubGroups) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, GlooCollectiveGroupTest, ::testing::Values(1, 2, 4));
+
+TEST(GlooCollective, CreateIgnoresSigpipeSoAClosedPeerIsAnError) {
+  signal(SIGPIPE, SIG_DFL);
+  auto group =
+      GlooCollective::Create(NewHashStore(), "sigpipe", 0, 1, "127.0.0.1", absl::Seconds(5));
+  ASSERT_TRUE(group.ok()) << group.status();
+  struct sigaction current {};
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &current), 0);
+  EXPECT_EQ(current.sa_handler, SIG_IGN);
+}
 
 TEST(GlooCollective, MissingPeerTimesOutThenGroupIsBroken) {
   auto store = NewHashStore();
