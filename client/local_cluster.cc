@@ -38,14 +38,6 @@ std::set<LocalCluster*>& Registry() {
   return live;
 }
 
-std::string DescribeWaitStatus(int status) {
-  if (WIFEXITED(status)) return absl::StrCat("exit code ", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    return absl::StrCat("signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
-  }
-  return absl::StrCat("wait status ", status);
-}
-
 // Writes all of `data` to `fd`, retrying on EINTR and short writes.
 void WriteAll(int fd, const char* data, size_t size) {
   while (size > 0) {
@@ -70,6 +62,14 @@ void DrainTo(int from_fd, int to_fd) {
 }
 
 }  // namespace
+
+std::string DescribeWaitStatus(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exit code ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return absl::StrCat("signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
+  }
+  return absl::StrCat("wait status ", status);
+}
 
 absl::StatusOr<std::string> DefaultWorkerBinary() {
   std::error_code ec;
@@ -301,12 +301,80 @@ absl::Status LocalCluster::ReadAddresses() {
   for (int i = 0; i < n; ++i) {
     Worker& w = workers_[i];
     if (!buffers[i].empty()) WriteAll(w.log_fd, buffers[i].data(), buffers[i].size());
-    w.drain = std::thread(DrainTo, w.stdout_fd, w.log_fd);
+    w.drain = std::thread(&LocalCluster::DrainAndWatch, this, i, w.stdout_fd, w.log_fd);
   }
   return absl::OkStatus();
 }
 
 pid_t LocalCluster::pid(int index) const { return workers_.at(index).pid; }
+
+void LocalCluster::DrainAndWatch(int index, int stdout_fd, int log_fd) {
+  // The descriptors come as arguments: Stop() may hold mu_ (and join this
+  // thread) before the thread first runs.
+  DrainTo(stdout_fd, log_fd);
+  // EOF: the worker died (or closed its stdout). Stop() holds mu_ while it
+  // joins this thread, so never block on mu_: try it, and give up as soon
+  // as the cluster is stopping (that exit is expected).
+  WorkerExit exit;
+  for (int tries = 0; tries < 500 && exit.index < 0; ++tries) {
+    if (stopping_.load()) return;
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (lock.owns_lock()) {
+      Worker& w = workers_[index];
+      ReapLocked(w, /*block=*/false);
+      if (w.reaped && !w.reported) {
+        w.reported = true;
+        exit.index = index;
+        exit.pid = w.pid;
+        exit.target = targets_[index];
+        exit.wait_status = w.wait_status;
+        exit.sent_by_us = w.signal_sent != 0 && WIFSIGNALED(w.wait_status) &&
+                          WTERMSIG(w.wait_status) == w.signal_sent;
+      } else if (w.reported) {
+        return;
+      }
+    }
+    if (exit.index < 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (exit.index < 0) return;  // stdout closed but the process lives on
+  const std::string how = WIFSIGNALED(exit.wait_status)
+                              ? absl::StrCat("was killed by ", DescribeWaitStatus(exit.wait_status))
+                              : absl::StrCat("exited with ", DescribeWaitStatus(exit.wait_status));
+  exit.description =
+      absl::StrCat("worker ", index, " (pid ", exit.pid, exit.target.empty() ? "" : ", ",
+                   exit.target, ") ", how, exit.sent_by_us ? " (sent by moe-ep)" : "",
+                   options_.log_dir.empty()
+                       ? ""
+                       : absl::StrCat("; its log: ", options_.log_dir, "/worker-", index, ".log"));
+  Report(std::move(exit));
+}
+
+void LocalCluster::Report(WorkerExit exit) {
+  if (options_.on_exit) {
+    options_.on_exit(exit);
+  } else {
+    const std::string line = absl::StrCat("moe-ep: ", exit.description, "\n");
+    WriteAll(STDERR_FILENO, line.data(), line.size());
+  }
+  std::lock_guard<std::mutex> lock(exits_mu_);
+  exits_.push_back(std::move(exit));
+  exits_cv_.notify_all();
+}
+
+std::vector<WorkerExit> LocalCluster::Exits() {
+  std::lock_guard<std::mutex> lock(exits_mu_);
+  return exits_;
+}
+
+absl::StatusOr<WorkerExit> LocalCluster::WaitForExit(absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(exits_mu_);
+  if (!exits_cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout),
+                          [this] { return !exits_.empty(); })) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("no worker exited within ", absl::FormatDuration(timeout)));
+  }
+  return exits_.front();
+}
 
 void LocalCluster::ReapLocked(Worker& w, bool block) {
   if (w.reaped || w.pid <= 0) return;
@@ -361,6 +429,7 @@ absl::Status LocalCluster::StopLocked() {
 }
 
 absl::Status LocalCluster::Stop() {
+  stopping_.store(true);
   std::lock_guard<std::mutex> lock(mu_);
   return StopLocked();
 }
@@ -376,6 +445,7 @@ absl::Status LocalCluster::Kill(int index, int signo) {
   if (w.reaped || w.pid <= 0) {
     return absl::NotFoundError(absl::StrCat("worker ", index, " has already exited"));
   }
+  w.signal_sent = signo;
   if (kill(w.pid, signo) != 0) {
     return absl::InternalError(absl::StrCat("kill(", w.pid, ", ", signo, "): ", strerror(errno)));
   }

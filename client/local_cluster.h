@@ -19,11 +19,23 @@
 // SIGKILLs what is left. StopAll() stops every live cluster of this process
 // (for a signal handler thread; see client/interrupt.h).
 //
-// Thread safety: Stop(), Kill() and StopAll() may race with each other; the
-// rest is for the owning thread. Source: DESIGN §8, issue 2 ("no orphans").
+// A worker that exits while the cluster is not stopping (a crash, the OOM
+// killer, a kill from outside, or Kill()) is reaped at once — it is never
+// left defunct — and reported once, with its exit code or signal, through
+// LocalClusterOptions::on_exit (default: one line on stderr), and kept for
+// Exits() / WaitForExit(). Detection rides on the worker's stdout pipe: the
+// kernel closes it when the process dies, so the report comes within
+// milliseconds, not at the next RPC's timeout (issue 8).
+//
+// Thread safety: Stop(), Kill(), StopAll(), IsRunning(), Exits() and
+// WaitForExit() may race with each other and with the reports; the rest is
+// for the owning thread. Source: DESIGN §8, issue 2 ("no orphans"), issue 8.
 
 #include <sys/types.h>
 
+#include <atomic>
+#include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -35,6 +47,21 @@
 #include "absl/time/time.h"
 
 namespace moe_ep::client {
+
+// A worker that exited while its cluster was not stopping.
+struct WorkerExit {
+  int index = -1;
+  pid_t pid = -1;
+  std::string target;       // "127.0.0.1:PORT" (empty before it announced one)
+  int wait_status = 0;      // waitpid() status (WIFEXITED / WTERMSIG apply)
+  bool sent_by_us = false;  // the signal came from LocalCluster::Kill()
+  // "worker 2 (pid 4242, 127.0.0.1:40001) was killed by signal 9 (Killed)" or
+  // "... exited with exit code 1"; "(sent by moe-ep)" when sent_by_us.
+  std::string description;
+};
+
+// "exit code N", "signal N (NAME)", or "wait status N".
+std::string DescribeWaitStatus(int wait_status);
 
 struct LocalClusterOptions {
   int num_workers = 4;
@@ -50,6 +77,10 @@ struct LocalClusterOptions {
   // Empty, or one list per worker: per_worker_args[i] is appended to worker
   // i's argv after extra_args (e.g. "--device=i", see UseOneWorkerPerGpu).
   std::vector<std::vector<std::string>> per_worker_args;
+  // Called once per worker that exits while the cluster is not stopping, on
+  // an internal thread, with no lock of the cluster held. Empty: writes
+  // "moe-ep: <description>" to stderr.
+  std::function<void(const WorkerExit&)> on_exit;
 };
 
 // Number of NVIDIA GPUs this machine gives a worker, found without linking
@@ -118,6 +149,13 @@ class LocalCluster {
   // bad index; kFailedPrecondition while the worker still runs.
   absl::StatusOr<int> WaitStatus(int index);
 
+  // The workers that have exited while the cluster was not stopping, in the
+  // order they were reported.
+  std::vector<WorkerExit> Exits();
+  // Blocks until a worker has exited (returns the first report) or `timeout`
+  // passes. Errors: kDeadlineExceeded on timeout.
+  absl::StatusOr<WorkerExit> WaitForExit(absl::Duration timeout);
+
   // Stops every live LocalCluster of this process.
   static void StopAll();
 
@@ -129,7 +167,9 @@ class LocalCluster {
     bool owns_log_fd = false;
     bool reaped = false;
     int wait_status = 0;
-    std::thread drain;  // copies stdout after the address line to log_fd
+    bool reported = false;  // its exit went to on_exit
+    int signal_sent = 0;    // by Kill()
+    std::thread drain;      // copies stdout after the address line to log_fd
   };
 
   explicit LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {}
@@ -137,12 +177,21 @@ class LocalCluster {
   absl::Status ReadAddresses();
   absl::Status StopLocked();
   void ReapLocked(Worker& w, bool block);
+  // The output thread of worker `index`: copies its stdout to its log, then,
+  // at EOF, reaps and reports it unless the cluster is stopping.
+  void DrainAndWatch(int index, int stdout_fd, int log_fd);
+  void Report(WorkerExit exit);
 
   LocalClusterOptions options_;
   std::string binary_;
   std::vector<std::string> targets_;
   std::mutex mu_;  // guards workers_' process state
   std::vector<Worker> workers_;
+  // Set before Stop() signals: exits from then on are expected, not reported.
+  std::atomic<bool> stopping_{false};
+  std::mutex exits_mu_;
+  std::condition_variable exits_cv_;
+  std::vector<WorkerExit> exits_;  // guarded by exits_mu_
 };
 
 }  // namespace moe_ep::client

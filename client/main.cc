@@ -13,8 +13,10 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "client/bench_command.h"
 #include "client/credentials.h"
+#include "client/health_command.h"
 #include "client/interrupt.h"
 #include "client/local_cluster.h"
 #include "client/plan_command.h"
@@ -119,6 +121,30 @@ int main(int argc, char** argv) {
       options.channel_credentials = *credentials;
       options.rpc_timeout = absl::Seconds(10);
       return RunStatusCommand(status_targets, options, std::cout);
+    };
+  });
+
+  // health
+  HealthCommandOptions health_options;
+  int64_t health_timeout_ms = 3000;
+  auto* health = app.add_subcommand(
+      "health",
+      "one grpc.health.v1 Check of a plaintext health port (exec probes); exit 0 only if "
+      "SERVING");
+  health->add_option("--target", health_options.target, "host:port of the --health_listen port")
+      ->required();
+  health
+      ->add_option("--service", health_options.service,
+                   "\"\" = liveness (the process serves), moe_ep.v1.Worker = readiness "
+                   "(joined and allocated)")
+      ->capture_default_str();
+  health->add_option("--timeout-ms", health_timeout_ms, "deadline of the call, ms")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  health->callback([&] {
+    action = [&] {
+      health_options.timeout = absl::Milliseconds(health_timeout_ms);
+      return RunHealthCommand(health_options, std::cout);
     };
   });
 

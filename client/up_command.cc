@@ -6,10 +6,13 @@
 #include <ostream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "client/coordinator.h"
 #include "client/group_session.h"
 #include "client/interrupt.h"
+#include "client/local_cluster.h"
 #include "client/status_command.h"
 #include "core/status_macros.h"
 
@@ -30,7 +33,17 @@ absl::Status RunUpCommand(const WorkerSelection& selection, std::ostream& out) {
       << "targets: " << absl::StrJoin(workers.targets, ",") << "\n"
       << "Press Ctrl-C to stop.\n";
   out.flush();
-  const int signo = WaitForInterrupt();
+  // Until Ctrl-C, or until a worker dies: a group cannot lose a member and
+  // live on, so `up` then stops the others and fails, naming the worker and
+  // its exit code or signal (the cluster has already printed that line).
+  int signo = 0;
+  while ((signo = InterruptSignal()) == 0) {
+    absl::StatusOr<WorkerExit> exit = workers.cluster->WaitForExit(absl::Milliseconds(100));
+    if (!exit.ok()) continue;
+    out << "moe-ep: a worker died; stopping the other workers" << std::endl;
+    (void)workers.cluster->Stop();
+    return absl::AbortedError(absl::StrCat("the group lost a member: ", exit->description));
+  }
   out << "moe-ep: " << strsignal(signo) << ", stopping " << workers.targets.size() << " workers"
       << std::endl;
   RETURN_IF_ERROR(workers.cluster->Stop());

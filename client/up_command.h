@@ -14,8 +14,11 @@
 namespace moe_ep::client {
 
 // REQUIRES: InstallInterruptHandler() was called (the wait ends on its signal).
+// Returns OK after Ctrl-C once every worker has stopped.
 // Errors: those of AttachWorkers, LocalCluster::Start, Coordinator::WaitReady and
-// FormGroup.
+// FormGroup; kAborted when a worker dies while the group is up (the message
+// names it, its pid, address and exit code or signal; the other workers are
+// stopped first). Source: issue 8.
 absl::Status RunUpCommand(const WorkerSelection& selection, std::ostream& out);
 
 }  // namespace moe_ep::client

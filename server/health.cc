@@ -10,36 +10,47 @@ void HealthReporter::Attach(grpc::HealthCheckServiceInterface* service) {
   absl::MutexLock lock(&mu_);
   if (service == nullptr) return;
   services_.push_back(service);
+  if (shut_down_) {
+    // Register both names first, so they answer NOT_SERVING, not NOT_FOUND.
+    service->SetServingStatus(kLivenessServiceName, false);
+    service->SetServingStatus(kReadinessServiceName, false);
+    service->Shutdown();
+    return;
+  }
   ApplyLocked();
 }
 
-void HealthReporter::SetServing(bool serving) {
+void HealthReporter::SetReady(bool ready) {
   absl::MutexLock lock(&mu_);
   if (shut_down_) return;
-  serving_ = serving;
+  ready_ = ready;
   ApplyLocked();
 }
 
 void HealthReporter::Shutdown() {
   absl::MutexLock lock(&mu_);
-  serving_ = false;
-  ApplyLocked();
+  if (shut_down_) return;
+  ready_ = false;
   shut_down_ = true;
   // The default service's Shutdown() sets every name NOT_SERVING and ignores
   // later updates, so a draining server never reports SERVING again.
   for (grpc::HealthCheckServiceInterface* service : services_) service->Shutdown();
 }
 
-bool HealthReporter::serving() const {
+bool HealthReporter::ready() const {
   absl::MutexLock lock(&mu_);
-  return serving_;
+  return ready_;
+}
+
+bool HealthReporter::live() const {
+  absl::MutexLock lock(&mu_);
+  return !shut_down_;
 }
 
 void HealthReporter::ApplyLocked() {
-  if (shut_down_) return;
   for (grpc::HealthCheckServiceInterface* service : services_) {
-    service->SetServingStatus("", serving_);
-    service->SetServingStatus(kWorkerServiceName, serving_);
+    service->SetServingStatus(kLivenessServiceName, true);
+    service->SetServingStatus(kReadinessServiceName, ready_);
   }
 }
 

@@ -1,13 +1,29 @@
 #pragma once
 
-// grpc.health.v1 reporting for the worker (DESIGN §8): NOT_SERVING until the
-// worker is joined and allocated (and its group is not broken), SERVING after,
-// NOT_SERVING again on Leave and for good on shutdown. Reported under the
-// service names "" (the whole server) and "moe_ep.v1.Worker".
+// grpc.health.v1 reporting for the worker (DESIGN §8, §12; issue 8). Two
+// service names, for the two questions a probe asks:
 //
-// Uses gRPC's default health service: call grpc::EnableDefaultHealthCheckService(true)
-// before building the server (EnableDefaultHealthService() does that), then
-// Attach() the built server's GetHealthCheckService().
+//   kLivenessServiceName ("")      SERVING from start-up while the process
+//                                  serves; NOT_SERVING for good on shutdown
+//                                  (SIGTERM drain). For liveness and startup
+//                                  probes: a worker waiting to be joined, or
+//                                  whose group broke, is alive and must not
+//                                  be restarted.
+//   kReadinessServiceName          SERVING only while the worker is joined,
+//   ("moe_ep.v1.Worker")           allocated and its group is not broken;
+//                                  NOT_SERVING otherwise. For readiness
+//                                  probes and for coordinators that Watch.
+//
+// Uses gRPC's default health service: call EnableDefaultHealthService()
+// before building the server, then Attach() the built server's
+// GetHealthCheckService().
+//
+// Lock order: the default service holds its own mutex while it writes to
+// Watch streams, and a stream that ends runs the server's interceptors under
+// the stream's mutex. So nothing that holds a lock of this process may be
+// taken from an interceptor (server/metrics.h keeps that rule), and this
+// reporter calls into gRPC under its own mutex only, which is never taken
+// from gRPC's threads. Abseil's deadlock detector checks this order in tests.
 //
 // Thread-safe.
 
@@ -19,8 +35,10 @@
 
 namespace moe_ep::server {
 
-// Service names reported: "" and "moe_ep.v1.Worker".
-inline constexpr const char* kWorkerServiceName = "moe_ep.v1.Worker";
+inline constexpr const char* kLivenessServiceName = "";
+inline constexpr const char* kReadinessServiceName = "moe_ep.v1.Worker";
+// The readiness name under its older spelling in this codebase.
+inline constexpr const char* kWorkerServiceName = kReadinessServiceName;
 
 // Turns on gRPC's default health service for servers built after this call.
 void EnableDefaultHealthService();
@@ -29,20 +47,25 @@ class HealthReporter {
  public:
   // Starts reporting through `service` too (null is ignored: then only the
   // remembered state changes). Call it once per server that serves health
-  // (the control plane, and the plaintext probe port of --health_listen).
-  // Applies the current state at once.
+  // (the control plane, and the plaintext probe port of --health-listen).
+  // Applies the current state at once: liveness SERVING unless shut down,
+  // readiness as last set.
   void Attach(grpc::HealthCheckServiceInterface* service);
-  // Sets SERVING (true) or NOT_SERVING (false) for both names. Ignored after Shutdown().
-  void SetServing(bool serving);
-  // NOT_SERVING for good: later SetServing() calls are ignored.
+  // Sets readiness SERVING (true) or NOT_SERVING (false). Liveness is not
+  // affected. Ignored after Shutdown().
+  void SetReady(bool ready);
+  // Both names NOT_SERVING for good: later SetReady() calls are ignored.
   void Shutdown();
-  bool serving() const;
+  // The readiness last set (false after Shutdown()).
+  bool ready() const;
+  // True until Shutdown().
+  bool live() const;
 
  private:
   void ApplyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   mutable absl::Mutex mu_;
   std::vector<grpc::HealthCheckServiceInterface*> services_ ABSL_GUARDED_BY(mu_);
-  bool serving_ ABSL_GUARDED_BY(mu_) = false;
+  bool ready_ ABSL_GUARDED_BY(mu_) = false;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -12,10 +12,10 @@
 //     with "rank"/"generation"/"epoch" null before Join; the message is
 //     JSON-escaped (invalid UTF-8 replaced).
 //
-// The fields are process-wide and set with SetLogContext(); main.cc refreshes
-// them from the GetStatus snapshot after every RPC (server/metrics.h's
-// interceptor), so a line logged inside a call that changes them (e.g. Join)
-// still shows the values from before that call.
+// The fields are process-wide and set with SetLogContext(); the worker
+// service sets them whenever its state, generation or epoch changes, so a
+// line logged inside a call that changes them (e.g. Join) shows the values
+// from before the change and the lines after it the new ones.
 //
 // Thread-safe (the fields are atomics). Source: issue 5; spdlog 1.10
 // (custom formatter), nlohmann-json (escaping).

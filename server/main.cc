@@ -90,6 +90,8 @@ ABSL_FLAG(std::string, metrics_port_file, "", "optional file to write the metric
 ABSL_FLAG(std::string, health_listen, "",
           "host:port of a plaintext port serving only grpc.health.v1, for probes that cannot "
           "do TLS or send a token (Kubernetes gRPC probes); empty = off");
+ABSL_FLAG(std::string, health_port_file, "",
+          "optional file to write the bound --health_listen port to");
 ABSL_FLAG(std::string, log_format, "text",
           "text, or json (one JSON object per line with rank, generation and epoch)");
 ABSL_FLAG(int32_t, device, 0,
@@ -224,19 +226,14 @@ int main(int argc, char** argv) {
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.RegisterService(&worker);
   builder.RegisterService(&rendezvous);
-  // RPC metrics, and the log fields (rank, generation, epoch) refreshed after each call.
+  // RPC metrics (the log fields are the worker service's: server/logging.h).
   auto snapshot = [&worker] {
     moe_ep::v1::GetStatusRequest request;
     moe_ep::v1::GetStatusResponse status;
     worker.GetStatus(nullptr, &request, &status);
     return status;
   };
-  moe_ep::server::WorkerMetrics metrics(snapshot, [&snapshot] {
-    const moe_ep::v1::GetStatusResponse status = snapshot();
-    const bool joined = status.state() != moe_ep::v1::WORKER_STATE_STARTED;
-    moe_ep::server::SetLogContext(joined ? status.rank() : -1, status.generation(),
-                                  status.geometry_epoch());
-  });
+  moe_ep::server::WorkerMetrics metrics(snapshot);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(metrics.MakeInterceptorFactory());
   moe_ep::server::InFlightCalls in_flight;  // the SIGTERM drain waits for these
@@ -262,6 +259,11 @@ int main(int argc, char** argv) {
       return Fail(absl::StrCat("--health_listen: cannot bind ", health_listen));
     }
     health.Attach(probe_server->GetHealthCheckService());
+    if (const std::string file = absl::GetFlag(FLAGS_health_port_file); !file.empty()) {
+      std::ofstream out(file);
+      out << probe_port << "\n";
+      if (!out) return Fail(absl::StrCat("--health_port_file: cannot write ", file));
+    }
     spdlog::info("serving grpc.health.v1 only (plaintext, for probes) on {}:{}",
                  HostOf(health_listen), probe_port);
   }

@@ -144,8 +144,10 @@ class MetricsInterceptor final : public grpc::experimental::Interceptor {
     if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) {
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+      // Runs under gRPC's per-call locks (a health Watch ends inside its
+      // reactor's mutex): record into prometheus only, never take a lock of
+      // the worker here (server/health.h, issue 8).
       metrics_->RecordRpc(method_, methods->GetSendStatus().error_code(), seconds);
-      metrics_->AfterRpc();
     }
     methods->Proceed();
   }
@@ -224,11 +226,9 @@ class WorkerMetrics::StatusCollectable final : public prometheus::Collectable {
   std::function<v1::GetStatusResponse()> status_;
 };
 
-WorkerMetrics::WorkerMetrics(std::function<v1::GetStatusResponse()> status,
-                             std::function<void()> after_rpc)
+WorkerMetrics::WorkerMetrics(std::function<v1::GetStatusResponse()> status)
     : registry_(std::make_shared<prometheus::Registry>()),
       status_collectable_(std::make_shared<StatusCollectable>(std::move(status))),
-      after_rpc_(std::move(after_rpc)),
       rpcs_(prometheus::BuildCounter()
                 .Name("moe_ep_rpcs_total")
                 .Help("control-plane RPCs handled, by method and status code")
@@ -290,10 +290,6 @@ void WorkerMetrics::RecordForward(const v1::ForwardResponse& response) {
   tokens_sent_.Increment(static_cast<double>(response.tokens_sent()));
   tokens_received_.Increment(static_cast<double>(response.tokens_received()));
   bytes_sent_.Increment(static_cast<double>(response.bytes_sent()));
-}
-
-void WorkerMetrics::AfterRpc() {
-  if (after_rpc_) after_rpc_();
 }
 
 MetricsServer::~MetricsServer() = default;

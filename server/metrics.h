@@ -48,10 +48,11 @@ namespace moe_ep::server {
 class WorkerMetrics {
  public:
   // `status` returns the worker's current GetStatus snapshot; it is called at
-  // scrape time and by AfterRpc users, never while a worker lock is held by
-  // the caller. `after_rpc` (may be empty) runs on the handler's thread after
-  // each call's status is known (main.cc refreshes the log fields there).
-  WorkerMetrics(std::function<v1::GetStatusResponse()> status, std::function<void()> after_rpc);
+  // scrape time only, never from the interceptor: the interceptor runs under
+  // gRPC's per-call locks, and the snapshot takes the worker's state lock,
+  // which is held while the worker reports health to gRPC — the lock-order
+  // cycle of issue 8.
+  explicit WorkerMetrics(std::function<v1::GetStatusResponse()> status);
   ~WorkerMetrics();
 
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
@@ -64,7 +65,6 @@ class WorkerMetrics {
   // `method` is the full gRPC path ("/moe_ep.v1.Worker/Forward").
   void RecordRpc(const std::string& method, grpc::StatusCode code, double seconds);
   void RecordForward(const v1::ForwardResponse& response);
-  void AfterRpc();
 
  private:
   friend class MetricsServer;
@@ -72,7 +72,6 @@ class WorkerMetrics {
 
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<StatusCollectable> status_collectable_;
-  std::function<void()> after_rpc_;
   prometheus::Family<prometheus::Counter>& rpcs_;
   prometheus::Family<prometheus::Histogram>& rpc_seconds_;
   prometheus::Family<prometheus::Counter>& communicator_errors_;

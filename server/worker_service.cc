@@ -21,6 +21,7 @@
 #include "gloo/rendezvous/hash_store.h"
 #include "server/device_info.h"
 #include "server/grpc_store.h"
+#include "server/logging.h"
 #include "server/status_conversion.h"
 #include "server/tensor_codec.h"
 #include "spdlog/spdlog.h"
@@ -285,9 +286,11 @@ absl::Status WorkerService::RequireGroup(WorkerPhase phase, const char* rpc) {
 
 void WorkerService::UpdateHealthLocked() {
   status_.set_state(ToProto(state_.phase()));
+  const bool joined = state_.phase() != WorkerPhase::kStarted;
+  SetLogContext(joined ? status_.rank() : -1, status_.generation(), status_.geometry_epoch());
   if (health_ != nullptr) {
-    health_->SetServing(state_.phase() == WorkerPhase::kAllocated && !state_.broken() &&
-                        !shutting_down_);
+    health_->SetReady(state_.phase() == WorkerPhase::kAllocated && !state_.broken() &&
+                      !shutting_down_);
   }
 }
 
@@ -829,6 +832,7 @@ absl::Status WorkerService::DoCommitGeometry(grpc::ServerContext* context,
   absl::MutexLock lock(&state_mu_);
   status_.set_geometry_epoch(request.epoch());
   status_.set_runtime_max_tokens_per_rank(request.runtime_max_tokens_per_rank());
+  UpdateHealthLocked();  // the log fields carry the epoch
   return absl::OkStatus();
 }
 

@@ -156,7 +156,8 @@ class WorkerService final : public v1::Worker::Service {
   absl::Status CheckSameOnAllRanks(uint64_t fingerprint, const std::string& what);
   // Drops the group and everything built on it; back to STARTED. Needs the slot.
   void TearDownGroup();
-  // Re-derives health from the state. Needs state_mu_.
+  // Re-derives the reported state, readiness and the log fields (rank,
+  // generation, epoch) from the state. Needs state_mu_.
   void UpdateHealthLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_);
   absl::Status RequireGroup(WorkerPhase phase, const char* rpc);
 

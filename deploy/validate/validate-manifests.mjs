@@ -22,7 +22,13 @@
 //      a gRPC probe's port is the worker's --health_listen port (else its
 //      --listen port, which must then be plaintext) when that is literal;
 //      exec probes that call a TLS worker with moe-ep pass --tls-ca (and
-//      --tls-cert for mutual TLS);
+//      --tls-cert for mutual TLS), except `moe-ep health`, which is plaintext;
+//   4a. probe semantics (server/health.h, issue 8): startup and liveness
+//      probes ask the liveness name "" (SERVING while the process serves),
+//      never the group-following readiness name "moe_ep.v1.Worker" (a pod not
+//      yet joined, or whose group broke, would be restarted); readiness probes
+//      ask "moe_ep.v1.Worker"; exec probes use `moe-ep health` on a loopback
+//      address (no DNS, no certificate), never `moe-ep status`;
 //   4b. transport security: a worker listening on a non-loopback address
 //      serves TLS or passes --allow_insecure (else it exits at start-up);
 //   5. DESIGN §12: an NCCL worker has NCCL_NVLS_ENABLE=0; one on the host
@@ -431,6 +437,47 @@ function probeList(c) {
   ].filter(([, p]) => p);
 }
 
+const READINESS_SERVICE = "moe_ep.v1.Worker";
+
+// The health service name a probe asks, or null when it asks none that we
+// know (problems say why). gRPC probes: grpc.service; exec probes: the
+// --service of their `moe-ep health` call.
+function probeService(name, p, where, problems) {
+  if (p.grpc) return p.grpc.service ?? "";
+  if (!p.exec?.command) return null;
+  const calls = argvInvocations(p.exec.command).invocations.filter((i) => i.bin === "moe-ep");
+  if (calls.length === 0) return null;
+  let service = null;
+  for (const inv of calls) {
+    const sub = inv.args.find((a) => !a.startsWith("-"));
+    if (sub !== "health") {
+      problems.push(`${where}: ${name} calls \`moe-ep ${sub ?? ""}\`, which depends on DNS and on the certificate's validity: probe the plaintext --health_listen port with \`moe-ep health --target 127.0.0.1:PORT\``);
+      continue;
+    }
+    const target = flagValue(inv, "target") ?? "";
+    const host = target.replace(/^"|"$/g, "").replace(/:[^:]*$/, "");
+    if (!(host === "localhost" || /^127\./.test(host) || host === "[::1]")) {
+      problems.push(`${where}: ${name} calls moe-ep health --target ${target}: use a loopback address (a name needs DNS)`);
+    }
+    service = flagValue(inv, "service") ?? "";
+  }
+  return service;
+}
+
+function checkProbeSemantics(c, where, problems) {
+  for (const [name, p] of probeList(c)) {
+    const service = probeService(name, p, where, problems);
+    if (service === null) continue;
+    const shown = service === "" ? '""' : `"${service}"`;
+    if (name !== "readinessProbe" && service === READINESS_SERVICE) {
+      problems.push(`${where}: ${name} asks ${shown}, which follows the group (NOT_SERVING until joined and while broken): a pod not yet joined, or whose group broke, would be restarted; ask "" (liveness)`);
+    }
+    if (name === "readinessProbe" && service !== READINESS_SERVICE) {
+      problems.push(`${where}: readinessProbe asks ${shown}, which does not follow the group: ask "${READINESS_SERVICE}"`);
+    }
+  }
+}
+
 function checkFlags(inv, help, where, problems) {
   const h = help[inv.bin];
   let flags = h.flags;
@@ -527,6 +574,7 @@ function checkContainer(c, pod, where, ctx, problems) {
     }
   }
   for (const inv of invocations) checkFlags(inv, ctx.help, `${where}: ${inv.bin}`, problems);
+  if (main.invocations.some((i) => i.bin === "moe-ep-worker")) checkProbeSemantics(c, where, problems);
 
   // Kubernetes expands $(NAME) in command, args and env values; an unknown
   // name stays literally in the string, which is never what was meant.
@@ -573,7 +621,8 @@ function checkContainer(c, pod, where, ctx, problems) {
       problems.push(`${where}: moe-ep-worker listens on ${flagValue(inv, "listen") ?? "?"} in plaintext without --allow_insecure (it refuses to start): pass --tls_cert/--tls_key, or --allow_insecure on a trusted network`);
     }
     if (!tls) continue;
-    for (const probe of invocations.filter((i) => i.bin === "moe-ep")) {
+    const plaintextHealth = (i) => i.args.find((a) => !a.startsWith("-")) === "health";
+    for (const probe of invocations.filter((i) => i.bin === "moe-ep" && !plaintextHealth(i))) {
       for (const f of ["tls-ca", hasFlag(inv, "tls_client_ca") ? "tls-cert" : null].filter(Boolean)) {
         if (!hasFlag(probe, f)) problems.push(`${where}: a probe calls the TLS worker with moe-ep but without --${f}`);
       }

@@ -7,7 +7,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -163,6 +165,105 @@ TEST_F(ScriptWorker, UnwritableLogDirIsNotFound) {
   auto cluster = LocalCluster::Start(options);
   EXPECT_EQ(cluster.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(cluster.status().message(), HasSubstr("--log-dir"));
+}
+
+TEST_F(ScriptWorker, WorkerKilledFromOutsideIsReapedAndReportedAtOnce) {
+  std::mutex mu;
+  std::vector<WorkerExit> reported;
+  LocalClusterOptions options;
+  options.num_workers = 3;
+  options.worker_binary =
+      Script("worker",
+             "echo \"moe-ep-worker listening on 127.0.0.1:$(( $$ % 60000 + 1024 ))\"\n"
+             "exec sleep 1000");
+  options.on_exit = [&](const WorkerExit& exit) {
+    std::lock_guard<std::mutex> lock(mu);
+    reported.push_back(exit);
+  };
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const pid_t victim = (*cluster)->pid(2);
+  ASSERT_EQ(kill(victim, SIGKILL), 0);  // as the OOM killer would
+  auto exit = (*cluster)->WaitForExit(absl::Seconds(5));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(exit->index, 2);
+  EXPECT_EQ(exit->pid, victim);
+  EXPECT_EQ(exit->target, (*cluster)->targets()[2]);
+  EXPECT_TRUE(WIFSIGNALED(exit->wait_status));
+  EXPECT_EQ(WTERMSIG(exit->wait_status), SIGKILL);
+  EXPECT_FALSE(exit->sent_by_us);
+  EXPECT_EQ(exit->description,
+            absl::StrCat("worker 2 (pid ", victim, ", ", (*cluster)->targets()[2],
+                         ") was killed by signal 9 (", strsignal(SIGKILL), ")"));
+  // Reaped, not defunct: the pid is gone.
+  EXPECT_EQ(kill(victim, 0), -1);
+  EXPECT_FALSE((*cluster)->IsRunning(2));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_EQ(reported.size(), 1u);
+    EXPECT_EQ(reported[0].description, exit->description);
+  }
+  // A planned stop reports nothing more.
+  EXPECT_TRUE((*cluster)->Stop().ok());
+  EXPECT_EQ((*cluster)->Exits().size(), 1u);
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(reported.size(), 1u);
+}
+
+TEST_F(ScriptWorker, WorkerThatExitsByItselfIsReportedWithItsExitCode) {
+  LocalClusterOptions options;
+  options.num_workers = 2;
+  options.log_dir = dir_;
+  options.worker_binary = Script("worker",
+                                 "echo 'moe-ep-worker listening on 127.0.0.1:7'\n"
+                                 // mkdir is atomic: exactly one worker dies.
+                                 "if mkdir " +
+                                     dir_ +
+                                     "/die 2>/dev/null; then sleep 0.3; exit 3; fi\n"
+                                     "exec sleep 1000");
+  options.on_exit = [](const WorkerExit&) {};
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto exit = (*cluster)->WaitForExit(absl::Seconds(5));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_TRUE(WIFEXITED(exit->wait_status));
+  EXPECT_EQ(WEXITSTATUS(exit->wait_status), 3);
+  EXPECT_THAT(exit->description, HasSubstr(absl::StrCat("worker ", exit->index, " (pid ")));
+  EXPECT_THAT(exit->description, HasSubstr(") exited with exit code 3; its log: " + dir_ +
+                                           "/worker-" + std::to_string(exit->index) + ".log"));
+  EXPECT_EQ((*cluster)->Exits().size(), 1u);
+}
+
+TEST_F(ScriptWorker, KillIsReportedAsSentByUs) {
+  LocalClusterOptions options;
+  options.num_workers = 2;
+  options.worker_binary = Script("worker",
+                                 "echo 'moe-ep-worker listening on 127.0.0.1:7'\n"
+                                 "exec sleep 1000");
+  options.on_exit = [](const WorkerExit&) {};
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->Kill(0, SIGTERM).ok());
+  auto exit = (*cluster)->WaitForExit(absl::Seconds(5));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(exit->index, 0);
+  EXPECT_TRUE(exit->sent_by_us);
+  EXPECT_THAT(exit->description, HasSubstr("was killed by signal 15"));
+  EXPECT_THAT(exit->description, HasSubstr("(sent by moe-ep)"));
+}
+
+TEST_F(ScriptWorker, WaitForExitTimesOutWhileAllRun) {
+  LocalClusterOptions options;
+  options.num_workers = 1;
+  options.worker_binary = Script("worker",
+                                 "echo 'moe-ep-worker listening on 127.0.0.1:7'\n"
+                                 "exec sleep 1000");
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  EXPECT_EQ((*cluster)->WaitForExit(absl::Milliseconds(50)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE((*cluster)->Stop().ok());
+  EXPECT_TRUE((*cluster)->Exits().empty());
 }
 
 }  // namespace

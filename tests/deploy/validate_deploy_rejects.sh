@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Proves that scripts/validate-deploy.sh rejects broken manifests: breaks a
-# copy of deploy/k8s in thirteen independent ways, runs the validator once, and
+# copy of deploy/k8s in sixteen independent ways, runs the validator once, and
 # requires exit status 1 and one FAIL line naming each breakage.
 # Usage: tests/deploy/validate_deploy_rejects.sh BUILD_DIR
 set -euo pipefail
@@ -65,6 +65,17 @@ edit base/statefulset.yaml '              port: 8081
             periodSeconds: 10' '              port: 50051
               service: ""
             periodSeconds: 10'
+# 14. a startup probe on the group-following readiness name (issue 8: a pod
+# not joined in time would be killed).
+edit base/statefulset.yaml '              port: 8081
+              service: ""
+            periodSeconds: 2' '              port: 8081
+              service: moe_ep.v1.Worker
+            periodSeconds: 2'
+# 15. an exec readiness probe that needs DNS and a valid certificate.
+edit overlays/gpu/worker-remove-fixed-port.yaml 'moe-ep health --target "127.0.0.1:$((HEALTH_BASE_PORT + ${POD_INDEX:-${POD_NAME##*-}}))" --service moe_ep.v1.Worker' 'moe-ep status --targets "$POD_NAME.moe-ep-worker:$((BASE_PORT + ${POD_INDEX:-${POD_NAME##*-}}))"'
+# 16. a readiness probe on the liveness name (passes before the worker joined).
+edit overlays/lws/leaderworkerset.yaml ' --service moe_ep.v1.Worker' ''
 
 set +e
 out=$("$root/scripts/validate-deploy.sh" --k8s-dir "$k" "$build_dir" 2>&1)
@@ -95,6 +106,9 @@ expect 'LeaderWorkerSet/moe-ep: /spec/leaderWorkerTemplate/workerTemplate/spec/t
 expect "LeaderWorkerSet/moe-ep: /spec/leaderWorkerTemplate/workerTemplate: unknown field: Object literal may only specify known properties, and '\"runAsGroups\"' does not exist in type 'PodSecurityContext'" 'LWS pod template unknown field'
 expect 'moe-ep-worker listens on 0.0.0.0:50051 in plaintext without --allow_insecure' 'plaintext without --allow_insecure'
 expect 'livenessProbe.grpc.port 50051 is not the worker'"'"'s --health_listen port 8081' 'probe not on the health port'
+expect 'startupProbe asks "moe_ep.v1.Worker", which follows the group' 'startup probe on the readiness name'
+expect 'readinessProbe calls `moe-ep status`, which depends on DNS' 'exec probe through DNS and TLS'
+expect 'readinessProbe asks "", which does not follow the group' 'readiness probe on the liveness name'
 if [ "$rc" -ne 1 ]; then echo "validate-deploy.sh exited $rc, expected 1"; fails=$((fails + 1)); fi
 if [ "$fails" -ne 0 ]; then echo "$fails expectations failed"; exit 1; fi
 echo "all breakages rejected"

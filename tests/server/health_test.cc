@@ -16,7 +16,7 @@
 namespace moe_ep::server {
 namespace {
 
-TEST(HealthReporter, ReportsBothNamesAndStaysDownAfterShutdown) {
+TEST(HealthReporter, LivenessServesWhileReadinessFollowsTheGroupAndShutdownEndsBoth) {
   EnableDefaultHealthService();
   grpc::ServerBuilder builder;
   int port = 0;
@@ -29,29 +29,55 @@ TEST(HealthReporter, ReportsBothNamesAndStaysDownAfterShutdown) {
 
   HealthReporter health;
   health.Attach(server->GetHealthCheckService());
-  EXPECT_FALSE(health.serving());
-  EXPECT_EQ(ProbeHealth(address, ""), kNotServing);
-  EXPECT_EQ(ProbeHealth(address, kWorkerServiceName), kNotServing);
+  EXPECT_TRUE(health.live());
+  EXPECT_FALSE(health.ready());
+  EXPECT_EQ(ProbeHealth(address, kLivenessServiceName), kServing);
+  EXPECT_EQ(ProbeHealth(address, kReadinessServiceName), kNotServing);
 
-  health.SetServing(true);
-  EXPECT_TRUE(health.serving());
-  EXPECT_EQ(ProbeHealth(address, ""), kServing);
-  EXPECT_EQ(ProbeHealth(address, kWorkerServiceName), kServing);
+  health.SetReady(true);
+  EXPECT_TRUE(health.ready());
+  EXPECT_EQ(ProbeHealth(address, kLivenessServiceName), kServing);
+  EXPECT_EQ(ProbeHealth(address, kReadinessServiceName), kServing);
 
+  health.SetReady(false);  // e.g. the group broke: still alive
+  EXPECT_EQ(ProbeHealth(address, kLivenessServiceName), kServing);
+  EXPECT_EQ(ProbeHealth(address, kReadinessServiceName), kNotServing);
+
+  health.SetReady(true);
   health.Shutdown();
-  health.SetServing(true);  // ignored after Shutdown
-  EXPECT_FALSE(health.serving());
-  EXPECT_EQ(ProbeHealth(address, ""), kNotServing);
-  EXPECT_EQ(ProbeHealth(address, kWorkerServiceName), kNotServing);
+  health.SetReady(true);  // ignored after Shutdown
+  EXPECT_FALSE(health.ready());
+  EXPECT_FALSE(health.live());
+  EXPECT_EQ(ProbeHealth(address, kLivenessServiceName), kNotServing);
+  EXPECT_EQ(ProbeHealth(address, kReadinessServiceName), kNotServing);
   server->Shutdown();
 }
 
-TEST(HealthReporter, RemembersStateUntilAttached) {
+TEST(HealthReporter, RemembersReadinessUntilAttached) {
   HealthReporter health;
-  health.SetServing(true);
-  EXPECT_TRUE(health.serving());
+  health.SetReady(true);
+  EXPECT_TRUE(health.ready());
   health.Attach(nullptr);
-  EXPECT_TRUE(health.serving());
+  EXPECT_TRUE(health.ready());
+}
+
+TEST(HealthReporter, ServerAttachedAfterShutdownReportsNotServing) {
+  EnableDefaultHealthService();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  RendezvousService some_service;
+  builder.RegisterService(&some_service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  HealthReporter health;
+  health.SetReady(true);
+  health.Shutdown();
+  health.Attach(server->GetHealthCheckService());
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  EXPECT_EQ(ProbeHealth(address, kLivenessServiceName), kNotServing);
+  EXPECT_EQ(ProbeHealth(address, kReadinessServiceName), kNotServing);
+  server->Shutdown();
 }
 
 }  // namespace

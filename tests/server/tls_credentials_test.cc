@@ -355,7 +355,7 @@ TEST_F(TlsTest, PlaintextProbePortMirrorsHealthOfTlsServer) {
   health.Attach(probe_server->GetHealthCheckService());
   const std::string probe = "127.0.0.1:" + std::to_string(probe_port);
   EXPECT_EQ(ProbeHealth(probe, kWorkerServiceName), kNotServing);
-  health.SetServing(true);
+  health.SetReady(true);
   EXPECT_EQ(ProbeHealth(probe, kWorkerServiceName), kServing);
   EXPECT_EQ(ProbeHealth(probe, ""), kServing);
   // The TLS port itself refuses a plaintext probe.

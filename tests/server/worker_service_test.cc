@@ -100,7 +100,9 @@ void ExpectError(const grpc::Status& status, grpc::StatusCode code, const std::s
 
 TEST(WorkerService, OneRankFullFlowComputesWeightedSumExactly) {
   InProcessWorker worker;
-  EXPECT_EQ(ProbeHealth(worker.address(), ""), kNotServing);
+  // Liveness ("") serves from the start; readiness waits for the group.
+  EXPECT_EQ(ProbeHealth(worker.address(), kLivenessServiceName), kServing);
+  EXPECT_EQ(ProbeHealth(worker.address(), kReadinessServiceName), kNotServing);
   EXPECT_EQ(worker.Status().state(), v1::WORKER_STATE_STARTED);
   // Rendezvous through this worker's own Rendezvous service (GrpcStore).
   ASSERT_TRUE(worker.Join(1, 0, 1, worker.address(), "gloo").ok());
@@ -178,7 +180,8 @@ TEST(WorkerService, OneRankFullFlowComputesWeightedSumExactly) {
 
   ASSERT_TRUE(worker.Leave(1).ok());
   EXPECT_EQ(worker.Status().state(), v1::WORKER_STATE_STARTED);
-  EXPECT_EQ(ProbeHealth(worker.address(), ""), kNotServing);
+  EXPECT_EQ(ProbeHealth(worker.address(), kReadinessServiceName), kNotServing);
+  EXPECT_EQ(ProbeHealth(worker.address(), kLivenessServiceName), kServing);
   EXPECT_TRUE(worker.Leave(1).ok());  // idempotent
 }
 
@@ -566,7 +569,9 @@ TEST(WorkerService, TwoRanksFormGroupCheckConfigsAndForward) {
   EXPECT_TRUE(broken.error_code() == grpc::StatusCode::UNAVAILABLE ||
               broken.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)
       << broken.error_message();
-  EXPECT_EQ(ProbeHealth(rank0.address(), ""), kNotServing);
+  // Broken: not ready, but alive (a liveness probe must not restart it).
+  EXPECT_EQ(ProbeHealth(rank0.address(), kReadinessServiceName), kNotServing);
+  EXPECT_EQ(ProbeHealth(rank0.address(), kLivenessServiceName), kServing);
   ExpectError(rank0.Sync(2, 1), grpc::StatusCode::FAILED_PRECONDITION,
               "re-join with a new generation");
   ExpectError(rank0.Join(2, 0, 1, rendezvous, "gloo", 5000), grpc::StatusCode::FAILED_PRECONDITION,
