@@ -5,6 +5,7 @@
 #include "absl/strings/str_format.h"
 #include "core/status_macros.h"
 #include "kernels/grouped_gemm.cuh"
+#include "kernels/hopper_grouped_gemm.cuh"
 #include "kernels/internal/cuda_status.h"
 #include "kernels/route.cuh"
 
@@ -40,6 +41,8 @@ absl::StatusOr<std::unique_ptr<ExpertCompute>> ExpertCompute::Create(int64_t max
   ec->hidden_ = hidden;
   ec->max_intermediate_ = max_intermediate;
   ec->max_local_experts_ = max_local_experts;
+  ec->hopper_available_ =
+      max_local_experts <= kHopperGemmMaxExperts && HopperGroupedGemmAvailable().ok();
   const int64_t n = max_rows * top_k;
   ExpertEntryBuffers& b = ec->entries_;
   const int64_t ib = n * static_cast<int64_t>(sizeof(int32_t));
@@ -132,7 +135,26 @@ absl::Status ExpertCompute::Run(const uint8_t* recv, int64_t num_rows,
   const int64_t max_entries = num_rows * top_k_;
   RETURN_IF_ERROR(
       LaunchGatherExpertRows(recv, max_entries, hidden_, top_k_, entries_, num_local, x_, stream));
-  if (gemm_ == ExpertGemm::kGroupedDevice) {
+  if (gemm_ == ExpertGemm::kGroupedDevice && UsesHopperGemm(inter)) {
+    HopperGemmParams gate_up;
+    gate_up.a = x_;
+    gate_up.max_rows = max_entries;
+    gate_up.b = experts.gate_up();
+    gate_up.offsets = entries_.offsets;
+    gate_up.num_local_experts = num_local;
+    gate_up.n = inter;
+    gate_up.k = hidden_;
+    RETURN_IF_ERROR(LaunchHopperGroupedSwiGlu(gate_up, act_, stream));
+    HopperGemmParams down = gate_up;
+    down.a = act_;
+    down.b = experts.down();
+    down.n = hidden_;
+    down.k = inter;
+    RETURN_IF_ERROR(LaunchHopperGroupedGemm(down, y_, stream));
+    return LaunchWeightedExpertSum(recv, num_rows, hidden_, top_k_, entries_.position, y_,
+                                   combine_send, stream);
+  }
+  if (gemm_ != ExpertGemm::kCublasHostCounts) {
     RETURN_IF_ERROR(LaunchExpertTileOffsets(entries_.offsets, num_local, tile_offsets_, stream));
     GroupedGemmParams gate_up;
     gate_up.a = x_;

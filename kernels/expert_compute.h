@@ -18,10 +18,14 @@
 //   cub sort temp, x bf16 [max_rows*K, H], gate_up fp32 [max_rows*K, 2I],
 //   act bf16 [max_rows*K, I], y fp32 [max_rows*K, H], cuBLAS workspace 32 MiB.
 // GEMMs (ExpertGemm, set_gemm):
-//   kGroupedDevice (default): the grouped WMMA kernels of
-//     kernels/grouped_gemm.cuh read each expert's row count on the device;
-//     gate_up and silu are fused (act = bf16(silu(x Wg^T) * (x Wu^T)), fp32
-//     inside), then y = act down^T in fp32. No host sync: graph-capturable.
+//   kGroupedDevice (default): grouped kernels that read each expert's row
+//     count on the device; gate_up and silu are fused (act = bf16(silu(x
+//     Wg^T) * (x Wu^T)), fp32 inside), then y = act down^T in fp32. No host
+//     sync: graph-capturable. On an sm_90 device with a 90a build the Hopper
+//     wgmma + TMA kernels of kernels/hopper_grouped_gemm.cuh run (issue 14);
+//     elsewhere, or when H or I is not a multiple of 8, the WMMA kernels of
+//     kernels/grouped_gemm.cuh.
+//   kGroupedWmma: always the WMMA kernels (capturable); kept for comparison.
 //   kCublasHostCounts: the L+1 expert offsets are copied to pinned host
 //     memory and the stream is synchronised once (cuBLAS takes each expert's
 //     m on the host); not graph-capturable. Kept for comparison.
@@ -43,7 +47,8 @@ namespace moe_ep::kernels {
 
 // How the SwiGLU GEMMs get each expert's row count (see above).
 enum class ExpertGemm {
-  kGroupedDevice,     // device-side counts, grouped WMMA kernels, capturable
+  kGroupedDevice,     // device-side counts, Hopper kernels where available, capturable
+  kGroupedWmma,       // device-side counts, grouped WMMA kernels, capturable
   kCublasHostCounts,  // cuBLAS per expert, one host sync, not capturable
 };
 
@@ -75,6 +80,11 @@ class ExpertCompute {
   int64_t allocated_bytes() const { return allocated_bytes_; }
 
   void set_gemm(ExpertGemm gemm) { gemm_ = gemm; }
+  // True when kGroupedDevice runs the Hopper kernels for intermediate size
+  // `intermediate` (device, build and alignment allow it).
+  bool UsesHopperGemm(int64_t intermediate) const {
+    return hopper_available_ && hidden_ % 8 == 0 && intermediate % 8 == 0;
+  }
   ExpertGemm gemm() const { return gemm_; }
 
  private:
@@ -88,6 +98,7 @@ class ExpertCompute {
   int max_local_experts_ = 0;
   int64_t allocated_bytes_ = 0;
   ExpertGemm gemm_ = ExpertGemm::kGroupedDevice;
+  bool hopper_available_ = false;  // HopperGroupedGemmAvailable() at Create
   ExpertEntryBuffers entries_;
   int32_t* tile_offsets_ = nullptr;  // device [max_local_experts + 1]
   uint16_t* x_ = nullptr;

@@ -227,6 +227,20 @@ TEST(GpuEpDispatcher, Ep2SwiGluCublasHostCountsH4096Top2E60) {
            GeometryCheck::kHostAllGather,
            ExpertGemm::kCublasHostCounts});
 }
+// The WMMA grouped kernels (the fallback where the Hopper kernels cannot run).
+TEST(GpuEpDispatcher, Ep1SwiGluGroupedWmmaH4096Top2E60) {
+  RunCase({1,
+           4096,
+           2,
+           60,
+           {127},
+           true,
+           64,
+           -1,
+           0.1,
+           GeometryCheck::kHostAllGather,
+           ExpertGemm::kGroupedWmma});
+}
 // Device-side (epoch, R) check (no host sync in the step); I = 36 takes the
 // grouped GEMM's scalar K tail.
 TEST(GpuEpDispatcher, Ep2DeviceCheckSwiGluH2048Top8E64I36) {

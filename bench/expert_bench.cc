@@ -1,0 +1,241 @@
+// expert_bench: the SwiGLU expert compute of one EP rank on one GPU
+// (kernels/expert_compute.h), every expert local (EP 1), per GEMM path:
+//   hopper  ExpertGemm::kGroupedDevice on an sm_90 device (wgmma + TMA,
+//           kernels/hopper_grouped_gemm.cuh), replayed from a CUDA graph;
+//   wmma    ExpertGemm::kGroupedWmma (the earlier grouped kernels), graph;
+//   cublas  ExpertGemm::kCublasHostCounts, eager (host counts: not capturable).
+// Each time is the p50 over --iters (CUDA events around one Run or one graph
+// replay, after --warmup). The step is the whole ExpertCompute::Run: group
+// entries by expert, gather rows, gate_up + SiLU*up, down, weighted sum.
+// Routing: every token picks top_k distinct experts uniformly (as
+// ../shared/tools/anchors/expert_gemm_torch.py). Also printed: the
+// weight-streaming bound (bytes of the experts that got rows / --bound-tbps)
+// and the matrix bound (rows * 6 H I FLOP / --bound-tflops), the achieved
+// weight-read rate of the hopper step, a device-to-device copy's rate (bytes
+// read plus bytes written over time, 2 GiB) measured in the same process, and
+// the largest |hopper - cublas| / max|cublas| and |hopper - wmma| / max|wmma|
+// over the outputs, and the count of non-finite outputs (checks that the paths
+// computed the same thing). CSV to stdout; progress to stderr.
+// Source: issue 14; DESIGN §10.
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "core/bf16.h"
+#include "kernels/device_experts.h"
+#include "kernels/expert_compute.h"
+
+namespace moe_ep::kernels {
+namespace {
+
+#define BENCH_CHECK(expr)                                                             \
+  do {                                                                                \
+    absl::Status s_ = (expr);                                                         \
+    if (!s_.ok()) {                                                                   \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, s_.ToString().c_str()); \
+      std::exit(1);                                                                   \
+    }                                                                                 \
+  } while (0)
+#define CUDA_CHECK(expr)                                                                          \
+  do {                                                                                            \
+    cudaError_t e_ = (expr);                                                                      \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+double P50(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[(v.size() - 1) / 2];
+}
+
+// max |got - want| / max |want| over bf16 outputs; a non-finite element in
+// either makes it infinite.
+double MaxRel(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want) {
+  double diff = 0, mag = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double w = core::Bf16ToFloat(want[i]);
+    const double d = std::abs(core::Bf16ToFloat(got[i]) - w);
+    if (!std::isfinite(d)) return INFINITY;
+    diff = std::max(diff, d);
+    mag = std::max(mag, std::abs(w));
+  }
+  return mag > 0 ? diff / mag : diff;
+}
+
+int64_t NonFinite(const std::vector<uint16_t>& v) {
+  int64_t bad = 0;
+  for (uint16_t x : v) bad += std::isfinite(core::Bf16ToFloat(x)) ? 0 : 1;
+  return bad;
+}
+
+// Times `fn` (enqueues on `stream`) with events: p50 in µs.
+template <typename Fn>
+double TimeP50(cudaStream_t stream, int warmup, int iters, Fn fn) {
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> us;
+  for (int it = 0; it < warmup + iters; ++it) {
+    CUDA_CHECK(cudaEventRecord(a, stream));
+    fn();
+    CUDA_CHECK(cudaEventRecord(b, stream));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    if (it >= warmup) us.push_back(ms * 1000.0);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return P50(us);
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"moe-ep SwiGLU expert compute: hopper vs wmma vs cuBLAS (issue 14)"};
+  std::vector<int64_t> token_list = {1, 16, 128, 512, 4096};
+  int num_experts = 128, top_k = 8, warmup = 5, iters = 30;
+  int64_t hidden = 7168, inter = 2048;
+  double bound_tbps = 4.8, bound_tflops = 790;
+  std::vector<std::string> paths = {"hopper", "wmma", "cublas"};
+  app.add_option("--tokens", token_list, "token counts");
+  app.add_option("--experts", num_experts, "local experts (EP 1: all)");
+  app.add_option("--topk", top_k);
+  app.add_option("--hidden", hidden);
+  app.add_option("--intermediate", inter);
+  app.add_option("--warmup", warmup);
+  app.add_option("--iters", iters);
+  app.add_option("--paths", paths, "hopper, wmma, cublas");
+  app.add_option("--bound-tbps", bound_tbps, "memory rate of the weight bound");
+  app.add_option("--bound-tflops", bound_tflops, "bf16 matrix rate of the matrix bound");
+  CLI11_PARSE(app, argc, argv);
+
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // Device-to-device copy rate (read + write), same process.
+  const size_t copy_bytes = size_t{2} << 30;
+  void *src = nullptr, *dst = nullptr;
+  CUDA_CHECK(cudaMalloc(&src, copy_bytes));
+  CUDA_CHECK(cudaMalloc(&dst, copy_bytes));
+  CUDA_CHECK(cudaMemset(src, 1, copy_bytes));
+  const double copy_us = TimeP50(stream, 3, 20, [&] {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, stream));
+  });
+  const double copy_tbps = 2.0 * copy_bytes / (copy_us * 1e-6) / 1e12;
+  cudaFree(src);
+  cudaFree(dst);
+  std::fprintf(stderr, "d2d copy: %.2f TB/s (read + write)\n", copy_tbps);
+
+  auto experts = DeviceExpertSet::GenerateSwiGlu(7, 3, 0, num_experts, hidden, inter);
+  BENCH_CHECK(experts.status());
+  const int64_t max_tokens = *std::max_element(token_list.begin(), token_list.end());
+  auto ec = ExpertCompute::Create(max_tokens, top_k, hidden, inter, num_experts);
+  BENCH_CHECK(ec.status());
+  const int64_t row_bytes = 2 * hidden + 8 * top_k;
+  uint8_t* recv = nullptr;
+  uint16_t* out = nullptr;
+  std::vector<uint16_t> ref_out;
+  CUDA_CHECK(cudaMalloc(&recv, max_tokens * row_bytes));
+  CUDA_CHECK(cudaMalloc(&out, max_tokens * hidden * 2));
+
+  std::printf(
+      "tokens,rows,experts_hit,H,I,topk,hopper_kernel,hopper_graph_p50_us,wmma_graph_p50_us,"
+      "cublas_eager_p50_us,weight_bound_us,matrix_bound_us,hopper_weight_tbps,copy_tbps,"
+      "hopper_vs_cublas_max_rel,hopper_vs_wmma_max_rel,hopper_nonfinite,cublas_nonfinite\n");
+  for (const int64_t tokens : token_list) {
+    // recv rows: hidden ~ U(-1, 1) bf16 | top_k distinct ids | weights ~ U(0, 1).
+    std::mt19937_64 rng(1000 + tokens);
+    std::uniform_real_distribution<float> v(-1.0f, 1.0f);
+    std::vector<uint8_t> host(tokens * row_bytes);
+    std::set<int> hit;
+    for (int64_t t = 0; t < tokens; ++t) {
+      uint8_t* row = host.data() + t * row_bytes;
+      auto* h = reinterpret_cast<uint16_t*>(row);
+      for (int64_t j = 0; j < hidden; ++j) h[j] = core::FloatToBf16(v(rng));
+      auto* ids = reinterpret_cast<int32_t*>(row + 2 * hidden);
+      auto* w = reinterpret_cast<float*>(row + 2 * hidden + 4 * top_k);
+      std::vector<int> perm(num_experts);
+      for (int e = 0; e < num_experts; ++e) perm[e] = e;
+      for (int k = 0; k < top_k; ++k) {
+        std::uniform_int_distribution<int> pick(k, num_experts - 1);
+        std::swap(perm[k], perm[pick(rng)]);
+        ids[k] = perm[k];
+        w[k] = 0.5f * (v(rng) + 1.0f);
+        hit.insert(ids[k]);
+      }
+    }
+    CUDA_CHECK(cudaMemcpy(recv, host.data(), host.size(), cudaMemcpyHostToDevice));
+    const int64_t rows = tokens * top_k;
+    auto run = [&] { BENCH_CHECK((*ec)->Run(recv, tokens, **experts, out, stream)); };
+    auto graph_p50 = [&](ExpertGemm gemm) {
+      (*ec)->set_gemm(gemm);
+      run();  // warm (module load, attributes) outside the capture
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      run();
+      CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+      CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      const double us =
+          TimeP50(stream, warmup, iters, [&] { CUDA_CHECK(cudaGraphLaunch(exec, stream)); });
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      return us;
+    };
+    auto has = [&](const char* p) {
+      return std::find(paths.begin(), paths.end(), p) != paths.end();
+    };
+    double hopper_us = 0, wmma_us = 0, cublas_us = 0, max_rel = -1;
+    std::vector<uint16_t> hopper_out(tokens * hidden), cublas_out(tokens * hidden);
+    if (has("cublas")) {
+      (*ec)->set_gemm(ExpertGemm::kCublasHostCounts);
+      cublas_us = TimeP50(stream, warmup, iters, run);
+      CUDA_CHECK(cudaMemcpy(cublas_out.data(), out, tokens * hidden * 2, cudaMemcpyDeviceToHost));
+    }
+    if (has("hopper")) {
+      hopper_us = graph_p50(ExpertGemm::kGroupedDevice);
+      CUDA_CHECK(cudaMemcpy(hopper_out.data(), out, tokens * hidden * 2, cudaMemcpyDeviceToHost));
+      if (has("cublas")) max_rel = MaxRel(hopper_out, cublas_out);
+    }
+    double max_rel_wmma = -1;
+    if (has("wmma")) {
+      wmma_us = graph_p50(ExpertGemm::kGroupedWmma);
+      std::vector<uint16_t> wmma_out(tokens * hidden);
+      CUDA_CHECK(cudaMemcpy(wmma_out.data(), out, tokens * hidden * 2, cudaMemcpyDeviceToHost));
+      if (has("hopper")) max_rel_wmma = MaxRel(hopper_out, wmma_out);
+    }
+    const int64_t bad_hopper = has("hopper") ? NonFinite(hopper_out) : -1;
+    const int64_t bad_cublas = has("cublas") ? NonFinite(cublas_out) : -1;
+    const double wbytes = static_cast<double>(hit.size()) * 3 * inter * hidden * 2;
+    const double weight_bound_us = wbytes / (bound_tbps * 1e12) * 1e6;
+    const double matrix_bound_us = rows * 6.0 * hidden * inter / (bound_tflops * 1e12) * 1e6;
+    const double hopper_tbps = hopper_us > 0 ? wbytes / (hopper_us * 1e-6) / 1e12 : 0;
+    std::printf(
+        "%lld,%lld,%zu,%lld,%lld,%d,%d,%.1f,%.1f,%.1f,%.1f,%.1f,%.3f,%.3f,%.2e,%.2e,%lld,%lld\n",
+        static_cast<long long>(tokens), static_cast<long long>(rows), hit.size(),
+        static_cast<long long>(hidden), static_cast<long long>(inter), top_k,
+        (*ec)->UsesHopperGemm(inter) ? 1 : 0, hopper_us, wmma_us, cublas_us, weight_bound_us,
+        matrix_bound_us, hopper_tbps, copy_tbps, max_rel, max_rel_wmma,
+        static_cast<long long>(bad_hopper), static_cast<long long>(bad_cublas));
+    std::fflush(stdout);
+  }
+  cudaFree(recv);
+  cudaFree(out);
+  cudaStreamDestroy(stream);
+  return 0;
+}
+
+}  // namespace
+}  // namespace moe_ep::kernels
+
+int main(int argc, char** argv) { return moe_ep::kernels::Main(argc, argv); }
