@@ -13,6 +13,10 @@
 namespace moe_ep::kernels {
 namespace {
 
+// Decode shape: 128-row tiles (each consumer warpgroup one m64 sub-tile)
+// times 256 B rows (fused: 128 gate + 128 up). Experts with few rows keep
+// every SM streaming weights.
+namespace wide {
 constexpr int kBM = 128;                        // tile rows: 2 consumer warpgroups x 64
 constexpr int kWgRows = 64;                     // rows of one consumer warpgroup
 constexpr int kBK = 64;                         // K per stage: one 128-byte swizzle row
@@ -239,6 +243,268 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+}  // namespace wide
+
+// Prefill shape: 256-row tiles (each consumer warpgroup two m64 sub-tiles)
+// times 128 B rows (fused: 64 gate + 64 up): an expert with <= 256 rows
+// reads each weight tile once, with no reliance on L2 sharing between CTAs.
+namespace tall {
+constexpr int kBM = 256;                                // tile rows: 2 consumer warpgroups x 128
+constexpr int kWgRows = 128;                            // rows of one consumer warpgroup (2 x m64)
+constexpr int kBox = 64;                                // rows of one TMA box (A and B)
+constexpr int kBK = 64;                                 // K per stage: one 128-byte swizzle row
+constexpr int kBN = 128;                                // B rows of a tile (two 64-row boxes)
+constexpr int kStages = 4;                              // TMA ring depth
+constexpr int kThreads = 384;                           // producer + 2 consumer warpgroups
+constexpr int kBoxBytes = kBox * kBK * 2;               // 8 KB
+constexpr int kABoxes = kBM / kBox;                     // 4
+constexpr int kStageBytes = (kABoxes + 2) * kBoxBytes;  // 48 KB: A boxes, then B
+constexpr int kRingBytes = kStages * kStageBytes;
+constexpr int kBarrierBytes = 2 * kStages * 8;
+
+// Dynamic shared memory: 1024 (alignment slack) + ring + barriers + the
+// offsets and m-tile prefix, (L+1) int32 each.
+int SmemBytes(int num_local_experts) {
+  return 1024 + kRingBytes + kBarrierBytes + 2 * (num_local_experts + 1) * 4;
+}
+
+struct Tile {
+  int expert;
+  int32_t m_start;  // first row of the tile
+  int32_t m_end;    // end of the expert's rows
+  int32_t n0;       // first output column
+};
+
+// Tile t of the walk: expert-major, then n-tile, then m-tile (fastest).
+__device__ __forceinline__ Tile DecodeTile(int t, const int32_t* s_off, const int32_t* s_mt,
+                                           int num_local_experts, int n_tiles, int n_step) {
+  int lo = 0;
+  int hi = num_local_experts - 1;
+  while (lo < hi) {  // last l with s_mt[l] * n_tiles <= t
+    const int mid = (lo + hi + 1) / 2;
+    if (s_mt[mid] * n_tiles <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const int local = t - s_mt[lo] * n_tiles;
+  const int m_tiles = s_mt[lo + 1] - s_mt[lo];
+  Tile tile;
+  tile.expert = lo;
+  tile.m_start = s_off[lo] + (local % m_tiles) * kBM;
+  tile.m_end = s_off[lo + 1];
+  tile.n0 = (local / m_tiles) * n_step;
+  return tile;
+}
+
+__device__ __forceinline__ uint16_t Bf16Bits(float v) {
+  const __nv_bfloat16 b = __float2bfloat16_rn(v);
+  return *reinterpret_cast<const uint16_t*>(&b);
+}
+
+// One consumer warpgroup's k-loop over a tile: kSubs m64 sub-tiles (A boxes
+// a_off and a_off + 8 KB of each stage) times the stage's 128 B rows, one
+// k-block in flight; kSubs == 0 only keeps the ring's phases. `it` counts the
+// ring's iterations across tiles.
+template <int kSubs>
+__device__ __forceinline__ void ConsumeTile(float (&acc0)[64], float (&acc1)[64], uint8_t* ring,
+                                            uint64_t* full, uint64_t* empty, uint32_t a_off,
+                                            int k_blocks, int lt, int& it) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace internal;
+  for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+    const int s = it % kStages;
+    MbarWait(SmemAddr(&full[s]), (it / kStages) & 1);
+    if constexpr (kSubs == 0) {
+      MbarArriveIf(SmemAddr(&empty[s]), lt == 0);
+    } else {
+      const uint8_t* st = ring + s * kStageBytes;
+      const uint32_t a_addr = SmemAddr(st + a_off);
+      const uint32_t b_addr = SmemAddr(st + kABoxes * kBoxBytes);
+      WgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        const uint64_t db = SwizzledKMajorDesc(b_addr + kk * 32);
+        const int scale = (kb > 0 || kk > 0) ? 1 : 0;
+        Wgmma128(acc0, SwizzledKMajorDesc(a_addr + kk * 32), db, scale);
+        if constexpr (kSubs == 2) {
+          Wgmma128(acc1, SwizzledKMajorDesc(a_addr + kBoxBytes + kk * 32), db, scale);
+        }
+      }
+      WgmmaCommit();
+      // One k-block stays in flight: k-block kb - 1 has been read, release it.
+      WgmmaWait<1>();
+      MbarArriveIf(SmemAddr(&empty[(it + kStages - 1) % kStages]), kb > 0 && lt == 0);
+    }
+  }
+  if constexpr (kSubs > 0) {
+    WgmmaWait<0>();
+    MbarArriveIf(SmemAddr(&empty[(it + kStages - 1) % kStages]), lt == 0);
+  }
+#endif
+}
+
+// Writes one m64 sub-tile whose first row is `row0` (rows past the expert's
+// end skipped). Fused: act[row, n0 + j] = bf16(silu(d[j]) * d[64 + j]) for
+// j < 64; else y[row, n0 + j] = d[j] for j < 128. Columns >= n skipped.
+template <bool kFused>
+__device__ __forceinline__ void StoreSubTile(const float (&acc)[64], int32_t row0, const Tile& tile,
+                                             int warp_row, int lane_col, int n, uint16_t* act,
+                                             float* y) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = row0 + warp_row + 8 * h;
+    if (row >= tile.m_end) continue;
+#pragma unroll
+    for (int c = 0; c < (kFused ? 8 : 16); ++c) {
+      const int col = tile.n0 + 8 * c + lane_col;
+      if constexpr (kFused) {
+        const float g0 = acc[4 * c + 2 * h];
+        const float g1 = acc[4 * c + 2 * h + 1];
+        const float u0 = acc[4 * (c + 8) + 2 * h];
+        const float u1 = acc[4 * (c + 8) + 2 * h + 1];
+        const uint16_t v0 = Bf16Bits(g0 / (1.0f + __expf(-g0)) * u0);
+        const uint16_t v1 = Bf16Bits(g1 / (1.0f + __expf(-g1)) * u1);
+        uint16_t* out = act + row * n;
+        if (col + 1 < n && (n % 2) == 0) {
+          *reinterpret_cast<uint32_t*>(out + col) = v0 | (uint32_t{v1} << 16);
+        } else {
+          if (col < n) out[col] = v0;
+          if (col + 1 < n) out[col + 1] = v1;
+        }
+      } else {
+        const float v0 = acc[4 * c + 2 * h];
+        const float v1 = acc[4 * c + 2 * h + 1];
+        float* out = y + row * n;
+        if (col + 1 < n && (n % 2) == 0) {
+          *reinterpret_cast<float2*>(out + col) = make_float2(v0, v1);
+        } else {
+          if (col < n) out[col] = v0;
+          if (col + 1 < n) out[col + 1] = v1;
+        }
+      }
+    }
+  }
+}
+
+// kFused: b is [L, 2N, K]; sub-tile 0 holds gate rows n0.., sub-tile 1 the
+// up rows N + n0..; the epilogue writes bf16 silu(gate) * up for columns
+// [n0, n0 + 128). Else b is [L, N, K]; sub-tiles hold rows n0.. and
+// n0 + 128..; the epilogue writes fp32 columns [n0, n0 + 256).
+template <bool kFused>
+__global__ void __launch_bounds__(kThreads, 1)
+    HopperGroupedGemmKernel(const __grid_constant__ CUtensorMap map_a,
+                            const __grid_constant__ CUtensorMap map_b,
+                            const int32_t* __restrict__ offsets, int num_local_experts, int n,
+                            int k, uint16_t* __restrict__ act, float* __restrict__ y) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace internal;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* ring =
+      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  uint64_t* full = reinterpret_cast<uint64_t*>(ring + kRingBytes);
+  uint64_t* empty = full + kStages;
+  int32_t* s_off = reinterpret_cast<int32_t*>(empty + kStages);
+  int32_t* s_mt = s_off + num_local_experts + 1;
+  const int tid = threadIdx.x;
+  const int num_l = num_local_experts;
+  for (int i = tid; i <= num_l; i += kThreads) s_off[i] = offsets[i];
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(SmemAddr(&full[s]), 1);
+      MbarInit(SmemAddr(&empty[s]), 2);  // one thread of each consumer warpgroup
+    }
+    FenceBarrierInit();
+  }
+  __syncthreads();
+  if (tid < 32) {  // m-tile prefix: each lane a run of experts, then a warp scan
+    const int per = (num_l + 31) / 32;
+    const int lo = min(num_l, tid * per);
+    const int hi = min(num_l, lo + per);
+    int sum = 0;
+    for (int l = lo; l < hi; ++l) sum += (s_off[l + 1] - s_off[l] + kBM - 1) / kBM;
+    int incl = sum;
+    for (int d = 1; d < 32; d *= 2) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, d);
+      if (tid >= d) incl += v;
+    }
+    int run = incl - sum;
+    for (int l = lo; l < hi; ++l) {
+      s_mt[l] = run;
+      run += (s_off[l + 1] - s_off[l] + kBM - 1) / kBM;
+    }
+    if (tid == 31) s_mt[num_l] = incl;
+  }
+  __syncthreads();
+
+  constexpr int n_step = kFused ? kBN / 2 : kBN;
+  const int n_tiles = (n + n_step - 1) / n_step;
+  const int num_tiles = s_mt[num_l] * n_tiles;
+  const int k_blocks = (k + kBK - 1) / kBK;
+  const int b_rows = kFused ? 2 * n : n;  // rows of one expert's b
+  const int b1_shift = kFused ? n : kBox;
+  const int wg = tid / 128;
+
+  if (wg == 0) {
+    SetMaxRegsDec<40>();
+    if (tid != 0) return;
+    int it = 0;
+    for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+      const Tile tile = DecodeTile(t, s_off, s_mt, num_l, n_tiles, n_step);
+      const int boxes = min(kABoxes, (tile.m_end - tile.m_start + kBox - 1) / kBox);
+      const uint32_t bytes = (boxes + 2) * kBoxBytes;
+      const int32_t b0 = tile.expert * b_rows + tile.n0;
+      for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+        const int s = it % kStages;
+        MbarWait(SmemAddr(&empty[s]), ((it / kStages) & 1) ^ 1);
+        const uint32_t bar = SmemAddr(&full[s]);
+        MbarArriveExpectTx(bar, bytes);
+        uint8_t* st = ring + s * kStageBytes;
+        const int32_t kc = kb * kBK;
+        for (int j = 0; j < boxes; ++j) {
+          TmaLoad2d(SmemAddr(st + j * kBoxBytes), &map_a, kc, tile.m_start + j * kBox, bar);
+        }
+        TmaLoad2d(SmemAddr(st + kABoxes * kBoxBytes), &map_b, kc, b0, bar);
+        TmaLoad2d(SmemAddr(st + (kABoxes + 1) * kBoxBytes), &map_b, kc, b0 + b1_shift, bar);
+      }
+    }
+    return;
+  }
+
+  SetMaxRegsInc<232>();
+  const int cw = wg - 1;     // consumer warpgroup: rows [64 cw, 64 cw + 64) of the tile
+  const int lt = tid % 128;  // thread in the warpgroup
+  const int warp_row = (lt / 32) * 16 + (lt % 32) / 4;  // accumulator row of d[0]
+  const int lane_col = (lt % 4) * 2;                    // accumulator column of d[0]
+  int it = 0;
+  for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+    const Tile tile = DecodeTile(t, s_off, s_mt, num_l, n_tiles, n_step);
+    const int32_t row0 = tile.m_start + cw * kWgRows;
+    // m64 sub-tiles of this warpgroup with rows of the expert: 0, 1 or 2.
+    const int subs = (row0 < tile.m_end ? 1 : 0) + (row0 + kBox < tile.m_end ? 1 : 0);
+    float acc0[64];
+    float acc1[64];
+    const uint32_t a_off = cw * 2 * kBoxBytes;
+    if (subs == 2) {
+      ConsumeTile<2>(acc0, acc1, ring, full, empty, a_off, k_blocks, lt, it);
+    } else if (subs == 1) {
+      ConsumeTile<1>(acc0, acc1, ring, full, empty, a_off, k_blocks, lt, it);
+    } else {
+      ConsumeTile<0>(acc0, acc1, ring, full, empty, a_off, k_blocks, lt, it);
+      continue;
+    }
+    // Epilogue: d[4c + 2h + e] is row warp_row + 8h, column 8c + lane_col + e
+    // of the sub-tile; fused: columns [0, 64) gate, [64, 128) up.
+    StoreSubTile<kFused>(acc0, row0, tile, warp_row, lane_col, n, act, y);
+    if (subs == 2) StoreSubTile<kFused>(acc1, row0 + kBox, tile, warp_row, lane_col, n, act, y);
+  }
+#else
+  __trap();  // not built for sm_90a: HopperGroupedGemmAvailable() refuses the launch
+#endif
+}
+
+}  // namespace tall
+
 // cuTensorMapEncodeTiled from the driver, looked up once; null when absent.
 PFN_cuTensorMapEncodeTiled_v12000 EncodeTiled() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
@@ -261,7 +527,8 @@ absl::Status EncodeMap(CUtensorMap* map, const uint16_t* ptr, int64_t rows, int6
                        int box_rows, const char* what) {
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
-  const cuuint32_t box[2] = {kBK, static_cast<cuuint32_t>(box_rows)};
+  static_assert(tall::kBK == wide::kBK && tall::kThreads == wide::kThreads);
+  const cuuint32_t box[2] = {tall::kBK, static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t elem[2] = {1, 1};
   const CUresult r =
       EncodeTiled()(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(ptr), dims,
@@ -298,32 +565,44 @@ absl::Status Check(const HopperGemmParams& p, const void* out, const char* who) 
   return HopperGroupedGemmAvailable();
 }
 
+// Average rows per expert (max_rows / L) from which the 256-row tiles run:
+// on one H200 at H 7168, I 2048, 128 experts they win at 256 rows per expert
+// (4096 tokens, top-8) and lose at 8 and 32 (bench/results/run9).
+constexpr int64_t kTallRowsPerExpert = 192;
+
 template <bool kFused>
 absl::Status Launch(const HopperGemmParams& p, uint16_t* act, float* y, cudaStream_t stream,
                     const char* name) {
   if (p.max_rows == 0) return absl::OkStatus();
+  const bool tall_tiles = p.max_rows >= kTallRowsPerExpert * p.num_local_experts;
+  const int a_box = tall_tiles ? tall::kBox : wide::kWgRows;
+  const int b_box = tall_tiles ? tall::kBox : wide::kBSub;
+  const int64_t bm = tall_tiles ? tall::kBM : wide::kBM;
+  const int64_t n_step =
+      tall_tiles ? (kFused ? tall::kBN / 2 : tall::kBN) : (kFused ? wide::kBSub : 2 * wide::kBSub);
+  const int smem =
+      tall_tiles ? tall::SmemBytes(p.num_local_experts) : wide::SmemBytes(p.num_local_experts);
+  auto* kernel =
+      tall_tiles ? tall::HopperGroupedGemmKernel<kFused> : wide::HopperGroupedGemmKernel<kFused>;
   CUtensorMap map_a;
   CUtensorMap map_b;
-  RETURN_IF_ERROR(EncodeMap(&map_a, p.a, p.max_rows, p.k, kWgRows, "a"));
+  RETURN_IF_ERROR(EncodeMap(&map_a, p.a, p.max_rows, p.k, a_box, "a"));
   const int64_t b_rows = int64_t{p.num_local_experts} * p.n * (kFused ? 2 : 1);
-  RETURN_IF_ERROR(EncodeMap(&map_b, p.b, b_rows, p.k, kBSub, "b"));
+  RETURN_IF_ERROR(EncodeMap(&map_b, p.b, b_rows, p.k, b_box, "b"));
   int device = 0;
   int sms = 0;
   RETURN_IF_ERROR(internal::CudaStatus(cudaGetDevice(&device), "cudaGetDevice"));
   RETURN_IF_ERROR(internal::CudaStatus(
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count"));
-  const int smem = SmemBytes(p.num_local_experts);
   RETURN_IF_ERROR(internal::CudaStatus(
-      cudaFuncSetAttribute(HopperGroupedGemmKernel<kFused>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
       absl::StrFormat("cudaFuncSetAttribute(%s, %d bytes of shared memory)", name, smem)));
-  const int64_t n_step = kFused ? kBSub : 2 * kBSub;
   const int64_t most_tiles =
-      ((p.max_rows + kBM - 1) / kBM + p.num_local_experts) * ((p.n + n_step - 1) / n_step);
+      ((p.max_rows + bm - 1) / bm + p.num_local_experts) * ((p.n + n_step - 1) / n_step);
   const int grid = static_cast<int>(std::min<int64_t>(sms, most_tiles));
-  HopperGroupedGemmKernel<kFused>
-      <<<grid, kThreads, smem, stream>>>(map_a, map_b, p.offsets, p.num_local_experts,
-                                         static_cast<int>(p.n), static_cast<int>(p.k), act, y);
+  kernel<<<grid, tall::kThreads, smem, stream>>>(map_a, map_b, p.offsets, p.num_local_experts,
+                                                 static_cast<int>(p.n), static_cast<int>(p.k), act,
+                                                 y);
   return internal::LaunchStatus(name);
 }
 

@@ -6,19 +6,23 @@
 // wgmma fed by the bulk tensor copy engine (TMA).
 //
 // Rows: expert l (of L local experts) owns rows [offsets[l], offsets[l+1]) of
-// A. Tiles: 128 rows x 256 B-rows (the fused SwiGLU takes 128 gate and the
-// same 128 up rows, i.e. 128 output columns; the plain GEMM 256 output
-// columns), K in steps of 64. The kernel is persistent (one CTA per SM); each
-// CTA reads the L+1 offsets into shared memory, derives the per-expert m-tile
-// counts ceil(rows_l / 128) and walks the tiles (expert, n-tile, m-tile),
-// m-tile fastest, in a static stride, so concurrently running CTAs share the
-// expert's A rows and weight tiles in L2. CTA: 3 warpgroups; warpgroup 0 is
-// the producer (one thread issues TMA loads into a 4-deep ring of 48 KB
-// stages guarded by mbarriers), warpgroups 1 and 2 each own 64 rows of the
-// tile and issue m64n128k16 wgmma from shared memory, with fp32 accumulators
-// in registers, and write the epilogue straight from registers. A warpgroup
-// whose 64 rows are past its expert's end skips its products (decode shapes:
-// an expert with few rows costs weight bandwidth, not tensor time). No split
+// A. Two tile shapes, K in steps of 64, picked on the host from the average
+// rows per expert max_rows / L (so fixed for a captured bucket):
+//   wide (< 192 rows per expert: decode): 128 rows x 256 B-rows (fused: 128
+//     gate and the same 128 up rows, i.e. 128 output columns; plain: 256);
+//   tall (>= 192: prefill): 256 rows x 128 B-rows (fused: 64 output
+//     columns; plain: 128), so an expert of <= 256 rows reads each weight
+//     tile once without relying on CTAs sharing it through L2.
+// The kernels are persistent (one CTA per SM); each CTA reads the L+1
+// offsets into shared memory, derives the per-expert m-tile counts and walks
+// the tiles (expert, n-tile, m-tile), m-tile fastest, in a static stride.
+// CTA: 3 warpgroups; warpgroup 0 is the producer (one thread issues TMA
+// loads into a 4-deep ring of 48 KB stages guarded by mbarriers), warpgroups
+// 1 and 2 each own half of the tile's rows and issue m64n128k16 wgmma from
+// shared memory, one k-block in flight, fp32 accumulators in registers, and
+// write the epilogue straight from registers. An m64 sub-tile whose rows are
+// past its expert's end is neither loaded nor multiplied (decode shapes: an
+// expert with few rows costs weight bandwidth, not tensor time). No split
 // along K: every output element is one fp32 sum in a fixed order, so results
 // repeat bit for bit.
 //

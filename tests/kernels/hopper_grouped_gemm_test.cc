@@ -172,6 +172,13 @@ TEST(HopperGroupedGemm, AllExpertsEmptyWritesNothing) {
   REQUIRE_HOPPER();
   RunGemmCase({{0, 0, 0}, 128, 64, true});
 }
+// At >= 192 rows per expert on average the launch takes the 256-row tiles:
+// experts of 0, 1, 255, 257 and 513 rows cross their m64 sub-tiles and tiles.
+TEST(HopperGroupedGemm, TallTilesFusedAndPlain) {
+  REQUIRE_HOPPER();
+  RunGemmCase({{0, 1, 255, 257, 513}, 136, 256, true}, /*repeat=*/true);
+  RunGemmCase({{0, 1, 255, 257, 513}, 200, 136, false}, /*repeat=*/true);
+}
 // More tiles than SMs: the persistent walk's stride and the ring's phases
 // wrap many times; two runs must agree bit for bit.
 TEST(HopperGroupedGemm, ManyTilesRepeatBitForBit) {
