@@ -387,10 +387,10 @@ __device__ __forceinline__ void StoreSubTile(const float (&acc)[64], int32_t row
   }
 }
 
-// kFused: b is [L, 2N, K]; sub-tile 0 holds gate rows n0.., sub-tile 1 the
-// up rows N + n0..; the epilogue writes bf16 silu(gate) * up for columns
-// [n0, n0 + 128). Else b is [L, N, K]; sub-tiles hold rows n0.. and
-// n0 + 128..; the epilogue writes fp32 columns [n0, n0 + 256).
+// kFused: b is [L, 2N, K]; the stage's B boxes hold gate rows n0.. and up
+// rows N + n0.. (64 each); the epilogue writes bf16 silu(gate) * up for
+// columns [n0, n0 + 64). Else b is [L, N, K]; the boxes hold rows n0.. and
+// n0 + 64..; the epilogue writes fp32 columns [n0, n0 + 128).
 template <bool kFused>
 __global__ void __launch_bounds__(kThreads, 1)
     HopperGroupedGemmKernel(const __grid_constant__ CUtensorMap map_a,
