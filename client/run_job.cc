@@ -199,6 +199,7 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
         << "); local workers run uncapped\n";
   }
 
+  out.flush();
   ASSIGN_OR_RETURN(AttachedWorkers workers, AttachWorkers(selection));
   if (static_cast<int>(workers.targets.size()) != world) {
     return absl::InternalError(
@@ -245,6 +246,7 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
       << allocated[0].dispatch_bytes_per_token() << " B/token dispatch, "
       << FormatBytes(allocated[0].allocated_bytes()) << " allocated per worker (FlashInfer-"
       << "compatible: " << FormatBytes(allocated[0].flashinfer_workspace_bytes()) << ")\n";
+  out.flush();
 
   RunJobResult result;
   result.model_name = model.name;
@@ -275,6 +277,7 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
         "experts: layer %d loaded in %.1f s, per worker [%s] (%s each on rank 0)\n", layer,
         Seconds(absl::Now() - start), absl::StrJoin(ranges, ", "),
         FormatBytes(loaded[0].expert_bytes()));
+    out.flush();  // progress as it goes: a real model's layer takes seconds
     LayerRunSummary summary;
     summary.layer = layer;
     result.layers.push_back(summary);

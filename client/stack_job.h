@@ -40,6 +40,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/stack_memory_budget.h"
 #include "client/worker_selection.h"
 
 namespace moe_ep::client {
@@ -85,6 +86,8 @@ struct StackJobResult {
   std::vector<bool> sparse_layers;         // [K]
   std::vector<std::string> after_mlp_ops;  // [K], rank 0 of the last step
   std::vector<StackGroupResult> groups;
+  StackMemoryEstimate memory;          // the preflight's estimate
+  int64_t memory_available_bytes = 0;  // MemAvailable at start; 0 when unknown
   bool AllPass() const;
 };
 
@@ -103,8 +106,15 @@ std::vector<int64_t> PlanStackTokenCounts(int64_t tokens_per_group, int attn_dp_
 // < 0, tokens < 1, steps < 1.
 absl::Status ValidateStackJobOptions(const StackJobOptions& options);
 
-// Runs the job, printing progress lines (the plan, one line per step) to `out`.
-// Errors: ValidateStackJobOptions and ResolveModel errors; kInvalidArgument
+// Runs the job, printing progress lines to `out` as it goes (flushed: the
+// memory preflight, the group, the plan, the first step's reference layer by
+// layer, one line per step).
+// Before any worker starts, a memory preflight (client/stack_memory_budget.h)
+// checks what the local workers and this process will hold against
+// MemAvailable; local workers get an equal share as --memory_cap_bytes.
+// Errors: ValidateStackJobOptions and ResolveModel errors; kResourceExhausted
+// when the stack does not fit on this machine (CheckStackMemory's message:
+// needed vs available and the options); kInvalidArgument
 // when --layers exceeds the model's layers, the model has no dense MLP size
 // while a dense layer runs and --dense-intermediate is 0, or --targets does
 // not list tp workers; then worker and coordinator errors (aggregated per
