@@ -21,6 +21,7 @@
 #include "client/local_cluster.h"
 #include "client/plan_command.h"
 #include "client/run_job.h"
+#include "client/run_tp_options.h"
 #include "client/stack_job.h"
 #include "client/status_command.h"
 #include "client/up_command.h"
@@ -230,18 +231,21 @@ int main(int argc, char** argv) {
   run->callback([&] {
     run_options.rpc_timeout = absl::Seconds(rpc_timeout_s);
     if (run_tp > 0) {
-      StackJobOptions stack_job;
-      stack_job.model = run_options.model;
-      stack_job.workers = run_options.workers;
-      stack_job.tp_size = run_tp;
-      stack_job.attn_dp_size = run_attn_dp;
-      stack_job.moe_dense_tp_size = run_moe_dense_tp;
-      stack_job.num_layers = run_options.num_layers;
-      stack_job.tokens_per_group = run_options.tokens_per_rank;
-      stack_job.steps = run_options.steps;
-      stack_job.seed = run_options.seed;
-      stack_job.rpc_timeout = run_options.rpc_timeout;
-      action = [stack_job]() { return RunStackAction(stack_job); };
+      // Every run flag applies to the stack or is refused (issue 9 item 4).
+      auto given = [&](const char* flag) { return run->get_option(flag)->count() > 0; };
+      RunFlagsGiven flags;
+      flags.experts = given("--experts");
+      flags.routing = given("--routing");
+      flags.rel_tol = given("--rel-tol");
+      flags.abs_tol = given("--abs-tol");
+      flags.even_tokens = given("--even-tokens");
+      flags.workers = given("--workers");
+      flags.backend = given("--backend");
+      absl::StatusOr<StackJobOptions> stack_job =
+          StackJobFromRun(run_options, flags, run_tp, run_attn_dp, run_moe_dense_tp);
+      action = [stack_job]() {
+        return stack_job.ok() ? RunStackAction(*stack_job) : stack_job.status();
+      };
       return;
     }
     action = [&]() -> absl::Status {
@@ -304,6 +308,11 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   stack->add_option("--seed", stack_options.seed, "seed of tokens, weights and routing")
       ->capture_default_str();
+  stack
+      ->add_option(
+          "--capacity", stack_options.capacity_tokens,
+          "all-to-all capacity N, tokens per rank (default: the largest DP group + attn_tp)")
+      ->check(CLI::NonNegativeNumber);
   stack->add_flag("--allow-reduce-scatter", stack_options.allow_reduce_scatter,
                   "FULL MLPs skip their all-reduce; the after-MLP step reduce-scatters (MAX_LEN)");
   stack->add_option("--targets", stack_options.workers.targets,

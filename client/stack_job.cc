@@ -98,6 +98,7 @@ absl::Status ValidateStackJobOptions(const StackJobOptions& o) {
   if (o.dense_intermediate < 0) return Bad("--dense-intermediate", ">= 0", o.dense_intermediate);
   if (o.tokens_per_group < 1) return Bad("--tokens", ">= 1", o.tokens_per_group);
   if (o.steps < 1) return Bad("--steps", ">= 1", o.steps);
+  if (o.capacity_tokens < 0) return Bad("--capacity", ">= 0 (0 = automatic)", o.capacity_tokens);
   return absl::OkStatus();
 }
 
@@ -147,7 +148,8 @@ absl::StatusOr<StackJobResult> RunStackJob(const StackJobOptions& options, std::
     counts[s] = PlanStackTokenCounts(options.tokens_per_group, attn_dp, s, options.seed);
     for (int64_t c : counts[s]) max_count = std::max(max_count, c);
   }
-  config.capacity_tokens = max_count + attn_tp;
+  config.capacity_tokens =
+      options.capacity_tokens > 0 ? options.capacity_tokens : max_count + attn_tp;
   {
     absl::Status valid = core::ValidateLayerStackConfig(config);
     if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("stack: ", valid.message()));
@@ -257,6 +259,7 @@ absl::StatusOr<StackJobResult> RunStackJob(const StackJobOptions& options, std::
   result.tp_size = tp;
   result.attn_dp_size = attn_dp;
   result.moe_dense_tp_size = options.moe_dense_tp_size;
+  result.capacity_tokens = config.capacity_tokens;
   result.sparse_layers = config.sparse_layers;
   result.memory = memory;
   result.memory_available_bytes = available.ok() ? *available : 0;

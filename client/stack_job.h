@@ -62,6 +62,9 @@ struct StackJobOptions {
   int steps = 2;
   uint64_t seed = 1;
   bool allow_reduce_scatter = false;
+  // All-to-all capacity N, tokens per rank; 0 = the largest DP group's count
+  // + attn_tp (what every step's SCATTERED rows fit in).
+  int64_t capacity_tokens = 0;
   absl::Duration rpc_timeout = absl::Seconds(120);
 };
 
@@ -83,6 +86,7 @@ struct StackJobResult {
   int tp_size = 0;
   int attn_dp_size = 0;
   int moe_dense_tp_size = 0;
+  int64_t capacity_tokens = 0;             // N the workers were given
   std::vector<bool> sparse_layers;         // [K]
   std::vector<std::string> after_mlp_ops;  // [K], rank 0 of the last step
   std::vector<StackGroupResult> groups;
@@ -103,7 +107,7 @@ std::vector<int64_t> PlanStackTokenCounts(int64_t tokens_per_group, int attn_dp_
 
 // Errors (kInvalidArgument naming the flag): tp < 1, attn_dp < 1 or not
 // dividing tp, moe_dense_tp not in {0, 1, tp, tp/attn_dp}, layers < 1, sizes
-// < 0, tokens < 1, steps < 1.
+// < 0, tokens < 1, steps < 1, capacity < 0.
 absl::Status ValidateStackJobOptions(const StackJobOptions& options);
 
 // Runs the job, printing progress lines to `out` as it goes (flushed: the
