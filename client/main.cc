@@ -109,21 +109,11 @@ int main(int argc, char** argv) {
   ws->callback([&] { action = [&] { return RunWorkspaceCommand(ws_options, std::cout); }; });
 
   // status
-  std::string status_targets;
+  StatusCommandOptions status_options;
   auto* status = app.add_subcommand("status", "print a table of running workers");
-  status->add_option("--targets", status_targets, "host:port,...")->required();
-  ClientSecurityOptions status_security;
-  AddSecurityFlags(status, &status_security);
-  status->callback([&] {
-    action = [&]() -> absl::Status {
-      CoordinatorOptions options;
-      auto credentials = MakeClientChannelCredentials(status_security);
-      if (!credentials.ok()) return credentials.status();
-      options.channel_credentials = *credentials;
-      options.rpc_timeout = absl::Seconds(10);
-      return RunStatusCommand(status_targets, options, std::cout);
-    };
-  });
+  status->add_option("--targets", status_options.targets, "host:port,...")->required();
+  AddSecurityFlags(status, &status_options.security);
+  status->callback([&] { action = [&] { return RunStatusCommand(status_options, std::cout); }; });
 
   // health
   HealthCommandOptions health_options;

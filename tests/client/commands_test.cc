@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/str_split.h"
 #include "client/bench_command.h"
 #include "client/model_source.h"
 #include "client/plan_command.h"
@@ -106,6 +107,91 @@ TEST(RenderWorkerTable, ShowsStatesAndUnreachable) {
   EXPECT_THAT(text, HasSubstr("UNREACHABLE"));
   EXPECT_THAT(text, HasSubstr("UNAVAILABLE: connection refused"));
   EXPECT_EQ(WorkerStateName(v1::WORKER_STATE_JOINED), "JOINED");
+}
+
+TEST(DescribeWorkerError, NamesTheFlagThatFixesIt) {
+  ClientSecurityOptions plaintext;
+  ClientSecurityOptions tls;
+  tls.tls_ca = "/ca.pem";
+  ClientSecurityOptions token = tls;
+  token.auth_token_file = "/token";
+  const absl::Status unauthenticated = absl::UnauthenticatedError("missing bearer token");
+  WorkerErrorView v = DescribeWorkerError(unauthenticated, tls);
+  EXPECT_EQ(v.state, "UNAUTHENTICATED");
+  EXPECT_THAT(v.hint, HasSubstr("pass --auth-token-file"));
+  v = DescribeWorkerError(unauthenticated, token);
+  EXPECT_EQ(v.state, "UNAUTHENTICATED");
+  EXPECT_THAT(v.hint, HasSubstr("rejected the token of --auth-token-file /token"));
+  const absl::Status closed = absl::UnavailableError("Socket closed");
+  v = DescribeWorkerError(closed, plaintext);
+  EXPECT_EQ(v.state, "UNREACHABLE");
+  EXPECT_THAT(v.hint, HasSubstr("if it serves TLS, pass --tls-ca"));
+  v = DescribeWorkerError(absl::UnavailableError("Ssl handshake failed: WRONG_VERSION_NUMBER"),
+                          tls);
+  EXPECT_THAT(v.hint, HasSubstr("a plaintext worker needs no --tls-ca"));
+  // A refused connection has no hint: nothing listens there.
+  v = DescribeWorkerError(absl::UnavailableError("failed to connect: Connection refused"),
+                          plaintext);
+  EXPECT_EQ(v.state, "UNREACHABLE");
+  EXPECT_EQ(v.hint, "");
+  EXPECT_EQ(DescribeWorkerError(absl::PermissionDeniedError("no"), tls).state, "PERMISSION_DENIED");
+}
+
+TEST(RenderWorkerTable, UnauthenticatedWorkerShowsAsSuchWithTheHint) {
+  ClientSecurityOptions tls;
+  tls.tls_ca = "/ca.pem";
+  std::vector<absl::StatusOr<v1::GetStatusResponse>> statuses = {
+      absl::UnauthenticatedError("missing bearer token")};
+  const std::string text = RenderWorkerTable({"127.0.0.1:1"}, statuses, tls);
+  EXPECT_THAT(text, HasSubstr("UNAUTHENTICATED"));
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("UNREACHABLE")));
+  EXPECT_THAT(text, HasSubstr("--auth-token-file"));
+}
+
+TEST(RenderWorkerTable, AnErrorEveryRankRepeatsPrintsOnceWithTheRanks) {
+  // Each worker's message names its own address; once that is taken out they
+  // are the same error.
+  const std::vector<std::string> targets = {"127.0.0.1:11", "127.0.0.1:12", "127.0.0.1:13"};
+  std::vector<absl::StatusOr<v1::GetStatusResponse>> statuses;
+  for (const std::string& t : targets) {
+    statuses.push_back(absl::UnavailableError("ipv4:" + t + ": Socket closed"));
+  }
+  const std::string text = RenderWorkerTable(targets, statuses);
+  // Wrapped at 100 columns, continuation lines indented.
+  EXPECT_THAT(text, HasSubstr("error 1, ranks 0-2 (every worker): UNAVAILABLE: "
+                              "ipv4:<address>: Socket closed (hint: the worker\n    closed a "
+                              "plaintext connection"));
+  size_t count = 0;
+  for (size_t at = text.find("Socket closed"); at != std::string::npos;
+       at = text.find("Socket closed", at + 1)) {
+    ++count;
+  }
+  EXPECT_EQ(count, 1u) << text;
+  EXPECT_THAT(text, HasSubstr("error 1 (below)"));
+
+  // Two of three: the ranks are listed, not "every worker"; the third's own
+  // error stays in its row.
+  statuses[1] = absl::UnauthenticatedError("missing bearer token");
+  const std::string mixed = RenderWorkerTable(targets, statuses);
+  EXPECT_THAT(mixed, HasSubstr("error 1, ranks 0, 2: UNAVAILABLE"));
+  EXPECT_THAT(mixed, ::testing::Not(HasSubstr("every worker")));
+  EXPECT_THAT(mixed, HasSubstr("UNAUTHENTICATED: missing bearer token"));
+}
+
+TEST(RenderWorkerTable, LongErrorsWrapInsteadOfWideningTheTable) {
+  const std::string long_error =
+      "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Failed to "
+      "connect to remote host: Connection refused; and a great deal more text that a resolver "
+      "or a TLS library might add to it, which is long enough to be well past two hundred "
+      "columns when it sits in one cell of the table next to eleven other columns";
+  ASSERT_GT(long_error.size(), 250u);
+  std::vector<absl::StatusOr<v1::GetStatusResponse>> statuses = {
+      absl::UnavailableError(long_error)};
+  const std::string text = RenderWorkerTable({"127.0.0.1:1"}, statuses);
+  size_t widest = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) widest = std::max(widest, line.size());
+  EXPECT_LE(widest, 200u) << text;
+  EXPECT_THAT(text, HasSubstr("Connection refused;"));
 }
 
 TEST(RunStatusCommand, BadTargetsAreInvalidArgument) {
