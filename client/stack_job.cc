@@ -367,4 +367,33 @@ std::string RenderStackSummary(const StackJobResult& result) {
                        : "FAIL: at least one DP group differs from the single-process reference\n");
 }
 
+nlohmann::json StackSummaryJson(const StackJobResult& result) {
+  nlohmann::json groups = nlohmann::json::array();
+  for (const StackGroupResult& g : result.groups) {
+    groups.push_back({{"step", g.step},
+                      {"dp_group", g.dp_group},
+                      {"tokens", g.tokens},
+                      {"padding_mode", g.padding_mode},
+                      {"max_rel_err", g.max_rel_err},
+                      {"tolerance", g.tolerance},
+                      {"ranks_agree", g.ranks_agree},
+                      {"pass", g.pass},
+                      {"forward_ms", g.forward_ms}});
+  }
+  return {{"model", result.model_name},
+          {"tp", result.tp_size},
+          {"attn_dp", result.attn_dp_size},
+          {"moe_dense_tp", result.moe_dense_tp_size},
+          {"capacity_tokens", result.capacity_tokens},
+          {"pass", result.AllPass()},
+          {"sparse_layers", result.sparse_layers},
+          {"after_mlp_ops", result.after_mlp_ops},
+          {"groups", std::move(groups)},
+          {"memory",
+           {{"preflight_needed_bytes", result.memory.needed_bytes},
+            {"preflight_worker_bytes", result.memory.worker_bytes},
+            {"preflight_coordinator_bytes", result.memory.coordinator_bytes},
+            {"available_bytes", result.memory_available_bytes}}}};
+}
+
 }  // namespace moe_ep::client

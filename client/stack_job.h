@@ -42,6 +42,7 @@
 #include "absl/time/time.h"
 #include "client/stack_memory_budget.h"
 #include "client/worker_selection.h"
+#include "nlohmann/json.hpp"
 
 namespace moe_ep::client {
 
@@ -129,5 +130,14 @@ absl::StatusOr<StackJobResult> RunStackJob(const StackJobOptions& options, std::
 // The summary table: one row per (step, DP group) with tokens, padding, max
 // relative error, tolerance, pass and time, then a verdict line.
 std::string RenderStackSummary(const StackJobResult& result);
+
+// The summary as JSON (issue 9 item 6): {"model", "tp", "attn_dp",
+// "moe_dense_tp", "capacity_tokens", "pass", "sparse_layers": [bool],
+// "after_mlp_ops": [name], "groups": [{"step", "dp_group", "tokens",
+// "padding_mode", "max_rel_err", "tolerance", "ranks_agree", "pass",
+// "forward_ms"}], "memory": {"preflight_needed_bytes",
+// "preflight_worker_bytes", "preflight_coordinator_bytes",
+// "available_bytes" (0 when unknown)}}. A non-finite error is null.
+nlohmann::json StackSummaryJson(const StackJobResult& result);
 
 }  // namespace moe_ep::client

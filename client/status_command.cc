@@ -159,6 +159,42 @@ std::string RenderWorkerTable(
   return table.Render() + notes;
 }
 
+nlohmann::json WorkerStatusJson(
+    const std::vector<std::string>& targets,
+    const std::vector<absl::StatusOr<moe_ep::v1::GetStatusResponse>>& statuses,
+    const ClientSecurityOptions& security) {
+  nlohmann::json workers = nlohmann::json::array();
+  for (size_t i = 0; i < statuses.size(); ++i) {
+    nlohmann::json w;
+    w["target"] = i < targets.size() ? targets[i] : "?";
+    w["ok"] = statuses[i].ok();
+    if (!statuses[i].ok()) {
+      const absl::Status& error = statuses[i].status();
+      const WorkerErrorView view = DescribeWorkerError(error, security);
+      w["state"] = view.state;
+      w["code"] = absl::StatusCodeToString(error.code());
+      w["error"] = std::string(error.message());
+      w["hint"] = view.hint;
+    } else {
+      const auto& s = *statuses[i];
+      w["rank"] = s.rank();
+      w["world_size"] = s.world_size();
+      w["state"] = WorkerStateName(s.state());
+      w["backend"] = s.backend();
+      w["device"] = s.device_name();
+      w["device_memory_bytes"] = s.device_memory_bytes();
+      w["workspace_bytes"] = s.workspace_bytes();
+      w["expert_bytes"] = s.expert_bytes();
+      w["geometry_epoch"] = s.geometry_epoch();
+      w["runtime_max_tokens_per_rank"] = s.runtime_max_tokens_per_rank();
+      w["forwards"] = s.counters().forwards();
+      w["errors"] = s.counters().errors();
+    }
+    workers.push_back(std::move(w));
+  }
+  return workers;
+}
+
 absl::Status RunStatusCommand(const std::string& targets_text, std::ostream& out) {
   StatusCommandOptions options;
   options.targets = targets_text;
@@ -174,7 +210,13 @@ absl::Status RunStatusCommand(const StatusCommandOptions& options, std::ostream&
   ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
                    Coordinator::Connect(targets, coordinator_options));
   const auto statuses = coordinator->StatusEach();
-  out << RenderWorkerTable(targets, statuses, options.security);
+  if (options.json) {
+    out << nlohmann::json{{"workers", WorkerStatusJson(targets, statuses, options.security)}}.dump(
+               2)
+        << "\n";
+  } else {
+    out << RenderWorkerTable(targets, statuses, options.security);
+  }
   int unreachable = 0;
   for (const auto& s : statuses) unreachable += s.ok() ? 0 : 1;
   if (unreachable > 0) {

@@ -12,6 +12,7 @@
 #include "client/coordinator.h"
 #include "client/credentials.h"
 #include "moe_ep/v1/worker.pb.h"
+#include "nlohmann/json.hpp"
 
 namespace moe_ep::client {
 
@@ -50,13 +51,26 @@ std::string RenderWorkerTable(
     const std::vector<absl::StatusOr<moe_ep::v1::GetStatusResponse>>& statuses,
     const ClientSecurityOptions& security = {});
 
+// The same as JSON, for scripts and dashboards: an array with one object
+// per target in order: {"target", "ok"} and, when ok, "rank", "world_size",
+// "state", "backend", "device", "device_memory_bytes", "workspace_bytes",
+// "expert_bytes", "geometry_epoch", "runtime_max_tokens_per_rank",
+// "forwards", "errors"; otherwise "state" (UNAUTHENTICATED / ...), "code"
+// (e.g. "UNAVAILABLE"), "error" and "hint" (empty when none). Byte counts
+// are integers.
+nlohmann::json WorkerStatusJson(
+    const std::vector<std::string>& targets,
+    const std::vector<absl::StatusOr<moe_ep::v1::GetStatusResponse>>& statuses,
+    const ClientSecurityOptions& security = {});
+
 struct StatusCommandOptions {
   std::string targets;             // host:port,...
   ClientSecurityOptions security;  // how to reach them
   absl::Duration rpc_timeout = absl::Seconds(10);
+  bool json = false;  // WorkerStatusJson ({"workers": [...]}) instead of the table
 };
 
-// Queries every target and prints the table to `out`.
+// Queries every target and prints the table (or JSON) to `out`.
 // Errors: kInvalidArgument for a bad target list; MakeClientChannelCredentials
 // errors; kUnavailable when any worker did not answer (the table is printed
 // first).
