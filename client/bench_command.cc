@@ -8,6 +8,7 @@
 #include "client/group_session.h"
 #include "client/text_table.h"
 #include "core/status_macros.h"
+#include "nlohmann/json.hpp"
 
 namespace moe_ep::client {
 
@@ -80,6 +81,34 @@ absl::Status RunBenchCommand(const BenchCommandOptions& options, std::ostream& o
   request.set_warmup(options.warmup);
   request.set_seed(options.seed);
   ASSIGN_OR_RETURN(std::vector<v1::BenchmarkResponse> results, coordinator->Benchmark(request));
+  if (options.json) {
+    nlohmann::json ranks = nlohmann::json::array();
+    for (int r = 0; r < world; ++r) {
+      const v1::BenchmarkResponse& b = results[r];
+      ranks.push_back({{"rank", r},
+                       {"dispatch_p50_us", b.dispatch_p50_us()},
+                       {"dispatch_p99_us", b.dispatch_p99_us()},
+                       {"combine_p50_us", b.combine_p50_us()},
+                       {"combine_p99_us", b.combine_p99_us()},
+                       {"dispatch_bytes", b.dispatch_bytes()},
+                       {"combine_bytes", b.combine_bytes()},
+                       {"dispatch_logical_gbps", b.dispatch_logical_gbps()},
+                       {"combine_logical_gbps", b.combine_logical_gbps()}});
+    }
+    const nlohmann::json j = {{"world", world},
+                              {"backend", group.joined[0].backend()},
+                              {"tokens_per_rank", options.tokens_per_rank},
+                              {"hidden", options.hidden},
+                              {"top_k", options.top_k},
+                              {"num_experts", options.num_experts},
+                              {"routing", options.routing},
+                              {"iterations", options.iterations},
+                              {"warmup", options.warmup},
+                              {"seed", options.seed},
+                              {"ranks", std::move(ranks)}};
+    out << j.dump(2) << "\n";
+    return absl::OkStatus();
+  }
 
   out << "bench: " << world << " ranks (backend " << group.joined[0].backend() << "), "
       << options.tokens_per_rank << " tokens/rank, hidden " << options.hidden << ", top-"

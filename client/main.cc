@@ -21,6 +21,7 @@
 #include "client/local_cluster.h"
 #include "client/plan_command.h"
 #include "client/run_job.h"
+#include "client/run_tp_options.h"
 #include "client/stack_job.h"
 #include "client/status_command.h"
 #include "client/up_command.h"
@@ -38,12 +39,17 @@ void AddWorkerFlags(CLI::App* cmd, WorkerSelection* w, bool allow_targets) {
   AddWorkerSelectionFlags(cmd, w, allow_targets);
 }
 
-// `moe-ep stack` and `moe-ep run --tp`: run, print the summary, and fail
-// when any DP group disagrees with the reference.
-absl::Status RunStackAction(const StackJobOptions& options) {
-  auto result = RunStackJob(options, std::cout);
+// `moe-ep stack` and `moe-ep run --tp`: run, print the summary (with --json:
+// progress on stderr, the JSON summary on stdout), and fail when any DP group
+// disagrees with the reference.
+absl::Status RunStackAction(const StackJobOptions& options, bool json) {
+  auto result = RunStackJob(options, json ? std::cerr : std::cout);
   if (!result.ok()) return result.status();
-  std::cout << "\n" << RenderStackSummary(*result);
+  if (json) {
+    std::cout << StackSummaryJson(*result).dump(2) << "\n";
+  } else {
+    std::cout << "\n" << RenderStackSummary(*result);
+  }
   if (!result->AllPass()) {
     return absl::DataLossError("at least one DP group disagrees with the reference (see above)");
   }
@@ -88,6 +94,7 @@ int main(int argc, char** argv) {
                    "dense MLP TP size: 1, attn_tp or tp (default unset = tp)")
       ->check(CLI::PositiveNumber);
   plan->add_flag("--no-a2a", no_a2a, "no all-to-all backend: sparse MLPs run FULL");
+  plan->add_flag("--json", plan_options.json, "print the plan as JSON");
   plan->callback([&] {
     plan_options.a2a_enabled = !no_a2a;
     action = [&] { return RunPlanCommand(plan_options, std::cout); };
@@ -105,24 +112,16 @@ int main(int argc, char** argv) {
   ws->add_option("--dtype", ws_options.dtype, "dispatch dtype")
       ->check(CLI::IsMember({"bf16", "nvfp4", "mxfp8"}))
       ->capture_default_str();
+  ws->add_flag("--json", ws_options.json, "print the sizes as JSON");
   ws->callback([&] { action = [&] { return RunWorkspaceCommand(ws_options, std::cout); }; });
 
   // status
-  std::string status_targets;
+  StatusCommandOptions status_options;
   auto* status = app.add_subcommand("status", "print a table of running workers");
-  status->add_option("--targets", status_targets, "host:port,...")->required();
-  ClientSecurityOptions status_security;
-  AddSecurityFlags(status, &status_security);
-  status->callback([&] {
-    action = [&]() -> absl::Status {
-      CoordinatorOptions options;
-      auto credentials = MakeClientChannelCredentials(status_security);
-      if (!credentials.ok()) return credentials.status();
-      options.channel_credentials = *credentials;
-      options.rpc_timeout = absl::Seconds(10);
-      return RunStatusCommand(status_targets, options, std::cout);
-    };
-  });
+  status->add_option("--targets", status_options.targets, "host:port,...")->required();
+  AddSecurityFlags(status, &status_options.security);
+  status->add_flag("--json", status_options.json, "print the workers as JSON");
+  status->callback([&] { action = [&] { return RunStatusCommand(status_options, std::cout); }; });
 
   // health
   HealthCommandOptions health_options;
@@ -227,27 +226,36 @@ int main(int argc, char** argv) {
                   "with --tp: dense MLP TP size (1, or the attention-TP size); unset = tp")
       ->needs(run_tp_option)
       ->check(CLI::NonNegativeNumber);
+  bool run_json = false;
+  run->add_flag("--json", run_json, "progress on stderr, the summary as JSON on stdout");
   run->callback([&] {
     run_options.rpc_timeout = absl::Seconds(rpc_timeout_s);
     if (run_tp > 0) {
-      StackJobOptions stack_job;
-      stack_job.model = run_options.model;
-      stack_job.workers = run_options.workers;
-      stack_job.tp_size = run_tp;
-      stack_job.attn_dp_size = run_attn_dp;
-      stack_job.moe_dense_tp_size = run_moe_dense_tp;
-      stack_job.num_layers = run_options.num_layers;
-      stack_job.tokens_per_group = run_options.tokens_per_rank;
-      stack_job.steps = run_options.steps;
-      stack_job.seed = run_options.seed;
-      stack_job.rpc_timeout = run_options.rpc_timeout;
-      action = [stack_job]() { return RunStackAction(stack_job); };
+      // Every run flag applies to the stack or is refused (issue 9 item 4).
+      auto given = [&](const char* flag) { return run->get_option(flag)->count() > 0; };
+      RunFlagsGiven flags;
+      flags.experts = given("--experts");
+      flags.routing = given("--routing");
+      flags.rel_tol = given("--rel-tol");
+      flags.abs_tol = given("--abs-tol");
+      flags.even_tokens = given("--even-tokens");
+      flags.workers = given("--workers");
+      flags.backend = given("--backend");
+      absl::StatusOr<StackJobOptions> stack_job =
+          StackJobFromRun(run_options, flags, run_tp, run_attn_dp, run_moe_dense_tp);
+      action = [stack_job, &run_json]() {
+        return stack_job.ok() ? RunStackAction(*stack_job, run_json) : stack_job.status();
+      };
       return;
     }
     action = [&]() -> absl::Status {
-      auto result = RunJob(run_options, std::cout);
+      auto result = RunJob(run_options, run_json ? std::cerr : std::cout);
       if (!result.ok()) return result.status();
-      std::cout << "\n" << RenderRunSummary(*result);
+      if (run_json) {
+        std::cout << RunSummaryJson(*result).dump(2) << "\n";
+      } else {
+        std::cout << "\n" << RenderRunSummary(*result);
+      }
       if (!result->AllPass()) {
         return absl::DataLossError("at least one layer disagrees with the reference (see above)");
       }
@@ -304,6 +312,11 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   stack->add_option("--seed", stack_options.seed, "seed of tokens, weights and routing")
       ->capture_default_str();
+  stack
+      ->add_option(
+          "--capacity", stack_options.capacity_tokens,
+          "all-to-all capacity N, tokens per rank (default: the largest DP group + attn_tp)")
+      ->check(CLI::NonNegativeNumber);
   stack->add_flag("--allow-reduce-scatter", stack_options.allow_reduce_scatter,
                   "FULL MLPs skip their all-reduce; the after-MLP step reduce-scatters (MAX_LEN)");
   stack->add_option("--targets", stack_options.workers.targets,
@@ -317,10 +330,12 @@ int main(int argc, char** argv) {
   stack->add_option("--rpc-timeout", stack_rpc_timeout_s, "deadline of each fanned-out call, s")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  bool stack_json = false;
+  stack->add_flag("--json", stack_json, "progress on stderr, the summary as JSON on stdout");
   stack->callback([&] {
     stack_options.a2a_enabled = !stack_no_a2a;
     stack_options.rpc_timeout = absl::Seconds(stack_rpc_timeout_s);
-    action = [&]() { return RunStackAction(stack_options); };
+    action = [&]() { return RunStackAction(stack_options, stack_json); };
   });
 
   // bench
@@ -349,6 +364,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   bench->add_option("--seed", bench_options.seed, "routing seed")->capture_default_str();
+  bench->add_flag("--json", bench_options.json, "print the results as JSON");
   bench->callback([&] { action = [&] { return RunBenchCommand(bench_options, std::cout); }; });
 
   try {

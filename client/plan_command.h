@@ -5,8 +5,12 @@
 
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "core/layer_plan.h"
+#include "core/model_config.h"
+#include "nlohmann/json.hpp"
 
 namespace moe_ep::client {
 
@@ -16,9 +20,18 @@ struct PlanCommandOptions {
   int attn_dp_size = 1;
   int moe_dense_tp_size = 0;  // 0 = unset
   bool a2a_enabled = true;
+  bool json = false;  // PlanJson instead of the text
 };
 
-// Prints a summary line then core::FormatPlanTable.
+// The plan as JSON (issue 9 item 6): {"model", "num_layers",
+// "num_sparse_layers", "tp", "attn_dp", "attn_tp", "moe_dense_tp" (0 =
+// unset), "effective_moe_dense_tp", "a2a", "fingerprint", "layers": [{"layer",
+// "sparse", "input", "attention", "residual", "mlp", "output" (scatter-mode
+// names), "before_attention", "before_mlp", "after_mlp" (step names)}]}.
+nlohmann::json PlanJson(const core::ModelDescription& model, const core::ParallelLayout& layout,
+                        bool a2a_enabled, const std::vector<core::LayerPlan>& plans);
+
+// Prints a summary line then core::FormatPlanTable (or, with json, PlanJson).
 // Errors: ResolveModel errors; core::PlanLayers errors (kInvalidArgument
 // naming the field, or the layer, step and modes of a rejected plan).
 absl::Status RunPlanCommand(const PlanCommandOptions& options, std::ostream& out);

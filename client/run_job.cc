@@ -199,6 +199,7 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
         << "); local workers run uncapped\n";
   }
 
+  out.flush();
   ASSIGN_OR_RETURN(AttachedWorkers workers, AttachWorkers(selection));
   if (static_cast<int>(workers.targets.size()) != world) {
     return absl::InternalError(
@@ -245,6 +246,7 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
       << allocated[0].dispatch_bytes_per_token() << " B/token dispatch, "
       << FormatBytes(allocated[0].allocated_bytes()) << " allocated per worker (FlashInfer-"
       << "compatible: " << FormatBytes(allocated[0].flashinfer_workspace_bytes()) << ")\n";
+  out.flush();
 
   RunJobResult result;
   result.model_name = model.name;
@@ -275,6 +277,7 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
         "experts: layer %d loaded in %.1f s, per worker [%s] (%s each on rank 0)\n", layer,
         Seconds(absl::Now() - start), absl::StrJoin(ranges, ", "),
         FormatBytes(loaded[0].expert_bytes()));
+    out.flush();  // progress as it goes: a real model's layer takes seconds
     LayerRunSummary summary;
     summary.layer = layer;
     result.layers.push_back(summary);
@@ -476,6 +479,51 @@ std::string RenderRunSummary(const RunJobResult& result) {
       "(bf16 partial sums and output round by <= 2^-9 relative; see client/tolerance.h)\n",
       result.tolerance.rel, result.tolerance.atol);
   return text;
+}
+
+nlohmann::json RunSummaryJson(const RunJobResult& result) {
+  nlohmann::json layers = nlohmann::json::array();
+  int64_t tokens = 0, bytes = 0;
+  double seconds = 0, max_err = 0;
+  for (const LayerRunSummary& l : result.layers) {
+    layers.push_back({{"layer", l.layer},
+                      {"tokens", l.tokens},
+                      {"max_r", l.max_r},
+                      {"bytes_sent", l.bytes_sent},
+                      {"forward_s", l.forward_s},
+                      {"max_abs_err", l.comparison.max_abs_err},
+                      {"max_abs_ref", l.comparison.max_abs_ref},
+                      {"bound", l.comparison.bound},
+                      {"elements", l.comparison.num_elements},
+                      {"pass", l.comparison.pass}});
+    tokens += l.tokens;
+    bytes += l.bytes_sent;
+    seconds += l.forward_s;
+    max_err = std::max(max_err, l.comparison.max_abs_err);
+  }
+  return {{"model", result.model_name},
+          {"world", result.world},
+          {"steps", result.steps},
+          {"pass", result.AllPass()},
+          {"identity_experts", result.identity_experts},
+          {"tolerance", {{"rel", result.tolerance.rel}, {"atol", result.tolerance.atol}}},
+          {"layers", std::move(layers)},
+          {"total",
+           {{"tokens", tokens},
+            {"bytes_sent", bytes},
+            {"forward_s", seconds},
+            {"tokens_per_s", seconds > 0 ? tokens / seconds : 0.0},
+            {"max_abs_err", max_err}}},
+          {"memory",
+           {{"expert_bytes_per_rank", result.expert_bytes_per_rank},
+            {"layer_expert_bytes", result.layer_expert_bytes},
+            {"num_sparse_layers", result.num_sparse_layers},
+            {"preflight_needed_bytes", result.memory.needed_bytes},
+            {"preflight_worker_bytes", result.memory.worker_bytes},
+            {"preflight_coordinator_bytes", result.memory.coordinator_bytes},
+            {"available_bytes", result.memory_available_bytes}}},
+          {"reference_chunks",
+           {{"made", result.reference_chunks_made}, {"skipped", result.reference_chunks_skipped}}}};
 }
 
 }  // namespace moe_ep::client

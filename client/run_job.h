@@ -40,6 +40,7 @@
 #include "client/worker_selection.h"
 #include "core/bf16.h"
 #include "core/model_config.h"
+#include "nlohmann/json.hpp"
 
 namespace moe_ep::client {
 
@@ -120,5 +121,21 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
 // The summary table (per layer: tokens, R, bytes sent, time, max abs error,
 // bound, pass; a total row with tokens/s) and the memory footprint.
 std::string RenderRunSummary(const RunJobResult& result);
+
+// The summary as JSON, for scripts and dashboards (issue 9 item 6):
+// {"model", "world", "steps", "pass", "identity_experts",
+//  "tolerance": {"rel", "atol"},
+//  "layers": [{"layer", "tokens", "max_r", "bytes_sent", "forward_s",
+//              "max_abs_err", "max_abs_ref", "bound", "elements", "pass"}],
+//  "total": {"tokens", "bytes_sent", "forward_s", "tokens_per_s",
+//            "max_abs_err"},
+//  "memory": {"expert_bytes_per_rank": [...], "layer_expert_bytes",
+//             "num_sparse_layers", "preflight_needed_bytes",
+//             "preflight_worker_bytes", "preflight_coordinator_bytes",
+//             "available_bytes" (0 when unknown)},
+//  "reference_chunks": {"made", "skipped"}}.
+// Sums are over the layers (as the table's total row); tokens_per_s is 0
+// when no time passed; a non-finite error is null.
+nlohmann::json RunSummaryJson(const RunJobResult& result);
 
 }  // namespace moe_ep::client

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <set>
@@ -12,8 +13,10 @@
 #include "absl/strings/str_join.h"
 #include "client/coordinator.h"
 #include "client/group_session.h"
+#include "client/memory_budget.h"
 #include "client/model_source.h"
 #include "client/run_job.h"
+#include "client/stack_memory_budget.h"
 #include "client/targets.h"
 #include "client/text_table.h"
 #include "core/bf16.h"
@@ -95,6 +98,7 @@ absl::Status ValidateStackJobOptions(const StackJobOptions& o) {
   if (o.dense_intermediate < 0) return Bad("--dense-intermediate", ">= 0", o.dense_intermediate);
   if (o.tokens_per_group < 1) return Bad("--tokens", ">= 1", o.tokens_per_group);
   if (o.steps < 1) return Bad("--steps", ">= 1", o.steps);
+  if (o.capacity_tokens < 0) return Bad("--capacity", ">= 0 (0 = automatic)", o.capacity_tokens);
   return absl::OkStatus();
 }
 
@@ -144,7 +148,8 @@ absl::StatusOr<StackJobResult> RunStackJob(const StackJobOptions& options, std::
     counts[s] = PlanStackTokenCounts(options.tokens_per_group, attn_dp, s, options.seed);
     for (int64_t c : counts[s]) max_count = std::max(max_count, c);
   }
-  config.capacity_tokens = max_count + attn_tp;
+  config.capacity_tokens =
+      options.capacity_tokens > 0 ? options.capacity_tokens : max_count + attn_tp;
   {
     absl::Status valid = core::ValidateLayerStackConfig(config);
     if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("stack: ", valid.message()));
@@ -156,13 +161,51 @@ absl::StatusOr<StackJobResult> RunStackJob(const StackJobOptions& options, std::
   WorkerSelection selection = options.workers;
   selection.backend = "gloo";  // the layer stack runs on the Gloo backend
   selection.num_workers = tp;
-  if (!selection.targets.empty()) {
+  const bool local = selection.targets.empty();
+  if (!local) {
     ASSIGN_OR_RETURN(std::vector<std::string> targets, ParseTargets(selection.targets));
     if (static_cast<int>(targets.size()) != tp) {
       return Bad("--targets", absl::StrCat(tp, " workers (--tp)"),
                  static_cast<int64_t>(targets.size()));
     }
   }
+
+  // Memory preflight: fail here, before any worker starts, when the stack
+  // cannot fit on this machine (issue 9).
+  StackMemoryInput memory_input;
+  memory_input.config = config;
+  memory_input.num_local_workers = local ? tp : 0;
+  for (int s = 0; s < options.steps; ++s) {
+    int64_t step_rows = 0;
+    for (int64_t c : counts[s]) step_rows += c;
+    memory_input.step_rows = std::max(memory_input.step_rows, step_rows);
+  }
+  memory_input.gathered_rows = attn_dp * max_count;
+  ASSIGN_OR_RETURN(StackMemoryEstimate memory, EstimateStackMemory(memory_input));
+  const absl::StatusOr<int64_t> available = ReadMemAvailableBytes();
+  if (available.ok()) {
+    RETURN_IF_ERROR(CheckStackMemory(memory_input, *available));
+    selection.worker_memory_cap_bytes =
+        StackWorkerMemoryCapBytes(memory, memory_input.num_local_workers, *available);
+    out << "memory: needs about " << FormatBytes(static_cast<double>(memory.needed_bytes))
+        << " here (";
+    if (local) {
+      out << tp << " local worker(s) x " << FormatBytes(static_cast<double>(memory.worker_bytes))
+          << ", capped at " << FormatBytes(static_cast<double>(selection.worker_memory_cap_bytes))
+          << " each; ";
+    }
+    out << "this process " << FormatBytes(static_cast<double>(memory.coordinator_bytes))
+        << " with the reference's largest layer) of "
+        << FormatBytes(static_cast<double>(*available)) << " available\n";
+  } else {
+    out << "memory: preflight skipped (" << available.status().message()
+        << "); local workers run uncapped\n";
+  }
+  out << (local ? absl::StrCat("workers: starting ", tp, " local Gloo workers")
+                : absl::StrCat("workers: attaching ", tp, " --targets workers"))
+      << " and forming the group\n";
+  out.flush();
+
   ASSIGN_OR_RETURN(AttachedWorkers workers, AttachWorkers(selection));
   CoordinatorOptions copts;
   copts.rpc_timeout = options.rpc_timeout;
@@ -172,6 +215,7 @@ absl::StatusOr<StackJobResult> RunStackJob(const StackJobOptions& options, std::
   out << "group: " << tp << " workers ("
       << (workers.cluster ? "embedded local cluster" : "--targets") << ", backend gloo, generation "
       << coordinator->generation() << "): " << absl::StrJoin(workers.targets, " ") << "\n";
+  out.flush();
 
   v1::ConfigureLayersRequest configure;
   configure.mutable_layout()->set_tp_size(tp);
@@ -197,6 +241,7 @@ absl::StatusOr<StackJobResult> RunStackJob(const StackJobOptions& options, std::
       << ", " << config.num_experts << " experts, top-" << config.top_k << ", capacity "
       << config.capacity_tokens << "; plan fingerprint " << configured[0].fingerprint() << "\n"
       << core::FormatPlanTable(plans);
+  out.flush();
 
   v1::LayerStackSpec spec;
   spec.set_hidden_size(config.hidden);
@@ -214,7 +259,10 @@ absl::StatusOr<StackJobResult> RunStackJob(const StackJobOptions& options, std::
   result.tp_size = tp;
   result.attn_dp_size = attn_dp;
   result.moe_dense_tp_size = options.moe_dense_tp_size;
+  result.capacity_tokens = config.capacity_tokens;
   result.sparse_layers = config.sparse_layers;
+  result.memory = memory;
+  result.memory_available_bytes = available.ok() ? *available : 0;
   const int64_t h = config.hidden;
   for (int s = 0; s < options.steps; ++s) {
     std::vector<std::vector<float>> dp_tokens(attn_dp);
@@ -231,11 +279,31 @@ absl::StatusOr<StackJobResult> RunStackJob(const StackJobOptions& options, std::
       *requests[r].mutable_stack() = spec;
       *requests[r].mutable_tokens() = group_tensors[r / attn_tp];
     }
+    if (s == 0) {
+      out << "step 0: ForwardLayers; the workers build the stack first (about "
+          << FormatBytes(static_cast<double>(memory.worker_stack_bytes))
+          << " of weights and workspace on rank 0)\n";
+      out.flush();
+    }
     const absl::Time start = absl::Now();
     ASSIGN_OR_RETURN(std::vector<v1::ForwardLayersResponse> responses,
                      coordinator->ForwardLayers(requests));
     const double forward_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
-    ASSIGN_OR_RETURN(std::vector<float> ref, core::ReferenceLayerStack(config, dp_tokens));
+    // The reference, layer by layer as it goes on the first step (a real
+    // model's sparse layer builds every expert here).
+    const absl::Time ref_start = absl::Now();
+    absl::Time layer_start = ref_start;
+    const std::function<void(int)> on_layer = [&](int layer) {
+      const absl::Time now = absl::Now();
+      out << absl::StrFormat("  reference (this process): layer %d (%s) in %.1f s\n", layer,
+                             config.sparse_layers[layer] ? "sparse" : "dense",
+                             absl::ToDoubleSeconds(now - layer_start));
+      out.flush();
+      layer_start = now;
+    };
+    ASSIGN_OR_RETURN(std::vector<float> ref,
+                     core::ReferenceLayerStack(config, dp_tokens, s == 0 ? on_layer : nullptr));
+    const double reference_s = absl::ToDoubleSeconds(absl::Now() - ref_start);
 
     int64_t offset = 0;
     for (int g = 0; g < attn_dp; ++g) {
@@ -272,7 +340,8 @@ absl::StatusOr<StackJobResult> RunStackJob(const StackJobOptions& options, std::
         << (responses[0].rebuilt() ? absl::StrFormat(" (stack built in %.1f ms)",
                                                      responses[0].timings().build_us() / 1000.0)
                                    : "")
-        << "\n";
+        << absl::StrFormat(", reference %.1f s", reference_s) << "\n";
+    out.flush();
     result.after_mlp_ops.assign(responses[0].after_mlp_ops().begin(),
                                 responses[0].after_mlp_ops().end());
   }
@@ -296,6 +365,35 @@ std::string RenderStackSummary(const StackJobResult& result) {
       "; after-MLP steps run: ", absl::StrJoin(result.after_mlp_ops, ", "), "\n",
       result.AllPass() ? "PASS: every DP group matches the single-process reference\n"
                        : "FAIL: at least one DP group differs from the single-process reference\n");
+}
+
+nlohmann::json StackSummaryJson(const StackJobResult& result) {
+  nlohmann::json groups = nlohmann::json::array();
+  for (const StackGroupResult& g : result.groups) {
+    groups.push_back({{"step", g.step},
+                      {"dp_group", g.dp_group},
+                      {"tokens", g.tokens},
+                      {"padding_mode", g.padding_mode},
+                      {"max_rel_err", g.max_rel_err},
+                      {"tolerance", g.tolerance},
+                      {"ranks_agree", g.ranks_agree},
+                      {"pass", g.pass},
+                      {"forward_ms", g.forward_ms}});
+  }
+  return {{"model", result.model_name},
+          {"tp", result.tp_size},
+          {"attn_dp", result.attn_dp_size},
+          {"moe_dense_tp", result.moe_dense_tp_size},
+          {"capacity_tokens", result.capacity_tokens},
+          {"pass", result.AllPass()},
+          {"sparse_layers", result.sparse_layers},
+          {"after_mlp_ops", result.after_mlp_ops},
+          {"groups", std::move(groups)},
+          {"memory",
+           {{"preflight_needed_bytes", result.memory.needed_bytes},
+            {"preflight_worker_bytes", result.memory.worker_bytes},
+            {"preflight_coordinator_bytes", result.memory.coordinator_bytes},
+            {"available_bytes", result.memory_available_bytes}}}};
 }
 
 }  // namespace moe_ep::client

@@ -40,7 +40,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/stack_memory_budget.h"
 #include "client/worker_selection.h"
+#include "nlohmann/json.hpp"
 
 namespace moe_ep::client {
 
@@ -61,6 +63,9 @@ struct StackJobOptions {
   int steps = 2;
   uint64_t seed = 1;
   bool allow_reduce_scatter = false;
+  // All-to-all capacity N, tokens per rank; 0 = the largest DP group's count
+  // + attn_tp (what every step's SCATTERED rows fit in).
+  int64_t capacity_tokens = 0;
   absl::Duration rpc_timeout = absl::Seconds(120);
 };
 
@@ -82,9 +87,12 @@ struct StackJobResult {
   int tp_size = 0;
   int attn_dp_size = 0;
   int moe_dense_tp_size = 0;
+  int64_t capacity_tokens = 0;             // N the workers were given
   std::vector<bool> sparse_layers;         // [K]
   std::vector<std::string> after_mlp_ops;  // [K], rank 0 of the last step
   std::vector<StackGroupResult> groups;
+  StackMemoryEstimate memory;          // the preflight's estimate
+  int64_t memory_available_bytes = 0;  // MemAvailable at start; 0 when unknown
   bool AllPass() const;
 };
 
@@ -100,11 +108,18 @@ std::vector<int64_t> PlanStackTokenCounts(int64_t tokens_per_group, int attn_dp_
 
 // Errors (kInvalidArgument naming the flag): tp < 1, attn_dp < 1 or not
 // dividing tp, moe_dense_tp not in {0, 1, tp, tp/attn_dp}, layers < 1, sizes
-// < 0, tokens < 1, steps < 1.
+// < 0, tokens < 1, steps < 1, capacity < 0.
 absl::Status ValidateStackJobOptions(const StackJobOptions& options);
 
-// Runs the job, printing progress lines (the plan, one line per step) to `out`.
-// Errors: ValidateStackJobOptions and ResolveModel errors; kInvalidArgument
+// Runs the job, printing progress lines to `out` as it goes (flushed: the
+// memory preflight, the group, the plan, the first step's reference layer by
+// layer, one line per step).
+// Before any worker starts, a memory preflight (client/stack_memory_budget.h)
+// checks what the local workers and this process will hold against
+// MemAvailable; local workers get an equal share as --memory_cap_bytes.
+// Errors: ValidateStackJobOptions and ResolveModel errors; kResourceExhausted
+// when the stack does not fit on this machine (CheckStackMemory's message:
+// needed vs available and the options); kInvalidArgument
 // when --layers exceeds the model's layers, the model has no dense MLP size
 // while a dense layer runs and --dense-intermediate is 0, or --targets does
 // not list tp workers; then worker and coordinator errors (aggregated per
@@ -115,5 +130,14 @@ absl::StatusOr<StackJobResult> RunStackJob(const StackJobOptions& options, std::
 // The summary table: one row per (step, DP group) with tokens, padding, max
 // relative error, tolerance, pass and time, then a verdict line.
 std::string RenderStackSummary(const StackJobResult& result);
+
+// The summary as JSON (issue 9 item 6): {"model", "tp", "attn_dp",
+// "moe_dense_tp", "capacity_tokens", "pass", "sparse_layers": [bool],
+// "after_mlp_ops": [name], "groups": [{"step", "dp_group", "tokens",
+// "padding_mode", "max_rel_err", "tolerance", "ranks_agree", "pass",
+// "forward_ms"}], "memory": {"preflight_needed_bytes",
+// "preflight_worker_bytes", "preflight_coordinator_bytes",
+// "available_bytes" (0 when unknown)}}. A non-finite error is null.
+nlohmann::json StackSummaryJson(const StackJobResult& result);
 
 }  // namespace moe_ep::client

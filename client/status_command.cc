@@ -1,12 +1,48 @@
 #include "client/status_command.h"
 
+#include <map>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "client/coordinator.h"
 #include "client/targets.h"
 #include "client/text_table.h"
 #include "core/status_macros.h"
 
 namespace moe_ep::client {
+namespace {
+
+constexpr size_t kErrorColumnWidth = 60;
+constexpr size_t kNoteWidth = 100;
+
+// "0-3", "0, 2, 5": the ranks of one repeated error.
+std::string FormatRanks(const std::vector<int>& ranks) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    parts.push_back(j >= i + 2 ? absl::StrCat(ranks[i], "-", ranks[j])
+                               : absl::StrJoin(ranks.begin() + i, ranks.begin() + j + 1, ", "));
+    i = j + 1;
+  }
+  return absl::StrJoin(parts, ", ");
+}
+
+// The error and hint of a failed row, its own address replaced by
+// "<address>" so that workers repeating one error compare equal.
+std::string ErrorText(const absl::Status& error, const WorkerErrorView& view,
+                      const std::string& target) {
+  std::string text = absl::StrReplaceAll(error.ToString(), {{target, "<address>"}});
+  if (!view.hint.empty()) absl::StrAppend(&text, " (hint: ", view.hint, ")");
+  return text;
+}
+
+}  // namespace
 
 std::string WorkerStateName(moe_ep::v1::WorkerState state) {
   switch (state) {
@@ -23,16 +59,90 @@ std::string WorkerStateName(moe_ep::v1::WorkerState state) {
   }
 }
 
+WorkerErrorView DescribeWorkerError(const absl::Status& error,
+                                    const ClientSecurityOptions& security) {
+  WorkerErrorView view;
+  const bool tls = !security.tls_ca.empty();
+  const absl::string_view message = error.message();
+  if (error.code() == absl::StatusCode::kUnauthenticated) {
+    view.state = "UNAUTHENTICATED";
+    view.hint = security.auth_token_file.empty()
+                    ? "the worker requires a bearer token: pass --auth-token-file FILE (with "
+                      "--tls-ca)"
+                    : absl::StrCat("the worker rejected the token of --auth-token-file ",
+                                   security.auth_token_file, ": it must hold the worker's token");
+    return view;
+  }
+  if (error.code() == absl::StatusCode::kPermissionDenied) {
+    view.state = "PERMISSION_DENIED";
+    return view;
+  }
+  view.state = "UNREACHABLE";
+  if (error.code() != absl::StatusCode::kUnavailable) return view;
+  const bool closed = absl::StrContains(message, "Socket closed") ||
+                      absl::StrContains(message, "Connection reset") ||
+                      absl::StrContains(message, "connection reset") ||
+                      absl::StrContains(message, "Broken pipe");
+  const std::string lower = absl::AsciiStrToLower(message);
+  const bool handshake = absl::StrContains(lower, "handshake") || absl::StrContains(lower, "ssl") ||
+                         absl::StrContains(lower, "certificate");
+  if (!tls && closed) {
+    view.hint =
+        "the worker closed a plaintext connection: if it serves TLS, pass --tls-ca CA.pem (and "
+        "--tls-cert/--tls-key when it requires client certificates)";
+  } else if (tls && (handshake || closed)) {
+    view.hint =
+        "the TLS handshake failed: a plaintext worker needs no --tls-ca; otherwise --tls-ca must "
+        "be the CA that signed its certificate, and a worker that requires client certificates "
+        "needs --tls-cert and --tls-key";
+  }
+  return view;
+}
+
 std::string RenderWorkerTable(
     const std::vector<std::string>& targets,
-    const std::vector<absl::StatusOr<moe_ep::v1::GetStatusResponse>>& statuses) {
+    const std::vector<absl::StatusOr<moe_ep::v1::GetStatusResponse>>& statuses,
+    const ClientSecurityOptions& security) {
+  // Which ranks report each error text (first appearance order).
+  std::vector<std::string> texts(statuses.size());
+  std::map<std::string, std::vector<int>> ranks_of;
+  std::vector<std::string> order;
+  for (size_t i = 0; i < statuses.size(); ++i) {
+    if (statuses[i].ok()) continue;
+    const std::string target = i < targets.size() ? targets[i] : "?";
+    texts[i] = ErrorText(statuses[i].status(), DescribeWorkerError(statuses[i].status(), security),
+                         target);
+    auto& ranks = ranks_of[texts[i]];
+    if (ranks.empty()) order.push_back(texts[i]);
+    ranks.push_back(static_cast<int>(i));
+  }
+  std::map<std::string, int> note_of;  // repeated error -> its number below
+  std::string notes;
+  for (const std::string& text : order) {
+    const std::vector<int>& ranks = ranks_of[text];
+    if (ranks.size() < 2) continue;
+    const int n = static_cast<int>(note_of.size()) + 1;
+    note_of[text] = n;
+    const std::string head =
+        absl::StrCat("error ", n, ", ranks ", FormatRanks(ranks),
+                     ranks.size() == statuses.size() ? " (every worker)" : "", ": ");
+    const std::vector<std::string> lines = WrapText(head + text, kNoteWidth);
+    notes += absl::StrCat(lines[0], "\n");
+    for (size_t l = 1; l < lines.size(); ++l) notes += absl::StrCat("    ", lines[l], "\n");
+  }
+
   TextTable table({"rank", "address", "state", "backend", "device", "memory", "workspace",
                    "experts", "epoch", "R", "forwards", "errors"});
+  table.SetMaxWidth(11, kErrorColumnWidth);
   for (size_t i = 0; i < statuses.size(); ++i) {
     const std::string target = i < targets.size() ? targets[i] : "?";
     if (!statuses[i].ok()) {
-      table.AddRow({"-", target, "UNREACHABLE", "-", "-", "-", "-", "-", "-", "-", "-",
-                    statuses[i].status().ToString()});
+      const auto note = note_of.find(texts[i]);
+      const std::string cell = note != note_of.end()
+                                   ? absl::StrCat("error ", note->second, " (below)")
+                                   : absl::StrReplaceAll(texts[i], {{"<address>", target}});
+      table.AddRow({"-", target, DescribeWorkerError(statuses[i].status(), security).state, "-",
+                    "-", "-", "-", "-", "-", "-", "-", cell});
       continue;
     }
     const auto& s = *statuses[i];
@@ -46,20 +156,67 @@ std::string RenderWorkerTable(
                   absl::StrCat(s.geometry_epoch()), absl::StrCat(s.runtime_max_tokens_per_rank()),
                   absl::StrCat(s.counters().forwards()), absl::StrCat(s.counters().errors())});
   }
-  return table.Render();
+  return table.Render() + notes;
+}
+
+nlohmann::json WorkerStatusJson(
+    const std::vector<std::string>& targets,
+    const std::vector<absl::StatusOr<moe_ep::v1::GetStatusResponse>>& statuses,
+    const ClientSecurityOptions& security) {
+  nlohmann::json workers = nlohmann::json::array();
+  for (size_t i = 0; i < statuses.size(); ++i) {
+    nlohmann::json w;
+    w["target"] = i < targets.size() ? targets[i] : "?";
+    w["ok"] = statuses[i].ok();
+    if (!statuses[i].ok()) {
+      const absl::Status& error = statuses[i].status();
+      const WorkerErrorView view = DescribeWorkerError(error, security);
+      w["state"] = view.state;
+      w["code"] = absl::StatusCodeToString(error.code());
+      w["error"] = std::string(error.message());
+      w["hint"] = view.hint;
+    } else {
+      const auto& s = *statuses[i];
+      w["rank"] = s.rank();
+      w["world_size"] = s.world_size();
+      w["state"] = WorkerStateName(s.state());
+      w["backend"] = s.backend();
+      w["device"] = s.device_name();
+      w["device_memory_bytes"] = s.device_memory_bytes();
+      w["workspace_bytes"] = s.workspace_bytes();
+      w["expert_bytes"] = s.expert_bytes();
+      w["geometry_epoch"] = s.geometry_epoch();
+      w["runtime_max_tokens_per_rank"] = s.runtime_max_tokens_per_rank();
+      w["forwards"] = s.counters().forwards();
+      w["errors"] = s.counters().errors();
+    }
+    workers.push_back(std::move(w));
+  }
+  return workers;
 }
 
 absl::Status RunStatusCommand(const std::string& targets_text, std::ostream& out) {
-  return RunStatusCommand(targets_text, CoordinatorOptions(), out);
+  StatusCommandOptions options;
+  options.targets = targets_text;
+  return RunStatusCommand(options, out);
 }
 
-absl::Status RunStatusCommand(const std::string& targets_text, const CoordinatorOptions& options,
-                              std::ostream& out) {
-  ASSIGN_OR_RETURN(std::vector<std::string> targets, ParseTargets(targets_text));
+absl::Status RunStatusCommand(const StatusCommandOptions& options, std::ostream& out) {
+  ASSIGN_OR_RETURN(std::vector<std::string> targets, ParseTargets(options.targets));
+  CoordinatorOptions coordinator_options;
+  ASSIGN_OR_RETURN(coordinator_options.channel_credentials,
+                   MakeClientChannelCredentials(options.security));
+  coordinator_options.rpc_timeout = options.rpc_timeout;
   ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
-                   Coordinator::Connect(targets, options));
+                   Coordinator::Connect(targets, coordinator_options));
   const auto statuses = coordinator->StatusEach();
-  out << RenderWorkerTable(targets, statuses);
+  if (options.json) {
+    out << nlohmann::json{{"workers", WorkerStatusJson(targets, statuses, options.security)}}.dump(
+               2)
+        << "\n";
+  } else {
+    out << RenderWorkerTable(targets, statuses, options.security);
+  }
   int unreachable = 0;
   for (const auto& s : statuses) unreachable += s.ok() ? 0 : 1;
   if (unreachable > 0) {

@@ -13,6 +13,29 @@ TextTable::TextTable(std::vector<std::string> header) : header_(std::move(header
 
 void TextTable::AddRow(std::vector<std::string> cells) { rows_.push_back(std::move(cells)); }
 
+void TextTable::SetMaxWidth(size_t column, size_t width) {
+  if (max_width_.size() <= column) max_width_.resize(column + 1, 0);
+  max_width_[column] = std::max<size_t>(width, 1);
+}
+
+std::vector<std::string> WrapText(const std::string& text, size_t width) {
+  width = std::max<size_t>(width, 1);
+  std::vector<std::string> lines;
+  size_t pos = 0;
+  while (text.size() - pos > width) {
+    size_t cut = text.rfind(' ', pos + width);
+    if (cut == std::string::npos || cut <= pos) {
+      lines.push_back(text.substr(pos, width));
+      pos += width;
+      continue;
+    }
+    lines.push_back(text.substr(pos, cut - pos));
+    pos = cut + 1;
+  }
+  lines.push_back(text.substr(pos));
+  return lines;
+}
+
 bool LooksNumeric(const std::string& cell) {
   if (cell.empty()) return false;
   const char* begin = cell.c_str();
@@ -50,6 +73,24 @@ std::string FormatBytes(double bytes) {
 std::string TextTable::Render() const {
   size_t num_cols = header_.size();
   for (const auto& row : rows_) num_cols = std::max(num_cols, row.size());
+  // Each row as one or more lines (wrapped cells).
+  std::vector<std::vector<std::string>> lines;
+  for (const auto& row : rows_) {
+    std::vector<std::vector<std::string>> parts(row.size());
+    size_t height = 1;
+    for (size_t c = 0; c < row.size(); ++c) {
+      const size_t limit = c < max_width_.size() ? max_width_[c] : 0;
+      parts[c] = limit > 0 ? WrapText(row[c], limit) : std::vector<std::string>{row[c]};
+      height = std::max(height, parts[c].size());
+    }
+    for (size_t l = 0; l < height; ++l) {
+      std::vector<std::string> line(row.size());
+      for (size_t c = 0; c < row.size(); ++c) {
+        if (l < parts[c].size()) line[c] = parts[c][l];
+      }
+      lines.push_back(std::move(line));
+    }
+  }
   std::vector<size_t> width(num_cols, 0);
   std::vector<bool> numeric(num_cols, true);
   std::vector<bool> any_cell(num_cols, false);
@@ -59,9 +100,9 @@ std::string TextTable::Render() const {
   };
   for (size_t c = 0; c < num_cols; ++c) {
     width[c] = cell_of(header_, c).size();
+    for (const auto& line : lines) width[c] = std::max(width[c], cell_of(line, c).size());
     for (const auto& row : rows_) {
       const std::string& cell = cell_of(row, c);
-      width[c] = std::max(width[c], cell.size());
       if (cell.empty() || cell == "-") continue;
       any_cell[c] = true;
       if (!LooksNumeric(cell)) numeric[c] = false;
@@ -90,7 +131,7 @@ std::string TextTable::Render() const {
   std::vector<std::string> rule(num_cols);
   for (size_t c = 0; c < num_cols; ++c) rule[c] = std::string(width[c], '-');
   out += render_line(rule);
-  for (const auto& row : rows_) out += render_line(row);
+  for (const auto& line : lines) out += render_line(line);
   return out;
 }
 

@@ -49,7 +49,7 @@ absl::Status RunWatchCommand(const WatchCommandOptions& options, std::ostream& o
         << " unreachable), every " << options.interval_ms << " ms, "
         << absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::Now(), absl::UTCTimeZone())
         << " (Ctrl-C to stop)\n"
-        << RenderWorkerTable(targets, statuses) << std::flush;
+        << RenderWorkerTable(targets, statuses, options.security) << std::flush;
     if (options.count != 0 && shown + 1 == options.count) break;
     while (absl::Now() < next && !stopped()) {
       absl::SleepFor(std::min(kStopPoll, next - absl::Now()));

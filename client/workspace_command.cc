@@ -5,6 +5,7 @@
 #include "client/text_table.h"
 #include "core/status_macros.h"
 #include "core/workspace.h"
+#include "nlohmann/json.hpp"
 
 namespace moe_ep::client {
 namespace {
@@ -35,6 +36,31 @@ absl::Status RunWorkspaceCommand(const WorkspaceCommandOptions& options, std::os
                    core::DispatchBytesPerToken(dtype, spec.hidden, spec.top_k));
   ASSIGN_OR_RETURN(core::FlashInferWorkspace fi, core::ComputeFlashInferWorkspace(spec));
   ASSIGN_OR_RETURN(core::AllocatedWorkspace own, core::ComputeAllocatedWorkspace(spec));
+  if (options.json) {
+    nlohmann::json regions = nlohmann::json::array();
+    for (const core::WorkspaceRegion& r : own.regions) {
+      regions.push_back(
+          {{"name", r.name}, {"offset_bytes", r.offset_bytes}, {"size_bytes", r.size_bytes}});
+    }
+    const nlohmann::json j = {
+        {"model", model.name},
+        {"hidden", spec.hidden},
+        {"top_k", spec.top_k},
+        {"num_experts", model.num_experts},
+        {"ep", spec.ep_size},
+        {"capacity_tokens", spec.capacity_tokens},
+        {"dtype", core::DispatchDTypeName(dtype)},
+        {"dispatch_bytes_per_token", dispatch_bytes},
+        {"combine_bytes_per_token", core::CombineBytesPerToken(spec.hidden)},
+        {"flashinfer",
+         {{"aux_bytes", fi.aux_bytes},
+          {"dispatch_region_bytes", fi.dispatch_region_bytes},
+          {"combine_region_bytes", fi.combine_region_bytes},
+          {"total_bytes", fi.total_bytes}}},
+        {"allocated", {{"total_bytes", own.total_bytes}, {"regions", std::move(regions)}}}};
+    out << j.dump(2) << "\n";
+    return absl::OkStatus();
+  }
 
   out << model.name << ": hidden " << spec.hidden << ", top-" << spec.top_k << ", "
       << model.num_experts << " experts; ep " << spec.ep_size << ", capacity "

@@ -16,11 +16,18 @@ struct WorkspaceCommandOptions {
   int ep_size = 0;                      // E
   int64_t max_tokens = 0;               // N, per rank (never scaled by E)
   std::string dtype = "bf16";           // bf16 | nvfp4 | mxfp8
+  bool json = false;                    // one JSON object instead of the tables
 };
 
 // Prints bytes per token (dispatch, combine), the FlashInfer-compatible
 // per-rank total with its aux / dispatch / combine parts, and moe-ep's own
 // allocation with its region breakdown (offsets and sizes).
+// With json (issue 9 item 6) one object: {"model", "hidden", "top_k",
+// "num_experts", "ep", "capacity_tokens", "dtype", "dispatch_bytes_per_token",
+// "combine_bytes_per_token", "flashinfer": {"aux_bytes",
+// "dispatch_region_bytes", "combine_region_bytes", "total_bytes"},
+// "allocated": {"total_bytes", "regions": [{"name", "offset_bytes",
+// "size_bytes"}]}}, every size an integer count of bytes.
 // Errors: ResolveModel errors; kInvalidArgument for an unknown dtype, E < 1,
 // N < 1 and the core::ComputeFlashInferWorkspace errors.
 absl::Status RunWorkspaceCommand(const WorkspaceCommandOptions& options, std::ostream& out);

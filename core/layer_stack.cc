@@ -175,7 +175,8 @@ void RouteToken(uint64_t seed, int layer, int64_t token, int num_experts, int to
 }
 
 absl::StatusOr<std::vector<float>> ReferenceLayerStack(
-    const LayerStackConfig& c, const std::vector<std::vector<float>>& dp_tokens) {
+    const LayerStackConfig& c, const std::vector<std::vector<float>>& dp_tokens,
+    const std::function<void(int layer)>& on_layer) {
   RETURN_IF_ERROR(ValidateLayerStackConfig(c));
   if (static_cast<int>(dp_tokens.size()) != c.layout.attn_dp_size) {
     return absl::InvalidArgumentError(absl::StrCat("dp_tokens: expected attn_dp_size ",
@@ -248,6 +249,7 @@ absl::StatusOr<std::vector<float>> ReferenceLayerStack(
       }
     }
     hidden = std::move(out);
+    if (on_layer) on_layer(l);
   }
   for (size_t i = 0; i < hidden.size(); ++i) hidden[i] += residual[i];
   return hidden;

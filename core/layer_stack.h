@@ -51,6 +51,7 @@
 // Source: DESIGN §3, §4, §6, §7; issue 4.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -102,8 +103,11 @@ void RouteToken(uint64_t seed, int layer, int64_t token, int num_experts, int to
 // [sum n_g, H] fp32, groups concatenated in DP order.
 // Errors: ValidateLayerStackConfig errors; kInvalidArgument when dp_tokens
 // does not have attn_dp_size entries or an entry is not a multiple of H.
+// `on_layer`, when set, is called after each layer with its index (progress
+// of long references: a real model's sparse layer builds all its experts).
 absl::StatusOr<std::vector<float>> ReferenceLayerStack(
-    const LayerStackConfig& config, const std::vector<std::vector<float>>& dp_tokens);
+    const LayerStackConfig& config, const std::vector<std::vector<float>>& dp_tokens,
+    const std::function<void(int layer)>& on_layer = nullptr);
 
 class DistributedLayerStack {
  public:

@@ -8,7 +8,7 @@ PACKAGES=(
   libabsl-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev
   libgloo-dev nlohmann-json3-dev prometheus-cpp-dev libopenblas-dev libcli11-dev
   clang-format
-  openssl python3-grpcio python3-protobuf
+  openssl python3-grpcio python3-protobuf python3-matplotlib
 )
 # scripts/validate-deploy.sh (ctest -L deploy) also needs node + npm (its npm
 # packages: scripts/install-deploy-tools.sh) and kubectl with kustomize v4 or

@@ -11,9 +11,7 @@
 #include "absl/types/span.h"
 #include "core/bf16.h"
 #include "core/dp_padding.h"
-#include "core/expert_placement.h"
 #include "core/status_macros.h"
-#include "core/workspace.h"
 #include "server/tensor_codec.h"
 
 namespace moe_ep::server {
@@ -159,33 +157,6 @@ absl::StatusOr<core::LayerStackConfig> ResolveLayerStackConfig(
   return c;
 }
 
-absl::StatusOr<int64_t> EstimateLayerStackBytes(const core::LayerStackConfig& c, int rank) {
-  RETURN_IF_ERROR(core::ValidateLayerStackConfig(c));
-  ASSIGN_OR_RETURN(core::ExpertPlacement placement,
-                   core::ExpertPlacement::Contiguous(c.num_experts, c.layout.tp_size));
-  const int64_t h = c.hidden;
-  const int64_t per_layer = h * h * 4 + 2 * h * 4;
-  const int64_t dense = 3 * c.dense_intermediate * h * 2;
-  const int64_t experts = int64_t{placement.NumLocalExperts(rank)} * 3 * c.moe_intermediate * h * 2;
-  int64_t total = 0;
-  bool scattered_moe = false;
-  for (bool sparse : c.sparse_layers) {
-    total += per_layer + (sparse ? experts : dense);
-    scattered_moe |= sparse && c.a2a_enabled;
-  }
-  if (scattered_moe) {
-    core::WorkspaceSpec spec;
-    spec.ep_size = c.layout.tp_size;
-    spec.capacity_tokens = c.capacity_tokens;
-    spec.hidden = c.hidden;
-    spec.top_k = c.top_k;
-    spec.dtype = core::DispatchDType::kBF16;
-    ASSIGN_OR_RETURN(core::AllocatedWorkspace workspace, core::ComputeAllocatedWorkspace(spec));
-    total += workspace.total_bytes;
-  }
-  return total;
-}
-
 void LayerStackRunner::Configure(const core::ParallelLayout& layout,
                                  std::vector<bool> sparse_layers, bool a2a_enabled,
                                  const v1::ModelDescription& model) {
@@ -244,7 +215,7 @@ absl::Status LayerStackRunner::Run(core::Collective& world, int64_t generation,
                                                        a2a_enabled_, model_));
     ASSIGN_OR_RETURN(p.tokens, DecodeTokens(request.tokens(), p.config.hidden));
     p.fingerprint = ConfigFingerprint(p.config);
-    ASSIGN_OR_RETURN(p.bytes, EstimateLayerStackBytes(p.config, world.rank()));
+    ASSIGN_OR_RETURN(p.bytes, core::EstimateLayerStackBytes(p.config, world.rank()));
     const bool reuse = stack_ != nullptr && !stale_ && built_fingerprint_ == p.fingerprint;
     if (!reuse && memory_cap_bytes > 0 && other_held_bytes + p.bytes > memory_cap_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat(

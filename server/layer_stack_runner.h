@@ -35,6 +35,7 @@
 #include "core/collective.h"
 #include "core/layer_plan.h"
 #include "core/layer_stack.h"
+#include "core/layer_stack_memory.h"
 #include "core/parallel_groups.h"
 #include "moe_ep/v1/worker.pb.h"
 
@@ -62,22 +63,6 @@ absl::StatusOr<core::LayerStackConfig> ResolveLayerStackConfig(
     const v1::LayerStackSpec& spec, const core::ParallelLayout& layout,
     const std::vector<bool>& sparse_layers, bool a2a_enabled, const v1::ModelDescription& model);
 
-// EstimateLayerStackBytes()
-//
-// An upper bound of the bytes rank `rank` holds for a stack built from
-// `config`: per layer the attention stand-in [H, H] fp32 and two norms [H]
-// fp32; per dense layer the whole dense SwiGLU (3 * I * H bf16, generated
-// whole before it is sharded); per sparse layer this rank's experts
-// (contiguous placement, 3 * I * H bf16 each); and, when a sparse layer runs
-// SCATTERED, the all-to-all workspace (core::ComputeAllocatedWorkspace with
-// E = tp_size, N = capacity_tokens, bf16). Activations of a step are not
-// included. Errors: those of ValidateLayerStackConfig, ExpertPlacement and
-// ComputeAllocatedWorkspace.
-// Example: tp 2, H 32, dense I 64, expert I 32, 8 experts, top-2, one dense
-// and one sparse layer, N 16, rank 0: 2*(4096+256) + 12288 + 4*6144 +
-// workspace.
-absl::StatusOr<int64_t> EstimateLayerStackBytes(const core::LayerStackConfig& config, int rank);
-
 class LayerStackRunner {
  public:
   // Records the configuration of ConfigureLayers (the stack is rebuilt on
@@ -89,7 +74,7 @@ class LayerStackRunner {
   void Reset();
 
   bool configured() const { return configured_; }
-  // Bytes the built stack holds (EstimateLayerStackBytes); 0 when none.
+  // Bytes the built stack holds (core::EstimateLayerStackBytes); 0 when none.
   int64_t held_bytes() const { return held_bytes_; }
 
   // Run()
@@ -97,7 +82,7 @@ class LayerStackRunner {
   // One ForwardLayers call (see the file comment) on `world` (this rank's
   // group of generation `generation`, rank world.rank()). `memory_cap_bytes`
   // (0 = unlimited) bounds `other_held_bytes` (workspace and experts the
-  // worker already holds) plus the stack's EstimateLayerStackBytes.
+  // worker already holds) plus the stack's core::EstimateLayerStackBytes.
   // REQUIRES: configured(). A collective over `world`.
   // Errors: as ForwardLayers in worker.proto: kInvalidArgument,
   // kResourceExhausted, kAborted, and the collective's and the stack's errors.

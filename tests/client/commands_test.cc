@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/str_split.h"
 #include "client/bench_command.h"
 #include "client/model_source.h"
 #include "client/plan_command.h"
@@ -15,6 +16,7 @@
 #include "client/workspace_command.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace moe_ep::client {
 namespace {
@@ -106,6 +108,205 @@ TEST(RenderWorkerTable, ShowsStatesAndUnreachable) {
   EXPECT_THAT(text, HasSubstr("UNREACHABLE"));
   EXPECT_THAT(text, HasSubstr("UNAVAILABLE: connection refused"));
   EXPECT_EQ(WorkerStateName(v1::WORKER_STATE_JOINED), "JOINED");
+}
+
+TEST(DescribeWorkerError, NamesTheFlagThatFixesIt) {
+  ClientSecurityOptions plaintext;
+  ClientSecurityOptions tls;
+  tls.tls_ca = "/ca.pem";
+  ClientSecurityOptions token = tls;
+  token.auth_token_file = "/token";
+  const absl::Status unauthenticated = absl::UnauthenticatedError("missing bearer token");
+  WorkerErrorView v = DescribeWorkerError(unauthenticated, tls);
+  EXPECT_EQ(v.state, "UNAUTHENTICATED");
+  EXPECT_THAT(v.hint, HasSubstr("pass --auth-token-file"));
+  v = DescribeWorkerError(unauthenticated, token);
+  EXPECT_EQ(v.state, "UNAUTHENTICATED");
+  EXPECT_THAT(v.hint, HasSubstr("rejected the token of --auth-token-file /token"));
+  const absl::Status closed = absl::UnavailableError("Socket closed");
+  v = DescribeWorkerError(closed, plaintext);
+  EXPECT_EQ(v.state, "UNREACHABLE");
+  EXPECT_THAT(v.hint, HasSubstr("if it serves TLS, pass --tls-ca"));
+  v = DescribeWorkerError(absl::UnavailableError("Ssl handshake failed: WRONG_VERSION_NUMBER"),
+                          tls);
+  EXPECT_THAT(v.hint, HasSubstr("a plaintext worker needs no --tls-ca"));
+  // A refused connection has no hint: nothing listens there.
+  v = DescribeWorkerError(absl::UnavailableError("failed to connect: Connection refused"),
+                          plaintext);
+  EXPECT_EQ(v.state, "UNREACHABLE");
+  EXPECT_EQ(v.hint, "");
+  EXPECT_EQ(DescribeWorkerError(absl::PermissionDeniedError("no"), tls).state, "PERMISSION_DENIED");
+}
+
+TEST(RenderWorkerTable, UnauthenticatedWorkerShowsAsSuchWithTheHint) {
+  ClientSecurityOptions tls;
+  tls.tls_ca = "/ca.pem";
+  std::vector<absl::StatusOr<v1::GetStatusResponse>> statuses = {
+      absl::UnauthenticatedError("missing bearer token")};
+  const std::string text = RenderWorkerTable({"127.0.0.1:1"}, statuses, tls);
+  EXPECT_THAT(text, HasSubstr("UNAUTHENTICATED"));
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("UNREACHABLE")));
+  EXPECT_THAT(text, HasSubstr("--auth-token-file"));
+}
+
+TEST(RenderWorkerTable, AnErrorEveryRankRepeatsPrintsOnceWithTheRanks) {
+  // Each worker's message names its own address; once that is taken out they
+  // are the same error.
+  const std::vector<std::string> targets = {"127.0.0.1:11", "127.0.0.1:12", "127.0.0.1:13"};
+  std::vector<absl::StatusOr<v1::GetStatusResponse>> statuses;
+  for (const std::string& t : targets) {
+    statuses.push_back(absl::UnavailableError("ipv4:" + t + ": Socket closed"));
+  }
+  const std::string text = RenderWorkerTable(targets, statuses);
+  // Wrapped at 100 columns, continuation lines indented.
+  EXPECT_THAT(text, HasSubstr("error 1, ranks 0-2 (every worker): UNAVAILABLE: "
+                              "ipv4:<address>: Socket closed (hint: the worker\n    closed a "
+                              "plaintext connection"));
+  size_t count = 0;
+  for (size_t at = text.find("Socket closed"); at != std::string::npos;
+       at = text.find("Socket closed", at + 1)) {
+    ++count;
+  }
+  EXPECT_EQ(count, 1u) << text;
+  EXPECT_THAT(text, HasSubstr("error 1 (below)"));
+
+  // Two of three: the ranks are listed, not "every worker"; the third's own
+  // error stays in its row.
+  statuses[1] = absl::UnauthenticatedError("missing bearer token");
+  const std::string mixed = RenderWorkerTable(targets, statuses);
+  EXPECT_THAT(mixed, HasSubstr("error 1, ranks 0, 2: UNAVAILABLE"));
+  EXPECT_THAT(mixed, ::testing::Not(HasSubstr("every worker")));
+  EXPECT_THAT(mixed, HasSubstr("UNAUTHENTICATED: missing bearer token"));
+}
+
+TEST(RenderWorkerTable, LongErrorsWrapInsteadOfWideningTheTable) {
+  const std::string long_error =
+      "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Failed to "
+      "connect to remote host: Connection refused; and a great deal more text that a resolver "
+      "or a TLS library might add to it, which is long enough to be well past two hundred "
+      "columns when it sits in one cell of the table next to eleven other columns";
+  ASSERT_GT(long_error.size(), 250u);
+  std::vector<absl::StatusOr<v1::GetStatusResponse>> statuses = {
+      absl::UnavailableError(long_error)};
+  const std::string text = RenderWorkerTable({"127.0.0.1:1"}, statuses);
+  size_t widest = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) widest = std::max(widest, line.size());
+  EXPECT_LE(widest, 200u) << text;
+  EXPECT_THAT(text, HasSubstr("Connection refused;"));
+}
+
+TEST(RunWorkspaceCommand, JsonHasTheDesignCheckValues) {
+  // DESIGN §5: E=8, N=16384, H=7168, K=8, bf16 -> 3,769,368,960 bytes per
+  // rank; aux check values E=2, N=3, H=64, K=2 -> 1152 (total 2816).
+  WorkspaceCommandOptions o;
+  o.model = "deepseek-v3";
+  o.ep_size = 8;
+  o.max_tokens = 16384;
+  o.json = true;
+  std::ostringstream out;
+  ASSERT_TRUE(RunWorkspaceCommand(o, out).ok());
+  const nlohmann::json j = nlohmann::json::parse(out.str());
+  EXPECT_EQ(j["model"], "deepseek-v3");
+  EXPECT_EQ(j["ep"], 8);
+  EXPECT_EQ(j["capacity_tokens"], 16384);
+  EXPECT_EQ(j["dtype"], "bf16");
+  EXPECT_EQ(j["dispatch_bytes_per_token"], 2 * 7168 + 8 * 8);  // 2H + 8K = 14400
+  EXPECT_EQ(j["combine_bytes_per_token"], 2 * 7168);
+  EXPECT_EQ(j["flashinfer"]["total_bytes"].get<int64_t>(), 3769368960);
+  EXPECT_EQ(j["flashinfer"]["aux_bytes"].get<int64_t>() +
+                j["flashinfer"]["dispatch_region_bytes"].get<int64_t>() +
+                j["flashinfer"]["combine_region_bytes"].get<int64_t>(),
+            3769368960);
+  // The allocation's regions: 128-byte aligned, in order, within the total.
+  int64_t end = 0;
+  for (const auto& r : j["allocated"]["regions"]) {
+    const int64_t offset = r["offset_bytes"].get<int64_t>();
+    EXPECT_EQ(offset % 128, 0) << r["name"];
+    EXPECT_GE(offset, end) << r["name"];
+    end = offset + r["size_bytes"].get<int64_t>();
+  }
+  EXPECT_LE(end, j["allocated"]["total_bytes"].get<int64_t>());
+  EXPECT_GT(j["allocated"]["regions"].size(), 0u);
+
+  WorkspaceCommandOptions small;
+  small.model = "tiny-moe";  // H 128, K 2
+  small.ep_size = 2;
+  small.max_tokens = 3;
+  small.json = true;
+  std::ostringstream small_out;
+  ASSERT_TRUE(RunWorkspaceCommand(small, small_out).ok());
+  const nlohmann::json sj = nlohmann::json::parse(small_out.str());
+  EXPECT_EQ(sj["dispatch_bytes_per_token"], 2 * 128 + 8 * 2);
+}
+
+TEST(RunPlanCommand, JsonListsEveryLayer) {
+  PlanCommandOptions o;
+  o.model = "tiny-moe";  // layer 0 dense, 1..3 sparse
+  o.tp_size = 4;
+  o.attn_dp_size = 2;
+  o.moe_dense_tp_size = 1;
+  o.json = true;
+  std::ostringstream out;
+  ASSERT_TRUE(RunPlanCommand(o, out).ok());
+  const nlohmann::json j = nlohmann::json::parse(out.str());
+  EXPECT_EQ(j["model"], "tiny-moe");
+  EXPECT_EQ(j["num_layers"], 4);
+  EXPECT_EQ(j["num_sparse_layers"], 3);
+  EXPECT_EQ(j["tp"], 4);
+  EXPECT_EQ(j["attn_dp"], 2);
+  EXPECT_EQ(j["attn_tp"], 2);
+  EXPECT_EQ(j["moe_dense_tp"], 1);
+  EXPECT_EQ(j["a2a"], true);
+  ASSERT_EQ(j["layers"].size(), 4u);
+  const std::vector<bool> sparse = {false, true, true, true};
+  for (int l = 0; l < 4; ++l) {
+    EXPECT_EQ(j["layers"][l]["layer"], l);
+    EXPECT_EQ(j["layers"][l]["sparse"], sparse[l]);
+  }
+  // Sparse MLPs with a2a and dense MLPs at moe_dense_tp 1 run SCATTERED.
+  EXPECT_EQ(j["layers"][1]["mlp"], "SCATTERED");
+  EXPECT_EQ(j["layers"][0]["mlp"], "SCATTERED");
+  // The fingerprint is the text output's.
+  o.json = false;
+  std::ostringstream text;
+  ASSERT_TRUE(RunPlanCommand(o, text).ok());
+  EXPECT_THAT(text.str(), HasSubstr("fingerprint " + j["fingerprint"].get<std::string>()));
+}
+
+TEST(WorkerStatusJson, OneObjectPerTargetWithValuesOrTheError) {
+  v1::GetStatusResponse s;
+  s.set_rank(1);
+  s.set_world_size(2);
+  s.set_state(v1::WORKER_STATE_ALLOCATED);
+  s.set_backend("gloo");
+  s.set_workspace_bytes(2048);
+  s.set_expert_bytes(4096);
+  s.set_geometry_epoch(3);
+  s.set_runtime_max_tokens_per_rank(17);
+  s.mutable_counters()->set_forwards(5);
+  std::vector<absl::StatusOr<v1::GetStatusResponse>> statuses = {
+      s, absl::UnauthenticatedError("missing bearer token")};
+  ClientSecurityOptions tls;
+  tls.tls_ca = "/ca.pem";
+  const nlohmann::json j =
+      nlohmann::json::parse(WorkerStatusJson({"h:1", "h:2"}, statuses, tls).dump());
+  ASSERT_EQ(j.size(), 2u);
+  EXPECT_EQ(j[0]["target"], "h:1");
+  EXPECT_EQ(j[0]["ok"], true);
+  EXPECT_EQ(j[0]["rank"], 1);
+  EXPECT_EQ(j[0]["world_size"], 2);
+  EXPECT_EQ(j[0]["state"], "ALLOCATED");
+  EXPECT_EQ(j[0]["workspace_bytes"], 2048);
+  EXPECT_EQ(j[0]["expert_bytes"], 4096);
+  EXPECT_EQ(j[0]["geometry_epoch"], 3);
+  EXPECT_EQ(j[0]["runtime_max_tokens_per_rank"], 17);
+  EXPECT_EQ(j[0]["forwards"], 5);
+  EXPECT_EQ(j[1]["target"], "h:2");
+  EXPECT_EQ(j[1]["ok"], false);
+  EXPECT_EQ(j[1]["state"], "UNAUTHENTICATED");
+  EXPECT_EQ(j[1]["code"], "UNAUTHENTICATED");
+  EXPECT_EQ(j[1]["error"], "missing bearer token");
+  EXPECT_THAT(j[1]["hint"].get<std::string>(), HasSubstr("--auth-token-file"));
 }
 
 TEST(RunStatusCommand, BadTargetsAreInvalidArgument) {

@@ -28,6 +28,34 @@ TEST(TextTable, MissingCellsAreEmptyAndNoTrailingSpaces) {
             "y  z  extra\n");
 }
 
+TEST(TextTable, WrapsALongCellInsteadOfWideningTheTable) {
+  TextTable t({"rank", "error"});
+  t.SetMaxWidth(1, 12);
+  t.AddRow({"0", "UNAVAILABLE: failed to connect to all addresses"});
+  t.AddRow({"1", "ok"});
+  EXPECT_EQ(t.Render(),
+            "rank  error\n"
+            "----  ------------\n"
+            "   0  UNAVAILABLE:\n"
+            "      failed to\n"
+            "      connect to\n"
+            "      all\n"
+            "      addresses\n"
+            "   1  ok\n");
+}
+
+TEST(WrapText, BreaksAtSpacesAndInsideLongWords) {
+  EXPECT_EQ(WrapText("a bc def", 4), (std::vector<std::string>{"a bc", "def"}));
+  EXPECT_EQ(WrapText("abcdefghij", 4), (std::vector<std::string>{"abcd", "efgh", "ij"}));
+  EXPECT_EQ(WrapText("", 4), (std::vector<std::string>{""}));
+  EXPECT_EQ(WrapText("abcd", 4), (std::vector<std::string>{"abcd"}));
+  // Every line fits: a 300-character message at 60 columns.
+  const std::string long_text(300, 'x');
+  for (const std::string& line : WrapText(long_text + " " + long_text, 60)) {
+    EXPECT_LE(line.size(), 60u);
+  }
+}
+
 TEST(LooksNumeric, NumbersWithUnits) {
   EXPECT_TRUE(LooksNumeric("12"));
   EXPECT_TRUE(LooksNumeric("-3.5"));

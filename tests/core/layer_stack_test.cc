@@ -255,6 +255,19 @@ TEST(ReferenceLayerStack, RejectsWrongGroupCountAndRaggedTokens) {
   EXPECT_THAT(std::string(s.status().message()), HasSubstr("dp_tokens[1]"));
 }
 
+TEST(ReferenceLayerStack, ReportsEachLayerInOrderWithoutChangingTheResult) {
+  LayerStackConfig config = ConfigOf(StackCase{"x", 2, 2, {3, 2}});  // 5 layers
+  const std::vector<std::vector<float>> tokens = {std::vector<float>(3 * 32, 0.25f),
+                                                  std::vector<float>(2 * 32, -0.5f)};
+  std::vector<int> seen;
+  auto with = ReferenceLayerStack(config, tokens, [&](int layer) { seen.push_back(layer); });
+  ASSERT_TRUE(with.ok()) << with.status();
+  EXPECT_EQ(seen, (std::vector<int>{0, 1, 2, 3, 4}));
+  auto without = ReferenceLayerStack(config, tokens);
+  ASSERT_TRUE(without.ok()) << without.status();
+  EXPECT_EQ(*with, *without);
+}
+
 TEST(DistributedLayerStack, RejectsBadArgumentsAndDisagreeingGroupCounts) {
   StackCase c{"x", 2, 1, {2}, {true, false}};
   LayerStackConfig config = ConfigOf(c);

@@ -1,6 +1,5 @@
 #include "server/layer_stack_runner.h"
 
-#include "core/workspace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -93,40 +92,6 @@ TEST(ResolveLayerStackConfig, ErrorsNameTheField) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << c.fragment;
     EXPECT_THAT(r.status().message(), HasSubstr(c.fragment));
   }
-}
-
-core::LayerStackConfig EstimateConfig(bool a2a) {
-  core::LayerStackConfig c;
-  c.layout = core::ParallelLayout{2, 1, 0};
-  c.sparse_layers = {false, true};
-  c.a2a_enabled = a2a;
-  c.hidden = 32;
-  c.dense_intermediate = 64;
-  c.moe_intermediate = 32;
-  c.num_experts = 8;
-  c.top_k = 2;
-  c.capacity_tokens = 16;
-  return c;
-}
-
-TEST(EstimateLayerStackBytes, HandComputedExample) {
-  // Per layer: attention 32*32*4 = 4096, norms 2*32*4 = 256 -> 2 * 4352;
-  // dense 3*64*32*2 = 12288; rank 0's 4 experts 4 * 3*32*32*2 = 24576.
-  auto no_a2a = EstimateLayerStackBytes(EstimateConfig(false), 0);
-  ASSERT_TRUE(no_a2a.ok()) << no_a2a.status();
-  EXPECT_EQ(*no_a2a, 8704 + 12288 + 24576);
-  // With the all-to-all: plus the workspace of E 2, N 16, H 32, K 2, bf16.
-  core::WorkspaceSpec spec;
-  spec.ep_size = 2;
-  spec.capacity_tokens = 16;
-  spec.hidden = 32;
-  spec.top_k = 2;
-  spec.dtype = core::DispatchDType::kBF16;
-  auto workspace = core::ComputeAllocatedWorkspace(spec);
-  ASSERT_TRUE(workspace.ok());
-  auto with_a2a = EstimateLayerStackBytes(EstimateConfig(true), 0);
-  ASSERT_TRUE(with_a2a.ok()) << with_a2a.status();
-  EXPECT_EQ(*with_a2a, *no_a2a + workspace->total_bytes);
 }
 
 TEST(LayerStackRunner, RunBeforeConfigureIsFailedPrecondition) {

@@ -1,0 +1,177 @@
+#!/usr/bin/python3
+"""Draws benchmark CSVs as PNG plots beside them (issue 9 item 10).
+
+For every directory given, the CSVs in it (moe_ep_bench output, e.g.
+ep_bench.csv or bench_blocking.csv, and the PyTorch baseline torch.csv from
+bench/baseline_torch.py) become one figure, <dir>/bench_plot.png:
+
+  columns  one per (hidden, top_k) of the rows (EP size in the title)
+  row 1    dispatch and combine p50 latency (us) against tokens per rank
+  row 2    dispatch and combine logical GB/s against tokens per rank
+
+one line per (source, operation, routing): moe-ep (per CSV and `check`
+column value when there is one) against the baseline, uniform routing solid
+and skewed dashed; both axes logarithmic.
+
+Usage: plot_results.py DIR [DIR ...]     (e.g. bench/results/run*)
+       plot_results.py --all bench/results  (every subdirectory with CSVs)
+Exit status: 0 when every figure was written; 1 on a CSV without the
+columns above (the file and column are named); 2 on a bad command line.
+Needs matplotlib: Debian's python3-matplotlib (scripts/install-deps.sh) for
+/usr/bin/python3, the interpreter of the shebang.
+"""
+
+import argparse
+import csv
+import os
+import sys
+
+REQUIRED = ("ep", "routing", "hidden", "top_k", "tokens", "dispatch_p50_us", "combine_p50_us",
+            "dispatch_logical_GBps", "combine_logical_GBps")
+OUTPUT_NAME = "bench_plot.png"
+
+
+class CsvError(Exception):
+    pass
+
+
+def read_rows(path):
+    """The rows of one CSV as dicts, numbers converted; CsvError when a column is missing."""
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
+        if missing:
+            raise CsvError(f"{path}: no column {', '.join(missing)} (expected moe_ep_bench or "
+                           f"baseline_torch.py output)")
+        rows = []
+        for line, row in enumerate(reader, start=2):
+            try:
+                rows.append({
+                    "ep": int(row["ep"]),
+                    "routing": row["routing"],
+                    "hidden": int(row["hidden"]),
+                    "top_k": int(row["top_k"]),
+                    "tokens": int(row["tokens"]),
+                    "check": row.get("check", ""),
+                    "dispatch_us": float(row["dispatch_p50_us"]),
+                    "combine_us": float(row["combine_p50_us"]),
+                    "dispatch_gbps": float(row["dispatch_logical_GBps"]),
+                    "combine_gbps": float(row["combine_logical_GBps"]),
+                })
+            except ValueError as e:
+                raise CsvError(f"{path}:{line}: {e}") from e
+    return rows
+
+
+def source_label(path, check):
+    stem = os.path.splitext(os.path.basename(path))[0]
+    if stem.startswith("torch"):
+        return "PyTorch baseline"
+    label = "moe-ep" if stem == "ep_bench" else f"moe-ep {stem}"
+    return f"{label} ({check} check)" if check else label
+
+
+def series_of(paths):
+    """{(source, routing, hidden, top_k, ep): [rows sorted by tokens]}."""
+    series = {}
+    for path in paths:
+        for row in read_rows(path):
+            key = (source_label(path, row["check"]), row["routing"], row["hidden"],
+                   row["top_k"], row["ep"])
+            series.setdefault(key, []).append(row)
+    for rows in series.values():
+        rows.sort(key=lambda r: r["tokens"])
+    return series
+
+
+def plot_directory(directory, csv_paths):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = series_of(csv_paths)
+    if not series:
+        raise CsvError(f"{directory}: the CSVs have no rows")
+    configs = sorted({(k[2], k[3], k[4]) for k in series})  # (hidden, top_k, ep)
+    sources = sorted({k[0] for k in series}, key=lambda s: (s == "PyTorch baseline", s))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    from matplotlib.ticker import FuncFormatter
+
+    # Plain numbers on the log axes, minor ticks labelled at 2x and 5x.
+    major = FuncFormatter(lambda v, _: f"{v:g}")
+    minor = FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else "")
+    width = max(4.8 * len(configs), 10.0)
+    fig, axes = plt.subplots(2, len(configs), figsize=(width, 8), squeeze=False)
+    for col, (hidden, top_k, ep) in enumerate(configs):
+        lat, bw = axes[0][col], axes[1][col]
+        for (source, routing, h, k, e), rows in sorted(series.items()):
+            if (h, k, e) != (hidden, top_k, ep):
+                continue
+            tokens = [r["tokens"] for r in rows]
+            style = "-" if routing == "uniform" else "--"
+            for op_index, op in enumerate(("dispatch", "combine")):
+                color = colors[(2 * sources.index(source) + op_index) % len(colors)]
+                label = f"{source} {op}, {routing}"
+                marker = "o" if op == "dispatch" else "s"
+                lat.plot(tokens, [r[f"{op}_us"] for r in rows], style, color=color,
+                         marker=marker, markersize=3, label=label)
+                bw.plot(tokens, [r[f"{op}_gbps"] for r in rows], style, color=color,
+                        marker=marker, markersize=3, label=label)
+        lat.set_title(f"EP {ep}, hidden {hidden}, top-{top_k}")
+        lat.set_ylabel("p50 latency (us)")
+        bw.set_ylabel("logical GB/s")
+        for ax in (lat, bw):
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("tokens per rank")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.yaxis.set_major_formatter(major)
+            ax.yaxis.set_minor_formatter(minor)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    per_row = 4 if len(configs) > 1 else 2
+    fig.legend(handles, labels, loc="lower center", ncol=min(per_row, max(1, len(labels))),
+               fontsize="small")
+    names = ", ".join(os.path.basename(p) for p in csv_paths)
+    fig.suptitle(f"{os.path.basename(os.path.abspath(directory))}: {names}")
+    rows_of_legend = (len(labels) + per_row - 1) // per_row
+    fig.tight_layout(rect=(0, 0.03 + 0.025 * rows_of_legend, 1, 0.97))
+    out = os.path.join(directory, OUTPUT_NAME)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def csvs_in(directory):
+    return sorted(os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(".csv"))
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("dirs", nargs="*", help="directories holding benchmark CSVs")
+    parser.add_argument("--all", metavar="ROOT",
+                        help="every subdirectory of ROOT that holds CSVs")
+    args = parser.parse_args(argv)
+    dirs = list(args.dirs)
+    if args.all:
+        dirs += sorted(os.path.join(args.all, d) for d in os.listdir(args.all)
+                       if os.path.isdir(os.path.join(args.all, d)))
+    dirs = [d for d in dirs if csvs_in(d)]
+    if not dirs:
+        parser.error("no directory with CSVs given")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("plot_results.py: matplotlib is missing (Debian: apt-get install "
+              "python3-matplotlib; scripts/install-deps.sh installs it)", file=sys.stderr)
+        return 1
+    for d in dirs:
+        try:
+            print(plot_directory(d, csvs_in(d)))
+        except CsvError as e:
+            print(f"plot_results.py: {e}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
