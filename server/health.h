@@ -29,7 +29,7 @@ class HealthReporter {
  public:
   // Starts reporting through `service` too (null is ignored: then only the
   // remembered state changes). Call it once per server that serves health
-  // (the control plane, and the plaintext probe port of --health_listen).
+  // (the control plane, and the plaintext probe port of --health-listen).
   // Applies the current state at once.
   void Attach(grpc::HealthCheckServiceInterface* service);
   // Sets SERVING (true) or NOT_SERVING (false) for both names. Ignored after Shutdown().

@@ -37,7 +37,7 @@ _MAX_MESSAGE_BYTES = 256 << 20
 
 @dataclasses.dataclass(frozen=True)
 class Security:
-    """Channel security, matching the worker's --tls_* / --auth_token_file.
+    """Channel security, matching the worker's --tls_* / --auth-token-file.
 
     All None: plaintext. tls_ca: PEM file of the CA that signed the workers'
     certificates (None with TLS on: the system roots). tls_cert/tls_key: client
