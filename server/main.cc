@@ -1,6 +1,6 @@
 // moe-ep-worker: one expert-parallel MoE worker (one per rank), serving the
 // moe_ep.v1.Worker and moe_ep.v1.Rendezvous services, grpc.health.v1 and
-// server reflection. Flags and wiring only (STYLE §1); see
+// server reflection (v1alpha and v1). Flags and wiring only (STYLE §1); see
 // server/worker_service.h for the behaviour. Source: DESIGN §8.
 //
 // After binding it prints exactly one line to stdout,
@@ -41,6 +41,7 @@
 #include "server/in_flight_calls.h"
 #include "server/logging.h"
 #include "server/metrics.h"
+#include "server/reflection_v1.h"
 #include "server/rendezvous_service.h"
 #include "server/tls_credentials.h"
 #include "server/worker_flags.h"
@@ -154,6 +155,10 @@ int main(int argc, char** argv) {
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.RegisterService(&worker);
   builder.RegisterService(&rendezvous);
+  // grpc.reflection.v1 beside Debian's v1alpha (server/reflection_v1.h); it
+  // also answers UNIMPLEMENTED for every unknown method.
+  moe_ep::server::ReflectionV1Service reflection_v1;
+  builder.RegisterCallbackGenericService(&reflection_v1);
   // RPC metrics, and the log fields (rank, generation, epoch) refreshed after each call.
   auto snapshot = [&worker] {
     moe_ep::v1::GetStatusRequest request;
@@ -177,6 +182,7 @@ int main(int argc, char** argv) {
     return Fail(absl::StrCat("--listen: cannot bind ", listen));
   }
   health.Attach(server->GetHealthCheckService());
+  reflection_v1.Attach(server.get());
   // The probe server has no sync service: a callback service (UNIMPLEMENTED
   // for every method but health) makes gRPC poll its completion queue.
   grpc::CallbackGenericService probe_unimplemented;
