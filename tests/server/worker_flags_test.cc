@@ -87,7 +87,7 @@ TEST(ParseWorkerFlags, HelpListsKebabCaseOnlyAndExitsZero) {
   EXPECT_THAT(p.out, HasSubstr("--log-level"));
   EXPECT_THAT(p.out, HasSubstr("--health-listen"));
   EXPECT_THAT(p.out, HasSubstr("--listen TEXT=127.0.0.1:0"));  // defaults are shown
-  EXPECT_THAT(p.out, Not(HasSubstr("  --log_level")));  // aliases are not listed
+  EXPECT_THAT(p.out, Not(HasSubstr("  --log_level")));         // aliases are not listed
   EXPECT_THAT(p.out, Not(HasSubstr("--tls_cert")));
   EXPECT_EQ(Parse({"-h"}).exit_code, 0);
 }
