@@ -5,7 +5,7 @@
 // TLS and/or a bearer token (server/tls_credentials.h, server/auth.h).
 //
 //   - no flag: plaintext (the workers must allow it: loopback, or
-//     --allow_insecure);
+//     --allow-insecure);
 //   - --tls-ca: TLS, the workers' certificates checked against that CA bundle
 //     (and their names against the target host); without it but with
 //     --tls-cert, against the system roots;

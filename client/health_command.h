@@ -2,7 +2,7 @@
 
 // `moe-ep health`: one grpc.health.v1.Health/Check of one worker, for exec
 // probes and scripts (issue 8). Plaintext, on purpose: it is meant for the
-// worker's --health_listen port on the pod's own loopback address, so a probe
+// worker's --health-listen port on the pod's own loopback address, so a probe
 // depends on neither DNS nor a certificate's validity (a DNS blip or a lapsed
 // certificate must not restart a whole NCCL group).
 //

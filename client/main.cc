@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "client/bench_command.h"
+#include "client/cli_validators.h"
 #include "client/credentials.h"
 #include "client/health_command.h"
 #include "client/interrupt.h"
@@ -28,6 +29,7 @@
 #include "client/watch_command.h"
 #include "client/worker_selection.h"
 #include "client/workspace_command.h"
+#include "core/command_line.h"
 
 namespace {
 
@@ -66,6 +68,8 @@ int main(int argc, char** argv) {
       "moe-ep: expert-parallel MoE coordinator (forms a group of moe-ep-worker "
       "processes, configures, runs and verifies MoE layers)"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "moe-ep " + std::string(moe_ep::core::Version()),
+                       "print the version and exit");
   std::function<absl::Status()> action;
   bool long_running_up = false;
 
@@ -86,13 +90,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   plan->add_option("--tp", plan_options.tp_size, "tensor-parallel size (= world)")
       ->required()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   plan->add_option("--attn-dp", plan_options.attn_dp_size, "attention data-parallel size")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   plan->add_option("--moe-dense-tp", plan_options.moe_dense_tp_size,
                    "dense MLP TP size: 1, attn_tp or tp (default unset = tp)")
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   plan->add_flag("--no-a2a", no_a2a, "no all-to-all backend: sparse MLPs run FULL");
   plan->add_flag("--json", plan_options.json, "print the plan as JSON");
   plan->callback([&] {
@@ -105,10 +109,10 @@ int main(int argc, char** argv) {
   auto* ws = app.add_subcommand("workspace", "print payload and workspace sizes (offline)");
   ws->add_option("--model", ws_options.model, "config.json path or preset name")
       ->capture_default_str();
-  ws->add_option("--ep", ws_options.ep_size, "EP size E")->required()->check(CLI::PositiveNumber);
+  ws->add_option("--ep", ws_options.ep_size, "EP size E")->required()->check(Positive());
   ws->add_option("--max-tokens", ws_options.max_tokens, "capacity N, tokens per rank")
       ->required()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   ws->add_option("--dtype", ws_options.dtype, "dispatch dtype")
       ->check(CLI::IsMember({"bf16", "nvfp4", "mxfp8"}))
       ->capture_default_str();
@@ -130,7 +134,7 @@ int main(int argc, char** argv) {
       "health",
       "one grpc.health.v1 Check of a plaintext health port (exec probes); exit 0 only if "
       "SERVING");
-  health->add_option("--target", health_options.target, "host:port of the --health_listen port")
+  health->add_option("--target", health_options.target, "host:port of the --health-listen port")
       ->required();
   health
       ->add_option("--service", health_options.service,
@@ -139,7 +143,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   health->add_option("--timeout-ms", health_timeout_ms, "deadline of the call, ms")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   health->callback([&] {
     action = [&] {
       health_options.timeout = absl::Milliseconds(health_timeout_ms);
@@ -153,10 +157,10 @@ int main(int argc, char** argv) {
   watch->add_option("--targets", watch_options.targets, "host:port,...")->required();
   watch->add_option("--interval-ms", watch_options.interval_ms, "refresh interval, ms")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   watch->add_option("--count", watch_options.count, "stop after N refreshes (0 = until Ctrl-C)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   bool watch_no_clear = false;
   watch->add_flag("--no-clear", watch_no_clear, "append tables instead of redrawing the screen");
   AddSecurityFlags(watch, &watch_options.security);
@@ -178,17 +182,17 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   run->add_option("--layers", run_options.num_layers, "run the first L MoE layers")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   run->add_option("--tokens", run_options.tokens_per_rank,
                   "mean tokens per rank and step (counts are uneven, one rank gets 0; "
                   "trace: routing prescribes them)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   run->add_flag("--even-tokens", run_options.even_tokens,
                 "every rank gets exactly --tokens tokens (no zero-token rank)");
   run->add_option("--steps", run_options.steps, "forward steps")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   run->add_option("--routing", run_options.routing,
                   "uniform | skewed[:S] | trace:FILE.jsonl | load:FILE.json")
       ->capture_default_str();
@@ -199,17 +203,17 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   run->add_option("--capacity", run_options.capacity_tokens,
                   "workspace capacity N, tokens per rank (default: the run's largest count)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   run->add_option("--rel-tol", run_options.tolerance.rel,
                   "pass when |out - ref| <= rel * max|ref| + atol")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   run->add_option("--abs-tol", run_options.tolerance.atol, "atol of the check above")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   run->add_option("--rpc-timeout", rpc_timeout_s, "deadline of each fanned-out call, seconds")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   // Issue 4: `run --layers K --tp T --attn-dp D` runs the whole decoder stack
   // (the same job as `moe-ep stack`) instead of the MoE layers alone.
   int run_tp = 0, run_attn_dp = 1, run_moe_dense_tp = 0;
@@ -217,15 +221,15 @@ int main(int argc, char** argv) {
       run->add_option("--tp", run_tp,
                       "run the model's first --layers decoder layers (attention stand-in, DESIGN "
                       "§3 steps, dense and MoE MLPs) on T Gloo workers, as `moe-ep stack`")
-          ->check(CLI::PositiveNumber);
+          ->check(Positive());
   run->add_option("--attn-dp", run_attn_dp, "with --tp: attention data-parallel size")
       ->needs(run_tp_option)
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   run->add_option("--moe-dense-tp", run_moe_dense_tp,
                   "with --tp: dense MLP TP size (1, or the attention-TP size); unset = tp")
       ->needs(run_tp_option)
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   bool run_json = false;
   run->add_flag("--json", run_json, "progress on stderr, the summary as JSON on stdout");
   run->callback([&] {
@@ -277,46 +281,46 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   stack->add_option("--tp", stack_options.tp_size, "tensor-parallel size (= workers)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   stack->add_option("--attn-dp", stack_options.attn_dp_size, "attention data-parallel size")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   stack
       ->add_option("--moe-dense-tp", stack_options.moe_dense_tp_size,
                    "dense MLP TP size: 1, attn_tp or tp (default unset = tp)")
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   stack->add_flag("--no-a2a", stack_no_a2a, "no all-to-all backend: sparse MLPs run FULL");
   stack->add_option("--layers", stack_options.num_layers, "run the model's first K layers")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   stack->add_option("--hidden", stack_options.hidden, "hidden size H (0 = the model's)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   stack
       ->add_option("--moe-intermediate", stack_options.moe_intermediate,
                    "expert intermediate size (0 = the model's)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   stack
       ->add_option("--dense-intermediate", stack_options.dense_intermediate,
                    "dense MLP intermediate size, a multiple of --tp (0 = the model's)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   stack
       ->add_option("--tokens", stack_options.tokens_per_group,
                    "mean tokens per DP group and step (uneven; one group gets 0 when attn_dp > 1)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   stack->add_option("--steps", stack_options.steps, "forward steps")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   stack->add_option("--seed", stack_options.seed, "seed of tokens, weights and routing")
       ->capture_default_str();
   stack
       ->add_option(
           "--capacity", stack_options.capacity_tokens,
           "all-to-all capacity N, tokens per rank (default: the largest DP group + attn_tp)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   stack->add_flag("--allow-reduce-scatter", stack_options.allow_reduce_scatter,
                   "FULL MLPs skip their all-reduce; the after-MLP step reduce-scatters (MAX_LEN)");
   stack->add_option("--targets", stack_options.workers.targets,
@@ -329,7 +333,7 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingDirectory);
   stack->add_option("--rpc-timeout", stack_rpc_timeout_s, "deadline of each fanned-out call, s")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   bool stack_json = false;
   stack->add_flag("--json", stack_json, "progress on stderr, the summary as JSON on stdout");
   stack->callback([&] {
@@ -344,33 +348,36 @@ int main(int argc, char** argv) {
   AddWorkerFlags(bench, &bench_options.workers, /*allow_targets=*/true);
   bench->add_option("--tokens", bench_options.tokens_per_rank, "tokens per rank")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   bench->add_option("--hidden", bench_options.hidden, "hidden size H")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   bench->add_option("--top-k", bench_options.top_k, "experts per token K")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   bench->add_option("--experts", bench_options.num_experts, "routed experts")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   bench->add_option("--routing", bench_options.routing, "uniform | skewed")
       ->check(CLI::IsMember({"uniform", "skewed"}))
       ->capture_default_str();
   bench->add_option("--iterations", bench_options.iterations, "timed iterations")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   bench->add_option("--warmup", bench_options.warmup, "untimed iterations first")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   bench->add_option("--seed", bench_options.seed, "routing seed")->capture_default_str();
   bench->add_flag("--json", bench_options.json, "print the results as JSON");
   bench->callback([&] { action = [&] { return RunBenchCommand(bench_options, std::cout); }; });
 
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::Success& e) {  // --help, --version: exit 0
     return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);  // prints the reason and "Run with --help for more information."
+    return moe_ep::core::kExitBadCommandLine;
   }
 
   // Installed after parsing (no threads exist yet) so every later thread

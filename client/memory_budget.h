@@ -90,7 +90,7 @@ int64_t MemorySafetyMarginBytes(int64_t available_bytes);
 // alone needs). The EstimateRunMemory errors.
 absl::Status CheckRunMemory(const RunMemoryInput& input, int64_t available_bytes);
 
-// The --memory_cap_bytes given to each local worker: an equal share of what
+// The --memory-cap-bytes given to each local worker: an equal share of what
 // this process leaves, (available - margin - coordinator_bytes) /
 // num_local_workers; at least worker_bytes whenever CheckRunMemory passed.
 // 0 (no cap) when num_local_workers is 0.

@@ -24,7 +24,7 @@
 // checks what the local workers and this process will hold against
 // MemAvailable; a run that does not fit fails at once, naming the options
 // that do (--experts identity, fewer --layers, --targets). Local workers get
-// an equal share of the memory as --memory_cap_bytes, so a worker refuses
+// an equal share of the memory as --memory-cap-bytes, so a worker refuses
 // with RESOURCE_EXHAUSTED instead of being OOM-killed.
 
 #include <cstdint>

@@ -116,7 +116,7 @@ absl::Status ValidateStackJobOptions(const StackJobOptions& options);
 // layer, one line per step).
 // Before any worker starts, a memory preflight (client/stack_memory_budget.h)
 // checks what the local workers and this process will hold against
-// MemAvailable; local workers get an equal share as --memory_cap_bytes.
+// MemAvailable; local workers get an equal share as --memory-cap-bytes.
 // Errors: ValidateStackJobOptions and ResolveModel errors; kResourceExhausted
 // when the stack does not fit on this machine (CheckStackMemory's message:
 // needed vs available and the options); kInvalidArgument

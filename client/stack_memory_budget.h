@@ -64,7 +64,7 @@ absl::StatusOr<StackMemoryEstimate> EstimateStackMemory(const StackMemoryInput& 
 // The EstimateStackMemory errors.
 absl::Status CheckStackMemory(const StackMemoryInput& input, int64_t available_bytes);
 
-// The --memory_cap_bytes of each local worker: an equal share of what this
+// The --memory-cap-bytes of each local worker: an equal share of what this
 // process leaves, (available - margin - coordinator_bytes) / num_local_workers,
 // at least 1; at least worker_bytes whenever CheckStackMemory passed. 0 (no
 // cap) when num_local_workers is 0.

@@ -81,10 +81,10 @@ absl::StatusOr<AttachedWorkers> AttachWorkers(const WorkerSelection& selection) 
   options.worker_binary = selection.worker_binary;
   options.log_dir = selection.log_dir;
   if (!selection.worker_log_level.empty()) {
-    options.extra_args.push_back("--log_level=" + selection.worker_log_level);
+    options.extra_args.push_back("--log-level=" + selection.worker_log_level);
   }
   if (selection.worker_memory_cap_bytes > 0) {
-    options.extra_args.push_back("--memory_cap_bytes=" +
+    options.extra_args.push_back("--memory-cap-bytes=" +
                                  std::to_string(selection.worker_memory_cap_bytes));
   }
   if (plan.one_per_gpu) UseOneWorkerPerGpu(plan.num_workers, &options);

@@ -28,10 +28,10 @@ struct WorkerSelection {
   std::string backend = "auto";  // NCCL, one worker per GPU, when GPUs are present; else Gloo
   std::string worker_binary;     // empty: next to this executable
   std::string log_dir;           // empty: worker output to stderr
-  // Passed to local workers as --log_level (trace, debug, info, warn, error,
+  // Passed to local workers as --log-level (trace, debug, info, warn, error,
   // critical, off); empty leaves the worker's default.
   std::string worker_log_level = "warn";
-  // > 0: passed to local workers as --memory_cap_bytes (the worker refuses
+  // > 0: passed to local workers as --memory-cap-bytes (the worker refuses
   // with RESOURCE_EXHAUSTED beyond it); 0 leaves them uncapped.
   int64_t worker_memory_cap_bytes = 0;
   // How to reach --targets workers (TLS, mTLS, bearer token). Only with

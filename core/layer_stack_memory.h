@@ -3,7 +3,7 @@
 // Memory of a layer stack (core/layer_stack.h): what a rank of
 // DistributedLayerStack holds once built, and the peak of
 // ReferenceLayerStack in one process. The worker caps its build with the
-// first (server/layer_stack_runner.h, --memory_cap_bytes); `moe-ep stack`
+// first (server/layer_stack_runner.h, --memory-cap-bytes); `moe-ep stack`
 // adds both to its memory preflight (client/memory_budget.h) so a stack too
 // large for the machine is refused before any worker starts.
 //

@@ -37,7 +37,7 @@ else
 fi
 command -v node >/dev/null || { echo "validate-deploy: node not found (scripts/install-deps.sh)" >&2; exit 2; }
 if [ ! -d "$root/deploy/validate/node_modules/kubernetes-models" ]; then
-  echo "validate-deploy: npm packages missing: run scripts/install-deploy-tools.sh" >&2; exit 2
+  echo "validate-deploy: npm packages missing: run scripts/install-deploy-tools.sh (scripts/check.sh does)" >&2; exit 2
 fi
 
 out=$(mktemp -d)

@@ -30,14 +30,14 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
   std::ifstream in(path);
   if (!in) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--auth_token_file: cannot read \"", path, "\""));
+        absl::StrCat("--auth-token-file: cannot read \"", path, "\""));
   }
   std::stringstream text;
   text << in.rdbuf();
   std::string token(absl::StripAsciiWhitespace(text.str()));
   if (token.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--auth_token_file: \"", path, "\" holds no token (empty file)"));
+        absl::StrCat("--auth-token-file: \"", path, "\" holds no token (empty file)"));
   }
   return token;
 }

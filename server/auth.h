@@ -2,7 +2,7 @@
 
 // Bearer-token authentication of the worker's control plane (issue 5): every
 // call must carry the metadata "authorization: Bearer <token>" with the token
-// held in --auth_token_file (a Kubernetes secret). A call without it, or with
+// held in --auth-token-file (a Kubernetes secret). A call without it, or with
 // another token, is rejected with UNAUTHENTICATED by gRPC's security layer
 // before any service handler runs, so it leaves no trace in the worker's
 // state or counters.

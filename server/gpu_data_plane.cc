@@ -178,7 +178,7 @@ absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatc
       return absl::ResourceExhaustedError(
           absl::StrCat(dispatcher.status().message(), " (plus ", staging_bytes,
                        " bytes of Forward staging under the memory cap of ", memory_cap_bytes,
-                       " bytes, --memory_cap_bytes)"));
+                       " bytes, --memory-cap-bytes)"));
     }
     return dispatcher.status();
   }
@@ -258,7 +258,7 @@ absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, core::ExpertSet exp
             ") needs more expert scratch than the workspace was allocated with (intermediate ",
             max_intermediate_, "), and the memory cap of ", memory_cap_bytes,
             " bytes leaves no room; configure the model's moe_intermediate_size before "
-            "AllocateWorkspace or raise --memory_cap_bytes"));
+            "AllocateWorkspace or raise --memory-cap-bytes"));
       }
     }
     kernels::GpuEpDispatcherOptions gpu_options;
@@ -422,7 +422,7 @@ absl::StatusOr<BenchmarkTimes> GpuDataPlane::Benchmark(const core::EpDispatcherO
     if (cap <= 0) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "Benchmark: inputs and output need ", input_bytes, " device bytes, more than the ",
-          memory_cap_bytes, " bytes the memory cap leaves (--memory_cap_bytes)"));
+          memory_cap_bytes, " bytes the memory cap leaves (--memory-cap-bytes)"));
     }
   }
   kernels::GpuEpDispatcherOptions gpu_options;

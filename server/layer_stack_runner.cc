@@ -221,7 +221,7 @@ absl::Status LayerStackRunner::Run(core::Collective& world, int64_t generation,
       return absl::ResourceExhaustedError(absl::StrCat(
           "ForwardLayers: the layer stack needs ", p.bytes, " bytes (weights and all-to-all ",
           "workspace) on top of ", other_held_bytes, " held, more than the memory cap of ",
-          memory_cap_bytes, " bytes (--memory_cap_bytes)"));
+          memory_cap_bytes, " bytes (--memory-cap-bytes)"));
     }
     return p;
   };

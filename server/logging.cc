@@ -96,7 +96,7 @@ absl::StatusOr<std::unique_ptr<spdlog::formatter>> MakeLogFormatter(const std::s
     return std::unique_ptr<spdlog::formatter>(std::move(formatter));
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("--log_format: expected \"text\" or \"json\", got \"", format, "\""));
+      absl::StrCat("--log-format: expected \"text\" or \"json\", got \"", format, "\""));
 }
 
 absl::Status ConfigureLogFormat(const std::string& format) {

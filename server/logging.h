@@ -3,10 +3,10 @@
 // Structured logs of the worker (issue 5, "Observability"): every line carries
 // the worker's rank, group generation and geometry epoch.
 //
-//   --log_format=text (default): spdlog's usual line with a context field,
+//   --log-format=text (default): spdlog's usual line with a context field,
 //     [2025-01-02 10:11:12.345] [info] [rank=1 gen=3 epoch=7] message
 //     ("rank=-" before Join).
-//   --log_format=json: one JSON object per line (JSON Lines), e.g.
+//   --log-format=json: one JSON object per line (JSON Lines), e.g.
 //     {"ts":"2025-01-02T10:11:12.345678Z","level":"info","logger":"moe-ep-worker",
 //      "rank":1,"generation":3,"epoch":7,"thread":1234,"msg":"..."}
 //     with "rank"/"generation"/"epoch" null before Join; the message is

@@ -1,13 +1,13 @@
 // moe-ep-worker: one expert-parallel MoE worker (one per rank), serving the
 // moe_ep.v1.Worker and moe_ep.v1.Rendezvous services, grpc.health.v1 and
-// server reflection. Flags and wiring only (STYLE §1); see
+// server reflection (v1alpha and v1). Flags and wiring only (STYLE §1); see
 // server/worker_service.h for the behaviour. Source: DESIGN §8.
 //
 // After binding it prints exactly one line to stdout,
 //   moe-ep-worker listening on HOST:PORT
 // (the local cluster launcher parses it). SIGTERM / SIGINT: health goes
 // NOT_SERVING, new calls get UNAVAILABLE, in-flight calls may finish until
-// --drain_timeout_ms (then they are cancelled; one stuck in a collective
+// --drain-timeout-ms (then they are cancelled; one stuck in a collective
 // gets 0.5 s more, then the process exits anyway, which drops the
 // communicator so that its peers fail instead of hanging); exit 0. An idle
 // worker exits at once.
@@ -21,15 +21,11 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -45,58 +41,13 @@
 #include "server/in_flight_calls.h"
 #include "server/logging.h"
 #include "server/metrics.h"
+#include "server/reflection_v1.h"
 #include "server/rendezvous_service.h"
 #include "server/tls_credentials.h"
+#include "server/worker_flags.h"
 #include "server/worker_service.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
-
-ABSL_FLAG(std::string, listen, "127.0.0.1:0",
-          "host:port to serve on; port 0 picks a free port (printed on stdout)");
-ABSL_FLAG(std::string, backend, "auto",
-          "data-plane backend when Join does not name one: auto (gloo without a GPU), gloo, nccl");
-ABSL_FLAG(int64_t, memory_cap_bytes, 0,
-          "bytes of workspace + expert weights this worker may hold; 0 = unlimited");
-ABSL_FLAG(std::string, log_level, "info",
-          "spdlog level: trace, debug, info, warn, error, critical, off");
-ABSL_FLAG(std::string, data_plane_host, "127.0.0.1",
-          "address the Gloo TCP data plane binds to when Join does not name one");
-ABSL_FLAG(std::string, port_file, "", "optional file to write the bound port to");
-ABSL_FLAG(int64_t, drain_timeout_ms, 5000,
-          "on SIGTERM/SIGINT: health goes NOT_SERVING, new calls are refused, and in-flight "
-          "calls may run this long before they are cancelled (an idle worker exits at once)");
-// Control-plane security and limits (server/tls_credentials.h, server/auth.h).
-ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain of this worker; TLS when set");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
-ABSL_FLAG(std::string, tls_client_ca, "",
-          "PEM CA bundle: when set, clients must present a certificate it signed (mutual TLS)");
-ABSL_FLAG(std::string, tls_peer_ca, "",
-          "PEM CA bundle that signed the other workers' certificates (rendezvous calls to rank "
-          "0); default --tls_client_ca, else the system roots");
-ABSL_FLAG(int32_t, tls_refresh_s, 10, "seconds between re-reads of the TLS files (hot reload)");
-ABSL_FLAG(bool, allow_insecure, false,
-          "serve plaintext on a non-loopback --listen address (plaintext on loopback is always "
-          "allowed)");
-ABSL_FLAG(std::string, auth_token_file, "",
-          "file holding a bearer token every call must send as \"authorization: Bearer <token>\" "
-          "(needs TLS; re-read when it changes)");
-ABSL_FLAG(int32_t, max_message_bytes, 256 << 20,
-          "largest request this worker accepts, bytes (Forward carries [T, H] tensors)");
-// Observability (server/metrics.h, server/logging.h).
-ABSL_FLAG(std::string, metrics_listen, "",
-          "host:port of the Prometheus /metrics endpoint (plain HTTP); empty = off; port 0 picks "
-          "a free port (logged, and written to --metrics_port_file)");
-ABSL_FLAG(std::string, metrics_port_file, "", "optional file to write the metrics port to");
-ABSL_FLAG(std::string, health_listen, "",
-          "host:port of a plaintext port serving only grpc.health.v1, for probes that cannot "
-          "do TLS or send a token (Kubernetes gRPC probes); empty = off");
-ABSL_FLAG(std::string, health_port_file, "",
-          "optional file to write the bound --health_listen port to");
-ABSL_FLAG(std::string, log_format, "text",
-          "text, or json (one JSON object per line with rank, generation and epoch)");
-ABSL_FLAG(int32_t, device, 0,
-          "CUDA device ordinal the NCCL backend runs on (one worker per GPU: 0, 1, ...); "
-          "ignored by gloo");
 
 namespace {
 
@@ -128,42 +79,24 @@ std::string HostOf(const std::string& address) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // --help / --helpshort list this file's flags (absl's default matches only
-  // files named like the program, "moe-ep-worker.cc", and found none).
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "server/main.cc");
-  };
-  usage.contains_helpshort_flags = usage.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage);
-  absl::SetProgramUsageMessage(
-      "moe-ep-worker [--listen HOST:PORT] [--backend auto|gloo|nccl] [--device ORDINAL] "
-      "[--tls_cert PEM --tls_key PEM [--tls_client_ca PEM]] [--health_listen HOST:PORT] ... "
-      "(--help lists every flag)");
-  absl::ParseCommandLine(argc, argv);
+  moe_ep::server::WorkerFlags flags;
+  if (std::optional<int> exit_code =
+          moe_ep::server::ParseWorkerFlags(argc, argv, &flags, std::cout, std::cerr)) {
+    return *exit_code;
+  }
 
   // Logs go to stderr: stdout carries only the "listening on" line.
   spdlog::set_default_logger(spdlog::stderr_color_mt("moe-ep-worker"));
-  const std::string level_name = absl::GetFlag(FLAGS_log_level);
-  const spdlog::level::level_enum level = spdlog::level::from_str(level_name);
-  if (level == spdlog::level::off && level_name != "off") {
-    return Fail(absl::StrCat("--log_level: unknown level \"", level_name,
-                             "\" (trace, debug, info, warn, error, critical, off)"));
-  }
-  spdlog::set_level(level);
-  if (absl::Status format = moe_ep::server::ConfigureLogFormat(absl::GetFlag(FLAGS_log_format));
-      !format.ok()) {
+  spdlog::set_level(spdlog::level::from_str(flags.log_level));  // checked by the parser
+  if (absl::Status format = moe_ep::server::ConfigureLogFormat(flags.log_format); !format.ok()) {
     return Fail(std::string(format.message()));
   }
 
   moe_ep::server::WorkerOptions options;
-  options.memory_cap_bytes = absl::GetFlag(FLAGS_memory_cap_bytes);
-  options.default_backend = absl::GetFlag(FLAGS_backend);
-  options.data_plane_host = absl::GetFlag(FLAGS_data_plane_host);
-  options.device = absl::GetFlag(FLAGS_device);
-  if (options.memory_cap_bytes < 0) {
-    return Fail(absl::StrCat("--memory_cap_bytes: expected >= 0, got ", options.memory_cap_bytes));
-  }
+  options.memory_cap_bytes = flags.memory_cap_bytes;
+  options.default_backend = flags.backend;
+  options.data_plane_host = flags.data_plane_host;
+  options.device = flags.device;
   auto backend = moe_ep::server::ResolveBackend(options.default_backend, "auto");
   if (!backend.ok()) return Fail(absl::StrCat("--backend: ", backend.status().message()));
   if (auto device =
@@ -171,24 +104,20 @@ int main(int argc, char** argv) {
       !device.ok()) {
     return Fail(absl::StrCat("--", device.message()));
   }
-  const int64_t drain_ms = absl::GetFlag(FLAGS_drain_timeout_ms);
-  if (drain_ms < 0) return Fail(absl::StrCat("--drain_timeout_ms: expected >= 0, got ", drain_ms));
-  const int max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
-  if (max_message_bytes < 1) {
-    return Fail(absl::StrCat("--max_message_bytes: expected >= 1, got ", max_message_bytes));
-  }
+  const int64_t drain_ms = flags.drain_timeout_ms;        // >= 0, checked by the parser
+  const int max_message_bytes = flags.max_message_bytes;  // >= 1, checked by the parser
 
   // Transport security: TLS / mTLS from files, a bearer token, plaintext only
-  // on loopback unless --allow_insecure (server/tls_credentials.h).
+  // on loopback unless --allow-insecure (server/tls_credentials.h).
   moe_ep::server::ServerSecurityOptions security;
-  security.listen = absl::GetFlag(FLAGS_listen);
-  security.tls_cert = absl::GetFlag(FLAGS_tls_cert);
-  security.tls_key = absl::GetFlag(FLAGS_tls_key);
-  security.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
-  security.tls_peer_ca = absl::GetFlag(FLAGS_tls_peer_ca);
-  security.refresh_interval = absl::Seconds(absl::GetFlag(FLAGS_tls_refresh_s));
-  security.allow_insecure = absl::GetFlag(FLAGS_allow_insecure);
-  const std::string token_file = absl::GetFlag(FLAGS_auth_token_file);
+  security.listen = flags.listen;
+  security.tls_cert = flags.tls_cert;
+  security.tls_key = flags.tls_key;
+  security.tls_client_ca = flags.tls_client_ca;
+  security.tls_peer_ca = flags.tls_peer_ca;
+  security.refresh_interval = absl::Seconds(flags.tls_refresh_s);
+  security.allow_insecure = flags.allow_insecure;
+  const std::string token_file = flags.auth_token_file;
   security.auth_token = !token_file.empty();
   auto credentials = moe_ep::server::MakeServerCredentials(security);
   if (!credentials.ok()) return Fail(std::string(credentials.status().message()));
@@ -219,13 +148,17 @@ int main(int argc, char** argv) {
   moe_ep::server::EnableDefaultHealthService();
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  const std::string listen = absl::GetFlag(FLAGS_listen);
+  const std::string listen = flags.listen;
   int port = 0;
   builder.AddListeningPort(listen, *credentials, &port);
   builder.SetMaxReceiveMessageSize(max_message_bytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.RegisterService(&worker);
   builder.RegisterService(&rendezvous);
+  // grpc.reflection.v1 beside Debian's v1alpha (server/reflection_v1.h); it
+  // also answers UNIMPLEMENTED for every unknown method.
+  moe_ep::server::ReflectionV1Service reflection_v1;
+  builder.RegisterCallbackGenericService(&reflection_v1);
   // RPC metrics (the log fields are the worker service's: server/logging.h).
   auto snapshot = [&worker] {
     moe_ep::v1::GetStatusRequest request;
@@ -244,25 +177,25 @@ int main(int argc, char** argv) {
     return Fail(absl::StrCat("--listen: cannot bind ", listen));
   }
   health.Attach(server->GetHealthCheckService());
+  reflection_v1.Attach(server.get());
   // The probe server has no sync service: a callback service (UNIMPLEMENTED
   // for every method but health) makes gRPC poll its completion queue.
   grpc::CallbackGenericService probe_unimplemented;
   std::unique_ptr<grpc::Server> probe_server;
-  if (const std::string health_listen = absl::GetFlag(FLAGS_health_listen);
-      !health_listen.empty()) {
+  if (const std::string health_listen = flags.health_listen; !health_listen.empty()) {
     grpc::ServerBuilder probe_builder;
     int probe_port = 0;
     probe_builder.AddListeningPort(health_listen, grpc::InsecureServerCredentials(), &probe_port);
     probe_builder.RegisterCallbackGenericService(&probe_unimplemented);
     probe_server = probe_builder.BuildAndStart();
     if (probe_server == nullptr || probe_port == 0) {
-      return Fail(absl::StrCat("--health_listen: cannot bind ", health_listen));
+      return Fail(absl::StrCat("--health-listen: cannot bind ", health_listen));
     }
     health.Attach(probe_server->GetHealthCheckService());
-    if (const std::string file = absl::GetFlag(FLAGS_health_port_file); !file.empty()) {
+    if (const std::string file = flags.health_port_file; !file.empty()) {
       std::ofstream out(file);
       out << probe_port << "\n";
-      if (!out) return Fail(absl::StrCat("--health_port_file: cannot write ", file));
+      if (!out) return Fail(absl::StrCat("--health-port-file: cannot write ", file));
     }
     spdlog::info("serving grpc.health.v1 only (plaintext, for probes) on {}:{}",
                  HostOf(health_listen), probe_port);
@@ -270,24 +203,23 @@ int main(int argc, char** argv) {
 
   const std::string bound = absl::StrCat(HostOf(listen), ":", port);
   worker.SetListenAddress(bound);
-  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  const std::string port_file = flags.port_file;
   if (!port_file.empty()) {
     std::ofstream out(port_file);
     out << port << "\n";
-    if (!out) return Fail(absl::StrCat("--port_file: cannot write ", port_file));
+    if (!out) return Fail(absl::StrCat("--port-file: cannot write ", port_file));
   }
   std::unique_ptr<moe_ep::server::MetricsServer> metrics_server;
-  if (const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-      !metrics_listen.empty()) {
+  if (const std::string metrics_listen = flags.metrics_listen; !metrics_listen.empty()) {
     auto started = moe_ep::server::MetricsServer::Start(metrics_listen, metrics);
     if (!started.ok()) return Fail(std::string(started.status().message()));
     metrics_server = std::move(*started);
     spdlog::info("serving Prometheus metrics on http://{}:{}/metrics", HostOf(metrics_listen),
                  metrics_server->port());
-    if (const std::string file = absl::GetFlag(FLAGS_metrics_port_file); !file.empty()) {
+    if (const std::string file = flags.metrics_port_file; !file.empty()) {
       std::ofstream out(file);
       out << metrics_server->port() << "\n";
-      if (!out) return Fail(absl::StrCat("--metrics_port_file: cannot write ", file));
+      if (!out) return Fail(absl::StrCat("--metrics-port-file: cannot write ", file));
     }
   }
   std::cout << "moe-ep-worker listening on " << bound << std::endl;

@@ -193,7 +193,7 @@ class WorkerMetrics::StatusCollectable final : public prometheus::Collectable {
     out.push_back(
         Gauge("moe_ep_expert_bytes", "bytes of this rank's expert weights", s.expert_bytes()));
     out.push_back(Gauge("moe_ep_memory_cap_bytes",
-                        "cap on workspace + expert bytes (--memory_cap_bytes; 0 = none)",
+                        "cap on workspace + expert bytes (--memory-cap-bytes; 0 = none)",
                         s.memory_cap_bytes()));
     out.push_back(Gauge("moe_ep_device_memory_bytes", "memory of the device this worker runs on",
                         s.device_memory_bytes()));
@@ -299,7 +299,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   const size_t colon = listen.rfind(':');
   if (colon == std::string::npos || colon + 1 == listen.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--metrics_listen: expected host:port, got \"", listen, "\""));
+        absl::StrCat("--metrics-listen: expected host:port, got \"", listen, "\""));
   }
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   // civetweb's small thread stacks need the floor (server/thread_stack_floor.h).
@@ -308,13 +308,13 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
     server->exposer_ = std::make_unique<prometheus::Exposer>(listen, 2);
   } catch (const std::exception& e) {
     return absl::UnavailableError(
-        absl::StrCat("--metrics_listen: cannot serve /metrics on ", listen, ": ", e.what()));
+        absl::StrCat("--metrics-listen: cannot serve /metrics on ", listen, ": ", e.what()));
   }
   server->exposer_->RegisterCollectable(metrics.registry());
   server->exposer_->RegisterCollectable(metrics.status_collectable_);
   const std::vector<int> ports = server->exposer_->GetListeningPorts();
   if (ports.empty() || ports[0] <= 0) {
-    return absl::UnavailableError(absl::StrCat("--metrics_listen: no port bound for ", listen));
+    return absl::UnavailableError(absl::StrCat("--metrics-listen: no port bound for ", listen));
   }
   server->port_ = ports[0];
   return server;

@@ -2,7 +2,7 @@
 
 // Prometheus metrics of one worker (issue 5, "Observability"), served as
 // text exposition on http://HOST:PORT/metrics by prometheus-cpp's Exposer on
-// a port of its own (--metrics_listen), separate from the gRPC control plane.
+// a port of its own (--metrics-listen), separate from the gRPC control plane.
 //
 // Where the values come from:
 //   - a gRPC server interceptor (MakeInterceptorFactory) sees every call that

@@ -45,39 +45,39 @@ bool TlsOn(const ServerSecurityOptions& options) { return !options.tls_cert.empt
 absl::Status Validate(const ServerSecurityOptions& options) {
   if (options.tls_cert.empty() != options.tls_key.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--tls_cert and --tls_key go together: got --tls_cert \"", options.tls_cert,
-                     "\" and --tls_key \"", options.tls_key, "\""));
+        absl::StrCat("--tls-cert and --tls-key go together: got --tls-cert \"", options.tls_cert,
+                     "\" and --tls-key \"", options.tls_key, "\""));
   }
   if (!TlsOn(options) && !options.tls_client_ca.empty()) {
     return absl::InvalidArgumentError(
-        "--tls_client_ca (mutual TLS) needs TLS: give --tls_cert and --tls_key too");
+        "--tls-client-ca (mutual TLS) needs TLS: give --tls-cert and --tls-key too");
   }
   if (options.refresh_interval < absl::Seconds(1)) {
     return absl::InvalidArgumentError(absl::StrCat("TLS refresh interval: expected >= 1 s, got ",
                                                    absl::FormatDuration(options.refresh_interval)));
   }
   if (TlsOn(options)) {
-    RETURN_IF_ERROR(CheckPemFile("--tls_cert", options.tls_cert));
-    RETURN_IF_ERROR(CheckPemFile("--tls_key", options.tls_key));
+    RETURN_IF_ERROR(CheckPemFile("--tls-cert", options.tls_cert));
+    RETURN_IF_ERROR(CheckPemFile("--tls-key", options.tls_key));
     if (!options.tls_client_ca.empty()) {
-      RETURN_IF_ERROR(CheckPemFile("--tls_client_ca", options.tls_client_ca));
+      RETURN_IF_ERROR(CheckPemFile("--tls-client-ca", options.tls_client_ca));
     }
     if (!options.tls_peer_ca.empty()) {
-      RETURN_IF_ERROR(CheckPemFile("--tls_peer_ca", options.tls_peer_ca));
+      RETURN_IF_ERROR(CheckPemFile("--tls-peer-ca", options.tls_peer_ca));
     }
     return absl::OkStatus();
   }
   if (options.auth_token) {
     return absl::FailedPreconditionError(
-        "--auth_token_file needs TLS (--tls_cert, --tls_key): a bearer token over plaintext "
+        "--auth-token-file needs TLS (--tls-cert, --tls-key): a bearer token over plaintext "
         "could be read by anyone on the path");
   }
   const std::string host = HostPart(options.listen);
   if (!IsLoopbackHost(host) && !options.allow_insecure) {
     return absl::FailedPreconditionError(absl::StrCat(
         "--listen ", options.listen, ": \"", host,
-        "\" is not a loopback address, so plaintext is refused; give --tls_cert and --tls_key, "
-        "or pass --allow_insecure to serve plaintext anyway"));
+        "\" is not a loopback address, so plaintext is refused; give --tls-cert and --tls-key, "
+        "or pass --allow-insecure to serve plaintext anyway"));
   }
   return absl::OkStatus();
 }

@@ -6,15 +6,15 @@
 // (GrpcStore, server/grpc_store.h).
 //
 // Policy:
-//   - TLS when --tls_cert and --tls_key are given; mutual TLS (the client must
-//     present a certificate signed by the CA) when --tls_client_ca is given too.
+//   - TLS when --tls-cert and --tls-key are given; mutual TLS (the client must
+//     present a certificate signed by the CA) when --tls-client-ca is given too.
 //     The files are watched (grpc::experimental::FileWatcherCertificateProvider)
 //     and re-read every `refresh_interval`, so a rotated Kubernetes secret is
 //     picked up without a restart (new connections use the new files).
 //   - Plaintext otherwise, but only where it cannot leak: on a loopback listen
 //     address (127.0.0.0/8, localhost, [::1]) it is allowed by default, so the
 //     embedded local cluster and the tests keep working; on any other address
-//     (0.0.0.0, a pod IP, a DNS name) it is refused unless --allow_insecure.
+//     (0.0.0.0, a pod IP, a DNS name) it is refused unless --allow-insecure.
 //   - A bearer token (server/auth.h) needs TLS: it would travel in clear
 //     otherwise.
 //

@@ -644,7 +644,7 @@ absl::Status WorkerService::DoAllocateWorkspace(grpc::ServerContext* context,
         "AllocateWorkspace: the workspace needs ", allocated.total_bytes, " bytes",
         kept_expert_bytes > 0 ? absl::StrCat(" (plus ", kept_expert_bytes, " of experts)") : "",
         ", more than the worker's memory cap of ", options_.memory_cap_bytes,
-        " bytes (--memory_cap_bytes)"));
+        " bytes (--memory-cap-bytes)"));
   }
   RETURN_IF_ERROR(CheckSameOnAllRanks(fingerprint, "AllocateWorkspace spec"));
 
@@ -756,7 +756,7 @@ absl::Status WorkerService::DoLoadExperts(grpc::ServerContext* context,
         "LoadExperts: layer ", request.layer(), " needs ", new_bytes, " bytes of experts; with ",
         data_plane_->allocated_bytes(), " of workspace and ", expert_bytes_ - old_bytes,
         " of other layers' experts that is ", total, " bytes, more than the memory cap of ",
-        options_.memory_cap_bytes, " bytes (--memory_cap_bytes)"));
+        options_.memory_cap_bytes, " bytes (--memory-cap-bytes)"));
   }
   absl::StatusOr<core::ExpertSet> experts;
   if (request.kind() == v1::EXPERT_KIND_IDENTITY) {
@@ -964,7 +964,7 @@ absl::Status WorkerService::DoBenchmark(grpc::ServerContext* context,
     return absl::ResourceExhaustedError(absl::StrCat(
         "Benchmark: needs ", needed.total_bytes + inputs,
         " bytes (workspace and inputs) on top of ", held, " held, more than the memory cap of ",
-        options_.memory_cap_bytes, " bytes (--memory_cap_bytes)"));
+        options_.memory_cap_bytes, " bytes (--memory-cap-bytes)"));
   }
   ASSIGN_OR_RETURN(int64_t dispatch_bytes_per_token,
                    core::DispatchBytesPerToken(core::DispatchDType::kBF16, hidden_size, top_k));

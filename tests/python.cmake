@@ -1,8 +1,9 @@
-# The Python control-plane client (python/moe_ep_client): its gRPC stubs are
-# generated from proto/ at build time into BUILD/python (never committed), and
-# ctest runs its tests and example against two real moe-ep-worker processes
-# with /usr/bin/python3, the interpreter Debian's python3-grpcio and
-# python3-protobuf serve (DESIGN §1).
+# The Python client (python/moe_ep_client): its gRPC stubs are generated from
+# proto/ at build time into BUILD/python (never committed; for PYTHONPATH use
+# in a checkout), and ctest installs the package offline into a venv of
+# /usr/bin/python3, the interpreter Debian's python3-grpcio and
+# python3-protobuf serve (DESIGN §1), and runs its tests and example against
+# real moe-ep-worker processes.
 find_program(MOE_EP_SYSTEM_PYTHON NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
 find_program(MOE_EP_GRPC_PYTHON_PLUGIN grpc_python_plugin)
 if(NOT MOE_EP_SYSTEM_PYTHON OR NOT MOE_EP_GRPC_PYTHON_PLUGIN OR NOT TARGET moe-ep-worker)
@@ -27,9 +28,9 @@ add_custom_command(
   COMMENT "Generating the Python gRPC stubs of proto/moe_ep/v1")
 add_custom_target(moe_ep_python_stubs ALL
   DEPENDS ${MOE_EP_PYTHON_OUT}/moe_ep/v1/worker_pb2_grpc.py)
+# python/ installed offline into a fresh venv (pip install --no-build-isolation
+# ./python, which generates the stubs), then python/tests run with that venv's
+# interpreter against real workers (tests/python/install_offline.sh).
 add_test(NAME python_client
-  COMMAND ${CMAKE_COMMAND} -E env
-          PYTHONPATH=${MOE_EP_PYTHON_OUT}:${PROJECT_SOURCE_DIR}/python PYTHONDONTWRITEBYTECODE=1
-          MOE_EP_WORKER=$<TARGET_FILE:moe-ep-worker>
-          ${MOE_EP_SYSTEM_PYTHON} -m unittest discover -s ${PROJECT_SOURCE_DIR}/python/tests -v)
-set_tests_properties(python_client PROPERTIES LABELS python TIMEOUT 120)
+  COMMAND ${PROJECT_SOURCE_DIR}/tests/python/install_offline.sh $<TARGET_FILE:moe-ep-worker>)
+set_tests_properties(python_client PROPERTIES LABELS python TIMEOUT 180)

@@ -14,12 +14,13 @@
 //      its schema's additionalProperties: false;
 //   3. commands: every flag passed to moe-ep-worker / moe-ep (directly, in a
 //      `sh -c` script, or in an exec probe) exists in that binary's help
-//      (moe-ep-worker --helpfull; moe-ep [SUB] --help), every environment
+//      (moe-ep-worker --help; moe-ep [SUB] --help; an underscore spelling of a
+//      worker flag is reported as deprecated), every environment
 //      variable a container sets is used by its command, named in a binary's
 //      help, or listed in library-env.json with the library that reads it,
 //      and every $(VAR), $VAR, ${VAR} and $((VAR)) is defined;
 //   4. probes: gRPC probe services are "" or a service of proto/*.proto, and
-//      a gRPC probe's port is the worker's --health_listen port (else its
+//      a gRPC probe's port is the worker's --health-listen port (else its
 //      --listen port, which must then be plaintext) when that is literal;
 //      exec probes that call a TLS worker with moe-ep pass --tls-ca (and
 //      --tls-cert for mutual TLS), except `moe-ep health`, which is plaintext;
@@ -30,7 +31,7 @@
 //      ask "moe_ep.v1.Worker"; exec probes use `moe-ep health` on a loopback
 //      address (no DNS, no certificate), never `moe-ep status`;
 //   4b. transport security: a worker listening on a non-loopback address
-//      serves TLS or passes --allow_insecure (else it exits at start-up);
+//      serves TLS or passes --allow-insecure (else it exits at start-up);
 //   5. DESIGN §12: an NCCL worker has NCCL_NVLS_ENABLE=0; one on the host
 //      network also has NCCL_HOSTID from spec.nodeName, host IPC and IPC_LOCK.
 //
@@ -94,7 +95,7 @@ function runHelp(binary, args) {
   try {
     return execFileSync(binary, args, { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
   } catch (e) {
-    // absl exits 1 after --helpfull; the text is still the help.
+    // A binary that exits non-zero after printing its help: the text is still the help.
     if (typeof e.stdout === "string" && e.stdout.length > 0) return e.stdout + (e.stderr ?? "");
     throw new Error(`cannot run ${binary} ${args.join(" ")}: ${e.message}`);
   }
@@ -107,12 +108,11 @@ function longFlags(text) {
 }
 
 function loadHelp(workerBin, cliBin) {
-  // absl: --help lists only flags of a file named like the program; --helpfull
-  // lists every flag the binary accepts, grouped by defining file.
-  const workerText = runHelp(workerBin, ["--helpfull"]);
-  const workerFlags = new Set();
-  for (const m of workerText.matchAll(/^ {4}--([A-Za-z0-9_]+) \(/gm)) workerFlags.add(m[1]);
-  if (workerFlags.size === 0) throw new Error(`${workerBin} --helpfull lists no flags`);
+  // Both binaries use CLI11: --help lists every flag (the worker's hidden
+  // underscore aliases of earlier releases excepted).
+  const workerText = runHelp(workerBin, ["--help"]);
+  const workerFlags = longFlags(workerText);
+  if (workerFlags.size === 0) throw new Error(`${workerBin} --help lists no flags`);
 
   const cliText = runHelp(cliBin, ["--help"]);
   const sub = cliText.split(/^subcommands:\s*$/im)[1] ?? "";
@@ -451,7 +451,7 @@ function probeService(name, p, where, problems) {
   for (const inv of calls) {
     const sub = inv.args.find((a) => !a.startsWith("-"));
     if (sub !== "health") {
-      problems.push(`${where}: ${name} calls \`moe-ep ${sub ?? ""}\`, which depends on DNS and on the certificate's validity: probe the plaintext --health_listen port with \`moe-ep health --target 127.0.0.1:PORT\``);
+      problems.push(`${where}: ${name} calls \`moe-ep ${sub ?? ""}\`, which depends on DNS and on the certificate's validity: probe the plaintext --health-listen port with \`moe-ep health --target 127.0.0.1:PORT\``);
       continue;
     }
     const target = flagValue(inv, "target") ?? "";
@@ -481,7 +481,7 @@ function checkProbeSemantics(c, where, problems) {
 function checkFlags(inv, help, where, problems) {
   const h = help[inv.bin];
   let flags = h.flags;
-  let label = inv.bin === "moe-ep-worker" ? "moe-ep-worker --helpfull" : "moe-ep --help";
+  let label = inv.bin === "moe-ep-worker" ? "moe-ep-worker --help" : "moe-ep --help";
   let rest = inv.args;
   if (inv.bin === "moe-ep") {
     const subIndex = inv.args.findIndex((a) => !a.startsWith("-"));
@@ -504,8 +504,12 @@ function checkFlags(inv, help, where, problems) {
   function checkOne(arg, known, source) {
     if (!arg.startsWith("--") || arg === "--") return;
     const name = arg.slice(2).split("=")[0];
-    const ok = known.has(name) || (inv.bin === "moe-ep-worker" && name.startsWith("no") && known.has(name.slice(2)));
-    if (!ok) problems.push(`${where}: flag --${name} of ${inv.bin} is not in \`${source}\``);
+    const kebab = name.replaceAll("_", "-");
+    if (!known.has(name) && kebab !== name && known.has(kebab)) {
+      problems.push(`${where}: flag --${name} of ${inv.bin} is a deprecated spelling: use --${kebab}`);
+    } else if (!known.has(name)) {
+      problems.push(`${where}: flag --${name} of ${inv.bin} is not in \`${source}\``);
+    }
   }
 }
 
@@ -525,15 +529,15 @@ function literalPort(value) {
   return m ? Number(m[1]) : null;
 }
 
-// Where the kubelet's gRPC probes must go: the plaintext --health_listen
+// Where the kubelet's gRPC probes must go: the plaintext --health-listen
 // port when the worker has one, else its --listen port (null: not literal).
 function probePort(inv) {
-  const health = flagValue(inv, "health_listen");
-  return health !== null ? { port: literalPort(health), flag: "--health_listen" } : { port: literalPort(flagValue(inv, "listen")), flag: "--listen" };
+  const health = flagValue(inv, "health-listen");
+  return health !== null ? { port: literalPort(health), flag: "--health-listen" } : { port: literalPort(flagValue(inv, "listen")), flag: "--listen" };
 }
 
 // server/tls_credentials.h: plaintext only on a loopback --listen address
-// unless --allow_insecure; a worker that breaks the rule exits at start-up.
+// unless --allow-insecure; a worker that breaks the rule exits at start-up.
 function isLoopbackListen(value) {
   const host = (value ?? "127.0.0.1:0").replace(/:[^:]*$/, "");
   return host === "localhost" || /^127\./.test(host) || host === "[::1]" || host === "::1";
@@ -567,8 +571,8 @@ function checkContainer(c, pod, where, ctx, problems) {
         if (port !== null && p.grpc.port !== undefined && port !== p.grpc.port) {
           problems.push(`${where}: ${name}.grpc.port ${p.grpc.port} is not the worker's ${flag} port ${port}`);
         }
-        if (flag === "--listen" && hasFlag(inv, "tls_cert")) {
-          problems.push(`${where}: ${name} is a gRPC probe of a TLS port (the kubelet cannot do TLS): give the worker --health_listen and probe that port`);
+        if (flag === "--listen" && hasFlag(inv, "tls-cert")) {
+          problems.push(`${where}: ${name} is a gRPC probe of a TLS port (the kubelet cannot do TLS): give the worker --health-listen and probe that port`);
         }
       }
     }
@@ -612,18 +616,18 @@ function checkContainer(c, pod, where, ctx, problems) {
   }
 
   // Transport security (server/tls_credentials.h): a worker on a
-  // non-loopback address serves TLS or says --allow_insecure; the moe-ep
+  // non-loopback address serves TLS or says --allow-insecure; the moe-ep
   // calls of a TLS worker's exec probes bring the CA and a client certificate.
   const workerInvs = main.invocations.filter((i) => i.bin === "moe-ep-worker");
   for (const inv of workerInvs) {
-    const tls = hasFlag(inv, "tls_cert");
-    if (!tls && !hasFlag(inv, "allow_insecure") && !isLoopbackListen(flagValue(inv, "listen"))) {
-      problems.push(`${where}: moe-ep-worker listens on ${flagValue(inv, "listen") ?? "?"} in plaintext without --allow_insecure (it refuses to start): pass --tls_cert/--tls_key, or --allow_insecure on a trusted network`);
+    const tls = hasFlag(inv, "tls-cert");
+    if (!tls && !hasFlag(inv, "allow-insecure") && !isLoopbackListen(flagValue(inv, "listen"))) {
+      problems.push(`${where}: moe-ep-worker listens on ${flagValue(inv, "listen") ?? "?"} in plaintext without --allow-insecure (it refuses to start): pass --tls-cert/--tls-key, or --allow-insecure on a trusted network`);
     }
     if (!tls) continue;
     const plaintextHealth = (i) => i.args.find((a) => !a.startsWith("-")) === "health";
     for (const probe of invocations.filter((i) => i.bin === "moe-ep" && !plaintextHealth(i))) {
-      for (const f of ["tls-ca", hasFlag(inv, "tls_client_ca") ? "tls-cert" : null].filter(Boolean)) {
+      for (const f of ["tls-ca", hasFlag(inv, "tls-client-ca") ? "tls-cert" : null].filter(Boolean)) {
         if (!hasFlag(probe, f)) problems.push(`${where}: a probe calls the TLS worker with moe-ep but without --${f}`);
       }
     }

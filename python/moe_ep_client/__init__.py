@@ -1,7 +1,8 @@
 """Python control-plane client of moe-ep workers, for orchestrators.
 
 A small typed wrapper over the generated gRPC stubs of proto/moe_ep/v1
-(generate them with python/generate_stubs.sh OUT and put OUT on PYTHONPATH):
+(`pip install --no-build-isolation ./python` generates and installs them;
+or python/generate_stubs.sh OUT with OUT on PYTHONPATH):
 
     from moe_ep_client import Group, Security
     group = Group(["10.0.0.1:50051", "10.0.0.2:50051"], security=Security(...))
@@ -10,6 +11,10 @@ A small typed wrapper over the generated gRPC stubs of proto/moe_ep/v1
     group.allocate(hidden_size=..., ...)          # AllocateWorkspace
     agreed = group.agree_geometry(epoch=1, local_tokens=[5, 3])
     for s in group.status(): print(s.rank, s.state, s.runtime_max_tokens_per_rank)
+    group.load_experts(layer=0, kind="identity")  # LoadExperts
+    out = group.forward(layer=0, epoch=1, hidden_size=..., top_k=...,
+                        inputs=[ForwardInput(hidden, ids, weights), ...])  # Forward
+    group.benchmark(tokens_per_rank=128, hidden_size=..., top_k=..., num_experts=...)
 
 Every collective call is sent to all ranks in parallel under one deadline;
 failures raise GroupError listing each failing rank, its target and gRPC code.
@@ -17,9 +22,13 @@ failures raise GroupError listing each failing rank, its target and gRPC code.
 
 from moe_ep_client.client import (
     AllocatedWorkspace,
+    BenchmarkResult,
+    ForwardInput,
+    ForwardResult,
     GeometryAgreement,
     Group,
     GroupError,
+    LoadedExperts,
     RankFailure,
     Security,
     WorkerStatus,
@@ -27,9 +36,13 @@ from moe_ep_client.client import (
 
 __all__ = [
     "AllocatedWorkspace",
+    "BenchmarkResult",
+    "ForwardInput",
+    "ForwardResult",
     "GeometryAgreement",
     "Group",
     "GroupError",
+    "LoadedExperts",
     "RankFailure",
     "Security",
     "WorkerStatus",

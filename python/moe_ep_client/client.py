@@ -1,5 +1,8 @@
 """Typed wrapper over the moe_ep.v1.Worker stubs (see __init__.py).
 
+Control plane (form, configure, allocate, agree_geometry, status) and data
+plane (load_experts, forward, benchmark).
+
 Semantics follow proto/moe_ep/v1/worker.proto (the contract) and DESIGN §6/§8:
 the group is formed with rank i = targets[i] and the rendezvous at targets[0];
 a new group always uses a generation above every generation any worker has
@@ -11,11 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 from concurrent import futures
-from typing import Callable, List, Optional, Sequence, TypeVar
+from typing import Any, Callable, List, Optional, Sequence, TypeVar, Union
 
 import grpc
 
 from moe_ep.v1 import worker_pb2, worker_pb2_grpc
+from moe_ep_client import tensors
 
 T = TypeVar("T")
 
@@ -32,12 +36,17 @@ _DTYPES = {
     "mxfp8": worker_pb2.DISPATCH_DTYPE_MXFP8,
 }
 
+_EXPERT_KINDS = {
+    "swiglu": worker_pb2.EXPERT_KIND_SWIGLU,
+    "identity": worker_pb2.EXPERT_KIND_IDENTITY,
+}
+
 _MAX_MESSAGE_BYTES = 256 << 20
 
 
 @dataclasses.dataclass(frozen=True)
 class Security:
-    """Channel security, matching the worker's --tls_* / --auth_token_file.
+    """Channel security, matching the worker's --tls_* / --auth-token-file.
 
     All None: plaintext. tls_ca: PEM file of the CA that signed the workers'
     certificates (None with TLS on: the system roots). tls_cert/tls_key: client
@@ -146,6 +155,56 @@ class GeometryAgreement:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoadedExperts:
+    """LoadExperts' answer of one rank: its experts [first, first + count)."""
+
+    first_expert: int
+    num_local_experts: int
+    expert_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardInput:
+    """One rank's tokens for Forward: hidden [T, H], topk_ids / topk_weights [T, K].
+
+    T may be 0 (a rank with no tokens still takes part in the collective).
+    """
+
+    hidden: Sequence[Sequence[float]]
+    topk_ids: Sequence[Sequence[int]]
+    topk_weights: Sequence[Sequence[float]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardResult:
+    """Forward's answer of one rank: output [T, H] (bf16 values as floats)."""
+
+    output: List[List[float]]
+    dispatch_us: int
+    expert_us: int
+    combine_us: int
+    total_us: int
+    runtime_max_tokens_per_rank: int  # R
+    tokens_sent: int  # token copies sent, one per distinct destination rank
+    bytes_sent: int  # dispatch + combine bytes to other ranks
+    tokens_received: int
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkResult:
+    """Benchmark's answer of one rank: latency percentiles in µs, logical GB/s."""
+
+    dispatch_p50_us: float
+    dispatch_p99_us: float
+    combine_p50_us: float
+    combine_p99_us: float
+    dispatch_logical_gbps: float
+    combine_logical_gbps: float
+    dispatch_bytes: int
+    combine_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
 class RankFailure:
     rank: int
     target: str
@@ -170,7 +229,11 @@ class GroupError(Exception):
 
 
 class Group:
-    """One channel per worker; rank i is targets[i]. Not thread-safe."""
+    """One channel per worker; rank i is targets[i]. Not thread-safe.
+
+    backend is what Join asks for: "auto" (the default, as `moe-ep`'s
+    --backend: NCCL on workers that see a GPU, else Gloo), "gloo" or "nccl".
+    """
 
     def __init__(
         self,
@@ -178,8 +241,8 @@ class Group:
         security: Security = Security(),
         timeout_s: float = 60.0,
         group_timeout_ms: int = 30000,
-        backend: str = "gloo",
-    ):
+        backend: str = "auto",
+    ) -> None:
         if not targets:
             raise ValueError("targets: expected at least 1 worker")
         if len(set(targets)) != len(targets):
@@ -214,7 +277,7 @@ class Group:
     def __enter__(self) -> "Group":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- fan-out -----------------------------------------------------------
@@ -222,15 +285,15 @@ class Group:
     def _fan_out(
         self,
         op: str,
-        call: Callable[[int, worker_pb2_grpc.WorkerStub, float], "grpc.Future"],
+        call: Callable[[int, worker_pb2_grpc.WorkerStub, float], Any],
         timeout_s: Optional[float] = None,
         ranks: Optional[Sequence[int]] = None,
-    ) -> List:
+    ) -> List[Any]:
         """Starts call(rank, stub, timeout) on every rank at once, then waits."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
         ranks = list(range(self.world_size)) if ranks is None else list(ranks)
         pending = {r: call(r, self._stubs[r], timeout) for r in ranks}
-        results: List = [None] * self.world_size
+        results: List[Any] = [None] * self.world_size
         failures: List[RankFailure] = []
         for r, future in pending.items():
             try:
@@ -243,13 +306,13 @@ class Group:
 
     # -- operations --------------------------------------------------------
 
-    def status_each(self) -> List[object]:
+    def status_each(self) -> List[Union[WorkerStatus, RankFailure]]:
         """WorkerStatus per rank, or the RankFailure of a worker that did not answer."""
         pending = [
             s.GetStatus.future(worker_pb2.GetStatusRequest(), timeout=self.timeout_s)
             for s in self._stubs
         ]
-        out: List[object] = []
+        out: List[Union[WorkerStatus, RankFailure]] = []
         for r, future in enumerate(pending):
             try:
                 out.append(WorkerStatus.from_proto(self.targets[r], future.result()))
@@ -284,7 +347,7 @@ class Group:
         generation = 1 + max([self.generation] + [s.generation for s in statuses])
         rendezvous = self.targets[0]
 
-        def join(r, stub, timeout):
+        def join(r: int, stub: worker_pb2_grpc.WorkerStub, timeout: float) -> Any:
             request = worker_pb2.JoinRequest(
                 world_size=self.world_size,
                 rank=r,
@@ -418,3 +481,133 @@ class Group:
             max_tokens=first.max_tokens,
             runtime_max_tokens_per_rank=runtime_max,
         )
+
+    # -- data plane --------------------------------------------------------
+
+    def load_experts(
+        self,
+        layer: int,
+        kind: str = "swiglu",
+        seed: int = 1,
+        intermediate_size: int = 0,
+        safetensors_path: str = "",
+        name_pattern: str = "",
+    ) -> List[LoadedExperts]:
+        """LoadExperts on every rank: its share of `layer`'s experts (DESIGN §7).
+
+        kind "swiglu" (seeded weights, or from safetensors_path with
+        name_pattern; intermediate_size I is required) or "identity" (no
+        weights). Returns one LoadedExperts per rank.
+        """
+        if kind not in _EXPERT_KINDS:
+            raise ValueError(f"kind: expected one of {sorted(_EXPERT_KINDS)}, got {kind!r}")
+        request = worker_pb2.LoadExpertsRequest(
+            layer=layer,
+            kind=_EXPERT_KINDS[kind],
+            seed=seed,
+            safetensors_path=safetensors_path,
+            name_pattern=name_pattern,
+            intermediate_size=intermediate_size,
+        )
+        responses = self._fan_out(
+            "LoadExperts", lambda r, s, t: s.LoadExperts.future(request, timeout=t)
+        )
+        return [
+            LoadedExperts(x.first_expert, x.num_local_experts, x.expert_bytes) for x in responses
+        ]
+
+    def forward(
+        self,
+        layer: int,
+        epoch: int,
+        hidden_size: int,
+        top_k: int,
+        inputs: Sequence[ForwardInput],
+    ) -> List[ForwardResult]:
+        """One MoE layer on every rank: dispatch -> experts -> combine (collective).
+
+        inputs[r] is rank r's tokens (hidden sent as bf16); the epoch must be
+        the one committed by agree_geometry for these token counts. Raises
+        ValueError for a wrong number of inputs or rows of the wrong width,
+        GroupError for per-rank failures.
+        """
+        if len(inputs) != self.world_size:
+            raise ValueError(
+                f"inputs: expected {self.world_size} entries (one per rank), got {len(inputs)}"
+            )
+        requests = []
+        for r, x in enumerate(inputs):
+            if not (len(x.hidden) == len(x.topk_ids) == len(x.topk_weights)):
+                raise ValueError(
+                    f"inputs[{r}]: hidden, topk_ids and topk_weights have "
+                    f"{len(x.hidden)}, {len(x.topk_ids)} and {len(x.topk_weights)} rows"
+                )
+            requests.append(
+                worker_pb2.ForwardRequest(
+                    layer=layer,
+                    epoch=epoch,
+                    hidden_states=tensors.bf16_tensor(x.hidden, hidden_size),
+                    topk_ids=tensors.int32_tensor(x.topk_ids, top_k),
+                    topk_weights=tensors.fp32_tensor(x.topk_weights, top_k),
+                )
+            )
+        responses = self._fan_out(
+            "Forward", lambda r, s, t: s.Forward.future(requests[r], timeout=t)
+        )
+        return [
+            ForwardResult(
+                output=tensors.to_rows(x.output),
+                dispatch_us=x.timings.dispatch_us,
+                expert_us=x.timings.expert_us,
+                combine_us=x.timings.combine_us,
+                total_us=x.timings.total_us,
+                runtime_max_tokens_per_rank=x.runtime_max_tokens_per_rank,
+                tokens_sent=x.tokens_sent,
+                bytes_sent=x.bytes_sent,
+                tokens_received=x.tokens_received,
+            )
+            for x in responses
+        ]
+
+    def benchmark(
+        self,
+        tokens_per_rank: int,
+        hidden_size: int,
+        top_k: int,
+        num_experts: int,
+        routing: str = "uniform",
+        iterations: int = 20,
+        warmup: int = 3,
+        seed: int = 1,
+    ) -> List[BenchmarkResult]:
+        """Times dispatch and combine on inputs the workers generate (collective).
+
+        routing "uniform" or "skewed" (checked by the workers:
+        INVALID_ARGUMENT otherwise). Returns one BenchmarkResult per rank.
+        """
+        request = worker_pb2.BenchmarkRequest(
+            tokens_per_rank=tokens_per_rank,
+            hidden_size=hidden_size,
+            top_k=top_k,
+            num_experts=num_experts,
+            routing=routing,
+            iterations=iterations,
+            warmup=warmup,
+            seed=seed,
+        )
+        responses = self._fan_out(
+            "Benchmark", lambda r, s, t: s.Benchmark.future(request, timeout=t)
+        )
+        return [
+            BenchmarkResult(
+                dispatch_p50_us=x.dispatch_p50_us,
+                dispatch_p99_us=x.dispatch_p99_us,
+                combine_p50_us=x.combine_p50_us,
+                combine_p99_us=x.combine_p99_us,
+                dispatch_logical_gbps=x.dispatch_logical_gbps,
+                combine_logical_gbps=x.combine_logical_gbps,
+                dispatch_bytes=x.dispatch_bytes,
+                combine_bytes=x.combine_bytes,
+            )
+            for x in responses
+        ]

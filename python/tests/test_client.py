@@ -26,7 +26,7 @@ def start_workers(n, extra_args=()):
     procs, targets = [], []
     for _ in range(n):
         p = subprocess.Popen(
-            [WORKER, "--listen", "127.0.0.1:0", "--log_level", "warn", *extra_args],
+            [WORKER, "--listen", "127.0.0.1:0", "--log-level", "warn", *extra_args],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
@@ -163,8 +163,8 @@ class MutualTlsGroupTest(unittest.TestCase):
         self.d = d
         self.procs, self.targets = start_workers(
             2,
-            ["--tls_cert", d("server.crt"), "--tls_key", d("server.key"),
-             "--tls_client_ca", d("ca.crt"), "--auth_token_file", d("token")],
+            ["--tls-cert", d("server.crt"), "--tls-key", d("server.key"),
+             "--tls-client-ca", d("ca.crt"), "--auth-token-file", d("token")],
         )
 
     def tearDown(self):

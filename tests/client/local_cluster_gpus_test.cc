@@ -63,14 +63,14 @@ TEST(UseOneWorkerPerGpu, GivesWorkerIDeviceI) {
   LocalClusterOptions options;
   options.num_workers = 4;
   options.backend = "gloo";
-  options.extra_args = {"--log_level=warn"};
+  options.extra_args = {"--log-level=warn"};
   UseOneWorkerPerGpu(2, &options);
   EXPECT_EQ(options.num_workers, 2);
   EXPECT_EQ(options.backend, "nccl");
   ASSERT_EQ(options.per_worker_args.size(), 2u);
   EXPECT_THAT(options.per_worker_args[0], ElementsAre("--device=0"));
   EXPECT_THAT(options.per_worker_args[1], ElementsAre("--device=1"));
-  EXPECT_THAT(options.extra_args, ElementsAre("--log_level=warn"));
+  EXPECT_THAT(options.extra_args, ElementsAre("--log-level=warn"));
 }
 
 TEST_F(FakeDir, EachWorkerGetsItsOwnArgumentsAfterTheSharedOnes) {
@@ -84,7 +84,7 @@ TEST_F(FakeDir, EachWorkerGetsItsOwnArgumentsAfterTheSharedOnes) {
   LocalClusterOptions options;
   options.worker_binary = script;
   options.log_dir = dir_;
-  options.extra_args = {"--log_level=debug"};
+  options.extra_args = {"--log-level=debug"};
   UseOneWorkerPerGpu(2, &options);
   auto cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -94,7 +94,7 @@ TEST_F(FakeDir, EachWorkerGetsItsOwnArgumentsAfterTheSharedOnes) {
     std::ifstream log(dir_ + "/worker-" + std::to_string(i) + ".log");
     std::string line;
     std::getline(log, line);
-    EXPECT_EQ(line, "args: --listen=127.0.0.1:0 --backend=nccl --log_level=debug --device=" +
+    EXPECT_EQ(line, "args: --listen=127.0.0.1:0 --backend=nccl --log-level=debug --device=" +
                         std::to_string(i));
   }
 }

@@ -68,7 +68,7 @@ TEST_F(ScriptWorker, StartsReadsAddressesAndStops) {
              "echo \"moe-ep-worker listening on 127.0.0.1:$(( $$ % 60000 + 1024 ))\"\n"
              "exec sleep 1000");
   options.log_dir = dir_;
-  options.extra_args = {"--log_level=debug"};
+  options.extra_args = {"--log-level=debug"};
   auto cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   ASSERT_EQ((*cluster)->num_workers(), 3);
@@ -83,7 +83,7 @@ TEST_F(ScriptWorker, StartsReadsAddressesAndStops) {
     EXPECT_EQ(kill((*cluster)->pid(i), 0), -1);  // reaped: no such process
     std::ifstream log(absl::StrCat(dir_, "/worker-", i, ".log"));
     std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
-    EXPECT_THAT(text, HasSubstr("args: --listen=127.0.0.1:0 --backend=gloo --log_level=debug"));
+    EXPECT_THAT(text, HasSubstr("args: --listen=127.0.0.1:0 --backend=gloo --log-level=debug"));
     EXPECT_THAT(text, HasSubstr("starting"));  // non-address stdout goes to the log
   }
   EXPECT_TRUE((*cluster)->Stop().ok());  // idempotent

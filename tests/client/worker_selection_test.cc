@@ -56,7 +56,7 @@ TEST(AttachWorkers, StartsLocalWorkersWithBackendLogLevelAndMemoryCap) {
   EXPECT_THAT(
       text,
       HasSubstr(
-          "args: --listen=127.0.0.1:0 --backend=auto --log_level=error --memory_cap_bytes=123456"));
+          "args: --listen=127.0.0.1:0 --backend=auto --log-level=error --memory-cap-bytes=123456"));
   std::filesystem::remove_all(dir);
 }
 

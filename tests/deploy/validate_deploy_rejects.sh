@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Proves that scripts/validate-deploy.sh rejects broken manifests: breaks a
-# copy of deploy/k8s in sixteen independent ways, runs the validator once, and
+# copy of deploy/k8s in seventeen independent ways, runs the validator once, and
 # requires exit status 1 and one FAIL line naming each breakage.
 # Usage: tests/deploy/validate_deploy_rejects.sh BUILD_DIR
 set -euo pipefail
@@ -33,7 +33,7 @@ edit base/statefulset.yaml '            grpc:
 edit overlays/lws/leaderworkerset.yaml 'restartPolicy: RecreateGroupOnPodRestart' 'restartPolicy: Sometimes'
 edit overlays/lws/leaderworkerset.yaml 'startupPolicy: LeaderCreated' 'startPolicy: LeaderCreated'
 # 5. a worker flag the binary does not have.
-edit overlays/cpu/worker-resources.yaml '--drain_timeout_ms=20000' '--drain_timeout=20000'
+edit overlays/cpu/worker-resources.yaml '--drain-timeout-ms=20000' '--drain-timeout=20000'
 # 6. a moe-ep run flag the binary does not have.
 edit base/coordinator-job.yaml '--rpc-timeout 300' '--rpc-deadline 300'
 # 7. an env variable nothing reads, and a script variable nothing defines.
@@ -49,16 +49,16 @@ edit overlays/gpu-node/kustomization.yaml 'patches:' 'patches:
 # 9. DESIGN §12: NCCL on the host network without NCCL_HOSTID from the node.
 edit overlays/gpu/worker-nccl.yaml 'fieldPath: spec.nodeName' 'fieldPath: metadata.name'
 # 10. $(VAR) expansion of an env variable the container does not define.
-edit overlays/cpu/worker-resources.yaml '--data_plane_host=$(POD_IP)' '--data_plane_host=$(POD_ADDR)'
+edit overlays/cpu/worker-resources.yaml '--data-plane-host=$(POD_IP)' '--data-plane-host=$(POD_ADDR)'
 # 11. LeaderWorkerSet pod template (checked as a Kubernetes PodTemplateSpec):
 # wrong type, and an unknown field.
 edit overlays/lws/leaderworkerset.yaml 'terminationGracePeriodSeconds: 30' 'terminationGracePeriodSeconds: thirty'
 edit overlays/lws/leaderworkerset.yaml 'runAsGroup: 0' 'runAsGroups: 0'
-# 12. a worker on a pod address in plaintext without --allow_insecure (it
+# 12. a worker on a pod address in plaintext without --allow-insecure (it
 # would exit at start-up).
-edit overlays/cpu-insecure/worker-plaintext.yaml '            - --allow_insecure
+edit overlays/cpu-insecure/worker-plaintext.yaml '            - --allow-insecure
 ' ''
-# 13. a kubelet gRPC probe on a port other than the plaintext --health_listen
+# 13. a kubelet gRPC probe on a port other than the plaintext --health-listen
 # port (the TLS port: the kubelet cannot do TLS).
 edit base/statefulset.yaml '              port: 8081
               service: ""
@@ -76,6 +76,10 @@ edit base/statefulset.yaml '              port: 8081
 edit overlays/gpu/worker-remove-fixed-port.yaml 'moe-ep health --target "127.0.0.1:$((HEALTH_BASE_PORT + ${POD_INDEX:-${POD_NAME##*-}}))" --service moe_ep.v1.Worker' 'moe-ep status --targets "$POD_NAME.moe-ep-worker:$((BASE_PORT + ${POD_INDEX:-${POD_NAME##*-}}))"'
 # 16. a readiness probe on the liveness name (passes before the worker joined).
 edit overlays/lws/leaderworkerset.yaml ' --service moe_ep.v1.Worker' ''
+
+# 14. a worker flag in the underscore spelling of earlier releases (still
+# accepted by the worker for one release, but the manifests are kebab-case).
+edit overlays/gpu/worker-nccl.yaml '--drain-timeout-ms=20000 --log-level=info' '--drain-timeout-ms=20000 --log_level=info'
 
 set +e
 out=$("$root/scripts/validate-deploy.sh" --k8s-dir "$k" "$build_dir" 2>&1)
@@ -95,7 +99,7 @@ expect "'\"publishNotReadyAddress\"' does not exist in type 'Service" 'unknown f
 expect "/spec/template/spec/containers/0/readinessProbe/grpc must have required property port" 'missing required field'
 expect '/spec/leaderWorkerTemplate/restartPolicy: must be equal to one of the allowed values' 'LWS enum'
 expect 'LeaderWorkerSet/moe-ep: /spec: unknown field "startPolicy"' 'LWS unknown field'
-expect 'flag --drain_timeout of moe-ep-worker is not in `moe-ep-worker --helpfull`' 'worker flag'
+expect 'flag --drain-timeout of moe-ep-worker is not in `moe-ep-worker --help`' 'worker flag'
 expect 'flag --rpc-deadline of moe-ep is not in `moe-ep run --help`' 'moe-ep flag'
 expect 'env MODEL_NAME is read by nothing' 'unused env'
 expect 'the shell script reads MODEL, which is neither an env variable nor assigned' 'undefined script variable'
@@ -104,8 +108,9 @@ expect 'NCCL worker on the host network without NCCL_HOSTID from spec.nodeName' 
 expect '$(POD_ADDR) is not an env variable of the container' 'unresolved $(VAR)'
 expect 'LeaderWorkerSet/moe-ep: /spec/leaderWorkerTemplate/workerTemplate/spec/terminationGracePeriodSeconds: must be integer' 'LWS pod template type'
 expect "LeaderWorkerSet/moe-ep: /spec/leaderWorkerTemplate/workerTemplate: unknown field: Object literal may only specify known properties, and '\"runAsGroups\"' does not exist in type 'PodSecurityContext'" 'LWS pod template unknown field'
-expect 'moe-ep-worker listens on 0.0.0.0:50051 in plaintext without --allow_insecure' 'plaintext without --allow_insecure'
-expect 'livenessProbe.grpc.port 50051 is not the worker'"'"'s --health_listen port 8081' 'probe not on the health port'
+expect 'moe-ep-worker listens on 0.0.0.0:50051 in plaintext without --allow-insecure' 'plaintext without --allow-insecure'
+expect 'flag --log_level of moe-ep-worker is a deprecated spelling: use --log-level' 'underscore spelling'
+expect 'livenessProbe.grpc.port 50051 is not the worker'"'"'s --health-listen port 8081' 'probe not on the health port'
 expect 'startupProbe asks "moe_ep.v1.Worker", which follows the group' 'startup probe on the readiness name'
 expect 'readinessProbe calls `moe-ep status`, which depends on DNS' 'exec probe through DNS and TLS'
 expect 'readinessProbe asks "", which does not follow the group' 'readiness probe on the liveness name'

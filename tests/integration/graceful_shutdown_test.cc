@@ -51,7 +51,7 @@ absl::Status SyncOn(FakeCoordinator& fake, int rank, int64_t epoch, int64_t toke
 // A worker that has formed a group, allocated and loaded experts, but runs no
 // call, exits at once: nothing waits for the drain timeout (5 s here).
 TEST(GracefulShutdown, IdleJoinedWorkerExitsPromptlyWithStatusZero) {
-  auto fake = FakeCoordinator::Start(2, {"--drain_timeout_ms=5000"});
+  auto fake = FakeCoordinator::Start(2, {"--drain-timeout-ms=5000"});
   ASSERT_TRUE(fake.ok()) << fake.status();
   ASSERT_TRUE((*fake)->SetUp(SmallModel(), 16, v1::EXPERT_KIND_IDENTITY).ok());
   ASSERT_TRUE((*fake)->cluster().Kill(1, SIGTERM).ok());
@@ -69,7 +69,7 @@ TEST(GracefulShutdown, IdleJoinedWorkerExitsPromptlyWithStatusZero) {
 // the 30 s call deadline with UNAVAILABLE or DEADLINE_EXCEEDED (a group
 // error), and re-form a group of two without it.
 TEST(GracefulShutdown, SigtermDuringPeersCollectiveFailsThemAndTheyRegroup) {
-  auto fake = FakeCoordinator::Start(3, {"--drain_timeout_ms=3000"});
+  auto fake = FakeCoordinator::Start(3, {"--drain-timeout-ms=3000"});
   ASSERT_TRUE(fake.ok()) << fake.status();
   SmallModel model;
   ASSERT_TRUE((*fake)->SetUp(model, 64, v1::EXPERT_KIND_IDENTITY).ok());
@@ -122,7 +122,7 @@ TEST(GracefulShutdown, SigtermDuringPeersCollectiveFailsThemAndTheyRegroup) {
 // cancelled at its drain deadline and still exits 0 in time, rather than
 // waiting for the group timeout (20 s here).
 TEST(GracefulShutdown, WorkerInAStuckCollectiveExitsAtItsDrainDeadline) {
-  auto fake = FakeCoordinator::Start(2, {"--drain_timeout_ms=1000"});
+  auto fake = FakeCoordinator::Start(2, {"--drain-timeout-ms=1000"});
   ASSERT_TRUE(fake.ok()) << fake.status();
   ASSERT_TRUE((*fake)->coordinator().FormGroup().ok());
   // Re-join with a long group timeout so that only the drain deadline can end

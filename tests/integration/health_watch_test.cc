@@ -108,7 +108,7 @@ TEST(HealthWatch, PlaintextWorkerSurvivesWatchesOnBothPortsWhileItsStateChanges)
   const std::string port_file = dir + "/health.port";
   std::filesystem::remove(port_file);
   auto fake = FakeCoordinator::Start(
-      1, {"--health_listen=127.0.0.1:0", "--health_port_file=" + port_file, "--log_level=warn"});
+      1, {"--health-listen=127.0.0.1:0", "--health-port-file=" + port_file, "--log-level=warn"});
   ASSERT_TRUE(fake.ok()) << fake.status();
   const int health_port = ReadPortFile(port_file);
   ASSERT_GT(health_port, 0);
@@ -162,9 +162,9 @@ TEST(HealthWatch, TlsWorkerWithTokenSurvivesWatchesOnBothPorts) {
   options.num_workers = 1;
   options.backend = "gloo";
   options.worker_binary = std::string(MOE_EP_BINARY_DIR) + "/server/moe-ep-worker";
-  options.extra_args = {"--tls_cert=" + pki.server_cert,   "--tls_key=" + pki.server_key,
-                        "--auth_token_file=" + token_file, "--health_listen=127.0.0.1:0",
-                        "--health_port_file=" + port_file, "--log_level=warn"};
+  options.extra_args = {"--tls-cert=" + pki.server_cert,   "--tls-key=" + pki.server_key,
+                        "--auth-token-file=" + token_file, "--health-listen=127.0.0.1:0",
+                        "--health-port-file=" + port_file, "--log-level=warn"};
   auto cluster = client::LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const int health_port = ReadPortFile(port_file);

@@ -353,7 +353,7 @@ TEST(LayerStackService, BeforeConfigureLayersIsFailedPrecondition) {
 
 TEST(LayerStackService, StackBeyondTheMemoryCapIsResourceExhaustedAndChangesNothing) {
   // H 32: about 0.2 MB of weights for the 5 layers; H 512: 1 MiB of attention a layer.
-  auto fake = FakeCoordinator::Start(1, {"--memory_cap_bytes=1000000"});
+  auto fake = FakeCoordinator::Start(1, {"--memory-cap-bytes=1000000"});
   ASSERT_TRUE(fake.ok()) << fake.status();
   ASSERT_TRUE((*fake)->coordinator().FormGroup().ok());
   const Layout l{1, 1};

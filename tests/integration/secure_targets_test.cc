@@ -27,9 +27,9 @@ TEST(SecureTargets, BenchOverMutualTlsWithToken) {
   options.num_workers = 2;
   options.backend = "gloo";
   options.worker_binary = std::string(MOE_EP_BINARY_DIR) + "/server/moe-ep-worker";
-  options.extra_args = {"--tls_cert=" + pki.server_cert, "--tls_key=" + pki.server_key,
-                        "--tls_client_ca=" + pki.ca_cert, "--auth_token_file=" + token_file,
-                        "--log_level=warn"};
+  options.extra_args = {"--tls-cert=" + pki.server_cert, "--tls-key=" + pki.server_key,
+                        "--tls-client-ca=" + pki.ca_cert, "--auth-token-file=" + token_file,
+                        "--log-level=warn"};
   auto cluster = client::LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   // The workers listen on 127.0.0.1; the server certificate names localhost.

@@ -28,8 +28,8 @@ class StatusSecurity : public ::testing::Test {
     options.num_workers = 2;
     options.backend = "gloo";
     options.worker_binary = std::string(MOE_EP_BINARY_DIR) + "/server/moe-ep-worker";
-    options.extra_args = {"--tls_cert=" + pki_.server_cert, "--tls_key=" + pki_.server_key,
-                          "--auth_token_file=" + token_file_, "--log_level=warn"};
+    options.extra_args = {"--tls-cert=" + pki_.server_cert, "--tls-key=" + pki_.server_key,
+                          "--auth-token-file=" + token_file_, "--log-level=warn"};
     auto cluster = client::LocalCluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = std::move(*cluster);

@@ -64,7 +64,7 @@ TEST(LogFormat, TextShowsTheContextField) {
 TEST(LogFormat, UnknownFormatIsInvalidArgument) {
   auto formatter = MakeLogFormatter("yaml");
   EXPECT_EQ(formatter.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(formatter.status().message(), HasSubstr("--log_format"));
+  EXPECT_THAT(formatter.status().message(), HasSubstr("--log-format"));
   EXPECT_THAT(formatter.status().message(), HasSubstr("yaml"));
 }
 

@@ -79,7 +79,7 @@ TEST(MakeServerCredentials, PlaintextOnOtherAddressesNeedsAllowInsecure) {
   options.listen = "0.0.0.0:50051";
   auto refused = MakeServerCredentials(options);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(refused.status().message(), HasSubstr("--allow_insecure"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("--allow-insecure"));
   EXPECT_THAT(refused.status().message(), HasSubstr("0.0.0.0"));
   options.allow_insecure = true;
   EXPECT_TRUE(MakeServerCredentials(options).ok());
@@ -91,7 +91,7 @@ TEST(MakeServerCredentials, TokenWithoutTlsIsFailedPrecondition) {
   options.auth_token = true;
   auto refused = MakeServerCredentials(options);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(refused.status().message(), HasSubstr("--auth_token_file needs TLS"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("--auth-token-file needs TLS"));
 }
 
 TEST_F(TlsTest, RejectsInconsistentOrUnreadableFiles) {
@@ -99,20 +99,20 @@ TEST_F(TlsTest, RejectsInconsistentOrUnreadableFiles) {
   options.tls_key.clear();
   auto status = MakeServerCredentials(options).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(status.message(), HasSubstr("--tls_cert and --tls_key go together"));
+  EXPECT_THAT(status.message(), HasSubstr("--tls-cert and --tls-key go together"));
 
   options = ServerSecurityOptions();
   options.listen = "127.0.0.1:0";
   options.tls_client_ca = pki_.ca_cert;
   status = MakeServerCredentials(options).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(status.message(), HasSubstr("--tls_client_ca (mutual TLS) needs TLS"));
+  EXPECT_THAT(status.message(), HasSubstr("--tls-client-ca (mutual TLS) needs TLS"));
 
   options = Tls();
   options.tls_client_ca = pki_.dir + "/missing.crt";
   status = MakeServerCredentials(options).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(status.message(), HasSubstr("--tls_client_ca: cannot read"));
+  EXPECT_THAT(status.message(), HasSubstr("--tls-client-ca: cannot read"));
 
   options = Tls();
   WriteTextFile(pki_.dir + "/not-pem.crt", "hello\n");
@@ -329,7 +329,7 @@ TEST_F(TlsTest, TwoRanksFormAGroupOverMutualTlsWithToken) {
 namespace moe_ep::server {
 namespace {
 
-// --health_listen: a TLS control plane plus a plaintext port serving only
+// --health-listen: a TLS control plane plus a plaintext port serving only
 // grpc.health.v1, both fed by one HealthReporter (Kubernetes gRPC probes
 // speak neither TLS nor tokens).
 TEST_F(TlsTest, PlaintextProbePortMirrorsHealthOfTlsServer) {
