@@ -35,6 +35,7 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "server/auth.h"
+#include "server/data_plane_host.h"
 #include "server/device_info.h"
 #include "server/grpc_store.h"
 #include "server/health.h"
@@ -95,7 +96,10 @@ int main(int argc, char** argv) {
   moe_ep::server::WorkerOptions options;
   options.memory_cap_bytes = flags.memory_cap_bytes;
   options.default_backend = flags.backend;
-  options.data_plane_host = flags.data_plane_host;
+  auto data_plane_host =
+      moe_ep::server::ResolveDataPlaneHost(flags.data_plane_host, getenv("GLOO_SOCKET_IFNAME"));
+  if (!data_plane_host.ok()) return Fail(std::string(data_plane_host.status().message()));
+  options.data_plane_host = *data_plane_host;
   options.device = flags.device;
   auto backend = moe_ep::server::ResolveBackend(options.default_backend, "auto");
   if (!backend.ok()) return Fail(absl::StrCat("--backend: ", backend.status().message()));

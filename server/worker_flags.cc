@@ -87,8 +87,9 @@ std::optional<int> ParseWorkerFlags(int argc, const char* const* argv, WorkerFla
           "bytes of workspace + expert weights this worker may hold; 0 = unlimited", {non_negative},
           err, spellings);
   AddFlag(app, "data-plane-host", &f->data_plane_host,
-          "address the Gloo TCP data plane binds to when Join does not name one", {}, err,
-          spellings);
+          "address the Gloo TCP data plane binds to when Join does not name one; default: the "
+          "IPv4 address of the interface GLOO_SOCKET_IFNAME names, else 127.0.0.1",
+          {}, err, spellings);
   AddFlag(app, "log-level", &f->log_level,
           "spdlog level: trace, debug, info, warn, error, critical, off",
           {CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"})}, err,

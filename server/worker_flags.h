@@ -21,7 +21,7 @@ struct WorkerFlags {
   int64_t memory_cap_bytes = 0;  // 0 = unlimited
   std::string log_level = "info";
   std::string log_format = "text";  // text, json
-  std::string data_plane_host = "127.0.0.1";
+  std::string data_plane_host;      // "" = from GLOO_SOCKET_IFNAME, else 127.0.0.1
   std::string port_file;
   int64_t drain_timeout_ms = 5000;
   std::string tls_cert;
