@@ -245,32 +245,36 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace wide
 
-// Prefill shape: up to 384-row tiles (six m64 sub-tiles, dealt to the two
-// consumer warpgroups alternately: 0, 2, 4 and 1, 3, 5) times 128 B rows
-// (fused: 64 gate + 64 up). An expert of R rows is cut into ceil(R / 384)
-// m-tiles of equal size (rounded up to 64 rows), so an expert of <= 384 rows
-// reads each weight tile once and an expert just past a tile boundary does
-// not pay a second, nearly empty pass over its weights (run 9's 256-row
-// tiles: experts of 257-320 rows read their weights twice).
+// Prefill shape: up to 320-row tiles (five m64 sub-tiles, dealt to the two
+// consumer warpgroups alternately: 0, 2, 4 and 1, 3) times 128 B rows
+// (fused: 64 gate + 64 up), fed by a 4-deep ring of 56 KB stages. An expert
+// of R rows is cut into ceil(R / 320) m-tiles of equal size (rounded up to
+// 64 rows), so an expert of <= 320 rows reads each weight tile once and an
+// expert just past a tile boundary does not pay a second, nearly empty pass
+// over its weights (run 9's 256-row tiles: experts of 257-320 rows read
+// their weights twice). Run 11: 384-row tiles with a 3-deep ring of 64 KB
+// ran 6.93 ms at 4096 tokens, these 5.95 ms: the ring's depth, not the
+// bytes moved, bounded the k-loop.
 namespace tall {
-constexpr int kBM = 384;                                // most rows of a tile (6 x m64)
+constexpr int kBM = 320;                                // most rows of a tile (5 x m64)
 constexpr int kSubRows = 64;                            // rows of one m64 sub-tile
 constexpr int kMaxSubs = 3;                             // sub-tiles of one consumer warpgroup
 constexpr int kBox = 64;                                // rows of one TMA box (A and B)
 constexpr int kBK = 64;                                 // K per stage: one 128-byte swizzle row
 constexpr int kBN = 128;                                // B rows of a tile (two 64-row boxes)
-constexpr int kStages = 3;                              // TMA ring depth
+constexpr int kStages = 4;                              // TMA ring depth
 constexpr int kThreads = 384;                           // producer + 2 consumer warpgroups
 constexpr int kBoxBytes = kBox * kBK * 2;               // 8 KB
-constexpr int kABoxes = kBM / kBox;                     // 6
-constexpr int kStageBytes = (kABoxes + 2) * kBoxBytes;  // 64 KB: A boxes, then B
+constexpr int kABoxes = kBM / kBox;                     // 5
+constexpr int kStageBytes = (kABoxes + 2) * kBoxBytes;  // 56 KB: A boxes, then B
 constexpr int kRingBytes = kStages * kStageBytes;
 constexpr int kBarrierBytes = 2 * kStages * 8;
 
 // Dynamic shared memory: 1024 (alignment slack) + ring + barriers + the
-// offsets and m-tile prefix, (L+1) int32 each.
+// m-tile prefix, (L+1) int32 (the offsets are read from global memory, so
+// that the 4-deep ring leaves room for L up to ~490 in 227 KB).
 int SmemBytes(int num_local_experts) {
-  return 1024 + kRingBytes + kBarrierBytes + 2 * (num_local_experts + 1) * 4;
+  return 1024 + kRingBytes + kBarrierBytes + (num_local_experts + 1) * 4;
 }
 
 struct Tile {
@@ -285,8 +289,10 @@ __device__ __forceinline__ int MTiles(int rows) { return (rows + kBM - 1) / kBM;
 
 // Tile t of the walk: expert-major, then n-tile, then m-tile (fastest). The
 // expert's m-tiles are equal runs of a multiple of 64 rows, the last clipped.
-__device__ __forceinline__ Tile DecodeTile(int t, const int32_t* s_off, const int32_t* s_mt,
-                                           int num_local_experts, int n_tiles, int n_step) {
+// off: the offsets in global memory.
+__device__ __forceinline__ Tile DecodeTile(int t, const int32_t* __restrict__ off,
+                                           const int32_t* s_mt, int num_local_experts, int n_tiles,
+                                           int n_step) {
   int lo = 0;
   int hi = num_local_experts - 1;
   while (lo < hi) {  // last l with s_mt[l] * n_tiles <= t
@@ -298,12 +304,14 @@ __device__ __forceinline__ Tile DecodeTile(int t, const int32_t* s_off, const in
   }
   const int local = t - s_mt[lo] * n_tiles;
   const int m_tiles = s_mt[lo + 1] - s_mt[lo];
-  const int rows = s_off[lo + 1] - s_off[lo];
+  const int32_t e0 = __ldg(off + lo);
+  const int32_t e1 = __ldg(off + lo + 1);
+  const int rows = e1 - e0;
   const int step = ((rows + m_tiles - 1) / m_tiles + kSubRows - 1) / kSubRows * kSubRows;
   Tile tile;
   tile.expert = lo;
-  tile.m_start = s_off[lo] + (local % m_tiles) * step;
-  tile.m_end = min(s_off[lo + 1], tile.m_start + step);
+  tile.m_start = e0 + (local % m_tiles) * step;
+  tile.m_end = min(e1, tile.m_start + step);
   tile.n0 = (local / m_tiles) * n_step;
   return tile;
 }
@@ -418,11 +426,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   uint64_t* full = reinterpret_cast<uint64_t*>(ring + kRingBytes);
   uint64_t* empty = full + kStages;
-  int32_t* s_off = reinterpret_cast<int32_t*>(empty + kStages);
-  int32_t* s_mt = s_off + num_local_experts + 1;
+  int32_t* s_mt = reinterpret_cast<int32_t*>(empty + kStages);
   const int tid = threadIdx.x;
   const int num_l = num_local_experts;
-  for (int i = tid; i <= num_l; i += kThreads) s_off[i] = offsets[i];
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       MbarInit(SmemAddr(&full[s]), 1);
@@ -436,7 +442,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int lo = min(num_l, tid * per);
     const int hi = min(num_l, lo + per);
     int sum = 0;
-    for (int l = lo; l < hi; ++l) sum += MTiles(s_off[l + 1] - s_off[l]);
+    for (int l = lo; l < hi; ++l) sum += MTiles(__ldg(offsets + l + 1) - __ldg(offsets + l));
     int incl = sum;
     for (int d = 1; d < 32; d *= 2) {
       const int v = __shfl_up_sync(0xffffffffu, incl, d);
@@ -445,7 +451,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     int run = incl - sum;
     for (int l = lo; l < hi; ++l) {
       s_mt[l] = run;
-      run += MTiles(s_off[l + 1] - s_off[l]);
+      run += MTiles(__ldg(offsets + l + 1) - __ldg(offsets + l));
     }
     if (tid == 31) s_mt[num_l] = incl;
   }
@@ -460,11 +466,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = tid / 128;
 
   if (wg == 0) {
-    SetMaxRegsDec<24>();
+    SetMaxRegsDec<40>();
     if (tid != 0) return;
     int it = 0;
     for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-      const Tile tile = DecodeTile(t, s_off, s_mt, num_l, n_tiles, n_step);
+      const Tile tile = DecodeTile(t, offsets, s_mt, num_l, n_tiles, n_step);
       const int boxes = (tile.m_end - tile.m_start + kBox - 1) / kBox;  // <= kABoxes
       const uint32_t bytes = (boxes + 2) * kBoxBytes;
       const int32_t b0 = tile.expert * b_rows + tile.n0;
@@ -485,14 +491,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  SetMaxRegsInc<240>();
+  SetMaxRegsInc<232>();
   const int cw = wg - 1;     // consumer warpgroup: sub-tiles cw, cw + 2, cw + 4 of the tile
   const int lt = tid % 128;  // thread in the warpgroup
   const int warp_row = (lt / 32) * 16 + (lt % 32) / 4;  // accumulator row of d[0]
   const int lane_col = (lt % 4) * 2;                    // accumulator column of d[0]
   int it = 0;
   for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-    const Tile tile = DecodeTile(t, s_off, s_mt, num_l, n_tiles, n_step);
+    const Tile tile = DecodeTile(t, offsets, s_mt, num_l, n_tiles, n_step);
     const int32_t row0 = tile.m_start + cw * kSubRows;
     // This warpgroup's sub-tiles with rows of the tile: 0 to 3.
     const int tile_subs = (tile.m_end - tile.m_start + kSubRows - 1) / kSubRows;
@@ -588,16 +594,28 @@ absl::Status Check(const HopperGemmParams& p, const void* out, const char* who) 
   return HopperGroupedGemmAvailable();
 }
 
-// Average rows per expert (max_rows / L) from which the 256-row tiles run:
-// on one H200 at H 7168, I 2048, 128 experts they win at 256 rows per expert
-// (4096 tokens, top-8) and lose at 8 and 32 (bench/results/run9).
+// Average rows per expert (max_rows / L) from which the tall tiles run: on
+// one H200 at H 7168, I 2048, 128 experts they win at 256 rows per expert
+// (4096 tokens, top-8) and lose at 8 and 32 (bench/results/run9, run11).
 constexpr int64_t kTallRowsPerExpert = 192;
 
 template <bool kFused>
 absl::Status Launch(const HopperGemmParams& p, uint16_t* act, float* y, cudaStream_t stream,
                     const char* name) {
   if (p.max_rows == 0) return absl::OkStatus();
-  const bool tall_tiles = p.max_rows >= kTallRowsPerExpert * p.num_local_experts;
+  int device = 0;
+  int sms = 0;
+  int smem_optin = 0;
+  RETURN_IF_ERROR(internal::CudaStatus(cudaGetDevice(&device), "cudaGetDevice"));
+  RETURN_IF_ERROR(internal::CudaStatus(
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count"));
+  RETURN_IF_ERROR(internal::CudaStatus(
+      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+      "shared memory per block"));
+  // The tall tiles' m-tile prefix grows with L: past ~490 experts (227 KB)
+  // the launch keeps the wide tiles, slower at prefill but the same results.
+  const bool tall_tiles = p.max_rows >= kTallRowsPerExpert * p.num_local_experts &&
+                          tall::SmemBytes(p.num_local_experts) <= smem_optin;
   const int a_box = tall_tiles ? tall::kBox : wide::kWgRows;
   const int b_box = tall_tiles ? tall::kBox : wide::kBSub;
   const int64_t bm = tall_tiles ? tall::kBM : wide::kBM;
@@ -612,11 +630,6 @@ absl::Status Launch(const HopperGemmParams& p, uint16_t* act, float* y, cudaStre
   RETURN_IF_ERROR(EncodeMap(&map_a, p.a, p.max_rows, p.k, a_box, "a"));
   const int64_t b_rows = int64_t{p.num_local_experts} * p.n * (kFused ? 2 : 1);
   RETURN_IF_ERROR(EncodeMap(&map_b, p.b, b_rows, p.k, b_box, "b"));
-  int device = 0;
-  int sms = 0;
-  RETURN_IF_ERROR(internal::CudaStatus(cudaGetDevice(&device), "cudaGetDevice"));
-  RETURN_IF_ERROR(internal::CudaStatus(
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count"));
   RETURN_IF_ERROR(internal::CudaStatus(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
       absl::StrFormat("cudaFuncSetAttribute(%s, %d bytes of shared memory)", name, smem)));

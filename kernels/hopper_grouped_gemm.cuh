@@ -10,9 +10,9 @@
 // rows per expert max_rows / L (so fixed for a captured bucket):
 //   wide (< 192 rows per expert: decode): 128 rows x 256 B-rows (fused: 128
 //     gate and the same 128 up rows, i.e. 128 output columns; plain: 256);
-//   tall (>= 192: prefill): up to 384 rows x 128 B-rows (fused: 64 output
-//     columns; plain: 128); an expert of R rows is cut into ceil(R / 384)
-//     equal m-tiles (multiples of 64 rows), so an expert of <= 384 rows
+//   tall (>= 192: prefill, L <= ~490): up to 320 rows x 128 B-rows (fused:
+//     64 output columns; plain: 128); an expert of R rows is cut into
+//     ceil(R / 320) equal m-tiles (multiples of 64 rows), so an expert of <= 320 rows
 //     reads each weight tile once without relying on CTAs sharing it
 //     through L2, and no expert pays a nearly empty second pass.
 // The kernels are persistent (one CTA per SM); each CTA reads the L+1
@@ -20,8 +20,8 @@
 // the tiles (expert, n-tile, m-tile), m-tile fastest, in a static stride.
 // CTA: 3 warpgroups; warpgroup 0 is the producer (one thread issues TMA
 // loads into a ring of stages guarded by mbarriers: wide 4 x 48 KB, tall
-// 3 x 64 KB), warpgroups 1 and 2 each own half of the tile's m64 sub-tiles
-// (wide: one each; tall: up to three each, alternating) and issue m64n128k16 wgmma from
+// 4 x 56 KB), warpgroups 1 and 2 each own half of the tile's m64 sub-tiles
+// (wide: one each; tall: up to three and two, alternating) and issue m64n128k16 wgmma from
 // shared memory, one k-block in flight, fp32 accumulators in registers, and
 // write the epilogue straight from registers. An m64 sub-tile whose rows are
 // past its expert's end is neither loaded nor multiplied (decode shapes: an
