@@ -245,39 +245,54 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace wide
 
-// Prefill shape: 256-row tiles (each consumer warpgroup two m64 sub-tiles)
-// times 128 B rows (fused: 64 gate + 64 up): an expert with <= 256 rows
-// reads each weight tile once, with no reliance on L2 sharing between CTAs.
+// Prefill shape: up to 320-row tiles (five m64 sub-tiles, dealt to the two
+// consumer warpgroups alternately: 0, 2, 4 and 1, 3) times 128 B rows
+// (fused: 64 gate + 64 up), fed by a 4-deep ring of 56 KB stages. An expert
+// of R rows is cut into ceil(R / 320) m-tiles of equal size (rounded up to
+// 64 rows), so an expert of <= 320 rows reads each weight tile once and an
+// expert just past a tile boundary does not pay a second, nearly empty pass
+// over its weights (run 9's 256-row tiles: experts of 257-320 rows read
+// their weights twice). Run 11: 384-row tiles with a 3-deep ring of 64 KB
+// ran 6.93 ms at 4096 tokens, these 5.95 ms: the ring's depth, not the
+// bytes moved, bounded the k-loop.
 namespace tall {
-constexpr int kBM = 256;                                // tile rows: 2 consumer warpgroups x 128
-constexpr int kWgRows = 128;                            // rows of one consumer warpgroup (2 x m64)
+constexpr int kBM = 320;                                // most rows of a tile (5 x m64)
+constexpr int kSubRows = 64;                            // rows of one m64 sub-tile
+constexpr int kMaxSubs = 3;                             // sub-tiles of one consumer warpgroup
 constexpr int kBox = 64;                                // rows of one TMA box (A and B)
 constexpr int kBK = 64;                                 // K per stage: one 128-byte swizzle row
 constexpr int kBN = 128;                                // B rows of a tile (two 64-row boxes)
 constexpr int kStages = 4;                              // TMA ring depth
 constexpr int kThreads = 384;                           // producer + 2 consumer warpgroups
 constexpr int kBoxBytes = kBox * kBK * 2;               // 8 KB
-constexpr int kABoxes = kBM / kBox;                     // 4
-constexpr int kStageBytes = (kABoxes + 2) * kBoxBytes;  // 48 KB: A boxes, then B
+constexpr int kABoxes = kBM / kBox;                     // 5
+constexpr int kStageBytes = (kABoxes + 2) * kBoxBytes;  // 56 KB: A boxes, then B
 constexpr int kRingBytes = kStages * kStageBytes;
 constexpr int kBarrierBytes = 2 * kStages * 8;
 
 // Dynamic shared memory: 1024 (alignment slack) + ring + barriers + the
-// offsets and m-tile prefix, (L+1) int32 each.
+// m-tile prefix, (L+1) int32 (the offsets are read from global memory, so
+// that the 4-deep ring leaves room for L up to ~490 in 227 KB).
 int SmemBytes(int num_local_experts) {
-  return 1024 + kRingBytes + kBarrierBytes + 2 * (num_local_experts + 1) * 4;
+  return 1024 + kRingBytes + kBarrierBytes + (num_local_experts + 1) * 4;
 }
 
 struct Tile {
   int expert;
   int32_t m_start;  // first row of the tile
-  int32_t m_end;    // end of the expert's rows
+  int32_t m_end;    // end of the tile's rows (<= the expert's end)
   int32_t n0;       // first output column
 };
 
-// Tile t of the walk: expert-major, then n-tile, then m-tile (fastest).
-__device__ __forceinline__ Tile DecodeTile(int t, const int32_t* s_off, const int32_t* s_mt,
-                                           int num_local_experts, int n_tiles, int n_step) {
+// m-tiles of an expert with `rows` rows.
+__device__ __forceinline__ int MTiles(int rows) { return (rows + kBM - 1) / kBM; }
+
+// Tile t of the walk: expert-major, then n-tile, then m-tile (fastest). The
+// expert's m-tiles are equal runs of a multiple of 64 rows, the last clipped.
+// off: the offsets in global memory.
+__device__ __forceinline__ Tile DecodeTile(int t, const int32_t* __restrict__ off,
+                                           const int32_t* s_mt, int num_local_experts, int n_tiles,
+                                           int n_step) {
   int lo = 0;
   int hi = num_local_experts - 1;
   while (lo < hi) {  // last l with s_mt[l] * n_tiles <= t
@@ -289,10 +304,14 @@ __device__ __forceinline__ Tile DecodeTile(int t, const int32_t* s_off, const in
   }
   const int local = t - s_mt[lo] * n_tiles;
   const int m_tiles = s_mt[lo + 1] - s_mt[lo];
+  const int32_t e0 = __ldg(off + lo);
+  const int32_t e1 = __ldg(off + lo + 1);
+  const int rows = e1 - e0;
+  const int step = ((rows + m_tiles - 1) / m_tiles + kSubRows - 1) / kSubRows * kSubRows;
   Tile tile;
   tile.expert = lo;
-  tile.m_start = s_off[lo] + (local % m_tiles) * kBM;
-  tile.m_end = s_off[lo + 1];
+  tile.m_start = e0 + (local % m_tiles) * step;
+  tile.m_end = min(e1, tile.m_start + step);
   tile.n0 = (local / m_tiles) * n_step;
   return tile;
 }
@@ -303,13 +322,13 @@ __device__ __forceinline__ uint16_t Bf16Bits(float v) {
 }
 
 // One consumer warpgroup's k-loop over a tile: kSubs m64 sub-tiles (A boxes
-// a_off and a_off + 8 KB of each stage) times the stage's 128 B rows, one
-// k-block in flight; kSubs == 0 only keeps the ring's phases. `it` counts the
-// ring's iterations across tiles.
+// at a_off, a_off + 16 KB, a_off + 32 KB of each stage) times the stage's
+// 128 B rows, one k-block in flight; kSubs == 0 only keeps the ring's phases.
+// `it` counts the ring's iterations across tiles.
 template <int kSubs>
-__device__ __forceinline__ void ConsumeTile(float (&acc0)[64], float (&acc1)[64], uint8_t* ring,
-                                            uint64_t* full, uint64_t* empty, uint32_t a_off,
-                                            int k_blocks, int lt, int& it) {
+__device__ __forceinline__ void ConsumeTile(float (&acc0)[64], float (&acc1)[64], float (&acc2)[64],
+                                            uint8_t* ring, uint64_t* full, uint64_t* empty,
+                                            uint32_t a_off, int k_blocks, int lt, int& it) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace internal;
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
@@ -327,8 +346,11 @@ __device__ __forceinline__ void ConsumeTile(float (&acc0)[64], float (&acc1)[64]
         const uint64_t db = SwizzledKMajorDesc(b_addr + kk * 32);
         const int scale = (kb > 0 || kk > 0) ? 1 : 0;
         Wgmma128(acc0, SwizzledKMajorDesc(a_addr + kk * 32), db, scale);
-        if constexpr (kSubs == 2) {
-          Wgmma128(acc1, SwizzledKMajorDesc(a_addr + kBoxBytes + kk * 32), db, scale);
+        if constexpr (kSubs >= 2) {
+          Wgmma128(acc1, SwizzledKMajorDesc(a_addr + 2 * kBoxBytes + kk * 32), db, scale);
+        }
+        if constexpr (kSubs >= 3) {
+          Wgmma128(acc2, SwizzledKMajorDesc(a_addr + 4 * kBoxBytes + kk * 32), db, scale);
         }
       }
       WgmmaCommit();
@@ -344,7 +366,7 @@ __device__ __forceinline__ void ConsumeTile(float (&acc0)[64], float (&acc1)[64]
 #endif
 }
 
-// Writes one m64 sub-tile whose first row is `row0` (rows past the expert's
+// Writes one m64 sub-tile whose first row is `row0` (rows past the tile's
 // end skipped). Fused: act[row, n0 + j] = bf16(silu(d[j]) * d[64 + j]) for
 // j < 64; else y[row, n0 + j] = d[j] for j < 128. Columns >= n skipped.
 template <bool kFused>
@@ -404,11 +426,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   uint64_t* full = reinterpret_cast<uint64_t*>(ring + kRingBytes);
   uint64_t* empty = full + kStages;
-  int32_t* s_off = reinterpret_cast<int32_t*>(empty + kStages);
-  int32_t* s_mt = s_off + num_local_experts + 1;
+  int32_t* s_mt = reinterpret_cast<int32_t*>(empty + kStages);
   const int tid = threadIdx.x;
   const int num_l = num_local_experts;
-  for (int i = tid; i <= num_l; i += kThreads) s_off[i] = offsets[i];
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       MbarInit(SmemAddr(&full[s]), 1);
@@ -422,7 +442,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int lo = min(num_l, tid * per);
     const int hi = min(num_l, lo + per);
     int sum = 0;
-    for (int l = lo; l < hi; ++l) sum += (s_off[l + 1] - s_off[l] + kBM - 1) / kBM;
+    for (int l = lo; l < hi; ++l) sum += MTiles(__ldg(offsets + l + 1) - __ldg(offsets + l));
     int incl = sum;
     for (int d = 1; d < 32; d *= 2) {
       const int v = __shfl_up_sync(0xffffffffu, incl, d);
@@ -431,7 +451,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     int run = incl - sum;
     for (int l = lo; l < hi; ++l) {
       s_mt[l] = run;
-      run += (s_off[l + 1] - s_off[l] + kBM - 1) / kBM;
+      run += MTiles(__ldg(offsets + l + 1) - __ldg(offsets + l));
     }
     if (tid == 31) s_mt[num_l] = incl;
   }
@@ -450,8 +470,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tid != 0) return;
     int it = 0;
     for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-      const Tile tile = DecodeTile(t, s_off, s_mt, num_l, n_tiles, n_step);
-      const int boxes = min(kABoxes, (tile.m_end - tile.m_start + kBox - 1) / kBox);
+      const Tile tile = DecodeTile(t, offsets, s_mt, num_l, n_tiles, n_step);
+      const int boxes = (tile.m_end - tile.m_start + kBox - 1) / kBox;  // <= kABoxes
       const uint32_t bytes = (boxes + 2) * kBoxBytes;
       const int32_t b0 = tile.expert * b_rows + tile.n0;
       for (int kb = 0; kb < k_blocks; ++kb, ++it) {
@@ -472,31 +492,40 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   SetMaxRegsInc<232>();
-  const int cw = wg - 1;     // consumer warpgroup: rows [64 cw, 64 cw + 64) of the tile
+  const int cw = wg - 1;     // consumer warpgroup: sub-tiles cw, cw + 2, cw + 4 of the tile
   const int lt = tid % 128;  // thread in the warpgroup
   const int warp_row = (lt / 32) * 16 + (lt % 32) / 4;  // accumulator row of d[0]
   const int lane_col = (lt % 4) * 2;                    // accumulator column of d[0]
   int it = 0;
   for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-    const Tile tile = DecodeTile(t, s_off, s_mt, num_l, n_tiles, n_step);
-    const int32_t row0 = tile.m_start + cw * kWgRows;
-    // m64 sub-tiles of this warpgroup with rows of the expert: 0, 1 or 2.
-    const int subs = (row0 < tile.m_end ? 1 : 0) + (row0 + kBox < tile.m_end ? 1 : 0);
+    const Tile tile = DecodeTile(t, offsets, s_mt, num_l, n_tiles, n_step);
+    const int32_t row0 = tile.m_start + cw * kSubRows;
+    // This warpgroup's sub-tiles with rows of the tile: 0 to 3.
+    const int tile_subs = (tile.m_end - tile.m_start + kSubRows - 1) / kSubRows;
+    const int subs = min(kMaxSubs, (tile_subs - cw + 1) / 2);
     float acc0[64];
     float acc1[64];
-    const uint32_t a_off = cw * 2 * kBoxBytes;
-    if (subs == 2) {
-      ConsumeTile<2>(acc0, acc1, ring, full, empty, a_off, k_blocks, lt, it);
+    float acc2[64];
+    const uint32_t a_off = cw * kBoxBytes;
+    if (subs == 3) {
+      ConsumeTile<3>(acc0, acc1, acc2, ring, full, empty, a_off, k_blocks, lt, it);
+    } else if (subs == 2) {
+      ConsumeTile<2>(acc0, acc1, acc2, ring, full, empty, a_off, k_blocks, lt, it);
     } else if (subs == 1) {
-      ConsumeTile<1>(acc0, acc1, ring, full, empty, a_off, k_blocks, lt, it);
+      ConsumeTile<1>(acc0, acc1, acc2, ring, full, empty, a_off, k_blocks, lt, it);
     } else {
-      ConsumeTile<0>(acc0, acc1, ring, full, empty, a_off, k_blocks, lt, it);
+      ConsumeTile<0>(acc0, acc1, acc2, ring, full, empty, a_off, k_blocks, lt, it);
       continue;
     }
     // Epilogue: d[4c + 2h + e] is row warp_row + 8h, column 8c + lane_col + e
     // of the sub-tile; fused: columns [0, 64) gate, [64, 128) up.
     StoreSubTile<kFused>(acc0, row0, tile, warp_row, lane_col, n, act, y);
-    if (subs == 2) StoreSubTile<kFused>(acc1, row0 + kBox, tile, warp_row, lane_col, n, act, y);
+    if (subs >= 2) {
+      StoreSubTile<kFused>(acc1, row0 + 2 * kSubRows, tile, warp_row, lane_col, n, act, y);
+    }
+    if (subs >= 3) {
+      StoreSubTile<kFused>(acc2, row0 + 4 * kSubRows, tile, warp_row, lane_col, n, act, y);
+    }
   }
 #else
   __trap();  // not built for sm_90a: HopperGroupedGemmAvailable() refuses the launch
@@ -565,16 +594,28 @@ absl::Status Check(const HopperGemmParams& p, const void* out, const char* who) 
   return HopperGroupedGemmAvailable();
 }
 
-// Average rows per expert (max_rows / L) from which the 256-row tiles run:
-// on one H200 at H 7168, I 2048, 128 experts they win at 256 rows per expert
-// (4096 tokens, top-8) and lose at 8 and 32 (bench/results/run9).
+// Average rows per expert (max_rows / L) from which the tall tiles run: on
+// one H200 at H 7168, I 2048, 128 experts they win at 256 rows per expert
+// (4096 tokens, top-8) and lose at 8 and 32 (bench/results/run9, run11).
 constexpr int64_t kTallRowsPerExpert = 192;
 
 template <bool kFused>
 absl::Status Launch(const HopperGemmParams& p, uint16_t* act, float* y, cudaStream_t stream,
                     const char* name) {
   if (p.max_rows == 0) return absl::OkStatus();
-  const bool tall_tiles = p.max_rows >= kTallRowsPerExpert * p.num_local_experts;
+  int device = 0;
+  int sms = 0;
+  int smem_optin = 0;
+  RETURN_IF_ERROR(internal::CudaStatus(cudaGetDevice(&device), "cudaGetDevice"));
+  RETURN_IF_ERROR(internal::CudaStatus(
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count"));
+  RETURN_IF_ERROR(internal::CudaStatus(
+      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+      "shared memory per block"));
+  // The tall tiles' m-tile prefix grows with L: past ~490 experts (227 KB)
+  // the launch keeps the wide tiles, slower at prefill but the same results.
+  const bool tall_tiles = p.max_rows >= kTallRowsPerExpert * p.num_local_experts &&
+                          tall::SmemBytes(p.num_local_experts) <= smem_optin;
   const int a_box = tall_tiles ? tall::kBox : wide::kWgRows;
   const int b_box = tall_tiles ? tall::kBox : wide::kBSub;
   const int64_t bm = tall_tiles ? tall::kBM : wide::kBM;
@@ -589,11 +630,6 @@ absl::Status Launch(const HopperGemmParams& p, uint16_t* act, float* y, cudaStre
   RETURN_IF_ERROR(EncodeMap(&map_a, p.a, p.max_rows, p.k, a_box, "a"));
   const int64_t b_rows = int64_t{p.num_local_experts} * p.n * (kFused ? 2 : 1);
   RETURN_IF_ERROR(EncodeMap(&map_b, p.b, b_rows, p.k, b_box, "b"));
-  int device = 0;
-  int sms = 0;
-  RETURN_IF_ERROR(internal::CudaStatus(cudaGetDevice(&device), "cudaGetDevice"));
-  RETURN_IF_ERROR(internal::CudaStatus(
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count"));
   RETURN_IF_ERROR(internal::CudaStatus(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
       absl::StrFormat("cudaFuncSetAttribute(%s, %d bytes of shared memory)", name, smem)));

@@ -10,15 +10,18 @@
 // rows per expert max_rows / L (so fixed for a captured bucket):
 //   wide (< 192 rows per expert: decode): 128 rows x 256 B-rows (fused: 128
 //     gate and the same 128 up rows, i.e. 128 output columns; plain: 256);
-//   tall (>= 192: prefill): 256 rows x 128 B-rows (fused: 64 output
-//     columns; plain: 128), so an expert of <= 256 rows reads each weight
-//     tile once without relying on CTAs sharing it through L2.
+//   tall (>= 192: prefill, L <= ~490): up to 320 rows x 128 B-rows (fused:
+//     64 output columns; plain: 128); an expert of R rows is cut into
+//     ceil(R / 320) equal m-tiles (multiples of 64 rows), so an expert of <= 320 rows
+//     reads each weight tile once without relying on CTAs sharing it
+//     through L2, and no expert pays a nearly empty second pass.
 // The kernels are persistent (one CTA per SM); each CTA reads the L+1
 // offsets into shared memory, derives the per-expert m-tile counts and walks
 // the tiles (expert, n-tile, m-tile), m-tile fastest, in a static stride.
 // CTA: 3 warpgroups; warpgroup 0 is the producer (one thread issues TMA
-// loads into a 4-deep ring of 48 KB stages guarded by mbarriers), warpgroups
-// 1 and 2 each own half of the tile's rows and issue m64n128k16 wgmma from
+// loads into a ring of stages guarded by mbarriers: wide 4 x 48 KB, tall
+// 4 x 56 KB), warpgroups 1 and 2 each own half of the tile's m64 sub-tiles
+// (wide: one each; tall: up to three and two, alternating) and issue m64n128k16 wgmma from
 // shared memory, one k-block in flight, fp32 accumulators in registers, and
 // write the epilogue straight from registers. An m64 sub-tile whose rows are
 // past its expert's end is neither loaded nor multiplied (decode shapes: an

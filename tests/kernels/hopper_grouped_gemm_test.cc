@@ -172,12 +172,29 @@ TEST(HopperGroupedGemm, AllExpertsEmptyWritesNothing) {
   REQUIRE_HOPPER();
   RunGemmCase({{0, 0, 0}, 128, 64, true});
 }
-// At >= 192 rows per expert on average the launch takes the 256-row tiles:
-// experts of 0, 1, 255, 257 and 513 rows cross their m64 sub-tiles and tiles.
+// At >= 192 rows per expert on average the launch takes the tall tiles (up
+// to 320 rows, five m64 sub-tiles dealt to the two consumer warpgroups
+// alternately): experts of 0, 1, 255, 257 and 513 rows give tiles of 1, 4,
+// 5 and two of 320 and 193 rows.
 TEST(HopperGroupedGemm, TallTilesFusedAndPlain) {
   REQUIRE_HOPPER();
   RunGemmCase({{0, 1, 255, 257, 513}, 136, 256, true}, /*repeat=*/true);
   RunGemmCase({{0, 1, 255, 257, 513}, 200, 136, false}, /*repeat=*/true);
+}
+// Tall tiles at their edges: 320 rows (one full tile), 321 (192 and 129),
+// 384 (two of 192), 64 and 65 (one and two sub-tiles), 1153 (three of 320
+// and 193).
+TEST(HopperGroupedGemm, TallTilesSplitExpertsEvenly) {
+  REQUIRE_HOPPER();
+  RunGemmCase({{320, 321, 384, 64, 65, 1153}, 72, 192, true}, /*repeat=*/true);
+  RunGemmCase({{320, 321, 384, 64, 65, 1153}, 136, 128, false}, /*repeat=*/true);
+}
+// 496 experts of 200 rows: the tall tiles' m-tile prefix would not fit in
+// shared memory, so the launch keeps the wide tiles; results as ever.
+TEST(HopperGroupedGemm, ManyExpertsAtPrefillKeepWideTiles) {
+  REQUIRE_HOPPER();
+  RunGemmCase({std::vector<int32_t>(496, 200), 24, 64, true});
+  RunGemmCase({std::vector<int32_t>(496, 200), 40, 32, false});
 }
 // More tiles than SMs: the persistent walk's stride and the ring's phases
 // wrap many times; two runs must agree bit for bit.
