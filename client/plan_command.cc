@@ -1,10 +1,31 @@
 #include "client/plan_command.h"
 
+#include "absl/strings/str_cat.h"
 #include "client/model_source.h"
 #include "core/layer_plan.h"
 #include "core/status_macros.h"
 
 namespace moe_ep::client {
+
+nlohmann::json SharedExpertJson(const core::ModelDescription& model) {
+  const core::SharedExpertConfig& s = model.shared_expert;
+  return {{"count", s.count},
+          {"intermediate_size", s.intermediate_size},
+          {"gate", s.sigmoid_gate ? "sigmoid" : "none"},
+          {"source_key", s.source_key}};
+}
+
+std::string DescribeSharedExperts(const core::ModelDescription& model) {
+  const core::SharedExpertConfig& s = model.shared_expert;
+  std::string text = s.present() ? absl::StrCat("shared experts: ", s.count, " (", s.source_key,
+                                                "), intermediate ", s.intermediate_size, ", gate ",
+                                                s.sigmoid_gate ? "sigmoid" : "none")
+                                 : std::string("shared experts: none");
+  absl::StrAppend(&text, "; routed scaling ", model.routed_scaling_factor,
+                  " (folded into the top-k weights); router weight scales the expert's ",
+                  core::RouterWeightUseName(model.router_weight_use));
+  return text;
+}
 
 nlohmann::json PlanJson(const core::ModelDescription& model, const core::ParallelLayout& layout,
                         bool a2a_enabled, const std::vector<core::LayerPlan>& plans) {
@@ -22,6 +43,14 @@ nlohmann::json PlanJson(const core::ModelDescription& model, const core::Paralle
                       {"after_mlp", core::StepName(p.after_mlp)}});
   }
   return {{"model", model.name},
+          {"model_type", model.model_type},
+          {"hidden_size", model.hidden_size},
+          {"num_experts", model.num_experts},
+          {"top_k", model.top_k},
+          {"moe_intermediate_size", model.moe_intermediate_size},
+          {"shared_expert", SharedExpertJson(model)},
+          {"routed_scaling_factor", model.routed_scaling_factor},
+          {"router_weight_scales", core::RouterWeightUseName(model.router_weight_use)},
           {"num_layers", model.num_layers},
           {"num_sparse_layers", model.NumSparseLayers()},
           {"tp", layout.tp_size},
@@ -53,6 +82,8 @@ absl::Status RunPlanCommand(const PlanCommandOptions& options, std::ostream& out
                                          : std::to_string(options.moe_dense_tp_size))
       << ", a2a " << (options.a2a_enabled ? "on" : "off") << ", fingerprint "
       << core::PlanFingerprint(layout, model.sparse_layers, options.a2a_enabled) << "\n"
+      << "routed experts: " << model.num_experts << ", top-" << model.top_k << ", intermediate "
+      << model.moe_intermediate_size << "; " << DescribeSharedExperts(model) << "\n"
       << core::FormatPlanTable(plans);
   return absl::OkStatus();
 }

@@ -23,7 +23,19 @@ struct PlanCommandOptions {
   bool json = false;  // PlanJson instead of the text
 };
 
-// The plan as JSON (issue 9 item 6): {"model", "num_layers",
+// The model's shared experts as JSON (issue 18): {"count",
+// "intermediate_size", "gate": "sigmoid" | "none", "source_key"}; count 0
+// and size 0 when the family has none.
+nlohmann::json SharedExpertJson(const core::ModelDescription& model);
+// One line for people: "shared experts: 1 (n_shared_experts), intermediate
+// 2048, gate none; routed scaling 2.5 (folded into the top-k weights);
+// router weight scales the expert's output".
+std::string DescribeSharedExperts(const core::ModelDescription& model);
+
+// The plan as JSON (issue 9 item 6): {"model", "model_type", "hidden_size",
+// "num_experts", "top_k", "moe_intermediate_size", "shared_expert"
+// (SharedExpertJson), "routed_scaling_factor", "router_weight_scales"
+// ("output" | "input"; issue 18), "num_layers",
 // "num_sparse_layers", "tp", "attn_dp", "attn_tp", "moe_dense_tp" (0 =
 // unset), "effective_moe_dense_tp", "a2a", "fingerprint", "layers": [{"layer",
 // "sparse", "input", "attention", "residual", "mlp", "output" (scatter-mode

@@ -13,12 +13,14 @@
 #include "client/group_session.h"
 #include "client/memory_budget.h"
 #include "client/model_source.h"
+#include "client/plan_command.h"
 #include "client/streamed_reference.h"
 #include "client/targets.h"
 #include "client/tensor_message.h"
 #include "client/text_table.h"
 #include "core/experts.h"
 #include "core/routing_source.h"
+#include "core/shared_expert.h"
 #include "core/status_macros.h"
 
 namespace moe_ep::client {
@@ -127,6 +129,13 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
       << model.num_layers << " layers, " << sparse.size() << " MoE); running MoE layers "
       << absl::StrJoin(run_layers, ",") << " with " << options.experts << " experts, routing "
       << options.routing << ", " << options.steps << " step(s), seed " << options.seed << "\n";
+  out << DescribeSharedExperts(model) << "\n";
+  const core::SharedExpertConfig& shared = model.shared_expert;
+  if (model.router_weight_use == core::RouterWeightUse::kScalesInput && !identity) {
+    out << "note: " << model.model_type
+        << " scales an expert's input by its router score; the workers and the reference "
+           "compute w * e(x) (DESIGN §7), which differs from the model for SwiGLU experts\n";
+  }
 
   // The group's size, known before any worker starts.
   const bool local = options.workers.targets.empty();
@@ -250,6 +259,8 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
 
   RunJobResult result;
   result.model_name = model.name;
+  result.shared_expert = shared;
+  result.routed_scaling_factor = model.routed_scaling_factor;
   result.world = world;
   result.steps = options.steps;
   result.expert_bytes_per_rank.assign(world, 0);
@@ -265,11 +276,15 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
     load.set_kind(identity ? v1::EXPERT_KIND_IDENTITY : v1::EXPERT_KIND_SWIGLU);
     load.set_seed(options.seed);
     load.set_intermediate_size(model.moe_intermediate_size);
+    if (shared.present()) {
+      load.mutable_shared_expert()->set_intermediate_size(shared.intermediate_size);
+      load.mutable_shared_expert()->set_sigmoid_gate(shared.sigmoid_gate);
+    }
     const absl::Time start = absl::Now();
     ASSIGN_OR_RETURN(std::vector<v1::LoadExpertsResponse> loaded, coordinator->LoadExperts(load));
     std::vector<std::string> ranges;
     for (int r = 0; r < world; ++r) {
-      result.expert_bytes_per_rank[r] += loaded[r].expert_bytes();
+      result.expert_bytes_per_rank[r] += loaded[r].expert_bytes() + loaded[r].shared_expert_bytes();
       ranges.push_back(absl::StrCat(loaded[r].first_expert(), "..",
                                     loaded[r].first_expert() + loaded[r].num_local_experts() - 1));
     }
@@ -312,6 +327,10 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
         rs.weights.resize(rs.num_tokens * K);
         RETURN_IF_ERROR(routing.Generate(layer, s, r, world, rs.num_tokens, absl::MakeSpan(rs.ids),
                                          absl::MakeSpan(rs.weights)));
+        // The caller folds the routed scaling into the weights (DESIGN §7).
+        if (model.routed_scaling_factor != 1.0) {
+          for (float& w : rs.weights) w *= static_cast<float>(model.routed_scaling_factor);
+        }
         requests[r].set_layer(layer);
         requests[r].set_epoch(epoch);
         *requests[r].mutable_hidden_states() = MakeBf16Tensor(rs.input, rs.num_tokens, H);
@@ -324,6 +343,15 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
       LayerRunSummary& summary = result.layers[li];
       summary.forward_s += elapsed;
       summary.max_r = std::max(summary.max_r, R);
+      int64_t step_dispatch = 0, step_shared = 0, step_overlap = 0;
+      for (const v1::ForwardResponse& response : responses) {
+        step_dispatch = std::max(step_dispatch, response.timings().dispatch_us());
+        step_shared = std::max(step_shared, response.timings().shared_expert_us());
+        step_overlap = std::max(step_overlap, response.timings().shared_overlap_us());
+      }
+      summary.dispatch_us += step_dispatch;
+      summary.shared_us += step_shared;
+      summary.shared_overlap_us += step_overlap;
       for (int r = 0; r < world; ++r) {
         RankStep& rs = record[li][s][r];
         ASSIGN_OR_RETURN(rs.output,
@@ -379,6 +407,17 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
         StreamedReferenceStats chunks,
         StreamedMoeReference(make_chunk, model.num_experts, memory.reference_chunk_experts, H, xs,
                              ids, ws, total, K, absl::MakeSpan(ref)));
+    if (shared.present()) {
+      // The shared expert of every row, added to the routed reference in fp32.
+      ASSIGN_OR_RETURN(
+          core::SharedExpert shared_expert,
+          identity ? core::SharedExpert::Identity(options.seed, layer, H, shared.sigmoid_gate)
+                   : core::SharedExpert::Generate(options.seed, layer, H, shared.intermediate_size,
+                                                  shared.sigmoid_gate));
+      std::vector<float> shared_ref(total * H);
+      RETURN_IF_ERROR(shared_expert.ComputeFloat(xs, total, absl::MakeSpan(shared_ref)));
+      for (size_t i = 0; i < ref.size(); ++i) ref[i] += shared_ref[i];
+    }
     result.reference_chunks_made += chunks.chunks_made;
     result.reference_chunks_skipped += chunks.chunks_skipped;
     LayerRunSummary& summary = result.layers[li];
@@ -401,10 +440,12 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
     }
     out << absl::StrFormat(
         "verify: layer %d against the single-process reference (%d experts in %d chunk(s) of "
-        "<= %d, %d skipped as unselected; %d rows) in %.1f s: max abs err %.3g, bound %.3g: %s\n",
+        "<= %d, %d skipped as unselected%s; %d rows) in %.1f s: max abs err %.3g, bound %.3g: "
+        "%s\n",
         layer, model.num_experts, chunks.chunks_made, memory.reference_chunk_experts,
-        chunks.chunks_skipped, total, Seconds(absl::Now() - start), summary.comparison.max_abs_err,
-        summary.comparison.bound, summary.comparison.pass ? "PASS" : "FAIL");
+        chunks.chunks_skipped, shared.present() ? ", + shared expert" : "", total,
+        Seconds(absl::Now() - start), summary.comparison.max_abs_err, summary.comparison.bound,
+        summary.comparison.pass ? "PASS" : "FAIL");
     out.flush();
   }
   return result;
@@ -430,6 +471,21 @@ std::string RenderRunSummary(const RunJobResult& result) {
                 FormatBytes(static_cast<double>(bytes)), absl::StrFormat("%.3f s", seconds),
                 absl::StrFormat("%.3g", max_err), "", result.AllPass() ? "PASS" : "FAIL"});
   std::string text = table.Render();
+  if (result.shared_expert.present()) {
+    int64_t dispatch = 0, shared = 0, overlap = 0;
+    for (const LayerRunSummary& l : result.layers) {
+      dispatch += l.dispatch_us;
+      shared += l.shared_us;
+      overlap += l.shared_overlap_us;
+    }
+    absl::StrAppendFormat(&text,
+                          "shared expert (intermediate %d, gate %s) in every layer: %d us of "
+                          "compute, %d us of it overlapped with %d us of dispatch (worker "
+                          "timings, summed over layers and steps)\n",
+                          result.shared_expert.intermediate_size,
+                          result.shared_expert.sigmoid_gate ? "sigmoid" : "none", shared, overlap,
+                          dispatch);
+  }
   absl::StrAppendFormat(&text, "throughput: %.0f tokens/s through %d MoE layer(s) on %d ranks\n",
                         seconds > 0 ? tokens / seconds : 0.0, result.layers.size(), result.world);
 
@@ -495,13 +551,20 @@ nlohmann::json RunSummaryJson(const RunJobResult& result) {
                       {"max_abs_ref", l.comparison.max_abs_ref},
                       {"bound", l.comparison.bound},
                       {"elements", l.comparison.num_elements},
-                      {"pass", l.comparison.pass}});
+                      {"pass", l.comparison.pass},
+                      {"dispatch_us", l.dispatch_us},
+                      {"shared_us", l.shared_us},
+                      {"shared_overlap_us", l.shared_overlap_us}});
     tokens += l.tokens;
     bytes += l.bytes_sent;
     seconds += l.forward_s;
     max_err = std::max(max_err, l.comparison.max_abs_err);
   }
+  core::ModelDescription shared_model;
+  shared_model.shared_expert = result.shared_expert;
   return {{"model", result.model_name},
+          {"shared_expert", SharedExpertJson(shared_model)},
+          {"routed_scaling_factor", result.routed_scaling_factor},
           {"world", result.world},
           {"steps", result.steps},
           {"pass", result.AllPass()},

@@ -11,12 +11,15 @@
 // layers (each with its own seeded weights; every worker builds only its own
 // experts). Then per step s (epoch s + 1): per-rank token counts (uneven, one
 // rank with zero tokens, or the trace's DP split), SyncTokenCounts -> R,
+// (the routing's top-k weights times the model's routed_scaling_factor:
+// moe-ep's convention is that the caller folds it in, DESIGN §7),
 // CommitGeometry, and one Forward per layer; layer l + 1's input is the
 // residual stream bf16(x_l + y_l), layer 0's is seeded N(0, 1) hidden
 // states. Finally each layer is verified: its experts are generated in this
 // process from the same seed a chunk at a time (client/streamed_reference.h:
 // the result of core::DenseMoeReference with all experts, bit for bit, but
-// one chunk in memory and chunks no token selects never made), and the
+// one chunk in memory and chunks no token selects never made) plus the
+// layer's shared expert (core::SharedExpert, the same seed), and the
 // reference of every (step, rank) input is compared with the workers' output
 // under client/tolerance.h.
 //
@@ -88,10 +91,20 @@ struct LayerRunSummary {
   int64_t bytes_sent = 0;  // dispatch + combine bytes to other ranks, all ranks and steps
   double forward_s = 0.0;  // wall time of its Forward fan-outs
   Comparison comparison;   // against the reference, all steps and ranks
+  // Worker-reported phase times (ForwardTimings), summed over steps, the
+  // largest rank of each step: dispatch, the shared expert, and the part of
+  // the shared expert that overlapped the dispatch (GPU only).
+  int64_t dispatch_us = 0;
+  int64_t shared_us = 0;
+  int64_t shared_overlap_us = 0;
 };
 
 struct RunJobResult {
   std::string model_name;
+  // The model's shared expert (run on every layer when present) and the
+  // routed scaling folded into the top-k weights sent (issue 18).
+  core::SharedExpertConfig shared_expert;
+  double routed_scaling_factor = 1.0;
   int world = 0;
   int steps = 0;
   std::vector<LayerRunSummary> layers;
@@ -124,9 +137,12 @@ std::string RenderRunSummary(const RunJobResult& result);
 
 // The summary as JSON, for scripts and dashboards (issue 9 item 6):
 // {"model", "world", "steps", "pass", "identity_experts",
+//  "shared_expert" (client/plan_command.h SharedExpertJson),
+//  "routed_scaling_factor",
 //  "tolerance": {"rel", "atol"},
 //  "layers": [{"layer", "tokens", "max_r", "bytes_sent", "forward_s",
-//              "max_abs_err", "max_abs_ref", "bound", "elements", "pass"}],
+//              "max_abs_err", "max_abs_ref", "bound", "elements", "pass",
+//              "dispatch_us", "shared_us", "shared_overlap_us"}],
 //  "total": {"tokens", "bytes_sent", "forward_s", "tokens_per_s",
 //            "max_abs_err"},
 //  "memory": {"expert_bytes_per_rank": [...], "layer_expert_bytes",

@@ -139,7 +139,7 @@ struct EpDispatcher::Impl {
                             absl::Status local_error);
   absl::Status ValidateExperts(const ExpertSet& experts) const;
   absl::Status ComputeExpertsImpl(const ExpertSet& experts);
-  absl::Status CombineImpl(absl::Span<bf16_t> output);
+  absl::Status CombineImpl(absl::Span<bf16_t> output, absl::Span<const bf16_t> shared_out);
 };
 
 EpDispatcher::EpDispatcher(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -556,7 +556,8 @@ absl::Status EpDispatcher::Impl::ComputeExpertsImpl(const ExpertSet& experts) {
   return absl::OkStatus();
 }
 
-absl::Status EpDispatcher::Impl::CombineImpl(absl::Span<bf16_t> output) {
+absl::Status EpDispatcher::Impl::CombineImpl(absl::Span<bf16_t> output,
+                                             absl::Span<const bf16_t> shared_out) {
   const absl::Time start = absl::Now();
   if (phase == Phase::kIdle) {
     return absl::FailedPreconditionError("Combine: no dispatched step; call Dispatch first");
@@ -569,6 +570,11 @@ absl::Status EpDispatcher::Impl::CombineImpl(absl::Span<bf16_t> output) {
     return absl::InvalidArgumentError(absl::StrCat("output: expected [", step_tokens, ", ", hidden,
                                                    "] = ", step_tokens * hidden, " elements, got ",
                                                    output.size()));
+  }
+  if (!shared_out.empty() && shared_out.size() != output.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("shared expert output: expected [", step_tokens,
+                                                   ", ", hidden, "] or none, got ",
+                                                   shared_out.size(), " elements"));
   }
   // Send row block s (rows received from s) back to s; receive from each
   // destination d the rows this rank sent it.
@@ -590,6 +596,11 @@ absl::Status EpDispatcher::Impl::CombineImpl(absl::Span<bf16_t> output) {
       const bf16_t* row = back + (send_row_off[d] + route.dest_slot[e]) * hidden;
       for (int64_t h = 0; h < hidden; ++h) acc[h] += Bf16ToFloat(row[h]);
     }
+    // The shared expert's term, after the ranks' (core/shared_expert.h).
+    if (!shared_out.empty()) {
+      const bf16_t* shared_row = shared_out.data() + t * hidden;
+      for (int64_t h = 0; h < hidden; ++h) acc[h] += Bf16ToFloat(shared_row[h]);
+    }
     bf16_t* out = output.data() + t * hidden;
     for (int64_t h = 0; h < hidden; ++h) out[h] = FloatToBf16(acc[h]);
   }
@@ -608,12 +619,15 @@ absl::Status EpDispatcher::ComputeExperts(const ExpertSet& experts) {
   return impl_->ComputeExpertsImpl(experts);
 }
 
-absl::Status EpDispatcher::Combine(absl::Span<bf16_t> output) { return impl_->CombineImpl(output); }
+absl::Status EpDispatcher::Combine(absl::Span<bf16_t> output, absl::Span<const bf16_t> shared_out) {
+  return impl_->CombineImpl(output, shared_out);
+}
 
 absl::Status EpDispatcher::Forward(absl::Span<const bf16_t> hidden,
                                    absl::Span<const int32_t> topk_ids,
                                    absl::Span<const float> topk_weights, int64_t num_tokens,
-                                   const ExpertSet& experts, absl::Span<bf16_t> output) {
+                                   const ExpertSet& experts, absl::Span<bf16_t> output,
+                                   absl::Span<const bf16_t> shared_out) {
   Impl& m = *impl_;
   if (m.phase != Impl::Phase::kIdle) {
     return absl::FailedPreconditionError(
@@ -629,13 +643,18 @@ absl::Status EpDispatcher::Forward(absl::Span<const bf16_t> hidden,
                                                     m.hidden, "] = ", num_tokens * m.hidden,
                                                     " elements, got ", output.size()));
   }
+  if (local.ok() && !shared_out.empty() && shared_out.size() != output.size()) {
+    local =
+        absl::InvalidArgumentError(absl::StrCat("shared expert output: expected ", output.size(),
+                                                " elements or none, got ", shared_out.size()));
+  }
   RETURN_IF_ERROR(m.DispatchImpl(hidden, topk_ids, topk_weights, num_tokens, local));
   absl::Status computed = m.ComputeExpertsImpl(experts);
   if (!computed.ok()) {
     m.phase = Impl::Phase::kIdle;
     return computed;
   }
-  return m.CombineImpl(output);
+  return m.CombineImpl(output, shared_out);
 }
 
 }  // namespace moe_ep::core

@@ -45,6 +45,11 @@ struct StepStats {
   int64_t dispatch_us = 0;
   int64_t expert_us = 0;
   int64_t combine_us = 0;
+  // The shared expert of the layer (0 without one; issue 18): its compute
+  // time, and on the GPU the part of it that ran while the dispatch did
+  // (CUDA events on both streams).
+  int64_t shared_us = 0;
+  int64_t shared_overlap_us = 0;
 };
 
 class EpDispatcher {
@@ -77,17 +82,22 @@ class EpDispatcher {
   // dispatches hidden [T, H] bf16 with topk_ids [T, K] int32 and topk_weights
   // [T, K] fp32, runs `experts` on the received rows, combines, and writes
   // output [T, H] bf16. T may be 0 (the rank still takes part). Collective.
+  // `shared_out` (empty = none) is this rank's shared-expert term [T, H]
+  // bf16 (core/shared_expert.h), added to each token's fp32 sum after the
+  // ranks' terms, before the bf16 cast (issue 18).
   // Errors: kInvalidArgument (span sizes, T > R), kFailedPrecondition (no
   // geometry committed), kAborted (ranks disagree), collective errors.
   absl::Status Forward(absl::Span<const bf16_t> hidden, absl::Span<const int32_t> topk_ids,
                        absl::Span<const float> topk_weights, int64_t num_tokens,
-                       const ExpertSet& experts, absl::Span<bf16_t> output);
+                       const ExpertSet& experts, absl::Span<bf16_t> output,
+                       absl::Span<const bf16_t> shared_out = {});
 
   // The three phases of Forward, for benchmarks and tests.
   absl::Status Dispatch(absl::Span<const bf16_t> hidden, absl::Span<const int32_t> topk_ids,
                         absl::Span<const float> topk_weights, int64_t num_tokens);
   absl::Status ComputeExperts(const ExpertSet& experts);
-  absl::Status Combine(absl::Span<bf16_t> output);
+  // `shared_out` as in Forward.
+  absl::Status Combine(absl::Span<bf16_t> output, absl::Span<const bf16_t> shared_out = {});
 
   // After Dispatch: received rows of source `src` ([count, H] bf16 hidden,
   // [count, K] ids, [count, K] weights), for tests. count = received_counts()[src].

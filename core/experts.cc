@@ -100,9 +100,11 @@ std::string TensorName(const std::string& pattern, int layer, int expert, Projec
                                        {"{w}", mixtral}});
 }
 
-// Reads one [rows, cols] tensor as bf16, converting F32 / F16.
-absl::StatusOr<std::vector<bf16_t>> ReadMatrix(SafetensorsCheckpoint& ckpt, const std::string& name,
-                                               int64_t rows, int64_t cols) {
+}  // namespace
+
+absl::StatusOr<std::vector<bf16_t>> ReadBf16Matrix(SafetensorsCheckpoint& ckpt,
+                                                   const std::string& name, int64_t rows,
+                                                   int64_t cols) {
   ASSIGN_OR_RETURN(SafetensorsTensorView view, ckpt.Find(name));
   if (view.shape.size() != 2 || view.shape[0] != rows || view.shape[1] != cols) {
     std::string got;
@@ -151,8 +153,6 @@ absl::StatusOr<std::vector<bf16_t>> ReadMatrix(SafetensorsCheckpoint& ckpt, cons
   }
   return out;
 }
-
-}  // namespace
 
 absl::Status CheckSwiGluDims(int first_expert, int num_experts, int64_t hidden,
                              int64_t intermediate) {
@@ -265,12 +265,14 @@ absl::StatusOr<ExpertSet> ExpertSet::LoadSafetensors(const std::string& path,
   std::vector<SwiGluWeights> weights(num_experts);
   for (int i = 0; i < num_experts; ++i) {
     const int e = first_expert + i;
-    ASSIGN_OR_RETURN(weights[i].gate, ReadMatrix(ckpt, TensorName(name_pattern, layer, e, kGate),
-                                                 intermediate, hidden));
-    ASSIGN_OR_RETURN(weights[i].up, ReadMatrix(ckpt, TensorName(name_pattern, layer, e, kUp),
-                                               intermediate, hidden));
-    ASSIGN_OR_RETURN(weights[i].down, ReadMatrix(ckpt, TensorName(name_pattern, layer, e, kDown),
-                                                 hidden, intermediate));
+    ASSIGN_OR_RETURN(
+        weights[i].gate,
+        ReadBf16Matrix(ckpt, TensorName(name_pattern, layer, e, kGate), intermediate, hidden));
+    ASSIGN_OR_RETURN(weights[i].up, ReadBf16Matrix(ckpt, TensorName(name_pattern, layer, e, kUp),
+                                                   intermediate, hidden));
+    ASSIGN_OR_RETURN(
+        weights[i].down,
+        ReadBf16Matrix(ckpt, TensorName(name_pattern, layer, e, kDown), hidden, intermediate));
   }
   return FromWeights(first_expert, std::move(weights), hidden, intermediate);
 }

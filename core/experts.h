@@ -23,6 +23,17 @@ namespace moe_ep::core {
 
 enum class ExpertKind { kSwiGlu, kIdentity };
 
+class SafetensorsCheckpoint;  // core/safetensors.h
+
+// Reads one 2-D tensor `name` of shape [rows, cols] from `ckpt` as bf16 bit
+// patterns (BF16 as is, F16 and F32 rounded to nearest even), row-major.
+// Errors: kNotFound (no such tensor), kInvalidArgument (shape differs,
+// naming the tensor, expected and got), kDataLoss (corrupt file).
+// Used by ExpertSet::LoadSafetensors and core/shared_expert.h.
+absl::StatusOr<std::vector<bf16_t>> ReadBf16Matrix(SafetensorsCheckpoint& ckpt,
+                                                   const std::string& name, int64_t rows,
+                                                   int64_t cols);
+
 // The argument checks of ExpertSet::GenerateSwiGlu, FromWeights and
 // LoadSafetensors (and kernels::DeviceExpertSet::GenerateSwiGlu), in this
 // order. Errors: kInvalidArgument for hidden < 1, intermediate < 1,

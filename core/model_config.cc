@@ -31,7 +31,7 @@ namespace {
 
 using nlohmann::json;
 
-enum class Family { kDeepSeek, kQwenMoe, kAllSparse, kLlama4 };
+enum class Family { kDeepSeek, kQwenMoe, kAllSparse, kLlama4, kJamba };
 
 struct FamilyInfo {
   Family family;
@@ -45,6 +45,7 @@ const std::map<std::string, FamilyInfo>& Families() {
       {"qwen3_moe", {Family::kQwenMoe, 1e-6}},    {"mixtral", {Family::kAllSparse, 1e-5}},
       {"gpt_oss", {Family::kAllSparse, 1e-5}},    {"minimax_m2", {Family::kAllSparse, 1e-6}},
       {"llama4", {Family::kLlama4, 1e-5}},        {"llama4_text", {Family::kLlama4, 1e-5}},
+      {"jamba", {Family::kJamba, 1e-6}},
   };
   return *families;
 }
@@ -181,7 +182,116 @@ class ConfigReader {
 };
 
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+
+// For a config of an unknown family: the keys moe-ep would need that it
+// lacks, so the message says what is missing rather than only the type.
+std::string UnreadableFamilyHint(const json& config) {
+  const auto has_any = [&](const std::vector<std::string>& keys) {
+    return std::any_of(keys.begin(), keys.end(), [&](const std::string& k) {
+      return config.contains(k) && !config.at(k).is_null();
+    });
+  };
+  const auto quoted = [](const std::vector<std::string>& keys) {
+    std::vector<std::string> q;
+    for (const std::string& k : keys) q.push_back("'" + k + "'");
+    return absl::StrJoin(q, " or ");
+  };
+  const std::vector<std::vector<std::string>> needed = {
+      {"hidden_size"},
+      {"num_hidden_layers"},
+      {"n_routed_experts", "num_experts", "num_local_experts"},
+      {"num_experts_per_tok", "experts_per_token"},
+      {"moe_intermediate_size", "intermediate_size"}};
+  std::vector<std::string> missing;
+  for (const auto& keys : needed) {
+    if (!has_any(keys)) missing.push_back(quoted(keys));
+  }
+  const std::string rule =
+      "a sparse-layer rule it knows ('first_k_dense_replace'/'moe_layer_freq', "
+      "'decoder_sparse_step'/'mlp_only_layers', 'interleave_moe_layer_step'/'moe_layers', "
+      "'expert_layer_period'/'expert_layer_offset')";
+  if (missing.empty()) {
+    return absl::StrCat("its keys look readable but moe-ep needs ", rule,
+                        " and the family's shared-expert keys to be known for this model_type");
+  }
+  return absl::StrCat("moe-ep would need top-level key(s) ", absl::StrJoin(missing, ", "),
+                      " (missing here) and ", rule);
+}
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+
+// A shared-expert key this family does not read must be absent, null or 0:
+// a non-zero value means the config describes something moe-ep would drop.
+absl::Status RequireUnsetForFamily(const ConfigReader& r, const std::string& key,
+                                   const std::string& model_type) {
+  ASSIGN_OR_RETURN(std::optional<int64_t> v, r.OptionalInt(key, 0, kInt64Max));
+  if (v.has_value() && *v != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config key '", r.Key(key), "' is ", *v, ", but ", model_type,
+                     " has no shared expert of that kind; a ", model_type,
+                     " config with it is inconsistent (remove the key or fix model_type)"));
+  }
+  return absl::OkStatus();
+}
+
+// Shared experts, routed scaling and the router-weight use (see the header).
+absl::Status ParseSharedExperts(const ConfigReader& r, Family family, const std::string& model_type,
+                                ModelDescription* model) {
+  SharedExpertConfig& shared = model->shared_expert;
+  switch (family) {
+    case Family::kDeepSeek: {
+      ASSIGN_OR_RETURN(int64_t n, r.IntOr("n_shared_experts", 0, 0, kIntMax));
+      if (n > 0) {
+        shared.count = static_cast<int>(n);
+        shared.intermediate_size = n * model->moe_intermediate_size;
+        shared.source_key = r.Key("n_shared_experts");
+      }
+      ASSIGN_OR_RETURN(model->routed_scaling_factor, r.DoubleOr("routed_scaling_factor", 1.0));
+      RETURN_IF_ERROR(RequireUnsetForFamily(r, "shared_expert_intermediate_size", model_type));
+      break;
+    }
+    case Family::kQwenMoe: {
+      if (model_type == "qwen2_moe") {
+        // Absent = none (published qwen2_moe configs always set it).
+        ASSIGN_OR_RETURN(int64_t size,
+                         r.IntOr("shared_expert_intermediate_size", 0, 0, kInt64Max));
+        if (size > 0) {
+          shared.count = 1;
+          shared.intermediate_size = size;
+          shared.sigmoid_gate = true;
+          shared.source_key = r.Key("shared_expert_intermediate_size");
+        }
+      } else {
+        RETURN_IF_ERROR(RequireUnsetForFamily(r, "shared_expert_intermediate_size", model_type));
+      }
+      RETURN_IF_ERROR(RequireUnsetForFamily(r, "n_shared_experts", model_type));
+      break;
+    }
+    case Family::kLlama4:
+      // Llama4TextMoe: one shared SwiGLU of the routed expert's size in every
+      // MoE layer; the sigmoid router score multiplies the expert's input.
+      shared.count = 1;
+      shared.intermediate_size = model->moe_intermediate_size;
+      shared.source_key = r.Key("intermediate_size");
+      model->router_weight_use = RouterWeightUse::kScalesInput;
+      RETURN_IF_ERROR(RequireUnsetForFamily(r, "n_shared_experts", model_type));
+      break;
+    case Family::kAllSparse:
+    case Family::kJamba:
+      RETURN_IF_ERROR(RequireUnsetForFamily(r, "n_shared_experts", model_type));
+      RETURN_IF_ERROR(RequireUnsetForFamily(r, "shared_expert_intermediate_size", model_type));
+      RETURN_IF_ERROR(RequireUnsetForFamily(r, "shared_intermediate_size", model_type));
+      break;
+  }
+  if (family != Family::kDeepSeek && r.Has("routed_scaling_factor")) {
+    ASSIGN_OR_RETURN(double s, r.DoubleOr("routed_scaling_factor", 1.0));
+    if (s != 1.0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model config key '", r.Key("routed_scaling_factor"), "' is ", s, ", but ",
+                       model_type, " does not scale its routed experts"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<ModelDescription> ParseChecked(const json& config, std::string name) {
   if (!config.is_object()) {
@@ -198,7 +308,8 @@ absl::StatusOr<ModelDescription> ParseChecked(const json& config, std::string na
   if (family_it == Families().end()) {
     return absl::InvalidArgumentError(
         absl::StrCat("model config key 'model_type' is '", model_type,
-                     "', not a supported MoE family; supported: ", SupportedFamilies()));
+                     "', not a supported MoE family (supported: ", SupportedFamilies(), "); ",
+                     UnreadableFamilyHint(config)));
   }
   const FamilyInfo info = family_it->second;
 
@@ -239,6 +350,10 @@ absl::StatusOr<ModelDescription> ParseChecked(const json& config, std::string na
   if (info.family == Family::kLlama4) {
     ASSIGN_OR_RETURN(model.moe_intermediate_size, r.RequiredInt("intermediate_size", 1, kInt64Max));
     ASSIGN_OR_RETURN(model.intermediate_size, r.IntOr("intermediate_size_mlp", 0, 1, kInt64Max));
+  } else if (info.family == Family::kJamba) {
+    // Jamba's dense and expert MLPs are both intermediate_size wide.
+    ASSIGN_OR_RETURN(model.moe_intermediate_size, r.RequiredInt("intermediate_size", 1, kInt64Max));
+    model.intermediate_size = model.moe_intermediate_size;
   } else if (r.Has("moe_intermediate_size")) {
     ASSIGN_OR_RETURN(model.moe_intermediate_size,
                      r.RequiredInt("moe_intermediate_size", 1, kInt64Max));
@@ -271,6 +386,13 @@ absl::StatusOr<ModelDescription> ParseChecked(const json& config, std::string na
     case Family::kAllSparse:
       model.sparse_layers.assign(L, true);
       break;
+    case Family::kJamba: {
+      ASSIGN_OR_RETURN(int64_t period, r.IntOr("expert_layer_period", 2, 1, kIntMax));
+      ASSIGN_OR_RETURN(int64_t offset, r.IntOr("expert_layer_offset", 1, 0, period - 1));
+      for (int i = 0; i < L; ++i) model.sparse_layers[i] = i % period == offset;
+      rule_keys = "'" + r.Key("expert_layer_period") + "', '" + r.Key("expert_layer_offset") + "'";
+      break;
+    }
     case Family::kLlama4: {
       if (r.Has("moe_layers")) {
         ASSIGN_OR_RETURN(std::vector<int> moe_layers, r.LayerList("moe_layers", L));
@@ -295,10 +417,15 @@ absl::StatusOr<ModelDescription> ParseChecked(const json& config, std::string na
         r.Key(info.family == Family::kLlama4 ? "intermediate_size_mlp" : "intermediate_size"),
         "'"));
   }
+  RETURN_IF_ERROR(ParseSharedExperts(r, info.family, model_type, &model));
   return model;
 }
 
 }  // namespace
+
+const char* RouterWeightUseName(RouterWeightUse use) {
+  return use == RouterWeightUse::kScalesInput ? "input" : "output";
+}
 
 absl::StatusOr<ModelDescription> ParseModelConfig(const nlohmann::json& config, std::string name) {
   try {
@@ -352,11 +479,23 @@ ModelDescription Preset(std::string name, std::string model_type, int64_t hidden
   return m;
 }
 
+ModelDescription WithShared(ModelDescription m, int count, int64_t intermediate, bool gate,
+                            double routed_scaling) {
+  m.shared_expert.count = count;
+  m.shared_expert.intermediate_size = intermediate;
+  m.shared_expert.sigmoid_gate = gate;
+  m.shared_expert.source_key = "n_shared_experts";
+  m.routed_scaling_factor = routed_scaling;
+  return m;
+}
+
 const std::map<std::string, ModelDescription>& Presets() {
   // Values from the published config.json of each model (Hugging Face).
   static const auto* presets = new std::map<std::string, ModelDescription>{
       {"qwen3-30b-a3b", Preset("qwen3-30b-a3b", "qwen3_moe", 2048, 48, 128, 8, 768, 6144, 1e-6, 0)},
-      {"deepseek-v3", Preset("deepseek-v3", "deepseek_v3", 7168, 61, 256, 8, 2048, 18432, 1e-6, 3)},
+      {"deepseek-v3",
+       WithShared(Preset("deepseek-v3", "deepseek_v3", 7168, 61, 256, 8, 2048, 18432, 1e-6, 3), 1,
+                  2048, false, 2.5)},
       {"mixtral-8x7b", Preset("mixtral-8x7b", "mixtral", 4096, 32, 8, 2, 14336, 0, 1e-5, 0)},
       {"gpt-oss-20b", Preset("gpt-oss-20b", "gpt_oss", 2880, 24, 32, 4, 2880, 0, 1e-5, 0)},
       // Synthetic, small enough for CPU demos and CI; layer 0 dense so plans

@@ -13,6 +13,29 @@
 
 namespace moe_ep::core {
 
+// The shared (dense, never dispatched) expert of each sparse layer
+// (DESIGN §7): a SwiGLU of `intermediate_size` every token passes through,
+// added to the routed sum, times sigmoid(gate . x) when `sigmoid_gate`.
+// DeepSeek/Kimi fuse their n_shared_experts into one SwiGLU of
+// n_shared_experts * moe_intermediate_size (as their modelling code does).
+struct SharedExpertConfig {
+  int count = 0;                  // shared experts as published; 0 = none
+  int64_t intermediate_size = 0;  // I of the (fused) shared SwiGLU, elements; 0 = none
+  bool sigmoid_gate = false;      // Qwen2-MoE `shared_expert_gate` ([1, H])
+  std::string source_key;         // the key it was read from, e.g. "n_shared_experts"
+
+  bool present() const { return intermediate_size > 0; }
+};
+
+// How the router's top-k weight w enters a routed expert's term.
+enum class RouterWeightUse {
+  kScalesOutput,  // w * e(x): DeepSeek, Qwen, Mixtral, gpt-oss, MiniMax, Jamba
+  kScalesInput,   // e(w * x): Llama-4 (sigmoid score times the expert's input)
+};
+
+// "output" or "input".
+const char* RouterWeightUseName(RouterWeightUse use);
+
 struct ModelDescription {
   std::string name;                   // file stem or preset name, e.g. "DeepSeek-V3"
   std::string model_type;             // the config's family, e.g. "deepseek_v3", "llama4"
@@ -26,7 +49,13 @@ struct ModelDescription {
   // size and lands in moe_intermediate_size).
   int64_t intermediate_size = 0;
   double rms_norm_eps = 0.0;
-  std::vector<bool> sparse_layers;  // [num_layers]; true = MoE layer
+  std::vector<bool> sparse_layers;   // [num_layers]; true = MoE layer
+  SharedExpertConfig shared_expert;  // none for Mixtral, gpt-oss, MiniMax, Qwen3, Jamba
+  // s of DeepSeek-V3 (2.5) and Kimi-K2 (2.827): the routed sum is scaled by
+  // s. moe-ep folds s into the top-k weights the caller passes (DESIGN §7:
+  // y = sum_k (s * w_k) e_k(x) + shared(x)); 1 for every other family.
+  double routed_scaling_factor = 1.0;
+  RouterWeightUse router_weight_use = RouterWeightUse::kScalesOutput;
 
   int NumSparseLayers() const;
   // Indices of the sparse layers, ascending.
@@ -46,7 +75,23 @@ struct ModelDescription {
 //   llama4 (keys read from `text_config`), llama4_text: sparse iff i is in
 //       moe_layers when given, else (i + 1) % interleave_moe_layer_step
 //       (default 1) == 0. Expert size is `intermediate_size`, the dense MLP's
-//       is `intermediate_size_mlp`.
+//       is `intermediate_size_mlp`;
+//   jamba: sparse iff i % expert_layer_period (default 2) ==
+//       expert_layer_offset (default 1), offset in [0, period); expert and
+//       dense MLP size are both `intermediate_size`.
+// Shared experts (SharedExpertConfig):
+//   deepseek_v2/v3, kimi_k2: n_shared_experts (default 0, >= 0) fused into
+//       one SwiGLU of n_shared_experts * moe_intermediate_size, no gate;
+//       routed_scaling_factor (default 1, > 0) reported;
+//   qwen2_moe: shared_expert_intermediate_size (absent or 0 = none), with
+//       the sigmoid shared_expert_gate;
+//   llama4: one shared expert of intermediate_size, no gate; the router's
+//       score scales the expert's input (RouterWeightUse::kScalesInput);
+//   qwen3_moe, mixtral, gpt_oss, jamba: none; minimax_m2:
+//       shared_intermediate_size must be absent or 0.
+// A shared-expert key of another family (shared_expert_intermediate_size,
+// n_shared_experts, shared_intermediate_size) set to a non-zero value that
+// the family would ignore or contradict is an error naming it.
 // Routed experts come from n_routed_experts, num_experts or num_local_experts;
 // top-k from num_experts_per_tok or experts_per_token. When several of these
 // keys are present they must agree. The expert FFN size is
@@ -55,7 +100,9 @@ struct ModelDescription {
 // 1e-5 Mixtral/gpt-oss/Llama-4) when absent.
 //
 // Errors (kInvalidArgument, the message names the key):
-//   the config is not an object; model_type missing or not a supported family;
+//   the config is not an object; model_type missing or not a supported
+//   family (the message also names the keys moe-ep would need that the
+//   config lacks, e.g. the routed-expert count or a sparse-layer rule);
 //   a required key (hidden_size, num_hidden_layers, experts, top-k, expert FFN
 //   size) missing, of the wrong JSON type, or not positive; top-k > experts;
 //   a sparse-rule key out of range (mlp_only_layers / moe_layers entry outside

@@ -22,6 +22,7 @@ __global__ void CombineReduceKernel(const uint16_t* __restrict__ recv,
                                     const int32_t* __restrict__ token_slot,
                                     const int64_t* num_tokens, int64_t max_tokens,
                                     int64_t hidden_size, int ep_size,
+                                    const uint16_t* __restrict__ shared,
                                     uint16_t* __restrict__ output) {
   __shared__ int32_t slot[kMaxEpSize];
   const int64_t t = blockIdx.x;
@@ -37,6 +38,13 @@ __global__ void CombineReduceKernel(const uint16_t* __restrict__ recv,
       if (slot[d] < 0) continue;
       const uint2 x =
           reinterpret_cast<const uint2*>(recv + (d * max_tokens + slot[d]) * hidden_size)[v];
+      acc[0] += Bf16Lo(x.x);
+      acc[1] += Bf16Hi(x.x);
+      acc[2] += Bf16Lo(x.y);
+      acc[3] += Bf16Hi(x.y);
+    }
+    if (shared != nullptr) {  // the shared expert's term, after the ranks'
+      const uint2 x = reinterpret_cast<const uint2*>(shared + t * hidden_size)[v];
       acc[0] += Bf16Lo(x.x);
       acc[1] += Bf16Hi(x.x);
       acc[2] += Bf16Lo(x.y);
@@ -68,7 +76,8 @@ absl::Status LaunchCombineReduce(const CombineReduceParams& p, cudaStream_t stre
   if (p.max_tokens == 0) return absl::OkStatus();
   if (p.output == nullptr) return absl::InvalidArgumentError("LaunchCombineReduce: null output");
   CombineReduceKernel<<<static_cast<unsigned>(p.max_tokens), kCombineThreads, 0, stream>>>(
-      p.recv, p.token_slot, p.num_tokens, p.max_tokens, p.hidden_size, p.ep_size, p.output);
+      p.recv, p.token_slot, p.num_tokens, p.max_tokens, p.hidden_size, p.ep_size, p.shared,
+      p.output);
   return internal::LaunchStatus("CombineReduceKernel");
 }
 

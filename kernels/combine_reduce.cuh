@@ -20,12 +20,15 @@ struct CombineReduceParams {
   int64_t hidden_size = 0;              // H, a multiple of 4
   int ep_size = 0;                      // E
   uint16_t* output = nullptr;           // device [T, H] bf16
+  // device [T, H] bf16: this rank's shared-expert term (issue 18), added
+  // after the ranks' terms; null = none.
+  const uint16_t* shared = nullptr;
 };
 
 // LaunchCombineReduce()
 //
 // Enqueues out[t] = bf16( sum over d ascending with token_slot[t, d] >= 0 of
-// float(recv[d, token_slot[t, d]]) ) for t < T. Grid: R blocks of 256
+// float(recv[d, token_slot[t, d]]) [+ float(shared[t])] ) for t < T. Grid: R blocks of 256
 // threads, block t reads its destination slots into shared memory and
 // reduces 4 elements per thread step; blocks t >= T exit.
 // A token with no valid expert gets a zero row.

@@ -215,7 +215,8 @@ absl::Status GpuEpDispatcher::EnqueueDispatch(int64_t r, const uint16_t* hidden,
   return LaunchCheckStepHeaders(gathered_, ep_size_, header_, error_, s);
 }
 
-absl::Status GpuEpDispatcher::EnqueueCombine(int64_t r, uint16_t* output) {
+absl::Status GpuEpDispatcher::EnqueueCombine(int64_t r, uint16_t* output,
+                                             const uint16_t* shared_out) {
   std::fill(counts_.begin(), counts_.end(), r * hidden_ * 2);
   RETURN_IF_ERROR(collective_->AllToAllV(combine_send_, counts_, combine_recv_, counts_));
   CombineReduceParams combine;
@@ -226,6 +227,7 @@ absl::Status GpuEpDispatcher::EnqueueCombine(int64_t r, uint16_t* output) {
   combine.hidden_size = hidden_;
   combine.ep_size = ep_size_;
   combine.output = output ? output : combine_send_;
+  combine.shared = shared_out;
   return LaunchCombineReduce(combine, collective_->stream());
 }
 
@@ -315,13 +317,13 @@ absl::Status GpuEpDispatcher::ComputeExperts(const DeviceExpertSet& experts) {
                               stream());
 }
 
-absl::Status GpuEpDispatcher::Combine(uint16_t* output) {
+absl::Status GpuEpDispatcher::Combine(uint16_t* output, const uint16_t* shared_out) {
   if (!dispatched_) {
     return absl::FailedPreconditionError(
         absl::StrFormat("Combine on rank %d: no dispatch pending", rank_));
   }
   dispatched_ = false;
-  return EnqueueCombine(runtime_max_tokens_, output);
+  return EnqueueCombine(runtime_max_tokens_, output, shared_out);
 }
 
 absl::Status GpuEpDispatcher::CaptureForward(int64_t bucket, const uint16_t* hidden,

@@ -127,7 +127,10 @@ class GpuEpDispatcher {
   absl::Status Dispatch(const uint16_t* hidden, const int32_t* topk_ids, const float* topk_weights,
                         int64_t num_tokens);
   absl::Status ComputeExperts(const DeviceExpertSet& experts);
-  absl::Status Combine(uint16_t* output);
+  // `shared_out` (device [T, H] bf16, null = none): this rank's shared-expert
+  // term, added to each token's fp32 sum before the cast (issue 18). The
+  // caller orders its producer before this call on stream() (an event).
+  absl::Status Combine(uint16_t* output, const uint16_t* shared_out = nullptr);
 
   // Captures one step at R = `bucket` into a CUDA graph held by this
   // dispatcher, reading inputs from and writing output to the given device
@@ -164,7 +167,7 @@ class GpuEpDispatcher {
   GpuEpDispatcher() = default;
   absl::Status EnqueueDispatch(int64_t r, const uint16_t* hidden, const int32_t* topk_ids,
                                const float* topk_weights);
-  absl::Status EnqueueCombine(int64_t r, uint16_t* output);
+  absl::Status EnqueueCombine(int64_t r, uint16_t* output, const uint16_t* shared_out = nullptr);
   absl::Status CheckForwardArgs(int64_t num_tokens, const void* hidden, const void* topk_ids,
                                 const void* topk_weights) const;
   absl::Status AgreeAndWriteHeader(int64_t num_tokens);

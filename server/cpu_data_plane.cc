@@ -9,6 +9,22 @@
 #include "core/workspace.h"
 
 namespace moe_ep::server {
+namespace {
+
+absl::Status CheckSharedHidden(const core::SharedExpert& shared,
+                               const core::EpDispatcher* dispatcher, int64_t hidden) {
+  if (dispatcher == nullptr) {
+    return absl::FailedPreconditionError("LoadSharedExpert: no workspace; call Allocate first");
+  }
+  if (shared.hidden() != hidden) {
+    return absl::InvalidArgumentError(absl::StrCat("LoadSharedExpert: shared expert H ",
+                                                   shared.hidden(),
+                                                   " differs from the workspace's ", hidden));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 CpuDataPlane::CpuDataPlane(std::unique_ptr<core::GlooCollective> collective)
     : collective_(std::move(collective)) {}
@@ -38,6 +54,8 @@ absl::StatusOr<DataPlaneAllocation> CpuDataPlane::Allocate(const core::EpDispatc
   allocation.allocated_bytes = dispatcher->allocated_bytes();
   allocation.regions = std::move(layout.regions);
   experts_.clear();
+  shared_.clear();
+  hidden_ = options.workspace.hidden;
   dispatcher_ = std::move(dispatcher);
   return allocation;
 }
@@ -54,6 +72,24 @@ absl::StatusOr<int64_t> CpuDataPlane::LoadExperts(int layer, core::ExpertSet exp
 }
 
 bool CpuDataPlane::HasExperts(int layer) const { return experts_.contains(layer); }
+
+absl::StatusOr<int64_t> CpuDataPlane::LoadSharedExpert(int layer,
+                                                       std::optional<core::SharedExpert> shared,
+                                                       int64_t /*memory_cap_bytes*/) {
+  if (!shared.has_value()) {
+    shared_.erase(layer);
+    return 0;
+  }
+  RETURN_IF_ERROR(CheckSharedHidden(*shared, dispatcher_.get(), hidden_));
+  const int64_t bytes = shared->weight_bytes();
+  shared_.insert_or_assign(layer, std::move(*shared));
+  return bytes;
+}
+
+int64_t CpuDataPlane::SharedExpertBytes(int layer) const {
+  auto it = shared_.find(layer);
+  return it == shared_.end() ? 0 : it->second.weight_bytes();
+}
 
 int64_t CpuDataPlane::ExpertBytes(int layer) const {
   auto it = experts_.find(layer);
@@ -79,9 +115,27 @@ absl::StatusOr<core::StepStats> CpuDataPlane::Forward(
     return absl::FailedPreconditionError(
         absl::StrCat("Forward: layer ", layer, " has no loaded experts; call LoadExperts first"));
   }
-  RETURN_IF_ERROR(
-      dispatcher_->Forward(hidden, topk_ids, topk_weights, num_tokens, experts->second, output));
-  return dispatcher_->last_step();
+  // This rank's shared-expert term, added at combine. A size error here is
+  // reported through the dispatcher's agreement round (an output-size
+  // mismatch), so peers abort instead of waiting.
+  std::vector<core::bf16_t> shared_out;
+  int64_t shared_us = 0;
+  auto shared = shared_.find(layer);
+  if (shared != shared_.end() &&
+      static_cast<int64_t>(hidden.size()) == num_tokens * shared->second.hidden()) {
+    const auto start = std::chrono::steady_clock::now();
+    shared_out.resize(hidden.size());
+    absl::Status computed = shared->second.Compute(hidden, num_tokens, absl::MakeSpan(shared_out));
+    if (!computed.ok()) shared_out.assign(1, 0);  // mismatched: Forward rejects it collectively
+    shared_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                    std::chrono::steady_clock::now() - start)
+                    .count();
+  }
+  RETURN_IF_ERROR(dispatcher_->Forward(hidden, topk_ids, topk_weights, num_tokens, experts->second,
+                                       output, shared_out));
+  core::StepStats stats = dispatcher_->last_step();
+  stats.shared_us = shared_us;
+  return stats;
 }
 
 absl::StatusOr<BenchmarkTimes> CpuDataPlane::Benchmark(const core::EpDispatcherOptions& options,

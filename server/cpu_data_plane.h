@@ -7,6 +7,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,11 @@ class CpuDataPlane final : public DataPlane {
   absl::StatusOr<int64_t> LoadExperts(int layer, core::ExpertSet experts,
                                       int64_t memory_cap_bytes) override;
   bool HasExperts(int layer) const override;
+  // The shared expert runs on this thread before dispatch (BLAS uses every
+  // core already, so nothing overlaps it on the CPU).
+  absl::StatusOr<int64_t> LoadSharedExpert(int layer, std::optional<core::SharedExpert> shared,
+                                           int64_t memory_cap_bytes) override;
+  int64_t SharedExpertBytes(int layer) const override;
   int64_t ExpertBytes(int layer) const override;
   absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens) override;
   absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
@@ -53,7 +59,9 @@ class CpuDataPlane final : public DataPlane {
   // Declared first: the dispatcher points into the collective.
   std::unique_ptr<core::GlooCollective> collective_;
   std::unique_ptr<core::EpDispatcher> dispatcher_;
-  std::map<int, core::ExpertSet> experts_;  // layer -> this rank's experts
+  std::map<int, core::ExpertSet> experts_;    // layer -> this rank's experts
+  std::map<int, core::SharedExpert> shared_;  // layer -> its shared expert (replica)
+  int64_t hidden_ = 0;                        // H of the allocated workspace
 };
 
 }  // namespace moe_ep::server

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,7 @@
 #include "core/collective.h"
 #include "core/ep_dispatcher.h"
 #include "core/experts.h"
+#include "core/shared_expert.h"
 #include "core/workspace.h"
 #include "gloo/rendezvous/store.h"
 
@@ -82,7 +84,7 @@ class DataPlane {
   // The group's collective (host-memory calls work on both backends).
   virtual core::Collective& collective() = 0;
 
-  // Replaces the workspace (and drops all experts) with one sized by
+  // Replaces the workspace (and drops all experts, shared ones too) with one sized by
   // `options`; `max_intermediate` is the largest SwiGLU I expected (0 when
   // unknown; the GPU plane sizes expert scratch by it and grows it on
   // demand in LoadExperts). Previous workspace kept on error.
@@ -102,6 +104,18 @@ class DataPlane {
   virtual absl::StatusOr<int64_t> LoadExperts(int layer, core::ExpertSet experts,
                                               int64_t memory_cap_bytes) = 0;
   virtual bool HasExperts(int layer) const = 0;
+  // Holds `shared` as `layer`'s shared expert (replacing any; nullopt drops
+  // it; on the device for the GPU plane); Forward on `layer` then computes it for this rank's
+  // own tokens and adds it at combine (core/shared_expert.h; issue 18).
+  // Returns the bytes of its weights now held. REQUIRES: Allocate
+  // succeeded. Errors: kInvalidArgument (H differs from the workspace's),
+  // kResourceExhausted (device memory or scratch beyond `memory_cap_bytes`),
+  // kInternal (copy). On error the layer keeps its previous shared expert.
+  virtual absl::StatusOr<int64_t> LoadSharedExpert(int layer,
+                                                   std::optional<core::SharedExpert> shared,
+                                                   int64_t memory_cap_bytes) = 0;
+  // Bytes of `layer`'s shared-expert weights (0 when none).
+  virtual int64_t SharedExpertBytes(int layer) const = 0;
   // Bytes of expert weights held for `layer` (0 when none).
   virtual int64_t ExpertBytes(int layer) const = 0;
 
@@ -112,8 +126,8 @@ class DataPlane {
   virtual int64_t epoch() const = 0;
 
   // One MoE layer with `layer`'s experts (REQUIRES: HasExperts(layer) and a
-  // committed geometry). Collective. Returns the step's counters and phase
-  // times. Errors: kInvalidArgument (span sizes, T > R), kAborted (ranks
+  // committed geometry), plus its shared expert when one is loaded. Collective. Returns the step's
+  // counters and phase times. Errors: kInvalidArgument (span sizes, T > R), kAborted (ranks
   // disagree on (epoch, R)), group errors.
   virtual absl::StatusOr<core::StepStats> Forward(int layer, absl::Span<const core::bf16_t> hidden,
                                                   absl::Span<const int32_t> topk_ids,

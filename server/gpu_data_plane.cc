@@ -142,7 +142,7 @@ absl::Status GpuDataPlane::Synchronize() { return collective_->Synchronize(); }
 int64_t GpuDataPlane::TotalExpertBytes() const {
   int64_t total = 0;
   for (const auto& [layer, experts] : experts_) total += experts->weight_bytes();
-  return total;
+  return total + shared_.TotalBytes();
 }
 
 absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatcherOptions& options,
@@ -215,6 +215,7 @@ absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatc
   allocation.allocated_bytes = offset;
 
   experts_.clear();
+  shared_.Reset(ws.capacity_tokens, ws.hidden);
   staging_ = std::move(staging);
   dispatcher_ = std::move(*dispatcher);
   placement_ = std::make_unique<core::ExpertPlacement>(placement);
@@ -281,6 +282,19 @@ absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, core::ExpertSet exp
 }
 
 bool GpuDataPlane::HasExperts(int layer) const { return experts_.contains(layer); }
+
+absl::StatusOr<int64_t> GpuDataPlane::LoadSharedExpert(int layer,
+                                                       std::optional<core::SharedExpert> shared,
+                                                       int64_t memory_cap_bytes) {
+  if (dispatcher_ == nullptr) {
+    return absl::FailedPreconditionError("LoadSharedExpert: no workspace; call Allocate first");
+  }
+  RETURN_IF_ERROR(MakeDeviceCurrent());
+  const int64_t others = allocated_bytes() + TotalExpertBytes() - shared_.TotalBytes();
+  return shared_.Load(layer, std::move(shared), others, memory_cap_bytes);
+}
+
+int64_t GpuDataPlane::SharedExpertBytes(int layer) const { return shared_.Bytes(layer); }
 
 int64_t GpuDataPlane::ExpertBytes(int layer) const {
   auto it = experts_.find(layer);
@@ -373,6 +387,10 @@ absl::StatusOr<core::StepStats> GpuDataPlane::Forward(
                          "cudaMemcpyAsync(topk_weights to device)"));
   }
   const kernels::DeviceExpertSet& set = *experts->second;
+  // The shared expert starts on its own stream once the inputs are on the
+  // device, and runs while the dispatch does (issue 18).
+  const bool has_shared = shared_.Has(layer);
+  if (has_shared) RETURN_IF_ERROR(shared_.Begin(layer, staging_->d_hidden(), num_tokens, stream));
   RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[0], stream), "cudaEventRecord"));
   RETURN_IF_ERROR(dispatcher_->Dispatch(staging_->d_hidden(), staging_->d_ids(),
                                         staging_->d_weights(), num_tokens));
@@ -386,8 +404,10 @@ absl::StatusOr<core::StepStats> GpuDataPlane::Forward(
     (void)dispatcher_->Combine(staging_->d_output());
     return computed;
   }
+  if (has_shared) RETURN_IF_ERROR(shared_.JoinInto(stream));
   RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[2], stream), "cudaEventRecord"));
-  RETURN_IF_ERROR(dispatcher_->Combine(staging_->d_output()));
+  RETURN_IF_ERROR(
+      dispatcher_->Combine(staging_->d_output(), has_shared ? shared_.output() : nullptr));
   RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[3], stream), "cudaEventRecord"));
   if (num_tokens > 0) {
     RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(staging_->h_output(), staging_->d_output(), hidden_bytes,
@@ -404,6 +424,11 @@ absl::StatusOr<core::StepStats> GpuDataPlane::Forward(
   stats.dispatch_us = static_cast<int64_t>(ms[0] * 1000.0f);
   stats.expert_us = static_cast<int64_t>(ms[1] * 1000.0f);
   stats.combine_us = static_cast<int64_t>(ms[2] * 1000.0f);
+  if (has_shared) {
+    ASSIGN_OR_RETURN(auto shared_times, shared_.Times(events_[0], events_[1]));
+    stats.shared_us = shared_times.first;
+    stats.shared_overlap_us = shared_times.second;
+  }
   return stats;
 }
 

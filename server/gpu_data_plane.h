@@ -45,6 +45,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,7 @@
 #include "kernels/gpu_ep_dispatcher.h"
 #include "kernels/nccl_collective.h"
 #include "server/data_plane.h"
+#include "server/gpu_shared_experts.h"
 
 namespace moe_ep::server {
 
@@ -75,6 +77,11 @@ class GpuDataPlane final : public DataPlane {
                                       int64_t memory_cap_bytes) override;
   bool HasExperts(int layer) const override;
   int64_t ExpertBytes(int layer) const override;
+  // Shared experts run on their own stream, overlapped with the dispatch
+  // (server/gpu_shared_experts.h).
+  absl::StatusOr<int64_t> LoadSharedExpert(int layer, std::optional<core::SharedExpert> shared,
+                                           int64_t memory_cap_bytes) override;
+  int64_t SharedExpertBytes(int layer) const override;
   absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens) override;
   absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
                               int64_t local_tokens) override;
@@ -107,6 +114,7 @@ class GpuDataPlane final : public DataPlane {
   bool geometry_committed_ = false;
   std::map<int, std::unique_ptr<kernels::DeviceExpertSet>> experts_;
   cudaEvent_t events_[4] = {nullptr, nullptr, nullptr, nullptr};
+  GpuSharedExperts shared_;  // last: destroyed first, on the current device
 };
 
 }  // namespace moe_ep::server

@@ -22,6 +22,7 @@
 #include "server/device_info.h"
 #include "server/grpc_store.h"
 #include "server/logging.h"
+#include "server/shared_expert_request.h"
 #include "server/status_conversion.h"
 #include "server/tensor_codec.h"
 #include "spdlog/spdlog.h"
@@ -769,13 +770,23 @@ absl::Status WorkerService::DoLoadExperts(grpc::ServerContext* context,
                                               intermediate);
   }
   if (!experts.ok()) return experts.status();
+  // The shared expert is made (and checked) before anything is replaced.
+  const int64_t old_shared = data_plane_->SharedExpertBytes(request.layer());
+  ASSIGN_OR_RETURN(
+      std::optional<core::SharedExpert> shared,
+      MakeSharedExpert(request, hidden, total - old_shared, options_.memory_cap_bytes));
   // The GPU plane uploads them (and may grow its expert scratch).
   ASSIGN_OR_RETURN(int64_t bytes, data_plane_->LoadExperts(request.layer(), std::move(*experts),
                                                            options_.memory_cap_bytes));
   expert_bytes_ += bytes - old_bytes;
+  ASSIGN_OR_RETURN(
+      int64_t shared_bytes,
+      data_plane_->LoadSharedExpert(request.layer(), std::move(shared), options_.memory_cap_bytes));
+  expert_bytes_ += shared_bytes - old_shared;
   response->set_first_expert(first);
   response->set_num_local_experts(count);
   response->set_expert_bytes(bytes);
+  response->set_shared_expert_bytes(shared_bytes);
   absl::MutexLock lock(&state_mu_);
   status_.set_expert_bytes(expert_bytes_);
   status_.set_workspace_bytes(data_plane_->allocated_bytes());
@@ -902,6 +913,8 @@ absl::Status WorkerService::DoForward(grpc::ServerContext* context,
   timings->set_dispatch_us(step.dispatch_us);
   timings->set_expert_us(step.expert_us);
   timings->set_combine_us(step.combine_us);
+  timings->set_shared_expert_us(step.shared_us);
+  timings->set_shared_overlap_us(step.shared_overlap_us);
   timings->set_total_us(absl::ToInt64Microseconds(absl::Now() - start));
   response->set_runtime_max_tokens_per_rank(step.runtime_max_tokens_per_rank);
   response->set_tokens_sent(step.tokens_sent);
