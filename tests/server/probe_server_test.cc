@@ -23,7 +23,8 @@ grpc::Status CallGeneric(const std::string& address, const std::string& method) 
   grpc::GenericStub stub(channel);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  grpc::ByteBuffer request;
+  grpc::Slice empty("");
+  grpc::ByteBuffer request(&empty, 1);
   grpc::ByteBuffer response;
   grpc::Status status;
   std::mutex mu;
