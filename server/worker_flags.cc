@@ -95,6 +95,9 @@ std::optional<int> ParseWorkerFlags(int argc, const char* const* argv, WorkerFla
   RequestLimits& l = f->limits;
   AddFlag(app, "max-world-size", &l.max_world_size, "largest Join.world_size", {positive}, err,
           spellings);
+  AddFlag(app, "max-generation", &l.max_generation,
+          "largest Join.generation (clients form each group above the highest one seen)",
+          {positive}, err, spellings);
   AddFlag(app, "max-top-k", &l.max_top_k, "largest top_k of any request", {positive}, err,
           spellings);
   AddFlag(app, "max-experts", &l.max_experts, "largest num_experts of any request", {positive}, err,
