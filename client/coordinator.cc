@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +15,16 @@
 
 namespace moe_ep::client {
 namespace {
+
+// A fresh per-generation rendezvous secret: 128 random bits, hex. Rank 0's
+// store accepts the generation's keys only from calls carrying it
+// (server/rendezvous_service.h).
+std::string RendezvousSecret() {
+  std::random_device device;
+  std::string secret;
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&secret, absl::Hex(device(), absl::kZeroPad8));
+  return secret;
+}
 
 bool IsPeerSymptom(absl::StatusCode code) {
   return code == absl::StatusCode::kDeadlineExceeded || code == absl::StatusCode::kUnavailable ||
@@ -189,8 +200,13 @@ absl::StatusOr<std::vector<v1::GetStatusResponse>> Coordinator::Status() {
 absl::StatusOr<std::vector<v1::JoinResponse>> Coordinator::FormGroup() {
   ASSIGN_OR_RETURN(std::vector<v1::GetStatusResponse> statuses, Status());
   int64_t generation = generation_;
-  for (const auto& s : statuses) generation = std::max(generation, s.generation());
+  // Above every generation a worker has seen, formed or not: a failed
+  // formation may have written that generation's rendezvous keys (issue 13).
+  for (const auto& s : statuses) {
+    generation = std::max({generation, s.generation(), s.max_generation_seen()});
+  }
   ++generation;
+  const std::string secret = RendezvousSecret();
 
   // Ranks still in an earlier group leave it first (Join with new arguments
   // would be FAILED_PRECONDITION).
@@ -227,6 +243,7 @@ absl::StatusOr<std::vector<v1::JoinResponse>> Coordinator::FormGroup() {
                                  request.set_generation(generation);
                                  request.set_timeout_ms(timeout_ms);
                                  request.set_data_plane_host(hosts[r]);
+                                 request.set_rendezvous_secret(secret);
                                  return stubs_[r]->Join(c, request, resp);
                                }));
   generation_ = generation;

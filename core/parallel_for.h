@@ -20,10 +20,12 @@ namespace moe_ep::core {
 // range. A thread that cannot be started (std::system_error) has its range
 // run on the calling thread instead, so the loop always completes.
 //
-// `fn` must be safe to call concurrently on disjoint ranges and must not
-// throw. Returns the number of ranges (threads) used, >= 1 when
-// num_items > 0, 0 when num_items <= 0 (fn not called).
-// Example: num_items 10, min 3, 8 cores -> 3 ranges [0, 4) [4, 7) [7, 10).
+// `fn` must be safe to call concurrently on disjoint ranges. If it throws
+// (e.g. std::bad_alloc), every range still runs to its end or its throw,
+// all threads are joined, and the first range's exception (in range order)
+// is rethrown to the caller (issue 13: never std::terminate). Returns the number of ranges
+// (threads) used, >= 1 when num_items > 0, 0 when num_items <= 0 (fn not called). Example:
+// num_items 10, min 3, 8 cores -> 3 ranges [0, 4) [4, 7) [7, 10).
 int ParallelFor(int64_t num_items, int64_t min_items_per_thread,
                 const std::function<void(int64_t begin, int64_t end)>& fn, int max_threads = 0);
 

@@ -105,7 +105,9 @@ std::string SafetensorsDTypeName(SafetensorsDType dtype) {
 int SafetensorsDTypeSize(SafetensorsDType dtype) { return dtype == SafetensorsDType::kF32 ? 4 : 2; }
 
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a named pipe must not wait for a writer (it is
+  // refused below as not a regular file).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
     const std::string msg = absl::StrCat("safetensors file ", path, ": ", std::strerror(err));
@@ -118,6 +120,11 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
     const int err = errno;
     ::close(fd);
     return absl::InternalError(absl::StrCat("fstat ", path, ": ", std::strerror(err)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "safetensors file ", path, ": not a regular file (a pipe, device or socket is refused)"));
   }
   const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
   if (file_bytes < 8) {
@@ -141,15 +148,21 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   const uint64_t header_bytes = ReadLe64(bytes);
   if (header_bytes > kMaxHeaderBytes || header_bytes > file_bytes - 8) {
     return absl::DataLossError(
-        absl::StrFormat("safetensors file %s: header length %d exceeds the file (%d bytes)", path,
-                        header_bytes, file_bytes));
+        // The length's value is not shown: the file may be anything (errors
+        // never echo file contents, issue 13 item 9).
+        absl::StrFormat("safetensors file %s: the header length (first 8 bytes) exceeds the "
+                        "file (%d bytes) or %d bytes; not a safetensors file",
+                        path, file_bytes, kMaxHeaderBytes));
   }
   json header;
   try {
     header = json::parse(bytes + 8, bytes + 8 + header_bytes);
-  } catch (const json::exception& e) {
-    return absl::DataLossError(
-        absl::StrCat("safetensors file ", path, ": header is not JSON: ", e.what()));
+  } catch (const json::parse_error& e) {
+    // e.what() quotes the bytes it read: give only the position.
+    return absl::DataLossError(absl::StrCat(
+        "safetensors file ", path, ": header is not JSON (parse error at byte ", e.byte, ")"));
+  } catch (const json::exception&) {
+    return absl::DataLossError(absl::StrCat("safetensors file ", path, ": header is not JSON"));
   }
   if (!header.is_object()) {
     return absl::DataLossError(
@@ -249,6 +262,12 @@ absl::StatusOr<SafetensorsCheckpoint> SafetensorsCheckpoint::Open(const std::str
     return ckpt;
   }
 
+  std::error_code type_ec;
+  if (!std::filesystem::is_regular_file(index_path, type_ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("safetensors index ", index_path.string(),
+                     ": not a regular file (a pipe, device or socket is refused)"));
+  }
   std::ifstream in(index_path);
   if (!in) {
     return absl::NotFoundError(
@@ -265,11 +284,22 @@ absl::StatusOr<SafetensorsCheckpoint> SafetensorsCheckpoint::Open(const std::str
         return absl::DataLossError(absl::StrCat("safetensors index ", index_path.string(),
                                                 ": weight_map[\"", name, "\"] is not a string"));
       }
-      ckpt.weight_map_[name] = shard.get<std::string>();
+      // A shard is a file beside the index: no path may lead elsewhere.
+      const std::string file = shard.get<std::string>();
+      if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..") {
+        return absl::DataLossError(absl::StrCat("safetensors index ", index_path.string(),
+                                                ": a weight_map shard is not a file name in "
+                                                "the index's directory"));
+      }
+      ckpt.weight_map_[name] = file;
     }
-  } catch (const json::exception& e) {
+  } catch (const json::parse_error& e) {
+    // e.what() quotes the bytes it read: give only the position.
+    return absl::DataLossError(absl::StrCat("safetensors index ", index_path.string(),
+                                            ": not JSON (parse error at byte ", e.byte, ")"));
+  } catch (const json::exception&) {
     return absl::DataLossError(
-        absl::StrCat("safetensors index ", index_path.string(), ": not JSON: ", e.what()));
+        absl::StrCat("safetensors index ", index_path.string(), ": not JSON"));
   }
   ckpt.dir_ = index_path.parent_path().string();
   return ckpt;

@@ -11,6 +11,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "server/store_limits.h"
 
 namespace moe_ep::server {
 namespace {
@@ -25,6 +26,7 @@ constexpr absl::Duration kRpcSlack = absl::Milliseconds(500);
 // until it succeeds or fails with something other than UNAVAILABLE, or the
 // overall deadline passes. Throws gloo::IoException on failure.
 void CallWithRetry(const std::string& what, const std::string& address, absl::Duration timeout,
+                   const std::string& secret,
                    const std::function<grpc::Status(grpc::ClientContext*, int64_t)>& attempt) {
   const absl::Time deadline = absl::Now() + timeout;
   grpc::Status last;
@@ -34,6 +36,7 @@ void CallWithRetry(const std::string& what, const std::string& address, absl::Du
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + remaining + kRpcSlack));
     context.set_wait_for_ready(true);
+    if (!secret.empty()) context.AddMetadata(kSecretMetadataKey, secret);
     last = attempt(&context, std::max<int64_t>(0, absl::ToInt64Milliseconds(remaining)));
     if (last.ok()) return;
     if (last.error_code() != grpc::StatusCode::UNAVAILABLE) {
@@ -64,8 +67,8 @@ void SetPeerChannelCredentials(std::shared_ptr<grpc::ChannelCredentials> credent
   g_peer_credentials = std::move(credentials);
 }
 
-GrpcStore::GrpcStore(std::string address, absl::Duration timeout)
-    : address_(std::move(address)), timeout_(timeout) {
+GrpcStore::GrpcStore(std::string address, absl::Duration timeout, std::string secret)
+    : address_(std::move(address)), timeout_(timeout), secret_(std::move(secret)) {
   grpc::ChannelArguments args;
   // Rank 0 may come up late: reconnect quickly instead of gRPC's default
   // backoff (up to 120 s), which would outlast a typical join timeout.
@@ -80,7 +83,7 @@ void GrpcStore::set(const std::string& key, const std::vector<char>& data) {
   v1::SetRequest request;
   request.set_key(key);
   request.set_value(data.data(), data.size());
-  CallWithRetry(absl::StrCat("set \"", key, "\""), address_, timeout_,
+  CallWithRetry(absl::StrCat("set \"", key, "\""), address_, timeout_, secret_,
                 [&](grpc::ClientContext* context, int64_t /*wait_ms*/) {
                   v1::SetResponse response;
                   return stub_->Set(context, request, &response);
@@ -91,7 +94,7 @@ std::vector<char> GrpcStore::get(const std::string& key) {
   v1::GetRequest request;
   request.set_key(key);
   v1::GetResponse response;
-  CallWithRetry(absl::StrCat("get \"", key, "\""), address_, timeout_,
+  CallWithRetry(absl::StrCat("get \"", key, "\""), address_, timeout_, secret_,
                 [&](grpc::ClientContext* context, int64_t wait_ms) {
                   request.set_timeout_ms(wait_ms);
                   return stub_->Get(context, request, &response);
@@ -109,7 +112,7 @@ void GrpcStore::wait(const std::vector<std::string>& keys,
   v1::WaitRequest request;
   for (const std::string& key : keys) request.add_keys(key);
   CallWithRetry(absl::StrCat("wait for \"", absl::StrJoin(keys, "\", \""), "\""), address_, limit,
-                [&](grpc::ClientContext* context, int64_t wait_ms) {
+                secret_, [&](grpc::ClientContext* context, int64_t wait_ms) {
                   request.set_timeout_ms(wait_ms);
                   v1::WaitResponse response;
                   return stub_->Wait(context, request, &response);

@@ -38,8 +38,10 @@ class GrpcStore : public gloo::rendezvous::Store {
  public:
   // `address` is host:port of the Rendezvous service; `timeout` bounds each
   // set/get/wait (and wait(keys, timeout) uses its own timeout, or this one
-  // when Gloo passes zero = "no timeout"). REQUIRES: timeout > 0.
-  GrpcStore(std::string address, absl::Duration timeout);
+  // when Gloo passes zero = "no timeout"). `secret` non-empty: sent with
+  // every call as the generation's rendezvous secret (kSecretMetadataKey of
+  // server/rendezvous_service.h). REQUIRES: timeout > 0.
+  GrpcStore(std::string address, absl::Duration timeout, std::string secret = "");
 
   void set(const std::string& key, const std::vector<char>& data) override;
   std::vector<char> get(const std::string& key) override;
@@ -52,6 +54,7 @@ class GrpcStore : public gloo::rendezvous::Store {
  private:
   std::string address_;
   absl::Duration timeout_;
+  std::string secret_;
   std::unique_ptr<v1::Rendezvous::Stub> stub_;
 };
 

@@ -15,6 +15,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -41,7 +42,9 @@
 #include "server/health.h"
 #include "server/in_flight_calls.h"
 #include "server/logging.h"
+#include "server/memory_limit.h"
 #include "server/metrics.h"
+#include "server/probe_server.h"
 #include "server/reflection_v1.h"
 #include "server/rendezvous_service.h"
 #include "server/tls_credentials.h"
@@ -94,7 +97,6 @@ int main(int argc, char** argv) {
   }
 
   moe_ep::server::WorkerOptions options;
-  options.memory_cap_bytes = flags.memory_cap_bytes;
   options.default_backend = flags.backend;
   auto data_plane_host =
       moe_ep::server::ResolveDataPlaneHost(flags.data_plane_host, getenv("GLOO_SOCKET_IFNAME"));
@@ -108,6 +110,26 @@ int main(int argc, char** argv) {
       !device.ok()) {
     return Fail(absl::StrCat("--", device.message()));
   }
+  // The memory cap (issue 13 items 2 and 10): the flag, or 3/4 of what this
+  // process may use (the machine's or cgroup's memory; the GPU's when it is
+  // larger and the backend is NCCL). The Rendezvous store's budget is carved
+  // out of it, so the store counts in the cap.
+  int64_t memory_cap = flags.memory_cap_bytes;
+  if (memory_cap == 0) {
+    memory_cap = moe_ep::server::DefaultMemoryCapBytes();
+    if (*backend == "nccl") {
+      if (auto gpu = moe_ep::server::DescribeGpu(options.device); gpu.ok()) {
+        memory_cap = std::max(memory_cap, gpu->memory_bytes / 4 * 3);
+      }
+    }
+  }
+  moe_ep::server::StoreLimits store_limits = flags.store;
+  store_limits.require_open_generation = true;
+  store_limits.max_total_bytes =
+      std::max<int64_t>(1, std::min(store_limits.max_total_bytes, memory_cap / 16));
+  options.memory_cap_bytes = std::max<int64_t>(1, memory_cap - store_limits.max_total_bytes);
+  options.limits = flags.limits;
+  options.checkpoint_dirs = flags.checkpoint_dirs;
   const int64_t drain_ms = flags.drain_timeout_ms;        // >= 0, checked by the parser
   const int max_message_bytes = flags.max_message_bytes;  // >= 1, checked by the parser
 
@@ -146,8 +168,9 @@ int main(int argc, char** argv) {
   sigaction(SIGINT, &action, nullptr);
 
   moe_ep::server::HealthReporter health;
+  moe_ep::server::RendezvousService rendezvous(store_limits);
+  options.rendezvous = &rendezvous;
   moe_ep::server::WorkerService worker(options, &health);
-  moe_ep::server::RendezvousService rendezvous;
 
   moe_ep::server::EnableDefaultHealthService();
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -187,14 +210,10 @@ int main(int argc, char** argv) {
   grpc::CallbackGenericService probe_unimplemented;
   std::unique_ptr<grpc::Server> probe_server;
   if (const std::string health_listen = flags.health_listen; !health_listen.empty()) {
-    grpc::ServerBuilder probe_builder;
     int probe_port = 0;
-    probe_builder.AddListeningPort(health_listen, grpc::InsecureServerCredentials(), &probe_port);
-    probe_builder.RegisterCallbackGenericService(&probe_unimplemented);
-    probe_server = probe_builder.BuildAndStart();
-    if (probe_server == nullptr || probe_port == 0) {
-      return Fail(absl::StrCat("--health-listen: cannot bind ", health_listen));
-    }
+    auto probe = moe_ep::server::StartProbeServer(health_listen, &probe_unimplemented, &probe_port);
+    if (!probe.ok()) return Fail(std::string(probe.status().message()));
+    probe_server = std::move(*probe);
     health.Attach(probe_server->GetHealthCheckService());
     if (const std::string file = flags.health_port_file; !file.empty()) {
       std::ofstream out(file);
@@ -229,8 +248,9 @@ int main(int argc, char** argv) {
   std::cout << "moe-ep-worker listening on " << bound << std::endl;
   spdlog::info(
       "serving moe_ep.v1.Worker and moe_ep.v1.Rendezvous on {} (backend flag {} -> {}, "
-      "device {}, memory cap {} bytes)",
-      bound, options.default_backend, *backend, options.device, options.memory_cap_bytes);
+      "device {}, memory cap {} bytes + {} of Rendezvous store)",
+      bound, options.default_backend, *backend, options.device, options.memory_cap_bytes,
+      store_limits.max_total_bytes);
 
   int signal_number = 0;
   while (read(g_signal_pipe[0], &signal_number, sizeof(signal_number)) < 0 && errno == EINTR) {

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -14,6 +16,9 @@ namespace {
 
 // Sleep slice between checks of the call's cancellation.
 constexpr absl::Duration kCancelPollInterval = absl::Milliseconds(50);
+// Keys quoted in an error message, and bytes of each.
+constexpr size_t kQuotedKeys = 8;
+constexpr size_t kQuotedKeyBytes = 64;
 
 // The earlier of now + timeout_ms and the call's deadline.
 absl::Time WaitDeadline(const grpc::ServerContext* context, int64_t timeout_ms) {
@@ -30,29 +35,127 @@ grpc::Status BadTimeout(int64_t timeout_ms) {
                       absl::StrCat("timeout_ms: expected >= 0, got ", timeout_ms));
 }
 
+// `key` quoted, cut to kQuotedKeyBytes.
+std::string Quote(const std::string& key) {
+  if (key.size() <= kQuotedKeyBytes) return absl::StrCat("\"", key, "\"");
+  return absl::StrCat("\"", key.substr(0, kQuotedKeyBytes), "...\" (", key.size(), " bytes)");
+}
+
+// Equal without an early exit (the time does not tell how much matched).
+bool SameSecret(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+grpc::Status CheckKey(const std::string& key, absl::string_view field, int64_t max_bytes) {
+  if (key.empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat(field, ": must not be empty"));
+  }
+  if (static_cast<int64_t>(key.size()) > max_bytes) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat(field, ": expected <= ", max_bytes,
+                                     " bytes (--store-max-key-bytes), got ", key.size()));
+  }
+  return grpc::Status::OK;
+}
+
 }  // namespace
 
-grpc::Status RendezvousService::Set(grpc::ServerContext* /*context*/, const v1::SetRequest* request,
-                                    v1::SetResponse* /*response*/) {
-  if (request->key().empty()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "key: must not be empty");
+int64_t GenerationOfKey(const std::string& key) {
+  if (!absl::StartsWith(key, "gen")) return -1;
+  const size_t slash = key.find('/');
+  if (slash == std::string::npos || slash == 3) return -1;
+  int64_t generation = 0;
+  if (!absl::SimpleAtoi(absl::string_view(key).substr(3, slash - 3), &generation) ||
+      generation < 0) {
+    return -1;
   }
+  return generation;
+}
+
+RendezvousService::RendezvousService(StoreLimits limits) : limits_(limits) {}
+
+grpc::Status RendezvousService::CheckWriter(const grpc::ServerContext* context,
+                                            const std::string& key) const {
+  if (!limits_.require_open_generation) return grpc::Status::OK;
+  const int64_t generation = GenerationOfKey(key);
+  if (generation < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("key ", Quote(key), ": expected the prefix \"gen<N>/\""));
+  }
+  if (generation > open_generation_) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        absl::StrCat("generation ", generation,
+                                     " is not open on this store yet (its rank 0 has not joined "
+                                     "it; the store's newest is ",
+                                     open_generation_, ")"));
+  }
+  if (generation < open_generation_) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("generation ", generation, " is closed: this store serves ",
+                                     open_generation_));
+  }
+  if (!open_secret_.empty()) {
+    const auto& metadata = context->client_metadata();
+    auto it = metadata.find(kSecretMetadataKey);
+    const std::string sent =
+        it == metadata.end() ? "" : std::string(it->second.data(), it->second.size());
+    if (!SameSecret(sent, open_secret_)) {
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                          absl::StrCat("Set of generation ", generation,
+                                       ": the rendezvous secret is missing or wrong (only the "
+                                       "group's members may write)"));
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status RendezvousService::Set(grpc::ServerContext* context, const v1::SetRequest* request,
+                                    v1::SetResponse* /*response*/) {
+  if (grpc::Status key = CheckKey(request->key(), "key", limits_.max_key_bytes); !key.ok()) {
+    return key;
+  }
+  if (static_cast<int64_t>(request->value().size()) > limits_.max_value_bytes) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("value: expected <= ", limits_.max_value_bytes,
+                     " bytes (--store-max-value-bytes), got ", request->value().size()));
+  }
+  const int64_t bytes = static_cast<int64_t>(request->key().size() + request->value().size());
   absl::MutexLock lock(&mu_);
-  auto [it, inserted] = values_.try_emplace(request->key(), request->value());
-  if (!inserted && it->second != request->value()) {
+  if (grpc::Status writer = CheckWriter(context, request->key()); !writer.ok()) return writer;
+  auto it = values_.find(request->key());
+  if (it != values_.end()) {
+    if (it->second == request->value()) return grpc::Status::OK;
     return grpc::Status(
         grpc::StatusCode::ALREADY_EXISTS,
-        absl::StrCat("key \"", request->key(), "\" already holds a different value (",
+        absl::StrCat("key ", Quote(request->key()), " already holds a different value (",
                      it->second.size(), " bytes; keys are write-once)"));
   }
-  if (inserted) key_added_.SignalAll();
+  if (static_cast<int64_t>(values_.size()) >= limits_.max_keys) {
+    return grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("the store holds ", values_.size(), " keys, its limit (--store-max-keys)"));
+  }
+  if (stored_bytes_ + bytes > limits_.max_total_bytes) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("the store holds ", stored_bytes_, " bytes; ", bytes,
+                                     " more would pass its limit of ", limits_.max_total_bytes,
+                                     " (--store-max-bytes, part of the memory cap)"));
+  }
+  values_.emplace(request->key(), request->value());
+  stored_bytes_ += bytes;
+  key_added_.SignalAll();
   return grpc::Status::OK;
 }
 
 grpc::Status RendezvousService::Get(grpc::ServerContext* context, const v1::GetRequest* request,
                                     v1::GetResponse* response) {
-  if (request->key().empty()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "key: must not be empty");
+  if (grpc::Status key = CheckKey(request->key(), "key", limits_.max_key_bytes); !key.ok()) {
+    return key;
   }
   if (request->timeout_ms() < 0) return BadTimeout(request->timeout_ms());
   const absl::Time deadline = WaitDeadline(context, request->timeout_ms());
@@ -65,12 +168,12 @@ grpc::Status RendezvousService::Get(grpc::ServerContext* context, const v1::GetR
     }
     if (context->IsCancelled()) {
       return grpc::Status(grpc::StatusCode::CANCELLED,
-                          absl::StrCat("Get of key \"", request->key(), "\" was cancelled"));
+                          absl::StrCat("Get of key ", Quote(request->key()), " was cancelled"));
     }
     const absl::Time now = absl::Now();
     if (now >= deadline) {
       return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                          absl::StrCat("key \"", request->key(), "\" was not set within ",
+                          absl::StrCat("key ", Quote(request->key()), " was not set within ",
                                        request->timeout_ms(), " ms"));
     }
     key_added_.WaitWithDeadline(&mu_, std::min(deadline, now + kCancelPollInterval));
@@ -79,10 +182,16 @@ grpc::Status RendezvousService::Get(grpc::ServerContext* context, const v1::GetR
 
 grpc::Status RendezvousService::Wait(grpc::ServerContext* context, const v1::WaitRequest* request,
                                      v1::WaitResponse* /*response*/) {
+  if (request->keys_size() > limits_.max_wait_keys) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("keys: expected <= ", limits_.max_wait_keys,
+                                     " (--store-max-wait-keys), got ", request->keys_size()));
+  }
   for (int i = 0; i < request->keys_size(); ++i) {
-    if (request->keys(i).empty()) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("keys[", i, "]: must not be empty"));
+    if (grpc::Status key =
+            CheckKey(request->keys(i), absl::StrCat("keys[", i, "]"), limits_.max_key_bytes);
+        !key.ok()) {
+      return key;
     }
   }
   if (request->timeout_ms() < 0) return BadTimeout(request->timeout_ms());
@@ -90,26 +199,57 @@ grpc::Status RendezvousService::Wait(grpc::ServerContext* context, const v1::Wai
   absl::MutexLock lock(&mu_);
   while (true) {
     std::vector<std::string> missing;
+    size_t num_missing = 0;
     for (const std::string& key : request->keys()) {
-      if (!values_.contains(key)) missing.push_back(key);
+      if (values_.contains(key)) continue;
+      if (++num_missing <= kQuotedKeys) missing.push_back(Quote(key));
     }
-    if (missing.empty()) return grpc::Status::OK;
+    if (num_missing == 0) return grpc::Status::OK;
     if (context->IsCancelled()) {
       return grpc::Status(grpc::StatusCode::CANCELLED, "Wait was cancelled");
     }
     const absl::Time now = absl::Now();
     if (now >= deadline) {
-      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                          absl::StrCat("keys not set within ", request->timeout_ms(), " ms: \"",
-                                       absl::StrJoin(missing, "\", \""), "\""));
+      return grpc::Status(
+          grpc::StatusCode::DEADLINE_EXCEEDED,
+          absl::StrCat(num_missing, " key(s) not set within ", request->timeout_ms(),
+                       " ms: ", absl::StrJoin(missing, ", "),
+                       num_missing > missing.size()
+                           ? absl::StrCat(" and ", num_missing - missing.size(), " more")
+                           : ""));
     }
     key_added_.WaitWithDeadline(&mu_, std::min(deadline, now + kCancelPollInterval));
+  }
+}
+
+void RendezvousService::OpenGeneration(int64_t generation, const std::string& secret) {
+  absl::MutexLock lock(&mu_);
+  if (generation < open_generation_) return;
+  open_generation_ = generation;
+  open_secret_ = secret;
+}
+
+void RendezvousService::DropGenerationsBelow(int64_t generation) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = values_.begin(); it != values_.end();) {
+    const int64_t g = GenerationOfKey(it->first);
+    if (g >= 0 && g < generation) {
+      stored_bytes_ -= static_cast<int64_t>(it->first.size() + it->second.size());
+      values_.erase(it++);
+    } else {
+      ++it;
+    }
   }
 }
 
 int64_t RendezvousService::NumKeys() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int64_t>(values_.size());
+}
+
+int64_t RendezvousService::StoredBytes() const {
+  absl::MutexLock lock(&mu_);
+  return stored_bytes_;
 }
 
 }  // namespace moe_ep::server

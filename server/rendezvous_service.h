@@ -11,11 +11,27 @@
 // Get:  waits up to min(timeout_ms, the call's deadline) for the key;
 //       DEADLINE_EXCEEDED names the key; timeout_ms < 0: INVALID_ARGUMENT;
 //       timeout_ms == 0 checks once without waiting.
-// Wait: as Get for a list of keys; DEADLINE_EXCEEDED lists the missing keys.
+// Wait: as Get for a list of keys; DEADLINE_EXCEEDED lists (the first few of)
+//       the missing keys.
 // A cancelled call (client gone, server shutting down) returns CANCELLED.
 //
+// Limits (issue 13 item 10; StoreLimits, flags --store-max-*): key and value
+// sizes and the keys of one Wait are INVALID_ARGUMENT beyond them; the
+// number of keys and the bytes held are RESOURCE_EXHAUSTED beyond them (the
+// byte budget is carved out of the worker's memory cap, server/main.cc).
+// Error messages stay short (no key is quoted past 64 bytes).
+//
+// Who may write (with StoreLimits::require_open_generation, as the worker
+// runs it): only keys "gen<N>/..." of a generation this worker opened with
+// OpenGeneration (its Join as rank 0 of generation N). A Set of a generation
+// not opened yet is UNAVAILABLE (GrpcStore retries it: rank 0 may join after
+// its peers); of an older generation FAILED_PRECONDITION. When the opened
+// generation has a secret (JoinRequest.rendezvous_secret), a Set must carry
+// it in the metadata kSecretMetadataKey, else PERMISSION_DENIED. Once a
+// newer generation has formed, DropGenerationsBelow frees the older keys.
+//
 // Thread-safe: many handler threads share the map under one absl::Mutex;
-// waiters sleep on a CondVar signalled by Set. Source: DESIGN §8.
+// waiters sleep on a CondVar signalled by Set. Source: DESIGN §8; issue 13.
 
 #include <cstdint>
 #include <string>
@@ -23,11 +39,14 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "moe_ep/v1/rendezvous.grpc.pb.h"
+#include "server/store_limits.h"
 
 namespace moe_ep::server {
 
 class RendezvousService final : public v1::Rendezvous::Service {
  public:
+  explicit RendezvousService(StoreLimits limits = {});
+
   grpc::Status Set(grpc::ServerContext* context, const v1::SetRequest* request,
                    v1::SetResponse* response) override;
   grpc::Status Get(grpc::ServerContext* context, const v1::GetRequest* request,
@@ -35,13 +54,34 @@ class RendezvousService final : public v1::Rendezvous::Service {
   grpc::Status Wait(grpc::ServerContext* context, const v1::WaitRequest* request,
                     v1::WaitResponse* response) override;
 
-  // Number of keys stored (for tests and status).
+  // Accepts writes of generation `generation` from now on (and of no older
+  // one); `secret` non-empty: each Set must carry it. Called by the worker
+  // when it joins as rank 0, before its group forms.
+  void OpenGeneration(int64_t generation, const std::string& secret);
+  // Frees the keys of every generation < `generation` (called once that
+  // generation has formed). Keys without a "gen<N>/" prefix stay.
+  void DropGenerationsBelow(int64_t generation);
+
+  // Number of keys stored, and their bytes (keys + values; for tests and status).
   int64_t NumKeys() const;
+  int64_t StoredBytes() const;
 
  private:
+  grpc::Status CheckWriter(const grpc::ServerContext* context, const std::string& key) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const StoreLimits limits_;
   mutable absl::Mutex mu_;
   absl::CondVar key_added_;
   absl::flat_hash_map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);
+  int64_t stored_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t open_generation_ ABSL_GUARDED_BY(mu_) = 0;  // 0 = none yet
+  std::string open_secret_ ABSL_GUARDED_BY(mu_);
 };
+
+// GenerationOfKey()
+//
+// N of a key "gen<N>/...", or -1 when the key has no such prefix.
+int64_t GenerationOfKey(const std::string& key);
 
 }  // namespace moe_ep::server

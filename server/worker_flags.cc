@@ -84,8 +84,52 @@ std::optional<int> ParseWorkerFlags(int argc, const char* const* argv, WorkerFla
           "ignored by gloo",
           {non_negative}, err, spellings);
   AddFlag(app, "memory-cap-bytes", &f->memory_cap_bytes,
-          "bytes of workspace + expert weights this worker may hold; 0 = unlimited", {non_negative},
-          err, spellings);
+          "bytes of workspace + expert weights + Rendezvous store this worker may hold; 0 = 3/4 "
+          "of the machine's memory or its cgroup's limit (the larger GPU memory for nccl)",
+          {non_negative}, err, spellings);
+  AddFlag(app, "checkpoint-dir", &f->checkpoint_dirs,
+          "directory LoadExperts may read safetensors checkpoints from (repeatable); a path "
+          "outside every one is PERMISSION_DENIED; none = no checkpoints",
+          {}, err, spellings);
+  // Bounds on request sizes (server/request_limits.h; issue 13).
+  RequestLimits& l = f->limits;
+  AddFlag(app, "max-world-size", &l.max_world_size, "largest Join.world_size", {positive}, err,
+          spellings);
+  AddFlag(app, "max-generation", &l.max_generation,
+          "largest Join.generation (clients form each group above the highest one seen)",
+          {positive}, err, spellings);
+  AddFlag(app, "max-top-k", &l.max_top_k, "largest top_k of any request", {positive}, err,
+          spellings);
+  AddFlag(app, "max-experts", &l.max_experts, "largest num_experts of any request", {positive}, err,
+          spellings);
+  AddFlag(app, "max-hidden", &l.max_hidden,
+          "largest hidden or intermediate size of any request, elements", {positive}, err,
+          spellings);
+  AddFlag(app, "max-tokens", &l.max_tokens,
+          "largest token count per rank of any request (capacity, tokens_per_rank, rows)",
+          {positive}, err, spellings);
+  AddFlag(app, "max-layers", &l.max_layers, "largest layer count or layer index of any request",
+          {positive}, err, spellings);
+  AddFlag(app, "max-iterations", &l.max_iterations, "largest Benchmark iterations and warmup",
+          {positive}, err, spellings);
+  AddFlag(app, "max-benchmark-draws", &l.max_benchmark_draws,
+          "largest Benchmark tokens_per_rank * top_k * num_experts (routing sampler work)",
+          {positive}, err, spellings);
+  AddFlag(app, "max-file-bytes", &l.max_file_bytes, "largest checkpoint file LoadExperts opens",
+          {positive}, err, spellings);
+  // Rendezvous store limits (server/store_limits.h).
+  AddFlag(app, "store-max-key-bytes", &f->store.max_key_bytes, "largest Rendezvous key, bytes",
+          {positive}, err, spellings);
+  AddFlag(app, "store-max-value-bytes", &f->store.max_value_bytes,
+          "largest Rendezvous value, bytes", {positive}, err, spellings);
+  AddFlag(app, "store-max-keys", &f->store.max_keys, "most keys the Rendezvous store holds",
+          {positive}, err, spellings);
+  AddFlag(app, "store-max-bytes", &f->store.max_total_bytes,
+          "most bytes (keys + values) the Rendezvous store holds; at most 1/16 of the memory "
+          "cap, carved out of it",
+          {positive}, err, spellings);
+  AddFlag(app, "store-max-wait-keys", &f->store.max_wait_keys,
+          "most keys one Rendezvous Wait names", {positive}, err, spellings);
   AddFlag(app, "data-plane-host", &f->data_plane_host,
           "address the Gloo TCP data plane binds to when Join does not name one; default: the "
           "IPv4 address of the interface GLOO_SOCKET_IFNAME names, else 127.0.0.1",

@@ -9,6 +9,10 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <vector>
+
+#include "server/request_limits.h"
+#include "server/store_limits.h"
 
 namespace moe_ep::server {
 
@@ -18,7 +22,10 @@ struct WorkerFlags {
   std::string listen = "127.0.0.1:0";
   std::string backend = "auto";  // auto, gloo, nccl
   int32_t device = 0;
-  int64_t memory_cap_bytes = 0;  // 0 = unlimited
+  int64_t memory_cap_bytes = 0;              // 0 = 3/4 of the machine's or cgroup's memory
+  std::vector<std::string> checkpoint_dirs;  // --checkpoint-dir, repeatable
+  RequestLimits limits;                      // --max-*
+  StoreLimits store;                         // --store-max-*
   std::string log_level = "info";
   std::string log_format = "text";  // text, json
   std::string data_plane_host;      // "" = from GLOO_SOCKET_IFNAME, else 127.0.0.1

@@ -22,6 +22,8 @@
 #include "server/device_info.h"
 #include "server/grpc_store.h"
 #include "server/logging.h"
+#include "server/path_policy.h"
+#include "server/request_limits.h"
 #include "server/shared_expert_request.h"
 #include "server/status_conversion.h"
 #include "server/tensor_codec.h"
@@ -266,7 +268,7 @@ grpc::Status WorkerService::Finish(const absl::Status& status) {
     absl::MutexLock lock(&state_mu_);
     status_.mutable_counters()->set_errors(status_.counters().errors() + 1);
   }
-  return ToGrpcStatus(status);
+  return ToGrpcStatus(CapMessage(status));
 }
 
 absl::Status WorkerService::GroupResult(absl::Status status) {
@@ -350,11 +352,12 @@ grpc::Status WorkerService::GetStatus(grpc::ServerContext* /*context*/,
 
 grpc::Status WorkerService::Join(grpc::ServerContext* context, const v1::JoinRequest* request,
                                  v1::JoinResponse* response) {
-  return Finish(DoJoin(context, *request, response));
+  return Finish(RunGuarded("Join", [&] { return DoJoin(context, *request, response); }));
 }
 
 absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinRequest& request,
                                    v1::JoinResponse* response) {
+  RETURN_IF_ERROR(CheckJoin(options_.limits, request));
   if (request.world_size() < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("world_size: expected >= 1, got ", request.world_size()));
@@ -386,6 +389,7 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
                                           : options_.default_timeout;
   args.data_plane_host =
       request.data_plane_host().empty() ? options_.data_plane_host : request.data_plane_host();
+  args.rendezvous_secret = request.rendezvous_secret();
 
   CollectiveSlot slot(this);
   RETURN_IF_ERROR(slot.Acquire(context, "Join"));
@@ -416,14 +420,24 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
                      max_generation_used_));
   }
 
-  // A new generation: drop the old group first, then form the new one.
-  TearDownGroup();
+  // A new generation: form the new group, and only then drop the old one (a
+  // failed formation leaves the old group in force: issue 13 item 5).
   max_generation_used_ = args.generation;
+  {
+    absl::MutexLock lock(&state_mu_);
+    status_.set_max_generation_seen(max_generation_used_);
+  }
+  if (args.rank == 0 && options_.rendezvous != nullptr) {
+    options_.rendezvous->OpenGeneration(args.generation, args.rendezvous_secret);
+  }
   std::shared_ptr<gloo::rendezvous::Store> store;
   if (args.rendezvous_address.empty()) {
     store = std::make_shared<gloo::rendezvous::HashStore>();  // world 1: nobody to meet
   } else {
-    store = std::make_shared<GrpcStore>(args.rendezvous_address, args.timeout);
+    // Meeting the peers ends by the call's deadline too (its caller is gone).
+    const absl::Duration meet =
+        std::clamp(CallDeadline(context) - absl::Now(), absl::Milliseconds(1), args.timeout);
+    store = std::make_shared<GrpcStore>(args.rendezvous_address, meet, args.rendezvous_secret);
   }
   spdlog::info("Join: forming {} group generation {} as rank {} of {} via {}", args.backend,
                args.generation, args.rank, args.world_size,
@@ -437,7 +451,12 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
   group.rendezvous_address = args.rendezvous_address;
   group.data_plane_host = args.data_plane_host;
   group.device = options_.device;
-  ASSIGN_OR_RETURN(data_plane_, FormDataPlane(group, store));
+  ASSIGN_OR_RETURN(std::unique_ptr<DataPlane> formed, FormDataPlane(group, store));
+  TearDownGroup();
+  data_plane_ = std::move(formed);
+  if (args.rank == 0 && options_.rendezvous != nullptr) {
+    options_.rendezvous->DropGenerationsBelow(args.generation);
+  }
   const DeviceInfo device = DeviceFor(args.backend, options_.device);
   joined_ = args;
   {
@@ -459,7 +478,7 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
 
 grpc::Status WorkerService::Leave(grpc::ServerContext* context, const v1::LeaveRequest* request,
                                   v1::LeaveResponse* /*response*/) {
-  return Finish(DoLeave(context, *request));
+  return Finish(RunGuarded("Leave", [&] { return DoLeave(context, *request); }));
 }
 
 absl::Status WorkerService::DoLeave(grpc::ServerContext* context, const v1::LeaveRequest& request) {
@@ -485,12 +504,14 @@ absl::Status WorkerService::DoLeave(grpc::ServerContext* context, const v1::Leav
 grpc::Status WorkerService::ConfigureLayers(grpc::ServerContext* context,
                                             const v1::ConfigureLayersRequest* request,
                                             v1::ConfigureLayersResponse* response) {
-  return Finish(DoConfigureLayers(context, *request, response));
+  return Finish(RunGuarded("ConfigureLayers",
+                           [&] { return DoConfigureLayers(context, *request, response); }));
 }
 
 absl::Status WorkerService::DoConfigureLayers(grpc::ServerContext* context,
                                               const v1::ConfigureLayersRequest& request,
                                               v1::ConfigureLayersResponse* response) {
+  RETURN_IF_ERROR(CheckConfigureLayers(options_.limits, request));
   const v1::ModelDescription& model = request.model();
   if (model.num_layers() < 1) {
     return absl::InvalidArgumentError(
@@ -567,12 +588,14 @@ absl::Status WorkerService::DoConfigureLayers(grpc::ServerContext* context,
 grpc::Status WorkerService::AllocateWorkspace(grpc::ServerContext* context,
                                               const v1::AllocateWorkspaceRequest* request,
                                               v1::AllocateWorkspaceResponse* response) {
-  return Finish(DoAllocateWorkspace(context, *request, response));
+  return Finish(RunGuarded("AllocateWorkspace",
+                           [&] { return DoAllocateWorkspace(context, *request, response); }));
 }
 
 absl::Status WorkerService::DoAllocateWorkspace(grpc::ServerContext* context,
                                                 const v1::AllocateWorkspaceRequest& request,
                                                 v1::AllocateWorkspaceResponse* response) {
+  RETURN_IF_ERROR(CheckAllocateWorkspace(options_.limits, request));
   RETURN_IF_ERROR(CheckMoeSizes(request.hidden_size(), request.num_experts(), request.top_k()));
   RETURN_IF_ERROR(NonNegative("capacity_tokens", request.capacity_tokens()));
   RETURN_IF_ERROR(NonNegative("chunked_prefill_size", request.chunked_prefill_size()));
@@ -693,12 +716,14 @@ absl::Status WorkerService::DoAllocateWorkspace(grpc::ServerContext* context,
 grpc::Status WorkerService::LoadExperts(grpc::ServerContext* context,
                                         const v1::LoadExpertsRequest* request,
                                         v1::LoadExpertsResponse* response) {
-  return Finish(DoLoadExperts(context, *request, response));
+  return Finish(
+      RunGuarded("LoadExperts", [&] { return DoLoadExperts(context, *request, response); }));
 }
 
 absl::Status WorkerService::DoLoadExperts(grpc::ServerContext* context,
                                           const v1::LoadExpertsRequest& request,
                                           v1::LoadExpertsResponse* response) {
+  RETURN_IF_ERROR(CheckLoadExperts(options_.limits, request));
   RETURN_IF_ERROR(NonNegative("layer", request.layer()));
   if (request.kind() != v1::EXPERT_KIND_SWIGLU && request.kind() != v1::EXPERT_KIND_IDENTITY) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -715,6 +740,12 @@ absl::Status WorkerService::DoLoadExperts(grpc::ServerContext* context,
         "\"model.layers.{layer}.mlp.experts.{expert}.{proj}.weight\"");
   }
 
+  std::string checkpoint;  // canonical, under --checkpoint-dir (server/path_policy.h)
+  if (!request.safetensors_path().empty()) {
+    ASSIGN_OR_RETURN(checkpoint,
+                     ResolveCheckpointPath(options_.checkpoint_dirs, request.safetensors_path(),
+                                           options_.limits.max_file_bytes));
+  }
   CollectiveSlot slot(this);
   RETURN_IF_ERROR(slot.Acquire(context, "LoadExperts", WorkerPhase::kAllocated));
   if (request.layer() >= static_cast<int>(plan_.size())) {
@@ -763,8 +794,8 @@ absl::Status WorkerService::DoLoadExperts(grpc::ServerContext* context,
   if (request.kind() == v1::EXPERT_KIND_IDENTITY) {
     experts = core::ExpertSet::Identity(first, count, hidden);
   } else if (!request.safetensors_path().empty()) {
-    experts = core::ExpertSet::LoadSafetensors(request.safetensors_path(), request.name_pattern(),
-                                               request.layer(), first, count, hidden, intermediate);
+    experts = core::ExpertSet::LoadSafetensors(checkpoint, request.name_pattern(), request.layer(),
+                                               first, count, hidden, intermediate);
   } else {
     experts = core::ExpertSet::GenerateSwiGlu(request.seed(), request.layer(), first, count, hidden,
                                               intermediate);
@@ -798,7 +829,8 @@ absl::Status WorkerService::DoLoadExperts(grpc::ServerContext* context,
 grpc::Status WorkerService::SyncTokenCounts(grpc::ServerContext* context,
                                             const v1::SyncTokenCountsRequest* request,
                                             v1::SyncTokenCountsResponse* response) {
-  return Finish(DoSyncTokenCounts(context, *request, response));
+  return Finish(RunGuarded("SyncTokenCounts",
+                           [&] { return DoSyncTokenCounts(context, *request, response); }));
 }
 
 absl::Status WorkerService::DoSyncTokenCounts(grpc::ServerContext* context,
@@ -826,7 +858,7 @@ absl::Status WorkerService::DoSyncTokenCounts(grpc::ServerContext* context,
 grpc::Status WorkerService::CommitGeometry(grpc::ServerContext* context,
                                            const v1::CommitGeometryRequest* request,
                                            v1::CommitGeometryResponse* /*response*/) {
-  return Finish(DoCommitGeometry(context, *request));
+  return Finish(RunGuarded("CommitGeometry", [&] { return DoCommitGeometry(context, *request); }));
 }
 
 absl::Status WorkerService::DoCommitGeometry(grpc::ServerContext* context,
@@ -851,12 +883,13 @@ absl::Status WorkerService::DoCommitGeometry(grpc::ServerContext* context,
 
 grpc::Status WorkerService::Forward(grpc::ServerContext* context, const v1::ForwardRequest* request,
                                     v1::ForwardResponse* response) {
-  return Finish(DoForward(context, *request, response));
+  return Finish(RunGuarded("Forward", [&] { return DoForward(context, *request, response); }));
 }
 
 absl::Status WorkerService::DoForward(grpc::ServerContext* context,
                                       const v1::ForwardRequest& request,
                                       v1::ForwardResponse* response) {
+  RETURN_IF_ERROR(CheckForward(options_.limits, request));
   const absl::Time start = absl::Now();
   RETURN_IF_ERROR(NonNegative("layer", request.layer()));
   RETURN_IF_ERROR(NonNegative("epoch", request.epoch()));
@@ -933,12 +966,13 @@ absl::Status WorkerService::DoForward(grpc::ServerContext* context,
 grpc::Status WorkerService::Benchmark(grpc::ServerContext* context,
                                       const v1::BenchmarkRequest* request,
                                       v1::BenchmarkResponse* response) {
-  return Finish(DoBenchmark(context, *request, response));
+  return Finish(RunGuarded("Benchmark", [&] { return DoBenchmark(context, *request, response); }));
 }
 
 absl::Status WorkerService::DoBenchmark(grpc::ServerContext* context,
                                         const v1::BenchmarkRequest& request,
                                         v1::BenchmarkResponse* response) {
+  RETURN_IF_ERROR(CheckBenchmark(options_.limits, request));
   RETURN_IF_ERROR(Positive("tokens_per_rank", request.tokens_per_rank(), kMaxTokens));
   RETURN_IF_ERROR(CheckMoeSizes(request.hidden_size(), request.num_experts(), request.top_k()));
   RETURN_IF_ERROR(Positive("iterations", request.iterations(), kMaxBenchmarkIterations));
@@ -1038,12 +1072,14 @@ absl::Status WorkerService::DoBenchmark(grpc::ServerContext* context,
 grpc::Status WorkerService::ForwardLayers(grpc::ServerContext* context,
                                           const v1::ForwardLayersRequest* request,
                                           v1::ForwardLayersResponse* response) {
-  return Finish(DoForwardLayers(context, *request, response));
+  return Finish(
+      RunGuarded("ForwardLayers", [&] { return DoForwardLayers(context, *request, response); }));
 }
 
 absl::Status WorkerService::DoForwardLayers(grpc::ServerContext* context,
                                             const v1::ForwardLayersRequest& request,
                                             v1::ForwardLayersResponse* response) {
+  RETURN_IF_ERROR(CheckForwardLayers(options_.limits, request));
   // The request is checked inside the runner, after the slot: a rank with a
   // bad request still takes part in the runner's agreement all-gather, so its
   // peers fail with ABORTED instead of timing out (server/layer_stack_runner.h).

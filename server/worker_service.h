@@ -47,6 +47,8 @@
 #include "server/data_plane.h"
 #include "server/health.h"
 #include "server/layer_stack_runner.h"
+#include "server/rendezvous_service.h"
+#include "server/request_limits.h"
 #include "server/worker_state.h"
 
 namespace moe_ep::server {
@@ -62,6 +64,15 @@ struct WorkerOptions {
   absl::Duration default_timeout = absl::Seconds(30);
   // CUDA device ordinal the NCCL backend runs on (--device); Gloo ignores it.
   int device = 0;
+  // Bounds on request sizes (--max-*; server/request_limits.h).
+  RequestLimits limits;
+  // Directories LoadExperts may read checkpoints from (--checkpoint-dir;
+  // server/path_policy.h); empty = none.
+  std::vector<std::string> checkpoint_dirs;
+  // This worker's Rendezvous store: a Join as rank 0 opens its generation
+  // there and, once formed, frees the older generations' keys. May be null
+  // (no store in this process); must outlive the service.
+  RendezvousService* rendezvous = nullptr;
 };
 
 class WorkerService final : public v1::Worker::Service {
@@ -114,6 +125,7 @@ class WorkerService final : public v1::Worker::Service {
     int64_t generation = 0;
     absl::Duration timeout;
     std::string data_plane_host;
+    std::string rendezvous_secret;
     bool operator==(const JoinArgs&) const = default;
   };
 

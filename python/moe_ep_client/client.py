@@ -13,6 +13,7 @@ every rank followed by CommitGeometry(epoch, R) on every rank.
 from __future__ import annotations
 
 import dataclasses
+import secrets
 from concurrent import futures
 from typing import Any, Callable, List, Optional, Sequence, TypeVar, Union
 
@@ -110,6 +111,8 @@ class WorkerStatus:
     capacity_tokens: int
     forwards: int
     errors: int
+    # Highest generation any Join asked this worker to form (formed or not).
+    max_generation_seen: int = 0
 
     @staticmethod
     def from_proto(target: str, s: worker_pb2.GetStatusResponse) -> "WorkerStatus":
@@ -130,6 +133,7 @@ class WorkerStatus:
             capacity_tokens=s.capacity_tokens,
             forwards=s.counters.forwards,
             errors=s.counters.errors,
+            max_generation_seen=s.max_generation_seen,
         )
 
 
@@ -332,7 +336,8 @@ class Group:
         """Forms the group; returns its generation.
 
         Ranks still joined to an earlier group Leave first; the generation is
-        1 + the largest generation this client or any worker has used.
+        1 + the largest generation this client or any worker has seen (formed
+        or not: workers report max_generation_seen).
         """
         statuses = self.status()
         joined = [r for r, s in enumerate(statuses) if s.state != "STARTED"]
@@ -344,7 +349,14 @@ class Group:
                 ),
                 ranks=joined,
             )
-        generation = 1 + max([self.generation] + [s.generation for s in statuses])
+        # Above every generation a worker has seen, formed or not: a failed
+        # formation may have written that generation's rendezvous keys.
+        generation = 1 + max(
+            [self.generation]
+            + [s.generation for s in statuses]
+            + [s.max_generation_seen for s in statuses]
+        )
+        secret = secrets.token_hex(16)
         rendezvous = self.targets[0]
 
         def join(r: int, stub: worker_pb2_grpc.WorkerStub, timeout: float) -> Any:
@@ -355,6 +367,7 @@ class Group:
                 rendezvous_address=rendezvous if self.world_size > 1 else "",
                 generation=generation,
                 timeout_ms=self.group_timeout_ms,
+                rendezvous_secret=secret,
             )
             return stub.Join.future(request, timeout=timeout)
 

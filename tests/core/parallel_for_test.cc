@@ -4,6 +4,8 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <new>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -70,6 +72,34 @@ TEST(ParallelFor, CoversEveryItemOnceWithDefaultThreads) {
   });
   EXPECT_EQ(used, std::min<int64_t>(DefaultParallelism(), hits.size()));
   for (size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i].load(), 1) << i;
+}
+
+}  // namespace
+}  // namespace moe_ep::core
+
+namespace moe_ep::core {
+namespace {
+
+// Issue 13: an exception on a worker thread used to terminate the process
+// (a joinable std::thread destroyed during unwinding).
+TEST(ParallelForExceptions, AThrowOnAnyRangeReachesTheCallerAfterEveryThreadJoined) {
+  std::atomic<int> finished{0};
+  EXPECT_THROW(ParallelFor(
+                   8, 1,
+                   [&](int64_t begin, int64_t /*end*/) {
+                     if (begin == 5) throw std::bad_alloc();
+                     ++finished;
+                   },
+                   8),
+               std::bad_alloc);
+  EXPECT_EQ(finished.load(), 7);
+  EXPECT_THROW(ParallelFor(
+                   4, 1,
+                   [](int64_t begin, int64_t) {
+                     if (begin == 0) throw std::length_error("x");
+                   },
+                   4),
+               std::length_error);
 }
 
 }  // namespace

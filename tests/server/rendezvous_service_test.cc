@@ -149,3 +149,123 @@ TEST_F(RendezvousServiceTest, BadArguments) {
 
 }  // namespace
 }  // namespace moe_ep::server
+
+// ------------------------------------------------ limits and writers (issue 13 item 10)
+
+namespace moe_ep::server {
+namespace {
+
+class LimitedStoreTest : public ::testing::Test {
+ protected:
+  void Start(StoreLimits limits) {
+    service_ = std::make_unique<RendezvousService>(limits);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    stub_ = v1::Rendezvous::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                                        grpc::InsecureChannelCredentials()));
+  }
+  void TearDown() override {
+    if (server_) server_->Shutdown();
+  }
+  grpc::Status Set(const std::string& key, const std::string& value,
+                   const std::string& secret = "") {
+    grpc::ClientContext ctx;
+    if (!secret.empty()) ctx.AddMetadata(kSecretMetadataKey, secret);
+    v1::SetRequest req;
+    req.set_key(key);
+    req.set_value(value);
+    v1::SetResponse resp;
+    return stub_->Set(&ctx, req, &resp);
+  }
+  std::unique_ptr<RendezvousService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::Rendezvous::Stub> stub_;
+};
+
+TEST_F(LimitedStoreTest, KeyValueCountAndByteLimits) {
+  StoreLimits limits;
+  limits.max_key_bytes = 16;
+  limits.max_value_bytes = 100;
+  limits.max_keys = 3;
+  limits.max_total_bytes = 150;
+  Start(limits);
+  EXPECT_EQ(Set(std::string(17, 'k'), "v").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Set("gen1/a", std::string(101, 'v')).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  ASSERT_TRUE(Set("gen1/a", std::string(94, 'v')).ok());          // 100 bytes
+  const grpc::Status full = Set("gen1/b", std::string(50, 'v'));  // 156 > 150
+  EXPECT_EQ(full.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(full.error_message(), HasSubstr("--store-max-bytes"));
+  ASSERT_TRUE(Set("gen1/b", "1").ok());
+  ASSERT_TRUE(Set("gen1/c", "1").ok());
+  EXPECT_EQ(Set("gen1/d", "1").error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(service_->NumKeys(), 3);
+  EXPECT_EQ(service_->StoredBytes(), 100 + 7 + 7);
+}
+
+TEST_F(LimitedStoreTest, AWaitOnManyMissingKeysIsShortAndLeavesOtherCallsAlone) {
+  StoreLimits limits;
+  limits.max_wait_keys = 20000;
+  Start(limits);
+  v1::WaitRequest wait;
+  for (int i = 0; i < 10000; ++i) wait.add_keys("gen1/missing_key_number_" + std::to_string(i));
+  wait.set_timeout_ms(0);
+  grpc::ClientContext ctx;
+  v1::WaitResponse resp;
+  // Before: a ~300 KB message, RESOURCE_EXHAUSTED on the wire.
+  const grpc::Status status = stub_->Wait(&ctx, wait, &resp);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_LT(status.error_message().size(), 1024u);
+  EXPECT_THAT(status.error_message(), HasSubstr("10000 key(s)"));
+  EXPECT_THAT(status.error_message(), HasSubstr("and 9992 more"));
+  EXPECT_TRUE(Set("gen1/after", "x").ok());
+}
+
+TEST_F(LimitedStoreTest, AWaitNamingTooManyKeysIsInvalidArgument) {
+  StoreLimits limits;
+  limits.max_wait_keys = 4;
+  Start(limits);
+  v1::WaitRequest wait;
+  for (int i = 0; i < 5; ++i) wait.add_keys("k" + std::to_string(i));
+  grpc::ClientContext ctx;
+  v1::WaitResponse resp;
+  EXPECT_EQ(stub_->Wait(&ctx, wait, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(LimitedStoreTest, OnlyTheOpenGenerationWithItsSecretIsWritable) {
+  StoreLimits limits;
+  limits.require_open_generation = true;
+  Start(limits);
+  // Nothing opened: a future generation's keys cannot be planted.
+  EXPECT_EQ(Set("gen7/rank_0", "evil").error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(Set("no_prefix", "x").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  service_->OpenGeneration(7, "s3cret");
+  EXPECT_EQ(Set("gen7/rank_0", "evil").error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(Set("gen7/rank_0", "evil", "wrong!").error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_TRUE(Set("gen7/rank_0", "good", "s3cret").ok());
+  EXPECT_EQ(Set("gen8/rank_0", "x", "s3cret").error_code(), grpc::StatusCode::UNAVAILABLE);
+  service_->OpenGeneration(8, "");
+  EXPECT_EQ(Set("gen7/rank_1", "x", "s3cret").error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_TRUE(Set("gen8/rank_0", "x").ok());
+  EXPECT_EQ(service_->NumKeys(), 2);
+}
+
+TEST_F(LimitedStoreTest, OlderGenerationsAreFreedOnceANewerOneFormed) {
+  Start(StoreLimits{});
+  ASSERT_TRUE(Set("gen1/a", "1111").ok());
+  ASSERT_TRUE(Set("gen2/a", "2222").ok());
+  ASSERT_TRUE(Set("gen10/a", "x").ok());
+  ASSERT_TRUE(Set("other", "y").ok());
+  service_->DropGenerationsBelow(3);
+  EXPECT_EQ(service_->NumKeys(), 2);
+  EXPECT_EQ(service_->StoredBytes(), 7 + 1 + 5 + 1);
+  EXPECT_EQ(GenerationOfKey("gen10/a"), 10);
+  EXPECT_EQ(GenerationOfKey("gen/a"), -1);
+  EXPECT_EQ(GenerationOfKey("genx/a"), -1);
+}
+
+}  // namespace
+}  // namespace moe_ep::server
