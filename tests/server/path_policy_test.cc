@@ -20,7 +20,10 @@ using ::testing::Not;
 class PathPolicyTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = fs::path(::testing::TempDir()) / "path_policy";
+    // One folder per test: ctest runs the tests of this fixture in parallel.
+    root_ = fs::path(::testing::TempDir()) /
+            (std::string("path_policy_") +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(root_);
     fs::create_directories(root_ / "ckpt");
     std::ofstream(root_ / "ckpt" / "model.safetensors") << "12345678{}";
