@@ -252,8 +252,7 @@ absl::Status ParseSharedExperts(const ConfigReader& r, Family family, const std:
     case Family::kQwenMoe: {
       if (model_type == "qwen2_moe") {
         // Absent = none (published qwen2_moe configs always set it).
-        ASSIGN_OR_RETURN(int64_t size,
-                         r.IntOr("shared_expert_intermediate_size", 0, 0, kInt64Max));
+        ASSIGN_OR_RETURN(int64_t size, r.IntOr("shared_expert_intermediate_size", 0, 0, kInt64Max));
         if (size > 0) {
           shared.count = 1;
           shared.intermediate_size = size;
