@@ -41,6 +41,8 @@
 #include "CLI/CLI.hpp"
 #include "core/routing.h"
 #include "kernels/gpu_ep_dispatcher.h"
+#include "kernels/nccl_collective.h"
+#include "kernels/staged_control_collective.h"
 
 namespace moe_ep::kernels {
 namespace {
@@ -113,6 +115,7 @@ void RunRank(int rank, int ep, const std::string& id, const std::vector<Config>&
     std::exit(1);
   }
   NcclCollective& coll = **coll_or;
+  StagedControlCollective ctrl(&coll);  // host barriers between timed steps
   auto placement = *core::ExpertPlacement::Contiguous(num_experts, ep);
   std::map<int64_t, std::unique_ptr<DeviceExpertSet>> swiglu;  // by hidden
   for (size_t ci = 0; ci < configs.size(); ++ci) {
@@ -149,7 +152,7 @@ void RunRank(int rank, int ep, const std::string& id, const std::vector<Config>&
       return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
     };
     for (int it = 0; it < warmup + iters; ++it) {
-      BENCH_CHECK(coll.Barrier());
+      BENCH_CHECK(ctrl.Barrier());
       cudaEventRecord(ev[0], disp.stream());
       Clock::time_point t0 = Clock::now();
       BENCH_CHECK(disp.Dispatch(d_hidden, d_ids, d_weights, c.tokens));
@@ -179,7 +182,7 @@ void RunRank(int rank, int ep, const std::string& id, const std::vector<Config>&
     std::vector<double> graph_us;
     BENCH_CHECK(disp.CaptureForward(c.tokens, d_hidden, d_ids, d_weights, *experts, d_out));
     for (int it = 0; it < warmup + iters; ++it) {
-      BENCH_CHECK(coll.Barrier());
+      BENCH_CHECK(ctrl.Barrier());
       cudaEventRecord(ev[0], disp.stream());
       BENCH_CHECK(disp.ReplayForward(c.tokens, ci, c.tokens));
       cudaEventRecord(ev[1], disp.stream());
@@ -208,7 +211,7 @@ void RunRank(int rank, int ep, const std::string& id, const std::vector<Config>&
         BENCH_CHECK((*d2)->CommitGeometry(ci, c.tokens, c.tokens));
         auto& out = gemm == ExpertGemm::kGroupedDevice ? grouped_us : cublas_us;
         for (int it = 0; it < warmup + iters; ++it) {
-          BENCH_CHECK(coll.Barrier());
+          BENCH_CHECK(ctrl.Barrier());
           BENCH_CHECK((*d2)->Dispatch(d_hidden, d_ids, d_weights, c.tokens));
           cudaEventRecord(ev[0], disp.stream());
           BENCH_CHECK((*d2)->ComputeExperts(sw));
@@ -222,7 +225,7 @@ void RunRank(int rank, int ep, const std::string& id, const std::vector<Config>&
         if (gemm == ExpertGemm::kGroupedDevice) {
           BENCH_CHECK((*d2)->CaptureForward(c.tokens, d_hidden, d_ids, d_weights, sw, d_out));
           for (int it = 0; it < warmup + iters; ++it) {
-            BENCH_CHECK(coll.Barrier());
+            BENCH_CHECK(ctrl.Barrier());
             cudaEventRecord(ev[0], disp.stream());
             BENCH_CHECK((*d2)->ReplayForward(c.tokens, ci, c.tokens));
             cudaEventRecord(ev[1], disp.stream());

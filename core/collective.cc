@@ -2,7 +2,7 @@
 
 namespace moe_ep::core {
 
-absl::StatusOr<std::vector<int64_t>> AllGatherInt64(Collective& collective, int64_t value) {
+absl::StatusOr<std::vector<int64_t>> AllGatherInt64(ControlCollective& collective, int64_t value) {
   std::vector<int64_t> values(collective.size());
   absl::Status status = collective.AllGather(&value, sizeof(value), values.data());
   if (!status.ok()) return status;

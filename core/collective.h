@@ -1,9 +1,12 @@
 #pragma once
 
-// The collective interface of the data plane. One object per (group, rank).
-// Backends: Gloo over TCP (core/gloo_collective.h) and NCCL
-// (kernels/nccl_collective.h, issue 3). Buffers here are host memory for the
-// Gloo backend; a device backend documents its own memory space.
+// The control collective: host memory, blocking, deadline-bounded. One object
+// per (group, rank). Every call has completed when it returns. Backends: Gloo
+// over TCP (core/gloo_collective.h, also the CPU data plane's payload path)
+// and, for GPU groups, kernels::StagedControlCollective over an NCCL stream
+// collective. The GPU payload path is the other type,
+// kernels::StreamCollective (device memory, returns when enqueued): one
+// meaning per call (STYLE §7, issue 10 item 3).
 //
 // Every call is a collective: all ranks of the group must make the same calls
 // in the same order. A call that does not complete within the group's timeout
@@ -26,9 +29,9 @@
 
 namespace moe_ep::core {
 
-class Collective {
+class ControlCollective {
  public:
-  virtual ~Collective() = default;
+  virtual ~ControlCollective() = default;
 
   // This rank's index in the group, in [0, size()).
   virtual int rank() const = 0;
@@ -63,11 +66,11 @@ class Collective {
   // `tag` names the sub-group uniquely within this group (e.g. "attn_tp.1"); the
   // backend derives a fresh rendezvous prefix from it.
   // Errors: kInvalidArgument (rank not in `ranks`, unsorted, out of range).
-  virtual absl::StatusOr<std::unique_ptr<Collective>> Split(absl::Span<const int> ranks,
-                                                            const std::string& tag) = 0;
+  virtual absl::StatusOr<std::unique_ptr<ControlCollective>> Split(absl::Span<const int> ranks,
+                                                                   const std::string& tag) = 0;
 };
 
 // Convenience wrapper: all-gathers one int64 per rank. Returns size() values.
-absl::StatusOr<std::vector<int64_t>> AllGatherInt64(Collective& collective, int64_t value);
+absl::StatusOr<std::vector<int64_t>> AllGatherInt64(ControlCollective& collective, int64_t value);
 
 }  // namespace moe_ep::core

@@ -3,8 +3,8 @@
 // The CPU (Gloo) data plane of core/ep_dispatcher.h.
 //
 // Memory: one 128-byte-aligned block of AllocatedWorkspace::total_bytes from
-// ComputeAllocatedWorkspace (DESIGN §5); the four payload regions are found in
-// it by name. Their use on this two-sided path, with E = ep_size,
+// CpuWorkspaceLayout::For (DESIGN §5); the four payload regions are its
+// typed fields. Their use on this two-sided path, with E = ep_size,
 // N = capacity_tokens, R = runtime_max_tokens_per_rank, c[s][d] = tokens rank s
 // sends to rank d, K = top_k, H = hidden (even, so every int32/fp32 part below
 // stays 4-byte aligned):
@@ -48,8 +48,6 @@
 #include <string>
 #include <utility>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -73,9 +71,7 @@ int64_t ElapsedUs(absl::Time start) { return absl::ToInt64Microseconds(absl::Now
 }  // namespace
 
 struct EpDispatcher::Impl {
-  enum class Phase { kIdle, kDispatched, kComputed };
-
-  Collective* collective = nullptr;
+  ControlCollective* collective = nullptr;
   EpDispatcherOptions options;
   ExpertPlacement placement;
   int rank = 0;
@@ -86,20 +82,17 @@ struct EpDispatcher::Impl {
   int64_t dispatch_bytes = 0;
   int64_t combine_bytes = 0;
 
-  AllocatedWorkspace layout;
+  CpuWorkspaceLayout layout;
   std::unique_ptr<std::byte, AlignedFree> memory;
   std::byte* dispatch_send = nullptr;
   std::byte* dispatch_recv = nullptr;
   std::byte* combine_send = nullptr;
   std::byte* combine_recv = nullptr;
 
-  // Geometry.
-  bool committed = false;
-  int64_t epoch = 0;
-  int64_t runtime_max = 0;  // R
+  // Geometry and step phase (the contract's).
+  GeometryState geometry;
 
   // Per-step state, sized once.
-  Phase phase = Phase::kIdle;
   DispatchRoute route;
   int64_t step_tokens = 0;
   int64_t step_r = 0;
@@ -117,7 +110,9 @@ struct EpDispatcher::Impl {
   std::vector<float> acc;               // [H]
   StepStats stats;
 
-  explicit Impl(ExpertPlacement p) : placement(p) {}
+  Impl(ExpertPlacement p, int rank, int64_t capacity) : placement(p), geometry(rank, capacity) {}
+  int64_t epoch() const { return geometry.epoch(); }
+  int64_t runtime_max() const { return geometry.runtime_max_tokens_per_rank(); }
 
   int64_t RowBytes() const { return capacity * dispatch_bytes; }
   bf16_t* RecvHidden(int s) const {
@@ -146,49 +141,22 @@ EpDispatcher::EpDispatcher(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 EpDispatcher::~EpDispatcher() = default;
 
 absl::StatusOr<std::unique_ptr<EpDispatcher>> EpDispatcher::Create(
-    Collective* collective, const EpDispatcherOptions& options, int64_t memory_cap_bytes) {
+    ControlCollective* collective, const EpDispatcherOptions& options, int64_t memory_cap_bytes) {
   if (collective == nullptr) return absl::InvalidArgumentError("collective: must not be null");
   const WorkspaceSpec& spec = options.workspace;
-  if (spec.ep_size != collective->size()) {
-    return absl::InvalidArgumentError(absl::StrCat("workspace.ep_size: expected the group size ",
-                                                   collective->size(), ", got ", spec.ep_size));
-  }
-  if (spec.dtype != DispatchDType::kBF16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("workspace.dtype: the CPU data plane dispatches bf16 only, got ",
-                     DispatchDTypeName(spec.dtype)));
-  }
-  if (spec.hidden % 2 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("workspace.hidden: the CPU data plane needs an even hidden size (keeps the "
-                     "int32/fp32 payload parts 4-byte aligned), got ",
-                     spec.hidden));
-  }
-  ASSIGN_OR_RETURN(AllocatedWorkspace layout, ComputeAllocatedWorkspace(spec));
+  RETURN_IF_ERROR(ValidateEpOptions(options, collective->size(), kCpuLimits));
+  ASSIGN_OR_RETURN(CpuWorkspaceLayout layout, CpuWorkspaceLayout::For(spec));
   ASSIGN_OR_RETURN(int64_t dispatch_bytes,
                    DispatchBytesPerToken(spec.dtype, spec.hidden, spec.top_k));
-  auto placement_or = ExpertPlacement::Contiguous(options.num_experts, spec.ep_size);
-  if (!placement_or.ok()) return placement_or.status();
-  if (options.invalid_expert_id != -1 && options.invalid_expert_id != options.num_experts) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("invalid_expert_id: expected -1 or num_experts (", options.num_experts,
-                     "), got ", options.invalid_expert_id));
-  }
-  for (size_t i = 0; i < options.cuda_graph_buckets.size(); ++i) {
-    const int64_t b = options.cuda_graph_buckets[i];
-    if (b < 1 || b > spec.capacity_tokens || (i > 0 && b <= options.cuda_graph_buckets[i - 1])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cuda_graph_buckets: expected strictly ascending values in [1, capacity_tokens = ",
-          spec.capacity_tokens, "], got [", absl::StrJoin(options.cuda_graph_buckets, ", "), "]"));
-    }
-  }
+  ASSIGN_OR_RETURN(ExpertPlacement placement,
+                   ExpertPlacement::Contiguous(options.num_experts, spec.ep_size));
   if (memory_cap_bytes > 0 && layout.total_bytes > memory_cap_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat("workspace: ", layout.total_bytes,
                                                      " bytes needed, memory cap is ",
                                                      memory_cap_bytes, " bytes"));
   }
 
-  auto impl = std::make_unique<Impl>(*placement_or);
+  auto impl = std::make_unique<Impl>(placement, collective->rank(), spec.capacity_tokens);
   impl->collective = collective;
   impl->options = options;
   impl->rank = collective->rank();
@@ -199,47 +167,7 @@ absl::StatusOr<std::unique_ptr<EpDispatcher>> EpDispatcher::Create(
   impl->dispatch_bytes = dispatch_bytes;
   impl->combine_bytes = CombineBytesPerToken(spec.hidden);
 
-  // Find the four payload regions by name and check their sizes.
   const int64_t slab = static_cast<int64_t>(spec.ep_size) * spec.capacity_tokens;
-  struct Want {
-    bool dispatch;
-    bool send;
-    int64_t min_bytes;
-    const WorkspaceRegion* found = nullptr;
-  } wants[4] = {{true, true, slab * dispatch_bytes},
-                {true, false, slab * dispatch_bytes},
-                {false, true, slab * impl->combine_bytes},
-                {false, false, slab * impl->combine_bytes}};
-  std::vector<std::string> names;
-  for (const WorkspaceRegion& region : layout.regions) {
-    names.push_back(absl::StrCat(region.name, "@", region.offset_bytes, "+", region.size_bytes));
-    const std::string n = absl::AsciiStrToLower(region.name);
-    const bool is_dispatch = absl::StrContains(n, "dispatch");
-    const bool is_combine = absl::StrContains(n, "combine");
-    const bool is_send = absl::StrContains(n, "send");
-    const bool is_recv = absl::StrContains(n, "recv") || absl::StrContains(n, "receive");
-    if (is_dispatch == is_combine || is_send == is_recv) continue;
-    for (Want& w : wants) {
-      if (w.dispatch == is_dispatch && w.send == is_send) {
-        if (w.found != nullptr) {
-          return absl::InternalError(absl::StrCat("workspace layout has two regions for one role: ",
-                                                  absl::StrJoin(names, ", ")));
-        }
-        w.found = &region;
-      }
-    }
-  }
-  for (const Want& w : wants) {
-    if (w.found == nullptr || w.found->size_bytes < w.min_bytes ||
-        w.found->offset_bytes % 128 != 0 ||
-        w.found->offset_bytes + w.found->size_bytes > layout.total_bytes) {
-      return absl::InternalError(
-          absl::StrCat("workspace layout lacks a usable ", w.dispatch ? "dispatch " : "combine ",
-                       w.send ? "send" : "receive", " region of at least ", w.min_bytes,
-                       " bytes; regions: ", absl::StrJoin(names, ", ")));
-    }
-  }
-
   const int64_t alloc_bytes = std::max<int64_t>(AlignTo128(layout.total_bytes), 128);
   std::byte* block = static_cast<std::byte*>(std::aligned_alloc(128, alloc_bytes));
   if (block == nullptr) {
@@ -247,11 +175,11 @@ absl::StatusOr<std::unique_ptr<EpDispatcher>> EpDispatcher::Create(
         absl::StrCat("workspace: cannot allocate ", layout.total_bytes, " bytes of host memory"));
   }
   impl->memory.reset(block);
-  impl->dispatch_send = block + wants[0].found->offset_bytes;
-  impl->dispatch_recv = block + wants[1].found->offset_bytes;
-  impl->combine_send = block + wants[2].found->offset_bytes;
-  impl->combine_recv = block + wants[3].found->offset_bytes;
-  impl->layout = std::move(layout);
+  impl->dispatch_send = layout.dispatch_send.At<std::byte>(block);
+  impl->dispatch_recv = layout.dispatch_recv.At<std::byte>(block);
+  impl->combine_send = layout.combine_send.At<std::byte>(block);
+  impl->combine_recv = layout.combine_recv.At<std::byte>(block);
+  impl->layout = layout;
 
   const int e = spec.ep_size;
   impl->agree_send.assign(kAgreeHeader + e, 0);
@@ -277,8 +205,9 @@ absl::StatusOr<std::unique_ptr<EpDispatcher>> EpDispatcher::Create(
 }
 
 int64_t EpDispatcher::allocated_bytes() const { return impl_->layout.total_bytes; }
-int64_t EpDispatcher::epoch() const { return impl_->epoch; }
-int64_t EpDispatcher::runtime_max_tokens_per_rank() const { return impl_->runtime_max; }
+const CpuWorkspaceLayout& EpDispatcher::layout() const { return impl_->layout; }
+int64_t EpDispatcher::epoch() const { return impl_->epoch(); }
+int64_t EpDispatcher::runtime_max_tokens_per_rank() const { return impl_->runtime_max(); }
 const std::vector<int64_t>& EpDispatcher::received_counts() const { return impl_->recv_counts; }
 const StepStats& EpDispatcher::last_step() const { return impl_->stats; }
 
@@ -298,10 +227,7 @@ absl::Span<const float> EpDispatcher::ReceivedWeights(int src) const {
 absl::StatusOr<std::vector<int64_t>> EpDispatcher::SyncTokenCounts(int64_t local_tokens) {
   // A negative count still joins the all-gather so peers fail fast too.
   ASSIGN_OR_RETURN(std::vector<int64_t> counts, AllGatherInt64(*impl_->collective, local_tokens));
-  if (local_tokens < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("local_tokens: expected >= 0, got ",
-                                                   local_tokens, " (rank ", impl_->rank, ")"));
-  }
+  RETURN_IF_ERROR(ValidateLocalTokens(local_tokens, impl_->rank));
   for (int r = 0; r < static_cast<int>(counts.size()); ++r) {
     if (counts[r] < 0) {
       return absl::AbortedError(
@@ -313,34 +239,14 @@ absl::StatusOr<std::vector<int64_t>> EpDispatcher::SyncTokenCounts(int64_t local
 
 absl::Status EpDispatcher::CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
                                           int64_t local_tokens) {
-  Impl& m = *impl_;
-  if (m.phase != Impl::Phase::kIdle) {
-    return absl::FailedPreconditionError(
-        "CommitGeometry: a dispatched step is in flight; Combine it first");
-  }
-  const int64_t r = runtime_max_tokens_per_rank;
-  absl::Status valid = CheckRuntimeMaxTokens(local_tokens, r, m.capacity);
-  if (!valid.ok()) {
-    return absl::Status(valid.code(), absl::StrCat(valid.message(), " (rank ", m.rank, ")"));
-  }
-  m.committed = true;
-  m.epoch = epoch;
-  m.runtime_max = r;
-  return absl::OkStatus();
+  return impl_->geometry.Commit(epoch, runtime_max_tokens_per_rank, local_tokens);
 }
 
 absl::Status EpDispatcher::Impl::ValidateInput(absl::Span<const bf16_t> hidden_in,
                                                absl::Span<const int32_t> topk_ids,
                                                absl::Span<const float> topk_weights,
                                                int64_t num_tokens) const {
-  if (num_tokens < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("num_tokens: expected >= 0, got ", num_tokens));
-  }
-  if (num_tokens > runtime_max) {
-    return absl::InvalidArgumentError(absl::StrCat("num_tokens ", num_tokens,
-                                                   " exceeds runtime_max_tokens_per_rank ",
-                                                   runtime_max, " (rank ", rank, ")"));
-  }
+  RETURN_IF_ERROR(geometry.CheckStep("Dispatch", num_tokens));
   if (static_cast<int64_t>(hidden_in.size()) != num_tokens * hidden) {
     return absl::InvalidArgumentError(absl::StrCat("hidden: expected [", num_tokens, ", ", hidden,
                                                    "] = ", num_tokens * hidden, " elements, got ",
@@ -360,6 +266,8 @@ absl::Status EpDispatcher::Impl::ValidateInput(absl::Span<const bf16_t> hidden_i
 }
 
 absl::Status EpDispatcher::Impl::Agree(absl::Status local_error) {
+  const int64_t epoch = this->epoch();
+  const int64_t runtime_max = this->runtime_max();
   agree_send[0] = epoch;
   agree_send[1] = runtime_max;
   agree_send[2] = local_error.ok() ? 0 : static_cast<int64_t>(local_error.code());
@@ -406,14 +314,7 @@ absl::Status EpDispatcher::Impl::DispatchImpl(absl::Span<const bf16_t> hidden_in
                                               absl::Span<const float> topk_weights,
                                               int64_t num_tokens, absl::Status local_error) {
   const absl::Time start = absl::Now();
-  if (phase != Phase::kIdle) {
-    return absl::FailedPreconditionError(
-        "Dispatch: the previous step was dispatched but not combined; call Combine first");
-  }
-  if (local_error.ok() && !committed) {
-    local_error = absl::FailedPreconditionError(
-        absl::StrCat("Dispatch: no geometry committed on rank ", rank, "; call CommitGeometry"));
-  }
+  RETURN_IF_ERROR(geometry.BeginDispatch("Dispatch"));
   if (local_error.ok()) local_error = ValidateInput(hidden_in, topk_ids, topk_weights, num_tokens);
   if (local_error.ok()) {
     auto route_or = ComputeDispatchRoute(topk_ids, num_tokens, top_k, placement);
@@ -426,6 +327,7 @@ absl::Status EpDispatcher::Impl::DispatchImpl(absl::Span<const bf16_t> hidden_in
   RETURN_IF_ERROR(Agree(local_error));
 
   // Counts and packed offsets.
+  const int64_t runtime_max = this->runtime_max();
   const int stride = kAgreeHeader + ep_size;
   int64_t send_rows = 0;
   int64_t recv_rows = 0;
@@ -482,7 +384,7 @@ absl::Status EpDispatcher::Impl::DispatchImpl(absl::Span<const bf16_t> hidden_in
 
   step_tokens = num_tokens;
   step_r = runtime_max;
-  phase = Phase::kDispatched;
+  geometry.MarkDispatched();
   stats = StepStats{};
   stats.runtime_max_tokens_per_rank = runtime_max;
   stats.tokens_sent = static_cast<int64_t>(route.dest_rank.size());
@@ -511,9 +413,7 @@ absl::Status EpDispatcher::Impl::ValidateExperts(const ExpertSet& experts) const
 
 absl::Status EpDispatcher::Impl::ComputeExpertsImpl(const ExpertSet& experts) {
   const absl::Time start = absl::Now();
-  if (phase == Phase::kIdle) {
-    return absl::FailedPreconditionError("ComputeExperts: no dispatched step; call Dispatch first");
-  }
+  RETURN_IF_ERROR(geometry.RequireDispatched("ComputeExperts"));
   RETURN_IF_ERROR(ValidateExperts(experts));
   // Gather received rows of all sources, in source then slot order (= the
   // packed combine-send order), in chunks; one ComputeWeightedSum per chunk.
@@ -551,7 +451,7 @@ absl::Status EpDispatcher::Impl::ComputeExpertsImpl(const ExpertSet& experts) {
     }
     out_row += rows;
   }
-  phase = Phase::kComputed;
+  geometry.MarkComputed();
   stats.expert_us = ElapsedUs(start);
   return absl::OkStatus();
 }
@@ -559,13 +459,7 @@ absl::Status EpDispatcher::Impl::ComputeExpertsImpl(const ExpertSet& experts) {
 absl::Status EpDispatcher::Impl::CombineImpl(absl::Span<bf16_t> output,
                                              absl::Span<const bf16_t> shared_out) {
   const absl::Time start = absl::Now();
-  if (phase == Phase::kIdle) {
-    return absl::FailedPreconditionError("Combine: no dispatched step; call Dispatch first");
-  }
-  if (phase != Phase::kComputed) {
-    return absl::FailedPreconditionError(
-        "Combine: the expert outputs of this step are not computed; call ComputeExperts first");
-  }
+  RETURN_IF_ERROR(geometry.RequireComputed("Combine"));
   if (static_cast<int64_t>(output.size()) != step_tokens * hidden) {
     return absl::InvalidArgumentError(absl::StrCat("output: expected [", step_tokens, ", ", hidden,
                                                    "] = ", step_tokens * hidden, " elements, got ",
@@ -585,7 +479,7 @@ absl::Status EpDispatcher::Impl::CombineImpl(absl::Span<bf16_t> output,
     if (p != rank) combine_remote += a2a_send_bytes[p];
   }
   // Whatever happens now, this step is over: a failed exchange broke the group.
-  phase = Phase::kIdle;
+  geometry.MarkIdle();
   RETURN_IF_ERROR(
       collective->AllToAllV(combine_send, a2a_send_bytes, combine_recv, a2a_recv_bytes));
   const bf16_t* back = reinterpret_cast<const bf16_t*>(combine_recv);
@@ -629,10 +523,7 @@ absl::Status EpDispatcher::Forward(absl::Span<const bf16_t> hidden,
                                    const ExpertSet& experts, absl::Span<bf16_t> output,
                                    absl::Span<const bf16_t> shared_out) {
   Impl& m = *impl_;
-  if (m.phase != Impl::Phase::kIdle) {
-    return absl::FailedPreconditionError(
-        "Forward: a dispatched step is in flight; call Combine first");
-  }
+  RETURN_IF_ERROR(m.geometry.BeginDispatch("Forward"));
   // Problems with this rank's experts or output are input errors: they are
   // reported through the agreement round so that peers abort instead of
   // waiting for this rank.
@@ -651,7 +542,7 @@ absl::Status EpDispatcher::Forward(absl::Span<const bf16_t> hidden,
   RETURN_IF_ERROR(m.DispatchImpl(hidden, topk_ids, topk_weights, num_tokens, local));
   absl::Status computed = m.ComputeExpertsImpl(experts);
   if (!computed.ok()) {
-    m.phase = Impl::Phase::kIdle;
+    m.geometry.MarkIdle();
     return computed;
   }
   return m.CombineImpl(output, shared_out);

@@ -23,55 +23,39 @@
 #include "absl/types/span.h"
 #include "core/bf16.h"
 #include "core/collective.h"
+#include "core/ep_contract.h"
 #include "core/expert_placement.h"
 #include "core/experts.h"
 #include "core/workspace.h"
 
 namespace moe_ep::core {
 
-struct EpDispatcherOptions {
-  WorkspaceSpec workspace;  // ep_size, capacity_tokens, hidden, top_k, dtype
-  int num_experts = 0;
-  int32_t invalid_expert_id = -1;           // -1 or num_experts (DESIGN §7)
-  std::vector<int64_t> cuda_graph_buckets;  // ascending; empty = none (DESIGN §6)
-};
-
-// Byte and token counters of the last step.
-struct StepStats {
-  int64_t runtime_max_tokens_per_rank = 0;  // R
-  int64_t tokens_sent = 0;                  // token copies sent, one per distinct destination rank
-  int64_t tokens_received = 0;              // valid rows received from all sources
-  int64_t bytes_sent_remote = 0;            // dispatch + combine payload bytes to other ranks
-  int64_t dispatch_us = 0;
-  int64_t expert_us = 0;
-  int64_t combine_us = 0;
-  // The shared expert of the layer (0 without one; issue 18): its compute
-  // time, and on the GPU the part of it that ran while the dispatch did
-  // (CUDA events on both streams).
-  int64_t shared_us = 0;
-  int64_t shared_overlap_us = 0;
-};
-
 class EpDispatcher {
  public:
   // `collective` must outlive the dispatcher; its size() is ep_size.
-  // Errors: kInvalidArgument (options inconsistent with the collective or
-  // each other, naming the field), kResourceExhausted (allocation beyond
-  // `memory_cap_bytes` when > 0, with both numbers).
-  static absl::StatusOr<std::unique_ptr<EpDispatcher>> Create(Collective* collective,
+  // Errors: kInvalidArgument (core::ValidateEpOptions with kCpuLimits),
+  // kResourceExhausted (allocation beyond `memory_cap_bytes` when > 0, with
+  // both numbers).
+  static absl::StatusOr<std::unique_ptr<EpDispatcher>> Create(ControlCollective* collective,
                                                               const EpDispatcherOptions& options,
                                                               int64_t memory_cap_bytes);
 
-  // Bytes this dispatcher allocated (equals AllocatedWorkspace::total_bytes).
+  // What the CPU data plane cannot do: an even H (4-byte aligned payload parts).
+  static constexpr BackendLimits kCpuLimits = {"CPU data plane", 1 << 16, 1 << 16, 2};
+
+  // Bytes this dispatcher allocated (equals layout().total_bytes).
   int64_t allocated_bytes() const;
+  // The workspace layout it allocated (AllocateWorkspace's breakdown).
+  const CpuWorkspaceLayout& layout() const;
 
   // All-gathers `local_tokens` of every rank (collective). Returns one count
   // per rank. Errors: collective errors; kInvalidArgument for local_tokens < 0.
   absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens);
 
-  // Commits (epoch, R) for the next Dispatch. Errors: kResourceExhausted when
-  // R > capacity_tokens, kInvalidArgument when R < local_tokens or R < 0; the
-  // message gives both numbers. On error the previous geometry stays.
+  // Commits (epoch, R) for the next Dispatch: core::GeometryState::Commit
+  // (kFailedPrecondition mid-step, kResourceExhausted R > N,
+  // kInvalidArgument R < local_tokens or R < 0). On error the previous
+  // geometry stays.
   absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
                               int64_t local_tokens);
   int64_t epoch() const;

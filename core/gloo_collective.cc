@@ -244,8 +244,8 @@ absl::Status GlooCollective::Barrier() {
   });
 }
 
-absl::StatusOr<std::unique_ptr<Collective>> GlooCollective::Split(absl::Span<const int> ranks,
-                                                                  const std::string& tag) {
+absl::StatusOr<std::unique_ptr<ControlCollective>> GlooCollective::Split(
+    absl::Span<const int> ranks, const std::string& tag) {
   if (tag.empty()) return absl::InvalidArgumentError("Split: tag must not be empty");
   if (ranks.empty()) return absl::InvalidArgumentError("Split: ranks must not be empty");
   int sub_rank = -1;
@@ -271,7 +271,7 @@ absl::StatusOr<std::unique_ptr<Collective>> GlooCollective::Split(absl::Span<con
   auto sub = Create(store_, absl::StrCat(prefix_, "/", tag), sub_rank,
                     static_cast<int>(ranks.size()), host_, timeout_);
   if (!sub.ok()) return sub.status();
-  return std::unique_ptr<Collective>(std::move(sub).value());
+  return std::unique_ptr<ControlCollective>(std::move(sub).value());
 }
 
 }  // namespace moe_ep::core

@@ -44,7 +44,7 @@ class Device;
 
 namespace moe_ep::core {
 
-class GlooCollective : public Collective {
+class GlooCollective : public ControlCollective {
  public:
   // Forms rank `rank` of a `size`-rank group: binds a TCP device to `host`
   // (an address or hostname of this machine, e.g. "127.0.0.1"), publishes its
@@ -88,8 +88,8 @@ class GlooCollective : public Collective {
   // same timeout and host apply. Errors: kInvalidArgument (ranks empty,
   // unsorted or duplicated, out of range, missing this rank; tag empty),
   // kFailedPrecondition once broken, and the Create errors.
-  absl::StatusOr<std::unique_ptr<Collective>> Split(absl::Span<const int> ranks,
-                                                    const std::string& tag) override;
+  absl::StatusOr<std::unique_ptr<ControlCollective>> Split(absl::Span<const int> ranks,
+                                                           const std::string& tag) override;
 
  private:
   GlooCollective(std::shared_ptr<gloo::rendezvous::Store> store, std::string prefix, int rank,

@@ -14,7 +14,7 @@ constexpr int64_t kFloatBytes = static_cast<int64_t>(sizeof(float));
 
 // All-gather of `local` ([c, H], the same c on every rank) in `group`:
 // returns [size * c, H], rank-major.
-absl::StatusOr<std::vector<float>> AllGatherRows(Collective& group,
+absl::StatusOr<std::vector<float>> AllGatherRows(ControlCollective& group,
                                                  const std::vector<float>& local) {
   std::vector<float> out(local.size() * group.size());
   RETURN_IF_ERROR(
@@ -26,7 +26,7 @@ absl::StatusOr<std::vector<float>> AllGatherRows(Collective& group,
 // this rank's chunk [c, H] of the element-wise sum. Built from AllToAllV:
 // chunk p goes to peer p; the received chunks are summed in ascending source
 // rank order.
-absl::StatusOr<std::vector<float>> ReduceScatterRows(Collective& group,
+absl::StatusOr<std::vector<float>> ReduceScatterRows(ControlCollective& group,
                                                      const std::vector<float>& full,
                                                      int64_t hidden) {
   const int n = group.size();
@@ -67,16 +67,18 @@ int64_t ModeRows(const DpGatherLayout& dp, ScatterMode mode) {
   return 0;
 }
 
-absl::Status CheckDpLayoutFits(const DpGatherLayout& dp, const ParallelGroups& groups, int layer) {
-  if (dp.attn_tp_size != groups.attn_tp_size() ||
-      static_cast<int>(dp.padded_counts.size()) != groups.attn_dp_size() ||
-      static_cast<int>(dp.offsets.size()) != groups.attn_dp_size() ||
-      dp.dp_rank != groups.dp_rank()) {
+absl::Status CheckDpLayoutFits(const DpGatherLayout& dp, const ParallelLayout& layout, int rank,
+                               int layer) {
+  const int attn_tp_size = layout.attn_tp_size();
+  const int attn_dp_size = layout.attn_dp_size;
+  const int dp_rank = rank / attn_tp_size;
+  if (dp.attn_tp_size != attn_tp_size ||
+      static_cast<int>(dp.padded_counts.size()) != attn_dp_size ||
+      static_cast<int>(dp.offsets.size()) != attn_dp_size || dp.dp_rank != dp_rank) {
     return absl::InvalidArgumentError(absl::StrCat(
         "layer ", layer, ": DP layout (attn_tp_size ", dp.attn_tp_size, ", ",
-        dp.padded_counts.size(), " DP groups, dp_rank ", dp.dp_rank, ") does not fit rank ",
-        groups.rank(), " (attn_tp_size ", groups.attn_tp_size(), ", ", groups.attn_dp_size(),
-        " DP groups, dp_rank ", groups.dp_rank(), ")"));
+        dp.padded_counts.size(), " DP groups, dp_rank ", dp.dp_rank, ") does not fit rank ", rank,
+        " (attn_tp_size ", attn_tp_size, ", ", attn_dp_size, " DP groups, dp_rank ", dp_rank, ")"));
   }
   return absl::OkStatus();
 }
@@ -147,7 +149,7 @@ absl::Status LayerCommunicator::PrepareMlp(const DpGatherLayout& dp,
                                                    post_attention_norm.hidden(), " != ", hidden_));
   }
   std::vector<float>& residual = *act.residual;
-  Collective& attn_tp = groups_->attn_tp();
+  ControlCollective& attn_tp = groups_->attn_tp();
   if (plan_.gather_residual) {
     ASSIGN_OR_RETURN(residual, AllGatherRows(attn_tp, residual));
   }

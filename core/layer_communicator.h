@@ -73,7 +73,14 @@ int64_t ModeRows(const DpGatherLayout& dp, ScatterMode mode);
 // padded count and one offset per DP group, and this rank's dp_rank.
 // Errors: kInvalidArgument naming `layer` and both sides' values.
 // Pure. Used by LayerCommunicator and kernels::GpuLayerCommunicator.
-absl::Status CheckDpLayoutFits(const DpGatherLayout& dp, const ParallelGroups& groups, int layer);
+absl::Status CheckDpLayoutFits(const DpGatherLayout& dp, const ParallelLayout& layout, int rank,
+                               int layer);
+// The same for the groups of a rank (CPU or GPU groups).
+template <typename Group>
+absl::Status CheckDpLayoutFits(const DpGatherLayout& dp, const BasicParallelGroups<Group>& groups,
+                               int layer) {
+  return CheckDpLayoutFits(dp, groups.layout(), groups.rank(), layer);
+}
 
 class LayerCommunicator {
  public:

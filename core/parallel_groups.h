@@ -6,15 +6,22 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "core/collective.h"
 #include "core/layer_plan.h"
+#include "core/status_macros.h"
 
 namespace moe_ep::core {
 
-class ParallelGroups {
+// `Group` is core::ControlCollective (the CPU layer stack) or
+// kernels::StreamCollective (the GPU layer communicator): anything with
+// rank(), size() and Split(ranks, tag) -> StatusOr<unique_ptr<Group>>.
+template <typename Group>
+class BasicParallelGroups {
  public:
   // Create()
   //
@@ -35,14 +42,32 @@ class ParallelGroups {
   // (attention-TP groups).
   // Example: tp 4, attn_dp 2, rank 3 -> dp_rank 1, attn_tp_rank 1, attention-TP
   // group {2, 3}.
-  static absl::StatusOr<std::unique_ptr<ParallelGroups>> Create(
-      Collective* world, const ParallelLayout& layout, const std::string& tag_prefix = "attn_tp");
+  static absl::StatusOr<std::unique_ptr<BasicParallelGroups>> Create(
+      Group* world, const ParallelLayout& layout, const std::string& tag_prefix = "attn_tp") {
+    if (world == nullptr) return absl::InvalidArgumentError("world collective is null");
+    RETURN_IF_ERROR(ValidateLayout(layout));
+    if (world->size() != layout.tp_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "world size must equal tp_size ", layout.tp_size, " (tp_size = world, DESIGN ",
+          "§2), got world size ", world->size(), " on rank ", world->rank()));
+    }
+    if (tag_prefix.empty()) return absl::InvalidArgumentError("tag_prefix must not be empty");
+    const int attn_tp_size = layout.attn_tp_size();
+    const int dp_rank = world->rank() / attn_tp_size;
+    std::vector<int> ranks;
+    ranks.reserve(attn_tp_size);
+    for (int j = 0; j < attn_tp_size; ++j) ranks.push_back(dp_rank * attn_tp_size + j);
+    ASSIGN_OR_RETURN(std::unique_ptr<Group> attn_tp,
+                     world->Split(ranks, absl::StrCat(tag_prefix, ".", dp_rank)));
+    return std::unique_ptr<BasicParallelGroups>(
+        new BasicParallelGroups(world, std::move(attn_tp), layout));
+  }
 
   const ParallelLayout& layout() const { return layout_; }
   // The TP / EP group: all ranks.
-  Collective& world() const { return *world_; }
+  Group& world() const { return *world_; }
   // This rank's attention-TP group; its rank() is attn_tp_rank().
-  Collective& attn_tp() const { return *attn_tp_; }
+  Group& attn_tp() const { return *attn_tp_; }
 
   int rank() const { return rank_; }
   int tp_size() const { return layout_.tp_size; }
@@ -54,17 +79,29 @@ class ParallelGroups {
   int attn_tp_rank() const { return rank_ % attn_tp_size_; }
   // World ranks of DP group `dp_rank`, ascending. REQUIRES: 0 <= dp_rank <
   // attn_dp_size().
-  std::vector<int> AttnTpRanks(int dp_rank) const;
+  std::vector<int> AttnTpRanks(int dp_rank) const {
+    std::vector<int> ranks;
+    ranks.reserve(attn_tp_size_);
+    for (int j = 0; j < attn_tp_size_; ++j) ranks.push_back(dp_rank * attn_tp_size_ + j);
+    return ranks;
+  }
 
  private:
-  ParallelGroups(Collective* world, std::unique_ptr<Collective> attn_tp,
-                 const ParallelLayout& layout);
+  BasicParallelGroups(Group* world, std::unique_ptr<Group> attn_tp, const ParallelLayout& layout)
+      : world_(world),
+        attn_tp_(std::move(attn_tp)),
+        layout_(layout),
+        rank_(world->rank()),
+        attn_tp_size_(layout.attn_tp_size()) {}
 
-  Collective* world_;
-  std::unique_ptr<Collective> attn_tp_;
+  Group* world_;
+  std::unique_ptr<Group> attn_tp_;
   ParallelLayout layout_;
   int rank_;
   int attn_tp_size_;
 };
+
+// The CPU groups (Gloo, or the control view of any group).
+using ParallelGroups = BasicParallelGroups<ControlCollective>;
 
 }  // namespace moe_ep::core

@@ -185,7 +185,7 @@ absl::StatusOr<FlashInferWorkspace> ComputeFlashInferWorkspace(const WorkspaceSp
   return ws;
 }
 
-absl::StatusOr<AllocatedWorkspace> ComputeAllocatedWorkspace(const WorkspaceSpec& spec) {
+absl::StatusOr<CpuWorkspaceLayout> CpuWorkspaceLayout::For(const WorkspaceSpec& spec) {
   RETURN_IF_ERROR(ValidateSizes(spec.ep_size, spec.capacity_tokens));
   ASSIGN_OR_RETURN(int64_t dispatch_bytes,
                    DispatchBytesPerToken(spec.dtype, spec.hidden, spec.top_k));
@@ -203,19 +203,32 @@ absl::StatusOr<AllocatedWorkspace> ComputeAllocatedWorkspace(const WorkspaceSpec
   ASSIGN_OR_RETURN(int64_t slot_bytes, Mul(slot_entries, 8, "metadata dest_slots"));
   RETURN_IF_ERROR(Place(&metadata, slot_bytes, "metadata dest_slots").status());
 
-  AllocatedWorkspace ws;
+  CpuWorkspaceLayout layout;
   int64_t end = 0;
-  const std::pair<const char*, int64_t> parts[] = {
-      {"dispatch_send", dispatch_slab}, {"dispatch_recv", dispatch_slab},
-      {"combine_send", combine_slab},   {"combine_recv", combine_slab},
-      {"metadata", metadata},
+  const std::pair<LayoutRegion*, int64_t> parts[] = {
+      {&layout.dispatch_send, dispatch_slab}, {&layout.dispatch_recv, dispatch_slab},
+      {&layout.combine_send, combine_slab},   {&layout.combine_recv, combine_slab},
+      {&layout.metadata, metadata},
   };
-  for (const auto& [name, bytes] : parts) {
+  for (const auto& [region, bytes] : parts) {
     ASSIGN_OR_RETURN(int64_t offset, Place(&end, bytes, "allocated workspace"));
-    ws.regions.push_back(WorkspaceRegion{name, offset, bytes});
+    *region = LayoutRegion{offset, bytes};
   }
-  ws.total_bytes = end;
-  return ws;
+  layout.total_bytes = end;
+  return layout;
+}
+
+std::vector<WorkspaceRegion> CpuWorkspaceLayout::Regions() const {
+  return {{"dispatch_send", dispatch_send.offset_bytes, dispatch_send.size_bytes},
+          {"dispatch_recv", dispatch_recv.offset_bytes, dispatch_recv.size_bytes},
+          {"combine_send", combine_send.offset_bytes, combine_send.size_bytes},
+          {"combine_recv", combine_recv.offset_bytes, combine_recv.size_bytes},
+          {"metadata", metadata.offset_bytes, metadata.size_bytes}};
+}
+
+absl::StatusOr<AllocatedWorkspace> ComputeAllocatedWorkspace(const WorkspaceSpec& spec) {
+  ASSIGN_OR_RETURN(CpuWorkspaceLayout layout, CpuWorkspaceLayout::For(spec));
+  return AllocatedWorkspace{layout.Regions(), layout.total_bytes};
 }
 
 }  // namespace moe_ep::core

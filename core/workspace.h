@@ -63,6 +63,20 @@ struct WorkspaceRegion {
   int64_t size_bytes = 0;
 };
 
+// Where one region of a typed layout sits in its allocation. A layout object
+// (CpuWorkspaceLayout here, kernels::GpuWorkspaceLayout for the GPU) is the
+// only place that computes offsets; its users take pointers from it with At()
+// and never re-derive a size (STYLE §7).
+struct LayoutRegion {
+  int64_t offset_bytes = 0;
+  int64_t size_bytes = 0;
+  // The region's first byte inside the allocation starting at `base`, as T*.
+  template <typename T>
+  T* At(void* base) const {
+    return reinterpret_cast<T*>(static_cast<char*>(base) + offset_bytes);
+  }
+};
+
 // What moe-ep's own two-sided data plane allocates per rank: dispatch send and
 // receive [E, N, dispatch_bytes], combine send and receive [E, N, combine_bytes],
 // and metadata (per-peer counts, per-token routing), each region starting on a
@@ -71,6 +85,29 @@ struct AllocatedWorkspace {
   std::vector<WorkspaceRegion> regions;
   int64_t total_bytes = 0;
 };
+
+// The CPU data plane's workspace (core::EpDispatcher), one field per region,
+// in allocation order: dispatch_send, dispatch_recv [E, N, dispatch_bytes],
+// combine_send, combine_recv [E, N, 2H], metadata. total_bytes = end of the
+// last region. Errors: as ComputeAllocatedWorkspace. Pure and thread-safe.
+// Source: DESIGN §5; issue 10 item 2.
+// Example: E=2, N=3, H=64, K=2, bf16 -> dispatch_send {0, 896}.
+struct CpuWorkspaceLayout {
+  LayoutRegion dispatch_send;
+  LayoutRegion dispatch_recv;
+  LayoutRegion combine_send;
+  LayoutRegion combine_recv;
+  LayoutRegion metadata;
+  int64_t total_bytes = 0;
+
+  static absl::StatusOr<CpuWorkspaceLayout> For(const WorkspaceSpec& spec);
+  // The regions with their names, for AllocateWorkspace's breakdown.
+  std::vector<WorkspaceRegion> Regions() const;
+};
+
+// CpuWorkspaceLayout::For(spec) as a named list (what `moe-ep workspace` and
+// the memory budget read). Errors: kInvalidArgument (sizes), kOutOfRange
+// (int64 overflow).
 absl::StatusOr<AllocatedWorkspace> ComputeAllocatedWorkspace(const WorkspaceSpec& spec);
 
 }  // namespace moe_ep::core

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_format.h"
+#include "core/geometry.h"
 #include "core/status_macros.h"
 #include "core/workspace.h"
 #include "kernels/combine_reduce.cuh"
@@ -19,59 +20,21 @@ namespace moe_ep::kernels {
 using internal::CudaStatus;
 
 absl::StatusOr<std::unique_ptr<GpuEpDispatcher>> GpuEpDispatcher::Create(
-    NcclCollective* collective, const GpuEpDispatcherOptions& options, int64_t memory_cap_bytes) {
-  if (collective == nullptr) return absl::InvalidArgumentError("collective: null");
+    StreamCollective* collective, const GpuEpDispatcherOptions& options, int64_t memory_cap_bytes) {
+  if (collective == nullptr) return absl::InvalidArgumentError("collective: must not be null");
   const core::EpDispatcherOptions& o = options.dispatcher;
   const core::WorkspaceSpec& ws = o.workspace;
-  if (ws.ep_size != collective->size()) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("workspace.ep_size: expected the collective's size %d, got %d",
-                        collective->size(), ws.ep_size));
-  }
-  if (ws.ep_size > kMaxEpSize) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("workspace.ep_size: expected <= %d, got %d", kMaxEpSize, ws.ep_size));
-  }
-  if (ws.dtype != core::DispatchDType::kBF16) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("workspace.dtype: the GPU data plane moves bf16, got %s",
-                        core::DispatchDTypeName(ws.dtype)));
-  }
-  if (ws.capacity_tokens < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("workspace.capacity_tokens: expected >= 1, got %d", ws.capacity_tokens));
-  }
-  if (ws.hidden < 4 || ws.hidden % 4 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("workspace.hidden: expected a positive multiple of 4, got %d", ws.hidden));
-  }
-  if (ws.top_k < 1 || ws.top_k > kMaxTopK) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("workspace.top_k: expected in [1, %d], got %d", kMaxTopK, ws.top_k));
-  }
-  if (o.invalid_expert_id != -1 && o.invalid_expert_id != o.num_experts) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("invalid_expert_id: expected -1 or num_experts (%d), got %d", o.num_experts,
-                        o.invalid_expert_id));
-  }
-  int64_t prev = 0;
-  for (int64_t b : o.cuda_graph_buckets) {
-    if (b <= prev || b > ws.capacity_tokens) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "cuda_graph_buckets: expected ascending values in [1, %d], got %d after %d",
-          ws.capacity_tokens, b, prev));
-    }
-    prev = b;
-  }
+  RETURN_IF_ERROR(core::ValidateEpOptions(o, collective->size(), kGpuLimits));
   if (options.max_intermediate < 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("max_intermediate: expected >= 0, got %d", options.max_intermediate));
   }
   ASSIGN_OR_RETURN(core::ExpertPlacement placement,
                    core::ExpertPlacement::Contiguous(o.num_experts, ws.ep_size));
+  ASSIGN_OR_RETURN(GpuWorkspaceLayout layout, GpuWorkspaceLayout::For(ws));
 
-  std::unique_ptr<GpuEpDispatcher> d(new GpuEpDispatcher());
-  d->collective_ = collective;
+  std::unique_ptr<GpuEpDispatcher> d(new GpuEpDispatcher(collective, ws.capacity_tokens));
+  d->layout_ = layout;
   d->options_ = options;
   d->ep_size_ = ws.ep_size;
   d->rank_ = collective->rank();
@@ -84,27 +47,13 @@ absl::StatusOr<std::unique_ptr<GpuEpDispatcher>> GpuEpDispatcher::Create(
   d->counts_.assign(ws.ep_size, 0);
   d->header_counts_.assign(ws.ep_size, 3 * static_cast<int64_t>(sizeof(int64_t)));
 
-  // Region sizes (bytes), each 128-byte aligned.
   const int64_t e = ws.ep_size;
   const int64_t n = ws.capacity_tokens;
-  static_assert(sizeof(StepHeaderError) <= 128, "error record fits its region");
-  const std::array<int64_t, 10> sizes = {core::AlignTo128(e * n * d->row_bytes_),
-                                         core::AlignTo128(e * n * d->row_bytes_),
-                                         core::AlignTo128(e * n * ws.hidden * 2),
-                                         core::AlignTo128(e * n * ws.hidden * 2),
-                                         core::AlignTo128(n * e * 4),
-                                         core::AlignTo128(e * 4),
-                                         core::AlignTo128(3 * 8),
-                                         core::AlignTo128(e * 3 * 8),
-                                         core::AlignTo128(sizeof(StepHeaderError)),
-                                         core::AlignTo128(e * 3 * 8)};
-  int64_t total = 0;
-  for (int64_t s : sizes) total += s;
-
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(collective->device()), "cudaSetDevice"));
   ASSIGN_OR_RETURN(d->expert_compute_,
                    ExpertCompute::Create(e * n, ws.top_k, ws.hidden, options.max_intermediate,
                                          d->num_local_experts_));
+  const int64_t total = layout.total_bytes;
   const int64_t with_scratch = total + d->expert_compute_->allocated_bytes();
   if (memory_cap_bytes > 0 && with_scratch > memory_cap_bytes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
@@ -113,23 +62,16 @@ absl::StatusOr<std::unique_ptr<GpuEpDispatcher>> GpuEpDispatcher::Create(
   }
   RETURN_IF_ERROR(CudaStatus(cudaMalloc(&d->base_, total), "cudaMalloc(data plane buffers)"));
   RETURN_IF_ERROR(CudaStatus(cudaMemset(d->base_, 0, total), "cudaMemset(data plane buffers)"));
-  d->allocated_bytes_ = with_scratch;
-  char* p = d->base_;
-  auto take = [&p](int64_t bytes) {
-    char* at = p;
-    p += bytes;
-    return at;
-  };
-  d->send_ = reinterpret_cast<uint8_t*>(take(sizes[0]));
-  d->recv_ = reinterpret_cast<uint8_t*>(take(sizes[1]));
-  d->combine_send_ = reinterpret_cast<uint16_t*>(take(sizes[2]));
-  d->combine_recv_ = reinterpret_cast<uint16_t*>(take(sizes[3]));
-  d->token_slot_ = reinterpret_cast<int32_t*>(take(sizes[4]));
-  d->send_counts_ = reinterpret_cast<int32_t*>(take(sizes[5]));
-  d->header_ = reinterpret_cast<int64_t*>(take(sizes[6]));
-  d->gathered_ = reinterpret_cast<int64_t*>(take(sizes[7]));
-  d->error_ = reinterpret_cast<StepHeaderError*>(take(sizes[8]));
-  d->header_replicas_ = reinterpret_cast<int64_t*>(take(sizes[9]));
+  d->send_ = layout.dispatch_send.At<uint8_t>(d->base_);
+  d->recv_ = layout.dispatch_recv.At<uint8_t>(d->base_);
+  d->combine_send_ = layout.combine_send.At<uint16_t>(d->base_);
+  d->combine_recv_ = layout.combine_recv.At<uint16_t>(d->base_);
+  d->token_slot_ = layout.token_slot.At<int32_t>(d->base_);
+  d->send_counts_ = layout.send_counts.At<int32_t>(d->base_);
+  d->header_ = layout.header.At<int64_t>(d->base_);
+  d->gathered_ = layout.gathered_headers.At<int64_t>(d->base_);
+  d->error_ = layout.error.At<StepHeaderError>(d->base_);
+  d->header_replicas_ = layout.header_replicas.At<int64_t>(d->base_);
   d->expert_compute_->set_gemm(options.expert_gemm);
   return d;
 }
@@ -140,27 +82,12 @@ GpuEpDispatcher::~GpuEpDispatcher() {
 }
 
 absl::StatusOr<std::vector<int64_t>> GpuEpDispatcher::SyncTokenCounts(int64_t local_tokens) {
-  if (local_tokens < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("local_tokens: expected >= 0 on rank %d, got %d", rank_, local_tokens));
-  }
-  return core::AllGatherInt64(*collective_, local_tokens);
+  RETURN_IF_ERROR(core::ValidateLocalTokens(local_tokens, rank_));
+  return core::AllGatherInt64(control_, local_tokens);
 }
 
 absl::Status GpuEpDispatcher::CommitGeometry(int64_t epoch, int64_t r, int64_t local_tokens) {
-  if (r > capacity_) {
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("runtime_max_tokens_per_rank %d exceeds capacity_tokens %d on rank %d", r,
-                        capacity_, rank_));
-  }
-  if (r < 0 || r < local_tokens) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "runtime_max_tokens_per_rank %d must be >= 0 and >= local_tokens %d on rank %d", r,
-        local_tokens, rank_));
-  }
-  epoch_ = epoch;
-  runtime_max_tokens_ = r;
-  return absl::OkStatus();
+  return geometry_.Commit(epoch, r, local_tokens);
 }
 
 absl::Status GpuEpDispatcher::CheckExperts(const DeviceExpertSet& experts) const {
@@ -231,21 +158,13 @@ absl::Status GpuEpDispatcher::EnqueueCombine(int64_t r, uint16_t* output,
   return LaunchCombineReduce(combine, collective_->stream());
 }
 
-absl::Status GpuEpDispatcher::CheckForwardArgs(int64_t num_tokens, const void* hidden,
-                                               const void* topk_ids,
+absl::Status GpuEpDispatcher::CheckForwardArgs(const char* call, int64_t num_tokens,
+                                               const void* hidden, const void* topk_ids,
                                                const void* topk_weights) const {
-  if (runtime_max_tokens_ < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("Forward on rank %d: no geometry committed", rank_));
-  }
-  if (num_tokens < 0 || num_tokens > runtime_max_tokens_) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("Forward on rank %d: num_tokens expected in [0, R=%d], got %d", rank_,
-                        runtime_max_tokens_, num_tokens));
-  }
+  RETURN_IF_ERROR(geometry_.CheckStep(call, num_tokens));
   if (num_tokens > 0 && (hidden == nullptr || topk_ids == nullptr || topk_weights == nullptr)) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "Forward on rank %d: null device pointer with %d tokens", rank_, num_tokens));
+        "%s on rank %d: null device pointer with %d tokens", call, rank_, num_tokens));
   }
   return absl::OkStatus();
 }
@@ -253,17 +172,20 @@ absl::Status GpuEpDispatcher::CheckForwardArgs(int64_t num_tokens, const void* h
 absl::Status GpuEpDispatcher::AgreeAndWriteHeader(int64_t num_tokens) {
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(collective_->device()), "cudaSetDevice"));
   // (epoch, R) agreement before any payload moves (DESIGN §6).
-  const int64_t mine[2] = {epoch_, runtime_max_tokens_};
+  const int64_t epoch = geometry_.epoch();
+  const int64_t runtime_max = geometry_.runtime_max_tokens_per_rank();
+  const int64_t mine[2] = {epoch, runtime_max};
   std::vector<int64_t> all(2 * ep_size_);
-  RETURN_IF_ERROR(collective_->AllGather(mine, sizeof(mine), all.data()));
+  RETURN_IF_ERROR(control_.AllGather(mine, sizeof(mine), all.data()));
   for (int r = 0; r < ep_size_; ++r) {
-    if (all[2 * r] != epoch_ || all[2 * r + 1] != runtime_max_tokens_) {
+    if (all[2 * r] != epoch || all[2 * r + 1] != runtime_max) {
       return absl::AbortedError(absl::StrFormat(
-          "geometry mismatch: rank %d has (epoch %d, R %d), rank %d has (epoch %d, R %d)", r,
-          all[2 * r], all[2 * r + 1], rank_, epoch_, runtime_max_tokens_));
+          "geometry mismatch: rank %d has (epoch %d, R %d), this rank (rank %d) has (epoch %d, R "
+          "%d); commit the same geometry on every rank",
+          r, all[2 * r], all[2 * r + 1], rank_, epoch, runtime_max));
     }
   }
-  return WriteHeader(epoch_, runtime_max_tokens_, num_tokens);
+  return WriteHeader(epoch, runtime_max, num_tokens);
 }
 
 absl::Status GpuEpDispatcher::BeginStep(int64_t num_tokens) {
@@ -271,24 +193,21 @@ absl::Status GpuEpDispatcher::BeginStep(int64_t num_tokens) {
     return AgreeAndWriteHeader(num_tokens);
   }
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(collective_->device()), "cudaSetDevice"));
-  return WriteHeader(epoch_, runtime_max_tokens_, num_tokens);
+  return WriteHeader(geometry_.epoch(), geometry_.runtime_max_tokens_per_rank(), num_tokens);
 }
 
 absl::Status GpuEpDispatcher::Forward(const uint16_t* hidden, const int32_t* topk_ids,
                                       const float* topk_weights, int64_t num_tokens,
                                       const DeviceExpertSet& experts, uint16_t* output) {
-  if (dispatched_) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("Forward on rank %d: a dispatch is pending its combine", rank_));
-  }
-  RETURN_IF_ERROR(CheckForwardArgs(num_tokens, hidden, topk_ids, topk_weights));
+  RETURN_IF_ERROR(geometry_.BeginDispatch("Forward"));
+  RETURN_IF_ERROR(CheckForwardArgs("Forward", num_tokens, hidden, topk_ids, topk_weights));
   if (num_tokens > 0 && output == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrFormat("Forward on rank %d: null output with %d tokens", rank_, num_tokens));
   }
   RETURN_IF_ERROR(CheckExperts(experts));
   RETURN_IF_ERROR(BeginStep(num_tokens));
-  const int64_t r = runtime_max_tokens_;
+  const int64_t r = geometry_.runtime_max_tokens_per_rank();
   RETURN_IF_ERROR(EnqueueDispatch(r, hidden, topk_ids, topk_weights));
   RETURN_IF_ERROR(expert_compute_->Run(recv_, ep_size_ * r, experts, combine_send_, stream()));
   return EnqueueCombine(r, output);
@@ -296,34 +215,31 @@ absl::Status GpuEpDispatcher::Forward(const uint16_t* hidden, const int32_t* top
 
 absl::Status GpuEpDispatcher::Dispatch(const uint16_t* hidden, const int32_t* topk_ids,
                                        const float* topk_weights, int64_t num_tokens) {
-  if (dispatched_) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("Dispatch on rank %d: the previous dispatch has not been combined", rank_));
-  }
-  RETURN_IF_ERROR(CheckForwardArgs(num_tokens, hidden, topk_ids, topk_weights));
+  RETURN_IF_ERROR(geometry_.BeginDispatch("Dispatch"));
+  RETURN_IF_ERROR(CheckForwardArgs("Dispatch", num_tokens, hidden, topk_ids, topk_weights));
   RETURN_IF_ERROR(BeginStep(num_tokens));
-  RETURN_IF_ERROR(EnqueueDispatch(runtime_max_tokens_, hidden, topk_ids, topk_weights));
-  dispatched_ = true;
+  RETURN_IF_ERROR(
+      EnqueueDispatch(geometry_.runtime_max_tokens_per_rank(), hidden, topk_ids, topk_weights));
+  geometry_.MarkDispatched();
   return absl::OkStatus();
 }
 
 absl::Status GpuEpDispatcher::ComputeExperts(const DeviceExpertSet& experts) {
-  if (!dispatched_) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("ComputeExperts on rank %d: no dispatch pending", rank_));
-  }
+  RETURN_IF_ERROR(geometry_.RequireDispatched("ComputeExperts"));
   RETURN_IF_ERROR(CheckExperts(experts));
-  return expert_compute_->Run(recv_, ep_size_ * runtime_max_tokens_, experts, combine_send_,
-                              stream());
+  RETURN_IF_ERROR(expert_compute_->Run(recv_, ep_size_ * geometry_.runtime_max_tokens_per_rank(),
+                                       experts, combine_send_, stream()));
+  geometry_.MarkComputed();
+  return absl::OkStatus();
 }
 
 absl::Status GpuEpDispatcher::Combine(uint16_t* output, const uint16_t* shared_out) {
-  if (!dispatched_) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("Combine on rank %d: no dispatch pending", rank_));
-  }
-  dispatched_ = false;
-  return EnqueueCombine(runtime_max_tokens_, output, shared_out);
+  // The GPU plane combines even when its expert compute failed, to keep the
+  // ranks' NCCL sequence aligned (server/gpu_data_plane.cc), so only a
+  // dispatched step is required here.
+  RETURN_IF_ERROR(geometry_.RequireDispatched("Combine"));
+  geometry_.MarkIdle();
+  return EnqueueCombine(geometry_.runtime_max_tokens_per_rank(), output, shared_out);
 }
 
 absl::Status GpuEpDispatcher::CaptureForward(int64_t bucket, const uint16_t* hidden,
@@ -346,7 +262,7 @@ absl::Status GpuEpDispatcher::CaptureForward(int64_t bucket, const uint16_t* hid
         rank_));
   }
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(collective_->device()), "cudaSetDevice"));
-  ASSIGN_OR_RETURN(std::vector<int64_t> buckets, core::AllGatherInt64(*collective_, bucket));
+  ASSIGN_OR_RETURN(std::vector<int64_t> buckets, core::AllGatherInt64(control_, bucket));
   for (int r = 0; r < ep_size_; ++r) {
     if (buckets[r] != bucket) {
       return absl::AbortedError(
@@ -421,7 +337,7 @@ absl::Status GpuEpDispatcher::CheckStep() {
 
 absl::StatusOr<ReceivedRowsForTest> GpuEpDispatcher::CopyReceivedForTest() {
   RETURN_IF_ERROR(collective_->Synchronize());
-  const int64_t r = runtime_max_tokens_ < 0 ? 0 : runtime_max_tokens_;
+  const int64_t r = geometry_.runtime_max_tokens_per_rank();
   std::vector<uint8_t> raw(ep_size_ * r * row_bytes_);
   if (!raw.empty()) {
     RETURN_IF_ERROR(CudaStatus(cudaMemcpy(raw.data(), recv_, raw.size(), cudaMemcpyDeviceToHost),

@@ -3,14 +3,10 @@
 // The GPU expert-parallel data plane of one rank (DESIGN §5-§7, §10): the
 // same semantics as core::EpDispatcher, on device memory, over NCCL.
 //
-// Buffers (one cudaMalloc in Create, 128-byte aligned regions, never on the
-// step path), with N = capacity_tokens, E = ep_size:
-//   dispatch send / recv  [E, N, 2H + 8K]   hidden bf16 | K ids int32 | K weights fp32
-//   combine send / recv   [E, N, H] bf16
-//   token_slot [N, E] int32, send_counts [E] int32, step header {epoch, R, T}
-//   int64, gathered headers [E, 3] int64, error record (StepHeaderError,
-//   32 bytes), header replicas [E, 3] int64 (the header exchange's send side)
-// plus the expert scratch of kernels/expert_compute.h (sized for E * N rows).
+// Buffers: one cudaMalloc in Create laid out by kernels::GpuWorkspaceLayout
+// (never on the step path), plus the expert scratch of
+// kernels/expert_compute.h (sized for E * N rows). Options, geometry and the
+// step sequence are the contract's (core/ep_contract.h).
 // A step with R = runtime_max_tokens_per_rank uses each region packed as
 // [E, R, ...] (offsets depend on R, hence the (epoch, R) agreement): slab s of
 // the receive region holds source s's tokens for this rank in slots
@@ -49,12 +45,16 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/ep_contract.h"
 #include "core/ep_dispatcher.h"
 #include "core/expert_placement.h"
 #include "kernels/device_experts.h"
 #include "kernels/expert_compute.h"
-#include "kernels/nccl_collective.h"
+#include "kernels/gpu_workspace_layout.h"
+#include "kernels/route.cuh"
+#include "kernels/staged_control_collective.h"
 #include "kernels/step_header.cuh"
+#include "kernels/stream_collective.h"
 
 namespace moe_ep::kernels {
 
@@ -82,30 +82,44 @@ struct ReceivedRowsForTest {
 
 class GpuEpDispatcher {
  public:
+  // What the GPU data plane cannot do (route.cuh's bounds, H % 4 for the
+  // vectorized pack and combine).
+  static constexpr core::BackendLimits kGpuLimits = {"GPU data plane", kMaxEpSize, kMaxTopK, 4};
+
   // `collective` must outlive the dispatcher; its size() is ep_size and its
   // device is current for the allocations.
-  // Errors: kInvalidArgument (options inconsistent with the collective or each
-  // other: ep_size, H % 4, K range, dtype not bf16, invalid id not -1 or
-  // num_experts, buckets not ascending or > N), kResourceExhausted (total
-  // device bytes > memory_cap_bytes when > 0, or cudaMalloc failed).
+  // Errors: kInvalidArgument (core::ValidateEpOptions with kGpuLimits;
+  // max_intermediate < 0), kResourceExhausted (total device bytes >
+  // memory_cap_bytes when > 0, or cudaMalloc failed).
   static absl::StatusOr<std::unique_ptr<GpuEpDispatcher>> Create(
-      NcclCollective* collective, const GpuEpDispatcherOptions& options, int64_t memory_cap_bytes);
+      StreamCollective* collective, const GpuEpDispatcherOptions& options,
+      int64_t memory_cap_bytes);
   ~GpuEpDispatcher();
   GpuEpDispatcher(const GpuEpDispatcher&) = delete;
   GpuEpDispatcher& operator=(const GpuEpDispatcher&) = delete;
 
-  // Device bytes held (buffers + expert scratch).
-  int64_t allocated_bytes() const { return allocated_bytes_; }
+  // Device bytes held: layout().total_bytes + expert_scratch_bytes().
+  int64_t allocated_bytes() const { return layout_.total_bytes + expert_scratch_bytes(); }
+  // The one allocation's regions.
+  const GpuWorkspaceLayout& layout() const { return layout_; }
+  // What the expert compute says it allocated (kernels/expert_compute.h).
+  int64_t expert_scratch_bytes() const { return expert_compute_->allocated_bytes(); }
   cudaStream_t stream() const { return collective_->stream(); }
 
   // As core::EpDispatcher: all-gathers local token counts (collective).
   absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens);
-  // As core::EpDispatcher: kResourceExhausted (R > N), kInvalidArgument
-  // (R < local_tokens or R < 0); previous geometry kept on error.
+  // core::GeometryState::Commit: kFailedPrecondition (a dispatched step is
+  // in flight), kResourceExhausted (R > N), kInvalidArgument (R <
+  // local_tokens or R < 0); previous geometry kept on error.
   absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
                               int64_t local_tokens);
-  int64_t epoch() const { return epoch_; }
-  int64_t runtime_max_tokens_per_rank() const { return runtime_max_tokens_; }
+  int64_t epoch() const { return geometry_.epoch(); }
+  int64_t runtime_max_tokens_per_rank() const { return geometry_.runtime_max_tokens_per_rank(); }
+  bool geometry_committed() const { return geometry_.committed(); }
+  // core::GeometryState::CheckStep: a committed geometry and 0 <= T <= R.
+  absl::Status CheckStep(const char* call, int64_t num_tokens) const {
+    return geometry_.CheckStep(call, num_tokens);
+  }
 
   // One MoE layer on device pointers: hidden [T, H] bf16, topk_ids [T, K],
   // topk_weights [T, K], output [T, H] bf16 (null allowed when T == 0).
@@ -151,7 +165,7 @@ class GpuEpDispatcher {
   absl::Status CheckReplay();
 
   // The sync point of the device-side geometry check: waits for the stream
-  // (NcclCollective::Synchronize, with the group's deadline) and reports the
+  // (StreamCollective::Synchronize, with the group's deadline) and reports the
   // first (epoch, R) disagreement recorded by any step (eager kDevice or
   // replayed) since the last call, then clears it. Errors: kAborted naming
   // the rank and its (epoch, R); when R differed, the step's NCCL transfers
@@ -164,19 +178,23 @@ class GpuEpDispatcher {
   absl::StatusOr<ReceivedRowsForTest> CopyReceivedForTest();
 
  private:
-  GpuEpDispatcher() = default;
+  GpuEpDispatcher(StreamCollective* collective, int64_t capacity)
+      : collective_(collective), control_(collective), geometry_(collective->rank(), capacity) {}
   absl::Status EnqueueDispatch(int64_t r, const uint16_t* hidden, const int32_t* topk_ids,
                                const float* topk_weights);
   absl::Status EnqueueCombine(int64_t r, uint16_t* output, const uint16_t* shared_out = nullptr);
-  absl::Status CheckForwardArgs(int64_t num_tokens, const void* hidden, const void* topk_ids,
-                                const void* topk_weights) const;
+  absl::Status CheckForwardArgs(const char* call, int64_t num_tokens, const void* hidden,
+                                const void* topk_ids, const void* topk_weights) const;
   absl::Status AgreeAndWriteHeader(int64_t num_tokens);
   // kHostAllGather: AgreeAndWriteHeader; kDevice: WriteHeader only.
   absl::Status BeginStep(int64_t num_tokens);
   absl::Status CheckExperts(const DeviceExpertSet& experts) const;
   absl::Status WriteHeader(int64_t epoch, int64_t r, int64_t num_tokens);
 
-  NcclCollective* collective_ = nullptr;
+  StreamCollective* collective_ = nullptr;
+  StagedControlCollective control_;  // host agreements over collective_
+  core::GeometryState geometry_;
+  GpuWorkspaceLayout layout_;
   GpuEpDispatcherOptions options_;
   int ep_size_ = 0;
   int rank_ = 0;
@@ -186,10 +204,6 @@ class GpuEpDispatcher {
   int64_t row_bytes_ = 0;
   int first_expert_ = 0;
   int num_local_experts_ = 0;
-  int64_t epoch_ = -1;
-  int64_t runtime_max_tokens_ = -1;
-  int64_t allocated_bytes_ = 0;
-  bool dispatched_ = false;
 
   char* base_ = nullptr;  // the one allocation
   uint8_t* send_ = nullptr;

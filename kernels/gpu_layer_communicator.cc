@@ -170,7 +170,7 @@ absl::StatusOr<core::LayerActivations> GpuLayerActivations::Download() const {
 // GpuLayerCommunicator
 
 absl::StatusOr<std::unique_ptr<GpuLayerCommunicator>> GpuLayerCommunicator::Create(
-    const core::ParallelGroups* groups, const core::LayerPlan& plan, int64_t hidden,
+    const GpuParallelGroups* groups, const core::LayerPlan& plan, int64_t hidden,
     const GpuLayerCommunicatorOptions& options) {
   if (groups == nullptr) return absl::InvalidArgumentError("groups is null");
   if (hidden < 1)
@@ -181,13 +181,8 @@ absl::StatusOr<std::unique_ptr<GpuLayerCommunicator>> GpuLayerCommunicator::Crea
         absl::StrCat("options.all_reduce_norm: expected fused or unfused, got ",
                      static_cast<int>(options.all_reduce_norm)));
   }
-  auto* world = dynamic_cast<NcclCollective*>(&groups->world());
-  auto* attn_tp = dynamic_cast<NcclCollective*>(&groups->attn_tp());
-  if (world == nullptr || attn_tp == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "GpuLayerCommunicator needs NCCL groups, got world backend '", groups->world().backend(),
-        "' and attention-TP backend '", groups->attn_tp().backend(), "' on rank ", groups->rank()));
-  }
+  StreamCollective* world = &groups->world();
+  StreamCollective* attn_tp = &groups->attn_tp();
   std::unique_ptr<GpuLayerCommunicator> c(new GpuLayerCommunicator());
   c->groups_ = groups;
   c->world_ = world;
@@ -280,7 +275,7 @@ absl::Status GpuLayerCommunicator::AttnTpAllGather(const float* src, int64_t row
   return OnAttnTpStream([&] { return attn_tp_->AllGather(src, bytes, dst); });
 }
 
-absl::Status GpuLayerCommunicator::ReduceScatter(NcclCollective& group, bool on_attn_tp,
+absl::Status GpuLayerCommunicator::ReduceScatter(StreamCollective& group, bool on_attn_tp,
                                                  const float* full, int64_t full_rows, float* recv,
                                                  float* out) const {
   const int n = group.size();

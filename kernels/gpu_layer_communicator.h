@@ -2,7 +2,7 @@
 
 // The GPU half of core::LayerCommunicator (DESIGN §3, §4; issue 4): the three
 // communication steps of one decoder layer's plan on device buffers, over
-// NCCL groups (kernels/nccl_collective.h) formed by core::ParallelGroups.
+// stream collectives (kernels/stream_collective.h) formed by GpuParallelGroups.
 //
 // Same contract as core::LayerCommunicator (read its file comment for the
 // rows each mode holds and how every collective is built), with these
@@ -43,8 +43,12 @@
 #include "core/rms_norm.h"
 #include "kernels/nccl_collective.h"
 #include "kernels/rms_norm.cuh"
+#include "kernels/stream_collective.h"
 
 namespace moe_ep::kernels {
+
+// The world and attention-TP groups of a rank as stream collectives.
+using GpuParallelGroups = core::BasicParallelGroups<StreamCollective>;
 
 // The RMSNorm parameters on a device: weight [H] fp32 and eps.
 class DeviceRmsNorm {
@@ -138,15 +142,14 @@ struct GpuLayerCommunicatorOptions {
 
 class GpuLayerCommunicator {
  public:
-  // `groups` (not owned, must outlive the communicator) must be built on an
-  // NcclCollective world, so that both its groups are NCCL groups on one
-  // device. `plan` from PlanLayers / BuildLayerPlan for groups->layout().
+  // `groups` (not owned, must outlive the communicator): stream collectives
+  // on one device. `plan` from PlanLayers / BuildLayerPlan for groups->layout().
   // Creates two CUDA events (fork/join of the attention-TP stream).
   // Errors: kInvalidArgument for a null groups, hidden < 1, a group whose
   // backend is not NCCL (naming the backend), options.all_reduce_norm out of
   // range; kInternal from CUDA.
   static absl::StatusOr<std::unique_ptr<GpuLayerCommunicator>> Create(
-      const core::ParallelGroups* groups, const core::LayerPlan& plan, int64_t hidden,
+      const GpuParallelGroups* groups, const core::LayerPlan& plan, int64_t hidden,
       const GpuLayerCommunicatorOptions& options = {});
   ~GpuLayerCommunicator();
   GpuLayerCommunicator(const GpuLayerCommunicator&) = delete;
@@ -207,13 +210,13 @@ class GpuLayerCommunicator {
   // attention-TP stream when `on_attn_tp`), then the ascending chunk sum on
   // the world stream. `out` may be `full` (the sum is ordered after the
   // exchange), never `recv`.
-  absl::Status ReduceScatter(NcclCollective& group, bool on_attn_tp, const float* full,
+  absl::Status ReduceScatter(StreamCollective& group, bool on_attn_tp, const float* full,
                              int64_t full_rows, float* recv, float* out) const;
   absl::Status AddAndNorm(const DeviceRmsNorm& norm, GpuLayerActivations& act) const;
 
-  const core::ParallelGroups* groups_ = nullptr;
-  NcclCollective* world_ = nullptr;
-  NcclCollective* attn_tp_ = nullptr;
+  const GpuParallelGroups* groups_ = nullptr;
+  StreamCollective* world_ = nullptr;
+  StreamCollective* attn_tp_ = nullptr;
   core::LayerPlan plan_;
   int64_t hidden_ = 0;
   GpuLayerCommunicatorOptions options_;

@@ -108,8 +108,6 @@ NcclCollective::~NcclCollective() {
   // waits on a peer that is gone. Every collective this object returned from
   // has been enqueued; callers synchronise before destroying.
   if (comm_ != nullptr) ncclCommAbort(comm_);
-  cudaFree(staging_);
-  cudaFreeHost(host_staging_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -170,32 +168,6 @@ absl::Status NcclCollective::Synchronize() {
     }
     std::this_thread::yield();
   }
-}
-
-absl::Status NcclCollective::EnsureStaging(int64_t bytes) {
-  if (bytes <= staging_bytes_) return absl::OkStatus();
-  cudaFree(staging_);
-  cudaFreeHost(host_staging_);
-  staging_ = nullptr;
-  host_staging_ = nullptr;
-  staging_bytes_ = 0;
-  RETURN_IF_ERROR(internal::CudaStatus(cudaMalloc(&staging_, bytes), "cudaMalloc(staging)"));
-  RETURN_IF_ERROR(
-      internal::CudaStatus(cudaMallocHost(&host_staging_, bytes), "cudaMallocHost(staging)"));
-  staging_bytes_ = bytes;
-  return absl::OkStatus();
-}
-
-absl::Status NcclCollective::CopyOutAndWait(void* host_dst, const char* device_src, int64_t bytes) {
-  // A device-to-pageable copy would block the host until the collective
-  // finished (a hang if a peer is gone); pinned staging keeps the wait in
-  // Synchronize(), which has the deadline.
-  RETURN_IF_ERROR(internal::CudaStatus(
-      cudaMemcpyAsync(host_staging_, device_src, bytes, cudaMemcpyDeviceToHost, stream_),
-      "cudaMemcpyAsync(device to pinned staging)"));
-  RETURN_IF_ERROR(Synchronize());
-  std::memcpy(host_dst, host_staging_, bytes);
-  return absl::OkStatus();
 }
 
 ncclResult_t NcclCollective::PostAllToAllV(const char* send, absl::Span<const int64_t> send_bytes,
@@ -282,27 +254,8 @@ absl::Status NcclCollective::AllToAllV(const void* send, absl::Span<const int64_
     recv_total += recv_bytes[p];
   }
   RETURN_IF_ERROR(internal::CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
-  const bool send_dev = send_total == 0 || IsDevicePointer(send);
-  const bool recv_dev = recv_total == 0 || IsDevicePointer(recv);
-  if (send_dev && recv_dev) {
-    return EnqueueAllToAllV(static_cast<const char*>(send), send_bytes, static_cast<char*>(recv),
-                            recv_bytes);
-  }
-  // Host memory: stage through the device and complete before returning.
-  const int64_t send_stage = send_dev ? 0 : send_total;
-  RETURN_IF_ERROR(EnsureStaging(send_stage + (recv_dev ? 0 : recv_total)));
-  const char* dsend = static_cast<const char*>(send);
-  char* drecv = static_cast<char*>(recv);
-  if (!send_dev) {
-    RETURN_IF_ERROR(internal::CudaStatus(
-        cudaMemcpyAsync(staging_, send, send_total, cudaMemcpyHostToDevice, stream_),
-        "cudaMemcpyAsync(AllToAllV send)"));
-    dsend = staging_;
-  }
-  if (!recv_dev) drecv = staging_ + send_stage;
-  RETURN_IF_ERROR(EnqueueAllToAllV(dsend, send_bytes, drecv, recv_bytes));
-  if (!recv_dev) return CopyOutAndWait(recv, drecv, recv_total);
-  return Synchronize();
+  return EnqueueAllToAllV(static_cast<const char*>(send), send_bytes, static_cast<char*>(recv),
+                          recv_bytes);
 }
 
 absl::Status NcclCollective::AllGather(const void* send, int64_t bytes_per_rank, void* recv) {
@@ -313,26 +266,8 @@ absl::Status NcclCollective::AllGather(const void* send, int64_t bytes_per_rank,
   }
   if (bytes_per_rank == 0) return absl::OkStatus();
   RETURN_IF_ERROR(internal::CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
-  const bool send_dev = IsDevicePointer(send);
-  const bool recv_dev = IsDevicePointer(recv);
-  const int64_t recv_total = bytes_per_rank * size_;
-  if (send_dev && recv_dev) {
-    return WaitForNccl(ncclAllGather(send, recv, bytes_per_rank, ncclChar, comm_, stream_),
-                       "AllGather");
-  }
-  RETURN_IF_ERROR(EnsureStaging(bytes_per_rank + recv_total));
-  const void* dsend = send;
-  if (!send_dev) {
-    RETURN_IF_ERROR(internal::CudaStatus(
-        cudaMemcpyAsync(staging_, send, bytes_per_rank, cudaMemcpyHostToDevice, stream_),
-        "cudaMemcpyAsync(AllGather send)"));
-    dsend = staging_;
-  }
-  char* drecv = recv_dev ? static_cast<char*>(recv) : staging_ + bytes_per_rank;
-  RETURN_IF_ERROR(WaitForNccl(ncclAllGather(dsend, drecv, bytes_per_rank, ncclChar, comm_, stream_),
-                              "AllGather"));
-  if (!recv_dev) return CopyOutAndWait(recv, drecv, recv_total);
-  return Synchronize();
+  return WaitForNccl(ncclAllGather(send, recv, bytes_per_rank, ncclChar, comm_, stream_),
+                     "AllGather");
 }
 
 absl::Status NcclCollective::AllReduceSum(float* data, int64_t count) {
@@ -343,27 +278,11 @@ absl::Status NcclCollective::AllReduceSum(float* data, int64_t count) {
   }
   if (count == 0) return absl::OkStatus();
   RETURN_IF_ERROR(internal::CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
-  if (IsDevicePointer(data)) {
-    return WaitForNccl(ncclAllReduce(data, data, count, ncclFloat, ncclSum, comm_, stream_),
-                       "AllReduceSum");
-  }
-  const int64_t bytes = count * static_cast<int64_t>(sizeof(float));
-  RETURN_IF_ERROR(EnsureStaging(bytes));
-  RETURN_IF_ERROR(
-      internal::CudaStatus(cudaMemcpyAsync(staging_, data, bytes, cudaMemcpyHostToDevice, stream_),
-                           "cudaMemcpyAsync(AllReduceSum)"));
-  RETURN_IF_ERROR(
-      WaitForNccl(ncclAllReduce(staging_, staging_, count, ncclFloat, ncclSum, comm_, stream_),
-                  "AllReduceSum"));
-  return CopyOutAndWait(data, staging_, bytes);
+  return WaitForNccl(ncclAllReduce(data, data, count, ncclFloat, ncclSum, comm_, stream_),
+                     "AllReduceSum");
 }
 
-absl::Status NcclCollective::Barrier() {
-  float one = 1.0f;
-  return AllReduceSum(&one, 1);
-}
-
-absl::StatusOr<std::unique_ptr<core::Collective>> NcclCollective::Split(absl::Span<const int> ranks,
+absl::StatusOr<std::unique_ptr<StreamCollective>> NcclCollective::Split(absl::Span<const int> ranks,
                                                                         const std::string& tag) {
   RETURN_IF_ERROR(CheckUsable());
   bool has_self = false;
@@ -408,7 +327,7 @@ absl::StatusOr<std::unique_ptr<core::Collective>> NcclCollective::Split(absl::Sp
   ncclCommCount(sub, &sub_size);
   c->rank_ = sub_rank;
   c->size_ = sub_size;
-  return std::unique_ptr<core::Collective>(std::move(c));
+  return std::unique_ptr<StreamCollective>(std::move(c));
 }
 
 }  // namespace moe_ep::kernels

@@ -1,23 +1,19 @@
 #pragma once
 
-// The NCCL backend of core::Collective (DESIGN §1, §8; issue 3).
+// The NCCL backend of kernels::StreamCollective (DESIGN §1, §8; issues 3, 10).
 //
-// Memory: every buffer may be device memory (the data plane's case) or host
-// memory (the control plane's case, e.g. core::AllGatherInt64).
-//   - device pointers: the call is enqueued on stream() and returns once NCCL
-//     has accepted it; completion is stream-ordered. Call Synchronize() to
-//     wait with the group's deadline. Capturable in a CUDA graph.
-//   - host pointers (any buffer not device-accessible): the bytes are staged
-//     through an internal device buffer and the call waits for completion
-//     with the deadline, so it behaves like the Gloo backend.
+// Memory: device memory only. Every call is enqueued on stream() and returns
+// once NCCL has accepted it; completion is stream-ordered; Synchronize()
+// waits with the group's deadline. Capturable in a CUDA graph. Host-memory
+// control calls go through kernels::StagedControlCollective, a
+// core::ControlCollective over this object.
 // The communicator is non-blocking (ncclConfig_t.blocking = 0): init, split
 // and every enqueue are polled with ncclCommGetAsyncError against the
 // deadline. On an NCCL error or timeout the communicator is aborted
 // (ncclCommAbort) and the call returns kUnavailable (error) or
 // kDeadlineExceeded (timeout); every later call returns kFailedPrecondition.
 // A dead peer therefore becomes an error within `timeout`, never a hang
-// (host-memory results come back through pinned staging, so no copy blocks
-// the host on an unfinished collective; the destructor aborts, never waits).
+// (the destructor aborts, never waits).
 //
 // Not thread-safe: one caller thread per object. The CUDA device given at
 // creation is made current on the calling thread by every call.
@@ -31,21 +27,11 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "core/collective.h"
+#include "kernels/stream_collective.h"
 
 namespace moe_ep::kernels {
 
-// One all-to-all-v of a grouped exchange (NcclCollective::GroupedAllToAllV):
-// `send` holds the bytes for peer p at offset sum(send_bytes[0..p)), `recv`
-// receives peer p's bytes at offset sum(recv_bytes[0..p)). Device memory.
-struct AllToAllVPart {
-  const void* send = nullptr;
-  absl::Span<const int64_t> send_bytes;  // [size()]
-  void* recv = nullptr;
-  absl::Span<const int64_t> recv_bytes;  // [size()]
-};
-
-class NcclCollective : public core::Collective {
+class NcclCollective final : public StreamCollective {
  public:
   // A fresh ncclUniqueId as bytes (NCCL_UNIQUE_ID_BYTES = 128), made by rank
   // 0 and moved to the others through the rendezvous store (DESIGN §8).
@@ -68,12 +54,10 @@ class NcclCollective : public core::Collective {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  std::string backend() const override { return "nccl"; }
-  int device() const { return device_; }
-  // The stream every device-pointer call is enqueued on (owned, non-blocking).
-  cudaStream_t stream() const { return stream_; }
-  // False after an error or timeout aborted the communicator.
-  bool healthy() const { return comm_ != nullptr; }
+  int device() const override { return device_; }
+  // The stream every call is enqueued on (owned, non-blocking).
+  cudaStream_t stream() const override { return stream_; }
+  bool healthy() const override { return comm_ != nullptr; }
 
   absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_bytes, void* recv,
                          absl::Span<const int64_t> recv_bytes) override;
@@ -85,21 +69,20 @@ class NcclCollective : public core::Collective {
   // checked per call: this is the step path). Enqueued on stream(),
   // capturable. Errors: kInvalidArgument (no parts, span sizes != size(),
   // negative counts), then as AllToAllV.
-  absl::Status GroupedAllToAllV(absl::Span<const AllToAllVPart> parts);
+  absl::Status GroupedAllToAllV(absl::Span<const AllToAllVPart> parts) override;
   absl::Status AllReduceSum(float* data, int64_t count) override;
-  absl::Status Barrier() override;
   // ncclCommSplit with color = the lowest rank of `ranks`, key = this rank.
   // The new collective uses the same device, a new stream and this timeout.
-  absl::StatusOr<std::unique_ptr<core::Collective>> Split(absl::Span<const int> ranks,
+  absl::StatusOr<std::unique_ptr<StreamCollective>> Split(absl::Span<const int> ranks,
                                                           const std::string& tag) override;
 
   // Waits until all work enqueued on stream() has finished, polling NCCL's
   // async error; kDeadlineExceeded / kUnavailable (and abort) as above.
-  absl::Status Synchronize();
+  absl::Status Synchronize() override;
 
   // Aborts the communicator (e.g. when the control plane learns a peer is
   // gone). Later calls return kFailedPrecondition.
-  void Abort();
+  void Abort() override;
 
  private:
   NcclCollective() = default;
@@ -108,10 +91,6 @@ class NcclCollective : public core::Collective {
   // in progress; aborts on error or deadline.
   absl::Status WaitForNccl(ncclResult_t started, const char* what);
   absl::Status Fail(absl::Status status);
-  absl::Status EnsureStaging(int64_t bytes);
-  // Copies `bytes` from device staging to `host_dst` through pinned memory,
-  // waiting with the deadline.
-  absl::Status CopyOutAndWait(void* host_dst, const char* device_src, int64_t bytes);
   // Enqueues the grouped send/recv of AllToAllV on stream_.
   absl::Status EnqueueAllToAllV(const char* send, absl::Span<const int64_t> send_bytes, char* recv,
                                 absl::Span<const int64_t> recv_bytes);
@@ -125,9 +104,6 @@ class NcclCollective : public core::Collective {
   std::chrono::milliseconds timeout_{0};
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
-  char* staging_ = nullptr;       // device scratch for host-memory calls
-  void* host_staging_ = nullptr;  // pinned host scratch of the same size
-  int64_t staging_bytes_ = 0;
   std::string last_error_;
 };
 

@@ -6,6 +6,7 @@
 #include "kernels/internal/cuda_status.h"
 #include "kernels/nccl_collective.h"
 #include "kernels/rms_norm.cuh"
+#include "kernels/stream_collective.h"
 
 namespace moe_ep::kernels {
 namespace {
@@ -290,7 +291,7 @@ const char* AllReduceNormImplName(AllReduceNormImpl impl) {
   return "unknown";
 }
 
-absl::Status AllReduceAddRmsNorm(NcclCollective& group, AllReduceNormImpl impl, float* x,
+absl::Status AllReduceAddRmsNorm(StreamCollective& group, AllReduceNormImpl impl, float* x,
                                  float* residual, const float* weight, int64_t rows, int64_t hidden,
                                  float eps) {
   RETURN_IF_ERROR(

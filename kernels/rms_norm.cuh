@@ -29,7 +29,7 @@
 
 namespace moe_ep::kernels {
 
-class NcclCollective;
+class StreamCollective;
 
 // LaunchRmsNorm()
 //
@@ -107,7 +107,7 @@ const char* AllReduceNormImplName(AllReduceNormImpl impl);
 // Errors: kInvalidArgument as LaunchAddResidualRmsNorm, or a pointer that is
 // not device memory (it would make the collective stage and wait); the
 // collective's errors (kUnavailable, kDeadlineExceeded, kFailedPrecondition).
-absl::Status AllReduceAddRmsNorm(NcclCollective& group, AllReduceNormImpl impl, float* x,
+absl::Status AllReduceAddRmsNorm(StreamCollective& group, AllReduceNormImpl impl, float* x,
                                  float* residual, const float* weight, int64_t rows, int64_t hidden,
                                  float eps);
 

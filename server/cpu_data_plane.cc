@@ -46,13 +46,11 @@ absl::StatusOr<std::unique_ptr<CpuDataPlane>> CpuDataPlane::Form(
 absl::StatusOr<DataPlaneAllocation> CpuDataPlane::Allocate(const core::EpDispatcherOptions& options,
                                                            int64_t /*max_intermediate*/,
                                                            int64_t memory_cap_bytes) {
-  ASSIGN_OR_RETURN(core::AllocatedWorkspace layout,
-                   core::ComputeAllocatedWorkspace(options.workspace));
   ASSIGN_OR_RETURN(std::unique_ptr<core::EpDispatcher> dispatcher,
                    core::EpDispatcher::Create(collective_.get(), options, memory_cap_bytes));
   DataPlaneAllocation allocation;
   allocation.allocated_bytes = dispatcher->allocated_bytes();
-  allocation.regions = std::move(layout.regions);
+  allocation.regions = dispatcher->layout().Regions();
   experts_.clear();
   shared_.clear();
   hidden_ = options.workspace.hidden;
@@ -142,8 +140,8 @@ absl::StatusOr<BenchmarkTimes> CpuDataPlane::Benchmark(const core::EpDispatcherO
                                                        const BenchmarkInputs& inputs, int warmup,
                                                        int iterations,
                                                        int64_t /*memory_cap_bytes*/) {
-  // The caller checked the cap against core::ComputeAllocatedWorkspace, which
-  // is exactly what this dispatcher allocates.
+  // The caller checked the cap against core::CpuWorkspaceLayout, which is
+  // exactly what this dispatcher allocates.
   ASSIGN_OR_RETURN(std::unique_ptr<core::EpDispatcher> bench,
                    core::EpDispatcher::Create(collective_.get(), options, 0));
   const int rank = collective_->rank();

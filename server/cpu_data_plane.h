@@ -27,7 +27,7 @@ class CpuDataPlane final : public DataPlane {
       const DataPlaneGroup& group, std::shared_ptr<gloo::rendezvous::Store> store);
 
   std::string backend() const override { return "gloo"; }
-  core::Collective& collective() override { return *collective_; }
+  core::ControlCollective& collective() override { return *collective_; }
   absl::StatusOr<DataPlaneAllocation> Allocate(const core::EpDispatcherOptions& options,
                                                int64_t max_intermediate,
                                                int64_t memory_cap_bytes) override;

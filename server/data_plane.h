@@ -82,7 +82,7 @@ class DataPlane {
   // "gloo" or "nccl".
   virtual std::string backend() const = 0;
   // The group's collective (host-memory calls work on both backends).
-  virtual core::Collective& collective() = 0;
+  virtual core::ControlCollective& collective() = 0;
 
   // Replaces the workspace (and drops all experts, shared ones too) with one sized by
   // `options`; `max_intermediate` is the largest SwiGLU I expected (0 when

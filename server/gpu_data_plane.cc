@@ -40,62 +40,60 @@ absl::Status WithContext(const absl::Status& status, absl::string_view context) 
   return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
 }
 
-// Sum over regions of their sizes.
-int64_t Total(const std::vector<core::WorkspaceRegion>& regions) {
-  int64_t total = 0;
-  for (const core::WorkspaceRegion& r : regions) total += r.size_bytes;
-  return total;
-}
-
 }  // namespace
 
-// Pinned host and device staging of Forward, for N rows; freed on destruction.
+// Pinned host and device staging of Forward, for N rows; freed on
+// destruction. One device allocation (and one pinned one) of four
+// 128-byte-aligned parts: hidden [N, H] bf16, ids [N, K] int32, weights
+// [N, K] fp32, output [N, H] bf16.
 class GpuDataPlane::Staging {
  public:
   static absl::StatusOr<std::unique_ptr<Staging>> Create(int64_t capacity, int64_t hidden,
                                                          int top_k) {
     std::unique_ptr<Staging> s(new Staging());
-    s->hidden_bytes_ = capacity * hidden * 2;
-    s->k_bytes_ = capacity * top_k * 4;
-    const int64_t sizes[4] = {s->hidden_bytes_, s->k_bytes_, s->k_bytes_, s->hidden_bytes_};
-    for (int i = 0; i < 4; ++i) {
-      RETURN_IF_ERROR(Cuda(cudaMalloc(&s->device_[i], sizes[i]),
-                           absl::StrCat("cudaMalloc(forward staging, ", sizes[i], " bytes)")));
-      RETURN_IF_ERROR(Cuda(cudaMallocHost(&s->host_[i], sizes[i]),
-                           absl::StrCat("cudaMallocHost(forward staging, ", sizes[i], " bytes)")));
-    }
+    const int64_t hidden_bytes = core::AlignTo128(capacity * hidden * 2);
+    const int64_t k_bytes = core::AlignTo128(capacity * top_k * 4);
+    s->offsets_ = {0, hidden_bytes, hidden_bytes + k_bytes, hidden_bytes + 2 * k_bytes};
+    const int64_t total = DeviceBytes(capacity, hidden, top_k);
+    RETURN_IF_ERROR(Cuda(cudaMalloc(&s->device_, total),
+                         absl::StrCat("cudaMalloc(forward staging, ", total, " bytes)")));
+    RETURN_IF_ERROR(Cuda(cudaMallocHost(&s->host_, total),
+                         absl::StrCat("cudaMallocHost(forward staging, ", total, " bytes)")));
     return s;
   }
   // Device bytes of staging for N rows (what Create allocates on the device).
   static int64_t DeviceBytes(int64_t capacity, int64_t hidden, int top_k) {
-    return 2 * (capacity * hidden * 2) + 2 * (capacity * top_k * 4);
+    return 2 * core::AlignTo128(capacity * hidden * 2) + 2 * core::AlignTo128(capacity * top_k * 4);
   }
   ~Staging() {
-    for (void* p : device_) cudaFree(p);
-    for (void* p : host_) cudaFreeHost(p);
+    cudaFree(device_);
+    cudaFreeHost(host_);
   }
   Staging(const Staging&) = delete;
   Staging& operator=(const Staging&) = delete;
 
-  uint16_t* d_hidden() const { return static_cast<uint16_t*>(device_[0]); }
-  int32_t* d_ids() const { return static_cast<int32_t*>(device_[1]); }
-  float* d_weights() const { return static_cast<float*>(device_[2]); }
-  uint16_t* d_output() const { return static_cast<uint16_t*>(device_[3]); }
-  void* h_hidden() const { return host_[0]; }
-  void* h_ids() const { return host_[1]; }
-  void* h_weights() const { return host_[2]; }
-  void* h_output() const { return host_[3]; }
+  uint16_t* d_hidden() const { return Part<uint16_t>(device_, 0); }
+  int32_t* d_ids() const { return Part<int32_t>(device_, 1); }
+  float* d_weights() const { return Part<float>(device_, 2); }
+  uint16_t* d_output() const { return Part<uint16_t>(device_, 3); }
+  void* h_hidden() const { return Part<char>(host_, 0); }
+  void* h_ids() const { return Part<char>(host_, 1); }
+  void* h_weights() const { return Part<char>(host_, 2); }
+  void* h_output() const { return Part<char>(host_, 3); }
 
  private:
   Staging() = default;
-  int64_t hidden_bytes_ = 0;
-  int64_t k_bytes_ = 0;
-  std::array<void*, 4> device_ = {nullptr, nullptr, nullptr, nullptr};
-  std::array<void*, 4> host_ = {nullptr, nullptr, nullptr, nullptr};
+  template <typename T>
+  T* Part(void* base, int i) const {
+    return reinterpret_cast<T*>(static_cast<char*>(base) + offsets_[i]);
+  }
+  std::array<int64_t, 4> offsets_ = {0, 0, 0, 0};
+  void* device_ = nullptr;
+  void* host_ = nullptr;
 };
 
 absl::StatusOr<std::unique_ptr<GpuDataPlane>> GpuDataPlane::Form(
-    const DataPlaneGroup& group, std::shared_ptr<gloo::rendezvous::Store> store) {
+    const DataPlaneGroup& group, const std::shared_ptr<gloo::rendezvous::Store>& store) {
   const std::string context = JoinContext(group);
   {
     absl::Status device = CheckDevice(group.device, VisibleGpuCount(), "nccl");
@@ -112,6 +110,7 @@ absl::StatusOr<std::unique_ptr<GpuDataPlane>> GpuDataPlane::Form(
   if (!collective.ok()) return WithContext(collective.status(), context);
   std::unique_ptr<GpuDataPlane> plane(new GpuDataPlane());
   plane->collective_ = std::move(*collective);
+  plane->control_ = std::make_unique<kernels::StagedControlCollective>(plane->collective_.get());
   plane->device_ = group.device;
   for (cudaEvent_t& event : plane->events_) {
     RETURN_IF_ERROR(WithContext(Cuda(cudaEventCreate(&event), "cudaEventCreate"), context));
@@ -150,11 +149,6 @@ absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatc
                                                            int64_t memory_cap_bytes) {
   RETURN_IF_ERROR(MakeDeviceCurrent());
   const core::WorkspaceSpec& ws = options.workspace;
-  if (ws.dtype != core::DispatchDType::kBF16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dispatch_dtype: the GPU data plane moves bf16, got ",
-                     core::DispatchDTypeName(ws.dtype), "; allocate with DISPATCH_DTYPE_BF16"));
-  }
   ASSIGN_OR_RETURN(core::ExpertPlacement placement,
                    core::ExpertPlacement::Contiguous(options.num_experts, ws.ep_size));
   const int64_t staging_bytes = Staging::DeviceBytes(ws.capacity_tokens, ws.hidden, ws.top_k);
@@ -185,33 +179,17 @@ absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatc
   ASSIGN_OR_RETURN(std::unique_ptr<Staging> staging,
                    Staging::Create(ws.capacity_tokens, ws.hidden, ws.top_k));
 
-  // The breakdown follows the layout documented in kernels/gpu_ep_dispatcher.h;
-  // whatever the dispatcher holds beyond it is its expert scratch.
-  const int64_t e = ws.ep_size;
-  const int64_t n = ws.capacity_tokens;
-  const int64_t row = 2 * ws.hidden + 8 * int64_t{ws.top_k};
+  // The breakdown is the dispatcher's typed layout, then what the expert
+  // compute says it allocated, then the Forward staging (separate
+  // allocations, listed after the layout's end).
+  const kernels::GpuEpDispatcher& held = **dispatcher;
   DataPlaneAllocation allocation;
-  allocation.regions = {
-      {"dispatch_send", 0, core::AlignTo128(e * n * row)},
-      {"dispatch_recv", 0, core::AlignTo128(e * n * row)},
-      {"combine_send", 0, core::AlignTo128(e * n * ws.hidden * 2)},
-      {"combine_recv", 0, core::AlignTo128(e * n * ws.hidden * 2)},
-      {"metadata", 0,
-       core::AlignTo128(n * e * 4) + core::AlignTo128(e * 4) + core::AlignTo128(3 * 8) +
-           core::AlignTo128(e * 3 * 8) + core::AlignTo128(4)},
-  };
-  const int64_t scratch = (*dispatcher)->allocated_bytes() - Total(allocation.regions);
-  if (scratch >= 0) {
-    allocation.regions.push_back({"expert_scratch", 0, scratch});
-  } else {
-    allocation.regions = {{"gpu_data_plane", 0, (*dispatcher)->allocated_bytes()}};
-  }
-  allocation.regions.push_back({"forward_staging", 0, staging_bytes});
-  int64_t offset = 0;
-  for (core::WorkspaceRegion& region : allocation.regions) {
-    region.offset_bytes = offset;
-    offset += region.size_bytes;
-  }
+  allocation.regions = held.layout().Regions();
+  int64_t offset = held.layout().total_bytes;
+  allocation.regions.push_back({"expert_scratch", offset, held.expert_scratch_bytes()});
+  offset += held.expert_scratch_bytes();
+  allocation.regions.push_back({"forward_staging", offset, staging_bytes});
+  offset += staging_bytes;
   allocation.allocated_bytes = offset;
 
   experts_.clear();
@@ -328,15 +306,8 @@ absl::StatusOr<core::StepStats> GpuDataPlane::Forward(
     return absl::FailedPreconditionError(
         absl::StrCat("Forward: layer ", layer, " has no loaded experts; call LoadExperts first"));
   }
+  RETURN_IF_ERROR(dispatcher_->CheckStep("Forward", num_tokens));
   const int64_t r = dispatcher_->runtime_max_tokens_per_rank();
-  if (r < 0) {
-    return absl::FailedPreconditionError(
-        "Forward requires a committed geometry; call SyncTokenCounts and CommitGeometry first");
-  }
-  if (num_tokens < 0 || num_tokens > r) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Forward on rank ", rank, ": num_tokens expected in [0, R=", r, "], got ", num_tokens));
-  }
   if (static_cast<int64_t>(hidden.size()) != num_tokens * h ||
       static_cast<int64_t>(topk_ids.size()) != num_tokens * k ||
       static_cast<int64_t>(topk_weights.size()) != num_tokens * k ||
@@ -354,7 +325,7 @@ absl::StatusOr<core::StepStats> GpuDataPlane::Forward(
                    core::ComputeDispatchRoute(topk_ids, num_tokens, k, *placement_));
   std::vector<int64_t> all_counts(static_cast<size_t>(world) * world);
   RETURN_IF_ERROR(
-      collective_->AllGather(route.send_counts.data(), world * sizeof(int64_t), all_counts.data()));
+      control_->AllGather(route.send_counts.data(), world * sizeof(int64_t), all_counts.data()));
   ASSIGN_OR_RETURN(int64_t dispatch_bytes,
                    core::DispatchBytesPerToken(core::DispatchDType::kBF16, h, k));
   const int64_t combine_bytes = core::CombineBytesPerToken(h);
@@ -440,7 +411,7 @@ absl::StatusOr<BenchmarkTimes> GpuDataPlane::Benchmark(const core::EpDispatcherO
   const int64_t tokens = inputs.num_tokens;
   const int64_t h = options.workspace.hidden;
   const int k = options.workspace.top_k;
-  const int64_t input_bytes = 2 * (tokens * h * 2) + 2 * (tokens * k * 4);
+  const int64_t input_bytes = Staging::DeviceBytes(tokens, h, k);
   int64_t cap = 0;
   if (memory_cap_bytes > 0) {
     cap = memory_cap_bytes - input_bytes;
@@ -479,7 +450,7 @@ absl::StatusOr<BenchmarkTimes> GpuDataPlane::Benchmark(const core::EpDispatcherO
   BenchmarkTimes times;
   times.tokens_sent = static_cast<int64_t>(route.dest_rank.size());
   for (int i = 0; i < warmup + iterations; ++i) {
-    RETURN_IF_ERROR(collective_->Barrier());
+    RETURN_IF_ERROR(control_->Barrier());
     RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[0], stream), "cudaEventRecord"));
     RETURN_IF_ERROR(
         bench->Dispatch(buffers->d_hidden(), buffers->d_ids(), buffers->d_weights(), tokens));

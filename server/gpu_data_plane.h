@@ -53,6 +53,7 @@
 #include "kernels/device_experts.h"
 #include "kernels/gpu_ep_dispatcher.h"
 #include "kernels/nccl_collective.h"
+#include "kernels/staged_control_collective.h"
 #include "server/data_plane.h"
 #include "server/gpu_shared_experts.h"
 
@@ -63,11 +64,11 @@ class GpuDataPlane final : public DataPlane {
   // Forms the NCCL group on group.device (see FormDataPlane in
   // server/data_plane.h for the unique-id rendezvous and the errors).
   static absl::StatusOr<std::unique_ptr<GpuDataPlane>> Form(
-      const DataPlaneGroup& group, std::shared_ptr<gloo::rendezvous::Store> store);
+      const DataPlaneGroup& group, const std::shared_ptr<gloo::rendezvous::Store>& store);
   ~GpuDataPlane() override;
 
   std::string backend() const override { return "nccl"; }
-  core::Collective& collective() override { return *collective_; }
+  core::ControlCollective& collective() override { return *control_; }
   int device() const { return device_; }
   absl::StatusOr<DataPlaneAllocation> Allocate(const core::EpDispatcherOptions& options,
                                                int64_t max_intermediate,
@@ -105,6 +106,7 @@ class GpuDataPlane final : public DataPlane {
 
   // Declared first: everything below points into the collective.
   std::unique_ptr<kernels::NcclCollective> collective_;
+  std::unique_ptr<kernels::StagedControlCollective> control_;  // host view of collective_
   int device_ = 0;
   core::EpDispatcherOptions options_;
   int64_t max_intermediate_ = 0;

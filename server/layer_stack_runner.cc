@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/types/span.h"
+#include "core/agreement.h"
 #include "core/bf16.h"
 #include "core/dp_padding.h"
 #include "core/status_macros.h"
@@ -24,22 +25,12 @@ constexpr int64_t kMaxCapacity = int64_t{1} << 24;
 constexpr int64_t kMaxTokens = int64_t{1} << 24;
 constexpr float kDefaultRmsEps = 1e-6f;
 
-// FNV-1a 64 of a canonical description: equal across processes.
-uint64_t Fnv1a64(const std::string& text) {
-  uint64_t hash = 1469598103934665603ull;
-  for (unsigned char c : text) {
-    hash ^= c;
-    hash *= 1099511628211ull;
-  }
-  return hash;
-}
-
 uint64_t ConfigFingerprint(const core::LayerStackConfig& c) {
   uint32_t eps_bits = 0;
   std::memcpy(&eps_bits, &c.rms_eps, sizeof(eps_bits));
   std::string sparse;
   for (bool s : c.sparse_layers) sparse.push_back(s ? 'S' : 'D');
-  return Fnv1a64(absl::StrCat(
+  return core::Fingerprint64(absl::StrCat(
       "tp=", c.layout.tp_size, ",attn_dp=", c.layout.attn_dp_size,
       ",dense_tp=", c.layout.effective_moe_dense_tp_size(), ",layers=", sparse,
       ",a2a=", c.a2a_enabled, ",H=", c.hidden, ",dense_I=", c.dense_intermediate,
@@ -181,7 +172,7 @@ void LayerStackRunner::Reset() {
   builds_ = 0;
 }
 
-absl::Status LayerStackRunner::Run(core::Collective& world, int64_t generation,
+absl::Status LayerStackRunner::Run(core::ControlCollective& world, int64_t generation,
                                    const v1::ForwardLayersRequest& request,
                                    int64_t memory_cap_bytes, int64_t other_held_bytes,
                                    v1::ForwardLayersResponse* response) {
@@ -231,7 +222,7 @@ absl::Status LayerStackRunner::Run(core::Collective& world, int64_t generation,
   const bool ok = prepared.ok();
   const bool needs_build =
       ok && (stack_ == nullptr || stale_ || built_fingerprint_ != prepared->fingerprint);
-  const int64_t agreed = ok ? static_cast<int64_t>(Fnv1a64(
+  const int64_t agreed = ok ? static_cast<int64_t>(core::Fingerprint64(
                                   absl::StrCat(prepared->fingerprint, "/epoch=", request.epoch())))
                             : 0;
   const int64_t mine[3] = {ok ? 1 : 0, agreed, needs_build ? 1 : 0};

@@ -86,7 +86,7 @@ class LayerStackRunner {
   // REQUIRES: configured(). A collective over `world`.
   // Errors: as ForwardLayers in worker.proto: kInvalidArgument,
   // kResourceExhausted, kAborted, and the collective's and the stack's errors.
-  absl::Status Run(core::Collective& world, int64_t generation,
+  absl::Status Run(core::ControlCollective& world, int64_t generation,
                    const v1::ForwardLayersRequest& request, int64_t memory_cap_bytes,
                    int64_t other_held_bytes, v1::ForwardLayersResponse* response);
 

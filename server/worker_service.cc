@@ -14,6 +14,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "core/agreement.h"
+#include "core/ep_contract.h"
 #include "core/expert_placement.h"
 #include "core/geometry.h"
 #include "core/status_macros.h"
@@ -39,18 +41,8 @@ constexpr int64_t kMaxTokens = int64_t{1} << 24;
 constexpr int kMaxExperts = 1 << 16;
 constexpr int kMaxBenchmarkIterations = 100000;
 
-// FNV-1a 64 of a canonical description: stable across processes (unlike
-// absl::Hash, which is seeded per process), so ranks can compare digests.
-uint64_t Fnv1a64(absl::string_view text) {
-  uint64_t hash = 1469598103934665603ull;
-  for (unsigned char c : text) {
-    hash ^= c;
-    hash *= 1099511628211ull;
-  }
-  return hash;
-}
-
-std::string Hex64(uint64_t value) { return absl::StrFormat("%016x", value); }
+using core::Fingerprint64;
+using core::Hex64;
 
 absl::Time CallDeadline(const grpc::ServerContext* context) {
   if (context == nullptr) return absl::InfiniteFuture();
@@ -103,17 +95,9 @@ absl::Status NonNegative(absl::string_view field, int64_t value) {
   return absl::OkStatus();
 }
 
-// The MoE sizes of AllocateWorkspace and Benchmark: hidden_size, num_experts
-// and top_k each in [1, max], and top_k <= num_experts.
+// The MoE sizes of AllocateWorkspace and Benchmark: the contract's one rule.
 absl::Status CheckMoeSizes(int64_t hidden_size, int num_experts, int top_k) {
-  RETURN_IF_ERROR(Positive("hidden_size", hidden_size, kMaxHidden));
-  RETURN_IF_ERROR(Positive("num_experts", num_experts, kMaxExperts));
-  RETURN_IF_ERROR(Positive("top_k", top_k, kMaxExperts));
-  if (top_k > num_experts) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("top_k: expected <= num_experts (", num_experts, "), got ", top_k));
-  }
-  return absl::OkStatus();
+  return core::ValidateMoeSizes(hidden_size, num_experts, top_k, kMaxHidden, kMaxExperts);
 }
 
 // Contiguous placement gives every rank at least one expert: num_experts >= world.
@@ -297,22 +281,19 @@ void WorkerService::UpdateHealthLocked() {
   }
 }
 
-absl::Status WorkerService::CheckSameOnAllRanks(uint64_t fingerprint, const std::string& what) {
-  absl::StatusOr<std::vector<int64_t>> all =
-      core::AllGatherInt64(data_plane_->collective(), static_cast<int64_t>(fingerprint));
-  RETURN_IF_ERROR(GroupResult(all.status()));
-  for (size_t r = 1; r < all->size(); ++r) {
-    if ((*all)[r] != (*all)[0]) {
-      return absl::AbortedError(absl::StrCat(
-          what, " differs across ranks: rank ", r, " has fingerprint ",
-          Hex64(static_cast<uint64_t>((*all)[r])), ", rank 0 has ",
-          Hex64(static_cast<uint64_t>((*all)[0])), "; every rank must get the same request"));
-    }
-  }
-  return absl::OkStatus();
+absl::Status WorkerService::Vote(const char* rpc, absl::Status local,
+                                 std::vector<core::BallotField> fields) {
+  core::Ballot ballot;
+  ballot.rpc = rpc;
+  ballot.generation = joined_.generation;
+  ballot.sequence = vote_sequence_++;
+  ballot.local = std::move(local);
+  ballot.fields = std::move(fields);
+  return GroupResult(core::RunVote(data_plane_->collective(), ballot));
 }
 
 void WorkerService::TearDownGroup() {
+  vote_sequence_ = 0;
   layer_stack_.Reset();  // before the data plane its sub-groups point into
   expert_bytes_ = 0;
   allocation_.reset();
@@ -545,16 +526,31 @@ absl::Status WorkerService::DoConfigureLayers(grpc::ServerContext* context,
 
   CollectiveSlot slot(this);
   RETURN_IF_ERROR(slot.Acquire(context, "ConfigureLayers", WorkerPhase::kJoined));
+  absl::Status local = absl::OkStatus();
   if (layout.tp_size != joined_.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("layout.tp_size: expected ", joined_.world_size,
-                                                   " (the world size), got ", layout.tp_size));
+    local = absl::InvalidArgumentError(absl::StrCat("layout.tp_size: expected ", joined_.world_size,
+                                                    " (the world size), got ", layout.tp_size));
   }
   const std::string plan_fingerprint = core::PlanFingerprint(layout, sparse, request.a2a_enabled());
-  const uint64_t fingerprint =
-      Fnv1a64(absl::StrCat("plan=", plan_fingerprint, ";model=", model.name(), ",",
-                           model.hidden_size(), ",", model.num_layers(), ",", model.num_experts(),
-                           ",", model.top_k(), ",", model.moe_intermediate_size()));
-  RETURN_IF_ERROR(CheckSameOnAllRanks(fingerprint, "ConfigureLayers configuration"));
+  const uint64_t fingerprint = Fingerprint64(
+      absl::StrCat("plan=", plan_fingerprint, ";model=", model.name(), ",", model.hidden_size(),
+                   ",", model.num_layers(), ",", model.num_experts(), ",", model.top_k(), ",",
+                   model.moe_intermediate_size()));
+  const auto text = [](absl::string_view name, absl::string_view value) {
+    return core::BallotField{std::string(name), static_cast<int64_t>(Fingerprint64(value)), true};
+  };
+  // A request this rank rejects by itself still fails here, before the vote,
+  // as it always did (a peer called alone must not wait for the others);
+  // failing every rank at once through the vote's local status is issue 12.
+  RETURN_IF_ERROR(local);
+  RETURN_IF_ERROR(Vote("ConfigureLayers", absl::OkStatus(),
+                       {text("plan", plan_fingerprint),
+                        text("model.name", model.name()),
+                        {"model.hidden_size", model.hidden_size()},
+                        {"model.num_layers", model.num_layers()},
+                        {"model.num_experts", model.num_experts()},
+                        {"model.top_k", model.top_k()},
+                        {"model.moe_intermediate_size", model.moe_intermediate_size()}}));
 
   response->Clear();
   int num_sparse = 0;
@@ -631,13 +627,6 @@ absl::Status WorkerService::DoAllocateWorkspace(grpc::ServerContext* context,
   CollectiveSlot slot(this);
   RETURN_IF_ERROR(slot.Acquire(context, "AllocateWorkspace", WorkerPhase::kConfigured));
   const int world = joined_.world_size;
-  RETURN_IF_ERROR(CheckEveryRankOwnsAnExpert(request.num_experts(), world));
-  RETURN_IF_ERROR(
-      MatchesConfiguredModel("hidden_size", model_.hidden_size(), request.hidden_size()));
-  RETURN_IF_ERROR(
-      MatchesConfiguredModel("num_experts", model_.num_experts(), request.num_experts()));
-  RETURN_IF_ERROR(MatchesConfiguredModel("top_k", model_.top_k(), request.top_k()));
-
   core::EpDispatcherOptions options;
   options.workspace.ep_size = world;
   options.workspace.capacity_tokens = capacity;
@@ -647,30 +636,50 @@ absl::Status WorkerService::DoAllocateWorkspace(grpc::ServerContext* context,
   options.num_experts = request.num_experts();
   options.invalid_expert_id = invalid_id;
   options.cuda_graph_buckets = buckets;
-
-  ASSIGN_OR_RETURN(int64_t dispatch_bytes,
-                   core::DispatchBytesPerToken(dtype, request.hidden_size(), request.top_k()));
-  ASSIGN_OR_RETURN(core::FlashInferWorkspace flashinfer,
-                   core::ComputeFlashInferWorkspace(options.workspace));
-  ASSIGN_OR_RETURN(core::AllocatedWorkspace allocated,
-                   core::ComputeAllocatedWorkspace(options.workspace));
-  const uint64_t fingerprint = Fnv1a64(absl::StrCat(
+  const uint64_t fingerprint = Fingerprint64(absl::StrCat(
       "H=", options.workspace.hidden, ",K=", options.workspace.top_k,
       ",experts=", options.num_experts, ",N=", capacity, ",dtype=", core::DispatchDTypeName(dtype),
       ",invalid=", invalid_id, ",buckets=", absl::StrJoin(buckets, ":")));
   const bool same_spec = allocation_ != nullptr && allocation_->fingerprint == fingerprint;
+  absl::Status local = CheckEveryRankOwnsAnExpert(request.num_experts(), world);
+  if (local.ok()) {
+    local = MatchesConfiguredModel("hidden_size", model_.hidden_size(), request.hidden_size());
+  }
+  if (local.ok()) {
+    local = MatchesConfiguredModel("num_experts", model_.num_experts(), request.num_experts());
+  }
+  if (local.ok()) local = MatchesConfiguredModel("top_k", model_.top_k(), request.top_k());
+  absl::StatusOr<core::AllocatedWorkspace> allocated =
+      core::ComputeAllocatedWorkspace(options.workspace);
+  if (local.ok()) local = allocated.status();
   // The memory cap covers the workspace and the expert weights kept with it
   // (a different spec drops the loaded experts).
   const int64_t kept_expert_bytes = same_spec ? expert_bytes_ : 0;
-  if (options_.memory_cap_bytes > 0 &&
-      allocated.total_bytes + kept_expert_bytes > options_.memory_cap_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "AllocateWorkspace: the workspace needs ", allocated.total_bytes, " bytes",
+  if (local.ok() && options_.memory_cap_bytes > 0 &&
+      allocated->total_bytes + kept_expert_bytes > options_.memory_cap_bytes) {
+    local = absl::ResourceExhaustedError(absl::StrCat(
+        "AllocateWorkspace: the workspace needs ", allocated->total_bytes, " bytes",
         kept_expert_bytes > 0 ? absl::StrCat(" (plus ", kept_expert_bytes, " of experts)") : "",
         ", more than the worker's memory cap of ", options_.memory_cap_bytes,
         " bytes (--memory-cap-bytes)"));
   }
-  RETURN_IF_ERROR(CheckSameOnAllRanks(fingerprint, "AllocateWorkspace spec"));
+  // A request this rank rejects by itself still fails here, before the vote,
+  // as it always did (a peer called alone must not wait for the others);
+  // failing every rank at once through the vote's local status is issue 12.
+  RETURN_IF_ERROR(local);
+  RETURN_IF_ERROR(Vote("AllocateWorkspace", absl::OkStatus(),
+                       {{"hidden_size", options.workspace.hidden},
+                        {"top_k", options.workspace.top_k},
+                        {"num_experts", options.num_experts},
+                        {"capacity_tokens", capacity},
+                        {"dispatch_dtype", static_cast<int64_t>(dtype)},
+                        {"invalid_expert_id", invalid_id},
+                        {"cuda_graph_buckets",
+                         static_cast<int64_t>(Fingerprint64(absl::StrJoin(buckets, ":"))), true}}));
+  ASSIGN_OR_RETURN(int64_t dispatch_bytes,
+                   core::DispatchBytesPerToken(dtype, request.hidden_size(), request.top_k()));
+  ASSIGN_OR_RETURN(core::FlashInferWorkspace flashinfer,
+                   core::ComputeFlashInferWorkspace(options.workspace));
 
   if (!same_spec) {
     // Replaces the data plane's workspace and drops its experts.

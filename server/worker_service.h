@@ -38,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/agreement.h"
 #include "core/collective.h"
 #include "core/ep_dispatcher.h"
 #include "core/experts.h"
@@ -165,7 +166,10 @@ class WorkerService final : public v1::Worker::Service {
   // `status` from a collective operation: a group error marks the group broken.
   absl::Status GroupResult(absl::Status status);
   // All-gathers `fingerprint`; kAborted naming the first rank that differs from rank 0.
-  absl::Status CheckSameOnAllRanks(uint64_t fingerprint, const std::string& what);
+  // The cross-rank vote (core/agreement.h) of a collective RPC, before its
+  // payload moves: this rank's `local` validation status and its spec
+  // `fields`. Group errors mark the group broken (GroupResult).
+  absl::Status Vote(const char* rpc, absl::Status local, std::vector<core::BallotField> fields);
   // Drops the group and everything built on it; back to STARTED. Needs the slot.
   void TearDownGroup();
   // Re-derives the reported state, readiness and the log fields (rank,
@@ -186,6 +190,7 @@ class WorkerService final : public v1::Worker::Service {
   std::unique_ptr<DataPlane> data_plane_;
   JoinArgs joined_;
   int64_t max_generation_used_ = 0;
+  int64_t vote_sequence_ = 0;   // votes run in the joined group
   v1::ModelDescription model_;  // as configured (0 = field not given)
   std::vector<core::LayerPlan> plan_;
   std::unique_ptr<Allocation> allocation_;

@@ -591,7 +591,7 @@ TEST(EpDispatcher, CreateValidatesOptions) {
   auto store = NewHashStore();
   auto group = JoinLoopback(store, 0, 1);
   ASSERT_TRUE(group.ok()) << group.status();
-  Collective* c = group->get();
+  ControlCollective* c = group->get();
   auto wrong_size = EpDispatcher::Create(c, Options(2, 4, 4, 2, 4), 0);
   EXPECT_EQ(wrong_size.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(wrong_size.status().message(), HasSubstr("ep_size"));

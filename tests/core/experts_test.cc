@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_replace.h"
+#include "core/agreement.h"
 #include "core/safetensors.h"
 #include "core/seeded_stream.h"
 #include "gmock/gmock.h"
@@ -110,14 +111,15 @@ TEST(ExpertSet, IdentityReturnsInput) {
   EXPECT_EQ(out, x);
 }
 
-// FNV-1a over the little-endian bytes of a bf16 tensor.
+// The tree's fingerprint over the little-endian bytes of a bf16 tensor.
 uint64_t Fingerprint(const std::vector<bf16_t>& v) {
-  uint64_t h = 1469598103934665603ull;
+  std::string bytes;
+  bytes.reserve(v.size() * 2);
   for (bf16_t x : v) {
-    h = (h ^ (x & 0xffu)) * 1099511628211ull;
-    h = (h ^ (x >> 8)) * 1099511628211ull;
+    bytes.push_back(static_cast<char>(x & 0xffu));
+    bytes.push_back(static_cast<char>(x >> 8));
   }
-  return h;
+  return Fingerprint64(bytes);
 }
 
 // Seeded weights are part of the wire contract (workers and the reference

@@ -186,3 +186,32 @@ TEST(ComputeAllocatedWorkspace, Errors) {
 
 }  // namespace
 }  // namespace moe_ep::core
+
+namespace moe_ep::core {
+namespace {
+
+// The typed layout is the named breakdown: same regions, same figures, each
+// region its own size (DESIGN §5 check values E=2, N=3, H=64, K=2).
+TEST(CpuWorkspaceLayout, FieldsAreTheNamedRegions) {
+  absl::StatusOr<CpuWorkspaceLayout> layout = CpuWorkspaceLayout::For(Spec(2, 3, 64, 2));
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_EQ(layout->dispatch_send.offset_bytes, 0);
+  EXPECT_EQ(layout->dispatch_send.size_bytes, 2 * 3 * 144);
+  EXPECT_EQ(layout->combine_recv.size_bytes, 2 * 3 * 128);
+  absl::StatusOr<AllocatedWorkspace> named = ComputeAllocatedWorkspace(Spec(2, 3, 64, 2));
+  ASSERT_TRUE(named.ok());
+  ASSERT_EQ(named->regions.size(), 5u);
+  const std::vector<WorkspaceRegion> regions = layout->Regions();
+  for (size_t i = 0; i < regions.size(); ++i) {
+    EXPECT_EQ(regions[i].name, named->regions[i].name);
+    EXPECT_EQ(regions[i].offset_bytes, named->regions[i].offset_bytes);
+    EXPECT_EQ(regions[i].size_bytes, named->regions[i].size_bytes);
+    EXPECT_EQ(regions[i].offset_bytes % 128, 0);
+  }
+  EXPECT_EQ(layout->total_bytes, named->total_bytes);
+  char base[8] = {};
+  EXPECT_EQ(layout->combine_send.At<char>(base), base + layout->combine_send.offset_bytes);
+}
+
+}  // namespace
+}  // namespace moe_ep::core

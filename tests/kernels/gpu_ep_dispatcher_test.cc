@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/moe_reference.h"
+#include "kernels/nccl_collective.h"
 #include "tests/kernels/gpu_test_util.h"
 
 // GPU data plane vs the CPU reference (core::ReferenceEpForward) on the same

@@ -84,19 +84,6 @@ TEST(GpuLayerCommunicator, CreateRejectsNullGroups) {
   EXPECT_NE(c.status().message().find("groups"), std::string::npos) << c.status();
 }
 
-TEST(GpuLayerCommunicator, CreateRejectsGlooGroupsNamingTheBackend) {
-  auto store = core::testing::NewHashStore();
-  auto world = core::testing::JoinLoopback(store, 0, 1);
-  ASSERT_TRUE(world.ok()) << world.status();
-  auto groups = core::ParallelGroups::Create(world->get(), ParallelLayout{1, 1, 0});
-  ASSERT_TRUE(groups.ok()) << groups.status();
-  const auto c = GpuLayerCommunicator::Create(groups->get(), LayerPlan{}, kH);
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(c.status().message().find("gloo"), std::string::npos) << c.status();
-  EXPECT_EQ(GpuLayerCommunicator::Create(groups->get(), LayerPlan{}, 0).status().code(),
-            absl::StatusCode::kInvalidArgument);
-}
-
 TEST(GpuLayerActivations, CreateRejectsBadSizes) {
   const auto a = GpuLayerActivations::Create(0, -1, kH);
   EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
@@ -117,7 +104,7 @@ TEST(GpuLayerCommunicator, StepErrorsOnOneRank) {
   auto world = NcclCollective::Create(*id, 0, 1, 0, std::chrono::seconds(30));
   ASSERT_TRUE(world.ok()) << world.status();
   const ParallelLayout layout{1, 1, 0};
-  auto groups = core::ParallelGroups::Create(world->get(), layout);
+  auto groups = GpuParallelGroups::Create(world->get(), layout);
   ASSERT_TRUE(groups.ok()) << groups.status();
   auto plans = core::PlanLayers(layout, {false}, false);
   ASSERT_TRUE(plans.ok()) << plans.status();
@@ -187,7 +174,7 @@ TEST(GpuLayerCommunicator, StepErrorsOnOneRank) {
 struct RankEnv {
   int rank = 0;
   core::ParallelGroups* cpu = nullptr;
-  core::ParallelGroups* gpu = nullptr;
+  GpuParallelGroups* gpu = nullptr;
 };
 
 // Runs fn on layout.tp_size threads, rank r on GPU r, each with a Gloo and an
@@ -205,7 +192,7 @@ void RunRanks(const ParallelLayout& layout, const std::function<void(RankEnv&)>&
     ASSERT_TRUE(nccl.ok()) << nccl.status();
     auto cpu = core::ParallelGroups::Create(gloo->get(), layout);
     ASSERT_TRUE(cpu.ok()) << cpu.status();
-    auto gpu = core::ParallelGroups::Create(nccl->get(), layout);
+    auto gpu = GpuParallelGroups::Create(nccl->get(), layout);
     ASSERT_TRUE(gpu.ok()) << gpu.status();
     RankEnv env{rank, cpu->get(), gpu->get()};
     fn(env);

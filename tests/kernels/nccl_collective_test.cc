@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/staged_control_collective.h"
 #include "tests/kernels/gpu_test_util.h"
 
 namespace moe_ep::kernels {
@@ -57,8 +58,9 @@ void RunTwoRanks(std::chrono::milliseconds timeout,
 TEST(NcclCollective, TwoRanksHostAndDeviceCollectives) {
   MOE_EP_REQUIRE_GPUS(2);
   RunTwoRanks(std::chrono::seconds(30), [](int rank, NcclCollective& coll) {
-    EXPECT_EQ(coll.backend(), "nccl");
-    auto counts = core::AllGatherInt64(coll, 10 + rank);
+    StagedControlCollective ctrl(&coll);  // the host-memory view
+    EXPECT_EQ(ctrl.backend(), "nccl");
+    auto counts = core::AllGatherInt64(ctrl, 10 + rank);
     ASSERT_TRUE(counts.ok()) << counts.status();
     EXPECT_EQ(*counts, (std::vector<int64_t>{10, 11}));
     // Rank r sends (p + 1) * (r + 1) bytes of value 16r + p to peer p.
@@ -68,7 +70,7 @@ TEST(NcclCollective, TwoRanksHostAndDeviceCollectives) {
     std::vector<uint8_t> send;
     for (int p = 0; p < 2; ++p) send.insert(send.end(), send_bytes[p], 16 * rank + p);
     std::vector<uint8_t> recv(recv_bytes[0] + recv_bytes[1]);
-    ASSERT_TRUE(coll.AllToAllV(send.data(), send_bytes, recv.data(), recv_bytes).ok());
+    ASSERT_TRUE(ctrl.AllToAllV(send.data(), send_bytes, recv.data(), recv_bytes).ok());
     std::vector<uint8_t> want;
     for (int p = 0; p < 2; ++p) want.insert(want.end(), recv_bytes[p], 16 * p + rank);
     EXPECT_EQ(recv, want);
@@ -78,7 +80,7 @@ TEST(NcclCollective, TwoRanksHostAndDeviceCollectives) {
     ASSERT_TRUE(coll.Synchronize().ok());
     EXPECT_EQ(drecv.Download(recv.size()), want);
     std::vector<float> v = {1.0f + rank, 2.0f};
-    ASSERT_TRUE(coll.AllReduceSum(v.data(), 2).ok());
+    ASSERT_TRUE(ctrl.AllReduceSum(v.data(), 2).ok());
     EXPECT_EQ(v, (std::vector<float>{3.0f, 4.0f}));
     DeviceBuffer<float> dv(std::vector<float>{0.5f, -1.0f * rank});
     ASSERT_TRUE(coll.AllReduceSum(dv.get(), 2).ok());
@@ -86,9 +88,9 @@ TEST(NcclCollective, TwoRanksHostAndDeviceCollectives) {
     EXPECT_EQ(dv.Download(2), (std::vector<float>{1.0f, -1.0f}));
     EXPECT_EQ(coll.AllToAllV(send.data(), {1}, recv.data(), recv_bytes).code(),
               absl::StatusCode::kInvalidArgument);
-    EXPECT_EQ(coll.AllGather(send.data(), -1, recv.data()).code(),
+    EXPECT_EQ(ctrl.AllGather(send.data(), -1, recv.data()).code(),
               absl::StatusCode::kInvalidArgument);
-    ASSERT_TRUE(coll.Barrier().ok());
+    ASSERT_TRUE(ctrl.Barrier().ok());
   });
 }
 
@@ -102,7 +104,8 @@ TEST(NcclCollective, SplitIntoSingletons) {
     ASSERT_TRUE(sub.ok()) << sub.status();
     EXPECT_EQ((*sub)->size(), 1);
     EXPECT_EQ((*sub)->rank(), 0);
-    auto solo = core::AllGatherInt64(**sub, 42);
+    StagedControlCollective sub_ctrl(sub->get());
+    auto solo = core::AllGatherInt64(sub_ctrl, 42);
     ASSERT_TRUE(solo.ok()) << solo.status();
     EXPECT_EQ(*solo, std::vector<int64_t>{42});
   });
@@ -113,16 +116,17 @@ TEST(NcclCollective, SplitIntoSingletons) {
 TEST(NcclCollective, DeadPeerFailsWithinDeadline) {
   MOE_EP_REQUIRE_GPUS(2);
   RunTwoRanks(std::chrono::seconds(3), [](int rank, NcclCollective& coll) {
-    ASSERT_TRUE(coll.Barrier().ok());
+    StagedControlCollective ctrl(&coll);
+    ASSERT_TRUE(ctrl.Barrier().ok());
     if (rank == 0) {
       float x = 1.0f;
       const auto start = std::chrono::steady_clock::now();
-      const absl::Status s = coll.AllReduceSum(&x, 1);
+      const absl::Status s = ctrl.AllReduceSum(&x, 1);
       EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
       EXPECT_TRUE(s.code() == absl::StatusCode::kDeadlineExceeded ||
                   s.code() == absl::StatusCode::kUnavailable)
           << s;
-      EXPECT_EQ(coll.Barrier().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_EQ(ctrl.Barrier().code(), absl::StatusCode::kFailedPrecondition);
       EXPECT_FALSE(coll.healthy());
     }
   });

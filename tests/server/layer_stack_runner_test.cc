@@ -98,7 +98,7 @@ TEST(LayerStackRunner, RunBeforeConfigureIsFailedPrecondition) {
   LayerStackRunner runner;
   EXPECT_FALSE(runner.configured());
   // A collective that fails every call: Run must not reach it.
-  class NoCollective final : public core::Collective {
+  class NoCollective final : public core::ControlCollective {
    public:
     int rank() const override { return 0; }
     int size() const override { return 1; }
@@ -114,8 +114,8 @@ TEST(LayerStackRunner, RunBeforeConfigureIsFailedPrecondition) {
       return absl::InternalError("unexpected");
     }
     absl::Status Barrier() override { return absl::InternalError("unexpected"); }
-    absl::StatusOr<std::unique_ptr<core::Collective>> Split(absl::Span<const int>,
-                                                            const std::string&) override {
+    absl::StatusOr<std::unique_ptr<core::ControlCollective>> Split(absl::Span<const int>,
+                                                                   const std::string&) override {
       return absl::InternalError("unexpected");
     }
   } world;

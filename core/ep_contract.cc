@@ -1,0 +1,157 @@
+#include "core/ep_contract.h"
+
+#include <cstddef>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/geometry.h"
+#include "core/status_macros.h"
+
+namespace moe_ep::core {
+namespace {
+
+absl::Status InRange(const char* field, int64_t value, int64_t max) {
+  if (value < 1 || value > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": expected in [1, ", max, "], got ", value));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateMoeSizes(int64_t hidden_size, int64_t num_experts, int64_t top_k,
+                              int64_t max_hidden, int64_t max_experts) {
+  RETURN_IF_ERROR(InRange("hidden_size", hidden_size, max_hidden));
+  RETURN_IF_ERROR(InRange("num_experts", num_experts, max_experts));
+  RETURN_IF_ERROR(InRange("top_k", top_k, max_experts));
+  if (top_k > num_experts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_k: expected <= num_experts (", num_experts, "), got ", top_k));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateEpOptions(const EpDispatcherOptions& options, int group_size,
+                               const BackendLimits& limits) {
+  const WorkspaceSpec& ws = options.workspace;
+  if (ws.ep_size != group_size) {
+    return absl::InvalidArgumentError(absl::StrCat("workspace.ep_size: expected the group size ",
+                                                   group_size, ", got ", ws.ep_size));
+  }
+  if (ws.ep_size < 1 || ws.ep_size > limits.max_ep_size) {
+    return absl::InvalidArgumentError(absl::StrCat("workspace.ep_size: expected in [1, ",
+                                                   limits.max_ep_size, "] on the ", limits.name,
+                                                   ", got ", ws.ep_size));
+  }
+  if (ws.capacity_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("workspace.capacity_tokens: expected >= 1, got ", ws.capacity_tokens));
+  }
+  RETURN_IF_ERROR(ValidateMoeSizes(ws.hidden, options.num_experts, ws.top_k));
+  if (ws.top_k > limits.max_top_k) {
+    return absl::InvalidArgumentError(absl::StrCat("top_k: expected in [1, ", limits.max_top_k,
+                                                   "] on the ", limits.name, ", got ", ws.top_k));
+  }
+  if (ws.dtype != DispatchDType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat("workspace.dtype: the ", limits.name,
+                                                   " moves bf16 only, got ",
+                                                   DispatchDTypeName(ws.dtype)));
+  }
+  if (ws.hidden % limits.hidden_multiple != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "workspace.hidden: the ", limits.name, " needs a multiple of ", limits.hidden_multiple,
+        " (keeps the int32/fp32 payload parts aligned), got ", ws.hidden));
+  }
+  if (options.num_experts < ws.ep_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_experts: expected >= ", ws.ep_size,
+                     " (the world size: every rank owns an expert), got ", options.num_experts));
+  }
+  if (options.invalid_expert_id != -1 && options.invalid_expert_id != options.num_experts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid_expert_id: expected -1 or num_experts (", options.num_experts,
+                     "), got ", options.invalid_expert_id));
+  }
+  const std::vector<int64_t>& buckets = options.cuda_graph_buckets;
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    if (buckets[i] < 1 || buckets[i] > ws.capacity_tokens ||
+        (i > 0 && buckets[i] <= buckets[i - 1])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cuda_graph_buckets: expected strictly ascending values in [1, capacity_tokens = ",
+          ws.capacity_tokens, "], got [", absl::StrJoin(buckets, ", "), "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateLocalTokens(int64_t local_tokens, int rank) {
+  if (local_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local_tokens: expected >= 0, got ", local_tokens, " (rank ", rank, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GeometryState::Commit(int64_t epoch, int64_t runtime_max_tokens_per_rank,
+                                   int64_t local_tokens) {
+  if (in_step()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CommitGeometry: a dispatched step is in flight on rank ", rank_, "; Combine it first"));
+  }
+  const absl::Status valid =
+      CheckRuntimeMaxTokens(local_tokens, runtime_max_tokens_per_rank, capacity_);
+  if (!valid.ok()) {
+    return absl::Status(valid.code(), absl::StrCat(valid.message(), " (rank ", rank_, ")"));
+  }
+  committed_ = true;
+  epoch_ = epoch;
+  runtime_max_ = runtime_max_tokens_per_rank;
+  return absl::OkStatus();
+}
+
+absl::Status GeometryState::CheckStep(const char* call, int64_t num_tokens) const {
+  if (!committed_) {
+    return absl::FailedPreconditionError(absl::StrCat(call, ": no geometry committed on rank ",
+                                                      rank_, "; call CommitGeometry first"));
+  }
+  if (num_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_tokens: expected >= 0, got ", num_tokens, " (rank ", rank_, ")"));
+  }
+  if (num_tokens > runtime_max_) {
+    return absl::InvalidArgumentError(absl::StrCat("num_tokens ", num_tokens,
+                                                   " exceeds runtime_max_tokens_per_rank ",
+                                                   runtime_max_, " (rank ", rank_, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GeometryState::BeginDispatch(const char* call) const {
+  if (in_step()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(call, ": the previous step was dispatched but not combined on rank ", rank_,
+                     "; call Combine first"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GeometryState::RequireDispatched(const char* call) const {
+  if (!in_step()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(call, ": no dispatched step on rank ", rank_, "; call Dispatch first"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GeometryState::RequireComputed(const char* call) const {
+  RETURN_IF_ERROR(RequireDispatched(call));
+  if (phase_ != Phase::kComputed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(call, ": the expert outputs of this step are not computed on rank ", rank_,
+                     "; call ComputeExperts first"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace moe_ep::core

@@ -1,0 +1,126 @@
+#pragma once
+
+// The EP data-plane contract that both memory spaces implement
+// (core::EpDispatcher on host memory over Gloo, kernels::GpuEpDispatcher on
+// device memory over NCCL) and that the Worker service validates against:
+// one option validation with one wording, one geometry state (commit, check,
+// in-step guard, epoch), one step-statistics record. A backend adds only what
+// its memory space limits (BackendLimits); every message is written here once
+// and the tests pin it once for both backends (tests/core/ep_contract_test.cc).
+//
+// Source: DESIGN §5-§7 (options, geometry, step sequence); STYLE §7
+// ("validate once, in the contract"); issue 10 item 1.
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/workspace.h"
+
+namespace moe_ep::core {
+
+// What a data plane is sized by (AllocateWorkspace, normalized).
+struct EpDispatcherOptions {
+  WorkspaceSpec workspace;  // ep_size, capacity_tokens, hidden, top_k, dtype
+  int num_experts = 0;
+  int32_t invalid_expert_id = -1;           // -1 or num_experts (DESIGN §7)
+  std::vector<int64_t> cuda_graph_buckets;  // ascending; empty = none (DESIGN §6)
+};
+
+// Byte and token counters of one step, the same record on both backends.
+struct StepStats {
+  int64_t runtime_max_tokens_per_rank = 0;  // R
+  int64_t tokens_sent = 0;                  // token copies sent, one per distinct destination rank
+  int64_t tokens_received = 0;              // valid rows received from all sources
+  int64_t bytes_sent_remote = 0;            // dispatch + combine payload bytes to other ranks
+  int64_t dispatch_us = 0;
+  int64_t expert_us = 0;
+  int64_t combine_us = 0;
+  // The shared expert of the layer (0 without one; issue 18): its compute
+  // time, and on the GPU the part of it that ran while the dispatch did
+  // (CUDA events on both streams).
+  int64_t shared_us = 0;
+  int64_t shared_overlap_us = 0;
+};
+
+// What one memory space cannot do; everything else is the contract's.
+struct BackendLimits {
+  const char* name = "data plane";  // for messages: "CPU data plane", "GPU data plane"
+  int max_ep_size = 1 << 16;
+  int max_top_k = 1 << 16;
+  int64_t hidden_multiple = 1;  // H must be a positive multiple of this
+};
+
+// The request-level MoE sizes (AllocateWorkspace, Benchmark, and every
+// backend): hidden_size in [1, max_hidden], num_experts in [1, max_experts],
+// top_k in [1, num_experts]. Errors: kInvalidArgument naming the field with
+// the expected range and the value. Pure.
+// Example: (64, 8, 9) -> "top_k: expected in [1, num_experts = 8], got 9".
+absl::Status ValidateMoeSizes(int64_t hidden_size, int64_t num_experts, int64_t top_k,
+                              int64_t max_hidden = int64_t{1} << 20,
+                              int64_t max_experts = int64_t{1} << 16);
+
+// Every check on EpDispatcherOptions, for a group of `group_size` ranks and a
+// backend with `limits`: ep_size == group_size (and <= max_ep_size),
+// capacity_tokens >= 1, ValidateMoeSizes, top_k <= max_top_k, dtype bf16
+// (both data planes move bf16), hidden a multiple of hidden_multiple,
+// num_experts >= ep_size (every rank owns an expert), invalid_expert_id -1 or
+// num_experts, cuda_graph_buckets strictly ascending in [1, capacity_tokens].
+// Errors: kInvalidArgument, the message names the field ("workspace.top_k:
+// ...") with expected and got. Pure and thread-safe.
+absl::Status ValidateEpOptions(const EpDispatcherOptions& options, int group_size,
+                               const BackendLimits& limits);
+
+// The geometry and step sequence of one rank's data plane (DESIGN §6, §7):
+// the committed (epoch, R) and the phase idle -> dispatched -> (computed) ->
+// idle. Both dispatchers hold one and ask it before acting; it changes only
+// when a check passes. Not thread-safe (like its owner).
+class GeometryState {
+ public:
+  // `rank` is for messages; `capacity_tokens` is N.
+  GeometryState(int rank, int64_t capacity_tokens) : rank_(rank), capacity_(capacity_tokens) {}
+
+  // Commits (epoch, R) for the next steps. Errors: kFailedPrecondition (a
+  // dispatched step is in flight), kResourceExhausted (R > N),
+  // kInvalidArgument (R < 0, R < local_tokens); messages give both
+  // numbers and the rank. On error the previous geometry stays.
+  absl::Status Commit(int64_t epoch, int64_t runtime_max_tokens_per_rank, int64_t local_tokens);
+
+  // The checks before a step of `num_tokens` rows: a geometry is committed
+  // (kFailedPrecondition naming CommitGeometry) and 0 <= T <= R
+  // (kInvalidArgument with both numbers and the rank). `call` names the
+  // caller in messages ("Dispatch", "Forward").
+  absl::Status CheckStep(const char* call, int64_t num_tokens) const;
+
+  // Phase guards. BeginDispatch: kFailedPrecondition when a step is already
+  // dispatched ("... call Combine first"). RequireDispatched: when none is.
+  // RequireComputed: when the dispatched step's experts have not run.
+  absl::Status BeginDispatch(const char* call) const;
+  absl::Status RequireDispatched(const char* call) const;
+  absl::Status RequireComputed(const char* call) const;
+  void MarkDispatched() { phase_ = Phase::kDispatched; }
+  void MarkComputed() { phase_ = Phase::kComputed; }
+  void MarkIdle() { phase_ = Phase::kIdle; }
+  bool in_step() const { return phase_ != Phase::kIdle; }
+
+  bool committed() const { return committed_; }
+  // -1 / 0 before the first commit.
+  int64_t epoch() const { return epoch_; }
+  int64_t runtime_max_tokens_per_rank() const { return runtime_max_; }
+  int64_t capacity_tokens() const { return capacity_; }
+
+ private:
+  enum class Phase { kIdle, kDispatched, kComputed };
+  int rank_;
+  int64_t capacity_;
+  bool committed_ = false;
+  int64_t epoch_ = -1;
+  int64_t runtime_max_ = 0;
+  Phase phase_ = Phase::kIdle;
+};
+
+// The check of SyncTokenCounts' input on every backend: local_tokens >= 0.
+// Errors: kInvalidArgument naming the rank.
+absl::Status ValidateLocalTokens(int64_t local_tokens, int rank);
+
+}  // namespace moe_ep::core

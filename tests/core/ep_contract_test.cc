@@ -1,0 +1,126 @@
+#include "core/ep_contract.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace moe_ep::core {
+namespace {
+
+using ::testing::HasSubstr;
+
+EpDispatcherOptions Options(int ep, int64_t n, int64_t h, int k, int experts) {
+  EpDispatcherOptions o;
+  o.workspace = WorkspaceSpec{ep, n, h, k, DispatchDType::kBF16};
+  o.num_experts = experts;
+  return o;
+}
+
+constexpr BackendLimits kTest = {"test data plane", 8, 4, 4};
+
+void ExpectInvalid(const absl::Status& s, const std::string& fragment) {
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr(fragment));
+}
+
+// Each rule has one message, used by the service and by both backends.
+TEST(ValidateEpOptions, PinsEachMessageOnce) {
+  EXPECT_TRUE(ValidateEpOptions(Options(2, 8, 64, 2, 4), 2, kTest).ok());
+  ExpectInvalid(ValidateEpOptions(Options(2, 8, 64, 2, 4), 3, kTest),
+                "workspace.ep_size: expected the group size 3, got 2");
+  ExpectInvalid(ValidateEpOptions(Options(9, 8, 64, 2, 16), 9, kTest),
+                "workspace.ep_size: expected in [1, 8] on the test data plane, got 9");
+  ExpectInvalid(ValidateEpOptions(Options(2, 0, 64, 2, 4), 2, kTest),
+                "workspace.capacity_tokens: expected >= 1, got 0");
+  ExpectInvalid(ValidateEpOptions(Options(2, 8, 64, 5, 4), 2, kTest),
+                "top_k: expected <= num_experts (4), got 5");
+  ExpectInvalid(ValidateEpOptions(Options(2, 8, 64, 5, 8), 2, kTest),
+                "top_k: expected in [1, 4] on the test data plane, got 5");
+  ExpectInvalid(ValidateEpOptions(Options(2, 8, 66, 2, 4), 2, kTest),
+                "workspace.hidden: the test data plane needs a multiple of 4");
+  ExpectInvalid(ValidateEpOptions(Options(4, 8, 64, 1, 3), 4, BackendLimits{}),
+                "num_experts: expected >= 4 (the world size: every rank owns an expert), got 3");
+  EpDispatcherOptions fp4 = Options(2, 8, 64, 2, 4);
+  fp4.workspace.dtype = DispatchDType::kNVFP4;
+  ExpectInvalid(ValidateEpOptions(fp4, 2, kTest),
+                "workspace.dtype: the test data plane moves bf16 only, got nvfp4");
+  EpDispatcherOptions invalid = Options(2, 8, 64, 2, 4);
+  invalid.invalid_expert_id = 3;
+  ExpectInvalid(ValidateEpOptions(invalid, 2, kTest),
+                "invalid_expert_id: expected -1 or num_experts (4), got 3");
+  invalid.invalid_expert_id = 4;
+  EXPECT_TRUE(ValidateEpOptions(invalid, 2, kTest).ok());
+  EpDispatcherOptions buckets = Options(2, 8, 64, 2, 4);
+  buckets.cuda_graph_buckets = {2, 9};
+  ExpectInvalid(ValidateEpOptions(buckets, 2, kTest),
+                "cuda_graph_buckets: expected strictly ascending values in [1, capacity_tokens = "
+                "8], got [2, 9]");
+}
+
+TEST(ValidateMoeSizes, RangesAndTopKBound) {
+  ExpectInvalid(ValidateMoeSizes(0, 4, 2), "hidden_size: expected in [1, 1048576], got 0");
+  ExpectInvalid(ValidateMoeSizes(64, 0, 2), "num_experts: expected in [1, 65536], got 0");
+  ExpectInvalid(ValidateMoeSizes(64, 4, 0), "top_k: expected in [1, 65536], got 0");
+  ExpectInvalid(ValidateMoeSizes(64, 4, 5), "top_k: expected <= num_experts (4), got 5");
+  EXPECT_TRUE(ValidateMoeSizes(64, 4, 4).ok());
+}
+
+TEST(GeometryState, CommitChecksAndKeepsPreviousOnError) {
+  GeometryState g(/*rank=*/1, /*capacity_tokens=*/8);
+  EXPECT_FALSE(g.committed());
+  const absl::Status none = g.CheckStep("Forward", 0);
+  EXPECT_EQ(none.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(none.message()),
+              HasSubstr("Forward: no geometry committed on rank 1; call CommitGeometry first"));
+  ASSERT_TRUE(g.Commit(3, 6, 4).ok());
+  const absl::Status over = g.Commit(4, 9, 1);
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(over.message()),
+              HasSubstr("runtime_max_tokens_per_rank 9 exceeds capacity_tokens 8 (rank 1)"));
+  const absl::Status under = g.Commit(4, 2, 5);
+  EXPECT_EQ(under.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(under.message()), HasSubstr("below this rank's local_tokens 5"));
+  EXPECT_EQ(g.epoch(), 3);
+  EXPECT_EQ(g.runtime_max_tokens_per_rank(), 6);
+  EXPECT_TRUE(g.CheckStep("Dispatch", 6).ok());
+  const absl::Status big = g.CheckStep("Dispatch", 7);
+  EXPECT_EQ(big.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(big.message()),
+              HasSubstr("num_tokens 7 exceeds runtime_max_tokens_per_rank 6 (rank 1)"));
+  ExpectInvalid(g.CheckStep("Dispatch", -1), "num_tokens: expected >= 0, got -1 (rank 1)");
+}
+
+// The in-step guard: the GPU copy used to allow a commit mid-step.
+TEST(GeometryState, RefusesCommitAndSecondDispatchMidStep) {
+  GeometryState g(0, 8);
+  ASSERT_TRUE(g.Commit(1, 4, 4).ok());
+  ASSERT_TRUE(g.BeginDispatch("Dispatch").ok());
+  g.MarkDispatched();
+  const absl::Status commit = g.Commit(2, 4, 4);
+  EXPECT_EQ(commit.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(commit.message()),
+              HasSubstr("CommitGeometry: a dispatched step is in flight on rank 0"));
+  EXPECT_EQ(g.epoch(), 1);
+  const absl::Status again = g.BeginDispatch("Dispatch");
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(again.message()), HasSubstr("call Combine first"));
+  const absl::Status combine = g.RequireComputed("Combine");
+  EXPECT_THAT(std::string(combine.message()), HasSubstr("call ComputeExperts first"));
+  g.MarkComputed();
+  EXPECT_TRUE(g.RequireComputed("Combine").ok());
+  g.MarkIdle();
+  const absl::Status idle = g.RequireDispatched("Combine");
+  EXPECT_EQ(idle.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(idle.message()),
+              HasSubstr("Combine: no dispatched step on rank 0; call Dispatch first"));
+  EXPECT_TRUE(g.Commit(2, 4, 4).ok());
+}
+
+TEST(ValidateLocalTokens, NamesTheRank) {
+  ExpectInvalid(ValidateLocalTokens(-2, 3), "local_tokens: expected >= 0, got -2 (rank 3)");
+  EXPECT_TRUE(ValidateLocalTokens(0, 3).ok());
+}
+
+}  // namespace
+}  // namespace moe_ep::core
