@@ -177,7 +177,7 @@ int Main(int argc, char** argv) {
     const int64_t rows = tokens * top_k;
     auto run = [&] { BENCH_CHECK((*ec)->Run(recv, tokens, **experts, out, stream)); };
     auto graph_p50 = [&](ExpertGemm gemm) {
-      (*ec)->set_gemm(gemm);
+      BENCH_CHECK((*ec)->set_gemm(gemm));
       run();  // warm (module load, attributes) outside the capture
       CUDA_CHECK(cudaStreamSynchronize(stream));
       cudaGraph_t graph;
@@ -198,7 +198,7 @@ int Main(int argc, char** argv) {
     double hopper_us = 0, wmma_us = 0, cublas_us = 0, max_rel = -1;
     std::vector<uint16_t> hopper_out(tokens * hidden), cublas_out(tokens * hidden);
     if (has("cublas")) {
-      (*ec)->set_gemm(ExpertGemm::kCublasHostCounts);
+      BENCH_CHECK((*ec)->set_gemm(ExpertGemm::kCublasHostCounts));
       cublas_us = TimeP50(stream, warmup, iters, run);
       CUDA_CHECK(cudaMemcpy(cublas_out.data(), out, tokens * hidden * 2, cudaMemcpyDeviceToHost));
     }

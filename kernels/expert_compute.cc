@@ -1,5 +1,6 @@
 #include "kernels/expert_compute.h"
 
+#include <cstdint>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -16,17 +17,28 @@ constexpr int64_t kCublasWorkspaceBytes = int64_t{32} << 20;
 
 }  // namespace
 
-absl::Status ExpertCompute::Alloc(void** ptr, int64_t bytes, const char* what) {
-  if (bytes <= 0) return absl::OkStatus();
-  RETURN_IF_ERROR(internal::CudaStatus(cudaMalloc(ptr, bytes), what));
-  allocated_bytes_ += bytes;
-  return absl::OkStatus();
+// The scratch as offsets into one slab, in a fixed order, each part aligned
+// to 128 bytes (TMA and vector loads need 16), so the slab is one allocation
+// and its size is exactly what the parts need. cub's sort temp gets 256 bytes
+// of slack and is aligned to 256 inside it, whatever the slab's base.
+struct ExpertCompute::ScratchPlan {
+  int64_t keys = 0, values = 0, sorted_keys = 0, sorted_values = 0, position = 0;
+  int64_t offsets = 0, tile_offsets = 0, sort_temp = 0, x = 0, gate_up = 0, act = 0, y = 0;
+  size_t sort_temp_bytes = 0;
+  int64_t total = 0;
+};
+
+namespace {
+
+int64_t Take(int64_t* cursor, int64_t bytes) {
+  constexpr int64_t kAlign = 128;
+  const int64_t at = *cursor;
+  *cursor += (bytes + kAlign - 1) / kAlign * kAlign;
+  return at;
 }
 
-absl::StatusOr<std::unique_ptr<ExpertCompute>> ExpertCompute::Create(int64_t max_rows, int top_k,
-                                                                     int64_t hidden,
-                                                                     int64_t max_intermediate,
-                                                                     int max_local_experts) {
+absl::Status CheckSizes(int64_t max_rows, int top_k, int64_t hidden, int64_t max_intermediate,
+                        int max_local_experts) {
   if (max_rows < 0 || top_k < 1 || top_k > kMaxTopK || hidden < 4 || hidden % 4 != 0 ||
       max_intermediate < 0 || max_local_experts < 1) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -35,6 +47,55 @@ absl::StatusOr<std::unique_ptr<ExpertCompute>> ExpertCompute::Create(int64_t max
         "max_local_experts >= 1 (got %d)",
         max_rows, kMaxTopK, top_k, hidden, max_intermediate, max_local_experts));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ExpertCompute::ScratchPlan> ExpertCompute::Plan(int64_t max_rows, int top_k,
+                                                               int64_t hidden,
+                                                               int64_t max_intermediate,
+                                                               int max_local_experts) {
+  RETURN_IF_ERROR(CheckSizes(max_rows, top_k, hidden, max_intermediate, max_local_experts));
+  const int64_t n = max_rows * top_k;
+  const int64_t ib = n * static_cast<int64_t>(sizeof(int32_t));
+  const int64_t lb = (max_local_experts + 1) * static_cast<int64_t>(sizeof(int32_t));
+  ScratchPlan plan;
+  int64_t cursor = 0;
+  plan.keys = Take(&cursor, ib);
+  plan.values = Take(&cursor, ib);
+  plan.sorted_keys = Take(&cursor, ib);
+  plan.sorted_values = Take(&cursor, ib);
+  plan.position = Take(&cursor, ib);
+  plan.offsets = Take(&cursor, lb);
+  plan.tile_offsets = Take(&cursor, lb);
+  ASSIGN_OR_RETURN(plan.sort_temp_bytes, SortTempBytes(n, max_local_experts));
+  plan.sort_temp = Take(&cursor, static_cast<int64_t>(plan.sort_temp_bytes) + 256);
+  if (max_intermediate > 0) {
+    plan.x = Take(&cursor, n * hidden * 2);
+    plan.gate_up = Take(&cursor, n * 2 * max_intermediate * 4);
+    plan.act = Take(&cursor, n * max_intermediate * 2);
+    plan.y = Take(&cursor, n * hidden * 4);
+  }
+  plan.total = cursor;
+  return plan;
+}
+
+absl::StatusOr<int64_t> ExpertCompute::ScratchBytes(int64_t max_rows, int top_k, int64_t hidden,
+                                                    int64_t max_intermediate,
+                                                    int max_local_experts) {
+  ASSIGN_OR_RETURN(ScratchPlan plan,
+                   Plan(max_rows, top_k, hidden, max_intermediate, max_local_experts));
+  return plan.total;
+}
+
+absl::StatusOr<std::unique_ptr<ExpertCompute>> ExpertCompute::Create(int64_t max_rows, int top_k,
+                                                                     int64_t hidden,
+                                                                     int64_t max_intermediate,
+                                                                     int max_local_experts,
+                                                                     void* scratch) {
+  ASSIGN_OR_RETURN(ScratchPlan plan,
+                   Plan(max_rows, top_k, hidden, max_intermediate, max_local_experts));
   std::unique_ptr<ExpertCompute> ec(new ExpertCompute());
   ec->max_rows_ = max_rows;
   ec->top_k_ = top_k;
@@ -43,34 +104,30 @@ absl::StatusOr<std::unique_ptr<ExpertCompute>> ExpertCompute::Create(int64_t max
   ec->max_local_experts_ = max_local_experts;
   ec->hopper_available_ =
       max_local_experts <= kHopperGemmMaxExperts && HopperGroupedGemmAvailable().ok();
-  const int64_t n = max_rows * top_k;
+  ec->allocated_bytes_ = plan.total;
+  char* base = static_cast<char*>(scratch);
+  if (base == nullptr) {
+    RETURN_IF_ERROR(internal::CudaStatus(
+        cudaMalloc(&ec->owned_scratch_, plan.total),
+        absl::StrFormat("cudaMalloc(expert scratch, %d bytes)", plan.total).c_str()));
+    base = static_cast<char*>(ec->owned_scratch_);
+  }
   ExpertEntryBuffers& b = ec->entries_;
-  const int64_t ib = n * static_cast<int64_t>(sizeof(int32_t));
-  RETURN_IF_ERROR(ec->Alloc(reinterpret_cast<void**>(&b.keys), ib, "cudaMalloc(keys)"));
-  RETURN_IF_ERROR(ec->Alloc(reinterpret_cast<void**>(&b.values), ib, "cudaMalloc(values)"));
-  RETURN_IF_ERROR(ec->Alloc(reinterpret_cast<void**>(&b.sorted_keys), ib, "cudaMalloc(keys)"));
-  RETURN_IF_ERROR(
-      ec->Alloc(reinterpret_cast<void**>(&b.sorted_values), ib, "cudaMalloc(sorted_values)"));
-  RETURN_IF_ERROR(ec->Alloc(reinterpret_cast<void**>(&b.position), ib, "cudaMalloc(position)"));
-  RETURN_IF_ERROR(ec->Alloc(reinterpret_cast<void**>(&b.offsets),
-                            (max_local_experts + 1) * int64_t{sizeof(int32_t)},
-                            "cudaMalloc(offsets)"));
-  RETURN_IF_ERROR(ec->Alloc(reinterpret_cast<void**>(&ec->tile_offsets_),
-                            (max_local_experts + 1) * int64_t{sizeof(int32_t)},
-                            "cudaMalloc(tile_offsets)"));
-  ASSIGN_OR_RETURN(b.sort_temp_bytes, SortTempBytes(n, max_local_experts));
-  RETURN_IF_ERROR(ec->Alloc(&b.sort_temp, static_cast<int64_t>(b.sort_temp_bytes) + 16,
-                            "cudaMalloc(sort_temp)"));
+  b.keys = reinterpret_cast<int32_t*>(base + plan.keys);
+  b.values = reinterpret_cast<int32_t*>(base + plan.values);
+  b.sorted_keys = reinterpret_cast<int32_t*>(base + plan.sorted_keys);
+  b.sorted_values = reinterpret_cast<int32_t*>(base + plan.sorted_values);
+  b.position = reinterpret_cast<int32_t*>(base + plan.position);
+  b.offsets = reinterpret_cast<int32_t*>(base + plan.offsets);
+  ec->tile_offsets_ = reinterpret_cast<int32_t*>(base + plan.tile_offsets);
+  const uintptr_t sort_temp = reinterpret_cast<uintptr_t>(base + plan.sort_temp);
+  b.sort_temp = reinterpret_cast<void*>((sort_temp + 255) & ~uintptr_t{255});
+  b.sort_temp_bytes = plan.sort_temp_bytes;
   if (max_intermediate > 0) {
-    RETURN_IF_ERROR(ec->Alloc(reinterpret_cast<void**>(&ec->x_), n * hidden * 2, "cudaMalloc(x)"));
-    RETURN_IF_ERROR(ec->Alloc(reinterpret_cast<void**>(&ec->gate_up_), n * 2 * max_intermediate * 4,
-                              "cudaMalloc(gate_up)"));
-    RETURN_IF_ERROR(ec->Alloc(reinterpret_cast<void**>(&ec->act_), n * max_intermediate * 2,
-                              "cudaMalloc(act)"));
-    RETURN_IF_ERROR(ec->Alloc(reinterpret_cast<void**>(&ec->y_), n * hidden * 4, "cudaMalloc(y)"));
-    RETURN_IF_ERROR(
-        ec->Alloc(&ec->cublas_workspace_, kCublasWorkspaceBytes, "cudaMalloc(cublas workspace)"));
-    RETURN_IF_ERROR(internal::CublasStatus(cublasCreate(&ec->cublas_), "cublasCreate"));
+    ec->x_ = reinterpret_cast<uint16_t*>(base + plan.x);
+    ec->gate_up_ = reinterpret_cast<float*>(base + plan.gate_up);
+    ec->act_ = reinterpret_cast<uint16_t*>(base + plan.act);
+    ec->y_ = reinterpret_cast<float*>(base + plan.y);
   }
   RETURN_IF_ERROR(internal::CudaStatus(cudaMallocHost(reinterpret_cast<void**>(&ec->host_offsets_),
                                                       (max_local_experts + 1) * sizeof(int32_t)),
@@ -78,16 +135,21 @@ absl::StatusOr<std::unique_ptr<ExpertCompute>> ExpertCompute::Create(int64_t max
   return ec;
 }
 
+absl::Status ExpertCompute::set_gemm(ExpertGemm gemm) {
+  if (gemm == ExpertGemm::kCublasHostCounts && max_intermediate_ > 0 && cublas_ == nullptr) {
+    RETURN_IF_ERROR(internal::CudaStatus(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes),
+                                         "cudaMalloc(cublas workspace)"));
+    allocated_bytes_ += kCublasWorkspaceBytes;
+    RETURN_IF_ERROR(internal::CublasStatus(cublasCreate(&cublas_), "cublasCreate"));
+  }
+  gemm_ = gemm;
+  return absl::OkStatus();
+}
+
 ExpertCompute::~ExpertCompute() {
   if (cublas_ != nullptr) cublasDestroy(cublas_);
-  for (void* p : {static_cast<void*>(entries_.keys), static_cast<void*>(entries_.values),
-                  static_cast<void*>(entries_.sorted_keys),
-                  static_cast<void*>(entries_.sorted_values), static_cast<void*>(entries_.position),
-                  static_cast<void*>(entries_.offsets), static_cast<void*>(tile_offsets_),
-                  entries_.sort_temp, static_cast<void*>(x_), static_cast<void*>(gate_up_),
-                  static_cast<void*>(act_), static_cast<void*>(y_), cublas_workspace_}) {
-    cudaFree(p);
-  }
+  cudaFree(cublas_workspace_);
+  cudaFree(owned_scratch_);
   cudaFreeHost(host_offsets_);
 }
 

@@ -16,7 +16,12 @@
 // Scratch (allocated once in Create, sized for max_rows * K entries):
 //   keys/values/sorted/position int32 [max_rows*K] x 5, offsets [L+1],
 //   cub sort temp, x bf16 [max_rows*K, H], gate_up fp32 [max_rows*K, 2I],
-//   act bf16 [max_rows*K, I], y fp32 [max_rows*K, H], cuBLAS workspace 32 MiB.
+//   act bf16 [max_rows*K, I], y fp32 [max_rows*K, H]: one slab of
+//   ScratchBytes() bytes, owned or the caller's (Create's `scratch`), so the
+//   drop in free device memory is the reported figure (issue 10 item 2).
+//   kCublasHostCounts adds a 32 MiB cuBLAS workspace (counted) and a cuBLAS
+//   handle, whose own device memory (66 MiB on an H200, measured in
+//   bench/results/run12) cuBLAS does not report: made only when chosen.
 // GEMMs (ExpertGemm, set_gemm):
 //   kGroupedDevice (default): grouped kernels that read each expert's row
 //     count on the device; gate_up and silu are fused (act = bf16(silu(x
@@ -56,12 +61,19 @@ class ExpertCompute {
  public:
   // max_rows: received rows per step at most (E * N). max_intermediate: I of
   // the largest SwiGLU expert set to run (0: identity only).
-  // Errors: kInvalidArgument (sizes), kResourceExhausted (cudaMalloc),
-  // kInternal (cuBLAS handle).
+  // `scratch`: null to allocate the slab here (freed on destruction), or
+  // device memory of at least ScratchBytes() bytes, 128-byte aligned, that
+  // outlives this object (the GPU dispatcher's one allocation).
+  // Errors: kInvalidArgument (sizes), kResourceExhausted (cudaMalloc).
   static absl::StatusOr<std::unique_ptr<ExpertCompute>> Create(int64_t max_rows, int top_k,
                                                                int64_t hidden,
                                                                int64_t max_intermediate,
-                                                               int max_local_experts);
+                                                               int max_local_experts,
+                                                               void* scratch = nullptr);
+  // Device bytes of the scratch slab Create needs for these sizes.
+  // Errors: kInvalidArgument (sizes), kInternal (cub).
+  static absl::StatusOr<int64_t> ScratchBytes(int64_t max_rows, int top_k, int64_t hidden,
+                                              int64_t max_intermediate, int max_local_experts);
   ~ExpertCompute();
   ExpertCompute(const ExpertCompute&) = delete;
   ExpertCompute& operator=(const ExpertCompute&) = delete;
@@ -76,10 +88,14 @@ class ExpertCompute {
   absl::Status Run(const uint8_t* recv, int64_t num_rows, const DeviceExpertSet& experts,
                    uint16_t* combine_send, cudaStream_t stream);
 
-  // Device bytes of scratch held.
+  // Device bytes of scratch in use: the slab (owned or borrowed), plus the
+  // cuBLAS workspace once kCublasHostCounts was chosen.
   int64_t allocated_bytes() const { return allocated_bytes_; }
 
-  void set_gemm(ExpertGemm gemm) { gemm_ = gemm; }
+  // Chooses the GEMM path. kCublasHostCounts (SwiGLU only) creates the cuBLAS
+  // handle and its workspace on first choice.
+  // Errors: kResourceExhausted (cudaMalloc), kInternal (cublasCreate).
+  absl::Status set_gemm(ExpertGemm gemm);
   // True when kGroupedDevice runs the Hopper kernels for intermediate size
   // `intermediate` (device, build and alignment allow it).
   bool UsesHopperGemm(int64_t intermediate) const {
@@ -88,8 +104,10 @@ class ExpertCompute {
   ExpertGemm gemm() const { return gemm_; }
 
  private:
+  struct ScratchPlan;
   ExpertCompute() = default;
-  absl::Status Alloc(void** ptr, int64_t bytes, const char* what);
+  static absl::StatusOr<ScratchPlan> Plan(int64_t max_rows, int top_k, int64_t hidden,
+                                          int64_t max_intermediate, int max_local_experts);
 
   int64_t max_rows_ = 0;
   int top_k_ = 0;
@@ -105,8 +123,9 @@ class ExpertCompute {
   float* gate_up_ = nullptr;
   uint16_t* act_ = nullptr;
   float* y_ = nullptr;
-  void* cublas_workspace_ = nullptr;
-  int32_t* host_offsets_ = nullptr;  // pinned [max_local_experts + 1]
+  void* owned_scratch_ = nullptr;     // the slab when Create allocated it
+  void* cublas_workspace_ = nullptr;  // kCublasHostCounts only
+  int32_t* host_offsets_ = nullptr;   // pinned [max_local_experts + 1]
   cublasHandle_t cublas_ = nullptr;
 };
 

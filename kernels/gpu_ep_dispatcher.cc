@@ -50,18 +50,35 @@ absl::StatusOr<std::unique_ptr<GpuEpDispatcher>> GpuEpDispatcher::Create(
   const int64_t e = ws.ep_size;
   const int64_t n = ws.capacity_tokens;
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(collective->device()), "cudaSetDevice"));
-  ASSIGN_OR_RETURN(d->expert_compute_,
-                   ExpertCompute::Create(e * n, ws.top_k, ws.hidden, options.max_intermediate,
-                                         d->num_local_experts_));
+  if (options.tail_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("tail_bytes: expected >= 0, got %d", options.tail_bytes));
+  }
+  ASSIGN_OR_RETURN(const int64_t scratch,
+                   ExpertCompute::ScratchBytes(e * n, ws.top_k, ws.hidden, options.max_intermediate,
+                                               d->num_local_experts_));
   const int64_t total = layout.total_bytes;
-  const int64_t with_scratch = total + d->expert_compute_->allocated_bytes();
+  // Layout regions and scratch parts are multiples of 128 bytes, so the
+  // scratch and the tail follow the layout 128-byte aligned, without padding.
+  const int64_t scratch_offset = total;
+  const int64_t tail_offset = total + scratch;
+  const int64_t with_scratch = tail_offset + options.tail_bytes;
   if (memory_cap_bytes > 0 && with_scratch > memory_cap_bytes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "GPU data plane of rank %d needs %d bytes (buffers %d + expert scratch %d), cap is %d",
-        d->rank_, with_scratch, total, d->expert_compute_->allocated_bytes(), memory_cap_bytes));
+        "GPU data plane of rank %d needs %d bytes (buffers %d + expert scratch %d + staging %d), "
+        "cap is %d",
+        d->rank_, with_scratch, total, scratch, options.tail_bytes, memory_cap_bytes));
   }
-  RETURN_IF_ERROR(CudaStatus(cudaMalloc(&d->base_, total), "cudaMalloc(data plane buffers)"));
+  // One cudaMalloc for buffers, expert scratch and the caller's tail: the
+  // free-memory drop is the reported total, not three roundings of it.
+  RETURN_IF_ERROR(
+      CudaStatus(cudaMalloc(&d->base_, with_scratch),
+                 absl::StrFormat("cudaMalloc(data plane workspace, %d bytes)", with_scratch)));
   RETURN_IF_ERROR(CudaStatus(cudaMemset(d->base_, 0, total), "cudaMemset(data plane buffers)"));
+  ASSIGN_OR_RETURN(d->expert_compute_,
+                   ExpertCompute::Create(e * n, ws.top_k, ws.hidden, options.max_intermediate,
+                                         d->num_local_experts_, d->base_ + scratch_offset));
+  if (options.tail_bytes > 0) d->tail_ = d->base_ + tail_offset;
   d->send_ = layout.dispatch_send.At<uint8_t>(d->base_);
   d->recv_ = layout.dispatch_recv.At<uint8_t>(d->base_);
   d->combine_send_ = layout.combine_send.At<uint16_t>(d->base_);
@@ -72,7 +89,7 @@ absl::StatusOr<std::unique_ptr<GpuEpDispatcher>> GpuEpDispatcher::Create(
   d->gathered_ = layout.gathered_headers.At<int64_t>(d->base_);
   d->error_ = layout.error.At<StepHeaderError>(d->base_);
   d->header_replicas_ = layout.header_replicas.At<int64_t>(d->base_);
-  d->expert_compute_->set_gemm(options.expert_gemm);
+  RETURN_IF_ERROR(d->expert_compute_->set_gemm(options.expert_gemm));
   return d;
 }
 

@@ -70,6 +70,10 @@ struct GpuEpDispatcherOptions {
   int64_t max_intermediate = 0;          // I of the largest SwiGLU layer (0: identity only)
   GeometryCheck geometry_check = GeometryCheck::kHostAllGather;
   ExpertGemm expert_gemm = ExpertGemm::kGroupedDevice;  // SwiGLU GEMMs
+  // Bytes of a caller's region at the end of the dispatcher's one device
+  // allocation (tail()); the GPU data plane stages Forward there, so that one
+  // cudaMalloc holds the whole workspace (issue 10 item 2).
+  int64_t tail_bytes = 0;
 };
 
 // Received rows of one step copied to the host, for tests: [E, R, ...].
@@ -98,11 +102,18 @@ class GpuEpDispatcher {
   GpuEpDispatcher(const GpuEpDispatcher&) = delete;
   GpuEpDispatcher& operator=(const GpuEpDispatcher&) = delete;
 
-  // Device bytes held: layout().total_bytes + expert_scratch_bytes().
-  int64_t allocated_bytes() const { return layout_.total_bytes + expert_scratch_bytes(); }
+  // Device bytes held, all in one cudaMalloc: layout().total_bytes, then the
+  // expert scratch (expert_scratch_bytes()), then the caller's tail_bytes.
+  int64_t allocated_bytes() const {
+    return layout_.total_bytes + expert_scratch_bytes() + options_.tail_bytes;
+  }
+  // The caller's region (options.tail_bytes bytes, 128-byte aligned; null
+  // when tail_bytes is 0). Valid while the dispatcher lives.
+  void* tail() const { return tail_; }
   // The one allocation's regions.
   const GpuWorkspaceLayout& layout() const { return layout_; }
-  // What the expert compute says it allocated (kernels/expert_compute.h).
+  // What the expert compute says its scratch is (kernels/expert_compute.h):
+  // its slab, which follows layout() in the one allocation.
   int64_t expert_scratch_bytes() const { return expert_compute_->allocated_bytes(); }
   cudaStream_t stream() const { return collective_->stream(); }
 
@@ -206,6 +217,7 @@ class GpuEpDispatcher {
   int num_local_experts_ = 0;
 
   char* base_ = nullptr;  // the one allocation
+  void* tail_ = nullptr;  // the caller's region at its end
   uint8_t* send_ = nullptr;
   uint8_t* recv_ = nullptr;
   uint16_t* combine_send_ = nullptr;

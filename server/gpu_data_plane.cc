@@ -48,25 +48,37 @@ absl::Status WithContext(const absl::Status& status, absl::string_view context) 
 // [N, K] fp32, output [N, H] bf16.
 class GpuDataPlane::Staging {
  public:
+  // `device`: null to allocate the device part here, or DeviceBytes() bytes
+  // of 128-byte-aligned device memory that outlives this object (the
+  // dispatcher's tail, so the workspace is one allocation).
   static absl::StatusOr<std::unique_ptr<Staging>> Create(int64_t capacity, int64_t hidden,
-                                                         int top_k) {
+                                                         int top_k, void* device = nullptr) {
     std::unique_ptr<Staging> s(new Staging());
     const int64_t hidden_bytes = core::AlignTo128(capacity * hidden * 2);
     const int64_t k_bytes = core::AlignTo128(capacity * top_k * 4);
     s->offsets_ = {0, hidden_bytes, hidden_bytes + k_bytes, hidden_bytes + 2 * k_bytes};
     const int64_t total = DeviceBytes(capacity, hidden, top_k);
-    RETURN_IF_ERROR(Cuda(cudaMalloc(&s->device_, total),
-                         absl::StrCat("cudaMalloc(forward staging, ", total, " bytes)")));
+    if (device == nullptr) {
+      RETURN_IF_ERROR(Cuda(cudaMalloc(&s->owned_device_, total),
+                           absl::StrCat("cudaMalloc(forward staging, ", total, " bytes)")));
+      device = s->owned_device_;
+    }
+    s->device_ = device;
     RETURN_IF_ERROR(Cuda(cudaMallocHost(&s->host_, total),
                          absl::StrCat("cudaMallocHost(forward staging, ", total, " bytes)")));
     return s;
+  }
+  // Moves the device part to `device` (a grown dispatcher's tail), when it
+  // was not allocated here.
+  void Rebind(void* device) {
+    if (owned_device_ == nullptr) device_ = device;
   }
   // Device bytes of staging for N rows (what Create allocates on the device).
   static int64_t DeviceBytes(int64_t capacity, int64_t hidden, int top_k) {
     return 2 * core::AlignTo128(capacity * hidden * 2) + 2 * core::AlignTo128(capacity * top_k * 4);
   }
   ~Staging() {
-    cudaFree(device_);
+    cudaFree(owned_device_);
     cudaFreeHost(host_);
   }
   Staging(const Staging&) = delete;
@@ -89,6 +101,7 @@ class GpuDataPlane::Staging {
   }
   std::array<int64_t, 4> offsets_ = {0, 0, 0, 0};
   void* device_ = nullptr;
+  void* owned_device_ = nullptr;  // device_ when Create allocated it
   void* host_ = nullptr;
 };
 
@@ -152,36 +165,26 @@ absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatc
   ASSIGN_OR_RETURN(core::ExpertPlacement placement,
                    core::ExpertPlacement::Contiguous(options.num_experts, ws.ep_size));
   const int64_t staging_bytes = Staging::DeviceBytes(ws.capacity_tokens, ws.hidden, ws.top_k);
-  int64_t dispatcher_cap = 0;
-  if (memory_cap_bytes > 0) {
-    dispatcher_cap = memory_cap_bytes - staging_bytes;
-    if (dispatcher_cap <= 0) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("AllocateWorkspace: the Forward staging buffers alone need ", staging_bytes,
-                       " device bytes, more than the memory cap of ", memory_cap_bytes, " bytes"));
-    }
-  }
   kernels::GpuEpDispatcherOptions gpu_options;
   gpu_options.dispatcher = options;
   gpu_options.max_intermediate = max_intermediate;
+  gpu_options.tail_bytes = staging_bytes;
   absl::StatusOr<std::unique_ptr<kernels::GpuEpDispatcher>> dispatcher =
-      kernels::GpuEpDispatcher::Create(collective_.get(), gpu_options, dispatcher_cap);
+      kernels::GpuEpDispatcher::Create(collective_.get(), gpu_options, memory_cap_bytes);
   if (!dispatcher.ok()) {
     if (dispatcher.status().code() == absl::StatusCode::kResourceExhausted &&
         memory_cap_bytes > 0) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat(dispatcher.status().message(), " (plus ", staging_bytes,
-                       " bytes of Forward staging under the memory cap of ", memory_cap_bytes,
-                       " bytes, --memory-cap-bytes)"));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "AllocateWorkspace: ", dispatcher.status().message(), " (--memory-cap-bytes)"));
     }
     return dispatcher.status();
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Staging> staging,
-                   Staging::Create(ws.capacity_tokens, ws.hidden, ws.top_k));
+                   Staging::Create(ws.capacity_tokens, ws.hidden, ws.top_k, (*dispatcher)->tail()));
 
-  // The breakdown is the dispatcher's typed layout, then what the expert
-  // compute says it allocated, then the Forward staging (separate
-  // allocations, listed after the layout's end).
+  // The breakdown is the dispatcher's one allocation: its typed layout, then
+  // what the expert compute says its scratch is, then the Forward staging
+  // in the dispatcher's tail.
   const kernels::GpuEpDispatcher& held = **dispatcher;
   DataPlaneAllocation allocation;
   allocation.regions = held.layout().Regions();
@@ -205,9 +208,7 @@ absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatc
 
 int64_t GpuDataPlane::allocated_bytes() const {
   if (dispatcher_ == nullptr) return 0;
-  const core::WorkspaceSpec& ws = options_.workspace;
-  return dispatcher_->allocated_bytes() +
-         Staging::DeviceBytes(ws.capacity_tokens, ws.hidden, ws.top_k);
+  return dispatcher_->allocated_bytes();
 }
 
 absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, core::ExpertSet experts,
@@ -229,8 +230,7 @@ absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, core::ExpertSet exp
     const core::WorkspaceSpec& ws = options_.workspace;
     int64_t cap = 0;
     if (memory_cap_bytes > 0) {
-      cap = memory_cap_bytes - Staging::DeviceBytes(ws.capacity_tokens, ws.hidden, ws.top_k) -
-            (TotalExpertBytes() - ExpertBytes(layer)) - device->weight_bytes();
+      cap = memory_cap_bytes - (TotalExpertBytes() - ExpertBytes(layer)) - device->weight_bytes();
       if (cap <= 0) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "LoadExperts: layer ", layer, " (intermediate ", experts.intermediate(),
@@ -243,6 +243,7 @@ absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, core::ExpertSet exp
     kernels::GpuEpDispatcherOptions gpu_options;
     gpu_options.dispatcher = options_;
     gpu_options.max_intermediate = experts.intermediate();
+    gpu_options.tail_bytes = Staging::DeviceBytes(ws.capacity_tokens, ws.hidden, ws.top_k);
     ASSIGN_OR_RETURN(grown, kernels::GpuEpDispatcher::Create(collective_.get(), gpu_options, cap));
     if (geometry_committed_) {
       RETURN_IF_ERROR(grown->CommitGeometry(dispatcher_->epoch(),
@@ -252,6 +253,7 @@ absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, core::ExpertSet exp
   if (grown != nullptr) {
     RETURN_IF_ERROR(Synchronize());  // nothing of the old dispatcher may still run
     dispatcher_ = std::move(grown);
+    staging_->Rebind(dispatcher_->tail());
     max_intermediate_ = experts.intermediate();
   }
   const int64_t bytes = device->weight_bytes();
