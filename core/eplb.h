@@ -36,7 +36,8 @@
 // possible.
 //
 // Both functions are pure (equal inputs give equal tables on every rank) and
-// thread-safe; cost O(S * (E + R)) for S slots, E experts, R ranks.
+// thread-safe; cost O(S * (E + S)) for S slots and E experts (288 x 256:
+// well under a millisecond).
 // Source: deepseek-ai/EPLB README and eplb.py (MIT); DESIGN §15; issue 17.
 
 #include <vector>
