@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/fingerprint.h"
 #include "core/status_macros.h"
 
 namespace moe_ep::core {
@@ -315,15 +315,7 @@ std::string PlanFingerprint(const ParallelLayout& layout, const std::vector<bool
       absl::StrCat("moe-ep-plan/v1;tp=", layout.tp_size, ";attn_dp=", layout.attn_dp_size,
                    ";moe_dense_tp=", layout.effective_moe_dense_tp_size(),
                    ";a2a=", a2a_enabled ? 1 : 0, ";layers=", pattern);
-  // FNV-1a, 64-bit: offset basis 0xcbf29ce484222325, prime 0x100000001b3.
-  uint64_t hash = 0xcbf29ce484222325ULL;
-  for (unsigned char c : canonical) {
-    hash ^= c;
-    hash *= 0x100000001b3ULL;
-  }
-  char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(hash));
-  return std::string(hex);
+  return Hex64(Fnv1a64(canonical));
 }
 
 }  // namespace moe_ep::core

@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/expert_load_file.h"
 #include "core/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -44,16 +45,6 @@ std::vector<int> Permutation(uint64_t seed, int n) {
   std::mt19937_64 rng(seed);
   for (int i = n - 1; i > 0; --i) std::swap(p[i], p[absl::Uniform(rng, 0, i + 1)]);
   return p;
-}
-
-absl::StatusOr<json> ReadJsonFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("routing file ", path, ": cannot open"));
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    return absl::DataLossError(absl::StrCat("routing file ", path, ": not JSON: ", e.what()));
-  }
 }
 
 }  // namespace
@@ -98,30 +89,10 @@ absl::StatusOr<RoutingSource> RoutingSource::Create(const RoutingSourceOptions& 
   }
 
   if (src.kind_ == Kind::kLoad) {
-    ASSIGN_OR_RETURN(json doc, ReadJsonFile(file));
-    if (!doc.is_object() || !doc.contains("logical_count") || !doc["logical_count"].is_array() ||
-        doc["logical_count"].empty()) {
-      return absl::DataLossError(absl::StrCat(
-          "load file ", file, ": expected {\"logical_count\": [[counts per expert] per layer]}"));
-    }
-    const json& rows = doc["logical_count"];
-    size_t nf = 0;
+    ASSIGN_OR_RETURN(const std::vector<std::vector<double>> rows, ReadExpertLoadFile(file));
     for (size_t l = 0; l < rows.size(); ++l) {
-      const json& row = rows[l];
-      if (!row.is_array() || row.empty() || (nf != 0 && row.size() != nf)) {
-        return absl::DataLossError(absl::StrFormat(
-            "load file %s: logical_count[%d]: expected an array of %d counts", file, l, nf));
-      }
-      nf = row.size();
-      std::vector<double> counts(nf);
-      for (size_t e = 0; e < nf; ++e) {
-        if (!row[e].is_number() || !std::isfinite(row[e].get<double>()) ||
-            row[e].get<double>() < 0) {
-          return absl::DataLossError(absl::StrFormat(
-              "load file %s: logical_count[%d][%d]: expected a count >= 0", file, l, e));
-        }
-        counts[e] = row[e].get<double>();
-      }
+      const std::vector<double>& counts = rows[l];
+      const size_t nf = counts.size();
       // Map the file's experts onto the model's M experts (see header).
       std::vector<double> w(m, 0.0);
       if (static_cast<size_t>(m) <= nf) {
