@@ -38,17 +38,6 @@ std::string ShowValue(const BallotField& field, int64_t value) {
 
 }  // namespace
 
-uint64_t Fingerprint64(absl::string_view text) {
-  uint64_t hash = 1469598103934665603ull;
-  for (unsigned char c : text) {
-    hash ^= c;
-    hash *= 1099511628211ull;
-  }
-  return hash;
-}
-
-std::string Hex64(uint64_t value) { return absl::StrFormat("%016x", value); }
-
 absl::Status RunVote(ControlCollective& group, const Ballot& ballot) {
   if (ballot.fields.size() > kBallotMaxFields) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -23,19 +23,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "core/collective.h"
+#include "core/fingerprint.h"
 
 namespace moe_ep::core {
-
-// FNV-1a 64 of `text` (prime 1099511628211) with the offset basis the tree
-// has always used, 1469598103934665603 (one digit short of FNV's published
-// 14695981039346656037; kept, since seeded-weight fingerprints recorded in
-// tests use it). Stable across processes and builds (unlike absl::Hash,
-// which is seeded per process), so ranks can compare digests. Pure.
-// Example: Fingerprint64("") = 1469598103934665603.
-uint64_t Fingerprint64(absl::string_view text);
-
-// `value` as 16 lower-case hex digits.
-std::string Hex64(uint64_t value);
 
 // One spec field of a ballot. `value` is the field itself for integers, or
 // Fingerprint64 of its text (then `is_fingerprint`, shown in hex).

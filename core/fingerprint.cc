@@ -4,7 +4,7 @@
 
 namespace moe_ep::core {
 
-uint64_t Fnv1a64(absl::string_view text) {
+uint64_t Fingerprint64(absl::string_view text) {
   uint64_t hash = 0xcbf29ce484222325ULL;
   for (unsigned char c : text) {
     hash ^= c;

@@ -315,7 +315,7 @@ std::string PlanFingerprint(const ParallelLayout& layout, const std::vector<bool
       absl::StrCat("moe-ep-plan/v1;tp=", layout.tp_size, ";attn_dp=", layout.attn_dp_size,
                    ";moe_dense_tp=", layout.effective_moe_dense_tp_size(),
                    ";a2a=", a2a_enabled ? 1 : 0, ";layers=", pattern);
-  return Hex64(Fnv1a64(canonical));
+  return Hex64(Fingerprint64(canonical));
 }
 
 }  // namespace moe_ep::core

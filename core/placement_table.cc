@@ -190,6 +190,6 @@ std::string PlacementTable::CanonicalText() const {
   return text;
 }
 
-uint64_t PlacementTable::Fingerprint() const { return Fnv1a64(CanonicalText()); }
+uint64_t PlacementTable::Fingerprint() const { return Fingerprint64(CanonicalText()); }
 
 }  // namespace moe_ep::core

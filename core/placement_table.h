@@ -140,7 +140,7 @@ class PlacementTable {
 
   // Fingerprint()
   //
-  // Fnv1a64 (core/fingerprint.h) of CanonicalText(): equal on every rank and
+  // Fingerprint64 (core/fingerprint.h) of CanonicalText(): equal on every rank and
   // across processes for the same table; any moved replica changes it. Ranks
   // all-gather it before using a new table (DESIGN §15).
   uint64_t Fingerprint() const;

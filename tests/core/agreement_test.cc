@@ -15,13 +15,6 @@ using testing::JoinLoopback;
 using testing::NewHashStore;
 using testing::RunOnRanks;
 
-// FNV-1a with the tree's historical offset basis (see core/agreement.h).
-TEST(Fingerprint64, IsFnv1aWithTheTreesBasis) {
-  EXPECT_EQ(Fingerprint64(""), 1469598103934665603ull);
-  EXPECT_EQ(Fingerprint64("a"), 4953267810257967366ull);
-  EXPECT_EQ(Hex64(0xabcull), "0000000000000abc");
-}
-
 Ballot Make(int top_k, absl::Status local = absl::OkStatus()) {
   Ballot b;
   b.rpc = "AllocateWorkspace";

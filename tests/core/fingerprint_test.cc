@@ -6,10 +6,10 @@ namespace moe_ep::core {
 namespace {
 
 // Published FNV-1a 64 test vectors (the FNV reference's test suite).
-TEST(Fnv1a64, ReferenceVectors) {
-  EXPECT_EQ(Fnv1a64(""), 0xcbf29ce484222325ULL);
-  EXPECT_EQ(Fnv1a64("a"), 0xaf63dc4c8601ec8cULL);
-  EXPECT_EQ(Fnv1a64("foobar"), 0x85944171f73967e8ULL);
+TEST(Fingerprint64, ReferenceVectors) {
+  EXPECT_EQ(Fingerprint64(""), 0xcbf29ce484222325ULL);
+  EXPECT_EQ(Fingerprint64("a"), 0xaf63dc4c8601ec8cULL);
+  EXPECT_EQ(Fingerprint64("foobar"), 0x85944171f73967e8ULL);
 }
 
 TEST(Hex64, ZeroPaddedLowerCase) {
