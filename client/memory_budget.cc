@@ -168,27 +168,4 @@ int64_t LocalWorkerMemoryCapBytes(const RunMemoryEstimate& estimate, int num_loc
   return std::max<int64_t>(left / num_local_workers, 1);
 }
 
-absl::StatusOr<int64_t> ParseMemAvailableBytes(const std::string& meminfo) {
-  for (absl::string_view line : absl::StrSplit(meminfo, '\n')) {
-    if (!absl::ConsumePrefix(&line, "MemAvailable:")) continue;
-    line = absl::StripAsciiWhitespace(line);
-    int64_t kib = 0;
-    if (!absl::ConsumeSuffix(&line, "kB") ||
-        !absl::SimpleAtoi(absl::StripAsciiWhitespace(line), &kib) || kib < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("MemAvailable: expected \"<integer> kB\", got \"", line, "\""));
-    }
-    return kib * 1024;
-  }
-  return absl::NotFoundError("meminfo: no MemAvailable line (Linux 3.14 or later has one)");
-}
-
-absl::StatusOr<int64_t> ReadMemAvailableBytes(const std::string& path) {
-  std::ifstream file(path);
-  if (!file) return absl::NotFoundError(absl::StrCat(path, ": cannot be read"));
-  std::ostringstream text;
-  text << file.rdbuf();
-  return ParseMemAvailableBytes(text.str());
-}
-
 }  // namespace moe_ep::client

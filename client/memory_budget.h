@@ -1,7 +1,8 @@
 #pragma once
 
 // The memory preflight of `moe-ep run`: what the run will hold on this
-// machine, checked against MemAvailable before any worker starts, so that a
+// machine, checked against the memory this process may use (core::AvailableMemoryBytes:
+// MemAvailable, lowered to a pod's cgroup headroom) before any worker starts, so that a
 // model too large for the machine fails fast with the options that do fit
 // instead of being OOM-killed (or taking the machine down) mid-run.
 //
@@ -96,14 +97,5 @@ absl::Status CheckRunMemory(const RunMemoryInput& input, int64_t available_bytes
 // 0 (no cap) when num_local_workers is 0.
 int64_t LocalWorkerMemoryCapBytes(const RunMemoryEstimate& estimate, int num_local_workers,
                                   int64_t available_bytes);
-
-// The MemAvailable line of /proc/meminfo text ("MemAvailable:  123 kB"),
-// in bytes. Errors: kNotFound when there is no such line (kernels before
-// 3.14); kInvalidArgument when its value is not "<integer> kB".
-absl::StatusOr<int64_t> ParseMemAvailableBytes(const std::string& meminfo);
-
-// ParseMemAvailableBytes of the file `path`. Errors: kNotFound when the
-// file cannot be read (names the path); ParseMemAvailableBytes errors.
-absl::StatusOr<int64_t> ReadMemAvailableBytes(const std::string& path = "/proc/meminfo");
 
 }  // namespace moe_ep::client

@@ -19,6 +19,7 @@
 #include "client/tensor_message.h"
 #include "client/text_table.h"
 #include "core/experts.h"
+#include "core/host_memory.h"
 #include "core/routing_source.h"
 #include "core/shared_expert.h"
 #include "core/status_macros.h"
@@ -186,7 +187,7 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
   memory_input.max_step_rows = max_step_rows;
   ASSIGN_OR_RETURN(RunMemoryEstimate memory, EstimateRunMemory(memory_input));
   WorkerSelection selection = options.workers;
-  const absl::StatusOr<int64_t> available = ReadMemAvailableBytes();
+  const absl::StatusOr<int64_t> available = core::AvailableMemoryBytes();
   if (available.ok()) {
     RETURN_IF_ERROR(CheckRunMemory(memory_input, *available));
     selection.worker_memory_cap_bytes =

@@ -20,6 +20,7 @@
 #include "client/targets.h"
 #include "client/text_table.h"
 #include "core/bf16.h"
+#include "core/host_memory.h"
 #include "core/layer_plan.h"
 #include "core/layer_stack.h"
 #include "core/status_macros.h"
@@ -182,7 +183,7 @@ absl::StatusOr<StackJobResult> RunStackJob(const StackJobOptions& options, std::
   }
   memory_input.gathered_rows = attn_dp * max_count;
   ASSIGN_OR_RETURN(StackMemoryEstimate memory, EstimateStackMemory(memory_input));
-  const absl::StatusOr<int64_t> available = ReadMemAvailableBytes();
+  const absl::StatusOr<int64_t> available = core::AvailableMemoryBytes();
   if (available.ok()) {
     RETURN_IF_ERROR(CheckStackMemory(memory_input, *available));
     selection.worker_memory_cap_bytes =

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "core/host_memory.h"
 
 #ifdef MOE_EP_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -53,10 +54,9 @@ absl::StatusOr<DeviceInfo> DescribeGpu(int device) {
 }
 
 DeviceInfo DescribeHost() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page_size = sysconf(_SC_PAGE_SIZE);
+  // In a pod the cgroup's limit, not the node's memory (issue 12 item 8).
   return DeviceInfo{"cpu",
-                    pages > 0 && page_size > 0 ? static_cast<int64_t>(pages) * page_size : 0};
+                    core::TotalMemoryBytes(core::kDefaultCgroupRoot, core::PhysicalMemoryBytes())};
 }
 
 }  // namespace moe_ep::server

@@ -31,7 +31,8 @@ int VisibleGpuCount();
 // call fails (its error string).
 absl::StatusOr<DeviceInfo> DescribeGpu(int device);
 
-// "cpu" and the host's physical memory (sysconf), 0 if unknown.
+// "cpu" and the memory this process may use: the smaller of the host's
+// physical memory and its cgroup's limit (a pod's), 0 if unknown.
 DeviceInfo DescribeHost();
 
 }  // namespace moe_ep::server

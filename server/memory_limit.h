@@ -17,25 +17,11 @@ namespace moe_ep::server {
 inline constexpr int64_t kDefaultCapNumerator = 3;
 inline constexpr int64_t kDefaultCapDenominator = 4;
 
-// AvailableMemoryBytes()
-//
-// min(physical_bytes, the cgroup limit read under `cgroup_root`) where the
-// root holds "memory.max" (v2; "max" = no limit) or
-// "memory/memory.limit_in_bytes" (v1; values >= 2^60 = no limit); files
-// that are absent or unreadable are skipped. physical_bytes <= 0 means
-// "unknown": the cgroup limit alone, or 0 when there is none either.
-// Reads files only; thread-safe.
-int64_t AvailableMemoryBytes(const std::string& cgroup_root, int64_t physical_bytes);
-
-// PhysicalMemoryBytes()
-//
-// The machine's physical memory (sysconf pages * page size); 0 when unknown.
-int64_t PhysicalMemoryBytes();
-
 // DefaultMemoryCapBytes()
 //
-// 3/4 of AvailableMemoryBytes("/sys/fs/cgroup", PhysicalMemoryBytes()),
-// at least 1 byte (a cap of 0 would mean unlimited).
+// 3/4 of core::TotalMemoryBytes (the smaller of physical memory and the
+// cgroup's limit, core/host_memory.h), at least 1 byte (a cap of 0 would
+// mean unlimited). Reads files only; thread-safe.
 int64_t DefaultMemoryCapBytes();
 
 }  // namespace moe_ep::server

@@ -200,45 +200,5 @@ TEST(LocalWorkerMemoryCapBytes, EqualShareOfWhatTheCoordinatorLeaves) {
   EXPECT_EQ(LocalWorkerMemoryCapBytes(*e, 0, available), 0);
 }
 
-TEST(ParseMemAvailableBytes, ReadsKibibytes) {
-  const std::string meminfo =
-      "MemTotal:       24684100 kB\n"
-      "MemFree:        18345196 kB\n"
-      "MemAvailable:   22671424 kB\n"
-      "Buffers:          123456 kB\n";
-  auto b = ParseMemAvailableBytes(meminfo);
-  ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_EQ(*b, int64_t{22671424} * 1024);
-}
-
-TEST(ParseMemAvailableBytes, MissingLineIsNotFoundAndBadValueInvalid) {
-  EXPECT_EQ(ParseMemAvailableBytes("MemTotal: 1 kB\n").status().code(),
-            absl::StatusCode::kNotFound);
-  auto bad = ParseMemAvailableBytes("MemAvailable: lots kB\n");
-  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(bad.status().message(), HasSubstr("MemAvailable"));
-  EXPECT_EQ(ParseMemAvailableBytes("MemAvailable: 12 MB\n").status().code(),
-            absl::StatusCode::kInvalidArgument);
-}
-
-TEST(ReadMemAvailableBytes, ReadsAFileAndNamesAMissingOne) {
-  const std::string path = testing::TempDir() + "/meminfo_" + std::to_string(getpid());
-  {
-    std::ofstream f(path);
-    f << "MemTotal: 8 kB\nMemAvailable: 4 kB\n";
-  }
-  auto b = ReadMemAvailableBytes(path);
-  std::remove(path.c_str());
-  ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_EQ(*b, 4096);
-  auto missing = ReadMemAvailableBytes("/nonexistent/meminfo");
-  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(missing.status().message(), HasSubstr("/nonexistent/meminfo"));
-  // This machine (Linux) has one.
-  auto here = ReadMemAvailableBytes();
-  ASSERT_TRUE(here.ok()) << here.status();
-  EXPECT_GT(*here, 0);
-}
-
 }  // namespace
 }  // namespace moe_ep::client

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "client/memory_budget.h"
+#include "core/host_memory.h"
 #include "core/model_config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -141,7 +142,7 @@ TEST(RunJob, DeepSeekV3TooLargeFailsFastWithTheOptions) {
   in.capacity_tokens = 384;
   in.rows_per_layer = 2 * 3 * 384;
   in.max_step_rows = 3 * 384;
-  auto available = ReadMemAvailableBytes();
+  auto available = core::AvailableMemoryBytes();
   ASSERT_TRUE(available.ok()) << available.status();
   if (CheckRunMemory(in, *available).ok()) {
     GTEST_SKIP() << "this machine has room for a DeepSeek-V3 layer";

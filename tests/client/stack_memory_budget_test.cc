@@ -6,6 +6,7 @@
 #include "client/memory_budget.h"
 #include "client/stack_job.h"
 #include "client/text_table.h"
+#include "core/host_memory.h"
 #include "core/layer_stack_memory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -129,7 +130,7 @@ TEST(RunStackJob, DeepSeekV3Tp2Layers4IsRefusedBeforeAnyWorkerStarts) {
   o.tp_size = 2;
   o.num_layers = 4;
   o.workers.worker_binary = "/nonexistent/moe-ep-worker";  // never reached
-  const absl::StatusOr<int64_t> available = ReadMemAvailableBytes();
+  const absl::StatusOr<int64_t> available = core::AvailableMemoryBytes();
   if (!available.ok()) GTEST_SKIP() << "no MemAvailable here: " << available.status();
   if (*available > 60 * kGiB) GTEST_SKIP() << "this machine has room for the stack";
   std::ostringstream out;
