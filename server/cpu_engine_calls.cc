@@ -35,11 +35,14 @@ absl::Status CheckRecvBuffers(const EngineRecvBuffers& out, int64_t runtime_max)
     return absl::InvalidArgumentError(absl::StrCat(
         "received rows: ", out.rows, " rows per source, the committed R is ", runtime_max));
   }
-  if (out.hidden == nullptr || out.topk_ids == nullptr || out.topk_weights == nullptr ||
-      out.source_counts == nullptr || out.expert_counts == nullptr) {
+  if (out.source_counts == nullptr || out.expert_counts == nullptr) {
     return absl::InvalidArgumentError(
-        "received buffers: hidden, topk_ids, topk_weights, source_counts and expert_counts "
-        "must not be null");
+        "received buffers: source_counts and expert_counts must not be null");
+  }
+  if (out.rows > 0 &&
+      (out.hidden == nullptr || out.topk_ids == nullptr || out.topk_weights == nullptr)) {
+    return absl::InvalidArgumentError(
+        "received buffers: hidden, topk_ids and topk_weights must not be null when rows > 0");
   }
   return absl::OkStatus();
 }
@@ -99,8 +102,10 @@ absl::StatusOr<core::StepStats> CpuDataPlane::EngineCombine(const void* expert_o
                                                             void* output, void* stream) {
   RETURN_IF_ERROR(RequireHostCall(dispatcher_.get(), "combine", stream));
   const int64_t h = options_.workspace.hidden;
-  if (expert_out == nullptr || (output == nullptr && engine_tokens_ > 0)) {
-    return absl::InvalidArgumentError("combine: expert_out and output must not be null");
+  if ((expert_out == nullptr && rows > 0) || (output == nullptr && engine_tokens_ > 0)) {
+    return absl::InvalidArgumentError(
+        "combine: expert_out must not be null when rows > 0, output not when the step has "
+        "tokens");
   }
   const int64_t e = options_.workspace.ep_size;
   RETURN_IF_ERROR(dispatcher_->SetExpertOutputs(

@@ -204,7 +204,8 @@ MOE_EP_EXPORT moe_ep_status moe_ep_commit_geometry(moe_ep_worker* worker, int64_
 /* Dispatch of a step whose experts the caller runs. In: hidden [T,H] bf16,
  * topk_ids [T,K] int32 (global expert ids; invalid_expert_id selects none),
  * topk_weights [T,K] fp32, T <= R (inputs may be NULL when T = 0). Out, for
- * recv_rows >= R rows per source: recv_hidden [E,recv_rows,H] bf16,
+ * recv_rows >= R rows per source (the three row buffers may be NULL when
+ * recv_rows = 0): recv_hidden [E,recv_rows,H] bf16,
  * recv_topk_ids [E,recv_rows,K] int32, recv_topk_weights [E,recv_rows,K]
  * fp32 (slot j < source_counts[s] of row s: the j-th token source rank s
  * sent here, with its full K ids and weights; other slots: zero hidden, the
@@ -227,7 +228,8 @@ MOE_EP_EXPORT moe_ep_status moe_ep_dispatch(moe_ep_worker* worker, const uint16_
 /* Combine of the dispatched step: expert_out [E,recv_rows,H] bf16 (slot j <
  * source_counts[s] of row s = that token's sum over its choices k among
  * this rank's experts of topk_weights[k] * expert(hidden); other slots are
- * not read) -> output [T,H] bf16 (T of the dispatch; NULL when T = 0), the
+ * not read; NULL when recv_rows = 0) -> output [T,H] bf16 (T of the
+ * dispatch; NULL allowed when T = 0), the
  * sum over ranks, accumulated in fp32 (DESIGN §7). Collective. Errors:
  * MOE_EP_FAILED_PRECONDITION (no dispatched step), MOE_EP_INVALID_ARGUMENT
  * (recv_rows < R, NULL; the step stays dispatched: call again), group
