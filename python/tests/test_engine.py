@@ -112,6 +112,18 @@ class OneRankTest(unittest.TestCase):
             y = d.combine(float32_to_bf16(xf * scale[:, :, None]))
             ref = bf16_to_float32(x) * (w * (ids + 1)).sum(axis=1)[:, None]
             np.testing.assert_allclose(bf16_to_float32(y), ref, rtol=2**-7, atol=1e-6)
+            # dispatch(out=) writes the same arrays again; another R is refused.
+            worker.commit_geometry(50, 8, 5)
+            again = worker.dispatch(x[::-1].copy(), ids[::-1].copy(), w[::-1].copy(),
+                                    recv_rows=8, out=out)
+            self.assertIs(again, out)
+            np.testing.assert_array_equal(out.hidden_states[0, :5], x[::-1])
+            worker.combine(np.zeros((1, 8, 8), np.uint16))
+            worker.commit_geometry(51, 16, 5)
+            with self.assertRaises(ValueError) as caught:
+                worker.dispatch(x, ids, w, recv_rows=16, out=out)
+            self.assertIn("out: expected a DispatchOutput of a dispatch with recv_rows 16",
+                          str(caught.exception))
             # forward with the worker's identity experts: sum_k w_k x.
             counts, r = worker.sync_token_counts(5)
             self.assertEqual((counts, r), ([5], 8))
