@@ -75,11 +75,30 @@ int main(int argc, char** argv) {
 
   // up
   WorkerSelection up_workers;
-  auto* up = app.add_subcommand("up", "start N local workers, form the group, wait for Ctrl-C");
-  AddWorkerFlags(up, &up_workers, /*allow_targets=*/false);
+  GroupSetupOptions up_setup;
+  auto* up = app.add_subcommand(
+      "up",
+      "start N local workers, form the group, wait for Ctrl-C; or, with --targets, form and "
+      "configure a group of running workers (embedded ones too) and exit");
+  AddWorkerFlags(up, &up_workers, /*allow_targets=*/true);
+  up->add_option("--hidden", up_setup.hidden, "configure: hidden size H (0 = only form)")
+      ->capture_default_str();
+  up->add_option("--experts", up_setup.num_experts, "configure: routed experts");
+  up->add_option("--top-k", up_setup.top_k, "configure: experts per token K");
+  up->add_option("--capacity", up_setup.capacity_tokens, "configure: N, tokens per rank");
+  up->add_option("--cuda-graph-buckets", up_setup.cuda_graph_buckets,
+                 "configure: ascending token buckets for R")
+      ->delimiter(',');
+  up->add_option("--layers", up_setup.layers, "configure: sparse layers")->capture_default_str();
+  up->add_option("--load-experts", up_setup.experts, "configure: none | identity | swiglu")
+      ->check(CLI::IsMember({"none", "identity", "swiglu"}))
+      ->capture_default_str();
+  up->add_option("--intermediate", up_setup.intermediate, "configure: I of swiglu experts");
+  up->add_option("--seed", up_setup.seed, "configure: seed of swiglu experts")
+      ->capture_default_str();
   up->callback([&] {
-    long_running_up = true;
-    action = [&] { return RunUpCommand(up_workers, std::cout); };
+    long_running_up = up_workers.targets.empty();
+    action = [&] { return RunUpCommand(up_workers, up_setup, std::cout); };
   });
 
   // plan

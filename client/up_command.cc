@@ -18,20 +18,27 @@
 
 namespace moe_ep::client {
 
-absl::Status RunUpCommand(const WorkerSelection& selection, std::ostream& out) {
-  WorkerSelection local = selection;
-  local.targets.clear();  // `up` always starts its own workers
-  ASSIGN_OR_RETURN(AttachedWorkers workers, AttachWorkers(local));
-  if (workers.backend == "nccl") {
+absl::Status RunUpCommand(const WorkerSelection& selection, const GroupSetupOptions& setup,
+                          std::ostream& out) {
+  RETURN_IF_ERROR(ValidateGroupSetup(setup, 0));
+  ASSIGN_OR_RETURN(AttachedWorkers workers, AttachWorkers(selection));
+  if (workers.backend == "nccl" && workers.cluster != nullptr) {
     out << "moe-ep: " << workers.targets.size() << " GPU(s) found: one NCCL worker per GPU\n";
   }
   ASSIGN_OR_RETURN(GroupSession group, FormWorkerGroup(workers));
   Coordinator* const coordinator = group.coordinator.get();
-  out << "moe-ep: " << workers.targets.size() << " workers up, group generation "
+  RETURN_IF_ERROR(SetUpGroup(*coordinator, setup, out));
+  const bool running_workers = workers.cluster == nullptr;  // --targets
+  out << "moe-ep: " << workers.targets.size()
+      << (running_workers ? " running workers formed" : " workers up") << ", group generation "
       << coordinator->generation() << "\n"
       << RenderWorkerTable(workers.targets, coordinator->StatusEach())
-      << "targets: " << absl::StrJoin(workers.targets, ",") << "\n"
-      << "Press Ctrl-C to stop.\n";
+      << "targets: " << absl::StrJoin(workers.targets, ",") << "\n";
+  if (running_workers) {
+    out.flush();
+    return absl::OkStatus();
+  }
+  out << "Press Ctrl-C to stop.\n";
   out.flush();
   // Until Ctrl-C, or until a worker dies: a group cannot lose a member and
   // live on, so `up` then stops the others and fails, naming the worker and

@@ -505,8 +505,9 @@ absl::Status EpDispatcher::Impl::CombineImpl(absl::Span<bf16_t> output,
 
 absl::Status EpDispatcher::Dispatch(absl::Span<const bf16_t> hidden,
                                     absl::Span<const int32_t> topk_ids,
-                                    absl::Span<const float> topk_weights, int64_t num_tokens) {
-  return impl_->DispatchImpl(hidden, topk_ids, topk_weights, num_tokens, absl::OkStatus());
+                                    absl::Span<const float> topk_weights, int64_t num_tokens,
+                                    absl::Status local_error) {
+  return impl_->DispatchImpl(hidden, topk_ids, topk_weights, num_tokens, std::move(local_error));
 }
 
 absl::Status EpDispatcher::ComputeExperts(const ExpertSet& experts) {
@@ -515,6 +516,29 @@ absl::Status EpDispatcher::ComputeExperts(const ExpertSet& experts) {
 
 absl::Status EpDispatcher::Combine(absl::Span<bf16_t> output, absl::Span<const bf16_t> shared_out) {
   return impl_->CombineImpl(output, shared_out);
+}
+
+absl::Status EpDispatcher::SetExpertOutputs(absl::Span<const bf16_t> expert_out, int64_t rows) {
+  Impl& m = *impl_;
+  RETURN_IF_ERROR(m.geometry.RequireDispatched("SetExpertOutputs"));
+  if (rows < m.step_r) {
+    return absl::InvalidArgumentError(absl::StrCat("expert outputs: rows per source ", rows,
+                                                   " is below the step's R = ", m.step_r));
+  }
+  const int64_t expected = static_cast<int64_t>(m.ep_size) * rows * m.hidden;
+  if (static_cast<int64_t>(expert_out.size()) != expected) {
+    return absl::InvalidArgumentError(absl::StrCat("expert outputs: expected [", m.ep_size, ", ",
+                                                   rows, ", ", m.hidden, "] = ", expected,
+                                                   " elements, got ", expert_out.size()));
+  }
+  // Packed in source order, as ComputeExperts writes them.
+  bf16_t* out_rows = reinterpret_cast<bf16_t*>(m.combine_send);
+  for (int s = 0; s < m.ep_size; ++s) {
+    std::copy_n(expert_out.data() + s * rows * m.hidden, m.recv_counts[s] * m.hidden,
+                out_rows + m.recv_row_off[s] * m.hidden);
+  }
+  m.geometry.MarkComputed();
+  return absl::OkStatus();
 }
 
 absl::Status EpDispatcher::Forward(absl::Span<const bf16_t> hidden,

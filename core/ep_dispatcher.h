@@ -76,12 +76,25 @@ class EpDispatcher {
                        const ExpertSet& experts, absl::Span<bf16_t> output,
                        absl::Span<const bf16_t> shared_out = {});
 
-  // The three phases of Forward, for benchmarks and tests.
+  // The three phases of Forward, for benchmarks, tests and engines that run
+  // their own experts. A non-OK `local_error` (the caller's own check of
+  // arguments beyond these, e.g. its output buffers) still joins the
+  // agreement round, so peers return kAborted at once, and is returned.
   absl::Status Dispatch(absl::Span<const bf16_t> hidden, absl::Span<const int32_t> topk_ids,
-                        absl::Span<const float> topk_weights, int64_t num_tokens);
+                        absl::Span<const float> topk_weights, int64_t num_tokens,
+                        absl::Status local_error = absl::OkStatus());
   absl::Status ComputeExperts(const ExpertSet& experts);
   // `shared_out` as in Forward.
   absl::Status Combine(absl::Span<bf16_t> output, absl::Span<const bf16_t> shared_out = {});
+
+  // Instead of ComputeExperts, for engines that run their own experts
+  // (DESIGN §14): `expert_out` [E, rows, H] bf16 (rows >= R) holds, for
+  // slot j < received_counts()[s] of source s, the token's weighted sum over
+  // its choices among this rank's experts; padding slots are not read. Packs
+  // it as the combine payload; Combine follows. Not a collective.
+  // Errors: kFailedPrecondition (no dispatched step), kInvalidArgument
+  // (rows < R, or the size is not E * rows * H). On error nothing changes.
+  absl::Status SetExpertOutputs(absl::Span<const bf16_t> expert_out, int64_t rows);
 
   // After Dispatch: received rows of source `src` ([count, H] bf16 hidden,
   // [count, K] ids, [count, K] weights), for tests. count = received_counts()[src].

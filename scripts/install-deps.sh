@@ -15,6 +15,8 @@ PACKAGES=(
   # python/ installs into a venv offline: python3 -m venv (ensurepip's wheels)
   # and pip install --no-build-isolation (setuptools + wheel from the system).
   python3-venv python3-setuptools python3-wheel
+  # The embedded worker's Python tests (tests/embedded.cmake): NumPy experts.
+  python3-numpy
 )
 # scripts/validate-deploy.sh (ctest -L deploy) also needs node + npm (its npm
 # packages: scripts/install-deploy-tools.sh) and kubectl with kustomize v4 or

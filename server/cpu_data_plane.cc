@@ -54,6 +54,7 @@ absl::StatusOr<DataPlaneAllocation> CpuDataPlane::Allocate(const core::EpDispatc
   experts_.clear();
   shared_.clear();
   hidden_ = options.workspace.hidden;
+  options_ = options;
   dispatcher_ = std::move(dispatcher);
   return allocation;
 }

@@ -49,6 +49,17 @@ class CpuDataPlane final : public DataPlane {
                                           absl::Span<const int32_t> topk_ids,
                                           absl::Span<const float> topk_weights, int64_t num_tokens,
                                           absl::Span<core::bf16_t> output) override;
+  // Host pointers; `stream` must be null (server/cpu_engine_calls.cc).
+  absl::StatusOr<core::StepStats> EngineDispatch(const void* hidden, const int32_t* topk_ids,
+                                                 const float* topk_weights, int64_t num_tokens,
+                                                 const EngineRecvBuffers& out,
+                                                 void* stream) override;
+  absl::StatusOr<core::StepStats> EngineCombine(const void* expert_out, int64_t rows, void* output,
+                                                void* stream) override;
+  absl::StatusOr<core::StepStats> EngineForward(int layer, const void* hidden,
+                                                const int32_t* topk_ids, const float* topk_weights,
+                                                int64_t num_tokens, void* output,
+                                                void* stream) override;
   absl::StatusOr<BenchmarkTimes> Benchmark(const core::EpDispatcherOptions& options,
                                            const BenchmarkInputs& inputs, int warmup,
                                            int iterations, int64_t memory_cap_bytes) override;
@@ -62,6 +73,8 @@ class CpuDataPlane final : public DataPlane {
   std::map<int, core::ExpertSet> experts_;    // layer -> this rank's experts
   std::map<int, core::SharedExpert> shared_;  // layer -> its shared expert (replica)
   int64_t hidden_ = 0;                        // H of the allocated workspace
+  core::EpDispatcherOptions options_;         // of the allocated workspace
+  int64_t engine_tokens_ = 0;                 // T of the last EngineDispatch
 };
 
 }  // namespace moe_ep::server

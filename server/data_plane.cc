@@ -75,3 +75,36 @@ absl::StatusOr<std::unique_ptr<DataPlane>> FormDataPlane(
 }
 
 }  // namespace moe_ep::server
+
+namespace moe_ep::server {
+namespace {
+
+absl::Status EngineCallsUnimplemented(const DataPlane& plane, const char* call) {
+  return absl::UnimplementedError(absl::StrCat(
+      call, ": the ", plane.backend(),
+      " data plane does not take an engine's buffers in process; use the Forward RPC"));
+}
+
+}  // namespace
+
+absl::StatusOr<core::StepStats> DataPlane::EngineDispatch(
+    const void* /*hidden*/, const int32_t* /*topk_ids*/, const float* /*topk_weights*/,
+    int64_t /*num_tokens*/, const EngineRecvBuffers& /*out*/, void* /*stream*/) {
+  return EngineCallsUnimplemented(*this, "dispatch");
+}
+
+absl::StatusOr<core::StepStats> DataPlane::EngineCombine(const void* /*expert_out*/,
+                                                         int64_t /*rows*/, void* /*output*/,
+                                                         void* /*stream*/) {
+  return EngineCallsUnimplemented(*this, "combine");
+}
+
+absl::StatusOr<core::StepStats> DataPlane::EngineForward(int /*layer*/, const void* /*hidden*/,
+                                                         const int32_t* /*topk_ids*/,
+                                                         const float* /*topk_weights*/,
+                                                         int64_t /*num_tokens*/, void* /*output*/,
+                                                         void* /*stream*/) {
+  return EngineCallsUnimplemented(*this, "forward");
+}
+
+}  // namespace moe_ep::server

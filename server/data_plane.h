@@ -75,6 +75,20 @@ struct BenchmarkTimes {
   int64_t tokens_sent = 0;
 };
 
+// The caller's buffers of an in-process Dispatch (server/moe_ep.h, DESIGN
+// §14), host memory on the CPU plane. E = ep_size, K = top_k, H = hidden,
+// L = this rank's experts; rows >= the committed R. Source s's tokens for
+// this rank sit in slots [0, source_counts[s]) of row s; the other slots are
+// padding (zero hidden, the invalid id, zero weights).
+struct EngineRecvBuffers {
+  int64_t rows = 0;
+  core::bf16_t* hidden = nullptr;    // [E, rows, H]
+  int32_t* topk_ids = nullptr;       // [E, rows, K]: the token's K global expert ids
+  float* topk_weights = nullptr;     // [E, rows, K]
+  int64_t* source_counts = nullptr;  // [E]: valid rows from each source
+  int64_t* expert_counts = nullptr;  // [L]: (row, choice) pairs routed to each local expert
+};
+
 class DataPlane {
  public:
   virtual ~DataPlane() = default;
@@ -134,6 +148,28 @@ class DataPlane {
                                                   absl::Span<const float> topk_weights,
                                                   int64_t num_tokens,
                                                   absl::Span<core::bf16_t> output) = 0;
+
+  // The in-process data calls of an engine (server/moe_ep.h, DESIGN §14) on
+  // the caller's buffers: host pointers on the CPU plane (`stream` must be
+  // null there), device pointers and a cudaStream_t on a GPU plane. Inputs
+  // hidden [T, H] bf16, topk_ids [T, K] int32, topk_weights [T, K] fp32.
+  // EngineDispatch: the Dispatch of a step whose experts the caller runs,
+  // into `out`. EngineCombine: `expert_out` [E, rows, H] bf16 (slot j of
+  // source s = that received token's weighted sum over its choices among
+  // this rank's experts) back to output [T, H]. EngineForward: dispatch,
+  // `layer`'s loaded experts and combine. Collectives with the errors of
+  // Forward (kAborted on disagreeing geometry, kFailedPrecondition out of
+  // sequence); the defaults return kUnimplemented naming the backend.
+  virtual absl::StatusOr<core::StepStats> EngineDispatch(
+      const void* hidden, const int32_t* topk_ids, const float* topk_weights, int64_t num_tokens,
+      const EngineRecvBuffers& out, void* stream);
+  virtual absl::StatusOr<core::StepStats> EngineCombine(const void* expert_out, int64_t rows,
+                                                        void* output, void* stream);
+  virtual absl::StatusOr<core::StepStats> EngineForward(int layer, const void* hidden,
+                                                        const int32_t* topk_ids,
+                                                        const float* topk_weights,
+                                                        int64_t num_tokens, void* output,
+                                                        void* stream);
 
   // Times `iterations` steps (after `warmup`) of Dispatch and Combine with
   // identity experts on a scratch dispatcher sized by `options` (capacity =

@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -86,6 +87,16 @@ class WorkerService final : public v1::Worker::Service {
   void SetListenAddress(const std::string& address);
   // From now on every RPC but GetStatus returns UNAVAILABLE "shutting down".
   void BeginShutdown();
+
+  // The in-process data calls of an embedded worker (server/moe_ep.h,
+  // DESIGN §14; server/worker_service_engine.cc): takes the collective slot
+  // (waiting until `deadline`: kDeadlineExceeded), requires an allocated
+  // group that is not broken (the RPCs' kFailedPrecondition / kUnavailable),
+  // and runs `fn` on the data plane with the allocated options. A group
+  // error from `fn` marks the group broken, as an RPC's does.
+  absl::Status RunOnDataPlane(
+      const char* call, absl::Time deadline,
+      absl::FunctionRef<absl::Status(DataPlane&, const core::EpDispatcherOptions&)> fn);
 
   grpc::Status GetStatus(grpc::ServerContext* context, const v1::GetStatusRequest* request,
                          v1::GetStatusResponse* response) override;

@@ -1,0 +1,541 @@
+"""The moe-ep worker embedded in an engine's process, over libmoe_ep.so's C API.
+
+Loaded with ctypes (no compiler, no Python headers; Python >= 3.9). The C API
+is server/moe_ep.h (DESIGN §14, issue 16); this module adds argument checks
+that name the argument before any call, and NumPy / torch buffers:
+
+    from moe_ep_client.engine import Worker, Dispatcher
+    worker = Worker(["--listen=127.0.0.1:0", "--backend=gloo"])  # serves gRPC
+    print(worker.address)                 # give this to the orchestrator
+    worker.wait_ready(timeout_s=60)       # `moe-ep up --targets ...` configures it
+    dispatcher = Dispatcher(worker)
+    out = dispatcher.dispatch(hidden_states, topk_ids, topk_weights)
+    # out.hidden_states [E, R, H], out.topk_ids / out.topk_weights [E, R, K],
+    # out.num_recv_tokens_per_expert [L], out.num_recv_tokens_per_source [E]
+    y = dispatcher.combine(expert_outputs)  # [E, R, H] -> [T, H]
+
+Tensors: hidden states are bf16 ([T, H]): torch.bfloat16 tensors, or NumPy
+uint16 arrays holding bf16 bit patterns (float32_to_bf16 / bf16_to_float32
+convert); topk_ids int32 [T, K]; topk_weights float32 [T, K]. All must be
+C-contiguous. On the CPU backend ("gloo") they live in host memory; on the
+GPU backend ("nccl") CUDA tensors are passed by data_ptr() with the current
+stream (the C library of this release implements the GPU data calls as
+UNIMPLEMENTED; the Forward RPC serves GPUs).
+
+The library: MOE_EP_LIBRARY (a path), else libmoe_ep.so.0 on the loader's
+path. Errors: EngineError (the C status code and message) from the library,
+TypeError / ValueError naming the argument from the checks here.
+Thread safety: as the C API (every call is thread-safe; the data calls are
+serialized by the worker).
+"""
+
+import ctypes
+import os
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Sequence, Tuple
+
+__all__ = [
+    "Dispatcher",
+    "DispatchOutput",
+    "EngineError",
+    "Worker",
+    "WorkerInfo",
+    "bf16_to_float32",
+    "float32_to_bf16",
+    "load_library",
+    "version",
+]
+
+# moe_ep_status values (absl / gRPC status codes).
+_CODE_NAMES = {
+    1: "CANCELLED",
+    2: "UNKNOWN",
+    3: "INVALID_ARGUMENT",
+    4: "DEADLINE_EXCEEDED",
+    5: "NOT_FOUND",
+    6: "ALREADY_EXISTS",
+    7: "PERMISSION_DENIED",
+    8: "RESOURCE_EXHAUSTED",
+    9: "FAILED_PRECONDITION",
+    10: "ABORTED",
+    11: "OUT_OF_RANGE",
+    12: "UNIMPLEMENTED",
+    13: "INTERNAL",
+    14: "UNAVAILABLE",
+    15: "DATA_LOSS",
+    16: "UNAUTHENTICATED",
+}
+_ABI_VERSION = 1
+_BACKENDS = {1: "gloo", 2: "nccl"}
+
+
+class EngineError(RuntimeError):
+    """A failed C call: `code` (e.g. "ABORTED"), `status` (its number), `message`."""
+
+    def __init__(self, call: str, status: int, message: str):
+        self.call = call
+        self.status = status
+        self.code = _CODE_NAMES.get(status, str(status))
+        self.message = message
+        super().__init__(f"{call}: {self.code}: {message}")
+
+
+class _WorkerInfoStruct(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint64),
+        ("rank", ctypes.c_int32),
+        ("world_size", ctypes.c_int32),
+        ("generation", ctypes.c_int64),
+        ("hidden", ctypes.c_int64),
+        ("top_k", ctypes.c_int32),
+        ("num_experts", ctypes.c_int32),
+        ("first_expert", ctypes.c_int32),
+        ("num_local_experts", ctypes.c_int32),
+        ("capacity_tokens", ctypes.c_int64),
+        ("invalid_expert_id", ctypes.c_int32),
+        ("backend", ctypes.c_int32),
+        ("epoch", ctypes.c_int64),
+        ("runtime_max_tokens_per_rank", ctypes.c_int64),
+    ]
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """The allocated group as this rank sees it (moe_ep_worker_info)."""
+
+    rank: int
+    world_size: int  # E
+    generation: int
+    hidden: int  # H
+    top_k: int  # K
+    num_experts: int
+    first_expert: int
+    num_local_experts: int  # L
+    capacity_tokens: int  # N
+    invalid_expert_id: int
+    backend: str  # "gloo" or "nccl"
+    epoch: int
+    runtime_max_tokens_per_rank: int  # R
+
+
+_P = ctypes.c_void_p
+_I32 = ctypes.c_int32
+_I64 = ctypes.c_int64
+_SIGNATURES = {
+    "moe_ep_version": (ctypes.c_char_p, []),
+    "moe_ep_abi_version": (_I32, []),
+    "moe_ep_last_error": (ctypes.c_char_p, []),
+    "moe_ep_noop": (_I32, []),
+    "moe_ep_worker_start": (_I32, [_I32, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(_P)]),
+    "moe_ep_worker_stop": (_I32, [_P, _I64]),
+    "moe_ep_worker_address": (_I32, [_P, ctypes.POINTER(ctypes.c_char_p)]),
+    "moe_ep_worker_wait_ready": (_I32, [_P, _I64]),
+    "moe_ep_worker_info_get": (_I32, [_P, ctypes.POINTER(_WorkerInfoStruct)]),
+    "moe_ep_sync_token_counts": (_I32, [_P, _I64, _P, _P]),
+    "moe_ep_commit_geometry": (_I32, [_P, _I64, _I64, _I64]),
+    "moe_ep_dispatch": (_I32, [_P, _P, _P, _P, _I64, _P, _P, _P, _I64, _P, _P, _P, _I64]),
+    "moe_ep_combine": (_I32, [_P, _P, _I64, _P, _P, _I64]),
+    "moe_ep_forward": (_I32, [_P, _I32, _P, _P, _P, _I64, _P, _P, _I64]),
+}
+
+_library: Optional[ctypes.CDLL] = None
+
+
+def load_library(path: Optional[str] = None) -> ctypes.CDLL:
+    """Loads libmoe_ep.so once: `path`, else $MOE_EP_LIBRARY, else libmoe_ep.so.0.
+
+    Raises OSError naming what was tried, or RuntimeError when the library's
+    ABI version differs from this module's.
+    """
+    global _library
+    if _library is not None and path is None:
+        return _library
+    name = path or os.environ.get("MOE_EP_LIBRARY") or "libmoe_ep.so.0"
+    try:
+        lib = ctypes.CDLL(name)
+    except OSError as e:
+        raise OSError(
+            f"cannot load {name} ({e}); set MOE_EP_LIBRARY to the path of libmoe_ep.so"
+        ) from e
+    for fn, (restype, argtypes) in _SIGNATURES.items():
+        f = getattr(lib, fn)
+        f.restype = restype
+        f.argtypes = argtypes
+    abi = lib.moe_ep_abi_version()
+    if abi != _ABI_VERSION:
+        raise RuntimeError(f"{name}: C ABI version {abi}, this module expects {_ABI_VERSION}")
+    _library = lib
+    return lib
+
+
+def version() -> str:
+    """The library's version, e.g. "0.1.0"."""
+    return load_library().moe_ep_version().decode()
+
+
+def _check(lib: ctypes.CDLL, call: str, status: int) -> None:
+    if status != 0:
+        raise EngineError(call, status, lib.moe_ep_last_error().decode(errors="replace"))
+
+
+# ------------------------------------------------------------------ tensors
+
+
+_np: Any = None
+
+
+def _numpy() -> Any:
+    global _np
+    if _np is None:
+        import numpy
+
+        _np = numpy
+    return _np
+
+
+def float32_to_bf16(values: Any) -> Any:
+    """NumPy float32 -> uint16 bf16 bit patterns (round to nearest even)."""
+    np = _numpy()
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))
+    return (rounded >> np.uint32(16)).astype(np.uint16)
+
+
+def bf16_to_float32(bits: Any) -> Any:
+    """NumPy uint16 bf16 bit patterns -> float32 (exact)."""
+    np = _numpy()
+    return (np.ascontiguousarray(bits, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(
+        np.float32
+    )
+
+
+_TORCH_DTYPES = {"bf16": "bfloat16", "int32": "int32", "float32": "float32"}
+_NUMPY_DTYPES = {"bf16": "uint16", "int32": "int32", "float32": "float32"}
+_NUMPY_DTYPE_OBJECTS: dict = {}  # "bf16" -> numpy.dtype("uint16"), filled on first use
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _address(x: Any) -> Optional[int]:
+    """The first byte of C-contiguous NumPy array `x` (None when empty): the
+    buffer protocol for writeable arrays (4x faster than x.ctypes.data),
+    x.ctypes.data otherwise."""
+    if x.size == 0:
+        return None
+    try:
+        return ctypes.addressof(ctypes.c_byte.from_buffer(x))
+    except (TypeError, ValueError, BufferError):
+        return int(x.ctypes.data)
+
+
+class _Buffer:
+    """A checked argument: its address, shape and kind."""
+
+    __slots__ = ("ptr", "shape", "torch", "cuda", "device")
+
+    def __init__(self, ptr: Optional[int], shape: Tuple[int, ...], torch: bool, cuda: bool,
+                 device: Any):
+        self.ptr = ptr
+        self.shape = shape
+        self.torch = torch
+        self.cuda = cuda
+        self.device = device
+
+
+def _shape_error(name: str, shape: Tuple[Optional[int], ...], got: Tuple[int, ...]) -> ValueError:
+    want_text = ", ".join("*" if d is None else str(d) for d in shape)
+    return ValueError(f"{name}: expected shape [{want_text}], got {list(got)}")
+
+
+def _shape_ok(shape: Tuple[Optional[int], ...], got: Tuple[int, ...]) -> bool:
+    """`got` matches `shape`, whose first size may be None (any)."""
+    if len(got) != len(shape):
+        return False
+    if shape[0] is None:
+        return got[1:] == shape[1:]
+    return got == shape
+
+
+def _buffer(name: str, x: Any, dtype: str, shape: Tuple[Optional[int], ...],
+            cuda: bool) -> _Buffer:
+    """Checks `x` (NumPy array or torch tensor): dtype, rank, sizes (the first may be None = any),
+    C-contiguity and device (CUDA when `cuda`, else host). Raises TypeError or
+    ValueError naming `name`."""
+    np = _numpy()
+    if type(x) is np.ndarray:
+        want = _NUMPY_DTYPE_OBJECTS.get(dtype)
+        if want is None:
+            want = _NUMPY_DTYPE_OBJECTS.setdefault(dtype, np.dtype(_NUMPY_DTYPES[dtype]))
+        if cuda:
+            raise ValueError(
+                f"{name}: expected a CUDA torch tensor for the nccl backend, got a NumPy array")
+        if x.dtype != want:
+            what = "uint16 (bf16 bit patterns)" if dtype == "bf16" else _NUMPY_DTYPES[dtype]
+            raise TypeError(f"{name}: expected dtype {what}, got {x.dtype}")
+        got_shape = x.shape
+        if not _shape_ok(shape, got_shape):
+            raise _shape_error(name, shape, got_shape)
+        if not x.flags.c_contiguous:
+            raise ValueError(
+                f"{name}: must be C-contiguous (call .contiguous() / np.ascontiguousarray)")
+        return _Buffer(_address(x), got_shape, False, False, None)
+    if _is_torch(x):
+        import torch
+
+        want_t = getattr(torch, _TORCH_DTYPES[dtype])
+        if x.dtype != want_t:
+            raise TypeError(f"{name}: expected dtype torch.{_TORCH_DTYPES[dtype]}, got {x.dtype}")
+        got_shape = tuple(int(d) for d in x.shape)
+        on_cuda = x.device.type == "cuda"
+        if on_cuda != cuda:
+            raise ValueError(
+                f"{name}: expected a {'CUDA' if cuda else 'CPU'} tensor for this backend, "
+                f"got one on {x.device}"
+            )
+        if not _shape_ok(shape, got_shape):
+            raise _shape_error(name, shape, got_shape)
+        if not x.is_contiguous():
+            raise ValueError(
+                f"{name}: must be C-contiguous (call .contiguous() / np.ascontiguousarray)")
+        return _Buffer(int(x.data_ptr()) or None, got_shape, True, on_cuda, x.device)
+    raise TypeError(f"{name}: expected a NumPy array or a torch tensor, got {type(x).__name__}")
+
+
+def _empty(like: _Buffer, shape: Sequence[int], dtype: str) -> Any:
+    if like.torch:
+        import torch
+
+        return torch.empty(tuple(shape), dtype=getattr(torch, _TORCH_DTYPES[dtype]),
+                           device=like.device)
+    np = _numpy()
+    return np.empty(tuple(shape), dtype=_NUMPY_DTYPES[dtype])
+
+
+def _ptr(x: Any) -> Optional[int]:
+    return (int(x.data_ptr()) or None) if _is_torch(x) else _address(x)
+
+
+def _stream(buf: _Buffer) -> Optional[int]:
+    if not buf.cuda:
+        return None
+    import torch
+
+    return int(torch.cuda.current_stream(buf.device).cuda_stream)
+
+
+# ------------------------------------------------------------------- worker
+
+
+@dataclass
+class DispatchOutput:
+    """What dispatch returns (SGLang's dispatch output, for EP = world_size).
+
+    hidden_states [E, R, H] bf16, topk_ids [E, R, K] int32 (global ids; the
+    invalid id on padding slots), topk_weights [E, R, K] float32: row s holds
+    the tokens source rank s sent here in slots [0, num_recv_tokens_per_source[s]);
+    num_recv_tokens_per_expert [L] int64: (token, choice) pairs per local
+    expert; num_recv_tokens_per_source [E] int64.
+    """
+
+    hidden_states: Any
+    topk_ids: Any
+    topk_weights: Any
+    num_recv_tokens_per_expert: Any
+    num_recv_tokens_per_source: Any
+    # (recv_rows, torch?, addresses): what dispatch(out=...) writes into.
+    _pointers: Any = field(default=None, repr=False, compare=False)
+
+
+class Worker:
+    """A worker started in this process (moe_ep_worker_start): `args` are
+    moe-ep-worker's flags. Stop it with stop() or a `with` block."""
+
+    def __init__(self, args: Sequence[str] = (), library: Optional[str] = None):
+        self._lib = load_library(library)
+        for i, a in enumerate(args):
+            if not isinstance(a, str):
+                raise TypeError(f"args[{i}]: expected str, got {type(a).__name__}")
+        argv = (ctypes.c_char_p * max(len(args), 1))(*[a.encode() for a in args])
+        handle = ctypes.c_void_p()
+        _check(self._lib, "moe_ep_worker_start",
+               self._lib.moe_ep_worker_start(len(args), argv, ctypes.byref(handle)))
+        self._handle = handle
+        address = ctypes.c_char_p()
+        _check(self._lib, "moe_ep_worker_address",
+               self._lib.moe_ep_worker_address(self._handle, ctypes.byref(address)))
+        self.address: str = address.value.decode()
+        self._info: Optional[WorkerInfo] = None
+        self._step_tokens = 0
+        self._step_recv_rows = 0
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _live(self) -> ctypes.c_void_p:
+        if self._handle is None:
+            raise ValueError("worker: stopped")
+        return self._handle
+
+    def stop(self, drain_timeout_s: float = 5.0) -> None:
+        """Drains running RPCs (up to drain_timeout_s), stops serving, frees the worker."""
+        if self._handle is None:
+            return
+        handle, self._handle = self._handle, None
+        _check(self._lib, "moe_ep_worker_stop",
+               self._lib.moe_ep_worker_stop(handle, int(drain_timeout_s * 1000)))
+
+    def noop(self) -> None:
+        """One call of the C no-op through this wrapper's checks (overhead figure)."""
+        self._live()
+        _check(self._lib, "moe_ep_noop", self._lib.moe_ep_noop())
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Blocks until the orchestrator has formed the group and allocated the workspace."""
+        _check(self._lib, "moe_ep_worker_wait_ready",
+               self._lib.moe_ep_worker_wait_ready(self._live(), int(timeout_s * 1000)))
+        self._info = None
+
+    def info(self, refresh: bool = False) -> WorkerInfo:
+        """The allocated group (cached; refresh=True asks the worker again)."""
+        if self._info is None or refresh:
+            s = _WorkerInfoStruct()
+            s.struct_size = ctypes.sizeof(_WorkerInfoStruct)
+            _check(self._lib, "moe_ep_worker_info_get",
+                   self._lib.moe_ep_worker_info_get(self._live(), ctypes.byref(s)))
+            self._info = WorkerInfo(
+                rank=s.rank, world_size=s.world_size, generation=s.generation, hidden=s.hidden,
+                top_k=s.top_k, num_experts=s.num_experts, first_expert=s.first_expert,
+                num_local_experts=s.num_local_experts, capacity_tokens=s.capacity_tokens,
+                invalid_expert_id=s.invalid_expert_id, backend=_BACKENDS.get(s.backend, "?"),
+                epoch=s.epoch, runtime_max_tokens_per_rank=s.runtime_max_tokens_per_rank)
+        return self._info
+
+    def sync_token_counts(self, local_tokens: int) -> Tuple[List[int], int]:
+        """All ranks' token counts and the step's R (collective)."""
+        if not isinstance(local_tokens, int) or local_tokens < 0:
+            raise ValueError(f"local_tokens: expected an int >= 0, got {local_tokens!r}")
+        info = self.info()
+        counts = (ctypes.c_int64 * info.world_size)()
+        r = ctypes.c_int64()
+        _check(self._lib, "moe_ep_sync_token_counts",
+               self._lib.moe_ep_sync_token_counts(self._live(), local_tokens,
+                                                  ctypes.addressof(counts), ctypes.addressof(r)))
+        return list(counts), int(r.value)
+
+    def commit_geometry(self, epoch: int, runtime_max_tokens_per_rank: int, local_tokens: int) -> None:
+        """Commits (epoch, R) for the next steps; every rank commits the same pair."""
+        _check(self._lib, "moe_ep_commit_geometry",
+               self._lib.moe_ep_commit_geometry(self._live(), epoch, runtime_max_tokens_per_rank,
+                                                local_tokens))
+
+    def _inputs(self, hidden: Any, topk_ids: Any, topk_weights: Any) -> Tuple[_Buffer, _Buffer, _Buffer]:
+        info = self.info()
+        cuda = info.backend == "nccl"
+        h = _buffer("hidden_states", hidden, "bf16", (None, info.hidden), cuda)
+        t = h.shape[0]
+        ids = _buffer("topk_ids", topk_ids, "int32", (t, info.top_k), cuda)
+        w = _buffer("topk_weights", topk_weights, "float32", (t, info.top_k), cuda)
+        return h, ids, w
+
+    def dispatch(self, hidden_states: Any, topk_ids: Any, topk_weights: Any,
+                 recv_rows: Optional[int] = None, timeout_s: float = 0.0,
+                 out: Optional[DispatchOutput] = None) -> DispatchOutput:
+        """Dispatch of a committed step (collective): see DispatchOutput.
+        recv_rows (>= R; default: the committed R) sizes the outputs' R axis.
+        out: a DispatchOutput of an earlier dispatch with the same recv_rows
+        and kind of tensor, written again instead of allocating (its arrays
+        then hold this step's rows)."""
+        info = self.info()
+        h, ids, w = self._inputs(hidden_states, topk_ids, topk_weights)
+        if recv_rows is None:
+            recv_rows = self.info(refresh=True).runtime_max_tokens_per_rank
+        elif not isinstance(recv_rows, int) or recv_rows < 0:
+            raise ValueError(f"recv_rows: expected an int >= 0, got {recv_rows!r}")
+        rows = recv_rows
+        if out is None:
+            e, k = info.world_size, info.top_k
+            np = _numpy()
+            out = DispatchOutput(
+                _empty(h, (e, rows, info.hidden), "bf16"), _empty(h, (e, rows, k), "int32"),
+                _empty(h, (e, rows, k), "float32"),
+                np.zeros(info.num_local_experts, dtype=np.int64), np.zeros(e, dtype=np.int64))
+            out._pointers = (rows, h.torch, _ptr(out.hidden_states), _ptr(out.topk_ids),
+                             _ptr(out.topk_weights), _address(out.num_recv_tokens_per_expert),
+                             _address(out.num_recv_tokens_per_source))
+        pointers = getattr(out, "_pointers", None)
+        if pointers is None or pointers[0] != rows or pointers[1] != h.torch:
+            raise ValueError(
+                f"out: expected a DispatchOutput of a dispatch with recv_rows {rows} and "
+                f"{'torch tensors' if h.torch else 'NumPy arrays'}")
+        status = self._lib.moe_ep_dispatch(
+            self._live(), h.ptr, ids.ptr, w.ptr, h.shape[0], pointers[2], pointers[3], pointers[4],
+            rows, pointers[6], pointers[5], _stream(h) if h.cuda else None, int(timeout_s * 1000))
+        if status:
+            _check(self._lib, "moe_ep_dispatch", status)
+        self._step_tokens = h.shape[0]
+        self._step_recv_rows = rows
+        return out
+
+    def combine(self, expert_outputs: Any, timeout_s: float = 0.0) -> Any:
+        """Combine of the dispatched step (collective): expert_outputs [E, recv_rows, H]
+        bf16 -> [T, H] bf16 (T of the dispatch)."""
+        info = self.info()
+        cuda = info.backend == "nccl"
+        x = _buffer("hidden_states", expert_outputs, "bf16",
+                    (info.world_size, self._step_recv_rows, info.hidden), cuda)
+        out = _empty(x, (self._step_tokens, info.hidden), "bf16")
+        ptr = _ptr(out)
+        _check(self._lib, "moe_ep_combine", self._lib.moe_ep_combine(
+            self._live(), x.ptr, self._step_recv_rows, ptr, _stream(x), int(timeout_s * 1000)))
+        return out
+
+    def forward(self, layer: int, hidden_states: Any, topk_ids: Any, topk_weights: Any,
+                timeout_s: float = 0.0) -> Any:
+        """One MoE layer with the worker's loaded experts (collective): -> [T, H] bf16."""
+        if not isinstance(layer, int) or layer < 0:
+            raise ValueError(f"layer: expected an int >= 0, got {layer!r}")
+        h, ids, w = self._inputs(hidden_states, topk_ids, topk_weights)
+        out = _empty(h, h.shape, "bf16")
+        ptr = _ptr(out)
+        _check(self._lib, "moe_ep_forward", self._lib.moe_ep_forward(
+            self._live(), layer, h.ptr, ids.ptr, w.ptr, h.shape[0], ptr, _stream(h),
+            int(timeout_s * 1000)))
+        return out
+
+
+class Dispatcher:
+    """Shaped like SGLang's token dispatchers, over an embedded Worker: each
+    dispatch() agrees the token counts (sync_token_counts), commits the next
+    epoch's geometry and dispatches; combine() returns [T, H]. Every rank
+    calls dispatch and combine in the same order.
+
+    reuse_outputs: keep one DispatchOutput per R and write it again at the
+    next dispatch with that R (no allocation; like DeepEP's buffers, an output
+    is then valid only until the next dispatch)."""
+
+    def __init__(self, worker: Worker, first_epoch: int = 1, reuse_outputs: bool = False):
+        self.worker = worker
+        self._epoch = first_epoch
+        self._reuse = reuse_outputs
+        self._outputs: dict = {}
+
+    def dispatch(self, hidden_states: Any, topk_ids: Any, topk_weights: Any) -> DispatchOutput:
+        self.worker._inputs(hidden_states, topk_ids, topk_weights)  # checks before any call
+        tokens = int(hidden_states.shape[0])
+        _, r = self.worker.sync_token_counts(tokens)
+        self.worker.commit_geometry(self._epoch, r, tokens)
+        self._epoch += 1
+        key = (r, _is_torch(hidden_states))
+        out = self.worker.dispatch(hidden_states, topk_ids, topk_weights, recv_rows=r,
+                                   out=self._outputs.get(key))
+        if self._reuse:
+            self._outputs[key] = out
+        return out
+
+    def combine(self, hidden_states: Any) -> Any:
+        return self.worker.combine(hidden_states)

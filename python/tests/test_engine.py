@@ -1,0 +1,144 @@
+"""moe_ep_client.engine (the embedded worker over libmoe_ep.so, issue 16):
+argument checks that name the argument before any call, library errors, and
+one rank in this process formed remotely by `moe-ep up --targets`, checked
+against a NumPy reference.
+
+Run by ctest (tests/embedded.cmake: embedded_python_engine) with
+MOE_EP_LIBRARY and MOE_EP_CLI set; without MOE_EP_LIBRARY (the python_client
+venv run) the tests skip, saying so.
+"""
+
+import os
+import subprocess
+import unittest
+
+import numpy as np
+
+LIBRARY = os.environ.get("MOE_EP_LIBRARY")
+CLI = os.environ.get("MOE_EP_CLI")
+
+
+@unittest.skipUnless(LIBRARY, "MOE_EP_LIBRARY is not set (tests/embedded.cmake sets it)")
+class ArgumentChecksTest(unittest.TestCase):
+    def test_each_check_names_the_argument(self):
+        from moe_ep_client.engine import _buffer
+
+        ok = np.zeros((3, 2), np.int32)
+        self.assertEqual(_buffer("topk_ids", ok, "int32", (3, 2), False).shape, (3, 2))
+        cases = [
+            (np.zeros((3, 2), np.int64), (3, 2), TypeError, "topk_ids: expected dtype int32, got int64"),
+            (np.zeros((3, 3), np.int32), (3, 2), ValueError, "topk_ids: expected shape [3, 2], got [3, 3]"),
+            (np.zeros((4, 3), np.int32)[:, :2], (None, 2), ValueError, "topk_ids: must be C-contiguous"),
+            ([[1, 2]], (1, 2), TypeError, "topk_ids: expected a NumPy array or a torch tensor, got list"),
+        ]
+        for value, shape, error, text in cases:
+            with self.assertRaises(error) as caught:
+                _buffer("topk_ids", value, "int32", shape, False)
+            self.assertIn(text, str(caught.exception))
+        with self.assertRaises(ValueError) as caught:
+            _buffer("hidden_states", np.zeros((1, 4), np.uint16), "bf16", (None, 4), True)
+        self.assertIn("hidden_states: expected a CUDA torch tensor", str(caught.exception))
+        with self.assertRaises(TypeError) as caught:
+            _buffer("hidden_states", np.zeros((1, 4), np.float32), "bf16", (None, 4), False)
+        self.assertIn("uint16 (bf16 bit patterns)", str(caught.exception))
+
+    def test_bf16_conversion_rounds_to_nearest_even(self):
+        from moe_ep_client.engine import bf16_to_float32, float32_to_bf16
+
+        bits = float32_to_bf16(np.array([1.0, -2.0, 1.00390625, 1.01171875, 3.140625], np.float32))
+        self.assertEqual(bits.tolist(), [0x3F80, 0xC000, 0x3F80, 0x3F82, 0x4049])
+        self.assertEqual(bf16_to_float32(bits).tolist(), [1.0, -2.0, 1.0, 1.015625, 3.140625])
+
+    def test_library_errors_carry_code_and_message(self):
+        from moe_ep_client.engine import EngineError, Worker, version
+
+        self.assertRegex(version(), r"^\d+\.\d+\.\d+$")
+        with self.assertRaises(EngineError) as caught:
+            Worker(["--no-such-flag"])
+        self.assertEqual(caught.exception.code, "INVALID_ARGUMENT")
+        self.assertIn("--no-such-flag", caught.exception.message)
+        with Worker(["--listen=127.0.0.1:0", "--backend=gloo", "--log-level=warn"]) as worker:
+            with self.assertRaises(EngineError) as caught:
+                worker.wait_ready(timeout_s=0.05)
+            self.assertEqual(caught.exception.code, "DEADLINE_EXCEEDED")
+            with self.assertRaises(EngineError) as caught:
+                worker.info()
+            self.assertEqual(caught.exception.code, "FAILED_PRECONDITION")
+        with self.assertRaises(ValueError):
+            worker.noop()  # stopped
+
+
+@unittest.skipUnless(LIBRARY and CLI, "MOE_EP_LIBRARY / MOE_EP_CLI are not set")
+class OneRankTest(unittest.TestCase):
+    """EP 1 in this process: `moe-ep up --targets` configures it remotely."""
+
+    def test_dispatch_combine_and_forward_match_numpy(self):
+        from moe_ep_client.engine import Dispatcher, EngineError, Worker, bf16_to_float32, float32_to_bf16
+
+        with Worker(["--listen=127.0.0.1:0", "--backend=gloo", "--log-level=warn"]) as worker:
+            up = subprocess.run(
+                [CLI, "up", "--targets", worker.address, "--backend", "gloo", "--hidden", "8",
+                 "--experts", "4", "--top-k", "2", "--capacity", "16", "--cuda-graph-buckets",
+                 "4,8,16", "--load-experts", "identity"],
+                capture_output=True, text=True, timeout=120)
+            self.assertEqual(up.returncode, 0, up.stdout + up.stderr)
+            self.assertIn("1 running workers formed", up.stdout)
+            worker.wait_ready(timeout_s=10)
+            info = worker.info()
+            self.assertEqual((info.rank, info.world_size, info.hidden, info.top_k), (0, 1, 8, 2))
+            self.assertEqual((info.first_expert, info.num_local_experts, info.backend), (0, 4, "gloo"))
+
+            rng = np.random.default_rng(7)
+            x = float32_to_bf16(rng.standard_normal((5, 8)).astype(np.float32))
+            ids = np.array([[0, 1], [2, 3], [1, 2], [3, 0], [0, 2]], np.int32)
+            w = rng.random((5, 2)).astype(np.float32)
+            d = Dispatcher(worker)
+            out = d.dispatch(x, ids, w)
+            # 5 tokens, R = the bucket 8: one source row of 8 slots, 3 of padding.
+            self.assertEqual(out.hidden_states.shape, (1, 8, 8))
+            self.assertEqual(out.num_recv_tokens_per_source.tolist(), [5])
+            self.assertEqual(out.num_recv_tokens_per_expert.tolist(), [3, 2, 3, 2])
+            np.testing.assert_array_equal(out.hidden_states[0, :5], x)
+            np.testing.assert_array_equal(out.topk_ids[0, :5], ids)
+            np.testing.assert_array_equal(out.topk_ids[0, 5:], np.full((3, 2), -1))
+            self.assertTrue((out.hidden_states[0, 5:] == 0).all())
+            # A second dispatch before combine is refused, naming combine.
+            with self.assertRaises(EngineError) as caught:
+                worker.dispatch(x, ids, w, recv_rows=8)
+            self.assertEqual(caught.exception.code, "FAILED_PRECONDITION")
+            # Experts: expert e scales by (e + 1).
+            xf = bf16_to_float32(out.hidden_states)
+            scale = (out.topk_weights * (out.topk_ids + 1) * (out.topk_ids >= 0)).sum(axis=2)
+            y = d.combine(float32_to_bf16(xf * scale[:, :, None]))
+            ref = bf16_to_float32(x) * (w * (ids + 1)).sum(axis=1)[:, None]
+            np.testing.assert_allclose(bf16_to_float32(y), ref, rtol=2**-7, atol=1e-6)
+            # dispatch(out=) writes the same arrays again; another R is refused.
+            worker.commit_geometry(50, 8, 5)
+            again = worker.dispatch(x[::-1].copy(), ids[::-1].copy(), w[::-1].copy(),
+                                    recv_rows=8, out=out)
+            self.assertIs(again, out)
+            np.testing.assert_array_equal(out.hidden_states[0, :5], x[::-1])
+            worker.combine(np.zeros((1, 8, 8), np.uint16))
+            worker.commit_geometry(51, 16, 5)
+            with self.assertRaises(ValueError) as caught:
+                worker.dispatch(x, ids, w, recv_rows=16, out=out)
+            self.assertIn("out: expected a DispatchOutput of a dispatch with recv_rows 16",
+                          str(caught.exception))
+            # forward with the worker's identity experts: sum_k w_k x.
+            counts, r = worker.sync_token_counts(5)
+            self.assertEqual((counts, r), ([5], 8))
+            worker.commit_geometry(100, r, 5)
+            f = worker.forward(0, x, ids, w)
+            np.testing.assert_allclose(bf16_to_float32(f), bf16_to_float32(x) * w.sum(axis=1)[:, None],
+                                       rtol=2**-7, atol=1e-6)
+            # Bad input is refused before any call, naming the argument.
+            with self.assertRaises(ValueError) as caught:
+                d.dispatch(x[:, :4].copy(), ids, w)
+            self.assertIn("hidden_states: expected shape [*, 8], got [5, 4]", str(caught.exception))
+            with self.assertRaises(TypeError) as caught:
+                d.dispatch(x, ids.astype(np.int64), w)
+            self.assertIn("topk_ids: expected dtype int32", str(caught.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,303 @@
+// The C API of server/moe_ep.h over server/worker_process.h (the worker) and
+// WorkerService::RunOnDataPlane (its data plane). Each entry point converts
+// its C arguments, calls C++ that returns absl::Status, and records the
+// status in the calling thread's message; no C++ exception crosses the C
+// boundary (anything thrown becomes MOE_EP_INTERNAL).
+
+#include "server/moe_ep.h"
+
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "core/command_line.h"
+#include "core/expert_placement.h"
+#include "core/status_macros.h"
+#include "server/worker_flags.h"
+#include "server/worker_process.h"
+
+struct moe_ep_worker {
+  std::unique_ptr<moe_ep::server::WorkerProcess> process;
+};
+
+namespace {
+
+using moe_ep::server::DataPlane;
+using moe_ep::server::WorkerProcess;
+
+thread_local std::string g_last_error;
+
+moe_ep_status Record(const absl::Status& status) {
+  if (status.ok()) {
+    g_last_error.clear();
+    return MOE_EP_OK;
+  }
+  g_last_error = std::string(status.message());
+  return static_cast<moe_ep_status>(status.code());
+}
+
+// Runs `body`, turning a thrown exception into kInternal.
+template <typename Body>
+moe_ep_status Guard(const char* call, Body&& body) {
+  try {
+    return Record(body());
+  } catch (const std::exception& e) {
+    return Record(absl::InternalError(absl::StrCat(call, ": ", e.what())));
+  } catch (...) {
+    return Record(absl::InternalError(absl::StrCat(call, ": unknown exception")));
+  }
+}
+
+absl::Status RequireWorker(const moe_ep_worker* worker, const char* call) {
+  if (worker == nullptr || worker->process == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(call, ": worker must not be NULL"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<absl::Time> SlotDeadline(int64_t timeout_ms, const char* call) {
+  if (timeout_ms < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(call, ": timeout_ms: expected >= 0 (0 = no limit), got ", timeout_ms));
+  }
+  return timeout_ms == 0 ? absl::InfiniteFuture() : absl::Now() + absl::Milliseconds(timeout_ms);
+}
+
+absl::Status FromGrpc(const grpc::Status& status) {
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+// Runs `fn` on the worker's data plane under its collective slot.
+template <typename Fn>
+absl::Status OnDataPlane(moe_ep_worker* worker, const char* call, int64_t timeout_ms, Fn&& fn) {
+  RETURN_IF_ERROR(RequireWorker(worker, call));
+  ASSIGN_OR_RETURN(absl::Time deadline, SlotDeadline(timeout_ms, call));
+  return worker->process->worker().RunOnDataPlane(call, deadline, fn);
+}
+
+absl::Status StatsStatus(const absl::StatusOr<moe_ep::core::StepStats>& stats) {
+  return stats.status();
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* moe_ep_version(void) {
+  static const std::string version(moe_ep::core::Version());
+  return version.c_str();
+}
+
+int32_t moe_ep_abi_version(void) { return MOE_EP_ABI_VERSION; }
+
+const char* moe_ep_last_error(void) { return g_last_error.c_str(); }
+
+moe_ep_status moe_ep_noop(void) { return MOE_EP_OK; }
+
+moe_ep_status moe_ep_worker_start(int32_t argc, const char* const* argv, moe_ep_worker** out) {
+  return Guard("moe_ep_worker_start", [&]() -> absl::Status {
+    if (out == nullptr) return absl::InvalidArgumentError("moe_ep_worker_start: out is NULL");
+    *out = nullptr;
+    if (argc < 0 || (argc > 0 && argv == nullptr)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("moe_ep_worker_start: argc: expected >= 0 with argv not NULL, got ", argc));
+    }
+    std::vector<const char*> args = {"moe-ep-worker"};
+    for (int i = 0; i < argc; ++i) {
+      if (argv[i] == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("moe_ep_worker_start: argv[", i, "] is NULL"));
+      }
+      args.push_back(argv[i]);
+    }
+    moe_ep::server::WorkerFlags flags;
+    std::ostringstream help;
+    std::ostringstream errors;
+    if (std::optional<int> exit = moe_ep::server::ParseWorkerFlags(
+            static_cast<int>(args.size()), args.data(), &flags, help, errors)) {
+      const std::string text =
+          *exit == 0 ? "--help and --version print and exit; not here" : errors.str();
+      return absl::InvalidArgumentError(absl::StrCat("moe_ep_worker_start: ", text));
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<WorkerProcess> process, WorkerProcess::Start(flags));
+    *out = new moe_ep_worker{std::move(process)};
+    return absl::OkStatus();
+  });
+}
+
+moe_ep_status moe_ep_worker_stop(moe_ep_worker* worker, int64_t drain_timeout_ms) {
+  return Guard("moe_ep_worker_stop", [&]() -> absl::Status {
+    if (worker == nullptr) return absl::OkStatus();
+    std::unique_ptr<moe_ep_worker> owned(worker);
+    if (drain_timeout_ms < 0) drain_timeout_ms = 0;
+    if (owned->process == nullptr) return absl::OkStatus();
+    const int64_t running = owned->process->in_flight();
+    if (!owned->process->Shutdown(absl::Now() + absl::Milliseconds(drain_timeout_ms))) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "moe_ep_worker_stop: ", running, " RPC(s) were running; those still running after ",
+          drain_timeout_ms, " ms were cancelled"));
+    }
+    return absl::OkStatus();
+  });
+}
+
+moe_ep_status moe_ep_worker_address(const moe_ep_worker* worker, const char** address) {
+  return Guard("moe_ep_worker_address", [&]() -> absl::Status {
+    RETURN_IF_ERROR(RequireWorker(worker, "moe_ep_worker_address"));
+    if (address == nullptr) {
+      return absl::InvalidArgumentError("moe_ep_worker_address: address is NULL");
+    }
+    *address = worker->process->address().c_str();
+    return absl::OkStatus();
+  });
+}
+
+moe_ep_status moe_ep_worker_wait_ready(moe_ep_worker* worker, int64_t timeout_ms) {
+  return Guard("moe_ep_worker_wait_ready", [&]() -> absl::Status {
+    RETURN_IF_ERROR(RequireWorker(worker, "moe_ep_worker_wait_ready"));
+    if (timeout_ms < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("moe_ep_worker_wait_ready: timeout_ms: expected >= 0, got ", timeout_ms));
+    }
+    const absl::Time deadline = absl::Now() + absl::Milliseconds(timeout_ms);
+    while (!worker->process->ready()) {
+      if (absl::Now() >= deadline) {
+        moe_ep::v1::GetStatusRequest request;
+        moe_ep::v1::GetStatusResponse status;
+        worker->process->worker().GetStatus(nullptr, &request, &status);
+        return absl::DeadlineExceededError(absl::StrCat(
+            "moe_ep_worker_wait_ready: worker at ", worker->process->address(), " not ready after ",
+            timeout_ms, " ms (state ", moe_ep::v1::WorkerState_Name(status.state()),
+            "); form and configure the group first (moe-ep up --targets, or the Group client)"));
+      }
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return absl::OkStatus();
+  });
+}
+
+moe_ep_status moe_ep_worker_info_get(moe_ep_worker* worker, moe_ep_worker_info* info) {
+  return Guard("moe_ep_worker_info_get", [&]() -> absl::Status {
+    if (info == nullptr || info->struct_size < sizeof(uint64_t)) {
+      return absl::InvalidArgumentError(
+          "moe_ep_worker_info_get: info is NULL or its struct_size is not set");
+    }
+    moe_ep_worker_info full = {};
+    full.struct_size = info->struct_size;
+    RETURN_IF_ERROR(OnDataPlane(
+        worker, "moe_ep_worker_info_get", 0,
+        [&](DataPlane& plane, const moe_ep::core::EpDispatcherOptions& options) -> absl::Status {
+          const moe_ep::core::WorkspaceSpec& spec = options.workspace;
+          const int rank = plane.collective().rank();
+          ASSIGN_OR_RETURN(
+              moe_ep::core::ExpertPlacement placement,
+              moe_ep::core::ExpertPlacement::Contiguous(options.num_experts, spec.ep_size));
+          full.rank = rank;
+          full.world_size = spec.ep_size;
+          full.hidden = spec.hidden;
+          full.top_k = spec.top_k;
+          full.num_experts = options.num_experts;
+          full.first_expert = placement.FirstExpert(rank);
+          full.num_local_experts = placement.NumLocalExperts(rank);
+          full.capacity_tokens = spec.capacity_tokens;
+          full.invalid_expert_id = options.invalid_expert_id;
+          full.backend = plane.backend() == "nccl" ? MOE_EP_BACKEND_NCCL : MOE_EP_BACKEND_GLOO;
+          full.epoch = plane.epoch();
+          return absl::OkStatus();
+        }));
+    moe_ep::v1::GetStatusRequest request;
+    moe_ep::v1::GetStatusResponse status;
+    worker->process->worker().GetStatus(nullptr, &request, &status);
+    full.generation = status.generation();
+    full.runtime_max_tokens_per_rank = status.runtime_max_tokens_per_rank();
+    const size_t bytes = info->struct_size < sizeof(full) ? info->struct_size : sizeof(full);
+    std::memcpy(info, &full, bytes);
+    return absl::OkStatus();
+  });
+}
+
+moe_ep_status moe_ep_sync_token_counts(moe_ep_worker* worker, int64_t local_tokens, int64_t* counts,
+                                       int64_t* runtime_max_tokens_per_rank) {
+  return Guard("moe_ep_sync_token_counts", [&]() -> absl::Status {
+    RETURN_IF_ERROR(RequireWorker(worker, "moe_ep_sync_token_counts"));
+    // The service's own handler, called in process (no transport): the same
+    // checks, state and error counting as the RPC.
+    moe_ep::v1::SyncTokenCountsRequest request;
+    request.set_local_tokens(local_tokens);
+    moe_ep::v1::SyncTokenCountsResponse response;
+    RETURN_IF_ERROR(
+        FromGrpc(worker->process->worker().SyncTokenCounts(nullptr, &request, &response)));
+    if (counts != nullptr) {
+      for (int i = 0; i < response.token_counts_size(); ++i) counts[i] = response.token_counts(i);
+    }
+    if (runtime_max_tokens_per_rank != nullptr) {
+      *runtime_max_tokens_per_rank = response.runtime_max_tokens_per_rank();
+    }
+    return absl::OkStatus();
+  });
+}
+
+moe_ep_status moe_ep_commit_geometry(moe_ep_worker* worker, int64_t epoch,
+                                     int64_t runtime_max_tokens_per_rank, int64_t local_tokens) {
+  return Guard("moe_ep_commit_geometry", [&]() -> absl::Status {
+    RETURN_IF_ERROR(RequireWorker(worker, "moe_ep_commit_geometry"));
+    moe_ep::v1::CommitGeometryRequest request;
+    request.set_epoch(epoch);
+    request.set_runtime_max_tokens_per_rank(runtime_max_tokens_per_rank);
+    request.set_local_tokens(local_tokens);
+    moe_ep::v1::CommitGeometryResponse response;
+    return FromGrpc(worker->process->worker().CommitGeometry(nullptr, &request, &response));
+  });
+}
+
+moe_ep_status moe_ep_dispatch(moe_ep_worker* worker, const uint16_t* hidden,
+                              const int32_t* topk_ids, const float* topk_weights,
+                              int64_t num_tokens, uint16_t* recv_hidden, int32_t* recv_topk_ids,
+                              float* recv_topk_weights, int64_t recv_rows, int64_t* source_counts,
+                              int64_t* expert_counts, void* stream, int64_t timeout_ms) {
+  return Guard("moe_ep_dispatch", [&]() -> absl::Status {
+    return OnDataPlane(worker, "moe_ep_dispatch", timeout_ms,
+                       [&](DataPlane& plane, const moe_ep::core::EpDispatcherOptions&) {
+                         moe_ep::server::EngineRecvBuffers out;
+                         out.rows = recv_rows;
+                         out.hidden = reinterpret_cast<moe_ep::core::bf16_t*>(recv_hidden);
+                         out.topk_ids = recv_topk_ids;
+                         out.topk_weights = recv_topk_weights;
+                         out.source_counts = source_counts;
+                         out.expert_counts = expert_counts;
+                         return StatsStatus(plane.EngineDispatch(hidden, topk_ids, topk_weights,
+                                                                 num_tokens, out, stream));
+                       });
+  });
+}
+
+moe_ep_status moe_ep_combine(moe_ep_worker* worker, const uint16_t* expert_out, int64_t recv_rows,
+                             uint16_t* output, void* stream, int64_t timeout_ms) {
+  return Guard("moe_ep_combine", [&]() -> absl::Status {
+    return OnDataPlane(
+        worker, "moe_ep_combine", timeout_ms,
+        [&](DataPlane& plane, const moe_ep::core::EpDispatcherOptions&) {
+          return StatsStatus(plane.EngineCombine(expert_out, recv_rows, output, stream));
+        });
+  });
+}
+
+moe_ep_status moe_ep_forward(moe_ep_worker* worker, int32_t layer, const uint16_t* hidden,
+                             const int32_t* topk_ids, const float* topk_weights, int64_t num_tokens,
+                             uint16_t* output, void* stream, int64_t timeout_ms) {
+  return Guard("moe_ep_forward", [&]() -> absl::Status {
+    return OnDataPlane(worker, "moe_ep_forward", timeout_ms,
+                       [&](DataPlane& plane, const moe_ep::core::EpDispatcherOptions&) {
+                         return StatsStatus(plane.EngineForward(
+                             layer, hidden, topk_ids, topk_weights, num_tokens, output, stream));
+                       });
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,255 @@
+/* moe_ep.h: the C API of libmoe_ep.so, the moe-ep worker embedded in an
+ * inference engine's process (DESIGN §14; issue 16).
+ *
+ * moe_ep_worker_start() starts the same worker as the `moe-ep-worker`
+ * executable inside the caller's process: its gRPC control plane (Join,
+ * ConfigureLayers, AllocateWorkspace, LoadExperts, GetStatus, health,
+ * metrics, TLS; DESIGN §8) serves on --listen exactly as the executable's,
+ * so an orchestrator (`moe-ep up --targets`, the Python Group client) forms
+ * and configures the group remotely. The caller then drives each step's data
+ * plane in process, on its own buffers, without gRPC:
+ *
+ *   moe_ep_sync_token_counts   all ranks' token counts and the step's R
+ *   moe_ep_commit_geometry     commit (epoch, R) for the next steps
+ *   moe_ep_dispatch            hidden [T,H] + routing -> received rows [E,R,...]
+ *   moe_ep_combine             the caller's expert outputs [E,R,H] -> [T,H]
+ *   moe_ep_forward             dispatch + the worker's loaded experts + combine
+ *
+ * Every data call is a collective: all ranks of the group make the same
+ * calls in the same order (a rank with T = 0 still calls).
+ *
+ * Stable C ABI (C11): opaque handles, fixed-width integer arguments, structs
+ * that begin with their own size (fields are only ever appended). Symbols:
+ * moe_ep_* only. MOE_EP_ABI_VERSION changes only when an existing call or
+ * struct field changes meaning.
+ *
+ * Status: every call returns a moe_ep_status (0 = MOE_EP_OK, otherwise the
+ * absl / gRPC status code) and sets the calling thread's message, read with
+ * moe_ep_last_error() ("" after a call that succeeded). Messages name the
+ * argument, the expected and the actual value.
+ *
+ * Tensors: row-major and contiguous. bf16 values are passed as uint16_t bit
+ * patterns. Symbols: T = this rank's tokens of the step, H = hidden size,
+ * K = top_k, E = ep_size (ranks of the group), L = this rank's experts,
+ * R = the committed runtime_max_tokens_per_rank (DESIGN §6). Memory: on the
+ * CPU backend ("gloo") host pointers and stream = NULL; on the GPU backend
+ * ("nccl") the data calls are specified to take device pointers and a
+ * cudaStream_t, only enqueue, and be capturable (DESIGN §14); this release
+ * implements them on the CPU backend and returns MOE_EP_UNIMPLEMENTED for
+ * dispatch, combine and forward on the GPU backend (the Forward RPC serves
+ * it).
+ *
+ * Thread safety: every call is thread-safe. Data calls and the worker's
+ * collective RPCs are serialized by the worker's collective slot; a data call
+ * waits for it at most `timeout_ms` (MOE_EP_DEADLINE_EXCEEDED). A group
+ * error (a peer gone, a collective timeout) marks the group broken: later
+ * data calls return MOE_EP_FAILED_PRECONDITION until the orchestrator
+ * re-forms the group (Join with a new generation).
+ */
+#ifndef MOE_EP_H_
+#define MOE_EP_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define MOE_EP_EXPORT __attribute__((visibility("default")))
+#else
+#define MOE_EP_EXPORT
+#endif
+
+#define MOE_EP_ABI_VERSION 1
+
+/* Status codes: absl::StatusCode / grpc::StatusCode values. */
+typedef int32_t moe_ep_status;
+#define MOE_EP_OK 0
+#define MOE_EP_CANCELLED 1
+#define MOE_EP_UNKNOWN 2
+#define MOE_EP_INVALID_ARGUMENT 3
+#define MOE_EP_DEADLINE_EXCEEDED 4
+#define MOE_EP_NOT_FOUND 5
+#define MOE_EP_ALREADY_EXISTS 6
+#define MOE_EP_PERMISSION_DENIED 7
+#define MOE_EP_RESOURCE_EXHAUSTED 8
+#define MOE_EP_FAILED_PRECONDITION 9
+#define MOE_EP_ABORTED 10
+#define MOE_EP_OUT_OF_RANGE 11
+#define MOE_EP_UNIMPLEMENTED 12
+#define MOE_EP_INTERNAL 13
+#define MOE_EP_UNAVAILABLE 14
+#define MOE_EP_DATA_LOSS 15
+#define MOE_EP_UNAUTHENTICATED 16
+
+/* One embedded worker (opaque). */
+typedef struct moe_ep_worker moe_ep_worker;
+
+/* The group and workspace a worker is configured with (moe_ep_worker_info).
+ * Set struct_size = sizeof(moe_ep_worker_info) before the call; a library
+ * fills only the fields that fit in struct_size. */
+typedef struct moe_ep_worker_info {
+  uint64_t struct_size;
+  int32_t rank;                        /* this rank, in [0, world_size) */
+  int32_t world_size;                  /* E = ep_size */
+  int64_t generation;                  /* of the joined group */
+  int64_t hidden;                      /* H */
+  int32_t top_k;                       /* K */
+  int32_t num_experts;                 /* all experts of the layer */
+  int32_t first_expert;                /* this rank's experts: [first_expert, first_expert + L) */
+  int32_t num_local_experts;           /* L */
+  int64_t capacity_tokens;             /* N: the largest R a step may commit */
+  int32_t invalid_expert_id;           /* -1 or num_experts: ids that select no expert */
+  int32_t backend;                     /* MOE_EP_BACKEND_* */
+  int64_t epoch;                       /* committed geometry epoch, -1 before the first commit */
+  int64_t runtime_max_tokens_per_rank; /* committed R, 0 before the first commit */
+} moe_ep_worker_info;
+
+#define MOE_EP_BACKEND_GLOO 1 /* CPU: host pointers, stream = NULL */
+#define MOE_EP_BACKEND_NCCL 2 /* GPU: device pointers, cudaStream_t */
+
+/* ---------------------------------------------------------------- library */
+
+/* "major.minor.patch" of this library (the `moe-ep-worker --version`
+ * number). Never fails; the string is static. */
+MOE_EP_EXPORT const char* moe_ep_version(void);
+
+/* MOE_EP_ABI_VERSION of this library (compare with the header's). */
+MOE_EP_EXPORT int32_t moe_ep_abi_version(void);
+
+/* The message of the calling thread's last call: "" after a success,
+ * otherwise what failed. Valid until the thread's next moe_ep_* call. */
+MOE_EP_EXPORT const char* moe_ep_last_error(void);
+
+/* Does nothing and returns MOE_EP_OK: the fixed cost of one call through a
+ * binding (the Python layer's overhead figure, issue 16 item 5). */
+MOE_EP_EXPORT moe_ep_status moe_ep_noop(void);
+
+/* The moe-ep-worker executable: its main() is this call (flags as the
+ * executable's, argv[0] the program name). Returns the process exit status
+ * after SIGTERM / SIGINT (0), or 2 on a bad command line or start-up error.
+ * Installs handlers for SIGTERM and SIGINT: for executables only. */
+MOE_EP_EXPORT int moe_ep_worker_main(int argc, char** argv);
+
+/* --------------------------------------------------------------- lifecycle */
+
+/* Starts a worker in this process with moe-ep-worker's flags: `argc`
+ * strings in `argv` (no program name), e.g. {"--listen=127.0.0.1:0",
+ * "--backend=gloo"}; `argv` may be NULL when argc is 0. It serves until
+ * moe_ep_worker_stop. Logs go to stderr. No signal handlers are installed.
+ * Errors: MOE_EP_INVALID_ARGUMENT (a flag, --help or --version, `out` NULL),
+ * MOE_EP_UNAVAILABLE (--listen cannot be bound), MOE_EP_FAILED_PRECONDITION
+ * (built with NCCL and the NCCL found at run time is another major.minor
+ * release: the message names both). On error *out is NULL. */
+MOE_EP_EXPORT moe_ep_status moe_ep_worker_start(int32_t argc, const char* const* argv,
+                                                moe_ep_worker** out);
+
+/* Health NOT_SERVING, new RPCs UNAVAILABLE, waits up to drain_timeout_ms
+ * (>= 0) for running RPCs, stops serving and frees `worker` (also on error).
+ * Must not race with other calls on `worker`. NULL: no-op.
+ * Errors: MOE_EP_DEADLINE_EXCEEDED (RPCs were still running at the deadline
+ * and were cancelled; the worker is stopped and freed anyway). */
+MOE_EP_EXPORT moe_ep_status moe_ep_worker_stop(moe_ep_worker* worker, int64_t drain_timeout_ms);
+
+/* The bound --listen address, "host:port" (NUL-terminated, valid until
+ * moe_ep_worker_stop). Errors: MOE_EP_INVALID_ARGUMENT (NULL arguments). */
+MOE_EP_EXPORT moe_ep_status moe_ep_worker_address(const moe_ep_worker* worker,
+                                                  const char** address);
+
+/* Blocks until the orchestrator has formed the group and allocated the
+ * workspace (the worker is ready: GetStatus state ALLOCATED, not broken), at
+ * most timeout_ms (>= 0). An orchestrator may still send collective RPCs
+ * after that (LoadExperts): data calls interleaved with them break the
+ * group, so an engine starts its steps only once the orchestrator says it
+ * is done (e.g. `moe-ep up --targets` has returned). Errors:
+ * MOE_EP_DEADLINE_EXCEEDED (not ready in time; the message gives the
+ * state), MOE_EP_INVALID_ARGUMENT. */
+MOE_EP_EXPORT moe_ep_status moe_ep_worker_wait_ready(moe_ep_worker* worker, int64_t timeout_ms);
+
+/* Fills `info` (struct_size set by the caller) from the allocated group.
+ * Errors: MOE_EP_FAILED_PRECONDITION (not joined, or no workspace yet),
+ * MOE_EP_INVALID_ARGUMENT (NULL, struct_size too small for the first
+ * field). */
+MOE_EP_EXPORT moe_ep_status moe_ep_worker_info_get(moe_ep_worker* worker, moe_ep_worker_info* info);
+
+/* -------------------------------------------------------------- data plane */
+/* moe_ep_sync_token_counts and moe_ep_commit_geometry run the worker's
+ * SyncTokenCounts / CommitGeometry handlers in process (same checks, same
+ * GetStatus fields as the RPCs): they wait for the collective slot like an
+ * RPC without a deadline (each holder is bounded by the group's timeout).
+ * The other data calls take `timeout_ms` (>= 0, 0 = no limit) for that
+ * wait; the collective itself is bounded by the group's timeout (Join). */
+
+/* All-gathers local_tokens (>= 0) of every rank. Writes counts[world_size]
+ * (may be NULL) and *runtime_max_tokens_per_rank (may be NULL): the smallest
+ * CUDA-graph bucket >= max(counts), or max(counts) without buckets (DESIGN
+ * §6). Collective. Errors: MOE_EP_INVALID_ARGUMENT (local_tokens < 0),
+ * MOE_EP_RESOURCE_EXHAUSTED (max(counts) > capacity_tokens),
+ * MOE_EP_FAILED_PRECONDITION (no workspace / group broken), group errors. */
+MOE_EP_EXPORT moe_ep_status moe_ep_sync_token_counts(moe_ep_worker* worker, int64_t local_tokens,
+                                                     int64_t* counts,
+                                                     int64_t* runtime_max_tokens_per_rank);
+
+/* Commits (epoch >= 0, R) for the next steps; every rank commits the same
+ * pair (dispatch and forward check it across ranks: MOE_EP_ABORTED). Not a
+ * collective. Errors: MOE_EP_INVALID_ARGUMENT (R < local_tokens, negative
+ * values), MOE_EP_RESOURCE_EXHAUSTED (R > capacity_tokens),
+ * MOE_EP_FAILED_PRECONDITION (a dispatched step is in flight). */
+MOE_EP_EXPORT moe_ep_status moe_ep_commit_geometry(moe_ep_worker* worker, int64_t epoch,
+                                                   int64_t runtime_max_tokens_per_rank,
+                                                   int64_t local_tokens);
+
+/* Dispatch of a step whose experts the caller runs. In: hidden [T,H] bf16,
+ * topk_ids [T,K] int32 (global expert ids; invalid_expert_id selects none),
+ * topk_weights [T,K] fp32, T <= R (inputs may be NULL when T = 0). Out, for
+ * recv_rows >= R rows per source (the three row buffers may be NULL when
+ * recv_rows = 0): recv_hidden [E,recv_rows,H] bf16,
+ * recv_topk_ids [E,recv_rows,K] int32, recv_topk_weights [E,recv_rows,K]
+ * fp32 (slot j < source_counts[s] of row s: the j-th token source rank s
+ * sent here, with its full K ids and weights; other slots: zero hidden, the
+ * invalid id, zero weights), source_counts[E] int64, expert_counts[L] int64
+ * ((token, choice) pairs routed to each local expert). Collective. A bad
+ * argument on one rank aborts the step on all (MOE_EP_ABORTED on the
+ * others) before any payload moves. Errors: MOE_EP_INVALID_ARGUMENT (sizes,
+ * NULL buffers, recv_rows < R, T > R, an expert id out of range, stream not
+ * NULL on the CPU backend), MOE_EP_FAILED_PRECONDITION (no committed
+ * geometry; a step already dispatched: combine first), MOE_EP_ABORTED,
+ * group errors. */
+MOE_EP_EXPORT moe_ep_status moe_ep_dispatch(moe_ep_worker* worker, const uint16_t* hidden,
+                                            const int32_t* topk_ids, const float* topk_weights,
+                                            int64_t num_tokens, uint16_t* recv_hidden,
+                                            int32_t* recv_topk_ids, float* recv_topk_weights,
+                                            int64_t recv_rows, int64_t* source_counts,
+                                            int64_t* expert_counts, void* stream,
+                                            int64_t timeout_ms);
+
+/* Combine of the dispatched step: expert_out [E,recv_rows,H] bf16 (slot j <
+ * source_counts[s] of row s = that token's sum over its choices k among
+ * this rank's experts of topk_weights[k] * expert(hidden); other slots are
+ * not read; NULL when recv_rows = 0) -> output [T,H] bf16 (T of the
+ * dispatch; NULL allowed when T = 0), the
+ * sum over ranks, accumulated in fp32 (DESIGN §7). Collective. Errors:
+ * MOE_EP_FAILED_PRECONDITION (no dispatched step), MOE_EP_INVALID_ARGUMENT
+ * (recv_rows < R, NULL; the step stays dispatched: call again), group
+ * errors. */
+MOE_EP_EXPORT moe_ep_status moe_ep_combine(moe_ep_worker* worker, const uint16_t* expert_out,
+                                           int64_t recv_rows, uint16_t* output, void* stream,
+                                           int64_t timeout_ms);
+
+/* One MoE layer with the experts LoadExperts put on this worker for `layer`
+ * (and its shared expert, when loaded): hidden [T,H] bf16, topk_ids [T,K]
+ * int32, topk_weights [T,K] fp32 -> output [T,H] bf16. Collective. Errors:
+ * MOE_EP_FAILED_PRECONDITION (no experts for `layer`, no committed
+ * geometry), MOE_EP_INVALID_ARGUMENT, MOE_EP_ABORTED, group errors. */
+MOE_EP_EXPORT moe_ep_status moe_ep_forward(moe_ep_worker* worker, int32_t layer,
+                                           const uint16_t* hidden, const int32_t* topk_ids,
+                                           const float* topk_weights, int64_t num_tokens,
+                                           uint16_t* output, void* stream, int64_t timeout_ms);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* MOE_EP_H_ */

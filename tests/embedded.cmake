@@ -1,0 +1,52 @@
+# The embedded worker (server/moe_ep.h, libmoe_ep.so; issue 16): the ELF
+# contract of the library, the header as strict C11, and the toy MoE layer of
+# python/examples/embedded_moe_layer.py in 2 and 4 Python processes on
+# /usr/bin/python3 with Debian's python3-numpy, the group formed remotely by
+# `moe-ep up --targets` and by the Python Group client.
+if(NOT TARGET moe_ep)
+  return()
+endif()
+add_test(NAME embedded_library_exports
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/embedded/check_library.sh $<TARGET_FILE:moe_ep>
+          ${PROJECT_VERSION_MAJOR})
+set_tests_properties(embedded_library_exports PROPERTIES LABELS embedded TIMEOUT 60)
+
+add_executable(moe_ep_c11_smoke ${CMAKE_CURRENT_SOURCE_DIR}/embedded/c11_smoke.c)
+target_link_libraries(moe_ep_c11_smoke PRIVATE moe_ep)
+set_target_properties(moe_ep_c11_smoke PROPERTIES C_STANDARD 11 C_STANDARD_REQUIRED ON
+  C_EXTENSIONS OFF BUILD_RPATH $<TARGET_FILE_DIR:moe_ep>)
+target_compile_options(moe_ep_c11_smoke PRIVATE -Wall -Wextra -pedantic -Werror)
+add_test(NAME embedded_c11_smoke COMMAND moe_ep_c11_smoke ${PROJECT_VERSION})
+set_tests_properties(embedded_c11_smoke PROPERTIES LABELS embedded TIMEOUT 60)
+
+find_program(MOE_EP_SYSTEM_PYTHON NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
+if(NOT MOE_EP_SYSTEM_PYTHON OR NOT TARGET moe_ep_python_stubs OR NOT TARGET moe-ep)
+  message(STATUS "moe-ep: embedded Python tests off (need /usr/bin/python3, the stubs and moe-ep)")
+  return()
+endif()
+execute_process(COMMAND ${MOE_EP_SYSTEM_PYTHON} -c "import numpy, grpc"
+                RESULT_VARIABLE moe_ep_python_numpy OUTPUT_QUIET ERROR_QUIET)
+if(NOT moe_ep_python_numpy EQUAL 0)
+  message(STATUS "moe-ep: embedded Python tests off (/usr/bin/python3 lacks python3-numpy; "
+                 "scripts/install-deps.sh installs it)")
+  return()
+endif()
+set(moe_ep_embedded_env
+  MOE_EP_LIBRARY=$<TARGET_FILE:moe_ep>
+  PYTHONPATH=${PROJECT_BINARY_DIR}/python:${PROJECT_SOURCE_DIR}/python
+  PYTHONDONTWRITEBYTECODE=1)
+foreach(case "2;up" "4;group")
+  list(GET case 0 ranks)
+  list(GET case 1 former)
+  add_test(NAME embedded_moe_layer_${ranks}_${former}
+    COMMAND ${CMAKE_COMMAND} -E env ${moe_ep_embedded_env}
+            ${MOE_EP_SYSTEM_PYTHON} ${PROJECT_SOURCE_DIR}/python/examples/embedded_moe_layer.py
+            --ranks ${ranks} --former ${former} --moe-ep $<TARGET_FILE:moe-ep>)
+  set_tests_properties(embedded_moe_layer_${ranks}_${former} PROPERTIES LABELS embedded
+    TIMEOUT 300)
+endforeach()
+add_test(NAME embedded_python_engine
+  COMMAND ${CMAKE_COMMAND} -E env ${moe_ep_embedded_env} MOE_EP_CLI=$<TARGET_FILE:moe-ep>
+          ${MOE_EP_SYSTEM_PYTHON} -m unittest -v test_engine
+  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}/python/tests)
+set_tests_properties(embedded_python_engine PROPERTIES LABELS embedded TIMEOUT 300)
