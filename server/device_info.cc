@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "server/backend_selection.h"
 
 #ifdef MOE_EP_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -57,6 +58,15 @@ DeviceInfo DescribeHost() {
   const long page_size = sysconf(_SC_PAGE_SIZE);
   return DeviceInfo{"cpu",
                     pages > 0 && page_size > 0 ? static_cast<int64_t>(pages) * page_size : 0};
+}
+
+DeviceInfo DescribeBackendDevice(const std::string& backend, int device) {
+  absl::StatusOr<std::string> resolved = ResolveBackend(backend, "auto");
+  if (resolved.ok() && *resolved == "nccl") {
+    absl::StatusOr<DeviceInfo> gpu = DescribeGpu(device);
+    if (gpu.ok()) return *gpu;
+  }
+  return DescribeHost();
 }
 
 }  // namespace moe_ep::server
