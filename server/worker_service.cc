@@ -46,8 +46,7 @@ absl::StatusOr<core::ExpertSet> MakeExperts(const ExpertLoad& load,
 
 WorkerService::WorkerService(WorkerOptions options, HealthReporter* health)
     : options_(std::move(options)), health_(health) {
-  // The device of the default backend until a group is formed (Join shows
-  // the joined backend's device, Leave the default's again).
+  // The default backend's device until a Join (and again after Leave).
   absl::MutexLock lock(&state_mu_);
   SetDeviceLocked(options_.default_backend);
   status_.set_memory_cap_bytes(options_.memory_cap_bytes);
@@ -196,6 +195,8 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
     const JoinedGroup current{state_.phase() != WorkerPhase::kStarted, state_.broken(),
                               state_.broken_reason(), &joined_};
     RETURN_IF_ERROR(CheckJoin(current, max_generation_used_, args, &same_group));
+    if (!same_group) max_generation_used_ = args.generation;
+    status_.set_max_generation_seen(max_generation_used_);
   }
   if (same_group) {
     response->set_backend(joined_.backend);
@@ -203,16 +204,17 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
   }
   // A new generation: form the new group, and only then drop the old one (a
   // failed formation leaves the old group in force: issue 13 item 5).
-  max_generation_used_ = args.generation;
-  {
-    absl::MutexLock lock(&state_mu_);
-    status_.set_max_generation_seen(max_generation_used_);
-  }
   if (args.rank == 0 && options_.rendezvous != nullptr) {
     options_.rendezvous->OpenGeneration(args.generation, args.rendezvous_secret);
   }
   ASSIGN_OR_RETURN(std::unique_ptr<DataPlane> formed,
                    FormJoinedGroup(args, options_.device, CallDeadline(context)));
+  InstallGroup(args, std::move(formed));
+  response->set_backend(args.backend);
+  return absl::OkStatus();
+}
+
+void WorkerService::InstallGroup(const JoinArgs& args, std::unique_ptr<DataPlane> formed) {
   TearDownGroup();
   data_plane_ = std::move(formed);
   if (args.rank == 0 && options_.rendezvous != nullptr) {
@@ -229,8 +231,6 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
     SetDeviceLocked(args.backend);
     UpdateHealthLocked();
   }
-  response->set_backend(args.backend);
-  return absl::OkStatus();
 }
 
 // -------------------------------------------------------------------- Leave

@@ -195,6 +195,9 @@ class WorkerService final : public v1::Worker::Service {
   absl::Status RequirePhase(WorkerPhase phase, const char* rpc);
   // The memory budget now (server/memory_budget.h). Needs the slot.
   MemoryBudget Budget() const;
+  // Replaces the group in force (TearDownGroup) by `formed`, joined with
+  // `args`: JOINED. Needs the slot.
+  void InstallGroup(const JoinArgs& args, std::unique_ptr<DataPlane> formed);
   // Drops the group and everything built on it; back to STARTED. Needs the slot.
   void TearDownGroup();
   // Re-derives the reported state, readiness and the log fields (rank,
