@@ -134,6 +134,7 @@ std::string RenderWorkerTable(
   TextTable table({"rank", "address", "state", "backend", "device", "memory", "workspace",
                    "experts", "epoch", "R", "forwards", "errors"});
   table.SetMaxWidth(11, kErrorColumnWidth);
+  std::string broken_notes;  // one per rank whose group is broken
   for (size_t i = 0; i < statuses.size(); ++i) {
     const std::string target = i < targets.size() ? targets[i] : "?";
     if (!statuses[i].ok()) {
@@ -148,15 +149,28 @@ std::string RenderWorkerTable(
     const auto& s = *statuses[i];
     const bool joined = s.state() != moe_ep::v1::WORKER_STATE_STARTED &&
                         s.state() != moe_ep::v1::WORKER_STATE_UNSPECIFIED;
-    table.AddRow({joined ? absl::StrCat(s.rank(), "/", s.world_size()) : "-", target,
-                  WorkerStateName(s.state()), s.backend().empty() ? "-" : s.backend(),
+    std::string state(WorkerStateName(s.state()));
+    if (s.group_broken()) {
+      // The lifecycle state is kept; the group is not usable (GetStatus
+      // broken_reason says why): a note under the table.
+      state += " BROKEN";
+      const std::vector<std::string> lines = WrapText(
+          absl::StrCat("rank ", s.rank(), " (", target, "): group of generation ", s.generation(),
+                       " is broken: ", s.broken_reason(), "; re-join with a new generation"),
+          kNoteWidth);
+      broken_notes += absl::StrCat(lines[0], "\n");
+      for (size_t l = 1; l < lines.size(); ++l)
+        broken_notes += absl::StrCat("    ", lines[l], "\n");
+    }
+    table.AddRow({joined ? absl::StrCat(s.rank(), "/", s.world_size()) : "-", target, state,
+                  s.backend().empty() ? "-" : s.backend(),
                   s.device_name().empty() ? "-" : s.device_name(),
                   s.device_memory_bytes() > 0 ? FormatBytes(s.device_memory_bytes()) : "-",
                   FormatBytes(s.workspace_bytes()), FormatBytes(s.expert_bytes()),
                   absl::StrCat(s.geometry_epoch()), absl::StrCat(s.runtime_max_tokens_per_rank()),
                   absl::StrCat(s.counters().forwards()), absl::StrCat(s.counters().errors())});
   }
-  return table.Render() + notes;
+  return table.Render() + notes + broken_notes;
 }
 
 nlohmann::json WorkerStatusJson(
@@ -187,6 +201,8 @@ nlohmann::json WorkerStatusJson(
       w["expert_bytes"] = s.expert_bytes();
       w["geometry_epoch"] = s.geometry_epoch();
       w["runtime_max_tokens_per_rank"] = s.runtime_max_tokens_per_rank();
+      w["group_broken"] = s.group_broken();
+      w["broken_reason"] = s.broken_reason();
       w["forwards"] = s.counters().forwards();
       w["errors"] = s.counters().errors();
     }

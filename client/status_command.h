@@ -45,6 +45,10 @@ WorkerErrorView DescribeWorkerError(const absl::Status& error,
 // error that several workers report (the same text once each worker's own
 // address is taken out) is printed once below the table with their ranks
 // (rank i = the i-th target), its cells saying "error <n> (below)".
+// A worker whose group is broken (GetStatus group_broken) shows its state
+// with " BROKEN" appended and a note below the table: "rank <r> (<address>):
+// group of generation <g> is broken: <broken_reason>; re-join with a new
+// generation" (issue 12 item 3).
 // REQUIRES: statuses.size() == targets.size().
 std::string RenderWorkerTable(
     const std::vector<std::string>& targets,
@@ -55,9 +59,8 @@ std::string RenderWorkerTable(
 // per target in order: {"target", "ok"} and, when ok, "rank", "world_size",
 // "state", "backend", "device", "device_memory_bytes", "workspace_bytes",
 // "expert_bytes", "geometry_epoch", "runtime_max_tokens_per_rank",
-// "forwards", "errors"; otherwise "state" (UNAUTHENTICATED / ...), "code"
-// (e.g. "UNAVAILABLE"), "error" and "hint" (empty when none). Byte counts
-// are integers.
+// "group_broken", "broken_reason", "forwards", "errors"; otherwise "state" (UNAUTHENTICATED / ...),
+// "code" (e.g. "UNAVAILABLE"), "error" and "hint" (empty when none). Byte counts are integers.
 nlohmann::json WorkerStatusJson(
     const std::vector<std::string>& targets,
     const std::vector<absl::StatusOr<moe_ep::v1::GetStatusResponse>>& statuses,

@@ -25,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 
 namespace moe_ep::core {
@@ -59,6 +60,14 @@ class ControlCollective {
 
   // Returns when every rank has entered the barrier.
   virtual absl::Status Barrier() = 0;
+
+  // Bounds the waits of every later call on this object: each ends by
+  // min(its start + the group's timeout, `deadline`), so a call made for a
+  // gRPC request gives up when its caller does (issue 13 item 6).
+  // absl::InfiniteFuture() (the initial value) leaves the group's timeout
+  // alone. A call that runs out of time returns kDeadlineExceeded and breaks
+  // the group, as a timeout does. Sub-groups made by Split keep their own.
+  virtual void SetCallDeadline(absl::Time deadline) = 0;
 
   // Forms a sub-group of the ranks in `ranks` (ascending, each in [0, size()),
   // containing this rank). Collective over the whole group: every rank calls

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <mutex>
@@ -16,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/alltoallv.h"
@@ -192,7 +194,7 @@ absl::Status GlooCollective::AllToAllV(const void* send, absl::Span<const int64_
     opts.setInput(in, std::vector<int64_t>(send_bytes.begin(), send_bytes.end()));
     opts.setOutput(out, std::vector<int64_t>(recv_bytes.begin(), recv_bytes.end()));
     opts.setTag(next_tag_++);
-    opts.setTimeout(ToChronoMs(timeout_));
+    opts.setTimeout(ToChronoMs(OpTimeout()));
     gloo::alltoallv(opts);
   });
 }
@@ -212,7 +214,7 @@ absl::Status GlooCollective::AllGather(const void* send, int64_t bytes_per_rank,
     opts.setInput(static_cast<char*>(const_cast<void*>(send)), bytes_per_rank);
     opts.setOutput(static_cast<char*>(recv), bytes_per_rank * size_);
     opts.setTag(next_tag_++);
-    opts.setTimeout(ToChronoMs(timeout_));
+    opts.setTimeout(ToChronoMs(OpTimeout()));
     gloo::allgather(opts);
   });
 }
@@ -230,7 +232,7 @@ absl::Status GlooCollective::AllReduceSum(float* data, int64_t count) {
     opts.setReduceFunction(
         static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
     opts.setTag(next_tag_++);
-    opts.setTimeout(ToChronoMs(timeout_));
+    opts.setTimeout(ToChronoMs(OpTimeout()));
     gloo::allreduce(opts);
   });
 }
@@ -239,9 +241,14 @@ absl::Status GlooCollective::Barrier() {
   return Guarded("Barrier", [&] {
     gloo::BarrierOptions opts(context_);
     opts.setTag(next_tag_++);
-    opts.setTimeout(ToChronoMs(timeout_));
+    opts.setTimeout(ToChronoMs(OpTimeout()));
     gloo::barrier(opts);
   });
+}
+
+absl::Duration GlooCollective::OpTimeout() const {
+  if (call_deadline_ == absl::InfiniteFuture()) return timeout_;
+  return std::clamp(call_deadline_ - absl::Now(), absl::Milliseconds(1), timeout_);
 }
 
 absl::StatusOr<std::unique_ptr<ControlCollective>> GlooCollective::Split(

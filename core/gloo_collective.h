@@ -81,6 +81,7 @@ class GlooCollective : public ControlCollective {
   absl::Status AllGather(const void* send, int64_t bytes_per_rank, void* recv) override;
   absl::Status AllReduceSum(float* data, int64_t count) override;
   absl::Status Barrier() override;
+  void SetCallDeadline(absl::Time deadline) override { call_deadline_ = deadline; }
 
   // A new GlooCollective over `ranks` (this rank's index in `ranks` becomes
   // its rank), formed under the rendezvous prefix `prefix() + "/" + tag` with
@@ -94,6 +95,10 @@ class GlooCollective : public ControlCollective {
  private:
   GlooCollective(std::shared_ptr<gloo::rendezvous::Store> store, std::string prefix, int rank,
                  int size, std::string host, absl::Duration timeout);
+
+  // The timeout of an operation starting now: min(timeout_, the time left
+  // to call_deadline_), at least 1 ms.
+  absl::Duration OpTimeout() const;
 
   // Runs `op` (which may throw) unless the group is broken; converts a throw
   // into a Status and marks the group broken.
@@ -109,6 +114,7 @@ class GlooCollective : public ControlCollective {
   int size_;
   std::string host_;
   absl::Duration timeout_;
+  absl::Time call_deadline_ = absl::InfiniteFuture();
   absl::Status broken_;
   uint32_t next_tag_ = 0;
   // Stands in for null or zero-length user buffers: Gloo wants a pointer.

@@ -1,11 +1,13 @@
 #include "kernels/nccl_collective.h"
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "core/status_macros.h"
 #include "kernels/internal/cuda_status.h"
 
@@ -135,7 +137,7 @@ absl::Status NcclCollective::Fail(absl::Status status) {
 
 absl::Status NcclCollective::WaitForNccl(ncclResult_t started, const char* what) {
   ncclResult_t r = started;
-  if (r == ncclSuccess || r == ncclInProgress) r = PollComm(comm_, Clock::now() + timeout_);
+  if (r == ncclSuccess || r == ncclInProgress) r = PollComm(comm_, WaitDeadline());
   if (r == ncclSuccess) return absl::OkStatus();
   if (r == ncclInProgress) {
     return Fail(absl::DeadlineExceededError(absl::StrFormat(
@@ -145,9 +147,17 @@ absl::Status NcclCollective::WaitForNccl(ncclResult_t started, const char* what)
       absl::StrFormat("%s on rank %d: %s", what, rank_, NcclText(r, comm_))));
 }
 
+Clock::time_point NcclCollective::WaitDeadline() const {
+  const Clock::time_point now = Clock::now();
+  const Clock::time_point by_timeout = now + timeout_;
+  if (call_deadline_ == absl::InfiniteFuture()) return by_timeout;
+  const absl::Duration left = std::max(call_deadline_ - absl::Now(), absl::ZeroDuration());
+  return std::min(by_timeout, now + absl::ToChronoMilliseconds(left));
+}
+
 absl::Status NcclCollective::Synchronize() {
   RETURN_IF_ERROR(CheckUsable());
-  const Clock::time_point deadline = Clock::now() + timeout_;
+  const Clock::time_point deadline = WaitDeadline();
   while (true) {
     const cudaError_t q = cudaStreamQuery(stream_);
     ncclResult_t state = ncclSuccess;

@@ -27,6 +27,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "kernels/stream_collective.h"
 
 namespace moe_ep::kernels {
@@ -83,10 +84,13 @@ class NcclCollective final : public StreamCollective {
   // Aborts the communicator (e.g. when the control plane learns a peer is
   // gone). Later calls return kFailedPrecondition.
   void Abort() override;
+  void SetCallDeadline(absl::Time deadline) override { call_deadline_ = deadline; }
 
  private:
   NcclCollective() = default;
   absl::Status CheckUsable() const;
+  // When a wait starting now must end: min(now + timeout_, call_deadline_).
+  std::chrono::steady_clock::time_point WaitDeadline() const;
   // Polls ncclCommGetAsyncError until the last NCCL call is no longer
   // in progress; aborts on error or deadline.
   absl::Status WaitForNccl(ncclResult_t started, const char* what);
@@ -102,6 +106,7 @@ class NcclCollective final : public StreamCollective {
   int size_ = 0;
   int device_ = 0;
   std::chrono::milliseconds timeout_{0};
+  absl::Time call_deadline_ = absl::InfiniteFuture();
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   std::string last_error_;

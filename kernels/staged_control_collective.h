@@ -40,6 +40,7 @@ class StagedControlCollective final : public core::ControlCollective {
   absl::Status AllGather(const void* send, int64_t bytes_per_rank, void* recv) override;
   absl::Status AllReduceSum(float* data, int64_t count) override;
   absl::Status Barrier() override;
+  void SetCallDeadline(absl::Time deadline) override { stream_->SetCallDeadline(deadline); }
   absl::StatusOr<std::unique_ptr<core::ControlCollective>> Split(absl::Span<const int> ranks,
                                                                  const std::string& tag) override;
 

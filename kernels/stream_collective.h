@@ -67,6 +67,9 @@ class StreamCollective {
   virtual absl::Status Synchronize() = 0;
   // Aborts the communicator; later calls return kFailedPrecondition.
   virtual void Abort() = 0;
+  // As core::ControlCollective::SetCallDeadline: Synchronize and the waits
+  // for NCCL end by min(start + the group's timeout, `deadline`).
+  virtual void SetCallDeadline(absl::Time deadline) = 0;
 
   // A sub-group of `ranks` (ascending, containing this rank), on the same
   // device with its own stream. Blocking and collective over this group.

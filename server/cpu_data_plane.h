@@ -28,6 +28,7 @@ class CpuDataPlane final : public DataPlane {
 
   std::string backend() const override { return "gloo"; }
   core::ControlCollective& collective() override { return *collective_; }
+  void SetCallDeadline(absl::Time deadline) override { collective_->SetCallDeadline(deadline); }
   absl::StatusOr<DataPlaneAllocation> Allocate(const core::EpDispatcherOptions& options,
                                                int64_t max_intermediate,
                                                int64_t memory_cap_bytes) override;

@@ -97,6 +97,10 @@ class DataPlane {
   virtual std::string backend() const = 0;
   // The group's collective (host-memory calls work on both backends).
   virtual core::ControlCollective& collective() = 0;
+  // Every later collective wait of this data plane (its control collective
+  // and the payload path) ends by min(the group's timeout, `deadline`): the
+  // deadline of the gRPC call being served (core/collective.h).
+  virtual void SetCallDeadline(absl::Time deadline) = 0;
 
   // Replaces the workspace (and drops all experts, shared ones too) with one sized by
   // `options`; `max_intermediate` is the largest SwiGLU I expected (0 when

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/host_memory.h"
+#include "server/backend_selection.h"
 
 #ifdef MOE_EP_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -57,6 +58,15 @@ DeviceInfo DescribeHost() {
   // In a pod the cgroup's limit, not the node's memory (issue 12 item 8).
   return DeviceInfo{"cpu",
                     core::TotalMemoryBytes(core::kDefaultCgroupRoot, core::PhysicalMemoryBytes())};
+}
+
+DeviceInfo DescribeBackendDevice(const std::string& backend, int device) {
+  absl::StatusOr<std::string> resolved = ResolveBackend(backend, "auto");
+  if (resolved.ok() && *resolved == "nccl") {
+    absl::StatusOr<DeviceInfo> gpu = DescribeGpu(device);
+    if (gpu.ok()) return *gpu;
+  }
+  return DescribeHost();
 }
 
 }  // namespace moe_ep::server

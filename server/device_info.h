@@ -35,4 +35,9 @@ absl::StatusOr<DeviceInfo> DescribeGpu(int device);
 // physical memory and its cgroup's limit (a pod's), 0 if unknown.
 DeviceInfo DescribeHost();
 
+// What GetStatus reports for `backend` ("auto" resolved as Join would):
+// DescribeGpu(device) for NCCL, the host for Gloo (and when the device
+// cannot be read).
+DeviceInfo DescribeBackendDevice(const std::string& backend, int device);
+
 }  // namespace moe_ep::server

@@ -69,6 +69,8 @@ class GpuDataPlane final : public DataPlane {
 
   std::string backend() const override { return "nccl"; }
   core::ControlCollective& collective() override { return *control_; }
+  // The control view shares the NCCL communicator, so one deadline covers both.
+  void SetCallDeadline(absl::Time deadline) override { collective_->SetCallDeadline(deadline); }
   int device() const { return device_; }
   absl::StatusOr<DataPlaneAllocation> Allocate(const core::EpDispatcherOptions& options,
                                                int64_t max_intermediate,

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -24,6 +25,23 @@ constexpr int64_t kMaxExperts = int64_t{1} << 16;
 constexpr int64_t kMaxCapacity = int64_t{1} << 24;
 constexpr int64_t kMaxTokens = int64_t{1} << 24;
 constexpr float kDefaultRmsEps = 1e-6f;
+
+// The fields of a resolved stack spec the ranks vote on (issue 12 item 2).
+std::vector<core::BallotField> StackFields(const core::LayerStackConfig& c, int64_t epoch) {
+  uint32_t eps_bits = 0;
+  std::memcpy(&eps_bits, &c.rms_eps, sizeof(eps_bits));
+  return {{"epoch", epoch},
+          {"stack.num_layers", static_cast<int64_t>(c.sparse_layers.size())},
+          {"stack.hidden_size", c.hidden},
+          {"stack.dense_intermediate_size", c.dense_intermediate},
+          {"stack.moe_intermediate_size", c.moe_intermediate},
+          {"stack.num_experts", c.num_experts},
+          {"stack.top_k", c.top_k},
+          {"stack.seed", static_cast<int64_t>(c.seed)},
+          {"stack.rms_eps (bits)", eps_bits},
+          {"stack.allow_reduce_scatter", c.allow_reduce_scatter ? 1 : 0},
+          {"stack.capacity_tokens", c.capacity_tokens}};
+}
 
 uint64_t ConfigFingerprint(const core::LayerStackConfig& c) {
   uint32_t eps_bits = 0;
@@ -173,7 +191,7 @@ void LayerStackRunner::Reset() {
 }
 
 absl::Status LayerStackRunner::Run(core::ControlCollective& world, int64_t generation,
-                                   const v1::ForwardLayersRequest& request,
+                                   const VoteFn& vote, const v1::ForwardLayersRequest& request,
                                    int64_t memory_cap_bytes, int64_t other_held_bytes,
                                    v1::ForwardLayersResponse* response) {
   const absl::Time start = absl::Now();
@@ -218,35 +236,16 @@ absl::Status LayerStackRunner::Run(core::ControlCollective& world, int64_t gener
   };
   absl::StatusOr<Prepared> prepared = prepare();
 
-  // 2. Agreement: (ok, fingerprint of (config, epoch), needs build) of every rank.
+  // 2. The vote (identity, local status, the stack spec field by field),
+  // then whether any rank needs a build.
   const bool ok = prepared.ok();
+  RETURN_IF_ERROR(vote(prepared.status(), ok ? StackFields(prepared->config, request.epoch())
+                                             : std::vector<core::BallotField>{}));
   const bool needs_build =
-      ok && (stack_ == nullptr || stale_ || built_fingerprint_ != prepared->fingerprint);
-  const int64_t agreed = ok ? static_cast<int64_t>(core::Fingerprint64(
-                                  absl::StrCat(prepared->fingerprint, "/epoch=", request.epoch())))
-                            : 0;
-  const int64_t mine[3] = {ok ? 1 : 0, agreed, needs_build ? 1 : 0};
-  std::vector<int64_t> all(3 * static_cast<size_t>(world.size()));
-  RETURN_IF_ERROR(world.AllGather(mine, sizeof(mine), all.data()));
-  if (!ok) return prepared.status();
-  bool any_build = false;
-  for (int r = 0; r < world.size(); ++r) {
-    if (all[3 * r] == 0) {
-      return absl::AbortedError(
-          absl::StrCat("ForwardLayers: rank ", r,
-                       " rejected its request (its own error says why); no rank "
-                       "ran the stack"));
-    }
-  }
-  for (int r = 0; r < world.size(); ++r) {
-    if (all[3 * r + 1] != all[1]) {
-      return absl::AbortedError(absl::StrCat(
-          "ForwardLayers: rank ", r, " has a different (stack, epoch) than rank 0 (fingerprint ",
-          static_cast<uint64_t>(all[3 * r + 1]), " vs ", static_cast<uint64_t>(all[1]),
-          "); every rank must get the same stack spec and epoch"));
-    }
-    any_build |= all[3 * r + 2] != 0;
-  }
+      stack_ == nullptr || stale_ || built_fingerprint_ != prepared->fingerprint;
+  ASSIGN_OR_RETURN(std::vector<int64_t> builds, core::AllGatherInt64(world, needs_build ? 1 : 0));
+  const bool any_build =
+      std::any_of(builds.begin(), builds.end(), [](int64_t b) { return b != 0; });
 
   // 3. Build when any rank needs it (all ranks together: Split is collective).
   int64_t build_us = 0;

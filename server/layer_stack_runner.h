@@ -11,12 +11,14 @@
 // One call, on every rank:
 //   1. checks the request by itself and against the configuration (sizes,
 //      the tokens tensor [n, H] fp32/bf16, the memory cap);
-//   2. all-gathers (ok, fingerprint of (stack config, epoch), needs-build)
-//      over the world, so every rank learns whether every other rank accepted
-//      its request and got the same one: a rank with a bad request returns its
+//   2. votes through the caller's `vote` (the Worker service's cross-rank
+//      vote, core/agreement.h) with its local status and the stack spec field
+//      by field, so every rank learns whether every other rank accepted its
+//      request and got the same one: a rank with a bad request returns its
 //      own error, its peers kAborted naming it; ranks with different requests
-//      all return kAborted. Nobody has built or run anything at that point,
-//      and the collectives stay in step, so the group stays usable;
+//      all return kAborted naming the field. Nobody has built or run anything
+//      at that point, and the collectives stay in step, so the group stays
+//      usable. Then one all-gather of "needs a build" per rank;
 //   3. builds (when any rank needs it: all ranks build together) the sub-group
 //      under the Gloo tag "layer_stack.gen<generation>.build<b>" (Gloo store
 //      keys are write-once, so every build gets a fresh tag) and the stack;
@@ -27,11 +29,13 @@
 // Source: DESIGN §2-§4, §8; issue 4 ("A layer-stack forward RPC").
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/agreement.h"
 #include "core/collective.h"
 #include "core/layer_plan.h"
 #include "core/layer_stack.h"
@@ -65,6 +69,11 @@ absl::StatusOr<core::LayerStackConfig> ResolveLayerStackConfig(
 
 class LayerStackRunner {
  public:
+  // The cross-rank vote Run takes part in: this rank's local status and its
+  // spec fields in, the vote's result out (core::RunVote's contract).
+  using VoteFn =
+      std::function<absl::Status(absl::Status local, std::vector<core::BallotField> fields)>;
+
   // Records the configuration of ConfigureLayers (the stack is rebuilt on
   // the next Run). Does no communication.
   void Configure(const core::ParallelLayout& layout, std::vector<bool> sparse_layers,
@@ -80,13 +89,14 @@ class LayerStackRunner {
   // Run()
   //
   // One ForwardLayers call (see the file comment) on `world` (this rank's
-  // group of generation `generation`, rank world.rank()). `memory_cap_bytes`
+  // group of generation `generation`, rank world.rank()); `vote` runs over
+  // `world` exactly once once the runner is configured. `memory_cap_bytes`
   // (0 = unlimited) bounds `other_held_bytes` (workspace and experts the
   // worker already holds) plus the stack's core::EstimateLayerStackBytes.
   // REQUIRES: configured(). A collective over `world`.
   // Errors: as ForwardLayers in worker.proto: kInvalidArgument,
   // kResourceExhausted, kAborted, and the collective's and the stack's errors.
-  absl::Status Run(core::ControlCollective& world, int64_t generation,
+  absl::Status Run(core::ControlCollective& world, int64_t generation, const VoteFn& vote,
                    const v1::ForwardLayersRequest& request, int64_t memory_cap_bytes,
                    int64_t other_held_bytes, v1::ForwardLayersResponse* response);
 

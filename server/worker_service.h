@@ -13,12 +13,25 @@
 //
 // Requests are validated in full before anything changes: bad input returns
 // INVALID_ARGUMENT naming the field (expected vs got) and leaves the state as
-// it was. Field checks that need no state run before the collective slot is
-// taken, so a malformed call never waits behind a collective.
+// it was (server/request_options.h converts and checks each request).
+//
+// Failure isolation (DESIGN §16; issues 12 and 13): every collective RPC
+// (ConfigureLayers, AllocateWorkspace, LoadExperts, SyncTokenCounts, Forward,
+// Benchmark, ForwardLayers) first runs the cross-rank vote (core/agreement.h)
+// with the call's identity (RPC, generation, sequence), this rank's own
+// validation result and its spec field by field. A rank whose request fails
+// its own checks still votes: it returns its error, its peers ABORTED naming
+// it, within one small all-gather, and the group stays usable. Ranks in
+// different RPCs, or with a differing field, are ABORTED everywhere, the
+// message naming the field and each rank's value. The vote record has a fixed
+// size, so even ranks in different calls never mismatch a collective.
+// Collective waits end by the call's deadline or the group timeout,
+// whichever is first. CommitGeometry is not a collective and does not vote.
 //
 // Any collective failure (DEADLINE_EXCEEDED, UNAVAILABLE, ...) marks the group
 // broken: later collective calls return FAILED_PRECONDITION "... re-join with
-// a new generation" until Join with a new generation re-forms it. Health
+// a new generation" until Join with a new generation re-forms it. GetStatus
+// shows it (group_broken, broken_reason: "<rpc>: <CODE>: <message>"). Health
 // (server/health.h) is SERVING only while joined, allocated and not broken.
 //
 // Backends: Join resolves "auto" / "gloo" / "nccl" (server/backend_selection.h)
@@ -46,11 +59,14 @@
 #include "core/layer_plan.h"
 #include "moe_ep/v1/worker.grpc.pb.h"
 #include "server/backend_selection.h"
+#include "server/collective_slot.h"
 #include "server/data_plane.h"
 #include "server/health.h"
 #include "server/layer_stack_runner.h"
+#include "server/memory_budget.h"
 #include "server/rendezvous_service.h"
 #include "server/request_limits.h"
+#include "server/request_options.h"
 #include "server/worker_state.h"
 
 namespace moe_ep::server {
@@ -126,21 +142,6 @@ class WorkerService final : public v1::Worker::Service {
                              v1::ForwardLayersResponse* response) override;
 
  private:
-  class CollectiveSlot;
-
-  // The normalized arguments a group was joined with (idempotency check).
-  struct JoinArgs {
-    int world_size = 0;
-    int rank = 0;
-    std::string backend;
-    std::string rendezvous_address;
-    int64_t generation = 0;
-    absl::Duration timeout;
-    std::string data_plane_host;
-    std::string rendezvous_secret;
-    bool operator==(const JoinArgs&) const = default;
-  };
-
   // The allocation in force (AllocateWorkspace, normalized).
   struct Allocation {
     core::EpDispatcherOptions options;
@@ -172,28 +173,57 @@ class WorkerService final : public v1::Worker::Service {
                                const v1::ForwardLayersRequest& request,
                                v1::ForwardLayersResponse* response);
 
+  // The local validation of each voting RPC: the state it needs and its
+  // request (server/request_options.h), before the vote. No state changes.
+  absl::StatusOr<core::EpDispatcherOptions> PrepareAllocation(
+      const v1::AllocateWorkspaceRequest& request, bool* same_spec);
+  absl::StatusOr<ExpertLoad> PrepareExpertLoad(const v1::LoadExpertsRequest& request);
+  absl::StatusOr<ForwardInputs> PrepareForward(const v1::ForwardRequest& request);
+  absl::StatusOr<BenchmarkSpec> PrepareBenchmark(const v1::BenchmarkRequest& request);
+  // Replaces the data plane's workspace with one of `options` (drops the experts).
+  absl::Status Allocate(const core::EpDispatcherOptions& options);
+
   // Counts errors, converts to grpc::Status.
   grpc::Status Finish(const absl::Status& status);
-  // `status` from a collective operation: a group error marks the group broken.
-  absl::Status GroupResult(absl::Status status);
-  // All-gathers `fingerprint`; kAborted naming the first rank that differs from rank 0.
+  // `status` from a collective operation of `rpc`: a group error marks the
+  // group broken, with "<rpc>: <CODE>: <message>" as the reason GetStatus shows.
+  absl::Status GroupResult(const char* rpc, absl::Status status);
   // The cross-rank vote (core/agreement.h) of a collective RPC, before its
-  // payload moves: this rank's `local` validation status and its spec
-  // `fields`. Group errors mark the group broken (GroupResult).
+  // payload moves: (rpc, generation, sequence), this rank's `local`
+  // validation status and its spec `fields`. A rank whose `local` is an error
+  // still votes, so its peers get kAborted naming it at once and the group
+  // stays usable. Group errors mark the group broken (GroupResult).
   absl::Status Vote(const char* rpc, absl::Status local, std::vector<core::BallotField> fields);
+  // Takes `slot` for `rpc` (server/collective_slot.h); then the worker must
+  // be in a usable group (joined, not broken), whose collective waits end by
+  // the call's deadline from now on. Outside a group: the error of `phase`,
+  // the state the RPC needs (within a group the RPC checks its phase itself
+  // and votes on the result).
+  absl::Status EnterGroup(SlotLease& slot, const grpc::ServerContext* context, const char* rpc,
+                          WorkerPhase phase);
+  // OK when the worker is at `phase` or later (kFailedPrecondition naming
+  // `rpc` otherwise); a voting RPC's local check.
+  absl::Status RequirePhase(WorkerPhase phase, const char* rpc);
+  // The memory budget now (server/memory_budget.h). Needs the slot.
+  MemoryBudget Budget() const;
+  // Replaces the group in force (TearDownGroup) by `formed`, joined with
+  // `args`: JOINED. Needs the slot.
+  void InstallGroup(const JoinArgs& args, std::unique_ptr<DataPlane> formed);
   // Drops the group and everything built on it; back to STARTED. Needs the slot.
   void TearDownGroup();
   // Re-derives the reported state, readiness and the log fields (rank,
   // generation, epoch) from the state. Needs state_mu_.
   void UpdateHealthLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_);
+  // The device GetStatus shows for `backend` (server/device_info.h).
+  void SetDeviceLocked(const std::string& backend) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_);
   absl::Status RequireGroup(WorkerPhase phase, const char* rpc);
 
   const WorkerOptions options_;
   HealthReporter* const health_;
 
-  // The collective slot: held by at most one collective call at a time.
-  absl::Mutex slot_mu_;
-  bool slot_free_ ABSL_GUARDED_BY(slot_mu_) = true;
+  // The collective slot (server/collective_slot.h): held by at most one
+  // collective call at a time.
+  CollectiveSlot slot_;
 
   // Owned by the holder of the collective slot. The data plane
   // (server/data_plane.h) holds the group's collective, the dispatcher and

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace moe_ep::server {
@@ -69,6 +70,22 @@ void WorkerStateMachine::Left() {
 
 void WorkerStateMachine::MarkBroken(std::string reason) {
   broken_reason_ = reason.empty() ? std::string("collective failed") : std::move(reason);
+}
+
+bool IsGroupError(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kUnknown:
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kDataLoss:
+      return true;
+    case absl::StatusCode::kFailedPrecondition:
+      return absl::StrContains(status.message(), "group broken");
+    default:
+      return false;
+  }
 }
 
 }  // namespace moe_ep::server

@@ -34,6 +34,15 @@ absl::string_view WorkerPhaseName(WorkerPhase phase);
 // The proto enum of `phase`.
 v1::WorkerState ToProto(WorkerPhase phase);
 
+// IsGroupError()
+//
+// Whether `status`, the result of a collective, leaves the group unusable
+// (a peer died or hung, the collective timed out or failed inside): the
+// codes DEADLINE_EXCEEDED, UNAVAILABLE, UNKNOWN, INTERNAL, CANCELLED,
+// DATA_LOSS, and FAILED_PRECONDITION "group broken ..." of a collective
+// already broken. A vote's ABORTED or a request's INVALID_ARGUMENT is not.
+bool IsGroupError(const absl::Status& status);
+
 class WorkerStateMachine {
  public:
   WorkerPhase phase() const { return phase_; }

@@ -244,7 +244,9 @@ TEST_F(TwoWorkerStack, BadTokenWidthOnOneRankIsInvalidArgumentAndChangesNothing)
   EXPECT_EQ(statuses[0].code(), absl::StatusCode::kInvalidArgument) << statuses[0];
   EXPECT_THAT(statuses[0].message(), HasSubstr("tokens.shape[1]: expected 32"));
   EXPECT_EQ(statuses[1].code(), absl::StatusCode::kAborted) << statuses[1];
-  EXPECT_THAT(statuses[1].message(), HasSubstr("rank 0 rejected its request"));
+  EXPECT_THAT(
+      statuses[1].message(),
+      HasSubstr("rank 0 rejected its ForwardLayers request: INVALID_ARGUMENT: tokens.shape[1]"));
 
   // The group is not broken and the stack is the one built before.
   auto after = fake_->coordinator().ForwardLayers(Requests(l, {4, 1}, 1));
@@ -275,7 +277,8 @@ TEST_F(TwoWorkerStack, DifferentSpecsAcrossRanksAreAborted) {
   requests[1].mutable_stack()->set_seed(kSeed + 1);
   auto result = fake_->coordinator().ForwardLayers(requests);
   ASSERT_EQ(result.status().code(), absl::StatusCode::kAborted) << result.status();
-  EXPECT_THAT(result.status().message(), HasSubstr("rank 1 has a different (stack, epoch)"));
+  EXPECT_THAT(result.status().message(),
+              HasSubstr("ForwardLayers: stack.seed differs across ranks: rank 0 = 7, rank 1 = 8"));
   // Different epochs too.
   requests = Requests(l, {2, 2}, 1);
   requests[0].set_epoch(2);

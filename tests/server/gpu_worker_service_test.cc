@@ -180,19 +180,17 @@ class Cluster {
     for (int r = 0; r < world_; ++r) ASSERT_TRUE(status[r].ok()) << status[r].error_message();
     OnAllRanks(world_, [&](int r) { status[r] = workers_[r]->Allocate(AllocateRequest(m)); });
     for (int r = 0; r < world_; ++r) ASSERT_TRUE(status[r].ok()) << status[r].error_message();
-    for (int r = 0; r < world_; ++r) {
-      v1::LoadExpertsRequest load;
-      load.set_layer(0);
-      load.set_seed(42);
-      if (intermediate > 0) {
-        load.set_kind(v1::EXPERT_KIND_SWIGLU);
-        load.set_intermediate_size(intermediate);
-      } else {
-        load.set_kind(v1::EXPERT_KIND_IDENTITY);
-      }
-      grpc::Status loaded = workers_[r]->Load(load);
-      ASSERT_TRUE(loaded.ok()) << loaded.error_message();
+    v1::LoadExpertsRequest load;  // a collective (it votes): every rank at once
+    load.set_layer(0);
+    load.set_seed(42);
+    if (intermediate > 0) {
+      load.set_kind(v1::EXPERT_KIND_SWIGLU);
+      load.set_intermediate_size(intermediate);
+    } else {
+      load.set_kind(v1::EXPERT_KIND_IDENTITY);
     }
+    OnAllRanks(world_, [&](int r) { status[r] = workers_[r]->Load(load); });
+    for (int r = 0; r < world_; ++r) ASSERT_TRUE(status[r].ok()) << status[r].error_message();
   }
 
   // SyncTokenCounts, CommitGeometry and Forward of one step on every rank.

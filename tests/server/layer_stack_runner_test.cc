@@ -114,13 +114,19 @@ TEST(LayerStackRunner, RunBeforeConfigureIsFailedPrecondition) {
       return absl::InternalError("unexpected");
     }
     absl::Status Barrier() override { return absl::InternalError("unexpected"); }
+    void SetCallDeadline(absl::Time) override {}
     absl::StatusOr<std::unique_ptr<core::ControlCollective>> Split(absl::Span<const int>,
                                                                    const std::string&) override {
       return absl::InternalError("unexpected");
     }
   } world;
   v1::ForwardLayersResponse response;
-  absl::Status s = runner.Run(world, 1, v1::ForwardLayersRequest(), 0, 0, &response);
+  absl::Status s = runner.Run(
+      world, 1,
+      [](absl::Status, std::vector<core::BallotField>) {
+        return absl::InternalError("unexpected");
+      },
+      v1::ForwardLayersRequest(), 0, 0, &response);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.message(), HasSubstr("ConfigureLayers first"));
   runner.Configure(kLayout, kSparse, true, Model());

@@ -515,18 +515,24 @@ TEST(WorkerService, TwoRanksFormGroupCheckConfigsAndForward) {
   EXPECT_EQ(Snapshot(rank0), before0);
   EXPECT_EQ(Snapshot(rank1), before1);
 
-  // num_experts below the world size.
+  // num_experts below the world size on rank 0: it says why, rank 1 (whose
+  // request is fine) is ABORTED naming rank 0 and its error (the vote).
   v1::AllocateWorkspaceRequest few = AllocateRequest();
   few.set_num_experts(1);
   few.set_top_k(1);
-  ExpectError(rank0.Allocate(few), grpc::StatusCode::INVALID_ARGUMENT,
+  OnAllRanks(2, [&](int r) { status[r] = workers[r]->Allocate(r == 0 ? few : AllocateRequest()); });
+  ExpectError(status[0], grpc::StatusCode::INVALID_ARGUMENT,
               "num_experts: expected >= 2 (the world size");
+  ExpectError(status[1], grpc::StatusCode::ABORTED,
+              "rank 0 rejected its AllocateWorkspace request: INVALID_ARGUMENT: num_experts");
 
   OnAllRanks(2, [&](int r) { status[r] = workers[r]->Allocate(AllocateRequest()); });
   ASSERT_TRUE(status[0].ok()) << status[0].error_message();
   ASSERT_TRUE(status[1].ok()) << status[1].error_message();
   v1::LoadExpertsResponse loaded[2];
-  for (int r = 0; r < 2; ++r) ASSERT_TRUE(workers[r]->Load(IdentityExperts(0), &loaded[r]).ok());
+  OnAllRanks(2, [&](int r) { status[r] = workers[r]->Load(IdentityExperts(0), &loaded[r]); });
+  ASSERT_TRUE(status[0].ok()) << status[0].error_message();
+  ASSERT_TRUE(status[1].ok()) << status[1].error_message();
   EXPECT_EQ(loaded[0].first_expert(), 0);
   EXPECT_EQ(loaded[1].first_expert(), 2);
   EXPECT_EQ(loaded[1].num_local_experts(), 2);

@@ -1,0 +1,69 @@
+#include "server/group_formation.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gloo/rendezvous/hash_store.h"
+#include "server/grpc_store.h"
+#include "spdlog/spdlog.h"
+
+namespace moe_ep::server {
+
+absl::Status CheckJoin(const JoinedGroup& current, int64_t max_generation_used,
+                       const JoinArgs& args, bool* same_group) {
+  *same_group = false;
+  if (current.joined) {
+    const JoinArgs& joined = *current.args;
+    if (args == joined && !current.broken) {
+      *same_group = true;
+      return absl::OkStatus();
+    }
+    if (args == joined) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("Join: the group of generation ", joined.generation, " is broken (",
+                       current.broken_reason, "); re-join with a new generation"));
+    }
+    if (args.generation == joined.generation) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("Join: already joined generation ", joined.generation, " as rank ",
+                       joined.rank, " of ", joined.world_size,
+                       " with different arguments; Leave first or join with a new generation"));
+    }
+  }
+  if (args.generation <= max_generation_used) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("generation: ", args.generation,
+                     " was already used by this worker (rendezvous keys are "
+                     "write-once); join with a generation > ",
+                     max_generation_used));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<DataPlane>> FormJoinedGroup(const JoinArgs& args, int device,
+                                                           absl::Time call_deadline) {
+  std::shared_ptr<gloo::rendezvous::Store> store;
+  if (args.rendezvous_address.empty()) {
+    store = std::make_shared<gloo::rendezvous::HashStore>();  // world 1: nobody to meet
+  } else {
+    const absl::Duration meet =
+        std::clamp(call_deadline - absl::Now(), absl::Milliseconds(1), args.timeout);
+    store = std::make_shared<GrpcStore>(args.rendezvous_address, meet, args.rendezvous_secret);
+  }
+  spdlog::info("Join: forming {} group generation {} as rank {} of {} via {}", args.backend,
+               args.generation, args.rank, args.world_size,
+               args.rendezvous_address.empty() ? "an in-process store" : args.rendezvous_address);
+  DataPlaneGroup group;
+  group.backend = args.backend;
+  group.world_size = args.world_size;
+  group.rank = args.rank;
+  group.generation = args.generation;
+  group.timeout = args.timeout;
+  group.rendezvous_address = args.rendezvous_address;
+  group.data_plane_host = args.data_plane_host;
+  group.device = device;
+  return FormDataPlane(group, store);
+}
+
+}  // namespace moe_ep::server

@@ -1,0 +1,419 @@
+#include "server/request_options.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/ep_contract.h"
+#include "core/expert_placement.h"
+#include "core/status_macros.h"
+#include "core/workspace.h"
+#include "server/backend_selection.h"
+#include "server/path_policy.h"
+
+namespace moe_ep::server {
+namespace {
+
+using core::BallotField;
+using core::Fingerprint64;
+
+absl::Status Positive(absl::string_view field, int64_t value, int64_t max) {
+  if (value < 1 || value > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": expected in [1, ", max, "], got ", value));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NonNegative(absl::string_view field, int64_t value) {
+  if (value < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": expected >= 0, got ", value));
+  }
+  return absl::OkStatus();
+}
+
+// The MoE sizes of AllocateWorkspace and Benchmark: the contract's one rule.
+absl::Status CheckMoeSizes(int64_t hidden_size, int num_experts, int top_k) {
+  return core::ValidateMoeSizes(hidden_size, num_experts, top_k, kMaxHidden, kMaxExperts);
+}
+
+// Contiguous placement gives every rank at least one expert: num_experts >= world.
+absl::Status CheckEveryRankOwnsAnExpert(int num_experts, int world) {
+  if (num_experts < world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_experts: expected >= ", world,
+                     " (the world size: every rank owns an expert), got ", num_experts));
+  }
+  return absl::OkStatus();
+}
+
+// A request size against the ConfigureLayers model's: equal, or the model
+// left it 0 (unset).
+absl::Status MatchesConfiguredModel(absl::string_view field, int64_t configured,
+                                    int64_t requested) {
+  if (configured > 0 && requested != configured) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": expected ", configured, " (the configured model), got ", requested));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<core::DispatchDType> ToCore(v1::DispatchDType dtype) {
+  switch (dtype) {
+    case v1::DISPATCH_DTYPE_UNSPECIFIED:
+    case v1::DISPATCH_DTYPE_BF16:
+      return core::DispatchDType::kBF16;
+    case v1::DISPATCH_DTYPE_NVFP4:
+      return core::DispatchDType::kNVFP4;
+    case v1::DISPATCH_DTYPE_MXFP8:
+      return core::DispatchDType::kMXFP8;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dispatch_dtype: expected DISPATCH_DTYPE_BF16, _NVFP4 or _MXFP8, got ", dtype));
+  }
+}
+
+absl::StatusOr<int32_t> InvalidExpertId(const v1::AllocateWorkspaceRequest& request) {
+  switch (request.invalid_expert_id()) {
+    case v1::INVALID_EXPERT_ID_UNSPECIFIED:
+    case v1::INVALID_EXPERT_ID_MINUS_ONE:
+      return -1;
+    case v1::INVALID_EXPERT_ID_NUM_EXPERTS:
+      return request.num_experts();
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("invalid_expert_id: expected INVALID_EXPERT_ID_MINUS_ONE or "
+                       "INVALID_EXPERT_ID_NUM_EXPERTS, got ",
+                       request.invalid_expert_id()));
+  }
+}
+
+BallotField Text(absl::string_view name, absl::string_view value) {
+  return BallotField{std::string(name), static_cast<int64_t>(Fingerprint64(value)), true};
+}
+
+}  // namespace
+
+absl::StatusOr<JoinArgs> JoinArgsFromRequest(const RequestLimits& limits,
+                                             const v1::JoinRequest& request,
+                                             const JoinDefaults& defaults) {
+  RETURN_IF_ERROR(CheckJoin(limits, request));
+  if (request.world_size() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size: expected >= 1, got ", request.world_size()));
+  }
+  if (request.rank() < 0 || request.rank() >= request.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank: expected in [0, ", request.world_size(),
+                                                   ") (world_size ", request.world_size(),
+                                                   "), got ", request.rank()));
+  }
+  if (request.generation() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("generation: expected >= 1, got ", request.generation()));
+  }
+  RETURN_IF_ERROR(NonNegative("timeout_ms", request.timeout_ms()));
+  if (request.world_size() > 1 && request.rendezvous_address().empty()) {
+    return absl::InvalidArgumentError(
+        "rendezvous_address: required (host:port of rank 0's worker) when world_size > 1");
+  }
+  JoinArgs args;
+  ASSIGN_OR_RETURN(args.backend, ResolveBackend(request.backend(), defaults.backend));
+  RETURN_IF_ERROR(CheckDevice(defaults.device, defaults.visible_gpus, args.backend));
+  args.world_size = request.world_size();
+  args.rank = request.rank();
+  args.rendezvous_address = request.rendezvous_address();
+  args.generation = request.generation();
+  args.timeout =
+      request.timeout_ms() > 0 ? absl::Milliseconds(request.timeout_ms()) : defaults.timeout;
+  args.data_plane_host =
+      request.data_plane_host().empty() ? defaults.data_plane_host : request.data_plane_host();
+  args.rendezvous_secret = request.rendezvous_secret();
+  return args;
+}
+
+absl::StatusOr<LayerConfig> LayerConfigFromRequest(const RequestLimits& limits,
+                                                   const v1::ConfigureLayersRequest& request,
+                                                   int world_size) {
+  RETURN_IF_ERROR(CheckConfigureLayers(limits, request));
+  const v1::ModelDescription& model = request.model();
+  if (model.num_layers() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.num_layers: expected >= 1, got ", model.num_layers()));
+  }
+  if (model.sparse_layers_size() != model.num_layers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.sparse_layers: expected ", model.num_layers(),
+                     " entries (model.num_layers), got ", model.sparse_layers_size()));
+  }
+  RETURN_IF_ERROR(NonNegative("model.hidden_size", model.hidden_size()));
+  RETURN_IF_ERROR(NonNegative("model.num_experts", model.num_experts()));
+  RETURN_IF_ERROR(NonNegative("model.top_k", model.top_k()));
+  RETURN_IF_ERROR(NonNegative("model.moe_intermediate_size", model.moe_intermediate_size()));
+  if (model.top_k() > 0 && model.num_experts() > 0 && model.top_k() > model.num_experts()) {
+    return absl::InvalidArgumentError(absl::StrCat("model.top_k: expected <= model.num_experts (",
+                                                   model.num_experts(), "), got ", model.top_k()));
+  }
+  LayerConfig config;
+  config.layout.tp_size = request.layout().tp_size();
+  config.layout.attn_dp_size = request.layout().attn_dp_size();
+  config.layout.moe_dense_tp_size = request.layout().moe_dense_tp_size();
+  absl::Status valid = core::ValidateLayout(config.layout);
+  if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("layout: ", valid.message()));
+  config.sparse.assign(model.sparse_layers().begin(), model.sparse_layers().end());
+  config.a2a_enabled = request.a2a_enabled();
+  ASSIGN_OR_RETURN(config.plan, core::PlanLayers(config.layout, config.sparse, config.a2a_enabled));
+  if (config.layout.tp_size != world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layout.tp_size: expected ", world_size, " (the world size), got ", config.layout.tp_size));
+  }
+  return config;
+}
+
+std::vector<BallotField> LayerConfigFields(const v1::ConfigureLayersRequest& request) {
+  const v1::ModelDescription& model = request.model();
+  std::string sparse;
+  for (bool s : model.sparse_layers()) sparse.push_back(s ? 'S' : 'D');
+  return {{"layout.tp_size", request.layout().tp_size()},
+          {"layout.attn_dp_size", request.layout().attn_dp_size()},
+          {"layout.moe_dense_tp_size", request.layout().moe_dense_tp_size()},
+          {"a2a_enabled", request.a2a_enabled() ? 1 : 0},
+          {"model.num_layers", model.num_layers()},
+          Text("model.sparse_layers", sparse),
+          Text("model.name", model.name()),
+          {"model.hidden_size", model.hidden_size()},
+          {"model.num_experts", model.num_experts()},
+          {"model.top_k", model.top_k()},
+          {"model.moe_intermediate_size", model.moe_intermediate_size()}};
+}
+
+uint64_t LayerConfigFingerprint(const v1::ConfigureLayersRequest& request,
+                                const LayerConfig& config) {
+  const v1::ModelDescription& model = request.model();
+  return Fingerprint64(
+      absl::StrCat("plan=", core::PlanFingerprint(config.layout, config.sparse, config.a2a_enabled),
+                   ";model=", model.name(), ",", model.hidden_size(), ",", model.num_layers(), ",",
+                   model.num_experts(), ",", model.top_k(), ",", model.moe_intermediate_size()));
+}
+
+absl::StatusOr<core::EpDispatcherOptions> AllocationFromRequest(
+    const RequestLimits& limits, const v1::AllocateWorkspaceRequest& request, int world_size,
+    const v1::ModelDescription& model) {
+  RETURN_IF_ERROR(CheckAllocateWorkspace(limits, request));
+  RETURN_IF_ERROR(CheckMoeSizes(request.hidden_size(), request.num_experts(), request.top_k()));
+  RETURN_IF_ERROR(NonNegative("capacity_tokens", request.capacity_tokens()));
+  RETURN_IF_ERROR(NonNegative("chunked_prefill_size", request.chunked_prefill_size()));
+  const int64_t capacity = request.capacity_tokens() > 0
+                               ? request.capacity_tokens()
+                               : core::DefaultCapacityTokens(request.chunked_prefill_size());
+  RETURN_IF_ERROR(Positive("capacity_tokens", capacity, kMaxTokens));
+  ASSIGN_OR_RETURN(core::DispatchDType dtype, ToCore(request.dispatch_dtype()));
+  ASSIGN_OR_RETURN(int32_t invalid_id, InvalidExpertId(request));
+  std::vector<int64_t> buckets(request.cuda_graph_buckets().begin(),
+                               request.cuda_graph_buckets().end());
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    if (buckets[i] < 1 || (i > 0 && buckets[i] <= buckets[i - 1])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cuda_graph_buckets: expected positive and strictly ascending, got [",
+                       absl::StrJoin(buckets, ", "), "]"));
+    }
+  }
+  RETURN_IF_ERROR(CheckEveryRankOwnsAnExpert(request.num_experts(), world_size));
+  RETURN_IF_ERROR(
+      MatchesConfiguredModel("hidden_size", model.hidden_size(), request.hidden_size()));
+  RETURN_IF_ERROR(
+      MatchesConfiguredModel("num_experts", model.num_experts(), request.num_experts()));
+  RETURN_IF_ERROR(MatchesConfiguredModel("top_k", model.top_k(), request.top_k()));
+  core::EpDispatcherOptions options;
+  options.workspace.ep_size = world_size;
+  options.workspace.capacity_tokens = capacity;
+  options.workspace.hidden = request.hidden_size();
+  options.workspace.top_k = request.top_k();
+  options.workspace.dtype = dtype;
+  options.num_experts = request.num_experts();
+  options.invalid_expert_id = invalid_id;
+  options.cuda_graph_buckets = buckets;
+  return options;
+}
+
+std::vector<BallotField> AllocationFields(const core::EpDispatcherOptions& options) {
+  return {{"hidden_size", options.workspace.hidden},
+          {"top_k", options.workspace.top_k},
+          {"num_experts", options.num_experts},
+          {"capacity_tokens", options.workspace.capacity_tokens},
+          {"dispatch_dtype", static_cast<int64_t>(options.workspace.dtype)},
+          {"invalid_expert_id", options.invalid_expert_id},
+          Text("cuda_graph_buckets", absl::StrJoin(options.cuda_graph_buckets, ":"))};
+}
+
+uint64_t AllocationFingerprint(const core::EpDispatcherOptions& options) {
+  return Fingerprint64(absl::StrCat("H=", options.workspace.hidden, ",K=", options.workspace.top_k,
+                                    ",experts=", options.num_experts,
+                                    ",N=", options.workspace.capacity_tokens,
+                                    ",dtype=", core::DispatchDTypeName(options.workspace.dtype),
+                                    ",invalid=", options.invalid_expert_id,
+                                    ",buckets=", absl::StrJoin(options.cuda_graph_buckets, ":")));
+}
+
+absl::StatusOr<ExpertLoad> ExpertLoadFromRequest(const RequestLimits& limits,
+                                                 const v1::LoadExpertsRequest& request,
+                                                 const ExpertLoadContext& context) {
+  RETURN_IF_ERROR(CheckLoadExperts(limits, request));
+  RETURN_IF_ERROR(NonNegative("layer", request.layer()));
+  if (request.kind() != v1::EXPERT_KIND_SWIGLU && request.kind() != v1::EXPERT_KIND_IDENTITY) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kind: expected EXPERT_KIND_SWIGLU or EXPERT_KIND_IDENTITY, got ", request.kind()));
+  }
+  RETURN_IF_ERROR(NonNegative("intermediate_size", request.intermediate_size()));
+  if (!request.safetensors_path().empty() && request.kind() != v1::EXPERT_KIND_SWIGLU) {
+    return absl::InvalidArgumentError(
+        "safetensors_path: checkpoints hold SwiGLU experts; set kind EXPERT_KIND_SWIGLU");
+  }
+  if (!request.safetensors_path().empty() && request.name_pattern().empty()) {
+    return absl::InvalidArgumentError(
+        "name_pattern: required with safetensors_path, e.g. "
+        "\"model.layers.{layer}.mlp.experts.{expert}.{proj}.weight\"");
+  }
+  ExpertLoad load;
+  load.layer = request.layer();
+  load.identity = request.kind() == v1::EXPERT_KIND_IDENTITY;
+  if (!request.safetensors_path().empty()) {
+    // Canonical, under --checkpoint-dir (server/path_policy.h).
+    ASSIGN_OR_RETURN(load.checkpoint,
+                     ResolveCheckpointPath(context.checkpoint_dirs, request.safetensors_path(),
+                                           limits.max_file_bytes));
+  }
+  const std::vector<core::LayerPlan>& plan = *context.plan;
+  if (request.layer() >= static_cast<int>(plan.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("layer: expected in [0, ", plan.size(),
+                                                   ") (the configured layers), got ",
+                                                   request.layer()));
+  }
+  if (!plan[request.layer()].sparse) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer: ", request.layer(),
+                     " is a dense layer in the configured plan; only MoE layers "
+                     "have experts"));
+  }
+  const core::EpDispatcherOptions& options = *context.allocation;
+  const int64_t hidden = options.workspace.hidden;
+  int64_t intermediate = request.intermediate_size();
+  if (!load.identity && intermediate == 0) {
+    intermediate = context.model->moe_intermediate_size();
+    if (intermediate == 0) {
+      return absl::InvalidArgumentError(
+          "intermediate_size: required for EXPERT_KIND_SWIGLU (the configured model has no "
+          "moe_intermediate_size)");
+    }
+  }
+  RETURN_IF_ERROR(Positive("intermediate_size", load.identity ? 1 : intermediate, kMaxHidden * 16));
+  load.intermediate = load.identity ? 0 : intermediate;
+  ASSIGN_OR_RETURN(core::ExpertPlacement placement,
+                   core::ExpertPlacement::Contiguous(options.num_experts, context.world_size));
+  load.first_expert = placement.FirstExpert(context.rank);
+  load.num_local_experts = placement.NumLocalExperts(context.rank);
+  // Weight bytes the new set will hold: gate, up [I, H] and down [H, I], bf16.
+  load.weight_bytes =
+      load.identity ? 0 : int64_t{load.num_local_experts} * 3 * intermediate * hidden * 2;
+  return load;
+}
+
+std::vector<BallotField> ExpertLoadFields(const v1::LoadExpertsRequest& request,
+                                          const ExpertLoad& load) {
+  return {{"layer", load.layer},
+          {"kind", request.kind()},
+          {"intermediate_size", load.intermediate},
+          {"seed", static_cast<int64_t>(request.seed())},
+          Text("safetensors_path", request.safetensors_path()),
+          Text("name_pattern", request.name_pattern())};
+}
+
+absl::Status CheckSyncTokenCounts(const v1::SyncTokenCountsRequest& request) {
+  RETURN_IF_ERROR(NonNegative("epoch", request.epoch()));
+  return NonNegative("local_tokens", request.local_tokens());
+}
+
+absl::Status CheckCommitGeometry(const v1::CommitGeometryRequest& request) {
+  RETURN_IF_ERROR(NonNegative("epoch", request.epoch()));
+  RETURN_IF_ERROR(
+      NonNegative("runtime_max_tokens_per_rank", request.runtime_max_tokens_per_rank()));
+  return NonNegative("local_tokens", request.local_tokens());
+}
+
+absl::StatusOr<ForwardInputs> ForwardFromRequest(const RequestLimits& limits,
+                                                 const v1::ForwardRequest& request,
+                                                 const core::EpDispatcherOptions& allocation) {
+  RETURN_IF_ERROR(CheckForward(limits, request));
+  RETURN_IF_ERROR(NonNegative("layer", request.layer()));
+  RETURN_IF_ERROR(NonNegative("epoch", request.epoch()));
+  ForwardInputs in;
+  in.layer = request.layer();
+  in.epoch = request.epoch();
+  ASSIGN_OR_RETURN(in.hidden, DecodeBf16(request.hidden_states(), "hidden_states", 2));
+  ASSIGN_OR_RETURN(in.topk_ids, DecodeInt32(request.topk_ids(), "topk_ids", 2));
+  ASSIGN_OR_RETURN(in.topk_weights, DecodeFloat32(request.topk_weights(), "topk_weights", 2));
+  in.tokens = in.hidden.shape[0];
+  if (in.topk_ids.shape[0] != in.tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("topk_ids.shape[0]: expected ", in.tokens,
+                                                   " (hidden_states rows), got ",
+                                                   in.topk_ids.shape[0]));
+  }
+  if (in.topk_weights.shape != in.topk_ids.shape) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "topk_weights.shape: expected [", absl::StrJoin(in.topk_ids.shape, ", "),
+        "] (topk_ids' shape), got [", absl::StrJoin(in.topk_weights.shape, ", "), "]"));
+  }
+  if (in.hidden.shape[1] != allocation.workspace.hidden) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hidden_states.shape[1]: expected ", allocation.workspace.hidden,
+                     " (the allocated hidden_size), got ", in.hidden.shape[1]));
+  }
+  if (in.topk_ids.shape[1] != allocation.workspace.top_k) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("topk_ids.shape[1]: expected ", allocation.workspace.top_k,
+                     " (the allocated top_k), got ", in.topk_ids.shape[1]));
+  }
+  return in;
+}
+
+std::vector<BallotField> ForwardFields(const ForwardInputs& inputs) {
+  return {{"layer", inputs.layer}, {"epoch", inputs.epoch}};
+}
+
+absl::StatusOr<BenchmarkSpec> BenchmarkFromRequest(const RequestLimits& limits,
+                                                   const v1::BenchmarkRequest& request,
+                                                   int world_size) {
+  RETURN_IF_ERROR(CheckBenchmark(limits, request));
+  RETURN_IF_ERROR(Positive("tokens_per_rank", request.tokens_per_rank(), kMaxTokens));
+  RETURN_IF_ERROR(CheckMoeSizes(request.hidden_size(), request.num_experts(), request.top_k()));
+  RETURN_IF_ERROR(Positive("iterations", request.iterations(), kMaxBenchmarkIterations));
+  RETURN_IF_ERROR(NonNegative("warmup", request.warmup()));
+  if (request.warmup() > kMaxBenchmarkIterations) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("warmup: expected <= ", kMaxBenchmarkIterations, ", got ", request.warmup()));
+  }
+  BenchmarkSpec spec;
+  ASSIGN_OR_RETURN(spec.routing, ParseBenchmarkRouting(request.routing()));
+  RETURN_IF_ERROR(CheckEveryRankOwnsAnExpert(request.num_experts(), world_size));
+  spec.options.workspace.ep_size = world_size;
+  spec.options.workspace.capacity_tokens = request.tokens_per_rank();
+  spec.options.workspace.hidden = request.hidden_size();
+  spec.options.workspace.top_k = request.top_k();
+  spec.options.workspace.dtype = core::DispatchDType::kBF16;
+  spec.options.num_experts = request.num_experts();
+  spec.warmup = request.warmup();
+  spec.iterations = request.iterations();
+  spec.seed = request.seed();
+  return spec;
+}
+
+std::vector<BallotField> BenchmarkFields(const BenchmarkSpec& spec) {
+  return {{"tokens_per_rank", spec.options.workspace.capacity_tokens},
+          {"hidden_size", spec.options.workspace.hidden},
+          {"num_experts", spec.options.num_experts},
+          {"top_k", spec.options.workspace.top_k},
+          {"iterations", spec.iterations},
+          {"warmup", spec.warmup},
+          {"routing", static_cast<int64_t>(spec.routing)}};
+}
+
+}  // namespace moe_ep::server

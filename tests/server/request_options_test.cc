@@ -1,0 +1,234 @@
+#include "server/request_options.h"
+
+#include <string>
+#include <vector>
+
+#include "core/agreement.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/tensor_codec.h"
+
+namespace moe_ep::server {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+v1::AllocateWorkspaceRequest Allocation() {
+  v1::AllocateWorkspaceRequest r;
+  r.set_hidden_size(4096);
+  r.set_num_experts(256);
+  r.set_top_k(8);
+  r.set_capacity_tokens(512);
+  return r;
+}
+
+std::vector<std::string> Names(const std::vector<core::BallotField>& fields) {
+  std::vector<std::string> names;
+  for (const core::BallotField& f : fields) names.push_back(f.name);
+  return names;
+}
+
+TEST(RequestOptions, AllocationCarriesEveryField) {
+  v1::AllocateWorkspaceRequest r = Allocation();
+  r.set_invalid_expert_id(v1::INVALID_EXPERT_ID_NUM_EXPERTS);
+  r.set_dispatch_dtype(v1::DISPATCH_DTYPE_MXFP8);
+  r.add_cuda_graph_buckets(64);
+  r.add_cuda_graph_buckets(512);
+  absl::StatusOr<core::EpDispatcherOptions> o =
+      AllocationFromRequest(RequestLimits(), r, 4, v1::ModelDescription());
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->workspace.ep_size, 4);
+  EXPECT_EQ(o->workspace.hidden, 4096);
+  EXPECT_EQ(o->workspace.top_k, 8);
+  EXPECT_EQ(o->workspace.capacity_tokens, 512);
+  EXPECT_EQ(o->workspace.dtype, core::DispatchDType::kMXFP8);
+  EXPECT_EQ(o->num_experts, 256);
+  EXPECT_EQ(o->invalid_expert_id, 256);  // NUM_EXPERTS convention
+  EXPECT_THAT(o->cuda_graph_buckets, ElementsAre(64, 512));
+  const std::vector<core::BallotField> fields = AllocationFields(*o);
+  EXPECT_THAT(Names(fields),
+              ElementsAre("hidden_size", "top_k", "num_experts", "capacity_tokens",
+                          "dispatch_dtype", "invalid_expert_id", "cuda_graph_buckets"));
+  EXPECT_EQ(fields[3].value, 512);
+  EXPECT_EQ(fields[6].value, static_cast<int64_t>(core::Fingerprint64("64:512")));
+  EXPECT_TRUE(fields[6].is_fingerprint);
+}
+
+TEST(RequestOptions, AllocationDefaultsAndChecks) {
+  v1::AllocateWorkspaceRequest r = Allocation();
+  r.set_capacity_tokens(0);
+  r.set_chunked_prefill_size(8192);
+  absl::StatusOr<core::EpDispatcherOptions> o =
+      AllocationFromRequest(RequestLimits(), r, 2, v1::ModelDescription());
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->workspace.capacity_tokens, 8192);  // max(chunked prefill, 4096)
+  EXPECT_EQ(o->invalid_expert_id, -1);
+
+  r = Allocation();
+  r.add_cuda_graph_buckets(8);
+  r.add_cuda_graph_buckets(8);
+  EXPECT_THAT(
+      AllocationFromRequest(RequestLimits(), r, 2, {}).status().message(),
+      HasSubstr("cuda_graph_buckets: expected positive and strictly ascending, got [8, 8]"));
+  r = Allocation();
+  r.set_num_experts(3);
+  r.set_top_k(2);
+  EXPECT_THAT(AllocationFromRequest(RequestLimits(), r, 4, {}).status().message(),
+              HasSubstr("num_experts: expected >= 4 (the world size"));
+  v1::ModelDescription model;
+  model.set_hidden_size(2048);
+  EXPECT_THAT(AllocationFromRequest(RequestLimits(), Allocation(), 2, model).status().message(),
+              HasSubstr("hidden_size: expected 2048 (the configured model), got 4096"));
+}
+
+TEST(RequestOptions, AllocationFingerprintFollowsTheSpec) {
+  const auto a = AllocationFromRequest(RequestLimits(), Allocation(), 2, {});
+  const auto b = AllocationFromRequest(RequestLimits(), Allocation(), 2, {});
+  v1::AllocateWorkspaceRequest other = Allocation();
+  other.set_capacity_tokens(513);
+  const auto c = AllocationFromRequest(RequestLimits(), other, 2, {});
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(AllocationFingerprint(*a), AllocationFingerprint(*b));
+  EXPECT_NE(AllocationFingerprint(*a), AllocationFingerprint(*c));
+}
+
+v1::ConfigureLayersRequest Configure(int tp, std::vector<bool> sparse) {
+  v1::ConfigureLayersRequest r;
+  r.mutable_layout()->set_tp_size(tp);
+  r.mutable_layout()->set_attn_dp_size(tp);
+  r.set_a2a_enabled(true);
+  r.mutable_model()->set_num_layers(static_cast<int>(sparse.size()));
+  for (bool s : sparse) r.mutable_model()->add_sparse_layers(s);
+  return r;
+}
+
+TEST(RequestOptions, LayerConfigAndItsFields) {
+  absl::StatusOr<LayerConfig> c =
+      LayerConfigFromRequest(RequestLimits(), Configure(2, {true, false}), 2);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->layout.tp_size, 2);
+  EXPECT_THAT(c->sparse, ElementsAre(true, false));
+  ASSERT_EQ(c->plan.size(), 2u);
+  EXPECT_TRUE(c->plan[0].sparse);
+  EXPECT_FALSE(c->plan[1].sparse);
+  EXPECT_THAT(LayerConfigFromRequest(RequestLimits(), Configure(2, {true}), 4).status().message(),
+              HasSubstr("layout.tp_size: expected 4 (the world size), got 2"));
+  const std::vector<core::BallotField> fields = LayerConfigFields(Configure(2, {true, false}));
+  ASSERT_EQ(fields.size(), 11u);
+  EXPECT_EQ(fields[0].name, "layout.tp_size");
+  EXPECT_EQ(fields[0].value, 2);
+  EXPECT_EQ(fields[5].name, "model.sparse_layers");
+  EXPECT_EQ(fields[5].value, static_cast<int64_t>(core::Fingerprint64("SD")));
+}
+
+TEST(RequestOptions, ExpertLoadShareAndBytes) {
+  std::vector<core::LayerPlan> plan(2);
+  plan[0].sparse = true;
+  plan[1].sparse = false;
+  v1::ModelDescription model;
+  model.set_moe_intermediate_size(16);
+  core::EpDispatcherOptions allocation;
+  allocation.workspace.hidden = 8;
+  allocation.num_experts = 4;
+  const ExpertLoadContext context{&plan, &model, &allocation, 2, 1, {}};
+  v1::LoadExpertsRequest r;
+  r.set_layer(0);
+  r.set_kind(v1::EXPERT_KIND_SWIGLU);
+  r.set_seed(3);
+  absl::StatusOr<ExpertLoad> load = ExpertLoadFromRequest(RequestLimits(), r, context);
+  ASSERT_TRUE(load.ok()) << load.status();
+  EXPECT_EQ(load->first_expert, 2);  // experts 2, 3 on rank 1 of 2
+  EXPECT_EQ(load->num_local_experts, 2);
+  EXPECT_EQ(load->intermediate, 16);  // the model's
+  EXPECT_EQ(load->weight_bytes, 2 * 3 * 16 * 8 * 2);
+  const std::vector<core::BallotField> fields = ExpertLoadFields(r, *load);
+  EXPECT_THAT(Names(fields), ElementsAre("layer", "kind", "intermediate_size", "seed",
+                                         "safetensors_path", "name_pattern"));
+  EXPECT_EQ(fields[3].value, 3);
+  r.set_layer(1);
+  EXPECT_THAT(ExpertLoadFromRequest(RequestLimits(), r, context).status().message(),
+              HasSubstr("layer: 1 is a dense layer"));
+  r.set_layer(2);
+  EXPECT_THAT(ExpertLoadFromRequest(RequestLimits(), r, context).status().message(),
+              HasSubstr("layer: expected in [0, 2) (the configured layers), got 2"));
+  r.set_layer(0);
+  r.set_kind(v1::EXPERT_KIND_IDENTITY);
+  load = ExpertLoadFromRequest(RequestLimits(), r, context);
+  ASSERT_TRUE(load.ok());
+  EXPECT_EQ(load->weight_bytes, 0);
+}
+
+TEST(RequestOptions, ForwardChecksShapesAgainstTheAllocation) {
+  core::EpDispatcherOptions allocation;
+  allocation.workspace.hidden = 4;
+  allocation.workspace.top_k = 2;
+  v1::ForwardRequest r;
+  r.set_layer(1);
+  r.set_epoch(7);
+  *r.mutable_hidden_states() =
+      EncodeBf16(std::vector<core::bf16_t>(12), std::vector<int64_t>{3, 4});
+  *r.mutable_topk_ids() = EncodeInt32(std::vector<int32_t>(6), std::vector<int64_t>{3, 2});
+  *r.mutable_topk_weights() = EncodeFloat32(std::vector<float>(6), std::vector<int64_t>{3, 2});
+  absl::StatusOr<ForwardInputs> in = ForwardFromRequest(RequestLimits(), r, allocation);
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_EQ(in->tokens, 3);
+  const std::vector<core::BallotField> fields = ForwardFields(*in);
+  EXPECT_THAT(Names(fields), ElementsAre("layer", "epoch"));
+  EXPECT_EQ(fields[1].value, 7);
+  allocation.workspace.top_k = 3;
+  EXPECT_THAT(ForwardFromRequest(RequestLimits(), r, allocation).status().message(),
+              HasSubstr("topk_ids.shape[1]: expected 3 (the allocated top_k), got 2"));
+  allocation.workspace.top_k = 2;
+  // One byte short of the shape.
+  r.mutable_hidden_states()->mutable_data()->pop_back();
+  EXPECT_EQ(ForwardFromRequest(RequestLimits(), r, allocation).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RequestOptions, BenchmarkSpec) {
+  v1::BenchmarkRequest r;
+  r.set_tokens_per_rank(64);
+  r.set_hidden_size(32);
+  r.set_num_experts(8);
+  r.set_top_k(2);
+  r.set_iterations(5);
+  r.set_warmup(1);
+  r.set_routing("skewed");
+  r.set_seed(11);
+  absl::StatusOr<BenchmarkSpec> spec = BenchmarkFromRequest(RequestLimits(), r, 2);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->options.workspace.capacity_tokens, 64);
+  EXPECT_EQ(spec->options.workspace.ep_size, 2);
+  EXPECT_EQ(spec->options.workspace.dtype, core::DispatchDType::kBF16);
+  EXPECT_EQ(spec->routing, BenchmarkRouting::kSkewed);
+  EXPECT_EQ(spec->seed, 11u);
+  EXPECT_THAT(Names(BenchmarkFields(*spec)),
+              ElementsAre("tokens_per_rank", "hidden_size", "num_experts", "top_k", "iterations",
+                          "warmup", "routing"));
+  r.set_iterations(0);
+  EXPECT_THAT(BenchmarkFromRequest(RequestLimits(), r, 2).status().message(),
+              HasSubstr("iterations: expected in [1, "));
+}
+
+TEST(RequestOptions, JoinDefaults) {
+  v1::JoinRequest r;
+  r.set_world_size(1);
+  r.set_rank(0);
+  r.set_generation(3);
+  r.set_backend("gloo");
+  JoinDefaults defaults;
+  defaults.timeout = absl::Seconds(7);
+  defaults.data_plane_host = "127.0.0.2";
+  absl::StatusOr<JoinArgs> args = JoinArgsFromRequest(RequestLimits(), r, defaults);
+  ASSERT_TRUE(args.ok()) << args.status();
+  EXPECT_EQ(args->backend, "gloo");
+  EXPECT_EQ(args->timeout, absl::Seconds(7));
+  EXPECT_EQ(args->data_plane_host, "127.0.0.2");
+  r.set_world_size(2);
+  EXPECT_THAT(JoinArgsFromRequest(RequestLimits(), r, defaults).status().message(),
+              HasSubstr("rendezvous_address: required"));
+}
+
+}  // namespace
+}  // namespace moe_ep::server
