@@ -21,9 +21,13 @@ SlotLease::~SlotLease() {
 }
 
 absl::Status SlotLease::Acquire(const grpc::ServerContext* context, absl::string_view rpc) {
+  return AcquireUntil(CallDeadline(context), context, rpc);
+}
+
+absl::Status SlotLease::AcquireUntil(absl::Time deadline, const grpc::ServerContext* context,
+                                     absl::string_view rpc) {
   // A call whose deadline passed or whose client gave up (while queued in
   // gRPC or waiting here) does no collective work at all.
-  const absl::Time deadline = CallDeadline(context);
   if (absl::Now() >= deadline) {
     return absl::DeadlineExceededError(
         absl::StrCat(rpc, ": the call's deadline passed before it started"));

@@ -43,6 +43,10 @@ class SlotLease {
   // or another call held the slot past it), kCancelled (the client gave up
   // while it waited). A call that fails here does no collective work.
   absl::Status Acquire(const grpc::ServerContext* context, absl::string_view rpc);
+  // As Acquire, waiting until `deadline`; `context` (may be null: the
+  // embedded worker's in-process calls) is checked for cancellation.
+  absl::Status AcquireUntil(absl::Time deadline, const grpc::ServerContext* context,
+                            absl::string_view rpc);
 
  private:
   CollectiveSlot* slot_;
