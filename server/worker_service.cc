@@ -17,6 +17,7 @@
 #include "core/agreement.h"
 #include "core/ep_contract.h"
 #include "core/expert_placement.h"
+#include "core/expert_source.h"
 #include "core/geometry.h"
 #include "core/status_macros.h"
 #include "core/workspace.h"
@@ -799,25 +800,25 @@ absl::Status WorkerService::DoLoadExperts(grpc::ServerContext* context,
         " of other layers' experts that is ", total, " bytes, more than the memory cap of ",
         options_.memory_cap_bytes, " bytes (--memory-cap-bytes)"));
   }
-  absl::StatusOr<core::ExpertSet> experts;
-  if (request.kind() == v1::EXPERT_KIND_IDENTITY) {
-    experts = core::ExpertSet::Identity(first, count, hidden);
-  } else if (!request.safetensors_path().empty()) {
-    experts = core::ExpertSet::LoadSafetensors(checkpoint, request.name_pattern(), request.layer(),
-                                               first, count, hidden, intermediate);
-  } else {
-    experts = core::ExpertSet::GenerateSwiGlu(request.seed(), request.layer(), first, count, hidden,
-                                              intermediate);
-  }
-  if (!experts.ok()) return experts.status();
+  // The plane makes the experts from this description (the GPU plane on its
+  // device, without a host copy; core/expert_source.h).
+  const core::ExpertSource source =
+      request.kind() == v1::EXPERT_KIND_IDENTITY
+          ? core::ExpertSource::Identity(request.layer(), options.num_experts, first, count, hidden)
+      : !request.safetensors_path().empty()
+          ? core::ExpertSource::Safetensors(checkpoint, request.name_pattern(), request.layer(),
+                                            options.num_experts, first, count, hidden, intermediate)
+          : core::ExpertSource::Seeded(request.seed(), request.layer(), options.num_experts, first,
+                                       count, hidden, intermediate);
+  RETURN_IF_ERROR(core::ValidateExpertSource(source));
   // The shared expert is made (and checked) before anything is replaced.
   const int64_t old_shared = data_plane_->SharedExpertBytes(request.layer());
   ASSIGN_OR_RETURN(
       std::optional<core::SharedExpert> shared,
-      MakeSharedExpert(request, hidden, total - old_shared, options_.memory_cap_bytes));
-  // The GPU plane uploads them (and may grow its expert scratch).
-  ASSIGN_OR_RETURN(int64_t bytes, data_plane_->LoadExperts(request.layer(), std::move(*experts),
-                                                           options_.memory_cap_bytes));
+      MakeSharedExpert(request, checkpoint, hidden, total - old_shared, options_.memory_cap_bytes));
+  // The GPU plane may also grow its expert scratch.
+  ASSIGN_OR_RETURN(int64_t bytes,
+                   data_plane_->LoadExperts(request.layer(), source, options_.memory_cap_bytes));
   expert_bytes_ += bytes - old_bytes;
   ASSIGN_OR_RETURN(
       int64_t shared_bytes,
