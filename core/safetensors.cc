@@ -157,11 +157,13 @@ absl::Status SafetensorsToBf16(const SafetensorsTensorView& view, int64_t first_
 
 void ReleaseTensorPages(const SafetensorsTensorView& view) {
   if (view.data.empty()) return;
-  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(view.data.data()) & ~(page - 1);
-  const uintptr_t end =
-      (reinterpret_cast<uintptr_t>(view.data.data()) + view.data.size() + page - 1) & ~(page - 1);
-  (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+  // Whole pages: back to the page start, forward to the next page end (both
+  // inside the mapping, which is page-aligned and covers its last page).
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const uint8_t* data = view.data.data();
+  const size_t head = reinterpret_cast<uintptr_t>(data) & (page - 1);
+  const size_t length = (head + view.data.size() + page - 1) & ~(page - 1);
+  (void)::madvise(const_cast<uint8_t*>(data - head), length, MADV_DONTNEED);
 }
 
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
