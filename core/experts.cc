@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "core/expert_source.h"
 #include "core/parallel_for.h"
 #include "core/safetensors.h"
 #include "core/seeded_stream.h"
@@ -90,21 +91,11 @@ void SwiGluForward(const float* x, int64_t rows, int64_t hidden, int64_t inter,
               2 * inter, w_down, inter, 0.0f, y, hidden);
 }
 
-// Expands the {layer}, {expert}, {proj} and {w} placeholders of a name pattern.
-std::string TensorName(const std::string& pattern, int layer, int expert, Projection proj) {
-  const char* hf = proj == kGate ? "gate_proj" : proj == kUp ? "up_proj" : "down_proj";
-  const char* mixtral = proj == kGate ? "w1" : proj == kUp ? "w3" : "w2";
-  return absl::StrReplaceAll(pattern, {{"{layer}", absl::StrCat(layer)},
-                                       {"{expert}", absl::StrCat(expert)},
-                                       {"{proj}", hf},
-                                       {"{w}", mixtral}});
-}
-
 }  // namespace
 
-absl::StatusOr<std::vector<bf16_t>> ReadBf16Matrix(SafetensorsCheckpoint& ckpt,
-                                                   const std::string& name, int64_t rows,
-                                                   int64_t cols) {
+absl::StatusOr<SafetensorsTensorView> FindBf16Matrix(SafetensorsCheckpoint& ckpt,
+                                                     const std::string& name, int64_t rows,
+                                                     int64_t cols) {
   ASSIGN_OR_RETURN(SafetensorsTensorView view, ckpt.Find(name));
   if (view.shape.size() != 2 || view.shape[0] != rows || view.shape[1] != cols) {
     std::string got;
@@ -114,43 +105,15 @@ absl::StatusOr<std::vector<bf16_t>> ReadBf16Matrix(SafetensorsCheckpoint& ckpt,
     return absl::InvalidArgumentError(absl::StrFormat(
         "tensor \"%s\": shape: expected [%d, %d], got [%s]", name, rows, cols, got));
   }
+  return view;
+}
+
+absl::StatusOr<std::vector<bf16_t>> ReadBf16Matrix(SafetensorsCheckpoint& ckpt,
+                                                   const std::string& name, int64_t rows,
+                                                   int64_t cols) {
+  ASSIGN_OR_RETURN(SafetensorsTensorView view, FindBf16Matrix(ckpt, name, rows, cols));
   std::vector<bf16_t> out(rows * cols);
-  const uint8_t* p = view.data.data();
-  switch (view.dtype) {
-    case SafetensorsDType::kBF16:
-      for (size_t i = 0; i < out.size(); ++i)
-        out[i] = static_cast<bf16_t>(p[2 * i] | (p[2 * i + 1] << 8));
-      break;
-    case SafetensorsDType::kF32:
-      for (size_t i = 0; i < out.size(); ++i) {
-        const uint32_t bits = static_cast<uint32_t>(p[4 * i]) | (uint32_t{p[4 * i + 1]} << 8) |
-                              (uint32_t{p[4 * i + 2]} << 16) | (uint32_t{p[4 * i + 3]} << 24);
-        float f;
-        std::memcpy(&f, &bits, 4);
-        out[i] = FloatToBf16(f);
-      }
-      break;
-    case SafetensorsDType::kF16:
-      for (size_t i = 0; i < out.size(); ++i) {
-        const uint16_t h = static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8));
-        // IEEE half -> float: every half value is exact in float.
-        const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-        const int exp = (h >> 10) & 0x1f;
-        const uint32_t mant = h & 0x3ffu;
-        float f;
-        if (exp == 0) {
-          f = std::ldexp(static_cast<float>(mant), -24);
-          if (sign) f = -f;
-        } else {
-          const uint32_t bits =
-              exp == 31 ? (sign | 0x7f800000u | (mant << 13))
-                        : (sign | (static_cast<uint32_t>(exp - 15 + 127) << 23) | (mant << 13));
-          std::memcpy(&f, &bits, 4);
-        }
-        out[i] = FloatToBf16(f);
-      }
-      break;
-  }
+  RETURN_IF_ERROR(SafetensorsToBf16(view, 0, absl::MakeSpan(out)));
   return out;
 }
 
@@ -265,14 +228,15 @@ absl::StatusOr<ExpertSet> ExpertSet::LoadSafetensors(const std::string& path,
   std::vector<SwiGluWeights> weights(num_experts);
   for (int i = 0; i < num_experts; ++i) {
     const int e = first_expert + i;
+    ASSIGN_OR_RETURN(weights[i].gate,
+                     ReadBf16Matrix(ckpt, ExpertTensorName(name_pattern, layer, e, kGate),
+                                    intermediate, hidden));
     ASSIGN_OR_RETURN(
-        weights[i].gate,
-        ReadBf16Matrix(ckpt, TensorName(name_pattern, layer, e, kGate), intermediate, hidden));
-    ASSIGN_OR_RETURN(weights[i].up, ReadBf16Matrix(ckpt, TensorName(name_pattern, layer, e, kUp),
-                                                   intermediate, hidden));
-    ASSIGN_OR_RETURN(
-        weights[i].down,
-        ReadBf16Matrix(ckpt, TensorName(name_pattern, layer, e, kDown), hidden, intermediate));
+        weights[i].up,
+        ReadBf16Matrix(ckpt, ExpertTensorName(name_pattern, layer, e, kUp), intermediate, hidden));
+    ASSIGN_OR_RETURN(weights[i].down,
+                     ReadBf16Matrix(ckpt, ExpertTensorName(name_pattern, layer, e, kDown), hidden,
+                                    intermediate));
   }
   return FromWeights(first_expert, std::move(weights), hidden, intermediate);
 }

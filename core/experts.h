@@ -18,12 +18,11 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "core/bf16.h"
+#include "core/safetensors.h"
 
 namespace moe_ep::core {
 
 enum class ExpertKind { kSwiGlu, kIdentity };
-
-class SafetensorsCheckpoint;  // core/safetensors.h
 
 // Reads one 2-D tensor `name` of shape [rows, cols] from `ckpt` as bf16 bit
 // patterns (BF16 as is, F16 and F32 rounded to nearest even), row-major.
@@ -33,6 +32,16 @@ class SafetensorsCheckpoint;  // core/safetensors.h
 absl::StatusOr<std::vector<bf16_t>> ReadBf16Matrix(SafetensorsCheckpoint& ckpt,
                                                    const std::string& name, int64_t rows,
                                                    int64_t cols);
+
+// FindBf16Matrix()
+//
+// The view of 2-D tensor `name` of shape [rows, cols] in `ckpt`, from the
+// header alone (no data is read), for loaders that decode it piece by piece
+// (SafetensorsToBf16; kernels/device_experts.h). Errors: as ReadBf16Matrix
+// without kDataLoss from the data.
+absl::StatusOr<SafetensorsTensorView> FindBf16Matrix(SafetensorsCheckpoint& ckpt,
+                                                     const std::string& name, int64_t rows,
+                                                     int64_t cols);
 
 // The argument checks of ExpertSet::GenerateSwiGlu, FromWeights and
 // LoadSafetensors (and kernels::DeviceExpertSet::GenerateSwiGlu), in this

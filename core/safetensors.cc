@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/bf16.h"
 #include "core/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -103,6 +105,66 @@ std::string SafetensorsDTypeName(SafetensorsDType dtype) {
 }
 
 int SafetensorsDTypeSize(SafetensorsDType dtype) { return dtype == SafetensorsDType::kF32 ? 4 : 2; }
+
+absl::Status SafetensorsToBf16(const SafetensorsTensorView& view, int64_t first_element,
+                               absl::Span<uint16_t> out) {
+  const int64_t size = SafetensorsDTypeSize(view.dtype);
+  const int64_t numel = static_cast<int64_t>(view.data.size()) / size;
+  const int64_t count = static_cast<int64_t>(out.size());
+  if (first_element < 0 || first_element > numel || count > numel - first_element) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("SafetensorsToBf16: elements [%d, %d) outside the tensor's %d",
+                        first_element, first_element + count, numel));
+  }
+  const uint8_t* p = view.data.data() + first_element * size;
+  switch (view.dtype) {
+    case SafetensorsDType::kBF16:
+      for (int64_t i = 0; i < count; ++i)
+        out[i] = static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8));
+      break;
+    case SafetensorsDType::kF32:
+      for (int64_t i = 0; i < count; ++i) {
+        const uint32_t bits = static_cast<uint32_t>(p[4 * i]) | (uint32_t{p[4 * i + 1]} << 8) |
+                              (uint32_t{p[4 * i + 2]} << 16) | (uint32_t{p[4 * i + 3]} << 24);
+        float f;
+        std::memcpy(&f, &bits, 4);
+        out[i] = FloatToBf16(f);
+      }
+      break;
+    case SafetensorsDType::kF16:
+      for (int64_t i = 0; i < count; ++i) {
+        const uint16_t h = static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8));
+        // IEEE half -> float: every half value is exact in float.
+        const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+        const int exp = (h >> 10) & 0x1f;
+        const uint32_t mant = h & 0x3ffu;
+        float f;
+        if (exp == 0) {
+          f = std::ldexp(static_cast<float>(mant), -24);
+          if (sign) f = -f;
+        } else {
+          const uint32_t bits =
+              exp == 31 ? (sign | 0x7f800000u | (mant << 13))
+                        : (sign | (static_cast<uint32_t>(exp - 15 + 127) << 23) | (mant << 13));
+          std::memcpy(&f, &bits, 4);
+        }
+        out[i] = FloatToBf16(f);
+      }
+      break;
+  }
+  return absl::OkStatus();
+}
+
+void ReleaseTensorPages(const SafetensorsTensorView& view) {
+  if (view.data.empty()) return;
+  // Whole pages: back to the page start, forward to the next page end (both
+  // inside the mapping, which is page-aligned and covers its last page).
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const uint8_t* data = view.data.data();
+  const size_t head = reinterpret_cast<uintptr_t>(data) & (page - 1);
+  const size_t length = (head + view.data.size() + page - 1) & ~(page - 1);
+  (void)::madvise(const_cast<uint8_t*>(data - head), length, MADV_DONTNEED);
+}
 
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   // O_NONBLOCK: opening a named pipe must not wait for a writer (it is

@@ -39,6 +39,27 @@ struct SafetensorsTensorView {
   absl::Span<const uint8_t> data;  // numel * dtype size bytes
 };
 
+// SafetensorsToBf16()
+//
+// Decodes elements [first_element, first_element + out.size()) of `view`
+// (row-major) into bf16 bit patterns: BF16 as is, F16 exactly widened then
+// F32 rounded to nearest even (core/bf16.h). Reads only those elements'
+// bytes, so a loader can decode a large tensor in pieces into a bounded
+// buffer. Errors: kInvalidArgument when the range exceeds the tensor's
+// elements (with both). Thread-safe.
+absl::Status SafetensorsToBf16(const SafetensorsTensorView& view, int64_t first_element,
+                               absl::Span<uint16_t> out);
+
+// ReleaseTensorPages()
+//
+// Tells the kernel this process no longer needs `view`'s pages resident
+// (madvise MADV_DONTNEED over the whole pages the view touches). The data
+// stays readable: the mapping is private, read-only and never written, so a
+// later access reads the file again. A streaming loader calls it after each
+// tensor, so its resident memory never holds more than one tensor of the
+// file. Best effort: a failed madvise only leaves the pages resident.
+void ReleaseTensorPages(const SafetensorsTensorView& view);
+
 // One safetensors file, memory-mapped read-only. Move-only.
 class SafetensorsFile {
  public:

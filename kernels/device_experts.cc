@@ -2,8 +2,12 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "kernels/internal/cuda_status.h"
+#include "kernels/pinned_upload.h"
 #include "kernels/seeded_weights.cuh"
 
 namespace moe_ep::kernels {
@@ -87,13 +91,56 @@ absl::Status DeviceExpertSet::AllocateSwiGlu() {
   return internal::CudaStatus(cudaMalloc(&down_, elements * sizeof(uint16_t)), "cudaMalloc(down)");
 }
 
-absl::StatusOr<std::unique_ptr<DeviceExpertSet>> DeviceExpertSet::LoadSafetensors(
-    const std::string& path, const std::string& name_pattern, int layer, int first_expert,
-    int num_experts, int64_t hidden, int64_t intermediate) {
-  ASSIGN_OR_RETURN(core::ExpertSet host,
-                   core::ExpertSet::LoadSafetensors(path, name_pattern, layer, first_expert,
-                                                    num_experts, hidden, intermediate));
-  return Upload(host);
+absl::StatusOr<std::unique_ptr<DeviceExpertSet>> DeviceExpertSet::Load(
+    const core::ExpertSource& source, int64_t staging_bytes) {
+  RETURN_IF_ERROR(core::ValidateExpertSource(source));
+  if (staging_bytes < 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DeviceExpertSet::Load: staging_bytes: expected >= 4, got ", staging_bytes));
+  }
+  switch (source.kind) {
+    case core::ExpertSourceKind::kSeeded:
+      return GenerateSwiGlu(source.seed, source.layer, source.first_expert, source.num_experts,
+                            source.hidden, source.intermediate);
+    case core::ExpertSourceKind::kIdentity: {
+      std::unique_ptr<DeviceExpertSet> set(new DeviceExpertSet());
+      set->kind_ = core::ExpertKind::kIdentity;
+      set->first_expert_ = source.first_expert;
+      set->num_experts_ = source.num_experts;
+      set->hidden_ = source.hidden;
+      return set;
+    }
+    case core::ExpertSourceKind::kSafetensors:
+      break;
+  }
+  // Every tensor is found and its shape checked before device memory is taken.
+  ASSIGN_OR_RETURN(core::SafetensorsCheckpoint ckpt, core::OpenExpertCheckpoint(source));
+  std::unique_ptr<DeviceExpertSet> set(new DeviceExpertSet());
+  set->kind_ = core::ExpertKind::kSwiGlu;
+  set->first_expert_ = source.first_expert;
+  set->num_experts_ = source.num_experts;
+  set->hidden_ = source.hidden;
+  set->intermediate_ = source.intermediate;
+  if (source.num_experts == 0) return set;
+  RETURN_IF_ERROR(set->AllocateSwiGlu());
+  const int64_t ih = source.intermediate * source.hidden;
+  ASSIGN_OR_RETURN(std::unique_ptr<PinnedUpload> upload,
+                   PinnedUpload::Create(std::min(staging_bytes / 4, ih)));
+  for (int l = 0; l < source.num_experts; ++l) {
+    const int e = source.first_expert + l;
+    uint16_t* const dst[3] = {set->gate_up_ + l * 2 * ih, set->gate_up_ + l * 2 * ih + ih,
+                              set->down_ + l * ih};
+    const core::SeededProjection projs[3] = {
+        core::SeededProjection::kGate, core::SeededProjection::kUp, core::SeededProjection::kDown};
+    for (int p = 0; p < 3; ++p) {
+      // OpenExpertCheckpoint found it with this shape; Find again is a map lookup.
+      ASSIGN_OR_RETURN(core::SafetensorsTensorView view, ckpt.Find(source.TensorName(e, projs[p])));
+      RETURN_IF_ERROR(upload->Copy(view, ih, dst[p]));
+      core::ReleaseTensorPages(view);
+    }
+  }
+  RETURN_IF_ERROR(upload->Finish());
+  return set;
 }
 
 DeviceExpertSet::~DeviceExpertSet() {

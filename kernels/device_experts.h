@@ -9,21 +9,27 @@
 //   down    [L, H, I]
 // with L = num_experts() local experts, H = hidden, I = intermediate.
 //
-// Weights come from a core::ExpertSet (seeded generation or safetensors load
-// on the host, then one copy to the device), or are generated on the device
-// from a seed (GenerateSwiGlu: the stream of core/seeded_stream.h, no host
-// copy); either way the GPU holds bit-identical weights to the CPU
+// Weights come from a core::ExpertSource (Load: seeded weights generated on
+// the device, checkpoint tensors streamed through a bounded pinned buffer,
+// no host copy of the set) or from a host core::ExpertSet (Upload: tests,
+// benchmarks); either way the GPU holds bit-identical weights to the CPU
 // reference. Not thread-safe; owns its device memory.
-// Source: DESIGN §7; issue 3 (expert weights held on the GPU).
+// Source: DESIGN §7; issue 3 (expert weights held on the GPU); issue 10
+// item 6 (the GPU path never builds host weights).
 
 #include <cstdint>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "core/expert_source.h"
 #include "core/experts.h"
 
 namespace moe_ep::kernels {
+
+// Default pinned staging of DeviceExpertSet::Load: 64 MiB (two 32 MiB
+// buffers, more than one DeepSeek-V3 expert tensor of 2048 x 7168 bf16).
+inline constexpr int64_t kExpertStagingBytes = int64_t{64} << 20;
 
 class DeviceExpertSet {
  public:
@@ -46,11 +52,29 @@ class DeviceExpertSet {
                                                                          int64_t hidden,
                                                                          int64_t intermediate);
 
-  // core::ExpertSet::LoadSafetensors (the model family's layout, `name_pattern`
-  // with {layer}, {expert}, {proj}), then Upload. Errors: those of both.
-  static absl::StatusOr<std::unique_ptr<DeviceExpertSet>> LoadSafetensors(
-      const std::string& path, const std::string& name_pattern, int layer, int first_expert,
-      int num_experts, int64_t hidden, int64_t intermediate);
+  // Load()
+  //
+  // The experts `source` describes, on the current CUDA device, without
+  // making them on the host:
+  //   kSeeded       GenerateSwiGlu (kernels/seeded_weights.cuh);
+  //   kSafetensors  each tensor of each expert (gate, up, down in expert
+  //                 order) decoded to bf16 (core::SafetensorsToBf16: the host
+  //                 loader's bits) piece by piece into one of two pinned
+  //                 buffers of staging_bytes / 2 each, copied to its place
+  //                 in gate_up / down on a stream of its own while the other
+  //                 buffer fills; each tensor's file pages are released once
+  //                 read (core::ReleaseTensorPages), so host memory stays
+  //                 about staging_bytes plus one tensor, whatever the layer;
+  //   kIdentity     no weights.
+  // The pinned buffers are min(staging_bytes / 2, one tensor's bytes) each,
+  // allocated for the call and freed before it returns. Synchronous (not a
+  // step-path call).
+  // Errors: those of core::ValidateExpertSource and
+  // core::OpenExpertCheckpoint (checked before any device allocation),
+  // kInvalidArgument (staging_bytes < 4), kResourceExhausted (cudaMalloc or
+  // cudaMallocHost), kInternal (copy or launch).
+  static absl::StatusOr<std::unique_ptr<DeviceExpertSet>> Load(
+      const core::ExpertSource& source, int64_t staging_bytes = kExpertStagingBytes);
 
   ~DeviceExpertSet();
   DeviceExpertSet(const DeviceExpertSet&) = delete;

@@ -63,8 +63,13 @@ int64_t CpuDataPlane::allocated_bytes() const {
   return dispatcher_ ? dispatcher_->allocated_bytes() : 0;
 }
 
-absl::StatusOr<int64_t> CpuDataPlane::LoadExperts(int layer, core::ExpertSet experts,
+absl::StatusOr<int64_t> CpuDataPlane::LoadExperts(int layer, const core::ExpertSource& source,
                                                   int64_t /*memory_cap_bytes*/) {
+  if (dispatcher_ == nullptr) {
+    return absl::FailedPreconditionError("LoadExperts: no workspace; call Allocate first");
+  }
+  RETURN_IF_ERROR(CheckExpertSourceForWorkspace(source, options_, collective_->rank()));
+  ASSIGN_OR_RETURN(core::ExpertSet experts, core::MakeHostExperts(source));
   const int64_t bytes = experts.weight_bytes();
   experts_.insert_or_assign(layer, std::move(experts));
   return bytes;

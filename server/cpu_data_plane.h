@@ -1,7 +1,8 @@
 #pragma once
 
 // The CPU data plane (server/data_plane.h): Gloo over TCP and
-// core::EpDispatcher on host memory, experts as core::ExpertSet. The backend
+// core::EpDispatcher on host memory, experts as core::ExpertSet
+// (materialised from LoadExperts' core::ExpertSource). The backend
 // of CPU-only machines, CI and the embedded default (DESIGN §1, §8).
 // Not thread-safe. Source: DESIGN §6, §7; issue 2.
 
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "core/ep_dispatcher.h"
+#include "core/expert_source.h"
 #include "core/experts.h"
 #include "core/gloo_collective.h"
 #include "server/data_plane.h"
@@ -33,7 +35,7 @@ class CpuDataPlane final : public DataPlane {
                                                int64_t max_intermediate,
                                                int64_t memory_cap_bytes) override;
   int64_t allocated_bytes() const override;
-  absl::StatusOr<int64_t> LoadExperts(int layer, core::ExpertSet experts,
+  absl::StatusOr<int64_t> LoadExperts(int layer, const core::ExpertSource& source,
                                       int64_t memory_cap_bytes) override;
   bool HasExperts(int layer) const override;
   // The shared expert runs on this thread before dispatch (BLAS uses every

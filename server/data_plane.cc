@@ -7,10 +7,27 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "server/cpu_data_plane.h"
 #include "server/gpu_data_plane.h"
 
 namespace moe_ep::server {
+
+absl::Status CheckExpertSourceForWorkspace(const core::ExpertSource& source,
+                                           const core::EpDispatcherOptions& options, int rank) {
+  RETURN_IF_ERROR(core::ValidateExpertSource(source));
+  if (source.hidden != options.workspace.hidden) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert source (", source.Describe(), "): hidden: expected the workspace's ",
+                     options.workspace.hidden, ", got ", source.hidden));
+  }
+  if (source.num_routed_experts != options.num_experts) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expert source (", source.Describe(), "): num_routed_experts: expected the workspace's ",
+        options.num_experts, ", got ", source.num_routed_experts));
+  }
+  return core::CheckExpertRange(source, rank, options.workspace.ep_size);
+}
 
 std::string NcclUniqueIdKey(int64_t generation) {
   return absl::StrCat("gen", generation, "/nccl_unique_id");

@@ -33,6 +33,7 @@
 #include "core/bf16.h"
 #include "core/collective.h"
 #include "core/ep_dispatcher.h"
+#include "core/expert_source.h"
 #include "core/experts.h"
 #include "core/shared_expert.h"
 #include "core/workspace.h"
@@ -114,12 +115,19 @@ class DataPlane {
   // Workspace bytes held (0 before Allocate).
   virtual int64_t allocated_bytes() const = 0;
 
-  // Holds `experts` for `layer` (replacing that layer's), on the device for
-  // the GPU plane. Returns the bytes of expert weights now held for the layer.
-  // REQUIRES: Allocate succeeded. Errors: kResourceExhausted (device memory,
-  // or the grown expert scratch beyond `memory_cap_bytes`), kInternal (copy).
-  // On error the layer keeps its previous experts.
-  virtual absl::StatusOr<int64_t> LoadExperts(int layer, core::ExpertSet experts,
+  // Makes the experts `source` describes (core/expert_source.h) and holds
+  // them for `layer` (replacing that layer's): the CPU plane materialises a
+  // host core::ExpertSet; the GPU plane makes them on its device without a
+  // host copy (kernels::DeviceExpertSet::Load). Returns the bytes of expert
+  // weights now held for the layer. REQUIRES: Allocate succeeded.
+  // Errors: kFailedPrecondition (no workspace), kInvalidArgument (the source
+  // is invalid, H differs from the workspace's, or its expert range is not
+  // this rank's in the contiguous placement of the workspace's experts),
+  // kNotFound / kDataLoss (checkpoint path or tensor missing, corrupt file),
+  // kResourceExhausted (memory, or the grown expert scratch beyond
+  // `memory_cap_bytes`), kInternal (copy). On error the layer keeps its
+  // previous experts.
+  virtual absl::StatusOr<int64_t> LoadExperts(int layer, const core::ExpertSource& source,
                                               int64_t memory_cap_bytes) = 0;
   virtual bool HasExperts(int layer) const = 0;
   // Holds `shared` as `layer`'s shared expert (replacing any; nullopt drops
@@ -197,6 +205,16 @@ class DataPlane {
 // kInvalidArgument (arguments). Messages name the rank, world and generation.
 absl::StatusOr<std::unique_ptr<DataPlane>> FormDataPlane(
     const DataPlaneGroup& group, std::shared_ptr<gloo::rendezvous::Store> store);
+
+// CheckExpertSourceForWorkspace()
+//
+// What both planes check before LoadExperts makes anything:
+// core::ValidateExpertSource, then the source's H and E against the
+// workspace's `options` (workspace.hidden, num_experts), then that its range
+// is `rank`'s of workspace.ep_size ranks (core::CheckExpertRange). Errors:
+// kInvalidArgument naming the field, expected and got. Pure.
+absl::Status CheckExpertSourceForWorkspace(const core::ExpertSource& source,
+                                           const core::EpDispatcherOptions& options, int rank);
 
 // The rendezvous key of a generation's NCCL unique id: "gen<generation>/nccl_unique_id".
 std::string NcclUniqueIdKey(int64_t generation);

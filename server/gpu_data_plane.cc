@@ -211,20 +211,20 @@ int64_t GpuDataPlane::allocated_bytes() const {
   return dispatcher_->allocated_bytes();
 }
 
-absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, core::ExpertSet experts,
+absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, const core::ExpertSource& source,
                                                   int64_t memory_cap_bytes) {
+  if (dispatcher_ == nullptr) {
+    return absl::FailedPreconditionError("LoadExperts: no workspace; call Allocate first");
+  }
+  RETURN_IF_ERROR(CheckExpertSourceForWorkspace(source, options_, collective_->rank()));
   RETURN_IF_ERROR(MakeDeviceCurrent());
-  // Seeded SwiGLU experts are made on the device from their (seed, layer):
-  // the same bits as the host set (core/seeded_stream.h), without the copy.
-  const std::optional<core::ExpertSet::SeedOrigin>& origin = experts.seed_origin();
+  // Made on the device from the source (seeded: generated there; safetensors:
+  // streamed through bounded pinned staging): no host copy of the layer.
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::DeviceExpertSet> device,
-                   experts.kind() == core::ExpertKind::kSwiGlu && origin.has_value()
-                       ? kernels::DeviceExpertSet::GenerateSwiGlu(
-                             origin->seed, origin->layer, experts.first_expert(),
-                             experts.num_experts(), experts.hidden(), experts.intermediate())
-                       : kernels::DeviceExpertSet::Upload(experts));
+                   kernels::DeviceExpertSet::Load(source));
   std::unique_ptr<kernels::GpuEpDispatcher> grown;
-  if (experts.kind() == core::ExpertKind::kSwiGlu && experts.intermediate() > max_intermediate_) {
+  if (source.expert_kind() == core::ExpertKind::kSwiGlu &&
+      source.intermediate > max_intermediate_) {
     // More scratch than the workspace was sized for: a new dispatcher with
     // the same buffers' shapes, the committed geometry carried over.
     const core::WorkspaceSpec& ws = options_.workspace;
@@ -233,7 +233,7 @@ absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, core::ExpertSet exp
       cap = memory_cap_bytes - (TotalExpertBytes() - ExpertBytes(layer)) - device->weight_bytes();
       if (cap <= 0) {
         return absl::ResourceExhaustedError(absl::StrCat(
-            "LoadExperts: layer ", layer, " (intermediate ", experts.intermediate(),
+            "LoadExperts: layer ", layer, " (intermediate ", source.intermediate,
             ") needs more expert scratch than the workspace was allocated with (intermediate ",
             max_intermediate_, "), and the memory cap of ", memory_cap_bytes,
             " bytes leaves no room; configure the model's moe_intermediate_size before "
@@ -242,7 +242,7 @@ absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, core::ExpertSet exp
     }
     kernels::GpuEpDispatcherOptions gpu_options;
     gpu_options.dispatcher = options_;
-    gpu_options.max_intermediate = experts.intermediate();
+    gpu_options.max_intermediate = source.intermediate;
     gpu_options.tail_bytes = Staging::DeviceBytes(ws.capacity_tokens, ws.hidden, ws.top_k);
     ASSIGN_OR_RETURN(grown, kernels::GpuEpDispatcher::Create(collective_.get(), gpu_options, cap));
     if (geometry_committed_) {
@@ -254,7 +254,7 @@ absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, core::ExpertSet exp
     RETURN_IF_ERROR(Synchronize());  // nothing of the old dispatcher may still run
     dispatcher_ = std::move(grown);
     staging_->Rebind(dispatcher_->tail());
-    max_intermediate_ = experts.intermediate();
+    max_intermediate_ = source.intermediate;
   }
   const int64_t bytes = device->weight_bytes();
   experts_.insert_or_assign(layer, std::move(device));

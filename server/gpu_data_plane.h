@@ -22,9 +22,11 @@
 // kernels/expert_compute.cc, so the stream is drained here first, with the
 // deadline), one at the end.
 //
-// Experts: seeded SwiGLU sets (core::ExpertSet::seed_origin()) are generated
-// on the device (kernels::DeviceExpertSet::GenerateSwiGlu, bit-identical to
-// the host set), others are copied from the host set.
+// Experts: made on the device from LoadExperts' core::ExpertSource
+// (kernels::DeviceExpertSet::Load): seeded sets generated there,
+// bit-identical to the host generator; checkpoint tensors streamed through a
+// bounded pinned buffer (kernels::kExpertStagingBytes); no host copy of a
+// layer's weights is ever made (issue 10 item 6).
 //
 // Expert scratch: sized by the max_intermediate given to Allocate (the
 // configured model's moe_intermediate_size); LoadExperts with a larger I
@@ -76,7 +78,7 @@ class GpuDataPlane final : public DataPlane {
                                                int64_t max_intermediate,
                                                int64_t memory_cap_bytes) override;
   int64_t allocated_bytes() const override;
-  absl::StatusOr<int64_t> LoadExperts(int layer, core::ExpertSet experts,
+  absl::StatusOr<int64_t> LoadExperts(int layer, const core::ExpertSource& source,
                                       int64_t memory_cap_bytes) override;
   bool HasExperts(int layer) const override;
   int64_t ExpertBytes(int layer) const override;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "core/ep_contract.h"
 #include "core/expert_placement.h"
+#include "core/expert_source.h"
 #include "core/status_macros.h"
 #include "core/workspace.h"
 #include "server/backend_selection.h"
@@ -414,6 +415,23 @@ std::vector<BallotField> BenchmarkFields(const BenchmarkSpec& spec) {
           {"iterations", spec.iterations},
           {"warmup", spec.warmup},
           {"routing", static_cast<int64_t>(spec.routing)}};
+}
+
+core::ExpertSource MakeExpertSource(const ExpertLoad& load, const v1::LoadExpertsRequest& request,
+                                    const core::EpDispatcherOptions& options) {
+  const int64_t hidden = options.workspace.hidden;
+  if (load.identity) {
+    return core::ExpertSource::Identity(load.layer, options.num_experts, load.first_expert,
+                                        load.num_local_experts, hidden);
+  }
+  if (!load.checkpoint.empty()) {
+    return core::ExpertSource::Safetensors(load.checkpoint, request.name_pattern(), load.layer,
+                                           options.num_experts, load.first_expert,
+                                           load.num_local_experts, hidden, load.intermediate);
+  }
+  return core::ExpertSource::Seeded(request.seed(), load.layer, options.num_experts,
+                                    load.first_expert, load.num_local_experts, hidden,
+                                    load.intermediate);
 }
 
 }  // namespace moe_ep::server

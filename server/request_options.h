@@ -28,6 +28,7 @@
 #include "core/agreement.h"
 #include "core/bf16.h"
 #include "core/ep_dispatcher.h"
+#include "core/expert_source.h"
 #include "core/layer_plan.h"
 #include "moe_ep/v1/worker.pb.h"
 #include "server/benchmark_inputs.h"
@@ -216,5 +217,15 @@ absl::StatusOr<BenchmarkSpec> BenchmarkFromRequest(const RequestLimits& limits,
 // tokens_per_rank, hidden_size, num_experts, top_k, iterations, warmup and
 // routing (the seed may differ: each rank draws its own inputs anyway).
 std::vector<core::BallotField> BenchmarkFields(const BenchmarkSpec& spec);
+
+// MakeExpertSource()
+//
+// What LoadExperts hands the data plane (issue 10 item 6): this rank's share
+// of the layer checked by ExpertLoadFromRequest, as the description the
+// plane makes the weights from (core/expert_source.h): identity, the
+// canonical checkpoint, or the request's seed. Pure; validate the result
+// with core::ValidateExpertSource.
+core::ExpertSource MakeExpertSource(const ExpertLoad& load, const v1::LoadExpertsRequest& request,
+                                    const core::EpDispatcherOptions& options);
 
 }  // namespace moe_ep::server

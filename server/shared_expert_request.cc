@@ -12,8 +12,8 @@ constexpr int64_t kMaxSharedIntermediate = int64_t{1} << 24;
 }  // namespace
 
 absl::StatusOr<std::optional<core::SharedExpert>> MakeSharedExpert(
-    const v1::LoadExpertsRequest& request, int64_t hidden, int64_t held_bytes,
-    int64_t memory_cap_bytes) {
+    const v1::LoadExpertsRequest& request, const std::string& checkpoint_path, int64_t hidden,
+    int64_t held_bytes, int64_t memory_cap_bytes) {
   if (!request.has_shared_expert()) return std::optional<core::SharedExpert>();
   const v1::SharedExpert& spec = request.shared_expert();
   const bool swiglu = request.kind() == v1::EXPERT_KIND_SWIGLU;
@@ -48,7 +48,7 @@ absl::StatusOr<std::optional<core::SharedExpert>> MakeSharedExpert(
         core::SharedExpert::Identity(request.seed(), request.layer(), hidden, spec.sigmoid_gate());
   } else if (from_checkpoint) {
     shared = core::SharedExpert::LoadSafetensors(
-        request.safetensors_path(), spec.name_pattern(),
+        checkpoint_path, spec.name_pattern(),
         spec.sigmoid_gate() ? spec.gate_name() : std::string(), request.layer(), hidden, inter);
   } else {
     shared = core::SharedExpert::Generate(request.seed(), request.layer(), hidden, inter,

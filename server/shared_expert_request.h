@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "core/shared_expert.h"
@@ -19,9 +20,12 @@ namespace moe_ep::server {
 // nullopt when `request` has no shared_expert. Otherwise the layer's shared
 // expert for hidden size `hidden`: identity when request.kind is IDENTITY
 // (gated by the seeded gate with sigmoid_gate), else a SwiGLU of
-// shared_expert.intermediate_size from request.safetensors_path
-// (shared_expert.name_pattern, and gate_name with sigmoid_gate) or seeded
-// from request.seed. `held_bytes` is what the worker holds once the request
+// shared_expert.intermediate_size from `checkpoint_path` (the canonical
+// path server/path_policy.h resolved request.safetensors_path to; the
+// request's own path is never opened, so a link swapped after the check
+// cannot redirect the read) with shared_expert.name_pattern (and gate_name
+// with sigmoid_gate), or seeded from request.seed when the request names no
+// checkpoint. `held_bytes` is what the worker holds once the request
 // is applied without any shared expert for the layer (workspace and every
 // routed and other shared expert), `memory_cap_bytes` its cap (0 = none).
 // Errors: kInvalidArgument naming the field (intermediate_size < 1 for
@@ -30,7 +34,7 @@ namespace moe_ep::server {
 // the numbers), and those of core::SharedExpert::LoadSafetensors.
 // Thread-safe (pure apart from reading the checkpoint).
 absl::StatusOr<std::optional<core::SharedExpert>> MakeSharedExpert(
-    const v1::LoadExpertsRequest& request, int64_t hidden, int64_t held_bytes,
-    int64_t memory_cap_bytes);
+    const v1::LoadExpertsRequest& request, const std::string& checkpoint_path, int64_t hidden,
+    int64_t held_bytes, int64_t memory_cap_bytes);
 
 }  // namespace moe_ep::server

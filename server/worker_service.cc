@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/agreement.h"
+#include "core/expert_source.h"
 #include "core/geometry.h"
 #include "core/status_macros.h"
 #include "core/workspace.h"
@@ -28,20 +29,6 @@ namespace moe_ep::server {
 namespace {
 
 // This rank's experts of `load`: identity, from the checkpoint, or seeded.
-absl::StatusOr<core::ExpertSet> MakeExperts(const ExpertLoad& load,
-                                            const v1::LoadExpertsRequest& request, int64_t hidden) {
-  if (load.identity) {
-    return core::ExpertSet::Identity(load.first_expert, load.num_local_experts, hidden);
-  }
-  if (!load.checkpoint.empty()) {
-    return core::ExpertSet::LoadSafetensors(load.checkpoint, request.name_pattern(), load.layer,
-                                            load.first_expert, load.num_local_experts, hidden,
-                                            load.intermediate);
-  }
-  return core::ExpertSet::GenerateSwiGlu(request.seed(), load.layer, load.first_expert,
-                                         load.num_local_experts, hidden, load.intermediate);
-}
-
 }  // namespace
 
 WorkerService::WorkerService(WorkerOptions options, HealthReporter* health)
@@ -392,15 +379,17 @@ absl::Status WorkerService::DoLoadExperts(grpc::ServerContext* context,
   const int64_t old_bytes = data_plane_->ExpertBytes(load->layer);
   ASSIGN_OR_RETURN(int64_t total,
                    CheckExpertsFit(Budget(), load->layer, load->weight_bytes, old_bytes));
-  ASSIGN_OR_RETURN(core::ExpertSet experts, MakeExperts(*load, request, hidden));
+  const core::ExpertSource source = MakeExpertSource(*load, request, allocation_->options);
+  RETURN_IF_ERROR(core::ValidateExpertSource(source));
   // The shared expert is made (and checked) before anything is replaced.
   const int64_t old_shared = data_plane_->SharedExpertBytes(load->layer);
-  ASSIGN_OR_RETURN(
-      std::optional<core::SharedExpert> shared,
-      MakeSharedExpert(request, hidden, total - old_shared, options_.memory_cap_bytes));
-  // The GPU plane uploads them (and may grow its expert scratch).
-  ASSIGN_OR_RETURN(int64_t bytes, data_plane_->LoadExperts(load->layer, std::move(experts),
-                                                           options_.memory_cap_bytes));
+  ASSIGN_OR_RETURN(std::optional<core::SharedExpert> shared,
+                   MakeSharedExpert(request, load->checkpoint, hidden, total - old_shared,
+                                    options_.memory_cap_bytes));
+  // The plane makes the experts from the source (the GPU plane on its device,
+  // without a host copy; core/expert_source.h) and may grow its expert scratch.
+  ASSIGN_OR_RETURN(int64_t bytes,
+                   data_plane_->LoadExperts(load->layer, source, options_.memory_cap_bytes));
   expert_bytes_ += bytes - old_bytes;
   ASSIGN_OR_RETURN(
       int64_t shared_bytes,

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/bf16.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -213,6 +214,39 @@ TEST(SafetensorsCheckpoint, Errors) {
   auto b = SafetensorsCheckpoint::Open(bad_index);
   EXPECT_EQ(b.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(b.status().message(), HasSubstr("weight_map"));
+}
+
+// Decoding in pieces gives the same bits as decoding at once; a released
+// tensor reads again from the file.
+TEST(SafetensorsToBf16, PiecesEqualTheWholeAndReleasedPagesStayReadable) {
+  const std::string path = TempPath("to_bf16.safetensors");
+  // 1.0, -2.5, 3.0f + 2^-10 (rounds to nearest even: 3.0), 1e-3 in F32.
+  SafetensorsTensor f32{
+      "f", SafetensorsDType::kF32, {2, 2}, FloatBytes({1, -2.5f, 3.0009765625f, 1e-3f})};
+  // F16 1.0 (0x3c00), -2.0 (0xc000), 2^-24 (0x0001, subnormal).
+  SafetensorsTensor f16{"h", SafetensorsDType::kF16, {3}, {0x00, 0x3c, 0x00, 0xc0, 0x01, 0x00}};
+  ASSERT_TRUE(WriteSafetensors(path, {f32, f16}).ok());
+  auto file = SafetensorsFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto view = file->Find("f");
+  ASSERT_TRUE(view.ok());
+  std::vector<uint16_t> whole(4);
+  ASSERT_TRUE(SafetensorsToBf16(*view, 0, absl::MakeSpan(whole)).ok());
+  EXPECT_THAT(whole, ElementsAre(0x3f80, 0xc020, 0x4040, FloatToBf16(1e-3f)));
+  std::vector<uint16_t> pieces(4);
+  ASSERT_TRUE(SafetensorsToBf16(*view, 0, absl::MakeSpan(pieces.data(), 3)).ok());
+  ReleaseTensorPages(*view);
+  ASSERT_TRUE(SafetensorsToBf16(*view, 3, absl::MakeSpan(pieces.data() + 3, 1)).ok());
+  EXPECT_EQ(pieces, whole);
+  const absl::Status beyond = SafetensorsToBf16(*view, 3, absl::MakeSpan(pieces.data(), 2));
+  EXPECT_EQ(beyond.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(beyond.message()), HasSubstr("elements [3, 5) outside the tensor's 4"));
+  auto half = file->Find("h");
+  ASSERT_TRUE(half.ok());
+  std::vector<uint16_t> h(3);
+  ASSERT_TRUE(SafetensorsToBf16(*half, 0, absl::MakeSpan(h)).ok());
+  EXPECT_THAT(h, ElementsAre(0x3f80, 0xc000, 0x3380));  // 2^-24 = 0x33800000
+  std::filesystem::remove(path);
 }
 
 }  // namespace

@@ -131,16 +131,109 @@ TEST(DeviceExpertSet, LoadsSafetensorsOntoGpu) {
   const std::string path =
       (std::filesystem::temp_directory_path() / "moe_ep_device_experts_test.safetensors").string();
   ASSERT_TRUE(core::WriteSafetensors(path, tensors).ok());
-  auto dev = DeviceExpertSet::LoadSafetensors(
-      path, "model.layers.{layer}.mlp.experts.{expert}.{proj}.weight", 0, 1, 2, h, i);
+  const char* pattern = "model.layers.{layer}.mlp.experts.{expert}.{proj}.weight";
+  auto dev =
+      DeviceExpertSet::Load(core::ExpertSource::Safetensors(path, pattern, 0, 3, 1, 2, h, i));
   ASSERT_TRUE(dev.ok()) << dev.status();
   auto host = core::ExpertSet::FromWeights(1, {expected[1], expected[2]}, h, i);
   ASSERT_TRUE(host.ok());
   ExpectSameWeights(*host, **dev);
-  auto missing = DeviceExpertSet::LoadSafetensors(
-      path, "model.layers.{layer}.mlp.experts.{expert}.{proj}.weight", 0, 2, 2, h, i);
+  auto missing =
+      DeviceExpertSet::Load(core::ExpertSource::Safetensors(path, pattern, 0, 4, 2, 2, h, i));
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
   std::remove(path.c_str());
+}
+
+// Load from a source: seeded experts equal the host generator's bits;
+// checkpoint tensors (BF16 and F32) streamed through a staging buffer far
+// smaller than one tensor (16 bytes: 4 bf16 per slot, so each tensor is many
+// pieces alternating between the two slots) equal the host loader's bits.
+TEST(DeviceExpertSet, LoadFromSourceEqualsTheHostExperts) {
+  MOE_EP_REQUIRE_GPUS(1);
+  const core::ExpertSource seeded = core::ExpertSource::Seeded(9, 4, 16, 3, 5, 64, 16);
+  auto dev = DeviceExpertSet::Load(seeded);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  auto host = core::MakeHostExperts(seeded);
+  ASSERT_TRUE(host.ok());
+  ExpectSameWeights(*host, **dev);
+
+  const int64_t h = 12;
+  const int64_t i = 6;
+  auto all = core::ExpertSet::GenerateSwiGlu(3, 2, 0, 4, h, i);
+  ASSERT_TRUE(all.ok());
+  const char* pattern = "layers.{layer}.experts.{expert}.{w}";
+  for (const core::SafetensorsDType dtype :
+       {core::SafetensorsDType::kBF16, core::SafetensorsDType::kF32}) {
+    std::vector<core::SafetensorsTensor> tensors;
+    for (int e = 0; e < 4; ++e) {
+      const core::SwiGluWeights& w = all->swiglu_weights(e);
+      const std::vector<uint16_t>* parts[3] = {&w.gate, &w.up, &w.down};
+      const core::SeededProjection projs[3] = {core::SeededProjection::kGate,
+                                               core::SeededProjection::kUp,
+                                               core::SeededProjection::kDown};
+      for (int p = 0; p < 3; ++p) {
+        core::SafetensorsTensor t;
+        t.name = core::ExpertTensorName(pattern, 2, e, projs[p]);
+        t.dtype = dtype;
+        t.shape = p == 2 ? std::vector<int64_t>{h, i} : std::vector<int64_t>{i, h};
+        for (uint16_t b : *parts[p]) {
+          if (dtype == core::SafetensorsDType::kF32) {
+            // An F32 value a little above the bf16 one: rounds back to it.
+            const float f = core::Bf16ToFloat(b) * (1.0f + 1.0f / 1024);
+            uint8_t bytes[4];
+            std::memcpy(bytes, &f, 4);
+            t.data.insert(t.data.end(), bytes, bytes + 4);
+          } else {
+            t.data.push_back(static_cast<uint8_t>(b & 0xff));
+            t.data.push_back(static_cast<uint8_t>(b >> 8));
+          }
+        }
+        tensors.push_back(std::move(t));
+      }
+    }
+    const std::string path =
+        (std::filesystem::temp_directory_path() /
+         ("moe_ep_device_experts_source_" + core::SafetensorsDTypeName(dtype) + ".safetensors"))
+            .string();
+    ASSERT_TRUE(core::WriteSafetensors(path, tensors).ok());
+    // Rank 1 of 2: experts [2, 4).
+    const core::ExpertSource source =
+        core::ExpertSource::Safetensors(path, pattern, 2, 4, 2, 2, h, i);
+    auto streamed = DeviceExpertSet::Load(source, /*staging_bytes=*/16);
+    ASSERT_TRUE(streamed.ok()) << streamed.status();
+    auto expected = core::MakeHostExperts(source);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    ExpectSameWeights(*expected, **streamed);
+    if (dtype == core::SafetensorsDType::kBF16) {
+      for (int l = 0; l < 2; ++l) {
+        EXPECT_EQ(expected->swiglu_weights(l).gate, all->swiglu_weights(2 + l).gate);
+      }
+    }
+    std::remove(path.c_str());
+  }
+
+  auto identity = DeviceExpertSet::Load(core::ExpertSource::Identity(0, 8, 4, 4, 64));
+  ASSERT_TRUE(identity.ok()) << identity.status();
+  EXPECT_EQ((*identity)->kind(), core::ExpertKind::kIdentity);
+  EXPECT_EQ((*identity)->first_expert(), 4);
+  EXPECT_EQ((*identity)->weight_bytes(), 0);
+  EXPECT_EQ((*identity)->gate_up(), nullptr);
+}
+
+// The source is validated before any CUDA call (no GPU needed).
+TEST(DeviceExpertSet, LoadRejectsAnInvalidSourceBeforeTouchingTheDevice) {
+  auto range = DeviceExpertSet::Load(core::ExpertSource::Seeded(1, 0, 8, 6, 4, 64, 16));
+  EXPECT_EQ(range.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(range.status().message().find("inside [0, 8), got [6, 10)"), absl::string_view::npos)
+      << range.status();
+  auto path = DeviceExpertSet::Load(core::ExpertSource::Safetensors(
+      "/nonexistent/moe_ep.safetensors", "e.{expert}.{proj}", 0, 8, 0, 4, 64, 16));
+  EXPECT_EQ(path.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(path.status().message().find("/nonexistent/moe_ep.safetensors: no such path"),
+            absl::string_view::npos)
+      << path.status();
+  auto staging = DeviceExpertSet::Load(core::ExpertSource::Seeded(1, 0, 8, 0, 4, 64, 16), 2);
+  EXPECT_EQ(staging.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

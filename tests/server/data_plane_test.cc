@@ -203,7 +203,7 @@ TEST(CpuDataPlane, ForwardsHandTokensThroughIdentityExperts) {
   EXPECT_EQ(plane.allocated_bytes(), expected.total_bytes);
 
   EXPECT_FALSE(plane.HasExperts(0));
-  ASSERT_EQ(*plane.LoadExperts(0, core::ExpertSet::Identity(0, 4, 4), 0), 0);
+  ASSERT_EQ(*plane.LoadExperts(0, core::ExpertSource::Identity(0, 4, 0, 4, 4), 0), 0);
   EXPECT_TRUE(plane.HasExperts(0));
   EXPECT_EQ(plane.ExpertBytes(0), 0);
 
@@ -233,14 +233,53 @@ TEST(CpuDataPlane, ForwardsHandTokensThroughIdentityExperts) {
   EXPECT_THAT(std::string(missing.status().message()), HasSubstr("layer 1 has no loaded experts"));
 
   // SwiGLU experts replace the layer's: 4 experts x 3 x I*H x 2 bytes.
-  absl::StatusOr<core::ExpertSet> swiglu = core::ExpertSet::GenerateSwiGlu(1, 0, 0, 4, 4, 6);
-  ASSERT_TRUE(swiglu.ok());
-  EXPECT_EQ(*plane.LoadExperts(0, std::move(*swiglu), 0), 4 * 3 * 6 * 4 * 2);
+  EXPECT_EQ(*plane.LoadExperts(0, core::ExpertSource::Seeded(1, 0, 4, 0, 4, 4, 6), 0),
+            4 * 3 * 6 * 4 * 2);
   EXPECT_EQ(plane.ExpertBytes(0), 4 * 3 * 6 * 4 * 2);
 
   // A new allocation drops every layer's experts.
   ASSERT_TRUE(plane.Allocate(HandOptions(), 0, 0).ok());
   EXPECT_FALSE(plane.HasExperts(0));
+}
+
+// The source is checked against the workspace before anything is made; a
+// refused source leaves the layer's experts as they were.
+TEST(CpuDataPlane, LoadExpertsRefusesASourceThatDoesNotFitTheWorkspace) {
+  absl::StatusOr<std::unique_ptr<DataPlane>> formed =
+      FormDataPlane(OneRank("gloo"), std::make_shared<gloo::rendezvous::HashStore>());
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  DataPlane& plane = **formed;
+  absl::StatusOr<int64_t> early =
+      plane.LoadExperts(0, core::ExpertSource::Identity(0, 4, 0, 4, 4), 0);
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(early.status().message()), HasSubstr("call Allocate first"));
+  ASSERT_TRUE(plane.Allocate(HandOptions(), 0, 0).ok());
+  ASSERT_TRUE(plane.LoadExperts(0, core::ExpertSource::Seeded(1, 0, 4, 0, 4, 4, 6), 0).ok());
+
+  struct Bad {
+    core::ExpertSource source;
+    const char* fragment;
+  };
+  for (const Bad& bad : {
+           // One rank of four experts owns [0, 4).
+           Bad{core::ExpertSource::Seeded(1, 0, 4, 1, 3, 4, 6),
+               "expert range: expected [0, 4) for rank 0 of 1 (contiguous placement of 4 "
+               "experts), got [1, 4)"},
+           Bad{core::ExpertSource::Seeded(1, 0, 8, 0, 8, 4, 6),
+               "num_routed_experts: expected the workspace's 4, got 8"},
+           Bad{core::ExpertSource::Seeded(1, 0, 4, 0, 4, 8, 6),
+               "hidden: expected the workspace's 4, got 8"},
+           Bad{core::ExpertSource::Safetensors("/nonexistent/moe_ep/ckpt.safetensors",
+                                               "l.{layer}.e.{expert}.{proj}", 0, 4, 0, 4, 4, 6),
+               "safetensors checkpoint /nonexistent/moe_ep/ckpt.safetensors: no such path"},
+       }) {
+    absl::StatusOr<int64_t> refused = plane.LoadExperts(0, bad.source, 0);
+    EXPECT_FALSE(refused.ok());
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr(bad.fragment));
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr("layer 0 experts ["));
+  }
+  // The seeded set stayed.
+  EXPECT_EQ(plane.ExpertBytes(0), 4 * 3 * 6 * 4 * 2);
 }
 
 TEST(CpuDataPlane, AllocateBeyondTheCapKeepsThePreviousWorkspace) {

@@ -1,0 +1,228 @@
+#include "core/expert_source.h"
+
+#include <string_view>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "core/expert_placement.h"
+#include "core/status_macros.h"
+
+namespace moe_ep::core {
+namespace {
+
+constexpr SeededProjection kProjections[3] = {SeededProjection::kGate, SeededProjection::kUp,
+                                              SeededProjection::kDown};
+
+absl::Status Invalid(const ExpertSource& source, const std::string& what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("expert source (", source.Describe(), "): ", what));
+}
+
+absl::Status WithSource(const ExpertSource& source, const absl::Status& status) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat("expert source (", source.Describe(), "): ", status.message()));
+}
+
+}  // namespace
+
+std::string ExpertTensorName(const std::string& pattern, int layer, int expert,
+                             SeededProjection proj) {
+  const char* hf = proj == SeededProjection::kGate ? "gate_proj"
+                   : proj == SeededProjection::kUp ? "up_proj"
+                                                   : "down_proj";
+  const char* mixtral = proj == SeededProjection::kGate ? "w1"
+                        : proj == SeededProjection::kUp ? "w3"
+                                                        : "w2";
+  return absl::StrReplaceAll(pattern, {{"{layer}", absl::StrCat(layer)},
+                                       {"{expert}", absl::StrCat(expert)},
+                                       {"{proj}", hf},
+                                       {"{w}", mixtral}});
+}
+
+const char* ExpertSourceKindName(ExpertSourceKind kind) {
+  switch (kind) {
+    case ExpertSourceKind::kSeeded:
+      return "seeded";
+    case ExpertSourceKind::kSafetensors:
+      return "safetensors";
+    case ExpertSourceKind::kIdentity:
+      return "identity";
+  }
+  return "?";
+}
+
+ExpertSource ExpertSource::Seeded(uint64_t seed, int layer, int num_routed_experts,
+                                  int first_expert, int num_experts, int64_t hidden,
+                                  int64_t intermediate) {
+  ExpertSource s;
+  s.kind = ExpertSourceKind::kSeeded;
+  s.seed = seed;
+  s.layer = layer;
+  s.num_routed_experts = num_routed_experts;
+  s.first_expert = first_expert;
+  s.num_experts = num_experts;
+  s.hidden = hidden;
+  s.intermediate = intermediate;
+  return s;
+}
+
+ExpertSource ExpertSource::Safetensors(std::string checkpoint_path, std::string name_pattern,
+                                       int layer, int num_routed_experts, int first_expert,
+                                       int num_experts, int64_t hidden, int64_t intermediate) {
+  ExpertSource s;
+  s.kind = ExpertSourceKind::kSafetensors;
+  s.checkpoint_path = std::move(checkpoint_path);
+  s.name_pattern = std::move(name_pattern);
+  s.layer = layer;
+  s.num_routed_experts = num_routed_experts;
+  s.first_expert = first_expert;
+  s.num_experts = num_experts;
+  s.hidden = hidden;
+  s.intermediate = intermediate;
+  return s;
+}
+
+ExpertSource ExpertSource::Identity(int layer, int num_routed_experts, int first_expert,
+                                    int num_experts, int64_t hidden) {
+  ExpertSource s;
+  s.kind = ExpertSourceKind::kIdentity;
+  s.layer = layer;
+  s.num_routed_experts = num_routed_experts;
+  s.first_expert = first_expert;
+  s.num_experts = num_experts;
+  s.hidden = hidden;
+  return s;
+}
+
+ExpertKind ExpertSource::expert_kind() const {
+  return kind == ExpertSourceKind::kIdentity ? ExpertKind::kIdentity : ExpertKind::kSwiGlu;
+}
+
+int64_t ExpertSource::weight_bytes() const {
+  if (expert_kind() == ExpertKind::kIdentity) return 0;
+  return int64_t{num_experts} * 3 * intermediate * hidden * 2;
+}
+
+std::string ExpertSource::TensorName(int expert, SeededProjection proj) const {
+  return ExpertTensorName(name_pattern, layer, expert, proj);
+}
+
+std::string ExpertSource::Describe() const {
+  return absl::StrCat("layer ", layer, " experts [", first_expert, ", ",
+                      int64_t{first_expert} + num_experts, ") of ", num_routed_experts, ", ",
+                      ExpertSourceKindName(kind));
+}
+
+absl::Status ValidateExpertSource(const ExpertSource& source) {
+  if (source.kind != ExpertSourceKind::kSeeded && source.kind != ExpertSourceKind::kSafetensors &&
+      source.kind != ExpertSourceKind::kIdentity) {
+    return Invalid(source, absl::StrCat("kind: expected seeded, safetensors or identity, got ",
+                                        static_cast<int>(source.kind)));
+  }
+  if (source.layer < 0) {
+    return Invalid(source, absl::StrCat("layer: expected >= 0, got ", source.layer));
+  }
+  if (source.num_routed_experts < 1) {
+    return Invalid(
+        source, absl::StrCat("num_routed_experts: expected >= 1, got ", source.num_routed_experts));
+  }
+  if (source.first_expert < 0 || source.num_experts < 0 ||
+      int64_t{source.first_expert} + source.num_experts > source.num_routed_experts) {
+    return Invalid(source, absl::StrFormat("expert range: expected [first_expert, first_expert + "
+                                           "num_experts) inside [0, %d), got [%d, %d)",
+                                           source.num_routed_experts, source.first_expert,
+                                           int64_t{source.first_expert} + source.num_experts));
+  }
+  if (source.hidden < 1) {
+    return Invalid(source, absl::StrCat("hidden: expected >= 1, got ", source.hidden));
+  }
+  if (source.expert_kind() == ExpertKind::kSwiGlu && source.intermediate < 1) {
+    return Invalid(source, absl::StrCat("intermediate: expected >= 1 for SwiGLU experts, got ",
+                                        source.intermediate));
+  }
+  if (source.kind != ExpertSourceKind::kSafetensors) return absl::OkStatus();
+  if (source.checkpoint_path.empty() || source.checkpoint_path[0] != '/') {
+    return Invalid(source, absl::StrCat("checkpoint_path: expected an absolute path (resolved "
+                                        "under --checkpoint-dir), got \"",
+                                        source.checkpoint_path, "\""));
+  }
+  const std::string_view pattern(source.name_pattern);
+  if (pattern.find("{expert}") == std::string_view::npos ||
+      (pattern.find("{proj}") == std::string_view::npos &&
+       pattern.find("{w}") == std::string_view::npos)) {
+    return Invalid(source, absl::StrCat("name_pattern: expected {expert} and one of {proj} or "
+                                        "{w}, e.g. \"model.layers.{layer}.mlp.experts.{expert}."
+                                        "{proj}.weight\", got \"",
+                                        source.name_pattern, "\""));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckExpertRange(const ExpertSource& source, int rank, int ep_size) {
+  ASSIGN_OR_RETURN(ExpertPlacement placement,
+                   ExpertPlacement::Contiguous(source.num_routed_experts, ep_size));
+  if (rank < 0 || rank >= ep_size) {
+    return Invalid(source, absl::StrCat("rank: expected in [0, ", ep_size, "), got ", rank));
+  }
+  const int first = placement.FirstExpert(rank);
+  const int count = placement.NumLocalExperts(rank);
+  if (source.first_expert != first || source.num_experts != count) {
+    return Invalid(
+        source,
+        absl::StrFormat("expert range: expected [%d, %d) for rank %d of %d (contiguous "
+                        "placement of %d experts), got [%d, %d)",
+                        first, first + count, rank, ep_size, source.num_routed_experts,
+                        source.first_expert, int64_t{source.first_expert} + source.num_experts));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SafetensorsCheckpoint> OpenExpertCheckpoint(const ExpertSource& source) {
+  absl::StatusOr<SafetensorsCheckpoint> ckpt = SafetensorsCheckpoint::Open(source.checkpoint_path);
+  if (!ckpt.ok()) return WithSource(source, ckpt.status());
+  for (int e = source.first_expert; e < source.first_expert + source.num_experts; ++e) {
+    for (SeededProjection proj : kProjections) {
+      const bool down = proj == SeededProjection::kDown;
+      absl::StatusOr<SafetensorsTensorView> view = FindBf16Matrix(
+          *ckpt, source.TensorName(e, proj), down ? source.hidden : source.intermediate,
+          down ? source.intermediate : source.hidden);
+      if (!view.ok()) return WithSource(source, view.status());
+    }
+  }
+  return ckpt;
+}
+
+absl::StatusOr<ExpertSet> MakeHostExperts(const ExpertSource& source) {
+  RETURN_IF_ERROR(ValidateExpertSource(source));
+  switch (source.kind) {
+    case ExpertSourceKind::kIdentity:
+      return ExpertSet::Identity(source.first_expert, source.num_experts, source.hidden);
+    case ExpertSourceKind::kSeeded:
+      return ExpertSet::GenerateSwiGlu(source.seed, source.layer, source.first_expert,
+                                       source.num_experts, source.hidden, source.intermediate);
+    case ExpertSourceKind::kSafetensors:
+      break;
+  }
+  ASSIGN_OR_RETURN(SafetensorsCheckpoint ckpt, OpenExpertCheckpoint(source));
+  std::vector<SwiGluWeights> weights(source.num_experts);
+  for (int i = 0; i < source.num_experts; ++i) {
+    const int e = source.first_expert + i;
+    SwiGluWeights& w = weights[i];
+    std::vector<bf16_t>* parts[3] = {&w.gate, &w.up, &w.down};
+    for (int p = 0; p < 3; ++p) {
+      const bool down = p == 2;
+      absl::StatusOr<std::vector<bf16_t>> read = ReadBf16Matrix(
+          ckpt, source.TensorName(e, kProjections[p]), down ? source.hidden : source.intermediate,
+          down ? source.intermediate : source.hidden);
+      if (!read.ok()) return WithSource(source, read.status());
+      *parts[p] = std::move(*read);
+    }
+  }
+  return ExpertSet::FromWeights(source.first_expert, std::move(weights), source.hidden,
+                                source.intermediate);
+}
+
+}  // namespace moe_ep::core

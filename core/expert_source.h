@@ -1,0 +1,115 @@
+#pragma once
+
+// Where one rank's routed experts of one MoE layer come from (DESIGN §7;
+// issue 10 item 6): seeded (a pure function of (seed, layer, expert)), a
+// safetensors checkpoint, or identity. LoadExperts hands this description to
+// the data plane, and each plane makes the weights in its own memory: the
+// CPU plane materialises a core::ExpertSet (MakeHostExperts); the GPU plane
+// generates seeded weights on the device and streams checkpoint tensors
+// through a bounded pinned buffer (kernels/device_experts.h), so no host
+// copy of the layer ever exists there.
+//
+// The source names this rank's expert range [first_expert, first_expert +
+// num_experts) of the layer's num_routed_experts (E); the planes check that
+// range against their own contiguous placement (core/expert_placement.h).
+// Value type; thread-compatible. Source: DESIGN §7; issue 10 item 6.
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/experts.h"
+#include "core/safetensors.h"
+#include "core/seeded_stream.h"
+
+namespace moe_ep::core {
+
+// ExpertTensorName()
+//
+// `pattern` with {layer} and {expert} replaced by the numbers, {proj} by
+// gate_proj / up_proj / down_proj and {w} by Mixtral's w1 / w3 / w2.
+// Example: ("model.layers.{layer}.mlp.experts.{expert}.{proj}.weight", 3, 7,
+// kUp) -> "model.layers.3.mlp.experts.7.up_proj.weight". Pure.
+std::string ExpertTensorName(const std::string& pattern, int layer, int expert,
+                             SeededProjection proj);
+
+enum class ExpertSourceKind { kSeeded, kSafetensors, kIdentity };
+
+// "seeded", "safetensors", "identity".
+const char* ExpertSourceKindName(ExpertSourceKind kind);
+
+struct ExpertSource {
+  ExpertSourceKind kind = ExpertSourceKind::kIdentity;
+  int layer = 0;                // layer index, substituted for {layer}
+  int num_routed_experts = 0;   // E of the layer (all ranks)
+  int first_expert = 0;         // global id of this rank's first expert
+  int num_experts = 0;          // L: this rank's experts
+  int64_t hidden = 0;           // H
+  int64_t intermediate = 0;     // I (SwiGLU kinds; ignored for identity)
+  uint64_t seed = 0;            // kSeeded
+  std::string checkpoint_path;  // kSafetensors: canonical path (server/path_policy.h)
+  std::string name_pattern;     // kSafetensors: {layer}, {expert}, {proj} or {w}
+
+  // The three kinds, with every field they use.
+  static ExpertSource Seeded(uint64_t seed, int layer, int num_routed_experts, int first_expert,
+                             int num_experts, int64_t hidden, int64_t intermediate);
+  static ExpertSource Safetensors(std::string checkpoint_path, std::string name_pattern, int layer,
+                                  int num_routed_experts, int first_expert, int num_experts,
+                                  int64_t hidden, int64_t intermediate);
+  static ExpertSource Identity(int layer, int num_routed_experts, int first_expert, int num_experts,
+                               int64_t hidden);
+
+  // kSwiGlu for seeded and safetensors sources, kIdentity for identity.
+  ExpertKind expert_kind() const;
+  // Bytes of the weights the source makes: L * 3 * I * H * 2 (0 for
+  // identity). Example: L 4, H 7168, I 2048 -> 352,321,536.
+  int64_t weight_bytes() const;
+  // The checkpoint name of `expert`'s projection `proj` ({layer}, {expert},
+  // {proj} -> gate_proj/up_proj/down_proj, {w} -> w1/w3/w2 expanded).
+  std::string TensorName(int expert, SeededProjection proj) const;
+  // "layer 3 experts [8, 16) (safetensors)", for messages.
+  std::string Describe() const;
+};
+
+// ValidateExpertSource()
+//
+// Checks the fields without touching the file system: layer >= 0;
+// num_routed_experts >= 1; 0 <= first_expert and first_expert + num_experts
+// <= num_routed_experts; hidden >= 1; intermediate >= 1 for SwiGLU kinds;
+// for kSafetensors an absolute checkpoint_path and a name_pattern holding
+// {expert} and one of {proj} or {w}.
+// Errors: kInvalidArgument naming the field, expected and got, prefixed with
+// "expert source (<Describe()>)".
+// Pure and thread-safe.
+absl::Status ValidateExpertSource(const ExpertSource& source);
+
+// CheckExpertRange()
+//
+// OK when the source's range is what `rank` owns in the contiguous placement
+// of num_routed_experts on `ep_size` ranks. Errors: kInvalidArgument naming
+// both ranges ("expected [a, b) for rank r of n"), or the placement's own
+// error. Pure and thread-safe.
+absl::Status CheckExpertRange(const ExpertSource& source, int rank, int ep_size);
+
+// OpenExpertCheckpoint()
+//
+// Opens the source's checkpoint and checks, from the headers alone (no
+// tensor data is read), that every tensor of this rank's experts exists
+// with shape [I, H] (gate, up) or [H, I] (down). REQUIRES: kind ==
+// kSafetensors and ValidateExpertSource(source) is OK.
+// Errors (each prefixed with "expert source (<Describe()>)"): kNotFound (path,
+// shard or tensor missing, named), kInvalidArgument (a shape differs, with
+// expected and got), kDataLoss (corrupt file), kPermissionDenied.
+// Not thread-safe with other users of the returned checkpoint.
+absl::StatusOr<SafetensorsCheckpoint> OpenExpertCheckpoint(const ExpertSource& source);
+
+// MakeHostExperts()
+//
+// The experts the source describes, in host memory (the CPU data plane):
+// ExpertSet::GenerateSwiGlu, ExpertSet::LoadSafetensors or
+// ExpertSet::Identity with the source's fields. Validates first.
+// Errors: those of ValidateExpertSource and OpenExpertCheckpoint.
+absl::StatusOr<ExpertSet> MakeHostExperts(const ExpertSource& source);
+
+}  // namespace moe_ep::core

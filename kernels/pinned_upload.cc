@@ -1,0 +1,72 @@
+#include "kernels/pinned_upload.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "core/status_macros.h"
+#include "kernels/internal/cuda_status.h"
+
+namespace moe_ep::kernels {
+
+using internal::CudaStatus;
+
+absl::StatusOr<std::unique_ptr<PinnedUpload>> PinnedUpload::Create(int64_t slot_elements) {
+  if (slot_elements < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PinnedUpload: slot_elements: expected >= 1, got ", slot_elements));
+  }
+  std::unique_ptr<PinnedUpload> u(new PinnedUpload());
+  u->slot_elements_ = slot_elements;
+  RETURN_IF_ERROR(CudaStatus(
+      cudaMallocHost(reinterpret_cast<void**>(&u->host_), 2 * slot_elements * sizeof(uint16_t)),
+      absl::StrCat("cudaMallocHost(expert staging, ", 2 * slot_elements * sizeof(uint16_t),
+                   " bytes)")));
+  RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&u->stream_, cudaStreamNonBlocking),
+                             "cudaStreamCreateWithFlags(expert staging)"));
+  for (cudaEvent_t& event : u->done_) {
+    RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+                               "cudaEventCreate(expert staging)"));
+  }
+  return u;
+}
+
+PinnedUpload::~PinnedUpload() {
+  // The slots must not be freed under a copy still reading them.
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  for (cudaEvent_t event : done_) {
+    if (event != nullptr) cudaEventDestroy(event);
+  }
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  if (host_ != nullptr) cudaFreeHost(host_);
+}
+
+absl::Status PinnedUpload::Copy(const core::SafetensorsTensorView& view, int64_t elements,
+                                uint16_t* dst) {
+  const int64_t held =
+      static_cast<int64_t>(view.data.size()) / core::SafetensorsDTypeSize(view.dtype);
+  if (held != elements) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PinnedUpload: expected a tensor of ", elements, " elements, got ", held));
+  }
+  for (int64_t begin = 0; begin < elements; begin += slot_elements_) {
+    const int slot = next_slot_;
+    next_slot_ ^= 1;
+    const int64_t count = std::min(slot_elements_, elements - begin);
+    uint16_t* host = host_ + slot * slot_elements_;
+    // A never-recorded event is complete, so the first use of a slot does not wait.
+    RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(done_[slot]), "cudaEventSynchronize"));
+    RETURN_IF_ERROR(core::SafetensorsToBf16(view, begin, absl::MakeSpan(host, count)));
+    RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(dst + begin, host, count * sizeof(uint16_t),
+                                               cudaMemcpyHostToDevice, stream_),
+                               "cudaMemcpyAsync(expert weights to device)"));
+    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(done_[slot], stream_), "cudaEventRecord"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PinnedUpload::Finish() {
+  return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(expert staging)");
+}
+
+}  // namespace moe_ep::kernels
