@@ -2,7 +2,9 @@
 
 // Executes the three communication steps of one decoder layer's plan
 // (DESIGN §3) on one rank, over the rank's ParallelGroups, for one forward
-// step whose DP token layout is a DpGatherLayout (DESIGN §4).
+// step whose DP token layout is a DpGatherLayout (DESIGN §4). Each step
+// checks its inputs, builds the step's program (core/step_program.h) and
+// runs it on a core::HostStepExecutor (core/step_executor.h).
 //
 // Tensors on this path are fp32 [rows, H] host buffers (bf16 appears only at
 // the MoE dispatch boundary, core/ep_dispatcher.h). Row counts per mode on a
@@ -44,7 +46,6 @@
 // communicator (seed 002); sglang issue 23996 (attention-TP all-reduce).
 
 #include <cstdint>
-#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -53,29 +54,13 @@
 #include "core/layer_plan.h"
 #include "core/parallel_groups.h"
 #include "core/rms_norm.h"
+#include "core/step_executor.h"
+#include "core/step_program.h"
 
 namespace moe_ep::core {
 
-// The token tensors of one rank between steps.
-struct LayerActivations {
-  std::vector<float> hidden;  // [ModeRows(mode), H]
-  // [ModeRows(mode), H]; none before the first layer's input norm and after
-  // kAddResidualAllGather (the residual was added into hidden).
-  std::optional<std::vector<float>> residual;
-};
-
-// Rows a rank holds in `mode` for a step with layout `dp` (see the file
-// comment). Example (DESIGN §4): attn_tp 2, counts [5, 2] -> SCATTERED 3,
-// TP_ATTN_FULL 6, FULL 12.
-int64_t ModeRows(const DpGatherLayout& dp, ScatterMode mode);
-
-// OK when `dp` was made for this rank of `groups`: the same attn_tp_size, one
-// padded count and one offset per DP group, and this rank's dp_rank.
-// Errors: kInvalidArgument naming `layer` and both sides' values.
-// Pure. Used by LayerCommunicator and kernels::GpuLayerCommunicator.
-absl::Status CheckDpLayoutFits(const DpGatherLayout& dp, const ParallelLayout& layout, int rank,
-                               int layer);
-// The same for the groups of a rank (CPU or GPU groups).
+// The same check for the groups of a rank (CPU or GPU groups); see
+// CheckDpLayoutFits in core/step_program.h.
 template <typename Group>
 absl::Status CheckDpLayoutFits(const DpGatherLayout& dp, const BasicParallelGroups<Group>& groups,
                                int layer) {

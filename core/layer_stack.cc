@@ -10,10 +10,11 @@
 #include "core/expert_placement.h"
 #include "core/experts.h"
 #include "core/geometry.h"
-#include "core/layer_communicator.h"
 #include "core/moe_reference.h"
 #include "core/rms_norm.h"
 #include "core/status_macros.h"
+#include "core/step_executor.h"
+#include "core/step_program.h"
 
 namespace moe_ep::core {
 namespace {
@@ -259,7 +260,7 @@ struct DistributedLayerStack::Impl {
   const ParallelGroups* groups = nullptr;
   LayerStackConfig config;
   std::vector<LayerPlan> plans;
-  std::vector<LayerCommunicator> comms;
+  std::unique_ptr<StepExecutor> executor;  // the communication steps
   std::vector<LayerWeights> weights;
   std::vector<ExpertSet> mlp;  // per layer: this rank's dense shard or its experts
   std::unique_ptr<EpDispatcher> dispatcher;
@@ -338,7 +339,8 @@ DistributedLayerStack::DistributedLayerStack(std::unique_ptr<Impl> impl) : impl_
 DistributedLayerStack::~DistributedLayerStack() = default;
 
 absl::StatusOr<std::unique_ptr<DistributedLayerStack>> DistributedLayerStack::Create(
-    const ParallelGroups* groups, const LayerStackConfig& config) {
+    const ParallelGroups* groups, const LayerStackConfig& config,
+    std::unique_ptr<StepExecutor> executor) {
   if (groups == nullptr) return absl::InvalidArgumentError("groups is null");
   RETURN_IF_ERROR(ValidateLayerStackConfig(config));
   const ParallelLayout& gl = groups->layout();
@@ -357,11 +359,10 @@ absl::StatusOr<std::unique_ptr<DistributedLayerStack>> DistributedLayerStack::Cr
                    PlanLayers(config.layout, config.sparse_layers, config.a2a_enabled));
   ASSIGN_OR_RETURN(ExpertPlacement placement,
                    ExpertPlacement::Contiguous(config.num_experts, config.layout.tp_size));
+  impl->executor = executor != nullptr ? std::move(executor)
+                                       : std::make_unique<HostStepExecutor>(groups, config.hidden);
   bool needs_dispatcher = false;
   for (const LayerPlan& plan : impl->plans) {
-    ASSIGN_OR_RETURN(LayerCommunicator comm,
-                     LayerCommunicator::Create(groups, plan, config.hidden));
-    impl->comms.push_back(comm);
     ASSIGN_OR_RETURN(LayerWeights w, MakeLayerWeights(config, plan.layer));
     impl->weights.push_back(std::move(w));
     if (plan.sparse) {
@@ -426,21 +427,25 @@ absl::StatusOr<std::vector<float>> DistributedLayerStack::Forward(absl::Span<con
   s.last_layout = dp;
   s.last_ops.clear();
 
+  // The communication steps of every layer for this DP layout, built once.
+  ASSIGN_OR_RETURN(const std::vector<LayerStepPrograms> programs,
+                   BuildStackPrograms(s.plans, groups.layout(), groups.rank(), dp,
+                                      s.config.allow_reduce_scatter));
+
   // Attention's slice of the input dimension on this attention-TP rank.
   const auto [lo, hi] = Split(h, attn_tp, groups.attn_tp_rank());
   LayerActivations act;
   act.hidden.assign(dp.local_rows * h, 0.0f);
   std::copy(tokens.begin(), tokens.end(), act.hidden.begin());
   for (size_t l = 0; l < s.plans.size(); ++l) {
-    const LayerCommunicator& comm = s.comms[l];
-    RETURN_IF_ERROR(comm.PrepareAttention(dp, s.weights[l].input_norm, act));
+    const LayerStepPrograms& p = programs[l];
+    RETURN_IF_ERROR(s.executor->Run(p.before_attention, &s.weights[l].input_norm, act));
     act.hidden = Attention(act.hidden, s.weights[l].attention, h, lo, hi);
-    RETURN_IF_ERROR(comm.PrepareMlp(dp, s.weights[l].post_norm, act));
-    const AfterMlpOp op = comm.ResolveAfterMlp(dp, s.config.allow_reduce_scatter);
-    s.last_ops.push_back(op);
-    RETURN_IF_ERROR(
-        s.Mlp(static_cast<int>(l), dp, dp_counts, op == AfterMlpOp::kReduceScatter, act.hidden));
-    RETURN_IF_ERROR(comm.PostMlp(dp, op, act));
+    RETURN_IF_ERROR(s.executor->Run(p.before_mlp, &s.weights[l].post_norm, act));
+    s.last_ops.push_back(p.after_mlp_op);
+    RETURN_IF_ERROR(s.Mlp(static_cast<int>(l), dp, dp_counts,
+                          p.after_mlp_op == AfterMlpOp::kReduceScatter, act.hidden));
+    RETURN_IF_ERROR(s.executor->Run(p.after_mlp, nullptr, act));
   }
   std::vector<float> out(act.hidden.begin(), act.hidden.begin() + num_tokens * h);
   if (act.residual.has_value()) {
@@ -450,6 +455,7 @@ absl::StatusOr<std::vector<float>> DistributedLayerStack::Forward(absl::Span<con
 }
 
 const std::vector<LayerPlan>& DistributedLayerStack::plans() const { return impl_->plans; }
+const StepExecutor& DistributedLayerStack::executor() const { return *impl_->executor; }
 const DpGatherLayout& DistributedLayerStack::last_layout() const { return impl_->last_layout; }
 const std::vector<AfterMlpOp>& DistributedLayerStack::last_after_mlp_ops() const {
   return impl_->last_ops;

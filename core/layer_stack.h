@@ -61,6 +61,7 @@
 #include "core/dp_padding.h"
 #include "core/layer_plan.h"
 #include "core/parallel_groups.h"
+#include "core/step_executor.h"
 
 namespace moe_ep::core {
 
@@ -115,11 +116,15 @@ class DistributedLayerStack {
   // attention and dense shards, its experts) and, when a sparse layer runs
   // SCATTERED, an EpDispatcher over groups->world(). `groups` is not owned
   // and must outlive the stack; config.layout must equal groups->layout().
+  // `executor` runs the layers' communication steps (core/step_program.h):
+  // null = a HostStepExecutor over `groups`; otherwise one made for this
+  // rank of the same layout (kernels::StagedStepExecutor on NCCL groups).
   // Errors: ValidateLayerStackConfig and PlanLayers errors; kInvalidArgument
   // for a null groups or a layout that differs from the groups'; EpDispatcher
   // creation errors.
   static absl::StatusOr<std::unique_ptr<DistributedLayerStack>> Create(
-      const ParallelGroups* groups, const LayerStackConfig& config);
+      const ParallelGroups* groups, const LayerStackConfig& config,
+      std::unique_ptr<StepExecutor> executor = nullptr);
 
   // Forward()
   //
@@ -136,6 +141,8 @@ class DistributedLayerStack {
   absl::StatusOr<std::vector<float>> Forward(absl::Span<const float> tokens, int64_t num_tokens);
 
   const std::vector<LayerPlan>& plans() const;
+  // The executor of the communication steps ("host" or "device").
+  const StepExecutor& executor() const;
   // The DP layout of the last Forward (padding mode, rows).
   const DpGatherLayout& last_layout() const;
   // The after-MLP op each layer ran in the last Forward.

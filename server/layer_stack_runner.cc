@@ -16,6 +16,10 @@
 #include "core/status_macros.h"
 #include "server/tensor_codec.h"
 
+#ifdef MOE_EP_HAVE_CUDA
+#include "kernels/staged_step_executor.h"
+#endif
+
 namespace moe_ep::server {
 namespace {
 
@@ -100,6 +104,24 @@ absl::StatusOr<DecodedTensor<float>> DecodeTokens(const v1::Tensor& tensor, int6
         absl::StrCat("tokens.shape[0]: expected <= ", kMaxTokens, ", got ", tokens.shape[0]));
   }
   return tokens;
+}
+
+// The executor of the stack's communication steps on `groups`: the device
+// executor on NCCL groups, the host executor on Gloo groups.
+absl::StatusOr<std::unique_ptr<core::StepExecutor>> MakeStepExecutor(
+    const core::ParallelGroups& groups, int64_t hidden) {
+  if (groups.world().backend() == "nccl") {
+#ifdef MOE_EP_HAVE_CUDA
+    ASSIGN_OR_RETURN(std::unique_ptr<kernels::StagedStepExecutor> device,
+                     kernels::StagedStepExecutor::Create(groups, hidden));
+    return std::unique_ptr<core::StepExecutor>(std::move(device));
+#else
+    return absl::FailedPreconditionError(
+        "ForwardLayers: NCCL groups need a CUDA build (the device step executor)");
+#endif
+  }
+  return std::unique_ptr<core::StepExecutor>(
+      std::make_unique<core::HostStepExecutor>(&groups, hidden));
 }
 
 }  // namespace
@@ -254,8 +276,11 @@ absl::Status LayerStackRunner::Run(core::ControlCollective& world, int64_t gener
     const std::string tag = absl::StrCat("layer_stack.gen", generation, ".build", ++builds_);
     ASSIGN_OR_RETURN(std::unique_ptr<core::ParallelGroups> groups,
                      core::ParallelGroups::Create(&world, prepared->config.layout, tag));
-    ASSIGN_OR_RETURN(std::unique_ptr<core::DistributedLayerStack> stack,
-                     core::DistributedLayerStack::Create(groups.get(), prepared->config));
+    ASSIGN_OR_RETURN(std::unique_ptr<core::StepExecutor> executor,
+                     MakeStepExecutor(*groups, prepared->config.hidden));
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<core::DistributedLayerStack> stack,
+        core::DistributedLayerStack::Create(groups.get(), prepared->config, std::move(executor)));
     stack_ = std::move(stack);
     groups_ = std::move(groups);
     built_fingerprint_ = prepared->fingerprint;

@@ -3,7 +3,11 @@
 // The ForwardLayers RPC of the Worker service (proto/moe_ep/v1/worker.proto):
 // runs a core::DistributedLayerStack (core/layer_stack.h) under the layout,
 // all-to-all switch and sparse pattern of ConfigureLayers, on the group's
-// world collective (the CPU data plane's Gloo group). The stack, and the
+// world collective (the data plane's collective(): Gloo, or the host view of
+// the NCCL group). The layers' communication steps run on the host executor
+// for Gloo and on the device executor (kernels::StagedStepExecutor) for NCCL
+// (core/step_program.h; issue 11); the stand-in compute and the MoE dispatch
+// run on the host over the world collective either way. The stack, and the
 // core::ParallelGroups it runs on, are built lazily on the first call after
 // Configure() and rebuilt when the configuration, the request's stack spec or
 // the group generation changes.
@@ -20,8 +24,9 @@
 //      at that point, and the collectives stay in step, so the group stays
 //      usable. Then one all-gather of "needs a build" per rank;
 //   3. builds (when any rank needs it: all ranks build together) the sub-group
-//      under the Gloo tag "layer_stack.gen<generation>.build<b>" (Gloo store
-//      keys are write-once, so every build gets a fresh tag) and the stack;
+//      under the tag "layer_stack.gen<generation>.build<b>" (Gloo store keys
+//      are write-once, so every build gets a fresh tag), the step executor
+//      and the stack;
 //   4. runs DistributedLayerStack::Forward.
 // Errors leave the runner as it was (a failed build keeps the previous stack).
 //

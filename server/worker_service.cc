@@ -570,11 +570,6 @@ absl::Status WorkerService::DoForwardLayers(grpc::ServerContext* context,
   // before anything moves (server/layer_stack_runner.h).
   absl::Status local = RequirePhase(WorkerPhase::kConfigured, "ForwardLayers");
   if (local.ok()) local = CheckForwardLayers(options_.limits, request);
-  if (local.ok() && data_plane_->backend() != "gloo") {
-    local = absl::UnimplementedError(
-        "ForwardLayers: the layer stack runs on the Gloo backend; GPU layer communicator is not "
-        "built yet (join with backend \"gloo\")");
-  }
   const LayerStackRunner::VoteFn vote = [&](absl::Status runner_local,
                                             std::vector<core::BallotField> fields) {
     return Vote("ForwardLayers", local.ok() ? std::move(runner_local) : local, std::move(fields));
