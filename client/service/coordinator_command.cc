@@ -6,6 +6,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/cli_validators.h"
 #include "client/desired_state.h"
 #include "client/group_keeper.h"
@@ -115,12 +116,29 @@ void AddCoordinatorFlags(CLI::App* cmd, CoordinatorCommandOptions* o) {
                   "every rank must report health SERVING this soon after a formation, ms")
       ->capture_default_str()
       ->check(Positive());
+  cmd->add_flag("--check", o->check_only,
+                "validate the desired state, print its ranks and exit (does not serve)");
 }
 
 absl::Status RunCoordinatorCommand(const CoordinatorCommandOptions& options, std::ostream& out,
                                    const std::function<bool()>& stop) {
   ASSIGN_OR_RETURN(std::optional<v1::DesiredState> initial, InitialState(options));
   if (initial.has_value()) RETURN_IF_ERROR(ValidateDesiredState(*initial));
+  if (options.check_only) {
+    if (!initial.has_value())
+      return absl::InvalidArgumentError("--check needs --state or --targets");
+    const v1::DesiredState full = WithDefaults(*initial);
+    const std::vector<std::string> targets =
+        full.has_headless_service()
+            ? HeadlessServiceTargets(full.headless_service())
+            : std::vector<std::string>(full.targets().begin(), full.targets().end());
+    ASSIGN_OR_RETURN(GroupRequests requests,
+                     BuildGroupRequests(full, static_cast<int>(targets.size())));
+    out << "desired state OK: " << targets.size() << " ranks (" << absl::StrJoin(targets, ",")
+        << "), backend " << full.backend() << ", model " << full.model() << ", "
+        << requests.load.size() << " layer(s), capacity " << full.capacity_tokens() << "\n";
+    return absl::OkStatus();
+  }
 
   server::ServerSecurityOptions security;
   security.listen = options.listen;

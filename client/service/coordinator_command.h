@@ -22,7 +22,9 @@
 // required from clients and sent to the workers; plaintext only on loopback
 // unless --allow-insecure.
 //
-// Prints "moe-ep coordinator listening on HOST:PORT" once serving.
+// Prints "moe-ep coordinator listening on HOST:PORT" once serving. With
+// --check it only validates the desired state (deploy/validate runs it on the
+// manifests' ConfigMaps) and prints "desired state OK: ..." with its targets.
 
 #include <functional>
 #include <memory>
@@ -63,6 +65,8 @@ struct CoordinatorCommandOptions {
   int backoff_initial_ms = 250;
   int backoff_max_ms = 10000;
   int settle_timeout_ms = 5000;
+  // --check: validate the desired state, print its ranks, exit (no serving).
+  bool check_only = false;
 
   // Null: DefaultTargetResolver (tests inject loopback targets here).
   std::shared_ptr<TargetResolver> resolver;
