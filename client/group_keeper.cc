@@ -16,6 +16,9 @@ constexpr size_t kHistorySize = 256;
 // How often the targets are resolved again while some rank does not answer
 // (a replaced pod may have come back under a new address).
 constexpr absl::Duration kResolveInterval = absl::Seconds(1);
+// How long the first formation waits for every health Watch to open before
+// it gives up adopting a running group.
+constexpr absl::Duration kAdoptionWait = absl::Seconds(2);
 // How soon a resolution that failed is tried again.
 constexpr absl::Duration kResolveRetry = absl::Milliseconds(200);
 
@@ -229,10 +232,9 @@ v1::RankView GroupKeeper::ClassifyLocked(int rank, const RankObservation& obs) c
   } else if (!obs.probed) {
     v.set_state(v1::RANK_STATE_UNSPECIFIED);
     v.set_last_error("not probed yet");
-  } else if (forming_) {
-    v.set_state(v1::RANK_STATE_FORMING);
   } else if (formed_version_ >= 0 && obs.status.generation() == generation_ &&
              obs.status.state() != v1::WORKER_STATE_STARTED) {
+    // In the group formed last (formed_version_ is -1 while forming).
     const bool serving = obs.readiness == grpc::health::v1::HealthCheckResponse::SERVING;
     if (serving && obs.status.state() == v1::WORKER_STATE_ALLOCATED) {
       v.set_state(v1::RANK_STATE_READY);
@@ -242,8 +244,8 @@ v1::RankView GroupKeeper::ClassifyLocked(int rank, const RankObservation& obs) c
           "in generation ", generation_, ", state ", v1::WorkerState_Name(obs.status.state()),
           ", health ", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(obs.readiness)));
     }
-  } else if (formed_version_ >= 0 && !settled_) {
-    // Formed, but this rank's probe has not seen the new generation yet.
+  } else if (forming_ || (formed_version_ >= 0 && !settled_)) {
+    // Being formed, or formed but its probe has not seen the new generation.
     v.set_state(v1::RANK_STATE_FORMING);
   } else {
     v.set_state(v1::RANK_STATE_IDLE);
@@ -314,17 +316,38 @@ void GroupKeeper::UpdateLocked(absl::Time now) {
     phase_ = v1::GROUP_PHASE_DRAINED;
   } else if (ready) {
     phase_ = v1::GROUP_PHASE_READY;
-  } else if (forming_ || (formed_version_ >= 0 && !settled_)) {
-    phase_ = v1::GROUP_PHASE_FORMING;
-  } else if (std::any_of(views_.begin(), views_.end(),
-                         [](const v1::RankView& v) { return Lost(v.state()); }) ||
-             watchers_.empty()) {
-    phase_ = v1::GROUP_PHASE_WAITING;
-  } else if (now < next_attempt_) {
-    phase_ = v1::GROUP_PHASE_BACKING_OFF;
   } else {
-    phase_ = v1::GROUP_PHASE_FORMING;
+    // FORMING: an attempt runs, settles, or starts at the next loop turn.
+    const bool busy = forming_ || (formed_version_ >= 0 && !settled_);
+    const bool lost =
+        watchers_.empty() || std::any_of(views_.begin(), views_.end(),
+                                         [](const v1::RankView& v) { return Lost(v.state()); });
+    phase_ = !busy && lost                  ? v1::GROUP_PHASE_WAITING
+             : !busy && now < next_attempt_ ? v1::GROUP_PHASE_BACKING_OFF
+                                            : v1::GROUP_PHASE_FORMING;
   }
+}
+
+int64_t GroupKeeper::AdoptableGenerationLocked() const {
+  const v1::DesiredState desired = WithDefaults(desired_);
+  const int n = static_cast<int>(watchers_.size());
+  int64_t generation = 0;
+  for (int r = 0; r < n; ++r) {
+    const RankObservation obs = watchers_[r]->Observe();
+    const v1::GetStatusResponse& s = obs.status;
+    const bool swiglu = desired.experts().kind() == v1::EXPERT_KIND_SWIGLU;
+    if (obs.probed && obs.probe.ok() && !obs.watch_open && obs.watch_error.ok()) return -1;
+    if (!obs.probed || !obs.probe.ok() ||
+        obs.readiness != grpc::health::v1::HealthCheckResponse::SERVING ||
+        s.state() != v1::WORKER_STATE_ALLOCATED || s.generation() <= 0 || s.rank() != r ||
+        s.world_size() != n || (r > 0 && s.generation() != generation) ||
+        (desired.backend() != "auto" && s.backend() != desired.backend()) ||
+        s.capacity_tokens() != desired.capacity_tokens() || (s.expert_bytes() > 0) != swiglu) {
+      return 0;
+    }
+    generation = s.generation();
+  }
+  return generation;
 }
 
 void GroupKeeper::FailAttemptLocked(const std::string& error, absl::Time now) {
@@ -460,6 +483,22 @@ void GroupKeeper::Loop() {
       } else if (formed_version_ != desired_version_ && !forming_ && !any_lost &&
                  now >= next_attempt_) {
         action = Action::kForm;
+        if (!adoption_checked_) {
+          adoption_checked_ = true;
+          const int64_t g = AdoptableGenerationLocked();
+          if (g < 0 && now - last_resolve_ < kAdoptionWait) {
+            adoption_checked_ = false;  // a Watch is still opening: decide later
+            action = Action::kNone;
+          } else if (g > 0) {
+            generation_ = g;
+            formed_version_ = desired_version_;
+            formed_at_ = now;
+            RecordLocked("adopted", -1,
+                         absl::StrCat("the workers' group of generation ", g,
+                                      " matches the desired state: not re-formed"));
+            continue;
+          }
+        }
       } else if (formed_version_ >= 0 && !settled_ && !forming_ &&
                  now - formed_at_ > options_.settle_timeout) {
         int r = 0;

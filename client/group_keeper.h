@@ -14,6 +14,15 @@
 // back-off (backoff_initial, doubling, at most backoff_max); a formation
 // counts as done once every rank pushes health SERVING within settle_timeout.
 //
+// A coordinator that starts (or restarts) next to a group that already
+// matches leaves it alone (DESIGN §16: no needless re-form): before its first
+// formation it adopts the workers' group when every rank answers READY-like —
+// health SERVING, ALLOCATED, one generation, rank i of N at target i, the
+// desired backend (unless "auto") and capacity, and expert weights loaded iff
+// the experts are SwiGLU. GetStatus shows neither the model nor which layers
+// are loaded, so a group formed by another client with the same shape but
+// another model would be adopted too; Apply a state to force a re-form.
+//
 // Phases and rank states: proto/moe_ep/v1/coordinator.proto.
 //
 // Thread safety: every public method may be called from any thread. The
@@ -97,6 +106,10 @@ class GroupKeeper {
                     double seconds = 0);
   void SetReadyLocked(bool ready, absl::Time now);
   void FailAttemptLocked(const std::string& error, absl::Time now);
+  // The generation of a running group that matches the desired state (see
+  // the file comment), 0 when there is none, -1 while a rank's health Watch
+  // has not delivered its first status (undecided).
+  int64_t AdoptableGenerationLocked() const;
 
   const GroupKeeperOptions options_;
   std::mutex formation_mu_;  // held by an attempt and by Drain
@@ -118,6 +131,7 @@ class GroupKeeper {
   int64_t formed_version_ = -1;
   int64_t generation_ = 0;
   bool forming_ = false;
+  bool adoption_checked_ = false;  // the first formation looked for a group to adopt
   bool settled_ = false;
   absl::Time formed_at_ = absl::InfinitePast();
   bool ready_ = false;

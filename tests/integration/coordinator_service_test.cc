@@ -312,6 +312,31 @@ TEST_F(CoordinatorServiceTest, StoppedWorkerIsUnresponsiveWithinTheProbeTimeout)
   ExpectFormedOnWorkers(g);
 }
 
+TEST_F(CoordinatorServiceTest, ARestartedCoordinatorAdoptsAGroupThatMatches) {
+  v1::GetGroupResponse g;
+  ASSERT_TRUE(WaitFor(Ready, absl::Seconds(120), &g)) << g.DebugString();
+  // A second keeper with the same desired state, as after a coordinator
+  // restart: it takes the running group over instead of re-forming it.
+  client::GroupKeeperOptions options;
+  options.resolver = std::make_shared<LoopbackResolver>(cluster_->targets());
+  options.probe_interval = kProbeInterval;
+  auto second = client::GroupKeeper::Start(options, MainJobState());
+  ASSERT_TRUE(second.ok()) << second.status();
+  v1::GetGroupResponse adopted;
+  for (int i = 0; i < 2000; ++i) {  // up to 20 s
+    adopted = (*second)->Snapshot();
+    if (adopted.phase() == v1::GROUP_PHASE_READY) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(adopted.phase(), v1::GROUP_PHASE_READY) << adopted.DebugString();
+  EXPECT_EQ(adopted.generation(), g.generation());
+  bool adopted_event = false;
+  for (const v1::GroupEvent& e : adopted.history()) adopted_event |= e.kind() == "adopted";
+  EXPECT_TRUE(adopted_event) << adopted.DebugString();
+  for (int r = 0; r < kWorkers; ++r) EXPECT_EQ(WorkerStatus(r).generation(), g.generation());
+  EXPECT_EQ(Group().generation(), g.generation());  // the first one saw no change either
+}
+
 TEST_F(CoordinatorServiceTest, ApplyIsIdempotentRejectsBadStatesAndDrainLeaves) {
   v1::GetGroupResponse g;
   ASSERT_TRUE(WaitFor(Ready, absl::Seconds(120), &g)) << g.DebugString();
