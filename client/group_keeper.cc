@@ -236,7 +236,10 @@ v1::RankView GroupKeeper::ClassifyLocked(int rank, const RankObservation& obs) c
              obs.status.state() != v1::WORKER_STATE_STARTED) {
     // In the group formed last (formed_version_ is -1 while forming).
     const bool serving = obs.readiness == grpc::health::v1::HealthCheckResponse::SERVING;
-    if (serving && obs.status.state() == v1::WORKER_STATE_ALLOCATED) {
+    if (obs.status.group_broken()) {
+      v.set_state(v1::RANK_STATE_BROKEN);
+      v.set_last_error(absl::StrCat("group broken: ", obs.status.broken_reason()));
+    } else if (serving && obs.status.state() == v1::WORKER_STATE_ALLOCATED) {
       v.set_state(v1::RANK_STATE_READY);
     } else {
       v.set_state(settled_ ? v1::RANK_STATE_BROKEN : v1::RANK_STATE_FORMING);
@@ -339,8 +342,8 @@ int64_t GroupKeeper::AdoptableGenerationLocked() const {
     if (obs.probed && obs.probe.ok() && !obs.watch_open && obs.watch_error.ok()) return -1;
     if (!obs.probed || !obs.probe.ok() ||
         obs.readiness != grpc::health::v1::HealthCheckResponse::SERVING ||
-        s.state() != v1::WORKER_STATE_ALLOCATED || s.generation() <= 0 || s.rank() != r ||
-        s.world_size() != n || (r > 0 && s.generation() != generation) ||
+        s.state() != v1::WORKER_STATE_ALLOCATED || s.group_broken() || s.generation() <= 0 ||
+        s.rank() != r || s.world_size() != n || (r > 0 && s.generation() != generation) ||
         (desired.backend() != "auto" && s.backend() != desired.backend()) ||
         s.capacity_tokens() != desired.capacity_tokens() || (s.expert_bytes() > 0) != swiglu) {
       return 0;

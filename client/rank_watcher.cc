@@ -112,7 +112,8 @@ void RankWatcher::ProbeLoop() {
                 observation_.probe.code() != status.code();
       if (status.ok()) {
         changed = changed || response.generation() != observation_.status.generation() ||
-                  response.state() != observation_.status.state();
+                  response.state() != observation_.status.state() ||
+                  response.group_broken() != observation_.status.group_broken();
         observation_.status = response;
         observation_.last_answer = absl::Now();
       }
