@@ -86,21 +86,31 @@ absl::Status AggregateRankErrors(absl::string_view op, const std::vector<std::st
                                    " ranks: ", absl::StrJoin(parts, "; ")));
 }
 
+std::shared_ptr<grpc::Channel> MakeWorkerChannel(const std::string& target,
+                                                 const CoordinatorOptions& options) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  // Workers are addressed directly; an http_proxy in the environment must not
+  // capture loopback or cluster-internal addresses.
+  args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
+  if (options.max_reconnect_backoff > absl::ZeroDuration()) {
+    const int ms = static_cast<int>(absl::ToInt64Milliseconds(options.max_reconnect_backoff));
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, ms);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, ms);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, ms);
+  }
+  return grpc::CreateCustomChannel(target,
+                                   options.channel_credentials != nullptr
+                                       ? options.channel_credentials
+                                       : grpc::InsecureChannelCredentials(),
+                                   args);
+}
+
 Coordinator::Coordinator(std::vector<std::string> targets, CoordinatorOptions options)
     : targets_(std::move(targets)), options_(std::move(options)) {
   for (const std::string& target : targets_) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(options_.max_message_bytes);
-    args.SetMaxSendMessageSize(options_.max_message_bytes);
-    // Workers are addressed directly; an http_proxy in the environment must not
-    // capture loopback or cluster-internal addresses.
-    args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
-    auto channel = grpc::CreateCustomChannel(target,
-                                             options_.channel_credentials != nullptr
-                                                 ? options_.channel_credentials
-                                                 : grpc::InsecureChannelCredentials(),
-                                             args);
-    stubs_.push_back(v1::Worker::NewStub(channel));
+    stubs_.push_back(v1::Worker::NewStub(MakeWorkerChannel(target, options_)));
   }
 }
 

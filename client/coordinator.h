@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "grpcpp/channel.h"
 #include "grpcpp/security/credentials.h"
 #include "moe_ep/v1/worker.grpc.pb.h"
 
@@ -45,7 +46,18 @@ struct CoordinatorOptions {
   // Credentials of every channel (TLS, client certificate, bearer token:
   // client/credentials.h); null = plaintext.
   std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
+  // Longest wait between reconnection attempts to a worker that went away;
+  // zero = gRPC's default (up to 120 s). A long-running coordinator sets it
+  // low so a restarted worker is reached again within that time.
+  absl::Duration max_reconnect_backoff = absl::ZeroDuration();
 };
+
+// The channel a Coordinator uses for `target`: options.channel_credentials
+// (null = plaintext), the message limit both ways, no HTTP proxy, and
+// options.max_reconnect_backoff (also the initial and minimum back-off) when
+// set. Connects lazily. Thread-safe.
+std::shared_ptr<grpc::Channel> MakeWorkerChannel(const std::string& target,
+                                                 const CoordinatorOptions& options);
 
 // Returns OK when every entry of `per_rank` is OK; otherwise one status whose
 // message lists every failing rank as "rank R (TARGET): CODE: message",

@@ -156,19 +156,51 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     std::lock_guard<std::mutex> lock(RegistryMutex());
     Registry().insert(cluster.get());
   }
+  std::vector<int> all;
   for (int i = 0; i < options.num_workers; ++i) {
-    absl::Status s = cluster->Spawn(i);
+    absl::Status s = cluster->Spawn(i, "127.0.0.1:0", /*append_log=*/false);
     if (!s.ok()) return s;  // the destructor stops the workers started so far
+    all.push_back(i);
   }
-  RETURN_IF_ERROR(cluster->ReadAddresses());
+  RETURN_IF_ERROR(cluster->ReadAddresses(all));
   return cluster;
 }
 
-absl::Status LocalCluster::Spawn(int index) {
+absl::Status LocalCluster::Restart(int index) {
+  if (index < 0 || index >= num_workers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker index: expected 0..", num_workers() - 1, ", got ", index));
+  }
+  std::thread drain;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Worker& w = workers_[index];
+    ReapLocked(w, false);
+    if (!w.reaped && w.pid > 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker ", index, " (pid ", w.pid, ") is still running"));
+    }
+    drain = std::move(w.drain);
+  }
+  // Its output thread ends at the pipe's EOF (it tries mu_, never blocks on it).
+  if (drain.joinable()) drain.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Worker& w = workers_[index];
+    if (w.stdout_fd >= 0) close(w.stdout_fd);
+    if (w.owns_log_fd && w.log_fd >= 0) close(w.log_fd);
+    w = Worker();
+  }
+  RETURN_IF_ERROR(Spawn(index, targets_[index], /*append_log=*/true));
+  return ReadAddresses({index});
+}
+
+absl::Status LocalCluster::Spawn(int index, const std::string& listen, bool append_log) {
   Worker& w = workers_[index];
   if (!options_.log_dir.empty()) {
     const std::string path = absl::StrCat(options_.log_dir, "/worker-", index, ".log");
-    w.log_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    w.log_fd = open(path.c_str(),
+                    O_WRONLY | O_CREAT | (append_log ? O_APPEND : O_TRUNC) | O_CLOEXEC, 0644);
     if (w.log_fd < 0) {
       return absl::NotFoundError(
           absl::StrCat("--log-dir: cannot write '", path, "': ", strerror(errno)));
@@ -179,7 +211,7 @@ absl::Status LocalCluster::Spawn(int index) {
   }
   // Everything the child needs is prepared before fork: after it, only
   // async-signal-safe calls (this process has gRPC threads).
-  std::vector<std::string> args = {binary_, "--listen=127.0.0.1:0",
+  std::vector<std::string> args = {binary_, absl::StrCat("--listen=", listen),
                                    absl::StrCat("--backend=", options_.backend)};
   for (const std::string& a : options_.extra_args) args.push_back(a);
   if (!options_.per_worker_args.empty()) {
@@ -230,12 +262,13 @@ absl::Status LocalCluster::Spawn(int index) {
   return absl::OkStatus();
 }
 
-absl::Status LocalCluster::ReadAddresses() {
+absl::Status LocalCluster::ReadAddresses(const std::vector<int>& indices) {
   const int n = num_workers();
   const absl::Time deadline = absl::Now() + options_.start_timeout;
   std::vector<std::string> buffers(n);
-  std::vector<bool> done(n, false);
-  int remaining = n;
+  std::vector<bool> done(n, true);
+  for (int i : indices) done[i] = false;
+  int remaining = static_cast<int>(indices.size());
   while (remaining > 0) {
     std::vector<pollfd> fds;
     std::vector<int> index_of;
@@ -298,7 +331,7 @@ absl::Status LocalCluster::ReadAddresses() {
     }
   }
   // From here on the workers' stdout only carries logs.
-  for (int i = 0; i < n; ++i) {
+  for (int i : indices) {
     Worker& w = workers_[i];
     if (!buffers[i].empty()) WriteAll(w.log_fd, buffers[i].data(), buffers[i].size());
     w.drain = std::thread(&LocalCluster::DrainAndWatch, this, i, w.stdout_fd, w.log_fd);

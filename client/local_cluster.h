@@ -142,6 +142,14 @@ class LocalCluster {
   // SIGKILL, reaps it. Errors: kInvalidArgument for a bad index; kNotFound
   // when the worker has already exited.
   absl::Status Kill(int index, int signo);
+  // Starts worker `index` again after it exited (a kill from a test, a
+  // crash) on the address it had (--listen=<its target>), with the same
+  // arguments, and waits for its address line; its log under log_dir is
+  // appended to. Call it from the thread that called Start() (see
+  // PR_SET_PDEATHSIG above). Exits() keeps the earlier exits.
+  // Errors: kInvalidArgument for a bad index; kFailedPrecondition while the
+  // worker still runs; Start()'s errors for the new process.
+  absl::Status Restart(int index);
   // True while worker `index` runs (not yet reaped).
   bool IsRunning(int index);
   // The waitpid() status of worker `index` once it has exited and been
@@ -173,8 +181,11 @@ class LocalCluster {
   };
 
   explicit LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {}
-  absl::Status Spawn(int index);
-  absl::Status ReadAddresses();
+  // Starts worker `index` listening on `listen`; appends to its log file when
+  // `append_log`.
+  absl::Status Spawn(int index, const std::string& listen, bool append_log);
+  // Reads the address lines of `indices` and starts their output threads.
+  absl::Status ReadAddresses(const std::vector<int>& indices);
   absl::Status StopLocked();
   void ReapLocked(Worker& w, bool block);
   // The output thread of worker `index`: copies its stdout to its log, then,

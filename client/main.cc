@@ -23,6 +23,7 @@
 #include "client/plan_command.h"
 #include "client/run_job.h"
 #include "client/run_tp_options.h"
+#include "client/service/coordinator_command.h"
 #include "client/stack_job.h"
 #include "client/status_command.h"
 #include "client/up_command.h"
@@ -188,6 +189,21 @@ int main(int argc, char** argv) {
     watch_options.clear_screen = !watch_no_clear;
     action = [&] {
       return RunWatchCommand(watch_options, std::cout, [] { return InterruptSignal() != 0; });
+    };
+  });
+
+  // coordinator
+  CoordinatorCommandOptions coordinator_options;
+  auto* coordinator = app.add_subcommand(
+      "coordinator",
+      "long-running service: keep a worker group formed, configured and allocated as a desired "
+      "state says, re-forming it after any worker restart or failure (DESIGN §16)");
+  AddCoordinatorFlags(coordinator, &coordinator_options);
+  coordinator->callback([&] {
+    long_running_up = true;  // stops by itself on SIGINT / SIGTERM (exit 0)
+    action = [&] {
+      return RunCoordinatorCommand(coordinator_options, std::cout,
+                                   [] { return InterruptSignal() != 0; });
     };
   });
 

@@ -30,8 +30,14 @@
 //      yet joined, or whose group broke, would be restarted); readiness probes
 //      ask "moe_ep.v1.Worker"; exec probes use `moe-ep health` on a loopback
 //      address (no DNS, no certificate), never `moe-ep status`;
+//      the coordinator (`moe-ep coordinator`) likewise, with its readiness
+//      name "moe_ep.v1.Coordinator", on its --health-listen port;
 //   4b. transport security: a worker listening on a non-loopback address
 //      serves TLS or passes --allow-insecure (else it exits at start-up);
+//   4c. the coordinator's desired state: every ConfigMap key named
+//      desired-state.json passes `moe-ep coordinator --state FILE --check`
+//      (the proto3 JSON of moe_ep.v1.DesiredState, validated as the
+//      coordinator would at start-up: fields, model, layers, experts >= ranks);
 //   5. DESIGN §12: an NCCL worker has NCCL_NVLS_ENABLE=0; one on the host
 //      network also has NCCL_HOSTID from spec.nodeName, host IPC and IPC_LOCK.
 //
@@ -464,19 +470,25 @@ function probeService(name, p, where, problems) {
   return service;
 }
 
-function checkProbeSemantics(c, where, problems) {
+// `readiness`: the name that follows the group — the worker's
+// "moe_ep.v1.Worker", or the coordinator's "moe_ep.v1.Coordinator" (SERVING
+// only while the group is formed and matches its desired state).
+function checkProbeSemantics(c, where, problems, readiness = READINESS_SERVICE) {
   for (const [name, p] of probeList(c)) {
     const service = probeService(name, p, where, problems);
     if (service === null) continue;
     const shown = service === "" ? '""' : `"${service}"`;
-    if (name !== "readinessProbe" && service === READINESS_SERVICE) {
-      problems.push(`${where}: ${name} asks ${shown}, which follows the group (NOT_SERVING until joined and while broken): a pod not yet joined, or whose group broke, would be restarted; ask "" (liveness)`);
+    if (name !== "readinessProbe" && service === readiness) {
+      problems.push(`${where}: ${name} asks ${shown}, which follows the group (NOT_SERVING until formed and while broken): a pod would be restarted for the group's state; ask "" (liveness)`);
     }
-    if (name === "readinessProbe" && service !== READINESS_SERVICE) {
-      problems.push(`${where}: readinessProbe asks ${shown}, which does not follow the group: ask "${READINESS_SERVICE}"`);
+    if (name === "readinessProbe" && service !== readiness) {
+      problems.push(`${where}: readinessProbe asks ${shown}, which does not follow the group: ask "${readiness}"`);
     }
   }
 }
+
+const COORDINATOR_READINESS = "moe_ep.v1.Coordinator";
+const isCoordinator = (inv) => inv.bin === "moe-ep" && inv.args.find((a) => !a.startsWith("-")) === "coordinator";
 
 function checkFlags(inv, help, where, problems) {
   const h = help[inv.bin];
@@ -579,6 +591,20 @@ function checkContainer(c, pod, where, ctx, problems) {
   }
   for (const inv of invocations) checkFlags(inv, ctx.help, `${where}: ${inv.bin}`, problems);
   if (main.invocations.some((i) => i.bin === "moe-ep-worker")) checkProbeSemantics(c, where, problems);
+  // The coordinator service: the same rules with its own readiness name, and
+  // gRPC probes on its plaintext --health-listen port.
+  for (const inv of main.invocations.filter(isCoordinator)) {
+    checkProbeSemantics(c, where, problems, COORDINATOR_READINESS);
+    const health = literalPort(flagValue(inv, "health-listen"));
+    for (const [name, p] of probeList(c)) {
+      if (!p.grpc) continue;
+      if (health === null) {
+        problems.push(`${where}: ${name} is a gRPC probe of moe-ep coordinator without --health-listen (the kubelet cannot do TLS)`);
+      } else if (p.grpc.port !== undefined && p.grpc.port !== health) {
+        problems.push(`${where}: ${name}.grpc.port ${p.grpc.port} is not the coordinator's --health-listen port ${health}`);
+      }
+    }
+  }
 
   // Kubernetes expands $(NAME) in command, args and env values; an unknown
   // name stays literally in the string, which is never what was meant.
@@ -650,6 +676,21 @@ function checkContainer(c, pod, where, ctx, problems) {
   }
 }
 
+// `moe-ep coordinator --state FILE --check` on a desired state's text.
+function checkDesiredState(text, where, cliBin, problems) {
+  const dir = fs.mkdtempSync(path.join(process.env.TMPDIR ?? "/tmp", "moe-ep-state-"));
+  const file = path.join(dir, "desired-state.json");
+  try {
+    fs.writeFileSync(file, text);
+    execFileSync(cliBin, ["coordinator", "--state", file, "--check"], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
+  } catch (e) {
+    const why = `${e.stderr ?? ""}${e.stdout ?? ""}`.trim().replaceAll(file, "FILE") || e.message;
+    problems.push(`${where}: \`moe-ep coordinator --check\` rejects it: ${why}`);
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+}
+
 // ---- main ---------------------------------------------------------------------
 
 function grpcServicesOf(protoDir) {
@@ -715,6 +756,9 @@ async function main() {
           }
         }
         typed.push({ value: doc, types: typesModule(doc.apiVersion), type: doc.kind, label, where: "" });
+      }
+      if (doc.kind === "ConfigMap" && typeof doc.data?.["desired-state.json"] === "string") {
+        checkDesiredState(doc.data["desired-state.json"], `${label}: data/desired-state.json`, opts.cli, problems);
       }
       for (const [podPath, pod] of podSpecs(doc)) {
         for (const kind of ["initContainers", "containers"]) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Proves that scripts/validate-deploy.sh rejects broken manifests: breaks a
-# copy of deploy/k8s in seventeen independent ways, runs the validator once, and
+# copy of deploy/k8s in nineteen independent ways, runs the validator once, and
 # requires exit status 1 and one FAIL line naming each breakage.
 # Usage: tests/deploy/validate_deploy_rejects.sh BUILD_DIR
 set -euo pipefail
@@ -34,10 +34,10 @@ edit overlays/lws/leaderworkerset.yaml 'restartPolicy: RecreateGroupOnPodRestart
 edit overlays/lws/leaderworkerset.yaml 'startupPolicy: LeaderCreated' 'startPolicy: LeaderCreated'
 # 5. a worker flag the binary does not have.
 edit overlays/cpu/worker-resources.yaml '--drain-timeout-ms=20000' '--drain-timeout=20000'
-# 6. a moe-ep run flag the binary does not have.
-edit base/coordinator-job.yaml '--rpc-timeout 300' '--rpc-deadline 300'
+# 6. a moe-ep coordinator flag the binary does not have.
+edit base/coordinator.yaml '--probe-timeout-ms=2000' '--probe-deadline-ms=2000'
 # 7. an env variable nothing reads, and a script variable nothing defines.
-edit overlays/lws/coordinator-job.yaml '- name: MODEL' '- name: MODEL_NAME'
+edit overlays/lws/coordinator.yaml '- name: MODEL' '- name: MODEL_NAME'
 # 8. a readiness probe on a service the worker does not serve.
 edit overlays/gpu-node/kustomization.yaml 'patches:' 'patches:
   - patch: |-
@@ -76,6 +76,13 @@ edit base/statefulset.yaml '              port: 8081
 edit overlays/gpu/worker-remove-fixed-port.yaml 'moe-ep health --target "127.0.0.1:$((HEALTH_BASE_PORT + ${POD_INDEX:-${POD_NAME##*-}}))" --service moe_ep.v1.Worker' 'moe-ep status --targets "$POD_NAME.moe-ep-worker:$((BASE_PORT + ${POD_INDEX:-${POD_NAME##*-}}))"'
 # 16. a readiness probe on the liveness name (passes before the worker joined).
 edit overlays/lws/leaderworkerset.yaml ' --service moe_ep.v1.Worker' ''
+# 17. the coordinator's readiness probe on the liveness name (it would pass
+# while the group is down).
+edit base/coordinator.yaml '              port: 8082
+              service: moe_ep.v1.Coordinator' '              port: 8082
+              service: ""'
+# 18. a desired state the coordinator would refuse (a misspelt field).
+edit overlays/gpu-node/coordinator-nccl.yaml '"procs_per_pod": 8' '"procs_per_node": 8'
 
 # 14. a worker flag in the underscore spelling of earlier releases (still
 # accepted by the worker for one release, but the manifests are kebab-case).
@@ -100,7 +107,7 @@ expect "/spec/template/spec/containers/0/readinessProbe/grpc must have required 
 expect '/spec/leaderWorkerTemplate/restartPolicy: must be equal to one of the allowed values' 'LWS enum'
 expect 'LeaderWorkerSet/moe-ep: /spec: unknown field "startPolicy"' 'LWS unknown field'
 expect 'flag --drain-timeout of moe-ep-worker is not in `moe-ep-worker --help`' 'worker flag'
-expect 'flag --rpc-deadline of moe-ep is not in `moe-ep run --help`' 'moe-ep flag'
+expect 'flag --probe-deadline-ms of moe-ep is not in `moe-ep coordinator --help`' 'moe-ep flag'
 expect 'env MODEL_NAME is read by nothing' 'unused env'
 expect 'the shell script reads MODEL, which is neither an env variable nor assigned' 'undefined script variable'
 expect 'readinessProbe.grpc.service "moe_ep.v1.Workers" is not "" nor a service of proto/' 'probe service'
@@ -113,7 +120,9 @@ expect 'flag --log_level of moe-ep-worker is a deprecated spelling: use --log-le
 expect 'livenessProbe.grpc.port 50051 is not the worker'"'"'s --health-listen port 8081' 'probe not on the health port'
 expect 'startupProbe asks "moe_ep.v1.Worker", which follows the group' 'startup probe on the readiness name'
 expect 'readinessProbe calls `moe-ep status`, which depends on DNS' 'exec probe through DNS and TLS'
-expect 'readinessProbe asks "", which does not follow the group' 'readiness probe on the liveness name'
+expect 'readinessProbe asks "", which does not follow the group: ask "moe_ep.v1.Worker"' 'readiness probe on the liveness name'
+expect 'readinessProbe asks "", which does not follow the group: ask "moe_ep.v1.Coordinator"' 'coordinator readiness probe on the liveness name'
+expect 'ConfigMap/moe-ep-desired-state: data/desired-state.json: `moe-ep coordinator --check` rejects it' 'desired state'
 if [ "$rc" -ne 1 ]; then echo "validate-deploy.sh exited $rc, expected 1"; fails=$((fails + 1)); fi
 if [ "$fails" -ne 0 ]; then echo "$fails expectations failed"; exit 1; fi
 echo "all breakages rejected"

@@ -1,0 +1,193 @@
+#include "client/desired_state.h"
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "client/model_source.h"
+#include "client/targets.h"
+#include "core/status_macros.h"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
+
+namespace moe_ep::client {
+
+absl::StatusOr<v1::DesiredState> ParseDesiredStateJson(absl::string_view json) {
+  v1::DesiredState state;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  const auto status = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(json.data(), json.size()), &state, options);
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("desired state: not a moe_ep.v1.DesiredState in JSON: ", status.ToString()));
+  }
+  return state;
+}
+
+absl::StatusOr<v1::DesiredState> ReadDesiredStateFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("--state: cannot read ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  auto state = ParseDesiredStateJson(text.str());
+  if (!state.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", state.status().message()));
+  }
+  return state;
+}
+
+v1::DesiredState WithDefaults(const v1::DesiredState& state) {
+  v1::DesiredState out = state;
+  if (out.backend().empty()) out.set_backend(kDefaultStateBackend);
+  if (out.model().empty()) out.set_model(kDefaultStateModel);
+  if (out.layers() == 0) out.set_layers(kDefaultStateLayers);
+  if (out.capacity_tokens() == 0) out.set_capacity_tokens(kDefaultStateCapacityTokens);
+  if (out.dispatch_dtype() == v1::DISPATCH_DTYPE_UNSPECIFIED) {
+    out.set_dispatch_dtype(v1::DISPATCH_DTYPE_BF16);
+  }
+  if (out.experts().kind() == v1::EXPERT_KIND_UNSPECIFIED) {
+    out.mutable_experts()->set_kind(v1::EXPERT_KIND_SWIGLU);
+  }
+  if (out.group_timeout_ms() == 0) out.set_group_timeout_ms(kDefaultStateGroupTimeoutMs);
+  if (out.rpc_timeout_ms() == 0) out.set_rpc_timeout_ms(kDefaultStateRpcTimeoutMs);
+  if (out.has_headless_service()) {
+    v1::HeadlessService* h = out.mutable_headless_service();
+    if (h->procs_per_pod() == 0) h->set_procs_per_pod(1);
+    if (h->pod_prefix().empty()) {
+      h->set_pod_prefix(std::string(*absl::StrSplit(h->service(), '.').begin()));
+    }
+  }
+  return out;
+}
+
+bool SameDesiredState(const v1::DesiredState& a, const v1::DesiredState& b) {
+  return google::protobuf::util::MessageDifferencer::Equals(WithDefaults(a), WithDefaults(b));
+}
+
+namespace {
+
+absl::Status ValidateHeadless(const v1::HeadlessService& h) {
+  if (h.service().empty()) {
+    return absl::InvalidArgumentError("headless_service.service: empty (e.g. \"moe-ep-worker\")");
+  }
+  if (h.replicas() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("headless_service.replicas: expected >= 1, got ", h.replicas()));
+  }
+  if (h.port() < 1 || h.port() > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("headless_service.port: expected 1..65535, got ", h.port()));
+  }
+  if (h.procs_per_pod() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("headless_service.procs_per_pod: expected >= 0, got ", h.procs_per_pod()));
+  }
+  if (h.port_step() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("headless_service.port_step: expected >= 0, got ", h.port_step()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NonNegative(absl::string_view field, int64_t value) {
+  if (value >= 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, ": expected >= 0, got ", value));
+}
+
+}  // namespace
+
+absl::Status ValidateDesiredState(const v1::DesiredState& state) {
+  const bool has_targets = state.targets_size() > 0;
+  if (has_targets == state.has_headless_service()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("targets / headless_service: expected exactly one, got ",
+                     has_targets ? "both" : "neither"));
+  }
+  std::set<std::string> seen;
+  for (int r = 0; r < state.targets_size(); ++r) {
+    auto hp = SplitHostPort(state.targets(r));
+    if (!hp.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("targets[", r, "]: ", hp.status().message()));
+    }
+    if (!seen.insert(state.targets(r)).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "targets[", r, "]: ", state.targets(r), " appears twice (two ranks cannot share one)"));
+    }
+  }
+  if (state.has_headless_service()) RETURN_IF_ERROR(ValidateHeadless(state.headless_service()));
+  if (!state.backend().empty() && state.backend() != "gloo" && state.backend() != "nccl" &&
+      state.backend() != "auto") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("backend: expected gloo, nccl or auto, got \"", state.backend(), "\""));
+  }
+  RETURN_IF_ERROR(NonNegative("layers", state.layers()));
+  RETURN_IF_ERROR(NonNegative("capacity_tokens", state.capacity_tokens()));
+  RETURN_IF_ERROR(NonNegative("group_timeout_ms", state.group_timeout_ms()));
+  RETURN_IF_ERROR(NonNegative("rpc_timeout_ms", state.rpc_timeout_ms()));
+  const v1::DesiredState full = WithDefaults(state);
+  auto model = ResolveModel(full.model());
+  if (!model.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("model: ", model.status().message()));
+  }
+  const int sparse = model->NumSparseLayers();
+  if (full.layers() > sparse) {
+    return absl::InvalidArgumentError(absl::StrCat("layers: ", model->name, " has ", sparse,
+                                                   " sparse layers, asked for ", full.layers()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GroupRequests> BuildGroupRequests(const v1::DesiredState& state, int world) {
+  RETURN_IF_ERROR(ValidateDesiredState(state));
+  const v1::DesiredState full = WithDefaults(state);
+  ASSIGN_OR_RETURN(core::ModelDescription model, ResolveModel(full.model()));
+  if (model.num_experts < world) {
+    return absl::InvalidArgumentError(absl::StrCat("model: ", model.name, " has ",
+                                                   model.num_experts, " experts, fewer than the ",
+                                                   world, " ranks"));
+  }
+  GroupRequests out;
+  v1::ConfigureLayersRequest& configure = out.configure;
+  configure.mutable_layout()->set_tp_size(world);
+  configure.mutable_layout()->set_attn_dp_size(world);
+  configure.mutable_layout()->set_moe_dense_tp_size(1);
+  configure.set_a2a_enabled(true);
+  v1::ModelDescription* md = configure.mutable_model();
+  md->set_name(model.name);
+  md->set_hidden_size(model.hidden_size);
+  md->set_num_layers(model.num_layers);
+  md->set_num_experts(model.num_experts);
+  md->set_top_k(model.top_k);
+  md->set_moe_intermediate_size(model.moe_intermediate_size);
+  for (bool b : model.sparse_layers) md->add_sparse_layers(b);
+
+  v1::AllocateWorkspaceRequest& allocate = out.allocate;
+  allocate.set_hidden_size(model.hidden_size);
+  allocate.set_top_k(model.top_k);
+  allocate.set_num_experts(model.num_experts);
+  allocate.set_capacity_tokens(full.capacity_tokens());
+  allocate.set_dispatch_dtype(full.dispatch_dtype());
+  allocate.set_invalid_expert_id(v1::INVALID_EXPERT_ID_MINUS_ONE);
+
+  const std::vector<int> sparse = model.SparseLayerIndices();
+  for (int i = 0; i < full.layers(); ++i) {
+    v1::LoadExpertsRequest load;
+    load.set_layer(sparse[i]);
+    load.set_kind(full.experts().kind());
+    load.set_seed(full.experts().seed());
+    load.set_safetensors_path(full.experts().safetensors_path());
+    load.set_name_pattern(full.experts().name_pattern());
+    load.set_intermediate_size(model.moe_intermediate_size);
+    if (model.shared_expert.present()) {
+      load.mutable_shared_expert()->set_intermediate_size(model.shared_expert.intermediate_size);
+      load.mutable_shared_expert()->set_sigmoid_gate(model.shared_expert.sigmoid_gate);
+    }
+    out.load.push_back(std::move(load));
+  }
+  return out;
+}
+
+}  // namespace moe_ep::client

@@ -1,0 +1,79 @@
+#pragma once
+
+// The desired state of `moe-ep coordinator` (proto moe_ep.v1.DesiredState,
+// DESIGN §16, issue 12 item 5): reading it from a file, filling its defaults,
+// validating it, and turning it into the worker requests that make a group
+// match it.
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "moe_ep/v1/coordinator.pb.h"
+#include "moe_ep/v1/worker.pb.h"
+
+namespace moe_ep::client {
+
+namespace v1 = ::moe_ep::v1;
+
+// Defaults of the fields left 0 / empty (the main job's default run,
+// client/run_job.h: qwen3-30b-a3b, 3 layers, at most 384 tokens per rank).
+inline constexpr const char* kDefaultStateBackend = "gloo";
+inline constexpr const char* kDefaultStateModel = "qwen3-30b-a3b";
+inline constexpr int kDefaultStateLayers = 3;
+inline constexpr int64_t kDefaultStateCapacityTokens = 384;
+inline constexpr int64_t kDefaultStateGroupTimeoutMs = 30000;
+inline constexpr int64_t kDefaultStateRpcTimeoutMs = 120000;
+
+// ParseDesiredStateJson()
+//
+// Parses the proto3 JSON form of DesiredState (field names as in the .proto
+// or lowerCamelCase; enums by name). Errors: kInvalidArgument with the
+// parser's message (unknown field, wrong type).
+absl::StatusOr<v1::DesiredState> ParseDesiredStateJson(absl::string_view json);
+
+// Reads and parses `path`. Errors: kNotFound when it cannot be read (names
+// the path); ParseDesiredStateJson's, prefixed with the path.
+absl::StatusOr<v1::DesiredState> ReadDesiredStateFile(const std::string& path);
+
+// `state` with every 0 / empty default field set to its default (above;
+// procs_per_pod 1, pod_prefix the first label of the service name, expert
+// kind SWIGLU, dtype BF16). Two states are the same desired state when their
+// WithDefaults() are equal (SameDesiredState).
+v1::DesiredState WithDefaults(const v1::DesiredState& state);
+bool SameDesiredState(const v1::DesiredState& a, const v1::DesiredState& b);
+
+// ValidateDesiredState()
+//
+// Checks `state` by itself (before defaults are filled).
+// Errors: kInvalidArgument naming the field: neither or both of targets and
+// headless_service; a malformed or repeated target; headless_service with an
+// empty service, replicas < 1, a port outside 1..65535, procs_per_pod < 0 or
+// port_step < 0; backend not gloo / nccl / auto; layers, capacity_tokens,
+// group_timeout_ms or rpc_timeout_ms < 0; the model unknown or unreadable
+// (ResolveModel's message); layers above the model's sparse layers.
+// Pure apart from reading a model file; thread-safe.
+absl::Status ValidateDesiredState(const v1::DesiredState& state);
+
+// What a formation sends after Join, in this order.
+struct GroupRequests {
+  v1::ConfigureLayersRequest configure;
+  v1::AllocateWorkspaceRequest allocate;
+  std::vector<v1::LoadExpertsRequest> load;  // one per run layer, ascending
+};
+
+// BuildGroupRequests()
+//
+// The requests of the main job's layout (client/run_job.h) for `world`
+// ranks: ConfigureLayers with tp = attn_dp = world, moe_dense_tp 1, a2a on
+// and the model's description; AllocateWorkspace with the model's H, K and
+// experts, capacity_tokens and dispatch_dtype; LoadExperts of the first
+// `layers` sparse layers from the expert source (with the model's shared
+// expert when it has one).
+// Errors: ValidateDesiredState's; kInvalidArgument when the model has fewer
+// experts than `world` ranks.
+absl::StatusOr<GroupRequests> BuildGroupRequests(const v1::DesiredState& state, int world);
+
+}  // namespace moe_ep::client

@@ -1,0 +1,539 @@
+#include "client/group_keeper.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/desired_state.h"
+#include "client/grpc_status.h"
+#include "core/status_macros.h"
+#include "grpcpp/client_context.h"
+
+namespace moe_ep::client {
+namespace {
+
+constexpr size_t kHistorySize = 256;
+// How often the targets are resolved again while some rank does not answer
+// (a replaced pod may have come back under a new address).
+constexpr absl::Duration kResolveInterval = absl::Seconds(1);
+// How long the first formation waits for every health Watch to open before
+// it gives up adopting a running group.
+constexpr absl::Duration kAdoptionWait = absl::Seconds(2);
+// How soon a resolution that failed is tried again.
+constexpr absl::Duration kResolveRetry = absl::Milliseconds(200);
+
+int64_t UnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
+
+bool Lost(v1::RankState s) {
+  return s == v1::RANK_STATE_UNREACHABLE || s == v1::RANK_STATE_UNRESPONSIVE;
+}
+
+double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+
+}  // namespace
+
+GroupKeeper::GroupKeeper(GroupKeeperOptions options)
+    : options_(std::move(options)), backoff_(options_.backoff_initial) {}
+
+absl::StatusOr<std::unique_ptr<GroupKeeper>> GroupKeeper::Start(
+    GroupKeeperOptions options, std::optional<v1::DesiredState> initial) {
+  for (const auto& [name, value] : {std::pair{"probe_interval", options.probe_interval},
+                                    std::pair{"probe_timeout", options.probe_timeout},
+                                    std::pair{"backoff_initial", options.backoff_initial},
+                                    std::pair{"settle_timeout", options.settle_timeout}}) {
+    if (value <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": expected > 0, got ", absl::FormatDuration(value)));
+    }
+  }
+  if (options.backoff_max < options.backoff_initial) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backoff_max: expected >= backoff_initial (", absl::FormatDuration(options.backoff_initial),
+        "), got ", absl::FormatDuration(options.backoff_max)));
+  }
+  if (initial.has_value()) RETURN_IF_ERROR(ValidateDesiredState(*initial));
+  if (options.resolver == nullptr) options.resolver = std::make_shared<DefaultTargetResolver>();
+  // A restarted worker must be reached again quickly, not after gRPC's
+  // reconnect back-off of up to 120 s.
+  if (options.channel.max_reconnect_backoff <= absl::ZeroDuration()) {
+    options.channel.max_reconnect_backoff = options.probe_interval;
+  }
+  std::unique_ptr<GroupKeeper> keeper(new GroupKeeper(std::move(options)));
+  if (initial.has_value()) {
+    std::lock_guard<std::mutex> lock(keeper->mu_);
+    keeper->desired_ = *initial;
+    keeper->has_desired_ = true;
+    keeper->desired_version_ = 1;
+    keeper->RecordLocked("applied", -1, "initial desired state");
+  }
+  keeper->loop_ = std::thread(&GroupKeeper::Loop, keeper.get());
+  return keeper;
+}
+
+GroupKeeper::~GroupKeeper() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  loop_.join();
+  std::vector<std::unique_ptr<RankWatcher>> watchers;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    watchers.swap(watchers_);
+  }
+  watchers.clear();  // joins their threads, which may call OnRankChange (takes mu_)
+}
+
+absl::StatusOr<v1::ApplyResponse> GroupKeeper::Apply(const v1::DesiredState& desired) {
+  RETURN_IF_ERROR(ValidateDesiredState(desired));
+  v1::ApplyResponse response;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const bool same = has_desired_ && SameDesiredState(desired_, desired) && !drained_;
+    if (!same) {
+      desired_ = desired;
+      has_desired_ = true;
+      ++desired_version_;
+      drained_ = false;
+      next_attempt_ = absl::InfinitePast();
+      backoff_ = options_.backoff_initial;
+      RecordLocked("applied", -1, absl::StrCat("desired state version ", desired_version_));
+      SetReadyLocked(false, absl::Now());
+      lost_at_ = absl::InfinitePast();  // a new state is not a loss to recover from
+      wake_ = true;
+    }
+    response.set_desired_version(desired_version_);
+    response.set_changed(!same);
+  }
+  cv_.notify_all();
+  return response;
+}
+
+v1::DrainResponse GroupKeeper::Drain() {
+  std::lock_guard<std::mutex> formation(formation_mu_);
+  std::vector<std::string> targets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    drained_ = true;
+    formed_version_ = -1;
+    settled_ = false;
+    SetReadyLocked(false, absl::Now());
+    targets = targets_;
+  }
+  v1::DrainResponse response;
+  std::vector<std::string> errors(targets.size());
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < targets.size(); ++r) {
+    threads.emplace_back([&, r] {
+      auto stub = v1::Worker::NewStub(MakeWorkerChannel(targets[r], options_.channel));
+      const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(10);
+      grpc::ClientContext status_context;
+      status_context.set_deadline(deadline);
+      v1::GetStatusResponse status;
+      absl::Status s =
+          ToAbslStatus(stub->GetStatus(&status_context, v1::GetStatusRequest(), &status));
+      if (s.ok() && status.state() != v1::WORKER_STATE_STARTED &&
+          status.state() != v1::WORKER_STATE_UNSPECIFIED) {
+        grpc::ClientContext leave_context;
+        leave_context.set_deadline(deadline);
+        v1::LeaveRequest leave;
+        leave.set_generation(status.generation());
+        v1::LeaveResponse left;
+        s = ToAbslStatus(stub->Leave(&leave_context, leave, &left));
+      }
+      if (!s.ok()) errors[r] = absl::StrCat("rank ", r, " (", targets[r], "): ", s.ToString());
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const std::string& e : errors) {
+    if (!e.empty()) response.add_unreachable(e);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    RecordLocked("drained", -1,
+                 absl::StrCat("left on ", targets.size() - response.unreachable_size(), " of ",
+                              targets.size(), " ranks"));
+    UpdateLocked(absl::Now());
+  }
+  return response;
+}
+
+bool GroupKeeper::ready() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ready_;
+}
+
+v1::GetGroupResponse GroupKeeper::Snapshot() {
+  std::lock_guard<std::mutex> lock(mu_);
+  UpdateLocked(absl::Now());
+  v1::GetGroupResponse out;
+  if (has_desired_) *out.mutable_desired() = WithDefaults(desired_);
+  out.set_desired_version(desired_version_);
+  out.set_phase(phase_);
+  out.set_generation(generation_);
+  for (const v1::RankView& v : views_) *out.add_ranks() = v;
+  for (const v1::GroupEvent& e : history_) *out.add_history() = e;
+  out.set_formations(formations_);
+  out.set_failed_attempts(failed_attempts_);
+  out.set_last_error(last_error_);
+  if (phase_ == v1::GROUP_PHASE_BACKING_OFF) out.set_next_attempt_unix_ms(UnixMs(next_attempt_));
+  out.set_last_form_seconds(last_form_seconds_);
+  out.set_last_load_seconds(last_load_seconds_);
+  out.set_last_recovery_seconds(last_recovery_seconds_);
+  return out;
+}
+
+void GroupKeeper::RecordLocked(const std::string& kind, int rank, const std::string& message,
+                               double seconds) {
+  v1::GroupEvent e;
+  e.set_time_unix_ms(UnixMs(absl::Now()));
+  e.set_generation(generation_);
+  e.set_kind(kind);
+  e.set_rank(rank);
+  e.set_message(message);
+  e.set_seconds(seconds);
+  history_.push_back(e);
+  while (history_.size() > kHistorySize) history_.pop_front();
+  if (options_.on_event) options_.on_event(e);
+}
+
+void GroupKeeper::SetReadyLocked(bool ready, absl::Time now) {
+  if (ready == ready_) return;
+  ready_ = ready;
+  if (!ready) lost_at_ = now;
+  if (options_.on_ready) options_.on_ready(ready);
+}
+
+void GroupKeeper::OnRankChange() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    UpdateLocked(absl::Now());
+    wake_ = true;
+  }
+  cv_.notify_all();
+}
+
+v1::RankView GroupKeeper::ClassifyLocked(int rank, const RankObservation& obs) const {
+  v1::RankView v;
+  v.set_rank(rank);
+  v.set_target(targets_[rank]);
+  v.set_worker_state(obs.status.state());
+  v.set_worker_generation(obs.status.generation());
+  const bool watch_broken = !obs.watch_open && !obs.watch_error.ok();
+  const bool probe_failed = obs.probed && !obs.probe.ok();
+  if (probe_failed && obs.probe.code() == absl::StatusCode::kDeadlineExceeded && !watch_broken) {
+    v.set_state(v1::RANK_STATE_UNRESPONSIVE);
+    v.set_last_error(absl::StrCat("GetStatus: ", obs.probe.ToString()));
+  } else if (watch_broken || probe_failed) {
+    v.set_state(v1::RANK_STATE_UNREACHABLE);
+    v.set_last_error(watch_broken ? absl::StrCat("health Watch: ", obs.watch_error.ToString())
+                                  : absl::StrCat("GetStatus: ", obs.probe.ToString()));
+  } else if (!obs.probed) {
+    v.set_state(v1::RANK_STATE_UNSPECIFIED);
+    v.set_last_error("not probed yet");
+  } else if (formed_version_ >= 0 && obs.status.generation() == generation_ &&
+             obs.status.state() != v1::WORKER_STATE_STARTED) {
+    // In the group formed last (formed_version_ is -1 while forming).
+    const bool serving = obs.readiness == grpc::health::v1::HealthCheckResponse::SERVING;
+    if (obs.status.group_broken()) {
+      v.set_state(v1::RANK_STATE_BROKEN);
+      v.set_last_error(absl::StrCat("group broken: ", obs.status.broken_reason()));
+    } else if (serving && obs.status.state() == v1::WORKER_STATE_ALLOCATED) {
+      v.set_state(v1::RANK_STATE_READY);
+    } else {
+      v.set_state(settled_ ? v1::RANK_STATE_BROKEN : v1::RANK_STATE_FORMING);
+      v.set_last_error(absl::StrCat(
+          "in generation ", generation_, ", state ", v1::WorkerState_Name(obs.status.state()),
+          ", health ", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(obs.readiness)));
+    }
+  } else if (forming_ || (formed_version_ >= 0 && !settled_)) {
+    // Being formed, or formed but its probe has not seen the new generation.
+    v.set_state(v1::RANK_STATE_FORMING);
+  } else {
+    v.set_state(v1::RANK_STATE_IDLE);
+    v.set_last_error(absl::StrCat("not in the group: generation ", obs.status.generation(),
+                                  ", state ", v1::WorkerState_Name(obs.status.state())));
+  }
+  return v;
+}
+
+void GroupKeeper::UpdateLocked(absl::Time now) {
+  views_.resize(watchers_.size());
+  bool all_ready = !watchers_.empty();
+  for (size_t r = 0; r < watchers_.size(); ++r) {
+    const RankObservation obs = watchers_[r]->Observe();
+    v1::RankView v = ClassifyLocked(static_cast<int>(r), obs);
+    const v1::RankState old = views_[r].state();
+    if (v.state() != old || views_[r].target() != v.target()) {
+      v.set_since_unix_ms(UnixMs(now));
+      if (Lost(v.state()) && !Lost(old)) {
+        const double silent = obs.last_answer == absl::InfinitePast()
+                                  ? 0.0
+                                  : std::max(0.0, Seconds(now - obs.last_answer));
+        RecordLocked("rank_lost", static_cast<int>(r),
+                     absl::StrCat(v1::RankState_Name(v.state()), ": ", v.last_error()), silent);
+      } else if (Lost(old) && !Lost(v.state())) {
+        RecordLocked("rank_back", static_cast<int>(r),
+                     absl::StrCat("answers again: ", v1::RankState_Name(v.state())));
+      }
+    } else {
+      v.set_since_unix_ms(views_[r].since_unix_ms());
+    }
+    all_ready = all_ready && v.state() == v1::RANK_STATE_READY;
+    views_[r] = std::move(v);
+  }
+  // A formed group that loses a rank after it settled is gone: form anew.
+  if (settled_ && formed_version_ >= 0 && !all_ready) {
+    int first = 0;
+    while (first < static_cast<int>(views_.size()) &&
+           views_[first].state() == v1::RANK_STATE_READY) {
+      ++first;
+    }
+    RecordLocked("group_broken", first,
+                 first < static_cast<int>(views_.size()) ? views_[first].last_error() : "");
+    formed_version_ = -1;
+    settled_ = false;
+  }
+  // Settling: every rank READY after a formation.
+  if (!settled_ && formed_version_ >= 0 && !forming_ && all_ready) {
+    settled_ = true;
+    ++formations_;
+    RecordLocked("formed", -1,
+                 absl::StrCat(views_.size(), " ranks, generation ", generation_,
+                              ": join + configure + allocate ", last_form_seconds_,
+                              " s, load experts ", last_load_seconds_, " s"),
+                 last_form_seconds_);
+    if (lost_at_ != absl::InfinitePast()) {
+      last_recovery_seconds_ = Seconds(now - lost_at_);
+      RecordLocked("recovered", -1, "READY again after a loss", last_recovery_seconds_);
+    }
+    lost_at_ = absl::InfinitePast();
+  }
+  const bool ready =
+      has_desired_ && !drained_ && settled_ && formed_version_ == desired_version_ && all_ready;
+  SetReadyLocked(ready, now);
+  if (!has_desired_) {
+    phase_ = v1::GROUP_PHASE_UNSPECIFIED;
+  } else if (drained_) {
+    phase_ = v1::GROUP_PHASE_DRAINED;
+  } else if (ready) {
+    phase_ = v1::GROUP_PHASE_READY;
+  } else {
+    // FORMING: an attempt runs, settles, or starts at the next loop turn.
+    const bool busy = forming_ || (formed_version_ >= 0 && !settled_);
+    const bool lost =
+        watchers_.empty() || std::any_of(views_.begin(), views_.end(),
+                                         [](const v1::RankView& v) { return Lost(v.state()); });
+    phase_ = !busy && lost                  ? v1::GROUP_PHASE_WAITING
+             : !busy && now < next_attempt_ ? v1::GROUP_PHASE_BACKING_OFF
+                                            : v1::GROUP_PHASE_FORMING;
+  }
+}
+
+int64_t GroupKeeper::AdoptableGenerationLocked() const {
+  const v1::DesiredState desired = WithDefaults(desired_);
+  const int n = static_cast<int>(watchers_.size());
+  int64_t generation = 0;
+  for (int r = 0; r < n; ++r) {
+    const RankObservation obs = watchers_[r]->Observe();
+    const v1::GetStatusResponse& s = obs.status;
+    const bool swiglu = desired.experts().kind() == v1::EXPERT_KIND_SWIGLU;
+    if (obs.probed && obs.probe.ok() && !obs.watch_open && obs.watch_error.ok()) return -1;
+    if (!obs.probed || !obs.probe.ok() ||
+        obs.readiness != grpc::health::v1::HealthCheckResponse::SERVING ||
+        s.state() != v1::WORKER_STATE_ALLOCATED || s.group_broken() || s.generation() <= 0 ||
+        s.rank() != r || s.world_size() != n || (r > 0 && s.generation() != generation) ||
+        (desired.backend() != "auto" && s.backend() != desired.backend()) ||
+        s.capacity_tokens() != desired.capacity_tokens() || (s.expert_bytes() > 0) != swiglu) {
+      return 0;
+    }
+    generation = s.generation();
+  }
+  return generation;
+}
+
+void GroupKeeper::FailAttemptLocked(const std::string& error, absl::Time now) {
+  ++failed_attempts_;
+  last_error_ = error;
+  next_attempt_ = now + backoff_;
+  RecordLocked("attempt_failed", -1,
+               absl::StrCat(error, " (next attempt in ", absl::FormatDuration(backoff_), ")"));
+  backoff_ = std::min(backoff_ * 2, options_.backoff_max);
+}
+
+void GroupKeeper::ResolveTargets() {
+  v1::DesiredState desired;
+  int64_t version = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    desired = desired_;
+    version = desired_version_;
+    last_resolve_ = absl::Now();
+  }
+  absl::StatusOr<std::vector<std::string>> resolved = options_.resolver->Resolve(desired);
+  std::vector<std::unique_ptr<RankWatcher>> old;
+  std::vector<std::unique_ptr<RankWatcher>> fresh;
+  bool changed = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!resolved.ok()) {
+      if (last_error_ != resolved.status().ToString()) {
+        last_error_ = resolved.status().ToString();
+        RecordLocked("resolve_failed", -1, last_error_);
+      }
+      return;
+    }
+    resolved_version_ = version;
+    changed = *resolved != targets_;
+  }
+  if (!changed) return;
+  RankWatcherOptions watch;
+  watch.probe_interval = options_.probe_interval;
+  watch.probe_timeout = options_.probe_timeout;
+  watch.retry_interval = std::min(options_.probe_interval, absl::Milliseconds(100));
+  watch.channel = options_.channel;
+  for (const std::string& target : *resolved) {
+    fresh.push_back(std::make_unique<RankWatcher>(target, watch, [this] { OnRankChange(); }));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    old.swap(watchers_);
+    watchers_ = std::move(fresh);
+    targets_ = *resolved;
+    views_.assign(targets_.size(), v1::RankView());
+    formed_version_ = -1;
+    settled_ = false;
+    RecordLocked("targets", -1, absl::StrCat(targets_.size(), " ranks resolved"));
+    UpdateLocked(absl::Now());
+  }
+  old.clear();  // outside mu_: their threads may be waiting for it
+}
+
+void GroupKeeper::Attempt() {
+  std::lock_guard<std::mutex> formation(formation_mu_);
+  v1::DesiredState desired;
+  int64_t version = 0;
+  std::vector<std::string> targets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (drained_ || stopping_) return;
+    desired = WithDefaults(desired_);
+    version = desired_version_;
+    targets = targets_;
+    forming_ = true;
+    settled_ = false;
+    formed_version_ = -1;
+    for (auto& w : watchers_) w->ResetReadiness();
+    UpdateLocked(absl::Now());
+  }
+  CoordinatorOptions copts = options_.channel;
+  copts.backend = desired.backend();
+  copts.group_timeout = absl::Milliseconds(desired.group_timeout_ms());
+  copts.rpc_timeout = absl::Milliseconds(desired.rpc_timeout_ms());
+  const absl::Time start = absl::Now();
+  absl::Time allocated_at = start;
+  int64_t generation = 0;
+  const absl::Status result = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(GroupRequests requests,
+                     BuildGroupRequests(desired, static_cast<int>(targets.size())));
+    ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
+                     Coordinator::Connect(targets, copts));
+    RETURN_IF_ERROR(coordinator->FormGroup().status());
+    generation = coordinator->generation();
+    RETURN_IF_ERROR(coordinator->ConfigureLayers(requests.configure).status());
+    RETURN_IF_ERROR(coordinator->AllocateWorkspace(requests.allocate).status());
+    allocated_at = absl::Now();
+    for (const v1::LoadExpertsRequest& load : requests.load) {
+      RETURN_IF_ERROR(coordinator->LoadExperts(load).status());
+    }
+    return absl::OkStatus();
+  }();
+  const absl::Time end = absl::Now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    forming_ = false;
+    if (generation > 0) generation_ = generation;
+    if (result.ok()) {
+      formed_version_ = version;
+      formed_at_ = end;
+      last_form_seconds_ = Seconds(allocated_at - start);
+      last_load_seconds_ = Seconds(end - allocated_at);
+      backoff_ = options_.backoff_initial;
+      last_error_.clear();
+    } else {
+      FailAttemptLocked(result.ToString(), end);
+    }
+    UpdateLocked(end);
+  }
+}
+
+void GroupKeeper::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    const absl::Time now = absl::Now();
+    UpdateLocked(now);
+    enum class Action { kNone, kResolve, kForm } action = Action::kNone;
+    if (has_desired_ && !drained_) {
+      const bool any_lost =
+          watchers_.empty() || std::any_of(views_.begin(), views_.end(), [](const v1::RankView& v) {
+            return Lost(v.state()) || v.state() == v1::RANK_STATE_UNSPECIFIED;
+          });
+      const absl::Duration since_resolve = now - last_resolve_;
+      if ((resolved_version_ != desired_version_ && since_resolve >= kResolveRetry) ||
+          (any_lost && since_resolve >= kResolveInterval)) {
+        action = Action::kResolve;
+      } else if (formed_version_ != desired_version_ && !forming_ && !any_lost &&
+                 now >= next_attempt_) {
+        action = Action::kForm;
+        if (!adoption_checked_) {
+          adoption_checked_ = true;
+          const int64_t g = AdoptableGenerationLocked();
+          if (g < 0 && now - last_resolve_ < kAdoptionWait) {
+            adoption_checked_ = false;  // a Watch is still opening: decide later
+            action = Action::kNone;
+          } else if (g > 0) {
+            generation_ = g;
+            formed_version_ = desired_version_;
+            formed_at_ = now;
+            RecordLocked("adopted", -1,
+                         absl::StrCat("the workers' group of generation ", g,
+                                      " matches the desired state: not re-formed"));
+            continue;
+          }
+        }
+      } else if (formed_version_ >= 0 && !settled_ && !forming_ &&
+                 now - formed_at_ > options_.settle_timeout) {
+        int r = 0;
+        while (r < static_cast<int>(views_.size()) && views_[r].state() == v1::RANK_STATE_READY) {
+          ++r;
+        }
+        formed_version_ = -1;
+        FailAttemptLocked(
+            absl::StrCat("rank ", r, " not READY within ",
+                         absl::FormatDuration(options_.settle_timeout), " of the formation: ",
+                         r < static_cast<int>(views_.size()) ? views_[r].last_error() : "?"),
+            now);
+        continue;
+      }
+    }
+    if (action == Action::kResolve) {
+      lock.unlock();
+      ResolveTargets();
+      lock.lock();
+      continue;
+    }
+    if (action == Action::kForm) {
+      lock.unlock();
+      Attempt();
+      lock.lock();
+      continue;
+    }
+    absl::Duration wait = options_.probe_interval;
+    if (next_attempt_ > now) wait = std::min(wait, next_attempt_ - now);
+    cv_.wait_for(lock, absl::ToChronoNanoseconds(wait), [this] { return stopping_ || wake_; });
+    wake_ = false;
+  }
+}
+
+}  // namespace moe_ep::client

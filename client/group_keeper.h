@@ -1,0 +1,150 @@
+#pragma once
+
+// GroupKeeper: the reconciler behind `moe-ep coordinator` (DESIGN §16, issue
+// 12 item 5). It holds a desired state (client/desired_state.h) and makes
+// the workers match it: resolves the targets (client/target_resolver.h),
+// watches every rank (client/rank_watcher.h), and forms, configures,
+// allocates and loads the group (client::Coordinator: FormGroup,
+// ConfigureLayers, AllocateWorkspace, LoadExperts). Whenever the group stops
+// matching — a rank unreachable or unresponsive, a restarted worker (back in
+// STARTED), a worker in another generation, health NOT_SERVING, or a new
+// desired state — it forms a new generation (FormGroup: above the highest
+// generation any worker reports) and applies the whole state again, once
+// every rank answers. A failed attempt is retried after an exponential
+// back-off (backoff_initial, doubling, at most backoff_max); a formation
+// counts as done once every rank pushes health SERVING within settle_timeout.
+//
+// A coordinator that starts (or restarts) next to a group that already
+// matches leaves it alone (DESIGN §16: no needless re-form): before its first
+// formation it adopts the workers' group when every rank answers READY-like —
+// health SERVING, ALLOCATED, one generation, rank i of N at target i, the
+// desired backend (unless "auto") and capacity, and expert weights loaded iff
+// the experts are SwiGLU. GetStatus shows neither the model nor which layers
+// are loaded, so a group formed by another client with the same shape but
+// another model would be adopted too; Apply a state to force a re-form.
+//
+// Phases and rank states: proto/moe_ep/v1/coordinator.proto.
+//
+// Thread safety: every public method may be called from any thread. The
+// callbacks run with the keeper's lock held, on its threads: they must not
+// call the keeper, and must not block.
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/coordinator.h"
+#include "client/rank_watcher.h"
+#include "client/target_resolver.h"
+#include "moe_ep/v1/coordinator.pb.h"
+
+namespace moe_ep::client {
+
+struct GroupKeeperOptions {
+  // Credentials and message limit of every worker channel (backend and
+  // timeouts come from the desired state).
+  CoordinatorOptions channel;
+  // Null: DefaultTargetResolver (targets as listed; headless Service names).
+  std::shared_ptr<TargetResolver> resolver;
+  absl::Duration probe_interval = absl::Milliseconds(250);
+  // A rank whose GetStatus misses this deadline is UNRESPONSIVE.
+  absl::Duration probe_timeout = absl::Seconds(1);
+  absl::Duration backoff_initial = absl::Milliseconds(250);
+  absl::Duration backoff_max = absl::Seconds(10);
+  absl::Duration settle_timeout = absl::Seconds(5);
+  // The group became READY (true) or stopped being READY (false).
+  std::function<void(bool ready)> on_ready;
+  // Every event recorded in the history.
+  std::function<void(const v1::GroupEvent&)> on_event;
+};
+
+class GroupKeeper {
+ public:
+  // Starts the reconciler; with `initial`, applies it at once.
+  // Errors: kInvalidArgument for an invalid `initial` (ValidateDesiredState)
+  // or options (probe_interval, probe_timeout, backoff_initial,
+  // settle_timeout not positive, backoff_max < backoff_initial).
+  static absl::StatusOr<std::unique_ptr<GroupKeeper>> Start(
+      GroupKeeperOptions options, std::optional<v1::DesiredState> initial = std::nullopt);
+  // Stops the reconciler and the watchers; leaves the workers as they are.
+  ~GroupKeeper();
+  GroupKeeper(const GroupKeeper&) = delete;
+  GroupKeeper& operator=(const GroupKeeper&) = delete;
+
+  // Coordinator.Apply: replaces the desired state (see the .proto).
+  // Errors: kInvalidArgument from ValidateDesiredState; nothing changes then.
+  absl::StatusOr<v1::ApplyResponse> Apply(const v1::DesiredState& desired);
+  // Coordinator.Drain: waits for a formation in progress, then Leave on
+  // every rank that is in a group; no re-forming until the next Apply.
+  v1::DrainResponse Drain();
+  // Coordinator.GetGroup. Never blocks on workers.
+  v1::GetGroupResponse Snapshot();
+  // True while the phase is READY.
+  bool ready();
+
+ private:
+  explicit GroupKeeper(GroupKeeperOptions options);
+  void Loop();
+  // Resolves the targets of the desired state and (re)starts the watchers.
+  void ResolveTargets();
+  // One formation attempt of the desired state (formation_mu_ held).
+  void Attempt();
+  void OnRankChange();
+  void UpdateLocked(absl::Time now);
+  v1::RankView ClassifyLocked(int rank, const RankObservation& obs) const;
+  void RecordLocked(const std::string& kind, int rank, const std::string& message,
+                    double seconds = 0);
+  void SetReadyLocked(bool ready, absl::Time now);
+  void FailAttemptLocked(const std::string& error, absl::Time now);
+  // The generation of a running group that matches the desired state (see
+  // the file comment), 0 when there is none, -1 while a rank's health Watch
+  // has not delivered its first status (undecided).
+  int64_t AdoptableGenerationLocked() const;
+
+  const GroupKeeperOptions options_;
+  std::mutex formation_mu_;  // held by an attempt and by Drain
+  std::mutex mu_;            // guards everything below
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  bool wake_ = false;
+  bool has_desired_ = false;
+  v1::DesiredState desired_;
+  int64_t desired_version_ = 0;
+  int64_t resolved_version_ = -1;  // desired version the targets were resolved for
+  absl::Time last_resolve_ = absl::InfinitePast();
+  bool drained_ = false;
+  std::vector<std::string> targets_;
+  std::vector<std::unique_ptr<RankWatcher>> watchers_;
+  std::vector<v1::RankView> views_;
+  // The group formed last: the desired version it applied (-1: none or
+  // broken), its generation, whether every rank reported READY since.
+  int64_t formed_version_ = -1;
+  int64_t generation_ = 0;
+  bool forming_ = false;
+  bool adoption_checked_ = false;  // the first formation looked for a group to adopt
+  bool settled_ = false;
+  absl::Time formed_at_ = absl::InfinitePast();
+  bool ready_ = false;
+  absl::Time lost_at_ = absl::InfinitePast();  // the group stopped being READY
+  v1::GroupPhase phase_ = v1::GROUP_PHASE_UNSPECIFIED;
+  absl::Duration backoff_;
+  absl::Time next_attempt_ = absl::InfinitePast();
+  std::string last_error_;
+  int64_t formations_ = 0;
+  int64_t failed_attempts_ = 0;
+  double last_form_seconds_ = 0, last_load_seconds_ = 0, last_recovery_seconds_ = 0;
+  std::deque<v1::GroupEvent> history_;
+  std::thread loop_;
+};
+
+}  // namespace moe_ep::client

@@ -1,0 +1,251 @@
+#include "client/service/coordinator_command.h"
+
+#include <chrono>
+#include <optional>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/cli_validators.h"
+#include "client/desired_state.h"
+#include "client/group_keeper.h"
+#include "client/service/coordinator_metrics.h"
+#include "client/service/coordinator_service.h"
+#include "client/targets.h"
+#include "core/status_macros.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "server/auth.h"
+#include "server/health.h"
+#include "server/probe_server.h"
+#include "server/tls_credentials.h"
+
+namespace moe_ep::client {
+namespace {
+
+constexpr const char kReadinessName[] = "moe_ep.v1.Coordinator";
+
+absl::StatusOr<std::optional<v1::DesiredState>> InitialState(
+    const CoordinatorCommandOptions& options) {
+  if (!options.state_file.empty() && !options.targets.empty()) {
+    return absl::InvalidArgumentError("--state and --targets: give one of them, not both");
+  }
+  if (!options.state_file.empty()) {
+    ASSIGN_OR_RETURN(v1::DesiredState state, ReadDesiredStateFile(options.state_file));
+    return std::optional<v1::DesiredState>(state);
+  }
+  if (options.targets.empty()) return std::optional<v1::DesiredState>();
+  ASSIGN_OR_RETURN(std::vector<std::string> targets, ParseTargets(options.targets));
+  v1::DesiredState state;
+  for (const std::string& t : targets) state.add_targets(t);
+  state.set_backend(options.backend);
+  state.set_model(options.model);
+  state.set_layers(options.layers);
+  state.set_capacity_tokens(options.capacity_tokens);
+  state.mutable_experts()->set_kind(options.experts == "identity" ? v1::EXPERT_KIND_IDENTITY
+                                                                  : v1::EXPERT_KIND_SWIGLU);
+  state.mutable_experts()->set_seed(options.seed);
+  state.set_group_timeout_ms(options.group_timeout_ms);
+  return std::optional<v1::DesiredState>(state);
+}
+
+// "host" of "host:port" (port 0 included), brackets of IPv6 kept.
+std::string HostOf(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  return colon == std::string::npos ? listen : listen.substr(0, colon);
+}
+
+}  // namespace
+
+void AddCoordinatorFlags(CLI::App* cmd, CoordinatorCommandOptions* o) {
+  cmd->add_option("--state", o->state_file,
+                  "desired state: a moe_ep.v1.DesiredState in JSON (a ConfigMap in Kubernetes)");
+  cmd->add_option("--targets", o->targets, "or the desired state from flags: host:port,...");
+  cmd->add_option("--backend", o->backend, "with --targets: gloo | nccl | auto")
+      ->check(CLI::IsMember({"gloo", "nccl", "auto"}))
+      ->capture_default_str();
+  cmd->add_option("--model", o->model, "with --targets: config.json path or preset");
+  cmd->add_option("--layers", o->layers, "with --targets: sparse layers to load (0 = 3)")
+      ->check(NonNegative());
+  cmd->add_option("--capacity", o->capacity_tokens,
+                  "with --targets: workspace capacity N, tokens per rank (0 = 384)")
+      ->check(NonNegative());
+  cmd->add_option("--experts", o->experts, "with --targets: swiglu | identity")
+      ->check(CLI::IsMember({"swiglu", "identity"}))
+      ->capture_default_str();
+  cmd->add_option("--seed", o->seed, "with --targets: seed of the expert weights")
+      ->capture_default_str();
+  cmd->add_option("--group-timeout-ms", o->group_timeout_ms,
+                  "with --targets: collective timeout of the group, ms (0 = 30000)")
+      ->check(NonNegative());
+  cmd->add_option("--listen", o->listen, "host:port of moe_ep.v1.Coordinator and health")
+      ->capture_default_str();
+  cmd->add_option("--tls-cert", o->tls_cert,
+                  "PEM certificate: served, and presented to the workers (mutual TLS)");
+  cmd->add_option("--tls-key", o->tls_key, "PEM key of --tls-cert");
+  cmd->add_option("--tls-client-ca", o->tls_client_ca,
+                  "PEM CA bundle: clients must present a certificate it signed");
+  cmd->add_option("--tls-peer-ca", o->tls_peer_ca,
+                  "PEM CA bundle of the workers' certificates (default: --tls-client-ca)");
+  cmd->add_option("--tls-refresh-s", o->tls_refresh_s, "re-read the TLS files every S seconds")
+      ->capture_default_str()
+      ->check(Positive());
+  cmd->add_flag("--allow-insecure", o->allow_insecure,
+                "serve plaintext on a non-loopback --listen (trusted networks only)");
+  cmd->add_option("--auth-token-file", o->auth_token_file,
+                  "bearer token: required from clients, sent to the workers (needs TLS)");
+  cmd->add_option("--health-listen", o->health_listen,
+                  "host:port serving grpc.health.v1 only, in plaintext (kubelet probes)");
+  cmd->add_option("--metrics-listen", o->metrics_listen, "host:port of Prometheus /metrics");
+  cmd->add_option("--probe-interval-ms", o->probe_interval_ms, "GetStatus probe of every rank, ms")
+      ->capture_default_str()
+      ->check(Positive());
+  cmd->add_option("--probe-timeout-ms", o->probe_timeout_ms,
+                  "a rank that misses this GetStatus deadline is UNRESPONSIVE, ms")
+      ->capture_default_str()
+      ->check(Positive());
+  cmd->add_option("--backoff-initial-ms", o->backoff_initial_ms,
+                  "wait after a failed formation, doubled each time, ms")
+      ->capture_default_str()
+      ->check(Positive());
+  cmd->add_option("--backoff-max-ms", o->backoff_max_ms, "longest wait between attempts, ms")
+      ->capture_default_str()
+      ->check(Positive());
+  cmd->add_option("--settle-timeout-ms", o->settle_timeout_ms,
+                  "every rank must report health SERVING this soon after a formation, ms")
+      ->capture_default_str()
+      ->check(Positive());
+  cmd->add_flag("--check", o->check_only,
+                "validate the desired state, print its ranks and exit (does not serve)");
+}
+
+absl::Status RunCoordinatorCommand(const CoordinatorCommandOptions& options, std::ostream& out,
+                                   const std::function<bool()>& stop) {
+  ASSIGN_OR_RETURN(std::optional<v1::DesiredState> initial, InitialState(options));
+  if (initial.has_value()) RETURN_IF_ERROR(ValidateDesiredState(*initial));
+  if (options.check_only) {
+    if (!initial.has_value())
+      return absl::InvalidArgumentError("--check needs --state or --targets");
+    const v1::DesiredState full = WithDefaults(*initial);
+    const std::vector<std::string> targets =
+        full.has_headless_service()
+            ? HeadlessServiceTargets(full.headless_service())
+            : std::vector<std::string>(full.targets().begin(), full.targets().end());
+    ASSIGN_OR_RETURN(GroupRequests requests,
+                     BuildGroupRequests(full, static_cast<int>(targets.size())));
+    out << "desired state OK: " << targets.size() << " ranks (" << absl::StrJoin(targets, ",")
+        << "), backend " << full.backend() << ", model " << full.model() << ", "
+        << requests.load.size() << " layer(s), capacity " << full.capacity_tokens() << "\n";
+    return absl::OkStatus();
+  }
+
+  server::ServerSecurityOptions security;
+  security.listen = options.listen;
+  security.tls_cert = options.tls_cert;
+  security.tls_key = options.tls_key;
+  security.tls_client_ca = options.tls_client_ca;
+  security.tls_peer_ca = options.tls_peer_ca;
+  security.refresh_interval = absl::Seconds(options.tls_refresh_s);
+  security.allow_insecure = options.allow_insecure;
+  security.auth_token = !options.auth_token_file.empty();
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   server::MakeServerCredentials(security));
+  std::string token;
+  if (security.auth_token) {
+    ASSIGN_OR_RETURN(std::shared_ptr<server::BearerTokenAuth> auth,
+                     server::BearerTokenAuth::Create(options.auth_token_file));
+    credentials->SetAuthMetadataProcessor(auth);
+    token = auth->CurrentToken();
+  }
+  GroupKeeperOptions keeper_options;
+  ASSIGN_OR_RETURN(keeper_options.channel.channel_credentials,
+                   server::MakePeerChannelCredentials(security, token));
+  keeper_options.resolver = options.resolver;
+  keeper_options.probe_interval = absl::Milliseconds(options.probe_interval_ms);
+  keeper_options.probe_timeout = absl::Milliseconds(options.probe_timeout_ms);
+  keeper_options.backoff_initial = absl::Milliseconds(options.backoff_initial_ms);
+  keeper_options.backoff_max = absl::Milliseconds(options.backoff_max_ms);
+  keeper_options.settle_timeout = absl::Milliseconds(options.settle_timeout_ms);
+
+  // Health of the coordinator on every server that serves it; set under the
+  // keeper's lock (GroupKeeperOptions::on_ready), never from gRPC's threads.
+  std::mutex health_mu;
+  std::vector<grpc::HealthCheckServiceInterface*> health_services;
+  bool group_ready = false;
+  auto apply_health = [&](grpc::HealthCheckServiceInterface* service) {
+    service->SetServingStatus(server::kLivenessServiceName, true);
+    service->SetServingStatus(kReadinessName, group_ready);
+  };
+  keeper_options.on_ready = [&](bool ready) {
+    std::lock_guard<std::mutex> lock(health_mu);
+    group_ready = ready;
+    for (auto* s : health_services) s->SetServingStatus(kReadinessName, ready);
+  };
+  CoordinatorMetrics* metrics_ptr = nullptr;
+  keeper_options.on_event = [&metrics_ptr, &out](const v1::GroupEvent& e) {
+    if (metrics_ptr != nullptr) metrics_ptr->RecordEvent(e);
+    out << "moe-ep coordinator: generation " << e.generation() << ": " << e.kind()
+        << (e.rank() >= 0 ? absl::StrCat(" rank ", e.rank()) : std::string()) << ": " << e.message()
+        << std::endl;
+  };
+
+  // The metrics object exists before the keeper (events), and is served once
+  // the keeper exists (scrapes read its snapshot).
+  std::unique_ptr<GroupKeeper> keeper;
+  CoordinatorMetrics metrics(
+      [&keeper] { return keeper != nullptr ? keeper->Snapshot() : v1::GetGroupResponse(); });
+  metrics_ptr = &metrics;
+  ASSIGN_OR_RETURN(keeper, GroupKeeper::Start(keeper_options, initial));
+  CoordinatorService service(keeper.get());
+
+  server::EnableDefaultHealthService();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen, credentials, &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("--listen: cannot bind ", options.listen));
+  }
+  {
+    std::lock_guard<std::mutex> lock(health_mu);
+    health_services.push_back(server->GetHealthCheckService());
+    apply_health(server->GetHealthCheckService());
+  }
+  grpc::CallbackGenericService probe_unimplemented;
+  std::unique_ptr<grpc::Server> probe_server;
+  if (!options.health_listen.empty()) {
+    int probe_port = 0;
+    ASSIGN_OR_RETURN(probe_server, server::StartProbeServer(options.health_listen,
+                                                            &probe_unimplemented, &probe_port));
+    std::lock_guard<std::mutex> lock(health_mu);
+    health_services.push_back(probe_server->GetHealthCheckService());
+    apply_health(probe_server->GetHealthCheckService());
+    out << "moe-ep coordinator: grpc.health.v1 (plaintext) on " << HostOf(options.health_listen)
+        << ":" << probe_port << std::endl;
+  }
+  if (!options.metrics_listen.empty()) {
+    RETURN_IF_ERROR(metrics.Serve(options.metrics_listen));
+    out << "moe-ep coordinator: metrics on http://" << HostOf(options.metrics_listen) << ":"
+        << metrics.port() << "/metrics" << std::endl;
+  }
+  out << "moe-ep coordinator listening on " << HostOf(options.listen) << ":" << port << std::endl;
+
+  while (!(stop && stop())) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+
+  {
+    std::lock_guard<std::mutex> lock(health_mu);
+    for (auto* s : health_services) s->Shutdown();
+    health_services.clear();
+  }
+  const auto now = std::chrono::system_clock::now();
+  server->Shutdown(now);
+  if (probe_server != nullptr) probe_server->Shutdown(now);
+  metrics.StopServing();
+  keeper.reset();  // no event after this
+  out << "moe-ep coordinator: stopped" << std::endl;
+  return absl::OkStatus();
+}
+
+}  // namespace moe_ep::client

@@ -1,0 +1,122 @@
+#include "client/desired_state.h"
+
+#include "gtest/gtest.h"
+
+namespace moe_ep::client {
+namespace {
+
+v1::DesiredState TwoTargets() {
+  v1::DesiredState s;
+  s.add_targets("127.0.0.1:5001");
+  s.add_targets("127.0.0.1:5002");
+  return s;
+}
+
+TEST(ParseDesiredStateJson, ReadsTheProtoJsonForm) {
+  auto s = ParseDesiredStateJson(R"({"headless_service": {"service": "moe-ep-worker",
+      "replicas": 2, "port": 50051}, "model": "qwen3-30b-a3b", "layers": 2,
+      "experts": {"kind": "EXPERT_KIND_IDENTITY"}, "groupTimeoutMs": "9000"})");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->headless_service().replicas(), 2);
+  EXPECT_EQ(s->layers(), 2);
+  EXPECT_EQ(s->experts().kind(), v1::EXPERT_KIND_IDENTITY);
+  EXPECT_EQ(s->group_timeout_ms(), 9000);
+}
+
+TEST(ParseDesiredStateJson, UnknownFieldIsInvalidArgument) {
+  auto s = ParseDesiredStateJson(R"({"tragets": ["127.0.0.1:1"]})");
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("tragets"), std::string::npos) << s.status();
+}
+
+TEST(WithDefaults, FillsTheMainJobDefaults) {
+  v1::DesiredState s;
+  s.mutable_headless_service()->set_service("moe-ep-worker.default.svc");
+  const v1::DesiredState d = WithDefaults(s);
+  EXPECT_EQ(d.backend(), "gloo");
+  EXPECT_EQ(d.model(), "qwen3-30b-a3b");
+  EXPECT_EQ(d.layers(), 3);
+  EXPECT_EQ(d.capacity_tokens(), 384);
+  EXPECT_EQ(d.dispatch_dtype(), v1::DISPATCH_DTYPE_BF16);
+  EXPECT_EQ(d.experts().kind(), v1::EXPERT_KIND_SWIGLU);
+  EXPECT_EQ(d.group_timeout_ms(), 30000);
+  EXPECT_EQ(d.headless_service().procs_per_pod(), 1);
+  EXPECT_EQ(d.headless_service().pod_prefix(), "moe-ep-worker");
+}
+
+TEST(SameDesiredState, ComparesAfterDefaults) {
+  v1::DesiredState a = TwoTargets();
+  v1::DesiredState b = TwoTargets();
+  b.set_layers(3);  // the default spelled out
+  EXPECT_TRUE(SameDesiredState(a, b));
+  b.set_layers(2);
+  EXPECT_FALSE(SameDesiredState(a, b));
+}
+
+TEST(ValidateDesiredState, NeedsExactlyOneWayToFindTheRanks) {
+  v1::DesiredState neither;
+  EXPECT_EQ(ValidateDesiredState(neither).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ValidateDesiredState(neither).message().find("neither"), std::string::npos);
+  v1::DesiredState both = TwoTargets();
+  both.mutable_headless_service()->set_service("w");
+  EXPECT_NE(ValidateDesiredState(both).message().find("both"), std::string::npos);
+}
+
+TEST(ValidateDesiredState, NamesTheBadField) {
+  v1::DesiredState s = TwoTargets();
+  s.add_targets("127.0.0.1:5001");
+  EXPECT_NE(ValidateDesiredState(s).message().find("targets[2]"), std::string::npos);
+  s = TwoTargets();
+  s.set_backend("mpi");
+  EXPECT_NE(ValidateDesiredState(s).message().find("backend"), std::string::npos);
+  s = TwoTargets();
+  s.set_layers(49);  // qwen3-30b-a3b: 48 sparse layers
+  const absl::Status layers = ValidateDesiredState(s);
+  EXPECT_EQ(layers.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(layers.message().find("48 sparse layers, asked for 49"), std::string::npos) << layers;
+  s = TwoTargets();
+  s.set_model("no-such-model");
+  EXPECT_NE(ValidateDesiredState(s).message().find("model"), std::string::npos);
+  v1::DesiredState h;
+  h.mutable_headless_service()->set_service("w");
+  h.mutable_headless_service()->set_replicas(2);
+  h.mutable_headless_service()->set_port(70000);
+  EXPECT_NE(ValidateDesiredState(h).message().find("headless_service.port"), std::string::npos);
+}
+
+TEST(BuildGroupRequests, MainJobLayoutOfQwen3) {
+  v1::DesiredState s = TwoTargets();
+  s.set_layers(2);
+  s.mutable_experts()->set_seed(5);
+  auto r = BuildGroupRequests(s, 4);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->configure.layout().tp_size(), 4);
+  EXPECT_EQ(r->configure.layout().attn_dp_size(), 4);
+  EXPECT_EQ(r->configure.layout().moe_dense_tp_size(), 1);
+  EXPECT_TRUE(r->configure.a2a_enabled());
+  // qwen3-30b-a3b: H 2048, 48 layers, all sparse, 128 experts, top-8, I 768.
+  EXPECT_EQ(r->configure.model().hidden_size(), 2048);
+  EXPECT_EQ(r->configure.model().sparse_layers_size(), 48);
+  EXPECT_EQ(r->allocate.hidden_size(), 2048);
+  EXPECT_EQ(r->allocate.top_k(), 8);
+  EXPECT_EQ(r->allocate.num_experts(), 128);
+  EXPECT_EQ(r->allocate.capacity_tokens(), 384);
+  EXPECT_EQ(r->allocate.dispatch_dtype(), v1::DISPATCH_DTYPE_BF16);
+  ASSERT_EQ(r->load.size(), 2u);
+  EXPECT_EQ(r->load[0].layer(), 0);
+  EXPECT_EQ(r->load[1].layer(), 1);
+  EXPECT_EQ(r->load[1].seed(), 5u);
+  EXPECT_EQ(r->load[1].kind(), v1::EXPERT_KIND_SWIGLU);
+  EXPECT_EQ(r->load[1].intermediate_size(), 768);
+  EXPECT_FALSE(r->load[1].has_shared_expert());
+}
+
+TEST(BuildGroupRequests, MoreRanksThanExpertsIsInvalidArgument) {
+  auto r = BuildGroupRequests(TwoTargets(), 129);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("128 experts, fewer than the 129 ranks"), std::string::npos)
+      << r.status();
+}
+
+}  // namespace
+}  // namespace moe_ep::client
