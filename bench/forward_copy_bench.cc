@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -421,4 +422,13 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace moe_ep
 
-int main(int argc, char** argv) { return moe_ep::Main(argc, argv); }
+int main(int argc, char** argv) {
+  try {
+    return moe_ep::Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "forward_copy_bench: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "forward_copy_bench: unknown exception\n");
+  }
+  return 1;
+}
