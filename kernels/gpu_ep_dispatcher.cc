@@ -46,6 +46,7 @@ absl::StatusOr<std::unique_ptr<GpuEpDispatcher>> GpuEpDispatcher::Create(
   d->num_local_experts_ = placement.NumLocalExperts(d->rank_);
   d->counts_.assign(ws.ep_size, 0);
   d->header_counts_.assign(ws.ep_size, 3 * static_cast<int64_t>(sizeof(int64_t)));
+  d->count_bytes_.assign(ws.ep_size, static_cast<int64_t>(sizeof(int32_t)));
 
   const int64_t e = ws.ep_size;
   const int64_t n = ws.capacity_tokens;
@@ -152,9 +153,12 @@ absl::Status GpuEpDispatcher::EnqueueDispatch(int64_t r, const uint16_t* hidden,
   RETURN_IF_ERROR(LaunchPackDispatch(pack, s));
   std::fill(counts_.begin(), counts_.end(), r * row_bytes_);
   // The step header rides in the payload's NCCL group (one launch), then one
-  // thread compares all ranks' (epoch, R) with ours (DESIGN §6).
-  const AllToAllVPart parts[2] = {{header_replicas_, header_counts_, gathered_, header_counts_},
-                                  {send_, counts_, recv_, counts_}};
+  // thread compares all ranks' (epoch, R) with ours (DESIGN §6). So does
+  // send_counts[d] to rank d, which lands in row 1 of step_counts().
+  const AllToAllVPart parts[3] = {
+      {header_replicas_, header_counts_, gathered_, header_counts_},
+      {send_counts_, count_bytes_, send_counts_ + ep_size_, count_bytes_},
+      {send_, counts_, recv_, counts_}};
   RETURN_IF_ERROR(collective_->GroupedAllToAllV(parts));
   return LaunchCheckStepHeaders(gathered_, ep_size_, header_, error_, s);
 }

@@ -116,6 +116,13 @@ class GpuEpDispatcher {
   // its slab, which follows layout() in the one allocation.
   int64_t expert_scratch_bytes() const { return expert_compute_->allocated_bytes(); }
   cudaStream_t stream() const { return collective_->stream(); }
+  // The step's token counts on the device, [2, E] int32: row 0 = tokens this
+  // rank sends to each rank (the route's send_counts), row 1 = tokens each
+  // rank sent to this one (exchanged in the dispatch payload's NCCL group, no
+  // extra launch or host sync). Written on stream() by every Dispatch /
+  // Forward / replay; read them after it (a copy on stream()). What the
+  // Forward RPC's counters come from (issue 11 item 2).
+  const int32_t* step_counts() const { return send_counts_; }
 
   // As core::EpDispatcher: all-gathers local token counts (collective).
   absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens);
@@ -231,6 +238,7 @@ class GpuEpDispatcher {
   std::unique_ptr<ExpertCompute> expert_compute_;
   std::vector<int64_t> counts_;         // [E], reused for the all-to-all byte counts
   std::vector<int64_t> header_counts_;  // [E], 24 bytes each (the header exchange)
+  std::vector<int64_t> count_bytes_;    // [E], 4 bytes each (the send-count exchange)
   std::map<int64_t, cudaGraphExec_t> graphs_;
 };
 

@@ -30,7 +30,7 @@ absl::StatusOr<GpuWorkspaceLayout> GpuWorkspaceLayout::For(const core::Workspace
       {&layout.combine_send, e * n * spec.hidden * 2},
       {&layout.combine_recv, e * n * spec.hidden * 2},
       {&layout.token_slot, n * e * 4},
-      {&layout.send_counts, e * 4},
+      {&layout.send_counts, 2 * e * 4},
       {&layout.header, 3 * 8},
       {&layout.gathered_headers, e * 3 * 8},
       {&layout.error, static_cast<int64_t>(sizeof(StepHeaderError))},

@@ -8,7 +8,8 @@
 //   dispatch_send, dispatch_recv  [E, N, row]      hidden bf16 | K ids int32 | K weights fp32
 //   combine_send, combine_recv    [E, N, H] bf16
 //   token_slot                    [N, E] int32     slot of token t at destination d, or -1
-//   send_counts                   [E] int32
+//   send_counts                   [2, E] int32     tokens sent to each rank (the route), then
+//                                                  tokens each rank sent here (the exchange)
 //   header                        {epoch, R, T} int64
 //   gathered_headers              [E, 3] int64     every rank's header, after the exchange
 //   error                         StepHeaderError  first disagreement of the device check

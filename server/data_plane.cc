@@ -1,5 +1,6 @@
 #include "server/data_plane.h"
 
+#include <cstring>
 #include <exception>
 #include <utility>
 #include <vector>
@@ -103,6 +104,37 @@ absl::Status EngineCallsUnimplemented(const DataPlane& plane, const char* call) 
 }
 
 }  // namespace
+
+absl::StatusOr<core::StepStats> DataPlane::ForwardBytes(int layer, const ForwardTensorBytes& in,
+                                                        int64_t num_tokens, std::string* output) {
+  const size_t hidden_elem = in.hidden_fp32 ? sizeof(float) : sizeof(core::bf16_t);
+  if (in.hidden.size() % hidden_elem != 0 || in.topk_ids.size() % sizeof(int32_t) != 0 ||
+      in.topk_weights.size() % sizeof(float) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Forward: tensor bytes are not whole elements: hidden ", in.hidden.size(),
+                     " (", hidden_elem, " a value), topk_ids ", in.topk_ids.size(),
+                     ", topk_weights ", in.topk_weights.size(), " (4 a value)"));
+  }
+  // The same decoding as DecodeBf16 / DecodeInt32 / DecodeFloat32.
+  std::vector<core::bf16_t> hidden(in.hidden.size() / hidden_elem);
+  if (in.hidden_fp32) {
+    for (size_t i = 0; i < hidden.size(); ++i) {
+      float value;
+      std::memcpy(&value, in.hidden.data() + i * sizeof(float), sizeof(float));
+      hidden[i] = core::FloatToBf16(value);
+    }
+  } else if (!hidden.empty()) {
+    std::memcpy(hidden.data(), in.hidden.data(), in.hidden.size());
+  }
+  std::vector<int32_t> ids(in.topk_ids.size() / sizeof(int32_t));
+  if (!ids.empty()) std::memcpy(ids.data(), in.topk_ids.data(), in.topk_ids.size());
+  std::vector<float> weights(in.topk_weights.size() / sizeof(float));
+  if (!weights.empty()) std::memcpy(weights.data(), in.topk_weights.data(), in.topk_weights.size());
+  // The output is written in place into the reply's bytes (no second copy).
+  output->resize(hidden.size() * sizeof(core::bf16_t));
+  return Forward(layer, hidden, ids, weights, num_tokens,
+                 absl::MakeSpan(reinterpret_cast<core::bf16_t*>(output->data()), hidden.size()));
+}
 
 absl::StatusOr<core::StepStats> DataPlane::EngineDispatch(
     const void* /*hidden*/, const int32_t* /*topk_ids*/, const float* /*topk_weights*/,

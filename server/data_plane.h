@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "core/bf16.h"
@@ -74,6 +75,16 @@ struct BenchmarkTimes {
   std::vector<double> dispatch_us;
   std::vector<double> combine_us;
   int64_t tokens_sent = 0;
+};
+
+// Forward's tensors as the request carries them (ValidateTensorOf in
+// server/tensor_codec.h): views of the message's little-endian bytes, not
+// copies, valid for the call.
+struct ForwardTensorBytes {
+  absl::string_view hidden;        // [T, H] bf16, or fp32 when hidden_fp32
+  bool hidden_fp32 = false;        // rounded to nearest-even bf16 (core/bf16.h) on the way in
+  absl::string_view topk_ids;      // [T, K] int32
+  absl::string_view topk_weights;  // [T, K] fp32
 };
 
 // The caller's buffers of an in-process Dispatch (server/moe_ep.h, DESIGN
@@ -160,6 +171,17 @@ class DataPlane {
                                                   absl::Span<const float> topk_weights,
                                                   int64_t num_tokens,
                                                   absl::Span<core::bf16_t> output) = 0;
+
+  // Forward from and to message bytes: the Forward RPC's path (issue 11
+  // item 2). `in` holds `num_tokens` rows; `output` is resized to the
+  // hidden element count * 2 bytes and receives the [T, H] bf16 output
+  // (unspecified on error). Errors: Forward's, plus kInvalidArgument when a
+  // byte length is not a whole number of elements. The default decodes into
+  // host vectors and calls Forward (the CPU plane, whose experts read host
+  // memory); the GPU plane overrides it with one host copy each way between
+  // the message and device memory and the counters read from the device.
+  virtual absl::StatusOr<core::StepStats> ForwardBytes(int layer, const ForwardTensorBytes& in,
+                                                       int64_t num_tokens, std::string* output);
 
   // The in-process data calls of an engine (server/moe_ep.h, DESIGN §14) on
   // the caller's buffers: host pointers on the CPU plane (`stream` must be

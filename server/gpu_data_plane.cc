@@ -45,7 +45,7 @@ absl::Status WithContext(const absl::Status& status, absl::string_view context) 
 // Pinned host and device staging of Forward, for N rows; freed on
 // destruction. One device allocation (and one pinned one) of four
 // 128-byte-aligned parts: hidden [N, H] bf16, ids [N, K] int32, weights
-// [N, K] fp32, output [N, H] bf16.
+// [N, K] fp32, output [N, H] bf16; the pinned one ends with the step counts.
 class GpuDataPlane::Staging {
  public:
   // `device`: null to allocate the device part here, or DeviceBytes() bytes
@@ -64,8 +64,10 @@ class GpuDataPlane::Staging {
       device = s->owned_device_;
     }
     s->device_ = device;
-    RETURN_IF_ERROR(Cuda(cudaMallocHost(&s->host_, total),
-                         absl::StrCat("cudaMallocHost(forward staging, ", total, " bytes)")));
+    s->host_bytes_ = total + kCountsBytes;
+    RETURN_IF_ERROR(
+        Cuda(cudaMallocHost(&s->host_, s->host_bytes_),
+             absl::StrCat("cudaMallocHost(forward staging, ", s->host_bytes_, " bytes)")));
     return s;
   }
   // Moves the device part to `device` (a grown dispatcher's tail), when it
@@ -92,6 +94,10 @@ class GpuDataPlane::Staging {
   void* h_ids() const { return Part<char>(host_, 1); }
   void* h_weights() const { return Part<char>(host_, 2); }
   void* h_output() const { return Part<char>(host_, 3); }
+  // Pinned [2, kMaxEpSize] int32: a step's GpuEpDispatcher::step_counts().
+  int32_t* h_counts() const {
+    return reinterpret_cast<int32_t*>(static_cast<char*>(host_) + host_bytes_ - kCountsBytes);
+  }
 
  private:
   Staging() = default;
@@ -99,7 +105,9 @@ class GpuDataPlane::Staging {
   T* Part(void* base, int i) const {
     return reinterpret_cast<T*>(static_cast<char*>(base) + offsets_[i]);
   }
+  static constexpr int64_t kCountsBytes = 2 * kernels::kMaxEpSize * sizeof(int32_t);
   std::array<int64_t, 4> offsets_ = {0, 0, 0, 0};
+  int64_t host_bytes_ = 0;
   void* device_ = nullptr;
   void* owned_device_ = nullptr;  // device_ when Create allocated it
   void* host_ = nullptr;
@@ -301,6 +309,59 @@ absl::StatusOr<core::StepStats> GpuDataPlane::Forward(
   const core::WorkspaceSpec& ws = options_.workspace;
   const int64_t h = ws.hidden;
   const int k = ws.top_k;
+  if (static_cast<int64_t>(hidden.size()) != num_tokens * h ||
+      static_cast<int64_t>(topk_ids.size()) != num_tokens * k ||
+      static_cast<int64_t>(topk_weights.size()) != num_tokens * k ||
+      static_cast<int64_t>(output.size()) != num_tokens * h) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Forward on rank ", collective_->rank(), ": tensor sizes expected hidden/output ",
+        num_tokens * h, " and topk ", num_tokens * k, " elements, got ", hidden.size(), ", ",
+        topk_ids.size(), ", ", topk_weights.size(), ", ", output.size()));
+  }
+  return RunForward(layer,
+                    {hidden.data(), false, topk_ids.data(), topk_weights.data(), output.data()},
+                    num_tokens);
+}
+
+absl::StatusOr<core::StepStats> GpuDataPlane::ForwardBytes(int layer, const ForwardTensorBytes& in,
+                                                           int64_t num_tokens,
+                                                           std::string* output) {
+  const core::WorkspaceSpec& ws = options_.workspace;
+  const int64_t h = ws.hidden;
+  const int k = ws.top_k;
+  const int64_t hidden_elem = in.hidden_fp32 ? 4 : 2;
+  if (num_tokens < 0 || static_cast<int64_t>(in.hidden.size()) != num_tokens * h * hidden_elem ||
+      static_cast<int64_t>(in.topk_ids.size()) != num_tokens * k * 4 ||
+      static_cast<int64_t>(in.topk_weights.size()) != num_tokens * k * 4) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Forward on rank ", collective_->rank(), ": tensor bytes expected hidden ",
+        num_tokens * h * hidden_elem, " and topk ", num_tokens * k * 4, " each for ", num_tokens,
+        " tokens, got ", in.hidden.size(), ", ", in.topk_ids.size(), ", ", in.topk_weights.size()));
+  }
+  // Zero-filled by resize, then overwritten by the one copy from the device.
+  output->resize(static_cast<size_t>(num_tokens * h * 2));
+  return RunForward(layer,
+                    {in.hidden.data(), in.hidden_fp32, in.topk_ids.data(), in.topk_weights.data(),
+                     output->data()},
+                    num_tokens);
+}
+
+absl::Status GpuDataPlane::Upload(void* dst, const void* src, int64_t bytes, void* pinned,
+                                  const char* what) {
+  cudaStream_t stream = dispatcher_->stream();
+  if (host_copy_ == ForwardHostCopy::kPinned) {
+    std::memcpy(pinned, src, bytes);
+    src = pinned;
+  }
+  return Cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream),
+              absl::StrCat("cudaMemcpyAsync(", what, " to device, ", bytes, " bytes)"));
+}
+
+absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostForward& io,
+                                                         int64_t num_tokens) {
+  const core::WorkspaceSpec& ws = options_.workspace;
+  const int64_t h = ws.hidden;
+  const int k = ws.top_k;
   const int rank = collective_->rank();
   const int world = collective_->size();
   auto experts = experts_.find(layer);
@@ -309,55 +370,33 @@ absl::StatusOr<core::StepStats> GpuDataPlane::Forward(
         absl::StrCat("Forward: layer ", layer, " has no loaded experts; call LoadExperts first"));
   }
   RETURN_IF_ERROR(dispatcher_->CheckStep("Forward", num_tokens));
-  const int64_t r = dispatcher_->runtime_max_tokens_per_rank();
-  if (static_cast<int64_t>(hidden.size()) != num_tokens * h ||
-      static_cast<int64_t>(topk_ids.size()) != num_tokens * k ||
-      static_cast<int64_t>(topk_weights.size()) != num_tokens * k ||
-      static_cast<int64_t>(output.size()) != num_tokens * h) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Forward on rank ", rank, ": tensor sizes expected hidden/output ",
-                     num_tokens * h, " and topk ", num_tokens * k, " elements, got ", hidden.size(),
-                     ", ", topk_ids.size(), ", ", topk_weights.size(), ", ", output.size()));
-  }
   RETURN_IF_ERROR(MakeDeviceCurrent());
 
-  // Step counters, as core::EpDispatcher counts them: sends per destination
-  // (host route), and what every source sends here (one small all-gather).
-  ASSIGN_OR_RETURN(core::DispatchRoute route,
-                   core::ComputeDispatchRoute(topk_ids, num_tokens, k, *placement_));
-  std::vector<int64_t> all_counts(static_cast<size_t>(world) * world);
-  RETURN_IF_ERROR(
-      control_->AllGather(route.send_counts.data(), world * sizeof(int64_t), all_counts.data()));
-  ASSIGN_OR_RETURN(int64_t dispatch_bytes,
-                   core::DispatchBytesPerToken(core::DispatchDType::kBF16, h, k));
-  const int64_t combine_bytes = core::CombineBytesPerToken(h);
-  core::StepStats stats;
-  stats.runtime_max_tokens_per_rank = r;
-  stats.tokens_sent = static_cast<int64_t>(route.dest_rank.size());
-  for (int p = 0; p < world; ++p) {
-    const int64_t received = all_counts[static_cast<size_t>(p) * world + rank];
-    stats.tokens_received += received;
-    if (p == rank) continue;
-    stats.bytes_sent_remote += route.send_counts[p] * dispatch_bytes + received * combine_bytes;
-  }
-
-  // Inputs: host -> pinned -> device staging, on the collective's stream.
+  // Inputs: one host copy each, on the collective's stream (see the header).
   cudaStream_t stream = dispatcher_->stream();
   const int64_t hidden_bytes = num_tokens * h * 2;
   const int64_t k_bytes = num_tokens * k * 4;
   if (num_tokens > 0) {
-    std::memcpy(staging_->h_hidden(), hidden.data(), hidden_bytes);
-    std::memcpy(staging_->h_ids(), topk_ids.data(), k_bytes);
-    std::memcpy(staging_->h_weights(), topk_weights.data(), k_bytes);
-    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(staging_->d_hidden(), staging_->h_hidden(), hidden_bytes,
-                                         cudaMemcpyHostToDevice, stream),
-                         "cudaMemcpyAsync(hidden to device)"));
-    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(staging_->d_ids(), staging_->h_ids(), k_bytes,
-                                         cudaMemcpyHostToDevice, stream),
-                         "cudaMemcpyAsync(topk_ids to device)"));
-    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(staging_->d_weights(), staging_->h_weights(), k_bytes,
-                                         cudaMemcpyHostToDevice, stream),
-                         "cudaMemcpyAsync(topk_weights to device)"));
+    if (io.hidden_fp32) {
+      // The rounding to bf16 is the hidden states' one copy, into pinned
+      // staging (as DecodeBf16 rounds: core::FloatToBf16).
+      const char* src = static_cast<const char*>(io.hidden);
+      auto* dst = static_cast<core::bf16_t*>(staging_->h_hidden());
+      for (int64_t i = 0; i < num_tokens * h; ++i) {
+        float value;
+        std::memcpy(&value, src + i * 4, 4);
+        dst[i] = core::FloatToBf16(value);
+      }
+      RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(staging_->d_hidden(), staging_->h_hidden(), hidden_bytes,
+                                           cudaMemcpyHostToDevice, stream),
+                           "cudaMemcpyAsync(hidden to device)"));
+    } else {
+      RETURN_IF_ERROR(
+          Upload(staging_->d_hidden(), io.hidden, hidden_bytes, staging_->h_hidden(), "hidden"));
+    }
+    RETURN_IF_ERROR(Upload(staging_->d_ids(), io.topk_ids, k_bytes, staging_->h_ids(), "topk_ids"));
+    RETURN_IF_ERROR(Upload(staging_->d_weights(), io.topk_weights, k_bytes, staging_->h_weights(),
+                           "topk_weights"));
   }
   const kernels::DeviceExpertSet& set = *experts->second;
   // The shared expert starts on its own stream once the inputs are on the
@@ -368,9 +407,9 @@ absl::StatusOr<core::StepStats> GpuDataPlane::Forward(
   RETURN_IF_ERROR(dispatcher_->Dispatch(staging_->d_hidden(), staging_->d_ids(),
                                         staging_->d_weights(), num_tokens));
   RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[1], stream), "cudaEventRecord"));
-  absl::Status computed = absl::OkStatus();
-  if (set.kind() == core::ExpertKind::kSwiGlu) computed = Synchronize();
-  if (computed.ok()) computed = dispatcher_->ComputeExperts(set);
+  // The dispatcher's expert compute is ExpertGemm::kGroupedDevice (the
+  // default): SwiGLU reads no row count on the host, so nothing waits here.
+  absl::Status computed = dispatcher_->ComputeExperts(set);
   if (!computed.ok()) {
     // Keep the ranks' collective sequence aligned (the peers go on to the
     // combine all-to-all), then report this rank's failure.
@@ -382,13 +421,45 @@ absl::StatusOr<core::StepStats> GpuDataPlane::Forward(
   RETURN_IF_ERROR(
       dispatcher_->Combine(staging_->d_output(), has_shared ? shared_.output() : nullptr));
   RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[3], stream), "cudaEventRecord"));
-  if (num_tokens > 0) {
+  // The counters: the dispatcher's device counts, one small async copy.
+  int32_t* counts = staging_->h_counts();
+  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(counts, dispatcher_->step_counts(),
+                                       2 * world * sizeof(int32_t), cudaMemcpyDeviceToHost, stream),
+                       "cudaMemcpyAsync(step counts to host)"));
+  const bool pinned_out = host_copy_ == ForwardHostCopy::kPinned;
+  if (num_tokens > 0 && pinned_out) {
     RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(staging_->h_output(), staging_->d_output(), hidden_bytes,
                                          cudaMemcpyDeviceToHost, stream),
                          "cudaMemcpyAsync(output to host)"));
   }
   RETURN_IF_ERROR(Synchronize());
-  if (num_tokens > 0) std::memcpy(output.data(), staging_->h_output(), hidden_bytes);
+  if (num_tokens > 0) {
+    if (pinned_out) {
+      std::memcpy(io.output, staging_->h_output(), hidden_bytes);
+    } else {
+      // The stream is idle now, so this pageable copy (which returns once
+      // done) waits for nothing but itself.
+      RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(io.output, staging_->d_output(), hidden_bytes,
+                                           cudaMemcpyDeviceToHost, stream),
+                           "cudaMemcpyAsync(output to host)"));
+    }
+  }
+
+  // Step counters, as core::EpDispatcher counts them: counts[d] tokens sent
+  // to rank d, counts[world + s] tokens rank s sent here.
+  ASSIGN_OR_RETURN(int64_t dispatch_bytes,
+                   core::DispatchBytesPerToken(core::DispatchDType::kBF16, h, k));
+  const int64_t combine_bytes = core::CombineBytesPerToken(h);
+  core::StepStats stats;
+  stats.runtime_max_tokens_per_rank = dispatcher_->runtime_max_tokens_per_rank();
+  for (int p = 0; p < world; ++p) {
+    const int64_t sent = counts[p];
+    const int64_t received = counts[world + p];
+    stats.tokens_sent += sent;
+    stats.tokens_received += received;
+    if (p == rank) continue;
+    stats.bytes_sent_remote += sent * dispatch_bytes + received * combine_bytes;
+  }
   float ms[3] = {0, 0, 0};
   for (int i = 0; i < 3; ++i) {
     RETURN_IF_ERROR(

@@ -6,21 +6,34 @@
 // without CUDA this header declares nothing.
 //
 // Forward path (the gRPC path; an engine's in-process hot path calls
-// GpuEpDispatcher directly): the request's host tensors are copied into
-// pinned host staging, then into device staging buffers, both allocated by
-// Allocate for capacity_tokens N rows (nothing is allocated per step):
+// GpuEpDispatcher directly; issue 11 item 2): one host copy each way
+// between the message and device memory. ForwardBytes takes views of the
+// request's bytes and, by ForwardHostCopy:
+//   kPageable (default): cudaMemcpyAsync straight from the message's bytes
+//     to the device staging (the driver stages pageable memory itself; the
+//     call returns once the bytes are staged), and after the step straight
+//     from the device into the reply's string;
+//   kPinned: memcpy into this plane's pinned staging, async copies from
+//     there, and back through it into the reply's string.
+// fp32 hidden states are rounded to bf16 on the way into the pinned staging
+// (that conversion is their one copy) in both modes. Device staging buffers
+// and pinned staging are allocated by Allocate for capacity_tokens N rows
+// (nothing is allocated per step):
 //   device and pinned: hidden [N, H] bf16, topk_ids [N, K] int32,
-//                      topk_weights [N, K] fp32, output [N, H] bf16.
+//                      topk_weights [N, K] fp32, output [N, H] bf16;
+//   pinned only: the step counts [2, kMaxEpSize] int32.
 // The step runs Dispatch -> ComputeExperts -> Combine on the collective's
-// stream with CUDA events between the phases (the Forward timings), the
-// output comes back through pinned memory, and every wait for the stream is
-// NcclCollective::Synchronize() (bounded by the group's timeout: a dead peer
-// is an error, never a hang). Host syncs per Forward: one all-gather of
-// per-destination counts (for the step counters), the dispatcher's (epoch, R)
-// agreement, one Synchronize before SwiGLU experts (their compute reads row
-// counts on the host with an unbounded cudaStreamSynchronize inside
-// kernels/expert_compute.cc, so the stream is drained here first, with the
-// deadline), one at the end.
+// stream with CUDA events between the phases (the Forward timings). The
+// counters (tokens sent, received, remote bytes) come from the dispatcher's
+// device counts (GpuEpDispatcher::step_counts(): the route's send counts and
+// the counts every rank sent here, exchanged with the payload), read back
+// by one small async copy on the stream: no host routing and no extra
+// collective. Every wait for the stream is NcclCollective::Synchronize()
+// (bounded by the group's timeout: a dead peer is an error, never a hang);
+// a pageable device-to-host copy, which waits for the stream itself, is only
+// issued after it. Host syncs per Forward: the dispatcher's (epoch, R)
+// agreement and one Synchronize at the end (the SwiGLU experts'
+// kGroupedDevice GEMMs read no count on the host).
 //
 // Experts: made on the device from LoadExperts' core::ExpertSource
 // (kernels::DeviceExpertSet::Load): seeded sets generated there,
@@ -95,6 +108,12 @@ class GpuDataPlane final : public DataPlane {
                                           absl::Span<const int32_t> topk_ids,
                                           absl::Span<const float> topk_weights, int64_t num_tokens,
                                           absl::Span<core::bf16_t> output) override;
+  absl::StatusOr<core::StepStats> ForwardBytes(int layer, const ForwardTensorBytes& in,
+                                               int64_t num_tokens, std::string* output) override;
+  // How Forward's bytes cross between host and device (see above); both make
+  // one host copy each way. bench/forward_copy_bench.cc measures both.
+  enum class ForwardHostCopy { kPageable, kPinned };
+  void set_forward_host_copy(ForwardHostCopy copy) { host_copy_ = copy; }
   absl::StatusOr<BenchmarkTimes> Benchmark(const core::EpDispatcherOptions& options,
                                            const BenchmarkInputs& inputs, int warmup,
                                            int iterations, int64_t memory_cap_bytes) override;
@@ -102,7 +121,22 @@ class GpuDataPlane final : public DataPlane {
  private:
   class Staging;  // the Forward staging buffers (device + pinned host)
 
+  // A Forward's host side: inputs [T, H] (bf16, or fp32 when hidden_fp32),
+  // [T, K] int32 and fp32; output [T, H] bf16. Unaligned addresses are fine.
+  struct HostForward {
+    const void* hidden = nullptr;
+    bool hidden_fp32 = false;
+    const void* topk_ids = nullptr;
+    const void* topk_weights = nullptr;
+    void* output = nullptr;
+  };
+
   GpuDataPlane() = default;
+  // Forward and ForwardBytes after their size checks.
+  absl::StatusOr<core::StepStats> RunForward(int layer, const HostForward& io, int64_t num_tokens);
+  // Enqueues the host -> device copy of `bytes` at `src` into `dst` (one
+  // host copy: pageable directly, or through `pinned`).
+  absl::Status Upload(void* dst, const void* src, int64_t bytes, void* pinned, const char* what);
   absl::Status MakeDeviceCurrent() const;
   // Waits for the stream with the group's deadline.
   absl::Status Synchronize();
@@ -120,6 +154,7 @@ class GpuDataPlane final : public DataPlane {
   bool geometry_committed_ = false;
   std::map<int, std::unique_ptr<kernels::DeviceExpertSet>> experts_;
   cudaEvent_t events_[4] = {nullptr, nullptr, nullptr, nullptr};
+  ForwardHostCopy host_copy_ = ForwardHostCopy::kPageable;
   GpuSharedExperts shared_;  // last: destroyed first, on the current device
 };
 

@@ -349,29 +349,36 @@ absl::StatusOr<ForwardInputs> ForwardFromRequest(const RequestLimits& limits,
   ForwardInputs in;
   in.layer = request.layer();
   in.epoch = request.epoch();
-  ASSIGN_OR_RETURN(in.hidden, DecodeBf16(request.hidden_states(), "hidden_states", 2));
-  ASSIGN_OR_RETURN(in.topk_ids, DecodeInt32(request.topk_ids(), "topk_ids", 2));
-  ASSIGN_OR_RETURN(in.topk_weights, DecodeFloat32(request.topk_weights(), "topk_weights", 2));
-  in.tokens = in.hidden.shape[0];
-  if (in.topk_ids.shape[0] != in.tokens) {
+  const v1::Tensor& hidden = request.hidden_states();
+  const v1::Tensor& ids = request.topk_ids();
+  const v1::Tensor& weights = request.topk_weights();
+  ASSIGN_OR_RETURN(in.tensors.hidden,
+                   ValidateTensorOf(hidden, "hidden_states", 2, {v1::DTYPE_BF16, v1::DTYPE_FP32},
+                                    "bf16 or fp32"));
+  in.tensors.hidden_fp32 = hidden.dtype() == v1::DTYPE_FP32;
+  ASSIGN_OR_RETURN(in.tensors.topk_ids,
+                   ValidateTensorOf(ids, "topk_ids", 2, {v1::DTYPE_INT32}, "int32"));
+  ASSIGN_OR_RETURN(in.tensors.topk_weights,
+                   ValidateTensorOf(weights, "topk_weights", 2, {v1::DTYPE_FP32}, "fp32"));
+  in.tokens = hidden.shape(0);
+  if (ids.shape(0) != in.tokens) {
     return absl::InvalidArgumentError(absl::StrCat("topk_ids.shape[0]: expected ", in.tokens,
-                                                   " (hidden_states rows), got ",
-                                                   in.topk_ids.shape[0]));
+                                                   " (hidden_states rows), got ", ids.shape(0)));
   }
-  if (in.topk_weights.shape != in.topk_ids.shape) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "topk_weights.shape: expected [", absl::StrJoin(in.topk_ids.shape, ", "),
-        "] (topk_ids' shape), got [", absl::StrJoin(in.topk_weights.shape, ", "), "]"));
+  if (weights.shape(0) != ids.shape(0) || weights.shape(1) != ids.shape(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("topk_weights.shape: expected [", absl::StrJoin(ids.shape(), ", "),
+                     "] (topk_ids' shape), got [", absl::StrJoin(weights.shape(), ", "), "]"));
   }
-  if (in.hidden.shape[1] != allocation.workspace.hidden) {
+  if (hidden.shape(1) != allocation.workspace.hidden) {
     return absl::InvalidArgumentError(
         absl::StrCat("hidden_states.shape[1]: expected ", allocation.workspace.hidden,
-                     " (the allocated hidden_size), got ", in.hidden.shape[1]));
+                     " (the allocated hidden_size), got ", hidden.shape(1)));
   }
-  if (in.topk_ids.shape[1] != allocation.workspace.top_k) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("topk_ids.shape[1]: expected ", allocation.workspace.top_k,
-                     " (the allocated top_k), got ", in.topk_ids.shape[1]));
+  if (ids.shape(1) != allocation.workspace.top_k) {
+    return absl::InvalidArgumentError(absl::StrCat("topk_ids.shape[1]: expected ",
+                                                   allocation.workspace.top_k,
+                                                   " (the allocated top_k), got ", ids.shape(1)));
   }
   return in;
 }

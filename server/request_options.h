@@ -32,6 +32,7 @@
 #include "core/layer_plan.h"
 #include "moe_ep/v1/worker.pb.h"
 #include "server/benchmark_inputs.h"
+#include "server/data_plane.h"
 #include "server/request_limits.h"
 #include "server/tensor_codec.h"
 
@@ -178,16 +179,16 @@ absl::Status CheckCommitGeometry(const v1::CommitGeometryRequest& request);
 struct ForwardInputs {
   int layer = 0;
   int64_t epoch = 0;
-  int64_t tokens = 0;                  // T
-  DecodedTensor<core::bf16_t> hidden;  // [T, H]
-  DecodedTensor<int32_t> topk_ids;     // [T, K]
-  DecodedTensor<float> topk_weights;   // [T, K]
+  int64_t tokens = 0;          // T
+  ForwardTensorBytes tensors;  // views of the request's bytes: [T, H], [T, K], [T, K]
 };
 
 // ForwardFromRequest()
 //
-// layer, epoch >= 0; the three tensors decoded (dtype, shape, byte length),
-// with T rows each, H = the allocated hidden size, K = the allocated top_k.
+// layer, epoch >= 0; the three tensors checked (dtype: hidden bf16 or fp32,
+// ids int32, weights fp32; shape; byte length), with T rows each, H = the
+// allocated hidden size, K = the allocated top_k. Copies no tensor: the
+// result views `request`'s bytes and is valid while it lives.
 absl::StatusOr<ForwardInputs> ForwardFromRequest(const RequestLimits& limits,
                                                  const v1::ForwardRequest& request,
                                                  const core::EpDispatcherOptions& allocation);

@@ -118,6 +118,17 @@ absl::Status ValidateTensor(const v1::Tensor& tensor, absl::string_view field, i
   return absl::OkStatus();
 }
 
+absl::StatusOr<absl::string_view> ValidateTensorOf(const v1::Tensor& tensor,
+                                                   absl::string_view field, int expected_rank,
+                                                   absl::Span<const v1::DType> dtypes,
+                                                   absl::string_view expected) {
+  RETURN_IF_ERROR(ValidateTensor(tensor, field, expected_rank));
+  for (v1::DType dtype : dtypes) {
+    if (tensor.dtype() == dtype) return absl::string_view(tensor.data());
+  }
+  return WrongDType(tensor, field, expected);
+}
+
 absl::StatusOr<DecodedTensor<core::bf16_t>> DecodeBf16(const v1::Tensor& tensor,
                                                        absl::string_view field, int expected_rank) {
   RETURN_IF_ERROR(ValidateTensor(tensor, field, expected_rank));

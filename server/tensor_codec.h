@@ -39,6 +39,20 @@ int64_t TensorDTypeBytes(int dtype);
 // "<field>.data" with expected and actual values. Pure and thread-safe.
 absl::Status ValidateTensor(const v1::Tensor& tensor, absl::string_view field, int expected_rank);
 
+// ValidateTensorOf()
+//
+// ValidateTensor, then the dtype must be one of `dtypes` (`expected` names
+// them in the message, e.g. "bf16 or fp32"). Returns a view of the tensor's
+// bytes in the message (no copy; valid while `tensor` lives and is not
+// modified), so a data plane can copy them once, straight to where they go
+// (issue 11 item 2).
+// Errors: ValidateTensor's, and kInvalidArgument
+// "<field>.dtype: expected <expected>, got <dtype>". Pure and thread-safe.
+absl::StatusOr<absl::string_view> ValidateTensorOf(const v1::Tensor& tensor,
+                                                   absl::string_view field, int expected_rank,
+                                                   absl::Span<const v1::DType> dtypes,
+                                                   absl::string_view expected);
+
 // DecodeBf16()
 //
 // Returns the elements as bf16 bit patterns. Accepts DTYPE_BF16 (copied) and

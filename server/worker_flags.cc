@@ -184,6 +184,10 @@ std::optional<int> ParseWorkerFlags(int argc, const char* const* argv, WorkerFla
           {}, err, spellings);
   AddFlag(app, "health-port-file", &f->health_port_file,
           "optional file to write the bound --health-listen port to", {}, err, spellings);
+  AddFlag(app, "enable-echo", &f->enable_echo,
+          "serve the test-only Echo RPC (returns its request's tensor; for measuring the gRPC "
+          "transport of a tensor); off = Echo is UNIMPLEMENTED",
+          {}, err, spellings);
 
   try {
     app.parse(argc, argv);

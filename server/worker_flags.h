@@ -43,6 +43,7 @@ struct WorkerFlags {
   std::string metrics_port_file;
   std::string health_listen;
   std::string health_port_file;
+  bool enable_echo = false;  // serve the test-only Echo RPC (worker.proto)
 };
 
 // ParseWorkerFlags()

@@ -132,6 +132,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const Worker
   options.memory_cap_bytes = std::max<int64_t>(1, memory_cap - store_limits.max_total_bytes);
   options.limits = flags.limits;
   options.checkpoint_dirs = flags.checkpoint_dirs;
+  options.enable_echo = flags.enable_echo;
 
   // Transport security: TLS / mTLS from files, a bearer token, plaintext only
   // on loopback unless --allow-insecure (server/tls_credentials.h).

@@ -498,12 +498,15 @@ absl::Status WorkerService::DoForward(grpc::ServerContext* context,
   RETURN_IF_ERROR(Vote("Forward", in.status(),
                        in.ok() ? ForwardFields(*in) : std::vector<core::BallotField>{}));
   const int64_t hidden = allocation_->options.workspace.hidden;
-  std::vector<core::bf16_t> output(in->hidden.values.size());
+  // The data plane reads the request's bytes and writes the reply's: one
+  // host copy each way (issue 11 item 2).
+  v1::Tensor* output = response->mutable_output();
   absl::StatusOr<core::StepStats> stats =
-      data_plane_->Forward(in->layer, in->hidden.values, in->topk_ids.values,
-                           in->topk_weights.values, in->tokens, absl::MakeSpan(output));
+      data_plane_->ForwardBytes(in->layer, in->tensors, in->tokens, output->mutable_data());
   RETURN_IF_ERROR(GroupResult("Forward", stats.status()));
-  *response->mutable_output() = EncodeBf16(output, std::vector<int64_t>{in->tokens, hidden});
+  output->set_dtype(v1::DTYPE_BF16);
+  output->add_shape(in->tokens);
+  output->add_shape(hidden);
   FillForwardReply(*stats, absl::Now() - start, response);
   absl::MutexLock lock(&state_mu_);
   v1::Counters* counters = status_.mutable_counters();
@@ -511,6 +514,26 @@ absl::Status WorkerService::DoForward(grpc::ServerContext* context,
   counters->set_tokens_dispatched(counters->tokens_dispatched() + stats->tokens_sent);
   counters->set_bytes_sent(counters->bytes_sent() + stats->bytes_sent_remote);
   return absl::OkStatus();
+}
+
+// --------------------------------------------------------------------- Echo
+
+grpc::Status WorkerService::Echo(grpc::ServerContext* /*context*/, const v1::EchoRequest* request,
+                                 v1::EchoResponse* response) {
+  return Finish(RunGuarded("Echo", [&]() -> absl::Status {
+    {
+      absl::MutexLock lock(&state_mu_);
+      if (shutting_down_) return absl::UnavailableError("Echo: worker is shutting down");
+    }
+    if (!options_.enable_echo) {
+      return absl::UnimplementedError(
+          "Echo is a test-only RPC; this worker serves it only when started with --enable-echo");
+    }
+    const v1::Tensor& tensor = request->tensor();
+    RETURN_IF_ERROR(ValidateTensor(tensor, "tensor", tensor.shape_size()));
+    *response->mutable_tensor() = tensor;
+    return absl::OkStatus();
+  }));
 }
 
 // ---------------------------------------------------------------- Benchmark

@@ -91,6 +91,9 @@ struct WorkerOptions {
   // there and, once formed, frees the older generations' keys. May be null
   // (no store in this process); must outlive the service.
   RendezvousService* rendezvous = nullptr;
+  // Serve the test-only Echo RPC (--enable-echo; worker.proto); when false
+  // Echo is UNIMPLEMENTED.
+  bool enable_echo = false;
 };
 
 class WorkerService final : public v1::Worker::Service {
@@ -140,6 +143,11 @@ class WorkerService final : public v1::Worker::Service {
                          v1::BenchmarkResponse* response) override;
   grpc::Status ForwardLayers(grpc::ServerContext* context, const v1::ForwardLayersRequest* request,
                              v1::ForwardLayersResponse* response) override;
+  // Test-only (worker.proto): the request's tensor back, after
+  // ValidateTensor; kUnimplemented unless options.enable_echo. Takes no lock
+  // and no collective slot. Thread-safe.
+  grpc::Status Echo(grpc::ServerContext* context, const v1::EchoRequest* request,
+                    v1::EchoResponse* response) override;
 
  private:
   // The allocation in force (AllocateWorkspace, normalized).

@@ -179,6 +179,16 @@ void RunCase(const Case& c) {
             << "rank " << rank << " source " << src << " slot " << slot;
       }
     }
+    // step_counts(): [0, E) what this rank sent to each rank, [E, 2E) what
+    // each rank sent here, against the reference's per-rank receive counts.
+    std::vector<int32_t> step_counts(2 * c.ep_size, -1);
+    ASSERT_EQ(cudaMemcpy(step_counts.data(), (*disp)->step_counts(),
+                         step_counts.size() * sizeof(int32_t), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    for (int p = 0; p < c.ep_size; ++p) {
+      EXPECT_EQ(step_counts[p], ref->received[p].counts[rank]) << "rank " << rank << " to " << p;
+      EXPECT_EQ(step_counts[c.ep_size + p], want.counts[p]) << "rank " << rank << " from " << p;
+    }
     ExpectClose(out.Download(t * c.hidden), ref->output[rank],
                 PartialMagnitude(*ref, rank, t, c.hidden),
                 "output of rank " + std::to_string(rank));

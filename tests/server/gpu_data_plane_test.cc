@@ -12,6 +12,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <vector>
@@ -238,6 +239,106 @@ TEST(GpuDataPlane, LoadExpertsKeepsHostMemoryFarBelowTheLayersWeights) {
     EXPECT_LT(growth, *bytes / 4) << c.name;
   }
   std::filesystem::remove_all(dir);
+}
+
+// ForwardBytes (the Forward RPC's path, issue 11 item 2) on one GPU, in both
+// host-copy modes, with bf16 and fp32 hidden states: identity experts and
+// values exact in bf16 (x in [-4, 4], weights multiples of 1/8, so every
+// sum is exact), checked against out = bf16(x * sum of the valid weights)
+// computed here; the counters against a count made here (world 1: every
+// token with a valid id goes once to rank 0).
+TEST(GpuDataPlane, ForwardBytesIsExactInBothHostCopyModes) {
+  if (Gpus() < 1) {
+    std::printf("[  SKIPPED ] needs 1 CUDA device\n");
+    GTEST_SKIP() << "needs 1 CUDA device";
+  }
+  constexpr int64_t kT = 37;
+  constexpr int64_t kH = 96;
+  constexpr int kK = 4;
+  constexpr int kE = 16;
+  DataPlaneGroup group;
+  group.backend = "nccl";
+  auto plane = GpuDataPlane::Form(group, std::make_shared<gloo::rendezvous::HashStore>());
+  ASSERT_TRUE(plane.ok()) << plane.status();
+  core::EpDispatcherOptions options;
+  options.workspace = core::WorkspaceSpec{1, 64, kH, kK};
+  options.num_experts = kE;
+  ASSERT_TRUE((*plane)->Allocate(options, 0, 0).ok());
+  ASSERT_TRUE((*plane)->LoadExperts(0, core::ExpertSource::Identity(0, kE, 0, kE, kH), 0).ok());
+  ASSERT_TRUE((*plane)->CommitGeometry(1, kT, kT).ok());
+
+  std::vector<float> x(kT * kH);
+  std::vector<int32_t> ids(kT * kK);
+  std::vector<float> weights(kT * kK);
+  std::vector<core::bf16_t> want(kT * kH);
+  int64_t routed = 0;
+  for (int64_t t = 0; t < kT; ++t) {
+    float sum = 0;
+    for (int k = 0; k < kK; ++k) {
+      int32_t id = static_cast<int32_t>((t * 5 + k * 3) % kE);
+      if (t % 4 == 0) id = k % 2 == 0 ? -1 : kE + 2;  // no valid id: the token stays home
+      if (t % 4 == 1 && k == 1) id = -1;              // one "no expert" choice
+      ids[t * kK + k] = id;
+      weights[t * kK + k] = static_cast<float>((t + k) % 8 + 1) / 8.0f;
+      if (id >= 0 && id < kE) sum += weights[t * kK + k];
+    }
+    routed += sum > 0 ? 1 : 0;
+    for (int64_t j = 0; j < kH; ++j) {
+      x[t * kH + j] = static_cast<float>((t * 7 + j) % 9) - 4.0f;
+      // A token with no valid id gets the empty sum, +0 (not x * 0 = -0).
+      want[t * kH + j] = core::FloatToBf16(sum > 0 ? x[t * kH + j] * sum : 0.0f);
+    }
+  }
+  std::vector<core::bf16_t> x_bf16(x.size());
+  for (size_t i = 0; i < x.size(); ++i) x_bf16[i] = core::FloatToBf16(x[i]);
+  const std::string bf16_bytes(reinterpret_cast<const char*>(x_bf16.data()), x_bf16.size() * 2);
+  const std::string fp32_bytes(reinterpret_cast<const char*>(x.data()), x.size() * 4);
+  const std::string id_bytes(reinterpret_cast<const char*>(ids.data()), ids.size() * 4);
+  const std::string weight_bytes(reinterpret_cast<const char*>(weights.data()), weights.size() * 4);
+  const std::string want_bytes(reinterpret_cast<const char*>(want.data()), want.size() * 2);
+  ASSERT_GT(routed, 0);
+  ASSERT_LT(routed, kT);
+
+  using Copy = GpuDataPlane::ForwardHostCopy;
+  for (Copy copy : {Copy::kPageable, Copy::kPinned}) {
+    (*plane)->set_forward_host_copy(copy);
+    for (bool fp32 : {false, true}) {
+      const std::string what =
+          std::string(copy == Copy::kPinned ? "pinned" : "pageable") + (fp32 ? " fp32" : " bf16");
+      ForwardTensorBytes in;
+      in.hidden = fp32 ? fp32_bytes : bf16_bytes;
+      in.hidden_fp32 = fp32;
+      in.topk_ids = id_bytes;
+      in.topk_weights = weight_bytes;
+      std::string output = "left over from an earlier reply";
+      absl::StatusOr<core::StepStats> stats = (*plane)->ForwardBytes(0, in, kT, &output);
+      ASSERT_TRUE(stats.ok()) << what << ": " << stats.status();
+      ASSERT_EQ(output.size(), want_bytes.size()) << what;
+      int64_t bad = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        core::bf16_t got;
+        std::memcpy(&got, output.data() + 2 * i, 2);
+        if (got != want[i] && ++bad <= 5) {
+          ADD_FAILURE() << what << " element " << i << ": got " << core::Bf16ToFloat(got)
+                        << ", want " << core::Bf16ToFloat(want[i]);
+        }
+      }
+      EXPECT_EQ(bad, 0) << what;
+      EXPECT_EQ(stats->tokens_sent, routed) << what;
+      EXPECT_EQ(stats->tokens_received, routed) << what;
+      EXPECT_EQ(stats->bytes_sent_remote, 0) << what;
+      EXPECT_EQ(stats->runtime_max_tokens_per_rank, kT) << what;
+    }
+    // A byte length that is not T rows is rejected before anything moves.
+    ForwardTensorBytes short_ids;
+    short_ids.hidden = bf16_bytes;
+    short_ids.topk_ids = absl::string_view(id_bytes).substr(4);
+    short_ids.topk_weights = weight_bytes;
+    std::string output;
+    absl::StatusOr<core::StepStats> rejected = (*plane)->ForwardBytes(0, short_ids, kT, &output);
+    EXPECT_EQ(rejected.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(rejected.status().message()), ::testing::HasSubstr("tensor bytes"));
+  }
 }
 
 }  // namespace

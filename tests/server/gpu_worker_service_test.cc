@@ -386,6 +386,89 @@ INSTANTIATE_TEST_SUITE_P(Ep, GpuMatchesGloo,
                                        : "ScratchGrownByLoadExperts");
                          });
 
+// The step counters of Forward (tokens sent, received, remote bytes) equal a
+// count made here from every rank's request: rank r sends a token to rank d
+// when one of its ids is an expert of d (contiguous placement; ids outside
+// [0, E) select no rank). On NCCL they come from the dispatcher's device
+// counts (issue 11 item 2); the Gloo case checks the CPU plane the same way.
+struct CounterCase {
+  std::string backend;
+  int world;
+};
+
+class GpuAndGlooStepCounters : public ::testing::TestWithParam<CounterCase> {};
+
+TEST_P(GpuAndGlooStepCounters, EqualAHostCount) {
+  const CounterCase& c = GetParam();
+  if (c.backend == "nccl") MOE_EP_REQUIRE_GPUS(c.world);
+  Model m;
+  m.hidden = 64;
+  m.num_experts = 8;
+  m.top_k = 3;
+  m.capacity = 64;
+  Cluster cluster(c.world, c.backend);
+  ASSERT_NO_FATAL_FAILURE(cluster.SetUp(m, 0));
+  const std::vector<std::vector<int64_t>> steps = {{37, 64}, {0, 5}, {64, 0}};
+  int64_t dispatched[2] = {0, 0};
+  for (size_t step = 0; step < steps.size(); ++step) {
+    std::vector<Inputs> inputs;
+    for (int r = 0; r < c.world; ++r) {
+      Inputs in = MakeInputs(77 + 10 * step + r, steps[step][r], m);
+      // Every fifth token has no valid id at all and goes nowhere.
+      for (size_t i = 0; i < in.ids.size(); ++i) {
+        if ((i / m.top_k) % 5 == 0) in.ids[i] = i % 2 == 0 ? -1 : m.num_experts;
+      }
+      inputs.push_back(std::move(in));
+    }
+    // sends[s][d]: tokens rank s sends to rank d.
+    const int per_rank = m.num_experts / c.world;
+    std::vector<std::vector<int64_t>> sends(c.world, std::vector<int64_t>(c.world, 0));
+    for (int s = 0; s < c.world; ++s) {
+      const int64_t tokens = static_cast<int64_t>(inputs[s].ids.size()) / m.top_k;
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int d = 0; d < c.world; ++d) {
+          bool hit = false;
+          for (int k = 0; k < m.top_k; ++k) {
+            const int32_t id = inputs[s].ids[t * m.top_k + k];
+            hit = hit || (id >= 0 && id < m.num_experts && id / per_rank == d);
+          }
+          sends[s][d] += hit ? 1 : 0;
+        }
+      }
+    }
+    std::vector<v1::ForwardResponse> out = cluster.Step(static_cast<int64_t>(step) + 1, inputs, m);
+    const int64_t dispatch_bytes = 2 * m.hidden + 8 * m.top_k;
+    const int64_t combine_bytes = 2 * m.hidden;
+    for (int r = 0; r < c.world; ++r) {
+      int64_t sent = 0;
+      int64_t received = 0;
+      int64_t remote = 0;
+      for (int p = 0; p < c.world; ++p) {
+        sent += sends[r][p];
+        received += sends[p][r];
+        if (p != r) remote += sends[r][p] * dispatch_bytes + sends[p][r] * combine_bytes;
+      }
+      const std::string what =
+          c.backend + " step " + std::to_string(step) + " rank " + std::to_string(r);
+      EXPECT_EQ(out[r].tokens_sent(), sent) << what;
+      EXPECT_EQ(out[r].tokens_received(), received) << what;
+      EXPECT_EQ(out[r].bytes_sent(), remote) << what;
+      dispatched[r] += sent;
+    }
+  }
+  for (int r = 0; r < c.world; ++r) {
+    EXPECT_EQ(cluster[r].Status().counters().tokens_dispatched(), dispatched[r]) << r;
+  }
+  EXPECT_GT(dispatched[0], 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, GpuAndGlooStepCounters,
+                         ::testing::Values(CounterCase{"gloo", 1}, CounterCase{"gloo", 2},
+                                           CounterCase{"nccl", 1}, CounterCase{"nccl", 2}),
+                         [](const ::testing::TestParamInfo<CounterCase>& info) {
+                           return info.param.backend + "World" + std::to_string(info.param.world);
+                         });
+
 TEST(GpuWorkerService, TwoGpusGonePeerIsAnErrorWithinTheTimeoutAndANewGenerationRecovers) {
   MOE_EP_REQUIRE_GPUS(2);
   Model m;

@@ -43,6 +43,7 @@ TEST(ParseWorkerFlags, DefaultsWithoutArguments) {
   EXPECT_EQ(p.flags.drain_timeout_ms, 5000);
   EXPECT_EQ(p.flags.max_message_bytes, 256 << 20);
   EXPECT_FALSE(p.flags.allow_insecure);
+  EXPECT_FALSE(p.flags.enable_echo);
   EXPECT_EQ(p.err, "");
 }
 
@@ -58,6 +59,13 @@ TEST(ParseWorkerFlags, KebabCaseInBothForms) {
   EXPECT_EQ(p.flags.health_listen, "127.0.0.1:0");
   EXPECT_EQ(p.flags.tls_refresh_s, 3);
   EXPECT_EQ(p.flags.device, 1);
+  EXPECT_EQ(p.err, "");
+}
+
+TEST(ParseWorkerFlags, EnableEchoTurnsOnTheTestOnlyEcho) {
+  const Parsed p = Parse({"--enable-echo"});
+  ASSERT_EQ(p.exit_code, std::nullopt) << p.err;
+  EXPECT_TRUE(p.flags.enable_echo);
   EXPECT_EQ(p.err, "");
 }
 

@@ -589,5 +589,51 @@ TEST(WorkerService, TwoRanksFormGroupCheckConfigsAndForward) {
   EXPECT_EQ(rank0.Status().generation(), 2);
 }
 
+// Echo (test-only, worker.proto): with --enable-echo it returns the request's
+// tensor byte for byte, at any rank and dtype and in any state; bad tensors
+// are INVALID_ARGUMENT; without the flag it is UNIMPLEMENTED.
+TEST(WorkerService, EchoReturnsTheRequestTensorOnlyWhenEnabled) {
+  WorkerOptions options;
+  options.enable_echo = true;
+  InProcessWorker worker(options);
+  const std::string before = Snapshot(worker);
+  const float x[6] = {1.5f, -2, 0, 3.25f, 1e30f, -0.0f};
+  v1::EchoRequest request;
+  *request.mutable_tensor() = EncodeFloat32(x, std::vector<int64_t>{1, 2, 3});
+  v1::EchoResponse response;
+  grpc::Status s = worker.Call(&v1::Worker::Stub::Echo, request, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(response.tensor().dtype(), v1::DTYPE_FP32);
+  EXPECT_THAT(response.tensor().shape(), ElementsAre(1, 2, 3));
+  EXPECT_EQ(response.tensor().data(), std::string(reinterpret_cast<const char*>(x), sizeof(x)));
+  EXPECT_EQ(Snapshot(worker), before);  // no state, not even a counter
+
+  // A large bf16 tensor comes back unchanged, and so does an empty one.
+  std::vector<core::bf16_t> big(3 * 4099);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<core::bf16_t>(i * 2654435761u);
+  *request.mutable_tensor() = EncodeBf16(big, std::vector<int64_t>{3, 4099});
+  ASSERT_TRUE(worker.Call(&v1::Worker::Stub::Echo, request, &response).ok());
+  EXPECT_EQ(response.tensor().data(), request.tensor().data());
+  EXPECT_THAT(response.tensor().shape(), ElementsAre(3, 4099));
+  *request.mutable_tensor() = EncodeInt32({}, std::vector<int64_t>{0, 8});
+  ASSERT_TRUE(worker.Call(&v1::Worker::Stub::Echo, request, &response).ok());
+  EXPECT_EQ(response.tensor().dtype(), v1::DTYPE_INT32);
+  EXPECT_THAT(response.tensor().shape(), ElementsAre(0, 8));
+  EXPECT_EQ(response.tensor().data(), "");
+
+  request.mutable_tensor()->set_data("abc");
+  ExpectError(worker.Call(&v1::Worker::Stub::Echo, request, &response),
+              grpc::StatusCode::INVALID_ARGUMENT,
+              "tensor.data: expected 0 bytes for shape [0, 8] int32, got 3");
+  request.mutable_tensor()->set_dtype(v1::DTYPE_UNSPECIFIED);
+  ExpectError(worker.Call(&v1::Worker::Stub::Echo, request, &response),
+              grpc::StatusCode::INVALID_ARGUMENT, "tensor.dtype");
+
+  InProcessWorker off;  // the default: no --enable-echo
+  *request.mutable_tensor() = EncodeFloat32(x, std::vector<int64_t>{6});
+  ExpectError(off.Call(&v1::Worker::Stub::Echo, request, &response),
+              grpc::StatusCode::UNIMPLEMENTED, "started with --enable-echo");
+}
+
 }  // namespace
 }  // namespace moe_ep::server
