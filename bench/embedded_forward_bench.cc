@@ -6,16 +6,19 @@
 //   in-process: device inputs, moe_ep_forward on a caller stream, then
 //     cudaStreamSynchronize; p50 / p99 over --iterations after --warmup,
 //     plus the p50 of the call's own return (it only enqueues);
-//   RPC: a second process (this program with --rpc-client, gRPC over
+//   RPC: a second process (bench/forward_rpc_client.cc, gRPC over
 //     loopback, the way an orchestrator calls it) sends the same host
-//     tensors in a ForwardRequest and times the call.
+//     tensors (bench/forward_bench_inputs.h) in a ForwardRequest and times
+//     the call. It is its own program: libmoe_ep.so and an RPC client in
+//     one process would register the same protobuf descriptors twice in
+//     the shared libprotobuf.
 // The two outputs must be equal bit for bit (same kernels): the program
 // fails otherwise. Prints one JSON object (and writes it to --json).
 
 #include <cuda_runtime.h>
-#include <grpcpp/grpcpp.h>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -28,116 +31,18 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
-#include "moe_ep/v1/worker.grpc.pb.h"
+#include "bench/forward_bench_inputs.h"
 #include "server/moe_ep.h"
 
 extern char** environ;
 
 namespace {
 
-struct Options {
-  std::string moe_ep = "moe-ep";
-  std::string rpc_client;   // address: run as the RPC client
-  std::string output_file;  // RPC client: where its output goes
-  std::string json;
-  int64_t tokens = 4096;
-  int64_t hidden = 7168;
-  int experts = 256;
-  int top_k = 8;
-  int64_t intermediate = 2048;
-  int warmup = 3;
-  int iterations = 20;
-  uint64_t seed = 1;
-};
-
-struct Inputs {
-  std::vector<uint16_t> hidden;
-  std::vector<int32_t> ids;
-  std::vector<float> weights;
-};
-
-Inputs MakeInputs(const Options& o) {
-  std::mt19937_64 rng(o.seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_real_distribution<float> unit(0.05f, 1.0f);
-  Inputs in;
-  in.hidden.resize(o.tokens * o.hidden);
-  for (auto& v : in.hidden) {
-    float f = normal(rng);
-    uint32_t bits;
-    std::memcpy(&bits, &f, 4);
-    v = static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
-  }
-  std::vector<int32_t> all(o.experts);
-  for (int e = 0; e < o.experts; ++e) all[e] = e;
-  for (int64_t t = 0; t < o.tokens; ++t) {
-    std::shuffle(all.begin(), all.end(), rng);
-    float sum = 0.0f;
-    std::vector<float> w(o.top_k);
-    for (int k = 0; k < o.top_k; ++k) sum += (w[k] = unit(rng));
-    for (int k = 0; k < o.top_k; ++k) {
-      in.ids.push_back(all[k]);
-      in.weights.push_back(w[k] / sum);
-    }
-  }
-  return in;
-}
-
-double Percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5))];
-}
-
-double NowUs() {
-  return std::chrono::duration<double, std::micro>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-void SetTensor(moe_ep::v1::Tensor* t, moe_ep::v1::DType dtype, std::vector<int64_t> shape,
-               const void* data, size_t bytes) {
-  t->set_dtype(dtype);
-  for (int64_t d : shape) t->add_shape(d);
-  t->set_data(data, bytes);
-}
-
-int RunRpcClient(const Options& o) {
-  const Inputs in = MakeInputs(o);
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(-1);
-  args.SetMaxSendMessageSize(-1);
-  auto channel = grpc::CreateCustomChannel(o.rpc_client, grpc::InsecureChannelCredentials(), args);
-  auto stub = moe_ep::v1::Worker::NewStub(channel);
-  moe_ep::v1::ForwardRequest request;
-  request.set_layer(0);
-  request.set_epoch(1);
-  SetTensor(request.mutable_hidden_states(), moe_ep::v1::DTYPE_BF16, {o.tokens, o.hidden},
-            in.hidden.data(), in.hidden.size() * 2);
-  SetTensor(request.mutable_topk_ids(), moe_ep::v1::DTYPE_INT32, {o.tokens, o.top_k}, in.ids.data(),
-            in.ids.size() * 4);
-  SetTensor(request.mutable_topk_weights(), moe_ep::v1::DTYPE_FP32, {o.tokens, o.top_k},
-            in.weights.data(), in.weights.size() * 4);
-  std::vector<double> us;
-  moe_ep::v1::ForwardResponse response;
-  for (int i = 0; i < o.warmup + o.iterations; ++i) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
-    response.Clear();
-    const double t0 = NowUs();
-    const grpc::Status status = stub->Forward(&context, request, &response);
-    const double t1 = NowUs();
-    if (!status.ok()) {
-      std::fprintf(stderr, "Forward RPC: %d %s\n", status.error_code(),
-                   status.error_message().c_str());
-      return 1;
-    }
-    if (i >= o.warmup) us.push_back(t1 - t0);
-  }
-  std::ofstream(o.output_file, std::ios::binary) << response.output().data();
-  std::printf("%.1f %.1f %lld\n", Percentile(us, 0.5), Percentile(us, 0.99),
-              static_cast<long long>(response.timings().total_us()));
-  return 0;
-}
+using moe_ep::bench::Inputs;
+using moe_ep::bench::MakeInputs;
+using moe_ep::bench::NowUs;
+using moe_ep::bench::Options;
+using moe_ep::bench::Percentile;
 
 #define CUDA_OR_DIE(call)                                              \
   do {                                                                 \
@@ -160,8 +65,10 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"in-process moe_ep_forward against the Forward RPC (issue 16)"};
   app.add_option("--moe-ep", o.moe_ep, "the moe-ep CLI (forms the group)");
-  app.add_option("--rpc-client", o.rpc_client, "internal: run as the RPC client of ADDR");
-  app.add_option("--output-file", o.output_file, "internal: the RPC client's output");
+  std::string client = std::string(argv[0]);
+  client = client.substr(0, client.rfind('/') + 1) + "moe_ep_forward_rpc_client";
+  app.add_option("--rpc-client", client, "the RPC client program (bench/forward_rpc_client.cc)")
+      ->capture_default_str();
   app.add_option("--json", o.json, "also write the JSON result here");
   app.add_option("--tokens", o.tokens)->capture_default_str();
   app.add_option("--hidden", o.hidden)->capture_default_str();
@@ -172,7 +79,6 @@ int main(int argc, char** argv) {
   app.add_option("--iterations", o.iterations)->capture_default_str();
   app.add_option("--seed", o.seed)->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  if (!o.rpc_client.empty()) return RunRpcClient(o);
 
   const char* args[] = {"--listen=127.0.0.1:0", "--backend=nccl", "--device=0", "--log-level=warn"};
   moe_ep_worker* worker = nullptr;
@@ -228,10 +134,10 @@ int main(int argc, char** argv) {
   std::vector<uint16_t> local(in.hidden.size());
   CUDA_OR_DIE(cudaMemcpy(local.data(), d_out, local.size() * 2, cudaMemcpyDeviceToHost));
 
-  // The RPC client: this program again, in its own process.
+  // The RPC client, in its own process.
   const std::string out_file = "/tmp/moe_ep_forward_bench_rpc.bin";
-  std::vector<std::string> child = {argv[0],
-                                    "--rpc-client",
+  std::vector<std::string> child = {client,
+                                    "--address",
                                     address,
                                     "--output-file",
                                     out_file,
@@ -259,7 +165,10 @@ int main(int argc, char** argv) {
   posix_spawn_file_actions_adddup2(&actions, pipe_fd[1], 1);
   posix_spawn_file_actions_addclose(&actions, pipe_fd[0]);
   pid_t pid = 0;
-  if (posix_spawn(&pid, argv[0], &actions, nullptr, child_argv.data(), environ) != 0) return 1;
+  if (posix_spawn(&pid, client.c_str(), &actions, nullptr, child_argv.data(), environ) != 0) {
+    std::fprintf(stderr, "cannot start %s\n", client.c_str());
+    return 1;
+  }
   close(pipe_fd[1]);
   std::string text;
   char buf[256];

@@ -222,6 +222,7 @@ def bf16_to_float32(bits: Any) -> Any:
 _TORCH_DTYPES = {"bf16": "bfloat16", "int32": "int32", "float32": "float32", "int64": "int64"}
 _NUMPY_DTYPES = {"bf16": "uint16", "int32": "int32", "float32": "float32", "int64": "int64"}
 _NUMPY_DTYPE_OBJECTS: dict = {}  # "bf16" -> numpy.dtype("uint16"), filled on first use
+_TORCH_DTYPE_OBJECTS: dict = {}  # "bf16" -> torch.bfloat16, filled on first use
 
 
 def _is_torch(x: Any) -> bool:
@@ -243,7 +244,7 @@ def _address(x: Any) -> Optional[int]:
 class _Buffer:
     """A checked argument: its address, shape and kind."""
 
-    __slots__ = ("ptr", "shape", "torch", "cuda", "device")
+    __slots__ = ("ptr", "shape", "torch", "cuda", "device")  # device: CUDA ordinal or None
 
     def __init__(self, ptr: Optional[int], shape: Tuple[int, ...], torch: bool, cuda: bool,
                  device: Any):
@@ -293,19 +294,22 @@ def _buffer(name: str, x: Any, dtype: str, shape: Tuple[Optional[int], ...],
                 f"{name}: must be C-contiguous (call .contiguous() / np.ascontiguousarray)")
         return _Buffer(_address(x), got_shape, False, False, None)
     if _is_torch(x):
-        import torch
+        want_t = _TORCH_DTYPE_OBJECTS.get(dtype)
+        if want_t is None:
+            import torch
 
-        want_t = getattr(torch, _TORCH_DTYPES[dtype])
+            want_t = _TORCH_DTYPE_OBJECTS.setdefault(dtype, getattr(torch, _TORCH_DTYPES[dtype]))
         if x.dtype != want_t:
             raise TypeError(f"{name}: expected dtype torch.{_TORCH_DTYPES[dtype]}, got {x.dtype}")
-        got_shape = tuple(int(d) for d in x.shape)
-        on_cuda = x.device.type == "cuda"
+        got_shape = tuple(x.shape)  # torch.Size: a tuple of ints
+        on_cuda = x.is_cuda
         if on_cuda != cuda:
             raise ValueError(
                 f"{name}: expected a {'CUDA' if cuda else 'CPU'} tensor for this backend, "
                 f"got one on {x.device}"
             )
-        if on_cuda and cuda_device >= 0 and x.device.index != cuda_device:
+        index = x.get_device() if on_cuda else -1
+        if on_cuda and cuda_device >= 0 and index != cuda_device:
             raise ValueError(
                 f"{name}: expected a tensor on cuda:{cuda_device} (the worker's device), "
                 f"got one on {x.device}")
@@ -314,7 +318,7 @@ def _buffer(name: str, x: Any, dtype: str, shape: Tuple[Optional[int], ...],
         if not x.is_contiguous():
             raise ValueError(
                 f"{name}: must be C-contiguous (call .contiguous() / np.ascontiguousarray)")
-        return _Buffer(int(x.data_ptr()) or None, got_shape, True, on_cuda, x.device)
+        return _Buffer(x.data_ptr() or None, got_shape, True, on_cuda, index if on_cuda else None)
     raise TypeError(f"{name}: expected a NumPy array or a torch tensor, got {type(x).__name__}")
 
 
@@ -332,13 +336,23 @@ def _ptr(x: Any) -> Optional[int]:
     return (int(x.data_ptr()) or None) if _is_torch(x) else _address(x)
 
 
+_current_raw_stream: Any = None  # device ordinal -> the current cudaStream_t as an int
+
+
 def _stream(buf: _Buffer) -> Optional[int]:
-    """The current torch stream of `buf`'s device (None on the host)."""
+    """The current torch stream of `buf`'s device (None on the host, and for
+    the legacy default stream)."""
     if not buf.cuda:
         return None
-    import torch
+    global _current_raw_stream
+    if _current_raw_stream is None:
+        import torch
 
-    return int(torch.cuda.current_stream(buf.device).cuda_stream) or None
+        # torch's own fast path (what its compiled code calls), else the
+        # public API: the same value.
+        _current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+            lambda d: torch.cuda.current_stream(d).cuda_stream)
+    return _current_raw_stream(buf.device) or None
 
 
 def _counts(like: _Buffer, size: int) -> Any:
