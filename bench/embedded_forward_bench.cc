@@ -156,6 +156,7 @@ int main(int argc, char** argv) {
                                     "--seed",
                                     std::to_string(o.seed)};
   std::vector<char*> child_argv;
+  child_argv.reserve(child.size() + 1);
   for (auto& a : child) child_argv.push_back(a.data());
   child_argv.push_back(nullptr);
   int pipe_fd[2];
