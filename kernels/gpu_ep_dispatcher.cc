@@ -164,9 +164,11 @@ absl::Status GpuEpDispatcher::EnqueueDispatch(int64_t r, const uint16_t* hidden,
 }
 
 absl::Status GpuEpDispatcher::EnqueueCombine(int64_t r, uint16_t* output,
-                                             const uint16_t* shared_out) {
+                                             const uint16_t* shared_out,
+                                             const uint16_t* expert_out) {
   std::fill(counts_.begin(), counts_.end(), r * hidden_ * 2);
-  RETURN_IF_ERROR(collective_->AllToAllV(combine_send_, counts_, combine_recv_, counts_));
+  RETURN_IF_ERROR(collective_->AllToAllV(expert_out != nullptr ? expert_out : combine_send_,
+                                         counts_, combine_recv_, counts_));
   CombineReduceParams combine;
   combine.recv = combine_recv_;
   combine.token_slot = token_slot_;
@@ -254,13 +256,14 @@ absl::Status GpuEpDispatcher::ComputeExperts(const DeviceExpertSet& experts) {
   return absl::OkStatus();
 }
 
-absl::Status GpuEpDispatcher::Combine(uint16_t* output, const uint16_t* shared_out) {
+absl::Status GpuEpDispatcher::Combine(uint16_t* output, const uint16_t* shared_out,
+                                      const uint16_t* expert_out) {
   // The GPU plane combines even when its expert compute failed, to keep the
   // ranks' NCCL sequence aligned (server/gpu_data_plane.cc), so only a
   // dispatched step is required here.
   RETURN_IF_ERROR(geometry_.RequireDispatched("Combine"));
   geometry_.MarkIdle();
-  return EnqueueCombine(geometry_.runtime_max_tokens_per_rank(), output, shared_out);
+  return EnqueueCombine(geometry_.runtime_max_tokens_per_rank(), output, shared_out, expert_out);
 }
 
 absl::Status GpuEpDispatcher::CaptureForward(int64_t bucket, const uint16_t* hidden,

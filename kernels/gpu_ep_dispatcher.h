@@ -162,7 +162,22 @@ class GpuEpDispatcher {
   // `shared_out` (device [T, H] bf16, null = none): this rank's shared-expert
   // term, added to each token's fp32 sum before the cast (issue 18). The
   // caller orders its producer before this call on stream() (an event).
-  absl::Status Combine(uint16_t* output, const uint16_t* shared_out = nullptr);
+  // `expert_out` (device [E, R, H] bf16, null = the expert compute's output
+  // in the workspace): the caller's expert outputs, sent as they are (an
+  // engine that runs its own experts, server/moe_ep.h; no copy).
+  absl::Status Combine(uint16_t* output, const uint16_t* shared_out = nullptr,
+                       const uint16_t* expert_out = nullptr);
+
+  // Where Forward / Dispatch agree on (epoch, R) from now on (see above): an
+  // engine's in-process calls use kDevice, so that they only enqueue and can
+  // be captured; the Forward RPC keeps kHostAllGather.
+  void set_geometry_check(GeometryCheck check) { options_.geometry_check = check; }
+  GeometryCheck geometry_check() const { return options_.geometry_check; }
+  // The receive region of the last Dispatch: [E, R, DispatchRowBytes(H, K)]
+  // device bytes (kernels/dispatch_pack.cuh), valid until the next Dispatch.
+  const uint8_t* received_rows() const { return recv_; }
+  // The expert compute's output region [E, R, H] bf16 (what Combine sends).
+  uint16_t* expert_output() const { return combine_send_; }
 
   // Captures one step at R = `bucket` into a CUDA graph held by this
   // dispatcher, reading inputs from and writing output to the given device
@@ -200,7 +215,8 @@ class GpuEpDispatcher {
       : collective_(collective), control_(collective), geometry_(collective->rank(), capacity) {}
   absl::Status EnqueueDispatch(int64_t r, const uint16_t* hidden, const int32_t* topk_ids,
                                const float* topk_weights);
-  absl::Status EnqueueCombine(int64_t r, uint16_t* output, const uint16_t* shared_out = nullptr);
+  absl::Status EnqueueCombine(int64_t r, uint16_t* output, const uint16_t* shared_out = nullptr,
+                              const uint16_t* expert_out = nullptr);
   absl::Status CheckForwardArgs(const char* call, int64_t num_tokens, const void* hidden,
                                 const void* topk_ids, const void* topk_weights) const;
   absl::Status AgreeAndWriteHeader(int64_t num_tokens);

@@ -1,5 +1,6 @@
 #include "server/data_plane.h"
 
+#include <atomic>
 #include <cstring>
 #include <exception>
 #include <utility>
@@ -154,6 +155,20 @@ absl::StatusOr<core::StepStats> DataPlane::EngineForward(int /*layer*/, const vo
                                                          int64_t /*num_tokens*/, void* /*output*/,
                                                          void* /*stream*/) {
   return EngineCallsUnimplemented(*this, "forward");
+}
+
+absl::Status DataPlane::EngineSyncTokenCounts(const int64_t* /*local_tokens*/, int64_t* /*counts*/,
+                                              void* /*stream*/) {
+  return absl::UnimplementedError(
+      absl::StrCat("sync_token_counts on device memory: the ", backend(),
+                   " data plane agrees host counts; use moe_ep_sync_token_counts"));
+}
+
+absl::Status DataPlane::EngineCheckStep() { return absl::OkStatus(); }
+
+void DataPlane::NewWorkspaceToken() {
+  static std::atomic<uint64_t> next{1};
+  workspace_token_ = next.fetch_add(1);
 }
 
 }  // namespace moe_ep::server

@@ -107,6 +107,8 @@ class DataPlane {
 
   // "gloo" or "nccl".
   virtual std::string backend() const = 0;
+  // The CUDA device ordinal of a GPU plane; -1 on the CPU plane.
+  virtual int cuda_device() const { return -1; }
   // The group's collective (host-memory calls work on both backends).
   virtual core::ControlCollective& collective() = 0;
   // Every later collective wait of this data plane (its control collective
@@ -204,7 +206,30 @@ class DataPlane {
                                                         const float* topk_weights,
                                                         int64_t num_tokens, void* output,
                                                         void* stream);
+  // The token-count agreement of an engine's step on the GPU plane:
+  // `local_tokens` device int64 -> `counts` device [E] int64 (an all-gather
+  // enqueued on `stream`, capturable). The default (the CPU plane, whose
+  // agreement is the host SyncTokenCounts) returns kUnimplemented.
+  virtual absl::Status EngineSyncTokenCounts(const int64_t* local_tokens, int64_t* counts,
+                                             void* stream);
+  // The sync point of the engine calls: waits for the data plane's work and
+  // reports a geometry disagreement its device-side check recorded
+  // (kAborted, naming the rank). The CPU plane checks synchronously in
+  // every call, so its default returns OK.
+  virtual absl::Status EngineCheckStep();
 
+  // Identifies the workspace the engine calls run on: a process-wide
+  // counter value taken by every (re)allocation of the dispatcher's buffers
+  // (Allocate; a grown GPU dispatcher in LoadExperts); 0 before Allocate. A
+  // CUDA graph that captured engine calls is valid only while this value is
+  // unchanged (server/moe_ep.h, moe_ep_check_graph). Thread-compatible.
+  uint64_t workspace_token() const { return workspace_token_; }
+
+ protected:
+  // Takes a new workspace_token() (call when the buffers are re-made).
+  void NewWorkspaceToken();
+
+ public:
   // Times `iterations` steps (after `warmup`) of Dispatch and Combine with
   // identity experts on a scratch dispatcher sized by `options` (capacity =
   // inputs.num_tokens), separate from the allocated workspace. Collective.
@@ -213,6 +238,9 @@ class DataPlane {
   virtual absl::StatusOr<BenchmarkTimes> Benchmark(const core::EpDispatcherOptions& options,
                                                    const BenchmarkInputs& inputs, int warmup,
                                                    int iterations, int64_t memory_cap_bytes) = 0;
+
+ private:
+  uint64_t workspace_token_ = 0;
 };
 
 // Forms the group of `group.backend` through `store` (rank 0's Rendezvous

@@ -136,6 +136,10 @@ absl::StatusOr<std::unique_ptr<GpuDataPlane>> GpuDataPlane::Form(
   for (cudaEvent_t& event : plane->events_) {
     RETURN_IF_ERROR(WithContext(Cuda(cudaEventCreate(&event), "cudaEventCreate"), context));
   }
+  for (cudaEvent_t* event : {&plane->fork_, &plane->join_}) {
+    RETURN_IF_ERROR(WithContext(
+        Cuda(cudaEventCreateWithFlags(event, cudaEventDisableTiming), "cudaEventCreate"), context));
+  }
   return plane;
 }
 
@@ -148,7 +152,7 @@ GpuDataPlane::~GpuDataPlane() {
   experts_.clear();
   staging_.reset();
   dispatcher_.reset();
-  for (cudaEvent_t event : events_) {
+  for (cudaEvent_t event : {events_[0], events_[1], events_[2], events_[3], fork_, join_}) {
     if (event != nullptr) cudaEventDestroy(event);
   }
 }
@@ -211,6 +215,7 @@ absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatc
   options_ = options;
   max_intermediate_ = max_intermediate;
   geometry_committed_ = false;
+  NewWorkspaceToken();
   return allocation;
 }
 
@@ -263,6 +268,7 @@ absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, const core::ExpertS
     dispatcher_ = std::move(grown);
     staging_->Rebind(dispatcher_->tail());
     max_intermediate_ = source.intermediate;
+    NewWorkspaceToken();  // new buffers: graphs of engine calls must be captured again
   }
   const int64_t bytes = device->weight_bytes();
   experts_.insert_or_assign(layer, std::move(device));

@@ -5,8 +5,8 @@
 // device (kernels::DeviceExpertSet). Only on a CUDA build (MOE_EP_HAVE_CUDA);
 // without CUDA this header declares nothing.
 //
-// Forward path (the gRPC path; an engine's in-process hot path calls
-// GpuEpDispatcher directly; issue 11 item 2): one host copy each way
+// Forward path (the gRPC path; an engine's in-process calls, Engine*, take
+// its device buffers instead; issue 11 item 2): one host copy each way
 // between the message and device memory. ForwardBytes takes views of the
 // request's bytes and, by ForwardHostCopy:
 //   kPageable (default): cudaMemcpyAsync straight from the message's bytes
@@ -58,10 +58,13 @@
 
 #include <cuda_runtime.h>
 
+#include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/expert_placement.h"
@@ -87,6 +90,7 @@ class GpuDataPlane final : public DataPlane {
   // The control view shares the NCCL communicator, so one deadline covers both.
   void SetCallDeadline(absl::Time deadline) override { collective_->SetCallDeadline(deadline); }
   int device() const { return device_; }
+  int cuda_device() const override { return device_; }
   absl::StatusOr<DataPlaneAllocation> Allocate(const core::EpDispatcherOptions& options,
                                                int64_t max_intermediate,
                                                int64_t memory_cap_bytes) override;
@@ -118,6 +122,28 @@ class GpuDataPlane final : public DataPlane {
                                            const BenchmarkInputs& inputs, int warmup,
                                            int iterations, int64_t memory_cap_bytes) override;
 
+  // The engine's in-process calls (server/gpu_engine_calls.cc; DESIGN §14):
+  // device pointers, enqueued on the caller's `stream` (a cudaStream_t; null
+  // = the legacy default stream) and nothing else: the dispatcher's stream
+  // waits for an event recorded on `stream`, the step is enqueued there, and
+  // `stream` waits for an event recorded after it (a fork and join that a
+  // CUDA graph capture of `stream` follows). The (epoch, R) agreement runs
+  // on the device (GeometryCheck::kDevice), reported by EngineCheckStep.
+  // No host synchronisation, allocation or pageable copy: capturable.
+  absl::StatusOr<core::StepStats> EngineDispatch(const void* hidden, const int32_t* topk_ids,
+                                                 const float* topk_weights, int64_t num_tokens,
+                                                 const EngineRecvBuffers& out,
+                                                 void* stream) override;
+  absl::StatusOr<core::StepStats> EngineCombine(const void* expert_out, int64_t rows, void* output,
+                                                void* stream) override;
+  absl::StatusOr<core::StepStats> EngineForward(int layer, const void* hidden,
+                                                const int32_t* topk_ids, const float* topk_weights,
+                                                int64_t num_tokens, void* output,
+                                                void* stream) override;
+  absl::Status EngineSyncTokenCounts(const int64_t* local_tokens, int64_t* counts,
+                                     void* stream) override;
+  absl::Status EngineCheckStep() override;
+
  private:
   class Staging;  // the Forward staging buffers (device + pinned host)
 
@@ -138,6 +164,13 @@ class GpuDataPlane final : public DataPlane {
   // host copy: pageable directly, or through `pinned`).
   absl::Status Upload(void* dst, const void* src, int64_t bytes, void* pinned, const char* what);
   absl::Status MakeDeviceCurrent() const;
+  // Engine calls: the common checks (a workspace; device pointers), then
+  // `enqueue` between the fork from and the join back to `caller`, with the
+  // device-side geometry check (the join happens on error too, so a capture
+  // of `caller` can always end).
+  absl::Status RequireEngineCall(const char* call,
+                                 std::initializer_list<std::pair<const char*, const void*>> ptrs);
+  absl::Status OnCallerStream(cudaStream_t caller, const std::function<absl::Status()>& enqueue);
   // Waits for the stream with the group's deadline.
   absl::Status Synchronize();
   int64_t TotalExpertBytes() const;
@@ -155,7 +188,10 @@ class GpuDataPlane final : public DataPlane {
   std::map<int, std::unique_ptr<kernels::DeviceExpertSet>> experts_;
   cudaEvent_t events_[4] = {nullptr, nullptr, nullptr, nullptr};
   ForwardHostCopy host_copy_ = ForwardHostCopy::kPageable;
-  GpuSharedExperts shared_;  // last: destroyed first, on the current device
+  cudaEvent_t fork_ = nullptr;  // engine calls: caller's stream -> dispatcher's stream
+  cudaEvent_t join_ = nullptr;  // and back
+  int64_t engine_tokens_ = 0;   // T of the last EngineDispatch
+  GpuSharedExperts shared_;     // last: destroyed first, on the current device
 };
 
 }  // namespace moe_ep::server

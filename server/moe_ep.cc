@@ -209,6 +209,7 @@ moe_ep_status moe_ep_worker_info_get(moe_ep_worker* worker, moe_ep_worker_info* 
           full.invalid_expert_id = options.invalid_expert_id;
           full.backend = plane.backend() == "nccl" ? MOE_EP_BACKEND_NCCL : MOE_EP_BACKEND_GLOO;
           full.epoch = plane.epoch();
+          full.device = plane.cuda_device();
           return absl::OkStatus();
         }));
     moe_ep::v1::GetStatusRequest request;
@@ -240,6 +241,16 @@ moe_ep_status moe_ep_sync_token_counts(moe_ep_worker* worker, int64_t local_toke
       *runtime_max_tokens_per_rank = response.runtime_max_tokens_per_rank();
     }
     return absl::OkStatus();
+  });
+}
+
+moe_ep_status moe_ep_sync_token_counts_async(moe_ep_worker* worker, const int64_t* local_tokens,
+                                             int64_t* counts, void* stream, int64_t timeout_ms) {
+  return Guard("moe_ep_sync_token_counts_async", [&]() -> absl::Status {
+    return OnDataPlane(worker, "moe_ep_sync_token_counts_async", timeout_ms,
+                       [&](DataPlane& plane, const moe_ep::core::EpDispatcherOptions&) {
+                         return plane.EngineSyncTokenCounts(local_tokens, counts, stream);
+                       });
   });
 }
 
@@ -298,6 +309,38 @@ moe_ep_status moe_ep_forward(moe_ep_worker* worker, int32_t layer, const uint16_
                              layer, hidden, topk_ids, topk_weights, num_tokens, output, stream));
                        });
   });
+}
+
+moe_ep_status moe_ep_check_step(moe_ep_worker* worker, int64_t timeout_ms) {
+  return Guard("moe_ep_check_step", [&]() -> absl::Status {
+    return OnDataPlane(worker, "moe_ep_check_step", timeout_ms,
+                       [&](DataPlane& plane, const moe_ep::core::EpDispatcherOptions&) {
+                         return plane.EngineCheckStep();
+                       });
+  });
+}
+
+moe_ep_status moe_ep_graph_token(moe_ep_worker* worker, uint64_t* token) {
+  return Guard("moe_ep_graph_token", [&]() -> absl::Status {
+    if (token == nullptr) return absl::InvalidArgumentError("moe_ep_graph_token: token is NULL");
+    return OnDataPlane(worker, "moe_ep_graph_token", 0,
+                       [&](DataPlane& plane, const moe_ep::core::EpDispatcherOptions&) {
+                         *token = plane.workspace_token();
+                         return absl::OkStatus();
+                       });
+  });
+}
+
+moe_ep_status moe_ep_check_graph(moe_ep_worker* worker, uint64_t token) {
+  uint64_t current = 0;
+  const moe_ep_status status = moe_ep_graph_token(worker, &current);
+  if (status != MOE_EP_OK) return status;
+  if (current == token) return MOE_EP_OK;
+  g_last_error = absl::StrCat(
+      "moe_ep_check_graph: the graph was captured on workspace ", token,
+      ", the worker now runs workspace ", current,
+      " (the group re-formed or the workspace was re-allocated); capture the graph again");
+  return MOE_EP_RECAPTURE;
 }
 
 }  // extern "C"

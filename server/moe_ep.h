@@ -15,6 +15,13 @@
  *   moe_ep_combine             the caller's expert outputs [E,R,H] -> [T,H]
  *   moe_ep_forward             dispatch + the worker's loaded experts + combine
  *
+ * GPU backend ("nccl"), the same calls on the engine's CUDA buffers:
+ *   moe_ep_sync_token_counts_async  device token count -> device counts[E]
+ *   moe_ep_dispatch / _combine / _forward with device pointers and a stream
+ *   moe_ep_check_step          the sync point: waits, reports a geometry
+ *                              disagreement the device recorded
+ *   moe_ep_graph_token / moe_ep_check_graph  is a captured graph still valid
+ *
  * Every data call is a collective: all ranks of the group make the same
  * calls in the same order (a rank with T = 0 still calls).
  *
@@ -32,12 +39,41 @@
  * patterns. Symbols: T = this rank's tokens of the step, H = hidden size,
  * K = top_k, E = ep_size (ranks of the group), L = this rank's experts,
  * R = the committed runtime_max_tokens_per_rank (DESIGN §6). Memory: on the
- * CPU backend ("gloo") host pointers and stream = NULL; on the GPU backend
- * ("nccl") the data calls are specified to take device pointers and a
- * cudaStream_t, only enqueue, and be capturable (DESIGN §14); this release
- * implements them on the CPU backend and returns MOE_EP_UNIMPLEMENTED for
- * dispatch, combine and forward on the GPU backend (the Forward RPC serves
- * it).
+ * CPU backend ("gloo") host pointers and stream = NULL.
+ *
+ * GPU backend ("nccl"; DESIGN §14): every data pointer (inputs, outputs,
+ * counts) is device memory of the worker's CUDA device (moe_ep_worker_info
+ * .device; MOE_EP_INVALID_ARGUMENT names a host pointer), and `stream` is
+ * the caller's cudaStream_t (NULL = the legacy default stream). A data call
+ * only enqueues: the worker's stream waits for an event recorded on
+ * `stream`, the step runs there, and `stream` waits for the step's end
+ * event; no host synchronisation, allocation or pageable copy, so outputs
+ * are ready in `stream` order, and the calls can be captured in the
+ * caller's CUDA graph (stream capture of `stream`, any capture mode). In a
+ * graph: R is the committed R at capture time (commit the capture bucket
+ * with moe_ep_commit_geometry(epoch, bucket, 0) first), T is the num_tokens
+ * given at capture (pad a smaller batch to it with topk_ids =
+ * invalid_expert_id: such rows are sent nowhere), and the per-step counts
+ * (moe_ep_sync_token_counts_async, the step header {epoch, R, T}, the
+ * received counts) are exchanged and checked on the device. A rank whose
+ * (epoch, R) differs makes the step move only padding; the disagreement is
+ * reported by moe_ep_check_step (MOE_EP_ABORTED). An argument error is
+ * returned before anything is enqueued on that rank; the peers' enqueued
+ * collectives then wait for it: their next moe_ep_check_step returns
+ * MOE_EP_DEADLINE_EXCEEDED after the group's timeout and the group is broken
+ * (re-form it). A graph holds the workspace's buffers and communicator:
+ * after the group re-forms (or the workspace is re-allocated) it must not be
+ * replayed: moe_ep_check_graph returns MOE_EP_RECAPTURE; capture again.
+ * While a capture in cudaStreamCaptureModeGlobal is open, no orchestrator
+ * RPC may run on the worker (they synchronise).
+ *
+ * NCCL: moe_ep_worker_start compares the NCCL found at run time with the
+ * one built against on major.minor, not the patch level: NCCL keeps its
+ * ABI (soname libnccl.so.2, versioned config structs) within a minor
+ * release, and the structs its device API inlines into this library's
+ * kernels change only between minor releases; patch releases fix bugs
+ * without changing either, so requiring the patch would only refuse working
+ * combinations (e.g. torch's pip NCCL a patch ahead of the toolkit's).
  *
  * Thread safety: every call is thread-safe. Data calls and the worker's
  * collective RPCs are serialized by the worker's collective slot; a data call
@@ -83,6 +119,9 @@ typedef int32_t moe_ep_status;
 #define MOE_EP_UNAVAILABLE 14
 #define MOE_EP_DATA_LOSS 15
 #define MOE_EP_UNAUTHENTICATED 16
+/* Not an absl code: a CUDA graph that captured data calls belongs to an
+ * earlier group or workspace and must be captured again (moe_ep_check_graph). */
+#define MOE_EP_RECAPTURE 100
 
 /* One embedded worker (opaque). */
 typedef struct moe_ep_worker moe_ep_worker;
@@ -105,6 +144,7 @@ typedef struct moe_ep_worker_info {
   int32_t backend;                     /* MOE_EP_BACKEND_* */
   int64_t epoch;                       /* committed geometry epoch, -1 before the first commit */
   int64_t runtime_max_tokens_per_rank; /* committed R, 0 before the first commit */
+  int32_t device;                      /* CUDA device ordinal (nccl), -1 (gloo) */
 } moe_ep_worker_info;
 
 #define MOE_EP_BACKEND_GLOO 1 /* CPU: host pointers, stream = NULL */
@@ -142,7 +182,7 @@ MOE_EP_EXPORT int moe_ep_worker_main(int argc, char** argv);
  * Errors: MOE_EP_INVALID_ARGUMENT (a flag, --help or --version, `out` NULL),
  * MOE_EP_UNAVAILABLE (--listen cannot be bound), MOE_EP_FAILED_PRECONDITION
  * (built with NCCL and the NCCL found at run time is another major.minor
- * release: the message names both). On error *out is NULL. */
+ * release: the message names both; why not the patch: see the top). On error *out is NULL. */
 MOE_EP_EXPORT moe_ep_status moe_ep_worker_start(int32_t argc, const char* const* argv,
                                                 moe_ep_worker** out);
 
@@ -187,10 +227,24 @@ MOE_EP_EXPORT moe_ep_status moe_ep_worker_info_get(moe_ep_worker* worker, moe_ep
  * CUDA-graph bucket >= max(counts), or max(counts) without buckets (DESIGN
  * §6). Collective. Errors: MOE_EP_INVALID_ARGUMENT (local_tokens < 0),
  * MOE_EP_RESOURCE_EXHAUSTED (max(counts) > capacity_tokens),
- * MOE_EP_FAILED_PRECONDITION (no workspace / group broken), group errors. */
+ * MOE_EP_FAILED_PRECONDITION (no workspace / group broken), group errors.
+ * Host values on both backends: blocking, not capturable (on nccl use
+ * moe_ep_sync_token_counts_async inside a graph). */
 MOE_EP_EXPORT moe_ep_status moe_ep_sync_token_counts(moe_ep_worker* worker, int64_t local_tokens,
                                                      int64_t* counts,
                                                      int64_t* runtime_max_tokens_per_rank);
+
+/* GPU backend: the token-count agreement on the device. local_tokens: device
+ * int64 (this rank's T); counts: device int64 [world_size], rank-major.
+ * Enqueued on `stream` (an NCCL all-gather; capturable, see the top).
+ * Collective. Errors: MOE_EP_UNIMPLEMENTED (gloo: use
+ * moe_ep_sync_token_counts), MOE_EP_INVALID_ARGUMENT (NULL or host
+ * pointers), MOE_EP_FAILED_PRECONDITION (no workspace / group broken),
+ * group errors. */
+MOE_EP_EXPORT moe_ep_status moe_ep_sync_token_counts_async(moe_ep_worker* worker,
+                                                           const int64_t* local_tokens,
+                                                           int64_t* counts, void* stream,
+                                                           int64_t timeout_ms);
 
 /* Commits (epoch >= 0, R) for the next steps; every rank commits the same
  * pair (dispatch and forward check it across ranks: MOE_EP_ABORTED). Not a
@@ -212,7 +266,10 @@ MOE_EP_EXPORT moe_ep_status moe_ep_commit_geometry(moe_ep_worker* worker, int64_
  * invalid id, zero weights), source_counts[E] int64, expert_counts[L] int64
  * ((token, choice) pairs routed to each local expert). Collective. A bad
  * argument on one rank aborts the step on all (MOE_EP_ABORTED on the
- * others) before any payload moves. Errors: MOE_EP_INVALID_ARGUMENT (sizes,
+ * others) before any payload moves (CPU backend; on nccl see the top). On
+ * nccl all buffers, source_counts and expert_counts included, are device
+ * memory, and a slot of source s holds a token when one of its ids is a
+ * local expert (the counts are computed on the device). Errors: MOE_EP_INVALID_ARGUMENT (sizes,
  * NULL buffers, recv_rows < R, T > R, an expert id out of range, stream not
  * NULL on the CPU backend), MOE_EP_FAILED_PRECONDITION (no committed
  * geometry; a step already dispatched: combine first), MOE_EP_ABORTED,
@@ -247,6 +304,30 @@ MOE_EP_EXPORT moe_ep_status moe_ep_forward(moe_ep_worker* worker, int32_t layer,
                                            const uint16_t* hidden, const int32_t* topk_ids,
                                            const float* topk_weights, int64_t num_tokens,
                                            uint16_t* output, void* stream, int64_t timeout_ms);
+
+/* The sync point of the GPU data calls: waits (host) for the work they
+ * enqueued on the worker's stream, at most the group's timeout, and reports
+ * the first (epoch, R) disagreement the device-side check recorded since the
+ * last call (MOE_EP_ABORTED naming the rank; when R differed the
+ * communicator is aborted too: re-form the group). Not capturable. On gloo
+ * the checks are synchronous: MOE_EP_OK. Errors: MOE_EP_ABORTED,
+ * MOE_EP_DEADLINE_EXCEEDED (a peer did not take part; the group is broken),
+ * MOE_EP_FAILED_PRECONDITION (no workspace / group broken). */
+MOE_EP_EXPORT moe_ep_status moe_ep_check_step(moe_ep_worker* worker, int64_t timeout_ms);
+
+/* The token of the workspace the data calls run on now (never 0 once
+ * allocated): record it when capturing a CUDA graph of data calls.
+ * Errors: MOE_EP_INVALID_ARGUMENT (NULL), MOE_EP_FAILED_PRECONDITION (no
+ * workspace / group broken). */
+MOE_EP_EXPORT moe_ep_status moe_ep_graph_token(moe_ep_worker* worker, uint64_t* token);
+
+/* Before replaying a graph captured under `token`: MOE_EP_OK when the
+ * workspace is still the one it captured, MOE_EP_RECAPTURE when the group
+ * re-formed or the workspace was re-allocated since (the graph's buffers
+ * and communicator are gone: capture again, after a new commit of the
+ * bucket). Cheap (no device work). Errors: MOE_EP_FAILED_PRECONDITION (no
+ * workspace yet / group broken: do not replay), MOE_EP_INVALID_ARGUMENT. */
+MOE_EP_EXPORT moe_ep_status moe_ep_check_graph(moe_ep_worker* worker, uint64_t token);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -19,6 +19,30 @@ target_compile_options(moe_ep_c11_smoke PRIVATE -Wall -Wextra -pedantic -Werror)
 add_test(NAME embedded_c11_smoke COMMAND moe_ep_c11_smoke ${PROJECT_VERSION})
 set_tests_properties(embedded_c11_smoke PROPERTIES LABELS embedded TIMEOUT 60)
 
+# The GPU data calls (issue 16 item 3): the C API on device buffers, a CUDA
+# graph of dispatch + combine (exits 77 = skipped, with the reason, without
+# a CUDA device), and the Python layer with torch CUDA tensors
+# (python/tests/test_engine_gpu.py; skips, with the reason, without torch, a
+# GPU or enough GPUs). Both form the group with `moe-ep up --targets`.
+if(TARGET moe_ep_kernels AND TARGET moe-ep)
+  add_executable(moe_ep_gpu_embedded ${CMAKE_CURRENT_SOURCE_DIR}/embedded/gpu_embedded.cc)
+  target_link_libraries(moe_ep_gpu_embedded PRIVATE moe_ep CUDA::cudart)
+  set_target_properties(moe_ep_gpu_embedded PROPERTIES BUILD_RPATH $<TARGET_FILE_DIR:moe_ep>)
+  add_test(NAME embedded_gpu_c_api COMMAND moe_ep_gpu_embedded $<TARGET_FILE:moe-ep>)
+  set_tests_properties(embedded_gpu_c_api PROPERTIES LABELS "embedded;gpu" SKIP_RETURN_CODE 77
+    TIMEOUT 300)
+endif()
+find_program(MOE_EP_GPU_PYTHON NAMES python3)
+if(MOE_EP_GPU_PYTHON AND TARGET moe-ep)
+  add_test(NAME embedded_python_engine_gpu
+    COMMAND ${CMAKE_COMMAND} -E env MOE_EP_LIBRARY=$<TARGET_FILE:moe_ep>
+            MOE_EP_CLI=$<TARGET_FILE:moe-ep> PYTHONPATH=${PROJECT_SOURCE_DIR}/python
+            PYTHONDONTWRITEBYTECODE=1
+            ${MOE_EP_GPU_PYTHON} -m unittest -v test_engine_gpu
+    WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}/python/tests)
+  set_tests_properties(embedded_python_engine_gpu PROPERTIES LABELS "embedded;gpu" TIMEOUT 600)
+endif()
+
 find_program(MOE_EP_SYSTEM_PYTHON NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
 if(NOT MOE_EP_SYSTEM_PYTHON OR NOT TARGET moe_ep_python_stubs OR NOT TARGET moe-ep)
   message(STATUS "moe-ep: embedded Python tests off (need /usr/bin/python3, the stubs and moe-ep)")

@@ -20,20 +20,11 @@ Every collective call is sent to all ranks in parallel under one deadline;
 failures raise GroupError listing each failing rank, its target and gRPC code.
 """
 
-from moe_ep_client.client import (
-    AllocatedWorkspace,
-    BenchmarkResult,
-    ForwardInput,
-    ForwardResult,
-    GeometryAgreement,
-    Group,
-    GroupError,
-    LoadedExperts,
-    RankFailure,
-    Security,
-    WorkerStatus,
-)
+from typing import Any
 
+# The control-plane names import gRPC and the generated stubs on first use
+# (PEP 562), so that `moe_ep_client.engine` (ctypes only) also loads where
+# gRPC is not installed, e.g. an engine's GPU image.
 __all__ = [
     "AllocatedWorkspace",
     "BenchmarkResult",
@@ -47,3 +38,11 @@ __all__ = [
     "Security",
     "WorkerStatus",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from moe_ep_client import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'moe_ep_client' has no attribute {name!r}")

@@ -18,9 +18,11 @@ Tensors: hidden states are bf16 ([T, H]): torch.bfloat16 tensors, or NumPy
 uint16 arrays holding bf16 bit patterns (float32_to_bf16 / bf16_to_float32
 convert); topk_ids int32 [T, K]; topk_weights float32 [T, K]. All must be
 C-contiguous. On the CPU backend ("gloo") they live in host memory; on the
-GPU backend ("nccl") CUDA tensors are passed by data_ptr() with the current
-stream (the C library of this release implements the GPU data calls as
-UNIMPLEMENTED; the Forward RPC serves GPUs).
+GPU backend ("nccl") they are CUDA torch tensors on the worker's device
+(WorkerInfo.device), passed by data_ptr() with
+torch.cuda.current_stream().cuda_stream: every call only enqueues on that
+stream and can be captured in a torch CUDA graph (see Dispatcher's
+graph_bucket, Worker.graph_token / check_graph, and server/moe_ep.h).
 
 The library: MOE_EP_LIBRARY (a path), else libmoe_ep.so.0 on the loader's
 path. Errors: EngineError (the C status code and message) from the library,
@@ -64,7 +66,9 @@ _CODE_NAMES = {
     14: "UNAVAILABLE",
     15: "DATA_LOSS",
     16: "UNAUTHENTICATED",
+    100: "RECAPTURE",
 }
+_RECAPTURE = 100
 _ABI_VERSION = 1
 _BACKENDS = {1: "gloo", 2: "nccl"}
 
@@ -96,6 +100,7 @@ class _WorkerInfoStruct(ctypes.Structure):
         ("backend", ctypes.c_int32),
         ("epoch", ctypes.c_int64),
         ("runtime_max_tokens_per_rank", ctypes.c_int64),
+        ("device", ctypes.c_int32),
     ]
 
 
@@ -116,6 +121,7 @@ class WorkerInfo:
     backend: str  # "gloo" or "nccl"
     epoch: int
     runtime_max_tokens_per_rank: int  # R
+    device: int = -1  # CUDA device ordinal (nccl), -1 (gloo)
 
 
 _P = ctypes.c_void_p
@@ -136,6 +142,10 @@ _SIGNATURES = {
     "moe_ep_dispatch": (_I32, [_P, _P, _P, _P, _I64, _P, _P, _P, _I64, _P, _P, _P, _I64]),
     "moe_ep_combine": (_I32, [_P, _P, _I64, _P, _P, _I64]),
     "moe_ep_forward": (_I32, [_P, _I32, _P, _P, _P, _I64, _P, _P, _I64]),
+    "moe_ep_sync_token_counts_async": (_I32, [_P, _P, _P, _P, _I64]),
+    "moe_ep_check_step": (_I32, [_P, _I64]),
+    "moe_ep_graph_token": (_I32, [_P, ctypes.POINTER(ctypes.c_uint64)]),
+    "moe_ep_check_graph": (_I32, [_P, ctypes.c_uint64]),
 }
 
 _library: Optional[ctypes.CDLL] = None
@@ -209,9 +219,10 @@ def bf16_to_float32(bits: Any) -> Any:
     )
 
 
-_TORCH_DTYPES = {"bf16": "bfloat16", "int32": "int32", "float32": "float32"}
-_NUMPY_DTYPES = {"bf16": "uint16", "int32": "int32", "float32": "float32"}
+_TORCH_DTYPES = {"bf16": "bfloat16", "int32": "int32", "float32": "float32", "int64": "int64"}
+_NUMPY_DTYPES = {"bf16": "uint16", "int32": "int32", "float32": "float32", "int64": "int64"}
 _NUMPY_DTYPE_OBJECTS: dict = {}  # "bf16" -> numpy.dtype("uint16"), filled on first use
+_TORCH_DTYPE_OBJECTS: dict = {}  # "bf16" -> torch.bfloat16, filled on first use
 
 
 def _is_torch(x: Any) -> bool:
@@ -233,7 +244,7 @@ def _address(x: Any) -> Optional[int]:
 class _Buffer:
     """A checked argument: its address, shape and kind."""
 
-    __slots__ = ("ptr", "shape", "torch", "cuda", "device")
+    __slots__ = ("ptr", "shape", "torch", "cuda", "device")  # device: CUDA ordinal or None
 
     def __init__(self, ptr: Optional[int], shape: Tuple[int, ...], torch: bool, cuda: bool,
                  device: Any):
@@ -259,12 +270,13 @@ def _shape_ok(shape: Tuple[Optional[int], ...], got: Tuple[int, ...]) -> bool:
 
 
 def _buffer(name: str, x: Any, dtype: str, shape: Tuple[Optional[int], ...],
-            cuda: bool) -> _Buffer:
+            cuda: bool, cuda_device: int = -1) -> _Buffer:
     """Checks `x` (NumPy array or torch tensor): dtype, rank, sizes (the first may be None = any),
-    C-contiguity and device (CUDA when `cuda`, else host). Raises TypeError or
-    ValueError naming `name`."""
-    np = _numpy()
-    if type(x) is np.ndarray:
+    C-contiguity and device (CUDA device `cuda_device` when `cuda` and
+    cuda_device >= 0, any CUDA device when cuda_device < 0, else host).
+    Raises TypeError or ValueError naming `name`."""
+    np = None if _is_torch(x) else _numpy()
+    if np is not None and type(x) is np.ndarray:
         want = _NUMPY_DTYPE_OBJECTS.get(dtype)
         if want is None:
             want = _NUMPY_DTYPE_OBJECTS.setdefault(dtype, np.dtype(_NUMPY_DTYPES[dtype]))
@@ -282,24 +294,31 @@ def _buffer(name: str, x: Any, dtype: str, shape: Tuple[Optional[int], ...],
                 f"{name}: must be C-contiguous (call .contiguous() / np.ascontiguousarray)")
         return _Buffer(_address(x), got_shape, False, False, None)
     if _is_torch(x):
-        import torch
+        want_t = _TORCH_DTYPE_OBJECTS.get(dtype)
+        if want_t is None:
+            import torch
 
-        want_t = getattr(torch, _TORCH_DTYPES[dtype])
+            want_t = _TORCH_DTYPE_OBJECTS.setdefault(dtype, getattr(torch, _TORCH_DTYPES[dtype]))
         if x.dtype != want_t:
             raise TypeError(f"{name}: expected dtype torch.{_TORCH_DTYPES[dtype]}, got {x.dtype}")
-        got_shape = tuple(int(d) for d in x.shape)
-        on_cuda = x.device.type == "cuda"
+        got_shape = tuple(x.shape)  # torch.Size: a tuple of ints
+        on_cuda = x.is_cuda
         if on_cuda != cuda:
             raise ValueError(
                 f"{name}: expected a {'CUDA' if cuda else 'CPU'} tensor for this backend, "
                 f"got one on {x.device}"
             )
+        index = x.get_device() if on_cuda else -1
+        if on_cuda and cuda_device >= 0 and index != cuda_device:
+            raise ValueError(
+                f"{name}: expected a tensor on cuda:{cuda_device} (the worker's device), "
+                f"got one on {x.device}")
         if not _shape_ok(shape, got_shape):
             raise _shape_error(name, shape, got_shape)
         if not x.is_contiguous():
             raise ValueError(
                 f"{name}: must be C-contiguous (call .contiguous() / np.ascontiguousarray)")
-        return _Buffer(int(x.data_ptr()) or None, got_shape, True, on_cuda, x.device)
+        return _Buffer(x.data_ptr() or None, got_shape, True, on_cuda, index if on_cuda else None)
     raise TypeError(f"{name}: expected a NumPy array or a torch tensor, got {type(x).__name__}")
 
 
@@ -317,12 +336,32 @@ def _ptr(x: Any) -> Optional[int]:
     return (int(x.data_ptr()) or None) if _is_torch(x) else _address(x)
 
 
+_current_raw_stream: Any = None  # device ordinal -> the current cudaStream_t as an int
+
+
 def _stream(buf: _Buffer) -> Optional[int]:
+    """The current torch stream of `buf`'s device (None on the host, and for
+    the legacy default stream)."""
     if not buf.cuda:
         return None
-    import torch
+    global _current_raw_stream
+    if _current_raw_stream is None:
+        import torch
 
-    return int(torch.cuda.current_stream(buf.device).cuda_stream)
+        # torch's own fast path (what its compiled code calls), else the
+        # public API: the same value.
+        _current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+            lambda d: torch.cuda.current_stream(d).cuda_stream)
+    return _current_raw_stream(buf.device) or None
+
+
+def _counts(like: _Buffer, size: int) -> Any:
+    """int64 [size] zeros: on `like`'s CUDA device for the nccl backend, else NumPy."""
+    if like.cuda:
+        import torch
+
+        return torch.zeros(size, dtype=torch.int64, device=like.device)
+    return _numpy().zeros(size, dtype=_numpy().int64)
 
 
 # ------------------------------------------------------------------- worker
@@ -336,7 +375,8 @@ class DispatchOutput:
     invalid id on padding slots), topk_weights [E, R, K] float32: row s holds
     the tokens source rank s sent here in slots [0, num_recv_tokens_per_source[s]);
     num_recv_tokens_per_expert [L] int64: (token, choice) pairs per local
-    expert; num_recv_tokens_per_source [E] int64.
+    expert; num_recv_tokens_per_source [E] int64. On the nccl backend all
+    five are CUDA tensors (the counts too, computed on the device).
     """
 
     hidden_states: Any
@@ -412,7 +452,8 @@ class Worker:
                 top_k=s.top_k, num_experts=s.num_experts, first_expert=s.first_expert,
                 num_local_experts=s.num_local_experts, capacity_tokens=s.capacity_tokens,
                 invalid_expert_id=s.invalid_expert_id, backend=_BACKENDS.get(s.backend, "?"),
-                epoch=s.epoch, runtime_max_tokens_per_rank=s.runtime_max_tokens_per_rank)
+                epoch=s.epoch, runtime_max_tokens_per_rank=s.runtime_max_tokens_per_rank,
+                device=s.device)
         return self._info
 
     def sync_token_counts(self, local_tokens: int) -> Tuple[List[int], int]:
@@ -427,6 +468,41 @@ class Worker:
                                                   ctypes.addressof(counts), ctypes.addressof(r)))
         return list(counts), int(r.value)
 
+    def sync_token_counts_async(self, local_tokens: Any) -> Any:
+        """nccl: the token-count agreement on the device (collective, enqueued on
+        the current stream, capturable): local_tokens a CUDA int64 tensor of
+        one element -> counts, a CUDA int64 tensor [E]."""
+        info = self.info()
+        t = _buffer("local_tokens", local_tokens, "int64", (1,), True, info.device)
+        counts = _counts(t, info.world_size)
+        _check(self._lib, "moe_ep_sync_token_counts_async",
+               self._lib.moe_ep_sync_token_counts_async(self._live(), t.ptr, _ptr(counts),
+                                                        _stream(t), 0))
+        return counts
+
+    def check_step(self, timeout_s: float = 0.0) -> None:
+        """nccl: the sync point (waits for the enqueued calls; raises EngineError
+        ABORTED when ranks disagreed on (epoch, R)). Not capturable."""
+        _check(self._lib, "moe_ep_check_step",
+               self._lib.moe_ep_check_step(self._live(), int(timeout_s * 1000)))
+
+    def graph_token(self) -> int:
+        """The workspace's token: record it when capturing a CUDA graph."""
+        token = ctypes.c_uint64()
+        _check(self._lib, "moe_ep_graph_token",
+               self._lib.moe_ep_graph_token(self._live(), ctypes.byref(token)))
+        return int(token.value)
+
+    def check_graph(self, token: int) -> bool:
+        """True when a graph captured under `token` may be replayed; False when
+        the group re-formed or the workspace was re-allocated since (capture
+        again). Raises EngineError otherwise (e.g. the group is broken)."""
+        status = self._lib.moe_ep_check_graph(self._live(), int(token))
+        if status == _RECAPTURE:
+            return False
+        _check(self._lib, "moe_ep_check_graph", status)
+        return True
+
     def commit_geometry(self, epoch: int, runtime_max_tokens_per_rank: int, local_tokens: int) -> None:
         """Commits (epoch, R) for the next steps; every rank commits the same pair."""
         _check(self._lib, "moe_ep_commit_geometry",
@@ -436,10 +512,11 @@ class Worker:
     def _inputs(self, hidden: Any, topk_ids: Any, topk_weights: Any) -> Tuple[_Buffer, _Buffer, _Buffer]:
         info = self.info()
         cuda = info.backend == "nccl"
-        h = _buffer("hidden_states", hidden, "bf16", (None, info.hidden), cuda)
+        d = info.device
+        h = _buffer("hidden_states", hidden, "bf16", (None, info.hidden), cuda, d)
         t = h.shape[0]
-        ids = _buffer("topk_ids", topk_ids, "int32", (t, info.top_k), cuda)
-        w = _buffer("topk_weights", topk_weights, "float32", (t, info.top_k), cuda)
+        ids = _buffer("topk_ids", topk_ids, "int32", (t, info.top_k), cuda, d)
+        w = _buffer("topk_weights", topk_weights, "float32", (t, info.top_k), cuda, d)
         return h, ids, w
 
     def dispatch(self, hidden_states: Any, topk_ids: Any, topk_weights: Any,
@@ -459,14 +536,13 @@ class Worker:
         rows = recv_rows
         if out is None:
             e, k = info.world_size, info.top_k
-            np = _numpy()
             out = DispatchOutput(
                 _empty(h, (e, rows, info.hidden), "bf16"), _empty(h, (e, rows, k), "int32"),
-                _empty(h, (e, rows, k), "float32"),
-                np.zeros(info.num_local_experts, dtype=np.int64), np.zeros(e, dtype=np.int64))
+                _empty(h, (e, rows, k), "float32"), _counts(h, info.num_local_experts),
+                _counts(h, e))
             out._pointers = (rows, h.torch, _ptr(out.hidden_states), _ptr(out.topk_ids),
-                             _ptr(out.topk_weights), _address(out.num_recv_tokens_per_expert),
-                             _address(out.num_recv_tokens_per_source))
+                             _ptr(out.topk_weights), _ptr(out.num_recv_tokens_per_expert),
+                             _ptr(out.num_recv_tokens_per_source))
         pointers = getattr(out, "_pointers", None)
         if pointers is None or pointers[0] != rows or pointers[1] != h.torch:
             raise ValueError(
@@ -487,7 +563,7 @@ class Worker:
         info = self.info()
         cuda = info.backend == "nccl"
         x = _buffer("hidden_states", expert_outputs, "bf16",
-                    (info.world_size, self._step_recv_rows, info.hidden), cuda)
+                    (info.world_size, self._step_recv_rows, info.hidden), cuda, info.device)
         out = _empty(x, (self._step_tokens, info.hidden), "bf16")
         ptr = _ptr(out)
         _check(self._lib, "moe_ep_combine", self._lib.moe_ep_combine(
@@ -516,20 +592,45 @@ class Dispatcher:
 
     reuse_outputs: keep one DispatchOutput per R and write it again at the
     next dispatch with that R (no allocation; like DeepEP's buffers, an output
-    is then valid only until the next dispatch)."""
+    is then valid only until the next dispatch).
 
-    def __init__(self, worker: Worker, first_epoch: int = 1, reuse_outputs: bool = False):
+    graph_bucket (nccl, CUDA graphs): commits (first_epoch, graph_bucket)
+    once, here, and every dispatch() then only enqueues (no host agreement,
+    R = the bucket), so dispatch, the caller's experts and combine can be
+    captured in a torch CUDA graph and replayed; T <= graph_bucket (pad with
+    the invalid expert id). Outputs are reused (a graph's buffers stay put).
+    graph_token() taken at capture and worker.check_graph(token) before a
+    replay say whether the graph is still valid (False after the group
+    re-formed: capture again). Every rank passes the same bucket."""
+
+    def __init__(self, worker: Worker, first_epoch: int = 1, reuse_outputs: bool = False,
+                 graph_bucket: Optional[int] = None):
         self.worker = worker
         self._epoch = first_epoch
-        self._reuse = reuse_outputs
+        self._reuse = reuse_outputs or graph_bucket is not None
         self._outputs: dict = {}
+        self._bucket = graph_bucket
+        if graph_bucket is not None:
+            if not isinstance(graph_bucket, int) or graph_bucket < 1:
+                raise ValueError(f"graph_bucket: expected an int >= 1, got {graph_bucket!r}")
+            worker.commit_geometry(first_epoch, graph_bucket, 0)
+
+    def graph_token(self) -> int:
+        """The worker's workspace token (Worker.graph_token)."""
+        return self.worker.graph_token()
 
     def dispatch(self, hidden_states: Any, topk_ids: Any, topk_weights: Any) -> DispatchOutput:
         self.worker._inputs(hidden_states, topk_ids, topk_weights)  # checks before any call
         tokens = int(hidden_states.shape[0])
-        _, r = self.worker.sync_token_counts(tokens)
-        self.worker.commit_geometry(self._epoch, r, tokens)
-        self._epoch += 1
+        if self._bucket is not None:
+            if tokens > self._bucket:
+                raise ValueError(
+                    f"hidden_states: {tokens} tokens, more than graph_bucket {self._bucket}")
+            r = self._bucket
+        else:
+            _, r = self.worker.sync_token_counts(tokens)
+            self.worker.commit_geometry(self._epoch, r, tokens)
+            self._epoch += 1
         key = (r, _is_torch(hidden_states))
         out = self.worker.dispatch(hidden_states, topk_ids, topk_weights, recv_rows=r,
                                    out=self._outputs.get(key))

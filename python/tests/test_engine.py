@@ -138,6 +138,19 @@ class OneRankTest(unittest.TestCase):
             with self.assertRaises(TypeError) as caught:
                 d.dispatch(x, ids.astype(np.int64), w)
             self.assertIn("topk_ids: expected dtype int32", str(caught.exception))
+            # The GPU-only and graph calls on the CPU backend: the device
+            # token agreement is UNIMPLEMENTED naming the host call; the
+            # sync point has nothing to wait for; the graph token is this
+            # workspace's, any other one says RECAPTURE.
+            status = worker._lib.moe_ep_sync_token_counts_async(worker._handle, None, None,
+                                                                None, 0)
+            self.assertEqual(status, 12)  # MOE_EP_UNIMPLEMENTED
+            self.assertIn(b"use moe_ep_sync_token_counts", worker._lib.moe_ep_last_error())
+            worker.check_step()
+            token = worker.graph_token()
+            self.assertGreater(token, 0)
+            self.assertTrue(worker.check_graph(token))
+            self.assertFalse(worker.check_graph(token + 1))
 
 
 if __name__ == "__main__":

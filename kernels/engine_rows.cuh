@@ -1,0 +1,48 @@
+#pragma once
+
+// The received rows of an engine's in-process dispatch on the GPU (DESIGN
+// §14, issue 16): the dispatcher's receive region (packed rows [E, R,
+// row_bytes], kernels/dispatch_pack.cuh) unpacked into the caller's three
+// buffers with room for `rows` >= R slots per source, plus the per-source
+// and per-local-expert counts, all on the device and on one stream, so the
+// call only enqueues and can be captured in a CUDA graph.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace moe_ep::kernels {
+
+struct UnpackReceivedParams {
+  const uint8_t* recv = nullptr;  // device [E, R, 2H + 8K]: hidden, ids, weights per slot
+  int64_t runtime_max = 0;        // R of the step
+  int64_t rows = 0;               // slots per source in the outputs (>= R)
+  int64_t hidden_size = 0;        // H (a multiple of 4)
+  int top_k = 0;                  // K
+  int ep_size = 0;                // E
+  int first_expert = 0;           // this rank's experts [first_expert, first_expert + L)
+  int num_local_experts = 0;      // L
+  int32_t invalid_expert_id = -1;
+  uint16_t* hidden = nullptr;        // device [E, rows, H] bf16
+  int32_t* topk_ids = nullptr;       // device [E, rows, K]
+  float* topk_weights = nullptr;     // device [E, rows, K]
+  int64_t* source_counts = nullptr;  // device [E]: slots of source s holding a token
+  int64_t* expert_counts = nullptr;  // device [L]: (slot, choice) pairs per local expert
+};
+
+// LaunchUnpackReceived()
+//
+// Slot j < R of source s is copied as is (a token, or padding: zero hidden,
+// the invalid id, zero weights, as the pack kernel wrote it); slots [R, rows)
+// are written as padding. A slot holds a token when one of its K ids is a
+// local expert (a token is sent only to ranks owning one of its experts;
+// padding carries only the invalid id); source_counts[s] counts those slots,
+// expert_counts[l] the ids equal to first_expert + l among them. The counts
+// are zeroed on the stream first. Errors: kInvalidArgument (null pointers
+// with rows > 0, rows < R, H not a positive multiple of 4, sizes),
+// kInternal (launch). Never allocates or synchronises.
+absl::Status LaunchUnpackReceived(const UnpackReceivedParams& p, cudaStream_t stream);
+
+}  // namespace moe_ep::kernels

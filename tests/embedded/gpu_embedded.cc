@@ -1,0 +1,328 @@
+// The C API's GPU data calls (server/moe_ep.h; issue 16 item 1), EP 1 on
+// CUDA device 0, through libmoe_ep.so only: an embedded nccl worker, the
+// group formed by `moe-ep up --targets` (argv[1]), then on device buffers
+// and a caller stream: dispatch into recv_rows > R (padding slots), the
+// caller's experts (expert e scales by (e + 1) / 8) and combine against a
+// host reference; forward with the worker's identity experts; dispatch +
+// combine captured in a CUDA graph and replayed with new inputs; the graph
+// token (MOE_EP_RECAPTURE for another one); host pointers refused naming
+// the argument. Exits 77 (skipped, with the reason) without a CUDA device.
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "server/moe_ep.h"
+
+namespace {
+
+constexpr int kHidden = 128;
+constexpr int kExperts = 8;
+constexpr int kTopK = 2;
+constexpr int kCapacity = 64;
+constexpr int kR = 32;     // committed R
+constexpr int kRows = 40;  // recv_rows of the eager dispatch (> R)
+
+int failures = 0;
+
+#define EXPECT(cond, ...)                               \
+  do {                                                  \
+    if (!(cond)) {                                      \
+      std::fprintf(stderr, "FAIL line %d: ", __LINE__); \
+      std::fprintf(stderr, __VA_ARGS__);                \
+      std::fprintf(stderr, "\n");                       \
+      ++failures;                                       \
+    }                                                   \
+  } while (0)
+
+#define CUDA(call)                                                           \
+  do {                                                                       \
+    cudaError_t e_ = (call);                                                 \
+    if (e_ != cudaSuccess) {                                                 \
+      std::fprintf(stderr, "FATAL %s: %s\n", #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                          \
+    }                                                                        \
+  } while (0)
+
+bool Ok(moe_ep_status s, const char* what) {
+  if (s == MOE_EP_OK) return true;
+  std::fprintf(stderr, "FAIL %s: status %d: %s\n", what, s, moe_ep_last_error());
+  ++failures;
+  return false;
+}
+
+uint16_t ToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+float FromBf16(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+struct Inputs {
+  std::vector<uint16_t> hidden;  // [T, H]
+  std::vector<int32_t> ids;      // [T, K]
+  std::vector<float> weights;    // [T, K]
+};
+
+Inputs MakeInputs(int tokens, int seed, int32_t invalid) {
+  Inputs in;
+  uint32_t state = 2654435761u * static_cast<uint32_t>(seed + 1);
+  auto next = [&state] {
+    state = state * 1664525u + 1013904223u;
+    return state >> 8;
+  };
+  for (int i = 0; i < tokens * kHidden; ++i) {
+    in.hidden.push_back(ToBf16(static_cast<float>(next() % 2001) / 1000.0f - 1.0f));
+  }
+  for (int t = 0; t < tokens; ++t) {
+    const int a = static_cast<int>(next() % kExperts);
+    const int b = (a + 1 + static_cast<int>(next() % (kExperts - 1))) % kExperts;
+    in.ids.push_back(t % 7 == 3 ? invalid : a);  // some choices select no expert
+    in.ids.push_back(t % 11 == 5 ? invalid : b);
+    if (t % 13 == 6) in.ids[in.ids.size() - 2] = in.ids[in.ids.size() - 1] = invalid;
+    in.weights.push_back(static_cast<float>(next() % 1000) / 1000.0f);
+    in.weights.push_back(static_cast<float>(next() % 1000) / 1000.0f);
+  }
+  return in;
+}
+
+// The caller's experts: expert e multiplies by (e + 1) / 8.
+float Scale(int32_t id) { return static_cast<float>(id + 1) / 8.0f; }
+
+bool Routed(const Inputs& in, int t, int32_t invalid) {
+  for (int k = 0; k < kTopK; ++k) {
+    if (in.ids[t * kTopK + k] != invalid) return true;
+  }
+  return false;
+}
+
+// sum_k w_k * scale(k) * x over valid choices; scale = nullptr: identity.
+std::vector<float> Reference(const Inputs& in, int tokens, int32_t invalid, bool scaled) {
+  std::vector<float> out(static_cast<size_t>(tokens) * kHidden, 0.0f);
+  for (int t = 0; t < tokens; ++t) {
+    for (int k = 0; k < kTopK; ++k) {
+      const int32_t id = in.ids[t * kTopK + k];
+      if (id == invalid) continue;
+      const float c = in.weights[t * kTopK + k] * (scaled ? Scale(id) : 1.0f);
+      for (int h = 0; h < kHidden; ++h)
+        out[t * kHidden + h] += c * FromBf16(in.hidden[t * kHidden + h]);
+    }
+  }
+  return out;
+}
+
+void ExpectClose(const char* what, const std::vector<uint16_t>& got,
+                 const std::vector<float>& want) {
+  float worst = 0.0f;
+  size_t at = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const float err = std::fabs(FromBf16(got[i]) - want[i]) - 1e-2f * std::fabs(want[i]) - 1e-3f;
+    if (err > worst) {
+      worst = err;
+      at = i;
+    }
+  }
+  EXPECT(worst <= 0.0f, "%s: element %zu got %g want %g", what, at, FromBf16(got[at]), want[at]);
+}
+
+template <typename T>
+T* Device(size_t count) {
+  void* p = nullptr;
+  CUDA(cudaMalloc(&p, count * sizeof(T) + 16));
+  CUDA(cudaMemset(p, 0, count * sizeof(T) + 16));
+  return static_cast<T*>(p);
+}
+
+template <typename T>
+void Upload(T* dst, const std::vector<T>& src, cudaStream_t s) {
+  CUDA(cudaMemcpyAsync(dst, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice, s));
+}
+
+template <typename T>
+std::vector<T> Download(const T* src, size_t count) {
+  std::vector<T> out(count);
+  CUDA(cudaMemcpy(out.data(), src, count * sizeof(T), cudaMemcpyDeviceToHost));
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("SKIP: no CUDA device visible (the GPU data calls need one)\n");
+    return 77;
+  }
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: gpu_embedded MOE_EP_CLI\n");
+    return 2;
+  }
+  const char* args[] = {"--listen=127.0.0.1:0", "--backend=nccl", "--device=0", "--log-level=warn"};
+  moe_ep_worker* worker = nullptr;
+  if (!Ok(moe_ep_worker_start(4, args, &worker), "moe_ep_worker_start")) return 1;
+  const char* address = nullptr;
+  Ok(moe_ep_worker_address(worker, &address), "moe_ep_worker_address");
+  const std::string up = std::string(argv[1]) + " up --targets " + address +
+                         " --backend nccl --hidden " + std::to_string(kHidden) + " --experts " +
+                         std::to_string(kExperts) + " --top-k " + std::to_string(kTopK) +
+                         " --capacity " + std::to_string(kCapacity) +
+                         " --load-experts identity > /dev/null";
+  if (std::system(up.c_str()) != 0) {
+    std::fprintf(stderr, "FATAL: %s failed\n", up.c_str());
+    return 1;
+  }
+  if (!Ok(moe_ep_worker_wait_ready(worker, 60000), "moe_ep_worker_wait_ready")) return 1;
+  moe_ep_worker_info info;
+  info.struct_size = sizeof(info);
+  Ok(moe_ep_worker_info_get(worker, &info), "moe_ep_worker_info_get");
+  EXPECT(info.backend == MOE_EP_BACKEND_NCCL && info.device == 0 && info.world_size == 1,
+         "info: backend %d device %d world %d", info.backend, info.device, info.world_size);
+  const int32_t invalid = info.invalid_expert_id;
+
+  CUDA(cudaSetDevice(0));
+  cudaStream_t stream = nullptr;
+  CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto* d_hidden = Device<uint16_t>(kCapacity * kHidden);
+  auto* d_ids = Device<int32_t>(kCapacity * kTopK);
+  auto* d_weights = Device<float>(kCapacity * kTopK);
+  auto* d_recv_hidden = Device<uint16_t>(kRows * kHidden);
+  auto* d_recv_ids = Device<int32_t>(kRows * kTopK);
+  auto* d_recv_weights = Device<float>(kRows * kTopK);
+  auto* d_source_counts = Device<int64_t>(1);
+  auto* d_expert_counts = Device<int64_t>(kExperts);
+  auto* d_expert_out = Device<uint16_t>(kRows * kHidden);
+  auto* d_output = Device<uint16_t>(kCapacity * kHidden);
+
+  // 1. Eager dispatch (recv_rows 40 > R 32), the caller's experts, combine.
+  const int tokens = 20;
+  Inputs in = MakeInputs(tokens, 1, invalid);
+  Upload(d_hidden, in.hidden, stream);
+  Upload(d_ids, in.ids, stream);
+  Upload(d_weights, in.weights, stream);
+  Ok(moe_ep_commit_geometry(worker, 1, kR, tokens), "commit_geometry");
+  Ok(moe_ep_dispatch(worker, d_hidden, d_ids, d_weights, tokens, d_recv_hidden, d_recv_ids,
+                     d_recv_weights, kRows, d_source_counts, d_expert_counts, stream, 0),
+     "moe_ep_dispatch");
+  CUDA(cudaStreamSynchronize(stream));
+  const auto recv_hidden = Download(d_recv_hidden, kRows * kHidden);
+  const auto recv_ids = Download(d_recv_ids, kRows * kTopK);
+  const auto recv_weights = Download(d_recv_weights, kRows * kTopK);
+  const auto source_counts = Download(d_source_counts, 1);
+  const auto expert_counts = Download(d_expert_counts, kExperts);
+  std::vector<int64_t> want_experts(kExperts, 0);
+  int slot = 0;
+  for (int t = 0; t < tokens; ++t) {
+    for (int k = 0; k < kTopK; ++k) {
+      if (in.ids[t * kTopK + k] != invalid) ++want_experts[in.ids[t * kTopK + k]];
+    }
+    if (!Routed(in, t, invalid)) continue;
+    EXPECT(std::memcmp(&recv_hidden[slot * kHidden], &in.hidden[t * kHidden], kHidden * 2) == 0,
+           "slot %d: hidden is not token %d's", slot, t);
+    EXPECT(std::memcmp(&recv_ids[slot * kTopK], &in.ids[t * kTopK], kTopK * 4) == 0 &&
+               std::memcmp(&recv_weights[slot * kTopK], &in.weights[t * kTopK], kTopK * 4) == 0,
+           "slot %d: ids / weights are not token %d's", slot, t);
+    ++slot;
+  }
+  EXPECT(source_counts[0] == slot, "source_counts[0] %lld, want %d",
+         static_cast<long long>(source_counts[0]), slot);
+  for (int e = 0; e < kExperts; ++e) {
+    EXPECT(expert_counts[e] == want_experts[e], "expert_counts[%d] %lld, want %lld", e,
+           static_cast<long long>(expert_counts[e]), static_cast<long long>(want_experts[e]));
+  }
+  for (int j = slot; j < kRows; ++j) {
+    EXPECT(recv_ids[j * kTopK] == invalid && recv_weights[j * kTopK] == 0.0f,
+           "padding slot %d: id %d weight %g", j, recv_ids[j * kTopK], recv_weights[j * kTopK]);
+    EXPECT(recv_hidden[j * kHidden] == 0, "padding slot %d: hidden not zero", j);
+  }
+  std::vector<uint16_t> expert_out(kRows * kHidden, 0);
+  for (int j = 0; j < slot; ++j) {
+    for (int h = 0; h < kHidden; ++h) {
+      float acc = 0.0f;
+      for (int k = 0; k < kTopK; ++k) {
+        const int32_t id = recv_ids[j * kTopK + k];
+        if (id != invalid)
+          acc += recv_weights[j * kTopK + k] * Scale(id) * FromBf16(recv_hidden[j * kHidden + h]);
+      }
+      expert_out[j * kHidden + h] = ToBf16(acc);
+    }
+  }
+  Upload(d_expert_out, expert_out, stream);
+  Ok(moe_ep_combine(worker, d_expert_out, kRows, d_output, stream, 0), "moe_ep_combine");
+  CUDA(cudaStreamSynchronize(stream));
+  ExpectClose("combine", Download(d_output, tokens * kHidden),
+              Reference(in, tokens, invalid, true));
+
+  // 2. Forward with the worker's identity experts.
+  Ok(moe_ep_commit_geometry(worker, 2, kR, tokens), "commit_geometry");
+  Ok(moe_ep_forward(worker, 0, d_hidden, d_ids, d_weights, tokens, d_output, stream, 0),
+     "moe_ep_forward");
+  CUDA(cudaStreamSynchronize(stream));
+  ExpectClose("forward", Download(d_output, tokens * kHidden),
+              Reference(in, tokens, invalid, false));
+  Ok(moe_ep_check_step(worker, 0), "moe_ep_check_step");
+
+  // 3. Dispatch + combine (the received rows as expert outputs, rows = R)
+  // captured in a CUDA graph, replayed twice with new inputs.
+  Ok(moe_ep_commit_geometry(worker, 3, kR, 0), "commit_geometry(bucket)");
+  uint64_t token = 0;
+  Ok(moe_ep_graph_token(worker, &token), "moe_ep_graph_token");
+  CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const moe_ep_status captured_dispatch =
+      moe_ep_dispatch(worker, d_hidden, d_ids, d_weights, kR, d_recv_hidden, d_recv_ids,
+                      d_recv_weights, kR, d_source_counts, d_expert_counts, stream, 0);
+  const moe_ep_status captured_combine =
+      moe_ep_combine(worker, d_recv_hidden, kR, d_output, stream, 0);
+  cudaGraph_t graph = nullptr;
+  CUDA(cudaStreamEndCapture(stream, &graph));
+  Ok(captured_dispatch, "captured moe_ep_dispatch");
+  Ok(captured_combine, "captured moe_ep_combine");
+  cudaGraphExec_t exec = nullptr;
+  CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 2; ++replay) {
+    Inputs next = MakeInputs(kR, 10 + replay, invalid);
+    Upload(d_hidden, next.hidden, stream);
+    Upload(d_ids, next.ids, stream);
+    Upload(d_weights, next.weights, stream);
+    EXPECT(moe_ep_check_graph(worker, token) == MOE_EP_OK, "check_graph: %s", moe_ep_last_error());
+    CUDA(cudaGraphLaunch(exec, stream));
+    CUDA(cudaStreamSynchronize(stream));
+    std::vector<float> want(kR * kHidden, 0.0f);  // identity: routed tokens come back as x
+    for (int t = 0; t < kR; ++t) {
+      if (!Routed(next, t, invalid)) continue;
+      for (int h = 0; h < kHidden; ++h)
+        want[t * kHidden + h] = FromBf16(next.hidden[t * kHidden + h]);
+    }
+    ExpectClose(replay == 0 ? "graph replay 0" : "graph replay 1", Download(d_output, kR * kHidden),
+                want);
+  }
+  Ok(moe_ep_check_step(worker, 0), "moe_ep_check_step after replays");
+  EXPECT(moe_ep_check_graph(worker, token + 1000) == MOE_EP_RECAPTURE,
+         "check_graph of another workspace's token: expected MOE_EP_RECAPTURE");
+
+  // 4. Host pointers are refused, naming the argument; nothing enqueued.
+  Ok(moe_ep_commit_geometry(worker, 4, kR, tokens), "commit_geometry");
+  const moe_ep_status host =
+      moe_ep_dispatch(worker, in.hidden.data(), d_ids, d_weights, tokens, d_recv_hidden, d_recv_ids,
+                      d_recv_weights, kR, d_source_counts, d_expert_counts, stream, 0);
+  EXPECT(host == MOE_EP_INVALID_ARGUMENT && std::strstr(moe_ep_last_error(), "hidden"),
+         "host hidden: status %d (%s)", host, moe_ep_last_error());
+
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  Ok(moe_ep_worker_stop(worker, 1000), "moe_ep_worker_stop");
+  std::printf("%s: %d failure(s)\n", failures ? "FAIL" : "PASS", failures);
+  return failures ? 1 : 0;
+}
