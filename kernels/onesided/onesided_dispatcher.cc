@@ -90,6 +90,7 @@ absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
         d->rank_, total, off.total_bytes, d->local_bytes_, scratch, memory_cap_bytes));
   }
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(d->device_), "cudaSetDevice"));
+  RETURN_IF_ERROR(PreloadOsKernels());
   RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&d->stream_, cudaStreamNonBlocking),
                              "cudaStreamCreateWithFlags"));
   RETURN_IF_ERROR(

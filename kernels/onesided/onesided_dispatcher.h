@@ -23,6 +23,13 @@
 // parameter update, so a graph captured at bucket R replays any T <= R).
 // Buffers: the window (the provider's), one cudaMalloc of local state and
 // the expert output, and the expert scratch, all in Create.
+// Ranks as threads share one CUDA context: a device-wide sync in one rank
+// (cudaMalloc, cudaFree, cudaDeviceSynchronize, and CUDA's lazy loading of a
+// kernel's module on its first launch) waits for a peer's kernel that may be
+// spinning for this rank, so it stalls both until the timeout. Create
+// pre-loads this plane's kernels; callers allocate before the first step
+// and load other kernels (SwiGLU expert GEMMs) once before ranks step
+// together (a world-1 step, or CUDA_MODULE_LOADING=EAGER).
 // Not thread-safe (one thread per rank). Source: DESIGN §6, §7, §13; issue 15.
 
 #include <cuda_runtime.h>

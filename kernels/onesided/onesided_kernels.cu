@@ -4,11 +4,14 @@
 #include <cub/block/block_scan.cuh>
 
 #include "absl/strings/str_format.h"
+#include "core/status_macros.h"
 #include "kernels/internal/cuda_status.h"
 #include "kernels/onesided/onesided_kernels.cuh"
 
 namespace moe_ep::kernels::onesided {
 namespace {
+
+using internal::CudaStatus;
 
 constexpr int kThreads = 512;  // == kOsFusedMaxTokens: one scan lane per token
 constexpr int kWarps = kThreads / 32;
@@ -144,38 +147,42 @@ __global__ void __launch_bounds__(kRouteThreads) OsRouteKernel(const OsDispatchP
   }
 }
 
-// Copies `vecs` vectors from src to every non-null dst[d], d < n, by one warp,
-// kUnroll loads in flight per lane.
-template <typename Vec>
-__device__ __forceinline__ void WarpCopyRow(const Vec* __restrict__ src, int64_t vecs,
-                                            uint8_t* const* dst, int n, int lane) {
-  for (int64_t v0 = 0; v0 < vecs; v0 += 32 * kUnroll) {
-    Vec x[kUnroll];
+// One warp's share of a row copy: chunk c of a row of `vecs` vectors
+// (32 * kUnroll vectors per chunk, kUnroll loads in flight per lane) from src
+// to every destination rank d < n whose row pointer dst(d) is not null.
+template <typename Vec, typename DstFn>
+__device__ __forceinline__ void WarpCopyChunk(const Vec* __restrict__ src, int64_t vecs, int64_t c,
+                                              int n, const DstFn& dst, int lane) {
+  const int64_t v0 = c * 32 * kUnroll;
+  Vec x[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int64_t v = v0 + u * 32 + lane;
+    if (v < vecs) x[u] = src[v];
+  }
+  for (int d = 0; d < n; ++d) {
+    Vec* out = reinterpret_cast<Vec*>(dst(d));
+    if (out == nullptr) continue;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t v = v0 + u * 32 + lane;
-      if (v < vecs) x[u] = src[v];
-    }
-    for (int d = 0; d < n; ++d) {
-      Vec* out = reinterpret_cast<Vec*>(dst[d]);
-      if (out == nullptr) continue;
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t v = v0 + u * 32 + lane;
-        if (v < vecs) out[v] = x[u];
-      }
+      if (v < vecs) out[v] = x[u];
     }
   }
 }
 
-// A warp per slot b in [0, R) (grid-stride): token b's row to each of its
-// destinations, and padding ids/weights at slot b of every destination with
-// count <= b. The last block publishes the flags and acquires the sources'.
+// Work items (slot b, chunk c) spread over all warps of the grid: chunk c of
+// token b's row to each of its destinations; chunk 0 also carries the ids
+// and weights, and the padding ids/weights at slot b of every destination
+// with count <= b. The last block publishes the flags and acquires the
+// sources'. Fused: every block routes the T <= 512 tokens itself (a mask per
+// token, one block scan per destination), block 0 writes token_slot.
 template <bool kFused, typename Vec>
 __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams p) {
+  using BlockScan = cub::BlockScan<int, kThreads>;
+  __shared__ typename BlockScan::TempStorage scan;
   __shared__ int32_t counts[kMaxEpSize];
-  __shared__ uint8_t* dst[kWarps][kMaxEpSize];
-  __shared__ uint64_t masks[kFused ? kOsFusedMaxTokens : 1];
+  __shared__ int16_t slots[kFused ? kOsFusedMaxTokens * kOsFusedMaxEpSize : 1];
   __shared__ int is_last;
   __shared__ int state[kMaxEpSize];
   __shared__ int64_t their_epoch[kMaxEpSize];
@@ -196,53 +203,47 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
   if (kFused) {
     const int base = p.num_experts / E;
     const int rem = p.num_experts % E;
-    masks[tid] = tid < T ? DestMask(p.topk_ids, tid, K, p.num_experts, base, rem) : 0;
-    __syncthreads();
+    const uint64_t mask = tid < T ? DestMask(p.topk_ids, tid, K, p.num_experts, base, rem) : 0;
     for (int d = 0; d < E; ++d) {
-      const int c = __syncthreads_count((masks[tid] >> d) & 1);
-      if (tid == 0) counts[d] = c;
+      const int flag = (mask >> d) & 1;
+      int prefix = 0;
+      int total = 0;
+      BlockScan(scan).ExclusiveSum(flag, prefix, total);
+      slots[tid * kOsFusedMaxEpSize + d] = static_cast<int16_t>(flag ? prefix : -1);
+      if (tid == 0) counts[d] = total;
+      __syncthreads();  // scan storage reused
+      if (blockIdx.x == 0 && tid < T) p.local.token_slot[tid * E + d] = flag ? prefix : -1;
     }
   } else if (tid < E) {
     counts[tid] = p.local.send_counts[tid];
   }
   __syncthreads();
+  auto slot_of = [&](int64_t b, int d) -> int {
+    if (b >= T) return -1;
+    return kFused ? slots[b * kOsFusedMaxEpSize + d] : p.local.token_slot[b * E + d];
+  };
+  const int64_t vecs = 2 * H / static_cast<int64_t>(sizeof(Vec));
+  const int64_t chunks = (vecs + 32 * kUnroll - 1) / (32 * kUnroll);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
-  for (int64_t b = static_cast<int64_t>(blockIdx.x) * kWarps + warp; b < R; b += stride) {
-    if (kFused) {
-      const uint64_t mb = b < T ? masks[b] : 0;
-      for (int d = 0; d < E; ++d) {
-        int slot = -1;
-        if ((mb >> d) & 1) {  // uniform over the warp
-          int c = 0;
-          for (int64_t t = lane; t < b; t += 32) c += (masks[t] >> d) & 1;
-          slot = __reduce_add_sync(0xffffffffu, c);
-          if (lane == 0) p.local.token_slot[b * E + d] = slot;
-        } else if (lane == 0 && b < T) {
-          p.local.token_slot[b * E + d] = -1;
-        }
-        if (lane == 0) {
-          dst[warp][d] =
-              slot >= 0 ? p.peers.window[d] + p.off.dispatch_recv + (p.rank * R + slot) * row_bytes
-                        : nullptr;
-        }
-      }
-    } else {
-      for (int d = lane; d < E; d += 32) {
-        const int slot = b < T ? p.local.token_slot[b * E + d] : -1;
-        dst[warp][d] =
-            slot >= 0 ? p.peers.window[d] + p.off.dispatch_recv + (p.rank * R + slot) * row_bytes
-                      : nullptr;
-      }
-    }
-    __syncwarp();
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + warp; item < R * chunks;
+       item += stride) {
+    const int64_t b = item / chunks;
+    const int64_t c = item % chunks;
+    auto dst = [&](int d) -> uint8_t* {
+      const int slot = slot_of(b, d);
+      return slot >= 0 ? p.peers.window[d] + p.off.dispatch_recv + (p.rank * R + slot) * row_bytes
+                       : nullptr;
+    };
     if (b < T) {
-      WarpCopyRow<Vec>(reinterpret_cast<const Vec*>(p.hidden + b * H),
-                       2 * H / static_cast<int64_t>(sizeof(Vec)), dst[warp], E, lane);
+      WarpCopyChunk<Vec>(reinterpret_cast<const Vec*>(p.hidden + b * H), vecs, c, E, dst, lane);
+    }
+    if (c != 0) continue;
+    if (b < T) {
       for (int k = lane; k < K; k += 32) {
         const int32_t id = p.topk_ids[b * K + k];
         const float w = p.topk_weights[b * K + k];
         for (int d = 0; d < E; ++d) {
-          uint8_t* row = dst[warp][d];
+          uint8_t* row = dst(d);
           if (row == nullptr) continue;
           reinterpret_cast<int32_t*>(row + 2 * H)[k] = id;
           reinterpret_cast<float*>(row + 2 * H + 4 * K)[k] = w;
@@ -257,7 +258,6 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
         reinterpret_cast<float*>(row + 2 * H + 4 * K)[k] = 0.0f;
       }
     }
-    __syncwarp();  // dst[warp] is rewritten for the next slot
   }
   if (!CountDone(&p.local.done[0], &is_last, sys)) return;
   if (kFused) {
@@ -352,12 +352,16 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
   __syncthreads();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
   const int64_t first_warp = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
-  for (int64_t idx = first_warp; idx < E * R; idx += stride) {
+  // Push: items (received row idx = (s, j), chunk c).
+  const int64_t in_vecs = 2 * H / static_cast<int64_t>(sizeof(Vec));
+  const int64_t chunks = (in_vecs + 32 * kUnroll - 1) / (32 * kUnroll);
+  for (int64_t item = first_warp; item < E * R * chunks; item += stride) {
+    const int64_t idx = item / chunks;
+    const int64_t c = item % chunks;
     const int s = static_cast<int>(idx / R);
     const int64_t j = idx % R;
     if (j >= rc[s]) continue;  // uniform over the warp
-    Vec* out =
-        reinterpret_cast<Vec*>(p.peers.window[s] + p.off.combine_recv + (p.rank * R + j) * H * 2);
+    uint8_t* out_row = p.peers.window[s] + p.off.combine_recv + (p.rank * R + j) * H * 2;
     if (kIdentity) {
       const uint8_t* row = p.peers.window[p.rank] + p.off.dispatch_recv + idx * row_bytes;
       const int32_t* ids = reinterpret_cast<const int32_t*>(row + 2 * H);
@@ -368,24 +372,27 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
         ws += (id >= p.first_expert && id < p.first_expert + p.num_local_experts) ? w[k] : 0.f;
       }
       const Vec* x = reinterpret_cast<const Vec*>(row);
-      const int64_t vecs = 2 * H / static_cast<int64_t>(sizeof(Vec));
-      for (int64_t v0 = 0; v0 < vecs; v0 += 32 * kUnroll) {
-        Vec xv[kUnroll];
+      Vec* out = reinterpret_cast<Vec*>(out_row);
+      const int64_t v0 = c * 32 * kUnroll;
+      Vec xv[kUnroll];
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int64_t v = v0 + u * 32 + lane;
-          if (v < vecs) xv[u] = x[v];
-        }
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t v = v0 + u * 32 + lane;
+        if (v < in_vecs) xv[u] = x[v];
+      }
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int64_t v = v0 + u * 32 + lane;
-          if (v < vecs) out[v] = ScaleBf16(xv[u], ws);
-        }
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t v = v0 + u * 32 + lane;
+        if (v < in_vecs) out[v] = ScaleBf16(xv[u], ws);
       }
     } else {
-      uint8_t* d0 = reinterpret_cast<uint8_t*>(out);
-      WarpCopyRow<uint4>(reinterpret_cast<const uint4*>(p.expert_out + idx * H), H / 8, &d0, 1,
-                         lane);
+      // Same chunking over the expert output's uint4 vectors.
+      const int64_t out_vecs = H / 8;
+      if (c * 32 * kUnroll < out_vecs) {
+        WarpCopyChunk<uint4>(
+            reinterpret_cast<const uint4*>(p.expert_out + idx * H), out_vecs, c, 1,
+            [&](int) { return out_row; }, lane);
+      }
     }
   }
   const bool last = CountDone(&p.local.done[1], &is_last, sys);
@@ -414,37 +421,53 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
   const int64_t T = *reinterpret_cast<volatile int64_t*>(p.local.header + 2);
   const uint16_t* recv =
       reinterpret_cast<const uint16_t*>(p.peers.window[p.rank] + p.off.combine_recv);
+  // Reduce: items (token t, chunk of 32 * kUnroll uint4 = 8 * that many
+  // elements), kUnroll loads in flight per lane for each destination rank;
+  // each element sums its E terms in rank order, then the shared term (the
+  // arithmetic of combine_reduce.cuh).
   const int64_t vecs8 = H / 8;  // uint4 = 8 bf16
-  for (int64_t t = first_warp; t < T; t += stride) {
-    for (int64_t v = lane; v < vecs8; v += 32) {
-      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      for (int d = 0; d < E; ++d) {
-        const int32_t slot = p.local.token_slot[t * E + d];
-        if (slot < 0) continue;
-        const uint4 x = reinterpret_cast<const uint4*>(recv + (d * R + slot) * H)[v];
-        acc[0] += Bf16Lo(x.x);
-        acc[1] += Bf16Hi(x.x);
-        acc[2] += Bf16Lo(x.y);
-        acc[3] += Bf16Hi(x.y);
-        acc[4] += Bf16Lo(x.z);
-        acc[5] += Bf16Hi(x.z);
-        acc[6] += Bf16Lo(x.w);
-        acc[7] += Bf16Hi(x.w);
+  const int64_t rchunks = (vecs8 + 32 * kUnroll - 1) / (32 * kUnroll);
+  for (int64_t item = first_warp; item < T * rchunks; item += stride) {
+    const int64_t t = item / rchunks;
+    const int64_t v0 = (item % rchunks) * 32 * kUnroll + lane;
+    float acc[kUnroll][8];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[u][e] = 0.f;
+    }
+    auto add = [](float* a, const uint4& x) {
+      a[0] += Bf16Lo(x.x);
+      a[1] += Bf16Hi(x.x);
+      a[2] += Bf16Lo(x.y);
+      a[3] += Bf16Hi(x.y);
+      a[4] += Bf16Lo(x.z);
+      a[5] += Bf16Hi(x.z);
+      a[6] += Bf16Lo(x.w);
+      a[7] += Bf16Hi(x.w);
+    };
+    auto add_row = [&](const uint4* src) {
+      uint4 x[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (v0 + u * 32 < vecs8) x[u] = src[v0 + u * 32];
       }
-      if (p.shared != nullptr) {  // the shared expert's term, after the ranks'
-        const uint4 x = reinterpret_cast<const uint4*>(p.shared + t * H)[v];
-        acc[0] += Bf16Lo(x.x);
-        acc[1] += Bf16Hi(x.x);
-        acc[2] += Bf16Lo(x.y);
-        acc[3] += Bf16Hi(x.y);
-        acc[4] += Bf16Lo(x.z);
-        acc[5] += Bf16Hi(x.z);
-        acc[6] += Bf16Lo(x.w);
-        acc[7] += Bf16Hi(x.w);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (v0 + u * 32 < vecs8) add(acc[u], x[u]);
       }
-      reinterpret_cast<uint4*>(p.output + t * H)[v] =
-          make_uint4(PackBf16(acc[0], acc[1]), PackBf16(acc[2], acc[3]), PackBf16(acc[4], acc[5]),
-                     PackBf16(acc[6], acc[7]));
+    };
+    for (int d = 0; d < E; ++d) {
+      const int32_t slot = p.local.token_slot[t * E + d];
+      if (slot >= 0) add_row(reinterpret_cast<const uint4*>(recv + (d * R + slot) * H));
+    }
+    if (p.shared != nullptr) add_row(reinterpret_cast<const uint4*>(p.shared + t * H));
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (v0 + u * 32 >= vecs8) continue;
+      reinterpret_cast<uint4*>(p.output + t * H)[v0 + u * 32] =
+          make_uint4(PackBf16(acc[u][0], acc[u][1]), PackBf16(acc[u][2], acc[u][3]),
+                     PackBf16(acc[u][4], acc[u][5]), PackBf16(acc[u][6], acc[u][7]));
     }
   }
 }
@@ -486,6 +509,24 @@ const void* OsFirstDispatchKernel(int64_t r, int ep_size, int64_t hidden, int to
                : reinterpret_cast<const void*>(&OsSendKernel<true, uint2>);
 }
 
+absl::Status PreloadOsKernels() {
+  const void* kernels[] = {
+      reinterpret_cast<const void*>(&OsRouteKernel),
+      reinterpret_cast<const void*>(&OsSendKernel<true, uint4>),
+      reinterpret_cast<const void*>(&OsSendKernel<true, uint2>),
+      reinterpret_cast<const void*>(&OsSendKernel<false, uint4>),
+      reinterpret_cast<const void*>(&OsSendKernel<false, uint2>),
+      reinterpret_cast<const void*>(&OsCombineKernel<false, uint4>),
+      reinterpret_cast<const void*>(&OsCombineKernel<true, uint4>),
+      reinterpret_cast<const void*>(&OsCombineKernel<true, uint2>),
+  };
+  for (const void* k : kernels) {
+    cudaFuncAttributes attr;
+    RETURN_IF_ERROR(CudaStatus(cudaFuncGetAttributes(&attr, k), "cudaFuncGetAttributes"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status LaunchOsDispatch(const OsDispatchParams& p, cudaStream_t stream) {
   if (absl::Status s = CheckCommon(p.ep_size, p.hidden_size, p.local, "LaunchOsDispatch");
       !s.ok()) {
@@ -507,10 +548,12 @@ absl::Status LaunchOsDispatch(const OsDispatchParams& p, cudaStream_t stream) {
           absl::StrFormat("LaunchOsDispatch: no window for rank %d", d));
     }
   }
-  const int64_t warps_needed = (p.step.r + kWarps - 1) / kWarps;
+  const bool vec16 = (2 * p.hidden_size + 8 * p.top_k) % 16 == 0;
+  const int64_t vecs = 2 * p.hidden_size / (vec16 ? 16 : 8);
+  const int64_t items = p.step.r * ((vecs + 32 * kUnroll - 1) / (32 * kUnroll));
+  const int64_t warps_needed = (items + kWarps - 1) / kWarps;
   const unsigned grid =
       static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(warps_needed, p.blocks)));
-  const bool vec16 = (2 * p.hidden_size + 8 * p.top_k) % 16 == 0;
   if (OsDispatchFused(p.step.r, p.ep_size)) {
     if (vec16) {
       OsSendKernel<true, uint4><<<grid, kThreads, 0, stream>>>(p);
@@ -545,10 +588,12 @@ absl::Status LaunchOsCombine(const OsCombineParams& p, cudaStream_t stream) {
       reinterpret_cast<uintptr_t>(p.shared) % 16 != 0) {
     return absl::InvalidArgumentError("LaunchOsCombine: output and shared must be 16-byte aligned");
   }
-  const int64_t warps_needed = (p.ep_size * p.max_tokens + kWarps - 1) / kWarps;
+  const bool vec16 = (2 * p.hidden_size + 8 * p.top_k) % 16 == 0;
+  const int64_t vecs = 2 * p.hidden_size / (vec16 ? 16 : 8);
+  const int64_t items = p.ep_size * p.max_tokens * ((vecs + 32 * kUnroll - 1) / (32 * kUnroll));
+  const int64_t warps_needed = (items + kWarps - 1) / kWarps;
   const unsigned grid =
       static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(warps_needed, p.blocks)));
-  const bool vec16 = (2 * p.hidden_size + 8 * p.top_k) % 16 == 0;
   if (!p.identity) {
     OsCombineKernel<false, uint4><<<grid, kThreads, 0, stream>>>(p);
   } else if (vec16) {

@@ -156,7 +156,7 @@ struct OsCombineParams {
 // Largest R the fused route+send kernel takes (one thread per token of the
 // block's scan); larger R routes with a separate kernel first.
 inline constexpr int64_t kOsFusedMaxTokens = 512;
-inline constexpr int kOsFusedMaxEpSize = 16;
+inline constexpr int kOsFusedMaxEpSize = 8;
 
 // The window regions for E ranks, N tokens, H, K (each region 128-aligned).
 OsWindowOffsets OsWindowLayout(int ep_size, int64_t capacity, int64_t hidden, int top_k);
@@ -169,6 +169,13 @@ inline bool OsDispatchFused(int64_t r, int ep_size) {
 // The first kernel of a dispatch of R = p.step.r rows (the one whose
 // parameters a replayed graph updates with the step's (epoch, R, T)).
 const void* OsFirstDispatchKernel(int64_t r, int ep_size, int64_t hidden, int top_k);
+
+// Loads every kernel of this file (cudaFuncGetAttributes), so that CUDA's
+// lazy module loading never happens on the step path: a first launch that
+// loads a module waits for the device, and with ranks as threads a peer's
+// kernel may be spinning for this rank (a stall until the timeout).
+// Errors: kInternal (CUDA).
+absl::Status PreloadOsKernels();
 
 // Enqueues the dispatch: for small R one kernel (route fused in), else the
 // route kernel then the send kernel. The first kernel writes local.header

@@ -67,8 +67,26 @@ std::unique_ptr<DeviceExpertSet> UploadExperts(const Prepared& p, int rank) {
   return e.ok() ? std::move(*e) : nullptr;
 }
 
+// Loads the expert kernels a case uses with one world-1 step, before ranks
+// step together (see onesided_dispatcher.h on lazy loading).
+void WarmUpExpertKernels(const OsCase& c) {
+  OsCase one = c;
+  one.ep_size = 1;
+  one.tokens = {8};
+  one.r = -1;
+  const Prepared p = Prepare(one);
+  RunThreads(one, 8, [&](int, PeerWindows* w, const Sync&) {
+    auto d = OneSidedDispatcher::Create(w, testing::Options(one, 8), 0);
+    ASSERT_TRUE(d.ok()) << d.status();
+    auto experts = UploadExperts(p, 0);
+    RankBuffers b(p, 0, 8);
+    RunCheckedStep(p, 0, **d, *experts, b, 1, false);
+  });
+}
+
 void RunEager(const OsCase& c, bool phases = false) {
   MOE_EP_REQUIRE_GPUS(1);
+  if (c.intermediate > 0) WarmUpExpertKernels(c);
   const Prepared p = Prepare(c);
   RunThreads(c, std::max<int64_t>(p.r, 1), [&](int rank, PeerWindows* w, const Sync& sync) {
     auto d = OneSidedDispatcher::Create(w, testing::Options(c, std::max<int64_t>(p.r, 1)), 0);
