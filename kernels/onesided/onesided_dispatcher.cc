@@ -418,10 +418,11 @@ absl::Status OneSidedDispatcher::CheckStep() {
         e.rank, e.their_epoch, e.their_r, rank_, e.my_epoch, e.my_r));
   }
   broken_ = absl::DeadlineExceededError(absl::StrFormat(
-      "one-sided %s of step %d: rank %d waited %s for rank %d's flag, which did not come; the "
-      "step wrote no output",
+      "one-sided %s of step %d: rank %d waited %s for rank %d's flag, which did not come; %s",
       e.phase == kOsDispatch ? "dispatch" : "combine", e.seq, rank_,
-      absl::FormatDuration(options_.timeout), e.rank));
+      absl::FormatDuration(options_.timeout), e.rank,
+      e.phase == kOsDispatch ? "the step wrote no output"
+                             : "the step's output is not valid (rows may be partial)"));
   return broken_;
 }
 

@@ -6,7 +6,8 @@
 // (kernels/onesided/peer_window.h) instead of NCCL calls. Kernels and the
 // protocol: kernels/onesided/onesided_kernels.cuh.
 //
-// Per step: dispatch = 1 kernel for R <= 512 (route fused in), else 2;
+// Per step: dispatch = 1 kernel for R <= 512 and E <= 8 (route fused in),
+// else 2;
 // expert compute (kernels/expert_compute.h) on the window's received rows,
 // except for identity experts, which the combine kernel applies as it pushes
 // (the expert kernel's arithmetic); combine = 1 kernel (push, flag exchange,
@@ -123,7 +124,9 @@ class OneSidedDispatcher {
   // Waits for stream() and reports the first failure the kernels recorded
   // since the last call, then clears it: kAborted "geometry mismatch: rank
   // ..." (the step wrote no output), kDeadlineExceeded naming the rank whose
-  // flag never came, the phase and the step (the dispatcher is then broken).
+  // flag never came, the phase and the step (the dispatcher is then broken;
+  // a dispatch-phase deadline wrote no output row, a combine-phase one may
+  // have written some).
   absl::Status CheckStep();
 
   // After a completed step: the received rows [E, R, ...] of this rank's
