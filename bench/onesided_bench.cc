@@ -78,7 +78,7 @@ double Percentile(std::vector<double> v, double q) {
 
 #define BENCH_CHECK(expr)                                                                   \
   do {                                                                                      \
-    absl::Status s_ = (expr);                                                               \
+    const absl::Status& s_ = (expr);                                                        \
     if (!s_.ok()) {                                                                         \
       std::fprintf(stderr, "rank %d: %s failed: %s\n", rank, #expr, s_.ToString().c_str()); \
       std::exit(1);                                                                         \
@@ -263,6 +263,7 @@ Times RunConfig(const Config& c, int64_t hidden, int top_k, int num_experts, int
     id = *NcclCollective::NewUniqueId();
   }
   std::vector<std::thread> threads;
+  threads.reserve(c.ep);
   for (int rank = 0; rank < c.ep; ++rank) {
     threads.emplace_back([&, rank] {
       CUDA_CHECK(cudaSetDevice(0));
