@@ -268,6 +268,13 @@ absl::Status NcclCollective::AllToAllV(const void* send, absl::Span<const int64_
                           recv_bytes);
 }
 
+absl::Status NcclCollective::CallComm(const char* what,
+                                      absl::FunctionRef<ncclResult_t(ncclComm_t)> call) {
+  RETURN_IF_ERROR(CheckUsable());
+  RETURN_IF_ERROR(internal::CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  return WaitForNccl(call(comm_), what);
+}
+
 absl::Status NcclCollective::AllGather(const void* send, int64_t bytes_per_rank, void* recv) {
   RETURN_IF_ERROR(CheckUsable());
   if (bytes_per_rank < 0) {

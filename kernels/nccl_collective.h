@@ -26,6 +26,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kernels/stream_collective.h"
@@ -84,6 +85,16 @@ class NcclCollective final : public StreamCollective {
   // Aborts the communicator (e.g. when the control plane learns a peer is
   // gone). Later calls return kFailedPrecondition.
   void Abort() override;
+
+  // Runs `call` on the communicator with this object's device current and
+  // waits for it as every call here does (ncclInProgress polled against the
+  // group's deadline; on error or timeout the communicator is aborted). For
+  // NCCL set-up calls the data planes need beyond this interface: the
+  // one-sided plane's window registration (ncclCommWindowRegister,
+  // ncclDevCommCreate; kernels/onesided/nccl_peer_window.h). Never inside a
+  // graph capture. Errors: kFailedPrecondition (aborted earlier),
+  // kDeadlineExceeded, kUnavailable (naming `what`).
+  absl::Status CallComm(const char* what, absl::FunctionRef<ncclResult_t(ncclComm_t)> call);
   void SetCallDeadline(absl::Time deadline) override { call_deadline_ = deadline; }
 
  private:

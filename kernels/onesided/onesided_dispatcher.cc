@@ -1,0 +1,466 @@
+#include "kernels/onesided/onesided_dispatcher.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "core/expert_placement.h"
+#include "core/status_macros.h"
+#include "kernels/dispatch_pack.cuh"
+#include "kernels/internal/cuda_status.h"
+
+namespace moe_ep::kernels::onesided {
+
+using internal::CudaStatus;
+
+namespace {
+
+int64_t Align128(int64_t x) { return (x + 127) / 128 * 128; }
+
+}  // namespace
+
+absl::StatusOr<int64_t> OneSidedDispatcher::WindowBytes(const core::EpDispatcherOptions& o) {
+  RETURN_IF_ERROR(core::ValidateEpOptions(o, o.workspace.ep_size, kLimits));
+  const core::WorkspaceSpec& ws = o.workspace;
+  return OsWindowLayout(ws.ep_size, ws.capacity_tokens, ws.hidden, ws.top_k).total_bytes;
+}
+
+absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
+    PeerWindows* windows, const OneSidedDispatcherOptions& options, int64_t memory_cap_bytes) {
+  if (windows == nullptr) return absl::InvalidArgumentError("windows: must not be null");
+  const core::EpDispatcherOptions& o = options.dispatcher;
+  const core::WorkspaceSpec& ws = o.workspace;
+  RETURN_IF_ERROR(core::ValidateEpOptions(o, windows->size(), kLimits));
+  if (options.max_intermediate < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("max_intermediate: expected >= 0, got %d", options.max_intermediate));
+  }
+  if (options.sm_budget < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sm_budget: expected >= 1, got %d", options.sm_budget));
+  }
+  if (options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("timeout: expected > 0, got %s", absl::FormatDuration(options.timeout)));
+  }
+  const OsWindowOffsets off = OsWindowLayout(ws.ep_size, ws.capacity_tokens, ws.hidden, ws.top_k);
+  if (windows->bytes() != off.total_bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "peer windows: expected %d bytes per window for these options (WindowBytes), got %d",
+        off.total_bytes, windows->bytes()));
+  }
+  ASSIGN_OR_RETURN(core::ExpertPlacement placement,
+                   core::ExpertPlacement::Contiguous(o.num_experts, ws.ep_size));
+  std::unique_ptr<OneSidedDispatcher> d(new OneSidedDispatcher(windows, ws.capacity_tokens));
+  d->options_ = options;
+  d->off_ = off;
+  d->ep_size_ = ws.ep_size;
+  d->rank_ = windows->rank();
+  d->device_ = windows->device();
+  d->capacity_ = ws.capacity_tokens;
+  d->hidden_ = ws.hidden;
+  d->top_k_ = ws.top_k;
+  d->first_expert_ = placement.FirstExpert(d->rank_);
+  d->num_local_experts_ = placement.NumLocalExperts(d->rank_);
+  for (int r = 0; r < ws.ep_size; ++r)
+    d->peers_.window[r] = static_cast<uint8_t*>(windows->window(r));
+
+  const int64_t e = ws.ep_size;
+  const int64_t n = ws.capacity_tokens;
+  // Local state, one allocation: expert output, token slots, counts, header,
+  // block counters, error record; each region 128-aligned. The step counter
+  // lives in the window.
+  const int64_t o_out = 0;
+  const int64_t o_slot = Align128(o_out + e * n * ws.hidden * 2);
+  const int64_t o_send = Align128(o_slot + n * e * 4);
+  const int64_t o_recv = Align128(o_send + e * 4);
+  const int64_t o_header = Align128(o_recv + e * 4);
+  const int64_t o_done = Align128(o_header + 3 * 8);
+  const int64_t o_error = Align128(o_done + 2 * 4);
+  d->local_bytes_ = Align128(o_error + static_cast<int64_t>(sizeof(OsStepError)));
+  ASSIGN_OR_RETURN(const int64_t scratch,
+                   ExpertCompute::ScratchBytes(e * n, ws.top_k, ws.hidden, options.max_intermediate,
+                                               d->num_local_experts_));
+  const int64_t total = off.total_bytes + d->local_bytes_ + scratch;
+  if (memory_cap_bytes > 0 && total > memory_cap_bytes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "one-sided data plane on rank %d needs %d device bytes (window %d, local %d, expert "
+        "scratch %d), over the cap of %d",
+        d->rank_, total, off.total_bytes, d->local_bytes_, scratch, memory_cap_bytes));
+  }
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(d->device_), "cudaSetDevice"));
+  RETURN_IF_ERROR(PreloadOsKernels());
+  RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&d->stream_, cudaStreamNonBlocking),
+                             "cudaStreamCreateWithFlags"));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaMalloc(&d->local_base_, d->local_bytes_),
+                 absl::StrFormat("cudaMalloc(one-sided local state, %d bytes)", d->local_bytes_)));
+  // Stream-ordered (never a device-wide sync: ranks sharing the GPU may be
+  // mid-step on their own streams).
+  RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(d->local_base_, 0, d->local_bytes_, d->stream_),
+                             "cudaMemsetAsync(local state)"));
+  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(d->stream_), "cudaStreamSynchronize"));
+  char* b = d->local_base_;
+  d->expert_out_ = reinterpret_cast<uint16_t*>(b + o_out);
+  d->local_.token_slot = reinterpret_cast<int32_t*>(b + o_slot);
+  d->local_.send_counts = reinterpret_cast<int32_t*>(b + o_send);
+  d->local_.recv_counts = reinterpret_cast<int32_t*>(b + o_recv);
+  d->local_.header = reinterpret_cast<int64_t*>(b + o_header);
+  d->local_.seq = reinterpret_cast<uint64_t*>(d->peers_.window[d->rank_] + off.seq);
+  d->local_.done = reinterpret_cast<uint32_t*>(b + o_done);
+  d->local_.error = reinterpret_cast<OsStepError*>(b + o_error);
+  ASSIGN_OR_RETURN(d->expert_compute_,
+                   ExpertCompute::Create(e * n, ws.top_k, ws.hidden, options.max_intermediate,
+                                         d->num_local_experts_));
+  RETURN_IF_ERROR(d->expert_compute_->set_gemm(options.expert_gemm));
+  return d;
+}
+
+OneSidedDispatcher::~OneSidedDispatcher() {
+  cudaSetDevice(device_);
+  for (auto& [bucket, g] : graphs_) {
+    cudaGraphExecDestroy(g.exec);
+    cudaGraphDestroy(g.graph);
+  }
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  expert_compute_.reset();
+  cudaFree(local_base_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+int64_t OneSidedDispatcher::allocated_bytes() const {
+  return off_.total_bytes + local_bytes_ + expert_compute_->allocated_bytes();
+}
+
+absl::Status OneSidedDispatcher::Usable() const {
+  if (broken_.ok()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "one-sided data plane on rank %d is broken by an earlier error (%s); make new windows "
+      "and a new dispatcher",
+      rank_, broken_.message()));
+}
+
+absl::Status OneSidedDispatcher::CommitGeometry(int64_t epoch, int64_t r, int64_t local_tokens) {
+  RETURN_IF_ERROR(Usable());
+  return geometry_.Commit(epoch, r, local_tokens);
+}
+
+absl::Status OneSidedDispatcher::CheckArgs(const char* call, int64_t num_tokens, const void* hidden,
+                                           const void* topk_ids, const void* topk_weights) const {
+  RETURN_IF_ERROR(Usable());
+  RETURN_IF_ERROR(geometry_.CheckStep(call, num_tokens));
+  if (num_tokens > 0 && (hidden == nullptr || topk_ids == nullptr || topk_weights == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s on rank %d: null device pointer with %d tokens", call, rank_, num_tokens));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OneSidedDispatcher::CheckExperts(const DeviceExpertSet& experts) const {
+  if (experts.hidden() != hidden_ || experts.first_expert() != first_expert_ ||
+      experts.num_experts() != num_local_experts_) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "experts on rank %d: expected hidden %d and experts [%d, %d), got hidden %d and [%d, %d)",
+        rank_, hidden_, first_expert_, first_expert_ + num_local_experts_, experts.hidden(),
+        experts.first_expert(), experts.first_expert() + experts.num_experts()));
+  }
+  return absl::OkStatus();
+}
+
+OsDispatchParams OneSidedDispatcher::DispatchParams(const OsStepArgs& step, const uint16_t* hidden,
+                                                    const int32_t* topk_ids,
+                                                    const float* topk_weights) const {
+  OsDispatchParams p;
+  p.peers = peers_;
+  p.off = off_;
+  p.local = local_;
+  p.step = step;
+  p.hidden = hidden;
+  p.topk_ids = topk_ids;
+  p.topk_weights = topk_weights;
+  p.rank = rank_;
+  p.ep_size = ep_size_;
+  p.hidden_size = hidden_;
+  p.top_k = top_k_;
+  p.num_experts = options_.dispatcher.num_experts;
+  p.invalid_expert_id = options_.dispatcher.invalid_expert_id;
+  p.blocks = options_.sm_budget;
+  p.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.timeout));
+  p.sys_scope = !windows_->same_device();
+  return p;
+}
+
+absl::Status OneSidedDispatcher::EnqueueDispatch(const OsStepArgs& step, const uint16_t* hidden,
+                                                 const int32_t* topk_ids,
+                                                 const float* topk_weights) {
+  return LaunchOsDispatch(DispatchParams(step, hidden, topk_ids, topk_weights), stream_);
+}
+
+absl::Status OneSidedDispatcher::EnqueueExperts(int64_t r, const DeviceExpertSet& experts) {
+  if (experts.kind() == core::ExpertKind::kIdentity) {
+    // The combine kernel applies identity experts to the received rows as it
+    // pushes them (the expert kernel's arithmetic): nothing to launch.
+    identity_pending_ = true;
+    return absl::OkStatus();
+  }
+  identity_pending_ = false;
+  const uint8_t* recv = peers_.window[rank_] + off_.dispatch_recv;
+  return expert_compute_->Run(recv, ep_size_ * r, experts, expert_out_, stream_);
+}
+
+absl::Status OneSidedDispatcher::EnqueueCombine(int64_t r, uint16_t* output,
+                                                const uint16_t* shared_out) {
+  OsCombineParams p;
+  p.peers = peers_;
+  p.off = off_;
+  p.local = local_;
+  p.identity = identity_pending_;
+  p.first_expert = first_expert_;
+  p.num_local_experts = num_local_experts_;
+  p.expert_out = expert_out_;
+  // T == 0 writes no row; any aligned address stands in for a null output.
+  p.output = output ? output : expert_out_;
+  p.shared = shared_out;
+  p.rank = rank_;
+  p.ep_size = ep_size_;
+  p.hidden_size = hidden_;
+  p.top_k = top_k_;
+  p.max_tokens = r;
+  p.blocks = options_.sm_budget;
+  p.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.timeout));
+  p.sys_scope = !windows_->same_device();
+  identity_pending_ = false;
+  return LaunchOsCombine(p, stream_);
+}
+
+absl::Status OneSidedDispatcher::Forward(const uint16_t* hidden, const int32_t* topk_ids,
+                                         const float* topk_weights, int64_t num_tokens,
+                                         const DeviceExpertSet& experts, uint16_t* output) {
+  RETURN_IF_ERROR(geometry_.BeginDispatch("Forward"));
+  RETURN_IF_ERROR(CheckArgs("Forward", num_tokens, hidden, topk_ids, topk_weights));
+  if (num_tokens > 0 && output == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("Forward on rank %d: null output with %d tokens", rank_, num_tokens));
+  }
+  RETURN_IF_ERROR(CheckExperts(experts));
+  const int64_t r = geometry_.runtime_max_tokens_per_rank();
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  RETURN_IF_ERROR(
+      EnqueueDispatch({geometry_.epoch(), r, num_tokens}, hidden, topk_ids, topk_weights));
+  RETURN_IF_ERROR(EnqueueExperts(r, experts));
+  return EnqueueCombine(r, output, nullptr);
+}
+
+absl::Status OneSidedDispatcher::Dispatch(const uint16_t* hidden, const int32_t* topk_ids,
+                                          const float* topk_weights, int64_t num_tokens) {
+  RETURN_IF_ERROR(geometry_.BeginDispatch("Dispatch"));
+  RETURN_IF_ERROR(CheckArgs("Dispatch", num_tokens, hidden, topk_ids, topk_weights));
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  RETURN_IF_ERROR(
+      EnqueueDispatch({geometry_.epoch(), geometry_.runtime_max_tokens_per_rank(), num_tokens},
+                      hidden, topk_ids, topk_weights));
+  geometry_.MarkDispatched();
+  return absl::OkStatus();
+}
+
+absl::Status OneSidedDispatcher::ComputeExperts(const DeviceExpertSet& experts) {
+  RETURN_IF_ERROR(geometry_.RequireDispatched("ComputeExperts"));
+  RETURN_IF_ERROR(CheckExperts(experts));
+  RETURN_IF_ERROR(EnqueueExperts(geometry_.runtime_max_tokens_per_rank(), experts));
+  geometry_.MarkComputed();
+  return absl::OkStatus();
+}
+
+absl::Status OneSidedDispatcher::Combine(uint16_t* output, const uint16_t* shared_out) {
+  // As the NCCL plane: combine whenever a step was dispatched, so every
+  // rank's flag sequence stays aligned even if its expert compute failed.
+  RETURN_IF_ERROR(geometry_.RequireDispatched("Combine"));
+  geometry_.MarkIdle();
+  return EnqueueCombine(geometry_.runtime_max_tokens_per_rank(), output, shared_out);
+}
+
+absl::Status OneSidedDispatcher::CaptureForward(int64_t bucket, const uint16_t* hidden,
+                                                const int32_t* topk_ids, const float* topk_weights,
+                                                const DeviceExpertSet& experts, uint16_t* output) {
+  RETURN_IF_ERROR(Usable());
+  if (geometry_.in_step()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "CaptureForward on rank %d: a dispatched step is in flight; call Combine first", rank_));
+  }
+  if (bucket < 1 || bucket > capacity_) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "CaptureForward on rank %d: bucket expected in [1, %d], got %d", rank_, capacity_, bucket));
+  }
+  if (hidden == nullptr || topk_ids == nullptr || topk_weights == nullptr || output == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("CaptureForward on rank %d: null device pointer", rank_));
+  }
+  RETURN_IF_ERROR(CheckExperts(experts));
+  if (experts.kind() == core::ExpertKind::kSwiGlu &&
+      options_.expert_gemm == ExpertGemm::kCublasHostCounts) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "CaptureForward on rank %d: SwiGLU expert compute with kCublasHostCounts reads "
+        "per-expert row counts on the host and cannot be captured; use kGroupedDevice",
+        rank_));
+  }
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  Graph g;
+  g.dispatch = DispatchParams({geometry_.epoch(), bucket, bucket}, hidden, topk_ids, topk_weights);
+  RETURN_IF_ERROR(CudaStatus(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+                             "cudaStreamBeginCapture"));
+  absl::Status captured = LaunchOsDispatch(g.dispatch, stream_);
+  if (captured.ok()) captured = EnqueueExperts(bucket, experts);
+  if (captured.ok()) captured = EnqueueCombine(bucket, output, nullptr);
+  const cudaError_t end = cudaStreamEndCapture(stream_, &g.graph);
+  if (!captured.ok() || end != cudaSuccess) {
+    if (g.graph != nullptr) cudaGraphDestroy(g.graph);
+    RETURN_IF_ERROR(captured);
+    return CudaStatus(end, "cudaStreamEndCapture");
+  }
+  // The dispatch's first kernel takes the step's (epoch, R, T): find its node
+  // so that a replay can update them.
+  const void* first = OsFirstDispatchKernel(bucket, ep_size_, hidden_, top_k_);
+  size_t count = 0;
+  absl::Status found = CudaStatus(cudaGraphGetNodes(g.graph, nullptr, &count), "cudaGraphGetNodes");
+  std::vector<cudaGraphNode_t> nodes(count);
+  if (found.ok() && count > 0) {
+    found = CudaStatus(cudaGraphGetNodes(g.graph, nodes.data(), &count), "cudaGraphGetNodes");
+  }
+  for (size_t i = 0; found.ok() && i < count && g.first == nullptr; ++i) {
+    cudaGraphNodeType type;
+    if (cudaGraphNodeGetType(nodes[i], &type) != cudaSuccess || type != cudaGraphNodeTypeKernel) {
+      continue;
+    }
+    cudaKernelNodeParams kp{};
+    if (cudaGraphKernelNodeGetParams(nodes[i], &kp) == cudaSuccess && kp.func == first) {
+      g.first = nodes[i];
+      g.first_params = kp;
+    }
+  }
+  if (found.ok() && g.first == nullptr) {
+    // Where the runtime reports another handle than the kernel's host stub:
+    // the capture's one root is the dispatch's first launch.
+    size_t roots = 0;
+    cudaGraphNode_t root = nullptr;
+    cudaGraphNodeType type;
+    cudaKernelNodeParams kp{};
+    if (cudaGraphGetRootNodes(g.graph, nullptr, &roots) == cudaSuccess && roots == 1 &&
+        cudaGraphGetRootNodes(g.graph, &root, &roots) == cudaSuccess &&
+        cudaGraphNodeGetType(root, &type) == cudaSuccess && type == cudaGraphNodeTypeKernel &&
+        cudaGraphKernelNodeGetParams(root, &kp) == cudaSuccess) {
+      g.first = root;
+      g.first_params = kp;
+    }
+  }
+  if (found.ok() && g.first == nullptr) {
+    found = absl::InternalError(absl::StrFormat(
+        "CaptureForward on rank %d: the dispatch kernel node was not found in the graph", rank_));
+  }
+  if (found.ok()) {
+    found = CudaStatus(cudaGraphInstantiate(&g.exec, g.graph, 0), "cudaGraphInstantiate");
+  }
+  if (!found.ok()) {
+    cudaGraphDestroy(g.graph);
+    return found;
+  }
+  auto it = graphs_.find(bucket);
+  if (it != graphs_.end()) {
+    cudaGraphExecDestroy(it->second.exec);
+    cudaGraphDestroy(it->second.graph);
+    graphs_.erase(it);
+  }
+  graphs_.emplace(bucket, g);
+  return absl::OkStatus();
+}
+
+absl::Status OneSidedDispatcher::ReplayForward(int64_t bucket, int64_t epoch, int64_t num_tokens) {
+  RETURN_IF_ERROR(Usable());
+  auto it = graphs_.find(bucket);
+  if (it == graphs_.end()) {
+    return absl::NotFoundError(absl::StrFormat(
+        "ReplayForward on rank %d: no graph captured for bucket %d; capture it (again)", rank_,
+        bucket));
+  }
+  if (num_tokens < 0 || num_tokens > bucket) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("ReplayForward on rank %d: num_tokens expected in [0, bucket=%d], got %d",
+                        rank_, bucket, num_tokens));
+  }
+  Graph& g = it->second;
+  OsDispatchParams p = g.dispatch;
+  p.step = {epoch, bucket, num_tokens};
+  void* args[] = {&p};
+  cudaKernelNodeParams kp = g.first_params;
+  kp.kernelParams = args;
+  kp.extra = nullptr;
+  RETURN_IF_ERROR(CudaStatus(cudaGraphExecKernelNodeSetParams(g.exec, g.first, &kp),
+                             "cudaGraphExecKernelNodeSetParams"));
+  return CudaStatus(cudaGraphLaunch(g.exec, stream_), "cudaGraphLaunch");
+}
+
+absl::Status OneSidedDispatcher::CheckStep() {
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
+  OsStepError e;
+  RETURN_IF_ERROR(
+      CudaStatus(cudaMemcpyAsync(&e, local_.error, sizeof(e), cudaMemcpyDeviceToHost, stream_),
+                 "cudaMemcpyAsync(step error record)"));
+  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
+  if (e.kind == kOsNone) return absl::OkStatus();
+  RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(local_.error, 0, sizeof(e), stream_),
+                             "cudaMemsetAsync(step error record)"));
+  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
+  if (e.kind == kOsMismatch) {
+    return absl::AbortedError(absl::StrFormat(
+        "geometry mismatch: rank %d has (epoch %d, R %d), rank %d has (epoch %d, R %d); the step "
+        "wrote no output",
+        e.rank, e.their_epoch, e.their_r, rank_, e.my_epoch, e.my_r));
+  }
+  broken_ = absl::DeadlineExceededError(absl::StrFormat(
+      "one-sided %s of step %d: rank %d waited %s for rank %d's flag, which did not come; %s",
+      e.phase == kOsDispatch ? "dispatch" : "combine", e.seq, rank_,
+      absl::FormatDuration(options_.timeout), e.rank,
+      e.phase == kOsDispatch ? "the step wrote no output"
+                             : "the step's output is not valid (rows may be partial)"));
+  return broken_;
+}
+
+absl::StatusOr<ReceivedRowsForTest> OneSidedDispatcher::CopyReceivedForTest() {
+  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
+  const int64_t r = geometry_.runtime_max_tokens_per_rank();
+  const int64_t row_bytes = DispatchRowBytes(hidden_, top_k_);
+  std::vector<uint8_t> raw(ep_size_ * r * row_bytes);
+  if (!raw.empty()) {
+    RETURN_IF_ERROR(
+        CudaStatus(cudaMemcpyAsync(raw.data(), peers_.window[rank_] + off_.dispatch_recv,
+                                   raw.size(), cudaMemcpyDeviceToHost, stream_),
+                   "cudaMemcpyAsync(window)"));
+    RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
+  }
+  ReceivedRowsForTest out;
+  out.runtime_max_tokens_per_rank = r;
+  const int64_t rows = ep_size_ * r;
+  out.hidden.resize(rows * hidden_);
+  out.ids.resize(rows * top_k_);
+  out.weights.resize(rows * top_k_);
+  for (int64_t i = 0; i < rows; ++i) {
+    const uint8_t* row = raw.data() + i * row_bytes;
+    std::memcpy(out.hidden.data() + i * hidden_, row, hidden_ * 2);
+    std::memcpy(out.ids.data() + i * top_k_, row + 2 * hidden_, top_k_ * 4);
+    std::memcpy(out.weights.data() + i * top_k_, row + 2 * hidden_ + 4 * top_k_, top_k_ * 4);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<int32_t>> OneSidedDispatcher::ReceivedCountsForTest() {
+  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
+  std::vector<int32_t> counts(ep_size_);
+  RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(counts.data(), local_.recv_counts, ep_size_ * 4,
+                                             cudaMemcpyDeviceToHost, stream_),
+                             "cudaMemcpyAsync(recv counts)"));
+  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
+  return counts;
+}
+
+}  // namespace moe_ep::kernels::onesided

@@ -1,0 +1,182 @@
+#pragma once
+
+// The one-sided GPU data plane of one rank (DESIGN §13, issue 15 item 2):
+// the semantics of kernels::GpuEpDispatcher (DESIGN §6-§7), with dispatch
+// and combine as kernels that store straight into the peers' windows
+// (kernels/onesided/peer_window.h) instead of NCCL calls. Kernels and the
+// protocol: kernels/onesided/onesided_kernels.cuh.
+//
+// Per step: dispatch = 1 kernel for R <= 512 and E <= 8 (route fused in),
+// else 2;
+// expert compute (kernels/expert_compute.h) on the window's received rows,
+// except for identity experts, which the combine kernel applies as it pushes
+// (the expert kernel's arithmetic); combine = 1 kernel (push, flag exchange,
+// reduction with combine_reduce.cuh's arithmetic), so with identity experts
+// the output is bit-identical to GpuEpDispatcher's.
+// (epoch, R) agreement rides in the dispatch flags, always on the device: a
+// disagreement makes the step write no output row, and CheckStep() reports
+// it (kAborted, naming the rank). A peer whose flag does not arrive within
+// options.timeout makes CheckStep() return kDeadlineExceeded naming it; the
+// dispatcher is then broken (later calls kFailedPrecondition: make new
+// windows and a new dispatcher, and capture graphs again).
+// The step allocates nothing, never syncs the host, and is capturable; T
+// travels as a kernel argument (replayed graphs get it by a kernel-node
+// parameter update, so a graph captured at bucket R replays any T <= R).
+// Buffers: the window (the provider's), one cudaMalloc of local state and
+// the expert output, and the expert scratch, all in Create.
+// Ranks as threads share one CUDA context: a device-wide sync in one rank
+// (cudaMalloc, cudaFree, cudaDeviceSynchronize, and CUDA's lazy loading of a
+// kernel's module on its first launch) waits for a peer's kernel that may be
+// spinning for this rank, so it stalls both until the timeout. Create
+// pre-loads this plane's kernels; callers allocate before the first step
+// and load other kernels (SwiGLU expert GEMMs) once before ranks step
+// together (a world-1 step, or CUDA_MODULE_LOADING=EAGER).
+// Not thread-safe (one thread per rank). Source: DESIGN §6, §7, §13; issue 15.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/ep_contract.h"
+#include "kernels/device_experts.h"
+#include "kernels/expert_compute.h"
+#include "kernels/gpu_ep_dispatcher.h"
+#include "kernels/onesided/onesided_kernels.cuh"
+#include "kernels/onesided/peer_window.h"
+
+namespace moe_ep::kernels::onesided {
+
+struct OneSidedDispatcherOptions {
+  core::EpDispatcherOptions dispatcher;  // ep_size, N, H (multiple of 8), K, bf16, experts
+  int64_t max_intermediate = 0;          // I of the largest SwiGLU layer (0: identity only)
+  ExpertGemm expert_gemm = ExpertGemm::kGroupedDevice;
+  // Blocks (one per SM at most) of each communication kernel: the SM budget
+  // that lets ranks sharing a GPU, and expert GEMMs, run beside it.
+  int sm_budget = 16;
+  // Bound of every wait on a peer's flag (DEADLINE_EXCEEDED after it).
+  absl::Duration timeout = absl::Seconds(10);
+};
+
+class OneSidedDispatcher {
+ public:
+  // H % 8 (16-byte row stores); the rest as the NCCL GPU plane.
+  static constexpr core::BackendLimits kLimits = {"one-sided data plane", kMaxEpSize, kMaxTopK, 8};
+
+  // Bytes of every rank's window for these options (OsWindowLayout).
+  // Errors: kInvalidArgument as core::ValidateEpOptions with kLimits, for a
+  // group of options.workspace.ep_size ranks.
+  static absl::StatusOr<int64_t> WindowBytes(const core::EpDispatcherOptions& options);
+
+  // `windows` must outlive the dispatcher; its size() is ep_size and its
+  // bytes() equal WindowBytes(options.dispatcher) (every rank creates its
+  // dispatcher with the same options). Errors: kInvalidArgument (validation,
+  // sm_budget < 1, timeout <= 0, window size), kResourceExhausted (more than
+  // memory_cap_bytes when > 0: both numbers; cudaMalloc).
+  static absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> Create(
+      PeerWindows* windows, const OneSidedDispatcherOptions& options, int64_t memory_cap_bytes);
+  ~OneSidedDispatcher();
+  OneSidedDispatcher(const OneSidedDispatcher&) = delete;
+  OneSidedDispatcher& operator=(const OneSidedDispatcher&) = delete;
+
+  // The stream every step is enqueued on (owned, non-blocking).
+  cudaStream_t stream() const { return stream_; }
+  // Device bytes this rank holds: window + local state + expert scratch.
+  int64_t allocated_bytes() const;
+
+  // As GpuEpDispatcher::CommitGeometry (core::GeometryState::Commit).
+  absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
+                              int64_t local_tokens);
+  int64_t epoch() const { return geometry_.epoch(); }
+  int64_t runtime_max_tokens_per_rank() const { return geometry_.runtime_max_tokens_per_rank(); }
+
+  // One MoE layer, as GpuEpDispatcher::Forward, enqueued on stream() with no
+  // host agreement (the flags carry it: see CheckStep). Errors:
+  // kFailedPrecondition (no geometry, mid-step, broken), kInvalidArgument
+  // (T outside [0, R], null pointers with T > 0, experts not this rank's),
+  // kInternal (CUDA).
+  absl::Status Forward(const uint16_t* hidden, const int32_t* topk_ids, const float* topk_weights,
+                       int64_t num_tokens, const DeviceExpertSet& experts, uint16_t* output);
+  // The phases, as GpuEpDispatcher's (same sequence errors).
+  absl::Status Dispatch(const uint16_t* hidden, const int32_t* topk_ids, const float* topk_weights,
+                        int64_t num_tokens);
+  absl::Status ComputeExperts(const DeviceExpertSet& experts);
+  absl::Status Combine(uint16_t* output, const uint16_t* shared_out = nullptr);
+
+  // Captures one whole step at R = bucket (a local operation: no peer takes
+  // part; a peer that captured another bucket shows up as an R mismatch at
+  // replay). Errors: kInvalidArgument (bucket outside [1, N], null
+  // pointers, experts), kFailedPrecondition (broken, mid-step, SwiGLU with
+  // kCublasHostCounts), kInternal (CUDA).
+  absl::Status CaptureForward(int64_t bucket, const uint16_t* hidden, const int32_t* topk_ids,
+                              const float* topk_weights, const DeviceExpertSet& experts,
+                              uint16_t* output);
+  // Replays the graph of `bucket` with T = num_tokens at `epoch` (one
+  // kernel-node parameter update, one graph launch). Errors: kNotFound (no
+  // graph: capture again, e.g. after a new group), kInvalidArgument (T
+  // outside [0, bucket]), kFailedPrecondition (broken), kInternal.
+  absl::Status ReplayForward(int64_t bucket, int64_t epoch, int64_t num_tokens);
+
+  // Waits for stream() and reports the first failure the kernels recorded
+  // since the last call, then clears it: kAborted "geometry mismatch: rank
+  // ..." (the step wrote no output), kDeadlineExceeded naming the rank whose
+  // flag never came, the phase and the step (the dispatcher is then broken;
+  // a dispatch-phase deadline wrote no output row, a combine-phase one may
+  // have written some).
+  absl::Status CheckStep();
+
+  // After a completed step: the received rows [E, R, ...] of this rank's
+  // window and the per-source counts, copied to the host (sync; tests).
+  absl::StatusOr<ReceivedRowsForTest> CopyReceivedForTest();
+  absl::StatusOr<std::vector<int32_t>> ReceivedCountsForTest();
+
+ private:
+  struct Graph {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    cudaGraphNode_t first = nullptr;  // the dispatch's first kernel
+    cudaKernelNodeParams first_params{};
+    OsDispatchParams dispatch;  // its parameters at capture
+  };
+  OneSidedDispatcher(PeerWindows* windows, int64_t capacity)
+      : windows_(windows), geometry_(windows->rank(), capacity) {}
+  absl::Status Usable() const;
+  absl::Status CheckArgs(const char* call, int64_t num_tokens, const void* hidden,
+                         const void* topk_ids, const void* topk_weights) const;
+  absl::Status CheckExperts(const DeviceExpertSet& experts) const;
+  OsDispatchParams DispatchParams(const OsStepArgs& step, const uint16_t* hidden,
+                                  const int32_t* topk_ids, const float* topk_weights) const;
+  absl::Status EnqueueDispatch(const OsStepArgs& step, const uint16_t* hidden,
+                               const int32_t* topk_ids, const float* topk_weights);
+  absl::Status EnqueueExperts(int64_t r, const DeviceExpertSet& experts);
+  absl::Status EnqueueCombine(int64_t r, uint16_t* output, const uint16_t* shared_out);
+
+  PeerWindows* windows_;
+  core::GeometryState geometry_;
+  OneSidedDispatcherOptions options_;
+  OsWindowOffsets off_;
+  OsPeerTable peers_{};
+  OsLocalState local_;
+  int ep_size_ = 0;
+  int rank_ = 0;
+  int device_ = 0;
+  int64_t capacity_ = 0;
+  int64_t hidden_ = 0;
+  int top_k_ = 0;
+  int first_expert_ = 0;
+  int num_local_experts_ = 0;
+  int64_t local_bytes_ = 0;
+  char* local_base_ = nullptr;
+  uint16_t* expert_out_ = nullptr;  // [E, N, H]
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<ExpertCompute> expert_compute_;
+  absl::Status broken_;
+  bool identity_pending_ = false;  // the next combine applies identity experts
+  std::map<int64_t, Graph> graphs_;
+};
+
+}  // namespace moe_ep::kernels::onesided

@@ -1,0 +1,607 @@
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cub/block/block_scan.cuh>
+
+#include "absl/strings/str_format.h"
+#include "core/status_macros.h"
+#include "kernels/internal/cuda_status.h"
+#include "kernels/onesided/onesided_kernels.cuh"
+
+namespace moe_ep::kernels::onesided {
+namespace {
+
+using internal::CudaStatus;
+
+constexpr int kThreads = 512;  // == kOsFusedMaxTokens: one scan lane per token
+constexpr int kWarps = kThreads / 32;
+constexpr int kRouteThreads = 512;
+constexpr int kUnroll = 4;  // vectors in flight per lane
+static_assert(kThreads == kOsFusedMaxTokens, "fused scan needs one thread per token");
+
+int64_t Align128(int64_t x) { return (x + 127) / 128 * 128; }
+
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void StoreRelease(uint64_t* p, uint64_t v, bool sys) {
+  if (sys) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+  } else {
+    asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+  }
+}
+__device__ __forceinline__ uint64_t LoadAcquire(const uint64_t* p, bool sys) {
+  uint64_t v;
+  if (sys) {
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  } else {
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  }
+  return v;
+}
+__device__ __forceinline__ void Fence(bool sys) {
+  if (sys) {
+    __threadfence_system();
+  } else {
+    __threadfence();
+  }
+}
+
+__device__ __forceinline__ float Bf16Lo(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float Bf16Hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ int RankOfExpert(int expert, int base, int rem) {
+  const int big = rem * (base + 1);
+  return expert < big ? expert / (base + 1) : rem + (expert - big) / base;
+}
+
+// Destination ranks of token t as a bit mask (ids outside [0, num_experts)
+// select none).
+__device__ __forceinline__ uint64_t DestMask(const int32_t* ids, int64_t t, int top_k,
+                                             int num_experts, int base, int rem) {
+  uint64_t m = 0;
+  for (int k = 0; k < top_k; ++k) {
+    const int32_t id = ids[t * top_k + k];
+    if (id >= 0 && id < num_experts) m |= uint64_t{1} << RankOfExpert(id, base, rem);
+  }
+  return m;
+}
+
+// Spins until flag->seq == q or the timeout passes: 0 (arrived) or kOsDeadline.
+__device__ __forceinline__ int WaitFlag(const OsFlag* flag, uint64_t q, uint64_t timeout_ns,
+                                        bool sys) {
+  const uint64_t start = GlobalTimerNs();
+  while (LoadAcquire(&flag->seq, sys) != q) {
+    if (GlobalTimerNs() - start > timeout_ns) return kOsDeadline;
+  }
+  return 0;
+}
+
+// Records the first failure (atomically: several blocks may fail at once).
+__device__ __forceinline__ void RecordError(OsStepError* e, int kind, int rank, int phase,
+                                            uint64_t q, int64_t their_epoch, int64_t their_r,
+                                            int64_t my_epoch, int64_t my_r) {
+  if (atomicCAS(&e->claimed, 0, 1) != 0) return;
+  volatile OsStepError* v = e;
+  v->rank = rank;
+  v->phase = phase;
+  v->seq = q;
+  v->their_epoch = their_epoch;
+  v->their_r = their_r;
+  v->my_epoch = my_epoch;
+  v->my_r = my_r;
+  __threadfence();
+  v->kind = kind;
+}
+
+// Counts this block done after its stores (fenced); true in the last block,
+// which resets the counter for the next launch.
+__device__ __forceinline__ bool CountDone(uint32_t* counter, int* is_last, bool sys) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    Fence(sys);  // this block's peer stores before the count
+    const uint32_t prev = atomicAdd(counter, 1u);
+    *is_last = prev == gridDim.x - 1;
+    if (*is_last) *counter = 0;
+  }
+  __syncthreads();
+  return *is_last != 0;
+}
+
+// Route of the unfused path: block d = destination d, exclusive scans over
+// chunks of tokens (as kernels/route.cu), plus the step header and q + 1.
+__global__ void __launch_bounds__(kRouteThreads) OsRouteKernel(const OsDispatchParams p) {
+  using BlockScan = cub::BlockScan<int, kRouteThreads>;
+  __shared__ typename BlockScan::TempStorage temp;
+  const int d = blockIdx.x;
+  const int64_t n = p.step.t < p.step.r ? p.step.t : p.step.r;
+  const int base = p.num_experts / p.ep_size;
+  const int rem = p.num_experts % p.ep_size;
+  int running = 0;
+  for (int64_t start = 0; start < n; start += kRouteThreads) {
+    const int64_t t = start + threadIdx.x;
+    int flag = 0;
+    if (t < n) flag = (DestMask(p.topk_ids, t, p.top_k, p.num_experts, base, rem) >> d) & 1;
+    int prefix = 0;
+    int total = 0;
+    BlockScan(temp).ExclusiveSum(flag, prefix, total);
+    if (t < n) p.local.token_slot[t * p.ep_size + d] = flag ? running + prefix : -1;
+    running += total;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    p.local.send_counts[d] = running;
+    if (d == 0) {
+      p.local.header[0] = p.step.epoch;
+      p.local.header[1] = p.step.r;
+      p.local.header[2] = n;
+      *p.local.seq += 1;
+    }
+  }
+}
+
+// One warp's share of a row copy: chunk c of a row of `vecs` vectors
+// (32 * kUnroll vectors per chunk, kUnroll loads in flight per lane) from src
+// to every destination rank d < n whose row pointer dst(d) is not null.
+template <typename Vec, typename DstFn>
+__device__ __forceinline__ void WarpCopyChunk(const Vec* __restrict__ src, int64_t vecs, int64_t c,
+                                              int n, const DstFn& dst, int lane) {
+  const int64_t v0 = c * 32 * kUnroll;
+  Vec x[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int64_t v = v0 + u * 32 + lane;
+    if (v < vecs) x[u] = src[v];
+  }
+  for (int d = 0; d < n; ++d) {
+    Vec* out = reinterpret_cast<Vec*>(dst(d));
+    if (out == nullptr) continue;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t v = v0 + u * 32 + lane;
+      if (v < vecs) out[v] = x[u];
+    }
+  }
+}
+
+// Work items (slot b, chunk c) spread over all warps of the grid: chunk c of
+// token b's row to each of its destinations; chunk 0 also carries the ids
+// and weights, and the padding ids/weights at slot b of every destination
+// with count <= b. The last block publishes the flags and acquires the
+// sources'. Fused: every block routes the T <= 512 tokens itself (a mask per
+// token, one block scan per destination), block 0 writes token_slot.
+template <bool kFused, typename Vec>
+__global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams p) {
+  using BlockScan = cub::BlockScan<int, kThreads>;
+  __shared__ typename BlockScan::TempStorage scan;
+  __shared__ int32_t counts[kMaxEpSize];
+  __shared__ int16_t slots[kFused ? kOsFusedMaxTokens * kOsFusedMaxEpSize : 1];
+  __shared__ int is_last;
+  __shared__ int state[kMaxEpSize];
+  __shared__ int64_t their_epoch[kMaxEpSize];
+  __shared__ int64_t their_r[kMaxEpSize];
+  const int E = p.ep_size;
+  const int K = p.top_k;
+  const int64_t H = p.hidden_size;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const bool sys = p.sys_scope;
+  int64_t* header = p.local.header;
+  const int64_t R = kFused ? p.step.r : header[1];
+  const int64_t T = kFused ? (p.step.t < R ? p.step.t : R) : header[2];
+  const int64_t epoch = kFused ? p.step.epoch : header[0];
+  const uint64_t q = kFused ? *p.local.seq + 1 : *p.local.seq;
+  const int64_t row_bytes = 2 * H + 8 * K;
+  if (kFused) {
+    const int base = p.num_experts / E;
+    const int rem = p.num_experts % E;
+    const uint64_t mask = tid < T ? DestMask(p.topk_ids, tid, K, p.num_experts, base, rem) : 0;
+    for (int d = 0; d < E; ++d) {
+      const int flag = (mask >> d) & 1;
+      int prefix = 0;
+      int total = 0;
+      BlockScan(scan).ExclusiveSum(flag, prefix, total);
+      slots[tid * kOsFusedMaxEpSize + d] = static_cast<int16_t>(flag ? prefix : -1);
+      if (tid == 0) counts[d] = total;
+      __syncthreads();  // scan storage reused
+      if (blockIdx.x == 0 && tid < T) p.local.token_slot[tid * E + d] = flag ? prefix : -1;
+    }
+  } else if (tid < E) {
+    counts[tid] = p.local.send_counts[tid];
+  }
+  __syncthreads();
+  auto slot_of = [&](int64_t b, int d) -> int {
+    if (b >= T) return -1;
+    return kFused ? slots[b * kOsFusedMaxEpSize + d] : p.local.token_slot[b * E + d];
+  };
+  const int64_t vecs = 2 * H / static_cast<int64_t>(sizeof(Vec));
+  const int64_t chunks = (vecs + 32 * kUnroll - 1) / (32 * kUnroll);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + warp; item < R * chunks;
+       item += stride) {
+    const int64_t b = item / chunks;
+    const int64_t c = item % chunks;
+    auto dst = [&](int d) -> uint8_t* {
+      const int slot = slot_of(b, d);
+      return slot >= 0 ? p.peers.window[d] + p.off.dispatch_recv + (p.rank * R + slot) * row_bytes
+                       : nullptr;
+    };
+    if (b < T) {
+      WarpCopyChunk<Vec>(reinterpret_cast<const Vec*>(p.hidden + b * H), vecs, c, E, dst, lane);
+    }
+    if (c != 0) continue;
+    if (b < T) {
+      for (int k = lane; k < K; k += 32) {
+        const int32_t id = p.topk_ids[b * K + k];
+        const float w = p.topk_weights[b * K + k];
+        for (int d = 0; d < E; ++d) {
+          uint8_t* row = dst(d);
+          if (row == nullptr) continue;
+          reinterpret_cast<int32_t*>(row + 2 * H)[k] = id;
+          reinterpret_cast<float*>(row + 2 * H + 4 * K)[k] = w;
+        }
+      }
+    }
+    for (int d = 0; d < E; ++d) {
+      if (b < counts[d]) continue;
+      uint8_t* row = p.peers.window[d] + p.off.dispatch_recv + (p.rank * R + b) * row_bytes;
+      for (int k = lane; k < K; k += 32) {
+        reinterpret_cast<int32_t*>(row + 2 * H)[k] = p.invalid_expert_id;
+        reinterpret_cast<float*>(row + 2 * H + 4 * K)[k] = 0.0f;
+      }
+    }
+  }
+  if (!CountDone(&p.local.done[0], &is_last, sys)) return;
+  if (kFused) {
+    if (tid == 0) {
+      header[0] = epoch;
+      header[1] = R;
+      header[2] = T;
+      *p.local.seq = q;
+    }
+    if (tid < E) p.local.send_counts[tid] = counts[tid];
+  }
+  Fence(sys);
+  if (tid < E) {
+    OsFlag* f = reinterpret_cast<OsFlag*>(p.peers.window[tid] + p.off.dispatch_flags) + p.rank;
+    volatile OsFlag* vf = f;
+    vf->epoch = epoch;
+    vf->r = R;
+    vf->count = counts[tid];
+    StoreRelease(&f->seq, q, sys);
+  }
+  const bool skip = reinterpret_cast<volatile OsStepError*>(p.local.error)->kind == kOsDeadline;
+  if (tid < E) {
+    const OsFlag* f =
+        reinterpret_cast<const OsFlag*>(p.peers.window[p.rank] + p.off.dispatch_flags) + tid;
+    int st = skip ? 3 : WaitFlag(f, q, p.timeout_ns, sys);
+    int32_t count = 0;
+    if (st == 0) {
+      const volatile OsFlag* vf = f;
+      their_epoch[tid] = vf->epoch;
+      their_r[tid] = vf->r;
+      count = static_cast<int32_t>(vf->count);
+      if (their_epoch[tid] != epoch || their_r[tid] != R) st = kOsMismatch;
+    }
+    p.local.recv_counts[tid] = count;
+    state[tid] = st;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    int bad = -1;
+    for (int s = 0; s < E && bad < 0; ++s) {
+      if (state[s] == kOsDeadline || state[s] == 3) bad = s;  // a missing peer first
+    }
+    for (int s = 0; s < E && bad < 0; ++s) {
+      if (state[s] == kOsMismatch) bad = s;
+    }
+    if (bad >= 0) {
+      header[2] = 0;  // no output row
+      for (int s = 0; s < E; ++s) p.local.recv_counts[s] = 0;
+      if (state[bad] == kOsDeadline) {
+        RecordError(p.local.error, kOsDeadline, bad, kOsDispatch, q, 0, 0, epoch, R);
+      } else if (state[bad] == kOsMismatch) {
+        RecordError(p.local.error, kOsMismatch, bad, kOsDispatch, q, their_epoch[bad], their_r[bad],
+                    epoch, R);
+      }
+    }
+  }
+}
+
+// out = bf16(ws * x) per element, the identity expert's arithmetic
+// (kernels/expert_kernels.cu WeightedExpertSumKernel).
+template <typename Vec>
+__device__ __forceinline__ Vec ScaleBf16(const Vec& x, float ws) {
+  Vec y;
+  const uint32_t* in = reinterpret_cast<const uint32_t*>(&x);
+  uint32_t* out = reinterpret_cast<uint32_t*>(&y);
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(Vec) / 4); ++i) {
+    out[i] = PackBf16(ws * Bf16Lo(in[i]), ws * Bf16Hi(in[i]));
+  }
+  return y;
+}
+
+// Push (a warp per received row), flag exchange (last block publishes, every
+// block acquires), reduction (a warp per token of this rank).
+template <bool kIdentity, typename Vec>
+__global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParams p) {
+  __shared__ int32_t rc[kMaxEpSize];
+  __shared__ int is_last;
+  __shared__ int failed;
+  const int E = p.ep_size;
+  const int K = p.top_k;
+  const int64_t R = p.max_tokens;
+  const int64_t H = p.hidden_size;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const bool sys = p.sys_scope;
+  const uint64_t q = *p.local.seq;
+  const int64_t row_bytes = 2 * H + 8 * K;
+  if (tid < E) rc[tid] = p.local.recv_counts[tid];
+  if (tid == 0) failed = 0;
+  __syncthreads();
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
+  const int64_t first_warp = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  // Push: items (received row idx = (s, j), chunk c).
+  const int64_t in_vecs = 2 * H / static_cast<int64_t>(sizeof(Vec));
+  const int64_t chunks = (in_vecs + 32 * kUnroll - 1) / (32 * kUnroll);
+  for (int64_t item = first_warp; item < E * R * chunks; item += stride) {
+    const int64_t idx = item / chunks;
+    const int64_t c = item % chunks;
+    const int s = static_cast<int>(idx / R);
+    const int64_t j = idx % R;
+    if (j >= rc[s]) continue;  // uniform over the warp
+    uint8_t* out_row = p.peers.window[s] + p.off.combine_recv + (p.rank * R + j) * H * 2;
+    if (kIdentity) {
+      const uint8_t* row = p.peers.window[p.rank] + p.off.dispatch_recv + idx * row_bytes;
+      const int32_t* ids = reinterpret_cast<const int32_t*>(row + 2 * H);
+      const float* w = reinterpret_cast<const float*>(row + 2 * H + 4 * K);
+      float ws = 0.f;
+      for (int k = 0; k < K; ++k) {
+        const int32_t id = ids[k];
+        ws += (id >= p.first_expert && id < p.first_expert + p.num_local_experts) ? w[k] : 0.f;
+      }
+      const Vec* x = reinterpret_cast<const Vec*>(row);
+      Vec* out = reinterpret_cast<Vec*>(out_row);
+      const int64_t v0 = c * 32 * kUnroll;
+      Vec xv[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t v = v0 + u * 32 + lane;
+        if (v < in_vecs) xv[u] = x[v];
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t v = v0 + u * 32 + lane;
+        if (v < in_vecs) out[v] = ScaleBf16(xv[u], ws);
+      }
+    } else {
+      // Same chunking over the expert output's uint4 vectors.
+      const int64_t out_vecs = H / 8;
+      if (c * 32 * kUnroll < out_vecs) {
+        WarpCopyChunk<uint4>(
+            reinterpret_cast<const uint4*>(p.expert_out + idx * H), out_vecs, c, 1,
+            [&](int) { return out_row; }, lane);
+      }
+    }
+  }
+  const bool last = CountDone(&p.local.done[1], &is_last, sys);
+  if (last) {
+    Fence(sys);
+    if (tid < E) {
+      OsFlag* f = reinterpret_cast<OsFlag*>(p.peers.window[tid] + p.off.combine_flags) + p.rank;
+      StoreRelease(&f->seq, q, sys);
+    }
+  }
+  const bool skip = reinterpret_cast<volatile OsStepError*>(p.local.error)->kind == kOsDeadline;
+  if (tid < E) {
+    const OsFlag* f =
+        reinterpret_cast<const OsFlag*>(p.peers.window[p.rank] + p.off.combine_flags) + tid;
+    const int st = skip ? 3 : WaitFlag(f, q, p.timeout_ns, sys);
+    if (st != 0) {
+      atomicExch(&failed, 1);
+      if (st == kOsDeadline) {
+        RecordError(p.local.error, kOsDeadline, tid, kOsCombine, q, 0, 0, p.local.header[0],
+                    p.local.header[1]);
+      }
+    }
+  }
+  __syncthreads();
+  if (failed) return;  // this block writes no output row
+  const int64_t T = *reinterpret_cast<volatile int64_t*>(p.local.header + 2);
+  const uint16_t* recv =
+      reinterpret_cast<const uint16_t*>(p.peers.window[p.rank] + p.off.combine_recv);
+  // Reduce: items (token t, chunk of 32 * kUnroll uint4 = 8 * that many
+  // elements), kUnroll loads in flight per lane for each destination rank;
+  // each element sums its E terms in rank order, then the shared term (the
+  // arithmetic of combine_reduce.cuh).
+  const int64_t vecs8 = H / 8;  // uint4 = 8 bf16
+  const int64_t rchunks = (vecs8 + 32 * kUnroll - 1) / (32 * kUnroll);
+  for (int64_t item = first_warp; item < T * rchunks; item += stride) {
+    const int64_t t = item / rchunks;
+    const int64_t v0 = (item % rchunks) * 32 * kUnroll + lane;
+    float acc[kUnroll][8];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[u][e] = 0.f;
+    }
+    auto add = [](float* a, const uint4& x) {
+      a[0] += Bf16Lo(x.x);
+      a[1] += Bf16Hi(x.x);
+      a[2] += Bf16Lo(x.y);
+      a[3] += Bf16Hi(x.y);
+      a[4] += Bf16Lo(x.z);
+      a[5] += Bf16Hi(x.z);
+      a[6] += Bf16Lo(x.w);
+      a[7] += Bf16Hi(x.w);
+    };
+    auto add_row = [&](const uint4* src) {
+      uint4 x[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (v0 + u * 32 < vecs8) x[u] = src[v0 + u * 32];
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (v0 + u * 32 < vecs8) add(acc[u], x[u]);
+      }
+    };
+    for (int d = 0; d < E; ++d) {
+      const int32_t slot = p.local.token_slot[t * E + d];
+      if (slot >= 0) add_row(reinterpret_cast<const uint4*>(recv + (d * R + slot) * H));
+    }
+    if (p.shared != nullptr) add_row(reinterpret_cast<const uint4*>(p.shared + t * H));
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (v0 + u * 32 >= vecs8) continue;
+      reinterpret_cast<uint4*>(p.output + t * H)[v0 + u * 32] =
+          make_uint4(PackBf16(acc[u][0], acc[u][1]), PackBf16(acc[u][2], acc[u][3]),
+                     PackBf16(acc[u][4], acc[u][5]), PackBf16(acc[u][6], acc[u][7]));
+    }
+  }
+}
+
+absl::Status CheckCommon(int ep_size, int64_t hidden, const OsLocalState& l, const char* who) {
+  if (ep_size < 1 || ep_size > kMaxEpSize) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: ep_size expected in [1, %d], got %d", who, kMaxEpSize, ep_size));
+  }
+  if (hidden < 8 || hidden % 8 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: hidden expected a positive multiple of 8, got %d", who, hidden));
+  }
+  if (l.token_slot == nullptr || l.send_counts == nullptr || l.recv_counts == nullptr ||
+      l.header == nullptr || l.seq == nullptr || l.done == nullptr || l.error == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: null local state pointer", who));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+OsWindowOffsets OsWindowLayout(int ep_size, int64_t capacity, int64_t hidden, int top_k) {
+  OsWindowOffsets o;
+  const int64_t e = ep_size;
+  o.seq = 0;
+  o.dispatch_flags = Align128(o.seq + 8);
+  o.combine_flags = Align128(o.dispatch_flags + e * static_cast<int64_t>(sizeof(OsFlag)));
+  o.dispatch_recv = Align128(o.combine_flags + e * static_cast<int64_t>(sizeof(OsFlag)));
+  o.combine_recv = Align128(o.dispatch_recv + e * capacity * (2 * hidden + 8 * top_k));
+  o.total_bytes = Align128(o.combine_recv + e * capacity * hidden * 2);
+  return o;
+}
+
+const void* OsFirstDispatchKernel(int64_t r, int ep_size, int64_t hidden, int top_k) {
+  const bool vec16 = (2 * hidden + 8 * top_k) % 16 == 0;
+  if (!OsDispatchFused(r, ep_size)) return reinterpret_cast<const void*>(&OsRouteKernel);
+  return vec16 ? reinterpret_cast<const void*>(&OsSendKernel<true, uint4>)
+               : reinterpret_cast<const void*>(&OsSendKernel<true, uint2>);
+}
+
+absl::Status PreloadOsKernels() {
+  const void* kernels[] = {
+      reinterpret_cast<const void*>(&OsRouteKernel),
+      reinterpret_cast<const void*>(&OsSendKernel<true, uint4>),
+      reinterpret_cast<const void*>(&OsSendKernel<true, uint2>),
+      reinterpret_cast<const void*>(&OsSendKernel<false, uint4>),
+      reinterpret_cast<const void*>(&OsSendKernel<false, uint2>),
+      reinterpret_cast<const void*>(&OsCombineKernel<false, uint4>),
+      reinterpret_cast<const void*>(&OsCombineKernel<true, uint4>),
+      reinterpret_cast<const void*>(&OsCombineKernel<true, uint2>),
+  };
+  for (const void* k : kernels) {
+    cudaFuncAttributes attr;
+    RETURN_IF_ERROR(CudaStatus(cudaFuncGetAttributes(&attr, k), "cudaFuncGetAttributes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LaunchOsDispatch(const OsDispatchParams& p, cudaStream_t stream) {
+  if (absl::Status s = CheckCommon(p.ep_size, p.hidden_size, p.local, "LaunchOsDispatch");
+      !s.ok()) {
+    return s;
+  }
+  if (p.top_k < 1 || p.top_k > kMaxTopK || p.num_experts < p.ep_size || p.step.r < 0 ||
+      p.step.t < 0 || p.blocks < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "LaunchOsDispatch: expected top_k in [1, %d], num_experts >= ep_size, R, T >= 0, "
+        "blocks >= 1; got top_k %d, num_experts %d, ep_size %d, R %d, T %d, blocks %d",
+        kMaxTopK, p.top_k, p.num_experts, p.ep_size, p.step.r, p.step.t, p.blocks));
+  }
+  if (p.step.t > 0 && (p.hidden == nullptr || p.topk_ids == nullptr || p.topk_weights == nullptr)) {
+    return absl::InvalidArgumentError("LaunchOsDispatch: null input with T > 0");
+  }
+  for (int d = 0; d < p.ep_size; ++d) {
+    if (p.peers.window[d] == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("LaunchOsDispatch: no window for rank %d", d));
+    }
+  }
+  const bool vec16 = (2 * p.hidden_size + 8 * p.top_k) % 16 == 0;
+  const int64_t vecs = 2 * p.hidden_size / (vec16 ? 16 : 8);
+  const int64_t items = p.step.r * ((vecs + 32 * kUnroll - 1) / (32 * kUnroll));
+  const int64_t warps_needed = (items + kWarps - 1) / kWarps;
+  const unsigned grid =
+      static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(warps_needed, p.blocks)));
+  if (OsDispatchFused(p.step.r, p.ep_size)) {
+    if (vec16) {
+      OsSendKernel<true, uint4><<<grid, kThreads, 0, stream>>>(p);
+    } else {
+      OsSendKernel<true, uint2><<<grid, kThreads, 0, stream>>>(p);
+    }
+    return internal::LaunchStatus("OsSendKernel<fused>");
+  }
+  OsRouteKernel<<<p.ep_size, kRouteThreads, 0, stream>>>(p);
+  if (absl::Status s = internal::LaunchStatus("OsRouteKernel"); !s.ok()) return s;
+  if (vec16) {
+    OsSendKernel<false, uint4><<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    OsSendKernel<false, uint2><<<grid, kThreads, 0, stream>>>(p);
+  }
+  return internal::LaunchStatus("OsSendKernel");
+}
+
+absl::Status LaunchOsCombine(const OsCombineParams& p, cudaStream_t stream) {
+  if (absl::Status s = CheckCommon(p.ep_size, p.hidden_size, p.local, "LaunchOsCombine"); !s.ok()) {
+    return s;
+  }
+  if (p.max_tokens < 0 || p.blocks < 1 || p.top_k < 1 || p.top_k > kMaxTopK ||
+      (p.max_tokens > 0 && !p.identity && p.expert_out == nullptr) ||
+      (p.max_tokens > 0 && p.output == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "LaunchOsCombine: expected R >= 0, blocks >= 1, top_k in [1, %d], an expert output "
+        "(unless identity) and an output; got R %d, blocks %d, top_k %d",
+        kMaxTopK, p.max_tokens, p.blocks, p.top_k));
+  }
+  if (reinterpret_cast<uintptr_t>(p.output) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(p.shared) % 16 != 0) {
+    return absl::InvalidArgumentError("LaunchOsCombine: output and shared must be 16-byte aligned");
+  }
+  const bool vec16 = (2 * p.hidden_size + 8 * p.top_k) % 16 == 0;
+  const int64_t vecs = 2 * p.hidden_size / (vec16 ? 16 : 8);
+  const int64_t items = p.ep_size * p.max_tokens * ((vecs + 32 * kUnroll - 1) / (32 * kUnroll));
+  const int64_t warps_needed = (items + kWarps - 1) / kWarps;
+  const unsigned grid =
+      static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(warps_needed, p.blocks)));
+  if (!p.identity) {
+    OsCombineKernel<false, uint4><<<grid, kThreads, 0, stream>>>(p);
+  } else if (vec16) {
+    OsCombineKernel<true, uint4><<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    OsCombineKernel<true, uint2><<<grid, kThreads, 0, stream>>>(p);
+  }
+  return internal::LaunchStatus("OsCombineKernel");
+}
+
+}  // namespace moe_ep::kernels::onesided

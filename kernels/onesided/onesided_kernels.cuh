@@ -1,0 +1,188 @@
+#pragma once
+
+// Host launchers of the one-sided dispatch and combine kernels (DESIGN §13,
+// issue 15 item 2). Kernels store straight into peers' windows through a
+// pointer table and synchronise through flags in those windows.
+//
+// Window of every rank (offsets in OsWindowOffsets, each region 128-byte
+// aligned; E = ep_size, N = capacity, row = 2H + 8K):
+//   seq            uint64       this rank's step counter q (in the window, so
+//                               a later dispatcher over the same windows
+//                               continues the sequence)
+//   dispatch_flags [E] OsFlag   written by source s at [s]
+//   combine_flags  [E] OsFlag   written by expert rank d at [d]
+//   dispatch_recv  [E, R, row]  source s's tokens for this rank in slots
+//                               0..count-1 of slab s, padding slots
+//                               [count, R) carry the invalid id, zero weights
+//   combine_recv   [E, R, H]    rank d's result for this rank's token in slot
+//                               j at row d * R + j
+// (regions sized for R = N; a step packs them by its R, as the NCCL path.)
+//
+// Protocol of one step with sequence number q (a counter in every rank's
+// window that each step advances once, so all ranks agree on it):
+//   dispatch (one kernel for R <= kOsFusedMaxTokens, else route + send): a
+//     warp per token stores its row + ids + weights into [me, slot] of each
+//     destination (slots in increasing source-token order: a scan, no
+//     atomics); every block fences and counts itself done; the last block
+//     stores {epoch, R, count} into dispatch_flags[me] of each peer, then q
+//     with a release store, and acquires every source's flag until its q
+//     arrives. A source whose (epoch, R) differs is recorded (kMismatch), T
+//     becomes 0 (no output row) and no row is pushed back; a flag that does
+//     not arrive within timeout_ns (%globaltimer) is recorded as kDeadline
+//     naming the source.
+//   combine (one kernel): a warp per received row j < count of source s
+//     pushes it to combine_recv[me, j] of s's window — for identity experts
+//     computed on the fly from the received row (bf16(sum of the local
+//     weights * x), the expert kernel's own arithmetic), else copied from the
+//     expert output; the last block release-stores q into combine_flags[me]
+//     of every peer; every block acquires every peer's flag (bounded the same
+//     way) and reduces its share of this rank's tokens: out[t] = bf16(sum
+//     over d ascending of combine_recv[d, slot] [+ shared]) in fp32, the
+//     arithmetic of combine_reduce.cuh, so outputs equal the NCCL plane's bit
+//     for bit. A block whose wait fails writes no row (other blocks may have:
+//     after a combine deadline the output is not valid).
+// Stores and flags are ordered at GPU scope when every window is on this GPU
+// (sys_scope false), else at system scope.
+// After a kDeadline record no later wait spins (the step and the group are
+// failed; the owner reports it and refuses further steps).
+// Every launcher: never allocates or synchronises; graph-capturable.
+// Errors: kInvalidArgument (host checks named in the message), kInternal
+// (launch).
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/route.cuh"
+
+namespace moe_ep::kernels::onesided {
+
+// A flag slot in a window: the fields, then seq (the release-stored word).
+struct alignas(32) OsFlag {
+  int64_t epoch;
+  int64_t r;
+  int64_t count;
+  uint64_t seq;  // the step number q once the fields above are valid
+};
+
+// The first failure a rank's kernels saw since the owner last cleared it.
+enum OsErrorKind : int32_t { kOsNone = 0, kOsMismatch = 1, kOsDeadline = 2 };
+enum OsPhase : int32_t { kOsDispatch = 0, kOsCombine = 1 };
+struct OsStepError {
+  int32_t kind;  // OsErrorKind
+  int32_t rank;  // the source (dispatch) or expert rank (combine) concerned
+  int32_t phase;
+  int32_t claimed;  // set by the first recorder (kernels), cleared with the record
+  uint64_t seq;     // the step
+  int64_t their_epoch, their_r, my_epoch, my_r;
+};
+
+// Byte offsets of the regions inside every window.
+struct OsWindowOffsets {
+  int64_t seq = 0;
+  int64_t dispatch_flags = 0;
+  int64_t combine_flags = 0;
+  int64_t dispatch_recv = 0;
+  int64_t combine_recv = 0;
+  int64_t total_bytes = 0;
+};
+
+// The per-rank pointer table, by value in every kernel's parameters.
+struct OsPeerTable {
+  uint8_t* window[kMaxEpSize];
+};
+
+// The step's (epoch, R, T) as the first kernel of a step receives them.
+struct OsStepArgs {
+  int64_t epoch = 0;
+  int64_t r = 0;
+  int64_t t = 0;
+};
+
+// Local device state of one rank (not in the window).
+struct OsLocalState {
+  int32_t* token_slot = nullptr;   // [N, E]: slot of token t on rank d, or -1
+  int32_t* send_counts = nullptr;  // [E]
+  int32_t* recv_counts = nullptr;  // [E]: rows to push back to each source
+  int64_t* header = nullptr;       // {epoch, R, T}; T set to 0 on failure
+  uint64_t* seq = nullptr;         // the step counter q (in this rank's window)
+  uint32_t* done = nullptr;        // [2] block counters (dispatch, combine)
+  OsStepError* error = nullptr;
+};
+
+struct OsDispatchParams {
+  OsPeerTable peers;
+  OsWindowOffsets off;
+  OsLocalState local;
+  OsStepArgs step;
+  const uint16_t* hidden = nullptr;   // [T, H] bf16
+  const int32_t* topk_ids = nullptr;  // [T, K]
+  const float* topk_weights = nullptr;
+  int rank = 0;
+  int ep_size = 0;
+  int64_t hidden_size = 0;  // multiple of 8
+  int top_k = 0;
+  int num_experts = 0;
+  int32_t invalid_expert_id = -1;
+  int blocks = 1;  // SM budget of the send kernel (grid size)
+  uint64_t timeout_ns = 0;
+  bool sys_scope = true;  // false: every window on this GPU
+};
+
+struct OsCombineParams {
+  OsPeerTable peers;
+  OsWindowOffsets off;
+  OsLocalState local;
+  // Identity experts (true): rows are computed from the received rows with
+  // the local experts [first_expert, first_expert + num_local_experts);
+  // else expert_out [E, R, H] holds them (rows j < recv_counts[s] of slab s).
+  bool identity = false;
+  int first_expert = 0;
+  int num_local_experts = 0;
+  const uint16_t* expert_out = nullptr;
+  uint16_t* output = nullptr;        // [T, H] bf16
+  const uint16_t* shared = nullptr;  // [T, H] bf16 shared-expert term, or null
+  int rank = 0;
+  int ep_size = 0;
+  int64_t hidden_size = 0;
+  int top_k = 0;
+  int64_t max_tokens = 0;  // R
+  int blocks = 1;
+  uint64_t timeout_ns = 0;
+  bool sys_scope = true;
+};
+
+// Largest R the fused route+send kernel takes (one thread per token of the
+// block's scan); larger R routes with a separate kernel first.
+inline constexpr int64_t kOsFusedMaxTokens = 512;
+inline constexpr int kOsFusedMaxEpSize = 8;
+
+// The window regions for E ranks, N tokens, H, K (each region 128-aligned).
+OsWindowOffsets OsWindowLayout(int ep_size, int64_t capacity, int64_t hidden, int top_k);
+
+// Whether a step of R rows runs the fused kernel (no separate route launch).
+inline bool OsDispatchFused(int64_t r, int ep_size) {
+  return r <= kOsFusedMaxTokens && ep_size <= kOsFusedMaxEpSize;
+}
+
+// The first kernel of a dispatch of R = p.step.r rows (the one whose
+// parameters a replayed graph updates with the step's (epoch, R, T)).
+const void* OsFirstDispatchKernel(int64_t r, int ep_size, int64_t hidden, int top_k);
+
+// Loads every kernel of this file (cudaFuncGetAttributes), so that CUDA's
+// lazy module loading never happens on the step path: a first launch that
+// loads a module waits for the device, and with ranks as threads a peer's
+// kernel may be spinning for this rank (a stall until the timeout).
+// Errors: kInternal (CUDA).
+absl::Status PreloadOsKernels();
+
+// Enqueues the dispatch: for small R one kernel (route fused in), else the
+// route kernel then the send kernel. The first kernel writes local.header
+// from p.step and advances local.seq.
+absl::Status LaunchOsDispatch(const OsDispatchParams& p, cudaStream_t stream);
+
+// Enqueues the combine: push, flag exchange and reduction in one kernel.
+absl::Status LaunchOsCombine(const OsCombineParams& p, cudaStream_t stream);
+
+}  // namespace moe_ep::kernels::onesided

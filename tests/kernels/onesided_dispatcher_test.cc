@@ -1,0 +1,313 @@
+#include "kernels/onesided/onesided_dispatcher.h"
+
+#include <gtest/gtest.h>
+
+#include <barrier>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "kernels/gpu_ep_dispatcher.h"
+#include "kernels/nccl_collective.h"
+#include "kernels/onesided/nccl_peer_window.h"
+#include "kernels/onesided/peer_window.h"
+#include "tests/kernels/onesided_test_util.h"
+
+// The one-sided data plane with ranks as threads sharing GPU 0 (provider
+// ThreadWindowGroup): every dispatcher case against the CPU reference
+// (core::ReferenceEpForward), agreement failures, a late peer, graphs; and at
+// world 1, over thread windows and NCCL symmetric windows (provider
+// CreateNcclPeerWindows), bit-exact against the NCCL plane
+// (kernels::GpuEpDispatcher).
+
+namespace moe_ep::kernels::onesided {
+namespace {
+
+using core::bf16_t;
+using testing::OsCase;
+using testing::Prepare;
+using testing::Prepared;
+using testing::RankBuffers;
+using testing::RunCheckedStep;
+
+// Runs body(rank, windows, sync) on ep_size threads sharing GPU 0, each
+// having joined one ThreadWindowGroup with windows for `capacity` tokens.
+// sync() is a barrier of the rank threads: bodies call it before each step,
+// so no rank allocates, frees or copies (device-wide syncs) while a peer's
+// kernel waits for it. A thread that ends (or fails) leaves the barrier.
+using Sync = std::function<void()>;
+void RunThreads(const OsCase& c, int64_t capacity,
+                const std::function<void(int, PeerWindows*, const Sync&)>& body) {
+  auto bytes = OneSidedDispatcher::WindowBytes(testing::EpOptions(c, capacity));
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  auto group = ThreadWindowGroup::Create(c.ep_size);
+  ASSERT_TRUE(group.ok()) << group.status();
+  std::barrier<> bar(c.ep_size);
+  const Sync sync = [&bar] { bar.arrive_and_wait(); };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < c.ep_size; ++r) {
+    threads.emplace_back([&, r] {
+      [&] {
+        ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+        auto windows = (*group)->Join(r, 0, *bytes, absl::Seconds(60));
+        ASSERT_TRUE(windows.ok()) << windows.status();
+        body(r, windows->get(), sync);
+      }();
+      bar.arrive_and_drop();
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+std::unique_ptr<DeviceExpertSet> UploadExperts(const Prepared& p, int rank) {
+  auto e = DeviceExpertSet::Upload(p.sets[rank]);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
+// Loads the expert kernels a case uses with one world-1 step, before ranks
+// step together (see onesided_dispatcher.h on lazy loading).
+void WarmUpExpertKernels(const OsCase& c) {
+  OsCase one = c;
+  one.ep_size = 1;
+  one.tokens = {8};
+  one.r = -1;
+  const Prepared p = Prepare(one);
+  RunThreads(one, 8, [&](int, PeerWindows* w, const Sync&) {
+    auto d = OneSidedDispatcher::Create(w, testing::Options(one, 8), 0);
+    ASSERT_TRUE(d.ok()) << d.status();
+    auto experts = UploadExperts(p, 0);
+    RankBuffers b(p, 0, 8);
+    RunCheckedStep(p, 0, **d, *experts, b, 1, false);
+  });
+}
+
+void RunEager(const OsCase& c, bool phases = false) {
+  MOE_EP_REQUIRE_GPUS(1);
+  if (c.intermediate > 0) WarmUpExpertKernels(c);
+  const Prepared p = Prepare(c);
+  RunThreads(c, std::max<int64_t>(p.r, 1), [&](int rank, PeerWindows* w, const Sync& sync) {
+    auto d = OneSidedDispatcher::Create(w, testing::Options(c, std::max<int64_t>(p.r, 1)), 0);
+    ASSERT_TRUE(d.ok()) << d.status();
+    auto experts = UploadExperts(p, rank);
+    ASSERT_NE(experts, nullptr);
+    RankBuffers b(p, rank, c.tokens[rank]);
+    // Three steps in a row: the windows and flags are reused step after step.
+    for (int step = 0; step < 3; ++step) {
+      sync();
+      RunCheckedStep(p, rank, **d, *experts, b, 10 + step, phases);
+    }
+  });
+}
+
+TEST(OneSidedThreads, Ep2UnevenTokensFused) { RunEager({2, 2048, 8, 256, {37, 5}}); }
+TEST(OneSidedThreads, Ep2UnevenTokensPhases) { RunEager({2, 2048, 8, 256, {37, 5}}, true); }
+// R > 256: the separate route kernel, then the send kernel.
+TEST(OneSidedThreads, Ep2UnfusedRouteR300) { RunEager({2, 1024, 4, 16, {300, 17}}); }
+TEST(OneSidedThreads, Ep4ZeroTokenRankInvalidIds) {
+  RunEager({4, 7168, 8, 256, {0, 9, 127, 1}, 256, 0.2});
+}
+TEST(OneSidedThreads, Ep4AllRanksEmpty) { RunEager({4, 512, 2, 8, {0, 0, 0, 0}}); }
+// K odd: rows are 8 mod 16 bytes, so the 8-byte store path.
+TEST(OneSidedThreads, Ep2OddTopK) { RunEager({2, 1024, 3, 12, {20, 31}}); }
+TEST(OneSidedThreads, Ep2SwiGlu) { RunEager({2, 2048, 8, 64, {33, 20}, -1, 0.1, 64}); }
+
+// (epoch, R) disagreements ride in the flags: every rank's CheckStep reports
+// kAborted naming the other, no output row is written, and the group goes on.
+void RunMismatch(bool r_differs) {
+  MOE_EP_REQUIRE_GPUS(1);
+  const OsCase c{2, 1024, 8, 64, {12, 7}};
+  const Prepared p = Prepare(c);
+  const int64_t capacity = 32;
+  RunThreads(c, capacity, [&](int rank, PeerWindows* w, const Sync& sync) {
+    auto d = OneSidedDispatcher::Create(w, testing::Options(c, capacity), 0);
+    ASSERT_TRUE(d.ok()) << d.status();
+    auto experts = UploadExperts(p, rank);
+    const int64_t t = c.tokens[rank];
+    RankBuffers b(p, rank, t);
+    b.PoisonOutput(t, c.hidden);
+    sync();
+    const int64_t epoch = (!r_differs && rank == 1) ? 6 : 5;
+    const int64_t r = (r_differs && rank == 1) ? 24 : 16;
+    ASSERT_TRUE((*d)->CommitGeometry(epoch, r, t).ok());
+    ASSERT_TRUE(
+        (*d)->Forward(b.hidden.get(), b.ids.get(), b.weights.get(), t, *experts, b.out.get()).ok());
+    absl::Status s = (*d)->CheckStep();
+    EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+    const std::string other =
+        absl::StrFormat("rank %d has (epoch %d, R %d)", 1 - rank, (!r_differs && rank == 0) ? 6 : 5,
+                        (r_differs && rank == 0) ? 24 : 16);
+    EXPECT_NE(s.message().find(other), std::string::npos) << s;
+    for (bf16_t v : b.out.Download(t * c.hidden)) {
+      ASSERT_EQ(v, 0xffff) << "rank " << rank << " wrote an output row after a mismatch";
+    }
+    // The next step, agreed, is correct.
+    sync();
+    RunCheckedStep(p, rank, **d, *experts, b, 7, false);
+  });
+}
+
+TEST(OneSidedThreads, Ep2EpochMismatch) { RunMismatch(false); }
+TEST(OneSidedThreads, Ep2RMismatch) { RunMismatch(true); }
+
+// A peer that never publishes its flag: the waiting rank's step ends by the
+// timeout, CheckStep says DEADLINE_EXCEEDED naming it, and the dispatcher is
+// broken afterwards.
+TEST(OneSidedThreads, Ep2LatePeerDeadlineExceeded) {
+  MOE_EP_REQUIRE_GPUS(1);
+  const OsCase c{2, 1024, 8, 64, {12, 7}};
+  const Prepared p = Prepare(c);
+  RunThreads(c, 16, [&](int rank, PeerWindows* w, const Sync& sync) {
+    auto d = OneSidedDispatcher::Create(w, testing::Options(c, 16, absl::Milliseconds(200)), 0);
+    ASSERT_TRUE(d.ok()) << d.status();
+    auto experts = UploadExperts(p, rank);
+    const int64_t t = c.tokens[rank];
+    RankBuffers b(p, rank, t);
+    b.PoisonOutput(t, c.hidden);
+    sync();
+    if (rank == 1) return;  // the late peer: takes no part in the step
+    ASSERT_TRUE((*d)->CommitGeometry(1, 16, t).ok());
+    ASSERT_TRUE(
+        (*d)->Forward(b.hidden.get(), b.ids.get(), b.weights.get(), t, *experts, b.out.get()).ok());
+    absl::Status s = (*d)->CheckStep();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    EXPECT_NE(s.message().find("rank 0 waited 200ms for rank 1's flag"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("dispatch"), std::string::npos) << s;
+    for (bf16_t v : b.out.Download(t * c.hidden)) ASSERT_EQ(v, 0xffff);
+    absl::Status next = (*d)->CommitGeometry(2, 16, t);
+    EXPECT_EQ(next.code(), absl::StatusCode::kFailedPrecondition) << next;
+  });
+}
+
+// A graph captured at bucket 64 replays below it with other T per rank
+// (fresh inputs in the captured buffers), against the reference at R = 64.
+void RunGraph(int ep_size) {
+  MOE_EP_REQUIRE_GPUS(1);
+  const int64_t bucket = 64;
+  const std::vector<std::vector<int64_t>> rounds = {{64, 3, 0, 17}, {9, 64, 33, 0}, {0, 0, 1, 64}};
+  std::vector<Prepared> preps;
+  for (size_t i = 0; i < rounds.size(); ++i) {
+    OsCase c{ep_size, 2048, 8, 256, {}, -1, 0.1, 0, bucket, 500 + i};
+    c.tokens.assign(rounds[i].begin(), rounds[i].begin() + ep_size);
+    preps.push_back(Prepare(c));
+  }
+  RunThreads(preps[0].c, bucket, [&](int rank, PeerWindows* w, const Sync& sync) {
+    auto d = OneSidedDispatcher::Create(w, testing::Options(preps[0].c, bucket), 0);
+    ASSERT_TRUE(d.ok()) << d.status();
+    auto experts = UploadExperts(preps[0], rank);
+    RankBuffers b(preps[0], rank, bucket);
+    ASSERT_TRUE((*d)->CommitGeometry(1, bucket, bucket).ok());
+    absl::Status s = (*d)->CaptureForward(bucket, b.hidden.get(), b.ids.get(), b.weights.get(),
+                                          *experts, b.out.get());
+    ASSERT_TRUE(s.ok()) << s;
+    for (size_t i = 0; i < preps.size(); ++i) {
+      const Prepared& p = preps[i];
+      const int64_t t = p.c.tokens[rank];
+      sync();
+      b.Load(p, rank);
+      b.PoisonOutput(bucket, p.c.hidden);
+      s = (*d)->ReplayForward(bucket, 40 + i, t);
+      ASSERT_TRUE(s.ok()) << s;
+      s = (*d)->CheckStep();
+      ASSERT_TRUE(s.ok()) << "rank " << rank << " round " << i << ": " << s;
+      testing::ExpectReceived(p, rank, **d);
+      const std::vector<bf16_t> all = b.out.Download(bucket * p.c.hidden);
+      testing::ExpectOutput(p, rank,
+                            std::vector<bf16_t>(all.begin(), all.begin() + t * p.c.hidden));
+      for (size_t j = t * p.c.hidden; j < all.size(); ++j) {
+        ASSERT_EQ(all[j], 0xffff) << "row " << j / p.c.hidden << " beyond T written";
+      }
+    }
+    EXPECT_EQ((*d)->ReplayForward(32, 1, 1).code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ((*d)->ReplayForward(bucket, 1, bucket + 1).code(),
+              absl::StatusCode::kInvalidArgument);
+  });
+}
+
+TEST(OneSidedThreads, Ep2GraphBucketReplayBelow) { RunGraph(2); }
+TEST(OneSidedThreads, Ep4GraphBucketReplayBelow) { RunGraph(4); }
+
+TEST(OneSidedThreads, CreateRejectsBadOptions) {
+  MOE_EP_REQUIRE_GPUS(1);
+  const OsCase c{1, 1020, 8, 64, {4}};  // H % 8 != 0
+  EXPECT_EQ(OneSidedDispatcher::WindowBytes(testing::EpOptions(c, 8)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const OsCase ok{1, 1024, 8, 64, {4}};
+  RunThreads(ok, 8, [&](int, PeerWindows* w, const Sync&) {
+    auto wrong = OneSidedDispatcher::Create(w, testing::Options(ok, 16), 0);  // other N
+    EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument) << wrong.status();
+    auto capped = OneSidedDispatcher::Create(w, testing::Options(ok, 8), 1024);
+    EXPECT_EQ(capped.status().code(), absl::StatusCode::kResourceExhausted) << capped.status();
+  });
+}
+
+// World 1: the one-sided plane (over thread windows and over NCCL symmetric
+// windows) and the NCCL plane on the same inputs give the same output bits
+// (identity experts), eager and graph-replayed.
+void ExpectSameAsNccl(const Prepared& p, const DeviceExpertSet& experts, PeerWindows* w,
+                      const std::vector<bf16_t>& want) {
+  const OsCase& c = p.c;
+  const int64_t t = c.tokens[0];
+  auto d = OneSidedDispatcher::Create(w, testing::Options(c, t), 0);
+  ASSERT_TRUE(d.ok()) << d.status();
+  RankBuffers b(p, 0, t);
+  ASSERT_TRUE((*d)->CommitGeometry(1, t, t).ok());
+  ASSERT_TRUE(
+      (*d)->Forward(b.hidden.get(), b.ids.get(), b.weights.get(), t, experts, b.out.get()).ok());
+  ASSERT_TRUE((*d)->CheckStep().ok());
+  EXPECT_EQ(b.out.Download(t * c.hidden), want)
+      << w->provider() << ": eager output differs from the NCCL plane";
+  b.PoisonOutput(t, c.hidden);
+  ASSERT_TRUE(
+      (*d)->CaptureForward(t, b.hidden.get(), b.ids.get(), b.weights.get(), experts, b.out.get())
+          .ok());
+  ASSERT_TRUE((*d)->ReplayForward(t, 2, t).ok());
+  ASSERT_TRUE((*d)->CheckStep().ok());
+  EXPECT_EQ(b.out.Download(t * c.hidden), want)
+      << w->provider() << ": replayed output differs from the NCCL plane";
+}
+
+void RunBitExact(const OsCase& c) {
+  MOE_EP_REQUIRE_GPUS(1);
+  const Prepared p = Prepare(c);
+  const int64_t t = c.tokens[0];
+  auto experts = UploadExperts(p, 0);
+  RankBuffers nccl_b(p, 0, t);
+  auto id = NcclCollective::NewUniqueId();
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto coll = NcclCollective::Create(*id, 0, 1, 0, std::chrono::seconds(60));
+  ASSERT_TRUE(coll.ok()) << coll.status();
+  {
+    GpuEpDispatcherOptions o;
+    o.dispatcher = testing::EpOptions(c, t);
+    auto disp = GpuEpDispatcher::Create(coll->get(), o, 0);
+    ASSERT_TRUE(disp.ok()) << disp.status();
+    ASSERT_TRUE((*disp)->CommitGeometry(1, t, t).ok());
+    ASSERT_TRUE((*disp)
+                    ->Forward(nccl_b.hidden.get(), nccl_b.ids.get(), nccl_b.weights.get(), t,
+                              *experts, nccl_b.out.get())
+                    .ok());
+    ASSERT_TRUE((*disp)->CheckStep().ok());
+  }
+  const std::vector<bf16_t> want = nccl_b.out.Download(t * c.hidden);
+  RunThreads(c, t,
+             [&](int, PeerWindows* w, const Sync&) { ExpectSameAsNccl(p, *experts, w, want); });
+  auto bytes = OneSidedDispatcher::WindowBytes(testing::EpOptions(c, t));
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  auto nccl_windows = CreateNcclPeerWindows(coll->get(), *bytes);
+  ASSERT_TRUE(nccl_windows.ok()) << nccl_windows.status();
+  EXPECT_STREQ((*nccl_windows)->provider(), "nccl-lsa");
+  ExpectSameAsNccl(p, *experts, nccl_windows->get(), want);
+}
+
+TEST(OneSidedWorld1, BitExactVsNcclH7168Top8E256Tokens128) {
+  RunBitExact({1, 7168, 8, 256, {128}, 256, 0.1});
+}
+TEST(OneSidedWorld1, BitExactVsNcclUnfusedTokens1000) {
+  RunBitExact({1, 2048, 8, 256, {1000}, -1, 0.05});
+}
+
+}  // namespace
+}  // namespace moe_ep::kernels::onesided
