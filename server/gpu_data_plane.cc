@@ -192,9 +192,16 @@ absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatc
   allocation.regions.push_back({"expert_scratch", offset, held.expert_scratch_bytes()});
   offset += held.expert_scratch_bytes();
   allocation.regions.push_back({"forward_staging", offset, staging_bytes});
-  offset += staging_bytes;
-  allocation.allocated_bytes = offset;
+  // The placement table and load counters (DESIGN §15), after the staging.
+  allocation.regions.push_back(
+      {"placement_table", held.placement_offset(), held.placement_bytes()});
+  allocation.allocated_bytes = held.allocated_bytes();
 
+  ASSIGN_OR_RETURN(core::PlacementTable contiguous,
+                   core::PlacementTable::Contiguous(options.num_experts, ws.ep_size));
+  contiguous_ = std::make_shared<const core::PlacementTable>(std::move(contiguous));
+  tables_.clear();
+  load_.Reset(options.num_experts);
   experts_.clear();
   shared_.Reset(ws.capacity_tokens, ws.hidden);
   staging_ = std::move(staging);
@@ -216,7 +223,8 @@ absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, const core::ExpertS
   if (dispatcher_ == nullptr) {
     return absl::FailedPreconditionError("LoadExperts: no workspace; call Allocate first");
   }
-  RETURN_IF_ERROR(CheckExpertSourceForWorkspace(source, options_, collective_->rank()));
+  RETURN_IF_ERROR(
+      CheckExpertSourceForWorkspace(source, options_, collective_->rank(), Placement(layer).get()));
   RETURN_IF_ERROR(MakeDeviceCurrent());
   // Made on the device from the source (seeded: generated there; safetensors:
   // streamed through bounded pinned staging): no host copy of the layer.
@@ -281,6 +289,41 @@ int64_t GpuDataPlane::ExpertBytes(int layer) const {
   return it == experts_.end() ? 0 : it->second->weight_bytes();
 }
 
+absl::Status GpuDataPlane::InstallPlacement(int layer,
+                                            std::shared_ptr<const core::PlacementTable> table) {
+  if (dispatcher_ == nullptr) {
+    return absl::FailedPreconditionError("InstallPlacement: no workspace; call Allocate first");
+  }
+  if (table == nullptr) return absl::InvalidArgumentError("InstallPlacement: null table");
+  RETURN_IF_ERROR(MakeDeviceCurrent());
+  RETURN_IF_ERROR(dispatcher_->SetPlacement(*table));
+  const std::vector<int> mine = core::DistinctSlotExperts(*table, collective_->rank());
+  auto experts = experts_.find(layer);
+  if (experts != experts_.end() &&
+      (experts->second->first_expert() != mine.front() ||
+       experts->second->num_experts() != static_cast<int>(mine.size()))) {
+    experts_.erase(experts);
+  }
+  tables_.insert_or_assign(layer, std::move(table));
+  return absl::OkStatus();
+}
+
+std::shared_ptr<const core::PlacementTable> GpuDataPlane::Placement(int layer) const {
+  auto it = tables_.find(layer);
+  return it == tables_.end() ? contiguous_ : it->second;
+}
+
+absl::StatusOr<core::ExpertLoadCounts> GpuDataPlane::ReadExpertLoad(int layer, bool reset) {
+  if (dispatcher_ == nullptr) {
+    return absl::FailedPreconditionError("GetExpertLoad: no workspace; call Allocate first");
+  }
+  return load_.Read(layer, reset);
+}
+
+std::vector<int64_t> GpuDataPlane::ExpertTokenTotals(int layer) const {
+  return load_.Totals(layer);
+}
+
 absl::StatusOr<std::vector<int64_t>> GpuDataPlane::SyncTokenCounts(int64_t local_tokens) {
   RETURN_IF_ERROR(MakeDeviceCurrent());
   return dispatcher_->SyncTokenCounts(local_tokens);
@@ -323,8 +366,10 @@ absl::StatusOr<core::StepStats> GpuDataPlane::Forward(
 
   // Step counters, as core::EpDispatcher counts them: sends per destination
   // (host route), and what every source sends here (one small all-gather).
+  const std::shared_ptr<const core::PlacementTable> table = Placement(layer);
+  RETURN_IF_ERROR(dispatcher_->SetPlacement(*table));
   ASSIGN_OR_RETURN(core::DispatchRoute route,
-                   core::ComputeDispatchRoute(topk_ids, num_tokens, k, *placement_));
+                   core::ComputeDispatchRoute(topk_ids, num_tokens, k, *table, rank));
   std::vector<int64_t> all_counts(static_cast<size_t>(world) * world);
   RETURN_IF_ERROR(
       control_->AllGather(route.send_counts.data(), world * sizeof(int64_t), all_counts.data()));
@@ -389,6 +434,9 @@ absl::StatusOr<core::StepStats> GpuDataPlane::Forward(
   }
   RETURN_IF_ERROR(Synchronize());
   if (num_tokens > 0) std::memcpy(output.data(), staging_->h_output(), hidden_bytes);
+  // The route kernel counted this step on the device; the layer gets it.
+  ASSIGN_OR_RETURN(core::ExpertLoadCounts step, dispatcher_->ReadExpertLoad(/*reset=*/true));
+  load_.Add(layer, step);
   float ms[3] = {0, 0, 0};
   for (int i = 0; i < 3; ++i) {
     RETURN_IF_ERROR(
