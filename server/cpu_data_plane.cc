@@ -71,8 +71,12 @@ absl::StatusOr<int64_t> CpuDataPlane::LoadExperts(int layer, const core::ExpertS
   if (dispatcher_ == nullptr) {
     return absl::FailedPreconditionError("LoadExperts: no workspace; call Allocate first");
   }
-  RETURN_IF_ERROR(
-      CheckExpertSourceForWorkspace(source, options_, collective_->rank(), Placement(layer).get()));
+  // An installed table is checked slot by slot; without one, the range of
+  // the contiguous placement (and its message).
+  auto installed = tables_.find(layer);
+  RETURN_IF_ERROR(CheckExpertSourceForWorkspace(
+      source, options_, collective_->rank(),
+      installed == tables_.end() ? nullptr : installed->second.get()));
   ASSIGN_OR_RETURN(core::ExpertSet experts, core::MakeHostExperts(source));
   const int64_t bytes = experts.weight_bytes();
   experts_.insert_or_assign(layer, std::move(experts));

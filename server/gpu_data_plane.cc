@@ -223,8 +223,12 @@ absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, const core::ExpertS
   if (dispatcher_ == nullptr) {
     return absl::FailedPreconditionError("LoadExperts: no workspace; call Allocate first");
   }
-  RETURN_IF_ERROR(
-      CheckExpertSourceForWorkspace(source, options_, collective_->rank(), Placement(layer).get()));
+  // An installed table is checked slot by slot; without one, the range of
+  // the contiguous placement (and its message).
+  auto installed = tables_.find(layer);
+  RETURN_IF_ERROR(CheckExpertSourceForWorkspace(
+      source, options_, collective_->rank(),
+      installed == tables_.end() ? nullptr : installed->second.get()));
   RETURN_IF_ERROR(MakeDeviceCurrent());
   // Made on the device from the source (seeded: generated there; safetensors:
   // streamed through bounded pinned staging): no host copy of the layer.

@@ -115,6 +115,7 @@ std::vector<Rpc> MakeRpcs() {
   allocate->set_capacity_tokens(16);
   allocate->add_cuda_graph_buckets(4);
   allocate->add_cuda_graph_buckets(16);
+  allocate->set_redundant_slots_per_rank(1);  // room for InstallPlacement's replica
   add("/moe_ep.v1.Worker/AllocateWorkspace", allocate, with(collective));
   auto* load = new v1::LoadExpertsRequest;
   load->set_layer(0);
