@@ -297,6 +297,24 @@ absl::StatusOr<std::vector<v1::LoadExpertsResponse>> Coordinator::LoadExperts(
       });
 }
 
+absl::StatusOr<std::vector<v1::InstallPlacementResponse>> Coordinator::InstallPlacement(
+    const v1::InstallPlacementRequest& request) {
+  return FanOut<v1::InstallPlacementResponse>(
+      "InstallPlacement", targets_, options_.rpc_timeout,
+      [&](int r, grpc::ClientContext* c, v1::InstallPlacementResponse* resp) {
+        return stubs_[r]->InstallPlacement(c, request, resp);
+      });
+}
+
+absl::StatusOr<std::vector<v1::GetExpertLoadResponse>> Coordinator::GetExpertLoad(
+    const v1::GetExpertLoadRequest& request) {
+  return FanOut<v1::GetExpertLoadResponse>(
+      "GetExpertLoad", targets_, options_.rpc_timeout,
+      [&](int r, grpc::ClientContext* c, v1::GetExpertLoadResponse* resp) {
+        return stubs_[r]->GetExpertLoad(c, request, resp);
+      });
+}
+
 absl::StatusOr<std::vector<v1::BenchmarkResponse>> Coordinator::Benchmark(
     const v1::BenchmarkRequest& request) {
   return FanOut<v1::BenchmarkResponse>(

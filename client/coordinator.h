@@ -120,6 +120,12 @@ class Coordinator {
   absl::StatusOr<std::vector<v1::LoadExpertsResponse>> LoadExperts(
       const v1::LoadExpertsRequest& request);
   absl::StatusOr<std::vector<v1::BenchmarkResponse>> Benchmark(const v1::BenchmarkRequest& request);
+  // InstallPlacement (DESIGN §15) and GetExpertLoad (this rank's counters;
+  // the group's load is the sum over the responses).
+  absl::StatusOr<std::vector<v1::InstallPlacementResponse>> InstallPlacement(
+      const v1::InstallPlacementRequest& request);
+  absl::StatusOr<std::vector<v1::GetExpertLoadResponse>> GetExpertLoad(
+      const v1::GetExpertLoadRequest& request);
 
   // SyncTokenCounts with rank r's local count local_tokens[r].
   // Errors: kInvalidArgument when local_tokens.size() != world; aggregated

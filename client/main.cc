@@ -239,6 +239,15 @@ int main(int argc, char** argv) {
   run->add_option("--capacity", run_options.capacity_tokens,
                   "workspace capacity N, tokens per rank (default: the run's largest count)")
       ->check(NonNegative());
+  run->add_option("--redundant-slots", run_options.redundant_slots_per_rank,
+                  "expert slots a worker may hold beyond ceil(experts / workers) (DESIGN §15)")
+      ->capture_default_str()
+      ->check(NonNegative());
+  run->add_option("--rebalance-after", run_options.rebalance_after_steps,
+                  "rebalance every run layer with EPLB from the workers' load statistics after "
+                  "this step (0 = never; needs --redundant-slots); prints the load table")
+      ->capture_default_str()
+      ->check(NonNegative());
   run->add_option("--rel-tol", run_options.tolerance.rel,
                   "pass when |out - ref| <= rel * max|ref| + atol")
       ->capture_default_str()

@@ -72,9 +72,12 @@ absl::StatusOr<RunMemoryEstimate> EstimateRunMemory(const RunMemoryInput& in) {
   RunMemoryEstimate e;
   e.expert_bytes = 3 * I * H * 2;
   e.layer_expert_bytes = int64_t{in.num_experts} * e.expert_bytes;
-  // Rank 0 holds the most experts under contiguous placement.
+  // Rank 0 holds the most experts under contiguous placement; a placement
+  // table may give a rank its redundant slots' experts too.
   const int64_t held = in.identity ? 0 : e.expert_bytes;
-  e.worker_expert_bytes = int64_t{placement.NumLocalExperts(0)} * held * in.num_layers;
+  const int64_t worker_experts = std::min<int64_t>(
+      in.num_experts, placement.NumLocalExperts(0) + std::max(in.redundant_slots_per_rank, 0));
+  e.worker_expert_bytes = worker_experts * held * in.num_layers;
   core::WorkspaceSpec spec;
   spec.ep_size = in.world;
   spec.capacity_tokens = in.capacity_tokens;

@@ -41,17 +41,18 @@
 namespace moe_ep::client {
 
 struct RunMemoryInput {
-  int num_experts = 0;          // M, routed experts per layer
-  int64_t hidden = 0;           // H
-  int64_t intermediate = 0;     // I, expert FFN size
-  int top_k = 0;                // K
-  int world = 0;                // E, ranks
-  int num_local_workers = 0;    // workers started on this machine (0 with --targets)
-  int num_layers = 0;           // L, MoE layers run
-  bool identity = false;        // identity experts: no weights anywhere
-  int64_t capacity_tokens = 0;  // N, workspace tokens per rank
-  int64_t rows_per_layer = 0;   // tokens of one layer, all steps and ranks
-  int64_t max_step_rows = 0;    // tokens of the largest step, all ranks
+  int num_experts = 0;               // M, routed experts per layer
+  int64_t hidden = 0;                // H
+  int64_t intermediate = 0;          // I, expert FFN size
+  int top_k = 0;                     // K
+  int world = 0;                     // E, ranks
+  int num_local_workers = 0;         // workers started on this machine (0 with --targets)
+  int num_layers = 0;                // L, MoE layers run
+  bool identity = false;             // identity experts: no weights anywhere
+  int redundant_slots_per_rank = 0;  // extra expert slots a worker may hold (DESIGN §15)
+  int64_t capacity_tokens = 0;       // N, workspace tokens per rank
+  int64_t rows_per_layer = 0;        // tokens of one layer, all steps and ranks
+  int64_t max_step_rows = 0;         // tokens of the largest step, all ranks
 };
 
 struct RunMemoryEstimate {

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <random>
 
 #include "absl/strings/match.h"
@@ -10,9 +11,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/coordinator.h"
+#include "client/expert_rebalance.h"
 #include "client/group_session.h"
 #include "client/memory_budget.h"
 #include "client/model_source.h"
+#include "client/placement_request.h"
 #include "client/plan_command.h"
 #include "client/streamed_reference.h"
 #include "client/targets.h"
@@ -46,6 +49,62 @@ struct RankStep {
   std::vector<core::bf16_t> output;  // [T, H]
 };
 
+// After step --rebalance-after: every run layer's counts so far (read and
+// reset), an EPLB table for the slot budget, installed, the layer's experts
+// loaded again for the new slots.
+absl::StatusOr<std::vector<LayerRebalance>> RebalanceRunLayers(
+    Coordinator& coordinator, const std::vector<int>& layers, int num_experts, int world,
+    int redundant, const std::function<v1::LoadExpertsRequest(int)>& load_request,
+    std::ostream& out) {
+  ASSIGN_OR_RETURN(core::PlacementTable contiguous,
+                   core::PlacementTable::Contiguous(num_experts, world));
+  std::vector<LayerRebalance> done;
+  for (int layer : layers) {
+    v1::GetExpertLoadRequest read;
+    read.set_layer(layer);
+    read.set_reset(true);
+    ASSIGN_OR_RETURN(std::vector<v1::GetExpertLoadResponse> load, coordinator.GetExpertLoad(read));
+    ASSIGN_OR_RETURN(std::vector<double> tokens, SumExpertLoad(load, num_experts));
+    ASSIGN_OR_RETURN(core::PlacementTable table, RebalanceForBudget(tokens, world, redundant));
+    LayerRebalance l;
+    l.layer = layer;
+    ASSIGN_OR_RETURN(l.before, BalanceOf(contiguous, tokens));
+    ASSIGN_OR_RETURN(l.predicted, BalanceOf(table, tokens));
+    l.slots_per_rank = table.NumSlots(0);
+    l.redundant_slots_per_rank = redundant;
+    l.fingerprint = table.Fingerprint();
+    for (int r = 0; r < world; ++r) l.slot_experts.push_back(table.SlotExperts(r));
+    const absl::Time start = absl::Now();
+    RETURN_IF_ERROR(
+        coordinator.InstallPlacement(MakeInstallPlacementRequest(layer, table)).status());
+    RETURN_IF_ERROR(coordinator.LoadExperts(load_request(layer)).status());
+    out << absl::StrFormat(
+        "rebalance: layer %d, EPLB table %016x (%d slots on %d ranks) installed and experts "
+        "reloaded in %.2f s; max/mean tokens per rank %.4f -> %.4f predicted\n",
+        layer, l.fingerprint, table.num_slots(), world, Seconds(absl::Now() - start),
+        l.before.ratio(), l.predicted.ratio());
+    done.push_back(l);
+  }
+  out.flush();
+  return done;
+}
+
+// The counts of the steps after the rebalance, under each layer's new table.
+absl::Status ReadLoadAfterRebalance(Coordinator& coordinator, int num_experts,
+                                    std::vector<LayerRebalance>* layers) {
+  for (LayerRebalance& l : *layers) {
+    v1::GetExpertLoadRequest read;
+    read.set_layer(l.layer);
+    read.set_reset(true);
+    ASSIGN_OR_RETURN(std::vector<v1::GetExpertLoadResponse> load, coordinator.GetExpertLoad(read));
+    ASSIGN_OR_RETURN(std::vector<double> tokens, SumExpertLoad(load, num_experts));
+    ASSIGN_OR_RETURN(core::PlacementTable table,
+                     core::PlacementTable::FromSlotExperts(num_experts, l.slot_experts));
+    ASSIGN_OR_RETURN(l.after, BalanceOf(table, tokens));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateRunJobOptions(const RunJobOptions& o) {
@@ -66,6 +125,20 @@ absl::Status ValidateRunJobOptions(const RunJobOptions& o) {
   if (o.experts != "swiglu" && o.experts != "identity") {
     return absl::InvalidArgumentError(
         absl::StrCat("--experts: expected swiglu or identity, got '", o.experts, "'"));
+  }
+  if (o.redundant_slots_per_rank < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--redundant-slots: expected >= 0, got ", o.redundant_slots_per_rank));
+  }
+  if (o.rebalance_after_steps < 0 || o.rebalance_after_steps >= o.steps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rebalance-after: expected in [0, --steps - 1 = ", o.steps - 1,
+                     "] (0 = never), got ", o.rebalance_after_steps));
+  }
+  if (o.rebalance_after_steps > 0 && o.redundant_slots_per_rank == 0) {
+    return absl::InvalidArgumentError(
+        "--rebalance-after: needs --redundant-slots >= 1 (EPLB replicates the hottest experts "
+        "into the redundant slots)");
   }
   if (!(o.tolerance.rel >= 0) || !(o.tolerance.atol >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat("tolerance: expected rel, atol >= 0, got ",
@@ -182,6 +255,7 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
   memory_input.num_local_workers = local ? world : 0;
   memory_input.num_layers = options.num_layers;
   memory_input.identity = identity;
+  memory_input.redundant_slots_per_rank = options.redundant_slots_per_rank;
   memory_input.capacity_tokens = capacity;
   memory_input.rows_per_layer = rows_per_layer;
   memory_input.max_step_rows = max_step_rows;
@@ -250,6 +324,7 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
   allocate.set_capacity_tokens(capacity);
   allocate.set_dispatch_dtype(v1::DISPATCH_DTYPE_BF16);
   allocate.set_invalid_expert_id(v1::INVALID_EXPERT_ID_MINUS_ONE);
+  allocate.set_redundant_slots_per_rank(options.redundant_slots_per_rank);
   ASSIGN_OR_RETURN(std::vector<v1::AllocateWorkspaceResponse> allocated,
                    coordinator->AllocateWorkspace(allocate));
   out << "workspace: capacity " << allocated[0].capacity_tokens() << " tokens/rank, "
@@ -271,7 +346,7 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
   result.identity_experts = identity;
   result.memory = memory;
   result.memory_available_bytes = available.ok() ? *available : 0;
-  for (int layer : run_layers) {
+  const auto load_request = [&](int layer) {
     v1::LoadExpertsRequest load;
     load.set_layer(layer);
     load.set_kind(identity ? v1::EXPERT_KIND_IDENTITY : v1::EXPERT_KIND_SWIGLU);
@@ -281,8 +356,12 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
       load.mutable_shared_expert()->set_intermediate_size(shared.intermediate_size);
       load.mutable_shared_expert()->set_sigmoid_gate(shared.sigmoid_gate);
     }
+    return load;
+  };
+  for (int layer : run_layers) {
     const absl::Time start = absl::Now();
-    ASSIGN_OR_RETURN(std::vector<v1::LoadExpertsResponse> loaded, coordinator->LoadExperts(load));
+    ASSIGN_OR_RETURN(std::vector<v1::LoadExpertsResponse> loaded,
+                     coordinator->LoadExperts(load_request(layer)));
     std::vector<std::string> ranges;
     for (int r = 0; r < world; ++r) {
       result.expert_bytes_per_rank[r] += loaded[r].expert_bytes() + loaded[r].shared_expert_bytes();
@@ -371,6 +450,16 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
     out << "step " << s + 1 << "/" << options.steps << ": tokens per rank ["
         << absl::StrJoin(counts[s], ", ") << "], R " << R << "; "
         << absl::StrJoin(layer_times, ", ") << "\n";
+    out.flush();
+    if (s + 1 == options.rebalance_after_steps) {
+      ASSIGN_OR_RETURN(result.rebalance,
+                       RebalanceRunLayers(*coordinator, run_layers, model.num_experts, world,
+                                          options.redundant_slots_per_rank, load_request, out));
+    }
+  }
+  if (!result.rebalance.empty()) {
+    RETURN_IF_ERROR(ReadLoadAfterRebalance(*coordinator, model.num_experts, &result.rebalance));
+    out << RenderLoadTable(result.rebalance);
     out.flush();
   }
 
@@ -538,6 +627,23 @@ std::string RenderRunSummary(const RunJobResult& result) {
   return text;
 }
 
+namespace {
+
+nlohmann::json RebalanceJson(const std::vector<LayerRebalance>& layers) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const LayerRebalance& l : layers) {
+    out.push_back({{"layer", l.layer},
+                   {"before_max_over_mean", l.before.ratio()},
+                   {"predicted_max_over_mean", l.predicted.ratio()},
+                   {"after_max_over_mean", l.after.ratio()},
+                   {"slots_per_rank", l.slots_per_rank},
+                   {"redundant_slots_per_rank", l.redundant_slots_per_rank}});
+  }
+  return out;
+}
+
+}  // namespace
+
 nlohmann::json RunSummaryJson(const RunJobResult& result) {
   nlohmann::json layers = nlohmann::json::array();
   int64_t tokens = 0, bytes = 0;
@@ -587,7 +693,8 @@ nlohmann::json RunSummaryJson(const RunJobResult& result) {
             {"preflight_coordinator_bytes", result.memory.coordinator_bytes},
             {"available_bytes", result.memory_available_bytes}}},
           {"reference_chunks",
-           {{"made", result.reference_chunks_made}, {"skipped", result.reference_chunks_skipped}}}};
+           {{"made", result.reference_chunks_made}, {"skipped", result.reference_chunks_skipped}}},
+          {"rebalance", RebalanceJson(result.rebalance)}};
 }
 
 }  // namespace moe_ep::client

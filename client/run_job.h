@@ -4,6 +4,14 @@
 // expert-parallel dispatch, expert compute and combine across the workers and
 // every layer's output is checked against the single-process reference.
 //
+// Rebalancing (DESIGN §15; issue 17 item 4): with --rebalance-after S, after
+// step S every run layer's load statistics (GetExpertLoad, summed over ranks)
+// give an EPLB table with --redundant-slots slots a rank beyond ceil(E / W);
+// it is installed (InstallPlacement), the layer's experts are loaded again
+// for the new slots, and the remaining steps run under it; the load table
+// (max/mean tokens per rank before, predicted and after) is printed at the
+// end. The reference is dense, so verification is unchanged.
+//
 // Sequence: form the group; ConfigureLayers (tp = attn_dp = world, so every
 // rank is its own DP group and the MoE layers run SCATTERED through the
 // all-to-all; moe_dense_tp 1); AllocateWorkspace (capacity = the largest
@@ -38,6 +46,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/expert_rebalance.h"
 #include "client/memory_budget.h"
 #include "client/tolerance.h"
 #include "client/worker_selection.h"
@@ -62,10 +71,18 @@ struct RunJobOptions {
   int64_t capacity_tokens = 0;     // N; 0 = the largest per-rank count of the run
   Tolerance tolerance;
   absl::Duration rpc_timeout = absl::Seconds(600);
+  // DESIGN §15: expert slots a worker may hold beyond ceil(E / workers)
+  // (AllocateWorkspace.redundant_slots_per_rank), and the step after which
+  // every run layer is rebalanced from the workers' load statistics with
+  // core::RebalanceHierarchical (0 = never; else in [1, steps - 1]).
+  int redundant_slots_per_rank = 0;
+  int rebalance_after_steps = 0;
 };
 
 // Errors: kInvalidArgument naming the flag: num_layers < 1, tokens < 1,
-// steps < 1, capacity < 0, experts not swiglu/identity, tolerance negative.
+// steps < 1, capacity < 0, experts not swiglu/identity, tolerance negative,
+// redundant slots < 0, a rebalance step outside [0, steps - 1], or a
+// rebalance without redundant slots.
 absl::Status ValidateRunJobOptions(const RunJobOptions& options);
 
 // Token counts of step `step` on `world` ranks for a mean of
@@ -115,8 +132,10 @@ struct RunJobResult {
   Tolerance tolerance;
   RunMemoryEstimate memory;            // the preflight's estimate
   int64_t memory_available_bytes = 0;  // MemAvailable at start; 0 when unknown
-  int reference_chunks_made = 0;       // verification chunks, all layers
-  int reference_chunks_skipped = 0;    // chunks no token selected
+  // Per run layer when --rebalance-after ran: the load table (DESIGN §15).
+  std::vector<LayerRebalance> rebalance;
+  int reference_chunks_made = 0;     // verification chunks, all layers
+  int reference_chunks_skipped = 0;  // chunks no token selected
 
   bool AllPass() const;
 };
@@ -149,7 +168,10 @@ std::string RenderRunSummary(const RunJobResult& result);
 //             "num_sparse_layers", "preflight_needed_bytes",
 //             "preflight_worker_bytes", "preflight_coordinator_bytes",
 //             "available_bytes" (0 when unknown)},
-//  "reference_chunks": {"made", "skipped"}}.
+//  "reference_chunks": {"made", "skipped"},
+//  "rebalance": [{"layer", "before_max_over_mean", "predicted_max_over_mean",
+//                 "after_max_over_mean", "slots_per_rank",
+//                 "redundant_slots_per_rank"}] (empty without --rebalance-after)}.
 // Sums are over the layers (as the table's total row); tokens_per_s is 0
 // when no time passed; a non-finite error is null.
 nlohmann::json RunSummaryJson(const RunJobResult& result);

@@ -73,6 +73,12 @@ absl::Status ValidateEpOptions(const EpDispatcherOptions& options, int group_siz
         absl::StrCat("invalid_expert_id: expected -1 or num_experts (", options.num_experts,
                      "), got ", options.invalid_expert_id));
   }
+  if (options.redundant_slots_per_rank < 0 ||
+      options.redundant_slots_per_rank > options.num_experts) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "redundant_slots_per_rank: expected in [0, num_experts = ", options.num_experts, "], got ",
+        options.redundant_slots_per_rank));
+  }
   const std::vector<int64_t>& buckets = options.cuda_graph_buckets;
   for (size_t i = 0; i < buckets.size(); ++i) {
     if (buckets[i] < 1 || buckets[i] > ws.capacity_tokens ||
@@ -80,6 +86,34 @@ absl::Status ValidateEpOptions(const EpDispatcherOptions& options, int group_siz
       return absl::InvalidArgumentError(absl::StrCat(
           "cuda_graph_buckets: expected strictly ascending values in [1, capacity_tokens = ",
           ws.capacity_tokens, "], got [", absl::StrJoin(buckets, ", "), "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+int SlotBudgetPerRank(const EpDispatcherOptions& options) {
+  const int ep = options.workspace.ep_size;
+  return (options.num_experts + ep - 1) / ep + options.redundant_slots_per_rank;
+}
+
+absl::Status ValidatePlacement(const PlacementTable& table, const EpDispatcherOptions& options) {
+  if (table.num_experts() != options.num_experts) {
+    return absl::InvalidArgumentError(absl::StrCat("placement: num_experts expected ",
+                                                   options.num_experts, " (the workspace's), got ",
+                                                   table.num_experts()));
+  }
+  if (table.ep_size() != options.workspace.ep_size) {
+    return absl::InvalidArgumentError(absl::StrCat("placement: ep_size expected ",
+                                                   options.workspace.ep_size,
+                                                   " (the workspace's), got ", table.ep_size()));
+  }
+  const int budget = SlotBudgetPerRank(options);
+  for (int r = 0; r < table.ep_size(); ++r) {
+    if (table.NumSlots(r) > budget) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "placement: rank ", r, " has ", table.NumSlots(r), " slots, the workspace's budget is ",
+          budget, " (ceil(num_experts / ep_size) + redundant_slots_per_rank ",
+          options.redundant_slots_per_rank, "); allocate with more redundant slots"));
     }
   }
   return absl::OkStatus();

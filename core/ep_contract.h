@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "core/placement_table.h"
 #include "core/workspace.h"
 
 namespace moe_ep::core {
@@ -25,7 +26,28 @@ struct EpDispatcherOptions {
   int num_experts = 0;
   int32_t invalid_expert_id = -1;           // -1 or num_experts (DESIGN §7)
   std::vector<int64_t> cuda_graph_buckets;  // ascending; empty = none (DESIGN §6)
+  // Physical expert slots a rank may hold beyond the contiguous placement's
+  // ceil(num_experts / ep_size): the slot budget of placement tables
+  // installed later (DESIGN §15), fixed here so that installing a table never
+  // reallocates. 0 = only tables with at most ceil(E / R) slots a rank.
+  int redundant_slots_per_rank = 0;
 };
+
+// SlotBudgetPerRank()
+//
+// The most physical expert slots one rank may hold under `options`:
+// ceil(num_experts / ep_size) + redundant_slots_per_rank.
+// REQUIRES: ValidateEpOptions(options, ...) is OK. Pure.
+// Example: 256 experts, 8 ranks, 4 redundant -> 32 + 4 = 36.
+int SlotBudgetPerRank(const EpDispatcherOptions& options);
+
+// ValidatePlacement()
+//
+// The checks of installing `table` on a workspace sized by `options`
+// (DESIGN §15): table.num_experts() == options.num_experts, table.ep_size()
+// == workspace.ep_size, and every rank's slots <= SlotBudgetPerRank.
+// Errors: kInvalidArgument naming the field or rank, expected and got. Pure.
+absl::Status ValidatePlacement(const PlacementTable& table, const EpDispatcherOptions& options);
 
 // Byte and token counters of one step, the same record on both backends.
 struct StepStats {

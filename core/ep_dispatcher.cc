@@ -52,6 +52,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/expert_source.h"
 #include "core/geometry.h"
 #include "core/routing.h"
 #include "core/status_macros.h"
@@ -73,7 +74,11 @@ int64_t ElapsedUs(absl::Time start) { return absl::ToInt64Microseconds(absl::Now
 struct EpDispatcher::Impl {
   ControlCollective* collective = nullptr;
   EpDispatcherOptions options;
-  ExpertPlacement placement;
+  std::shared_ptr<const PlacementTable> table_ptr;  // installed placement (DESIGN §15)
+  const PlacementTable* table = nullptr;            // table_ptr.get()
+  std::vector<int> local_experts;                   // DistinctSlotExperts(table, rank)
+  std::vector<int64_t> expert_tokens;  // [num_experts] load counters since the last reset
+  int64_t counted_steps = 0;
   int rank = 0;
   int ep_size = 0;
   int64_t capacity = 0;  // N
@@ -110,7 +115,8 @@ struct EpDispatcher::Impl {
   std::vector<float> acc;               // [H]
   StepStats stats;
 
-  Impl(ExpertPlacement p, int rank, int64_t capacity) : placement(p), geometry(rank, capacity) {}
+  Impl(std::shared_ptr<const PlacementTable> t, int rank, int64_t capacity)
+      : table_ptr(std::move(t)), table(table_ptr.get()), geometry(rank, capacity) {}
   int64_t epoch() const { return geometry.epoch(); }
   int64_t runtime_max() const { return geometry.runtime_max_tokens_per_rank(); }
 
@@ -148,15 +154,18 @@ absl::StatusOr<std::unique_ptr<EpDispatcher>> EpDispatcher::Create(
   ASSIGN_OR_RETURN(CpuWorkspaceLayout layout, CpuWorkspaceLayout::For(spec));
   ASSIGN_OR_RETURN(int64_t dispatch_bytes,
                    DispatchBytesPerToken(spec.dtype, spec.hidden, spec.top_k));
-  ASSIGN_OR_RETURN(ExpertPlacement placement,
-                   ExpertPlacement::Contiguous(options.num_experts, spec.ep_size));
+  ASSIGN_OR_RETURN(PlacementTable table,
+                   PlacementTable::Contiguous(options.num_experts, spec.ep_size));
   if (memory_cap_bytes > 0 && layout.total_bytes > memory_cap_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat("workspace: ", layout.total_bytes,
                                                      " bytes needed, memory cap is ",
                                                      memory_cap_bytes, " bytes"));
   }
 
-  auto impl = std::make_unique<Impl>(placement, collective->rank(), spec.capacity_tokens);
+  auto impl = std::make_unique<Impl>(std::make_shared<const PlacementTable>(std::move(table)),
+                                     collective->rank(), spec.capacity_tokens);
+  impl->local_experts = DistinctSlotExperts(*impl->table, collective->rank());
+  impl->expert_tokens.assign(options.num_experts, 0);
   impl->collective = collective;
   impl->options = options;
   impl->rank = collective->rank();
@@ -202,6 +211,35 @@ absl::StatusOr<std::unique_ptr<EpDispatcher>> EpDispatcher::Create(
     std::fill_n(impl->RecvWeights(s), spec.capacity_tokens * spec.top_k, 0.0f);
   }
   return std::unique_ptr<EpDispatcher>(new EpDispatcher(std::move(impl)));
+}
+
+absl::Status EpDispatcher::SetPlacement(std::shared_ptr<const PlacementTable> table) {
+  if (table == nullptr) return absl::InvalidArgumentError("SetPlacement: table must not be null");
+  Impl& m = *impl_;
+  if (m.geometry.in_step()) {
+    return absl::FailedPreconditionError(
+        "SetPlacement: a step is in flight on this rank; install a placement table between steps");
+  }
+  if (table.get() == m.table) return absl::OkStatus();
+  RETURN_IF_ERROR(ValidatePlacement(*table, m.options));
+  m.local_experts = DistinctSlotExperts(*table, m.rank);
+  m.table_ptr = std::move(table);
+  m.table = m.table_ptr.get();
+  return absl::OkStatus();
+}
+
+const std::shared_ptr<const PlacementTable>& EpDispatcher::placement() const {
+  return impl_->table_ptr;
+}
+
+ExpertLoadCounts EpDispatcher::ReadExpertLoad(bool reset) {
+  Impl& m = *impl_;
+  ExpertLoadCounts out{m.expert_tokens, m.counted_steps};
+  if (reset) {
+    std::fill(m.expert_tokens.begin(), m.expert_tokens.end(), 0);
+    m.counted_steps = 0;
+  }
+  return out;
 }
 
 int64_t EpDispatcher::allocated_bytes() const { return impl_->layout.total_bytes; }
@@ -317,7 +355,7 @@ absl::Status EpDispatcher::Impl::DispatchImpl(absl::Span<const bf16_t> hidden_in
   RETURN_IF_ERROR(geometry.BeginDispatch("Dispatch"));
   if (local_error.ok()) local_error = ValidateInput(hidden_in, topk_ids, topk_weights, num_tokens);
   if (local_error.ok()) {
-    auto route_or = ComputeDispatchRoute(topk_ids, num_tokens, top_k, placement);
+    auto route_or = ComputeDispatchRoute(topk_ids, num_tokens, top_k, *table, rank);
     if (route_or.ok()) {
       route = std::move(route_or).value();
     } else {
@@ -353,7 +391,10 @@ absl::Status EpDispatcher::Impl::DispatchImpl(absl::Span<const bf16_t> hidden_in
     for (int64_t slot = 0; slot < c; ++slot) {
       const int64_t t = route.tokens_for_rank[d][slot];
       std::memcpy(block + slot * hidden_row, hidden_in.data() + t * hidden, hidden_row);
-      std::memcpy(ids_part + slot * k_row, topk_ids.data() + t * top_k, k_row);
+      int32_t* ids_out = reinterpret_cast<int32_t*>(ids_part + slot * k_row);
+      for (int k = 0; k < top_k; ++k) {
+        ids_out[k] = PayloadExpertId(*table, rank, t, topk_ids[t * top_k + k], d, invalid);
+      }
       std::memcpy(w_part + slot * k_row, topk_weights.data() + t * top_k, k_row);
     }
   }
@@ -382,6 +423,9 @@ absl::Status EpDispatcher::Impl::DispatchImpl(absl::Span<const bf16_t> hidden_in
     }
   }
 
+  CountExpertTokens(topk_ids.first(num_tokens * top_k), options.num_experts,
+                    absl::MakeSpan(expert_tokens));
+  ++counted_steps;
   step_tokens = num_tokens;
   step_r = runtime_max;
   geometry.MarkDispatched();
@@ -401,12 +445,11 @@ absl::Status EpDispatcher::Impl::ValidateExperts(const ExpertSet& experts) const
     return absl::InvalidArgumentError(absl::StrCat("experts: hidden ", experts.hidden(),
                                                    " differs from the workspace hidden ", hidden));
   }
-  const int first = placement.FirstExpert(rank);
-  const int count = placement.NumLocalExperts(rank);
-  if (experts.first_expert() != first || experts.num_experts() != count) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "experts: rank ", rank, " owns experts [", first, ", ", first + count, "), got [",
-        experts.first_expert(), ", ", experts.first_expert() + experts.num_experts(), ")"));
+  if (experts.expert_ids() != local_experts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("experts: rank ", rank, " owns experts ", DescribeExpertIds(local_experts),
+                     " under the placement table (fingerprint ", absl::Hex(table->Fingerprint()),
+                     "), got ", DescribeExpertIds(experts.expert_ids())));
   }
   return absl::OkStatus();
 }

@@ -26,9 +26,19 @@
 #include "core/ep_contract.h"
 #include "core/expert_placement.h"
 #include "core/experts.h"
+#include "core/placement_table.h"
 #include "core/workspace.h"
 
 namespace moe_ep::core {
+
+// Tokens routed to each logical expert (DESIGN §15 load statistics): for
+// every step this rank dispatched since the last reset, the (token, choice)
+// pairs of its own tokens whose id is expert e (core::CountExpertTokens).
+// The group's load is the sum over ranks.
+struct ExpertLoadCounts {
+  std::vector<int64_t> tokens_per_expert;  // [num_experts]
+  int64_t steps = 0;                       // dispatched steps counted
+};
 
 class EpDispatcher {
  public:
@@ -42,6 +52,31 @@ class EpDispatcher {
 
   // What the CPU data plane cannot do: an even H (4-byte aligned payload parts).
   static constexpr BackendLimits kCpuLimits = {"CPU data plane", 1 << 16, 1 << 16, 2};
+
+  // SetPlacement()
+  //
+  // Installs `table` for the next steps (DESIGN §15): dispatch sends each
+  // valid choice to table.ChooseReplica(rank, token, id)'s rank with the
+  // payload ids of core::PayloadExpertId, and ComputeExperts then expects
+  // this rank's distinct slot experts (core::DistinctSlotExperts). Nothing
+  // is reallocated: the workspace is per rank, not per slot, and the table
+  // must fit the slot budget fixed at Create (core::ValidatePlacement).
+  // Local: the caller agrees on the table across ranks first (the Worker
+  // service votes on its fingerprint). The default is
+  // PlacementTable::Contiguous. Errors: kFailedPrecondition (a step is in
+  // flight), kInvalidArgument (ValidatePlacement). On error nothing changes.
+  // Cheap when `table` is the one installed (a pointer compare), so a data
+  // plane with one table per layer calls it before every step. kInvalidArgument
+  // also for a null table.
+  absl::Status SetPlacement(std::shared_ptr<const PlacementTable> table);
+  // The installed table (never null).
+  const std::shared_ptr<const PlacementTable>& placement() const;
+
+  // ReadExpertLoad()
+  //
+  // This rank's load counters (ExpertLoadCounts); with `reset`, zeroes them
+  // after reading. Counted by Dispatch once the ranks agreed on the step.
+  ExpertLoadCounts ReadExpertLoad(bool reset);
 
   // Bytes this dispatcher allocated (equals layout().total_bytes).
   int64_t allocated_bytes() const;

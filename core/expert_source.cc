@@ -1,10 +1,12 @@
 #include "core/expert_source.h"
 
+#include <algorithm>
 #include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "core/expert_placement.h"
 #include "core/status_macros.h"
@@ -106,11 +108,31 @@ int64_t ExpertSource::weight_bytes() const {
   return int64_t{num_experts} * 3 * intermediate * hidden * 2;
 }
 
+std::vector<int> ExpertSource::Ids() const {
+  if (!expert_ids.empty()) return expert_ids;
+  std::vector<int> ids;
+  ids.reserve(std::max(num_experts, 0));
+  for (int i = 0; i < num_experts; ++i) ids.push_back(first_expert + i);
+  return ids;
+}
+
+ExpertSource ExpertSource::WithExperts(std::vector<int> ids) const {
+  ExpertSource s = *this;
+  s.first_expert = ids.empty() ? 0 : ids.front();
+  s.num_experts = static_cast<int>(ids.size());
+  s.expert_ids = std::move(ids);
+  return s;
+}
+
 std::string ExpertSource::TensorName(int expert, SeededProjection proj) const {
   return ExpertTensorName(name_pattern, layer, expert, proj);
 }
 
 std::string ExpertSource::Describe() const {
+  if (!expert_ids.empty()) {
+    return absl::StrCat("layer ", layer, " experts {", absl::StrJoin(expert_ids, ","), "} of ",
+                        num_routed_experts, ", ", ExpertSourceKindName(kind));
+  }
   return absl::StrCat("layer ", layer, " experts [", first_expert, ", ",
                       int64_t{first_expert} + num_experts, ") of ", num_routed_experts, ", ",
                       ExpertSourceKindName(kind));
@@ -135,6 +157,22 @@ absl::Status ValidateExpertSource(const ExpertSource& source) {
                                            "num_experts) inside [0, %d), got [%d, %d)",
                                            source.num_routed_experts, source.first_expert,
                                            int64_t{source.first_expert} + source.num_experts));
+  }
+  if (!source.expert_ids.empty()) {
+    const std::vector<int>& ids = source.expert_ids;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] < 0 || ids[i] >= source.num_routed_experts || (i > 0 && ids[i] <= ids[i - 1])) {
+        return Invalid(source, absl::StrFormat("expert_ids: expected ascending distinct ids in "
+                                               "[0, %d), got %d at position %d",
+                                               source.num_routed_experts, ids[i], i));
+      }
+    }
+    if (source.first_expert != ids.front() || source.num_experts != static_cast<int>(ids.size())) {
+      return Invalid(source, absl::StrFormat("expert_ids: first_expert %d and num_experts %d "
+                                             "must be expert_ids' first (%d) and count (%d)",
+                                             source.first_expert, source.num_experts, ids.front(),
+                                             ids.size()));
+    }
   }
   if (source.hidden < 1) {
     return Invalid(source, absl::StrCat("hidden: expected >= 1, got ", source.hidden));
@@ -161,6 +199,41 @@ absl::Status ValidateExpertSource(const ExpertSource& source) {
   return absl::OkStatus();
 }
 
+std::string DescribeExpertIds(const std::vector<int>& ids) {
+  if (ids.empty()) return "[]";
+  if (ids.back() - ids.front() + 1 == static_cast<int>(ids.size())) {
+    return absl::StrCat("[", ids.front(), ", ", ids.back() + 1, ")");
+  }
+  return absl::StrCat("{", absl::StrJoin(ids, ","), "}");
+}
+
+std::vector<int> DistinctSlotExperts(const PlacementTable& table, int rank) {
+  std::vector<int> ids = table.SlotExperts(rank);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+absl::Status CheckExpertSlots(const ExpertSource& source, const PlacementTable& table, int rank) {
+  if (rank < 0 || rank >= table.ep_size()) {
+    return Invalid(source,
+                   absl::StrCat("rank: expected in [0, ", table.ep_size(), "), got ", rank));
+  }
+  if (source.num_routed_experts != table.num_experts()) {
+    return Invalid(source,
+                   absl::StrCat("num_routed_experts: the placement table has ", table.num_experts(),
+                                " experts, got ", source.num_routed_experts));
+  }
+  const std::vector<int> want = DistinctSlotExperts(table, rank);
+  if (source.Ids() != want) {
+    return Invalid(source, absl::StrCat("experts: expected ", DescribeExpertIds(want), " for rank ",
+                                        rank, " under the installed placement table (fingerprint ",
+                                        absl::Hex(table.Fingerprint()), "), got ",
+                                        DescribeExpertIds(source.Ids())));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckExpertRange(const ExpertSource& source, int rank, int ep_size) {
   ASSIGN_OR_RETURN(ExpertPlacement placement,
                    ExpertPlacement::Contiguous(source.num_routed_experts, ep_size));
@@ -183,7 +256,7 @@ absl::Status CheckExpertRange(const ExpertSource& source, int rank, int ep_size)
 absl::StatusOr<SafetensorsCheckpoint> OpenExpertCheckpoint(const ExpertSource& source) {
   absl::StatusOr<SafetensorsCheckpoint> ckpt = SafetensorsCheckpoint::Open(source.checkpoint_path);
   if (!ckpt.ok()) return WithSource(source, ckpt.status());
-  for (int e = source.first_expert; e < source.first_expert + source.num_experts; ++e) {
+  for (int e : source.Ids()) {
     for (SeededProjection proj : kProjections) {
       const bool down = proj == SeededProjection::kDown;
       absl::StatusOr<SafetensorsTensorView> view = FindBf16Matrix(
@@ -197,6 +270,24 @@ absl::StatusOr<SafetensorsCheckpoint> OpenExpertCheckpoint(const ExpertSource& s
 
 absl::StatusOr<ExpertSet> MakeHostExperts(const ExpertSource& source) {
   RETURN_IF_ERROR(ValidateExpertSource(source));
+  const std::vector<int> ids = source.Ids();
+  if (!ids.empty() && ids.back() - ids.front() + 1 != static_cast<int>(ids.size())) {
+    // Not one range: each maximal run of consecutive ids is a range source,
+    // and the set is their union (the same bits per expert as one range).
+    std::vector<ExpertSet> parts;
+    for (size_t begin = 0; begin < ids.size();) {
+      size_t end = begin + 1;
+      while (end < ids.size() && ids[end] == ids[end - 1] + 1) ++end;
+      ExpertSource run = source;
+      run.expert_ids.clear();
+      run.first_expert = ids[begin];
+      run.num_experts = static_cast<int>(end - begin);
+      ASSIGN_OR_RETURN(ExpertSet part, MakeHostExperts(run));
+      parts.push_back(std::move(part));
+      begin = end;
+    }
+    return ExpertSet::Union(std::move(parts));
+  }
   switch (source.kind) {
     case ExpertSourceKind::kIdentity:
       return ExpertSet::Identity(source.first_expert, source.num_experts, source.hidden);

@@ -16,10 +16,12 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/experts.h"
+#include "core/placement_table.h"
 #include "core/safetensors.h"
 #include "core/seeded_stream.h"
 
@@ -50,6 +52,17 @@ struct ExpertSource {
   uint64_t seed = 0;            // kSeeded
   std::string checkpoint_path;  // kSafetensors: canonical path (server/path_policy.h)
   std::string name_pattern;     // kSafetensors: {layer}, {expert}, {proj} or {w}
+  // Empty: this rank's experts are the range above. Otherwise the distinct
+  // logical experts of this rank's slots under a placement table (DESIGN
+  // §15), ascending; then first_expert is expert_ids.front() and num_experts
+  // expert_ids.size(). Replicas of one expert on a rank are one entry.
+  std::vector<int> expert_ids;
+
+  // The experts this source makes, ascending: expert_ids, or the range.
+  std::vector<int> Ids() const;
+  // This source with `ids` (ascending, distinct, non-empty) as its experts:
+  // sets expert_ids, first_expert and num_experts.
+  ExpertSource WithExperts(std::vector<int> ids) const;
 
   // The three kinds, with every field they use.
   static ExpertSource Seeded(uint64_t seed, int layer, int num_routed_experts, int first_expert,
@@ -83,6 +96,27 @@ struct ExpertSource {
 // "expert source (<Describe()>)".
 // Pure and thread-safe.
 absl::Status ValidateExpertSource(const ExpertSource& source);
+
+// CheckExpertSlots()
+//
+// OK when the source makes exactly the distinct logical experts of `rank`'s
+// slots under `table` (PlacementTable::SlotExperts, deduplicated, ascending):
+// what LoadExperts loads once a table is installed (DESIGN §15). Errors:
+// kInvalidArgument naming both lists, or a rank outside the table.
+// Pure and thread-safe.
+absl::Status CheckExpertSlots(const ExpertSource& source, const PlacementTable& table, int rank);
+
+// DistinctSlotExperts()
+//
+// The distinct logical experts of `rank`'s slots under `table`, ascending.
+// REQUIRES: 0 <= rank < table.ep_size(). Example: slots {5, 2, 5} -> {2, 5}.
+std::vector<int> DistinctSlotExperts(const PlacementTable& table, int rank);
+
+// DescribeExpertIds()
+//
+// "[a, b)" when `ids` (ascending) is the range a..b-1, else "{a,c,...}";
+// "[]" when empty. For messages. Pure.
+std::string DescribeExpertIds(const std::vector<int>& ids);
 
 // CheckExpertRange()
 //

@@ -7,10 +7,12 @@
 #include <cstring>
 #include <memory>
 #include <string_view>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "core/expert_source.h"
 #include "core/parallel_for.h"
@@ -241,6 +243,73 @@ absl::StatusOr<ExpertSet> ExpertSet::LoadSafetensors(const std::string& path,
   return FromWeights(first_expert, std::move(weights), hidden, intermediate);
 }
 
+absl::StatusOr<ExpertSet> ExpertSet::Union(std::vector<ExpertSet> parts) {
+  if (parts.empty()) return absl::InvalidArgumentError("Union: expected >= 1 part, got none");
+  const ExpertSet& first = parts.front();
+  std::vector<std::pair<int, std::pair<int, int>>> order;  // (expert, (part, local index))
+  for (int p = 0; p < static_cast<int>(parts.size()); ++p) {
+    const ExpertSet& part = parts[p];
+    if (part.kind_ != first.kind_ || part.hidden_ != first.hidden_ ||
+        (part.kind_ == ExpertKind::kSwiGlu && part.intermediate_ != first.intermediate_)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "Union: part %d has (kind %d, H %d, I %d), part 0 has (kind %d, H %d, I %d)", p,
+          static_cast<int>(part.kind_), part.hidden_, part.intermediate_,
+          static_cast<int>(first.kind_), first.hidden_, first.intermediate_));
+    }
+    const std::vector<int> ids = part.expert_ids();
+    for (int i = 0; i < static_cast<int>(ids.size()); ++i) order.push_back({ids[i], {p, i}});
+  }
+  std::sort(order.begin(), order.end());
+  for (size_t i = 1; i < order.size(); ++i) {
+    if (order[i].first == order[i - 1].first) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("Union: expert %d is held by parts %d and %d; parts must be disjoint",
+                          order[i].first, order[i - 1].second.first, order[i].second.first));
+    }
+  }
+  ExpertSet set;
+  set.kind_ = first.kind_;
+  set.hidden_ = first.hidden_;
+  set.intermediate_ = first.intermediate_;
+  set.num_experts_ = static_cast<int>(order.size());
+  set.first_expert_ = order.empty() ? 0 : order.front().first;
+  if (first.seed_origin_.has_value()) {
+    bool same = true;
+    for (const ExpertSet& part : parts) {
+      same = same && part.seed_origin_.has_value() &&
+             part.seed_origin_->seed == first.seed_origin_->seed &&
+             part.seed_origin_->layer == first.seed_origin_->layer;
+    }
+    if (same) set.seed_origin_ = first.seed_origin_;
+  }
+  const bool is_range =
+      order.empty() || order.back().first - order.front().first + 1 == set.num_experts_;
+  if (!is_range) {
+    set.local_of_.assign(order.back().first + 1, -1);
+    for (int i = 0; i < set.num_experts_; ++i) set.local_of_[order[i].first] = i;
+  }
+  if (set.kind_ == ExpertKind::kSwiGlu) {
+    set.weights_.reserve(order.size());
+    for (const auto& [expert, where] : order) {
+      set.weights_.push_back(std::move(parts[where.first].weights_[where.second]));
+    }
+  }
+  return set;
+}
+
+std::vector<int> ExpertSet::expert_ids() const {
+  std::vector<int> ids;
+  ids.reserve(num_experts_);
+  if (local_of_.empty()) {
+    for (int i = 0; i < num_experts_; ++i) ids.push_back(first_expert_ + i);
+  } else {
+    for (int e = 0; e < static_cast<int>(local_of_.size()); ++e) {
+      if (local_of_[e] >= 0) ids.push_back(e);
+    }
+  }
+  return ids;
+}
+
 int64_t ExpertSet::weight_bytes() const {
   if (kind_ == ExpertKind::kIdentity) return 0;
   return static_cast<int64_t>(num_experts_) * 3 * hidden_ * intermediate_ *
@@ -260,9 +329,9 @@ absl::Status ExpertSet::Apply(int64_t expert_id, absl::Span<const float> x, int6
 absl::Status ExpertSet::ApplyWithScratch(int64_t expert_id, absl::Span<const float> x, int64_t rows,
                                          absl::Span<float> out, std::vector<float>* scratch) const {
   if (!Owns(expert_id)) {
-    return absl::InvalidArgumentError(absl::StrFormat("expert_id: expected in [%d, %d), got %d",
-                                                      first_expert_, first_expert_ + num_experts_,
-                                                      expert_id));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("expert_id: expected one of this set's experts [%s], got %d",
+                        absl::StrJoin(expert_ids(), ", "), expert_id));
   }
   if (rows < 0)
     return absl::InvalidArgumentError(absl::StrFormat("rows: expected >= 0, got %d", rows));
@@ -276,7 +345,7 @@ absl::Status ExpertSet::ApplyWithScratch(int64_t expert_id, absl::Span<const flo
     std::copy(x.begin(), x.begin() + n, out.begin());
     return absl::OkStatus();
   }
-  const SwiGluWeights& w = weights_[expert_id - first_expert_];
+  const SwiGluWeights& w = weights_[LocalIndex(expert_id)];
   const int64_t ih = intermediate_ * hidden_;
   // Without caller scratch, a buffer that is not value-initialized: the
   // weights are widened into it and sgemm with beta = 0 writes the rest
@@ -335,14 +404,14 @@ absl::Status ExpertSet::ComputeWeightedSum(absl::Span<const float> x, absl::Span
   // ascending order inside each expert.
   std::vector<int64_t> start(num_experts_ + 1, 0);
   for (int64_t i = 0; i < rows * top_k; ++i) {
-    if (Owns(ids[i])) ++start[ids[i] - first_expert_ + 1];
+    if (Owns(ids[i])) ++start[LocalIndex(ids[i]) + 1];
   }
   for (int e = 0; e < num_experts_; ++e) start[e + 1] += start[e];
   std::vector<int64_t> entries(start[num_experts_]);  // flat index r * K + k
   {
     std::vector<int64_t> fill(start.begin(), start.end() - 1);
     for (int64_t i = 0; i < rows * top_k; ++i) {
-      if (Owns(ids[i])) entries[fill[ids[i] - first_expert_]++] = i;
+      if (Owns(ids[i])) entries[fill[LocalIndex(ids[i])]++] = i;
     }
   }
   int64_t max_rows = 0;

@@ -57,7 +57,9 @@ struct SwiGluWeights {
   std::vector<bf16_t> down;  // [H, I]
 };
 
-// Experts [first_expert, first_expert + num_experts) of one layer.
+// Experts of one layer: the range [first_expert, first_expert + num_experts)
+// (every factory but Union), or any set of distinct logical experts (Union:
+// the slots of a rank under a placement table, DESIGN §15).
 class ExpertSet {
  public:
   // The arguments seeded weights were generated from (GenerateSwiGlu), so a
@@ -100,17 +102,43 @@ class ExpertSet {
                                                    int first_expert, int num_experts,
                                                    int64_t hidden, int64_t intermediate);
 
+  // Union()
+  //
+  // One set holding the experts of all `parts` (each a range as the
+  // factories above make; any order), indexed in ascending expert id. When
+  // the ids form one range the result is that range's set, identical to
+  // making it in one call. Replicas of one logical expert on one rank are one
+  // expert of the set: its weights are held once (DESIGN §15).
+  // Errors (kInvalidArgument): `parts` empty; parts of different kind, H or
+  // I; an expert held by two parts (names it).
+  static absl::StatusOr<ExpertSet> Union(std::vector<ExpertSet> parts);
+
   ExpertKind kind() const { return kind_; }
+  // The smallest expert id held, and how many experts are held.
   int first_expert() const { return first_expert_; }
   int num_experts() const { return num_experts_; }
+  // The expert ids held, ascending ([num_experts()]).
+  std::vector<int> expert_ids() const;
+  // Whether the ids held are exactly [first_expert, first_expert + num_experts).
+  bool contiguous() const { return local_of_.empty(); }
   int64_t hidden() const { return hidden_; }
   int64_t intermediate() const { return intermediate_; }
-  bool Owns(int64_t expert_id) const {
-    return expert_id >= first_expert_ && expert_id < first_expert_ + num_experts_;
+  bool Owns(int64_t expert_id) const { return LocalIndex(expert_id) >= 0; }
+  // The position of `expert_id` among expert_ids() (its local index), or -1
+  // when the set does not hold it.
+  int LocalIndex(int64_t expert_id) const {
+    if (local_of_.empty()) {
+      return expert_id >= first_expert_ && expert_id < first_expert_ + num_experts_
+                 ? static_cast<int>(expert_id - first_expert_)
+                 : -1;
+    }
+    return expert_id >= 0 && expert_id < static_cast<int64_t>(local_of_.size())
+               ? local_of_[expert_id]
+               : -1;
   }
   // Bytes of weight storage held (0 for identity).
   int64_t weight_bytes() const;
-  // SwiGLU weights of local expert `first_expert() + local_index`, for copying
+  // SwiGLU weights of local expert `expert_ids()[local_index]`, for copying
   // onto a device (kernels/device_experts.h). REQUIRES: kind() == kSwiGlu and
   // 0 <= local_index < num_experts().
   const SwiGluWeights& swiglu_weights(int local_index) const { return weights_[local_index]; }
@@ -148,6 +176,9 @@ class ExpertSet {
   int64_t hidden_ = 0;
   int64_t intermediate_ = 0;
   std::vector<SwiGluWeights> weights_;  // num_experts_ entries for kSwiGlu
+  // Empty for a range; else [max id + 1]: local index of each id, -1 when
+  // not held (Union of a set that is not a range).
+  std::vector<int> local_of_;
   std::optional<SeedOrigin> seed_origin_;
 
   // Both Apply overloads; `scratch` may be null (a buffer per call).

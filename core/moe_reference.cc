@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
+#include "core/expert_source.h"
 #include "core/status_macros.h"
 
 namespace moe_ep::core {
@@ -113,8 +114,16 @@ absl::Status DenseMoeReference(const std::vector<const ExpertSet*>& experts, int
 absl::StatusOr<EpReferenceResult> ReferenceEpForward(
     const ExpertPlacement& placement, const std::vector<const ExpertSet*>& rank_experts,
     const std::vector<EpRankInput>& inputs, int top_k, const EpReferenceOptions& options) {
-  const int ep = placement.ep_size();
-  const int num_experts = placement.num_experts();
+  ASSIGN_OR_RETURN(PlacementTable table,
+                   PlacementTable::Contiguous(placement.num_experts(), placement.ep_size()));
+  return ReferenceEpForward(table, rank_experts, inputs, top_k, options);
+}
+
+absl::StatusOr<EpReferenceResult> ReferenceEpForward(
+    const PlacementTable& table, const std::vector<const ExpertSet*>& rank_experts,
+    const std::vector<EpRankInput>& inputs, int top_k, const EpReferenceOptions& options) {
+  const int ep = table.ep_size();
+  const int num_experts = table.num_experts();
   if (static_cast<int>(rank_experts.size()) != ep) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "rank_experts: expected ep_size = %d entries, got %d", ep, rank_experts.size()));
@@ -137,12 +146,11 @@ absl::StatusOr<EpReferenceResult> ReferenceEpForward(
     if (set == nullptr) {
       return absl::InvalidArgumentError(absl::StrFormat("rank_experts[%d]: null", d));
     }
-    if (set->first_expert() != placement.FirstExpert(d) ||
-        set->num_experts() != placement.NumLocalExperts(d)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "rank_experts[%d]: expected experts [%d, %d) of the placement, got [%d, %d)", d,
-          placement.FirstExpert(d), placement.FirstExpert(d) + placement.NumLocalExperts(d),
-          set->first_expert(), set->first_expert() + set->num_experts()));
+    const std::vector<int> want = DistinctSlotExperts(table, d);
+    if (set->expert_ids() != want) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("rank_experts[%d]: expected experts %s of the placement, got %s", d,
+                          DescribeExpertIds(want), DescribeExpertIds(set->expert_ids())));
     }
     if (h >= 0 && set->hidden() != h) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -172,7 +180,7 @@ absl::StatusOr<EpReferenceResult> ReferenceEpForward(
   for (int s = 0; s < ep; ++s) {
     ASSIGN_OR_RETURN(
         DispatchRoute route,
-        ComputeDispatchRoute(inputs[s].topk_ids, inputs[s].num_tokens, top_k, placement));
+        ComputeDispatchRoute(inputs[s].topk_ids, inputs[s].num_tokens, top_k, table, s));
     result.routes.push_back(std::move(route));
   }
 
@@ -194,7 +202,10 @@ absl::StatusOr<EpReferenceResult> ReferenceEpForward(
         const int64_t row = s * r_max + static_cast<int64_t>(slot);
         rx.source_token[row] = t;
         std::copy_n(inputs[s].hidden.begin() + t * h, h, rx.hidden.begin() + row * h);
-        std::copy_n(inputs[s].topk_ids.begin() + t * top_k, top_k, rx.ids.begin() + row * top_k);
+        for (int k = 0; k < top_k; ++k) {
+          rx.ids[row * top_k + k] =
+              PayloadExpertId(table, s, t, inputs[s].topk_ids[t * top_k + k], d, invalid);
+        }
         std::copy_n(inputs[s].topk_weights.begin() + t * top_k, top_k,
                     rx.weights.begin() + row * top_k);
       }

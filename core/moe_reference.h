@@ -21,6 +21,7 @@
 #include "core/bf16.h"
 #include "core/expert_placement.h"
 #include "core/experts.h"
+#include "core/placement_table.h"
 #include "core/routing.h"
 
 namespace moe_ep::core {
@@ -97,6 +98,18 @@ struct EpReferenceResult {
 // names the rank and both numbers).
 absl::StatusOr<EpReferenceResult> ReferenceEpForward(
     const ExpertPlacement& placement, const std::vector<const ExpertSet*>& rank_experts,
+    const std::vector<EpRankInput>& inputs, int top_k, const EpReferenceOptions& options = {});
+
+// ReferenceEpForward() under a placement table (DESIGN §15)
+//
+// As above for table.ep_size() ranks, with each valid choice routed to the
+// rank of table.ChooseReplica(source, token, id) and carrying the ids of
+// core::PayloadExpertId (core/routing.h), as both data planes do.
+// `rank_experts[d]` holds exactly rank d's distinct slot experts
+// (core::DistinctSlotExperts). With PlacementTable::Contiguous the result
+// equals the overload above. Errors: as above.
+absl::StatusOr<EpReferenceResult> ReferenceEpForward(
+    const PlacementTable& table, const std::vector<const ExpertSet*>& rank_experts,
     const std::vector<EpRankInput>& inputs, int top_k, const EpReferenceOptions& options = {});
 
 }  // namespace moe_ep::core

@@ -31,7 +31,10 @@ namespace moe_ep::core {
 struct ReplicaSlot {
   int rank = 0;
   int slot = 0;
-  friend bool operator==(const ReplicaSlot&, const ReplicaSlot&) = default;
+  // Spelled out: CUDA translation units include this header in C++17.
+  friend bool operator==(const ReplicaSlot& a, const ReplicaSlot& b) {
+    return a.rank == b.rank && a.slot == b.slot;
+  }
 };
 
 class PlacementTable {

@@ -5,12 +5,13 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "core/status_macros.h"
 
 namespace moe_ep::core {
 
-absl::StatusOr<DispatchRoute> ComputeDispatchRoute(absl::Span<const int32_t> topk_ids,
-                                                   int64_t num_tokens, int top_k,
-                                                   const ExpertPlacement& placement) {
+namespace {
+
+absl::Status CheckRouteInput(absl::Span<const int32_t> topk_ids, int64_t num_tokens, int top_k) {
   if (num_tokens < 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("num_tokens: expected >= 0, got %d", num_tokens));
@@ -24,8 +25,14 @@ absl::StatusOr<DispatchRoute> ComputeDispatchRoute(absl::Span<const int32_t> top
         absl::StrFormat("topk_ids: expected num_tokens * top_k = %d * %d elements, got %d",
                         num_tokens, top_k, topk_ids.size()));
   }
+  return absl::OkStatus();
+}
 
-  const int ep_size = placement.ep_size();
+// The route with `rank_of(t, id)` giving the destination rank of valid
+// choice id of token t, or -1 for an id that selects no rank.
+template <typename RankOf>
+DispatchRoute BuildRoute(absl::Span<const int32_t> topk_ids, int64_t num_tokens, int top_k,
+                         int ep_size, const RankOf& rank_of) {
   DispatchRoute route;
   route.num_tokens = num_tokens;
   route.top_k = top_k;
@@ -39,10 +46,9 @@ absl::StatusOr<DispatchRoute> ComputeDispatchRoute(absl::Span<const int32_t> top
   for (int64_t t = 0; t < num_tokens; ++t) {
     ranks.clear();
     for (int k = 0; k < top_k; ++k) {
-      const int32_t id = topk_ids[t * top_k + k];
       // Invalid ids are the caller's padding: they select no rank at all.
-      if (!placement.IsValid(id)) continue;
-      ranks.push_back(placement.RankOf(id));
+      const int r = rank_of(t, topk_ids[t * top_k + k]);
+      if (r >= 0) ranks.push_back(r);
     }
     std::sort(ranks.begin(), ranks.end());
     ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
@@ -57,6 +63,47 @@ absl::StatusOr<DispatchRoute> ComputeDispatchRoute(absl::Span<const int32_t> top
     route.token_offsets.push_back(static_cast<int64_t>(route.dest_rank.size()));
   }
   return route;
+}
+
+}  // namespace
+
+absl::StatusOr<DispatchRoute> ComputeDispatchRoute(absl::Span<const int32_t> topk_ids,
+                                                   int64_t num_tokens, int top_k,
+                                                   const ExpertPlacement& placement) {
+  RETURN_IF_ERROR(CheckRouteInput(topk_ids, num_tokens, top_k));
+  return BuildRoute(
+      topk_ids, num_tokens, top_k, placement.ep_size(),
+      [&](int64_t /*t*/, int32_t id) { return placement.IsValid(id) ? placement.RankOf(id) : -1; });
+}
+
+absl::StatusOr<DispatchRoute> ComputeDispatchRoute(absl::Span<const int32_t> topk_ids,
+                                                   int64_t num_tokens, int top_k,
+                                                   const PlacementTable& table, int source_rank) {
+  RETURN_IF_ERROR(CheckRouteInput(topk_ids, num_tokens, top_k));
+  if (source_rank < 0 || source_rank >= table.ep_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("source_rank: expected in [0, %d), got %d", table.ep_size(), source_rank));
+  }
+  const int num_experts = table.num_experts();
+  return BuildRoute(topk_ids, num_tokens, top_k, table.ep_size(), [&](int64_t t, int32_t id) {
+    return id >= 0 && id < num_experts ? table.ChooseReplica(source_rank, t, id).rank : -1;
+  });
+}
+
+int32_t PayloadExpertId(const PlacementTable& table, int source_rank, int64_t source_token_idx,
+                        int32_t expert_id, int dest_rank, int32_t invalid_expert_id) {
+  if (expert_id < 0 || expert_id >= table.num_experts()) return expert_id;
+  if (table.Replicas(expert_id).size() == 1) return expert_id;
+  return table.ChooseReplica(source_rank, source_token_idx, expert_id).rank == dest_rank
+             ? expert_id
+             : invalid_expert_id;
+}
+
+void CountExpertTokens(absl::Span<const int32_t> topk_ids, int num_experts,
+                       absl::Span<int64_t> counts) {
+  for (int32_t id : topk_ids) {
+    if (id >= 0 && id < num_experts && id < static_cast<int64_t>(counts.size())) ++counts[id];
+  }
 }
 
 }  // namespace moe_ep::core

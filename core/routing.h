@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "core/expert_placement.h"
+#include "core/placement_table.h"
 
 namespace moe_ep::core {
 
@@ -38,5 +39,42 @@ struct DispatchRoute {
 absl::StatusOr<DispatchRoute> ComputeDispatchRoute(absl::Span<const int32_t> topk_ids,
                                                    int64_t num_tokens, int top_k,
                                                    const ExpertPlacement& placement);
+
+// ComputeDispatchRoute() under a placement table (DESIGN §15)
+//
+// As above, with the destination of valid choice id of token t (t < T) of
+// source rank `source_rank` being the rank of
+// table.ChooseReplica(source_rank, t, id). For PlacementTable::Contiguous
+// this is exactly the route under ExpertPlacement::Contiguous.
+// Errors: as above; kInvalidArgument when source_rank is outside
+// [0, table.ep_size()).
+absl::StatusOr<DispatchRoute> ComputeDispatchRoute(absl::Span<const int32_t> topk_ids,
+                                                   int64_t num_tokens, int top_k,
+                                                   const PlacementTable& table, int source_rank);
+
+// PayloadExpertId()
+//
+// The expert id that choice `expert_id` of token `source_token_idx` of
+// `source_rank` carries in the copy of the token sent to `dest_rank`: the id
+// itself when it is invalid (outside [0, E)), when its logical expert has one
+// replica, or when the chosen replica (ChooseReplica) is on `dest_rank`;
+// otherwise `invalid_expert_id`, so exactly one rank computes each choice
+// even when several ranks that receive the token hold a replica of it.
+// With the contiguous table every expert has one replica and the payload is
+// the caller's ids unchanged (DESIGN §7). Pure and thread-safe.
+// Example: expert 3 on ranks 0 and 1, source rank 0, token 1 -> replica
+// (1 + 0) mod 2 = 1, on rank 1: dest 1 -> 3, dest 0 -> invalid.
+int32_t PayloadExpertId(const PlacementTable& table, int source_rank, int64_t source_token_idx,
+                        int32_t expert_id, int dest_rank, int32_t invalid_expert_id);
+
+// CountExpertTokens()
+//
+// Adds to counts[e] the number of entries of `topk_ids` ([T, K], flat) equal
+// to e, for e in [0, num_experts): the load statistics of DESIGN §15, in
+// (token, choice) pairs routed to each logical expert. Invalid ids are not
+// counted; entries beyond counts.size() are ignored. Pure.
+// Example: ids [[0, 2], [2, -1]], 3 experts -> counts += {1, 0, 2}.
+void CountExpertTokens(absl::Span<const int32_t> topk_ids, int num_experts,
+                       absl::Span<int64_t> counts);
 
 }  // namespace moe_ep::core

@@ -1,6 +1,7 @@
 #include "absl/strings/str_format.h"
 #include "kernels/dispatch_pack.cuh"
 #include "kernels/internal/cuda_status.h"
+#include "kernels/internal/device_placement.cuh"
 #include "kernels/route.cuh"
 
 namespace moe_ep::kernels {
@@ -11,14 +12,12 @@ constexpr int kPackThreads = 256;
 // Block b: token b and padding slot b (see the header for the layout).
 // Hidden rows move as uint2 (4 bf16); H % 4 == 0 and 2H + 8K being a multiple
 // of 8 keep every vector 8-byte aligned.
-__global__ void PackDispatchKernel(const uint16_t* __restrict__ hidden,
-                                   const int32_t* __restrict__ topk_ids,
-                                   const float* __restrict__ topk_weights,
-                                   const int32_t* __restrict__ token_slot,
-                                   const int32_t* __restrict__ send_counts,
-                                   const int64_t* num_tokens, int64_t max_tokens,
-                                   int64_t hidden_size, int top_k, int ep_size,
-                                   int32_t invalid_expert_id, uint8_t* __restrict__ send) {
+__global__ void PackDispatchKernel(
+    const uint16_t* __restrict__ hidden, const int32_t* __restrict__ topk_ids,
+    const float* __restrict__ topk_weights, const int32_t* __restrict__ token_slot,
+    const int32_t* __restrict__ send_counts, const int64_t* num_tokens, int64_t max_tokens,
+    int64_t hidden_size, int top_k, int ep_size, int32_t invalid_expert_id,
+    uint8_t* __restrict__ send, DevicePlacement placement, int num_experts) {
   __shared__ int32_t dest_slot[kMaxEpSize];
   __shared__ int32_t counts[kMaxEpSize];
   const int64_t b = blockIdx.x;
@@ -45,7 +44,13 @@ __global__ void PackDispatchKernel(const uint16_t* __restrict__ hidden,
       for (int d = 0; d < ep_size; ++d) {
         if (dest_slot[d] < 0) continue;
         uint8_t* r = row(d, dest_slot[d]);
-        reinterpret_cast<int32_t*>(r + 2 * hidden_size)[k] = id;
+        int32_t out_id = id;
+        if (placement.replica_offsets != nullptr && id >= 0 && id < num_experts &&
+            internal::NumReplicas(placement, id) > 1 &&
+            internal::DestinationRank(placement, b, id, 0, 0) != d) {
+          out_id = invalid_expert_id;
+        }
+        reinterpret_cast<int32_t*>(r + 2 * hidden_size)[k] = out_id;
         reinterpret_cast<float*>(r + 2 * hidden_size + 4 * top_k)[k] = w;
       }
     }
@@ -92,7 +97,7 @@ absl::Status LaunchPackDispatch(const PackDispatchParams& p, cudaStream_t stream
   if (p.max_tokens == 0) return absl::OkStatus();
   PackDispatchKernel<<<static_cast<unsigned>(p.max_tokens), kPackThreads, 0, stream>>>(
       p.hidden, p.topk_ids, p.topk_weights, p.token_slot, p.send_counts, p.num_tokens, p.max_tokens,
-      p.hidden_size, p.top_k, p.ep_size, p.invalid_expert_id, p.send);
+      p.hidden_size, p.top_k, p.ep_size, p.invalid_expert_id, p.send, p.placement, p.num_experts);
   return internal::LaunchStatus("PackDispatchKernel");
 }
 

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/route.cuh"
 
 namespace moe_ep::kernels {
 
@@ -35,6 +36,12 @@ struct PackDispatchParams {
   int ep_size = 0;                       // E
   int32_t invalid_expert_id = -1;        // written into padding slots
   uint8_t* send = nullptr;               // device [E, R, 2H + 8K], 8-byte aligned
+  // The route's placement table (null offsets: contiguous, ids as given).
+  // Under a table, a choice of an expert with several replicas is written
+  // as invalid_expert_id into the copies for ranks that do not serve it
+  // (core::PayloadExpertId).
+  DevicePlacement placement;
+  int num_experts = 0;  // ids outside [0, num_experts) are never masked
 };
 
 // LaunchPackDispatch()

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_format.h"
+#include "core/expert_source.h"
 #include "core/geometry.h"
 #include "core/status_macros.h"
 #include "core/workspace.h"
@@ -55,20 +56,30 @@ absl::StatusOr<std::unique_ptr<GpuEpDispatcher>> GpuEpDispatcher::Create(
     return absl::InvalidArgumentError(
         absl::StrFormat("tail_bytes: expected >= 0, got %d", options.tail_bytes));
   }
-  ASSIGN_OR_RETURN(const int64_t scratch,
-                   ExpertCompute::ScratchBytes(e * n, ws.top_k, ws.hidden, options.max_intermediate,
-                                               d->num_local_experts_));
+  // Under a placement table a rank holds up to the slot budget's experts.
+  const int max_local = std::max(d->num_local_experts_, core::SlotBudgetPerRank(o));
+  ASSIGN_OR_RETURN(
+      const int64_t scratch,
+      ExpertCompute::ScratchBytes(e * n, ws.top_k, ws.hidden, options.max_intermediate, max_local));
+  d->max_slots_ = ws.ep_size * core::SlotBudgetPerRank(o);
+  const int64_t offsets_bytes = core::AlignTo128((o.num_experts + 1) * int64_t{4});
+  const int64_t ranks_bytes = core::AlignTo128(d->max_slots_ * int64_t{4});
+  const int64_t counters_bytes = core::AlignTo128(o.num_experts * int64_t{8});
+  d->placement_bytes_ = offsets_bytes + ranks_bytes + counters_bytes;
   const int64_t total = layout.total_bytes;
   // Layout regions and scratch parts are multiples of 128 bytes, so the
   // scratch and the tail follow the layout 128-byte aligned, without padding.
   const int64_t scratch_offset = total;
   const int64_t tail_offset = total + scratch;
-  const int64_t with_scratch = tail_offset + options.tail_bytes;
+  const int64_t placement_offset = tail_offset + core::AlignTo128(options.tail_bytes);
+  const int64_t with_scratch = placement_offset + d->placement_bytes_;
+  d->placement_offset_ = placement_offset;
   if (memory_cap_bytes > 0 && with_scratch > memory_cap_bytes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "GPU data plane of rank %d needs %d bytes (buffers %d + expert scratch %d + staging %d), "
-        "cap is %d",
-        d->rank_, with_scratch, total, scratch, options.tail_bytes, memory_cap_bytes));
+        "GPU data plane of rank %d needs %d bytes (buffers %d + expert scratch %d + staging %d + "
+        "placement table %d), cap is %d",
+        d->rank_, with_scratch, total, scratch, options.tail_bytes, d->placement_bytes_,
+        memory_cap_bytes));
   }
   // One cudaMalloc for buffers, expert scratch and the caller's tail: the
   // free-memory drop is the reported total, not three roundings of it.
@@ -78,8 +89,18 @@ absl::StatusOr<std::unique_ptr<GpuEpDispatcher>> GpuEpDispatcher::Create(
   RETURN_IF_ERROR(CudaStatus(cudaMemset(d->base_, 0, total), "cudaMemset(data plane buffers)"));
   ASSIGN_OR_RETURN(d->expert_compute_,
                    ExpertCompute::Create(e * n, ws.top_k, ws.hidden, options.max_intermediate,
-                                         d->num_local_experts_, d->base_ + scratch_offset));
+                                         max_local, d->base_ + scratch_offset));
   if (options.tail_bytes > 0) d->tail_ = d->base_ + tail_offset;
+  char* table_base = d->base_ + placement_offset;
+  d->replica_offsets_ = reinterpret_cast<int32_t*>(table_base);
+  d->replica_ranks_ = reinterpret_cast<int32_t*>(table_base + offsets_bytes);
+  d->expert_tokens_ =
+      reinterpret_cast<unsigned long long*>(table_base + offsets_bytes + ranks_bytes);
+  RETURN_IF_ERROR(CudaStatus(cudaMemset(table_base, 0, d->placement_bytes_),
+                             "cudaMemset(placement table and load counters)"));
+  ASSIGN_OR_RETURN(core::PlacementTable contiguous,
+                   core::PlacementTable::Contiguous(o.num_experts, ws.ep_size));
+  RETURN_IF_ERROR(d->SetPlacement(contiguous));
   d->send_ = layout.dispatch_send.At<uint8_t>(d->base_);
   d->recv_ = layout.dispatch_recv.At<uint8_t>(d->base_);
   d->combine_send_ = layout.combine_send.At<uint16_t>(d->base_);
@@ -97,6 +118,67 @@ absl::StatusOr<std::unique_ptr<GpuEpDispatcher>> GpuEpDispatcher::Create(
 GpuEpDispatcher::~GpuEpDispatcher() {
   for (auto& [bucket, exec] : graphs_) cudaGraphExecDestroy(exec);
   cudaFree(base_);
+}
+
+absl::Status GpuEpDispatcher::SetPlacement(const core::PlacementTable& table) {
+  if (geometry_.in_step()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "SetPlacement on rank %d: a step is in flight; install a table between steps", rank_));
+  }
+  const uint64_t fingerprint = table.Fingerprint();
+  if (fingerprint == placement_fingerprint_ && replica_offsets_ != nullptr &&
+      placement_fingerprint_ != 0) {
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(core::ValidatePlacement(table, options_.dispatcher));
+  const std::vector<int> mine = core::DistinctSlotExperts(table, rank_);
+  if (mine.back() - mine.front() + 1 != static_cast<int>(mine.size())) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "placement: rank %d's slot experts %s are not one range of ids; the GPU data plane's "
+        "device expert set holds one range",
+        rank_, core::DescribeExpertIds(mine)));
+  }
+  std::vector<int32_t> offsets(table.num_experts() + 1, 0);
+  std::vector<int32_t> ranks;
+  ranks.reserve(table.num_slots());
+  for (int e = 0; e < table.num_experts(); ++e) {
+    for (const core::ReplicaSlot& replica : table.Replicas(e)) ranks.push_back(replica.rank);
+    offsets[e + 1] = static_cast<int32_t>(ranks.size());
+  }
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(collective_->device()), "cudaSetDevice"));
+  // A step boundary: no kernel of an earlier step still reads the table.
+  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(collective_->stream()),
+                             "cudaStreamSynchronize(before the placement copy)"));
+  RETURN_IF_ERROR(CudaStatus(cudaMemcpy(replica_offsets_, offsets.data(),
+                                        offsets.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+                             "cudaMemcpy(replica offsets)"));
+  RETURN_IF_ERROR(CudaStatus(cudaMemcpy(replica_ranks_, ranks.data(),
+                                        ranks.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+                             "cudaMemcpy(replica ranks)"));
+  first_expert_ = mine.front();
+  num_local_experts_ = static_cast<int>(mine.size());
+  placement_fingerprint_ = fingerprint;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<core::ExpertLoadCounts> GpuEpDispatcher::ReadExpertLoad(bool reset) {
+  const int num_experts = options_.dispatcher.num_experts;
+  std::vector<unsigned long long> raw(num_experts, 0);
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(collective_->device()), "cudaSetDevice"));
+  RETURN_IF_ERROR(collective_->Synchronize());
+  RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpy(raw.data(), expert_tokens_, raw.size() * sizeof(raw[0]), cudaMemcpyDeviceToHost),
+      "cudaMemcpy(load counters)"));
+  core::ExpertLoadCounts counts;
+  counts.tokens_per_expert.assign(raw.begin(), raw.end());
+  counts.steps = counted_steps_;
+  if (reset) {
+    RETURN_IF_ERROR(CudaStatus(
+        cudaMemsetAsync(expert_tokens_, 0, raw.size() * sizeof(raw[0]), collective_->stream()),
+        "cudaMemsetAsync(load counters)"));
+    counted_steps_ = 0;
+  }
+  return counts;
 }
 
 absl::StatusOr<std::vector<int64_t>> GpuEpDispatcher::SyncTokenCounts(int64_t local_tokens) {
@@ -134,9 +216,19 @@ absl::Status GpuEpDispatcher::EnqueueDispatch(int64_t r, const uint16_t* hidden,
   const int32_t* in_ids = topk_ids ? topk_ids : reinterpret_cast<const int32_t*>(send_);
   const float* in_weights = topk_weights ? topk_weights : reinterpret_cast<const float*>(send_);
   const int64_t* num_tokens = header_ + 2;
-  RETURN_IF_ERROR(LaunchRoute({in_ids, num_tokens, r, top_k_, options_.dispatcher.num_experts,
-                               ep_size_, token_slot_, send_counts_},
-                              s));
+  const DevicePlacement placement{replica_offsets_, replica_ranks_, rank_};
+  RouteParams route;
+  route.topk_ids = in_ids;
+  route.num_tokens = num_tokens;
+  route.max_tokens = r;
+  route.top_k = top_k_;
+  route.num_experts = options_.dispatcher.num_experts;
+  route.ep_size = ep_size_;
+  route.token_slot = token_slot_;
+  route.send_counts = send_counts_;
+  route.placement = placement;
+  route.expert_tokens = expert_tokens_;
+  RETURN_IF_ERROR(LaunchRoute(route, s));
   PackDispatchParams pack;
   pack.hidden = in_hidden;
   pack.topk_ids = in_ids;
@@ -150,6 +242,8 @@ absl::Status GpuEpDispatcher::EnqueueDispatch(int64_t r, const uint16_t* hidden,
   pack.ep_size = ep_size_;
   pack.invalid_expert_id = options_.dispatcher.invalid_expert_id;
   pack.send = send_;
+  pack.placement = placement;
+  pack.num_experts = options_.dispatcher.num_experts;
   RETURN_IF_ERROR(LaunchPackDispatch(pack, s));
   std::fill(counts_.begin(), counts_.end(), r * row_bytes_);
   // The step header rides in the payload's NCCL group (one launch), then one
@@ -232,6 +326,7 @@ absl::Status GpuEpDispatcher::Forward(const uint16_t* hidden, const int32_t* top
   RETURN_IF_ERROR(BeginStep(num_tokens));
   const int64_t r = geometry_.runtime_max_tokens_per_rank();
   RETURN_IF_ERROR(EnqueueDispatch(r, hidden, topk_ids, topk_weights));
+  ++counted_steps_;
   RETURN_IF_ERROR(expert_compute_->Run(recv_, ep_size_ * r, experts, combine_send_, stream()));
   return EnqueueCombine(r, output);
 }
@@ -243,6 +338,7 @@ absl::Status GpuEpDispatcher::Dispatch(const uint16_t* hidden, const int32_t* to
   RETURN_IF_ERROR(BeginStep(num_tokens));
   RETURN_IF_ERROR(
       EnqueueDispatch(geometry_.runtime_max_tokens_per_rank(), hidden, topk_ids, topk_weights));
+  ++counted_steps_;
   geometry_.MarkDispatched();
   return absl::OkStatus();
 }
@@ -333,7 +429,10 @@ absl::Status GpuEpDispatcher::ReplayForward(int64_t bucket, int64_t epoch, int64
   }
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(collective_->device()), "cudaSetDevice"));
   RETURN_IF_ERROR(WriteHeader(epoch, bucket, num_tokens));
-  return CudaStatus(cudaGraphLaunch(it->second, collective_->stream()), "cudaGraphLaunch");
+  RETURN_IF_ERROR(
+      CudaStatus(cudaGraphLaunch(it->second, collective_->stream()), "cudaGraphLaunch"));
+  ++counted_steps_;
+  return absl::OkStatus();
 }
 
 absl::Status GpuEpDispatcher::CheckReplay() { return CheckStep(); }

@@ -103,10 +103,15 @@ class GpuEpDispatcher {
   GpuEpDispatcher& operator=(const GpuEpDispatcher&) = delete;
 
   // Device bytes held, all in one cudaMalloc: layout().total_bytes, then the
-  // expert scratch (expert_scratch_bytes()), then the caller's tail_bytes.
-  int64_t allocated_bytes() const {
-    return layout_.total_bytes + expert_scratch_bytes() + options_.tail_bytes;
-  }
+  // expert scratch (expert_scratch_bytes()), then the caller's tail_bytes,
+  // then the placement table and load counters (DESIGN §15: replica offsets
+  // [E + 1] int32, replica ranks [ep_size * slot budget] int32, counters
+  // [num_experts] uint64, each 128-byte aligned).
+  int64_t allocated_bytes() const { return placement_offset_ + placement_bytes_; }
+  // Where the placement table and load counters start in the one allocation
+  // (after the tail, 128-byte aligned), and their bytes.
+  int64_t placement_offset() const { return placement_offset_; }
+  int64_t placement_bytes() const { return placement_bytes_; }
   // The caller's region (options.tail_bytes bytes, 128-byte aligned; null
   // when tail_bytes is 0). Valid while the dispatcher lives.
   void* tail() const { return tail_; }
@@ -123,6 +128,31 @@ class GpuEpDispatcher {
   // Forward / replay; read them after it (a copy on stream()). What the
   // Forward RPC's counters come from (issue 11 item 2).
   const int32_t* step_counts() const { return send_counts_; }
+
+  // SetPlacement()
+  //
+  // Writes `table` into the device copy the route and pack kernels read
+  // (DESIGN §15), in place: the buffers were sized at Create by the slot
+  // budget (core::SlotBudgetPerRank), so nothing is reallocated and graphs
+  // captured earlier route by the new table when replayed. Waits for the
+  // stream first (a step boundary), then copies; a no-op when `table` is
+  // the one installed (same fingerprint). Create installs the contiguous
+  // table. Errors: kFailedPrecondition (a step is in flight),
+  // kInvalidArgument (core::ValidatePlacement; this rank's distinct slot
+  // experts are not one range of ids, which the device expert set needs),
+  // CUDA errors. On error the previous table stays.
+  absl::Status SetPlacement(const core::PlacementTable& table);
+  uint64_t placement_fingerprint() const { return placement_fingerprint_; }
+
+  // ReadExpertLoad()
+  //
+  // The device load counters (tokens per logical expert, bumped by the route
+  // kernel of every step since the last reset; no host sync on the step
+  // path), copied to the host after the stream is done; with `reset`,
+  // zeroed on the stream after the copy. `steps` is the Forward / Dispatch
+  // calls and replays enqueued since the last reset. Errors: CUDA and
+  // collective (Synchronize) errors.
+  absl::StatusOr<core::ExpertLoadCounts> ReadExpertLoad(bool reset);
 
   // As core::EpDispatcher: all-gathers local token counts (collective).
   absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens);
@@ -256,6 +286,15 @@ class GpuEpDispatcher {
   std::vector<int64_t> header_counts_;  // [E], 24 bytes each (the header exchange)
   std::vector<int64_t> count_bytes_;    // [E], 4 bytes each (the send-count exchange)
   std::map<int64_t, cudaGraphExec_t> graphs_;
+  // DESIGN §15: the device table (in the one allocation) and its identity.
+  int32_t* replica_offsets_ = nullptr;           // [num_experts + 1]
+  int32_t* replica_ranks_ = nullptr;             // [ep_size * slot budget]
+  unsigned long long* expert_tokens_ = nullptr;  // [num_experts]
+  int64_t placement_offset_ = 0;
+  int64_t placement_bytes_ = 0;
+  int max_slots_ = 0;  // ep_size * slot budget
+  uint64_t placement_fingerprint_ = 0;
+  int64_t counted_steps_ = 0;
 };
 
 }  // namespace moe_ep::kernels

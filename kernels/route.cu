@@ -2,19 +2,13 @@
 
 #include "absl/strings/str_format.h"
 #include "kernels/internal/cuda_status.h"
+#include "kernels/internal/device_placement.cuh"
 #include "kernels/route.cuh"
 
 namespace moe_ep::kernels {
 namespace {
 
 constexpr int kRouteThreads = 512;
-
-// Owner rank of a valid expert under the contiguous placement: the first
-// `rem` ranks own base + 1 experts, the rest own base.
-__device__ __forceinline__ int RankOfExpert(int expert, int base, int rem) {
-  const int big = rem * (base + 1);
-  return expert < big ? expert / (base + 1) : rem + (expert - big) / base;
-}
 
 // Block d = destination rank d. Each chunk of kRouteThreads tokens: thread i
 // flags token (chunk + i) when one of its K valid ids lives on rank d; an
@@ -24,7 +18,8 @@ __device__ __forceinline__ int RankOfExpert(int expert, int base, int rem) {
 __global__ void RouteKernel(const int32_t* __restrict__ topk_ids, const int64_t* num_tokens,
                             int64_t max_tokens, int top_k, int num_experts, int ep_size, int base,
                             int rem, int32_t* __restrict__ token_slot,
-                            int32_t* __restrict__ send_counts) {
+                            int32_t* __restrict__ send_counts, DevicePlacement placement,
+                            unsigned long long* __restrict__ expert_tokens) {
   using BlockScan = cub::BlockScan<int, kRouteThreads>;
   __shared__ typename BlockScan::TempStorage temp;
   const int d = blockIdx.x;
@@ -36,7 +31,9 @@ __global__ void RouteKernel(const int32_t* __restrict__ topk_ids, const int64_t*
     if (t < n) {
       for (int k = 0; k < top_k; ++k) {
         const int32_t id = topk_ids[t * top_k + k];
-        if (id >= 0 && id < num_experts && RankOfExpert(id, base, rem) == d) flag = 1;
+        if (id < 0 || id >= num_experts) continue;
+        if (internal::DestinationRank(placement, t, id, base, rem) == d) flag = 1;
+        if (d == 0 && expert_tokens != nullptr) atomicAdd(expert_tokens + id, 1ULL);
       }
     }
     int prefix = 0;
@@ -72,11 +69,14 @@ absl::Status LaunchRoute(const RouteParams& p, cudaStream_t stream) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "LaunchRoute: num_experts expected >= ep_size %d, got %d", p.ep_size, p.num_experts));
   }
+  if (p.placement.replica_offsets != nullptr && p.placement.replica_ranks == nullptr) {
+    return absl::InvalidArgumentError("LaunchRoute: placement with offsets but no replica ranks");
+  }
   const int base = p.num_experts / p.ep_size;
   const int rem = p.num_experts % p.ep_size;
-  RouteKernel<<<p.ep_size, kRouteThreads, 0, stream>>>(p.topk_ids, p.num_tokens, p.max_tokens,
-                                                       p.top_k, p.num_experts, p.ep_size, base, rem,
-                                                       p.token_slot, p.send_counts);
+  RouteKernel<<<p.ep_size, kRouteThreads, 0, stream>>>(
+      p.topk_ids, p.num_tokens, p.max_tokens, p.top_k, p.num_experts, p.ep_size, base, rem,
+      p.token_slot, p.send_counts, p.placement, p.expert_tokens);
   return internal::LaunchStatus("RouteKernel");
 }
 

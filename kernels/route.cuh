@@ -20,6 +20,19 @@ inline constexpr int kMaxEpSize = 64;
 // Largest top_k the GPU kernels support.
 inline constexpr int kMaxTopK = 64;
 
+// A placement table in device memory (DESIGN §15): the replicas of logical
+// expert e live on ranks replica_ranks[replica_offsets[e] ..
+// replica_offsets[e + 1]), in core::PlacementTable::Replicas order. A valid
+// choice id of token t goes to
+//   replica_ranks[replica_offsets[id] + (t + source_rank) mod n_id]
+// (core::PlacementTable::ChooseReplica). Null replica_offsets: the
+// contiguous placement of DESIGN §7.
+struct DevicePlacement {
+  const int32_t* replica_offsets = nullptr;  // device [num_experts + 1]
+  const int32_t* replica_ranks = nullptr;    // device [num_slots]
+  int source_rank = 0;                       // this rank
+};
+
 struct RouteParams {
   const int32_t* topk_ids = nullptr;    // device [max_tokens, K] int32, rows [0, T) read
   const int64_t* num_tokens = nullptr;  // device scalar T, clamped to max_tokens
@@ -29,6 +42,11 @@ struct RouteParams {
   int ep_size = 0;                      // E (contiguous placement, DESIGN §7)
   int32_t* token_slot = nullptr;        // device [max_tokens, E]: slot on rank d or -1
   int32_t* send_counts = nullptr;       // device [E]: tokens sent to each rank
+  DevicePlacement placement;            // the table; null offsets = contiguous
+  // Load statistics (DESIGN §15): device [num_experts], += 1 for every valid
+  // (token, choice) pair of the step, by atomics of block 0 (integer sums, so
+  // the totals are exact and deterministic). Null: not counted.
+  unsigned long long* expert_tokens = nullptr;
 };
 
 // LaunchRoute()
@@ -46,7 +64,8 @@ struct RouteParams {
 //   kInternal         the launch failed (cudaGetErrorString in the message).
 // Never allocates or synchronises (graph-capturable).
 // Example: E=2, 4 experts (2 per rank), K=2, ids [[0,3],[1,1],[-1,9]] ->
-//   token_slot [[0,0],[1,-1],[-1,-1]], send_counts [2,1].
+//   token_slot [[0,0],[1,-1],[-1,-1]], send_counts [2,1]; with
+//   expert_tokens, += {1, 2, 0, 1}.
 absl::Status LaunchRoute(const RouteParams& params, cudaStream_t stream);
 
 }  // namespace moe_ep::kernels

@@ -53,6 +53,9 @@ absl::StatusOr<DataPlaneAllocation> CpuDataPlane::Allocate(const core::EpDispatc
   allocation.regions = dispatcher->layout().Regions();
   experts_.clear();
   shared_.clear();
+  tables_.clear();
+  load_.Reset(options.num_experts);
+  contiguous_ = dispatcher->placement();
   hidden_ = options.workspace.hidden;
   options_ = options;
   dispatcher_ = std::move(dispatcher);
@@ -69,7 +72,12 @@ absl::StatusOr<int64_t> CpuDataPlane::LoadExperts(int layer, const core::ExpertS
   if (dispatcher_ == nullptr) {
     return absl::FailedPreconditionError("LoadExperts: no workspace; call Allocate first");
   }
-  RETURN_IF_ERROR(CheckExpertSourceForWorkspace(source, options_, collective_->rank()));
+  // An installed table is checked slot by slot; without one, the range of
+  // the contiguous placement (and its message).
+  auto installed = tables_.find(layer);
+  RETURN_IF_ERROR(CheckExpertSourceForWorkspace(
+      source, options_, collective_->rank(),
+      installed == tables_.end() ? nullptr : installed->second.get()));
   ASSIGN_OR_RETURN(core::ExpertSet experts, core::MakeHostExperts(source));
   const int64_t bytes = experts.weight_bytes();
   experts_.insert_or_assign(layer, std::move(experts));
@@ -99,6 +107,39 @@ int64_t CpuDataPlane::SharedExpertBytes(int layer) const {
 int64_t CpuDataPlane::ExpertBytes(int layer) const {
   auto it = experts_.find(layer);
   return it == experts_.end() ? 0 : it->second.weight_bytes();
+}
+
+absl::Status CpuDataPlane::InstallPlacement(int layer,
+                                            std::shared_ptr<const core::PlacementTable> table) {
+  if (dispatcher_ == nullptr) {
+    return absl::FailedPreconditionError("InstallPlacement: no workspace; call Allocate first");
+  }
+  if (table == nullptr) return absl::InvalidArgumentError("InstallPlacement: null table");
+  RETURN_IF_ERROR(core::ValidatePlacement(*table, options_));
+  const int rank = collective_->rank();
+  auto experts = experts_.find(layer);
+  if (experts != experts_.end() &&
+      experts->second.expert_ids() != core::DistinctSlotExperts(*table, rank)) {
+    experts_.erase(experts);
+  }
+  tables_.insert_or_assign(layer, std::move(table));
+  return absl::OkStatus();
+}
+
+std::shared_ptr<const core::PlacementTable> CpuDataPlane::Placement(int layer) const {
+  auto it = tables_.find(layer);
+  return it == tables_.end() ? contiguous_ : it->second;
+}
+
+absl::StatusOr<core::ExpertLoadCounts> CpuDataPlane::ReadExpertLoad(int layer, bool reset) {
+  if (dispatcher_ == nullptr) {
+    return absl::FailedPreconditionError("GetExpertLoad: no workspace; call Allocate first");
+  }
+  return load_.Read(layer, reset);
+}
+
+std::vector<int64_t> CpuDataPlane::ExpertTokenTotals(int layer) const {
+  return load_.Totals(layer);
 }
 
 absl::StatusOr<std::vector<int64_t>> CpuDataPlane::SyncTokenCounts(int64_t local_tokens) {
@@ -136,8 +177,12 @@ absl::StatusOr<core::StepStats> CpuDataPlane::Forward(
                     std::chrono::steady_clock::now() - start)
                     .count();
   }
+  RETURN_IF_ERROR(dispatcher_->SetPlacement(Placement(layer)));
   RETURN_IF_ERROR(dispatcher_->Forward(hidden, topk_ids, topk_weights, num_tokens, experts->second,
                                        output, shared_out));
+  // This step's counts go to the layer's counters.
+  const core::ExpertLoadCounts step = dispatcher_->ReadExpertLoad(/*reset=*/true);
+  load_.Add(layer, step);
   core::StepStats stats = dispatcher_->last_step();
   stats.shared_us = shared_us;
   return stats;

@@ -17,6 +17,7 @@
 #include "core/experts.h"
 #include "core/gloo_collective.h"
 #include "server/data_plane.h"
+#include "server/expert_load_book.h"
 
 namespace moe_ep::server {
 
@@ -44,6 +45,11 @@ class CpuDataPlane final : public DataPlane {
                                            int64_t memory_cap_bytes) override;
   int64_t SharedExpertBytes(int layer) const override;
   int64_t ExpertBytes(int layer) const override;
+  absl::Status InstallPlacement(int layer,
+                                std::shared_ptr<const core::PlacementTable> table) override;
+  std::shared_ptr<const core::PlacementTable> Placement(int layer) const override;
+  absl::StatusOr<core::ExpertLoadCounts> ReadExpertLoad(int layer, bool reset) override;
+  std::vector<int64_t> ExpertTokenTotals(int layer) const override;
   absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens) override;
   absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
                               int64_t local_tokens) override;
@@ -78,6 +84,11 @@ class CpuDataPlane final : public DataPlane {
   int64_t hidden_ = 0;                        // H of the allocated workspace
   core::EpDispatcherOptions options_;         // of the allocated workspace
   int64_t engine_tokens_ = 0;                 // T of the last EngineDispatch
+  // DESIGN §15: the contiguous table, each layer's installed one, and each
+  // layer's load counters (drained from the dispatcher after every step).
+  std::shared_ptr<const core::PlacementTable> contiguous_;
+  std::map<int, std::shared_ptr<const core::PlacementTable>> tables_;
+  ExpertLoadBook load_;
 };
 
 }  // namespace moe_ep::server

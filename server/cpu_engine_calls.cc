@@ -63,11 +63,15 @@ absl::StatusOr<core::StepStats> CpuDataPlane::EngineDispatch(
         "hidden, topk_ids, topk_weights: must not be null when num_tokens > 0");
   }
   const bool inputs = local.ok() && t > 0;
+  // Engine-run experts are the contiguous placement's (EngineRecvBuffers).
+  RETURN_IF_ERROR(dispatcher_->SetPlacement(contiguous_));
   RETURN_IF_ERROR(dispatcher_->Dispatch(
       absl::MakeConstSpan(static_cast<const core::bf16_t*>(hidden), inputs ? t * h : 0),
       absl::MakeConstSpan(topk_ids, inputs ? t * k : 0),
       absl::MakeConstSpan(topk_weights, inputs ? t * k : 0), local.ok() ? num_tokens : 0, local));
   engine_tokens_ = num_tokens;
+  // No layer to count for (DataPlane::ReadExpertLoad).
+  dispatcher_->ReadExpertLoad(/*reset=*/true);
 
   const int e = options_.workspace.ep_size;
   const int64_t r = dispatcher_->runtime_max_tokens_per_rank();

@@ -16,7 +16,8 @@
 namespace moe_ep::server {
 
 absl::Status CheckExpertSourceForWorkspace(const core::ExpertSource& source,
-                                           const core::EpDispatcherOptions& options, int rank) {
+                                           const core::EpDispatcherOptions& options, int rank,
+                                           const core::PlacementTable* table) {
   RETURN_IF_ERROR(core::ValidateExpertSource(source));
   if (source.hidden != options.workspace.hidden) {
     return absl::InvalidArgumentError(
@@ -28,6 +29,7 @@ absl::Status CheckExpertSourceForWorkspace(const core::ExpertSource& source,
         "expert source (", source.Describe(), "): num_routed_experts: expected the workspace's ",
         options.num_experts, ", got ", source.num_routed_experts));
   }
+  if (table != nullptr) return core::CheckExpertSlots(source, *table, rank);
   return core::CheckExpertRange(source, rank, options.workspace.ep_size);
 }
 

@@ -36,6 +36,7 @@
 #include "core/ep_dispatcher.h"
 #include "core/expert_source.h"
 #include "core/experts.h"
+#include "core/placement_table.h"
 #include "core/shared_expert.h"
 #include "core/workspace.h"
 #include "gloo/rendezvous/store.h"
@@ -158,6 +159,38 @@ class DataPlane {
   // Bytes of expert weights held for `layer` (0 when none).
   virtual int64_t ExpertBytes(int layer) const = 0;
 
+  // InstallPlacement()
+  //
+  // Makes `table` `layer`'s placement (DESIGN §15) for its next steps, in
+  // place: nothing is reallocated (the GPU plane rewrites its device copy of
+  // the table on its stream, so captured graphs stay valid). Until then a
+  // layer uses the contiguous table. Drops the layer's routed experts when
+  // this rank's distinct slot experts change (DroppedExperts). Local: the
+  // Worker service votes on the table's fingerprint first. REQUIRES:
+  // Allocate succeeded and no step in flight.
+  // Errors: kInvalidArgument (core::ValidatePlacement against the
+  // workspace), kFailedPrecondition (no workspace), kInternal (device copy).
+  // On error nothing changes.
+  virtual absl::Status InstallPlacement(int layer,
+                                        std::shared_ptr<const core::PlacementTable> table) = 0;
+  // `layer`'s table (the contiguous one when none was installed; null before
+  // Allocate).
+  virtual std::shared_ptr<const core::PlacementTable> Placement(int layer) const = 0;
+
+  // ReadExpertLoad()
+  //
+  // This rank's load counters of `layer` (core::ExpertLoadCounts: tokens its
+  // own Forward steps routed to each logical expert, counted on the data
+  // plane: host counters on the CPU, device counters bumped by the route
+  // kernel on a GPU); with `reset`, zeroes them after reading. Steps of
+  // EngineDispatch (no layer) are not counted. Zeros for a layer without
+  // steps. REQUIRES: Allocate succeeded. Errors: kFailedPrecondition (no
+  // workspace), kInternal (device copy).
+  virtual absl::StatusOr<core::ExpertLoadCounts> ReadExpertLoad(int layer, bool reset) = 0;
+  // Tokens per logical expert of `layer` since Allocate, never reset (for
+  // /metrics; server/expert_load_book.h). Zeros for a layer without steps.
+  virtual std::vector<int64_t> ExpertTokenTotals(int layer) const = 0;
+
   // As core::EpDispatcher (REQUIRES: Allocate succeeded).
   virtual absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens) = 0;
   virtual absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
@@ -261,10 +294,14 @@ absl::StatusOr<std::unique_ptr<DataPlane>> FormDataPlane(
 // What both planes check before LoadExperts makes anything:
 // core::ValidateExpertSource, then the source's H and E against the
 // workspace's `options` (workspace.hidden, num_experts), then that its range
-// is `rank`'s of workspace.ep_size ranks (core::CheckExpertRange). Errors:
+// is `rank`'s of workspace.ep_size ranks (core::CheckExpertRange, or
+// core::CheckExpertSlots under `table`). Errors:
 // kInvalidArgument naming the field, expected and got. Pure.
+// With a placement table, the range check is core::CheckExpertSlots
+// against `table` (rank's distinct slot experts) instead.
 absl::Status CheckExpertSourceForWorkspace(const core::ExpertSource& source,
-                                           const core::EpDispatcherOptions& options, int rank);
+                                           const core::EpDispatcherOptions& options, int rank,
+                                           const core::PlacementTable* table = nullptr);
 
 // The rendezvous key of a generation's NCCL unique id: "gen<generation>/nccl_unique_id".
 std::string NcclUniqueIdKey(int64_t generation);

@@ -204,9 +204,16 @@ absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatc
   allocation.regions.push_back({"expert_scratch", offset, held.expert_scratch_bytes()});
   offset += held.expert_scratch_bytes();
   allocation.regions.push_back({"forward_staging", offset, staging_bytes});
-  offset += staging_bytes;
-  allocation.allocated_bytes = offset;
+  // The placement table and load counters (DESIGN §15), after the staging.
+  allocation.regions.push_back(
+      {"placement_table", held.placement_offset(), held.placement_bytes()});
+  allocation.allocated_bytes = held.allocated_bytes();
 
+  ASSIGN_OR_RETURN(core::PlacementTable contiguous,
+                   core::PlacementTable::Contiguous(options.num_experts, ws.ep_size));
+  contiguous_ = std::make_shared<const core::PlacementTable>(std::move(contiguous));
+  tables_.clear();
+  load_.Reset(options.num_experts);
   experts_.clear();
   shared_.Reset(ws.capacity_tokens, ws.hidden);
   staging_ = std::move(staging);
@@ -229,7 +236,12 @@ absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, const core::ExpertS
   if (dispatcher_ == nullptr) {
     return absl::FailedPreconditionError("LoadExperts: no workspace; call Allocate first");
   }
-  RETURN_IF_ERROR(CheckExpertSourceForWorkspace(source, options_, collective_->rank()));
+  // An installed table is checked slot by slot; without one, the range of
+  // the contiguous placement (and its message).
+  auto installed = tables_.find(layer);
+  RETURN_IF_ERROR(CheckExpertSourceForWorkspace(
+      source, options_, collective_->rank(),
+      installed == tables_.end() ? nullptr : installed->second.get()));
   RETURN_IF_ERROR(MakeDeviceCurrent());
   // Made on the device from the source (seeded: generated there; safetensors:
   // streamed through bounded pinned staging): no host copy of the layer.
@@ -293,6 +305,41 @@ int64_t GpuDataPlane::SharedExpertBytes(int layer) const { return shared_.Bytes(
 int64_t GpuDataPlane::ExpertBytes(int layer) const {
   auto it = experts_.find(layer);
   return it == experts_.end() ? 0 : it->second->weight_bytes();
+}
+
+absl::Status GpuDataPlane::InstallPlacement(int layer,
+                                            std::shared_ptr<const core::PlacementTable> table) {
+  if (dispatcher_ == nullptr) {
+    return absl::FailedPreconditionError("InstallPlacement: no workspace; call Allocate first");
+  }
+  if (table == nullptr) return absl::InvalidArgumentError("InstallPlacement: null table");
+  RETURN_IF_ERROR(MakeDeviceCurrent());
+  RETURN_IF_ERROR(dispatcher_->SetPlacement(*table));
+  const std::vector<int> mine = core::DistinctSlotExperts(*table, collective_->rank());
+  auto experts = experts_.find(layer);
+  if (experts != experts_.end() &&
+      (experts->second->first_expert() != mine.front() ||
+       experts->second->num_experts() != static_cast<int>(mine.size()))) {
+    experts_.erase(experts);
+  }
+  tables_.insert_or_assign(layer, std::move(table));
+  return absl::OkStatus();
+}
+
+std::shared_ptr<const core::PlacementTable> GpuDataPlane::Placement(int layer) const {
+  auto it = tables_.find(layer);
+  return it == tables_.end() ? contiguous_ : it->second;
+}
+
+absl::StatusOr<core::ExpertLoadCounts> GpuDataPlane::ReadExpertLoad(int layer, bool reset) {
+  if (dispatcher_ == nullptr) {
+    return absl::FailedPreconditionError("GetExpertLoad: no workspace; call Allocate first");
+  }
+  return load_.Read(layer, reset);
+}
+
+std::vector<int64_t> GpuDataPlane::ExpertTokenTotals(int layer) const {
+  return load_.Totals(layer);
 }
 
 absl::StatusOr<std::vector<int64_t>> GpuDataPlane::SyncTokenCounts(int64_t local_tokens) {
@@ -377,6 +424,10 @@ absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostFo
   }
   RETURN_IF_ERROR(dispatcher_->CheckStep("Forward", num_tokens));
   RETURN_IF_ERROR(MakeDeviceCurrent());
+
+  // The layer's placement table (DESIGN §15): the route kernel reads it.
+  const std::shared_ptr<const core::PlacementTable> table = Placement(layer);
+  RETURN_IF_ERROR(dispatcher_->SetPlacement(*table));
 
   // Inputs: one host copy each, on the collective's stream (see the header).
   cudaStream_t stream = dispatcher_->stream();
@@ -466,6 +517,9 @@ absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostFo
     if (p == rank) continue;
     stats.bytes_sent_remote += sent * dispatch_bytes + received * combine_bytes;
   }
+  // The route kernel counted this step on the device; the layer gets it.
+  ASSIGN_OR_RETURN(core::ExpertLoadCounts step, dispatcher_->ReadExpertLoad(/*reset=*/true));
+  load_.Add(layer, step);
   float ms[3] = {0, 0, 0};
   for (int i = 0; i < 3; ++i) {
     RETURN_IF_ERROR(

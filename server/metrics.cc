@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <exception>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -219,6 +220,24 @@ class WorkerMetrics::StatusCollectable final : public prometheus::Collectable {
                           s.counters().forwards()));
     out.push_back(Counter("moe_ep_errors_total", "RPCs this worker answered with an error",
                           s.counters().errors()));
+    if (s.expert_tokens_size() > 0) {
+      prometheus::MetricFamily tokens;
+      tokens.name = "moe_ep_expert_tokens_total";
+      tokens.help =
+          "(token, choice) pairs this rank routed to each logical expert, by MoE layer (DESIGN "
+          "§15 load statistics)";
+      tokens.type = prometheus::MetricType::Counter;
+      for (const v1::LayerExpertTokens& layer : s.expert_tokens()) {
+        for (int e = 0; e < layer.tokens_per_expert_size(); ++e) {
+          prometheus::ClientMetric metric;
+          metric.label.push_back({"layer", std::to_string(layer.layer())});
+          metric.label.push_back({"expert", std::to_string(e)});
+          metric.counter.value = static_cast<double>(layer.tokens_per_expert(e));
+          tokens.metric.push_back(std::move(metric));
+        }
+      }
+      out.push_back(std::move(tokens));
+    }
     return out;
   }
 

@@ -23,7 +23,8 @@
 //       moe_ep_device_memory_bytes, moe_ep_geometry_epoch, moe_ep_generation,
 //       moe_ep_rank, moe_ep_world_size, moe_ep_state{state} (1 for the current
 //       state), moe_ep_forwards_total and moe_ep_errors_total (the worker's
-//       own counters).
+//       own counters), and moe_ep_expert_tokens_total{layer,expert} (counter:
+//       the load statistics of DESIGN §15, GetStatusResponse.expert_tokens).
 //
 // Thread-safe. Source: issue 5; prometheus-cpp 1.0 (core + pull).
 

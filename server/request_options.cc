@@ -218,6 +218,12 @@ absl::StatusOr<core::EpDispatcherOptions> AllocationFromRequest(
                        absl::StrJoin(buckets, ", "), "]"));
     }
   }
+  if (request.redundant_slots_per_rank() < 0 ||
+      request.redundant_slots_per_rank() > request.num_experts()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "redundant_slots_per_rank: expected in [0, num_experts = ", request.num_experts(),
+        "], got ", request.redundant_slots_per_rank()));
+  }
   RETURN_IF_ERROR(CheckEveryRankOwnsAnExpert(request.num_experts(), world_size));
   RETURN_IF_ERROR(
       MatchesConfiguredModel("hidden_size", model.hidden_size(), request.hidden_size()));
@@ -233,6 +239,7 @@ absl::StatusOr<core::EpDispatcherOptions> AllocationFromRequest(
   options.num_experts = request.num_experts();
   options.invalid_expert_id = invalid_id;
   options.cuda_graph_buckets = buckets;
+  options.redundant_slots_per_rank = request.redundant_slots_per_rank();
   return options;
 }
 
@@ -243,7 +250,8 @@ std::vector<BallotField> AllocationFields(const core::EpDispatcherOptions& optio
           {"capacity_tokens", options.workspace.capacity_tokens},
           {"dispatch_dtype", static_cast<int64_t>(options.workspace.dtype)},
           {"invalid_expert_id", options.invalid_expert_id},
-          Text("cuda_graph_buckets", absl::StrJoin(options.cuda_graph_buckets, ":"))};
+          Text("cuda_graph_buckets", absl::StrJoin(options.cuda_graph_buckets, ":")),
+          {"redundant_slots_per_rank", options.redundant_slots_per_rank}};
 }
 
 uint64_t AllocationFingerprint(const core::EpDispatcherOptions& options) {
@@ -252,7 +260,8 @@ uint64_t AllocationFingerprint(const core::EpDispatcherOptions& options) {
                                     ",N=", options.workspace.capacity_tokens,
                                     ",dtype=", core::DispatchDTypeName(options.workspace.dtype),
                                     ",invalid=", options.invalid_expert_id,
-                                    ",buckets=", absl::StrJoin(options.cuda_graph_buckets, ":")));
+                                    ",buckets=", absl::StrJoin(options.cuda_graph_buckets, ":"),
+                                    ",redundant=", options.redundant_slots_per_rank));
 }
 
 absl::StatusOr<ExpertLoad> ExpertLoadFromRequest(const RequestLimits& limits,
@@ -308,10 +317,19 @@ absl::StatusOr<ExpertLoad> ExpertLoadFromRequest(const RequestLimits& limits,
   }
   RETURN_IF_ERROR(Positive("intermediate_size", load.identity ? 1 : intermediate, kMaxHidden * 16));
   load.intermediate = load.identity ? 0 : intermediate;
-  ASSIGN_OR_RETURN(core::ExpertPlacement placement,
-                   core::ExpertPlacement::Contiguous(options.num_experts, context.world_size));
-  load.first_expert = placement.FirstExpert(context.rank);
-  load.num_local_experts = placement.NumLocalExperts(context.rank);
+  if (context.placement != nullptr) {
+    load.slot_experts = context.placement->SlotExperts(context.rank);
+    load.expert_ids = core::DistinctSlotExperts(*context.placement, context.rank);
+  } else {
+    ASSIGN_OR_RETURN(core::ExpertPlacement placement,
+                     core::ExpertPlacement::Contiguous(options.num_experts, context.world_size));
+    for (int i = 0; i < placement.NumLocalExperts(context.rank); ++i) {
+      load.expert_ids.push_back(placement.FirstExpert(context.rank) + i);
+    }
+    load.slot_experts = load.expert_ids;
+  }
+  load.first_expert = load.expert_ids.front();
+  load.num_local_experts = static_cast<int>(load.expert_ids.size());
   // Weight bytes the new set will hold: gate, up [I, H] and down [H, I], bf16.
   load.weight_bytes =
       load.identity ? 0 : int64_t{load.num_local_experts} * 3 * intermediate * hidden * 2;
@@ -424,8 +442,10 @@ std::vector<BallotField> BenchmarkFields(const BenchmarkSpec& spec) {
           {"routing", static_cast<int64_t>(spec.routing)}};
 }
 
-core::ExpertSource MakeExpertSource(const ExpertLoad& load, const v1::LoadExpertsRequest& request,
-                                    const core::EpDispatcherOptions& options) {
+namespace {
+
+core::ExpertSource RangeExpertSource(const ExpertLoad& load, const v1::LoadExpertsRequest& request,
+                                     const core::EpDispatcherOptions& options) {
   const int64_t hidden = options.workspace.hidden;
   if (load.identity) {
     return core::ExpertSource::Identity(load.layer, options.num_experts, load.first_expert,
@@ -439,6 +459,55 @@ core::ExpertSource MakeExpertSource(const ExpertLoad& load, const v1::LoadExpert
   return core::ExpertSource::Seeded(request.seed(), load.layer, options.num_experts,
                                     load.first_expert, load.num_local_experts, hidden,
                                     load.intermediate);
+}
+
+}  // namespace
+
+core::ExpertSource MakeExpertSource(const ExpertLoad& load, const v1::LoadExpertsRequest& request,
+                                    const core::EpDispatcherOptions& options) {
+  core::ExpertSource source = RangeExpertSource(load, request, options);
+  const std::vector<int>& ids = load.expert_ids;
+  const bool is_range = ids.empty() || ids.back() - ids.front() + 1 == static_cast<int>(ids.size());
+  return is_range ? source : source.WithExperts(ids);
+}
+
+absl::StatusOr<core::PlacementTable> PlacementFromRequest(
+    const RequestLimits& limits, const v1::InstallPlacementRequest& request,
+    const std::vector<core::LayerPlan>& plan, const core::EpDispatcherOptions& allocation,
+    int world_size) {
+  RETURN_IF_ERROR(NonNegative("layer", request.layer()));
+  if (request.layer() >= static_cast<int>(plan.size()) || !plan[request.layer()].sparse) {
+    return absl::InvalidArgumentError(absl::StrCat("layer: expected a configured MoE layer in [0, ",
+                                                   plan.size(), "), got ", request.layer()));
+  }
+  if (request.ranks_size() != world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("ranks: expected one entry per rank (",
+                                                   world_size, "), got ", request.ranks_size()));
+  }
+  std::vector<std::vector<int>> slots(world_size);
+  for (int r = 0; r < world_size; ++r) {
+    const auto& given = request.ranks(r).slot_experts();
+    if (given.size() > limits.max_experts) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ranks[", r, "].slot_experts: at most --max-experts = ", limits.max_experts,
+                       " slots a rank, got ", given.size()));
+    }
+    slots[r].assign(given.begin(), given.end());
+  }
+  ASSIGN_OR_RETURN(core::PlacementTable table,
+                   core::PlacementTable::FromSlotExperts(allocation.num_experts, std::move(slots)));
+  if (request.fingerprint() != 0 && request.fingerprint() != table.Fingerprint()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fingerprint: the table's is ", absl::Hex(table.Fingerprint(), absl::kZeroPad16),
+        ", the request says ", absl::Hex(request.fingerprint(), absl::kZeroPad16)));
+  }
+  RETURN_IF_ERROR(core::ValidatePlacement(table, allocation));
+  return table;
+}
+
+std::vector<BallotField> PlacementFields(int layer, const core::PlacementTable& table) {
+  BallotField fingerprint{"placement_fingerprint", static_cast<int64_t>(table.Fingerprint()), true};
+  return {{"layer", layer}, fingerprint};
 }
 
 }  // namespace moe_ep::server

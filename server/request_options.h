@@ -134,11 +134,15 @@ uint64_t AllocationFingerprint(const core::EpDispatcherOptions& options);
 // What LoadExperts loads on this rank.
 struct ExpertLoad {
   int layer = 0;
-  bool identity = false;     // EXPERT_KIND_IDENTITY: no weights
-  int64_t intermediate = 0;  // I of SwiGLU experts (0 for identity)
-  std::string checkpoint;    // canonical path under --checkpoint-dir; "" = seeded
-  int first_expert = 0;      // this rank's share (contiguous placement)
-  int num_local_experts = 0;
+  bool identity = false;      // EXPERT_KIND_IDENTITY: no weights
+  int64_t intermediate = 0;   // I of SwiGLU experts (0 for identity)
+  std::string checkpoint;     // canonical path under --checkpoint-dir; "" = seeded
+  int first_expert = 0;       // this rank's share: its first (smallest) expert
+  int num_local_experts = 0;  // distinct experts of the share
+  // The share under the layer's placement table (DESIGN §15): its distinct
+  // experts, ascending, and the logical expert of each slot.
+  std::vector<int> expert_ids;
+  std::vector<int> slot_experts;
   int64_t weight_bytes = 0;  // gate, up [I, H] and down [H, I], bf16, of the share
 };
 
@@ -150,6 +154,8 @@ struct ExpertLoadContext {
   int world_size = 1;
   int rank = 0;
   std::vector<std::string> checkpoint_dirs;  // --checkpoint-dir
+  // The layer's placement table; null = the contiguous placement.
+  const core::PlacementTable* placement = nullptr;
 };
 
 // ExpertLoadFromRequest()
@@ -166,6 +172,26 @@ absl::StatusOr<ExpertLoad> ExpertLoadFromRequest(const RequestLimits& limits,
 // (fingerprints of the texts).
 std::vector<core::BallotField> ExpertLoadFields(const v1::LoadExpertsRequest& request,
                                                 const ExpertLoad& load);
+
+// ------------------------------------------------------- InstallPlacement
+
+// PlacementFromRequest()
+//
+// The table of an InstallPlacementRequest (DESIGN §15): layer a configured
+// sparse layer; one PlacementRank per rank of `world_size`; at most
+// max_experts slots a rank; core::PlacementTable::FromSlotExperts with the
+// workspace's num_experts; a non-zero request fingerprint equal to the
+// table's; then core::ValidatePlacement against `allocation` (the slot
+// budget). Errors: kInvalidArgument naming the field, rank or slot,
+// expected and got. Pure.
+absl::StatusOr<core::PlacementTable> PlacementFromRequest(
+    const RequestLimits& limits, const v1::InstallPlacementRequest& request,
+    const std::vector<core::LayerPlan>& plan, const core::EpDispatcherOptions& allocation,
+    int world_size);
+
+// layer, and the table's fingerprint (so a rank with another table is named
+// with its fingerprint).
+std::vector<core::BallotField> PlacementFields(int layer, const core::PlacementTable& table);
 
 // -------------------------------------------------------- SyncTokenCounts
 

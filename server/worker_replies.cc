@@ -62,6 +62,7 @@ absl::StatusOr<v1::AllocateWorkspaceResponse> AllocationReply(
     r->set_size_bytes(region.size_bytes);
   }
   out.set_capacity_tokens(ws.capacity_tokens);
+  out.set_max_slots_per_rank(core::SlotBudgetPerRank(options));
   return out;
 }
 

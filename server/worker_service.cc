@@ -146,6 +146,7 @@ void WorkerService::TearDownGroup() {
   status_.set_runtime_max_tokens_per_rank(0);
   status_.set_capacity_tokens(0);
   status_.set_expert_bytes(0);
+  status_.clear_expert_tokens();
   SetDeviceLocked(options_.default_backend);
   UpdateHealthLocked();
 }
@@ -322,6 +323,7 @@ absl::Status WorkerService::DoAllocateWorkspace(grpc::ServerContext* context,
   if (!same_spec) {
     status_.set_geometry_epoch(0);
     status_.set_runtime_max_tokens_per_rank(0);
+    status_.clear_expert_tokens();  // the new data plane's load statistics start at zero
   }
   UpdateHealthLocked();
   return absl::OkStatus();
@@ -353,12 +355,16 @@ grpc::Status WorkerService::LoadExperts(grpc::ServerContext* context,
 
 absl::StatusOr<ExpertLoad> WorkerService::PrepareExpertLoad(const v1::LoadExpertsRequest& request) {
   RETURN_IF_ERROR(RequirePhase(WorkerPhase::kAllocated, "LoadExperts"));
+  const int requested_layer = request.layer();
+  const std::shared_ptr<const core::PlacementTable> table =
+      requested_layer >= 0 ? data_plane_->Placement(requested_layer) : nullptr;
   const ExpertLoadContext state{&plan_,
                                 &model_,
                                 &allocation_->options,
                                 joined_.world_size,
                                 joined_.rank,
-                                options_.checkpoint_dirs};
+                                options_.checkpoint_dirs,
+                                table.get()};
   ASSIGN_OR_RETURN(ExpertLoad load, ExpertLoadFromRequest(options_.limits, request, state));
   RETURN_IF_ERROR(
       CheckExpertsFit(Budget(), load.layer, load.weight_bytes, data_plane_->ExpertBytes(load.layer))
@@ -399,6 +405,7 @@ absl::Status WorkerService::DoLoadExperts(grpc::ServerContext* context,
   response->set_num_local_experts(load->num_local_experts);
   response->set_expert_bytes(bytes);
   response->set_shared_expert_bytes(shared_bytes);
+  response->mutable_slot_experts()->Assign(load->slot_experts.begin(), load->slot_experts.end());
   absl::MutexLock lock(&state_mu_);
   status_.set_expert_bytes(expert_bytes_);
   status_.set_workspace_bytes(data_plane_->allocated_bytes());
@@ -508,7 +515,9 @@ absl::Status WorkerService::DoForward(grpc::ServerContext* context,
   output->add_shape(in->tokens);
   output->add_shape(hidden);
   FillForwardReply(*stats, absl::Now() - start, response);
+  const std::vector<int64_t> totals = data_plane_->ExpertTokenTotals(in->layer);
   absl::MutexLock lock(&state_mu_);
+  SetExpertTokensLocked(in->layer, totals);
   v1::Counters* counters = status_.mutable_counters();
   counters->set_forwards(counters->forwards() + 1);
   counters->set_tokens_dispatched(counters->tokens_dispatched() + stats->tokens_sent);

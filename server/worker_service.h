@@ -148,6 +148,12 @@ class WorkerService final : public v1::Worker::Service {
   // and no collective slot. Thread-safe.
   grpc::Status Echo(grpc::ServerContext* context, const v1::EchoRequest* request,
                     v1::EchoResponse* response) override;
+  // server/worker_service_placement.cc (DESIGN §15).
+  grpc::Status InstallPlacement(grpc::ServerContext* context,
+                                const v1::InstallPlacementRequest* request,
+                                v1::InstallPlacementResponse* response) override;
+  grpc::Status GetExpertLoad(grpc::ServerContext* context, const v1::GetExpertLoadRequest* request,
+                             v1::GetExpertLoadResponse* response) override;
 
  private:
   // The allocation in force (AllocateWorkspace, normalized).
@@ -180,6 +186,13 @@ class WorkerService final : public v1::Worker::Service {
   absl::Status DoForwardLayers(grpc::ServerContext* context,
                                const v1::ForwardLayersRequest& request,
                                v1::ForwardLayersResponse* response);
+  absl::Status DoInstallPlacement(grpc::ServerContext* context,
+                                  const v1::InstallPlacementRequest& request,
+                                  v1::InstallPlacementResponse* response);
+  absl::Status DoGetExpertLoad(grpc::ServerContext* context,
+                               const v1::GetExpertLoadRequest& request,
+                               v1::GetExpertLoadResponse* response);
+  absl::StatusOr<core::PlacementTable> PreparePlacement(const v1::InstallPlacementRequest& request);
 
   // The local validation of each voting RPC: the state it needs and its
   // request (server/request_options.h), before the vote. No state changes.
@@ -225,6 +238,10 @@ class WorkerService final : public v1::Worker::Service {
   // The device GetStatus shows for `backend` (server/device_info.h).
   void SetDeviceLocked(const std::string& backend) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_);
   absl::Status RequireGroup(WorkerPhase phase, const char* rpc);
+  // GetStatusResponse.expert_tokens of `layer` := `totals` (the data plane's
+  // ExpertTokenTotals), kept sorted by layer. Needs state_mu_.
+  void SetExpertTokensLocked(int layer, const std::vector<int64_t>& totals)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_);
 
   const WorkerOptions options_;
   HealthReporter* const health_;

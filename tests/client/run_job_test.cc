@@ -77,6 +77,22 @@ TEST(ExpertBytesPerLayer, Qwen3Preset) {
 
 TEST(ValidateRunJobOptions, DefaultsAreValid) { EXPECT_TRUE(ValidateRunJobOptions({}).ok()); }
 
+TEST(ValidateRunJobOptions, RebalanceNeedsRedundantSlotsAndALaterStep) {
+  RunJobOptions o;
+  o.steps = 3;
+  o.rebalance_after_steps = 1;
+  EXPECT_THAT(std::string(ValidateRunJobOptions(o).message()),
+              ::testing::HasSubstr("--rebalance-after: needs --redundant-slots >= 1"));
+  o.redundant_slots_per_rank = 2;
+  EXPECT_TRUE(ValidateRunJobOptions(o).ok());
+  o.rebalance_after_steps = 3;
+  EXPECT_THAT(std::string(ValidateRunJobOptions(o).message()),
+              ::testing::HasSubstr("--rebalance-after: expected in [0, --steps - 1 = 2]"));
+  o.rebalance_after_steps = 0;
+  o.redundant_slots_per_rank = -1;
+  EXPECT_EQ(ValidateRunJobOptions(o).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ValidateRunJobOptions, RejectsEachBadFlag) {
   struct Case {
     std::function<void(RunJobOptions&)> edit;

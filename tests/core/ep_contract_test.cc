@@ -58,6 +58,24 @@ TEST(ValidateEpOptions, PinsEachMessageOnce) {
                 "8], got [2, 9]");
 }
 
+TEST(ValidatePlacement, AgainstTheSlotBudget) {
+  EpDispatcherOptions o = Options(2, 8, 64, 2, 6);
+  o.redundant_slots_per_rank = 1;
+  EXPECT_EQ(SlotBudgetPerRank(o), 4);  // ceil(6 / 2) + 1
+  auto fits = PlacementTable::FromSlotExperts(6, {{5, 2, 0, 3}, {1, 4, 5, 2}});
+  EXPECT_TRUE(ValidatePlacement(*fits, o).ok());
+  auto big = PlacementTable::FromSlotExperts(6, {{5, 2, 0, 3, 1}, {1, 4, 5, 2, 0}});
+  ExpectInvalid(ValidatePlacement(*big, o),
+                "placement: rank 0 has 5 slots, the workspace's budget is 4");
+  ExpectInvalid(ValidatePlacement(*PlacementTable::Contiguous(6, 3), o),
+                "placement: ep_size expected 2 (the workspace's), got 3");
+  ExpectInvalid(ValidatePlacement(*PlacementTable::Contiguous(8, 2), o),
+                "placement: num_experts expected 6 (the workspace's), got 8");
+  o.redundant_slots_per_rank = 7;
+  ExpectInvalid(ValidateEpOptions(o, 2, kTest),
+                "redundant_slots_per_rank: expected in [0, num_experts = 6], got 7");
+}
+
 TEST(ValidateMoeSizes, RangesAndTopKBound) {
   ExpectInvalid(ValidateMoeSizes(0, 4, 2), "hidden_size: expected in [1, 1048576], got 0");
   ExpectInvalid(ValidateMoeSizes(64, 0, 2), "num_experts: expected in [1, 65536], got 0");

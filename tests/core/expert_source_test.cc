@@ -109,6 +109,43 @@ TEST(CheckExpertRange, IsTheRanksContiguousShare) {
                         "10 experts), got [3, 6)"));
 }
 
+// A rank's slots under a placement table (DESIGN §15).
+TEST(CheckExpertSlots, IsTheRanksDistinctSlotExperts) {
+  const PlacementTable table =
+      PlacementTable::FromSlotExperts(6, {{5, 2, 0, 5}, {1, 3, 4, 2}}).value();
+  EXPECT_EQ(DistinctSlotExperts(table, 0), (std::vector<int>{0, 2, 5}));
+  const ExpertSource base = ExpertSource::Seeded(1, 0, 6, 0, 0, 8, 4);
+  EXPECT_TRUE(CheckExpertSlots(base.WithExperts({0, 2, 5}), table, 0).ok());
+  EXPECT_TRUE(CheckExpertSlots(base.WithExperts({1, 2, 3, 4}), table, 1).ok());
+  const absl::Status wrong = CheckExpertSlots(base.WithExperts({0, 1, 2}), table, 0);
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(wrong.message()), HasSubstr("experts: expected {0,2,5} for rank 0"));
+  EXPECT_THAT(std::string(wrong.message()), HasSubstr("got [0, 3)"));
+  EXPECT_EQ(CheckExpertSlots(base.WithExperts({0}), table, 2).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ExpertSource, WithExpertsIsValidatedAndMadeOncePerExpert) {
+  const ExpertSource s = ExpertSource::Seeded(4, 2, 8, 0, 0, 8, 4).WithExperts({1, 2, 6});
+  EXPECT_EQ(s.first_expert, 1);
+  EXPECT_EQ(s.num_experts, 3);
+  EXPECT_EQ(s.Describe(), "layer 2 experts {1,2,6} of 8, seeded");
+  EXPECT_EQ(s.weight_bytes(), 3 * 3 * 8 * 4 * 2);
+  auto set = MakeHostExperts(s);
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->expert_ids(), (std::vector<int>{1, 2, 6}));
+  const ExpertSet six = ExpertSet::GenerateSwiGlu(4, 2, 6, 1, 8, 4).value();
+  EXPECT_EQ(set->swiglu_weights(2).up, six.swiglu_weights(0).up);
+  ExpertSource unsorted = s;
+  unsorted.expert_ids = {2, 1, 6};
+  EXPECT_THAT(std::string(ValidateExpertSource(unsorted).message()),
+              HasSubstr("expert_ids: expected ascending distinct ids in [0, 8), got 1 at "
+                        "position 1"));
+  ExpertSource inconsistent = s;
+  inconsistent.num_experts = 2;
+  EXPECT_EQ(ValidateExpertSource(inconsistent).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(OpenExpertCheckpoint, MissingPathTensorOrShapeIsNamed) {
   auto set = ExpertSet::GenerateSwiGlu(5, 1, 0, 2, 8, 4);
   ASSERT_TRUE(set.ok());

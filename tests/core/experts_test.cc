@@ -486,5 +486,50 @@ TEST(CheckSwiGluDims, NamesEachFieldAndValue) {
   }
 }
 
+// --- Union: the slots of a rank under a placement table (DESIGN §15) -------
+
+TEST(ExpertSetUnion, HoldsTheIdsOfItsPartsWithTheirBits) {
+  auto five = ExpertSet::GenerateSwiGlu(3, 1, 5, 1, 8, 4).value();
+  auto one_two = ExpertSet::GenerateSwiGlu(3, 1, 1, 2, 8, 4).value();
+  auto set = ExpertSet::Union({std::move(five), std::move(one_two)});
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->expert_ids(), (std::vector<int>{1, 2, 5}));
+  EXPECT_FALSE(set->contiguous());
+  EXPECT_EQ(set->first_expert(), 1);
+  EXPECT_EQ(set->num_experts(), 3);
+  EXPECT_TRUE(set->Owns(5));
+  EXPECT_FALSE(set->Owns(3));
+  EXPECT_EQ(set->LocalIndex(5), 2);
+  EXPECT_EQ(set->LocalIndex(0), -1);
+  EXPECT_EQ(set->weight_bytes(), 3 * 3 * 8 * 4 * 2);
+  // Expert 5's weights are those a one-expert set generates.
+  const auto alone = ExpertSet::GenerateSwiGlu(3, 1, 5, 1, 8, 4).value();
+  EXPECT_EQ(set->swiglu_weights(2).gate, alone.swiglu_weights(0).gate);
+  EXPECT_EQ(set->swiglu_weights(2).down, alone.swiglu_weights(0).down);
+  std::vector<float> x(8, 0.5f), a(8), b(8);
+  ASSERT_TRUE(set->Apply(5, x, 1, absl::MakeSpan(a)).ok());
+  ASSERT_TRUE(alone.Apply(5, x, 1, absl::MakeSpan(b)).ok());
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(set->Apply(3, x, 1, absl::MakeSpan(a)).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ExpertSetUnion, ARangeIsTheRangesSet) {
+  auto set = ExpertSet::Union({ExpertSet::Identity(2, 1, 4), ExpertSet::Identity(0, 2, 4)});
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_TRUE(set->contiguous());
+  EXPECT_EQ(set->first_expert(), 0);
+  EXPECT_EQ(set->num_experts(), 3);
+}
+
+TEST(ExpertSetUnion, RejectsOverlapMixedKindsAndNothing) {
+  EXPECT_EQ(ExpertSet::Union({}).status().code(), absl::StatusCode::kInvalidArgument);
+  auto overlap = ExpertSet::Union({ExpertSet::Identity(0, 2, 4), ExpertSet::Identity(1, 1, 4)});
+  EXPECT_EQ(overlap.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(overlap.status().message(), HasSubstr("expert 1 is held by parts 0 and 1"));
+  auto mixed = ExpertSet::Union(
+      {ExpertSet::Identity(0, 1, 8), ExpertSet::GenerateSwiGlu(1, 0, 1, 1, 8, 4).value()});
+  EXPECT_EQ(mixed.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace moe_ep::core

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,39 @@ TEST_F(CliJson, RunSummaryHasTheLayersAndTheSeededTokenCounts) {
   // tiny-moe: 8 experts over 2 ranks, 4 each of 3 * 256 * 128 * 2 bytes, for 2 layers.
   ASSERT_EQ(j["memory"]["expert_bytes_per_rank"].size(), 2u);
   EXPECT_EQ(j["memory"]["expert_bytes_per_rank"][0], int64_t{2} * 4 * 3 * 256 * 128 * 2);
+}
+
+// DESIGN §15 end to end: skewed routing, one redundant slot a worker,
+// rebalanced after step 1 from the workers' load statistics; the run still
+// matches the dense reference and the load table is printed.
+TEST_F(CliJson, RunRebalancesFromTheLoadStatistics) {
+  const CliResult r = RunMoeEp(
+      "run --model tiny-moe --workers 2 --backend gloo --layers 1 --tokens 64 --steps 3 --seed 3 "
+      "--routing skewed --redundant-slots 1 --rebalance-after 1 --json",
+      /*with_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["pass"], true);
+  ASSERT_EQ(j["rebalance"].size(), 1u);
+  const nlohmann::json& l = j["rebalance"][0];
+  EXPECT_EQ(l["layer"], 1);
+  // tiny-moe: 8 experts on 2 workers, 4 + 1 slots a worker.
+  EXPECT_EQ(l["slots_per_rank"], 5);
+  const double before = l["before_max_over_mean"].get<double>();
+  const double predicted = l["predicted_max_over_mean"].get<double>();
+  const double after = l["after_max_over_mean"].get<double>();
+  std::cout << "max/mean tokens per rank: before " << before << ", predicted " << predicted
+            << ", after " << after << "\n";
+  EXPECT_GE(before, 1.0);
+  EXPECT_LE(predicted, before);
+  EXPECT_GE(after, 1.0);
+  // The text form prints the load table.
+  const CliResult text = RunMoeEp(
+      "run --model tiny-moe --workers 2 --backend gloo --layers 1 --tokens 64 --steps 3 --seed 3 "
+      "--routing skewed --redundant-slots 1 --rebalance-after 1");
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_THAT(text.output, ::testing::HasSubstr("load per rank, max/mean tokens"));
+  EXPECT_THAT(text.output, ::testing::HasSubstr("rebalance: layer 1, EPLB table"));
 }
 
 TEST_F(CliJson, RunTpSummaryHasTheSeededGroupCounts) {

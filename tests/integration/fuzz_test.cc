@@ -116,6 +116,7 @@ std::vector<Rpc> MakeRpcs() {
   allocate->set_capacity_tokens(16);
   allocate->add_cuda_graph_buckets(4);
   allocate->add_cuda_graph_buckets(16);
+  allocate->set_redundant_slots_per_rank(1);  // room for InstallPlacement's replica
   add("/moe_ep.v1.Worker/AllocateWorkspace", allocate, with(collective));
   auto* load = new v1::LoadExpertsRequest;
   load->set_layer(0);
@@ -126,6 +127,16 @@ std::vector<Rpc> MakeRpcs() {
   add("/moe_ep.v1.Worker/LoadExperts", load,
       with({StatusCode::PERMISSION_DENIED, StatusCode::NOT_FOUND, StatusCode::DATA_LOSS,
             StatusCode::INTERNAL}));
+  // DESIGN §15: 4 experts on 5 slots (one replica of expert 2).
+  auto* placement = new v1::InstallPlacementRequest;
+  placement->set_layer(0);
+  v1::PlacementRank* rank0 = placement->add_ranks();
+  for (int e : {0, 1, 2, 3, 2}) rank0->add_slot_experts(e);
+  add("/moe_ep.v1.Worker/InstallPlacement", placement, with(collective));
+  auto* load_stats = new v1::GetExpertLoadRequest;
+  load_stats->set_layer(0);
+  load_stats->set_reset(true);
+  add("/moe_ep.v1.Worker/GetExpertLoad", load_stats, with({}));
   auto* sync = new v1::SyncTokenCountsRequest;
   sync->set_epoch(1);
   sync->set_local_tokens(3);

@@ -26,8 +26,16 @@ void CheckRoute(int64_t num_tokens, int top_k, int num_experts, int ep_size, uin
   DeviceBuffer<int64_t> t(std::vector<int64_t>{num_tokens});
   DeviceBuffer<int32_t> slots(rows * ep_size);
   DeviceBuffer<int32_t> counts(ep_size);
-  ASSERT_TRUE(LaunchRoute({ids.get(), t.get(), rows, top_k, num_experts, ep_size, slots.get(),
-                           counts.get()},
+  ASSERT_TRUE(LaunchRoute({ids.get(),
+                           t.get(),
+                           rows,
+                           top_k,
+                           num_experts,
+                           ep_size,
+                           slots.get(),
+                           counts.get(),
+                           {},
+                           nullptr},
                           nullptr)
                   .ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -60,7 +68,8 @@ TEST(LaunchRoute, WorkedExample) {
   DeviceBuffer<int32_t> slots(6);
   DeviceBuffer<int32_t> counts(2);
   ASSERT_TRUE(
-      LaunchRoute({ids.get(), t.get(), 3, 2, 4, 2, slots.get(), counts.get()}, nullptr).ok());
+      LaunchRoute({ids.get(), t.get(), 3, 2, 4, 2, slots.get(), counts.get(), {}, nullptr}, nullptr)
+          .ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(slots.Download(6), (std::vector<int32_t>{0, 0, 1, -1, -1, -1}));
   EXPECT_EQ(counts.Download(2), (std::vector<int32_t>{2, 1}));
@@ -71,7 +80,7 @@ TEST(LaunchRoute, WorkedExample) {
 TEST(KernelLaunchers, RejectInvalidArguments) {
   int64_t dummy = 0;
   int32_t slots = 0;
-  RouteParams route{&slots, &dummy, 1, 2, 8, 2, &slots, &slots};
+  RouteParams route{&slots, &dummy, 1, 2, 8, 2, &slots, &slots, {}, nullptr};
   route.ep_size = 0;
   EXPECT_EQ(LaunchRoute(route, nullptr).code(), absl::StatusCode::kInvalidArgument);
   route.ep_size = 2;

@@ -217,6 +217,24 @@ TEST(WorkerMetrics, ScrapedValuesFollowTheCalls) {
   EXPECT_EQ(Sample(text, "moe_ep_state{state=\"STARTED\"}"), 0);
   EXPECT_EQ(Sample(text, "moe_ep_forwards_total"), 2);
   EXPECT_EQ(Sample(text, "moe_ep_errors_total"), 1);
+  // Load statistics (DESIGN §15): ids {0, 1, 2, 3, 3, -1} twice.
+  EXPECT_EQ(Sample(text, "moe_ep_expert_tokens_total{layer=\"0\",expert=\"0\"}"), 2);
+  EXPECT_EQ(Sample(text, "moe_ep_expert_tokens_total{layer=\"0\",expert=\"2\"}"), 2);
+  EXPECT_EQ(Sample(text, "moe_ep_expert_tokens_total{layer=\"0\",expert=\"3\"}"), 4);
+  v1::GetExpertLoadRequest read;
+  read.set_layer(0);
+  read.set_reset(true);
+  v1::GetExpertLoadResponse window;
+  ASSERT_TRUE(w.Call(&v1::Worker::Stub::GetExpertLoad, read, &window).ok());
+  EXPECT_EQ(
+      std::vector<int64_t>(window.tokens_per_expert().begin(), window.tokens_per_expert().end()),
+      (std::vector<int64_t>{2, 2, 2, 4}));
+  EXPECT_EQ(window.steps(), 2);
+  ASSERT_TRUE(w.Call(&v1::Worker::Stub::GetExpertLoad, read, &window).ok());
+  EXPECT_EQ(window.steps(), 0);
+  EXPECT_EQ(window.tokens_per_expert(3), 0);
+  // The counter is monotonic: a reset of the window leaves it.
+  EXPECT_EQ(Sample(w.Scrape(), "moe_ep_expert_tokens_total{layer=\"0\",expert=\"3\"}"), 4);
   // FAILED_PRECONDITION does not break the group.
   EXPECT_EQ(Sample(text,
                    "moe_ep_communicator_errors_total{code=\"FAILED_PRECONDITION\",method=\"/"

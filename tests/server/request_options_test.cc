@@ -35,9 +35,11 @@ TEST(RequestOptions, AllocationCarriesEveryField) {
   r.set_dispatch_dtype(v1::DISPATCH_DTYPE_MXFP8);
   r.add_cuda_graph_buckets(64);
   r.add_cuda_graph_buckets(512);
+  r.set_redundant_slots_per_rank(8);
   absl::StatusOr<core::EpDispatcherOptions> o =
       AllocationFromRequest(RequestLimits(), r, 4, v1::ModelDescription());
   ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->redundant_slots_per_rank, 8);
   EXPECT_EQ(o->workspace.ep_size, 4);
   EXPECT_EQ(o->workspace.hidden, 4096);
   EXPECT_EQ(o->workspace.top_k, 8);
@@ -47,9 +49,10 @@ TEST(RequestOptions, AllocationCarriesEveryField) {
   EXPECT_EQ(o->invalid_expert_id, 256);  // NUM_EXPERTS convention
   EXPECT_THAT(o->cuda_graph_buckets, ElementsAre(64, 512));
   const std::vector<core::BallotField> fields = AllocationFields(*o);
-  EXPECT_THAT(Names(fields),
-              ElementsAre("hidden_size", "top_k", "num_experts", "capacity_tokens",
-                          "dispatch_dtype", "invalid_expert_id", "cuda_graph_buckets"));
+  EXPECT_THAT(Names(fields), ElementsAre("hidden_size", "top_k", "num_experts", "capacity_tokens",
+                                         "dispatch_dtype", "invalid_expert_id",
+                                         "cuda_graph_buckets", "redundant_slots_per_rank"));
+  EXPECT_EQ(fields[7].value, 8);
   EXPECT_EQ(fields[3].value, 512);
   EXPECT_EQ(fields[6].value, static_cast<int64_t>(core::Fingerprint64("64:512")));
   EXPECT_TRUE(fields[6].is_fingerprint);
