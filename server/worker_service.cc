@@ -62,6 +62,15 @@ grpc::Status WorkerService::Finish(const absl::Status& status) {
   return ToGrpcStatus(CapMessage(status));
 }
 
+absl::Status WorkerService::Leased(const char* rpc, const v1::LeaseClaim& claim,
+                                   absl::FunctionRef<absl::Status()> fn) {
+  RETURN_IF_ERROR(ValidateLeaseClaim(claim, "lease."));
+  RETURN_IF_ERROR(lease_.Check(rpc, claim));
+  absl::Status status = fn();
+  if (status.ok()) lease_.Apply(claim);
+  return status;
+}
+
 absl::Status WorkerService::GroupResult(const char* rpc, absl::Status status) {
   if (status.ok() || !IsGroupError(status)) return status;
   spdlog::warn("collective failed, group of generation {} is broken: {}", joined_.generation,
@@ -155,10 +164,27 @@ void WorkerService::TearDownGroup() {
 grpc::Status WorkerService::GetStatus(grpc::ServerContext* /*context*/,
                                       const v1::GetStatusRequest* /*request*/,
                                       v1::GetStatusResponse* response) {
-  absl::MutexLock lock(&state_mu_);
-  *response = status_;
-  response->set_state(ToProto(state_.phase()));
+  {
+    absl::MutexLock lock(&state_mu_);
+    *response = status_;
+    response->set_state(ToProto(state_.phase()));
+  }
+  lease_.Fill(response);
   return grpc::Status::OK;
+}
+
+// -------------------------------------------------------------------- Lease
+
+grpc::Status WorkerService::Lease(grpc::ServerContext* /*context*/, const v1::LeaseRequest* request,
+                                  v1::LeaseResponse* response) {
+  return Finish(RunGuarded("Lease", [&]() -> absl::Status {
+    {
+      absl::MutexLock lock(&state_mu_);
+      if (shutting_down_) return absl::UnavailableError("Lease: worker is shutting down");
+    }
+    ASSIGN_OR_RETURN(*response, lease_.Handle(*request));
+    return absl::OkStatus();
+  }));
 }
 
 // --------------------------------------------------------------------- Join
@@ -173,6 +199,7 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
   const JoinDefaults defaults{options_.default_backend, options_.default_timeout,
                               options_.data_plane_host, options_.device, VisibleGpuCount()};
   ASSIGN_OR_RETURN(JoinArgs args, JoinArgsFromRequest(options_.limits, request, defaults));
+  RETURN_IF_ERROR(ValidateLeaseClaim(request.lease(), "lease."));
   SlotLease slot(&slot_);
   RETURN_IF_ERROR(slot.Acquire(context, "Join"));
   bool same_group = false;
@@ -182,10 +209,14 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
     const JoinedGroup current{state_.phase() != WorkerPhase::kStarted, state_.broken(),
                               state_.broken_reason(), &joined_};
     RETURN_IF_ERROR(CheckJoin(current, max_generation_used_, args, &same_group));
+    // A new generation replaces the group: the owner's call (the idempotent
+    // re-join of the group in force changes nothing and is not refused).
+    if (!same_group) RETURN_IF_ERROR(lease_.Check("Join", request.lease()));
     if (!same_group) max_generation_used_ = args.generation;
     status_.set_max_generation_seen(max_generation_used_);
   }
   if (same_group) {
+    lease_.Apply(request.lease());
     response->set_backend(joined_.backend);
     return absl::OkStatus();  // idempotent
   }
@@ -197,6 +228,7 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
   ASSIGN_OR_RETURN(std::unique_ptr<DataPlane> formed,
                    FormJoinedGroup(args, options_.device, CallDeadline(context)));
   InstallGroup(args, std::move(formed));
+  lease_.Apply(request.lease());
   response->set_backend(args.backend);
   return absl::OkStatus();
 }
@@ -224,7 +256,9 @@ void WorkerService::InstallGroup(const JoinArgs& args, std::unique_ptr<DataPlane
 
 grpc::Status WorkerService::Leave(grpc::ServerContext* context, const v1::LeaveRequest* request,
                                   v1::LeaveResponse* /*response*/) {
-  return Finish(RunGuarded("Leave", [&] { return DoLeave(context, *request); }));
+  return Finish(RunGuarded("Leave", [&] {
+    return Leased("Leave", request->lease(), [&] { return DoLeave(context, *request); });
+  }));
 }
 
 absl::Status WorkerService::DoLeave(grpc::ServerContext* context, const v1::LeaveRequest& request) {
@@ -253,8 +287,10 @@ absl::Status WorkerService::DoLeave(grpc::ServerContext* context, const v1::Leav
 grpc::Status WorkerService::ConfigureLayers(grpc::ServerContext* context,
                                             const v1::ConfigureLayersRequest* request,
                                             v1::ConfigureLayersResponse* response) {
-  return Finish(RunGuarded("ConfigureLayers",
-                           [&] { return DoConfigureLayers(context, *request, response); }));
+  return Finish(RunGuarded("ConfigureLayers", [&] {
+    return Leased("ConfigureLayers", request->lease(),
+                  [&] { return DoConfigureLayers(context, *request, response); });
+  }));
 }
 
 absl::Status WorkerService::DoConfigureLayers(grpc::ServerContext* context,
@@ -283,8 +319,10 @@ absl::Status WorkerService::DoConfigureLayers(grpc::ServerContext* context,
 grpc::Status WorkerService::AllocateWorkspace(grpc::ServerContext* context,
                                               const v1::AllocateWorkspaceRequest* request,
                                               v1::AllocateWorkspaceResponse* response) {
-  return Finish(RunGuarded("AllocateWorkspace",
-                           [&] { return DoAllocateWorkspace(context, *request, response); }));
+  return Finish(RunGuarded("AllocateWorkspace", [&] {
+    return Leased("AllocateWorkspace", request->lease(),
+                  [&] { return DoAllocateWorkspace(context, *request, response); });
+  }));
 }
 
 absl::StatusOr<core::EpDispatcherOptions> WorkerService::PrepareAllocation(
@@ -347,8 +385,10 @@ absl::Status WorkerService::Allocate(const core::EpDispatcherOptions& options) {
 grpc::Status WorkerService::LoadExperts(grpc::ServerContext* context,
                                         const v1::LoadExpertsRequest* request,
                                         v1::LoadExpertsResponse* response) {
-  return Finish(
-      RunGuarded("LoadExperts", [&] { return DoLoadExperts(context, *request, response); }));
+  return Finish(RunGuarded("LoadExperts", [&] {
+    return Leased("LoadExperts", request->lease(),
+                  [&] { return DoLoadExperts(context, *request, response); });
+  }));
 }
 
 absl::StatusOr<ExpertLoad> WorkerService::PrepareExpertLoad(const v1::LoadExpertsRequest& request) {

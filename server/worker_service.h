@@ -34,6 +34,14 @@
 // shows it (group_broken, broken_reason: "<rpc>: <CODE>: <message>"). Health
 // (server/health.h) is SERVING only while joined, allocated and not broken.
 //
+// Ownership (DESIGN §16; issue 12 item 4; LeaseClaim in worker.proto): the
+// worker holds one lease (server/worker_lease.h). Join of a new generation,
+// Leave, ConfigureLayers, AllocateWorkspace and LoadExperts check their
+// request's claim before anything else (before the slot and the vote, so a
+// refused call never touches the group): another owner's live lease is
+// FAILED_PRECONDITION naming it and its time left. A claimed call that
+// succeeds acquires or renews the lease. The Lease RPC takes no slot.
+//
 // Backends: Join resolves "auto" / "gloo" / "nccl" (server/backend_selection.h)
 // and forms the group's data plane (server/data_plane.h): Gloo + the CPU
 // dispatcher, or NCCL + the GPU dispatcher on WorkerOptions::device. GetStatus
@@ -67,6 +75,7 @@
 #include "server/rendezvous_service.h"
 #include "server/request_limits.h"
 #include "server/request_options.h"
+#include "server/worker_lease.h"
 #include "server/worker_state.h"
 
 namespace moe_ep::server {
@@ -140,6 +149,8 @@ class WorkerService final : public v1::Worker::Service {
                          v1::BenchmarkResponse* response) override;
   grpc::Status ForwardLayers(grpc::ServerContext* context, const v1::ForwardLayersRequest* request,
                              v1::ForwardLayersResponse* response) override;
+  grpc::Status Lease(grpc::ServerContext* context, const v1::LeaseRequest* request,
+                     v1::LeaseResponse* response) override;
 
  private:
   // The allocation in force (AllocateWorkspace, normalized).
@@ -183,6 +194,10 @@ class WorkerService final : public v1::Worker::Service {
   // Replaces the data plane's workspace with one of `options` (drops the experts).
   absl::Status Allocate(const core::EpDispatcherOptions& options);
 
+  // A leased call `rpc` (see the file comment): validates `claim`, checks it
+  // against the lease, runs `fn` and, when it succeeded, applies the claim.
+  absl::Status Leased(const char* rpc, const v1::LeaseClaim& claim,
+                      absl::FunctionRef<absl::Status()> fn);
   // Counts errors, converts to grpc::Status.
   grpc::Status Finish(const absl::Status& status);
   // `status` from a collective operation of `rpc`: a group error marks the
@@ -240,6 +255,9 @@ class WorkerService final : public v1::Worker::Service {
   // ForwardLayers' stack (server/layer_stack_runner.h); built on the data
   // plane's collective, so declared after data_plane_ and reset before it.
   LayerStackRunner layer_stack_;
+
+  // Who owns the group (thread-safe on its own; never under state_mu_).
+  WorkerLease lease_;
 
   // The snapshot GetStatus returns, and the state machine.
   absl::Mutex state_mu_;
