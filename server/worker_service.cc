@@ -16,6 +16,8 @@
 #include "server/collective_slot.h"
 #include "server/device_info.h"
 #include "server/group_formation.h"
+#include "server/grpc_store.h"
+#include "server/join_vote.h"
 #include "server/logging.h"
 #include "server/percentile.h"
 #include "server/request_limits.h"
@@ -194,42 +196,80 @@ grpc::Status WorkerService::Join(grpc::ServerContext* context, const v1::JoinReq
   return Finish(RunGuarded("Join", [&] { return DoJoin(context, *request, response); }));
 }
 
+bool WorkerService::CanVoteOnJoin(const v1::JoinRequest& request) const {
+  return request.world_size() > 1 && request.world_size() <= options_.limits.max_world_size &&
+         request.rank() >= 0 && request.rank() < request.world_size() &&
+         !request.rendezvous_address().empty() && request.generation() > max_generation_used_ &&
+         request.generation() <=
+             GenerationLimit(max_generation_used_, options_.limits.max_generation);
+}
+
 absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinRequest& request,
                                    v1::JoinResponse* response) {
   const JoinDefaults defaults{options_.default_backend, options_.default_timeout,
                               options_.data_plane_host, options_.device, VisibleGpuCount()};
-  ASSIGN_OR_RETURN(JoinArgs args, JoinArgsFromRequest(options_.limits, request, defaults));
-  RETURN_IF_ERROR(ValidateLeaseClaim(request.lease(), "lease."));
+  const absl::StatusOr<JoinArgs> args = JoinArgsFromRequest(options_.limits, request, defaults);
+  absl::Status local = args.status();
+  if (local.ok()) local = ValidateLeaseClaim(request.lease(), "lease.");
   SlotLease slot(&slot_);
   RETURN_IF_ERROR(slot.Acquire(context, "Join"));
   bool same_group = false;
+  bool votes = false;
   {
     absl::MutexLock lock(&state_mu_);
     if (shutting_down_) return absl::UnavailableError("Join: worker is shutting down");
-    const JoinedGroup current{state_.phase() != WorkerPhase::kStarted, state_.broken(),
-                              state_.broken_reason(), &joined_};
-    RETURN_IF_ERROR(CheckJoin(current, max_generation_used_, args, &same_group));
+    if (local.ok()) {
+      const JoinedGroup current{state_.phase() != WorkerPhase::kStarted, state_.broken(),
+                                state_.broken_reason(), &joined_};
+      local = CheckJoin(current, max_generation_used_, options_.limits.max_generation, *args,
+                        &same_group);
+    }
     // A new generation replaces the group: the owner's call (the idempotent
     // re-join of the group in force changes nothing and is not refused).
-    if (!same_group) RETURN_IF_ERROR(lease_.Check("Join", request.lease()));
-    if (!same_group) max_generation_used_ = args.generation;
+    if (local.ok() && !same_group) local = lease_.Check("Join", request.lease());
+    // Even a bad Join votes when its ballot has a place (a rank of a group
+    // of several, a fresh generation): its peers then fail at once. Its
+    // generation counts as used from here (the ballot is a rendezvous key).
+    votes = !same_group && CanVoteOnJoin(request);
+    if (votes || (local.ok() && !same_group)) max_generation_used_ = request.generation();
     status_.set_max_generation_seen(max_generation_used_);
   }
-  if (same_group) {
+  if (local.ok() && same_group) {
     lease_.Apply(request.lease());
     response->set_backend(joined_.backend);
     return absl::OkStatus();  // idempotent
   }
+  if (votes) {
+    // Join's cross-rank vote goes through the generation's store (there is
+    // no group yet): server/join_vote.h.
+    if (request.rank() == 0 && options_.rendezvous != nullptr) {
+      options_.rendezvous->OpenGeneration(request.generation(), request.rendezvous_secret());
+    }
+    const absl::Duration timeout = args.ok() ? args->timeout : options_.default_timeout;
+    GrpcStore store(request.rendezvous_address(),
+                    std::clamp(CallDeadline(context) - absl::Now(), absl::Milliseconds(1), timeout),
+                    request.rendezvous_secret());
+    core::Ballot ballot;
+    ballot.rpc = "Join";
+    ballot.generation = request.generation();
+    ballot.local = local;
+    if (local.ok()) {
+      ballot.fields = {{"world_size", args->world_size},
+                       {"backend (1 = gloo, 2 = nccl)", args->backend == "nccl" ? 2 : 1}};
+    }
+    RETURN_IF_ERROR(RunJoinVote(store, ballot, request.rank(), request.world_size()));
+  }
+  RETURN_IF_ERROR(local);
   // A new generation: form the new group, and only then drop the old one (a
   // failed formation leaves the old group in force: issue 13 item 5).
-  if (args.rank == 0 && options_.rendezvous != nullptr) {
-    options_.rendezvous->OpenGeneration(args.generation, args.rendezvous_secret);
+  if (args->rank == 0 && options_.rendezvous != nullptr && !votes) {
+    options_.rendezvous->OpenGeneration(args->generation, args->rendezvous_secret);
   }
   ASSIGN_OR_RETURN(std::unique_ptr<DataPlane> formed,
-                   FormJoinedGroup(args, options_.device, CallDeadline(context)));
-  InstallGroup(args, std::move(formed));
+                   FormJoinedGroup(*args, options_.device, CallDeadline(context)));
+  InstallGroup(*args, std::move(formed));
   lease_.Apply(request.lease());
-  response->set_backend(args.backend);
+  response->set_backend(args->backend);
   return absl::OkStatus();
 }
 

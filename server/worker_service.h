@@ -15,7 +15,10 @@
 // INVALID_ARGUMENT naming the field (expected vs got) and leaves the state as
 // it was (server/request_options.h converts and checks each request).
 //
-// Failure isolation (DESIGN §16; issues 12 and 13): every collective RPC
+// Failure isolation (DESIGN §16; issues 12 and 13): Join votes through the
+// generation's rendezvous store before forming (server/join_vote.h: a bad
+// Join on one rank, e.g. another world_size or backend, fails every rank at
+// once, the peers ABORTED naming it); every collective RPC
 // (ConfigureLayers, AllocateWorkspace, LoadExperts, SyncTokenCounts, Forward,
 // Benchmark, ForwardLayers) first runs the cross-rank vote (core/agreement.h)
 // with the call's identity (RPC, generation, sequence), this rank's own
@@ -160,6 +163,10 @@ class WorkerService final : public v1::Worker::Service {
     uint64_t fingerprint = 0;
   };
 
+  // Whether a Join's ballot has a place in the store vote even when the
+  // request is bad (a rank of a group of several, a fresh generation within
+  // the limit, a rendezvous address). Needs state_mu_.
+  bool CanVoteOnJoin(const v1::JoinRequest& request) const;
   absl::Status DoJoin(grpc::ServerContext* context, const v1::JoinRequest& request,
                       v1::JoinResponse* response);
   absl::Status DoLeave(grpc::ServerContext* context, const v1::LeaveRequest& request);
