@@ -23,11 +23,12 @@ absl::Status CheckJoin(const JoinedGroup& current, int64_t max_generation_used,
   *same_group = false;
   const int64_t limit = GenerationLimit(max_generation_used, max_generation);
   if (args.generation > limit) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "generation: expected <= ", limit, " (--max-generation ", max_generation,
-        ", or 1 + the highest generation this worker saw, ", max_generation_used, "), got ",
-        args.generation, "; form each group at 1 + the highest GetStatus.max_generation_seen "
-        "of its workers"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("generation: expected <= ", limit, " (--max-generation ", max_generation,
+                     ", or 1 + the highest generation this worker saw, ", max_generation_used,
+                     "), got ", args.generation,
+                     "; form each group at 1 + the highest GetStatus.max_generation_seen "
+                     "of its workers"));
   }
   if (current.joined) {
     const JoinArgs& joined = *current.args;

@@ -176,9 +176,8 @@ absl::Status RunCoordinatorCommand(const CoordinatorCommandOptions& options, std
     char host[256] = {};
     if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
     keeper_options.channel.owner_id =
-        !options.owner.empty()
-            ? options.owner
-            : absl::StrCat("coordinator@", host[0] != '\0' ? host : "localhost");
+        !options.owner.empty() ? options.owner
+                               : absl::StrCat("coordinator@", host[0] != '\0' ? host : "localhost");
     keeper_options.channel.lease_ttl = absl::Milliseconds(options.lease_ttl_ms);
   }
   keeper_options.probe_interval = absl::Milliseconds(options.probe_interval_ms);

@@ -1,7 +1,6 @@
 #include "server/request_limits.h"
 
 #include <limits>
-
 #include <new>
 #include <stdexcept>
 #include <string>
