@@ -147,6 +147,10 @@ v1::DrainResponse GroupKeeper::Drain() {
         leave_context.set_deadline(deadline);
         v1::LeaveRequest leave;
         leave.set_generation(status.generation());
+        if (!options_.channel.owner_id.empty()) {  // the keeper's lease
+          leave.mutable_lease()->set_owner_id(options_.channel.owner_id);
+          leave.mutable_lease()->set_ttl_ms(absl::ToInt64Milliseconds(options_.channel.lease_ttl));
+        }
         v1::LeaveResponse left;
         s = ToAbslStatus(stub->Leave(&leave_context, leave, &left));
       }
