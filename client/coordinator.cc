@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/grpc_status.h"
 #include "client/targets.h"
@@ -225,6 +226,7 @@ absl::StatusOr<std::vector<v1::JoinResponse>> Coordinator::FormGroup() {
                       [&](int r, grpc::ClientContext* c, v1::LeaveResponse* resp) {
                         v1::LeaveRequest request;
                         request.set_generation(statuses[r].generation());
+                        *request.mutable_lease() = Claim();
                         return stubs_[r]->Leave(c, request, resp);
                       },
                       [&](int r) {
@@ -254,6 +256,7 @@ absl::StatusOr<std::vector<v1::JoinResponse>> Coordinator::FormGroup() {
                                  request.set_timeout_ms(timeout_ms);
                                  request.set_data_plane_host(hosts[r]);
                                  request.set_rendezvous_secret(secret);
+                                 *request.mutable_lease() = Claim();
                                  return stubs_[r]->Join(c, request, resp);
                                }));
   generation_ = generation;
@@ -265,35 +268,123 @@ absl::Status Coordinator::Leave() {
                                    [&](int r, grpc::ClientContext* c, v1::LeaveResponse* resp) {
                                      v1::LeaveRequest request;
                                      request.set_generation(generation_);
+                                     *request.mutable_lease() = Claim();
                                      return stubs_[r]->Leave(c, request, resp);
+                                   })
+      .status();
+}
+
+v1::LeaseClaim Coordinator::Claim() const {
+  v1::LeaseClaim claim;
+  if (options_.owner_id.empty()) return claim;
+  claim.set_owner_id(options_.owner_id);
+  claim.set_ttl_ms(absl::ToInt64Milliseconds(options_.lease_ttl));
+  return claim;
+}
+
+absl::StatusOr<std::vector<v1::LeaseResponse>> Coordinator::AcquireLease(bool take_over) {
+  if (options_.owner_id.empty()) {
+    return absl::FailedPreconditionError("AcquireLease: no owner_id in the coordinator's options");
+  }
+  const int n = world_size();
+  std::vector<v1::LeaseResponse> responses(n);
+  std::vector<absl::Status> statuses(n);
+  std::vector<bool> held_before(n, false);
+  {
+    // Who holds each rank now: another owner's live lease refuses at once,
+    // before any Lease call (so a refused client leaves every counter as it
+    // was), and a failed acquisition gives back only what it took.
+    std::vector<absl::StatusOr<v1::GetStatusResponse>> before = StatusEach();
+    std::vector<absl::Status> held(n);
+    for (int r = 0; r < n; ++r) {
+      if (!before[r].ok()) continue;
+      const std::string& owner = before[r]->lease_owner();
+      held_before[r] = owner == options_.owner_id;
+      if (!take_over && !owner.empty() && owner != options_.owner_id) {
+        held[r] = absl::FailedPreconditionError(
+            absl::StrCat("leased by owner '", owner, "' for another ",
+                         absl::StrFormat("%.1f s", before[r]->lease_remaining_ms() / 1000.0),
+                         "; this client is '", options_.owner_id, "'"));
+      }
+    }
+    RETURN_IF_ERROR(AggregateRankErrors("Lease", targets_, held));
+  }
+  const auto deadline = DeadlineAfter(std::min(options_.rpc_timeout, absl::Seconds(10)));
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      grpc::ClientContext context;
+      context.set_deadline(deadline);
+      v1::LeaseRequest request;
+      *request.mutable_claim() = Claim();
+      request.mutable_claim()->set_take_over(take_over);
+      statuses[r] = ToAbslStatus(stubs_[r]->Lease(&context, request, &responses[r]));
+    });
+  }
+  for (auto& t : threads) t.join();
+  absl::Status all = AggregateRankErrors("Lease", targets_, statuses);
+  if (all.ok()) return responses;
+  threads.clear();
+  for (int r = 0; r < n; ++r) {
+    if (!statuses[r].ok() || held_before[r]) continue;
+    threads.emplace_back([&, r] {
+      grpc::ClientContext context;
+      context.set_deadline(deadline);
+      v1::LeaseRequest request;
+      *request.mutable_claim() = Claim();
+      request.set_release(true);
+      v1::LeaseResponse ignored;
+      (void)stubs_[r]->Lease(&context, request, &ignored);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return all;
+}
+
+absl::Status Coordinator::ReleaseLease() {
+  if (options_.owner_id.empty()) return absl::OkStatus();
+  return FanOut<v1::LeaseResponse>("Lease (release)", targets_,
+                                   std::min(options_.rpc_timeout, absl::Seconds(10)),
+                                   [&](int r, grpc::ClientContext* c, v1::LeaseResponse* resp) {
+                                     v1::LeaseRequest request;
+                                     *request.mutable_claim() = Claim();
+                                     request.set_release(true);
+                                     return stubs_[r]->Lease(c, request, resp);
                                    })
       .status();
 }
 
 absl::StatusOr<std::vector<v1::ConfigureLayersResponse>> Coordinator::ConfigureLayers(
     const v1::ConfigureLayersRequest& request) {
+  v1::ConfigureLayersRequest claimed = request;
+  if (!options_.owner_id.empty()) *claimed.mutable_lease() = Claim();
   return FanOut<v1::ConfigureLayersResponse>(
       "ConfigureLayers", targets_, options_.rpc_timeout,
       [&](int r, grpc::ClientContext* c, v1::ConfigureLayersResponse* resp) {
-        return stubs_[r]->ConfigureLayers(c, request, resp);
+        return stubs_[r]->ConfigureLayers(c, claimed, resp);
       });
 }
 
 absl::StatusOr<std::vector<v1::AllocateWorkspaceResponse>> Coordinator::AllocateWorkspace(
     const v1::AllocateWorkspaceRequest& request) {
+  v1::AllocateWorkspaceRequest claimed = request;
+  if (!options_.owner_id.empty()) *claimed.mutable_lease() = Claim();
   return FanOut<v1::AllocateWorkspaceResponse>(
       "AllocateWorkspace", targets_, options_.rpc_timeout,
       [&](int r, grpc::ClientContext* c, v1::AllocateWorkspaceResponse* resp) {
-        return stubs_[r]->AllocateWorkspace(c, request, resp);
+        return stubs_[r]->AllocateWorkspace(c, claimed, resp);
       });
 }
 
 absl::StatusOr<std::vector<v1::LoadExpertsResponse>> Coordinator::LoadExperts(
     const v1::LoadExpertsRequest& request) {
+  v1::LoadExpertsRequest claimed = request;
+  if (!options_.owner_id.empty()) *claimed.mutable_lease() = Claim();
   return FanOut<v1::LoadExpertsResponse>(
       "LoadExperts", targets_, options_.rpc_timeout,
       [&](int r, grpc::ClientContext* c, v1::LoadExpertsResponse* resp) {
-        return stubs_[r]->LoadExperts(c, request, resp);
+        return stubs_[r]->LoadExperts(c, claimed, resp);
       });
 }
 

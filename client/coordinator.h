@@ -50,6 +50,13 @@ struct CoordinatorOptions {
   // zero = gRPC's default (up to 120 s). A long-running coordinator sets it
   // low so a restarted worker is reached again within that time.
   absl::Duration max_reconnect_backoff = absl::ZeroDuration();
+  // Ownership of the group (LeaseClaim in worker.proto; DESIGN §16; issue 12
+  // item 4): the owner id every leased call claims (Leave, Join,
+  // ConfigureLayers, AllocateWorkspace, LoadExperts) with `lease_ttl`.
+  // Empty = no claim: such calls then work only on workers without a live
+  // lease. client/lease_renewer.h acquires and renews the lease itself.
+  std::string owner_id;
+  absl::Duration lease_ttl = absl::Seconds(30);
 };
 
 // The channel a Coordinator uses for `target`: options.channel_credentials
@@ -111,6 +118,20 @@ class Coordinator {
   absl::StatusOr<std::vector<v1::JoinResponse>> FormGroup();
   // Leave on every rank (generation()).
   absl::Status Leave();
+
+  // The Lease RPC on every rank with options().owner_id and lease_ttl
+  // (worker.proto LeaseClaim): acquires or renews the lease, replacing
+  // another owner's live lease when `take_over`. When it fails on a rank it
+  // gives the lease back on the ranks where this call took it, so a refused
+  // acquisition leaves every worker as it was. Returns each rank's answer.
+  // Errors: kFailedPrecondition without an owner_id; aggregated per rank
+  // (kFailedPrecondition naming the owner and its time left).
+  absl::StatusOr<std::vector<v1::LeaseResponse>> AcquireLease(bool take_over);
+  // Lease with release = true on every rank (no-op where this owner holds
+  // nothing). Errors: aggregated per rank.
+  absl::Status ReleaseLease();
+  // The claim stamped into leased calls (empty without an owner_id).
+  v1::LeaseClaim Claim() const;
 
   // The same request to every rank; per-rank responses (rank order).
   absl::StatusOr<std::vector<v1::ConfigureLayersResponse>> ConfigureLayers(

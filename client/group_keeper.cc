@@ -83,6 +83,14 @@ GroupKeeper::~GroupKeeper() {
     watchers.swap(watchers_);
   }
   watchers.clear();  // joins their threads, which may call OnRankChange (takes mu_)
+  // The lease lapses after its TTL: a coordinator that restarts within it
+  // (same owner id) finds its group still owned.
+  std::unique_ptr<LeaseRenewer> lease;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    lease.swap(lease_);
+  }
+  if (lease != nullptr) lease->set_release_on_exit(false);
 }
 
 absl::StatusOr<v1::ApplyResponse> GroupKeeper::Apply(const v1::DesiredState& desired) {
@@ -139,6 +147,10 @@ v1::DrainResponse GroupKeeper::Drain() {
         leave_context.set_deadline(deadline);
         v1::LeaveRequest leave;
         leave.set_generation(status.generation());
+        if (!options_.channel.owner_id.empty()) {  // the keeper's lease
+          leave.mutable_lease()->set_owner_id(options_.channel.owner_id);
+          leave.mutable_lease()->set_ttl_ms(absl::ToInt64Milliseconds(options_.channel.lease_ttl));
+        }
         v1::LeaveResponse left;
         s = ToAbslStatus(stub->Leave(&leave_context, leave, &left));
       }
@@ -396,8 +408,23 @@ void GroupKeeper::ResolveTargets() {
   for (const std::string& target : *resolved) {
     fresh.push_back(std::make_unique<RankWatcher>(target, watch, [this] { OnRankChange(); }));
   }
+  std::unique_ptr<LeaseRenewer> old_lease;
+  std::unique_ptr<LeaseRenewer> fresh_lease;
+  if (!options_.channel.owner_id.empty()) {
+    absl::StatusOr<std::unique_ptr<LeaseRenewer>> lease =
+        LeaseRenewer::StartBestEffort(*resolved, options_.channel, /*take_over=*/true);
+    if (lease.ok()) fresh_lease = *std::move(lease);
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (fresh_lease != nullptr && !fresh_lease->last_renewal().ok()) {
+      RecordLocked("lease", -1,
+                   absl::StrCat("lease not taken on every rank yet (renewed every ",
+                                absl::FormatDuration(options_.channel.lease_ttl / 3),
+                                "): ", fresh_lease->last_renewal().message()));
+    }
+    old_lease.swap(lease_);
+    lease_ = std::move(fresh_lease);
     old.swap(watchers_);
     watchers_ = std::move(fresh);
     targets_ = *resolved;
@@ -408,6 +435,8 @@ void GroupKeeper::ResolveTargets() {
     UpdateLocked(absl::Now());
   }
   old.clear();  // outside mu_: their threads may be waiting for it
+  if (old_lease != nullptr) old_lease->set_release_on_exit(false);  // same owner, maybe same ranks
+  old_lease.reset();
 }
 
 void GroupKeeper::Attempt() {

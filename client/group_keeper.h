@@ -44,6 +44,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/coordinator.h"
+#include "client/lease_renewer.h"
 #include "client/rank_watcher.h"
 #include "client/target_resolver.h"
 #include "moe_ep/v1/coordinator.pb.h"
@@ -52,7 +53,11 @@ namespace moe_ep::client {
 
 struct GroupKeeperOptions {
   // Credentials and message limit of every worker channel (backend and
-  // timeouts come from the desired state).
+  // timeouts come from the desired state). channel.owner_id non-empty: the
+  // keeper holds the workers' lease under that id (client/lease_renewer.h),
+  // taking it over from any other owner whenever the targets are resolved
+  // anew (DESIGN §16: a restarted coordinator takes the lease over), renews
+  // it every lease_ttl/3, and claims it in every leased call.
   CoordinatorOptions channel;
   // Null: DefaultTargetResolver (targets as listed; headless Service names).
   std::shared_ptr<TargetResolver> resolver;
@@ -125,6 +130,7 @@ class GroupKeeper {
   bool drained_ = false;
   std::vector<std::string> targets_;
   std::vector<std::unique_ptr<RankWatcher>> watchers_;
+  std::unique_ptr<LeaseRenewer> lease_;  // of targets_; null without an owner_id
   std::vector<v1::RankView> views_;
   // The group formed last: the desired version it applied (-1: none or
   // broken), its generation, whether every rank reported READY since.

@@ -9,12 +9,16 @@
 
 #include "absl/status/statusor.h"
 #include "client/coordinator.h"
+#include "client/lease_renewer.h"
 #include "client/worker_selection.h"
 #include "moe_ep/v1/worker.pb.h"
 
 namespace moe_ep::client {
 
 struct GroupSession {
+  // The lease on --targets workers (null for a local cluster); given back
+  // when the session ends.
+  std::unique_ptr<LeaseRenewer> lease;
   std::unique_ptr<Coordinator> coordinator;
   std::vector<v1::JoinResponse> joined;  // [world], rank order
 };
@@ -24,12 +28,16 @@ struct GroupSession {
 // Connects a Coordinator to `workers.targets` with `options`, whose backend
 // and channel credentials are replaced by `workers.backend` and
 // `workers.channel_credentials`; waits up to 30 s for every worker to answer
-// GetStatus (Coordinator::WaitReady); forms a new group (Coordinator::FormGroup).
+// GetStatus (Coordinator::WaitReady); with workers.lease.owner_id, takes the
+// workers' lease (client/lease_renewer.h: refused, changing nothing, when
+// another owner holds it and not workers.lease.take_over) and claims it in
+// every leased call; forms a new group (Coordinator::FormGroup).
 // Returns the coordinator and each rank's JoinResponse.
 //
 // Errors: those of Coordinator::Connect (kInvalidArgument: no or malformed
 // targets), WaitReady (kDeadlineExceeded naming the silent ranks) and
-// FormGroup (aggregated per rank).
+// FormGroup (aggregated per rank); kFailedPrecondition "the workers are
+// leased by another client ..." naming the owner and its time left.
 //
 // Not thread-safe with other users of the same workers.
 absl::StatusOr<GroupSession> FormWorkerGroup(const AttachedWorkers& workers,

@@ -1,5 +1,7 @@
 #include "client/worker_selection.h"
 
+#include <unistd.h>
+
 #include <string>
 #include <utility>
 
@@ -52,6 +54,23 @@ void AddWorkerSelectionFlags(CLI::App* cmd, WorkerSelection* w, bool allow_targe
       ->capture_default_str();
   // TLS / mTLS / token for --targets (local workers serve plaintext on loopback).
   if (allow_targets) AddSecurityFlags(cmd, &w->security);
+  if (allow_targets) {
+    cmd->add_option("--owner", w->lease.owner_id,
+                    "owner id of the lease held on --targets workers while this command runs "
+                    "(default moe-ep@HOST:PID); another owner's live lease refuses the command");
+    cmd->add_option("--lease-ttl-ms", w->lease.ttl_ms,
+                    "time to live of that lease, renewed every third of it")
+        ->check(CLI::Range(int64_t{30}, int64_t{3600000}))
+        ->capture_default_str();
+    cmd->add_flag("--take-over", w->lease.take_over,
+                  "take the workers' lease over from another owner (its group is then re-formed)");
+  }
+}
+
+std::string DefaultOwnerId() {
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+  return absl::StrCat("moe-ep@", host[0] != '\0' ? host : "localhost", ":", getpid());
 }
 
 absl::StatusOr<AttachedWorkers> AttachWorkers(const WorkerSelection& selection) {
@@ -61,6 +80,8 @@ absl::StatusOr<AttachedWorkers> AttachWorkers(const WorkerSelection& selection) 
   if (!selection.targets.empty()) {
     ASSIGN_OR_RETURN(out.targets, ParseTargets(selection.targets));
     ASSIGN_OR_RETURN(out.channel_credentials, MakeClientChannelCredentials(selection.security));
+    out.lease = selection.lease;
+    if (out.lease.owner_id.empty()) out.lease.owner_id = DefaultOwnerId();
     return out;
   }
   const ClientSecurityOptions& security = selection.security;

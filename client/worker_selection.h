@@ -22,6 +22,17 @@ class App;
 
 namespace moe_ep::client {
 
+// The lease a command holds on --targets workers (client/lease_renewer.h;
+// LeaseClaim in worker.proto; issue 12 item 4).
+struct LeaseOptions {
+  std::string owner_id;    // --owner; empty: DefaultOwnerId()
+  int64_t ttl_ms = 30000;  // --lease-ttl-ms
+  bool take_over = false;  // --take-over
+};
+
+// "moe-ep@<hostname>:<pid>": the owner id of a command without --owner.
+std::string DefaultOwnerId();
+
 struct WorkerSelection {
   int num_workers = 4;           // local cluster size when `targets` is empty
   std::string targets;           // comma-separated host:port list; wins when set
@@ -37,13 +48,17 @@ struct WorkerSelection {
   // How to reach --targets workers (TLS, mTLS, bearer token). Only with
   // `targets`: local workers always serve plaintext on loopback.
   ClientSecurityOptions security;
+  // The lease held on --targets workers while the command runs (local
+  // workers are the command's own: no lease).
+  LeaseOptions lease;
 };
 
 // Adds the worker-selection flags of `run`, `bench` and `up` to `cmd`:
 // --workers, --backend, --worker-binary, --log-dir, --worker-log-level, and
 // when `allow_targets` also --targets and the security flags of
 // client/credentials.h (--tls-ca, --tls-cert, --tls-key, --auth-token-file).
-// --targets excludes --workers. Parsing fills `w`.
+// --targets excludes --workers. With `allow_targets` also the lease flags
+// --owner, --lease-ttl-ms and --take-over. Parsing fills `w`.
 void AddWorkerSelectionFlags(CLI::App* cmd, WorkerSelection* w, bool allow_targets);
 
 // How local workers are started on a machine with `num_gpus` GPUs
@@ -75,6 +90,9 @@ struct AttachedWorkers {
   // What the coordinator's channels use (CoordinatorOptions::channel_credentials):
   // from `selection.security` for --targets; null (plaintext) for a local cluster.
   std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
+  // For --targets: the lease to hold (owner_id filled in); empty owner_id
+  // for a local cluster.
+  LeaseOptions lease;
 };
 
 // Starts the local cluster as PlanWorkers says, or parses the targets and

@@ -38,7 +38,7 @@ std::string ShowValue(const BallotField& field, int64_t value) {
 
 }  // namespace
 
-absl::Status RunVote(ControlCollective& group, const Ballot& ballot) {
+absl::StatusOr<std::string> EncodeBallot(const Ballot& ballot) {
   if (ballot.fields.size() > kBallotMaxFields) {
     return absl::InvalidArgumentError(absl::StrCat(
         "vote of ", ballot.rpc, ": ", ballot.fields.size(), " fields, at most ", kBallotMaxFields));
@@ -55,16 +55,25 @@ absl::Status RunVote(ControlCollective& group, const Ballot& ballot) {
   }
   CopyText(mine.rpc_text, sizeof(mine.rpc_text), ballot.rpc);
   CopyText(mine.message, sizeof(mine.message), ballot.local.message());
+  return std::string(reinterpret_cast<const char*>(&mine), sizeof(mine));
+}
 
-  const int n = group.size();
-  const int me = group.rank();
+absl::Status DecideVote(const Ballot& ballot, int me, const std::vector<std::string>& wire) {
+  const int n = static_cast<int>(wire.size());
   std::vector<WireBallot> all(n);
-  RETURN_IF_ERROR(group.AllGather(&mine, sizeof(WireBallot), all.data()));
-
+  for (int r = 0; r < n; ++r) {
+    if (wire[r].size() != sizeof(WireBallot)) {
+      return absl::AbortedError(absl::StrCat("rank ", r, " sent a ballot of ", wire[r].size(),
+                                             " bytes, expected ", sizeof(WireBallot),
+                                             " (a worker of another release?)"));
+    }
+    std::memcpy(&all[r], wire[r].data(), sizeof(WireBallot));
+  }
+  const uint64_t rpc = Fingerprint64(ballot.rpc);
   for (int r = 0; r < n; ++r) {
     const WireBallot& b = all[r];
-    if (b.version != kBallotVersion || b.rpc != mine.rpc || b.generation != mine.generation ||
-        b.sequence != mine.sequence) {
+    if (b.version != kBallotVersion || b.rpc != rpc || b.generation != ballot.generation ||
+        b.sequence != ballot.sequence) {
       return absl::AbortedError(
           absl::StrCat("ranks are not in the same call: rank ", r, " is in ",
                        std::string(b.rpc_text, strnlen(b.rpc_text, sizeof(b.rpc_text))),
@@ -88,11 +97,13 @@ absl::Status RunVote(ControlCollective& group, const Ballot& ballot) {
                                            "is rank ",
                                            me, ")"));
   }
+  const int64_t num_fields = static_cast<int64_t>(ballot.fields.size());
   for (size_t i = 0; i < ballot.fields.size(); ++i) {
     bool differs = false;
     for (int r = 0; r < n; ++r) {
-      differs = differs || all[r].num_fields != mine.num_fields ||
-                all[r].names[i] != mine.names[i] || all[r].values[i] != mine.values[i];
+      differs = differs || all[r].num_fields != num_fields ||
+                all[r].names[i] != Fingerprint64(ballot.fields[i].name) ||
+                all[r].values[i] != ballot.fields[i].value;
     }
     if (!differs) continue;
     std::vector<std::string> values;
@@ -101,11 +112,27 @@ absl::Status RunVote(ControlCollective& group, const Ballot& ballot) {
       values.push_back(
           absl::StrCat("rank ", r, " = ", ShowValue(ballot.fields[i], all[r].values[i])));
     }
+    if (me >= n) {  // a prefix without this rank: its own value last
+      values.push_back(
+          absl::StrCat("rank ", me, " = ", ShowValue(ballot.fields[i], ballot.fields[i].value)));
+    }
     return absl::AbortedError(absl::StrCat(ballot.rpc, ": ", ballot.fields[i].name,
                                            " differs across ranks: ", absl::StrJoin(values, ", "),
                                            "; every rank must get the same request"));
   }
   return absl::OkStatus();
+}
+
+absl::Status RunVote(ControlCollective& group, const Ballot& ballot) {
+  ASSIGN_OR_RETURN(std::string mine, EncodeBallot(ballot));
+  const int n = group.size();
+  std::vector<WireBallot> gathered(n);
+  RETURN_IF_ERROR(group.AllGather(mine.data(), mine.size(), gathered.data()));
+  std::vector<std::string> wire(n);
+  for (int r = 0; r < n; ++r) {
+    wire[r].assign(reinterpret_cast<const char*>(&gathered[r]), sizeof(WireBallot));
+  }
+  return DecideVote(ballot, group.rank(), wire);
 }
 
 }  // namespace moe_ep::core

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/collective.h"
 #include "core/fingerprint.h"
@@ -64,5 +65,20 @@ inline constexpr int kBallotMessageBytes = 240;
 //     is broken).
 // kInvalidArgument when the ballot has more than kBallotMaxFields fields.
 absl::Status RunVote(ControlCollective& group, const Ballot& ballot);
+
+// The two halves of RunVote, for a vote gathered by other means (Join's,
+// through the rendezvous store: server/join_vote.h).
+//
+// EncodeBallot(): the fixed-size wire form of `ballot` (what RunVote
+// all-gathers). kInvalidArgument beyond kBallotMaxFields fields.
+absl::StatusOr<std::string> EncodeBallot(const Ballot& ballot);
+// DecideVote(): RunVote's verdict for this rank (`me`, whose `ballot` it is)
+// over `wire`, the encoded ballots of ranks 0..wire.size()-1 (this rank's
+// own included when me < wire.size()). A prefix of the ranks is allowed: OK
+// then means "none of these ranks disagrees or rejected" (a differing field
+// then lists this rank's own value after theirs). Returns RunVote's
+// codes, and kAborted for a ballot that is not one (wrong size), naming its
+// rank.
+absl::Status DecideVote(const Ballot& ballot, int me, const std::vector<std::string>& wire);
 
 }  // namespace moe_ep::core

@@ -157,6 +157,10 @@ absl::Status GlooCollective::Guarded(const char* op_name, Op&& op) {
     broken_ = absl::UnavailableError(
         absl::StrCat("gloo ", op_name, " on rank ", rank_, " failed with an unknown exception"));
   }
+  // Close every pair now: a peer still waiting on this rank (a ring step of
+  // an all-gather whose dead rank is not its neighbour) then sees its pair
+  // fail at once instead of waiting out the group timeout (issue 12 item 6).
+  context_.reset();
   return broken_;
 }
 

@@ -14,7 +14,9 @@
 // becomes kDeadlineExceeded (a timeout: store wait, read/write or an operation
 // exceeding `timeout`) or kUnavailable (peer closed the connection, reset).
 // After either, the group is broken: every later call returns
-// kFailedPrecondition "group broken by earlier error: ...; re-join".
+// kFailedPrecondition "group broken by earlier error: ...; re-join", and
+// this rank closes its connections at once, so that peers waiting on it
+// fail within milliseconds rather than the timeout (a dead peer cascades).
 //
 // Not thread-safe: one caller thread per object. Distinct objects (ranks of
 // one process, sub-groups) may be used from different threads.

@@ -1,6 +1,7 @@
 #include "server/group_formation.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -10,9 +11,25 @@
 
 namespace moe_ep::server {
 
+int64_t GenerationLimit(int64_t max_generation_used, int64_t max_generation) {
+  const int64_t next = max_generation_used < std::numeric_limits<int64_t>::max()
+                           ? max_generation_used + 1
+                           : max_generation_used;
+  return std::max(max_generation, next);
+}
+
 absl::Status CheckJoin(const JoinedGroup& current, int64_t max_generation_used,
-                       const JoinArgs& args, bool* same_group) {
+                       int64_t max_generation, const JoinArgs& args, bool* same_group) {
   *same_group = false;
+  const int64_t limit = GenerationLimit(max_generation_used, max_generation);
+  if (args.generation > limit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("generation: expected <= ", limit, " (--max-generation ", max_generation,
+                     ", or 1 + the highest generation this worker saw, ", max_generation_used,
+                     "), got ", args.generation,
+                     "; form each group at 1 + the highest GetStatus.max_generation_seen "
+                     "of its workers"));
+  }
   if (current.joined) {
     const JoinArgs& joined = *current.args;
     if (args == joined && !current.broken) {

@@ -36,9 +36,19 @@ struct JoinedGroup {
 // no-op. Otherwise OK means "form a new group". kFailedPrecondition: the same
 // arguments on a broken group ("... is broken (<reason>); re-join with a new
 // generation"), the joined generation with other arguments, or a generation
-// <= max_generation_used.
+// <= max_generation_used. kInvalidArgument: a generation above
+// GenerationLimit (naming --max-generation and the generation to use).
 absl::Status CheckJoin(const JoinedGroup& current, int64_t max_generation_used,
-                       const JoinArgs& args, bool* same_group);
+                       int64_t max_generation, const JoinArgs& args, bool* same_group);
+
+// GenerationLimit()
+//
+// The highest generation a Join may ask for: `max_generation` (the
+// --max-generation flag), or 1 + `max_generation_used` once that is higher,
+// so that a worker that reached the top of the range still accepts the next
+// generation (one per Join: 2^63 - 2^53 Joins before int64 runs out) and a
+// single Join never jumps far above the range (issue 13 item 3).
+int64_t GenerationLimit(int64_t max_generation_used, int64_t max_generation);
 
 // FormJoinedGroup()
 //

@@ -51,8 +51,8 @@ size_t Utf8Cut(absl::string_view text, size_t max) {
 absl::Status CheckJoin(const RequestLimits& limits, const v1::JoinRequest& request) {
   RETURN_IF_ERROR(
       AtMost("world_size", request.world_size(), limits.max_world_size, "max-world-size"));
-  RETURN_IF_ERROR(
-      AtMost("generation", request.generation(), limits.max_generation, "max-generation"));
+  // The generation's bound depends on what this worker saw: CheckJoin of
+  // server/group_formation.h.
   return AtMost("timeout_ms", request.timeout_ms(), limits.max_timeout_ms, "max-timeout-ms");
 }
 

@@ -33,7 +33,10 @@ struct RequestLimits {
   // Join.world_size: ranks of a group (a Gloo group opens ~2 sockets per peer).
   int32_t max_world_size = 1024;
   // Join.generation: a client picks 1 + the highest generation the workers
-  // report, so the range never runs out (2^53: exact in JSON and Python floats).
+  // report, so the range never runs out (2^53: exact in JSON and Python
+  // floats). A worker that saw this generation (or one above) accepts the
+  // next one above it: the top of the range never locks Join out
+  // (server/group_formation.h CheckJoin; issue 13 item 3).
   int64_t max_generation = int64_t{1} << 53;
   // Join.timeout_ms: the group's collective timeout.
   int64_t max_timeout_ms = 3600 * 1000;

@@ -16,6 +16,8 @@
 #include "server/collective_slot.h"
 #include "server/device_info.h"
 #include "server/group_formation.h"
+#include "server/grpc_store.h"
+#include "server/join_vote.h"
 #include "server/logging.h"
 #include "server/percentile.h"
 #include "server/request_limits.h"
@@ -60,6 +62,15 @@ grpc::Status WorkerService::Finish(const absl::Status& status) {
     status_.mutable_counters()->set_errors(status_.counters().errors() + 1);
   }
   return ToGrpcStatus(CapMessage(status));
+}
+
+absl::Status WorkerService::Leased(const char* rpc, const v1::LeaseClaim& claim,
+                                   absl::FunctionRef<absl::Status()> fn) {
+  RETURN_IF_ERROR(ValidateLeaseClaim(claim, "lease."));
+  RETURN_IF_ERROR(lease_.Check(rpc, claim));
+  absl::Status status = fn();
+  if (status.ok()) lease_.Apply(claim);
+  return status;
 }
 
 absl::Status WorkerService::GroupResult(const char* rpc, absl::Status status) {
@@ -156,10 +167,27 @@ void WorkerService::TearDownGroup() {
 grpc::Status WorkerService::GetStatus(grpc::ServerContext* /*context*/,
                                       const v1::GetStatusRequest* /*request*/,
                                       v1::GetStatusResponse* response) {
-  absl::MutexLock lock(&state_mu_);
-  *response = status_;
-  response->set_state(ToProto(state_.phase()));
+  {
+    absl::MutexLock lock(&state_mu_);
+    *response = status_;
+    response->set_state(ToProto(state_.phase()));
+  }
+  lease_.Fill(response);
   return grpc::Status::OK;
+}
+
+// -------------------------------------------------------------------- Lease
+
+grpc::Status WorkerService::Lease(grpc::ServerContext* /*context*/, const v1::LeaseRequest* request,
+                                  v1::LeaseResponse* response) {
+  return Finish(RunGuarded("Lease", [&]() -> absl::Status {
+    {
+      absl::MutexLock lock(&state_mu_);
+      if (shutting_down_) return absl::UnavailableError("Lease: worker is shutting down");
+    }
+    ASSIGN_OR_RETURN(*response, lease_.Handle(*request));
+    return absl::OkStatus();
+  }));
 }
 
 // --------------------------------------------------------------------- Join
@@ -169,36 +197,80 @@ grpc::Status WorkerService::Join(grpc::ServerContext* context, const v1::JoinReq
   return Finish(RunGuarded("Join", [&] { return DoJoin(context, *request, response); }));
 }
 
+bool WorkerService::CanVoteOnJoin(const v1::JoinRequest& request) const {
+  return request.world_size() > 1 && request.world_size() <= options_.limits.max_world_size &&
+         request.rank() >= 0 && request.rank() < request.world_size() &&
+         !request.rendezvous_address().empty() && request.generation() > max_generation_used_ &&
+         request.generation() <=
+             GenerationLimit(max_generation_used_, options_.limits.max_generation);
+}
+
 absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinRequest& request,
                                    v1::JoinResponse* response) {
   const JoinDefaults defaults{options_.default_backend, options_.default_timeout,
                               options_.data_plane_host, options_.device, VisibleGpuCount()};
-  ASSIGN_OR_RETURN(JoinArgs args, JoinArgsFromRequest(options_.limits, request, defaults));
+  const absl::StatusOr<JoinArgs> args = JoinArgsFromRequest(options_.limits, request, defaults);
+  absl::Status local = args.status();
+  if (local.ok()) local = ValidateLeaseClaim(request.lease(), "lease.");
   SlotLease slot(&slot_);
   RETURN_IF_ERROR(slot.Acquire(context, "Join"));
   bool same_group = false;
+  bool votes = false;
   {
     absl::MutexLock lock(&state_mu_);
     if (shutting_down_) return absl::UnavailableError("Join: worker is shutting down");
-    const JoinedGroup current{state_.phase() != WorkerPhase::kStarted, state_.broken(),
-                              state_.broken_reason(), &joined_};
-    RETURN_IF_ERROR(CheckJoin(current, max_generation_used_, args, &same_group));
-    if (!same_group) max_generation_used_ = args.generation;
+    if (local.ok()) {
+      const JoinedGroup current{state_.phase() != WorkerPhase::kStarted, state_.broken(),
+                                state_.broken_reason(), &joined_};
+      local = CheckJoin(current, max_generation_used_, options_.limits.max_generation, *args,
+                        &same_group);
+    }
+    // A new generation replaces the group: the owner's call (the idempotent
+    // re-join of the group in force changes nothing and is not refused).
+    if (local.ok() && !same_group) local = lease_.Check("Join", request.lease());
+    // Even a bad Join votes when its ballot has a place (a rank of a group
+    // of several, a fresh generation): its peers then fail at once. Its
+    // generation counts as used from here (the ballot is a rendezvous key).
+    votes = !same_group && CanVoteOnJoin(request);
+    if (votes || (local.ok() && !same_group)) max_generation_used_ = request.generation();
     status_.set_max_generation_seen(max_generation_used_);
   }
-  if (same_group) {
+  if (local.ok() && same_group) {
+    lease_.Apply(request.lease());
     response->set_backend(joined_.backend);
     return absl::OkStatus();  // idempotent
   }
+  if (votes) {
+    // Join's cross-rank vote goes through the generation's store (there is
+    // no group yet): server/join_vote.h.
+    if (request.rank() == 0 && options_.rendezvous != nullptr) {
+      options_.rendezvous->OpenGeneration(request.generation(), request.rendezvous_secret());
+    }
+    const absl::Duration timeout = args.ok() ? args->timeout : options_.default_timeout;
+    GrpcStore store(request.rendezvous_address(),
+                    std::clamp(CallDeadline(context) - absl::Now(), absl::Milliseconds(1), timeout),
+                    request.rendezvous_secret());
+    core::Ballot ballot;
+    ballot.rpc = "Join";
+    ballot.generation = request.generation();
+    ballot.local = local;
+    if (local.ok()) {
+      ballot.fields = {{"world_size", args->world_size},
+                       {"backend (1 = gloo, 2 = nccl)", args->backend == "nccl" ? 2 : 1}};
+    }
+    RETURN_IF_ERROR(RunJoinVote(store, ballot, request.rank(), request.world_size()));
+  }
+  RETURN_IF_ERROR(local);
   // A new generation: form the new group, and only then drop the old one (a
   // failed formation leaves the old group in force: issue 13 item 5).
-  if (args.rank == 0 && options_.rendezvous != nullptr) {
-    options_.rendezvous->OpenGeneration(args.generation, args.rendezvous_secret);
+  if (args->rank == 0 && options_.rendezvous != nullptr && !votes) {
+    options_.rendezvous->OpenGeneration(args->generation, args->rendezvous_secret);
   }
   ASSIGN_OR_RETURN(std::unique_ptr<DataPlane> formed,
-                   FormJoinedGroup(args, options_.device, CallDeadline(context)));
-  InstallGroup(args, std::move(formed));
-  response->set_backend(args.backend);
+                   FormJoinedGroup(*args, options_.device, CallDeadline(context)));
+  InstallGroup(*args, std::move(formed));
+  lease_.Apply(request.lease());
+  response->set_backend(args->backend);
   return absl::OkStatus();
 }
 
@@ -225,7 +297,9 @@ void WorkerService::InstallGroup(const JoinArgs& args, std::unique_ptr<DataPlane
 
 grpc::Status WorkerService::Leave(grpc::ServerContext* context, const v1::LeaveRequest* request,
                                   v1::LeaveResponse* /*response*/) {
-  return Finish(RunGuarded("Leave", [&] { return DoLeave(context, *request); }));
+  return Finish(RunGuarded("Leave", [&] {
+    return Leased("Leave", request->lease(), [&] { return DoLeave(context, *request); });
+  }));
 }
 
 absl::Status WorkerService::DoLeave(grpc::ServerContext* context, const v1::LeaveRequest& request) {
@@ -254,8 +328,10 @@ absl::Status WorkerService::DoLeave(grpc::ServerContext* context, const v1::Leav
 grpc::Status WorkerService::ConfigureLayers(grpc::ServerContext* context,
                                             const v1::ConfigureLayersRequest* request,
                                             v1::ConfigureLayersResponse* response) {
-  return Finish(RunGuarded("ConfigureLayers",
-                           [&] { return DoConfigureLayers(context, *request, response); }));
+  return Finish(RunGuarded("ConfigureLayers", [&] {
+    return Leased("ConfigureLayers", request->lease(),
+                  [&] { return DoConfigureLayers(context, *request, response); });
+  }));
 }
 
 absl::Status WorkerService::DoConfigureLayers(grpc::ServerContext* context,
@@ -284,8 +360,10 @@ absl::Status WorkerService::DoConfigureLayers(grpc::ServerContext* context,
 grpc::Status WorkerService::AllocateWorkspace(grpc::ServerContext* context,
                                               const v1::AllocateWorkspaceRequest* request,
                                               v1::AllocateWorkspaceResponse* response) {
-  return Finish(RunGuarded("AllocateWorkspace",
-                           [&] { return DoAllocateWorkspace(context, *request, response); }));
+  return Finish(RunGuarded("AllocateWorkspace", [&] {
+    return Leased("AllocateWorkspace", request->lease(),
+                  [&] { return DoAllocateWorkspace(context, *request, response); });
+  }));
 }
 
 absl::StatusOr<core::EpDispatcherOptions> WorkerService::PrepareAllocation(
@@ -349,8 +427,10 @@ absl::Status WorkerService::Allocate(const core::EpDispatcherOptions& options) {
 grpc::Status WorkerService::LoadExperts(grpc::ServerContext* context,
                                         const v1::LoadExpertsRequest* request,
                                         v1::LoadExpertsResponse* response) {
-  return Finish(
-      RunGuarded("LoadExperts", [&] { return DoLoadExperts(context, *request, response); }));
+  return Finish(RunGuarded("LoadExperts", [&] {
+    return Leased("LoadExperts", request->lease(),
+                  [&] { return DoLoadExperts(context, *request, response); });
+  }));
 }
 
 absl::StatusOr<ExpertLoad> WorkerService::PrepareExpertLoad(const v1::LoadExpertsRequest& request) {

@@ -15,7 +15,10 @@
 // INVALID_ARGUMENT naming the field (expected vs got) and leaves the state as
 // it was (server/request_options.h converts and checks each request).
 //
-// Failure isolation (DESIGN §16; issues 12 and 13): every collective RPC
+// Failure isolation (DESIGN §16; issues 12 and 13): Join votes through the
+// generation's rendezvous store before forming (server/join_vote.h: a bad
+// Join on one rank, e.g. another world_size or backend, fails every rank at
+// once, the peers ABORTED naming it); every collective RPC
 // (ConfigureLayers, AllocateWorkspace, LoadExperts, SyncTokenCounts, Forward,
 // Benchmark, ForwardLayers) first runs the cross-rank vote (core/agreement.h)
 // with the call's identity (RPC, generation, sequence), this rank's own
@@ -33,6 +36,14 @@
 // a new generation" until Join with a new generation re-forms it. GetStatus
 // shows it (group_broken, broken_reason: "<rpc>: <CODE>: <message>"). Health
 // (server/health.h) is SERVING only while joined, allocated and not broken.
+//
+// Ownership (DESIGN §16; issue 12 item 4; LeaseClaim in worker.proto): the
+// worker holds one lease (server/worker_lease.h). Join of a new generation,
+// Leave, ConfigureLayers, AllocateWorkspace and LoadExperts check their
+// request's claim before anything else (before the slot and the vote, so a
+// refused call never touches the group): another owner's live lease is
+// FAILED_PRECONDITION naming it and its time left. A claimed call that
+// succeeds acquires or renews the lease. The Lease RPC takes no slot.
 //
 // Backends: Join resolves "auto" / "gloo" / "nccl" (server/backend_selection.h)
 // and forms the group's data plane (server/data_plane.h): Gloo + the CPU
@@ -67,6 +78,7 @@
 #include "server/rendezvous_service.h"
 #include "server/request_limits.h"
 #include "server/request_options.h"
+#include "server/worker_lease.h"
 #include "server/worker_state.h"
 
 namespace moe_ep::server {
@@ -154,6 +166,8 @@ class WorkerService final : public v1::Worker::Service {
                                 v1::InstallPlacementResponse* response) override;
   grpc::Status GetExpertLoad(grpc::ServerContext* context, const v1::GetExpertLoadRequest* request,
                              v1::GetExpertLoadResponse* response) override;
+  grpc::Status Lease(grpc::ServerContext* context, const v1::LeaseRequest* request,
+                     v1::LeaseResponse* response) override;
 
  private:
   // The allocation in force (AllocateWorkspace, normalized).
@@ -163,6 +177,10 @@ class WorkerService final : public v1::Worker::Service {
     uint64_t fingerprint = 0;
   };
 
+  // Whether a Join's ballot has a place in the store vote even when the
+  // request is bad (a rank of a group of several, a fresh generation within
+  // the limit, a rendezvous address). Needs state_mu_.
+  bool CanVoteOnJoin(const v1::JoinRequest& request) const;
   absl::Status DoJoin(grpc::ServerContext* context, const v1::JoinRequest& request,
                       v1::JoinResponse* response);
   absl::Status DoLeave(grpc::ServerContext* context, const v1::LeaveRequest& request);
@@ -204,6 +222,10 @@ class WorkerService final : public v1::Worker::Service {
   // Replaces the data plane's workspace with one of `options` (drops the experts).
   absl::Status Allocate(const core::EpDispatcherOptions& options);
 
+  // A leased call `rpc` (see the file comment): validates `claim`, checks it
+  // against the lease, runs `fn` and, when it succeeded, applies the claim.
+  absl::Status Leased(const char* rpc, const v1::LeaseClaim& claim,
+                      absl::FunctionRef<absl::Status()> fn);
   // Counts errors, converts to grpc::Status.
   grpc::Status Finish(const absl::Status& status);
   // `status` from a collective operation of `rpc`: a group error marks the
@@ -265,6 +287,9 @@ class WorkerService final : public v1::Worker::Service {
   // ForwardLayers' stack (server/layer_stack_runner.h); built on the data
   // plane's collective, so declared after data_plane_ and reset before it.
   LayerStackRunner layer_stack_;
+
+  // Who owns the group (thread-safe on its own; never under state_mu_).
+  WorkerLease lease_;
 
   // The snapshot GetStatus returns, and the state machine.
   absl::Mutex state_mu_;

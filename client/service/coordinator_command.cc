@@ -1,5 +1,7 @@
 #include "client/service/coordinator_command.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <optional>
 #include <thread>
@@ -116,6 +118,14 @@ void AddCoordinatorFlags(CLI::App* cmd, CoordinatorCommandOptions* o) {
                   "every rank must report health SERVING this soon after a formation, ms")
       ->capture_default_str()
       ->check(Positive());
+  cmd->add_option("--owner", o->owner,
+                  "owner id of the workers' lease this coordinator holds and takes over "
+                  "(default coordinator@HOST; none = no lease)");
+  cmd->add_option("--lease-ttl-ms", o->lease_ttl_ms,
+                  "time to live of the lease, renewed every third of it; a dead coordinator's "
+                  "lease lapses after it")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{30}, int64_t{3600000}));
   cmd->add_flag("--check", o->check_only,
                 "validate the desired state, print its ranks and exit (does not serve)");
 }
@@ -162,6 +172,14 @@ absl::Status RunCoordinatorCommand(const CoordinatorCommandOptions& options, std
   ASSIGN_OR_RETURN(keeper_options.channel.channel_credentials,
                    server::MakePeerChannelCredentials(security, token));
   keeper_options.resolver = options.resolver;
+  if (options.owner != "none") {
+    char host[256] = {};
+    if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+    keeper_options.channel.owner_id =
+        !options.owner.empty() ? options.owner
+                               : absl::StrCat("coordinator@", host[0] != '\0' ? host : "localhost");
+    keeper_options.channel.lease_ttl = absl::Milliseconds(options.lease_ttl_ms);
+  }
   keeper_options.probe_interval = absl::Milliseconds(options.probe_interval_ms);
   keeper_options.probe_timeout = absl::Milliseconds(options.probe_timeout_ms);
   keeper_options.backoff_initial = absl::Milliseconds(options.backoff_initial_ms);

@@ -65,6 +65,11 @@ struct CoordinatorCommandOptions {
   int backoff_initial_ms = 250;
   int backoff_max_ms = 10000;
   int settle_timeout_ms = 5000;
+  // The lease on the workers (issue 12 item 4): --owner (empty:
+  // "coordinator@<hostname>", stable across restarts on one host) and
+  // --lease-ttl-ms; "none" holds no lease.
+  std::string owner;
+  int64_t lease_ttl_ms = 10000;
   // --check: validate the desired state, print its ranks, exit (no serving).
   bool check_only = false;
 

@@ -25,6 +25,7 @@
 #include "client/group_keeper.h"
 #include "client/local_cluster.h"
 #include "client/target_resolver.h"
+#include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -87,6 +88,8 @@ class CoordinatorServiceTest : public ::testing::Test {
     cluster_ = std::move(*cluster);
 
     client::GroupKeeperOptions keeper_options;
+    keeper_options.channel.owner_id = "coordinator@test";  // holds the workers' lease
+    keeper_options.channel.lease_ttl = absl::Seconds(3);
     keeper_options.resolver = std::make_shared<LoopbackResolver>(cluster_->targets());
     keeper_options.probe_interval = kProbeInterval;
     keeper_options.probe_timeout = kProbeTimeout;
@@ -317,7 +320,20 @@ TEST_F(CoordinatorServiceTest, ARestartedCoordinatorAdoptsAGroupThatMatches) {
   ASSERT_TRUE(WaitFor(Ready, absl::Seconds(120), &g)) << g.DebugString();
   // A second keeper with the same desired state, as after a coordinator
   // restart: it takes the running group over instead of re-forming it.
+  // The first keeper owns the workers: another client is refused.
+  for (int r = 0; r < kWorkers; ++r) EXPECT_EQ(WorkerStatus(r).lease_owner(), "coordinator@test");
+  {
+    client::CoordinatorOptions intruder;
+    intruder.owner_id = "intruder@test";
+    auto c = client::Coordinator::Connect(cluster_->targets(), intruder);
+    ASSERT_TRUE(c.ok());
+    const absl::Status refused = (*c)->FormGroup().status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+    EXPECT_THAT(std::string(refused.message()),
+                ::testing::HasSubstr("leased by owner 'coordinator@test'"));
+  }
   client::GroupKeeperOptions options;
+  options.channel.owner_id = "coordinator@restarted";  // another pod: takes the lease over
   options.resolver = std::make_shared<LoopbackResolver>(cluster_->targets());
   options.probe_interval = kProbeInterval;
   auto second = client::GroupKeeper::Start(options, MainJobState());
@@ -333,7 +349,10 @@ TEST_F(CoordinatorServiceTest, ARestartedCoordinatorAdoptsAGroupThatMatches) {
   bool adopted_event = false;
   for (const v1::GroupEvent& e : adopted.history()) adopted_event |= e.kind() == "adopted";
   EXPECT_TRUE(adopted_event) << adopted.DebugString();
-  for (int r = 0; r < kWorkers; ++r) EXPECT_EQ(WorkerStatus(r).generation(), g.generation());
+  for (int r = 0; r < kWorkers; ++r) {
+    EXPECT_EQ(WorkerStatus(r).generation(), g.generation());
+    EXPECT_EQ(WorkerStatus(r).lease_owner(), "coordinator@restarted");
+  }
   EXPECT_EQ(Group().generation(), g.generation());  // the first one saw no change either
 }
 

@@ -8,6 +8,7 @@
 // everywhere and the group survives. GetStatus and `moe-ep status` show a
 // group broken by a timed-out collective or a dead peer, and why.
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <functional>
@@ -384,6 +385,72 @@ TEST_F(FailureIsolation, ACollectiveEndsAtTheCallsDeadlineAndStatusShowsTheBroke
       {fake_->cluster().targets()[0]}, {absl::StatusOr<v1::GetStatusResponse>(status)});
   EXPECT_THAT(table, HasSubstr("ALLOCATED BROKEN"));
   EXPECT_THAT(table, HasSubstr("group of generation 1 is broken: SyncTokenCounts: "));
+}
+
+// Join votes through rank 0's Rendezvous store before forming (issue 12
+// item 1, Join): a bad Join on one rank of 3 fails every rank within 1 s,
+// the old group stays in force, and the next valid Join forms.
+TEST_F(FailureIsolation, JoinWithABadBackendOrAnotherWorldSizeOnOneRank) {
+  int64_t generation = 0;
+  for (int r = 0; r < kWorld; ++r) {
+    generation = std::max(generation, fake_->StatusOf(r).max_generation_seen());
+  }
+  const int64_t formed = fake_->StatusOf(0).generation();
+  const auto join = [&](int rank, int64_t g) {
+    v1::JoinRequest request;
+    request.set_world_size(kWorld);
+    request.set_rank(rank);
+    request.set_backend("gloo");
+    request.set_rendezvous_address(fake_->cluster().targets()[0]);
+    request.set_generation(g);
+    request.set_timeout_ms(5000);
+    return request;
+  };
+  // A backend that does not exist on rank 1: its own INVALID_ARGUMENT, its
+  // peers ABORTED naming it.
+  ++generation;
+  const Outcome bad_backend =
+      Call<v1::JoinRequest, v1::JoinResponse>(&v1::Worker::Stub::Join, [&](int rank) {
+        v1::JoinRequest request = join(rank, generation);
+        if (rank == kBadRank) request.set_backend("mpi");
+        return request;
+      });
+  ExpectIsolated(bad_backend, "Join", absl::StatusCode::kInvalidArgument, "backend");
+  // Rank 1 believes the group has 4 ranks: every rank ABORTED naming the
+  // field and each rank's value (rank 1 reads rank 0's ballot first).
+  ++generation;
+  const Outcome bad_world =
+      Call<v1::JoinRequest, v1::JoinResponse>(&v1::Worker::Stub::Join, [&](int rank) {
+        v1::JoinRequest request = join(rank, generation);
+        if (rank == kBadRank) request.set_world_size(4);
+        return request;
+      });
+  EXPECT_LT(bad_world.took, absl::Seconds(1)) << "every rank must fail at once";
+  std::cout << "Join with world_size 4 on rank 1 of 3: all ranks answered in "
+            << absl::ToDoubleMilliseconds(bad_world.took) << " ms\n";
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(bad_world.status[r].code(), absl::StatusCode::kAborted) << bad_world.status[r];
+    EXPECT_THAT(std::string(bad_world.status[r].message()),
+                HasSubstr("Join: world_size differs across ranks: rank 0 = 3, rank 1 = 4"));
+  }
+  // The old group is still in force and usable.
+  for (int r = 0; r < kWorld; ++r) {
+    const v1::GetStatusResponse status = fake_->StatusOf(r);
+    EXPECT_EQ(status.state(), v1::WORKER_STATE_ALLOCATED);
+    EXPECT_EQ(status.generation(), formed);
+    EXPECT_FALSE(status.group_broken());
+    EXPECT_EQ(status.max_generation_seen(), generation);
+  }
+  Commit(1);
+  // The next valid Join forms the new group.
+  ++generation;
+  const Outcome valid = Call<v1::JoinRequest, v1::JoinResponse>(
+      &v1::Worker::Stub::Join, [&](int rank) { return join(rank, generation); });
+  ExpectAllOk(valid, "valid Join");
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(fake_->StatusOf(r).generation(), generation);
+    EXPECT_EQ(fake_->StatusOf(r).state(), v1::WORKER_STATE_JOINED);
+  }
 }
 
 TEST_F(FailureIsolation, StatusShowsAGroupBrokenByADeadPeer) {

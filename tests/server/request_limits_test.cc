@@ -1,5 +1,6 @@
 #include "server/request_limits.h"
 
+#include <limits>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -44,8 +45,11 @@ TEST(RequestLimits, JoinBoundsWorldGenerationAndTimeout) {
   request.set_world_size(9);
   EXPECT_EQ(CheckJoin(limits, request).message(),
             "world_size: expected <= 8 (--max-world-size), got 9");
+  // The generation's bound is CheckJoin's of server/group_formation.h.
   request.set_world_size(1);
-  request.set_generation((int64_t{1} << 53) + 1);
+  request.set_generation(std::numeric_limits<int64_t>::max());
+  EXPECT_TRUE(CheckJoin(limits, request).ok());
+  request.set_timeout_ms(limits.max_timeout_ms + 1);
   EXPECT_EQ(CheckJoin(limits, request).code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -5,6 +5,7 @@
 #include <limits>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/request_limits.h"
@@ -82,6 +83,38 @@ TEST(WorkerHardening, AGenerationAboveTheLimitIsRefusedAndDoesNotPoisonLaterJoin
   EXPECT_EQ(worker.Status().max_generation_seen(), 0);
   const grpc::Status later = worker.Join(1, 0, 1, worker.address(), "gloo");
   EXPECT_TRUE(later.ok()) << later.error_message();
+}
+
+// Issue 13 item 3: a Join at the top of the range (2^53, the default
+// --max-generation) leaves the next generation usable, and a Join far above
+// it (2^63 - 2, 2^63 - 1) is refused, actionably, without using anything up.
+TEST(WorkerHardening, TheTopOfTheGenerationRangeNeverLocksJoinOut) {
+  InProcessWorker worker;
+  const int64_t top = int64_t{1} << 53;
+  const grpc::Status at_top = worker.Join(1, 0, top, worker.address(), "gloo");
+  ASSERT_TRUE(at_top.ok()) << at_top.error_message();
+  EXPECT_EQ(worker.Status().max_generation_seen(), top);
+  // The clients' choice, 1 + the highest generation seen, still forms.
+  for (int64_t g = top + 1; g <= top + 3; ++g) {
+    const grpc::Status next = worker.Join(1, 0, g, worker.address(), "gloo");
+    ASSERT_TRUE(next.ok()) << g << ": " << next.error_message();
+    EXPECT_EQ(worker.Status().generation(), g);
+  }
+  const std::string before = Snapshot(worker);
+  for (const int64_t huge :
+       {std::numeric_limits<int64_t>::max() - 1, std::numeric_limits<int64_t>::max()}) {
+    const grpc::Status refused = worker.Join(1, 0, huge, worker.address(), "gloo");
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << refused.error_message();
+    EXPECT_THAT(refused.error_message(),
+                HasSubstr(absl::StrCat("generation: expected <= ", top + 4, " (--max-generation ",
+                                       top, ", or 1 + the highest generation this worker saw, ",
+                                       top + 3, "), got ", huge)));
+    EXPECT_THAT(refused.error_message(), HasSubstr("max_generation_seen"));
+    EXPECT_EQ(Snapshot(worker), before);
+  }
+  const grpc::Status after = worker.Join(1, 0, top + 4, worker.address(), "gloo");
+  EXPECT_TRUE(after.ok()) << after.error_message();
+  EXPECT_EQ(worker.Status().generation(), top + 4);
 }
 
 TEST(WorkerHardening, AFailedJoinKeepsTheOldGroupAndReportsTheGenerationItSaw) {
