@@ -53,9 +53,7 @@ absl::StatusOr<DataPlaneAllocation> CpuDataPlane::Allocate(const core::EpDispatc
   allocation.regions = dispatcher->layout().Regions();
   experts_.clear();
   shared_.clear();
-  tables_.clear();
-  load_.Reset(options.num_experts);
-  contiguous_ = dispatcher->placement();
+  book_.Reset(dispatcher->placement());
   hidden_ = options.workspace.hidden;
   options_ = options;
   dispatcher_ = std::move(dispatcher);
@@ -74,10 +72,8 @@ absl::StatusOr<int64_t> CpuDataPlane::LoadExperts(int layer, const core::ExpertS
   }
   // An installed table is checked slot by slot; without one, the range of
   // the contiguous placement (and its message).
-  auto installed = tables_.find(layer);
-  RETURN_IF_ERROR(CheckExpertSourceForWorkspace(
-      source, options_, collective_->rank(),
-      installed == tables_.end() ? nullptr : installed->second.get()));
+  RETURN_IF_ERROR(CheckExpertSourceForWorkspace(source, options_, collective_->rank(),
+                                                book_.Installed(layer)));
   ASSIGN_OR_RETURN(core::ExpertSet experts, core::MakeHostExperts(source));
   const int64_t bytes = experts.weight_bytes();
   experts_.insert_or_assign(layer, std::move(experts));
@@ -122,24 +118,8 @@ absl::Status CpuDataPlane::InstallPlacement(int layer,
       experts->second.expert_ids() != core::DistinctSlotExperts(*table, rank)) {
     experts_.erase(experts);
   }
-  tables_.insert_or_assign(layer, std::move(table));
+  book_.Install(layer, std::move(table));
   return absl::OkStatus();
-}
-
-std::shared_ptr<const core::PlacementTable> CpuDataPlane::Placement(int layer) const {
-  auto it = tables_.find(layer);
-  return it == tables_.end() ? contiguous_ : it->second;
-}
-
-absl::StatusOr<core::ExpertLoadCounts> CpuDataPlane::ReadExpertLoad(int layer, bool reset) {
-  if (dispatcher_ == nullptr) {
-    return absl::FailedPreconditionError("GetExpertLoad: no workspace; call Allocate first");
-  }
-  return load_.Read(layer, reset);
-}
-
-std::vector<int64_t> CpuDataPlane::ExpertTokenTotals(int layer) const {
-  return load_.Totals(layer);
 }
 
 absl::StatusOr<std::vector<int64_t>> CpuDataPlane::SyncTokenCounts(int64_t local_tokens) {
@@ -182,7 +162,7 @@ absl::StatusOr<core::StepStats> CpuDataPlane::Forward(
                                        output, shared_out));
   // This step's counts go to the layer's counters.
   const core::ExpertLoadCounts step = dispatcher_->ReadExpertLoad(/*reset=*/true);
-  load_.Add(layer, step);
+  book_.AddLoad(layer, step);
   core::StepStats stats = dispatcher_->last_step();
   stats.shared_us = shared_us;
   return stats;

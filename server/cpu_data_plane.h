@@ -17,7 +17,7 @@
 #include "core/experts.h"
 #include "core/gloo_collective.h"
 #include "server/data_plane.h"
-#include "server/expert_load_book.h"
+#include "server/placement_book.h"
 
 namespace moe_ep::server {
 
@@ -47,9 +47,15 @@ class CpuDataPlane final : public DataPlane {
   int64_t ExpertBytes(int layer) const override;
   absl::Status InstallPlacement(int layer,
                                 std::shared_ptr<const core::PlacementTable> table) override;
-  std::shared_ptr<const core::PlacementTable> Placement(int layer) const override;
-  absl::StatusOr<core::ExpertLoadCounts> ReadExpertLoad(int layer, bool reset) override;
-  std::vector<int64_t> ExpertTokenTotals(int layer) const override;
+  std::shared_ptr<const core::PlacementTable> Placement(int layer) const override {
+    return book_.Placement(layer);
+  }
+  absl::StatusOr<core::ExpertLoadCounts> ReadExpertLoad(int layer, bool reset) override {
+    return book_.ReadExpertLoad(layer, reset);
+  }
+  std::vector<int64_t> ExpertTokenTotals(int layer) const override {
+    return book_.ExpertTokenTotals(layer);
+  }
   absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens) override;
   absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
                               int64_t local_tokens) override;
@@ -84,11 +90,9 @@ class CpuDataPlane final : public DataPlane {
   int64_t hidden_ = 0;                        // H of the allocated workspace
   core::EpDispatcherOptions options_;         // of the allocated workspace
   int64_t engine_tokens_ = 0;                 // T of the last EngineDispatch
-  // DESIGN §15: the contiguous table, each layer's installed one, and each
-  // layer's load counters (drained from the dispatcher after every step).
-  std::shared_ptr<const core::PlacementTable> contiguous_;
-  std::map<int, std::shared_ptr<const core::PlacementTable>> tables_;
-  ExpertLoadBook load_;
+  // DESIGN §15: each layer's table and load counters (drained from the
+  // dispatcher after every step).
+  PlacementBook book_;
 };
 
 }  // namespace moe_ep::server

@@ -64,7 +64,7 @@ absl::StatusOr<core::StepStats> CpuDataPlane::EngineDispatch(
   }
   const bool inputs = local.ok() && t > 0;
   // Engine-run experts are the contiguous placement's (EngineRecvBuffers).
-  RETURN_IF_ERROR(dispatcher_->SetPlacement(contiguous_));
+  RETURN_IF_ERROR(dispatcher_->SetPlacement(book_.contiguous()));
   RETURN_IF_ERROR(dispatcher_->Dispatch(
       absl::MakeConstSpan(static_cast<const core::bf16_t*>(hidden), inputs ? t * h : 0),
       absl::MakeConstSpan(topk_ids, inputs ? t * k : 0),

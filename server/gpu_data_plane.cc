@@ -211,9 +211,7 @@ absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatc
 
   ASSIGN_OR_RETURN(core::PlacementTable contiguous,
                    core::PlacementTable::Contiguous(options.num_experts, ws.ep_size));
-  contiguous_ = std::make_shared<const core::PlacementTable>(std::move(contiguous));
-  tables_.clear();
-  load_.Reset(options.num_experts);
+  book_.Reset(std::make_shared<const core::PlacementTable>(std::move(contiguous)));
   experts_.clear();
   shared_.Reset(ws.capacity_tokens, ws.hidden);
   staging_ = std::move(staging);
@@ -238,10 +236,8 @@ absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, const core::ExpertS
   }
   // An installed table is checked slot by slot; without one, the range of
   // the contiguous placement (and its message).
-  auto installed = tables_.find(layer);
-  RETURN_IF_ERROR(CheckExpertSourceForWorkspace(
-      source, options_, collective_->rank(),
-      installed == tables_.end() ? nullptr : installed->second.get()));
+  RETURN_IF_ERROR(CheckExpertSourceForWorkspace(source, options_, collective_->rank(),
+                                                book_.Installed(layer)));
   RETURN_IF_ERROR(MakeDeviceCurrent());
   // Made on the device from the source (seeded: generated there; safetensors:
   // streamed through bounded pinned staging): no host copy of the layer.
@@ -322,24 +318,8 @@ absl::Status GpuDataPlane::InstallPlacement(int layer,
        experts->second->num_experts() != static_cast<int>(mine.size()))) {
     experts_.erase(experts);
   }
-  tables_.insert_or_assign(layer, std::move(table));
+  book_.Install(layer, std::move(table));
   return absl::OkStatus();
-}
-
-std::shared_ptr<const core::PlacementTable> GpuDataPlane::Placement(int layer) const {
-  auto it = tables_.find(layer);
-  return it == tables_.end() ? contiguous_ : it->second;
-}
-
-absl::StatusOr<core::ExpertLoadCounts> GpuDataPlane::ReadExpertLoad(int layer, bool reset) {
-  if (dispatcher_ == nullptr) {
-    return absl::FailedPreconditionError("GetExpertLoad: no workspace; call Allocate first");
-  }
-  return load_.Read(layer, reset);
-}
-
-std::vector<int64_t> GpuDataPlane::ExpertTokenTotals(int layer) const {
-  return load_.Totals(layer);
 }
 
 absl::StatusOr<std::vector<int64_t>> GpuDataPlane::SyncTokenCounts(int64_t local_tokens) {
@@ -519,7 +499,7 @@ absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostFo
   }
   // The route kernel counted this step on the device; the layer gets it.
   ASSIGN_OR_RETURN(core::ExpertLoadCounts step, dispatcher_->ReadExpertLoad(/*reset=*/true));
-  load_.Add(layer, step);
+  book_.AddLoad(layer, step);
   float ms[3] = {0, 0, 0};
   for (int i = 0; i < 3; ++i) {
     RETURN_IF_ERROR(

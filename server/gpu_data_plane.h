@@ -73,7 +73,7 @@
 #include "kernels/nccl_collective.h"
 #include "kernels/staged_control_collective.h"
 #include "server/data_plane.h"
-#include "server/expert_load_book.h"
+#include "server/placement_book.h"
 #include "server/gpu_shared_experts.h"
 
 namespace moe_ep::server {
@@ -111,9 +111,15 @@ class GpuDataPlane final : public DataPlane {
   // when the layer's table differs from the one there.
   absl::Status InstallPlacement(int layer,
                                 std::shared_ptr<const core::PlacementTable> table) override;
-  std::shared_ptr<const core::PlacementTable> Placement(int layer) const override;
-  absl::StatusOr<core::ExpertLoadCounts> ReadExpertLoad(int layer, bool reset) override;
-  std::vector<int64_t> ExpertTokenTotals(int layer) const override;
+  std::shared_ptr<const core::PlacementTable> Placement(int layer) const override {
+    return book_.Placement(layer);
+  }
+  absl::StatusOr<core::ExpertLoadCounts> ReadExpertLoad(int layer, bool reset) override {
+    return book_.ReadExpertLoad(layer, reset);
+  }
+  std::vector<int64_t> ExpertTokenTotals(int layer) const override {
+    return book_.ExpertTokenTotals(layer);
+  }
   absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens) override;
   absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
                               int64_t local_tokens) override;
@@ -201,12 +207,9 @@ class GpuDataPlane final : public DataPlane {
   cudaEvent_t fork_ = nullptr;  // engine calls: caller's stream -> dispatcher's stream
   cudaEvent_t join_ = nullptr;  // and back
   int64_t engine_tokens_ = 0;   // T of the last EngineDispatch
-  // DESIGN §15: the contiguous table, each layer's installed one, and each
-  // layer's load counters (the device counters drained after every Forward,
-  // which synchronizes for its output anyway).
-  std::shared_ptr<const core::PlacementTable> contiguous_;
-  std::map<int, std::shared_ptr<const core::PlacementTable>> tables_;
-  ExpertLoadBook load_;
+  // DESIGN §15: each layer's table and load counters (the device counters
+  // drained after every Forward, which synchronizes for its output anyway).
+  PlacementBook book_;
   GpuSharedExperts shared_;  // last: destroyed first, on the current device
 };
 

@@ -1,0 +1,78 @@
+#pragma once
+
+// The placement book of a data plane (DESIGN §15; issue 17 items 1-3): each
+// MoE layer's placement table (the contiguous table of the workspace unless
+// InstallPlacement put another there) and each layer's load counters
+// (server/expert_load_book.h). The CPU and GPU data planes hold one each and
+// keep only their own test of which loaded experts a new table invalidates.
+// Not thread-safe (its data plane's owner serializes the calls).
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/ep_dispatcher.h"
+#include "core/placement_table.h"
+#include "server/expert_load_book.h"
+
+namespace moe_ep::server {
+
+class PlacementBook {
+ public:
+  // Reset()
+  //
+  // Starts over for a new workspace: `contiguous` (not null) is every
+  // layer's table, no layer has an installed one, and the load counters of
+  // contiguous->num_experts() experts are empty.
+  void Reset(std::shared_ptr<const core::PlacementTable> contiguous);
+
+  // The contiguous table of the workspace (null before Reset): what the
+  // engine calls route by (server/cpu_engine_calls.cc).
+  const std::shared_ptr<const core::PlacementTable>& contiguous() const { return contiguous_; }
+
+  // Whether Reset has run (a workspace exists).
+  bool ready() const { return contiguous_ != nullptr; }
+
+  // Installed()
+  //
+  // The table InstallPlacement put on `layer`, or null when the layer uses
+  // the contiguous one (LoadExperts checks an installed table slot by slot).
+  const core::PlacementTable* Installed(int layer) const;
+
+  // Install()
+  //
+  // Makes `table` (validated by the caller, not null) the table of `layer`.
+  void Install(int layer, std::shared_ptr<const core::PlacementTable> table);
+
+  // Placement()
+  //
+  // The table of `layer`: its installed one, else the contiguous one (null
+  // before Reset).
+  std::shared_ptr<const core::PlacementTable> Placement(int layer) const;
+
+  // AddLoad()
+  //
+  // Adds one step's drained counters of `layer` (ExpertLoadBook::Add).
+  void AddLoad(int layer, const core::ExpertLoadCounts& step) { load_.Add(layer, step); }
+
+  // ReadExpertLoad()
+  //
+  // The layer's window, reset after reading when `reset`
+  // (ExpertLoadBook::Read). Errors: kFailedPrecondition "GetExpertLoad: no
+  // workspace; call Allocate first" before Reset.
+  absl::StatusOr<core::ExpertLoadCounts> ReadExpertLoad(int layer, bool reset);
+
+  // ExpertTokenTotals()
+  //
+  // Tokens per logical expert of `layer` since Reset (ExpertLoadBook::Totals).
+  std::vector<int64_t> ExpertTokenTotals(int layer) const { return load_.Totals(layer); }
+
+ private:
+  std::shared_ptr<const core::PlacementTable> contiguous_;
+  std::map<int, std::shared_ptr<const core::PlacementTable>> tables_;
+  ExpertLoadBook load_;
+};
+
+}  // namespace moe_ep::server

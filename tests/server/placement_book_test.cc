@@ -1,0 +1,52 @@
+#include "server/placement_book.h"
+
+#include <memory>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace moe_ep::server {
+namespace {
+
+using ::testing::ElementsAre;
+
+std::shared_ptr<const core::PlacementTable> Table(absl::StatusOr<core::PlacementTable> t) {
+  EXPECT_TRUE(t.ok()) << t.status();
+  return std::make_shared<const core::PlacementTable>(*std::move(t));
+}
+
+TEST(PlacementBook, InstalledTablesOverrideTheContiguousOneUntilReset) {
+  PlacementBook book;
+  EXPECT_FALSE(book.ready());
+  EXPECT_EQ(book.Placement(0), nullptr);
+  EXPECT_EQ(book.ReadExpertLoad(0, false).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  const auto contiguous = Table(core::PlacementTable::Contiguous(4, 2));
+  book.Reset(contiguous);
+  ASSERT_TRUE(book.ready());
+  EXPECT_EQ(book.Placement(3), contiguous);
+  EXPECT_EQ(book.Installed(3), nullptr);
+
+  // Rank 0 holds 0, 1, 3; rank 1 holds 2, 3, 1: experts 1 and 3 replicated.
+  const auto redundant = Table(core::PlacementTable::FromSlotExperts(4, {{0, 1, 3}, {2, 3, 1}}));
+  book.Install(1, redundant);
+  EXPECT_EQ(book.Placement(1), redundant);
+  EXPECT_EQ(book.Installed(1), redundant.get());
+  EXPECT_EQ(book.Placement(0), contiguous);
+
+  book.AddLoad(1, core::ExpertLoadCounts{{2, 0, 1, 5}, 1});
+  absl::StatusOr<core::ExpertLoadCounts> read = book.ReadExpertLoad(1, /*reset=*/true);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_THAT(read->tokens_per_expert, ElementsAre(2, 0, 1, 5));
+  EXPECT_THAT(book.ReadExpertLoad(1, false)->tokens_per_expert, ElementsAre(0, 0, 0, 0));
+  EXPECT_THAT(book.ExpertTokenTotals(1), ElementsAre(2, 0, 1, 5));
+
+  book.Reset(contiguous);
+  EXPECT_EQ(book.Placement(1), contiguous);
+  EXPECT_THAT(book.ExpertTokenTotals(1), ElementsAre(0, 0, 0, 0));
+}
+
+}  // namespace
+}  // namespace moe_ep::server
