@@ -130,7 +130,11 @@ absl::Status RunVote(ControlCollective& group, const Ballot& ballot) {
   RETURN_IF_ERROR(group.AllGather(mine.data(), mine.size(), gathered.data()));
   std::vector<std::string> wire(n);
   for (int r = 0; r < n; ++r) {
-    wire[r].assign(reinterpret_cast<const char*>(&gathered[r]), sizeof(WireBallot));
+    // A masked rank (lost, core/masked_collective.h) does not vote: it
+    // counts as agreeing with this rank.
+    wire[r] = group.IsLive(r)
+                  ? std::string(reinterpret_cast<const char*>(&gathered[r]), sizeof(WireBallot))
+                  : mine;
   }
   return DecideVote(ballot, group.rank(), wire);
 }

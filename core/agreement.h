@@ -64,6 +64,8 @@ inline constexpr int kBallotMessageBytes = 240;
 //   - the all-gather's own error (kDeadlineExceeded, kUnavailable: the group
 //     is broken).
 // kInvalidArgument when the ballot has more than kBallotMaxFields fields.
+// Ranks the group reports not live (ControlCollective::IsLive: masked after
+// they were lost) do not vote.
 absl::Status RunVote(ControlCollective& group, const Ballot& ballot);
 
 // The two halves of RunVote, for a vote gathered by other means (Join's,

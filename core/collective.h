@@ -69,6 +69,12 @@ class ControlCollective {
   // the group, as a timeout does. Sub-groups made by Split keep their own.
   virtual void SetCallDeadline(absl::Time deadline) = 0;
 
+  // Whether `rank` takes part in this group's calls: false only for a rank
+  // masked out after it was lost (core/masked_collective.h), whose AllGather
+  // rows are zeros and with which AllToAllV moves nothing. REQUIRES:
+  // 0 <= rank < size().
+  virtual bool IsLive(int /*rank*/) const { return true; }
+
   // Forms a sub-group of the ranks in `ranks` (ascending, each in [0, size()),
   // containing this rank). Collective over the whole group: every rank calls
   // Split with its own sub-group's member list, in the same order of calls.

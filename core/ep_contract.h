@@ -63,6 +63,11 @@ struct StepStats {
   // (CUDA events on both streams).
   int64_t shared_us = 0;
   int64_t shared_overlap_us = 0;
+  // Under a rank mask (DESIGN §15): this rank's (token, choice) pairs whose
+  // expert has no live replica (they contribute zero), and those experts'
+  // ids, ascending.
+  int64_t lost_choices = 0;
+  std::vector<int> lost_experts;
 };
 
 // What one memory space cannot do; everything else is the contract's.

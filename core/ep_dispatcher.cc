@@ -317,7 +317,9 @@ absl::Status EpDispatcher::Impl::Agree(absl::Status local_error) {
                                         agree_all.data()));
   if (!local_error.ok()) return local_error;
   const int stride = kAgreeHeader + ep_size;
+  // A masked rank takes no part (its rows are zeros: core/masked_collective.h).
   for (int r = 0; r < ep_size; ++r) {
+    if (!collective->IsLive(r)) continue;
     const int64_t code = agree_all[r * stride + 2];
     if (code != 0) {
       return absl::AbortedError(
@@ -327,6 +329,7 @@ absl::Status EpDispatcher::Impl::Agree(absl::Status local_error) {
     }
   }
   for (int r = 0; r < ep_size; ++r) {
+    if (!collective->IsLive(r)) continue;
     const int64_t e = agree_all[r * stride];
     const int64_t rr = agree_all[r * stride + 1];
     if (e != epoch || rr != runtime_max) {
@@ -435,6 +438,19 @@ absl::Status EpDispatcher::Impl::DispatchImpl(absl::Span<const bf16_t> hidden_in
   stats.tokens_received = recv_rows;
   for (int p = 0; p < ep_size; ++p) {
     if (p != rank) stats.bytes_sent_remote += a2a_send_bytes[p];
+  }
+  // Under a rank mask: this rank's choices of experts with no live replica
+  // (they were sent nowhere and contribute zero; DESIGN §15).
+  if (table->masked()) {
+    for (int64_t i = 0; i < num_tokens * top_k; ++i) {
+      const int32_t id = topk_ids[i];
+      if (id < 0 || id >= options.num_experts || !table->LiveReplicas(id).empty()) continue;
+      ++stats.lost_choices;
+      if (!std::binary_search(stats.lost_experts.begin(), stats.lost_experts.end(), id)) {
+        stats.lost_experts.insert(
+            std::upper_bound(stats.lost_experts.begin(), stats.lost_experts.end(), id), id);
+      }
+    }
   }
   stats.dispatch_us = ElapsedUs(start);
   return absl::OkStatus();

@@ -165,6 +165,13 @@ absl::StatusOr<EpReferenceResult> ReferenceEpForward(
                                in.hidden.size(), in.topk_ids.size(), in.topk_weights.size()));
     max_tokens = std::max(max_tokens, in.num_tokens);
   }
+  for (int s = 0; s < ep; ++s) {
+    if (!table.IsLive(s) && inputs[s].num_tokens != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("inputs[%d]: rank %d is masked out; expected 0 tokens, got %d", s, s,
+                          inputs[s].num_tokens));
+    }
+  }
   int64_t r_max = options.runtime_max_tokens_per_rank;
   if (r_max < 0) r_max = max_tokens;
   for (int s = 0; s < ep; ++s) {

@@ -107,7 +107,10 @@ absl::StatusOr<EpReferenceResult> ReferenceEpForward(
 // core::PayloadExpertId (core/routing.h), as both data planes do.
 // `rank_experts[d]` holds exactly rank d's distinct slot experts
 // (core::DistinctSlotExperts). With PlacementTable::Contiguous the result
-// equals the overload above. Errors: as above.
+// equals the overload above. Under a rank mask (PlacementTable::WithMask)
+// masked ranks receive nothing, choices of lost experts contribute zero
+// (the masked data plane's result), and a masked rank must have 0 tokens.
+// Errors: as above, and kInvalidArgument naming a masked rank with tokens.
 absl::StatusOr<EpReferenceResult> ReferenceEpForward(
     const PlacementTable& table, const std::vector<const ExpertSet*>& rank_experts,
     const std::vector<EpRankInput>& inputs, int top_k, const EpReferenceOptions& options = {});

@@ -172,11 +172,45 @@ absl::Span<const ReplicaSlot> PlacementTable::Replicas(int expert) const {
       replica_offsets_[expert], replica_offsets_[expert + 1] - replica_offsets_[expert]);
 }
 
+absl::StatusOr<PlacementTable> PlacementTable::WithMask(const std::vector<bool>& live) const {
+  if (static_cast<int>(live.size()) != ep_size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "rank mask: expected %d entries (one per rank), got %d", ep_size(), live.size()));
+  }
+  if (std::none_of(live.begin(), live.end(), [](bool b) { return b; })) {
+    return absl::InvalidArgumentError("rank mask: no rank is live");
+  }
+  PlacementTable out = *this;
+  out.live_.clear();
+  out.live_offsets_.clear();
+  out.live_replicas_.clear();
+  out.lost_.clear();
+  if (std::all_of(live.begin(), live.end(), [](bool b) { return b; })) return out;
+  out.live_ = live;
+  out.live_offsets_.push_back(0);
+  for (int e = 0; e < num_experts_; ++e) {
+    for (const ReplicaSlot& replica : Replicas(e)) {
+      if (live[replica.rank]) out.live_replicas_.push_back(replica);
+    }
+    out.live_offsets_.push_back(static_cast<int>(out.live_replicas_.size()));
+    if (out.live_offsets_[e + 1] == out.live_offsets_[e]) out.lost_.push_back(e);
+  }
+  return out;
+}
+
+absl::Span<const ReplicaSlot> PlacementTable::LiveReplicas(int expert) const {
+  if (live_.empty()) return Replicas(expert);
+  CHECK(expert >= 0 && expert < num_experts_);
+  return absl::MakeConstSpan(live_replicas_)
+      .subspan(live_offsets_[expert], live_offsets_[expert + 1] - live_offsets_[expert]);
+}
+
 ReplicaSlot PlacementTable::ChooseReplica(int source_rank, int64_t source_token_idx,
                                           int expert) const {
   CHECK(source_rank >= 0 && source_rank < ep_size());
   CHECK(source_token_idx >= 0);
-  const absl::Span<const ReplicaSlot> list = Replicas(expert);
+  const absl::Span<const ReplicaSlot> list = LiveReplicas(expert);
+  CHECK(!list.empty());
   // Unsigned sum: no overflow for any valid token index and rank.
   const uint64_t key = static_cast<uint64_t>(source_token_idx) + static_cast<uint64_t>(source_rank);
   return list[key % list.size()];
@@ -186,6 +220,13 @@ std::string PlacementTable::CanonicalText() const {
   std::string text = absl::StrCat("moe-ep-placement/v1;experts=", num_experts_, ";");
   for (int r = 0; r < ep_size(); ++r) {
     absl::StrAppend(&text, "rank", r, "=", absl::StrJoin(slot_experts_[r], ","), ";");
+  }
+  if (masked()) {
+    std::vector<int> live;
+    for (int r = 0; r < ep_size(); ++r) {
+      if (live_[r]) live.push_back(r);
+    }
+    absl::StrAppend(&text, "live=", absl::StrJoin(live, ","), ";");
   }
   return text;
 }

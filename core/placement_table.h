@@ -111,13 +111,40 @@ class PlacementTable {
   // one. REQUIRES: 0 <= expert < num_experts().
   absl::Span<const ReplicaSlot> Replicas(int expert) const;
 
+  // WithMask()
+  //
+  // This table under a rank mask (DESIGN §15 rank masks; issue 17 item 3):
+  // only ranks r with live[r] receive tokens. ChooseReplica then picks among
+  // the live replicas of an expert (LiveReplicas); an expert with none is
+  // lost (LostExperts): its choices are sent nowhere and contribute zero.
+  // The physical map (SlotExperts, Replicas) stays; CanonicalText, the
+  // fingerprint and operator== include the mask, so ranks that vote on the
+  // fingerprint verify the same mask. All ranks live gives a table equal to
+  // this one without a mask (masked() false).
+  // Errors: kInvalidArgument when live.size() != ep_size() or no rank is live.
+  // Example: Contiguous(4, 2) with live {true, false} -> LostExperts {2, 3}.
+  absl::StatusOr<PlacementTable> WithMask(const std::vector<bool>& live) const;
+
+  // Whether a rank is masked out.
+  bool masked() const { return !live_.empty(); }
+  // Whether `rank` receives tokens (true for every rank without a mask).
+  // REQUIRES: 0 <= rank < ep_size().
+  bool IsLive(int rank) const { return live_.empty() || live_[rank]; }
+  // The replicas of `expert` on live ranks, sorted by (rank, slot); empty for
+  // a lost expert. Equals Replicas(expert) without a mask.
+  absl::Span<const ReplicaSlot> LiveReplicas(int expert) const;
+  // The logical experts with no live replica, ascending (empty without a mask).
+  const std::vector<int>& LostExperts() const { return lost_; }
+
   // ChooseReplica()
   //
   // The replica that receives logical expert `expert` for token
   // `source_token_idx` (the token's index in its source rank's batch of the
   // step, >= 0) sent from `source_rank`:
   //
-  //   Replicas(expert)[(source_token_idx + source_rank) mod NumReplicas]
+  //   LiveReplicas(expert)[(source_token_idx + source_rank) mod NumLive]
+  //
+  // (LiveReplicas is Replicas without a mask; REQUIRES: it is not empty.)
   //
   // A pure function of its arguments and the table, so every run (and the
   // CPU reference and a device kernel computing the same formula) routes the
@@ -149,7 +176,8 @@ class PlacementTable {
   uint64_t Fingerprint() const;
 
   friend bool operator==(const PlacementTable& a, const PlacementTable& b) {
-    return a.num_experts_ == b.num_experts_ && a.slot_experts_ == b.slot_experts_;
+    return a.num_experts_ == b.num_experts_ && a.slot_experts_ == b.slot_experts_ &&
+           a.live_ == b.live_;
   }
 
  private:
@@ -159,6 +187,12 @@ class PlacementTable {
   std::vector<std::vector<int>> slot_experts_;  // [R][S_r]
   std::vector<int> replica_offsets_;            // [E + 1], CSR into replicas_
   std::vector<ReplicaSlot> replicas_;           // [S], grouped by expert
+  // The rank mask (WithMask): empty = every rank live; else [R], and the
+  // live replicas as a CSR like the above, and the lost experts.
+  std::vector<bool> live_;
+  std::vector<int> live_offsets_;           // [E + 1] into live_replicas_
+  std::vector<ReplicaSlot> live_replicas_;  // grouped by expert
+  std::vector<int> lost_;
 };
 
 }  // namespace moe_ep::core

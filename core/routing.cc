@@ -86,14 +86,19 @@ absl::StatusOr<DispatchRoute> ComputeDispatchRoute(absl::Span<const int32_t> top
   }
   const int num_experts = table.num_experts();
   return BuildRoute(topk_ids, num_tokens, top_k, table.ep_size(), [&](int64_t t, int32_t id) {
-    return id >= 0 && id < num_experts ? table.ChooseReplica(source_rank, t, id).rank : -1;
+    // A lost expert (no live replica under a rank mask) selects no rank.
+    return id >= 0 && id < num_experts && !table.LiveReplicas(id).empty()
+               ? table.ChooseReplica(source_rank, t, id).rank
+               : -1;
   });
 }
 
 int32_t PayloadExpertId(const PlacementTable& table, int source_rank, int64_t source_token_idx,
                         int32_t expert_id, int dest_rank, int32_t invalid_expert_id) {
   if (expert_id < 0 || expert_id >= table.num_experts()) return expert_id;
-  if (table.Replicas(expert_id).size() == 1) return expert_id;
+  const size_t live = table.LiveReplicas(expert_id).size();
+  if (live == 0) return invalid_expert_id;  // lost under a rank mask: nobody computes it
+  if (live == 1) return expert_id;
   return table.ChooseReplica(source_rank, source_token_idx, expert_id).rank == dest_rank
              ? expert_id
              : invalid_expert_id;

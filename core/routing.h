@@ -45,7 +45,9 @@ absl::StatusOr<DispatchRoute> ComputeDispatchRoute(absl::Span<const int32_t> top
 // As above, with the destination of valid choice id of token t (t < T) of
 // source rank `source_rank` being the rank of
 // table.ChooseReplica(source_rank, t, id). For PlacementTable::Contiguous
-// this is exactly the route under ExpertPlacement::Contiguous.
+// this is exactly the route under ExpertPlacement::Contiguous. Under a rank
+// mask (PlacementTable::WithMask) a choice of a lost expert selects no rank,
+// like an invalid id: it contributes zero.
 // Errors: as above; kInvalidArgument when source_rank is outside
 // [0, table.ep_size()).
 absl::StatusOr<DispatchRoute> ComputeDispatchRoute(absl::Span<const int32_t> topk_ids,
@@ -57,7 +59,8 @@ absl::StatusOr<DispatchRoute> ComputeDispatchRoute(absl::Span<const int32_t> top
 // The expert id that choice `expert_id` of token `source_token_idx` of
 // `source_rank` carries in the copy of the token sent to `dest_rank`: the id
 // itself when it is invalid (outside [0, E)), when its logical expert has one
-// replica, or when the chosen replica (ChooseReplica) is on `dest_rank`;
+// live replica, or when the chosen replica (ChooseReplica) is on `dest_rank`;
+// `invalid_expert_id` for an expert lost under a rank mask (no live replica);
 // otherwise `invalid_expert_id`, so exactly one rank computes each choice
 // even when several ranks that receive the token hold a replica of it.
 // With the contiguous table every expert has one replica and the payload is
