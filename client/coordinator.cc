@@ -256,6 +256,11 @@ absl::StatusOr<std::vector<v1::JoinResponse>> Coordinator::FormGroup() {
                                  request.set_timeout_ms(timeout_ms);
                                  request.set_data_plane_host(hosts[r]);
                                  request.set_rendezvous_secret(secret);
+                                 if (options_.rank_masks) {
+                                   for (const std::string& t : targets_) {
+                                     request.add_rendezvous_addresses(t);
+                                   }
+                                 }
                                  *request.mutable_lease() = Claim();
                                  return stubs_[r]->Join(c, request, resp);
                                }));

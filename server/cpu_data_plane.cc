@@ -1,12 +1,15 @@
 #include "server/cpu_data_plane.h"
 
 #include <chrono>
+#include <future>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/expert_placement.h"
+#include "core/masked_collective.h"
 #include "core/status_macros.h"
 #include "core/workspace.h"
+#include "server/rank_mask.h"
 
 namespace moe_ep::server {
 namespace {
@@ -26,8 +29,10 @@ absl::Status CheckSharedHidden(const core::SharedExpert& shared,
 
 }  // namespace
 
-CpuDataPlane::CpuDataPlane(std::unique_ptr<core::GlooCollective> collective)
-    : collective_(std::move(collective)) {}
+CpuDataPlane::CpuDataPlane(std::unique_ptr<core::GlooCollective> collective, DataPlaneGroup group)
+    : collective_(std::move(collective)), group_(std::move(group)) {
+  mask_.live.assign(group_.world_size, true);
+}
 
 absl::StatusOr<std::unique_ptr<CpuDataPlane>> CpuDataPlane::Form(
     const DataPlaneGroup& group, std::shared_ptr<gloo::rendezvous::Store> store) {
@@ -40,7 +45,57 @@ absl::StatusOr<std::unique_ptr<CpuDataPlane>> CpuDataPlane::Form(
         absl::StrCat("Join (rank ", group.rank, " of ", group.world_size, ", generation ",
                      group.generation, "): ", collective.status().message()));
   }
-  return std::unique_ptr<CpuDataPlane>(new CpuDataPlane(std::move(*collective)));
+  return std::unique_ptr<CpuDataPlane>(new CpuDataPlane(std::move(*collective), group));
+}
+
+bool CpuDataPlane::CanMask() const {
+  return group_.world_size > 1 &&
+         static_cast<int>(group_.rendezvous_addresses.size()) == group_.world_size;
+}
+
+void CpuDataPlane::BeginMaskRound() {
+  if (!CanMask() || round_.valid()) return;
+  MaskRound round;
+  round.addresses = group_.rendezvous_addresses;
+  round.secret = group_.rendezvous_secret;
+  round.generation = group_.generation;
+  round.round = mask_.round + 1;
+  round.rank = group_.rank;
+  round.live_before = mask_.live;
+  round.timeout = group_.timeout;
+  round.data_plane_host = group_.data_plane_host;
+  round_ = std::async(std::launch::async, [round] { return AgreeRankMask(round); });
+}
+
+absl::StatusOr<bool> CpuDataPlane::FinishMaskRound(absl::Duration wait) {
+  if (!CanMask()) return DataPlane::FinishMaskRound(wait);
+  BeginMaskRound();
+  if (round_.wait_for(absl::ToChronoMilliseconds(wait)) != std::future_status::ready) return false;
+  absl::StatusOr<MaskAgreement> result = round_.get();
+  if (!result.ok()) return result.status();
+  MaskAgreement agreed = *std::move(result);
+  const int agreed_round = mask_.round + 1;
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<core::MaskedCollective> masked,
+      core::MaskedCollective::Create(std::move(agreed.group), group_.rank, agreed.live));
+  std::unique_ptr<core::EpDispatcher> dispatcher;
+  if (dispatcher_ != nullptr) {
+    // The same buffers' shapes on the survivors' group; the geometry stays.
+    ASSIGN_OR_RETURN(dispatcher, core::EpDispatcher::Create(masked.get(), options_, 0));
+    if (dispatcher_->epoch() >= 0) {
+      RETURN_IF_ERROR(dispatcher->CommitGeometry(dispatcher_->epoch(),
+                                                 dispatcher_->runtime_max_tokens_per_rank(), 0));
+    }
+  }
+  // The old dispatcher points into the old group: it goes first; closing
+  // the old group fails any laggard of it at once.
+  dispatcher_ = std::move(dispatcher);
+  collective_ = std::move(masked);
+  book_.SetLive(agreed.live);
+  mask_.live = std::move(agreed.live);
+  mask_.round = agreed_round;
+  mask_.host = agreed.host;
+  return true;
 }
 
 absl::StatusOr<DataPlaneAllocation> CpuDataPlane::Allocate(const core::EpDispatcherOptions& options,
@@ -54,6 +109,7 @@ absl::StatusOr<DataPlaneAllocation> CpuDataPlane::Allocate(const core::EpDispatc
   experts_.clear();
   shared_.clear();
   book_.Reset(dispatcher->placement());
+  book_.SetLive(mask_.live);
   hidden_ = options.workspace.hidden;
   options_ = options;
   dispatcher_ = std::move(dispatcher);
@@ -72,8 +128,8 @@ absl::StatusOr<int64_t> CpuDataPlane::LoadExperts(int layer, const core::ExpertS
   }
   // An installed table is checked slot by slot; without one, the range of
   // the contiguous placement (and its message).
-  RETURN_IF_ERROR(CheckExpertSourceForWorkspace(source, options_, collective_->rank(),
-                                                book_.Installed(layer)));
+  RETURN_IF_ERROR(
+      CheckExpertSourceForWorkspace(source, options_, group_.rank, book_.Installed(layer)));
   ASSIGN_OR_RETURN(core::ExpertSet experts, core::MakeHostExperts(source));
   const int64_t bytes = experts.weight_bytes();
   experts_.insert_or_assign(layer, std::move(experts));
@@ -112,7 +168,7 @@ absl::Status CpuDataPlane::InstallPlacement(int layer,
   }
   if (table == nullptr) return absl::InvalidArgumentError("InstallPlacement: null table");
   RETURN_IF_ERROR(core::ValidatePlacement(*table, options_));
-  const int rank = collective_->rank();
+  const int rank = group_.rank;
   auto experts = experts_.find(layer);
   if (experts != experts_.end() &&
       experts->second.expert_ids() != core::DistinctSlotExperts(*table, rank)) {

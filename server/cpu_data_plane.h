@@ -6,6 +6,7 @@
 // of CPU-only machines, CI and the embedded default (DESIGN §1, §8).
 // Not thread-safe. Source: DESIGN §6, §7; issue 2.
 
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -18,6 +19,7 @@
 #include "core/gloo_collective.h"
 #include "server/data_plane.h"
 #include "server/placement_book.h"
+#include "server/rank_mask.h"
 
 namespace moe_ep::server {
 
@@ -30,8 +32,20 @@ class CpuDataPlane final : public DataPlane {
       const DataPlaneGroup& group, std::shared_ptr<gloo::rendezvous::Store> store);
 
   std::string backend() const override { return "gloo"; }
+  // The group's collective: the Gloo group as formed, or after a rank mask
+  // the survivors' group in the original numbering (core/masked_collective.h).
   core::ControlCollective& collective() override { return *collective_; }
   void SetCallDeadline(absl::Time deadline) override { collective_->SetCallDeadline(deadline); }
+  // Rank masks (server/data_plane.h): with every rank's Rendezvous address
+  // and more than one rank. The round runs on a std::async thread (it
+  // touches nothing of this plane); FinishMaskRound, on the caller's thread,
+  // re-creates the dispatcher on the survivors' group (the same buffers'
+  // shapes, the committed geometry carried over) and masks every layer's
+  // table (PlacementBook::SetLive).
+  bool CanMask() const override;
+  void BeginMaskRound() override;
+  absl::StatusOr<bool> FinishMaskRound(absl::Duration wait) override;
+  RankMaskState mask() const override { return mask_; }
   absl::StatusOr<DataPlaneAllocation> Allocate(const core::EpDispatcherOptions& options,
                                                int64_t max_intermediate,
                                                int64_t memory_cap_bytes) override;
@@ -80,10 +94,13 @@ class CpuDataPlane final : public DataPlane {
                                            int iterations, int64_t memory_cap_bytes) override;
 
  private:
-  explicit CpuDataPlane(std::unique_ptr<core::GlooCollective> collective);
+  CpuDataPlane(std::unique_ptr<core::GlooCollective> collective, DataPlaneGroup group);
 
   // Declared first: the dispatcher points into the collective.
-  std::unique_ptr<core::GlooCollective> collective_;
+  std::unique_ptr<core::ControlCollective> collective_;
+  DataPlaneGroup group_;  // as formed (rank, world, rendezvous addresses)
+  RankMaskState mask_;
+  std::future<absl::StatusOr<MaskAgreement>> round_;  // the round running, if any
   std::unique_ptr<core::EpDispatcher> dispatcher_;
   std::map<int, core::ExpertSet> experts_;    // layer -> this rank's experts
   std::map<int, core::SharedExpert> shared_;  // layer -> its shared expert (replica)

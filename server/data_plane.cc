@@ -33,6 +33,27 @@ absl::Status CheckExpertSourceForWorkspace(const core::ExpertSource& source,
   return core::CheckExpertRange(source, rank, options.workspace.ep_size);
 }
 
+std::vector<int> RankMaskState::MaskedRanks() const {
+  std::vector<int> out;
+  for (size_t r = 0; r < live.size(); ++r) {
+    if (!live[r]) out.push_back(static_cast<int>(r));
+  }
+  return out;
+}
+
+absl::StatusOr<bool> DataPlane::FinishMaskRound(absl::Duration /*wait*/) {
+  return absl::UnimplementedError(absl::StrCat(
+      "rank masks: the ", backend(),
+      " data plane cannot go on without a lost rank (Gloo with every rank's rendezvous "
+      "address only); join a new generation"));
+}
+
+RankMaskState DataPlane::mask() const {
+  RankMaskState state;
+  state.live.assign(1, true);
+  return state;
+}
+
 std::string NcclUniqueIdKey(int64_t generation) {
   return absl::StrCat("gen", generation, "/nccl_unique_id");
 }

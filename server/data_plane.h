@@ -53,6 +53,20 @@ struct DataPlaneGroup {
   std::string rendezvous_address;              // for messages; empty = in-process store
   std::string data_plane_host = "127.0.0.1";   // gloo: address the TCP device binds to
   int device = 0;                              // nccl: CUDA device ordinal
+  // Every rank's Rendezvous address ([world_size]; empty = rank masks off)
+  // and the generation's secret: where the survivors of a lost rank agree
+  // on a mask (server/rank_mask.h; DESIGN §15).
+  std::vector<std::string> rendezvous_addresses;
+  std::string rendezvous_secret;
+};
+
+// The rank mask a data plane serves under (DESIGN §15): which ranks are live
+// and how many mask rounds the group went through.
+struct RankMaskState {
+  std::vector<bool> live;  // [world]; all true without a mask
+  int round = 0;           // rounds agreed since the group formed
+  int host = 0;            // the rank that hosted the last round's store
+  std::vector<int> MaskedRanks() const;
 };
 
 // What AllocateWorkspace reports: bytes this data plane holds for the
@@ -112,6 +126,24 @@ class DataPlane {
   virtual int cuda_device() const { return -1; }
   // The group's collective (host-memory calls work on both backends).
   virtual core::ControlCollective& collective() = 0;
+  // Rank masks (DESIGN §15; issue 17 item 3). CanMask(): whether this plane
+  // can go on without lost ranks (Gloo with every rank's Rendezvous address;
+  // NCCL's ncclCommShrink is not wired). After a group error,
+  // BeginMaskRound() starts the survivors' agreement on who is left
+  // (server/rank_mask.h) on a thread of its own and returns at once (a
+  // round already running is left alone); FinishMaskRound(wait) waits up to
+  // `wait` for it: false when it is still running, true once the plane
+  // serves on the survivors' group (tokens go to live replicas, experts
+  // with none are reported per step in StepStats::lost_experts and
+  // contribute zero; workspace, experts, tables and the committed geometry
+  // stay). A round bounds itself by a few group timeouts. Errors: those of
+  // AgreeRankMask (this rank left out: kFailedPrecondition), kUnimplemented
+  // when !CanMask(); on error the group is broken.
+  virtual bool CanMask() const { return false; }
+  virtual void BeginMaskRound() {}
+  virtual absl::StatusOr<bool> FinishMaskRound(absl::Duration wait);
+  virtual RankMaskState mask() const;
+
   // Every later collective wait of this data plane (its control collective
   // and the payload path) ends by min(the group's timeout, `deadline`): the
   // deadline of the gRPC call being served (core/collective.h).

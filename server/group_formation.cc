@@ -80,6 +80,8 @@ absl::StatusOr<std::unique_ptr<DataPlane>> FormJoinedGroup(const JoinArgs& args,
   group.rendezvous_address = args.rendezvous_address;
   group.data_plane_host = args.data_plane_host;
   group.device = device;
+  group.rendezvous_addresses = args.rendezvous_addresses;
+  group.rendezvous_secret = args.rendezvous_secret;
   return FormDataPlane(group, store);
 }
 

@@ -51,6 +51,21 @@ class GrpcStore : public gloo::rendezvous::Store {
 
   const std::string& address() const { return address_; }
 
+  // Answers()
+  //
+  // One call without retries: whether the Rendezvous service at address()
+  // answers within `timeout` (any reply but UNAVAILABLE). A killed worker's
+  // port refuses at once on loopback, so this tells a lost rank from a live
+  // one (server/rank_mask.h). Never throws. Thread-safe.
+  bool Answers(absl::Duration timeout);
+
+  // Poll()
+  //
+  // One Get without waiting or retries: true and the value in *value when
+  // `key` is stored, false when it is not or the service does not answer
+  // within `timeout`. Never throws. Thread-safe.
+  bool Poll(const std::string& key, absl::Duration timeout, std::string* value);
+
  private:
   std::string address_;
   absl::Duration timeout_;

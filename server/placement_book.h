@@ -28,8 +28,8 @@ class PlacementBook {
   // contiguous->num_experts() experts are empty.
   void Reset(std::shared_ptr<const core::PlacementTable> contiguous);
 
-  // The contiguous table of the workspace (null before Reset): what the
-  // engine calls route by (server/cpu_engine_calls.cc).
+  // The contiguous table of the workspace (null before Reset), unmasked:
+  // what the engine calls route by (server/cpu_engine_calls.cc).
   const std::shared_ptr<const core::PlacementTable>& contiguous() const { return contiguous_; }
 
   // Whether Reset has run (a workspace exists).
@@ -46,10 +46,18 @@ class PlacementBook {
   // Makes `table` (validated by the caller, not null) the table of `layer`.
   void Install(int layer, std::shared_ptr<const core::PlacementTable> table);
 
+  // SetLive()
+  //
+  // The rank mask every table is served under from now on (DESIGN §15):
+  // `live` [ep_size] (all true, or empty: no mask). Kept across Reset and
+  // Install; a size that does not match a table leaves that table unmasked.
+  void SetLive(std::vector<bool> live);
+
   // Placement()
   //
   // The table of `layer`: its installed one, else the contiguous one (null
-  // before Reset).
+  // before Reset), under the rank mask (core::PlacementTable::WithMask) when
+  // one is set.
   std::shared_ptr<const core::PlacementTable> Placement(int layer) const;
 
   // AddLoad()
@@ -72,6 +80,10 @@ class PlacementBook {
  private:
   std::shared_ptr<const core::PlacementTable> contiguous_;
   std::map<int, std::shared_ptr<const core::PlacementTable>> tables_;
+  std::vector<bool> live_;  // empty: no mask
+  // Each table under the mask, made once per (layer, table, mask).
+  mutable std::map<const core::PlacementTable*, std::shared_ptr<const core::PlacementTable>>
+      masked_;
   ExpertLoadBook load_;
 };
 

@@ -117,6 +117,27 @@ absl::StatusOr<JoinArgs> JoinArgsFromRequest(const RequestLimits& limits,
     return absl::InvalidArgumentError(
         "rendezvous_address: required (host:port of rank 0's worker) when world_size > 1");
   }
+  if (request.rendezvous_addresses_size() != 0) {
+    if (request.rendezvous_addresses_size() != request.world_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rendezvous_addresses: expected one per rank (world_size ", request.world_size(),
+          ") or none, got ", request.rendezvous_addresses_size()));
+    }
+    for (int r = 0; r < request.rendezvous_addresses_size(); ++r) {
+      const std::string& address = request.rendezvous_addresses(r);
+      if (address.empty() || address.size() > 1024) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rendezvous_addresses[", r, "]: expected host:port (1 to 1024 bytes), got ",
+            address.size(), " bytes"));
+      }
+    }
+    if (request.rendezvous_addresses(0) != request.rendezvous_address()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rendezvous_addresses[0]: expected rank 0's rendezvous_address \"",
+                       request.rendezvous_address().substr(0, 64), "\", got \"",
+                       request.rendezvous_addresses(0).substr(0, 64), "\""));
+    }
+  }
   JoinArgs args;
   ASSIGN_OR_RETURN(args.backend, ResolveBackend(request.backend(), defaults.backend));
   RETURN_IF_ERROR(CheckDevice(defaults.device, defaults.visible_gpus, args.backend));
@@ -129,6 +150,8 @@ absl::StatusOr<JoinArgs> JoinArgsFromRequest(const RequestLimits& limits,
   args.data_plane_host =
       request.data_plane_host().empty() ? defaults.data_plane_host : request.data_plane_host();
   args.rendezvous_secret = request.rendezvous_secret();
+  args.rendezvous_addresses.assign(request.rendezvous_addresses().begin(),
+                                   request.rendezvous_addresses().end());
   return args;
 }
 

@@ -58,6 +58,7 @@ struct JoinArgs {
   absl::Duration timeout;
   std::string data_plane_host;
   std::string rendezvous_secret;
+  std::vector<std::string> rendezvous_addresses;  // [world_size] or empty (rank masks off)
   bool operator==(const JoinArgs&) const = default;
 };
 
@@ -73,7 +74,9 @@ struct JoinDefaults {
 // JoinArgsFromRequest()
 //
 // world_size >= 1, rank in [0, world_size), generation >= 1, timeout_ms >= 0
-// (0 = the default), rendezvous_address required when world_size > 1, the
+// (0 = the default), rendezvous_address required when world_size > 1,
+// rendezvous_addresses empty or one non-empty address per rank with entry 0
+// equal to rendezvous_address (kInvalidArgument naming the entry), the
 // backend resolved and its device present (server/backend_selection.h).
 absl::StatusOr<JoinArgs> JoinArgsFromRequest(const RequestLimits& limits,
                                              const v1::JoinRequest& request,

@@ -79,6 +79,8 @@ void FillForwardReply(const core::StepStats& step, absl::Duration total,
   response->set_tokens_sent(step.tokens_sent);
   response->set_bytes_sent(step.bytes_sent_remote);
   response->set_tokens_received(step.tokens_received);
+  response->mutable_lost_experts()->Assign(step.lost_experts.begin(), step.lost_experts.end());
+  response->set_lost_choices(step.lost_choices);
 }
 
 absl::Status FillBenchmarkReply(const core::EpDispatcherOptions& options, BenchmarkTimes times,

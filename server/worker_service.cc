@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "core/agreement.h"
 #include "core/expert_source.h"
@@ -75,6 +76,26 @@ absl::Status WorkerService::Leased(const char* rpc, const v1::LeaseClaim& claim,
 
 absl::Status WorkerService::GroupResult(const char* rpc, absl::Status status) {
   if (status.ok() || !IsGroupError(status)) return status;
+  if (data_plane_ != nullptr && data_plane_->CanMask()) {
+    // DESIGN §15: not broken; the survivors agree on a rank mask
+    // (server/rank_mask.h). This call's step is lost either way; the round
+    // finishes here when every survivor is in it, else at the next Vote.
+    spdlog::warn("{}: collective failed ({}); agreeing on a rank mask", rpc, status.ToString());
+    data_plane_->BeginMaskRound();
+    mask_pending_ = true;
+    absl::StatusOr<bool> done = FinishMask(rpc, MaskGrace());
+    if (!done.ok()) return done.status();
+    return absl::Status(
+        status.code(),
+        absl::StrCat(status.message(), "; the step did not complete: ",
+                     *done ? "the survivors masked the lost rank(s)"
+                           : "the survivors are masking the lost rank(s)",
+                     " (GetStatus.masked_ranks); send the step again to the live ranks"));
+  }
+  return MarkGroupBroken(rpc, std::move(status));
+}
+
+absl::Status WorkerService::MarkGroupBroken(const char* rpc, absl::Status status) {
   spdlog::warn("collective failed, group of generation {} is broken: {}", joined_.generation,
                status.ToString());
   absl::MutexLock lock(&state_mu_);
@@ -94,7 +115,8 @@ absl::Status WorkerService::EnterGroup(SlotLease& slot, const grpc::ServerContex
                                        const char* rpc, WorkerPhase phase) {
   RETURN_IF_ERROR(slot.Acquire(context, rpc));
   if (!RequireGroup(WorkerPhase::kJoined, rpc).ok()) return RequireGroup(phase, rpc);
-  data_plane_->SetCallDeadline(CallDeadline(context));
+  call_deadline_ = CallDeadline(context);
+  data_plane_->SetCallDeadline(call_deadline_);
   return absl::OkStatus();
 }
 
@@ -126,19 +148,91 @@ void WorkerService::UpdateHealthLocked() {
   }
 }
 
+absl::Duration WorkerService::MaskGrace() const {
+  return std::min(joined_.timeout / 2, absl::Seconds(1));
+}
+
 absl::Status WorkerService::Vote(const char* rpc, absl::Status local,
                                  std::vector<core::BallotField> fields) {
+  // Rank masks (DESIGN §15): every call in which a survivor sees its round
+  // end returns without a vote, so that all survivors vote on the new group
+  // in the same later call. A round that ended while this worker was idle
+  // (its grace ran out a moment before) is the one its peers saw end in
+  // their previous call: this call votes on the new group like theirs.
+  if (mask_pending_) {
+    ASSIGN_OR_RETURN(bool done, FinishMask(rpc, kMaskSettled));
+    if (!done) {
+      ASSIGN_OR_RETURN(done, FinishMask(rpc, 4 * joined_.timeout));
+      if (!done) {
+        return MarkGroupBroken(rpc, absl::DeadlineExceededError(
+                                        absl::StrCat("rank mask: no agreement within ",
+                                                     absl::FormatDuration(4 * joined_.timeout))));
+      }
+      return MaskAgreedError(rpc);
+    }
+  }
   core::Ballot ballot;
   ballot.rpc = rpc;
   ballot.generation = joined_.generation;
   ballot.sequence = vote_sequence_++;
   ballot.local = std::move(local);
   ballot.fields = std::move(fields);
-  return GroupResult(rpc, core::RunVote(data_plane_->collective(), ballot));
+  absl::Status status = core::RunVote(data_plane_->collective(), ballot);
+  if (IsGroupError(status) && data_plane_->CanMask()) {
+    // A rank was lost before this call's payload moved.
+    spdlog::warn("{}: vote failed ({}); agreeing on a rank mask", rpc, status.ToString());
+    data_plane_->BeginMaskRound();
+    mask_pending_ = true;
+    ASSIGN_OR_RETURN(bool done, FinishMask(rpc, MaskGrace()));
+    if (done) return MaskAgreedError(rpc);
+    return absl::Status(status.code(),
+                        absl::StrCat(status.message(),
+                                     "; the survivors are masking the lost rank(s) "
+                                     "(GetStatus.masked_ranks); send the call again"));
+  }
+  return GroupResult(rpc, status);
+}
+
+absl::Status WorkerService::MaskAgreedError(const char* rpc) const {
+  const RankMaskState mask = data_plane_->mask();
+  return absl::UnavailableError(
+      absl::StrCat(rpc, ": a rank was lost; the survivors agreed on rank mask round ", mask.round,
+                   " (masked ranks [", absl::StrJoin(mask.MaskedRanks(), ","), "], host rank ",
+                   mask.host, "); nothing ran, send the call again to the live ranks"));
+}
+
+absl::StatusOr<bool> WorkerService::FinishMask(const char* rpc, absl::Duration wait) {
+  absl::StatusOr<bool> done = data_plane_->FinishMaskRound(wait);
+  if (!done.ok()) {
+    mask_pending_ = false;
+    return MarkGroupBroken(
+        rpc, absl::Status(IsGroupError(done.status()) ? done.status().code()
+                                                      : absl::StatusCode::kUnavailable,
+                          absl::StrCat("rank mask failed: ", done.status().message())));
+  }
+  if (!*done) return false;
+  mask_pending_ = false;
+  const RankMaskState mask = data_plane_->mask();
+  // Every survivor numbers its votes from here alike, whatever calls it
+  // made on the old group.
+  vote_sequence_ = static_cast<int64_t>(mask.round) << 40;
+  // The survivors' group: the call's deadline, and ForwardLayers' sub-groups
+  // are made again on it.
+  data_plane_->SetCallDeadline(call_deadline_);
+  layer_stack_.Reset();
+  const std::vector<int> masked_ranks = mask.MaskedRanks();
+  spdlog::warn("{}: rank mask round {} agreed: masked ranks [{}], host rank {}", rpc, mask.round,
+               absl::StrJoin(masked_ranks, ","), mask.host);
+  absl::MutexLock lock(&state_mu_);
+  status_.mutable_masked_ranks()->Assign(masked_ranks.begin(), masked_ranks.end());
+  status_.set_mask_round(mask.round);
+  status_.set_mask_host(mask.host);
+  return true;
 }
 
 void WorkerService::TearDownGroup() {
   vote_sequence_ = 0;
+  mask_pending_ = false;
   layer_stack_.Reset();  // before the data plane its sub-groups point into
   expert_bytes_ = 0;
   allocation_.reset();
@@ -158,6 +252,9 @@ void WorkerService::TearDownGroup() {
   status_.set_capacity_tokens(0);
   status_.set_expert_bytes(0);
   status_.clear_expert_tokens();
+  status_.clear_masked_ranks();
+  status_.set_mask_round(0);
+  status_.set_mask_host(0);
   SetDeviceLocked(options_.default_backend);
   UpdateHealthLocked();
 }
@@ -243,7 +340,10 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
   if (votes) {
     // Join's cross-rank vote goes through the generation's store (there is
     // no group yet): server/join_vote.h.
-    if (request.rank() == 0 && options_.rendezvous != nullptr) {
+    // With every rank's address, every rank's store may host a rank mask
+    // round of this generation (server/rank_mask.h).
+    if ((request.rank() == 0 || request.rendezvous_addresses_size() > 0) &&
+        options_.rendezvous != nullptr) {
       options_.rendezvous->OpenGeneration(request.generation(), request.rendezvous_secret());
     }
     const absl::Duration timeout = args.ok() ? args->timeout : options_.default_timeout;
@@ -263,7 +363,8 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
   RETURN_IF_ERROR(local);
   // A new generation: form the new group, and only then drop the old one (a
   // failed formation leaves the old group in force: issue 13 item 5).
-  if (args->rank == 0 && options_.rendezvous != nullptr && !votes) {
+  if ((args->rank == 0 || !args->rendezvous_addresses.empty()) && options_.rendezvous != nullptr &&
+      !votes) {
     options_.rendezvous->OpenGeneration(args->generation, args->rendezvous_secret);
   }
   ASSIGN_OR_RETURN(std::unique_ptr<DataPlane> formed,
@@ -277,7 +378,7 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
 void WorkerService::InstallGroup(const JoinArgs& args, std::unique_ptr<DataPlane> formed) {
   TearDownGroup();
   data_plane_ = std::move(formed);
-  if (args.rank == 0 && options_.rendezvous != nullptr) {
+  if ((args.rank == 0 || !args.rendezvous_addresses.empty()) && options_.rendezvous != nullptr) {
     options_.rendezvous->DropGenerationsBelow(args.generation);
   }
   joined_ = args;

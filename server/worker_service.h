@@ -230,7 +230,24 @@ class WorkerService final : public v1::Worker::Service {
   grpc::Status Finish(const absl::Status& status);
   // `status` from a collective operation of `rpc`: a group error marks the
   // group broken, with "<rpc>: <CODE>: <message>" as the reason GetStatus shows.
+  // With rank masks (DataPlane::CanMask) it marks a mask pending instead:
+  // the next Vote agrees on one with the survivors (DESIGN §15).
   absl::Status GroupResult(const char* rpc, absl::Status status);
+  // Marks the group broken with "<rpc>: <CODE>: <message>"; returns `status`.
+  absl::Status MarkGroupBroken(const char* rpc, absl::Status status);
+  // Waits up to `wait` for the rank mask round (DataPlane::FinishMaskRound):
+  // true once the plane serves on the survivors' group (then GetStatus shows
+  // the mask and votes are numbered from the round on), false while it
+  // runs; a failed round breaks the group. Needs the slot.
+  absl::StatusOr<bool> FinishMask(const char* rpc, absl::Duration wait);
+  // How long a failed call waits for the round before it returns: half the
+  // group's timeout, at most 1 s.
+  absl::Duration MaskGrace() const;
+  // The error of a call in which the mask round ended (nothing ran).
+  absl::Status MaskAgreedError(const char* rpc) const;
+  // How long a call that finds a round pending waits before it counts the
+  // round as not ended yet (one that ended during its peers' last call).
+  static constexpr absl::Duration kMaskSettled = absl::Milliseconds(100);
   // The cross-rank vote (core/agreement.h) of a collective RPC, before its
   // payload moves: (rpc, generation, sequence), this rank's `local`
   // validation status and its spec `fields`. A rank whose `local` is an error
@@ -278,8 +295,10 @@ class WorkerService final : public v1::Worker::Service {
   std::unique_ptr<DataPlane> data_plane_;
   JoinArgs joined_;
   int64_t max_generation_used_ = 0;
-  int64_t vote_sequence_ = 0;   // votes run in the joined group
-  v1::ModelDescription model_;  // as configured (0 = field not given)
+  int64_t vote_sequence_ = 0;                          // votes run in the joined group
+  bool mask_pending_ = false;                          // a collective failed: mask at the next Vote
+  absl::Time call_deadline_ = absl::InfiniteFuture();  // of the call holding the slot
+  v1::ModelDescription model_;                         // as configured (0 = field not given)
   std::vector<core::LayerPlan> plan_;
   std::unique_ptr<Allocation> allocation_;
   bool geometry_committed_ = false;

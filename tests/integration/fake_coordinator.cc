@@ -95,7 +95,7 @@ v1::AllocateWorkspaceRequest MakeAllocateRequest(const SmallModel& model, int64_
 }
 
 absl::StatusOr<std::unique_ptr<FakeCoordinator>> FakeCoordinator::Start(
-    int num_workers, std::vector<std::string> extra_args) {
+    int num_workers, std::vector<std::string> extra_args, bool rank_masks) {
   auto fake = std::make_unique<FakeCoordinator>();
   client::LocalClusterOptions options;
   options.num_workers = num_workers;
@@ -107,6 +107,7 @@ absl::StatusOr<std::unique_ptr<FakeCoordinator>> FakeCoordinator::Start(
   client::CoordinatorOptions coordinator_options;
   coordinator_options.rpc_timeout = absl::Seconds(30);
   coordinator_options.group_timeout = absl::Seconds(5);
+  coordinator_options.rank_masks = rank_masks;
   ASSIGN_OR_RETURN(fake->coordinator_,
                    client::Coordinator::Connect(fake->cluster_->targets(), coordinator_options));
   RETURN_IF_ERROR(fake->coordinator_->WaitReady(absl::Seconds(20)));

@@ -55,8 +55,10 @@ v1::AllocateWorkspaceRequest MakeAllocateRequest(const SmallModel& model, int64_
 class FakeCoordinator {
  public:
   // Starts `num_workers` workers (Gloo) with `extra_args` and connects.
+  // `rank_masks`: the coordinator's Join sends every rank's address
+  // (client::CoordinatorOptions::rank_masks; DESIGN §15).
   static absl::StatusOr<std::unique_ptr<FakeCoordinator>> Start(
-      int num_workers, std::vector<std::string> extra_args = {});
+      int num_workers, std::vector<std::string> extra_args = {}, bool rank_masks = false);
 
   client::LocalCluster& cluster() { return *cluster_; }
   client::Coordinator& coordinator() { return *coordinator_; }

@@ -1,0 +1,150 @@
+#include "server/rank_mask.h"
+
+#include <algorithm>
+#include <exception>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "server/grpc_store.h"
+#include "spdlog/spdlog.h"
+
+namespace moe_ep::server {
+namespace {
+
+// How long a probe waits for an answer (loopback refuses at once; a remote
+// host that is gone may need the whole of it).
+constexpr absl::Duration kProbeTimeout = absl::Milliseconds(500);
+constexpr absl::Duration kPollInterval = absl::Milliseconds(2);
+
+std::string ListRanks(const std::vector<bool>& live) {
+  std::vector<int> ranks;
+  for (size_t r = 0; r < live.size(); ++r) {
+    if (live[r]) ranks.push_back(static_cast<int>(r));
+  }
+  return absl::StrJoin(ranks, ",");
+}
+
+}  // namespace
+
+std::string MaskKeyPrefix(int64_t generation, int round) {
+  return absl::StrCat("gen", generation, "/mask", round);
+}
+
+absl::StatusOr<MaskAgreement> AgreeRankMask(const MaskRound& round) {
+  const int world = static_cast<int>(round.live_before.size());
+  if (static_cast<int>(round.addresses.size()) != world || world < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("rank mask round ", round.round,
+                                                   ": expected one Rendezvous address per rank (",
+                                                   world, "), got ", round.addresses.size()));
+  }
+  if (round.rank < 0 || round.rank >= world || !round.live_before[round.rank]) {
+    return absl::InvalidArgumentError(absl::StrCat("rank mask round ", round.round, ": rank ",
+                                                   round.rank, " was not live before the round"));
+  }
+  const std::string prefix = MaskKeyPrefix(round.generation, round.round);
+  const absl::Time start = absl::Now();
+
+  // 1. The host: the lowest previously live rank that answers (this one at
+  // the latest: it is alive).
+  int host = round.rank;
+  for (int r = 0; r < round.rank; ++r) {
+    if (!round.live_before[r]) continue;
+    GrpcStore probe(round.addresses[r], kProbeTimeout, round.secret);
+    if (probe.Answers(kProbeTimeout)) {
+      host = r;
+      break;
+    }
+  }
+  auto store = std::make_shared<GrpcStore>(round.addresses[host], round.timeout, round.secret);
+
+  try {
+    // 2. This rank is alive.
+    store->set(absl::StrCat(prefix, "/alive/", round.rank), {'1'});
+
+    // 3. The host decides.
+    const std::string members_key = absl::StrCat(prefix, "/members");
+    if (host == round.rank) {
+      std::vector<bool> candidate(world, false);
+      candidate[round.rank] = true;
+      for (int r = round.rank + 1; r < world; ++r) {
+        if (!round.live_before[r]) continue;
+        GrpcStore probe(round.addresses[r], kProbeTimeout, round.secret);
+        candidate[r] = probe.Answers(kProbeTimeout);
+      }
+      std::vector<bool> arrived(world, false);
+      arrived[round.rank] = true;
+      const absl::Time deadline = absl::Now() + round.timeout;
+      while (true) {
+        bool all = true;
+        for (int r = 0; r < world; ++r) {
+          if (!candidate[r] || arrived[r]) continue;
+          std::string value;
+          arrived[r] = store->Poll(absl::StrCat(prefix, "/alive/", r), kProbeTimeout, &value);
+          all = all && arrived[r];
+        }
+        if (all || absl::Now() >= deadline) break;
+        absl::SleepFor(kPollInterval);
+      }
+      const std::string members = ListRanks(arrived);
+      store->set(members_key, std::vector<char>(members.begin(), members.end()));
+    }
+
+    // 4. Everybody reads the members.
+    GrpcStore reader(round.addresses[host], 2 * round.timeout, round.secret);
+    const std::vector<char> value = reader.get(members_key);
+    MaskAgreement out;
+    out.host = host;
+    out.live.assign(world, false);
+    for (absl::string_view part :
+         absl::StrSplit(absl::string_view(value.data(), value.size()), ',', absl::SkipEmpty())) {
+      int r = -1;
+      if (!absl::SimpleAtoi(part, &r) || r < 0 || r >= world) {
+        return absl::InternalError(absl::StrCat("rank mask round ", round.round, ": host rank ",
+                                                host, " listed member \"", part,
+                                                "\", not a rank of ", world));
+      }
+      out.live[r] = true;
+    }
+    if (!out.live[round.rank]) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank mask round ", round.round, ": rank ", round.rank,
+                       " arrived too late; the survivors are ranks ", ListRanks(out.live),
+                       " (host rank ", host, "); join a new generation"));
+    }
+    int index = 0;
+    int size = 0;
+    for (int r = 0; r < world; ++r) {
+      if (r == round.rank) index = size;
+      if (out.live[r]) ++size;
+    }
+    spdlog::warn("rank mask round {} of generation {}: survivors {} (host rank {}), agreed in {}",
+                 round.round, round.generation, ListRanks(out.live), host,
+                 absl::FormatDuration(absl::Now() - start));
+
+    // 5. The members' context on a fresh prefix.
+    absl::StatusOr<std::unique_ptr<core::GlooCollective>> group = core::GlooCollective::Create(
+        store, prefix, index, size, round.data_plane_host, round.timeout);
+    if (!group.ok()) {
+      return absl::Status(
+          group.status().code(),
+          absl::StrCat("rank mask round ", round.round, " (survivors ", ListRanks(out.live),
+                       ", host rank ", host, "): ", group.status().message()));
+    }
+    out.group = std::move(*group);
+    return out;
+  } catch (const std::exception& e) {
+    // GrpcStore throws on its deadline ("Timed out") and on RPC errors.
+    const bool timed_out = absl::StrContains(e.what(), "Timed out");
+    const std::string message = absl::StrCat(
+        "rank mask round ", round.round, " of generation ", round.generation, " (rank ", round.rank,
+        ", host rank ", host, " at ", round.addresses[host], "): ", e.what());
+    return timed_out ? absl::DeadlineExceededError(message) : absl::UnavailableError(message);
+  }
+}
+
+}  // namespace moe_ep::server

@@ -1,0 +1,68 @@
+#pragma once
+
+// The survivors' agreement on a rank mask (DESIGN §15 rank masks, §16; issue
+// 17 item 3): after a collective of a Gloo group failed, the ranks still alive
+// agree on who is left and form a survivors-only Gloo context on a fresh
+// store prefix, without a coordinator and without a new generation.
+//
+// Round k of generation N (every survivor counts rounds the same way):
+//  1. The host is the lowest rank, of those live before the round, whose
+//     Rendezvous service answers (GrpcStore::Answers): rank 0 while it
+//     lives, else the next. Every worker serves the store and opened
+//     generation N on it at Join, so the store does not die with rank 0.
+//  2. Each survivor sets "gen<N>/mask<k>/alive/<rank>" on the host.
+//  3. The host probes the other ranks live before; it waits (up to the
+//     timeout) for the alive keys of those that answer, then sets
+//     "gen<N>/mask<k>/members" = the ranks whose key arrived ("0,1,3").
+//  4. Every survivor reads the members (waiting up to twice the timeout:
+//     the host may enter its round later); one not listed is out
+//     (kFailedPrecondition naming the members: the group goes on without it).
+//  5. The members form a Gloo context under "gen<N>/mask<k>" on the host's
+//     store, member i being the i-th listed rank.
+// A killed worker's port refuses at once, so a round takes milliseconds plus
+// Gloo's connect; a peer that answers but never arrives costs one timeout.
+//
+// Errors name the round, the host and the ranks. Blocking; thread-safe (no
+// shared state). Source: DESIGN §15, §16; issue 17 item 3.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/gloo_collective.h"
+
+namespace moe_ep::server {
+
+struct MaskRound {
+  std::vector<std::string> addresses;  // [world]: each rank's Rendezvous (worker) address
+  std::string secret;                  // the generation's rendezvous secret ("" = none)
+  int64_t generation = 0;
+  int round = 1;                  // k >= 1
+  int rank = 0;                   // this rank (original numbering)
+  std::vector<bool> live_before;  // [world]: live when the round began
+  absl::Duration timeout = absl::Seconds(30);
+  std::string data_plane_host = "127.0.0.1";
+};
+
+struct MaskAgreement {
+  std::vector<bool> live;                       // [world]: the members
+  int host = 0;                                 // the rank whose store hosted the round
+  std::unique_ptr<core::GlooCollective> group;  // the members' context
+};
+
+// MaskKeyPrefix(): "gen<N>/mask<k>".
+std::string MaskKeyPrefix(int64_t generation, int round);
+
+// AgreeRankMask()
+//
+// Runs round `round` for this rank (see the file comment). Errors:
+// kInvalidArgument (addresses not one per rank, rank out of range or not
+// live before), kFailedPrecondition (this rank is not among the members),
+// kDeadlineExceeded (no members list within twice the timeout), and Gloo's
+// errors forming the context.
+absl::StatusOr<MaskAgreement> AgreeRankMask(const MaskRound& round);
+
+}  // namespace moe_ep::server
