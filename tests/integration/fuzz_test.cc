@@ -11,22 +11,31 @@
 //     does not say whether the server finished (gRPC's semantics), so after
 //     one the harness waits until GetStatus settles before the next call;
 //   - the worker still answers (no crash), and at the end its process runs.
-// Each worker is its own group of one (every collective completes on it), so
-// thousands of calls a second reach the handlers; two workers run in
-// parallel. MOE_EP_FUZZ_REQUESTS (default 20000) and MOE_EP_FUZZ_SEED set the
-// run; the long run of bench/results/fuzz.md used the same test.
+// Each worker is its own group of one (every collective completes on it) with
+// one client thread, so calls reach the handlers at loopback speed; after an
+// accepted call moved the worker it is set up again (ALLOCATED, geometry
+// epoch 1). MOE_EP_FUZZ_REQUESTS (default 20000), MOE_EP_FUZZ_WORKERS
+// (default 2), MOE_EP_FUZZ_SECONDS (a time budget) and MOE_EP_FUZZ_SEED set
+// the run; it prints the rate, the CPU per request and where the client
+// threads' time went. The long runs of bench/results/fuzz.md and
+// bench/results/fuzz-long/ used this test.
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -55,6 +64,23 @@ using grpc::StatusCode;
 
 constexpr auto kDeadline = std::chrono::milliseconds(1500);
 constexpr auto kSlack = std::chrono::milliseconds(3000);
+
+// User + system CPU seconds of process `pid` so far (/proc/PID/stat), or 0
+// when it cannot be read.
+double ProcessCpuSeconds(pid_t pid) {
+  std::ifstream file(absl::StrCat("/proc/", pid, "/stat"));
+  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  // Fields after the command name (which may hold spaces) start past ')'.
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream fields(text.substr(close + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {
+    if (i == 14 || i == 15) ticks += std::atof(field.c_str());  // utime, stime
+  }
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
 
 int64_t EnvInt(const char* name, int64_t fallback) {
   const char* value = std::getenv(name);
@@ -447,27 +473,49 @@ class Target {
   }
 
   // Join (a fresh generation), ConfigureLayers, AllocateWorkspace,
-  // LoadExperts, SyncTokenCounts, CommitGeometry of the valid requests.
-  bool SetUp(const std::vector<Rpc>& rpcs) {
-    v1::GetStatusResponse status;
-    if (!Snapshot(&status)) return false;
-    v1::JoinRequest join = static_cast<const v1::JoinRequest&>(*rpcs[1].valid);
-    join.set_generation(std::max(status.generation(), status.max_generation_seen()) + 1);
-    for (const auto& [index, request] :
-         std::vector<std::pair<int, const pb::Message*>>{{1, &join},
-                                                         {3, rpcs[3].valid.get()},
-                                                         {4, rpcs[4].valid.get()},
-                                                         {5, rpcs[5].valid.get()},
-                                                         {6, rpcs[6].valid.get()},
-                                                         {7, rpcs[7].valid.get()}}) {
+  // LoadExperts, SyncTokenCounts, CommitGeometry of the valid requests (looked
+  // up by name: an RPC added to MakeRpcs must not shift the steps), then
+  // checks that the worker is ALLOCATED at geometry epoch 1 and leaves that
+  // snapshot in `*status`.
+  bool SetUp(const std::vector<Rpc>& rpcs, v1::GetStatusResponse* status) {
+    if (!Snapshot(status)) return false;
+    v1::JoinRequest join = static_cast<const v1::JoinRequest&>(Valid(rpcs, "Worker/Join"));
+    join.set_generation(std::max(status->generation(), status->max_generation_seen()) + 1);
+    const std::vector<std::pair<std::string, const pb::Message*>> steps = {
+        {"Worker/Join", &join},
+        {"Worker/ConfigureLayers", &Valid(rpcs, "Worker/ConfigureLayers")},
+        {"Worker/AllocateWorkspace", &Valid(rpcs, "Worker/AllocateWorkspace")},
+        {"Worker/LoadExperts", &Valid(rpcs, "Worker/LoadExperts")},
+        {"Worker/SyncTokenCounts", &Valid(rpcs, "Worker/SyncTokenCounts")},
+        {"Worker/CommitGeometry", &Valid(rpcs, "Worker/CommitGeometry")}};
+    for (const auto& [name, request] : steps) {
       std::chrono::milliseconds took;
-      const grpc::Status s = Raw(rpcs[index].method, request->SerializeAsString(), &took);
+      const grpc::Status s = Raw("/moe_ep.v1." + name, request->SerializeAsString(), &took);
       if (!s.ok()) {
-        ADD_FAILURE() << "set-up " << rpcs[index].method << ": " << s.error_message();
+        ADD_FAILURE() << "set-up " << name << ": " << s.error_message();
         return false;
       }
     }
+    if (!Snapshot(status)) return false;
+    if (status->state() != v1::WORKER_STATE_ALLOCATED || status->world_size() != 1 ||
+        status->geometry_epoch() != 1) {
+      ADD_FAILURE() << "set-up left the worker at {" << status->ShortDebugString()
+                    << "}, not ALLOCATED at geometry epoch 1";
+      return false;
+    }
     return true;
+  }
+
+  // The valid request of the RPC whose method ends in `name`.
+  static const pb::Message& Valid(const std::vector<Rpc>& rpcs, const std::string& name) {
+    for (const Rpc& rpc : rpcs) {
+      if (rpc.method.size() >= name.size() &&
+          rpc.method.compare(rpc.method.size() - name.size(), name.size(), name) == 0) {
+        return *rpc.valid;
+      }
+    }
+    ADD_FAILURE() << "no RPC " << name;
+    return *rpcs.front().valid;
   }
 
  private:
@@ -480,14 +528,26 @@ struct Findings {
   int64_t calls = 0;
   std::map<std::string, int64_t> codes;  // "method code" -> count
   std::vector<std::string> failures;
+  // Where the client thread's wall time went, in ms ("call <method>",
+  // "snapshot", "settle", "set-up"), and how often.
+  std::map<std::string, double> wall_ms;
+  std::map<std::string, int64_t> counts;
 };
+
+// Adds the time since `start` to out->wall_ms[what].
+void Charge(Findings* out, const std::string& what, std::chrono::steady_clock::time_point start) {
+  out->wall_ms[what] +=
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  ++out->counts[what];
+}
 
 // Fuzzes one worker with `requests` calls, or until `stop_at` if sooner.
 void Fuzz(const std::string& address, uint64_t seed, int64_t requests, absl::Time stop_at,
           Findings* out) {
   const std::vector<Rpc> rpcs = MakeRpcs();
   Target target(address);
-  if (!target.SetUp(rpcs)) {
+  v1::GetStatusResponse status_after_set_up;
+  if (!target.SetUp(rpcs, &status_after_set_up)) {
     out->failures.push_back("initial set-up failed");
     return;
   }
@@ -501,12 +561,17 @@ void Fuzz(const std::string& address, uint64_t seed, int64_t requests, absl::Tim
     // no longer locks Join out: the worker then accepts 1 + the highest
     // generation it saw (issue 13 item 3), which SetUp picks.
     v1::GetStatusResponse before;
-    if (!target.Snapshot(&before)) {
+    auto t0 = std::chrono::steady_clock::now();
+    const bool answered = target.Snapshot(&before);
+    Charge(out, "snapshot", t0);
+    if (!answered) {
       out->failures.push_back(absl::StrCat("call ", i, ": the worker stopped answering"));
       return;
     }
     std::chrono::milliseconds took;
+    t0 = std::chrono::steady_clock::now();
     const grpc::Status status = target.Raw(rpc.method, bytes, &took);
+    Charge(out, "call " + rpc.method, t0);
     ++out->calls;
     ++out->codes[absl::StrCat(rpc.method, " ", status.error_code())];
     std::unique_ptr<pb::Message> parsed(rpc.valid->New());
@@ -523,13 +588,17 @@ void Fuzz(const std::string& address, uint64_t seed, int64_t requests, absl::Tim
           absl::StrCat(rpc.method, " took ", took.count(), " ms, past its deadline"));
     }
     v1::GetStatusResponse after;
-    if (!target.Snapshot(&after)) {
+    t0 = std::chrono::steady_clock::now();
+    const bool answered_after = target.Snapshot(&after);
+    Charge(out, "snapshot", t0);
+    if (!answered_after) {
       out->failures.push_back(
           absl::StrCat(rpc.method, " (call ", i, "): the worker stopped answering after it"));
       return;
     }
     if (status.error_code() == StatusCode::DEADLINE_EXCEEDED) {
       // The server may still finish what it accepted: settle, then go on.
+      t0 = std::chrono::steady_clock::now();
       for (int settle = 0; settle < 40; ++settle) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
         v1::GetStatusResponse again;
@@ -537,6 +606,7 @@ void Fuzz(const std::string& address, uint64_t seed, int64_t requests, absl::Tim
         if (again.SerializeAsString() == after.SerializeAsString()) break;
         after = again;
       }
+      Charge(out, "settle", t0);
     } else if (!status.ok()) {
       // A Join whose formation started records its generation (by design).
       if (rpc.method == "/moe_ep.v1.Worker/Join") {
@@ -556,7 +626,10 @@ void Fuzz(const std::string& address, uint64_t seed, int64_t requests, absl::Tim
     }
     if (after.state() != v1::WORKER_STATE_ALLOCATED || after.world_size() != 1 ||
         after.geometry_epoch() != 1) {
-      if (!target.SetUp(rpcs)) {
+      t0 = std::chrono::steady_clock::now();
+      const bool set_up = target.SetUp(rpcs, &after);
+      Charge(out, "set-up", t0);
+      if (!set_up) {
         out->failures.push_back("set-up after an accepted call failed");
         return;
       }
@@ -582,6 +655,9 @@ TEST(Fuzz, MutatedRequestsOfEveryRpcNeverCrashHangOrChangeStateWhenRejected) {
   auto cluster = client::LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   std::vector<Findings> findings(kWorkers);
+  double workers_cpu_start = 0;
+  for (int w = 0; w < kWorkers; ++w) workers_cpu_start += ProcessCpuSeconds((*cluster)->pid(w));
+  const double client_cpu_start = ProcessCpuSeconds(getpid());
   const absl::Time start = absl::Now();
   const absl::Time stop_at =
       budget_s > 0 ? start + absl::Seconds(budget_s) : absl::InfiniteFuture();
@@ -593,19 +669,37 @@ TEST(Fuzz, MutatedRequestsOfEveryRpcNeverCrashHangOrChangeStateWhenRejected) {
   }
   for (std::thread& t : threads) t.join();
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const double client_cpu = ProcessCpuSeconds(getpid()) - client_cpu_start;
+  double workers_cpu = -workers_cpu_start;
+  for (int w = 0; w < kWorkers; ++w) workers_cpu += ProcessCpuSeconds((*cluster)->pid(w));
   int64_t calls = 0;
   std::map<std::string, int64_t> codes;
+  std::map<std::string, double> wall_ms;
+  std::map<std::string, int64_t> counts;
   for (int w = 0; w < kWorkers; ++w) {
     calls += findings[w].calls;
     for (const auto& [key, count] : findings[w].codes) codes[key] += count;
+    for (const auto& [key, ms] : findings[w].wall_ms) wall_ms[key] += ms;
+    for (const auto& [key, count] : findings[w].counts) counts[key] += count;
     for (const std::string& failure : findings[w].failures) {
       ADD_FAILURE() << "worker " << w << ": " << failure;
     }
     EXPECT_TRUE((*cluster)->IsRunning(w)) << "worker " << w << " exited";
   }
   std::cout << "fuzz: " << calls << " requests in " << seconds << " s ("
-            << static_cast<int64_t>(calls / seconds) << " requests/s), seed " << seed << "\n";
+            << static_cast<int64_t>(calls / seconds) << " requests/s), seed " << seed << ", "
+            << kWorkers << " workers\n";
+  if (calls > 0) {
+    std::cout << "CPU per request: " << 1e3 * client_cpu / calls << " ms client + "
+              << 1e3 * workers_cpu / calls
+              << " ms workers = " << 1e3 * (client_cpu + workers_cpu) / calls << " ms\n";
+  }
   for (const auto& [key, count] : codes) std::cout << "  " << key << ": " << count << "\n";
+  std::cout << "wall time of the client threads (ms total, count, ms each):\n";
+  for (const auto& [key, ms] : wall_ms) {
+    std::cout << "  " << key << ": " << static_cast<int64_t>(ms) << " ms, " << counts[key] << ", "
+              << ms / counts[key] << "\n";
+  }
   if (budget_s == 0) {
     EXPECT_GE(calls, requests - kWorkers);
   }
