@@ -16,7 +16,7 @@
 // one client thread, so calls reach the handlers at loopback speed; after an
 // accepted call moved the worker it is set up again (ALLOCATED, geometry
 // epoch 1). MOE_EP_FUZZ_REQUESTS (default 20000), MOE_EP_FUZZ_WORKERS
-// (default 2), MOE_EP_FUZZ_SECONDS (a time budget) and MOE_EP_FUZZ_SEED set
+// (default 4), MOE_EP_FUZZ_SECONDS (a time budget) and MOE_EP_FUZZ_SEED set
 // the run; it prints the rate, the CPU per request and where the client
 // threads' time went. The long runs of bench/results/fuzz.md and
 // bench/results/fuzz-long/ used this test.
@@ -652,13 +652,16 @@ TEST(Fuzz, MutatedRequestsOfEveryRpcNeverCrashHangOrChangeStateWhenRejected) {
   const uint64_t seed = static_cast<uint64_t>(EnvInt("MOE_EP_FUZZ_SEED", 13));
   // A long run (bench/results/fuzz.md) spreads the requests over more
   // workers and may stop at a time budget; CI uses the defaults.
-  const int kWorkers = static_cast<int>(std::max<int64_t>(1, EnvInt("MOE_EP_FUZZ_WORKERS", 2)));
+  const int kWorkers = static_cast<int>(std::max<int64_t>(1, EnvInt("MOE_EP_FUZZ_WORKERS", 4)));
   const int64_t budget_s = EnvInt("MOE_EP_FUZZ_SECONDS", 0);
   client::LocalClusterOptions options;
   options.num_workers = kWorkers;
   options.backend = "gloo";
   options.worker_binary = std::string(MOE_EP_BINARY_DIR) + "/server/moe-ep-worker";
-  options.extra_args = {"--checkpoint-dir=/tmp"};
+  // Up to 16 workers share the host (the long run): a cap of 256 MiB each
+  // keeps accepted request-sized allocations from taking the machine's
+  // memory, and makes RESOURCE_EXHAUSTED reachable at small sizes.
+  options.extra_args = {"--checkpoint-dir=/tmp", "--memory-cap-bytes=268435456"};
   options.stop_timeout = absl::Seconds(5);
   auto cluster = client::LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
