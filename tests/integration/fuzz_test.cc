@@ -464,6 +464,20 @@ class Target {
     return true;
   }
 
+  // A call that takes this worker's collective slot and is then refused
+  // (SyncTokenCounts with local_tokens -1: INVALID_ARGUMENT, or
+  // FAILED_PRECONDITION outside a group), changing nothing; it returns only
+  // after whatever held the slot released it.
+  grpc::Status SlotBarrier() {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::SyncTokenCountsRequest request;
+    request.set_epoch(1);
+    request.set_local_tokens(-1);
+    v1::SyncTokenCountsResponse response;
+    return worker_->SyncTokenCounts(&context, request, &response);
+  }
+
   // Gives back a lease an accepted mutated call took (its owner id is in
   // GetStatus), so later unclaimed calls reach their own checks.
   bool ReleaseLease(const std::string& owner) {
@@ -602,8 +616,25 @@ void Fuzz(const std::string& address, uint64_t seed, int64_t requests, absl::Tim
     const bool client_gave_up =
         status.error_code() == StatusCode::DEADLINE_EXCEEDED && took >= kDeadline - kServerMargin;
     if (client_gave_up) {
-      // The server may still finish what it accepted: settle, then go on.
+      // The server may still finish what it accepted. Every Worker RPC that
+      // changes what GetStatus shows (Lease aside) holds the collective slot
+      // while it works and checks its deadline before taking it, so once a
+      // call of our own has had the slot, the cut-off call is done or will
+      // do nothing. Then settle for what does not take the slot.
       t0 = std::chrono::steady_clock::now();
+      const grpc::Status barrier = target.SlotBarrier();
+      if (barrier.error_code() != StatusCode::INVALID_ARGUMENT &&
+          barrier.error_code() != StatusCode::FAILED_PRECONDITION) {
+        out->failures.push_back(absl::StrCat("the slot barrier after ", rpc.method, " got code ",
+                                             barrier.error_code(), ": ",
+                                             barrier.error_message().substr(0, 200)));
+        return;
+      }
+      if (!target.Snapshot(&after)) {
+        out->failures.push_back(
+            absl::StrCat(rpc.method, " (call ", i, "): the worker stopped answering after it"));
+        return;
+      }
       for (int settle = 0; settle < 40; ++settle) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
         v1::GetStatusResponse again;
@@ -613,11 +644,13 @@ void Fuzz(const std::string& address, uint64_t seed, int64_t requests, absl::Tim
       }
       Charge(out, "settle", t0);
     } else if (!status.ok()) {
-      // A Join whose formation started records its generation (by design).
+      // A Join whose formation started records its generation (by design);
+      // compared on a copy, as `after` is the next call's `before`.
+      v1::GetStatusResponse compared = after;
       if (rpc.method == "/moe_ep.v1.Worker/Join") {
-        after.set_max_generation_seen(before.max_generation_seen());
+        compared.set_max_generation_seen(before.max_generation_seen());
       }
-      if (after.SerializeAsString() != before.SerializeAsString()) {
+      if (compared.SerializeAsString() != before.SerializeAsString()) {
         out->failures.push_back(
             absl::StrCat(rpc.method, " was rejected (", status.error_code(), ": ",
                          status.error_message().substr(0, 200), ") yet changed the status from {",
