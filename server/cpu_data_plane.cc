@@ -7,6 +7,7 @@
 #include "core/expert_placement.h"
 #include "core/status_macros.h"
 #include "core/workspace.h"
+#include "server/benchmark_gate.h"
 
 namespace moe_ep::server {
 namespace {
@@ -206,7 +207,7 @@ absl::StatusOr<BenchmarkTimes> CpuDataPlane::Benchmark(const core::EpDispatcherO
   std::vector<core::bf16_t> output(inputs.hidden.size());
   BenchmarkTimes times;
   for (int i = 0; i < warmup + iterations; ++i) {
-    RETURN_IF_ERROR(collective_->Barrier());
+    RETURN_IF_ERROR(BenchmarkIterationGate(*collective_, call_deadline_, i, warmup + iterations));
     const auto t0 = std::chrono::steady_clock::now();
     RETURN_IF_ERROR(bench->Dispatch(inputs.hidden, inputs.topk_ids, inputs.topk_weights, tokens));
     const auto t1 = std::chrono::steady_clock::now();

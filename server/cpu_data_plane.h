@@ -31,7 +31,10 @@ class CpuDataPlane final : public DataPlane {
 
   std::string backend() const override { return "gloo"; }
   core::ControlCollective& collective() override { return *collective_; }
-  void SetCallDeadline(absl::Time deadline) override { collective_->SetCallDeadline(deadline); }
+  void SetCallDeadline(absl::Time deadline) override {
+    call_deadline_ = deadline;
+    collective_->SetCallDeadline(deadline);
+  }
   absl::StatusOr<DataPlaneAllocation> Allocate(const core::EpDispatcherOptions& options,
                                                int64_t max_intermediate,
                                                int64_t memory_cap_bytes) override;
@@ -84,6 +87,8 @@ class CpuDataPlane final : public DataPlane {
   int64_t hidden_ = 0;                        // H of the allocated workspace
   core::EpDispatcherOptions options_;         // of the allocated workspace
   int64_t engine_tokens_ = 0;                 // T of the last EngineDispatch
+  // The deadline of the call now running (SetCallDeadline; Benchmark reads it).
+  absl::Time call_deadline_ = absl::InfiniteFuture();
   // DESIGN §15: the contiguous table, each layer's installed one, and each
   // layer's load counters (drained from the dispatcher after every step).
   std::shared_ptr<const core::PlacementTable> contiguous_;
