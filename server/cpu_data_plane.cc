@@ -9,6 +9,7 @@
 #include "core/masked_collective.h"
 #include "core/status_macros.h"
 #include "core/workspace.h"
+#include "server/benchmark_gate.h"
 #include "server/rank_mask.h"
 
 namespace moe_ep::server {
@@ -242,7 +243,7 @@ absl::StatusOr<BenchmarkTimes> CpuDataPlane::Benchmark(const core::EpDispatcherO
   std::vector<core::bf16_t> output(inputs.hidden.size());
   BenchmarkTimes times;
   for (int i = 0; i < warmup + iterations; ++i) {
-    RETURN_IF_ERROR(collective_->Barrier());
+    RETURN_IF_ERROR(BenchmarkIterationGate(*collective_, call_deadline_, i, warmup + iterations));
     const auto t0 = std::chrono::steady_clock::now();
     RETURN_IF_ERROR(bench->Dispatch(inputs.hidden, inputs.topk_ids, inputs.topk_weights, tokens));
     const auto t1 = std::chrono::steady_clock::now();

@@ -35,7 +35,10 @@ class CpuDataPlane final : public DataPlane {
   // The group's collective: the Gloo group as formed, or after a rank mask
   // the survivors' group in the original numbering (core/masked_collective.h).
   core::ControlCollective& collective() override { return *collective_; }
-  void SetCallDeadline(absl::Time deadline) override { collective_->SetCallDeadline(deadline); }
+  void SetCallDeadline(absl::Time deadline) override {
+    call_deadline_ = deadline;
+    collective_->SetCallDeadline(deadline);
+  }
   // Rank masks (server/data_plane.h): with every rank's Rendezvous address
   // and more than one rank. The round runs on a std::async thread (it
   // touches nothing of this plane); FinishMaskRound, on the caller's thread,
@@ -107,6 +110,8 @@ class CpuDataPlane final : public DataPlane {
   int64_t hidden_ = 0;                        // H of the allocated workspace
   core::EpDispatcherOptions options_;         // of the allocated workspace
   int64_t engine_tokens_ = 0;                 // T of the last EngineDispatch
+  // The deadline of the call now running (SetCallDeadline; Benchmark reads it).
+  absl::Time call_deadline_ = absl::InfiniteFuture();
   // DESIGN §15: each layer's table and load counters (drained from the
   // dispatcher after every step).
   PlacementBook book_;

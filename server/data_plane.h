@@ -298,8 +298,10 @@ class DataPlane {
   // Times `iterations` steps (after `warmup`) of Dispatch and Combine with
   // identity experts on a scratch dispatcher sized by `options` (capacity =
   // inputs.num_tokens), separate from the allocated workspace. Collective.
+  // Each iteration starts with server/benchmark_gate.h's agreement: once any
+  // rank is past its SetCallDeadline deadline, every rank stops there.
   // Errors: kInvalidArgument, kResourceExhausted (beyond `memory_cap_bytes`
-  // when > 0), group errors.
+  // when > 0), kDeadlineExceeded (the call's deadline passed), group errors.
   virtual absl::StatusOr<BenchmarkTimes> Benchmark(const core::EpDispatcherOptions& options,
                                                    const BenchmarkInputs& inputs, int warmup,
                                                    int iterations, int64_t memory_cap_bytes) = 0;

@@ -13,6 +13,7 @@
 #include "core/status_macros.h"
 #include "core/workspace.h"
 #include "server/backend_selection.h"
+#include "server/benchmark_gate.h"
 #include "server/device_info.h"
 
 namespace moe_ep::server {
@@ -563,7 +564,7 @@ absl::StatusOr<BenchmarkTimes> GpuDataPlane::Benchmark(const core::EpDispatcherO
   BenchmarkTimes times;
   times.tokens_sent = static_cast<int64_t>(route.dest_rank.size());
   for (int i = 0; i < warmup + iterations; ++i) {
-    RETURN_IF_ERROR(control_->Barrier());
+    RETURN_IF_ERROR(BenchmarkIterationGate(*control_, call_deadline_, i, warmup + iterations));
     RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[0], stream), "cudaEventRecord"));
     RETURN_IF_ERROR(
         bench->Dispatch(buffers->d_hidden(), buffers->d_ids(), buffers->d_weights(), tokens));

@@ -89,7 +89,10 @@ class GpuDataPlane final : public DataPlane {
   std::string backend() const override { return "nccl"; }
   core::ControlCollective& collective() override { return *control_; }
   // The control view shares the NCCL communicator, so one deadline covers both.
-  void SetCallDeadline(absl::Time deadline) override { collective_->SetCallDeadline(deadline); }
+  void SetCallDeadline(absl::Time deadline) override {
+    call_deadline_ = deadline;
+    collective_->SetCallDeadline(deadline);
+  }
   int device() const { return device_; }
   int cuda_device() const override { return device_; }
   absl::StatusOr<DataPlaneAllocation> Allocate(const core::EpDispatcherOptions& options,
@@ -194,6 +197,8 @@ class GpuDataPlane final : public DataPlane {
   // Declared first: everything below points into the collective.
   std::unique_ptr<kernels::NcclCollective> collective_;
   std::unique_ptr<kernels::StagedControlCollective> control_;  // host view of collective_
+  // The deadline of the call now running (SetCallDeadline; Benchmark reads it).
+  absl::Time call_deadline_ = absl::InfiniteFuture();
   int device_ = 0;
   core::EpDispatcherOptions options_;
   int64_t max_intermediate_ = 0;

@@ -6,27 +6,37 @@
 //   - the worker answered before the call's deadline plus a slack (no hang);
 //   - the code is one the RPC documents in proto/moe_ep/v1/*.proto (or
 //     INTERNAL for bytes that do not parse as the request);
-//   - a rejected call changed nothing GetStatus shows (counters.errors aside),
-//     except one that ran out of its deadline: the client's DEADLINE_EXCEEDED
+//   - a rejected call changed nothing GetStatus shows (counters.errors aside:
+//     the snapshot after the call against the one after the previous call),
+//     except one that the client's deadline cut off: that DEADLINE_EXCEEDED
 //     does not say whether the server finished (gRPC's semantics), so after
 //     one the harness waits until GetStatus settles before the next call;
 //   - the worker still answers (no crash), and at the end its process runs.
-// Each worker is its own group of one (every collective completes on it), so
-// thousands of calls a second reach the handlers; two workers run in
-// parallel. MOE_EP_FUZZ_REQUESTS (default 20000) and MOE_EP_FUZZ_SEED set the
-// run; the long run of bench/results/fuzz.md used the same test.
+// Each worker is its own group of one (every collective completes on it) with
+// one client thread, so calls reach the handlers at loopback speed; after an
+// accepted call moved the worker it is set up again (ALLOCATED, geometry
+// epoch 1). MOE_EP_FUZZ_REQUESTS (default 20000), MOE_EP_FUZZ_WORKERS
+// (default 4), MOE_EP_FUZZ_SECONDS (a time budget) and MOE_EP_FUZZ_SEED set
+// the run; it prints the rate, the CPU per request and where the client
+// threads' time went. The long runs of bench/results/fuzz.md and
+// bench/results/fuzz-long/ used this test.
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -55,6 +65,26 @@ using grpc::StatusCode;
 
 constexpr auto kDeadline = std::chrono::milliseconds(1500);
 constexpr auto kSlack = std::chrono::milliseconds(3000);
+// A DEADLINE_EXCEEDED that arrives this much before kDeadline was the
+// server's own answer, not the client giving up.
+constexpr auto kServerMargin = std::chrono::milliseconds(200);
+
+// User + system CPU seconds of process `pid` so far (/proc/PID/stat), or 0
+// when it cannot be read.
+double ProcessCpuSeconds(pid_t pid) {
+  std::ifstream file(absl::StrCat("/proc/", pid, "/stat"));
+  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  // Fields after the command name (which may hold spaces) start past ')'.
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream fields(text.substr(close + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {
+    if (i == 14 || i == 15) ticks += std::atof(field.c_str());  // utime, stime
+  }
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
 
 int64_t EnvInt(const char* name, int64_t fallback) {
   const char* value = std::getenv(name);
@@ -434,6 +464,20 @@ class Target {
     return true;
   }
 
+  // A call that takes this worker's collective slot and is then refused
+  // (SyncTokenCounts with local_tokens -1: INVALID_ARGUMENT, or
+  // FAILED_PRECONDITION outside a group), changing nothing; it returns only
+  // after whatever held the slot released it.
+  grpc::Status SlotBarrier() {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::SyncTokenCountsRequest request;
+    request.set_epoch(1);
+    request.set_local_tokens(-1);
+    v1::SyncTokenCountsResponse response;
+    return worker_->SyncTokenCounts(&context, request, &response);
+  }
+
   // Gives back a lease an accepted mutated call took (its owner id is in
   // GetStatus), so later unclaimed calls reach their own checks.
   bool ReleaseLease(const std::string& owner) {
@@ -447,27 +491,49 @@ class Target {
   }
 
   // Join (a fresh generation), ConfigureLayers, AllocateWorkspace,
-  // LoadExperts, SyncTokenCounts, CommitGeometry of the valid requests.
-  bool SetUp(const std::vector<Rpc>& rpcs) {
-    v1::GetStatusResponse status;
-    if (!Snapshot(&status)) return false;
-    v1::JoinRequest join = static_cast<const v1::JoinRequest&>(*rpcs[1].valid);
-    join.set_generation(std::max(status.generation(), status.max_generation_seen()) + 1);
-    for (const auto& [index, request] :
-         std::vector<std::pair<int, const pb::Message*>>{{1, &join},
-                                                         {3, rpcs[3].valid.get()},
-                                                         {4, rpcs[4].valid.get()},
-                                                         {5, rpcs[5].valid.get()},
-                                                         {6, rpcs[6].valid.get()},
-                                                         {7, rpcs[7].valid.get()}}) {
+  // LoadExperts, SyncTokenCounts, CommitGeometry of the valid requests (looked
+  // up by name: an RPC added to MakeRpcs must not shift the steps), then
+  // checks that the worker is ALLOCATED at geometry epoch 1 and leaves that
+  // snapshot in `*status`.
+  bool SetUp(const std::vector<Rpc>& rpcs, v1::GetStatusResponse* status) {
+    if (!Snapshot(status)) return false;
+    v1::JoinRequest join = static_cast<const v1::JoinRequest&>(Valid(rpcs, "Worker/Join"));
+    join.set_generation(std::max(status->generation(), status->max_generation_seen()) + 1);
+    const std::vector<std::pair<std::string, const pb::Message*>> steps = {
+        {"Worker/Join", &join},
+        {"Worker/ConfigureLayers", &Valid(rpcs, "Worker/ConfigureLayers")},
+        {"Worker/AllocateWorkspace", &Valid(rpcs, "Worker/AllocateWorkspace")},
+        {"Worker/LoadExperts", &Valid(rpcs, "Worker/LoadExperts")},
+        {"Worker/SyncTokenCounts", &Valid(rpcs, "Worker/SyncTokenCounts")},
+        {"Worker/CommitGeometry", &Valid(rpcs, "Worker/CommitGeometry")}};
+    for (const auto& [name, request] : steps) {
       std::chrono::milliseconds took;
-      const grpc::Status s = Raw(rpcs[index].method, request->SerializeAsString(), &took);
+      const grpc::Status s = Raw("/moe_ep.v1." + name, request->SerializeAsString(), &took);
       if (!s.ok()) {
-        ADD_FAILURE() << "set-up " << rpcs[index].method << ": " << s.error_message();
+        ADD_FAILURE() << "set-up " << name << ": " << s.error_message();
         return false;
       }
     }
+    if (!Snapshot(status)) return false;
+    if (status->state() != v1::WORKER_STATE_ALLOCATED || status->world_size() != 1 ||
+        status->geometry_epoch() != 1) {
+      ADD_FAILURE() << "set-up left the worker at {" << status->ShortDebugString()
+                    << "}, not ALLOCATED at geometry epoch 1";
+      return false;
+    }
     return true;
+  }
+
+  // The valid request of the RPC whose method ends in `name`.
+  static const pb::Message& Valid(const std::vector<Rpc>& rpcs, const std::string& name) {
+    for (const Rpc& rpc : rpcs) {
+      if (rpc.method.size() >= name.size() &&
+          rpc.method.compare(rpc.method.size() - name.size(), name.size(), name) == 0) {
+        return *rpc.valid;
+      }
+    }
+    ADD_FAILURE() << "no RPC " << name;
+    return *rpcs.front().valid;
   }
 
  private:
@@ -480,14 +546,29 @@ struct Findings {
   int64_t calls = 0;
   std::map<std::string, int64_t> codes;  // "method code" -> count
   std::vector<std::string> failures;
+  // Where the client thread's wall time went, in ms ("call <method>",
+  // "snapshot", "settle", "set-up"), and how often.
+  std::map<std::string, double> wall_ms;
+  std::map<std::string, int64_t> counts;
 };
+
+// Adds the time since `start` to out->wall_ms[what].
+void Charge(Findings* out, const std::string& what, std::chrono::steady_clock::time_point start) {
+  out->wall_ms[what] +=
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  ++out->counts[what];
+}
 
 // Fuzzes one worker with `requests` calls, or until `stop_at` if sooner.
 void Fuzz(const std::string& address, uint64_t seed, int64_t requests, absl::Time stop_at,
           Findings* out) {
   const std::vector<Rpc> rpcs = MakeRpcs();
   Target target(address);
-  if (!target.SetUp(rpcs)) {
+  // The worker's state before each call: the snapshot taken after the
+  // previous call (or set-up). Nothing else talks to this worker, so it is
+  // what a fresh GetStatus would show, at half the calls.
+  v1::GetStatusResponse before;
+  if (!target.SetUp(rpcs, &before)) {
     out->failures.push_back("initial set-up failed");
     return;
   }
@@ -500,13 +581,10 @@ void Fuzz(const std::string& address, uint64_t seed, int64_t requests, absl::Tim
     // An accepted Join at the top of the generation range (--max-generation)
     // no longer locks Join out: the worker then accepts 1 + the highest
     // generation it saw (issue 13 item 3), which SetUp picks.
-    v1::GetStatusResponse before;
-    if (!target.Snapshot(&before)) {
-      out->failures.push_back(absl::StrCat("call ", i, ": the worker stopped answering"));
-      return;
-    }
     std::chrono::milliseconds took;
+    auto t0 = std::chrono::steady_clock::now();
     const grpc::Status status = target.Raw(rpc.method, bytes, &took);
+    Charge(out, "call " + rpc.method, t0);
     ++out->calls;
     ++out->codes[absl::StrCat(rpc.method, " ", status.error_code())];
     std::unique_ptr<pb::Message> parsed(rpc.valid->New());
@@ -523,13 +601,40 @@ void Fuzz(const std::string& address, uint64_t seed, int64_t requests, absl::Tim
           absl::StrCat(rpc.method, " took ", took.count(), " ms, past its deadline"));
     }
     v1::GetStatusResponse after;
-    if (!target.Snapshot(&after)) {
+    t0 = std::chrono::steady_clock::now();
+    const bool answered_after = target.Snapshot(&after);
+    Charge(out, "snapshot", t0);
+    if (!answered_after) {
       out->failures.push_back(
           absl::StrCat(rpc.method, " (call ", i, "): the worker stopped answering after it"));
       return;
     }
-    if (status.error_code() == StatusCode::DEADLINE_EXCEEDED) {
-      // The server may still finish what it accepted: settle, then go on.
+    // DEADLINE_EXCEEDED from the client's own deadline does not say whether
+    // the server finished (gRPC's semantics); one the server chose well
+    // before that deadline (a Rendezvous wait that ran out, a request's
+    // timeout_ms) is a rejection like any other.
+    const bool client_gave_up =
+        status.error_code() == StatusCode::DEADLINE_EXCEEDED && took >= kDeadline - kServerMargin;
+    if (client_gave_up) {
+      // The server may still finish what it accepted. Every Worker RPC that
+      // changes what GetStatus shows (Lease aside) holds the collective slot
+      // while it works and checks its deadline before taking it, so once a
+      // call of our own has had the slot, the cut-off call is done or will
+      // do nothing. Then settle for what does not take the slot.
+      t0 = std::chrono::steady_clock::now();
+      const grpc::Status barrier = target.SlotBarrier();
+      if (barrier.error_code() != StatusCode::INVALID_ARGUMENT &&
+          barrier.error_code() != StatusCode::FAILED_PRECONDITION) {
+        out->failures.push_back(absl::StrCat("the slot barrier after ", rpc.method, " got code ",
+                                             barrier.error_code(), ": ",
+                                             barrier.error_message().substr(0, 200)));
+        return;
+      }
+      if (!target.Snapshot(&after)) {
+        out->failures.push_back(
+            absl::StrCat(rpc.method, " (call ", i, "): the worker stopped answering after it"));
+        return;
+      }
       for (int settle = 0; settle < 40; ++settle) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
         v1::GetStatusResponse again;
@@ -537,30 +642,39 @@ void Fuzz(const std::string& address, uint64_t seed, int64_t requests, absl::Tim
         if (again.SerializeAsString() == after.SerializeAsString()) break;
         after = again;
       }
+      Charge(out, "settle", t0);
     } else if (!status.ok()) {
-      // A Join whose formation started records its generation (by design).
+      // A Join whose formation started records its generation (by design);
+      // compared on a copy, as `after` is the next call's `before`.
+      v1::GetStatusResponse compared = after;
       if (rpc.method == "/moe_ep.v1.Worker/Join") {
-        after.set_max_generation_seen(before.max_generation_seen());
+        compared.set_max_generation_seen(before.max_generation_seen());
       }
-      if (after.SerializeAsString() != before.SerializeAsString()) {
+      if (compared.SerializeAsString() != before.SerializeAsString()) {
         out->failures.push_back(
             absl::StrCat(rpc.method, " was rejected (", status.error_code(), ": ",
                          status.error_message().substr(0, 200), ") yet changed the status from {",
                          before.ShortDebugString(), "} to {", after.ShortDebugString(), "}"));
       }
     }
-    if (!after.lease_owner().empty() && !target.ReleaseLease(after.lease_owner())) {
-      out->failures.push_back(absl::StrCat("the lease of '", after.lease_owner().substr(0, 64),
-                                           "' could not be released"));
-      return;
+    if (!after.lease_owner().empty()) {
+      if (!target.ReleaseLease(after.lease_owner()) || !target.Snapshot(&after)) {
+        out->failures.push_back(absl::StrCat("the lease of '", after.lease_owner().substr(0, 64),
+                                             "' could not be released"));
+        return;
+      }
     }
     if (after.state() != v1::WORKER_STATE_ALLOCATED || after.world_size() != 1 ||
         after.geometry_epoch() != 1) {
-      if (!target.SetUp(rpcs)) {
+      t0 = std::chrono::steady_clock::now();
+      const bool set_up = target.SetUp(rpcs, &after);
+      Charge(out, "set-up", t0);
+      if (!set_up) {
         out->failures.push_back("set-up after an accepted call failed");
         return;
       }
     }
+    before = std::move(after);
   }
 }
 
@@ -571,17 +685,23 @@ TEST(Fuzz, MutatedRequestsOfEveryRpcNeverCrashHangOrChangeStateWhenRejected) {
   const uint64_t seed = static_cast<uint64_t>(EnvInt("MOE_EP_FUZZ_SEED", 13));
   // A long run (bench/results/fuzz.md) spreads the requests over more
   // workers and may stop at a time budget; CI uses the defaults.
-  const int kWorkers = static_cast<int>(std::max<int64_t>(1, EnvInt("MOE_EP_FUZZ_WORKERS", 2)));
+  const int kWorkers = static_cast<int>(std::max<int64_t>(1, EnvInt("MOE_EP_FUZZ_WORKERS", 4)));
   const int64_t budget_s = EnvInt("MOE_EP_FUZZ_SECONDS", 0);
   client::LocalClusterOptions options;
   options.num_workers = kWorkers;
   options.backend = "gloo";
   options.worker_binary = std::string(MOE_EP_BINARY_DIR) + "/server/moe-ep-worker";
-  options.extra_args = {"--checkpoint-dir=/tmp"};
+  // Up to 16 workers share the host (the long run): a cap of 256 MiB each
+  // keeps accepted request-sized allocations from taking the machine's
+  // memory, and makes RESOURCE_EXHAUSTED reachable at small sizes.
+  options.extra_args = {"--checkpoint-dir=/tmp", "--memory-cap-bytes=268435456"};
   options.stop_timeout = absl::Seconds(5);
   auto cluster = client::LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   std::vector<Findings> findings(kWorkers);
+  double workers_cpu_start = 0;
+  for (int w = 0; w < kWorkers; ++w) workers_cpu_start += ProcessCpuSeconds((*cluster)->pid(w));
+  const double client_cpu_start = ProcessCpuSeconds(getpid());
   const absl::Time start = absl::Now();
   const absl::Time stop_at =
       budget_s > 0 ? start + absl::Seconds(budget_s) : absl::InfiniteFuture();
@@ -593,19 +713,37 @@ TEST(Fuzz, MutatedRequestsOfEveryRpcNeverCrashHangOrChangeStateWhenRejected) {
   }
   for (std::thread& t : threads) t.join();
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const double client_cpu = ProcessCpuSeconds(getpid()) - client_cpu_start;
+  double workers_cpu = -workers_cpu_start;
+  for (int w = 0; w < kWorkers; ++w) workers_cpu += ProcessCpuSeconds((*cluster)->pid(w));
   int64_t calls = 0;
   std::map<std::string, int64_t> codes;
+  std::map<std::string, double> wall_ms;
+  std::map<std::string, int64_t> counts;
   for (int w = 0; w < kWorkers; ++w) {
     calls += findings[w].calls;
     for (const auto& [key, count] : findings[w].codes) codes[key] += count;
+    for (const auto& [key, ms] : findings[w].wall_ms) wall_ms[key] += ms;
+    for (const auto& [key, count] : findings[w].counts) counts[key] += count;
     for (const std::string& failure : findings[w].failures) {
       ADD_FAILURE() << "worker " << w << ": " << failure;
     }
     EXPECT_TRUE((*cluster)->IsRunning(w)) << "worker " << w << " exited";
   }
   std::cout << "fuzz: " << calls << " requests in " << seconds << " s ("
-            << static_cast<int64_t>(calls / seconds) << " requests/s), seed " << seed << "\n";
+            << static_cast<int64_t>(calls / seconds) << " requests/s), seed " << seed << ", "
+            << kWorkers << " workers\n";
+  if (calls > 0) {
+    std::cout << "CPU per request: " << 1e3 * client_cpu / calls << " ms client + "
+              << 1e3 * workers_cpu / calls
+              << " ms workers = " << 1e3 * (client_cpu + workers_cpu) / calls << " ms\n";
+  }
   for (const auto& [key, count] : codes) std::cout << "  " << key << ": " << count << "\n";
+  std::cout << "wall time of the client threads (ms total, count, ms each):\n";
+  for (const auto& [key, ms] : wall_ms) {
+    std::cout << "  " << key << ": " << static_cast<int64_t>(ms) << " ms, " << counts[key] << ", "
+              << ms / counts[key] << "\n";
+  }
   if (budget_s == 0) {
     EXPECT_GE(calls, requests - kWorkers);
   }

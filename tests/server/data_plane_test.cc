@@ -314,5 +314,31 @@ TEST(CpuDataPlane, BenchmarkTimesEveryIterationAfterWarmup) {
   EXPECT_EQ(times->tokens_sent, 2);
 }
 
+// Found by the long fuzz run (bench/results/fuzz-long/): a Benchmark whose
+// iterations outlast its call kept the collective slot long after the client
+// gave up. Past the call's deadline it stops before the next iteration.
+TEST(CpuDataPlane, BenchmarkStopsAtTheCallsDeadline) {
+  absl::StatusOr<std::unique_ptr<DataPlane>> formed =
+      FormDataPlane(OneRank("gloo"), std::make_shared<gloo::rendezvous::HashStore>());
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  BenchmarkInputs inputs;
+  inputs.num_tokens = 2;
+  inputs.hidden = Bf16({1, 2, 3, 4, 0.5f, -1, 2, 8});
+  inputs.topk_ids = {0, 3, 1, 2};
+  inputs.topk_weights = {0.5f, 0.5f, 0.5f, 0.5f};
+  core::EpDispatcherOptions options = HandOptions();
+  options.workspace.capacity_tokens = 2;
+  (*formed)->SetCallDeadline(absl::Now() - absl::Seconds(1));
+  absl::StatusOr<BenchmarkTimes> late = (*formed)->Benchmark(options, inputs, 2, 5, 0);
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(late.status().message().find("after 0 of 7 iterations"), std::string::npos)
+      << late.status();
+  // The group stays whole: with no deadline the same Benchmark runs.
+  (*formed)->SetCallDeadline(absl::InfiniteFuture());
+  absl::StatusOr<BenchmarkTimes> times = (*formed)->Benchmark(options, inputs, 2, 5, 0);
+  ASSERT_TRUE(times.ok()) << times.status();
+  EXPECT_EQ(times->dispatch_us.size(), 5u);
+}
+
 }  // namespace
 }  // namespace moe_ep::server
