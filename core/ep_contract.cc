@@ -1,9 +1,11 @@
 #include "core/ep_contract.h"
 
 #include <cstddef>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/fp8_e4m3.h"
 #include "core/geometry.h"
 #include "core/status_macros.h"
 
@@ -32,6 +34,18 @@ absl::Status ValidateMoeSizes(int64_t hidden_size, int64_t num_experts, int64_t 
   return absl::OkStatus();
 }
 
+absl::Status ValidateDispatchDType(DispatchDType dtype, const BackendLimits& limits) {
+  if ((limits.dispatch_dtypes & DispatchDTypeBit(dtype)) != 0) return absl::OkStatus();
+  std::vector<std::string> moved;
+  for (DispatchDType d : {DispatchDType::kBF16, DispatchDType::kNVFP4, DispatchDType::kMXFP8,
+                          DispatchDType::kFP8E4M3}) {
+    if ((limits.dispatch_dtypes & DispatchDTypeBit(d)) != 0) moved.push_back(DispatchDTypeName(d));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("workspace.dtype (dispatch_dtype): the ", limits.name, " moves ",
+                   absl::StrJoin(moved, " or "), ", got ", DispatchDTypeName(dtype)));
+}
+
 absl::Status ValidateEpOptions(const EpDispatcherOptions& options, int group_size,
                                const BackendLimits& limits) {
   const WorkspaceSpec& ws = options.workspace;
@@ -53,15 +67,16 @@ absl::Status ValidateEpOptions(const EpDispatcherOptions& options, int group_siz
     return absl::InvalidArgumentError(absl::StrCat("top_k: expected in [1, ", limits.max_top_k,
                                                    "] on the ", limits.name, ", got ", ws.top_k));
   }
-  if (ws.dtype != DispatchDType::kBF16) {
-    return absl::InvalidArgumentError(absl::StrCat("workspace.dtype: the ", limits.name,
-                                                   " moves bf16 only, got ",
-                                                   DispatchDTypeName(ws.dtype)));
-  }
+  RETURN_IF_ERROR(ValidateDispatchDType(ws.dtype, limits));
   if (ws.hidden % limits.hidden_multiple != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "workspace.hidden: the ", limits.name, " needs a multiple of ", limits.hidden_multiple,
         " (keeps the int32/fp32 payload parts aligned), got ", ws.hidden));
+  }
+  if (ws.dtype == DispatchDType::kFP8E4M3 && ws.hidden % fp8::kBlockSize != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("workspace.hidden: fp8_e4m3 dispatch needs a multiple of ", fp8::kBlockSize,
+                     " (one fp32 scale per ", fp8::kBlockSize, " values), got ", ws.hidden));
   }
   if (options.num_experts < ws.ep_size) {
     return absl::InvalidArgumentError(

@@ -65,13 +65,30 @@ struct StepStats {
   int64_t shared_overlap_us = 0;
 };
 
+// The bit of `dtype` in BackendLimits::dispatch_dtypes.
+constexpr uint32_t DispatchDTypeBit(DispatchDType dtype) {
+  return uint32_t{1} << static_cast<int>(dtype);
+}
+
 // What one memory space cannot do; everything else is the contract's.
 struct BackendLimits {
   const char* name = "data plane";  // for messages: "CPU data plane", "GPU data plane"
   int max_ep_size = 1 << 16;
   int max_top_k = 1 << 16;
   int64_t hidden_multiple = 1;  // H must be a positive multiple of this
+  // The dispatch dtypes its data plane moves (DispatchDTypeBit of each);
+  // every other dtype is refused at AllocateWorkspace (issue 15 item 4).
+  uint32_t dispatch_dtypes = DispatchDTypeBit(DispatchDType::kBF16);
 };
+
+// ValidateDispatchDType()
+//
+// OK when `limits` moves `dtype`. Errors: kInvalidArgument naming the field,
+// the backend, what it moves and the value, e.g. "workspace.dtype
+// (dispatch_dtype): the GPU data plane moves bf16 or fp8_e4m3, got nvfp4".
+// A dtype DESIGN §5 sizes but no data plane moves (nvfp4, mxfp8) is refused
+// here, never silently sized. Pure.
+absl::Status ValidateDispatchDType(DispatchDType dtype, const BackendLimits& limits);
 
 // The request-level MoE sizes (AllocateWorkspace, Benchmark, and every
 // backend): hidden_size in [1, max_hidden], num_experts in [1, max_experts],
@@ -84,8 +101,9 @@ absl::Status ValidateMoeSizes(int64_t hidden_size, int64_t num_experts, int64_t 
 
 // Every check on EpDispatcherOptions, for a group of `group_size` ranks and a
 // backend with `limits`: ep_size == group_size (and <= max_ep_size),
-// capacity_tokens >= 1, ValidateMoeSizes, top_k <= max_top_k, dtype bf16
-// (both data planes move bf16), hidden a multiple of hidden_multiple,
+// capacity_tokens >= 1, ValidateMoeSizes, top_k <= max_top_k,
+// ValidateDispatchDType, hidden a multiple of hidden_multiple (and of the
+// dtype's scale block: 128 for fp8_e4m3),
 // num_experts >= ep_size (every rank owns an expert), invalid_expert_id -1 or
 // num_experts, cuda_graph_buckets strictly ascending in [1, capacity_tokens].
 // Errors: kInvalidArgument, the message names the field ("workspace.top_k:

@@ -30,6 +30,7 @@ class CpuDataPlane final : public DataPlane {
       const DataPlaneGroup& group, std::shared_ptr<gloo::rendezvous::Store> store);
 
   std::string backend() const override { return "gloo"; }
+  const core::BackendLimits& limits() const override { return core::EpDispatcher::kCpuLimits; }
   core::ControlCollective& collective() override { return *collective_; }
   void SetCallDeadline(absl::Time deadline) override { collective_->SetCallDeadline(deadline); }
   absl::StatusOr<DataPlaneAllocation> Allocate(const core::EpDispatcherOptions& options,

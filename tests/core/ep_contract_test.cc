@@ -44,7 +44,7 @@ TEST(ValidateEpOptions, PinsEachMessageOnce) {
   EpDispatcherOptions fp4 = Options(2, 8, 64, 2, 4);
   fp4.workspace.dtype = DispatchDType::kNVFP4;
   ExpectInvalid(ValidateEpOptions(fp4, 2, kTest),
-                "workspace.dtype: the test data plane moves bf16 only, got nvfp4");
+                "workspace.dtype (dispatch_dtype): the test data plane moves bf16, got nvfp4");
   EpDispatcherOptions invalid = Options(2, 8, 64, 2, 4);
   invalid.invalid_expert_id = 3;
   ExpectInvalid(ValidateEpOptions(invalid, 2, kTest),
@@ -56,6 +56,31 @@ TEST(ValidateEpOptions, PinsEachMessageOnce) {
   ExpectInvalid(ValidateEpOptions(buckets, 2, kTest),
                 "cuda_graph_buckets: expected strictly ascending values in [1, capacity_tokens = "
                 "8], got [2, 9]");
+}
+
+// A dtype is accepted only where the backend moves it (issue 15 item 4): the
+// message names the field, what the backend moves and the value.
+TEST(ValidateDispatchDType, RefusesWhatTheBackendCannotMove) {
+  constexpr BackendLimits kFp8 = {
+      "fp8 plane", 8, 4, 4,
+      DispatchDTypeBit(DispatchDType::kBF16) | DispatchDTypeBit(DispatchDType::kFP8E4M3)};
+  EXPECT_TRUE(ValidateDispatchDType(DispatchDType::kBF16, kFp8).ok());
+  EXPECT_TRUE(ValidateDispatchDType(DispatchDType::kFP8E4M3, kFp8).ok());
+  ExpectInvalid(
+      ValidateDispatchDType(DispatchDType::kNVFP4, kFp8),
+      "workspace.dtype (dispatch_dtype): the fp8 plane moves bf16 or fp8_e4m3, got nvfp4");
+  ExpectInvalid(ValidateDispatchDType(DispatchDType::kMXFP8, kFp8),
+                "the fp8 plane moves bf16 or fp8_e4m3, got mxfp8");
+  ExpectInvalid(ValidateDispatchDType(DispatchDType::kFP8E4M3, kTest),
+                "the test data plane moves bf16, got fp8_e4m3");
+  // fp8_e4m3 also needs H a multiple of its 128-value scale block.
+  EpDispatcherOptions fp8 = Options(2, 8, 64, 2, 4);
+  fp8.workspace.dtype = DispatchDType::kFP8E4M3;
+  ExpectInvalid(ValidateEpOptions(fp8, 2, kFp8),
+                "workspace.hidden: fp8_e4m3 dispatch needs a multiple of 128 (one fp32 scale per "
+                "128 values), got 64");
+  fp8.workspace.hidden = 256;
+  EXPECT_TRUE(ValidateEpOptions(fp8, 2, kFp8).ok());
 }
 
 TEST(ValidatePlacement, AgainstTheSlotBudget) {
