@@ -12,6 +12,7 @@
 #include "core/workspace.h"
 #include "kernels/combine_reduce.cuh"
 #include "kernels/dispatch_pack.cuh"
+#include "kernels/fp8_dispatch.cuh"
 #include "kernels/internal/cuda_status.h"
 #include "kernels/route.cuh"
 #include "kernels/step_header.cuh"
@@ -42,7 +43,8 @@ absl::StatusOr<std::unique_ptr<GpuEpDispatcher>> GpuEpDispatcher::Create(
   d->capacity_ = ws.capacity_tokens;
   d->hidden_ = ws.hidden;
   d->top_k_ = ws.top_k;
-  d->row_bytes_ = DispatchRowBytes(ws.hidden, ws.top_k);
+  d->row_bytes_ = layout.wire_row_bytes;
+  d->dtype_ = ws.dtype;
   d->first_expert_ = placement.FirstExpert(d->rank_);
   d->num_local_experts_ = placement.NumLocalExperts(d->rank_);
   d->counts_.assign(ws.ep_size, 0);
@@ -102,7 +104,10 @@ absl::StatusOr<std::unique_ptr<GpuEpDispatcher>> GpuEpDispatcher::Create(
                    core::PlacementTable::Contiguous(o.num_experts, ws.ep_size));
   RETURN_IF_ERROR(d->SetPlacement(contiguous));
   d->send_ = layout.dispatch_send.At<uint8_t>(d->base_);
-  d->recv_ = layout.dispatch_recv.At<uint8_t>(d->base_);
+  d->wire_recv_ = layout.dispatch_recv.At<uint8_t>(d->base_);
+  d->recv_ = ws.dtype == core::DispatchDType::kFP8E4M3
+                 ? layout.dispatch_dequant.At<uint8_t>(d->base_)
+                 : d->wire_recv_;
   d->combine_send_ = layout.combine_send.At<uint16_t>(d->base_);
   d->combine_recv_ = layout.combine_recv.At<uint16_t>(d->base_);
   d->token_slot_ = layout.token_slot.At<int32_t>(d->base_);
@@ -244,6 +249,7 @@ absl::Status GpuEpDispatcher::EnqueueDispatch(int64_t r, const uint16_t* hidden,
   pack.send = send_;
   pack.placement = placement;
   pack.num_experts = options_.dispatcher.num_experts;
+  pack.dtype = dtype_;
   RETURN_IF_ERROR(LaunchPackDispatch(pack, s));
   std::fill(counts_.begin(), counts_.end(), r * row_bytes_);
   // The step header rides in the payload's NCCL group (one launch), then one
@@ -252,9 +258,12 @@ absl::Status GpuEpDispatcher::EnqueueDispatch(int64_t r, const uint16_t* hidden,
   const AllToAllVPart parts[3] = {
       {header_replicas_, header_counts_, gathered_, header_counts_},
       {send_counts_, count_bytes_, send_counts_ + ep_size_, count_bytes_},
-      {send_, counts_, recv_, counts_}};
+      {send_, counts_, wire_recv_, counts_}};
   RETURN_IF_ERROR(collective_->GroupedAllToAllV(parts));
-  return LaunchCheckStepHeaders(gathered_, ep_size_, header_, error_, s);
+  RETURN_IF_ERROR(LaunchCheckStepHeaders(gathered_, ep_size_, header_, error_, s));
+  // fp8: the dequantizing pass the expert compute reads through.
+  if (recv_ == wire_recv_) return absl::OkStatus();
+  return LaunchDequantizeDispatchRows(wire_recv_, ep_size_ * r, hidden_, top_k_, recv_, s);
 }
 
 absl::Status GpuEpDispatcher::EnqueueCombine(int64_t r, uint16_t* output,
@@ -461,7 +470,8 @@ absl::Status GpuEpDispatcher::CheckStep() {
 absl::StatusOr<ReceivedRowsForTest> GpuEpDispatcher::CopyReceivedForTest() {
   RETURN_IF_ERROR(collective_->Synchronize());
   const int64_t r = geometry_.runtime_max_tokens_per_rank();
-  std::vector<uint8_t> raw(ep_size_ * r * row_bytes_);
+  const int64_t row_bytes = DispatchRowBytes(hidden_, top_k_);  // recv_ holds bf16 rows
+  std::vector<uint8_t> raw(ep_size_ * r * row_bytes);
   if (!raw.empty()) {
     RETURN_IF_ERROR(CudaStatus(cudaMemcpy(raw.data(), recv_, raw.size(), cudaMemcpyDeviceToHost),
                                "cudaMemcpy(recv)"));
@@ -473,7 +483,7 @@ absl::StatusOr<ReceivedRowsForTest> GpuEpDispatcher::CopyReceivedForTest() {
   out.ids.resize(rows * top_k_);
   out.weights.resize(rows * top_k_);
   for (int64_t i = 0; i < rows; ++i) {
-    const uint8_t* row = raw.data() + i * row_bytes_;
+    const uint8_t* row = raw.data() + i * row_bytes;
     std::memcpy(out.hidden.data() + i * hidden_, row, hidden_ * 2);
     std::memcpy(out.ids.data() + i * top_k_, row + 2 * hidden_, top_k_ * 4);
     std::memcpy(out.weights.data() + i * top_k_, row + 2 * hidden_ + 4 * top_k_, top_k_ * 4);

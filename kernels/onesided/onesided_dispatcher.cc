@@ -8,6 +8,7 @@
 #include "core/expert_placement.h"
 #include "core/status_macros.h"
 #include "kernels/dispatch_pack.cuh"
+#include "kernels/fp8_dispatch.cuh"
 #include "kernels/internal/cuda_status.h"
 
 namespace moe_ep::kernels::onesided {
@@ -23,7 +24,9 @@ int64_t Align128(int64_t x) { return (x + 127) / 128 * 128; }
 absl::StatusOr<int64_t> OneSidedDispatcher::WindowBytes(const core::EpDispatcherOptions& o) {
   RETURN_IF_ERROR(core::ValidateEpOptions(o, o.workspace.ep_size, kLimits));
   const core::WorkspaceSpec& ws = o.workspace;
-  return OsWindowLayout(ws.ep_size, ws.capacity_tokens, ws.hidden, ws.top_k).total_bytes;
+  return OsWindowLayout(ws.ep_size, ws.capacity_tokens, ws.hidden, ws.top_k,
+                        ws.dtype == core::DispatchDType::kFP8E4M3)
+      .total_bytes;
 }
 
 absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
@@ -44,7 +47,9 @@ absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
     return absl::InvalidArgumentError(
         absl::StrFormat("timeout: expected > 0, got %s", absl::FormatDuration(options.timeout)));
   }
-  const OsWindowOffsets off = OsWindowLayout(ws.ep_size, ws.capacity_tokens, ws.hidden, ws.top_k);
+  const bool fp8 = ws.dtype == core::DispatchDType::kFP8E4M3;
+  const OsWindowOffsets off =
+      OsWindowLayout(ws.ep_size, ws.capacity_tokens, ws.hidden, ws.top_k, fp8);
   if (windows->bytes() != off.total_bytes) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "peer windows: expected %d bytes per window for these options (WindowBytes), got %d",
@@ -78,7 +83,10 @@ absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
   const int64_t o_header = Align128(o_recv + e * 4);
   const int64_t o_done = Align128(o_header + 3 * 8);
   const int64_t o_error = Align128(o_done + 2 * 4);
-  d->local_bytes_ = Align128(o_error + static_cast<int64_t>(sizeof(OsStepError)));
+  const int64_t o_rows = Align128(o_error + static_cast<int64_t>(sizeof(OsStepError)));
+  const int64_t rows_bytes = fp8 ? e * n * DispatchRowBytes(ws.hidden, ws.top_k) : 0;
+  d->local_bytes_ = Align128(o_rows + rows_bytes);
+  d->fp8_ = fp8;
   ASSIGN_OR_RETURN(const int64_t scratch,
                    ExpertCompute::ScratchBytes(e * n, ws.top_k, ws.hidden, options.max_intermediate,
                                                d->num_local_experts_));
@@ -91,6 +99,7 @@ absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
   }
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(d->device_), "cudaSetDevice"));
   RETURN_IF_ERROR(PreloadOsKernels());
+  if (fp8) RETURN_IF_ERROR(PreloadFp8DispatchKernels());
   RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&d->stream_, cudaStreamNonBlocking),
                              "cudaStreamCreateWithFlags"));
   RETURN_IF_ERROR(
@@ -110,6 +119,7 @@ absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
   d->local_.seq = reinterpret_cast<uint64_t*>(d->peers_.window[d->rank_] + off.seq);
   d->local_.done = reinterpret_cast<uint32_t*>(b + o_done);
   d->local_.error = reinterpret_cast<OsStepError*>(b + o_error);
+  if (fp8) d->rows_ = reinterpret_cast<uint8_t*>(b + o_rows);
   ASSIGN_OR_RETURN(d->expert_compute_,
                    ExpertCompute::Create(e * n, ws.top_k, ws.hidden, options.max_intermediate,
                                          d->num_local_experts_));
@@ -188,13 +198,25 @@ OsDispatchParams OneSidedDispatcher::DispatchParams(const OsStepArgs& step, cons
   p.blocks = options_.sm_budget;
   p.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.timeout));
   p.sys_scope = !windows_->same_device();
+  p.fp8 = fp8_;
   return p;
+}
+
+const uint8_t* OneSidedDispatcher::BfRows() const {
+  return fp8_ ? rows_ : peers_.window[rank_] + off_.dispatch_recv;
+}
+
+absl::Status OneSidedDispatcher::EnqueueDequantize(int64_t r) {
+  if (!fp8_) return absl::OkStatus();
+  return LaunchDequantizeDispatchRows(peers_.window[rank_] + off_.dispatch_recv, ep_size_ * r,
+                                      hidden_, top_k_, rows_, stream_);
 }
 
 absl::Status OneSidedDispatcher::EnqueueDispatch(const OsStepArgs& step, const uint16_t* hidden,
                                                  const int32_t* topk_ids,
                                                  const float* topk_weights) {
-  return LaunchOsDispatch(DispatchParams(step, hidden, topk_ids, topk_weights), stream_);
+  RETURN_IF_ERROR(LaunchOsDispatch(DispatchParams(step, hidden, topk_ids, topk_weights), stream_));
+  return EnqueueDequantize(step.r);
 }
 
 absl::Status OneSidedDispatcher::EnqueueExperts(int64_t r, const DeviceExpertSet& experts) {
@@ -205,8 +227,7 @@ absl::Status OneSidedDispatcher::EnqueueExperts(int64_t r, const DeviceExpertSet
     return absl::OkStatus();
   }
   identity_pending_ = false;
-  const uint8_t* recv = peers_.window[rank_] + off_.dispatch_recv;
-  return expert_compute_->Run(recv, ep_size_ * r, experts, expert_out_, stream_);
+  return expert_compute_->Run(BfRows(), ep_size_ * r, experts, expert_out_, stream_);
 }
 
 absl::Status OneSidedDispatcher::EnqueueCombine(int64_t r, uint16_t* output,
@@ -219,6 +240,7 @@ absl::Status OneSidedDispatcher::EnqueueCombine(int64_t r, uint16_t* output,
   p.first_expert = first_expert_;
   p.num_local_experts = num_local_experts_;
   p.expert_out = expert_out_;
+  p.rows = fp8_ ? rows_ : nullptr;
   // T == 0 writes no row; any aligned address stands in for a null output.
   p.output = output ? output : expert_out_;
   p.shared = shared_out;
@@ -310,6 +332,7 @@ absl::Status OneSidedDispatcher::CaptureForward(int64_t bucket, const uint16_t* 
   RETURN_IF_ERROR(CudaStatus(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
                              "cudaStreamBeginCapture"));
   absl::Status captured = LaunchOsDispatch(g.dispatch, stream_);
+  if (captured.ok()) captured = EnqueueDequantize(bucket);
   if (captured.ok()) captured = EnqueueExperts(bucket, experts);
   if (captured.ok()) captured = EnqueueCombine(bucket, output, nullptr);
   const cudaError_t end = cudaStreamEndCapture(stream_, &g.graph);
@@ -433,8 +456,8 @@ absl::StatusOr<ReceivedRowsForTest> OneSidedDispatcher::CopyReceivedForTest() {
   std::vector<uint8_t> raw(ep_size_ * r * row_bytes);
   if (!raw.empty()) {
     RETURN_IF_ERROR(
-        CudaStatus(cudaMemcpyAsync(raw.data(), peers_.window[rank_] + off_.dispatch_recv,
-                                   raw.size(), cudaMemcpyDeviceToHost, stream_),
+        CudaStatus(cudaMemcpyAsync(raw.data(), BfRows(), raw.size(), cudaMemcpyDeviceToHost,
+                                   stream_),
                    "cudaMemcpyAsync(window)"));
     RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
   }
