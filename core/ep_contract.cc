@@ -203,4 +203,65 @@ absl::Status GeometryState::RequireComputed(const char* call) const {
   return absl::OkStatus();
 }
 
+absl::Status ValidateMaxIntermediate(int64_t max_intermediate) {
+  if (max_intermediate < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_intermediate: expected >= 0, got ", max_intermediate));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateStepPointers(const char* call, int rank, int64_t num_tokens,
+                                  const void* hidden, const void* topk_ids,
+                                  const void* topk_weights) {
+  if (num_tokens > 0 && (hidden == nullptr || topk_ids == nullptr || topk_weights == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        call, " on rank ", rank, ": null device pointer with ", num_tokens, " tokens"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateStepOutput(const char* call, int rank, int64_t num_tokens,
+                                const void* output) {
+  if (num_tokens > 0 && output == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(call, " on rank ", rank, ": null output with ", num_tokens, " tokens"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateExpertSlice(int rank, const ExpertSlice& expected, const ExpertSlice& got) {
+  if (got.hidden != expected.hidden || got.first_expert != expected.first_expert ||
+      got.num_experts != expected.num_experts) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "experts on rank ", rank, ": expected hidden ", expected.hidden, " and experts [",
+        expected.first_expert, ", ", expected.first_expert + expected.num_experts, "), got hidden ",
+        got.hidden, " and [", got.first_expert, ", ", got.first_expert + got.num_experts, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCaptureArgs(int rank, int64_t bucket, int64_t capacity, const void* hidden,
+                                 const void* topk_ids, const void* topk_weights,
+                                 const void* output) {
+  if (bucket < 1 || bucket > capacity) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CaptureForward on rank ", rank, ": bucket expected in [1, ", capacity, "], got ", bucket));
+  }
+  if (hidden == nullptr || topk_ids == nullptr || topk_weights == nullptr || output == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CaptureForward on rank ", rank, ": null device pointer"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateReplayTokens(int rank, int64_t bucket, int64_t num_tokens) {
+  if (num_tokens < 0 || num_tokens > bucket) {
+    return absl::InvalidArgumentError(absl::StrCat("ReplayForward on rank ", rank,
+                                                   ": num_tokens expected in [0, bucket=", bucket,
+                                                   "], got ", num_tokens));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace moe_ep::core

@@ -163,4 +163,46 @@ class GeometryState {
 // Errors: kInvalidArgument naming the rank.
 absl::Status ValidateLocalTokens(int64_t local_tokens, int rank);
 
+// The per-call argument checks of the device data planes
+// (kernels::GpuEpDispatcher, kernels::onesided::OneSidedDispatcher), written
+// once (review duplicate D1). Each is pure; errors are kInvalidArgument
+// naming the call, the rank and the numbers.
+
+// max_intermediate (the largest SwiGLU I the expert scratch is sized for)
+// >= 0: "max_intermediate: expected >= 0, got -1".
+absl::Status ValidateMaxIntermediate(int64_t max_intermediate);
+
+// A step of `num_tokens` rows needs non-null hidden, ids and weights
+// (null is allowed for 0 rows): "Forward on rank 1: null device pointer
+// with 3 tokens".
+absl::Status ValidateStepPointers(const char* call, int rank, int64_t num_tokens,
+                                  const void* hidden, const void* topk_ids,
+                                  const void* topk_weights);
+
+// ... and a non-null output when it writes rows: "Forward on rank 0: null
+// output with 3 tokens".
+absl::Status ValidateStepOutput(const char* call, int rank, int64_t num_tokens, const void* output);
+
+// The experts a rank computes with: hidden size and the range
+// [first_expert, first_expert + num_experts).
+struct ExpertSlice {
+  int64_t hidden = 0;
+  int first_expert = 0;
+  int num_experts = 0;
+};
+
+// `got` must equal `expected`: "experts on rank 0: expected hidden 64 and
+// experts [0, 4), got hidden 64 and [0, 2)".
+absl::Status ValidateExpertSlice(int rank, const ExpertSlice& expected, const ExpertSlice& got);
+
+// CaptureForward's bucket in [1, capacity] and its pointers non-null:
+// "CaptureForward on rank 0: bucket expected in [1, 16], got 17".
+absl::Status ValidateCaptureArgs(int rank, int64_t bucket, int64_t capacity, const void* hidden,
+                                 const void* topk_ids, const void* topk_weights,
+                                 const void* output);
+
+// ReplayForward's T in [0, bucket]: "ReplayForward on rank 0: num_tokens
+// expected in [0, bucket=8], got 9".
+absl::Status ValidateReplayTokens(int rank, int64_t bucket, int64_t num_tokens);
+
 }  // namespace moe_ep::core

@@ -84,6 +84,12 @@ struct ReceivedRowsForTest {
   std::vector<float> weights;               // [E, R, K]
 };
 
+// The bf16 dispatch rows [rows, DispatchRowBytes(H, K)] at `raw` (host
+// bytes) split into their three parts; both device data planes'
+// CopyReceivedForTest use it (review duplicate D1).
+ReceivedRowsForTest UnpackReceivedRows(const uint8_t* raw, int64_t rows, int64_t hidden, int top_k,
+                                       int64_t runtime_max_tokens_per_rank);
+
 class GpuEpDispatcher {
  public:
   // What the GPU data plane cannot do (route.cuh's bounds, H % 4 for the

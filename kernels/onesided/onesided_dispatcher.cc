@@ -35,10 +35,7 @@ absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
   const core::EpDispatcherOptions& o = options.dispatcher;
   const core::WorkspaceSpec& ws = o.workspace;
   RETURN_IF_ERROR(core::ValidateEpOptions(o, windows->size(), kLimits));
-  if (options.max_intermediate < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("max_intermediate: expected >= 0, got %d", options.max_intermediate));
-  }
+  RETURN_IF_ERROR(core::ValidateMaxIntermediate(options.max_intermediate));
   if (options.sm_budget < 1) {
     return absl::InvalidArgumentError(
         absl::StrFormat("sm_budget: expected >= 1, got %d", options.sm_budget));
@@ -160,22 +157,13 @@ absl::Status OneSidedDispatcher::CheckArgs(const char* call, int64_t num_tokens,
                                            const void* topk_ids, const void* topk_weights) const {
   RETURN_IF_ERROR(Usable());
   RETURN_IF_ERROR(geometry_.CheckStep(call, num_tokens));
-  if (num_tokens > 0 && (hidden == nullptr || topk_ids == nullptr || topk_weights == nullptr)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s on rank %d: null device pointer with %d tokens", call, rank_, num_tokens));
-  }
-  return absl::OkStatus();
+  return core::ValidateStepPointers(call, rank_, num_tokens, hidden, topk_ids, topk_weights);
 }
 
 absl::Status OneSidedDispatcher::CheckExperts(const DeviceExpertSet& experts) const {
-  if (experts.hidden() != hidden_ || experts.first_expert() != first_expert_ ||
-      experts.num_experts() != num_local_experts_) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "experts on rank %d: expected hidden %d and experts [%d, %d), got hidden %d and [%d, %d)",
-        rank_, hidden_, first_expert_, first_expert_ + num_local_experts_, experts.hidden(),
-        experts.first_expert(), experts.first_expert() + experts.num_experts()));
-  }
-  return absl::OkStatus();
+  return core::ValidateExpertSlice(
+      rank_, {hidden_, first_expert_, num_local_experts_},
+      {experts.hidden(), experts.first_expert(), experts.num_experts()});
 }
 
 OsDispatchParams OneSidedDispatcher::DispatchParams(const OsStepArgs& step, const uint16_t* hidden,
@@ -261,10 +249,7 @@ absl::Status OneSidedDispatcher::Forward(const uint16_t* hidden, const int32_t* 
                                          const DeviceExpertSet& experts, uint16_t* output) {
   RETURN_IF_ERROR(geometry_.BeginDispatch("Forward"));
   RETURN_IF_ERROR(CheckArgs("Forward", num_tokens, hidden, topk_ids, topk_weights));
-  if (num_tokens > 0 && output == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("Forward on rank %d: null output with %d tokens", rank_, num_tokens));
-  }
+  RETURN_IF_ERROR(core::ValidateStepOutput("Forward", rank_, num_tokens, output));
   RETURN_IF_ERROR(CheckExperts(experts));
   const int64_t r = geometry_.runtime_max_tokens_per_rank();
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
@@ -310,22 +295,10 @@ absl::Status OneSidedDispatcher::CaptureForward(int64_t bucket, const uint16_t* 
     return absl::FailedPreconditionError(absl::StrFormat(
         "CaptureForward on rank %d: a dispatched step is in flight; call Combine first", rank_));
   }
-  if (bucket < 1 || bucket > capacity_) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "CaptureForward on rank %d: bucket expected in [1, %d], got %d", rank_, capacity_, bucket));
-  }
-  if (hidden == nullptr || topk_ids == nullptr || topk_weights == nullptr || output == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("CaptureForward on rank %d: null device pointer", rank_));
-  }
+  RETURN_IF_ERROR(
+      core::ValidateCaptureArgs(rank_, bucket, capacity_, hidden, topk_ids, topk_weights, output));
   RETURN_IF_ERROR(CheckExperts(experts));
-  if (experts.kind() == core::ExpertKind::kSwiGlu &&
-      options_.expert_gemm == ExpertGemm::kCublasHostCounts) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "CaptureForward on rank %d: SwiGLU expert compute with kCublasHostCounts reads "
-        "per-expert row counts on the host and cannot be captured; use kGroupedDevice",
-        rank_));
-  }
+  RETURN_IF_ERROR(CheckCapturable(rank_, experts.kind(), options_.expert_gemm));
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
   Graph g;
   g.dispatch = DispatchParams({geometry_.epoch(), bucket, bucket}, hidden, topk_ids, topk_weights);
@@ -405,11 +378,7 @@ absl::Status OneSidedDispatcher::ReplayForward(int64_t bucket, int64_t epoch, in
         "ReplayForward on rank %d: no graph captured for bucket %d; capture it (again)", rank_,
         bucket));
   }
-  if (num_tokens < 0 || num_tokens > bucket) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("ReplayForward on rank %d: num_tokens expected in [0, bucket=%d], got %d",
-                        rank_, bucket, num_tokens));
-  }
+  RETURN_IF_ERROR(core::ValidateReplayTokens(rank_, bucket, num_tokens));
   Graph& g = it->second;
   OsDispatchParams p = g.dispatch;
   p.step = {epoch, bucket, num_tokens};
@@ -455,25 +424,12 @@ absl::StatusOr<ReceivedRowsForTest> OneSidedDispatcher::CopyReceivedForTest() {
   const int64_t row_bytes = DispatchRowBytes(hidden_, top_k_);
   std::vector<uint8_t> raw(ep_size_ * r * row_bytes);
   if (!raw.empty()) {
-    RETURN_IF_ERROR(
-        CudaStatus(cudaMemcpyAsync(raw.data(), BfRows(), raw.size(), cudaMemcpyDeviceToHost,
-                                   stream_),
-                   "cudaMemcpyAsync(window)"));
+    RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpyAsync(raw.data(), BfRows(), raw.size(), cudaMemcpyDeviceToHost, stream_),
+        "cudaMemcpyAsync(window)"));
     RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
   }
-  ReceivedRowsForTest out;
-  out.runtime_max_tokens_per_rank = r;
-  const int64_t rows = ep_size_ * r;
-  out.hidden.resize(rows * hidden_);
-  out.ids.resize(rows * top_k_);
-  out.weights.resize(rows * top_k_);
-  for (int64_t i = 0; i < rows; ++i) {
-    const uint8_t* row = raw.data() + i * row_bytes;
-    std::memcpy(out.hidden.data() + i * hidden_, row, hidden_ * 2);
-    std::memcpy(out.ids.data() + i * top_k_, row + 2 * hidden_, top_k_ * 4);
-    std::memcpy(out.weights.data() + i * top_k_, row + 2 * hidden_ + 4 * top_k_, top_k_ * 4);
-  }
-  return out;
+  return UnpackReceivedRows(raw.data(), ep_size_ * r, hidden_, top_k_, r);
 }
 
 absl::StatusOr<std::vector<int32_t>> OneSidedDispatcher::ReceivedCountsForTest() {

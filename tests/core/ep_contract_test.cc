@@ -101,6 +101,36 @@ TEST(ValidatePlacement, AgainstTheSlotBudget) {
                 "redundant_slots_per_rank: expected in [0, num_experts = 6], got 7");
 }
 
+// The device data planes' per-call checks, one wording for both (D1).
+TEST(DevicePlaneChecks, PinEachMessageOnce) {
+  int x = 0;
+  EXPECT_TRUE(ValidateMaxIntermediate(0).ok());
+  ExpectInvalid(ValidateMaxIntermediate(-1), "max_intermediate: expected >= 0, got -1");
+  EXPECT_TRUE(ValidateStepPointers("Forward", 1, 0, nullptr, nullptr, nullptr).ok());
+  EXPECT_TRUE(ValidateStepPointers("Forward", 1, 3, &x, &x, &x).ok());
+  ExpectInvalid(ValidateStepPointers("Dispatch", 1, 3, &x, nullptr, &x),
+                "Dispatch on rank 1: null device pointer with 3 tokens");
+  EXPECT_TRUE(ValidateStepOutput("Forward", 0, 0, nullptr).ok());
+  ExpectInvalid(ValidateStepOutput("Forward", 0, 3, nullptr),
+                "Forward on rank 0: null output with 3 tokens");
+  EXPECT_TRUE(ValidateExpertSlice(0, {64, 0, 4}, {64, 0, 4}).ok());
+  ExpectInvalid(ValidateExpertSlice(0, {64, 0, 4}, {64, 0, 2}),
+                "experts on rank 0: expected hidden 64 and experts [0, 4), got hidden 64 and "
+                "[0, 2)");
+  ExpectInvalid(ValidateExpertSlice(2, {64, 8, 4}, {32, 8, 4}), "got hidden 32 and [8, 12)");
+  EXPECT_TRUE(ValidateCaptureArgs(0, 16, 16, &x, &x, &x, &x).ok());
+  ExpectInvalid(ValidateCaptureArgs(0, 17, 16, &x, &x, &x, &x),
+                "CaptureForward on rank 0: bucket expected in [1, 16], got 17");
+  ExpectInvalid(ValidateCaptureArgs(0, 0, 16, &x, &x, &x, &x), "got 0");
+  ExpectInvalid(ValidateCaptureArgs(3, 4, 16, &x, &x, &x, nullptr),
+                "CaptureForward on rank 3: null device pointer");
+  EXPECT_TRUE(ValidateReplayTokens(0, 8, 8).ok());
+  EXPECT_TRUE(ValidateReplayTokens(0, 8, 0).ok());
+  ExpectInvalid(ValidateReplayTokens(0, 8, 9),
+                "ReplayForward on rank 0: num_tokens expected in [0, bucket=8], got 9");
+  ExpectInvalid(ValidateReplayTokens(0, 8, -1), "got -1");
+}
+
 TEST(ValidateMoeSizes, RangesAndTopKBound) {
   ExpectInvalid(ValidateMoeSizes(0, 4, 2), "hidden_size: expected in [1, 1048576], got 0");
   ExpectInvalid(ValidateMoeSizes(64, 0, 2), "num_experts: expected in [1, 65536], got 0");
