@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "bench/ep_bench_inputs.h"
 #include "core/routing.h"
 #include "kernels/gpu_ep_dispatcher.h"
 #include "kernels/nccl_collective.h"
@@ -65,30 +66,6 @@ struct Result {
   double swiglu_graph_step_p50 = 0;                      // whole SwiGLU step, graph
   double dispatch_host_p50 = 0, combine_host_p50 = 0;    // wall time of the host calls
 };
-
-// Uniform: K distinct experts uniformly. Skewed: expert e drawn with
-// probability proportional to 1 / (e + 1), so low ids (rank 0) are hot.
-std::vector<int32_t> MakeIds(uint64_t seed, int64_t tokens, int top_k, int num_experts,
-                             bool skewed) {
-  std::mt19937_64 rng(seed);
-  std::vector<double> p(num_experts);
-  for (int e = 0; e < num_experts; ++e) p[e] = skewed ? 1.0 / (e + 1) : 1.0;
-  std::discrete_distribution<int> pick(p.begin(), p.end());
-  std::vector<int32_t> ids(tokens * top_k);
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int k = 0; k < top_k; ++k) {
-      int32_t e;
-      bool dup;
-      do {
-        e = pick(rng);
-        dup = false;
-        for (int j = 0; j < k; ++j) dup = dup || ids[t * top_k + j] == e;
-      } while (dup);
-      ids[t * top_k + k] = e;
-    }
-  }
-  return ids;
-}
 
 double Percentile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
@@ -130,19 +107,15 @@ void RunRank(int rank, int ep, const std::string& id, const std::vector<Config>&
     GpuEpDispatcher& disp = **disp_or;
     auto experts = *DeviceExpertSet::Upload(core::ExpertSet::Identity(
         placement.FirstExpert(rank), placement.NumLocalExperts(rank), c.hidden));
-    const auto ids = MakeIds(1000 * ci + rank, c.tokens, c.top_k, num_experts, c.skewed);
-    std::vector<uint16_t> hidden(c.tokens * c.hidden, 0x3f80);  // 1.0
-    std::vector<float> weights(c.tokens * c.top_k, 1.0f / c.top_k);
-    uint16_t *d_hidden, *d_out;
-    int32_t* d_ids;
-    float* d_weights;
-    cudaMalloc(&d_hidden, hidden.size() * 2);
-    cudaMalloc(&d_out, hidden.size() * 2);
-    cudaMalloc(&d_ids, ids.size() * 4);
-    cudaMalloc(&d_weights, weights.size() * 4);
-    cudaMemcpy(d_hidden, hidden.data(), hidden.size() * 2, cudaMemcpyHostToDevice);
-    cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice);
-    cudaMemcpy(d_weights, weights.data(), weights.size() * 4, cudaMemcpyHostToDevice);
+    const uint64_t seed = 1000 * ci + rank;
+    const auto ids = bench::DistinctExpertIds(seed, c.tokens, c.top_k, num_experts, c.skewed);
+    absl::StatusOr<bench::DeviceStepInputs> inputs =
+        bench::MakeStepInputs(seed, c.tokens, c.hidden, c.top_k, num_experts, c.skewed);
+    BENCH_CHECK(inputs.status());
+    uint16_t* d_hidden = inputs->hidden;
+    uint16_t* d_out = inputs->out;
+    int32_t* d_ids = inputs->ids;
+    float* d_weights = inputs->weights;
     BENCH_CHECK(disp.CommitGeometry(ci, c.tokens, c.tokens));
     cudaEvent_t ev[4];
     for (auto& e : ev) cudaEventCreate(&e);
@@ -266,10 +239,7 @@ void RunRank(int rank, int ep, const std::string& id, const std::vector<Config>&
       r.wire_bytes_per_token = (ep - 1) * (dispatch_row + combine_row);
     }
     for (auto& e : ev) cudaEventDestroy(e);
-    cudaFree(d_hidden);
-    cudaFree(d_out);
-    cudaFree(d_ids);
-    cudaFree(d_weights);
+    bench::FreeStepInputs(*inputs);
   }
 }
 

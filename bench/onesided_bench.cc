@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "bench/ep_bench_inputs.h"
 #include "core/expert_placement.h"
 #include "kernels/gpu_ep_dispatcher.h"
 #include "kernels/nccl_collective.h"
@@ -93,53 +94,8 @@ double Percentile(std::vector<double> v, double q) {
     }                                                                                        \
   } while (0)
 
-std::vector<int32_t> UniformIds(uint64_t seed, int64_t tokens, int top_k, int num_experts) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int> pick(0, num_experts - 1);
-  std::vector<int32_t> ids(tokens * top_k);
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int k = 0; k < top_k; ++k) {
-      int32_t e;
-      bool dup;
-      do {
-        e = pick(rng);
-        dup = false;
-        for (int j = 0; j < k; ++j) dup = dup || ids[t * top_k + j] == e;
-      } while (dup);
-      ids[t * top_k + k] = e;
-    }
-  }
-  return ids;
-}
-
-struct Inputs {
-  uint16_t* hidden = nullptr;
-  int32_t* ids = nullptr;
-  float* weights = nullptr;
-  uint16_t* out = nullptr;
-};
-
-Inputs MakeInputs(int rank, int64_t tokens, int64_t hidden, int top_k, int num_experts) {
-  Inputs in;
-  const auto ids = UniformIds(100 + rank, tokens, top_k, num_experts);
-  std::vector<uint16_t> h(tokens * hidden, 0x3f80);  // 1.0
-  std::vector<float> w(tokens * top_k, 1.0f / top_k);
-  CUDA_CHECK(cudaMalloc(&in.hidden, h.size() * 2 + 16));
-  CUDA_CHECK(cudaMalloc(&in.out, h.size() * 2 + 16));
-  CUDA_CHECK(cudaMalloc(&in.ids, ids.size() * 4 + 16));
-  CUDA_CHECK(cudaMalloc(&in.weights, w.size() * 4 + 16));
-  CUDA_CHECK(cudaMemcpy(in.hidden, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMemcpy(in.ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMemcpy(in.weights, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
-  return in;
-}
-
-void FreeInputs(Inputs& in) {
-  cudaFree(in.hidden);
-  cudaFree(in.out);
-  cudaFree(in.ids);
-  cudaFree(in.weights);
-}
+using bench::DeviceStepInputs;
+using Inputs = DeviceStepInputs;
 
 using Clock = std::chrono::steady_clock;
 double UsSince(Clock::time_point t0) {
@@ -269,7 +225,10 @@ Times RunConfig(const Config& c, int64_t hidden, int top_k, int num_experts, int
       CUDA_CHECK(cudaSetDevice(0));
       auto experts = *DeviceExpertSet::Upload(core::ExpertSet::Identity(
           placement.FirstExpert(rank), placement.NumLocalExperts(rank), hidden));
-      Inputs in = MakeInputs(rank, c.tokens, hidden, top_k, num_experts);
+      absl::StatusOr<Inputs> made =
+          bench::MakeStepInputs(100 + rank, c.tokens, hidden, top_k, num_experts, false);
+      BENCH_CHECK(made.status());
+      Inputs in = *made;
       if (c.plane == "onesided") {
         auto bytes = onesided::OneSidedDispatcher::WindowBytes(ep);
         BENCH_CHECK(bytes.status());
@@ -295,7 +254,7 @@ Times RunConfig(const Config& c, int64_t hidden, int top_k, int num_experts, int
         per_rank[rank] =
             Measure(**d, rank, bar, in, *experts, c.tokens, warmup, iters, graph_iters);
       }
-      FreeInputs(in);
+      bench::FreeStepInputs(in);
     });
   }
   for (auto& t : threads) t.join();

@@ -133,8 +133,9 @@ int main(int argc, char** argv) {
   ws->add_option("--max-tokens", ws_options.max_tokens, "capacity N, tokens per rank")
       ->required()
       ->check(Positive());
-  ws->add_option("--dtype", ws_options.dtype, "dispatch dtype")
-      ->check(CLI::IsMember({"bf16", "nvfp4", "mxfp8"}))
+  ws->add_option("--dtype", ws_options.dtype,
+                  "dispatch dtype (sizes only: the data planes move bf16 and fp8_e4m3)")
+      ->check(CLI::IsMember({"bf16", "nvfp4", "mxfp8", "fp8_e4m3"}))
       ->capture_default_str();
   ws->add_flag("--json", ws_options.json, "print the sizes as JSON");
   ws->callback([&] { action = [&] { return RunWorkspaceCommand(ws_options, std::cout); }; });
@@ -236,6 +237,12 @@ int main(int argc, char** argv) {
   run->add_option("--experts", run_options.experts, "swiglu | identity")
       ->check(CLI::IsMember({"swiglu", "identity"}))
       ->capture_default_str();
+  std::string run_dispatch_dtype = "bf16";
+  run->add_option("--dispatch-dtype", run_dispatch_dtype,
+                  "dispatch payload: bf16 | fp8_e4m3 (e4m3, one fp32 scale per 128 values; "
+                  "the reference applies the same rounding)")
+      ->check(CLI::IsMember({"bf16", "fp8_e4m3"}))
+      ->capture_default_str();
   run->add_option("--capacity", run_options.capacity_tokens,
                   "workspace capacity N, tokens per rank (default: the run's largest count)")
       ->check(NonNegative());
@@ -278,6 +285,15 @@ int main(int argc, char** argv) {
   run->add_flag("--json", run_json, "progress on stderr, the summary as JSON on stdout");
   run->callback([&] {
     run_options.rpc_timeout = absl::Seconds(rpc_timeout_s);
+    run_options.dispatch_dtype = *core::ParseDispatchDType(run_dispatch_dtype);
+    if (run_tp > 0 && run_options.dispatch_dtype != core::DispatchDType::kBF16) {
+      action = [] {
+        return absl::InvalidArgumentError(
+            "--dispatch-dtype: fp8_e4m3 applies to the MoE-layer run, not to --tp (the decoder "
+            "stack dispatches bf16)");
+      };
+      return;
+    }
     if (run_tp > 0) {
       // Every run flag applies to the stack or is refused (issue 9 item 4).
       auto given = [&](const char* flag) { return run->get_option(flag)->count() > 0; };

@@ -21,6 +21,7 @@
 #include "client/targets.h"
 #include "client/tensor_message.h"
 #include "client/text_table.h"
+#include "core/dispatch_rounding.h"
 #include "core/experts.h"
 #include "core/host_memory.h"
 #include "core/routing_source.h"
@@ -143,6 +144,12 @@ absl::Status ValidateRunJobOptions(const RunJobOptions& o) {
   if (!(o.tolerance.rel >= 0) || !(o.tolerance.atol >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat("tolerance: expected rel, atol >= 0, got ",
                                                    o.tolerance.rel, ", ", o.tolerance.atol));
+  }
+  if (o.dispatch_dtype != core::DispatchDType::kBF16 &&
+      o.dispatch_dtype != core::DispatchDType::kFP8E4M3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dispatch-dtype: expected bf16 or fp8_e4m3, got ",
+                     core::DispatchDTypeName(o.dispatch_dtype)));
   }
   return absl::OkStatus();
 }
@@ -322,7 +329,9 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
   allocate.set_top_k(K);
   allocate.set_num_experts(model.num_experts);
   allocate.set_capacity_tokens(capacity);
-  allocate.set_dispatch_dtype(v1::DISPATCH_DTYPE_BF16);
+  allocate.set_dispatch_dtype(options.dispatch_dtype == core::DispatchDType::kFP8E4M3
+                                  ? v1::DISPATCH_DTYPE_FP8_E4M3
+                                  : v1::DISPATCH_DTYPE_BF16);
   allocate.set_invalid_expert_id(v1::INVALID_EXPERT_ID_MINUS_ONE);
   allocate.set_redundant_slots_per_rank(options.redundant_slots_per_rank);
   ASSIGN_OR_RETURN(std::vector<v1::AllocateWorkspaceResponse> allocated,
@@ -344,6 +353,7 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
   result.num_sparse_layers = static_cast<int>(sparse.size());
   result.tolerance = options.tolerance;
   result.identity_experts = identity;
+  result.dispatch_dtype = options.dispatch_dtype;
   result.memory = memory;
   result.memory_available_bytes = available.ok() ? *available : 0;
   const auto load_request = [&](int layer) {
@@ -493,10 +503,14 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
       }
     }
     std::vector<float> ref(total * H);
+    // The routed experts read the rows as dispatched (fp8_e4m3: the e4m3
+    // rounding of every data plane); the shared expert the input itself.
+    ASSIGN_OR_RETURN(std::vector<core::bf16_t> dispatched,
+                     core::DispatchedHidden(options.dispatch_dtype, xs, total, H));
     ASSIGN_OR_RETURN(
         StreamedReferenceStats chunks,
-        StreamedMoeReference(make_chunk, model.num_experts, memory.reference_chunk_experts, H, xs,
-                             ids, ws, total, K, absl::MakeSpan(ref)));
+        StreamedMoeReference(make_chunk, model.num_experts, memory.reference_chunk_experts, H,
+                             dispatched, ids, ws, total, K, absl::MakeSpan(ref)));
     if (shared.present()) {
       // The shared expert of every row, added to the routed reference in fp32.
       ASSIGN_OR_RETURN(
@@ -619,6 +633,12 @@ std::string RenderRunSummary(const RunJobResult& result) {
         "identity experts hold no weights; the sizes above are what the model's SwiGLU "
         "experts would need\n";
   }
+  if (result.dispatch_dtype == core::DispatchDType::kFP8E4M3) {
+    text +=
+        "dispatch fp8_e4m3: each value travels as e4m3 with one fp32 scale per 128 (3 mantissa "
+        "bits: within 2^-4 of its magnitude + 2^-10 of its block's scale); the reference's "
+        "routed experts read the same rounded rows, so the bf16 bound below applies\n";
+  }
   absl::StrAppendFormat(
       &text,
       "tolerance: |out - ref| <= %.4g * max|ref| + %.3g per layer and rank "
@@ -676,6 +696,7 @@ nlohmann::json RunSummaryJson(const RunJobResult& result) {
           {"steps", result.steps},
           {"pass", result.AllPass()},
           {"identity_experts", result.identity_experts},
+          {"dispatch_dtype", core::DispatchDTypeName(result.dispatch_dtype)},
           {"tolerance", {{"rel", result.tolerance.rel}, {"atol", result.tolerance.atol}}},
           {"layers", std::move(layers)},
           {"total",

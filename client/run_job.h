@@ -52,6 +52,7 @@
 #include "client/worker_selection.h"
 #include "core/bf16.h"
 #include "core/model_config.h"
+#include "core/workspace.h"
 #include "nlohmann/json.hpp"
 
 namespace moe_ep::client {
@@ -77,10 +78,19 @@ struct RunJobOptions {
   // core::RebalanceHierarchical (0 = never; else in [1, steps - 1]).
   int redundant_slots_per_rank = 0;
   int rebalance_after_steps = 0;
+  // The dispatch payload (AllocateWorkspace.dispatch_dtype; issue 15 item 4):
+  // bf16, or fp8_e4m3 (e4m3, one fp32 scale per 128 values). With fp8 the
+  // reference's routed experts read core::DispatchedHidden of each input,
+  // the same e4m3 rounding every data plane applies (core/fp8_e4m3.h), so
+  // the bf16 tolerance below still bounds the difference; the shared expert
+  // reads the unrounded input on both sides (it runs on the source rank).
+  core::DispatchDType dispatch_dtype = core::DispatchDType::kBF16;
 };
 
 // Errors: kInvalidArgument naming the flag: num_layers < 1, tokens < 1,
 // steps < 1, capacity < 0, experts not swiglu/identity, tolerance negative,
+// a dispatch dtype other than bf16 / fp8_e4m3 (or fp8 with a hidden size
+// that is not a multiple of 128: RunJob, once the model is resolved),
 // redundant slots < 0, a rebalance step outside [0, steps - 1], or a
 // rebalance without redundant slots.
 absl::Status ValidateRunJobOptions(const RunJobOptions& options);
@@ -129,6 +139,7 @@ struct RunJobResult {
   int64_t layer_expert_bytes = 0;              // ExpertBytesPerLayer
   int num_sparse_layers = 0;
   bool identity_experts = false;  // --experts identity: no weights held
+  core::DispatchDType dispatch_dtype = core::DispatchDType::kBF16;
   Tolerance tolerance;
   RunMemoryEstimate memory;            // the preflight's estimate
   int64_t memory_available_bytes = 0;  // MemAvailable at start; 0 when unknown
@@ -155,7 +166,7 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
 std::string RenderRunSummary(const RunJobResult& result);
 
 // The summary as JSON, for scripts and dashboards (issue 9 item 6):
-// {"model", "world", "steps", "pass", "identity_experts",
+// {"model", "world", "steps", "pass", "identity_experts", "dispatch_dtype",
 //  "shared_expert" (client/plan_command.h SharedExpertJson),
 //  "routed_scaling_factor",
 //  "tolerance": {"rel", "atol"},

@@ -1,9 +1,11 @@
 #include "core/ep_contract.h"
 
 #include <cstddef>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/fp8_e4m3.h"
 #include "core/geometry.h"
 #include "core/status_macros.h"
 
@@ -32,6 +34,18 @@ absl::Status ValidateMoeSizes(int64_t hidden_size, int64_t num_experts, int64_t 
   return absl::OkStatus();
 }
 
+absl::Status ValidateDispatchDType(DispatchDType dtype, const BackendLimits& limits) {
+  if ((limits.dispatch_dtypes & DispatchDTypeBit(dtype)) != 0) return absl::OkStatus();
+  std::vector<std::string> moved;
+  for (DispatchDType d : {DispatchDType::kBF16, DispatchDType::kNVFP4, DispatchDType::kMXFP8,
+                          DispatchDType::kFP8E4M3}) {
+    if ((limits.dispatch_dtypes & DispatchDTypeBit(d)) != 0) moved.push_back(DispatchDTypeName(d));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("workspace.dtype (dispatch_dtype): the ", limits.name, " moves ",
+                   absl::StrJoin(moved, " or "), ", got ", DispatchDTypeName(dtype)));
+}
+
 absl::Status ValidateEpOptions(const EpDispatcherOptions& options, int group_size,
                                const BackendLimits& limits) {
   const WorkspaceSpec& ws = options.workspace;
@@ -53,15 +67,16 @@ absl::Status ValidateEpOptions(const EpDispatcherOptions& options, int group_siz
     return absl::InvalidArgumentError(absl::StrCat("top_k: expected in [1, ", limits.max_top_k,
                                                    "] on the ", limits.name, ", got ", ws.top_k));
   }
-  if (ws.dtype != DispatchDType::kBF16) {
-    return absl::InvalidArgumentError(absl::StrCat("workspace.dtype: the ", limits.name,
-                                                   " moves bf16 only, got ",
-                                                   DispatchDTypeName(ws.dtype)));
-  }
+  RETURN_IF_ERROR(ValidateDispatchDType(ws.dtype, limits));
   if (ws.hidden % limits.hidden_multiple != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "workspace.hidden: the ", limits.name, " needs a multiple of ", limits.hidden_multiple,
         " (keeps the int32/fp32 payload parts aligned), got ", ws.hidden));
+  }
+  if (ws.dtype == DispatchDType::kFP8E4M3 && ws.hidden % fp8::kBlockSize != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("workspace.hidden: fp8_e4m3 dispatch needs a multiple of ", fp8::kBlockSize,
+                     " (one fp32 scale per ", fp8::kBlockSize, " values), got ", ws.hidden));
   }
   if (options.num_experts < ws.ep_size) {
     return absl::InvalidArgumentError(
@@ -184,6 +199,67 @@ absl::Status GeometryState::RequireComputed(const char* call) const {
     return absl::FailedPreconditionError(
         absl::StrCat(call, ": the expert outputs of this step are not computed on rank ", rank_,
                      "; call ComputeExperts first"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateMaxIntermediate(int64_t max_intermediate) {
+  if (max_intermediate < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_intermediate: expected >= 0, got ", max_intermediate));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateStepPointers(const char* call, int rank, int64_t num_tokens,
+                                  const void* hidden, const void* topk_ids,
+                                  const void* topk_weights) {
+  if (num_tokens > 0 && (hidden == nullptr || topk_ids == nullptr || topk_weights == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        call, " on rank ", rank, ": null device pointer with ", num_tokens, " tokens"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateStepOutput(const char* call, int rank, int64_t num_tokens,
+                                const void* output) {
+  if (num_tokens > 0 && output == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(call, " on rank ", rank, ": null output with ", num_tokens, " tokens"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateExpertSlice(int rank, const ExpertSlice& expected, const ExpertSlice& got) {
+  if (got.hidden != expected.hidden || got.first_expert != expected.first_expert ||
+      got.num_experts != expected.num_experts) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "experts on rank ", rank, ": expected hidden ", expected.hidden, " and experts [",
+        expected.first_expert, ", ", expected.first_expert + expected.num_experts, "), got hidden ",
+        got.hidden, " and [", got.first_expert, ", ", got.first_expert + got.num_experts, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCaptureArgs(int rank, int64_t bucket, int64_t capacity, const void* hidden,
+                                 const void* topk_ids, const void* topk_weights,
+                                 const void* output) {
+  if (bucket < 1 || bucket > capacity) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CaptureForward on rank ", rank, ": bucket expected in [1, ", capacity, "], got ", bucket));
+  }
+  if (hidden == nullptr || topk_ids == nullptr || topk_weights == nullptr || output == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CaptureForward on rank ", rank, ": null device pointer"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateReplayTokens(int rank, int64_t bucket, int64_t num_tokens) {
+  if (num_tokens < 0 || num_tokens > bucket) {
+    return absl::InvalidArgumentError(absl::StrCat("ReplayForward on rank ", rank,
+                                                   ": num_tokens expected in [0, bucket=", bucket,
+                                                   "], got ", num_tokens));
   }
   return absl::OkStatus();
 }

@@ -70,13 +70,30 @@ struct StepStats {
   std::vector<int> lost_experts;
 };
 
+// The bit of `dtype` in BackendLimits::dispatch_dtypes.
+constexpr uint32_t DispatchDTypeBit(DispatchDType dtype) {
+  return uint32_t{1} << static_cast<int>(dtype);
+}
+
 // What one memory space cannot do; everything else is the contract's.
 struct BackendLimits {
   const char* name = "data plane";  // for messages: "CPU data plane", "GPU data plane"
   int max_ep_size = 1 << 16;
   int max_top_k = 1 << 16;
   int64_t hidden_multiple = 1;  // H must be a positive multiple of this
+  // The dispatch dtypes its data plane moves (DispatchDTypeBit of each);
+  // every other dtype is refused at AllocateWorkspace (issue 15 item 4).
+  uint32_t dispatch_dtypes = DispatchDTypeBit(DispatchDType::kBF16);
 };
+
+// ValidateDispatchDType()
+//
+// OK when `limits` moves `dtype`. Errors: kInvalidArgument naming the field,
+// the backend, what it moves and the value, e.g. "workspace.dtype
+// (dispatch_dtype): the GPU data plane moves bf16 or fp8_e4m3, got nvfp4".
+// A dtype DESIGN §5 sizes but no data plane moves (nvfp4, mxfp8) is refused
+// here, never silently sized. Pure.
+absl::Status ValidateDispatchDType(DispatchDType dtype, const BackendLimits& limits);
 
 // The request-level MoE sizes (AllocateWorkspace, Benchmark, and every
 // backend): hidden_size in [1, max_hidden], num_experts in [1, max_experts],
@@ -89,8 +106,9 @@ absl::Status ValidateMoeSizes(int64_t hidden_size, int64_t num_experts, int64_t 
 
 // Every check on EpDispatcherOptions, for a group of `group_size` ranks and a
 // backend with `limits`: ep_size == group_size (and <= max_ep_size),
-// capacity_tokens >= 1, ValidateMoeSizes, top_k <= max_top_k, dtype bf16
-// (both data planes move bf16), hidden a multiple of hidden_multiple,
+// capacity_tokens >= 1, ValidateMoeSizes, top_k <= max_top_k,
+// ValidateDispatchDType, hidden a multiple of hidden_multiple (and of the
+// dtype's scale block: 128 for fp8_e4m3),
 // num_experts >= ep_size (every rank owns an expert), invalid_expert_id -1 or
 // num_experts, cuda_graph_buckets strictly ascending in [1, capacity_tokens].
 // Errors: kInvalidArgument, the message names the field ("workspace.top_k:
@@ -149,5 +167,47 @@ class GeometryState {
 // The check of SyncTokenCounts' input on every backend: local_tokens >= 0.
 // Errors: kInvalidArgument naming the rank.
 absl::Status ValidateLocalTokens(int64_t local_tokens, int rank);
+
+// The per-call argument checks of the device data planes
+// (kernels::GpuEpDispatcher, kernels::onesided::OneSidedDispatcher), written
+// once (review duplicate D1). Each is pure; errors are kInvalidArgument
+// naming the call, the rank and the numbers.
+
+// max_intermediate (the largest SwiGLU I the expert scratch is sized for)
+// >= 0: "max_intermediate: expected >= 0, got -1".
+absl::Status ValidateMaxIntermediate(int64_t max_intermediate);
+
+// A step of `num_tokens` rows needs non-null hidden, ids and weights
+// (null is allowed for 0 rows): "Forward on rank 1: null device pointer
+// with 3 tokens".
+absl::Status ValidateStepPointers(const char* call, int rank, int64_t num_tokens,
+                                  const void* hidden, const void* topk_ids,
+                                  const void* topk_weights);
+
+// ... and a non-null output when it writes rows: "Forward on rank 0: null
+// output with 3 tokens".
+absl::Status ValidateStepOutput(const char* call, int rank, int64_t num_tokens, const void* output);
+
+// The experts a rank computes with: hidden size and the range
+// [first_expert, first_expert + num_experts).
+struct ExpertSlice {
+  int64_t hidden = 0;
+  int first_expert = 0;
+  int num_experts = 0;
+};
+
+// `got` must equal `expected`: "experts on rank 0: expected hidden 64 and
+// experts [0, 4), got hidden 64 and [0, 2)".
+absl::Status ValidateExpertSlice(int rank, const ExpertSlice& expected, const ExpertSlice& got);
+
+// CaptureForward's bucket in [1, capacity] and its pointers non-null:
+// "CaptureForward on rank 0: bucket expected in [1, 16], got 17".
+absl::Status ValidateCaptureArgs(int rank, int64_t bucket, int64_t capacity, const void* hidden,
+                                 const void* topk_ids, const void* topk_weights,
+                                 const void* output);
+
+// ReplayForward's T in [0, bucket]: "ReplayForward on rank 0: num_tokens
+// expected in [0, bucket=8], got 9".
+absl::Status ValidateReplayTokens(int rank, int64_t bucket, int64_t num_tokens);
 
 }  // namespace moe_ep::core

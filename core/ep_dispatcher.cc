@@ -15,6 +15,10 @@
 //                  order as struct-of-arrays:
 //                    hidden [c, H] bf16 | ids [c, K] int32 | weights [c, K] fp32
 //                  i.e. c * dispatch_bytes bytes (dispatch_bytes = 2H + 8K).
+//                  With fp8_e4m3 dispatch the hidden part of a token is
+//                  H e4m3 codes then H/128 fp32 scales (core/fp8_e4m3.h,
+//                  quantized here in the pack), so a token's hidden part is
+//                  H + H/32 bytes and dispatch_bytes = H + H/32 + 8K.
 //   dispatch recv  [E, N, dispatch_bytes] bytes. The packed blocks arrive back
 //                  to back and are then moved in place (sources in descending
 //                  order, which never overwrites an unmoved block) to one row
@@ -23,6 +27,11 @@
 //                  Slots 0..c[s][me]-1 are source s's tokens in increasing
 //                  source-token order; slots [c, R) are padding, sanitized to
 //                  zero hidden, the invalid id and zero weight (DESIGN §7).
+//   dispatch dequant (fp8_e4m3 only) [E, N, H] bf16: the dequantizing pass
+//                  after the exchange writes each received token's
+//                  dispatched row here (core::fp8::DequantizeRow); the
+//                  expert compute, ReceivedHidden and engines read it, as
+//                  they read the bf16 hidden part of dispatch recv otherwise.
 //   combine send   [E, N, 2H] bytes: expert outputs (bf16) of the received
 //                  rows, packed back to back in source order (row j of source s
 //                  at sum_{t<s} c[t][me] + j).
@@ -53,6 +62,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/expert_source.h"
+#include "core/fp8_e4m3.h"
 #include "core/geometry.h"
 #include "core/routing.h"
 #include "core/status_macros.h"
@@ -86,6 +96,8 @@ struct EpDispatcher::Impl {
   int top_k = 0;         // K
   int64_t dispatch_bytes = 0;
   int64_t combine_bytes = 0;
+  bool fp8 = false;          // dtype fp8_e4m3
+  int64_t hidden_bytes = 0;  // a token's hidden part: 2H (bf16) or H + H/32 (fp8_e4m3)
 
   CpuWorkspaceLayout layout;
   std::unique_ptr<std::byte, AlignedFree> memory;
@@ -93,6 +105,7 @@ struct EpDispatcher::Impl {
   std::byte* dispatch_recv = nullptr;
   std::byte* combine_send = nullptr;
   std::byte* combine_recv = nullptr;
+  bf16_t* dispatch_dequant = nullptr;  // fp8_e4m3: [E, N, H]
 
   // Geometry and step phase (the contract's).
   GeometryState geometry;
@@ -121,15 +134,22 @@ struct EpDispatcher::Impl {
   int64_t runtime_max() const { return geometry.runtime_max_tokens_per_rank(); }
 
   int64_t RowBytes() const { return capacity * dispatch_bytes; }
+  // The dispatched bf16 rows of source s, [N, H]: the hidden part of its
+  // receive row (bf16) or its dequantized rows (fp8_e4m3).
   bf16_t* RecvHidden(int s) const {
+    if (fp8) return dispatch_dequant + s * capacity * hidden;
     return reinterpret_cast<bf16_t*>(dispatch_recv + s * RowBytes());
   }
+  // fp8_e4m3: token j's codes [H] and then its scales [H / 128].
+  std::byte* RecvQuantized(int s, int64_t j) const {
+    return dispatch_recv + s * RowBytes() + j * hidden_bytes;
+  }
   int32_t* RecvIds(int s) const {
-    return reinterpret_cast<int32_t*>(dispatch_recv + s * RowBytes() + capacity * 2 * hidden);
+    return reinterpret_cast<int32_t*>(dispatch_recv + s * RowBytes() + capacity * hidden_bytes);
   }
   float* RecvWeights(int s) const {
     return reinterpret_cast<float*>(dispatch_recv + s * RowBytes() +
-                                    capacity * (2 * hidden + 4 * top_k));
+                                    capacity * (hidden_bytes + 4 * top_k));
   }
 
   absl::Status ValidateInput(absl::Span<const bf16_t> hidden_in, absl::Span<const int32_t> topk_ids,
@@ -175,6 +195,8 @@ absl::StatusOr<std::unique_ptr<EpDispatcher>> EpDispatcher::Create(
   impl->top_k = spec.top_k;
   impl->dispatch_bytes = dispatch_bytes;
   impl->combine_bytes = CombineBytesPerToken(spec.hidden);
+  impl->fp8 = spec.dtype == DispatchDType::kFP8E4M3;
+  impl->hidden_bytes = impl->fp8 ? fp8::QuantizedHiddenBytes(spec.hidden) : 2 * spec.hidden;
 
   const int64_t slab = static_cast<int64_t>(spec.ep_size) * spec.capacity_tokens;
   const int64_t alloc_bytes = std::max<int64_t>(AlignTo128(layout.total_bytes), 128);
@@ -188,6 +210,7 @@ absl::StatusOr<std::unique_ptr<EpDispatcher>> EpDispatcher::Create(
   impl->dispatch_recv = layout.dispatch_recv.At<std::byte>(block);
   impl->combine_send = layout.combine_send.At<std::byte>(block);
   impl->combine_recv = layout.combine_recv.At<std::byte>(block);
+  impl->dispatch_dequant = layout.dispatch_dequant.At<bf16_t>(block);
   impl->layout = layout;
 
   const int e = spec.ep_size;
@@ -382,9 +405,10 @@ absl::Status EpDispatcher::Impl::DispatchImpl(absl::Span<const bf16_t> hidden_in
     a2a_recv_bytes[p] = recv_counts[p] * dispatch_bytes;
   }
 
-  // Pack: block d = hidden [c, H] | ids [c, K] | weights [c, K].
+  // Pack: block d = hidden [c, H] | ids [c, K] | weights [c, K], the hidden
+  // part quantized for fp8_e4m3 (codes [H] | scales [H / 128] a token).
   const int32_t invalid = options.invalid_expert_id;
-  const size_t hidden_row = hidden * sizeof(bf16_t);
+  const size_t hidden_row = hidden_bytes;
   const size_t k_row = top_k * sizeof(int32_t);
   for (int d = 0; d < ep_size; ++d) {
     const int64_t c = route.send_counts[d];
@@ -393,7 +417,14 @@ absl::Status EpDispatcher::Impl::DispatchImpl(absl::Span<const bf16_t> hidden_in
     std::byte* w_part = ids_part + c * k_row;
     for (int64_t slot = 0; slot < c; ++slot) {
       const int64_t t = route.tokens_for_rank[d][slot];
-      std::memcpy(block + slot * hidden_row, hidden_in.data() + t * hidden, hidden_row);
+      std::byte* hidden_out = block + slot * hidden_row;
+      if (fp8) {
+        auto* codes = reinterpret_cast<uint8_t*>(hidden_out);
+        fp8::QuantizeRow(hidden_in.data() + t * hidden, hidden, codes,
+                         reinterpret_cast<float*>(codes + hidden));
+      } else {
+        std::memcpy(hidden_out, hidden_in.data() + t * hidden, hidden_row);
+      }
       int32_t* ids_out = reinterpret_cast<int32_t*>(ids_part + slot * k_row);
       for (int k = 0; k < top_k; ++k) {
         ids_out[k] = PayloadExpertId(*table, rank, t, topk_ids[t * top_k + k], d, invalid);
@@ -417,10 +448,18 @@ absl::Status EpDispatcher::Impl::DispatchImpl(absl::Span<const bf16_t> hidden_in
       std::memmove(RecvWeights(s), row + c * (hidden_row + k_row), c * k_row);
       std::memmove(RecvIds(s), row + c * hidden_row, c * k_row);
     }
+    // The dequantizing pass: the dispatched bf16 rows the experts read.
+    if (fp8) {
+      for (int64_t j = 0; j < c; ++j) {
+        const auto* codes = reinterpret_cast<const uint8_t*>(RecvQuantized(s, j));
+        fp8::DequantizeRow(codes, reinterpret_cast<const float*>(codes + hidden), hidden,
+                           RecvHidden(s) + j * hidden);
+      }
+    }
     // Rows [c, max(R, previous R)) are reset so no stale token survives.
     const int64_t end = std::max(runtime_max, step_r);
     if (end > c) {
-      std::memset(RecvHidden(s) + c * hidden, 0, (end - c) * hidden_row);
+      std::memset(RecvHidden(s) + c * hidden, 0, (end - c) * hidden * sizeof(bf16_t));
       std::fill(RecvIds(s) + c * top_k, RecvIds(s) + end * top_k, invalid);
       std::fill(RecvWeights(s) + c * top_k, RecvWeights(s) + end * top_k, 0.0f);
     }

@@ -4,7 +4,10 @@
 // dispatch, expert compute and combine over a Collective (DESIGN §6, §7).
 //
 // Buffers (host memory, allocated once in Create, never on the step path):
-//   dispatch send / recv  [E, N, dispatch_bytes]   (hidden bf16, K ids, K weights)
+//   dispatch send / recv  [E, N, dispatch_bytes]   (hidden bf16, K ids, K weights;
+//                                                  fp8_e4m3: hidden as e4m3 codes and
+//                                                  one fp32 scale per 128, core/fp8_e4m3.h)
+//   dispatch dequant      [E, N, H] bf16           (fp8_e4m3 only: the dispatched rows)
 //   combine send / recv   [E, N, combine_bytes]    (hidden bf16)
 // with N = capacity_tokens and each region 128-byte aligned (DESIGN §5).
 // A step with runtime_max_tokens_per_rank R uses rows [0, R) of each
@@ -50,8 +53,11 @@ class EpDispatcher {
                                                               const EpDispatcherOptions& options,
                                                               int64_t memory_cap_bytes);
 
-  // What the CPU data plane cannot do: an even H (4-byte aligned payload parts).
-  static constexpr BackendLimits kCpuLimits = {"CPU data plane", 1 << 16, 1 << 16, 2};
+  // What the CPU data plane cannot do: an even H (4-byte aligned payload
+  // parts); it moves bf16 and fp8_e4m3 (core/fp8_e4m3.h) dispatch.
+  static constexpr BackendLimits kCpuLimits = {
+      "CPU data plane", 1 << 16, 1 << 16, 2,
+      DispatchDTypeBit(DispatchDType::kBF16) | DispatchDTypeBit(DispatchDType::kFP8E4M3)};
 
   // SetPlacement()
   //
@@ -133,6 +139,8 @@ class EpDispatcher {
 
   // After Dispatch: received rows of source `src` ([count, H] bf16 hidden,
   // [count, K] ids, [count, K] weights), for tests. count = received_counts()[src].
+  // With fp8_e4m3 dispatch the hidden rows are the dequantized ones the
+  // experts read (core::fp8::DequantizeRow of what arrived).
   const std::vector<int64_t>& received_counts() const;
   absl::Span<const bf16_t> ReceivedHidden(int src) const;  // [R, H], padding rows zero
   absl::Span<const int32_t> ReceivedIds(int src) const;    // [R, K], padding = invalid id

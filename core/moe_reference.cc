@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
+#include "core/dispatch_rounding.h"
 #include "core/expert_source.h"
 #include "core/status_macros.h"
 
@@ -182,6 +183,13 @@ absl::StatusOr<EpReferenceResult> ReferenceEpForward(
     }
   }
 
+  // The rows as dispatched (identity for bf16).
+  std::vector<std::vector<bf16_t>> dispatched(ep);
+  for (int s = 0; s < ep; ++s) {
+    ASSIGN_OR_RETURN(dispatched[s], DispatchedHidden(options.dispatch_dtype, inputs[s].hidden,
+                                                     inputs[s].num_tokens, h));
+  }
+
   EpReferenceResult result;
   result.runtime_max_tokens_per_rank = r_max;
   for (int s = 0; s < ep; ++s) {
@@ -208,7 +216,7 @@ absl::StatusOr<EpReferenceResult> ReferenceEpForward(
         const int64_t t = tokens[slot];
         const int64_t row = s * r_max + static_cast<int64_t>(slot);
         rx.source_token[row] = t;
-        std::copy_n(inputs[s].hidden.begin() + t * h, h, rx.hidden.begin() + row * h);
+        std::copy_n(dispatched[s].begin() + t * h, h, rx.hidden.begin() + row * h);
         for (int k = 0; k < top_k; ++k) {
           rx.ids[row * top_k + k] =
               PayloadExpertId(table, s, t, inputs[s].topk_ids[t * top_k + k], d, invalid);

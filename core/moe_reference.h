@@ -23,6 +23,7 @@
 #include "core/experts.h"
 #include "core/placement_table.h"
 #include "core/routing.h"
+#include "core/workspace.h"
 
 namespace moe_ep::core {
 
@@ -58,6 +59,10 @@ struct EpReferenceOptions {
   int32_t invalid_expert_id = -1;
   // R; < 0 means max over ranks of num_tokens (DESIGN §6).
   int64_t runtime_max_tokens_per_rank = -1;
+  // The dispatch payload's dtype: every received hidden row is
+  // core::DispatchedHidden of the source's row (fp8_e4m3: quantized and
+  // dequantized as every data plane does; issue 15 item 4).
+  DispatchDType dispatch_dtype = DispatchDType::kBF16;
 };
 
 // What one destination rank holds after dispatch and expert compute. Rows are

@@ -111,17 +111,20 @@ std::string DispatchDTypeName(DispatchDType dtype) {
       return "nvfp4";
     case DispatchDType::kMXFP8:
       return "mxfp8";
+    case DispatchDType::kFP8E4M3:
+      return "fp8_e4m3";
   }
   return "unknown";
 }
 
 absl::StatusOr<DispatchDType> ParseDispatchDType(const std::string& name) {
   const std::string lower = absl::AsciiStrToLower(name);
-  for (DispatchDType dtype : {DispatchDType::kBF16, DispatchDType::kNVFP4, DispatchDType::kMXFP8}) {
+  for (DispatchDType dtype : {DispatchDType::kBF16, DispatchDType::kNVFP4, DispatchDType::kMXFP8,
+                              DispatchDType::kFP8E4M3}) {
     if (lower == DispatchDTypeName(dtype)) return dtype;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("dispatch dtype must be one of bf16, nvfp4, mxfp8; got '", name, "'"));
+      absl::StrCat("dispatch dtype must be one of bf16, nvfp4, mxfp8, fp8_e4m3; got '", name, "'"));
 }
 
 absl::StatusOr<int64_t> DispatchBytesPerToken(DispatchDType dtype, int64_t hidden, int top_k) {
@@ -152,6 +155,13 @@ absl::StatusOr<int64_t> DispatchBytesPerToken(DispatchDType dtype, int64_t hidde
       }
       // e4m3 values + one ue8m0 scale per 32 values.
       return Add(hidden + hidden / 32, routing, "dispatch bytes per token");
+    case DispatchDType::kFP8E4M3:
+      if (hidden % 128 != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "hidden must be a multiple of 128 (the fp8_e4m3 scale block), got ", hidden));
+      }
+      // e4m3 values + one fp32 scale per 128 values (core/fp8_e4m3.h).
+      return Add(hidden + 4 * (hidden / 128), routing, "dispatch bytes per token");
   }
   return absl::InvalidArgumentError("unknown dispatch dtype");
 }
@@ -203,12 +213,14 @@ absl::StatusOr<CpuWorkspaceLayout> CpuWorkspaceLayout::For(const WorkspaceSpec& 
   ASSIGN_OR_RETURN(int64_t slot_bytes, Mul(slot_entries, 8, "metadata dest_slots"));
   RETURN_IF_ERROR(Place(&metadata, slot_bytes, "metadata dest_slots").status());
 
+  // fp8_e4m3: the dequantized bf16 rows [E, N, H] the experts read.
+  const int64_t dequant_slab = spec.dtype == DispatchDType::kFP8E4M3 ? combine_slab : 0;
   CpuWorkspaceLayout layout;
   int64_t end = 0;
   const std::pair<LayoutRegion*, int64_t> parts[] = {
-      {&layout.dispatch_send, dispatch_slab}, {&layout.dispatch_recv, dispatch_slab},
-      {&layout.combine_send, combine_slab},   {&layout.combine_recv, combine_slab},
-      {&layout.metadata, metadata},
+      {&layout.dispatch_send, dispatch_slab},   {&layout.dispatch_recv, dispatch_slab},
+      {&layout.combine_send, combine_slab},     {&layout.combine_recv, combine_slab},
+      {&layout.dispatch_dequant, dequant_slab}, {&layout.metadata, metadata},
   };
   for (const auto& [region, bytes] : parts) {
     ASSIGN_OR_RETURN(int64_t offset, Place(&end, bytes, "allocated workspace"));
@@ -219,11 +231,16 @@ absl::StatusOr<CpuWorkspaceLayout> CpuWorkspaceLayout::For(const WorkspaceSpec& 
 }
 
 std::vector<WorkspaceRegion> CpuWorkspaceLayout::Regions() const {
-  return {{"dispatch_send", dispatch_send.offset_bytes, dispatch_send.size_bytes},
-          {"dispatch_recv", dispatch_recv.offset_bytes, dispatch_recv.size_bytes},
-          {"combine_send", combine_send.offset_bytes, combine_send.size_bytes},
-          {"combine_recv", combine_recv.offset_bytes, combine_recv.size_bytes},
-          {"metadata", metadata.offset_bytes, metadata.size_bytes}};
+  std::vector<WorkspaceRegion> out = {
+      {"dispatch_send", dispatch_send.offset_bytes, dispatch_send.size_bytes},
+      {"dispatch_recv", dispatch_recv.offset_bytes, dispatch_recv.size_bytes},
+      {"combine_send", combine_send.offset_bytes, combine_send.size_bytes},
+      {"combine_recv", combine_recv.offset_bytes, combine_recv.size_bytes}};
+  if (dispatch_dequant.size_bytes > 0) {
+    out.push_back({"dispatch_dequant", dispatch_dequant.offset_bytes, dispatch_dequant.size_bytes});
+  }
+  out.push_back({"metadata", metadata.offset_bytes, metadata.size_bytes});
+  return out;
 }
 
 absl::StatusOr<AllocatedWorkspace> ComputeAllocatedWorkspace(const WorkspaceSpec& spec) {

@@ -11,9 +11,11 @@
 
 namespace moe_ep::core {
 
-enum class DispatchDType { kBF16, kNVFP4, kMXFP8 };
+// kFP8E4M3: e4m3 values with one fp32 scale per 128 (core/fp8_e4m3.h; issue
+// 15 item 4). Appended last: the numeric values are part of fingerprints.
+enum class DispatchDType { kBF16, kNVFP4, kMXFP8, kFP8E4M3 };
 
-// "bf16", "nvfp4", "mxfp8".
+// "bf16", "nvfp4", "mxfp8", "fp8_e4m3".
 std::string DispatchDTypeName(DispatchDType dtype);
 // Inverse of DispatchDTypeName. Errors: kInvalidArgument naming the value.
 absl::StatusOr<DispatchDType> ParseDispatchDType(const std::string& name);
@@ -30,9 +32,10 @@ struct WorkspaceSpec {
 constexpr int64_t AlignTo128(int64_t bytes) { return (bytes + 127) / 128 * 128; }
 
 // Bytes per dispatched token (DESIGN §5 table).
-// bf16: 2H + 8K; nvfp4: H/2 + H/16 + 8K; mxfp8: H + H/32 + 8K.
+// bf16: 2H + 8K; nvfp4: H/2 + H/16 + 8K; mxfp8: H + H/32 + 8K;
+// fp8_e4m3: H (e4m3) + 4 * H/128 (fp32 scales) + 8K = H + H/32 + 8K.
 // Errors: kInvalidArgument for H < 1, K < 1, or H not a multiple of the
-// dtype's block (nvfp4 16, mxfp8 32).
+// dtype's block (nvfp4 16, mxfp8 32, fp8_e4m3 128).
 absl::StatusOr<int64_t> DispatchBytesPerToken(DispatchDType dtype, int64_t hidden, int top_k);
 // Bytes per combined token: 2H (bf16).
 int64_t CombineBytesPerToken(int64_t hidden);
@@ -88,15 +91,18 @@ struct AllocatedWorkspace {
 
 // The CPU data plane's workspace (core::EpDispatcher), one field per region,
 // in allocation order: dispatch_send, dispatch_recv [E, N, dispatch_bytes],
-// combine_send, combine_recv [E, N, 2H], metadata. total_bytes = end of the
+// combine_send, combine_recv [E, N, 2H], dispatch_dequant [E, N, H] bf16
+// (the dequantized rows the expert compute reads: fp8_e4m3 only, size 0
+// otherwise and not listed by Regions()), metadata. total_bytes = end of the
 // last region. Errors: as ComputeAllocatedWorkspace. Pure and thread-safe.
-// Source: DESIGN §5; issue 10 item 2.
+// Source: DESIGN §5; issue 10 item 2; issue 15 item 4.
 // Example: E=2, N=3, H=64, K=2, bf16 -> dispatch_send {0, 896}.
 struct CpuWorkspaceLayout {
   LayoutRegion dispatch_send;
   LayoutRegion dispatch_recv;
   LayoutRegion combine_send;
   LayoutRegion combine_recv;
+  LayoutRegion dispatch_dequant;
   LayoutRegion metadata;
   int64_t total_bytes = 0;
 

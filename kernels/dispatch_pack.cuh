@@ -10,12 +10,17 @@
 // hold the tokens routed to d in increasing token order, rows
 // [send_counts[d], R) are padding with every id = invalid_expert_id and every
 // weight 0 (their hidden bytes are left as they are and never read).
+// With dtype kFP8E4M3 a row is the fp8 wire row of kernels/fp8_dispatch.cuh
+// (codes [H] | scales [H / 128] fp32 | ids | weights, H + H/32 + 8K bytes):
+// the pack quantizes each token once, per 128-value block, with
+// core/fp8_e4m3.h's functions.
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "core/workspace.h"
 #include "kernels/route.cuh"
 
 namespace moe_ep::kernels {
@@ -42,6 +47,9 @@ struct PackDispatchParams {
   // (core::PayloadExpertId).
   DevicePlacement placement;
   int num_experts = 0;  // ids outside [0, num_experts) are never masked
+  // kBF16 (rows of DispatchRowBytes) or kFP8E4M3 (Fp8DispatchRowBytes; H a
+  // multiple of 128, send 4-byte aligned).
+  core::DispatchDType dtype = core::DispatchDType::kBF16;
 };
 
 // LaunchPackDispatch()
@@ -52,9 +60,13 @@ struct PackDispatchParams {
 // with send_counts[d] <= b. A token's rows and the padding rows are disjoint,
 // so no two blocks write the same bytes.
 //
+// fp8: the same grid; each warp of a block quantizes 128-value blocks of the
+// token (kernels::internal::QuantizeWarpBlock) and stores codes and scale
+// into each destination row.
 // Errors (host checks, nothing enqueued):
 //   kInvalidArgument  null pointers, max_tokens < 0, H < 4 or not a multiple
-//                     of 4, K or E out of range, send not 8-byte aligned.
+//                     of 4 (fp8: of 128), K or E out of range, send not
+//                     8-byte aligned, a dtype other than bf16 / fp8_e4m3.
 //   kInternal         the launch failed.
 // Never allocates or synchronises (graph-capturable).
 absl::Status LaunchPackDispatch(const PackDispatchParams& params, cudaStream_t stream);

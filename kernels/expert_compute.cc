@@ -11,6 +11,16 @@
 #include "kernels/route.cuh"
 
 namespace moe_ep::kernels {
+
+absl::Status CheckCapturable(int rank, core::ExpertKind kind, ExpertGemm gemm) {
+  if (kind == core::ExpertKind::kSwiGlu && gemm == ExpertGemm::kCublasHostCounts) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "CaptureForward on rank %d: SwiGLU expert compute with kCublasHostCounts reads "
+        "per-expert row counts on the host and cannot be captured; use kGroupedDevice",
+        rank));
+  }
+  return absl::OkStatus();
+}
 namespace {
 
 constexpr int64_t kCublasWorkspaceBytes = int64_t{32} << 20;

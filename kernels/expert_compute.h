@@ -57,6 +57,15 @@ enum class ExpertGemm {
   kCublasHostCounts,  // cuBLAS per expert, one host sync, not capturable
 };
 
+// CheckCapturable()
+//
+// Whether a step with experts of `kind` computed by `gemm` can be captured
+// into a CUDA graph: SwiGLU with kCublasHostCounts reads per-expert row
+// counts on the host and cannot (kFailedPrecondition naming the rank and
+// kGroupedDevice); everything else is OK. Both device data planes' Capture
+// calls ask this (review duplicate D1). Pure.
+absl::Status CheckCapturable(int rank, core::ExpertKind kind, ExpertGemm gemm);
+
 class ExpertCompute {
  public:
   // max_rows: received rows per step at most (E * N). max_intermediate: I of

@@ -12,6 +12,7 @@
 #include "core/workspace.h"
 #include "kernels/combine_reduce.cuh"
 #include "kernels/dispatch_pack.cuh"
+#include "kernels/fp8_dispatch.cuh"
 #include "kernels/internal/cuda_status.h"
 #include "kernels/route.cuh"
 #include "kernels/step_header.cuh"
@@ -26,10 +27,7 @@ absl::StatusOr<std::unique_ptr<GpuEpDispatcher>> GpuEpDispatcher::Create(
   const core::EpDispatcherOptions& o = options.dispatcher;
   const core::WorkspaceSpec& ws = o.workspace;
   RETURN_IF_ERROR(core::ValidateEpOptions(o, collective->size(), kGpuLimits));
-  if (options.max_intermediate < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("max_intermediate: expected >= 0, got %d", options.max_intermediate));
-  }
+  RETURN_IF_ERROR(core::ValidateMaxIntermediate(options.max_intermediate));
   ASSIGN_OR_RETURN(core::ExpertPlacement placement,
                    core::ExpertPlacement::Contiguous(o.num_experts, ws.ep_size));
   ASSIGN_OR_RETURN(GpuWorkspaceLayout layout, GpuWorkspaceLayout::For(ws));
@@ -42,7 +40,8 @@ absl::StatusOr<std::unique_ptr<GpuEpDispatcher>> GpuEpDispatcher::Create(
   d->capacity_ = ws.capacity_tokens;
   d->hidden_ = ws.hidden;
   d->top_k_ = ws.top_k;
-  d->row_bytes_ = DispatchRowBytes(ws.hidden, ws.top_k);
+  d->row_bytes_ = layout.wire_row_bytes;
+  d->dtype_ = ws.dtype;
   d->first_expert_ = placement.FirstExpert(d->rank_);
   d->num_local_experts_ = placement.NumLocalExperts(d->rank_);
   d->counts_.assign(ws.ep_size, 0);
@@ -102,7 +101,10 @@ absl::StatusOr<std::unique_ptr<GpuEpDispatcher>> GpuEpDispatcher::Create(
                    core::PlacementTable::Contiguous(o.num_experts, ws.ep_size));
   RETURN_IF_ERROR(d->SetPlacement(contiguous));
   d->send_ = layout.dispatch_send.At<uint8_t>(d->base_);
-  d->recv_ = layout.dispatch_recv.At<uint8_t>(d->base_);
+  d->wire_recv_ = layout.dispatch_recv.At<uint8_t>(d->base_);
+  d->recv_ = ws.dtype == core::DispatchDType::kFP8E4M3
+                 ? layout.dispatch_dequant.At<uint8_t>(d->base_)
+                 : d->wire_recv_;
   d->combine_send_ = layout.combine_send.At<uint16_t>(d->base_);
   d->combine_recv_ = layout.combine_recv.At<uint16_t>(d->base_);
   d->token_slot_ = layout.token_slot.At<int32_t>(d->base_);
@@ -191,14 +193,9 @@ absl::Status GpuEpDispatcher::CommitGeometry(int64_t epoch, int64_t r, int64_t l
 }
 
 absl::Status GpuEpDispatcher::CheckExperts(const DeviceExpertSet& experts) const {
-  if (experts.hidden() != hidden_ || experts.first_expert() != first_expert_ ||
-      experts.num_experts() != num_local_experts_) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "experts on rank %d: expected hidden %d and experts [%d, %d), got hidden %d and [%d, %d)",
-        rank_, hidden_, first_expert_, first_expert_ + num_local_experts_, experts.hidden(),
-        experts.first_expert(), experts.first_expert() + experts.num_experts()));
-  }
-  return absl::OkStatus();
+  return core::ValidateExpertSlice(
+      rank_, {hidden_, first_expert_, num_local_experts_},
+      {experts.hidden(), experts.first_expert(), experts.num_experts()});
 }
 
 absl::Status GpuEpDispatcher::WriteHeader(int64_t epoch, int64_t r, int64_t num_tokens) {
@@ -244,6 +241,7 @@ absl::Status GpuEpDispatcher::EnqueueDispatch(int64_t r, const uint16_t* hidden,
   pack.send = send_;
   pack.placement = placement;
   pack.num_experts = options_.dispatcher.num_experts;
+  pack.dtype = dtype_;
   RETURN_IF_ERROR(LaunchPackDispatch(pack, s));
   std::fill(counts_.begin(), counts_.end(), r * row_bytes_);
   // The step header rides in the payload's NCCL group (one launch), then one
@@ -252,9 +250,12 @@ absl::Status GpuEpDispatcher::EnqueueDispatch(int64_t r, const uint16_t* hidden,
   const AllToAllVPart parts[3] = {
       {header_replicas_, header_counts_, gathered_, header_counts_},
       {send_counts_, count_bytes_, send_counts_ + ep_size_, count_bytes_},
-      {send_, counts_, recv_, counts_}};
+      {send_, counts_, wire_recv_, counts_}};
   RETURN_IF_ERROR(collective_->GroupedAllToAllV(parts));
-  return LaunchCheckStepHeaders(gathered_, ep_size_, header_, error_, s);
+  RETURN_IF_ERROR(LaunchCheckStepHeaders(gathered_, ep_size_, header_, error_, s));
+  // fp8: the dequantizing pass the expert compute reads through.
+  if (recv_ == wire_recv_) return absl::OkStatus();
+  return LaunchDequantizeDispatchRows(wire_recv_, ep_size_ * r, hidden_, top_k_, recv_, s);
 }
 
 absl::Status GpuEpDispatcher::EnqueueCombine(int64_t r, uint16_t* output,
@@ -279,11 +280,7 @@ absl::Status GpuEpDispatcher::CheckForwardArgs(const char* call, int64_t num_tok
                                                const void* hidden, const void* topk_ids,
                                                const void* topk_weights) const {
   RETURN_IF_ERROR(geometry_.CheckStep(call, num_tokens));
-  if (num_tokens > 0 && (hidden == nullptr || topk_ids == nullptr || topk_weights == nullptr)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s on rank %d: null device pointer with %d tokens", call, rank_, num_tokens));
-  }
-  return absl::OkStatus();
+  return core::ValidateStepPointers(call, rank_, num_tokens, hidden, topk_ids, topk_weights);
 }
 
 absl::Status GpuEpDispatcher::AgreeAndWriteHeader(int64_t num_tokens) {
@@ -318,10 +315,7 @@ absl::Status GpuEpDispatcher::Forward(const uint16_t* hidden, const int32_t* top
                                       const DeviceExpertSet& experts, uint16_t* output) {
   RETURN_IF_ERROR(geometry_.BeginDispatch("Forward"));
   RETURN_IF_ERROR(CheckForwardArgs("Forward", num_tokens, hidden, topk_ids, topk_weights));
-  if (num_tokens > 0 && output == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("Forward on rank %d: null output with %d tokens", rank_, num_tokens));
-  }
+  RETURN_IF_ERROR(core::ValidateStepOutput("Forward", rank_, num_tokens, output));
   RETURN_IF_ERROR(CheckExperts(experts));
   RETURN_IF_ERROR(BeginStep(num_tokens));
   const int64_t r = geometry_.runtime_max_tokens_per_rank();
@@ -365,22 +359,10 @@ absl::Status GpuEpDispatcher::Combine(uint16_t* output, const uint16_t* shared_o
 absl::Status GpuEpDispatcher::CaptureForward(int64_t bucket, const uint16_t* hidden,
                                              const int32_t* topk_ids, const float* topk_weights,
                                              const DeviceExpertSet& experts, uint16_t* output) {
-  if (bucket < 1 || bucket > capacity_) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "CaptureForward on rank %d: bucket expected in [1, %d], got %d", rank_, capacity_, bucket));
-  }
-  if (hidden == nullptr || topk_ids == nullptr || topk_weights == nullptr || output == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("CaptureForward on rank %d: null device pointer", rank_));
-  }
+  RETURN_IF_ERROR(
+      core::ValidateCaptureArgs(rank_, bucket, capacity_, hidden, topk_ids, topk_weights, output));
   RETURN_IF_ERROR(CheckExperts(experts));
-  if (experts.kind() == core::ExpertKind::kSwiGlu &&
-      options_.expert_gemm == ExpertGemm::kCublasHostCounts) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "CaptureForward on rank %d: SwiGLU expert compute with kCublasHostCounts reads "
-        "per-expert row counts on the host and cannot be captured; use kGroupedDevice",
-        rank_));
-  }
+  RETURN_IF_ERROR(CheckCapturable(rank_, experts.kind(), options_.expert_gemm));
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(collective_->device()), "cudaSetDevice"));
   ASSIGN_OR_RETURN(std::vector<int64_t> buckets, core::AllGatherInt64(control_, bucket));
   for (int r = 0; r < ep_size_; ++r) {
@@ -422,11 +404,7 @@ absl::Status GpuEpDispatcher::ReplayForward(int64_t bucket, int64_t epoch, int64
     return absl::NotFoundError(absl::StrFormat(
         "ReplayForward on rank %d: no graph captured for bucket %d", rank_, bucket));
   }
-  if (num_tokens < 0 || num_tokens > bucket) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("ReplayForward on rank %d: num_tokens expected in [0, bucket=%d], got %d",
-                        rank_, bucket, num_tokens));
-  }
+  RETURN_IF_ERROR(core::ValidateReplayTokens(rank_, bucket, num_tokens));
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(collective_->device()), "cudaSetDevice"));
   RETURN_IF_ERROR(WriteHeader(epoch, bucket, num_tokens));
   RETURN_IF_ERROR(
@@ -461,22 +439,28 @@ absl::Status GpuEpDispatcher::CheckStep() {
 absl::StatusOr<ReceivedRowsForTest> GpuEpDispatcher::CopyReceivedForTest() {
   RETURN_IF_ERROR(collective_->Synchronize());
   const int64_t r = geometry_.runtime_max_tokens_per_rank();
-  std::vector<uint8_t> raw(ep_size_ * r * row_bytes_);
+  const int64_t row_bytes = DispatchRowBytes(hidden_, top_k_);  // recv_ holds bf16 rows
+  std::vector<uint8_t> raw(ep_size_ * r * row_bytes);
   if (!raw.empty()) {
     RETURN_IF_ERROR(CudaStatus(cudaMemcpy(raw.data(), recv_, raw.size(), cudaMemcpyDeviceToHost),
                                "cudaMemcpy(recv)"));
   }
+  return UnpackReceivedRows(raw.data(), ep_size_ * r, hidden_, top_k_, r);
+}
+
+ReceivedRowsForTest UnpackReceivedRows(const uint8_t* raw, int64_t rows, int64_t hidden, int top_k,
+                                       int64_t runtime_max_tokens_per_rank) {
+  const int64_t row_bytes = DispatchRowBytes(hidden, top_k);
   ReceivedRowsForTest out;
-  out.runtime_max_tokens_per_rank = r;
-  const int64_t rows = ep_size_ * r;
-  out.hidden.resize(rows * hidden_);
-  out.ids.resize(rows * top_k_);
-  out.weights.resize(rows * top_k_);
+  out.runtime_max_tokens_per_rank = runtime_max_tokens_per_rank;
+  out.hidden.resize(rows * hidden);
+  out.ids.resize(rows * top_k);
+  out.weights.resize(rows * top_k);
   for (int64_t i = 0; i < rows; ++i) {
-    const uint8_t* row = raw.data() + i * row_bytes_;
-    std::memcpy(out.hidden.data() + i * hidden_, row, hidden_ * 2);
-    std::memcpy(out.ids.data() + i * top_k_, row + 2 * hidden_, top_k_ * 4);
-    std::memcpy(out.weights.data() + i * top_k_, row + 2 * hidden_ + 4 * top_k_, top_k_ * 4);
+    const uint8_t* row = raw + i * row_bytes;
+    std::memcpy(out.hidden.data() + i * hidden, row, hidden * 2);
+    std::memcpy(out.ids.data() + i * top_k, row + 2 * hidden, top_k * 4);
+    std::memcpy(out.weights.data() + i * top_k, row + 2 * hidden + 4 * top_k, top_k * 4);
   }
   return out;
 }

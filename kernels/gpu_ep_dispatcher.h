@@ -84,11 +84,21 @@ struct ReceivedRowsForTest {
   std::vector<float> weights;               // [E, R, K]
 };
 
+// The bf16 dispatch rows [rows, DispatchRowBytes(H, K)] at `raw` (host
+// bytes) split into their three parts; both device data planes'
+// CopyReceivedForTest use it (review duplicate D1).
+ReceivedRowsForTest UnpackReceivedRows(const uint8_t* raw, int64_t rows, int64_t hidden, int top_k,
+                                       int64_t runtime_max_tokens_per_rank);
+
 class GpuEpDispatcher {
  public:
   // What the GPU data plane cannot do (route.cuh's bounds, H % 4 for the
   // vectorized pack and combine).
-  static constexpr core::BackendLimits kGpuLimits = {"GPU data plane", kMaxEpSize, kMaxTopK, 4};
+  // It moves bf16 and fp8_e4m3 dispatch (kernels/fp8_dispatch.cuh).
+  static constexpr core::BackendLimits kGpuLimits = {
+      "GPU data plane", kMaxEpSize, kMaxTopK, 4,
+      core::DispatchDTypeBit(core::DispatchDType::kBF16) |
+          core::DispatchDTypeBit(core::DispatchDType::kFP8E4M3)};
 
   // `collective` must outlive the dispatcher; its size() is ep_size and its
   // device is current for the allocations.
@@ -205,6 +215,8 @@ class GpuEpDispatcher {
   GeometryCheck geometry_check() const { return options_.geometry_check; }
   // The receive region of the last Dispatch: [E, R, DispatchRowBytes(H, K)]
   // device bytes (kernels/dispatch_pack.cuh), valid until the next Dispatch.
+  // With fp8_e4m3 dispatch these are the dequantized bf16 rows (the
+  // dispatch_dequant region), not the fp8 wire rows.
   const uint8_t* received_rows() const { return recv_; }
   // The expert compute's output region [E, R, H] bf16 (what Combine sends).
   uint16_t* expert_output() const { return combine_send_; }
@@ -237,7 +249,8 @@ class GpuEpDispatcher {
   // Synchronize.
   absl::Status CheckStep();
 
-  // After a completed Forward: the receive region copied to the host (sync).
+  // After a completed Forward: the receive region copied to the host (sync);
+  // with fp8_e4m3 the dequantized rows (received_rows()).
   absl::StatusOr<ReceivedRowsForTest> CopyReceivedForTest();
 
  private:
@@ -265,14 +278,16 @@ class GpuEpDispatcher {
   int64_t capacity_ = 0;
   int64_t hidden_ = 0;
   int top_k_ = 0;
-  int64_t row_bytes_ = 0;
+  int64_t row_bytes_ = 0;  // wire row (DispatchRowBytes or Fp8DispatchRowBytes)
+  core::DispatchDType dtype_ = core::DispatchDType::kBF16;
   int first_expert_ = 0;
   int num_local_experts_ = 0;
 
   char* base_ = nullptr;  // the one allocation
   void* tail_ = nullptr;  // the caller's region at its end
   uint8_t* send_ = nullptr;
-  uint8_t* recv_ = nullptr;
+  uint8_t* recv_ = nullptr;       // the bf16 rows the experts read
+  uint8_t* wire_recv_ = nullptr;  // the exchange's receive side (recv_ unless fp8)
   uint16_t* combine_send_ = nullptr;
   uint16_t* combine_recv_ = nullptr;
   int32_t* token_slot_ = nullptr;

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "kernels/step_header.cuh"
 
 namespace moe_ep::kernels {
@@ -16,9 +17,12 @@ absl::StatusOr<GpuWorkspaceLayout> GpuWorkspaceLayout::For(const core::Workspace
         absl::StrCat("GPU workspace: ep_size, capacity_tokens, hidden and top_k must be >= 1, got ",
                      e, ", ", n, ", ", spec.hidden, ", ", spec.top_k));
   }
-  const int64_t row = 2 * spec.hidden + 8 * int64_t{spec.top_k};
+  ASSIGN_OR_RETURN(const int64_t row,
+                   core::DispatchBytesPerToken(spec.dtype, spec.hidden, spec.top_k));
+  const int64_t bf16_row = 2 * spec.hidden + 8 * int64_t{spec.top_k};
+  const bool fp8 = spec.dtype == core::DispatchDType::kFP8E4M3;
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max() / 16;
-  if (row > kMax / n / e || spec.hidden * 2 > kMax / n / e) {
+  if (bf16_row > kMax / n / e) {
     return absl::OutOfRangeError(absl::StrCat("GPU workspace: E * N * row overflows int64 (E ", e,
                                               ", N ", n, ", row ", row, " bytes)"));
   }
@@ -35,12 +39,14 @@ absl::StatusOr<GpuWorkspaceLayout> GpuWorkspaceLayout::For(const core::Workspace
       {&layout.gathered_headers, e * 3 * 8},
       {&layout.error, static_cast<int64_t>(sizeof(StepHeaderError))},
       {&layout.header_replicas, e * 3 * 8},
+      {&layout.dispatch_dequant, fp8 ? e * n * bf16_row : 0},
   };
   int64_t end = 0;
   for (const auto& [region, bytes] : parts) {
     *region = core::LayoutRegion{end, core::AlignTo128(bytes)};
     end += region->size_bytes;
   }
+  layout.wire_row_bytes = row;
   layout.total_bytes = end;
   return layout;
 }
@@ -62,6 +68,10 @@ std::vector<core::WorkspaceRegion> GpuWorkspaceLayout::Regions() const {
   regions.reserve(std::size(named));
   for (const auto& [name, region] : named) {
     regions.push_back({name, region->offset_bytes, region->size_bytes});
+  }
+  if (dispatch_dequant.size_bytes > 0) {
+    regions.push_back(
+        {"dispatch_dequant", dispatch_dequant.offset_bytes, dispatch_dequant.size_bytes});
   }
   return regions;
 }

@@ -14,6 +14,11 @@
 //   gathered_headers              [E, 3] int64     every rank's header, after the exchange
 //   error                         StepHeaderError  first disagreement of the device check
 //   header_replicas               [E, 3] int64     the header exchange's send side
+//   dispatch_dequant              [E, N, 2H + 8K]  fp8_e4m3 only (size 0 otherwise, not in
+//                                                  Regions()): the dequantized bf16 rows the
+//                                                  expert compute reads
+// With fp8_e4m3 dispatch, dispatch_send / dispatch_recv hold fp8 wire rows
+// of H + H/32 + 8K bytes (kernels/fp8_dispatch.cuh; DESIGN §5).
 // Expert scratch is the expert compute's own allocation
 // (kernels/expert_compute.h), not part of this layout.
 //
@@ -38,10 +43,12 @@ struct GpuWorkspaceLayout {
   core::LayoutRegion gathered_headers;
   core::LayoutRegion error;
   core::LayoutRegion header_replicas;
-  int64_t total_bytes = 0;  // the one allocation
+  core::LayoutRegion dispatch_dequant;
+  int64_t wire_row_bytes = 0;  // bytes of one dispatch_send / dispatch_recv row
+  int64_t total_bytes = 0;     // the one allocation
 
-  // Errors: kInvalidArgument (E, N, H or K < 1), kOutOfRange (int64
-  // overflow). Pure and thread-safe.
+  // Errors: kInvalidArgument (E, N, H or K < 1; core::DispatchBytesPerToken's
+  // dtype errors), kOutOfRange (int64 overflow). Pure and thread-safe.
   static absl::StatusOr<GpuWorkspaceLayout> For(const core::WorkspaceSpec& spec);
   // The regions with their names, in allocation order (AllocateWorkspace's
   // breakdown on GPUs).

@@ -32,6 +32,7 @@ class CpuDataPlane final : public DataPlane {
       const DataPlaneGroup& group, std::shared_ptr<gloo::rendezvous::Store> store);
 
   std::string backend() const override { return "gloo"; }
+  const core::BackendLimits& limits() const override { return core::EpDispatcher::kCpuLimits; }
   // The group's collective: the Gloo group as formed, or after a rank mask
   // the survivors' group in the original numbering (core/masked_collective.h).
   core::ControlCollective& collective() override { return *collective_; }

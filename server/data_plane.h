@@ -149,6 +149,12 @@ class DataPlane {
   // deadline of the gRPC call being served (core/collective.h).
   virtual void SetCallDeadline(absl::Time deadline) = 0;
 
+  // What this plane's memory space limits (core::BackendLimits): the
+  // service checks the dispatch dtype against it before sizing anything, so
+  // a dtype the plane cannot move is refused by name at AllocateWorkspace
+  // (issue 15 item 4) rather than failing later in a size formula.
+  virtual const core::BackendLimits& limits() const = 0;
+
   // Replaces the workspace (and drops all experts, shared ones too) with one sized by
   // `options`; `max_intermediate` is the largest SwiGLU I expected (0 when
   // unknown; the GPU plane sizes expert scratch by it and grows it on

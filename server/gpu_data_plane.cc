@@ -486,7 +486,7 @@ absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostFo
   // Step counters, as core::EpDispatcher counts them: counts[d] tokens sent
   // to rank d, counts[world + s] tokens rank s sent here.
   ASSIGN_OR_RETURN(int64_t dispatch_bytes,
-                   core::DispatchBytesPerToken(core::DispatchDType::kBF16, h, k));
+                   core::DispatchBytesPerToken(options_.workspace.dtype, h, k));
   const int64_t combine_bytes = core::CombineBytesPerToken(h);
   core::StepStats stats;
   stats.runtime_max_tokens_per_rank = dispatcher_->runtime_max_tokens_per_rank();

@@ -87,6 +87,9 @@ class GpuDataPlane final : public DataPlane {
   ~GpuDataPlane() override;
 
   std::string backend() const override { return "nccl"; }
+  const core::BackendLimits& limits() const override {
+    return kernels::GpuEpDispatcher::kGpuLimits;
+  }
   core::ControlCollective& collective() override { return *control_; }
   // The control view shares the NCCL communicator, so one deadline covers both.
   void SetCallDeadline(absl::Time deadline) override {

@@ -68,9 +68,12 @@ absl::StatusOr<core::DispatchDType> ToCore(v1::DispatchDType dtype) {
       return core::DispatchDType::kNVFP4;
     case v1::DISPATCH_DTYPE_MXFP8:
       return core::DispatchDType::kMXFP8;
+    case v1::DISPATCH_DTYPE_FP8_E4M3:
+      return core::DispatchDType::kFP8E4M3;
     default:
       return absl::InvalidArgumentError(absl::StrCat(
-          "dispatch_dtype: expected DISPATCH_DTYPE_BF16, _NVFP4 or _MXFP8, got ", dtype));
+          "dispatch_dtype: expected DISPATCH_DTYPE_BF16, _NVFP4, _MXFP8 or _FP8_E4M3, got ",
+          dtype));
   }
 }
 

@@ -472,6 +472,7 @@ absl::StatusOr<core::EpDispatcherOptions> WorkerService::PrepareAllocation(
   RETURN_IF_ERROR(RequirePhase(WorkerPhase::kConfigured, "AllocateWorkspace"));
   ASSIGN_OR_RETURN(core::EpDispatcherOptions options,
                    AllocationFromRequest(options_.limits, request, joined_.world_size, model_));
+  RETURN_IF_ERROR(core::ValidateDispatchDType(options.workspace.dtype, data_plane_->limits()));
   *same_spec = allocation_ != nullptr && allocation_->fingerprint == AllocationFingerprint(options);
   ASSIGN_OR_RETURN(core::AllocatedWorkspace allocated,
                    core::ComputeAllocatedWorkspace(options.workspace));

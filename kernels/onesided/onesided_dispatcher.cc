@@ -8,6 +8,7 @@
 #include "core/expert_placement.h"
 #include "core/status_macros.h"
 #include "kernels/dispatch_pack.cuh"
+#include "kernels/fp8_dispatch.cuh"
 #include "kernels/internal/cuda_status.h"
 
 namespace moe_ep::kernels::onesided {
@@ -23,7 +24,9 @@ int64_t Align128(int64_t x) { return (x + 127) / 128 * 128; }
 absl::StatusOr<int64_t> OneSidedDispatcher::WindowBytes(const core::EpDispatcherOptions& o) {
   RETURN_IF_ERROR(core::ValidateEpOptions(o, o.workspace.ep_size, kLimits));
   const core::WorkspaceSpec& ws = o.workspace;
-  return OsWindowLayout(ws.ep_size, ws.capacity_tokens, ws.hidden, ws.top_k).total_bytes;
+  return OsWindowLayout(ws.ep_size, ws.capacity_tokens, ws.hidden, ws.top_k,
+                        ws.dtype == core::DispatchDType::kFP8E4M3)
+      .total_bytes;
 }
 
 absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
@@ -32,10 +35,7 @@ absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
   const core::EpDispatcherOptions& o = options.dispatcher;
   const core::WorkspaceSpec& ws = o.workspace;
   RETURN_IF_ERROR(core::ValidateEpOptions(o, windows->size(), kLimits));
-  if (options.max_intermediate < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("max_intermediate: expected >= 0, got %d", options.max_intermediate));
-  }
+  RETURN_IF_ERROR(core::ValidateMaxIntermediate(options.max_intermediate));
   if (options.sm_budget < 1) {
     return absl::InvalidArgumentError(
         absl::StrFormat("sm_budget: expected >= 1, got %d", options.sm_budget));
@@ -44,7 +44,9 @@ absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
     return absl::InvalidArgumentError(
         absl::StrFormat("timeout: expected > 0, got %s", absl::FormatDuration(options.timeout)));
   }
-  const OsWindowOffsets off = OsWindowLayout(ws.ep_size, ws.capacity_tokens, ws.hidden, ws.top_k);
+  const bool fp8 = ws.dtype == core::DispatchDType::kFP8E4M3;
+  const OsWindowOffsets off =
+      OsWindowLayout(ws.ep_size, ws.capacity_tokens, ws.hidden, ws.top_k, fp8);
   if (windows->bytes() != off.total_bytes) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "peer windows: expected %d bytes per window for these options (WindowBytes), got %d",
@@ -78,7 +80,10 @@ absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
   const int64_t o_header = Align128(o_recv + e * 4);
   const int64_t o_done = Align128(o_header + 3 * 8);
   const int64_t o_error = Align128(o_done + 2 * 4);
-  d->local_bytes_ = Align128(o_error + static_cast<int64_t>(sizeof(OsStepError)));
+  const int64_t o_rows = Align128(o_error + static_cast<int64_t>(sizeof(OsStepError)));
+  const int64_t rows_bytes = fp8 ? e * n * DispatchRowBytes(ws.hidden, ws.top_k) : 0;
+  d->local_bytes_ = Align128(o_rows + rows_bytes);
+  d->fp8_ = fp8;
   ASSIGN_OR_RETURN(const int64_t scratch,
                    ExpertCompute::ScratchBytes(e * n, ws.top_k, ws.hidden, options.max_intermediate,
                                                d->num_local_experts_));
@@ -91,6 +96,7 @@ absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
   }
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(d->device_), "cudaSetDevice"));
   RETURN_IF_ERROR(PreloadOsKernels());
+  if (fp8) RETURN_IF_ERROR(PreloadFp8DispatchKernels());
   RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&d->stream_, cudaStreamNonBlocking),
                              "cudaStreamCreateWithFlags"));
   RETURN_IF_ERROR(
@@ -110,6 +116,7 @@ absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
   d->local_.seq = reinterpret_cast<uint64_t*>(d->peers_.window[d->rank_] + off.seq);
   d->local_.done = reinterpret_cast<uint32_t*>(b + o_done);
   d->local_.error = reinterpret_cast<OsStepError*>(b + o_error);
+  if (fp8) d->rows_ = reinterpret_cast<uint8_t*>(b + o_rows);
   ASSIGN_OR_RETURN(d->expert_compute_,
                    ExpertCompute::Create(e * n, ws.top_k, ws.hidden, options.max_intermediate,
                                          d->num_local_experts_));
@@ -150,22 +157,13 @@ absl::Status OneSidedDispatcher::CheckArgs(const char* call, int64_t num_tokens,
                                            const void* topk_ids, const void* topk_weights) const {
   RETURN_IF_ERROR(Usable());
   RETURN_IF_ERROR(geometry_.CheckStep(call, num_tokens));
-  if (num_tokens > 0 && (hidden == nullptr || topk_ids == nullptr || topk_weights == nullptr)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s on rank %d: null device pointer with %d tokens", call, rank_, num_tokens));
-  }
-  return absl::OkStatus();
+  return core::ValidateStepPointers(call, rank_, num_tokens, hidden, topk_ids, topk_weights);
 }
 
 absl::Status OneSidedDispatcher::CheckExperts(const DeviceExpertSet& experts) const {
-  if (experts.hidden() != hidden_ || experts.first_expert() != first_expert_ ||
-      experts.num_experts() != num_local_experts_) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "experts on rank %d: expected hidden %d and experts [%d, %d), got hidden %d and [%d, %d)",
-        rank_, hidden_, first_expert_, first_expert_ + num_local_experts_, experts.hidden(),
-        experts.first_expert(), experts.first_expert() + experts.num_experts()));
-  }
-  return absl::OkStatus();
+  return core::ValidateExpertSlice(
+      rank_, {hidden_, first_expert_, num_local_experts_},
+      {experts.hidden(), experts.first_expert(), experts.num_experts()});
 }
 
 OsDispatchParams OneSidedDispatcher::DispatchParams(const OsStepArgs& step, const uint16_t* hidden,
@@ -188,13 +186,25 @@ OsDispatchParams OneSidedDispatcher::DispatchParams(const OsStepArgs& step, cons
   p.blocks = options_.sm_budget;
   p.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.timeout));
   p.sys_scope = !windows_->same_device();
+  p.fp8 = fp8_;
   return p;
+}
+
+const uint8_t* OneSidedDispatcher::BfRows() const {
+  return fp8_ ? rows_ : peers_.window[rank_] + off_.dispatch_recv;
+}
+
+absl::Status OneSidedDispatcher::EnqueueDequantize(int64_t r) {
+  if (!fp8_) return absl::OkStatus();
+  return LaunchDequantizeDispatchRows(peers_.window[rank_] + off_.dispatch_recv, ep_size_ * r,
+                                      hidden_, top_k_, rows_, stream_);
 }
 
 absl::Status OneSidedDispatcher::EnqueueDispatch(const OsStepArgs& step, const uint16_t* hidden,
                                                  const int32_t* topk_ids,
                                                  const float* topk_weights) {
-  return LaunchOsDispatch(DispatchParams(step, hidden, topk_ids, topk_weights), stream_);
+  RETURN_IF_ERROR(LaunchOsDispatch(DispatchParams(step, hidden, topk_ids, topk_weights), stream_));
+  return EnqueueDequantize(step.r);
 }
 
 absl::Status OneSidedDispatcher::EnqueueExperts(int64_t r, const DeviceExpertSet& experts) {
@@ -205,8 +215,7 @@ absl::Status OneSidedDispatcher::EnqueueExperts(int64_t r, const DeviceExpertSet
     return absl::OkStatus();
   }
   identity_pending_ = false;
-  const uint8_t* recv = peers_.window[rank_] + off_.dispatch_recv;
-  return expert_compute_->Run(recv, ep_size_ * r, experts, expert_out_, stream_);
+  return expert_compute_->Run(BfRows(), ep_size_ * r, experts, expert_out_, stream_);
 }
 
 absl::Status OneSidedDispatcher::EnqueueCombine(int64_t r, uint16_t* output,
@@ -219,6 +228,7 @@ absl::Status OneSidedDispatcher::EnqueueCombine(int64_t r, uint16_t* output,
   p.first_expert = first_expert_;
   p.num_local_experts = num_local_experts_;
   p.expert_out = expert_out_;
+  p.rows = fp8_ ? rows_ : nullptr;
   // T == 0 writes no row; any aligned address stands in for a null output.
   p.output = output ? output : expert_out_;
   p.shared = shared_out;
@@ -239,10 +249,7 @@ absl::Status OneSidedDispatcher::Forward(const uint16_t* hidden, const int32_t* 
                                          const DeviceExpertSet& experts, uint16_t* output) {
   RETURN_IF_ERROR(geometry_.BeginDispatch("Forward"));
   RETURN_IF_ERROR(CheckArgs("Forward", num_tokens, hidden, topk_ids, topk_weights));
-  if (num_tokens > 0 && output == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("Forward on rank %d: null output with %d tokens", rank_, num_tokens));
-  }
+  RETURN_IF_ERROR(core::ValidateStepOutput("Forward", rank_, num_tokens, output));
   RETURN_IF_ERROR(CheckExperts(experts));
   const int64_t r = geometry_.runtime_max_tokens_per_rank();
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
@@ -288,28 +295,17 @@ absl::Status OneSidedDispatcher::CaptureForward(int64_t bucket, const uint16_t* 
     return absl::FailedPreconditionError(absl::StrFormat(
         "CaptureForward on rank %d: a dispatched step is in flight; call Combine first", rank_));
   }
-  if (bucket < 1 || bucket > capacity_) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "CaptureForward on rank %d: bucket expected in [1, %d], got %d", rank_, capacity_, bucket));
-  }
-  if (hidden == nullptr || topk_ids == nullptr || topk_weights == nullptr || output == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("CaptureForward on rank %d: null device pointer", rank_));
-  }
+  RETURN_IF_ERROR(
+      core::ValidateCaptureArgs(rank_, bucket, capacity_, hidden, topk_ids, topk_weights, output));
   RETURN_IF_ERROR(CheckExperts(experts));
-  if (experts.kind() == core::ExpertKind::kSwiGlu &&
-      options_.expert_gemm == ExpertGemm::kCublasHostCounts) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "CaptureForward on rank %d: SwiGLU expert compute with kCublasHostCounts reads "
-        "per-expert row counts on the host and cannot be captured; use kGroupedDevice",
-        rank_));
-  }
+  RETURN_IF_ERROR(CheckCapturable(rank_, experts.kind(), options_.expert_gemm));
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
   Graph g;
   g.dispatch = DispatchParams({geometry_.epoch(), bucket, bucket}, hidden, topk_ids, topk_weights);
   RETURN_IF_ERROR(CudaStatus(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
                              "cudaStreamBeginCapture"));
   absl::Status captured = LaunchOsDispatch(g.dispatch, stream_);
+  if (captured.ok()) captured = EnqueueDequantize(bucket);
   if (captured.ok()) captured = EnqueueExperts(bucket, experts);
   if (captured.ok()) captured = EnqueueCombine(bucket, output, nullptr);
   const cudaError_t end = cudaStreamEndCapture(stream_, &g.graph);
@@ -382,11 +378,7 @@ absl::Status OneSidedDispatcher::ReplayForward(int64_t bucket, int64_t epoch, in
         "ReplayForward on rank %d: no graph captured for bucket %d; capture it (again)", rank_,
         bucket));
   }
-  if (num_tokens < 0 || num_tokens > bucket) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("ReplayForward on rank %d: num_tokens expected in [0, bucket=%d], got %d",
-                        rank_, bucket, num_tokens));
-  }
+  RETURN_IF_ERROR(core::ValidateReplayTokens(rank_, bucket, num_tokens));
   Graph& g = it->second;
   OsDispatchParams p = g.dispatch;
   p.step = {epoch, bucket, num_tokens};
@@ -432,25 +424,12 @@ absl::StatusOr<ReceivedRowsForTest> OneSidedDispatcher::CopyReceivedForTest() {
   const int64_t row_bytes = DispatchRowBytes(hidden_, top_k_);
   std::vector<uint8_t> raw(ep_size_ * r * row_bytes);
   if (!raw.empty()) {
-    RETURN_IF_ERROR(
-        CudaStatus(cudaMemcpyAsync(raw.data(), peers_.window[rank_] + off_.dispatch_recv,
-                                   raw.size(), cudaMemcpyDeviceToHost, stream_),
-                   "cudaMemcpyAsync(window)"));
+    RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpyAsync(raw.data(), BfRows(), raw.size(), cudaMemcpyDeviceToHost, stream_),
+        "cudaMemcpyAsync(window)"));
     RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
   }
-  ReceivedRowsForTest out;
-  out.runtime_max_tokens_per_rank = r;
-  const int64_t rows = ep_size_ * r;
-  out.hidden.resize(rows * hidden_);
-  out.ids.resize(rows * top_k_);
-  out.weights.resize(rows * top_k_);
-  for (int64_t i = 0; i < rows; ++i) {
-    const uint8_t* row = raw.data() + i * row_bytes;
-    std::memcpy(out.hidden.data() + i * hidden_, row, hidden_ * 2);
-    std::memcpy(out.ids.data() + i * top_k_, row + 2 * hidden_, top_k_ * 4);
-    std::memcpy(out.weights.data() + i * top_k_, row + 2 * hidden_ + 4 * top_k_, top_k_ * 4);
-  }
-  return out;
+  return UnpackReceivedRows(raw.data(), ep_size_ * r, hidden_, top_k_, r);
 }
 
 absl::StatusOr<std::vector<int32_t>> OneSidedDispatcher::ReceivedCountsForTest() {

@@ -64,8 +64,13 @@ struct OneSidedDispatcherOptions {
 
 class OneSidedDispatcher {
  public:
-  // H % 8 (16-byte row stores); the rest as the NCCL GPU plane.
-  static constexpr core::BackendLimits kLimits = {"one-sided data plane", kMaxEpSize, kMaxTopK, 8};
+  // H % 8 (16-byte row stores); the rest as the NCCL GPU plane, fp8_e4m3
+  // dispatch included (the send kernel quantizes; Dispatch then dequantizes
+  // the received rows into local bf16 rows that the experts read).
+  static constexpr core::BackendLimits kLimits = {
+      "one-sided data plane", kMaxEpSize, kMaxTopK, 8,
+      core::DispatchDTypeBit(core::DispatchDType::kBF16) |
+          core::DispatchDTypeBit(core::DispatchDType::kFP8E4M3)};
 
   // Bytes of every rank's window for these options (OsWindowLayout).
   // Errors: kInvalidArgument as core::ValidateEpOptions with kLimits, for a
@@ -152,6 +157,10 @@ class OneSidedDispatcher {
                                   const int32_t* topk_ids, const float* topk_weights) const;
   absl::Status EnqueueDispatch(const OsStepArgs& step, const uint16_t* hidden,
                                const int32_t* topk_ids, const float* topk_weights);
+  // fp8: the dequantizing pass of the R-row step after its dispatch kernels.
+  absl::Status EnqueueDequantize(int64_t r);
+  // The bf16 rows the experts read: the window's dispatch_recv, or rows_.
+  const uint8_t* BfRows() const;
   absl::Status EnqueueExperts(int64_t r, const DeviceExpertSet& experts);
   absl::Status EnqueueCombine(int64_t r, uint16_t* output, const uint16_t* shared_out);
 
@@ -172,6 +181,8 @@ class OneSidedDispatcher {
   int64_t local_bytes_ = 0;
   char* local_base_ = nullptr;
   uint16_t* expert_out_ = nullptr;  // [E, N, H]
+  bool fp8_ = false;                // fp8_e4m3 dispatch
+  uint8_t* rows_ = nullptr;         // fp8: dequantized rows [E, N, 2H + 8K] (local)
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<ExpertCompute> expert_compute_;
   absl::Status broken_;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_format.h"
 #include "core/status_macros.h"
+#include "kernels/fp8_dispatch.cuh"
 #include "kernels/internal/cuda_status.h"
 #include "kernels/onesided/onesided_kernels.cuh"
 
@@ -199,7 +200,10 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
   const int64_t T = kFused ? (p.step.t < R ? p.step.t : R) : header[2];
   const int64_t epoch = kFused ? p.step.epoch : header[0];
   const uint64_t q = kFused ? *p.local.seq + 1 : *p.local.seq;
-  const int64_t row_bytes = 2 * H + 8 * K;
+  const bool fp8 = p.fp8;
+  // Where a row's ids start: after 2H bytes of bf16, or the fp8 codes and scales.
+  const int64_t hp = fp8 ? core::fp8::QuantizedHiddenBytes(H) : 2 * H;
+  const int64_t row_bytes = hp + 8 * K;
   if (kFused) {
     const int base = p.num_experts / E;
     const int rem = p.num_experts % E;
@@ -223,7 +227,9 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
     return kFused ? slots[b * kOsFusedMaxEpSize + d] : p.local.token_slot[b * E + d];
   };
   const int64_t vecs = 2 * H / static_cast<int64_t>(sizeof(Vec));
-  const int64_t chunks = (vecs + 32 * kUnroll - 1) / (32 * kUnroll);
+  // fp8: a chunk is one 128-value scale block, quantized by the warp.
+  const int64_t chunks =
+      fp8 ? H / core::fp8::kBlockSize : (vecs + 32 * kUnroll - 1) / (32 * kUnroll);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
   for (int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + warp; item < R * chunks;
        item += stride) {
@@ -234,7 +240,20 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
       return slot >= 0 ? p.peers.window[d] + p.off.dispatch_recv + (p.rank * R + slot) * row_bytes
                        : nullptr;
     };
-    if (b < T) {
+    if (b < T && fp8) {
+      const uint2 x =
+          reinterpret_cast<const uint2*>(p.hidden + b * H + c * core::fp8::kBlockSize)[lane];
+      const uint16_t v[4] = {static_cast<uint16_t>(x.x), static_cast<uint16_t>(x.x >> 16),
+                             static_cast<uint16_t>(x.y), static_cast<uint16_t>(x.y >> 16)};
+      float scale = 0.0f;
+      const uint32_t codes = internal::QuantizeWarpBlock(v, &scale);
+      for (int d = 0; d < E; ++d) {
+        uint8_t* row = dst(d);
+        if (row == nullptr) continue;
+        reinterpret_cast<uint32_t*>(row + c * core::fp8::kBlockSize)[lane] = codes;
+        if (lane == 0) reinterpret_cast<float*>(row + H)[c] = scale;
+      }
+    } else if (b < T) {
       WarpCopyChunk<Vec>(reinterpret_cast<const Vec*>(p.hidden + b * H), vecs, c, E, dst, lane);
     }
     if (c != 0) continue;
@@ -245,8 +264,8 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
         for (int d = 0; d < E; ++d) {
           uint8_t* row = dst(d);
           if (row == nullptr) continue;
-          reinterpret_cast<int32_t*>(row + 2 * H)[k] = id;
-          reinterpret_cast<float*>(row + 2 * H + 4 * K)[k] = w;
+          reinterpret_cast<int32_t*>(row + hp)[k] = id;
+          reinterpret_cast<float*>(row + hp + 4 * K)[k] = w;
         }
       }
     }
@@ -254,8 +273,8 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
       if (b < counts[d]) continue;
       uint8_t* row = p.peers.window[d] + p.off.dispatch_recv + (p.rank * R + b) * row_bytes;
       for (int k = lane; k < K; k += 32) {
-        reinterpret_cast<int32_t*>(row + 2 * H)[k] = p.invalid_expert_id;
-        reinterpret_cast<float*>(row + 2 * H + 4 * K)[k] = 0.0f;
+        reinterpret_cast<int32_t*>(row + hp)[k] = p.invalid_expert_id;
+        reinterpret_cast<float*>(row + hp + 4 * K)[k] = 0.0f;
       }
     }
   }
@@ -363,7 +382,9 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
     if (j >= rc[s]) continue;  // uniform over the warp
     uint8_t* out_row = p.peers.window[s] + p.off.combine_recv + (p.rank * R + j) * H * 2;
     if (kIdentity) {
-      const uint8_t* row = p.peers.window[p.rank] + p.off.dispatch_recv + idx * row_bytes;
+      const uint8_t* rows =
+          p.rows != nullptr ? p.rows : p.peers.window[p.rank] + p.off.dispatch_recv;
+      const uint8_t* row = rows + idx * row_bytes;
       const int32_t* ids = reinterpret_cast<const int32_t*>(row + 2 * H);
       const float* w = reinterpret_cast<const float*>(row + 2 * H + 4 * K);
       float ws = 0.f;
@@ -490,14 +511,15 @@ absl::Status CheckCommon(int ep_size, int64_t hidden, const OsLocalState& l, con
 
 }  // namespace
 
-OsWindowOffsets OsWindowLayout(int ep_size, int64_t capacity, int64_t hidden, int top_k) {
+OsWindowOffsets OsWindowLayout(int ep_size, int64_t capacity, int64_t hidden, int top_k, bool fp8) {
+  const int64_t row = fp8 ? Fp8DispatchRowBytes(hidden, top_k) : 2 * hidden + 8 * top_k;
   OsWindowOffsets o;
   const int64_t e = ep_size;
   o.seq = 0;
   o.dispatch_flags = Align128(o.seq + 8);
   o.combine_flags = Align128(o.dispatch_flags + e * static_cast<int64_t>(sizeof(OsFlag)));
   o.dispatch_recv = Align128(o.combine_flags + e * static_cast<int64_t>(sizeof(OsFlag)));
-  o.combine_recv = Align128(o.dispatch_recv + e * capacity * (2 * hidden + 8 * top_k));
+  o.combine_recv = Align128(o.dispatch_recv + e * capacity * row);
   o.total_bytes = Align128(o.combine_recv + e * capacity * hidden * 2);
   return o;
 }
@@ -541,6 +563,10 @@ absl::Status LaunchOsDispatch(const OsDispatchParams& p, cudaStream_t stream) {
   }
   if (p.step.t > 0 && (p.hidden == nullptr || p.topk_ids == nullptr || p.topk_weights == nullptr)) {
     return absl::InvalidArgumentError("LaunchOsDispatch: null input with T > 0");
+  }
+  if (p.fp8 && p.hidden_size % core::fp8::kBlockSize != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "LaunchOsDispatch: fp8_e4m3 needs hidden a multiple of 128, got %d", p.hidden_size));
   }
   for (int d = 0; d < p.ep_size; ++d) {
     if (p.peers.window[d] == nullptr) {

@@ -5,7 +5,11 @@
 // pointer table and synchronise through flags in those windows.
 //
 // Window of every rank (offsets in OsWindowOffsets, each region 128-byte
-// aligned; E = ep_size, N = capacity, row = 2H + 8K):
+// aligned; E = ep_size, N = capacity, row = 2H + 8K, or with fp8_e4m3
+// dispatch the fp8 wire row of kernels/fp8_dispatch.cuh, H + H/32 + 8K:
+// the send kernel quantizes each token per 128-value block with
+// core/fp8_e4m3.h and the owner dequantizes the received rows into its
+// local bf16 rows before the experts read them; issue 15 item 4):
 //   seq            uint64       this rank's step counter q (in the window, so
 //                               a later dispatcher over the same windows
 //                               continues the sequence)
@@ -128,6 +132,7 @@ struct OsDispatchParams {
   int blocks = 1;  // SM budget of the send kernel (grid size)
   uint64_t timeout_ns = 0;
   bool sys_scope = true;  // false: every window on this GPU
+  bool fp8 = false;       // fp8_e4m3 wire rows (H a multiple of 128)
 };
 
 struct OsCombineParams {
@@ -141,6 +146,10 @@ struct OsCombineParams {
   int first_expert = 0;
   int num_local_experts = 0;
   const uint16_t* expert_out = nullptr;
+  // The bf16 rows [E, R, 2H + 8K] identity experts read: null = the
+  // window's dispatch_recv (bf16 dispatch); with fp8 the owner's
+  // dequantized rows.
+  const uint8_t* rows = nullptr;
   uint16_t* output = nullptr;        // [T, H] bf16
   const uint16_t* shared = nullptr;  // [T, H] bf16 shared-expert term, or null
   int rank = 0;
@@ -158,8 +167,10 @@ struct OsCombineParams {
 inline constexpr int64_t kOsFusedMaxTokens = 512;
 inline constexpr int kOsFusedMaxEpSize = 8;
 
-// The window regions for E ranks, N tokens, H, K (each region 128-aligned).
-OsWindowOffsets OsWindowLayout(int ep_size, int64_t capacity, int64_t hidden, int top_k);
+// The window regions for E ranks, N tokens, H, K (each region 128-aligned);
+// `fp8`: dispatch_recv holds fp8 wire rows.
+OsWindowOffsets OsWindowLayout(int ep_size, int64_t capacity, int64_t hidden, int top_k,
+                               bool fp8 = false);
 
 // Whether a step of R rows runs the fused kernel (no separate route launch).
 inline bool OsDispatchFused(int64_t r, int ep_size) {

@@ -44,7 +44,7 @@ TEST(ValidateEpOptions, PinsEachMessageOnce) {
   EpDispatcherOptions fp4 = Options(2, 8, 64, 2, 4);
   fp4.workspace.dtype = DispatchDType::kNVFP4;
   ExpectInvalid(ValidateEpOptions(fp4, 2, kTest),
-                "workspace.dtype: the test data plane moves bf16 only, got nvfp4");
+                "workspace.dtype (dispatch_dtype): the test data plane moves bf16, got nvfp4");
   EpDispatcherOptions invalid = Options(2, 8, 64, 2, 4);
   invalid.invalid_expert_id = 3;
   ExpectInvalid(ValidateEpOptions(invalid, 2, kTest),
@@ -56,6 +56,31 @@ TEST(ValidateEpOptions, PinsEachMessageOnce) {
   ExpectInvalid(ValidateEpOptions(buckets, 2, kTest),
                 "cuda_graph_buckets: expected strictly ascending values in [1, capacity_tokens = "
                 "8], got [2, 9]");
+}
+
+// A dtype is accepted only where the backend moves it (issue 15 item 4): the
+// message names the field, what the backend moves and the value.
+TEST(ValidateDispatchDType, RefusesWhatTheBackendCannotMove) {
+  constexpr BackendLimits kFp8 = {
+      "fp8 plane", 8, 4, 4,
+      DispatchDTypeBit(DispatchDType::kBF16) | DispatchDTypeBit(DispatchDType::kFP8E4M3)};
+  EXPECT_TRUE(ValidateDispatchDType(DispatchDType::kBF16, kFp8).ok());
+  EXPECT_TRUE(ValidateDispatchDType(DispatchDType::kFP8E4M3, kFp8).ok());
+  ExpectInvalid(
+      ValidateDispatchDType(DispatchDType::kNVFP4, kFp8),
+      "workspace.dtype (dispatch_dtype): the fp8 plane moves bf16 or fp8_e4m3, got nvfp4");
+  ExpectInvalid(ValidateDispatchDType(DispatchDType::kMXFP8, kFp8),
+                "the fp8 plane moves bf16 or fp8_e4m3, got mxfp8");
+  ExpectInvalid(ValidateDispatchDType(DispatchDType::kFP8E4M3, kTest),
+                "the test data plane moves bf16, got fp8_e4m3");
+  // fp8_e4m3 also needs H a multiple of its 128-value scale block.
+  EpDispatcherOptions fp8 = Options(2, 8, 64, 2, 4);
+  fp8.workspace.dtype = DispatchDType::kFP8E4M3;
+  ExpectInvalid(ValidateEpOptions(fp8, 2, kFp8),
+                "workspace.hidden: fp8_e4m3 dispatch needs a multiple of 128 (one fp32 scale per "
+                "128 values), got 64");
+  fp8.workspace.hidden = 256;
+  EXPECT_TRUE(ValidateEpOptions(fp8, 2, kFp8).ok());
 }
 
 TEST(ValidatePlacement, AgainstTheSlotBudget) {
@@ -74,6 +99,36 @@ TEST(ValidatePlacement, AgainstTheSlotBudget) {
   o.redundant_slots_per_rank = 7;
   ExpectInvalid(ValidateEpOptions(o, 2, kTest),
                 "redundant_slots_per_rank: expected in [0, num_experts = 6], got 7");
+}
+
+// The device data planes' per-call checks, one wording for both (D1).
+TEST(DevicePlaneChecks, PinEachMessageOnce) {
+  int x = 0;
+  EXPECT_TRUE(ValidateMaxIntermediate(0).ok());
+  ExpectInvalid(ValidateMaxIntermediate(-1), "max_intermediate: expected >= 0, got -1");
+  EXPECT_TRUE(ValidateStepPointers("Forward", 1, 0, nullptr, nullptr, nullptr).ok());
+  EXPECT_TRUE(ValidateStepPointers("Forward", 1, 3, &x, &x, &x).ok());
+  ExpectInvalid(ValidateStepPointers("Dispatch", 1, 3, &x, nullptr, &x),
+                "Dispatch on rank 1: null device pointer with 3 tokens");
+  EXPECT_TRUE(ValidateStepOutput("Forward", 0, 0, nullptr).ok());
+  ExpectInvalid(ValidateStepOutput("Forward", 0, 3, nullptr),
+                "Forward on rank 0: null output with 3 tokens");
+  EXPECT_TRUE(ValidateExpertSlice(0, {64, 0, 4}, {64, 0, 4}).ok());
+  ExpectInvalid(ValidateExpertSlice(0, {64, 0, 4}, {64, 0, 2}),
+                "experts on rank 0: expected hidden 64 and experts [0, 4), got hidden 64 and "
+                "[0, 2)");
+  ExpectInvalid(ValidateExpertSlice(2, {64, 8, 4}, {32, 8, 4}), "got hidden 32 and [8, 12)");
+  EXPECT_TRUE(ValidateCaptureArgs(0, 16, 16, &x, &x, &x, &x).ok());
+  ExpectInvalid(ValidateCaptureArgs(0, 17, 16, &x, &x, &x, &x),
+                "CaptureForward on rank 0: bucket expected in [1, 16], got 17");
+  ExpectInvalid(ValidateCaptureArgs(0, 0, 16, &x, &x, &x, &x), "got 0");
+  ExpectInvalid(ValidateCaptureArgs(3, 4, 16, &x, &x, &x, nullptr),
+                "CaptureForward on rank 3: null device pointer");
+  EXPECT_TRUE(ValidateReplayTokens(0, 8, 8).ok());
+  EXPECT_TRUE(ValidateReplayTokens(0, 8, 0).ok());
+  ExpectInvalid(ValidateReplayTokens(0, 8, 9),
+                "ReplayForward on rank 0: num_tokens expected in [0, bucket=8], got 9");
+  ExpectInvalid(ValidateReplayTokens(0, 8, -1), "got -1");
 }
 
 TEST(ValidateMoeSizes, RangesAndTopKBound) {

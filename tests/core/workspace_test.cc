@@ -37,6 +37,10 @@ TEST(DispatchBytesPerToken, TableValues) {
   // mxfp8: H + H/32 + 8K = 7168 + 224 + 64.
   EXPECT_EQ(*DispatchBytesPerToken(DispatchDType::kMXFP8, 7168, 8), 7456);
   EXPECT_EQ(*DispatchBytesPerToken(DispatchDType::kMXFP8, 64, 2), 64 + 2 + 16);
+  // fp8_e4m3: H + 4 * H/128 + 8K = 7168 + 224 + 64 (the same bytes as mxfp8:
+  // one 4-byte scale per 128 values is one byte per 32).
+  EXPECT_EQ(*DispatchBytesPerToken(DispatchDType::kFP8E4M3, 7168, 8), 7456);
+  EXPECT_EQ(*DispatchBytesPerToken(DispatchDType::kFP8E4M3, 128, 2), 128 + 4 + 16);
 }
 
 TEST(DispatchBytesPerToken, Errors) {
@@ -44,6 +48,7 @@ TEST(DispatchBytesPerToken, Errors) {
   ExpectInvalid(DispatchBytesPerToken(DispatchDType::kBF16, 64, 0).status(), "top_k");
   ExpectInvalid(DispatchBytesPerToken(DispatchDType::kNVFP4, 100, 2).status(), "multiple of 16");
   ExpectInvalid(DispatchBytesPerToken(DispatchDType::kMXFP8, 48, 2).status(), "multiple of 32");
+  ExpectInvalid(DispatchBytesPerToken(DispatchDType::kFP8E4M3, 64, 2).status(), "multiple of 128");
   ExpectInvalid(
       DispatchBytesPerToken(DispatchDType::kBF16, std::numeric_limits<int64_t>::max() / 2 + 1, 2)
           .status(),
@@ -63,7 +68,8 @@ TEST(DefaultCapacityTokens, AtLeast4096) {
 }
 
 TEST(DispatchDType, NamesRoundTrip) {
-  for (DispatchDType d : {DispatchDType::kBF16, DispatchDType::kNVFP4, DispatchDType::kMXFP8}) {
+  for (DispatchDType d : {DispatchDType::kBF16, DispatchDType::kNVFP4, DispatchDType::kMXFP8,
+                          DispatchDType::kFP8E4M3}) {
     absl::StatusOr<DispatchDType> parsed = ParseDispatchDType(DispatchDTypeName(d));
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, d);
@@ -114,6 +120,22 @@ TEST(ComputeFlashInferWorkspace, Nvfp4AndMxfp8) {
   ASSERT_TRUE(fp8.ok()) << fp8.status();
   EXPECT_EQ(fp8->dispatch_region_bytes, 244318208);
   EXPECT_EQ(fp8->total_bytes, 721280 + 244318208 + 469762048);
+  // fp8_e4m3 (one fp32 scale per 128): 8*4096*7456 as well; and DESIGN §5's
+  // small check geometry E=2, N=3, K=2 at H=128: dispatch 2*3*148 = 888 -> A 896,
+  // combine 2*3*256 = 1536, aux 1152.
+  absl::StatusOr<FlashInferWorkspace> e4m3 =
+      ComputeFlashInferWorkspace(Spec(8, 4096, 7168, 8, DispatchDType::kFP8E4M3));
+  ASSERT_TRUE(e4m3.ok()) << e4m3.status();
+  EXPECT_EQ(e4m3->aux_bytes, 721280);
+  EXPECT_EQ(e4m3->dispatch_region_bytes, 244318208);
+  EXPECT_EQ(e4m3->total_bytes, 721280 + 244318208 + 469762048);
+  absl::StatusOr<FlashInferWorkspace> small =
+      ComputeFlashInferWorkspace(Spec(2, 3, 128, 2, DispatchDType::kFP8E4M3));
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(small->aux_bytes, 1152);
+  EXPECT_EQ(small->dispatch_region_bytes, 896);
+  EXPECT_EQ(small->combine_region_bytes, 1536);
+  EXPECT_EQ(small->total_bytes, 1152 + 896 + 1536);
 }
 
 TEST(ComputeFlashInferWorkspace, Errors) {

@@ -38,6 +38,9 @@ struct Case {
   double invalid_fraction = 0.1;
   GeometryCheck check = GeometryCheck::kHostAllGather;
   ExpertGemm gemm = ExpertGemm::kGroupedDevice;
+  // fp8_e4m3 (issue 15 item 4): the reference applies the same rounding, so
+  // the received (dequantized) rows still compare bit for bit.
+  core::DispatchDType dtype = core::DispatchDType::kBF16;
 };
 
 // Tolerance, per element: |gpu - ref| <= |ref| / 64 + rms(ref) / 64 +
@@ -126,6 +129,7 @@ void RunCase(const Case& c) {
   }
   core::EpReferenceOptions ref_options;
   ref_options.invalid_expert_id = c.invalid_id;
+  ref_options.dispatch_dtype = c.dtype;
   auto ref = core::ReferenceEpForward(*placement, set_ptrs, ref_inputs, c.top_k, ref_options);
   ASSERT_TRUE(ref.ok()) << ref.status();
   const int64_t r_max = ref->runtime_max_tokens_per_rank;
@@ -137,7 +141,7 @@ void RunCase(const Case& c) {
     ASSERT_TRUE(coll.ok()) << coll.status();
     GpuEpDispatcherOptions options;
     options.dispatcher.workspace = {c.ep_size, std::max<int64_t>(r_max, 1), c.hidden, c.top_k,
-                                    core::DispatchDType::kBF16};
+                                    c.dtype};
     options.dispatcher.num_experts = c.num_experts;
     options.dispatcher.invalid_expert_id = c.invalid_id;
     options.max_intermediate = c.intermediate;
@@ -252,6 +256,28 @@ TEST(GpuEpDispatcher, Ep1SwiGluGroupedWmmaH4096Top2E60) {
            GeometryCheck::kHostAllGather,
            ExpertGemm::kGroupedWmma});
 }
+// fp8 e4m3 dispatch (issue 15 item 4): the pack kernel quantizes on the
+// device, the dequantizing pass gives the experts bf16 rows, and those rows
+// equal core::DispatchedHidden (the host contract) bit for bit; the output
+// is within the usual tolerance of the reference with the same rounding.
+Case Fp8(Case c) {
+  c.dtype = core::DispatchDType::kFP8E4M3;
+  return c;
+}
+TEST(GpuEpDispatcher, Fp8Ep1IdentityH7168Top8E256Tokens127) {
+  RunCase(Fp8({1, 7168, 8, 256, {127}, false, 0, 256, 0.1}));
+}
+TEST(GpuEpDispatcher, Fp8Ep1SwiGluH2048Top2E8Tokens300) {
+  RunCase(Fp8({1, 2048, 2, 8, {300}, true, 64, -1, 0.1}));
+}
+TEST(GpuEpDispatcher, Fp8Ep1ZeroTokens) { RunCase(Fp8({1, 2048, 2, 8, {0}, true, 64, -1, 0.0})); }
+TEST(GpuEpDispatcher, Fp8Ep2IdentityH7168Top8E256Tokens127And1) {
+  RunCase(Fp8({2, 7168, 8, 256, {127, 1}, false, 0, 256, 0.1}));
+}
+TEST(GpuEpDispatcher, Fp8Ep2DeviceCheckSwiGluH2048Top8E64OneRankEmpty) {
+  RunCase(Fp8({2, 2048, 8, 64, {127, 0}, true, 36, -1, 0.1, GeometryCheck::kDevice}));
+}
+
 // Device-side (epoch, R) check (no host sync in the step); I = 36 takes the
 // grouped GEMM's scalar K tail.
 TEST(GpuEpDispatcher, Ep2DeviceCheckSwiGluH2048Top8E64I36) {

@@ -114,6 +114,20 @@ TEST(OneSidedThreads, Ep4AllRanksEmpty) { RunEager({4, 512, 2, 8, {0, 0, 0, 0}})
 TEST(OneSidedThreads, Ep2OddTopK) { RunEager({2, 1024, 3, 12, {20, 31}}); }
 TEST(OneSidedThreads, Ep2SwiGlu) { RunEager({2, 2048, 8, 64, {33, 20}, -1, 0.1, 64}); }
 
+// fp8 e4m3 dispatch (issue 15 item 4): the send kernel quantizes into the
+// peers' windows, Dispatch dequantizes the received rows; they equal the
+// host contract's rows (core::DispatchedHidden) bit for bit.
+OsCase Fp8(OsCase c) {
+  c.dtype = core::DispatchDType::kFP8E4M3;
+  return c;
+}
+TEST(OneSidedThreads, Fp8Ep2UnevenTokensFused) { RunEager(Fp8({2, 2048, 8, 256, {37, 5}})); }
+TEST(OneSidedThreads, Fp8Ep2UnevenTokensPhases) { RunEager(Fp8({2, 2048, 8, 256, {37, 5}}), true); }
+TEST(OneSidedThreads, Fp8Ep2UnfusedRouteR300) { RunEager(Fp8({2, 1024, 4, 16, {300, 17}})); }
+TEST(OneSidedThreads, Fp8Ep4ZeroTokenRankSwiGlu) {
+  RunEager(Fp8({4, 1024, 8, 64, {20, 0, 33, 7}, -1, 0.1, 64}));
+}
+
 // (epoch, R) disagreements ride in the flags: every rank's CheckStep reports
 // kAborted naming the other, no output row is written, and the group goes on.
 void RunMismatch(bool r_differs) {
@@ -183,13 +197,13 @@ TEST(OneSidedThreads, Ep2LatePeerDeadlineExceeded) {
 
 // A graph captured at bucket 64 replays below it with other T per rank
 // (fresh inputs in the captured buffers), against the reference at R = 64.
-void RunGraph(int ep_size) {
+void RunGraph(int ep_size, core::DispatchDType dtype = core::DispatchDType::kBF16) {
   MOE_EP_REQUIRE_GPUS(1);
   const int64_t bucket = 64;
   const std::vector<std::vector<int64_t>> rounds = {{64, 3, 0, 17}, {9, 64, 33, 0}, {0, 0, 1, 64}};
   std::vector<Prepared> preps;
   for (size_t i = 0; i < rounds.size(); ++i) {
-    OsCase c{ep_size, 2048, 8, 256, {}, -1, 0.1, 0, bucket, 500 + i};
+    OsCase c{ep_size, 2048, 8, 256, {}, -1, 0.1, 0, bucket, 500 + i, dtype};
     c.tokens.assign(rounds[i].begin(), rounds[i].begin() + ep_size);
     preps.push_back(Prepare(c));
   }
@@ -228,6 +242,7 @@ void RunGraph(int ep_size) {
 
 TEST(OneSidedThreads, Ep2GraphBucketReplayBelow) { RunGraph(2); }
 TEST(OneSidedThreads, Ep4GraphBucketReplayBelow) { RunGraph(4); }
+TEST(OneSidedThreads, Fp8Ep2GraphBucketReplayBelow) { RunGraph(2, core::DispatchDType::kFP8E4M3); }
 
 TEST(OneSidedThreads, CreateRejectsBadOptions) {
   MOE_EP_REQUIRE_GPUS(1);
@@ -307,6 +322,12 @@ TEST(OneSidedWorld1, BitExactVsNcclH7168Top8E256Tokens128) {
 }
 TEST(OneSidedWorld1, BitExactVsNcclUnfusedTokens1000) {
   RunBitExact({1, 2048, 8, 256, {1000}, -1, 0.05});
+}
+// Both planes dequantize the same e4m3 rows: fp8 outputs agree bit for bit.
+TEST(OneSidedWorld1, Fp8BitExactVsNcclH7168Top8E256Tokens128) {
+  OsCase c{1, 7168, 8, 256, {128}, 256, 0.1};
+  c.dtype = core::DispatchDType::kFP8E4M3;
+  RunBitExact(c);
 }
 
 }  // namespace

@@ -36,6 +36,8 @@ struct OsCase {
   int64_t intermediate = 0;  // > 0: SwiGLU experts
   int64_t r = -1;            // R; < 0: max of tokens
   uint64_t seed = 77;
+  // fp8_e4m3: the reference applies the same rounding (issue 15 item 4).
+  core::DispatchDType dtype = core::DispatchDType::kBF16;
 };
 
 // Inputs, experts and the CPU reference of one case.
@@ -75,6 +77,7 @@ inline Prepared Prepare(const OsCase& c) {
   core::EpReferenceOptions o;
   o.invalid_expert_id = c.invalid_id;
   o.runtime_max_tokens_per_rank = c.r;
+  o.dispatch_dtype = c.dtype;
   auto ref = core::ReferenceEpForward(*placement, sets, in, c.top_k, o);
   EXPECT_TRUE(ref.ok()) << ref.status();
   p.ref = std::move(*ref);
@@ -84,7 +87,7 @@ inline Prepared Prepare(const OsCase& c) {
 
 inline core::EpDispatcherOptions EpOptions(const OsCase& c, int64_t capacity) {
   core::EpDispatcherOptions o;
-  o.workspace = {c.ep_size, capacity, c.hidden, c.top_k, core::DispatchDType::kBF16};
+  o.workspace = {c.ep_size, capacity, c.hidden, c.top_k, c.dtype};
   o.num_experts = c.num_experts;
   o.invalid_expert_id = c.invalid_id;
   return o;

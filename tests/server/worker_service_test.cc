@@ -312,6 +312,14 @@ TEST(WorkerService, AllocateWorkspaceRejectsBadInput) {
       {[](auto& r) { r.set_capacity_tokens(-1); }, "capacity_tokens: expected >= 0, got -1"},
       {[](auto& r) { r.set_chunked_prefill_size(-1); }, "chunked_prefill_size"},
       {[](auto& r) { r.set_dispatch_dtype(static_cast<v1::DispatchDType>(9)); }, "dispatch_dtype"},
+      // Sized by DESIGN §5 but moved by no data plane: refused by name, before
+      // any size formula (issue 15 item 4).
+      {[](auto& r) { r.set_dispatch_dtype(v1::DISPATCH_DTYPE_NVFP4); },
+       "workspace.dtype (dispatch_dtype): the CPU data plane moves bf16 or fp8_e4m3, got nvfp4"},
+      {[](auto& r) { r.set_dispatch_dtype(v1::DISPATCH_DTYPE_MXFP8); },
+       "the CPU data plane moves bf16 or fp8_e4m3, got mxfp8"},
+      {[](auto& r) { r.set_dispatch_dtype(v1::DISPATCH_DTYPE_FP8_E4M3); },
+       "multiple of 128 (the fp8_e4m3 scale block), got 4"},
       {[](auto& r) { r.set_invalid_expert_id(static_cast<v1::InvalidExpertId>(9)); },
        "invalid_expert_id"},
       {[](auto& r) {
@@ -328,6 +336,63 @@ TEST(WorkerService, AllocateWorkspaceRejectsBadInput) {
   }
   EXPECT_EQ(Snapshot(worker), before);
   EXPECT_EQ(worker.Status().state(), v1::WORKER_STATE_CONFIGURED);
+}
+
+// fp8 e4m3 dispatch through the service (issue 15 item 4): AllocateWorkspace
+// reports DESIGN §5's bytes and the dequantized-rows region, and Forward's
+// identity output is sum(w) = 0.75 times the e4m3-rounded row. Hand values:
+// x_i = (i + 1) / 64 for i < 127 and x_127 = 7, so amax 7, scale 7 / 448 =
+// 1/64 exactly and x / scale = i + 1: 17 ties between 16 and 18 -> 16
+// (even mantissa), 19 ties between 18 and 20 -> 20, 101 -> 104 (ulp 8).
+TEST(WorkerService, Fp8DispatchForwardsTheE4m3RoundedRows) {
+  InProcessWorker worker;
+  ASSERT_TRUE(worker.Join(1, 0, 1, worker.address(), "gloo").ok());
+  v1::ConfigureLayersRequest configure = ConfigureRequest(1, {true});
+  configure.mutable_model()->set_hidden_size(128);
+  ASSERT_TRUE(worker.Configure(configure).ok());
+  v1::AllocateWorkspaceRequest allocate = AllocateRequest();
+  allocate.set_hidden_size(128);
+  allocate.set_dispatch_dtype(v1::DISPATCH_DTYPE_FP8_E4M3);
+  v1::AllocateWorkspaceResponse alloc;
+  ASSERT_TRUE(worker.Allocate(allocate, &alloc).ok());
+  EXPECT_EQ(alloc.dispatch_bytes_per_token(), 128 + 4 + 16);  // H + H/32 + 8K
+  bool dequant_region = false;
+  for (const v1::WorkspaceRegion& r : alloc.regions()) {
+    if (r.name() == "dispatch_dequant") {
+      dequant_region = true;
+      EXPECT_EQ(r.size_bytes(), 8 * 128 * 2);  // [E = 1, N = 8, H] bf16
+    }
+  }
+  EXPECT_TRUE(dequant_region);
+  ASSERT_TRUE(worker.Load(IdentityExperts(0)).ok());
+  ASSERT_TRUE(worker.Commit(1, 1, 1).ok());
+  std::vector<core::bf16_t> hidden;
+  for (int i = 0; i < 127; ++i) hidden.push_back(core::FloatToBf16((i + 1) / 64.0f));
+  hidden.push_back(core::FloatToBf16(7.0f));
+  const int32_t ids[2] = {0, 3};
+  const float weights[2] = {0.25f, 0.5f};
+  v1::ForwardRequest request;
+  request.set_layer(0);
+  request.set_epoch(1);
+  *request.mutable_hidden_states() = EncodeBf16(hidden, std::vector<int64_t>{1, 128});
+  *request.mutable_topk_ids() = EncodeInt32(ids, std::vector<int64_t>{1, 2});
+  *request.mutable_topk_weights() = EncodeFloat32(weights, std::vector<int64_t>{1, 2});
+  v1::ForwardResponse out;
+  grpc::Status s = worker.Forward(request, &out);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  auto decoded = DecodeBf16(out.output(), "output", 2);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  std::vector<float> y;
+  for (core::bf16_t v : decoded->values) y.push_back(core::Bf16ToFloat(v));
+  ASSERT_EQ(y.size(), 128u);
+  EXPECT_EQ(y[0], 0.75f * 1 / 64);
+  EXPECT_EQ(y[15], 0.75f * 16 / 64);
+  EXPECT_EQ(y[16], 0.75f * 16 / 64);  // 17 -> 16
+  EXPECT_EQ(y[18], 0.75f * 20 / 64);  // 19 -> 20
+  EXPECT_EQ(y[100], 0.75f * 104 / 64);
+  EXPECT_EQ(y[127], 0.75f * 7);  // 448, the largest e4m3
+  // The bf16 path would have returned 0.75 * 17/64 for the same input.
+  EXPECT_NE(y[16], 0.75f * 17 / 64);
 }
 
 TEST(WorkerService, AllocateBeyondMemoryCapIsResourceExhaustedWithBothNumbers) {
