@@ -77,12 +77,22 @@ struct RunJobOptions {
   // core::RebalanceHierarchical (0 = never; else in [1, steps - 1]).
   int redundant_slots_per_rank = 0;
   int rebalance_after_steps = 0;
+  // --attach (issue 12 item 6): drive the steps on the group the --targets
+  // workers already form (e.g. `moe-ep coordinator`'s) instead of forming
+  // one: no Lease, Join, ConfigureLayers, AllocateWorkspace or LoadExperts
+  // (the step calls are not leased). The group must be ALLOCATED in the main
+  // job's layout with this run's model, layers, experts and seed loaded and
+  // a workspace of at least the run's largest count
+  // (client/group_session.h AttachFormedGroup); every step is verified as in
+  // a formed run, so experts that differ show as a failing layer.
+  bool attach = false;
 };
 
 // Errors: kInvalidArgument naming the flag: num_layers < 1, tokens < 1,
 // steps < 1, capacity < 0, experts not swiglu/identity, tolerance negative,
-// redundant slots < 0, a rebalance step outside [0, steps - 1], or a
-// rebalance without redundant slots.
+// redundant slots < 0, a rebalance step outside [0, steps - 1], a
+// rebalance without redundant slots, --attach without --targets or with
+// --rebalance-after / --redundant-slots.
 absl::Status ValidateRunJobOptions(const RunJobOptions& options);
 
 // Token counts of step `step` on `world` ranks for a mean of
@@ -140,7 +150,8 @@ struct RunJobResult {
   bool AllPass() const;
 };
 
-// Runs the job, printing progress lines to `out`.
+// Runs the job, printing progress lines to `out` (with options.attach, on
+// the workers' formed group: AttachFormedGroup's errors).
 // Errors, before any worker starts: ValidateRunJobOptions, ResolveModel,
 // RoutingSource::Create and ParseTargets errors; kInvalidArgument for
 // --workers < 1 or fewer experts than ranks; kResourceExhausted when the
