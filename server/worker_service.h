@@ -18,7 +18,8 @@
 // Failure isolation (DESIGN §16; issues 12 and 13): Join votes through the
 // generation's rendezvous store before forming (server/join_vote.h: a bad
 // Join on one rank, e.g. another world_size or backend, fails every rank at
-// once, the peers ABORTED naming it); every collective RPC
+// once, the peers ABORTED naming it; one too malformed to vote, e.g. a rank
+// outside [0, world), posts a refusal that fails them just as fast); every collective RPC
 // (ConfigureLayers, AllocateWorkspace, LoadExperts, SyncTokenCounts, Forward,
 // Benchmark, ForwardLayers) first runs the cross-rank vote (core/agreement.h)
 // with the call's identity (RPC, generation, sequence), this rank's own
