@@ -20,7 +20,9 @@
 // rendezvous address (or with generation < 1) cannot reach the store at all:
 // its peers learn nothing from it and wait for its ballot until their
 // store timeout (the group timeout, bounded by each call's deadline), then
-// fail with kDeadlineExceeded naming the rank whose ballot never came.
+// fail with kDeadlineExceeded naming the rank whose ballot never came. Nor
+// can a refusing worker that hosts the store itself and has not opened the
+// generation (its Join is the one that would open it): its peers wait too.
 //
 // Thread-safe as the store; blocks until the verdict, the store's timeout
 // or a peer that never votes.

@@ -1,7 +1,9 @@
 #include "server/worker_service.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -293,27 +295,38 @@ void WorkerService::RefuseJoin(const grpc::ServerContext* context, const v1::Joi
       request.generation() < 1) {
     return;  // no store to reach: the peers wait their timeout (join_vote.h)
   }
+  // Posted from a detached thread, so a store that is slow or gone (a
+  // hostile address) delays neither this call's answer nor the slot; at
+  // most kMaxRefusalsInFlight at once, each bounded by the call's deadline
+  // and kMaxRefusalWait. Process-wide: the thread outlives no state of this
+  // service.
+  static std::atomic<int> in_flight{0};
+  constexpr int kMaxRefusalsInFlight = 4;
+  constexpr absl::Duration kMaxRefusalWait = absl::Seconds(30);
+  if (in_flight.fetch_add(1) >= kMaxRefusalsInFlight) {
+    in_flight.fetch_sub(1);
+    spdlog::warn("Join: refusal not posted ({} already in flight)", kMaxRefusalsInFlight);
+    return;
+  }
   std::string self;
   {
     absl::MutexLock lock(&state_mu_);
     self = status_.listen_address();
   }
-  // The store's host refusing a fresh generation opens it, or nobody could
-  // write there (its peers' ballots included).
-  if (options_.rendezvous != nullptr && request.rendezvous_address() == self &&
-      request.generation() > max_generation_used_) {
-    options_.rendezvous->OpenGeneration(request.generation(), request.rendezvous_secret());
-  }
   const absl::Duration timeout =
       request.timeout_ms() > 0
           ? absl::Milliseconds(std::min(request.timeout_ms(), options_.limits.max_timeout_ms))
           : options_.default_timeout;
-  GrpcStore store(request.rendezvous_address(),
-                  std::clamp(CallDeadline(context) - absl::Now(), absl::Milliseconds(1), timeout),
-                  request.rendezvous_secret());
-  const absl::Status posted = PostJoinRefusal(store, request.generation(), local, self,
-                                              request.rank(), request.world_size());
-  if (!posted.ok()) spdlog::warn("Join: refusal not posted: {}", posted.ToString());
+  const absl::Duration wait = std::clamp(CallDeadline(context) - absl::Now(), absl::Milliseconds(1),
+                                         std::min(timeout, kMaxRefusalWait));
+  std::thread([address = request.rendezvous_address(), secret = request.rendezvous_secret(),
+               generation = request.generation(), rank = request.rank(),
+               world = request.world_size(), local, self, wait] {
+    GrpcStore store(address, wait, secret);
+    const absl::Status posted = PostJoinRefusal(store, generation, local, self, rank, world);
+    if (!posted.ok()) spdlog::warn("Join: refusal not posted: {}", posted.ToString());
+    in_flight.fetch_sub(1);
+  }).detach();
 }
 
 void WorkerService::InstallGroup(const JoinArgs& args, std::unique_ptr<DataPlane> formed) {

@@ -188,9 +188,10 @@ class WorkerService final : public v1::Worker::Service {
   absl::Status DoJoin(grpc::ServerContext* context, const v1::JoinRequest& request,
                       v1::JoinResponse* response);
   // A Join rejected as `local` whose ballot has no place (server/join_vote.h):
-  // posts its refusal to the request's store, so its peers fail at once.
-  // Waits at most the call's deadline / the request's timeout; a store that
-  // cannot be reached is logged and ignored (the caller answers `local`).
+  // posts its refusal to the request's store from a detached thread (at most
+  // 4 at once, each for at most the call's deadline, the request's timeout
+  // and 30 s), so its peers fail at once and this call answers at once; a
+  // store that cannot be reached is logged and ignored.
   void RefuseJoin(const grpc::ServerContext* context, const v1::JoinRequest& request,
                   const absl::Status& local);
   absl::Status DoLeave(grpc::ServerContext* context, const v1::LeaveRequest& request);
