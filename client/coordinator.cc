@@ -395,10 +395,12 @@ absl::StatusOr<std::vector<v1::LoadExpertsResponse>> Coordinator::LoadExperts(
 
 absl::StatusOr<std::vector<v1::InstallPlacementResponse>> Coordinator::InstallPlacement(
     const v1::InstallPlacementRequest& request) {
+  v1::InstallPlacementRequest claimed = request;
+  if (!options_.owner_id.empty()) *claimed.mutable_lease() = Claim();
   return FanOut<v1::InstallPlacementResponse>(
       "InstallPlacement", targets_, options_.rpc_timeout,
       [&](int r, grpc::ClientContext* c, v1::InstallPlacementResponse* resp) {
-        return stubs_[r]->InstallPlacement(c, request, resp);
+        return stubs_[r]->InstallPlacement(c, claimed, resp);
       });
 }
 

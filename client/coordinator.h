@@ -52,7 +52,8 @@ struct CoordinatorOptions {
   absl::Duration max_reconnect_backoff = absl::ZeroDuration();
   // Ownership of the group (LeaseClaim in worker.proto; DESIGN §16; issue 12
   // item 4): the owner id every leased call claims (Leave, Join,
-  // ConfigureLayers, AllocateWorkspace, LoadExperts) with `lease_ttl`.
+  // ConfigureLayers, AllocateWorkspace, LoadExperts, InstallPlacement) with
+  // `lease_ttl`.
   // Empty = no claim: such calls then work only on workers without a live
   // lease. client/lease_renewer.h acquires and renews the lease itself.
   std::string owner_id;

@@ -36,4 +36,37 @@ absl::StatusOr<GroupSession> FormWorkerGroup(const AttachedWorkers& workers,
   return session;
 }
 
+absl::StatusOr<std::vector<v1::GetStatusResponse>> AttachFormedGroup(
+    const AttachedWorkers& workers, CoordinatorOptions options, int64_t min_capacity_tokens,
+    std::unique_ptr<Coordinator>* coordinator) {
+  options.backend = workers.backend;
+  options.channel_credentials = workers.channel_credentials;
+  ASSIGN_OR_RETURN(*coordinator, Coordinator::Connect(workers.targets, options));
+  RETURN_IF_ERROR((*coordinator)->WaitReady(absl::Seconds(30)));
+  ASSIGN_OR_RETURN(std::vector<v1::GetStatusResponse> status, (*coordinator)->Status());
+  const int world = static_cast<int>(status.size());
+  for (int r = 0; r < world; ++r) {
+    const v1::GetStatusResponse& s = status[r];
+    const std::string who = absl::StrCat("--attach: rank ", r, " (", workers.targets[r], ") ");
+    if (s.state() != v1::WORKER_STATE_ALLOCATED || s.group_broken()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          who, "is ", v1::WorkerState_Name(s.state()),
+          s.group_broken() ? absl::StrCat(" in a broken group (", s.broken_reason(), ")") : "",
+          "; expected ALLOCATED in a formed group (wait until the coordinator reports READY)"));
+    }
+    if (s.rank() != r || s.world_size() != world || s.generation() != status[0].generation()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(who, "is rank ", s.rank(), " of ", s.world_size(), " in generation ",
+                       s.generation(), "; expected rank ", r, " of ", world, " in generation ",
+                       status[0].generation(), " (rank 0's): list --targets in rank order"));
+    }
+    if (s.capacity_tokens() < min_capacity_tokens) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          who, "has a workspace of ", s.capacity_tokens(), " tokens per rank; the run needs ",
+          min_capacity_tokens, " (lower --tokens, or use --even-tokens)"));
+    }
+  }
+  return status;
+}
+
 }  // namespace moe_ep::client

@@ -43,4 +43,23 @@ struct GroupSession {
 absl::StatusOr<GroupSession> FormWorkerGroup(const AttachedWorkers& workers,
                                              CoordinatorOptions options = {});
 
+// AttachFormedGroup()
+//
+// Connects a Coordinator to `workers.targets` (credentials as above) for the
+// group they already form, e.g. `moe-ep coordinator`'s (issue 12 item 6: a
+// client drives the steps; step calls are not leased): no Lease, Join or
+// other state-changing call. Waits up to 30 s for every worker to answer,
+// then checks every GetStatus: ALLOCATED, not group_broken, rank i =
+// targets[i], world_size = the number of targets, one generation, and a
+// workspace capacity of at least `min_capacity_tokens`. `joined` stays
+// empty; the returned coordinator's generation() is 0 (it formed nothing).
+// Returns each rank's GetStatus.
+//
+// Errors: Connect's and WaitReady's; kFailedPrecondition naming the first
+// rank (and its target) that is not as required, with what was expected and
+// what it reports.
+absl::StatusOr<std::vector<v1::GetStatusResponse>> AttachFormedGroup(
+    const AttachedWorkers& workers, CoordinatorOptions options, int64_t min_capacity_tokens,
+    std::unique_ptr<Coordinator>* coordinator);
+
 }  // namespace moe_ep::client

@@ -281,6 +281,11 @@ int main(int argc, char** argv) {
                   "with --tp: dense MLP TP size (1, or the attention-TP size); unset = tp")
       ->needs(run_tp_option)
       ->check(NonNegative());
+  run->add_flag("--attach", run_options.attach,
+                "with --targets: drive steps on the group the workers already form (e.g. "
+                "`moe-ep coordinator`'s; steps are not leased) without forming, configuring, "
+                "allocating or loading; every step is still verified")
+      ->excludes(run_tp_option);
   bool run_json = false;
   run->add_flag("--json", run_json, "progress on stderr, the summary as JSON on stdout");
   run->callback([&] {
@@ -384,7 +389,9 @@ int main(int argc, char** argv) {
   stack->add_flag("--allow-reduce-scatter", stack_options.allow_reduce_scatter,
                   "FULL MLPs skip their all-reduce; the after-MLP step reduce-scatters (MAX_LEN)");
   stack->add_option("--targets", stack_options.workers.targets,
-                    "use running Gloo workers instead: host:port,... (--tp of them)");
+                    "use running Gloo workers instead: host:port,... (--tp of them); the "
+                    "command holds their lease while it runs (--owner)");
+  AddLeaseFlags(stack, &stack_options.workers.lease);
   stack->add_option("--worker-binary", stack_options.workers.worker_binary,
                     "moe-ep-worker executable (default: next to moe-ep)");
   stack

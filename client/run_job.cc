@@ -106,6 +106,52 @@ absl::Status ReadLoadAfterRebalance(Coordinator& coordinator, int num_experts,
   return absl::OkStatus();
 }
 
+// ConfigureLayers (tp = attn_dp = world, moe_dense_tp 1, a2a on) and
+// AllocateWorkspace (capacity N, bf16 or fp8_e4m3 dispatch) of the main
+// job's layout.
+absl::Status ConfigureRunGroup(Coordinator& coordinator, const core::ModelDescription& model,
+                               int world, int64_t capacity, int redundant_slots_per_rank,
+                               core::DispatchDType dispatch_dtype, std::ostream& out) {
+  const int64_t H = model.hidden_size;
+  const int K = model.top_k;
+  v1::ConfigureLayersRequest configure;
+  configure.mutable_layout()->set_tp_size(world);
+  configure.mutable_layout()->set_attn_dp_size(world);
+  configure.mutable_layout()->set_moe_dense_tp_size(1);
+  configure.set_a2a_enabled(true);
+  v1::ModelDescription* md = configure.mutable_model();
+  md->set_name(model.name);
+  md->set_hidden_size(H);
+  md->set_num_layers(model.num_layers);
+  md->set_num_experts(model.num_experts);
+  md->set_top_k(K);
+  md->set_moe_intermediate_size(model.moe_intermediate_size);
+  for (bool b : model.sparse_layers) md->add_sparse_layers(b);
+  ASSIGN_OR_RETURN(std::vector<v1::ConfigureLayersResponse> configured,
+                   coordinator.ConfigureLayers(configure));
+  out << "configured: tp " << world << ", attn_dp " << world
+      << ", moe_dense_tp 1, a2a on; plan fingerprint " << configured[0].fingerprint() << "\n";
+
+  v1::AllocateWorkspaceRequest allocate;
+  allocate.set_hidden_size(H);
+  allocate.set_top_k(K);
+  allocate.set_num_experts(model.num_experts);
+  allocate.set_capacity_tokens(capacity);
+  allocate.set_dispatch_dtype(dispatch_dtype == core::DispatchDType::kFP8E4M3
+                                  ? v1::DISPATCH_DTYPE_FP8_E4M3
+                                  : v1::DISPATCH_DTYPE_BF16);
+  allocate.set_invalid_expert_id(v1::INVALID_EXPERT_ID_MINUS_ONE);
+  allocate.set_redundant_slots_per_rank(redundant_slots_per_rank);
+  ASSIGN_OR_RETURN(std::vector<v1::AllocateWorkspaceResponse> allocated,
+                   coordinator.AllocateWorkspace(allocate));
+  out << "workspace: capacity " << allocated[0].capacity_tokens() << " tokens/rank, "
+      << allocated[0].dispatch_bytes_per_token() << " B/token dispatch, "
+      << FormatBytes(allocated[0].allocated_bytes()) << " allocated per worker (FlashInfer-"
+      << "compatible: " << FormatBytes(allocated[0].flashinfer_workspace_bytes()) << ")\n";
+  out.flush();
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateRunJobOptions(const RunJobOptions& o) {
@@ -135,6 +181,15 @@ absl::Status ValidateRunJobOptions(const RunJobOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--rebalance-after: expected in [0, --steps - 1 = ", o.steps - 1,
                      "] (0 = never), got ", o.rebalance_after_steps));
+  }
+  if (o.attach && o.workers.targets.empty()) {
+    return absl::InvalidArgumentError(
+        "--attach: needs --targets (the running workers of a formed group, in rank order)");
+  }
+  if (o.attach && (o.rebalance_after_steps > 0 || o.redundant_slots_per_rank > 0)) {
+    return absl::InvalidArgumentError(
+        "--attach: drives steps only; --rebalance-after and --redundant-slots change the "
+        "group's placement and workspace (the owner's calls)");
   }
   if (o.rebalance_after_steps > 0 && o.redundant_slots_per_rank == 0) {
     return absl::InvalidArgumentError(
@@ -299,49 +354,29 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
 
   CoordinatorOptions copts;
   copts.rpc_timeout = options.rpc_timeout;
-  ASSIGN_OR_RETURN(GroupSession group, FormWorkerGroup(workers, copts));
+  GroupSession group;
+  std::vector<v1::GetStatusResponse> attached;  // --attach: each rank's GetStatus
+  if (options.attach) {
+    // The group the workers already form (issue 12 item 6): steps only.
+    ASSIGN_OR_RETURN(attached, AttachFormedGroup(workers, copts, max_count, &group.coordinator));
+    out << "group: attached to the " << world << " workers' group of generation "
+        << attached[0].generation() << " (backend " << attached[0].backend() << ", workspace "
+        << attached[0].capacity_tokens()
+        << " tokens/rank; not configured, allocated or loaded here): "
+        << absl::StrJoin(workers.targets, " ") << "\n";
+    out.flush();
+  } else {
+    ASSIGN_OR_RETURN(group, FormWorkerGroup(workers, copts));
+    out << "group: " << world << " workers ("
+        << (workers.cluster ? "embedded local cluster" : "--targets") << ", backend "
+        << group.joined[0].backend() << ", generation " << group.coordinator->generation()
+        << "): " << absl::StrJoin(workers.targets, " ") << "\n";
+
+    RETURN_IF_ERROR(ConfigureRunGroup(*group.coordinator, model, world, capacity,
+                                      options.redundant_slots_per_rank, options.dispatch_dtype,
+                                      out));
+  }
   Coordinator* const coordinator = group.coordinator.get();
-  out << "group: " << world << " workers ("
-      << (workers.cluster ? "embedded local cluster" : "--targets") << ", backend "
-      << group.joined[0].backend() << ", generation " << coordinator->generation()
-      << "): " << absl::StrJoin(workers.targets, " ") << "\n";
-
-  v1::ConfigureLayersRequest configure;
-  configure.mutable_layout()->set_tp_size(world);
-  configure.mutable_layout()->set_attn_dp_size(world);
-  configure.mutable_layout()->set_moe_dense_tp_size(1);
-  configure.set_a2a_enabled(true);
-  v1::ModelDescription* md = configure.mutable_model();
-  md->set_name(model.name);
-  md->set_hidden_size(H);
-  md->set_num_layers(model.num_layers);
-  md->set_num_experts(model.num_experts);
-  md->set_top_k(K);
-  md->set_moe_intermediate_size(model.moe_intermediate_size);
-  for (bool b : model.sparse_layers) md->add_sparse_layers(b);
-  ASSIGN_OR_RETURN(std::vector<v1::ConfigureLayersResponse> configured,
-                   coordinator->ConfigureLayers(configure));
-  out << "configured: tp " << world << ", attn_dp " << world
-      << ", moe_dense_tp 1, a2a on; plan fingerprint " << configured[0].fingerprint() << "\n";
-
-  v1::AllocateWorkspaceRequest allocate;
-  allocate.set_hidden_size(H);
-  allocate.set_top_k(K);
-  allocate.set_num_experts(model.num_experts);
-  allocate.set_capacity_tokens(capacity);
-  allocate.set_dispatch_dtype(options.dispatch_dtype == core::DispatchDType::kFP8E4M3
-                                  ? v1::DISPATCH_DTYPE_FP8_E4M3
-                                  : v1::DISPATCH_DTYPE_BF16);
-  allocate.set_invalid_expert_id(v1::INVALID_EXPERT_ID_MINUS_ONE);
-  allocate.set_redundant_slots_per_rank(options.redundant_slots_per_rank);
-  ASSIGN_OR_RETURN(std::vector<v1::AllocateWorkspaceResponse> allocated,
-                   coordinator->AllocateWorkspace(allocate));
-  out << "workspace: capacity " << allocated[0].capacity_tokens() << " tokens/rank, "
-      << allocated[0].dispatch_bytes_per_token() << " B/token dispatch, "
-      << FormatBytes(allocated[0].allocated_bytes()) << " allocated per worker (FlashInfer-"
-      << "compatible: " << FormatBytes(allocated[0].flashinfer_workspace_bytes()) << ")\n";
-  out.flush();
-
   RunJobResult result;
   result.model_name = model.name;
   result.shared_expert = shared;
@@ -369,6 +404,10 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
     return load;
   };
   for (int layer : run_layers) {
+    LayerRunSummary summary;
+    summary.layer = layer;
+    result.layers.push_back(summary);
+    if (options.attach) continue;  // loaded by the group's owner (bytes: below)
     const absl::Time start = absl::Now();
     ASSIGN_OR_RETURN(std::vector<v1::LoadExpertsResponse> loaded,
                      coordinator->LoadExperts(load_request(layer)));
@@ -383,9 +422,10 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
         Seconds(absl::Now() - start), absl::StrJoin(ranges, ", "),
         FormatBytes(loaded[0].expert_bytes()));
     out.flush();  // progress as it goes: a real model's layer takes seconds
-    LayerRunSummary summary;
-    summary.layer = layer;
-    result.layers.push_back(summary);
+  }
+
+  for (size_t r = 0; r < attached.size(); ++r) {
+    result.expert_bytes_per_rank[r] = attached[r].expert_bytes();  // every loaded layer
   }
 
   // record[layer index][step][rank]

@@ -85,14 +85,24 @@ struct RunJobOptions {
   // the bf16 tolerance below still bounds the difference; the shared expert
   // reads the unrounded input on both sides (it runs on the source rank).
   core::DispatchDType dispatch_dtype = core::DispatchDType::kBF16;
+  // --attach (issue 12 item 6): drive the steps on the group the --targets
+  // workers already form (e.g. `moe-ep coordinator`'s) instead of forming
+  // one: no Lease, Join, ConfigureLayers, AllocateWorkspace or LoadExperts
+  // (the step calls are not leased). The group must be ALLOCATED in the main
+  // job's layout with this run's model, layers, experts and seed loaded and
+  // a workspace of at least the run's largest count
+  // (client/group_session.h AttachFormedGroup); every step is verified as in
+  // a formed run, so experts that differ show as a failing layer.
+  bool attach = false;
 };
 
 // Errors: kInvalidArgument naming the flag: num_layers < 1, tokens < 1,
 // steps < 1, capacity < 0, experts not swiglu/identity, tolerance negative,
 // a dispatch dtype other than bf16 / fp8_e4m3 (or fp8 with a hidden size
 // that is not a multiple of 128: RunJob, once the model is resolved),
-// redundant slots < 0, a rebalance step outside [0, steps - 1], or a
-// rebalance without redundant slots.
+// redundant slots < 0, a rebalance step outside [0, steps - 1], a
+// rebalance without redundant slots, --attach without --targets or with
+// --rebalance-after / --redundant-slots.
 absl::Status ValidateRunJobOptions(const RunJobOptions& options);
 
 // Token counts of step `step` on `world` ranks for a mean of
@@ -151,7 +161,8 @@ struct RunJobResult {
   bool AllPass() const;
 };
 
-// Runs the job, printing progress lines to `out`.
+// Runs the job, printing progress lines to `out` (with options.attach, on
+// the workers' formed group: AttachFormedGroup's errors).
 // Errors, before any worker starts: ValidateRunJobOptions, ResolveModel,
 // RoutingSource::Create and ParseTargets errors; kInvalidArgument for
 // --workers < 1 or fewer experts than ranks; kResourceExhausted when the

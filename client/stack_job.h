@@ -9,15 +9,15 @@
 // drives whole stacks (attention stand-in, dense and sparse MLPs, every
 // scatter-mode step) with its own layout flags and small stand-in weights.
 //
-// Sequence: start tp Gloo workers (or attach --targets, tp of them); form
-// the group; ConfigureLayers with the layout (tp, attn_dp, moe_dense_tp),
-// the all-to-all switch and the model's first K layers (its sparse pattern);
-// then per step s (epoch s + 1): per-DP-group token counts
-// (PlanStackTokenCounts: different per group, a zero-token group on even
-// steps when attn_dp >= 2), the DP group's tokens (GenerateHidden(seed, s, group), bf16
-// values sent as a bf16 tensor) to each of its attention-TP ranks, one
-// ForwardLayers; each rank's output is compared with the reference rows of
-// its DP group.
+// Sequence: start tp Gloo workers (or attach --targets, tp of them, and
+// hold their lease while the job runs: acquired, renewed every TTL/3 and
+// released by client/lease_renewer.h, refused without changing anything when
+// another owner holds it; issue 12); form the group; ConfigureLayers with the layout (tp, attn_dp,
+// moe_dense_tp), the all-to-all switch and the model's first K layers (its sparse pattern); then
+// per step s (epoch s + 1): per-DP-group token counts (PlanStackTokenCounts: different per group, a
+// zero-token group on even steps when attn_dp >= 2), the DP group's tokens (GenerateHidden(seed, s,
+// group), bf16 values sent as a bf16 tensor) to each of its attention-TP ranks, one ForwardLayers;
+// each rank's output is compared with the reference rows of its DP group.
 //
 // Sizes: the model gives the sparse pattern, experts, top-k and RMS eps;
 // hidden, expert and dense intermediate sizes are the model's unless
@@ -49,7 +49,8 @@ namespace moe_ep::client {
 struct StackJobOptions {
   std::string model = "tiny-moe";  // config path or preset
   // Workers: tp local Gloo workers unless workers.targets is set (then tp
-  // targets); workers.num_workers and workers.backend are ignored.
+  // targets, with workers.lease); workers.num_workers and workers.backend
+  // are ignored.
   WorkerSelection workers;
   int tp_size = 2;
   int attn_dp_size = 1;

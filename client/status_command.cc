@@ -7,6 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "client/coordinator.h"
@@ -18,7 +19,15 @@ namespace moe_ep::client {
 namespace {
 
 constexpr size_t kErrorColumnWidth = 60;
+constexpr size_t kLeaseColumnWidth = 40;
 constexpr size_t kNoteWidth = 100;
+
+// The lease column (issue 12): "-" when none, else "<owner> (<t> s left)".
+std::string LeaseCell(const moe_ep::v1::GetStatusResponse& s) {
+  if (s.lease_owner().empty()) return "-";
+  return absl::StrFormat("%s (%.1f s left)", s.lease_owner(),
+                         static_cast<double>(s.lease_remaining_ms()) / 1000.0);
+}
 
 // "0-3", "0, 2, 5": the ranks of one repeated error.
 std::string FormatRanks(const std::vector<int>& ranks) {
@@ -132,8 +141,9 @@ std::string RenderWorkerTable(
   }
 
   TextTable table({"rank", "address", "state", "backend", "device", "memory", "workspace",
-                   "experts", "epoch", "R", "forwards", "errors"});
-  table.SetMaxWidth(11, kErrorColumnWidth);
+                   "experts", "epoch", "R", "forwards", "lease", "errors"});
+  table.SetMaxWidth(11, kLeaseColumnWidth);
+  table.SetMaxWidth(12, kErrorColumnWidth);
   std::string broken_notes;  // one per rank whose group is broken
   for (size_t i = 0; i < statuses.size(); ++i) {
     const std::string target = i < targets.size() ? targets[i] : "?";
@@ -143,7 +153,7 @@ std::string RenderWorkerTable(
                                    ? absl::StrCat("error ", note->second, " (below)")
                                    : absl::StrReplaceAll(texts[i], {{"<address>", target}});
       table.AddRow({"-", target, DescribeWorkerError(statuses[i].status(), security).state, "-",
-                    "-", "-", "-", "-", "-", "-", "-", cell});
+                    "-", "-", "-", "-", "-", "-", "-", "-", cell});
       continue;
     }
     const auto& s = *statuses[i];
@@ -162,13 +172,13 @@ std::string RenderWorkerTable(
       for (size_t l = 1; l < lines.size(); ++l)
         broken_notes += absl::StrCat("    ", lines[l], "\n");
     }
-    table.AddRow({joined ? absl::StrCat(s.rank(), "/", s.world_size()) : "-", target, state,
-                  s.backend().empty() ? "-" : s.backend(),
-                  s.device_name().empty() ? "-" : s.device_name(),
-                  s.device_memory_bytes() > 0 ? FormatBytes(s.device_memory_bytes()) : "-",
-                  FormatBytes(s.workspace_bytes()), FormatBytes(s.expert_bytes()),
-                  absl::StrCat(s.geometry_epoch()), absl::StrCat(s.runtime_max_tokens_per_rank()),
-                  absl::StrCat(s.counters().forwards()), absl::StrCat(s.counters().errors())});
+    table.AddRow(
+        {joined ? absl::StrCat(s.rank(), "/", s.world_size()) : "-", target, state,
+         s.backend().empty() ? "-" : s.backend(), s.device_name().empty() ? "-" : s.device_name(),
+         s.device_memory_bytes() > 0 ? FormatBytes(s.device_memory_bytes()) : "-",
+         FormatBytes(s.workspace_bytes()), FormatBytes(s.expert_bytes()),
+         absl::StrCat(s.geometry_epoch()), absl::StrCat(s.runtime_max_tokens_per_rank()),
+         absl::StrCat(s.counters().forwards()), LeaseCell(s), absl::StrCat(s.counters().errors())});
   }
   return table.Render() + notes + broken_notes;
 }
@@ -205,6 +215,8 @@ nlohmann::json WorkerStatusJson(
       w["broken_reason"] = s.broken_reason();
       w["forwards"] = s.counters().forwards();
       w["errors"] = s.counters().errors();
+      w["lease_owner"] = s.lease_owner();
+      w["lease_remaining_ms"] = s.lease_remaining_ms();
     }
     workers.push_back(std::move(w));
   }

@@ -41,7 +41,8 @@ WorkerErrorView DescribeWorkerError(const absl::Status& error,
 // One row per worker: rank (as reported; "-" when unreachable), address,
 // state (DescribeWorkerError's for a failed call, with the error in the last
 // column), backend, device, device memory, workspace and expert bytes,
-// geometry epoch and R, forwards, errors. Error cells wrap at 60 columns; an
+// geometry epoch and R, forwards, the lease ("-", or "<owner> (<t> s left)":
+// GetStatus lease_owner / lease_remaining_ms; issue 12), errors. Error cells wrap at 60 columns; an
 // error that several workers report (the same text once each worker's own
 // address is taken out) is printed once below the table with their ranks
 // (rank i = the i-th target), its cells saying "error <n> (below)".
@@ -59,7 +60,8 @@ std::string RenderWorkerTable(
 // per target in order: {"target", "ok"} and, when ok, "rank", "world_size",
 // "state", "backend", "device", "device_memory_bytes", "workspace_bytes",
 // "expert_bytes", "geometry_epoch", "runtime_max_tokens_per_rank",
-// "group_broken", "broken_reason", "forwards", "errors"; otherwise "state" (UNAUTHENTICATED / ...),
+// "group_broken", "broken_reason", "forwards", "errors", "lease_owner" (""
+// when none), "lease_remaining_ms"; otherwise "state" (UNAUTHENTICATED / ...),
 // "code" (e.g. "UNAVAILABLE"), "error" and "hint" (empty when none). Byte counts are integers.
 nlohmann::json WorkerStatusJson(
     const std::vector<std::string>& targets,

@@ -54,17 +54,19 @@ void AddWorkerSelectionFlags(CLI::App* cmd, WorkerSelection* w, bool allow_targe
       ->capture_default_str();
   // TLS / mTLS / token for --targets (local workers serve plaintext on loopback).
   if (allow_targets) AddSecurityFlags(cmd, &w->security);
-  if (allow_targets) {
-    cmd->add_option("--owner", w->lease.owner_id,
-                    "owner id of the lease held on --targets workers while this command runs "
-                    "(default moe-ep@HOST:PID); another owner's live lease refuses the command");
-    cmd->add_option("--lease-ttl-ms", w->lease.ttl_ms,
-                    "time to live of that lease, renewed every third of it")
-        ->check(CLI::Range(int64_t{30}, int64_t{3600000}))
-        ->capture_default_str();
-    cmd->add_flag("--take-over", w->lease.take_over,
-                  "take the workers' lease over from another owner (its group is then re-formed)");
-  }
+  if (allow_targets) AddLeaseFlags(cmd, &w->lease);
+}
+
+void AddLeaseFlags(CLI::App* cmd, LeaseOptions* lease) {
+  cmd->add_option("--owner", lease->owner_id,
+                  "owner id of the lease held on --targets workers while this command runs "
+                  "(default moe-ep@HOST:PID); another owner's live lease refuses the command");
+  cmd->add_option("--lease-ttl-ms", lease->ttl_ms,
+                  "time to live of that lease, renewed every third of it")
+      ->check(CLI::Range(int64_t{30}, int64_t{3600000}))
+      ->capture_default_str();
+  cmd->add_flag("--take-over", lease->take_over,
+                "take the workers' lease over from another owner (its group is then re-formed)");
 }
 
 std::string DefaultOwnerId() {

@@ -61,6 +61,10 @@ struct WorkerSelection {
 // --owner, --lease-ttl-ms and --take-over. Parsing fills `w`.
 void AddWorkerSelectionFlags(CLI::App* cmd, WorkerSelection* w, bool allow_targets);
 
+// --owner, --lease-ttl-ms and --take-over into `lease` (the lease a command
+// holds on --targets workers: client/group_session.h FormWorkerGroup).
+void AddLeaseFlags(CLI::App* cmd, LeaseOptions* lease);
+
 // How local workers are started on a machine with `num_gpus` GPUs
 // (CountLocalGpus in client/local_cluster.h), for `up`, `run` and `bench`:
 //   --backend gloo            `num_workers` Gloo workers (GPUs unused);

@@ -7,13 +7,26 @@
 #   reform_s  restarted worker listening -> group READY again in a new generation
 #   form_s    the coordinator's own Join + ConfigureLayers + AllocateWorkspace
 #   load_s    its LoadExperts of every layer
-# and checks with `moe-ep status --json` that every worker is ALLOCATED as
-# rank i of W. Stops at the first cycle that does not
-# re-form within TIMEOUT_S (exit 1): nothing may hang.
+# checks with `moe-ep status --json` that every worker is ALLOCATED as
+# rank i of W, then drives STEPS steps on the coordinator's group with
+# `moe-ep run --attach` (the main job's steps and its check of every layer,
+# step and rank against the single-process CPU reference; step calls are not
+# leased, so this client needs no lease) and records:
+#   steps     steps checked (each: every layer on every rank)
+#   max_err   the largest |out - ref| of them
+#   run_s     the run's wall time
+# The first formation's group is checked the same way before cycle 1.
+# Stops (exit 1) at the first cycle that does not re-form within TIMEOUT_S,
+# whose run fails or disagrees with the reference (a wrong or lost step),
+# or whose run does not finish within STEP_TIMEOUT_S (a hung step).
 #
 # Usage: scripts/coordinator-soak.sh [CYCLES] [BUILD_DIR]
 #   env: WORKERS (4), LAYERS (1), EXPERTS (swiglu | identity), TIMEOUT_S (60),
-#        OUT (bench/results/coordinator/soak.csv)
+#        STEPS (2), STEP_TIMEOUT_S (120), OUT (bench/results/coordinator/soak.csv),
+#        WORKER_BIN (BUILD_DIR/server/moe-ep-worker), PROBE_TIMEOUT_MS (1000: the
+#        coordinator's GetStatus deadline; raise it on a machine so loaded that
+#        a busy worker misses it and is taken for hung), UNTIL (unix time: start
+#        no cycle after it; the summary says how many ran)
 # Talks only to 127.0.0.1.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,9 +36,12 @@ workers=${WORKERS:-4}
 layers=${LAYERS:-1}
 experts=${EXPERTS:-swiglu}
 timeout_s=${TIMEOUT_S:-60}
+steps=${STEPS:-2}
+step_timeout_s=${STEP_TIMEOUT_S:-120}
+probe_timeout_ms=${PROBE_TIMEOUT_MS:-1000}
 out=${OUT:-$root/bench/results/coordinator/soak.csv}
 cli=$build/client/moe-ep
-worker_bin=$build/server/moe-ep-worker
+worker_bin=${WORKER_BIN:-$build/server/moe-ep-worker}
 for b in "$cli" "$worker_bin"; do [ -x "$b" ] || { echo "soak: $b not built" >&2; exit 2; }; done
 
 dir=$(mktemp -d)
@@ -59,7 +75,8 @@ done
 
 "$cli" coordinator --targets "$targets" --layers "$layers" --experts "$experts" \
   --group-timeout-ms 10000 --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
-  --backoff-initial-ms 100 --backoff-max-ms 2000 >"$dir/coordinator.log" 2>&1 &
+  --backoff-initial-ms 100 --backoff-max-ms 2000 --probe-timeout-ms "$probe_timeout_ms" \
+  >"$dir/coordinator.log" 2>&1 &
 coord_pid=$!
 for _ in $(seq 1 500); do grep -q "metrics on" "$dir/coordinator.log" && break; sleep 0.02; done
 metrics_url=$(grep -o 'http://[^ ]*/metrics' "$dir/coordinator.log" | head -1)
@@ -81,12 +98,34 @@ check_workers() {  # every worker ALLOCATED, rank i = target i, world W
       and .value.world_size == $w)] | length == $w' >/dev/null
 }
 
+check_steps() {  # cycle: sets run_line "steps,max_err,run_s", or fails the soak
+  local t json
+  t=$(now)
+  if ! json=$(timeout "$step_timeout_s" "$cli" run --attach --targets "$targets" \
+      --layers "$layers" --experts "$experts" --steps "$steps" --rpc-timeout 30 --json \
+      2>"$dir/run.log"); then
+    echo "soak: cycle $1: steps on the coordinator's group failed or hung (> ${step_timeout_s} s):" >&2
+    tail -20 "$dir/run.log" >&2; echo "soak: the coordinator's log:" >&2
+    tail -40 "$dir/coordinator.log" >&2; exit 1
+  fi
+  if ! jq -e '.pass' >/dev/null <<<"$json"; then
+    echo "soak: cycle $1: a step disagrees with the reference:" >&2
+    jq -c '.layers[] | {layer, max_abs_err, bound, pass}' <<<"$json" >&2; exit 1
+  fi
+  run_line="$(jq -r '.steps' <<<"$json"),$(jq -r '.total.max_abs_err' <<<"$json"),$(since "$t")"
+}
+
 wait_until "$timeout_s" ready_above 0 || { echo "soak: the group never formed" >&2; tail -20 "$dir/coordinator.log" >&2; exit 1; }
 gen=$(metric moe_ep_coordinator_generation)
-echo "soak: $workers workers, $layers layer(s) of $experts experts, generation $gen; $cycles cycles"
+echo "soak: $workers workers, $layers layer(s) of $experts experts, generation $gen; $cycles cycles, $steps checked steps each"
 mkdir -p "$(dirname "$out")"
-echo "cycle,rank,detect_s,reform_s,form_s,load_s,generation" >"$out"
+check_steps 0
+echo "soak: generation $gen before cycle 1: steps,max_err,run_s $run_line"
+echo "cycle,rank,detect_s,reform_s,form_s,load_s,generation,steps,max_err,run_s" >"$out"
 for c in $(seq 1 "$cycles"); do
+  if [ -n "${UNTIL:-}" ] && [ "$(date +%s)" -ge "$UNTIL" ]; then
+    echo "soak: UNTIL reached: stopping after $((c - 1)) of $cycles cycles"; break
+  fi
   r=$(( (c - 1) % workers ))
   port=$(cat "$dir/port-$r")
   t0=$(now)
@@ -104,10 +143,17 @@ for c in $(seq 1 "$cycles"); do
   reform=$(since "$t1")
   gen=$(metric moe_ep_coordinator_generation)
   check_workers || { echo "soak: cycle $c: workers not ALLOCATED as ranks 0..$((workers - 1))" >&2; exit 1; }
-  line="$c,$r,$detect,$reform,$(metric moe_ep_coordinator_last_form_seconds),$(metric moe_ep_coordinator_last_load_seconds),$gen"
+  form_s=$(metric moe_ep_coordinator_last_form_seconds)
+  load_s=$(metric moe_ep_coordinator_last_load_seconds)
+  check_steps "$c"
+  [ "$(metric moe_ep_coordinator_generation)" = "$gen" ] ||
+    { echo "soak: cycle $c: the group re-formed while its steps ran" >&2
+      tail -40 "$dir/coordinator.log" >&2; exit 1; }
+  line="$c,$r,$detect,$reform,$form_s,$load_s,$gen,$run_line"
   echo "$line" >>"$out"
   echo "soak: $line"
 done
-awk -F, 'NR > 1 { n++; d += $3; f += $4; if ($3 > dm) dm = $3; if ($4 > fm) fm = $4 }
-  END { printf "soak: %d cycles, detect mean %.3f s max %.3f s, re-form mean %.3f s max %.3f s\n", n, d / n, dm, f / n, fm }' "$out"
+awk -F, 'NR > 1 { n++; d += $3; f += $4; if ($3 > dm) dm = $3; if ($4 > fm) fm = $4; st += $8
+    if ($9 > em) em = $9 }
+  END { printf "soak: %d cycles, detect mean %.3f s max %.3f s, re-form mean %.3f s max %.3f s; %d steps checked, all passed, max abs err %g\n", n, d / n, dm, f / n, fm, st, em }' "$out"
 echo "soak: failed formation attempts: $(metric moe_ep_coordinator_failed_attempts_total)"

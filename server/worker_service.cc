@@ -1,7 +1,9 @@
 #include "server/worker_service.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -66,12 +68,22 @@ grpc::Status WorkerService::Finish(const absl::Status& status) {
 }
 
 absl::Status WorkerService::Leased(const char* rpc, const v1::LeaseClaim& claim,
-                                   absl::FunctionRef<absl::Status()> fn) {
-  RETURN_IF_ERROR(ValidateLeaseClaim(claim, "lease."));
-  RETURN_IF_ERROR(lease_.Check(rpc, claim));
-  absl::Status status = fn();
+                                   absl::FunctionRef<absl::Status(absl::Status)> fn) {
+  absl::Status refused = ValidateLeaseClaim(claim, "lease.");
+  if (refused.ok()) refused = lease_.Check(rpc, claim);
+  absl::Status status = fn(refused);
   if (status.ok()) lease_.Apply(claim);
   return status;
+}
+
+absl::Status WorkerService::EnterLeasedGroup(SlotLease& slot, const grpc::ServerContext* context,
+                                             const char* rpc, WorkerPhase phase,
+                                             const absl::Status& refused) {
+  const absl::Status entered = EnterGroup(slot, context, rpc, phase);
+  // Not in a group: there is no vote to take part in; the refusal is the
+  // more useful answer.
+  if (!entered.ok()) return refused.ok() ? entered : refused;
+  return absl::OkStatus();
 }
 
 absl::Status WorkerService::GroupResult(const char* rpc, absl::Status status) {
@@ -358,8 +370,11 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
       ballot.fields = {{"world_size", args->world_size},
                        {"backend (1 = gloo, 2 = nccl)", args->backend == "nccl" ? 2 : 1}};
     }
-    RETURN_IF_ERROR(RunJoinVote(store, ballot, request.rank(), request.world_size()));
+    RETURN_IF_ERROR(RunJoinVote(
+        store, ballot, request.rank(), request.world_size(),
+        std::clamp(CallDeadline(context) - absl::Now(), absl::Milliseconds(1), timeout)));
   }
+  if (!local.ok() && !same_group && !votes) RefuseJoin(context, request, local);
   RETURN_IF_ERROR(local);
   // A new generation: form the new group, and only then drop the old one (a
   // failed formation leaves the old group in force: issue 13 item 5).
@@ -373,6 +388,46 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
   lease_.Apply(request.lease());
   response->set_backend(args->backend);
   return absl::OkStatus();
+}
+
+void WorkerService::RefuseJoin(const grpc::ServerContext* context, const v1::JoinRequest& request,
+                               const absl::Status& local) {
+  if (request.world_size() <= 1 || request.rendezvous_address().empty() ||
+      request.generation() < 1) {
+    return;  // no store to reach: the peers wait their timeout (join_vote.h)
+  }
+  // Posted from a detached thread, so a store that is slow or gone (a
+  // hostile address) delays neither this call's answer nor the slot; at
+  // most kMaxRefusalsInFlight at once, each bounded by the call's deadline
+  // and kMaxRefusalWait. Process-wide: the thread outlives no state of this
+  // service.
+  static std::atomic<int> in_flight{0};
+  constexpr int kMaxRefusalsInFlight = 4;
+  constexpr absl::Duration kMaxRefusalWait = absl::Seconds(30);
+  if (in_flight.fetch_add(1) >= kMaxRefusalsInFlight) {
+    in_flight.fetch_sub(1);
+    spdlog::warn("Join: refusal not posted ({} already in flight)", kMaxRefusalsInFlight);
+    return;
+  }
+  std::string self;
+  {
+    absl::MutexLock lock(&state_mu_);
+    self = status_.listen_address();
+  }
+  const absl::Duration timeout =
+      request.timeout_ms() > 0
+          ? absl::Milliseconds(std::min(request.timeout_ms(), options_.limits.max_timeout_ms))
+          : options_.default_timeout;
+  const absl::Duration wait = std::clamp(CallDeadline(context) - absl::Now(), absl::Milliseconds(1),
+                                         std::min(timeout, kMaxRefusalWait));
+  std::thread([address = request.rendezvous_address(), secret = request.rendezvous_secret(),
+               generation = request.generation(), rank = request.rank(),
+               world = request.world_size(), local, self, wait] {
+    GrpcStore store(address, wait, secret);
+    const absl::Status posted = PostJoinRefusal(store, generation, local, self, rank, world);
+    if (!posted.ok()) spdlog::warn("Join: refusal not posted: {}", posted.ToString());
+    in_flight.fetch_sub(1);
+  }).detach();
 }
 
 void WorkerService::InstallGroup(const JoinArgs& args, std::unique_ptr<DataPlane> formed) {
@@ -399,7 +454,10 @@ void WorkerService::InstallGroup(const JoinArgs& args, std::unique_ptr<DataPlane
 grpc::Status WorkerService::Leave(grpc::ServerContext* context, const v1::LeaveRequest* request,
                                   v1::LeaveResponse* /*response*/) {
   return Finish(RunGuarded("Leave", [&] {
-    return Leased("Leave", request->lease(), [&] { return DoLeave(context, *request); });
+    return Leased("Leave", request->lease(), [&](const absl::Status& refused) {
+      RETURN_IF_ERROR(refused);  // not a collective: nobody waits on it
+      return DoLeave(context, *request);
+    });
   }));
 }
 
@@ -430,18 +488,24 @@ grpc::Status WorkerService::ConfigureLayers(grpc::ServerContext* context,
                                             const v1::ConfigureLayersRequest* request,
                                             v1::ConfigureLayersResponse* response) {
   return Finish(RunGuarded("ConfigureLayers", [&] {
-    return Leased("ConfigureLayers", request->lease(),
-                  [&] { return DoConfigureLayers(context, *request, response); });
+    return Leased("ConfigureLayers", request->lease(), [&](const absl::Status& refused) {
+      return DoConfigureLayers(context, *request, refused, response);
+    });
   }));
 }
 
 absl::Status WorkerService::DoConfigureLayers(grpc::ServerContext* context,
                                               const v1::ConfigureLayersRequest& request,
+                                              const absl::Status& refused,
                                               v1::ConfigureLayersResponse* response) {
   SlotLease slot(&slot_);
-  RETURN_IF_ERROR(EnterGroup(slot, context, "ConfigureLayers", WorkerPhase::kJoined));
+  RETURN_IF_ERROR(
+      EnterLeasedGroup(slot, context, "ConfigureLayers", WorkerPhase::kJoined, refused));
+  // A lease refusal is this rank's own error in the vote: its peers are
+  // ABORTED at once, naming it and the owner (issue 12).
   absl::StatusOr<LayerConfig> config =
-      LayerConfigFromRequest(options_.limits, request, joined_.world_size);
+      refused.ok() ? LayerConfigFromRequest(options_.limits, request, joined_.world_size)
+                   : absl::StatusOr<LayerConfig>(refused);
   RETURN_IF_ERROR(Vote("ConfigureLayers", config.status(), LayerConfigFields(request)));
 
   const int num_sparse = FillPlanReply(config->plan, response);
@@ -462,8 +526,9 @@ grpc::Status WorkerService::AllocateWorkspace(grpc::ServerContext* context,
                                               const v1::AllocateWorkspaceRequest* request,
                                               v1::AllocateWorkspaceResponse* response) {
   return Finish(RunGuarded("AllocateWorkspace", [&] {
-    return Leased("AllocateWorkspace", request->lease(),
-                  [&] { return DoAllocateWorkspace(context, *request, response); });
+    return Leased("AllocateWorkspace", request->lease(), [&](const absl::Status& refused) {
+      return DoAllocateWorkspace(context, *request, refused, response);
+    });
   }));
 }
 
@@ -485,11 +550,15 @@ absl::StatusOr<core::EpDispatcherOptions> WorkerService::PrepareAllocation(
 
 absl::Status WorkerService::DoAllocateWorkspace(grpc::ServerContext* context,
                                                 const v1::AllocateWorkspaceRequest& request,
+                                                const absl::Status& refused,
                                                 v1::AllocateWorkspaceResponse* response) {
   SlotLease slot(&slot_);
-  RETURN_IF_ERROR(EnterGroup(slot, context, "AllocateWorkspace", WorkerPhase::kConfigured));
+  RETURN_IF_ERROR(
+      EnterLeasedGroup(slot, context, "AllocateWorkspace", WorkerPhase::kConfigured, refused));
   bool same_spec = false;
-  absl::StatusOr<core::EpDispatcherOptions> options = PrepareAllocation(request, &same_spec);
+  absl::StatusOr<core::EpDispatcherOptions> options =
+      refused.ok() ? PrepareAllocation(request, &same_spec)
+                   : absl::StatusOr<core::EpDispatcherOptions>(refused);
   RETURN_IF_ERROR(
       Vote("AllocateWorkspace", options.status(),
            options.ok() ? AllocationFields(*options) : std::vector<core::BallotField>{}));
@@ -530,8 +599,9 @@ grpc::Status WorkerService::LoadExperts(grpc::ServerContext* context,
                                         const v1::LoadExpertsRequest* request,
                                         v1::LoadExpertsResponse* response) {
   return Finish(RunGuarded("LoadExperts", [&] {
-    return Leased("LoadExperts", request->lease(),
-                  [&] { return DoLoadExperts(context, *request, response); });
+    return Leased("LoadExperts", request->lease(), [&](const absl::Status& refused) {
+      return DoLoadExperts(context, *request, refused, response);
+    });
   }));
 }
 
@@ -556,10 +626,12 @@ absl::StatusOr<ExpertLoad> WorkerService::PrepareExpertLoad(const v1::LoadExpert
 
 absl::Status WorkerService::DoLoadExperts(grpc::ServerContext* context,
                                           const v1::LoadExpertsRequest& request,
+                                          const absl::Status& refused,
                                           v1::LoadExpertsResponse* response) {
   SlotLease slot(&slot_);
-  RETURN_IF_ERROR(EnterGroup(slot, context, "LoadExperts", WorkerPhase::kAllocated));
-  absl::StatusOr<ExpertLoad> load = PrepareExpertLoad(request);
+  RETURN_IF_ERROR(EnterLeasedGroup(slot, context, "LoadExperts", WorkerPhase::kAllocated, refused));
+  absl::StatusOr<ExpertLoad> load =
+      refused.ok() ? PrepareExpertLoad(request) : absl::StatusOr<ExpertLoad>(refused);
   RETURN_IF_ERROR(
       Vote("LoadExperts", load.status(),
            load.ok() ? ExpertLoadFields(request, *load) : std::vector<core::BallotField>{}));

@@ -18,7 +18,8 @@
 // Failure isolation (DESIGN §16; issues 12 and 13): Join votes through the
 // generation's rendezvous store before forming (server/join_vote.h: a bad
 // Join on one rank, e.g. another world_size or backend, fails every rank at
-// once, the peers ABORTED naming it); every collective RPC
+// once, the peers ABORTED naming it; one too malformed to vote, e.g. a rank
+// outside [0, world), posts a refusal that fails them just as fast); every collective RPC
 // (ConfigureLayers, AllocateWorkspace, LoadExperts, SyncTokenCounts, Forward,
 // Benchmark, ForwardLayers) first runs the cross-rank vote (core/agreement.h)
 // with the call's identity (RPC, generation, sequence), this rank's own
@@ -39,11 +40,14 @@
 //
 // Ownership (DESIGN §16; issue 12 item 4; LeaseClaim in worker.proto): the
 // worker holds one lease (server/worker_lease.h). Join of a new generation,
-// Leave, ConfigureLayers, AllocateWorkspace and LoadExperts check their
-// request's claim before anything else (before the slot and the vote, so a
-// refused call never touches the group): another owner's live lease is
-// FAILED_PRECONDITION naming it and its time left. A claimed call that
-// succeeds acquires or renews the lease. The Lease RPC takes no slot.
+// Leave, ConfigureLayers, AllocateWorkspace, LoadExperts and InstallPlacement
+// check their request's claim before anything changes: another owner's live
+// lease is FAILED_PRECONDITION naming it and its time left. In the collective
+// calls the refusal is this rank's own error in the vote (Join's in its store
+// vote), so in a partly leased group the peers of a refused rank are ABORTED
+// at once, naming it and the owner, and nothing changes on any rank; Leave is
+// refused before anything else. A claimed call that succeeds acquires or
+// renews the lease. The Lease RPC takes no slot.
 //
 // Backends: Join resolves "auto" / "gloo" / "nccl" (server/backend_selection.h)
 // and forms the group's data plane (server/data_plane.h): Gloo + the CPU
@@ -183,15 +187,24 @@ class WorkerService final : public v1::Worker::Service {
   bool CanVoteOnJoin(const v1::JoinRequest& request) const;
   absl::Status DoJoin(grpc::ServerContext* context, const v1::JoinRequest& request,
                       v1::JoinResponse* response);
+  // A Join rejected as `local` whose ballot has no place (server/join_vote.h):
+  // posts its refusal to the request's store from a detached thread (at most
+  // 4 at once, each for at most the call's deadline, the request's timeout
+  // and 30 s), so its peers fail at once and this call answers at once; a
+  // store that cannot be reached is logged and ignored.
+  void RefuseJoin(const grpc::ServerContext* context, const v1::JoinRequest& request,
+                  const absl::Status& local);
   absl::Status DoLeave(grpc::ServerContext* context, const v1::LeaveRequest& request);
   absl::Status DoConfigureLayers(grpc::ServerContext* context,
                                  const v1::ConfigureLayersRequest& request,
+                                 const absl::Status& refused,
                                  v1::ConfigureLayersResponse* response);
   absl::Status DoAllocateWorkspace(grpc::ServerContext* context,
                                    const v1::AllocateWorkspaceRequest& request,
+                                   const absl::Status& refused,
                                    v1::AllocateWorkspaceResponse* response);
   absl::Status DoLoadExperts(grpc::ServerContext* context, const v1::LoadExpertsRequest& request,
-                             v1::LoadExpertsResponse* response);
+                             const absl::Status& refused, v1::LoadExpertsResponse* response);
   absl::Status DoSyncTokenCounts(grpc::ServerContext* context,
                                  const v1::SyncTokenCountsRequest& request,
                                  v1::SyncTokenCountsResponse* response);
@@ -206,6 +219,7 @@ class WorkerService final : public v1::Worker::Service {
                                v1::ForwardLayersResponse* response);
   absl::Status DoInstallPlacement(grpc::ServerContext* context,
                                   const v1::InstallPlacementRequest& request,
+                                  const absl::Status& refused,
                                   v1::InstallPlacementResponse* response);
   absl::Status DoGetExpertLoad(grpc::ServerContext* context,
                                const v1::GetExpertLoadRequest& request,
@@ -222,10 +236,16 @@ class WorkerService final : public v1::Worker::Service {
   // Replaces the data plane's workspace with one of `options` (drops the experts).
   absl::Status Allocate(const core::EpDispatcherOptions& options);
 
-  // A leased call `rpc` (see the file comment): validates `claim`, checks it
-  // against the lease, runs `fn` and, when it succeeded, applies the claim.
+  // A leased call `rpc` (see the file comment): validates `claim` and checks
+  // it against the lease, runs `fn` with the result (OK, or the refusal the
+  // collective calls vote with) and, when `fn` succeeded, applies the claim.
   absl::Status Leased(const char* rpc, const v1::LeaseClaim& claim,
-                      absl::FunctionRef<absl::Status()> fn);
+                      absl::FunctionRef<absl::Status(absl::Status)> fn);
+  // EnterGroup for a leased collective call: when this rank is not in a
+  // group (no vote to take part in), a lease refusal is returned instead of
+  // EnterGroup's error.
+  absl::Status EnterLeasedGroup(SlotLease& slot, const grpc::ServerContext* context,
+                                const char* rpc, WorkerPhase phase, const absl::Status& refused);
   // Counts errors, converts to grpc::Status.
   grpc::Status Finish(const absl::Status& status);
   // `status` from a collective operation of `rpc`: a group error marks the

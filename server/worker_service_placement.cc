@@ -20,8 +20,11 @@ namespace moe_ep::server {
 grpc::Status WorkerService::InstallPlacement(grpc::ServerContext* context,
                                              const v1::InstallPlacementRequest* request,
                                              v1::InstallPlacementResponse* response) {
-  return Finish(RunGuarded("InstallPlacement",
-                           [&] { return DoInstallPlacement(context, *request, response); }));
+  return Finish(RunGuarded("InstallPlacement", [&] {
+    return Leased("InstallPlacement", request->lease(), [&](const absl::Status& refused) {
+      return DoInstallPlacement(context, *request, refused, response);
+    });
+  }));
 }
 
 absl::StatusOr<core::PlacementTable> WorkerService::PreparePlacement(
@@ -33,10 +36,14 @@ absl::StatusOr<core::PlacementTable> WorkerService::PreparePlacement(
 
 absl::Status WorkerService::DoInstallPlacement(grpc::ServerContext* context,
                                                const v1::InstallPlacementRequest& request,
+                                               const absl::Status& refused,
                                                v1::InstallPlacementResponse* response) {
   SlotLease slot(&slot_);
-  RETURN_IF_ERROR(EnterGroup(slot, context, "InstallPlacement", WorkerPhase::kAllocated));
-  absl::StatusOr<core::PlacementTable> table = PreparePlacement(request);
+  RETURN_IF_ERROR(
+      EnterLeasedGroup(slot, context, "InstallPlacement", WorkerPhase::kAllocated, refused));
+  // A lease refusal (issue 12) is this rank's own error in the vote.
+  absl::StatusOr<core::PlacementTable> table =
+      refused.ok() ? PreparePlacement(request) : absl::StatusOr<core::PlacementTable>(refused);
   // Every rank votes on (layer, fingerprint) before any rank installs: a
   // rank whose table is invalid answers with its error and its peers with
   // kAborted naming it; differing tables abort every rank, naming each

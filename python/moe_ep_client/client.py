@@ -8,12 +8,22 @@ the group is formed with rank i = targets[i] and the rendezvous at targets[0];
 a new group always uses a generation above every generation any worker has
 seen (rendezvous keys are write-once); geometry is agreed by SyncTokenCounts on
 every rank followed by CommitGeometry(epoch, R) on every rank.
+
+Ownership (DESIGN §16; LeaseClaim in worker.proto): like `moe-ep --targets`,
+a Group claims the workers' lease in every state-changing call (Join, Leave,
+ConfigureLayers, AllocateWorkspace, LoadExperts) with its owner id and TTL,
+so a successful call acquires or renews the lease; another owner's live lease
+makes such a call fail (GroupError, FAILED_PRECONDITION naming the owner)
+unless the Group was made with take_over=True. The step calls (forward,
+agree_geometry, benchmark) are not leased.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import secrets
+import socket
 from concurrent import futures
 from typing import Any, Callable, List, Optional, Sequence, TypeVar, Union
 
@@ -113,6 +123,9 @@ class WorkerStatus:
     errors: int
     # Highest generation any Join asked this worker to form (formed or not).
     max_generation_seen: int = 0
+    # The lease (issue 12): its owner ("" = none) and time left, ms.
+    lease_owner: str = ""
+    lease_remaining_ms: int = 0
 
     @staticmethod
     def from_proto(target: str, s: worker_pb2.GetStatusResponse) -> "WorkerStatus":
@@ -134,6 +147,8 @@ class WorkerStatus:
             forwards=s.counters.forwards,
             errors=s.counters.errors,
             max_generation_seen=s.max_generation_seen,
+            lease_owner=s.lease_owner,
+            lease_remaining_ms=s.lease_remaining_ms,
         )
 
 
@@ -237,6 +252,13 @@ class Group:
 
     backend is what Join asks for: "auto" (the default, as `moe-ep`'s
     --backend: NCCL on workers that see a GPU, else Gloo), "gloo" or "nccl".
+
+    owner_id, lease_ttl_ms and take_over are the lease claim of the
+    state-changing calls (as `moe-ep --owner/--lease-ttl-ms/--take-over`):
+    owner_id None = "python@<hostname>:<pid>", "" = claim nothing (works only
+    on workers without a live lease); lease_ttl_ms in [0, 3600000] (0 = the
+    worker's 30 s); take_over replaces another owner's live lease (claimed
+    by form() and acquire_lease(); later calls claim plainly).
     """
 
     def __init__(
@@ -246,9 +268,21 @@ class Group:
         timeout_s: float = 60.0,
         group_timeout_ms: int = 30000,
         backend: str = "auto",
+        owner_id: Optional[str] = None,
+        lease_ttl_ms: int = 30000,
+        take_over: bool = False,
     ) -> None:
         if not targets:
             raise ValueError("targets: expected at least 1 worker")
+        if owner_id is None:
+            owner_id = f"python@{socket.gethostname()}:{os.getpid()}"
+        if len(owner_id.encode()) > 128:
+            raise ValueError(f"owner_id: at most 128 bytes, got {len(owner_id.encode())}")
+        if not 0 <= lease_ttl_ms <= 3_600_000:
+            raise ValueError(f"lease_ttl_ms: expected in [0, 3600000], got {lease_ttl_ms}")
+        self.owner_id = owner_id
+        self.lease_ttl_ms = lease_ttl_ms
+        self.take_over = take_over
         if len(set(targets)) != len(targets):
             raise ValueError(f"targets: an address appears twice: {list(targets)}")
         self.targets = list(targets)
@@ -283,6 +317,34 @@ class Group:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def claim(self, take_over: bool = False) -> worker_pb2.LeaseClaim:
+        """The LeaseClaim stamped into state-changing calls (empty without an owner)."""
+        if not self.owner_id:
+            return worker_pb2.LeaseClaim()
+        return worker_pb2.LeaseClaim(
+            owner_id=self.owner_id, ttl_ms=self.lease_ttl_ms, take_over=take_over
+        )
+
+    def acquire_lease(self) -> List[int]:
+        """Lease on every rank: acquires or renews (take_over as the Group says).
+
+        Returns each rank's remaining_ms. GroupError (FAILED_PRECONDITION
+        naming the owner) when another owner holds a live lease; ValueError
+        without an owner_id.
+        """
+        if not self.owner_id:
+            raise ValueError("acquire_lease: the Group has no owner_id")
+        request = worker_pb2.LeaseRequest(claim=self.claim(self.take_over))
+        responses = self._fan_out("Lease", lambda r, s, t: s.Lease.future(request, timeout=t))
+        return [x.remaining_ms for x in responses]
+
+    def release_lease(self) -> None:
+        """Gives the lease back on every rank (a no-op where this owner holds none)."""
+        if not self.owner_id:
+            return
+        request = worker_pb2.LeaseRequest(claim=self.claim(), release=True)
+        self._fan_out("Lease (release)", lambda r, s, t: s.Lease.future(request, timeout=t))
 
     # -- fan-out -----------------------------------------------------------
 
@@ -345,7 +407,10 @@ class Group:
             self._fan_out(
                 "Leave",
                 lambda r, s, t: s.Leave.future(
-                    worker_pb2.LeaveRequest(generation=statuses[r].generation), timeout=t
+                    worker_pb2.LeaveRequest(
+                        generation=statuses[r].generation, lease=self.claim(self.take_over)
+                    ),
+                    timeout=t,
                 ),
                 ranks=joined,
             )
@@ -368,6 +433,7 @@ class Group:
                 generation=generation,
                 timeout_ms=self.group_timeout_ms,
                 rendezvous_secret=secret,
+                lease=self.claim(self.take_over),
             )
             return stub.Join.future(request, timeout=timeout)
 
@@ -379,7 +445,8 @@ class Group:
         self._fan_out(
             "Leave",
             lambda r, s, t: s.Leave.future(
-                worker_pb2.LeaveRequest(generation=self.generation), timeout=t
+                worker_pb2.LeaveRequest(generation=self.generation, lease=self.claim()),
+                timeout=t,
             ),
         )
 
@@ -409,6 +476,7 @@ class Group:
                 moe_intermediate_size=moe_intermediate_size,
                 sparse_layers=sparse,
             ),
+            lease=self.claim(),
         )
         responses = self._fan_out(
             "ConfigureLayers", lambda r, s, t: s.ConfigureLayers.future(request, timeout=t)
@@ -434,6 +502,7 @@ class Group:
             capacity_tokens=capacity_tokens,
             dispatch_dtype=_DTYPES[dtype],
             cuda_graph_buckets=list(cuda_graph_buckets),
+            lease=self.claim(),
         )
         r0 = self._fan_out(
             "AllocateWorkspace", lambda r, s, t: s.AllocateWorkspace.future(request, timeout=t)
@@ -521,6 +590,7 @@ class Group:
             safetensors_path=safetensors_path,
             name_pattern=name_pattern,
             intermediate_size=intermediate_size,
+            lease=self.claim(),
         )
         responses = self._fan_out(
             "LoadExperts", lambda r, s, t: s.LoadExperts.future(request, timeout=t)

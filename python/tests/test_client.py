@@ -111,6 +111,54 @@ class PlaintextGroupTest(unittest.TestCase):
                 [s.runtime_max_tokens_per_rank for s in group.status()], [7, 7]
             )
 
+    def test_lease_claim_like_the_cli(self):
+        """Issue 12: a Group claims the lease (owner id, TTL, take-over)."""
+        with Group(self.targets, owner_id="py-owner@a", lease_ttl_ms=20000) as owner:
+            owner.form()
+            owner.configure(hidden_size=64, num_layers=1, num_experts=8, top_k=2)
+            statuses = owner.status()
+            self.assertEqual([s.lease_owner for s in statuses], ["py-owner@a"] * 2)
+            for s in statuses:
+                self.assertGreater(s.lease_remaining_ms, 10000)
+                self.assertLessEqual(s.lease_remaining_ms, 20000)
+            generation = statuses[0].generation
+            # Another owner, and a client that claims nothing: refused on every
+            # rank, naming the owner; nothing changes.
+            others = [Group(self.targets, owner_id="py-other@b"), Group(self.targets, owner_id="")]
+            for other in others:
+                with other:
+                    with self.assertRaises(GroupError) as caught:
+                        other.form()
+                    self.assertEqual(
+                        caught.exception.codes, [grpc.StatusCode.FAILED_PRECONDITION] * 2
+                    )
+                    self.assertIn("leased by owner 'py-owner@a'", str(caught.exception))
+                    with self.assertRaises(GroupError):
+                        other.allocate(
+                            hidden_size=64, top_k=2, num_experts=8, capacity_tokens=16
+                        )
+            self.assertEqual([s.generation for s in owner.status()], [generation] * 2)
+            self.assertEqual([s.state for s in owner.status()], ["CONFIGURED"] * 2)
+            # The owner goes on; renewing works; steps are not leased.
+            self.assertEqual(len(owner.acquire_lease()), 2)
+            owner.allocate(hidden_size=64, top_k=2, num_experts=8, capacity_tokens=16)
+            with Group(self.targets, owner_id="") as stepper:
+                agreed = stepper.agree_geometry(1, [3, 4])
+                self.assertEqual(agreed.runtime_max_tokens_per_rank, 4)
+            # An explicit take-over: the new owner forms, the old one is refused.
+            with Group(self.targets, owner_id="py-new@c", take_over=True) as new_owner:
+                self.assertGreater(new_owner.form(), generation)
+                self.assertEqual([s.lease_owner for s in new_owner.status()], ["py-new@c"] * 2)
+                with self.assertRaises(GroupError) as caught:
+                    owner.configure(hidden_size=64, num_layers=1, num_experts=8, top_k=2)
+                self.assertIn("leased by owner 'py-new@c'", str(caught.exception))
+                new_owner.release_lease()
+                self.assertEqual([s.lease_owner for s in new_owner.status()], ["", ""])
+        with self.assertRaises(ValueError):
+            Group(self.targets, lease_ttl_ms=-1)
+        with self.assertRaises(ValueError):
+            Group(self.targets, owner_id="x" * 129)
+
     def test_unreachable_worker_is_named(self):
         dead = f"127.0.0.1:{free_port()}"
         with Group([self.targets[0], dead], timeout_s=2.0) as group:

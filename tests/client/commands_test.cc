@@ -108,6 +108,22 @@ TEST(RenderWorkerTable, ShowsStatesAndUnreachable) {
   EXPECT_THAT(text, HasSubstr("UNREACHABLE"));
   EXPECT_THAT(text, HasSubstr("UNAVAILABLE: connection refused"));
   EXPECT_EQ(WorkerStateName(v1::WORKER_STATE_JOINED), "JOINED");
+  // No lease: "-" in the lease column, which sits between forwards and errors.
+  EXPECT_THAT(text, HasSubstr("forwards  lease  errors"));
+}
+
+TEST(RenderWorkerTable, ShowsTheLeaseOwnerAndItsTimeLeft) {
+  v1::GetStatusResponse s;
+  s.set_rank(0);
+  s.set_world_size(1);
+  s.set_state(v1::WORKER_STATE_ALLOCATED);
+  s.set_lease_owner("coordinator@pod-0");
+  s.set_lease_remaining_ms(12345);
+  const std::string text = RenderWorkerTable({"127.0.0.1:1"}, {s});
+  EXPECT_THAT(text, HasSubstr("coordinator@pod-0 (12.3 s left)"));
+  const nlohmann::json j = WorkerStatusJson({"127.0.0.1:1"}, {s});
+  EXPECT_EQ(j[0]["lease_owner"], "coordinator@pod-0");
+  EXPECT_EQ(j[0]["lease_remaining_ms"], 12345);
 }
 
 TEST(DescribeWorkerError, NamesTheFlagThatFixesIt) {

@@ -8,7 +8,10 @@
 #include <sstream>
 #include <string>
 
+#include "absl/strings/str_join.h"
+#include "client/coordinator.h"
 #include "client/memory_budget.h"
+#include "client/worker_selection.h"
 #include "core/host_memory.h"
 #include "core/model_config.h"
 #include "gmock/gmock.h"
@@ -18,6 +21,7 @@ namespace moe_ep::client {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string DataDir() {
   const char* env = std::getenv("MOE_EP_DATA_DIR");
@@ -105,6 +109,13 @@ TEST(ValidateRunJobOptions, RejectsEachBadFlag) {
       {[](RunJobOptions& o) { o.capacity_tokens = -1; }, "--capacity"},
       {[](RunJobOptions& o) { o.experts = "relu"; }, "--experts"},
       {[](RunJobOptions& o) { o.tolerance.rel = -1; }, "tolerance"},
+      {[](RunJobOptions& o) { o.attach = true; }, "--attach: needs --targets"},
+      {[](RunJobOptions& o) {
+         o.attach = true;
+         o.workers.targets = "127.0.0.1:1";
+         o.redundant_slots_per_rank = 1;
+       },
+       "--attach: drives steps only"},
   };
   for (const Case& c : cases) {
     RunJobOptions o;
@@ -213,6 +224,71 @@ TEST(RunJob, TinyModelEndToEndVerifiesInChunks) {
   EXPECT_GT(r->memory_available_bytes, 0);
   EXPECT_THAT(out.str(), HasSubstr("capped at"));
   EXPECT_THAT(RenderRunSummary(*r), HasSubstr("the reference's chunk (8 experts"));
+}
+
+// --attach (issue 12 item 6): a second client drives verified steps on a
+// group another client formed, configured and loaded, without Join (the
+// generation stays) or any leased call; the check is real: a run whose seed
+// differs from the loaded experts' fails it.
+TEST(RunJob, AttachDrivesVerifiedStepsOnAFormedGroup) {
+  const std::string worker = std::string(MOE_EP_BINARY_DIR) + "/server/moe-ep-worker";
+  if (access(worker.c_str(), X_OK) != 0) GTEST_SKIP() << worker << " is not built";
+  WorkerSelection local;
+  local.num_workers = 2;
+  local.backend = "gloo";
+  local.worker_binary = worker;
+  absl::StatusOr<AttachedWorkers> cluster = AttachWorkers(local);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  RunJobOptions o;
+  o.model = "tiny-moe";
+  o.num_layers = 2;
+  o.tokens_per_rank = 24;
+  o.steps = 1;
+  o.capacity_tokens = 64;
+  o.workers.targets = absl::StrJoin(cluster->targets, ",");
+  o.workers.lease.owner_id = "owner@test";
+  o.rpc_timeout = absl::Seconds(60);
+  std::ostringstream formed_out;
+  auto formed = RunJob(o, formed_out);  // forms, configures, allocates, loads
+  ASSERT_TRUE(formed.ok()) << formed.status() << "\n" << formed_out.str();
+  ASSERT_TRUE(formed->AllPass()) << formed_out.str();
+  auto before = Coordinator::Connect(cluster->targets);
+  ASSERT_TRUE(before.ok());
+  auto status_before = (*before)->Status();
+  ASSERT_TRUE(status_before.ok()) << status_before.status();
+
+  o.attach = true;
+  o.steps = 2;
+  o.workers.lease.owner_id.clear();
+  std::ostringstream out;
+  auto attached = RunJob(o, out);
+  ASSERT_TRUE(attached.ok()) << attached.status() << "\n" << out.str();
+  EXPECT_TRUE(attached->AllPass()) << out.str();
+  EXPECT_THAT(out.str(), HasSubstr("group: attached to the 2 workers' group of generation "));
+  EXPECT_THAT(out.str(), Not(HasSubstr("experts: layer")));  // nothing loaded here
+  ASSERT_EQ(attached->layers.size(), 2u);
+  EXPECT_GT(attached->layers[0].comparison.num_elements, 0);
+  auto status_after = (*before)->Status();
+  ASSERT_TRUE(status_after.ok());
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ((*status_after)[r].generation(), (*status_before)[r].generation());
+    EXPECT_EQ((*status_after)[r].counters().forwards(),
+              (*status_before)[r].counters().forwards() + 2 * 2);  // 2 steps x 2 layers
+  }
+
+  o.seed = 2;  // not the loaded experts' seed: every layer disagrees
+  std::ostringstream wrong_out;
+  auto wrong = RunJob(o, wrong_out);
+  ASSERT_TRUE(wrong.ok()) << wrong.status();
+  EXPECT_FALSE(wrong->AllPass()) << wrong_out.str();
+
+  // A workspace below the run's largest count is refused before any step.
+  o.seed = 1;
+  o.tokens_per_rank = 200;
+  std::ostringstream small_out;
+  auto small = RunJob(o, small_out);
+  EXPECT_EQ(small.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(small.status().message(), HasSubstr("has a workspace of 64 tokens per rank"));
 }
 
 TEST(RenderRunSummary, TableTotalsAndFootprint) {

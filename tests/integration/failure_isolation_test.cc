@@ -453,6 +453,115 @@ TEST_F(FailureIsolation, JoinWithABadBackendOrAnotherWorldSizeOnOneRank) {
   }
 }
 
+// A Join too malformed to place a ballot in the vote (issue 12): a rank
+// outside [0, world), a generation the worker already used. It posts a
+// refusal to the store instead, so its peers are ABORTED at once, naming
+// the worker's address, the rank it was asked for and its error; the old
+// group stays in force. A Join without a rendezvous address cannot reach
+// the store: its peers wait for its ballot until their timeout (1 s here)
+// and fail DEADLINE_EXCEEDED naming the rank whose ballot never came.
+TEST_F(FailureIsolation, AJoinTooMalformedToVoteFailsItsPeersAtOnce) {
+  int64_t generation = 0;
+  for (int r = 0; r < kWorld; ++r) {
+    generation = std::max(generation, fake_->StatusOf(r).max_generation_seen());
+  }
+  const int64_t formed = fake_->StatusOf(0).generation();
+  const std::string bad_target = fake_->cluster().targets()[kBadRank];
+  const auto join = [&](int rank, int64_t g, int64_t timeout_ms = 5000) {
+    v1::JoinRequest request;
+    request.set_world_size(kWorld);
+    request.set_rank(rank);
+    request.set_backend("gloo");
+    request.set_rendezvous_address(fake_->cluster().targets()[0]);
+    request.set_generation(g);
+    request.set_timeout_ms(timeout_ms);
+    return request;
+  };
+  const auto expect_refused = [&](const Outcome& out, const std::string& what, int asked_rank,
+                                  absl::StatusCode code, const std::string& fragment) {
+    EXPECT_LT(out.took, absl::Seconds(1)) << what << ": every rank must fail at once";
+    std::cout << "Join " << what << " on rank 1 of 3: all ranks answered in "
+              << absl::ToDoubleMilliseconds(out.took) << " ms\n";
+    EXPECT_EQ(out.status[kBadRank].code(), code) << out.status[kBadRank];
+    EXPECT_THAT(std::string(out.status[kBadRank].message()), HasSubstr(fragment));
+    for (int r : {0, 2}) {
+      EXPECT_EQ(out.status[r].code(), absl::StatusCode::kAborted)
+          << "rank " << r << ": " << out.status[r];
+      EXPECT_THAT(std::string(out.status[r].message()),
+                  HasSubstr(absl::StrCat("Join: the worker at ", bad_target,
+                                         " (asked to join as rank ", asked_rank,
+                                         " of 3) rejected "
+                                         "its Join request: ",
+                                         absl::StatusCodeToString(code), ": ")));
+      EXPECT_THAT(std::string(out.status[r].message()), HasSubstr(fragment));
+    }
+  };
+  // Rank 5 of 3 (and -1): no ballot key of its own.
+  for (int asked : {5, -1}) {
+    ++generation;
+    const Outcome out =
+        Call<v1::JoinRequest, v1::JoinResponse>(&v1::Worker::Stub::Join, [&](int rank) {
+          v1::JoinRequest request = join(rank, generation);
+          if (rank == kBadRank) request.set_rank(asked);
+          return request;
+        });
+    expect_refused(out, absl::StrCat("as rank ", asked), asked, absl::StatusCode::kInvalidArgument,
+                   "rank");
+  }
+  // The old group is still in force and usable.
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(fake_->StatusOf(r).generation(), formed);
+    EXPECT_EQ(fake_->StatusOf(r).state(), v1::WORKER_STATE_ALLOCATED);
+    EXPECT_FALSE(fake_->StatusOf(r).group_broken());
+  }
+  Commit(1);
+
+  // A generation rank 1 already used: it joins a world-1 group of the next
+  // generation alone (leaving the old group), then the three are asked to
+  // form that generation.
+  ++generation;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::JoinRequest alone;
+    alone.set_world_size(1);
+    alone.set_backend("gloo");
+    alone.set_generation(generation);
+    v1::JoinResponse response;
+    ASSERT_TRUE(fake_->stub(kBadRank).Join(&context, alone, &response).ok());
+  }
+  const Outcome used = Call<v1::JoinRequest, v1::JoinResponse>(
+      &v1::Worker::Stub::Join, [&](int rank) { return join(rank, generation); });
+  expect_refused(used, "of a used generation", kBadRank, absl::StatusCode::kFailedPrecondition,
+                 absl::StrCat("generation ", generation));
+
+  // No rendezvous address: the peers can only wait their timeout.
+  ++generation;
+  const Outcome no_address =
+      Call<v1::JoinRequest, v1::JoinResponse>(&v1::Worker::Stub::Join, [&](int rank) {
+        v1::JoinRequest request = join(rank, generation, /*timeout_ms=*/1000);
+        if (rank == kBadRank) request.clear_rendezvous_address();
+        return request;
+      });
+  EXPECT_EQ(no_address.status[kBadRank].code(), absl::StatusCode::kInvalidArgument)
+      << no_address.status[kBadRank];
+  for (int r : {0, 2}) {
+    EXPECT_EQ(no_address.status[r].code(), absl::StatusCode::kDeadlineExceeded)
+        << no_address.status[r];
+    EXPECT_THAT(std::string(no_address.status[r].message()),
+                HasSubstr("Join vote: rank 1's ballot never came within 1s"));
+  }
+  std::cout << "Join without a rendezvous address on rank 1 of 3: the peers waited "
+            << absl::ToDoubleMilliseconds(no_address.took) << " ms (timeout 1000 ms)\n";
+
+  // The next valid Join forms the new group.
+  ++generation;
+  const Outcome valid = Call<v1::JoinRequest, v1::JoinResponse>(
+      &v1::Worker::Stub::Join, [&](int rank) { return join(rank, generation); });
+  ExpectAllOk(valid, "valid Join");
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(fake_->StatusOf(r).generation(), generation);
+}
+
 TEST_F(FailureIsolation, StatusShowsAGroupBrokenByADeadPeer) {
   ASSERT_TRUE(fake_->cluster().Kill(2, SIGKILL).ok());
   std::vector<absl::Status> status = fake_->OnEachRank([&](int rank) -> absl::Status {

@@ -3,17 +3,25 @@
 // FAILED_PRECONDITION naming the owner; once the owner stops renewing, its
 // lease lapses after the TTL and another client forms the group; `moe-ep
 // bench --targets` against an owned group leaves every worker's status as
-// it was.
+// it was. In a partly leased group (one rank leased by another owner) the
+// refusal goes through the cross-rank vote: the refused rank answers
+// FAILED_PRECONDITION, its peers ABORTED naming it and the owner, at once.
+// InstallPlacement is leased like the other state-changing calls.
 
 #include <chrono>
+#include <functional>
+#include <iostream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/lease_renewer.h"
+#include "client/placement_request.h"
+#include "core/placement_table.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/cli_runner.h"
@@ -210,6 +218,138 @@ TEST_F(LeaseTest, BenchTargetsAgainstAnOwnedGroupLeavesItsStateAsItWas) {
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_EQ(fake_->StatusOf(r).lease_owner(), "");
     EXPECT_GT(fake_->StatusOf(r).generation(), owner->generation());
+  }
+}
+
+// `moe-ep stack --targets` holds the workers' lease like bench and run
+// (issue 12): against an owned group it is refused and changes nothing;
+// with --take-over it takes the lease, runs and verifies, and gives the
+// lease back when it exits.
+TEST_F(LeaseTest, StackTargetsHoldsTheLease) {
+  std::unique_ptr<client::Coordinator> owner = Client("coordinator@stack");
+  ASSERT_TRUE(owner->AcquireLease(false).ok());
+  ASSERT_TRUE(SetUpGroup(*owner, model_).ok());
+  const std::vector<std::string> before = Snapshot(/*with_errors=*/true);
+  const std::string stack =
+      absl::StrCat("stack --targets ", absl::StrJoin(fake_->cluster().targets(), ","),
+                   " --tp 3 --attn-dp 3 --hidden 32 --moe-intermediate 32 "
+                   "--dense-intermediate 96 --steps 1 --layers 2");
+  const CliResult refused = RunMoeEp(stack);
+  EXPECT_NE(refused.exit_code, 0) << refused.output;
+  EXPECT_THAT(refused.output, HasSubstr("leased by another client; nothing was changed"));
+  EXPECT_THAT(refused.output, HasSubstr("leased by owner 'coordinator@stack' for another "));
+  EXPECT_EQ(Snapshot(/*with_errors=*/true), before);
+
+  const CliResult taken = RunMoeEp(absl::StrCat(stack, " --take-over --owner stack@test"));
+  EXPECT_EQ(taken.exit_code, 0) << taken.output;
+  EXPECT_THAT(taken.output, HasSubstr("PASS: every DP group matches"));
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(fake_->StatusOf(r).lease_owner(), "") << "rank " << r;
+    EXPECT_GT(fake_->StatusOf(r).generation(), owner->generation());
+  }
+  // The old owner's calls are refused only while a lease is live: now none.
+  EXPECT_TRUE(owner->AcquireLease(false).ok());
+}
+
+// Rank kLeased alone is leased by another owner (a partly leased group, e.g.
+// a worker a second coordinator took over): each state-changing collective
+// call of a client that does not hold it fails on every rank within 1 s
+// (the group timeout is 5 s, the call's deadline 30 s), the peers ABORTED
+// naming the rank and the owner, nothing changes, and once the lease is
+// released the same call works without a new Join.
+TEST_F(LeaseTest, APartlyLeasedGroupAbortsThePeersOfTheRefusedRankAtOnce) {
+  constexpr int kLeased = 1;
+  ASSERT_TRUE(fake_->SetUp(model_, kCapacity, v1::EXPERT_KIND_IDENTITY).ok());
+  v1::LeaseRequest take;
+  take.mutable_claim()->set_owner_id("other@host:9");
+  take.mutable_claim()->set_ttl_ms(60000);
+  {
+    grpc::ClientContext context;
+    v1::LeaseResponse response;
+    ASSERT_TRUE(fake_->stub(kLeased).Lease(&context, take, &response).ok());
+  }
+  const std::vector<std::string> before = Snapshot();
+  client::Coordinator& c = fake_->coordinator();  // claims no owner
+  v1::LoadExpertsRequest load;
+  load.set_layer(0);
+  load.set_kind(v1::EXPERT_KIND_IDENTITY);
+  const auto expect_refused = [&](const std::string& rpc, const absl::Status& status,
+                                  absl::Duration took) {
+    EXPECT_LT(took, absl::Seconds(1)) << rpc << ": every rank must fail at once";
+    std::cout << rpc << " with rank 1 leased by another owner: every rank answered in "
+              << absl::ToDoubleMilliseconds(took) << " ms\n";
+    // The code of the lowest failing rank (AggregateRankErrors): rank 0, ABORTED.
+    EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << status;
+    const std::string m(status.message());
+    EXPECT_THAT(m, HasSubstr(absl::StrCat(rpc, " failed on 3 of 3 ranks")));
+    EXPECT_THAT(m, HasSubstr(absl::StrCat("rank 1 (", fake_->cluster().targets()[1],
+                                          "): ", "FAILED_PRECONDITION: ", rpc,
+                                          ": this worker is leased by owner 'other@host:9'")));
+    for (int peer : {0, 2}) {
+      EXPECT_THAT(m, HasSubstr(absl::StrCat("rank ", peer, " (", fake_->cluster().targets()[peer],
+                                            "): ABORTED: ")))
+          << rpc;
+    }
+    EXPECT_THAT(m, HasSubstr(absl::StrCat("rank 1 rejected its ", rpc,
+                                          " request: FAILED_PRECONDITION: ", rpc,
+                                          ": this worker is leased by owner 'other@host:9'")));
+  };
+  const auto timed = [](const std::function<absl::Status()>& call) {
+    const absl::Time start = absl::Now();
+    absl::Status status = call();
+    return std::make_pair(status, absl::Now() - start);
+  };
+  auto [configure, t1] =
+      timed([&] { return c.ConfigureLayers(MakeConfigureRequest(kWorld, model_)).status(); });
+  expect_refused("ConfigureLayers", configure, t1);
+  auto [allocate, t2] =
+      timed([&] { return c.AllocateWorkspace(MakeAllocateRequest(model_, 16)).status(); });
+  expect_refused("AllocateWorkspace", allocate, t2);
+  auto [loaded, t3] = timed([&] { return c.LoadExperts(load).status(); });
+  expect_refused("LoadExperts", loaded, t3);
+  const core::PlacementTable table =
+      core::PlacementTable::Contiguous(model_.num_experts, kWorld).value();
+  auto [placed, t4] = timed(
+      [&] { return c.InstallPlacement(client::MakeInstallPlacementRequest(0, table)).status(); });
+  expect_refused("InstallPlacement", placed, t4);
+  // Nothing changed and the group is not broken.
+  EXPECT_EQ(Snapshot(), before);
+  for (int r = 0; r < kWorld; ++r) EXPECT_FALSE(fake_->StatusOf(r).group_broken());
+  // Released: the same calls work without a new Join.
+  take.set_release(true);
+  {
+    grpc::ClientContext context;
+    v1::LeaseResponse response;
+    ASSERT_TRUE(fake_->stub(kLeased).Lease(&context, take, &response).ok());
+  }
+  EXPECT_TRUE(c.AllocateWorkspace(MakeAllocateRequest(model_, 16)).ok());
+  const absl::Status reloaded = c.LoadExperts(load).status();
+  EXPECT_TRUE(reloaded.ok()) << reloaded;
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(fake_->StatusOf(r).capacity_tokens(), 16);
+}
+
+// InstallPlacement carries the client's claim (issue 12 item 4): the owner
+// installs on its group; another owner and a client without a claim are
+// refused on every rank, naming the owner, and the table stays as it was.
+TEST_F(LeaseTest, InstallPlacementIsTheOwnersCall) {
+  std::unique_ptr<client::Coordinator> owner = Client("coordinator@places");
+  ASSERT_TRUE(owner->AcquireLease(false).ok());
+  ASSERT_TRUE(SetUpGroup(*owner, model_).ok());
+  const core::PlacementTable table =
+      core::PlacementTable::Contiguous(model_.num_experts, kWorld).value();
+  const v1::InstallPlacementRequest request = client::MakeInstallPlacementRequest(0, table);
+  std::unique_ptr<client::Coordinator> other = Client("moe-ep@b:8");
+  for (client::Coordinator* refused : {other.get(), &fake_->coordinator()}) {
+    const absl::Status status = refused->InstallPlacement(request).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+    EXPECT_THAT(std::string(status.message()),
+                HasSubstr("InstallPlacement: this worker is leased by owner "
+                          "'coordinator@places'"));
+  }
+  auto installed = owner->InstallPlacement(request);
+  ASSERT_TRUE(installed.ok()) << installed.status();
+  for (const v1::InstallPlacementResponse& r : *installed) {
+    EXPECT_EQ(r.fingerprint(), table.Fingerprint());
   }
 }
 
