@@ -290,8 +290,8 @@ int main(int argc, char** argv) {
   run->add_flag("--json", run_json, "progress on stderr, the summary as JSON on stdout");
   run->callback([&] {
     run_options.rpc_timeout = absl::Seconds(rpc_timeout_s);
-    run_options.dispatch_dtype = *core::ParseDispatchDType(run_dispatch_dtype);
-    if (run_tp > 0 && run_options.dispatch_dtype != core::DispatchDType::kBF16) {
+    run_options.dispatch_dtype = *moe_ep::core::ParseDispatchDType(run_dispatch_dtype);
+    if (run_tp > 0 && run_options.dispatch_dtype != moe_ep::core::DispatchDType::kBF16) {
       action = [] {
         return absl::InvalidArgumentError(
             "--dispatch-dtype: fp8_e4m3 applies to the MoE-layer run, not to --tp (the decoder "
