@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
       ->required()
       ->check(Positive());
   ws->add_option("--dtype", ws_options.dtype,
-                  "dispatch dtype (sizes only: the data planes move bf16 and fp8_e4m3)")
+                 "dispatch dtype (sizes only: the data planes move bf16 and fp8_e4m3)")
       ->check(CLI::IsMember({"bf16", "nvfp4", "mxfp8", "fp8_e4m3"}))
       ->capture_default_str();
   ws->add_flag("--json", ws_options.json, "print the sizes as JSON");

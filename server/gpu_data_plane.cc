@@ -237,8 +237,8 @@ absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, const core::ExpertS
   }
   // An installed table is checked slot by slot; without one, the range of
   // the contiguous placement (and its message).
-  RETURN_IF_ERROR(CheckExpertSourceForWorkspace(source, options_, collective_->rank(),
-                                                book_.Installed(layer)));
+  RETURN_IF_ERROR(
+      CheckExpertSourceForWorkspace(source, options_, collective_->rank(), book_.Installed(layer)));
   RETURN_IF_ERROR(MakeDeviceCurrent());
   // Made on the device from the source (seeded: generated there; safetensors:
   // streamed through bounded pinned staging): no host copy of the layer.

@@ -73,8 +73,8 @@
 #include "kernels/nccl_collective.h"
 #include "kernels/staged_control_collective.h"
 #include "server/data_plane.h"
-#include "server/placement_book.h"
 #include "server/gpu_shared_experts.h"
+#include "server/placement_book.h"
 
 namespace moe_ep::server {
 

@@ -20,8 +20,7 @@ TEST(PlacementBook, InstalledTablesOverrideTheContiguousOneUntilReset) {
   PlacementBook book;
   EXPECT_FALSE(book.ready());
   EXPECT_EQ(book.Placement(0), nullptr);
-  EXPECT_EQ(book.ReadExpertLoad(0, false).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(book.ReadExpertLoad(0, false).status().code(), absl::StatusCode::kFailedPrecondition);
 
   const auto contiguous = Table(core::PlacementTable::Contiguous(4, 2));
   book.Reset(contiguous);
