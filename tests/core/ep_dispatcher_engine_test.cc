@@ -8,38 +8,18 @@
 #include "core/ep_dispatcher.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/core/thread_group.h"
+#include "tests/core/ep_dispatcher_harness.h"
 
 namespace moe_ep::core {
 namespace {
 
-using ::moe_ep::core::testing::JoinLoopback;
-using ::moe_ep::core::testing::NewHashStore;
-using ::moe_ep::core::testing::RunOnRanks;
+using ::moe_ep::core::testing::DispatcherOptions;
+using ::moe_ep::core::testing::RunEp;
 using ::testing::HasSubstr;
 
 EpDispatcherOptions Options(int ep_size, int64_t capacity, int64_t hidden, int top_k,
                             int num_experts) {
-  EpDispatcherOptions o;
-  o.workspace.ep_size = ep_size;
-  o.workspace.capacity_tokens = capacity;
-  o.workspace.hidden = hidden;
-  o.workspace.top_k = top_k;
-  o.workspace.dtype = DispatchDType::kBF16;
-  o.num_experts = num_experts;
-  return o;
-}
-
-void RunEp(int ep_size, const EpDispatcherOptions& options,
-           const std::function<void(int, EpDispatcher&)>& fn) {
-  auto store = NewHashStore();
-  RunOnRanks(ep_size, [&](int rank) {
-    auto group = JoinLoopback(store, rank, ep_size, absl::Seconds(20));
-    ASSERT_TRUE(group.ok()) << group.status();
-    auto dispatcher = EpDispatcher::Create(group->get(), options, 0);
-    ASSERT_TRUE(dispatcher.ok()) << dispatcher.status();
-    fn(rank, **dispatcher);
-  });
+  return DispatcherOptions(ep_size, capacity, hidden, top_k, num_experts);
 }
 
 // 2 ranks, 4 experts (rank 0: 0-1, rank 1: 2-3), H 2, K 2. Expert e

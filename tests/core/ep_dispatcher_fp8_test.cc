@@ -17,65 +17,34 @@
 #include "core/moe_reference.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/core/ep_dispatcher_harness.h"
 #include "tests/core/thread_group.h"
 
 namespace moe_ep::core {
 namespace {
 
+using ::moe_ep::core::testing::DispatcherOptions;
 using ::moe_ep::core::testing::JoinLoopback;
 using ::moe_ep::core::testing::NewHashStore;
-using ::moe_ep::core::testing::RunOnRanks;
+using ::moe_ep::core::testing::RandomInputWith;
+using ::moe_ep::core::testing::RunEp;
+using ::moe_ep::core::testing::StepInput;
 using ::testing::HasSubstr;
 
 EpDispatcherOptions Fp8Options(int ep_size, int64_t capacity, int64_t hidden, int top_k,
                                int num_experts) {
-  EpDispatcherOptions o;
-  o.workspace = WorkspaceSpec{ep_size, capacity, hidden, top_k, DispatchDType::kFP8E4M3};
-  o.num_experts = num_experts;
-  return o;
+  return DispatcherOptions(ep_size, capacity, hidden, top_k, num_experts, DispatchDType::kFP8E4M3);
 }
-
-void RunEp(int ep_size, const EpDispatcherOptions& options,
-           const std::function<void(int, EpDispatcher&)>& fn) {
-  auto store = NewHashStore();
-  RunOnRanks(ep_size, [&](int rank) {
-    auto group = JoinLoopback(store, rank, ep_size, absl::Seconds(20));
-    ASSERT_TRUE(group.ok()) << group.status();
-    auto dispatcher = EpDispatcher::Create(group->get(), options, 0);
-    ASSERT_TRUE(dispatcher.ok()) << dispatcher.status();
-    fn(rank, **dispatcher);
-  });
-}
-
-struct StepInput {
-  int64_t tokens = 0;
-  std::vector<bf16_t> hidden;
-  std::vector<int32_t> ids;
-  std::vector<float> weights;
-};
 
 // Values over several binades (so that blocks mix normals and e4m3
 // subnormals) and distinct valid experts.
 StepInput RandomInput(uint32_t seed, int64_t tokens, int64_t hidden, int top_k, int num_experts) {
-  std::mt19937 gen(seed);
   std::normal_distribution<float> val(0.0f, 1.0f);
   std::uniform_int_distribution<int> binade(-12, 3);
-  std::uniform_real_distribution<float> wt(0.05f, 1.0f);
-  StepInput in;
-  in.tokens = tokens;
-  for (int64_t i = 0; i < tokens * hidden; ++i) {
-    in.hidden.push_back(FloatToBf16(std::ldexp(val(gen), binade(gen))));
-  }
-  for (int64_t t = 0; t < tokens; ++t) {
-    std::vector<int32_t> experts(num_experts);
-    for (int e = 0; e < num_experts; ++e) experts[e] = e;
-    std::shuffle(experts.begin(), experts.end(), gen);
-    for (int k = 0; k < top_k; ++k) {
-      in.ids.push_back(experts[k]);
-      in.weights.push_back(wt(gen));
-    }
-  }
-  return in;
+  return RandomInputWith(seed, tokens, hidden, top_k, num_experts, [&](std::mt19937& gen) {
+    const float v = val(gen);
+    return std::ldexp(v, binade(gen));
+  });
 }
 
 TEST(EpDispatcherFp8, CreateRefusesHiddenOffTheScaleBlock) {

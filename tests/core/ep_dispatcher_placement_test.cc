@@ -16,40 +16,23 @@
 #include "core/placement_table.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/core/thread_group.h"
+#include "tests/core/ep_dispatcher_harness.h"
 
 namespace moe_ep::core {
 namespace {
 
-using ::moe_ep::core::testing::JoinLoopback;
-using ::moe_ep::core::testing::NewHashStore;
-using ::moe_ep::core::testing::RunOnRanks;
+using ::moe_ep::core::testing::DispatcherOptions;
+using ::moe_ep::core::testing::RandomInput;
+using ::moe_ep::core::testing::RunEp;
+using ::moe_ep::core::testing::StepInput;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 EpDispatcherOptions Options(int ep_size, int64_t capacity, int64_t hidden, int top_k,
                             int num_experts, int redundant) {
-  EpDispatcherOptions o;
-  o.workspace.ep_size = ep_size;
-  o.workspace.capacity_tokens = capacity;
-  o.workspace.hidden = hidden;
-  o.workspace.top_k = top_k;
-  o.workspace.dtype = DispatchDType::kBF16;
-  o.num_experts = num_experts;
+  EpDispatcherOptions o = DispatcherOptions(ep_size, capacity, hidden, top_k, num_experts);
   o.redundant_slots_per_rank = redundant;
   return o;
-}
-
-void RunEp(int ep_size, const EpDispatcherOptions& options,
-           const std::function<void(int, EpDispatcher&)>& fn) {
-  auto store = NewHashStore();
-  RunOnRanks(ep_size, [&](int rank) {
-    auto group = JoinLoopback(store, rank, ep_size, absl::Seconds(20));
-    ASSERT_TRUE(group.ok()) << group.status();
-    auto dispatcher = EpDispatcher::Create(group->get(), options, 0);
-    ASSERT_TRUE(dispatcher.ok()) << dispatcher.status();
-    fn(rank, **dispatcher);
-  });
 }
 
 std::shared_ptr<const PlacementTable> Table(int num_experts, std::vector<std::vector<int>> slots) {
@@ -66,32 +49,6 @@ std::shared_ptr<const PlacementTable> TwoRankTable() {
 // rank 2 holds expert 5 in two slots (one copy of its weights).
 std::shared_ptr<const PlacementTable> FourRankTable() {
   return Table(8, {{7, 0, 3}, {1, 7, 6}, {2, 5, 5}, {4, 6, 0}});
-}
-
-struct StepInput {
-  int64_t tokens = 0;
-  std::vector<bf16_t> hidden;
-  std::vector<int32_t> ids;
-  std::vector<float> weights;
-};
-
-StepInput RandomInput(uint32_t seed, int64_t tokens, int64_t hidden, int top_k, int num_experts) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> val(-1.0f, 1.0f);
-  std::uniform_real_distribution<float> wt(0.05f, 1.0f);
-  StepInput in;
-  in.tokens = tokens;
-  for (int64_t i = 0; i < tokens * hidden; ++i) in.hidden.push_back(FloatToBf16(val(gen)));
-  for (int64_t t = 0; t < tokens; ++t) {
-    std::vector<int32_t> experts(num_experts);
-    for (int e = 0; e < num_experts; ++e) experts[e] = e;
-    std::shuffle(experts.begin(), experts.end(), gen);
-    for (int k = 0; k < top_k; ++k) {
-      in.ids.push_back(experts[k]);
-      in.weights.push_back(wt(gen));
-    }
-  }
-  return in;
 }
 
 // --- routing and payload ids ----------------------------------------------

@@ -12,14 +12,18 @@
 #include "core/moe_reference.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/core/ep_dispatcher_harness.h"
 #include "tests/core/thread_group.h"
 
 namespace moe_ep::core {
 namespace {
 
+using ::moe_ep::core::testing::DispatcherOptions;
 using ::moe_ep::core::testing::JoinLoopback;
 using ::moe_ep::core::testing::NewHashStore;
-using ::moe_ep::core::testing::RunOnRanks;
+using ::moe_ep::core::testing::RandomInput;
+using ::moe_ep::core::testing::RunEp;
+using ::moe_ep::core::testing::StepInput;
 using ::testing::HasSubstr;
 
 // bf16 has 8 significant bits: unit roundoff u = 2^-8. The dispatched path
@@ -33,57 +37,9 @@ constexpr double kAbsSlack = 1e-5;
 
 EpDispatcherOptions Options(int ep_size, int64_t capacity, int64_t hidden, int top_k,
                             int num_experts, int32_t invalid_id = -1) {
-  EpDispatcherOptions o;
-  o.workspace.ep_size = ep_size;
-  o.workspace.capacity_tokens = capacity;
-  o.workspace.hidden = hidden;
-  o.workspace.top_k = top_k;
-  o.workspace.dtype = DispatchDType::kBF16;
-  o.num_experts = num_experts;
+  EpDispatcherOptions o = DispatcherOptions(ep_size, capacity, hidden, top_k, num_experts);
   o.invalid_expert_id = invalid_id;
   return o;
-}
-
-// Runs fn(rank, dispatcher) on `ep_size` threads, each with its own Gloo rank
-// and dispatcher built from `options`.
-void RunEp(int ep_size, const EpDispatcherOptions& options,
-           const std::function<void(int, EpDispatcher&)>& fn) {
-  auto store = NewHashStore();
-  RunOnRanks(ep_size, [&](int rank) {
-    auto group = JoinLoopback(store, rank, ep_size, absl::Seconds(20));
-    ASSERT_TRUE(group.ok()) << group.status();
-    auto dispatcher = EpDispatcher::Create(group->get(), options, 0);
-    ASSERT_TRUE(dispatcher.ok()) << dispatcher.status();
-    fn(rank, **dispatcher);
-  });
-}
-
-// One rank's step input: hidden [T, H] bf16, ids [T, K] (distinct valid
-// experts), weights [T, K] in (0, 1).
-struct StepInput {
-  int64_t tokens = 0;
-  std::vector<bf16_t> hidden;
-  std::vector<int32_t> ids;
-  std::vector<float> weights;
-};
-
-StepInput RandomInput(uint32_t seed, int64_t tokens, int64_t hidden, int top_k, int num_experts) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> val(-1.0f, 1.0f);
-  std::uniform_real_distribution<float> wt(0.05f, 1.0f);
-  StepInput in;
-  in.tokens = tokens;
-  for (int64_t i = 0; i < tokens * hidden; ++i) in.hidden.push_back(FloatToBf16(val(gen)));
-  for (int64_t t = 0; t < tokens; ++t) {
-    std::vector<int32_t> experts(num_experts);
-    for (int e = 0; e < num_experts; ++e) experts[e] = e;
-    std::shuffle(experts.begin(), experts.end(), gen);
-    for (int k = 0; k < top_k; ++k) {
-      in.ids.push_back(experts[k]);
-      in.weights.push_back(wt(gen));
-    }
-  }
-  return in;
 }
 
 int64_t MaxTokens(const std::vector<int64_t>& counts) {
