@@ -72,10 +72,13 @@ struct OneSidedDispatcherOptions {
   // for R >= ce_min_tokens (bf16 dispatch only; fp8 always takes the SM
   // path). Every rank must use the same choice (the paths interoperate per
   // source, but the same choice keeps the figures per R alike). Default
-  // threshold: bench/results/onesided-ce/README.md.
-  OsPathChoice path = OsPathChoice::kAuto;
+  // kSm: on one H200 (bench/results/onesided-ce/README.md) the ce step lost
+  // at every R measured (1-4096 tokens, EP 1 and 2); only its combine phase
+  // won at EP 1 from R 1024 (80 vs 101 us at 4096), so kAuto's default
+  // threshold is 4096, where the ce combine also won eager at EP 2.
+  OsPathChoice path = OsPathChoice::kSm;
   int64_t ce_min_tokens = kDefaultCeMinTokens;
-  static constexpr int64_t kDefaultCeMinTokens = 2048;
+  static constexpr int64_t kDefaultCeMinTokens = 4096;
 };
 
 class OneSidedDispatcher {

@@ -199,6 +199,10 @@ TEST(OneSidedThreadsCe, Ep4BitExactVsSmZeroTokenRank) {
 }
 
 TEST(OneSidedCe, ChoosePath) {
+  // The defaults: the SM path; auto from R 4096 (bench/results/onesided-ce).
+  const OneSidedDispatcherOptions defaults;
+  EXPECT_EQ(defaults.path, OsPathChoice::kSm);
+  EXPECT_EQ(defaults.ce_min_tokens, 4096);
   EXPECT_EQ(ChooseOsPath(OsPathChoice::kAuto, 2047, 2048, false), OsPath::kSm);
   EXPECT_EQ(ChooseOsPath(OsPathChoice::kAuto, 2048, 2048, false), OsPath::kCopyEngine);
   EXPECT_EQ(ChooseOsPath(OsPathChoice::kAuto, 4096, 2048, true), OsPath::kSm);
