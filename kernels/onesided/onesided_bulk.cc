@@ -29,8 +29,9 @@ absl::Status EnqueueOsBulkDispatch(const OsDispatchParams& p, int64_t rows, cuda
       p.ep_size > kMaxEpSize) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "EnqueueOsBulkDispatch: expected rows in [0, R %d], a hidden input, bf16 rows, ep_size in "
-        "[1, %d]; got rows %d, hidden %s, fp8 %v, ep_size %d",
-        p.step.r, kMaxEpSize, rows, p.hidden == nullptr ? "null" : "set", p.fp8, p.ep_size));
+        "[1, %d]; got rows %d, hidden %s, fp8 %s, ep_size %d",
+        p.step.r, kMaxEpSize, rows, p.hidden == nullptr ? "null" : "set", p.fp8 ? "yes" : "no",
+        p.ep_size));
   }
   if (rows == 0) return absl::OkStatus();
   const size_t width = static_cast<size_t>(2 * p.hidden_size);

@@ -137,9 +137,12 @@ class OneSidedDispatcher {
 
   // Captures one whole step at R = bucket (a local operation: no peer takes
   // part; a peer that captured another bucket shows up as an R mismatch at
-  // replay). Errors: kInvalidArgument (bucket outside [1, N], null
-  // pointers, experts), kFailedPrecondition (broken, mid-step, SwiGLU with
-  // kCublasHostCounts), kInternal (CUDA).
+  // replay). On the copy-engine path (PathFor(bucket)) every replay copies
+  // `bucket` rows of `hidden`, which must hold that many rows (rows past T
+  // reach no expert: their ids are the padding ids). Errors:
+  // kInvalidArgument (bucket outside [1, N], null pointers, experts),
+  // kFailedPrecondition (broken, mid-step, SwiGLU with kCublasHostCounts),
+  // kInternal (CUDA).
   absl::Status CaptureForward(int64_t bucket, const uint16_t* hidden, const int32_t* topk_ids,
                               const float* topk_weights, const DeviceExpertSet& experts,
                               uint16_t* output);
