@@ -9,7 +9,13 @@
 //   onesided  EP 1, and EP 2 as two threads of this process sharing the GPU
 //             (ThreadWindowGroup windows, one CUDA context, kernels
 //             co-resident, each rank's communication kernels bounded by
-//             --sm-budget blocks).
+//             --sm-budget blocks), for each --path (sm: SM stores; ce: the
+//             copy-engine bulk path; auto: by --ce-min-tokens; issue 15
+//             item 3). The CSV's "path" column is the path the step took
+//             (OneSidedDispatcher::last_path), "nccl" for the NCCL plane.
+//             With ce, identity experts are a kernel of their own (in the
+//             ComputeExperts phase, as on the NCCL plane), so graph_combine
+//             is copies + reduction.
 // Per rank and configuration:
 //   graph_dispatch / graph_combine: the phases inside one CUDA graph
 //     (Dispatch | ComputeExperts | Combine captured with external event
@@ -35,6 +41,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -52,6 +59,7 @@ struct Times {
   double graph_dispatch = 0, graph_combine = 0, graph_phases = 0, graph_step = 0,
          graph_step_p99 = 0, eager_dispatch = 0, eager_combine = 0, enqueue_dispatch = 0,
          enqueue_combine = 0;
+  std::string path = "nccl";  // the path the step took
 };
 
 Times SlowerOf(const std::vector<Times>& v) {
@@ -66,6 +74,7 @@ Times SlowerOf(const std::vector<Times>& v) {
     t.eager_combine = std::max(t.eager_combine, x.eager_combine);
     t.enqueue_dispatch = std::max(t.enqueue_dispatch, x.enqueue_dispatch);
     t.enqueue_combine = std::max(t.enqueue_combine, x.enqueue_combine);
+    t.path = x.path;
   }
   return t;
 }
@@ -191,6 +200,9 @@ Times Measure(D& d, int rank, std::barrier<>& bar, const Inputs& in, const Devic
   }
   out.graph_step = Percentile(gs, 0.5);
   out.graph_step_p99 = Percentile(gs, 0.99);
+  if constexpr (std::is_same_v<D, onesided::OneSidedDispatcher>) {
+    out.path = onesided::OsPathName(d.last_path());
+  }
   for (auto& e : ev) cudaEventDestroy(e);
   for (auto& e : g) cudaEventDestroy(e);
   return out;
@@ -201,10 +213,11 @@ struct Config {
   int ep;
   int64_t tokens;
   int sm_budget;
+  onesided::OsPathChoice path = onesided::OsPathChoice::kAuto;
 };
 
 Times RunConfig(const Config& c, int64_t hidden, int top_k, int num_experts, int warmup, int iters,
-                int graph_iters) {
+                int graph_iters, int64_t ce_min_tokens) {
   std::vector<Times> per_rank(c.ep);
   std::barrier<> bar(c.ep);
   auto placement = *core::ExpertPlacement::Contiguous(num_experts, c.ep);
@@ -238,6 +251,8 @@ Times RunConfig(const Config& c, int64_t hidden, int top_k, int num_experts, int
         o.dispatcher = ep;
         o.sm_budget = c.sm_budget;
         o.timeout = absl::Seconds(10);
+        o.path = c.path;
+        o.ce_min_tokens = ce_min_tokens;
         auto d = onesided::OneSidedDispatcher::Create(windows->get(), o, 0);
         BENCH_CHECK(d.status());
         per_rank[rank] =
@@ -272,6 +287,8 @@ int main(int argc, char** argv) {
   int64_t hidden = 7168;
   int top_k = 8, num_experts = 256, warmup = 20, iters = 300, graph_iters = 1000;
   bool skip_nccl = false;
+  std::vector<std::string> paths = {"sm", "ce"};
+  int64_t ce_min_tokens = onesided::OneSidedDispatcherOptions::kDefaultCeMinTokens;
   app.add_option("--tokens", tokens, "tokens per rank (R = tokens)");
   app.add_option("--sm-budget", sm_budgets, "blocks of each one-sided communication kernel");
   app.add_option("--hidden", hidden);
@@ -281,14 +298,25 @@ int main(int argc, char** argv) {
   app.add_option("--iters", iters, "eager steps");
   app.add_option("--graph-iters", graph_iters, "graph replays (>= 1000 for the issue's figures)");
   app.add_flag("--skip-nccl", skip_nccl, "only the one-sided plane");
+  app.add_option("--path", paths, "one-sided paths: sm, ce, auto (each a row)");
+  app.add_option("--ce-min-tokens", ce_min_tokens, "auto: R from which the copy engine moves rows");
   CLI11_PARSE(app, argc, argv);
+  std::vector<onesided::OsPathChoice> choices;
+  for (const std::string& name : paths) {
+    absl::StatusOr<onesided::OsPathChoice> c = onesided::ParseOsPathChoice(name);
+    if (!c.ok()) {
+      std::fprintf(stderr, "onesided_bench: --path: %s\n", c.status().ToString().c_str());
+      return 2;
+    }
+    choices.push_back(*c);
+  }
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) {
     std::fprintf(stderr, "onesided_bench: no CUDA device\n");
     return 2;
   }
   std::printf(
-      "plane,ep,tokens,sm_budget,dispatch_path,graph_dispatch_p50_us,graph_combine_p50_us,"
+      "plane,ep,tokens,sm_budget,path,dispatch_path,graph_dispatch_p50_us,graph_combine_p50_us,"
       "graph_phases_step_p50_us,graph_step_p50_us,graph_step_p99_us,eager_dispatch_p50_us,"
       "eager_combine_p50_us,enqueue_dispatch_p50_us,enqueue_combine_p50_us,graph_replays,"
       "eager_steps\n");
@@ -296,18 +324,22 @@ int main(int argc, char** argv) {
     std::vector<Config> configs;
     if (!skip_nccl) configs.push_back({"nccl", 1, t, 0});
     for (int sm : sm_budgets) {
-      configs.push_back({"onesided", 1, t, sm});
-      configs.push_back({"onesided", 2, t, sm});
+      for (const onesided::OsPathChoice path : choices) {
+        configs.push_back({"onesided", 1, t, sm, path});
+        configs.push_back({"onesided", 2, t, sm, path});
+      }
     }
     for (const Config& c : configs) {
-      const Times r = RunConfig(c, hidden, top_k, num_experts, warmup, iters, graph_iters);
-      const char* path = c.plane == "nccl"                    ? "nccl-grouped-send-recv"
-                         : onesided::OsDispatchFused(t, c.ep) ? "fused-route-send"
-                                                              : "route+send";
-      std::printf("%s,%d,%ld,%d,%s,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%d,%d\n",
-                  c.plane.c_str(), c.ep, t, c.sm_budget, path, r.graph_dispatch, r.graph_combine,
-                  r.graph_phases, r.graph_step, r.graph_step_p99, r.eager_dispatch, r.eager_combine,
-                  r.enqueue_dispatch, r.enqueue_combine, graph_iters, iters);
+      const Times r =
+          RunConfig(c, hidden, top_k, num_experts, warmup, iters, graph_iters, ce_min_tokens);
+      const char* kernels = c.plane == "nccl"                    ? "nccl-grouped-send-recv"
+                            : r.path == "ce"                     ? "route+copy+send"
+                            : onesided::OsDispatchFused(t, c.ep) ? "fused-route-send"
+                                                                 : "route+send";
+      std::printf("%s,%d,%ld,%d,%s,%s,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%d,%d\n",
+                  c.plane.c_str(), c.ep, t, c.sm_budget, r.path.c_str(), kernels, r.graph_dispatch,
+                  r.graph_combine, r.graph_phases, r.graph_step, r.graph_step_p99, r.eager_dispatch,
+                  r.eager_combine, r.enqueue_dispatch, r.enqueue_combine, graph_iters, iters);
       std::fflush(stdout);
     }
   }

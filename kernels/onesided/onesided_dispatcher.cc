@@ -1,5 +1,6 @@
 #include "kernels/onesided/onesided_dispatcher.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -39,6 +40,16 @@ absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
   if (options.sm_budget < 1) {
     return absl::InvalidArgumentError(
         absl::StrFormat("sm_budget: expected >= 1, got %d", options.sm_budget));
+  }
+  if (options.ce_min_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("ce_min_tokens: expected >= 1, got %d", options.ce_min_tokens));
+  }
+  if (options.path == OsPathChoice::kCopyEngine && ws.dtype != core::DispatchDType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("path ce: the copy-engine path moves bf16 rows only, dispatch_dtype is %s; "
+                        "use path sm or auto",
+                        core::DispatchDTypeName(ws.dtype)));
   }
   if (options.timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
@@ -95,6 +106,9 @@ absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
         d->rank_, total, off.total_bytes, d->local_bytes_, scratch, memory_cap_bytes));
   }
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(d->device_), "cudaSetDevice"));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaDeviceGetAttribute(&d->sm_count_, cudaDevAttrMultiProcessorCount, d->device_),
+                 "cudaDeviceGetAttribute(multiprocessors)"));
   RETURN_IF_ERROR(PreloadOsKernels());
   if (fp8) RETURN_IF_ERROR(PreloadFp8DispatchKernels());
   RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&d->stream_, cudaStreamNonBlocking),
@@ -138,6 +152,10 @@ OneSidedDispatcher::~OneSidedDispatcher() {
 
 int64_t OneSidedDispatcher::allocated_bytes() const {
   return off_.total_bytes + local_bytes_ + expert_compute_->allocated_bytes();
+}
+
+OsPath OneSidedDispatcher::PathFor(int64_t r) const {
+  return ChooseOsPath(options_.path, r, options_.ce_min_tokens, fp8_);
 }
 
 absl::Status OneSidedDispatcher::Usable() const {
@@ -187,6 +205,7 @@ OsDispatchParams OneSidedDispatcher::DispatchParams(const OsStepArgs& step, cons
   p.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.timeout));
   p.sys_scope = !windows_->same_device();
   p.fp8 = fp8_;
+  p.ce = PathFor(step.r) == OsPath::kCopyEngine;
   return p;
 }
 
@@ -200,14 +219,45 @@ absl::Status OneSidedDispatcher::EnqueueDequantize(int64_t r) {
                                       hidden_, top_k_, rows_, stream_);
 }
 
+absl::Status OneSidedDispatcher::EnqueueDispatchParams(const OsDispatchParams& p,
+                                                       int64_t copy_rows) {
+  last_path_ = p.ce ? OsPath::kCopyEngine : OsPath::kSm;
+  if (!p.ce) {
+    RETURN_IF_ERROR(LaunchOsDispatch(p, stream_));
+    return EnqueueDequantize(p.step.r);
+  }
+  // Route (slots = token index), the copies, then ids + flags (stream order
+  // puts the flags after the copies).
+  RETURN_IF_ERROR(LaunchOsRoute(p, stream_));
+  RETURN_IF_ERROR(EnqueueOsBulkDispatch(p, copy_rows, stream_));
+  return LaunchOsSend(p, stream_);
+}
+
 absl::Status OneSidedDispatcher::EnqueueDispatch(const OsStepArgs& step, const uint16_t* hidden,
                                                  const int32_t* topk_ids,
                                                  const float* topk_weights) {
-  RETURN_IF_ERROR(LaunchOsDispatch(DispatchParams(step, hidden, topk_ids, topk_weights), stream_));
-  return EnqueueDequantize(step.r);
+  return EnqueueDispatchParams(DispatchParams(step, hidden, topk_ids, topk_weights),
+                               std::min(step.t, step.r));
 }
 
 absl::Status OneSidedDispatcher::EnqueueExperts(int64_t r, const DeviceExpertSet& experts) {
+  if (experts.kind() == core::ExpertKind::kIdentity && PathFor(r) == OsPath::kCopyEngine) {
+    // The copy engine moves the expert output: identity rows are written
+    // into it first (the arithmetic the SM path applies as it pushes).
+    identity_pending_ = false;
+    OsIdentityParams ip;
+    ip.rows = BfRows();
+    ip.out = expert_out_;
+    ip.recv_counts = local_.recv_counts;
+    ip.ep_size = ep_size_;
+    ip.hidden_size = hidden_;
+    ip.top_k = top_k_;
+    ip.first_expert = first_expert_;
+    ip.num_local_experts = num_local_experts_;
+    ip.max_tokens = r;
+    ip.blocks = 2 * sm_count_;
+    return LaunchOsIdentityRows(ip, stream_);
+  }
   if (experts.kind() == core::ExpertKind::kIdentity) {
     // The combine kernel applies identity experts to the received rows as it
     // pushes them (the expert kernel's arithmetic): nothing to launch.
@@ -240,6 +290,12 @@ absl::Status OneSidedDispatcher::EnqueueCombine(int64_t r, uint16_t* output,
   p.blocks = options_.sm_budget;
   p.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.timeout));
   p.sys_scope = !windows_->same_device();
+  p.ce = PathFor(r) == OsPath::kCopyEngine;
+  if (p.ce) {
+    p.identity = false;  // EnqueueExperts wrote the identity rows
+    RETURN_IF_ERROR(
+        EnqueueOsBulkCombine(peers_, off_, rank_, ep_size_, r, hidden_, expert_out_, stream_));
+  }
   identity_pending_ = false;
   return LaunchOsCombine(p, stream_);
 }
@@ -304,8 +360,7 @@ absl::Status OneSidedDispatcher::CaptureForward(int64_t bucket, const uint16_t* 
   g.dispatch = DispatchParams({geometry_.epoch(), bucket, bucket}, hidden, topk_ids, topk_weights);
   RETURN_IF_ERROR(CudaStatus(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
                              "cudaStreamBeginCapture"));
-  absl::Status captured = LaunchOsDispatch(g.dispatch, stream_);
-  if (captured.ok()) captured = EnqueueDequantize(bucket);
+  absl::Status captured = EnqueueDispatchParams(g.dispatch, bucket);
   if (captured.ok()) captured = EnqueueExperts(bucket, experts);
   if (captured.ok()) captured = EnqueueCombine(bucket, output, nullptr);
   const cudaError_t end = cudaStreamEndCapture(stream_, &g.graph);
@@ -316,7 +371,7 @@ absl::Status OneSidedDispatcher::CaptureForward(int64_t bucket, const uint16_t* 
   }
   // The dispatch's first kernel takes the step's (epoch, R, T): find its node
   // so that a replay can update them.
-  const void* first = OsFirstDispatchKernel(bucket, ep_size_, hidden_, top_k_);
+  const void* first = OsFirstDispatchKernel(bucket, ep_size_, hidden_, top_k_, g.dispatch.ce);
   size_t count = 0;
   absl::Status found = CudaStatus(cudaGraphGetNodes(g.graph, nullptr, &count), "cudaGraphGetNodes");
   std::vector<cudaGraphNode_t> nodes(count);

@@ -6,13 +6,20 @@
 // (kernels/onesided/peer_window.h) instead of NCCL calls. Kernels and the
 // protocol: kernels/onesided/onesided_kernels.cuh.
 //
-// Per step: dispatch = 1 kernel for R <= 512 and E <= 8 (route fused in),
-// else 2;
+// Per step on the SM path: dispatch = 1 kernel for R <= 512 and E <= 8
+// (route fused in), else 2;
 // expert compute (kernels/expert_compute.h) on the window's received rows,
 // except for identity experts, which the combine kernel applies as it pushes
 // (the expert kernel's arithmetic); combine = 1 kernel (push, flag exchange,
 // reduction with combine_reduce.cuh's arithmetic), so with identity experts
 // the output is bit-identical to GpuEpDispatcher's.
+// The copy-engine path (options.path, issue 15 item 3;
+// kernels/onesided/onesided_bulk.h) moves the bulk rows with
+// cudaMemcpy(2D)Async instead of SM stores: dispatch = route kernel, one
+// copy per destination, send kernel (ids, flags); identity experts = one
+// kernel into the expert output; combine = one copy per source, combine
+// kernel (flags, reduction). Its outputs equal the SM path's bit for bit.
+// last_path() says which path the last step took.
 // (epoch, R) agreement rides in the dispatch flags, always on the device: a
 // disagreement makes the step write no output row, and CheckStep() reports
 // it (kAborted, naming the rank). A peer whose flag does not arrive within
@@ -46,6 +53,7 @@
 #include "kernels/device_experts.h"
 #include "kernels/expert_compute.h"
 #include "kernels/gpu_ep_dispatcher.h"
+#include "kernels/onesided/onesided_bulk.h"
 #include "kernels/onesided/onesided_kernels.cuh"
 #include "kernels/onesided/peer_window.h"
 
@@ -60,6 +68,17 @@ struct OneSidedDispatcherOptions {
   int sm_budget = 16;
   // Bound of every wait on a peer's flag (DEADLINE_EXCEEDED after it).
   absl::Duration timeout = absl::Seconds(10);
+  // Which path moves the rows (onesided_bulk.h): kAuto takes the copy engine
+  // for R >= ce_min_tokens (bf16 dispatch only; fp8 always takes the SM
+  // path). Every rank must use the same choice (the paths interoperate per
+  // source, but the same choice keeps the figures per R alike). Default
+  // kSm: on one H200 (bench/results/onesided-ce/README.md) the ce step lost
+  // at every R measured (1-4096 tokens, EP 1 and 2); only its combine phase
+  // won at EP 1 from R 1024 (80 vs 101 us at 4096), so kAuto's default
+  // threshold is 4096, where the ce combine also won eager at EP 2.
+  OsPathChoice path = OsPathChoice::kSm;
+  int64_t ce_min_tokens = kDefaultCeMinTokens;
+  static constexpr int64_t kDefaultCeMinTokens = 4096;
 };
 
 class OneSidedDispatcher {
@@ -92,6 +111,10 @@ class OneSidedDispatcher {
   cudaStream_t stream() const { return stream_; }
   // Device bytes this rank holds: window + local state + expert scratch.
   int64_t allocated_bytes() const;
+  // The path a step of R rows takes (options.path, ce_min_tokens, dtype).
+  OsPath PathFor(int64_t r) const;
+  // The path of the last dispatch enqueued (eager or captured); kSm before any.
+  OsPath last_path() const { return last_path_; }
 
   // As GpuEpDispatcher::CommitGeometry (core::GeometryState::Commit).
   absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
@@ -114,9 +137,12 @@ class OneSidedDispatcher {
 
   // Captures one whole step at R = bucket (a local operation: no peer takes
   // part; a peer that captured another bucket shows up as an R mismatch at
-  // replay). Errors: kInvalidArgument (bucket outside [1, N], null
-  // pointers, experts), kFailedPrecondition (broken, mid-step, SwiGLU with
-  // kCublasHostCounts), kInternal (CUDA).
+  // replay). On the copy-engine path (PathFor(bucket)) every replay copies
+  // `bucket` rows of `hidden`, which must hold that many rows (rows past T
+  // reach no expert: their ids are the padding ids). Errors:
+  // kInvalidArgument (bucket outside [1, N], null pointers, experts),
+  // kFailedPrecondition (broken, mid-step, SwiGLU with kCublasHostCounts),
+  // kInternal (CUDA).
   absl::Status CaptureForward(int64_t bucket, const uint16_t* hidden, const int32_t* topk_ids,
                               const float* topk_weights, const DeviceExpertSet& experts,
                               uint16_t* output);
@@ -157,6 +183,9 @@ class OneSidedDispatcher {
                                   const int32_t* topk_ids, const float* topk_weights) const;
   absl::Status EnqueueDispatch(const OsStepArgs& step, const uint16_t* hidden,
                                const int32_t* topk_ids, const float* topk_weights);
+  // The dispatch of p (its path in p.ce); the copy-engine path copies
+  // `copy_rows` hidden rows (T eager, the bucket in a capture).
+  absl::Status EnqueueDispatchParams(const OsDispatchParams& p, int64_t copy_rows);
   // fp8: the dequantizing pass of the R-row step after its dispatch kernels.
   absl::Status EnqueueDequantize(int64_t r);
   // The bf16 rows the experts read: the window's dispatch_recv, or rows_.
@@ -179,6 +208,8 @@ class OneSidedDispatcher {
   int first_expert_ = 0;
   int num_local_experts_ = 0;
   int64_t local_bytes_ = 0;
+  int sm_count_ = 1;  // the device's multiprocessors (identity rows' grid)
+  OsPath last_path_ = OsPath::kSm;
   char* local_base_ = nullptr;
   uint16_t* expert_out_ = nullptr;  // [E, N, H]
   bool fp8_ = false;                // fp8_e4m3 dispatch

@@ -126,7 +126,15 @@ __global__ void __launch_bounds__(kRouteThreads) OsRouteKernel(const OsDispatchP
   const int base = p.num_experts / p.ep_size;
   const int rem = p.num_experts % p.ep_size;
   int running = 0;
-  for (int64_t start = 0; start < n; start += kRouteThreads) {
+  if (p.ce) {
+    // Copy-engine path: the slot of token t is t at every destination it goes to.
+    for (int64_t t = threadIdx.x; t < n; t += kRouteThreads) {
+      const bool to_d = (DestMask(p.topk_ids, t, p.top_k, p.num_experts, base, rem) >> d) & 1;
+      p.local.token_slot[t * p.ep_size + d] = to_d ? static_cast<int32_t>(t) : -1;
+    }
+    running = static_cast<int>(n);
+  }
+  for (int64_t start = 0; !p.ce && start < n; start += kRouteThreads) {
     const int64_t t = start + threadIdx.x;
     int flag = 0;
     if (t < n) flag = (DestMask(p.topk_ids, t, p.top_k, p.num_experts, base, rem) >> d) & 1;
@@ -201,6 +209,7 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
   const int64_t epoch = kFused ? p.step.epoch : header[0];
   const uint64_t q = kFused ? *p.local.seq + 1 : *p.local.seq;
   const bool fp8 = p.fp8;
+  const bool ce = !kFused && p.ce;  // the hidden rows travel by copy engine
   // Where a row's ids start: after 2H bytes of bf16, or the fp8 codes and scales.
   const int64_t hp = fp8 ? core::fp8::QuantizedHiddenBytes(H) : 2 * H;
   const int64_t row_bytes = hp + 8 * K;
@@ -224,12 +233,15 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
   __syncthreads();
   auto slot_of = [&](int64_t b, int d) -> int {
     if (b >= T) return -1;
+    if (ce) return static_cast<int>(b);  // every destination, slot = token
     return kFused ? slots[b * kOsFusedMaxEpSize + d] : p.local.token_slot[b * E + d];
   };
   const int64_t vecs = 2 * H / static_cast<int64_t>(sizeof(Vec));
   // fp8: a chunk is one 128-value scale block, quantized by the warp.
-  const int64_t chunks =
-      fp8 ? H / core::fp8::kBlockSize : (vecs + 32 * kUnroll - 1) / (32 * kUnroll);
+  // ce: one item per slot (ids, weights, padding only).
+  const int64_t chunks = ce    ? 1
+                         : fp8 ? H / core::fp8::kBlockSize
+                               : (vecs + 32 * kUnroll - 1) / (32 * kUnroll);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
   for (int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + warp; item < R * chunks;
        item += stride) {
@@ -253,7 +265,7 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
         reinterpret_cast<uint32_t*>(row + c * core::fp8::kBlockSize)[lane] = codes;
         if (lane == 0) reinterpret_cast<float*>(row + H)[c] = scale;
       }
-    } else if (b < T) {
+    } else if (b < T && !ce) {
       WarpCopyChunk<Vec>(reinterpret_cast<const Vec*>(p.hidden + b * H), vecs, c, E, dst, lane);
     }
     if (c != 0) continue;
@@ -349,6 +361,53 @@ __device__ __forceinline__ Vec ScaleBf16(const Vec& x, float ws) {
   return y;
 }
 
+// Identity rows of the copy-engine path: items (row idx = (s, j), chunk c)
+// over the grid's warps, rows j < recv_counts[s], the push's arithmetic.
+template <typename Vec>
+__global__ void __launch_bounds__(kThreads) OsIdentityRowsKernel(const OsIdentityParams p) {
+  __shared__ int32_t rc[kMaxEpSize];
+  const int E = p.ep_size;
+  const int K = p.top_k;
+  const int64_t R = p.max_tokens;
+  const int64_t H = p.hidden_size;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (threadIdx.x < E) rc[threadIdx.x] = p.recv_counts[threadIdx.x];
+  __syncthreads();
+  const int64_t row_bytes = 2 * H + 8 * K;
+  const int64_t in_vecs = 2 * H / static_cast<int64_t>(sizeof(Vec));
+  const int64_t chunks = (in_vecs + 32 * kUnroll - 1) / (32 * kUnroll);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + warp; item < E * R * chunks;
+       item += stride) {
+    const int64_t idx = item / chunks;
+    const int64_t c = item % chunks;
+    if (idx % R >= rc[idx / R]) continue;  // uniform over the warp
+    const uint8_t* row = p.rows + idx * row_bytes;
+    const int32_t* ids = reinterpret_cast<const int32_t*>(row + 2 * H);
+    const float* w = reinterpret_cast<const float*>(row + 2 * H + 4 * K);
+    float ws = 0.f;
+    for (int k = 0; k < K; ++k) {
+      const int32_t id = ids[k];
+      ws += (id >= p.first_expert && id < p.first_expert + p.num_local_experts) ? w[k] : 0.f;
+    }
+    const Vec* x = reinterpret_cast<const Vec*>(row);
+    Vec* out = reinterpret_cast<Vec*>(p.out + idx * H);
+    const int64_t v0 = c * 32 * kUnroll;
+    Vec xv[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t v = v0 + u * 32 + lane;
+      if (v < in_vecs) xv[u] = x[v];
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t v = v0 + u * 32 + lane;
+      if (v < in_vecs) out[v] = ScaleBf16(xv[u], ws);
+    }
+  }
+}
+
 // Push (a warp per received row), flag exchange (last block publishes, every
 // block acquires), reduction (a warp per token of this rank).
 template <bool kIdentity, typename Vec>
@@ -371,10 +430,12 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
   __syncthreads();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
   const int64_t first_warp = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
-  // Push: items (received row idx = (s, j), chunk c).
+  // Push: items (received row idx = (s, j), chunk c); none on the
+  // copy-engine path (the rows are in the sources' windows already).
   const int64_t in_vecs = 2 * H / static_cast<int64_t>(sizeof(Vec));
   const int64_t chunks = (in_vecs + 32 * kUnroll - 1) / (32 * kUnroll);
-  for (int64_t item = first_warp; item < E * R * chunks; item += stride) {
+  const int64_t push_items = p.ce ? 0 : E * R * chunks;
+  for (int64_t item = first_warp; item < push_items; item += stride) {
     const int64_t idx = item / chunks;
     const int64_t c = item % chunks;
     const int s = static_cast<int>(idx / R);
@@ -524,9 +585,9 @@ OsWindowOffsets OsWindowLayout(int ep_size, int64_t capacity, int64_t hidden, in
   return o;
 }
 
-const void* OsFirstDispatchKernel(int64_t r, int ep_size, int64_t hidden, int top_k) {
+const void* OsFirstDispatchKernel(int64_t r, int ep_size, int64_t hidden, int top_k, bool ce) {
   const bool vec16 = (2 * hidden + 8 * top_k) % 16 == 0;
-  if (!OsDispatchFused(r, ep_size)) return reinterpret_cast<const void*>(&OsRouteKernel);
+  if (ce || !OsDispatchFused(r, ep_size)) return reinterpret_cast<const void*>(&OsRouteKernel);
   return vec16 ? reinterpret_cast<const void*>(&OsSendKernel<true, uint4>)
                : reinterpret_cast<const void*>(&OsSendKernel<true, uint2>);
 }
@@ -541,6 +602,8 @@ absl::Status PreloadOsKernels() {
       reinterpret_cast<const void*>(&OsCombineKernel<false, uint4>),
       reinterpret_cast<const void*>(&OsCombineKernel<true, uint4>),
       reinterpret_cast<const void*>(&OsCombineKernel<true, uint2>),
+      reinterpret_cast<const void*>(&OsIdentityRowsKernel<uint4>),
+      reinterpret_cast<const void*>(&OsIdentityRowsKernel<uint2>),
   };
   for (const void* k : kernels) {
     cudaFuncAttributes attr;
@@ -549,7 +612,9 @@ absl::Status PreloadOsKernels() {
   return absl::OkStatus();
 }
 
-absl::Status LaunchOsDispatch(const OsDispatchParams& p, cudaStream_t stream) {
+namespace {
+
+absl::Status CheckDispatch(const OsDispatchParams& p) {
   if (absl::Status s = CheckCommon(p.ep_size, p.hidden_size, p.local, "LaunchOsDispatch");
       !s.ok()) {
     return s;
@@ -568,19 +633,53 @@ absl::Status LaunchOsDispatch(const OsDispatchParams& p, cudaStream_t stream) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "LaunchOsDispatch: fp8_e4m3 needs hidden a multiple of 128, got %d", p.hidden_size));
   }
+  if (p.fp8 && p.ce) {
+    return absl::InvalidArgumentError(
+        "LaunchOsDispatch: the copy-engine path moves bf16 rows only (fp8_e4m3 needs the SM path)");
+  }
   for (int d = 0; d < p.ep_size; ++d) {
     if (p.peers.window[d] == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrFormat("LaunchOsDispatch: no window for rank %d", d));
     }
   }
+  return absl::OkStatus();
+}
+
+// Grid of the send kernel: one warp per item, at most p.blocks blocks.
+unsigned SendGrid(const OsDispatchParams& p) {
   const bool vec16 = (2 * p.hidden_size + 8 * p.top_k) % 16 == 0;
   const int64_t vecs = 2 * p.hidden_size / (vec16 ? 16 : 8);
-  const int64_t items = p.step.r * ((vecs + 32 * kUnroll - 1) / (32 * kUnroll));
-  const int64_t warps_needed = (items + kWarps - 1) / kWarps;
-  const unsigned grid =
-      static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(warps_needed, p.blocks)));
-  if (OsDispatchFused(p.step.r, p.ep_size)) {
+  const int64_t chunks = p.ce ? 1 : (vecs + 32 * kUnroll - 1) / (32 * kUnroll);
+  const int64_t warps_needed = (p.step.r * chunks + kWarps - 1) / kWarps;
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(warps_needed, p.blocks)));
+}
+
+}  // namespace
+
+absl::Status LaunchOsRoute(const OsDispatchParams& p, cudaStream_t stream) {
+  RETURN_IF_ERROR(CheckDispatch(p));
+  OsRouteKernel<<<p.ep_size, kRouteThreads, 0, stream>>>(p);
+  return internal::LaunchStatus("OsRouteKernel");
+}
+
+absl::Status LaunchOsSend(const OsDispatchParams& p, cudaStream_t stream) {
+  RETURN_IF_ERROR(CheckDispatch(p));
+  const bool vec16 = (2 * p.hidden_size + 8 * p.top_k) % 16 == 0;
+  const unsigned grid = SendGrid(p);
+  if (vec16) {
+    OsSendKernel<false, uint4><<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    OsSendKernel<false, uint2><<<grid, kThreads, 0, stream>>>(p);
+  }
+  return internal::LaunchStatus("OsSendKernel");
+}
+
+absl::Status LaunchOsDispatch(const OsDispatchParams& p, cudaStream_t stream) {
+  RETURN_IF_ERROR(CheckDispatch(p));
+  const bool vec16 = (2 * p.hidden_size + 8 * p.top_k) % 16 == 0;
+  const unsigned grid = SendGrid(p);
+  if (!p.ce && OsDispatchFused(p.step.r, p.ep_size)) {
     if (vec16) {
       OsSendKernel<true, uint4><<<grid, kThreads, 0, stream>>>(p);
     } else {
@@ -588,14 +687,8 @@ absl::Status LaunchOsDispatch(const OsDispatchParams& p, cudaStream_t stream) {
     }
     return internal::LaunchStatus("OsSendKernel<fused>");
   }
-  OsRouteKernel<<<p.ep_size, kRouteThreads, 0, stream>>>(p);
-  if (absl::Status s = internal::LaunchStatus("OsRouteKernel"); !s.ok()) return s;
-  if (vec16) {
-    OsSendKernel<false, uint4><<<grid, kThreads, 0, stream>>>(p);
-  } else {
-    OsSendKernel<false, uint2><<<grid, kThreads, 0, stream>>>(p);
-  }
-  return internal::LaunchStatus("OsSendKernel");
+  RETURN_IF_ERROR(LaunchOsRoute(p, stream));
+  return LaunchOsSend(p, stream);
 }
 
 absl::Status LaunchOsCombine(const OsCombineParams& p, cudaStream_t stream) {
@@ -616,7 +709,9 @@ absl::Status LaunchOsCombine(const OsCombineParams& p, cudaStream_t stream) {
   }
   const bool vec16 = (2 * p.hidden_size + 8 * p.top_k) % 16 == 0;
   const int64_t vecs = 2 * p.hidden_size / (vec16 ? 16 : 8);
-  const int64_t items = p.ep_size * p.max_tokens * ((vecs + 32 * kUnroll - 1) / (32 * kUnroll));
+  // The copy-engine path pushes nothing: the grid covers the reduction.
+  const int64_t items =
+      (p.ce ? 1 : p.ep_size) * p.max_tokens * ((vecs + 32 * kUnroll - 1) / (32 * kUnroll));
   const int64_t warps_needed = (items + kWarps - 1) / kWarps;
   const unsigned grid =
       static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(warps_needed, p.blocks)));
@@ -628,6 +723,30 @@ absl::Status LaunchOsCombine(const OsCombineParams& p, cudaStream_t stream) {
     OsCombineKernel<true, uint2><<<grid, kThreads, 0, stream>>>(p);
   }
   return internal::LaunchStatus("OsCombineKernel");
+}
+
+absl::Status LaunchOsIdentityRows(const OsIdentityParams& p, cudaStream_t stream) {
+  if (p.ep_size < 1 || p.ep_size > kMaxEpSize || p.hidden_size < 8 || p.hidden_size % 8 != 0 ||
+      p.top_k < 1 || p.top_k > kMaxTopK || p.max_tokens < 0 || p.blocks < 1 ||
+      (p.max_tokens > 0 && (p.rows == nullptr || p.out == nullptr || p.recv_counts == nullptr))) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "LaunchOsIdentityRows: expected ep_size in [1, %d], hidden a positive multiple of 8, "
+        "top_k in [1, %d], R >= 0, blocks >= 1 and non-null rows, out, counts; got ep_size %d, "
+        "hidden %d, top_k %d, R %d, blocks %d",
+        kMaxEpSize, kMaxTopK, p.ep_size, p.hidden_size, p.top_k, p.max_tokens, p.blocks));
+  }
+  if (p.max_tokens == 0) return absl::OkStatus();
+  const bool vec16 = (2 * p.hidden_size + 8 * p.top_k) % 16 == 0;
+  const int64_t vecs = 2 * p.hidden_size / (vec16 ? 16 : 8);
+  const int64_t items = p.ep_size * p.max_tokens * ((vecs + 32 * kUnroll - 1) / (32 * kUnroll));
+  const unsigned grid = static_cast<unsigned>(
+      std::max<int64_t>(1, std::min<int64_t>((items + kWarps - 1) / kWarps, p.blocks)));
+  if (vec16) {
+    OsIdentityRowsKernel<uint4><<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    OsIdentityRowsKernel<uint2><<<grid, kThreads, 0, stream>>>(p);
+  }
+  return internal::LaunchStatus("OsIdentityRowsKernel");
 }
 
 }  // namespace moe_ep::kernels::onesided

@@ -45,6 +45,19 @@
 //     arithmetic of combine_reduce.cuh, so outputs equal the NCCL plane's bit
 //     for bit. A block whose wait fails writes no row (other blocks may have:
 //     after a combine deadline the output is not valid).
+// Copy-engine path (ce, issue 15 item 3; kernels/onesided/onesided_bulk.h):
+//   a source's slot for token t at every destination is t itself (no
+//   compaction, count = T: increasing source-token order still), so its
+//   hidden rows reach each destination as one cudaMemcpy2DAsync (the row
+//   pitch of the window) enqueued between the route and the send kernels;
+//   the send kernel then stores only ids, weights and the padding ids, and
+//   publishes the flags after the copies (stream order). Rows of tokens not
+//   routed to d carry ids of other ranks' experts, which d's experts skip.
+//   The combine's rows reach the sources as one cudaMemcpyAsync of the
+//   expert output slab per source (R rows: the host does not know the
+//   counts) before the combine kernel, which then skips the push; identity
+//   experts first write their rows into the expert output
+//   (LaunchOsIdentityRows, the push's arithmetic).
 // Stores and flags are ordered at GPU scope when every window is on this GPU
 // (sys_scope false), else at system scope.
 // After a kDeadline record no later wait spins (the step and the group are
@@ -133,6 +146,9 @@ struct OsDispatchParams {
   uint64_t timeout_ns = 0;
   bool sys_scope = true;  // false: every window on this GPU
   bool fp8 = false;       // fp8_e4m3 wire rows (H a multiple of 128)
+  // Copy-engine path: slots = token index, the send kernel moves no hidden
+  // bytes (EnqueueOsBulkDispatch copies them); never with fp8.
+  bool ce = false;
 };
 
 struct OsCombineParams {
@@ -160,6 +176,25 @@ struct OsCombineParams {
   int blocks = 1;
   uint64_t timeout_ns = 0;
   bool sys_scope = true;
+  // Copy-engine path: the rows are already in the sources' windows
+  // (EnqueueOsBulkCombine before this kernel): no push.
+  bool ce = false;
+};
+
+// Identity experts of the copy-engine path: out[s, j] = bf16(ws * row[s, j])
+// for j < recv_counts[s] (ws = sum over k ascending of the weights whose id
+// is local), the arithmetic the SM path's combine applies as it pushes.
+struct OsIdentityParams {
+  const uint8_t* rows = nullptr;  // [E, R, 2H + 8K] bf16 received rows
+  uint16_t* out = nullptr;        // [E, R, H] expert output
+  const int32_t* recv_counts = nullptr;
+  int ep_size = 0;
+  int64_t hidden_size = 0;
+  int top_k = 0;
+  int first_expert = 0;
+  int num_local_experts = 0;
+  int64_t max_tokens = 0;  // R
+  int blocks = 1;          // grid bound
 };
 
 // Largest R the fused route+send kernel takes (one thread per token of the
@@ -178,8 +213,10 @@ inline bool OsDispatchFused(int64_t r, int ep_size) {
 }
 
 // The first kernel of a dispatch of R = p.step.r rows (the one whose
-// parameters a replayed graph updates with the step's (epoch, R, T)).
-const void* OsFirstDispatchKernel(int64_t r, int ep_size, int64_t hidden, int top_k);
+// parameters a replayed graph updates with the step's (epoch, R, T)); the
+// copy-engine path (ce) always starts with the route kernel.
+const void* OsFirstDispatchKernel(int64_t r, int ep_size, int64_t hidden, int top_k,
+                                  bool ce = false);
 
 // Loads every kernel of this file (cudaFuncGetAttributes), so that CUDA's
 // lazy module loading never happens on the step path: a first launch that
@@ -190,8 +227,15 @@ absl::Status PreloadOsKernels();
 
 // Enqueues the dispatch: for small R one kernel (route fused in), else the
 // route kernel then the send kernel. The first kernel writes local.header
-// from p.step and advances local.seq.
+// from p.step and advances local.seq. The copy-engine path (p.ce) instead
+// enqueues LaunchOsRoute, then its copies (EnqueueOsBulkDispatch), then
+// LaunchOsSend: the two halves of the unfused dispatch.
 absl::Status LaunchOsDispatch(const OsDispatchParams& p, cudaStream_t stream);
+absl::Status LaunchOsRoute(const OsDispatchParams& p, cudaStream_t stream);
+absl::Status LaunchOsSend(const OsDispatchParams& p, cudaStream_t stream);
+
+// Enqueues the identity rows of the copy-engine path (OsIdentityParams).
+absl::Status LaunchOsIdentityRows(const OsIdentityParams& p, cudaStream_t stream);
 
 // Enqueues the combine: push, flag exchange and reduction in one kernel.
 absl::Status LaunchOsCombine(const OsCombineParams& p, cudaStream_t stream);

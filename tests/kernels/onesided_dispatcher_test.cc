@@ -128,11 +128,102 @@ TEST(OneSidedThreads, Fp8Ep4ZeroTokenRankSwiGlu) {
   RunEager(Fp8({4, 1024, 8, 64, {20, 0, 33, 7}, -1, 0.1, 64}));
 }
 
+// The copy-engine path (issue 15 item 3): the same cases against the
+// reference, rows checked in its layout (ExpectReceivedCe).
+OsCase Ce(OsCase c) {
+  c.path = OsPathChoice::kCopyEngine;
+  return c;
+}
+TEST(OneSidedThreadsCe, Ep1Tokens37) { RunEager(Ce({1, 2048, 8, 256, {37}})); }
+TEST(OneSidedThreadsCe, Ep2UnevenTokens) { RunEager(Ce({2, 2048, 8, 256, {37, 5}})); }
+TEST(OneSidedThreadsCe, Ep2UnevenTokensPhases) { RunEager(Ce({2, 2048, 8, 256, {37, 5}}), true); }
+TEST(OneSidedThreadsCe, Ep2R300) { RunEager(Ce({2, 1024, 4, 16, {300, 17}})); }
+TEST(OneSidedThreadsCe, Ep4ZeroTokenRankInvalidIds) {
+  RunEager(Ce({4, 7168, 8, 256, {0, 9, 127, 1}, 256, 0.2}));
+}
+TEST(OneSidedThreadsCe, Ep4AllRanksEmpty) { RunEager(Ce({4, 512, 2, 8, {0, 0, 0, 0}})); }
+TEST(OneSidedThreadsCe, Ep2OddTopK) { RunEager(Ce({2, 1024, 3, 12, {20, 31}})); }
+TEST(OneSidedThreadsCe, Ep2SwiGlu) { RunEager(Ce({2, 2048, 8, 64, {33, 20}, -1, 0.1, 64})); }
+TEST(OneSidedThreadsCe, Ep4SwiGluZeroTokenRank) {
+  RunEager(Ce({4, 1024, 8, 64, {20, 0, 33, 7}, -1, 0.1, 64}));
+}
+// kAuto: R >= ce_min_tokens takes the copy engine (R 40 here), below it the
+// SM path; last_path() reports it.
+TEST(OneSidedThreadsCe, AutoPicksByR) {
+  MOE_EP_REQUIRE_GPUS(1);
+  for (const int64_t r : {39, 40}) {
+    OsCase c{2, 1024, 8, 64, {r, 12}};
+    c.ce_min_tokens = 40;
+    const Prepared p = Prepare(c);
+    RunThreads(c, 64, [&](int rank, PeerWindows* w, const Sync& sync) {
+      auto d = OneSidedDispatcher::Create(w, testing::Options(c, 64), 0);
+      ASSERT_TRUE(d.ok()) << d.status();
+      EXPECT_EQ((*d)->PathFor(r), r >= 40 ? OsPath::kCopyEngine : OsPath::kSm);
+      auto experts = UploadExperts(p, rank);
+      RankBuffers b(p, rank, c.tokens[rank]);
+      sync();
+      RunCheckedStep(p, rank, **d, *experts, b, 3, false);
+      EXPECT_EQ((*d)->last_path(), r >= 40 ? OsPath::kCopyEngine : OsPath::kSm) << "R " << r;
+    });
+  }
+}
+
+// Outputs of the two paths on the same inputs, bit for bit, per rank
+// (identity experts: one bf16 rounding per partial on both).
+void RunCeVsSm(const OsCase& base) {
+  MOE_EP_REQUIRE_GPUS(1);
+  std::vector<std::vector<std::vector<bf16_t>>> outs(2);  // [path][rank]
+  for (int path = 0; path < 2; ++path) {
+    OsCase c = base;
+    c.path = path == 0 ? OsPathChoice::kSm : OsPathChoice::kCopyEngine;
+    const Prepared p = Prepare(c);
+    outs[path].resize(c.ep_size);
+    RunThreads(c, p.r, [&](int rank, PeerWindows* w, const Sync& sync) {
+      auto d = OneSidedDispatcher::Create(w, testing::Options(c, p.r), 0);
+      ASSERT_TRUE(d.ok()) << d.status();
+      auto experts = UploadExperts(p, rank);
+      RankBuffers b(p, rank, c.tokens[rank]);
+      sync();
+      RunCheckedStep(p, rank, **d, *experts, b, 5, false);
+      EXPECT_EQ((*d)->last_path(), path == 0 ? OsPath::kSm : OsPath::kCopyEngine);
+      outs[path][rank] = b.out.Download(c.tokens[rank] * c.hidden);
+    });
+  }
+  for (int rank = 0; rank < base.ep_size; ++rank) {
+    EXPECT_EQ(outs[0][rank], outs[1][rank]) << "rank " << rank << ": ce output differs from sm";
+  }
+}
+TEST(OneSidedThreadsCe, Ep2BitExactVsSm) { RunCeVsSm({2, 7168, 8, 256, {129, 40}, 256, 0.1}); }
+TEST(OneSidedThreadsCe, Ep4BitExactVsSmZeroTokenRank) {
+  RunCeVsSm({4, 2048, 8, 256, {70, 0, 513, 3}, -1, 0.1});
+}
+
+TEST(OneSidedCe, ChoosePath) {
+  // The defaults: the SM path; auto from R 4096 (bench/results/onesided-ce).
+  const OneSidedDispatcherOptions defaults;
+  EXPECT_EQ(defaults.path, OsPathChoice::kSm);
+  EXPECT_EQ(defaults.ce_min_tokens, 4096);
+  EXPECT_EQ(ChooseOsPath(OsPathChoice::kAuto, 2047, 2048, false), OsPath::kSm);
+  EXPECT_EQ(ChooseOsPath(OsPathChoice::kAuto, 2048, 2048, false), OsPath::kCopyEngine);
+  EXPECT_EQ(ChooseOsPath(OsPathChoice::kAuto, 4096, 2048, true), OsPath::kSm);
+  EXPECT_EQ(ChooseOsPath(OsPathChoice::kCopyEngine, 1, 2048, false), OsPath::kCopyEngine);
+  EXPECT_EQ(ChooseOsPath(OsPathChoice::kSm, 4096, 2048, false), OsPath::kSm);
+  EXPECT_EQ(*ParseOsPathChoice("ce"), OsPathChoice::kCopyEngine);
+  EXPECT_EQ(*ParseOsPathChoice("auto"), OsPathChoice::kAuto);
+  EXPECT_EQ(*ParseOsPathChoice("sm"), OsPathChoice::kSm);
+  const absl::Status bad = ParseOsPathChoice("dma").status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("auto, sm or ce"), std::string::npos) << bad;
+  EXPECT_STREQ(OsPathName(OsPath::kCopyEngine), "ce");
+  EXPECT_STREQ(OsPathName(OsPath::kSm), "sm");
+}
+
 // (epoch, R) disagreements ride in the flags: every rank's CheckStep reports
 // kAborted naming the other, no output row is written, and the group goes on.
-void RunMismatch(bool r_differs) {
+void RunMismatch(bool r_differs, OsPathChoice path = OsPathChoice::kAuto) {
   MOE_EP_REQUIRE_GPUS(1);
-  const OsCase c{2, 1024, 8, 64, {12, 7}};
+  OsCase c{2, 1024, 8, 64, {12, 7}};
+  c.path = path;
   const Prepared p = Prepare(c);
   const int64_t capacity = 32;
   RunThreads(c, capacity, [&](int rank, PeerWindows* w, const Sync& sync) {
@@ -165,13 +256,16 @@ void RunMismatch(bool r_differs) {
 
 TEST(OneSidedThreads, Ep2EpochMismatch) { RunMismatch(false); }
 TEST(OneSidedThreads, Ep2RMismatch) { RunMismatch(true); }
+TEST(OneSidedThreadsCe, Ep2EpochMismatch) { RunMismatch(false, OsPathChoice::kCopyEngine); }
+TEST(OneSidedThreadsCe, Ep2RMismatch) { RunMismatch(true, OsPathChoice::kCopyEngine); }
 
 // A peer that never publishes its flag: the waiting rank's step ends by the
 // timeout, CheckStep says DEADLINE_EXCEEDED naming it, and the dispatcher is
 // broken afterwards.
-TEST(OneSidedThreads, Ep2LatePeerDeadlineExceeded) {
+void RunLatePeer(OsPathChoice path) {
   MOE_EP_REQUIRE_GPUS(1);
-  const OsCase c{2, 1024, 8, 64, {12, 7}};
+  OsCase c{2, 1024, 8, 64, {12, 7}};
+  c.path = path;
   const Prepared p = Prepare(c);
   RunThreads(c, 16, [&](int rank, PeerWindows* w, const Sync& sync) {
     auto d = OneSidedDispatcher::Create(w, testing::Options(c, 16, absl::Milliseconds(200)), 0);
@@ -194,10 +288,13 @@ TEST(OneSidedThreads, Ep2LatePeerDeadlineExceeded) {
     EXPECT_EQ(next.code(), absl::StatusCode::kFailedPrecondition) << next;
   });
 }
+TEST(OneSidedThreads, Ep2LatePeerDeadlineExceeded) { RunLatePeer(OsPathChoice::kAuto); }
+TEST(OneSidedThreadsCe, Ep2LatePeerDeadlineExceeded) { RunLatePeer(OsPathChoice::kCopyEngine); }
 
 // A graph captured at bucket 64 replays below it with other T per rank
 // (fresh inputs in the captured buffers), against the reference at R = 64.
-void RunGraph(int ep_size, core::DispatchDType dtype = core::DispatchDType::kBF16) {
+void RunGraph(int ep_size, core::DispatchDType dtype = core::DispatchDType::kBF16,
+              OsPathChoice path = OsPathChoice::kAuto) {
   MOE_EP_REQUIRE_GPUS(1);
   const int64_t bucket = 64;
   const std::vector<std::vector<int64_t>> rounds = {{64, 3, 0, 17}, {9, 64, 33, 0}, {0, 0, 1, 64}};
@@ -205,6 +302,7 @@ void RunGraph(int ep_size, core::DispatchDType dtype = core::DispatchDType::kBF1
   for (size_t i = 0; i < rounds.size(); ++i) {
     OsCase c{ep_size, 2048, 8, 256, {}, -1, 0.1, 0, bucket, 500 + i, dtype};
     c.tokens.assign(rounds[i].begin(), rounds[i].begin() + ep_size);
+    c.path = path;
     preps.push_back(Prepare(c));
   }
   RunThreads(preps[0].c, bucket, [&](int rank, PeerWindows* w, const Sync& sync) {
@@ -216,6 +314,8 @@ void RunGraph(int ep_size, core::DispatchDType dtype = core::DispatchDType::kBF1
     absl::Status s = (*d)->CaptureForward(bucket, b.hidden.get(), b.ids.get(), b.weights.get(),
                                           *experts, b.out.get());
     ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ((*d)->last_path(),
+              path == OsPathChoice::kCopyEngine ? OsPath::kCopyEngine : OsPath::kSm);
     for (size_t i = 0; i < preps.size(); ++i) {
       const Prepared& p = preps[i];
       const int64_t t = p.c.tokens[rank];
@@ -243,6 +343,12 @@ void RunGraph(int ep_size, core::DispatchDType dtype = core::DispatchDType::kBF1
 TEST(OneSidedThreads, Ep2GraphBucketReplayBelow) { RunGraph(2); }
 TEST(OneSidedThreads, Ep4GraphBucketReplayBelow) { RunGraph(4); }
 TEST(OneSidedThreads, Fp8Ep2GraphBucketReplayBelow) { RunGraph(2, core::DispatchDType::kFP8E4M3); }
+TEST(OneSidedThreadsCe, Ep2GraphBucketReplayBelow) {
+  RunGraph(2, core::DispatchDType::kBF16, OsPathChoice::kCopyEngine);
+}
+TEST(OneSidedThreadsCe, Ep4GraphBucketReplayBelow) {
+  RunGraph(4, core::DispatchDType::kBF16, OsPathChoice::kCopyEngine);
+}
 
 TEST(OneSidedThreads, CreateRejectsBadOptions) {
   MOE_EP_REQUIRE_GPUS(1);
@@ -255,6 +361,27 @@ TEST(OneSidedThreads, CreateRejectsBadOptions) {
     EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument) << wrong.status();
     auto capped = OneSidedDispatcher::Create(w, testing::Options(ok, 8), 1024);
     EXPECT_EQ(capped.status().code(), absl::StatusCode::kResourceExhausted) << capped.status();
+    OneSidedDispatcherOptions zero = testing::Options(ok, 8);
+    zero.ce_min_tokens = 0;
+    auto bad_threshold = OneSidedDispatcher::Create(w, zero, 0);
+    EXPECT_EQ(bad_threshold.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(bad_threshold.status().message().find("ce_min_tokens"), std::string::npos);
+  });
+  // fp8 rows are quantized by the send kernel: path ce is refused, auto
+  // falls back to the SM path at any R.
+  OsCase fp8{1, 1024, 8, 64, {4}};
+  fp8.dtype = core::DispatchDType::kFP8E4M3;
+  RunThreads(fp8, 8, [&](int, PeerWindows* w, const Sync&) {
+    OneSidedDispatcherOptions o = testing::Options(fp8, 8);
+    o.path = OsPathChoice::kCopyEngine;
+    auto refused = OneSidedDispatcher::Create(w, o, 0);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+    EXPECT_NE(refused.status().message().find("bf16 rows only"), std::string::npos);
+    o.path = OsPathChoice::kAuto;
+    o.ce_min_tokens = 1;
+    auto d = OneSidedDispatcher::Create(w, o, 0);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ((*d)->PathFor(8), OsPath::kSm);
   });
 }
 
@@ -262,9 +389,11 @@ TEST(OneSidedThreads, CreateRejectsBadOptions) {
 // windows) and the NCCL plane on the same inputs give the same output bits
 // (identity experts), eager and graph-replayed.
 void ExpectSameAsNccl(const Prepared& p, const DeviceExpertSet& experts, PeerWindows* w,
-                      const std::vector<bf16_t>& want) {
-  const OsCase& c = p.c;
+                      const std::vector<bf16_t>& want, OsPathChoice path) {
+  OsCase c = p.c;
+  c.path = path;
   const int64_t t = c.tokens[0];
+  SCOPED_TRACE(path == OsPathChoice::kCopyEngine ? "path ce" : "path sm");
   auto d = OneSidedDispatcher::Create(w, testing::Options(c, t), 0);
   ASSERT_TRUE(d.ok()) << d.status();
   RankBuffers b(p, 0, t);
@@ -307,14 +436,21 @@ void RunBitExact(const OsCase& c) {
     ASSERT_TRUE((*disp)->CheckStep().ok());
   }
   const std::vector<bf16_t> want = nccl_b.out.Download(t * c.hidden);
-  RunThreads(c, t,
-             [&](int, PeerWindows* w, const Sync&) { ExpectSameAsNccl(p, *experts, w, want); });
+  // fp8 rows move on the SM path only (the send kernel quantizes).
+  const bool bf16 = c.dtype == core::DispatchDType::kBF16;
+  for (const OsPathChoice path : {OsPathChoice::kSm, OsPathChoice::kCopyEngine}) {
+    if (!bf16 && path == OsPathChoice::kCopyEngine) continue;
+    RunThreads(c, t, [&](int, PeerWindows* w, const Sync&) {
+      ExpectSameAsNccl(p, *experts, w, want, path);
+    });
+  }
   auto bytes = OneSidedDispatcher::WindowBytes(testing::EpOptions(c, t));
   ASSERT_TRUE(bytes.ok()) << bytes.status();
   auto nccl_windows = CreateNcclPeerWindows(coll->get(), *bytes);
   ASSERT_TRUE(nccl_windows.ok()) << nccl_windows.status();
   EXPECT_STREQ((*nccl_windows)->provider(), "nccl-lsa");
-  ExpectSameAsNccl(p, *experts, nccl_windows->get(), want);
+  ExpectSameAsNccl(p, *experts, nccl_windows->get(), want, OsPathChoice::kSm);
+  if (bf16) ExpectSameAsNccl(p, *experts, nccl_windows->get(), want, OsPathChoice::kCopyEngine);
 }
 
 TEST(OneSidedWorld1, BitExactVsNcclH7168Top8E256Tokens128) {

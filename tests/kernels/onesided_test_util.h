@@ -38,6 +38,9 @@ struct OsCase {
   uint64_t seed = 77;
   // fp8_e4m3: the reference applies the same rounding (issue 15 item 4).
   core::DispatchDType dtype = core::DispatchDType::kBF16;
+  // The data plane's path (issue 15 item 3) and the auto threshold.
+  OsPathChoice path = OsPathChoice::kAuto;
+  int64_t ce_min_tokens = OneSidedDispatcherOptions::kDefaultCeMinTokens;
 };
 
 // Inputs, experts and the CPU reference of one case.
@@ -100,6 +103,8 @@ inline OneSidedDispatcherOptions Options(const OsCase& c, int64_t capacity,
   o.max_intermediate = c.intermediate;
   o.sm_budget = 8;
   o.timeout = timeout;
+  o.path = c.path;
+  o.ce_min_tokens = c.ce_min_tokens;
   return o;
 }
 
@@ -139,13 +144,52 @@ inline void ExpectOutput(const Prepared& p, int rank, const std::vector<bf16_t>&
   EXPECT_EQ(bad, 0) << "rank " << rank;
 }
 
+// The copy-engine layout (onesided_kernels.cuh): source s's token t sits at
+// slot t of slab s, count = T_s; each reference row (slot j holding token t)
+// is found at slot t bit for bit, with its ids and weights; slots >= T_s
+// carry the invalid id and zero weights.
+inline void ExpectReceivedCe(const Prepared& p, int rank, const ReceivedRowsForTest& got,
+                             const std::vector<int32_t>& counts) {
+  const core::EpRankReceive& want = p.ref.received[rank];
+  const int64_t h = p.c.hidden;
+  const int k = p.c.top_k;
+  const int64_t r = p.r;
+  for (int s = 0; s < p.c.ep_size; ++s) {
+    EXPECT_EQ(counts[s], p.c.tokens[s]) << "rank " << rank << " from " << s;
+    for (int64_t slot = 0; slot < want.counts[s]; ++slot) {
+      const int64_t t = want.source_token[s * r + slot];
+      ASSERT_GE(t, 0);
+      const int64_t w = s * r + slot;
+      const int64_t g = s * r + t;
+      ASSERT_TRUE(std::equal(want.hidden.begin() + w * h, want.hidden.begin() + (w + 1) * h,
+                             got.hidden.begin() + g * h))
+          << "rank " << rank << " source " << s << " token " << t;
+      for (int i = 0; i < k; ++i) {
+        ASSERT_EQ(got.ids[g * k + i], want.ids[w * k + i]) << "source " << s << " token " << t;
+        ASSERT_EQ(got.weights[g * k + i], want.weights[w * k + i]);
+      }
+    }
+    for (int64_t slot = p.c.tokens[s]; slot < r; ++slot) {
+      for (int i = 0; i < k; ++i) {
+        ASSERT_EQ(got.ids[(s * r + slot) * k + i], p.c.invalid_id) << "padding slot " << slot;
+        ASSERT_EQ(got.weights[(s * r + slot) * k + i], 0.0f);
+      }
+    }
+  }
+}
+
 // Received rows of `rank` vs the reference: counts, ids, weights exactly,
-// hidden bit-exact on valid slots.
+// hidden bit-exact on valid slots (the SM path's compacted layout; the
+// copy-engine path's by ExpectReceivedCe).
 inline void ExpectReceived(const Prepared& p, int rank, OneSidedDispatcher& d) {
   auto got = d.CopyReceivedForTest();
   ASSERT_TRUE(got.ok()) << got.status();
   auto counts = d.ReceivedCountsForTest();
   ASSERT_TRUE(counts.ok()) << counts.status();
+  if (d.last_path() == OsPath::kCopyEngine) {
+    ExpectReceivedCe(p, rank, *got, *counts);
+    return;
+  }
   const core::EpRankReceive& want = p.ref.received[rank];
   for (int s = 0; s < p.c.ep_size; ++s) {
     EXPECT_EQ((*counts)[s], want.counts[s]) << "rank " << rank << " from " << s;
