@@ -31,6 +31,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <map>
 #include <memory>
 #include <random>
@@ -246,7 +247,10 @@ void RunRank(int rank, int ep, const std::string& id, const std::vector<Config>&
 }  // namespace
 }  // namespace moe_ep::kernels
 
-int main(int argc, char** argv) {
+namespace {
+
+// The program; main() below only adds the last-resort catch.
+int Main(int argc, char** argv) {
   using namespace moe_ep::kernels;
   CLI::App app{"ep_bench: GPU dispatch/combine latency and bandwidth"};
   std::vector<int64_t> tokens = {1, 16, 128, 512, 4096, 16384};
@@ -320,4 +324,17 @@ int main(int argc, char** argv) {
         r.dispatch_host_p50, r.combine_host_p50);
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ep_bench: error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "ep_bench: error: an exception that is not a std::exception\n");
+  }
+  return 1;
 }

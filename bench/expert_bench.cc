@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <memory>
 #include <random>
 #include <set>
@@ -238,4 +239,13 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace moe_ep::kernels
 
-int main(int argc, char** argv) { return moe_ep::kernels::Main(argc, argv); }
+int main(int argc, char** argv) {
+  try {
+    return moe_ep::kernels::Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "expert_bench: error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "expert_bench: error: an exception that is not a std::exception\n");
+  }
+  return 1;
+}

@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <memory>
 #include <random>
 #include <string>
@@ -247,4 +248,13 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace moe_ep::kernels
 
-int main(int argc, char** argv) { return moe_ep::kernels::Main(argc, argv); }
+int main(int argc, char** argv) {
+  try {
+    return moe_ep::kernels::Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "layer_comm_bench: error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "layer_comm_bench: error: an exception that is not a std::exception\n");
+  }
+  return 1;
+}
