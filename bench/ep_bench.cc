@@ -295,6 +295,7 @@ int Main(int argc, char** argv) {
   }
   std::vector<Result> results(configs.size());
   std::vector<std::thread> threads;
+  threads.reserve(ep);
   for (int r = 0; r < ep; ++r) {
     threads.emplace_back(RunRank, r, ep, *id, configs, num_experts, warmup, iters,
                          swiglu_intermediate, &results);

@@ -213,6 +213,7 @@ int Main(int argc, char** argv) {
   std::vector<std::vector<float>> diffs(opt.ranks);
   std::vector<char> ok(opt.ranks, 0);
   std::vector<std::thread> threads;
+  threads.reserve(opt.ranks);
   for (int r = 0; r < opt.ranks; ++r) {
     threads.emplace_back(
         [&, r] { ok[r] = RunRank(opt, *id, r, token_counts, times[r], diffs[r]) ? 1 : 0; });

@@ -73,6 +73,7 @@ TEST(PlacementTableMask, LostChoicesGoNowhereAndCarryTheInvalidId) {
 TEST(PlacementTableMask, TheReferenceRejectsTokensOnAMaskedRank) {
   const PlacementTable masked = Table().WithMask({true, true, false, true}).value();
   std::vector<ExpertSet> sets;
+  sets.reserve(4);
   for (int r = 0; r < 4; ++r) {
     sets.push_back(
         MakeHostExperts(
@@ -118,6 +119,7 @@ TEST(MaskedCollective, SurvivorsDispatchEqualsTheMaskedReference) {
   auto masked = std::make_shared<const PlacementTable>(table.WithMask(live).value());
   const int64_t h = 16;
   std::vector<ExpertSet> sets;
+  sets.reserve(4);
   for (int r = 0; r < 4; ++r) {
     sets.push_back(
         MakeHostExperts(

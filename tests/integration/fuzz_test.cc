@@ -706,6 +706,7 @@ TEST(Fuzz, MutatedRequestsOfEveryRpcNeverCrashHangOrChangeStateWhenRejected) {
   const absl::Time stop_at =
       budget_s > 0 ? start + absl::Seconds(budget_s) : absl::InfiniteFuture();
   std::vector<std::thread> threads;
+  threads.reserve(kWorkers);
   for (int w = 0; w < kWorkers; ++w) {
     threads.emplace_back([&, w] {
       Fuzz((*cluster)->targets()[w], seed + w, requests / kWorkers, stop_at, &findings[w]);

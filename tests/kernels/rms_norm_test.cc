@@ -230,6 +230,7 @@ void RunRanks(int n, const std::function<void(int, NcclCollective&)>& body) {
   auto id = NcclCollective::NewUniqueId();
   ASSERT_TRUE(id.ok()) << id.status();
   std::vector<std::thread> threads;
+  threads.reserve(n);
   for (int rank = 0; rank < n; ++rank) {
     threads.emplace_back([&, rank] {
       ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);

@@ -25,6 +25,7 @@ v1::AllocateWorkspaceRequest Allocation() {
 
 std::vector<std::string> Names(const std::vector<core::BallotField>& fields) {
   std::vector<std::string> names;
+  names.reserve(fields.size());
   for (const core::BallotField& f : fields) names.push_back(f.name);
   return names;
 }
