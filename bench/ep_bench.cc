@@ -76,7 +76,7 @@ double Percentile(std::vector<double> v, double q) {
 
 #define BENCH_CHECK(expr)                                                                   \
   do {                                                                                      \
-    absl::Status s_ = (expr);                                                               \
+    const absl::Status& s_ = (expr);                                                        \
     if (!s_.ok()) {                                                                         \
       std::fprintf(stderr, "rank %d: %s failed: %s\n", rank, #expr, s_.ToString().c_str()); \
       std::exit(1);                                                                         \

@@ -40,7 +40,7 @@ namespace {
 
 #define BENCH_CHECK(expr)                                                             \
   do {                                                                                \
-    absl::Status s_ = (expr);                                                         \
+    const absl::Status& s_ = (expr);                                                  \
     if (!s_.ok()) {                                                                   \
       std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, s_.ToString().c_str()); \
       std::exit(1);                                                                   \

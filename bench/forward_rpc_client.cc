@@ -24,7 +24,7 @@ using moe_ep::bench::NowUs;
 using moe_ep::bench::Options;
 using moe_ep::bench::Percentile;
 
-void SetTensor(moe_ep::v1::Tensor* t, moe_ep::v1::DType dtype, std::vector<int64_t> shape,
+void SetTensor(moe_ep::v1::Tensor* t, moe_ep::v1::DType dtype, const std::vector<int64_t>& shape,
                const void* data, size_t bytes) {
   t->set_dtype(dtype);
   for (int64_t d : shape) t->add_shape(d);

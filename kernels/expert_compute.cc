@@ -117,9 +117,9 @@ absl::StatusOr<std::unique_ptr<ExpertCompute>> ExpertCompute::Create(int64_t max
   ec->allocated_bytes_ = plan.total;
   char* base = static_cast<char*>(scratch);
   if (base == nullptr) {
-    RETURN_IF_ERROR(internal::CudaStatus(
-        cudaMalloc(&ec->owned_scratch_, plan.total),
-        absl::StrFormat("cudaMalloc(expert scratch, %d bytes)", plan.total).c_str()));
+    RETURN_IF_ERROR(
+        internal::CudaStatus(cudaMalloc(&ec->owned_scratch_, plan.total),
+                             absl::StrFormat("cudaMalloc(expert scratch, %d bytes)", plan.total)));
     base = static_cast<char*>(ec->owned_scratch_);
   }
   ExpertEntryBuffers& b = ec->entries_;

@@ -31,7 +31,7 @@ std::string ModelsDir() {
   ASSERT_TRUE(var##_or.ok()) << var##_or.status();                                     \
   const ModelDescription& var = *var##_or
 
-std::vector<bool> Pattern(int layers, std::vector<int> dense) {
+std::vector<bool> Pattern(int layers, const std::vector<int>& dense) {
   std::vector<bool> p(layers, true);
   for (int i : dense) p[i] = false;
   return p;

@@ -107,7 +107,7 @@ std::vector<Rpc> MakeRpcs() {
                                        StatusCode::RESOURCE_EXHAUSTED,
                                        StatusCode::INVALID_ARGUMENT,
                                        StatusCode::FAILED_PRECONDITION};
-  auto with = [&](std::set<StatusCode> extra) {
+  auto with = [&](const std::set<StatusCode>& extra) {
     std::set<StatusCode> all = common;
     all.insert(extra.begin(), extra.end());
     return all;

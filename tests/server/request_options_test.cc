@@ -97,7 +97,7 @@ TEST(RequestOptions, AllocationFingerprintFollowsTheSpec) {
   EXPECT_NE(AllocationFingerprint(*a), AllocationFingerprint(*c));
 }
 
-v1::ConfigureLayersRequest Configure(int tp, std::vector<bool> sparse) {
+v1::ConfigureLayersRequest Configure(int tp, const std::vector<bool>& sparse) {
   v1::ConfigureLayersRequest r;
   r.mutable_layout()->set_tp_size(tp);
   r.mutable_layout()->set_attn_dp_size(tp);

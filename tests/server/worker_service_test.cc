@@ -27,7 +27,7 @@ std::string Snapshot(InProcessWorker& worker) {
   return status.SerializeAsString();
 }
 
-v1::ConfigureLayersRequest ConfigureRequest(int tp, std::vector<bool> sparse) {
+v1::ConfigureLayersRequest ConfigureRequest(int tp, const std::vector<bool>& sparse) {
   v1::ConfigureLayersRequest request;
   request.mutable_layout()->set_tp_size(tp);
   request.mutable_layout()->set_attn_dp_size(1);
