@@ -181,7 +181,7 @@ bool RunRank(const Options& opt, const std::string& id, int rank,
 
 float Percentile(std::vector<float> v, double q) {
   std::sort(v.begin(), v.end());
-  const size_t i = static_cast<size_t>(q * (v.size() - 1) + 0.5);
+  const size_t i = static_cast<size_t>(std::lround(q * (v.size() - 1)));
   return v[std::min(i, v.size() - 1)];
 }
 
