@@ -174,7 +174,9 @@ TEST(MaskedCollective, SurvivorsDispatchEqualsTheMaskedReference) {
     int64_t lost = 0;
     for (int32_t id : ids[rank]) lost += id == 3 ? 1 : 0;
     EXPECT_EQ((*dispatcher)->last_step().lost_choices, lost) << "rank " << rank;
-    if (lost > 0) EXPECT_THAT((*dispatcher)->last_step().lost_experts, ElementsAre(3));
+    if (lost > 0) {
+      EXPECT_THAT((*dispatcher)->last_step().lost_experts, ElementsAre(3));
+    }
     // A route to the masked rank is refused, never sent.
     std::vector<char> buf(4, 0);
     std::vector<int64_t> send = {0, 0, 1, 0};
