@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <random>
 #include <string>
@@ -59,9 +60,8 @@ bool Ok(moe_ep_status s, const char* what) {
   return false;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The program; main() below only adds the last-resort catch.
+int Main(int argc, char** argv) {
   Options o;
   CLI::App app{"in-process moe_ep_forward against the Forward RPC (issue 16)"};
   app.add_option("--moe-ep", o.moe_ep, "the moe-ep CLI (forms the group)");
@@ -206,4 +206,18 @@ int main(int argc, char** argv) {
   if (!o.json.empty()) std::ofstream(o.json) << json << "\n";
   Ok(moe_ep_worker_stop(worker, 1000), "moe_ep_worker_stop");
   return equal ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "embedded_forward_bench: error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr,
+                 "embedded_forward_bench: error: an exception that is not a std::exception\n");
+  }
+  return 1;
 }

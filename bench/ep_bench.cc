@@ -31,6 +31,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <map>
 #include <memory>
 #include <random>
@@ -75,7 +76,7 @@ double Percentile(std::vector<double> v, double q) {
 
 #define BENCH_CHECK(expr)                                                                   \
   do {                                                                                      \
-    absl::Status s_ = (expr);                                                               \
+    const absl::Status& s_ = (expr);                                                        \
     if (!s_.ok()) {                                                                         \
       std::fprintf(stderr, "rank %d: %s failed: %s\n", rank, #expr, s_.ToString().c_str()); \
       std::exit(1);                                                                         \
@@ -246,7 +247,10 @@ void RunRank(int rank, int ep, const std::string& id, const std::vector<Config>&
 }  // namespace
 }  // namespace moe_ep::kernels
 
-int main(int argc, char** argv) {
+namespace {
+
+// The program; main() below only adds the last-resort catch.
+int Main(int argc, char** argv) {
   using namespace moe_ep::kernels;
   CLI::App app{"ep_bench: GPU dispatch/combine latency and bandwidth"};
   std::vector<int64_t> tokens = {1, 16, 128, 512, 4096, 16384};
@@ -291,6 +295,7 @@ int main(int argc, char** argv) {
   }
   std::vector<Result> results(configs.size());
   std::vector<std::thread> threads;
+  threads.reserve(ep);
   for (int r = 0; r < ep; ++r) {
     threads.emplace_back(RunRank, r, ep, *id, configs, num_experts, warmup, iters,
                          swiglu_intermediate, &results);
@@ -320,4 +325,17 @@ int main(int argc, char** argv) {
         r.dispatch_host_p50, r.combine_host_p50);
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ep_bench: error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "ep_bench: error: an exception that is not a std::exception\n");
+  }
+  return 1;
 }

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -41,9 +42,8 @@ double Ratio(const absl::StatusOr<PlacementTable>& table, const std::vector<doub
   return *ratio;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The program; main() below only adds the last-resort catch.
+int Main(int argc, char** argv) {
   CLI::App app{"Max/mean tokens per rank: contiguous placement vs EPLB vs greedy"};
   std::vector<std::string> files;
   moe_ep::core::EplbOptions options{288, 8, 1, 1};
@@ -104,4 +104,17 @@ int main(int argc, char** argv) {
   std::printf("%-28s %10s %11.4f %9s %10.5f %10.5f\n", "all files", "", all_contiguous, "",
               all_eplb, all_greedy);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "eplb_bench: error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "eplb_bench: error: an exception that is not a std::exception\n");
+  }
+  return 1;
 }

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <memory>
 #include <random>
 #include <set>
@@ -39,7 +40,7 @@ namespace {
 
 #define BENCH_CHECK(expr)                                                             \
   do {                                                                                \
-    absl::Status s_ = (expr);                                                         \
+    const absl::Status& s_ = (expr);                                                  \
     if (!s_.ok()) {                                                                   \
       std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, s_.ToString().c_str()); \
       std::exit(1);                                                                   \
@@ -238,4 +239,13 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace moe_ep::kernels
 
-int main(int argc, char** argv) { return moe_ep::kernels::Main(argc, argv); }
+int main(int argc, char** argv) {
+  try {
+    return moe_ep::kernels::Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "expert_bench: error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "expert_bench: error: an exception that is not a std::exception\n");
+  }
+  return 1;
+}

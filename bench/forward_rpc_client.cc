@@ -9,6 +9,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdio>
+#include <exception>
 #include <fstream>
 
 #include "CLI/CLI.hpp"
@@ -23,7 +24,7 @@ using moe_ep::bench::NowUs;
 using moe_ep::bench::Options;
 using moe_ep::bench::Percentile;
 
-void SetTensor(moe_ep::v1::Tensor* t, moe_ep::v1::DType dtype, std::vector<int64_t> shape,
+void SetTensor(moe_ep::v1::Tensor* t, moe_ep::v1::DType dtype, const std::vector<int64_t>& shape,
                const void* data, size_t bytes) {
   t->set_dtype(dtype);
   for (int64_t d : shape) t->add_shape(d);
@@ -68,9 +69,8 @@ int RunRpcClient(const Options& o) {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The program; main() below only adds the last-resort catch.
+int Main(int argc, char** argv) {
   Options o;
   CLI::App app{"the Forward RPC side of moe_ep_embedded_forward_bench"};
   app.add_option("--address", o.address, "host:port of the worker")->required();
@@ -84,4 +84,17 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed);
   CLI11_PARSE(app, argc, argv);
   return RunRpcClient(o);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "forward_rpc_client: error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "forward_rpc_client: error: an exception that is not a std::exception\n");
+  }
+  return 1;
 }

@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <memory>
 #include <random>
 #include <string>
@@ -180,7 +181,7 @@ bool RunRank(const Options& opt, const std::string& id, int rank,
 
 float Percentile(std::vector<float> v, double q) {
   std::sort(v.begin(), v.end());
-  const size_t i = static_cast<size_t>(q * (v.size() - 1) + 0.5);
+  const size_t i = static_cast<size_t>(std::lround(q * (v.size() - 1)));
   return v[std::min(i, v.size() - 1)];
 }
 
@@ -212,6 +213,7 @@ int Main(int argc, char** argv) {
   std::vector<std::vector<float>> diffs(opt.ranks);
   std::vector<char> ok(opt.ranks, 0);
   std::vector<std::thread> threads;
+  threads.reserve(opt.ranks);
   for (int r = 0; r < opt.ranks; ++r) {
     threads.emplace_back(
         [&, r] { ok[r] = RunRank(opt, *id, r, token_counts, times[r], diffs[r]) ? 1 : 0; });
@@ -247,4 +249,13 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace moe_ep::kernels
 
-int main(int argc, char** argv) { return moe_ep::kernels::Main(argc, argv); }
+int main(int argc, char** argv) {
+  try {
+    return moe_ep::kernels::Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "layer_comm_bench: error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "layer_comm_bench: error: an exception that is not a std::exception\n");
+  }
+  return 1;
+}

@@ -37,6 +37,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <memory>
 #include <random>
 #include <string>
@@ -279,7 +280,10 @@ Times RunConfig(const Config& c, int64_t hidden, int top_k, int num_experts, int
 }  // namespace
 }  // namespace moe_ep::kernels
 
-int main(int argc, char** argv) {
+namespace {
+
+// The program; main() below only adds the last-resort catch.
+int Main(int argc, char** argv) {
   using namespace moe_ep::kernels;
   CLI::App app{"onesided_bench: one-sided vs NCCL data plane on one GPU"};
   std::vector<int64_t> tokens = {1, 128, 4096};
@@ -344,4 +348,17 @@ int main(int argc, char** argv) {
     }
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "onesided_bench: error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "onesided_bench: error: an exception that is not a std::exception\n");
+  }
+  return 1;
 }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <exception>
 #include <functional>
 #include <iostream>
 #include <string>
@@ -59,12 +60,11 @@ absl::Status RunStackAction(const StackJobOptions& options, bool json) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-// NOLINTNEXTLINE(bugprone-exception-escape): parse errors are caught below and
-// library throws become absl::Status inside the commands; what is left
-// (bad_alloc, a CLI11 flag defined twice) should terminate.
-int main(int argc, char** argv) {
+// The CLI. Parse errors are caught around app.parse() (exit 2); library
+// throws become absl::Status inside the commands. main() below catches what is
+// left (bad_alloc, a CLI11 flag defined twice) so local workers are stopped by
+// their destructors and the process exits 1 with the reason.
+int RunCli(int argc, char** argv) {
   CLI::App app{
       "moe-ep: expert-parallel MoE coordinator (forms a group of moe-ep-worker "
       "processes, configures, runs and verifies MoE layers)"};
@@ -472,4 +472,19 @@ int main(int argc, char** argv) {
     return 1;
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return RunCli(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "moe-ep: error: unexpected exception: " << e.what()
+              << " (a bug: please report it with the command line)\n";
+  } catch (...) {
+    std::cerr << "moe-ep: error: unexpected exception that is not a std::exception (a bug: "
+                 "please report it with the command line)\n";
+  }
+  return 1;
 }

@@ -193,6 +193,7 @@ std::string UnreadableFamilyHint(const json& config) {
   };
   const auto quoted = [](const std::vector<std::string>& keys) {
     std::vector<std::string> q;
+    q.reserve(keys.size());
     for (const std::string& k : keys) q.push_back("'" + k + "'");
     return absl::StrJoin(q, " or ");
   };

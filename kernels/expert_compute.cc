@@ -117,9 +117,9 @@ absl::StatusOr<std::unique_ptr<ExpertCompute>> ExpertCompute::Create(int64_t max
   ec->allocated_bytes_ = plan.total;
   char* base = static_cast<char*>(scratch);
   if (base == nullptr) {
-    RETURN_IF_ERROR(internal::CudaStatus(
-        cudaMalloc(&ec->owned_scratch_, plan.total),
-        absl::StrFormat("cudaMalloc(expert scratch, %d bytes)", plan.total).c_str()));
+    RETURN_IF_ERROR(
+        internal::CudaStatus(cudaMalloc(&ec->owned_scratch_, plan.total),
+                             absl::StrFormat("cudaMalloc(expert scratch, %d bytes)", plan.total)));
     base = static_cast<char*>(ec->owned_scratch_);
   }
   ExpertEntryBuffers& b = ec->entries_;
@@ -130,8 +130,9 @@ absl::StatusOr<std::unique_ptr<ExpertCompute>> ExpertCompute::Create(int64_t max
   b.position = reinterpret_cast<int32_t*>(base + plan.position);
   b.offsets = reinterpret_cast<int32_t*>(base + plan.offsets);
   ec->tile_offsets_ = reinterpret_cast<int32_t*>(base + plan.tile_offsets);
-  const uintptr_t sort_temp = reinterpret_cast<uintptr_t>(base + plan.sort_temp);
-  b.sort_temp = reinterpret_cast<void*>((sort_temp + 255) & ~uintptr_t{255});
+  // Round up to 256 bytes by pointer arithmetic (the plan reserved 256 extra).
+  char* const sort_temp = base + plan.sort_temp;
+  b.sort_temp = sort_temp + (256 - reinterpret_cast<uintptr_t>(sort_temp) % 256) % 256;
   b.sort_temp_bytes = plan.sort_temp_bytes;
   if (max_intermediate > 0) {
     ec->x_ = reinterpret_cast<uint16_t*>(base + plan.x);

@@ -102,8 +102,7 @@ absl::StatusOr<std::unique_ptr<DataPlane>> FormDataPlane(
   }
   if (group.backend == "nccl") {
 #ifdef MOE_EP_HAVE_CUDA
-    absl::StatusOr<std::unique_ptr<GpuDataPlane>> plane =
-        GpuDataPlane::Form(group, std::move(store));
+    absl::StatusOr<std::unique_ptr<GpuDataPlane>> plane = GpuDataPlane::Form(group, store);
     if (!plane.ok()) return plane.status();
     return std::unique_ptr<DataPlane>(std::move(*plane));
 #else

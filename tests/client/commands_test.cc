@@ -170,6 +170,7 @@ TEST(RenderWorkerTable, AnErrorEveryRankRepeatsPrintsOnceWithTheRanks) {
   // are the same error.
   const std::vector<std::string> targets = {"127.0.0.1:11", "127.0.0.1:12", "127.0.0.1:13"};
   std::vector<absl::StatusOr<v1::GetStatusResponse>> statuses;
+  statuses.reserve(targets.size());
   for (const std::string& t : targets) {
     statuses.push_back(absl::UnavailableError("ipv4:" + t + ": Socket closed"));
   }

@@ -25,7 +25,7 @@ using ::testing::HasSubstr;
   GTEST_SKIP() << "moe-ep-worker is not built"
 
 std::string WriteConfig(const nlohmann::json& config) {
-  const std::string path =
+  std::string path =
       (std::filesystem::temp_directory_path() / ("fp8-moe-" + std::to_string(getpid()) + ".json"))
           .string();
   std::ofstream(path) << config.dump();

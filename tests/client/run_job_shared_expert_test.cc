@@ -20,7 +20,7 @@ namespace {
 using ::testing::HasSubstr;
 
 std::string WriteConfig(const std::string& name, const nlohmann::json& config) {
-  const std::string path =
+  std::string path =
       (std::filesystem::temp_directory_path() / (name + "-" + std::to_string(getpid()) + ".json"))
           .string();
   std::ofstream(path) << config.dump();

@@ -1,5 +1,8 @@
 #include "client/text_table.h"
 
+#include <string>
+
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace moe_ep::client {
@@ -51,7 +54,7 @@ TEST(WrapText, BreaksAtSpacesAndInsideLongWords) {
   EXPECT_EQ(WrapText("abcd", 4), (std::vector<std::string>{"abcd"}));
   // Every line fits: a 300-character message at 60 columns.
   const std::string long_text(300, 'x');
-  for (const std::string& line : WrapText(long_text + " " + long_text, 60)) {
+  for (const std::string& line : WrapText(absl::StrCat(long_text, " ", long_text), 60)) {
     EXPECT_LE(line.size(), 60u);
   }
 }

@@ -13,6 +13,7 @@ using core::FloatToBf16;
 
 std::vector<core::bf16_t> ToBf16(const std::vector<float>& v) {
   std::vector<core::bf16_t> out;
+  out.reserve(v.size());
   for (float f : v) out.push_back(FloatToBf16(f));
   return out;
 }

@@ -101,7 +101,7 @@ TEST(ComputeDpGatherLayout, AllGroupsEmpty) {
 }
 
 TEST(ComputeDpGatherLayout, RejectsBadInput) {
-  auto expect = [](absl::StatusOr<DpGatherLayout> l, const char* fragment) {
+  auto expect = [](const absl::StatusOr<DpGatherLayout>& l, const char* fragment) {
     EXPECT_EQ(l.status().code(), absl::StatusCode::kInvalidArgument) << l.status();
     EXPECT_THAT(l.status().message(), HasSubstr(fragment));
   };

@@ -95,10 +95,12 @@ TEST_P(EpDispatcherFp8Test, MatchesTheReferenceWithTheSameRounding) {
     return (ep > 1 && rank == ep - 1) ? 0 : 3 + 2 * rank;
   };
   std::vector<StepInput> inputs;
+  inputs.reserve(ep);
   for (int r = 0; r < ep; ++r)
     inputs.push_back(RandomInput(40 + r, tokens_of(r), h, k, num_experts));
   auto placement = ExpertPlacement::Contiguous(num_experts, ep).value();
   std::vector<ExpertSet> sets;
+  sets.reserve(ep);
   for (int r = 0; r < ep; ++r) {
     sets.push_back(
         GetParam().swiglu

@@ -144,6 +144,7 @@ TEST(EpDispatcherPlacement, HandComputedRouteMaskAndCounts) {
     }
     const std::vector<int> mine = DistinctSlotExperts(*table, rank);
     std::vector<ExpertSet> parts;
+    parts.reserve(mine.size());
     for (int e : mine) parts.push_back(ExpertSet::Identity(e, 1, h));
     ExpertSet experts = ExpertSet::Union(std::move(parts)).value();
     ASSERT_TRUE(d.ComputeExperts(experts).ok());
@@ -191,6 +192,7 @@ std::vector<std::vector<bf16_t>> RunAgainstReference(const TableCase& c) {
   const int layer = 1;
   auto table = c.table();
   std::vector<StepInput> inputs;
+  inputs.reserve(ep);
   for (int r = 0; r < ep; ++r)
     inputs.push_back(RandomInput(300 + r, 3 + 2 * r, h, k, c.num_experts));
   std::vector<ExpertSet> rank_sets;
@@ -259,13 +261,16 @@ TEST(ReferenceEpForwardTable, MatchesDenseReference) {
   auto table = FourRankTable();
   auto all = ExpertSet::GenerateSwiGlu(5, 0, 0, 8, h, inter).value();
   std::vector<ExpertSet> sets;
+  sets.reserve(4);
   for (int r = 0; r < 4; ++r) {
     sets.push_back(MakeHostExperts(ExpertSource::Seeded(5, 0, 8, 0, 0, h, inter)
                                        .WithExperts(DistinctSlotExperts(*table, r)))
                        .value());
   }
   std::vector<StepInput> inputs;
+  inputs.reserve(4);
   std::vector<EpRankInput> ref_inputs;
+  ref_inputs.reserve(4);
   for (int r = 0; r < 4; ++r) inputs.push_back(RandomInput(40 + r, 4, h, k, 8));
   for (int r = 0; r < 4; ++r) {
     ref_inputs.push_back(

@@ -109,6 +109,7 @@ TEST_P(EpDispatcherSwiGluTest, MatchesDenseReference) {
     return (ep > 1 && rank == ep - 1) ? 0 : 2 + 3 * rank;
   };
   std::vector<StepInput> inputs;
+  inputs.reserve(ep);
   for (int r = 0; r < ep; ++r)
     inputs.push_back(RandomInput(200 + r, tokens_of(r), h, k, num_experts));
 
@@ -116,6 +117,7 @@ TEST_P(EpDispatcherSwiGluTest, MatchesDenseReference) {
   // must receive, exactly.
   auto placement_all = ExpertPlacement::Contiguous(num_experts, ep).value();
   std::vector<ExpertSet> rank_sets;
+  rank_sets.reserve(ep);
   for (int r = 0; r < ep; ++r) {
     rank_sets.push_back(ExpertSet::GenerateSwiGlu(seed, layer, placement_all.FirstExpert(r),
                                                   placement_all.NumLocalExperts(r), h, inter)

@@ -74,6 +74,7 @@ void ExpectValidTable(const PlacementTable& t, int num_experts, int ep_size, int
     for (const ReplicaSlot& rs : t.Replicas(e)) ASSERT_EQ(t.SlotExperts(rs.rank)[rs.slot], e);
   }
   std::vector<std::vector<int>> map;
+  map.reserve(ep_size);
   for (int r = 0; r < ep_size; ++r) map.push_back(t.SlotExperts(r));
   auto again = PlacementTable::FromSlotExperts(num_experts, map);
   ASSERT_TRUE(again.ok()) << again.status();

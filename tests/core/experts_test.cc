@@ -22,6 +22,7 @@ using ::testing::HasSubstr;
 
 std::vector<bf16_t> ToBf16(const std::vector<float>& v) {
   std::vector<bf16_t> out;
+  out.reserve(v.size());
   for (float f : v) out.push_back(FloatToBf16(f));
   return out;
 }

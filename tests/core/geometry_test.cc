@@ -51,7 +51,7 @@ TEST(ChooseRuntimeMaxTokens, AboveCapacityIsResourceExhausted) {
 }
 
 TEST(ChooseRuntimeMaxTokens, InvalidInput) {
-  auto expect = [](absl::StatusOr<int64_t> r, const char* fragment) {
+  auto expect = [](const absl::StatusOr<int64_t>& r, const char* fragment) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
     EXPECT_THAT(r.status().message(), HasSubstr(fragment)) << r.status();
   };

@@ -289,7 +289,7 @@ TEST(PlanLayers, SingleLayerModel) {
 }
 
 TEST(PlanLayers, RejectsInvalidLayoutAndEmptyModel) {
-  auto expect = [](absl::StatusOr<std::vector<LayerPlan>> r, const char* fragment) {
+  auto expect = [](const absl::StatusOr<std::vector<LayerPlan>>& r, const char* fragment) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
     EXPECT_THAT(r.status().message(), HasSubstr(fragment)) << r.status();
   };

@@ -114,6 +114,7 @@ TEST_P(LayerStackMatchesReference, OutputOfAllLayersEqualsSingleProcess) {
   const StackCase& c = GetParam();
   const LayerStackConfig config = ConfigOf(c);
   std::vector<std::vector<float>> inputs;
+  inputs.reserve(c.attn_dp);
   for (int g = 0; g < c.attn_dp; ++g) inputs.push_back(GroupTokens(g, c.counts[g], config.hidden));
   auto ref = ReferenceLayerStack(config, inputs);
   ASSERT_TRUE(ref.ok()) << ref.status();

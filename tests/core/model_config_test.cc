@@ -29,9 +29,9 @@ std::string ModelsDir() {
   }                                                                                    \
   absl::StatusOr<ModelDescription> var##_or = LoadModelConfig(ModelsDir() + "/" file); \
   ASSERT_TRUE(var##_or.ok()) << var##_or.status();                                     \
-  const ModelDescription& var = *var##_or
+  const ModelDescription& var(*var##_or)
 
-std::vector<bool> Pattern(int layers, std::vector<int> dense) {
+std::vector<bool> Pattern(int layers, const std::vector<int>& dense) {
   std::vector<bool> p(layers, true);
   for (int i : dense) p[i] = false;
   return p;

@@ -47,6 +47,7 @@ RankData RandomRank(std::mt19937& rng, int64_t tokens, int64_t h, int k, int num
 
 std::vector<const ExpertSet*> Ptrs(const std::vector<ExpertSet>& sets) {
   std::vector<const ExpertSet*> out;
+  out.reserve(sets.size());
   for (const ExpertSet& s : sets) out.push_back(&s);
   return out;
 }
@@ -182,7 +183,9 @@ TEST(ReferenceEpForward, MatchesDenseReferenceWithinBf16Rounding) {
     std::mt19937 rng(1000 + ep);
     const std::vector<int64_t> counts = {13, 0, 7, 22};  // uneven, one rank empty
     std::vector<RankData> data;
+    data.reserve(ep);
     std::vector<EpRankInput> inputs;
+    inputs.reserve(ep);
     for (int s = 0; s < ep; ++s) data.push_back(RandomRank(rng, counts[s], kH, kK, kE));
     for (int s = 0; s < ep; ++s) inputs.push_back(data[s].Input());
     for (int32_t invalid : {-1, kE}) {
@@ -238,6 +241,7 @@ TEST(ReferenceEpForward, IdentityExpertsGiveWeightSumTimesX) {
   // Rank 0: token 0 weights 0.25 + 0.5 + 0.125 = 0.875; token 1 only id 7: 0.5.
   auto f = [](const std::vector<bf16_t>& v) {
     std::vector<float> out;
+    out.reserve(v.size());
     for (bf16_t b : v) out.push_back(Bf16ToFloat(b));
     return out;
   };

@@ -73,6 +73,7 @@ TEST(PlacementTableMask, LostChoicesGoNowhereAndCarryTheInvalidId) {
 TEST(PlacementTableMask, TheReferenceRejectsTokensOnAMaskedRank) {
   const PlacementTable masked = Table().WithMask({true, true, false, true}).value();
   std::vector<ExpertSet> sets;
+  sets.reserve(4);
   for (int r = 0; r < 4; ++r) {
     sets.push_back(
         MakeHostExperts(
@@ -118,6 +119,7 @@ TEST(MaskedCollective, SurvivorsDispatchEqualsTheMaskedReference) {
   auto masked = std::make_shared<const PlacementTable>(table.WithMask(live).value());
   const int64_t h = 16;
   std::vector<ExpertSet> sets;
+  sets.reserve(4);
   for (int r = 0; r < 4; ++r) {
     sets.push_back(
         MakeHostExperts(
@@ -172,7 +174,9 @@ TEST(MaskedCollective, SurvivorsDispatchEqualsTheMaskedReference) {
     int64_t lost = 0;
     for (int32_t id : ids[rank]) lost += id == 3 ? 1 : 0;
     EXPECT_EQ((*dispatcher)->last_step().lost_choices, lost) << "rank " << rank;
-    if (lost > 0) EXPECT_THAT((*dispatcher)->last_step().lost_experts, ElementsAre(3));
+    if (lost > 0) {
+      EXPECT_THAT((*dispatcher)->last_step().lost_experts, ElementsAre(3));
+    }
     // A route to the masked rank is refused, never sent.
     std::vector<char> buf(4, 0);
     std::vector<int64_t> send = {0, 0, 1, 0};

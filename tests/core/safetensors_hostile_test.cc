@@ -20,7 +20,7 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 fs::path Dir() {
-  const fs::path dir = fs::path(::testing::TempDir()) / "safetensors_hostile";
+  fs::path dir = fs::path(::testing::TempDir()) / "safetensors_hostile";
   fs::create_directories(dir);
   return dir;
 }

@@ -10,6 +10,7 @@
 
 #include <cuda_runtime.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -62,6 +63,15 @@ uint16_t ToBf16(float f) {
   std::memcpy(&bits, &f, 4);
   bits += 0x7FFF + ((bits >> 16) & 1);
   return static_cast<uint16_t>(bits >> 16);
+}
+
+// True when the `n` floats at `a` and `b` have the same bit patterns (the
+// dispatch copies weights, so bit-exact; unlike ==, -0 and NaN payloads count).
+bool SameBits(const float* a, const float* b, int n) {
+  for (int i = 0; i < n; ++i) {
+    if (std::bit_cast<uint32_t>(a[i]) != std::bit_cast<uint32_t>(b[i])) return false;
+  }
+  return true;
 }
 
 float FromBf16(uint16_t b) {
@@ -232,7 +242,7 @@ int main(int argc, char** argv) {
     EXPECT(std::memcmp(&recv_hidden[slot * kHidden], &in.hidden[t * kHidden], kHidden * 2) == 0,
            "slot %d: hidden is not token %d's", slot, t);
     EXPECT(std::memcmp(&recv_ids[slot * kTopK], &in.ids[t * kTopK], kTopK * 4) == 0 &&
-               std::memcmp(&recv_weights[slot * kTopK], &in.weights[t * kTopK], kTopK * 4) == 0,
+               SameBits(&recv_weights[slot * kTopK], &in.weights[t * kTopK], kTopK),
            "slot %d: ids / weights are not token %d's", slot, t);
     ++slot;
   }

@@ -157,9 +157,11 @@ TEST_F(FailureIsolation, AllocateWorkspaceWithBadTopKCapacityOrDtypeOnOneRank) {
            "dispatch_dtype: expected DISPATCH_DTYPE_BF16"},
       };
   for (const auto& [spoil, fragment] : cases) {
+    // A named local: clang 14 cannot capture a structured binding in a lambda.
+    const auto& spoil_request = spoil;
     const auto make = [&](int rank) {
       v1::AllocateWorkspaceRequest request = MakeAllocateRequest(model_, kCapacity);
-      if (rank == kBadRank) spoil(&request);
+      if (rank == kBadRank) spoil_request(&request);
       return request;
     };
     ExpectIsolated(Call<v1::AllocateWorkspaceRequest, v1::AllocateWorkspaceResponse>(
@@ -227,9 +229,11 @@ TEST_F(FailureIsolation, ForwardWithABadShapeByteLengthEpochOrLayerOnOneRank) {
            "layer 99 has no loaded experts"},
       };
   for (const auto& [spoil, code, fragment] : cases) {
+    // A named local: clang 14 cannot capture a structured binding in a lambda.
+    const auto& spoil_request = spoil;
     const auto make = [&](int rank) {
       v1::ForwardRequest request = Forward(rank, 1);
-      if (rank == kBadRank) spoil(&request);
+      if (rank == kBadRank) spoil_request(&request);
       return request;
     };
     ExpectIsolated(Call<v1::ForwardRequest, v1::ForwardResponse>(&v1::Worker::Stub::Forward, make),

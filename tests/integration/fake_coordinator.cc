@@ -35,7 +35,7 @@ RankInputs MakeInputs(uint64_t seed, int64_t num_tokens, const SmallModel& model
 
 namespace {
 template <typename T>
-void SetTensor(v1::Tensor* tensor, v1::DType dtype, std::vector<int64_t> shape,
+void SetTensor(v1::Tensor* tensor, v1::DType dtype, const std::vector<int64_t>& shape,
                const std::vector<T>& values) {
   tensor->set_dtype(dtype);
   for (int64_t d : shape) tensor->add_shape(d);

@@ -107,7 +107,7 @@ std::vector<Rpc> MakeRpcs() {
                                        StatusCode::RESOURCE_EXHAUSTED,
                                        StatusCode::INVALID_ARGUMENT,
                                        StatusCode::FAILED_PRECONDITION};
-  auto with = [&](std::set<StatusCode> extra) {
+  auto with = [&](const std::set<StatusCode>& extra) {
     std::set<StatusCode> all = common;
     all.insert(extra.begin(), extra.end());
     return all;
@@ -706,6 +706,7 @@ TEST(Fuzz, MutatedRequestsOfEveryRpcNeverCrashHangOrChangeStateWhenRejected) {
   const absl::Time stop_at =
       budget_s > 0 ? start + absl::Seconds(budget_s) : absl::InfiniteFuture();
   std::vector<std::thread> threads;
+  threads.reserve(kWorkers);
   for (int w = 0; w < kWorkers; ++w) {
     threads.emplace_back([&, w] {
       Fuzz((*cluster)->targets()[w], seed + w, requests / kWorkers, stop_at, &findings[w]);

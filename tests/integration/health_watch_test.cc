@@ -91,6 +91,7 @@ void WatchManyTimes(const WatchedPort& port, HealthResponse::ServingStatus want_
   for (Ending ending : {Ending::kCancel, Ending::kDeadline}) {
     std::atomic<int> wrong{0};
     std::vector<std::thread> threads;
+    threads.reserve(kThreads);
     for (int t = 0; t < kThreads; ++t) {
       threads.emplace_back([&, t] {
         for (int i = t; i < kStreamsPerEnding; i += kThreads) {

@@ -45,6 +45,7 @@ TEST_P(KillInFlight, TheCallFailsOnEverySurvivorWithinOneSecond) {
   absl::Mutex mu;
   int started = 0;
   std::vector<std::thread> calls;
+  calls.reserve(kWorld);
   for (int r = 0; r < kWorld; ++r) {
     calls.emplace_back([&, r] {
       grpc::ClientContext context;

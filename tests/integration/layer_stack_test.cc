@@ -136,6 +136,7 @@ void ExpectStackMatchesReference(FakeCoordinator& fake, const Layout& l,
   auto responses = fake.coordinator().ForwardLayers(Requests(l, counts, epoch));
   ASSERT_TRUE(responses.ok()) << responses.status();
   std::vector<std::vector<float>> inputs;
+  inputs.reserve(l.attn_dp);
   for (int g = 0; g < l.attn_dp; ++g) inputs.push_back(GroupTokens(g, counts[g]));
   auto ref = core::ReferenceLayerStack(ReferenceConfig(l), inputs);
   ASSERT_TRUE(ref.ok()) << ref.status();

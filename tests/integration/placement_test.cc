@@ -70,6 +70,7 @@ class PlacementTest : public ::testing::TestWithParam<int> {
   absl::StatusOr<std::vector<v1::ForwardResponse>> Step(int64_t epoch,
                                                         const std::vector<RankInputs>& inputs) {
     std::vector<int64_t> tokens;
+    tokens.reserve(inputs.size());
     for (const RankInputs& in : inputs) tokens.push_back(in.num_tokens);
     client::Coordinator& c = fake_->coordinator();
     auto sync = c.SyncTokenCounts(epoch, tokens);
@@ -77,6 +78,7 @@ class PlacementTest : public ::testing::TestWithParam<int> {
     absl::Status committed = c.CommitGeometry(epoch, sync->runtime_max_tokens_per_rank, tokens);
     if (!committed.ok()) return committed;
     std::vector<v1::ForwardRequest> requests;
+    requests.reserve(inputs.size());
     for (const RankInputs& in : inputs)
       requests.push_back(MakeForwardRequest(0, epoch, in, model_));
     return c.Forward(requests);
@@ -84,6 +86,7 @@ class PlacementTest : public ::testing::TestWithParam<int> {
 
   std::vector<RankInputs> Inputs() const {
     std::vector<RankInputs> inputs;
+    inputs.reserve(GetParam());
     for (int r = 0; r < GetParam(); ++r) inputs.push_back(MakeInputs(50 + r, 3 + 2 * r, model_));
     return inputs;
   }
@@ -110,6 +113,7 @@ TEST_P(PlacementTest, ForwardEqualsTheReferenceUnderTheTableAndRepeats) {
   // seed them.
   const std::vector<RankInputs> inputs = Inputs();
   std::vector<core::ExpertSet> sets;
+  sets.reserve(world);
   for (int r = 0; r < world; ++r) {
     sets.push_back(
         core::MakeHostExperts(core::ExpertSource::Seeded(kSeed, 0, model_.num_experts, 0, 0,

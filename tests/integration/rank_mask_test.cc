@@ -138,6 +138,7 @@ class RankMaskTest : public ::testing::TestWithParam<int> {
     std::vector<core::EpRankInput> ref_inputs;
     std::vector<const core::ExpertSet*> set_ptrs;
     inputs.reserve(kWorld);
+    ref_inputs.reserve(kWorld);
     for (int r = 0; r < kWorld; ++r) {
       inputs.push_back(live[r] ? InputsOf(step, r) : RankInputs{});
       set_ptrs.push_back(&sets_[r]);

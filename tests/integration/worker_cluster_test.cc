@@ -61,6 +61,7 @@ absl::StatusOr<std::vector<v1::ForwardResponse>> Step(FakeCoordinator& fake, int
                                                       const std::vector<RankInputs>& inputs,
                                                       const SmallModel& model) {
   std::vector<int64_t> counts;
+  counts.reserve(inputs.size());
   for (const auto& in : inputs) counts.push_back(in.num_tokens);
   auto sync = fake.coordinator().SyncTokenCounts(epoch, counts);
   if (!sync.ok()) return sync.status();
@@ -70,6 +71,7 @@ absl::StatusOr<std::vector<v1::ForwardResponse>> Step(FakeCoordinator& fake, int
       fake.coordinator().CommitGeometry(epoch, sync->runtime_max_tokens_per_rank, counts);
   if (!commit.ok()) return commit;
   std::vector<v1::ForwardRequest> requests;
+  requests.reserve(inputs.size());
   for (const auto& in : inputs) requests.push_back(MakeForwardRequest(layer, epoch, in, model));
   return fake.coordinator().Forward(requests);
 }

@@ -80,9 +80,10 @@ TEST(Fp8E4m3Cuda, DeviceConversionEqualsHostBitForBit) {
   DeviceBuffer<float> d_in(in);
   DeviceBuffer<uint8_t> d_codes(in.size());
   ASSERT_TRUE(
-      LaunchE4m3FromFloat(d_in.get(), static_cast<int64_t>(in.size()), d_codes.get(), 0).ok());
+      LaunchE4m3FromFloat(d_in.get(), static_cast<int64_t>(in.size()), d_codes.get(), nullptr)
+          .ok());
   DeviceBuffer<float> d_values(256);
-  ASSERT_TRUE(LaunchE4m3ToFloatAllCodes(d_values.get(), 0).ok());
+  ASSERT_TRUE(LaunchE4m3ToFloatAllCodes(d_values.get(), nullptr).ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<uint8_t> codes = d_codes.Download(in.size());
   for (size_t i = 0; i < in.size(); ++i) {
@@ -128,7 +129,7 @@ TEST(Fp8E4m3Cuda, DequantizePassEqualsHost) {
   DeviceBuffer<uint8_t> d_wire(wire);
   const int64_t out_bytes = 2 * kH + 8 * kK;
   DeviceBuffer<uint8_t> d_out(kRows * out_bytes);
-  ASSERT_TRUE(LaunchDequantizeDispatchRows(d_wire.get(), kRows, kH, kK, d_out.get(), 0).ok());
+  ASSERT_TRUE(LaunchDequantizeDispatchRows(d_wire.get(), kRows, kH, kK, d_out.get(), nullptr).ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<uint8_t> out = d_out.Download(kRows * out_bytes);
   for (int64_t r = 0; r < kRows; ++r) {
@@ -149,7 +150,7 @@ TEST(Fp8E4m3Cuda, DequantizePassEqualsHost) {
     EXPECT_EQ(std::memcmp(dst + 2 * kH, src + kH + 8, 8 * kK), 0) << "row " << r;
   }
   // Host checks of the launcher.
-  EXPECT_EQ(LaunchDequantizeDispatchRows(d_wire.get(), 1, 64, kK, d_out.get(), 0).code(),
+  EXPECT_EQ(LaunchDequantizeDispatchRows(d_wire.get(), 1, 64, kK, d_out.get(), nullptr).code(),
             absl::StatusCode::kInvalidArgument);
 }
 

@@ -91,6 +91,7 @@ std::vector<float> PartialMagnitude(const core::EpReferenceResult& ref, int src,
 // Runs `body(rank)` on ep_size threads, each with its own GPU.
 void RunRanks(int ep_size, const std::function<void(int)>& body) {
   std::vector<std::thread> threads;
+  threads.reserve(ep_size);
   for (int r = 0; r < ep_size; ++r)
     threads.emplace_back([&, r] {
       ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
@@ -117,6 +118,7 @@ void RunCase(const Case& c) {
     }
   }
   std::vector<MoeInputs> inputs;
+  inputs.reserve(c.ep_size);
   std::vector<core::EpRankInput> ref_inputs;
   for (int r = 0; r < c.ep_size; ++r) {
     inputs.push_back(
@@ -315,6 +317,7 @@ void RunGraphCase(int ne, int64_t intermediate) {
           core::ExpertSet::Identity(placement->FirstExpert(r), placement->NumLocalExperts(r), h));
     }
   }
+  ptrs.reserve(sets.size());
   for (auto& s : sets) ptrs.push_back(&s);
   auto id = NcclCollective::NewUniqueId();
   ASSERT_TRUE(id.ok());
@@ -323,6 +326,7 @@ void RunGraphCase(int ne, int64_t intermediate) {
   std::vector<core::EpReferenceResult> refs;
   for (size_t round = 0; round < rounds.size(); ++round) {
     std::vector<core::EpRankInput> ri;
+    ri.reserve(ep);
     for (int r = 0; r < ep; ++r) {
       in[round].push_back(MakeInputs(500 + 10 * round + r, rounds[round][r], h, k, ne, 0.1));
     }

@@ -229,6 +229,7 @@ std::vector<LayerPlan> AllPlans(const ParallelLayout& base) {
     }
   }
   std::vector<LayerPlan> out;
+  out.reserve(unique.size());
   for (auto& [key, plan] : unique) out.push_back(plan);
   return out;
 }

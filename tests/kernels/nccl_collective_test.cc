@@ -42,6 +42,7 @@ void RunTwoRanks(std::chrono::milliseconds timeout,
   auto id = NcclCollective::NewUniqueId();
   ASSERT_TRUE(id.ok()) << id.status();
   std::vector<std::thread> threads;
+  threads.reserve(2);
   for (int rank = 0; rank < 2; ++rank) {
     threads.emplace_back([&, rank] {
       ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);

@@ -47,6 +47,7 @@ void RunThreads(const OsCase& c, int64_t capacity,
   std::barrier<> bar(c.ep_size);
   const Sync sync = [&bar] { bar.arrive_and_wait(); };
   std::vector<std::thread> threads;
+  threads.reserve(c.ep_size);
   for (int r = 0; r < c.ep_size; ++r) {
     threads.emplace_back([&, r] {
       [&] {

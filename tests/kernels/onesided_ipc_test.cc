@@ -176,6 +176,7 @@ void RunProcesses(int size) {
     env_strings.push_back(std::string(kStoreEnv) + "=" + dir);
     env_strings.push_back(std::string(kSizeEnv) + "=" + std::to_string(size));
     std::vector<char*> envp;
+    envp.reserve(env_strings.size() + 1);
     for (auto& s : env_strings) envp.push_back(s.data());
     envp.push_back(nullptr);
     std::string exe = "/proc/self/exe";

@@ -173,6 +173,7 @@ TEST(LaunchPackDispatchTable, MasksChoicesServedByAnotherReplica) {
 
 void RunRanks(int ep_size, const std::function<void(int)>& body) {
   std::vector<std::thread> threads;
+  threads.reserve(ep_size);
   for (int r = 0; r < ep_size; ++r) {
     threads.emplace_back([&, r] {
       ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
@@ -193,6 +194,7 @@ void RunTableCase(const core::PlacementTable& table, int redundant) {
   const int64_t inter = 64;
   const int top_k = 2;
   std::vector<core::ExpertSet> sets;
+  sets.reserve(ep);
   for (int r = 0; r < ep; ++r) {
     sets.push_back(
         core::MakeHostExperts(core::ExpertSource::Seeded(9, 0, num_experts, 0, 0, hidden, inter)
@@ -200,6 +202,7 @@ void RunTableCase(const core::PlacementTable& table, int redundant) {
             .value());
   }
   std::vector<testing::MoeInputs> inputs;
+  inputs.reserve(ep);
   std::vector<core::EpRankInput> ref_inputs;
   std::vector<const core::ExpertSet*> set_ptrs;
   const int64_t tokens = 96;

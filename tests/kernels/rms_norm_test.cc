@@ -58,7 +58,7 @@ void ExpectClose(const std::vector<float>& got, const std::vector<float>& want,
 
 TEST(LaunchRmsNorm, RejectsBadArgumentsOnHost) {
   float* p = reinterpret_cast<float*>(16);  // never dereferenced: checks come first
-  auto code = [](absl::Status s) { return s.code(); };
+  auto code = [](const absl::Status& s) { return s.code(); };
   EXPECT_EQ(code(LaunchRmsNorm(p, p, p, -1, 8, kEps, nullptr)), absl::StatusCode::kInvalidArgument);
   const absl::Status h = LaunchRmsNorm(p, p, p, 1, 0, kEps, nullptr);
   EXPECT_EQ(h.code(), absl::StatusCode::kInvalidArgument);
@@ -230,6 +230,7 @@ void RunRanks(int n, const std::function<void(int, NcclCollective&)>& body) {
   auto id = NcclCollective::NewUniqueId();
   ASSERT_TRUE(id.ok()) << id.status();
   std::vector<std::thread> threads;
+  threads.reserve(n);
   for (int rank = 0; rank < n; ++rank) {
     threads.emplace_back([&, rank] {
       ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);

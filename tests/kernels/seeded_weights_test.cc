@@ -90,7 +90,8 @@ TEST(LaunchSeededSwiGluWeights, ZeroExpertsEnqueueNothing) {
 }
 
 TEST(LaunchSeededSwiGluWeights, RejectsBadArguments) {
-  uint16_t* fake = reinterpret_cast<uint16_t*>(uintptr_t{256});  // never dereferenced
+  uint16_t storage[1] = {};
+  uint16_t* fake = storage;  // non-null, never dereferenced: the checks come first
   SeededSwiGluParams ok;
   ok.num_experts = 1;
   ok.hidden = 8;

@@ -85,6 +85,7 @@ void ExpectDeviceStackMatchesReference(const StackCase& c) {
   const int n = c.layout.tp_size;
   const int attn_tp = c.layout.attn_tp_size();
   std::vector<std::vector<float>> dp_tokens;
+  dp_tokens.reserve(c.layout.attn_dp_size);
   for (int g = 0; g < c.layout.attn_dp_size; ++g) {
     dp_tokens.push_back(GroupTokens(g, c.counts[g], config.hidden));
   }

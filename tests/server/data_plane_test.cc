@@ -49,12 +49,14 @@ core::EpDispatcherOptions HandOptions() {
 
 std::vector<core::bf16_t> Bf16(const std::vector<float>& values) {
   std::vector<core::bf16_t> out;
+  out.reserve(values.size());
   for (float v : values) out.push_back(core::FloatToBf16(v));
   return out;
 }
 
 std::vector<float> Floats(const std::vector<core::bf16_t>& values) {
   std::vector<float> out;
+  out.reserve(values.size());
   for (core::bf16_t v : values) out.push_back(core::Bf16ToFloat(v));
   return out;
 }

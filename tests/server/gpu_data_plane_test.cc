@@ -93,8 +93,12 @@ TEST(GpuDataPlane, BreakdownMatchesOwnersAndFreeMemoryDrop) {
   for (const core::WorkspaceRegion& r : allocation->regions) {
     sum += r.size_bytes;
     if (r.name == "expert_scratch") scratch = r.size_bytes;
-    if (r.name == "header_replicas") EXPECT_EQ(r.size_bytes, layout->header_replicas.size_bytes);
-    if (r.name == "dispatch_recv") EXPECT_EQ(r.size_bytes, layout->dispatch_recv.size_bytes);
+    if (r.name == "header_replicas") {
+      EXPECT_EQ(r.size_bytes, layout->header_replicas.size_bytes);
+    }
+    if (r.name == "dispatch_recv") {
+      EXPECT_EQ(r.size_bytes, layout->dispatch_recv.size_bytes);
+    }
   }
   EXPECT_EQ(sum, allocation->allocated_bytes);
   // The expert compute's own figure for the same sizes (E * N rows, 8 local experts).

@@ -129,6 +129,7 @@ void ExpectNcclStackMatchesReference(int tp, int attn_dp, const std::vector<int6
   config.seed = kSeed;
   config.capacity_tokens = kCapacity;
   std::vector<std::vector<float>> inputs;
+  inputs.reserve(attn_dp);
   for (int g = 0; g < attn_dp; ++g) inputs.push_back(GroupTokens(g, counts[g]));
   auto ref = core::ReferenceLayerStack(config, inputs);
   ASSERT_TRUE(ref.ok()) << ref.status();

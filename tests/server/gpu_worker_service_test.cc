@@ -385,6 +385,7 @@ TEST_P(GpuMatchesGloo, SwiGluForwardAgreesWithGlooWorkers) {
   ASSERT_NO_FATAL_FAILURE(cpu.SetUp(m, intermediate));
   for (size_t step = 0; step < c.tokens.size(); ++step) {
     std::vector<Inputs> inputs;
+    inputs.reserve(c.world);
     for (int r = 0; r < c.world; ++r) {
       inputs.push_back(MakeInputs(1000 * step + r, c.tokens[step][r], m));
     }

@@ -123,7 +123,7 @@ TEST(LayerStackRunner, RunBeforeConfigureIsFailedPrecondition) {
   v1::ForwardLayersResponse response;
   absl::Status s = runner.Run(
       world, 1,
-      [](absl::Status, std::vector<core::BallotField>) {
+      [](const absl::Status&, const std::vector<core::BallotField>&) {
         return absl::InternalError("unexpected");
       },
       v1::ForwardLayersRequest(), 0, 0, &response);

@@ -5,6 +5,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "grpcpp/create_channel.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -32,7 +33,7 @@ grpc::Status CallGeneric(const std::string& address, const std::string& method) 
   bool done = false;
   stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
     std::lock_guard<std::mutex> lock(mu);
-    status = s;
+    status = std::move(s);
     done = true;
     done_cv.notify_one();
   });

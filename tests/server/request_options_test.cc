@@ -25,6 +25,7 @@ v1::AllocateWorkspaceRequest Allocation() {
 
 std::vector<std::string> Names(const std::vector<core::BallotField>& fields) {
   std::vector<std::string> names;
+  names.reserve(fields.size());
   for (const core::BallotField& f : fields) names.push_back(f.name);
   return names;
 }
@@ -96,7 +97,7 @@ TEST(RequestOptions, AllocationFingerprintFollowsTheSpec) {
   EXPECT_NE(AllocationFingerprint(*a), AllocationFingerprint(*c));
 }
 
-v1::ConfigureLayersRequest Configure(int tp, std::vector<bool> sparse) {
+v1::ConfigureLayersRequest Configure(int tp, const std::vector<bool>& sparse) {
   v1::ConfigureLayersRequest r;
   r.mutable_layout()->set_tp_size(tp);
   r.mutable_layout()->set_attn_dp_size(tp);

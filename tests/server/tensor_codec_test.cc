@@ -11,7 +11,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-v1::Tensor Raw(v1::DType dtype, std::vector<int64_t> shape, size_t bytes) {
+v1::Tensor Raw(v1::DType dtype, const std::vector<int64_t>& shape, size_t bytes) {
   v1::Tensor t;
   t.set_dtype(dtype);
   for (int64_t d : shape) t.add_shape(d);

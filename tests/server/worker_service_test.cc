@@ -27,7 +27,7 @@ std::string Snapshot(InProcessWorker& worker) {
   return status.SerializeAsString();
 }
 
-v1::ConfigureLayersRequest ConfigureRequest(int tp, std::vector<bool> sparse) {
+v1::ConfigureLayersRequest ConfigureRequest(int tp, const std::vector<bool>& sparse) {
   v1::ConfigureLayersRequest request;
   request.mutable_layout()->set_tp_size(tp);
   request.mutable_layout()->set_attn_dp_size(1);
@@ -367,6 +367,7 @@ TEST(WorkerService, Fp8DispatchForwardsTheE4m3RoundedRows) {
   ASSERT_TRUE(worker.Load(IdentityExperts(0)).ok());
   ASSERT_TRUE(worker.Commit(1, 1, 1).ok());
   std::vector<core::bf16_t> hidden;
+  hidden.reserve(128);
   for (int i = 0; i < 127; ++i) hidden.push_back(core::FloatToBf16((i + 1) / 64.0f));
   hidden.push_back(core::FloatToBf16(7.0f));
   const int32_t ids[2] = {0, 3};
