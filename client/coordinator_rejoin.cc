@@ -96,7 +96,7 @@ absl::StatusOr<v1::RejoinResponse> Coordinator::RejoinRank(int rank, const RankS
   const auto on_rank = [&](const char* op, auto call) -> absl::Status {
     grpc::ClientContext context;
     SetDeadline(&context, options_.rpc_timeout);
-    const absl::Status status = ToAbslStatus(call(&context));
+    absl::Status status = ToAbslStatus(call(&context));
     if (status.ok()) return status;
     return absl::Status(status.code(), absl::StrCat(op, " on rank ", rank, " (", targets_[rank],
                                                     "): ", status.message()));
@@ -157,6 +157,7 @@ absl::StatusOr<v1::RejoinResponse> Coordinator::RejoinRank(int rank, const RankS
   std::vector<absl::Status> per_rank(world_size());
   std::vector<v1::RejoinResponse> responses(world_size());
   std::vector<std::thread> threads;
+  threads.reserve(members.size());
   for (int r : members) {
     threads.emplace_back([&, r] {
       grpc::ClientContext context;

@@ -138,7 +138,7 @@ absl::Status WorkerService::DoRejoin(grpc::ServerContext* context, const v1::Rej
   std::vector<bool> joining(world, false);
   for (int r : ranks) joining[r] = true;
   const int round = request.mask_round() + 1;
-  const absl::Status readmitted = data_plane_->Readmit(round, live_before, joining);
+  absl::Status readmitted = data_plane_->Readmit(round, live_before, joining);
   if (!readmitted.ok()) {
     // A returning rank left out keeps its plane (it stays alone and may be
     // sent Rejoin again); a survivor whose round failed has no usable group.
