@@ -265,6 +265,8 @@ absl::StatusOr<std::vector<v1::JoinResponse>> Coordinator::FormGroup() {
                                  return stubs_[r]->Join(c, request, resp);
                                }));
   generation_ = generation;
+  secret_ = secret;
+  join_hosts_ = hosts;
   return joined;
 }
 
@@ -437,21 +439,24 @@ absl::StatusOr<TokenCountSync> Coordinator::SyncTokenCounts(
                          request.set_epoch(epoch);
                          request.set_local_tokens(local_tokens[r]);
                          return stubs_[r]->SyncTokenCounts(c, request, resp);
-                       }));
+                       },
+                       StepRanks()));
   auto describe = [](const v1::SyncTokenCountsResponse& s) {
     return absl::StrCat("counts [", absl::StrJoin(s.token_counts(), ","), "], max ", s.max_tokens(),
                         ", R ", s.runtime_max_tokens_per_rank());
   };
-  const auto& first = responses[0];
-  for (int r = 1; r < world_size(); ++r) {
+  const int first_rank = FirstStepRank();
+  const auto& first = responses[first_rank];
+  for (int r = first_rank + 1; r < world_size(); ++r) {
+    if (!StepRank(r)) continue;
     const auto& s = responses[r];
     if (!std::equal(s.token_counts().begin(), s.token_counts().end(), first.token_counts().begin(),
                     first.token_counts().end()) ||
         s.max_tokens() != first.max_tokens() ||
         s.runtime_max_tokens_per_rank() != first.runtime_max_tokens_per_rank()) {
-      return absl::InternalError(absl::StrCat("SyncTokenCounts epoch ", epoch,
-                                              ": ranks disagree: rank 0 returned ", describe(first),
-                                              ", rank ", r, " returned ", describe(s)));
+      return absl::InternalError(
+          absl::StrCat("SyncTokenCounts epoch ", epoch, ": ranks disagree: rank ", first_rank,
+                       " returned ", describe(first), ", rank ", r, " returned ", describe(s)));
     }
   }
   TokenCountSync out;
@@ -476,7 +481,8 @@ absl::Status Coordinator::CommitGeometry(int64_t epoch, int64_t runtime_max_toke
                request.set_runtime_max_tokens_per_rank(runtime_max_tokens_per_rank);
                request.set_local_tokens(local_tokens[r]);
                return stubs_[r]->CommitGeometry(c, request, resp);
-             })
+             },
+             StepRanks())
       .status();
 }
 
@@ -486,10 +492,12 @@ absl::StatusOr<std::vector<v1::ForwardResponse>> Coordinator::Forward(
     return absl::InvalidArgumentError(absl::StrCat(
         "requests: expected ", world_size(), " entries (one per rank), got ", requests.size()));
   }
-  return FanOut<v1::ForwardResponse>("Forward", targets_, options_.rpc_timeout,
-                                     [&](int r, grpc::ClientContext* c, v1::ForwardResponse* resp) {
-                                       return stubs_[r]->Forward(c, requests[r], resp);
-                                     });
+  return FanOut<v1::ForwardResponse>(
+      "Forward", targets_, options_.rpc_timeout,
+      [&](int r, grpc::ClientContext* c, v1::ForwardResponse* resp) {
+        return stubs_[r]->Forward(c, requests[r], resp);
+      },
+      StepRanks());
 }
 
 absl::StatusOr<std::vector<v1::ForwardLayersResponse>> Coordinator::ForwardLayers(
@@ -503,6 +511,27 @@ absl::StatusOr<std::vector<v1::ForwardLayersResponse>> Coordinator::ForwardLayer
       [&](int r, grpc::ClientContext* c, v1::ForwardLayersResponse* resp) {
         return stubs_[r]->ForwardLayers(c, requests[r], resp);
       });
+}
+
+void Coordinator::SetStepRanks(std::vector<bool> live) {
+  if (std::all_of(live.begin(), live.end(), [](bool b) { return b; })) live.clear();
+  step_ranks_ = std::move(live);
+}
+
+bool Coordinator::StepRank(int rank) const {
+  return step_ranks_.empty() || (rank < static_cast<int>(step_ranks_.size()) && step_ranks_[rank]);
+}
+
+int Coordinator::FirstStepRank() const {
+  for (int r = 0; r < world_size(); ++r) {
+    if (StepRank(r)) return r;
+  }
+  return 0;
+}
+
+std::function<bool(int)> Coordinator::StepRanks() const {
+  if (step_ranks_.empty()) return nullptr;
+  return [this](int r) { return StepRank(r); };
 }
 
 }  // namespace moe_ep::client

@@ -12,6 +12,7 @@
 // Source: DESIGN §8; proto/moe_ep/v1/worker.proto.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -87,6 +88,15 @@ struct TokenCountSync {
   std::vector<int64_t> token_counts;  // [world], tokens each rank feeds into dispatch
   int64_t max_tokens = 0;
   int64_t runtime_max_tokens_per_rank = 0;  // R
+};
+
+// What a rank that takes its masked rank back is sent, to it alone, before
+// Rejoin (DESIGN §15): the group's own set-up requests, in this order.
+struct RankSetup {
+  v1::ConfigureLayersRequest configure;
+  v1::AllocateWorkspaceRequest allocate;
+  std::vector<v1::InstallPlacementRequest> placements;
+  std::vector<v1::LoadExpertsRequest> loads;
 };
 
 class Coordinator {
@@ -172,6 +182,28 @@ class Coordinator {
   absl::StatusOr<std::vector<v1::ForwardLayersResponse>> ForwardLayers(
       const std::vector<v1::ForwardLayersRequest>& requests);
 
+  // Rank masks (DESIGN §15; issue 17; client/coordinator_rejoin.cc).
+  // RejoinRank(): re-admits masked rank `rank` once its worker runs again
+  // (restarted on its target), at a step boundary: reads the survivors'
+  // mask (GetStatus of every live rank: the same generation, mask_round and
+  // masked_ranks, `rank` among them), Joins `rank` alone (JoinRequest.rejoin
+  // with this group's generation, secret and addresses: FormGroup with
+  // rank_masks must have formed it), sends it `setup` (ConfigureLayers,
+  // AllocateWorkspace, each InstallPlacement, each LoadExperts), then Rejoin
+  // to it and every live rank at once. Returns the rank's RejoinResponse
+  // (masked_ranks empty once every rank is back). Errors: kFailedPrecondition
+  // (no group formed here, rank_masks off, `rank` not masked, survivors that
+  // disagree on the mask), the calls' errors naming the rank (aggregated for
+  // Rejoin).
+  absl::StatusOr<v1::RejoinResponse> RejoinRank(int rank, const RankSetup& setup);
+  // The ranks SyncTokenCounts, CommitGeometry and Forward go to: `live`
+  // [world] (a masked group's survivors: the entries of the other ranks are
+  // ignored and their responses left empty); all true or empty = every rank.
+  void SetStepRanks(std::vector<bool> live);
+  // The ranks GetStatus shows live (not masked) according to the survivors;
+  // every rank before any mask. Errors: Status()'s of the ranks that answer.
+  absl::StatusOr<std::vector<int>> LiveRanks();
+
  private:
   Coordinator(std::vector<std::string> targets, CoordinatorOptions options);
 
@@ -179,6 +211,13 @@ class Coordinator {
   CoordinatorOptions options_;
   std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_;
   int64_t generation_ = 0;
+  bool StepRank(int rank) const;
+  int FirstStepRank() const;
+  std::function<bool(int)> StepRanks() const;  // FanOut's filter; null = every rank
+
+  std::vector<bool> step_ranks_;         // SetStepRanks; empty = every rank
+  std::string secret_;                   // of generation_ (FormGroup)
+  std::vector<std::string> join_hosts_;  // data_plane_host of each rank (FormGroup)
 };
 
 }  // namespace moe_ep::client

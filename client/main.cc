@@ -255,6 +255,17 @@ int RunCli(int argc, char** argv) {
                   "this step (0 = never; needs --redundant-slots); prints the load table")
       ->capture_default_str()
       ->check(NonNegative());
+  run->add_option("--kill-rank", run_options.kill_rank,
+                  "kill this local worker with SIGKILL just before --kill-at-step; the survivors "
+                  "mask it and keep serving (DESIGN §15; Gloo; -1 = none)")
+      ->capture_default_str();
+  run->add_option("--kill-at-step", run_options.kill_at_step,
+                  "the step (1-based) before which --kill-rank is killed")
+      ->check(NonNegative());
+  run->add_option("--restart-at-step", run_options.restart_at_step,
+                  "restart the killed worker before this step (1-based, after --kill-at-step) and "
+                  "re-admit it (Rejoin); 0 = it stays masked")
+      ->check(NonNegative());
   run->add_option("--rel-tol", run_options.tolerance.rel,
                   "pass when |out - ref| <= rel * max|ref| + atol")
       ->capture_default_str()

@@ -3,8 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <functional>
+#include <optional>
 #include <random>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -17,6 +20,7 @@
 #include "client/model_source.h"
 #include "client/placement_request.h"
 #include "client/plan_command.h"
+#include "client/run_masks.h"
 #include "client/streamed_reference.h"
 #include "client/targets.h"
 #include "client/tensor_message.h"
@@ -111,7 +115,8 @@ absl::Status ReadLoadAfterRebalance(Coordinator& coordinator, int num_experts,
 // job's layout.
 absl::Status ConfigureRunGroup(Coordinator& coordinator, const core::ModelDescription& model,
                                int world, int64_t capacity, int redundant_slots_per_rank,
-                               core::DispatchDType dispatch_dtype, std::ostream& out) {
+                               core::DispatchDType dispatch_dtype, std::ostream& out,
+                               RankSetup* setup) {
   const int64_t H = model.hidden_size;
   const int K = model.top_k;
   v1::ConfigureLayersRequest configure;
@@ -149,6 +154,8 @@ absl::Status ConfigureRunGroup(Coordinator& coordinator, const core::ModelDescri
       << FormatBytes(allocated[0].allocated_bytes()) << " allocated per worker (FlashInfer-"
       << "compatible: " << FormatBytes(allocated[0].flashinfer_workspace_bytes()) << ")\n";
   out.flush();
+  setup->configure = configure;
+  setup->allocate = allocate;
   return absl::OkStatus();
 }
 
@@ -195,6 +202,27 @@ absl::Status ValidateRunJobOptions(const RunJobOptions& o) {
     return absl::InvalidArgumentError(
         "--rebalance-after: needs --redundant-slots >= 1 (EPLB replicates the hottest experts "
         "into the redundant slots)");
+  }
+  if ((o.kill_rank >= 0) != (o.kill_at_step > 0) || o.kill_rank < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kill-rank and --kill-at-step: give both (a rank >= 0 and a step >= 1) or neither, got "
+        "rank ",
+        o.kill_rank, " and step ", o.kill_at_step));
+  }
+  if (o.kill_at_step > o.steps) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kill-at-step: expected in [1, --steps = ", o.steps, "], got ", o.kill_at_step));
+  }
+  if (o.restart_at_step != 0 &&
+      (o.kill_at_step == 0 || o.restart_at_step <= o.kill_at_step || o.restart_at_step > o.steps)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--restart-at-step: expected in (--kill-at-step, --steps] = (", o.kill_at_step,
+                     ", ", o.steps, "], got ", o.restart_at_step));
+  }
+  if (o.kill_rank >= 0 && (!o.workers.targets.empty() || o.attach || o.rebalance_after_steps > 0)) {
+    return absl::InvalidArgumentError(
+        "--kill-rank: kills one of the local workers this run starts; not with --targets, "
+        "--attach or --rebalance-after");
   }
   if (!(o.tolerance.rel >= 0) || !(o.tolerance.atol >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat("tolerance: expected rel, atol >= 0, got ",
@@ -303,6 +331,20 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
     rows_per_layer += step_rows;
     max_step_rows = std::max(max_step_rows, step_rows);
   }
+  const bool kills = options.kill_rank >= 0;
+  if (kills && (world < 2 || options.kill_rank >= world)) {
+    return absl::InvalidArgumentError(absl::StrCat("--kill-rank: expected a rank in [0, ", world,
+                                                   ") of at least 2 workers, got ",
+                                                   options.kill_rank));
+  }
+  // The killed rank's tokens are gone while it is masked.
+  const auto masked_step = [&](int s) {
+    return kills && s + 1 >= options.kill_at_step &&
+           (options.restart_at_step == 0 || s + 1 < options.restart_at_step);
+  };
+  for (int s = 0; s < options.steps; ++s) {
+    if (masked_step(s)) counts[s][options.kill_rank] = 0;
+  }
   const int64_t capacity =
       options.capacity_tokens > 0 ? options.capacity_tokens : std::max<int64_t>(max_count, 1);
 
@@ -354,6 +396,10 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
 
   CoordinatorOptions copts;
   copts.rpc_timeout = options.rpc_timeout;
+  // A kill needs the survivors to mask it (every rank's address at Join).
+  copts.rank_masks = kills;
+  if (kills) copts.group_timeout = absl::Seconds(10);
+  RankSetup setup;  // what a restarted rank is sent (RejoinRank)
   GroupSession group;
   std::vector<v1::GetStatusResponse> attached;  // --attach: each rank's GetStatus
   if (options.attach) {
@@ -372,9 +418,15 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
         << group.joined[0].backend() << ", generation " << group.coordinator->generation()
         << "): " << absl::StrJoin(workers.targets, " ") << "\n";
 
+    if (kills && (workers.cluster == nullptr || group.joined[0].backend() != "gloo")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--kill-rank: rank masks need local Gloo workers (--backend gloo), the group joined "
+          "with backend ",
+          group.joined[0].backend()));
+    }
     RETURN_IF_ERROR(ConfigureRunGroup(*group.coordinator, model, world, capacity,
-                                      options.redundant_slots_per_rank, options.dispatch_dtype,
-                                      out));
+                                      options.redundant_slots_per_rank, options.dispatch_dtype, out,
+                                      &setup));
   }
   Coordinator* const coordinator = group.coordinator.get();
   RunJobResult result;
@@ -403,11 +455,30 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
     }
     return load;
   };
+  // The table a kill run serves by: replicas of the next ranks' experts in
+  // the redundant slots (client/run_masks.h), else the contiguous one.
+  std::optional<core::PlacementTable> mask_table;
+  if (kills) {
+    ASSIGN_OR_RETURN(mask_table, options.redundant_slots_per_rank > 0
+                                     ? RingReplicaTable(model.num_experts, world,
+                                                        options.redundant_slots_per_rank)
+                                     : core::PlacementTable::Contiguous(model.num_experts, world));
+  }
   for (int layer : run_layers) {
     LayerRunSummary summary;
     summary.layer = layer;
     result.layers.push_back(summary);
     if (options.attach) continue;  // loaded by the group's owner (bytes: below)
+    if (kills && options.redundant_slots_per_rank > 0) {
+      setup.placements.push_back(MakeInstallPlacementRequest(layer, *mask_table));
+      RETURN_IF_ERROR(coordinator->InstallPlacement(setup.placements.back()).status());
+      if (layer == run_layers[0]) {
+        out << "placement: each worker's " << options.redundant_slots_per_rank
+            << " redundant slot(s) replicate the next ranks' experts ("
+            << mask_table->CanonicalText() << ")\n";
+      }
+    }
+    setup.loads.push_back(load_request(layer));
     const absl::Time start = absl::Now();
     ASSIGN_OR_RETURN(std::vector<v1::LoadExpertsResponse> loaded,
                      coordinator->LoadExperts(load_request(layer)));
@@ -432,70 +503,143 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
   const int L = options.num_layers;
   std::vector<std::vector<std::vector<RankStep>>> record(
       L, std::vector<std::vector<RankStep>>(options.steps, std::vector<RankStep>(world)));
+  std::vector<bool> live(world, true);
+  std::set<int> reported_lost;
   for (int s = 0; s < options.steps; ++s) {
-    const int64_t epoch = s + 1;
-    ASSIGN_OR_RETURN(TokenCountSync sync, coordinator->SyncTokenCounts(epoch, counts[s]));
-    if (sync.token_counts != counts[s]) {
-      return absl::InternalError(
-          absl::StrCat("SyncTokenCounts epoch ", epoch, ": workers report counts [",
-                       absl::StrJoin(sync.token_counts, ","), "], the coordinator sent [",
-                       absl::StrJoin(counts[s], ","), "]"));
+    absl::Time restarted;
+    if (kills && s + 1 == options.restart_at_step) {
+      // The killed worker again, on its address; re-admitted at this step
+      // boundary with the group's set-up (client/coordinator.h RejoinRank).
+      restarted = absl::Now();
+      RETURN_IF_ERROR(workers.cluster->Restart(options.kill_rank));
+      ASSIGN_OR_RETURN(v1::RejoinResponse rejoined,
+                       coordinator->RejoinRank(options.kill_rank, setup));
+      live[options.kill_rank] = true;
+      coordinator->SetStepRanks(live);
+      result.masks.rejoin_ms = absl::ToDoubleMilliseconds(absl::Now() - restarted);
+      out << absl::StrFormat(
+          "rank %d: restarted and re-admitted before step %d in %.0f ms (mask round %d, masked "
+          "now [%s])\n",
+          options.kill_rank, s + 1, result.masks.rejoin_ms, rejoined.mask_round(),
+          absl::StrJoin(rejoined.masked_ranks(), ","));
     }
-    const int64_t R = sync.runtime_max_tokens_per_rank;
-    RETURN_IF_ERROR(coordinator->CommitGeometry(epoch, R, counts[s]));
-    std::vector<std::vector<core::bf16_t>> x(world);
-    for (int r = 0; r < world; ++r) x[r] = GenerateHidden(options.seed, s, r, counts[s][r], H);
+    absl::Time killed;
+    if (kills && s + 1 == options.kill_at_step) {
+      killed = absl::Now();
+      RETURN_IF_ERROR(workers.cluster->Kill(options.kill_rank, SIGKILL));
+      live[options.kill_rank] = false;
+      coordinator->SetStepRanks(live);
+      result.masks.kill_rank = options.kill_rank;
+      result.masks.kill_at_step = options.kill_at_step;
+      result.masks.restart_at_step = options.restart_at_step;
+      result.masks.lost_experts = LostExperts(*mask_table, live);
+      out << "rank " << options.kill_rank << ": killed (SIGKILL) before step " << s + 1
+          << "; experts with no live replica: [" << absl::StrJoin(result.masks.lost_experts, ",")
+          << "]\n";
+    }
+    const int64_t epoch = s + 1;
+    int64_t R = 0;
     std::vector<std::string> layer_times;
-    for (int li = 0; li < L; ++li) {
-      const int layer = run_layers[li];
-      std::vector<v1::ForwardRequest> requests(world);
-      for (int r = 0; r < world; ++r) {
-        RankStep& rs = record[li][s][r];
-        rs.num_tokens = counts[s][r];
-        rs.input = x[r];
-        rs.ids.resize(rs.num_tokens * K);
-        rs.weights.resize(rs.num_tokens * K);
-        RETURN_IF_ERROR(routing.Generate(layer, s, r, world, rs.num_tokens, absl::MakeSpan(rs.ids),
-                                         absl::MakeSpan(rs.weights)));
-        // The caller folds the routed scaling into the weights (DESIGN §7).
-        if (model.routed_scaling_factor != 1.0) {
-          for (float& w : rs.weights) w *= static_cast<float>(model.routed_scaling_factor);
+    const auto run_step = [&]() -> absl::Status {
+      const int64_t epoch = s + 1;
+      ASSIGN_OR_RETURN(TokenCountSync sync, coordinator->SyncTokenCounts(epoch, counts[s]));
+      if (sync.token_counts != counts[s]) {
+        return absl::InternalError(
+            absl::StrCat("SyncTokenCounts epoch ", epoch, ": workers report counts [",
+                         absl::StrJoin(sync.token_counts, ","), "], the coordinator sent [",
+                         absl::StrJoin(counts[s], ","), "]"));
+      }
+      R = sync.runtime_max_tokens_per_rank;
+      RETURN_IF_ERROR(coordinator->CommitGeometry(epoch, R, counts[s]));
+      std::vector<std::vector<core::bf16_t>> x(world);
+      for (int r = 0; r < world; ++r) x[r] = GenerateHidden(options.seed, s, r, counts[s][r], H);
+      layer_times.clear();
+      for (int li = 0; li < L; ++li) {
+        const int layer = run_layers[li];
+        std::vector<v1::ForwardRequest> requests(world);
+        for (int r = 0; r < world; ++r) {
+          RankStep& rs = record[li][s][r];
+          rs.num_tokens = counts[s][r];
+          rs.input = x[r];
+          rs.ids.resize(rs.num_tokens * K);
+          rs.weights.resize(rs.num_tokens * K);
+          RETURN_IF_ERROR(routing.Generate(layer, s, r, world, rs.num_tokens,
+                                           absl::MakeSpan(rs.ids), absl::MakeSpan(rs.weights)));
+          // The caller folds the routed scaling into the weights (DESIGN §7).
+          if (model.routed_scaling_factor != 1.0) {
+            for (float& w : rs.weights) w *= static_cast<float>(model.routed_scaling_factor);
+          }
+          requests[r].set_layer(layer);
+          requests[r].set_epoch(epoch);
+          *requests[r].mutable_hidden_states() = MakeBf16Tensor(rs.input, rs.num_tokens, H);
+          *requests[r].mutable_topk_ids() = MakeInt32Tensor(rs.ids, rs.num_tokens, K);
+          *requests[r].mutable_topk_weights() = MakeFp32Tensor(rs.weights, rs.num_tokens, K);
         }
-        requests[r].set_layer(layer);
-        requests[r].set_epoch(epoch);
-        *requests[r].mutable_hidden_states() = MakeBf16Tensor(rs.input, rs.num_tokens, H);
-        *requests[r].mutable_topk_ids() = MakeInt32Tensor(rs.ids, rs.num_tokens, K);
-        *requests[r].mutable_topk_weights() = MakeFp32Tensor(rs.weights, rs.num_tokens, K);
+        const absl::Time start = absl::Now();
+        ASSIGN_OR_RETURN(std::vector<v1::ForwardResponse> responses,
+                         coordinator->Forward(requests));
+        const double elapsed = Seconds(absl::Now() - start);
+        LayerRunSummary& summary = result.layers[li];
+        summary.forward_s += elapsed;
+        summary.max_r = std::max(summary.max_r, R);
+        int64_t step_dispatch = 0, step_shared = 0, step_overlap = 0;
+        for (const v1::ForwardResponse& response : responses) {
+          step_dispatch = std::max(step_dispatch, response.timings().dispatch_us());
+          step_shared = std::max(step_shared, response.timings().shared_expert_us());
+          step_overlap = std::max(step_overlap, response.timings().shared_overlap_us());
+        }
+        summary.dispatch_us += step_dispatch;
+        summary.shared_us += step_shared;
+        summary.shared_overlap_us += step_overlap;
+        for (int r = 0; r < world; ++r) {
+          RankStep& rs = record[li][s][r];
+          if (!live[r]) continue;  // masked: no tokens, no reply
+          for (int32_t e : responses[r].lost_experts()) reported_lost.insert(e);
+          ASSIGN_OR_RETURN(rs.output,
+                           ReadBf16Tensor(responses[r].output(),
+                                          absl::StrCat("rank ", r, " layer ", layer, " output"),
+                                          rs.num_tokens, H));
+          summary.tokens += rs.num_tokens;
+          summary.bytes_sent += responses[r].bytes_sent();
+          // The residual stream: the next layer sees x + moe(x).
+          for (size_t i = 0; i < x[r].size(); ++i) {
+            x[r][i] =
+                core::FloatToBf16(core::Bf16ToFloat(x[r][i]) + core::Bf16ToFloat(rs.output[i]));
+          }
+        }
+        layer_times.push_back(absl::StrFormat("layer %d %.2f s", layer, elapsed));
       }
-      const absl::Time start = absl::Now();
-      ASSIGN_OR_RETURN(std::vector<v1::ForwardResponse> responses, coordinator->Forward(requests));
-      const double elapsed = Seconds(absl::Now() - start);
-      LayerRunSummary& summary = result.layers[li];
-      summary.forward_s += elapsed;
-      summary.max_r = std::max(summary.max_r, R);
-      int64_t step_dispatch = 0, step_shared = 0, step_overlap = 0;
-      for (const v1::ForwardResponse& response : responses) {
-        step_dispatch = std::max(step_dispatch, response.timings().dispatch_us());
-        step_shared = std::max(step_shared, response.timings().shared_expert_us());
-        step_overlap = std::max(step_overlap, response.timings().shared_overlap_us());
+      return absl::OkStatus();
+    };
+    absl::Status stepped = run_step();
+    if (kills && s + 1 == options.kill_at_step) {
+      // The survivors' first calls fail while they mask the killed rank;
+      // the step is sent again to them (bounded).
+      int attempts = 1;
+      while (!stepped.ok() && attempts < 8) {
+        ++attempts;
+        stepped = run_step();
       }
-      summary.dispatch_us += step_dispatch;
-      summary.shared_us += step_shared;
-      summary.shared_overlap_us += step_overlap;
-      for (int r = 0; r < world; ++r) {
-        RankStep& rs = record[li][s][r];
-        ASSIGN_OR_RETURN(rs.output,
-                         ReadBf16Tensor(responses[r].output(),
-                                        absl::StrCat("rank ", r, " layer ", layer, " output"),
-                                        rs.num_tokens, H));
-        summary.tokens += rs.num_tokens;
-        summary.bytes_sent += responses[r].bytes_sent();
-        // The residual stream: the next layer sees x + moe(x).
-        for (size_t i = 0; i < x[r].size(); ++i) {
-          x[r][i] = core::FloatToBf16(core::Bf16ToFloat(x[r][i]) + core::Bf16ToFloat(rs.output[i]));
+      result.masks.attempts = attempts;
+      result.masks.kill_to_first_step_ms = absl::ToDoubleMilliseconds(absl::Now() - killed);
+      if (stepped.ok()) {
+        out << absl::StrFormat(
+            "rank %d: masked by the survivors; step %d completed on them %.0f ms after the kill "
+            "(%d attempt(s))\n",
+            options.kill_rank, s + 1, result.masks.kill_to_first_step_ms, attempts);
+      }
+    }
+    RETURN_IF_ERROR(stepped);
+    if (kills && s + 1 == options.restart_at_step) {
+      result.masks.restart_to_first_step_ms = absl::ToDoubleMilliseconds(absl::Now() - restarted);
+    }
+    if (masked_step(s)) {
+      // The reference drops the lost experts' choices as the workers did.
+      for (int li = 0; li < L; ++li) {
+        for (int r = 0; r < world; ++r) {
+          DropLostChoices(result.masks.lost_experts, absl::MakeSpan(record[li][s][r].ids));
         }
       }
-      layer_times.push_back(absl::StrFormat("layer %d %.2f s", layer, elapsed));
     }
     out << "step " << s + 1 << "/" << options.steps << ": tokens per rank ["
         << absl::StrJoin(counts[s], ", ") << "], R " << R << "; "
@@ -507,6 +651,7 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
                                           options.redundant_slots_per_rank, load_request, out));
     }
   }
+  result.masks.reported_lost.assign(reported_lost.begin(), reported_lost.end());
   if (!result.rebalance.empty()) {
     RETURN_IF_ERROR(ReadLoadAfterRebalance(*coordinator, model.num_experts, &result.rebalance));
     out << RenderLoadTable(result.rebalance);
@@ -630,6 +775,22 @@ std::string RenderRunSummary(const RunJobResult& result) {
                           result.shared_expert.sigmoid_gate ? "sigmoid" : "none", shared, overlap,
                           dispatch);
   }
+  if (result.masks.kill_rank >= 0) {
+    const MaskRunSummary& m = result.masks;
+    absl::StrAppendFormat(
+        &text,
+        "rank mask: rank %d killed before step %d, first masked step %.0f ms after the kill (%d "
+        "attempt(s)); lost experts [%s], reported [%s]",
+        m.kill_rank, m.kill_at_step, m.kill_to_first_step_ms, m.attempts,
+        absl::StrJoin(m.lost_experts, ","), absl::StrJoin(m.reported_lost, ","));
+    if (m.restart_at_step > 0) {
+      absl::StrAppendFormat(&text,
+                            "; restarted before step %d: re-admitted in %.0f ms, first full step "
+                            "%.0f ms after the restart",
+                            m.restart_at_step, m.rejoin_ms, m.restart_to_first_step_ms);
+    }
+    text += "\n";
+  }
   absl::StrAppendFormat(&text, "throughput: %.0f tokens/s through %d MoE layer(s) on %d ranks\n",
                         seconds > 0 ? tokens / seconds : 0.0, result.layers.size(), result.world);
 
@@ -688,6 +849,20 @@ std::string RenderRunSummary(const RunJobResult& result) {
 }
 
 namespace {
+
+// {} without a kill; else the rank-mask run's figures (RunJobOptions::kill_rank).
+nlohmann::json MasksJson(const MaskRunSummary& m) {
+  if (m.kill_rank < 0) return nlohmann::json::object();
+  return {{"kill_rank", m.kill_rank},
+          {"kill_at_step", m.kill_at_step},
+          {"restart_at_step", m.restart_at_step},
+          {"kill_to_first_step_ms", m.kill_to_first_step_ms},
+          {"attempts", m.attempts},
+          {"lost_experts", m.lost_experts},
+          {"reported_lost_experts", m.reported_lost},
+          {"rejoin_ms", m.rejoin_ms},
+          {"restart_to_first_step_ms", m.restart_to_first_step_ms}};
+}
 
 nlohmann::json RebalanceJson(const std::vector<LayerRebalance>& layers) {
   nlohmann::json out = nlohmann::json::array();
@@ -755,7 +930,8 @@ nlohmann::json RunSummaryJson(const RunJobResult& result) {
             {"available_bytes", result.memory_available_bytes}}},
           {"reference_chunks",
            {{"made", result.reference_chunks_made}, {"skipped", result.reference_chunks_skipped}}},
-          {"rebalance", RebalanceJson(result.rebalance)}};
+          {"rebalance", RebalanceJson(result.rebalance)},
+          {"masks", MasksJson(result.masks)}};
 }
 
 }  // namespace moe_ep::client

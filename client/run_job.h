@@ -94,6 +94,31 @@ struct RunJobOptions {
   // (client/group_session.h AttachFormedGroup); every step is verified as in
   // a formed run, so experts that differ show as a failing layer.
   bool attach = false;
+  // Rank masks (DESIGN §15; issue 17 item 4), local Gloo workers only: just
+  // before step kill_at_step (1-based) worker kill_rank is killed with
+  // SIGKILL; the survivors mask it and the step is sent again to them (its
+  // tokens are gone: 0 tokens from that step on). With redundant slots each
+  // run layer first gets RingReplicaTable (client/run_masks.h), so some of
+  // its experts live on; the others are reported lost and contribute zero,
+  // and the reference drops them alike. With restart_at_step (> kill), the
+  // worker is restarted before that step and re-admitted
+  // (Coordinator::RejoinRank); the later steps run on every rank.
+  int kill_rank = -1;       // -1: no kill
+  int kill_at_step = 0;     // 1-based; 0 = never
+  int restart_at_step = 0;  // 1-based; 0 = the rank stays masked
+};
+
+// What the rank-mask demonstration measured (RunJobOptions::kill_rank).
+struct MaskRunSummary {
+  int kill_rank = -1;  // -1: none ran
+  int kill_at_step = 0;
+  int restart_at_step = 0;
+  double kill_to_first_step_ms = 0;     // SIGKILL -> the step completed on the survivors
+  int attempts = 0;                     // sends of that step
+  std::vector<int> lost_experts;        // no live replica (from the table), per run layer alike
+  std::vector<int> reported_lost;       // what the workers reported (ForwardResponse)
+  double rejoin_ms = 0;                 // restart + RejoinRank
+  double restart_to_first_step_ms = 0;  // restart -> the next step completed on every rank
 };
 
 // Errors: kInvalidArgument naming the flag: num_layers < 1, tokens < 1,
@@ -102,7 +127,10 @@ struct RunJobOptions {
 // that is not a multiple of 128: RunJob, once the model is resolved),
 // redundant slots < 0, a rebalance step outside [0, steps - 1], a
 // rebalance without redundant slots, --attach without --targets or with
-// --rebalance-after / --redundant-slots.
+// --rebalance-after / --redundant-slots; --kill-rank without --kill-at-step
+// (or the reverse), a kill step outside [1, steps], a restart step not in
+// (kill step, steps], a kill with --targets, --attach or --rebalance-after.
+// RunJob: a kill rank outside [0, workers) or a backend other than gloo.
 absl::Status ValidateRunJobOptions(const RunJobOptions& options);
 
 // Token counts of step `step` on `world` ranks for a mean of
@@ -155,6 +183,7 @@ struct RunJobResult {
   int64_t memory_available_bytes = 0;  // MemAvailable at start; 0 when unknown
   // Per run layer when --rebalance-after ran: the load table (DESIGN §15).
   std::vector<LayerRebalance> rebalance;
+  MaskRunSummary masks;              // kill_rank >= 0: the rank-mask run
   int reference_chunks_made = 0;     // verification chunks, all layers
   int reference_chunks_skipped = 0;  // chunks no token selected
 

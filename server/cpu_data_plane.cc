@@ -30,23 +30,35 @@ absl::Status CheckSharedHidden(const core::SharedExpert& shared,
 
 }  // namespace
 
-CpuDataPlane::CpuDataPlane(std::unique_ptr<core::GlooCollective> collective, DataPlaneGroup group)
+CpuDataPlane::CpuDataPlane(std::unique_ptr<core::ControlCollective> collective,
+                           DataPlaneGroup group, std::vector<bool> live)
     : collective_(std::move(collective)), group_(std::move(group)) {
-  mask_.live.assign(group_.world_size, true);
+  mask_.live = std::move(live);
 }
 
 absl::StatusOr<std::unique_ptr<CpuDataPlane>> CpuDataPlane::Form(
     const DataPlaneGroup& group, std::shared_ptr<gloo::rendezvous::Store> store) {
+  const bool alone = group.rejoin && group.world_size > 1;
+  // A returning rank: a Gloo group of itself, seen in the original numbering
+  // with every other rank masked (core/masked_collective.h).
   absl::StatusOr<std::unique_ptr<core::GlooCollective>> collective = core::GlooCollective::Create(
-      std::move(store), absl::StrCat("gen", group.generation), group.rank, group.world_size,
-      group.data_plane_host, group.timeout);
+      std::move(store), absl::StrCat("gen", group.generation, alone ? "/alone" : ""),
+      alone ? 0 : group.rank, alone ? 1 : group.world_size, group.data_plane_host, group.timeout);
   if (!collective.ok()) {
     return absl::Status(
         collective.status().code(),
         absl::StrCat("Join (rank ", group.rank, " of ", group.world_size, ", generation ",
                      group.generation, "): ", collective.status().message()));
   }
-  return std::unique_ptr<CpuDataPlane>(new CpuDataPlane(std::move(*collective), group));
+  if (!alone) {
+    return std::unique_ptr<CpuDataPlane>(
+        new CpuDataPlane(std::move(*collective), group, std::vector<bool>(group.world_size, true)));
+  }
+  std::vector<bool> live(group.world_size, false);
+  live[group.rank] = true;
+  ASSIGN_OR_RETURN(std::unique_ptr<core::MaskedCollective> masked,
+                   core::MaskedCollective::Create(std::move(*collective), group.rank, live));
+  return std::unique_ptr<CpuDataPlane>(new CpuDataPlane(std::move(masked), group, std::move(live)));
 }
 
 bool CpuDataPlane::CanMask() const {
@@ -74,8 +86,33 @@ absl::StatusOr<bool> CpuDataPlane::FinishMaskRound(absl::Duration wait) {
   if (round_.wait_for(absl::ToChronoMilliseconds(wait)) != std::future_status::ready) return false;
   absl::StatusOr<MaskAgreement> result = round_.get();
   if (!result.ok()) return result.status();
-  MaskAgreement agreed = *std::move(result);
-  const int agreed_round = mask_.round + 1;
+  RETURN_IF_ERROR(UseAgreement(*std::move(result), mask_.round + 1));
+  return true;
+}
+
+absl::Status CpuDataPlane::Readmit(int round, const std::vector<bool>& live_before,
+                                   const std::vector<bool>& joining) {
+  if (!CanMask()) return DataPlane::Readmit(round, live_before, joining);
+  if (round_.valid()) {
+    return absl::FailedPreconditionError(absl::StrCat("Rejoin: rank mask round ", mask_.round + 1,
+                                                      " is still running on rank ", group_.rank,
+                                                      "; send the call again"));
+  }
+  MaskRound agree;
+  agree.addresses = group_.rendezvous_addresses;
+  agree.secret = group_.rendezvous_secret;
+  agree.generation = group_.generation;
+  agree.round = round;
+  agree.rank = group_.rank;
+  agree.live_before = live_before;
+  agree.joining = joining;
+  agree.timeout = group_.timeout;
+  agree.data_plane_host = group_.data_plane_host;
+  ASSIGN_OR_RETURN(MaskAgreement agreed, AgreeRankMask(agree));
+  return UseAgreement(std::move(agreed), round);
+}
+
+absl::Status CpuDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) {
   ASSIGN_OR_RETURN(
       std::unique_ptr<core::MaskedCollective> masked,
       core::MaskedCollective::Create(std::move(agreed.group), group_.rank, agreed.live));
@@ -96,7 +133,7 @@ absl::StatusOr<bool> CpuDataPlane::FinishMaskRound(absl::Duration wait) {
   mask_.live = std::move(agreed.live);
   mask_.round = agreed_round;
   mask_.host = agreed.host;
-  return true;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<DataPlaneAllocation> CpuDataPlane::Allocate(const core::EpDispatcherOptions& options,
@@ -219,7 +256,7 @@ absl::StatusOr<core::StepStats> CpuDataPlane::Forward(
                                        output, shared_out));
   // This step's counts go to the layer's counters.
   const core::ExpertLoadCounts step = dispatcher_->ReadExpertLoad(/*reset=*/true);
-  book_.AddLoad(layer, step);
+  book_.AddLoad(layer, step, LoadStepKey{dispatcher_->epoch(), mask_.round});
   core::StepStats stats = dispatcher_->last_step();
   stats.shared_us = shared_us;
   return stats;

@@ -26,8 +26,10 @@ namespace moe_ep::server {
 class CpuDataPlane final : public DataPlane {
  public:
   // Forms the Gloo group (group.backend must be "gloo"; group.device is
-  // ignored). Errors: those of core::GlooCollective::Create, prefixed with
-  // "Join (rank r of n, generation g)".
+  // ignored); with group.rejoin, a group of this rank alone on `store` (an
+  // in-process one), every other rank masked, until Readmit. Errors: those
+  // of core::GlooCollective::Create, prefixed with "Join (rank r of n,
+  // generation g)".
   static absl::StatusOr<std::unique_ptr<CpuDataPlane>> Form(
       const DataPlaneGroup& group, std::shared_ptr<gloo::rendezvous::Store> store);
 
@@ -49,6 +51,9 @@ class CpuDataPlane final : public DataPlane {
   bool CanMask() const override;
   void BeginMaskRound() override;
   absl::StatusOr<bool> FinishMaskRound(absl::Duration wait) override;
+  // Runs the round on the caller's thread, then as FinishMaskRound.
+  absl::Status Readmit(int round, const std::vector<bool>& live_before,
+                       const std::vector<bool>& joining) override;
   RankMaskState mask() const override { return mask_; }
   absl::StatusOr<DataPlaneAllocation> Allocate(const core::EpDispatcherOptions& options,
                                                int64_t max_intermediate,
@@ -98,7 +103,11 @@ class CpuDataPlane final : public DataPlane {
                                            int iterations, int64_t memory_cap_bytes) override;
 
  private:
-  CpuDataPlane(std::unique_ptr<core::GlooCollective> collective, DataPlaneGroup group);
+  CpuDataPlane(std::unique_ptr<core::ControlCollective> collective, DataPlaneGroup group,
+               std::vector<bool> live);
+  // Serves on the members' group of `agreed` (round `agreed_round`): a new
+  // dispatcher on it (geometry carried), every table under its mask.
+  absl::Status UseAgreement(MaskAgreement agreed, int agreed_round);
 
   // Declared first: the dispatcher points into the collective.
   std::unique_ptr<core::ControlCollective> collective_;

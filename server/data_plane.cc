@@ -48,6 +48,14 @@ absl::StatusOr<bool> DataPlane::FinishMaskRound(absl::Duration /*wait*/) {
       "address only); join a new generation"));
 }
 
+absl::Status DataPlane::Readmit(int /*round*/, const std::vector<bool>& /*live_before*/,
+                                const std::vector<bool>& /*joining*/) {
+  return absl::UnimplementedError(absl::StrCat(
+      "Rejoin: the ", backend(),
+      " data plane cannot re-admit a rank (Gloo with every rank's rendezvous address only); "
+      "join a new generation"));
+}
+
 RankMaskState DataPlane::mask() const {
   RankMaskState state;
   state.live.assign(1, true);

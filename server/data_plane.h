@@ -58,6 +58,10 @@ struct DataPlaneGroup {
   // on a mask (server/rank_mask.h; DESIGN §15).
   std::vector<std::string> rendezvous_addresses;
   std::string rendezvous_secret;
+  // A restarted rank taking its masked rank back (JoinRequest.rejoin): the
+  // plane forms a group of itself alone (only this rank live, on an
+  // in-process store) until Readmit puts it back in the survivors' group.
+  bool rejoin = false;
 };
 
 // The rank mask a data plane serves under (DESIGN §15): which ranks are live
@@ -143,6 +147,18 @@ class DataPlane {
   virtual void BeginMaskRound() {}
   virtual absl::StatusOr<bool> FinishMaskRound(absl::Duration wait);
   virtual RankMaskState mask() const;
+  // Readmit(): the re-admission of masked ranks at a step boundary (the
+  // Rejoin RPC; DESIGN §15): runs mask round `round` (the current round +
+  // 1) with `live_before` (the survivors) and the `joining` ranks as
+  // candidates, synchronously (bounded by a few group timeouts), and then
+  // serves on the members' group like FinishMaskRound (tables under the new
+  // mask, the full table when every rank is live; the committed geometry
+  // carried over where there is one). A survivor and a returning rank call
+  // it alike. Errors: kFailedPrecondition (a round is running; this rank
+  // left out, e.g. a returning rank that arrived too late: its plane is
+  // unchanged), AgreeRankMask's, kUnimplemented when !CanMask().
+  virtual absl::Status Readmit(int round, const std::vector<bool>& live_before,
+                               const std::vector<bool>& joining);
 
   // Every later collective wait of this data plane (its control collective
   // and the payload path) ends by min(the group's timeout, `deadline`): the

@@ -9,18 +9,32 @@ void ExpertLoadBook::Reset(int num_experts) {
   layers_.clear();
 }
 
-void ExpertLoadBook::Add(int layer, const core::ExpertLoadCounts& step) {
+void ExpertLoadBook::Add(int layer, const core::ExpertLoadCounts& step, LoadStepKey key) {
   Layer& l = layers_[layer];
   if (l.totals.empty()) {
     l.totals.assign(num_experts_, 0);
     l.window.tokens_per_expert.assign(num_experts_, 0);
   }
+  const bool resent =
+      key.epoch >= 0 && key.epoch == l.last_key.epoch && key.mask_round > l.last_key.mask_round;
+  if (resent) {
+    // The same step again: take back what its first run added.
+    for (size_t e = 0; e < l.last_counts.size(); ++e) {
+      l.totals[e] -= l.last_counts[e];
+      if (l.last_in_window) l.window.tokens_per_expert[e] -= l.last_counts[e];
+    }
+    if (l.last_in_window) l.window.steps -= l.last_steps;
+  }
   const size_t n = std::min<size_t>(num_experts_, step.tokens_per_expert.size());
+  l.last_counts.assign(step.tokens_per_expert.begin(), step.tokens_per_expert.begin() + n);
   for (size_t e = 0; e < n; ++e) {
     l.window.tokens_per_expert[e] += step.tokens_per_expert[e];
     l.totals[e] += step.tokens_per_expert[e];
   }
   l.window.steps += step.steps;
+  l.last_key = key;
+  l.last_steps = step.steps;
+  l.last_in_window = true;
 }
 
 core::ExpertLoadCounts ExpertLoadBook::Read(int layer, bool reset) {
@@ -35,6 +49,7 @@ core::ExpertLoadCounts ExpertLoadBook::Read(int layer, bool reset) {
     std::fill(it->second.window.tokens_per_expert.begin(),
               it->second.window.tokens_per_expert.end(), 0);
     it->second.window.steps = 0;
+    it->second.last_in_window = false;
   }
   return out;
 }

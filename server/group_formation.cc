@@ -61,8 +61,9 @@ absl::Status CheckJoin(const JoinedGroup& current, int64_t max_generation_used,
 absl::StatusOr<std::unique_ptr<DataPlane>> FormJoinedGroup(const JoinArgs& args, int device,
                                                            absl::Time call_deadline) {
   std::shared_ptr<gloo::rendezvous::Store> store;
-  if (args.rendezvous_address.empty()) {
-    store = std::make_shared<gloo::rendezvous::HashStore>();  // world 1: nobody to meet
+  if (args.rendezvous_address.empty() || args.rejoin) {
+    // World 1, or a returning rank that forms a group of itself alone.
+    store = std::make_shared<gloo::rendezvous::HashStore>();  // nobody to meet
   } else {
     const absl::Duration meet =
         std::clamp(call_deadline - absl::Now(), absl::Milliseconds(1), args.timeout);
@@ -70,7 +71,8 @@ absl::StatusOr<std::unique_ptr<DataPlane>> FormJoinedGroup(const JoinArgs& args,
   }
   spdlog::info("Join: forming {} group generation {} as rank {} of {} via {}", args.backend,
                args.generation, args.rank, args.world_size,
-               args.rendezvous_address.empty() ? "an in-process store" : args.rendezvous_address);
+               args.rendezvous_address.empty() || args.rejoin ? "an in-process store (alone)"
+                                                              : args.rendezvous_address);
   DataPlaneGroup group;
   group.backend = args.backend;
   group.world_size = args.world_size;
@@ -82,6 +84,7 @@ absl::StatusOr<std::unique_ptr<DataPlane>> FormJoinedGroup(const JoinArgs& args,
   group.device = device;
   group.rendezvous_addresses = args.rendezvous_addresses;
   group.rendezvous_secret = args.rendezvous_secret;
+  group.rejoin = args.rejoin;
   return FormDataPlane(group, store);
 }
 

@@ -62,8 +62,11 @@ class PlacementBook {
 
   // AddLoad()
   //
-  // Adds one step's drained counters of `layer` (ExpertLoadBook::Add).
-  void AddLoad(int layer, const core::ExpertLoadCounts& step) { load_.Add(layer, step); }
+  // Adds one step's drained counters of `layer` (ExpertLoadBook::Add; a
+  // step resent after a mask round counts once).
+  void AddLoad(int layer, const core::ExpertLoadCounts& step, LoadStepKey key = {}) {
+    load_.Add(layer, step, key);
+  }
 
   // ReadExpertLoad()
   //

@@ -42,23 +42,38 @@ absl::StatusOr<MaskAgreement> AgreeRankMask(const MaskRound& round) {
                                                    ": expected one Rendezvous address per rank (",
                                                    world, "), got ", round.addresses.size()));
   }
-  if (round.rank < 0 || round.rank >= world || !round.live_before[round.rank]) {
-    return absl::InvalidArgumentError(absl::StrCat("rank mask round ", round.round, ": rank ",
-                                                   round.rank, " was not live before the round"));
+  if (!round.joining.empty() && static_cast<int>(round.joining.size()) != world) {
+    return absl::InvalidArgumentError(absl::StrCat("rank mask round ", round.round,
+                                                   ": expected joining for ", world, " ranks, got ",
+                                                   round.joining.size()));
+  }
+  const auto joins = [&](int r) { return !round.joining.empty() && round.joining[r]; };
+  if (round.rank < 0 || round.rank >= world ||
+      (!round.live_before[round.rank] && !joins(round.rank))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank mask round ", round.round, ": rank ", round.rank,
+                     " was neither live before the round nor joining"));
   }
   const std::string prefix = MaskKeyPrefix(round.generation, round.round);
   const absl::Time start = absl::Now();
 
-  // 1. The host: the lowest previously live rank that answers (this one at
-  // the latest: it is alive).
-  int host = round.rank;
-  for (int r = 0; r < round.rank; ++r) {
+  // 1. The host: the lowest previously live rank that answers (a live rank
+  // finds itself at the latest; a joining one may find none).
+  int host = -1;
+  for (int r = 0; r < world && host < 0; ++r) {
     if (!round.live_before[r]) continue;
-    GrpcStore probe(round.addresses[r], kProbeTimeout, round.secret);
-    if (probe.Answers(kProbeTimeout)) {
+    if (r == round.rank) {
       host = r;
       break;
     }
+    GrpcStore probe(round.addresses[r], kProbeTimeout, round.secret);
+    if (probe.Answers(kProbeTimeout)) host = r;
+  }
+  if (host < 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "rank mask round ", round.round, ": rank ", round.rank,
+        " is rejoining but no live rank's Rendezvous store answers (live before: ranks ",
+        ListRanks(round.live_before), ")"));
   }
   auto store = std::make_shared<GrpcStore>(round.addresses[host], round.timeout, round.secret);
 
@@ -71,8 +86,9 @@ absl::StatusOr<MaskAgreement> AgreeRankMask(const MaskRound& round) {
     if (host == round.rank) {
       std::vector<bool> candidate(world, false);
       candidate[round.rank] = true;
-      for (int r = round.rank + 1; r < world; ++r) {
-        if (!round.live_before[r]) continue;
+      for (int r = 0; r < world; ++r) {
+        // Live ranks below the host did not answer; joining ones may be anywhere.
+        if (r == round.rank || !((round.live_before[r] && r > round.rank) || joins(r))) continue;
         GrpcStore probe(round.addresses[r], kProbeTimeout, round.secret);
         candidate[r] = probe.Answers(kProbeTimeout);
       }
@@ -111,10 +127,11 @@ absl::StatusOr<MaskAgreement> AgreeRankMask(const MaskRound& round) {
       out.live[r] = true;
     }
     if (!out.live[round.rank]) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("rank mask round ", round.round, ": rank ", round.rank,
-                       " arrived too late; the survivors are ranks ", ListRanks(out.live),
-                       " (host rank ", host, "); join a new generation"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank mask round ", round.round, ": rank ", round.rank,
+          " arrived too late; the survivors are ranks ", ListRanks(out.live), " (host rank ", host,
+          "); ",
+          joins(round.rank) ? "it stays masked: send Rejoin again" : "join a new generation"));
     }
     int index = 0;
     int size = 0;

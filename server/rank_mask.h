@@ -10,6 +10,9 @@
 //     Rendezvous service answers (GrpcStore::Answers): rank 0 while it
 //     lives, else the next. Every worker serves the store and opened
 //     generation N on it at Join, so the store does not die with rank 0.
+//     A returning rank (MaskRound::joining; the Rejoin RPC) is never the
+//     host: it finds the host as the survivors do and is a candidate of
+//     step 3 like them, so a round of re-admission is an ordinary round.
 //  2. Each survivor sets "gen<N>/mask<k>/alive/<rank>" on the host.
 //  3. The host probes the other ranks live before; it waits (up to the
 //     timeout) for the alive keys of those that answer, then sets
@@ -43,6 +46,9 @@ struct MaskRound {
   int round = 1;                  // k >= 1
   int rank = 0;                   // this rank (original numbering)
   std::vector<bool> live_before;  // [world]: live when the round began
+  // [world] or empty: masked ranks that come back (the Rejoin RPC): the
+  // host counts them among the candidates; one of them may be `rank`.
+  std::vector<bool> joining;
   absl::Duration timeout = absl::Seconds(30);
   std::string data_plane_host = "127.0.0.1";
 };
@@ -59,8 +65,9 @@ std::string MaskKeyPrefix(int64_t generation, int round);
 // AgreeRankMask()
 //
 // Runs round `round` for this rank (see the file comment). Errors:
-// kInvalidArgument (addresses not one per rank, rank out of range or not
-// live before), kFailedPrecondition (this rank is not among the members),
+// kInvalidArgument (addresses not one per rank, rank out of range or
+// neither live before nor joining), kUnavailable (a joining rank that
+// finds no live rank's store), kFailedPrecondition (this rank is not among the members),
 // kDeadlineExceeded (no members list within twice the timeout), and Gloo's
 // errors forming the context.
 absl::StatusOr<MaskAgreement> AgreeRankMask(const MaskRound& round);

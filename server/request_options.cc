@@ -141,8 +141,17 @@ absl::StatusOr<JoinArgs> JoinArgsFromRequest(const RequestLimits& limits,
                        request.rendezvous_addresses(0).substr(0, 64), "\""));
     }
   }
+  if (request.rejoin() && (request.world_size() < 2 || request.rendezvous_addresses_size() == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rejoin: needs world_size > 1 and rendezvous_addresses (one per rank), got world_size ",
+        request.world_size(), " and ", request.rendezvous_addresses_size(), " addresses"));
+  }
   JoinArgs args;
   ASSIGN_OR_RETURN(args.backend, ResolveBackend(request.backend(), defaults.backend));
+  if (request.rejoin() && args.backend != "gloo") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rejoin: only Gloo groups re-admit a restarted rank; backend resolved to ", args.backend));
+  }
   RETURN_IF_ERROR(CheckDevice(defaults.device, defaults.visible_gpus, args.backend));
   args.world_size = request.world_size();
   args.rank = request.rank();
@@ -155,6 +164,7 @@ absl::StatusOr<JoinArgs> JoinArgsFromRequest(const RequestLimits& limits,
   args.rendezvous_secret = request.rendezvous_secret();
   args.rendezvous_addresses.assign(request.rendezvous_addresses().begin(),
                                    request.rendezvous_addresses().end());
+  args.rejoin = request.rejoin();
   return args;
 }
 

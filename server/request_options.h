@@ -59,6 +59,7 @@ struct JoinArgs {
   std::string data_plane_host;
   std::string rendezvous_secret;
   std::vector<std::string> rendezvous_addresses;  // [world_size] or empty (rank masks off)
+  bool rejoin = false;  // a restarted rank joining alone to be re-admitted (DESIGN §15)
   bool operator==(const JoinArgs&) const = default;
 };
 

@@ -224,6 +224,24 @@ absl::StatusOr<bool> WorkerService::FinishMask(const char* rpc, absl::Duration w
   }
   if (!*done) return false;
   mask_pending_ = false;
+  AdoptMask(rpc);
+  return true;
+}
+
+absl::Status WorkerService::RequireNoMask(const char* call) const {
+  if (data_plane_ == nullptr) return absl::OkStatus();
+  const RankMaskState mask = data_plane_->mask();
+  const std::vector<int> masked = mask.MaskedRanks();
+  if (masked.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      call, ": rank(s) [", absl::StrJoin(masked, ","), "] of ", joined_.world_size,
+      " are masked out (lost; rank mask round ", mask.round, ", host rank ", mask.host, "); ", call,
+      " needs every rank and does not run under a mask: Forward serves the masked group, or "
+      "restart the lost rank(s) and re-admit them (Join with rejoin, then Rejoin), or re-form "
+      "the group with a new generation"));
+}
+
+void WorkerService::AdoptMask(const char* rpc) {
   const RankMaskState mask = data_plane_->mask();
   // Every survivor numbers its votes from here alike, whatever calls it
   // made on the old group.
@@ -239,7 +257,6 @@ absl::StatusOr<bool> WorkerService::FinishMask(const char* rpc, absl::Duration w
   status_.mutable_masked_ranks()->Assign(masked_ranks.begin(), masked_ranks.end());
   status_.set_mask_round(mask.round);
   status_.set_mask_host(mask.host);
-  return true;
 }
 
 void WorkerService::TearDownGroup() {
@@ -307,9 +324,10 @@ grpc::Status WorkerService::Join(grpc::ServerContext* context, const v1::JoinReq
 }
 
 bool WorkerService::CanVoteOnJoin(const v1::JoinRequest& request) const {
-  return request.world_size() > 1 && request.world_size() <= options_.limits.max_world_size &&
-         request.rank() >= 0 && request.rank() < request.world_size() &&
-         !request.rendezvous_address().empty() && request.generation() > max_generation_used_ &&
+  return !request.rejoin() && request.world_size() > 1 &&
+         request.world_size() <= options_.limits.max_world_size && request.rank() >= 0 &&
+         request.rank() < request.world_size() && !request.rendezvous_address().empty() &&
+         request.generation() > max_generation_used_ &&
          request.generation() <=
              GenerationLimit(max_generation_used_, options_.limits.max_generation);
 }
@@ -374,7 +392,10 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
         store, ballot, request.rank(), request.world_size(),
         std::clamp(CallDeadline(context) - absl::Now(), absl::Milliseconds(1), timeout)));
   }
-  if (!local.ok() && !same_group && !votes) RefuseJoin(context, request, local);
+  // A rejoining rank has no peers waiting on its Join.
+  if (!local.ok() && !same_group && !votes && !request.rejoin()) {
+    RefuseJoin(context, request, local);
+  }
   RETURN_IF_ERROR(local);
   // A new generation: form the new group, and only then drop the old one (a
   // failed formation leaves the old group in force: issue 13 item 5).
@@ -385,6 +406,7 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
   ASSIGN_OR_RETURN(std::unique_ptr<DataPlane> formed,
                    FormJoinedGroup(*args, options_.device, CallDeadline(context)));
   InstallGroup(*args, std::move(formed));
+  if (args->rejoin) AdoptMask("Join");  // GetStatus shows it alone until Rejoin
   lease_.Apply(request.lease());
   response->set_backend(args->backend);
   return absl::OkStatus();
@@ -682,6 +704,7 @@ absl::Status WorkerService::DoSyncTokenCounts(grpc::ServerContext* context,
   RETURN_IF_ERROR(EnterGroup(slot, context, "SyncTokenCounts", WorkerPhase::kAllocated));
   absl::Status local = RequirePhase(WorkerPhase::kAllocated, "SyncTokenCounts");
   if (local.ok()) local = CheckSyncTokenCounts(request);
+  if (local.ok()) local = RequireReadmitted("SyncTokenCounts");
   RETURN_IF_ERROR(Vote("SyncTokenCounts", local, {{"epoch", request.epoch()}}));
   absl::StatusOr<std::vector<int64_t>> counts =
       data_plane_->SyncTokenCounts(request.local_tokens());
@@ -729,8 +752,17 @@ grpc::Status WorkerService::Forward(grpc::ServerContext* context, const v1::Forw
   return Finish(RunGuarded("Forward", [&] { return DoForward(context, *request, response); }));
 }
 
+absl::Status WorkerService::RequireReadmitted(const char* call) const {
+  if (!joined_.rejoin || data_plane_->mask().round != 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(call, ": rank ", joined_.rank,
+                   " joined alone to take its masked rank back (JoinRequest.rejoin) and is not "
+                   "re-admitted yet; call Rejoin on it and on the live ranks first"));
+}
+
 absl::StatusOr<ForwardInputs> WorkerService::PrepareForward(const v1::ForwardRequest& request) {
   RETURN_IF_ERROR(RequirePhase(WorkerPhase::kAllocated, "Forward"));
+  RETURN_IF_ERROR(RequireReadmitted("Forward"));
   ASSIGN_OR_RETURN(ForwardInputs in,
                    ForwardFromRequest(options_.limits, request, allocation_->options));
   if (!data_plane_->HasExperts(in.layer)) {
@@ -824,6 +856,10 @@ absl::Status WorkerService::DoBenchmark(grpc::ServerContext* context,
   SlotLease slot(&slot_);
   RETURN_IF_ERROR(EnterGroup(slot, context, "Benchmark", WorkerPhase::kJoined));
   absl::StatusOr<BenchmarkSpec> spec = PrepareBenchmark(request);
+  if (spec.ok()) {
+    const absl::Status unmasked = RequireNoMask("Benchmark");
+    if (!unmasked.ok()) spec = unmasked;
+  }
   RETURN_IF_ERROR(Vote("Benchmark", spec.status(),
                        spec.ok() ? BenchmarkFields(*spec) : std::vector<core::BallotField>{}));
   const core::WorkspaceSpec& ws = spec->options.workspace;
@@ -856,6 +892,7 @@ absl::Status WorkerService::DoForwardLayers(grpc::ServerContext* context,
   // before anything moves (server/layer_stack_runner.h).
   absl::Status local = RequirePhase(WorkerPhase::kConfigured, "ForwardLayers");
   if (local.ok()) local = CheckForwardLayers(options_.limits, request);
+  if (local.ok()) local = RequireNoMask("ForwardLayers");
   const LayerStackRunner::VoteFn vote = [&](absl::Status runner_local,
                                             std::vector<core::BallotField> fields) {
     return Vote("ForwardLayers", local.ok() ? std::move(runner_local) : local, std::move(fields));

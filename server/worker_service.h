@@ -38,6 +38,17 @@
 // shows it (group_broken, broken_reason: "<rpc>: <CODE>: <message>"). Health
 // (server/health.h) is SERVING only while joined, allocated and not broken.
 //
+// Rank masks (DESIGN §15; issue 17): in a Gloo group joined with every
+// rank's address a collective failure starts a mask round instead (the
+// survivors agree on who is left and keep serving Forward; see GroupResult
+// and Vote); ForwardLayers, Benchmark and the engine calls then fail
+// FAILED_PRECONDITION naming the masked ranks (they route by the unmasked
+// placement). A restarted worker Joins with rejoin (alone: only its rank
+// live), is set up with the group's requests sent to it only, and Rejoin on
+// it and the survivors re-admits it at a step boundary
+// (server/worker_service_rejoin.cc); until then its Forward and
+// SyncTokenCounts are FAILED_PRECONDITION.
+//
 // Ownership (DESIGN §16; issue 12 item 4; LeaseClaim in worker.proto): the
 // worker holds one lease (server/worker_lease.h). Join of a new generation,
 // Leave, ConfigureLayers, AllocateWorkspace, LoadExperts and InstallPlacement
@@ -172,6 +183,9 @@ class WorkerService final : public v1::Worker::Service {
                              v1::GetExpertLoadResponse* response) override;
   grpc::Status Lease(grpc::ServerContext* context, const v1::LeaseRequest* request,
                      v1::LeaseResponse* response) override;
+  // server/worker_service_rejoin.cc (DESIGN §15; worker.proto's Rejoin).
+  grpc::Status Rejoin(grpc::ServerContext* context, const v1::RejoinRequest* request,
+                      v1::RejoinResponse* response) override;
 
  private:
   // The allocation in force (AllocateWorkspace, normalized).
@@ -225,6 +239,22 @@ class WorkerService final : public v1::Worker::Service {
                                const v1::GetExpertLoadRequest& request,
                                v1::GetExpertLoadResponse* response);
   absl::StatusOr<core::PlacementTable> PreparePlacement(const v1::InstallPlacementRequest& request);
+  absl::Status DoRejoin(grpc::ServerContext* context, const v1::RejoinRequest& request,
+                        const absl::Status& refused, v1::RejoinResponse* response);
+  // Rejoin's local check (worker.proto); *returning: this rank is one of
+  // request.ranks (a worker that joined alone). No state changes.
+  absl::Status CheckRejoin(const v1::RejoinRequest& request, bool* returning) const;
+  // What the members of a re-admitted group vote on before it serves: the
+  // allocation, the model, every MoE layer's table and the loaded layers.
+  std::vector<core::BallotField> MemberStateFields() const;
+  // Why a call that needs every rank cannot run under the rank mask in
+  // force: kFailedPrecondition naming the masked ranks and the round (OK
+  // when no rank is masked). ForwardLayers, Benchmark and the engine calls
+  // route by the unmasked contiguous placement (issue 17).
+  absl::Status RequireNoMask(const char* call) const;
+  // kFailedPrecondition while this worker joined alone (JoinRequest.rejoin)
+  // and Rejoin has not re-admitted it: its steps would not be the group's.
+  absl::Status RequireReadmitted(const char* call) const;
 
   // The local validation of each voting RPC: the state it needs and its
   // request (server/request_options.h), before the vote. No state changes.
@@ -260,6 +290,10 @@ class WorkerService final : public v1::Worker::Service {
   // the mask and votes are numbered from the round on), false while it
   // runs; a failed round breaks the group. Needs the slot.
   absl::StatusOr<bool> FinishMask(const char* rpc, absl::Duration wait);
+  // After the plane took a new mask (a round ended): votes are numbered from
+  // the round on, ForwardLayers' sub-groups are made again, GetStatus shows
+  // the mask. Needs the slot.
+  void AdoptMask(const char* rpc);
   // How long a failed call waits for the round before it returns: half the
   // group's timeout, at most 1 s.
   absl::Duration MaskGrace() const;

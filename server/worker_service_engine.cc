@@ -15,6 +15,9 @@ absl::Status WorkerService::RunOnDataPlane(
   SlotLease slot(&slot_);
   RETURN_IF_ERROR(slot.AcquireUntil(deadline, nullptr, call));
   RETURN_IF_ERROR(RequireGroup(WorkerPhase::kAllocated, call));
+  // Every rank's engine sees the same agreed mask, so every rank fails here
+  // alike: no route to a lost rank, no wait on it.
+  RETURN_IF_ERROR(RequireNoMask(call));
   data_plane_->SetCallDeadline(deadline);
   return GroupResult(call, fn(*data_plane_, allocation_->options));
 }

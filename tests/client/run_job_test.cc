@@ -97,6 +97,36 @@ TEST(ValidateRunJobOptions, RebalanceNeedsRedundantSlotsAndALaterStep) {
   EXPECT_EQ(ValidateRunJobOptions(o).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// --kill-rank / --kill-at-step / --restart-at-step (issue 17 item 4).
+TEST(ValidateRunJobOptions, KillOptionsComeTogetherInOrderOnLocalWorkers) {
+  RunJobOptions o;
+  o.steps = 4;
+  o.kill_rank = 1;
+  EXPECT_THAT(std::string(ValidateRunJobOptions(o).message()),
+              HasSubstr("--kill-rank and --kill-at-step: give both"));
+  o.kill_at_step = 2;
+  EXPECT_TRUE(ValidateRunJobOptions(o).ok());
+  o.restart_at_step = 4;
+  EXPECT_TRUE(ValidateRunJobOptions(o).ok());
+  o.restart_at_step = 2;
+  EXPECT_THAT(
+      std::string(ValidateRunJobOptions(o).message()),
+      HasSubstr("--restart-at-step: expected in (--kill-at-step, --steps] = (2, 4], got 2"));
+  o.restart_at_step = 0;
+  o.kill_at_step = 5;
+  EXPECT_THAT(std::string(ValidateRunJobOptions(o).message()),
+              HasSubstr("--kill-at-step: expected in [1, --steps = 4], got 5"));
+  o.kill_at_step = 2;
+  o.workers.targets = "127.0.0.1:1,127.0.0.1:2";
+  EXPECT_THAT(std::string(ValidateRunJobOptions(o).message()),
+              HasSubstr("--kill-rank: kills one of the local workers"));
+  o.workers.targets.clear();
+  o.kill_rank = -1;
+  o.kill_at_step = 0;
+  o.restart_at_step = 3;
+  EXPECT_EQ(ValidateRunJobOptions(o).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ValidateRunJobOptions, RejectsEachBadFlag) {
   struct Case {
     std::function<void(RunJobOptions&)> edit;

@@ -95,6 +95,42 @@ TEST_F(CliJson, RunRebalancesFromTheLoadStatistics) {
   EXPECT_THAT(text.output, ::testing::HasSubstr("rebalance: layer 1, EPLB table"));
 }
 
+// DESIGN §15 / issue 17 item 4 from the CLI: 4 local Gloo workers, one
+// redundant slot a worker holding the next rank's first expert; rank 2 is
+// killed before step 2, the survivors mask it (expert 5, whose only replica
+// was there, is lost and contributes zero: the reference drops it too),
+// the worker is restarted and re-admitted before step 4. Every step of every
+// rank matches the reference.
+TEST_F(CliJson, RunKillsARankMasksItAndRejoinsIt) {
+  const CliResult r = RunMoeEp(
+      "run --model tiny-moe --workers 4 --backend gloo --layers 1 --tokens 32 --steps 5 --seed 3 "
+      "--routing uniform --redundant-slots 1 --kill-rank 2 --kill-at-step 2 --restart-at-step 4 "
+      "--json",
+      /*with_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["pass"], true);
+  const nlohmann::json& m = j["masks"];
+  EXPECT_EQ(m["kill_rank"], 2);
+  EXPECT_EQ(m["kill_at_step"], 2);
+  EXPECT_EQ(m["restart_at_step"], 4);
+  EXPECT_EQ(m["lost_experts"], std::vector<int>{5});
+  // 2 steps x 3 survivors x 32-ish tokens x top-k over 8 experts: some chose 5.
+  EXPECT_EQ(m["reported_lost_experts"], std::vector<int>{5});
+  EXPECT_GE(m["attempts"].get<int>(), 2);
+  std::cout << "kill -> first masked step " << m["kill_to_first_step_ms"] << " ms ("
+            << m["attempts"] << " attempts); rejoin " << m["rejoin_ms"]
+            << " ms; restart -> first full step " << m["restart_to_first_step_ms"] << " ms\n";
+  // Rank 2's tokens are gone while it is masked (steps 2 and 3), back after.
+  const CliResult text = RunMoeEp(
+      "run --model tiny-moe --workers 4 --backend gloo --layers 1 --tokens 32 --steps 3 --seed 3 "
+      "--kill-rank 1 --kill-at-step 2");
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_THAT(text.output, ::testing::HasSubstr("rank 1: killed (SIGKILL) before step 2; experts "
+                                                "with no live replica: [2,3]"));
+  EXPECT_THAT(text.output, ::testing::HasSubstr("rank 1: masked by the survivors; step 2"));
+}
+
 TEST_F(CliJson, RunTpSummaryHasTheSeededGroupCounts) {
   const CliResult r = RunMoeEp(
       "run --model tiny-moe --tp 2 --attn-dp 2 --layers 2 --tokens 6 --steps 2 --seed 4 --json",

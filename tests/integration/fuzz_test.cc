@@ -217,6 +217,12 @@ std::vector<Rpc> MakeRpcs() {
   tokens->set_data(std::string(2 * 8 * 4, '\0'));
   add("/moe_ep.v1.Worker/ForwardLayers", layers,
       with({StatusCode::ABORTED, StatusCode::UNIMPLEMENTED}));
+  auto* rejoin = new v1::RejoinRequest;
+  rejoin->set_generation(1000);
+  rejoin->set_mask_round(1);
+  rejoin->add_masked_ranks(1);
+  rejoin->add_ranks(1);
+  add("/moe_ep.v1.Worker/Rejoin", rejoin, with({StatusCode::ABORTED, StatusCode::UNIMPLEMENTED}));
   auto* lease = new v1::LeaseRequest;
   lease->mutable_claim()->set_owner_id("fuzz");
   lease->mutable_claim()->set_ttl_ms(1000);

@@ -26,6 +26,7 @@
 #include "core/placement_table.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/tensor_codec.h"
 #include "tests/integration/fake_coordinator.h"
 
 namespace moe_ep::testing {
@@ -67,17 +68,21 @@ class RankMaskTest : public ::testing::TestWithParam<int> {
     fake_ = std::move(*fake);
     client::Coordinator& c = fake_->coordinator();
     ASSERT_TRUE(c.FormGroup().ok());
-    ASSERT_TRUE(c.ConfigureLayers(MakeConfigureRequest(kWorld, model_)).ok());
-    v1::AllocateWorkspaceRequest allocate = MakeAllocateRequest(model_, kCapacity);
-    allocate.set_redundant_slots_per_rank(2);
-    ASSERT_TRUE(c.AllocateWorkspace(allocate).ok());
-    auto installed = c.InstallPlacement(client::MakeInstallPlacementRequest(0, table_));
+    // The group's set-up, kept for a rank that comes back (RejoinRank).
+    setup_.configure = MakeConfigureRequest(kWorld, model_);
+    ASSERT_TRUE(c.ConfigureLayers(setup_.configure).ok());
+    setup_.allocate = MakeAllocateRequest(model_, kCapacity);
+    setup_.allocate.set_redundant_slots_per_rank(2);
+    ASSERT_TRUE(c.AllocateWorkspace(setup_.allocate).ok());
+    setup_.placements.push_back(client::MakeInstallPlacementRequest(0, table_));
+    auto installed = c.InstallPlacement(setup_.placements[0]);
     ASSERT_TRUE(installed.ok()) << installed.status();
     v1::LoadExpertsRequest load;
     load.set_layer(0);
     load.set_kind(v1::EXPERT_KIND_SWIGLU);
     load.set_seed(kSeed);
     load.set_intermediate_size(model_.intermediate);
+    setup_.loads.push_back(load);
     ASSERT_TRUE(c.LoadExperts(load).ok());
     for (int r = 0; r < kWorld; ++r) {
       sets_.push_back(
@@ -179,7 +184,41 @@ class RankMaskTest : public ::testing::TestWithParam<int> {
     }
   }
 
+  // Kills `victim` while step kKillAtStep runs on every rank and sends the
+  // step again to the survivors until all of them answer; checks that step
+  // against the masked reference. Returns the time from the kill.
+  absl::Duration KillDuringStepAndMask(int victim, const std::vector<int>& survivors,
+                                       int* attempts) {
+    std::vector<v1::ForwardResponse> got;
+    std::thread killer([&] {
+      absl::SleepFor(absl::Milliseconds(2));
+      EXPECT_TRUE(fake_->cluster().Kill(victim, SIGKILL).ok());
+    });
+    const absl::Time killed = absl::Now();
+    (void)Step(kKillAtStep, {0, 1, 2, 3}, &got);
+    killer.join();
+    *attempts = 1;
+    while (true) {
+      const std::vector<absl::Status> status = Step(kKillAtStep, survivors, &got);
+      ++*attempts;
+      if (std::all_of(status.begin(), status.end(), [](const absl::Status& s) { return s.ok(); })) {
+        break;
+      }
+      if (*attempts >= 6) {
+        ADD_FAILURE() << "survivors did not mask rank " << victim << ": " << status[0];
+        return absl::InfiniteDuration();
+      }
+    }
+    std::vector<v1::ForwardResponse> by_rank(kWorld);
+    for (size_t i = 0; i < survivors.size(); ++i) by_rank[survivors[i]] = got[survivors[i]];
+    std::vector<bool> live(kWorld, true);
+    live[victim] = false;
+    ExpectEqualsReference(kKillAtStep, survivors, live, by_rank);
+    return absl::Now() - killed;
+  }
+
   SmallModel model_;
+  client::RankSetup setup_;
   const core::PlacementTable table_ = Table();
   std::vector<core::ExpertSet> sets_;
   std::unique_ptr<FakeCoordinator> fake_;
@@ -268,6 +307,101 @@ INSTANTIATE_TEST_SUITE_P(Victims, RankMaskTest, ::testing::Values(0, 2),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return "kill_rank" + std::to_string(info.param);
                          });
+
+}  // namespace
+}  // namespace moe_ep::testing
+
+namespace moe_ep::testing {
+namespace {
+
+// A restarted rank rejoins (DESIGN §15; issue 17): rank 2 is killed with
+// SIGKILL during step 3, the survivors mask it and serve step 3 again and
+// step 4 under the mask (equal to the masked reference); ForwardLayers is
+// refused under the mask by name; then rank 2's worker is restarted on its
+// address, joins alone, is set up with the group's requests and Rejoin
+// re-admits it: steps 5..7 on all four ranks equal the unmasked reference bit
+// for bit, and GetStatus shows no mask.
+class RankRejoinTest : public RankMaskTest {};
+
+TEST_F(RankRejoinTest, RestartedRankRejoinsAndStepsEqualTheFullReference) {
+  constexpr int kVictim = 2;
+  const std::vector<int> all = {0, 1, 2, 3};
+  const std::vector<int> survivors = {0, 1, 3};
+  const std::vector<bool> everyone(kWorld, true);
+  std::vector<bool> live(kWorld, true);
+  live[kVictim] = false;
+
+  std::vector<v1::ForwardResponse> got;
+  for (int step = 0; step < kKillAtStep; ++step) {
+    const std::vector<absl::Status> status = Step(step, all, &got);
+    for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(status[r].ok()) << "rank " << r << status[r];
+    ExpectEqualsReference(step, all, everyone, got);
+  }
+  int attempts = 0;
+  const absl::Duration to_mask = KillDuringStepAndMask(kVictim, survivors, &attempts);
+  ASSERT_NE(to_mask, absl::InfiniteDuration());
+
+  // Under the mask: one more masked step, and ForwardLayers refused on every
+  // survivor naming the lost rank (never a wrong number, never a hang).
+  std::vector<absl::Status> status = Step(kKillAtStep + 1, survivors, &got);
+  for (size_t i = 0; i < survivors.size(); ++i) {
+    ASSERT_TRUE(status[i].ok()) << "rank " << survivors[i] << ": " << status[i];
+  }
+  std::vector<v1::ForwardResponse> by_rank(kWorld);
+  for (int r : survivors) by_rank[r] = got[r];
+  ExpectEqualsReference(kKillAtStep + 1, survivors, live, by_rank);
+  status = OnRanks(survivors, [&](int r) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::ForwardLayersRequest request;
+    request.set_epoch(1);
+    request.mutable_stack()->set_seed(5);
+    std::vector<float> tokens(2 * model_.hidden, 0.25f);
+    *request.mutable_tokens() =
+        server::EncodeFloat32(tokens, std::vector<int64_t>{2, model_.hidden});
+    v1::ForwardLayersResponse response;
+    return client::ToAbslStatus(fake_->stub(r).ForwardLayers(&context, request, &response));
+  });
+  for (size_t i = 0; i < survivors.size(); ++i) {
+    EXPECT_EQ(status[i].code(), absl::StatusCode::kFailedPrecondition) << status[i];
+    EXPECT_THAT(std::string(status[i].message()),
+                ::testing::HasSubstr("ForwardLayers: rank(s) [2] of 4 are masked out"))
+        << status[i];
+  }
+
+  // The restart: the same address, a fresh process; it joins alone and is
+  // re-admitted at the step boundary.
+  const absl::Time restarted = absl::Now();
+  ASSERT_TRUE(fake_->cluster().Restart(kVictim).ok());
+  const absl::Time up = absl::Now();
+  absl::StatusOr<v1::RejoinResponse> rejoined = fake_->coordinator().RejoinRank(kVictim, setup_);
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  EXPECT_TRUE(rejoined->masked_ranks().empty());
+  EXPECT_EQ(rejoined->mask_round(), 2);
+  const absl::Time readmitted = absl::Now();
+
+  absl::Duration to_first_step;
+  for (int step = kKillAtStep + 2; step < kSteps; ++step) {
+    status = Step(step, all, &got);
+    for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(status[r].ok()) << "rank " << r << status[r];
+    ExpectEqualsReference(step, all, everyone, got);
+    for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(got[r].lost_experts().empty()) << "rank " << r;
+    if (step == kKillAtStep + 2) to_first_step = absl::Now() - restarted;
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    const v1::GetStatusResponse s = fake_->StatusOf(r);
+    EXPECT_FALSE(s.group_broken()) << "rank " << r << ": " << s.broken_reason();
+    EXPECT_TRUE(s.masked_ranks().empty()) << "rank " << r;
+    EXPECT_EQ(s.mask_round(), 2) << "rank " << r;
+  }
+  std::cout << "[rank-rejoin] killed rank " << kVictim << ": first correct masked step "
+            << absl::ToDoubleMilliseconds(to_mask) << " ms after the kill (" << attempts
+            << " step attempts); restart -> worker up "
+            << absl::ToDoubleMilliseconds(up - restarted) << " ms, RejoinRank "
+            << absl::ToDoubleMilliseconds(readmitted - up)
+            << " ms, restart -> first correct unmasked step "
+            << absl::ToDoubleMilliseconds(to_first_step) << " ms" << std::endl;
+}
 
 }  // namespace
 }  // namespace moe_ep::testing

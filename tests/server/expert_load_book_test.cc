@@ -36,5 +36,38 @@ TEST(ExpertLoadBook, WindowsResetTotalsDoNot) {
   EXPECT_THAT(book.Totals(0), ElementsAre(0, 0));
 }
 
+// A step that finished on this rank, failed on a peer, and was sent again
+// under the next mask round (same epoch) counts once: the resend's counts
+// replace the first run's, in the window and the totals (issue 17).
+TEST(ExpertLoadBook, AStepResentAfterAMaskCountsOnce) {
+  ExpertLoadBook book;
+  book.Reset(3);
+  book.Add(0, Step({1, 1, 0}), LoadStepKey{3, 0});
+  book.Add(0, Step({2, 0, 1}), LoadStepKey{4, 0});  // finished here, lost elsewhere
+  book.Add(0, Step({2, 1, 0}), LoadStepKey{4, 1});  // the resend under mask round 1
+  core::ExpertLoadCounts w = book.Read(0, /*reset=*/false);
+  EXPECT_THAT(w.tokens_per_expert, ElementsAre(3, 2, 0));
+  EXPECT_EQ(w.steps, 2);
+  EXPECT_THAT(book.Totals(0), ElementsAre(3, 2, 0));
+  // Several steps of one epoch in the same round all count.
+  book.Add(0, Step({1, 0, 0}), LoadStepKey{5, 1});
+  book.Add(0, Step({1, 0, 0}), LoadStepKey{5, 1});
+  EXPECT_THAT(book.Totals(0), ElementsAre(5, 2, 0));
+  // A resend after the window was read and reset leaves the window alone
+  // (the first run was already reported) and fixes only the totals.
+  w = book.Read(0, /*reset=*/true);
+  EXPECT_THAT(w.tokens_per_expert, ElementsAre(5, 2, 0));
+  EXPECT_EQ(w.steps, 4);
+  book.Add(0, Step({0, 0, 4}), LoadStepKey{5, 2});
+  EXPECT_THAT(book.Totals(0), ElementsAre(4, 2, 4));
+  w = book.Read(0, false);
+  EXPECT_THAT(w.tokens_per_expert, ElementsAre(0, 0, 4));
+  EXPECT_EQ(w.steps, 1);
+  // Without a key (epoch < 0) every Add counts.
+  book.Add(1, Step({1, 0, 0}));
+  book.Add(1, Step({1, 0, 0}));
+  EXPECT_THAT(book.Totals(1), ElementsAre(2, 0, 0));
+}
+
 }  // namespace
 }  // namespace moe_ep::server

@@ -50,6 +50,8 @@ class InProcessWorker {
   InProcessWorker& operator=(const InProcessWorker&) = delete;
 
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  // The service itself, for its in-process entry points (RunOnDataPlane).
+  WorkerService& service() { return worker_; }
 
   template <typename Req, typename Resp>
   grpc::Status Call(grpc::Status (v1::Worker::Stub::*method)(grpc::ClientContext*, const Req&,
