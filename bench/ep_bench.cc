@@ -23,7 +23,15 @@
 // ComputeExperts with seeded SwiGLU experts (one set per rank and hidden)
 // for both GEMM paths (grouped with device counts; cuBLAS with host counts)
 // and a whole SwiGLU step replayed from a graph (grouped path).
-// Source: DESIGN §10; issue 3.
+// --data-plane nccl,one-sided times each configuration on either plane of
+// the service (issue 15 item 5): "nccl" is the dispatcher above, "one-sided"
+// kernels/onesided/onesided_dispatcher.h over NCCL symmetric windows of the
+// same communicator (kernels/onesided/nccl_peer_window.h; one rank per GPU
+// as here, every GPU in one NVLink domain); it always agrees on (epoch, R)
+// in its flags, so its rows carry check "device" and --check host adds no
+// one-sided row; SwiGLU columns are the nccl plane's only (0 on one-sided
+// rows). The last CSV column names the plane that ran.
+// Source: DESIGN §10, §13; issues 3, 15.
 
 #include <cuda_runtime.h>
 
@@ -44,6 +52,8 @@
 #include "core/routing.h"
 #include "kernels/gpu_ep_dispatcher.h"
 #include "kernels/nccl_collective.h"
+#include "kernels/onesided/nccl_peer_window.h"
+#include "kernels/onesided/onesided_dispatcher.h"
 #include "kernels/staged_control_collective.h"
 
 namespace moe_ep::kernels {
@@ -55,6 +65,7 @@ struct Config {
   int top_k;
   bool skewed;
   GeometryCheck check;
+  bool one_sided = false;  // the one-sided plane (else the NCCL plane)
 };
 
 struct Result {
@@ -103,9 +114,26 @@ void RunRank(int rank, int ep, const std::string& id, const std::vector<Config>&
     options.dispatcher.num_experts = num_experts;
     options.geometry_check = c.check;
     options.max_intermediate = swiglu_intermediate;
-    auto disp_or = GpuEpDispatcher::Create(&coll, options, 0);
-    BENCH_CHECK(disp_or.status());
-    GpuEpDispatcher& disp = **disp_or;
+    std::unique_ptr<GpuEpDispatcher> nccl_plane;
+    std::unique_ptr<onesided::PeerWindows> windows;
+    std::unique_ptr<onesided::OneSidedDispatcher> one_sided;
+    if (c.one_sided) {
+      auto bytes = onesided::OneSidedDispatcher::WindowBytes(options.dispatcher);
+      BENCH_CHECK(bytes.status());
+      auto w = onesided::CreateNcclPeerWindows(&coll, *bytes);
+      BENCH_CHECK(w.status());
+      windows = std::move(*w);
+      onesided::OneSidedDispatcherOptions o;
+      o.dispatcher = options.dispatcher;
+      o.sm_budget = c.tokens >= 128 ? 64 : 32;  // bench/results/onesided's best budgets
+      auto d = onesided::OneSidedDispatcher::Create(windows.get(), o, 0);
+      BENCH_CHECK(d.status());
+      one_sided = std::move(*d);
+    } else {
+      auto d = GpuEpDispatcher::Create(&coll, options, 0);
+      BENCH_CHECK(d.status());
+      nccl_plane = std::move(*d);
+    }
     auto experts = *DeviceExpertSet::Upload(core::ExpertSet::Identity(
         placement.FirstExpert(rank), placement.NumLocalExperts(rank), c.hidden));
     const uint64_t seed = 1000 * ci + rank;
@@ -117,56 +145,66 @@ void RunRank(int rank, int ep, const std::string& id, const std::vector<Config>&
     uint16_t* d_out = inputs->out;
     int32_t* d_ids = inputs->ids;
     float* d_weights = inputs->weights;
-    BENCH_CHECK(disp.CommitGeometry(ci, c.tokens, c.tokens));
     cudaEvent_t ev[4];
     for (auto& e : ev) cudaEventCreate(&e);
     std::vector<double> dispatch_us, combine_us, dispatch_host_us, combine_host_us;
-    using Clock = std::chrono::steady_clock;
-    auto us_since = [](Clock::time_point t0) {
-      return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-    };
-    for (int it = 0; it < warmup + iters; ++it) {
-      BENCH_CHECK(ctrl.Barrier());
-      cudaEventRecord(ev[0], disp.stream());
-      Clock::time_point t0 = Clock::now();
-      BENCH_CHECK(disp.Dispatch(d_hidden, d_ids, d_weights, c.tokens));
-      const double dh = us_since(t0);
-      cudaEventRecord(ev[1], disp.stream());
-      BENCH_CHECK(disp.ComputeExperts(*experts));
-      cudaEventRecord(ev[2], disp.stream());
-      t0 = Clock::now();
-      BENCH_CHECK(disp.Combine(d_out));
-      const double ch = us_since(t0);
-      cudaEventRecord(ev[3], disp.stream());
-      if (it >= warmup) {
-        dispatch_host_us.push_back(dh);
-        combine_host_us.push_back(ch);
-      }
-      BENCH_CHECK(disp.CheckStep());
-      float a = 0, b = 0;
-      cudaEventElapsedTime(&a, ev[0], ev[1]);
-      cudaEventElapsedTime(&b, ev[2], ev[3]);
-      if (it >= warmup) {
-        dispatch_us.push_back(a * 1000.0);
-        combine_us.push_back(b * 1000.0);
-      }
-    }
-    // Whole step (device-side (epoch, R) check, dispatch, identity experts,
-    // combine) captured at bucket R = tokens and replayed: no host sync inside.
     std::vector<double> graph_us;
-    BENCH_CHECK(disp.CaptureForward(c.tokens, d_hidden, d_ids, d_weights, *experts, d_out));
-    for (int it = 0; it < warmup + iters; ++it) {
-      BENCH_CHECK(ctrl.Barrier());
-      cudaEventRecord(ev[0], disp.stream());
-      BENCH_CHECK(disp.ReplayForward(c.tokens, ci, c.tokens));
-      cudaEventRecord(ev[1], disp.stream());
-      BENCH_CHECK(disp.CheckReplay());
-      float a = 0;
-      cudaEventElapsedTime(&a, ev[0], ev[1]);
-      if (it >= warmup) graph_us.push_back(a * 1000.0);
+    // The eager loop, then whole steps replayed from a graph, on either plane.
+    auto time_plane = [&](auto& disp) {
+      BENCH_CHECK(disp.CommitGeometry(ci, c.tokens, c.tokens));
+      using Clock = std::chrono::steady_clock;
+      auto us_since = [](Clock::time_point t0) {
+        return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+      };
+      for (int it = 0; it < warmup + iters; ++it) {
+        BENCH_CHECK(ctrl.Barrier());
+        cudaEventRecord(ev[0], disp.stream());
+        Clock::time_point t0 = Clock::now();
+        BENCH_CHECK(disp.Dispatch(d_hidden, d_ids, d_weights, c.tokens));
+        const double dh = us_since(t0);
+        cudaEventRecord(ev[1], disp.stream());
+        BENCH_CHECK(disp.ComputeExperts(*experts));
+        cudaEventRecord(ev[2], disp.stream());
+        t0 = Clock::now();
+        BENCH_CHECK(disp.Combine(d_out));
+        const double ch = us_since(t0);
+        cudaEventRecord(ev[3], disp.stream());
+        if (it >= warmup) {
+          dispatch_host_us.push_back(dh);
+          combine_host_us.push_back(ch);
+        }
+        BENCH_CHECK(disp.CheckStep());
+        float a = 0, b = 0;
+        cudaEventElapsedTime(&a, ev[0], ev[1]);
+        cudaEventElapsedTime(&b, ev[2], ev[3]);
+        if (it >= warmup) {
+          dispatch_us.push_back(a * 1000.0);
+          combine_us.push_back(b * 1000.0);
+        }
+      }
+      // Whole step (device-side (epoch, R) check, dispatch, identity experts,
+      // combine) captured at bucket R = tokens and replayed: no host sync inside.
+      BENCH_CHECK(disp.CaptureForward(c.tokens, d_hidden, d_ids, d_weights, *experts, d_out));
+      for (int it = 0; it < warmup + iters; ++it) {
+        BENCH_CHECK(ctrl.Barrier());
+        cudaEventRecord(ev[0], disp.stream());
+        BENCH_CHECK(disp.ReplayForward(c.tokens, ci, c.tokens));
+        cudaEventRecord(ev[1], disp.stream());
+        BENCH_CHECK(disp.CheckStep());
+        float a = 0;
+        cudaEventElapsedTime(&a, ev[0], ev[1]);
+        if (it >= warmup) graph_us.push_back(a * 1000.0);
+      }
+    };
+    if (c.one_sided) {
+      time_plane(*one_sided);
+    } else {
+      time_plane(*nccl_plane);
     }
+
     std::vector<double> grouped_us, cublas_us, swiglu_graph_us;
-    if (swiglu_intermediate > 0 && c.check == GeometryCheck::kDevice) {
+    if (swiglu_intermediate > 0 && c.check == GeometryCheck::kDevice && !c.one_sided) {
+      GpuEpDispatcher& disp = *nccl_plane;
       if (swiglu.find(c.hidden) == swiglu.end()) {
         auto host = core::ExpertSet::GenerateSwiGlu(7, 3, placement.FirstExpert(rank),
                                                     placement.NumLocalExperts(rank), c.hidden,
@@ -240,6 +278,12 @@ void RunRank(int rank, int ep, const std::string& id, const std::vector<Config>&
       r.wire_bytes_per_token = (ep - 1) * (dispatch_row + combine_row);
     }
     for (auto& e : ev) cudaEventDestroy(e);
+    if (c.one_sided) {
+      // No peer may still store into the windows when they go (a collective).
+      BENCH_CHECK(ctrl.Barrier());
+      one_sided.reset();
+      windows.reset();
+    }
     bench::FreeStepInputs(*inputs);
   }
 }
@@ -258,6 +302,7 @@ int Main(int argc, char** argv) {
   std::vector<int> topks = {2, 8};
   std::vector<std::string> routings = {"uniform", "skewed"};
   std::vector<std::string> checks = {"host", "device"};
+  std::vector<std::string> planes = {"nccl"};
   int num_experts = 256, warmup = 5, iters = 50, ep = 0;
   int64_t swiglu_intermediate = 0;
   app.add_option("--tokens", tokens, "tokens per rank");
@@ -269,6 +314,8 @@ int Main(int argc, char** argv) {
   app.add_option("--iters", iters);
   app.add_option("--ep", ep, "ranks (default: all visible GPUs)");
   app.add_option("--check", checks, "(epoch, R) agreement: host and/or device");
+  app.add_option("--data-plane", planes, "nccl and/or one-sided (the service's two GPU planes)")
+      ->check(CLI::IsMember({"nccl", "one-sided"}));
   app.add_option(
       "--swiglu-intermediate", swiglu_intermediate,
       "I > 0: also time SwiGLU expert compute (grouped vs cuBLAS) and a SwiGLU graph step");
@@ -284,10 +331,14 @@ int Main(int argc, char** argv) {
     for (int64_t h : hiddens)
       for (int k : topks)
         for (int64_t t : tokens)
-          for (const auto& chk : checks)
-            configs.push_back(
-                {t, h, k, r == "skewed",
-                 chk == "device" ? GeometryCheck::kDevice : GeometryCheck::kHostAllGather});
+          for (const auto& plane : planes)
+            for (const auto& chk : checks) {
+              if (plane == "one-sided" && chk != "device") continue;
+              configs.push_back(
+                  {t, h, k, r == "skewed",
+                   chk == "device" ? GeometryCheck::kDevice : GeometryCheck::kHostAllGather,
+                   plane == "one-sided"});
+            }
   auto id = NcclCollective::NewUniqueId();
   if (!id.ok()) {
     std::fprintf(stderr, "%s\n", id.status().ToString().c_str());
@@ -307,7 +358,7 @@ int Main(int argc, char** argv) {
       "combine_remote_GBps,dispatch_nvlink_frac,combine_nvlink_frac,wire_bytes_per_token,"
       "graph_step_p50_us,graph_step_p99_us,swiglu_expert_grouped_p50_us,"
       "swiglu_expert_cublas_p50_us,swiglu_graph_step_p50_us,dispatch_host_call_p50_us,"
-      "combine_host_call_p50_us\n");
+      "combine_host_call_p50_us,data_plane\n");
   for (size_t i = 0; i < configs.size(); ++i) {
     const Config& c = configs[i];
     const Result& r = results[i];
@@ -317,12 +368,12 @@ int Main(int argc, char** argv) {
     const double cr = r.remote_combine_bytes / (r.combine_p50 * 1e3);
     std::printf(
         "%d,%s,%s,%ld,%d,%ld,%.1f,%.1f,%.1f,%.1f,%.2f,%.2f,%.2f,%.2f,%.3f,%.3f,%.0f,%.1f,%.1f,%.1f,"
-        "%.1f,%.1f,%.1f,%.1f\n",
+        "%.1f,%.1f,%.1f,%.1f,%s\n",
         ep, c.check == GeometryCheck::kDevice ? "device" : "host", c.skewed ? "skewed" : "uniform",
         c.hidden, c.top_k, c.tokens, r.dispatch_p50, r.dispatch_p99, r.combine_p50, r.combine_p99,
         dl, cl, dr, cr, dr / 450.0, cr / 450.0, r.wire_bytes_per_token, r.graph_step_p50,
         r.graph_step_p99, r.swiglu_grouped_p50, r.swiglu_cublas_p50, r.swiglu_graph_step_p50,
-        r.dispatch_host_p50, r.combine_host_p50);
+        r.dispatch_host_p50, r.combine_host_p50, c.one_sided ? "one-sided" : "nccl");
   }
   return 0;
 }

@@ -10,6 +10,48 @@ namespace {
 
 constexpr int kPackThreads = 256;
 
+// The top-k tail of the pack kernels (both wire rows end with ids [K] int32
+// and weights [K] fp32 at byte `tail` of the row): token b's ids and weights
+// into its slot of each destination in dest_slot (b < n; a replicated
+// expert's id stays only in the copy for the rank that serves it, the
+// others get the invalid id), then the invalid-id / zero-weight tail of
+// padding slot b of every destination with counts[d] <= b. Row (d, slot)
+// is at send + (d * max_tokens + slot) * row_bytes.
+__device__ void PackTopKTails(const int32_t* __restrict__ topk_ids,
+                              const float* __restrict__ topk_weights, int64_t b, int64_t n,
+                              const int32_t* dest_slot, const int32_t* counts, int top_k,
+                              int ep_size, int32_t invalid_expert_id, uint8_t* __restrict__ send,
+                              int64_t max_tokens, int64_t row_bytes, int64_t tail,
+                              const DevicePlacement& placement, int num_experts) {
+  auto row = [&](int d, int64_t slot) { return send + (d * max_tokens + slot) * row_bytes; };
+  if (b < n) {
+    for (int k = threadIdx.x; k < top_k; k += blockDim.x) {
+      const int32_t id = topk_ids[b * top_k + k];
+      const float w = topk_weights[b * top_k + k];
+      for (int d = 0; d < ep_size; ++d) {
+        if (dest_slot[d] < 0) continue;
+        uint8_t* r = row(d, dest_slot[d]);
+        int32_t out_id = id;
+        if (placement.replica_offsets != nullptr && id >= 0 && id < num_experts &&
+            internal::NumReplicas(placement, id) > 1 &&
+            internal::DestinationRank(placement, b, id, 0, 0) != d) {
+          out_id = invalid_expert_id;
+        }
+        reinterpret_cast<int32_t*>(r + tail)[k] = out_id;
+        reinterpret_cast<float*>(r + tail + 4 * top_k)[k] = w;
+      }
+    }
+  }
+  for (int d = 0; d < ep_size; ++d) {
+    if (b < counts[d]) continue;
+    uint8_t* r = row(d, b);
+    for (int k = threadIdx.x; k < top_k; k += blockDim.x) {
+      reinterpret_cast<int32_t*>(r + tail)[k] = invalid_expert_id;
+      reinterpret_cast<float*>(r + tail + 4 * top_k)[k] = 0.0f;
+    }
+  }
+}
+
 // Block b: token b and padding slot b (see the header for the layout).
 // Hidden rows move as uint2 (4 bf16); H % 4 == 0 and 2H + 8K being a multiple
 // of 8 keep every vector 8-byte aligned.
@@ -39,31 +81,9 @@ __global__ void PackDispatchKernel(
         if (dest_slot[d] >= 0) reinterpret_cast<uint2*>(row(d, dest_slot[d]))[v] = x;
       }
     }
-    for (int k = threadIdx.x; k < top_k; k += blockDim.x) {
-      const int32_t id = topk_ids[b * top_k + k];
-      const float w = topk_weights[b * top_k + k];
-      for (int d = 0; d < ep_size; ++d) {
-        if (dest_slot[d] < 0) continue;
-        uint8_t* r = row(d, dest_slot[d]);
-        int32_t out_id = id;
-        if (placement.replica_offsets != nullptr && id >= 0 && id < num_experts &&
-            internal::NumReplicas(placement, id) > 1 &&
-            internal::DestinationRank(placement, b, id, 0, 0) != d) {
-          out_id = invalid_expert_id;
-        }
-        reinterpret_cast<int32_t*>(r + 2 * hidden_size)[k] = out_id;
-        reinterpret_cast<float*>(r + 2 * hidden_size + 4 * top_k)[k] = w;
-      }
-    }
   }
-  for (int d = 0; d < ep_size; ++d) {
-    if (b < counts[d]) continue;
-    uint8_t* r = row(d, b);
-    for (int k = threadIdx.x; k < top_k; k += blockDim.x) {
-      reinterpret_cast<int32_t*>(r + 2 * hidden_size)[k] = invalid_expert_id;
-      reinterpret_cast<float*>(r + 2 * hidden_size + 4 * top_k)[k] = 0.0f;
-    }
-  }
+  PackTopKTails(topk_ids, topk_weights, b, n, dest_slot, counts, top_k, ep_size, invalid_expert_id,
+                send, max_tokens, row_bytes, 2 * hidden_size, placement, num_experts);
 }
 
 // The fp8 twin of PackDispatchKernel: block b quantizes token b (one warp a
@@ -106,31 +126,9 @@ __global__ void PackDispatchFp8Kernel(
         if (lane == 0) reinterpret_cast<float*>(r + hidden_size)[blk] = scale;
       }
     }
-    for (int k = threadIdx.x; k < top_k; k += blockDim.x) {
-      const int32_t id = topk_ids[b * top_k + k];
-      const float w = topk_weights[b * top_k + k];
-      for (int d = 0; d < ep_size; ++d) {
-        if (dest_slot[d] < 0) continue;
-        uint8_t* r = row(d, dest_slot[d]);
-        int32_t out_id = id;
-        if (placement.replica_offsets != nullptr && id >= 0 && id < num_experts &&
-            internal::NumReplicas(placement, id) > 1 &&
-            internal::DestinationRank(placement, b, id, 0, 0) != d) {
-          out_id = invalid_expert_id;
-        }
-        reinterpret_cast<int32_t*>(r + tail)[k] = out_id;
-        reinterpret_cast<float*>(r + tail + 4 * top_k)[k] = w;
-      }
-    }
   }
-  for (int d = 0; d < ep_size; ++d) {
-    if (b < counts[d]) continue;
-    uint8_t* r = row(d, b);
-    for (int k = threadIdx.x; k < top_k; k += blockDim.x) {
-      reinterpret_cast<int32_t*>(r + tail)[k] = invalid_expert_id;
-      reinterpret_cast<float*>(r + tail + 4 * top_k)[k] = 0.0f;
-    }
-  }
+  PackTopKTails(topk_ids, topk_weights, b, n, dest_slot, counts, top_k, ep_size, invalid_expert_id,
+                send, max_tokens, row_bytes, tail, placement, num_experts);
 }
 
 }  // namespace

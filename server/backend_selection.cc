@@ -48,4 +48,12 @@ absl::Status CheckDevice(int device, int visible_gpus, const std::string& backen
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> ResolveGpuDataPlane(const std::string& requested,
+                                                const std::string& default_plane) {
+  const std::string name = requested.empty() ? default_plane : requested;
+  if (name == "auto" || name == "one-sided" || name == "nccl") return name;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "gpu_data_plane: expected \"auto\", \"one-sided\" or \"nccl\", got \"", name, "\""));
+}
+
 }  // namespace moe_ep::server

@@ -41,4 +41,15 @@ absl::StatusOr<std::string> ResolveBackend(const std::string& requested,
 // pick --device in [0, visible_gpus)). Gloo ignores the device.
 absl::Status CheckDevice(int device, int visible_gpus, const std::string& backend);
 
+// The GPU data plane a Join asks for (DESIGN §13; issue 15 item 5), for the
+// "nccl" backend: "one-sided" (kernels storing into CUDA IPC peer windows,
+// server/onesided_data_plane.h), "nccl" (NCCL grouped send/recv,
+// server/gpu_data_plane.h) or "auto" (one-sided where every rank can map
+// every peer's window, else nccl: decided when the group forms, the same on
+// every rank). Returns `requested`, or `default_plane` when it is empty.
+// Errors: kInvalidArgument for another name (named, with the three
+// accepted). Pure.
+absl::StatusOr<std::string> ResolveGpuDataPlane(const std::string& requested,
+                                                const std::string& default_plane);
+
 }  // namespace moe_ep::server

@@ -264,8 +264,9 @@ absl::StatusOr<core::StepStats> CpuDataPlane::Forward(
 
 absl::StatusOr<BenchmarkTimes> CpuDataPlane::Benchmark(const core::EpDispatcherOptions& options,
                                                        const BenchmarkInputs& inputs, int warmup,
-                                                       int iterations,
-                                                       int64_t /*memory_cap_bytes*/) {
+                                                       int iterations, int64_t /*memory_cap_bytes*/,
+                                                       const std::string& data_plane) {
+  ASSIGN_OR_RETURN(const std::string plane, ResolveBenchmarkPlane(data_plane, "gloo", {}));
   // The caller checked the cap against core::CpuWorkspaceLayout, which is
   // exactly what this dispatcher allocates.
   ASSIGN_OR_RETURN(std::unique_ptr<core::EpDispatcher> bench,
@@ -293,6 +294,7 @@ absl::StatusOr<BenchmarkTimes> CpuDataPlane::Benchmark(const core::EpDispatcherO
     times.combine_us.push_back(std::chrono::duration<double, std::micro>(t3 - t2).count());
     times.tokens_sent = bench->last_step().tokens_sent;
   }
+  times.data_plane = plane;
   return times;
 }
 

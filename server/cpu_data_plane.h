@@ -100,7 +100,8 @@ class CpuDataPlane final : public DataPlane {
                                                 void* stream) override;
   absl::StatusOr<BenchmarkTimes> Benchmark(const core::EpDispatcherOptions& options,
                                            const BenchmarkInputs& inputs, int warmup,
-                                           int iterations, int64_t memory_cap_bytes) override;
+                                           int iterations, int64_t memory_cap_bytes,
+                                           const std::string& data_plane) override;
 
  private:
   CpuDataPlane(std::unique_ptr<core::ControlCollective> collective, DataPlaneGroup group,

@@ -9,9 +9,14 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/gloo_collective.h"
 #include "core/status_macros.h"
+#include "server/backend_selection.h"
 #include "server/cpu_data_plane.h"
+#include "server/device_info.h"
 #include "server/gpu_data_plane.h"
+#include "server/onesided_data_plane.h"
+#include "spdlog/spdlog.h"
 
 namespace moe_ep::server {
 
@@ -62,6 +67,20 @@ RankMaskState DataPlane::mask() const {
   return state;
 }
 
+absl::StatusOr<std::string> ResolveBenchmarkPlane(const std::string& asked, const std::string& own,
+                                                  const std::vector<std::string>& others) {
+  if (asked.empty() || asked == own) return own;
+  std::string can = absl::StrCat("\"", own, "\"");
+  for (const std::string& other : others) {
+    if (asked == other) return other;
+    absl::StrAppend(&can, ", \"", other, "\"");
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("Benchmark: data_plane \"", asked.substr(0, 64), "\" cannot run on this group (",
+                   own, " data plane); it can time ", can,
+                   " (join with gpu_data_plane to change the group's plane)"));
+}
+
 std::string NcclUniqueIdKey(int64_t generation) {
   return absl::StrCat("gen", generation, "/nccl_unique_id");
 }
@@ -100,6 +119,43 @@ absl::StatusOr<std::string> ExchangeNcclUniqueId(
   }
 }
 
+#ifdef MOE_EP_HAVE_CUDA
+namespace {
+
+// The one-sided plane of `group` (server/onesided_data_plane.h): its Gloo
+// group under "gen<generation>/gpu", then the probe of where the ranks run.
+// kFailedPrecondition (every rank alike) when the probe says it cannot work.
+absl::StatusOr<std::unique_ptr<DataPlane>> FormOneSidedPlane(
+    const DataPlaneGroup& group, const std::shared_ptr<gloo::rendezvous::Store>& store) {
+  const std::string context = absl::StrCat("Join (rank ", group.rank, " of ", group.world_size,
+                                           ", generation ", group.generation, ")");
+  auto with_context = [&](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
+  };
+  if (absl::Status device = CheckDevice(group.device, VisibleGpuCount(), "nccl"); !device.ok()) {
+    return with_context(device);
+  }
+  absl::StatusOr<std::unique_ptr<core::GlooCollective>> control =
+      core::GlooCollective::Create(store, absl::StrCat("gen", group.generation, "/gpu"), group.rank,
+                                   group.world_size, group.data_plane_host, group.timeout);
+  if (!control.ok()) return with_context(control.status());
+  std::string why;
+  absl::StatusOr<bool> works = ProbeOneSidedPlane(**control, group.device, &why);
+  if (!works.ok()) return with_context(works.status());
+  if (!*works) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(context, ": the one-sided data plane cannot run here: ", why,
+                     "; join with gpu_data_plane \"nccl\""));
+  }
+  absl::StatusOr<std::unique_ptr<OneSidedDataPlane>> plane =
+      OneSidedDataPlane::Form(group, std::move(*control));
+  if (!plane.ok()) return with_context(plane.status());
+  return std::unique_ptr<DataPlane>(std::move(*plane));
+}
+
+}  // namespace
+#endif  // MOE_EP_HAVE_CUDA
+
 absl::StatusOr<std::unique_ptr<DataPlane>> FormDataPlane(
     const DataPlaneGroup& group, std::shared_ptr<gloo::rendezvous::Store> store) {
   if (group.backend == "gloo") {
@@ -110,7 +166,18 @@ absl::StatusOr<std::unique_ptr<DataPlane>> FormDataPlane(
   }
   if (group.backend == "nccl") {
 #ifdef MOE_EP_HAVE_CUDA
-    absl::StatusOr<std::unique_ptr<GpuDataPlane>> plane = GpuDataPlane::Form(group, store);
+    ASSIGN_OR_RETURN(const std::string asked, ResolveGpuDataPlane(group.gpu_data_plane, "nccl"));
+    if (asked != "nccl") {
+      absl::StatusOr<std::unique_ptr<DataPlane>> one_sided = FormOneSidedPlane(group, store);
+      if (one_sided.ok() || asked == "one-sided" ||
+          one_sided.status().code() != absl::StatusCode::kFailedPrecondition) {
+        return one_sided;
+      }
+      spdlog::info("Join: gpu_data_plane \"auto\": {}; using the nccl plane",
+                   std::string(one_sided.status().message()));
+    }
+    absl::StatusOr<std::unique_ptr<GpuDataPlane>> plane =
+        GpuDataPlane::Form(group, store);
     if (!plane.ok()) return plane.status();
     return std::unique_ptr<DataPlane>(std::move(*plane));
 #else
@@ -130,7 +197,7 @@ namespace {
 
 absl::Status EngineCallsUnimplemented(const DataPlane& plane, const char* call) {
   return absl::UnimplementedError(absl::StrCat(
-      call, ": the ", plane.backend(),
+      call, ": the ", plane.data_plane(),
       " data plane does not take an engine's buffers in process; use the Forward RPC"));
 }
 

@@ -53,6 +53,10 @@ struct DataPlaneGroup {
   std::string rendezvous_address;              // for messages; empty = in-process store
   std::string data_plane_host = "127.0.0.1";   // gloo: address the TCP device binds to
   int device = 0;                              // nccl: CUDA device ordinal
+  // nccl: the GPU data plane asked for, "auto", "one-sided" or "nccl"
+  // (server/backend_selection.h ResolveGpuDataPlane); Join passes the
+  // worker's resolved choice.
+  std::string gpu_data_plane = "nccl";
   // Every rank's Rendezvous address ([world_size]; empty = rank masks off)
   // and the generation's secret: where the survivors of a lost rank agree
   // on a mask (server/rank_mask.h; DESIGN §15).
@@ -94,6 +98,7 @@ struct BenchmarkTimes {
   std::vector<double> dispatch_us;
   std::vector<double> combine_us;
   int64_t tokens_sent = 0;
+  std::string data_plane;  // the plane that ran (DataPlane::data_plane() names)
 };
 
 // Forward's tensors as the request carries them (ValidateTensorOf in
@@ -126,6 +131,9 @@ class DataPlane {
 
   // "gloo" or "nccl".
   virtual std::string backend() const = 0;
+  // Which data plane moves the tokens (GetStatus.data_plane; DESIGN §13):
+  // "gloo" (CPU), "one-sided" (GPU peer windows) or "nccl" (GPU send/recv).
+  virtual std::string data_plane() const { return backend(); }
   // The CUDA device ordinal of a GPU plane; -1 on the CPU plane.
   virtual int cuda_device() const { return -1; }
   // The group's collective (host-memory calls work on both backends).
@@ -322,11 +330,17 @@ class DataPlane {
   // inputs.num_tokens), separate from the allocated workspace. Collective.
   // Each iteration starts with server/benchmark_gate.h's agreement: once any
   // rank is past its SetCallDeadline deadline, every rank stops there.
+  // `data_plane`: "" = this plane, else a data_plane() name this plane can
+  // time (the nccl plane also times "one-sided" over NCCL symmetric
+  // windows); the reply says which ran (BenchmarkTimes::data_plane).
   // Errors: kInvalidArgument, kResourceExhausted (beyond `memory_cap_bytes`
-  // when > 0), kDeadlineExceeded (the call's deadline passed), group errors.
+  // when > 0), kDeadlineExceeded (the call's deadline passed),
+  // kFailedPrecondition (a data_plane this plane cannot time: named), group
+  // errors.
   virtual absl::StatusOr<BenchmarkTimes> Benchmark(const core::EpDispatcherOptions& options,
                                                    const BenchmarkInputs& inputs, int warmup,
-                                                   int iterations, int64_t memory_cap_bytes) = 0;
+                                                   int iterations, int64_t memory_cap_bytes,
+                                                   const std::string& data_plane) = 0;
 
  private:
   uint64_t workspace_token_ = 0;
@@ -334,10 +348,17 @@ class DataPlane {
 
 // Forms the group of `group.backend` through `store` (rank 0's Rendezvous
 // service, or an in-process store for world 1) and returns its data plane.
-// Gloo: core::GlooCollective under the prefix "gen<generation>". NCCL: rank 0
-// makes the unique id and sets it under "gen<generation>/nccl_unique_id";
-// the other ranks get it (waiting at most group.timeout); then every rank
-// creates its communicator on group.device.
+// Gloo: core::GlooCollective under the prefix "gen<generation>". NCCL
+// (the GPU backend) by group.gpu_data_plane (DESIGN §13; issue 15 item 5):
+// "one-sided" and "auto" first form a Gloo group under
+// "gen<generation>/gpu" and probe where the ranks run (ProbeOneSidedPlane);
+// when the one-sided plane works (every rank on this host, GPUs that reach
+// each other) that is the plane (server/onesided_data_plane.h); otherwise
+// "one-sided" fails with kFailedPrecondition giving the reason, and "auto"
+// (every rank alike) goes on to the NCCL plane: rank 0 makes the unique id
+// and sets it under "gen<generation>/nccl_unique_id"; the other ranks get it
+// (waiting at most group.timeout); then every rank creates its communicator
+// on group.device (server/gpu_data_plane.h).
 // Errors: kFailedPrecondition (NCCL on a build without CUDA, or a device that
 // is not visible), kDeadlineExceeded (a rank or the unique id did not come
 // within group.timeout), kUnavailable (rendezvous or communicator failure),
@@ -358,6 +379,15 @@ absl::StatusOr<std::unique_ptr<DataPlane>> FormDataPlane(
 absl::Status CheckExpertSourceForWorkspace(const core::ExpertSource& source,
                                            const core::EpDispatcherOptions& options, int rank,
                                            const core::PlacementTable* table = nullptr);
+
+// ResolveBenchmarkPlane()
+//
+// The plane a Benchmark with `asked` runs on a plane named `own` that can
+// also time `others`: `own` for "" or `own`, `asked` when it is one of
+// `others`. Errors: kFailedPrecondition naming `asked`, what the group runs
+// and what it can time. Pure.
+absl::StatusOr<std::string> ResolveBenchmarkPlane(const std::string& asked, const std::string& own,
+                                                  const std::vector<std::string>& others);
 
 // The rendezvous key of a generation's NCCL unique id: "gen<generation>/nccl_unique_id".
 std::string NcclUniqueIdKey(int64_t generation);

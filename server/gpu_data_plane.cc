@@ -15,6 +15,7 @@
 #include "server/backend_selection.h"
 #include "server/benchmark_gate.h"
 #include "server/device_info.h"
+#include "server/gpu_step_buffers.h"
 
 namespace moe_ep::server {
 namespace {
@@ -134,6 +135,7 @@ absl::StatusOr<std::unique_ptr<GpuDataPlane>> GpuDataPlane::Form(
   plane->collective_ = std::move(*collective);
   plane->control_ = std::make_unique<kernels::StagedControlCollective>(plane->collective_.get());
   plane->device_ = group.device;
+  plane->collective_timeout_ = group.timeout;
   for (cudaEvent_t& event : plane->events_) {
     RETURN_IF_ERROR(WithContext(Cuda(cudaEventCreate(&event), "cudaEventCreate"), context));
   }
@@ -519,13 +521,16 @@ absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostFo
 
 absl::StatusOr<BenchmarkTimes> GpuDataPlane::Benchmark(const core::EpDispatcherOptions& options,
                                                        const BenchmarkInputs& inputs, int warmup,
-                                                       int iterations, int64_t memory_cap_bytes) {
+                                                       int iterations, int64_t memory_cap_bytes,
+                                                       const std::string& data_plane) {
+  ASSIGN_OR_RETURN(const std::string plane,
+                   ResolveBenchmarkPlane(data_plane, this->data_plane(), {"one-sided"}));
   RETURN_IF_ERROR(MakeDeviceCurrent());
   const int rank = collective_->rank();
   const int64_t tokens = inputs.num_tokens;
   const int64_t h = options.workspace.hidden;
   const int k = options.workspace.top_k;
-  const int64_t input_bytes = Staging::DeviceBytes(tokens, h, k);
+  const int64_t input_bytes = DeviceStepBuffers::Bytes(tokens, h, k);
   int64_t cap = 0;
   if (memory_cap_bytes > 0) {
     cap = memory_cap_bytes - input_bytes;
@@ -535,55 +540,56 @@ absl::StatusOr<BenchmarkTimes> GpuDataPlane::Benchmark(const core::EpDispatcherO
           memory_cap_bytes, " bytes the memory cap leaves (--memory-cap-bytes)"));
     }
   }
-  kernels::GpuEpDispatcherOptions gpu_options;
-  gpu_options.dispatcher = options;
-  ASSIGN_OR_RETURN(std::unique_ptr<kernels::GpuEpDispatcher> bench,
-                   kernels::GpuEpDispatcher::Create(collective_.get(), gpu_options, cap));
   ASSIGN_OR_RETURN(core::ExpertPlacement placement,
                    core::ExpertPlacement::Contiguous(options.num_experts, collective_->size()));
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::DeviceExpertSet> identity,
                    kernels::DeviceExpertSet::Upload(core::ExpertSet::Identity(
                        placement.FirstExpert(rank), placement.NumLocalExperts(rank), h)));
-  ASSIGN_OR_RETURN(std::unique_ptr<Staging> buffers, Staging::Create(tokens, h, k));
-  // One synchronous upload before timing (the stream is idle: no collective
-  // is pending on it).
-  RETURN_IF_ERROR(Cuda(
-      cudaMemcpy(buffers->d_hidden(), inputs.hidden.data(), tokens * h * 2, cudaMemcpyHostToDevice),
-      "cudaMemcpy(benchmark hidden)"));
-  RETURN_IF_ERROR(Cuda(
-      cudaMemcpy(buffers->d_ids(), inputs.topk_ids.data(), tokens * k * 4, cudaMemcpyHostToDevice),
-      "cudaMemcpy(benchmark topk_ids)"));
-  RETURN_IF_ERROR(Cuda(cudaMemcpy(buffers->d_weights(), inputs.topk_weights.data(), tokens * k * 4,
-                                  cudaMemcpyHostToDevice),
-                       "cudaMemcpy(benchmark topk_weights)"));
-  RETURN_IF_ERROR(bench->CommitGeometry(1, tokens, tokens));
+  ASSIGN_OR_RETURN(std::unique_ptr<DeviceStepBuffers> buffers,
+                   DeviceStepBuffers::Create(tokens, h, k));
+  auto upload = [&](cudaStream_t stream) {
+    return buffers->Upload(reinterpret_cast<const uint16_t*>(inputs.hidden.data()),
+                           inputs.topk_ids.data(), inputs.topk_weights.data(), tokens, stream);
+  };
+  absl::StatusOr<BenchmarkTimes> times;
+  if (plane == "one-sided") {
+    // Scratch symmetric windows of this communicator (a collective), then
+    // the one-sided dispatcher over them; both go before the windows do.
+    ASSIGN_OR_RETURN(const int64_t window_bytes,
+                     kernels::onesided::OneSidedDispatcher::WindowBytes(options));
+    ASSIGN_OR_RETURN(std::unique_ptr<kernels::onesided::PeerWindows> windows,
+                     kernels::onesided::CreateNcclPeerWindows(collective_.get(), window_bytes));
+    {
+      kernels::onesided::OneSidedDispatcherOptions o;
+      o.dispatcher = options;
+      o.timeout = std::min(collective_timeout_, absl::Seconds(60));
+      ASSIGN_OR_RETURN(std::unique_ptr<kernels::onesided::OneSidedDispatcher> bench,
+                       kernels::onesided::OneSidedDispatcher::Create(windows.get(), o, cap));
+      RETURN_IF_ERROR(upload(bench->stream()));
+      RETURN_IF_ERROR(bench->CommitGeometry(1, tokens, tokens));
+      kernels::onesided::OneSidedDispatcher* d = bench.get();
+      times = TimeIdentitySteps(*d, *identity, *buffers, tokens, warmup, iterations, *control_,
+                                call_deadline_, events_, [d] { return d->CheckStep(); });
+    }
+    // No peer may still store into the windows when they go (a collective).
+    if (times.ok()) RETURN_IF_ERROR(control_->Barrier());
+  } else {
+    kernels::GpuEpDispatcherOptions gpu_options;
+    gpu_options.dispatcher = options;
+    ASSIGN_OR_RETURN(std::unique_ptr<kernels::GpuEpDispatcher> bench,
+                     kernels::GpuEpDispatcher::Create(collective_.get(), gpu_options, cap));
+    // One upload before timing; the stream is idle (no collective pending).
+    RETURN_IF_ERROR(upload(bench->stream()));
+    RETURN_IF_ERROR(Synchronize());
+    RETURN_IF_ERROR(bench->CommitGeometry(1, tokens, tokens));
+    times = TimeIdentitySteps(*bench, *identity, *buffers, tokens, warmup, iterations, *control_,
+                              call_deadline_, events_, [this] { return Synchronize(); });
+  }
+  if (!times.ok()) return times.status();
   ASSIGN_OR_RETURN(core::DispatchRoute route,
                    core::ComputeDispatchRoute(inputs.topk_ids, tokens, k, placement));
-
-  cudaStream_t stream = bench->stream();
-  BenchmarkTimes times;
-  times.tokens_sent = static_cast<int64_t>(route.dest_rank.size());
-  for (int i = 0; i < warmup + iterations; ++i) {
-    RETURN_IF_ERROR(BenchmarkIterationGate(*control_, call_deadline_, i, warmup + iterations));
-    RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[0], stream), "cudaEventRecord"));
-    RETURN_IF_ERROR(
-        bench->Dispatch(buffers->d_hidden(), buffers->d_ids(), buffers->d_weights(), tokens));
-    RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[1], stream), "cudaEventRecord"));
-    RETURN_IF_ERROR(bench->ComputeExperts(*identity));
-    RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[2], stream), "cudaEventRecord"));
-    RETURN_IF_ERROR(bench->Combine(buffers->d_output()));
-    RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[3], stream), "cudaEventRecord"));
-    RETURN_IF_ERROR(Synchronize());
-    if (i < warmup) continue;
-    float dispatch_ms = 0;
-    float combine_ms = 0;
-    RETURN_IF_ERROR(
-        Cuda(cudaEventElapsedTime(&dispatch_ms, events_[0], events_[1]), "cudaEventElapsedTime"));
-    RETURN_IF_ERROR(
-        Cuda(cudaEventElapsedTime(&combine_ms, events_[2], events_[3]), "cudaEventElapsedTime"));
-    times.dispatch_us.push_back(dispatch_ms * 1000.0);
-    times.combine_us.push_back(combine_ms * 1000.0);
-  }
+  times->tokens_sent = static_cast<int64_t>(route.dest_rank.size());
+  times->data_plane = plane;
   return times;
 }
 

@@ -82,6 +82,7 @@ absl::StatusOr<std::unique_ptr<DataPlane>> FormJoinedGroup(const JoinArgs& args,
   group.rendezvous_address = args.rendezvous_address;
   group.data_plane_host = args.data_plane_host;
   group.device = device;
+  if (!args.gpu_data_plane.empty()) group.gpu_data_plane = args.gpu_data_plane;
   group.rendezvous_addresses = args.rendezvous_addresses;
   group.rendezvous_secret = args.rendezvous_secret;
   group.rejoin = args.rejoin;

@@ -117,6 +117,9 @@ moe_ep_status moe_ep_worker_start(int32_t argc, const char* const* argv, moe_ep_
       args.push_back(argv[i]);
     }
     moe_ep::server::WorkerFlags flags;
+    // The engine's in-process calls run on the nccl plane only (the
+    // one-sided plane refuses them), so that is an embedded worker's default.
+    flags.gpu_data_plane = "nccl";
     std::ostringstream help;
     std::ostringstream errors;
     if (std::optional<int> exit = moe_ep::server::ParseWorkerFlags(

@@ -153,6 +153,9 @@ absl::StatusOr<JoinArgs> JoinArgsFromRequest(const RequestLimits& limits,
         "rejoin: only Gloo groups re-admit a restarted rank; backend resolved to ", args.backend));
   }
   RETURN_IF_ERROR(CheckDevice(defaults.device, defaults.visible_gpus, args.backend));
+  ASSIGN_OR_RETURN(const std::string gpu_plane,
+                   ResolveGpuDataPlane(request.gpu_data_plane(), defaults.gpu_data_plane));
+  if (args.backend == "nccl") args.gpu_data_plane = gpu_plane;
   args.world_size = request.world_size();
   args.rank = request.rank();
   args.rendezvous_address = request.rendezvous_address();
@@ -465,6 +468,14 @@ absl::StatusOr<BenchmarkSpec> BenchmarkFromRequest(const RequestLimits& limits,
   spec.warmup = request.warmup();
   spec.iterations = request.iterations();
   spec.seed = request.seed();
+  const std::string& plane = request.data_plane();
+  if (!plane.empty() && plane != "gloo" && plane != "one-sided" && plane != "nccl") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data_plane: expected \"\" (the group's), \"gloo\", \"one-sided\" or "
+                     "\"nccl\", got \"",
+                     plane.substr(0, 64), "\""));
+  }
+  spec.data_plane = plane;
   return spec;
 }
 
@@ -475,7 +486,12 @@ std::vector<BallotField> BenchmarkFields(const BenchmarkSpec& spec) {
           {"top_k", spec.options.workspace.top_k},
           {"iterations", spec.iterations},
           {"warmup", spec.warmup},
-          {"routing", static_cast<int64_t>(spec.routing)}};
+          {"routing", static_cast<int64_t>(spec.routing)},
+          {"data_plane (0 = the group's, 1 = gloo, 2 = one-sided, 3 = nccl)",
+           spec.data_plane == "gloo"        ? 1
+           : spec.data_plane == "one-sided" ? 2
+           : spec.data_plane == "nccl"      ? 3
+                                            : 0}};
 }
 
 namespace {

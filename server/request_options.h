@@ -53,6 +53,9 @@ struct JoinArgs {
   int world_size = 0;
   int rank = 0;
   std::string backend;  // resolved: "gloo" or "nccl"
+  // backend "nccl": "auto", "one-sided" or "nccl" (ResolveGpuDataPlane);
+  // "" for gloo.
+  std::string gpu_data_plane;
   std::string rendezvous_address;
   int64_t generation = 0;
   absl::Duration timeout;
@@ -68,8 +71,9 @@ struct JoinDefaults {
   std::string backend = "auto";
   absl::Duration timeout = absl::Seconds(30);
   std::string data_plane_host = "127.0.0.1";
-  int device = 0;        // the CUDA device NCCL would run on
-  int visible_gpus = 0;  // server/backend_selection.h VisibleGpuCount()
+  int device = 0;                       // the CUDA device NCCL would run on
+  int visible_gpus = 0;                 // server/backend_selection.h VisibleGpuCount()
+  std::string gpu_data_plane = "nccl";  // for backend nccl (ResolveGpuDataPlane)
 };
 
 // JoinArgsFromRequest()
@@ -78,7 +82,8 @@ struct JoinDefaults {
 // (0 = the default), rendezvous_address required when world_size > 1,
 // rendezvous_addresses empty or one non-empty address per rank with entry 0
 // equal to rendezvous_address (kInvalidArgument naming the entry), the
-// backend resolved and its device present (server/backend_selection.h).
+// backend resolved and its device present, gpu_data_plane a known name
+// (server/backend_selection.h).
 absl::StatusOr<JoinArgs> JoinArgsFromRequest(const RequestLimits& limits,
                                              const v1::JoinRequest& request,
                                              const JoinDefaults& defaults);
@@ -234,13 +239,15 @@ struct BenchmarkSpec {
   int warmup = 0;
   int iterations = 1;
   uint64_t seed = 0;
+  std::string data_plane;  // "" (the group's), "gloo", "one-sided" or "nccl"
 };
 
 // BenchmarkFromRequest()
 //
 // tokens_per_rank in [1, kMaxTokens], MoE sizes, iterations in
 // [1, kMaxBenchmarkIterations], warmup in [0, kMaxBenchmarkIterations],
-// routing "uniform" / "skewed", num_experts >= world_size.
+// routing "uniform" / "skewed", num_experts >= world_size, data_plane ""
+// or a plane name (whether the group can run it is the plane's to say).
 absl::StatusOr<BenchmarkSpec> BenchmarkFromRequest(const RequestLimits& limits,
                                                    const v1::BenchmarkRequest& request,
                                                    int world_size);

@@ -79,6 +79,11 @@ std::optional<int> ParseWorkerFlags(int argc, const char* const* argv, WorkerFla
           "data-plane backend when Join does not name one: auto (nccl when this worker sees a "
           "GPU, else gloo), gloo, nccl",
           {CLI::IsMember({"auto", "gloo", "nccl"})}, err, spellings);
+  AddFlag(app, "gpu-data-plane", &f->gpu_data_plane,
+          "GPU data plane when Join does not name one (backend nccl): auto (one-sided where every "
+          "rank is on this host with GPUs that reach each other, else nccl), one-sided (CUDA "
+          "IPC peer windows; ranks may share a GPU), nccl (grouped send/recv)",
+          {CLI::IsMember({"auto", "one-sided", "nccl"})}, err, spellings);
   AddFlag(app, "device", &f->device,
           "CUDA device ordinal the NCCL backend runs on (one worker per GPU: 0, 1, ...); "
           "ignored by gloo",

@@ -20,7 +20,8 @@ namespace moe_ep::server {
 // text of each is in server/worker_flags.cc.
 struct WorkerFlags {
   std::string listen = "127.0.0.1:0";
-  std::string backend = "auto";  // auto, gloo, nccl
+  std::string backend = "auto";         // auto, gloo, nccl
+  std::string gpu_data_plane = "auto";  // auto, one-sided, nccl (backend nccl)
   int32_t device = 0;
   int64_t memory_cap_bytes = 0;              // 0 = 3/4 of the machine's or cgroup's memory
   std::vector<std::string> checkpoint_dirs;  // --checkpoint-dir, repeatable

@@ -101,6 +101,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const Worker
 
   WorkerOptions options;
   options.default_backend = flags.backend;
+  options.default_gpu_data_plane = flags.gpu_data_plane;
   auto data_plane_host = ResolveDataPlaneHost(flags.data_plane_host, getenv("GLOO_SOCKET_IFNAME"));
   if (!data_plane_host.ok()) return data_plane_host.status();
   options.data_plane_host = *data_plane_host;

@@ -91,6 +91,7 @@ absl::Status FillBenchmarkReply(const core::EpDispatcherOptions& options, Benchm
       core::DispatchBytesPerToken(core::DispatchDType::kBF16, hidden, options.workspace.top_k));
   const LatencySummary dispatch = Summarize(times.dispatch_us);
   const LatencySummary combine = Summarize(times.combine_us);
+  response->set_data_plane(times.data_plane);
   response->set_dispatch_p50_us(dispatch.p50_us);
   response->set_dispatch_p99_us(dispatch.p99_us);
   response->set_combine_p50_us(combine.p50_us);

@@ -274,6 +274,7 @@ void WorkerService::TearDownGroup() {
   status_.set_rank(0);
   status_.set_world_size(0);
   status_.set_backend("");
+  status_.set_data_plane("");
   status_.set_plan_summary("");
   status_.set_workspace_bytes(0);
   status_.set_geometry_epoch(0);
@@ -335,7 +336,8 @@ bool WorkerService::CanVoteOnJoin(const v1::JoinRequest& request) const {
 absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinRequest& request,
                                    v1::JoinResponse* response) {
   const JoinDefaults defaults{options_.default_backend, options_.default_timeout,
-                              options_.data_plane_host, options_.device, VisibleGpuCount()};
+                              options_.data_plane_host, options_.device,
+                              VisibleGpuCount(),        options_.default_gpu_data_plane};
   const absl::StatusOr<JoinArgs> args = JoinArgsFromRequest(options_.limits, request, defaults);
   absl::Status local = args.status();
   if (local.ok()) local = ValidateLeaseClaim(request.lease(), "lease.");
@@ -365,6 +367,7 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
   if (local.ok() && same_group) {
     lease_.Apply(request.lease());
     response->set_backend(joined_.backend);
+    response->set_data_plane(data_plane_ != nullptr ? data_plane_->data_plane() : "");
     return absl::OkStatus();  // idempotent
   }
   if (votes) {
@@ -386,7 +389,12 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
     ballot.local = local;
     if (local.ok()) {
       ballot.fields = {{"world_size", args->world_size},
-                       {"backend (1 = gloo, 2 = nccl)", args->backend == "nccl" ? 2 : 1}};
+                       {"backend (1 = gloo, 2 = nccl)", args->backend == "nccl" ? 2 : 1},
+                       {"gpu_data_plane (0 = none, 1 = auto, 2 = one-sided, 3 = nccl)",
+                        args->gpu_data_plane == "auto"        ? 1
+                        : args->gpu_data_plane == "one-sided" ? 2
+                        : args->gpu_data_plane == "nccl"      ? 3
+                                                              : 0}};
     }
     RETURN_IF_ERROR(RunJoinVote(
         store, ballot, request.rank(), request.world_size(),
@@ -409,6 +417,7 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
   if (args->rejoin) AdoptMask("Join");  // GetStatus shows it alone until Rejoin
   lease_.Apply(request.lease());
   response->set_backend(args->backend);
+  response->set_data_plane(data_plane_->data_plane());
   return absl::OkStatus();
 }
 
@@ -466,6 +475,7 @@ void WorkerService::InstallGroup(const JoinArgs& args, std::unique_ptr<DataPlane
     status_.set_world_size(args.world_size);
     status_.set_generation(args.generation);
     status_.set_backend(args.backend);
+    status_.set_data_plane(data_plane_->data_plane());
     SetDeviceLocked(args.backend);
     UpdateHealthLocked();
   }
@@ -868,8 +878,9 @@ absl::Status WorkerService::DoBenchmark(grpc::ServerContext* context,
                               spec->options.num_experts, spec->routing);
   // Identity experts on a scratch dispatcher of the data plane (GPU: timed
   // with CUDA events on the stream; CPU: wall clock).
-  absl::StatusOr<BenchmarkTimes> times = data_plane_->Benchmark(
-      spec->options, inputs, spec->warmup, spec->iterations, Budget().ScratchCap());
+  absl::StatusOr<BenchmarkTimes> times =
+      data_plane_->Benchmark(spec->options, inputs, spec->warmup, spec->iterations,
+                             Budget().ScratchCap(), spec->data_plane);
   RETURN_IF_ERROR(GroupResult("Benchmark", times.status()));
   return FillBenchmarkReply(spec->options, std::move(*times), response);
 }

@@ -103,6 +103,11 @@ struct WorkerOptions {
   int64_t memory_cap_bytes = 0;
   // Backend used when Join asks for "" : "auto", "gloo" or "nccl".
   std::string default_backend = "auto";
+  // GPU data plane used when Join asks for "": "auto", "one-sided" or "nccl"
+  // (server/backend_selection.h ResolveGpuDataPlane). moe-ep-worker sets it
+  // from --gpu-data-plane (default "auto"); a service made in process keeps
+  // the nccl plane unless it asks (the engine's calls need that plane).
+  std::string default_gpu_data_plane = "nccl";
   // Address the Gloo TCP device binds to when Join leaves data_plane_host empty.
   std::string data_plane_host = "127.0.0.1";
   // Collective timeout when Join leaves timeout_ms at 0.

@@ -115,6 +115,12 @@ class OneSidedDispatcher {
   OsPath PathFor(int64_t r) const;
   // The path of the last dispatch enqueued (eager or captured); kSm before any.
   OsPath last_path() const { return last_path_; }
+  // The last step's counts on the device, [E] int32 each: tokens this rank
+  // sent to each rank, and rows each source rank sent here. Written by the
+  // dispatch on stream(); read them after it (a copy on stream()). What the
+  // worker service's step counters come from.
+  const int32_t* send_counts() const { return local_.send_counts; }
+  const int32_t* recv_counts() const { return local_.recv_counts; }
 
   // As GpuEpDispatcher::CommitGeometry (core::GeometryState::Commit).
   absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,

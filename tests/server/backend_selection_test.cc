@@ -35,6 +35,17 @@ TEST(ResolveBackend, AutoWithGpusIsNcclOnlyOnACudaBuild) {
   EXPECT_EQ(*ResolveBackend("auto", "gloo", 2), BuiltWithCuda() ? "nccl" : "gloo");
 }
 
+TEST(ResolveGpuDataPlane, KnownNamesAndTheDefault) {
+  EXPECT_EQ(*ResolveGpuDataPlane("one-sided", "nccl"), "one-sided");
+  EXPECT_EQ(*ResolveGpuDataPlane("nccl", "auto"), "nccl");
+  EXPECT_EQ(*ResolveGpuDataPlane("auto", "nccl"), "auto");
+  EXPECT_EQ(*ResolveGpuDataPlane("", "one-sided"), "one-sided");
+  ExpectError(ResolveGpuDataPlane("onesided", "auto").status(), absl::StatusCode::kInvalidArgument,
+              "gpu_data_plane: expected \"auto\", \"one-sided\" or \"nccl\", got \"onesided\"");
+  ExpectError(ResolveGpuDataPlane("", "rdma").status(), absl::StatusCode::kInvalidArgument,
+              "got \"rdma\"");
+}
+
 TEST(ResolveBackend, EmptyRequestUsesTheDefault) {
   EXPECT_EQ(*ResolveBackend("", "gloo", 4), "gloo");
   EXPECT_EQ(*ResolveBackend("", "auto", 0), "gloo");

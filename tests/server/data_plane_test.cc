@@ -309,11 +309,36 @@ TEST(CpuDataPlane, BenchmarkTimesEveryIterationAfterWarmup) {
   inputs.topk_weights = {0.5f, 0.5f, 0.5f, 0.5f};
   core::EpDispatcherOptions options = HandOptions();
   options.workspace.capacity_tokens = 2;
-  absl::StatusOr<BenchmarkTimes> times = (*formed)->Benchmark(options, inputs, 2, 5, 0);
+  absl::StatusOr<BenchmarkTimes> times = (*formed)->Benchmark(options, inputs, 2, 5, 0, "");
   ASSERT_TRUE(times.ok()) << times.status();
   EXPECT_EQ(times->dispatch_us.size(), 5u);
   EXPECT_EQ(times->combine_us.size(), 5u);
   EXPECT_EQ(times->tokens_sent, 2);
+  EXPECT_EQ(times->data_plane, "gloo");
+  EXPECT_EQ((*formed)->data_plane(), "gloo");
+  // A GPU plane is not this group's to time.
+  absl::StatusOr<BenchmarkTimes> other =
+      (*formed)->Benchmark(options, inputs, 2, 5, 0, "one-sided");
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(other.status().message().find("data_plane \"one-sided\" cannot run on this group "
+                                          "(gloo data plane); it can time \"gloo\""),
+            std::string::npos)
+      << other.status();
+}
+
+TEST(ResolveBenchmarkPlane, OwnPlaneOrOneItCanTime) {
+  EXPECT_EQ(*ResolveBenchmarkPlane("", "nccl", {"one-sided"}), "nccl");
+  EXPECT_EQ(*ResolveBenchmarkPlane("nccl", "nccl", {"one-sided"}), "nccl");
+  EXPECT_EQ(*ResolveBenchmarkPlane("one-sided", "nccl", {"one-sided"}), "one-sided");
+  absl::StatusOr<std::string> refused = ResolveBenchmarkPlane("nccl", "one-sided", {});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("it can time \"one-sided\""), std::string::npos)
+      << refused.status();
+  EXPECT_NE(ResolveBenchmarkPlane("gloo", "nccl", {"one-sided"})
+                .status()
+                .message()
+                .find("it can time \"nccl\", \"one-sided\""),
+            std::string::npos);
 }
 
 // Found by the long fuzz run (bench/results/fuzz-long/): a Benchmark whose
@@ -331,13 +356,13 @@ TEST(CpuDataPlane, BenchmarkStopsAtTheCallsDeadline) {
   core::EpDispatcherOptions options = HandOptions();
   options.workspace.capacity_tokens = 2;
   (*formed)->SetCallDeadline(absl::Now() - absl::Seconds(1));
-  absl::StatusOr<BenchmarkTimes> late = (*formed)->Benchmark(options, inputs, 2, 5, 0);
+  absl::StatusOr<BenchmarkTimes> late = (*formed)->Benchmark(options, inputs, 2, 5, 0, "");
   EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(late.status().message().find("after 0 of 7 iterations"), std::string::npos)
       << late.status();
   // The group stays whole: with no deadline the same Benchmark runs.
   (*formed)->SetCallDeadline(absl::InfiniteFuture());
-  absl::StatusOr<BenchmarkTimes> times = (*formed)->Benchmark(options, inputs, 2, 5, 0);
+  absl::StatusOr<BenchmarkTimes> times = (*formed)->Benchmark(options, inputs, 2, 5, 0, "");
   ASSERT_TRUE(times.ok()) << times.status();
   EXPECT_EQ(times->dispatch_us.size(), 5u);
 }

@@ -153,13 +153,16 @@ void ExpectClose(const std::vector<float>& got, const std::vector<float>& want,
   EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << got.size() << " out of tolerance";
 }
 
-// `world` in-process workers, worker r on CUDA device r (NCCL) or the CPU.
+// `world` in-process workers, worker r on CUDA device r (NCCL) or the CPU;
+// `gpu_data_plane` is their default GPU data plane (server/backend_selection.h).
 class Cluster {
  public:
-  Cluster(int world, std::string backend) : world_(world), backend_(std::move(backend)) {
+  Cluster(int world, std::string backend, const std::string& gpu_data_plane = "nccl")
+      : world_(world), backend_(std::move(backend)) {
     for (int r = 0; r < world; ++r) {
       WorkerOptions options;
       options.device = r;
+      options.default_gpu_data_plane = gpu_data_plane;
       workers_.push_back(std::make_unique<InProcessWorker>(options));
     }
   }
@@ -359,6 +362,88 @@ TEST(GpuWorkerService, BenchmarkOnOneGpuReportsLatenciesAndLogicalBytes) {
   EXPECT_GT(response.combine_p50_us(), 0.0);
   EXPECT_GE(response.combine_p99_us(), response.combine_p50_us());
   EXPECT_GT(response.dispatch_logical_gbps(), 0.0);
+}
+
+// The one-sided plane in the service at world 1 (server/onesided_data_plane.h;
+// issue 15 item 5): "auto" picks it for a group of one process, and its
+// identity outputs are the NCCL plane's bit for bit (hand values exact in
+// bf16), its SwiGLU outputs the CPU plane's within ExpectClose.
+TEST(GpuWorkerService, OneSidedPlaneAtWorldOneMatchesTheOtherPlanes) {
+  MOE_EP_REQUIRE_GPUS(1);
+  Model m;
+  m.hidden = 8;  // the one-sided plane stores 16-byte row pieces: H % 8
+  Inputs hand;
+  for (int t = 0; t < 2; ++t) {
+    for (int h = 0; h < 8; ++h)
+      hand.hidden.push_back(core::FloatToBf16(t == 0 ? h + 1 : -0.5f * h));
+  }
+  hand.ids = {0, 3, 1, -1};
+  hand.weights = {0.25f, 0.5f, 0.75f, 0.125f};
+  std::vector<float> want;
+  for (int t = 0; t < 2; ++t) {
+    for (int h = 0; h < 8; ++h) want.push_back(0.75f * (t == 0 ? h + 1 : -0.5f * h));
+  }
+  for (const std::string plane : {"auto", "one-sided", "nccl"}) {
+    Cluster gpu(1, "nccl", plane);
+    ASSERT_NO_FATAL_FAILURE(gpu.SetUp(m, 0));
+    EXPECT_EQ(gpu[0].Status().data_plane(), plane == "nccl" ? "nccl" : "one-sided") << plane;
+    std::vector<v1::ForwardResponse> out = gpu.Step(1, {hand}, m);
+    EXPECT_EQ(DecodeOutput(out[0].output()), want) << plane;
+    EXPECT_EQ(out[0].tokens_sent(), 2) << plane;
+    EXPECT_EQ(out[0].tokens_received(), 2) << plane;
+    EXPECT_EQ(out[0].bytes_sent(), 0) << plane;
+    EXPECT_EQ(out[0].runtime_max_tokens_per_rank(), 2) << plane;
+    out = gpu.Step(2, {Inputs{}}, m);  // zero tokens still step
+    EXPECT_THAT(out[0].output().shape(), ElementsAre(0, 8)) << plane;
+  }
+  Model s;
+  s.hidden = 64;
+  s.num_experts = 6;
+  s.top_k = 3;
+  s.intermediate = 32;
+  s.capacity = 24;
+  const std::vector<Inputs> inputs = {MakeInputs(5, 21, s)};
+  std::vector<std::vector<float>> outs;
+  for (const std::string backend : {"nccl", "gloo"}) {
+    Cluster cluster(1, backend, "one-sided");
+    ASSERT_NO_FATAL_FAILURE(cluster.SetUp(s, 32));
+    outs.push_back(DecodeOutput(cluster.Step(1, inputs, s)[0].output()));
+  }
+  ExpectClose(outs[0], outs[1], "one-sided SwiGLU vs gloo");
+}
+
+// The Benchmark RPC on the NCCL plane times either plane in the same group
+// and says which ran (issue 15 items 5, 7).
+TEST(GpuWorkerService, BenchmarkTimesEitherPlaneAndNamesIt) {
+  MOE_EP_REQUIRE_GPUS(1);
+  InProcessWorker worker;  // default gpu_data_plane "nccl"
+  ASSERT_TRUE(worker.Join(1, 0, 1, "", "nccl", 60000).ok());
+  EXPECT_EQ(worker.Status().data_plane(), "nccl");
+  v1::BenchmarkRequest request;
+  request.set_tokens_per_rank(8);
+  request.set_hidden_size(16);
+  request.set_top_k(2);
+  request.set_num_experts(4);
+  request.set_routing("uniform");
+  request.set_iterations(5);
+  request.set_warmup(2);
+  request.set_seed(1);
+  for (const std::string plane : {"", "nccl", "one-sided"}) {
+    request.set_data_plane(plane);
+    v1::BenchmarkResponse response;
+    grpc::Status status = worker.Benchmark(request, &response);
+    ASSERT_TRUE(status.ok()) << plane << ": " << status.error_message();
+    EXPECT_EQ(response.data_plane(), plane.empty() ? "nccl" : plane);
+    EXPECT_EQ(response.dispatch_bytes(), 8 * 48) << plane;  // 2H + 8K a token, 8 tokens
+    EXPECT_GT(response.dispatch_p50_us(), 0.0) << plane;
+    EXPECT_GT(response.combine_p50_us(), 0.0) << plane;
+  }
+  request.set_data_plane("gloo");
+  v1::BenchmarkResponse response;
+  grpc::Status refused = worker.Benchmark(request, &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(refused.error_message(), HasSubstr("it can time \"nccl\", \"one-sided\""));
+  EXPECT_FALSE(worker.Status().group_broken());
 }
 
 struct MatchCase {

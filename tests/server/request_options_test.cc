@@ -207,9 +207,22 @@ TEST(RequestOptions, BenchmarkSpec) {
   EXPECT_EQ(spec->options.workspace.dtype, core::DispatchDType::kBF16);
   EXPECT_EQ(spec->routing, BenchmarkRouting::kSkewed);
   EXPECT_EQ(spec->seed, 11u);
-  EXPECT_THAT(Names(BenchmarkFields(*spec)),
-              ElementsAre("tokens_per_rank", "hidden_size", "num_experts", "top_k", "iterations",
-                          "warmup", "routing"));
+  EXPECT_THAT(
+      Names(BenchmarkFields(*spec)),
+      ElementsAre("tokens_per_rank", "hidden_size", "num_experts", "top_k", "iterations", "warmup",
+                  "routing", "data_plane (0 = the group's, 1 = gloo, 2 = one-sided, 3 = nccl)"));
+  EXPECT_EQ(spec->data_plane, "");
+  EXPECT_EQ(BenchmarkFields(*spec).back().value, 0);
+  r.set_data_plane("one-sided");
+  spec = BenchmarkFromRequest(RequestLimits(), r, 2);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->data_plane, "one-sided");
+  EXPECT_EQ(BenchmarkFields(*spec).back().value, 2);
+  r.set_data_plane("rdma");
+  EXPECT_THAT(BenchmarkFromRequest(RequestLimits(), r, 2).status().message(),
+              HasSubstr("data_plane: expected \"\" (the group's), \"gloo\", \"one-sided\" or "
+                        "\"nccl\", got \"rdma\""));
+  r.set_data_plane("");
   r.set_iterations(0);
   EXPECT_THAT(BenchmarkFromRequest(RequestLimits(), r, 2).status().message(),
               HasSubstr("iterations: expected in [1, "));
@@ -229,6 +242,15 @@ TEST(RequestOptions, JoinDefaults) {
   EXPECT_EQ(args->backend, "gloo");
   EXPECT_EQ(args->timeout, absl::Seconds(7));
   EXPECT_EQ(args->data_plane_host, "127.0.0.2");
+  EXPECT_EQ(args->gpu_data_plane, "");  // Gloo has no GPU data plane
+  r.set_gpu_data_plane("one-sided");
+  args = JoinArgsFromRequest(RequestLimits(), r, defaults);
+  ASSERT_TRUE(args.ok()) << args.status();
+  EXPECT_EQ(args->gpu_data_plane, "");
+  r.set_gpu_data_plane("nvshmem");
+  EXPECT_EQ(JoinArgsFromRequest(RequestLimits(), r, defaults).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  r.set_gpu_data_plane("");
   r.set_world_size(2);
   EXPECT_THAT(JoinArgsFromRequest(RequestLimits(), r, defaults).status().message(),
               HasSubstr("rendezvous_address: required"));

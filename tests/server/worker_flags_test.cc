@@ -39,6 +39,7 @@ TEST(ParseWorkerFlags, DefaultsWithoutArguments) {
   EXPECT_EQ(p.exit_code, std::nullopt);
   EXPECT_EQ(p.flags.listen, "127.0.0.1:0");
   EXPECT_EQ(p.flags.backend, "auto");
+  EXPECT_EQ(p.flags.gpu_data_plane, "auto");
   EXPECT_EQ(p.flags.log_level, "info");
   EXPECT_EQ(p.flags.drain_timeout_ms, 5000);
   EXPECT_EQ(p.flags.max_message_bytes, 256 << 20);
@@ -48,9 +49,9 @@ TEST(ParseWorkerFlags, DefaultsWithoutArguments) {
 }
 
 TEST(ParseWorkerFlags, KebabCaseInBothForms) {
-  const Parsed p =
-      Parse({"--listen", "127.0.0.1:7000", "--log-level=warn", "--memory-cap-bytes", "1024",
-             "--allow-insecure", "--health-listen=127.0.0.1:0", "--tls-refresh-s=3", "--device=1"});
+  const Parsed p = Parse({"--listen", "127.0.0.1:7000", "--log-level=warn", "--memory-cap-bytes",
+                          "1024", "--allow-insecure", "--health-listen=127.0.0.1:0",
+                          "--tls-refresh-s=3", "--device=1", "--gpu-data-plane", "one-sided"});
   ASSERT_EQ(p.exit_code, std::nullopt) << p.err;
   EXPECT_EQ(p.flags.listen, "127.0.0.1:7000");
   EXPECT_EQ(p.flags.log_level, "warn");
@@ -59,7 +60,14 @@ TEST(ParseWorkerFlags, KebabCaseInBothForms) {
   EXPECT_EQ(p.flags.health_listen, "127.0.0.1:0");
   EXPECT_EQ(p.flags.tls_refresh_s, 3);
   EXPECT_EQ(p.flags.device, 1);
+  EXPECT_EQ(p.flags.gpu_data_plane, "one-sided");
   EXPECT_EQ(p.err, "");
+}
+
+TEST(ParseWorkerFlags, UnknownGpuDataPlaneIsABadCommandLine) {
+  const Parsed p = Parse({"--gpu-data-plane=nvshmem"});
+  EXPECT_EQ(p.exit_code, 2);
+  EXPECT_THAT(p.err, HasSubstr("--gpu-data-plane"));
 }
 
 TEST(ParseWorkerFlags, EnableEchoTurnsOnTheTestOnlyEcho) {
