@@ -40,6 +40,7 @@
 #include "core/shared_expert.h"
 #include "core/workspace.h"
 #include "gloo/rendezvous/store.h"
+#include "server/call_gate.h"
 
 namespace moe_ep::server {
 
@@ -144,10 +145,13 @@ class DataPlane {
   virtual absl::StatusOr<bool> FinishMaskRound(absl::Duration wait);
   virtual RankMaskState mask() const;
 
-  // Every later collective wait of this data plane (its control collective
-  // and the payload path) ends by min(the group's timeout, `deadline`): the
-  // deadline of the gRPC call being served (core/collective.h).
-  virtual void SetCallDeadline(absl::Time deadline) = 0;
+  // The call being served from now on: every later collective wait of this
+  // data plane (its control collective and the payload path) ends by
+  // min(the group's timeout, CollectiveDeadline(call)) (core/collective.h,
+  // server/call_gate.h: the deadline plus a 2 s grace), and the
+  // plane's call gates (server/call_gate.h) stop Forward and Benchmark on
+  // every rank once any rank is past its deadline or cancelled.
+  virtual void SetCall(const CallBound& call) = 0;
 
   // What this plane's memory space limits (core::BackendLimits): the
   // service checks the dispatch dtype against it before sizing anything, so
@@ -237,8 +241,11 @@ class DataPlane {
 
   // One MoE layer with `layer`'s experts (REQUIRES: HasExperts(layer) and a
   // committed geometry), plus its shared expert when one is loaded. Collective. Returns the step's
-  // counters and phase times. Errors: kInvalidArgument (span sizes, T > R), kAborted (ranks
-  // disagree on (epoch, R)), group errors.
+  // counters and phase times. Call gates (server/call_gate.h): the CPU plane before dispatch and
+  // between expert compute and combine, the GPU plane before it uploads the inputs; a stop there
+  // is kDeadlineExceeded / kCancelled "Forward (layer L): <point>: stopped on every rank ..." and
+  // adds nothing to the layer's load counters. Errors: kInvalidArgument (span sizes, T > R),
+  // kAborted (ranks disagree on (epoch, R)), the gate's stops, group errors.
   virtual absl::StatusOr<core::StepStats> Forward(int layer, absl::Span<const core::bf16_t> hidden,
                                                   absl::Span<const int32_t> topk_ids,
                                                   absl::Span<const float> topk_weights,
@@ -304,10 +311,10 @@ class DataPlane {
   // Times `iterations` steps (after `warmup`) of Dispatch and Combine with
   // identity experts on a scratch dispatcher sized by `options` (capacity =
   // inputs.num_tokens), separate from the allocated workspace. Collective.
-  // Each iteration starts with server/benchmark_gate.h's agreement: once any
-  // rank is past its SetCallDeadline deadline, every rank stops there.
+  // Each iteration starts with a call gate (server/call_gate.h): once any
+  // rank is past its SetCall deadline or cancelled, every rank stops there.
   // Errors: kInvalidArgument, kResourceExhausted (beyond `memory_cap_bytes`
-  // when > 0), kDeadlineExceeded (the call's deadline passed), group errors.
+  // when > 0), the gate's kDeadlineExceeded / kCancelled, group errors.
   virtual absl::StatusOr<BenchmarkTimes> Benchmark(const core::EpDispatcherOptions& options,
                                                    const BenchmarkInputs& inputs, int warmup,
                                                    int iterations, int64_t memory_cap_bytes) = 0;

@@ -13,7 +13,7 @@
 #include "core/status_macros.h"
 #include "core/workspace.h"
 #include "server/backend_selection.h"
-#include "server/benchmark_gate.h"
+#include "server/call_gate.h"
 #include "server/device_info.h"
 
 namespace moe_ep::server {
@@ -405,6 +405,15 @@ absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostFo
   }
   RETURN_IF_ERROR(dispatcher_->CheckStep("Forward", num_tokens));
   RETURN_IF_ERROR(MakeDeviceCurrent());
+  // The call gate (server/call_gate.h), once, before anything is uploaded:
+  // a host all-gather through the staged control collective (one small
+  // stream-ordered NCCL call and a stream sync). The step after it is
+  // stream-ordered and bounded by the capacity, so a second gate between
+  // the expert GEMMs and the combine would only stall the stream without
+  // bounding anything the host waits for.
+  RETURN_IF_ERROR(CallGate(*control_, call_,
+                           absl::StrCat("Forward (layer ", layer, "): before dispatch"),
+                           kForwardStopHint));
 
   // The layer's placement table (DESIGN §15): the route kernel reads it.
   const std::shared_ptr<const core::PlacementTable> table = Placement(layer);
@@ -564,7 +573,8 @@ absl::StatusOr<BenchmarkTimes> GpuDataPlane::Benchmark(const core::EpDispatcherO
   BenchmarkTimes times;
   times.tokens_sent = static_cast<int64_t>(route.dest_rank.size());
   for (int i = 0; i < warmup + iterations; ++i) {
-    RETURN_IF_ERROR(BenchmarkIterationGate(*control_, call_deadline_, i, warmup + iterations));
+    RETURN_IF_ERROR(
+        CallGate(*control_, call_, BenchmarkGatePoint(i, warmup + iterations), kBenchmarkStopHint));
     RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[0], stream), "cudaEventRecord"));
     RETURN_IF_ERROR(
         bench->Dispatch(buffers->d_hidden(), buffers->d_ids(), buffers->d_weights(), tokens));

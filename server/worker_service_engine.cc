@@ -15,7 +15,7 @@ absl::Status WorkerService::RunOnDataPlane(
   SlotLease slot(&slot_);
   RETURN_IF_ERROR(slot.AcquireUntil(deadline, nullptr, call));
   RETURN_IF_ERROR(RequireGroup(WorkerPhase::kAllocated, call));
-  data_plane_->SetCallDeadline(deadline);
+  data_plane_->SetCall(CallBound{deadline, nullptr});
   return GroupResult(call, fn(*data_plane_, allocation_->options));
 }
 
