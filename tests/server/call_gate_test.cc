@@ -26,6 +26,7 @@ std::vector<std::unique_ptr<core::GlooCollective>> FormGroup(int n) {
   auto store = std::make_shared<gloo::rendezvous::HashStore>();
   std::vector<std::unique_ptr<core::GlooCollective>> group(n);
   std::vector<std::thread> threads;
+  threads.reserve(n);
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       auto formed =
@@ -82,6 +83,7 @@ TEST(CallGate, ThreeRanksAllStopTogetherAndStayInStep) {
                               CallBound{absl::Now() + absl::Hours(1), [] { return false; }}};
   absl::Status got[3];
   std::vector<std::thread> threads;
+  threads.reserve(3);
   for (int r = 0; r < 3; ++r) {
     threads.emplace_back([&, r] {
       group[r]->SetCallDeadline(calls[r].deadline);

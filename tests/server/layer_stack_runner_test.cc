@@ -166,9 +166,8 @@ TEST(LayerStackRunner, StopsAtEachGateAndTheNextRunMatchesTheReference) {
   request.mutable_stack()->set_seed(5);
   request.mutable_stack()->set_capacity_tokens(16);
   *request.mutable_tokens() = EncodeFloat32(tokens, std::vector<int64_t>{n, 16});
-  const LayerStackRunner::VoteFn vote = [](absl::Status local, std::vector<core::BallotField>) {
-    return local;
-  };
+  const LayerStackRunner::VoteFn vote = [](absl::Status local,
+                                           const std::vector<core::BallotField>&) { return local; };
   // Cancelled from gate check `at` on (1 = the first gate).
   auto cancel_at = [](int at) {
     auto checks = std::make_shared<int>(0);
