@@ -643,7 +643,8 @@ absl::Status EpDispatcher::Forward(absl::Span<const bf16_t> hidden,
                                    absl::Span<const int32_t> topk_ids,
                                    absl::Span<const float> topk_weights, int64_t num_tokens,
                                    const ExpertSet& experts, absl::Span<bf16_t> output,
-                                   absl::Span<const bf16_t> shared_out) {
+                                   absl::Span<const bf16_t> shared_out,
+                                   const std::function<absl::Status()>& before_combine) {
   Impl& m = *impl_;
   RETURN_IF_ERROR(m.geometry.BeginDispatch("Forward"));
   // Problems with this rank's experts or output are input errors: they are
@@ -663,6 +664,7 @@ absl::Status EpDispatcher::Forward(absl::Span<const bf16_t> hidden,
   }
   RETURN_IF_ERROR(m.DispatchImpl(hidden, topk_ids, topk_weights, num_tokens, local));
   absl::Status computed = m.ComputeExpertsImpl(experts);
+  if (computed.ok() && before_combine) computed = before_combine();
   if (!computed.ok()) {
     m.geometry.MarkIdle();
     return computed;

@@ -19,6 +19,7 @@
 // Not thread-safe.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -110,12 +111,17 @@ class EpDispatcher {
   // `shared_out` (empty = none) is this rank's shared-expert term [T, H]
   // bf16 (core/shared_expert.h), added to each token's fp32 sum after the
   // ranks' terms, before the bf16 cast (issue 18).
+  // `before_combine` (null = none) runs on every rank after the experts and
+  // before the combine (the server's call gate, itself a collective): its
+  // error ends the step there on this rank, with nothing combined (the next
+  // Dispatch starts afresh), and is returned.
   // Errors: kInvalidArgument (span sizes, T > R), kFailedPrecondition (no
   // geometry committed), kAborted (ranks disagree), collective errors.
   absl::Status Forward(absl::Span<const bf16_t> hidden, absl::Span<const int32_t> topk_ids,
                        absl::Span<const float> topk_weights, int64_t num_tokens,
                        const ExpertSet& experts, absl::Span<bf16_t> output,
-                       absl::Span<const bf16_t> shared_out = {});
+                       absl::Span<const bf16_t> shared_out = {},
+                       const std::function<absl::Status()>& before_combine = nullptr);
 
   // The three phases of Forward, for benchmarks, tests and engines that run
   // their own experts. A non-OK `local_error` (the caller's own check of

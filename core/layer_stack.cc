@@ -340,7 +340,8 @@ DistributedLayerStack::~DistributedLayerStack() = default;
 
 absl::StatusOr<std::unique_ptr<DistributedLayerStack>> DistributedLayerStack::Create(
     const ParallelGroups* groups, const LayerStackConfig& config,
-    std::unique_ptr<StepExecutor> executor) {
+    std::unique_ptr<StepExecutor> executor,
+    const std::function<absl::Status(int layer)>& before_layer) {
   if (groups == nullptr) return absl::InvalidArgumentError("groups is null");
   RETURN_IF_ERROR(ValidateLayerStackConfig(config));
   const ParallelLayout& gl = groups->layout();
@@ -363,6 +364,7 @@ absl::StatusOr<std::unique_ptr<DistributedLayerStack>> DistributedLayerStack::Cr
                                        : std::make_unique<HostStepExecutor>(groups, config.hidden);
   bool needs_dispatcher = false;
   for (const LayerPlan& plan : impl->plans) {
+    if (plan.layer > 0 && before_layer) RETURN_IF_ERROR(before_layer(plan.layer));
     ASSIGN_OR_RETURN(LayerWeights w, MakeLayerWeights(config, plan.layer));
     impl->weights.push_back(std::move(w));
     if (plan.sparse) {
@@ -396,8 +398,9 @@ absl::StatusOr<std::unique_ptr<DistributedLayerStack>> DistributedLayerStack::Cr
   return std::unique_ptr<DistributedLayerStack>(new DistributedLayerStack(std::move(impl)));
 }
 
-absl::StatusOr<std::vector<float>> DistributedLayerStack::Forward(absl::Span<const float> tokens,
-                                                                  int64_t num_tokens) {
+absl::StatusOr<std::vector<float>> DistributedLayerStack::Forward(
+    absl::Span<const float> tokens, int64_t num_tokens,
+    const std::function<absl::Status(int layer)>& before_layer) {
   Impl& s = *impl_;
   const int64_t h = s.config.hidden;
   const ParallelGroups& groups = *s.groups;
@@ -438,6 +441,7 @@ absl::StatusOr<std::vector<float>> DistributedLayerStack::Forward(absl::Span<con
   act.hidden.assign(dp.local_rows * h, 0.0f);
   std::copy(tokens.begin(), tokens.end(), act.hidden.begin());
   for (size_t l = 0; l < s.plans.size(); ++l) {
+    if (l > 0 && before_layer) RETURN_IF_ERROR(before_layer(static_cast<int>(l)));
     const LayerStepPrograms& p = programs[l];
     RETURN_IF_ERROR(s.executor->Run(p.before_attention, &s.weights[l].input_norm, act));
     act.hidden = Attention(act.hidden, s.weights[l].attention, h, lo, hi);

@@ -119,12 +119,16 @@ class DistributedLayerStack {
   // `executor` runs the layers' communication steps (core/step_program.h):
   // null = a HostStepExecutor over `groups`; otherwise one made for this
   // rank of the same layout (kernels::StagedStepExecutor on NCCL groups).
+  // `before_layer` (null = none) runs on every rank before the weights of
+  // each layer l >= 1 are made (the server's call gate, a collective): its
+  // error stops the build there and is returned.
   // Errors: ValidateLayerStackConfig and PlanLayers errors; kInvalidArgument
   // for a null groups or a layout that differs from the groups'; EpDispatcher
-  // creation errors.
+  // creation errors; `before_layer`'s.
   static absl::StatusOr<std::unique_ptr<DistributedLayerStack>> Create(
       const ParallelGroups* groups, const LayerStackConfig& config,
-      std::unique_ptr<StepExecutor> executor = nullptr);
+      std::unique_ptr<StepExecutor> executor = nullptr,
+      const std::function<absl::Status(int layer)>& before_layer = nullptr);
 
   // Forward()
   //
@@ -137,8 +141,12 @@ class DistributedLayerStack {
   // group pass different token counts (detected on every rank after the count
   // all-gather, naming the DP group and ranks); kResourceExhausted when a
   // rank's SCATTERED rows exceed capacity_tokens; collective and dispatcher
-  // errors.
-  absl::StatusOr<std::vector<float>> Forward(absl::Span<const float> tokens, int64_t num_tokens);
+  // errors; and those of `before_layer` (null = none), which runs on every
+  // rank before each layer l >= 1 (the server's call gate, itself a
+  // collective): its error stops the stack there and is returned.
+  absl::StatusOr<std::vector<float>> Forward(
+      absl::Span<const float> tokens, int64_t num_tokens,
+      const std::function<absl::Status(int layer)>& before_layer = nullptr);
 
   const std::vector<LayerPlan>& plans() const;
   // The executor of the communication steps ("host" or "device").

@@ -9,7 +9,7 @@
 #include "core/masked_collective.h"
 #include "core/status_macros.h"
 #include "core/workspace.h"
-#include "server/benchmark_gate.h"
+#include "server/call_gate.h"
 #include "server/rank_mask.h"
 
 namespace moe_ep::server {
@@ -235,6 +235,9 @@ absl::StatusOr<core::StepStats> CpuDataPlane::Forward(
     return absl::FailedPreconditionError(
         absl::StrCat("Forward: layer ", layer, " has no loaded experts; call LoadExperts first"));
   }
+  const std::string call = absl::StrCat("Forward (layer ", layer, ")");
+  RETURN_IF_ERROR(
+      CallGate(*collective_, call_, absl::StrCat(call, ": before dispatch"), kForwardStopHint));
   // This rank's shared-expert term, added at combine. A size error here is
   // reported through the dispatcher's agreement round (an output-size
   // mismatch), so peers abort instead of waiting.
@@ -252,10 +255,16 @@ absl::StatusOr<core::StepStats> CpuDataPlane::Forward(
                     .count();
   }
   RETURN_IF_ERROR(dispatcher_->SetPlacement(Placement(layer)));
-  RETURN_IF_ERROR(dispatcher_->Forward(hidden, topk_ids, topk_weights, num_tokens, experts->second,
-                                       output, shared_out));
-  // This step's counts go to the layer's counters.
+  const absl::Status forwarded = dispatcher_->Forward(
+      hidden, topk_ids, topk_weights, num_tokens, experts->second, output, shared_out, [&] {
+        return CallGate(*collective_, call_,
+                        absl::StrCat(call, ": between expert compute and combine"),
+                        kForwardStopHint);
+      });
+  // This step's counts go to the layer's counters; those of a step that
+  // did not complete are dropped.
   const core::ExpertLoadCounts step = dispatcher_->ReadExpertLoad(/*reset=*/true);
+  RETURN_IF_ERROR(forwarded);
   book_.AddLoad(layer, step, LoadStepKey{dispatcher_->epoch(), mask_.round});
   core::StepStats stats = dispatcher_->last_step();
   stats.shared_us = shared_us;
@@ -281,7 +290,8 @@ absl::StatusOr<BenchmarkTimes> CpuDataPlane::Benchmark(const core::EpDispatcherO
   std::vector<core::bf16_t> output(inputs.hidden.size());
   BenchmarkTimes times;
   for (int i = 0; i < warmup + iterations; ++i) {
-    RETURN_IF_ERROR(BenchmarkIterationGate(*collective_, call_deadline_, i, warmup + iterations));
+    RETURN_IF_ERROR(CallGate(*collective_, call_, BenchmarkGatePoint(i, warmup + iterations),
+                             kBenchmarkStopHint));
     const auto t0 = std::chrono::steady_clock::now();
     RETURN_IF_ERROR(bench->Dispatch(inputs.hidden, inputs.topk_ids, inputs.topk_weights, tokens));
     const auto t1 = std::chrono::steady_clock::now();

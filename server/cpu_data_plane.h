@@ -17,6 +17,7 @@
 #include "core/expert_source.h"
 #include "core/experts.h"
 #include "core/gloo_collective.h"
+#include "server/call_gate.h"
 #include "server/data_plane.h"
 #include "server/placement_book.h"
 #include "server/rank_mask.h"
@@ -38,9 +39,9 @@ class CpuDataPlane final : public DataPlane {
   // The group's collective: the Gloo group as formed, or after a rank mask
   // the survivors' group in the original numbering (core/masked_collective.h).
   core::ControlCollective& collective() override { return *collective_; }
-  void SetCallDeadline(absl::Time deadline) override {
-    call_deadline_ = deadline;
-    collective_->SetCallDeadline(deadline);
+  void SetCall(const CallBound& call) override {
+    call_ = call;
+    collective_->SetCallDeadline(CollectiveDeadline(call));
   }
   // Rank masks (server/data_plane.h): with every rank's Rendezvous address
   // and more than one rank. The round runs on a std::async thread (it
@@ -121,8 +122,9 @@ class CpuDataPlane final : public DataPlane {
   int64_t hidden_ = 0;                        // H of the allocated workspace
   core::EpDispatcherOptions options_;         // of the allocated workspace
   int64_t engine_tokens_ = 0;                 // T of the last EngineDispatch
-  // The deadline of the call now running (SetCallDeadline; Benchmark reads it).
-  absl::Time call_deadline_ = absl::InfiniteFuture();
+  // The call now running (SetCall; the call gates of Forward and Benchmark
+  // read it).
+  CallBound call_;
   // DESIGN §15: each layer's table and load counters (drained from the
   // dispatcher after every step).
   PlacementBook book_;

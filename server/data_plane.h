@@ -40,6 +40,7 @@
 #include "core/shared_expert.h"
 #include "core/workspace.h"
 #include "gloo/rendezvous/store.h"
+#include "server/call_gate.h"
 
 namespace moe_ep::server {
 
@@ -168,10 +169,13 @@ class DataPlane {
   virtual absl::Status Readmit(int round, const std::vector<bool>& live_before,
                                const std::vector<bool>& joining);
 
-  // Every later collective wait of this data plane (its control collective
-  // and the payload path) ends by min(the group's timeout, `deadline`): the
-  // deadline of the gRPC call being served (core/collective.h).
-  virtual void SetCallDeadline(absl::Time deadline) = 0;
+  // The call being served from now on: every later collective wait of this
+  // data plane (its control collective and the payload path) ends by
+  // min(the group's timeout, CollectiveDeadline(call)) (core/collective.h,
+  // server/call_gate.h: the deadline plus a 2 s grace), and the
+  // plane's call gates (server/call_gate.h) stop Forward and Benchmark on
+  // every rank once any rank is past its deadline or cancelled.
+  virtual void SetCall(const CallBound& call) = 0;
 
   // What this plane's memory space limits (core::BackendLimits): the
   // service checks the dispatch dtype against it before sizing anything, so
@@ -261,8 +265,11 @@ class DataPlane {
 
   // One MoE layer with `layer`'s experts (REQUIRES: HasExperts(layer) and a
   // committed geometry), plus its shared expert when one is loaded. Collective. Returns the step's
-  // counters and phase times. Errors: kInvalidArgument (span sizes, T > R), kAborted (ranks
-  // disagree on (epoch, R)), group errors.
+  // counters and phase times. Call gates (server/call_gate.h): the CPU plane before dispatch and
+  // between expert compute and combine, the GPU plane before it uploads the inputs; a stop there
+  // is kDeadlineExceeded / kCancelled "Forward (layer L): <point>: stopped on every rank ..." and
+  // adds nothing to the layer's load counters. Errors: kInvalidArgument (span sizes, T > R),
+  // kAborted (ranks disagree on (epoch, R)), the gate's stops, group errors.
   virtual absl::StatusOr<core::StepStats> Forward(int layer, absl::Span<const core::bf16_t> hidden,
                                                   absl::Span<const int32_t> topk_ids,
                                                   absl::Span<const float> topk_weights,
@@ -328,13 +335,13 @@ class DataPlane {
   // Times `iterations` steps (after `warmup`) of Dispatch and Combine with
   // identity experts on a scratch dispatcher sized by `options` (capacity =
   // inputs.num_tokens), separate from the allocated workspace. Collective.
-  // Each iteration starts with server/benchmark_gate.h's agreement: once any
-  // rank is past its SetCallDeadline deadline, every rank stops there.
+  // Each iteration starts with a call gate (server/call_gate.h): once any
+  // rank is past its SetCall deadline or cancelled, every rank stops there.
   // `data_plane`: "" = this plane, else a data_plane() name this plane can
   // time (the nccl plane also times "one-sided" over NCCL symmetric
   // windows); the reply says which ran (BenchmarkTimes::data_plane).
   // Errors: kInvalidArgument, kResourceExhausted (beyond `memory_cap_bytes`
-  // when > 0), kDeadlineExceeded (the call's deadline passed),
+  // when > 0), the gate's kDeadlineExceeded / kCancelled,
   // kFailedPrecondition (a data_plane this plane cannot time: named), group
   // errors.
   virtual absl::StatusOr<BenchmarkTimes> Benchmark(const core::EpDispatcherOptions& options,

@@ -13,7 +13,7 @@
 #include "core/status_macros.h"
 #include "core/workspace.h"
 #include "server/backend_selection.h"
-#include "server/benchmark_gate.h"
+#include "server/call_gate.h"
 #include "server/device_info.h"
 #include "server/gpu_step_buffers.h"
 
@@ -407,6 +407,15 @@ absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostFo
   }
   RETURN_IF_ERROR(dispatcher_->CheckStep("Forward", num_tokens));
   RETURN_IF_ERROR(MakeDeviceCurrent());
+  // The call gate (server/call_gate.h), once, before anything is uploaded:
+  // a host all-gather through the staged control collective (one small
+  // stream-ordered NCCL call and a stream sync). The step after it is
+  // stream-ordered and bounded by the capacity, so a second gate between
+  // the expert GEMMs and the combine would only stall the stream without
+  // bounding anything the host waits for.
+  RETURN_IF_ERROR(CallGate(*control_, call_,
+                           absl::StrCat("Forward (layer ", layer, "): before dispatch"),
+                           kForwardStopHint));
 
   // The layer's placement table (DESIGN §15): the route kernel reads it.
   const std::shared_ptr<const core::PlacementTable> table = Placement(layer);
@@ -569,7 +578,7 @@ absl::StatusOr<BenchmarkTimes> GpuDataPlane::Benchmark(const core::EpDispatcherO
       RETURN_IF_ERROR(bench->CommitGeometry(1, tokens, tokens));
       kernels::onesided::OneSidedDispatcher* d = bench.get();
       times = TimeIdentitySteps(*d, *identity, *buffers, tokens, warmup, iterations, *control_,
-                                call_deadline_, events_, [d] { return d->CheckStep(); });
+                                call_, events_, [d] { return d->CheckStep(); });
     }
     // No peer may still store into the windows when they go (a collective).
     if (times.ok()) RETURN_IF_ERROR(control_->Barrier());
@@ -583,7 +592,7 @@ absl::StatusOr<BenchmarkTimes> GpuDataPlane::Benchmark(const core::EpDispatcherO
     RETURN_IF_ERROR(Synchronize());
     RETURN_IF_ERROR(bench->CommitGeometry(1, tokens, tokens));
     times = TimeIdentitySteps(*bench, *identity, *buffers, tokens, warmup, iterations, *control_,
-                              call_deadline_, events_, [this] { return Synchronize(); });
+                              call_, events_, [this] { return Synchronize(); });
   }
   if (!times.ok()) return times.status();
   ASSIGN_OR_RETURN(core::DispatchRoute route,

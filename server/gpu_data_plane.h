@@ -99,9 +99,9 @@ class GpuDataPlane final : public DataPlane {
   }
   core::ControlCollective& collective() override { return *control_; }
   // The control view shares the NCCL communicator, so one deadline covers both.
-  void SetCallDeadline(absl::Time deadline) override {
-    call_deadline_ = deadline;
-    collective_->SetCallDeadline(deadline);
+  void SetCall(const CallBound& call) override {
+    call_ = call;
+    collective_->SetCallDeadline(CollectiveDeadline(call));
   }
   int device() const { return device_; }
   int cuda_device() const override { return device_; }
@@ -208,8 +208,9 @@ class GpuDataPlane final : public DataPlane {
   // Declared first: everything below points into the collective.
   std::unique_ptr<kernels::NcclCollective> collective_;
   std::unique_ptr<kernels::StagedControlCollective> control_;  // host view of collective_
-  // The deadline of the call now running (SetCallDeadline; Benchmark reads it).
-  absl::Time call_deadline_ = absl::InfiniteFuture();
+  // The call now running (SetCall; the call gates of Forward and Benchmark
+  // read it).
+  CallBound call_;
   int device_ = 0;
   absl::Duration collective_timeout_ = absl::Seconds(30);  // the group's
   core::EpDispatcherOptions options_;

@@ -21,7 +21,7 @@
 #include "core/collective.h"
 #include "core/status_macros.h"
 #include "kernels/device_experts.h"
-#include "server/benchmark_gate.h"
+#include "server/call_gate.h"
 #include "server/data_plane.h"
 
 namespace moe_ep::server {
@@ -79,8 +79,8 @@ concept StepPhases = requires(Dispatcher& d, const uint16_t* h, const int32_t* i
 //
 // The Benchmark loop of both GPU planes: `warmup + iterations` steps of
 // `tokens` rows from `in` (uploaded already) on `dispatcher` (geometry
-// committed at R = tokens), each entered through BenchmarkIterationGate on
-// `control` with `deadline`, then CUDA events (`events`, 4) around
+// committed at R = tokens), each entered through a call gate
+// (server/call_gate.h) on `control` with `call`, then CUDA events (`events`, 4) around
 // Dispatch and Combine, then `wait` (the plane's bounded wait for the
 // stream). Returns the timed iterations' microseconds. Errors: those of
 // the gate, the phases and `wait`; kInternal (CUDA events).
@@ -88,7 +88,7 @@ template <StepPhases Dispatcher>
 absl::StatusOr<BenchmarkTimes> TimeIdentitySteps(
     Dispatcher& dispatcher, const kernels::DeviceExpertSet& identity, const DeviceStepBuffers& in,
     int64_t tokens, int warmup, int iterations, core::ControlCollective& control,
-    absl::Time deadline, cudaEvent_t events[4], const std::function<absl::Status()>& wait) {
+    const CallBound& call, cudaEvent_t events[4], const std::function<absl::Status()>& wait) {
   auto cuda = [](cudaError_t e, const char* what) {
     return e == cudaSuccess ? absl::OkStatus()
                             : absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
@@ -96,7 +96,8 @@ absl::StatusOr<BenchmarkTimes> TimeIdentitySteps(
   cudaStream_t stream = dispatcher.stream();
   BenchmarkTimes times;
   for (int i = 0; i < warmup + iterations; ++i) {
-    RETURN_IF_ERROR(BenchmarkIterationGate(control, deadline, i, warmup + iterations));
+    RETURN_IF_ERROR(
+        CallGate(control, call, BenchmarkGatePoint(i, warmup + iterations), kBenchmarkStopHint));
     RETURN_IF_ERROR(cuda(cudaEventRecord(events[0], stream), "cudaEventRecord"));
     RETURN_IF_ERROR(dispatcher.Dispatch(in.hidden(), in.topk_ids(), in.topk_weights(), tokens));
     RETURN_IF_ERROR(cuda(cudaEventRecord(events[1], stream), "cudaEventRecord"));

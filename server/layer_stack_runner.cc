@@ -29,6 +29,8 @@ constexpr int64_t kMaxExperts = int64_t{1} << 16;
 constexpr int64_t kMaxCapacity = int64_t{1} << 24;
 constexpr int64_t kMaxTokens = int64_t{1} << 24;
 constexpr float kDefaultRmsEps = 1e-6f;
+constexpr absl::string_view kStopHint =
+    "send it again with a longer deadline, fewer layers (stack.num_layers) or smaller sizes";
 
 // The fields of a resolved stack spec the ranks vote on (issue 12 item 2).
 std::vector<core::BallotField> StackFields(const core::LayerStackConfig& c, int64_t epoch) {
@@ -213,7 +215,8 @@ void LayerStackRunner::Reset() {
 }
 
 absl::Status LayerStackRunner::Run(core::ControlCollective& world, int64_t generation,
-                                   const VoteFn& vote, const v1::ForwardLayersRequest& request,
+                                   const CallBound& call, const VoteFn& vote,
+                                   const v1::ForwardLayersRequest& request,
                                    int64_t memory_cap_bytes, int64_t other_held_bytes,
                                    v1::ForwardLayersResponse* response) {
   const absl::Time start = absl::Now();
@@ -270,17 +273,31 @@ absl::Status LayerStackRunner::Run(core::ControlCollective& world, int64_t gener
       std::any_of(builds.begin(), builds.end(), [](int64_t b) { return b != 0; });
 
   // 3. Build when any rank needs it (all ranks together: Split is collective).
+  // Call gates (server/call_gate.h) before and after it: a stop keeps the
+  // previous stack (the new one is dropped).
+  const int num_layers = static_cast<int>(prepared->config.sparse_layers.size());
   int64_t build_us = 0;
   if (any_build) {
     const absl::Time build_start = absl::Now();
+    RETURN_IF_ERROR(
+        CallGate(world, call, "ForwardLayers: before the layer-stack build", kStopHint));
     const std::string tag = absl::StrCat("layer_stack.gen", generation, ".build", ++builds_);
     ASSIGN_OR_RETURN(std::unique_ptr<core::ParallelGroups> groups,
                      core::ParallelGroups::Create(&world, prepared->config.layout, tag));
     ASSIGN_OR_RETURN(std::unique_ptr<core::StepExecutor> executor,
                      MakeStepExecutor(*groups, prepared->config.hidden));
-    ASSIGN_OR_RETURN(
-        std::unique_ptr<core::DistributedLayerStack> stack,
-        core::DistributedLayerStack::Create(groups.get(), prepared->config, std::move(executor)));
+    ASSIGN_OR_RETURN(std::unique_ptr<core::DistributedLayerStack> stack,
+                     core::DistributedLayerStack::Create(
+                         groups.get(), prepared->config, std::move(executor), [&](int layer) {
+                           return CallGate(world, call,
+                                           absl::StrCat("ForwardLayers: building layer ", layer,
+                                                        " of ", num_layers),
+                                           kStopHint);
+                         }));
+    RETURN_IF_ERROR(CallGate(
+        world, call,
+        absl::StrCat("ForwardLayers: after the layer-stack build, before layer 0 of ", num_layers),
+        kStopHint));
     stack_ = std::move(stack);
     groups_ = std::move(groups);
     built_fingerprint_ = prepared->fingerprint;
@@ -292,7 +309,13 @@ absl::Status LayerStackRunner::Run(core::ControlCollective& world, int64_t gener
   // 4. The layers.
   const absl::Time forward_start = absl::Now();
   const int64_t n = prepared->tokens.shape[0];
-  ASSIGN_OR_RETURN(std::vector<float> output, stack_->Forward(prepared->tokens.values, n));
+  ASSIGN_OR_RETURN(std::vector<float> output,
+                   stack_->Forward(prepared->tokens.values, n, [&](int layer) {
+                     return CallGate(world, call,
+                                     absl::StrCat("ForwardLayers: before layer ", layer, " of ",
+                                                  num_layers, " (layers 0-", layer - 1, " ran)"),
+                                     kStopHint);
+                   }));
   const int64_t forward_us = absl::ToInt64Microseconds(absl::Now() - forward_start);
 
   response->Clear();

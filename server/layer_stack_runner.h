@@ -28,6 +28,9 @@
 //      are write-once, so every build gets a fresh tag), the step executor
 //      and the stack;
 //   4. runs DistributedLayerStack::Forward.
+// Steps 3 and 4 pass call gates (server/call_gate.h, see Run): once any rank
+// is past its call's deadline or cancelled, all ranks stop at the same gate
+// with kDeadlineExceeded / kCancelled naming it, and the group stays usable.
 // Errors leave the runner as it was (a failed build keeps the previous stack).
 //
 // Not thread-safe: the Worker service calls it under its collective slot.
@@ -47,6 +50,7 @@
 #include "core/layer_stack_memory.h"
 #include "core/parallel_groups.h"
 #include "moe_ep/v1/worker.pb.h"
+#include "server/call_gate.h"
 
 namespace moe_ep::server {
 
@@ -98,12 +102,21 @@ class LayerStackRunner {
   // `world` exactly once once the runner is configured. `memory_cap_bytes`
   // (0 = unlimited) bounds `other_held_bytes` (workspace and experts the
   // worker already holds) plus the stack's core::EstimateLayerStackBytes.
+  // Call gates over `world` for `call` (server/call_gate.h): before, within
+  // ("ForwardLayers: building layer <l> of <n>", l >= 1) and after a build
+  // ("ForwardLayers: before the layer-stack build", "... after the
+  // layer-stack build, before layer 0 of <n>") and before each
+  // layer l >= 1 ("ForwardLayers: before layer <l> of <n> (layers 0-<l-1>
+  // ran)"). None writes a response; a stop at the build's gates keeps the
+  // previous stack (a stop between layers keeps the one just built).
   // REQUIRES: configured(). A collective over `world`.
   // Errors: as ForwardLayers in worker.proto: kInvalidArgument,
-  // kResourceExhausted, kAborted, and the collective's and the stack's errors.
-  absl::Status Run(core::ControlCollective& world, int64_t generation, const VoteFn& vote,
-                   const v1::ForwardLayersRequest& request, int64_t memory_cap_bytes,
-                   int64_t other_held_bytes, v1::ForwardLayersResponse* response);
+  // kResourceExhausted, kAborted, the gates' kDeadlineExceeded / kCancelled,
+  // and the collective's and the stack's errors.
+  absl::Status Run(core::ControlCollective& world, int64_t generation, const CallBound& call,
+                   const VoteFn& vote, const v1::ForwardLayersRequest& request,
+                   int64_t memory_cap_bytes, int64_t other_held_bytes,
+                   v1::ForwardLayersResponse* response);
 
  private:
   bool configured_ = false;

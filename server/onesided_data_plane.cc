@@ -14,6 +14,7 @@
 #include "core/routing.h"
 #include "core/status_macros.h"
 #include "core/workspace.h"
+#include "server/call_gate.h"
 
 namespace moe_ep::server {
 namespace {
@@ -362,6 +363,11 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::Forward(
                      num_tokens * h, " and topk ", num_tokens * k, " elements, got ", hidden.size(),
                      ", ", topk_ids.size(), ", ", topk_weights.size(), ", ", output.size()));
   }
+  // The call gate (server/call_gate.h) before the step's agreement: every
+  // rank stops together once one is past its deadline or cancelled.
+  RETURN_IF_ERROR(CallGate(*control_, call_,
+                           absl::StrCat("Forward (layer ", layer, "): before dispatch"),
+                           kForwardStopHint));
   RETURN_IF_ERROR(AgreeOnStep(local));
 
   cudaStream_t stream = dispatcher_->stream();
@@ -470,7 +476,7 @@ absl::StatusOr<BenchmarkTimes> OneSidedDataPlane::Benchmark(
     RETURN_IF_ERROR(bench->CommitGeometry(1, tokens, tokens));
     OneSidedDispatcher* d = bench.get();
     times = TimeIdentitySteps(*d, *identity, *buffers, tokens, warmup, iterations, *control_,
-                              call_deadline_, events_, [d] { return d->CheckStep(); });
+                              call_, events_, [d] { return d->CheckStep(); });
     if (times.ok()) {
       ASSIGN_OR_RETURN(core::DispatchRoute route,
                        core::ComputeDispatchRoute(inputs.topk_ids, tokens, k, placement));

@@ -78,9 +78,9 @@ class OneSidedDataPlane final : public DataPlane {
     return kernels::onesided::OneSidedDispatcher::kLimits;
   }
   core::ControlCollective& collective() override { return *control_; }
-  void SetCallDeadline(absl::Time deadline) override {
-    call_deadline_ = deadline;
-    control_->SetCallDeadline(deadline);
+  void SetCall(const CallBound& call) override {
+    call_ = call;
+    control_->SetCallDeadline(CollectiveDeadline(call));
   }
   int cuda_device() const override { return device_; }
 
@@ -136,7 +136,7 @@ class OneSidedDataPlane final : public DataPlane {
 
   // Declared first: everything below uses the collective.
   std::unique_ptr<core::GlooCollective> control_;
-  absl::Time call_deadline_ = absl::InfiniteFuture();
+  CallBound call_;  // the call now running (SetCall; Benchmark's gates read it)
   int device_ = 0;
   int rank_ = 0;
   int world_ = 1;

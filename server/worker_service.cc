@@ -127,8 +127,10 @@ absl::Status WorkerService::EnterGroup(SlotLease& slot, const grpc::ServerContex
                                        const char* rpc, WorkerPhase phase) {
   RETURN_IF_ERROR(slot.Acquire(context, rpc));
   if (!RequireGroup(WorkerPhase::kJoined, rpc).ok()) return RequireGroup(phase, rpc);
-  call_deadline_ = CallDeadline(context);
-  data_plane_->SetCallDeadline(call_deadline_);
+  call_.deadline = CallDeadline(context);
+  call_.cancelled = nullptr;
+  if (context != nullptr) call_.cancelled = [context] { return context->IsCancelled(); };
+  data_plane_->SetCall(call_);
   return absl::OkStatus();
 }
 
@@ -248,7 +250,7 @@ void WorkerService::AdoptMask(const char* rpc) {
   vote_sequence_ = static_cast<int64_t>(mask.round) << 40;
   // The survivors' group: the call's deadline, and ForwardLayers' sub-groups
   // are made again on it.
-  data_plane_->SetCallDeadline(call_deadline_);
+  data_plane_->SetCall(call_);
   layer_stack_.Reset();
   const std::vector<int> masked_ranks = mask.MaskedRanks();
   spdlog::warn("{}: rank mask round {} agreed: masked ranks [{}], host rank {}", rpc, mask.round,
@@ -911,8 +913,8 @@ absl::Status WorkerService::DoForwardLayers(grpc::ServerContext* context,
   if (!local.ok()) return vote(local, {});
   const MemoryBudget budget = Budget();
   return GroupResult("ForwardLayers",
-                     layer_stack_.Run(data_plane_->collective(), joined_.generation, vote, request,
-                                      budget.cap_bytes, budget.held(), response));
+                     layer_stack_.Run(data_plane_->collective(), joined_.generation, call_, vote,
+                                      request, budget.cap_bytes, budget.held(), response));
 }
 
 }  // namespace moe_ep::server

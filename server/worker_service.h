@@ -315,9 +315,10 @@ class WorkerService final : public v1::Worker::Service {
   absl::Status Vote(const char* rpc, absl::Status local, std::vector<core::BallotField> fields);
   // Takes `slot` for `rpc` (server/collective_slot.h); then the worker must
   // be in a usable group (joined, not broken), whose collective waits end by
-  // the call's deadline from now on. Outside a group: the error of `phase`,
-  // the state the RPC needs (within a group the RPC checks its phase itself
-  // and votes on the result).
+  // the call's deadline (plus server/call_gate.h's grace) from now on and
+  // whose call gates watch the call's deadline and cancellation (call_). Outside a group: the error
+  // of `phase`, the state the RPC needs (within a group the RPC checks its phase itself and votes
+  // on the result).
   absl::Status EnterGroup(SlotLease& slot, const grpc::ServerContext* context, const char* rpc,
                           WorkerPhase phase);
   // OK when the worker is at `phase` or later (kFailedPrecondition naming
@@ -354,10 +355,10 @@ class WorkerService final : public v1::Worker::Service {
   std::unique_ptr<DataPlane> data_plane_;
   JoinArgs joined_;
   int64_t max_generation_used_ = 0;
-  int64_t vote_sequence_ = 0;                          // votes run in the joined group
-  bool mask_pending_ = false;                          // a collective failed: mask at the next Vote
-  absl::Time call_deadline_ = absl::InfiniteFuture();  // of the call holding the slot
-  v1::ModelDescription model_;                         // as configured (0 = field not given)
+  int64_t vote_sequence_ = 0;   // votes run in the joined group
+  bool mask_pending_ = false;   // a collective failed: mask at the next Vote
+  CallBound call_;              // of the call holding the slot
+  v1::ModelDescription model_;  // as configured (0 = field not given)
   std::vector<core::LayerPlan> plan_;
   std::unique_ptr<Allocation> allocation_;
   bool geometry_committed_ = false;

@@ -18,7 +18,7 @@ absl::Status WorkerService::RunOnDataPlane(
   // Every rank's engine sees the same agreed mask, so every rank fails here
   // alike: no route to a lost rank, no wait on it.
   RETURN_IF_ERROR(RequireNoMask(call));
-  data_plane_->SetCallDeadline(deadline);
+  data_plane_->SetCall(CallBound{deadline, nullptr});
   return GroupResult(call, fn(*data_plane_, allocation_->options));
 }
 

@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "server/call_gate.h"
 
 namespace moe_ep::server {
 
@@ -73,6 +74,7 @@ void WorkerStateMachine::MarkBroken(std::string reason) {
 }
 
 bool IsGroupError(const absl::Status& status) {
+  if (IsAgreedStop(status)) return false;
   switch (status.code()) {
     case absl::StatusCode::kDeadlineExceeded:
     case absl::StatusCode::kUnavailable:

@@ -40,7 +40,9 @@ v1::WorkerState ToProto(WorkerPhase phase);
 // (a peer died or hung, the collective timed out or failed inside): the
 // codes DEADLINE_EXCEEDED, UNAVAILABLE, UNKNOWN, INTERNAL, CANCELLED,
 // DATA_LOSS, and FAILED_PRECONDITION "group broken ..." of a collective
-// already broken. A vote's ABORTED or a request's INVALID_ARGUMENT is not.
+// already broken. A vote's ABORTED or a request's INVALID_ARGUMENT is not,
+// nor a stop all ranks agreed on at a call gate (server/call_gate.h
+// IsAgreedStop: DEADLINE_EXCEEDED or CANCELLED with the collective in step).
 bool IsGroupError(const absl::Status& status);
 
 class WorkerStateMachine {

@@ -12,6 +12,7 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
+#include "server/call_gate.h"
 #include "server/device_info.h"
 #include "server/grpc_store.h"
 #include "server/rendezvous_service.h"
@@ -355,16 +356,75 @@ TEST(CpuDataPlane, BenchmarkStopsAtTheCallsDeadline) {
   inputs.topk_weights = {0.5f, 0.5f, 0.5f, 0.5f};
   core::EpDispatcherOptions options = HandOptions();
   options.workspace.capacity_tokens = 2;
-  (*formed)->SetCallDeadline(absl::Now() - absl::Seconds(1));
+  (*formed)->SetCall(CallBound{absl::Now() - absl::Seconds(1), nullptr});
   absl::StatusOr<BenchmarkTimes> late = (*formed)->Benchmark(options, inputs, 2, 5, 0, "");
   EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(late.status().message().find("after 0 of 7 iterations"), std::string::npos)
       << late.status();
   // The group stays whole: with no deadline the same Benchmark runs.
-  (*formed)->SetCallDeadline(absl::InfiniteFuture());
+  (*formed)->SetCall(CallBound{});
   absl::StatusOr<BenchmarkTimes> times = (*formed)->Benchmark(options, inputs, 2, 5, 0, "");
   ASSERT_TRUE(times.ok()) << times.status();
   EXPECT_EQ(times->dispatch_us.size(), 5u);
+}
+
+// A CallBound whose client cancels at the gate check number `at` (1 = the
+// first gate): deterministic stops at a chosen gate point.
+CallBound CancelledAtCheck(int at, std::shared_ptr<int> checks) {
+  return CallBound{absl::InfiniteFuture(), [at, checks] { return ++*checks >= at; }};
+}
+
+// Issue 13 item 6: Forward passes a call gate before dispatch and another
+// between expert compute and combine; a stop at either names its point,
+// adds nothing to the layer's load counters, and the next Forward on the
+// same plane gives the exact result.
+TEST(CpuDataPlane, ForwardStopsAtItsGatesAndTheNextForwardIsExact) {
+  absl::StatusOr<std::unique_ptr<DataPlane>> formed =
+      FormDataPlane(OneRank("gloo"), std::make_shared<gloo::rendezvous::HashStore>());
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  DataPlane& plane = **formed;
+  ASSERT_TRUE(plane.Allocate(HandOptions(), 0, 0).ok());
+  ASSERT_TRUE(plane.LoadExperts(0, core::ExpertSource::Identity(0, 4, 0, 4, 4), 0).ok());
+  ASSERT_TRUE(plane.CommitGeometry(1, 2, 2).ok());
+  const std::vector<core::bf16_t> hidden = Bf16({1, 2, 3, 4, 0.5f, -1, 2, 8});
+  const std::vector<int32_t> ids = {0, 3, 1, -1};
+  const std::vector<float> weights = {0.25f, 0.5f, 0.75f, 0.125f};
+  std::vector<core::bf16_t> output(8, core::FloatToBf16(-7.0f));
+
+  plane.SetCall(CallBound{absl::Now() - absl::Seconds(1), nullptr});
+  absl::StatusOr<core::StepStats> late =
+      plane.Forward(0, hidden, ids, weights, 2, absl::MakeSpan(output));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(late.status().message()),
+              HasSubstr("Forward (layer 0): before dispatch: stopped on every rank: the call's "
+                        "deadline passed on rank(s) [0]"));
+  EXPECT_TRUE(IsAgreedStop(late.status()));
+
+  auto checks = std::make_shared<int>(0);
+  plane.SetCall(CancelledAtCheck(2, checks));
+  absl::StatusOr<core::StepStats> mid =
+      plane.Forward(0, hidden, ids, weights, 2, absl::MakeSpan(output));
+  EXPECT_EQ(mid.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(std::string(mid.status().message()),
+              HasSubstr("Forward (layer 0): between expert compute and combine: stopped on every "
+                        "rank: the client cancelled the call on rank(s) [0]"));
+  EXPECT_EQ(*checks, 2);
+  // Nothing was combined into the output, nothing counted.
+  EXPECT_THAT(Floats(output), ::testing::Each(-7.0f));
+  absl::StatusOr<core::ExpertLoadCounts> load = plane.ReadExpertLoad(0, false);
+  ASSERT_TRUE(load.ok()) << load.status();
+  EXPECT_EQ(load->steps, 0);
+  EXPECT_THAT(load->tokens_per_expert, ElementsAre(0, 0, 0, 0));
+
+  plane.SetCall(CallBound{});
+  absl::StatusOr<core::StepStats> stats =
+      plane.Forward(0, hidden, ids, weights, 2, absl::MakeSpan(output));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_THAT(Floats(output), ElementsAre(0.75f, 1.5f, 2.25f, 3.0f, 0.375f, -0.75f, 1.5f, 6.0f));
+  load = plane.ReadExpertLoad(0, false);
+  ASSERT_TRUE(load.ok()) << load.status();
+  EXPECT_EQ(load->steps, 1);
+  EXPECT_THAT(load->tokens_per_expert, ElementsAre(1, 1, 0, 1));
 }
 
 }  // namespace

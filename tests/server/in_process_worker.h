@@ -57,8 +57,16 @@ class InProcessWorker {
   grpc::Status Call(grpc::Status (v1::Worker::Stub::*method)(grpc::ClientContext*, const Req&,
                                                              Resp*),
                     const Req& request, Resp* response) {
+    return CallWithin(std::chrono::seconds(60), method, request, response);
+  }
+  // As Call, with the call's deadline `timeout` from now.
+  template <typename Req, typename Resp>
+  grpc::Status CallWithin(std::chrono::milliseconds timeout,
+                          grpc::Status (v1::Worker::Stub::*method)(grpc::ClientContext*, const Req&,
+                                                                   Resp*),
+                          const Req& request, Resp* response) {
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    context.set_deadline(std::chrono::system_clock::now() + timeout);
     return (stub_.get()->*method)(&context, request, response);
   }
 

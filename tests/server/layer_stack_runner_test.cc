@@ -1,7 +1,14 @@
 #include "server/layer_stack_runner.h"
 
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "core/gloo_collective.h"
+#include "gloo/rendezvous/hash_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/tensor_codec.h"
 
 namespace moe_ep::server {
 namespace {
@@ -122,18 +129,121 @@ TEST(LayerStackRunner, RunBeforeConfigureIsFailedPrecondition) {
   } world;
   v1::ForwardLayersResponse response;
   absl::Status s = runner.Run(
-      world, 1,
+      world, 1, CallBound{},
       [](const absl::Status&, const std::vector<core::BallotField>&) {
         return absl::InternalError("unexpected");
       },
       v1::ForwardLayersRequest(), 0, 0, &response);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(s.message(), HasSubstr("ConfigureLayers first"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("ConfigureLayers first"));
   runner.Configure(kLayout, kSparse, true, Model());
   EXPECT_TRUE(runner.configured());
   runner.Reset();
   EXPECT_FALSE(runner.configured());
   EXPECT_EQ(runner.held_bytes(), 0);
+}
+
+// Issue 13 item 6: ForwardLayers passes call gates before and after a
+// build and before each layer >= 1. A client that cancels at gate check k
+// stops the call at a known point; every later call on the same world
+// works and matches core::ReferenceLayerStack.
+TEST(LayerStackRunner, StopsAtEachGateAndTheNextRunMatchesTheReference) {
+  auto store = std::make_shared<gloo::rendezvous::HashStore>();
+  auto world = core::GlooCollective::Create(store, "stack", 0, 1, "127.0.0.1", absl::Seconds(5));
+  ASSERT_TRUE(world.ok()) << world.status();
+  const std::vector<bool> sparse = {false, true, false};
+  v1::ModelDescription model = Model();
+  model.set_hidden_size(16);
+  model.set_num_experts(4);
+  LayerStackRunner runner;
+  runner.Configure(core::ParallelLayout{1, 1, 0}, sparse, true, model);
+  const int64_t n = 3;
+  std::vector<float> tokens;
+  for (int64_t i = 0; i < n * 16; ++i) tokens.push_back(static_cast<float>(std::sin(0.3 * i)));
+  v1::ForwardLayersRequest request;
+  request.set_epoch(1);
+  request.mutable_stack()->set_dense_intermediate_size(32);
+  request.mutable_stack()->set_seed(5);
+  request.mutable_stack()->set_capacity_tokens(16);
+  *request.mutable_tokens() = EncodeFloat32(tokens, std::vector<int64_t>{n, 16});
+  const LayerStackRunner::VoteFn vote = [](absl::Status local,
+                                           const std::vector<core::BallotField>&) { return local; };
+  // Cancelled from gate check `at` on (1 = the first gate).
+  auto cancel_at = [](int at) {
+    auto checks = std::make_shared<int>(0);
+    return CallBound{absl::InfiniteFuture(), [at, checks] { return ++*checks >= at; }};
+  };
+  v1::ForwardLayersResponse response;
+  auto run = [&](const CallBound& call) {
+    response.Clear();
+    return runner.Run(**world, 1, call, vote, request, 0, 0, &response);
+  };
+  const std::string stopped =
+      ": stopped on every rank: the client cancelled the call on rank(s) [0]";
+
+  absl::Status s = run(cancel_at(1));
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("ForwardLayers: before the layer-stack build" + stopped));
+  EXPECT_EQ(runner.held_bytes(), 0);
+  s = run(cancel_at(2));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("ForwardLayers: building layer 1 of 3" + stopped));
+  EXPECT_EQ(runner.held_bytes(), 0);
+  s = run(cancel_at(4));  // the gates before the build, before layers 1 and 2 of it, after it
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("ForwardLayers: after the layer-stack build, before layer 0 "
+                        "of 3" +
+                        stopped));
+  EXPECT_EQ(runner.held_bytes(), 0);  // the stack just built was dropped
+  EXPECT_FALSE(response.has_output());
+
+  // The reference, built here independently of the runner.
+  core::LayerStackConfig config;
+  config.layout = core::ParallelLayout{1, 1, 0};
+  config.sparse_layers = sparse;
+  config.hidden = 16;
+  config.dense_intermediate = 32;
+  config.moe_intermediate = 16;
+  config.num_experts = 4;
+  config.top_k = 2;
+  config.seed = 5;
+  config.rms_eps = 1e-6f;
+  config.capacity_tokens = 16;
+  absl::StatusOr<std::vector<float>> ref = core::ReferenceLayerStack(config, {tokens});
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  auto expect_reference = [&] {
+    std::vector<float> got(response.output().data().size() / 4);
+    std::memcpy(got.data(), response.output().data().data(), got.size() * 4);
+    ASSERT_EQ(got.size(), ref->size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_LE(std::abs(got[i] - (*ref)[i]), (1.0 / 128.0) * (1 + std::abs((*ref)[i])))
+          << "element " << i;
+    }
+  };
+  ASSERT_TRUE(run(CallBound{}).ok());
+  EXPECT_TRUE(response.rebuilt());
+  expect_reference();
+  const int64_t held = runner.held_bytes();
+  EXPECT_GT(held, 0);
+
+  // No build this time: the gates are before layers 1 and 2.
+  s = run(cancel_at(2));
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("ForwardLayers: before layer 2 of 3 (layers 0-1 ran)" + stopped));
+  EXPECT_FALSE(response.has_output());
+  EXPECT_EQ(runner.held_bytes(), held);
+  // A deadline that passed: the first gate stops it.
+  s = run(CallBound{absl::Now() - absl::Seconds(1), nullptr});
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("ForwardLayers: before layer 1 of 3 (layers 0-0 ran): "
+                        "stopped on every rank: the call's deadline passed on "
+                        "rank(s) [0]"));
+  ASSERT_TRUE(run(CallBound{}).ok());
+  EXPECT_FALSE(response.rebuilt());
+  expect_reference();
 }
 
 }  // namespace
