@@ -176,8 +176,7 @@ absl::StatusOr<std::unique_ptr<DataPlane>> FormDataPlane(
       spdlog::info("Join: gpu_data_plane \"auto\": {}; using the nccl plane",
                    std::string(one_sided.status().message()));
     }
-    absl::StatusOr<std::unique_ptr<GpuDataPlane>> plane =
-        GpuDataPlane::Form(group, store);
+    absl::StatusOr<std::unique_ptr<GpuDataPlane>> plane = GpuDataPlane::Form(group, store);
     if (!plane.ok()) return plane.status();
     return std::unique_ptr<DataPlane>(std::move(*plane));
 #else

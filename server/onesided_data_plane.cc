@@ -475,8 +475,8 @@ absl::StatusOr<BenchmarkTimes> OneSidedDataPlane::Benchmark(
                                     bench->stream()));
     RETURN_IF_ERROR(bench->CommitGeometry(1, tokens, tokens));
     OneSidedDispatcher* d = bench.get();
-    times = TimeIdentitySteps(*d, *identity, *buffers, tokens, warmup, iterations, *control_,
-                              call_, events_, [d] { return d->CheckStep(); });
+    times = TimeIdentitySteps(*d, *identity, *buffers, tokens, warmup, iterations, *control_, call_,
+                              events_, [d] { return d->CheckStep(); });
     if (times.ok()) {
       ASSIGN_OR_RETURN(core::DispatchRoute route,
                        core::ComputeDispatchRoute(inputs.topk_ids, tokens, k, placement));
