@@ -66,6 +66,7 @@
 #include "core/geometry.h"
 #include "core/routing.h"
 #include "core/status_macros.h"
+#include "core/stop_check.h"
 
 namespace moe_ep::core {
 namespace {
@@ -159,7 +160,7 @@ struct EpDispatcher::Impl {
                             absl::Span<const float> topk_weights, int64_t num_tokens,
                             absl::Status local_error);
   absl::Status ValidateExperts(const ExpertSet& experts) const;
-  absl::Status ComputeExpertsImpl(const ExpertSet& experts);
+  absl::Status ComputeExpertsImpl(const ExpertSet& experts, const StopCheck& stop = nullptr);
   absl::Status CombineImpl(absl::Span<bf16_t> output, absl::Span<const bf16_t> shared_out);
 };
 
@@ -509,7 +510,8 @@ absl::Status EpDispatcher::Impl::ValidateExperts(const ExpertSet& experts) const
   return absl::OkStatus();
 }
 
-absl::Status EpDispatcher::Impl::ComputeExpertsImpl(const ExpertSet& experts) {
+absl::Status EpDispatcher::Impl::ComputeExpertsImpl(const ExpertSet& experts,
+                                                    const StopCheck& stop) {
   const absl::Time start = absl::Now();
   RETURN_IF_ERROR(geometry.RequireDispatched("ComputeExperts"));
   RETURN_IF_ERROR(ValidateExperts(experts));
@@ -526,6 +528,13 @@ absl::Status EpDispatcher::Impl::ComputeExpertsImpl(const ExpertSet& experts) {
       slot = 0;
     }
     if (s >= ep_size) break;
+    // A stop leaves the step dispatched, not computed: Combine refuses it.
+    if (ShouldStop(stop)) {
+      int64_t received = 0;
+      for (int64_t c : recv_counts) received += c;
+      return LocalStop(
+          absl::StrCat("expert compute: after ", out_row, " of ", received, " received rows"));
+    }
     int64_t rows = 0;
     while (rows < chunk && s < ep_size) {
       const int64_t take = std::min(chunk - rows, recv_counts[s] - slot);
@@ -543,7 +552,7 @@ absl::Status EpDispatcher::Impl::ComputeExpertsImpl(const ExpertSet& experts) {
       }
     }
     RETURN_IF_ERROR(experts.ComputeWeightedSum(x_scratch, ids_scratch, w_scratch, rows, top_k,
-                                               absl::MakeSpan(y_scratch)));
+                                               absl::MakeSpan(y_scratch), stop));
     for (int64_t i = 0; i < rows * hidden; ++i) {
       out_rows[out_row * hidden + i] = FloatToBf16(y_scratch[i]);
     }
@@ -644,7 +653,8 @@ absl::Status EpDispatcher::Forward(absl::Span<const bf16_t> hidden,
                                    absl::Span<const float> topk_weights, int64_t num_tokens,
                                    const ExpertSet& experts, absl::Span<bf16_t> output,
                                    absl::Span<const bf16_t> shared_out,
-                                   const std::function<absl::Status()>& before_combine) {
+                                   const std::function<absl::Status()>& before_combine,
+                                   const StopCheck& stop) {
   Impl& m = *impl_;
   RETURN_IF_ERROR(m.geometry.BeginDispatch("Forward"));
   // Problems with this rank's experts or output are input errors: they are
@@ -663,8 +673,13 @@ absl::Status EpDispatcher::Forward(absl::Span<const bf16_t> hidden,
                                                 " elements or none, got ", shared_out.size()));
   }
   RETURN_IF_ERROR(m.DispatchImpl(hidden, topk_ids, topk_weights, num_tokens, local));
-  absl::Status computed = m.ComputeExpertsImpl(experts);
-  if (computed.ok() && before_combine) computed = before_combine();
+  absl::Status computed = m.ComputeExpertsImpl(experts, stop);
+  // After a local stop the gate still runs: the peers wait in it, and it
+  // stops them too (its answer replaces the local stop).
+  if ((computed.ok() || IsLocalStop(computed)) && before_combine) {
+    absl::Status gate = before_combine();
+    if (!gate.ok() || computed.ok()) computed = std::move(gate);
+  }
   if (!computed.ok()) {
     m.geometry.MarkIdle();
     return computed;

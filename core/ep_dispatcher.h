@@ -31,6 +31,7 @@
 #include "core/expert_placement.h"
 #include "core/experts.h"
 #include "core/placement_table.h"
+#include "core/stop_check.h"
 #include "core/workspace.h"
 
 namespace moe_ep::core {
@@ -115,13 +116,23 @@ class EpDispatcher {
   // before the combine (the server's call gate, itself a collective): its
   // error ends the step there on this rank, with nothing combined (the next
   // Dispatch starts afresh), and is returned.
+  // `stop` (core/stop_check.h; null = never) is polled before each chunk of
+  // received rows and each expert with rows (ExpertSet::ComputeWeightedSum):
+  // once it answers true the expert compute ends there and, in place of
+  // the combine, `before_combine` still runs (the peers wait in it) and its
+  // error is returned; with no error from it (or no `before_combine`) the
+  // LocalStop is returned and nothing is combined. In a group, pass a `stop`
+  // only with a `before_combine` that stops every rank whenever `stop` has
+  // fired on one (server::CallGate on the same server::CallBound does:
+  // server/call_gate.h), or the peers would wait in the combine.
   // Errors: kInvalidArgument (span sizes, T > R), kFailedPrecondition (no
   // geometry committed), kAborted (ranks disagree), collective errors.
   absl::Status Forward(absl::Span<const bf16_t> hidden, absl::Span<const int32_t> topk_ids,
                        absl::Span<const float> topk_weights, int64_t num_tokens,
                        const ExpertSet& experts, absl::Span<bf16_t> output,
                        absl::Span<const bf16_t> shared_out = {},
-                       const std::function<absl::Status()>& before_combine = nullptr);
+                       const std::function<absl::Status()>& before_combine = nullptr,
+                       const StopCheck& stop = nullptr);
 
   // The three phases of Forward, for benchmarks, tests and engines that run
   // their own experts. A non-OK `local_error` (the caller's own check of

@@ -141,7 +141,7 @@ absl::Status CheckSwiGluDims(int first_expert, int num_experts, int64_t hidden,
 
 absl::StatusOr<ExpertSet> ExpertSet::GenerateSwiGlu(uint64_t seed, int layer, int first_expert,
                                                     int num_experts, int64_t hidden,
-                                                    int64_t intermediate) {
+                                                    int64_t intermediate, const StopCheck& stop) {
   RETURN_IF_ERROR(CheckSwiGluDims(first_expert, num_experts, hidden, intermediate));
   ExpertSet set;
   set.kind_ = ExpertKind::kSwiGlu;
@@ -166,7 +166,7 @@ absl::StatusOr<ExpertSet> ExpertSet::GenerateSwiGlu(uint64_t seed, int layer, in
   ParallelFor(num_tensors, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) tensor(t).resize(n);
   });
-  ParallelFor(num_tensors * pairs_per_tensor, kMinPairsPerThread, [&](int64_t begin, int64_t end) {
+  const auto fill = [&](int64_t begin, int64_t end) {
     for (int64_t t = begin / pairs_per_tensor; t * pairs_per_tensor < end; ++t) {
       const int64_t tensor_begin = t * pairs_per_tensor;
       const int p = static_cast<int>(t % 3);
@@ -177,7 +177,21 @@ absl::StatusOr<ExpertSet> ExpertSet::GenerateSwiGlu(uint64_t seed, int layer, in
       FillPairs(key, p == 2 ? down_range : in_range, std::max(begin, tensor_begin) - tensor_begin,
                 std::min(end, tensor_begin + pairs_per_tensor) - tensor_begin, tensor(t));
     }
-  });
+  };
+  // Without a StopCheck one chunk (the whole space); with one, a poll before
+  // each kGenerateStopChunk weights.
+  const int64_t total_pairs = num_tensors * pairs_per_tensor;
+  const int64_t chunk_pairs = stop ? kGenerateStopChunk / 2 : std::max<int64_t>(total_pairs, 1);
+  for (int64_t lo = 0; lo < total_pairs; lo += chunk_pairs) {
+    if (ShouldStop(stop)) {
+      return LocalStop(absl::StrCat("weight generation (layer ", layer, ", experts ", first_expert,
+                                    "-", first_expert + num_experts - 1, "): after ", 2 * lo,
+                                    " of ", 2 * total_pairs, " weights"));
+    }
+    const int64_t hi = std::min(total_pairs, lo + chunk_pairs);
+    ParallelFor(hi - lo, kMinPairsPerThread,
+                [&](int64_t begin, int64_t end) { fill(lo + begin, lo + end); });
+  }
   return set;
 }
 
@@ -369,7 +383,7 @@ absl::Status ExpertSet::ApplyWithScratch(int64_t expert_id, absl::Span<const flo
 
 absl::Status ExpertSet::ComputeWeightedSum(absl::Span<const float> x, absl::Span<const int32_t> ids,
                                            absl::Span<const float> weights, int64_t rows, int top_k,
-                                           absl::Span<float> out) const {
+                                           absl::Span<float> out, const StopCheck& stop) const {
   if (rows < 0)
     return absl::InvalidArgumentError(absl::StrFormat("rows: expected >= 0, got %d", rows));
   if (top_k < 1)
@@ -423,9 +437,17 @@ absl::Status ExpertSet::ComputeWeightedSum(absl::Span<const float> x, absl::Span
   std::vector<float> w_gate_up(2 * ih), w_down(ih);
   std::vector<float> xs(max_rows * hidden_), ys(max_rows * hidden_);
   std::vector<float> mid(max_rows * 2 * intermediate_);
+  int64_t with_rows = 0;
+  for (int e = 0; e < num_experts_; ++e) with_rows += start[e + 1] > start[e] ? 1 : 0;
+  int64_t done = 0;
   for (int e = 0; e < num_experts_; ++e) {
     const int64_t m = start[e + 1] - start[e];
     if (m == 0) continue;
+    if (ShouldStop(stop)) {
+      return LocalStop(
+          absl::StrCat("expert compute: after ", done, " of ", with_rows, " experts with rows"));
+    }
+    ++done;
     const int64_t* ent = entries.data() + start[e];
     for (int64_t j = 0; j < m; ++j) {
       const int64_t r = ent[j] / top_k;

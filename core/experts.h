@@ -19,6 +19,7 @@
 #include "absl/types/span.h"
 #include "core/bf16.h"
 #include "core/safetensors.h"
+#include "core/stop_check.h"
 
 namespace moe_ep::core {
 
@@ -50,6 +51,10 @@ absl::StatusOr<SafetensorsTensorView> FindBf16Matrix(SafetensorsCheckpoint& ckpt
 absl::Status CheckSwiGluDims(int first_expert, int num_experts, int64_t hidden,
                              int64_t intermediate);
 
+// How many weights ExpertSet::GenerateSwiGlu makes between two polls of its
+// StopCheck (8 MiB of bf16; tens of milliseconds of one core).
+inline constexpr int64_t kGenerateStopChunk = int64_t{1} << 22;
+
 // Weights of one SwiGLU expert, bf16 bit patterns, row-major.
 struct SwiGluWeights {
   std::vector<bf16_t> gate;  // [I, H]
@@ -73,11 +78,18 @@ class ExpertSet {
   // Seeded SwiGLU weights: values uniform in [-s, s] with s = 1/sqrt(fan_in),
   // so activations keep their scale across layers. Large sets are generated
   // on all cores (core/parallel_for.h; the counter-based stream of
-  // core/seeded_stream.h makes the bits independent of the split).
-  // Errors: kInvalidArgument for hidden < 1, intermediate < 1, num_experts < 0.
+  // core/seeded_stream.h makes the bits independent of the split). `stop`
+  // (core/stop_check.h; null = never) is polled on the calling thread
+  // before each chunk of kGenerateStopChunk weights: once it answers true,
+  // nothing is returned but LocalStop ("weight generation: after <n> of
+  // <total> weights"), so a request-sized set ends soon after its call's
+  // bound (issue 13 item 6). The bits do not depend on `stop`.
+  // Errors: kInvalidArgument for hidden < 1, intermediate < 1, num_experts < 0;
+  // LocalStop.
   static absl::StatusOr<ExpertSet> GenerateSwiGlu(uint64_t seed, int layer, int first_expert,
                                                   int num_experts, int64_t hidden,
-                                                  int64_t intermediate);
+                                                  int64_t intermediate,
+                                                  const StopCheck& stop = nullptr);
   static ExpertSet Identity(int first_expert, int num_experts, int64_t hidden);
   // SwiGLU experts [first_expert, first_expert + weights.size()) from given
   // weights (tests, converters). Errors: kInvalidArgument for hidden or
@@ -165,9 +177,13 @@ class ExpertSet {
   // weights[r, k] * expert_{ids[r,k]}(x[r]). Rows are grouped by expert so each
   // expert runs one GEMM. ids [rows, K] int32, weights [rows, K] fp32,
   // out [rows, H] fp32 (overwritten). Rows with no local expert get zeros.
+  // `stop` (core/stop_check.h; null = never) is polled before each expert
+  // that has rows (SwiGLU sets): once it answers true the sum is abandoned
+  // (`out` holds a partial sum) and LocalStop ("expert compute: after <e>
+  // of <n> experts with rows") is returned (issue 13 item 6).
   absl::Status ComputeWeightedSum(absl::Span<const float> x, absl::Span<const int32_t> ids,
                                   absl::Span<const float> weights, int64_t rows, int top_k,
-                                  absl::Span<float> out) const;
+                                  absl::Span<float> out, const StopCheck& stop = nullptr) const;
 
  private:
   ExpertKind kind_ = ExpertKind::kIdentity;

@@ -47,7 +47,10 @@ struct LayerWeights {
   std::vector<float> attention;  // [H, H]: y = x W, W[i][o] at i * H + o
 };
 
-absl::StatusOr<LayerWeights> MakeLayerWeights(const LayerStackConfig& c, int layer) {
+// `stop` (core/stop_check.h) is polled before each kGenerateStopChunk
+// attention weights.
+absl::StatusOr<LayerWeights> MakeLayerWeights(const LayerStackConfig& c, int layer,
+                                              const StopCheck& stop = nullptr) {
   const int64_t h = c.hidden;
   std::vector<float> in_w(h), post_w(h), attn(h * h);
   for (int64_t i = 0; i < h; ++i) {
@@ -56,6 +59,10 @@ absl::StatusOr<LayerWeights> MakeLayerWeights(const LayerStackConfig& c, int lay
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(h));
   for (int64_t i = 0; i < h * h; ++i) {
+    if (i % kGenerateStopChunk == 0 && ShouldStop(stop)) {
+      return LocalStop(absl::StrCat("attention weights (layer ", layer, "): after ", i, " of ",
+                                    h * h, " weights"));
+    }
     attn[i] = scale * (2.0f * Unit(Hash(c.seed, kAttentionStream, layer, i)) - 1.0f);
   }
   ASSIGN_OR_RETURN(RmsNorm input_norm, RmsNorm::Create(std::move(in_w), c.rms_eps));
@@ -89,9 +96,10 @@ std::pair<int64_t, int64_t> Split(int64_t total, int n, int j) {
 
 // The dense SwiGLU of `layer` sharded into `n` parts over I, part `j` (n = 1:
 // the whole MLP).
-absl::StatusOr<ExpertSet> DenseShard(const LayerStackConfig& c, int layer, int n, int j) {
+absl::StatusOr<ExpertSet> DenseShard(const LayerStackConfig& c, int layer, int n, int j,
+                                     const StopCheck& stop = nullptr) {
   ASSIGN_OR_RETURN(ExpertSet full, ExpertSet::GenerateSwiGlu(c.seed ^ kDenseSeedSalt, layer, 0, 1,
-                                                             c.hidden, c.dense_intermediate));
+                                                             c.hidden, c.dense_intermediate, stop));
   if (n == 1) return full;
   const SwiGluWeights& w = full.swiglu_weights(0);
   const int64_t h = c.hidden, i_full = c.dense_intermediate, i_part = i_full / n;
@@ -109,9 +117,10 @@ absl::StatusOr<ExpertSet> DenseShard(const LayerStackConfig& c, int layer, int n
 }
 
 absl::StatusOr<ExpertSet> RankExperts(const LayerStackConfig& c, const ExpertPlacement& placement,
-                                      int layer, int rank) {
+                                      int layer, int rank, const StopCheck& stop = nullptr) {
   return ExpertSet::GenerateSwiGlu(c.seed, layer, placement.FirstExpert(rank),
-                                   placement.NumLocalExperts(rank), c.hidden, c.moe_intermediate);
+                                   placement.NumLocalExperts(rank), c.hidden, c.moe_intermediate,
+                                   stop);
 }
 
 // ids [rows, K], weights [rows, K] for rows whose global token id is
@@ -341,7 +350,7 @@ DistributedLayerStack::~DistributedLayerStack() = default;
 absl::StatusOr<std::unique_ptr<DistributedLayerStack>> DistributedLayerStack::Create(
     const ParallelGroups* groups, const LayerStackConfig& config,
     std::unique_ptr<StepExecutor> executor,
-    const std::function<absl::Status(int layer)>& before_layer) {
+    const std::function<absl::Status(int layer)>& before_layer, const StopCheck& stop) {
   if (groups == nullptr) return absl::InvalidArgumentError("groups is null");
   RETURN_IF_ERROR(ValidateLayerStackConfig(config));
   const ParallelLayout& gl = groups->layout();
@@ -363,12 +372,12 @@ absl::StatusOr<std::unique_ptr<DistributedLayerStack>> DistributedLayerStack::Cr
   impl->executor = executor != nullptr ? std::move(executor)
                                        : std::make_unique<HostStepExecutor>(groups, config.hidden);
   bool needs_dispatcher = false;
-  for (const LayerPlan& plan : impl->plans) {
-    if (plan.layer > 0 && before_layer) RETURN_IF_ERROR(before_layer(plan.layer));
-    ASSIGN_OR_RETURN(LayerWeights w, MakeLayerWeights(config, plan.layer));
+  const auto build_layer = [&](const LayerPlan& plan) -> absl::Status {
+    ASSIGN_OR_RETURN(LayerWeights w, MakeLayerWeights(config, plan.layer, stop));
     impl->weights.push_back(std::move(w));
     if (plan.sparse) {
-      ASSIGN_OR_RETURN(ExpertSet set, RankExperts(config, placement, plan.layer, groups->rank()));
+      ASSIGN_OR_RETURN(ExpertSet set,
+                       RankExperts(config, placement, plan.layer, groups->rank(), stop));
       impl->mlp.push_back(std::move(set));
       needs_dispatcher |= plan.mlp == ScatterMode::kScattered;
     } else {
@@ -380,9 +389,22 @@ absl::StatusOr<std::unique_ptr<DistributedLayerStack>> DistributedLayerStack::Cr
         parts = groups->attn_tp_size();
         part = groups->attn_tp_rank();
       }
-      ASSIGN_OR_RETURN(ExpertSet set, DenseShard(config, plan.layer, parts, part));
+      ASSIGN_OR_RETURN(ExpertSet set, DenseShard(config, plan.layer, parts, part, stop));
       impl->mlp.push_back(std::move(set));
     }
+    return absl::OkStatus();
+  };
+  for (size_t i = 0; i < impl->plans.size(); ++i) {
+    const LayerPlan& plan = impl->plans[i];
+    if (plan.layer > 0 && before_layer) RETURN_IF_ERROR(before_layer(plan.layer));
+    const absl::Status built = build_layer(plan);
+    // Stopped early: the peers build on to the next gate, so this rank
+    // meets them there (its answer, a stop on every rank, replaces the
+    // local one); after the last layer the caller's next gate does it.
+    if (IsLocalStop(built) && before_layer && i + 1 < impl->plans.size()) {
+      RETURN_IF_ERROR(before_layer(impl->plans[i + 1].layer));
+    }
+    RETURN_IF_ERROR(built);
   }
   if (needs_dispatcher) {
     EpDispatcherOptions options;

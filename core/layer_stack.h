@@ -62,6 +62,7 @@
 #include "core/layer_plan.h"
 #include "core/parallel_groups.h"
 #include "core/step_executor.h"
+#include "core/stop_check.h"
 
 namespace moe_ep::core {
 
@@ -122,13 +123,23 @@ class DistributedLayerStack {
   // `before_layer` (null = none) runs on every rank before the weights of
   // each layer l >= 1 are made (the server's call gate, a collective): its
   // error stops the build there and is returned.
+  // `stop` (core/stop_check.h; null = never) is polled while a layer's
+  // weights are made (each kGenerateStopChunk weights): once it answers
+  // true, that layer's build ends and `before_layer` of the next layer
+  // still runs (the peers wait in it; its error is returned). After the
+  // last layer, or when `before_layer` lets it on, the LocalStop is
+  // returned: the caller must then pass the gate the peers wait in next
+  // (server/layer_stack_runner.cc). In a group, `before_layer` must stop
+  // every rank whenever `stop` fired on one (server::CallGate on the same
+  // server::CallBound does; issue 13 item 6).
   // Errors: ValidateLayerStackConfig and PlanLayers errors; kInvalidArgument
   // for a null groups or a layout that differs from the groups'; EpDispatcher
-  // creation errors; `before_layer`'s.
+  // creation errors; `before_layer`'s; LocalStop.
   static absl::StatusOr<std::unique_ptr<DistributedLayerStack>> Create(
       const ParallelGroups* groups, const LayerStackConfig& config,
       std::unique_ptr<StepExecutor> executor = nullptr,
-      const std::function<absl::Status(int layer)>& before_layer = nullptr);
+      const std::function<absl::Status(int layer)>& before_layer = nullptr,
+      const StopCheck& stop = nullptr);
 
   // Forward()
   //

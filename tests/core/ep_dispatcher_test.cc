@@ -7,6 +7,7 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/moe_reference.h"
@@ -508,6 +509,65 @@ TEST(EpDispatcher, SequenceErrorsAreFailedPrecondition) {
     EXPECT_EQ(Bf16ToFloat(out[1]), 1.0f);
     EXPECT_EQ(d.Combine(absl::MakeSpan(out)).code(), absl::StatusCode::kFailedPrecondition)
         << "second combine";
+  });
+}
+
+// Issue 13 item 6: a `stop` that fires inside the expert compute ends it
+// there, `before_combine` (the server's gate, which the peers wait in)
+// still runs and its error is returned; nothing is combined, and the next
+// step is exact. With a before_combine that lets it on, the LocalStop is
+// returned and still nothing is combined.
+TEST(EpDispatcher, ForwardStoppedInsideExpertComputeStillRunsBeforeCombine) {
+  constexpr int64_t kH = 8;
+  RunEp(1, Options(1, 4, kH, 2, 4), [&](int, EpDispatcher& d) {
+    auto experts = ExpertSet::GenerateSwiGlu(3, 0, 0, 4, kH, 16);
+    ASSERT_TRUE(experts.ok());
+    std::vector<bf16_t> hidden;
+    for (int64_t i = 0; i < 3 * kH; ++i) hidden.push_back(FloatToBf16(0.1f * (i % 7) - 0.3f));
+    const std::vector<int32_t> ids = {0, 1, 2, 3, 1, 2};
+    const std::vector<float> weights = {0.5f, 0.5f, 0.25f, 0.75f, 1.0f, 0.0f};
+    ASSERT_TRUE(d.CommitGeometry(1, 3, 3).ok());
+    std::vector<bf16_t> want(3 * kH);
+    ASSERT_TRUE(d.Forward(hidden, ids, weights, 3, *experts, absl::MakeSpan(want)).ok());
+
+    const bf16_t sentinel = FloatToBf16(-7.0f);
+    std::vector<bf16_t> out(3 * kH, sentinel);
+    int polls = 0, gates = 0;
+    // Polls: 1 before the one chunk of rows, then one per expert with rows
+    // (4): the 3rd answers true, inside the expert loop.
+    const StopCheck stop = [&] { return ++polls >= 3; };
+    absl::Status s = d.Forward(
+        hidden, ids, weights, 3, *experts, absl::MakeSpan(out), {},
+        [&] {
+          ++gates;
+          return absl::DeadlineExceededError("gate: stopped on every rank");
+        },
+        stop);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    EXPECT_EQ(s.message(), "gate: stopped on every rank");
+    EXPECT_EQ(polls, 3);
+    EXPECT_EQ(gates, 1);
+    EXPECT_THAT(out, ::testing::Each(sentinel));
+
+    polls = 0;
+    s = d.Forward(
+        hidden, ids, weights, 3, *experts, absl::MakeSpan(out), {},
+        [&] {
+          ++gates;
+          return absl::OkStatus();
+        },
+        stop);
+    EXPECT_TRUE(IsLocalStop(s)) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("expert compute: after 1 of 4 experts"));
+    EXPECT_EQ(gates, 2);
+    EXPECT_THAT(out, ::testing::Each(sentinel));
+
+    // The next step (no stop) is exact, bit for bit.
+    ASSERT_TRUE(d.Forward(
+                     hidden, ids, weights, 3, *experts, absl::MakeSpan(out), {},
+                     [] { return absl::OkStatus(); }, [] { return false; })
+                    .ok());
+    EXPECT_EQ(out, want);
   });
 }
 

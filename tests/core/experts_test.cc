@@ -8,10 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "core/agreement.h"
 #include "core/safetensors.h"
 #include "core/seeded_stream.h"
+#include "core/stop_check.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -337,6 +339,70 @@ TEST(ExpertSet, ComputeWeightedSumMixedLocalAndForeignIds) {
       }
     }
   }
+}
+
+// Issue 13 item 6 (fuzz-long run 5): the expert loop polls its StopCheck
+// before each expert with rows and, once it answers true, returns the
+// LocalStop at once: here rows hit all 4 experts, the check answers true
+// on its 3rd poll, so exactly 2 experts ran and no 4th poll was made.
+// Without a stop (and with one that never fires) the sum is the same.
+TEST(ExpertSet, ComputeWeightedSumStopsBetweenExperts) {
+  constexpr int64_t kH = 16, kI = 8, kRows = 4;
+  auto set = ExpertSet::GenerateSwiGlu(11, 2, 0, 4, kH, kI);
+  ASSERT_TRUE(set.ok());
+  const std::vector<int32_t> ids = {0, 1, 1, 2, 2, 3, 3, 0};
+  const std::vector<float> w(kRows * 2, 0.5f);
+  std::vector<float> x(kRows * kH);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.7 * i));
+  std::vector<float> plain(kRows * kH), never(kRows * kH), stopped(kRows * kH);
+  ASSERT_TRUE(set->ComputeWeightedSum(x, ids, w, kRows, 2, absl::MakeSpan(plain)).ok());
+  int polls = 0;
+  ASSERT_TRUE(set->ComputeWeightedSum(x, ids, w, kRows, 2, absl::MakeSpan(never),
+                                      [&] {
+                                        ++polls;
+                                        return false;
+                                      })
+                  .ok());
+  EXPECT_EQ(polls, 4);  // one per expert with rows
+  EXPECT_EQ(never, plain);
+  polls = 0;
+  const absl::Status s = set->ComputeWeightedSum(x, ids, w, kRows, 2, absl::MakeSpan(stopped),
+                                                 [&] { return ++polls >= 3; });
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_TRUE(IsLocalStop(s));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("expert compute: after 2 of 4 experts with rows"));
+  EXPECT_EQ(polls, 3);
+}
+
+// GenerateSwiGlu polls before each kGenerateStopChunk weights: a set of
+// 3 * 2 * kGenerateStopChunk weights stops on the poll that answers true
+// (the 4th: after 3 chunks), and with a check that never fires makes the
+// same bits as without one.
+TEST(ExpertSet, GenerateSwiGluStopsBetweenWeightChunks) {
+  constexpr int64_t kH = 1024;
+  const int64_t kI = 2 * kGenerateStopChunk / kH;  // 2 chunks per tensor, 6 in all
+  int polls = 0;
+  const auto stopped = ExpertSet::GenerateSwiGlu(5, 1, 0, 1, kH, kI, [&] { return ++polls >= 4; });
+  EXPECT_EQ(stopped.status().code(), absl::StatusCode::kCancelled) << stopped.status();
+  EXPECT_TRUE(IsLocalStop(stopped.status()));
+  EXPECT_THAT(
+      std::string(stopped.status().message()),
+      HasSubstr(absl::StrCat("weight generation (layer 1, experts 0-0): after ",
+                             3 * kGenerateStopChunk, " of ", 6 * kGenerateStopChunk, " weights")));
+  EXPECT_EQ(polls, 4);
+  polls = 0;
+  const auto checked = ExpertSet::GenerateSwiGlu(5, 1, 0, 1, kH, kI, [&] {
+    ++polls;
+    return false;
+  });
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(polls, 6);
+  const auto plain = ExpertSet::GenerateSwiGlu(5, 1, 0, 1, kH, kI);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(checked->swiglu_weights(0).gate, plain->swiglu_weights(0).gate);
+  EXPECT_EQ(checked->swiglu_weights(0).up, plain->swiglu_weights(0).up);
+  EXPECT_EQ(checked->swiglu_weights(0).down, plain->swiglu_weights(0).down);
 }
 
 TEST(ExpertSet, ComputeWeightedSumIdentity) {
