@@ -19,7 +19,20 @@ constexpr int64_t kGo = 0;
 constexpr int64_t kLate = 1;
 constexpr int64_t kCancelled = 2;
 
+// The deadline first: gRPC reports a call whose deadline passed as
+// cancelled too.
+CallBound::Stop CheckNow(const CallBound& call) {
+  if (absl::Now() >= call.deadline) return CallBound::Stop::kLate;
+  if (call.cancelled && call.cancelled()) return CallBound::Stop::kCancelled;
+  return CallBound::Stop::kNone;
+}
+
 }  // namespace
+
+bool CallBound::Expired() const {
+  if (seen == Stop::kNone) seen = CheckNow(*this);
+  return seen != Stop::kNone;
+}
 
 absl::Time CollectiveDeadline(const CallBound& call) {
   return call.deadline == absl::InfiniteFuture() ? call.deadline : call.deadline + kCollectiveGrace;
@@ -27,14 +40,12 @@ absl::Time CollectiveDeadline(const CallBound& call) {
 
 absl::Status CallGate(core::ControlCollective& collective, const CallBound& call,
                       absl::string_view where, absl::string_view hint) {
-  // The deadline first: gRPC reports a call whose deadline passed as
-  // cancelled too.
-  int64_t local = kGo;
-  if (absl::Now() >= call.deadline) {
-    local = kLate;
-  } else if (call.cancelled && call.cancelled()) {
-    local = kCancelled;
-  }
+  // A stop Expired() latched (work skipped on this rank) is this rank's
+  // vote whatever the checks say now.
+  const CallBound::Stop mine = call.seen != CallBound::Stop::kNone ? call.seen : CheckNow(call);
+  const int64_t local = mine == CallBound::Stop::kLate        ? kLate
+                        : mine == CallBound::Stop::kCancelled ? kCancelled
+                                                              : kGo;
   collective.SetCallDeadline(absl::InfiniteFuture());
   absl::StatusOr<std::vector<int64_t>> votes = core::AllGatherInt64(collective, local);
   collective.SetCallDeadline(CollectiveDeadline(call));

@@ -10,6 +10,12 @@
 // A stop all ranks agreed on leaves the collective in step: it is not a
 // group error (IsAgreedStop; server/worker_state.h IsGroupError), so the
 // group stays usable and the next call on it needs no new Join.
+// Between the gates, the heavy phases (a CPU Forward's expert compute, a
+// layer's weight build in ForwardLayers) poll CallBound::Expired and stop
+// early on their rank (core/stop_check.h; fuzz-long run 5); the rank then
+// goes on to the next gate, where its latched vote stops every rank, so it
+// never combines with ranks that did the work. One mechanism: the poll is
+// the gate's own check, latched.
 //
 // Thread-compatible (one call at a time holds the collective slot).
 
@@ -27,8 +33,31 @@ namespace moe_ep::server {
 // RPC, whether its client cancelled it (null `cancelled`: it cannot be
 // cancelled, e.g. the embedded worker's in-process calls).
 struct CallBound {
+  // Why a call should stop (kNone: it should not).
+  enum class Stop { kNone, kLate, kCancelled };
+
   absl::Time deadline = absl::InfiniteFuture();
   std::function<bool()> cancelled;
+  // The first stop Expired() saw on this object (kNone until then); read by
+  // CallGate. Copies carry it; DataPlane::SetCall starts each call afresh.
+  mutable Stop seen = Stop::kNone;
+
+  // Expired()
+  //
+  // Whether the call should stop now: past its deadline (checked first:
+  // gRPC reports a call past its deadline as cancelled too), or else
+  // cancelled by its client. Cheap (a clock read and the cancel check):
+  // heavy local work polls it between experts or weight chunks as its
+  // core::StopCheck (core/stop_check.h) and stops early. The first true
+  // answer is latched in `seen`, and the next CallGate on this same object
+  // votes that stop whatever the clock or the cancel check say by then, so
+  // a rank that skipped work is always among the ranks the gate stops for
+  // (and with it every rank stops). Thread-compatible.
+  bool Expired() const;
+  // As a core::StopCheck: `this` must outlive it.
+  std::function<bool()> StopCheck() const {
+    return [this] { return Expired(); };
+  }
 };
 
 // How long past its call's deadline a collective of the call may still
@@ -62,6 +91,9 @@ absl::Time CollectiveDeadline(const CallBound& call);
 // point ("Forward (layer 3): before dispatch"); `hint` what the caller can
 // change ("send it again with a longer deadline or less work"). The
 // all-gather's own errors pass through unmarked.
+// This rank's vote is `call.seen` when Expired() has latched one (work
+// stopped early on it: it must be in the stop, see CallBound::Expired),
+// else the deadline and cancel checks as Expired() makes them.
 absl::Status CallGate(core::ControlCollective& collective, const CallBound& call,
                       absl::string_view where, absl::string_view hint);
 

@@ -255,12 +255,17 @@ absl::StatusOr<core::StepStats> CpuDataPlane::Forward(
                     .count();
   }
   RETURN_IF_ERROR(dispatcher_->SetPlacement(Placement(layer)));
+  // The expert compute stops early once the call is past its deadline or
+  // cancelled (call_.Expired latches it), and the gate after it then stops
+  // every rank (server/call_gate.h).
   const absl::Status forwarded = dispatcher_->Forward(
-      hidden, topk_ids, topk_weights, num_tokens, experts->second, output, shared_out, [&] {
+      hidden, topk_ids, topk_weights, num_tokens, experts->second, output, shared_out,
+      [&] {
         return CallGate(*collective_, call_,
                         absl::StrCat(call, ": between expert compute and combine"),
                         kForwardStopHint);
-      });
+      },
+      call_.StopCheck());
   // This step's counts go to the layer's counters; those of a step that
   // did not complete are dropped.
   const core::ExpertLoadCounts step = dispatcher_->ReadExpertLoad(/*reset=*/true);

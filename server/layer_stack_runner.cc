@@ -14,6 +14,7 @@
 #include "core/bf16.h"
 #include "core/dp_padding.h"
 #include "core/status_macros.h"
+#include "core/stop_check.h"
 #include "server/tensor_codec.h"
 
 #ifdef MOE_EP_HAVE_CUDA
@@ -286,19 +287,28 @@ absl::Status LayerStackRunner::Run(core::ControlCollective& world, int64_t gener
                      core::ParallelGroups::Create(&world, prepared->config.layout, tag));
     ASSIGN_OR_RETURN(std::unique_ptr<core::StepExecutor> executor,
                      MakeStepExecutor(*groups, prepared->config.hidden));
-    ASSIGN_OR_RETURN(std::unique_ptr<core::DistributedLayerStack> stack,
-                     core::DistributedLayerStack::Create(
-                         groups.get(), prepared->config, std::move(executor), [&](int layer) {
-                           return CallGate(world, call,
-                                           absl::StrCat("ForwardLayers: building layer ", layer,
-                                                        " of ", num_layers),
-                                           kStopHint);
-                         }));
+    // A layer's weights stop early once the call is past its deadline or
+    // cancelled (call.Expired latches it); the next gate then stops every
+    // rank (core::DistributedLayerStack::Create; server/call_gate.h).
+    absl::StatusOr<std::unique_ptr<core::DistributedLayerStack>> stack =
+        core::DistributedLayerStack::Create(
+            groups.get(), prepared->config, std::move(executor),
+            [&](int layer) {
+              return CallGate(
+                  world, call,
+                  absl::StrCat("ForwardLayers: building layer ", layer, " of ", num_layers),
+                  kStopHint);
+            },
+            call.StopCheck());
+    if (!stack.ok() && !core::IsLocalStop(stack.status())) return stack.status();
+    // After a local stop in the last layer the peers wait here: this gate
+    // stops them all.
     RETURN_IF_ERROR(CallGate(
         world, call,
         absl::StrCat("ForwardLayers: after the layer-stack build, before layer 0 of ", num_layers),
         kStopHint));
-    stack_ = std::move(stack);
+    RETURN_IF_ERROR(stack.status());
+    stack_ = *std::move(stack);
     groups_ = std::move(groups);
     built_fingerprint_ = prepared->fingerprint;
     stale_ = false;

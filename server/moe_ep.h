@@ -297,9 +297,17 @@ MOE_EP_EXPORT moe_ep_status moe_ep_combine(moe_ep_worker* worker, const uint16_t
 
 /* One MoE layer with the experts LoadExperts put on this worker for `layer`
  * (and its shared expert, when loaded): hidden [T,H] bf16, topk_ids [T,K]
- * int32, topk_weights [T,K] fp32 -> output [T,H] bf16. Collective. Errors:
- * MOE_EP_FAILED_PRECONDITION (no experts for `layer`, no committed
- * geometry), MOE_EP_INVALID_ARGUMENT, MOE_EP_ABORTED, group errors. */
+ * int32, topk_weights [T,K] fp32 -> output [T,H] bf16. Collective. It runs
+ * the Forward RPC's call gates with `timeout_ms` (not 0) as its deadline:
+ * once any rank's step is past it, the expert compute stops and all ranks
+ * stop together at the next gate with MOE_EP_DEADLINE_EXCEEDED ("...
+ * stopped on every rank ... the group stays usable"); nothing is combined
+ * and the group is not broken. moe_ep_dispatch and moe_ep_combine are one
+ * collective each, with no work of the library's between them to stop, so
+ * they have no gate.
+ * Errors: MOE_EP_FAILED_PRECONDITION (no experts for `layer`, no committed
+ * geometry), MOE_EP_INVALID_ARGUMENT, MOE_EP_ABORTED, MOE_EP_DEADLINE_EXCEEDED
+ * (the agreed stop above), group errors. */
 MOE_EP_EXPORT moe_ep_status moe_ep_forward(moe_ep_worker* worker, int32_t layer,
                                            const uint16_t* hidden, const int32_t* topk_ids,
                                            const float* topk_weights, int64_t num_tokens,

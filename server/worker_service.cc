@@ -127,8 +127,7 @@ absl::Status WorkerService::EnterGroup(SlotLease& slot, const grpc::ServerContex
                                        const char* rpc, WorkerPhase phase) {
   RETURN_IF_ERROR(slot.Acquire(context, rpc));
   if (!RequireGroup(WorkerPhase::kJoined, rpc).ok()) return RequireGroup(phase, rpc);
-  call_.deadline = CallDeadline(context);
-  call_.cancelled = nullptr;
+  call_ = CallBound{CallDeadline(context), nullptr};  // nothing latched from the last call
   if (context != nullptr) call_.cancelled = [context] { return context->IsCancelled(); };
   data_plane_->SetCall(call_);
   return absl::OkStatus();

@@ -114,6 +114,80 @@ TEST(CallGate, ThreeRanksAllStopTogetherAndStayInStep) {
   for (int r = 0; r < 3; ++r) EXPECT_TRUE(got[r].ok()) << "rank " << r << got[r];
 }
 
+// Expired() is the StopCheck heavy work polls (issue 13 item 6): false
+// while in time; true once past the deadline (checked first) or cancelled;
+// the first true answer is latched, so a cancel check that would answer
+// false again (a flag reset; a clock read back) changes nothing.
+TEST(CallBound, ExpiredLatchesTheFirstStop) {
+  EXPECT_FALSE(CallBound{}.Expired());
+  bool flag = false;
+  int checks = 0;
+  const CallBound call{absl::Now() + absl::Hours(1), [&] {
+                         ++checks;
+                         return flag;
+                       }};
+  EXPECT_FALSE(call.Expired());
+  EXPECT_EQ(call.seen, CallBound::Stop::kNone);
+  flag = true;
+  EXPECT_TRUE(call.Expired());
+  EXPECT_EQ(call.seen, CallBound::Stop::kCancelled);
+  flag = false;
+  EXPECT_TRUE(call.Expired());
+  EXPECT_EQ(checks, 2) << "no check once latched";
+  const CallBound late{absl::Now() - absl::Seconds(1), [] { return true; }};
+  EXPECT_TRUE(late.Expired());
+  EXPECT_EQ(late.seen, CallBound::Stop::kLate);
+  // A fresh bound (what every call starts with) has nothing latched.
+  EXPECT_EQ(CallBound{}.seen, CallBound::Stop::kNone);
+}
+
+// The borderline case: work on rank 0 stopped early (its Expired() fired),
+// yet at the gate its own checks would now answer "go" (the cancel flag
+// reads false again, as a clock read back would). The gate still votes the
+// latched stop, so rank 0 is named and both ranks stop: a rank that skipped
+// work never goes on with ranks that did it.
+TEST(CallGate, ARankWhoseWorkStoppedEarlyIsInTheStopWhateverItsChecksSayNow) {
+  auto group = FormGroup(2);
+  for (const auto& g : group) ASSERT_NE(g, nullptr);
+  std::atomic<bool> flag{true};
+  const CallBound calls[2] = {CallBound{absl::InfiniteFuture(), [&] { return flag.load(); }},
+                              CallBound{}};
+  ASSERT_TRUE(calls[0].Expired());  // the work's poll
+  flag = false;                     // its check would now say "go"
+  absl::Status got[2];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      got[r] = CallGate(*group[r], calls[r],
+                        "Forward (layer 1): between expert compute and combine", "hint");
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(got[r].code(), absl::StatusCode::kCancelled) << "rank " << r << got[r];
+    EXPECT_EQ(got[r].message(),
+              "Forward (layer 1): between expert compute and combine: stopped on every rank: the "
+              "client cancelled the call on rank(s) [0]; nothing was committed and the group "
+              "stays usable: hint");
+    EXPECT_TRUE(IsAgreedStop(got[r]));
+  }
+  // A rank latched past its deadline votes late, as its clock says too.
+  const CallBound late{absl::Now() - absl::Milliseconds(1), nullptr};
+  ASSERT_TRUE(late.Expired());
+  EXPECT_EQ(late.seen, CallBound::Stop::kLate);
+  threads.clear();
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back(
+        [&, r] { got[r] = CallGate(*group[r], r == 1 ? late : CallBound{}, "X", "h"); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(got[r].code(), absl::StatusCode::kDeadlineExceeded) << "rank " << r << got[r];
+    EXPECT_THAT(std::string(got[r].message()),
+                HasSubstr("the call's deadline passed on rank(s) [1]"));
+  }
+}
+
 TEST(BenchmarkGatePoint, NamesTheIterationAndTheTotal) {
   EXPECT_EQ(BenchmarkGatePoint(3, 7), "Benchmark: after 3 of 7 iterations (warmup included)");
 }

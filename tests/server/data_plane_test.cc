@@ -1,11 +1,15 @@
 #include "server/data_plane.h"
 
+#include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "core/bf16.h"
+#include "core/experts.h"
+#include "core/moe_reference.h"
 #include "gloo/rendezvous/hash_store.h"
 #include "gmock/gmock.h"
 #include "grpcpp/security/server_credentials.h"
@@ -425,6 +429,114 @@ TEST(CpuDataPlane, ForwardStopsAtItsGatesAndTheNextForwardIsExact) {
   ASSERT_TRUE(load.ok()) << load.status();
   EXPECT_EQ(load->steps, 1);
   EXPECT_THAT(load->tokens_per_expert, ElementsAre(1, 1, 0, 1));
+}
+
+// Issue 13 item 6 (fuzz-long run 5: a Forward's expert compute outlasted
+// its call): two ranks; rank 0's client cancels inside its expert compute
+// (check 4: 1 the gate before dispatch, 2 the poll before its one chunk
+// of rows, 3 and 4 the polls before each of its two experts), rank 1's
+// never. Rank 0 skips its second expert and meets rank 1 at the gate
+// between expert compute and combine: both stop there naming rank 0, with
+// nothing combined and nothing counted, and the next Forward on the same
+// planes equals the one before the stop bit for bit and the dense
+// reference.
+TEST(CpuDataPlane, TwoRanksStopTogetherWhenOneStopsInsideItsExpertCompute) {
+  constexpr int kRanks = 2;
+  constexpr int64_t kH = 8, kI = 16, kT = 3;
+  constexpr int kExperts = 4;
+  auto store = std::make_shared<gloo::rendezvous::HashStore>();
+  std::vector<std::unique_ptr<DataPlane>> planes(kRanks);
+  core::EpDispatcherOptions options = HandOptions();
+  options.workspace.ep_size = kRanks;
+  options.workspace.hidden = kH;
+  auto on_ranks = [&](const std::function<void(int)>& fn) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kRanks; ++r) threads.emplace_back(fn, r);
+    for (std::thread& t : threads) t.join();
+  };
+  on_ranks([&](int r) {
+    DataPlaneGroup group = OneRank("gloo");
+    group.world_size = kRanks;
+    group.rank = r;
+    absl::StatusOr<std::unique_ptr<DataPlane>> formed = FormDataPlane(group, store);
+    ASSERT_TRUE(formed.ok()) << formed.status();
+    planes[r] = std::move(*formed);
+    ASSERT_TRUE(planes[r]->Allocate(options, 0, 0).ok());
+    ASSERT_TRUE(
+        planes[r]
+            ->LoadExperts(0, core::ExpertSource::Seeded(5, 0, kExperts, 2 * r, 2, kH, kI), 0)
+            .ok());
+    ASSERT_TRUE(planes[r]->CommitGeometry(1, kT, kT).ok());
+  });
+  for (const auto& p : planes) ASSERT_NE(p, nullptr);
+  // Token t of rank r goes to experts {t, t + 1} (mod 4): each rank gets rows
+  // for both of its experts.
+  std::vector<std::vector<core::bf16_t>> hidden(kRanks);
+  std::vector<std::vector<int32_t>> ids(kRanks);
+  std::vector<std::vector<float>> weights(kRanks);
+  for (int r = 0; r < kRanks; ++r) {
+    for (int64_t i = 0; i < kT * kH; ++i) {
+      hidden[r].push_back(core::FloatToBf16(static_cast<float>(std::sin(0.4 * i + r))));
+    }
+    for (int t = 0; t < kT; ++t) {
+      ids[r].push_back((t + r) % kExperts);
+      ids[r].push_back((t + r + 1) % kExperts);
+      weights[r].push_back(0.75f);
+      weights[r].push_back(0.25f);
+    }
+  }
+  const core::bf16_t sentinel = core::FloatToBf16(-7.0f);
+  std::vector<std::vector<core::bf16_t>> out(kRanks);
+  std::vector<absl::Status> got(kRanks);
+  // One Forward on both ranks; rank 0 cancelled from its check `at` (0: never).
+  auto forward = [&](int at) {
+    on_ranks([&](int r) {
+      auto checks = std::make_shared<int>(0);
+      planes[r]->SetCall(r == 0 && at > 0 ? CancelledAtCheck(at, checks) : CallBound{});
+      out[r].assign(kT * kH, sentinel);
+      got[r] =
+          planes[r]->Forward(0, hidden[r], ids[r], weights[r], kT, absl::MakeSpan(out[r])).status();
+      if (r == 0 && at > 0) EXPECT_EQ(*checks, at) << "no poll after the one that fired";
+    });
+  };
+  forward(0);
+  std::vector<std::vector<core::bf16_t>> before = out;
+  for (int r = 0; r < kRanks; ++r) ASSERT_TRUE(got[r].ok()) << "rank " << r << ": " << got[r];
+
+  forward(4);
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(got[r].code(), absl::StatusCode::kCancelled) << "rank " << r << ": " << got[r];
+    EXPECT_TRUE(IsAgreedStop(got[r])) << "rank " << r;
+    EXPECT_THAT(std::string(got[r].message()),
+                HasSubstr("Forward (layer 0): between expert compute and combine: stopped on "
+                          "every rank: the client cancelled the call on rank(s) [0]; nothing was "
+                          "committed and the group stays usable"))
+        << "rank " << r;
+    EXPECT_THAT(out[r], ::testing::Each(sentinel)) << "rank " << r;
+    absl::StatusOr<core::ExpertLoadCounts> load = planes[r]->ReadExpertLoad(0, false);
+    ASSERT_TRUE(load.ok()) << load.status();
+    EXPECT_EQ(load->steps, 1) << "rank " << r << ": only the step before the stop";
+  }
+
+  forward(0);
+  const absl::StatusOr<core::ExpertSet> all =
+      core::ExpertSet::GenerateSwiGlu(5, 0, 0, kExperts, kH, kI);
+  ASSERT_TRUE(all.ok());
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(got[r].ok()) << "rank " << r << ": " << got[r];
+    EXPECT_EQ(out[r], before[r]) << "rank " << r;
+    std::vector<float> want(kT * kH);
+    ASSERT_TRUE(core::DenseMoeReference({&*all}, kExperts, hidden[r], ids[r], weights[r], kT, 2,
+                                        absl::MakeSpan(want))
+                    .ok());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_NEAR(core::Bf16ToFloat(out[r][i]), want[i], 0.02f * (1 + std::abs(want[i])))
+          << "rank " << r << " element " << i;
+    }
+    absl::StatusOr<core::ExpertLoadCounts> load = planes[r]->ReadExpertLoad(0, false);
+    ASSERT_TRUE(load.ok()) << load.status();
+    EXPECT_EQ(load->steps, 2) << "rank " << r;
+  }
 }
 
 }  // namespace

@@ -3,6 +3,10 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "core/gloo_collective.h"
 #include "gloo/rendezvous/hash_store.h"
@@ -186,17 +190,31 @@ TEST(LayerStackRunner, StopsAtEachGateAndTheNextRunMatchesTheReference) {
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("ForwardLayers: before the layer-stack build" + stopped));
   EXPECT_EQ(runner.held_bytes(), 0);
-  s = run(cancel_at(2));
+  // The checks of a build, in order: 1 the gate before it; per layer l a
+  // poll before its attention weights and one before its MLP weights (one
+  // chunk each here), and for l >= 1 the gate before it (4, 7); 10 the gate
+  // after the build. A poll that fires stops that layer's build on this
+  // rank, and the next gate stops the call (issue 13 item 6).
+  s = run(cancel_at(2));  // inside layer 0's build: the gate before layer 1
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("ForwardLayers: building layer 1 of 3" + stopped));
   EXPECT_EQ(runner.held_bytes(), 0);
-  s = run(cancel_at(4));  // the gates before the build, before layers 1 and 2 of it, after it
+  s = run(cancel_at(4));  // that gate itself
   EXPECT_THAT(std::string(s.message()),
-              HasSubstr("ForwardLayers: after the layer-stack build, before layer 0 "
-                        "of 3" +
-                        stopped));
-  EXPECT_EQ(runner.held_bytes(), 0);  // the stack just built was dropped
-  EXPECT_FALSE(response.has_output());
+              HasSubstr("ForwardLayers: building layer 1 of 3" + stopped));
+  s = run(cancel_at(6));  // inside layer 1's experts: the gate before layer 2
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("ForwardLayers: building layer 2 of 3" + stopped));
+  for (int at : {9, 10}) {  // inside the last layer's build, and the gate after it
+    s = run(cancel_at(at));
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr("ForwardLayers: after the layer-stack build, before layer 0 "
+                          "of 3" +
+                          stopped))
+        << "cancelled at check " << at;
+    EXPECT_EQ(runner.held_bytes(), 0);  // the stack just built was dropped
+    EXPECT_FALSE(response.has_output());
+  }
 
   // The reference, built here independently of the runner.
   core::LayerStackConfig config;
@@ -244,6 +262,108 @@ TEST(LayerStackRunner, StopsAtEachGateAndTheNextRunMatchesTheReference) {
   ASSERT_TRUE(run(CallBound{}).ok());
   EXPECT_FALSE(response.rebuilt());
   expect_reference();
+}
+
+// Issue 13 item 6 (fuzz-long run 5: one layer's weight build outlasted the
+// call): two ranks, rank 0's client cancels inside a layer's weight build
+// (the check count `at`; see the test above: 2 inside layer 0, 9 inside the
+// last layer), rank 1's never. Rank 0 stops its build there, meets rank 1
+// at the next gate, and both stop there naming rank 0; neither keeps a
+// stack; then both run to the reference on the same world.
+TEST(LayerStackRunner, TwoRanksStopTogetherWhenOneStopsInsideALayerBuild) {
+  constexpr int kRanks = 2;
+  auto store = std::make_shared<gloo::rendezvous::HashStore>();
+  std::vector<std::unique_ptr<core::GlooCollective>> world(kRanks);
+  {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kRanks; ++r) {
+      threads.emplace_back([&, r] {
+        auto w = core::GlooCollective::Create(store, "stack2", r, kRanks, "127.0.0.1",
+                                              absl::Seconds(20));
+        ASSERT_TRUE(w.ok()) << w.status();
+        world[r] = std::move(*w);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  for (const auto& w : world) ASSERT_NE(w, nullptr);
+  const std::vector<bool> sparse = {false, true, false};
+  const core::ParallelLayout layout{kRanks, 1, 0};
+  v1::ModelDescription model = Model();
+  model.set_hidden_size(16);
+  model.set_num_experts(4);
+  std::vector<LayerStackRunner> runners(kRanks);
+  for (LayerStackRunner& runner : runners) runner.Configure(layout, sparse, true, model);
+  const int64_t n = 3;
+  std::vector<float> tokens;
+  for (int64_t i = 0; i < n * 16; ++i) tokens.push_back(static_cast<float>(std::cos(0.2 * i)));
+  v1::ForwardLayersRequest request;
+  request.set_epoch(1);
+  request.mutable_stack()->set_dense_intermediate_size(32);
+  request.mutable_stack()->set_seed(7);
+  request.mutable_stack()->set_capacity_tokens(16);
+  *request.mutable_tokens() = EncodeFloat32(tokens, std::vector<int64_t>{n, 16});
+  const LayerStackRunner::VoteFn vote = [](absl::Status local,
+                                           const std::vector<core::BallotField>&) { return local; };
+  std::vector<v1::ForwardLayersResponse> response(kRanks);
+  std::vector<absl::Status> got(kRanks);
+  // Rank 0 cancelled from its check `at` on (0: never); rank 1 never.
+  auto run = [&](int at) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kRanks; ++r) {
+      threads.emplace_back([&, r] {
+        auto checks = std::make_shared<int>(0);
+        const CallBound call =
+            r == 0 && at > 0
+                ? CallBound{absl::InfiniteFuture(), [at, checks] { return ++*checks >= at; }}
+                : CallBound{};
+        response[r].Clear();
+        got[r] = runners[r].Run(*world[r], 1, call, vote, request, 0, 0, &response[r]);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  };
+  const std::string stopped =
+      ": stopped on every rank: the client cancelled the call on rank(s) [0]";
+  const std::pair<int, std::string> cases[] = {
+      {2, "ForwardLayers: building layer 1 of 3"},
+      {9, "ForwardLayers: after the layer-stack build, before layer 0 of 3"}};
+  for (const auto& [at, point] : cases) {
+    run(at);
+    for (int r = 0; r < kRanks; ++r) {
+      EXPECT_EQ(got[r].code(), absl::StatusCode::kCancelled) << "rank " << r << ": " << got[r];
+      EXPECT_TRUE(IsAgreedStop(got[r])) << "rank " << r << ": " << got[r];
+      EXPECT_THAT(std::string(got[r].message()), HasSubstr(point + stopped)) << "rank " << r;
+      EXPECT_EQ(runners[r].held_bytes(), 0) << "rank " << r;
+      EXPECT_FALSE(response[r].has_output()) << "rank " << r;
+    }
+  }
+
+  core::LayerStackConfig config;
+  config.layout = layout;
+  config.sparse_layers = sparse;
+  config.hidden = 16;
+  config.dense_intermediate = 32;
+  config.moe_intermediate = 16;
+  config.num_experts = 4;
+  config.top_k = 2;
+  config.seed = 7;
+  config.rms_eps = 1e-6f;
+  config.capacity_tokens = 16;
+  absl::StatusOr<std::vector<float>> ref = core::ReferenceLayerStack(config, {tokens});
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  run(0);
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(got[r].ok()) << "rank " << r << ": " << got[r];
+    EXPECT_TRUE(response[r].rebuilt());
+    std::vector<float> out(response[r].output().data().size() / 4);
+    std::memcpy(out.data(), response[r].output().data().data(), out.size() * 4);
+    ASSERT_EQ(out.size(), ref->size());
+    for (size_t i = 0; i < out.size(); ++i) {
+      ASSERT_LE(std::abs(out[i] - (*ref)[i]), (1.0 / 128.0) * (1 + std::abs((*ref)[i])))
+          << "rank " << r << " element " << i;
+    }
+  }
 }
 
 }  // namespace
