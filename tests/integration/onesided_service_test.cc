@@ -278,20 +278,24 @@ class GpuOneSidedMasks : public ::testing::TestWithParam<int> {
     absl::StatusOr<std::vector<v1::JoinResponse>> joined = c.FormGroup();
     ASSERT_TRUE(joined.ok()) << joined.status();
     for (const v1::JoinResponse& r : *joined) ASSERT_EQ(r.data_plane(), "one-sided");
-    ASSERT_TRUE(c.ConfigureLayers(MakeConfigureRequest(kOsWorld, model_)).ok());
-    v1::AllocateWorkspaceRequest allocate = MakeAllocateRequest(model_, kOsCapacity);
-    allocate.set_redundant_slots_per_rank(2);
+    // The group's set-up, kept for a rank that comes back (RejoinRank).
+    setup_.configure = MakeConfigureRequest(kOsWorld, model_);
+    ASSERT_TRUE(c.ConfigureLayers(setup_.configure).ok());
+    setup_.allocate = MakeAllocateRequest(model_, kOsCapacity);
+    setup_.allocate.set_redundant_slots_per_rank(2);
     absl::StatusOr<std::vector<v1::AllocateWorkspaceResponse>> allocated =
-        c.AllocateWorkspace(allocate);
+        c.AllocateWorkspace(setup_.allocate);
     ASSERT_TRUE(allocated.ok()) << allocated.status();
+    setup_.placements.push_back(client::MakeInstallPlacementRequest(0, table_));
     absl::StatusOr<std::vector<v1::InstallPlacementResponse>> installed =
-        c.InstallPlacement(client::MakeInstallPlacementRequest(0, table_));
+        c.InstallPlacement(setup_.placements[0]);
     ASSERT_TRUE(installed.ok()) << installed.status();
     v1::LoadExpertsRequest load;
     load.set_layer(0);
     load.set_kind(v1::EXPERT_KIND_SWIGLU);
     load.set_seed(kOsSeed);
     load.set_intermediate_size(model_.intermediate);
+    setup_.loads.push_back(load);
     absl::StatusOr<std::vector<v1::LoadExpertsResponse>> loaded = c.LoadExperts(load);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     for (int r = 0; r < kOsWorld; ++r) {
@@ -407,7 +411,34 @@ class GpuOneSidedMasks : public ::testing::TestWithParam<int> {
     return response;
   }
 
+  // Kills `victim` during step `step` on every rank and sends that step
+  // again to `survivors` until all of them answer (at most 5 times); the
+  // replies by rank in *got. Returns the time from the kill.
+  absl::Duration KillAndMask(int victim, int step, const std::vector<int>& survivors,
+                             std::vector<v1::ForwardResponse>* got, int* attempts) {
+    std::thread killer([&] {
+      absl::SleepFor(absl::Milliseconds(2));
+      EXPECT_TRUE(cluster_->Kill(victim, SIGKILL).ok());
+    });
+    const absl::Time killed = absl::Now();
+    (void)Step(step, {0, 1, 2, 3}, got);
+    killer.join();
+    *attempts = 1;
+    while (true) {
+      const std::vector<absl::Status> status = Step(step, survivors, got);
+      ++*attempts;
+      if (std::all_of(status.begin(), status.end(), [](const absl::Status& s) { return s.ok(); })) {
+        return absl::Now() - killed;
+      }
+      if (*attempts >= 6) {
+        ADD_FAILURE() << "survivors did not mask rank " << victim << ": " << status[0];
+        return absl::InfiniteDuration();
+      }
+    }
+  }
+
   SmallModel model_;
+  client::RankSetup setup_;
   const core::PlacementTable table_ = OneSidedTable();
   std::vector<core::ExpertSet> sets_;
   std::unique_ptr<client::LocalCluster> cluster_;
@@ -436,25 +467,12 @@ TEST_P(GpuOneSidedMasks, PlacementStepsThenKilledRankMaskedAsTheReference) {
     for (int r = 0; r < kOsWorld; ++r) EXPECT_TRUE(got[r].lost_experts().empty());
   }
 
-  std::thread killer([&] {
-    absl::SleepFor(absl::Milliseconds(2));
-    EXPECT_TRUE(cluster_->Kill(victim, SIGKILL).ok());
-  });
-  const absl::Time killed = absl::Now();
-  (void)Step(kOsKillAtStep, all, &got);
-  killer.join();
-  int attempts = 1;
+  int attempts = 0;
   std::vector<v1::ForwardResponse> masked_got;
   std::vector<absl::Status> status;
-  while (true) {
-    status = Step(kOsKillAtStep, survivors, &masked_got);
-    ++attempts;
-    if (std::all_of(status.begin(), status.end(), [](const absl::Status& s) { return s.ok(); })) {
-      break;
-    }
-    ASSERT_LT(attempts, 6) << "survivors did not mask rank " << victim << ": " << status[0];
-  }
-  const absl::Duration to_mask = absl::Now() - killed;
+  const absl::Duration to_mask =
+      KillAndMask(victim, kOsKillAtStep, survivors, &masked_got, &attempts);
+  ASSERT_NE(to_mask, absl::InfiniteDuration());
   ExpectReference(kOsKillAtStep, survivors, live, masked_got);
   for (int r : survivors) {
     const v1::GetStatusResponse s = StatusOf(r);
@@ -488,6 +506,63 @@ INSTANTIATE_TEST_SUITE_P(Victims, GpuOneSidedMasks, ::testing::Values(0, 2),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return "kill_rank" + std::to_string(info.param);
                          });
+
+}  // namespace
+}  // namespace moe_ep::testing
+
+namespace moe_ep::testing {
+namespace {
+
+// A restarted rank rejoins the one-sided group (DESIGN §15; issue 17 item
+// 5): rank 2 of 4 processes on one GPU is killed during step 2, the
+// survivors mask it and serve; its worker is restarted on its address,
+// joins alone (a one-sided plane of itself), is set up with the group's
+// requests and Rejoin re-admits it: the members' IPC windows are made
+// again, and steps 4 and 5 on all four ranks equal the unmasked reference.
+class GpuOneSidedRejoin : public GpuOneSidedMasks {};
+
+TEST_F(GpuOneSidedRejoin, RestartedRankRejoinsAndStepsEqualTheFullReference) {
+  MOE_EP_REQUIRE_GPU();
+  ASSERT_NE(cluster_, nullptr);
+  constexpr int kVictim = 2;
+  const std::vector<int> all = {0, 1, 2, 3};
+  const std::vector<int> survivors = {0, 1, 3};
+  const std::vector<bool> everyone(kOsWorld, true);
+  std::vector<bool> live(kOsWorld, true);
+  live[kVictim] = false;
+  std::vector<v1::ForwardResponse> got;
+  for (int step = 0; step < kOsKillAtStep; ++step) {
+    const std::vector<absl::Status> status = Step(step, all, &got);
+    for (int r = 0; r < kOsWorld; ++r) ASSERT_TRUE(status[r].ok()) << "rank " << r << status[r];
+  }
+  int attempts = 0;
+  const absl::Duration to_mask = KillAndMask(kVictim, kOsKillAtStep, survivors, &got, &attempts);
+  ASSERT_NE(to_mask, absl::InfiniteDuration());
+  ExpectReference(kOsKillAtStep, survivors, live, got);
+
+  const absl::Time restarted = absl::Now();
+  ASSERT_TRUE(cluster_->Restart(kVictim).ok());
+  absl::StatusOr<v1::RejoinResponse> rejoined = coordinator_->RejoinRank(kVictim, setup_);
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  EXPECT_TRUE(rejoined->masked_ranks().empty());
+  EXPECT_EQ(rejoined->mask_round(), 2);
+  absl::Duration to_first_step;
+  for (int step = kOsKillAtStep + 2; step < kOsSteps; ++step) {
+    const std::vector<absl::Status> status = Step(step, all, &got);
+    for (int r = 0; r < kOsWorld; ++r) ASSERT_TRUE(status[r].ok()) << "rank " << r << status[r];
+    ExpectReference(step, all, everyone, got);
+    if (step == kOsKillAtStep + 2) to_first_step = absl::Now() - restarted;
+  }
+  for (int r = 0; r < kOsWorld; ++r) {
+    const v1::GetStatusResponse s = StatusOf(r);
+    EXPECT_FALSE(s.group_broken()) << "rank " << r << ": " << s.broken_reason();
+    EXPECT_TRUE(s.masked_ranks().empty()) << "rank " << r;
+  }
+  std::cout << "[onesided-rejoin] killed rank " << kVictim << ": first correct masked step "
+            << absl::ToDoubleMilliseconds(to_mask) << " ms after the kill (" << attempts
+            << " step attempts); restart -> first correct unmasked step "
+            << absl::ToDoubleMilliseconds(to_first_step) << " ms" << std::endl;
+}
 
 }  // namespace
 }  // namespace moe_ep::testing
