@@ -82,6 +82,11 @@ class DeviceExpertSet {
 
   core::ExpertKind kind() const { return kind_; }
   int first_expert() const { return first_expert_; }
+  // Renumbers the set: expert l is id first_expert + l from now on (the
+  // weights stay). The one-sided service plane numbers a rank's experts in
+  // its dispatcher's id space (server/onesided_route_map.h), which moves
+  // under a placement table or a rank mask. REQUIRES: first_expert >= 0.
+  void Renumber(int first_expert) { first_expert_ = first_expert; }
   int num_experts() const { return num_experts_; }
   int64_t hidden() const { return hidden_; }
   int64_t intermediate() const { return intermediate_; }

@@ -135,9 +135,12 @@ absl::StatusOr<std::unique_ptr<DataPlane>> FormOneSidedPlane(
   if (absl::Status device = CheckDevice(group.device, VisibleGpuCount(), "nccl"); !device.ok()) {
     return with_context(device);
   }
-  absl::StatusOr<std::unique_ptr<core::GlooCollective>> control =
-      core::GlooCollective::Create(store, absl::StrCat("gen", group.generation, "/gpu"), group.rank,
-                                   group.world_size, group.data_plane_host, group.timeout);
+  // A returning rank (group.rejoin): a group of itself on its in-process
+  // store until Readmit (OneSidedDataPlane::Form masks the others).
+  const bool alone = group.rejoin && group.world_size > 1;
+  absl::StatusOr<std::unique_ptr<core::GlooCollective>> control = core::GlooCollective::Create(
+      store, absl::StrCat("gen", group.generation, alone ? "/gpu/alone" : "/gpu"),
+      alone ? 0 : group.rank, alone ? 1 : group.world_size, group.data_plane_host, group.timeout);
   if (!control.ok()) return with_context(control.status());
   std::string why;
   absl::StatusOr<bool> works = ProbeOneSidedPlane(**control, group.device, &why);

@@ -5,12 +5,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/expert_placement.h"
+#include "core/expert_source.h"
+#include "core/masked_collective.h"
 #include "core/routing.h"
 #include "core/status_macros.h"
 #include "core/workspace.h"
@@ -48,8 +52,20 @@ std::string HostIdentity() {
 struct StepRecord {
   int64_t epoch;
   int64_t r;
-  int64_t ready;  // 1: this rank's step can start
+  int64_t ready;   // 1: this rank's step can start
+  uint64_t route;  // the route map's table fingerprint (mask included)
 };
+
+// The dispatcher's options for `map` (server/onesided_route_map.h): the
+// live ranks and their ids; invalid and lost choices arrive as -1.
+core::EpDispatcherOptions DispatchOptionsFor(core::EpDispatcherOptions o,
+                                             const OneSidedRouteMap& map) {
+  o.workspace.ep_size = map.ep_size();
+  o.num_experts = map.num_dispatch_experts;
+  o.invalid_expert_id = -1;
+  o.redundant_slots_per_rank = 0;
+  return o;
+}
 
 }  // namespace
 
@@ -105,8 +121,24 @@ absl::StatusOr<bool> ProbeOneSidedPlane(core::ControlCollective& control, int de
 
 absl::StatusOr<std::unique_ptr<OneSidedDataPlane>> OneSidedDataPlane::Form(
     const DataPlaneGroup& group, std::unique_ptr<core::GlooCollective> control) {
+  if (control == nullptr) return absl::InvalidArgumentError("OneSidedDataPlane: null collective");
   std::unique_ptr<OneSidedDataPlane> plane(new OneSidedDataPlane());
-  plane->control_ = std::move(control);
+  const bool alone = group.rejoin && group.world_size > 1;
+  plane->compact_ = control.get();
+  plane->mask_.live.assign(group.world_size, !alone);
+  if (alone) {
+    // A returning rank: a group of itself, every other rank masked.
+    plane->mask_.live[group.rank] = true;
+    ASSIGN_OR_RETURN(plane->collective_, core::MaskedCollective::Create(
+                                             std::move(control), group.rank, plane->mask_.live));
+  } else if (control->size() != group.world_size || control->rank() != group.rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("OneSidedDataPlane: the collective is rank ", control->rank(), " of ",
+                     control->size(), ", the group rank ", group.rank, " of ", group.world_size));
+  } else {
+    plane->collective_ = std::move(control);
+  }
+  plane->group_ = group;
   plane->device_ = group.device;
   plane->rank_ = group.rank;
   plane->world_ = group.world_size;
@@ -153,6 +185,81 @@ int64_t OneSidedDataPlane::TotalExpertBytes() const {
   return total + shared_.TotalBytes();
 }
 
+bool OneSidedDataPlane::CanMask() const {
+  return world_ > 1 && static_cast<int>(group_.rendezvous_addresses.size()) == world_;
+}
+
+void OneSidedDataPlane::BeginMaskRound() {
+  if (!CanMask() || round_.valid()) return;
+  MaskRound round;
+  round.addresses = group_.rendezvous_addresses;
+  round.secret = group_.rendezvous_secret;
+  round.generation = group_.generation;
+  round.round = mask_.round + 1;
+  round.rank = rank_;
+  round.live_before = mask_.live;
+  round.timeout = group_.timeout;
+  round.data_plane_host = group_.data_plane_host;
+  round_ = std::async(std::launch::async, [round] { return AgreeRankMask(round); });
+}
+
+absl::StatusOr<bool> OneSidedDataPlane::FinishMaskRound(absl::Duration wait) {
+  if (!CanMask()) return DataPlane::FinishMaskRound(wait);
+  BeginMaskRound();
+  if (round_.wait_for(absl::ToChronoMilliseconds(wait)) != std::future_status::ready) return false;
+  absl::StatusOr<MaskAgreement> result = round_.get();
+  if (!result.ok()) return result.status();
+  RETURN_IF_ERROR(UseAgreement(*std::move(result), mask_.round + 1));
+  return true;
+}
+
+absl::Status OneSidedDataPlane::Readmit(int round, const std::vector<bool>& live_before,
+                                        const std::vector<bool>& joining) {
+  if (!CanMask()) return DataPlane::Readmit(round, live_before, joining);
+  if (round_.valid()) {
+    return absl::FailedPreconditionError(absl::StrCat("Rejoin: rank mask round ", mask_.round + 1,
+                                                      " is still running on rank ", rank_,
+                                                      "; send the call again"));
+  }
+  MaskRound agree;
+  agree.addresses = group_.rendezvous_addresses;
+  agree.secret = group_.rendezvous_secret;
+  agree.generation = group_.generation;
+  agree.round = round;
+  agree.rank = rank_;
+  agree.live_before = live_before;
+  agree.joining = joining;
+  agree.timeout = group_.timeout;
+  agree.data_plane_host = group_.data_plane_host;
+  ASSIGN_OR_RETURN(MaskAgreement agreed, AgreeRankMask(agree));
+  return UseAgreement(std::move(agreed), round);
+}
+
+absl::Status OneSidedDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) {
+  core::GlooCollective* members = agreed.group.get();
+  ASSIGN_OR_RETURN(std::unique_ptr<core::MaskedCollective> masked,
+                   core::MaskedCollective::Create(std::move(agreed.group), rank_, agreed.live));
+  RETURN_IF_ERROR(MakeDeviceCurrent());
+  // No kernel of this plane runs now (the failed step was waited for, with
+  // a bound, before its call returned): the old dispatcher and windows go,
+  // and with them this process's mapping of a lost peer's window, which is
+  // never touched again. The members' windows are made at their next
+  // Forward or Allocate (MakeWindowsIfDropped).
+  dispatcher_.reset();
+  if (windows_ != nullptr || staging_ != nullptr) windows_dropped_ = true;
+  windows_.reset();
+  dispatch_ep_ = 0;
+  dispatch_experts_ = 0;
+  collective_ = std::move(masked);
+  compact_ = members;
+  collective_->SetCallDeadline(CollectiveDeadline(call_));
+  book_.SetLive(agreed.live);
+  mask_.live = std::move(agreed.live);
+  mask_.round = agreed_round;
+  mask_.host = agreed.host;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<DataPlaneAllocation> OneSidedDataPlane::Allocate(
     const core::EpDispatcherOptions& options, int64_t max_intermediate, int64_t memory_cap_bytes) {
   RETURN_IF_ERROR(MakeDeviceCurrent());
@@ -171,17 +278,25 @@ absl::StatusOr<DataPlaneAllocation> OneSidedDataPlane::Allocate(
   }
   ASSIGN_OR_RETURN(core::PlacementTable contiguous,
                    core::PlacementTable::Contiguous(options.num_experts, ws.ep_size));
+  // The members' windows and ids (all ranks without a mask).
+  ASSIGN_OR_RETURN(const core::PlacementTable served,
+                   mask_.MaskedRanks().empty() ? contiguous : contiguous.WithMask(mask_.live));
+  ASSIGN_OR_RETURN(const OneSidedRouteMap map, MakeOneSidedRouteMap(served));
+  const core::EpDispatcherOptions dispatch = DispatchOptionsFor(options, map);
+  ASSIGN_OR_RETURN(const int64_t member_window_bytes, OneSidedDispatcher::WindowBytes(dispatch));
   // No peer may still use the old windows once they go.
-  RETURN_IF_ERROR(control_->Barrier());
+  RETURN_IF_ERROR(compact_->Barrier());
   experts_.clear();
   dispatcher_.reset();
   staging_.reset();
   windows_.reset();
+  windows_dropped_ = false;
   geometry_committed_ = false;
+  committed_epoch_ = -1;
   ASSIGN_OR_RETURN(windows_,
-                   kernels::onesided::CreateIpcPeerWindows(control_.get(), device_, window_bytes));
-  absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> dispatcher =
-      OneSidedDispatcher::Create(windows_.get(), DispatcherOptions(options, max_intermediate), cap);
+                   kernels::onesided::CreateIpcPeerWindows(compact_, device_, member_window_bytes));
+  absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> dispatcher = OneSidedDispatcher::Create(
+      windows_.get(), DispatcherOptions(dispatch, max_intermediate), cap);
   if (!dispatcher.ok()) {
     windows_.reset();
     if (dispatcher.status().code() == absl::StatusCode::kResourceExhausted &&
@@ -193,14 +308,18 @@ absl::StatusOr<DataPlaneAllocation> OneSidedDataPlane::Allocate(
   }
   ASSIGN_OR_RETURN(staging_, DeviceStepBuffers::Create(ws.capacity_tokens, ws.hidden, ws.top_k));
   dispatcher_ = std::move(*dispatcher);
+  dispatcher_cap_ = cap;
+  dispatch_ep_ = map.ep_size();
+  dispatch_experts_ = map.num_dispatch_experts;
 
   DataPlaneAllocation allocation;
-  const int64_t rest = dispatcher_->allocated_bytes() - window_bytes;
-  allocation.regions.push_back({"peer_window", 0, window_bytes});
-  allocation.regions.push_back({"local_state_and_expert_scratch", window_bytes, rest});
-  allocation.regions.push_back({"forward_staging", window_bytes + rest, staging_bytes});
+  const int64_t rest = dispatcher_->allocated_bytes() - member_window_bytes;
+  allocation.regions.push_back({"peer_window", 0, member_window_bytes});
+  allocation.regions.push_back({"local_state_and_expert_scratch", member_window_bytes, rest});
+  allocation.regions.push_back({"forward_staging", member_window_bytes + rest, staging_bytes});
   allocation.allocated_bytes = allocated_bytes();
   book_.Reset(std::make_shared<const core::PlacementTable>(std::move(contiguous)));
+  book_.SetLive(mask_.live);
   shared_.Reset(ws.capacity_tokens, ws.hidden);
   options_ = options;
   max_intermediate_ = max_intermediate;
@@ -209,21 +328,23 @@ absl::StatusOr<DataPlaneAllocation> OneSidedDataPlane::Allocate(
 }
 
 int64_t OneSidedDataPlane::allocated_bytes() const {
-  if (dispatcher_ == nullptr) return 0;
-  return dispatcher_->allocated_bytes() + staging_->bytes();
+  if (staging_ == nullptr) return 0;
+  return (dispatcher_ != nullptr ? dispatcher_->allocated_bytes() : 0) + staging_->bytes();
 }
 
 absl::StatusOr<int64_t> OneSidedDataPlane::LoadExperts(int layer, const core::ExpertSource& source,
                                                        int64_t memory_cap_bytes) {
-  if (dispatcher_ == nullptr) {
+  if (staging_ == nullptr) {
     return absl::FailedPreconditionError("LoadExperts: no workspace; call Allocate first");
   }
-  RETURN_IF_ERROR(CheckExpertSourceForWorkspace(source, options_, rank_));
+  // An installed table is checked slot by slot; without one, the range of
+  // the contiguous placement (and its message).
+  RETURN_IF_ERROR(CheckExpertSourceForWorkspace(source, options_, rank_, book_.Installed(layer)));
   RETURN_IF_ERROR(MakeDeviceCurrent());
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::DeviceExpertSet> device,
                    kernels::DeviceExpertSet::Load(source));
   if (source.expert_kind() == core::ExpertKind::kSwiGlu &&
-      source.intermediate > max_intermediate_) {
+      source.intermediate > max_intermediate_ && dispatcher_ != nullptr) {
     // More expert scratch: a new dispatcher over the same windows (Create
     // touches no window; the step counter lives there and carries on).
     int64_t cap = 0;
@@ -239,16 +360,25 @@ absl::StatusOr<int64_t> OneSidedDataPlane::LoadExperts(int layer, const core::Ex
             "AllocateWorkspace or raise --memory-cap-bytes"));
       }
     }
+    core::EpDispatcherOptions dispatch = options_;
+    dispatch.workspace.ep_size = dispatch_ep_;
+    dispatch.num_experts = dispatch_experts_;
+    dispatch.invalid_expert_id = -1;
+    dispatch.redundant_slots_per_rank = 0;
     ASSIGN_OR_RETURN(std::unique_ptr<OneSidedDispatcher> grown,
                      OneSidedDispatcher::Create(
-                         windows_.get(), DispatcherOptions(options_, source.intermediate), cap));
+                         windows_.get(), DispatcherOptions(dispatch, source.intermediate), cap));
     if (geometry_committed_) {
-      RETURN_IF_ERROR(grown->CommitGeometry(dispatcher_->epoch(),
-                                            dispatcher_->runtime_max_tokens_per_rank(), 0));
+      RETURN_IF_ERROR(grown->CommitGeometry(committed_epoch_, committed_r_, 0));
     }
     dispatcher_ = std::move(grown);  // the old one waits for its stream as it goes
+    dispatcher_cap_ = cap;
     max_intermediate_ = source.intermediate;
     NewWorkspaceToken();
+  } else if (source.expert_kind() == core::ExpertKind::kSwiGlu &&
+             source.intermediate > max_intermediate_) {
+    // Windows dropped by a mask: the next dispatcher is made with this I.
+    max_intermediate_ = source.intermediate;
   }
   const int64_t bytes = device->weight_bytes();
   experts_.insert_or_assign(layer, std::move(device));
@@ -262,7 +392,7 @@ int64_t OneSidedDataPlane::ExpertBytes(int layer) const {
 
 absl::StatusOr<int64_t> OneSidedDataPlane::LoadSharedExpert(
     int layer, std::optional<core::SharedExpert> shared, int64_t memory_cap_bytes) {
-  if (dispatcher_ == nullptr) {
+  if (staging_ == nullptr) {
     return absl::FailedPreconditionError("LoadSharedExpert: no workspace; call Allocate first");
   }
   RETURN_IF_ERROR(MakeDeviceCurrent());
@@ -272,21 +402,34 @@ absl::StatusOr<int64_t> OneSidedDataPlane::LoadSharedExpert(
 
 absl::Status OneSidedDataPlane::InstallPlacement(
     int layer, std::shared_ptr<const core::PlacementTable> table) {
-  if (dispatcher_ == nullptr) {
+  if (staging_ == nullptr) {
     return absl::FailedPreconditionError("InstallPlacement: no workspace; call Allocate first");
   }
   if (table == nullptr) return absl::InvalidArgumentError("InstallPlacement: null table");
-  if (table->Fingerprint() != book_.contiguous()->Fingerprint()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "InstallPlacement: layer ", layer,
-        ": the one-sided data plane routes by the contiguous placement only; join with "
-        "gpu_data_plane \"nccl\" to install EPLB tables"));
+  RETURN_IF_ERROR(core::ValidatePlacement(*table, options_));
+  // The dispatcher's id space must exist for the table on every mask this
+  // plane may serve; checked here for the mask in force and unmasked.
+  ASSIGN_OR_RETURN(const OneSidedRouteMap unmasked, MakeOneSidedRouteMap(*table));
+  (void)unmasked;
+  if (!mask_.MaskedRanks().empty()) {
+    ASSIGN_OR_RETURN(const core::PlacementTable masked, table->WithMask(mask_.live));
+    RETURN_IF_ERROR(MakeOneSidedRouteMap(masked).status());
   }
+  auto experts = experts_.find(layer);
+  if (experts != experts_.end()) {
+    const std::vector<int> slots = core::DistinctSlotExperts(*table, rank_);
+    if (experts->second->num_experts() != static_cast<int>(slots.size()) ||
+        book_.Placement(layer) == nullptr ||
+        core::DistinctSlotExperts(*book_.Placement(layer), rank_) != slots) {
+      experts_.erase(experts);
+    }
+  }
+  book_.Install(layer, std::move(table));
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<int64_t>> OneSidedDataPlane::SyncTokenCounts(int64_t local_tokens) {
-  ASSIGN_OR_RETURN(std::vector<int64_t> counts, core::AllGatherInt64(*control_, local_tokens));
+  ASSIGN_OR_RETURN(std::vector<int64_t> counts, core::AllGatherInt64(*collective_, local_tokens));
   if (local_tokens < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("local_tokens: expected >= 0 on rank ", rank_, ", got ", local_tokens));
@@ -302,30 +445,87 @@ absl::StatusOr<std::vector<int64_t>> OneSidedDataPlane::SyncTokenCounts(int64_t 
 
 absl::Status OneSidedDataPlane::CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
                                                int64_t local_tokens) {
-  if (dispatcher_ == nullptr) {
+  if (staging_ == nullptr) {
     return absl::FailedPreconditionError("CommitGeometry: no workspace; call Allocate first");
   }
-  RETURN_IF_ERROR(dispatcher_->CommitGeometry(epoch, runtime_max_tokens_per_rank, local_tokens));
+  if (dispatcher_ != nullptr) {
+    RETURN_IF_ERROR(dispatcher_->CommitGeometry(epoch, runtime_max_tokens_per_rank, local_tokens));
+  } else if (runtime_max_tokens_per_rank < 1 ||
+             runtime_max_tokens_per_rank > options_.workspace.capacity_tokens) {
+    // Windows dropped by a mask: the next dispatcher takes the geometry.
+    return absl::InvalidArgumentError(
+        absl::StrCat("CommitGeometry: runtime_max_tokens_per_rank: expected in [1, ",
+                     options_.workspace.capacity_tokens, "] (capacity_tokens), got ",
+                     runtime_max_tokens_per_rank));
+  }
   geometry_committed_ = true;
+  committed_epoch_ = epoch;
+  committed_r_ = runtime_max_tokens_per_rank;
   return absl::OkStatus();
 }
 
-absl::Status OneSidedDataPlane::AgreeOnStep(const absl::Status& local) {
+absl::Status OneSidedDataPlane::MakeWindowsIfDropped() {
+  if (!windows_dropped_ || staging_ == nullptr) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const core::PlacementTable served, book_.contiguous()->WithMask(mask_.live));
+  ASSIGN_OR_RETURN(const OneSidedRouteMap map, MakeOneSidedRouteMap(served));
+  ASSIGN_OR_RETURN(const int64_t bytes,
+                   OneSidedDispatcher::WindowBytes(DispatchOptionsFor(options_, map)));
+  ASSIGN_OR_RETURN(windows_, kernels::onesided::CreateIpcPeerWindows(compact_, device_, bytes));
+  windows_dropped_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status OneSidedDataPlane::UseRouteMap(const OneSidedRouteMap& map) {
+  if (windows_ == nullptr) {
+    return absl::FailedPreconditionError("Forward: no peer windows; call AllocateWorkspace");
+  }
+  if (dispatcher_ != nullptr && dispatch_ep_ == map.ep_size() &&
+      dispatch_experts_ == map.num_dispatch_experts) {
+    return absl::OkStatus();
+  }
+  // Create touches no window; the step counter lives there and carries on.
+  dispatcher_.reset();  // waits for its stream
+  ASSIGN_OR_RETURN(
+      dispatcher_,
+      OneSidedDispatcher::Create(
+          windows_.get(), DispatcherOptions(DispatchOptionsFor(options_, map), max_intermediate_),
+          dispatcher_cap_));
+  dispatch_ep_ = map.ep_size();
+  dispatch_experts_ = map.num_dispatch_experts;
+  if (geometry_committed_) {
+    RETURN_IF_ERROR(dispatcher_->CommitGeometry(committed_epoch_, committed_r_, 0));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OneSidedDataPlane::AgreeOnStep(const absl::Status& local, uint64_t route) {
   StepRecord mine{dispatcher_ ? dispatcher_->epoch() : -1,
-                  dispatcher_ ? dispatcher_->runtime_max_tokens_per_rank() : -1,
-                  local.ok() ? 1 : 0};
-  std::vector<StepRecord> all(world_);
-  RETURN_IF_ERROR(control_->AllGather(&mine, sizeof(mine), all.data()));
+                  dispatcher_ ? dispatcher_->runtime_max_tokens_per_rank() : -1, local.ok() ? 1 : 0,
+                  route};
+  const int members = compact_->size();
+  std::vector<StepRecord> all(members);
+  RETURN_IF_ERROR(compact_->AllGather(&mine, sizeof(mine), all.data()));
   RETURN_IF_ERROR(local);
+  std::vector<int> original;  // member index -> rank
   for (int r = 0; r < world_; ++r) {
-    if (all[r].ready == 0) {
+    if (mask_.live[r]) original.push_back(r);
+  }
+  for (int m = 0; m < members; ++m) {
+    const int r = m < static_cast<int>(original.size()) ? original[m] : m;
+    if (all[m].route != mine.route) {
+      return absl::AbortedError(absl::StrCat(
+          "Forward: rank ", r, " routes by another placement table or rank mask (fingerprint ",
+          all[m].route, ", rank ", rank_, " has ", mine.route,
+          "); install the same table on every rank"));
+    }
+    if (all[m].ready == 0) {
       return absl::AbortedError(absl::StrCat("Forward: rank ", r,
                                              " could not start this step (its reply says why); "
                                              "no rank ran it"));
     }
-    if (all[r].epoch != mine.epoch || all[r].r != mine.r) {
+    if (all[m].epoch != mine.epoch || all[m].r != mine.r) {
       return absl::AbortedError(absl::StrCat("geometry mismatch: rank ", r, " has (epoch ",
-                                             all[r].epoch, ", R ", all[r].r, "), rank ", rank_,
+                                             all[m].epoch, ", R ", all[m].r, "), rank ", rank_,
                                              " has (epoch ", mine.epoch, ", R ", mine.r, ")"));
     }
   }
@@ -337,9 +537,16 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::Forward(
     absl::Span<const float> topk_weights, int64_t num_tokens, absl::Span<core::bf16_t> output) {
   const int64_t h = options_.workspace.hidden;
   const int k = options_.workspace.top_k;
+  // The call gate (server/call_gate.h) before anything collective: every
+  // rank stops together once one is past its deadline or cancelled.
+  RETURN_IF_ERROR(CallGate(*collective_, call_,
+                           absl::StrCat("Forward (layer ", layer, "): before dispatch"),
+                           kForwardStopHint));
   absl::Status local = MakeDeviceCurrent();
+  // After a mask every member is in this call (WorkerService aligns them).
+  if (local.ok()) RETURN_IF_ERROR(MakeWindowsIfDropped());
   auto experts = experts_.find(layer);
-  if (local.ok() && dispatcher_ == nullptr) {
+  if (local.ok() && staging_ == nullptr) {
     local = absl::FailedPreconditionError("Forward: no workspace; call AllocateWorkspace first");
   }
   if (local.ok() && experts == experts_.end()) {
@@ -349,10 +556,10 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::Forward(
   if (local.ok() && !geometry_committed_) {
     local = absl::FailedPreconditionError("Forward: no geometry committed; call CommitGeometry");
   }
-  if (local.ok() && (num_tokens < 0 || num_tokens > dispatcher_->runtime_max_tokens_per_rank())) {
-    local = absl::InvalidArgumentError(absl::StrCat(
-        "Forward on rank ", rank_, ": num_tokens: expected in [0, ",
-        dispatcher_->runtime_max_tokens_per_rank(), "] (the committed R), got ", num_tokens));
+  if (local.ok() && (num_tokens < 0 || num_tokens > committed_r_)) {
+    local = absl::InvalidArgumentError(absl::StrCat("Forward on rank ", rank_,
+                                                    ": num_tokens: expected in [0, ", committed_r_,
+                                                    "] (the committed R), got ", num_tokens));
   }
   if (local.ok() && (static_cast<int64_t>(hidden.size()) != num_tokens * h ||
                      static_cast<int64_t>(topk_ids.size()) != num_tokens * k ||
@@ -363,16 +570,25 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::Forward(
                      num_tokens * h, " and topk ", num_tokens * k, " elements, got ", hidden.size(),
                      ", ", topk_ids.size(), ", ", topk_weights.size(), ", ", output.size()));
   }
-  // The call gate (server/call_gate.h) before the step's agreement: every
-  // rank stops together once one is past its deadline or cancelled.
-  RETURN_IF_ERROR(CallGate(*control_, call_,
-                           absl::StrCat("Forward (layer ", layer, "): before dispatch"),
-                           kForwardStopHint));
-  RETURN_IF_ERROR(AgreeOnStep(local));
+  // The layer's table under the mask, in the dispatcher's ids (DESIGN §15).
+  const std::shared_ptr<const core::PlacementTable> table = Placement(layer);
+  uint64_t route = 0;
+  OneSidedChoices choices;
+  if (local.ok()) {
+    absl::StatusOr<OneSidedRouteMap> map = MakeOneSidedRouteMap(*table);
+    local = map.status();
+    if (local.ok()) local = UseRouteMap(*map);
+    if (local.ok()) {
+      route = map->table_fingerprint;
+      experts->second->Renumber(map->dispatch_base[rank_]);
+      choices = MapOneSidedChoices(*table, *map, rank_, topk_ids, topk_weights, num_tokens, k);
+    }
+  }
+  RETURN_IF_ERROR(AgreeOnStep(local, route));
 
   cudaStream_t stream = dispatcher_->stream();
   RETURN_IF_ERROR(staging_->Upload(reinterpret_cast<const uint16_t*>(hidden.data()),
-                                   topk_ids.data(), topk_weights.data(), num_tokens, stream));
+                                   choices.ids.data(), choices.weights.data(), num_tokens, stream));
   const bool has_shared = shared_.Has(layer);
   if (has_shared) RETURN_IF_ERROR(shared_.Begin(layer, staging_->hidden(), num_tokens, stream));
   RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[0], stream), "cudaEventRecord"));
@@ -387,11 +603,12 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::Forward(
   absl::Status combined = dispatcher_->Combine(
       staging_->output(), computed.ok() && has_shared ? shared_.output() : nullptr);
   RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[3], stream), "cudaEventRecord"));
-  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(host_counts_, dispatcher_->send_counts(), world_ * 4,
+  const int members = dispatch_ep_;
+  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(host_counts_, dispatcher_->send_counts(), members * 4,
                                        cudaMemcpyDeviceToHost, stream),
                        "cudaMemcpyAsync(send counts to host)"));
-  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(host_counts_ + world_, dispatcher_->recv_counts(),
-                                       world_ * 4, cudaMemcpyDeviceToHost, stream),
+  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(host_counts_ + members, dispatcher_->recv_counts(),
+                                       members * 4, cudaMemcpyDeviceToHost, stream),
                        "cudaMemcpyAsync(receive counts to host)"));
   // The bounded wait: kAborted (geometry) or kDeadlineExceeded (a peer).
   RETURN_IF_ERROR(dispatcher_->CheckStep());
@@ -408,19 +625,22 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::Forward(
   const int64_t combine_bytes = core::CombineBytesPerToken(h);
   core::StepStats stats;
   stats.runtime_max_tokens_per_rank = dispatcher_->runtime_max_tokens_per_rank();
-  for (int p = 0; p < world_; ++p) {
+  for (int p = 0; p < members; ++p) {
     const int64_t sent = host_counts_[p];
-    const int64_t received = host_counts_[world_ + p];
+    const int64_t received = host_counts_[members + p];
     stats.tokens_sent += sent;
     stats.tokens_received += received;
-    if (p == rank_) continue;
+    if (p == compact_->rank()) continue;
     stats.bytes_sent_remote += sent * dispatch_bytes + received * combine_bytes;
   }
+  stats.lost_choices = choices.lost_choices;
+  stats.lost_experts = std::move(choices.lost_experts);
   core::ExpertLoadCounts step;
   step.tokens_per_expert.assign(options_.num_experts, 0);
   step.steps = 1;
   core::CountExpertTokens(topk_ids, options_.num_experts, absl::MakeSpan(step.tokens_per_expert));
-  book_.AddLoad(layer, step);
+  // Keyed like the CPU plane's: a step resent after a mask counts once.
+  book_.AddLoad(layer, step, LoadStepKey{committed_epoch_, mask_.round});
   float ms[3] = {0, 0, 0};
   for (int i = 0; i < 3; ++i) {
     RETURN_IF_ERROR(
@@ -442,6 +662,10 @@ absl::StatusOr<BenchmarkTimes> OneSidedDataPlane::Benchmark(
     int iterations, int64_t memory_cap_bytes, const std::string& data_plane) {
   ASSIGN_OR_RETURN(const std::string plane,
                    ResolveBenchmarkPlane(data_plane, this->data_plane(), {}));
+  if (!mask_.MaskedRanks().empty()) {
+    return absl::FailedPreconditionError(
+        "Benchmark: the one-sided plane serves a rank mask; Benchmark needs every rank");
+  }
   RETURN_IF_ERROR(MakeDeviceCurrent());
   const int64_t tokens = inputs.num_tokens;
   const int64_t h = options.workspace.hidden;
@@ -458,13 +682,13 @@ absl::StatusOr<BenchmarkTimes> OneSidedDataPlane::Benchmark(
   }
   ASSIGN_OR_RETURN(const int64_t window_bytes, OneSidedDispatcher::WindowBytes(options));
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::onesided::PeerWindows> windows,
-                   kernels::onesided::CreateIpcPeerWindows(control_.get(), device_, window_bytes));
+                   kernels::onesided::CreateIpcPeerWindows(compact_, device_, window_bytes));
   absl::StatusOr<BenchmarkTimes> times;
   {
     ASSIGN_OR_RETURN(std::unique_ptr<OneSidedDispatcher> bench,
                      OneSidedDispatcher::Create(windows.get(), DispatcherOptions(options, 0), cap));
     ASSIGN_OR_RETURN(core::ExpertPlacement placement,
-                     core::ExpertPlacement::Contiguous(options.num_experts, world_));
+                     core::ExpertPlacement::Contiguous(options.num_experts, compact_->size()));
     ASSIGN_OR_RETURN(std::unique_ptr<kernels::DeviceExpertSet> identity,
                      kernels::DeviceExpertSet::Upload(core::ExpertSet::Identity(
                          placement.FirstExpert(rank_), placement.NumLocalExperts(rank_), h)));
@@ -475,7 +699,7 @@ absl::StatusOr<BenchmarkTimes> OneSidedDataPlane::Benchmark(
                                     bench->stream()));
     RETURN_IF_ERROR(bench->CommitGeometry(1, tokens, tokens));
     OneSidedDispatcher* d = bench.get();
-    times = TimeIdentitySteps(*d, *identity, *buffers, tokens, warmup, iterations, *control_, call_,
+    times = TimeIdentitySteps(*d, *identity, *buffers, tokens, warmup, iterations, *compact_, call_,
                               events_, [d] { return d->CheckStep(); });
     if (times.ok()) {
       ASSIGN_OR_RETURN(core::DispatchRoute route,
@@ -485,7 +709,7 @@ absl::StatusOr<BenchmarkTimes> OneSidedDataPlane::Benchmark(
     }
   }
   // No peer may still store into the scratch windows once they go.
-  if (times.ok()) RETURN_IF_ERROR(control_->Barrier());
+  if (times.ok()) RETURN_IF_ERROR(compact_->Barrier());
   return times;
 }
 

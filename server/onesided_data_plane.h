@@ -18,13 +18,33 @@
 // inputs to device staging, runs Dispatch -> ComputeExperts -> Combine on
 // the dispatcher's stream with CUDA events between the phases, and waits
 // with the dispatcher's CheckStep (bounded by the group timeout: a dead
-// peer is kDeadlineExceeded naming it, and the plane is broken). Counters
-// come from the dispatcher's device counts; load statistics are counted on
-// the host from the request's ids (core::CountExpertTokens).
+// peer is kDeadlineExceeded naming it). Counters come from the
+// dispatcher's device counts; load statistics are counted on the host from
+// the request's ids (core::CountExpertTokens), keyed by (epoch, mask round)
+// like the CPU plane's (PlacementBook::AddLoad: a step resent after a mask
+// counts once).
 //
-// What it does not do (refused by name): placement tables other than the
-// contiguous one (kFailedPrecondition: use gpu_data_plane "nccl"), the
-// engine's in-process calls (kUnimplemented), rank masks.
+// Placement tables and rank masks (DESIGN §15; issue 17 item 5): the
+// dispatcher routes by the contiguous placement, so Forward maps every
+// choice on the host to the replica the CPU reference picks and that
+// replica to the dispatcher's id space (server/onesided_route_map.h);
+// the dispatcher is made again (over the same windows) when a table or a
+// mask changes that space. A table whose ranks do not hold one range of
+// distinct experts each, in the §7 split, is refused (kFailedPrecondition).
+// After a group error the survivors agree on a mask exactly as the CPU
+// plane does (server/rank_mask.h: the round over every rank's Rendezvous
+// service, a fresh Gloo context of the members); the old dispatcher and
+// windows are dropped then (the dead peer's window is unmapped, never
+// touched again: no kernel of this plane runs while the mask is agreed),
+// and the members' windows are made at their next Forward or Allocate (an
+// all-gather of IPC handles over the members' group, which every member
+// enters in the same call: WorkerService aligns calls after a round).
+// Choices of experts with no live replica are sent nowhere and reported.
+// A restarted rank forms a plane of itself alone and Readmit takes it back,
+// as on the CPU plane.
+//
+// What it does not do (refused by name): the engine's in-process calls
+// (kUnimplemented).
 // Benchmark: scratch windows and a dispatcher of the benchmark's size,
 // identity experts, as the NCCL plane (server/gpu_step_buffers.h).
 // Every call makes the group's device current. Not thread-safe.
@@ -34,6 +54,7 @@
 
 #include <cuda_runtime.h>
 
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -47,7 +68,9 @@
 #include "server/data_plane.h"
 #include "server/gpu_shared_experts.h"
 #include "server/gpu_step_buffers.h"
+#include "server/onesided_route_map.h"
 #include "server/placement_book.h"
+#include "server/rank_mask.h"
 
 namespace moe_ep::server {
 
@@ -65,8 +88,10 @@ absl::StatusOr<bool> ProbeOneSidedPlane(core::ControlCollective& control, int de
 class OneSidedDataPlane final : public DataPlane {
  public:
   // Forms the plane of `group` on group.device over `control` (the group's
-  // Gloo collective; ProbeOneSidedPlane said true). No window exists until
-  // Allocate. Errors: kInternal (CUDA).
+  // Gloo collective; ProbeOneSidedPlane said true). With group.rejoin (and
+  // world > 1) `control` is a group of this rank alone and every other rank
+  // is masked until Readmit. No window exists until Allocate. Errors:
+  // kInternal (CUDA), kInvalidArgument (control's size does not fit).
   static absl::StatusOr<std::unique_ptr<OneSidedDataPlane>> Form(
       const DataPlaneGroup& group, std::unique_ptr<core::GlooCollective> control);
   ~OneSidedDataPlane() override;
@@ -77,11 +102,23 @@ class OneSidedDataPlane final : public DataPlane {
   const core::BackendLimits& limits() const override {
     return kernels::onesided::OneSidedDispatcher::kLimits;
   }
-  core::ControlCollective& collective() override { return *control_; }
+  // The group as formed, or after a mask the members' group in the original
+  // numbering (core/masked_collective.h).
+  core::ControlCollective& collective() override { return *collective_; }
   void SetCall(const CallBound& call) override {
     call_ = call;
-    control_->SetCallDeadline(CollectiveDeadline(call));
+    collective_->SetCallDeadline(CollectiveDeadline(call));
   }
+  // Rank masks (server/data_plane.h), as CpuDataPlane: with every rank's
+  // Rendezvous address and more than one rank; the round runs on a thread
+  // of its own; FinishMaskRound and Readmit drop the dispatcher and the
+  // windows on the caller's thread and mask every layer's table.
+  bool CanMask() const override;
+  void BeginMaskRound() override;
+  absl::StatusOr<bool> FinishMaskRound(absl::Duration wait) override;
+  absl::Status Readmit(int round, const std::vector<bool>& live_before,
+                       const std::vector<bool>& joining) override;
+  RankMaskState mask() const override { return mask_; }
   int cuda_device() const override { return device_; }
 
   // Collective: a barrier (no peer still uses the old windows), then new
@@ -99,7 +136,10 @@ class OneSidedDataPlane final : public DataPlane {
   absl::StatusOr<int64_t> LoadSharedExpert(int layer, std::optional<core::SharedExpert> shared,
                                            int64_t memory_cap_bytes) override;
   int64_t SharedExpertBytes(int layer) const override { return shared_.Bytes(layer); }
-  // Only the contiguous table (a no-op); any other is kFailedPrecondition.
+  // Checks `table` (core::ValidatePlacement, and MakeOneSidedRouteMap under
+  // the current mask: kFailedPrecondition) and installs it; a layer's
+  // experts that no longer match the table's slots are dropped (LoadExperts
+  // again), as on the CPU plane.
   absl::Status InstallPlacement(int layer,
                                 std::shared_ptr<const core::PlacementTable> table) override;
   std::shared_ptr<const core::PlacementTable> Placement(int layer) const override {
@@ -130,20 +170,40 @@ class OneSidedDataPlane final : public DataPlane {
   absl::Status MakeDeviceCurrent() const;
   kernels::onesided::OneSidedDispatcherOptions DispatcherOptions(
       const core::EpDispatcherOptions& options, int64_t max_intermediate) const;
-  // The host agreement before a step's kernels (see the header comment).
-  absl::Status AgreeOnStep(const absl::Status& local);
+  // The host agreement before a step's kernels (see the header comment):
+  // every member's {epoch, R, ready, route map fingerprint}.
+  absl::Status AgreeOnStep(const absl::Status& local, uint64_t route);
+  // Windows for the members (a collective over compact_) when a mask or
+  // Readmit dropped them; a no-op otherwise.
+  absl::Status MakeWindowsIfDropped();
+  // A dispatcher over windows_ whose id space is `map`'s (a new one when it
+  // differs; the committed geometry carried over).
+  absl::Status UseRouteMap(const OneSidedRouteMap& map);
+  // Serves on the members of `agreed` (round `agreed_round`).
+  absl::Status UseAgreement(MaskAgreement agreed, int agreed_round);
   int64_t TotalExpertBytes() const;
 
-  // Declared first: everything below uses the collective.
-  std::unique_ptr<core::GlooCollective> control_;
-  CallBound call_;  // the call now running (SetCall; Benchmark's gates read it)
+  // Declared first: everything below uses the collective. collective_
+  // owns compact_ (the members' Gloo group, numbered among the members).
+  std::unique_ptr<core::ControlCollective> collective_;
+  core::GlooCollective* compact_ = nullptr;
+  CallBound call_;        // the call now running (SetCall; Benchmark's gates read it)
+  DataPlaneGroup group_;  // as formed (rank, world, rendezvous addresses)
+  RankMaskState mask_;
+  std::future<absl::StatusOr<MaskAgreement>> round_;  // the round running, if any
   int device_ = 0;
-  int rank_ = 0;
-  int world_ = 1;
+  int rank_ = 0;   // in the original numbering
+  int world_ = 1;  // as formed
   absl::Duration timeout_ = absl::Seconds(30);
   core::EpDispatcherOptions options_;
   int64_t max_intermediate_ = 0;
   bool geometry_committed_ = false;
+  int64_t committed_epoch_ = -1;  // the committed geometry, carried to new dispatchers
+  int64_t committed_r_ = 0;
+  int64_t dispatcher_cap_ = 0;    // the memory cap the dispatcher was made under (0 none)
+  bool windows_dropped_ = false;  // a mask dropped them: made at the next Forward
+  int dispatch_ep_ = 0;           // the dispatcher's ranks and ids (UseRouteMap)
+  int dispatch_experts_ = 0;
   std::unique_ptr<kernels::onesided::PeerWindows> windows_;
   std::unique_ptr<kernels::onesided::OneSidedDispatcher> dispatcher_;
   std::unique_ptr<DeviceStepBuffers> staging_;

@@ -10,18 +10,29 @@
 // the GPU machine), else the build's. Run them with
 //   ./moe_ep_integration_tests --gtest_filter='GpuOneSided*'
 
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 #include <numeric>
+#include <set>
+#include <thread>
 
+#include "absl/time/clock.h"
 #include "client/coordinator.h"
+#include "client/grpc_status.h"
 #include "client/local_cluster.h"
+#include "client/placement_request.h"
 #include "core/expert_placement.h"
+#include "core/expert_source.h"
 #include "core/experts.h"
 #include "core/moe_reference.h"
+#include "core/placement_table.h"
 #include "core/routing.h"
 #include "core/status_macros.h"
 #include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "server/device_info.h"
 #include "tests/integration/fake_coordinator.h"
@@ -200,6 +211,357 @@ TEST(GpuOneSidedWorkers, AutoPicksOneSidedForTwoProcessesOnOneGpu) {
   absl::StatusOr<std::vector<v1::JoinResponse>> joined = group->coordinator->FormGroup();
   ASSERT_TRUE(joined.ok()) << joined.status();
   for (const v1::JoinResponse& r : *joined) EXPECT_EQ(r.data_plane(), "one-sided");
+}
+
+}  // namespace
+}  // namespace moe_ep::testing
+
+namespace moe_ep::testing {
+namespace {
+
+// Rank masks and placement tables on the one-sided plane (DESIGN §15;
+// issue 17 item 5): 4 worker processes on CUDA device 0 (CUDA IPC windows),
+// 10 experts on 4 ranks x 5 slots (2 redundant a rank), each rank's experts
+// one range of ids as the one-sided plane needs: rank 0 [0, 5), rank 1
+// [5, 10), rank 2 [2, 7), rank 3 [4, 9). Experts 0 and 1 live only on rank
+// 0, expert 9 only on rank 1; every other expert has two or three replicas.
+// Steps run with that table and are checked against the CPU reference with
+// the same table (core::ReferenceEpForward: the outputs within the bf16
+// tolerance of the GPU's SwiGLU, the token copies sent per rank exactly:
+// they follow the replica each choice went to); then `victim` is killed
+// with SIGKILL during a step, the survivors mask it, and every later step
+// equals the reference under the same mask, the lost experts reported by
+// id. The time from the kill to the first correct masked step is printed
+// (bench/results/masks-onesided/README.md); nothing asserts a time.
+constexpr int kOsWorld = 4;
+constexpr int64_t kOsCapacity = 32;
+constexpr uint64_t kOsSeed = 11;
+constexpr int kOsSteps = 6;
+constexpr int kOsKillAtStep = 2;
+
+core::PlacementTable OneSidedTable() {
+  return core::PlacementTable::FromSlotExperts(
+             10, {{0, 1, 2, 3, 4}, {5, 6, 7, 8, 9}, {2, 3, 4, 5, 6}, {4, 5, 6, 7, 8}})
+      .value();
+}
+
+class GpuOneSidedMasks : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    if (server::VisibleGpuCount() < 1) return;  // the test body skips
+    client::LocalClusterOptions options;
+    options.num_workers = kOsWorld;
+    options.backend = "nccl";
+    const char* bundled = std::getenv("MOE_EP_WORKER_BINARY");
+    options.worker_binary = bundled != nullptr && bundled[0] != '\0'
+                                ? std::string(bundled)
+                                : std::string(MOE_EP_BINARY_DIR) + "/server/moe-ep-worker";
+    options.extra_args = {"--device=0", "--gpu-data-plane=one-sided"};
+    options.stop_timeout = absl::Seconds(5);
+    auto cluster = client::LocalCluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = std::move(*cluster);
+    client::CoordinatorOptions coordinator_options;
+    coordinator_options.backend = "nccl";
+    coordinator_options.rpc_timeout = absl::Seconds(60);
+    coordinator_options.group_timeout = absl::Seconds(10);
+    coordinator_options.rank_masks = true;
+    auto coordinator = client::Coordinator::Connect(cluster_->targets(), coordinator_options);
+    ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+    coordinator_ = std::move(*coordinator);
+    ASSERT_TRUE(coordinator_->WaitReady(absl::Seconds(30)).ok());
+    for (const std::string& target : cluster_->targets()) {
+      stubs_.push_back(
+          v1::Worker::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials())));
+    }
+    client::Coordinator& c = *coordinator_;
+    absl::StatusOr<std::vector<v1::JoinResponse>> joined = c.FormGroup();
+    ASSERT_TRUE(joined.ok()) << joined.status();
+    for (const v1::JoinResponse& r : *joined) ASSERT_EQ(r.data_plane(), "one-sided");
+    // The group's set-up, kept for a rank that comes back (RejoinRank).
+    setup_.configure = MakeConfigureRequest(kOsWorld, model_);
+    ASSERT_TRUE(c.ConfigureLayers(setup_.configure).ok());
+    setup_.allocate = MakeAllocateRequest(model_, kOsCapacity);
+    setup_.allocate.set_redundant_slots_per_rank(2);
+    absl::StatusOr<std::vector<v1::AllocateWorkspaceResponse>> allocated =
+        c.AllocateWorkspace(setup_.allocate);
+    ASSERT_TRUE(allocated.ok()) << allocated.status();
+    setup_.placements.push_back(client::MakeInstallPlacementRequest(0, table_));
+    absl::StatusOr<std::vector<v1::InstallPlacementResponse>> installed =
+        c.InstallPlacement(setup_.placements[0]);
+    ASSERT_TRUE(installed.ok()) << installed.status();
+    v1::LoadExpertsRequest load;
+    load.set_layer(0);
+    load.set_kind(v1::EXPERT_KIND_SWIGLU);
+    load.set_seed(kOsSeed);
+    load.set_intermediate_size(model_.intermediate);
+    setup_.loads.push_back(load);
+    absl::StatusOr<std::vector<v1::LoadExpertsResponse>> loaded = c.LoadExperts(load);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    for (int r = 0; r < kOsWorld; ++r) {
+      sets_.push_back(
+          core::MakeHostExperts(core::ExpertSource::Seeded(kOsSeed, 0, model_.num_experts, 0, 0,
+                                                           model_.hidden, model_.intermediate)
+                                    .WithExperts(core::DistinctSlotExperts(table_, r)))
+              .value());
+    }
+  }
+
+  RankInputs InputsOf(int step, int rank) const {
+    return MakeInputs(1000 * step + rank, 4 + (rank + step) % 3, model_);
+  }
+
+  template <typename Fn>
+  static std::vector<absl::Status> OnRanks(const std::vector<int>& ranks, Fn fn) {
+    std::vector<absl::Status> out(ranks.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      threads.emplace_back([&, i] { out[i] = fn(ranks[i]); });
+    }
+    for (auto& t : threads) t.join();
+    return out;
+  }
+
+  // One step on `ranks`: SyncTokenCounts, CommitGeometry, Forward; `out`
+  // indexed by rank.
+  std::vector<absl::Status> Step(int step, const std::vector<int>& ranks,
+                                 std::vector<v1::ForwardResponse>* out) {
+    const int64_t epoch = step + 1;
+    std::vector<v1::SyncTokenCountsResponse> sync(kOsWorld);
+    auto deadline = [] { return std::chrono::system_clock::now() + std::chrono::seconds(60); };
+    std::vector<absl::Status> status = OnRanks(ranks, [&](int r) {
+      grpc::ClientContext context;
+      context.set_deadline(deadline());
+      v1::SyncTokenCountsRequest request;
+      request.set_epoch(epoch);
+      request.set_local_tokens(InputsOf(step, r).num_tokens);
+      return client::ToAbslStatus(stubs_[r]->SyncTokenCounts(&context, request, &sync[r]));
+    });
+    for (const absl::Status& s : status) {
+      if (!s.ok()) return status;
+    }
+    status = OnRanks(ranks, [&](int r) {
+      grpc::ClientContext context;
+      context.set_deadline(deadline());
+      v1::CommitGeometryRequest request;
+      request.set_epoch(epoch);
+      request.set_runtime_max_tokens_per_rank(sync[r].runtime_max_tokens_per_rank());
+      request.set_local_tokens(InputsOf(step, r).num_tokens);
+      v1::CommitGeometryResponse response;
+      return client::ToAbslStatus(stubs_[r]->CommitGeometry(&context, request, &response));
+    });
+    for (const absl::Status& s : status) {
+      if (!s.ok()) return status;
+    }
+    out->assign(kOsWorld, v1::ForwardResponse());
+    return OnRanks(ranks, [&](int r) {
+      grpc::ClientContext context;
+      context.set_deadline(deadline());
+      return client::ToAbslStatus(stubs_[r]->Forward(
+          &context, MakeForwardRequest(0, epoch, InputsOf(step, r), model_), &(*out)[r]));
+    });
+  }
+
+  // `got` (by rank) against the CPU reference of `step` under `live`.
+  void ExpectReference(int step, const std::vector<int>& ranks, const std::vector<bool>& live,
+                       const std::vector<v1::ForwardResponse>& got) {
+    const core::PlacementTable masked = table_.WithMask(live).value();
+    std::vector<RankInputs> inputs;
+    std::vector<core::EpRankInput> ref_inputs;
+    std::vector<const core::ExpertSet*> set_ptrs;
+    for (int r = 0; r < kOsWorld; ++r) {
+      inputs.push_back(live[r] ? InputsOf(step, r) : RankInputs{});
+      set_ptrs.push_back(&sets_[r]);
+    }
+    for (int r = 0; r < kOsWorld; ++r) {
+      ref_inputs.push_back(
+          {inputs[r].hidden, inputs[r].ids, inputs[r].weights, inputs[r].num_tokens});
+    }
+    absl::StatusOr<core::EpReferenceResult> ref =
+        core::ReferenceEpForward(masked, set_ptrs, ref_inputs, model_.top_k);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    for (int r : ranks) {
+      const std::string what = "step " + std::to_string(step) + " rank " + std::to_string(r);
+      std::vector<float> want(ref->output[r].size());
+      for (size_t i = 0; i < want.size(); ++i) want[i] = core::Bf16ToFloat(ref->output[r][i]);
+      ExpectClose(DecodeBf16(got[r].output()), want, model_.hidden, what);
+      // One copy per distinct destination rank of the chosen replicas.
+      EXPECT_EQ(got[r].tokens_sent(), static_cast<int64_t>(ref->routes[r].dest_rank.size()))
+          << what;
+      std::set<int> lost;
+      int64_t choices = 0;
+      for (int32_t id : inputs[r].ids) {
+        if (id >= 0 && id < model_.num_experts && masked.LiveReplicas(id).empty()) {
+          lost.insert(id);
+          ++choices;
+        }
+      }
+      EXPECT_EQ(std::vector<int>(got[r].lost_experts().begin(), got[r].lost_experts().end()),
+                std::vector<int>(lost.begin(), lost.end()))
+          << what;
+      EXPECT_EQ(got[r].lost_choices(), choices) << what;
+    }
+  }
+
+  v1::GetStatusResponse StatusOf(int r) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::GetStatusResponse response;
+    EXPECT_TRUE(stubs_[r]->GetStatus(&context, v1::GetStatusRequest(), &response).ok());
+    return response;
+  }
+
+  // Kills `victim` during step `step` on every rank and sends that step
+  // again to `survivors` until all of them answer (at most 5 times); the
+  // replies by rank in *got. Returns the time from the kill.
+  absl::Duration KillAndMask(int victim, int step, const std::vector<int>& survivors,
+                             std::vector<v1::ForwardResponse>* got, int* attempts) {
+    std::thread killer([&] {
+      absl::SleepFor(absl::Milliseconds(2));
+      EXPECT_TRUE(cluster_->Kill(victim, SIGKILL).ok());
+    });
+    const absl::Time killed = absl::Now();
+    (void)Step(step, {0, 1, 2, 3}, got);
+    killer.join();
+    *attempts = 1;
+    while (true) {
+      const std::vector<absl::Status> status = Step(step, survivors, got);
+      ++*attempts;
+      if (std::all_of(status.begin(), status.end(), [](const absl::Status& s) { return s.ok(); })) {
+        return absl::Now() - killed;
+      }
+      if (*attempts >= 6) {
+        ADD_FAILURE() << "survivors did not mask rank " << victim << ": " << status[0];
+        return absl::InfiniteDuration();
+      }
+    }
+  }
+
+  SmallModel model_;
+  client::RankSetup setup_;
+  const core::PlacementTable table_ = OneSidedTable();
+  std::vector<core::ExpertSet> sets_;
+  std::unique_ptr<client::LocalCluster> cluster_;
+  std::unique_ptr<client::Coordinator> coordinator_;
+  std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_;
+};
+
+TEST_P(GpuOneSidedMasks, PlacementStepsThenKilledRankMaskedAsTheReference) {
+  MOE_EP_REQUIRE_GPU();
+  ASSERT_NE(cluster_, nullptr);
+  const int victim = GetParam();
+  const std::vector<int> all = {0, 1, 2, 3};
+  std::vector<int> survivors;
+  for (int r = 0; r < kOsWorld; ++r) {
+    if (r != victim) survivors.push_back(r);
+  }
+  std::vector<bool> live(kOsWorld, true);
+  live[victim] = false;
+  const std::vector<bool> everyone(kOsWorld, true);
+
+  std::vector<v1::ForwardResponse> got;
+  for (int step = 0; step < kOsKillAtStep; ++step) {
+    const std::vector<absl::Status> status = Step(step, all, &got);
+    for (int r = 0; r < kOsWorld; ++r) ASSERT_TRUE(status[r].ok()) << "rank " << r << status[r];
+    ExpectReference(step, all, everyone, got);
+    for (int r = 0; r < kOsWorld; ++r) EXPECT_TRUE(got[r].lost_experts().empty());
+  }
+
+  int attempts = 0;
+  std::vector<v1::ForwardResponse> masked_got;
+  std::vector<absl::Status> status;
+  const absl::Duration to_mask =
+      KillAndMask(victim, kOsKillAtStep, survivors, &masked_got, &attempts);
+  ASSERT_NE(to_mask, absl::InfiniteDuration());
+  ExpectReference(kOsKillAtStep, survivors, live, masked_got);
+  for (int r : survivors) {
+    const v1::GetStatusResponse s = StatusOf(r);
+    EXPECT_FALSE(s.group_broken()) << "rank " << r << ": " << s.broken_reason();
+    EXPECT_THAT(s.masked_ranks(), ::testing::ElementsAre(victim)) << "rank " << r;
+    EXPECT_EQ(s.mask_round(), 1) << "rank " << r;
+  }
+  // Victim 0 loses experts 0 and 1 (their only replicas); victim 2 none.
+  std::set<int> reported;
+  for (int step = kOsKillAtStep + 1; step < kOsSteps; ++step) {
+    status = Step(step, survivors, &masked_got);
+    for (size_t i = 0; i < survivors.size(); ++i) {
+      ASSERT_TRUE(status[i].ok()) << "rank " << survivors[i] << ": " << status[i];
+    }
+    ExpectReference(step, survivors, live, masked_got);
+    for (int r : survivors) {
+      reported.insert(masked_got[r].lost_experts().begin(), masked_got[r].lost_experts().end());
+    }
+  }
+  if (victim == 0) {
+    EXPECT_EQ(reported, (std::set<int>{0, 1}));
+  } else {
+    EXPECT_TRUE(reported.empty());
+  }
+  std::cout << "[onesided-mask] killed rank " << victim << ": first correct masked step "
+            << absl::ToDoubleMilliseconds(to_mask) << " ms after the kill (" << attempts
+            << " step attempts)" << std::endl;
+}
+
+INSTANTIATE_TEST_SUITE_P(Victims, GpuOneSidedMasks, ::testing::Values(0, 2),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "kill_rank" + std::to_string(info.param);
+                         });
+
+}  // namespace
+}  // namespace moe_ep::testing
+
+namespace moe_ep::testing {
+namespace {
+
+// A restarted rank rejoins the one-sided group (DESIGN §15; issue 17 item
+// 5): rank 2 of 4 processes on one GPU is killed during step 2, the
+// survivors mask it and serve; its worker is restarted on its address,
+// joins alone (a one-sided plane of itself), is set up with the group's
+// requests and Rejoin re-admits it: the members' IPC windows are made
+// again, and steps 4 and 5 on all four ranks equal the unmasked reference.
+class GpuOneSidedRejoin : public GpuOneSidedMasks {};
+
+TEST_F(GpuOneSidedRejoin, RestartedRankRejoinsAndStepsEqualTheFullReference) {
+  MOE_EP_REQUIRE_GPU();
+  ASSERT_NE(cluster_, nullptr);
+  constexpr int kVictim = 2;
+  const std::vector<int> all = {0, 1, 2, 3};
+  const std::vector<int> survivors = {0, 1, 3};
+  const std::vector<bool> everyone(kOsWorld, true);
+  std::vector<bool> live(kOsWorld, true);
+  live[kVictim] = false;
+  std::vector<v1::ForwardResponse> got;
+  for (int step = 0; step < kOsKillAtStep; ++step) {
+    const std::vector<absl::Status> status = Step(step, all, &got);
+    for (int r = 0; r < kOsWorld; ++r) ASSERT_TRUE(status[r].ok()) << "rank " << r << status[r];
+  }
+  int attempts = 0;
+  const absl::Duration to_mask = KillAndMask(kVictim, kOsKillAtStep, survivors, &got, &attempts);
+  ASSERT_NE(to_mask, absl::InfiniteDuration());
+  ExpectReference(kOsKillAtStep, survivors, live, got);
+
+  const absl::Time restarted = absl::Now();
+  ASSERT_TRUE(cluster_->Restart(kVictim).ok());
+  absl::StatusOr<v1::RejoinResponse> rejoined = coordinator_->RejoinRank(kVictim, setup_);
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  EXPECT_TRUE(rejoined->masked_ranks().empty());
+  EXPECT_EQ(rejoined->mask_round(), 2);
+  absl::Duration to_first_step;
+  for (int step = kOsKillAtStep + 2; step < kOsSteps; ++step) {
+    const std::vector<absl::Status> status = Step(step, all, &got);
+    for (int r = 0; r < kOsWorld; ++r) ASSERT_TRUE(status[r].ok()) << "rank " << r << status[r];
+    ExpectReference(step, all, everyone, got);
+    if (step == kOsKillAtStep + 2) to_first_step = absl::Now() - restarted;
+  }
+  for (int r = 0; r < kOsWorld; ++r) {
+    const v1::GetStatusResponse s = StatusOf(r);
+    EXPECT_FALSE(s.group_broken()) << "rank " << r << ": " << s.broken_reason();
+    EXPECT_TRUE(s.masked_ranks().empty()) << "rank " << r;
+  }
+  std::cout << "[onesided-rejoin] killed rank " << kVictim << ": first correct masked step "
+            << absl::ToDoubleMilliseconds(to_mask) << " ms after the kill (" << attempts
+            << " step attempts); restart -> first correct unmasked step "
+            << absl::ToDoubleMilliseconds(to_first_step) << " ms" << std::endl;
 }
 
 }  // namespace
