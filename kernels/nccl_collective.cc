@@ -142,7 +142,7 @@ absl::Status NcclCollective::Revoke() {
     if (last_error_.empty()) last_error_ = "revoked for a rank mask";
     return absl::OkStatus();
   }
-  const absl::Status failed =
+  absl::Status failed =
       r == ncclInProgress
           ? absl::DeadlineExceededError(absl::StrFormat(
                 "ncclCommRevoke on rank %d: not quiescent within %d ms", rank_, timeout_.count()))
