@@ -537,7 +537,6 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
           << "; experts with no live replica: [" << absl::StrJoin(result.masks.lost_experts, ",")
           << "]\n";
     }
-    const int64_t epoch = s + 1;
     int64_t R = 0;
     std::vector<std::string> layer_times;
     const auto run_step = [&]() -> absl::Status {

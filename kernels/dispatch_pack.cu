@@ -14,9 +14,9 @@ constexpr int kPackThreads = 256;
 // and weights [K] fp32 at byte `tail` of the row): token b's ids and weights
 // into its slot of each destination in dest_slot (b < n; a replicated
 // expert's id stays only in the copy for the rank that serves it, the
-// others get the invalid id), then the invalid-id / zero-weight tail of
-// padding slot b of every destination with counts[d] <= b. Row (d, slot)
-// is at send + (d * max_tokens + slot) * row_bytes.
+// others get the invalid id, and so do all copies of a lost expert's id), then the invalid-id /
+// zero-weight tail of padding slot b of every destination with counts[d] <= b. Row (d, slot) is at
+// send + (d * max_tokens + slot) * row_bytes.
 __device__ void PackTopKTails(const int32_t* __restrict__ topk_ids,
                               const float* __restrict__ topk_weights, int64_t b, int64_t n,
                               const int32_t* dest_slot, const int32_t* counts, int top_k,
@@ -33,7 +33,7 @@ __device__ void PackTopKTails(const int32_t* __restrict__ topk_ids,
         uint8_t* r = row(d, dest_slot[d]);
         int32_t out_id = id;
         if (placement.replica_offsets != nullptr && id >= 0 && id < num_experts &&
-            internal::NumReplicas(placement, id) > 1 &&
+            internal::NumReplicas(placement, id) != 1 &&
             internal::DestinationRank(placement, b, id, 0, 0) != d) {
           out_id = invalid_expert_id;
         }

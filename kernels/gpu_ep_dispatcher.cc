@@ -144,7 +144,9 @@ absl::Status GpuEpDispatcher::SetPlacement(const core::PlacementTable& table) {
   std::vector<int32_t> ranks;
   ranks.reserve(table.num_slots());
   for (int e = 0; e < table.num_experts(); ++e) {
-    for (const core::ReplicaSlot& replica : table.Replicas(e)) ranks.push_back(replica.rank);
+    // Live replicas only (all of them without a rank mask): a lost expert
+    // gets none, which the route and pack kernels send nowhere (DESIGN §15).
+    for (const core::ReplicaSlot& replica : table.LiveReplicas(e)) ranks.push_back(replica.rank);
     offsets[e + 1] = static_cast<int32_t>(ranks.size());
   }
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(collective_->device()), "cudaSetDevice"));
@@ -292,6 +294,7 @@ absl::Status GpuEpDispatcher::AgreeAndWriteHeader(int64_t num_tokens) {
   std::vector<int64_t> all(2 * ep_size_);
   RETURN_IF_ERROR(control_.AllGather(mine, sizeof(mine), all.data()));
   for (int r = 0; r < ep_size_; ++r) {
+    if (!control_.IsLive(r)) continue;  // masked (DESIGN §15): its row is zero
     if (all[2 * r] != epoch || all[2 * r + 1] != runtime_max) {
       return absl::AbortedError(absl::StrFormat(
           "geometry mismatch: rank %d has (epoch %d, R %d), this rank (rank %d) has (epoch %d, R "

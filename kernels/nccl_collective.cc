@@ -5,6 +5,7 @@
 #include <numeric>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -114,10 +115,11 @@ NcclCollective::~NcclCollective() {
 }
 
 absl::Status NcclCollective::CheckUsable() const {
-  if (comm_ == nullptr) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "NCCL communicator of rank %d was aborted after an earlier error (%s); form a new group",
-        rank_, last_error_));
+  if (comm_ == nullptr || revoked_) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("NCCL communicator of rank %d was %s after an earlier error (%s); form a "
+                        "new group or shrink it",
+                        rank_, comm_ == nullptr ? "aborted" : "revoked", last_error_));
   }
   return absl::OkStatus();
 }
@@ -129,9 +131,86 @@ void NcclCollective::Abort() {
   }
 }
 
+absl::Status NcclCollective::Revoke() {
+  if (comm_ == nullptr) return CheckUsable();
+  if (revoked_) return absl::OkStatus();
+  RETURN_IF_ERROR(internal::CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  ncclResult_t r = ncclCommRevoke(comm_, NCCL_REVOKE_DEFAULT);
+  if (r == ncclSuccess || r == ncclInProgress) r = PollComm(comm_, Clock::now() + timeout_);
+  if (r == ncclSuccess) {
+    revoked_ = true;
+    if (last_error_.empty()) last_error_ = "revoked for a rank mask";
+    return absl::OkStatus();
+  }
+  absl::Status failed =
+      r == ncclInProgress
+          ? absl::DeadlineExceededError(absl::StrFormat(
+                "ncclCommRevoke on rank %d: not quiescent within %d ms", rank_, timeout_.count()))
+          : absl::UnavailableError(
+                absl::StrFormat("ncclCommRevoke on rank %d: %s", rank_, NcclText(r, comm_)));
+  if (last_error_.empty()) last_error_ = std::string(failed.message());
+  Abort();
+  return failed;
+}
+
+absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Shrink(
+    absl::Span<const int> exclude) {
+  if (comm_ == nullptr) RETURN_IF_ERROR(CheckUsable());
+  for (size_t i = 0; i < exclude.size(); ++i) {
+    if (exclude[i] < 0 || exclude[i] >= size_ || (i > 0 && exclude[i] <= exclude[i - 1])) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("Shrink on rank %d: excluded ranks expected ascending in [0, %d), "
+                          "entry %d is %d",
+                          rank_, size_, i, exclude[i]));
+    }
+    if (exclude[i] == rank_) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "Shrink on rank %d: this rank is excluded (an excluded rank does not call Shrink)",
+          rank_));
+    }
+  }
+  RETURN_IF_ERROR(internal::CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  std::unique_ptr<NcclCollective> c(new NcclCollective());
+  c->device_ = device_;
+  c->timeout_ = timeout_;
+  RETURN_IF_ERROR(internal::CudaStatus(
+      cudaStreamCreateWithFlags(&c->stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  std::vector<int> list(exclude.begin(), exclude.end());
+  const int count = static_cast<int>(list.size());
+  const int flags = revoked_ ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT;
+  ncclComm_t shrunk = nullptr;
+  const Clock::time_point deadline = Clock::now() + timeout_;
+  // NCCL 2.28 refuses excludeRanksCount 0 ("invalid argument", seen on the
+  // H200: ncclCommInitChildComm wants a count > 0), so excluding nobody is a
+  // split with one color: the same members, in order, in a new communicator.
+  ncclResult_t r = count == 0 ? ncclCommSplit(comm_, /*color=*/0, /*key=*/rank_, &shrunk, &config)
+                              : ncclCommShrink(comm_, list.data(), count, &shrunk, &config, flags);
+  if ((r == ncclSuccess || r == ncclInProgress) && shrunk != nullptr)
+    r = PollComm(shrunk, deadline);
+  if (r != ncclSuccess || shrunk == nullptr) {
+    const std::string text = NcclText(r == ncclSuccess ? ncclInternalError : r, comm_);
+    if (shrunk != nullptr) ncclCommAbort(shrunk);
+    if (r == ncclInProgress) {
+      return absl::DeadlineExceededError(
+          absl::StrFormat("Shrink on rank %d (excluding %d of %d): not complete within %d ms",
+                          rank_, count, size_, timeout_.count()));
+    }
+    return absl::UnavailableError(
+        absl::StrFormat("Shrink on rank %d (excluding %d of %d): %s", rank_, count, size_, text));
+  }
+  c->comm_ = shrunk;
+  ncclCommUserRank(shrunk, &c->rank_);
+  ncclCommCount(shrunk, &c->size_);
+  return c;
+}
+
 absl::Status NcclCollective::Fail(absl::Status status) {
   last_error_ = std::string(status.message());
-  Abort();
+  // Revoke rather than abort: the survivors of a lost peer may shrink this
+  // communicator (Shrink); Revoke aborts when it cannot revoke.
+  if (comm_ != nullptr && !revoked_) Revoke().IgnoreError();
   return status;
 }
 

@@ -9,11 +9,13 @@
 // core::ControlCollective over this object.
 // The communicator is non-blocking (ncclConfig_t.blocking = 0): init, split
 // and every enqueue are polled with ncclCommGetAsyncError against the
-// deadline. On an NCCL error or timeout the communicator is aborted
-// (ncclCommAbort) and the call returns kUnavailable (error) or
-// kDeadlineExceeded (timeout); every later call returns kFailedPrecondition.
-// A dead peer therefore becomes an error within `timeout`, never a hang
-// (the destructor aborts, never waits).
+// deadline. On an NCCL error or timeout the communicator is revoked
+// (ncclCommRevoke: its in-flight work stops; ncclCommAbort when revoking
+// fails too) and the call returns kUnavailable (error) or kDeadlineExceeded
+// (timeout); every later call returns kFailedPrecondition. A dead peer
+// therefore becomes an error within `timeout`, never a hang (the destructor
+// aborts, never waits). A revoked communicator can still be shrunk: the
+// survivors of a lost rank call Shrink on it (DESIGN §15 rank masks).
 //
 // Not thread-safe: one caller thread per object. The CUDA device given at
 // creation is made current on the calling thread by every call.
@@ -59,7 +61,7 @@ class NcclCollective final : public StreamCollective {
   int device() const override { return device_; }
   // The stream every call is enqueued on (owned, non-blocking).
   cudaStream_t stream() const override { return stream_; }
-  bool healthy() const override { return comm_ != nullptr; }
+  bool healthy() const override { return comm_ != nullptr && !revoked_; }
 
   absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_bytes, void* recv,
                          absl::Span<const int64_t> recv_bytes) override;
@@ -85,6 +87,34 @@ class NcclCollective final : public StreamCollective {
   // Aborts the communicator (e.g. when the control plane learns a peer is
   // gone). Later calls return kFailedPrecondition.
   void Abort() override;
+
+  // Rank masks (DESIGN §15; issue 17 item 3).
+  //
+  // Revoke(): stops the communicator's in-flight work (ncclCommRevoke) and
+  // waits, with the group's timeout, until it is quiescent; the
+  // communicator stays for Shrink, every other call returns
+  // kFailedPrecondition. A survivor calls it when a mask round starts (a
+  // peer is gone; an NCCL error revokes by itself). No-op when revoked
+  // already. Errors: kFailedPrecondition (aborted earlier), kUnavailable /
+  // kDeadlineExceeded (the communicator is then aborted).
+  absl::Status Revoke();
+  // Shrink(): ncclCommShrink without the `exclude` ranks (this
+  // communicator's numbering, ascending; core::PlanShrink computes them):
+  // the new communicator has size() - exclude.size() ranks, the others
+  // closing the gaps in order, on this device with a new stream and this
+  // timeout. Collective over the ranks not excluded (an excluded rank must
+  // not call it). Abort mode (NCCL_SHRINK_ABORT: the parent's operations
+  // are terminated first) when this communicator is revoked, the default
+  // mode when it is healthy. An empty list (nobody lost: a revoked
+  // communicator replaced by a copy) is an ncclCommSplit with one color,
+  // because ncclCommShrink refuses a count of 0.
+  // This object is left as it was (revoked, or healthy after a default-mode
+  // shrink); the caller destroys it (ncclCommAbort) once the new one serves.
+  // Errors: kInvalidArgument (entries not ascending, outside [0, size()),
+  // or this rank among them), kFailedPrecondition (aborted earlier),
+  // kDeadlineExceeded (not complete within the timeout), kUnavailable.
+  absl::StatusOr<std::unique_ptr<NcclCollective>> Shrink(absl::Span<const int> exclude);
+  bool revoked() const { return revoked_; }
 
   // Runs `call` on the communicator with this object's device current and
   // waits for it as every call here does (ncclInProgress polled against the
@@ -121,6 +151,7 @@ class NcclCollective final : public StreamCollective {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   std::string last_error_;
+  bool revoked_ = false;  // ncclCommRevoke done: only Shrink and the destructor use comm_
 };
 
 // True when `ptr` is device memory (or managed/registered memory usable by a

@@ -33,6 +33,7 @@ class StagedControlCollective final : public core::ControlCollective {
   int rank() const override { return stream_->rank(); }
   int size() const override { return stream_->size(); }
   std::string backend() const override { return "nccl"; }
+  bool IsLive(int rank) const override { return stream_->IsLive(rank); }
   StreamCollective& stream_collective() const { return *stream_; }
 
   absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_bytes, void* recv,

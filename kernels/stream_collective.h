@@ -49,6 +49,9 @@ class StreamCollective {
   virtual cudaStream_t stream() const = 0;
   // False after an error or timeout aborted the communicator.
   virtual bool healthy() const = 0;
+  // False for a rank masked out of the group (kernels/masked_stream_collective.h;
+  // DESIGN §15): it moves nothing and its agreement rows are skipped.
+  virtual bool IsLive(int /*rank*/) const { return true; }
 
   // As core::ControlCollective::AllToAllV, on device memory, enqueued.
   virtual absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_bytes, void* recv,

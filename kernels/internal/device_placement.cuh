@@ -22,12 +22,15 @@ __device__ __forceinline__ int32_t NumReplicas(const DevicePlacement& placement,
 }
 
 // The rank that serves valid choice `id` of token `t`: the contiguous owner,
-// or under a table core::PlacementTable::ChooseReplica's rank.
+// or under a table core::PlacementTable::ChooseReplica's rank among the live
+// replicas the device copy holds; -1 for an expert with none (lost under a
+// rank mask, DESIGN §15: the choice goes nowhere and contributes zero).
 __device__ __forceinline__ int DestinationRank(const DevicePlacement& placement, int64_t t,
                                                int32_t id, int base, int rem) {
   if (placement.replica_offsets == nullptr) return RankOfExpert(id, base, rem);
   const int32_t begin = placement.replica_offsets[id];
   const int32_t n = placement.replica_offsets[id + 1] - begin;
+  if (n == 0) return -1;
   const uint64_t key = static_cast<uint64_t>(t) + static_cast<uint64_t>(placement.source_rank);
   return placement.replica_ranks[begin + static_cast<int32_t>(key % static_cast<uint64_t>(n))];
 }

@@ -146,6 +146,7 @@ TEST(GpuOneSidedWorkers, TwoProcessesOnOneGpuForwardIdentityAndSwiGluAsTheRefere
   for (size_t step = 0; step < steps.size(); ++step) {
     const int64_t epoch = static_cast<int64_t>(step) + 1;
     std::vector<RankInputs> inputs;
+    inputs.reserve(2);
     for (int r = 0; r < 2; ++r) {
       inputs.push_back(MakeInputs(100 * step + r, steps[step][r], model, /*invalid_every=*/5));
     }
@@ -154,6 +155,7 @@ TEST(GpuOneSidedWorkers, TwoProcessesOnOneGpuForwardIdentityAndSwiGluAsTheRefere
     ASSERT_TRUE(c.CommitGeometry(epoch, sync->runtime_max_tokens_per_rank, steps[step]).ok());
     for (int layer = 0; layer < 2; ++layer) {
       std::vector<v1::ForwardRequest> requests;
+      requests.reserve(inputs.size());
       for (const RankInputs& in : inputs) {
         requests.push_back(MakeForwardRequest(layer, epoch, in, model));
       }

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <thread>
@@ -38,14 +39,15 @@ core::PlacementTable Table(int num_experts, std::vector<std::vector<int>> slots)
   return core::PlacementTable::FromSlotExperts(num_experts, std::move(slots)).value();
 }
 
-// The device form of a table: replica offsets [E + 1], replica ranks [S].
+// The device form of a table (as GpuEpDispatcher::SetPlacement writes it):
+// replica offsets [E + 1], the live replicas' ranks (all of them unmasked).
 struct DeviceTable {
   std::vector<int32_t> offsets;
   std::vector<int32_t> ranks;
   explicit DeviceTable(const core::PlacementTable& table) {
     offsets.push_back(0);
     for (int e = 0; e < table.num_experts(); ++e) {
-      for (const core::ReplicaSlot& r : table.Replicas(e)) ranks.push_back(r.rank);
+      for (const core::ReplicaSlot& r : table.LiveReplicas(e)) ranks.push_back(r.rank);
       offsets.push_back(static_cast<int32_t>(ranks.size()));
     }
   }
@@ -169,6 +171,87 @@ TEST(LaunchPackDispatchTable, MasksChoicesServedByAnotherReplica) {
     }
   }
   EXPECT_GT(masked, 0) << "the inputs must exercise the mask";
+}
+
+// Issue 17 item 3 on the GPU: under a rank mask (rank 1 of FourRankTable
+// lost: expert 1 has no live replica, 6 and 7 keep theirs on ranks 3 and 0)
+// the route kernel sends nothing to the masked rank, the pack kernel
+// carries the lost expert's id as invalid in every copy, and both equal the
+// CPU route and payload ids of the masked table.
+TEST(LaunchRouteTable, RankMaskSendsNothingToMaskedRankAndDropsLostExperts) {
+  MOE_EP_REQUIRE_GPUS(1);
+  const core::PlacementTable table = FourRankTable().WithMask({true, false, true, true}).value();
+  ASSERT_EQ(table.LostExperts(), std::vector<int>{1});
+  const DeviceTable host(table);
+  DeviceBuffer<int32_t> offsets(host.offsets);
+  DeviceBuffer<int32_t> ranks(host.ranks);
+  const int64_t tokens = 300;
+  const int top_k = 3;
+  const int64_t hidden = 8;
+  auto in = MakeInputs(23, tokens, hidden, top_k, 8, 0.1);
+  DeviceBuffer<bf16_t> x(in.hidden);
+  DeviceBuffer<int32_t> ids(in.ids);
+  DeviceBuffer<float> w(in.weights);
+  DeviceBuffer<int64_t> t(std::vector<int64_t>{tokens});
+  DeviceBuffer<int32_t> slots(tokens * 4);
+  DeviceBuffer<int32_t> counts(4);
+  const int64_t row_bytes = DispatchRowBytes(hidden, top_k);
+  DeviceBuffer<uint8_t> send(4 * tokens * row_bytes);
+  int64_t lost_choices = 0;
+  for (const int source : {0, 2, 3}) {
+    const DevicePlacement placement{offsets.get(), ranks.get(), source};
+    RouteParams route = Params(ids.get(), t.get(), tokens, top_k, slots.get(), counts.get());
+    route.placement = placement;
+    ASSERT_TRUE(LaunchRoute(route, nullptr).ok());
+    PackDispatchParams pack;
+    pack.hidden = x.get();
+    pack.topk_ids = ids.get();
+    pack.topk_weights = w.get();
+    pack.token_slot = slots.get();
+    pack.send_counts = counts.get();
+    pack.num_tokens = t.get();
+    pack.max_tokens = tokens;
+    pack.hidden_size = hidden;
+    pack.top_k = top_k;
+    pack.ep_size = 4;
+    pack.invalid_expert_id = -1;
+    pack.send = send.get();
+    pack.placement = placement;
+    pack.num_experts = 8;
+    ASSERT_TRUE(LaunchPackDispatch(pack, nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    auto cpu = core::ComputeDispatchRoute(in.ids, tokens, top_k, table, source);
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    const auto got_counts = counts.Download(4);
+    EXPECT_EQ(got_counts[1], 0) << "source " << source << " sent tokens to the masked rank";
+    for (int d = 0; d < 4; ++d) EXPECT_EQ(got_counts[d], cpu->send_counts[d]) << d;
+    std::vector<int32_t> want(tokens * 4, -1);
+    for (int64_t tok = 0; tok < tokens; ++tok) {
+      for (int64_t i = cpu->token_offsets[tok]; i < cpu->token_offsets[tok + 1]; ++i) {
+        want[tok * 4 + cpu->dest_rank[i]] = static_cast<int32_t>(cpu->dest_slot[i]);
+      }
+    }
+    EXPECT_EQ(slots.Download(tokens * 4), want) << "source " << source;
+    const auto rows = send.Download(4 * tokens * row_bytes);
+    for (int64_t tok = 0; tok < tokens; ++tok) {
+      for (int64_t i = cpu->token_offsets[tok]; i < cpu->token_offsets[tok + 1]; ++i) {
+        const int d = cpu->dest_rank[i];
+        const uint8_t* row = rows.data() + (d * tokens + cpu->dest_slot[i]) * row_bytes;
+        for (int k = 0; k < top_k; ++k) {
+          int32_t got = 0;
+          std::memcpy(&got, row + 2 * hidden + 4 * k, 4);
+          const int32_t id = in.ids[tok * top_k + k];
+          EXPECT_EQ(got, core::PayloadExpertId(table, source, tok, id, d, -1))
+              << "source " << source << " token " << tok << " dest " << d << " choice " << k;
+          if (id == 1) {
+            EXPECT_EQ(got, -1) << "lost expert 1 must reach no rank's experts";
+            ++lost_choices;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(lost_choices, 0) << "the inputs must route lost expert 1 in a copy to a live rank";
 }
 
 void RunRanks(int ep_size, const std::function<void(int)>& body) {

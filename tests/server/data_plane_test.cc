@@ -374,7 +374,7 @@ TEST(CpuDataPlane, BenchmarkStopsAtTheCallsDeadline) {
 
 // A CallBound whose client cancels at the gate check number `at` (1 = the
 // first gate): deterministic stops at a chosen gate point.
-CallBound CancelledAtCheck(int at, std::shared_ptr<int> checks) {
+CallBound CancelledAtCheck(int at, const std::shared_ptr<int>& checks) {
   return CallBound{absl::InfiniteFuture(), [at, checks] { return ++*checks >= at; }};
 }
 
