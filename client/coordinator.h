@@ -196,6 +196,13 @@ class Coordinator {
   // disagree on the mask), the calls' errors naming the rank (aggregated for
   // Rejoin).
   absl::StatusOr<v1::RejoinResponse> RejoinRank(int rank, const RankSetup& setup);
+  // RejoinRanks(): RejoinRank for several masked ranks at once (DESIGN §15;
+  // issue 17: two ranks restarted together): each is joined alone and set
+  // up in turn (ascending), then one Rejoin (RejoinRequest.ranks = `ranks`)
+  // re-admits them all in a single mask round. Returns the lowest returning
+  // rank's RejoinResponse. Errors: RejoinRank's; kInvalidArgument for an
+  // empty or repeated list.
+  absl::StatusOr<v1::RejoinResponse> RejoinRanks(std::vector<int> ranks, const RankSetup& setup);
   // The ranks SyncTokenCounts, CommitGeometry and Forward go to: `live`
   // [world] (a masked group's survivors: the entries of the other ranks are
   // ignored and their responses left empty); all true or empty = every rank.

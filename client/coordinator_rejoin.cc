@@ -54,9 +54,22 @@ absl::StatusOr<std::vector<int>> Coordinator::LiveRanks() {
 }
 
 absl::StatusOr<v1::RejoinResponse> Coordinator::RejoinRank(int rank, const RankSetup& setup) {
-  if (rank < 0 || rank >= world_size()) {
+  return RejoinRanks({rank}, setup);
+}
+
+absl::StatusOr<v1::RejoinResponse> Coordinator::RejoinRanks(std::vector<int> ranks,
+                                                            const RankSetup& setup) {
+  std::sort(ranks.begin(), ranks.end());
+  if (ranks.empty() || std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("RejoinRank: rank ", rank, " outside [0, ", world_size(), ")"));
+        absl::StrCat("RejoinRanks: expected distinct ranks, at least one, got [",
+                     absl::StrJoin(ranks, ","), "]"));
+  }
+  for (int rank : ranks) {
+    if (rank < 0 || rank >= world_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("RejoinRank: rank ", rank, " outside [0, ", world_size(), ")"));
+    }
   }
   if (generation_ == 0 || !options_.rank_masks) {
     return absl::FailedPreconditionError(
@@ -65,20 +78,22 @@ absl::StatusOr<v1::RejoinResponse> Coordinator::RejoinRank(int rank, const RankS
   // The survivors' mask: every live rank must report the same one.
   const std::vector<absl::StatusOr<v1::GetStatusResponse>> statuses = StatusEach();
   const v1::GetStatusResponse* view = LatestView(statuses, generation_);
-  if (view == nullptr || std::find(view->masked_ranks().begin(), view->masked_ranks().end(),
-                                   rank) == view->masked_ranks().end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "RejoinRank: rank ", rank, " is not masked in generation ", generation_,
-        view == nullptr
-            ? " (no live rank answers)"
-            : absl::StrCat(" (masked ranks [", absl::StrJoin(view->masked_ranks(), ","), "])")));
+  const auto masked = [&](int r) {
+    return std::find(view->masked_ranks().begin(), view->masked_ranks().end(), r) !=
+           view->masked_ranks().end();
+  };
+  for (int rank : ranks) {
+    if (view == nullptr || !masked(rank)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "RejoinRank: rank ", rank, " is not masked in generation ", generation_,
+          view == nullptr
+              ? " (no live rank answers)"
+              : absl::StrCat(" (masked ranks [", absl::StrJoin(view->masked_ranks(), ","), "])")));
+    }
   }
   std::vector<int> survivors;
   for (int r = 0; r < world_size(); ++r) {
-    if (std::find(view->masked_ranks().begin(), view->masked_ranks().end(), r) !=
-        view->masked_ranks().end()) {
-      continue;
-    }
+    if (masked(r)) continue;
     survivors.push_back(r);
     const auto& s = statuses[r];
     if (!s.ok() || s->mask_round() != view->mask_round() ||
@@ -92,68 +107,70 @@ absl::StatusOr<v1::RejoinResponse> Coordinator::RejoinRank(int rank, const RankS
     }
   }
 
-  // The returning rank alone: Join, then the group's set-up.
-  const auto on_rank = [&](const char* op, auto call) -> absl::Status {
-    grpc::ClientContext context;
-    SetDeadline(&context, options_.rpc_timeout);
-    absl::Status status = ToAbslStatus(call(&context));
-    if (status.ok()) return status;
-    return absl::Status(status.code(), absl::StrCat(op, " on rank ", rank, " (", targets_[rank],
-                                                    "): ", status.message()));
-  };
-  v1::JoinRequest join;
-  join.set_world_size(world_size());
-  join.set_rank(rank);
-  join.set_backend(options_.backend);
-  join.set_rendezvous_address(targets_[0]);
-  join.set_generation(generation_);
-  join.set_timeout_ms(absl::ToInt64Milliseconds(options_.group_timeout));
-  if (rank < static_cast<int>(join_hosts_.size())) join.set_data_plane_host(join_hosts_[rank]);
-  join.set_rendezvous_secret(secret_);
-  for (const std::string& t : targets_) join.add_rendezvous_addresses(t);
-  join.set_rejoin(true);
-  *join.mutable_lease() = Claim();
-  v1::JoinResponse joined;
-  RETURN_IF_ERROR(on_rank("Join (rejoin)", [&](grpc::ClientContext* c) {
-    return stubs_[rank]->Join(c, join, &joined);
-  }));
+  // Each returning rank alone: Join, then the group's set-up.
   const bool leased = !options_.owner_id.empty();
-  v1::ConfigureLayersRequest configure = setup.configure;
-  if (leased) *configure.mutable_lease() = Claim();
-  v1::ConfigureLayersResponse configured;
-  RETURN_IF_ERROR(on_rank("ConfigureLayers", [&](grpc::ClientContext* c) {
-    return stubs_[rank]->ConfigureLayers(c, configure, &configured);
-  }));
-  v1::AllocateWorkspaceRequest allocate = setup.allocate;
-  if (leased) *allocate.mutable_lease() = Claim();
-  v1::AllocateWorkspaceResponse allocated;
-  RETURN_IF_ERROR(on_rank("AllocateWorkspace", [&](grpc::ClientContext* c) {
-    return stubs_[rank]->AllocateWorkspace(c, allocate, &allocated);
-  }));
-  for (v1::InstallPlacementRequest placement : setup.placements) {
-    if (leased) *placement.mutable_lease() = Claim();
-    v1::InstallPlacementResponse installed;
-    RETURN_IF_ERROR(on_rank("InstallPlacement", [&](grpc::ClientContext* c) {
-      return stubs_[rank]->InstallPlacement(c, placement, &installed);
+  for (int rank : ranks) {
+    const auto on_rank = [&](const char* op, auto call) -> absl::Status {
+      grpc::ClientContext context;
+      SetDeadline(&context, options_.rpc_timeout);
+      absl::Status status = ToAbslStatus(call(&context));
+      if (status.ok()) return status;
+      return absl::Status(status.code(), absl::StrCat(op, " on rank ", rank, " (", targets_[rank],
+                                                      "): ", status.message()));
+    };
+    v1::JoinRequest join;
+    join.set_world_size(world_size());
+    join.set_rank(rank);
+    join.set_backend(options_.backend);
+    join.set_rendezvous_address(targets_[0]);
+    join.set_generation(generation_);
+    join.set_timeout_ms(absl::ToInt64Milliseconds(options_.group_timeout));
+    if (rank < static_cast<int>(join_hosts_.size())) join.set_data_plane_host(join_hosts_[rank]);
+    join.set_rendezvous_secret(secret_);
+    for (const std::string& t : targets_) join.add_rendezvous_addresses(t);
+    join.set_rejoin(true);
+    *join.mutable_lease() = Claim();
+    v1::JoinResponse joined;
+    RETURN_IF_ERROR(on_rank("Join (rejoin)", [&](grpc::ClientContext* c) {
+      return stubs_[rank]->Join(c, join, &joined);
     }));
-  }
-  for (v1::LoadExpertsRequest load : setup.loads) {
-    if (leased) *load.mutable_lease() = Claim();
-    v1::LoadExpertsResponse loaded;
-    RETURN_IF_ERROR(on_rank("LoadExperts", [&](grpc::ClientContext* c) {
-      return stubs_[rank]->LoadExperts(c, load, &loaded);
+    v1::ConfigureLayersRequest configure = setup.configure;
+    if (leased) *configure.mutable_lease() = Claim();
+    v1::ConfigureLayersResponse configured;
+    RETURN_IF_ERROR(on_rank("ConfigureLayers", [&](grpc::ClientContext* c) {
+      return stubs_[rank]->ConfigureLayers(c, configure, &configured);
     }));
+    v1::AllocateWorkspaceRequest allocate = setup.allocate;
+    if (leased) *allocate.mutable_lease() = Claim();
+    v1::AllocateWorkspaceResponse allocated;
+    RETURN_IF_ERROR(on_rank("AllocateWorkspace", [&](grpc::ClientContext* c) {
+      return stubs_[rank]->AllocateWorkspace(c, allocate, &allocated);
+    }));
+    for (v1::InstallPlacementRequest placement : setup.placements) {
+      if (leased) *placement.mutable_lease() = Claim();
+      v1::InstallPlacementResponse installed;
+      RETURN_IF_ERROR(on_rank("InstallPlacement", [&](grpc::ClientContext* c) {
+        return stubs_[rank]->InstallPlacement(c, placement, &installed);
+      }));
+    }
+    for (v1::LoadExpertsRequest load : setup.loads) {
+      if (leased) *load.mutable_lease() = Claim();
+      v1::LoadExpertsResponse loaded;
+      RETURN_IF_ERROR(on_rank("LoadExperts", [&](grpc::ClientContext* c) {
+        return stubs_[rank]->LoadExperts(c, load, &loaded);
+      }));
+    }
   }
 
-  // Rejoin on the survivors and the returning rank at once.
+  // Rejoin on the survivors and the returning ranks at once.
   v1::RejoinRequest request;
   request.set_generation(generation_);
   request.set_mask_round(view->mask_round());
   *request.mutable_masked_ranks() = view->masked_ranks();
-  request.add_ranks(rank);
+  for (int rank : ranks) request.add_ranks(rank);
   *request.mutable_lease() = Claim();
   std::vector<int> members = survivors;
-  members.push_back(rank);
+  members.insert(members.end(), ranks.begin(), ranks.end());
   std::vector<absl::Status> per_rank(world_size());
   std::vector<v1::RejoinResponse> responses(world_size());
   std::vector<std::thread> threads;
@@ -168,7 +185,7 @@ absl::StatusOr<v1::RejoinResponse> Coordinator::RejoinRank(int rank, const RankS
   }
   for (auto& t : threads) t.join();
   RETURN_IF_ERROR(AggregateRankErrors("Rejoin", targets_, per_rank));
-  return responses[rank];
+  return responses[ranks.front()];
 }
 
 }  // namespace moe_ep::client

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/model_source.h"
+#include "client/placement_request.h"
 #include "client/targets.h"
 #include "core/status_macros.h"
 #include "google/protobuf/util/json_util.h"
@@ -127,6 +128,12 @@ absl::Status ValidateDesiredState(const v1::DesiredState& state) {
   RETURN_IF_ERROR(NonNegative("capacity_tokens", state.capacity_tokens()));
   RETURN_IF_ERROR(NonNegative("group_timeout_ms", state.group_timeout_ms()));
   RETURN_IF_ERROR(NonNegative("rpc_timeout_ms", state.rpc_timeout_ms()));
+  RETURN_IF_ERROR(NonNegative("redundant_slots_per_rank", state.redundant_slots_per_rank()));
+  if (state.placement_size() == 0 && state.redundant_slots_per_rank() > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("placement: redundant_slots_per_rank is ", state.redundant_slots_per_rank(),
+                     ", so a placement table of every rank's slots is needed, got none"));
+  }
   const v1::DesiredState full = WithDefaults(state);
   auto model = ResolveModel(full.model());
   if (!model.ok()) {
@@ -138,6 +145,33 @@ absl::Status ValidateDesiredState(const v1::DesiredState& state) {
                                                    " sparse layers, asked for ", full.layers()));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<core::PlacementTable>> DesiredPlacement(const v1::DesiredState& state,
+                                                                     int num_experts, int world) {
+  if (state.placement_size() == 0) return std::optional<core::PlacementTable>();
+  if (state.placement_size() != world) {
+    return absl::InvalidArgumentError(absl::StrCat("placement: expected one entry per rank (",
+                                                   world, "), got ", state.placement_size()));
+  }
+  const int expected_slots = (num_experts + world - 1) / world + state.redundant_slots_per_rank();
+  std::vector<std::vector<int>> slots;
+  for (int r = 0; r < world; ++r) {
+    const auto& experts = state.placement(r).slot_experts();
+    if (experts.size() != expected_slots) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "placement[", r, "].slot_experts: expected ", expected_slots, " slots (ceil(",
+          num_experts, " experts / ", world, " ranks) + redundant_slots_per_rank ",
+          state.redundant_slots_per_rank(), "), got ", experts.size()));
+    }
+    slots.emplace_back(experts.begin(), experts.end());
+  }
+  absl::StatusOr<core::PlacementTable> table =
+      core::PlacementTable::FromSlotExperts(num_experts, std::move(slots));
+  if (!table.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("placement: ", table.status().message()));
+  }
+  return std::optional<core::PlacementTable>(*std::move(table));
 }
 
 absl::StatusOr<GroupRequests> BuildGroupRequests(const v1::DesiredState& state, int world) {
@@ -172,7 +206,16 @@ absl::StatusOr<GroupRequests> BuildGroupRequests(const v1::DesiredState& state, 
   allocate.set_dispatch_dtype(full.dispatch_dtype());
   allocate.set_invalid_expert_id(v1::INVALID_EXPERT_ID_MINUS_ONE);
 
+  allocate.set_redundant_slots_per_rank(full.redundant_slots_per_rank());
+
   const std::vector<int> sparse = model.SparseLayerIndices();
+  ASSIGN_OR_RETURN(std::optional<core::PlacementTable> table,
+                   DesiredPlacement(full, model.num_experts, world));
+  if (table.has_value()) {
+    for (int i = 0; i < full.layers(); ++i) {
+      out.placements.push_back(MakeInstallPlacementRequest(sparse[i], *table));
+    }
+  }
   for (int i = 0; i < full.layers(); ++i) {
     v1::LoadExpertsRequest load;
     load.set_layer(sparse[i]);

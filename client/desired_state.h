@@ -5,12 +5,14 @@
 // validating it, and turning it into the worker requests that make a group
 // match it.
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/placement_table.h"
 #include "moe_ep/v1/coordinator.pb.h"
 #include "moe_ep/v1/worker.pb.h"
 
@@ -52,15 +54,32 @@ bool SameDesiredState(const v1::DesiredState& a, const v1::DesiredState& b);
 // headless_service; a malformed or repeated target; headless_service with an
 // empty service, replicas < 1, a port outside 1..65535, procs_per_pod < 0 or
 // port_step < 0; backend not gloo / nccl / auto; layers, capacity_tokens,
-// group_timeout_ms or rpc_timeout_ms < 0; the model unknown or unreadable
-// (ResolveModel's message); layers above the model's sparse layers.
+// group_timeout_ms, rpc_timeout_ms or redundant_slots_per_rank < 0;
+// redundant slots without a placement; the model unknown or unreadable
+// (ResolveModel's message); layers above the model's sparse layers. The
+// placement's own checks need the world size: DesiredPlacement.
 // Pure apart from reading a model file; thread-safe.
 absl::Status ValidateDesiredState(const v1::DesiredState& state);
+
+// DesiredPlacement()
+//
+// The placement table of `state` (DESIGN §15) for a model of `num_experts`
+// experts on `world` ranks: nullopt when state.placement is empty (the
+// contiguous table). Errors: kInvalidArgument naming the field: placement
+// not one entry per rank, a rank whose slot count is not ceil(num_experts /
+// world) + redundant_slots_per_rank, or the table's own errors
+// (core::PlacementTable::FromSlotExperts: an expert id out of range, an
+// expert with no slot). Pure; thread-safe.
+absl::StatusOr<std::optional<core::PlacementTable>> DesiredPlacement(const v1::DesiredState& state,
+                                                                     int num_experts, int world);
 
 // What a formation sends after Join, in this order.
 struct GroupRequests {
   v1::ConfigureLayersRequest configure;
   v1::AllocateWorkspaceRequest allocate;
+  // One per run layer (ascending) when the state has a placement, sent
+  // after AllocateWorkspace and before LoadExperts; empty otherwise.
+  std::vector<v1::InstallPlacementRequest> placements;
   std::vector<v1::LoadExpertsRequest> load;  // one per run layer, ascending
 };
 
@@ -71,9 +90,10 @@ struct GroupRequests {
 // and the model's description; AllocateWorkspace with the model's H, K and
 // experts, capacity_tokens and dispatch_dtype; LoadExperts of the first
 // `layers` sparse layers from the expert source (with the model's shared
-// expert when it has one).
+// expert when it has one); with a placement, redundant_slots_per_rank in
+// AllocateWorkspace and InstallPlacement of the table on every run layer.
 // Errors: ValidateDesiredState's; kInvalidArgument when the model has fewer
-// experts than `world` ranks.
+// experts than `world` ranks; DesiredPlacement's.
 absl::StatusOr<GroupRequests> BuildGroupRequests(const v1::DesiredState& state, int world);
 
 }  // namespace moe_ep::client

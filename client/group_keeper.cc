@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/desired_state.h"
 #include "client/grpc_status.h"
 #include "core/status_macros.h"
@@ -52,6 +53,13 @@ absl::StatusOr<std::unique_ptr<GroupKeeper>> GroupKeeper::Start(
         "), got ", absl::FormatDuration(options.backoff_max)));
   }
   if (initial.has_value()) RETURN_IF_ERROR(ValidateDesiredState(*initial));
+  if (options.rank_loss == v1::RANK_LOSS_POLICY_UNSPECIFIED) {
+    options.rank_loss = v1::RANK_LOSS_MASK_COVERED;
+  }
+  if (!v1::RankLossPolicy_IsValid(options.rank_loss)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank_loss: expected a RankLossPolicy, got ", options.rank_loss));
+  }
   if (options.resolver == nullptr) options.resolver = std::make_shared<DefaultTargetResolver>();
   // A restarted worker must be reached again quickly, not after gRPC's
   // reconnect back-off of up to 120 s.
@@ -126,6 +134,9 @@ v1::DrainResponse GroupKeeper::Drain() {
     drained_ = true;
     formed_version_ = -1;
     settled_ = false;
+    degraded_ = false;
+    masks_ = false;
+    masked_.clear();
     SetReadyLocked(false, absl::Now());
     targets = targets_;
   }
@@ -193,6 +204,12 @@ v1::GetGroupResponse GroupKeeper::Snapshot() {
   out.set_last_form_seconds(last_form_seconds_);
   out.set_last_load_seconds(last_load_seconds_);
   out.set_last_recovery_seconds(last_recovery_seconds_);
+  out.set_rank_loss_policy(options_.rank_loss);
+  out.mutable_masked_ranks()->Assign(masked_.begin(), masked_.end());
+  out.set_mask_round(mask_round_);
+  out.mutable_lost_experts()->Assign(lost_experts_.begin(), lost_experts_.end());
+  out.set_readds(readds_);
+  out.set_last_readd_seconds(last_readd_seconds_);
   return out;
 }
 
@@ -234,6 +251,17 @@ v1::RankView GroupKeeper::ClassifyLocked(int rank, const RankObservation& obs) c
   v.set_worker_generation(obs.status.generation());
   const bool watch_broken = !obs.watch_open && !obs.watch_error.ok();
   const bool probe_failed = obs.probed && !obs.probe.ok();
+  if (masks_ && formed_version_ >= 0 && std::binary_search(masked_.begin(), masked_.end(), rank)) {
+    v.set_state(v1::RANK_STATE_MASKED);
+    v.set_last_error(
+        absl::StrCat("masked out by the survivors (mask round ", mask_round_, "); its worker ",
+                     watch_broken || probe_failed
+                         ? absl::StrCat("does not answer: ",
+                                        (watch_broken ? obs.watch_error : obs.probe).ToString())
+                         : absl::StrCat("answers: generation ", obs.status.generation(), ", state ",
+                                        v1::WorkerState_Name(obs.status.state()))));
+    return v;
+  }
   if (probe_failed && obs.probe.code() == absl::StatusCode::kDeadlineExceeded && !watch_broken) {
     v.set_state(v1::RANK_STATE_UNRESPONSIVE);
     v.set_last_error(absl::StrCat("GetStatus: ", obs.probe.ToString()));
@@ -272,6 +300,7 @@ v1::RankView GroupKeeper::ClassifyLocked(int rank, const RankObservation& obs) c
 
 void GroupKeeper::UpdateLocked(absl::Time now) {
   views_.resize(watchers_.size());
+  ReadMaskLocked();
   bool all_ready = !watchers_.empty();
   for (size_t r = 0; r < watchers_.size(); ++r) {
     const RankObservation obs = watchers_[r]->Observe();
@@ -279,13 +308,15 @@ void GroupKeeper::UpdateLocked(absl::Time now) {
     const v1::RankState old = views_[r].state();
     if (v.state() != old || views_[r].target() != v.target()) {
       v.set_since_unix_ms(UnixMs(now));
-      if (Lost(v.state()) && !Lost(old)) {
+      const bool gone = Lost(v.state()) || v.state() == v1::RANK_STATE_MASKED;
+      const bool was_gone = Lost(old) || old == v1::RANK_STATE_MASKED;
+      if (gone && !was_gone) {
         const double silent = obs.last_answer == absl::InfinitePast()
                                   ? 0.0
                                   : std::max(0.0, Seconds(now - obs.last_answer));
         RecordLocked("rank_lost", static_cast<int>(r),
                      absl::StrCat(v1::RankState_Name(v.state()), ": ", v.last_error()), silent);
-      } else if (Lost(old) && !Lost(v.state())) {
+      } else if (was_gone && !gone) {
         RecordLocked("rank_back", static_cast<int>(r),
                      absl::StrCat("answers again: ", v1::RankState_Name(v.state())));
       }
@@ -295,17 +326,37 @@ void GroupKeeper::UpdateLocked(absl::Time now) {
     all_ready = all_ready && v.state() == v1::RANK_STATE_READY;
     views_[r] = std::move(v);
   }
-  // A formed group that loses a rank after it settled is gone: form anew.
-  if (settled_ && formed_version_ >= 0 && !all_ready) {
+  // A formed group that loses a rank after it settled is gone: form anew,
+  // unless the policy keeps it up masked (the file comment).
+  std::string why;
+  const bool lost_some = settled_ && formed_version_ >= 0 && !all_ready;
+  if (lost_some && masks_ && MaskableLocked(&why)) {
+    if (!degraded_) {
+      degraded_ = true;
+      SetReadyLocked(false, now);
+    }
+  } else if (lost_some) {
     int first = 0;
     while (first < static_cast<int>(views_.size()) &&
            views_[first].state() == v1::RANK_STATE_READY) {
       ++first;
     }
-    RecordLocked("group_broken", first,
-                 first < static_cast<int>(views_.size()) ? views_[first].last_error() : "");
+    std::string message = first < static_cast<int>(views_.size()) ? views_[first].last_error() : "";
+    if (masks_) absl::StrAppend(&message, "; not kept masked: ", why);
+    RecordLocked("group_broken", first, message);
     formed_version_ = -1;
     settled_ = false;
+    degraded_ = false;
+  }
+  if (settled_ && formed_version_ >= 0 && all_ready && degraded_) {
+    degraded_ = false;
+    lost_experts_.clear();
+    if (lost_at_ != absl::InfinitePast()) {
+      last_recovery_seconds_ = Seconds(now - lost_at_);
+      RecordLocked("recovered", -1, "every rank READY again after a re-add, same generation",
+                   last_recovery_seconds_);
+    }
+    lost_at_ = absl::InfinitePast();
   }
   // Settling: every rank READY after a formation.
   if (!settled_ && formed_version_ >= 0 && !forming_ && all_ready) {
@@ -331,6 +382,8 @@ void GroupKeeper::UpdateLocked(absl::Time now) {
     phase_ = v1::GROUP_PHASE_DRAINED;
   } else if (ready) {
     phase_ = v1::GROUP_PHASE_READY;
+  } else if (degraded_) {
+    phase_ = v1::GROUP_PHASE_MASKED;
   } else {
     // FORMING: an attempt runs, settles, or starts at the next loop turn.
     const bool busy = forming_ || (formed_version_ >= 0 && !settled_);
@@ -363,6 +416,144 @@ int64_t GroupKeeper::AdoptableGenerationLocked() const {
     generation = s.generation();
   }
   return generation;
+}
+
+void GroupKeeper::ReadMaskLocked() {
+  std::vector<int> masked;
+  int round = 0;
+  if (masks_ && formed_version_ >= 0) {
+    for (const auto& w : watchers_) {
+      const RankObservation obs = w->Observe();
+      const v1::GetStatusResponse& s = obs.status;
+      // A rank that joined alone to come back reports round 0 (itself live).
+      if (!obs.probed || !obs.probe.ok() || s.generation() != generation_ ||
+          s.state() == v1::WORKER_STATE_STARTED || s.group_broken() || s.mask_round() <= round) {
+        continue;
+      }
+      round = s.mask_round();
+      masked.assign(s.masked_ranks().begin(), s.masked_ranks().end());
+    }
+  }
+  std::sort(masked.begin(), masked.end());
+  if (masked != masked_ && !masked.empty()) {
+    const double since_loss =
+        lost_at_ == absl::InfinitePast() ? 0.0 : std::max(0.0, Seconds(absl::Now() - lost_at_));
+    RecordLocked("masked", masked.front(),
+                 absl::StrCat("the survivors masked ranks [", absl::StrJoin(masked, ","),
+                              "] in mask round ", round, ": serving without a re-form"),
+                 since_loss);
+  }
+  masked_ = std::move(masked);
+  mask_round_ = round;
+}
+
+bool GroupKeeper::MaskableLocked(std::string* why) {
+  // The ranks out of the group now: masked, or lost and masked at the
+  // survivors' next step.
+  const int n = static_cast<int>(views_.size());
+  std::vector<bool> live(n, true);
+  int serving = 0;
+  std::string cause;
+  for (int r = 0; r < n; ++r) {
+    const v1::RankState s = views_[r].state();
+    if (s == v1::RANK_STATE_READY) {
+      ++serving;
+    } else if (s == v1::RANK_STATE_MASKED || Lost(s)) {
+      live[r] = false;
+    } else if (cause.empty()) {
+      cause = absl::StrCat("rank ", r, " is ", v1::RankState_Name(s),
+                           s == v1::RANK_STATE_IDLE
+                               ? " (restarted before the survivors masked it: no step ran)"
+                               : "",
+                           ": ", views_[r].last_error());
+    }
+  }
+  lost_experts_.clear();
+  if (table_.has_value() && table_->ep_size() == n) {
+    absl::StatusOr<core::PlacementTable> masked = table_->WithMask(live);
+    if (masked.ok()) {
+      for (int e = 0; e < masked->num_experts(); ++e) {
+        if (masked->LiveReplicas(e).empty()) lost_experts_.push_back(e);
+      }
+    }
+  }
+  if (!cause.empty()) {
+    *why = cause;
+    return false;
+  }
+  if (serving == 0) {
+    *why = "no rank is left serving";
+    return false;
+  }
+  if (options_.rank_loss == v1::RANK_LOSS_MASK_COVERED && !lost_experts_.empty()) {
+    *why = absl::StrCat("logical experts [", absl::StrJoin(lost_experts_, ","),
+                        "] have no live replica (policy RANK_LOSS_MASK_COVERED)");
+    return false;
+  }
+  return true;
+}
+
+std::vector<int> GroupKeeper::ReturnedMaskedRanksLocked() const {
+  std::vector<int> back;
+  if (!degraded_ || masked_.empty() || readding_ || forming_) return back;
+  // Only answers probed after the last re-add count (earlier ones may show
+  // a rank that was re-added since still STARTED).
+  for (int r : masked_) {
+    const RankObservation obs = watchers_[r]->Observe();
+    if (obs.probed && obs.probe.ok() && obs.last_answer > last_readd_end_ &&
+        obs.status.state() == v1::WORKER_STATE_STARTED) {
+      back.push_back(r);
+    }
+  }
+  if (back.empty()) return back;
+  // Every survivor reports the mask (RejoinRanks would refuse otherwise).
+  for (size_t r = 0; r < watchers_.size(); ++r) {
+    if (std::binary_search(masked_.begin(), masked_.end(), static_cast<int>(r))) continue;
+    const RankObservation obs = watchers_[r]->Observe();
+    if (!obs.probed || !obs.probe.ok() || obs.last_answer <= last_readd_end_ ||
+        obs.status.mask_round() != mask_round_ ||
+        !std::equal(obs.status.masked_ranks().begin(), obs.status.masked_ranks().end(),
+                    masked_.begin(), masked_.end())) {
+      return {};
+    }
+  }
+  return back;
+}
+
+void GroupKeeper::Readd(std::vector<int> ranks) {
+  std::lock_guard<std::mutex> formation(formation_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (drained_ || stopping_ || group_ == nullptr || !degraded_) {
+      readding_ = false;
+      return;
+    }
+  }
+  const absl::Time start = absl::Now();
+  const absl::StatusOr<v1::RejoinResponse> result = group_->RejoinRanks(ranks, setup_);
+  const absl::Time end = absl::Now();
+  std::lock_guard<std::mutex> lock(mu_);
+  readding_ = false;
+  last_readd_end_ = end;
+  const std::string list = absl::StrJoin(ranks, ",");
+  if (result.ok()) {
+    readds_ += static_cast<int64_t>(ranks.size());
+    last_readd_seconds_ = Seconds(end - start);
+    RecordLocked("readded", ranks.front(),
+                 absl::StrCat("ranks [", list, "] re-added in mask round ", result->mask_round(),
+                              " (still masked: [", absl::StrJoin(result->masked_ranks(), ","),
+                              "]), generation unchanged"),
+                 last_readd_seconds_);
+  } else {
+    RecordLocked(
+        "readd_failed", ranks.front(),
+        absl::StrCat("ranks [", list, "]: ", result.status().ToString(), "; re-forming the group"));
+    last_error_ = result.status().ToString();
+    degraded_ = false;
+    formed_version_ = -1;
+    settled_ = false;
+  }
+  UpdateLocked(end);
 }
 
 void GroupKeeper::FailAttemptLocked(const std::string& error, absl::Time now) {
@@ -431,6 +622,7 @@ void GroupKeeper::ResolveTargets() {
     views_.assign(targets_.size(), v1::RankView());
     formed_version_ = -1;
     settled_ = false;
+    degraded_ = false;
     RecordLocked("targets", -1, absl::StrCat(targets_.size(), " ranks resolved"));
     UpdateLocked(absl::Now());
   }
@@ -453,29 +645,54 @@ void GroupKeeper::Attempt() {
     forming_ = true;
     settled_ = false;
     formed_version_ = -1;
+    degraded_ = false;
+    masks_ = false;
+    masked_.clear();
+    lost_experts_.clear();
     for (auto& w : watchers_) w->ResetReadiness();
     UpdateLocked(absl::Now());
   }
   CoordinatorOptions copts = options_.channel;
   copts.backend = desired.backend();
+  // Rank masks: only where a lost rank may stay masked (the file comment).
+  copts.rank_masks =
+      options_.rank_loss != v1::RANK_LOSS_REFORM && desired.backend() == "gloo" &&
+      (desired.placement_size() > 0 || options_.rank_loss == v1::RANK_LOSS_MASK_ALWAYS);
   copts.group_timeout = absl::Milliseconds(desired.group_timeout_ms());
   copts.rpc_timeout = absl::Milliseconds(desired.rpc_timeout_ms());
   const absl::Time start = absl::Now();
   absl::Time allocated_at = start;
   int64_t generation = 0;
+  std::unique_ptr<Coordinator> coordinator;
+  RankSetup setup;
+  std::optional<core::PlacementTable> table;
+  group_.reset();
   const absl::Status result = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(GroupRequests requests,
-                     BuildGroupRequests(desired, static_cast<int>(targets.size())));
-    ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
-                     Coordinator::Connect(targets, copts));
+    const int world = static_cast<int>(targets.size());
+    ASSIGN_OR_RETURN(GroupRequests requests, BuildGroupRequests(desired, world));
+    const int num_experts = requests.allocate.num_experts();
+    ASSIGN_OR_RETURN(table, DesiredPlacement(desired, num_experts, world));
+    if (!table.has_value()) {
+      ASSIGN_OR_RETURN(core::PlacementTable contiguous,
+                       core::PlacementTable::Contiguous(num_experts, world));
+      table = std::move(contiguous);
+    }
+    ASSIGN_OR_RETURN(coordinator, Coordinator::Connect(targets, copts));
     RETURN_IF_ERROR(coordinator->FormGroup().status());
     generation = coordinator->generation();
     RETURN_IF_ERROR(coordinator->ConfigureLayers(requests.configure).status());
     RETURN_IF_ERROR(coordinator->AllocateWorkspace(requests.allocate).status());
+    for (const v1::InstallPlacementRequest& placement : requests.placements) {
+      RETURN_IF_ERROR(coordinator->InstallPlacement(placement).status());
+    }
     allocated_at = absl::Now();
     for (const v1::LoadExpertsRequest& load : requests.load) {
       RETURN_IF_ERROR(coordinator->LoadExperts(load).status());
     }
+    setup.configure = requests.configure;
+    setup.allocate = requests.allocate;
+    setup.placements = requests.placements;
+    setup.loads = requests.load;
     return absl::OkStatus();
   }();
   const absl::Time end = absl::Now();
@@ -486,6 +703,10 @@ void GroupKeeper::Attempt() {
     if (result.ok()) {
       formed_version_ = version;
       formed_at_ = end;
+      masks_ = copts.rank_masks;
+      table_ = std::move(table);
+      group_ = std::move(coordinator);
+      setup_ = std::move(setup);
       last_form_seconds_ = Seconds(allocated_at - start);
       last_load_seconds_ = Seconds(end - allocated_at);
       backoff_ = options_.backoff_initial;
@@ -502,15 +723,19 @@ void GroupKeeper::Loop() {
   while (!stopping_) {
     const absl::Time now = absl::Now();
     UpdateLocked(now);
-    enum class Action { kNone, kResolve, kForm } action = Action::kNone;
+    enum class Action { kNone, kResolve, kForm, kReadd } action = Action::kNone;
+    std::vector<int> back;
     if (has_desired_ && !drained_) {
       const bool any_lost =
           watchers_.empty() || std::any_of(views_.begin(), views_.end(), [](const v1::RankView& v) {
             return Lost(v.state()) || v.state() == v1::RANK_STATE_UNSPECIFIED;
           });
       const absl::Duration since_resolve = now - last_resolve_;
-      if ((resolved_version_ != desired_version_ && since_resolve >= kResolveRetry) ||
-          (any_lost && since_resolve >= kResolveInterval)) {
+      back = ReturnedMaskedRanksLocked();
+      if (!back.empty()) {
+        action = Action::kReadd;
+      } else if ((resolved_version_ != desired_version_ && since_resolve >= kResolveRetry) ||
+                 (any_lost && since_resolve >= kResolveInterval)) {
         action = Action::kResolve;
       } else if (formed_version_ != desired_version_ && !forming_ && !any_lost &&
                  now >= next_attempt_) {
@@ -549,6 +774,13 @@ void GroupKeeper::Loop() {
     if (action == Action::kResolve) {
       lock.unlock();
       ResolveTargets();
+      lock.lock();
+      continue;
+    }
+    if (action == Action::kReadd) {
+      readding_ = true;
+      lock.unlock();
+      Readd(std::move(back));
       lock.lock();
       continue;
     }

@@ -23,6 +23,26 @@
 // are loaded, so a group formed by another client with the same shape but
 // another model would be adopted too; Apply a state to force a re-form.
 //
+// Rank masks (DESIGN §15, §16; issue 17): with a policy other than
+// RANK_LOSS_REFORM (options.rank_loss) and a Gloo group whose desired state
+// installs a placement (or RANK_LOSS_MASK_ALWAYS), the group is formed with
+// rank masks (CoordinatorOptions::rank_masks). A rank lost after the group
+// settled then does not re-form it: the survivors mask it themselves at the
+// first step that fails, the phase is MASKED (GetGroup shows the mask and
+// the experts left with no live replica), and once the lost rank's worker
+// answers again in state STARTED (restarted on its target) and every
+// survivor reports the same mask, the keeper re-adds it (and any other
+// masked rank that is back, in one round: Coordinator::RejoinRanks with the
+// group's own set-up requests) between two of the caller's steps; READY
+// follows once every rank reports SERVING. The caller must not run a step
+// while a re-add runs (a step that races it may fail; watch for the
+// "readded" event). It re-forms instead (a new generation, once every rank
+// answers) when: RANK_LOSS_MASK_COVERED and some logical expert has no live
+// replica left; a survivor reports group_broken or stops serving; a lost
+// rank is back (STARTED) before the survivors masked it (no step ran in
+// between); the re-add fails. A group adopted from another client cannot be
+// re-added to (its rendezvous secret is unknown): it is re-formed.
+//
 // Phases and rank states: proto/moe_ep/v1/coordinator.proto.
 //
 // Thread safety: every public method may be called from any thread. The
@@ -47,6 +67,7 @@
 #include "client/lease_renewer.h"
 #include "client/rank_watcher.h"
 #include "client/target_resolver.h"
+#include "core/placement_table.h"
 #include "moe_ep/v1/coordinator.pb.h"
 
 namespace moe_ep::client {
@@ -67,6 +88,9 @@ struct GroupKeeperOptions {
   absl::Duration backoff_initial = absl::Milliseconds(250);
   absl::Duration backoff_max = absl::Seconds(10);
   absl::Duration settle_timeout = absl::Seconds(5);
+  // What a lost rank does to the group (the file comment; coordinator.proto
+  // RankLossPolicy). UNSPECIFIED = RANK_LOSS_MASK_COVERED.
+  v1::RankLossPolicy rank_loss = v1::RANK_LOSS_MASK_COVERED;
   // The group became READY (true) or stopped being READY (false).
   std::function<void(bool ready)> on_ready;
   // Every event recorded in the history.
@@ -111,6 +135,16 @@ class GroupKeeper {
                     double seconds = 0);
   void SetReadyLocked(bool ready, absl::Time now);
   void FailAttemptLocked(const std::string& error, absl::Time now);
+  // Masked ranks that are back (their worker answers in STARTED) while every
+  // survivor reports the same mask; re-adds them (formation_mu_ taken).
+  void Readd(std::vector<int> ranks);
+  std::vector<int> ReturnedMaskedRanksLocked() const;
+  // Reads the survivors' mask from the probes into masked_ / mask_round_.
+  void ReadMaskLocked();
+  // Whether the group formed last may stay up with its non-READY ranks
+  // (see the file comment); else `why` says what forces a re-form. Fills
+  // lost_experts_ either way.
+  bool MaskableLocked(std::string* why);
   // The generation of a running group that matches the desired state (see
   // the file comment), 0 when there is none, -1 while a rank's health Watch
   // has not delivered its first status (undecided).
@@ -150,6 +184,19 @@ class GroupKeeper {
   int64_t failed_attempts_ = 0;
   double last_form_seconds_ = 0, last_load_seconds_ = 0, last_recovery_seconds_ = 0;
   std::deque<v1::GroupEvent> history_;
+  // Rank masks of the group formed last (see the file comment).
+  std::unique_ptr<Coordinator> group_;  // formation_mu_: its Coordinator (secret, generation)
+  RankSetup setup_;                     // formation_mu_: what a returning rank is sent
+  bool masks_ = false;                  // formed with rank masks
+  std::optional<core::PlacementTable> table_;  // its placement (contiguous when none was given)
+  bool degraded_ = false;                      // kept up masked (phase MASKED)
+  bool readding_ = false;
+  absl::Time last_readd_end_ = absl::InfinitePast();  // when the last re-add returned
+  std::vector<int> masked_;                           // the survivors' masked ranks (ascending)
+  int mask_round_ = 0;
+  std::vector<int> lost_experts_;  // no live replica under masked_ and the lost ranks
+  int64_t readds_ = 0;
+  double last_readd_seconds_ = 0;
   std::thread loop_;
 };
 

@@ -118,6 +118,12 @@ void AddCoordinatorFlags(CLI::App* cmd, CoordinatorCommandOptions* o) {
                   "every rank must report health SERVING this soon after a formation, ms")
       ->capture_default_str()
       ->check(Positive());
+  cmd->add_option("--on-rank-loss", o->on_rank_loss,
+                  "a rank lost from a Gloo group with a placement: mask-covered (keep it masked "
+                  "and re-add the rank when back, while every expert has a live replica), "
+                  "mask-always (also when experts are lost), re-form (new generation)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"mask-covered", "mask-always", "re-form"}));
   cmd->add_option("--owner", o->owner,
                   "owner id of the workers' lease this coordinator holds and takes over "
                   "(default coordinator@HOST; none = no lease)");
@@ -185,6 +191,9 @@ absl::Status RunCoordinatorCommand(const CoordinatorCommandOptions& options, std
   keeper_options.backoff_initial = absl::Milliseconds(options.backoff_initial_ms);
   keeper_options.backoff_max = absl::Milliseconds(options.backoff_max_ms);
   keeper_options.settle_timeout = absl::Milliseconds(options.settle_timeout_ms);
+  keeper_options.rank_loss = options.on_rank_loss == "re-form"       ? v1::RANK_LOSS_REFORM
+                             : options.on_rank_loss == "mask-always" ? v1::RANK_LOSS_MASK_ALWAYS
+                                                                     : v1::RANK_LOSS_MASK_COVERED;
 
   // Health of the coordinator on every server that serves it; set under the
   // keeper's lock (GroupKeeperOptions::on_ready), never from gRPC's threads.

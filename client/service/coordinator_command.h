@@ -65,6 +65,10 @@ struct CoordinatorCommandOptions {
   int backoff_initial_ms = 250;
   int backoff_max_ms = 10000;
   int settle_timeout_ms = 5000;
+  // --on-rank-loss (GroupKeeperOptions::rank_loss; coordinator.proto
+  // RankLossPolicy): mask-covered (default: keep the group masked and re-add
+  // the rank while every expert keeps a live replica), mask-always, re-form.
+  std::string on_rank_loss = "mask-covered";
   // The lease on the workers (issue 12 item 4): --owner (empty:
   // "coordinator@<hostname>", stable across restarts on one host) and
   // --lease-ttl-ms; "none" holds no lease.

@@ -86,6 +86,15 @@ class CoordinatorMetrics::SnapshotCollectable final : public prometheus::Collect
     out.push_back(Gauge("moe_ep_coordinator_last_recovery_seconds",
                         "from the group losing a rank to READY again, last time, s",
                         g.last_recovery_seconds()));
+    out.push_back(Gauge("moe_ep_coordinator_masked_ranks",
+                        "ranks the survivors masked out (kept without a re-form)",
+                        static_cast<double>(g.masked_ranks_size())));
+    out.push_back(Gauge("moe_ep_coordinator_lost_experts",
+                        "logical experts with no live replica under the mask",
+                        static_cast<double>(g.lost_experts_size())));
+    out.push_back(Counter("moe_ep_coordinator_readds_total",
+                          "masked ranks re-added (Rejoin) instead of re-forming",
+                          static_cast<double>(g.readds())));
     prometheus::MetricFamily ranks;
     ranks.name = "moe_ep_coordinator_rank_state";
     ranks.help = "1 for each rank's state as the coordinator sees it";

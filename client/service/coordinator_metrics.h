@@ -13,6 +13,9 @@
 //     moe_ep_coordinator_last_form_seconds     Join + ConfigureLayers + AllocateWorkspace
 //     moe_ep_coordinator_last_load_seconds     LoadExperts of every layer
 //     moe_ep_coordinator_last_recovery_seconds first rank lost -> READY again
+//     moe_ep_coordinator_masked_ranks          ranks masked out, kept (issue 17)
+//     moe_ep_coordinator_lost_experts          experts with no live replica
+//     moe_ep_coordinator_readds_total          masked ranks re-added by Rejoin
 //     moe_ep_coordinator_rank_state{rank,target,state}  1 for each rank's state
 //   from the keeper's events (histograms, seconds):
 //     moe_ep_coordinator_form_seconds, moe_ep_coordinator_recovery_seconds

@@ -118,5 +118,63 @@ TEST(BuildGroupRequests, MoreRanksThanExpertsIsInvalidArgument) {
       << r.status();
 }
 
+// qwen3-30b-a3b's 128 experts on 4 ranks with 2 redundant slots a rank:
+// rank r holds experts 32r..32r+31 and replicas of the next rank's first two.
+v1::DesiredState RedundantState() {
+  v1::DesiredState s = TwoTargets();
+  s.set_layers(2);
+  s.set_redundant_slots_per_rank(2);
+  for (int r = 0; r < 4; ++r) {
+    v1::PlacementRank* rank = s.add_placement();
+    for (int e = 0; e < 32; ++e) rank->add_slot_experts(32 * r + e);
+    rank->add_slot_experts((32 * (r + 1)) % 128);
+    rank->add_slot_experts((32 * (r + 1) + 1) % 128);
+  }
+  return s;
+}
+
+TEST(BuildGroupRequests, InstallsThePlacementOnEveryRunLayer) {
+  auto r = BuildGroupRequests(RedundantState(), 4);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->allocate.redundant_slots_per_rank(), 2);
+  ASSERT_EQ(r->placements.size(), 2u);
+  EXPECT_EQ(r->placements[0].layer(), 0);
+  EXPECT_EQ(r->placements[1].layer(), 1);
+  ASSERT_EQ(r->placements[1].ranks_size(), 4);
+  EXPECT_EQ(r->placements[1].ranks(3).slot_experts_size(), 34);
+  EXPECT_EQ(r->placements[1].ranks(3).slot_experts(32), 0);  // rank 0's first expert again
+  // Expert 32 has replicas on ranks 1 (slot 0) and 0 (slot 32).
+  auto table = DesiredPlacement(RedundantState(), 128, 4);
+  ASSERT_TRUE(table.ok()) << table.status();
+  ASSERT_TRUE(table->has_value());
+  EXPECT_EQ((*table)->Replicas(32).size(), 2u);
+  EXPECT_EQ(r->placements[0].fingerprint(), (*table)->Fingerprint());
+  EXPECT_TRUE(BuildGroupRequests(TwoTargets(), 4)->placements.empty());
+}
+
+TEST(BuildGroupRequests, PlacementErrorsNameTheField) {
+  v1::DesiredState s = RedundantState();
+  s.mutable_placement(1)->add_slot_experts(5);
+  auto r = BuildGroupRequests(s, 4);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("placement[1].slot_experts: expected 34 slots"),
+            std::string::npos)
+      << r.status();
+  r = BuildGroupRequests(RedundantState(), 2);
+  EXPECT_NE(r.status().message().find("placement: expected one entry per rank (2), got 4"),
+            std::string::npos)
+      << r.status();
+  s = RedundantState();
+  s.mutable_placement(2)->set_slot_experts(0, 200);
+  r = BuildGroupRequests(s, 4);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("placement: "), std::string::npos) << r.status();
+  s = TwoTargets();
+  s.set_redundant_slots_per_rank(2);
+  const absl::Status v = ValidateDesiredState(s);
+  EXPECT_EQ(v.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(v.message().find("placement: redundant_slots_per_rank is 2"), std::string::npos) << v;
+}
+
 }  // namespace
 }  // namespace moe_ep::client
