@@ -48,9 +48,9 @@ core::PlacementTable CoveredTable() {
 
 // SmallModel (tests/integration/fake_coordinator.h) as a config.json.
 std::string WriteSmallModel(const SmallModel& m) {
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("coordinator-mask-" + std::to_string(getpid()) + ".json"))
-                               .string();
+  std::string path = (std::filesystem::temp_directory_path() /
+                      ("coordinator-mask-" + std::to_string(getpid()) + ".json"))
+                         .string();
   std::ofstream(path) << "{\"model_type\": \"qwen3_moe\", \"hidden_size\": " << m.hidden
                       << ", \"num_hidden_layers\": " << m.num_layers
                       << ", \"num_experts\": " << m.num_experts
