@@ -330,7 +330,9 @@ void GroupKeeper::UpdateLocked(absl::Time now) {
   // unless the policy keeps it up masked (the file comment).
   std::string why;
   const bool lost_some = settled_ && formed_version_ >= 0 && !all_ready;
-  if (lost_some && masks_ && MaskableLocked(&why)) {
+  // While a re-add runs the ranks' probes change under it (the survivors
+  // leave the mask before the returning rank's probe shows it joined).
+  if (lost_some && masks_ && (readding_ || MaskableLocked(&why))) {
     if (!degraded_) {
       degraded_ = true;
       SetReadyLocked(false, now);
@@ -460,6 +462,8 @@ bool GroupKeeper::MaskableLocked(std::string* why) {
       ++serving;
     } else if (s == v1::RANK_STATE_MASKED || Lost(s)) {
       live[r] = false;
+    } else if (watchers_[r]->Observe().last_answer <= last_readd_end_) {
+      // Re-added just now: its last probe (STARTED, alone) predates the re-add.
     } else if (cause.empty()) {
       cause = absl::StrCat("rank ", r, " is ", v1::RankState_Name(s),
                            s == v1::RANK_STATE_IDLE

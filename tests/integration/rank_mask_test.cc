@@ -11,218 +11,20 @@
 // bench/results/masks/README.md); the test asserts values, not times.
 
 #include <algorithm>
-#include <chrono>
-#include <csignal>
 #include <iostream>
 #include <set>
 #include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
-#include "client/grpc_status.h"
-#include "client/placement_request.h"
-#include "core/expert_source.h"
-#include "core/moe_reference.h"
-#include "core/placement_table.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/tensor_codec.h"
-#include "tests/integration/fake_coordinator.h"
+#include "tests/integration/rank_mask_fixture.h"
 
 namespace moe_ep::testing {
 namespace {
 
 using ::testing::ElementsAre;
-
-constexpr int kWorld = 4;
-constexpr int64_t kCapacity = 32;
-constexpr uint64_t kSeed = 11;
-constexpr int kSteps = 8;
-constexpr int kKillAtStep = 3;
-
-// 10 experts on 4 ranks x 5 slots (ceil(10 / 4) + 2 redundant): expert 0
-// lives only on rank 0 and expert 9 only on rank 2; every other expert has
-// two or three replicas.
-core::PlacementTable Table() {
-  return core::PlacementTable::FromSlotExperts(
-             10, {{0, 1, 2, 3, 4}, {5, 6, 7, 8, 1}, {9, 2, 5, 6, 3}, {4, 7, 8, 1, 2}})
-      .value();
-}
-
-template <typename Fn>
-std::vector<absl::Status> OnRanks(const std::vector<int>& ranks, Fn fn) {
-  std::vector<absl::Status> out(ranks.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    threads.emplace_back([&, i] { out[i] = fn(ranks[i]); });
-  }
-  for (auto& t : threads) t.join();
-  return out;
-}
-
-class RankMaskTest : public ::testing::TestWithParam<int> {
- protected:
-  void SetUp() override {
-    auto fake = FakeCoordinator::Start(kWorld, {}, /*rank_masks=*/true);
-    ASSERT_TRUE(fake.ok()) << fake.status();
-    fake_ = std::move(*fake);
-    client::Coordinator& c = fake_->coordinator();
-    ASSERT_TRUE(c.FormGroup().ok());
-    // The group's set-up, kept for a rank that comes back (RejoinRank).
-    setup_.configure = MakeConfigureRequest(kWorld, model_);
-    ASSERT_TRUE(c.ConfigureLayers(setup_.configure).ok());
-    setup_.allocate = MakeAllocateRequest(model_, kCapacity);
-    setup_.allocate.set_redundant_slots_per_rank(2);
-    ASSERT_TRUE(c.AllocateWorkspace(setup_.allocate).ok());
-    setup_.placements.push_back(client::MakeInstallPlacementRequest(0, table_));
-    auto installed = c.InstallPlacement(setup_.placements[0]);
-    ASSERT_TRUE(installed.ok()) << installed.status();
-    v1::LoadExpertsRequest load;
-    load.set_layer(0);
-    load.set_kind(v1::EXPERT_KIND_SWIGLU);
-    load.set_seed(kSeed);
-    load.set_intermediate_size(model_.intermediate);
-    setup_.loads.push_back(load);
-    ASSERT_TRUE(c.LoadExperts(load).ok());
-    for (int r = 0; r < kWorld; ++r) {
-      sets_.push_back(
-          core::MakeHostExperts(core::ExpertSource::Seeded(kSeed, 0, model_.num_experts, 0, 0,
-                                                           model_.hidden, model_.intermediate)
-                                    .WithExperts(core::DistinctSlotExperts(table_, r)))
-              .value());
-    }
-  }
-
-  RankInputs InputsOf(int step, int rank) const {
-    return MakeInputs(1000 * step + rank, 4 + (rank + step) % 3, model_);
-  }
-
-  // One step on `ranks`: SyncTokenCounts, CommitGeometry, Forward. Fills
-  // `out` (indexed by rank) and returns each rank's status.
-  std::vector<absl::Status> Step(int step, const std::vector<int>& ranks,
-                                 std::vector<v1::ForwardResponse>* out) {
-    const int64_t epoch = step + 1;
-    std::vector<v1::SyncTokenCountsResponse> sync(kWorld);
-    std::vector<absl::Status> status = OnRanks(ranks, [&](int r) {
-      grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-      v1::SyncTokenCountsRequest request;
-      request.set_epoch(epoch);
-      request.set_local_tokens(InputsOf(step, r).num_tokens);
-      return client::ToAbslStatus(fake_->stub(r).SyncTokenCounts(&context, request, &sync[r]));
-    });
-    for (const absl::Status& s : status) {
-      if (!s.ok()) return status;
-    }
-    status = OnRanks(ranks, [&](int r) {
-      grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-      v1::CommitGeometryRequest request;
-      request.set_epoch(epoch);
-      request.set_runtime_max_tokens_per_rank(sync[r].runtime_max_tokens_per_rank());
-      request.set_local_tokens(InputsOf(step, r).num_tokens);
-      v1::CommitGeometryResponse response;
-      return client::ToAbslStatus(fake_->stub(r).CommitGeometry(&context, request, &response));
-    });
-    for (const absl::Status& s : status) {
-      if (!s.ok()) return status;
-    }
-    out->assign(kWorld, v1::ForwardResponse());
-    return OnRanks(ranks, [&](int r) {
-      grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-      return client::ToAbslStatus(fake_->stub(r).Forward(
-          &context, MakeForwardRequest(0, epoch, InputsOf(step, r), model_), &(*out)[r]));
-    });
-  }
-
-  // The reference of `step` under `live`: masked ranks have no tokens.
-  core::EpReferenceResult Reference(int step, const std::vector<bool>& live) {
-    const core::PlacementTable masked = table_.WithMask(live).value();
-    std::vector<RankInputs> inputs;
-    std::vector<core::EpRankInput> ref_inputs;
-    std::vector<const core::ExpertSet*> set_ptrs;
-    inputs.reserve(kWorld);
-    ref_inputs.reserve(kWorld);
-    for (int r = 0; r < kWorld; ++r) {
-      inputs.push_back(live[r] ? InputsOf(step, r) : RankInputs{});
-      set_ptrs.push_back(&sets_[r]);
-    }
-    for (int r = 0; r < kWorld; ++r) {
-      ref_inputs.push_back(
-          {inputs[r].hidden, inputs[r].ids, inputs[r].weights, inputs[r].num_tokens});
-    }
-    auto ref = core::ReferenceEpForward(masked, set_ptrs, ref_inputs, model_.top_k);
-    EXPECT_TRUE(ref.ok()) << ref.status();
-    return *std::move(ref);
-  }
-
-  void ExpectEqualsReference(int step, const std::vector<int>& ranks, const std::vector<bool>& live,
-                             const std::vector<v1::ForwardResponse>& got) {
-    const core::EpReferenceResult ref = Reference(step, live);
-    const core::PlacementTable masked = table_.WithMask(live).value();
-    for (int r : ranks) {
-      const std::vector<float> out = DecodeBf16(got[r].output());
-      ASSERT_EQ(out.size(), ref.output[r].size()) << "step " << step << " rank " << r;
-      for (size_t i = 0; i < out.size(); ++i) {
-        ASSERT_EQ(out[i], core::Bf16ToFloat(ref.output[r][i]))
-            << "step " << step << " rank " << r << " elem " << i;
-      }
-      // The lost experts this rank's tokens chose, by id.
-      std::set<int> lost;
-      int64_t choices = 0;
-      for (int32_t id : InputsOf(step, r).ids) {
-        if (id >= 0 && id < model_.num_experts && masked.LiveReplicas(id).empty()) {
-          lost.insert(id);
-          ++choices;
-        }
-      }
-      EXPECT_EQ(std::vector<int>(got[r].lost_experts().begin(), got[r].lost_experts().end()),
-                std::vector<int>(lost.begin(), lost.end()))
-          << "step " << step << " rank " << r;
-      EXPECT_EQ(got[r].lost_choices(), choices) << "step " << step << " rank " << r;
-    }
-  }
-
-  // Kills `victim` while step kKillAtStep runs on every rank and sends the
-  // step again to the survivors until all of them answer; checks that step
-  // against the masked reference. Returns the time from the kill.
-  absl::Duration KillDuringStepAndMask(int victim, const std::vector<int>& survivors,
-                                       int* attempts) {
-    std::vector<v1::ForwardResponse> got;
-    std::thread killer([&] {
-      absl::SleepFor(absl::Milliseconds(2));
-      EXPECT_TRUE(fake_->cluster().Kill(victim, SIGKILL).ok());
-    });
-    const absl::Time killed = absl::Now();
-    (void)Step(kKillAtStep, {0, 1, 2, 3}, &got);
-    killer.join();
-    *attempts = 1;
-    while (true) {
-      const std::vector<absl::Status> status = Step(kKillAtStep, survivors, &got);
-      ++*attempts;
-      if (std::all_of(status.begin(), status.end(), [](const absl::Status& s) { return s.ok(); })) {
-        break;
-      }
-      if (*attempts >= 6) {
-        ADD_FAILURE() << "survivors did not mask rank " << victim << ": " << status[0];
-        return absl::InfiniteDuration();
-      }
-    }
-    std::vector<v1::ForwardResponse> by_rank(kWorld);
-    for (size_t i = 0; i < survivors.size(); ++i) by_rank[survivors[i]] = got[survivors[i]];
-    std::vector<bool> live(kWorld, true);
-    live[victim] = false;
-    ExpectEqualsReference(kKillAtStep, survivors, live, by_rank);
-    return absl::Now() - killed;
-  }
-
-  SmallModel model_;
-  client::RankSetup setup_;
-  const core::PlacementTable table_ = Table();
-  std::vector<core::ExpertSet> sets_;
-  std::unique_ptr<FakeCoordinator> fake_;
-};
 
 TEST_P(RankMaskTest, SurvivorsMaskTheKilledRankAndMatchTheMaskedReference) {
   const int victim = GetParam();
@@ -338,7 +140,7 @@ TEST_F(RankRejoinTest, RestartedRankRejoinsAndStepsEqualTheFullReference) {
     ExpectEqualsReference(step, all, everyone, got);
   }
   int attempts = 0;
-  const absl::Duration to_mask = KillDuringStepAndMask(kVictim, survivors, &attempts);
+  const absl::Duration to_mask = KillDuringStepAndMask({kVictim}, survivors, &attempts);
   ASSERT_NE(to_mask, absl::InfiniteDuration());
 
   // Under the mask: one more masked step, and ForwardLayers refused on every
@@ -401,6 +203,62 @@ TEST_F(RankRejoinTest, RestartedRankRejoinsAndStepsEqualTheFullReference) {
             << absl::ToDoubleMilliseconds(readmitted - up)
             << " ms, restart -> first correct unmasked step "
             << absl::ToDoubleMilliseconds(to_first_step) << " ms" << std::endl;
+}
+
+}  // namespace
+}  // namespace moe_ep::testing
+
+namespace moe_ep::testing {
+namespace {
+
+// Two ranks restarted together, rank 0 among them (DESIGN §15: the
+// Rendezvous store must not die with rank 0): ranks 0 and 1 are killed with
+// SIGKILL during step 3; ranks 2 and 3 mask them (rank 2's store hosts the
+// rounds) and serve step 3 under the mask (expert 0, only on rank 0, is
+// reported lost); both workers are restarted and one RejoinRanks re-admits
+// them in a single mask round; steps 4..7 on all four ranks equal the
+// unmasked reference bit for bit.
+TEST_F(RankRejoinTest, TwoRanksRankZeroIncludedRejoinInOneRound) {
+  const std::vector<int> victims = {0, 1};
+  const std::vector<int> survivors = {2, 3};
+  const std::vector<bool> everyone(kWorld, true);
+  std::vector<v1::ForwardResponse> got;
+  for (int step = 0; step < kKillAtStep; ++step) {
+    const std::vector<absl::Status> status = Step(step, {0, 1, 2, 3}, &got);
+    for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(status[r].ok()) << "rank " << r << status[r];
+    ExpectEqualsReference(step, {0, 1, 2, 3}, everyone, got);
+  }
+  int attempts = 0;
+  const absl::Duration to_mask = KillDuringStepAndMask(victims, survivors, &attempts);
+  ASSERT_NE(to_mask, absl::InfiniteDuration());
+  const v1::GetStatusResponse masked = fake_->StatusOf(2);
+  EXPECT_THAT(masked.masked_ranks(), ElementsAre(0, 1));
+  EXPECT_EQ(masked.mask_host(), 2);
+  EXPECT_EQ(fake_->StatusOf(3).mask_round(), masked.mask_round());
+
+  const absl::Time restarted = absl::Now();
+  for (int v : victims) ASSERT_TRUE(fake_->cluster().Restart(v).ok());
+  absl::StatusOr<v1::RejoinResponse> rejoined = fake_->coordinator().RejoinRanks(victims, setup_);
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  EXPECT_TRUE(rejoined->masked_ranks().empty());
+  EXPECT_EQ(rejoined->mask_round(), masked.mask_round() + 1);  // one round for both
+  EXPECT_EQ(rejoined->mask_host(), 2);
+  const absl::Duration to_rejoined = absl::Now() - restarted;
+  for (int step = kKillAtStep + 1; step < kSteps; ++step) {
+    const std::vector<absl::Status> status = Step(step, {0, 1, 2, 3}, &got);
+    for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(status[r].ok()) << "rank " << r << status[r];
+    ExpectEqualsReference(step, {0, 1, 2, 3}, everyone, got);
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    const v1::GetStatusResponse s = fake_->StatusOf(r);
+    EXPECT_TRUE(s.masked_ranks().empty()) << "rank " << r;
+    EXPECT_EQ(s.mask_round(), masked.mask_round() + 1) << "rank " << r;
+  }
+  std::cout << "[rank-rejoin] killed ranks 0 and 1: first correct masked step "
+            << absl::ToDoubleMilliseconds(to_mask) << " ms after the kill (" << attempts
+            << " step attempts, mask round " << masked.mask_round()
+            << "); restart of both -> RejoinRanks done " << absl::ToDoubleMilliseconds(to_rejoined)
+            << " ms" << std::endl;
 }
 
 }  // namespace
