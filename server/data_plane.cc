@@ -47,18 +47,18 @@ std::vector<int> RankMaskState::MaskedRanks() const {
 }
 
 absl::StatusOr<bool> DataPlane::FinishMaskRound(absl::Duration /*wait*/) {
-  return absl::UnimplementedError(absl::StrCat(
-      "rank masks: the ", backend(),
-      " data plane cannot go on without a lost rank (Gloo with every rank's rendezvous "
-      "address only); join a new generation"));
+  return absl::UnimplementedError(
+      absl::StrCat("rank masks: the ", backend(),
+                   " data plane cannot go on without a lost rank (it needs more than one rank and "
+                   "every rank's rendezvous address); join a new generation"));
 }
 
 absl::Status DataPlane::Readmit(int /*round*/, const std::vector<bool>& /*live_before*/,
                                 const std::vector<bool>& /*joining*/) {
-  return absl::UnimplementedError(absl::StrCat(
-      "Rejoin: the ", backend(),
-      " data plane cannot re-admit a rank (Gloo with every rank's rendezvous address only); "
-      "join a new generation"));
+  return absl::UnimplementedError(
+      absl::StrCat("Rejoin: the ", backend(),
+                   " data plane cannot re-admit a rank (it needs every rank's rendezvous address); "
+                   "join a new generation"));
 }
 
 RankMaskState DataPlane::mask() const {

@@ -140,8 +140,9 @@ class DataPlane {
   // The group's collective (host-memory calls work on both backends).
   virtual core::ControlCollective& collective() = 0;
   // Rank masks (DESIGN §15; issue 17 item 3). CanMask(): whether this plane
-  // can go on without lost ranks (Gloo with every rank's Rendezvous address;
-  // NCCL's ncclCommShrink is not wired). After a group error,
+  // can go on without lost ranks (Gloo or NCCL with every rank's Rendezvous
+  // address; NCCL follows the mask with ncclCommShrink, server/gpu_data_plane.h).
+  // After a group error,
   // BeginMaskRound() starts the survivors' agreement on who is left
   // (server/rank_mask.h) on a thread of its own and returns at once (a
   // round already running is left alone); FinishMaskRound(wait) waits up to

@@ -2,6 +2,7 @@
 
 #ifdef MOE_EP_HAVE_CUDA
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -9,7 +10,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/routing.h"
+#include "core/shrink_plan.h"
 #include "core/status_macros.h"
 #include "core/workspace.h"
 #include "server/backend_selection.h"
@@ -123,17 +126,39 @@ absl::StatusOr<std::unique_ptr<GpuDataPlane>> GpuDataPlane::Form(
     if (!device.ok()) return WithContext(device, context);
   }
   RETURN_IF_ERROR(WithContext(Cuda(cudaSetDevice(group.device), "cudaSetDevice"), context));
+  // A returning rank (group.rejoin): a communicator of itself alone, every
+  // other rank masked, until Readmit forms one with the survivors.
+  const bool alone = group.rejoin && group.world_size > 1;
   absl::StatusOr<std::string> id =
-      ExchangeNcclUniqueId(group, *store, &kernels::NcclCollective::NewUniqueId);
+      alone ? kernels::NcclCollective::NewUniqueId()
+            : ExchangeNcclUniqueId(group, *store, &kernels::NcclCollective::NewUniqueId);
   if (!id.ok()) return WithContext(id.status(), context);
   const auto timeout_ms =
       std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(group.timeout)));
   absl::StatusOr<std::unique_ptr<kernels::NcclCollective>> collective =
-      kernels::NcclCollective::Create(*id, group.rank, group.world_size, group.device, timeout_ms);
+      kernels::NcclCollective::Create(*id, alone ? 0 : group.rank, alone ? 1 : group.world_size,
+                                      group.device, timeout_ms);
   if (!collective.ok()) return WithContext(collective.status(), context);
   std::unique_ptr<GpuDataPlane> plane(new GpuDataPlane());
-  plane->collective_ = std::move(*collective);
-  plane->control_ = std::make_unique<kernels::StagedControlCollective>(plane->collective_.get());
+  plane->group_ = group;
+  plane->nccl_ = collective->get();
+  plane->mask_.live.assign(group.world_size, true);
+  if (alone) {
+    std::vector<bool> live(group.world_size, false);
+    live[group.rank] = true;
+    absl::StatusOr<std::unique_ptr<kernels::MaskedStreamCollective>> masked =
+        kernels::MaskedStreamCollective::Create(std::move(*collective), group.rank, live);
+    if (!masked.ok()) return WithContext(masked.status(), context);
+    plane->masked_ = std::move(*masked);
+    plane->view_ = plane->masked_.get();
+    plane->members_ = {group.rank};
+    plane->mask_.live = std::move(live);
+  } else {
+    plane->collective_ = std::move(*collective);
+    plane->view_ = plane->collective_.get();
+    plane->members_ = core::LiveMembers(plane->mask_.live);
+  }
+  plane->control_ = std::make_unique<kernels::StagedControlCollective>(plane->view_);
   plane->device_ = group.device;
   plane->collective_timeout_ = group.timeout;
   for (cudaEvent_t& event : plane->events_) {
@@ -151,7 +176,7 @@ GpuDataPlane::~GpuDataPlane() {
   // was aborted by the collective, so this does not wait on a dead peer.
   // Frees and event destruction happen on this group's device.
   (void)MakeDeviceCurrent();
-  if (collective_ != nullptr && collective_->healthy()) (void)Synchronize();
+  if (view_ != nullptr && view_->healthy()) (void)Synchronize();
   experts_.clear();
   staging_.reset();
   dispatcher_.reset();
@@ -164,7 +189,152 @@ absl::Status GpuDataPlane::MakeDeviceCurrent() const {
   return Cuda(cudaSetDevice(device_), absl::StrCat("cudaSetDevice(", device_, ")"));
 }
 
-absl::Status GpuDataPlane::Synchronize() { return collective_->Synchronize(); }
+absl::Status GpuDataPlane::Synchronize() { return view_->Synchronize(); }
+
+bool GpuDataPlane::CanMask() const {
+  return group_.world_size > 1 &&
+         static_cast<int>(group_.rendezvous_addresses.size()) == group_.world_size;
+}
+
+MaskRound GpuDataPlane::MakeRound(int round, std::vector<bool> live_before) const {
+  MaskRound agree;
+  agree.addresses = group_.rendezvous_addresses;
+  agree.secret = group_.rendezvous_secret;
+  agree.generation = group_.generation;
+  agree.round = round;
+  agree.rank = group_.rank;
+  agree.live_before = std::move(live_before);
+  agree.timeout = group_.timeout;
+  agree.data_plane_host = group_.data_plane_host;
+  return agree;
+}
+
+void GpuDataPlane::BeginMaskRound() {
+  if (!CanMask() || round_.valid()) return;
+  // A peer is gone: stop what the communicator still runs (an NCCL error
+  // revoked it already), keeping it for ncclCommShrink.
+  if (MakeDeviceCurrent().ok()) nccl_->Revoke().IgnoreError();
+  MaskRound round = MakeRound(mask_.round + 1, mask_.live);
+  round_ = std::async(std::launch::async, [round] { return AgreeRankMask(round); });
+}
+
+absl::StatusOr<bool> GpuDataPlane::FinishMaskRound(absl::Duration wait) {
+  if (!CanMask()) return DataPlane::FinishMaskRound(wait);
+  BeginMaskRound();
+  if (round_.wait_for(absl::ToChronoMilliseconds(wait)) != std::future_status::ready) return false;
+  absl::StatusOr<MaskAgreement> result = round_.get();
+  if (!result.ok()) return result.status();
+  RETURN_IF_ERROR(UseAgreement(*std::move(result), mask_.round + 1));
+  return true;
+}
+
+absl::Status GpuDataPlane::Readmit(int round, const std::vector<bool>& live_before,
+                                   const std::vector<bool>& joining) {
+  if (!CanMask()) return DataPlane::Readmit(round, live_before, joining);
+  if (round_.valid()) {
+    return absl::FailedPreconditionError(absl::StrCat("Rejoin: rank mask round ", mask_.round + 1,
+                                                      " is still running on rank ", group_.rank,
+                                                      "; send the call again"));
+  }
+  MaskRound agree = MakeRound(round, live_before);
+  agree.joining = joining;
+  ASSIGN_OR_RETURN(MaskAgreement agreed, AgreeRankMask(agree));
+  return UseAgreement(std::move(agreed), round);
+}
+
+absl::Status GpuDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) {
+  RETURN_IF_ERROR(MakeDeviceCurrent());
+  ASSIGN_OR_RETURN(core::ShrinkPlan plan, core::PlanShrink(members_, agreed.live, group_.rank));
+  const std::string context =
+      absl::StrCat("rank mask round ", agreed_round, " on rank ", group_.rank, " (members [",
+                   absl::StrJoin(plan.members, ","), "])");
+  std::unique_ptr<kernels::NcclCollective> next;
+  if (plan.kind == core::ShrinkPlan::Kind::kReinit) {
+    // A returning rank: a fresh communicator of the members, the id made by
+    // the lowest one and shared over the round's Gloo group.
+    std::string mine(kNcclUniqueIdBytes, '\0');
+    if (plan.new_rank == 0) {
+      absl::StatusOr<std::string> id = kernels::NcclCollective::NewUniqueId();
+      if (!id.ok()) return WithContext(id.status(), context);
+      mine = *id;
+    }
+    std::string all(kNcclUniqueIdBytes * agreed.group->size(), '\0');
+    RETURN_IF_ERROR(
+        WithContext(agreed.group->AllGather(mine.data(), kNcclUniqueIdBytes, all.data()), context));
+    const auto timeout_ms =
+        std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(group_.timeout)));
+    absl::StatusOr<std::unique_ptr<kernels::NcclCollective>> fresh =
+        kernels::NcclCollective::Create(all.substr(0, kNcclUniqueIdBytes), plan.new_rank,
+                                        static_cast<int>(plan.members.size()), device_, timeout_ms);
+    if (!fresh.ok()) return WithContext(fresh.status(), context);
+    next = std::move(*fresh);
+  } else if (plan.kind == core::ShrinkPlan::Kind::kShrink || nccl_->revoked()) {
+    // ncclCommShrink without the lost ranks (none when the round kept every
+    // member: a revoked communicator is replaced by its copy).
+    absl::StatusOr<std::unique_ptr<kernels::NcclCollective>> shrunk = nccl_->Shrink(plan.exclude);
+    if (!shrunk.ok()) return WithContext(shrunk.status(), context);
+    next = std::move(*shrunk);
+  }
+  if (next == nullptr) {
+    // kKeep on a healthy communicator: nothing moves; the mask stays.
+    mask_.round = agreed_round;
+    mask_.host = agreed.host;
+    return absl::OkStatus();
+  }
+  kernels::NcclCollective* next_nccl = next.get();
+  const bool all_live =
+      std::find(agreed.live.begin(), agreed.live.end(), false) == agreed.live.end();
+  std::unique_ptr<kernels::MaskedStreamCollective> masked;
+  if (!all_live) {
+    absl::StatusOr<std::unique_ptr<kernels::MaskedStreamCollective>> view =
+        kernels::MaskedStreamCollective::Create(std::move(next), group_.rank, agreed.live);
+    if (!view.ok()) return WithContext(view.status(), context);
+    masked = std::move(*view);
+  }
+  kernels::StreamCollective* next_view =
+      masked != nullptr ? static_cast<kernels::StreamCollective*>(masked.get()) : next.get();
+  std::unique_ptr<kernels::GpuEpDispatcher> dispatcher;
+  if (dispatcher_ != nullptr) {
+    // The same buffers' shapes on the new communicator; the geometry stays.
+    const core::WorkspaceSpec& ws = options_.workspace;
+    kernels::GpuEpDispatcherOptions gpu_options;
+    gpu_options.dispatcher = options_;
+    gpu_options.max_intermediate = max_intermediate_;
+    gpu_options.tail_bytes = Staging::DeviceBytes(ws.capacity_tokens, ws.hidden, ws.top_k);
+    absl::StatusOr<std::unique_ptr<kernels::GpuEpDispatcher>> made =
+        kernels::GpuEpDispatcher::Create(next_view, gpu_options, 0);
+    if (!made.ok()) return WithContext(made.status(), context);
+    dispatcher = std::move(*made);
+    if (geometry_committed_) {
+      RETURN_IF_ERROR(dispatcher->CommitGeometry(dispatcher_->epoch(),
+                                                 dispatcher_->runtime_max_tokens_per_rank(), 0));
+    }
+  }
+  // The old dispatcher points into the old communicator: it goes first; the
+  // old communicator is aborted (its destructor) once the new one serves.
+  auto control = std::make_unique<kernels::StagedControlCollective>(next_view);
+  if (dispatcher != nullptr) {
+    dispatcher_ = std::move(dispatcher);
+    staging_->Rebind(dispatcher_->tail());
+    NewWorkspaceToken();  // new buffers: graphs of engine calls must be captured again
+  }
+  control_ = std::move(control);
+  masked_ = std::move(masked);
+  if (masked_ == nullptr) {
+    collective_ = std::move(next);
+  } else {
+    collective_.reset();
+  }
+  nccl_ = next_nccl;
+  view_ = next_view;
+  view_->SetCallDeadline(CollectiveDeadline(call_));
+  members_ = plan.members;
+  book_.SetLive(agreed.live);
+  mask_.live = std::move(agreed.live);
+  mask_.round = agreed_round;
+  mask_.host = agreed.host;
+  return absl::OkStatus();
+}
 
 int64_t GpuDataPlane::TotalExpertBytes() const {
   int64_t total = 0;
@@ -185,7 +355,7 @@ absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatc
   gpu_options.max_intermediate = max_intermediate;
   gpu_options.tail_bytes = staging_bytes;
   absl::StatusOr<std::unique_ptr<kernels::GpuEpDispatcher>> dispatcher =
-      kernels::GpuEpDispatcher::Create(collective_.get(), gpu_options, memory_cap_bytes);
+      kernels::GpuEpDispatcher::Create(view_, gpu_options, memory_cap_bytes);
   if (!dispatcher.ok()) {
     if (dispatcher.status().code() == absl::StatusCode::kResourceExhausted &&
         memory_cap_bytes > 0) {
@@ -240,7 +410,7 @@ absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, const core::ExpertS
   // An installed table is checked slot by slot; without one, the range of
   // the contiguous placement (and its message).
   RETURN_IF_ERROR(
-      CheckExpertSourceForWorkspace(source, options_, collective_->rank(), book_.Installed(layer)));
+      CheckExpertSourceForWorkspace(source, options_, view_->rank(), book_.Installed(layer)));
   RETURN_IF_ERROR(MakeDeviceCurrent());
   // Made on the device from the source (seeded: generated there; safetensors:
   // streamed through bounded pinned staging): no host copy of the layer.
@@ -268,7 +438,7 @@ absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, const core::ExpertS
     gpu_options.dispatcher = options_;
     gpu_options.max_intermediate = source.intermediate;
     gpu_options.tail_bytes = Staging::DeviceBytes(ws.capacity_tokens, ws.hidden, ws.top_k);
-    ASSIGN_OR_RETURN(grown, kernels::GpuEpDispatcher::Create(collective_.get(), gpu_options, cap));
+    ASSIGN_OR_RETURN(grown, kernels::GpuEpDispatcher::Create(view_, gpu_options, cap));
     if (geometry_committed_) {
       RETURN_IF_ERROR(grown->CommitGeometry(dispatcher_->epoch(),
                                             dispatcher_->runtime_max_tokens_per_rank(), 0));
@@ -314,7 +484,7 @@ absl::Status GpuDataPlane::InstallPlacement(int layer,
   if (table == nullptr) return absl::InvalidArgumentError("InstallPlacement: null table");
   RETURN_IF_ERROR(MakeDeviceCurrent());
   RETURN_IF_ERROR(dispatcher_->SetPlacement(*table));
-  const std::vector<int> mine = core::DistinctSlotExperts(*table, collective_->rank());
+  const std::vector<int> mine = core::DistinctSlotExperts(*table, view_->rank());
   auto experts = experts_.find(layer);
   if (experts != experts_.end() &&
       (experts->second->first_expert() != mine.front() ||
@@ -349,10 +519,10 @@ absl::StatusOr<core::StepStats> GpuDataPlane::Forward(
       static_cast<int64_t>(topk_ids.size()) != num_tokens * k ||
       static_cast<int64_t>(topk_weights.size()) != num_tokens * k ||
       static_cast<int64_t>(output.size()) != num_tokens * h) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Forward on rank ", collective_->rank(), ": tensor sizes expected hidden/output ",
-        num_tokens * h, " and topk ", num_tokens * k, " elements, got ", hidden.size(), ", ",
-        topk_ids.size(), ", ", topk_weights.size(), ", ", output.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Forward on rank ", view_->rank(), ": tensor sizes expected hidden/output ",
+                     num_tokens * h, " and topk ", num_tokens * k, " elements, got ", hidden.size(),
+                     ", ", topk_ids.size(), ", ", topk_weights.size(), ", ", output.size()));
   }
   return RunForward(layer,
                     {hidden.data(), false, topk_ids.data(), topk_weights.data(), output.data()},
@@ -370,7 +540,7 @@ absl::StatusOr<core::StepStats> GpuDataPlane::ForwardBytes(int layer, const Forw
       static_cast<int64_t>(in.topk_ids.size()) != num_tokens * k * 4 ||
       static_cast<int64_t>(in.topk_weights.size()) != num_tokens * k * 4) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "Forward on rank ", collective_->rank(), ": tensor bytes expected hidden ",
+        "Forward on rank ", view_->rank(), ": tensor bytes expected hidden ",
         num_tokens * h * hidden_elem, " and topk ", num_tokens * k * 4, " each for ", num_tokens,
         " tokens, got ", in.hidden.size(), ", ", in.topk_ids.size(), ", ", in.topk_weights.size()));
   }
@@ -398,8 +568,8 @@ absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostFo
   const core::WorkspaceSpec& ws = options_.workspace;
   const int64_t h = ws.hidden;
   const int k = ws.top_k;
-  const int rank = collective_->rank();
-  const int world = collective_->size();
+  const int rank = view_->rank();
+  const int world = view_->size();
   auto experts = experts_.find(layer);
   if (experts == experts_.end()) {
     return absl::FailedPreconditionError(
@@ -511,6 +681,14 @@ absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostFo
   }
   // The route kernel counted this step on the device; the layer gets it.
   ASSIGN_OR_RETURN(core::ExpertLoadCounts step, dispatcher_->ReadExpertLoad(/*reset=*/true));
+  // Under a rank mask: the lost experts this rank's tokens chose (their
+  // choices went nowhere and contributed zero), from the step's counters.
+  for (const int e : table->LostExperts()) {
+    const int64_t chosen = step.tokens_per_expert[e];
+    if (chosen == 0) continue;
+    stats.lost_experts.push_back(e);
+    stats.lost_choices += chosen;
+  }
   book_.AddLoad(layer, step);
   float ms[3] = {0, 0, 0};
   for (int i = 0; i < 3; ++i) {
@@ -535,7 +713,7 @@ absl::StatusOr<BenchmarkTimes> GpuDataPlane::Benchmark(const core::EpDispatcherO
   ASSIGN_OR_RETURN(const std::string plane,
                    ResolveBenchmarkPlane(data_plane, this->data_plane(), {"one-sided"}));
   RETURN_IF_ERROR(MakeDeviceCurrent());
-  const int rank = collective_->rank();
+  const int rank = view_->rank();
   const int64_t tokens = inputs.num_tokens;
   const int64_t h = options.workspace.hidden;
   const int k = options.workspace.top_k;
@@ -550,7 +728,7 @@ absl::StatusOr<BenchmarkTimes> GpuDataPlane::Benchmark(const core::EpDispatcherO
     }
   }
   ASSIGN_OR_RETURN(core::ExpertPlacement placement,
-                   core::ExpertPlacement::Contiguous(options.num_experts, collective_->size()));
+                   core::ExpertPlacement::Contiguous(options.num_experts, view_->size()));
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::DeviceExpertSet> identity,
                    kernels::DeviceExpertSet::Upload(core::ExpertSet::Identity(
                        placement.FirstExpert(rank), placement.NumLocalExperts(rank), h)));
@@ -567,7 +745,7 @@ absl::StatusOr<BenchmarkTimes> GpuDataPlane::Benchmark(const core::EpDispatcherO
     ASSIGN_OR_RETURN(const int64_t window_bytes,
                      kernels::onesided::OneSidedDispatcher::WindowBytes(options));
     ASSIGN_OR_RETURN(std::unique_ptr<kernels::onesided::PeerWindows> windows,
-                     kernels::onesided::CreateNcclPeerWindows(collective_.get(), window_bytes));
+                     kernels::onesided::CreateNcclPeerWindows(nccl_, window_bytes));
     {
       kernels::onesided::OneSidedDispatcherOptions o;
       o.dispatcher = options;
@@ -586,7 +764,7 @@ absl::StatusOr<BenchmarkTimes> GpuDataPlane::Benchmark(const core::EpDispatcherO
     kernels::GpuEpDispatcherOptions gpu_options;
     gpu_options.dispatcher = options;
     ASSIGN_OR_RETURN(std::unique_ptr<kernels::GpuEpDispatcher> bench,
-                     kernels::GpuEpDispatcher::Create(collective_.get(), gpu_options, cap));
+                     kernels::GpuEpDispatcher::Create(view_, gpu_options, cap));
     // One upload before timing; the stream is idle (no collective pending).
     RETURN_IF_ERROR(upload(bench->stream()));
     RETURN_IF_ERROR(Synchronize());

@@ -55,6 +55,20 @@
 // nccl_peer_window.h: ranks in one NVLink domain), for the one-sided
 // figure beside the NCCL one in the same group.
 //
+// Rank masks (DESIGN §15; issue 17 item 3): with every rank's Rendezvous
+// address, after a group error the survivors agree on a mask exactly as the
+// Gloo plane does (server/rank_mask.h: the agreement and a members-only
+// Gloo group on the host's store), then follow it on NCCL
+// (core::PlanShrink): the lost ranks are excluded by ncclCommShrink in
+// abort mode from the revoked communicator (NcclCollective::Shrink; the old
+// one is aborted once the new one exists); a returning rank (Rejoin) makes
+// everyone form a fresh communicator (ncclCommInitRank, the unique id made
+// by the lowest member and shared over the round's Gloo group). The
+// dispatcher is re-created on kernels::MaskedStreamCollective (original
+// rank numbers over the survivors' communicator; the committed geometry
+// carried over), every table is served under the mask (live replicas; lost
+// experts contribute zero and are reported per step).
+//
 // Every call makes the group's device current on the calling thread (gRPC
 // handler threads vary). Not thread-safe. Source: DESIGN §6-§8, §10; issue 3.
 
@@ -63,6 +77,7 @@
 #include <cuda_runtime.h>
 
 #include <functional>
+#include <future>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -74,6 +89,7 @@
 #include "core/expert_placement.h"
 #include "kernels/device_experts.h"
 #include "kernels/gpu_ep_dispatcher.h"
+#include "kernels/masked_stream_collective.h"
 #include "kernels/nccl_collective.h"
 #include "kernels/onesided/nccl_peer_window.h"
 #include "kernels/onesided/onesided_dispatcher.h"
@@ -81,6 +97,7 @@
 #include "server/data_plane.h"
 #include "server/gpu_shared_experts.h"
 #include "server/placement_book.h"
+#include "server/rank_mask.h"
 
 namespace moe_ep::server {
 
@@ -101,8 +118,18 @@ class GpuDataPlane final : public DataPlane {
   // The control view shares the NCCL communicator, so one deadline covers both.
   void SetCall(const CallBound& call) override {
     call_ = call;
-    collective_->SetCallDeadline(CollectiveDeadline(call));
+    view_->SetCallDeadline(CollectiveDeadline(call));
   }
+  // Rank masks (see the file comment; server/data_plane.h for the
+  // contract). BeginMaskRound revokes the communicator (its in-flight work
+  // stops) and runs the agreement on a std::async thread; FinishMaskRound and
+  // Readmit follow the agreed mask on the caller's thread.
+  bool CanMask() const override;
+  void BeginMaskRound() override;
+  absl::StatusOr<bool> FinishMaskRound(absl::Duration wait) override;
+  absl::Status Readmit(int round, const std::vector<bool>& live_before,
+                       const std::vector<bool>& joining) override;
+  RankMaskState mask() const override { return mask_; }
   int device() const { return device_; }
   int cuda_device() const override { return device_; }
   absl::StatusOr<DataPlaneAllocation> Allocate(const core::EpDispatcherOptions& options,
@@ -203,11 +230,28 @@ class GpuDataPlane final : public DataPlane {
   absl::Status OnCallerStream(cudaStream_t caller, const std::function<absl::Status()>& enqueue);
   // Waits for the stream with the group's deadline.
   absl::Status Synchronize();
+  // Serves under the mask of `agreed` (round `agreed_round`): the
+  // communicator of core::PlanShrink (kept, shrunk, or formed afresh), the
+  // masked view over it, a new dispatcher on it (geometry carried), every
+  // table under the mask. On error the plane is unchanged where it can be
+  // (the old communicator stays revoked: the group is broken).
+  absl::Status UseAgreement(MaskAgreement agreed, int agreed_round);
+  // A MaskRound of this plane's group (round `round`, `live_before`).
+  MaskRound MakeRound(int round, std::vector<bool> live_before) const;
   int64_t TotalExpertBytes() const;
 
-  // Declared first: everything below points into the collective.
+  // Declared first: everything below points into the collective. Without
+  // a mask collective_ is the communicator and view_ points to it; under a
+  // mask masked_ owns the survivors' communicator (nccl_) and is view_.
   std::unique_ptr<kernels::NcclCollective> collective_;
-  std::unique_ptr<kernels::StagedControlCollective> control_;  // host view of collective_
+  std::unique_ptr<kernels::MaskedStreamCollective> masked_;
+  kernels::NcclCollective* nccl_ = nullptr;                    // the communicator in use
+  kernels::StreamCollective* view_ = nullptr;                  // what the dispatcher runs on
+  std::unique_ptr<kernels::StagedControlCollective> control_;  // host view of view_
+  DataPlaneGroup group_;                                       // as formed (rank, world, addresses)
+  RankMaskState mask_;                                         // the mask served under
+  std::vector<int> members_;                                   // original ranks of nccl_, ascending
+  std::future<absl::StatusOr<MaskAgreement>> round_;           // the round running, if any
   // The call now running (SetCall; the call gates of Forward and Benchmark
   // read it).
   CallBound call_;

@@ -102,7 +102,7 @@ absl::StatusOr<core::StepStats> GpuDataPlane::EngineDispatch(
                                                  {"expert_counts", out.expert_counts}}));
   RETURN_IF_ERROR(dispatcher_->CheckStep("dispatch", num_tokens));
   const int64_t r = dispatcher_->runtime_max_tokens_per_rank();
-  const int rank = collective_->rank();
+  const int rank = view_->rank();
   if (out.rows < r) {
     return absl::InvalidArgumentError(absl::StrCat("dispatch on rank ", rank, ": recv_rows ",
                                                    out.rows, " < the committed R ", r));
@@ -224,9 +224,8 @@ absl::Status GpuDataPlane::EngineSyncTokenCounts(const int64_t* local_tokens, in
     return absl::InvalidArgumentError(
         "sync_token_counts: local_tokens and counts must not be null (device int64 and [E])");
   }
-  return OnCallerStream(static_cast<cudaStream_t>(stream), [&]() {
-    return collective_->AllGather(local_tokens, sizeof(int64_t), counts);
-  });
+  return OnCallerStream(static_cast<cudaStream_t>(stream),
+                        [&]() { return view_->AllGather(local_tokens, sizeof(int64_t), counts); });
 }
 
 absl::Status GpuDataPlane::EngineCheckStep() {
