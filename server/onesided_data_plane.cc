@@ -56,6 +56,15 @@ struct StepRecord {
   uint64_t route;  // the route map's table fingerprint (mask included)
 };
 
+// The options whose window the members of `map` map (the window depends on
+// the ranks, not on the expert numbering; E stays the workspace's, >= top_k).
+core::EpDispatcherOptions WindowOptionsFor(core::EpDispatcherOptions o,
+                                           const OneSidedRouteMap& map) {
+  o.workspace.ep_size = map.ep_size();
+  o.redundant_slots_per_rank = 0;
+  return o;
+}
+
 // The dispatcher's options for `map` (server/onesided_route_map.h): the
 // live ranks and their ids; invalid and lost choices arrive as -1.
 core::EpDispatcherOptions DispatchOptionsFor(core::EpDispatcherOptions o,
@@ -283,7 +292,8 @@ absl::StatusOr<DataPlaneAllocation> OneSidedDataPlane::Allocate(
                    mask_.MaskedRanks().empty() ? contiguous : contiguous.WithMask(mask_.live));
   ASSIGN_OR_RETURN(const OneSidedRouteMap map, MakeOneSidedRouteMap(served));
   const core::EpDispatcherOptions dispatch = DispatchOptionsFor(options, map);
-  ASSIGN_OR_RETURN(const int64_t member_window_bytes, OneSidedDispatcher::WindowBytes(dispatch));
+  ASSIGN_OR_RETURN(const int64_t member_window_bytes,
+                   OneSidedDispatcher::WindowBytes(WindowOptionsFor(options, map)));
   // No peer may still use the old windows once they go.
   RETURN_IF_ERROR(compact_->Barrier());
   experts_.clear();
@@ -295,8 +305,14 @@ absl::StatusOr<DataPlaneAllocation> OneSidedDataPlane::Allocate(
   committed_epoch_ = -1;
   ASSIGN_OR_RETURN(windows_,
                    kernels::onesided::CreateIpcPeerWindows(compact_, device_, member_window_bytes));
-  absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> dispatcher = OneSidedDispatcher::Create(
-      windows_.get(), DispatcherOptions(dispatch, max_intermediate), cap);
+  // Under a mask (a returning rank alone) the members' ids may number fewer
+  // experts than top_k: the dispatcher is made at the first Forward after
+  // Readmit (UseRouteMap).
+  const bool masked = !mask_.MaskedRanks().empty();
+  absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> dispatcher =
+      masked ? std::unique_ptr<OneSidedDispatcher>()
+             : OneSidedDispatcher::Create(windows_.get(),
+                                          DispatcherOptions(dispatch, max_intermediate), cap);
   if (!dispatcher.ok()) {
     windows_.reset();
     if (dispatcher.status().code() == absl::StatusCode::kResourceExhausted &&
@@ -309,11 +325,11 @@ absl::StatusOr<DataPlaneAllocation> OneSidedDataPlane::Allocate(
   ASSIGN_OR_RETURN(staging_, DeviceStepBuffers::Create(ws.capacity_tokens, ws.hidden, ws.top_k));
   dispatcher_ = std::move(*dispatcher);
   dispatcher_cap_ = cap;
-  dispatch_ep_ = map.ep_size();
-  dispatch_experts_ = map.num_dispatch_experts;
+  dispatch_ep_ = masked ? 0 : map.ep_size();
+  dispatch_experts_ = masked ? 0 : map.num_dispatch_experts;
 
   DataPlaneAllocation allocation;
-  const int64_t rest = dispatcher_->allocated_bytes() - member_window_bytes;
+  const int64_t rest = masked ? 0 : dispatcher_->allocated_bytes() - member_window_bytes;
   allocation.regions.push_back({"peer_window", 0, member_window_bytes});
   allocation.regions.push_back({"local_state_and_expert_scratch", member_window_bytes, rest});
   allocation.regions.push_back({"forward_staging", member_window_bytes + rest, staging_bytes});
@@ -469,7 +485,7 @@ absl::Status OneSidedDataPlane::MakeWindowsIfDropped() {
   ASSIGN_OR_RETURN(const core::PlacementTable served, book_.contiguous()->WithMask(mask_.live));
   ASSIGN_OR_RETURN(const OneSidedRouteMap map, MakeOneSidedRouteMap(served));
   ASSIGN_OR_RETURN(const int64_t bytes,
-                   OneSidedDispatcher::WindowBytes(DispatchOptionsFor(options_, map)));
+                   OneSidedDispatcher::WindowBytes(WindowOptionsFor(options_, map)));
   ASSIGN_OR_RETURN(windows_, kernels::onesided::CreateIpcPeerWindows(compact_, device_, bytes));
   windows_dropped_ = false;
   return absl::OkStatus();

@@ -154,7 +154,9 @@ class OneSidedDataPlane final : public DataPlane {
   absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens) override;
   absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
                               int64_t local_tokens) override;
-  int64_t epoch() const override { return dispatcher_ ? dispatcher_->epoch() : -1; }
+  // The committed epoch (-1 before CommitGeometry), also while a mask has
+  // dropped the dispatcher.
+  int64_t epoch() const override { return geometry_committed_ ? committed_epoch_ : -1; }
   absl::StatusOr<core::StepStats> Forward(int layer, absl::Span<const core::bf16_t> hidden,
                                           absl::Span<const int32_t> topk_ids,
                                           absl::Span<const float> topk_weights, int64_t num_tokens,

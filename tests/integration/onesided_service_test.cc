@@ -371,6 +371,9 @@ class GpuOneSidedMasks : public ::testing::TestWithParam<int> {
     std::vector<RankInputs> inputs;
     std::vector<core::EpRankInput> ref_inputs;
     std::vector<const core::ExpertSet*> set_ptrs;
+    inputs.reserve(kOsWorld);
+    ref_inputs.reserve(kOsWorld);
+    set_ptrs.reserve(kOsWorld);
     for (int r = 0; r < kOsWorld; ++r) {
       inputs.push_back(live[r] ? InputsOf(step, r) : RankInputs{});
       set_ptrs.push_back(&sets_[r]);
