@@ -524,7 +524,7 @@ std::vector<int> GroupKeeper::ReturnedMaskedRanksLocked() const {
   return back;
 }
 
-void GroupKeeper::Readd(std::vector<int> ranks) {
+void GroupKeeper::Readd(const std::vector<int>& ranks) {
   std::lock_guard<std::mutex> formation(formation_mu_);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -784,7 +784,7 @@ void GroupKeeper::Loop() {
     if (action == Action::kReadd) {
       readding_ = true;
       lock.unlock();
-      Readd(std::move(back));
+      Readd(back);
       lock.lock();
       continue;
     }

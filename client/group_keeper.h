@@ -137,7 +137,7 @@ class GroupKeeper {
   void FailAttemptLocked(const std::string& error, absl::Time now);
   // Masked ranks that are back (their worker answers in STARTED) while every
   // survivor reports the same mask; re-adds them (formation_mu_ taken).
-  void Readd(std::vector<int> ranks);
+  void Readd(const std::vector<int>& ranks);
   std::vector<int> ReturnedMaskedRanksLocked() const;
   // Reads the survivors' mask from the probes into masked_ / mask_round_.
   void ReadMaskLocked();

@@ -169,6 +169,15 @@ absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Shrink(
           rank_));
     }
   }
+  if (exclude.empty()) {
+    // NCCL refuses a shrink excluding nobody (excludeRanksCount 0), and a
+    // revoked communicator allows no split: keep this one, or make a fresh
+    // one (ncclCommInitRank) after a revoke.
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Shrink on rank %d: exclude: expected at least one rank, got none; keep this "
+        "communicator, or after a revoke create a new one with a fresh unique id",
+        rank_));
+  }
   RETURN_IF_ERROR(internal::CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
   std::unique_ptr<NcclCollective> c(new NcclCollective());
   c->device_ = device_;
@@ -182,11 +191,7 @@ absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Shrink(
   const int flags = revoked_ ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT;
   ncclComm_t shrunk = nullptr;
   const Clock::time_point deadline = Clock::now() + timeout_;
-  // NCCL 2.28 refuses excludeRanksCount 0 ("invalid argument", seen on the
-  // H200: ncclCommInitChildComm wants a count > 0), so excluding nobody is a
-  // split with one color: the same members, in order, in a new communicator.
-  ncclResult_t r = count == 0 ? ncclCommSplit(comm_, /*color=*/0, /*key=*/rank_, &shrunk, &config)
-                              : ncclCommShrink(comm_, list.data(), count, &shrunk, &config, flags);
+  ncclResult_t r = ncclCommShrink(comm_, list.data(), count, &shrunk, &config, flags);
   if ((r == ncclSuccess || r == ncclInProgress) && shrunk != nullptr)
     r = PollComm(shrunk, deadline);
   if (r != ncclSuccess || shrunk == nullptr) {

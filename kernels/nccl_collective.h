@@ -105,15 +105,18 @@ class NcclCollective final : public StreamCollective {
   // timeout. Collective over the ranks not excluded (an excluded rank must
   // not call it). Abort mode (NCCL_SHRINK_ABORT: the parent's operations
   // are terminated first) when this communicator is revoked, the default
-  // mode when it is healthy. An empty list (nobody lost: a revoked
-  // communicator replaced by a copy) is an ncclCommSplit with one color,
-  // because ncclCommShrink refuses a count of 0.
+  // mode when it is healthy. An empty list is refused: ncclCommShrink
+  // refuses a count of 0 and a revoked communicator allows no split (the
+  // caller keeps a healthy communicator, or re-initialises a revoked one).
   // This object is left as it was (revoked, or healthy after a default-mode
   // shrink); the caller destroys it (ncclCommAbort) once the new one serves.
-  // Errors: kInvalidArgument (entries not ascending, outside [0, size()),
-  // or this rank among them), kFailedPrecondition (aborted earlier),
+  // Errors: kInvalidArgument (an empty list, entries not ascending, outside
+  // [0, size()), or this rank among them), kFailedPrecondition (aborted
+  // earlier),
   // kDeadlineExceeded (not complete within the timeout), kUnavailable.
   absl::StatusOr<std::unique_ptr<NcclCollective>> Shrink(absl::Span<const int> exclude);
+  // Whether Revoke() ran (by a call or after an NCCL error or timeout): only
+  // Shrink with a non-empty list and destruction remain.
   bool revoked() const { return revoked_; }
 
   // Runs `call` on the communicator with this object's device current and

@@ -140,11 +140,13 @@ class DataPlane {
   // The group's collective (host-memory calls work on both backends).
   virtual core::ControlCollective& collective() = 0;
   // Rank masks (DESIGN §15; issue 17 item 3). CanMask(): whether this plane
-  // can go on without lost ranks (Gloo or NCCL with every rank's Rendezvous
-  // address; NCCL follows the mask with ncclCommShrink, server/gpu_data_plane.h).
-  // After a group error,
+  // can go on without lost ranks (world > 1 and every rank's Rendezvous
+  // address, on Gloo, the NCCL plane (which follows the mask with
+  // ncclCommShrink, server/gpu_data_plane.h) or the one-sided plane (new
+  // peer windows, server/onesided_data_plane.h)). After a group error,
   // BeginMaskRound() starts the survivors' agreement on who is left
-  // (server/rank_mask.h) on a thread of its own and returns at once (a
+  // (server/rank_mask.h) on a thread of its own (the NCCL plane first revokes
+  // its communicator, which may wait up to the group timeout) and returns (a
   // round already running is left alone); FinishMaskRound(wait) waits up to
   // `wait` for it: false when it is still running, true once the plane
   // serves on the survivors' group (tokens go to live replicas, experts

@@ -249,9 +249,14 @@ absl::Status GpuDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) 
       absl::StrCat("rank mask round ", agreed_round, " on rank ", group_.rank, " (members [",
                    absl::StrJoin(plan.members, ","), "])");
   std::unique_ptr<kernels::NcclCollective> next;
-  if (plan.kind == core::ShrinkPlan::Kind::kReinit) {
-    // A returning rank: a fresh communicator of the members, the id made by
-    // the lowest one and shared over the round's Gloo group.
+  // A revoked communicator only shrinks or tears down, and NCCL refuses a
+  // shrink that excludes nobody: a round that kept every member of a revoked
+  // communicator (a false alarm) re-initialises like a returning rank.
+  const bool reinit = plan.kind == core::ShrinkPlan::Kind::kReinit ||
+                      (plan.kind == core::ShrinkPlan::Kind::kKeep && nccl_->revoked());
+  if (reinit) {
+    // A fresh communicator of the members, the id made by the lowest one and
+    // shared over the round's Gloo group.
     std::string mine(kNcclUniqueIdBytes, '\0');
     if (plan.new_rank == 0) {
       absl::StatusOr<std::string> id = kernels::NcclCollective::NewUniqueId();
@@ -268,9 +273,8 @@ absl::Status GpuDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) 
                                         static_cast<int>(plan.members.size()), device_, timeout_ms);
     if (!fresh.ok()) return WithContext(fresh.status(), context);
     next = std::move(*fresh);
-  } else if (plan.kind == core::ShrinkPlan::Kind::kShrink || nccl_->revoked()) {
-    // ncclCommShrink without the lost ranks (none when the round kept every
-    // member: a revoked communicator is replaced by its copy).
+  } else if (plan.kind == core::ShrinkPlan::Kind::kShrink) {
+    // ncclCommShrink without the lost ranks.
     absl::StatusOr<std::unique_ptr<kernels::NcclCollective>> shrunk = nccl_->Shrink(plan.exclude);
     if (!shrunk.ok()) return WithContext(shrunk.status(), context);
     next = std::move(*shrunk);
@@ -296,6 +300,12 @@ absl::Status GpuDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) 
   std::unique_ptr<kernels::GpuEpDispatcher> dispatcher;
   if (dispatcher_ != nullptr) {
     // The same buffers' shapes on the new communicator; the geometry stays.
+    // The old dispatcher's communicator is revoked, so it can serve no step:
+    // free its buffers first so a full GPU does not fail the mask.
+    const int64_t epoch = dispatcher_->epoch();
+    const int64_t runtime_max = dispatcher_->runtime_max_tokens_per_rank();
+    staging_->Rebind(nullptr);
+    dispatcher_.reset();
     const core::WorkspaceSpec& ws = options_.workspace;
     kernels::GpuEpDispatcherOptions gpu_options;
     gpu_options.dispatcher = options_;
@@ -306,12 +316,10 @@ absl::Status GpuDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) 
     if (!made.ok()) return WithContext(made.status(), context);
     dispatcher = std::move(*made);
     if (geometry_committed_) {
-      RETURN_IF_ERROR(dispatcher->CommitGeometry(dispatcher_->epoch(),
-                                                 dispatcher_->runtime_max_tokens_per_rank(), 0));
+      RETURN_IF_ERROR(dispatcher->CommitGeometry(epoch, runtime_max, 0));
     }
   }
-  // The old dispatcher points into the old communicator: it goes first; the
-  // old communicator is aborted (its destructor) once the new one serves.
+  // The old communicator is aborted (its destructor) once the new one serves.
   auto control = std::make_unique<kernels::StagedControlCollective>(next_view);
   if (dispatcher != nullptr) {
     dispatcher_ = std::move(dispatcher);
@@ -385,6 +393,7 @@ absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatc
   ASSIGN_OR_RETURN(core::PlacementTable contiguous,
                    core::PlacementTable::Contiguous(options.num_experts, ws.ep_size));
   book_.Reset(std::make_shared<const core::PlacementTable>(std::move(contiguous)));
+  book_.SetLive(mask_.live);  // a returning rank allocates under its mask
   experts_.clear();
   shared_.Reset(ws.capacity_tokens, ws.hidden);
   staging_ = std::move(staging);
@@ -689,7 +698,8 @@ absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostFo
     stats.lost_experts.push_back(e);
     stats.lost_choices += chosen;
   }
-  book_.AddLoad(layer, step);
+  // Keyed like the CPU plane: a step resent after a mask round counts once.
+  book_.AddLoad(layer, step, LoadStepKey{dispatcher_->epoch(), mask_.round});
   float ms[3] = {0, 0, 0};
   for (int i = 0; i < 3; ++i) {
     RETURN_IF_ERROR(

@@ -297,8 +297,10 @@ MOE_EP_EXPORT moe_ep_status moe_ep_combine(moe_ep_worker* worker, const uint16_t
 
 /* One MoE layer with the experts LoadExperts put on this worker for `layer`
  * (and its shared expert, when loaded): hidden [T,H] bf16, topk_ids [T,K]
- * int32, topk_weights [T,K] fp32 -> output [T,H] bf16. Collective. It runs
- * the Forward RPC's call gates with `timeout_ms` (not 0) as its deadline:
+ * int32, topk_weights [T,K] fp32 -> output [T,H] bf16. Collective. On the
+ * CPU (Gloo) plane it runs the Forward RPC's call gates with `timeout_ms`
+ * (not 0) as its deadline (a GPU plane's step is one stream-ordered launch
+ * bounded by the capacity, with no gate):
  * once any rank's step is past it, the expert compute stops and all ranks
  * stop together at the next gate with MOE_EP_DEADLINE_EXCEEDED ("...
  * stopped on every rank ... the group stays usable"); nothing is combined

@@ -528,16 +528,17 @@ absl::Status OneSidedDataPlane::AgreeOnStep(const absl::Status& local, uint64_t 
   }
   for (int m = 0; m < members; ++m) {
     const int r = m < static_cast<int>(original.size()) ? original[m] : m;
+    // A rank that could not start sends no route: its own error is the cause.
+    if (all[m].ready == 0) {
+      return absl::AbortedError(absl::StrCat("Forward: rank ", r,
+                                             " could not start this step (its reply says why); "
+                                             "no rank ran it"));
+    }
     if (all[m].route != mine.route) {
       return absl::AbortedError(absl::StrCat(
           "Forward: rank ", r, " routes by another placement table or rank mask (fingerprint ",
           all[m].route, ", rank ", rank_, " has ", mine.route,
           "); install the same table on every rank"));
-    }
-    if (all[m].ready == 0) {
-      return absl::AbortedError(absl::StrCat("Forward: rank ", r,
-                                             " could not start this step (its reply says why); "
-                                             "no rank ran it"));
     }
     if (all[m].epoch != mine.epoch || all[m].r != mine.r) {
       return absl::AbortedError(absl::StrCat("geometry mismatch: rank ", r, " has (epoch ",
@@ -560,7 +561,10 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::Forward(
                            kForwardStopHint));
   absl::Status local = MakeDeviceCurrent();
   // After a mask every member is in this call (WorkerService aligns them).
-  if (local.ok()) RETURN_IF_ERROR(MakeWindowsIfDropped());
+  // A rank whose windows fail still reaches the step agreement below, so no
+  // peer waits on it.
+  const bool makes_windows = windows_dropped_;
+  if (local.ok()) local = MakeWindowsIfDropped();
   auto experts = experts_.find(layer);
   if (local.ok() && staging_ == nullptr) {
     local = absl::FailedPreconditionError("Forward: no workspace; call AllocateWorkspace first");
@@ -600,7 +604,16 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::Forward(
       choices = MapOneSidedChoices(*table, *map, rank_, topk_ids, topk_weights, num_tokens, k);
     }
   }
-  RETURN_IF_ERROR(AgreeOnStep(local, route));
+  if (absl::Status agreed = AgreeOnStep(local, route); !agreed.ok()) {
+    if (makes_windows) {
+      // Every member made windows in this call (or failed to): drop them on
+      // every rank alike, so the next Forward makes them again together.
+      dispatcher_.reset();
+      windows_.reset();
+      windows_dropped_ = true;
+    }
+    return agreed;
+  }
 
   cudaStream_t stream = dispatcher_->stream();
   RETURN_IF_ERROR(staging_->Upload(reinterpret_cast<const uint16_t*>(hidden.data()),

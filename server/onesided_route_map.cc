@@ -18,6 +18,11 @@ absl::StatusOr<OneSidedRouteMap> MakeOneSidedRouteMap(const core::PlacementTable
   map.num_local.assign(world, 0);
   for (int r = 0; r < world; ++r) {
     const std::vector<int> distinct = core::DistinctSlotExperts(table, r);
+    if (distinct.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the one-sided data plane needs every rank to hold an expert; rank ", r,
+                       " holds none in the placement table"));
+    }
     map.first_expert[r] = distinct.front();
     map.num_local[r] = static_cast<int>(distinct.size());
     if (distinct.back() - distinct.front() + 1 != map.num_local[r]) {

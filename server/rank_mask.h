@@ -1,9 +1,10 @@
 #pragma once
 
 // The survivors' agreement on a rank mask (DESIGN §15 rank masks, §16; issue
-// 17 item 3): after a collective of a Gloo group failed, the ranks still alive
+// 17 item 3): after a collective of a group failed, the ranks still alive
 // agree on who is left and form a survivors-only Gloo context on a fresh
-// store prefix, without a coordinator and without a new generation.
+// store prefix, without a coordinator and without a new generation (the GPU
+// planes then rebuild their communicator or peer windows on the survivors).
 //
 // Round k of generation N (every survivor counts rounds the same way):
 //  1. The host is the lowest rank, of those live before the round, whose

@@ -151,14 +151,8 @@ absl::StatusOr<JoinArgs> JoinArgsFromRequest(const RequestLimits& limits,
   RETURN_IF_ERROR(CheckDevice(defaults.device, defaults.visible_gpus, args.backend));
   ASSIGN_OR_RETURN(const std::string gpu_plane,
                    ResolveGpuDataPlane(request.gpu_data_plane(), defaults.gpu_data_plane));
-  // Gloo and the one-sided GPU plane re-admit a restarted rank (DESIGN §15);
-  // the NCCL send/recv plane does not.
-  if (request.rejoin() && args.backend != "gloo" && gpu_plane != "one-sided") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rejoin: only Gloo groups and the one-sided GPU plane (gpu_data_plane \"one-sided\") "
-        "re-admit a restarted rank; backend resolved to ",
-        args.backend, ", gpu_data_plane to \"", gpu_plane, "\""));
-  }
+  // Every data plane re-admits a restarted rank (DESIGN §15): Gloo and the
+  // one-sided plane by a fresh group, the NCCL plane by ncclCommInitRank.
   if (args.backend == "nccl") args.gpu_data_plane = gpu_plane;
   args.world_size = request.world_size();
   args.rank = request.rank();

@@ -38,8 +38,8 @@
 // shows it (group_broken, broken_reason: "<rpc>: <CODE>: <message>"). Health
 // (server/health.h) is SERVING only while joined, allocated and not broken.
 //
-// Rank masks (DESIGN §15; issue 17): in a Gloo group joined with every
-// rank's address a collective failure starts a mask round instead (the
+// Rank masks (DESIGN §15; issue 17): in a group joined with every rank's
+// address (Gloo, or NCCL on either GPU plane) a collective failure starts a mask round instead (the
 // survivors agree on who is left and keep serving Forward; see GroupResult
 // and Vote); ForwardLayers, Benchmark and the engine calls then fail
 // FAILED_PRECONDITION naming the masked ranks (they route by the unmasked

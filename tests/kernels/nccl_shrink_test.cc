@@ -1,8 +1,9 @@
 // ncclCommShrink for rank masks (DESIGN §15; issue 17 item 3):
 // NcclCollective::Shrink / Revoke, with core::PlanShrink choosing the
 // excluded ranks. World 1 runs on one GPU (NCCL refuses two ranks on one
-// device): a shrink that excludes nothing, from a healthy and from a revoked
-// communicator, serves an all-to-all bit-exact as before. The kill cases
+// device): a shrink that excludes nothing is refused, from a healthy and
+// from a revoked communicator, and what serves after it (the healthy one, a
+// fresh one after the revoke) is bit-exact as before. The kill cases
 // need 2 and 4 GPUs (one thread per rank and GPU) and skip with the reason
 // printed otherwise.
 
@@ -71,7 +72,11 @@ std::unique_ptr<NcclCollective> WorldOne() {
   return c.ok() ? std::move(*c) : nullptr;
 }
 
-TEST(NcclShrink, WorldOneShrinkExcludingNothingServesBitExact) {
+// Excluding nobody is no shrink: NCCL 2.28 refuses excludeRanksCount 0, and
+// its one-color split at world 1 failed on the H200 (bench/results/run17),
+// so Shrink refuses it and the plane keeps the communicator (or makes a
+// fresh one after a revoke). The communicator keeps serving.
+TEST(NcclShrink, WorldOneShrinkExcludingNothingIsRefused) {
   MOE_EP_REQUIRE_GPUS(1);
   std::unique_ptr<NcclCollective> parent = WorldOne();
   ASSERT_NE(parent, nullptr);
@@ -81,20 +86,14 @@ TEST(NcclShrink, WorldOneShrinkExcludingNothingServesBitExact) {
   absl::StatusOr<core::ShrinkPlan> plan = core::PlanShrink({0}, {true}, 0);
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_TRUE(plan->exclude.empty());
-  absl::StatusOr<std::unique_ptr<NcclCollective>> shrunk = parent->Shrink(plan->exclude);
-  ASSERT_TRUE(shrunk.ok()) << shrunk.status();
-  EXPECT_EQ((*shrunk)->size(), 1);
-  EXPECT_EQ((*shrunk)->rank(), 0);
-  EXPECT_TRUE((*shrunk)->healthy());
-  EXPECT_NE((*shrunk)->stream(), parent->stream());
-  EXPECT_EQ(Exchange(**shrunk, {0}, bytes), before);
-  // A default-mode shrink leaves the parent serving; destroying it aborts it.
-  EXPECT_TRUE(parent->healthy());
-  parent.reset();
-  EXPECT_EQ(Exchange(**shrunk, {0}, bytes), before);
+  EXPECT_EQ(plan->kind, core::ShrinkPlan::Kind::kKeep);
+  const absl::Status refused = parent->Shrink(plan->exclude).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_TRUE(parent->healthy()) << "a refused shrink changes nothing";
+  EXPECT_EQ(Exchange(*parent, {0}, bytes), before);
 }
 
-TEST(NcclShrink, WorldOneRevokedCommunicatorShrinksInAbortMode) {
+TEST(NcclShrink, WorldOneRevokedCommunicatorRefusesACopy) {
   MOE_EP_REQUIRE_GPUS(1);
   std::unique_ptr<NcclCollective> parent = WorldOne();
   ASSERT_NE(parent, nullptr);
@@ -109,10 +108,16 @@ TEST(NcclShrink, WorldOneRevokedCommunicatorShrinksInAbortMode) {
   const absl::Status refused = parent->AllToAllV(buf.get(), counts, buf.get(), counts);
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
   EXPECT_NE(refused.message().find("revoked"), absl::string_view::npos) << refused;
-  absl::StatusOr<std::unique_ptr<NcclCollective>> shrunk = parent->Shrink({});
-  ASSERT_TRUE(shrunk.ok()) << shrunk.status();
-  parent.reset();  // ncclCommAbort of the old communicator, after the shrink
-  EXPECT_EQ(Exchange(**shrunk, {0}, bytes), before);
+  // World 1 has nobody to exclude, and a revoked communicator allows no
+  // split: the plane re-initialises instead (server/gpu_data_plane.cc).
+  const absl::Status copy = parent->Shrink({}).status();
+  EXPECT_EQ(copy.code(), absl::StatusCode::kInvalidArgument) << copy;
+  EXPECT_NE(copy.message().find("fresh unique id"), absl::string_view::npos) << copy;
+  EXPECT_TRUE(parent->revoked()) << "a refused shrink changes nothing";
+  parent.reset();  // ncclCommAbort of the revoked communicator
+  std::unique_ptr<NcclCollective> fresh = WorldOne();
+  ASSERT_NE(fresh, nullptr);
+  EXPECT_EQ(Exchange(*fresh, {0}, bytes), before);
 }
 
 TEST(NcclShrink, RejectsExcludingItselfOrOutOfRange) {

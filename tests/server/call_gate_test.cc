@@ -156,6 +156,7 @@ TEST(CallGate, ARankWhoseWorkStoppedEarlyIsInTheStopWhateverItsChecksSayNow) {
   flag = false;                     // its check would now say "go"
   absl::Status got[2];
   std::vector<std::thread> threads;
+  threads.reserve(2);
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
       got[r] = CallGate(*group[r], calls[r],

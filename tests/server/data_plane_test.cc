@@ -451,6 +451,7 @@ TEST(CpuDataPlane, TwoRanksStopTogetherWhenOneStopsInsideItsExpertCompute) {
   options.workspace.hidden = kH;
   auto on_ranks = [&](const std::function<void(int)>& fn) {
     std::vector<std::thread> threads;
+    threads.reserve(kRanks);
     for (int r = 0; r < kRanks; ++r) threads.emplace_back(fn, r);
     for (std::thread& t : threads) t.join();
   };

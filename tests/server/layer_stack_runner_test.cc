@@ -276,6 +276,7 @@ TEST(LayerStackRunner, TwoRanksStopTogetherWhenOneStopsInsideALayerBuild) {
   std::vector<std::unique_ptr<core::GlooCollective>> world(kRanks);
   {
     std::vector<std::thread> threads;
+    threads.reserve(kRanks);
     for (int r = 0; r < kRanks; ++r) {
       threads.emplace_back([&, r] {
         auto w = core::GlooCollective::Create(store, "stack2", r, kRanks, "127.0.0.1",
@@ -310,6 +311,7 @@ TEST(LayerStackRunner, TwoRanksStopTogetherWhenOneStopsInsideALayerBuild) {
   // Rank 0 cancelled from its check `at` on (0: never); rank 1 never.
   auto run = [&](int at) {
     std::vector<std::thread> threads;
+    threads.reserve(kRanks);
     for (int r = 0; r < kRanks; ++r) {
       threads.emplace_back([&, r] {
         auto checks = std::make_shared<int>(0);
