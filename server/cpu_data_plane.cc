@@ -68,15 +68,7 @@ bool CpuDataPlane::CanMask() const {
 
 void CpuDataPlane::BeginMaskRound() {
   if (!CanMask() || round_.valid()) return;
-  MaskRound round;
-  round.addresses = group_.rendezvous_addresses;
-  round.secret = group_.rendezvous_secret;
-  round.generation = group_.generation;
-  round.round = mask_.round + 1;
-  round.rank = group_.rank;
-  round.live_before = mask_.live;
-  round.timeout = group_.timeout;
-  round.data_plane_host = group_.data_plane_host;
+  MaskRound round = MaskRoundOf(group_, mask_.round + 1, group_.rank, mask_.live);
   round_ = std::async(std::launch::async, [round] { return AgreeRankMask(round); });
 }
 
@@ -98,16 +90,8 @@ absl::Status CpuDataPlane::Readmit(int round, const std::vector<bool>& live_befo
                                                       " is still running on rank ", group_.rank,
                                                       "; send the call again"));
   }
-  MaskRound agree;
-  agree.addresses = group_.rendezvous_addresses;
-  agree.secret = group_.rendezvous_secret;
-  agree.generation = group_.generation;
-  agree.round = round;
-  agree.rank = group_.rank;
-  agree.live_before = live_before;
+  MaskRound agree = MaskRoundOf(group_, round, group_.rank, live_before);
   agree.joining = joining;
-  agree.timeout = group_.timeout;
-  agree.data_plane_host = group_.data_plane_host;
   ASSIGN_OR_RETURN(MaskAgreement agreed, AgreeRankMask(agree));
   return UseAgreement(std::move(agreed), round);
 }

@@ -270,4 +270,18 @@ void DataPlane::NewWorkspaceToken() {
   workspace_token_ = next.fetch_add(1);
 }
 
+MaskRound MaskRoundOf(const DataPlaneGroup& group, int round, int rank,
+                      std::vector<bool> live_before) {
+  MaskRound agree;
+  agree.addresses = group.rendezvous_addresses;
+  agree.secret = group.rendezvous_secret;
+  agree.generation = group.generation;
+  agree.round = round;
+  agree.rank = rank;
+  agree.live_before = std::move(live_before);
+  agree.timeout = group.timeout;
+  agree.data_plane_host = group.data_plane_host;
+  return agree;
+}
+
 }  // namespace moe_ep::server

@@ -41,6 +41,7 @@
 #include "core/workspace.h"
 #include "gloo/rendezvous/store.h"
 #include "server/call_gate.h"
+#include "server/rank_mask.h"
 
 namespace moe_ep::server {
 
@@ -68,6 +69,13 @@ struct DataPlaneGroup {
   // in-process store) until Readmit puts it back in the survivors' group.
   bool rejoin = false;
 };
+
+// Mask round `round` of `group` as `rank` sees it (server/rank_mask.h): the
+// group's Rendezvous addresses, secret, generation, timeout and data-plane
+// host, with `live_before` the live ranks before the round. Every plane's
+// BeginMaskRound and Readmit use it. Thread-safe (a pure function).
+MaskRound MaskRoundOf(const DataPlaneGroup& group, int round, int rank,
+                      std::vector<bool> live_before);
 
 // The rank mask a data plane serves under (DESIGN §15): which ranks are live
 // and how many mask rounds the group went through.

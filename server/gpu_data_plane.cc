@@ -196,25 +196,12 @@ bool GpuDataPlane::CanMask() const {
          static_cast<int>(group_.rendezvous_addresses.size()) == group_.world_size;
 }
 
-MaskRound GpuDataPlane::MakeRound(int round, std::vector<bool> live_before) const {
-  MaskRound agree;
-  agree.addresses = group_.rendezvous_addresses;
-  agree.secret = group_.rendezvous_secret;
-  agree.generation = group_.generation;
-  agree.round = round;
-  agree.rank = group_.rank;
-  agree.live_before = std::move(live_before);
-  agree.timeout = group_.timeout;
-  agree.data_plane_host = group_.data_plane_host;
-  return agree;
-}
-
 void GpuDataPlane::BeginMaskRound() {
   if (!CanMask() || round_.valid()) return;
   // A peer is gone: stop what the communicator still runs (an NCCL error
   // revoked it already), keeping it for ncclCommShrink.
   if (MakeDeviceCurrent().ok()) nccl_->Revoke().IgnoreError();
-  MaskRound round = MakeRound(mask_.round + 1, mask_.live);
+  MaskRound round = MaskRoundOf(group_, mask_.round + 1, group_.rank, mask_.live);
   round_ = std::async(std::launch::async, [round] { return AgreeRankMask(round); });
 }
 
@@ -236,7 +223,7 @@ absl::Status GpuDataPlane::Readmit(int round, const std::vector<bool>& live_befo
                                                       " is still running on rank ", group_.rank,
                                                       "; send the call again"));
   }
-  MaskRound agree = MakeRound(round, live_before);
+  MaskRound agree = MaskRoundOf(group_, round, group_.rank, live_before);
   agree.joining = joining;
   ASSIGN_OR_RETURN(MaskAgreement agreed, AgreeRankMask(agree));
   return UseAgreement(std::move(agreed), round);

@@ -236,8 +236,6 @@ class GpuDataPlane final : public DataPlane {
   // table under the mask. On error the plane is unchanged where it can be
   // (the old communicator stays revoked: the group is broken).
   absl::Status UseAgreement(MaskAgreement agreed, int agreed_round);
-  // A MaskRound of this plane's group (round `round`, `live_before`).
-  MaskRound MakeRound(int round, std::vector<bool> live_before) const;
   int64_t TotalExpertBytes() const;
 
   // Declared first: everything below points into the collective. Without
