@@ -92,19 +92,16 @@ absl::StatusOr<std::string> ExchangeNcclUniqueId(
   const std::string where =
       group.rendezvous_address.empty() ? "the in-process store" : group.rendezvous_address;
   try {
+    const std::string origin = absl::StrCat("under \"", key, "\" at ", where);
     if (group.rank == 0) {
-      absl::StatusOr<std::string> id = make_id();
-      if (!id.ok()) return id.status();
-      store.set(key, std::vector<char>(id->begin(), id->end()));
-      return id;
+      // The outcome is set even when make_id failed, so the other ranks
+      // fail with its error now rather than at their timeout.
+      const std::string record = EncodeNcclIdRecord(make_id());
+      store.set(key, std::vector<char>(record.begin(), record.end()));
+      return DecodeNcclIdRecord(record, "rank 0", origin);
     }
     const std::vector<char> value = store.get(key);
-    if (value.size() != kNcclUniqueIdBytes) {
-      return absl::UnavailableError(absl::StrCat("the NCCL unique id under \"", key, "\" at ",
-                                                 where, " has ", value.size(), " bytes, expected ",
-                                                 kNcclUniqueIdBytes));
-    }
-    return std::string(value.begin(), value.end());
+    return DecodeNcclIdRecord(absl::string_view(value.data(), value.size()), "rank 0", origin);
   } catch (const std::exception& e) {
     // GrpcStore (server/grpc_store.h) throws with "Timed out" on its deadline.
     const std::string lower = absl::AsciiStrToLower(e.what());

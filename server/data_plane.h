@@ -41,6 +41,7 @@
 #include "core/workspace.h"
 #include "gloo/rendezvous/store.h"
 #include "server/call_gate.h"
+#include "server/nccl_id_share.h"
 #include "server/rank_mask.h"
 
 namespace moe_ep::server {
@@ -410,17 +411,17 @@ absl::StatusOr<std::string> ResolveBenchmarkPlane(const std::string& asked, cons
 // The rendezvous key of a generation's NCCL unique id: "gen<generation>/nccl_unique_id".
 std::string NcclUniqueIdKey(int64_t generation);
 
-// Size of an NCCL unique id (NCCL_UNIQUE_ID_BYTES).
-inline constexpr int kNcclUniqueIdBytes = 128;
-
 // The unique-id rendezvous of FormDataPlane for NCCL: rank 0 calls `make_id`
-// and sets the result under NcclUniqueIdKey(group.generation) in `store`; the
-// other ranks get it (the store bounds the wait: GrpcStore by group.timeout).
-// Returns the id's bytes on every rank.
+// and sets its outcome, the id or its error (server/nccl_id_share.h's
+// record), under NcclUniqueIdKey(group.generation) in `store`; the other
+// ranks get it (the store bounds the wait: GrpcStore by group.timeout).
+// Returns the id's bytes on every rank. When `make_id` fails, every rank
+// returns its error ("rank 0 could not make the NCCL unique id: ...") as soon
+// as the record is set.
 // Errors: kDeadlineExceeded (the key did not appear in time: rank 0 did not
 // join this generation with NCCL; names the key and the rendezvous address),
-// kUnavailable (the store failed, or the value is not kNcclUniqueIdBytes
-// long), and those of `make_id`.
+// kUnavailable (the store failed, or the value is not a record), and those
+// of `make_id`.
 absl::StatusOr<std::string> ExchangeNcclUniqueId(
     const DataPlaneGroup& group, gloo::rendezvous::Store& store,
     const std::function<absl::StatusOr<std::string>()>& make_id);

@@ -19,6 +19,7 @@
 #include "server/call_gate.h"
 #include "server/device_info.h"
 #include "server/gpu_step_buffers.h"
+#include "server/nccl_id_share.h"
 
 namespace moe_ep::server {
 namespace {
@@ -243,21 +244,17 @@ absl::Status GpuDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) 
                       (plan.kind == core::ShrinkPlan::Kind::kKeep && nccl_->revoked());
   if (reinit) {
     // A fresh communicator of the members, the id made by the lowest one and
-    // shared over the round's Gloo group.
-    std::string mine(kNcclUniqueIdBytes, '\0');
-    if (plan.new_rank == 0) {
-      absl::StatusOr<std::string> id = kernels::NcclCollective::NewUniqueId();
-      if (!id.ok()) return WithContext(id.status(), context);
-      mine = *id;
-    }
-    std::string all(kNcclUniqueIdBytes * agreed.group->size(), '\0');
-    RETURN_IF_ERROR(
-        WithContext(agreed.group->AllGather(mine.data(), kNcclUniqueIdBytes, all.data()), context));
+    // shared over the round's Gloo group (its failure too, so no member
+    // waits for an id that will not come).
+    absl::StatusOr<std::string> id =
+        ShareNcclUniqueId(*agreed.group, &kernels::NcclCollective::NewUniqueId,
+                          absl::StrCat("rank ", plan.members.front(), " (member 0)"));
+    if (!id.ok()) return WithContext(id.status(), context);
     const auto timeout_ms =
         std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(group_.timeout)));
     absl::StatusOr<std::unique_ptr<kernels::NcclCollective>> fresh =
-        kernels::NcclCollective::Create(all.substr(0, kNcclUniqueIdBytes), plan.new_rank,
-                                        static_cast<int>(plan.members.size()), device_, timeout_ms);
+        kernels::NcclCollective::Create(*id, plan.new_rank, static_cast<int>(plan.members.size()),
+                                        device_, timeout_ms);
     if (!fresh.ok()) return WithContext(fresh.status(), context);
     next = std::move(*fresh);
   } else if (plan.kind == core::ShrinkPlan::Kind::kShrink) {

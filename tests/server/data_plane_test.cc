@@ -1,5 +1,6 @@
 #include "server/data_plane.h"
 
+#include <atomic>
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -9,6 +10,7 @@
 
 #include "core/bf16.h"
 #include "core/experts.h"
+#include "core/gloo_collective.h"
 #include "core/moe_reference.h"
 #include "gloo/rendezvous/hash_store.h"
 #include "gmock/gmock.h"
@@ -19,6 +21,7 @@
 #include "server/call_gate.h"
 #include "server/device_info.h"
 #include "server/grpc_store.h"
+#include "server/nccl_id_share.h"
 #include "server/rendezvous_service.h"
 
 // FormDataPlane's backend dispatch and the CPU data plane through the
@@ -152,17 +155,100 @@ TEST_F(UniqueIdRendezvous, WrongSizedValueIsUnavailable) {
   absl::StatusOr<std::string> got = ExchangeNcclUniqueId(
       Rank(1, 3, absl::Seconds(5)), store, [] { return absl::StatusOr<std::string>(FakeId('x')); });
   EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable) << got.status();
-  EXPECT_THAT(std::string(got.status().message()), HasSubstr("has 5 bytes, expected 128"));
+  EXPECT_THAT(std::string(got.status().message()),
+              HasSubstr("from rank 0 (under \"gen3/nccl_unique_id\" at " + address_ +
+                        ") has 5 bytes, expected 512"));
 }
 
-TEST_F(UniqueIdRendezvous, RankZeroReportsAFailedIdAndPublishesNothing) {
-  GrpcStore store = Store(absl::Seconds(5));
-  absl::StatusOr<std::string> made = ExchangeNcclUniqueId(Rank(0, 5, absl::Seconds(5)), store, [] {
-    return absl::StatusOr<std::string>(absl::UnavailableError("ncclGetUniqueId: no interface"));
+// Rank 0's failure is published: rank 1, with a timeout far longer than the
+// test, gets rank 0's error (a wait to its timeout would end in
+// kDeadlineExceeded "rank 0 did not publish ...").
+TEST_F(UniqueIdRendezvous, RankZeroPublishesItsFailedIdAndRankOneGetsItsError) {
+  absl::StatusOr<std::string> got;
+  bool rank1_made_id = false;
+  std::thread rank1([&] {
+    GrpcStore store = Store(absl::Seconds(300));
+    got = ExchangeNcclUniqueId(Rank(1, 5, absl::Seconds(300)), store, [&] {
+      rank1_made_id = true;
+      return absl::StatusOr<std::string>(FakeId('x'));
+    });
   });
-  EXPECT_EQ(made.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(std::string(made.status().message()), HasSubstr("no interface"));
-  EXPECT_EQ(service_.NumKeys(), 0);
+  GrpcStore store = Store(absl::Seconds(300));
+  absl::StatusOr<std::string> made =
+      ExchangeNcclUniqueId(Rank(0, 5, absl::Seconds(300)), store, [] {
+        return absl::StatusOr<std::string>(absl::UnavailableError("ncclGetUniqueId: no interface"));
+      });
+  rank1.join();
+  const std::string want =
+      "rank 0 could not make the NCCL unique id: ncclGetUniqueId: no interface";
+  EXPECT_EQ(made.status().code(), absl::StatusCode::kUnavailable) << made.status();
+  EXPECT_EQ(made.status().message(), want);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable) << got.status();
+  EXPECT_EQ(got.status().message(), want);
+  EXPECT_FALSE(rank1_made_id);
+  EXPECT_EQ(service_.NumKeys(), 1);
+}
+
+// ShareNcclUniqueId over two members of a mask round: Gloo groups through
+// this fixture's Rendezvous service, each member with its own GrpcStore.
+// Member 1's id source counts its calls in `member1_calls`. The timeouts
+// (300 s) are far longer than the test runs.
+std::vector<absl::StatusOr<std::string>> ShareOverTwoMembers(
+    const std::string& address, const std::function<absl::StatusOr<std::string>()>& make_id0,
+    std::atomic<int>* member1_calls) {
+  std::vector<absl::StatusOr<std::string>> got(2, absl::UnknownError("not run"));
+  const std::function<absl::StatusOr<std::string>()> make_id1 = [member1_calls] {
+    ++*member1_calls;
+    return absl::StatusOr<std::string>(FakeId('x'));
+  };
+  std::vector<std::thread> members;
+  members.reserve(2);
+  for (int m = 0; m < 2; ++m) {
+    members.emplace_back([&, m] {
+      auto store = std::make_shared<GrpcStore>(address, absl::Seconds(300));
+      absl::StatusOr<std::unique_ptr<core::GlooCollective>> group =
+          core::GlooCollective::Create(store, "gen1/mask2", m, 2, "127.0.0.1", absl::Seconds(300));
+      got[m] = group.ok()
+                   ? ShareNcclUniqueId(**group, m == 0 ? make_id0 : make_id1, "rank 3 (member 0)")
+                   : group.status();
+    });
+  }
+  for (std::thread& t : members) t.join();
+  return got;
+}
+
+TEST_F(UniqueIdRendezvous, BothMaskRoundMembersGetMemberZerosId) {
+  const std::string id = std::string(100, '\x42') + std::string(28, '\0');
+  std::atomic<int> member1_calls{0};
+  std::vector<absl::StatusOr<std::string>> got = ShareOverTwoMembers(
+      address_, [&] { return absl::StatusOr<std::string>(id); }, &member1_calls);
+  for (int m = 0; m < 2; ++m) {
+    ASSERT_TRUE(got[m].ok()) << "member " << m << ": " << got[m].status();
+    EXPECT_EQ(*got[m], id) << "member " << m;
+  }
+  EXPECT_EQ(member1_calls.load(), 0);
+}
+
+// Member 0's failure reaches member 1 through the all-gather: a wait for an
+// id would end only at the 300 s timeout, as kDeadlineExceeded from Gloo.
+TEST_F(UniqueIdRendezvous, MemberZerosFailedIdReachesBothMembersNamingIt) {
+  std::atomic<int> member1_calls{0};
+  std::vector<absl::StatusOr<std::string>> got = ShareOverTwoMembers(
+      address_,
+      [] {
+        return absl::StatusOr<std::string>(
+            absl::UnavailableError("ncclGetUniqueId: unhandled system error"));
+      },
+      &member1_calls);
+  const std::string want =
+      "rank 3 (member 0) could not make the NCCL unique id: ncclGetUniqueId: unhandled system "
+      "error";
+  for (int m = 0; m < 2; ++m) {
+    EXPECT_EQ(got[m].status().code(), absl::StatusCode::kUnavailable)
+        << "member " << m << ": " << got[m].status();
+    EXPECT_EQ(got[m].status().message(), want) << "member " << m;
+  }
+  EXPECT_EQ(member1_calls.load(), 0);
 }
 
 TEST(FormDataPlane, UnknownBackendIsInvalidArgument) {
