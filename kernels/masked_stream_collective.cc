@@ -18,15 +18,22 @@ MaskedStreamCollective::MaskedStreamCollective(std::unique_ptr<StreamCollective>
 }
 
 MaskedStreamCollective::~MaskedStreamCollective() {
-  if (gather_scratch_ != nullptr) {
+  if (capture_scratch_ != nullptr || grown_scratch_ != nullptr) {
     cudaSetDevice(inner_->device());
-    cudaFree(gather_scratch_);
+    cudaFree(capture_scratch_);
+    cudaFree(grown_scratch_);
   }
 }
 
 absl::StatusOr<std::unique_ptr<MaskedStreamCollective>> MaskedStreamCollective::Create(
-    std::unique_ptr<StreamCollective> inner, int rank, std::vector<bool> live) {
+    std::unique_ptr<StreamCollective> inner, int rank, std::vector<bool> live,
+    int64_t capture_gather_bytes) {
   if (inner == nullptr) return absl::InvalidArgumentError("MaskedStreamCollective: inner is null");
+  if (capture_gather_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("MaskedStreamCollective: capture_gather_bytes expected >= 0, got %d",
+                        capture_gather_bytes));
+  }
   const int world = static_cast<int>(live.size());
   if (rank < 0 || rank >= world || !live[rank]) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -40,8 +47,17 @@ absl::StatusOr<std::unique_ptr<MaskedStreamCollective>> MaskedStreamCollective::
         "of %d (rank %d among the live ranks)",
         inner->rank(), inner->size(), index, live_count, rank));
   }
-  return std::unique_ptr<MaskedStreamCollective>(
+  std::unique_ptr<MaskedStreamCollective> masked(
       new MaskedStreamCollective(std::move(inner), rank, std::move(live)));
+  const int64_t scratch = capture_gather_bytes * live_count;
+  if (scratch > 0) {
+    RETURN_IF_ERROR(internal::CudaStatus(cudaSetDevice(masked->device()), "cudaSetDevice"));
+    RETURN_IF_ERROR(internal::CudaStatus(
+        cudaMalloc(&masked->capture_scratch_, scratch),
+        absl::StrFormat("cudaMalloc(masked all-gather scratch, %d bytes)", scratch)));
+    masked->capture_scratch_bytes_ = scratch;
+  }
+  return masked;
 }
 
 absl::Status MaskedStreamCollective::CheckPart(const char* call,
@@ -151,24 +167,39 @@ absl::Status MaskedStreamCollective::AllGather(const void* send, int64_t bytes_p
   }
   RETURN_IF_ERROR(internal::CudaStatus(cudaSetDevice(device()), "cudaSetDevice"));
   const int64_t need = bytes_per_rank * static_cast<int64_t>(live_ranks_.size());
-  if (need > gather_scratch_bytes_) {
-    // A step-boundary growth (the dispatcher gathers a few bytes a step).
-    RETURN_IF_ERROR(inner_->Synchronize());
-    cudaFree(gather_scratch_);
-    gather_scratch_ = nullptr;
-    gather_scratch_bytes_ = 0;
-    RETURN_IF_ERROR(internal::CudaStatus(cudaMalloc(&gather_scratch_, need),
-                                         "cudaMalloc(masked all-gather scratch)"));
-    gather_scratch_bytes_ = need;
+  void* scratch = capture_scratch_;
+  if (need > capture_scratch_bytes_) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    RETURN_IF_ERROR(
+        internal::CudaStatus(cudaStreamIsCapturing(stream(), &capture), "cudaStreamIsCapturing"));
+    if (capture != cudaStreamCaptureStatusNone) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "AllGather on rank %d: %d bytes per rank inside a CUDA graph capture, more than the %d "
+          "the masked collective was created for (capture_gather_bytes); a capture cannot "
+          "allocate",
+          rank_, bytes_per_rank,
+          capture_scratch_bytes_ / static_cast<int64_t>(live_ranks_.size())));
+    }
+    if (need > grown_scratch_bytes_) {
+      // A step-boundary growth, never freeing the scratch a graph captured.
+      RETURN_IF_ERROR(inner_->Synchronize());
+      cudaFree(grown_scratch_);
+      grown_scratch_ = nullptr;
+      grown_scratch_bytes_ = 0;
+      RETURN_IF_ERROR(internal::CudaStatus(cudaMalloc(&grown_scratch_, need),
+                                           "cudaMalloc(masked all-gather scratch)"));
+      grown_scratch_bytes_ = need;
+    }
+    scratch = grown_scratch_;
   }
-  RETURN_IF_ERROR(inner_->AllGather(send, bytes_per_rank, gather_scratch_));
+  RETURN_IF_ERROR(inner_->AllGather(send, bytes_per_rank, scratch));
   RETURN_IF_ERROR(internal::CudaStatus(cudaMemsetAsync(recv, 0, bytes_per_rank * size(), stream()),
                                        "cudaMemsetAsync(gather)"));
   for (int j = 0; j < static_cast<int>(live_ranks_.size()); ++j) {
     RETURN_IF_ERROR(internal::CudaStatus(
         cudaMemcpyAsync(static_cast<char*>(recv) + live_ranks_[j] * bytes_per_rank,
-                        static_cast<const char*>(gather_scratch_) + j * bytes_per_rank,
-                        bytes_per_rank, cudaMemcpyDeviceToDevice, stream()),
+                        static_cast<const char*>(scratch) + j * bytes_per_rank, bytes_per_rank,
+                        cudaMemcpyDeviceToDevice, stream()),
         "cudaMemcpyAsync(gather row)"));
   }
   return absl::OkStatus();

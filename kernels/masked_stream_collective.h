@@ -13,7 +13,8 @@
 //       masked table routes none there), so its send part is padding:
 //       invalid ids, zero weights, zero counts, and this rank's own step
 //       header, which the header check then accepts;
-//   AllGather    gives zero rows for masked ranks;
+//   AllGather    gives zero rows for masked ranks (through scratch sized
+//                at Create: see there);
 //   IsLive       is false for them (the dispatcher's (epoch, R) agreement
 //                skips them);
 //   AllReduceSum sums over the live ranks;
@@ -23,6 +24,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,11 +40,23 @@ class MaskedStreamCollective final : public StreamCollective {
   //
   // `live` [world size]: which original ranks survive; `rank` (this rank's
   // original number) must be live, and `inner` must have one rank per live
-  // rank with this rank's index among them. Errors: kInvalidArgument
-  // (inner null, rank out of range or masked, inner's size or rank not
-  // matching), CUDA errors (the gather scratch).
+  // rank with this rank's index among them.
+  // `capture_gather_bytes`: the largest bytes_per_rank an AllGather inside a
+  // CUDA graph capture may use. The inner all-gather lands in device scratch
+  // before its rows move to their original ranks; Create allocates
+  // capture_gather_bytes x (live ranks) bytes of it on inner's device, so a
+  // captured step allocates nothing (the GPU data plane passes 256: its step
+  // gathers one int64 per rank, its control records are smaller than 256
+  // bytes). A larger AllGather outside a capture uses a second scratch, grown
+  // as needed after a stream sync (the step boundary); one inside a capture
+  // is kFailedPrecondition. The capture scratch lives as long as this
+  // object, so graphs captured on it stay valid.
+  // Errors: kInvalidArgument (inner null, rank out of range or masked,
+  // inner's size or rank not matching, capture_gather_bytes < 0), CUDA
+  // errors (the scratch: kResourceExhausted when the device is full).
   static absl::StatusOr<std::unique_ptr<MaskedStreamCollective>> Create(
-      std::unique_ptr<StreamCollective> inner, int rank, std::vector<bool> live);
+      std::unique_ptr<StreamCollective> inner, int rank, std::vector<bool> live,
+      int64_t capture_gather_bytes);
   ~MaskedStreamCollective() override;
   MaskedStreamCollective(const MaskedStreamCollective&) = delete;
   MaskedStreamCollective& operator=(const MaskedStreamCollective&) = delete;
@@ -84,8 +98,12 @@ class MaskedStreamCollective final : public StreamCollective {
   std::vector<int> live_ranks_;  // original ranks, ascending: inner rank i = live_ranks_[i]
   // The inner parts' counts of the last grouped call ([parts * live][live]).
   std::vector<std::vector<int64_t>> inner_send_, inner_recv_;
-  void* gather_scratch_ = nullptr;  // device: the inner all-gather's rows
-  int64_t gather_scratch_bytes_ = 0;
+  // Device scratch of the inner all-gather's rows: fixed at Create (what a
+  // capture may use), and grown for larger gathers outside a capture.
+  void* capture_scratch_ = nullptr;
+  int64_t capture_scratch_bytes_ = 0;
+  void* grown_scratch_ = nullptr;
+  int64_t grown_scratch_bytes_ = 0;
 };
 
 }  // namespace moe_ep::kernels

@@ -26,6 +26,13 @@ namespace {
 
 static_assert(kNcclUniqueIdBytes == NCCL_UNIQUE_ID_BYTES);
 
+// The masked view's all-gather scratch per rank, allocated with the view
+// (kernels/masked_stream_collective.h): what an engine's captured step may
+// gather through it (sync_token_counts: one int64 per rank), and the control
+// collective's records (call gate votes, the (epoch, R) agreement, window
+// handles), all under 256 bytes, so none allocates per call.
+constexpr int64_t kMaskedCaptureGatherBytes = 256;
+
 // OK for cudaSuccess; kResourceExhausted for allocation failures, else
 // kInternal, with the runtime's error string.
 absl::Status Cuda(cudaError_t error, absl::string_view what) {
@@ -148,7 +155,8 @@ absl::StatusOr<std::unique_ptr<GpuDataPlane>> GpuDataPlane::Form(
     std::vector<bool> live(group.world_size, false);
     live[group.rank] = true;
     absl::StatusOr<std::unique_ptr<kernels::MaskedStreamCollective>> masked =
-        kernels::MaskedStreamCollective::Create(std::move(*collective), group.rank, live);
+        kernels::MaskedStreamCollective::Create(std::move(*collective), group.rank, live,
+                                                kMaskedCaptureGatherBytes);
     if (!masked.ok()) return WithContext(masked.status(), context);
     plane->masked_ = std::move(*masked);
     plane->view_ = plane->masked_.get();
@@ -275,7 +283,8 @@ absl::Status GpuDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) 
   std::unique_ptr<kernels::MaskedStreamCollective> masked;
   if (!all_live) {
     absl::StatusOr<std::unique_ptr<kernels::MaskedStreamCollective>> view =
-        kernels::MaskedStreamCollective::Create(std::move(next), group_.rank, agreed.live);
+        kernels::MaskedStreamCollective::Create(std::move(next), group_.rank, agreed.live,
+                                                kMaskedCaptureGatherBytes);
     if (!view.ok()) return WithContext(view.status(), context);
     masked = std::move(*view);
   }

@@ -34,8 +34,9 @@ using testing::DeviceBuffer;
 using testing::MakeInputs;
 
 // The survivor `rank` of a world-2 group whose other rank is lost, over a
-// world-1 communicator on GPU 0.
-std::unique_ptr<MaskedStreamCollective> Survivor(int rank) {
+// world-1 communicator on GPU 0, with all-gather scratch for captures of up
+// to `capture_gather_bytes` per rank.
+std::unique_ptr<MaskedStreamCollective> Survivor(int rank, int64_t capture_gather_bytes = 256) {
   auto id = NcclCollective::NewUniqueId();
   EXPECT_TRUE(id.ok()) << id.status();
   if (!id.ok()) return nullptr;
@@ -44,7 +45,7 @@ std::unique_ptr<MaskedStreamCollective> Survivor(int rank) {
   if (!inner.ok()) return nullptr;
   std::vector<bool> live(2, false);
   live[rank] = true;
-  auto masked = MaskedStreamCollective::Create(std::move(*inner), rank, live);
+  auto masked = MaskedStreamCollective::Create(std::move(*inner), rank, live, capture_gather_bytes);
   EXPECT_TRUE(masked.ok()) << masked.status();
   return masked.ok() ? std::move(*masked) : nullptr;
 }
@@ -57,11 +58,21 @@ TEST(MaskedStreamCollective, RejectsAnInnerThatDoesNotMatchTheMask) {
   ASSERT_TRUE(inner.ok()) << inner.status();
   // Both ranks live needs an inner of 2 ranks.
   const absl::Status both =
-      MaskedStreamCollective::Create(std::move(*inner), 0, {true, true}).status();
+      MaskedStreamCollective::Create(std::move(*inner), 0, {true, true}, 256).status();
   EXPECT_EQ(both.code(), absl::StatusCode::kInvalidArgument) << both;
   EXPECT_NE(both.message().find("expected rank 0 of 2"), absl::string_view::npos) << both;
-  EXPECT_EQ(MaskedStreamCollective::Create(nullptr, 0, {true}).status().code(),
+  EXPECT_EQ(MaskedStreamCollective::Create(nullptr, 0, {true}, 256).status().code(),
             absl::StatusCode::kInvalidArgument);
+  auto id1 = NcclCollective::NewUniqueId();
+  ASSERT_TRUE(id1.ok());
+  auto solo = NcclCollective::Create(*id1, 0, 1, 0, std::chrono::seconds(30));
+  ASSERT_TRUE(solo.ok()) << solo.status();
+  const absl::Status negative =
+      MaskedStreamCollective::Create(std::move(*solo), 0, {true, false}, -1).status();
+  EXPECT_EQ(negative.code(), absl::StatusCode::kInvalidArgument) << negative;
+  EXPECT_NE(negative.message().find("capture_gather_bytes expected >= 0, got -1"),
+            absl::string_view::npos)
+      << negative;
 }
 
 // Rank `rank` live, the other lost: the live peer's bytes arrive through
@@ -116,6 +127,58 @@ void CheckEchoAndZeroRows(int rank) {
 
 TEST(MaskedStreamCollective, Rank0SurvivesEchoAndZeroRows) { CheckEchoAndZeroRows(0); }
 TEST(MaskedStreamCollective, Rank1SurvivesEchoAndZeroRows) { CheckEchoAndZeroRows(1); }
+
+// The masked all-gather in a CUDA graph (global capture mode, where an
+// allocation would invalidate the capture): captured once on scratch sized
+// at Create (16 bytes per rank), replayed with new inputs, each replay gives
+// this rank's row and a zero row for the lost rank. A gather over the
+// capacity inside the capture is refused before it enqueues anything, and
+// outside a capture it runs on grown scratch without disturbing the graph.
+void CheckCapturedAllGather(int rank) {
+  MOE_EP_REQUIRE_GPUS(1);
+  std::unique_ptr<MaskedStreamCollective> coll = Survivor(rank, 16);
+  ASSERT_NE(coll, nullptr);
+  cudaStream_t stream = coll->stream();
+  DeviceBuffer<int64_t> send(2);
+  DeviceBuffer<int64_t> recv(4);
+  DeviceBuffer<int64_t> wide_send(3);
+  DeviceBuffer<int64_t> wide_recv(6);
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  const absl::Status captured = coll->AllGather(send.get(), 16, recv.get());
+  const absl::Status over = coll->AllGather(wide_send.get(), 24, wide_recv.get());
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_TRUE(captured.ok()) << captured;
+  EXPECT_EQ(over.code(), absl::StatusCode::kFailedPrecondition) << over;
+  EXPECT_NE(over.message().find("24 bytes per rank inside a CUDA graph capture, more than the 16"),
+            absl::string_view::npos)
+      << over;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  const std::vector<std::vector<int64_t>> rounds = {{7 + rank, 40}, {-3, 1LL << 40}};
+  for (size_t i = 0; i < rounds.size(); ++i) {
+    send.Upload(rounds[i]);
+    recv.Upload(std::vector<int64_t>(4, -1));
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_TRUE(coll->Synchronize().ok());
+    std::vector<int64_t> want(4, 0);
+    want[2 * rank] = rounds[i][0];
+    want[2 * rank + 1] = rounds[i][1];
+    EXPECT_EQ(recv.Download(4), want) << "replay " << i;
+    // Between replays, a wider gather outside the capture (grown scratch).
+    wide_send.Upload({5, 6, 7});
+    ASSERT_TRUE(coll->AllGather(wide_send.get(), 24, wide_recv.get()).ok());
+    ASSERT_TRUE(coll->Synchronize().ok());
+    std::vector<int64_t> wide_want(6, 0);
+    for (int j = 0; j < 3; ++j) wide_want[3 * rank + j] = 5 + j;
+    EXPECT_EQ(wide_recv.Download(6), wide_want) << "after replay " << i;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+TEST(MaskedStreamCollective, Rank0AllGatherIsCapturedOnCreateScratch) { CheckCapturedAllGather(0); }
+TEST(MaskedStreamCollective, Rank1AllGatherIsCapturedOnCreateScratch) { CheckCapturedAllGather(1); }
 
 // The GPU dispatcher of survivor `rank` in a world-2 group (8 experts,
 // contiguous: 0-3 on rank 0, 4-7 on rank 1) whose other rank is lost: two
