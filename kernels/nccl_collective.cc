@@ -178,6 +178,18 @@ absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Shrink(
         "communicator, or after a revoke create a new one with a fresh unique id",
         rank_));
   }
+  std::vector<int> list(exclude.begin(), exclude.end());
+  const int count = static_cast<int>(list.size());
+  const int flags = revoked_ ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT;
+  return Derive(absl::StrFormat("Shrink on rank %d (excluding %d of %d)", rank_, count, size_),
+                /*split=*/false, [&](ncclConfig_t* config, ncclComm_t* shrunk) {
+                  return ncclCommShrink(comm_, list.data(), count, shrunk, config, flags);
+                });
+}
+
+absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Derive(
+    const std::string& what, bool split,
+    absl::FunctionRef<ncclResult_t(ncclConfig_t*, ncclComm_t*)> derive) {
   RETURN_IF_ERROR(internal::CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
   std::unique_ptr<NcclCollective> c(new NcclCollective());
   c->device_ = device_;
@@ -186,28 +198,27 @@ absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::Shrink(
       cudaStreamCreateWithFlags(&c->stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  std::vector<int> list(exclude.begin(), exclude.end());
-  const int count = static_cast<int>(list.size());
-  const int flags = revoked_ ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT;
-  ncclComm_t shrunk = nullptr;
+  ncclComm_t child = nullptr;
   const Clock::time_point deadline = Clock::now() + timeout_;
-  ncclResult_t r = ncclCommShrink(comm_, list.data(), count, &shrunk, &config, flags);
-  if ((r == ncclSuccess || r == ncclInProgress) && shrunk != nullptr)
-    r = PollComm(shrunk, deadline);
-  if (r != ncclSuccess || shrunk == nullptr) {
+  ncclResult_t r = derive(&config, &child);
+  if ((r == ncclSuccess || r == ncclInProgress) && child != nullptr) r = PollComm(child, deadline);
+  // ncclCommSplit is a call of the parent too: it completes on both.
+  if (split && r == ncclSuccess) r = PollComm(comm_, deadline);
+  if (r != ncclSuccess || child == nullptr) {
+    // No child without an error code: NCCL's internal error.
     const std::string text = NcclText(r == ncclSuccess ? ncclInternalError : r, comm_);
-    if (shrunk != nullptr) ncclCommAbort(shrunk);
-    if (r == ncclInProgress) {
-      return absl::DeadlineExceededError(
-          absl::StrFormat("Shrink on rank %d (excluding %d of %d): not complete within %d ms",
-                          rank_, count, size_, timeout_.count()));
-    }
-    return absl::UnavailableError(
-        absl::StrFormat("Shrink on rank %d (excluding %d of %d): %s", rank_, count, size_, text));
+    if (child != nullptr) ncclCommAbort(child);
+    absl::Status failed = r == ncclInProgress
+                              ? absl::DeadlineExceededError(absl::StrFormat(
+                                    "%s: not complete within %d ms", what, timeout_.count()))
+                              : absl::UnavailableError(absl::StrFormat("%s: %s", what, text));
+    // A failed split leaves the parent unusable; a failed shrink leaves it
+    // as it was (revoked, or healthy for the caller to keep).
+    return split ? Fail(std::move(failed)) : failed;
   }
-  c->comm_ = shrunk;
-  ncclCommUserRank(shrunk, &c->rank_);
-  ncclCommCount(shrunk, &c->size_);
+  c->comm_ = child;
+  ncclCommUserRank(child, &c->rank_);
+  ncclCommCount(child, &c->size_);
   return c;
 }
 
@@ -399,36 +410,12 @@ absl::StatusOr<std::unique_ptr<StreamCollective>> NcclCollective::Split(absl::Sp
     return absl::InvalidArgumentError(
         absl::StrFormat("Split '%s': ranks do not contain this rank %d", tag, rank_));
   }
-  RETURN_IF_ERROR(internal::CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
-  std::unique_ptr<NcclCollective> c(new NcclCollective());
-  c->device_ = device_;
-  c->timeout_ = timeout_;
-  RETURN_IF_ERROR(internal::CudaStatus(
-      cudaStreamCreateWithFlags(&c->stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  ncclComm_t sub = nullptr;
-  ncclResult_t r = ncclCommSplit(comm_, ranks.front(), rank_, &sub, &config);
-  const Clock::time_point deadline = Clock::now() + timeout_;
-  if ((r == ncclSuccess || r == ncclInProgress) && sub != nullptr) r = PollComm(sub, deadline);
-  if (r == ncclSuccess) r = PollComm(comm_, deadline);
-  if (r != ncclSuccess || sub == nullptr) {
-    if (sub != nullptr) ncclCommAbort(sub);
-    if (r == ncclInProgress) {
-      return Fail(absl::DeadlineExceededError(absl::StrFormat(
-          "Split '%s' on rank %d: not complete within %d ms", tag, rank_, timeout_.count())));
-    }
-    return Fail(absl::UnavailableError(
-        absl::StrFormat("Split '%s' on rank %d: %s", tag, rank_, NcclText(r, comm_))));
-  }
-  c->comm_ = sub;
-  int sub_rank = 0;
-  int sub_size = 0;
-  ncclCommUserRank(sub, &sub_rank);
-  ncclCommCount(sub, &sub_size);
-  c->rank_ = sub_rank;
-  c->size_ = sub_size;
-  return std::unique_ptr<StreamCollective>(std::move(c));
+  ASSIGN_OR_RETURN(std::unique_ptr<NcclCollective> sub,
+                   Derive(absl::StrFormat("Split '%s' on rank %d", tag, rank_), /*split=*/true,
+                          [&](ncclConfig_t* config, ncclComm_t* child) {
+                            return ncclCommSplit(comm_, ranks.front(), rank_, child, config);
+                          }));
+  return std::unique_ptr<StreamCollective>(std::move(sub));
 }
 
 }  // namespace moe_ep::kernels

@@ -139,6 +139,17 @@ class NcclCollective final : public StreamCollective {
   // in progress; aborts on error or deadline.
   absl::Status WaitForNccl(ncclResult_t started, const char* what);
   absl::Status Fail(absl::Status status);
+  // The child communicator of Shrink and Split: a new object on this device
+  // with a new stream and this timeout, whose communicator `derive` makes
+  // (ncclCommShrink or ncclCommSplit of comm_, with the non-blocking config
+  // it is given), polled to completion within the timeout. `split`: the
+  // parent takes part (ncclCommSplit), so it is polled too, and revoked
+  // (Fail) when the split fails; a failed shrink leaves the parent as it
+  // was. Errors: kDeadlineExceeded "<what>: not complete within N ms",
+  // kUnavailable "<what>: <NCCL's error>", CUDA errors (device, stream).
+  absl::StatusOr<std::unique_ptr<NcclCollective>> Derive(
+      const std::string& what, bool split,
+      absl::FunctionRef<ncclResult_t(ncclConfig_t*, ncclComm_t*)> derive);
   // Enqueues the grouped send/recv of AllToAllV on stream_.
   absl::Status EnqueueAllToAllV(const char* send, absl::Span<const int64_t> send_bytes, char* recv,
                                 absl::Span<const int64_t> recv_bytes);
