@@ -369,6 +369,7 @@ absl::Status GpuEpDispatcher::CaptureForward(int64_t bucket, const uint16_t* hid
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(collective_->device()), "cudaSetDevice"));
   ASSIGN_OR_RETURN(std::vector<int64_t> buckets, core::AllGatherInt64(control_, bucket));
   for (int r = 0; r < ep_size_; ++r) {
+    if (!control_.IsLive(r)) continue;  // masked (DESIGN §15): its row is zero
     if (buckets[r] != bucket) {
       return absl::AbortedError(
           absl::StrFormat("CaptureForward: rank %d captures bucket %d, rank %d bucket %d", r,

@@ -184,8 +184,10 @@ TEST(MaskedStreamCollective, Rank1AllGatherIsCapturedOnCreateScratch) { CheckCap
 // contiguous: 0-3 on rank 0, 4-7 on rank 1) whose other rank is lost: two
 // masked Forward steps equal the CPU reference computed with the same mask
 // (the lost rank's experts contribute zero), repeat bit for bit, and the
-// load counters count every choice of this rank's tokens.
-void RunMaskedDispatcher(int rank) {
+// load counters count every choice of this rank's tokens. `graph`: the
+// step is captured once (CaptureForward at R = T) and the two steps are
+// replays, so the masked echo runs inside a CUDA graph.
+void RunMaskedDispatcher(int rank, bool graph) {
   MOE_EP_REQUIRE_GPUS(1);
   const int lost = 1 - rank;
   std::vector<bool> live(2, true);
@@ -218,6 +220,7 @@ void RunMaskedDispatcher(int rank) {
   options.dispatcher.workspace = {2, tokens, hidden, top_k, core::DispatchDType::kBF16};
   options.dispatcher.num_experts = num_experts;
   options.max_intermediate = inter;
+  if (graph) options.dispatcher.cuda_graph_buckets = {tokens};
   auto disp = GpuEpDispatcher::Create(coll.get(), options, 0);
   ASSERT_TRUE(disp.ok()) << disp.status();
   ASSERT_TRUE((*disp)->SetPlacement(table).ok());
@@ -228,11 +231,22 @@ void RunMaskedDispatcher(int rank) {
   DeviceBuffer<float> w(in.weights);
   DeviceBuffer<bf16_t> out(tokens * hidden);
   std::vector<std::vector<bf16_t>> outputs;
-  for (int step = 1; step <= 2; ++step) {
-    ASSERT_TRUE((*disp)->CommitGeometry(step, tokens, tokens).ok());
+  if (graph) {
     const absl::Status s =
-        (*disp)->Forward(x.get(), ids.get(), w.get(), tokens, **experts, out.get());
+        (*disp)->CaptureForward(tokens, x.get(), ids.get(), w.get(), **experts, out.get());
     ASSERT_TRUE(s.ok()) << s;
+  }
+  for (int step = 1; step <= 2; ++step) {
+    if (graph) {
+      ASSERT_TRUE((*disp)->ReplayForward(tokens, step, tokens).ok());
+      const absl::Status s = (*disp)->CheckReplay();
+      ASSERT_TRUE(s.ok()) << s;
+    } else {
+      ASSERT_TRUE((*disp)->CommitGeometry(step, tokens, tokens).ok());
+      const absl::Status s =
+          (*disp)->Forward(x.get(), ids.get(), w.get(), tokens, **experts, out.get());
+      ASSERT_TRUE(s.ok()) << s;
+    }
     ASSERT_TRUE(coll->Synchronize().ok());
     outputs.push_back(out.Download(tokens * hidden));
   }
@@ -265,8 +279,14 @@ void RunMaskedDispatcher(int rank) {
   EXPECT_EQ(load->tokens_per_expert, expected);
 }
 
-TEST(MaskedGpuDispatcher, Rank1LostStepsEqualMaskedReference) { RunMaskedDispatcher(0); }
-TEST(MaskedGpuDispatcher, Rank0LostStepsEqualMaskedReference) { RunMaskedDispatcher(1); }
+TEST(MaskedGpuDispatcher, Rank1LostStepsEqualMaskedReference) { RunMaskedDispatcher(0, false); }
+TEST(MaskedGpuDispatcher, Rank0LostStepsEqualMaskedReference) { RunMaskedDispatcher(1, false); }
+TEST(MaskedGpuDispatcher, Rank1LostGraphReplaysEqualMaskedReference) {
+  RunMaskedDispatcher(0, true);
+}
+TEST(MaskedGpuDispatcher, Rank0LostGraphReplaysEqualMaskedReference) {
+  RunMaskedDispatcher(1, true);
+}
 
 }  // namespace
 }  // namespace moe_ep::kernels
