@@ -19,7 +19,6 @@
 #include "core/gloo_collective.h"
 #include "server/call_gate.h"
 #include "server/data_plane.h"
-#include "server/placement_book.h"
 #include "server/rank_mask.h"
 
 namespace moe_ep::server {
@@ -71,15 +70,6 @@ class CpuDataPlane final : public DataPlane {
   int64_t ExpertBytes(int layer) const override;
   absl::Status InstallPlacement(int layer,
                                 std::shared_ptr<const core::PlacementTable> table) override;
-  std::shared_ptr<const core::PlacementTable> Placement(int layer) const override {
-    return book_.Placement(layer);
-  }
-  absl::StatusOr<core::ExpertLoadCounts> ReadExpertLoad(int layer, bool reset) override {
-    return book_.ReadExpertLoad(layer, reset);
-  }
-  std::vector<int64_t> ExpertTokenTotals(int layer) const override {
-    return book_.ExpertTokenTotals(layer);
-  }
   absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens) override;
   absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
                               int64_t local_tokens) override;
@@ -125,9 +115,6 @@ class CpuDataPlane final : public DataPlane {
   // The call now running (SetCall; the call gates of Forward and Benchmark
   // read it).
   CallBound call_;
-  // DESIGN §15: each layer's table and load counters (drained from the
-  // dispatcher after every step).
-  PlacementBook book_;
 };
 
 }  // namespace moe_ep::server

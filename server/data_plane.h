@@ -42,6 +42,7 @@
 #include "gloo/rendezvous/store.h"
 #include "server/call_gate.h"
 #include "server/nccl_id_share.h"
+#include "server/placement_book.h"
 #include "server/rank_mask.h"
 
 namespace moe_ep::server {
@@ -252,8 +253,10 @@ class DataPlane {
   virtual absl::Status InstallPlacement(int layer,
                                         std::shared_ptr<const core::PlacementTable> table) = 0;
   // `layer`'s table (the contiguous one when none was installed; null before
-  // Allocate).
-  virtual std::shared_ptr<const core::PlacementTable> Placement(int layer) const = 0;
+  // Allocate), under the rank mask: book_'s (PlacementBook::Placement).
+  std::shared_ptr<const core::PlacementTable> Placement(int layer) const {
+    return book_.Placement(layer);
+  }
 
   // ReadExpertLoad()
   //
@@ -263,11 +266,14 @@ class DataPlane {
   // kernel on a GPU); with `reset`, zeroes them after reading. Steps of
   // EngineDispatch (no layer) are not counted. Zeros for a layer without
   // steps. REQUIRES: Allocate succeeded. Errors: kFailedPrecondition (no
-  // workspace), kInternal (device copy).
-  virtual absl::StatusOr<core::ExpertLoadCounts> ReadExpertLoad(int layer, bool reset) = 0;
+  // workspace). Every plane drains its counters into book_ after each step,
+  // so this reads the host copy (PlacementBook::ReadExpertLoad).
+  absl::StatusOr<core::ExpertLoadCounts> ReadExpertLoad(int layer, bool reset) {
+    return book_.ReadExpertLoad(layer, reset);
+  }
   // Tokens per logical expert of `layer` since Allocate, never reset (for
   // /metrics; server/expert_load_book.h). Zeros for a layer without steps.
-  virtual std::vector<int64_t> ExpertTokenTotals(int layer) const = 0;
+  std::vector<int64_t> ExpertTokenTotals(int layer) const { return book_.ExpertTokenTotals(layer); }
 
   // As core::EpDispatcher (REQUIRES: Allocate succeeded).
   virtual absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens) = 0;
@@ -342,6 +348,13 @@ class DataPlane {
  protected:
   // Takes a new workspace_token() (call when the buffers are re-made).
   void NewWorkspaceToken();
+
+  // DESIGN §15: each layer's table and load counters. The plane resets it at
+  // Allocate, installs tables, masks it (SetLive) and adds every step's
+  // counters (the GPU planes drain the device ones after every Forward, which
+  // synchronizes for its output anyway); Placement, ReadExpertLoad and
+  // ExpertTokenTotals read it.
+  PlacementBook book_;
 
  public:
   // Times `iterations` steps (after `warmup`) of Dispatch and Combine with

@@ -668,19 +668,9 @@ absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostFo
 
   // Step counters, as core::EpDispatcher counts them: counts[d] tokens sent
   // to rank d, counts[world + s] tokens rank s sent here.
-  ASSIGN_OR_RETURN(int64_t dispatch_bytes,
-                   core::DispatchBytesPerToken(options_.workspace.dtype, h, k));
-  const int64_t combine_bytes = core::CombineBytesPerToken(h);
-  core::StepStats stats;
-  stats.runtime_max_tokens_per_rank = dispatcher_->runtime_max_tokens_per_rank();
-  for (int p = 0; p < world; ++p) {
-    const int64_t sent = counts[p];
-    const int64_t received = counts[world + p];
-    stats.tokens_sent += sent;
-    stats.tokens_received += received;
-    if (p == rank) continue;
-    stats.bytes_sent_remote += sent * dispatch_bytes + received * combine_bytes;
-  }
+  ASSIGN_OR_RETURN(core::StepStats stats,
+                   StepCountStats(counts, world, rank, options_.workspace,
+                                  dispatcher_->runtime_max_tokens_per_rank()));
   // The route kernel counted this step on the device; the layer gets it.
   ASSIGN_OR_RETURN(core::ExpertLoadCounts step, dispatcher_->ReadExpertLoad(/*reset=*/true));
   // Under a rank mask: the lost experts this rank's tokens chose (their
@@ -693,19 +683,7 @@ absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostFo
   }
   // Keyed like the CPU plane: a step resent after a mask round counts once.
   book_.AddLoad(layer, step, LoadStepKey{dispatcher_->epoch(), mask_.round});
-  float ms[3] = {0, 0, 0};
-  for (int i = 0; i < 3; ++i) {
-    RETURN_IF_ERROR(
-        Cuda(cudaEventElapsedTime(&ms[i], events_[i], events_[i + 1]), "cudaEventElapsedTime"));
-  }
-  stats.dispatch_us = static_cast<int64_t>(ms[0] * 1000.0f);
-  stats.expert_us = static_cast<int64_t>(ms[1] * 1000.0f);
-  stats.combine_us = static_cast<int64_t>(ms[2] * 1000.0f);
-  if (has_shared) {
-    ASSIGN_OR_RETURN(auto shared_times, shared_.Times(events_[0], events_[1]));
-    stats.shared_us = shared_times.first;
-    stats.shared_overlap_us = shared_times.second;
-  }
+  RETURN_IF_ERROR(AddStepTimes(events_, has_shared ? &shared_ : nullptr, &stats));
   return stats;
 }
 

@@ -96,7 +96,6 @@
 #include "kernels/staged_control_collective.h"
 #include "server/data_plane.h"
 #include "server/gpu_shared_experts.h"
-#include "server/placement_book.h"
 #include "server/rank_mask.h"
 
 namespace moe_ep::server {
@@ -151,15 +150,6 @@ class GpuDataPlane final : public DataPlane {
   // when the layer's table differs from the one there.
   absl::Status InstallPlacement(int layer,
                                 std::shared_ptr<const core::PlacementTable> table) override;
-  std::shared_ptr<const core::PlacementTable> Placement(int layer) const override {
-    return book_.Placement(layer);
-  }
-  absl::StatusOr<core::ExpertLoadCounts> ReadExpertLoad(int layer, bool reset) override {
-    return book_.ReadExpertLoad(layer, reset);
-  }
-  std::vector<int64_t> ExpertTokenTotals(int layer) const override {
-    return book_.ExpertTokenTotals(layer);
-  }
   absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens) override;
   absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
                               int64_t local_tokens) override;
@@ -267,10 +257,7 @@ class GpuDataPlane final : public DataPlane {
   cudaEvent_t fork_ = nullptr;  // engine calls: caller's stream -> dispatcher's stream
   cudaEvent_t join_ = nullptr;  // and back
   int64_t engine_tokens_ = 0;   // T of the last EngineDispatch
-  // DESIGN §15: each layer's table and load counters (the device counters
-  // drained after every Forward, which synchronizes for its output anyway).
-  PlacementBook book_;
-  GpuSharedExperts shared_;  // last: destroyed first, on the current device
+  GpuSharedExperts shared_;     // last: destroyed first, on the current device
 };
 
 }  // namespace moe_ep::server

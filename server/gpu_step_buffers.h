@@ -1,10 +1,12 @@
 #pragma once
 
-// What both GPU data planes' Benchmark and the one-sided plane's Forward
-// share (server/gpu_data_plane.h, server/onesided_data_plane.h; issue 15
-// item 5): device buffers of one step's inputs and output, and the timed
-// Benchmark loop over a dispatcher with identity experts. Only on a CUDA
-// build (MOE_EP_HAVE_CUDA). Not thread-safe. Source: DESIGN §10, §13.
+// What both GPU data planes' Benchmark and Forward share
+// (server/gpu_data_plane.h, server/onesided_data_plane.h; issue 15 item 5):
+// device buffers of one step's inputs and output (the one-sided plane's
+// Forward staging), the timed Benchmark loop over a dispatcher with identity
+// experts, and the tail of a Forward step: its counters and phase times.
+// Only on a CUDA build (MOE_EP_HAVE_CUDA). Not thread-safe.
+// Source: DESIGN §10, §13.
 
 #ifdef MOE_EP_HAVE_CUDA
 
@@ -19,10 +21,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "core/collective.h"
+#include "core/ep_contract.h"
 #include "core/status_macros.h"
+#include "core/workspace.h"
 #include "kernels/device_experts.h"
 #include "server/call_gate.h"
 #include "server/data_plane.h"
+#include "server/gpu_shared_experts.h"
 
 namespace moe_ep::server {
 
@@ -63,6 +68,36 @@ class DeviceStepBuffers {
   int64_t hidden_size_ = 0;
   int top_k_ = 0;
 };
+
+// StepCountStats()
+//
+// The counters of one Forward step as core::EpDispatcher counts them, from
+// the host copy of the dispatcher's step counts `counts` [2, members] int32:
+// counts[d] token copies this rank sent to member d, counts[members + s]
+// rows member s sent here. tokens_sent and tokens_received sum them;
+// bytes_sent_remote adds, for every member but `self` (this rank's index
+// among the members), sent * DispatchBytesPerToken(ws.dtype, ws.hidden,
+// ws.top_k) + received * CombineBytesPerToken(ws.hidden).
+// runtime_max_tokens_per_rank is `runtime_max` (the step's R); the phase
+// times and the lost experts are left 0. Errors: those of
+// core::DispatchBytesPerToken (kInvalidArgument). Pure.
+// Example: members 2, self 0, counts {3, 4, 3, 5}, bf16 H 8 K 2 (dispatch 32,
+// combine 16 bytes a token) -> sent 7, received 8, remote 4*32 + 5*16 = 208.
+absl::StatusOr<core::StepStats> StepCountStats(const int32_t* counts, int members, int self,
+                                               const core::WorkspaceSpec& ws, int64_t runtime_max);
+
+// AddStepTimes()
+//
+// After the step's stream synchronised: the phase times of `stats` in whole
+// microseconds (truncated) from `events` [4], recorded on the main stream
+// before Dispatch, after Dispatch, before and after Combine: dispatch_us
+// [0, 1], expert_us [1, 2], combine_us [2, 3]. With `shared` (not null: the
+// layer has a shared expert) also shared_us and shared_overlap_us
+// (GpuSharedExperts::Times against the dispatch events). Errors: kInternal
+// (cudaEventElapsedTime), those of GpuSharedExperts::Times; `stats` may then
+// be partly written.
+absl::Status AddStepTimes(const cudaEvent_t events[4], const GpuSharedExperts* shared,
+                          core::StepStats* stats);
 
 // The three phases a timed step calls, on stream(): what GpuEpDispatcher
 // and OneSidedDispatcher both offer.

@@ -633,19 +633,9 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::Forward(
         "cudaMemcpy(output to host)"));
   }
 
-  ASSIGN_OR_RETURN(const int64_t dispatch_bytes,
-                   core::DispatchBytesPerToken(options_.workspace.dtype, h, k));
-  const int64_t combine_bytes = core::CombineBytesPerToken(h);
-  core::StepStats stats;
-  stats.runtime_max_tokens_per_rank = dispatcher_->runtime_max_tokens_per_rank();
-  for (int p = 0; p < members; ++p) {
-    const int64_t sent = host_counts_[p];
-    const int64_t received = host_counts_[members + p];
-    stats.tokens_sent += sent;
-    stats.tokens_received += received;
-    if (p == compact_->rank()) continue;
-    stats.bytes_sent_remote += sent * dispatch_bytes + received * combine_bytes;
-  }
+  ASSIGN_OR_RETURN(core::StepStats stats,
+                   StepCountStats(host_counts_, members, compact_->rank(), options_.workspace,
+                                  dispatcher_->runtime_max_tokens_per_rank()));
   stats.lost_choices = choices.lost_choices;
   stats.lost_experts = std::move(choices.lost_experts);
   core::ExpertLoadCounts step;
@@ -654,19 +644,7 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::Forward(
   core::CountExpertTokens(topk_ids, options_.num_experts, absl::MakeSpan(step.tokens_per_expert));
   // Keyed like the CPU plane's: a step resent after a mask counts once.
   book_.AddLoad(layer, step, LoadStepKey{committed_epoch_, mask_.round});
-  float ms[3] = {0, 0, 0};
-  for (int i = 0; i < 3; ++i) {
-    RETURN_IF_ERROR(
-        Cuda(cudaEventElapsedTime(&ms[i], events_[i], events_[i + 1]), "cudaEventElapsedTime"));
-  }
-  stats.dispatch_us = static_cast<int64_t>(ms[0] * 1000.0f);
-  stats.expert_us = static_cast<int64_t>(ms[1] * 1000.0f);
-  stats.combine_us = static_cast<int64_t>(ms[2] * 1000.0f);
-  if (has_shared) {
-    ASSIGN_OR_RETURN(auto shared_times, shared_.Times(events_[0], events_[1]));
-    stats.shared_us = shared_times.first;
-    stats.shared_overlap_us = shared_times.second;
-  }
+  RETURN_IF_ERROR(AddStepTimes(events_, has_shared ? &shared_ : nullptr, &stats));
   return stats;
 }
 

@@ -69,7 +69,6 @@
 #include "server/gpu_shared_experts.h"
 #include "server/gpu_step_buffers.h"
 #include "server/onesided_route_map.h"
-#include "server/placement_book.h"
 #include "server/rank_mask.h"
 
 namespace moe_ep::server {
@@ -142,15 +141,6 @@ class OneSidedDataPlane final : public DataPlane {
   // again), as on the CPU plane.
   absl::Status InstallPlacement(int layer,
                                 std::shared_ptr<const core::PlacementTable> table) override;
-  std::shared_ptr<const core::PlacementTable> Placement(int layer) const override {
-    return book_.Placement(layer);
-  }
-  absl::StatusOr<core::ExpertLoadCounts> ReadExpertLoad(int layer, bool reset) override {
-    return book_.ReadExpertLoad(layer, reset);
-  }
-  std::vector<int64_t> ExpertTokenTotals(int layer) const override {
-    return book_.ExpertTokenTotals(layer);
-  }
   absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens) override;
   absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
                               int64_t local_tokens) override;
@@ -212,7 +202,6 @@ class OneSidedDataPlane final : public DataPlane {
   int32_t* host_counts_ = nullptr;  // pinned [2, E]: send, receive counts of a step
   std::map<int, std::unique_ptr<kernels::DeviceExpertSet>> experts_;
   cudaEvent_t events_[4] = {nullptr, nullptr, nullptr, nullptr};
-  PlacementBook book_;
   GpuSharedExperts shared_;  // last: destroyed first, on the current device
 };
 

@@ -3,8 +3,9 @@
 // The placement book of a data plane (DESIGN §15; issue 17 items 1-3): each
 // MoE layer's placement table (the contiguous table of the workspace unless
 // InstallPlacement put another there) and each layer's load counters
-// (server/expert_load_book.h). The CPU and GPU data planes hold one each and
-// keep only their own test of which loaded experts a new table invalidates.
+// (server/expert_load_book.h). Every data plane holds one (DataPlane::book_,
+// server/data_plane.h) and keeps only its own test of which loaded experts a
+// new table invalidates.
 // Not thread-safe (its data plane's owner serializes the calls).
 
 #include <cstdint>

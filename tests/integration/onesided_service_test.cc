@@ -36,6 +36,7 @@
 #include "gtest/gtest.h"
 #include "server/device_info.h"
 #include "tests/integration/fake_coordinator.h"
+#include "tests/integration/rank_mask_fixture.h"
 
 namespace moe_ep::testing {
 namespace {
@@ -58,8 +59,8 @@ struct SharedGpuGroup {
   std::unique_ptr<client::Coordinator> coordinator;
 };
 
-absl::StatusOr<SharedGpuGroup> StartOnDeviceZero(int workers, const std::string& gpu_data_plane) {
-  SharedGpuGroup group;
+// `workers` workers of backend nccl on device 0 with `gpu_data_plane`.
+client::LocalClusterOptions OnDeviceZero(int workers, const std::string& gpu_data_plane) {
   client::LocalClusterOptions options;
   options.num_workers = workers;
   options.backend = "nccl";
@@ -69,7 +70,13 @@ absl::StatusOr<SharedGpuGroup> StartOnDeviceZero(int workers, const std::string&
                               : std::string(MOE_EP_BINARY_DIR) + "/server/moe-ep-worker";
   options.extra_args = {"--device=0", "--gpu-data-plane=" + gpu_data_plane};
   options.stop_timeout = absl::Seconds(5);
-  ASSIGN_OR_RETURN(group.cluster, client::LocalCluster::Start(options));
+  return options;
+}
+
+absl::StatusOr<SharedGpuGroup> StartOnDeviceZero(int workers, const std::string& gpu_data_plane) {
+  SharedGpuGroup group;
+  ASSIGN_OR_RETURN(group.cluster,
+                   client::LocalCluster::Start(OnDeviceZero(workers, gpu_data_plane)));
   client::CoordinatorOptions coordinator_options;
   coordinator_options.backend = "nccl";
   coordinator_options.rpc_timeout = absl::Seconds(60);
@@ -251,16 +258,7 @@ class GpuOneSidedMasks : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
     if (server::VisibleGpuCount() < 1) return;  // the test body skips
-    client::LocalClusterOptions options;
-    options.num_workers = kOsWorld;
-    options.backend = "nccl";
-    const char* bundled = std::getenv("MOE_EP_WORKER_BINARY");
-    options.worker_binary = bundled != nullptr && bundled[0] != '\0'
-                                ? std::string(bundled)
-                                : std::string(MOE_EP_BINARY_DIR) + "/server/moe-ep-worker";
-    options.extra_args = {"--device=0", "--gpu-data-plane=one-sided"};
-    options.stop_timeout = absl::Seconds(5);
-    auto cluster = client::LocalCluster::Start(options);
+    auto cluster = client::LocalCluster::Start(OnDeviceZero(kOsWorld, "one-sided"));
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = std::move(*cluster);
     client::CoordinatorOptions coordinator_options;
@@ -280,110 +278,32 @@ class GpuOneSidedMasks : public ::testing::TestWithParam<int> {
     absl::StatusOr<std::vector<v1::JoinResponse>> joined = c.FormGroup();
     ASSERT_TRUE(joined.ok()) << joined.status();
     for (const v1::JoinResponse& r : *joined) ASSERT_EQ(r.data_plane(), "one-sided");
-    // The group's set-up, kept for a rank that comes back (RejoinRank).
-    setup_.configure = MakeConfigureRequest(kOsWorld, model_);
-    ASSERT_TRUE(c.ConfigureLayers(setup_.configure).ok());
-    setup_.allocate = MakeAllocateRequest(model_, kOsCapacity);
-    setup_.allocate.set_redundant_slots_per_rank(2);
-    absl::StatusOr<std::vector<v1::AllocateWorkspaceResponse>> allocated =
-        c.AllocateWorkspace(setup_.allocate);
-    ASSERT_TRUE(allocated.ok()) << allocated.status();
-    setup_.placements.push_back(client::MakeInstallPlacementRequest(0, table_));
-    absl::StatusOr<std::vector<v1::InstallPlacementResponse>> installed =
-        c.InstallPlacement(setup_.placements[0]);
-    ASSERT_TRUE(installed.ok()) << installed.status();
-    v1::LoadExpertsRequest load;
-    load.set_layer(0);
-    load.set_kind(v1::EXPERT_KIND_SWIGLU);
-    load.set_seed(kOsSeed);
-    load.set_intermediate_size(model_.intermediate);
-    setup_.loads.push_back(load);
-    absl::StatusOr<std::vector<v1::LoadExpertsResponse>> loaded = c.LoadExperts(load);
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
-    for (int r = 0; r < kOsWorld; ++r) {
-      sets_.push_back(
-          core::MakeHostExperts(core::ExpertSource::Seeded(kOsSeed, 0, model_.num_experts, 0, 0,
-                                                           model_.hidden, model_.intermediate)
-                                    .WithExperts(core::DistinctSlotExperts(table_, r)))
-              .value());
-    }
+    const absl::Status set_up =
+        SetUpMaskGroup(c, kOsWorld, model_, kOsCapacity, table_, kOsSeed, &setup_);
+    ASSERT_TRUE(set_up.ok()) << set_up;
+    sets_ = SlotExpertSets(table_, model_, kOsSeed, kOsWorld);
   }
 
   RankInputs InputsOf(int step, int rank) const {
     return MakeInputs(1000 * step + rank, 4 + (rank + step) % 3, model_);
   }
 
-  template <typename Fn>
-  static std::vector<absl::Status> OnRanks(const std::vector<int>& ranks, Fn fn) {
-    std::vector<absl::Status> out(ranks.size());
-    std::vector<std::thread> threads;
-    for (size_t i = 0; i < ranks.size(); ++i) {
-      threads.emplace_back([&, i] { out[i] = fn(ranks[i]); });
-    }
-    for (auto& t : threads) t.join();
-    return out;
-  }
-
   // One step on `ranks`: SyncTokenCounts, CommitGeometry, Forward; `out`
   // indexed by rank.
   std::vector<absl::Status> Step(int step, const std::vector<int>& ranks,
                                  std::vector<v1::ForwardResponse>* out) {
-    const int64_t epoch = step + 1;
-    std::vector<v1::SyncTokenCountsResponse> sync(kOsWorld);
-    auto deadline = [] { return std::chrono::system_clock::now() + std::chrono::seconds(60); };
-    std::vector<absl::Status> status = OnRanks(ranks, [&](int r) {
-      grpc::ClientContext context;
-      context.set_deadline(deadline());
-      v1::SyncTokenCountsRequest request;
-      request.set_epoch(epoch);
-      request.set_local_tokens(InputsOf(step, r).num_tokens);
-      return client::ToAbslStatus(stubs_[r]->SyncTokenCounts(&context, request, &sync[r]));
-    });
-    for (const absl::Status& s : status) {
-      if (!s.ok()) return status;
-    }
-    status = OnRanks(ranks, [&](int r) {
-      grpc::ClientContext context;
-      context.set_deadline(deadline());
-      v1::CommitGeometryRequest request;
-      request.set_epoch(epoch);
-      request.set_runtime_max_tokens_per_rank(sync[r].runtime_max_tokens_per_rank());
-      request.set_local_tokens(InputsOf(step, r).num_tokens);
-      v1::CommitGeometryResponse response;
-      return client::ToAbslStatus(stubs_[r]->CommitGeometry(&context, request, &response));
-    });
-    for (const absl::Status& s : status) {
-      if (!s.ok()) return status;
-    }
-    out->assign(kOsWorld, v1::ForwardResponse());
-    return OnRanks(ranks, [&](int r) {
-      grpc::ClientContext context;
-      context.set_deadline(deadline());
-      return client::ToAbslStatus(stubs_[r]->Forward(
-          &context, MakeForwardRequest(0, epoch, InputsOf(step, r), model_), &(*out)[r]));
-    });
+    return StepOnRanks(
+        step, ranks, kOsWorld, model_, std::chrono::seconds(60),
+        [&](int r) -> v1::Worker::Stub& { return *stubs_[r]; },
+        [&](int r) { return InputsOf(step, r); }, out);
   }
 
   // `got` (by rank) against the CPU reference of `step` under `live`.
   void ExpectReference(int step, const std::vector<int>& ranks, const std::vector<bool>& live,
                        const std::vector<v1::ForwardResponse>& got) {
     const core::PlacementTable masked = table_.WithMask(live).value();
-    std::vector<RankInputs> inputs;
-    std::vector<core::EpRankInput> ref_inputs;
-    std::vector<const core::ExpertSet*> set_ptrs;
-    inputs.reserve(kOsWorld);
-    ref_inputs.reserve(kOsWorld);
-    set_ptrs.reserve(kOsWorld);
-    for (int r = 0; r < kOsWorld; ++r) {
-      inputs.push_back(live[r] ? InputsOf(step, r) : RankInputs{});
-      set_ptrs.push_back(&sets_[r]);
-    }
-    for (int r = 0; r < kOsWorld; ++r) {
-      ref_inputs.push_back(
-          {inputs[r].hidden, inputs[r].ids, inputs[r].weights, inputs[r].num_tokens});
-    }
-    absl::StatusOr<core::EpReferenceResult> ref =
-        core::ReferenceEpForward(masked, set_ptrs, ref_inputs, model_.top_k);
+    absl::StatusOr<core::EpReferenceResult> ref = MaskedReference(
+        table_, live, sets_, model_.top_k, [&](int r) { return InputsOf(step, r); });
     ASSERT_TRUE(ref.ok()) << ref.status();
     for (int r : ranks) {
       const std::string what = "step " + std::to_string(step) + " rank " + std::to_string(r);
@@ -393,18 +313,9 @@ class GpuOneSidedMasks : public ::testing::TestWithParam<int> {
       // One copy per distinct destination rank of the chosen replicas.
       EXPECT_EQ(got[r].tokens_sent(), static_cast<int64_t>(ref->routes[r].dest_rank.size()))
           << what;
-      std::set<int> lost;
-      int64_t choices = 0;
-      for (int32_t id : inputs[r].ids) {
-        if (id >= 0 && id < model_.num_experts && masked.LiveReplicas(id).empty()) {
-          lost.insert(id);
-          ++choices;
-        }
-      }
-      EXPECT_EQ(std::vector<int>(got[r].lost_experts().begin(), got[r].lost_experts().end()),
-                std::vector<int>(lost.begin(), lost.end()))
-          << what;
-      EXPECT_EQ(got[r].lost_choices(), choices) << what;
+      // A masked rank sent no tokens, as in the reference.
+      ExpectLostExperts(masked, live[r] ? InputsOf(step, r).ids : std::vector<int32_t>{},
+                        model_.num_experts, got[r], what);
     }
   }
 
@@ -421,25 +332,14 @@ class GpuOneSidedMasks : public ::testing::TestWithParam<int> {
   // replies by rank in *got. Returns the time from the kill.
   absl::Duration KillAndMask(int victim, int step, const std::vector<int>& survivors,
                              std::vector<v1::ForwardResponse>* got, int* attempts) {
-    std::thread killer([&] {
-      absl::SleepFor(absl::Milliseconds(2));
-      EXPECT_TRUE(cluster_->Kill(victim, SIGKILL).ok());
-    });
-    const absl::Time killed = absl::Now();
-    (void)Step(step, {0, 1, 2, 3}, got);
-    killer.join();
-    *attempts = 1;
-    while (true) {
-      const std::vector<absl::Status> status = Step(step, survivors, got);
-      ++*attempts;
-      if (std::all_of(status.begin(), status.end(), [](const absl::Status& s) { return s.ok(); })) {
-        return absl::Now() - killed;
-      }
-      if (*attempts >= 6) {
-        ADD_FAILURE() << "survivors did not mask rank " << victim << ": " << status[0];
-        return absl::InfiniteDuration();
-      }
+    absl::Time killed;
+    if (!KillDuringStep(
+            *cluster_, {victim}, {0, 1, 2, 3}, survivors, /*max_attempts=*/6,
+            [&](const std::vector<int>& ranks) { return Step(step, ranks, got); }, &killed,
+            attempts)) {
+      return absl::InfiniteDuration();
     }
+    return absl::Now() - killed;
   }
 
   SmallModel model_;

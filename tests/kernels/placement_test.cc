@@ -41,10 +41,10 @@ core::PlacementTable Table(int num_experts, std::vector<std::vector<int>> slots)
 
 // The device form of a table (as GpuEpDispatcher::SetPlacement writes it):
 // replica offsets [E + 1], the live replicas' ranks (all of them unmasked).
-struct DeviceTable {
+struct HostTable {
   std::vector<int32_t> offsets;
   std::vector<int32_t> ranks;
-  explicit DeviceTable(const core::PlacementTable& table) {
+  explicit HostTable(const core::PlacementTable& table) {
     offsets.push_back(0);
     for (int e = 0; e < table.num_experts(); ++e) {
       for (const core::ReplicaSlot& r : table.LiveReplicas(e)) ranks.push_back(r.rank);
@@ -53,59 +53,109 @@ struct DeviceTable {
   }
 };
 
+// HostTable uploaded; At(source) is the kernels' view of it for a source rank.
+struct DeviceTable {
+  explicit DeviceTable(const HostTable& host) : offsets(host.offsets), ranks(host.ranks) {}
+  DevicePlacement At(int source) const { return {offsets.get(), ranks.get(), source}; }
+  DeviceBuffer<int32_t> offsets;
+  DeviceBuffer<int32_t> ranks;
+};
+
 // 4 ranks, 8 experts, 3 slots a rank: 7 on ranks 0 and 1, 0 and 6 twice, 5
 // twice on rank 2.
 core::PlacementTable FourRankTable() {
   return Table(8, {{7, 0, 3}, {1, 7, 6}, {2, 5, 5}, {4, 6, 0}});
 }
 
-// Route parameters of the 8-expert, 4-rank cases, fields by name.
-RouteParams Params(const int32_t* ids, const int64_t* t, int64_t rows, int top_k, int32_t* slots,
-                   int32_t* counts) {
+// One step's inputs of the 8-expert, 4-rank cases on the device, with the
+// route kernel's outputs: token_slot [tokens, 4] and send_counts [4].
+struct DeviceStep {
+  DeviceStep(const testing::MoeInputs& in, int64_t tokens)
+      : x(in.hidden),
+        ids(in.ids),
+        w(in.weights),
+        t(std::vector<int64_t>{tokens}),
+        slots(tokens * 4),
+        counts(4) {}
+  DeviceBuffer<bf16_t> x;
+  DeviceBuffer<int32_t> ids;
+  DeviceBuffer<float> w;
+  DeviceBuffer<int64_t> t;
+  DeviceBuffer<int32_t> slots;
+  DeviceBuffer<int32_t> counts;
+};
+
+// Route parameters of the 8-expert, 4-rank cases over `step`'s buffers for
+// `rows` tokens under `placement`, fields by name.
+RouteParams Params(const DeviceStep& step, int64_t rows, int top_k,
+                   const DevicePlacement& placement) {
   RouteParams p;
-  p.topk_ids = ids;
-  p.num_tokens = t;
+  p.topk_ids = step.ids.get();
+  p.num_tokens = step.t.get();
   p.max_tokens = rows;
   p.top_k = top_k;
   p.num_experts = 8;
   p.ep_size = 4;
-  p.token_slot = slots;
-  p.send_counts = counts;
+  p.token_slot = step.slots.get();
+  p.send_counts = step.counts.get();
+  p.placement = placement;
   return p;
+}
+
+// Pack parameters of the 8-expert, 4-rank cases over `step` (routed
+// already) into `send` [4, tokens, DispatchRowBytes(hidden, top_k)].
+PackDispatchParams Pack(const DeviceStep& step, int64_t tokens, int64_t hidden, int top_k,
+                        uint8_t* send, const DevicePlacement& placement) {
+  PackDispatchParams pack;
+  pack.hidden = step.x.get();
+  pack.topk_ids = step.ids.get();
+  pack.topk_weights = step.w.get();
+  pack.token_slot = step.slots.get();
+  pack.send_counts = step.counts.get();
+  pack.num_tokens = step.t.get();
+  pack.max_tokens = tokens;
+  pack.hidden_size = hidden;
+  pack.top_k = top_k;
+  pack.ep_size = 4;
+  pack.invalid_expert_id = -1;
+  pack.send = send;
+  pack.placement = placement;
+  pack.num_experts = 8;
+  return pack;
+}
+
+// The token_slot [tokens, 4] the route kernel writes for the CPU `route`:
+// each token's slot at every rank it goes to, -1 elsewhere.
+std::vector<int32_t> WantSlots(const core::DispatchRoute& route, int64_t tokens) {
+  std::vector<int32_t> want(tokens * 4, -1);
+  for (int64_t tok = 0; tok < tokens; ++tok) {
+    for (int64_t i = route.token_offsets[tok]; i < route.token_offsets[tok + 1]; ++i) {
+      want[tok * 4 + route.dest_rank[i]] = static_cast<int32_t>(route.dest_slot[i]);
+    }
+  }
+  return want;
 }
 
 TEST(LaunchRouteTable, MatchesCpuRoutingAndCountsTokensPerExpert) {
   MOE_EP_REQUIRE_GPUS(1);
   const core::PlacementTable table = FourRankTable();
-  const DeviceTable host(table);
-  DeviceBuffer<int32_t> offsets(host.offsets);
-  DeviceBuffer<int32_t> ranks(host.ranks);
+  const DeviceTable device_table{HostTable(table)};
   const int64_t tokens = 777;
   const int top_k = 3;
   auto in = MakeInputs(21, tokens, 4, top_k, 8, 0.1);
-  DeviceBuffer<int32_t> ids(in.ids);
-  DeviceBuffer<int64_t> t(std::vector<int64_t>{tokens});
-  DeviceBuffer<int32_t> slots(tokens * 4);
-  DeviceBuffer<int32_t> counts(4);
+  const DeviceStep step(in, tokens);
   DeviceBuffer<unsigned long long> load(std::vector<unsigned long long>(8, 0));
   std::vector<int64_t> expected_load(8, 0);
   for (int source = 0; source < 4; ++source) {
-    RouteParams p = Params(ids.get(), t.get(), tokens, top_k, slots.get(), counts.get());
-    p.placement = {offsets.get(), ranks.get(), source};
+    RouteParams p = Params(step, tokens, top_k, device_table.At(source));
     p.expert_tokens = load.get();
     ASSERT_TRUE(LaunchRoute(p, nullptr).ok());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     auto route = core::ComputeDispatchRoute(in.ids, tokens, top_k, table, source);
     ASSERT_TRUE(route.ok()) << route.status();
-    const auto got_counts = counts.Download(4);
+    const auto got_counts = step.counts.Download(4);
     for (int d = 0; d < 4; ++d) EXPECT_EQ(got_counts[d], route->send_counts[d]) << d;
-    std::vector<int32_t> want(tokens * 4, -1);
-    for (int64_t tok = 0; tok < tokens; ++tok) {
-      for (int64_t i = route->token_offsets[tok]; i < route->token_offsets[tok + 1]; ++i) {
-        want[tok * 4 + route->dest_rank[i]] = static_cast<int32_t>(route->dest_slot[i]);
-      }
-    }
-    EXPECT_EQ(slots.Download(tokens * 4), want) << "source " << source;
+    EXPECT_EQ(step.slots.Download(tokens * 4), WantSlots(*route, tokens)) << "source " << source;
     core::CountExpertTokens(in.ids, 8, absl::MakeSpan(expected_load));
   }
   // Four launches accumulated: four times each expert's count.
@@ -116,42 +166,19 @@ TEST(LaunchRouteTable, MatchesCpuRoutingAndCountsTokensPerExpert) {
 TEST(LaunchPackDispatchTable, MasksChoicesServedByAnotherReplica) {
   MOE_EP_REQUIRE_GPUS(1);
   const core::PlacementTable table = FourRankTable();
-  const DeviceTable host(table);
-  DeviceBuffer<int32_t> offsets(host.offsets);
-  DeviceBuffer<int32_t> ranks(host.ranks);
+  const DeviceTable device_table{HostTable(table)};
   const int64_t tokens = 200;
   const int top_k = 3;
   const int64_t hidden = 8;
   const int source = 2;
   auto in = MakeInputs(22, tokens, hidden, top_k, 8, 0.1);
-  DeviceBuffer<bf16_t> x(in.hidden);
-  DeviceBuffer<int32_t> ids(in.ids);
-  DeviceBuffer<float> w(in.weights);
-  DeviceBuffer<int64_t> t(std::vector<int64_t>{tokens});
-  DeviceBuffer<int32_t> slots(tokens * 4);
-  DeviceBuffer<int32_t> counts(4);
-  const DevicePlacement placement{offsets.get(), ranks.get(), source};
-  RouteParams route = Params(ids.get(), t.get(), tokens, top_k, slots.get(), counts.get());
-  route.placement = placement;
-  ASSERT_TRUE(LaunchRoute(route, nullptr).ok());
+  const DeviceStep step(in, tokens);
+  const DevicePlacement placement = device_table.At(source);
+  ASSERT_TRUE(LaunchRoute(Params(step, tokens, top_k, placement), nullptr).ok());
   const int64_t row_bytes = DispatchRowBytes(hidden, top_k);
   DeviceBuffer<uint8_t> send(4 * tokens * row_bytes);
-  PackDispatchParams pack;
-  pack.hidden = x.get();
-  pack.topk_ids = ids.get();
-  pack.topk_weights = w.get();
-  pack.token_slot = slots.get();
-  pack.send_counts = counts.get();
-  pack.num_tokens = t.get();
-  pack.max_tokens = tokens;
-  pack.hidden_size = hidden;
-  pack.top_k = top_k;
-  pack.ep_size = 4;
-  pack.invalid_expert_id = -1;
-  pack.send = send.get();
-  pack.placement = placement;
-  pack.num_experts = 8;
-  ASSERT_TRUE(LaunchPackDispatch(pack, nullptr).ok());
+  ASSERT_TRUE(
+      LaunchPackDispatch(Pack(step, tokens, hidden, top_k, send.get(), placement), nullptr).ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const auto rows = send.Download(4 * tokens * row_bytes);
   auto cpu = core::ComputeDispatchRoute(in.ids, tokens, top_k, table, source).value();
@@ -182,56 +209,27 @@ TEST(LaunchRouteTable, RankMaskSendsNothingToMaskedRankAndDropsLostExperts) {
   MOE_EP_REQUIRE_GPUS(1);
   const core::PlacementTable table = FourRankTable().WithMask({true, false, true, true}).value();
   ASSERT_EQ(table.LostExperts(), std::vector<int>{1});
-  const DeviceTable host(table);
-  DeviceBuffer<int32_t> offsets(host.offsets);
-  DeviceBuffer<int32_t> ranks(host.ranks);
+  const DeviceTable device_table{HostTable(table)};
   const int64_t tokens = 300;
   const int top_k = 3;
   const int64_t hidden = 8;
   auto in = MakeInputs(23, tokens, hidden, top_k, 8, 0.1);
-  DeviceBuffer<bf16_t> x(in.hidden);
-  DeviceBuffer<int32_t> ids(in.ids);
-  DeviceBuffer<float> w(in.weights);
-  DeviceBuffer<int64_t> t(std::vector<int64_t>{tokens});
-  DeviceBuffer<int32_t> slots(tokens * 4);
-  DeviceBuffer<int32_t> counts(4);
+  const DeviceStep step(in, tokens);
   const int64_t row_bytes = DispatchRowBytes(hidden, top_k);
   DeviceBuffer<uint8_t> send(4 * tokens * row_bytes);
   int64_t lost_choices = 0;
   for (const int source : {0, 2, 3}) {
-    const DevicePlacement placement{offsets.get(), ranks.get(), source};
-    RouteParams route = Params(ids.get(), t.get(), tokens, top_k, slots.get(), counts.get());
-    route.placement = placement;
-    ASSERT_TRUE(LaunchRoute(route, nullptr).ok());
-    PackDispatchParams pack;
-    pack.hidden = x.get();
-    pack.topk_ids = ids.get();
-    pack.topk_weights = w.get();
-    pack.token_slot = slots.get();
-    pack.send_counts = counts.get();
-    pack.num_tokens = t.get();
-    pack.max_tokens = tokens;
-    pack.hidden_size = hidden;
-    pack.top_k = top_k;
-    pack.ep_size = 4;
-    pack.invalid_expert_id = -1;
-    pack.send = send.get();
-    pack.placement = placement;
-    pack.num_experts = 8;
-    ASSERT_TRUE(LaunchPackDispatch(pack, nullptr).ok());
+    const DevicePlacement placement = device_table.At(source);
+    ASSERT_TRUE(LaunchRoute(Params(step, tokens, top_k, placement), nullptr).ok());
+    ASSERT_TRUE(
+        LaunchPackDispatch(Pack(step, tokens, hidden, top_k, send.get(), placement), nullptr).ok());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     auto cpu = core::ComputeDispatchRoute(in.ids, tokens, top_k, table, source);
     ASSERT_TRUE(cpu.ok()) << cpu.status();
-    const auto got_counts = counts.Download(4);
+    const auto got_counts = step.counts.Download(4);
     EXPECT_EQ(got_counts[1], 0) << "source " << source << " sent tokens to the masked rank";
     for (int d = 0; d < 4; ++d) EXPECT_EQ(got_counts[d], cpu->send_counts[d]) << d;
-    std::vector<int32_t> want(tokens * 4, -1);
-    for (int64_t tok = 0; tok < tokens; ++tok) {
-      for (int64_t i = cpu->token_offsets[tok]; i < cpu->token_offsets[tok + 1]; ++i) {
-        want[tok * 4 + cpu->dest_rank[i]] = static_cast<int32_t>(cpu->dest_slot[i]);
-      }
-    }
-    EXPECT_EQ(slots.Download(tokens * 4), want) << "source " << source;
+    EXPECT_EQ(step.slots.Download(tokens * 4), WantSlots(*cpu, tokens)) << "source " << source;
     const auto rows = send.Download(4 * tokens * row_bytes);
     for (int64_t tok = 0; tok < tokens; ++tok) {
       for (int64_t i = cpu->token_offsets[tok]; i < cpu->token_offsets[tok + 1]; ++i) {

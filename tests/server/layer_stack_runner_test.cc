@@ -33,6 +33,68 @@ v1::ModelDescription Model() {
 const core::ParallelLayout kLayout{2, 2, 0};
 const std::vector<bool> kSparse = {false, true, true};
 
+// The ForwardLayers cases below: Model() with H 16 and 4 experts, layers
+// dense, sparse, dense; a stack of dense I 32 and capacity 16; 3 tokens.
+const std::vector<bool> kRunSparse = {false, true, false};
+constexpr int64_t kRunTokens = 3;
+
+v1::ModelDescription RunModel() {
+  v1::ModelDescription model = Model();
+  model.set_hidden_size(16);
+  model.set_num_experts(4);
+  return model;
+}
+
+// A ForwardLayers request (epoch 1) of `tokens` [kRunTokens, 16] fp32 for
+// the stack of `seed`.
+v1::ForwardLayersRequest RunRequest(const std::vector<float>& tokens, uint64_t seed) {
+  v1::ForwardLayersRequest request;
+  request.set_epoch(1);
+  request.mutable_stack()->set_dense_intermediate_size(32);
+  request.mutable_stack()->set_seed(seed);
+  request.mutable_stack()->set_capacity_tokens(16);
+  *request.mutable_tokens() = EncodeFloat32(tokens, std::vector<int64_t>{kRunTokens, 16});
+  return request;
+}
+
+// A ballot that passes this rank's own status on (no peers to hear).
+absl::Status LocalVote(absl::Status local, const std::vector<core::BallotField>&) { return local; }
+
+// What a call cancelled by rank 0's client says after its stop point.
+const std::string kStoppedByRank0 =
+    ": stopped on every rank: the client cancelled the call on rank(s) [0]";
+
+// core::ReferenceLayerStack of RunRequest's stack on `layout`, built here
+// independently of the runner.
+absl::StatusOr<std::vector<float>> RunReference(const core::ParallelLayout& layout, uint64_t seed,
+                                                const std::vector<float>& tokens) {
+  core::LayerStackConfig config;
+  config.layout = layout;
+  config.sparse_layers = kRunSparse;
+  config.hidden = 16;
+  config.dense_intermediate = 32;
+  config.moe_intermediate = 16;
+  config.num_experts = 4;
+  config.top_k = 2;
+  config.seed = seed;
+  config.rms_eps = 1e-6f;
+  config.capacity_tokens = 16;
+  return core::ReferenceLayerStack(config, {tokens});
+}
+
+// That `response`'s fp32 output is `ref` within the bf16 tolerance;
+// `what` prefixes the element in a failure.
+void ExpectReferenceOutput(const v1::ForwardLayersResponse& response, const std::vector<float>& ref,
+                           const std::string& what) {
+  std::vector<float> got(response.output().data().size() / 4);
+  std::memcpy(got.data(), response.output().data().data(), got.size() * 4);
+  ASSERT_EQ(got.size(), ref.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_LE(std::abs(got[i] - ref[i]), (1.0 / 128.0) * (1 + std::abs(ref[i])))
+        << what << "element " << i;
+  }
+}
+
 TEST(ResolveLayerStackConfig, ZeroFieldsTakeTheModelsAndDefaults) {
   v1::LayerStackSpec spec;
   spec.set_dense_intermediate_size(64);
@@ -155,23 +217,14 @@ TEST(LayerStackRunner, StopsAtEachGateAndTheNextRunMatchesTheReference) {
   auto store = std::make_shared<gloo::rendezvous::HashStore>();
   auto world = core::GlooCollective::Create(store, "stack", 0, 1, "127.0.0.1", absl::Seconds(5));
   ASSERT_TRUE(world.ok()) << world.status();
-  const std::vector<bool> sparse = {false, true, false};
-  v1::ModelDescription model = Model();
-  model.set_hidden_size(16);
-  model.set_num_experts(4);
   LayerStackRunner runner;
-  runner.Configure(core::ParallelLayout{1, 1, 0}, sparse, true, model);
-  const int64_t n = 3;
+  runner.Configure(core::ParallelLayout{1, 1, 0}, kRunSparse, true, RunModel());
   std::vector<float> tokens;
-  for (int64_t i = 0; i < n * 16; ++i) tokens.push_back(static_cast<float>(std::sin(0.3 * i)));
-  v1::ForwardLayersRequest request;
-  request.set_epoch(1);
-  request.mutable_stack()->set_dense_intermediate_size(32);
-  request.mutable_stack()->set_seed(5);
-  request.mutable_stack()->set_capacity_tokens(16);
-  *request.mutable_tokens() = EncodeFloat32(tokens, std::vector<int64_t>{n, 16});
-  const LayerStackRunner::VoteFn vote = [](absl::Status local,
-                                           const std::vector<core::BallotField>&) { return local; };
+  for (int64_t i = 0; i < kRunTokens * 16; ++i) {
+    tokens.push_back(static_cast<float>(std::sin(0.3 * i)));
+  }
+  const v1::ForwardLayersRequest request = RunRequest(tokens, 5);
+  const LayerStackRunner::VoteFn vote = LocalVote;
   // Cancelled from gate check `at` on (1 = the first gate).
   auto cancel_at = [](int at) {
     auto checks = std::make_shared<int>(0);
@@ -182,8 +235,7 @@ TEST(LayerStackRunner, StopsAtEachGateAndTheNextRunMatchesTheReference) {
     response.Clear();
     return runner.Run(**world, 1, call, vote, request, 0, 0, &response);
   };
-  const std::string stopped =
-      ": stopped on every rank: the client cancelled the call on rank(s) [0]";
+  const std::string& stopped = kStoppedByRank0;
 
   absl::Status s = run(cancel_at(1));
   EXPECT_EQ(s.code(), absl::StatusCode::kCancelled);
@@ -216,32 +268,11 @@ TEST(LayerStackRunner, StopsAtEachGateAndTheNextRunMatchesTheReference) {
     EXPECT_FALSE(response.has_output());
   }
 
-  // The reference, built here independently of the runner.
-  core::LayerStackConfig config;
-  config.layout = core::ParallelLayout{1, 1, 0};
-  config.sparse_layers = sparse;
-  config.hidden = 16;
-  config.dense_intermediate = 32;
-  config.moe_intermediate = 16;
-  config.num_experts = 4;
-  config.top_k = 2;
-  config.seed = 5;
-  config.rms_eps = 1e-6f;
-  config.capacity_tokens = 16;
-  absl::StatusOr<std::vector<float>> ref = core::ReferenceLayerStack(config, {tokens});
+  absl::StatusOr<std::vector<float>> ref = RunReference(core::ParallelLayout{1, 1, 0}, 5, tokens);
   ASSERT_TRUE(ref.ok()) << ref.status();
-  auto expect_reference = [&] {
-    std::vector<float> got(response.output().data().size() / 4);
-    std::memcpy(got.data(), response.output().data().data(), got.size() * 4);
-    ASSERT_EQ(got.size(), ref->size());
-    for (size_t i = 0; i < got.size(); ++i) {
-      ASSERT_LE(std::abs(got[i] - (*ref)[i]), (1.0 / 128.0) * (1 + std::abs((*ref)[i])))
-          << "element " << i;
-    }
-  };
   ASSERT_TRUE(run(CallBound{}).ok());
   EXPECT_TRUE(response.rebuilt());
-  expect_reference();
+  ExpectReferenceOutput(response, *ref, "");
   const int64_t held = runner.held_bytes();
   EXPECT_GT(held, 0);
 
@@ -261,7 +292,7 @@ TEST(LayerStackRunner, StopsAtEachGateAndTheNextRunMatchesTheReference) {
                         "rank(s) [0]"));
   ASSERT_TRUE(run(CallBound{}).ok());
   EXPECT_FALSE(response.rebuilt());
-  expect_reference();
+  ExpectReferenceOutput(response, *ref, "");
 }
 
 // Issue 13 item 6 (fuzz-long run 5: one layer's weight build outlasted the
@@ -288,24 +319,15 @@ TEST(LayerStackRunner, TwoRanksStopTogetherWhenOneStopsInsideALayerBuild) {
     for (std::thread& t : threads) t.join();
   }
   for (const auto& w : world) ASSERT_NE(w, nullptr);
-  const std::vector<bool> sparse = {false, true, false};
   const core::ParallelLayout layout{kRanks, 1, 0};
-  v1::ModelDescription model = Model();
-  model.set_hidden_size(16);
-  model.set_num_experts(4);
   std::vector<LayerStackRunner> runners(kRanks);
-  for (LayerStackRunner& runner : runners) runner.Configure(layout, sparse, true, model);
-  const int64_t n = 3;
+  for (LayerStackRunner& runner : runners) runner.Configure(layout, kRunSparse, true, RunModel());
   std::vector<float> tokens;
-  for (int64_t i = 0; i < n * 16; ++i) tokens.push_back(static_cast<float>(std::cos(0.2 * i)));
-  v1::ForwardLayersRequest request;
-  request.set_epoch(1);
-  request.mutable_stack()->set_dense_intermediate_size(32);
-  request.mutable_stack()->set_seed(7);
-  request.mutable_stack()->set_capacity_tokens(16);
-  *request.mutable_tokens() = EncodeFloat32(tokens, std::vector<int64_t>{n, 16});
-  const LayerStackRunner::VoteFn vote = [](absl::Status local,
-                                           const std::vector<core::BallotField>&) { return local; };
+  for (int64_t i = 0; i < kRunTokens * 16; ++i) {
+    tokens.push_back(static_cast<float>(std::cos(0.2 * i)));
+  }
+  const v1::ForwardLayersRequest request = RunRequest(tokens, 7);
+  const LayerStackRunner::VoteFn vote = LocalVote;
   std::vector<v1::ForwardLayersResponse> response(kRanks);
   std::vector<absl::Status> got(kRanks);
   // Rank 0 cancelled from its check `at` on (0: never); rank 1 never.
@@ -325,8 +347,7 @@ TEST(LayerStackRunner, TwoRanksStopTogetherWhenOneStopsInsideALayerBuild) {
     }
     for (std::thread& t : threads) t.join();
   };
-  const std::string stopped =
-      ": stopped on every rank: the client cancelled the call on rank(s) [0]";
+  const std::string& stopped = kStoppedByRank0;
   const std::pair<int, std::string> cases[] = {
       {2, "ForwardLayers: building layer 1 of 3"},
       {9, "ForwardLayers: after the layer-stack build, before layer 0 of 3"}};
@@ -341,30 +362,14 @@ TEST(LayerStackRunner, TwoRanksStopTogetherWhenOneStopsInsideALayerBuild) {
     }
   }
 
-  core::LayerStackConfig config;
-  config.layout = layout;
-  config.sparse_layers = sparse;
-  config.hidden = 16;
-  config.dense_intermediate = 32;
-  config.moe_intermediate = 16;
-  config.num_experts = 4;
-  config.top_k = 2;
-  config.seed = 7;
-  config.rms_eps = 1e-6f;
-  config.capacity_tokens = 16;
-  absl::StatusOr<std::vector<float>> ref = core::ReferenceLayerStack(config, {tokens});
+  absl::StatusOr<std::vector<float>> ref = RunReference(layout, 7, tokens);
   ASSERT_TRUE(ref.ok()) << ref.status();
   run(0);
   for (int r = 0; r < kRanks; ++r) {
     ASSERT_TRUE(got[r].ok()) << "rank " << r << ": " << got[r];
     EXPECT_TRUE(response[r].rebuilt());
-    std::vector<float> out(response[r].output().data().size() / 4);
-    std::memcpy(out.data(), response[r].output().data().data(), out.size() * 4);
-    ASSERT_EQ(out.size(), ref->size());
-    for (size_t i = 0; i < out.size(); ++i) {
-      ASSERT_LE(std::abs(out[i] - (*ref)[i]), (1.0 / 128.0) * (1 + std::abs((*ref)[i])))
-          << "rank " << r << " element " << i;
-    }
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectReferenceOutput(response[r], *ref, "rank " + std::to_string(r) + " "));
   }
 }
 
