@@ -250,11 +250,13 @@ absl::StatusOr<core::StepStats> CpuDataPlane::Forward(
                         kForwardStopHint);
       },
       call_.StopCheck());
-  // This step's counts go to the layer's counters; those of a step that
-  // did not complete are dropped.
+  // This step's counts go to the layer's counters, keyed by its routing (a
+  // step resent after a mask counts once: server/expert_load_book.h); those
+  // of a step that did not complete are dropped.
   const core::ExpertLoadCounts step = dispatcher_->ReadExpertLoad(/*reset=*/true);
   RETURN_IF_ERROR(forwarded);
-  book_.AddLoad(layer, step, LoadStepKey{dispatcher_->epoch(), mask_.round});
+  book_.AddLoad(layer, step,
+                LoadStepKey{dispatcher_->epoch(), mask_.round, RoutingFingerprint(topk_ids)});
   core::StepStats stats = dispatcher_->last_step();
   stats.shared_us = shared_us;
   return stats;

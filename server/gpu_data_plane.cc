@@ -686,7 +686,10 @@ absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostFo
     stats.lost_choices += chosen;
   }
   // Keyed like the CPU plane: a step resent after a mask round counts once.
-  book_.AddLoad(layer, step, LoadStepKey{dispatcher_->epoch(), mask_.round});
+  book_.AddLoad(layer, step,
+                LoadStepKey{dispatcher_->epoch(), mask_.round,
+                            RoutingFingerprint(absl::string_view(
+                                static_cast<const char*>(io.topk_ids), num_tokens * k * 4))});
   float ms[3] = {0, 0, 0};
   for (int i = 0; i < 3; ++i) {
     RETURN_IF_ERROR(

@@ -653,7 +653,8 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::Forward(
   step.steps = 1;
   core::CountExpertTokens(topk_ids, options_.num_experts, absl::MakeSpan(step.tokens_per_expert));
   // Keyed like the CPU plane's: a step resent after a mask counts once.
-  book_.AddLoad(layer, step, LoadStepKey{committed_epoch_, mask_.round});
+  book_.AddLoad(layer, step,
+                LoadStepKey{committed_epoch_, mask_.round, RoutingFingerprint(topk_ids)});
   float ms[3] = {0, 0, 0};
   for (int i = 0; i < 3; ++i) {
     RETURN_IF_ERROR(
