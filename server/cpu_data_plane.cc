@@ -1,7 +1,6 @@
 #include "server/cpu_data_plane.h"
 
 #include <chrono>
-#include <future>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -59,41 +58,6 @@ absl::StatusOr<std::unique_ptr<CpuDataPlane>> CpuDataPlane::Form(
   ASSIGN_OR_RETURN(std::unique_ptr<core::MaskedCollective> masked,
                    core::MaskedCollective::Create(std::move(*collective), group.rank, live));
   return std::unique_ptr<CpuDataPlane>(new CpuDataPlane(std::move(masked), group, std::move(live)));
-}
-
-bool CpuDataPlane::CanMask() const {
-  return group_.world_size > 1 &&
-         static_cast<int>(group_.rendezvous_addresses.size()) == group_.world_size;
-}
-
-void CpuDataPlane::BeginMaskRound() {
-  if (!CanMask() || round_.valid()) return;
-  MaskRound round = MaskRoundOf(group_, mask_.round + 1, group_.rank, mask_.live);
-  round_ = std::async(std::launch::async, [round] { return AgreeRankMask(round); });
-}
-
-absl::StatusOr<bool> CpuDataPlane::FinishMaskRound(absl::Duration wait) {
-  if (!CanMask()) return DataPlane::FinishMaskRound(wait);
-  BeginMaskRound();
-  if (round_.wait_for(absl::ToChronoMilliseconds(wait)) != std::future_status::ready) return false;
-  absl::StatusOr<MaskAgreement> result = round_.get();
-  if (!result.ok()) return result.status();
-  RETURN_IF_ERROR(UseAgreement(*std::move(result), mask_.round + 1));
-  return true;
-}
-
-absl::Status CpuDataPlane::Readmit(int round, const std::vector<bool>& live_before,
-                                   const std::vector<bool>& joining) {
-  if (!CanMask()) return DataPlane::Readmit(round, live_before, joining);
-  if (round_.valid()) {
-    return absl::FailedPreconditionError(absl::StrCat("Rejoin: rank mask round ", mask_.round + 1,
-                                                      " is still running on rank ", group_.rank,
-                                                      "; send the call again"));
-  }
-  MaskRound agree = MaskRoundOf(group_, round, group_.rank, live_before);
-  agree.joining = joining;
-  ASSIGN_OR_RETURN(MaskAgreement agreed, AgreeRankMask(agree));
-  return UseAgreement(std::move(agreed), round);
 }
 
 absl::Status CpuDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) {
@@ -250,11 +214,13 @@ absl::StatusOr<core::StepStats> CpuDataPlane::Forward(
                         kForwardStopHint);
       },
       call_.StopCheck());
-  // This step's counts go to the layer's counters; those of a step that
-  // did not complete are dropped.
+  // This step's counts go to the layer's counters, keyed by its routing (a
+  // step resent after a mask counts once: server/expert_load_book.h); those
+  // of a step that did not complete are dropped.
   const core::ExpertLoadCounts step = dispatcher_->ReadExpertLoad(/*reset=*/true);
   RETURN_IF_ERROR(forwarded);
-  book_.AddLoad(layer, step, LoadStepKey{dispatcher_->epoch(), mask_.round});
+  book_.AddLoad(layer, step,
+                LoadStepKey{dispatcher_->epoch(), mask_.round, RoutingFingerprint(topk_ids)});
   core::StepStats stats = dispatcher_->last_step();
   stats.shared_us = shared_us;
   return stats;

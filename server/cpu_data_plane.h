@@ -6,7 +6,6 @@
 // of CPU-only machines, CI and the embedded default (DESIGN §1, §8).
 // Not thread-safe. Source: DESIGN §6, §7; issue 2.
 
-#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -43,17 +42,7 @@ class CpuDataPlane final : public DataPlane {
     collective_->SetCallDeadline(CollectiveDeadline(call));
   }
   // Rank masks (server/data_plane.h): with every rank's Rendezvous address
-  // and more than one rank. The round runs on a std::async thread (it
-  // touches nothing of this plane); FinishMaskRound, on the caller's thread,
-  // re-creates the dispatcher on the survivors' group (the same buffers'
-  // shapes, the committed geometry carried over) and masks every layer's
-  // table (PlacementBook::SetLive).
-  bool CanMask() const override;
-  void BeginMaskRound() override;
-  absl::StatusOr<bool> FinishMaskRound(absl::Duration wait) override;
-  // Runs the round on the caller's thread, then as FinishMaskRound.
-  absl::Status Readmit(int round, const std::vector<bool>& live_before,
-                       const std::vector<bool>& joining) override;
+  // and more than one rank.
   RankMaskState mask() const override { return mask_; }
   absl::StatusOr<DataPlaneAllocation> Allocate(const core::EpDispatcherOptions& options,
                                                int64_t max_intermediate,
@@ -97,15 +86,17 @@ class CpuDataPlane final : public DataPlane {
  private:
   CpuDataPlane(std::unique_ptr<core::ControlCollective> collective, DataPlaneGroup group,
                std::vector<bool> live);
-  // Serves on the members' group of `agreed` (round `agreed_round`): a new
-  // dispatcher on it (geometry carried), every table under its mask.
-  absl::Status UseAgreement(MaskAgreement agreed, int agreed_round);
+  const DataPlaneGroup& group() const override { return group_; }
+  // Serves on the members' group of `agreed` (round `agreed_round`), on the
+  // caller's thread: a new dispatcher on it (the same buffers' shapes, the
+  // committed geometry carried over), every table under its mask
+  // (PlacementBook::SetLive).
+  absl::Status UseAgreement(MaskAgreement agreed, int agreed_round) override;
 
   // Declared first: the dispatcher points into the collective.
   std::unique_ptr<core::ControlCollective> collective_;
   DataPlaneGroup group_;  // as formed (rank, world, rendezvous addresses)
   RankMaskState mask_;
-  std::future<absl::StatusOr<MaskAgreement>> round_;  // the round running, if any
   std::unique_ptr<core::EpDispatcher> dispatcher_;
   std::map<int, core::ExpertSet> experts_;    // layer -> this rank's experts
   std::map<int, core::SharedExpert> shared_;  // layer -> its shared expert (replica)

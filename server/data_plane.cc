@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -19,6 +20,25 @@
 #include "spdlog/spdlog.h"
 
 namespace moe_ep::server {
+namespace {
+
+// Mask round `round` of `group` as its rank sees it (server/rank_mask.h):
+// the group's Rendezvous addresses, secret, generation, timeout and
+// data-plane host, with `live_before` the live ranks before the round.
+MaskRound MaskRoundOf(const DataPlaneGroup& group, int round, std::vector<bool> live_before) {
+  MaskRound agree;
+  agree.addresses = group.rendezvous_addresses;
+  agree.secret = group.rendezvous_secret;
+  agree.generation = group.generation;
+  agree.round = round;
+  agree.rank = group.rank;
+  agree.live_before = std::move(live_before);
+  agree.timeout = group.timeout;
+  agree.data_plane_host = group.data_plane_host;
+  return agree;
+}
+
+}  // namespace
 
 absl::Status CheckExpertSourceForWorkspace(const core::ExpertSource& source,
                                            const core::EpDispatcherOptions& options, int rank,
@@ -46,19 +66,50 @@ std::vector<int> RankMaskState::MaskedRanks() const {
   return out;
 }
 
-absl::StatusOr<bool> DataPlane::FinishMaskRound(absl::Duration /*wait*/) {
-  return absl::UnimplementedError(
-      absl::StrCat("rank masks: the ", backend(),
-                   " data plane cannot go on without a lost rank (it needs more than one rank and "
-                   "every rank's rendezvous address); join a new generation"));
+bool DataPlane::CanMask() const {
+  const DataPlaneGroup& g = group();
+  return g.world_size > 1 && static_cast<int>(g.rendezvous_addresses.size()) == g.world_size;
 }
 
-absl::Status DataPlane::Readmit(int /*round*/, const std::vector<bool>& /*live_before*/,
-                                const std::vector<bool>& /*joining*/) {
-  return absl::UnimplementedError(
-      absl::StrCat("Rejoin: the ", backend(),
-                   " data plane cannot re-admit a rank (it needs every rank's rendezvous address); "
-                   "join a new generation"));
+void DataPlane::BeginMaskRound() {
+  if (!CanMask() || round_.running()) return;
+  BeforeMaskRound();
+  RankMaskState state = mask();
+  round_.Start(MaskRoundOf(group(), state.round + 1, std::move(state.live)));
+}
+
+absl::StatusOr<bool> DataPlane::FinishMaskRound(absl::Duration wait) {
+  if (!CanMask()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "rank masks: the ", backend(),
+        " data plane cannot go on without a lost rank (it needs more than one rank and "
+        "every rank's rendezvous address); join a new generation"));
+  }
+  BeginMaskRound();
+  std::optional<absl::StatusOr<MaskAgreement>> result = round_.Wait(wait);
+  if (!result.has_value()) return false;
+  if (!result->ok()) return result->status();
+  RETURN_IF_ERROR(UseAgreement(*std::move(*result), mask().round + 1));
+  return true;
+}
+
+absl::Status DataPlane::Readmit(int round, const std::vector<bool>& live_before,
+                                const std::vector<bool>& joining) {
+  if (!CanMask()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "Rejoin: the ", backend(),
+        " data plane cannot re-admit a rank (it needs every rank's rendezvous address); "
+        "join a new generation"));
+  }
+  if (round_.running()) {
+    return absl::FailedPreconditionError(absl::StrCat("Rejoin: rank mask round ", mask().round + 1,
+                                                      " is still running on rank ", group().rank,
+                                                      "; send the call again"));
+  }
+  MaskRound agree = MaskRoundOf(group(), round, live_before);
+  agree.joining = joining;
+  ASSIGN_OR_RETURN(MaskAgreement agreed, AgreeRankMask(agree));
+  return UseAgreement(std::move(agreed), round);
 }
 
 RankMaskState DataPlane::mask() const {
@@ -265,20 +316,6 @@ absl::Status DataPlane::EngineCheckStep() { return absl::OkStatus(); }
 void DataPlane::NewWorkspaceToken() {
   static std::atomic<uint64_t> next{1};
   workspace_token_ = next.fetch_add(1);
-}
-
-MaskRound MaskRoundOf(const DataPlaneGroup& group, int round, int rank,
-                      std::vector<bool> live_before) {
-  MaskRound agree;
-  agree.addresses = group.rendezvous_addresses;
-  agree.secret = group.rendezvous_secret;
-  agree.generation = group.generation;
-  agree.round = round;
-  agree.rank = rank;
-  agree.live_before = std::move(live_before);
-  agree.timeout = group.timeout;
-  agree.data_plane_host = group.data_plane_host;
-  return agree;
 }
 
 }  // namespace moe_ep::server

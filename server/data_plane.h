@@ -41,6 +41,7 @@
 #include "core/workspace.h"
 #include "gloo/rendezvous/store.h"
 #include "server/call_gate.h"
+#include "server/mask_round_task.h"
 #include "server/nccl_id_share.h"
 #include "server/placement_book.h"
 #include "server/rank_mask.h"
@@ -71,13 +72,6 @@ struct DataPlaneGroup {
   // in-process store) until Readmit puts it back in the survivors' group.
   bool rejoin = false;
 };
-
-// Mask round `round` of `group` as `rank` sees it (server/rank_mask.h): the
-// group's Rendezvous addresses, secret, generation, timeout and data-plane
-// host, with `live_before` the live ranks before the round. Every plane's
-// BeginMaskRound and Readmit use it. Thread-safe (a pure function).
-MaskRound MaskRoundOf(const DataPlaneGroup& group, int round, int rank,
-                      std::vector<bool> live_before);
 
 // The rank mask a data plane serves under (DESIGN §15): which ranks are live
 // and how many mask rounds the group went through.
@@ -138,6 +132,8 @@ struct EngineRecvBuffers {
 
 class DataPlane {
  public:
+  // A mask round still running is stopped (MaskRoundTask), after the
+  // derived plane is gone: the round's thread touches none of it.
   virtual ~DataPlane() = default;
 
   // "gloo" or "nccl".
@@ -155,32 +151,36 @@ class DataPlane {
   // ncclCommShrink, server/gpu_data_plane.h) or the one-sided plane (new
   // peer windows, server/onesided_data_plane.h)). After a group error,
   // BeginMaskRound() starts the survivors' agreement on who is left
-  // (server/rank_mask.h) on a thread of its own (the NCCL plane first revokes
-  // its communicator, which may wait up to the group timeout) and returns (a
-  // round already running is left alone); FinishMaskRound(wait) waits up to
-  // `wait` for it: false when it is still running, true once the plane
-  // serves on the survivors' group (tokens go to live replicas, experts
-  // with none are reported per step in StepStats::lost_experts and
-  // contribute zero; workspace, experts, tables and the committed geometry
-  // stay). A round bounds itself by a few group timeouts. Errors: those of
-  // AgreeRankMask (this rank left out: kFailedPrecondition), kUnimplemented
-  // when !CanMask(); on error the group is broken.
-  virtual bool CanMask() const { return false; }
-  virtual void BeginMaskRound() {}
-  virtual absl::StatusOr<bool> FinishMaskRound(absl::Duration wait);
+  // (server/rank_mask.h) on a thread of its own (server/mask_round_task.h;
+  // the NCCL plane first revokes its communicator, which may wait up to the
+  // group timeout: BeforeMaskRound) and returns (a round already running is
+  // left alone); FinishMaskRound(wait) waits up to `wait` for it: false when
+  // it is still running, true once the plane serves on the survivors' group
+  // (UseAgreement: tokens go to live replicas, experts with none are
+  // reported per step in StepStats::lost_experts and contribute zero;
+  // workspace, experts, tables and the committed geometry stay). A round
+  // bounds itself by a few group timeouts; destroying the plane (Leave)
+  // stops a running round within about a store poll instead of waiting for
+  // it. Errors: those of AgreeRankMask (this rank left out:
+  // kFailedPrecondition), kUnimplemented when !CanMask(); on error the group
+  // is broken.
+  bool CanMask() const;
+  void BeginMaskRound();
+  absl::StatusOr<bool> FinishMaskRound(absl::Duration wait);
   virtual RankMaskState mask() const;
   // Readmit(): the re-admission of masked ranks at a step boundary (the
   // Rejoin RPC; DESIGN §15): runs mask round `round` (the current round +
   // 1) with `live_before` (the survivors) and the `joining` ranks as
-  // candidates, synchronously (bounded by a few group timeouts), and then
-  // serves on the members' group like FinishMaskRound (tables under the new
-  // mask, the full table when every rank is live; the committed geometry
-  // carried over where there is one). A survivor and a returning rank call
-  // it alike. Errors: kFailedPrecondition (a round is running; this rank
-  // left out, e.g. a returning rank that arrived too late: its plane is
-  // unchanged), AgreeRankMask's, kUnimplemented when !CanMask().
-  virtual absl::Status Readmit(int round, const std::vector<bool>& live_before,
-                               const std::vector<bool>& joining);
+  // candidates, synchronously on the caller's thread (bounded by a few
+  // group timeouts), and then serves on the members' group like
+  // FinishMaskRound (tables under the new mask, the full table when every
+  // rank is live; the committed geometry carried over where there is one).
+  // A survivor and a returning rank call it alike. Errors:
+  // kFailedPrecondition (a round is running; this rank left out, e.g. a
+  // returning rank that arrived too late: its plane is unchanged),
+  // AgreeRankMask's, kUnimplemented when !CanMask().
+  absl::Status Readmit(int round, const std::vector<bool>& live_before,
+                       const std::vector<bool>& joining);
 
   // The call being served from now on: every later collective wait of this
   // data plane (its control collective and the payload path) ends by
@@ -356,6 +356,18 @@ class DataPlane {
   // ExpertTokenTotals read it.
   PlacementBook book_;
 
+  // The hooks of the rank-mask flow above. group(): the arguments the plane
+  // was formed with (its rank, world, Rendezvous addresses, timeout; what
+  // CanMask and the rounds read). BeforeMaskRound(): what the plane does when
+  // a round starts, on the caller's thread (default nothing; the NCCL plane
+  // revokes its communicator). UseAgreement(): serve on the members of
+  // `agreed`, now mask round `agreed_round` (each plane rebuilds its own
+  // group, dispatcher and tables; mask() reports it afterwards); on error
+  // the group is broken.
+  virtual const DataPlaneGroup& group() const = 0;
+  virtual void BeforeMaskRound() {}
+  virtual absl::Status UseAgreement(MaskAgreement agreed, int agreed_round) = 0;
+
  public:
   // Times `iterations` steps (after `warmup`) of Dispatch and Combine with
   // identity experts on a scratch dispatcher sized by `options` (capacity =
@@ -376,6 +388,7 @@ class DataPlane {
 
  private:
   uint64_t workspace_token_ = 0;
+  MaskRoundTask round_;  // the round BeginMaskRound started, if any
 };
 
 // Forms the group of `group.backend` through `store` (rank 0's Rendezvous

@@ -2,7 +2,18 @@
 
 #include <algorithm>
 
+#include "absl/hash/hash.h"
+
 namespace moe_ep::server {
+
+uint64_t RoutingFingerprint(absl::string_view topk_ids) {
+  return static_cast<uint64_t>(absl::Hash<absl::string_view>{}(topk_ids));
+}
+
+uint64_t RoutingFingerprint(absl::Span<const int32_t> topk_ids) {
+  return RoutingFingerprint(absl::string_view(reinterpret_cast<const char*>(topk_ids.data()),
+                                              topk_ids.size() * sizeof(int32_t)));
+}
 
 void ExpertLoadBook::Reset(int num_experts) {
   num_experts_ = std::max(num_experts, 0);
@@ -15,8 +26,8 @@ void ExpertLoadBook::Add(int layer, const core::ExpertLoadCounts& step, LoadStep
     l.totals.assign(num_experts_, 0);
     l.window.tokens_per_expert.assign(num_experts_, 0);
   }
-  const bool resent =
-      key.epoch >= 0 && key.epoch == l.last_key.epoch && key.mask_round > l.last_key.mask_round;
+  const bool resent = key.epoch >= 0 && key.epoch == l.last_key.epoch &&
+                      key.routing == l.last_key.routing && key.mask_round > l.last_key.mask_round;
   if (resent) {
     // The same step again: take back what its first run added.
     for (size_t e = 0; e < l.last_counts.size(); ++e) {

@@ -200,42 +200,8 @@ absl::Status GpuDataPlane::MakeDeviceCurrent() const {
 
 absl::Status GpuDataPlane::Synchronize() { return view_->Synchronize(); }
 
-bool GpuDataPlane::CanMask() const {
-  return group_.world_size > 1 &&
-         static_cast<int>(group_.rendezvous_addresses.size()) == group_.world_size;
-}
-
-void GpuDataPlane::BeginMaskRound() {
-  if (!CanMask() || round_.valid()) return;
-  // A peer is gone: stop what the communicator still runs (an NCCL error
-  // revoked it already), keeping it for ncclCommShrink.
+void GpuDataPlane::BeforeMaskRound() {
   if (MakeDeviceCurrent().ok()) nccl_->Revoke().IgnoreError();
-  MaskRound round = MaskRoundOf(group_, mask_.round + 1, group_.rank, mask_.live);
-  round_ = std::async(std::launch::async, [round] { return AgreeRankMask(round); });
-}
-
-absl::StatusOr<bool> GpuDataPlane::FinishMaskRound(absl::Duration wait) {
-  if (!CanMask()) return DataPlane::FinishMaskRound(wait);
-  BeginMaskRound();
-  if (round_.wait_for(absl::ToChronoMilliseconds(wait)) != std::future_status::ready) return false;
-  absl::StatusOr<MaskAgreement> result = round_.get();
-  if (!result.ok()) return result.status();
-  RETURN_IF_ERROR(UseAgreement(*std::move(result), mask_.round + 1));
-  return true;
-}
-
-absl::Status GpuDataPlane::Readmit(int round, const std::vector<bool>& live_before,
-                                   const std::vector<bool>& joining) {
-  if (!CanMask()) return DataPlane::Readmit(round, live_before, joining);
-  if (round_.valid()) {
-    return absl::FailedPreconditionError(absl::StrCat("Rejoin: rank mask round ", mask_.round + 1,
-                                                      " is still running on rank ", group_.rank,
-                                                      "; send the call again"));
-  }
-  MaskRound agree = MaskRoundOf(group_, round, group_.rank, live_before);
-  agree.joining = joining;
-  ASSIGN_OR_RETURN(MaskAgreement agreed, AgreeRankMask(agree));
-  return UseAgreement(std::move(agreed), round);
 }
 
 absl::Status GpuDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) {
@@ -682,7 +648,10 @@ absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostFo
     stats.lost_choices += chosen;
   }
   // Keyed like the CPU plane: a step resent after a mask round counts once.
-  book_.AddLoad(layer, step, LoadStepKey{dispatcher_->epoch(), mask_.round});
+  book_.AddLoad(layer, step,
+                LoadStepKey{dispatcher_->epoch(), mask_.round,
+                            RoutingFingerprint(absl::string_view(
+                                static_cast<const char*>(io.topk_ids), num_tokens * k * 4))});
   RETURN_IF_ERROR(AddStepTimes(events_, has_shared ? &shared_ : nullptr, &stats));
   return stats;
 }

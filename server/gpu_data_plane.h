@@ -77,7 +77,6 @@
 #include <cuda_runtime.h>
 
 #include <functional>
-#include <future>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -120,14 +119,9 @@ class GpuDataPlane final : public DataPlane {
     view_->SetCallDeadline(CollectiveDeadline(call));
   }
   // Rank masks (see the file comment; server/data_plane.h for the
-  // contract). BeginMaskRound revokes the communicator (its in-flight work
-  // stops) and runs the agreement on a std::async thread; FinishMaskRound and
-  // Readmit follow the agreed mask on the caller's thread.
-  bool CanMask() const override;
-  void BeginMaskRound() override;
-  absl::StatusOr<bool> FinishMaskRound(absl::Duration wait) override;
-  absl::Status Readmit(int round, const std::vector<bool>& live_before,
-                       const std::vector<bool>& joining) override;
+  // contract): a round starting revokes the communicator (its in-flight
+  // work stops; BeforeMaskRound); FinishMaskRound and Readmit follow the
+  // agreed mask on the caller's thread (UseAgreement).
   RankMaskState mask() const override { return mask_; }
   int device() const { return device_; }
   int cuda_device() const override { return device_; }
@@ -220,12 +214,16 @@ class GpuDataPlane final : public DataPlane {
   absl::Status OnCallerStream(cudaStream_t caller, const std::function<absl::Status()>& enqueue);
   // Waits for the stream with the group's deadline.
   absl::Status Synchronize();
+  const DataPlaneGroup& group() const override { return group_; }
+  // A peer is gone: stops what the communicator still runs (an NCCL error
+  // revoked it already), keeping it for ncclCommShrink.
+  void BeforeMaskRound() override;
   // Serves under the mask of `agreed` (round `agreed_round`): the
   // communicator of core::PlanShrink (kept, shrunk, or formed afresh), the
   // masked view over it, a new dispatcher on it (geometry carried), every
   // table under the mask. On error the plane is unchanged where it can be
   // (the old communicator stays revoked: the group is broken).
-  absl::Status UseAgreement(MaskAgreement agreed, int agreed_round);
+  absl::Status UseAgreement(MaskAgreement agreed, int agreed_round) override;
   int64_t TotalExpertBytes() const;
 
   // Declared first: everything below points into the collective. Without
@@ -239,7 +237,6 @@ class GpuDataPlane final : public DataPlane {
   DataPlaneGroup group_;                                       // as formed (rank, world, addresses)
   RankMaskState mask_;                                         // the mask served under
   std::vector<int> members_;                                   // original ranks of nccl_, ascending
-  std::future<absl::StatusOr<MaskAgreement>> round_;           // the round running, if any
   // The call now running (SetCall; the call gates of Forward and Benchmark
   // read it).
   CallBound call_;

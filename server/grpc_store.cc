@@ -24,23 +24,35 @@ constexpr absl::Duration kRpcSlack = absl::Milliseconds(500);
 
 // Runs `attempt` (one RPC with the given deadline and server-side wait in ms)
 // until it succeeds or fails with something other than UNAVAILABLE, or the
-// overall deadline passes. Throws gloo::IoException on failure.
+// overall deadline passes. With `stop`, each attempt waits at most
+// GrpcStore::kStopCheckInterval (a server-side DEADLINE_EXCEEDED then means
+// "not yet": the next attempt waits again) and a set flag ends the call.
+// Throws gloo::IoException on failure.
 void CallWithRetry(const std::string& what, const std::string& address, absl::Duration timeout,
-                   const std::string& secret,
+                   const std::string& secret, const std::atomic<bool>* stop,
                    const std::function<grpc::Status(grpc::ClientContext*, int64_t)>& attempt) {
   const absl::Time deadline = absl::Now() + timeout;
   grpc::Status last;
   while (true) {
+    if (stop != nullptr && stop->load()) {
+      throw gloo::IoException(absl::StrCat("rendezvous store at ", address, ": ", what,
+                                           " stopped: the caller gave up"));
+    }
     const absl::Duration remaining = deadline - absl::Now();
     if (remaining <= absl::ZeroDuration()) break;
+    const absl::Duration slice =
+        stop != nullptr ? std::min(remaining, GrpcStore::kStopCheckInterval) : remaining;
     grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + remaining + kRpcSlack));
+    context.set_deadline(absl::ToChronoTime(absl::Now() + slice + kRpcSlack));
     context.set_wait_for_ready(true);
     if (!secret.empty()) context.AddMetadata(kSecretMetadataKey, secret);
-    last = attempt(&context, std::max<int64_t>(0, absl::ToInt64Milliseconds(remaining)));
+    last = attempt(&context, std::max<int64_t>(0, absl::ToInt64Milliseconds(slice)));
     if (last.ok()) return;
+    if (last.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      if (slice < remaining) continue;  // a slice of a longer wait
+      break;
+    }
     if (last.error_code() != grpc::StatusCode::UNAVAILABLE) {
-      if (last.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) break;
       throw gloo::IoException(absl::StrCat("rendezvous store at ", address, ": ", what,
                                            " failed: gRPC code ", last.error_code(), ": ",
                                            last.error_message()));
@@ -67,8 +79,12 @@ void SetPeerChannelCredentials(std::shared_ptr<grpc::ChannelCredentials> credent
   g_peer_credentials = std::move(credentials);
 }
 
-GrpcStore::GrpcStore(std::string address, absl::Duration timeout, std::string secret)
-    : address_(std::move(address)), timeout_(timeout), secret_(std::move(secret)) {
+GrpcStore::GrpcStore(std::string address, absl::Duration timeout, std::string secret,
+                     std::shared_ptr<const std::atomic<bool>> stop)
+    : address_(std::move(address)),
+      timeout_(timeout),
+      secret_(std::move(secret)),
+      stop_(std::move(stop)) {
   grpc::ChannelArguments args;
   // Rank 0 may come up late: reconnect quickly instead of gRPC's default
   // backoff (up to 120 s), which would outlast a typical join timeout.
@@ -83,7 +99,7 @@ void GrpcStore::set(const std::string& key, const std::vector<char>& data) {
   v1::SetRequest request;
   request.set_key(key);
   request.set_value(data.data(), data.size());
-  CallWithRetry(absl::StrCat("set \"", key, "\""), address_, timeout_, secret_,
+  CallWithRetry(absl::StrCat("set \"", key, "\""), address_, timeout_, secret_, stop_.get(),
                 [&](grpc::ClientContext* context, int64_t /*wait_ms*/) {
                   v1::SetResponse response;
                   return stub_->Set(context, request, &response);
@@ -94,7 +110,7 @@ std::vector<char> GrpcStore::get(const std::string& key) {
   v1::GetRequest request;
   request.set_key(key);
   v1::GetResponse response;
-  CallWithRetry(absl::StrCat("get \"", key, "\""), address_, timeout_, secret_,
+  CallWithRetry(absl::StrCat("get \"", key, "\""), address_, timeout_, secret_, stop_.get(),
                 [&](grpc::ClientContext* context, int64_t wait_ms) {
                   request.set_timeout_ms(wait_ms);
                   return stub_->Get(context, request, &response);
@@ -112,7 +128,7 @@ void GrpcStore::wait(const std::vector<std::string>& keys,
   v1::WaitRequest request;
   for (const std::string& key : keys) request.add_keys(key);
   CallWithRetry(absl::StrCat("wait for \"", absl::StrJoin(keys, "\", \""), "\""), address_, limit,
-                secret_, [&](grpc::ClientContext* context, int64_t wait_ms) {
+                secret_, stop_.get(), [&](grpc::ClientContext* context, int64_t wait_ms) {
                   request.set_timeout_ms(wait_ms);
                   v1::WaitResponse response;
                   return stub_->Wait(context, request, &response);

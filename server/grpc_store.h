@@ -15,6 +15,7 @@
 //
 // Thread-safe (gRPC stubs are); Gloo calls it from one thread.
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -40,8 +41,15 @@ class GrpcStore : public gloo::rendezvous::Store {
   // set/get/wait (and wait(keys, timeout) uses its own timeout, or this one
   // when Gloo passes zero = "no timeout"). `secret` non-empty: sent with
   // every call as the generation's rendezvous secret (kSecretMetadataKey of
-  // server/rendezvous_service.h). REQUIRES: timeout > 0.
-  GrpcStore(std::string address, absl::Duration timeout, std::string secret = "");
+  // server/rendezvous_service.h). `stop` non-null (a rank mask round,
+  // server/rank_mask.h): each RPC waits at most kStopCheckInterval plus its
+  // slack before the call looks at the flag again, and a set flag ends the
+  // call with a gloo::IoException saying "stopped". REQUIRES: timeout > 0.
+  GrpcStore(std::string address, absl::Duration timeout, std::string secret = "",
+            std::shared_ptr<const std::atomic<bool>> stop = nullptr);
+
+  // How long one RPC of a store with a stop flag waits on the server.
+  static constexpr absl::Duration kStopCheckInterval = absl::Milliseconds(100);
 
   void set(const std::string& key, const std::vector<char>& data) override;
   std::vector<char> get(const std::string& key) override;
@@ -70,6 +78,7 @@ class GrpcStore : public gloo::rendezvous::Store {
   std::string address_;
   absl::Duration timeout_;
   std::string secret_;
+  std::shared_ptr<const std::atomic<bool>> stop_;
   std::unique_ptr<v1::Rendezvous::Stub> stub_;
 };
 

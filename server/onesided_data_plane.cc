@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
-#include <future>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -192,40 +191,6 @@ int64_t OneSidedDataPlane::TotalExpertBytes() const {
   int64_t total = 0;
   for (const auto& [layer, experts] : experts_) total += experts->weight_bytes();
   return total + shared_.TotalBytes();
-}
-
-bool OneSidedDataPlane::CanMask() const {
-  return world_ > 1 && static_cast<int>(group_.rendezvous_addresses.size()) == world_;
-}
-
-void OneSidedDataPlane::BeginMaskRound() {
-  if (!CanMask() || round_.valid()) return;
-  MaskRound round = MaskRoundOf(group_, mask_.round + 1, rank_, mask_.live);
-  round_ = std::async(std::launch::async, [round] { return AgreeRankMask(round); });
-}
-
-absl::StatusOr<bool> OneSidedDataPlane::FinishMaskRound(absl::Duration wait) {
-  if (!CanMask()) return DataPlane::FinishMaskRound(wait);
-  BeginMaskRound();
-  if (round_.wait_for(absl::ToChronoMilliseconds(wait)) != std::future_status::ready) return false;
-  absl::StatusOr<MaskAgreement> result = round_.get();
-  if (!result.ok()) return result.status();
-  RETURN_IF_ERROR(UseAgreement(*std::move(result), mask_.round + 1));
-  return true;
-}
-
-absl::Status OneSidedDataPlane::Readmit(int round, const std::vector<bool>& live_before,
-                                        const std::vector<bool>& joining) {
-  if (!CanMask()) return DataPlane::Readmit(round, live_before, joining);
-  if (round_.valid()) {
-    return absl::FailedPreconditionError(absl::StrCat("Rejoin: rank mask round ", mask_.round + 1,
-                                                      " is still running on rank ", rank_,
-                                                      "; send the call again"));
-  }
-  MaskRound agree = MaskRoundOf(group_, round, rank_, live_before);
-  agree.joining = joining;
-  ASSIGN_OR_RETURN(MaskAgreement agreed, AgreeRankMask(agree));
-  return UseAgreement(std::move(agreed), round);
 }
 
 absl::Status OneSidedDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) {
@@ -643,7 +608,8 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::Forward(
   step.steps = 1;
   core::CountExpertTokens(topk_ids, options_.num_experts, absl::MakeSpan(step.tokens_per_expert));
   // Keyed like the CPU plane's: a step resent after a mask counts once.
-  book_.AddLoad(layer, step, LoadStepKey{committed_epoch_, mask_.round});
+  book_.AddLoad(layer, step,
+                LoadStepKey{committed_epoch_, mask_.round, RoutingFingerprint(topk_ids)});
   RETURN_IF_ERROR(AddStepTimes(events_, has_shared ? &shared_ : nullptr, &stats));
   return stats;
 }

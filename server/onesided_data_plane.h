@@ -54,7 +54,6 @@
 
 #include <cuda_runtime.h>
 
-#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -109,14 +108,9 @@ class OneSidedDataPlane final : public DataPlane {
     collective_->SetCallDeadline(CollectiveDeadline(call));
   }
   // Rank masks (server/data_plane.h), as CpuDataPlane: with every rank's
-  // Rendezvous address and more than one rank; the round runs on a thread
-  // of its own; FinishMaskRound and Readmit drop the dispatcher and the
-  // windows on the caller's thread and mask every layer's table.
-  bool CanMask() const override;
-  void BeginMaskRound() override;
-  absl::StatusOr<bool> FinishMaskRound(absl::Duration wait) override;
-  absl::Status Readmit(int round, const std::vector<bool>& live_before,
-                       const std::vector<bool>& joining) override;
+  // Rendezvous address and more than one rank; FinishMaskRound and Readmit
+  // drop the dispatcher and the windows on the caller's thread and mask
+  // every layer's table (UseAgreement).
   RankMaskState mask() const override { return mask_; }
   int cuda_device() const override { return device_; }
 
@@ -171,8 +165,9 @@ class OneSidedDataPlane final : public DataPlane {
   // A dispatcher over windows_ whose id space is `map`'s (a new one when it
   // differs; the committed geometry carried over).
   absl::Status UseRouteMap(const OneSidedRouteMap& map);
+  const DataPlaneGroup& group() const override { return group_; }
   // Serves on the members of `agreed` (round `agreed_round`).
-  absl::Status UseAgreement(MaskAgreement agreed, int agreed_round);
+  absl::Status UseAgreement(MaskAgreement agreed, int agreed_round) override;
   int64_t TotalExpertBytes() const;
 
   // Declared first: everything below uses the collective. collective_
@@ -182,7 +177,6 @@ class OneSidedDataPlane final : public DataPlane {
   CallBound call_;        // the call now running (SetCall; Benchmark's gates read it)
   DataPlaneGroup group_;  // as formed (rank, world, rendezvous addresses)
   RankMaskState mask_;
-  std::future<absl::StatusOr<MaskAgreement>> round_;  // the round running, if any
   int device_ = 0;
   int rank_ = 0;   // in the original numbering
   int world_ = 1;  // as formed

@@ -29,6 +29,13 @@ std::string ListRanks(const std::vector<bool>& live) {
   return absl::StrJoin(ranks, ",");
 }
 
+bool Stopped(const MaskRound& round) { return round.stop != nullptr && round.stop->load(); }
+
+absl::Status StoppedError(const MaskRound& round) {
+  return absl::CancelledError(absl::StrCat("rank mask round ", round.round, ": stopped on rank ",
+                                           round.rank, " (its data plane is going away)"));
+}
+
 }  // namespace
 
 std::string MaskKeyPrefix(int64_t generation, int round) {
@@ -61,6 +68,7 @@ absl::StatusOr<MaskAgreement> AgreeRankMask(const MaskRound& round) {
   // finds itself at the latest; a joining one may find none).
   int host = -1;
   for (int r = 0; r < world && host < 0; ++r) {
+    if (Stopped(round)) return StoppedError(round);
     if (!round.live_before[r]) continue;
     if (r == round.rank) {
       host = r;
@@ -75,7 +83,9 @@ absl::StatusOr<MaskAgreement> AgreeRankMask(const MaskRound& round) {
         " is rejoining but no live rank's Rendezvous store answers (live before: ranks ",
         ListRanks(round.live_before), ")"));
   }
-  auto store = std::make_shared<GrpcStore>(round.addresses[host], round.timeout, round.secret);
+  // The round's stores look at the stop flag between short waits (server/grpc_store.h).
+  auto store =
+      std::make_shared<GrpcStore>(round.addresses[host], round.timeout, round.secret, round.stop);
 
   try {
     // 2. This rank is alive.
@@ -96,6 +106,7 @@ absl::StatusOr<MaskAgreement> AgreeRankMask(const MaskRound& round) {
       arrived[round.rank] = true;
       const absl::Time deadline = absl::Now() + round.timeout;
       while (true) {
+        if (Stopped(round)) return StoppedError(round);
         bool all = true;
         for (int r = 0; r < world; ++r) {
           if (!candidate[r] || arrived[r]) continue;
@@ -111,7 +122,7 @@ absl::StatusOr<MaskAgreement> AgreeRankMask(const MaskRound& round) {
     }
 
     // 4. Everybody reads the members.
-    GrpcStore reader(round.addresses[host], 2 * round.timeout, round.secret);
+    GrpcStore reader(round.addresses[host], 2 * round.timeout, round.secret, round.stop);
     const std::vector<char> value = reader.get(members_key);
     MaskAgreement out;
     out.host = host;
@@ -144,9 +155,11 @@ absl::StatusOr<MaskAgreement> AgreeRankMask(const MaskRound& round) {
                  absl::FormatDuration(absl::Now() - start));
 
     // 5. The members' context on a fresh prefix.
+    if (Stopped(round)) return StoppedError(round);
     absl::StatusOr<std::unique_ptr<core::GlooCollective>> group = core::GlooCollective::Create(
         store, prefix, index, size, round.data_plane_host, round.timeout);
     if (!group.ok()) {
+      if (Stopped(round)) return StoppedError(round);
       return absl::Status(
           group.status().code(),
           absl::StrCat("rank mask round ", round.round, " (survivors ", ListRanks(out.live),
@@ -155,6 +168,7 @@ absl::StatusOr<MaskAgreement> AgreeRankMask(const MaskRound& round) {
     out.group = std::move(*group);
     return out;
   } catch (const std::exception& e) {
+    if (Stopped(round)) return StoppedError(round);
     // GrpcStore throws on its deadline ("Timed out") and on RPC errors.
     const bool timed_out = absl::StrContains(e.what(), "Timed out");
     const std::string message = absl::StrCat(

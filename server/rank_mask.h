@@ -26,9 +26,14 @@
 // A killed worker's port refuses at once, so a round takes milliseconds plus
 // Gloo's connect; a peer that answers but never arrives costs one timeout.
 //
+// A round can be stopped (MaskRound::stop; what a data plane that goes away
+// mid-round does, server/mask_round_task.h): every wait of the round looks
+// at the flag at least every few hundred ms, so it returns promptly.
+//
 // Errors name the round, the host and the ranks. Blocking; thread-safe (no
-// shared state). Source: DESIGN §15, §16; issue 17 item 3.
+// shared state but the stop flag). Source: DESIGN §15, §16; issue 17 item 3.
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -52,6 +57,9 @@ struct MaskRound {
   std::vector<bool> joining;
   absl::Duration timeout = absl::Seconds(30);
   std::string data_plane_host = "127.0.0.1";
+  // Null, or a flag another thread may set: the round then gives up at its
+  // next check (kCancelled) instead of waiting out its timeouts.
+  std::shared_ptr<const std::atomic<bool>> stop;
 };
 
 struct MaskAgreement {
@@ -69,8 +77,8 @@ std::string MaskKeyPrefix(int64_t generation, int round);
 // kInvalidArgument (addresses not one per rank, rank out of range or
 // neither live before nor joining), kUnavailable (a joining rank that
 // finds no live rank's store), kFailedPrecondition (this rank is not among the members),
-// kDeadlineExceeded (no members list within twice the timeout), and Gloo's
-// errors forming the context.
+// kDeadlineExceeded (no members list within twice the timeout), kCancelled
+// (round.stop was set), and Gloo's errors forming the context.
 absl::StatusOr<MaskAgreement> AgreeRankMask(const MaskRound& round);
 
 }  // namespace moe_ep::server

@@ -1,8 +1,12 @@
 #include "server/grpc_store.h"
 
+#include <atomic>
 #include <chrono>
+#include <future>
 #include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "gloo/common/error.h"
 #include "gmock/gmock.h"
@@ -106,6 +110,40 @@ TEST(GrpcStore, UnreachableStoreTimesOut) {
     EXPECT_THAT(e.what(), HasSubstr("Timed out"));
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+// A store with a stop flag: a get of a key nobody sets waits in slices and
+// ends "stopped" once the flag is set (a rank mask round whose plane goes
+// away, server/rank_mask.h), not at its timeout; one already stopped does
+// not call at all. Without the flag set it still gets what another client sets.
+TEST(GrpcStore, AStopFlagEndsAWait) {
+  RendezvousServer server;
+  auto stop = std::make_shared<std::atomic<bool>>(false);
+  GrpcStore store(server.address(), absl::Seconds(60), "", stop);
+  GrpcStore writer(server.address(), absl::Seconds(5));
+  std::thread t([&] { writer.set("set-later", {'2'}); });
+  EXPECT_EQ(store.get("set-later"), std::vector<char>{'2'});
+  t.join();
+  std::thread stopper([&] {
+    // Once the waiter is in its wait (it has set its own key first).
+    GrpcStore(server.address(), absl::Seconds(5)).wait({"waiting"});
+    stop->store(true);
+  });
+  auto waited = std::async(std::launch::async, [&]() -> std::string {
+    store.set("waiting", {'1'});
+    try {
+      store.get("never-set");
+    } catch (const gloo::IoException& e) {
+      return e.what();
+    }
+    return "returned";
+  });
+  ASSERT_EQ(waited.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+      << "the wait did not see the stop flag";
+  EXPECT_THAT(waited.get(), HasSubstr("get \"never-set\" stopped: the caller gave up"));
+  stopper.join();
+  EXPECT_THAT([&] { store.set("after", {'1'}); },
+              ::testing::ThrowsMessage<gloo::IoException>(HasSubstr("set \"after\" stopped")));
 }
 
 }  // namespace

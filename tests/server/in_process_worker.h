@@ -141,6 +141,23 @@ class InProcessWorker {
   std::unique_ptr<v1::Worker::Stub> stub_;
 };
 
+// A ConfigureLayers request of one sparse layer ("hand": H = `hidden`, 4
+// experts, top-2) over two ranks as one TP group with all-to-all.
+inline v1::ConfigureLayersRequest OneLayerOverTwoRanks(int64_t hidden) {
+  v1::ConfigureLayersRequest request;
+  request.mutable_layout()->set_tp_size(2);
+  request.mutable_layout()->set_attn_dp_size(1);
+  request.set_a2a_enabled(true);
+  v1::ModelDescription* model = request.mutable_model();
+  model->set_name("hand");
+  model->set_hidden_size(hidden);
+  model->set_num_layers(1);
+  model->set_num_experts(4);
+  model->set_top_k(2);
+  model->add_sparse_layers(true);
+  return request;
+}
+
 // Runs f(0) .. f(n - 1) on n threads and waits for all.
 inline void OnAllRanks(int n, const std::function<void(int)>& f) {
   std::vector<std::thread> threads;

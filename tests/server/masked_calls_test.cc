@@ -23,23 +23,9 @@ namespace {
 using ::testing::HasSubstr;
 using testing::InProcessWorker;
 using testing::OnAllRanks;
+using testing::OneLayerOverTwoRanks;
 
 constexpr int64_t kHidden = 4;
-
-v1::ConfigureLayersRequest Configure() {
-  v1::ConfigureLayersRequest request;
-  request.mutable_layout()->set_tp_size(2);
-  request.mutable_layout()->set_attn_dp_size(1);
-  request.set_a2a_enabled(true);
-  v1::ModelDescription* model = request.mutable_model();
-  model->set_name("hand");
-  model->set_hidden_size(kHidden);
-  model->set_num_layers(1);
-  model->set_num_experts(4);
-  model->set_top_k(2);
-  model->add_sparse_layers(true);
-  return request;
-}
 
 v1::AllocateWorkspaceRequest Allocate() {
   v1::AllocateWorkspaceRequest request;
@@ -86,7 +72,7 @@ TEST(MaskedCalls, CallsThatNeedEveryRankNameTheMaskedRank) {
   });
   ASSERT_TRUE(status[0].ok()) << status[0].error_message();
   ASSERT_TRUE(status[1].ok()) << status[1].error_message();
-  OnAllRanks(2, [&](int r) { status[r] = workers[r]->Configure(Configure()); });
+  OnAllRanks(2, [&](int r) { status[r] = workers[r]->Configure(OneLayerOverTwoRanks(kHidden)); });
   ASSERT_TRUE(status[0].ok() && status[1].ok()) << status[0].error_message();
   OnAllRanks(2, [&](int r) { status[r] = workers[r]->Allocate(Allocate()); });
   ASSERT_TRUE(status[0].ok() && status[1].ok()) << status[0].error_message();
