@@ -31,53 +31,6 @@ bool Lost(v1::RankState s) {
 
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 
-// Leave on each of `ranks` of `group`: masked ranks whose workers still run
-// its generation (late, not dead), so that they are back in STARTED for
-// RejoinRanks. Checked first on fresh GetStatus: the survivors' latest view
-// (the highest mask round of the generation, as RejoinRanks reads it) masks
-// each, and each still reports the generation, so a member that is merely
-// slow is never told to leave. Leave goes through a one-rank Coordinator
-// (same credentials and owner); its generation 0 means "whatever group",
-// which the check just above has pinned to this one.
-absl::Status LeaveMaskedRanks(Coordinator& group, const std::vector<int>& ranks) {
-  const int64_t generation = group.generation();
-  const std::vector<absl::StatusOr<v1::GetStatusResponse>> statuses = group.StatusEach();
-  const v1::GetStatusResponse* view = nullptr;
-  for (const auto& s : statuses) {
-    if (!s.ok() || s->generation() != generation || s->group_broken()) continue;
-    if (view == nullptr || s->mask_round() > view->mask_round()) view = &*s;
-  }
-  for (int rank : ranks) {
-    if (view == nullptr || std::find(view->masked_ranks().begin(), view->masked_ranks().end(),
-                                     rank) == view->masked_ranks().end()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "Leave: rank ", rank, " is not masked in generation ", generation,
-          view == nullptr
-              ? " (no live rank answers)"
-              : absl::StrCat(" (masked ranks [", absl::StrJoin(view->masked_ranks(), ","),
-                             "], mask round ", view->mask_round(), ")")));
-    }
-    const absl::StatusOr<v1::GetStatusResponse>& own = statuses[rank];
-    if (!own.ok() || own->generation() != generation) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "Leave: masked rank ", rank, " no longer reports generation ", generation, ": ",
-          own.ok() ? absl::StrCat("generation ", own->generation()) : own.status().ToString()));
-    }
-  }
-  for (int rank : ranks) {
-    CoordinatorOptions options = group.options();
-    options.data_plane_hosts.clear();
-    ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> one,
-                     Coordinator::Connect({group.targets()[rank]}, options));
-    const absl::Status left = one->Leave();
-    if (!left.ok()) {
-      return absl::Status(left.code(),
-                          absl::StrCat("Leave on masked rank ", rank, ": ", left.message()));
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 GroupKeeper::GroupKeeper(GroupKeeperOptions options)
@@ -492,7 +445,6 @@ void GroupKeeper::ReadMaskLocked() {
                               "] in mask round ", round, ": serving without a re-form"),
                  since_loss);
   }
-  if (masked != masked_) masked_at_ = absl::Now();
   masked_ = std::move(masked);
   mask_round_ = round;
 }
@@ -545,29 +497,19 @@ bool GroupKeeper::MaskableLocked(std::string* why) {
   return true;
 }
 
-std::vector<int> GroupKeeper::ReturnedMaskedRanksLocked(std::vector<int>* stale) const {
+std::vector<int> GroupKeeper::ReturnedMaskedRanksLocked() const {
   std::vector<int> back;
-  stale->clear();
   if (!degraded_ || masked_.empty() || readding_ || forming_) return back;
   // Only answers probed after the last re-add count (earlier ones may show
   // a rank that was re-added since still STARTED).
   for (int r : masked_) {
     const RankObservation obs = watchers_[r]->Observe();
-    if (!obs.probed || !obs.probe.ok() || obs.last_answer <= last_readd_end_) continue;
-    if (obs.status.state() == v1::WORKER_STATE_STARTED) {
+    if (obs.probed && obs.probe.ok() && obs.last_answer > last_readd_end_ &&
+        obs.status.state() == v1::WORKER_STATE_STARTED) {
       back.push_back(r);
-    } else if (obs.status.generation() == generation_ && obs.last_answer > masked_at_) {
-      // Alive and still in the group's generation after the survivors
-      // masked it (late, not dead: a killed rank's last answer predates the
-      // mask). A rank in another generation belongs to someone else.
-      back.push_back(r);
-      stale->push_back(r);
     }
   }
-  if (back.empty()) {
-    stale->clear();
-    return back;
-  }
+  if (back.empty()) return back;
   // Every survivor reports the mask (RejoinRanks would refuse otherwise).
   for (size_t r = 0; r < watchers_.size(); ++r) {
     if (std::binary_search(masked_.begin(), masked_.end(), static_cast<int>(r))) continue;
@@ -576,14 +518,13 @@ std::vector<int> GroupKeeper::ReturnedMaskedRanksLocked(std::vector<int>* stale)
         obs.status.mask_round() != mask_round_ ||
         !std::equal(obs.status.masked_ranks().begin(), obs.status.masked_ranks().end(),
                     masked_.begin(), masked_.end())) {
-      stale->clear();
       return {};
     }
   }
   return back;
 }
 
-void GroupKeeper::Readd(const std::vector<int>& ranks, const std::vector<int>& stale) {
+void GroupKeeper::Readd(const std::vector<int>& ranks) {
   std::lock_guard<std::mutex> formation(formation_mu_);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -593,29 +534,12 @@ void GroupKeeper::Readd(const std::vector<int>& ranks, const std::vector<int>& s
     }
   }
   const absl::Time start = absl::Now();
-  // A live masked rank leaves its stale group first (back in STARTED, it is
-  // re-added as a restarted one).
-  const absl::Status left = stale.empty() ? absl::OkStatus() : LeaveMaskedRanks(*group_, stale);
-  const absl::StatusOr<v1::RejoinResponse> result =
-      left.ok() ? group_->RejoinRanks(ranks, setup_) : absl::StatusOr<v1::RejoinResponse>(left);
+  const absl::StatusOr<v1::RejoinResponse> result = group_->RejoinRanks(ranks, setup_);
   const absl::Time end = absl::Now();
   std::lock_guard<std::mutex> lock(mu_);
   readding_ = false;
   last_readd_end_ = end;
   const std::string list = absl::StrJoin(ranks, ",");
-  if (!stale.empty()) {
-    RecordLocked(
-        left.ok() ? "left" : "leave_failed", stale.front(),
-        absl::StrCat("masked ranks [", absl::StrJoin(stale, ","), "] answered in generation ",
-                     group_->generation(), " after the survivors masked them: ",
-                     left.ok() ? "left their stale group"
-                               : absl::StrCat("Leave failed (", left.ToString(),
-                                              "); still masked, tried again later")));
-  }
-  if (!left.ok()) {
-    UpdateLocked(end);
-    return;
-  }
   if (result.ok()) {
     readds_ += static_cast<int64_t>(ranks.size());
     last_readd_seconds_ = Seconds(end - start);
@@ -807,14 +731,13 @@ void GroupKeeper::Loop() {
     UpdateLocked(now);
     enum class Action { kNone, kResolve, kForm, kReadd } action = Action::kNone;
     std::vector<int> back;
-    std::vector<int> stale;
     if (has_desired_ && !drained_) {
       const bool any_lost =
           watchers_.empty() || std::any_of(views_.begin(), views_.end(), [](const v1::RankView& v) {
             return Lost(v.state()) || v.state() == v1::RANK_STATE_UNSPECIFIED;
           });
       const absl::Duration since_resolve = now - last_resolve_;
-      back = ReturnedMaskedRanksLocked(&stale);
+      back = ReturnedMaskedRanksLocked();
       if (!back.empty()) {
         action = Action::kReadd;
       } else if ((resolved_version_ != desired_version_ && since_resolve >= kResolveRetry) ||
@@ -863,7 +786,7 @@ void GroupKeeper::Loop() {
     if (action == Action::kReadd) {
       readding_ = true;
       lock.unlock();
-      Readd(back, stale);
+      Readd(back);
       lock.lock();
       continue;
     }

@@ -34,26 +34,20 @@
 // one rank cannot (DataPlane::CanMask: no survivor); it re-forms. A rank
 // lost after the group settled then does not re-form it: the survivors mask
 // it themselves at the first step that fails, the phase is MASKED (GetGroup
-// shows the mask and the experts left with no live replica), and once every
-// survivor reports the same mask the keeper re-adds it (and any other
-// masked rank that is back, in one round: Coordinator::RejoinRanks with the
-// group's own set-up requests) between two of the caller's steps, when its
-// worker answers again either in state STARTED (restarted on its target)
-// or, still alive, in the group's generation after the survivors masked it
-// (it was late: stalled past the group timeout, then came back). Such a
-// live rank is first told to Leave its stale group (only after fresh
-// GetStatus shows the survivors mask it and it still runs the generation,
-// so a rank that is merely slow is never touched); a Leave that fails
-// keeps the group masked and is tried again at a later probe. READY follows
-// once every rank reports SERVING. The caller must not run a step while a
-// re-add runs (a step that races it may fail; watch for the "readded"
-// event). It re-forms instead (a new generation, once every rank answers)
-// when: RANK_LOSS_MASK_COVERED and some logical expert has no live replica
-// left; a survivor reports group_broken or stops serving; a lost rank is
-// back (STARTED) before the survivors masked it (no step ran in between);
-// the re-add fails. Re-adds and re-forms both run under the formation lock,
-// so they never overlap. A group adopted from another client cannot be
-// re-added to (its rendezvous secret is unknown): it is re-formed.
+// shows the mask and the experts left with no live replica), and once the
+// lost rank's worker answers again in state STARTED (restarted on its
+// target) and every survivor reports the same mask, the keeper re-adds it
+// (and any other masked rank that is back, in one round:
+// Coordinator::RejoinRanks with the group's own set-up requests) between
+// two of the caller's steps; READY follows once every rank reports SERVING.
+// The caller must not run a step while a re-add runs (a step that races it
+// may fail; watch for the "readded" event). It re-forms instead (a new
+// generation, once every rank answers) when: RANK_LOSS_MASK_COVERED and
+// some logical expert has no live replica left; a survivor reports
+// group_broken or stops serving; a lost rank is back (STARTED) before the
+// survivors masked it (no step ran in between); the re-add fails. A group
+// adopted from another client cannot be re-added to (its rendezvous secret
+// is unknown): it is re-formed.
 //
 // Phases and rank states: proto/moe_ep/v1/coordinator.proto.
 //
@@ -147,13 +141,10 @@ class GroupKeeper {
                     double seconds = 0);
   void SetReadyLocked(bool ready, absl::Time now);
   void FailAttemptLocked(const std::string& error, absl::Time now);
-  // Re-adds the masked ranks `ranks` (formation_mu_ taken); those in
-  // `stale` (a subset) still run the group's generation and Leave first.
-  void Readd(const std::vector<int>& ranks, const std::vector<int>& stale);
-  // Masked ranks that are back while every survivor reports the same mask:
-  // answering in STARTED, or (added to *stale too) answering in generation_,
-  // not STARTED, after the survivors masked them (the file comment).
-  std::vector<int> ReturnedMaskedRanksLocked(std::vector<int>* stale) const;
+  // Masked ranks that are back (their worker answers in STARTED) while every
+  // survivor reports the same mask; re-adds them (formation_mu_ taken).
+  void Readd(const std::vector<int>& ranks);
+  std::vector<int> ReturnedMaskedRanksLocked() const;
   // Reads the survivors' mask from the probes into masked_ / mask_round_.
   void ReadMaskLocked();
   // Whether the group formed last may stay up with its non-READY ranks
@@ -209,8 +200,7 @@ class GroupKeeper {
   absl::Time last_readd_end_ = absl::InfinitePast();  // when the last re-add returned
   std::vector<int> masked_;                           // the survivors' masked ranks (ascending)
   int mask_round_ = 0;
-  absl::Time masked_at_ = absl::InfinitePast();  // when masked_ last changed
-  std::vector<int> lost_experts_;                // no live replica under masked_ and the lost ranks
+  std::vector<int> lost_experts_;  // no live replica under masked_ and the lost ranks
   int64_t readds_ = 0;
   double last_readd_seconds_ = 0;
   std::thread loop_;
