@@ -120,8 +120,8 @@ void AddCoordinatorFlags(CLI::App* cmd, CoordinatorCommandOptions* o) {
       ->check(Positive());
   cmd->add_option("--on-rank-loss", o->on_rank_loss,
                   "a rank lost from a group with a placement (any backend): mask-covered (keep it "
-                  "masked and re-add the rank when back, restarted or late, while every expert "
-                  "has a live replica), "
+                  "masked and re-add the rank when restarted, while every expert has a live "
+                  "replica), "
                   "mask-always (also when experts are lost), re-form (new generation)")
       ->capture_default_str()
       ->check(CLI::IsMember({"mask-covered", "mask-always", "re-form"}));
