@@ -60,8 +60,9 @@ struct CoordinatorOptions {
   std::string owner_id;
   absl::Duration lease_ttl = absl::Seconds(30);
   // Rank masks (DESIGN §15; issue 17 item 3): Join sends every target as
-  // JoinRequest.rendezvous_addresses, so a Gloo group survives a lost rank
-  // (the survivors mask it and keep serving). Off: a lost rank breaks it.
+  // JoinRequest.rendezvous_addresses, so a group (any data plane) survives a
+  // lost rank (the survivors mask it and keep serving). Off: a lost rank
+  // breaks it.
   bool rank_masks = false;
 };
 

@@ -659,8 +659,10 @@ void GroupKeeper::Attempt() {
   CoordinatorOptions copts = options_.channel;
   copts.backend = desired.backend();
   // Rank masks: only where a lost rank may stay masked (the file comment).
+  // Every backend's plane masks (Gloo, NCCL, one-sided; "auto" is one of
+  // them); a group of one rank has no survivor to mask it (CanMask false).
   copts.rank_masks =
-      options_.rank_loss != v1::RANK_LOSS_REFORM && desired.backend() == "gloo" &&
+      options_.rank_loss != v1::RANK_LOSS_REFORM && targets.size() > 1 &&
       (desired.placement_size() > 0 || options_.rank_loss == v1::RANK_LOSS_MASK_ALWAYS);
   copts.group_timeout = absl::Milliseconds(desired.group_timeout_ms());
   copts.rpc_timeout = absl::Milliseconds(desired.rpc_timeout_ms());

@@ -24,24 +24,30 @@
 // another model would be adopted too; Apply a state to force a re-form.
 //
 // Rank masks (DESIGN §15, §16; issue 17): with a policy other than
-// RANK_LOSS_REFORM (options.rank_loss) and a Gloo group whose desired state
-// installs a placement (or RANK_LOSS_MASK_ALWAYS), the group is formed with
-// rank masks (CoordinatorOptions::rank_masks). A rank lost after the group
-// settled then does not re-form it: the survivors mask it themselves at the
-// first step that fails, the phase is MASKED (GetGroup shows the mask and
-// the experts left with no live replica), and once the lost rank's worker
-// answers again in state STARTED (restarted on its target) and every
-// survivor reports the same mask, the keeper re-adds it (and any other
-// masked rank that is back, in one round: Coordinator::RejoinRanks with the
-// group's own set-up requests) between two of the caller's steps; READY
-// follows once every rank reports SERVING. The caller must not run a step
-// while a re-add runs (a step that races it may fail; watch for the
-// "readded" event). It re-forms instead (a new generation, once every rank
-// answers) when: RANK_LOSS_MASK_COVERED and some logical expert has no live
-// replica left; a survivor reports group_broken or stops serving; a lost
-// rank is back (STARTED) before the survivors masked it (no step ran in
-// between); the re-add fails. A group adopted from another client cannot be
-// re-added to (its rendezvous secret is unknown): it is re-formed.
+// RANK_LOSS_REFORM (options.rank_loss), a group of at least 2 ranks and a
+// desired state that installs a placement (or RANK_LOSS_MASK_ALWAYS), the
+// group is formed with rank masks (CoordinatorOptions::rank_masks), on any
+// backend: "gloo" (server/cpu_data_plane.h), "nccl" and "auto" (the NCCL
+// plane, server/gpu_data_plane.h, or the one-sided CUDA IPC plane,
+// server/onesided_data_plane.h; "auto" without a GPU is Gloo) all mask once
+// Join lists every rank's address, which rank_masks sends. Only a group of
+// one rank cannot (DataPlane::CanMask: no survivor); it re-forms. A rank
+// lost after the group settled then does not re-form it: the survivors mask
+// it themselves at the first step that fails, the phase is MASKED (GetGroup
+// shows the mask and the experts left with no live replica), and once the
+// lost rank's worker answers again in state STARTED (restarted on its
+// target) and every survivor reports the same mask, the keeper re-adds it
+// (and any other masked rank that is back, in one round:
+// Coordinator::RejoinRanks with the group's own set-up requests) between
+// two of the caller's steps; READY follows once every rank reports SERVING.
+// The caller must not run a step while a re-add runs (a step that races it
+// may fail; watch for the "readded" event). It re-forms instead (a new
+// generation, once every rank answers) when: RANK_LOSS_MASK_COVERED and
+// some logical expert has no live replica left; a survivor reports
+// group_broken or stops serving; a lost rank is back (STARTED) before the
+// survivors masked it (no step ran in between); the re-add fails. A group
+// adopted from another client cannot be re-added to (its rendezvous secret
+// is unknown): it is re-formed.
 //
 // Phases and rank states: proto/moe_ep/v1/coordinator.proto.
 //

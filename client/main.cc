@@ -255,9 +255,10 @@ int RunCli(int argc, char** argv) {
                   "this step (0 = never; needs --redundant-slots); prints the load table")
       ->capture_default_str()
       ->check(NonNegative());
-  run->add_option("--kill-rank", run_options.kill_rank,
-                  "kill this local worker with SIGKILL just before --kill-at-step; the survivors "
-                  "mask it and keep serving (DESIGN §15; Gloo; -1 = none)")
+  run->add_option(
+         "--kill-rank", run_options.kill_rank,
+         "kill this local worker with SIGKILL just before --kill-at-step; the survivors "
+         "mask it and keep serving (DESIGN §15; any backend, >= 2 local workers; -1 = none)")
       ->capture_default_str();
   run->add_option("--kill-at-step", run_options.kill_at_step,
                   "the step (1-based) before which --kill-rank is killed")

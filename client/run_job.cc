@@ -333,9 +333,13 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
   }
   const bool kills = options.kill_rank >= 0;
   if (kills && (world < 2 || options.kill_rank >= world)) {
-    return absl::InvalidArgumentError(absl::StrCat("--kill-rank: expected a rank in [0, ", world,
-                                                   ") of at least 2 workers, got ",
-                                                   options.kill_rank));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kill-rank: expected a rank in [0, ", world, ") of at least 2 workers, got ",
+        options.kill_rank,
+        world < 2 && worker_plan.one_per_gpu
+            ? " (with a GPU, backend auto/nccl runs one local worker per GPU: this machine has "
+              "one; use --backend gloo)"
+            : ""));
   }
   // The killed rank's tokens are gone while it is masked.
   const auto masked_step = [&](int s) {
@@ -418,11 +422,12 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
         << group.joined[0].backend() << ", generation " << group.coordinator->generation()
         << "): " << absl::StrJoin(workers.targets, " ") << "\n";
 
-    if (kills && (workers.cluster == nullptr || group.joined[0].backend() != "gloo")) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--kill-rank: rank masks need local Gloo workers (--backend gloo), the group joined "
-          "with backend ",
-          group.joined[0].backend()));
+    // Every backend's plane masks (Gloo, NCCL, one-sided: DESIGN §15); the
+    // kill and the restart need workers this run started.
+    if (kills && workers.cluster == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--kill-rank: kills a local worker this run starts; the group of backend ",
+                       group.joined[0].backend(), " was not started here"));
     }
     RETURN_IF_ERROR(ConfigureRunGroup(*group.coordinator, model, world, capacity,
                                       options.redundant_slots_per_rank, options.dispatch_dtype, out,

@@ -119,8 +119,9 @@ void AddCoordinatorFlags(CLI::App* cmd, CoordinatorCommandOptions* o) {
       ->capture_default_str()
       ->check(Positive());
   cmd->add_option("--on-rank-loss", o->on_rank_loss,
-                  "a rank lost from a Gloo group with a placement: mask-covered (keep it masked "
-                  "and re-add the rank when back, while every expert has a live replica), "
+                  "a rank lost from a group with a placement (any backend): mask-covered (keep it "
+                  "masked and re-add the rank when restarted, while every expert has a live "
+                  "replica), "
                   "mask-always (also when experts are lost), re-form (new generation)")
       ->capture_default_str()
       ->check(CLI::IsMember({"mask-covered", "mask-always", "re-form"}));

@@ -1,5 +1,6 @@
 #include "tests/integration/fake_coordinator.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -95,16 +96,21 @@ v1::AllocateWorkspaceRequest MakeAllocateRequest(const SmallModel& model, int64_
 }
 
 absl::StatusOr<std::unique_ptr<FakeCoordinator>> FakeCoordinator::Start(
-    int num_workers, std::vector<std::string> extra_args, bool rank_masks) {
+    int num_workers, std::vector<std::string> extra_args, bool rank_masks,
+    const std::string& backend) {
   auto fake = std::make_unique<FakeCoordinator>();
   client::LocalClusterOptions options;
   options.num_workers = num_workers;
-  options.backend = "gloo";
-  options.worker_binary = std::string(MOE_EP_BINARY_DIR) + "/server/moe-ep-worker";
+  options.backend = backend;
+  const char* bundled = std::getenv("MOE_EP_WORKER_BINARY");
+  options.worker_binary = bundled != nullptr && bundled[0] != '\0'
+                              ? std::string(bundled)
+                              : std::string(MOE_EP_BINARY_DIR) + "/server/moe-ep-worker";
   options.extra_args = std::move(extra_args);
   options.stop_timeout = absl::Seconds(5);
   ASSIGN_OR_RETURN(fake->cluster_, client::LocalCluster::Start(options));
   client::CoordinatorOptions coordinator_options;
+  coordinator_options.backend = backend;
   coordinator_options.rpc_timeout = absl::Seconds(30);
   coordinator_options.group_timeout = absl::Seconds(5);
   coordinator_options.rank_masks = rank_masks;

@@ -54,11 +54,14 @@ v1::AllocateWorkspaceRequest MakeAllocateRequest(const SmallModel& model, int64_
 
 class FakeCoordinator {
  public:
-  // Starts `num_workers` workers (Gloo) with `extra_args` and connects.
-  // `rank_masks`: the coordinator's Join sends every rank's address
-  // (client::CoordinatorOptions::rank_masks; DESIGN §15).
+  // Starts `num_workers` workers of `backend` with `extra_args` and
+  // connects. `rank_masks`: the coordinator's Join sends every rank's
+  // address (client::CoordinatorOptions::rank_masks; DESIGN §15). The worker
+  // binary is $MOE_EP_WORKER_BINARY when set (a bundle on the GPU machine),
+  // else the build's.
   static absl::StatusOr<std::unique_ptr<FakeCoordinator>> Start(
-      int num_workers, std::vector<std::string> extra_args = {}, bool rank_masks = false);
+      int num_workers, std::vector<std::string> extra_args = {}, bool rank_masks = false,
+      const std::string& backend = "gloo");
 
   client::LocalCluster& cluster() { return *cluster_; }
   client::Coordinator& coordinator() { return *coordinator_; }
