@@ -108,7 +108,7 @@ TEST(ExpertLoadBook, ANewStepAfterAMaskAdds) {
 // another T do not.
 TEST(ExpertLoadBook, RoutingFingerprintFollowsTheIds) {
   const std::vector<int32_t> ids = {0, 2, 1, 2};
-  const std::vector<int32_t> same = ids;
+  const std::vector<int32_t> same = {0, 2, 1, 2};  // another buffer, equal bytes
   const std::vector<int32_t> other = {0, 2, 2, 1};
   EXPECT_EQ(RoutingFingerprint(ids), RoutingFingerprint(same));
   EXPECT_NE(RoutingFingerprint(ids), RoutingFingerprint(other));
