@@ -59,9 +59,13 @@ void CallWithRetry(const std::string& what, const std::string& address, absl::Du
     }
     absl::SleepFor(std::min(kRetryInterval, deadline - absl::Now()));
   }
-  throw gloo::IoException(absl::StrCat(
-      "Timed out after ", absl::ToInt64Milliseconds(timeout), " ms: rendezvous store at ", address,
-      ": ", what, last.ok() ? std::string() : absl::StrCat(" (", last.error_message(), ")")));
+  throw gloo::IoException(
+      absl::StrCat("Timed out after ", absl::ToInt64Milliseconds(timeout),
+                   " ms: rendezvous store at ", address, ": ", what,
+                   // A sliced wait's last answer names only its slice: leave it out.
+                   last.ok() || last.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
+                       ? std::string()
+                       : absl::StrCat(" (", last.error_message(), ")")));
 }
 
 absl::Mutex g_peer_credentials_mu;

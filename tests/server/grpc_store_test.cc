@@ -127,6 +127,9 @@ TEST(GrpcStore, AStopFlagEndsAWait) {
   std::thread stopper([&] {
     // Once the waiter is in its wait (it has set its own key first).
     GrpcStore(server.address(), absl::Seconds(5)).wait({"waiting"});
+    // Past a few slices of the get, so the flag ends a slice, not the
+    // check before the first one.
+    absl::SleepFor(GrpcStore::kStopCheckInterval * 3);
     stop->store(true);
   });
   auto waited = std::async(std::launch::async, [&]() -> std::string {
