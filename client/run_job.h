@@ -94,10 +94,10 @@ struct RunJobOptions {
   // (client/group_session.h AttachFormedGroup); every step is verified as in
   // a formed run, so experts that differ show as a failing layer.
   bool attach = false;
-  // Rank masks (DESIGN §15; issue 17 item 4), local Gloo workers only: just
-  // before step kill_at_step (1-based) worker kill_rank is killed with
-  // SIGKILL; the survivors mask it and the step is sent again to them (its
-  // tokens are gone: 0 tokens from that step on). With redundant slots each
+  // Rank masks (DESIGN §15; issue 17 item 4), workers this run started (any
+  // backend): just before step kill_at_step (1-based) worker kill_rank is
+  // killed with SIGKILL; the survivors mask it and the step is sent again to
+  // them (its tokens are gone: 0 tokens from that step on). With redundant slots each
   // run layer first gets RingReplicaTable (client/run_masks.h), so some of
   // its experts live on; the others are reported lost and contribute zero,
   // and the reference drops them alike. With restart_at_step (> kill), the

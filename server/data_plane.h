@@ -160,8 +160,14 @@ class DataPlane {
   // reported per step in StepStats::lost_experts and contribute zero;
   // workspace, experts, tables and the committed geometry stay). A round
   // bounds itself by a few group timeouts; destroying the plane (Leave)
-  // stops a running round within about a store poll instead of waiting for
-  // it. Errors: those of AgreeRankMask (this rank left out:
+  // stops a running round's store waits within about a store poll, but a
+  // Gloo connect or a probe already under way runs to its own bound (the
+  // group timeout; 500 ms a probe), so a Leave mid-round can take up to one
+  // group timeout. A Leave mid-round can also break the survivors' round:
+  // a leaving rank that already announced itself is listed as a member yet
+  // never forms the context, and a leaving host takes the round's store
+  // with it; the survivors then see a group error and start the next round.
+  // Errors: those of AgreeRankMask (this rank left out:
   // kFailedPrecondition), kUnimplemented when !CanMask(); on error the group
   // is broken.
   bool CanMask() const;

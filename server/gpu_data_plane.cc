@@ -28,9 +28,10 @@ static_assert(kNcclUniqueIdBytes == NCCL_UNIQUE_ID_BYTES);
 
 // The masked view's all-gather scratch per rank, allocated with the view
 // (kernels/masked_stream_collective.h): what an engine's captured step may
-// gather through it (sync_token_counts: one int64 per rank), and the control
-// collective's records (call gate votes, the (epoch, R) agreement, window
-// handles), all under 256 bytes, so none allocates per call.
+// gather through it (sync_token_counts: one int64 per rank; CaptureForward's
+// (epoch, R) agreement, 16 bytes). Larger records of the control collective
+// (a vote's ballot, about 704 bytes a rank) are never captured: they grow
+// the second scratch once.
 constexpr int64_t kMaskedCaptureGatherBytes = 256;
 
 // OK for cudaSuccess; kResourceExhausted for allocation failures, else

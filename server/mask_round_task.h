@@ -5,9 +5,15 @@
 // The thread runs AgreeRankMask on its own copy of the MaskRound and touches
 // nothing else. Stopping a running task (Stop, or destroying it: a Leave, or
 // a data plane going away mid-round) sets the round's stop flag, so the
-// round returns within about GrpcStore::kStopCheckInterval plus an RPC's
-// slack (server/grpc_store.h) instead of waiting out its timeouts, and then
-// joins the thread: nothing of the round outlives the task.
+// round's store waits return within about GrpcStore::kStopCheckInterval plus
+// an RPC's slack (server/grpc_store.h) instead of waiting out their
+// timeouts; a Gloo connect (GlooCollective::Create) or a liveness probe
+// already under way does not look at the flag and runs to its own bound
+// (the round's timeout; 500 ms a probe), so Stop can take up to one group
+// timeout. It then joins the thread: nothing of the round outlives the task.
+// Stopping a rank mid-round can break the other ranks' round (a member that
+// announced itself never forms the context; a host takes its store away):
+// they see a group error and run the next round.
 // Not thread-safe (its data plane's owner serializes the calls).
 
 #include <atomic>

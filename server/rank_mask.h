@@ -27,8 +27,10 @@
 // Gloo's connect; a peer that answers but never arrives costs one timeout.
 //
 // A round can be stopped (MaskRound::stop; what a data plane that goes away
-// mid-round does, server/mask_round_task.h): every wait of the round looks
-// at the flag at least every few hundred ms, so it returns promptly.
+// mid-round does, server/mask_round_task.h): every store wait of the round
+// looks at the flag at least every few hundred ms; the Gloo connect and the
+// liveness probes do not and run to their own bounds (the round's timeout,
+// 500 ms a probe), so a stop returns within at most one group timeout.
 //
 // Errors name the round, the host and the ranks. Blocking; thread-safe (no
 // shared state but the stop flag). Source: DESIGN §15, §16; issue 17 item 3.
