@@ -583,7 +583,9 @@ TEST(CpuDataPlane, TwoRanksStopTogetherWhenOneStopsInsideItsExpertCompute) {
       out[r].assign(kT * kH, sentinel);
       got[r] =
           planes[r]->Forward(0, hidden[r], ids[r], weights[r], kT, absl::MakeSpan(out[r])).status();
-      if (r == 0 && at > 0) EXPECT_EQ(*checks, at) << "no poll after the one that fired";
+      if (r == 0 && at > 0) {
+        EXPECT_EQ(*checks, at) << "no poll after the one that fired";
+      }
     });
   };
   forward(0);
