@@ -124,6 +124,13 @@ absl::StatusOr<std::unique_ptr<FakeCoordinator>> FakeCoordinator::Start(
   return fake;
 }
 
+absl::Status FakeCoordinator::RestartWorker(int rank) {
+  RETURN_IF_ERROR(cluster_->Restart(rank));
+  stubs_[rank] = v1::Worker::NewStub(
+      grpc::CreateChannel(cluster_->targets()[rank], grpc::InsecureChannelCredentials()));
+  return absl::OkStatus();
+}
+
 absl::Status FakeCoordinator::SetUp(const SmallModel& model, int64_t capacity_tokens,
                                     v1::ExpertKind kind, uint64_t seed) {
   RETURN_IF_ERROR(coordinator_->FormGroup().status());

@@ -66,6 +66,12 @@ class FakeCoordinator {
   client::LocalCluster& cluster() { return *cluster_; }
   client::Coordinator& coordinator() { return *coordinator_; }
   v1::Worker::Stub& stub(int rank) { return *stubs_[rank]; }
+
+  // Restarts worker `rank` on its address (client::LocalCluster::Restart)
+  // and gives stub(rank) a fresh channel: the old one saw the worker die and
+  // may sit in reconnect backoff, where a call fails at once (UNAVAILABLE)
+  // without reaching the new process while its peers wait in a collective.
+  absl::Status RestartWorker(int rank);
   int world() const { return static_cast<int>(stubs_.size()); }
 
   // Join, ConfigureLayers, AllocateWorkspace, LoadExperts (every layer) on all ranks.

@@ -447,6 +447,10 @@ TEST_F(GpuOneSidedRejoin, RestartedRankRejoinsAndStepsEqualTheFullReference) {
 
   const absl::Time restarted = absl::Now();
   ASSERT_TRUE(cluster_->Restart(kVictim).ok());
+  // A fresh channel: the old one saw the worker die and may be in reconnect
+  // backoff, failing the next call at once while the peers wait for it.
+  stubs_[kVictim] = v1::Worker::NewStub(
+      grpc::CreateChannel(cluster_->targets()[kVictim], grpc::InsecureChannelCredentials()));
   absl::StatusOr<v1::RejoinResponse> rejoined = coordinator_->RejoinRank(kVictim, setup_);
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   EXPECT_TRUE(rejoined->masked_ranks().empty());

@@ -174,7 +174,7 @@ TEST_F(RankRejoinTest, RestartedRankRejoinsAndStepsEqualTheFullReference) {
   // The restart: the same address, a fresh process; it joins alone and is
   // re-admitted at the step boundary.
   const absl::Time restarted = absl::Now();
-  ASSERT_TRUE(fake_->cluster().Restart(kVictim).ok());
+  ASSERT_TRUE(fake_->RestartWorker(kVictim).ok());
   const absl::Time up = absl::Now();
   absl::StatusOr<v1::RejoinResponse> rejoined = fake_->coordinator().RejoinRank(kVictim, setup_);
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
@@ -237,7 +237,7 @@ TEST_F(RankRejoinTest, TwoRanksRankZeroIncludedRejoinInOneRound) {
   EXPECT_EQ(fake_->StatusOf(3).mask_round(), masked.mask_round());
 
   const absl::Time restarted = absl::Now();
-  for (int v : victims) ASSERT_TRUE(fake_->cluster().Restart(v).ok());
+  for (int v : victims) ASSERT_TRUE(fake_->RestartWorker(v).ok());
   absl::StatusOr<v1::RejoinResponse> rejoined = fake_->coordinator().RejoinRanks(victims, setup_);
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   EXPECT_TRUE(rejoined->masked_ranks().empty());
