@@ -71,11 +71,14 @@ bool DataPlane::CanMask() const {
   return g.world_size > 1 && static_cast<int>(g.rendezvous_addresses.size()) == g.world_size;
 }
 
-void DataPlane::BeginMaskRound() {
+void DataPlane::BeginMaskRound(int64_t votes) {
   if (!CanMask() || round_.running()) return;
   BeforeMaskRound();
   RankMaskState state = mask();
-  round_.Start(MaskRoundOf(group(), state.round + 1, std::move(state.live)));
+  round_votes_ = votes;
+  MaskRound agree = MaskRoundOf(group(), state.round + 1, std::move(state.live));
+  agree.votes = votes;
+  round_.Start(std::move(agree));
 }
 
 absl::StatusOr<bool> DataPlane::FinishMaskRound(absl::Duration wait) {
@@ -85,11 +88,13 @@ absl::StatusOr<bool> DataPlane::FinishMaskRound(absl::Duration wait) {
         " data plane cannot go on without a lost rank (it needs more than one rank and "
         "every rank's rendezvous address); join a new generation"));
   }
-  BeginMaskRound();
+  BeginMaskRound(round_votes_);
   std::optional<absl::StatusOr<MaskAgreement>> result = round_.Wait(wait);
   if (!result.has_value()) return false;
   if (!result->ok()) return result->status();
+  const int64_t votes = (*result)->votes;
   RETURN_IF_ERROR(UseAgreement(*std::move(*result), mask().round + 1));
+  agreed_votes_ = votes;
   return true;
 }
 
@@ -109,6 +114,7 @@ absl::Status DataPlane::Readmit(int round, const std::vector<bool>& live_before,
   MaskRound agree = MaskRoundOf(group(), round, live_before);
   agree.joining = joining;
   ASSIGN_OR_RETURN(MaskAgreement agreed, AgreeRankMask(agree));
+  agreed_votes_ = 0;
   return UseAgreement(std::move(agreed), round);
 }
 

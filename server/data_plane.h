@@ -169,10 +169,14 @@ class DataPlane {
   // with it; the survivors then see a group error and start the next round.
   // Errors: those of AgreeRankMask (this rank left out:
   // kFailedPrecondition), kUnimplemented when !CanMask(); on error the group
-  // is broken.
+  // is broken. `votes` (BeginMaskRound): the votes this rank took part in
+  // on the old group, the failed call's included (MaskRound::votes);
+  // agreed_votes(): the members' largest such count from the last round
+  // FinishMaskRound applied (MaskAgreement::votes; 0 after a Readmit).
   bool CanMask() const;
-  void BeginMaskRound();
+  void BeginMaskRound(int64_t votes);
   absl::StatusOr<bool> FinishMaskRound(absl::Duration wait);
+  int64_t agreed_votes() const { return agreed_votes_; }
   virtual RankMaskState mask() const;
   // Readmit(): the re-admission of masked ranks at a step boundary (the
   // Rejoin RPC; DESIGN §15): runs mask round `round` (the current round +
@@ -394,7 +398,9 @@ class DataPlane {
 
  private:
   uint64_t workspace_token_ = 0;
-  MaskRoundTask round_;  // the round BeginMaskRound started, if any
+  MaskRoundTask round_;       // the round BeginMaskRound started, if any
+  int64_t round_votes_ = 0;   // BeginMaskRound's votes, for a round FinishMaskRound starts
+  int64_t agreed_votes_ = 0;  // agreed_votes()
 };
 
 // Forms the group of `group.backend` through `store` (rank 0's Rendezvous

@@ -89,10 +89,13 @@ absl::StatusOr<MaskAgreement> AgreeRankMask(const MaskRound& round) {
 
   try {
     // 2. This rank is alive.
-    store->set(absl::StrCat(prefix, "/alive/", round.rank), {'1'});
+    const std::string own_votes = absl::StrCat(round.votes);
+    store->set(absl::StrCat(prefix, "/alive/", round.rank),
+               std::vector<char>(own_votes.begin(), own_votes.end()));
 
     // 3. The host decides.
     const std::string members_key = absl::StrCat(prefix, "/members");
+    const std::string votes_key = absl::StrCat(prefix, "/votes");
     if (host == round.rank) {
       std::vector<bool> candidate(world, false);
       candidate[round.rank] = true;
@@ -104,6 +107,7 @@ absl::StatusOr<MaskAgreement> AgreeRankMask(const MaskRound& round) {
       }
       std::vector<bool> arrived(world, false);
       arrived[round.rank] = true;
+      int64_t most_votes = round.votes;
       const absl::Time deadline = absl::Now() + round.timeout;
       while (true) {
         if (Stopped(round)) return StoppedError(round);
@@ -112,20 +116,32 @@ absl::StatusOr<MaskAgreement> AgreeRankMask(const MaskRound& round) {
           if (!candidate[r] || arrived[r]) continue;
           std::string value;
           arrived[r] = store->Poll(absl::StrCat(prefix, "/alive/", r), kProbeTimeout, &value);
+          int64_t votes = 0;
+          if (arrived[r] && absl::SimpleAtoi(value, &votes))
+            most_votes = std::max(most_votes, votes);
           all = all && arrived[r];
         }
         if (all || absl::Now() >= deadline) break;
         absl::SleepFor(kPollInterval);
       }
       const std::string members = ListRanks(arrived);
+      const std::string votes = absl::StrCat(most_votes);
+      // Before the members: a member that reads the list finds the count.
+      store->set(votes_key, std::vector<char>(votes.begin(), votes.end()));
       store->set(members_key, std::vector<char>(members.begin(), members.end()));
     }
 
     // 4. Everybody reads the members.
     GrpcStore reader(round.addresses[host], 2 * round.timeout, round.secret, round.stop);
     const std::vector<char> value = reader.get(members_key);
+    const std::vector<char> votes_value = reader.get(votes_key);
     MaskAgreement out;
     out.host = host;
+    if (!absl::SimpleAtoi(absl::string_view(votes_value.data(), votes_value.size()), &out.votes)) {
+      return absl::InternalError(absl::StrCat(
+          "rank mask round ", round.round, ": host rank ", host, " set vote count \"",
+          absl::string_view(votes_value.data(), votes_value.size()), "\", not a number"));
+    }
     out.live.assign(world, false);
     for (absl::string_view part :
          absl::StrSplit(absl::string_view(value.data(), value.size()), ',', absl::SkipEmpty())) {

@@ -14,10 +14,13 @@
 //     A returning rank (MaskRound::joining; the Rejoin RPC) is never the
 //     host: it finds the host as the survivors do and is a candidate of
 //     step 3 like them, so a round of re-admission is an ordinary round.
-//  2. Each survivor sets "gen<N>/mask<k>/alive/<rank>" on the host.
+//  2. Each survivor sets "gen<N>/mask<k>/alive/<rank>" = its vote count
+//     (MaskRound::votes, decimal) on the host.
 //  3. The host probes the other ranks live before; it waits (up to the
 //     timeout) for the alive keys of those that answer, then sets
-//     "gen<N>/mask<k>/members" = the ranks whose key arrived ("0,1,3").
+//     "gen<N>/mask<k>/members" = the ranks whose key arrived ("0,1,3"), and
+//     before it "gen<N>/mask<k>/votes" = the largest vote count the
+//     members' keys carry (MaskRound::votes).
 //  4. Every survivor reads the members (waiting up to twice the timeout:
 //     the host may enter its round later); one not listed is out
 //     (kFailedPrecondition naming the members: the group goes on without it).
@@ -59,6 +62,13 @@ struct MaskRound {
   std::vector<bool> joining;
   absl::Duration timeout = absl::Seconds(30);
   std::string data_plane_host = "127.0.0.1";
+  // The votes this rank took part in on the old group, the one of the call
+  // that began the round included (WorkerService's vote count; 0 for a
+  // Rejoin). Survivors can see a lost rank one call apart (a collective
+  // that completed on one rank failed on another); the host agrees on the
+  // largest count, so every member knows which call votes first on the new
+  // group (MaskAgreement::votes).
+  int64_t votes = 0;
   // Null, or a flag another thread may set: the round then gives up at its
   // next check (kCancelled) instead of waiting out its timeouts.
   std::shared_ptr<const std::atomic<bool>> stop;
@@ -68,6 +78,10 @@ struct MaskAgreement {
   std::vector<bool> live;                       // [world]: the members
   int host = 0;                                 // the rank whose store hosted the round
   std::unique_ptr<core::GlooCollective> group;  // the members' context
+  // The largest MaskRound::votes among the members: a member whose own
+  // count is lower skips that many more calls' votes (they are the calls
+  // in which a later member saw the loss), so all vote first alike.
+  int64_t votes = 0;
 };
 
 // MaskKeyPrefix(): "gen<N>/mask<k>".

@@ -93,7 +93,7 @@ absl::Status WorkerService::GroupResult(const char* rpc, absl::Status status) {
     // (server/rank_mask.h). This call's step is lost either way; the round
     // finishes here when every survivor is in it, else at the next Vote.
     spdlog::warn("{}: collective failed ({}); agreeing on a rank mask", rpc, status.ToString());
-    data_plane_->BeginMaskRound();
+    data_plane_->BeginMaskRound(vote_sequence_);
     mask_pending_ = true;
     absl::StatusOr<bool> done = FinishMask(rpc, MaskGrace());
     if (!done.ok()) return done.status();
@@ -167,11 +167,16 @@ absl::Duration WorkerService::MaskGrace() const {
 
 absl::Status WorkerService::Vote(const char* rpc, absl::Status local,
                                  std::vector<core::BallotField> fields) {
-  // Rank masks (DESIGN §15): every call in which a survivor sees its round
-  // end returns without a vote, so that all survivors vote on the new group
-  // in the same later call. A round that ended while this worker was idle
-  // (its grace ran out a moment before) is the one its peers saw end in
-  // their previous call: this call votes on the new group like theirs.
+  // Rank masks (DESIGN §15): every survivor must vote first on the new
+  // group in the same call, however the round's end fell among its calls.
+  // Calls are counted alike on every rank (vote_sequence_), but survivors
+  // can see a loss one call apart: a collective that completed on one rank
+  // failed on a peer, and the first learns of the loss only in its next
+  // call's vote. Each survivor enters the round with its count, the round
+  // agrees on the largest (MaskAgreement::votes), and every call numbered
+  // below it is one a later survivor spent on the old group: it returns
+  // without a vote, so the first vote on the new group is the call
+  // numbered first_mask_vote_ everywhere.
   if (mask_pending_) {
     ASSIGN_OR_RETURN(bool done, FinishMask(rpc, kMaskSettled));
     if (!done) {
@@ -181,8 +186,11 @@ absl::Status WorkerService::Vote(const char* rpc, absl::Status local,
                                         absl::StrCat("rank mask: no agreement within ",
                                                      absl::FormatDuration(4 * joined_.timeout))));
       }
-      return MaskAgreedError(rpc);
     }
+  }
+  if (vote_sequence_ < first_mask_vote_) {
+    ++vote_sequence_;
+    return MaskAgreedError(rpc);
   }
   core::Ballot ballot;
   ballot.rpc = rpc;
@@ -194,7 +202,7 @@ absl::Status WorkerService::Vote(const char* rpc, absl::Status local,
   if (IsGroupError(status) && data_plane_->CanMask()) {
     // A rank was lost before this call's payload moved.
     spdlog::warn("{}: vote failed ({}); agreeing on a rank mask", rpc, status.ToString());
-    data_plane_->BeginMaskRound();
+    data_plane_->BeginMaskRound(vote_sequence_);
     mask_pending_ = true;
     ASSIGN_OR_RETURN(bool done, FinishMask(rpc, MaskGrace()));
     if (done) return MaskAgreedError(rpc);
@@ -225,7 +233,7 @@ absl::StatusOr<bool> WorkerService::FinishMask(const char* rpc, absl::Duration w
   }
   if (!*done) return false;
   mask_pending_ = false;
-  AdoptMask(rpc);
+  AdoptMask(rpc, /*renumber=*/false);
   return true;
 }
 
@@ -242,11 +250,16 @@ absl::Status WorkerService::RequireNoMask(const char* call) const {
       "the group with a new generation"));
 }
 
-void WorkerService::AdoptMask(const char* rpc) {
+void WorkerService::AdoptMask(const char* rpc, bool renumber) {
   const RankMaskState mask = data_plane_->mask();
-  // Every survivor numbers its votes from here alike, whatever calls it
-  // made on the old group.
-  vote_sequence_ = static_cast<int64_t>(mask.round) << 40;
+  if (renumber) {
+    // Every member numbers its votes from here alike, whatever calls it
+    // made before (a returning rank made none).
+    vote_sequence_ = static_cast<int64_t>(mask.round) << 40;
+    first_mask_vote_ = 0;
+  } else {
+    first_mask_vote_ = data_plane_->agreed_votes();
+  }
   // The survivors' group: the call's deadline, and ForwardLayers' sub-groups
   // are made again on it.
   data_plane_->SetCall(call_);
@@ -262,6 +275,7 @@ void WorkerService::AdoptMask(const char* rpc) {
 
 void WorkerService::TearDownGroup() {
   vote_sequence_ = 0;
+  first_mask_vote_ = 0;
   mask_pending_ = false;
   layer_stack_.Reset();  // before the data plane its sub-groups point into
   expert_bytes_ = 0;
@@ -415,7 +429,7 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
   ASSIGN_OR_RETURN(std::unique_ptr<DataPlane> formed,
                    FormJoinedGroup(*args, options_.device, CallDeadline(context)));
   InstallGroup(*args, std::move(formed));
-  if (args->rejoin) AdoptMask("Join");  // GetStatus shows it alone until Rejoin
+  if (args->rejoin) AdoptMask("Join", /*renumber=*/true);  // GetStatus shows it alone until Rejoin
   lease_.Apply(request.lease());
   response->set_backend(args->backend);
   response->set_data_plane(data_plane_->data_plane());

@@ -295,10 +295,13 @@ class WorkerService final : public v1::Worker::Service {
   // the mask and votes are numbered from the round on), false while it
   // runs; a failed round breaks the group. Needs the slot.
   absl::StatusOr<bool> FinishMask(const char* rpc, absl::Duration wait);
-  // After the plane took a new mask (a round ended): votes are numbered from
-  // the round on, ForwardLayers' sub-groups are made again, GetStatus shows
-  // the mask. Needs the slot.
-  void AdoptMask(const char* rpc);
+  // After the plane took a new mask (a round ended): ForwardLayers'
+  // sub-groups are made again, GetStatus shows the mask. `renumber` (a
+  // re-admission, whose returning rank counted no votes): votes are
+  // numbered from the round on. Otherwise (a survivors' round, FinishMask)
+  // the count goes on, and the first vote on the new group is the call
+  // numbered DataPlane::agreed_votes() on every member (Vote). Needs the slot.
+  void AdoptMask(const char* rpc, bool renumber);
   // How long a failed call waits for the round before it returns: half the
   // group's timeout, at most 1 s.
   absl::Duration MaskGrace() const;
@@ -355,10 +358,11 @@ class WorkerService final : public v1::Worker::Service {
   std::unique_ptr<DataPlane> data_plane_;
   JoinArgs joined_;
   int64_t max_generation_used_ = 0;
-  int64_t vote_sequence_ = 0;   // votes run in the joined group
-  bool mask_pending_ = false;   // a collective failed: mask at the next Vote
-  CallBound call_;              // of the call holding the slot
-  v1::ModelDescription model_;  // as configured (0 = field not given)
+  int64_t vote_sequence_ = 0;    // calls voted (or skipped by a mask) in the joined group
+  int64_t first_mask_vote_ = 0;  // the first call that votes on the survivors' group
+  bool mask_pending_ = false;    // a collective failed: mask at the next Vote
+  CallBound call_;               // of the call holding the slot
+  v1::ModelDescription model_;   // as configured (0 = field not given)
   std::vector<core::LayerPlan> plan_;
   std::unique_ptr<Allocation> allocation_;
   bool geometry_committed_ = false;

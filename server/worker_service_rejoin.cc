@@ -148,7 +148,7 @@ absl::Status WorkerService::DoRejoin(grpc::ServerContext* context, const v1::Rej
         absl::Status(readmitted.code(),
                      absl::StrCat("rank mask round ", round, " (Rejoin): ", readmitted.message())));
   }
-  AdoptMask("Rejoin");
+  AdoptMask("Rejoin", /*renumber=*/true);
   // The members check that they serve the same state before any step.
   const absl::Status same =
       core::RunVote(data_plane_->collective(),

@@ -1,15 +1,22 @@
-// AgreeRankMask's stop flag (server/rank_mask.h; issue 17): a round whose
-// flag is set gives up with kCancelled naming the round and the rank, before
-// it waits on any store.
+// AgreeRankMask (server/rank_mask.h; issue 17): a round whose stop flag is
+// set gives up with kCancelled naming the round and the rank, before it
+// waits on any store; a round of survivors whose vote counts differ (they
+// saw the loss one call apart) agrees on the largest count.
 
 #include "server/rank_mask.h"
 
 #include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "gmock/gmock.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
+#include "server/rendezvous_service.h"
 
 namespace moe_ep::server {
 namespace {
@@ -30,6 +37,60 @@ TEST(AgreeRankMask, AStoppedRoundIsCancelled) {
   EXPECT_EQ(agreed.status().code(), absl::StatusCode::kCancelled) << agreed.status();
   EXPECT_THAT(std::string(agreed.status().message()),
               HasSubstr("rank mask round 2: stopped on rank 1"));
+}
+
+// A rank's Rendezvous store on a loopback port chosen by the OS.
+struct RankStore {
+  RankStore() {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service);
+    server = builder.BuildAndStart();
+  }
+  ~RankStore() { server->Shutdown(); }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port); }
+  RendezvousService service;
+  int port = 0;
+  std::unique_ptr<grpc::Server> server;
+};
+
+// Ranks 0, 1 and 3 of 4 survive (rank 2's store is gone); rank 1 saw the
+// loss one call after the others (6 votes, theirs 5): every member gets the
+// members, host rank 0 and the vote count 6, on a 3-member context.
+TEST(AgreeRankMask, SurvivorsAgreeOnTheLargestVoteCount) {
+  RankStore stores[4];
+  std::vector<std::string> addresses;
+  for (const RankStore& s : stores) addresses.push_back(s.address());
+  stores[2].server->Shutdown();
+  const int64_t votes[4] = {5, 6, 0, 5};
+  const int survivors[3] = {0, 1, 3};
+  std::vector<absl::StatusOr<MaskAgreement>> agreed;
+  agreed.reserve(4);
+  for (int r = 0; r < 4; ++r) agreed.emplace_back(absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  threads.reserve(3);
+  for (int r : survivors) {
+    threads.emplace_back([&, r] {
+      MaskRound round;
+      round.addresses = addresses;
+      round.generation = 1;
+      round.round = 1;
+      round.rank = r;
+      round.live_before = {true, true, true, true};
+      round.timeout = absl::Seconds(10);
+      round.votes = votes[r];
+      agreed[r] = AgreeRankMask(round);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r : survivors) {
+    ASSERT_TRUE(agreed[r].ok()) << "rank " << r << ": " << agreed[r].status();
+    EXPECT_EQ(agreed[r]->votes, 6) << "rank " << r;
+    EXPECT_EQ(agreed[r]->host, 0) << "rank " << r;
+    EXPECT_EQ(agreed[r]->live, (std::vector<bool>{true, true, false, true})) << "rank " << r;
+    ASSERT_NE(agreed[r]->group, nullptr) << "rank " << r;
+    EXPECT_EQ(agreed[r]->group->size(), 3) << "rank " << r;
+  }
 }
 
 }  // namespace
