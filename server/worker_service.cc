@@ -91,7 +91,7 @@ absl::Status WorkerService::GroupResult(const char* rpc, absl::Status status) {
   if (data_plane_ != nullptr && data_plane_->CanMask()) {
     // DESIGN §15: not broken; the survivors agree on a rank mask
     // (server/rank_mask.h). This call's step is lost either way; the round
-    // finishes here when every survivor is in it, else at the next Vote.
+    // finishes here when every survivor is in it, else at the next call (EnterGroup).
     spdlog::warn("{}: collective failed ({}); agreeing on a rank mask", rpc, status.ToString());
     data_plane_->BeginMaskRound(vote_sequence_);
     mask_pending_ = true;
@@ -130,6 +130,22 @@ absl::Status WorkerService::EnterGroup(SlotLease& slot, const grpc::ServerContex
   call_ = CallBound{CallDeadline(context), nullptr};  // nothing latched from the last call
   if (context != nullptr) call_.cancelled = [context] { return context->IsCancelled(); };
   data_plane_->SetCall(call_);
+  // A pending mask round is applied before the call looks at the plane, so
+  // its checks (RequireNoMask) and its collective are the survivors'.
+  return FinishPendingMask(rpc);
+}
+
+absl::Status WorkerService::FinishPendingMask(const char* rpc) {
+  if (!mask_pending_) return absl::OkStatus();
+  ASSIGN_OR_RETURN(bool done, FinishMask(rpc, kMaskSettled));
+  if (!done) {
+    ASSIGN_OR_RETURN(done, FinishMask(rpc, 4 * joined_.timeout));
+    if (!done) {
+      return MarkGroupBroken(
+          rpc, absl::DeadlineExceededError(absl::StrCat(
+                   "rank mask: no agreement within ", absl::FormatDuration(4 * joined_.timeout))));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -176,18 +192,8 @@ absl::Status WorkerService::Vote(const char* rpc, absl::Status local,
   // agrees on the largest (MaskAgreement::votes), and every call numbered
   // below it is one a later survivor spent on the old group: it returns
   // without a vote, so the first vote on the new group is the call
-  // numbered first_mask_vote_ everywhere.
-  if (mask_pending_) {
-    ASSIGN_OR_RETURN(bool done, FinishMask(rpc, kMaskSettled));
-    if (!done) {
-      ASSIGN_OR_RETURN(done, FinishMask(rpc, 4 * joined_.timeout));
-      if (!done) {
-        return MarkGroupBroken(rpc, absl::DeadlineExceededError(
-                                        absl::StrCat("rank mask: no agreement within ",
-                                                     absl::FormatDuration(4 * joined_.timeout))));
-      }
-    }
-  }
+  // numbered first_mask_vote_ everywhere. (A round pending from an
+  // earlier call was applied when this call entered the group.)
   if (vote_sequence_ < first_mask_vote_) {
     ++vote_sequence_;
     return MaskAgreedError(rpc);
@@ -919,15 +925,23 @@ absl::Status WorkerService::DoForwardLayers(grpc::ServerContext* context,
   absl::Status local = RequirePhase(WorkerPhase::kConfigured, "ForwardLayers");
   if (local.ok()) local = CheckForwardLayers(options_.limits, request);
   if (local.ok()) local = RequireNoMask("ForwardLayers");
+  // Vote handles its own group errors (a mask round, or a broken group):
+  // a failed vote's status must not reach GroupResult, which would start
+  // another round for it.
+  bool vote_failed = false;
   const LayerStackRunner::VoteFn vote = [&](absl::Status runner_local,
                                             std::vector<core::BallotField> fields) {
-    return Vote("ForwardLayers", local.ok() ? std::move(runner_local) : local, std::move(fields));
+    absl::Status voted =
+        Vote("ForwardLayers", local.ok() ? std::move(runner_local) : local, std::move(fields));
+    vote_failed = !voted.ok();
+    return voted;
   };
   if (!local.ok()) return vote(local, {});
   const MemoryBudget budget = Budget();
-  return GroupResult("ForwardLayers",
-                     layer_stack_.Run(data_plane_->collective(), joined_.generation, call_, vote,
-                                      request, budget.cap_bytes, budget.held(), response));
+  absl::Status ran = layer_stack_.Run(data_plane_->collective(), joined_.generation, call_, vote,
+                                      request, budget.cap_bytes, budget.held(), response);
+  if (vote_failed) return ran;
+  return GroupResult("ForwardLayers", std::move(ran));
 }
 
 }  // namespace moe_ep::server

@@ -286,7 +286,7 @@ class WorkerService final : public v1::Worker::Service {
   // `status` from a collective operation of `rpc`: a group error marks the
   // group broken, with "<rpc>: <CODE>: <message>" as the reason GetStatus shows.
   // With rank masks (DataPlane::CanMask) it marks a mask pending instead:
-  // the next Vote agrees on one with the survivors (DESIGN §15).
+  // the next call applies the one agreed with the survivors (DESIGN §15).
   absl::Status GroupResult(const char* rpc, absl::Status status);
   // Marks the group broken with "<rpc>: <CODE>: <message>"; returns `status`.
   absl::Status MarkGroupBroken(const char* rpc, absl::Status status);
@@ -295,6 +295,10 @@ class WorkerService final : public v1::Worker::Service {
   // the mask and votes are numbered from the round on), false while it
   // runs; a failed round breaks the group. Needs the slot.
   absl::StatusOr<bool> FinishMask(const char* rpc, absl::Duration wait);
+  // Applies a round a failed earlier call left running (mask_pending_):
+  // waits for it (up to 4 group timeouts; then the group is broken). Called
+  // by EnterGroup. Needs the slot.
+  absl::Status FinishPendingMask(const char* rpc);
   // After the plane took a new mask (a round ended): ForwardLayers'
   // sub-groups are made again, GetStatus shows the mask. `renumber` (a
   // re-admission, whose returning rank counted no votes): votes are
@@ -360,7 +364,7 @@ class WorkerService final : public v1::Worker::Service {
   int64_t max_generation_used_ = 0;
   int64_t vote_sequence_ = 0;    // calls voted (or skipped by a mask) in the joined group
   int64_t first_mask_vote_ = 0;  // the first call that votes on the survivors' group
-  bool mask_pending_ = false;    // a collective failed: mask at the next Vote
+  bool mask_pending_ = false;    // a collective failed: mask at the next call
   CallBound call_;               // of the call holding the slot
   v1::ModelDescription model_;   // as configured (0 = field not given)
   std::vector<core::LayerPlan> plan_;
