@@ -10,33 +10,14 @@
 
 #include "gloo/common/error.h"
 #include "gmock/gmock.h"
-#include "grpcpp/security/server_credentials.h"
-#include "grpcpp/server.h"
-#include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
-#include "server/rendezvous_service.h"
+#include "tests/server/rendezvous_server.h"
 
 namespace moe_ep::server {
 namespace {
 
 using ::testing::HasSubstr;
-
-// A Rendezvous server on a loopback port chosen by the OS.
-struct RendezvousServer {
-  explicit RendezvousServer(const std::string& address = "127.0.0.1:0") {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(&service);
-    server = builder.BuildAndStart();
-  }
-  ~RendezvousServer() {
-    if (server) server->Shutdown();
-  }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port); }
-  RendezvousService service;
-  int port = 0;
-  std::unique_ptr<grpc::Server> server;
-};
+using testing::RendezvousServer;
 
 int FreePort() {
   RendezvousServer probe;

@@ -12,11 +12,8 @@
 #include <vector>
 
 #include "gmock/gmock.h"
-#include "grpcpp/security/server_credentials.h"
-#include "grpcpp/server.h"
-#include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
-#include "server/rendezvous_service.h"
+#include "tests/server/rendezvous_server.h"
 
 namespace moe_ep::server {
 namespace {
@@ -39,28 +36,13 @@ TEST(AgreeRankMask, AStoppedRoundIsCancelled) {
               HasSubstr("rank mask round 2: stopped on rank 1"));
 }
 
-// A rank's Rendezvous store on a loopback port chosen by the OS.
-struct RankStore {
-  RankStore() {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(&service);
-    server = builder.BuildAndStart();
-  }
-  ~RankStore() { server->Shutdown(); }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port); }
-  RendezvousService service;
-  int port = 0;
-  std::unique_ptr<grpc::Server> server;
-};
-
 // Ranks 0, 1 and 3 of 4 survive (rank 2's store is gone); rank 1 saw the
 // loss one call after the others (6 votes, theirs 5): every member gets the
 // members, host rank 0 and the vote count 6, on a 3-member context.
 TEST(AgreeRankMask, SurvivorsAgreeOnTheLargestVoteCount) {
-  RankStore stores[4];
+  testing::RendezvousServer stores[4];  // each rank's store
   std::vector<std::string> addresses;
-  for (const RankStore& s : stores) addresses.push_back(s.address());
+  for (const testing::RendezvousServer& s : stores) addresses.push_back(s.address());
   stores[2].server->Shutdown();
   const int64_t votes[4] = {5, 6, 0, 5};
   const int survivors[3] = {0, 1, 3};
