@@ -1,0 +1,211 @@
+#!/usr/bin/python3
+"""Content keys of clang-tidy's inputs, for scripts/lint.sh's cache (issue 34 item 5).
+
+A file's key is the SHA-256 of everything that can change what clang-tidy
+says about it:
+  - a format tag and the flags scripts/lint.sh gives clang-tidy (--tidy-args);
+  - the clang-tidy version line ("Debian LLVM version 14.0.6": the host CPU
+    line of `--version` is left out, it names the machine, not the tool);
+  - .clang-tidy's bytes;
+  - the file's repository path and its compile commands from
+    compile_commands.json, with the source and build directories written as
+    <src> and <build> (so a clone elsewhere gets the same key);
+  - the path and bytes of every project file the preprocessor reads for it:
+    the compiler's own dependency output (`-MM`: the file itself and every
+    header it includes transitively, system headers left out), including the
+    generated headers in the build directory (build/proto/...*.pb.h).
+Any change to any of these changes the key, so a file is skipped only when
+none of its inputs changed since it was last tidied clean. A file whose
+dependencies cannot be computed (the compiler fails, a generated header is
+missing) gets no key and is always tidied.
+
+A file with no compile command (a header no .cc includes, a .cc outside the
+build) uses the command of the nearest .cc in the database, as clang-tidy's
+own interpolation does, compiled as C++ (-x c++).
+
+Usage (both take --tidy BINARY --tidy-args "FLAGS", as lint.sh passes them):
+  tidy_cache.py keys --build-dir DIR [--jobs N] FILE...
+      prints "KEY PATH" per file (KEY "-" when it has none), in input order.
+  tidy_cache.py inputs --build-dir DIR FILE
+      prints what FILE's key hashes (one input per line), to see why it changed.
+The cache itself (.ci/tidy-clean.txt: one key per line, sorted) is read and
+written by scripts/lint.sh. Standard library only; Python >= 3.9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, List, Optional, Sequence, Tuple
+
+FORMAT_TAG = b"moe-ep tidy cache v1\n"
+
+
+def tidy_version(tidy: str) -> str:
+    out = subprocess.run([tidy, "--version"], check=True, capture_output=True, text=True).stdout
+    lines = [line.strip() for line in out.splitlines() if "version" in line.lower()]
+    if not lines:
+        raise RuntimeError(f"{tidy} --version printed no version line: {out!r}")
+    return lines[0]
+
+
+def sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class Database:
+    """compile_commands.json, indexed by absolute file path."""
+
+    def __init__(self, root: str, build_dir: str):
+        self.root = os.path.realpath(root)
+        self.build = os.path.realpath(build_dir)
+        with open(os.path.join(self.build, "compile_commands.json")) as f:
+            entries = json.load(f)
+        self.by_file: Dict[str, List[dict]] = {}
+        for e in entries:
+            path = os.path.realpath(os.path.join(e["directory"], e["file"]))
+            self.by_file.setdefault(path, []).append(e)
+        self.cc_files = sorted(p for p in self.by_file if p.endswith(".cc"))
+
+    def normalize(self, text: str) -> str:
+        """Absolute source / build paths as <src> / <build> (build first: it may lie in src)."""
+        return text.replace(self.build, "<build>").replace(self.root, "<src>")
+
+    def name(self, path: str) -> Optional[str]:
+        """A dependency's key name: its path under <build> or <src>; None outside both."""
+        real = os.path.realpath(path)
+        for base, tag in ((self.build, "<build>"), (self.root, "<src>")):
+            if real == base or real.startswith(base + os.sep):
+                return tag + "/" + os.path.relpath(real, base)
+        return None
+
+    def nearest(self, path: str) -> str:
+        """The database .cc sharing the longest directory prefix with `path` (then by stem)."""
+        stem = os.path.splitext(os.path.basename(path))[0]
+        directory = os.path.dirname(path)
+
+        def rank(candidate: str) -> Tuple[int, int, str]:
+            common = os.path.commonpath([directory, os.path.dirname(candidate)])
+            same_stem = os.path.splitext(os.path.basename(candidate))[0] == stem
+            return (-len(common), -int(same_stem), candidate)
+
+        return min(self.cc_files, key=rank)
+
+    def commands(self, path: str) -> List[Tuple[str, List[str]]]:
+        """(directory, argv) of each compile command of `path` (interpolated when it has none)."""
+        entries = self.by_file.get(path)
+        interpolated = entries is None
+        if interpolated:
+            entries = self.by_file[self.nearest(path)]
+        out = []
+        for e in entries:
+            argv = e["arguments"] if "arguments" in e else shlex.split(e["command"])
+            src = os.path.realpath(os.path.join(e["directory"], e["file"]))
+            fixed: List[str] = []
+            skip = False
+            for i, a in enumerate(argv):
+                if skip:
+                    skip = False
+                    continue
+                if a == "-o":
+                    skip = True
+                    continue
+                if a == "-c":
+                    continue
+                if os.path.realpath(os.path.join(e["directory"], a)) == src and i > 0:
+                    continue  # the file itself; added back below
+                fixed.append(a)
+            if interpolated:
+                fixed += ["-x", "c++"]
+            out.append((e["directory"], fixed))
+        return out
+
+
+def dependencies(directory: str, argv: Sequence[str], path: str) -> List[str]:
+    """The compiler's -MM list for `path` under `argv` (absolute paths)."""
+    result = subprocess.run(
+        [*argv, "-MM", path], cwd=directory, capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"{path}: {argv[0]} -MM failed: {result.stderr.strip()[:500]}")
+    text = result.stdout.replace("\\\n", " ")
+    _, _, deps = text.partition(":")
+    return [os.path.join(directory, d) for d in deps.split()]
+
+
+def material(db: Database, header: bytes, relpath: str) -> bytes:
+    """What the key hashes for `relpath` (see the module comment).
+
+    Raises RuntimeError or OSError when its inputs cannot be listed.
+    """
+    path = os.path.realpath(os.path.join(db.root, relpath))
+    lines = [f"file {relpath}\n"]
+    deps: Dict[str, str] = {}
+    for directory, argv in db.commands(path):
+        lines.append("command " + db.normalize(shlex.join(argv)) + "\n")
+        for dep in dependencies(directory, argv, path):
+            name = db.name(dep) or os.path.realpath(dep)  # outside the tree: still an input
+            deps[name] = dep
+    if not deps:
+        raise RuntimeError(f"{relpath}: the compiler listed no dependency")
+    for name in sorted(deps):
+        lines.append(f"dep {name} {sha256_file(deps[name])}\n")
+    return header + "".join(lines).encode()
+
+
+def key(db: Database, header: bytes, relpath: str) -> str:
+    """The file's key, or "-" when its inputs cannot be listed."""
+    try:
+        return hashlib.sha256(material(db, header, relpath)).hexdigest()
+    except (RuntimeError, OSError) as e:
+        print(f"tidy_cache: no key for {relpath}: {e}", file=sys.stderr)
+        return "-"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    keys = sub.add_parser("keys", help='print "KEY PATH" per file')
+    inputs = sub.add_parser("inputs", help="print what the key of one file hashes")
+    for p in (keys, inputs):
+        p.add_argument("--build-dir", required=True)
+        p.add_argument("--root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        p.add_argument("--tidy", default="clang-tidy-14", help="the clang-tidy binary")
+        p.add_argument("--tidy-args", default="", help="lint.sh's clang-tidy flags besides -p")
+    keys.add_argument("--jobs", type=int, default=2)
+    keys.add_argument("files", nargs="*")
+    inputs.add_argument("file")
+    args = parser.parse_args(argv)
+
+    db = Database(args.root, args.build_dir)
+    with open(os.path.join(db.root, ".clang-tidy"), "rb") as f:
+        clang_tidy = f.read()
+    header = b"".join(
+        [
+            FORMAT_TAG,
+            f"tidy {tidy_version(args.tidy)}\nargs {args.tidy_args}\n".encode(),
+            b".clang-tidy " + hashlib.sha256(clang_tidy).hexdigest().encode() + b"\n",
+        ]
+    )
+    if args.command == "inputs":
+        sys.stdout.write(material(db, header, args.file).decode())
+        return 0
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        results = list(pool.map(lambda f: key(db, header, f), args.files))
+    for f, k in zip(args.files, results):
+        print(k, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
