@@ -107,6 +107,12 @@ absl::StatusOr<SafetensorsTensorView> FindBf16Matrix(SafetensorsCheckpoint& ckpt
     return absl::InvalidArgumentError(absl::StrFormat(
         "tensor \"%s\": shape: expected [%d, %d], got [%s]", name, rows, cols, got));
   }
+  if (!SafetensorsIsFloat(view.dtype)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tensor \"%s\": dtype: expected BF16, F16 or F32 for bf16 experts, got %s (a quantized "
+        "checkpoint: load it with the matching expert kind, e.g. fp8 block-scaled)",
+        name, SafetensorsDTypeName(view.dtype)));
+  }
   return view;
 }
 

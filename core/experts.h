@@ -27,8 +27,9 @@ enum class ExpertKind { kSwiGlu, kIdentity };
 
 // Reads one 2-D tensor `name` of shape [rows, cols] from `ckpt` as bf16 bit
 // patterns (BF16 as is, F16 and F32 rounded to nearest even), row-major.
-// Errors: kNotFound (no such tensor), kInvalidArgument (shape differs,
-// naming the tensor, expected and got), kDataLoss (corrupt file).
+// Errors: kNotFound (no such tensor), kInvalidArgument (shape differs, or a
+// quantized dtype such as F8_E4M3 or U8, naming the tensor, expected and
+// got), kDataLoss (corrupt file).
 // Used by ExpertSet::LoadSafetensors and core/shared_expert.h.
 absl::StatusOr<std::vector<bf16_t>> ReadBf16Matrix(SafetensorsCheckpoint& ckpt,
                                                    const std::string& name, int64_t rows,

@@ -33,7 +33,11 @@ absl::StatusOr<SafetensorsDType> ParseDType(const std::string& name) {
   if (name == "BF16") return SafetensorsDType::kBF16;
   if (name == "F16") return SafetensorsDType::kF16;
   if (name == "F32") return SafetensorsDType::kF32;
-  return absl::DataLossError(absl::StrCat("dtype: expected BF16, F16 or F32, got \"", name, "\""));
+  if (name == "F8_E4M3") return SafetensorsDType::kF8E4M3;
+  if (name == "F8_E5M2") return SafetensorsDType::kF8E5M2;
+  if (name == "U8") return SafetensorsDType::kU8;
+  return absl::DataLossError(
+      absl::StrCat("dtype: expected BF16, F16, F32, F8_E4M3, F8_E5M2 or U8, got \"", name, "\""));
 }
 
 uint64_t ReadLe64(const uint8_t* p) {
@@ -100,14 +104,44 @@ std::string SafetensorsDTypeName(SafetensorsDType dtype) {
       return "F16";
     case SafetensorsDType::kF32:
       return "F32";
+    case SafetensorsDType::kF8E4M3:
+      return "F8_E4M3";
+    case SafetensorsDType::kF8E5M2:
+      return "F8_E5M2";
+    case SafetensorsDType::kU8:
+      return "U8";
   }
   return "?";
 }
 
-int SafetensorsDTypeSize(SafetensorsDType dtype) { return dtype == SafetensorsDType::kF32 ? 4 : 2; }
+int SafetensorsDTypeSize(SafetensorsDType dtype) {
+  switch (dtype) {
+    case SafetensorsDType::kF32:
+      return 4;
+    case SafetensorsDType::kBF16:
+    case SafetensorsDType::kF16:
+      return 2;
+    case SafetensorsDType::kF8E4M3:
+    case SafetensorsDType::kF8E5M2:
+    case SafetensorsDType::kU8:
+      return 1;
+  }
+  return 1;
+}
+
+bool SafetensorsIsFloat(SafetensorsDType dtype) {
+  return dtype == SafetensorsDType::kBF16 || dtype == SafetensorsDType::kF16 ||
+         dtype == SafetensorsDType::kF32;
+}
 
 absl::Status SafetensorsToBf16(const SafetensorsTensorView& view, int64_t first_element,
                                absl::Span<uint16_t> out) {
+  if (!SafetensorsIsFloat(view.dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SafetensorsToBf16: dtype ", SafetensorsDTypeName(view.dtype),
+        " holds quantized codes or bytes, not bf16/f16/f32 values; read it with its scales "
+        "(core/quantized_weights.h)"));
+  }
   const int64_t size = SafetensorsDTypeSize(view.dtype);
   const int64_t numel = static_cast<int64_t>(view.data.size()) / size;
   const int64_t count = static_cast<int64_t>(out.size());
@@ -151,6 +185,10 @@ absl::Status SafetensorsToBf16(const SafetensorsTensorView& view, int64_t first_
         out[i] = FloatToBf16(f);
       }
       break;
+    case SafetensorsDType::kF8E4M3:
+    case SafetensorsDType::kF8E5M2:
+    case SafetensorsDType::kU8:
+      break;  // refused above
   }
   return absl::OkStatus();
 }

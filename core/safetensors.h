@@ -5,7 +5,9 @@
 // The header maps each tensor name to {"dtype", "shape", "data_offsets":
 // [begin, end]} with offsets in bytes relative to the start of the raw data;
 // an optional "__metadata__" entry holds string pairs. Data is little-endian,
-// row-major. Supported dtypes: BF16, F16, F32 (others are rejected by name).
+// row-major. Supported dtypes: BF16, F16, F32, and the quantized checkpoints'
+// F8_E4M3, F8_E5M2 (one byte an element) and U8 (mxfp4 blocks and E8M0
+// scales); others are rejected by name.
 //
 // A multi-file checkpoint (model.safetensors.index.json with a "weight_map"
 // from tensor name to shard file) opens through SafetensorsCheckpoint.
@@ -24,12 +26,16 @@
 
 namespace moe_ep::core {
 
-enum class SafetensorsDType { kBF16, kF16, kF32 };
+enum class SafetensorsDType { kBF16, kF16, kF32, kF8E4M3, kF8E5M2, kU8 };
 
-// "BF16", "F16", "F32" (the format's spelling).
+// "BF16", "F16", "F32", "F8_E4M3", "F8_E5M2", "U8" (the format's spelling).
 std::string SafetensorsDTypeName(SafetensorsDType dtype);
-// Bytes per element: 2, 2, 4.
+// Bytes per element: 2, 2, 4, 1, 1, 1.
 int SafetensorsDTypeSize(SafetensorsDType dtype);
+// Whether the dtype holds plain float values (BF16, F16, F32): the others
+// are quantized codes that mean nothing without their scales
+// (core/quantized_weights.h) or raw bytes.
+bool SafetensorsIsFloat(SafetensorsDType dtype);
 
 // A tensor inside an open file. `data` points into the file's mapping and
 // stays valid while the SafetensorsFile lives.
@@ -46,7 +52,8 @@ struct SafetensorsTensorView {
 // F32 rounded to nearest even (core/bf16.h). Reads only those elements'
 // bytes, so a loader can decode a large tensor in pieces into a bounded
 // buffer. Errors: kInvalidArgument when the range exceeds the tensor's
-// elements (with both). Thread-safe.
+// elements (with both), or the tensor is not BF16/F16/F32 (fp8 codes need
+// their scales: core/quantized_weights.h). Thread-safe.
 absl::Status SafetensorsToBf16(const SafetensorsTensorView& view, int64_t first_element,
                                absl::Span<uint16_t> out);
 

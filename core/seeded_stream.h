@@ -41,8 +41,16 @@ namespace moe_ep::core {
 // The golden-ratio increment of SplitMix64, also the counter stride.
 inline constexpr uint64_t kSeededGolden = 0x9e3779b97f4a7c15ull;
 
-// Projection ids mixed into a tensor key.
-enum class SeededProjection : uint64_t { kGate = 1, kUp = 2, kDown = 3 };
+// Projection ids mixed into a tensor key. The biases are gpt-oss's
+// (core/quantized_weights.h GenerateGptOssExpert): gate_up_proj_bias [2I],
+// down_proj_bias [H].
+enum class SeededProjection : uint64_t {
+  kGate = 1,
+  kUp = 2,
+  kDown = 3,
+  kGateUpBias = 4,
+  kDownBias = 5
+};
 
 // SplitMix64 (Steele, Lea, Flood 2014): one step of the generator whose
 // state is `x`, i.e. the output for state x + golden.
