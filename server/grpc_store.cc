@@ -157,6 +157,34 @@ bool GrpcStore::Answers(absl::Duration timeout) {
          absl::Now() - start < timeout;
 }
 
+GrpcStore::ProbeResult GrpcStore::Probe(absl::Duration timeout) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  if (!secret_.empty()) context.AddMetadata(kSecretMetadataKey, secret_);
+  v1::GetRequest request;
+  request.set_key("probe");
+  request.set_timeout_ms(0);
+  v1::GetResponse response;
+  const absl::Time start = absl::Now();
+  const grpc::Status status = stub_->Get(&context, request, &response);
+  const bool in_time = absl::Now() - start < timeout;
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    return in_time ? ProbeResult::kRefuses : ProbeResult::kSilent;
+  }
+  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && !in_time) {
+    return ProbeResult::kSilent;
+  }
+  return ProbeResult::kAnswers;
+}
+
+grpc::Status GrpcStore::Arrive(const v1::ArriveRequest& request, v1::ArriveResponse* response) {
+  grpc::ClientContext context;
+  context.set_deadline(
+      absl::ToChronoTime(absl::Now() + absl::Milliseconds(request.timeout_ms()) + kRpcSlack));
+  if (!secret_.empty()) context.AddMetadata(kSecretMetadataKey, secret_);
+  return stub_->Arrive(&context, request, response);
+}
+
 bool GrpcStore::Poll(const std::string& key, absl::Duration timeout, std::string* value) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));

@@ -74,6 +74,23 @@ class GrpcStore : public gloo::rendezvous::Store {
   // within `timeout`. Never throws. Thread-safe.
   bool Poll(const std::string& key, absl::Duration timeout, std::string* value);
 
+  // How a Rendezvous service answered a probe (Probe()).
+  enum class ProbeResult { kAnswers, kRefuses, kSilent };
+  // Probe()
+  //
+  // As Answers(), telling a port that refuses (kRefuses: the worker is gone;
+  // UNAVAILABLE before `timeout`) from one that says nothing within
+  // `timeout` (kSilent: stopped or overloaded). Never throws. Thread-safe.
+  ProbeResult Probe(absl::Duration timeout);
+
+  // Arrive()
+  //
+  // One Rendezvous.Arrive RPC (proto/moe_ep/v1/rendezvous.proto; the
+  // arrival round of a collective call, server/call_arrival.h), without
+  // retries, with the secret, bounded by `request.timeout_ms()` plus a
+  // slack. Returns the RPC's status. Never throws. Thread-safe.
+  grpc::Status Arrive(const v1::ArriveRequest& request, v1::ArriveResponse* response);
+
  private:
   std::string address_;
   absl::Duration timeout_;

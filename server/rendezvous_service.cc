@@ -222,6 +222,84 @@ grpc::Status RendezvousService::Wait(grpc::ServerContext* context, const v1::Wai
   }
 }
 
+grpc::Status RendezvousService::Arrive(grpc::ServerContext* context,
+                                       const v1::ArriveRequest* request,
+                                       v1::ArriveResponse* response) {
+  if (grpc::Status key = CheckKey(request->round(), "round", limits_.max_key_bytes); !key.ok()) {
+    return key;
+  }
+  constexpr int kMaxRank = 65536;
+  const auto bad_rank = [&](int rank) { return rank < 0 || rank >= kMaxRank; };
+  if (bad_rank(request->rank())) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("rank: expected in [0, ", kMaxRank, "), got ", request->rank()));
+  }
+  if (request->members_size() == 0 || request->members_size() > kMaxRank) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("members: expected 1 to ", kMaxRank, " ranks, got ", request->members_size()));
+  }
+  for (int i = 0; i < request->members_size(); ++i) {
+    if (bad_rank(request->members(i))) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("members[", i, "]: expected in [0, ", kMaxRank, "), got ",
+                                       request->members(i)));
+    }
+  }
+  if (request->timeout_ms() < 0) return BadTimeout(request->timeout_ms());
+  if (request->refusal_ttl_ms() < 0) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("refusal_ttl_ms: expected >= 0, got ", request->refusal_ttl_ms()));
+  }
+  if (static_cast<int64_t>(request->address().size() + request->refusal().size()) >
+      limits_.max_value_bytes) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("address + refusal: expected <= ", limits_.max_value_bytes,
+                                     " bytes (--store-max-value-bytes)"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (grpc::Status writer = CheckWriter(context, request->round()); !writer.ok()) return writer;
+  }
+  absl::StatusOr<core::ArrivalOutcome> outcome;
+  switch (request->action()) {
+    case v1::ArriveRequest::ACTION_REFUSE: {
+      const absl::Status refused =
+          board_.Refuse(request->round(), request->rank(), request->refusal(),
+                        absl::Now() + absl::Milliseconds(request->refusal_ttl_ms()));
+      if (!refused.ok()) {
+        return grpc::Status(static_cast<grpc::StatusCode>(refused.code()),
+                            std::string(refused.message()));
+      }
+      return grpc::Status::OK;
+    }
+    case v1::ArriveRequest::ACTION_WITHDRAW:
+      outcome = board_.Withdraw(request->round(), request->rank());
+      break;
+    default: {
+      const std::vector<int> members(request->members().begin(), request->members().end());
+      outcome = board_.Arrive(request->round(), request->rank(), members, request->address(),
+                              WaitDeadline(context, request->timeout_ms()),
+                              [context] { return context->IsCancelled(); });
+      break;
+    }
+  }
+  if (!outcome.ok()) {
+    return grpc::Status(static_cast<grpc::StatusCode>(outcome.status().code()),
+                        std::string(outcome.status().message()));
+  }
+  response->set_complete(outcome->complete);
+  response->mutable_missing()->Assign(outcome->missing.begin(), outcome->missing.end());
+  for (const std::string& address : outcome->missing_addresses) {
+    response->add_missing_addresses(address);
+  }
+  response->set_refused_rank(outcome->refused_rank);
+  response->set_refusal(outcome->refusal);
+  return grpc::Status::OK;
+}
+
 void RendezvousService::OpenGeneration(int64_t generation, const std::string& secret) {
   absl::MutexLock lock(&mu_);
   if (generation < open_generation_) return;
@@ -230,6 +308,7 @@ void RendezvousService::OpenGeneration(int64_t generation, const std::string& se
 }
 
 void RendezvousService::DropGenerationsBelow(int64_t generation) {
+  board_.DropGenerationsBelow(generation);
   absl::MutexLock lock(&mu_);
   for (auto it = values_.begin(); it != values_.end();) {
     const int64_t g = GenerationOfKey(it->first);

@@ -38,6 +38,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "core/arrival_board.h"
 #include "moe_ep/v1/rendezvous.grpc.pb.h"
 #include "server/store_limits.h"
 
@@ -53,6 +54,12 @@ class RendezvousService final : public v1::Rendezvous::Service {
                    v1::GetResponse* response) override;
   grpc::Status Wait(grpc::ServerContext* context, const v1::WaitRequest* request,
                     v1::WaitResponse* response) override;
+  // The arrival round of a collective call (core/arrival_board.h; issue 29):
+  // checked as a Set of `round` (generation open, secret), then ARRIVE /
+  // WITHDRAW / REFUSE on the board. INVALID_ARGUMENT for a rank or member
+  // outside [0, 65536), no members, timeout_ms < 0 or refusal_ttl_ms < 0.
+  grpc::Status Arrive(grpc::ServerContext* context, const v1::ArriveRequest* request,
+                      v1::ArriveResponse* response) override;
 
   // Accepts writes of generation `generation` from now on (and of no older
   // one); `secret` non-empty: each Set must carry it. Called by the worker
@@ -77,6 +84,7 @@ class RendezvousService final : public v1::Rendezvous::Service {
   int64_t stored_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t open_generation_ ABSL_GUARDED_BY(mu_) = 0;  // 0 = none yet
   std::string open_secret_ ABSL_GUARDED_BY(mu_);
+  core::ArrivalBoard board_;  // its own lock: Arrive waits on it, not on mu_
 };
 
 // GenerationOfKey()

@@ -16,6 +16,7 @@
 #include "core/status_macros.h"
 #include "core/workspace.h"
 #include "server/benchmark_inputs.h"
+#include "server/call_arrival.h"
 #include "server/collective_slot.h"
 #include "server/device_info.h"
 #include "server/group_formation.h"
@@ -33,7 +34,17 @@
 namespace moe_ep::server {
 namespace {
 
-// This rank's experts of `load`: identity, from the checkpoint, or seeded.
+// What a layer's LoadExperts asked for, as one fingerprint: the fields
+// every rank must agree on (the layer excluded), compared by Forward's vote.
+int64_t ExpertSpecFingerprint(const std::vector<core::BallotField>& fields) {
+  std::string text;
+  for (const core::BallotField& field : fields) {
+    if (field.name == "layer") continue;
+    absl::StrAppend(&text, field.name, "=", field.value, ";");
+  }
+  return static_cast<int64_t>(core::Fingerprint64(text));
+}
+
 }  // namespace
 
 WorkerService::WorkerService(WorkerOptions options, HealthReporter* health)
@@ -65,6 +76,20 @@ grpc::Status WorkerService::Finish(const absl::Status& status) {
     status_.mutable_counters()->set_errors(status_.counters().errors() + 1);
   }
   return ToGrpcStatus(CapMessage(status));
+}
+
+grpc::Status WorkerService::FinishCollective(const absl::Status& status) {
+  {
+    absl::MutexLock lock(&state_mu_);
+    v1::Counters* counters = status_.mutable_counters();
+    if (status.ok()) {
+      counters->set_consecutive_failed_collectives(0);
+    } else if (IsGroupError(status)) {
+      counters->set_consecutive_failed_collectives(counters->consecutive_failed_collectives() + 1);
+    }
+    UpdateHealthLocked();
+  }
+  return Finish(status);
 }
 
 absl::Status WorkerService::Leased(const char* rpc, const v1::LeaseClaim& claim,
@@ -172,8 +197,9 @@ void WorkerService::UpdateHealthLocked() {
   const bool joined = state_.phase() != WorkerPhase::kStarted;
   SetLogContext(joined ? status_.rank() : -1, status_.generation(), status_.geometry_epoch());
   if (health_ != nullptr) {
-    health_->SetReady(state_.phase() == WorkerPhase::kAllocated && !state_.broken() &&
-                      !shutting_down_);
+    health_->SetReady(
+        state_.phase() == WorkerPhase::kAllocated && !state_.broken() && !shutting_down_ &&
+        status_.counters().consecutive_failed_collectives() < kFailedCollectivesNotReady);
   }
 }
 
@@ -198,13 +224,23 @@ absl::Status WorkerService::Vote(const char* rpc, absl::Status local,
     ++vote_sequence_;
     return MaskAgreedError(rpc);
   }
-  core::Ballot ballot;
-  ballot.rpc = rpc;
-  ballot.generation = joined_.generation;
-  ballot.sequence = vote_sequence_++;
-  ballot.local = std::move(local);
-  ballot.fields = std::move(fields);
-  absl::Status status = core::RunVote(data_plane_->collective(), ballot);
+  // Local refusals first (issue 29): a rank that rejected its own request
+  // answers at once and counts nothing; every live rank must have entered
+  // this call before anything moves on the data plane.
+  absl::Status status = ArriveForVote(rpc, local);
+  if (!local.ok()) return local;
+  if (!status.ok() && !IsGroupError(status)) return status;  // nothing moved, nothing counted
+  if (status.ok()) {
+    core::Ballot ballot;
+    ballot.rpc = rpc;
+    ballot.generation = joined_.generation;
+    ballot.sequence = vote_sequence_++;
+    ballot.local = std::move(local);
+    ballot.fields = std::move(fields);
+    status = core::RunVote(data_plane_->collective(), ballot);
+  } else {
+    ++vote_sequence_;  // a rank was lost: counted as the failed vote it replaces
+  }
   if (IsGroupError(status) && data_plane_->CanMask()) {
     // A rank was lost before this call's payload moved.
     spdlog::warn("{}: vote failed ({}); agreeing on a rank mask", rpc, status.ToString());
@@ -218,6 +254,39 @@ absl::Status WorkerService::Vote(const char* rpc, absl::Status local,
                                      "(GetStatus.masked_ranks); send the call again"));
   }
   return GroupResult(rpc, status);
+}
+
+absl::Status WorkerService::ArriveForVote(const char* rpc, const absl::Status& local) {
+  const RankMaskState mask = data_plane_->mask();
+  CallArrival call;
+  call.rpc = rpc;
+  call.rank = joined_.rank;
+  for (int r = 0; r < joined_.world_size; ++r) {
+    if (r >= static_cast<int>(mask.live.size()) || mask.live[r]) call.members.push_back(r);
+  }
+  if (call.members.size() <= 1) return local;
+  call.round = ArrivalRoundName(joined_.generation, mask.round, vote_sequence_, rpc);
+  call.addresses = joined_.rendezvous_addresses;
+  call.host_rank = mask.round > 0 ? mask.host : 0;
+  call.deadline = call_.deadline;
+  call.cancelled = call_.cancelled;
+  {
+    absl::MutexLock lock(&state_mu_);
+    call.self_address = status_.listen_address();
+  }
+  const std::string host_address =
+      mask.round > 0 && mask.host < static_cast<int>(joined_.rendezvous_addresses.size())
+          ? joined_.rendezvous_addresses[mask.host]
+          : joined_.rendezvous_address;
+  if (arrival_host_ == nullptr || arrival_host_->address() != host_address) {
+    arrival_host_ =
+        std::make_unique<GrpcStore>(host_address, joined_.timeout, joined_.rendezvous_secret);
+  }
+  if (!local.ok()) {
+    RefuseForCall(*arrival_host_, call, local);
+    return local;
+  }
+  return ArriveForCall(*arrival_host_, call);
 }
 
 absl::Status WorkerService::MaskAgreedError(const char* rpc) const {
@@ -285,6 +354,7 @@ void WorkerService::TearDownGroup() {
   mask_pending_ = false;
   layer_stack_.Reset();  // before the data plane its sub-groups point into
   expert_bytes_ = 0;
+  expert_specs_.clear();
   allocation_.reset();
   geometry_committed_ = false;
   plan_.clear();
@@ -366,6 +436,7 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
   RETURN_IF_ERROR(slot.Acquire(context, "Join"));
   bool same_group = false;
   bool votes = false;
+  bool lease_refused = false;
   {
     absl::MutexLock lock(&state_mu_);
     if (shutting_down_) return absl::UnavailableError("Join: worker is shutting down");
@@ -377,11 +448,17 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
     }
     // A new generation replaces the group: the owner's call (the idempotent
     // re-join of the group in force changes nothing and is not refused).
-    if (local.ok() && !same_group) local = lease_.Check("Join", request.lease());
+    if (local.ok() && !same_group) {
+      local = lease_.Check("Join", request.lease());
+      // Another owner's Join is answered at once and changes nothing (issue
+      // 29 item 1): no ballot, no refusal posted (its peers are that
+      // owner's), and its generation is not recorded.
+      lease_refused = !local.ok();
+    }
     // Even a bad Join votes when its ballot has a place (a rank of a group
     // of several, a fresh generation): its peers then fail at once. Its
     // generation counts as used from here (the ballot is a rendezvous key).
-    votes = !same_group && CanVoteOnJoin(request);
+    votes = !same_group && !lease_refused && CanVoteOnJoin(request);
     if (votes || (local.ok() && !same_group)) max_generation_used_ = request.generation();
     status_.set_max_generation_seen(max_generation_used_);
   }
@@ -422,7 +499,7 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
         std::clamp(CallDeadline(context) - absl::Now(), absl::Milliseconds(1), timeout)));
   }
   // A rejoining rank has no peers waiting on its Join.
-  if (!local.ok() && !same_group && !votes && !request.rejoin()) {
+  if (!local.ok() && !same_group && !votes && !lease_refused && !request.rejoin()) {
     RefuseJoin(context, request, local);
   }
   RETURN_IF_ERROR(local);
@@ -492,6 +569,7 @@ void WorkerService::InstallGroup(const JoinArgs& args, std::unique_ptr<DataPlane
   {
     absl::MutexLock lock(&state_mu_);
     state_.Joined();
+    status_.mutable_counters()->set_consecutive_failed_collectives(0);
     status_.set_rank(args.rank);
     status_.set_world_size(args.world_size);
     status_.set_generation(args.generation);
@@ -540,7 +618,7 @@ absl::Status WorkerService::DoLeave(grpc::ServerContext* context, const v1::Leav
 grpc::Status WorkerService::ConfigureLayers(grpc::ServerContext* context,
                                             const v1::ConfigureLayersRequest* request,
                                             v1::ConfigureLayersResponse* response) {
-  return Finish(RunGuarded("ConfigureLayers", [&] {
+  return FinishCollective(RunGuarded("ConfigureLayers", [&] {
     return Leased("ConfigureLayers", request->lease(), [&](const absl::Status& refused) {
       return DoConfigureLayers(context, *request, refused, response);
     });
@@ -578,7 +656,7 @@ absl::Status WorkerService::DoConfigureLayers(grpc::ServerContext* context,
 grpc::Status WorkerService::AllocateWorkspace(grpc::ServerContext* context,
                                               const v1::AllocateWorkspaceRequest* request,
                                               v1::AllocateWorkspaceResponse* response) {
-  return Finish(RunGuarded("AllocateWorkspace", [&] {
+  return FinishCollective(RunGuarded("AllocateWorkspace", [&] {
     return Leased("AllocateWorkspace", request->lease(), [&](const absl::Status& refused) {
       return DoAllocateWorkspace(context, *request, refused, response);
     });
@@ -643,6 +721,7 @@ absl::Status WorkerService::Allocate(const core::EpDispatcherOptions& options) {
   allocation_ = std::move(allocation);
   geometry_committed_ = false;
   expert_bytes_ = 0;
+  expert_specs_.clear();
   return absl::OkStatus();
 }
 
@@ -685,9 +764,12 @@ absl::Status WorkerService::DoLoadExperts(grpc::ServerContext* context,
   RETURN_IF_ERROR(EnterLeasedGroup(slot, context, "LoadExperts", WorkerPhase::kAllocated, refused));
   absl::StatusOr<ExpertLoad> load =
       refused.ok() ? PrepareExpertLoad(request) : absl::StatusOr<ExpertLoad>(refused);
-  RETURN_IF_ERROR(
-      Vote("LoadExperts", load.status(),
-           load.ok() ? ExpertLoadFields(request, *load) : std::vector<core::BallotField>{}));
+  // Local only, as worker.proto says (issue 29 item 3): no vote, so a
+  // coordinator may load rank by rank and retry one rank. The ranks'
+  // agreement on what each layer holds is checked by the next Forward's
+  // vote (ExpertSpecField), and a rank without the layer's experts rejects
+  // that Forward itself.
+  RETURN_IF_ERROR(load.status());
   const int64_t hidden = allocation_->options.workspace.hidden;
   const int64_t old_bytes = data_plane_->ExpertBytes(load->layer);
   ASSIGN_OR_RETURN(int64_t total,
@@ -708,6 +790,7 @@ absl::Status WorkerService::DoLoadExperts(grpc::ServerContext* context,
       int64_t shared_bytes,
       data_plane_->LoadSharedExpert(load->layer, std::move(shared), options_.memory_cap_bytes));
   expert_bytes_ += shared_bytes - old_shared;
+  expert_specs_[load->layer] = ExpertSpecFingerprint(ExpertLoadFields(request, *load));
   response->set_first_expert(load->first_expert);
   response->set_num_local_experts(load->num_local_experts);
   response->set_expert_bytes(bytes);
@@ -724,8 +807,8 @@ absl::Status WorkerService::DoLoadExperts(grpc::ServerContext* context,
 grpc::Status WorkerService::SyncTokenCounts(grpc::ServerContext* context,
                                             const v1::SyncTokenCountsRequest* request,
                                             v1::SyncTokenCountsResponse* response) {
-  return Finish(RunGuarded("SyncTokenCounts",
-                           [&] { return DoSyncTokenCounts(context, *request, response); }));
+  return FinishCollective(RunGuarded(
+      "SyncTokenCounts", [&] { return DoSyncTokenCounts(context, *request, response); }));
 }
 
 absl::Status WorkerService::DoSyncTokenCounts(grpc::ServerContext* context,
@@ -780,7 +863,8 @@ absl::Status WorkerService::DoCommitGeometry(grpc::ServerContext* context,
 
 grpc::Status WorkerService::Forward(grpc::ServerContext* context, const v1::ForwardRequest* request,
                                     v1::ForwardResponse* response) {
-  return Finish(RunGuarded("Forward", [&] { return DoForward(context, *request, response); }));
+  return FinishCollective(
+      RunGuarded("Forward", [&] { return DoForward(context, *request, response); }));
 }
 
 absl::Status WorkerService::RequireReadmitted(const char* call) const {
@@ -819,8 +903,16 @@ absl::Status WorkerService::DoForward(grpc::ServerContext* context,
   SlotLease slot(&slot_);
   RETURN_IF_ERROR(EnterGroup(slot, context, "Forward", WorkerPhase::kAllocated));
   absl::StatusOr<ForwardInputs> in = PrepareForward(request);
-  RETURN_IF_ERROR(Vote("Forward", in.status(),
-                       in.ok() ? ForwardFields(*in) : std::vector<core::BallotField>{}));
+  std::vector<core::BallotField> fields;
+  if (in.ok()) {
+    fields = ForwardFields(*in);
+    auto spec = expert_specs_.find(in->layer);
+    fields.push_back(
+        {"experts of the layer (LoadExperts kind, intermediate_size, seed, "
+         "safetensors_path, name_pattern)",
+         spec != expert_specs_.end() ? spec->second : 0, /*is_fingerprint=*/true});
+  }
+  RETURN_IF_ERROR(Vote("Forward", in.status(), std::move(fields)));
   const int64_t hidden = allocation_->options.workspace.hidden;
   // The data plane reads the request's bytes and writes the reply's: one
   // host copy each way (issue 11 item 2).
@@ -867,7 +959,8 @@ grpc::Status WorkerService::Echo(grpc::ServerContext* /*context*/, const v1::Ech
 grpc::Status WorkerService::Benchmark(grpc::ServerContext* context,
                                       const v1::BenchmarkRequest* request,
                                       v1::BenchmarkResponse* response) {
-  return Finish(RunGuarded("Benchmark", [&] { return DoBenchmark(context, *request, response); }));
+  return FinishCollective(
+      RunGuarded("Benchmark", [&] { return DoBenchmark(context, *request, response); }));
 }
 
 absl::StatusOr<BenchmarkSpec> WorkerService::PrepareBenchmark(const v1::BenchmarkRequest& request) {
@@ -911,7 +1004,7 @@ absl::Status WorkerService::DoBenchmark(grpc::ServerContext* context,
 grpc::Status WorkerService::ForwardLayers(grpc::ServerContext* context,
                                           const v1::ForwardLayersRequest* request,
                                           v1::ForwardLayersResponse* response) {
-  return Finish(
+  return FinishCollective(
       RunGuarded("ForwardLayers", [&] { return DoForwardLayers(context, *request, response); }));
 }
 

@@ -87,6 +87,7 @@
 #include "server/backend_selection.h"
 #include "server/collective_slot.h"
 #include "server/data_plane.h"
+#include "server/grpc_store.h"
 #include "server/health.h"
 #include "server/layer_stack_runner.h"
 #include "server/memory_budget.h"
@@ -283,6 +284,17 @@ class WorkerService final : public v1::Worker::Service {
                                 const char* rpc, WorkerPhase phase, const absl::Status& refused);
   // Counts errors, converts to grpc::Status.
   grpc::Status Finish(const absl::Status& status);
+  // Finish for a collective RPC: also counts consecutive group errors
+  // (Counters.consecutive_failed_collectives; readiness NOT_SERVING from
+  // kFailedCollectivesNotReady on, issue 29 item 4), reset by a success.
+  static constexpr int64_t kFailedCollectivesNotReady = 3;
+  grpc::Status FinishCollective(const absl::Status& status);
+  // The arrival round of the call Vote is about to vote on (issue 29;
+  // server/call_arrival.h): with `local` OK, waits for every live rank to
+  // enter the same call (OK) or returns why not; with `local` an error,
+  // posts it as this rank's refusal and returns it at once. Does not count
+  // the call (vote_sequence_ stays). OK at once in a group of one live rank.
+  absl::Status ArriveForVote(const char* rpc, const absl::Status& local);
   // `status` from a collective operation of `rpc`: a group error marks the
   // group broken, with "<rpc>: <CODE>: <message>" as the reason GetStatus shows.
   // With rank masks (DataPlane::CanMask) it marks a mask pending instead:
@@ -365,12 +377,17 @@ class WorkerService final : public v1::Worker::Service {
   int64_t vote_sequence_ = 0;    // calls voted (or skipped by a mask) in the joined group
   int64_t first_mask_vote_ = 0;  // the first call that votes on the survivors' group
   bool mask_pending_ = false;    // a collective failed: mask at the next call
-  CallBound call_;               // of the call holding the slot
-  v1::ModelDescription model_;   // as configured (0 = field not given)
+  // The store that hosts the calls' arrival rounds (server/call_arrival.h):
+  // rank 0's, or the last mask round's host; made again when that changes.
+  std::unique_ptr<GrpcStore> arrival_host_;
+  CallBound call_;              // of the call holding the slot
+  v1::ModelDescription model_;  // as configured (0 = field not given)
   std::vector<core::LayerPlan> plan_;
   std::unique_ptr<Allocation> allocation_;
   bool geometry_committed_ = false;
   int64_t expert_bytes_ = 0;  // all layers' experts held by the data plane
+  // layer -> fingerprint of what its LoadExperts asked for (Forward's vote).
+  std::map<int, int64_t> expert_specs_;
   // ForwardLayers' stack (server/layer_stack_runner.h); built on the data
   // plane's collective, so declared after data_plane_ and reset before it.
   LayerStackRunner layer_stack_;

@@ -20,7 +20,7 @@ namespace moe_ep::server {
 grpc::Status WorkerService::InstallPlacement(grpc::ServerContext* context,
                                              const v1::InstallPlacementRequest* request,
                                              v1::InstallPlacementResponse* response) {
-  return Finish(RunGuarded("InstallPlacement", [&] {
+  return FinishCollective(RunGuarded("InstallPlacement", [&] {
     return Leased("InstallPlacement", request->lease(), [&](const absl::Status& refused) {
       return DoInstallPlacement(context, *request, refused, response);
     });

@@ -30,7 +30,7 @@ int64_t RanksDigest(const std::vector<int>& ranks) {
 
 grpc::Status WorkerService::Rejoin(grpc::ServerContext* context, const v1::RejoinRequest* request,
                                    v1::RejoinResponse* response) {
-  return Finish(RunGuarded("Rejoin", [&] {
+  return FinishCollective(RunGuarded("Rejoin", [&] {
     return Leased("Rejoin", request->lease(), [&](const absl::Status& refused) {
       return DoRejoin(context, *request, refused, response);
     });

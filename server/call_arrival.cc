@@ -1,0 +1,170 @@
+#include "server/call_arrival.h"
+
+#include <algorithm>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "spdlog/spdlog.h"
+
+namespace moe_ep::server {
+namespace {
+
+// One Arrive RPC waits at most this long on the host, so the missing
+// members are probed between waits.
+constexpr absl::Duration kArriveSlice = absl::Milliseconds(100);
+constexpr absl::Duration kProbeTimeout = absl::Milliseconds(200);
+constexpr absl::Duration kProbeInterval = absl::Milliseconds(250);
+
+std::string Seconds(absl::Duration d) {
+  return absl::StrFormat("%.1f s", absl::ToDoubleSeconds(d));
+}
+
+v1::ArriveRequest BaseRequest(const CallArrival& call) {
+  v1::ArriveRequest request;
+  request.set_round(call.round);
+  request.set_rank(call.rank);
+  request.mutable_members()->Assign(call.members.begin(), call.members.end());
+  request.set_address(call.self_address);
+  return request;
+}
+
+absl::Status HostError(const CallArrival& call, const GrpcStore& host, const grpc::Status& status) {
+  const std::string what = absl::StrCat(call.rpc, ": the arrival round on the store of rank ",
+                                        call.host_rank, " (", host.address(), ") failed: gRPC ",
+                                        status.error_code(), ": ", status.error_message());
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return absl::UnavailableError(absl::StrCat(what, " (the host rank is lost)"));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), what);
+}
+
+// Takes this rank's arrival back; true in *complete when the round completed
+// meanwhile (then the call goes on).
+absl::Status Withdraw(GrpcStore& host, const CallArrival& call, bool* complete) {
+  v1::ArriveRequest request = BaseRequest(call);
+  request.set_action(v1::ArriveRequest::ACTION_WITHDRAW);
+  v1::ArriveResponse response;
+  const grpc::Status status = host.Arrive(request, &response);
+  if (!status.ok()) return HostError(call, host, status);
+  *complete = response.complete();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string ArrivalRoundName(int64_t generation, int mask_round, int64_t call_number,
+                             const std::string& rpc) {
+  return absl::StrCat("gen", generation, "/arrive/", mask_round, "/", call_number, "/", rpc);
+}
+
+absl::Status ArriveForCall(GrpcStore& host, const CallArrival& call) {
+  const absl::Time start = absl::Now();
+  v1::ArriveRequest request = BaseRequest(call);
+  request.set_action(v1::ArriveRequest::ACTION_ARRIVE);
+  absl::flat_hash_map<int, absl::Time> probed;
+  absl::flat_hash_set<int> silent;
+  std::vector<int> missing;
+  bool cancelled = false;
+  while (true) {
+    const absl::Time now = absl::Now();
+    if (call.cancelled && call.cancelled()) {
+      cancelled = true;
+      break;
+    }
+    if (now >= call.deadline) break;
+    request.set_timeout_ms(std::max<int64_t>(
+        0, absl::ToInt64Milliseconds(std::min(call.deadline - now, kArriveSlice))));
+    v1::ArriveResponse response;
+    const grpc::Status status = host.Arrive(request, &response);
+    if (!status.ok()) return HostError(call, host, status);
+    if (response.complete()) return absl::OkStatus();
+    if (response.refused_rank() >= 0) {
+      return absl::AbortedError(absl::StrCat(
+          "rank ", response.refused_rank(), " rejected its ", call.rpc,
+          " request: ", response.refusal(),
+          "; nothing moved, the group is still usable (this rank is rank ", call.rank, ")"));
+    }
+    missing.assign(response.missing().begin(), response.missing().end());
+    std::vector<std::string> lost;
+    for (int i = 0; i < static_cast<int>(missing.size()); ++i) {
+      const int m = missing[i];
+      std::string address =
+          m < static_cast<int>(call.addresses.size()) ? call.addresses[m] : std::string();
+      if (address.empty() && i < response.missing_addresses_size()) {
+        address = response.missing_addresses(i);
+      }
+      if (address.empty()) continue;
+      auto it = probed.find(m);
+      if (it != probed.end() && absl::Now() - it->second < kProbeInterval) continue;
+      probed[m] = absl::Now();
+      GrpcStore probe(address, kProbeTimeout);
+      switch (probe.Probe(kProbeTimeout)) {
+        case GrpcStore::ProbeResult::kRefuses:
+          lost.push_back(absl::StrCat("rank ", m, " (", address, ")"));
+          break;
+        case GrpcStore::ProbeResult::kSilent:
+          silent.insert(m);
+          break;
+        case GrpcStore::ProbeResult::kAnswers:
+          silent.erase(m);
+          break;
+      }
+    }
+    if (!lost.empty()) {
+      bool complete = false;
+      if (absl::Status back = Withdraw(host, call, &complete); !back.ok()) return back;
+      if (complete) return absl::OkStatus();
+      return absl::UnavailableError(absl::StrCat(
+          call.rpc, ": ", absl::StrJoin(lost, ", "),
+          " refuses connections: a rank was lost before the call's vote; nothing moved"));
+    }
+  }
+  bool complete = false;
+  if (absl::Status back = Withdraw(host, call, &complete); !back.ok()) return back;
+  if (complete) return absl::OkStatus();
+  if (cancelled) {
+    return absl::AbortedError(
+        absl::StrCat(call.rpc, ": the caller cancelled the call while ranks [",
+                     absl::StrJoin(missing, ","), "] had not entered it; nothing moved"));
+  }
+  std::vector<int> quiet;
+  for (int m : missing) {
+    if (silent.contains(m)) quiet.push_back(m);
+  }
+  const std::string head = absl::StrCat("ranks [", absl::StrJoin(missing, ","), "] did not enter ",
+                                        call.rpc, " within ", Seconds(absl::Now() - start));
+  if (!quiet.empty()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(head, "; ranks [", absl::StrJoin(quiet, ","),
+                     "] do not answer their probe (stopped or overloaded); nothing moved"));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      head,
+      " (they answer: the call was not sent to them, or reached them later); nothing moved, the "
+      "group is unchanged: send the call to every rank of the group"));
+}
+
+void RefuseForCall(GrpcStore& host, const CallArrival& call, const absl::Status& local) {
+  v1::ArriveRequest request = BaseRequest(call);
+  request.set_action(v1::ArriveRequest::ACTION_REFUSE);
+  request.set_refusal(
+      absl::StrCat(absl::StatusCodeToString(local.code()), ": ", local.message()).substr(0, 1024));
+  const absl::Duration ttl =
+      std::clamp(call.deadline - absl::Now(), absl::Milliseconds(1), kMaxRefusalLifetime);
+  request.set_refusal_ttl_ms(absl::ToInt64Milliseconds(ttl));
+  request.set_timeout_ms(0);
+  v1::ArriveResponse response;
+  // GrpcStore::Arrive adds its slack to timeout_ms; the post is small.
+  const grpc::Status status = host.Arrive(request, &response);
+  if (!status.ok()) {
+    spdlog::warn("{}: refusal not posted on rank {}'s store: {}", call.rpc, call.host_rank,
+                 status.error_message());
+  }
+}
+
+}  // namespace moe_ep::server
