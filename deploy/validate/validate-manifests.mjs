@@ -39,7 +39,34 @@
 //      (the proto3 JSON of moe_ep.v1.DesiredState, validated as the
 //      coordinator would at start-up: fields, model, layers, experts >= ranks);
 //   5. DESIGN §12: an NCCL worker has NCCL_NVLS_ENABLE=0; one on the host
-//      network also has NCCL_HOSTID from spec.nodeName, host IPC and IPC_LOCK.
+//      network also has NCCL_HOSTID from spec.nodeName, host IPC and IPC_LOCK;
+//   6. Pod Security "restricted" (issue 31 item 6), on every pod template:
+//      automountServiceAccountToken false, seccompProfile RuntimeDefault (or
+//      Localhost), runAsNonRoot and a non-zero runAsUser, and per container
+//      allowPrivilegeEscalation false, capabilities.drop ALL (add at most
+//      NET_BIND_SERVICE), not privileged; no host network / PID / IPC, host
+//      ports or hostPath volumes. A pod annotated moe-ep/pod-security:
+//      privileged (the GPU workers: host network, IPC_LOCK as uid 0) may break
+//      the last rules and the root rules, never the others; a pod annotated so
+//      that meets "restricted" is told to drop the annotation;
+//   7. labels: every object, pod template and selector carries
+//      app.kubernetes.io/name and app.kubernetes.io/instance (the object's
+//      own), so two installations never select each other's pods;
+//   8. a PodDisruptionBudget of the same render selects the pods of every
+//      workload that runs moe-ep-worker;
+//   9. metrics: every moe-ep-worker and `moe-ep coordinator` serves
+//      --metrics-listen; off the host network its port is a declared
+//      containerPort named metrics* and the pod is annotated
+//      prometheus.io/scrape "true" (prometheus.io/port, when given, one of
+//      those ports; without it every declared port is named metrics*, as
+//      Prometheus' kubernetes-pods job then scrapes each); on the host
+//      network (no declared ports) it carries no prometheus.io annotation;
+//  10. one group size: a desired state's headless_service.replicas equals
+//      the spec.replicas of the StatefulSet serving that Service in the same
+//      render; in a LeaderWorkerSet no container sets a *GROUP_SIZE* or LWS_*
+//      variable of its own (LWS_GROUP_SIZE, LWS_WORKER_INDEX and
+//      LWS_LEADER_ADDRESS come from the controller), and a coordinator there
+//      derives its targets from LWS_LEADER_ADDRESS and LWS_GROUP_SIZE.
 //
 // Usage: node validate-manifests.mjs --worker BIN --cli BIN --proto-dir DIR
 //          --schemas DIR RENDERED.yaml...
@@ -63,6 +90,10 @@ const IMAGE_ENTRYPOINT = ["moe-ep-worker"];
 const SHELLS = ["sh", "bash", "dash"];
 // Set by the container runtime in every container.
 const RUNTIME_ENV = new Set(["HOSTNAME", "HOME", "PATH", "PWD"]);
+// Set by the LWS controller in every container of a LeaderWorkerSet
+// (kubernetes-sigs/lws, api/leaderworkerset/v1: LwsLeaderAddress,
+// LwsGroupSize, LwsWorkerIndex).
+const LWS_ENV = new Set(["LWS_LEADER_ADDRESS", "LWS_GROUP_SIZE", "LWS_WORKER_INDEX"]);
 
 // ---- arguments --------------------------------------------------------------
 
@@ -410,25 +441,27 @@ function unknownFieldErrors(entries) {
 
 // ---- pod templates and containers -------------------------------------------
 
+// [path, pod spec, pod metadata] of every pod template of `doc`.
 function podSpecs(doc) {
   const s = doc.spec ?? {};
+  const template = (path, t) => (t?.spec ? [[`${path}.spec`, t.spec, t.metadata ?? {}]] : []);
   switch (doc.kind) {
     case "Pod":
-      return [["spec", s]];
+      return [["spec", s, doc.metadata ?? {}]];
     case "StatefulSet":
     case "Deployment":
     case "DaemonSet":
     case "ReplicaSet":
     case "Job":
-      return s.template?.spec ? [["spec.template.spec", s.template.spec]] : [];
+      return template("spec.template", s.template);
     case "CronJob":
-      return s.jobTemplate?.spec?.template?.spec ? [["spec.jobTemplate.spec.template.spec", s.jobTemplate.spec.template.spec]] : [];
+      return template("spec.jobTemplate.spec.template", s.jobTemplate?.spec?.template);
     case "LeaderWorkerSet": {
       const t = s.leaderWorkerTemplate ?? {};
-      const out = [];
-      if (t.leaderTemplate?.spec) out.push(["spec.leaderWorkerTemplate.leaderTemplate.spec", t.leaderTemplate.spec]);
-      if (t.workerTemplate?.spec) out.push(["spec.leaderWorkerTemplate.workerTemplate.spec", t.workerTemplate.spec]);
-      return out;
+      return [
+        ...template("spec.leaderWorkerTemplate.leaderTemplate", t.leaderTemplate),
+        ...template("spec.leaderWorkerTemplate.workerTemplate", t.workerTemplate),
+      ];
     }
     default:
       return [];
@@ -618,7 +651,7 @@ function checkContainer(c, pod, where, ctx, problems) {
   for (const s of scripts) {
     const assigned = scriptAssigned(s);
     for (const name of scriptReads(s)) {
-      if (!envNames.has(name) && !assigned.has(name) && !RUNTIME_ENV.has(name)) {
+      if (!envNames.has(name) && !assigned.has(name) && !RUNTIME_ENV.has(name) && !(ctx.lws && LWS_ENV.has(name))) {
         problems.push(`${where}: the shell script reads ${name}, which is neither an env variable nor assigned in the script`);
       }
     }
@@ -676,6 +709,188 @@ function checkContainer(c, pod, where, ctx, problems) {
   }
 }
 
+// ---- pod security, labels, disruption budgets, metrics, group size -----------
+
+const POD_SECURITY_ANNOTATION = "moe-ep/pod-security";
+
+// The moe-ep invocations a container's own command runs (not its probes).
+function containerInvocations(c) {
+  const argv = [...(c.command ?? (/(^|\/)moe-ep(:|@|$)/.test(c.image ?? "") ? IMAGE_ENTRYPOINT : [])), ...(c.args ?? [])];
+  return argvInvocations(argv).invocations;
+}
+
+// Check 6: Pod Security Standards "restricted" (kubernetes.io/docs/concepts/
+// security/pod-security-standards), with the moe-ep/pod-security: privileged
+// exemption of host namespaces, root and added capabilities.
+function checkPodSecurity(pod, meta, where, problems) {
+  const level = meta.annotations?.[POD_SECURITY_ANNOTATION];
+  if (level !== undefined && level !== "privileged") {
+    problems.push(`${where}: annotation ${POD_SECURITY_ANNOTATION} is "${level}": the only exemption is "privileged"`);
+  }
+  const exempt = level === "privileged";
+  const broken = [];  // "restricted" rules the exemption covers and the pod breaks
+  const psc = pod.securityContext ?? {};
+  const containers = [...(pod.initContainers ?? []), ...(pod.containers ?? [])];
+  if (pod.automountServiceAccountToken !== false) {
+    problems.push(`${where}: automountServiceAccountToken is not false (moe-ep calls no Kubernetes API: the token would only be a credential to steal)`);
+  }
+  const seccompOk = (sc) => ["RuntimeDefault", "Localhost"].includes(sc?.seccompProfile?.type);
+  if (!seccompOk(psc) && !containers.every((c) => seccompOk(c.securityContext))) {
+    problems.push(`${where}: no seccompProfile RuntimeDefault (pod securityContext, or every container's): a "restricted" namespace rejects the pod`);
+  }
+  for (const f of ["hostNetwork", "hostPID", "hostIPC"]) if (pod[f]) broken.push(f);
+  for (const v of pod.volumes ?? []) if (v.hostPath) broken.push(`hostPath volume ${v.name}`);
+  for (const c of containers) {
+    const sc = c.securityContext ?? {};
+    const cw = `${where}.containers[${c.name}]`;
+    if (sc.allowPrivilegeEscalation !== false) problems.push(`${cw}: securityContext.allowPrivilegeEscalation is not false`);
+    if (sc.privileged) problems.push(`${cw}: securityContext.privileged is true`);
+    if (!(sc.capabilities?.drop ?? []).includes("ALL")) problems.push(`${cw}: securityContext.capabilities.drop does not list ALL`);
+    const added = (sc.capabilities?.add ?? []).filter((cap) => cap !== "NET_BIND_SERVICE");
+    if (added.length > 0) broken.push(`${c.name} adds ${added.join(", ")}`);
+    if (!(sc.runAsNonRoot ?? psc.runAsNonRoot)) broken.push(`${c.name} without runAsNonRoot`);
+    if ((sc.runAsUser ?? psc.runAsUser) === 0) broken.push(`${c.name} runs as uid 0`);
+    for (const port of c.ports ?? []) if (port.hostPort !== undefined) broken.push(`${c.name} hostPort ${port.hostPort}`);
+  }
+  if (!exempt && broken.length > 0) {
+    problems.push(`${where}: not Pod Security "restricted": ${broken.join("; ")} (or annotate the pod ${POD_SECURITY_ANNOTATION}: privileged and say why)`);
+  }
+  if (exempt && broken.length === 0) {
+    problems.push(`${where}: annotated ${POD_SECURITY_ANNOTATION}: privileged but meets "restricted": remove the annotation`);
+  }
+}
+
+// Check 7: app.kubernetes.io/name and /instance on the object, its pod
+// templates and its selectors (the object's own instance).
+function checkLabels(doc, label, problems) {
+  const want = ["app.kubernetes.io/name", "app.kubernetes.io/instance"];
+  const own = doc.metadata?.labels ?? {};
+  for (const k of want) if (!own[k]) problems.push(`${label}: metadata.labels has no ${k}`);
+  const instance = own["app.kubernetes.io/instance"];
+  for (const [podPath, , meta] of podSpecs(doc)) {
+    for (const k of want) {
+      if (!meta.labels?.[k]) problems.push(`${label}: ${podPath.replace(/\.spec$/, "")}.metadata.labels has no ${k}`);
+    }
+  }
+  const selectors = [];
+  if (doc.kind === "Service" && doc.spec?.selector) selectors.push(["spec.selector", doc.spec.selector]);
+  if (doc.spec?.selector?.matchLabels) selectors.push(["spec.selector.matchLabels", doc.spec.selector.matchLabels]);
+  for (const [path, sel] of selectors) {
+    if (sel["app.kubernetes.io/instance"] !== instance) {
+      problems.push(`${label}: ${path} does not select app.kubernetes.io/instance=${instance ?? "?"}: it would take another installation's pods`);
+    }
+  }
+}
+
+// Check 9: --metrics-listen and how Prometheus finds it.
+function checkMetrics(pod, meta, where, problems) {
+  const annotations = meta.annotations ?? {};
+  const containers = [...(pod.initContainers ?? []), ...(pod.containers ?? [])];
+  const declared = containers.flatMap((c) => c.ports ?? []);
+  const metricsPorts = declared.filter((p) => /^metrics/.test(p.name ?? ""));
+  let serves = false;
+  for (const c of containers) {
+    for (const inv of containerInvocations(c)) {
+      if (!(inv.bin === "moe-ep-worker" || isCoordinator(inv))) continue;
+      const name = inv.bin === "moe-ep-worker" ? "moe-ep-worker" : "moe-ep coordinator";
+      const value = flagValue(inv, "metrics-listen");
+      if (value === null) {
+        problems.push(`${where}.containers[${c.name}]: ${name} without --metrics-listen (no /metrics to scrape)`);
+        continue;
+      }
+      serves = true;
+      if (pod.hostNetwork) continue;
+      const port = literalPort(value);
+      const own = (c.ports ?? []).filter((p) => /^metrics/.test(p.name ?? ""));
+      if (port !== null && !own.some((p) => p.containerPort === port)) {
+        problems.push(`${where}.containers[${c.name}]: ${name} serves /metrics on ${port}, which is no declared containerPort named metrics*`);
+      } else if (port === null && own.length === 0) {
+        problems.push(`${where}.containers[${c.name}]: ${name} serves /metrics, but the container declares no port named metrics*`);
+      }
+    }
+  }
+  const scrape = annotations["prometheus.io/scrape"];
+  if (pod.hostNetwork) {
+    for (const k of Object.keys(annotations).filter((k) => k.startsWith("prometheus.io/"))) {
+      problems.push(`${where}: annotation ${k} on a host-network pod, which declares no port to scrape`);
+    }
+    return;
+  }
+  if (!serves) return;
+  if (scrape !== "true") {
+    problems.push(`${where}: serves /metrics but is not annotated prometheus.io/scrape: "true"`);
+    return;
+  }
+  const port = annotations["prometheus.io/port"];
+  if (port !== undefined) {
+    if (!metricsPorts.some((p) => String(p.containerPort) === String(port))) {
+      problems.push(`${where}: annotation prometheus.io/port "${port}" is no declared port named metrics*`);
+    }
+  } else {
+    const other = declared.filter((p) => !/^metrics/.test(p.name ?? ""));
+    if (other.length > 0) {
+      problems.push(`${where}: prometheus.io/scrape without prometheus.io/port scrapes every declared port, and ${other.map((p) => p.name ?? p.containerPort).join(", ")} serve no /metrics`);
+    }
+  }
+}
+
+// Check 10, LeaderWorkerSet part: the group size comes from the controller.
+function checkLwsGroupSize(pod, where, problems) {
+  for (const c of [...(pod.initContainers ?? []), ...(pod.containers ?? [])]) {
+    for (const e of c.env ?? []) {
+      if (LWS_ENV.has(e.name) || /GROUP_SIZE/.test(e.name)) {
+        problems.push(`${where}.containers[${c.name}]: env ${e.name} restates the group size or index: read LWS_GROUP_SIZE / LWS_WORKER_INDEX / LWS_LEADER_ADDRESS, which the LWS controller sets from leaderWorkerTemplate.size`);
+      }
+    }
+    if (!containerInvocations(c).some(isCoordinator)) continue;
+    const script = (c.args ?? []).join("\n") + (c.command ?? []).join("\n");
+    for (const name of ["LWS_LEADER_ADDRESS", "LWS_GROUP_SIZE"]) {
+      if (!scriptReads(script).has(name)) {
+        problems.push(`${where}.containers[${c.name}]: the coordinator's targets do not come from ${name}`);
+      }
+    }
+  }
+}
+
+function podLabelsMatch(selector, labels) {
+  return Object.entries(selector ?? {}).every(([k, v]) => labels?.[k] === v);
+}
+
+// Checks 8 and 10 across the documents of one render.
+function checkRender(docs, problems) {
+  const pdbs = docs.filter(({ doc }) => doc.kind === "PodDisruptionBudget");
+  for (const { doc, label } of docs) {
+    for (const [podPath, pod, meta] of podSpecs(doc)) {
+      const runsWorker = (pod.containers ?? []).some((c) => containerInvocations(c).some((i) => i.bin === "moe-ep-worker"));
+      if (!runsWorker) continue;
+      if (!pdbs.some(({ doc: p }) => p.spec?.selector?.matchLabels && podLabelsMatch(p.spec.selector.matchLabels, meta.labels))) {
+        problems.push(`${label}: ${podPath.replace(/\.spec$/, "")}: no PodDisruptionBudget selects these worker pods (a drain could evict every worker at once)`);
+      }
+    }
+  }
+  for (const { doc, label } of docs) {
+    const text = doc.kind === "ConfigMap" ? doc.data?.["desired-state.json"] : undefined;
+    if (typeof text !== "string") continue;
+    let state;
+    try {
+      state = JSON.parse(text);
+    } catch {
+      continue;  // checkDesiredState reports it
+    }
+    const service = state.headless_service ?? state.headlessService;
+    if (!service) continue;
+    const sets = docs.filter(({ doc: d }) => d.kind === "StatefulSet" && d.spec?.serviceName === service.service);
+    if (sets.length !== 1) {
+      problems.push(`${label}: data/desired-state.json: headless_service.service "${service.service}" is the serviceName of ${sets.length} StatefulSets in this render, expected 1`);
+      continue;
+    }
+    const replicas = sets[0].doc.spec?.replicas ?? 1;
+    if (Number(service.replicas) !== replicas) {
+      problems.push(`${label}: data/desired-state.json: headless_service.replicas ${JSON.stringify(service.replicas)} is not ${sets[0].label.replace(/^[^:]*: /, "")}'s spec.replicas ${replicas} (derive it: the replacements of deploy/k8s/base/kustomization.yaml)`);
+    }
+  }
+}
+
 // `moe-ep coordinator --state FILE --check` on a desired state's text.
 function checkDesiredState(text, where, cliBin, problems) {
   const dir = fs.mkdtempSync(path.join(process.env.TMPDIR ?? "/tmp", "moe-ep-state-"));
@@ -723,6 +938,7 @@ async function main() {
   let count = 0;
   for (const file of opts.files) {
     const docs = YAML.parseAllDocuments(fs.readFileSync(file, "utf8"));
+    const renderDocs = [];  // this render's documents, for checkRender
     for (const d of docs) {
       if (d.errors.length > 0) {
         problems.push(`${file}: YAML: ${d.errors[0].message}`);
@@ -760,14 +976,21 @@ async function main() {
       if (doc.kind === "ConfigMap" && typeof doc.data?.["desired-state.json"] === "string") {
         checkDesiredState(doc.data["desired-state.json"], `${label}: data/desired-state.json`, opts.cli, problems);
       }
-      for (const [podPath, pod] of podSpecs(doc)) {
+      const podCtx = { ...ctx, lws: doc.kind === "LeaderWorkerSet" };
+      for (const [podPath, pod, meta] of podSpecs(doc)) {
         for (const kind of ["initContainers", "containers"]) {
           for (const c of pod[kind] ?? []) {
-            checkContainer(c, pod, `${label}: ${podPath}.${kind}[${c.name}]`, ctx, problems);
+            checkContainer(c, pod, `${label}: ${podPath}.${kind}[${c.name}]`, podCtx, problems);
           }
         }
+        checkPodSecurity(pod, meta, `${label}: ${podPath}`, problems);
+        checkMetrics(pod, meta, `${label}: ${podPath}`, problems);
+        if (podCtx.lws) checkLwsGroupSize(pod, `${label}: ${podPath}`, problems);
       }
+      checkLabels(doc, label, problems);
+      renderDocs.push({ doc, label });
     }
+    checkRender(renderDocs, problems);
   }
   for (const e of unknownFieldErrors(typed)) {
     problems.push(e.entry ? `${e.entry.label}: ${e.entry.where ? `${e.entry.where}: ` : ""}${e.message}` : `?: ${e.message}`);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Proves that scripts/validate-deploy.sh rejects broken manifests: breaks a
-# copy of deploy/k8s in nineteen independent ways, runs the validator once, and
+# copy of deploy/k8s in many independent ways (numbered below), runs the validator once, and
 # requires exit status 1 and one FAIL line naming each breakage.
 # Usage: tests/deploy/validate_deploy_rejects.sh BUILD_DIR
 set -euo pipefail
@@ -37,7 +37,7 @@ edit overlays/cpu/worker-resources.yaml '--drain-timeout-ms=20000' '--drain-time
 # 6. a moe-ep coordinator flag the binary does not have.
 edit base/coordinator.yaml '--probe-timeout-ms=2000' '--probe-deadline-ms=2000'
 # 7. an env variable nothing reads, and a script variable nothing defines.
-edit overlays/lws/coordinator.yaml '- name: MODEL' '- name: MODEL_NAME'
+edit overlays/lws/leaderworkerset.yaml '- name: MODEL' '- name: MODEL_NAME'
 # 8. a readiness probe on a service the worker does not serve.
 edit overlays/gpu-node/kustomization.yaml 'patches:' 'patches:
   - patch: |-
@@ -84,6 +84,78 @@ edit base/coordinator.yaml '              port: 8082
 # 18. a desired state the coordinator would refuse (a misspelt field).
 edit overlays/gpu-node/coordinator-nccl.yaml '"procs_per_pod": 8' '"procs_per_node": 8'
 
+# Issue 31 item 6: Pod Security "restricted", labels, the disruption budget,
+# metrics and one group size.
+# 19. a pod without seccompProfile RuntimeDefault.
+edit base/statefulset.yaml '        seccompProfile:
+          type: RuntimeDefault
+      containers:' '      containers:'
+# 20. a pod that mounts a service-account token.
+edit base/coordinator.yaml 'automountServiceAccountToken: false' 'automountServiceAccountToken: true'
+# 21. a container that may escalate privileges, and one that keeps
+# capabilities (the LWS coordinator, the base coordinator).
+edit overlays/lws/leaderworkerset.yaml '            securityContext:
+              allowPrivilegeEscalation: false
+              readOnlyRootFilesystem: true
+              capabilities:
+                drop: ["ALL"]
+            # The coordinator' '            securityContext:
+              readOnlyRootFilesystem: true
+              capabilities:
+                drop: ["ALL"]
+            # The coordinator'
+edit base/coordinator.yaml '              drop: ["ALL"]' '              drop: ["NET_RAW"]'
+# 22. a pod that may run as root without the privileged exemption.
+edit overlays/lws/leaderworkerset.yaml '          runAsNonRoot: true
+          runAsUser: 65532' '          runAsUser: 65532'
+# 23. host network and IPC_LOCK as root without the exemption (gpu), and the
+# exemption on a pod that does not need it (cpu-insecure).
+edit overlays/gpu/worker-nccl.yaml '        moe-ep/pod-security: privileged
+' ''
+edit overlays/cpu-insecure/worker-plaintext.yaml '  template:
+    spec:' '  template:
+    metadata:
+      annotations:
+        moe-ep/pod-security: privileged
+    spec:'
+# 24. no app.kubernetes.io/instance (the LWS render loses its labels entry),
+# and selectors without it (the base's labels skip the selectors).
+edit overlays/lws/kustomization.yaml '      app.kubernetes.io/instance: moe-ep' '      app.kubernetes.io/part-of: moe-ep'
+edit base/kustomization.yaml 'includeSelectors: true' 'includeSelectors: false'
+# 25. no PodDisruptionBudget for the workers (gpu-node deletes it).
+edit overlays/gpu-node/kustomization.yaml '  - path: coordinator-nccl.yaml
+' '  - path: coordinator-nccl.yaml
+  - patch: |-
+      $patch: delete
+      apiVersion: policy/v1
+      kind: PodDisruptionBudget
+      metadata:
+        name: moe-ep-worker
+'
+# 26. a worker without --metrics-listen, and a metrics port that is not named
+# metrics (cpu-insecure, base).
+edit overlays/cpu-insecure/worker-plaintext.yaml '            - --metrics-listen=0.0.0.0:9090
+' ''
+edit base/statefulset.yaml '            - name: metrics
+              containerPort: 9090' '            - name: prom
+              containerPort: 9090'
+# 27. Prometheus annotations on a host-network pod (gpu keeps the base's port).
+edit overlays/gpu/worker-nccl.yaml '        prometheus.io/port: null
+' ''
+# 28. the desired state's replicas not derived: the replacement of gpu and
+# gpu-node selects no ConfigMap, so gpu keeps its "0" and gpu-node a
+# hand-written 3.
+edit overlays/gpu/kustomization.yaml '          name: moe-ep-desired-state' '          name: moe-ep-no-such-state'
+edit overlays/gpu-node/kustomization.yaml '          name: moe-ep-desired-state' '          name: moe-ep-no-such-state'
+edit overlays/gpu-node/coordinator-nccl.yaml '"replicas": "0"' '"replicas": "3"'
+# 29. the LWS group size restated in an env variable.
+edit overlays/lws/leaderworkerset.yaml '                value: "50051"  # = the workers'"'"' BASE_PORT below' '                value: "50051"  # = the workers'"'"' BASE_PORT below
+              - name: GROUP_SIZE
+                value: "2"'
+# 30. an LWS coordinator whose targets do not come from LWS_LEADER_ADDRESS.
+edit overlays/lws/leaderworkerset.yaml 'leader="${LWS_LEADER_ADDRESS%%.*}"   # <set>-<g>' 'leader="moe-ep-$GROUP_INDEX"'
+edit overlays/lws/leaderworkerset.yaml 'domain="${LWS_LEADER_ADDRESS#*.}"    # <set>.<namespace>' 'domain="moe-ep"'
+
 # 14. a worker flag in the underscore spelling of earlier releases (still
 # accepted by the worker for one release, but the manifests are kebab-case).
 edit overlays/gpu/worker-nccl.yaml '--drain-timeout-ms=20000 --log-level=info' '--drain-timeout-ms=20000 --log_level=info'
@@ -123,6 +195,26 @@ expect 'readinessProbe calls `moe-ep status`, which depends on DNS' 'exec probe 
 expect 'readinessProbe asks "", which does not follow the group: ask "moe_ep.v1.Worker"' 'readiness probe on the liveness name'
 expect 'readinessProbe asks "", which does not follow the group: ask "moe_ep.v1.Coordinator"' 'coordinator readiness probe on the liveness name'
 expect 'ConfigMap/moe-ep-desired-state: data/desired-state.json: `moe-ep coordinator --check` rejects it' 'desired state'
+expect 'base.yaml: StatefulSet/moe-ep-worker: spec.template.spec: no seccompProfile RuntimeDefault' 'no seccomp profile'
+expect 'base.yaml: Deployment/moe-ep-coordinator: spec.template.spec: automountServiceAccountToken is not false' 'service-account token'
+expect 'containers[coordinator]: securityContext.allowPrivilegeEscalation is not false' 'privilege escalation'
+expect 'Deployment/moe-ep-coordinator: spec.template.spec.containers[coordinator]: securityContext.capabilities.drop does not list ALL' 'capabilities kept'
+expect 'LeaderWorkerSet/moe-ep: spec.leaderWorkerTemplate.leaderTemplate.spec: not Pod Security "restricted": coordinator without runAsNonRoot' 'root allowed'
+expect 'gpu.yaml: StatefulSet/moe-ep-worker: spec.template.spec: not Pod Security "restricted": hostNetwork; hostIPC' 'privileged pod without the exemption'
+expect 'cpu-insecure.yaml: StatefulSet/moe-ep-worker: spec.template.spec: annotated moe-ep/pod-security: privileged but meets "restricted"' 'needless exemption'
+expect 'lws.yaml: LeaderWorkerSet/moe-ep: metadata.labels has no app.kubernetes.io/instance' 'instance label'
+expect 'lws.yaml: PodDisruptionBudget/moe-ep-worker: metadata.labels has no app.kubernetes.io/instance' 'instance label (PDB)'
+expect 'base.yaml: Service/moe-ep-worker: spec.selector does not select app.kubernetes.io/instance=moe-ep' 'selector without instance'
+expect 'base.yaml: PodDisruptionBudget/moe-ep-worker: spec.selector.matchLabels does not select app.kubernetes.io/instance=moe-ep' 'PDB selector without instance'
+expect 'cpu-insecure.yaml: StatefulSet/moe-ep-worker: spec.template.spec.containers[worker]: moe-ep-worker without --metrics-listen' 'no --metrics-listen'
+expect 'base.yaml: StatefulSet/moe-ep-worker: spec.template.spec.containers[worker]: moe-ep-worker serves /metrics on 9090, which is no declared containerPort named metrics*' 'metrics port not named'
+expect 'gpu.yaml: StatefulSet/moe-ep-worker: spec.template.spec: annotation prometheus.io/port on a host-network pod' 'scrape annotation under host network'
+expect 'gpu.yaml: ConfigMap/moe-ep-desired-state: data/desired-state.json: headless_service.replicas "0" is not StatefulSet/moe-ep-worker'"'"'s spec.replicas' 'replicas not derived'
+expect 'gpu.yaml: ConfigMap/moe-ep-desired-state: data/desired-state.json: `moe-ep coordinator --check` rejects it: moe-ep: error: INVALID_ARGUMENT: headless_service.replicas: expected >= 1, got 0' 'replicas left 0'
+expect 'gpu-node.yaml: ConfigMap/moe-ep-desired-state: data/desired-state.json: headless_service.replicas "3" is not StatefulSet/moe-ep-worker'"'"'s spec.replicas 2' 'replicas by hand'
+expect 'containers[coordinator]: env GROUP_SIZE restates the group size' 'LWS group size restated'
+expect 'containers[coordinator]: the coordinator'"'"'s targets do not come from LWS_LEADER_ADDRESS' 'LWS targets not from the leader address'
+expect 'gpu-node.yaml: StatefulSet/moe-ep-worker: spec.template: no PodDisruptionBudget selects these worker pods' 'no PodDisruptionBudget'
 if [ "$rc" -ne 1 ]; then echo "validate-deploy.sh exited $rc, expected 1"; fails=$((fails + 1)); fi
 if [ "$fails" -ne 0 ]; then echo "$fails expectations failed"; exit 1; fi
 echo "all breakages rejected"
