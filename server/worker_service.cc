@@ -34,6 +34,9 @@
 namespace moe_ep::server {
 namespace {
 
+// How long before the call's deadline an arrival wait gives up (at most).
+constexpr absl::Duration kArrivalReplyMargin = absl::Milliseconds(250);
+
 // What a layer's LoadExperts asked for, as one fingerprint: the fields
 // every rank must agree on (the layer excluded), compared by Forward's vote.
 int64_t ExpertSpecFingerprint(const std::vector<core::BallotField>& fields) {
@@ -261,14 +264,23 @@ absl::Status WorkerService::ArriveForVote(const char* rpc, const absl::Status& l
   CallArrival call;
   call.rpc = rpc;
   call.rank = joined_.rank;
-  for (int r = 0; r < joined_.world_size; ++r) {
-    if (r >= static_cast<int>(mask.live.size()) || mask.live[r]) call.members.push_back(r);
+  // The group this call votes in: every rank, or the survivors under a
+  // mask (original numbering); a returning rank alone votes by itself.
+  const core::ControlCollective& group = data_plane_->collective();
+  if (group.size() != joined_.world_size) return local;
+  for (int r = 0; r < group.size(); ++r) {
+    if (group.IsLive(r)) call.members.push_back(r);
   }
   if (call.members.size() <= 1) return local;
   call.round = ArrivalRoundName(joined_.generation, mask.round, vote_sequence_, rpc);
   call.addresses = joined_.rendezvous_addresses;
   call.host_rank = mask.round > 0 ? mask.host : 0;
-  call.deadline = call_.deadline;
+  // The wait ends a little before the call's deadline, so that its answer
+  // ("ranks [1] did not enter ...") reaches the client before the client
+  // gives up on its own (then it would read a bare DEADLINE_EXCEEDED).
+  const absl::Duration left = call_.deadline - absl::Now();
+  call.deadline =
+      call_.deadline - std::clamp(left / 10, kArrivalReplyMargin / 10, kArrivalReplyMargin);
   call.cancelled = call_.cancelled;
   {
     absl::MutexLock lock(&state_mu_);

@@ -127,7 +127,7 @@ TEST_F(StrayCall, LocallyInvalidCallToOneRankIsAnsweredAtOnce) {
   answers.emplace_back("Forward layer -1",
                        CallOne(rank0, &v1::Worker::Stub::Forward, bad_layer, deadline));
   v1::ForwardRequest short_tensor = MakeForwardRequest(0, 1, InputsOf(0, 0), model_);
-  short_tensor.mutable_hidden()->mutable_data()->pop_back();
+  short_tensor.mutable_hidden_states()->mutable_data()->pop_back();
   answers.emplace_back("Forward one byte short",
                        CallOne(rank0, &v1::Worker::Stub::Forward, short_tensor, deadline));
   v1::AllocateWorkspaceRequest top_k_zero = setup_.allocate;
