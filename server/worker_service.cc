@@ -367,6 +367,7 @@ void WorkerService::TearDownGroup() {
   layer_stack_.Reset();  // before the data plane its sub-groups point into
   expert_bytes_ = 0;
   expert_specs_.clear();
+  arrival_host_.reset();  // the next generation has its own secret (and host)
   allocation_.reset();
   geometry_committed_ = false;
   plan_.clear();
