@@ -1,9 +1,17 @@
 #!/usr/bin/python3
-"""Draws benchmark CSVs as PNG plots beside them (issue 9 item 10).
+"""Draws benchmark results as PNG plots beside them (issue 9 item 10, issue 31 item 5).
 
-For every directory given, the CSVs in it (moe_ep_bench output, e.g.
-ep_bench.csv or bench_blocking.csv, and the PyTorch baseline torch.csv from
-bench/baseline_torch.py) become one figure, <dir>/bench_plot.png:
+For every directory given, the results in it become one figure,
+<dir>/bench_plot.png:
+  - CSVs: moe_ep_bench output (e.g. ep_bench.csv or bench_blocking.csv) and
+    the PyTorch baseline torch.csv from bench/baseline_torch.py;
+  - JSON files of `moe-ep bench --json` (the benchmark any machine, a CPU one
+    too, can run), one run per object, several objects per file allowed
+    (`moe-ep bench --json >> sweep.json`): each run is one point at its
+    tokens_per_rank, latency the slowest rank's p50 (a step ends with its
+    slowest rank), GB/s the slowest rank's (the minimum over ranks); one
+    line per backend. A JSON file without "ranks" is not bench output and
+    is skipped with a note. The figure:
 
   columns  one per (hidden, top_k) of the rows (EP size in the title)
   row 1    dispatch and combine p50 latency (us) against tokens per rank
@@ -16,18 +24,24 @@ and skewed dashed; both axes logarithmic.
 Usage: plot_results.py DIR [DIR ...]     (e.g. bench/results/run*)
        plot_results.py --all bench/results  (every subdirectory with CSVs)
 Exit status: 0 when every figure was written; 1 on a CSV without the
-columns above (the file and column are named); 2 on a bad command line.
+columns above or a bench JSON without one of its keys (the file and column
+or key are named); 2 on a bad command line.
 Needs matplotlib: Debian's python3-matplotlib (scripts/install-deps.sh) for
 /usr/bin/python3, the interpreter of the shebang.
 """
 
 import argparse
 import csv
+import json
 import os
 import sys
 
 REQUIRED = ("ep", "routing", "hidden", "top_k", "tokens", "dispatch_p50_us", "combine_p50_us",
             "dispatch_logical_GBps", "combine_logical_GBps")
+# `moe-ep bench --json` (client/bench_command.h): the run's keys and each rank's.
+JSON_REQUIRED = ("world", "backend", "routing", "hidden", "top_k", "tokens_per_rank", "ranks")
+JSON_RANK_REQUIRED = ("dispatch_p50_us", "combine_p50_us", "dispatch_logical_gbps",
+                      "combine_logical_gbps")
 OUTPUT_NAME = "bench_plot.png"
 
 
@@ -47,6 +61,7 @@ def read_rows(path):
         for line, row in enumerate(reader, start=2):
             try:
                 rows.append({
+                    "source": source_label(path, row.get("check", "")),
                     "ep": int(row["ep"]),
                     "routing": row["routing"],
                     "hidden": int(row["hidden"]),
@@ -63,6 +78,68 @@ def read_rows(path):
     return rows
 
 
+def json_objects(path):
+    """Every JSON value in `path`, one after another (a file of appended runs)."""
+    with open(path) as f:
+        text = f.read()
+    decoder = json.JSONDecoder()
+    objects, at = [], 0
+    while True:
+        while at < len(text) and text[at].isspace():
+            at += 1
+        if at == len(text):
+            return objects
+        try:
+            value, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError as e:
+            raise CsvError(f"{path}: not JSON: {e}") from e
+        objects.append(value)
+
+
+def is_bench_json(path):
+    """True when `path` holds `moe-ep bench --json` output (objects with "ranks")."""
+    try:
+        objects = json_objects(path)
+    except (CsvError, OSError, UnicodeDecodeError):
+        return False
+    return bool(objects) and all(isinstance(o, dict) and "ranks" in o for o in objects)
+
+
+def read_bench_json(path):
+    """One row per run of `moe-ep bench --json` in `path` (see the module comment)."""
+    rows = []
+    for index, run in enumerate(json_objects(path)):
+        where = f"{path} (run {index + 1})"
+        missing = [k for k in JSON_REQUIRED if k not in run]
+        if missing:
+            raise CsvError(f"{where}: no key {', '.join(missing)} (expected `moe-ep bench --json` "
+                           f"output)")
+        ranks = run["ranks"]
+        if not ranks:
+            raise CsvError(f"{where}: \"ranks\" is empty")
+        for r, rank in enumerate(ranks):
+            missing = [k for k in JSON_RANK_REQUIRED if k not in rank]
+            if missing:
+                raise CsvError(f"{where}: rank {r} has no key {', '.join(missing)}")
+        try:
+            rows.append({
+                "source": f"moe-ep bench ({run['backend']})",
+                "ep": int(run["world"]),
+                "routing": str(run["routing"]),
+                "hidden": int(run["hidden"]),
+                "top_k": int(run["top_k"]),
+                "tokens": int(run["tokens_per_rank"]),
+                "check": "",
+                "dispatch_us": max(float(x["dispatch_p50_us"]) for x in ranks),
+                "combine_us": max(float(x["combine_p50_us"]) for x in ranks),
+                "dispatch_gbps": min(float(x["dispatch_logical_gbps"]) for x in ranks),
+                "combine_gbps": min(float(x["combine_logical_gbps"]) for x in ranks),
+            })
+        except (TypeError, ValueError) as e:
+            raise CsvError(f"{where}: {e}") from e
+    return rows
+
+
 def source_label(path, check):
     stem = os.path.splitext(os.path.basename(path))[0]
     if stem.startswith("torch"):
@@ -75,23 +152,23 @@ def series_of(paths):
     """{(source, routing, hidden, top_k, ep): [rows sorted by tokens]}."""
     series = {}
     for path in paths:
-        for row in read_rows(path):
-            key = (source_label(path, row["check"]), row["routing"], row["hidden"],
-                   row["top_k"], row["ep"])
+        rows = read_bench_json(path) if path.endswith(".json") else read_rows(path)
+        for row in rows:
+            key = (row["source"], row["routing"], row["hidden"], row["top_k"], row["ep"])
             series.setdefault(key, []).append(row)
     for rows in series.values():
         rows.sort(key=lambda r: r["tokens"])
     return series
 
 
-def plot_directory(directory, csv_paths):
+def plot_directory(directory, paths):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series = series_of(csv_paths)
+    series = series_of(paths)
     if not series:
-        raise CsvError(f"{directory}: the CSVs have no rows")
+        raise CsvError(f"{directory}: the results have no rows")
     configs = sorted({(k[2], k[3], k[4]) for k in series})  # (hidden, top_k, ep)
     sources = sorted({k[0] for k in series}, key=lambda s: (s == "PyTorch baseline", s))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -131,7 +208,7 @@ def plot_directory(directory, csv_paths):
     per_row = 4 if len(configs) > 1 else 2
     fig.legend(handles, labels, loc="lower center", ncol=min(per_row, max(1, len(labels))),
                fontsize="small")
-    names = ", ".join(os.path.basename(p) for p in csv_paths)
+    names = ", ".join(os.path.basename(p) for p in paths)
     fig.suptitle(f"{os.path.basename(os.path.abspath(directory))}: {names}")
     rows_of_legend = (len(labels) + per_row - 1) // per_row
     fig.tight_layout(rect=(0, 0.03 + 0.025 * rows_of_legend, 1, 0.97))
@@ -141,32 +218,46 @@ def plot_directory(directory, csv_paths):
     return out
 
 
-def csvs_in(directory):
-    return sorted(os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(".csv"))
+def results_in(directory):
+    """The CSVs and the `moe-ep bench --json` files in `directory` (others noted, skipped)."""
+    paths = []
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if name.endswith(".csv"):
+            paths.append(path)
+        elif name.endswith(".json"):
+            if is_bench_json(path):
+                paths.append(path)
+            else:
+                print(f"plot_results.py: skipping {path}: not `moe-ep bench --json` output",
+                      file=sys.stderr)
+    return paths
 
 
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("dirs", nargs="*", help="directories holding benchmark CSVs")
+    parser.add_argument("dirs", nargs="*",
+                        help="directories holding benchmark CSVs or `moe-ep bench --json` files")
     parser.add_argument("--all", metavar="ROOT",
-                        help="every subdirectory of ROOT that holds CSVs")
+                        help="every subdirectory of ROOT that holds results")
     args = parser.parse_args(argv)
     dirs = list(args.dirs)
     if args.all:
         dirs += sorted(os.path.join(args.all, d) for d in os.listdir(args.all)
                        if os.path.isdir(os.path.join(args.all, d)))
-    dirs = [d for d in dirs if csvs_in(d)]
-    if not dirs:
-        parser.error("no directory with CSVs given")
+    found = [(d, results_in(d)) for d in dirs]
+    found = [(d, paths) for d, paths in found if paths]
+    if not found:
+        parser.error("no directory with benchmark CSVs or `moe-ep bench --json` files given")
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         print("plot_results.py: matplotlib is missing (Debian: apt-get install "
               "python3-matplotlib; scripts/install-deps.sh installs it)", file=sys.stderr)
         return 1
-    for d in dirs:
+    for d, paths in found:
         try:
-            print(plot_directory(d, csvs_in(d)))
+            print(plot_directory(d, paths))
         except CsvError as e:
             print(f"plot_results.py: {e}", file=sys.stderr)
             return 1

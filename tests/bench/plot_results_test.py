@@ -1,6 +1,7 @@
-"""ctest bench_plot: bench/plot_results.py on a small CSV fixture writes a PNG
-beside the CSVs, and refuses a CSV without the benchmark columns naming the
-column (issue 9 item 10). Exits 77 (ctest: skipped) with the reason when
+"""ctest bench_plot: bench/plot_results.py on a small CSV fixture and on real
+`moe-ep bench --json` output writes a PNG beside them, and refuses a CSV
+without the benchmark columns or a bench JSON without a key, naming it
+(issue 9 item 10, issue 31 item 5). Exits 77 (ctest: skipped) with the reason when
 matplotlib is missing.
 
 Usage: plot_results_test.py SCRIPT FIXTURE_DIR WORK_DIR
@@ -43,6 +44,49 @@ class PlotResults(unittest.TestCase):
         width, height = png_size(out)
         # One (hidden, top_k) column: the 10 x 8 inch minimum at 100 dpi.
         self.assertEqual((width, height), (1000, 800))
+
+    def test_plots_moe_ep_bench_json_runs(self):
+        # Three real `moe-ep bench --json` runs (2 Gloo workers, tokens 8, 32,
+        # 128; issue 31 item 5), two of them appended into one file, and a JSON
+        # file that is not bench output (skipped with a note).
+        shutil.copy(os.path.join(FIXTURE, "bench-gloo-128.json"), WORK)
+        with open(os.path.join(WORK, "sweep.json"), "w") as out:  # `>> sweep.json` twice
+            for t in (8, 32):
+                with open(os.path.join(FIXTURE, f"bench-gloo-{t}.json")) as f:
+                    out.write(f.read())
+        with open(os.path.join(WORK, "overhead.json"), "w") as f:
+            f.write('{"calls": 3}')
+        r = self.run_script(WORK)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        out = os.path.join(WORK, "bench_plot.png")
+        self.assertEqual(r.stdout.strip(), out)
+        self.assertIn("skipping", r.stderr)
+        self.assertIn("overhead.json", r.stderr)
+        # One (hidden 256, top-2, EP 2) column.
+        self.assertEqual(png_size(out), (1000, 800))
+
+    def test_json_rows_are_the_slowest_ranks(self):
+        sys.path.insert(0, os.path.dirname(SCRIPT))
+        import plot_results
+        rows = plot_results.read_bench_json(os.path.join(FIXTURE, "bench-gloo-8.json"))
+        self.assertEqual(len(rows), 1)
+        row = rows[0]
+        self.assertEqual((row["ep"], row["hidden"], row["top_k"], row["tokens"]), (2, 256, 2, 8))
+        self.assertEqual(row["source"], "moe-ep bench (gloo)")
+        # The fixture's per-rank values: latency the larger p50, GB/s the smaller.
+        self.assertAlmostEqual(row["dispatch_us"], 266.786)
+        self.assertAlmostEqual(row["combine_us"], 180.287)
+        self.assertAlmostEqual(row["dispatch_gbps"], 0.017812029116970156)
+        self.assertAlmostEqual(row["combine_gbps"], 0.03691891262265166)
+
+    def test_refuses_bench_json_without_a_key(self):
+        with open(os.path.join(WORK, "bench.json"), "w") as f:
+            f.write('{"world": 2, "backend": "gloo", "routing": "uniform", "top_k": 2, '
+                    '"tokens_per_rank": 8, "ranks": [{"dispatch_p50_us": 1}]}')
+        r = self.run_script(WORK)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("bench.json (run 1): no key hidden", r.stderr)
+        self.assertFalse(os.path.exists(os.path.join(WORK, "bench_plot.png")))
 
     def test_refuses_a_csv_without_the_columns(self):
         with open(os.path.join(WORK, "other.csv"), "w") as f:
