@@ -57,9 +57,8 @@ absl::Status Withdraw(GrpcStore& host, const CallArrival& call, bool* complete) 
 
 }  // namespace
 
-std::string ArrivalRoundName(int64_t generation, int mask_round, int64_t call_number,
-                             const std::string& rpc) {
-  return absl::StrCat("gen", generation, "/arrive/", mask_round, "/", call_number, "/", rpc);
+std::string ArrivalRoundName(int64_t generation, int mask_round, int64_t call_number) {
+  return absl::StrCat("gen", generation, "/arrive/", mask_round, "/", call_number);
 }
 
 absl::Status ArriveForCall(GrpcStore& host, const CallArrival& call) {

@@ -8,7 +8,7 @@
 // once. So a call sent to only some of the ranks moves nothing and breaks
 // nothing: the ranks that came take their arrival back at their deadline.
 //
-// Round names are "gen<N>/arrive/<mask round>/<call number>/<rpc>": ranks number
+// Round names are "gen<N>/arrive/<mask round>/<call number>": ranks number
 // their collective calls alike, and a rank counts a call only once its
 // round completed (the host decides that under one lock), so a call that
 // did not complete leaves every rank's number as it was.
@@ -46,12 +46,12 @@ struct CallArrival {
   std::function<bool()> cancelled;  // the caller gave up (may be null)
 };
 
-// The round name of call `call_number` (an `rpc`) of `generation` in mask
-// round `mask_round` (0 before any mask). The rpc is part of the name, so a
-// stray call still waiting on one rank never completes a round with its
-// peers' next call.
-std::string ArrivalRoundName(int64_t generation, int mask_round, int64_t call_number,
-                             const std::string& rpc);
+// The round name of call `call_number` of `generation` in mask round
+// `mask_round` (0 before any mask). The rpc is not part of it: ranks in
+// different collective calls at once complete the round and the vote then
+// answers ABORTED on every rank (the calls differ), which also frees a rank
+// still waiting in a stray call when its peers' next call comes.
+std::string ArrivalRoundName(int64_t generation, int mask_round, int64_t call_number);
 
 // ArriveForCall()
 //

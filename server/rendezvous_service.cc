@@ -113,6 +113,41 @@ grpc::Status RendezvousService::CheckWriter(const grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status RendezvousService::CheckArrival(const grpc::ServerContext* context,
+                                             const std::string& round) const {
+  if (!limits_.require_open_generation) return grpc::Status::OK;
+  const int64_t generation = GenerationOfKey(round);
+  if (generation < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("round ", Quote(round), ": expected the prefix \"gen<N>/\""));
+  }
+  auto it = opened_.find(generation);
+  if (it == opened_.end()) {
+    if (generation > open_generation_) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          absl::StrCat("generation ", generation,
+                                       " is not open on this store yet (the store's newest is ",
+                                       open_generation_, ")"));
+    }
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("generation ", generation, " is closed: a newer group formed on this store"));
+  }
+  if (!it->second.empty()) {
+    const auto& metadata = context->client_metadata();
+    auto sent = metadata.find(kSecretMetadataKey);
+    const std::string given =
+        sent == metadata.end() ? "" : std::string(sent->second.data(), sent->second.size());
+    if (!SameSecret(given, it->second)) {
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                          absl::StrCat("Arrive of generation ", generation,
+                                       ": the rendezvous secret is missing or wrong (only the "
+                                       "group's members may take part)"));
+    }
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status RendezvousService::Set(grpc::ServerContext* context, const v1::SetRequest* request,
                                     v1::SetResponse* /*response*/) {
   if (grpc::Status key = CheckKey(request->key(), "key", limits_.max_key_bytes); !key.ok()) {
@@ -261,7 +296,9 @@ grpc::Status RendezvousService::Arrive(grpc::ServerContext* context,
   }
   {
     absl::MutexLock lock(&mu_);
-    if (grpc::Status writer = CheckWriter(context, request->round()); !writer.ok()) return writer;
+    if (grpc::Status writer = CheckArrival(context, request->round()); !writer.ok()) {
+      return writer;
+    }
   }
   absl::StatusOr<core::ArrivalOutcome> outcome;
   switch (request->action()) {
@@ -305,11 +342,19 @@ void RendezvousService::OpenGeneration(int64_t generation, const std::string& se
   if (generation < open_generation_) return;
   open_generation_ = generation;
   open_secret_ = secret;
+  opened_[generation] = secret;
 }
 
 void RendezvousService::DropGenerationsBelow(int64_t generation) {
   board_.DropGenerationsBelow(generation);
   absl::MutexLock lock(&mu_);
+  for (auto it = opened_.begin(); it != opened_.end();) {
+    if (it->first < generation) {
+      opened_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
   for (auto it = values_.begin(); it != values_.end();) {
     const int64_t g = GenerationOfKey(it->first);
     if (g >= 0 && g < generation) {

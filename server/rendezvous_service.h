@@ -76,6 +76,12 @@ class RendezvousService final : public v1::Rendezvous::Service {
  private:
   grpc::Status CheckWriter(const grpc::ServerContext* context, const std::string& key) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // As CheckWriter for an arrival round: any generation opened here and not
+  // dropped yet counts (a Join of a newer generation that failed leaves the
+  // group in force, whose calls still meet here), with that generation's
+  // secret.
+  grpc::Status CheckArrival(const grpc::ServerContext* context, const std::string& round) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const StoreLimits limits_;
   mutable absl::Mutex mu_;
@@ -84,6 +90,8 @@ class RendezvousService final : public v1::Rendezvous::Service {
   int64_t stored_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t open_generation_ ABSL_GUARDED_BY(mu_) = 0;  // 0 = none yet
   std::string open_secret_ ABSL_GUARDED_BY(mu_);
+  // Every generation opened and not dropped, with its secret (CheckArrival).
+  absl::flat_hash_map<int64_t, std::string> opened_ ABSL_GUARDED_BY(mu_);
   core::ArrivalBoard board_;  // its own lock: Arrive waits on it, not on mu_
 };
 

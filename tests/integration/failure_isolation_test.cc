@@ -6,7 +6,8 @@
 // within 1 s (the group timeout is 5 s), and the next valid call works
 // without a new Join. Ranks in different collective RPCs at once are ABORTED
 // everywhere and the group survives. GetStatus and `moe-ep status` show a
-// group broken by a timed-out collective or a dead peer, and why.
+// group broken by a dead peer, and why; a collective its peers never enter
+// ends at its deadline and breaks nothing (issue 29).
 
 #include <algorithm>
 #include <chrono>
@@ -32,6 +33,7 @@ namespace moe_ep::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int kWorld = 3;
 constexpr int kBadRank = 1;
@@ -174,17 +176,28 @@ TEST_F(FailureIsolation, AllocateWorkspaceWithBadTopKCapacityOrDtypeOnOneRank) {
               "AllocateWorkspace after");
 }
 
-TEST_F(FailureIsolation, LoadExpertsOfALayerOutOfRangeOnOneRank) {
+// LoadExperts is local (worker.proto; issue 29 item 3): the bad rank
+// answers its own error at once and its peers load, nothing is voted.
+TEST_F(FailureIsolation, LoadExpertsOfALayerOutOfRangeOnOneRankFailsThatRankOnly) {
   const auto make = [&](int rank) {
     v1::LoadExpertsRequest request;
     request.set_layer(rank == kBadRank ? 99 : 0);
     request.set_kind(v1::EXPERT_KIND_IDENTITY);
     return request;
   };
-  ExpectIsolated(
-      Call<v1::LoadExpertsRequest, v1::LoadExpertsResponse>(&v1::Worker::Stub::LoadExperts, make),
-      "LoadExperts", absl::StatusCode::kInvalidArgument,
-      "layer: expected in [0, 2) (the configured layers), got 99");
+  const Outcome out =
+      Call<v1::LoadExpertsRequest, v1::LoadExpertsResponse>(&v1::Worker::Stub::LoadExperts, make);
+  EXPECT_LT(out.took, absl::Seconds(1));
+  for (int r = 0; r < kWorld; ++r) {
+    if (r == kBadRank) {
+      EXPECT_EQ(out.status[r].code(), absl::StatusCode::kInvalidArgument) << out.status[r];
+      EXPECT_THAT(std::string(out.status[r].message()),
+                  HasSubstr("layer: expected in [0, 2) (the configured layers), got 99"));
+    } else {
+      EXPECT_TRUE(out.status[r].ok()) << "rank " << r << ": " << out.status[r];
+    }
+    EXPECT_FALSE(fake_->StatusOf(r).group_broken());
+  }
   ExpectAllOk(Call<v1::LoadExpertsRequest, v1::LoadExpertsResponse>(
                   &v1::Worker::Stub::LoadExperts,
                   [&](int) {
@@ -357,9 +370,12 @@ TEST_F(FailureIsolation, RanksInDifferentCollectivesAreAbortedAndTheGroupSurvive
   for (int r = 0; r < kWorld; ++r) EXPECT_EQ(fake_->StatusOf(r).generation(), 1);
 }
 
-TEST_F(FailureIsolation, ACollectiveEndsAtTheCallsDeadlineAndStatusShowsTheBrokenGroup) {
+TEST_F(FailureIsolation, ACollectiveItsPeersNeverEnterEndsAtTheDeadlineAndBreaksNothing) {
   // Rank 0 alone calls SyncTokenCounts with a 1 s deadline (the group
-  // timeout is 5 s): it gives up at its deadline, and the group is broken.
+  // timeout is 5 s): it answers before its deadline naming the ranks that
+  // did not come, and nothing moved, so nothing is broken (issue 29 item 2;
+  // "broken" is for a data-plane failure after payload moved:
+  // StatusShowsAGroupBrokenByADeadPeer).
   const absl::Time start = absl::Now();
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
@@ -369,26 +385,24 @@ TEST_F(FailureIsolation, ACollectiveEndsAtTheCallsDeadlineAndStatusShowsTheBroke
   v1::SyncTokenCountsResponse response;
   const absl::Status alone =
       client::ToAbslStatus(fake_->stub(0).SyncTokenCounts(&context, request, &response));
-  EXPECT_EQ(alone.code(), absl::StatusCode::kDeadlineExceeded) << alone;
+  EXPECT_EQ(alone.code(), absl::StatusCode::kFailedPrecondition) << alone;
+  EXPECT_THAT(std::string(alone.message()),
+              HasSubstr("ranks [1,2] did not enter SyncTokenCounts within"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(4)) << "waited the group timeout, not the call's";
   std::cout << "collective alone, deadline 1 s: answered after "
             << absl::ToDoubleMilliseconds(absl::Now() - start) << " ms\n";
-  // The worker-side wait ended at the deadline too: GetStatus says broken, and why.
-  const absl::Time until = absl::Now() + absl::Seconds(10);
-  v1::GetStatusResponse status = fake_->StatusOf(0);
-  while (!status.group_broken() && absl::Now() < until) {
-    absl::SleepFor(absl::Milliseconds(50));
-    status = fake_->StatusOf(0);
-  }
-  EXPECT_TRUE(status.group_broken());
-  EXPECT_THAT(status.broken_reason(), HasSubstr("SyncTokenCounts: DEADLINE_EXCEEDED: "));
-  EXPECT_EQ(status.state(), v1::WORKER_STATE_ALLOCATED);  // the lifecycle state is kept
-  EXPECT_FALSE(fake_->StatusOf(1).group_broken());
-
+  const v1::GetStatusResponse status = fake_->StatusOf(0);
+  EXPECT_FALSE(status.group_broken()) << status.broken_reason();
+  EXPECT_EQ(status.state(), v1::WORKER_STATE_ALLOCATED);
+  EXPECT_EQ(status.counters().consecutive_failed_collectives(), 0);
   const std::string table = client::RenderWorkerTable(
       {fake_->cluster().targets()[0]}, {absl::StatusOr<v1::GetStatusResponse>(status)});
-  EXPECT_THAT(table, HasSubstr("ALLOCATED BROKEN"));
-  EXPECT_THAT(table, HasSubstr("group of generation 1 is broken: SyncTokenCounts: "));
+  EXPECT_THAT(table, Not(HasSubstr("BROKEN")));
+  // The group still steps.
+  Commit(1);
+  ExpectAllOk(Call<v1::ForwardRequest, v1::ForwardResponse>(
+                  &v1::Worker::Stub::Forward, [&](int rank) { return Forward(rank, 1); }),
+              "Forward after the lone SyncTokenCounts");
 }
 
 // Join votes through rank 0's Rendezvous store before forming (issue 12

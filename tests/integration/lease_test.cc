@@ -306,7 +306,15 @@ TEST_F(LeaseTest, APartlyLeasedGroupAbortsThePeersOfTheRefusedRankAtOnce) {
       timed([&] { return c.AllocateWorkspace(MakeAllocateRequest(model_, 16)).status(); });
   expect_refused("AllocateWorkspace", allocate, t2);
   auto [loaded, t3] = timed([&] { return c.LoadExperts(load).status(); });
-  expect_refused("LoadExperts", loaded, t3);
+  // LoadExperts is local (issue 29 item 3): only the leased rank refuses,
+  // at once; its peers loaded (the same identity experts as before).
+  EXPECT_LT(t3, absl::Seconds(1));
+  EXPECT_EQ(loaded.code(), absl::StatusCode::kFailedPrecondition) << loaded;
+  EXPECT_THAT(
+      std::string(loaded.message()),
+      HasSubstr(absl::StrCat("LoadExperts failed on 1 of 3 ranks: rank 1 (",
+                             fake_->cluster().targets()[1], "): FAILED_PRECONDITION: ",
+                             "LoadExperts: this worker is leased by owner 'other@host:9'")));
   const core::PlacementTable table =
       core::PlacementTable::Contiguous(model_.num_experts, kWorld).value();
   auto [placed, t4] = timed(
