@@ -28,6 +28,8 @@ from typing import Any
 __all__ = [
     "AllocatedWorkspace",
     "BenchmarkResult",
+    "Coordinator",
+    "CoordinatorError",
     "ForwardInput",
     "ForwardResult",
     "GeometryAgreement",
@@ -41,6 +43,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("Coordinator", "CoordinatorError"):  # moe_ep.v1.Coordinator (issue 31)
+        from moe_ep_client import coordinator
+
+        return getattr(coordinator, name)
     if name in __all__:
         from moe_ep_client import client
 

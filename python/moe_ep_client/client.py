@@ -309,6 +309,21 @@ class Group:
         return len(self.targets)
 
     def close(self) -> None:
+        """Gives the lease back (issue 31 item 2: not held for its TTL after the
+        process is gone), then closes the channels. Idempotent."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
+        if getattr(self, "_claimed", False):
+            request = worker_pb2.LeaseRequest(claim=self.claim(), release=True)
+            try:  # 5 s at most: a worker that does not answer keeps it until the TTL
+                self._fan_out(
+                    "Lease (release)",
+                    lambda r, s, t: s.Lease.future(request, timeout=t),
+                    timeout_s=min(self.timeout_s, 5.0),
+                )
+            except GroupError:
+                pass  # another owner's lease, or a worker gone: nothing of ours to give back
         for c in self._channels:
             c.close()
 
@@ -322,6 +337,7 @@ class Group:
         """The LeaseClaim stamped into state-changing calls (empty without an owner)."""
         if not self.owner_id:
             return worker_pb2.LeaseClaim()
+        self._claimed = True  # close() gives back what a claimed call may have taken
         return worker_pb2.LeaseClaim(
             owner_id=self.owner_id, ttl_ms=self.lease_ttl_ms, take_over=take_over
         )
