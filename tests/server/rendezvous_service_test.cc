@@ -3,6 +3,7 @@
 #include <chrono>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
@@ -147,6 +148,74 @@ TEST_F(RendezvousServiceTest, BadArguments) {
   EXPECT_EQ(service_.NumKeys(), 0);
 }
 
+// Rendezvous.Arrive (issue 29; core/arrival_board.h is the board's own test).
+v1::ArriveRequest ArriveOf(const std::string& round, int rank, int64_t timeout_ms,
+                           std::vector<int> members = {0, 1}) {
+  v1::ArriveRequest request;
+  request.set_round(round);
+  request.set_rank(rank);
+  request.mutable_members()->Assign(members.begin(), members.end());
+  request.set_timeout_ms(timeout_ms);
+  return request;
+}
+
+grpc::Status Arrive(v1::Rendezvous::Stub& stub, const v1::ArriveRequest& request,
+                    v1::ArriveResponse* response, const std::string& secret = "") {
+  grpc::ClientContext ctx;
+  if (!secret.empty()) ctx.AddMetadata(kSecretMetadataKey, secret);
+  return stub.Arrive(&ctx, request, response);
+}
+
+TEST_F(RendezvousServiceTest, ArriveCompletesWhenBothRanksComeAndRefusalEndsAPeer) {
+  v1::ArriveResponse first;
+  std::thread rank0(
+      [&] { ASSERT_TRUE(Arrive(*stub_, ArriveOf("gen1/arrive/0/0", 0, 5000), &first).ok()); });
+  v1::ArriveResponse second;
+  ASSERT_TRUE(Arrive(*stub_, ArriveOf("gen1/arrive/0/0", 1, 5000), &second).ok());
+  rank0.join();
+  EXPECT_TRUE(first.complete());
+  EXPECT_TRUE(second.complete());
+  // The next call: rank 1 refuses its request, rank 0 is told so.
+  v1::ArriveRequest refuse = ArriveOf("gen1/arrive/0/1", 1, 0);
+  refuse.set_action(v1::ArriveRequest::ACTION_REFUSE);
+  refuse.set_refusal("INVALID_ARGUMENT: top_k: expected >= 1, got 0");
+  refuse.set_refusal_ttl_ms(2000);
+  v1::ArriveResponse ignored;
+  ASSERT_TRUE(Arrive(*stub_, refuse, &ignored).ok());
+  v1::ArriveResponse peer;
+  ASSERT_TRUE(Arrive(*stub_, ArriveOf("gen1/arrive/0/1", 0, 2000), &peer).ok());
+  EXPECT_FALSE(peer.complete());
+  EXPECT_EQ(peer.refused_rank(), 1);
+  EXPECT_EQ(peer.refusal(), "INVALID_ARGUMENT: top_k: expected >= 1, got 0");
+  // A lone arrival answers the missing rank, and withdraws.
+  v1::ArriveResponse alone;
+  ASSERT_TRUE(Arrive(*stub_, ArriveOf("gen1/arrive/0/2", 0, 20), &alone).ok());
+  EXPECT_FALSE(alone.complete());
+  EXPECT_THAT(std::vector<int>(alone.missing().begin(), alone.missing().end()),
+              ::testing::ElementsAre(1));
+  v1::ArriveRequest withdraw = ArriveOf("gen1/arrive/0/2", 0, 0);
+  withdraw.set_action(v1::ArriveRequest::ACTION_WITHDRAW);
+  ASSERT_TRUE(Arrive(*stub_, withdraw, &alone).ok());
+  EXPECT_FALSE(alone.complete());
+}
+
+TEST_F(RendezvousServiceTest, ArriveRejectsBadArguments) {
+  v1::ArriveResponse response;
+  EXPECT_EQ(Arrive(*stub_, ArriveOf("", 0, 0), &response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Arrive(*stub_, ArriveOf("gen1/a", -1, 0), &response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Arrive(*stub_, ArriveOf("gen1/a", 0, 0, {}), &response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Arrive(*stub_, ArriveOf("gen1/a", 0, 0, {0, 70000}), &response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Arrive(*stub_, ArriveOf("gen1/a", 0, -5), &response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  const grpc::Status not_member = Arrive(*stub_, ArriveOf("gen1/a", 2, 0), &response);
+  EXPECT_EQ(not_member.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(not_member.error_message(), HasSubstr("arriving rank 2"));
+}
+
 }  // namespace
 }  // namespace moe_ep::server
 
@@ -265,6 +334,33 @@ TEST_F(LimitedStoreTest, OlderGenerationsAreFreedOnceANewerOneFormed) {
   EXPECT_EQ(GenerationOfKey("gen10/a"), 10);
   EXPECT_EQ(GenerationOfKey("gen/a"), -1);
   EXPECT_EQ(GenerationOfKey("genx/a"), -1);
+}
+
+// Rendezvous.Arrive on a store that checks its writers (issue 29; ArriveOf
+// and Arrive above).
+TEST_F(LimitedStoreTest, ArriveNeedsAnOpenedGenerationWithItsSecretAndOutlivesAFailedNewerJoin) {
+  StoreLimits limits;
+  limits.require_open_generation = true;
+  Start(limits);
+  v1::ArriveResponse response;
+  EXPECT_EQ(Arrive(*stub_, ArriveOf("gen1/arrive/0/0", 0, 0), &response).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  service_->OpenGeneration(1, "one");
+  EXPECT_EQ(Arrive(*stub_, ArriveOf("gen1/arrive/0/0", 0, 0), &response).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_TRUE(Arrive(*stub_, ArriveOf("gen1/arrive/0/0", 0, 0), &response, "one").ok());
+  // A Join of generation 2 opened it and then failed: generation 1 is still
+  // the group in force, and its calls still meet here (Set of gen1 does not).
+  service_->OpenGeneration(2, "two");
+  EXPECT_EQ(Set("gen1/x", "v", "one").error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_TRUE(Arrive(*stub_, ArriveOf("gen1/arrive/0/0", 0, 0), &response, "one").ok());
+  EXPECT_EQ(Arrive(*stub_, ArriveOf("gen2/arrive/0/0", 0, 0), &response, "one").error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  // Generation 2 formed: generation 1 is dropped.
+  service_->DropGenerationsBelow(2);
+  const grpc::Status closed = Arrive(*stub_, ArriveOf("gen1/arrive/0/1", 0, 0), &response, "one");
+  EXPECT_EQ(closed.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(closed.error_message(), HasSubstr("generation 1 is closed"));
 }
 
 }  // namespace
