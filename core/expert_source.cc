@@ -100,12 +100,21 @@ ExpertSource ExpertSource::Identity(int layer, int num_routed_experts, int first
 }
 
 ExpertKind ExpertSource::expert_kind() const {
-  return kind == ExpertSourceKind::kIdentity ? ExpertKind::kIdentity : ExpertKind::kSwiGlu;
+  if (kind == ExpertSourceKind::kIdentity) return ExpertKind::kIdentity;
+  switch (weight_format) {
+    case quant::ExpertWeightFormat::kBf16:
+      return ExpertKind::kSwiGlu;
+    case quant::ExpertWeightFormat::kFp8Block128:
+      return ExpertKind::kFp8SwiGlu;
+    case quant::ExpertWeightFormat::kMxfp4:
+      return ExpertKind::kGptOssMxfp4;
+  }
+  return ExpertKind::kSwiGlu;
 }
 
 int64_t ExpertSource::weight_bytes() const {
   if (expert_kind() == ExpertKind::kIdentity) return 0;
-  return int64_t{num_experts} * 3 * intermediate * hidden * 2;
+  return int64_t{num_experts} * quant::ExpertWeightBytes(weight_format, hidden, intermediate);
 }
 
 std::vector<int> ExpertSource::Ids() const {
@@ -177,9 +186,20 @@ absl::Status ValidateExpertSource(const ExpertSource& source) {
   if (source.hidden < 1) {
     return Invalid(source, absl::StrCat("hidden: expected >= 1, got ", source.hidden));
   }
-  if (source.expert_kind() == ExpertKind::kSwiGlu && source.intermediate < 1) {
+  if (source.expert_kind() != ExpertKind::kIdentity && source.intermediate < 1) {
     return Invalid(source, absl::StrCat("intermediate: expected >= 1 for SwiGLU experts, got ",
                                         source.intermediate));
+  }
+  const bool mxfp4 = source.expert_kind() == ExpertKind::kGptOssMxfp4;
+  if (mxfp4 &&
+      (source.hidden % quant::kMxfp4Block != 0 || source.intermediate % quant::kMxfp4Block != 0)) {
+    return Invalid(source, absl::StrCat("hidden and intermediate: expected multiples of 32 (the "
+                                        "mxfp4 block) for gpt-oss experts, got ",
+                                        source.hidden, " and ", source.intermediate));
+  }
+  if (mxfp4 && !(source.gpt_oss_activation.limit > 0.0f)) {
+    return Invalid(
+        source, absl::StrCat("swiglu_limit: expected > 0, got ", source.gpt_oss_activation.limit));
   }
   if (source.kind != ExpertSourceKind::kSafetensors) return absl::OkStatus();
   if (source.checkpoint_path.empty() || source.checkpoint_path[0] != '/') {
@@ -188,6 +208,15 @@ absl::Status ValidateExpertSource(const ExpertSource& source) {
                                         source.checkpoint_path, "\""));
   }
   const std::string_view pattern(source.name_pattern);
+  if (mxfp4) {
+    if (pattern.find("{expert}") != std::string_view::npos) {
+      return Invalid(source, absl::StrCat("name_pattern: gpt-oss keeps all experts of a layer in "
+                                          "one tensor; expected a prefix with {layer} such as \"",
+                                          quant::kGptOssExpertPrefix, "\", got \"",
+                                          source.name_pattern, "\""));
+    }
+    return absl::OkStatus();
+  }
   if (pattern.find("{expert}") == std::string_view::npos ||
       (pattern.find("{proj}") == std::string_view::npos &&
        pattern.find("{w}") == std::string_view::npos)) {
@@ -268,6 +297,78 @@ absl::StatusOr<SafetensorsCheckpoint> OpenExpertCheckpoint(const ExpertSource& s
   return ckpt;
 }
 
+namespace {
+
+// The SwiGLU-kind experts of a seeded or safetensors source, in its format.
+absl::StatusOr<ExpertSet> MakeSwiGluKindExperts(const ExpertSource& source) {
+  const ExpertKind kind = source.expert_kind();
+  if (source.kind == ExpertSourceKind::kSeeded) {
+    switch (kind) {
+      case ExpertKind::kFp8SwiGlu:
+        return ExpertSet::GenerateFp8SwiGlu(source.seed, source.layer, source.first_expert,
+                                            source.num_experts, source.hidden, source.intermediate);
+      case ExpertKind::kGptOssMxfp4:
+        return ExpertSet::GenerateGptOss(source.seed, source.layer, source.first_expert,
+                                         source.num_experts, source.hidden, source.intermediate,
+                                         source.gpt_oss_activation);
+      default:
+        return ExpertSet::GenerateSwiGlu(source.seed, source.layer, source.first_expert,
+                                         source.num_experts, source.hidden, source.intermediate);
+    }
+  }
+  if (kind == ExpertKind::kFp8SwiGlu || kind == ExpertKind::kGptOssMxfp4) {
+    absl::StatusOr<SafetensorsCheckpoint> ckpt =
+        SafetensorsCheckpoint::Open(source.checkpoint_path);
+    if (!ckpt.ok()) return WithSource(source, ckpt.status());
+    if (kind == ExpertKind::kGptOssMxfp4) {
+      const std::string prefix = source.name_pattern.empty()
+                                     ? std::string(quant::kGptOssExpertPrefix)
+                                     : source.name_pattern;
+      absl::StatusOr<std::vector<quant::GptOssExpertWeights>> read =
+          quant::ReadGptOssExperts(*ckpt, prefix, source.layer, source.num_routed_experts,
+                                   source.Ids(), source.hidden, source.intermediate);
+      if (!read.ok()) return WithSource(source, read.status());
+      return ExpertSet::FromGptOssWeights(source.first_expert, std::move(*read), source.hidden,
+                                          source.intermediate, source.gpt_oss_activation);
+    }
+    std::vector<quant::Fp8SwiGluWeights> weights(source.num_experts);
+    for (int i = 0; i < source.num_experts; ++i) {
+      const int e = source.first_expert + i;
+      quant::Fp8BlockMatrix* parts[3] = {&weights[i].gate, &weights[i].up, &weights[i].down};
+      for (int p = 0; p < 3; ++p) {
+        const bool down = p == 2;
+        const std::string name = source.TensorName(e, kProjections[p]);
+        absl::StatusOr<quant::Fp8BlockMatrix> read = quant::ReadFp8BlockMatrix(
+            *ckpt, name, name + "_scale_inv", down ? source.hidden : source.intermediate,
+            down ? source.intermediate : source.hidden);
+        if (!read.ok()) return WithSource(source, read.status());
+        *parts[p] = std::move(*read);
+      }
+    }
+    return ExpertSet::FromFp8Weights(source.first_expert, std::move(weights), source.hidden,
+                                     source.intermediate);
+  }
+  ASSIGN_OR_RETURN(SafetensorsCheckpoint ckpt, OpenExpertCheckpoint(source));
+  std::vector<SwiGluWeights> weights(source.num_experts);
+  for (int i = 0; i < source.num_experts; ++i) {
+    const int e = source.first_expert + i;
+    SwiGluWeights& w = weights[i];
+    std::vector<bf16_t>* parts[3] = {&w.gate, &w.up, &w.down};
+    for (int p = 0; p < 3; ++p) {
+      const bool down = p == 2;
+      absl::StatusOr<std::vector<bf16_t>> read = ReadBf16Matrix(
+          ckpt, source.TensorName(e, kProjections[p]), down ? source.hidden : source.intermediate,
+          down ? source.intermediate : source.hidden);
+      if (!read.ok()) return WithSource(source, read.status());
+      *parts[p] = std::move(*read);
+    }
+  }
+  return ExpertSet::FromWeights(source.first_expert, std::move(weights), source.hidden,
+                                source.intermediate);
+}
+
+}  // namespace
+
 absl::StatusOr<ExpertSet> MakeHostExperts(const ExpertSource& source) {
   RETURN_IF_ERROR(ValidateExpertSource(source));
   const std::vector<int> ids = source.Ids();
@@ -288,32 +389,12 @@ absl::StatusOr<ExpertSet> MakeHostExperts(const ExpertSource& source) {
     }
     return ExpertSet::Union(std::move(parts));
   }
-  switch (source.kind) {
-    case ExpertSourceKind::kIdentity:
-      return ExpertSet::Identity(source.first_expert, source.num_experts, source.hidden);
-    case ExpertSourceKind::kSeeded:
-      return ExpertSet::GenerateSwiGlu(source.seed, source.layer, source.first_expert,
-                                       source.num_experts, source.hidden, source.intermediate);
-    case ExpertSourceKind::kSafetensors:
-      break;
+  if (source.kind == ExpertSourceKind::kIdentity) {
+    return ExpertSet::Identity(source.first_expert, source.num_experts, source.hidden);
   }
-  ASSIGN_OR_RETURN(SafetensorsCheckpoint ckpt, OpenExpertCheckpoint(source));
-  std::vector<SwiGluWeights> weights(source.num_experts);
-  for (int i = 0; i < source.num_experts; ++i) {
-    const int e = source.first_expert + i;
-    SwiGluWeights& w = weights[i];
-    std::vector<bf16_t>* parts[3] = {&w.gate, &w.up, &w.down};
-    for (int p = 0; p < 3; ++p) {
-      const bool down = p == 2;
-      absl::StatusOr<std::vector<bf16_t>> read = ReadBf16Matrix(
-          ckpt, source.TensorName(e, kProjections[p]), down ? source.hidden : source.intermediate,
-          down ? source.intermediate : source.hidden);
-      if (!read.ok()) return WithSource(source, read.status());
-      *parts[p] = std::move(*read);
-    }
-  }
-  return ExpertSet::FromWeights(source.first_expert, std::move(weights), source.hidden,
-                                source.intermediate);
+  ASSIGN_OR_RETURN(ExpertSet set, MakeSwiGluKindExperts(source));
+  set.set_router_weight_use(source.router_weight_use);
+  return set;
 }
 
 }  // namespace moe_ep::core

@@ -52,6 +52,18 @@ struct ExpertSource {
   uint64_t seed = 0;            // kSeeded
   std::string checkpoint_path;  // kSafetensors: canonical path (server/path_policy.h)
   std::string name_pattern;     // kSafetensors: {layer}, {expert}, {proj} or {w}
+  // The weights' format (issue 35): bf16 (kSwiGlu experts), fp8 128 x 128
+  // block-scaled (kFp8SwiGlu: seeded = the seeded bf16 weights quantized;
+  // safetensors = F8_E4M3 `TensorName(e, proj)` with its F32
+  // `TensorName(e, proj) + "_scale_inv"`), or mxfp4 (kGptOssMxfp4: seeded,
+  // or gpt-oss's fused tensors under name_pattern = a prefix with {layer},
+  // default quant::kGptOssExpertPrefix). Ignored for identity.
+  quant::ExpertWeightFormat weight_format = quant::ExpertWeightFormat::kBf16;
+  // gpt-oss's activation (kMxfp4 only): swiglu_limit and alpha.
+  quant::GptOssActivation gpt_oss_activation;
+  // Llama-4: the router weight scales the expert's input (ExpertSet
+  // router_weight_use()).
+  RouterWeightUse router_weight_use = RouterWeightUse::kScalesOutput;
   // Empty: this rank's experts are the range above. Otherwise the distinct
   // logical experts of this rank's slots under a placement table (DESIGN
   // §15), ascending; then first_expert is expert_ids.front() and num_experts
@@ -73,10 +85,12 @@ struct ExpertSource {
   static ExpertSource Identity(int layer, int num_routed_experts, int first_expert, int num_experts,
                                int64_t hidden);
 
-  // kSwiGlu for seeded and safetensors sources, kIdentity for identity.
+  // kIdentity for identity; else by weight_format: kSwiGlu (bf16),
+  // kFp8SwiGlu (fp8), kGptOssMxfp4 (mxfp4).
   ExpertKind expert_kind() const;
-  // Bytes of the weights the source makes: L * 3 * I * H * 2 (0 for
-  // identity). Example: L 4, H 7168, I 2048 -> 352,321,536.
+  // Bytes of the weights the source makes, in their format: L *
+  // quant::ExpertWeightBytes (0 for identity). Example: L 4, H 7168, I 2048
+  // -> bf16 352,321,536; fp8 176,203,776.
   int64_t weight_bytes() const;
   // The checkpoint name of `expert`'s projection `proj` ({layer}, {expert},
   // {proj} -> gate_proj/up_proj/down_proj, {w} -> w1/w3/w2 expanded).
@@ -91,7 +105,8 @@ struct ExpertSource {
 // num_routed_experts >= 1; 0 <= first_expert and first_expert + num_experts
 // <= num_routed_experts; hidden >= 1; intermediate >= 1 for SwiGLU kinds;
 // for kSafetensors an absolute checkpoint_path and a name_pattern holding
-// {expert} and one of {proj} or {w}.
+// {expert} and one of {proj} or {w} (bf16, fp8) or no {expert} (mxfp4: a
+// prefix, may be empty); mxfp4 H and I multiples of 32; gpt-oss limit > 0.
 // Errors: kInvalidArgument naming the field, expected and got, prefixed with
 // "expert source (<Describe()>)".
 // Pure and thread-safe.
@@ -130,8 +145,10 @@ absl::Status CheckExpertRange(const ExpertSource& source, int rank, int ep_size)
 //
 // Opens the source's checkpoint and checks, from the headers alone (no
 // tensor data is read), that every tensor of this rank's experts exists
-// with shape [I, H] (gate, up) or [H, I] (down). REQUIRES: kind ==
-// kSafetensors and ValidateExpertSource(source) is OK.
+// with shape [I, H] (gate, up) or [H, I] (down) and a bf16/f16/f32 dtype.
+// REQUIRES: kind == kSafetensors, weight_format kBf16 and
+// ValidateExpertSource(source) is OK. (Quantized checkpoints are checked by
+// their readers, core/quantized_weights.h, tensor by tensor.)
 // Errors (each prefixed with "expert source (<Describe()>)"): kNotFound (path,
 // shard or tensor missing, named), kInvalidArgument (a shape differs, with
 // expected and got), kDataLoss (corrupt file), kPermissionDenied.
@@ -142,8 +159,13 @@ absl::StatusOr<SafetensorsCheckpoint> OpenExpertCheckpoint(const ExpertSource& s
 //
 // The experts the source describes, in host memory (the CPU data plane):
 // ExpertSet::GenerateSwiGlu, ExpertSet::LoadSafetensors or
-// ExpertSet::Identity with the source's fields. Validates first.
-// Errors: those of ValidateExpertSource and OpenExpertCheckpoint.
+// ExpertSet::Identity with the source's fields; for fp8 / mxfp4,
+// ExpertSet::GenerateFp8SwiGlu / GenerateGptOss or the checkpoint read with
+// quant::ReadFp8BlockMatrix / quant::ReadGptOssExperts, bytes as stored. The
+// set's router_weight_use is the source's. Validates first.
+// Errors: those of ValidateExpertSource and OpenExpertCheckpoint, and of the
+// quantized readers (a missing scale, a wrong dtype or shape, a scale grid
+// that does not tile its weight: each naming the tensor).
 absl::StatusOr<ExpertSet> MakeHostExperts(const ExpertSource& source);
 
 }  // namespace moe_ep::core

@@ -234,6 +234,119 @@ absl::StatusOr<ExpertSet> ExpertSet::FromWeights(int first_expert,
   return set;
 }
 
+const char* ExpertKindName(ExpertKind kind) {
+  switch (kind) {
+    case ExpertKind::kSwiGlu:
+      return "swiglu";
+    case ExpertKind::kIdentity:
+      return "identity";
+    case ExpertKind::kFp8SwiGlu:
+      return "fp8-swiglu";
+    case ExpertKind::kGptOssMxfp4:
+      return "gpt-oss-mxfp4";
+  }
+  return "?";
+}
+
+absl::StatusOr<ExpertSet> ExpertSet::FromFp8Weights(int first_expert,
+                                                    std::vector<quant::Fp8SwiGluWeights> weights,
+                                                    int64_t hidden, int64_t intermediate) {
+  RETURN_IF_ERROR(
+      CheckSwiGluDims(first_expert, static_cast<int>(weights.size()), hidden, intermediate));
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const std::string e = absl::StrCat("expert ", first_expert + static_cast<int64_t>(i));
+    RETURN_IF_ERROR(
+        quant::CheckFp8BlockMatrix(weights[i].gate, intermediate, hidden, e + " gate_proj"));
+    RETURN_IF_ERROR(
+        quant::CheckFp8BlockMatrix(weights[i].up, intermediate, hidden, e + " up_proj"));
+    RETURN_IF_ERROR(
+        quant::CheckFp8BlockMatrix(weights[i].down, hidden, intermediate, e + " down_proj"));
+  }
+  ExpertSet set;
+  set.kind_ = ExpertKind::kFp8SwiGlu;
+  set.first_expert_ = first_expert;
+  set.num_experts_ = static_cast<int>(weights.size());
+  set.hidden_ = hidden;
+  set.intermediate_ = intermediate;
+  set.fp8_weights_ = std::move(weights);
+  return set;
+}
+
+absl::StatusOr<ExpertSet> ExpertSet::FromGptOssWeights(
+    int first_expert, std::vector<quant::GptOssExpertWeights> weights, int64_t hidden,
+    int64_t intermediate, const quant::GptOssActivation& activation) {
+  RETURN_IF_ERROR(
+      CheckSwiGluDims(first_expert, static_cast<int>(weights.size()), hidden, intermediate));
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const std::string e = absl::StrCat("expert ", first_expert + static_cast<int64_t>(i));
+    const quant::GptOssExpertWeights& w = weights[i];
+    RETURN_IF_ERROR(
+        quant::CheckMxfp4Matrix(w.gate_up, 2 * intermediate, hidden, e + " gate_up_proj"));
+    RETURN_IF_ERROR(quant::CheckMxfp4Matrix(w.down, hidden, intermediate, e + " down_proj"));
+    if (static_cast<int64_t>(w.gate_up_bias.size()) != 2 * intermediate ||
+        static_cast<int64_t>(w.down_bias.size()) != hidden) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: biases: expected gate_up_proj_bias [%d] and down_proj_bias [%d], got [%d] and [%d]",
+          e, 2 * intermediate, hidden, w.gate_up_bias.size(), w.down_bias.size()));
+    }
+  }
+  ExpertSet set;
+  set.kind_ = ExpertKind::kGptOssMxfp4;
+  set.first_expert_ = first_expert;
+  set.num_experts_ = static_cast<int>(weights.size());
+  set.hidden_ = hidden;
+  set.intermediate_ = intermediate;
+  set.gpt_oss_weights_ = std::move(weights);
+  set.gpt_oss_activation_ = activation;
+  return set;
+}
+
+absl::StatusOr<ExpertSet> ExpertSet::GenerateFp8SwiGlu(uint64_t seed, int layer, int first_expert,
+                                                       int num_experts, int64_t hidden,
+                                                       int64_t intermediate,
+                                                       const StopCheck& stop) {
+  RETURN_IF_ERROR(CheckSwiGluDims(first_expert, num_experts, hidden, intermediate));
+  std::vector<quant::Fp8SwiGluWeights> weights;
+  weights.reserve(num_experts);
+  for (int i = 0; i < num_experts; ++i) {
+    if (ShouldStop(stop)) {
+      return LocalStop(absl::StrCat("fp8 weight generation (layer ", layer, "): after ", i, " of ",
+                                    num_experts, " experts"));
+    }
+    ASSIGN_OR_RETURN(quant::Fp8SwiGluWeights w,
+                     quant::GenerateFp8SwiGlu(seed, layer, first_expert + i, hidden, intermediate));
+    weights.push_back(std::move(w));
+  }
+  ASSIGN_OR_RETURN(ExpertSet set,
+                   FromFp8Weights(first_expert, std::move(weights), hidden, intermediate));
+  set.seed_origin_ = SeedOrigin{seed, layer};
+  return set;
+}
+
+absl::StatusOr<ExpertSet> ExpertSet::GenerateGptOss(uint64_t seed, int layer, int first_expert,
+                                                    int num_experts, int64_t hidden,
+                                                    int64_t intermediate,
+                                                    const quant::GptOssActivation& activation,
+                                                    const StopCheck& stop) {
+  RETURN_IF_ERROR(CheckSwiGluDims(first_expert, num_experts, hidden, intermediate));
+  std::vector<quant::GptOssExpertWeights> weights;
+  weights.reserve(num_experts);
+  for (int i = 0; i < num_experts; ++i) {
+    if (ShouldStop(stop)) {
+      return LocalStop(absl::StrCat("mxfp4 weight generation (layer ", layer, "): after ", i,
+                                    " of ", num_experts, " experts"));
+    }
+    ASSIGN_OR_RETURN(
+        quant::GptOssExpertWeights w,
+        quant::GenerateGptOssExpert(seed, layer, first_expert + i, hidden, intermediate));
+    weights.push_back(std::move(w));
+  }
+  ASSIGN_OR_RETURN(ExpertSet set, FromGptOssWeights(first_expert, std::move(weights), hidden,
+                                                    intermediate, activation));
+  set.seed_origin_ = SeedOrigin{seed, layer};
+  return set;
+}
+
 absl::StatusOr<ExpertSet> ExpertSet::LoadSafetensors(const std::string& path,
                                                      const std::string& name_pattern, int layer,
                                                      int first_expert, int num_experts,
@@ -270,11 +383,17 @@ absl::StatusOr<ExpertSet> ExpertSet::Union(std::vector<ExpertSet> parts) {
   for (int p = 0; p < static_cast<int>(parts.size()); ++p) {
     const ExpertSet& part = parts[p];
     if (part.kind_ != first.kind_ || part.hidden_ != first.hidden_ ||
-        (part.kind_ == ExpertKind::kSwiGlu && part.intermediate_ != first.intermediate_)) {
+        (part.kind_ != ExpertKind::kIdentity && part.intermediate_ != first.intermediate_)) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "Union: part %d has (kind %d, H %d, I %d), part 0 has (kind %d, H %d, I %d)", p,
-          static_cast<int>(part.kind_), part.hidden_, part.intermediate_,
-          static_cast<int>(first.kind_), first.hidden_, first.intermediate_));
+          "Union: part %d has (kind %s, H %d, I %d), part 0 has (kind %s, H %d, I %d)", p,
+          ExpertKindName(part.kind_), part.hidden_, part.intermediate_, ExpertKindName(first.kind_),
+          first.hidden_, first.intermediate_));
+    }
+    if (part.router_weight_use_ != first.router_weight_use_ ||
+        part.gpt_oss_activation_.alpha != first.gpt_oss_activation_.alpha ||
+        part.gpt_oss_activation_.limit != first.gpt_oss_activation_.limit) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "Union: part %d differs from part 0 in its router-weight use or gpt-oss activation", p));
     }
     const std::vector<int> ids = part.expert_ids();
     for (int i = 0; i < static_cast<int>(ids.size()); ++i) order.push_back({ids[i], {p, i}});
@@ -291,6 +410,8 @@ absl::StatusOr<ExpertSet> ExpertSet::Union(std::vector<ExpertSet> parts) {
   set.kind_ = first.kind_;
   set.hidden_ = first.hidden_;
   set.intermediate_ = first.intermediate_;
+  set.router_weight_use_ = first.router_weight_use_;
+  set.gpt_oss_activation_ = first.gpt_oss_activation_;
   set.num_experts_ = static_cast<int>(order.size());
   set.first_expert_ = order.empty() ? 0 : order.front().first;
   if (first.seed_origin_.has_value()) {
@@ -308,10 +429,20 @@ absl::StatusOr<ExpertSet> ExpertSet::Union(std::vector<ExpertSet> parts) {
     set.local_of_.assign(order.back().first + 1, -1);
     for (int i = 0; i < set.num_experts_; ++i) set.local_of_[order[i].first] = i;
   }
-  if (set.kind_ == ExpertKind::kSwiGlu) {
-    set.weights_.reserve(order.size());
-    for (const auto& [expert, where] : order) {
-      set.weights_.push_back(std::move(parts[where.first].weights_[where.second]));
+  for (const auto& [expert, where] : order) {
+    ExpertSet& part = parts[where.first];
+    switch (set.kind_) {
+      case ExpertKind::kSwiGlu:
+        set.weights_.push_back(std::move(part.weights_[where.second]));
+        break;
+      case ExpertKind::kFp8SwiGlu:
+        set.fp8_weights_.push_back(std::move(part.fp8_weights_[where.second]));
+        break;
+      case ExpertKind::kGptOssMxfp4:
+        set.gpt_oss_weights_.push_back(std::move(part.gpt_oss_weights_[where.second]));
+        break;
+      case ExpertKind::kIdentity:
+        break;
     }
   }
   return set;
@@ -331,9 +462,26 @@ std::vector<int> ExpertSet::expert_ids() const {
 }
 
 int64_t ExpertSet::weight_bytes() const {
-  if (kind_ == ExpertKind::kIdentity) return 0;
-  return static_cast<int64_t>(num_experts_) * 3 * hidden_ * intermediate_ *
-         static_cast<int64_t>(sizeof(bf16_t));
+  int64_t bytes = 0;
+  switch (kind_) {
+    case ExpertKind::kIdentity:
+      return 0;
+    case ExpertKind::kSwiGlu:
+      return static_cast<int64_t>(num_experts_) * 3 * hidden_ * intermediate_ *
+             static_cast<int64_t>(sizeof(bf16_t));
+    case ExpertKind::kFp8SwiGlu:
+      for (const quant::Fp8SwiGluWeights& w : fp8_weights_) {
+        bytes += w.gate.bytes() + w.up.bytes() + w.down.bytes();
+      }
+      return bytes;
+    case ExpertKind::kGptOssMxfp4:
+      for (const quant::GptOssExpertWeights& w : gpt_oss_weights_) {
+        bytes += w.gate_up.bytes() + w.down.bytes() +
+                 2 * static_cast<int64_t>(w.gate_up_bias.size() + w.down_bias.size());
+      }
+      return bytes;
+  }
+  return bytes;
 }
 
 absl::Status ExpertSet::Apply(int64_t expert_id, absl::Span<const float> x, int64_t rows,
@@ -364,6 +512,13 @@ absl::Status ExpertSet::ApplyWithScratch(int64_t expert_id, absl::Span<const flo
   if (kind_ == ExpertKind::kIdentity) {
     std::copy(x.begin(), x.begin() + n, out.begin());
     return absl::OkStatus();
+  }
+  if (kind_ == ExpertKind::kFp8SwiGlu) {
+    return quant::Fp8SwiGluForward(fp8_weights_[LocalIndex(expert_id)], x.first(n), rows, out);
+  }
+  if (kind_ == ExpertKind::kGptOssMxfp4) {
+    return quant::GptOssExpertForward(gpt_oss_weights_[LocalIndex(expert_id)], x.first(n), rows,
+                                      gpt_oss_activation_, out);
   }
   const SwiGluWeights& w = weights_[LocalIndex(expert_id)];
   const int64_t ih = intermediate_ * hidden_;
@@ -438,11 +593,14 @@ absl::Status ExpertSet::ComputeWeightedSum(absl::Span<const float> x, absl::Span
   for (int e = 0; e < num_experts_; ++e) max_rows = std::max(max_rows, start[e + 1] - start[e]);
   if (max_rows == 0) return absl::OkStatus();
 
-  // Scratch: widened weights of one expert, gathered rows, intermediate, result.
+  // Scratch: widened weights of one expert (bf16 SwiGLU), gathered rows,
+  // intermediate, result.
   const int64_t ih = intermediate_ * hidden_;
-  std::vector<float> w_gate_up(2 * ih), w_down(ih);
+  const bool bf16 = kind_ == ExpertKind::kSwiGlu;
+  const bool scale_input = router_weight_use_ == RouterWeightUse::kScalesInput;
+  std::vector<float> w_gate_up(bf16 ? 2 * ih : 0), w_down(bf16 ? ih : 0);
   std::vector<float> xs(max_rows * hidden_), ys(max_rows * hidden_);
-  std::vector<float> mid(max_rows * 2 * intermediate_);
+  std::vector<float> mid(bf16 ? max_rows * 2 * intermediate_ : 0);
   int64_t with_rows = 0;
   for (int e = 0; e < num_experts_; ++e) with_rows += start[e + 1] > start[e] ? 1 : 0;
   int64_t done = 0;
@@ -457,17 +615,32 @@ absl::Status ExpertSet::ComputeWeightedSum(absl::Span<const float> x, absl::Span
     const int64_t* ent = entries.data() + start[e];
     for (int64_t j = 0; j < m; ++j) {
       const int64_t r = ent[j] / top_k;
-      std::copy(x.begin() + r * hidden_, x.begin() + (r + 1) * hidden_, xs.begin() + j * hidden_);
+      if (scale_input) {
+        // Llama-4: e(w * x), the product in fp32.
+        const float wt = weights[ent[j]];
+        for (int64_t h = 0; h < hidden_; ++h) xs[j * hidden_ + h] = wt * x[r * hidden_ + h];
+      } else {
+        std::copy(x.begin() + r * hidden_, x.begin() + (r + 1) * hidden_, xs.begin() + j * hidden_);
+      }
     }
-    const SwiGluWeights& w = weights_[e];
-    Widen(w.gate, w_gate_up.data());
-    Widen(w.up, w_gate_up.data() + ih);
-    Widen(w.down, w_down.data());
-    SwiGluForward(xs.data(), m, hidden_, intermediate_, w_gate_up.data(), w_down.data(), mid.data(),
-                  ys.data());
+    if (bf16) {
+      const SwiGluWeights& w = weights_[e];
+      Widen(w.gate, w_gate_up.data());
+      Widen(w.up, w_gate_up.data() + ih);
+      Widen(w.down, w_down.data());
+      SwiGluForward(xs.data(), m, hidden_, intermediate_, w_gate_up.data(), w_down.data(),
+                    mid.data(), ys.data());
+    } else if (kind_ == ExpertKind::kFp8SwiGlu) {
+      RETURN_IF_ERROR(quant::Fp8SwiGluForward(
+          fp8_weights_[e], absl::MakeConstSpan(xs.data(), m * hidden_), m, absl::MakeSpan(ys)));
+    } else {
+      RETURN_IF_ERROR(quant::GptOssExpertForward(gpt_oss_weights_[e],
+                                                 absl::MakeConstSpan(xs.data(), m * hidden_), m,
+                                                 gpt_oss_activation_, absl::MakeSpan(ys)));
+    }
     for (int64_t j = 0; j < m; ++j) {
       const int64_t r = ent[j] / top_k;
-      const float wt = weights[ent[j]];
+      const float wt = scale_input ? 1.0f : weights[ent[j]];
       float* dst = out.data() + r * hidden_;
       const float* src = ys.data() + j * hidden_;
       for (int64_t h = 0; h < hidden_; ++h) dst[h] += wt * src[h];

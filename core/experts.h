@@ -18,12 +18,29 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "core/bf16.h"
+#include "core/model_config.h"
+#include "core/quantized_expert_compute.h"
+#include "core/quantized_weights.h"
 #include "core/safetensors.h"
 #include "core/stop_check.h"
 
 namespace moe_ep::core {
 
-enum class ExpertKind { kSwiGlu, kIdentity };
+// What an expert computes and from which weights (DESIGN §7; issue 35).
+enum class ExpertKind {
+  kSwiGlu,    // down(silu(gate(x)) * up(x)), bf16 weights, fp32 activations
+  kIdentity,  // x
+  // DeepSeek-V3's SwiGLU on fp8 e4m3 128 x 128 block-scaled weights with
+  // activations quantized per token per 128 channels
+  // (core/quantized_expert_compute.h).
+  kFp8SwiGlu,
+  // gpt-oss's clamped SwiGLU with biases on mxfp4 weights, bf16 activations
+  // (core/quantized_expert_compute.h).
+  kGptOssMxfp4,
+};
+
+// "swiglu", "identity", "fp8-swiglu", "gpt-oss-mxfp4".
+const char* ExpertKindName(ExpertKind kind);
 
 // Reads one 2-D tensor `name` of shape [rows, cols] from `ckpt` as bf16 bit
 // patterns (BF16 as is, F16 and F32 rounded to nearest even), row-major.
@@ -115,6 +132,32 @@ class ExpertSet {
                                                    int first_expert, int num_experts,
                                                    int64_t hidden, int64_t intermediate);
 
+  // Quantized experts (issue 35): fp8 block-scaled SwiGLU (gate, up [I, H],
+  // down [H, I] each Fp8BlockMatrix) and gpt-oss mxfp4 (gate_up [2I, H], down
+  // [H, I], biases), experts [first_expert, first_expert + weights.size()).
+  // Errors: kInvalidArgument as FromWeights, naming the expert and tensor
+  // whose shape or scale grid is wrong (quant::CheckFp8BlockMatrix,
+  // quant::CheckMxfp4Matrix); mxfp4 H or I not a multiple of 32.
+  static absl::StatusOr<ExpertSet> FromFp8Weights(int first_expert,
+                                                  std::vector<quant::Fp8SwiGluWeights> weights,
+                                                  int64_t hidden, int64_t intermediate);
+  static absl::StatusOr<ExpertSet> FromGptOssWeights(
+      int first_expert, std::vector<quant::GptOssExpertWeights> weights, int64_t hidden,
+      int64_t intermediate, const quant::GptOssActivation& activation = {});
+  // Seeded quantized experts: quant::GenerateFp8SwiGlu / GenerateGptOssExpert
+  // per expert (the seeded bf16 weights of GenerateSwiGlu, quantized), with
+  // `stop` polled before each expert (LocalStop as GenerateSwiGlu).
+  // Errors: those of the generators and of FromFp8Weights / FromGptOssWeights.
+  static absl::StatusOr<ExpertSet> GenerateFp8SwiGlu(uint64_t seed, int layer, int first_expert,
+                                                     int num_experts, int64_t hidden,
+                                                     int64_t intermediate,
+                                                     const StopCheck& stop = nullptr);
+  static absl::StatusOr<ExpertSet> GenerateGptOss(uint64_t seed, int layer, int first_expert,
+                                                  int num_experts, int64_t hidden,
+                                                  int64_t intermediate,
+                                                  const quant::GptOssActivation& activation = {},
+                                                  const StopCheck& stop = nullptr);
+
   // Union()
   //
   // One set holding the experts of all `parts` (each a range as the
@@ -122,8 +165,9 @@ class ExpertSet {
   // the ids form one range the result is that range's set, identical to
   // making it in one call. Replicas of one logical expert on one rank are one
   // expert of the set: its weights are held once (DESIGN §15).
-  // Errors (kInvalidArgument): `parts` empty; parts of different kind, H or
-  // I; an expert held by two parts (names it).
+  // Errors (kInvalidArgument): `parts` empty; parts of different kind, H,
+  // I, router-weight use or gpt-oss activation; an expert held by two parts
+  // (names it).
   static absl::StatusOr<ExpertSet> Union(std::vector<ExpertSet> parts);
 
   ExpertKind kind() const { return kind_; }
@@ -149,8 +193,28 @@ class ExpertSet {
                ? local_of_[expert_id]
                : -1;
   }
-  // Bytes of weight storage held (0 for identity).
+  // Bytes of weight storage held, in the weights' own format (bf16 2 a
+  // weight; fp8 1 a weight + 4 a 128 x 128 block; mxfp4 17/32 a weight + the
+  // bf16 biases); 0 for identity.
   int64_t weight_bytes() const;
+  // The quantized weights of local expert `local_index`. REQUIRES: kind()
+  // kFp8SwiGlu (resp. kGptOssMxfp4) and 0 <= local_index < num_experts().
+  const quant::Fp8SwiGluWeights& fp8_weights(int local_index) const {
+    return fp8_weights_[local_index];
+  }
+  const quant::GptOssExpertWeights& gpt_oss_weights(int local_index) const {
+    return gpt_oss_weights_[local_index];
+  }
+  // gpt-oss's activation parameters (kGptOssMxfp4; defaults otherwise).
+  const quant::GptOssActivation& gpt_oss_activation() const { return gpt_oss_activation_; }
+
+  // How ComputeWeightedSum applies a row's router weight w (DESIGN §7;
+  // issue 35 item 5): kScalesOutput (default) w * e(x); kScalesInput
+  // e(w * x), as Llama-4's routed experts compute (the sigmoid router score
+  // multiplies the expert's input, in fp32, before the expert). Identity
+  // experts give w * x either way. Apply never scales.
+  RouterWeightUse router_weight_use() const { return router_weight_use_; }
+  void set_router_weight_use(RouterWeightUse use) { router_weight_use_ = use; }
   // SwiGLU weights of local expert `expert_ids()[local_index]`, for copying
   // onto a device (kernels/device_experts.h). REQUIRES: kind() == kSwiGlu and
   // 0 <= local_index < num_experts().
@@ -160,8 +224,11 @@ class ExpertSet {
   const std::optional<SeedOrigin>& seed_origin() const { return seed_origin_; }
 
   // out[r, :] = expert(x[r, :]) for `rows` rows; x and out are [rows, H] fp32.
-  // Widens the expert's weights to fp32 on all cores (large experts), then
-  // runs two BLAS sgemm calls (BLAS's own threads). Thread-compatible.
+  // kSwiGlu widens the expert's weights to fp32 on all cores (large
+  // experts), then runs two BLAS sgemm calls (BLAS's own threads);
+  // kFp8SwiGlu and kGptOssMxfp4 run the quantized reference
+  // (quant::Fp8SwiGluForward, quant::GptOssExpertForward) on all cores.
+  // Thread-compatible.
   // Errors: kInvalidArgument when !Owns(expert_id) or spans are too short.
   absl::Status Apply(int64_t expert_id, absl::Span<const float> x, int64_t rows,
                      absl::Span<float> out) const;
@@ -178,6 +245,7 @@ class ExpertSet {
   // weights[r, k] * expert_{ids[r,k]}(x[r]). Rows are grouped by expert so each
   // expert runs one GEMM. ids [rows, K] int32, weights [rows, K] fp32,
   // out [rows, H] fp32 (overwritten). Rows with no local expert get zeros.
+  // Under RouterWeightUse::kScalesInput the term is expert(w * x[r]).
   // `stop` (core/stop_check.h; null = never) is polled before each expert
   // that has rows (SwiGLU sets): once it answers true the sum is abandoned
   // (`out` holds a partial sum) and LocalStop ("expert compute: after <e>
@@ -192,7 +260,11 @@ class ExpertSet {
   int num_experts_ = 0;
   int64_t hidden_ = 0;
   int64_t intermediate_ = 0;
-  std::vector<SwiGluWeights> weights_;  // num_experts_ entries for kSwiGlu
+  std::vector<SwiGluWeights> weights_;                       // num_experts_ entries for kSwiGlu
+  std::vector<quant::Fp8SwiGluWeights> fp8_weights_;         // for kFp8SwiGlu
+  std::vector<quant::GptOssExpertWeights> gpt_oss_weights_;  // for kGptOssMxfp4
+  quant::GptOssActivation gpt_oss_activation_;
+  RouterWeightUse router_weight_use_ = RouterWeightUse::kScalesOutput;
   // Empty for a range; else [max id + 1]: local index of each id, -1 when
   // not held (Union of a set that is not a range).
   std::vector<int> local_of_;

@@ -11,12 +11,17 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/quantized_weights.h"
 #include "core/status_macros.h"
 
 namespace moe_ep::core {
 
 int ModelDescription::NumSparseLayers() const {
   return static_cast<int>(std::count(sparse_layers.begin(), sparse_layers.end(), true));
+}
+
+int64_t ModelDescription::ExpertWeightBytes() const {
+  return quant::ExpertWeightBytes(quantization.expert_format, hidden_size, moe_intermediate_size);
 }
 
 std::vector<int> ModelDescription::SparseLayerIndices() const {
@@ -293,6 +298,105 @@ absl::Status ParseSharedExperts(const ConfigReader& r, Family family, const std:
   return absl::OkStatus();
 }
 
+// Whether a modules_to_not_convert entry names the routed experts (its last
+// dotted part, wildcards aside, is "experts" or an expert projection).
+bool NamesRoutedExperts(const std::string& pattern) {
+  std::string last =
+      pattern.substr(pattern.rfind('.') == std::string::npos ? 0 : pattern.rfind('.') + 1);
+  last.erase(std::remove(last.begin(), last.end(), '*'), last.end());
+  static const char* const kExpertParts[] = {"experts", "gate_proj", "up_proj", "down_proj",
+                                             "w1",      "w2",        "w3",      "gate_up_proj"};
+  return std::any_of(std::begin(kExpertParts), std::end(kExpertParts),
+                     [&](const char* part) { return last == part; });
+}
+
+// quantization_config (see the header).
+absl::Status ParseQuantization(const json& config, const std::string& model_type,
+                               ModelDescription* model) {
+  constexpr char kKey[] = "quantization_config";
+  if (!config.contains(kKey) || config.at(kKey).is_null()) return absl::OkStatus();
+  const json& q = config.at(kKey);
+  if (!q.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config key '", kKey, "' must be an object, got ", q.type_name()));
+  }
+  const auto key = [&](const std::string& k) { return absl::StrCat(kKey, ".", k); };
+  if (!q.contains("quant_method") || !q.at("quant_method").is_string()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config key '", key("quant_method"),
+                     "' is missing or not a string; supported: fp8, mxfp4"));
+  }
+  QuantizationConfig& out = model->quantization;
+  out.method = q.at("quant_method").get<std::string>();
+  const auto optional_string = [&](const std::string& k,
+                                   const std::string& fallback) -> absl::StatusOr<std::string> {
+    if (!q.contains(k) || q.at(k).is_null()) return fallback;
+    if (!q.at(k).is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model config key '", key(k), "' must be a string, got ", q.at(k).type_name()));
+    }
+    return q.at(k).get<std::string>();
+  };
+  if (q.contains("modules_to_not_convert") && !q.at("modules_to_not_convert").is_null()) {
+    const json& list = q.at("modules_to_not_convert");
+    if (!list.is_array()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model config key '", key("modules_to_not_convert"),
+                       "' must be a list of strings, got ", list.type_name()));
+    }
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (!list[i].is_string()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("model config key '", key("modules_to_not_convert"), "' entry ", i,
+                         " must be a string, got ", list[i].type_name()));
+      }
+      out.modules_to_not_convert.push_back(list[i].get<std::string>());
+    }
+  }
+  if (out.method == "fp8") {
+    ASSIGN_OR_RETURN(out.fmt, optional_string("fmt", "e4m3"));
+    if (out.fmt != "e4m3" && out.fmt != "float8_e4m3fn") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model config key '", key("fmt"), "' is '", out.fmt,
+                       "'; moe-ep computes fp8 experts in e4m3 only ('e4m3' or 'float8_e4m3fn')"));
+    }
+    ASSIGN_OR_RETURN(out.activation_scheme, optional_string("activation_scheme", "dynamic"));
+    if (out.activation_scheme != "dynamic") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model config key '", key("activation_scheme"), "' is '", out.activation_scheme,
+          "'; moe-ep quantizes activations dynamically (per token per 128 channels) only"));
+    }
+    out.weight_block_size = {quant::kFp8Block, quant::kFp8Block};
+    if (q.contains("weight_block_size") && !q.at("weight_block_size").is_null()) {
+      const json& b = q.at("weight_block_size");
+      if (b != json::array({quant::kFp8Block, quant::kFp8Block})) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("model config key '", key("weight_block_size"), "' is ", b.dump(),
+                         "; moe-ep computes fp8 experts with [128, 128] scale blocks only"));
+      }
+    }
+    out.expert_format = quant::ExpertWeightFormat::kFp8Block128;
+  } else if (out.method == "mxfp4") {
+    if (model_type != "gpt_oss") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model config key '", key("quant_method"), "' is 'mxfp4' on model_type '", model_type,
+          "'; moe-ep reads mxfp4 experts in gpt-oss's layout only (model_type gpt_oss)"));
+    }
+    out.weight_block_size = {1, quant::kMxfp4Block};
+    out.expert_format = quant::ExpertWeightFormat::kMxfp4;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model config key '", key("quant_method"), "' is '", out.method,
+        "', not a quantization moe-ep computes (supported: fp8 with 128 x 128 e4m3 blocks, "
+        "mxfp4; or no quantization_config for bf16)"));
+  }
+  if (std::any_of(out.modules_to_not_convert.begin(), out.modules_to_not_convert.end(),
+                  NamesRoutedExperts)) {
+    out.expert_format = quant::ExpertWeightFormat::kBf16;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ModelDescription> ParseChecked(const json& config, std::string name) {
   if (!config.is_object()) {
     return absl::InvalidArgumentError(
@@ -418,6 +522,11 @@ absl::StatusOr<ModelDescription> ParseChecked(const json& config, std::string na
         "'"));
   }
   RETURN_IF_ERROR(ParseSharedExperts(r, info.family, model_type, &model));
+  RETURN_IF_ERROR(ParseQuantization(config, model_type, &model));
+  if (model_type == "gpt_oss") {
+    ASSIGN_OR_RETURN(model.swiglu_limit,
+                     r.DoubleOr("swiglu_limit", static_cast<double>(quant::kGptOssSwiGluLimit)));
+  }
   return model;
 }
 

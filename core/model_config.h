@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/quantized_formats.h"
 #include "nlohmann/json.hpp"
 
 namespace moe_ep::core {
@@ -36,6 +37,26 @@ enum class RouterWeightUse {
 // "output" or "input".
 const char* RouterWeightUseName(RouterWeightUse use);
 
+// The checkpoint's `quantization_config` (DESIGN §7 "Weight formats are the
+// checkpoint's"; issue 35 item 1). Absent: bf16 weights, method "".
+struct QuantizationConfig {
+  std::string method;  // quant_method as published: "" (none), "fp8", "mxfp4"
+  std::string fmt;     // fp8's value format as published: "e4m3", "float8_e4m3fn"; else ""
+  // Weight block [rows, cols] of one scale: fp8 [128, 128] (weight_block_size);
+  // mxfp4 [1, 32] (fixed by the format: one E8M0 scale per 32 along K);
+  // empty for bf16.
+  std::vector<int64_t> weight_block_size;
+  std::string activation_scheme;  // "dynamic" (fp8), "" when not given
+  // Module patterns left in bf16, as published (e.g. "lm_head",
+  // "model.layers.*.mlp.router").
+  std::vector<std::string> modules_to_not_convert;
+  // The routed experts' weight format: kFp8Block128 / kMxfp4 unless an entry
+  // of modules_to_not_convert names the experts (then kBf16).
+  quant::ExpertWeightFormat expert_format = quant::ExpertWeightFormat::kBf16;
+
+  bool present() const { return !method.empty(); }
+};
+
 struct ModelDescription {
   std::string name;                   // file stem or preset name, e.g. "DeepSeek-V3"
   std::string model_type;             // the config's family, e.g. "deepseek_v3", "llama4"
@@ -56,8 +77,16 @@ struct ModelDescription {
   // y = sum_k (s * w_k) e_k(x) + shared(x)); 1 for every other family.
   double routed_scaling_factor = 1.0;
   RouterWeightUse router_weight_use = RouterWeightUse::kScalesOutput;
+  QuantizationConfig quantization;  // none for bf16 checkpoints
+  // gpt-oss's clamp of its SwiGLU (`swiglu_limit`, 7.0 in the published
+  // configs); 0 for every other family.
+  double swiglu_limit = 0.0;
 
   int NumSparseLayers() const;
+  // Bytes of one routed expert's weights in the checkpoint's format
+  // (quant::ExpertWeightBytes): DeepSeek-V3 fp8 44,050,944; bf16 models
+  // 3 * I * H * 2.
+  int64_t ExpertWeightBytes() const;
   // Indices of the sparse layers, ascending.
   std::vector<int> SparseLayerIndices() const;
 };
@@ -98,6 +127,15 @@ struct ModelDescription {
 // moe_intermediate_size where present, else intermediate_size. rms_norm_eps
 // defaults to the family's Hugging Face default (1e-6 DeepSeek/Qwen/MiniMax,
 // 1e-5 Mixtral/gpt-oss/Llama-4) when absent.
+// Quantization (top level, also for llama4): `quantization_config` absent or
+// null = bf16; else an object whose quant_method is
+//   "fp8": fmt "e4m3" or "float8_e4m3fn" (default "e4m3"), weight_block_size
+//       [128, 128] (default), activation_scheme "dynamic" (default);
+//   "mxfp4": no block key (32 along K by the format); gpt_oss only.
+// modules_to_not_convert (default []) is a list of strings; an entry whose
+// last dotted part is "experts" or an expert projection (gate_proj, up_proj,
+// down_proj, w1, w2, w3, gate_up_proj) keeps the routed experts in bf16.
+// swiglu_limit (gpt_oss; default 7.0, > 0) is read for gpt_oss only.
 //
 // Errors (kInvalidArgument, the message names the key):
 //   the config is not an object; model_type missing or not a supported
@@ -108,7 +146,12 @@ struct ModelDescription {
 //   a sparse-rule key out of range (mlp_only_layers / moe_layers entry outside
 //   [0, num_layers), first_k_dense_replace outside [0, num_layers],
 //   moe_layer_freq / decoder_sparse_step / interleave_moe_layer_step < 1);
-//   no sparse layer at all; a dense layer but no dense MLP size.
+//   no sparse layer at all; a dense layer but no dense MLP size;
+//   quantization_config not an object, quant_method missing or unknown
+//   (naming 'quantization_config.quant_method' and the supported methods),
+//   an fp8 fmt, weight_block_size or activation_scheme moe-ep does not
+//   compute (named), modules_to_not_convert not a list of strings, mxfp4 on
+//   a family other than gpt_oss.
 //
 // Pure and thread-safe. Source: DESIGN §9; ../shared/data/models/README.md.
 // Example: DeepSeek-V3 -> H 7168, 61 layers (0..2 dense), 256 experts, top-8,

@@ -96,16 +96,25 @@ absl::Status DenseMoeReference(const std::vector<const ExpertSet*>& experts, int
     const std::vector<int64_t>& rows = rows_of[e];
     if (rows.empty()) continue;
     const int64_t m = static_cast<int64_t>(rows.size());
+    const ExpertSet& set = *experts[owner[e]];
+    // Llama-4 (issue 35 item 5): the router weight scales the input, e(w x),
+    // except for identity experts where both orders give w x.
+    const bool scale_input = set.router_weight_use() == RouterWeightUse::kScalesInput &&
+                             set.kind() != ExpertKind::kIdentity;
     xs.resize(m * h);
     ys.resize(m * h);
     for (int64_t j = 0; j < m; ++j) {
       const int64_t t = rows[j] / top_k;
-      for (int64_t c = 0; c < h; ++c) xs[j * h + c] = Bf16ToFloat(hidden[t * h + c]);
+      const float w = scale_input ? topk_weights[rows[j]] : 1.0f;
+      for (int64_t c = 0; c < h; ++c) {
+        const float v = Bf16ToFloat(hidden[t * h + c]);
+        xs[j * h + c] = scale_input ? w * v : v;
+      }
     }
-    RETURN_IF_ERROR(experts[owner[e]]->Apply(e, xs, m, absl::MakeSpan(ys)));
+    RETURN_IF_ERROR(set.Apply(e, xs, m, absl::MakeSpan(ys)));
     for (int64_t j = 0; j < m; ++j) {
       const int64_t t = rows[j] / top_k;
-      const float w = topk_weights[rows[j]];
+      const float w = scale_input ? 1.0f : topk_weights[rows[j]];
       for (int64_t c = 0; c < h; ++c) out[t * h + c] += w * ys[j * h + c];
     }
   }

@@ -32,10 +32,11 @@ namespace moe_ep::core {
 // out[t, :] = sum over k with 0 <= topk_ids[t, k] < num_experts of
 // topk_weights[t, k] * expert_{topk_ids[t,k]}(hidden[t, :]), accumulated in
 // fp32 and returned in fp32 so that callers can compare bf16 results against
-// it. hidden [T, H] bf16, topk_ids [T, K] int32, topk_weights [T, K] fp32,
-// out [T, H] fp32 (overwritten). `experts` together hold the layer's experts
-// (any split into ExpertSets, e.g. one per rank, or one holding all); ids
-// outside [0, num_experts) contribute nothing.
+// it. A set whose router_weight_use() is kScalesInput (Llama-4) contributes
+// expert_k(topk_weights[t, k] * hidden[t, :]) instead (the product in fp32). hidden [T, H] bf16,
+// topk_ids [T, K] int32, topk_weights [T, K] fp32, out [T, H] fp32 (overwritten). `experts`
+// together hold the layer's experts (any split into ExpertSets, e.g. one per rank, or one holding
+// all); ids outside [0, num_experts) contribute nothing.
 //
 // Errors: kInvalidArgument when `experts` is empty or holds a null, sets
 // disagree on H, a set reaches outside [0, num_experts) or two sets overlap,

@@ -20,6 +20,13 @@ namespace {
 // each output keeps its sequential order in k.
 constexpr int64_t kTileRows = 128;
 
+// Tiles a thread takes at least: about 4 M multiply-adds (a millisecond), so
+// small GEMMs stay on the calling thread.
+int64_t MinTilesPerThread(int64_t rows, int64_t k) {
+  const int64_t per_tile = kTileRows * k * (rows + 1);
+  return std::max<int64_t>(1, (int64_t{1} << 22) / std::max<int64_t>(per_tile, 1));
+}
+
 const std::array<float, 256>& E4m3Table() {
   static const std::array<float, 256> table = [] {
     std::array<float, 256> t{};
@@ -69,7 +76,7 @@ absl::Status Fp8BlockGemm(const Fp8Activations& a, const Fp8BlockMatrix& w, absl
   std::fill(out.begin(), out.begin() + M * N, 0.0f);
   if (M == 0 || N == 0) return absl::OkStatus();
   const std::array<float, 256>& lut = E4m3Table();
-  ParallelFor(Fp8ScaleBlocks(N), 1, [&](int64_t nb_begin, int64_t nb_end) {
+  ParallelFor(Fp8ScaleBlocks(N), MinTilesPerThread(M, K), [&](int64_t nb_begin, int64_t nb_end) {
     std::vector<float> tile(kFp8Block * kTileRows);  // [k, n]
     std::vector<float> p(kTileRows);
     for (int64_t nb = nb_begin; nb < nb_end; ++nb) {
@@ -113,7 +120,7 @@ absl::Status Mxfp4Gemm(absl::Span<const float> a, int64_t rows, const Mxfp4Matri
   std::array<float, 16> e2m1{};
   for (int c = 0; c < 16; ++c) e2m1[c] = E2m1ToFloat(static_cast<uint8_t>(c));
   const int64_t num_tiles = (N + kTileRows - 1) / kTileRows;
-  ParallelFor(num_tiles, 1, [&](int64_t t_begin, int64_t t_end) {
+  ParallelFor(num_tiles, MinTilesPerThread(M, K), [&](int64_t t_begin, int64_t t_end) {
     std::vector<float> tile(kMxfp4Block * kTileRows);  // [k, n]
     std::vector<float> acc(M * kTileRows);
     for (int64_t t = t_begin; t < t_end; ++t) {

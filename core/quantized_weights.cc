@@ -32,6 +32,7 @@ absl::StatusOr<SafetensorsTensorView> FindTensor(SafetensorsCheckpoint& ckpt,
   ASSIGN_OR_RETURN(SafetensorsTensorView view, ckpt.Find(name));
   if (std::find(dtypes.begin(), dtypes.end(), view.dtype) == dtypes.end()) {
     std::vector<std::string> names;
+    names.reserve(dtypes.size());
     for (SafetensorsDType d : dtypes) names.push_back(SafetensorsDTypeName(d));
     return absl::InvalidArgumentError(
         absl::StrCat("tensor \"", name, "\" (", what, "): dtype: expected ",

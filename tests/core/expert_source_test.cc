@@ -220,5 +220,35 @@ TEST(MakeHostExperts, SeededAndCheckpointAndIdentity) {
   EXPECT_EQ(invalid.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ExpertSource, QuantizedFormatsAndInputScaling) {
+  // issue 35: the kind follows the weight format; bytes are the format's.
+  ExpertSource fp8 = ExpertSource::Seeded(1, 3, 256, 8, 4, 7168, 2048);
+  fp8.weight_format = quant::ExpertWeightFormat::kFp8Block128;
+  EXPECT_EQ(fp8.expert_kind(), ExpertKind::kFp8SwiGlu);
+  EXPECT_EQ(fp8.weight_bytes(), 176203776);  // 4 * (44,040,192 + 10,752)
+  ExpertSource small = ExpertSource::Seeded(1, 3, 16, 2, 2, 256, 128);
+  small.weight_format = quant::ExpertWeightFormat::kFp8Block128;
+  small.router_weight_use = RouterWeightUse::kScalesInput;
+  absl::StatusOr<ExpertSet> made = MakeHostExperts(small);
+  ASSERT_TRUE(made.ok()) << made.status();
+  EXPECT_EQ(made->kind(), ExpertKind::kFp8SwiGlu);
+  EXPECT_EQ(made->router_weight_use(), RouterWeightUse::kScalesInput);
+  const ExpertSet direct = *ExpertSet::GenerateFp8SwiGlu(1, 3, 2, 2, 256, 128);
+  EXPECT_EQ(made->fp8_weights(1).gate.codes, direct.fp8_weights(1).gate.codes);
+  EXPECT_EQ(made->weight_bytes(), small.weight_bytes());
+
+  ExpertSource oss = ExpertSource::Safetensors("/ckpt/gpt-oss", kPattern, 0, 32, 0, 4, 2880, 2880);
+  oss.weight_format = quant::ExpertWeightFormat::kMxfp4;
+  EXPECT_EQ(oss.expert_kind(), ExpertKind::kGptOssMxfp4);
+  // gpt-oss's experts share one tensor a layer: the pattern is a prefix.
+  absl::Status s = ValidateExpertSource(oss);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("a prefix with {layer}"));
+  oss.name_pattern = "";
+  EXPECT_TRUE(ValidateExpertSource(oss).ok());
+  oss.hidden = 2880 + 16;
+  EXPECT_THAT(ValidateExpertSource(oss).message(), HasSubstr("multiples of 32"));
+}
+
 }  // namespace
 }  // namespace moe_ep::core

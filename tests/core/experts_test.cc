@@ -598,5 +598,139 @@ TEST(ExpertSetUnion, RejectsOverlapMixedKindsAndNothing) {
   EXPECT_EQ(mixed.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// --- quantized kinds and Llama-4's input scaling (issue 35) --------------
+
+// out[r] = sum over local k, ascending expert, of term(e, r, w) where term is
+// w * Apply(e, x_r) (output scaling) or Apply(e, w * x_r) (input scaling).
+std::vector<float> WeightedSumOfApply(const ExpertSet& set, const std::vector<float>& x,
+                                      const std::vector<int32_t>& ids,
+                                      const std::vector<float>& weights, int64_t rows, int top_k,
+                                      bool scale_input) {
+  const int64_t h = set.hidden();
+  std::vector<float> out(rows * h, 0.0f), xr(h), yr(h);
+  for (int e : set.expert_ids()) {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int k = 0; k < top_k; ++k) {
+        if (ids[r * top_k + k] != e) continue;
+        const float w = weights[r * top_k + k];
+        for (int64_t c = 0; c < h; ++c) xr[c] = scale_input ? w * x[r * h + c] : x[r * h + c];
+        EXPECT_TRUE(set.Apply(e, xr, 1, absl::MakeSpan(yr)).ok());
+        for (int64_t c = 0; c < h; ++c) out[r * h + c] += (scale_input ? 1.0f : w) * yr[c];
+      }
+    }
+  }
+  return out;
+}
+
+struct Routed {
+  std::vector<float> x;
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+
+// 5 rows, top-2, over experts 0..7 (some foreign to a set holding 4..6).
+Routed SomeRows(int64_t h) {
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  Routed r;
+  for (int64_t i = 0; i < 5 * h; ++i) r.x.push_back(Bf16ToFloat(FloatToBf16(u(rng))));
+  r.ids = {4, 6, 5, 1, 0, 7, 6, 4, 5, -1};
+  r.weights = {0.7f, 0.3f, 0.6f, 0.4f, 0.5f, 0.5f, 0.9f, 0.1f, 1.0f, 0.0f};
+  return r;
+}
+
+TEST(ExpertSet, Fp8ComputeWeightedSumIsTheSumOfApply) {
+  absl::StatusOr<ExpertSet> set = ExpertSet::GenerateFp8SwiGlu(3, 2, 4, 3, 256, 128);
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->kind(), ExpertKind::kFp8SwiGlu);
+  EXPECT_EQ(set->weight_bytes(),
+            3 * quant::ExpertWeightBytes(quant::ExpertWeightFormat::kFp8Block128, 256, 128));
+  ASSERT_TRUE(set->seed_origin().has_value());
+  // The seeded fp8 weights are the seeded bf16 weights, quantized.
+  const ExpertSet bf16 = *ExpertSet::GenerateSwiGlu(3, 2, 5, 1, 256, 128);
+  EXPECT_EQ(set->fp8_weights(1).up.codes,
+            quant::QuantizeFp8Block(bf16.swiglu_weights(0).up, 128, 256).codes);
+  const Routed r = SomeRows(256);
+  std::vector<float> out(5 * 256);
+  ASSERT_TRUE(set->ComputeWeightedSum(r.x, r.ids, r.weights, 5, 2, absl::MakeSpan(out)).ok());
+  EXPECT_EQ(out, WeightedSumOfApply(*set, r.x, r.ids, r.weights, 5, 2, false));
+  // Row 2 (experts 0, 7) has no local expert.
+  EXPECT_TRUE(
+      std::all_of(out.begin() + 2 * 256, out.begin() + 3 * 256, [](float v) { return v == 0.0f; }));
+}
+
+TEST(ExpertSet, GptOssComputeWeightedSumIsTheSumOfApply) {
+  quant::GptOssActivation act;
+  act.limit = 3.0f;
+  absl::StatusOr<ExpertSet> set = ExpertSet::GenerateGptOss(3, 2, 4, 3, 64, 96, act);
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->kind(), ExpertKind::kGptOssMxfp4);
+  EXPECT_EQ(set->gpt_oss_activation().limit, 3.0f);
+  EXPECT_EQ(set->weight_bytes(),
+            3 * quant::ExpertWeightBytes(quant::ExpertWeightFormat::kMxfp4, 64, 96));
+  const Routed r = SomeRows(64);
+  std::vector<float> out(5 * 64);
+  ASSERT_TRUE(set->ComputeWeightedSum(r.x, r.ids, r.weights, 5, 2, absl::MakeSpan(out)).ok());
+  EXPECT_EQ(out, WeightedSumOfApply(*set, r.x, r.ids, r.weights, 5, 2, false));
+  // Apply is the reference's expert function with the set's activation.
+  std::vector<float> y(64), want(64);
+  ASSERT_TRUE(set->Apply(5, absl::MakeConstSpan(r.x.data(), 64), 1, absl::MakeSpan(y)).ok());
+  ASSERT_TRUE(quant::GptOssExpertForward(set->gpt_oss_weights(1),
+                                         absl::MakeConstSpan(r.x.data(), 64), 1, act,
+                                         absl::MakeSpan(want))
+                  .ok());
+  EXPECT_EQ(y, want);
+}
+
+TEST(ExpertSet, InputScalingComputesExpertOfScaledInput) {
+  // Llama-4: e(w * x). For SwiGLU e(w x) != w e(x), so the two uses differ.
+  ExpertSet set = *ExpertSet::GenerateSwiGlu(8, 1, 4, 3, 64, 32);
+  set.set_router_weight_use(RouterWeightUse::kScalesInput);
+  const Routed r = SomeRows(64);
+  std::vector<float> out(5 * 64);
+  ASSERT_TRUE(set.ComputeWeightedSum(r.x, r.ids, r.weights, 5, 2, absl::MakeSpan(out)).ok());
+  const std::vector<float> input = WeightedSumOfApply(set, r.x, r.ids, r.weights, 5, 2, true);
+  const std::vector<float> output = WeightedSumOfApply(set, r.x, r.ids, r.weights, 5, 2, false);
+  for (size_t i = 0; i < out.size(); ++i) {
+    // Same arithmetic up to the grouping of rows in one sgemm.
+    EXPECT_NEAR(out[i], input[i], 1e-5f * (std::abs(input[i]) + 1e-3f)) << i;
+  }
+  double differ = 0.0;
+  for (size_t i = 0; i < out.size(); ++i)
+    differ = std::max<double>(differ, std::abs(out[i] - output[i]));
+  EXPECT_GT(differ, 1e-3);
+  // Identity experts: w x either way.
+  ExpertSet id = ExpertSet::Identity(4, 3, 64);
+  id.set_router_weight_use(RouterWeightUse::kScalesInput);
+  std::vector<float> id_out(5 * 64);
+  ASSERT_TRUE(id.ComputeWeightedSum(r.x, r.ids, r.weights, 5, 2, absl::MakeSpan(id_out)).ok());
+  EXPECT_FLOAT_EQ(id_out[0], (0.7f + 0.3f) * r.x[0]);
+}
+
+TEST(ExpertSetUnion, QuantizedPartsKeepTheirBitsAndKind) {
+  ExpertSet a = *ExpertSet::GenerateFp8SwiGlu(3, 2, 0, 1, 128, 128);
+  ExpertSet b = *ExpertSet::GenerateFp8SwiGlu(3, 2, 5, 2, 128, 128);
+  const std::vector<uint8_t> codes = b.fp8_weights(1).down.codes;
+  absl::StatusOr<ExpertSet> u = ExpertSet::Union({std::move(b), std::move(a)});
+  ASSERT_TRUE(u.ok()) << u.status();
+  EXPECT_EQ(u->kind(), ExpertKind::kFp8SwiGlu);
+  EXPECT_EQ(u->expert_ids(), (std::vector<int>{0, 5, 6}));
+  EXPECT_EQ(u->fp8_weights(2).down.codes, codes);
+  auto mixed = ExpertSet::Union({*ExpertSet::GenerateFp8SwiGlu(3, 2, 0, 1, 128, 128),
+                                 *ExpertSet::GenerateSwiGlu(3, 2, 1, 1, 128, 128)});
+  EXPECT_EQ(mixed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(mixed.status().message(), HasSubstr("fp8-swiglu"));
+}
+
+TEST(ExpertSet, QuantizedFactoriesNameTheBadTensor) {
+  std::vector<quant::Fp8SwiGluWeights> w = {*quant::GenerateFp8SwiGlu(1, 0, 0, 128, 64)};
+  w[0].down.scale_inv.pop_back();
+  const absl::Status s = ExpertSet::FromFp8Weights(7, std::move(w), 128, 64).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("expert 7 down_proj: scale_inv"));
+  EXPECT_EQ(ExpertSet::GenerateGptOss(1, 0, 0, 1, 64, 48).status().code(),
+            absl::StatusCode::kInvalidArgument);  // I not a multiple of 32
+}
+
 }  // namespace
 }  // namespace moe_ep::core

@@ -4,8 +4,10 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "core/quantized_formats.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -448,6 +450,123 @@ TEST(BuiltinModel, UnknownIsNotFound) {
   EXPECT_EQ(m.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(m.status().message(), HasSubstr("gpt-5"));
   EXPECT_THAT(m.status().message(), HasSubstr("qwen3-30b-a3b"));
+}
+
+// --- quantization_config (issue 35 item 1) ---------------------------------
+
+TEST(LoadModelConfig, QuantizationOfEveryFamily) {
+  if (!std::filesystem::is_directory(ModelsDir())) {
+    GTEST_SKIP() << "model configs not found at " << ModelsDir();
+  }
+  using quant::ExpertWeightFormat;
+  struct Expected {
+    const char* file;
+    const char* method;
+    const char* fmt;
+    std::vector<int64_t> block;
+    std::vector<std::string> not_converted;
+    ExpertWeightFormat format;
+  };
+  const std::vector<std::string> gpt_oss_kept = {
+      "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"};
+  const std::vector<Expected> cases = {
+      {"DeepSeek-V3.json", "fp8", "e4m3", {128, 128}, {}, ExpertWeightFormat::kFp8Block128},
+      {"DeepSeek-R1.json", "fp8", "e4m3", {128, 128}, {}, ExpertWeightFormat::kFp8Block128},
+      {"Kimi-K2-Instruct.json", "fp8", "e4m3", {128, 128}, {}, ExpertWeightFormat::kFp8Block128},
+      {"MiniMax-M2.5.json",
+       "fp8",
+       "float8_e4m3fn",
+       {128, 128},
+       {"gate", "e_score_correction_bias", "lm_head"},
+       ExpertWeightFormat::kFp8Block128},
+      {"gpt-oss-20b.json", "mxfp4", "", {1, 32}, gpt_oss_kept, ExpertWeightFormat::kMxfp4},
+      {"gpt-oss-120b.json", "mxfp4", "", {1, 32}, gpt_oss_kept, ExpertWeightFormat::kMxfp4},
+      {"DeepSeek-V2-Lite.json", "", "", {}, {}, ExpertWeightFormat::kBf16},
+      {"Qwen3-30B-A3B.json", "", "", {}, {}, ExpertWeightFormat::kBf16},
+      {"Qwen3-235B-A22B.json", "", "", {}, {}, ExpertWeightFormat::kBf16},
+      {"Qwen1.5-MoE-A2.7B.partial.json", "", "", {}, {}, ExpertWeightFormat::kBf16},
+      {"Mixtral-8x7B-v0.1.json", "", "", {}, {}, ExpertWeightFormat::kBf16},
+      {"Mixtral-8x22B-v0.1.json", "", "", {}, {}, ExpertWeightFormat::kBf16},
+      {"Llama-4-Scout-17B-16E-Instruct.json", "", "", {}, {}, ExpertWeightFormat::kBf16},
+  };
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(ModelsDir())) {
+    files += entry.path().extension() == ".json" ? 1 : 0;
+  }
+  EXPECT_EQ(files, static_cast<int>(cases.size())) << "a config without an expectation here";
+  for (const Expected& e : cases) {
+    absl::StatusOr<ModelDescription> m = LoadModelConfig(ModelsDir() + "/" + e.file);
+    ASSERT_TRUE(m.ok()) << m.status();
+    const QuantizationConfig& q = m->quantization;
+    EXPECT_EQ(q.method, e.method) << e.file;
+    EXPECT_EQ(q.present(), std::string(e.method) != "") << e.file;
+    EXPECT_EQ(q.fmt, e.fmt) << e.file;
+    EXPECT_EQ(q.weight_block_size, e.block) << e.file;
+    EXPECT_EQ(q.modules_to_not_convert, e.not_converted) << e.file;
+    EXPECT_EQ(q.expert_format, e.format) << e.file;
+    EXPECT_EQ(q.activation_scheme, std::string(e.method) == "fp8" ? "dynamic" : "") << e.file;
+  }
+}
+
+TEST(LoadModelConfig, ExpertBytesInTheCheckpointFormat) {
+  LOAD_OR_SKIP(v3, "DeepSeek-V3.json");
+  // 3 * 2048 * 7168 = 44,040,192 fp8 weights + 3 * 16 * 56 * 4 scale bytes.
+  EXPECT_EQ(v3.ExpertWeightBytes(), 44040192 + 10752);
+  // The issue's check values: 58 MoE layers x 256 experts x 44.0 M weights
+  // are 1.31 TB in bf16 and 0.65 TB in fp8 (+ 0.16 GB of scales, 0.024%).
+  const double layers = v3.NumSparseLayers(), experts = v3.num_experts;
+  EXPECT_NEAR(layers * experts * 44040192 * 2 / 1e12, 1.31, 0.005);
+  EXPECT_NEAR(layers * experts * v3.ExpertWeightBytes() / 1e12, 0.654, 0.001);
+  EXPECT_NEAR(layers * experts * 10752 / 1e9, 0.160, 0.001);
+  LOAD_OR_SKIP(oss, "gpt-oss-120b.json");
+  // gate_up [5760, 2880] + down [2880, 2880] at 17/32 byte + bf16 biases.
+  EXPECT_EQ(oss.ExpertWeightBytes(), (5760 + 2880) * 2880 * 17 / 32 + (5760 + 2880) * 2);
+  EXPECT_DOUBLE_EQ(oss.swiglu_limit, 7.0);
+  LOAD_OR_SKIP(qwen, "Qwen3-30B-A3B.json");
+  EXPECT_EQ(qwen.ExpertWeightBytes(), 3 * 768 * 2048 * 2);
+  EXPECT_DOUBLE_EQ(qwen.swiglu_limit, 0.0);
+}
+
+TEST(ParseModelConfig, QuantizationDefaultsAndExpertExclusion) {
+  nlohmann::json c = Base();
+  c["quantization_config"] = {{"quant_method", "fp8"}};
+  absl::StatusOr<ModelDescription> m = ParseModelConfig(c, "t");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->quantization.fmt, "e4m3");
+  EXPECT_EQ(m->quantization.weight_block_size, (std::vector<int64_t>{128, 128}));
+  EXPECT_EQ(m->quantization.expert_format, quant::ExpertWeightFormat::kFp8Block128);
+  // Experts left unconverted: bf16 experts in an fp8 checkpoint.
+  c["quantization_config"]["modules_to_not_convert"] = {"lm_head", "model.layers.*.mlp.experts"};
+  m = ParseModelConfig(c, "t");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->quantization.method, "fp8");
+  EXPECT_EQ(m->quantization.expert_format, quant::ExpertWeightFormat::kBf16);
+  // null is no quantization.
+  c["quantization_config"] = nullptr;
+  m = ParseModelConfig(c, "t");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_FALSE(m->quantization.present());
+}
+
+TEST(ParseModelConfig, RejectsQuantizationItCannotCompute) {
+  const auto with = [](nlohmann::json q) {
+    nlohmann::json c = Base();
+    c["quantization_config"] = std::move(q);
+    return c;
+  };
+  ExpectInvalid(with({{"quant_method", "awq"}}), "'quantization_config.quant_method' is 'awq'");
+  ExpectInvalid(with({{"bits", 4}}), "'quantization_config.quant_method' is missing");
+  ExpectInvalid(with("fp8"), "'quantization_config' must be an object");
+  ExpectInvalid(with({{"quant_method", "fp8"}, {"fmt", "e5m2"}}), "'quantization_config.fmt'");
+  ExpectInvalid(with({{"quant_method", "fp8"}, {"weight_block_size", {64, 64}}}),
+                "'quantization_config.weight_block_size' is [64,64]");
+  ExpectInvalid(with({{"quant_method", "fp8"}, {"activation_scheme", "static"}}),
+                "'quantization_config.activation_scheme'");
+  ExpectInvalid(with({{"quant_method", "fp8"}, {"modules_to_not_convert", "lm_head"}}),
+                "'quantization_config.modules_to_not_convert' must be a list");
+  ExpectInvalid(with({{"quant_method", "fp8"}, {"modules_to_not_convert", {1}}}),
+                "entry 0 must be a string");
+  ExpectInvalid(with({{"quant_method", "mxfp4"}}), "gpt-oss's layout only");
 }
 
 }  // namespace

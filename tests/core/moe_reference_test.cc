@@ -1,5 +1,6 @@
 #include "core/moe_reference.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -336,6 +337,37 @@ TEST(ReferenceEpForward, Errors) {
   auto shape = ReferenceEpForward(*p, {&s0, &s1}, {bad.Input(), b.Input()}, 1);
   EXPECT_EQ(shape.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(shape.status().message(), HasSubstr("inputs[0]: hidden"));
+}
+
+TEST(DenseMoeReference, InputScalingIsExpertOfScaledInput) {
+  // Llama-4 (issue 35 item 5): each term is e(w * x).
+  ExpertSet set = *ExpertSet::GenerateSwiGlu(4, 0, 0, 4, 32, 16);
+  set.set_router_weight_use(RouterWeightUse::kScalesInput);
+  std::vector<bf16_t> hidden(2 * 32);
+  for (int i = 0; i < 64; ++i) hidden[i] = FloatToBf16(0.05f * static_cast<float>(i % 9 - 4));
+  const std::vector<int32_t> ids = {1, 3, 2, -1};
+  const std::vector<float> weights = {0.25f, 0.75f, 0.5f, 0.0f};
+  std::vector<float> out(64);
+  ASSERT_TRUE(DenseMoeReference({&set}, 4, hidden, ids, weights, 2, 2, absl::MakeSpan(out)).ok());
+  std::vector<float> want(64, 0.0f), xr(32), yr(32);
+  for (int t = 0; t < 2; ++t) {
+    for (int k = 0; k < 2; ++k) {
+      const int id = ids[t * 2 + k];
+      if (id < 0) continue;
+      for (int c = 0; c < 32; ++c) xr[c] = weights[t * 2 + k] * Bf16ToFloat(hidden[t * 32 + c]);
+      ASSERT_TRUE(set.Apply(id, xr, 1, absl::MakeSpan(yr)).ok());
+      for (int c = 0; c < 32; ++c) want[t * 32 + c] += yr[c];
+    }
+  }
+  for (int i = 0; i < 64; ++i) EXPECT_NEAR(out[i], want[i], 1e-6f * (std::abs(want[i]) + 1e-3f));
+  // Not w * e(x): SwiGLU is not linear.
+  set.set_router_weight_use(RouterWeightUse::kScalesOutput);
+  std::vector<float> scaled_out(64);
+  ASSERT_TRUE(
+      DenseMoeReference({&set}, 4, hidden, ids, weights, 2, 2, absl::MakeSpan(scaled_out)).ok());
+  double differ = 0.0;
+  for (int i = 0; i < 64; ++i) differ = std::max<double>(differ, std::abs(out[i] - scaled_out[i]));
+  EXPECT_GT(differ, 1e-4);
 }
 
 }  // namespace

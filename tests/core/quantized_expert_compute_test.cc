@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <set>
 #include <string>
@@ -300,6 +301,40 @@ void CheckGptOssExpert(int64_t H, int64_t I, int64_t rows, float limit) {
 }
 
 TEST(GptOssExpertForward, SmallExpertWithClamp) { CheckGptOssExpert(96, 64, 3, 7.0f); }
+
+// Every (H, I) of the quantized configs in ../shared/data/models, by format.
+std::set<std::pair<int64_t, int64_t>> RealShapes(ExpertWeightFormat format) {
+  std::set<std::pair<int64_t, int64_t>> shapes;
+  const char* env = std::getenv("MOE_EP_DATA_DIR");
+  const std::string dir =
+      std::string(env != nullptr && *env != '\0' ? env : MOE_EP_DATA_DIR) + "/models";
+  if (!std::filesystem::is_directory(dir)) return shapes;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".json") continue;
+    absl::StatusOr<ModelDescription> m = LoadModelConfig(entry.path().string());
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (m.ok() && m->quantization.expert_format == format) {
+      shapes.insert({m->hidden_size, m->moe_intermediate_size});
+    }
+  }
+  return shapes;
+}
+
+TEST(Fp8SwiGluForward, EveryFp8ConfigAtRealSize) {
+  const auto shapes = RealShapes(ExpertWeightFormat::kFp8Block128);
+  if (shapes.empty()) GTEST_SKIP() << "no model configs (MOE_EP_DATA_DIR)";
+  // DeepSeek-V3/R1 and Kimi-K2 (7168, 2048); MiniMax-M2.5 (3072, 1536).
+  EXPECT_EQ(shapes, (std::set<std::pair<int64_t, int64_t>>{{3072, 1536}, {7168, 2048}}));
+  for (const auto& [h, i] : shapes) CheckFp8Expert(h, i, 2);
+}
+
+TEST(GptOssExpertForward, EveryMxfp4ConfigAtRealSize) {
+  const auto shapes = RealShapes(ExpertWeightFormat::kMxfp4);
+  if (shapes.empty()) GTEST_SKIP() << "no model configs (MOE_EP_DATA_DIR)";
+  // gpt-oss-20b and -120b share (2880, 2880).
+  EXPECT_EQ(shapes, (std::set<std::pair<int64_t, int64_t>>{{2880, 2880}}));
+  for (const auto& [h, i] : shapes) CheckGptOssExpert(h, i, 2, 7.0f);
+}
 
 TEST(GptOssExpertForward, RefusesAnOddGateUp) {
   absl::StatusOr<GptOssExpertWeights> w = GenerateGptOssExpert(1, 0, 0, 64, 32);
