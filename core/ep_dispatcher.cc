@@ -381,6 +381,12 @@ absl::Status EpDispatcher::Impl::DispatchImpl(absl::Span<const bf16_t> hidden_in
   const absl::Time start = absl::Now();
   RETURN_IF_ERROR(geometry.BeginDispatch("Dispatch"));
   if (local_error.ok()) local_error = ValidateInput(hidden_in, topk_ids, topk_weights, num_tokens);
+  // DESIGN §7: only the configured invalid id is padding; any other id
+  // outside [0, num_experts) fails the step on every rank (peers kAborted).
+  if (local_error.ok()) {
+    local_error = ValidateExpertIds(topk_ids.first(num_tokens * top_k), top_k, options.num_experts,
+                                    options.invalid_expert_id);
+  }
   if (local_error.ok()) {
     auto route_or = ComputeDispatchRoute(topk_ids, num_tokens, top_k, *table, rank);
     if (route_or.ok()) {
@@ -615,6 +621,14 @@ absl::Status EpDispatcher::Dispatch(absl::Span<const bf16_t> hidden,
                                     absl::Span<const float> topk_weights, int64_t num_tokens,
                                     absl::Status local_error) {
   return impl_->DispatchImpl(hidden, topk_ids, topk_weights, num_tokens, std::move(local_error));
+}
+
+bool EpDispatcher::step_in_flight() const { return impl_->geometry.in_step(); }
+
+absl::Status EpDispatcher::ReleaseStep() {
+  RETURN_IF_ERROR(impl_->geometry.RequireDispatched("ReleaseStep"));
+  impl_->geometry.MarkIdle();
+  return absl::OkStatus();
 }
 
 absl::Status EpDispatcher::ComputeExperts(const ExpertSet& experts) {

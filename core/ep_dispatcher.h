@@ -125,8 +125,10 @@ class EpDispatcher {
   // only with a `before_combine` that stops every rank whenever `stop` has
   // fired on one (server::CallGate on the same server::CallBound does:
   // server/call_gate.h), or the peers would wait in the combine.
-  // Errors: kInvalidArgument (span sizes, T > R), kFailedPrecondition (no
-  // geometry committed), kAborted (ranks disagree), collective errors.
+  // Errors: kInvalidArgument (span sizes, T > R, an expert id outside
+  // [0, num_experts) other than the invalid id: core::ValidateExpertIds),
+  // kFailedPrecondition (no geometry committed), kAborted (ranks disagree),
+  // collective errors.
   absl::Status Forward(absl::Span<const bf16_t> hidden, absl::Span<const int32_t> topk_ids,
                        absl::Span<const float> topk_weights, int64_t num_tokens,
                        const ExpertSet& experts, absl::Span<bf16_t> output,
@@ -142,6 +144,17 @@ class EpDispatcher {
                         absl::Span<const float> topk_weights, int64_t num_tokens,
                         absl::Status local_error = absl::OkStatus());
   absl::Status ComputeExperts(const ExpertSet& experts);
+  // True between a Dispatch that succeeded and the Combine (or the failed
+  // Forward, or ReleaseStep) that ends its step: a Dispatch now is
+  // kFailedPrecondition.
+  bool step_in_flight() const;
+  // Ends the dispatched step without a combine: for an exchange whose
+  // result is the received rows themselves (server/moe_ep.h
+  // moe_ep_dispatch_only). Not a collective, but every rank must end the
+  // same step this way (its peers would otherwise wait in their Combine).
+  // The received rows stay readable until the next Dispatch. Errors:
+  // kFailedPrecondition (no dispatched step).
+  absl::Status ReleaseStep();
   // `shared_out` as in Forward.
   absl::Status Combine(absl::Span<bf16_t> output, absl::Span<const bf16_t> shared_out = {});
 

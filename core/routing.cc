@@ -104,6 +104,27 @@ int32_t PayloadExpertId(const PlacementTable& table, int source_rank, int64_t so
              : invalid_expert_id;
 }
 
+absl::Status ValidateExpertIds(absl::Span<const int32_t> topk_ids, int top_k, int num_experts,
+                               int32_t invalid_expert_id) {
+  if (top_k < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat("top_k: expected >= 1, got %d", top_k));
+  }
+  int64_t bad = 0;
+  int64_t first = -1;
+  for (int64_t i = 0; i < static_cast<int64_t>(topk_ids.size()); ++i) {
+    const int32_t id = topk_ids[i];
+    if ((id >= 0 && id < num_experts) || id == invalid_expert_id) continue;
+    if (bad++ == 0) first = i;
+  }
+  if (bad == 0) return absl::OkStatus();
+  const int64_t rows = static_cast<int64_t>(topk_ids.size()) / top_k;
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "topk_ids[row %d, choice %d] = %d: outside [0, %d) and not the invalid expert id %d "
+      "(%d id%s out of range in %d rows; only the configured invalid id marks padding)",
+      first / top_k, first % top_k, topk_ids[first], num_experts, invalid_expert_id, bad,
+      bad == 1 ? "" : "s", rows));
+}
+
 void CountExpertTokens(absl::Span<const int32_t> topk_ids, int num_experts,
                        absl::Span<int64_t> counts) {
   for (int32_t id : topk_ids) {

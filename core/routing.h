@@ -2,8 +2,10 @@
 
 // Per-token destination ranks and deterministic slot assignment for dispatch
 // (DESIGN §7). A token is sent once per distinct destination rank of its K
-// experts, with all K ids and weights. Ids < 0 or >= num_experts mean "no
-// expert": they select no rank (never rank 0; flashinfer issue 4017).
+// experts, with all K ids and weights. Ids < 0 or >= num_experts select no
+// rank (never rank 0; flashinfer issue 4017); of those only the configured
+// invalid id is valid input (ValidateExpertIds, which the data planes run
+// first).
 // Slots on each destination fill in increasing source-token order, so a run is
 // deterministic (the reference kernel uses atomics and is not).
 
@@ -69,6 +71,19 @@ absl::StatusOr<DispatchRoute> ComputeDispatchRoute(absl::Span<const int32_t> top
 // (1 + 0) mod 2 = 1, on rank 1: dest 1 -> 3, dest 0 -> invalid.
 int32_t PayloadExpertId(const PlacementTable& table, int source_rank, int64_t source_token_idx,
                         int32_t expert_id, int dest_rank, int32_t invalid_expert_id);
+
+// ValidateExpertIds()
+//
+// DESIGN §7: in `topk_ids` ([T, K] int32, flat, K = top_k >= 1) every id is
+// an expert in [0, num_experts) or the configured `invalid_expert_id` (-1,
+// or num_experts under that convention), which is the caller's padding and
+// selects no expert. Any other id is a routing bug of the caller, not
+// padding. Errors: kInvalidArgument naming the first such id's row (token)
+// and choice, the id, the valid range and how many ids are out of range,
+// e.g. "topk_ids[row 3, choice 1] = 40: outside [0, 32) and not the invalid
+// expert id -1 (1 id out of range in 5 rows)". Pure; one pass over the ids.
+absl::Status ValidateExpertIds(absl::Span<const int32_t> topk_ids, int top_k, int num_experts,
+                               int32_t invalid_expert_id);
 
 // CountExpertTokens()
 //

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/moe_reference.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -349,10 +350,10 @@ INSTANTIATE_TEST_SUITE_P(InvalidIdConventions, EpDispatcherHandTest, ::testing::
 TEST(EpDispatcher, InvalidInputIdsContributeNothingAndNeverGoToRankZero) {
   const int num_experts = 4;  // rank 0 owns {0,1}, rank 1 owns {2,3}
   RunEp(2, Options(2, 4, 2, 2, num_experts), [&](int rank, EpDispatcher& d) {
-    // Only rank 1 has tokens: t0 [-1, 3], t1 [4, -7] (no expert), t2 [2, 100].
+    // Only rank 1 has tokens: t0 [-1, 3], t1 [-1, -1] (no expert), t2 [2, -1].
     const int64_t tokens = rank == 1 ? 3 : 0;
     std::vector<int32_t> ids =
-        rank == 1 ? std::vector<int32_t>{-1, 3, 4, -7, 2, 100} : std::vector<int32_t>{};
+        rank == 1 ? std::vector<int32_t>{-1, 3, -1, -1, 2, -1} : std::vector<int32_t>{};
     std::vector<float> weights =
         rank == 1 ? std::vector<float>{0.5f, 0.25f, 1.0f, 1.0f, 2.0f, 8.0f} : std::vector<float>{};
     std::vector<bf16_t> hidden;
@@ -378,7 +379,7 @@ TEST(EpDispatcher, InvalidInputIdsContributeNothingAndNeverGoToRankZero) {
       EXPECT_EQ(rw[1], 0.25f);
       EXPECT_EQ(rid[2], 2);
       EXPECT_EQ(rw[2], 2.0f);
-      EXPECT_EQ(rid[3], 100);
+      EXPECT_EQ(rid[3], -1);
       EXPECT_EQ(rw[3], 8.0f);
       EXPECT_EQ(d.last_step().tokens_sent, 2);
     }
@@ -394,6 +395,71 @@ TEST(EpDispatcher, InvalidInputIdsContributeNothingAndNeverGoToRankZero) {
       EXPECT_EQ(Bf16ToFloat(out[4]), 2.0f * 3);
       EXPECT_EQ(Bf16ToFloat(out[5]), 2.0f * -3);
     }
+  });
+}
+
+// DESIGN §7 (issue 30 item 1): an id outside [0, num_experts) that is not
+// the configured invalid id is a routing bug: INVALID_ARGUMENT naming the
+// row and the id on that rank, ABORTED on its peers, nothing moved, and the
+// next step runs as if nothing happened.
+class EpDispatcherOutOfRangeTest : public ::testing::TestWithParam<int32_t> {};
+
+TEST_P(EpDispatcherOutOfRangeTest, OutOfRangeIdFailsTheStepOnEveryRank) {
+  const int32_t invalid = GetParam();  // -1 or num_experts (4)
+  const int32_t bad_id = invalid == -1 ? 4 : -1;
+  RunEp(2, Options(2, 4, 2, 2, 4, invalid), [&](int rank, EpDispatcher& d) {
+    HandCase in = HandInput(rank);
+    ASSERT_TRUE(d.CommitGeometry(1, 3, in.tokens).ok());
+    std::vector<int32_t> ids = in.ids;
+    if (rank == 1) ids[3] = bad_id;  // row 1, choice 1
+    absl::Status s = d.Dispatch(in.hidden, ids, in.weights, in.tokens);
+    if (rank == 1) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("topk_ids[row 1, choice 1] = ", bad_id,
+                                                      ": outside [0, 4) and not the invalid "
+                                                      "expert id ",
+                                                      invalid)));
+    } else {
+      EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+      EXPECT_THAT(s.message(), HasSubstr("rank 1 rejected its input"));
+    }
+    EXPECT_FALSE(d.step_in_flight());
+    // Padding with the configured invalid id is fine, and the step runs.
+    if (rank == 1) ids[3] = invalid;
+    ASSERT_TRUE(d.Dispatch(in.hidden, ids, in.weights, in.tokens).ok());
+    EXPECT_TRUE(d.step_in_flight());
+    ASSERT_TRUE(d.ComputeExperts(ExpertSet::Identity(rank * 2, 2, 2)).ok());
+    std::vector<bf16_t> out(in.tokens * 2);
+    ASSERT_TRUE(d.Combine(absl::MakeSpan(out)).ok());
+    EXPECT_FALSE(d.step_in_flight());
+    // Rank 1's t1 keeps only its first choice (weight 0.25): 0.25 * x.
+    if (rank == 1) EXPECT_EQ(Bf16ToFloat(out[2]), 0.25f * 12);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(InvalidIdConventions, EpDispatcherOutOfRangeTest,
+                         ::testing::Values(-1, 4));
+
+// A step released after its dispatch (an exchange: the received rows are
+// the result) needs no combine: the next dispatch runs and sees its own rows.
+TEST(EpDispatcher, ReleaseStepEndsADispatchWithoutCombine) {
+  RunEp(2, Options(2, 4, 2, 2, 4), [&](int rank, EpDispatcher& d) {
+    HandCase in = HandInput(rank);
+    EXPECT_EQ(d.ReleaseStep().code(), absl::StatusCode::kFailedPrecondition);
+    ASSERT_TRUE(d.CommitGeometry(1, 3, in.tokens).ok());
+    ASSERT_TRUE(d.Dispatch(in.hidden, in.ids, in.weights, in.tokens).ok());
+    ASSERT_TRUE(d.ReleaseStep().ok());
+    EXPECT_FALSE(d.step_in_flight());
+    std::vector<bf16_t> out(in.tokens * 2);
+    EXPECT_EQ(d.Combine(absl::MakeSpan(out)).code(), absl::StatusCode::kFailedPrecondition);
+    // The second exchange: every token to rank 1 only (expert 2).
+    std::vector<int32_t> ids(in.tokens * 2, -1);
+    for (int64_t t = 0; t < in.tokens; ++t) ids[t * 2] = 2;
+    ASSERT_TRUE(d.Dispatch(in.hidden, ids, in.weights, in.tokens).ok());
+    EXPECT_EQ(d.received_counts()[0], rank == 1 ? 3 : 0);
+    EXPECT_EQ(d.received_counts()[1], rank == 1 ? 2 : 0);
+    if (rank == 1) EXPECT_EQ(Bf16ToFloat(d.ReceivedHidden(0)[4]), 3.0f);  // rank 0's t2
+    ASSERT_TRUE(d.ReleaseStep().ok());
   });
 }
 

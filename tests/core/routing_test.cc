@@ -94,5 +94,27 @@ TEST(ComputeDispatchRoute, RejectsBadShapes) {
   EXPECT_THAT(c.status().message(), HasSubstr("num_tokens"));
 }
 
+// DESIGN §7: only the configured invalid id is padding.
+TEST(ValidateExpertIds, OnlyTheConfiguredInvalidIdMasks) {
+  // 32 experts, K = 2; under the -1 convention -1 is padding, 32 is not.
+  EXPECT_TRUE(ValidateExpertIds({0, 31, -1, -1, 5, 17}, 2, 32, -1).ok());
+  EXPECT_TRUE(ValidateExpertIds({}, 2, 32, -1).ok());
+  absl::Status num = ValidateExpertIds({0, 31, 4, 32}, 2, 32, -1);
+  EXPECT_EQ(num.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(num.message(),
+              HasSubstr("topk_ids[row 1, choice 1] = 32: outside [0, 32) and not the invalid "
+                        "expert id -1 (1 id out of range in 2 rows"));
+  // Under the num_experts convention 32 is padding and -1 is a routing bug.
+  EXPECT_TRUE(ValidateExpertIds({0, 32, 32, 32}, 2, 32, 32).ok());
+  absl::Status minus = ValidateExpertIds({32, 3, 7, -1, -1, 40}, 2, 32, 32);
+  EXPECT_EQ(minus.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(minus.message(), HasSubstr("topk_ids[row 1, choice 1] = -1"));
+  EXPECT_THAT(minus.message(), HasSubstr("(3 ids out of range in 3 rows"));
+  // Ids below -1 and far above the range, the first one named.
+  absl::Status far = ValidateExpertIds({1 << 30, -7}, 1, 8, -1);
+  EXPECT_THAT(far.message(), HasSubstr("topk_ids[row 0, choice 0] = 1073741824"));
+  EXPECT_EQ(ValidateExpertIds({0}, 0, 8, -1).code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace moe_ep::core
