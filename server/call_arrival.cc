@@ -104,23 +104,33 @@ absl::Status ArriveForCall(GrpcStore& host, const CallArrival& call) {
       GrpcStore probe(address, kProbeTimeout);
       switch (probe.Probe(kProbeTimeout)) {
         case GrpcStore::ProbeResult::kRefuses:
-          lost.push_back(absl::StrCat("rank ", m, " (", address, ")"));
+          lost.push_back(absl::StrCat("rank ", m, " (", address, ") refuses connections"));
           break;
         case GrpcStore::ProbeResult::kSilent:
           silent.insert(m);
           break;
-        case GrpcStore::ProbeResult::kAnswers:
+        case GrpcStore::ProbeResult::kAnswers: {
           silent.erase(m);
+          // Alive; but still a member of this group?
+          const absl::StatusOr<v1::GetStatusResponse> peer = probe.PeerStatus(kProbeTimeout);
+          if (peer.ok() && (peer->generation() != call.generation ||
+                            peer->state() == v1::WORKER_STATE_STARTED || peer->group_broken())) {
+            lost.push_back(absl::StrCat(
+                "rank ", m, " (", address, ") is no longer a member of generation ",
+                call.generation, ": it reports generation ", peer->generation(), ", state ",
+                v1::WorkerState_Name(peer->state()), peer->group_broken() ? ", group broken" : ""));
+          }
           break;
+        }
       }
     }
     if (!lost.empty()) {
       bool complete = false;
       if (absl::Status back = Withdraw(host, call, &complete); !back.ok()) return back;
       if (complete) return absl::OkStatus();
-      return absl::UnavailableError(absl::StrCat(
-          call.rpc, ": ", absl::StrJoin(lost, ", "),
-          " refuses connections: a rank was lost before the call's vote; nothing moved"));
+      return absl::UnavailableError(absl::StrCat(call.rpc, ": ", absl::StrJoin(lost, "; "),
+                                                 ": a rank was lost before the call's vote; "
+                                                 "nothing moved"));
     }
   }
   bool complete = false;

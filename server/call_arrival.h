@@ -15,10 +15,12 @@
 //
 // While it waits, a rank probes the members that have not arrived (their
 // addresses from the Join, else as the board last saw them): a worker whose
-// port refuses is lost, which is the data plane's business (kUnavailable:
-// the caller starts a rank-mask round or marks the group broken, as for a
-// failed collective); one that answers did not get the call, and the wait
-// ends at the call's deadline with nothing moved.
+// port refuses, or that answers but is no longer a member of this
+// generation (it left, re-joined another group, restarted, or its group is
+// broken: GetStatus), is lost, which is the data plane's business
+// (kUnavailable: the caller starts a rank-mask round or marks the group
+// broken, as for a failed collective); a member that answers did not get
+// the call, and the wait ends at the call's deadline with nothing moved.
 //
 // Blocking (bounded by `deadline` plus one probe); thread-safe (no state).
 // Source: DESIGN §8, §16 "failure isolation"; issue 29.
@@ -35,7 +37,8 @@ namespace moe_ep::server {
 
 struct CallArrival {
   std::string rpc;           // "SyncTokenCounts", for messages
-  std::string round;         // RoundName()
+  std::string round;         // ArrivalRoundName()
+  int64_t generation = 0;    // the group's
   int rank = 0;              // this rank (original numbering)
   std::vector<int> members;  // the live ranks, this one included
   std::string self_address;  // this worker's address ("" unknown)

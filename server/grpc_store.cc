@@ -95,8 +95,22 @@ GrpcStore::GrpcStore(std::string address, absl::Duration timeout, std::string se
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  stub_ =
-      v1::Rendezvous::NewStub(grpc::CreateCustomChannel(address_, PeerChannelCredentials(), args));
+  const std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(address_, PeerChannelCredentials(), args);
+  stub_ = v1::Rendezvous::NewStub(channel);
+  worker_ = v1::Worker::NewStub(channel);
+}
+
+absl::StatusOr<v1::GetStatusResponse> GrpcStore::PeerStatus(absl::Duration timeout) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  v1::GetStatusResponse response;
+  const grpc::Status status = worker_->GetStatus(&context, v1::GetStatusRequest(), &response);
+  if (!status.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                        absl::StrCat("GetStatus of ", address_, ": ", status.error_message()));
+  }
+  return response;
 }
 
 void GrpcStore::set(const std::string& key, const std::vector<char>& data) {

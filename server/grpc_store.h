@@ -21,10 +21,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "gloo/rendezvous/store.h"
 #include "grpcpp/security/credentials.h"
 #include "moe_ep/v1/rendezvous.grpc.pb.h"
+#include "moe_ep/v1/worker.grpc.pb.h"
 
 namespace moe_ep::server {
 
@@ -91,12 +93,22 @@ class GrpcStore : public gloo::rendezvous::Store {
   // slack. Returns the RPC's status. Never throws. Thread-safe.
   grpc::Status Arrive(const v1::ArriveRequest& request, v1::ArriveResponse* response);
 
+  // PeerStatus()
+  //
+  // One Worker.GetStatus of the worker serving address() (the same port as
+  // its Rendezvous service), without retries, within `timeout`: whether a
+  // peer that answers is still a member of the caller's group (its
+  // generation, state and group_broken). Returns the RPC's error as a
+  // Status. Never throws. Thread-safe.
+  absl::StatusOr<v1::GetStatusResponse> PeerStatus(absl::Duration timeout);
+
  private:
   std::string address_;
   absl::Duration timeout_;
   std::string secret_;
   std::shared_ptr<const std::atomic<bool>> stop_;
   std::unique_ptr<v1::Rendezvous::Stub> stub_;
+  std::unique_ptr<v1::Worker::Stub> worker_;
 };
 
 }  // namespace moe_ep::server

@@ -273,6 +273,7 @@ absl::Status WorkerService::ArriveForVote(const char* rpc, const absl::Status& l
   }
   if (call.members.size() <= 1) return local;
   call.round = ArrivalRoundName(joined_.generation, mask.round, vote_sequence_);
+  call.generation = joined_.generation;
   call.addresses = joined_.rendezvous_addresses;
   call.host_rank = mask.round > 0 ? mask.host : 0;
   // The wait ends a little before the call's deadline, so that its answer

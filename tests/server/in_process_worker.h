@@ -35,6 +35,7 @@ class InProcessWorker {
     builder.RegisterService(&worker_);
     builder.RegisterService(&rendezvous_);
     server_ = builder.BuildAndStart();
+    worker_.SetListenAddress(address());  // as server/worker_process.cc does
     health_.Attach(server_->GetHealthCheckService());
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(256 << 20);
