@@ -29,6 +29,7 @@ TEST(ArrivalBoard, CompletesWhenEveryMemberArrives) {
   ArrivalBoard board;
   std::vector<absl::StatusOr<ArrivalOutcome>> out(3);
   std::vector<std::thread> ranks;
+  ranks.reserve(3);
   for (int r = 0; r < 3; ++r) {
     ranks.emplace_back([&, r] {
       out[r] =
