@@ -234,8 +234,10 @@ int RunCli(int argc, char** argv) {
       ->capture_default_str();
   run->add_option("--seed", run_options.seed, "seed of hidden states, routing and experts")
       ->capture_default_str();
-  run->add_option("--experts", run_options.experts, "swiglu | identity")
-      ->check(CLI::IsMember({"swiglu", "identity"}))
+  run->add_option("--experts", run_options.experts,
+                  "swiglu (bf16) | identity | checkpoint (the config's quantization: fp8 or "
+                  "mxfp4 experts, gloo plane)")
+      ->check(CLI::IsMember({"swiglu", "identity", "checkpoint"}))
       ->capture_default_str();
   std::string run_dispatch_dtype = "bf16";
   run->add_option("--dispatch-dtype", run_dispatch_dtype,

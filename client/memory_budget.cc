@@ -10,6 +10,7 @@
 #include "absl/strings/strip.h"
 #include "client/text_table.h"
 #include "core/expert_placement.h"
+#include "core/quantized_weights.h"
 #include "core/status_macros.h"
 #include "core/workspace.h"
 
@@ -70,7 +71,8 @@ absl::StatusOr<RunMemoryEstimate> EstimateRunMemory(const RunMemoryInput& in) {
   const int64_t K = in.top_k;
 
   RunMemoryEstimate e;
-  e.expert_bytes = 3 * I * H * 2;
+  const bool bf16 = in.weight_format == core::quant::ExpertWeightFormat::kBf16;
+  e.expert_bytes = core::quant::ExpertWeightBytes(in.weight_format, H, I);
   e.layer_expert_bytes = int64_t{in.num_experts} * e.expert_bytes;
   // Rank 0 holds the most experts under contiguous placement; a placement
   // table may give a rank its redundant slots' experts too.
@@ -86,7 +88,7 @@ absl::StatusOr<RunMemoryEstimate> EstimateRunMemory(const RunMemoryInput& in) {
   spec.dtype = core::DispatchDType::kBF16;
   ASSIGN_OR_RETURN(core::AllocatedWorkspace workspace, core::ComputeAllocatedWorkspace(spec));
   e.worker_workspace_bytes = workspace.total_bytes;
-  const int64_t widened = in.identity ? 0 : 3 * I * H * 4;
+  const int64_t widened = in.identity || !bf16 ? 0 : 3 * I * H * 4;
   const int64_t compute_rows = std::min(int64_t{in.world} * in.capacity_tokens, kComputeChunkRows);
   e.worker_other_bytes =
       widened + compute_rows * (8 * H + 8 * I) + 8 * in.capacity_tokens * H + kWorkerProcessBytes;

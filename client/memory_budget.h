@@ -8,19 +8,23 @@
 //
 // On this machine: every worker of the embedded local cluster (with
 // --targets, none) and this process. All sizes in bytes. The estimate:
-//   expert         3 * I * H * 2 (gate, up [I, H], down [H, I], bf16)
+//   expert         3 * I * H * 2 (gate, up [I, H], down [H, I], bf16), or the
+//                  weights' real bytes in their format (issue 35:
+//                  core::quant::ExpertWeightBytes; fp8 I * H * 3 + scales,
+//                  mxfp4 17/32 a weight + biases)
 //   worker         experts   ceil(M / E) * expert * L   (0 with identity experts)
 //                  workspace ComputeAllocatedWorkspace(E, N, H, K, bf16)
 //                  other     3 * I * H * 4 (one expert widened to fp32;
-//                            swiglu only) + min(E * N, 512) * (8H + 8I) (the
+//                            bf16 swiglu only: the quantized reference
+//                            decodes 128-row tiles) + min(E * N, 512) * (8H + 8I) (the
 //                            compute chunk) + 8 * N * H (Forward request and
 //                            response, message and tensor) + 128 MiB (process)
 //   coordinator    chunk     C * expert, C = ReferenceChunkExperts (0 with
 //                            identity experts)
 //                  records   L * rows * (4H + 8K) (every layer's inputs,
 //                            outputs and routing, kept for verification)
-//                  verify    rows * (14H + 8K) (+ rows * 8I + 3 * I * H * 4
-//                            with swiglu): one layer's gathered inputs, fp32
+//                  verify    rows * (14H + 8K) (+ rows * 8I, + 3 * I * H * 4
+//                            with bf16 swiglu): one layer's gathered inputs, fp32
 //                            reference, one expert's rows in and out
 //                  messages  8 * max_step_rows * H
 //                  process   256 MiB
@@ -37,6 +41,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/quantized_formats.h"
 
 namespace moe_ep::client {
 
@@ -53,6 +58,8 @@ struct RunMemoryInput {
   int64_t capacity_tokens = 0;       // N, workspace tokens per rank
   int64_t rows_per_layer = 0;        // tokens of one layer, all steps and ranks
   int64_t max_step_rows = 0;         // tokens of the largest step, all ranks
+  // The routed experts' weight format (what the workers load).
+  core::quant::ExpertWeightFormat weight_format = core::quant::ExpertWeightFormat::kBf16;
 };
 
 struct RunMemoryEstimate {

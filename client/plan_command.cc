@@ -1,8 +1,12 @@
 #include "client/plan_command.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "client/model_source.h"
+#include "client/text_table.h"
 #include "core/layer_plan.h"
+#include "core/quantized_weights.h"
 #include "core/status_macros.h"
 
 namespace moe_ep::client {
@@ -24,6 +28,55 @@ std::string DescribeSharedExperts(const core::ModelDescription& model) {
   absl::StrAppend(&text, "; routed scaling ", model.routed_scaling_factor,
                   " (folded into the top-k weights); router weight scales the expert's ",
                   core::RouterWeightUseName(model.router_weight_use));
+  return text;
+}
+
+nlohmann::json QuantizationJson(const core::ModelDescription& model) {
+  const core::QuantizationConfig& q = model.quantization;
+  const int64_t expert = model.ExpertWeightBytes();
+  const int64_t layer = expert * model.num_experts;
+  return {{"method", q.present() ? q.method : "none"},
+          {"fmt", q.fmt},
+          {"weight_block_size", q.weight_block_size},
+          {"activation_scheme", q.activation_scheme},
+          {"modules_to_not_convert", q.modules_to_not_convert},
+          {"expert_format", core::quant::ExpertWeightFormatName(q.expert_format)},
+          {"expert_bytes", expert},
+          {"layer_expert_bytes", layer},
+          {"model_expert_bytes", layer * model.NumSparseLayers()}};
+}
+
+std::string DescribeQuantization(const core::ModelDescription& model) {
+  const core::QuantizationConfig& q = model.quantization;
+  std::string text = "weights: ";
+  if (!q.present()) {
+    absl::StrAppend(&text, "bf16 (no quantization_config)");
+  } else {
+    absl::StrAppend(&text, q.method, " (");
+    if (!q.fmt.empty()) absl::StrAppend(&text, q.fmt, ", ");
+    if (q.weight_block_size.size() == 2) {
+      absl::StrAppend(&text, q.weight_block_size[0], " x ", q.weight_block_size[1], " blocks");
+    }
+    if (!q.activation_scheme.empty()) {
+      absl::StrAppend(&text, ", ", q.activation_scheme, " activations");
+    }
+    absl::StrAppend(&text, ")");
+    if (!q.modules_to_not_convert.empty()) {
+      absl::StrAppend(&text, ", not converted: ", absl::StrJoin(q.modules_to_not_convert, " "));
+    }
+  }
+  const int64_t expert = model.ExpertWeightBytes();
+  const double layer = static_cast<double>(expert) * model.num_experts;
+  absl::StrAppend(&text, "; routed experts ", core::quant::ExpertWeightFormatName(q.expert_format),
+                  ": ", FormatBytes(static_cast<double>(expert)), " each, ", FormatBytes(layer),
+                  " a layer, ", FormatBytes(layer * model.NumSparseLayers()), " in all");
+  if (q.expert_format == core::quant::ExpertWeightFormat::kFp8Block128) {
+    const int64_t weights = 3 * model.hidden_size * model.moe_intermediate_size;
+    absl::StrAppend(&text, " (scales ",
+                    absl::StrFormat("%.3f%%", 100.0 * static_cast<double>(expert - weights) /
+                                                  static_cast<double>(weights)),
+                    ")");
+  }
   return text;
 }
 
@@ -51,6 +104,7 @@ nlohmann::json PlanJson(const core::ModelDescription& model, const core::Paralle
           {"shared_expert", SharedExpertJson(model)},
           {"routed_scaling_factor", model.routed_scaling_factor},
           {"router_weight_scales", core::RouterWeightUseName(model.router_weight_use)},
+          {"quantization", QuantizationJson(model)},
           {"num_layers", model.num_layers},
           {"num_sparse_layers", model.NumSparseLayers()},
           {"tp", layout.tp_size},
@@ -84,6 +138,7 @@ absl::Status RunPlanCommand(const PlanCommandOptions& options, std::ostream& out
       << core::PlanFingerprint(layout, model.sparse_layers, options.a2a_enabled) << "\n"
       << "routed experts: " << model.num_experts << ", top-" << model.top_k << ", intermediate "
       << model.moe_intermediate_size << "; " << DescribeSharedExperts(model) << "\n"
+      << DescribeQuantization(model) << "\n"
       << core::FormatPlanTable(plans);
   return absl::OkStatus();
 }

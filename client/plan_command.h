@@ -32,10 +32,22 @@ nlohmann::json SharedExpertJson(const core::ModelDescription& model);
 // router weight scales the expert's output".
 std::string DescribeSharedExperts(const core::ModelDescription& model);
 
+// The checkpoint's quantization as JSON (issue 35 item 1): {"method" ("none",
+// "fp8", "mxfp4"), "fmt", "weight_block_size" ([128, 128] fp8, [1, 32]
+// mxfp4, [] bf16), "activation_scheme", "modules_to_not_convert",
+// "expert_format" ("bf16", "fp8-block128", "mxfp4"), "expert_bytes" (one
+// routed expert in that format), "layer_expert_bytes" (all routed experts of
+// one MoE layer), "model_expert_bytes" (of every MoE layer)}.
+nlohmann::json QuantizationJson(const core::ModelDescription& model);
+// One line for people: "weights: fp8 (e4m3, 128 x 128 blocks, dynamic
+// activations); routed experts fp8-block128: 42.0 MiB each, 10.5 GiB a layer,
+// 609 GiB in all (scales 0.024%)".
+std::string DescribeQuantization(const core::ModelDescription& model);
+
 // The plan as JSON (issue 9 item 6): {"model", "model_type", "hidden_size",
 // "num_experts", "top_k", "moe_intermediate_size", "shared_expert"
 // (SharedExpertJson), "routed_scaling_factor", "router_weight_scales"
-// ("output" | "input"; issue 18), "num_layers",
+// ("output" | "input"; issue 18), "quantization" (QuantizationJson), "num_layers",
 // "num_sparse_layers", "tp", "attn_dp", "attn_tp", "moe_dense_tp" (0 =
 // unset), "effective_moe_dense_tp", "a2a", "fingerprint", "layers": [{"layer",
 // "sparse", "input", "attention", "residual", "mlp", "output" (scatter-mode

@@ -26,8 +26,10 @@
 #include "client/tensor_message.h"
 #include "client/text_table.h"
 #include "core/dispatch_rounding.h"
+#include "core/expert_source.h"
 #include "core/experts.h"
 #include "core/host_memory.h"
+#include "core/quantized_weights.h"
 #include "core/routing_source.h"
 #include "core/shared_expert.h"
 #include "core/status_macros.h"
@@ -176,9 +178,9 @@ absl::Status ValidateRunJobOptions(const RunJobOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--capacity: expected >= 0 (0 = automatic), got ", o.capacity_tokens));
   }
-  if (o.experts != "swiglu" && o.experts != "identity") {
+  if (o.experts != "swiglu" && o.experts != "identity" && o.experts != "checkpoint") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--experts: expected swiglu or identity, got '", o.experts, "'"));
+        absl::StrCat("--experts: expected swiglu, identity or checkpoint, got '", o.experts, "'"));
   }
   if (o.redundant_slots_per_rank < 0) {
     return absl::InvalidArgumentError(
@@ -259,8 +261,10 @@ std::vector<core::bf16_t> GenerateHidden(uint64_t seed, int64_t step, int rank, 
   return out;
 }
 
-int64_t ExpertBytesPerLayer(const core::ModelDescription& model) {
-  return int64_t{model.num_experts} * 3 * model.moe_intermediate_size * model.hidden_size * 2;
+int64_t ExpertBytesPerLayer(const core::ModelDescription& model,
+                            core::quant::ExpertWeightFormat format) {
+  return int64_t{model.num_experts} *
+         core::quant::ExpertWeightBytes(format, model.hidden_size, model.moe_intermediate_size);
 }
 
 bool RunJobResult::AllPass() const {
@@ -285,6 +289,14 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
   routing_options.seed = options.seed;
   ASSIGN_OR_RETURN(core::RoutingSource routing, core::RoutingSource::Create(routing_options));
   const bool identity = options.experts == "identity";
+  // --experts checkpoint: the format of the model's quantization_config
+  // (issue 35; fp8 and mxfp4 on the gloo plane); swiglu: bf16.
+  const core::quant::ExpertWeightFormat format = options.experts == "checkpoint"
+                                                     ? model.quantization.expert_format
+                                                     : core::quant::ExpertWeightFormat::kBf16;
+  // Llama-4: the router weight scales the expert's input (issue 35 item 5).
+  const bool scale_input =
+      model.router_weight_use == core::RouterWeightUse::kScalesInput && !identity;
   const int64_t H = model.hidden_size;
   const int K = model.top_k;
 
@@ -293,12 +305,16 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
       << model.num_layers << " layers, " << sparse.size() << " MoE); running MoE layers "
       << absl::StrJoin(run_layers, ",") << " with " << options.experts << " experts, routing "
       << options.routing << ", " << options.steps << " step(s), seed " << options.seed << "\n";
-  out << DescribeSharedExperts(model) << "\n";
+  out << DescribeSharedExperts(model) << "\n" << DescribeQuantization(model) << "\n";
+  if (!identity) {
+    out << "routed experts run as " << core::quant::ExpertWeightFormatName(format)
+        << (options.experts == "checkpoint" ? " (the checkpoint's format)" : "") << "\n";
+  }
   const core::SharedExpertConfig& shared = model.shared_expert;
-  if (model.router_weight_use == core::RouterWeightUse::kScalesInput && !identity) {
+  if (scale_input) {
     out << "note: " << model.model_type
-        << " scales an expert's input by its router score; the workers and the reference "
-           "compute w * e(x) (DESIGN §7), which differs from the model for SwiGLU experts\n";
+        << " scales an expert's input by its router score: the workers and the reference "
+           "compute e(w * x) (the gloo plane; the GPU planes refuse it for now)\n";
   }
 
   // The group's size, known before any worker starts.
@@ -367,6 +383,7 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
   memory_input.capacity_tokens = capacity;
   memory_input.rows_per_layer = rows_per_layer;
   memory_input.max_step_rows = max_step_rows;
+  memory_input.weight_format = format;
   ASSIGN_OR_RETURN(RunMemoryEstimate memory, EstimateRunMemory(memory_input));
   WorkerSelection selection = options.workers;
   const absl::StatusOr<int64_t> available = core::AvailableMemoryBytes();
@@ -441,7 +458,7 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
   result.world = world;
   result.steps = options.steps;
   result.expert_bytes_per_rank.assign(world, 0);
-  result.layer_expert_bytes = ExpertBytesPerLayer(model);
+  result.layer_expert_bytes = ExpertBytesPerLayer(model, format);
   result.num_sparse_layers = static_cast<int>(sparse.size());
   result.tolerance = options.tolerance;
   result.identity_experts = identity;
@@ -451,7 +468,13 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
   const auto load_request = [&](int layer) {
     v1::LoadExpertsRequest load;
     load.set_layer(layer);
-    load.set_kind(identity ? v1::EXPERT_KIND_IDENTITY : v1::EXPERT_KIND_SWIGLU);
+    load.set_kind(
+        identity                                                  ? v1::EXPERT_KIND_IDENTITY
+        : format == core::quant::ExpertWeightFormat::kFp8Block128 ? v1::EXPERT_KIND_FP8_BLOCK_SWIGLU
+        : format == core::quant::ExpertWeightFormat::kMxfp4       ? v1::EXPERT_KIND_MXFP4_GPT_OSS
+                                                                  : v1::EXPERT_KIND_SWIGLU);
+    load.set_swiglu_limit(static_cast<float>(model.swiglu_limit));
+    load.set_router_weight_scales_input(scale_input);
     load.set_seed(options.seed);
     load.set_intermediate_size(model.moe_intermediate_size);
     if (shared.present()) {
@@ -669,8 +692,14 @@ absl::StatusOr<RunJobResult> RunJob(const RunJobOptions& options, std::ostream& 
     const ExpertChunkFactory make_chunk = [&](int first,
                                               int count) -> absl::StatusOr<core::ExpertSet> {
       if (identity) return core::ExpertSet::Identity(first, count, H);
-      return core::ExpertSet::GenerateSwiGlu(options.seed, layer, first, count, H,
-                                             model.moe_intermediate_size);
+      core::ExpertSource source = core::ExpertSource::Seeded(
+          options.seed, layer, model.num_experts, first, count, H, model.moe_intermediate_size);
+      source.weight_format = format;
+      if (model.swiglu_limit > 0) {
+        source.gpt_oss_activation.limit = static_cast<float>(model.swiglu_limit);
+      }
+      if (scale_input) source.router_weight_use = core::RouterWeightUse::kScalesInput;
+      return core::MakeHostExperts(source);
     };
     // All (step, rank) rows of the layer in one call: one GEMM per expert.
     int64_t total = 0;

@@ -68,8 +68,10 @@ struct RunJobOptions {
   int steps = 2;
   std::string routing = "skewed";  // uniform | skewed[:S] | trace:FILE | load:FILE
   uint64_t seed = 1;
-  std::string experts = "swiglu";  // swiglu | identity
-  int64_t capacity_tokens = 0;     // N; 0 = the largest per-rank count of the run
+  // swiglu (bf16) | identity | checkpoint (the model's quantization_config
+  // format: fp8 or mxfp4 experts on the gloo plane; bf16 without one).
+  std::string experts = "swiglu";
+  int64_t capacity_tokens = 0;  // N; 0 = the largest per-rank count of the run
   Tolerance tolerance;
   absl::Duration rpc_timeout = absl::Seconds(600);
   // DESIGN §15: expert slots a worker may hold beyond ceil(E / workers)
@@ -145,9 +147,12 @@ std::vector<int64_t> PlanTokenCounts(int64_t tokens_per_rank, int world, int64_t
 std::vector<core::bf16_t> GenerateHidden(uint64_t seed, int64_t step, int rank, int64_t num_tokens,
                                          int64_t hidden);
 
-// Bytes of one sparse layer's routed experts: num_experts * 3 * I * H * 2
-// (gate, up [I, H], down [H, I], bf16).
-int64_t ExpertBytesPerLayer(const core::ModelDescription& model);
+// Bytes of one sparse layer's routed experts in `format`: num_experts *
+// core::quant::ExpertWeightBytes (bf16: 3 * I * H * 2; fp8: 3 * I * H +
+// the 128 x 128 block scales; issue 35).
+int64_t ExpertBytesPerLayer(
+    const core::ModelDescription& model,
+    core::quant::ExpertWeightFormat format = core::quant::ExpertWeightFormat::kBf16);
 
 struct LayerRunSummary {
   int layer = 0;           // model layer index

@@ -70,18 +70,23 @@ absl::StatusOr<StreamedReferenceStats> StreamedMoeReference(
       const std::vector<int64_t>& rows = rows_of[e];
       if (rows.empty()) continue;
       const int64_t m = static_cast<int64_t>(rows.size());
+      // Llama-4: e(w * x) (issue 35 item 5), as core::DenseMoeReference.
+      const bool scale_input = chunk.router_weight_use() == core::RouterWeightUse::kScalesInput &&
+                               chunk.kind() != core::ExpertKind::kIdentity;
       xs.resize(m * hidden);
       ys.resize(m * hidden);
       for (int64_t j = 0; j < m; ++j) {
         const int64_t t = rows[j] / top_k;
+        const float w = scale_input ? topk_weights[rows[j]] : 1.0f;
         for (int64_t c = 0; c < hidden; ++c) {
-          xs[j * hidden + c] = core::Bf16ToFloat(hidden_states[t * hidden + c]);
+          const float v = core::Bf16ToFloat(hidden_states[t * hidden + c]);
+          xs[j * hidden + c] = scale_input ? w * v : v;
         }
       }
       RETURN_IF_ERROR(chunk.Apply(e, xs, m, absl::MakeSpan(ys), scratch));
       for (int64_t j = 0; j < m; ++j) {
         const int64_t t = rows[j] / top_k;
-        const float w = topk_weights[rows[j]];
+        const float w = scale_input ? 1.0f : topk_weights[rows[j]];
         for (int64_t c = 0; c < hidden; ++c) out[t * hidden + c] += w * ys[j * hidden + c];
       }
     }

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/model_source.h"
 #include "client/text_table.h"
+#include "core/quantized_weights.h"
 #include "core/status_macros.h"
 #include "core/workspace.h"
 #include "nlohmann/json.hpp"
@@ -36,6 +37,13 @@ absl::Status RunWorkspaceCommand(const WorkspaceCommandOptions& options, std::os
                    core::DispatchBytesPerToken(dtype, spec.hidden, spec.top_k));
   ASSIGN_OR_RETURN(core::FlashInferWorkspace fi, core::ComputeFlashInferWorkspace(spec));
   ASSIGN_OR_RETURN(core::AllocatedWorkspace own, core::ComputeAllocatedWorkspace(spec));
+  // Routed-expert weights in the checkpoint's format (issue 35 item 1): the
+  // rank holding the most experts under the contiguous placement, all MoE
+  // layers.
+  const int64_t expert_bytes = model.ExpertWeightBytes();
+  const int64_t experts_per_rank = (model.num_experts + spec.ep_size - 1) / spec.ep_size;
+  const int64_t rank_expert_bytes = expert_bytes * experts_per_rank * model.NumSparseLayers();
+  const char* format = core::quant::ExpertWeightFormatName(model.quantization.expert_format);
   if (options.json) {
     nlohmann::json regions = nlohmann::json::array();
     for (const core::WorkspaceRegion& r : own.regions) {
@@ -57,7 +65,13 @@ absl::Status RunWorkspaceCommand(const WorkspaceCommandOptions& options, std::os
           {"dispatch_region_bytes", fi.dispatch_region_bytes},
           {"combine_region_bytes", fi.combine_region_bytes},
           {"total_bytes", fi.total_bytes}}},
-        {"allocated", {{"total_bytes", own.total_bytes}, {"regions", std::move(regions)}}}};
+        {"allocated", {{"total_bytes", own.total_bytes}, {"regions", std::move(regions)}}},
+        {"expert_weights",
+         {{"format", format},
+          {"expert_bytes", expert_bytes},
+          {"experts_per_rank", experts_per_rank},
+          {"num_sparse_layers", model.NumSparseLayers()},
+          {"per_rank_bytes", rank_expert_bytes}}}};
     out << j.dump(2) << "\n";
     return absl::OkStatus();
   }
@@ -74,7 +88,12 @@ absl::Status RunWorkspaceCommand(const WorkspaceCommandOptions& options, std::os
   sizes.AddRow(BytesRow("FlashInfer-compatible combine region", fi.combine_region_bytes));
   sizes.AddRow(BytesRow("FlashInfer-compatible total per rank", fi.total_bytes));
   sizes.AddRow(BytesRow("moe-ep allocated per rank", own.total_bytes));
-  out << sizes.Render() << "\nmoe-ep allocation (each region 128-byte aligned):\n";
+  out << sizes.Render() << "\nrouted experts (" << format
+      << "): " << FormatBytes(static_cast<double>(expert_bytes)) << " each (" << expert_bytes
+      << " bytes); " << experts_per_rank << " a rank x " << model.NumSparseLayers()
+      << " MoE layers = " << FormatBytes(static_cast<double>(rank_expert_bytes)) << " ("
+      << rank_expert_bytes << " bytes) a rank\n"
+      << "\nmoe-ep allocation (each region 128-byte aligned):\n";
   TextTable regions({"region", "offset", "bytes", "size"});
   for (const core::WorkspaceRegion& r : own.regions) {
     regions.AddRow({r.name, absl::StrCat(r.offset_bytes), absl::StrCat(r.size_bytes),

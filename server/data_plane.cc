@@ -58,6 +58,23 @@ absl::Status CheckExpertSourceForWorkspace(const core::ExpertSource& source,
   return core::CheckExpertRange(source, rank, options.workspace.ep_size);
 }
 
+absl::Status CheckGpuExpertSource(const core::ExpertSource& source) {
+  const core::ExpertKind kind = source.expert_kind();
+  if (kind != core::ExpertKind::kSwiGlu && kind != core::ExpertKind::kIdentity) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "expert source (", source.Describe(), "): ", core::ExpertKindName(kind),
+        " experts are computed on the gloo plane only (the GPU planes run bf16 SwiGLU and "
+        "identity experts)"));
+  }
+  if (kind != core::ExpertKind::kIdentity &&
+      source.router_weight_use == core::RouterWeightUse::kScalesInput) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "expert source (", source.Describe(),
+        "): router_weight_scales_input (e(w * x), Llama-4) is computed on the gloo plane only"));
+  }
+  return absl::OkStatus();
+}
+
 std::vector<int> RankMaskState::MaskedRanks() const {
   std::vector<int> out;
   for (size_t r = 0; r < live.size(); ++r) {

@@ -440,6 +440,15 @@ absl::Status CheckExpertSourceForWorkspace(const core::ExpertSource& source,
 // ResolveBenchmarkPlane()
 //
 // The plane a Benchmark with `asked` runs on a plane named `own` that can
+// CheckGpuExpertSource()
+//
+// What the GPU planes (NCCL, one-sided) compute today: bf16 SwiGLU and
+// identity experts with the router weight on the output. Errors:
+// kFailedPrecondition naming the source for fp8 / mxfp4 experts (the
+// quantized kernels are not wired to these planes yet; the Gloo plane
+// computes them) and for Llama-4's input scaling (issue 35). Pure.
+absl::Status CheckGpuExpertSource(const core::ExpertSource& source);
+
 // also time `others`: `own` for "" or `own`, `asked` when it is one of
 // `others`. Errors: kFailedPrecondition naming `asked`, what the group runs
 // and what it can time. Pure.

@@ -380,6 +380,7 @@ absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, const core::ExpertS
   // the contiguous placement (and its message).
   RETURN_IF_ERROR(
       CheckExpertSourceForWorkspace(source, options_, view_->rank(), book_.Installed(layer)));
+  RETURN_IF_ERROR(CheckGpuExpertSource(source));
   RETURN_IF_ERROR(MakeDeviceCurrent());
   // Made on the device from the source (seeded: generated there; safetensors:
   // streamed through bounded pinned staging): no host copy of the layer.

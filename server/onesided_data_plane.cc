@@ -305,6 +305,7 @@ absl::StatusOr<int64_t> OneSidedDataPlane::LoadExperts(int layer, const core::Ex
   // An installed table is checked slot by slot; without one, the range of
   // the contiguous placement (and its message).
   RETURN_IF_ERROR(CheckExpertSourceForWorkspace(source, options_, rank_, book_.Installed(layer)));
+  RETURN_IF_ERROR(CheckGpuExpertSource(source));
   RETURN_IF_ERROR(MakeDeviceCurrent());
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::DeviceExpertSet> device,
                    kernels::DeviceExpertSet::Load(source));

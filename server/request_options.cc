@@ -1,5 +1,6 @@
 #include "server/request_options.h"
 
+#include <cmath>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -306,16 +307,26 @@ absl::StatusOr<ExpertLoad> ExpertLoadFromRequest(const RequestLimits& limits,
                                                  const ExpertLoadContext& context) {
   RETURN_IF_ERROR(CheckLoadExperts(limits, request));
   RETURN_IF_ERROR(NonNegative("layer", request.layer()));
-  if (request.kind() != v1::EXPERT_KIND_SWIGLU && request.kind() != v1::EXPERT_KIND_IDENTITY) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "kind: expected EXPERT_KIND_SWIGLU or EXPERT_KIND_IDENTITY, got ", request.kind()));
+  if (request.kind() != v1::EXPERT_KIND_SWIGLU && request.kind() != v1::EXPERT_KIND_IDENTITY &&
+      request.kind() != v1::EXPERT_KIND_FP8_BLOCK_SWIGLU &&
+      request.kind() != v1::EXPERT_KIND_MXFP4_GPT_OSS) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kind: expected EXPERT_KIND_SWIGLU, EXPERT_KIND_IDENTITY, "
+                     "EXPERT_KIND_FP8_BLOCK_SWIGLU or EXPERT_KIND_MXFP4_GPT_OSS, got ",
+                     request.kind()));
   }
   RETURN_IF_ERROR(NonNegative("intermediate_size", request.intermediate_size()));
-  if (!request.safetensors_path().empty() && request.kind() != v1::EXPERT_KIND_SWIGLU) {
-    return absl::InvalidArgumentError(
-        "safetensors_path: checkpoints hold SwiGLU experts; set kind EXPERT_KIND_SWIGLU");
+  if (!(request.swiglu_limit() >= 0.0f) || std::isinf(request.swiglu_limit())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "swiglu_limit: expected a finite value >= 0 (0 = 7.0), got ", request.swiglu_limit()));
   }
-  if (!request.safetensors_path().empty() && request.name_pattern().empty()) {
+  if (!request.safetensors_path().empty() && request.kind() == v1::EXPERT_KIND_IDENTITY) {
+    return absl::InvalidArgumentError(
+        "safetensors_path: checkpoints hold SwiGLU experts; set kind EXPERT_KIND_SWIGLU (or "
+        "its fp8 / mxfp4 kind)");
+  }
+  if (!request.safetensors_path().empty() && request.name_pattern().empty() &&
+      request.kind() != v1::EXPERT_KIND_MXFP4_GPT_OSS) {
     return absl::InvalidArgumentError(
         "name_pattern: required with safetensors_path, e.g. "
         "\"model.layers.{layer}.mlp.experts.{expert}.{proj}.weight\"");
@@ -326,6 +337,13 @@ absl::StatusOr<ExpertLoad> ExpertLoadFromRequest(const RequestLimits& limits,
   if (!request.safetensors_path().empty()) {
     // Canonical, under --checkpoint-dir (server/path_policy.h).
     ASSIGN_OR_RETURN(load.checkpoint,
+  load.weight_format = request.kind() == v1::EXPERT_KIND_FP8_BLOCK_SWIGLU
+                           ? core::quant::ExpertWeightFormat::kFp8Block128
+                       : request.kind() == v1::EXPERT_KIND_MXFP4_GPT_OSS
+                           ? core::quant::ExpertWeightFormat::kMxfp4
+                           : core::quant::ExpertWeightFormat::kBf16;
+  if (request.swiglu_limit() > 0.0f) load.swiglu_limit = request.swiglu_limit();
+  load.router_weight_scales_input = request.router_weight_scales_input();
                      ResolveCheckpointPath(context.checkpoint_dirs, request.safetensors_path(),
                                            limits.max_file_bytes));
   }
@@ -367,9 +385,18 @@ absl::StatusOr<ExpertLoad> ExpertLoadFromRequest(const RequestLimits& limits,
   }
   load.first_expert = load.expert_ids.front();
   load.num_local_experts = static_cast<int>(load.expert_ids.size());
-  // Weight bytes the new set will hold: gate, up [I, H] and down [H, I], bf16.
+  if (load.weight_format == core::quant::ExpertWeightFormat::kMxfp4 &&
+      (hidden % core::quant::kMxfp4Block != 0 || intermediate % core::quant::kMxfp4Block != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kind: EXPERT_KIND_MXFP4_GPT_OSS needs hidden and intermediate_size multiples of 32 "
+        "(the mxfp4 block), got ",
+        hidden, " and ", intermediate));
+  }
+  // Weight bytes the new set will hold, in their format.
   load.weight_bytes =
-      load.identity ? 0 : int64_t{load.num_local_experts} * 3 * intermediate * hidden * 2;
+      load.identity ? 0
+                    : int64_t{load.num_local_experts} *
+                          core::quant::ExpertWeightBytes(load.weight_format, hidden, intermediate);
   return load;
 }
 
@@ -380,7 +407,9 @@ std::vector<BallotField> ExpertLoadFields(const v1::LoadExpertsRequest& request,
           {"intermediate_size", load.intermediate},
           {"seed", static_cast<int64_t>(request.seed())},
           Text("safetensors_path", request.safetensors_path()),
-          Text("name_pattern", request.name_pattern())};
+          Text("name_pattern", request.name_pattern()),
+          {"swiglu_limit (x 1e6)", static_cast<int64_t>(std::llround(load.swiglu_limit * 1e6))},
+          {"router_weight_scales_input", load.router_weight_scales_input ? 1 : 0}};
 }
 
 absl::Status CheckSyncTokenCounts(const v1::SyncTokenCountsRequest& request) {
@@ -525,6 +554,10 @@ absl::StatusOr<core::PlacementTable> PlacementFromRequest(
     const RequestLimits& limits, const v1::InstallPlacementRequest& request,
     const std::vector<core::LayerPlan>& plan, const core::EpDispatcherOptions& allocation,
     int world_size) {
+  source.weight_format = load.weight_format;
+  source.gpt_oss_activation.limit = load.swiglu_limit;
+  source.router_weight_use = load.router_weight_scales_input ? core::RouterWeightUse::kScalesInput
+                                                             : core::RouterWeightUse::kScalesOutput;
   RETURN_IF_ERROR(NonNegative("layer", request.layer()));
   if (request.layer() >= static_cast<int>(plan.size()) || !plan[request.layer()].sparse) {
     return absl::InvalidArgumentError(absl::StrCat("layer: expected a configured MoE layer in [0, ",

@@ -152,7 +152,13 @@ struct ExpertLoad {
   // experts, ascending, and the logical expert of each slot.
   std::vector<int> expert_ids;
   std::vector<int> slot_experts;
-  int64_t weight_bytes = 0;  // gate, up [I, H] and down [H, I], bf16, of the share
+  int64_t weight_bytes = 0;  // the share's weights in their format (quant::ExpertWeightBytes)
+  // The weights' format by kind (EXPERT_KIND_FP8_BLOCK_SWIGLU,
+  // EXPERT_KIND_MXFP4_GPT_OSS; issue 35), gpt-oss's limit, and Llama-4's
+  // input scaling.
+  core::quant::ExpertWeightFormat weight_format = core::quant::ExpertWeightFormat::kBf16;
+  float swiglu_limit = core::quant::kGptOssSwiGluLimit;
+  bool router_weight_scales_input = false;
 };
 
 // The state LoadExperts is checked against.
@@ -169,10 +175,12 @@ struct ExpertLoadContext {
 
 // ExpertLoadFromRequest()
 //
-// layer >= 0, a configured sparse layer; kind SWIGLU or IDENTITY;
-// intermediate_size >= 0 (0 = the model's moe_intermediate_size, required
-// for SWIGLU); safetensors_path only for SWIGLU, with a name_pattern, and
-// resolved under the checkpoint directories.
+// layer >= 0, a configured sparse layer; kind SWIGLU, IDENTITY,
+// FP8_BLOCK_SWIGLU or MXFP4_GPT_OSS; intermediate_size >= 0 (0 = the model's
+// moe_intermediate_size, required for the SwiGLU kinds); safetensors_path
+// only for the SwiGLU kinds, with a name_pattern (optional for
+// MXFP4_GPT_OSS), and resolved under the checkpoint directories;
+// swiglu_limit >= 0 (0 = 7.0).
 absl::StatusOr<ExpertLoad> ExpertLoadFromRequest(const RequestLimits& limits,
                                                  const v1::LoadExpertsRequest& request,
                                                  const ExpertLoadContext& context);

@@ -16,7 +16,9 @@ absl::StatusOr<std::optional<core::SharedExpert>> MakeSharedExpert(
     int64_t held_bytes, int64_t memory_cap_bytes) {
   if (!request.has_shared_expert()) return std::optional<core::SharedExpert>();
   const v1::SharedExpert& spec = request.shared_expert();
-  const bool swiglu = request.kind() == v1::EXPERT_KIND_SWIGLU;
+  // Every SwiGLU kind's shared expert is a bf16 SwiGLU (fp8 / mxfp4 apply to
+  // the routed experts; issue 35).
+  const bool swiglu = request.kind() != v1::EXPERT_KIND_IDENTITY;
   const int64_t inter = spec.intermediate_size();
   if (swiglu && (inter < 1 || inter > kMaxSharedIntermediate)) {
     return absl::InvalidArgumentError(

@@ -375,5 +375,77 @@ TEST(TensorMessage, RoundTripAndValidation) {
   EXPECT_EQ(MakeFp32Tensor(w, 1, 1).dtype(), v1::DTYPE_FP32);
 }
 
+TEST(RunPlanCommand, ReportsEachFamilysQuantization) {
+  // issue 35 item 1: method, format, block size, modules not converted, and
+  // the experts' bytes in the checkpoint's format.
+  const std::string v3 = DataDir() + "/models/DeepSeek-V3.json";
+  const std::string oss = DataDir() + "/models/gpt-oss-120b.json";
+  if (!std::ifstream(v3) || !std::ifstream(oss)) GTEST_SKIP() << "no data dir at " << DataDir();
+  PlanCommandOptions o;
+  o.model = v3;
+  o.json = true;
+  std::ostringstream out;
+  ASSERT_TRUE(RunPlanCommand(o, out).ok());
+  const nlohmann::json q = nlohmann::json::parse(out.str())["quantization"];
+  EXPECT_EQ(q["method"], "fp8");
+  EXPECT_EQ(q["fmt"], "e4m3");
+  EXPECT_EQ(q["weight_block_size"], nlohmann::json::array({128, 128}));
+  EXPECT_EQ(q["activation_scheme"], "dynamic");
+  EXPECT_EQ(q["expert_format"], "fp8-block128");
+  EXPECT_EQ(q["expert_bytes"].get<int64_t>(), 44040192 + 10752);
+  EXPECT_EQ(q["layer_expert_bytes"].get<int64_t>(), int64_t{256} * (44040192 + 10752));
+  // 58 MoE layers: 0.654 TB of fp8 experts (1.31 TB in bf16).
+  EXPECT_EQ(q["model_expert_bytes"].get<int64_t>(), int64_t{58} * 256 * (44040192 + 10752));
+  o.json = false;
+  std::ostringstream text;
+  ASSERT_TRUE(RunPlanCommand(o, text).ok());
+  EXPECT_THAT(text.str(), HasSubstr("weights: fp8 (e4m3, 128 x 128 blocks, dynamic activations); "
+                                    "routed experts fp8-block128: 42.0 MiB each"));
+  EXPECT_THAT(text.str(), HasSubstr("(scales 0.024%)"));
+
+  o.model = oss;
+  o.json = true;
+  std::ostringstream oss_out;
+  ASSERT_TRUE(RunPlanCommand(o, oss_out).ok());
+  const nlohmann::json m = nlohmann::json::parse(oss_out.str())["quantization"];
+  EXPECT_EQ(m["method"], "mxfp4");
+  EXPECT_EQ(m["weight_block_size"], nlohmann::json::array({1, 32}));
+  EXPECT_EQ(m["expert_format"], "mxfp4");
+  EXPECT_EQ(m["modules_to_not_convert"].size(), 4u);
+  EXPECT_EQ(m["expert_bytes"].get<int64_t>(), 13219200 + 17280);
+
+  o.model = "qwen3-30b-a3b";
+  std::ostringstream bf16_out;
+  ASSERT_TRUE(RunPlanCommand(o, bf16_out).ok());
+  const nlohmann::json b = nlohmann::json::parse(bf16_out.str())["quantization"];
+  EXPECT_EQ(b["method"], "none");
+  EXPECT_EQ(b["expert_format"], "bf16");
+  EXPECT_EQ(b["expert_bytes"].get<int64_t>(), 3 * 768 * 2048 * 2);
+}
+
+TEST(RunWorkspaceCommand, ExpertWeightsPerRankInTheCheckpointFormat) {
+  const std::string v3 = DataDir() + "/models/DeepSeek-V3.json";
+  if (!std::ifstream(v3)) GTEST_SKIP() << "no data dir at " << DataDir();
+  WorkspaceCommandOptions o;
+  o.model = v3;
+  o.ep_size = 8;
+  o.max_tokens = 128;
+  o.json = true;
+  std::ostringstream out;
+  ASSERT_TRUE(RunWorkspaceCommand(o, out).ok());
+  const nlohmann::json e = nlohmann::json::parse(out.str())["expert_weights"];
+  EXPECT_EQ(e["format"], "fp8-block128");
+  EXPECT_EQ(e["experts_per_rank"], 32);
+  EXPECT_EQ(e["num_sparse_layers"], 58);
+  // The issue's 82 GB a GPU at EP 8 (163 GB in bf16).
+  EXPECT_EQ(e["per_rank_bytes"].get<int64_t>(), int64_t{32} * 58 * (44040192 + 10752));
+  o.json = false;
+  std::ostringstream text;
+  ASSERT_TRUE(RunWorkspaceCommand(o, text).ok());
+  EXPECT_THAT(text.str(),
+              HasSubstr("routed experts (fp8-block128): 42.0 MiB each (44050944 bytes); 32 a "
+                        "rank x 58 MoE layers = 76.1 GiB (81758552064 bytes) a rank"));
+}
+
 }  // namespace
 }  // namespace moe_ep::client

@@ -81,6 +81,25 @@ TEST(EstimateRunMemory, DeepSeekV3HandNumbers) {
   EXPECT_EQ(e->needed_bytes, e->local_workers_bytes + 1681503232);
 }
 
+TEST(EstimateRunMemory, Fp8ExpertsInTheirOwnBytes) {
+  // issue 35: DeepSeek-V3's experts in fp8 are 44,040,192 bytes + 10,752 of
+  // scales; no fp32 widening (the quantized reference decodes tiles).
+  RunMemoryInput in = DeepSeekV3();
+  in.weight_format = core::quant::ExpertWeightFormat::kFp8Block128;
+  auto e = EstimateRunMemory(in);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->expert_bytes, 44050944);
+  EXPECT_EQ(e->layer_expert_bytes, int64_t{256} * 44050944);
+  EXPECT_EQ(e->worker_expert_bytes, int64_t{64} * 44050944);  // 2,819,260,416
+  // The bf16 figure less 3 I H 4 = 176,160,768 of widening.
+  EXPECT_EQ(e->worker_other_bytes, 370147328 - 176160768);
+  // 1 GiB / 44,050,944 = 24 experts, capped at 16.
+  EXPECT_EQ(e->reference_chunk_experts, 16);
+  EXPECT_EQ(e->reference_chunk_bytes, 16 * 44050944);
+  EXPECT_EQ(e->coordinator_bytes, 16 * 44050944 + 28736000 + (292960768 - 176160768) + 34406400 +
+                                      268435456);
+}
+
 TEST(EstimateRunMemory, IdentityExpertsHoldNoWeights) {
   RunMemoryInput in = DeepSeekV3();
   in.identity = true;

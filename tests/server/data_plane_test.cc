@@ -628,5 +628,23 @@ TEST(CpuDataPlane, TwoRanksStopTogetherWhenOneStopsInsideItsExpertCompute) {
   }
 }
 
+TEST(CheckGpuExpertSource, RefusesWhatTheGpuPlanesDoNotComputeYet) {
+  // issue 35: fp8 / mxfp4 experts and Llama-4's input scaling run on the
+  // gloo plane; the GPU planes refuse them instead of loading bf16 weights.
+  core::ExpertSource s = core::ExpertSource::Seeded(1, 0, 8, 0, 4, 256, 128);
+  EXPECT_TRUE(CheckGpuExpertSource(s).ok());
+  s.weight_format = core::quant::ExpertWeightFormat::kFp8Block128;
+  absl::Status status = CheckGpuExpertSource(s);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), ::testing::HasSubstr("fp8-swiglu experts are computed on the gloo"));
+  s.weight_format = core::quant::ExpertWeightFormat::kBf16;
+  s.router_weight_use = core::RouterWeightUse::kScalesInput;
+  status = CheckGpuExpertSource(s);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), ::testing::HasSubstr("router_weight_scales_input"));
+  // Identity experts: e(w x) = w e(x), nothing to refuse.
+  EXPECT_TRUE(CheckGpuExpertSource(core::ExpertSource::Identity(0, 8, 0, 4, 256)).ok());
+}
+
 }  // namespace
 }  // namespace moe_ep::server

@@ -147,8 +147,9 @@ TEST(RequestOptions, ExpertLoadShareAndBytes) {
   EXPECT_EQ(load->intermediate, 16);  // the model's
   EXPECT_EQ(load->weight_bytes, 2 * 3 * 16 * 8 * 2);
   const std::vector<core::BallotField> fields = ExpertLoadFields(r, *load);
-  EXPECT_THAT(Names(fields), ElementsAre("layer", "kind", "intermediate_size", "seed",
-                                         "safetensors_path", "name_pattern"));
+  EXPECT_THAT(Names(fields),
+              ElementsAre("layer", "kind", "intermediate_size", "seed", "safetensors_path",
+                          "name_pattern", "swiglu_limit (x 1e6)", "router_weight_scales_input"));
   EXPECT_EQ(fields[3].value, 3);
   r.set_layer(1);
   EXPECT_THAT(ExpertLoadFromRequest(RequestLimits(), r, context).status().message(),
@@ -161,6 +162,52 @@ TEST(RequestOptions, ExpertLoadShareAndBytes) {
   load = ExpertLoadFromRequest(RequestLimits(), r, context);
   ASSERT_TRUE(load.ok());
   EXPECT_EQ(load->weight_bytes, 0);
+}
+
+TEST(RequestOptions, QuantizedExpertLoadsCarryTheirFormat) {
+  // issue 35: the fp8 / mxfp4 kinds set the source's format and bytes;
+  // Llama-4's input scaling and gpt-oss's limit reach the source.
+  std::vector<core::LayerPlan> plan(1);
+  plan[0].sparse = true;
+  v1::ModelDescription model;
+  core::EpDispatcherOptions allocation;
+  allocation.workspace.hidden = 256;
+  allocation.num_experts = 4;
+  const ExpertLoadContext context{&plan, &model, &allocation, 2, 0, {}};
+  v1::LoadExpertsRequest r;
+  r.set_layer(0);
+  r.set_kind(v1::EXPERT_KIND_FP8_BLOCK_SWIGLU);
+  r.set_intermediate_size(128);
+  r.set_router_weight_scales_input(true);
+  absl::StatusOr<ExpertLoad> load = ExpertLoadFromRequest(RequestLimits(), r, context);
+  ASSERT_TRUE(load.ok()) << load.status();
+  EXPECT_EQ(load->weight_format, core::quant::ExpertWeightFormat::kFp8Block128);
+  // Two experts of gate/up [128, 256], down [256, 128]: 1 byte a weight and
+  // one fp32 scale per 128 x 128 block (2 per matrix).
+  EXPECT_EQ(load->weight_bytes, 2 * (3 * 128 * 256 + 3 * 2 * 4));
+  core::ExpertSource source = MakeExpertSource(*load, r, allocation);
+  EXPECT_EQ(source.expert_kind(), core::ExpertKind::kFp8SwiGlu);
+  EXPECT_EQ(source.router_weight_use, core::RouterWeightUse::kScalesInput);
+  EXPECT_EQ(source.weight_bytes(), load->weight_bytes);
+
+  r.set_kind(v1::EXPERT_KIND_MXFP4_GPT_OSS);
+  r.set_router_weight_scales_input(false);
+  r.set_swiglu_limit(5.5f);
+  load = ExpertLoadFromRequest(RequestLimits(), r, context);
+  ASSERT_TRUE(load.ok()) << load.status();
+  source = MakeExpertSource(*load, r, allocation);
+  EXPECT_EQ(source.expert_kind(), core::ExpertKind::kGptOssMxfp4);
+  EXPECT_EQ(source.gpt_oss_activation.limit, 5.5f);
+  EXPECT_EQ(source.router_weight_use, core::RouterWeightUse::kScalesOutput);
+  r.set_swiglu_limit(0.0f);  // 0 = the published 7.0
+  EXPECT_EQ(ExpertLoadFromRequest(RequestLimits(), r, context)->swiglu_limit, 7.0f);
+  r.set_swiglu_limit(-1.0f);
+  EXPECT_THAT(ExpertLoadFromRequest(RequestLimits(), r, context).status().message(),
+              HasSubstr("swiglu_limit: expected a finite value >= 0"));
+  r.set_swiglu_limit(0.0f);
+  r.set_intermediate_size(100);  // not a multiple of the mxfp4 block
+  EXPECT_THAT(ExpertLoadFromRequest(RequestLimits(), r, context).status().message(),
+              HasSubstr("multiples of 32"));
 }
 
 TEST(RequestOptions, ForwardChecksShapesAgainstTheAllocation) {
