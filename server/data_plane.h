@@ -437,9 +437,6 @@ absl::Status CheckExpertSourceForWorkspace(const core::ExpertSource& source,
                                            const core::EpDispatcherOptions& options, int rank,
                                            const core::PlacementTable* table = nullptr);
 
-// ResolveBenchmarkPlane()
-//
-// The plane a Benchmark with `asked` runs on a plane named `own` that can
 // CheckGpuExpertSource()
 //
 // What the GPU planes (NCCL, one-sided) compute today: bf16 SwiGLU and
@@ -449,6 +446,9 @@ absl::Status CheckExpertSourceForWorkspace(const core::ExpertSource& source,
 // computes them) and for Llama-4's input scaling (issue 35). Pure.
 absl::Status CheckGpuExpertSource(const core::ExpertSource& source);
 
+// ResolveBenchmarkPlane()
+//
+// The plane a Benchmark with `asked` runs on a plane named `own` that can
 // also time `others`: `own` for "" or `own`, `asked` when it is one of
 // `others`. Errors: kFailedPrecondition naming `asked`, what the group runs
 // and what it can time. Pure.

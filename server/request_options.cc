@@ -334,9 +334,6 @@ absl::StatusOr<ExpertLoad> ExpertLoadFromRequest(const RequestLimits& limits,
   ExpertLoad load;
   load.layer = request.layer();
   load.identity = request.kind() == v1::EXPERT_KIND_IDENTITY;
-  if (!request.safetensors_path().empty()) {
-    // Canonical, under --checkpoint-dir (server/path_policy.h).
-    ASSIGN_OR_RETURN(load.checkpoint,
   load.weight_format = request.kind() == v1::EXPERT_KIND_FP8_BLOCK_SWIGLU
                            ? core::quant::ExpertWeightFormat::kFp8Block128
                        : request.kind() == v1::EXPERT_KIND_MXFP4_GPT_OSS
@@ -344,6 +341,9 @@ absl::StatusOr<ExpertLoad> ExpertLoadFromRequest(const RequestLimits& limits,
                            : core::quant::ExpertWeightFormat::kBf16;
   if (request.swiglu_limit() > 0.0f) load.swiglu_limit = request.swiglu_limit();
   load.router_weight_scales_input = request.router_weight_scales_input();
+  if (!request.safetensors_path().empty()) {
+    // Canonical, under --checkpoint-dir (server/path_policy.h).
+    ASSIGN_OR_RETURN(load.checkpoint,
                      ResolveCheckpointPath(context.checkpoint_dirs, request.safetensors_path(),
                                            limits.max_file_bytes));
   }
@@ -545,6 +545,10 @@ core::ExpertSource RangeExpertSource(const ExpertLoad& load, const v1::LoadExper
 core::ExpertSource MakeExpertSource(const ExpertLoad& load, const v1::LoadExpertsRequest& request,
                                     const core::EpDispatcherOptions& options) {
   core::ExpertSource source = RangeExpertSource(load, request, options);
+  source.weight_format = load.weight_format;
+  source.gpt_oss_activation.limit = load.swiglu_limit;
+  source.router_weight_use = load.router_weight_scales_input ? core::RouterWeightUse::kScalesInput
+                                                             : core::RouterWeightUse::kScalesOutput;
   const std::vector<int>& ids = load.expert_ids;
   const bool is_range = ids.empty() || ids.back() - ids.front() + 1 == static_cast<int>(ids.size());
   return is_range ? source : source.WithExperts(ids);
@@ -554,10 +558,6 @@ absl::StatusOr<core::PlacementTable> PlacementFromRequest(
     const RequestLimits& limits, const v1::InstallPlacementRequest& request,
     const std::vector<core::LayerPlan>& plan, const core::EpDispatcherOptions& allocation,
     int world_size) {
-  source.weight_format = load.weight_format;
-  source.gpt_oss_activation.limit = load.swiglu_limit;
-  source.router_weight_use = load.router_weight_scales_input ? core::RouterWeightUse::kScalesInput
-                                                             : core::RouterWeightUse::kScalesOutput;
   RETURN_IF_ERROR(NonNegative("layer", request.layer()));
   if (request.layer() >= static_cast<int>(plan.size()) || !plan[request.layer()].sparse) {
     return absl::InvalidArgumentError(absl::StrCat("layer: expected a configured MoE layer in [0, ",
