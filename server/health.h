@@ -39,6 +39,11 @@ inline constexpr const char* kLivenessServiceName = "";
 inline constexpr const char* kReadinessServiceName = "moe_ep.v1.Worker";
 // The readiness name under its older spelling in this codebase.
 inline constexpr const char* kWorkerServiceName = kReadinessServiceName;
+// The full method name of grpc.health.v1's streaming Watch: a call that
+// stays open while its client watches, so the drain on SIGTERM does not wait
+// for it (server/in_flight_calls.h); the servers' Shutdown ends it, after
+// HealthReporter::Shutdown() has pushed NOT_SERVING into it.
+inline constexpr const char* kHealthWatchMethod = "/grpc.health.v1.Health/Watch";
 
 // Turns on gRPC's default health service for servers built after this call.
 void EnableDefaultHealthService();

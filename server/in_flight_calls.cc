@@ -1,5 +1,8 @@
 #include "server/in_flight_calls.h"
 
+#include <algorithm>
+#include <utility>
+
 namespace moe_ep::server {
 
 // One per call: counts the call for its lifetime and lets every hook proceed.
@@ -19,13 +22,23 @@ class InFlightCalls::Factory final : public grpc::experimental::ServerIntercepto
  public:
   explicit Factory(InFlightCalls* calls) : calls_(calls) {}
   grpc::experimental::Interceptor* CreateServerInterceptor(
-      grpc::experimental::ServerRpcInfo* /*info*/) override {
-    return new Interceptor(calls_);
+      grpc::experimental::ServerRpcInfo* info) override {
+    // nullptr: this factory is ignored for the call (grpcpp's contract).
+    return calls_->Counted(info->method()) ? new Interceptor(calls_) : nullptr;
   }
 
  private:
   InFlightCalls* calls_;
 };
+
+InFlightCalls::InFlightCalls(std::vector<std::string> uncounted_methods)
+    : uncounted_methods_(std::move(uncounted_methods)) {}
+
+bool InFlightCalls::Counted(const char* method) const {
+  if (method == nullptr) return true;
+  return std::find(uncounted_methods_.begin(), uncounted_methods_.end(), method) ==
+         uncounted_methods_.end();
+}
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
 InFlightCalls::MakeInterceptorFactory() {

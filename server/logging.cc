@@ -52,6 +52,7 @@ std::string Timestamp(spdlog::log_clock::time_point time) {
 
 class JsonFormatter final : public spdlog::formatter {
  public:
+  explicit JsonFormatter(LogFields fields) : fields_(fields) {}
   void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
     nlohmann::ordered_json line;
     line["ts"] = Timestamp(msg.time);
@@ -59,7 +60,9 @@ class JsonFormatter final : public spdlog::formatter {
     line["level"] = std::string(level.data(), level.size());
     line["logger"] = std::string(msg.logger_name.data(), msg.logger_name.size());
     const int rank = g_rank.load(std::memory_order_relaxed);
-    if (rank < 0) {
+    if (fields_ == LogFields::kPlain) {
+      // No worker fields.
+    } else if (rank < 0) {
       line["rank"] = nullptr;
       line["generation"] = nullptr;
       line["epoch"] = nullptr;
@@ -76,8 +79,11 @@ class JsonFormatter final : public spdlog::formatter {
     dest.push_back('\n');
   }
   std::unique_ptr<spdlog::formatter> clone() const override {
-    return std::make_unique<JsonFormatter>();
+    return std::make_unique<JsonFormatter>(fields_);
   }
+
+ private:
+  const LogFields fields_;
 };
 
 }  // namespace
@@ -88,19 +94,24 @@ void SetLogContext(int rank, int64_t generation, int64_t epoch) {
   g_rank.store(rank, std::memory_order_relaxed);
 }
 
-absl::StatusOr<std::unique_ptr<spdlog::formatter>> MakeLogFormatter(const std::string& format) {
-  if (format == "json") return std::unique_ptr<spdlog::formatter>(new JsonFormatter());
+absl::StatusOr<std::unique_ptr<spdlog::formatter>> MakeLogFormatter(const std::string& format,
+                                                                    LogFields fields) {
+  if (format == "json") return std::unique_ptr<spdlog::formatter>(new JsonFormatter(fields));
   if (format == "text") {
     auto formatter = std::make_unique<spdlog::pattern_formatter>();
-    formatter->add_flag<ContextFlag>('*').set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] [%*] %v");
+    if (fields == LogFields::kWorker) {
+      formatter->add_flag<ContextFlag>('*').set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] [%*] %v");
+    } else {
+      formatter->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
+    }
     return std::unique_ptr<spdlog::formatter>(std::move(formatter));
   }
   return absl::InvalidArgumentError(
       absl::StrCat("--log-format: expected \"text\" or \"json\", got \"", format, "\""));
 }
 
-absl::Status ConfigureLogFormat(const std::string& format) {
-  absl::StatusOr<std::unique_ptr<spdlog::formatter>> formatter = MakeLogFormatter(format);
+absl::Status ConfigureLogFormat(const std::string& format, LogFields fields) {
+  absl::StatusOr<std::unique_ptr<spdlog::formatter>> formatter = MakeLogFormatter(format, fields);
   if (!formatter.ok()) return formatter.status();
   spdlog::default_logger()->set_formatter(std::move(*formatter));
   return absl::OkStatus();

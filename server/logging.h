@@ -17,6 +17,11 @@
 // line logged inside a call that changes them (e.g. Join) shows the values
 // from before the change and the lines after it the new ones.
 //
+// A process that is not a worker (the coordinator service, issue 31 item 5)
+// uses the same formats without the worker's fields:
+//     [2025-01-02 10:11:12.345] [info] message
+//     {"ts":"...","level":"info","logger":"moe-ep-coordinator","thread":1234,"msg":"..."}
+//
 // Thread-safe (the fields are atomics). Source: issue 5; spdlog 1.10
 // (custom formatter), nlohmann-json (escaping).
 
@@ -33,12 +38,19 @@ namespace moe_ep::server {
 // rank < 0 means "not joined" (rank, generation and epoch print as null / "-").
 void SetLogContext(int rank, int64_t generation, int64_t epoch);
 
+// Which fields a line carries besides time, level and message.
+enum class LogFields {
+  kWorker,  // rank, generation and epoch (SetLogContext)
+  kPlain,   // none (a process that is not a worker)
+};
+
 // A formatter for `format` ("text" or "json").
 // Errors: kInvalidArgument for any other format (names the flag and value).
-absl::StatusOr<std::unique_ptr<spdlog::formatter>> MakeLogFormatter(const std::string& format);
+absl::StatusOr<std::unique_ptr<spdlog::formatter>> MakeLogFormatter(
+    const std::string& format, LogFields fields = LogFields::kWorker);
 
-// Installs MakeLogFormatter(format) on the default logger.
+// Installs MakeLogFormatter(format, fields) on the default logger.
 // Errors: as MakeLogFormatter.
-absl::Status ConfigureLogFormat(const std::string& format);
+absl::Status ConfigureLogFormat(const std::string& format, LogFields fields = LogFields::kWorker);
 
 }  // namespace moe_ep::server

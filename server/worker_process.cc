@@ -30,6 +30,7 @@
 #include "server/probe_server.h"
 #include "server/reflection_v1.h"
 #include "server/rendezvous_service.h"
+#include "server/rpc_log.h"
 #include "server/tls_credentials.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -192,8 +193,12 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const Worker
   parts->metrics = std::make_unique<WorkerMetrics>(snapshot);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(parts->metrics->MakeInterceptorFactory());
-  parts->in_flight = std::make_unique<InFlightCalls>();  // the drain waits for these
+  // The drain waits for these; not for open health Watch streams, which
+  // Shutdown ends (issue 31 item 3: a coordinator watches every worker).
+  parts->in_flight = std::make_unique<InFlightCalls>(std::vector<std::string>{kHealthWatchMethod});
   interceptors.push_back(parts->in_flight->MakeInterceptorFactory());
+  // Every call's end in the log: failures at warn (server/rpc_log.h).
+  interceptors.push_back(MakeRpcLogInterceptorFactory(WorkerRpcLogOptions()));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   parts->server = builder.BuildAndStart();
   if (parts->server == nullptr || port == 0) {

@@ -8,12 +8,14 @@
 
 #include <csignal>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "client/grpc_status.h"
 #include "core/status_macros.h"
 #include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/integration/fake_coordinator.h"
@@ -62,6 +64,39 @@ TEST(GracefulShutdown, IdleJoinedWorkerExitsPromptlyWithStatusZero) {
   ASSERT_TRUE((*fake)->cluster().Kill(0, SIGTERM).ok());
   EXPECT_LT(WaitForExit(**fake, 0, absl::Seconds(10)), absl::Seconds(1));
   ExpectExitedZero(**fake, 0);
+}
+
+// A worker whose health is watched (a coordinator keeps a Watch open on every
+// worker) but that runs no call exits as promptly: the open Watch does not
+// hold the drain (5 s here); it reads NOT_SERVING and then ends (issue 31
+// item 3).
+TEST(GracefulShutdown, IdleWorkerWithAnOpenHealthWatchExitsWithinOneSecond) {
+  auto fake = FakeCoordinator::Start(2, {"--drain-timeout-ms=5000"});
+  ASSERT_TRUE(fake.ok()) << fake.status();
+  ASSERT_TRUE((*fake)->SetUp(SmallModel(), 16, v1::EXPERT_KIND_IDENTITY).ok());
+  auto health = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel((*fake)->cluster().targets()[1], grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service("moe_ep.v1.Worker");
+  auto reader = health->Watch(&context, request);
+  grpc::health::v1::HealthCheckResponse response;
+  ASSERT_TRUE(reader->Read(&response));
+  EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+
+  ASSERT_TRUE((*fake)->cluster().Kill(1, SIGTERM).ok());
+  const absl::Time start = absl::Now();
+  std::vector<grpc::health::v1::HealthCheckResponse::ServingStatus> seen;
+  while (reader->Read(&response)) seen.push_back(response.status());
+  const grpc::Status ended = reader->Finish();
+  const absl::Duration stream_took = absl::Now() - start;
+  const absl::Duration took = WaitForExit(**fake, 1, absl::Seconds(10));
+  EXPECT_LT(stream_took, absl::Seconds(1)) << "the Watch stayed open " << stream_took;
+  EXPECT_LT(took, absl::Seconds(1)) << "watched idle worker took " << took << " to exit";
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.back(), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  EXPECT_FALSE(ended.ok());  // ended by the server's shutdown, not by the client
+  ExpectExitedZero(**fake, 1);
 }
 
 // Ranks 0 and 1 enter a SyncTokenCounts that rank 2 never joins; rank 2 gets

@@ -1,5 +1,7 @@
 #include "server/in_flight_calls.h"
 
+#include <algorithm>
+#include <atomic>
 #include <thread>
 
 #include "absl/time/clock.h"
@@ -14,7 +16,7 @@ namespace {
 // A Rendezvous server counting its calls; a Get of a missing key blocks for
 // its timeout_ms, which makes a call that stays in flight for a known time.
 struct CountedServer {
-  CountedServer() {
+  explicit CountedServer(std::vector<std::string> uncounted = {}) : calls(std::move(uncounted)) {
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(&rendezvous);
@@ -66,6 +68,29 @@ TEST(InFlightCalls, CountsARunningCallUntilItsStatusIsSent) {
   EXPECT_TRUE(s.calls.WaitIdle(absl::Now() + absl::Seconds(5)));
   EXPECT_EQ(s.calls.count(), 0);
   caller.join();
+}
+
+// An uncounted method (the worker's health Watch, issue 31 item 3) never
+// holds WaitIdle, while the others still count.
+TEST(InFlightCalls, UncountedMethodsDoNotCount) {
+  CountedServer s({"/moe_ep.v1.Rendezvous/Get"});
+  std::atomic<bool> done{false};
+  grpc::StatusCode code = grpc::StatusCode::OK;
+  const absl::Time start = absl::Now();
+  std::thread caller([&] {
+    code = s.Get("never-set", 800).error_code();
+    done = true;
+  });
+  int64_t most = 0;
+  while (!done) {  // the whole time the Get waits in its handler
+    most = std::max(most, s.calls.count());
+    EXPECT_TRUE(s.calls.WaitIdle(absl::Now()));
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  caller.join();
+  EXPECT_EQ(code, grpc::StatusCode::DEADLINE_EXCEEDED);  // it did wait for the key
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(700));
+  EXPECT_EQ(most, 0);
 }
 
 }  // namespace

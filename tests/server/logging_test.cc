@@ -17,11 +17,12 @@ using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
 
 // Logs `message` at info through a logger with `format`'s formatter.
-std::string LogOnce(const std::string& format, const std::string& message) {
+std::string LogOnce(const std::string& format, const std::string& message,
+                    LogFields fields = LogFields::kWorker) {
   std::ostringstream out;
   auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out);
   spdlog::logger logger("test-logger", sink);
-  auto formatter = MakeLogFormatter(format);
+  auto formatter = MakeLogFormatter(format, fields);
   EXPECT_TRUE(formatter.ok()) << formatter.status();
   logger.set_formatter(std::move(*formatter));
   logger.info("{}", message);
@@ -59,6 +60,24 @@ TEST(LogFormat, TextShowsTheContextField) {
   EXPECT_THAT(LogOnce("text", "hello"), HasSubstr("[rank=2 gen=5 epoch=11] hello"));
   SetLogContext(-1, 0, 0);
   EXPECT_THAT(LogOnce("text", "hello"), HasSubstr("[rank=- gen=- epoch=-] hello"));
+}
+
+// The coordinator's lines (issue 31 item 5): time and level, no worker fields.
+TEST(LogFormat, PlainFieldsCarryTimeAndLevelButNoWorkerFields) {
+  SetLogContext(2, 5, 11);
+  const std::string text = LogOnce("text", "generation 3: formed", LogFields::kPlain);
+  EXPECT_THAT(text,
+              MatchesRegex("\\[[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}\\] "
+                           "\\[info\\] generation 3: formed\n"));
+  const nlohmann::json j =
+      nlohmann::json::parse(LogOnce("json", "generation 3: formed", LogFields::kPlain));
+  EXPECT_EQ(j["level"], "info");
+  EXPECT_EQ(j["msg"], "generation 3: formed");
+  EXPECT_TRUE(j.contains("ts"));
+  EXPECT_FALSE(j.contains("rank"));
+  EXPECT_FALSE(j.contains("generation"));
+  EXPECT_FALSE(j.contains("epoch"));
+  SetLogContext(-1, 0, 0);
 }
 
 TEST(LogFormat, UnknownFormatIsInvalidArgument) {
