@@ -9,6 +9,7 @@
 #include "client/grpc_status.h"
 #include "core/status_macros.h"
 #include "grpcpp/client_context.h"
+#include "spdlog/spdlog.h"
 
 namespace moe_ep::client {
 namespace {
@@ -46,6 +47,10 @@ absl::StatusOr<std::unique_ptr<GroupKeeper>> GroupKeeper::Start(
       return absl::InvalidArgumentError(
           absl::StrCat(name, ": expected > 0, got ", absl::FormatDuration(value)));
     }
+  }
+  if (options.probe_failure_threshold < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("probe_failure_threshold: expected >= 1, got ",
+                                                   options.probe_failure_threshold));
   }
   if (options.backoff_max < options.backoff_initial) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -91,14 +96,14 @@ GroupKeeper::~GroupKeeper() {
     watchers.swap(watchers_);
   }
   watchers.clear();  // joins their threads, which may call OnRankChange (takes mu_)
-  // The lease lapses after its TTL: a coordinator that restarts within it
-  // (same owner id) finds its group still owned.
+  // Given back (issue 31 item 2): another client need not wait out the TTL;
+  // a coordinator that restarts takes it again (and adopts the group).
   std::unique_ptr<LeaseRenewer> lease;
   {
     std::lock_guard<std::mutex> lock(mu_);
     lease.swap(lease_);
   }
-  if (lease != nullptr) lease->set_release_on_exit(false);
+  lease.reset();  // stops renewing, then releases on every rank
 }
 
 absl::StatusOr<v1::ApplyResponse> GroupKeeper::Apply(const v1::DesiredState& desired) {
@@ -166,17 +171,34 @@ v1::DrainResponse GroupKeeper::Drain() {
         s = ToAbslStatus(stub->Leave(&leave_context, leave, &left));
       }
       if (!s.ok()) errors[r] = absl::StrCat("rank ", r, " (", targets[r], "): ", s.ToString());
+      spdlog::debug("drain: rank {} ({}): {}", r, targets[r],
+                    !s.ok() ? s.ToString()
+                    : status.state() == v1::WORKER_STATE_STARTED
+                        ? std::string("in no group")
+                        : absl::StrCat("left generation ", status.generation(), " (was ",
+                                       v1::WorkerState_Name(status.state()), ")"));
     });
   }
   for (auto& t : threads) t.join();
   for (const std::string& e : errors) {
     if (!e.empty()) response.add_unreachable(e);
   }
+  // No renewal and no lease until the next Apply (issue 31 item 2).
+  std::unique_ptr<LeaseRenewer> lease;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    lease.swap(lease_);
+  }
+  const bool had_lease = lease != nullptr;
+  lease.reset();  // stops renewing, then releases on every rank it reaches
   {
     std::lock_guard<std::mutex> lock(mu_);
     RecordLocked("drained", -1,
                  absl::StrCat("left on ", targets.size() - response.unreachable_size(), " of ",
-                              targets.size(), " ranks"));
+                              targets.size(), " ranks",
+                              had_lease ? absl::StrCat("; lease of '", options_.channel.owner_id,
+                                                       "' given back")
+                                        : ""));
     UpdateLocked(absl::Now());
   }
   return response;
@@ -250,7 +272,13 @@ v1::RankView GroupKeeper::ClassifyLocked(int rank, const RankObservation& obs) c
   v.set_worker_state(obs.status.state());
   v.set_worker_generation(obs.status.generation());
   const bool watch_broken = !obs.watch_open && !obs.watch_error.ok();
-  const bool probe_failed = obs.probed && !obs.probe.ok();
+  // A failed probe counts once probe_failure_threshold failed in a row (a
+  // kubelet probe's failureThreshold), or at once for a rank that never
+  // answered; until then the rank keeps the state of its last answer. A
+  // broken Watch counts at once (issue 31 item 3).
+  const bool probe_failed = obs.probed && !obs.probe.ok() &&
+                            (obs.probe_failures >= options_.probe_failure_threshold ||
+                             obs.last_answer == absl::InfinitePast());
   if (masks_ && formed_version_ >= 0 && std::binary_search(masked_.begin(), masked_.end(), rank)) {
     v.set_state(v1::RANK_STATE_MASKED);
     v.set_last_error(
@@ -262,13 +290,15 @@ v1::RankView GroupKeeper::ClassifyLocked(int rank, const RankObservation& obs) c
                                         v1::WorkerState_Name(obs.status.state()))));
     return v;
   }
+  const std::string missed =
+      obs.probe_failures > 1 ? absl::StrCat(" (", obs.probe_failures, " probes in a row)") : "";
   if (probe_failed && obs.probe.code() == absl::StatusCode::kDeadlineExceeded && !watch_broken) {
     v.set_state(v1::RANK_STATE_UNRESPONSIVE);
-    v.set_last_error(absl::StrCat("GetStatus: ", obs.probe.ToString()));
+    v.set_last_error(absl::StrCat("GetStatus", missed, ": ", obs.probe.ToString()));
   } else if (watch_broken || probe_failed) {
     v.set_state(v1::RANK_STATE_UNREACHABLE);
     v.set_last_error(watch_broken ? absl::StrCat("health Watch: ", obs.watch_error.ToString())
-                                  : absl::StrCat("GetStatus: ", obs.probe.ToString()));
+                                  : absl::StrCat("GetStatus", missed, ": ", obs.probe.ToString()));
   } else if (!obs.probed) {
     v.set_state(v1::RANK_STATE_UNSPECIFIED);
     v.set_last_error("not probed yet");
@@ -290,21 +320,73 @@ v1::RankView GroupKeeper::ClassifyLocked(int rank, const RankObservation& obs) c
   } else if (forming_ || (formed_version_ >= 0 && !settled_)) {
     // Being formed, or formed but its probe has not seen the new generation.
     v.set_state(v1::RANK_STATE_FORMING);
+  } else if (!drained_ && generation_ > 0 && obs.status.generation() == generation_ &&
+             obs.status.state() != v1::WORKER_STATE_STARTED) {
+    // Still in the group formed last, which is not in force any more (it lost
+    // a rank, or its formation failed): ExplainWaitingLocked says which.
+    if (obs.status.group_broken()) {
+      v.set_state(v1::RANK_STATE_BROKEN);
+      v.set_last_error(absl::StrCat("group broken: ", obs.status.broken_reason()));
+    } else {
+      v.set_state(v1::RANK_STATE_WAITING);
+    }
   } else {
     v.set_state(v1::RANK_STATE_IDLE);
-    v.set_last_error(absl::StrCat("not in the group: generation ", obs.status.generation(),
-                                  ", state ", v1::WorkerState_Name(obs.status.state())));
+    if (obs.status.state() == v1::WORKER_STATE_STARTED) {
+      v.set_last_error(absl::StrCat(
+          "not in a group (state STARTED: restarted, or left)",
+          generation_ > 0 ? absl::StrCat("; the coordinator's group is generation ", generation_)
+                          : ""));
+    } else {
+      v.set_last_error(absl::StrCat(
+          "in another group: generation ", obs.status.generation(), ", state ",
+          v1::WorkerState_Name(obs.status.state()),
+          generation_ > 0 ? absl::StrCat(" (the coordinator's is generation ", generation_, ")")
+                          : " (the coordinator has formed none)"));
+    }
   }
   return v;
+}
+
+void GroupKeeper::ExplainWaitingLocked(std::vector<v1::RankView>* views) const {
+  std::vector<std::string> lost;
+  for (const v1::RankView& v : *views) {
+    const v1::RankState s = v.state();
+    if (Lost(s) || s == v1::RANK_STATE_UNSPECIFIED || s == v1::RANK_STATE_IDLE ||
+        s == v1::RANK_STATE_MASKED) {
+      lost.push_back(absl::StrCat(v.rank(), " (", v1::RankState_Name(s), ")"));
+    }
+  }
+  for (v1::RankView& v : *views) {
+    if (v.state() != v1::RANK_STATE_WAITING) continue;
+    const std::string in_group = absl::StrCat("in the group of generation ", v.worker_generation(),
+                                              " (", v1::WorkerState_Name(v.worker_state()), ")");
+    if (lost.empty()) {
+      v.set_state(v1::RANK_STATE_FORMING);
+      v.set_last_error(absl::StrCat(in_group, " from a formation that did not complete",
+                                    last_error_.empty() ? "" : ": ", last_error_));
+    } else {
+      v.set_last_error(absl::StrCat(in_group, ", waiting for rank", lost.size() > 1 ? "s " : " ",
+                                    absl::StrJoin(lost, ", "),
+                                    " before a new generation is formed"));
+    }
+  }
 }
 
 void GroupKeeper::UpdateLocked(absl::Time now) {
   views_.resize(watchers_.size());
   ReadMaskLocked();
   bool all_ready = !watchers_.empty();
+  std::vector<RankObservation> observations;
+  std::vector<v1::RankView> fresh;
   for (size_t r = 0; r < watchers_.size(); ++r) {
-    const RankObservation obs = watchers_[r]->Observe();
-    v1::RankView v = ClassifyLocked(static_cast<int>(r), obs);
+    observations.push_back(watchers_[r]->Observe());
+    fresh.push_back(ClassifyLocked(static_cast<int>(r), observations.back()));
+  }
+  ExplainWaitingLocked(&fresh);
+  for (size_t r = 0; r < watchers_.size(); ++r) {
+    const RankObservation& obs = observations[r];
+    v1::RankView v = std::move(fresh[r]);
     const v1::RankState old = views_[r].state();
     if (v.state() != old || views_[r].target() != v.target()) {
       v.set_since_unix_ms(UnixMs(now));
@@ -594,7 +676,20 @@ void GroupKeeper::ResolveTargets() {
     resolved_version_ = version;
     changed = *resolved != targets_;
   }
-  if (!changed) return;
+  if (!changed) {
+    // The same ranks after a Drain (which gave the lease back): lease anew.
+    bool lease_again = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      lease_again = !options_.channel.owner_id.empty() && lease_ == nullptr && !drained_;
+    }
+    if (!lease_again) return;
+    absl::StatusOr<std::unique_ptr<LeaseRenewer>> lease =
+        LeaseRenewer::StartBestEffort(*resolved, options_.channel, /*take_over=*/true);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (lease.ok() && lease_ == nullptr) lease_ = *std::move(lease);
+    return;
+  }
   RankWatcherOptions watch;
   watch.probe_interval = options_.probe_interval;
   watch.probe_timeout = options_.probe_timeout;
@@ -684,16 +779,27 @@ void GroupKeeper::Attempt() {
       table = std::move(contiguous);
     }
     ASSIGN_OR_RETURN(coordinator, Coordinator::Connect(targets, copts));
+    // Debug: what each step of the attempt did (issue 31 item 5).
+    const auto step = [&](const std::string& what) {
+      spdlog::debug("formation of desired version {}: {} on {} ranks after {:.3f} s", version, what,
+                    world, Seconds(absl::Now() - start));
+    };
     RETURN_IF_ERROR(coordinator->FormGroup().status());
     generation = coordinator->generation();
+    step(absl::StrCat("Join generation ", generation, " (backend ", copts.backend,
+                      copts.rank_masks ? ", rank masks" : "", ")"));
     RETURN_IF_ERROR(coordinator->ConfigureLayers(requests.configure).status());
+    step(absl::StrCat("ConfigureLayers ", requests.configure.model().name()));
     RETURN_IF_ERROR(coordinator->AllocateWorkspace(requests.allocate).status());
+    step(absl::StrCat("AllocateWorkspace capacity ", requests.allocate.capacity_tokens()));
     for (const v1::InstallPlacementRequest& placement : requests.placements) {
       RETURN_IF_ERROR(coordinator->InstallPlacement(placement).status());
+      step(absl::StrCat("InstallPlacement layer ", placement.layer()));
     }
     allocated_at = absl::Now();
     for (const v1::LoadExpertsRequest& load : requests.load) {
       RETURN_IF_ERROR(coordinator->LoadExperts(load).status());
+      step(absl::StrCat("LoadExperts layer ", load.layer()));
     }
     setup.configure = requests.configure;
     setup.allocate = requests.allocate;

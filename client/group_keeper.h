@@ -89,8 +89,16 @@ struct GroupKeeperOptions {
   // Null: DefaultTargetResolver (targets as listed; headless Service names).
   std::shared_ptr<TargetResolver> resolver;
   absl::Duration probe_interval = absl::Milliseconds(250);
-  // A rank whose GetStatus misses this deadline is UNRESPONSIVE.
+  // The deadline of each GetStatus probe.
   absl::Duration probe_timeout = absl::Seconds(1);
+  // A rank is UNRESPONSIVE (missed deadlines) or UNREACHABLE (other
+  // failures) once this many probes in a row failed, as a kubelet probe's
+  // failureThreshold (issue 31 item 3): with the defaults a rank stopped
+  // for 2.5 s misses 2 and the group is left alone; a hung rank is acted on
+  // after about 3 x (probe_timeout + probe_interval) = 3.75 s. A broken
+  // health Watch (a killed worker's connection closes) counts at once, and
+  // so does a failed probe of a rank that never answered.
+  int probe_failure_threshold = 3;
   absl::Duration backoff_initial = absl::Milliseconds(250);
   absl::Duration backoff_max = absl::Seconds(10);
   absl::Duration settle_timeout = absl::Seconds(5);
@@ -111,7 +119,10 @@ class GroupKeeper {
   // settle_timeout not positive, backoff_max < backoff_initial).
   static absl::StatusOr<std::unique_ptr<GroupKeeper>> Start(
       GroupKeeperOptions options, std::optional<v1::DesiredState> initial = std::nullopt);
-  // Stops the reconciler and the watchers; leaves the workers as they are.
+  // Stops the reconciler and the watchers, stops renewing the lease and
+  // gives it back (issue 31 item 2: a stopped coordinator does not strand its
+  // group for the lease's TTL; a restarted one takes it again and adopts a
+  // group that matches). Leaves the workers' group as it is.
   ~GroupKeeper();
   GroupKeeper(const GroupKeeper&) = delete;
   GroupKeeper& operator=(const GroupKeeper&) = delete;
@@ -120,7 +131,8 @@ class GroupKeeper {
   // Errors: kInvalidArgument from ValidateDesiredState; nothing changes then.
   absl::StatusOr<v1::ApplyResponse> Apply(const v1::DesiredState& desired);
   // Coordinator.Drain: waits for a formation in progress, then Leave on
-  // every rank that is in a group; no re-forming until the next Apply.
+  // every rank that is in a group, stops renewing the lease and gives it
+  // back; no re-forming (and no lease) until the next Apply.
   v1::DrainResponse Drain();
   // Coordinator.GetGroup. Never blocks on workers.
   v1::GetGroupResponse Snapshot();
@@ -137,6 +149,10 @@ class GroupKeeper {
   void OnRankChange();
   void UpdateLocked(absl::Time now);
   v1::RankView ClassifyLocked(int rank, const RankObservation& obs) const;
+  // RANK_STATE_WAITING views (ClassifyLocked's) get their message naming the
+  // ranks the group lost; with none lost (a formation failed after Join)
+  // they are FORMING.
+  void ExplainWaitingLocked(std::vector<v1::RankView>* views) const;
   void RecordLocked(const std::string& kind, int rank, const std::string& message,
                     double seconds = 0);
   void SetReadyLocked(bool ready, absl::Time now);

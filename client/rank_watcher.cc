@@ -108,8 +108,10 @@ void RankWatcher::ProbeLoop() {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopping_) return;
       const bool was_ok = observation_.probed && observation_.probe.ok();
+      // Each failure in a row is a change: a threshold may be crossed.
       changed = !observation_.probed || was_ok != status.ok() ||
-                observation_.probe.code() != status.code();
+                observation_.probe.code() != status.code() || !status.ok();
+      observation_.probe_failures = status.ok() ? 0 : observation_.probe_failures + 1;
       if (status.ok()) {
         changed = changed || response.generation() != observation_.status.generation() ||
                   response.state() != observation_.status.state() ||

@@ -54,6 +54,10 @@ struct RankObservation {
   absl::Status probe;
   v1::GetStatusResponse status;
   absl::Time last_answer = absl::InfinitePast();
+  // Probes that failed in a row since the last answer (0 after an answer):
+  // what a failure threshold counts (GroupKeeperOptions::probe_failure_threshold,
+  // as a kubelet probe's failureThreshold; issue 31 item 3).
+  int probe_failures = 0;
 };
 
 class RankWatcher {

@@ -26,6 +26,13 @@ TEST(GroupKeeper, RejectsBadOptions) {
   o.backoff_max = absl::Milliseconds(1);
   k = GroupKeeper::Start(o);
   EXPECT_NE(k.status().message().find("backoff_max"), std::string::npos) << k.status();
+  o = GroupKeeperOptions();
+  o.probe_failure_threshold = 0;
+  k = GroupKeeper::Start(o);
+  EXPECT_EQ(k.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(k.status().message().find("probe_failure_threshold: expected >= 1, got 0"),
+            std::string::npos)
+      << k.status();
 }
 
 TEST(GroupKeeper, RejectsAnInvalidInitialState) {

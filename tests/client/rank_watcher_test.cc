@@ -27,6 +27,14 @@ TEST(RankWatcher, ReportsATargetThatRefusesConnections) {
   EXPECT_EQ(obs.last_answer, absl::InfinitePast());
   EXPECT_GE(changes.load(), 1);  // the first probe result
   EXPECT_EQ(watcher.target(), "127.0.0.1:9");
+  // Failures in a row are counted (a failure threshold reads them), and each
+  // one is a change.
+  for (int i = 0; i < 400 && obs.probe_failures < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    obs = watcher.Observe();
+  }
+  EXPECT_GE(obs.probe_failures, 3);
+  EXPECT_GE(changes.load(), 3);
 }
 
 }  // namespace
