@@ -24,6 +24,7 @@
 #include "client/plan_command.h"
 #include "client/run_job.h"
 #include "client/run_tp_options.h"
+#include "client/service/coordinator_cli.h"
 #include "client/service/coordinator_command.h"
 #include "client/stack_job.h"
 #include "client/status_command.h"
@@ -187,7 +188,8 @@ int RunCli(int argc, char** argv) {
   AddSecurityFlags(watch, &watch_options.security);
   watch->callback([&] {
     long_running_up = true;  // stops by itself on Ctrl-C (exit 0)
-    watch_options.clear_screen = !watch_no_clear;
+    // No ANSI codes to a pipe or a file (issue 31 item 1).
+    watch_options.clear_screen = !watch_no_clear && isatty(STDOUT_FILENO) == 1;
     action = [&] {
       return RunWatchCommand(watch_options, std::cout, [] { return InterruptSignal() != 0; });
     };
@@ -200,7 +202,11 @@ int RunCli(int argc, char** argv) {
       "long-running service: keep a worker group formed, configured and allocated as a desired "
       "state says, re-forming it after any worker restart or failure (DESIGN §16)");
   AddCoordinatorFlags(coordinator, &coordinator_options);
+  // `moe-ep coordinator status|apply|drain`: a client of a running one (issue 31 item 1).
+  CoordinatorClientOptions coordinator_client;
+  AddCoordinatorClientCommands(coordinator, &coordinator_client, &action, &std::cout);
   coordinator->callback([&] {
+    if (!coordinator->get_subcommands().empty()) return;  // a client subcommand set `action`
     long_running_up = true;  // stops by itself on SIGINT / SIGTERM (exit 0)
     action = [&] {
       return RunCoordinatorCommand(coordinator_options, std::cout,

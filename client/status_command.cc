@@ -1,5 +1,6 @@
 #include "client/status_command.h"
 
+#include <chrono>
 #include <map>
 #include <utility>
 
@@ -11,9 +12,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "client/coordinator.h"
+#include "client/proto_json.h"
 #include "client/targets.h"
 #include "client/text_table.h"
 #include "core/status_macros.h"
+#include "grpcpp/client_context.h"
+#include "moe_ep/v1/coordinator.grpc.pb.h"
 
 namespace moe_ep::client {
 namespace {
@@ -29,19 +33,6 @@ std::string LeaseCell(const moe_ep::v1::GetStatusResponse& s) {
                          static_cast<double>(s.lease_remaining_ms()) / 1000.0);
 }
 
-// "0-3", "0, 2, 5": the ranks of one repeated error.
-std::string FormatRanks(const std::vector<int>& ranks) {
-  std::vector<std::string> parts;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    parts.push_back(j >= i + 2 ? absl::StrCat(ranks[i], "-", ranks[j])
-                               : absl::StrJoin(ranks.begin() + i, ranks.begin() + j + 1, ", "));
-    i = j + 1;
-  }
-  return absl::StrJoin(parts, ", ");
-}
-
 // The error and hint of a failed row, its own address replaced by
 // "<address>" so that workers repeating one error compare equal.
 std::string ErrorText(const absl::Status& error, const WorkerErrorView& view,
@@ -52,6 +43,70 @@ std::string ErrorText(const absl::Status& error, const WorkerErrorView& view,
 }
 
 }  // namespace
+
+std::string GroupState(const moe_ep::v1::GetStatusResponse& s) {
+  if (s.state() == moe_ep::v1::WORKER_STATE_STARTED ||
+      s.state() == moe_ep::v1::WORKER_STATE_UNSPECIFIED) {
+    return "none";
+  }
+  if (s.group_broken()) return "broken";
+  if (s.state() != moe_ep::v1::WORKER_STATE_ALLOCATED) return "forming";
+  return s.masked_ranks_size() > 0 ? "masked" : "ready";
+}
+
+std::string GroupCell(const moe_ep::v1::GetStatusResponse& s) {
+  const std::string state = GroupState(s);
+  if (state == "none") return "-";
+  if (state == "broken") return absl::StrCat("gen ", s.generation(), " BROKEN");
+  if (state == "masked") {
+    return absl::StrCat("gen ", s.generation(), " masked [", absl::StrJoin(s.masked_ranks(), ","),
+                        "]");
+  }
+  return absl::StrCat("gen ", s.generation(), " ", state);
+}
+
+std::string MemoryCell(const moe_ep::v1::GetStatusResponse& s) {
+  const int64_t used = s.workspace_bytes() + s.expert_bytes();
+  return absl::StrCat(FormatBytes(static_cast<double>(used)), " / ",
+                      s.memory_cap_bytes() > 0
+                          ? FormatBytes(static_cast<double>(s.memory_cap_bytes()))
+                          : std::string("uncapped"));
+}
+
+absl::Status ExplainUnimplemented(const absl::Status& error, const std::string& target,
+                                  const moe_ep::v1::GetGroupResponse* group) {
+  if (group != nullptr) {
+    return absl::UnimplementedError(absl::StrCat(
+        "this is a coordinator (moe_ep.v1.Coordinator: phase ",
+        moe_ep::v1::GroupPhase_Name(group->phase()), ", generation ", group->generation(), ", ",
+        group->ranks_size(), " ranks), not a worker: use `moe-ep coordinator status --target ",
+        target, "`"));
+  }
+  return absl::UnimplementedError(absl::StrCat(
+      target, " serves no moe_ep.v1.Worker (not a moe-ep worker, or one of an older release)",
+      error.message().empty() ? "" : ": ", error.message()));
+}
+
+std::vector<absl::StatusOr<moe_ep::v1::GetStatusResponse>> StatusEachExplained(
+    Coordinator& coordinator) {
+  std::vector<absl::StatusOr<moe_ep::v1::GetStatusResponse>> statuses = coordinator.StatusEach();
+  for (size_t i = 0; i < statuses.size(); ++i) {
+    if (statuses[i].ok() || statuses[i].status().code() != absl::StatusCode::kUnimplemented) {
+      continue;
+    }
+    const std::string& target = coordinator.targets()[i];
+    auto stub = moe_ep::v1::Coordinator::NewStub(MakeWorkerChannel(target, coordinator.options()));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         absl::ToChronoMilliseconds(coordinator.options().rpc_timeout));
+    moe_ep::v1::GetGroupResponse group;
+    const bool is_coordinator =
+        stub->GetGroup(&context, moe_ep::v1::GetGroupRequest(), &group).ok();
+    statuses[i] =
+        ExplainUnimplemented(statuses[i].status(), target, is_coordinator ? &group : nullptr);
+  }
+  return statuses;
+}
 
 std::string WorkerStateName(moe_ep::v1::WorkerState state) {
   switch (state) {
@@ -84,6 +139,11 @@ WorkerErrorView DescribeWorkerError(const absl::Status& error,
   }
   if (error.code() == absl::StatusCode::kPermissionDenied) {
     view.state = "PERMISSION_DENIED";
+    return view;
+  }
+  if (error.code() == absl::StatusCode::kUnimplemented) {
+    // It answered, but serves no moe_ep.v1.Worker (ExplainUnimplemented).
+    view.state = "NOT_A_WORKER";
     return view;
   }
   view.state = "UNREACHABLE";
@@ -133,17 +193,17 @@ std::string RenderWorkerTable(
     const int n = static_cast<int>(note_of.size()) + 1;
     note_of[text] = n;
     const std::string head =
-        absl::StrCat("error ", n, ", ranks ", FormatRanks(ranks),
+        absl::StrCat("error ", n, ", ranks ", FormatRankList(ranks),
                      ranks.size() == statuses.size() ? " (every worker)" : "", ": ");
     const std::vector<std::string> lines = WrapText(head + text, kNoteWidth);
     notes += absl::StrCat(lines[0], "\n");
     for (size_t l = 1; l < lines.size(); ++l) notes += absl::StrCat("    ", lines[l], "\n");
   }
 
-  TextTable table({"rank", "address", "state", "backend", "device", "memory", "workspace",
+  TextTable table({"rank", "address", "state", "group", "backend", "device", "memory", "workspace",
                    "experts", "epoch", "R", "forwards", "lease", "errors"});
-  table.SetMaxWidth(11, kLeaseColumnWidth);
-  table.SetMaxWidth(12, kErrorColumnWidth);
+  table.SetMaxWidth(12, kLeaseColumnWidth);
+  table.SetMaxWidth(13, kErrorColumnWidth);
   std::string broken_notes;  // one per rank whose group is broken
   for (size_t i = 0; i < statuses.size(); ++i) {
     const std::string target = i < targets.size() ? targets[i] : "?";
@@ -153,7 +213,7 @@ std::string RenderWorkerTable(
                                    ? absl::StrCat("error ", note->second, " (below)")
                                    : absl::StrReplaceAll(texts[i], {{"<address>", target}});
       table.AddRow({"-", target, DescribeWorkerError(statuses[i].status(), security).state, "-",
-                    "-", "-", "-", "-", "-", "-", "-", "-", cell});
+                    "-", "-", "-", "-", "-", "-", "-", "-", "-", cell});
       continue;
     }
     const auto& s = *statuses[i];
@@ -173,10 +233,9 @@ std::string RenderWorkerTable(
         broken_notes += absl::StrCat("    ", lines[l], "\n");
     }
     table.AddRow(
-        {joined ? absl::StrCat(s.rank(), "/", s.world_size()) : "-", target, state,
+        {joined ? absl::StrCat(s.rank(), "/", s.world_size()) : "-", target, state, GroupCell(s),
          s.backend().empty() ? "-" : s.backend(), s.device_name().empty() ? "-" : s.device_name(),
-         s.device_memory_bytes() > 0 ? FormatBytes(s.device_memory_bytes()) : "-",
-         FormatBytes(s.workspace_bytes()), FormatBytes(s.expert_bytes()),
+         MemoryCell(s), FormatBytes(s.workspace_bytes()), FormatBytes(s.expert_bytes()),
          absl::StrCat(s.geometry_epoch()), absl::StrCat(s.runtime_max_tokens_per_rank()),
          absl::StrCat(s.counters().forwards()), LeaseCell(s), absl::StrCat(s.counters().errors())});
   }
@@ -200,23 +259,15 @@ nlohmann::json WorkerStatusJson(
       w["error"] = std::string(error.message());
       w["hint"] = view.hint;
     } else {
+      // Every GetStatus field (issue 31 item 1), then the short names.
       const auto& s = *statuses[i];
-      w["rank"] = s.rank();
-      w["world_size"] = s.world_size();
+      w.update(ProtoToJson(s));
       w["state"] = WorkerStateName(s.state());
-      w["backend"] = s.backend();
+      w["group"] = GroupState(s);
+      w["memory_used_bytes"] = s.workspace_bytes() + s.expert_bytes();
       w["device"] = s.device_name();
-      w["device_memory_bytes"] = s.device_memory_bytes();
-      w["workspace_bytes"] = s.workspace_bytes();
-      w["expert_bytes"] = s.expert_bytes();
-      w["geometry_epoch"] = s.geometry_epoch();
-      w["runtime_max_tokens_per_rank"] = s.runtime_max_tokens_per_rank();
-      w["group_broken"] = s.group_broken();
-      w["broken_reason"] = s.broken_reason();
       w["forwards"] = s.counters().forwards();
       w["errors"] = s.counters().errors();
-      w["lease_owner"] = s.lease_owner();
-      w["lease_remaining_ms"] = s.lease_remaining_ms();
     }
     workers.push_back(std::move(w));
   }
@@ -237,7 +288,7 @@ absl::Status RunStatusCommand(const StatusCommandOptions& options, std::ostream&
   coordinator_options.rpc_timeout = options.rpc_timeout;
   ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
                    Coordinator::Connect(targets, coordinator_options));
-  const auto statuses = coordinator->StatusEach();
+  const auto statuses = StatusEachExplained(*coordinator);
   if (options.json) {
     out << nlohmann::json{{"workers", WorkerStatusJson(targets, statuses, options.security)}}.dump(
                2)
@@ -246,7 +297,21 @@ absl::Status RunStatusCommand(const StatusCommandOptions& options, std::ostream&
     out << RenderWorkerTable(targets, statuses, options.security);
   }
   int unreachable = 0;
-  for (const auto& s : statuses) unreachable += s.ok() ? 0 : 1;
+  int not_workers = 0;
+  for (const auto& s : statuses) {
+    unreachable += s.ok() ? 0 : 1;
+    not_workers += !s.ok() && s.status().code() == absl::StatusCode::kUnimplemented ? 1 : 0;
+  }
+  if (not_workers > 0 && not_workers == unreachable) {
+    // One message, the table's: "this is a coordinator ...: use ...".
+    for (const auto& s : statuses) {
+      if (!s.ok()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(not_workers, " of ", targets.size(),
+                         " targets serve no worker: ", s.status().message()));
+      }
+    }
+  }
   if (unreachable > 0) {
     return absl::UnavailableError(
         absl::StrCat(unreachable, " of ", targets.size(), " workers did not answer"));

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "client/coordinator.h"
 #include "client/credentials.h"
+#include "moe_ep/v1/coordinator.pb.h"
 #include "moe_ep/v1/worker.pb.h"
 #include "nlohmann/json.hpp"
 
@@ -38,11 +39,50 @@ struct WorkerErrorView {
 WorkerErrorView DescribeWorkerError(const absl::Status& error,
                                     const ClientSecurityOptions& security);
 
+// What GetStatus says of the worker's group (issue 31 item 1):
+//   "none"     not joined (STARTED);
+//   "forming"  joined, not allocated yet (JOINED, CONFIGURED);
+//   "ready"    ALLOCATED, not broken, no rank masked (health SERVING);
+//   "masked"   ALLOCATED and serving with masked_ranks left out (DESIGN §15);
+//   "broken"   group_broken (a collective failed: re-join with a new generation).
+std::string GroupState(const moe_ep::v1::GetStatusResponse& status);
+
+// The group column: "-" (none), else "gen <G> <state>", with the masked
+// ranks for "masked": "gen 3 ready", "gen 3 masked [2]", "gen 3 BROKEN".
+std::string GroupCell(const moe_ep::v1::GetStatusResponse& status);
+
+// The memory column: what the worker holds against its own cap
+// (workspace_bytes + expert_bytes, the budget --memory-cap-bytes checks), not
+// the machine's memory: "12.0 MiB / 18.0 GiB"; "12.0 MiB / uncapped" for a
+// cap of 0.
+std::string MemoryCell(const moe_ep::v1::GetStatusResponse& status);
+
+// What a GetStatus that answered UNIMPLEMENTED says (issue 31 item 1): the
+// address serves no moe_ep.v1.Worker. When `group` is a moe_ep.v1.Coordinator
+// GetGroup answer from the same address, it is a coordinator:
+//   UNIMPLEMENTED "this is a coordinator (moe_ep.v1.Coordinator: phase READY,
+//   generation 3, 4 ranks), not a worker: use `moe-ep coordinator status
+//   --target <target>`"
+// otherwise UNIMPLEMENTED "... serves no moe_ep.v1.Worker (not a moe-ep worker,
+// or one of an older release): <the original message>".
+// `group` null: no coordinator answered there.
+absl::Status ExplainUnimplemented(const absl::Status& error, const std::string& target,
+                                  const moe_ep::v1::GetGroupResponse* group);
+
+// StatusEach() of `coordinator`, each UNIMPLEMENTED answer replaced by
+// ExplainUnimplemented's after a GetGroup of moe_ep.v1.Coordinator on the
+// same address (with the coordinator's channel options). For `status` and
+// `watch`.
+std::vector<absl::StatusOr<moe_ep::v1::GetStatusResponse>> StatusEachExplained(
+    Coordinator& coordinator);
+
 // One row per worker: rank (as reported; "-" when unreachable), address,
 // state (DescribeWorkerError's for a failed call, with the error in the last
-// column), backend, device, device memory, workspace and expert bytes,
-// geometry epoch and R, forwards, the lease ("-", or "<owner> (<t> s left)":
-// GetStatus lease_owner / lease_remaining_ms; issue 12), errors. Error cells wrap at 60 columns; an
+// column), group (GroupCell: generation and ready / masked / BROKEN),
+// backend, device, memory (MemoryCell: held / the worker's cap), workspace
+// and expert bytes, geometry epoch and R, forwards, the lease ("-", or
+// "<owner> (<t> s left)": GetStatus lease_owner / lease_remaining_ms; issue
+// 12), errors. Error cells wrap at 60 columns; an
 // error that several workers report (the same text once each worker's own
 // address is taken out) is printed once below the table with their ranks
 // (rank i = the i-th target), its cells saying "error <n> (below)".
@@ -57,12 +97,14 @@ std::string RenderWorkerTable(
     const ClientSecurityOptions& security = {});
 
 // The same as JSON, for scripts and dashboards: an array with one object
-// per target in order: {"target", "ok"} and, when ok, "rank", "world_size",
-// "state", "backend", "device", "device_memory_bytes", "workspace_bytes",
-// "expert_bytes", "geometry_epoch", "runtime_max_tokens_per_rank",
-// "group_broken", "broken_reason", "forwards", "errors", "lease_owner" (""
-// when none), "lease_remaining_ms"; otherwise "state" (UNAUTHENTICATED / ...),
-// "code" (e.g. "UNAVAILABLE"), "error" and "hint" (empty when none). Byte counts are integers.
+// per target in order: {"target", "ok"} and, when ok, every field of
+// GetStatusResponse under its proto name (client/proto_json.h: generation,
+// capacity_tokens, memory_cap_bytes, masked_ranks, counters, ... ; enums by
+// value name) with "state" the short name ("ALLOCATED"), plus "group" (GroupState),
+// "memory_used_bytes" (workspace + experts), "device" (= device_name),
+// "forwards" and "errors" (from counters); otherwise "state"
+// (UNAUTHENTICATED / ...), "code" (e.g. "UNAVAILABLE"), "error" and "hint"
+// (empty when none). Byte counts are integers.
 nlohmann::json WorkerStatusJson(
     const std::vector<std::string>& targets,
     const std::vector<absl::StatusOr<moe_ep::v1::GetStatusResponse>>& statuses,

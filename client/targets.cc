@@ -5,6 +5,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
@@ -65,6 +66,18 @@ absl::StatusOr<std::vector<std::string>> ParseTargets(absl::string_view list) {
     ++index;
   }
   return targets;
+}
+
+std::string FormatRankList(const std::vector<int>& ranks) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    parts.push_back(j >= i + 2 ? absl::StrCat(ranks[i], "-", ranks[j])
+                               : absl::StrJoin(ranks.begin() + i, ranks.begin() + j + 1, ", "));
+    i = j + 1;
+  }
+  return absl::StrJoin(parts, ", ");
 }
 
 }  // namespace moe_ep::client

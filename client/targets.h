@@ -28,4 +28,8 @@ absl::StatusOr<HostPort> SplitHostPort(absl::string_view target);
 // appears twice (two ranks cannot share one worker).
 absl::StatusOr<std::vector<std::string>> ParseTargets(absl::string_view list);
 
+// A rank list for a message, runs of 3 or more as ranges: {0,1,2,3} -> "0-3",
+// {0,2,5} -> "0, 2, 5", {1,2} -> "1, 2". REQUIRES: ascending.
+std::string FormatRankList(const std::vector<int>& ranks);
+
 }  // namespace moe_ep::client

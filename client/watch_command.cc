@@ -41,7 +41,7 @@ absl::Status RunWatchCommand(const WatchCommandOptions& options, std::ostream& o
   for (int shown = 0; options.count == 0 || shown < options.count; ++shown) {
     if (stopped()) break;
     const absl::Time next = absl::Now() + interval;
-    const auto statuses = coordinator->StatusEach();
+    const auto statuses = StatusEachExplained(*coordinator);
     int unreachable = 0;
     for (const auto& s : statuses) unreachable += s.ok() ? 0 : 1;
     if (options.clear_screen) out << kHomeAndClear;

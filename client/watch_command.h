@@ -19,8 +19,11 @@ namespace moe_ep::client {
 struct WatchCommandOptions {
   std::string targets;  // comma-separated host:port list, rank order
   int interval_ms = 1000;
-  int count = 0;             // refreshes to show; 0 = until `stop` says so
-  bool clear_screen = true;  // ANSI "home + clear" before each table
+  int count = 0;  // refreshes to show; 0 = until `stop` says so
+  // ANSI "home + clear" before each table. `moe-ep watch` sets it only when
+  // stdout is a terminal (and not --no-clear): a pipe or a file gets plain
+  // tables one after the other (issue 31 item 1).
+  bool clear_screen = true;
   ClientSecurityOptions security;
 };
 

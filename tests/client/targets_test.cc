@@ -59,5 +59,14 @@ TEST(ParseTargets, RejectsDuplicates) {
   EXPECT_THAT(t.status().message(), HasSubstr("appears twice"));
 }
 
+TEST(FormatRankList, RunsOfThreeOrMoreAreRanges) {
+  EXPECT_EQ(FormatRankList({0, 1, 2, 3}), "0-3");
+  EXPECT_EQ(FormatRankList({0, 2, 5}), "0, 2, 5");
+  EXPECT_EQ(FormatRankList({1, 2}), "1, 2");
+  EXPECT_EQ(FormatRankList({0, 1, 2, 7, 9, 10, 11}), "0-2, 7, 9-11");
+  EXPECT_EQ(FormatRankList({4}), "4");
+  EXPECT_EQ(FormatRankList({}), "");
+}
+
 }  // namespace
 }  // namespace moe_ep::client
