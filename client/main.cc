@@ -467,9 +467,9 @@ int RunCli(int argc, char** argv) {
     return moe_ep::core::kExitBadCommandLine;
   }
 
-  // Installed after parsing (no threads exist yet) so every later thread
-  // inherits the blocked mask. `up` waits for the signal itself; the other
-  // commands stop any local workers and exit at once.
+  // SIGINT / SIGTERM (client/interrupt.h): `up`, `watch` and `coordinator`
+  // wait for the signal themselves; the other commands stop any local
+  // workers and exit at once.
   const absl::Status installed = InstallInterruptHandler([&](int signo) {
     if (long_running_up) return;
     LocalCluster::StopAll();

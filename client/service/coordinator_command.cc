@@ -20,8 +20,12 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "server/auth.h"
 #include "server/health.h"
+#include "server/logging.h"
 #include "server/probe_server.h"
+#include "server/rpc_log.h"
 #include "server/tls_credentials.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
 
 namespace moe_ep::client {
 namespace {
@@ -50,6 +54,33 @@ absl::StatusOr<std::optional<v1::DesiredState>> InitialState(
   state.mutable_experts()->set_seed(options.seed);
   state.set_group_timeout_ms(options.group_timeout_ms);
   return std::optional<v1::DesiredState>(state);
+}
+
+constexpr char kLoggerName[] = "moe-ep-coordinator";
+
+// The process's default logger: stderr, --log-level, --log-format without
+// the worker's fields (server/logging.h).
+absl::Status ConfigureCoordinatorLog(const CoordinatorCommandOptions& options) {
+  const spdlog::level::level_enum level = spdlog::level::from_str(options.log_level);
+  if (level == spdlog::level::off && options.log_level != "off") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--log-level: expected trace, debug, info, warn, error, critical or off, got \"",
+        options.log_level, "\""));
+  }
+  std::shared_ptr<spdlog::logger> logger = spdlog::get(kLoggerName);
+  if (logger == nullptr) logger = spdlog::stderr_color_mt(kLoggerName);
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(level);
+  return server::ConfigureLogFormat(options.log_format, server::LogFields::kPlain);
+}
+
+// The level of a group event in the log: losses and failures warn.
+spdlog::level::level_enum EventLevel(const std::string& kind) {
+  for (const char* warn :
+       {"rank_lost", "group_broken", "attempt_failed", "resolve_failed", "readd_failed", "lease"}) {
+    if (kind == warn) return spdlog::level::warn;
+  }
+  return spdlog::level::info;
 }
 
 // "host" of "host:port" (port 0 included), brackets of IPv6 kept.
@@ -103,10 +134,22 @@ void AddCoordinatorFlags(CLI::App* cmd, CoordinatorCommandOptions* o) {
   cmd->add_option("--probe-interval-ms", o->probe_interval_ms, "GetStatus probe of every rank, ms")
       ->capture_default_str()
       ->check(Positive());
-  cmd->add_option("--probe-timeout-ms", o->probe_timeout_ms,
-                  "a rank that misses this GetStatus deadline is UNRESPONSIVE, ms")
+  cmd->add_option("--probe-timeout-ms", o->probe_timeout_ms, "deadline of each GetStatus probe, ms")
       ->capture_default_str()
       ->check(Positive());
+  cmd->add_option("--probe-failure-threshold", o->probe_failure_threshold,
+                  "a rank whose probes fail this many times in a row is UNRESPONSIVE (missed "
+                  "deadlines) or UNREACHABLE, as a kubelet probe's failureThreshold; a broken "
+                  "health Watch counts at once")
+      ->capture_default_str()
+      ->check(Positive());
+  cmd->add_option("--log-level", o->log_level, "log level (stderr)")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--log-format", o->log_format,
+                  "text (timestamp, level, message) or json (one object per line)")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
   cmd->add_option("--backoff-initial-ms", o->backoff_initial_ms,
                   "wait after a failed formation, doubled each time, ms")
       ->capture_default_str()
@@ -139,6 +182,7 @@ void AddCoordinatorFlags(CLI::App* cmd, CoordinatorCommandOptions* o) {
 
 absl::Status RunCoordinatorCommand(const CoordinatorCommandOptions& options, std::ostream& out,
                                    const std::function<bool()>& stop) {
+  if (!options.check_only) RETURN_IF_ERROR(ConfigureCoordinatorLog(options));
   ASSIGN_OR_RETURN(std::optional<v1::DesiredState> initial, InitialState(options));
   if (initial.has_value()) RETURN_IF_ERROR(ValidateDesiredState(*initial));
   if (options.check_only) {
@@ -189,6 +233,7 @@ absl::Status RunCoordinatorCommand(const CoordinatorCommandOptions& options, std
   }
   keeper_options.probe_interval = absl::Milliseconds(options.probe_interval_ms);
   keeper_options.probe_timeout = absl::Milliseconds(options.probe_timeout_ms);
+  keeper_options.probe_failure_threshold = options.probe_failure_threshold;
   keeper_options.backoff_initial = absl::Milliseconds(options.backoff_initial_ms);
   keeper_options.backoff_max = absl::Milliseconds(options.backoff_max_ms);
   keeper_options.settle_timeout = absl::Milliseconds(options.settle_timeout_ms);
@@ -211,11 +256,10 @@ absl::Status RunCoordinatorCommand(const CoordinatorCommandOptions& options, std
     for (auto* s : health_services) s->SetServingStatus(kReadinessName, ready);
   };
   CoordinatorMetrics* metrics_ptr = nullptr;
-  keeper_options.on_event = [&metrics_ptr, &out](const v1::GroupEvent& e) {
+  keeper_options.on_event = [&metrics_ptr](const v1::GroupEvent& e) {
     if (metrics_ptr != nullptr) metrics_ptr->RecordEvent(e);
-    out << "moe-ep coordinator: generation " << e.generation() << ": " << e.kind()
-        << (e.rank() >= 0 ? absl::StrCat(" rank ", e.rank()) : std::string()) << ": " << e.message()
-        << std::endl;
+    spdlog::log(EventLevel(e.kind()), "generation {}: {}{}: {}", e.generation(), e.kind(),
+                e.rank() >= 0 ? absl::StrCat(" rank ", e.rank()) : std::string(), e.message());
   };
 
   // The metrics object exists before the keeper (events), and is served once
@@ -232,6 +276,16 @@ absl::Status RunCoordinatorCommand(const CoordinatorCommandOptions& options, std
   int port = 0;
   builder.AddListeningPort(options.listen, credentials, &port);
   builder.RegisterService(&service);
+  {
+    // Every call's end in the log (server/rpc_log.h): failures of the
+    // Coordinator service at warn, Apply and Drain at info, the rest debug.
+    server::RpcLogOptions rpc_log;
+    rpc_log.warn_prefixes = {"/moe_ep.v1.Coordinator/"};
+    rpc_log.info_methods = {"/moe_ep.v1.Coordinator/Apply", "/moe_ep.v1.Coordinator/Drain"};
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+    creators.push_back(server::MakeRpcLogInterceptorFactory(std::move(rpc_log)));
+    builder.experimental().SetInterceptorCreators(std::move(creators));
+  }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("--listen: cannot bind ", options.listen));
@@ -252,13 +306,21 @@ absl::Status RunCoordinatorCommand(const CoordinatorCommandOptions& options, std
     apply_health(probe_server->GetHealthCheckService());
     out << "moe-ep coordinator: grpc.health.v1 (plaintext) on " << HostOf(options.health_listen)
         << ":" << probe_port << std::endl;
+    spdlog::info("grpc.health.v1 (plaintext) on {}:{}", HostOf(options.health_listen), probe_port);
   }
   if (!options.metrics_listen.empty()) {
     RETURN_IF_ERROR(metrics.Serve(options.metrics_listen));
     out << "moe-ep coordinator: metrics on http://" << HostOf(options.metrics_listen) << ":"
         << metrics.port() << "/metrics" << std::endl;
+    spdlog::info("metrics on http://{}:{}/metrics", HostOf(options.metrics_listen), metrics.port());
   }
   out << "moe-ep coordinator listening on " << HostOf(options.listen) << ":" << port << std::endl;
+  spdlog::info(
+      "serving moe_ep.v1.Coordinator on {}:{} (owner {}, probes every {} ms, deadline {} "
+      "ms, failure threshold {})",
+      HostOf(options.listen), port,
+      keeper_options.channel.owner_id.empty() ? "none: no lease" : keeper_options.channel.owner_id,
+      options.probe_interval_ms, options.probe_timeout_ms, options.probe_failure_threshold);
 
   while (!(stop && stop())) std::this_thread::sleep_for(std::chrono::milliseconds(100));
 
@@ -271,7 +333,11 @@ absl::Status RunCoordinatorCommand(const CoordinatorCommandOptions& options, std
   server->Shutdown(now);
   if (probe_server != nullptr) probe_server->Shutdown(now);
   metrics.StopServing();
-  keeper.reset();  // no event after this
+  keeper.reset();  // no event after this; gives the workers' lease back
+  spdlog::info("stopped{}",
+               keeper_options.channel.owner_id.empty()
+                   ? std::string()
+                   : absl::StrCat("; lease of '", keeper_options.channel.owner_id, "' given back"));
   out << "moe-ep coordinator: stopped" << std::endl;
   return absl::OkStatus();
 }

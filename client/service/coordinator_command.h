@@ -25,6 +25,16 @@
 // Prints "moe-ep coordinator listening on HOST:PORT" once serving. With
 // --check it only validates the desired state (deploy/validate runs it on the
 // manifests' ConfigMaps) and prints "desired state OK: ..." with its targets.
+//
+// Logs (issue 31 item 5) go to stderr through spdlog, with a timestamp and a
+// level, as text or JSON Lines (--log-format; server/logging.h): every group
+// event (GroupEvent: "formed", "adopted", "drained", ... at info; "rank_lost",
+// "group_broken", "attempt_failed", "resolve_failed", "readd_failed", "lease"
+// at warn), every failed call of moe_ep.v1.Coordinator at warn and every
+// Apply and Drain at info (server/rpc_log.h), and at debug each step of a
+// formation, each rank a Drain left and every other call served.
+// SIGTERM / SIGINT (or `stop`): NOT_SERVING, the servers stop, the lease on
+// the workers is given back (client/group_keeper.h), exit 0.
 
 #include <functional>
 #include <memory>
@@ -62,6 +72,12 @@ struct CoordinatorCommandOptions {
 
   int probe_interval_ms = 250;
   int probe_timeout_ms = 1000;
+  // --probe-failure-threshold (GroupKeeperOptions::probe_failure_threshold).
+  int probe_failure_threshold = 3;
+  // The log (stderr; server/logging.h without the worker's fields): --log-level
+  // trace | debug | info | warn | error | critical | off, --log-format text | json.
+  std::string log_level = "info";
+  std::string log_format = "text";
   int backoff_initial_ms = 250;
   int backoff_max_ms = 10000;
   int settle_timeout_ms = 5000;
