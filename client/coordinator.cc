@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -301,20 +302,37 @@ absl::StatusOr<std::vector<v1::LeaseResponse>> Coordinator::AcquireLease(bool ta
     // Who holds each rank now: another owner's live lease refuses at once,
     // before any Lease call (so a refused client leaves every counter as it
     // was), and a failed acquisition gives back only what it took.
+    // One message per owner, not one per rank (issue 31 item 2).
     std::vector<absl::StatusOr<v1::GetStatusResponse>> before = StatusEach();
-    std::vector<absl::Status> held(n);
+    std::vector<std::string> owners;                   // first-seen order
+    std::map<std::string, std::vector<int>> ranks_of;  // owner -> ranks it holds
+    std::map<std::string, int64_t> least_left_ms;      // owner -> its shortest time left
     for (int r = 0; r < n; ++r) {
       if (!before[r].ok()) continue;
       const std::string& owner = before[r]->lease_owner();
       held_before[r] = owner == options_.owner_id;
-      if (!take_over && !owner.empty() && owner != options_.owner_id) {
-        held[r] = absl::FailedPreconditionError(
-            absl::StrCat("leased by owner '", owner, "' for another ",
-                         absl::StrFormat("%.1f s", before[r]->lease_remaining_ms() / 1000.0),
-                         "; this client is '", options_.owner_id, "'"));
+      if (take_over || owner.empty() || owner == options_.owner_id) continue;
+      if (ranks_of[owner].empty()) {
+        owners.push_back(owner);
+        least_left_ms[owner] = before[r]->lease_remaining_ms();
       }
+      ranks_of[owner].push_back(r);
+      least_left_ms[owner] = std::min(least_left_ms[owner], before[r]->lease_remaining_ms());
     }
-    RETURN_IF_ERROR(AggregateRankErrors("Lease", targets_, held));
+    if (!owners.empty()) {
+      std::vector<std::string> held;
+      for (const std::string& owner : owners) {
+        const std::vector<int>& ranks = ranks_of[owner];
+        // "ranks 0-2 of 3 are leased by owner 'X' for another 29.9 s"
+        held.push_back(absl::StrCat(
+            ranks.size() > 1 ? "ranks " : "rank ", FormatRankList(ranks), " of ", n,
+            ranks.size() > 1 ? " are" : " is", " leased by owner '", owner, "' for another ",
+            absl::StrFormat("%.1f s", static_cast<double>(least_left_ms[owner]) / 1000.0)));
+      }
+      return absl::FailedPreconditionError(
+          absl::StrCat("Lease refused: ", absl::StrJoin(held, "; "), "; this client is '",
+                       options_.owner_id, "'"));
+    }
   }
   const auto deadline = DeadlineAfter(std::min(options_.rpc_timeout, absl::Seconds(10)));
   std::vector<std::thread> threads;

@@ -140,8 +140,12 @@ class Coordinator {
   // another owner's live lease when `take_over`. When it fails on a rank it
   // gives the lease back on the ranks where this call took it, so a refused
   // acquisition leaves every worker as it was. Returns each rank's answer.
-  // Errors: kFailedPrecondition without an owner_id; aggregated per rank
-  // (kFailedPrecondition naming the owner and its time left).
+  // Errors: kFailedPrecondition without an owner_id; kFailedPrecondition
+  // before any Lease call when another owner holds a live lease, one message
+  // for all ranks (issue 31 item 2): "Lease refused: ranks 0-2 of 3 are
+  // leased by owner 'X' for another 29.9 s; this client is 'Y'" (the
+  // shortest time left of each owner); the Lease calls' errors aggregated
+  // per rank.
   absl::StatusOr<std::vector<v1::LeaseResponse>> AcquireLease(bool take_over);
   // Lease with release = true on every rank (no-op where this owner holds
   // nothing). Errors: aggregated per rank.

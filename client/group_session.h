@@ -5,6 +5,7 @@
 // answering, and the group formed.
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -23,6 +24,21 @@ struct GroupSession {
   std::vector<v1::JoinResponse> joined;  // [world], rank order
 };
 
+// CheckNoGroupWithExperts()
+//
+// The guard of a command that would re-form `targets` (issue 31 item 2):
+// kFailedPrecondition, one message naming the ranks, their generation and
+// expert bytes and what to do (--take-over, `run --attach`), when some rank
+// (status[r] is rank r's GetStatus) is ALLOCATED in a group that is not
+// broken, holds experts (expert_bytes > 0) and has no live lease, so that
+// a new group would drop the experts of one an earlier client left (`up
+// --targets`, `run --targets`). OK when no rank holds experts, when
+// `owner_id` holds the lease, or when another owner holds a live lease on
+// some rank (the lease then refuses, naming the owner). Pure.
+absl::Status CheckNoGroupWithExperts(const std::vector<v1::GetStatusResponse>& status,
+                                     const std::vector<std::string>& targets,
+                                     const std::string& owner_id);
+
 // FormWorkerGroup()
 //
 // Connects a Coordinator to `workers.targets` with `options`, whose backend
@@ -31,13 +47,16 @@ struct GroupSession {
 // GetStatus (Coordinator::WaitReady); with workers.lease.owner_id, takes the
 // workers' lease (client/lease_renewer.h: refused, changing nothing, when
 // another owner holds it and not workers.lease.take_over) and claims it in
-// every leased call; forms a new group (Coordinator::FormGroup).
+// every leased call; forms a new group (Coordinator::FormGroup). Unless
+// workers.lease.take_over, it first refuses to re-form a group that holds
+// experts and that no client leases (CheckNoGroupWithExperts).
 // Returns the coordinator and each rank's JoinResponse.
 //
 // Errors: those of Coordinator::Connect (kInvalidArgument: no or malformed
 // targets), WaitReady (kDeadlineExceeded naming the silent ranks) and
 // FormGroup (aggregated per rank); kFailedPrecondition "the workers are
-// leased by another client ..." naming the owner and its time left.
+// leased by another client ..." naming the owner and its time left (one
+// message for every rank), or CheckNoGroupWithExperts's.
 //
 // Not thread-safe with other users of the same workers.
 absl::StatusOr<GroupSession> FormWorkerGroup(const AttachedWorkers& workers,

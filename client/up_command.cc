@@ -25,7 +25,16 @@ absl::Status RunUpCommand(const WorkerSelection& selection, const GroupSetupOpti
   if (workers.backend == "nccl" && workers.cluster != nullptr) {
     out << "moe-ep: " << workers.targets.size() << " GPU(s) found: one NCCL worker per GPU\n";
   }
-  ASSIGN_OR_RETURN(GroupSession group, FormWorkerGroup(workers));
+  if (workers.cluster != nullptr) {
+    // Its own workers are leased too, renewed while `up` runs (issue 31 item
+    // 2): `bench --targets` or another client is refused, naming this owner,
+    // instead of re-forming the group and dropping its experts.
+    workers.lease = selection.lease;
+    if (workers.lease.owner_id.empty()) workers.lease.owner_id = DefaultOwnerId();
+  }
+  CoordinatorOptions options;
+  options.group_timeout = absl::Seconds(setup.group_timeout_s);  // --group-timeout
+  ASSIGN_OR_RETURN(GroupSession group, FormWorkerGroup(workers, options));
   Coordinator* const coordinator = group.coordinator.get();
   RETURN_IF_ERROR(SetUpGroup(*coordinator, setup, out));
   const bool running_workers = workers.cluster == nullptr;  // --targets
@@ -48,11 +57,13 @@ absl::Status RunUpCommand(const WorkerSelection& selection, const GroupSetupOpti
     absl::StatusOr<WorkerExit> exit = workers.cluster->WaitForExit(absl::Milliseconds(100));
     if (!exit.ok()) continue;
     out << "moe-ep: a worker died; stopping the other workers" << std::endl;
+    group.lease.reset();  // gives the lease back where a worker still answers
     (void)workers.cluster->Stop();
     return absl::AbortedError(absl::StrCat("the group lost a member: ", exit->description));
   }
   out << "moe-ep: " << strsignal(signo) << ", stopping " << workers.targets.size() << " workers"
       << std::endl;
+  group.lease.reset();  // gives the lease back, then the workers stop
   RETURN_IF_ERROR(workers.cluster->Stop());
   out << "moe-ep: all workers stopped" << std::endl;
   return absl::OkStatus();

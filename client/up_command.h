@@ -15,14 +15,17 @@
 
 namespace moe_ep::client {
 
-// Without --targets: starts the local workers, forms the group, configures
-// it when setup.hidden > 0 (client/group_setup.h), prints the workers and
-// waits for Ctrl-C. REQUIRES: InstallInterruptHandler() was called (the wait
-// ends on its signal). Returns OK after Ctrl-C once every worker has stopped.
-// With --targets (issue 16 item 3): forms a new group of those already
+// Without --targets: starts the local workers, takes their lease (owner
+// --owner, default DefaultOwnerId(); renewed until it stops, then given
+// back: issue 31 item 2), forms the group, configures it when setup.hidden
+// > 0 (client/group_setup.h), prints the workers and waits for Ctrl-C. REQUIRES:
+// InstallInterruptHandler() was called (the wait ends on its signal). Returns OK after Ctrl-C once
+// every worker has stopped. With --targets (issue 16 item 3): forms a new group of those already
 // running workers (moe-ep-worker processes or workers embedded in an
 // engine, server/moe_ep.h), configures it the same way, prints the table and
-// returns at once; the workers keep the group.
+// returns at once; the workers keep the group (and the lease taken for the
+// set-up is given back: a later command that would re-form a group holding
+// experts is refused unless --take-over, client/group_session.h).
 // Errors: those of AttachWorkers, LocalCluster::Start, Coordinator::WaitReady,
 // FormGroup and SetUpGroup; kAborted when a local worker dies while the group
 // is up (the message names it, its pid, address and exit code or signal; the
