@@ -15,6 +15,18 @@ absl::Status AtLeastOne(const char* flag, int64_t value) {
 }  // namespace
 
 absl::Status ValidateGroupSetup(const GroupSetupOptions& o, int world) {
+  if (!(o.group_timeout_s > 0 && o.group_timeout_s <= 3600)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--group-timeout: expected seconds in (0, 3600], got ", o.group_timeout_s));
+  }
+  if (o.invalid_expert_id != "-1" && o.invalid_expert_id != "num_experts") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--invalid-expert-id: expected -1 or num_experts, got '", o.invalid_expert_id, "'"));
+  }
+  if (o.dispatch_dtype != "bf16" && o.dispatch_dtype != "fp8_e4m3") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--dispatch-dtype: expected bf16 or fp8_e4m3, got '", o.dispatch_dtype, "'"));
+  }
   if (o.hidden == 0) return absl::OkStatus();
   RETURN_IF_ERROR(AtLeastOne("--hidden", o.hidden));
   RETURN_IF_ERROR(AtLeastOne("--experts", o.num_experts));
@@ -60,7 +72,11 @@ absl::Status SetUpGroup(Coordinator& coordinator, const GroupSetupOptions& o, st
   allocate.set_top_k(o.top_k);
   allocate.set_num_experts(o.num_experts);
   allocate.set_capacity_tokens(o.capacity_tokens);
-  allocate.set_dispatch_dtype(v1::DISPATCH_DTYPE_BF16);
+  allocate.set_dispatch_dtype(o.dispatch_dtype == "fp8_e4m3" ? v1::DISPATCH_DTYPE_FP8_E4M3
+                                                             : v1::DISPATCH_DTYPE_BF16);
+  allocate.set_invalid_expert_id(o.invalid_expert_id == "num_experts"
+                                     ? v1::INVALID_EXPERT_ID_NUM_EXPERTS
+                                     : v1::INVALID_EXPERT_ID_MINUS_ONE);
   for (int64_t b : o.cuda_graph_buckets) allocate.add_cuda_graph_buckets(b);
   RETURN_IF_ERROR(coordinator.AllocateWorkspace(allocate).status());
   if (o.experts != "none") {
@@ -79,7 +95,8 @@ absl::Status SetUpGroup(Coordinator& coordinator, const GroupSetupOptions& o, st
       << (o.cuda_graph_buckets.empty()
               ? std::string()
               : absl::StrCat(", buckets ", absl::StrJoin(o.cuda_graph_buckets, ",")))
-      << ", experts " << o.experts << "\n";
+      << ", experts " << o.experts << ", dispatch " << o.dispatch_dtype << ", invalid id "
+      << o.invalid_expert_id << "\n";
   return absl::OkStatus();
 }
 

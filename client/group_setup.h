@@ -26,13 +26,26 @@ struct GroupSetupOptions {
   std::string experts = "none";  // none | identity | swiglu (seeded)
   int64_t intermediate = 0;      // I of swiglu experts
   uint64_t seed = 1;
+  // The formed group's collective timeout (JoinRequest.timeout_ms), seconds
+  // in (0, 3600]: how long a collective waits for every rank before the
+  // group is broken (issue 30).
+  double group_timeout_s = 120;
+  // The padding id of topk ids (AllocateWorkspaceRequest.invalid_expert_id):
+  // "-1" or "num_experts"; any other id outside [0, E) is an error (DESIGN §7).
+  std::string invalid_expert_id = "-1";
+  // What dispatch moves (AllocateWorkspaceRequest.dispatch_dtype): "bf16" or
+  // "fp8_e4m3" (H a multiple of 128).
+  std::string dispatch_dtype = "bf16";
 };
 
 // Checks without a worker: hidden 0 (nothing else given) or every size >= 1,
 // top_k <= num_experts, num_experts >= `world` (when > 0), layers >= 1,
-// experts one of none / identity / swiglu, intermediate >= 1 for swiglu.
+// experts one of none / identity / swiglu, intermediate >= 1 for swiglu,
+// group_timeout_s in (0, 3600] (also when hidden is 0), invalid_expert_id
+// "-1" or "num_experts", dispatch_dtype "bf16" or "fp8_e4m3".
 // Errors: kInvalidArgument naming the flag (--hidden, --experts, --top-k,
-// --capacity, --layers, --load-experts, --intermediate) with expected and got.
+// --capacity, --layers, --load-experts, --intermediate, --group-timeout,
+// --invalid-expert-id, --dispatch-dtype) with expected and got.
 absl::Status ValidateGroupSetup(const GroupSetupOptions& options, int world);
 
 // ConfigureLayers, AllocateWorkspace and LoadExperts (each layer) on the

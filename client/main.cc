@@ -98,6 +98,18 @@ int RunCli(int argc, char** argv) {
   up->add_option("--intermediate", up_setup.intermediate, "configure: I of swiglu experts");
   up->add_option("--seed", up_setup.seed, "configure: seed of swiglu experts")
       ->capture_default_str();
+  up->add_option("--group-timeout", up_setup.group_timeout_s,
+                 "seconds a collective waits for every rank before the group is broken")
+      ->capture_default_str();
+  up->add_option("--invalid-expert-id", up_setup.invalid_expert_id,
+                 "configure: the padding id of topk ids, -1 | num_experts (other ids outside "
+                 "[0, E) are errors)")
+      ->check(CLI::IsMember({"-1", "num_experts"}))
+      ->capture_default_str();
+  up->add_option("--dispatch-dtype", up_setup.dispatch_dtype,
+                 "configure: what dispatch moves, bf16 | fp8_e4m3 (H a multiple of 128)")
+      ->check(CLI::IsMember({"bf16", "fp8_e4m3"}))
+      ->capture_default_str();
   up->callback([&] {
     long_running_up = up_workers.targets.empty();
     action = [&] { return RunUpCommand(up_workers, up_setup, std::cout); };
