@@ -97,11 +97,25 @@ TEST(Fp8QuantizeActivations, EveryRowByItsOwnBlocks) {
 
 TEST(Fp8BlockGemm, WithinItsBoundOnRaggedBlocks) {
   // N 200 and K 300: partial blocks on both axes; one all-zero token.
+  // Each weight block and each activation block has its own amplitude, so
+  // a scale read from the wrong block is caught (seeded uniform values give
+  // every block the same amax).
   const int64_t M = 4, N = 200, K = 300;
   std::vector<float> x = Activations(5, M, K);
+  for (int64_t i = 0; i < M * K; ++i) {
+    x[i] = Bf16ToFloat(FloatToBf16(x[i] * static_cast<float>(1 + (i % K) / 128 + 3 * (i / K))));
+  }
   std::fill(x.begin() + 2 * K, x.begin() + 3 * K, 0.0f);
   const Fp8Activations a = Fp8QuantizeActivations(x, M, K);
-  const Fp8BlockMatrix w = QuantizeFp8Block(Bf16Matrix(7, SeededProjection::kGate, N * K, K), N, K);
+  std::vector<bf16_t> wb = Bf16Matrix(7, SeededProjection::kGate, N * K, K);
+  for (int64_t i = 0; i < N * K; ++i) {
+    const int64_t rb = (i / K) / 128, cb = (i % K) / 128;
+    wb[i] = FloatToBf16(Bf16ToFloat(wb[i]) * static_cast<float>((1 + rb) * (1 + 2 * cb)));
+  }
+  const Fp8BlockMatrix w = QuantizeFp8Block(wb, N, K);
+  EXPECT_NE(w.scale_inv[0], w.scale_inv[3]);  // row blocks differ
+  EXPECT_NE(w.scale_inv[0], w.scale_inv[1]);  // column blocks differ
+  EXPECT_NE(a.scales[0], a.scales[1]);
   std::vector<float> out(M * N, -1.0f);
   ASSERT_TRUE(Fp8BlockGemm(a, w, absl::MakeSpan(out)).ok());
   CheckFp8Gemm(a, w, out);
@@ -145,7 +159,15 @@ TEST(Fp8BlockGemm, RefusesMismatchedChannels) {
 TEST(Mxfp4Gemm, WithinItsBoundWithBias) {
   const int64_t M = 3, N = 150, K = 96;
   const std::vector<float> a = Activations(11, M, K);
-  const Mxfp4Matrix w = QuantizeMxfp4(Bf16Matrix(13, SeededProjection::kUp, N * K, K), N, K);
+  // Rows and 32-blocks of different amplitude: distinct E8M0 scales.
+  std::vector<bf16_t> wb = Bf16Matrix(13, SeededProjection::kUp, N * K, K);
+  for (int64_t i = 0; i < N * K; ++i) {
+    wb[i] =
+        FloatToBf16(std::ldexp(Bf16ToFloat(wb[i]), static_cast<int>((i / K) % 5 + (i % K) / 32)));
+  }
+  const Mxfp4Matrix w = QuantizeMxfp4(wb, N, K);
+  EXPECT_NE(w.scales[0], w.scales[1]);
+  EXPECT_NE(w.scales[0], w.scales[3]);
   const std::vector<bf16_t> bias = Bf16Matrix(17, SeededProjection::kGateUpBias, N, K);
   std::vector<float> out(M * N);
   ASSERT_TRUE(Mxfp4Gemm(a, M, w, bias, absl::MakeSpan(out)).ok());
