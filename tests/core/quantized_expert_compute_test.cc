@@ -255,8 +255,9 @@ void CheckFp8Expert(int64_t H, int64_t I, int64_t rows) {
       worst_rel = std::max(worst_rel, err / (std::abs(exact) + 1e-3));
     }
     // And the quantized expert is close to the model's: e4m3 moves each
-    // activation by at most 2^-4 of itself, so the typical output is within
-    // a few percent (measured ~1%); a broken scale is off by 2x or more.
+    // activation (x and h) by at most 2^-4 of itself, so the output's RMS
+    // relative error is a few percent (measured 4.3% at 7168 x 2048 and 4.2%
+    // at 3072 x 1536, 2 tokens); a broken scale is off by 2x or more.
     double num = 0.0, den = 0.0;
     for (int64_t n = 0; n < H; ++n) {
       double exact = 0.0;
@@ -264,7 +265,7 @@ void CheckFp8Expert(int64_t H, int64_t I, int64_t rows) {
       num += (out[r * H + n] - exact) * (out[r * H + n] - exact);
       den += exact * exact;
     }
-    EXPECT_LT(std::sqrt(num / den), 0.05) << "row " << r;
+    EXPECT_LT(std::sqrt(num / den), 0.06) << "row " << r;
   }
 }
 
