@@ -1,0 +1,567 @@
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+#include "core/fp8_e4m3.h"
+#include "core/quantized_formats.h"
+#include "core/status_macros.h"
+#include "kernels/fp8_grouped_gemm.cuh"
+#include "kernels/hopper_grouped_gemm.cuh"
+#include "kernels/internal/cuda_status.h"
+#include "kernels/internal/hopper_ptx.cuh"
+#include "kernels/internal/tensor_map.h"
+
+namespace moe_ep::kernels {
+namespace {
+
+// A tile is kSubs x 128 rows (kSubs m64 sub-tiles per consumer warpgroup;
+// warpgroup cw owns sub-tiles cw, cw + 2, ...) times 128 B rows; one ring
+// stage is one 128-wide K block (one scale block of both operands, one
+// 128-byte swizzle row of e4m3 codes): 2 kSubs A boxes and 2 B boxes of
+// 64 rows x 128 codes. kSubs 1 (128 rows, 6 stages of 32 KB) for few rows
+// per expert (decode: the weights stream), kSubs 2 (256 rows, 48 KB stages:
+// 4, or 3 for the fused kernel, which parks pass 0's SwiGLU values in 64 KB
+// of shared memory) for many: half the L2 traffic of B per FLOP.
+constexpr int kWgRows = 64;                // rows of one m64 sub-tile (one A box)
+constexpr int kBK = 128;                   // K per stage (codes = bytes)
+constexpr int kBoxRows = 64;               // rows of one TMA box (A and B)
+constexpr int kBN = 128;                   // B rows per stage (two boxes)
+constexpr int kThreads = 384;              // producer + 2 consumer warpgroups
+constexpr int kBoxBytes = kBoxRows * kBK;  // 8 KB
+// Arrivals that free a stage: lane 0 of each of the 8 consumer warps, each
+// after its own wait. Warps of a warpgroup are not in lockstep: a stage
+// freed by one thread per warpgroup (bench/results/fp8-experts, call 2) let
+// warp 0 of a warpgroup that only keeps the ring's phases run a whole ring
+// ahead of its other warps, whose next wait then saw a phase of the wrong
+// parity and never returned.
+constexpr int kEmptyArrivals = 8;
+static_assert(kBK == kFp8ScaleBlock && kBN == kFp8ScaleBlock);
+
+template <bool kFused, int kSubs>
+struct Shape {
+  static constexpr int kBM = 128 * kSubs;                        // most rows of a tile
+  static constexpr int kABoxes = 2 * kSubs;                      // A boxes of a stage
+  static constexpr int kStageBytes = (kABoxes + 2) * kBoxBytes;  // A boxes, then B0 | B1
+  static constexpr int kStages = kSubs == 1 ? 6 : (kFused ? 3 : 4);
+  static constexpr int kRingBytes = kStages * kStageBytes;
+  static constexpr int kBarrierBytes = 2 * kStages * 8;
+  // Fused, kSubs 2: pass 0's values, [warpgroup][value 0..63][thread].
+  static constexpr int kHeldBytes = (kFused && kSubs == 2) ? 2 * 64 * 128 * 4 : 0;
+  // Dynamic shared memory: 1024 (alignment slack) + ring + held values +
+  // barriers + the offsets and the m-tile prefix, (L+1) int32 each.
+  static int SmemBytes(int num_local_experts) {
+    return 1024 + kRingBytes + kHeldBytes + kBarrierBytes + 2 * (num_local_experts + 1) * 4;
+  }
+};
+
+struct Tile {
+  int expert;
+  int32_t m_start;  // first row of the tile
+  int32_t m_end;    // end of the tile's rows (<= the expert's end)
+  int32_t n0;       // first output column (a multiple of 128)
+};
+
+// m-tiles of an expert of `rows` rows, tiles of at most `bm` rows.
+__device__ __forceinline__ int MTiles(int rows, int bm) { return (rows + bm - 1) / bm; }
+
+// Tile t of the walk: expert-major, then n-tile, then m-tile (fastest), so
+// CTAs working at the same time share the expert's weight tiles in L2. An
+// expert's m-tiles are equal runs of a multiple of 64 rows (the last
+// clipped), so no expert pays a nearly empty last pass over its weights.
+__device__ __forceinline__ Tile DecodeTile(int t, const int32_t* s_off, const int32_t* s_mt,
+                                           int num_local_experts, int n_tiles) {
+  int lo = 0;
+  int hi = num_local_experts - 1;
+  while (lo < hi) {  // last l with s_mt[l] * n_tiles <= t
+    const int mid = (lo + hi + 1) / 2;
+    if (s_mt[mid] * n_tiles <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const int local = t - s_mt[lo] * n_tiles;
+  const int m_tiles = s_mt[lo + 1] - s_mt[lo];
+  const int32_t e0 = s_off[lo];
+  const int32_t e1 = s_off[lo + 1];
+  const int step = ((e1 - e0 + m_tiles - 1) / m_tiles + kWgRows - 1) / kWgRows * kWgRows;
+  Tile tile;
+  tile.expert = lo;
+  tile.m_start = e0 + (local % m_tiles) * step;
+  tile.m_end = min(e1, tile.m_start + step);
+  tile.n0 = (local / m_tiles) * kBN;
+  return tile;
+}
+
+// The kernel's mbarrier waits, bounded: a phase that has not completed
+// within kWaitTimeoutNs (%globaltimer, read only after a failed try_wait)
+// means the ring's protocol broke, and the kernel traps (the stream then
+// reports "unspecified launch failure"), so a broken step fails instead of
+// hanging a replayed graph. No printf here: a call in the k-loop made ptxas
+// spill up to 1.4 KB per thread (call 2 of bench/results/fp8-experts).
+constexpr uint64_t kWaitTimeoutNs = 4000000000ull;
+
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ bool MbarTryWait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+__device__ __forceinline__ void MbarWaitBounded(uint32_t bar, uint32_t parity) {
+  if (MbarTryWait(bar, parity)) return;
+  const uint64_t start = GlobalTimerNs();
+  while (!MbarTryWait(bar, parity)) {
+    if (GlobalTimerNs() - start > kWaitTimeoutNs) __trap();
+  }
+}
+
+__device__ __forceinline__ uint16_t Bf16Bits(float v) {
+  const __nv_bfloat16 b = __float2bfloat16_rn(v);
+  return *reinterpret_cast<const uint16_t*>(&b);
+}
+
+// kFused (gate/up): a tile is 128 act columns [n0, n0 + 128) computed in two
+// passes over K, pass p with B boxes gate rows n0 + 64p.. and up rows
+// N + n0 + 64p.. (accumulator columns [0, 64) gate, [64, 128) up); pass 0's
+// fp32 SwiGLU values stay (registers for kSubs 1, shared memory for 2) so
+// that pass 1's epilogue sees the whole 128-column scale block of each row
+// and writes e4m3 codes and the row's scale (core/quantized_formats.h's
+// activation rule). Else (down): one pass, B boxes rows n0.. and n0 + 64..,
+// bf16 y columns [n0, n0 + 128).
+// Buffers: a [max_rows, K] e4m3 (tensor map), a_scale [K/128, a_stride],
+// b [L, b_rows, K] e4m3 (tensor map), b_scale [L, (2,) N/128, K/128],
+// act [max_rows, N] e4m3 + act_scale [N/128, act_stride] (fused) or y
+// [max_rows, N] bf16. Memory ordering: TMA completes on `full[s]`
+// (expect-tx of the stage's bytes); lane 0 of each consumer warp arrives on
+// `empty[s]` (kEmptyArrivals per phase) once its own wait for the wgmma
+// reading stage s has returned, or, with no rows in the tile, once it has
+// seen the stage land.
+template <bool kFused, int kSubs>
+__global__ void __launch_bounds__(kThreads, 1)
+    Fp8GroupedGemmKernel(const __grid_constant__ CUtensorMap map_a,
+                         const __grid_constant__ CUtensorMap map_b,
+                         const float* __restrict__ a_scale, int64_t a_stride,
+                         const float* __restrict__ b_scale, const int32_t* __restrict__ offsets,
+                         int num_local_experts, int n, int k, uint8_t* __restrict__ act,
+                         float* __restrict__ act_scale, int64_t act_stride,
+                         uint16_t* __restrict__ y) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace internal;
+  using S = Shape<kFused, kSubs>;
+  constexpr int kStages = S::kStages;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* ring =
+      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  [[maybe_unused]] float* held_smem = reinterpret_cast<float*>(ring + S::kRingBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(ring + S::kRingBytes + S::kHeldBytes);
+  uint64_t* empty = full + kStages;
+  int32_t* s_off = reinterpret_cast<int32_t*>(empty + kStages);
+  int32_t* s_mt = s_off + num_local_experts + 1;
+  const int tid = threadIdx.x;
+  const int num_l = num_local_experts;
+  for (int i = tid; i <= num_l; i += kThreads) s_off[i] = offsets[i];
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(SmemAddr(&full[s]), 1);
+      MbarInit(SmemAddr(&empty[s]), kEmptyArrivals);  // lane 0 of each consumer warp
+    }
+    FenceBarrierInit();
+  }
+  __syncthreads();
+  if (tid < 32) {  // m-tile prefix: each lane a run of experts, then a warp scan
+    const int per = (num_l + 31) / 32;
+    const int lo = min(num_l, tid * per);
+    const int hi = min(num_l, lo + per);
+    int sum = 0;
+    for (int l = lo; l < hi; ++l) sum += MTiles(s_off[l + 1] - s_off[l], S::kBM);
+    int incl = sum;
+    for (int d = 1; d < 32; d *= 2) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, d);
+      if (tid >= d) incl += v;
+    }
+    int run = incl - sum;
+    for (int l = lo; l < hi; ++l) {
+      s_mt[l] = run;
+      run += MTiles(s_off[l + 1] - s_off[l], S::kBM);
+    }
+    if (tid == 31) s_mt[num_l] = incl;
+  }
+  __syncthreads();
+
+  constexpr int kPasses = kFused ? 2 : 1;
+  const int n_tiles = n / kBN;
+  const int num_tiles = s_mt[num_l] * n_tiles;
+  const int k_blocks = k / kBK;
+  const int wg = tid / 128;
+
+  if (wg == 0) {
+    SetMaxRegsDec<40>();
+    if (tid != 0) return;
+    int it = 0;
+    for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+      const Tile tile = DecodeTile(t, s_off, s_mt, num_l, n_tiles);
+      const int boxes = (tile.m_end - tile.m_start + kBoxRows - 1) / kBoxRows;  // <= kABoxes
+      const uint32_t bytes = (boxes + 2) * kBoxBytes;
+      for (int p = 0; p < kPasses; ++p) {
+        // B rows of the two boxes: gate and up halves (fused) or 128 rows.
+        const int32_t r0 =
+            kFused ? tile.expert * 2 * n + tile.n0 + kBoxRows * p : tile.expert * n + tile.n0;
+        const int32_t r1 = kFused ? r0 + n : r0 + kBoxRows;
+        for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+          const int s = it % kStages;
+          MbarWaitBounded(SmemAddr(&empty[s]), ((it / kStages) & 1) ^ 1);
+          const uint32_t bar = SmemAddr(&full[s]);
+          MbarArriveExpectTx(bar, bytes);
+          uint8_t* st = ring + s * S::kStageBytes;
+          const int32_t kc = kb * kBK;
+          for (int j = 0; j < boxes; ++j) {
+            TmaLoad2d(SmemAddr(st + j * kBoxBytes), &map_a, kc, tile.m_start + j * kBoxRows, bar);
+          }
+          TmaLoad2d(SmemAddr(st + S::kABoxes * kBoxBytes), &map_b, kc, r0, bar);
+          TmaLoad2d(SmemAddr(st + (S::kABoxes + 1) * kBoxBytes), &map_b, kc, r1, bar);
+        }
+      }
+    }
+    return;
+  }
+
+  SetMaxRegsInc<232>();
+  const int cw = wg - 1;     // consumer warpgroup: sub-tiles cw, cw + 2, ... of the tile
+  const int lt = tid % 128;  // thread in the warpgroup
+  const int warp_row = (lt / 32) * 16 + (lt % 32) / 4;  // accumulator row of d[0]
+  const int lane_col = (lt % 4) * 2;                    // accumulator column of d[0]
+  int it = 0;
+  for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+    const Tile tile = DecodeTile(t, s_off, s_mt, num_l, n_tiles);
+    // This warpgroup's sub-tiles with rows of the tile: 0 .. kSubs.
+    const int tile_subs = (tile.m_end - tile.m_start + kWgRows - 1) / kWgRows;
+    const int subs = min(kSubs, (tile_subs - cw + 1) / 2);
+    if (subs <= 0) {  // no rows here: keep the ring's phases, no products
+      for (int kb = 0; kb < kPasses * k_blocks; ++kb, ++it) {
+        const int s = it % kStages;
+        MbarWaitBounded(SmemAddr(&full[s]), (it / kStages) & 1);
+        MbarArriveIf(SmemAddr(&empty[s]), lt % 32 == 0);
+      }
+      continue;
+    }
+    // Sub-tile i's two accumulator rows: d[4c + 2h + e] is row RowOf(i, h),
+    // which holds data when RowOk(i, h).
+    const int32_t row_base = tile.m_start + cw * kWgRows + warp_row;
+    auto row_of = [&](int i, int h) { return row_base + 2 * i * kWgRows + 8 * h; };
+    auto row_ok = [&](int i, int h) { return i < subs && row_of(i, h) < tile.m_end; };
+    const int nb = tile.n0 / kBN;
+    // Weight scales of the accumulator's column halves [0, 64) and [64, 128).
+    const float* w_lo;
+    const float* w_hi;
+    if constexpr (kFused) {
+      w_lo = b_scale + (int64_t{tile.expert} * 2 * n_tiles + nb) * k_blocks;
+      w_hi = w_lo + int64_t{n_tiles} * k_blocks;
+    } else {
+      w_lo = b_scale + (int64_t{tile.expert} * n_tiles + nb) * k_blocks;
+      w_hi = w_lo;
+    }
+    [[maybe_unused]] float held[kSubs == 1 ? 32 : 1];  // fused, kSubs 1: pass 0's values
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      float acc[kSubs][64];
+#pragma unroll
+      for (int i = 0; i < kSubs; ++i) {
+#pragma unroll
+        for (int j = 0; j < 64; ++j) acc[i][j] = 0.0f;
+      }
+      // Scales are loaded one k-block ahead of their use, so that their
+      // latency hides behind a whole k-block's wait, products and promotion.
+      float sa_next[kSubs][2];
+      float wl_next;
+      float wh_next;
+      auto load_scales = [&](int kb) {
+#pragma unroll
+        for (int i = 0; i < kSubs; ++i) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            sa_next[i][h] = row_ok(i, h) ? __ldg(a_scale + kb * a_stride + row_of(i, h)) : 0.0f;
+          }
+        }
+        wl_next = __ldg(w_lo + kb);
+        wh_next = __ldg(w_hi + kb);
+      };
+      load_scales(0);
+      for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+        const int s = it % kStages;
+        float sa[kSubs][2];
+#pragma unroll
+        for (int i = 0; i < kSubs; ++i) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) sa[i][h] = sa_next[i][h];
+        }
+        const float wl = wl_next;
+        const float wh = wh_next;
+        if (kb + 1 < k_blocks) load_scales(kb + 1);
+        MbarWaitBounded(SmemAddr(&full[s]), (it / kStages) & 1);
+        const uint8_t* st = ring + s * S::kStageBytes;
+        const uint32_t b_addr = SmemAddr(st + S::kABoxes * kBoxBytes);
+#pragma unroll
+        for (int i = 0; i < kSubs; ++i) {
+          if (i >= subs) break;  // warpgroup-uniform
+          const uint32_t a_addr = SmemAddr(st + (cw + 2 * i) * kBoxBytes);
+          float part[64];
+          WgmmaFence();
+#pragma unroll
+          for (int kk = 0; kk < kBK / 32; ++kk) {
+            WgmmaE4m3x128(part, SwizzledKMajorDesc(a_addr + kk * 32),
+                          SwizzledKMajorDesc(b_addr + kk * 32), kk > 0 ? 1 : 0);
+          }
+          WgmmaCommit();
+          WgmmaWait<0>();
+          // The stage is free once every consumer warp has seen its last
+          // sub-tile's products complete.
+          MbarArriveIf(SmemAddr(&empty[s]), lt % 32 == 0 && i + 1 == subs);
+          // Promotion: acc += partial * (s_a * s_w), per element one FFMA.
+          const float c_al = sa[i][0] * wl;
+          const float c_ah = sa[i][0] * wh;
+          const float c_bl = sa[i][1] * wl;
+          const float c_bh = sa[i][1] * wh;
+#pragma unroll
+          for (int c = 0; c < 16; ++c) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              acc[i][4 * c + e] = fmaf(part[4 * c + e], c < 8 ? c_al : c_ah, acc[i][4 * c + e]);
+              acc[i][4 * c + 2 + e] =
+                  fmaf(part[4 * c + 2 + e], c < 8 ? c_bl : c_bh, acc[i][4 * c + 2 + e]);
+            }
+          }
+        }
+      }
+      // Epilogue: d[4c + 2h + e] is row RowOf(i, h), column 8c + lane_col + e.
+#pragma unroll
+      for (int i = 0; i < kSubs; ++i) {
+        if (i >= subs) break;
+        if constexpr (kFused) {
+          // h = silu(g) * u in fp32 (core::quant's contract), into the gate
+          // slots: acc[i][4c + 2h + e] for c < 8 is row rows[h], column
+          // 64 p + 8c + lane_col + e of the tile.
+#pragma unroll
+          for (int c = 0; c < 8; ++c) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              acc[i][4 * c + j] = core::fp8::MulRn(core::quant::SwiGluSilu(acc[i][4 * c + j]),
+                                                   acc[i][4 * (c + 8) + j]);
+            }
+          }
+          // Pass 0's values, v = 4c + j (c < 8): registers or shared memory.
+          float* parked = held_smem + (cw * 64 + i * 32) * 128 + lt;
+          if (p == 0) {
+#pragma unroll
+            for (int v = 0; v < 32; ++v) {
+              if constexpr (kSubs == 1) {
+                held[v] = acc[i][v];
+              } else {
+                parked[v * 128] = acc[i][v];
+              }
+            }
+            continue;
+          }
+          float prev[32];
+#pragma unroll
+          for (int v = 0; v < 32; ++v) {
+            if constexpr (kSubs == 1) {
+              prev[v] = held[v];
+            } else {
+              prev[v] = parked[v * 128];
+            }
+          }
+          // The row's 128 columns: passes 0 and 1 of the 4 threads of its quad.
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float amax = 0.0f;
+#pragma unroll
+            for (int c = 0; c < 8; ++c) {
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                amax = fmaxf(amax, fabsf(prev[4 * c + 2 * h + e]));
+                amax = fmaxf(amax, fabsf(acc[i][4 * c + 2 * h + e]));
+              }
+            }
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+            const float scale = core::fp8::BlockScale(amax);
+            const int32_t row = row_of(i, h);
+            if (!row_ok(i, h)) continue;
+            uint8_t* out = act + int64_t{row} * n + tile.n0 + lane_col;
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+#pragma unroll
+              for (int c = 0; c < 8; ++c) {
+                const float v0 = q == 0 ? prev[4 * c + 2 * h] : acc[i][4 * c + 2 * h];
+                const float v1 = q == 0 ? prev[4 * c + 2 * h + 1] : acc[i][4 * c + 2 * h + 1];
+                const uint32_t lo = core::quant::Fp8QuantizeActivation(v0, scale);
+                const uint32_t hi = core::quant::Fp8QuantizeActivation(v1, scale);
+                *reinterpret_cast<uint16_t*>(out + kBoxRows * q + 8 * c) =
+                    static_cast<uint16_t>(lo | (hi << 8));
+              }
+            }
+            if (lt % 4 == 0) act_scale[nb * act_stride + row] = scale;
+          }
+        } else {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            if (!row_ok(i, h)) continue;
+            uint16_t* out = y + int64_t{row_of(i, h)} * n + tile.n0 + lane_col;
+#pragma unroll
+            for (int c = 0; c < 16; ++c) {
+              *reinterpret_cast<uint32_t*>(out + 8 * c) =
+                  Bf16Bits(acc[i][4 * c + 2 * h]) |
+                  (uint32_t{Bf16Bits(acc[i][4 * c + 2 * h + 1])} << 16);
+            }
+          }
+        }
+      }
+    }
+  }
+#else
+  __trap();  // not built for sm_90a: HopperGroupedGemmAvailable() refuses the launch
+#endif
+}
+
+// Row-major e4m3 [rows, cols] with a box of 64 rows x 128 codes, 128-byte
+// swizzle; reads past the tensor are zero-filled.
+absl::Status EncodeMap(CUtensorMap* map, const uint8_t* ptr, int64_t rows, int64_t cols,
+                       const char* what) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols)};
+  const cuuint32_t box[2] = {kBK, kBoxRows};
+  const cuuint32_t elem[2] = {1, 1};
+  const CUresult r = internal::TensorMapEncodeTiled()(
+      map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(ptr), dims, strides, box, elem,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return absl::InternalError(
+        absl::StrFormat("cuTensorMapEncodeTiled(%s, rows %d, cols %d) failed with CUresult %d",
+                        what, rows, cols, static_cast<int>(r)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Check(const Fp8GemmParams& p, const void* out, const char* who) {
+  if (p.a == nullptr || p.a_scale == nullptr || p.b == nullptr || p.b_scale == nullptr ||
+      p.offsets == nullptr || out == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: null device pointer", who));
+  }
+  if (p.max_rows < 0 || p.n < 1 || p.k < 1 || p.num_local_experts < 1 ||
+      p.num_local_experts > kHopperGemmMaxExperts) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: expected max_rows >= 0, n >= 1, k >= 1, L in [1, %d], got %d, %d, %d, %d", who,
+        kHopperGemmMaxExperts, p.max_rows, p.n, p.k, p.num_local_experts));
+  }
+  if (p.k % kFp8ScaleBlock != 0 || p.n % kFp8ScaleBlock != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: n and k must be multiples of the %d-wide scale block, got n %d, k %d",
+                        who, kFp8ScaleBlock, p.n, p.k));
+  }
+  if (p.tile_rows != 0 && p.tile_rows != 128 && p.tile_rows != 256) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: tile_rows expected 0, 128 or 256, got %d", who, p.tile_rows));
+  }
+  if (p.a_scale_stride < p.max_rows) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: a_scale_stride expected >= max_rows %d, got %d", who, p.max_rows, p.a_scale_stride));
+  }
+  if (reinterpret_cast<uintptr_t>(p.a) % 16 != 0 || reinterpret_cast<uintptr_t>(p.b) % 16 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: a and b must be 16-byte aligned for TMA", who));
+  }
+  const int64_t b_rows = int64_t{p.num_local_experts} * p.n * 2;
+  if (p.max_rows >= (int64_t{1} << 31) || b_rows >= (int64_t{1} << 31) || p.k >= (1 << 30)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: sizes past int32 (max_rows %d, L * 2N %d, k %d)", who, p.max_rows, b_rows, p.k));
+  }
+  return HopperGroupedGemmAvailable();
+}
+
+// Average rows per expert (max_rows / L) from which the 256-row tiles run
+// (as kernels/hopper_grouped_gemm.cu's tall tiles).
+constexpr int64_t kTallRowsPerExpert = 192;
+
+template <bool kFused, int kSubs>
+absl::Status LaunchShape(const Fp8GemmParams& p, const CUtensorMap& map_a, const CUtensorMap& map_b,
+                         int sms, uint8_t* act, float* act_scale, int64_t act_stride, uint16_t* y,
+                         cudaStream_t stream, const char* name) {
+  using S = Shape<kFused, kSubs>;
+  const int smem = S::SmemBytes(p.num_local_experts);
+  auto* kernel = Fp8GroupedGemmKernel<kFused, kSubs>;
+  RETURN_IF_ERROR(internal::CudaStatus(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+      absl::StrFormat("cudaFuncSetAttribute(%s, %d rows, %d bytes of shared memory)", name, S::kBM,
+                      smem)));
+  const int64_t most_tiles =
+      ((p.max_rows + S::kBM - 1) / S::kBM + p.num_local_experts) * (p.n / kBN);
+  const int grid = static_cast<int>(std::min<int64_t>(sms, most_tiles));
+  kernel<<<grid, kThreads, smem, stream>>>(map_a, map_b, p.a_scale, p.a_scale_stride, p.b_scale,
+                                           p.offsets, p.num_local_experts, static_cast<int>(p.n),
+                                           static_cast<int>(p.k), act, act_scale, act_stride, y);
+  return internal::LaunchStatus(name);
+}
+
+template <bool kFused>
+absl::Status Launch(const Fp8GemmParams& p, uint8_t* act, float* act_scale, int64_t act_stride,
+                    uint16_t* y, cudaStream_t stream, const char* name) {
+  if (p.max_rows == 0) return absl::OkStatus();
+  int device = 0;
+  int sms = 0;
+  int smem_optin = 0;
+  RETURN_IF_ERROR(internal::CudaStatus(cudaGetDevice(&device), "cudaGetDevice"));
+  RETURN_IF_ERROR(internal::CudaStatus(
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count"));
+  RETURN_IF_ERROR(internal::CudaStatus(
+      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+      "shared memory per block"));
+  CUtensorMap map_a;
+  CUtensorMap map_b;
+  RETURN_IF_ERROR(EncodeMap(&map_a, p.a, p.max_rows, p.k, "a"));
+  const int64_t b_rows = int64_t{p.num_local_experts} * p.n * (kFused ? 2 : 1);
+  RETURN_IF_ERROR(EncodeMap(&map_b, p.b, b_rows, p.k, "b"));
+  const bool tall_fits = Shape<kFused, 2>::SmemBytes(p.num_local_experts) <= smem_optin;
+  const bool tall = p.tile_rows == 256 || (p.tile_rows == 0 && tall_fits &&
+                                           p.max_rows >= kTallRowsPerExpert * p.num_local_experts);
+  if (tall) {
+    return LaunchShape<kFused, 2>(p, map_a, map_b, sms, act, act_scale, act_stride, y, stream,
+                                  name);
+  }
+  return LaunchShape<kFused, 1>(p, map_a, map_b, sms, act, act_scale, act_stride, y, stream, name);
+}
+
+}  // namespace
+
+absl::Status LaunchFp8GroupedSwiGlu(const Fp8GemmParams& p, uint8_t* act, float* act_scale,
+                                    int64_t act_scale_stride, cudaStream_t stream) {
+  RETURN_IF_ERROR(Check(p, act, "LaunchFp8GroupedSwiGlu"));
+  if (act_scale == nullptr || act_scale_stride < p.max_rows) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "LaunchFp8GroupedSwiGlu: act_scale must be non-null with stride >= max_rows %d, got %d",
+        p.max_rows, act_scale_stride));
+  }
+  return Launch<true>(p, act, act_scale, act_scale_stride, nullptr, stream,
+                      "Fp8GroupedGemmKernel<SwiGLU>");
+}
+
+absl::Status LaunchFp8GroupedGemm(const Fp8GemmParams& p, uint16_t* y, cudaStream_t stream) {
+  RETURN_IF_ERROR(Check(p, y, "LaunchFp8GroupedGemm"));
+  return Launch<false>(p, nullptr, nullptr, 0, y, stream, "Fp8GroupedGemmKernel<plain>");
+}
+
+}  // namespace moe_ep::kernels
