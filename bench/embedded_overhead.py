@@ -79,7 +79,7 @@ def main():
     hidden, top_k, experts, tokens = 128, 2, 8, 4
     with Worker(["--listen=127.0.0.1:0", "--backend=gloo", "--log-level=warn"]) as worker:
         subprocess.run([args.moe_ep, "up", "--targets", worker.address, "--backend", "gloo",
-                        "--hidden", str(hidden), "--experts", str(experts), "--top-k", str(top_k),
+                        "--hidden", str(hidden), "--num-experts", str(experts), "--top-k", str(top_k),
                         "--capacity", "16"], check=True, stdout=subprocess.DEVNULL)
         worker.wait_ready(timeout_s=30)
         info = worker.info()

@@ -44,7 +44,7 @@ def main():
     with Worker(["--listen=127.0.0.1:0", "--backend=nccl", "--device=0",
                  "--log-level=warn"]) as worker:
         subprocess.run([args.moe_ep, "up", "--targets", worker.address, "--backend", "nccl",
-                        "--hidden", str(hidden), "--experts", str(experts), "--top-k",
+                        "--hidden", str(hidden), "--num-experts", str(experts), "--top-k",
                         str(top_k), "--capacity", "16", "--load-experts", "identity"],
                        check=True, stdout=subprocess.DEVNULL)
         worker.wait_ready(timeout_s=60)

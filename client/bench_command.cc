@@ -20,18 +20,18 @@ absl::Status ValidateBenchOptions(const BenchCommandOptions& o, int world) {
   RETURN_IF_ERROR(positive("--tokens", o.tokens_per_rank));
   RETURN_IF_ERROR(positive("--hidden", o.hidden));
   RETURN_IF_ERROR(positive("--top-k", o.top_k));
-  RETURN_IF_ERROR(positive("--experts", o.num_experts));
+  RETURN_IF_ERROR(positive("--num-experts", o.num_experts));
   RETURN_IF_ERROR(positive("--iterations", o.iterations));
   if (o.warmup < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--warmup: expected >= 0, got ", o.warmup));
   }
   if (o.top_k > o.num_experts) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--top-k: expected <= --experts (", o.num_experts, "), got ", o.top_k));
+        absl::StrCat("--top-k: expected <= --num-experts (", o.num_experts, "), got ", o.top_k));
   }
   if (world > 0 && o.num_experts < world) {
-    return absl::InvalidArgumentError(absl::StrCat("--experts: expected >= the number of ranks (",
-                                                   world, "), got ", o.num_experts));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--num-experts: expected >= the number of ranks (", world, "), got ", o.num_experts));
   }
   if (o.routing != "uniform" && o.routing != "skewed") {
     return absl::InvalidArgumentError(

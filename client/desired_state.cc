@@ -4,6 +4,7 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/model_source.h"
@@ -12,20 +13,108 @@
 #include "core/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "nlohmann/json.hpp"
 
 namespace moe_ep::client {
+namespace {
+
+// The prefix every value name of `e` starts with, up to its last '_'
+// ("EXPERT_KIND_" of EXPERT_KIND_UNSPECIFIED, _SWIGLU, _IDENTITY).
+std::string EnumPrefix(const google::protobuf::EnumDescriptor& e) {
+  std::string prefix = e.value_count() > 0 ? e.value(0)->name() : "";
+  for (int i = 1; i < e.value_count(); ++i) {
+    const std::string& name = e.value(i)->name();
+    size_t n = 0;
+    while (n < prefix.size() && n < name.size() && prefix[n] == name[n]) ++n;
+    prefix.resize(n);
+  }
+  const size_t cut = prefix.rfind('_');
+  return cut == std::string::npos ? "" : prefix.substr(0, cut + 1);
+}
+
+// `value` of an enum field as the proto names it: itself when it is a value
+// name, else prefix + upper(value) when that is one ("swiglu" ->
+// "EXPERT_KIND_SWIGLU"); anything else is left for the parser to refuse.
+void NormalizeEnumValue(const google::protobuf::EnumDescriptor& e, nlohmann::json* value) {
+  if (!value->is_string()) return;
+  const std::string text = value->get<std::string>();
+  if (e.FindValueByName(text) != nullptr) return;
+  const std::string full = EnumPrefix(e) + absl::AsciiStrToUpper(text);
+  if (e.FindValueByName(full) != nullptr) *value = full;
+}
+
+// Rewrites the enum values of every field of `object`, a JSON object of
+// message `d`, and of its nested messages (ParseDesiredStateJson).
+void NormalizeEnums(const google::protobuf::Descriptor& d, nlohmann::json* object) {
+  if (!object->is_object()) return;
+  for (auto& [key, value] : object->items()) {
+    const google::protobuf::FieldDescriptor* f = d.FindFieldByName(key);
+    if (f == nullptr) f = d.FindFieldByCamelcaseName(key);
+    if (f == nullptr) continue;  // the parser names the unknown field
+    auto one = [&](nlohmann::json* v) {
+      if (f->enum_type() != nullptr) NormalizeEnumValue(*f->enum_type(), v);
+      if (f->message_type() != nullptr) NormalizeEnums(*f->message_type(), v);
+    };
+    if (f->is_repeated() && value.is_array()) {
+      for (nlohmann::json& v : value) one(&v);
+    } else {
+      one(&value);
+    }
+  }
+}
+
+}  // namespace
 
 absl::StatusOr<v1::DesiredState> ParseDesiredStateJson(absl::string_view json) {
   v1::DesiredState state;
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;
+  // Lowercase enum names ("swiglu") as the CLI spells them; text that is not
+  // JSON goes to the parser as it is, for its message.
+  std::string text(json);
+  try {
+    nlohmann::json parsed = nlohmann::json::parse(text);
+    NormalizeEnums(*v1::DesiredState::descriptor(), &parsed);
+    text = parsed.dump();
+  } catch (const nlohmann::json::exception&) {
+  }
   const auto status = google::protobuf::util::JsonStringToMessage(
-      google::protobuf::StringPiece(json.data(), json.size()), &state, options);
+      google::protobuf::StringPiece(text.data(), text.size()), &state, options);
   if (!status.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("desired state: not a moe_ep.v1.DesiredState in JSON: ", status.ToString()));
   }
   return state;
+}
+
+std::string ExampleDesiredStateJson() {
+  return R"({
+  "targets": ["127.0.0.1:50051", "127.0.0.1:50052"],
+  "backend": "gloo",
+  "model": "qwen3-30b-a3b",
+  "layers": 2,
+  "capacity_tokens": 384,
+  "dispatch_dtype": "bf16",
+  "experts": {"kind": "swiglu", "seed": 1},
+  "group_timeout_ms": 60000
+})";
+}
+
+std::string DesiredStateHelp() {
+  return absl::StrCat(
+      "--state FILE is a moe_ep.v1.DesiredState (proto/moe_ep/v1/coordinator.proto) in its "
+      "JSON form. Exactly one of \"targets\" (rank i = targets[i]) and \"headless_service\" "
+      "({\"service\", \"replicas\", \"port\", \"procs_per_pod\", \"port_step\"}); the rest "
+      "defaults when left out: backend ",
+      kDefaultStateBackend, ", model ", kDefaultStateModel, ", layers ", kDefaultStateLayers,
+      ", capacity_tokens ", kDefaultStateCapacityTokens,
+      ", dispatch_dtype bf16 (or fp8_e4m3), "
+      "experts {kind swiglu (or identity), seed}, group_timeout_ms ",
+      kDefaultStateGroupTimeoutMs, ", rpc_timeout_ms ", kDefaultStateRpcTimeoutMs,
+      ". Enum values as the CLI spells them (\"swiglu\") or as the proto does "
+      "(\"EXPERT_KIND_SWIGLU\"). `moe-ep coordinator --state FILE --check` validates a file "
+      "and exits. Example:\n",
+      ExampleDesiredStateJson(), "\n");
 }
 
 absl::StatusOr<v1::DesiredState> ReadDesiredStateFile(const std::string& path) {

@@ -32,9 +32,22 @@ inline constexpr int64_t kDefaultStateRpcTimeoutMs = 120000;
 // ParseDesiredStateJson()
 //
 // Parses the proto3 JSON form of DesiredState (field names as in the .proto
-// or lowerCamelCase; enums by name). Errors: kInvalidArgument with the
-// parser's message (unknown field, wrong type).
+// or lowerCamelCase). Enums by name, either the proto's
+// ("EXPERT_KIND_SWIGLU", "DISPATCH_DTYPE_FP8_E4M3") or, as the CLI spells
+// them, without the enum's prefix in any case ("swiglu", "fp8_e4m3"; issue
+// 31 item 7). Errors: kInvalidArgument with the parser's message (unknown
+// field, wrong type, an enum value that is neither).
 absl::StatusOr<v1::DesiredState> ParseDesiredStateJson(absl::string_view json);
+
+// An example desired state in the file form (two Gloo workers on loopback,
+// the qwen3-30b-a3b preset, 2 layers of seeded SwiGLU experts), which
+// ParseDesiredStateJson and ValidateDesiredState accept
+// (tests/client/desired_state_test.cc).
+std::string ExampleDesiredStateJson();
+
+// The end of `moe-ep coordinator --help`: what --state reads (the fields,
+// their defaults, the enum spellings) and ExampleDesiredStateJson().
+std::string DesiredStateHelp();
 
 // Reads and parses `path`. Errors: kNotFound when it cannot be read (names
 // the path); ParseDesiredStateJson's, prefixed with the path.

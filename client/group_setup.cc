@@ -29,17 +29,17 @@ absl::Status ValidateGroupSetup(const GroupSetupOptions& o, int world) {
   }
   if (o.hidden == 0) return absl::OkStatus();
   RETURN_IF_ERROR(AtLeastOne("--hidden", o.hidden));
-  RETURN_IF_ERROR(AtLeastOne("--experts", o.num_experts));
+  RETURN_IF_ERROR(AtLeastOne("--num-experts", o.num_experts));
   RETURN_IF_ERROR(AtLeastOne("--top-k", o.top_k));
   RETURN_IF_ERROR(AtLeastOne("--capacity", o.capacity_tokens));
   RETURN_IF_ERROR(AtLeastOne("--layers", o.layers));
   if (o.top_k > o.num_experts) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--top-k: expected <= --experts (", o.num_experts, "), got ", o.top_k));
+        absl::StrCat("--top-k: expected <= --num-experts (", o.num_experts, "), got ", o.top_k));
   }
   if (world > 0 && o.num_experts < world) {
-    return absl::InvalidArgumentError(absl::StrCat("--experts: expected >= the number of ranks (",
-                                                   world, "), got ", o.num_experts));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--num-experts: expected >= the number of ranks (", world, "), got ", o.num_experts));
   }
   if (o.experts != "none" && o.experts != "identity" && o.experts != "swiglu") {
     return absl::InvalidArgumentError(

@@ -43,7 +43,7 @@ struct GroupSetupOptions {
 // experts one of none / identity / swiglu, intermediate >= 1 for swiglu,
 // group_timeout_s in (0, 3600] (also when hidden is 0), invalid_expert_id
 // "-1" or "num_experts", dispatch_dtype "bf16" or "fp8_e4m3".
-// Errors: kInvalidArgument naming the flag (--hidden, --experts, --top-k,
+// Errors: kInvalidArgument naming the flag (--hidden, --num-experts, --top-k,
 // --capacity, --layers, --load-experts, --intermediate, --group-timeout,
 // --invalid-expert-id, --dispatch-dtype) with expected and got.
 absl::Status ValidateGroupSetup(const GroupSetupOptions& options, int world);

@@ -2,15 +2,19 @@
 // lives in the client library (client/*_command.h, client/run_job.h).
 //
 // Exit codes: 0 success; 1 an operation failed (or `run` / `stack` found a
-// layer or DP group that disagrees with the reference); 2 bad command line; 130 interrupted.
+// layer or DP group that disagrees with the reference); 2 bad command line
+// (one CLI11 refuses, a mistyped subcommand, which gets the nearest name, or
+// a flag combination a command refuses: IsCommandLineError); 130 interrupted.
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <exception>
 #include <functional>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
@@ -18,6 +22,7 @@
 #include "client/bench_command.h"
 #include "client/cli_validators.h"
 #include "client/credentials.h"
+#include "client/desired_state.h"
 #include "client/health_command.h"
 #include "client/interrupt.h"
 #include "client/local_cluster.h"
@@ -85,7 +90,7 @@ int RunCli(int argc, char** argv) {
   AddWorkerFlags(up, &up_workers, /*allow_targets=*/true);
   up->add_option("--hidden", up_setup.hidden, "configure: hidden size H (0 = only form)")
       ->capture_default_str();
-  up->add_option("--experts", up_setup.num_experts, "configure: routed experts");
+  up->add_option("--num-experts", up_setup.num_experts, "configure: routed experts E");
   up->add_option("--top-k", up_setup.top_k, "configure: experts per token K");
   up->add_option("--capacity", up_setup.capacity_tokens, "configure: N, tokens per rank");
   up->add_option("--cuda-graph-buckets", up_setup.cuda_graph_buckets,
@@ -214,6 +219,7 @@ int RunCli(int argc, char** argv) {
       "long-running service: keep a worker group formed, configured and allocated as a desired "
       "state says, re-forming it after any worker restart or failure (DESIGN §16)");
   AddCoordinatorFlags(coordinator, &coordinator_options);
+  coordinator->footer(DesiredStateHelp());
   // `moe-ep coordinator status|apply|drain`: a client of a running one (issue 31 item 1).
   CoordinatorClientOptions coordinator_client;
   AddCoordinatorClientCommands(coordinator, &coordinator_client, &action, &std::cout);
@@ -228,7 +234,7 @@ int RunCli(int argc, char** argv) {
 
   // run
   RunJobOptions run_options;
-  double rpc_timeout_s = 600;
+  double rpc_timeout_s = kDefaultRpcTimeoutSeconds;
   auto* run = app.add_subcommand(
       "run", "the main job: run a model's MoE layers across the workers and verify them");
   AddWorkerFlags(run, &run_options.workers, /*allow_targets=*/true);
@@ -366,7 +372,7 @@ int RunCli(int argc, char** argv) {
 
   // stack
   StackJobOptions stack_options;
-  double stack_rpc_timeout_s = 120;
+  double stack_rpc_timeout_s = kDefaultRpcTimeoutSeconds;
   bool stack_no_a2a = false;
   auto* stack = app.add_subcommand(
       "stack",
@@ -430,7 +436,9 @@ int RunCli(int argc, char** argv) {
       ->add_option("--log-dir", stack_options.workers.log_dir,
                    "write each local worker's output to DIR/worker-<i>.log instead of stderr")
       ->check(CLI::ExistingDirectory);
-  stack->add_option("--rpc-timeout", stack_rpc_timeout_s, "deadline of each fanned-out call, s")
+  stack
+      ->add_option("--rpc-timeout", stack_rpc_timeout_s,
+                   "deadline of each fanned-out call, seconds")
       ->capture_default_str()
       ->check(Positive());
   bool stack_json = false;
@@ -454,7 +462,7 @@ int RunCli(int argc, char** argv) {
   bench->add_option("--top-k", bench_options.top_k, "experts per token K")
       ->capture_default_str()
       ->check(Positive());
-  bench->add_option("--experts", bench_options.num_experts, "routed experts")
+  bench->add_option("--num-experts", bench_options.num_experts, "routed experts E")
       ->capture_default_str()
       ->check(Positive());
   bench->add_option("--routing", bench_options.routing, "uniform | skewed")
@@ -470,6 +478,22 @@ int RunCli(int argc, char** argv) {
   bench->add_flag("--json", bench_options.json, "print the results as JSON");
   bench->callback([&] { action = [&] { return RunBenchCommand(bench_options, std::cout); }; });
 
+  // A mistyped subcommand: name the nearest one (CLI11 would only say that
+  // a subcommand is required).
+  if (argc > 1 && argv[1][0] != '-') {
+    std::vector<std::string> names;
+    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+      names.push_back(sub->get_name());
+    }
+    if (std::find(names.begin(), names.end(), argv[1]) == names.end()) {
+      std::cerr << "moe-ep: unknown subcommand '" << argv[1] << "'";
+      if (auto nearest = NearestName(argv[1], names)) {
+        std::cerr << "; did you mean " << *nearest << "?";
+      }
+      std::cerr << "\nRun with --help for the subcommands.\n";
+      return moe_ep::core::kExitBadCommandLine;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version: exit 0
@@ -498,6 +522,11 @@ int RunCli(int argc, char** argv) {
     // because of it); wait for it to finish rather than report those errors.
     LocalCluster::StopAll();
     return 130;
+  }
+  if (IsCommandLineError(result)) {  // a flag combination the command refuses
+    std::cerr << "moe-ep: error: " << result.message()
+              << "\nRun with --help for more information.\n";
+    return moe_ep::core::kExitBadCommandLine;
   }
   if (!result.ok()) {
     std::cerr << "moe-ep: error: " << result << "\n";

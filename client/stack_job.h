@@ -67,7 +67,8 @@ struct StackJobOptions {
   // All-to-all capacity N, tokens per rank; 0 = the largest DP group's count
   // + attn_tp (what every step's SCATTERED rows fit in).
   int64_t capacity_tokens = 0;
-  absl::Duration rpc_timeout = absl::Seconds(120);
+  // As every --rpc-timeout (client/cli_validators.h kDefaultRpcTimeoutSeconds).
+  absl::Duration rpc_timeout = absl::Seconds(600);
 };
 
 // One (step, DP group) of the run.

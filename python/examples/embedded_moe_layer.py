@@ -126,7 +126,7 @@ def form_group(targets: List[str], former: str, moe_ep: str) -> None:
     if former == "up":
         subprocess.run(
             [moe_ep, "up", "--targets", ",".join(targets), "--backend", "gloo",
-             "--hidden", str(HIDDEN), "--experts", str(NUM_EXPERTS), "--top-k", str(TOP_K),
+             "--hidden", str(HIDDEN), "--num-experts", str(NUM_EXPERTS), "--top-k", str(TOP_K),
              "--capacity", str(CAPACITY), "--load-experts", "identity"],
             check=True, stdout=sys.stderr)
         return

@@ -78,7 +78,7 @@ class OneRankTest(unittest.TestCase):
         with Worker(["--listen=127.0.0.1:0", "--backend=gloo", "--log-level=warn"]) as worker:
             up = subprocess.run(
                 [CLI, "up", "--targets", worker.address, "--backend", "gloo", "--hidden", "8",
-                 "--experts", "4", "--top-k", "2", "--capacity", "16", "--cuda-graph-buckets",
+                 "--num-experts", "4", "--top-k", "2", "--capacity", "16", "--cuda-graph-buckets",
                  "4,8,16", "--load-experts", "identity"],
                 capture_output=True, text=True, timeout=120)
             self.assertEqual(up.returncode, 0, up.stdout + up.stderr)

@@ -49,7 +49,7 @@ def form_group(targets: List[str]) -> None:
     """`moe-ep up --targets`: Join, ConfigureLayers, AllocateWorkspace and identity experts."""
     subprocess.run(
         [os.environ["MOE_EP_CLI"], "up", "--targets", ",".join(targets), "--backend", "nccl",
-         "--hidden", str(HIDDEN), "--experts", str(NUM_EXPERTS), "--top-k", str(TOP_K),
+         "--hidden", str(HIDDEN), "--num-experts", str(NUM_EXPERTS), "--top-k", str(TOP_K),
          "--capacity", str(CAPACITY), "--load-experts", "identity"],
         check=True, timeout=180, stdout=subprocess.DEVNULL)
 

@@ -1,5 +1,6 @@
 #include "client/desired_state.h"
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace moe_ep::client {
@@ -27,6 +28,43 @@ TEST(ParseDesiredStateJson, UnknownFieldIsInvalidArgument) {
   auto s = ParseDesiredStateJson(R"({"tragets": ["127.0.0.1:1"]})");
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.status().message().find("tragets"), std::string::npos) << s.status();
+}
+
+TEST(ParseDesiredStateJson, EnumsAsTheCliSpellsThem) {
+  // Issue 31 item 7: "swiglu" as `moe-ep run --experts swiglu` says it; the
+  // proto's names still work; camelCase keys of nested messages too.
+  for (const char* kind : {"swiglu", "SwiGLU", "EXPERT_KIND_SWIGLU"}) {
+    auto s =
+        ParseDesiredStateJson(absl::StrCat(R"({"targets": ["127.0.0.1:1"], "experts": {"kind": ")",
+                                           kind, R"("}, "dispatchDtype": "fp8_e4m3"})"));
+    ASSERT_TRUE(s.ok()) << kind << ": " << s.status();
+    EXPECT_EQ(s->experts().kind(), v1::EXPERT_KIND_SWIGLU) << kind;
+    EXPECT_EQ(s->dispatch_dtype(), v1::DISPATCH_DTYPE_FP8_E4M3) << kind;
+  }
+  auto identity =
+      ParseDesiredStateJson(R"({"experts": {"kind": "identity"}, "dispatch_dtype": "bf16"})");
+  ASSERT_TRUE(identity.ok()) << identity.status();
+  EXPECT_EQ(identity->experts().kind(), v1::EXPERT_KIND_IDENTITY);
+  EXPECT_EQ(identity->dispatch_dtype(), v1::DISPATCH_DTYPE_BF16);
+  // Neither spelling: the parser's error, naming the value.
+  auto relu = ParseDesiredStateJson(R"({"experts": {"kind": "relu"}})");
+  EXPECT_EQ(relu.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(relu.status().message().find("relu"), std::string::npos) << relu.status();
+  // Not JSON at all: still the parser's message.
+  auto broken = ParseDesiredStateJson("{\"experts\": ");
+  EXPECT_EQ(broken.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ExampleDesiredStateJson, IsAValidDesiredState) {
+  auto s = ParseDesiredStateJson(ExampleDesiredStateJson());
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(ValidateDesiredState(*s).ok()) << ValidateDesiredState(*s);
+  EXPECT_EQ(s->targets_size(), 2);
+  EXPECT_EQ(s->experts().kind(), v1::EXPERT_KIND_SWIGLU);
+  EXPECT_EQ(s->layers(), 2);
+  const std::string help = DesiredStateHelp();
+  EXPECT_NE(help.find(ExampleDesiredStateJson()), std::string::npos);
+  EXPECT_NE(help.find("headless_service"), std::string::npos);
 }
 
 TEST(WithDefaults, FillsTheMainJobDefaults) {

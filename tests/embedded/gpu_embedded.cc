@@ -186,7 +186,7 @@ int main(int argc, char** argv) {
   const char* address = nullptr;
   Ok(moe_ep_worker_address(worker, &address), "moe_ep_worker_address");
   const std::string up = std::string(argv[1]) + " up --targets " + address +
-                         " --backend nccl --hidden " + std::to_string(kHidden) + " --experts " +
+                         " --backend nccl --hidden " + std::to_string(kHidden) + " --num-experts " +
                          std::to_string(kExperts) + " --top-k " + std::to_string(kTopK) +
                          " --capacity " + std::to_string(kCapacity) +
                          " --load-experts identity > /dev/null";

@@ -152,7 +152,7 @@ TEST_F(CliJson, RunTpSummaryHasTheSeededGroupCounts) {
 
 TEST_F(CliJson, BenchHasOneObjectPerRank) {
   const CliResult r = RunMoeEp(
-      "bench --workers 2 --backend gloo --tokens 4 --hidden 32 --top-k 2 --experts 4 "
+      "bench --workers 2 --backend gloo --tokens 4 --hidden 32 --top-k 2 --num-experts 4 "
       "--iterations 3 --warmup 1 --json",
       /*with_stderr=*/false);
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -41,7 +41,8 @@ TEST_F(RunTpCli, RefusesEachFlagTheStackCannotApply) {
   };
   for (const auto& c : cases) {
     const CliResult r = RunMoeEp(std::string("run --tp 2 --layers 2 ") + c.flags);
-    EXPECT_NE(r.exit_code, 0) << c.flags << "\n" << r.output;
+    // A refused combination is a bad command line: 2 (issue 31 item 7).
+    EXPECT_EQ(r.exit_code, 2) << c.flags << "\n" << r.output;
     EXPECT_THAT(r.output, HasSubstr(c.message)) << c.flags;
     // Refused before any worker started.
     EXPECT_THAT(r.output, Not(HasSubstr("workers: starting"))) << c.flags;

@@ -74,6 +74,49 @@ TEST(CommandLine, BadCommandLinesExitTwo) {
   EXPECT_EQ(RunBinary(kCli, "run --tokens many").status, 2);  // not a number
 }
 
+TEST(CommandLine, AMistypedSubcommandGetsTheNearestName) {
+  const ProcessResult typo = RunBinary(kCli, "stauts --targets 127.0.0.1:1");
+  EXPECT_EQ(typo.status, 2) << typo.output;
+  EXPECT_THAT(typo.output, HasSubstr("unknown subcommand 'stauts'; did you mean status?"));
+  const ProcessResult far = RunBinary(kCli, "frobnicate");
+  EXPECT_EQ(far.status, 2) << far.output;
+  EXPECT_THAT(far.output, HasSubstr("unknown subcommand 'frobnicate'"));
+  EXPECT_THAT(far.output, Not(HasSubstr("did you mean")));
+}
+
+TEST(CommandLine, RefusedFlagCombinationsExitTwo) {
+  // Checked by the command itself, before any worker starts (README: a
+  // command line that does not parse exits 2).
+  const ProcessResult tls = RunBinary(kCli, "bench --workers 1 --tls-ca /nonexistent/ca.pem");
+  EXPECT_EQ(tls.status, 2) << tls.output;
+  EXPECT_THAT(tls.output, HasSubstr("--tls-ca \"/nonexistent/ca.pem\": only with --targets"));
+  const ProcessResult top_k = RunBinary(kCli, "bench --workers 1 --num-experts 4 --top-k 8");
+  EXPECT_EQ(top_k.status, 2) << top_k.output;
+  EXPECT_THAT(top_k.output, HasSubstr("--top-k: expected <= --num-experts (4), got 8"));
+  const ProcessResult fp8 = RunBinary(kCli, "run --tp 2 --dispatch-dtype fp8_e4m3");
+  EXPECT_EQ(fp8.status, 2) << fp8.output;
+  EXPECT_THAT(fp8.output, HasSubstr("--dispatch-dtype: fp8_e4m3 applies to the MoE-layer run"));
+  // --experts is the expert kind everywhere; the count is --num-experts.
+  const ProcessResult count = RunBinary(kCli, "bench --experts 8");
+  EXPECT_EQ(count.status, 2) << count.output;
+}
+
+TEST(CommandLine, OneRpcTimeoutDefault) {
+  for (const char* sub : {"run", "stack"}) {
+    const ProcessResult help = RunBinary(kCli, std::string(sub) + " --help");
+    EXPECT_EQ(help.status, 0) << help.output;
+    EXPECT_THAT(help.output, HasSubstr("--rpc-timeout FLOAT:POSITIVE=600")) << sub << "\n"
+                                                                            << help.output;
+  }
+}
+
+TEST(CommandLine, CoordinatorHelpShowsAnExampleDesiredState) {
+  const ProcessResult help = RunBinary(kCli, "coordinator --help");
+  EXPECT_EQ(help.status, 0) << help.output;
+  EXPECT_THAT(help.output, HasSubstr("\"experts\": {\"kind\": \"swiglu\", \"seed\": 1}"));
+  EXPECT_THAT(help.output, HasSubstr("\"targets\": [\"127.0.0.1:50051\", \"127.0.0.1:50052\"]"));
+}
+
 TEST(CommandLine, RangeErrorsPrintAReadableRange) {
   const ProcessResult tokens = RunBinary(kCli, "run --tokens -3");
   EXPECT_EQ(tokens.status, 2) << tokens.output;

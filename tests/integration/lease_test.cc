@@ -199,7 +199,7 @@ TEST_F(LeaseTest, BenchTargetsAgainstAnOwnedGroupLeavesItsStateAsItWas) {
   const std::string targets = absl::StrJoin(fake_->cluster().targets(), ",");
   const CliResult refused = RunMoeEp(absl::StrCat("bench --targets ", targets,
                                                   " --backend gloo --tokens 8 --hidden 64 "
-                                                  "--experts 8 --top-k 2 --iterations 2"));
+                                                  "--num-experts 8 --top-k 2 --iterations 2"));
   EXPECT_NE(refused.exit_code, 0) << refused.output;
   EXPECT_THAT(refused.output, HasSubstr("leased by another client; nothing was changed"));
   EXPECT_THAT(refused.output, HasSubstr("leased by owner 'coordinator@owns' for another "));
@@ -211,7 +211,7 @@ TEST_F(LeaseTest, BenchTargetsAgainstAnOwnedGroupLeavesItsStateAsItWas) {
   // gives the lease back when it exits.
   const CliResult taken =
       RunMoeEp(absl::StrCat("bench --targets ", targets,
-                            " --backend gloo --tokens 8 --hidden 64 --experts 8 --top-k 2 "
+                            " --backend gloo --tokens 8 --hidden 64 --num-experts 8 --top-k 2 "
                             "--iterations 2 --take-over --owner bench@test"));
   EXPECT_EQ(taken.exit_code, 0) << taken.output;
   EXPECT_THAT(taken.output, HasSubstr("bench: 3 ranks"));
