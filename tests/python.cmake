@@ -31,6 +31,12 @@ add_custom_target(moe_ep_python_stubs ALL
 # python/ installed offline into a fresh venv (pip install --no-build-isolation
 # ./python, which generates the stubs), then python/tests run with that venv's
 # interpreter against real workers (tests/python/install_offline.sh).
+# With the moe-ep CLI, the model-config test also compares with its reader.
+set(moe_ep_python_cli "")
+if(TARGET moe-ep)
+  set(moe_ep_python_cli $<TARGET_FILE:moe-ep>)
+endif()
 add_test(NAME python_client
-  COMMAND ${PROJECT_SOURCE_DIR}/tests/python/install_offline.sh $<TARGET_FILE:moe-ep-worker>)
+  COMMAND ${PROJECT_SOURCE_DIR}/tests/python/install_offline.sh $<TARGET_FILE:moe-ep-worker>
+          ${moe_ep_python_cli})
 set_tests_properties(python_client PROPERTIES LABELS python TIMEOUT 180)

@@ -16,6 +16,11 @@ so a successful call acquires or renews the lease; another owner's live lease
 makes such a call fail (GroupError, FAILED_PRECONDITION naming the owner)
 unless the Group was made with take_over=True. The step calls (forward,
 agree_geometry, benchmark) are not leased.
+
+Units (issue 31 item 4): every time in this API is in seconds, a float
+(timeout_s, group_timeout_s, lease_ttl_s, WorkerStatus.lease_remaining_s,
+ForwardResult.dispatch_s, BenchmarkResult.dispatch_p50_s, ...); sizes are
+bytes or elements as their names say.
 """
 
 from __future__ import annotations
@@ -25,12 +30,13 @@ import os
 import secrets
 import socket
 from concurrent import futures
-from typing import Any, Callable, List, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, List, Mapping, Optional, Sequence, TypeVar, Union
 
 import grpc
 
 from moe_ep.v1 import worker_pb2, worker_pb2_grpc
 from moe_ep_client import tensors
+from moe_ep_client.model_config import ModelConfig
 
 T = TypeVar("T")
 
@@ -41,11 +47,29 @@ _STATE_NAMES = {
     worker_pb2.WORKER_STATE_ALLOCATED: "ALLOCATED",
 }
 
-_DTYPES = {
-    "bf16": worker_pb2.DISPATCH_DTYPE_BF16,
-    "nvfp4": worker_pb2.DISPATCH_DTYPE_NVFP4,
-    "mxfp8": worker_pb2.DISPATCH_DTYPE_MXFP8,
-}
+# DispatchDType values the proto declares but no data plane moves
+# (worker.proto: "nvfp4 and mxfp8 are sized (DESIGN §5) but refused by every
+# data plane"; the planes' BackendLimits::dispatch_dtypes).
+_REFUSED_DTYPES = frozenset({"nvfp4", "mxfp8"})
+
+
+def _dispatch_dtypes() -> "dict[str, int]":
+    """name -> DispatchDType of every value of the proto enum that the worker
+    moves: DISPATCH_DTYPE_FP8_E4M3 -> "fp8_e4m3" (the names of `moe-ep
+    workspace --dtype` and core::DispatchDTypeName)."""
+    out = {}
+    for value in worker_pb2.DispatchDType.DESCRIPTOR.values:
+        if value.number == worker_pb2.DISPATCH_DTYPE_UNSPECIFIED:
+            continue
+        name = value.name[len("DISPATCH_DTYPE_") :].lower()
+        if name not in _REFUSED_DTYPES:
+            out[name] = value.number
+    return out
+
+
+_DTYPES = _dispatch_dtypes()
+# The dtype names Group.allocate accepts, from the proto: ("bf16", "fp8_e4m3").
+DISPATCH_DTYPES = tuple(_DTYPES)
 
 _EXPERT_KINDS = {
     "swiglu": worker_pb2.EXPERT_KIND_SWIGLU,
@@ -123,9 +147,9 @@ class WorkerStatus:
     errors: int
     # Highest generation any Join asked this worker to form (formed or not).
     max_generation_seen: int = 0
-    # The lease (issue 12): its owner ("" = none) and time left, ms.
+    # The lease (issue 12): its owner ("" = none) and time left, seconds.
     lease_owner: str = ""
-    lease_remaining_ms: int = 0
+    lease_remaining_s: float = 0.0
 
     @staticmethod
     def from_proto(target: str, s: worker_pb2.GetStatusResponse) -> "WorkerStatus":
@@ -148,7 +172,7 @@ class WorkerStatus:
             errors=s.counters.errors,
             max_generation_seen=s.max_generation_seen,
             lease_owner=s.lease_owner,
-            lease_remaining_ms=s.lease_remaining_ms,
+            lease_remaining_s=s.lease_remaining_ms / 1000.0,
         )
 
 
@@ -186,23 +210,34 @@ class LoadedExperts:
 class ForwardInput:
     """One rank's tokens for Forward: hidden [T, H], topk_ids / topk_weights [T, K].
 
-    T may be 0 (a rank with no tokens still takes part in the collective).
+    Arrays (the fast path: raw bytes, no per-element Python): hidden a torch
+    bfloat16 tensor or a NumPy uint16 array of bf16 bit patterns (sent as
+    they are), or a float NumPy array / torch tensor (rounded to bf16);
+    topk_ids any integer array, topk_weights any float array. Nested lists
+    still work (slow: about 0.4 s of Python per [256, 2048]). T may be 0 (a
+    rank with no tokens still takes part in the collective).
     """
 
-    hidden: Sequence[Sequence[float]]
-    topk_ids: Sequence[Sequence[int]]
-    topk_weights: Sequence[Sequence[float]]
+    hidden: Any
+    topk_ids: Any
+    topk_weights: Any
 
 
 @dataclasses.dataclass(frozen=True)
 class ForwardResult:
-    """Forward's answer of one rank: output [T, H] (bf16 values as floats)."""
+    """Forward's answer of one rank: output [T, H] and the step's times (seconds).
 
-    output: List[List[float]]
-    dispatch_us: int
-    expert_us: int
-    combine_us: int
-    total_us: int
+    output follows the kind of the rank's hidden input: bf16 in, bf16 out
+    (a torch bfloat16 tensor on the input's device, or NumPy uint16 bits);
+    float in, float32 out (NumPy or torch); nested lists in, lists of floats
+    out.
+    """
+
+    output: Any
+    dispatch_s: float
+    expert_s: float
+    combine_s: float
+    total_s: float
     runtime_max_tokens_per_rank: int  # R
     tokens_sent: int  # token copies sent, one per distinct destination rank
     bytes_sent: int  # dispatch + combine bytes to other ranks
@@ -211,12 +246,12 @@ class ForwardResult:
 
 @dataclasses.dataclass(frozen=True)
 class BenchmarkResult:
-    """Benchmark's answer of one rank: latency percentiles in µs, logical GB/s."""
+    """Benchmark's answer of one rank: latency percentiles in seconds, logical GB/s."""
 
-    dispatch_p50_us: float
-    dispatch_p99_us: float
-    combine_p50_us: float
-    combine_p99_us: float
+    dispatch_p50_s: float
+    dispatch_p99_s: float
+    combine_p50_s: float
+    combine_p99_s: float
     dispatch_logical_gbps: float
     combine_logical_gbps: float
     dispatch_bytes: int
@@ -253,12 +288,17 @@ class Group:
     backend is what Join asks for: "auto" (the default, as `moe-ep`'s
     --backend: NCCL on workers that see a GPU, else Gloo), "gloo" or "nccl".
 
-    owner_id, lease_ttl_ms and take_over are the lease claim of the
+    owner_id, lease_ttl_s and take_over are the lease claim of the
     state-changing calls (as `moe-ep --owner/--lease-ttl-ms/--take-over`):
     owner_id None = "python@<hostname>:<pid>", "" = claim nothing (works only
-    on workers without a live lease); lease_ttl_ms in [0, 3600000] (0 = the
-    worker's 30 s); take_over replaces another owner's live lease (claimed
-    by form() and acquire_lease(); later calls claim plainly).
+    on workers without a live lease); lease_ttl_s in [0, 3600] seconds (0 =
+    the worker's 30 s); take_over replaces another owner's live lease
+    (claimed by form() and acquire_lease(); later calls claim plainly).
+
+    timeout_s: the deadline of each fanned-out call; group_timeout_s: how
+    long Join waits for the whole group (seconds). model: the ModelConfig
+    whose sizes configure / allocate / forward / load_experts / benchmark
+    default to (Group.from_model sets it).
     """
 
     def __init__(
@@ -266,11 +306,12 @@ class Group:
         targets: Sequence[str],
         security: Security = Security(),
         timeout_s: float = 60.0,
-        group_timeout_ms: int = 30000,
+        group_timeout_s: float = 30.0,
         backend: str = "auto",
         owner_id: Optional[str] = None,
-        lease_ttl_ms: int = 30000,
+        lease_ttl_s: float = 30.0,
         take_over: bool = False,
+        model: Optional[ModelConfig] = None,
     ) -> None:
         if not targets:
             raise ValueError("targets: expected at least 1 worker")
@@ -278,16 +319,21 @@ class Group:
             owner_id = f"python@{socket.gethostname()}:{os.getpid()}"
         if len(owner_id.encode()) > 128:
             raise ValueError(f"owner_id: at most 128 bytes, got {len(owner_id.encode())}")
-        if not 0 <= lease_ttl_ms <= 3_600_000:
-            raise ValueError(f"lease_ttl_ms: expected in [0, 3600000], got {lease_ttl_ms}")
+        if not 0 <= lease_ttl_s <= 3600:
+            raise ValueError(f"lease_ttl_s: expected in [0, 3600] seconds, got {lease_ttl_s}")
+        if not 0 < group_timeout_s <= 3600:
+            raise ValueError(f"group_timeout_s: expected in (0, 3600] seconds, got {group_timeout_s}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s: expected > 0 seconds, got {timeout_s}")
         self.owner_id = owner_id
-        self.lease_ttl_ms = lease_ttl_ms
+        self.lease_ttl_s = float(lease_ttl_s)
         self.take_over = take_over
         if len(set(targets)) != len(targets):
             raise ValueError(f"targets: an address appears twice: {list(targets)}")
         self.targets = list(targets)
         self.timeout_s = timeout_s
-        self.group_timeout_ms = group_timeout_ms
+        self.group_timeout_s = float(group_timeout_s)
+        self.model = model
         self.backend = backend
         self.generation = 0
         options = [
@@ -303,6 +349,47 @@ class Group:
             for t in self.targets
         ]
         self._stubs = [worker_pb2_grpc.WorkerStub(c) for c in self._channels]
+        # Forward with the request already serialized (the array path: raw
+        # bytes, see tensors.forward_request_bytes).
+        forward = worker_pb2.DESCRIPTOR.services_by_name["Worker"].methods_by_name["Forward"]
+        self._forward_raw = [
+            c.unary_unary(
+                f"/{forward.containing_service.full_name}/{forward.name}",
+                request_serializer=None,
+                response_deserializer=worker_pb2.ForwardResponse.FromString,
+            )
+            for c in self._channels
+        ]
+
+    @classmethod
+    def from_model(
+        cls,
+        config: Union[str, "os.PathLike[str]", Mapping[str, Any], ModelConfig],
+        targets: Sequence[str],
+        **kwargs: Any,
+    ) -> "Group":
+        """A Group whose calls default to the sizes of a Hugging Face model.
+
+        config: a config.json path (or its directory), its parsed dict, or a
+        ModelConfig (moe_ep_client.model_config reads it as the worker's
+        core/model_config.cc does: hidden_size, n_routed_experts /
+        num_experts / num_local_experts, num_experts_per_tok,
+        moe_intermediate_size, the sparse layers). kwargs: as Group().
+        Then configure() configures that model, allocate(capacity_tokens=N)
+        sizes its workspace, forward(layer, epoch, inputs) and
+        load_experts(layer) need no sizes. ValueError / FileNotFoundError
+        from the config.
+        """
+        model = config if isinstance(config, ModelConfig) else ModelConfig.load(config)
+        return cls(targets, model=model, **kwargs)
+
+    def _size(self, name: str, value: Optional[int], model_field: str) -> int:
+        """`value`, else the model's `model_field`; ValueError without either."""
+        if value is not None:
+            return value
+        if self.model is None:
+            raise ValueError(f"{name}: required (or make the Group with Group.from_model)")
+        return int(getattr(self.model, model_field))
 
     @property
     def world_size(self) -> int:
@@ -339,13 +426,13 @@ class Group:
             return worker_pb2.LeaseClaim()
         self._claimed = True  # close() gives back what a claimed call may have taken
         return worker_pb2.LeaseClaim(
-            owner_id=self.owner_id, ttl_ms=self.lease_ttl_ms, take_over=take_over
+            owner_id=self.owner_id, ttl_ms=round(self.lease_ttl_s * 1000), take_over=take_over
         )
 
     def acquire_lease(self) -> List[int]:
         """Lease on every rank: acquires or renews (take_over as the Group says).
 
-        Returns each rank's remaining_ms. GroupError (FAILED_PRECONDITION
+        Returns each rank's time left, seconds. GroupError (FAILED_PRECONDITION
         naming the owner) when another owner holds a live lease; ValueError
         without an owner_id.
         """
@@ -353,7 +440,7 @@ class Group:
             raise ValueError("acquire_lease: the Group has no owner_id")
         request = worker_pb2.LeaseRequest(claim=self.claim(self.take_over))
         responses = self._fan_out("Lease", lambda r, s, t: s.Lease.future(request, timeout=t))
-        return [x.remaining_ms for x in responses]
+        return [x.remaining_ms / 1000.0 for x in responses]
 
     def release_lease(self) -> None:
         """Gives the lease back on every rank (a no-op where this owner holds none)."""
@@ -447,13 +534,13 @@ class Group:
                 backend=self.backend,
                 rendezvous_address=rendezvous if self.world_size > 1 else "",
                 generation=generation,
-                timeout_ms=self.group_timeout_ms,
+                timeout_ms=round(self.group_timeout_s * 1000),
                 rendezvous_secret=secret,
                 lease=self.claim(self.take_over),
             )
             return stub.Join.future(request, timeout=timeout)
 
-        self._fan_out("Join", join, timeout_s=self.group_timeout_ms / 1000.0 + 10.0)
+        self._fan_out("Join", join, timeout_s=self.group_timeout_s + 10.0)
         self.generation = generation
         return generation
 
@@ -468,17 +555,33 @@ class Group:
 
     def configure(
         self,
-        hidden_size: int,
-        num_layers: int,
-        num_experts: int,
-        top_k: int,
+        hidden_size: Optional[int] = None,
+        num_layers: Optional[int] = None,
+        num_experts: Optional[int] = None,
+        top_k: Optional[int] = None,
         sparse_layers: Optional[Sequence[bool]] = None,
         attn_dp_size: int = 1,
-        moe_intermediate_size: int = 0,
+        moe_intermediate_size: Optional[int] = None,
         a2a_enabled: bool = True,
-        name: str = "",
+        name: Optional[str] = None,
     ) -> str:
-        """ConfigureLayers with tp = world; returns the plan fingerprint (same on all ranks)."""
+        """ConfigureLayers with tp = world; returns the plan fingerprint (same on all ranks).
+
+        A size left None is the Group's model's (Group.from_model); without a
+        model, hidden_size, num_layers, num_experts and top_k are required
+        (sparse_layers then defaults to every layer, moe_intermediate_size to 0).
+        """
+        m = self.model
+        hidden_size = self._size("hidden_size", hidden_size, "hidden_size")
+        num_layers = self._size("num_layers", num_layers, "num_layers")
+        num_experts = self._size("num_experts", num_experts, "num_experts")
+        top_k = self._size("top_k", top_k, "top_k")
+        if moe_intermediate_size is None:
+            moe_intermediate_size = m.moe_intermediate_size if m is not None else 0
+        if name is None:
+            name = m.name if m is not None else ""
+        if sparse_layers is None and m is not None and num_layers == m.num_layers:
+            sparse_layers = m.sparse_layers
         sparse = list(sparse_layers) if sparse_layers is not None else [True] * num_layers
         request = worker_pb2.ConfigureLayersRequest(
             layout=worker_pb2.ParallelLayout(tp_size=self.world_size, attn_dp_size=attn_dp_size),
@@ -501,14 +604,24 @@ class Group:
 
     def allocate(
         self,
-        hidden_size: int,
-        top_k: int,
-        num_experts: int,
-        capacity_tokens: int,
+        hidden_size: Optional[int] = None,
+        top_k: Optional[int] = None,
+        num_experts: Optional[int] = None,
+        capacity_tokens: Optional[int] = None,
         dtype: str = "bf16",
         cuda_graph_buckets: Sequence[int] = (),
     ) -> AllocatedWorkspace:
-        """AllocateWorkspace on every rank (N = capacity_tokens, per rank)."""
+        """AllocateWorkspace on every rank (N = capacity_tokens, per rank; required).
+
+        dtype: one of DISPATCH_DTYPES, the proto's DispatchDType values the
+        worker moves ("bf16", "fp8_e4m3"; fp8_e4m3 needs H a multiple of 128).
+        Sizes left None are the model's (Group.from_model).
+        """
+        hidden_size = self._size("hidden_size", hidden_size, "hidden_size")
+        top_k = self._size("top_k", top_k, "top_k")
+        num_experts = self._size("num_experts", num_experts, "num_experts")
+        if capacity_tokens is None:
+            raise ValueError("capacity_tokens: required (N, tokens per rank)")
         if dtype not in _DTYPES:
             raise ValueError(f"dtype: expected one of {sorted(_DTYPES)}, got {dtype!r}")
         request = worker_pb2.AllocateWorkspaceRequest(
@@ -587,16 +700,19 @@ class Group:
         layer: int,
         kind: str = "swiglu",
         seed: int = 1,
-        intermediate_size: int = 0,
+        intermediate_size: Optional[int] = None,
         safetensors_path: str = "",
         name_pattern: str = "",
     ) -> List[LoadedExperts]:
         """LoadExperts on every rank: its share of `layer`'s experts (DESIGN §7).
 
         kind "swiglu" (seeded weights, or from safetensors_path with
-        name_pattern; intermediate_size I is required) or "identity" (no
-        weights). Returns one LoadedExperts per rank.
+        name_pattern; intermediate_size I is required: None = the model's
+        moe_intermediate_size, else 0) or "identity" (no weights). Returns
+        one LoadedExperts per rank.
         """
+        if intermediate_size is None:
+            intermediate_size = self.model.moe_intermediate_size if self.model is not None else 0
         if kind not in _EXPERT_KINDS:
             raise ValueError(f"kind: expected one of {sorted(_EXPERT_KINDS)}, got {kind!r}")
         request = worker_pb2.LoadExpertsRequest(
@@ -619,23 +735,41 @@ class Group:
         self,
         layer: int,
         epoch: int,
-        hidden_size: int,
-        top_k: int,
-        inputs: Sequence[ForwardInput],
+        hidden_size: Optional[int] = None,
+        top_k: Optional[int] = None,
+        inputs: Optional[Sequence[ForwardInput]] = None,
     ) -> List[ForwardResult]:
         """One MoE layer on every rank: dispatch -> experts -> combine (collective).
 
-        inputs[r] is rank r's tokens (hidden sent as bf16); the epoch must be
-        the one committed by agree_geometry for these token counts. Raises
-        ValueError for a wrong number of inputs or rows of the wrong width,
-        GroupError for per-rank failures.
+        inputs[r] is rank r's tokens (hidden sent as bf16; see ForwardInput
+        for arrays, which go as raw bytes); the epoch must be the one
+        committed by agree_geometry for these token counts. hidden_size and
+        top_k: None = the model's (so, with a model: forward(layer, epoch,
+        inputs=...)). Raises ValueError for missing inputs, a wrong number of
+        them or a wrong shape, TypeError for a wrong dtype (both naming
+        inputs[r]), GroupError for per-rank failures.
         """
+        hidden_size = self._size("hidden_size", hidden_size, "hidden_size")
+        top_k = self._size("top_k", top_k, "top_k")
+        if inputs is None:
+            raise ValueError("inputs: required (one ForwardInput per rank)")
         if len(inputs) != self.world_size:
             raise ValueError(
                 f"inputs: expected {self.world_size} entries (one per rank), got {len(inputs)}"
             )
-        requests = []
+        requests: List[Any] = []
+        kinds: List[tensors.ForwardOutputKind] = []
         for r, x in enumerate(inputs):
+            if tensors.is_array(x.hidden):
+                try:
+                    raw, kind = tensors.forward_request_bytes(
+                        layer, epoch, x.hidden, x.topk_ids, x.topk_weights, hidden_size, top_k
+                    )
+                except (TypeError, ValueError) as e:
+                    raise type(e)(f"inputs[{r}].{e}") from e
+                requests.append(raw)
+                kinds.append(kind)
+                continue
             if not (len(x.hidden) == len(x.topk_ids) == len(x.topk_weights)):
                 raise ValueError(
                     f"inputs[{r}]: hidden, topk_ids and topk_weights have "
@@ -650,30 +784,35 @@ class Group:
                     topk_weights=tensors.fp32_tensor(x.topk_weights, top_k),
                 )
             )
-        responses = self._fan_out(
-            "Forward", lambda r, s, t: s.Forward.future(requests[r], timeout=t)
-        )
+            kinds.append(tensors.ForwardOutputKind("list"))
+
+        def call(r: int, stub: worker_pb2_grpc.WorkerStub, timeout: float) -> Any:
+            if isinstance(requests[r], bytes):
+                return self._forward_raw[r].future(requests[r], timeout=timeout)
+            return stub.Forward.future(requests[r], timeout=timeout)
+
+        responses = self._fan_out("Forward", call)
         return [
             ForwardResult(
-                output=tensors.to_rows(x.output),
-                dispatch_us=x.timings.dispatch_us,
-                expert_us=x.timings.expert_us,
-                combine_us=x.timings.combine_us,
-                total_us=x.timings.total_us,
+                output=tensors.output_from_tensor(x.output, kinds[r]),
+                dispatch_s=x.timings.dispatch_us / 1e6,
+                expert_s=x.timings.expert_us / 1e6,
+                combine_s=x.timings.combine_us / 1e6,
+                total_s=x.timings.total_us / 1e6,
                 runtime_max_tokens_per_rank=x.runtime_max_tokens_per_rank,
                 tokens_sent=x.tokens_sent,
                 bytes_sent=x.bytes_sent,
                 tokens_received=x.tokens_received,
             )
-            for x in responses
+            for r, x in enumerate(responses)
         ]
 
     def benchmark(
         self,
         tokens_per_rank: int,
-        hidden_size: int,
-        top_k: int,
-        num_experts: int,
+        hidden_size: Optional[int] = None,
+        top_k: Optional[int] = None,
+        num_experts: Optional[int] = None,
         routing: str = "uniform",
         iterations: int = 20,
         warmup: int = 3,
@@ -682,8 +821,12 @@ class Group:
         """Times dispatch and combine on inputs the workers generate (collective).
 
         routing "uniform" or "skewed" (checked by the workers:
-        INVALID_ARGUMENT otherwise). Returns one BenchmarkResult per rank.
+        INVALID_ARGUMENT otherwise). Sizes left None are the model's. Returns
+        one BenchmarkResult per rank (latencies in seconds).
         """
+        hidden_size = self._size("hidden_size", hidden_size, "hidden_size")
+        top_k = self._size("top_k", top_k, "top_k")
+        num_experts = self._size("num_experts", num_experts, "num_experts")
         request = worker_pb2.BenchmarkRequest(
             tokens_per_rank=tokens_per_rank,
             hidden_size=hidden_size,
@@ -699,10 +842,10 @@ class Group:
         )
         return [
             BenchmarkResult(
-                dispatch_p50_us=x.dispatch_p50_us,
-                dispatch_p99_us=x.dispatch_p99_us,
-                combine_p50_us=x.combine_p50_us,
-                combine_p99_us=x.combine_p99_us,
+                dispatch_p50_s=x.dispatch_p50_us / 1e6,
+                dispatch_p99_s=x.dispatch_p99_us / 1e6,
+                combine_p50_s=x.combine_p50_us / 1e6,
+                combine_p99_s=x.combine_p99_us / 1e6,
                 dispatch_logical_gbps=x.dispatch_logical_gbps,
                 combine_logical_gbps=x.combine_logical_gbps,
                 dispatch_bytes=x.dispatch_bytes,

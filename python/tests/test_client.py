@@ -113,14 +113,14 @@ class PlaintextGroupTest(unittest.TestCase):
 
     def test_lease_claim_like_the_cli(self):
         """Issue 12: a Group claims the lease (owner id, TTL, take-over)."""
-        with Group(self.targets, owner_id="py-owner@a", lease_ttl_ms=20000) as owner:
+        with Group(self.targets, owner_id="py-owner@a", lease_ttl_s=20.0) as owner:
             owner.form()
             owner.configure(hidden_size=64, num_layers=1, num_experts=8, top_k=2)
             statuses = owner.status()
             self.assertEqual([s.lease_owner for s in statuses], ["py-owner@a"] * 2)
             for s in statuses:
-                self.assertGreater(s.lease_remaining_ms, 10000)
-                self.assertLessEqual(s.lease_remaining_ms, 20000)
+                self.assertGreater(s.lease_remaining_s, 10.0)
+                self.assertLessEqual(s.lease_remaining_s, 20.0)
             generation = statuses[0].generation
             # Another owner, and a client that claims nothing: refused on every
             # rank, naming the owner; nothing changes.
@@ -139,8 +139,12 @@ class PlaintextGroupTest(unittest.TestCase):
                         )
             self.assertEqual([s.generation for s in owner.status()], [generation] * 2)
             self.assertEqual([s.state for s in owner.status()], ["CONFIGURED"] * 2)
-            # The owner goes on; renewing works; steps are not leased.
-            self.assertEqual(len(owner.acquire_lease()), 2)
+            # The owner goes on; renewing works (seconds left); steps are not leased.
+            left = owner.acquire_lease()
+            self.assertEqual(len(left), 2)
+            for x in left:
+                self.assertGreater(x, 10.0)
+                self.assertLessEqual(x, 20.0)
             owner.allocate(hidden_size=64, top_k=2, num_experts=8, capacity_tokens=16)
             with Group(self.targets, owner_id="") as stepper:
                 agreed = stepper.agree_geometry(1, [3, 4])
@@ -154,10 +158,64 @@ class PlaintextGroupTest(unittest.TestCase):
                 self.assertIn("leased by owner 'py-new@c'", str(caught.exception))
                 new_owner.release_lease()
                 self.assertEqual([s.lease_owner for s in new_owner.status()], ["", ""])
+        with self.assertRaises(ValueError) as caught:
+            Group(self.targets, lease_ttl_s=-1)
+        self.assertIn("lease_ttl_s: expected in [0, 3600] seconds, got -1", str(caught.exception))
         with self.assertRaises(ValueError):
-            Group(self.targets, lease_ttl_ms=-1)
+            Group(self.targets, group_timeout_s=0)
         with self.assertRaises(ValueError):
             Group(self.targets, owner_id="x" * 129)
+
+    def test_dispatch_dtypes_are_what_the_worker_moves(self):
+        """Issue 31 item 4: Group.allocate offers the proto's DispatchDType
+        values the worker accepts, and only those."""
+        import moe_ep_client
+        from moe_ep.v1 import worker_pb2
+        from moe_ep_client import client
+
+        self.assertEqual(moe_ep_client.DISPATCH_DTYPES, ("bf16", "fp8_e4m3"))
+        # Every value of the enum is either offered or known refused, so a
+        # value added to worker.proto fails here until it is classified.
+        names = {v.name[len("DISPATCH_DTYPE_"):].lower()
+                 for v in worker_pb2.DispatchDType.DESCRIPTOR.values if v.number != 0}
+        self.assertEqual(names, set(moe_ep_client.DISPATCH_DTYPES) | client._REFUSED_DTYPES)
+        H = 128  # fp8_e4m3 needs a multiple of its 128-value scale block
+        with Group(self.targets) as group:
+            group.form()
+            group.configure(hidden_size=H, num_layers=1, num_experts=8, top_k=2)
+            for dtype in moe_ep_client.DISPATCH_DTYPES:
+                ws = group.allocate(hidden_size=H, top_k=2, num_experts=8, capacity_tokens=4,
+                                    dtype=dtype)
+                # DESIGN §5: bf16 2H + 8K; e4m3 H + 4 * H / 128 (scales) + 8K.
+                want = {"bf16": 2 * H + 8 * 2, "fp8_e4m3": H + 4 * (H // 128) + 8 * 2}[dtype]
+                self.assertEqual(ws.dispatch_bytes_per_token, want, dtype)
+            for dtype in sorted(client._REFUSED_DTYPES):
+                with self.assertRaises(ValueError) as caught:
+                    group.allocate(hidden_size=H, top_k=2, num_experts=8, capacity_tokens=4,
+                                   dtype=dtype)
+                self.assertIn("dtype: expected one of ['bf16', 'fp8_e4m3']", str(caught.exception))
+                # ... and the worker itself refuses them.
+                request = worker_pb2.AllocateWorkspaceRequest(
+                    hidden_size=H, top_k=2, num_experts=8, capacity_tokens=4,
+                    dispatch_dtype=getattr(worker_pb2, "DISPATCH_DTYPE_" + dtype.upper()),
+                    lease=group.claim())
+                with self.assertRaises(GroupError) as caught:
+                    group._fan_out("AllocateWorkspace",
+                                   lambda r, s, t: s.AllocateWorkspace.future(request, timeout=t))
+                self.assertEqual(caught.exception.codes, [grpc.StatusCode.INVALID_ARGUMENT] * 2)
+                self.assertIn(f"got {dtype}", str(caught.exception))
+
+    def test_version_is_the_project_version(self):
+        import re
+        from importlib import metadata
+
+        import moe_ep_client
+
+        cmake = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "CMakeLists.txt")
+        with open(cmake) as f:
+            want = re.search(r"project\(\s*moe_ep\s+VERSION\s+([0-9.]+)", f.read()).group(1)
+        self.assertEqual(moe_ep_client.__version__, want)
+        self.assertEqual(metadata.version("moe-ep-client"), want)  # what pip installed
 
     def test_unreachable_worker_is_named(self):
         dead = f"127.0.0.1:{free_port()}"

@@ -6,11 +6,13 @@
 #   V/bin/pip install --no-build-isolation ./python      (no index: offline)
 # The build runs from a copy of python/, proto/ and CMakeLists.txt, so the
 # source tree gets no build/ or *.egg-info; it generates the stubs itself.
-# Usage: tests/python/install_offline.sh MOE_EP_WORKER
+# Usage: tests/python/install_offline.sh MOE_EP_WORKER [MOE_EP_CLI]
+# (MOE_EP_CLI, the moe-ep binary: the model-config test compares with its reader.)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-worker=$(realpath "${1:?usage: install_offline.sh MOE_EP_WORKER}")
+worker=$(realpath "${1:?usage: install_offline.sh MOE_EP_WORKER [MOE_EP_CLI]}")
 [ -x "$worker" ] || { echo "FAIL $worker is not an executable moe-ep-worker"; exit 1; }
+cli=${2:+$(realpath "$2")}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir "$tmp/src"
@@ -31,4 +33,4 @@ for m in (moe_ep_client, moe_ep.v1.worker_pb2):
 print("imported from the venv:", moe_ep_client.__file__, moe_ep.v1.worker_pb2.__file__)
 PY
 cd "$root/python/tests"
-MOE_EP_WORKER=$worker "$tmp/v/bin/python" -m unittest discover -s . -v
+MOE_EP_WORKER=$worker MOE_EP_CLI=$cli "$tmp/v/bin/python" -m unittest discover -s . -v
