@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/expert_source.h"
 #include "core/fp8_e4m3.h"
 #include "core/geometry.h"
 #include "core/status_macros.h"
@@ -231,12 +232,11 @@ absl::Status ValidateStepOutput(const char* call, int rank, int64_t num_tokens,
 }
 
 absl::Status ValidateExpertSlice(int rank, const ExpertSlice& expected, const ExpertSlice& got) {
-  if (got.hidden != expected.hidden || got.first_expert != expected.first_expert ||
-      got.num_experts != expected.num_experts) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "experts on rank ", rank, ": expected hidden ", expected.hidden, " and experts [",
-        expected.first_expert, ", ", expected.first_expert + expected.num_experts, "), got hidden ",
-        got.hidden, " and [", got.first_expert, ", ", got.first_expert + got.num_experts, ")"));
+  if (got.hidden != expected.hidden || got.slot_ids != expected.slot_ids) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("experts on rank ", rank, ": expected hidden ", expected.hidden,
+                     " and experts ", DescribeExpertIds(expected.slot_ids), ", got hidden ",
+                     got.hidden, " and ", DescribeExpertIds(got.slot_ids)));
   }
   return absl::OkStatus();
 }

@@ -188,16 +188,17 @@ absl::Status ValidateStepPointers(const char* call, int rank, int64_t num_tokens
 // output with 3 tokens".
 absl::Status ValidateStepOutput(const char* call, int rank, int64_t num_tokens, const void* output);
 
-// The experts a rank computes with: hidden size and the range
-// [first_expert, first_expert + num_experts).
+// The experts a rank computes with: hidden size and the ids its local slots
+// answer to, ascending (any set, not only a range: DESIGN §17,
+// core/expert_slots.h).
 struct ExpertSlice {
   int64_t hidden = 0;
-  int first_expert = 0;
-  int num_experts = 0;
+  std::vector<int> slot_ids;
 };
 
 // `got` must equal `expected`: "experts on rank 0: expected hidden 64 and
-// experts [0, 4), got hidden 64 and [0, 2)".
+// experts [0, 4), got hidden 64 and [0, 2)" (ids as core::DescribeExpertIds
+// writes them: "[a, b)" for a range, "{a,c,...}" otherwise).
 absl::Status ValidateExpertSlice(int rank, const ExpertSlice& expected, const ExpertSlice& got);
 
 // CaptureForward's bucket in [1, capacity] and its pointers non-null:

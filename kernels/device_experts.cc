@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "core/expert_source.h"
 #include "core/status_macros.h"
 #include "kernels/internal/cuda_status.h"
 #include "kernels/pinned_upload.h"
@@ -12,26 +13,57 @@
 
 namespace moe_ep::kernels {
 
+namespace {
+
+// "slot_ids: expected ..." when `ids` are not ascending distinct ids >= 0.
+absl::Status CheckSlotIds(const char* call, const std::vector<int>& ids) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || (i > 0 && ids[i] <= ids[i - 1])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(call, ": slot ids: expected ascending distinct ids >= 0, got ", ids[i],
+                       " at slot ", i, " of ", core::DescribeExpertIds(ids)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DeviceExpertSet>> DeviceExpertSet::WithSlots(core::ExpertKind kind,
+                                                                            std::vector<int> ids,
+                                                                            int64_t hidden,
+                                                                            int64_t intermediate) {
+  RETURN_IF_ERROR(CheckSlotIds("DeviceExpertSet", ids));
+  std::unique_ptr<DeviceExpertSet> set(new DeviceExpertSet());
+  set->kind_ = kind;
+  set->num_experts_ = static_cast<int>(ids.size());
+  set->hidden_ = hidden;
+  set->intermediate_ = kind == core::ExpertKind::kIdentity ? 0 : intermediate;
+  set->expert_ids_ = ids;
+  set->slot_ids_ = std::move(ids);
+  if (set->num_experts_ == 0) return set;
+  const std::vector<int32_t> device(set->slot_ids_.begin(), set->slot_ids_.end());
+  RETURN_IF_ERROR(internal::CudaStatus(
+      cudaMalloc(&set->device_slot_ids_, device.size() * sizeof(int32_t)), "cudaMalloc(slot ids)"));
+  RETURN_IF_ERROR(
+      internal::CudaStatus(cudaMemcpy(set->device_slot_ids_, device.data(),
+                                      device.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+                           "cudaMemcpy(slot ids)"));
+  return set;
+}
+
 absl::StatusOr<std::unique_ptr<DeviceExpertSet>> DeviceExpertSet::Upload(
     const core::ExpertSet& experts) {
-  std::unique_ptr<DeviceExpertSet> set(new DeviceExpertSet());
-  set->kind_ = experts.kind();
-  set->first_expert_ = experts.first_expert();
-  set->num_experts_ = experts.num_experts();
-  set->hidden_ = experts.hidden();
-  set->intermediate_ = experts.intermediate();
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<DeviceExpertSet> set,
+      WithSlots(experts.kind(), experts.expert_ids(), experts.hidden(), experts.intermediate()));
   if (set->kind_ == core::ExpertKind::kIdentity || set->num_experts_ == 0) return set;
 
   const int64_t h = set->hidden_;
   const int64_t i = set->intermediate_;
   const int64_t per_expert_gate_up = 2 * i * h;
   const int64_t per_expert_down = h * i;
-  RETURN_IF_ERROR(internal::CudaStatus(
-      cudaMalloc(&set->gate_up_, set->num_experts_ * per_expert_gate_up * sizeof(uint16_t)),
-      "cudaMalloc(gate_up)"));
-  RETURN_IF_ERROR(internal::CudaStatus(
-      cudaMalloc(&set->down_, set->num_experts_ * per_expert_down * sizeof(uint16_t)),
-      "cudaMalloc(down)"));
+  RETURN_IF_ERROR(set->AllocateSwiGlu());
   for (int l = 0; l < set->num_experts_; ++l) {
     const core::SwiGluWeights& w = experts.swiglu_weights(l);
     if (static_cast<int64_t>(w.gate.size()) != i * h ||
@@ -59,29 +91,59 @@ absl::StatusOr<std::unique_ptr<DeviceExpertSet>> DeviceExpertSet::GenerateSwiGlu
     int64_t intermediate) {
   // Same argument checks and messages as core::ExpertSet::GenerateSwiGlu.
   RETURN_IF_ERROR(core::CheckSwiGluDims(first_expert, num_experts, hidden, intermediate));
-  std::unique_ptr<DeviceExpertSet> set(new DeviceExpertSet());
-  set->kind_ = core::ExpertKind::kSwiGlu;
-  set->first_expert_ = first_expert;
-  set->num_experts_ = num_experts;
-  set->hidden_ = hidden;
-  set->intermediate_ = intermediate;
+  std::vector<int> ids(num_experts);
+  for (int l = 0; l < num_experts; ++l) ids[l] = first_expert + l;
+  ASSIGN_OR_RETURN(std::unique_ptr<DeviceExpertSet> set,
+                   WithSlots(core::ExpertKind::kSwiGlu, std::move(ids), hidden, intermediate));
   if (num_experts == 0) return set;
   RETURN_IF_ERROR(set->AllocateSwiGlu());
-  SeededSwiGluParams params;
-  params.seed = seed;
-  params.layer = layer;
-  params.first_expert = first_expert;
-  params.num_experts = num_experts;
-  params.hidden = hidden;
-  params.intermediate = intermediate;
-  params.gate_up = set->gate_up_;
-  params.down = set->down_;
-  // The legacy default stream, as Upload's cudaMemcpy: ordered after work
-  // already enqueued on blocking streams; waited for here.
-  RETURN_IF_ERROR(LaunchSeededSwiGluWeights(params, /*stream=*/nullptr));
-  RETURN_IF_ERROR(internal::CudaStatus(cudaStreamSynchronize(nullptr),
-                                       "cudaStreamSynchronize(seeded expert weights)"));
+  RETURN_IF_ERROR(set->GenerateSeeded(seed, layer));
   return set;
+}
+
+absl::Status DeviceExpertSet::GenerateSeeded(uint64_t seed, int layer) {
+  const int64_t ih = hidden_ * intermediate_;
+  // One launch per run of consecutive ids (slots [begin, end) hold ids
+  // expert_ids_[begin] + 0 .. end - begin - 1).
+  for (int begin = 0; begin < num_experts_;) {
+    int end = begin + 1;
+    while (end < num_experts_ && expert_ids_[end] == expert_ids_[end - 1] + 1) ++end;
+    SeededSwiGluParams params;
+    params.seed = seed;
+    params.layer = layer;
+    params.first_expert = expert_ids_[begin];
+    params.num_experts = end - begin;
+    params.hidden = hidden_;
+    params.intermediate = intermediate_;
+    params.gate_up = gate_up_ + begin * 2 * ih;
+    params.down = down_ + begin * ih;
+    // The legacy default stream, as Upload's cudaMemcpy: ordered after work
+    // already enqueued on blocking streams; waited for below.
+    RETURN_IF_ERROR(LaunchSeededSwiGluWeights(params, /*stream=*/nullptr));
+    begin = end;
+  }
+  return internal::CudaStatus(cudaStreamSynchronize(nullptr),
+                              "cudaStreamSynchronize(seeded expert weights)");
+}
+
+absl::Status DeviceExpertSet::Renumber(const std::vector<int>& slot_ids, cudaStream_t stream) {
+  if (static_cast<int>(slot_ids.size()) != num_experts_) {
+    return absl::InvalidArgumentError(absl::StrCat("DeviceExpertSet::Renumber: slot ids: expected ",
+                                                   num_experts_, " (one a slot), got ",
+                                                   slot_ids.size()));
+  }
+  RETURN_IF_ERROR(CheckSlotIds("DeviceExpertSet::Renumber", slot_ids));
+  if (slot_ids == slot_ids_) return absl::OkStatus();
+  const std::vector<int32_t> device(slot_ids.begin(), slot_ids.end());
+  RETURN_IF_ERROR(internal::CudaStatus(
+      cudaMemcpyAsync(device_slot_ids_, device.data(), device.size() * sizeof(int32_t),
+                      cudaMemcpyHostToDevice, stream),
+      "cudaMemcpyAsync(slot ids)"));
+  // `device` is a local: the copy has read it once the stream is done.
+  RETURN_IF_ERROR(
+      internal::CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize(slot ids)"));
+  slot_ids_ = slot_ids;
+  return absl::OkStatus();
 }
 
 absl::Status DeviceExpertSet::AllocateSwiGlu() {
@@ -98,36 +160,30 @@ absl::StatusOr<std::unique_ptr<DeviceExpertSet>> DeviceExpertSet::Load(
     return absl::InvalidArgumentError(
         absl::StrCat("DeviceExpertSet::Load: staging_bytes: expected >= 4, got ", staging_bytes));
   }
-  switch (source.kind) {
-    case core::ExpertSourceKind::kSeeded:
-      return GenerateSwiGlu(source.seed, source.layer, source.first_expert, source.num_experts,
-                            source.hidden, source.intermediate);
-    case core::ExpertSourceKind::kIdentity: {
-      std::unique_ptr<DeviceExpertSet> set(new DeviceExpertSet());
-      set->kind_ = core::ExpertKind::kIdentity;
-      set->first_expert_ = source.first_expert;
-      set->num_experts_ = source.num_experts;
-      set->hidden_ = source.hidden;
-      return set;
-    }
-    case core::ExpertSourceKind::kSafetensors:
-      break;
+  if (source.kind == core::ExpertSourceKind::kIdentity) {
+    return WithSlots(core::ExpertKind::kIdentity, source.Ids(), source.hidden, 0);
+  }
+  if (source.kind == core::ExpertSourceKind::kSeeded) {
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<DeviceExpertSet> set,
+        WithSlots(core::ExpertKind::kSwiGlu, source.Ids(), source.hidden, source.intermediate));
+    if (set->num_experts_ == 0) return set;
+    RETURN_IF_ERROR(set->AllocateSwiGlu());
+    RETURN_IF_ERROR(set->GenerateSeeded(source.seed, source.layer));
+    return set;
   }
   // Every tensor is found and its shape checked before device memory is taken.
   ASSIGN_OR_RETURN(core::SafetensorsCheckpoint ckpt, core::OpenExpertCheckpoint(source));
-  std::unique_ptr<DeviceExpertSet> set(new DeviceExpertSet());
-  set->kind_ = core::ExpertKind::kSwiGlu;
-  set->first_expert_ = source.first_expert;
-  set->num_experts_ = source.num_experts;
-  set->hidden_ = source.hidden;
-  set->intermediate_ = source.intermediate;
-  if (source.num_experts == 0) return set;
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<DeviceExpertSet> set,
+      WithSlots(core::ExpertKind::kSwiGlu, source.Ids(), source.hidden, source.intermediate));
+  if (set->num_experts_ == 0) return set;
   RETURN_IF_ERROR(set->AllocateSwiGlu());
   const int64_t ih = source.intermediate * source.hidden;
   ASSIGN_OR_RETURN(std::unique_ptr<PinnedUpload> upload,
                    PinnedUpload::Create(std::min(staging_bytes / 4, ih)));
-  for (int l = 0; l < source.num_experts; ++l) {
-    const int e = source.first_expert + l;
+  for (int l = 0; l < set->num_experts_; ++l) {
+    const int e = set->expert_ids_[l];
     uint16_t* const dst[3] = {set->gate_up_ + l * 2 * ih, set->gate_up_ + l * 2 * ih + ih,
                               set->down_ + l * ih};
     const core::SeededProjection projs[3] = {
@@ -146,6 +202,7 @@ absl::StatusOr<std::unique_ptr<DeviceExpertSet>> DeviceExpertSet::Load(
 DeviceExpertSet::~DeviceExpertSet() {
   cudaFree(gate_up_);
   cudaFree(down_);
+  cudaFree(device_slot_ids_);
 }
 
 int64_t DeviceExpertSet::weight_bytes() const {

@@ -5,9 +5,19 @@
 // kernels/expert_compute.h, or identity experts (no weights).
 //
 // Device layout (row-major bf16):
-//   gate_up [L, 2I, H]: rows [0, I) of expert l are gate, rows [I, 2I) up
+//   gate_up [L, 2I, H]: rows [0, I) of slot l are gate, rows [I, 2I) up
 //   down    [L, H, I]
-// with L = num_experts() local experts, H = hidden, I = intermediate.
+//   slot ids [L] int32 (device_slot_ids())
+// with L = num_experts() local slots, H = hidden, I = intermediate.
+//
+// Slots, not ranges (DESIGN §17, issue 34 item 2): slot l holds the weights
+// of logical expert expert_ids()[l], any ascending set of distinct ids (a
+// rank's distinct placement-table experts, core::DistinctSlotExperts, need
+// not be one range), and answers to slot_ids()[l] in the ids the received
+// rows carry: the logical ids on the NCCL plane, the dispatch ids of
+// server/onesided_route_map.h on the one-sided plane (Renumber). Kernels
+// find a row's slot with core::LocalSlot over device_slot_ids(), never as
+// id - first.
 //
 // Weights come from a core::ExpertSource (Load: seeded weights generated on
 // the device, checkpoint tensors streamed through a bounded pinned buffer,
@@ -17,9 +27,12 @@
 // Source: DESIGN §7; issue 3 (expert weights held on the GPU); issue 10
 // item 6 (the GPU path never builds host weights).
 
+#include <cuda_runtime.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/expert_source.h"
@@ -34,7 +47,9 @@ inline constexpr int64_t kExpertStagingBytes = int64_t{64} << 20;
 class DeviceExpertSet {
  public:
   // Copies `experts` to the current CUDA device (synchronous; not a step-path
-  // call). Errors: kResourceExhausted (cudaMalloc failed), kInternal (copy).
+  // call); slot l holds experts.expert_ids()[l] (any set, e.g. a
+  // core::ExpertSet::Union). Errors: kResourceExhausted (cudaMalloc failed),
+  // kInternal (copy).
   static absl::StatusOr<std::unique_ptr<DeviceExpertSet>> Upload(const core::ExpertSet& experts);
 
   // Seeded SwiGLU experts [first_expert, first_expert + num_experts) of
@@ -54,9 +69,11 @@ class DeviceExpertSet {
 
   // Load()
   //
-  // The experts `source` describes, on the current CUDA device, without
-  // making them on the host:
-  //   kSeeded       GenerateSwiGlu (kernels/seeded_weights.cuh);
+  // The experts `source` describes (source.Ids(), any ascending set: slot l
+  // holds Ids()[l]), on the current CUDA device, without making them on the
+  // host:
+  //   kSeeded       GenerateSwiGlu (kernels/seeded_weights.cuh), one launch
+  //                 per run of consecutive ids;
   //   kSafetensors  each tensor of each expert (gate, up, down in expert
   //                 order) decoded to bf16 (core::SafetensorsToBf16: the host
   //                 loader's bits) piece by piece into one of two pinned
@@ -81,28 +98,56 @@ class DeviceExpertSet {
   DeviceExpertSet& operator=(const DeviceExpertSet&) = delete;
 
   core::ExpertKind kind() const { return kind_; }
-  int first_expert() const { return first_expert_; }
-  // Renumbers the set: expert l is id first_expert + l from now on (the
-  // weights stay). The one-sided service plane numbers a rank's experts in
-  // its dispatcher's id space (server/onesided_route_map.h), which moves
-  // under a placement table or a rank mask. REQUIRES: first_expert >= 0.
-  void Renumber(int first_expert) { first_expert_ = first_expert; }
+  // Local slots (L).
   int num_experts() const { return num_experts_; }
+  // The logical expert whose weights each slot holds, ascending [L]; fixed
+  // for the set's life.
+  const std::vector<int>& expert_ids() const { return expert_ids_; }
+  // The id each slot answers to in the received rows, ascending [L]:
+  // expert_ids() until Renumber. Kernels read the device copy [L] int32
+  // (null when L is 0), valid while the set lives.
+  const std::vector<int>& slot_ids() const { return slot_ids_; }
+  const int32_t* device_slot_ids() const { return device_slot_ids_; }
+
+  // Renumber()
+  //
+  // Slot l answers to slot_ids[l] from now on (the weights stay): the
+  // one-sided service plane numbers a rank's slots in its dispatcher's id
+  // space (server/onesided_route_map.h), which moves under a placement
+  // table or a rank mask. A no-op when the ids are the current ones; else
+  // the device copy is written on `stream` (ordered after the work already
+  // enqueued there, which may still read the old ids) and the stream is
+  // waited for, so call it between steps, on the stream the kernels that
+  // read the set run on. Errors: kInvalidArgument (slot_ids.size() != L,
+  // or not ascending distinct ids >= 0; nothing changes), kInternal (CUDA).
+  absl::Status Renumber(const std::vector<int>& slot_ids, cudaStream_t stream);
   int64_t hidden() const { return hidden_; }
   int64_t intermediate() const { return intermediate_; }
   // Device pointers; null for identity experts.
   const uint16_t* gate_up() const { return gate_up_; }
   const uint16_t* down() const { return down_; }
-  // Bytes of device weight storage.
+  // Bytes of device weight storage (the L slot ids, 4 bytes each, are not
+  // counted).
   int64_t weight_bytes() const;
 
  private:
   DeviceExpertSet() = default;
+  // A set of `kind` whose slots hold `ids` (ascending, distinct), with the
+  // device slot ids written; no weights yet.
+  static absl::StatusOr<std::unique_ptr<DeviceExpertSet>> WithSlots(core::ExpertKind kind,
+                                                                    std::vector<int> ids,
+                                                                    int64_t hidden,
+                                                                    int64_t intermediate);
   // Allocates gate_up_ and down_ for num_experts_ SwiGLU experts.
   absl::Status AllocateSwiGlu();
+  // Generates the seeded weights of every slot's expert into the allocated
+  // gate_up_ / down_ and waits for them.
+  absl::Status GenerateSeeded(uint64_t seed, int layer);
   core::ExpertKind kind_ = core::ExpertKind::kIdentity;
-  int first_expert_ = 0;
   int num_experts_ = 0;
+  std::vector<int> expert_ids_;  // [L]
+  std::vector<int> slot_ids_;    // [L]
+  int32_t* device_slot_ids_ = nullptr;
   int64_t hidden_ = 0;
   int64_t intermediate_ = 0;
   uint16_t* gate_up_ = nullptr;

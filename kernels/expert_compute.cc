@@ -199,8 +199,8 @@ absl::Status ExpertCompute::Run(const uint8_t* recv, int64_t num_rows,
   }
   if (num_rows == 0 || experts.num_experts() == 0) return absl::OkStatus();
   const int num_local = experts.num_experts();
-  RETURN_IF_ERROR(LaunchGroupEntriesByExpert(recv, num_rows, hidden_, top_k_,
-                                             experts.first_expert(), num_local, entries_, stream));
+  RETURN_IF_ERROR(LaunchGroupEntriesByExpert(
+      recv, num_rows, hidden_, top_k_, experts.device_slot_ids(), num_local, entries_, stream));
   if (!swiglu) {
     return LaunchWeightedExpertSum(recv, num_rows, hidden_, top_k_, entries_.position, nullptr,
                                    combine_send, stream);

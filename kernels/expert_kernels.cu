@@ -4,6 +4,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "absl/strings/str_format.h"
+#include "core/expert_slots.h"
 #include "kernels/expert_kernels.cuh"
 #include "kernels/internal/cuda_status.h"
 #include "kernels/route.cuh"
@@ -26,18 +27,19 @@ int GridFor(int64_t items, int per_block) {
   return static_cast<int>(blocks < 1 ? 1 : (blocks > kMaxGridBlocks ? kMaxGridBlocks : blocks));
 }
 
-// Grid-stride over entries e: key = local expert of ids[e / K, e % K] or L.
+// Grid-stride over entries e: key = local slot of ids[e / K, e % K] among
+// slot_ids [L] (core::LocalSlot), or L.
 __global__ void ExpertKeysKernel(const uint8_t* __restrict__ recv, int64_t num_entries,
                                  int64_t row_bytes, int64_t hidden_size, int top_k,
-                                 int first_expert, int num_local_experts, int32_t* keys,
-                                 int32_t* values) {
+                                 const int32_t* __restrict__ slot_ids, int num_local_experts,
+                                 int32_t* keys, int32_t* values) {
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < num_entries;
        e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = e / top_k;
     const int k = static_cast<int>(e % top_k);
     const int32_t id = reinterpret_cast<const int32_t*>(recv + r * row_bytes + 2 * hidden_size)[k];
-    const int32_t l = id - first_expert;
-    keys[e] = (id >= first_expert && l < num_local_experts) ? l : num_local_experts;
+    const int l = core::LocalSlot(slot_ids, num_local_experts, id);
+    keys[e] = l >= 0 ? l : num_local_experts;
     values[e] = static_cast<int32_t>(e);
   }
 }
@@ -192,18 +194,16 @@ absl::StatusOr<size_t> SortTempBytes(int64_t num_entries, int num_local_experts)
 }
 
 absl::Status LaunchGroupEntriesByExpert(const uint8_t* recv, int64_t num_rows, int64_t hidden_size,
-                                        int top_k, int first_expert, int num_local_experts,
+                                        int top_k, const int32_t* slot_ids, int num_local_experts,
                                         const ExpertEntryBuffers& b, cudaStream_t stream) {
   absl::Status s = CheckCommon(num_rows, hidden_size, top_k, "LaunchGroupEntriesByExpert");
   if (!s.ok()) return s;
-  if (num_local_experts < 1 || first_expert < 0) {
+  if (num_local_experts < 1) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "LaunchGroupEntriesByExpert: num_local_experts %d (expected >= 1), first_expert %d "
-        "(expected >= 0)",
-        num_local_experts, first_expert));
+        "LaunchGroupEntriesByExpert: num_local_experts %d (expected >= 1)", num_local_experts));
   }
   const int64_t n = num_rows * top_k;
-  if (b.offsets == nullptr ||
+  if (b.offsets == nullptr || slot_ids == nullptr ||
       (n > 0 &&
        (recv == nullptr || b.keys == nullptr || b.values == nullptr || b.sorted_keys == nullptr ||
         b.sorted_values == nullptr || b.position == nullptr || b.sort_temp == nullptr))) {
@@ -219,7 +219,7 @@ absl::Status LaunchGroupEntriesByExpert(const uint8_t* recv, int64_t num_rows, i
   const int64_t row_bytes = 2 * hidden_size + 8 * top_k;
   if (n > 0) {
     ExpertKeysKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(
-        recv, n, row_bytes, hidden_size, top_k, first_expert, num_local_experts, b.keys, b.values);
+        recv, n, row_bytes, hidden_size, top_k, slot_ids, num_local_experts, b.keys, b.values);
     if (absl::Status st = internal::LaunchStatus("ExpertKeysKernel"); !st.ok()) return st;
     size_t temp_bytes = b.sort_temp_bytes;
     if (absl::Status st = internal::CudaStatus(

@@ -8,9 +8,11 @@
 //
 // Entries: a received row r (of M = E * R rows of the dispatch receive buffer,
 // each 2H + 8K bytes: hidden bf16 | ids int32 | weights fp32) has K entries
-// e = r * K + k. Entry e belongs to local expert l = ids[r, k] - first_expert
-// when 0 <= l < L, else to the "no local expert" key L. A stable radix sort of
-// the keys groups entries by expert in increasing entry order (deterministic).
+// e = r * K + k. Entry e belongs to local slot l = core::LocalSlot(slot_ids,
+// L, ids[r, k]) (core/expert_slots.h: the slot answering to that id, any set
+// of ids) when l >= 0, else to the "no local expert" key L. A stable radix
+// sort of the keys groups entries by slot in increasing entry order
+// (deterministic).
 
 #include <cuda_runtime.h>
 
@@ -42,11 +44,13 @@ absl::StatusOr<size_t> SortTempBytes(int64_t num_entries, int num_local_experts)
 // LaunchGroupEntriesByExpert()
 //
 // Enqueues keys -> stable sort -> offsets and positions for the M * K entries
-// of `recv`. Errors: kInvalidArgument (null pointers, M < 0, H % 4, K or L out
-// of range, temp too small, M * K beyond int32), kInternal (launch or cub).
-// Never allocates or synchronises.
+// of `recv`, slot l of the L local experts answering to id slot_ids[l]
+// (device [L] int32, ascending distinct: DeviceExpertSet::device_slot_ids).
+// Errors: kInvalidArgument (null pointers, M < 0, H % 4, K or L out of range,
+// temp too small, M * K beyond int32), kInternal (launch or cub). Never
+// allocates or synchronises.
 absl::Status LaunchGroupEntriesByExpert(const uint8_t* recv, int64_t num_rows, int64_t hidden_size,
-                                        int top_k, int first_expert, int num_local_experts,
+                                        int top_k, const int32_t* slot_ids, int num_local_experts,
                                         const ExpertEntryBuffers& buffers, cudaStream_t stream);
 
 // LaunchGatherExpertRows()

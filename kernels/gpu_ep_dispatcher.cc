@@ -42,8 +42,6 @@ absl::StatusOr<std::unique_ptr<GpuEpDispatcher>> GpuEpDispatcher::Create(
   d->top_k_ = ws.top_k;
   d->row_bytes_ = layout.wire_row_bytes;
   d->dtype_ = ws.dtype;
-  d->first_expert_ = placement.FirstExpert(d->rank_);
-  d->num_local_experts_ = placement.NumLocalExperts(d->rank_);
   d->counts_.assign(ws.ep_size, 0);
   d->header_counts_.assign(ws.ep_size, 3 * static_cast<int64_t>(sizeof(int64_t)));
   d->count_bytes_.assign(ws.ep_size, static_cast<int64_t>(sizeof(int32_t)));
@@ -56,7 +54,7 @@ absl::StatusOr<std::unique_ptr<GpuEpDispatcher>> GpuEpDispatcher::Create(
         absl::StrFormat("tail_bytes: expected >= 0, got %d", options.tail_bytes));
   }
   // Under a placement table a rank holds up to the slot budget's experts.
-  const int max_local = std::max(d->num_local_experts_, core::SlotBudgetPerRank(o));
+  const int max_local = std::max(placement.NumLocalExperts(d->rank_), core::SlotBudgetPerRank(o));
   ASSIGN_OR_RETURN(
       const int64_t scratch,
       ExpertCompute::ScratchBytes(e * n, ws.top_k, ws.hidden, options.max_intermediate, max_local));
@@ -133,13 +131,9 @@ absl::Status GpuEpDispatcher::SetPlacement(const core::PlacementTable& table) {
     return absl::OkStatus();
   }
   RETURN_IF_ERROR(core::ValidatePlacement(table, options_.dispatcher));
-  const std::vector<int> mine = core::DistinctSlotExperts(table, rank_);
-  if (mine.back() - mine.front() + 1 != static_cast<int>(mine.size())) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "placement: rank %d's slot experts %s are not one range of ids; the GPU data plane's "
-        "device expert set holds one range",
-        rank_, core::DescribeExpertIds(mine)));
-  }
+  // Any set of logical experts (DESIGN §17): the expert compute finds a
+  // received id's slot in the device expert set's slot ids.
+  std::vector<int> mine = core::DistinctSlotExperts(table, rank_);
   std::vector<int32_t> offsets(table.num_experts() + 1, 0);
   std::vector<int32_t> ranks;
   ranks.reserve(table.num_slots());
@@ -159,8 +153,7 @@ absl::Status GpuEpDispatcher::SetPlacement(const core::PlacementTable& table) {
   RETURN_IF_ERROR(CudaStatus(cudaMemcpy(replica_ranks_, ranks.data(),
                                         ranks.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
                              "cudaMemcpy(replica ranks)"));
-  first_expert_ = mine.front();
-  num_local_experts_ = static_cast<int>(mine.size());
+  local_experts_ = std::move(mine);
   placement_fingerprint_ = fingerprint;
   return absl::OkStatus();
 }
@@ -195,9 +188,8 @@ absl::Status GpuEpDispatcher::CommitGeometry(int64_t epoch, int64_t r, int64_t l
 }
 
 absl::Status GpuEpDispatcher::CheckExperts(const DeviceExpertSet& experts) const {
-  return core::ValidateExpertSlice(
-      rank_, {hidden_, first_expert_, num_local_experts_},
-      {experts.hidden(), experts.first_expert(), experts.num_experts()});
+  return core::ValidateExpertSlice(rank_, {hidden_, local_experts_},
+                                   {experts.hidden(), experts.slot_ids()});
 }
 
 absl::Status GpuEpDispatcher::WriteHeader(int64_t epoch, int64_t r, int64_t num_tokens) {

@@ -147,10 +147,12 @@ class GpuEpDispatcher {
   // captured earlier route by the new table when replayed. Waits for the
   // stream first (a step boundary), then copies; a no-op when `table` is
   // the one installed (same fingerprint). Create installs the contiguous
-  // table. Errors: kFailedPrecondition (a step is in flight),
-  // kInvalidArgument (core::ValidatePlacement; this rank's distinct slot
-  // experts are not one range of ids, which the device expert set needs),
-  // CUDA errors. On error the previous table stays.
+  // table. A rank may hold any set of logical experts (DESIGN §17): from
+  // then on Forward / ComputeExperts take a DeviceExpertSet whose slot_ids()
+  // are this rank's distinct slot experts (core::DistinctSlotExperts).
+  // Errors: kFailedPrecondition (a step is in flight), kInvalidArgument
+  // (core::ValidatePlacement), CUDA errors. On error the previous table
+  // stays.
   absl::Status SetPlacement(const core::PlacementTable& table);
   uint64_t placement_fingerprint() const { return placement_fingerprint_; }
 
@@ -185,9 +187,9 @@ class GpuEpDispatcher {
   // then enqueues the step on stream() and returns; call
   // collective->Synchronize() (or sync the stream) before reading output.
   // Errors: kFailedPrecondition (no geometry committed), kInvalidArgument
-  // (T < 0, T > R, null pointers with T > 0, experts' H or range not this
-  // rank's), kAborted (a rank disagrees on (epoch, R), naming it), collective
-  // and CUDA errors.
+  // (T < 0, T > R, null pointers with T > 0, experts' H or slot ids not
+  // this rank's: core::ValidateExpertSlice), kAborted (a rank disagrees on
+  // (epoch, R), naming it), collective and CUDA errors.
   absl::Status Forward(const uint16_t* hidden, const int32_t* topk_ids, const float* topk_weights,
                        int64_t num_tokens, const DeviceExpertSet& experts, uint16_t* output);
 
@@ -280,8 +282,9 @@ class GpuEpDispatcher {
   int top_k_ = 0;
   int64_t row_bytes_ = 0;  // wire row (DispatchRowBytes or Fp8DispatchRowBytes)
   core::DispatchDType dtype_ = core::DispatchDType::kBF16;
-  int first_expert_ = 0;
-  int num_local_experts_ = 0;
+  // This rank's distinct slot experts under the installed table, ascending
+  // (core::DistinctSlotExperts; any set): what the expert set must hold.
+  std::vector<int> local_experts_;
 
   char* base_ = nullptr;  // the one allocation
   void* tail_ = nullptr;  // the caller's region at its end

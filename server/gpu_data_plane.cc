@@ -454,11 +454,11 @@ absl::Status GpuDataPlane::InstallPlacement(int layer,
   if (table == nullptr) return absl::InvalidArgumentError("InstallPlacement: null table");
   RETURN_IF_ERROR(MakeDeviceCurrent());
   RETURN_IF_ERROR(dispatcher_->SetPlacement(*table));
-  const std::vector<int> mine = core::DistinctSlotExperts(*table, view_->rank());
+  // The layer's experts stay when they are this rank's new distinct slot
+  // experts (any set of ids, DESIGN §17), else they go (LoadExperts again).
   auto experts = experts_.find(layer);
   if (experts != experts_.end() &&
-      (experts->second->first_expert() != mine.front() ||
-       experts->second->num_experts() != static_cast<int>(mine.size()))) {
+      experts->second->expert_ids() != core::DistinctSlotExperts(*table, view_->rank())) {
     experts_.erase(experts);
   }
   book_.Install(layer, std::move(table));

@@ -139,9 +139,11 @@ class GpuDataPlane final : public DataPlane {
                                            int64_t memory_cap_bytes) override;
   int64_t SharedExpertBytes(int layer) const override;
   // Validates the table against the device copy's rules and writes it to the
-  // device at once (kernels::GpuEpDispatcher::SetPlacement: every rank's
-  // slot experts one range of ids); Forward rewrites the device copy only
-  // when the layer's table differs from the one there.
+  // device at once (kernels::GpuEpDispatcher::SetPlacement: any set of slot
+  // experts a rank); a layer's experts that are not this rank's new
+  // distinct slot experts are dropped (LoadExperts again), as on the CPU
+  // plane. Forward rewrites the device copy only when the layer's table
+  // differs from the one there.
   absl::Status InstallPlacement(int layer,
                                 std::shared_ptr<const core::PlacementTable> table) override;
   absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens) override;

@@ -239,7 +239,7 @@ absl::StatusOr<DataPlaneAllocation> OneSidedDataPlane::Allocate(
   // The members' windows and ids (all ranks without a mask).
   ASSIGN_OR_RETURN(const core::PlacementTable served,
                    mask_.MaskedRanks().empty() ? contiguous : contiguous.WithMask(mask_.live));
-  ASSIGN_OR_RETURN(const OneSidedRouteMap map, MakeOneSidedRouteMap(served));
+  const OneSidedRouteMap map = MakeOneSidedRouteMap(served);
   const core::EpDispatcherOptions dispatch = DispatchOptionsFor(options, map);
   ASSIGN_OR_RETURN(const int64_t member_window_bytes,
                    OneSidedDispatcher::WindowBytes(WindowOptionsFor(options, map)));
@@ -373,22 +373,13 @@ absl::Status OneSidedDataPlane::InstallPlacement(
   }
   if (table == nullptr) return absl::InvalidArgumentError("InstallPlacement: null table");
   RETURN_IF_ERROR(core::ValidatePlacement(*table, options_));
-  // The dispatcher's id space must exist for the table on every mask this
-  // plane may serve; checked here for the mask in force and unmasked.
-  ASSIGN_OR_RETURN(const OneSidedRouteMap unmasked, MakeOneSidedRouteMap(*table));
-  (void)unmasked;
-  if (!mask_.MaskedRanks().empty()) {
-    ASSIGN_OR_RETURN(const core::PlacementTable masked, table->WithMask(mask_.live));
-    RETURN_IF_ERROR(MakeOneSidedRouteMap(masked).status());
-  }
+  // Any table: the route map numbers every rank's slots (DESIGN §17). The
+  // layer's experts stay when they are this rank's new distinct slot
+  // experts, else they go (LoadExperts again).
   auto experts = experts_.find(layer);
-  if (experts != experts_.end()) {
-    const std::vector<int> slots = core::DistinctSlotExperts(*table, rank_);
-    if (experts->second->num_experts() != static_cast<int>(slots.size()) ||
-        book_.Placement(layer) == nullptr ||
-        core::DistinctSlotExperts(*book_.Placement(layer), rank_) != slots) {
-      experts_.erase(experts);
-    }
+  if (experts != experts_.end() &&
+      experts->second->expert_ids() != core::DistinctSlotExperts(*table, rank_)) {
+    experts_.erase(experts);
   }
   book_.Install(layer, std::move(table));
   return absl::OkStatus();
@@ -433,7 +424,7 @@ absl::Status OneSidedDataPlane::CommitGeometry(int64_t epoch, int64_t runtime_ma
 absl::Status OneSidedDataPlane::MakeWindowsIfDropped() {
   if (!windows_dropped_ || staging_ == nullptr) return absl::OkStatus();
   ASSIGN_OR_RETURN(const core::PlacementTable served, book_.contiguous()->WithMask(mask_.live));
-  ASSIGN_OR_RETURN(const OneSidedRouteMap map, MakeOneSidedRouteMap(served));
+  const OneSidedRouteMap map = MakeOneSidedRouteMap(served);
   ASSIGN_OR_RETURN(const int64_t bytes,
                    OneSidedDispatcher::WindowBytes(WindowOptionsFor(options_, map)));
   ASSIGN_OR_RETURN(windows_, kernels::onesided::CreateIpcPeerWindows(compact_, device_, bytes));
@@ -545,13 +536,16 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::Forward(
   uint64_t route = 0;
   OneSidedChoices choices;
   if (local.ok()) {
-    absl::StatusOr<OneSidedRouteMap> map = MakeOneSidedRouteMap(*table);
-    local = map.status();
-    if (local.ok()) local = UseRouteMap(*map);
+    const OneSidedRouteMap map = MakeOneSidedRouteMap(*table);
+    local = UseRouteMap(map);
+    // This rank's slots answer to their dispatch ids (the expert set's
+    // slots are its distinct slot experts, as the map's).
     if (local.ok()) {
-      route = map->table_fingerprint;
-      experts->second->Renumber(map->dispatch_base[rank_]);
-      choices = MapOneSidedChoices(*table, *map, rank_, topk_ids, topk_weights, num_tokens, k);
+      local = experts->second->Renumber(OneSidedSlotIds(map, rank_), dispatcher_->stream());
+    }
+    if (local.ok()) {
+      route = map.table_fingerprint;
+      choices = MapOneSidedChoices(*table, map, rank_, topk_ids, topk_weights, num_tokens, k);
     }
   }
   if (absl::Status agreed = AgreeOnStep(local, route); !agreed.ok()) {

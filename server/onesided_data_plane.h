@@ -27,10 +27,12 @@
 // Placement tables and rank masks (DESIGN §15; issue 17 item 5): the
 // dispatcher routes by the contiguous placement, so Forward maps every
 // choice on the host to the replica the CPU reference picks and that
-// replica to the dispatcher's id space (server/onesided_route_map.h);
-// the dispatcher is made again (over the same windows) when a table or a
-// mask changes that space. A table whose ranks do not hold one range of
-// distinct experts each, in the §7 split, is refused (kFailedPrecondition).
+// replica to the dispatcher's id space (server/onesided_route_map.h: a
+// dispatch id names a rank's local slot, so any table is served, EPLB's
+// output included; DESIGN §17), and the layer's expert set answers to its
+// slots' dispatch ids (kernels::DeviceExpertSet::Renumber); the dispatcher
+// is made again (over the same windows) when a table or a mask changes
+// that space.
 // After a group error the survivors agree on a mask exactly as the CPU
 // plane does (server/rank_mask.h: the round over every rank's Rendezvous
 // service, a fresh Gloo context of the members); the old dispatcher and
@@ -129,10 +131,10 @@ class OneSidedDataPlane final : public DataPlane {
   absl::StatusOr<int64_t> LoadSharedExpert(int layer, std::optional<core::SharedExpert> shared,
                                            int64_t memory_cap_bytes) override;
   int64_t SharedExpertBytes(int layer) const override { return shared_.Bytes(layer); }
-  // Checks `table` (core::ValidatePlacement, and MakeOneSidedRouteMap under
-  // the current mask: kFailedPrecondition) and installs it; a layer's
-  // experts that no longer match the table's slots are dropped (LoadExperts
-  // again), as on the CPU plane.
+  // Checks `table` (core::ValidatePlacement; any set of experts a rank)
+  // and installs it; a layer's experts that are not this rank's new
+  // distinct slot experts are dropped (LoadExperts again), as on the CPU
+  // plane.
   absl::Status InstallPlacement(int layer,
                                 std::shared_ptr<const core::PlacementTable> table) override;
   absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens) override;

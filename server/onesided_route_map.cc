@@ -2,58 +2,58 @@
 
 #include <algorithm>
 
-#include "absl/strings/str_cat.h"
-#include "core/expert_placement.h"
 #include "core/expert_source.h"
 
 namespace moe_ep::server {
 
-absl::StatusOr<OneSidedRouteMap> MakeOneSidedRouteMap(const core::PlacementTable& table) {
+OneSidedRouteMap MakeOneSidedRouteMap(const core::PlacementTable& table) {
   const int world = table.ep_size();
+  const int num_experts = table.num_experts();
   OneSidedRouteMap map;
   map.table_fingerprint = table.Fingerprint();
+  map.num_experts = num_experts;
   map.dispatch_rank.assign(world, -1);
-  map.first_expert.assign(world, 0);
   map.dispatch_base.assign(world, -1);
   map.num_local.assign(world, 0);
+  map.local_slot.assign(static_cast<size_t>(world) * num_experts, -1);
   for (int r = 0; r < world; ++r) {
     const std::vector<int> distinct = core::DistinctSlotExperts(table, r);
-    if (distinct.empty()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("the one-sided data plane needs every rank to hold an expert; rank ", r,
-                       " holds none in the placement table"));
-    }
-    map.first_expert[r] = distinct.front();
     map.num_local[r] = static_cast<int>(distinct.size());
-    if (distinct.back() - distinct.front() + 1 != map.num_local[r]) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the one-sided data plane needs each rank's distinct slot experts to be one range of "
-          "ids; rank ",
-          r, " holds ", core::DescribeExpertIds(distinct),
-          "; install a table whose ranks hold ranges, or join with gpu_data_plane \"nccl\""));
+    for (int s = 0; s < map.num_local[r]; ++s) {
+      map.local_slot[static_cast<size_t>(r) * num_experts + distinct[s]] = s;
     }
     if (!table.IsLive(r)) continue;
     map.dispatch_rank[r] = map.ep_size();
-    map.dispatch_base[r] = map.num_dispatch_experts;
     map.live_ranks.push_back(r);
-    map.num_dispatch_experts += map.num_local[r];
   }
-  absl::StatusOr<core::ExpertPlacement> split =
-      core::ExpertPlacement::Contiguous(map.num_dispatch_experts, map.ep_size());
-  if (!split.ok()) return absl::FailedPreconditionError(split.status().message());
-  for (int c = 0; c < map.ep_size(); ++c) {
+  // The DESIGN §7 split of the live ranks' sum: the first (sum % live) take
+  // sum / live + 1, the rest sum / live.
+  const int live = map.ep_size();
+  int sum = 0;
+  int widest = 0;
+  for (int r : map.live_ranks) {
+    sum += map.num_local[r];
+    widest = std::max(widest, map.num_local[r]);
+  }
+  bool is_split = true;
+  for (int c = 0; c < live; ++c) {
+    const int want = sum / live + (c < sum % live ? 1 : 0);
+    is_split = is_split && map.num_local[map.live_ranks[c]] == want;
+  }
+  int base = 0;
+  for (int c = 0; c < live; ++c) {
     const int r = map.live_ranks[c];
-    if (split->NumLocalExperts(c) != map.num_local[r]) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the one-sided data plane places the live ranks' experts contiguously (",
-          map.num_dispatch_experts, " on ", map.ep_size(),
-          " live ranks: ", split->NumLocalExperts(c), " on live rank ", r, "), but rank ", r,
-          " holds ", map.num_local[r],
-          " distinct experts; install a table with as many distinct experts on every rank, or "
-          "join with gpu_data_plane \"nccl\""));
-    }
+    map.dispatch_base[r] = base;
+    base += is_split ? map.num_local[r] : widest;
   }
+  map.num_dispatch_experts = base;
   return map;
+}
+
+std::vector<int> OneSidedSlotIds(const OneSidedRouteMap& map, int rank) {
+  std::vector<int> ids(map.num_local[rank]);
+  for (int s = 0; s < map.num_local[rank]; ++s) ids[s] = map.dispatch_base[rank] + s;
+  return ids;
 }
 
 OneSidedChoices MapOneSidedChoices(const core::PlacementTable& table, const OneSidedRouteMap& map,
@@ -75,7 +75,8 @@ OneSidedChoices MapOneSidedChoices(const core::PlacementTable& table, const OneS
       continue;
     }
     const core::ReplicaSlot replica = table.ChooseReplica(source_rank, i / top_k, id);
-    out.ids[i] = map.dispatch_base[replica.rank] + (id - map.first_expert[replica.rank]);
+    out.ids[i] = map.dispatch_base[replica.rank] +
+                 map.local_slot[static_cast<size_t>(replica.rank) * map.num_experts + id];
   }
   return out;
 }

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_format.h"
 #include "core/expert_placement.h"
+#include "core/expert_source.h"
 #include "core/status_macros.h"
 #include "kernels/dispatch_pack.cuh"
 #include "kernels/fp8_dispatch.cuh"
@@ -179,9 +180,16 @@ absl::Status OneSidedDispatcher::CheckArgs(const char* call, int64_t num_tokens,
 }
 
 absl::Status OneSidedDispatcher::CheckExperts(const DeviceExpertSet& experts) const {
-  return core::ValidateExpertSlice(
-      rank_, {hidden_, first_expert_, num_local_experts_},
-      {experts.hidden(), experts.first_expert(), experts.num_experts()});
+  const std::vector<int>& ids = experts.slot_ids();
+  const int last = first_expert_ + num_local_experts_;
+  if (experts.hidden() != hidden_ || ids.empty() || ids.front() < first_expert_ ||
+      ids.back() >= last) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "experts on rank %d: expected hidden %d and slot ids among [%d, %d) (at least one), got "
+        "hidden %d and %s",
+        rank_, hidden_, first_expert_, last, experts.hidden(), core::DescribeExpertIds(ids)));
+  }
+  return absl::OkStatus();
 }
 
 OsDispatchParams OneSidedDispatcher::DispatchParams(const OsStepArgs& step, const uint16_t* hidden,
@@ -252,8 +260,8 @@ absl::Status OneSidedDispatcher::EnqueueExperts(int64_t r, const DeviceExpertSet
     ip.ep_size = ep_size_;
     ip.hidden_size = hidden_;
     ip.top_k = top_k_;
-    ip.first_expert = first_expert_;
-    ip.num_local_experts = num_local_experts_;
+    ip.slot_ids = experts.device_slot_ids();
+    ip.num_local_experts = experts.num_experts();
     ip.max_tokens = r;
     ip.blocks = 2 * sm_count_;
     return LaunchOsIdentityRows(ip, stream_);
@@ -262,6 +270,8 @@ absl::Status OneSidedDispatcher::EnqueueExperts(int64_t r, const DeviceExpertSet
     // The combine kernel applies identity experts to the received rows as it
     // pushes them (the expert kernel's arithmetic): nothing to launch.
     identity_pending_ = true;
+    identity_slot_ids_ = experts.device_slot_ids();
+    identity_slots_ = experts.num_experts();
     return absl::OkStatus();
   }
   identity_pending_ = false;
@@ -275,8 +285,8 @@ absl::Status OneSidedDispatcher::EnqueueCombine(int64_t r, uint16_t* output,
   p.off = off_;
   p.local = local_;
   p.identity = identity_pending_;
-  p.first_expert = first_expert_;
-  p.num_local_experts = num_local_experts_;
+  p.slot_ids = identity_slot_ids_;
+  p.num_local_experts = identity_slots_;
   p.expert_out = expert_out_;
   p.rows = fp8_ ? rows_ : nullptr;
   // T == 0 writes no row; any aligned address stands in for a null output.

@@ -131,8 +131,13 @@ class OneSidedDispatcher {
   // One MoE layer, as GpuEpDispatcher::Forward, enqueued on stream() with no
   // host agreement (the flags carry it: see CheckStep). Errors:
   // kFailedPrecondition (no geometry, mid-step, broken), kInvalidArgument
-  // (T outside [0, R], null pointers with T > 0, experts not this rank's),
-  // kInternal (CUDA).
+  // (T outside [0, R], null pointers with T > 0, experts not this rank's:
+  // see below), kInternal (CUDA).
+  // The experts: hidden H and at least one slot, every slot id among this
+  // rank's ids [first, first + L) of the contiguous placement of
+  // options.dispatcher.num_experts (a subset: a caller that numbers slots
+  // in its own id space, server/onesided_route_map.h, may leave ids unused;
+  // a choice of an id no slot answers to contributes zero).
   absl::Status Forward(const uint16_t* hidden, const int32_t* topk_ids, const float* topk_weights,
                        int64_t num_tokens, const DeviceExpertSet& experts, uint16_t* output);
   // The phases, as GpuEpDispatcher's (same sequence errors).
@@ -224,6 +229,9 @@ class OneSidedDispatcher {
   std::unique_ptr<ExpertCompute> expert_compute_;
   absl::Status broken_;
   bool identity_pending_ = false;  // the next combine applies identity experts
+  // The identity experts of that combine: their device slot ids and count.
+  const int32_t* identity_slot_ids_ = nullptr;
+  int identity_slots_ = 0;
   std::map<int64_t, Graph> graphs_;
 };
 

@@ -4,6 +4,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "absl/strings/str_format.h"
+#include "core/expert_slots.h"
 #include "core/status_macros.h"
 #include "kernels/fp8_dispatch.cuh"
 #include "kernels/internal/cuda_status.h"
@@ -389,7 +390,7 @@ __global__ void __launch_bounds__(kThreads) OsIdentityRowsKernel(const OsIdentit
     float ws = 0.f;
     for (int k = 0; k < K; ++k) {
       const int32_t id = ids[k];
-      ws += (id >= p.first_expert && id < p.first_expert + p.num_local_experts) ? w[k] : 0.f;
+      ws += core::LocalSlot(p.slot_ids, p.num_local_experts, id) >= 0 ? w[k] : 0.f;
     }
     const Vec* x = reinterpret_cast<const Vec*>(row);
     Vec* out = reinterpret_cast<Vec*>(p.out + idx * H);
@@ -451,7 +452,7 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
       float ws = 0.f;
       for (int k = 0; k < K; ++k) {
         const int32_t id = ids[k];
-        ws += (id >= p.first_expert && id < p.first_expert + p.num_local_experts) ? w[k] : 0.f;
+        ws += core::LocalSlot(p.slot_ids, p.num_local_experts, id) >= 0 ? w[k] : 0.f;
       }
       const Vec* x = reinterpret_cast<const Vec*>(row);
       Vec* out = reinterpret_cast<Vec*>(out_row);

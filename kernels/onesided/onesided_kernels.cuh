@@ -156,10 +156,12 @@ struct OsCombineParams {
   OsWindowOffsets off;
   OsLocalState local;
   // Identity experts (true): rows are computed from the received rows with
-  // the local experts [first_expert, first_expert + num_local_experts);
-  // else expert_out [E, R, H] holds them (rows j < recv_counts[s] of slab s).
+  // the local slots answering to slot_ids [num_local_experts] (device,
+  // ascending: DeviceExpertSet::device_slot_ids; core::LocalSlot finds an
+  // id's slot); else expert_out [E, R, H] holds them (rows j < recv_counts[s]
+  // of slab s).
   bool identity = false;
-  int first_expert = 0;
+  const int32_t* slot_ids = nullptr;
   int num_local_experts = 0;
   const uint16_t* expert_out = nullptr;
   // The bf16 rows [E, R, 2H + 8K] identity experts read: null = the
@@ -183,7 +185,8 @@ struct OsCombineParams {
 
 // Identity experts of the copy-engine path: out[s, j] = bf16(ws * row[s, j])
 // for j < recv_counts[s] (ws = sum over k ascending of the weights whose id
-// is local), the arithmetic the SM path's combine applies as it pushes.
+// a local slot answers to), the arithmetic the SM path's combine applies as
+// it pushes.
 struct OsIdentityParams {
   const uint8_t* rows = nullptr;  // [E, R, 2H + 8K] bf16 received rows
   uint16_t* out = nullptr;        // [E, R, H] expert output
@@ -191,7 +194,7 @@ struct OsIdentityParams {
   int ep_size = 0;
   int64_t hidden_size = 0;
   int top_k = 0;
-  int first_expert = 0;
+  const int32_t* slot_ids = nullptr;  // device [num_local_experts], ascending
   int num_local_experts = 0;
   int64_t max_tokens = 0;  // R
   int blocks = 1;          // grid bound

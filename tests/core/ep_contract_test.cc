@@ -113,11 +113,17 @@ TEST(DevicePlaneChecks, PinEachMessageOnce) {
   EXPECT_TRUE(ValidateStepOutput("Forward", 0, 0, nullptr).ok());
   ExpectInvalid(ValidateStepOutput("Forward", 0, 3, nullptr),
                 "Forward on rank 0: null output with 3 tokens");
-  EXPECT_TRUE(ValidateExpertSlice(0, {64, 0, 4}, {64, 0, 4}).ok());
-  ExpectInvalid(ValidateExpertSlice(0, {64, 0, 4}, {64, 0, 2}),
+  EXPECT_TRUE(ValidateExpertSlice(0, {64, {0, 1, 2, 3}}, {64, {0, 1, 2, 3}}).ok());
+  ExpectInvalid(ValidateExpertSlice(0, {64, {0, 1, 2, 3}}, {64, {0, 1}}),
                 "experts on rank 0: expected hidden 64 and experts [0, 4), got hidden 64 and "
                 "[0, 2)");
-  ExpectInvalid(ValidateExpertSlice(2, {64, 8, 4}, {32, 8, 4}), "got hidden 32 and [8, 12)");
+  ExpectInvalid(ValidateExpertSlice(2, {64, {8, 9, 10, 11}}, {32, {8, 9, 10, 11}}),
+                "got hidden 32 and [8, 12)");
+  // Any set of ids (a placement table's slots, DESIGN §17): equal sets pass,
+  // the message names both.
+  EXPECT_TRUE(ValidateExpertSlice(1, {64, {2, 5, 9}}, {64, {2, 5, 9}}).ok());
+  ExpectInvalid(ValidateExpertSlice(1, {64, {2, 5, 9}}, {64, {2, 3, 4}}),
+                "expected hidden 64 and experts {2,5,9}, got hidden 64 and [2, 5)");
   EXPECT_TRUE(ValidateCaptureArgs(0, 16, 16, &x, &x, &x, &x).ok());
   ExpectInvalid(ValidateCaptureArgs(0, 17, 16, &x, &x, &x, &x),
                 "CaptureForward on rank 0: bucket expected in [1, 16], got 17");

@@ -20,6 +20,17 @@ std::vector<uint16_t> Download(const uint16_t* dev, size_t count) {
   return host;
 }
 
+// The device copy of the set's slot ids [L].
+std::vector<int32_t> DownloadIds(const DeviceExpertSet& dev) {
+  std::vector<int32_t> host(dev.num_experts());
+  if (!host.empty()) {
+    EXPECT_EQ(
+        cudaMemcpy(host.data(), dev.device_slot_ids(), host.size() * 4, cudaMemcpyDeviceToHost),
+        cudaSuccess);
+  }
+  return host;
+}
+
 // Device layout: gate_up [L, 2I, H] (gate rows then up rows), down [L, H, I].
 void ExpectSameWeights(const core::ExpertSet& host, const DeviceExpertSet& dev) {
   const int64_t h = host.hidden();
@@ -41,7 +52,9 @@ TEST(DeviceExpertSet, UploadsSeededWeightsBitExact) {
   ASSERT_TRUE(host.ok()) << host.status();
   auto dev = DeviceExpertSet::Upload(*host);
   ASSERT_TRUE(dev.ok()) << dev.status();
-  EXPECT_EQ((*dev)->first_expert(), 3);
+  EXPECT_EQ((*dev)->expert_ids(), (std::vector<int>{3, 4, 5, 6, 7}));
+  EXPECT_EQ((*dev)->slot_ids(), (*dev)->expert_ids());
+  EXPECT_EQ(DownloadIds(**dev), (std::vector<int32_t>{3, 4, 5, 6, 7}));
   EXPECT_EQ((*dev)->num_experts(), 5);
   ExpectSameWeights(*host, **dev);
 }
@@ -58,7 +71,7 @@ TEST(DeviceExpertSet, GeneratesSeededWeightsOnDeviceBitExact) {
     auto dev = DeviceExpertSet::GenerateSwiGlu(seed, layer, first, count, h, i);
     ASSERT_TRUE(dev.ok()) << dev.status();
     EXPECT_EQ((*dev)->kind(), core::ExpertKind::kSwiGlu);
-    EXPECT_EQ((*dev)->first_expert(), first);
+    EXPECT_EQ((*dev)->expert_ids(), host->expert_ids());
     EXPECT_EQ((*dev)->num_experts(), count);
     EXPECT_EQ((*dev)->hidden(), h);
     EXPECT_EQ((*dev)->intermediate(), i);
@@ -215,9 +228,73 @@ TEST(DeviceExpertSet, LoadFromSourceEqualsTheHostExperts) {
   auto identity = DeviceExpertSet::Load(core::ExpertSource::Identity(0, 8, 4, 4, 64));
   ASSERT_TRUE(identity.ok()) << identity.status();
   EXPECT_EQ((*identity)->kind(), core::ExpertKind::kIdentity);
-  EXPECT_EQ((*identity)->first_expert(), 4);
+  EXPECT_EQ((*identity)->expert_ids(), (std::vector<int>{4, 5, 6, 7}));
   EXPECT_EQ((*identity)->weight_bytes(), 0);
   EXPECT_EQ((*identity)->gate_up(), nullptr);
+}
+
+// Any set of ids (DESIGN §17; issue 34 item 2): slot l holds expert
+// Ids()[l], seeded on the device run by run ({1} {4, 5} {9}), bit-identical
+// to the host experts of the same source (core::MakeHostExperts, a Union of
+// the runs), and an identity set of the same ids.
+TEST(DeviceExpertSet, LoadsAnySetOfIds) {
+  MOE_EP_REQUIRE_GPUS(1);
+  const std::vector<int> ids = {1, 4, 5, 9};
+  const core::ExpertSource seeded =
+      core::ExpertSource::Seeded(9, 4, 16, 0, 0, 64, 16).WithExperts(ids);
+  auto dev = DeviceExpertSet::Load(seeded);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  EXPECT_EQ((*dev)->expert_ids(), ids);
+  EXPECT_EQ(DownloadIds(**dev), std::vector<int32_t>(ids.begin(), ids.end()));
+  auto host = core::MakeHostExperts(seeded);
+  ASSERT_TRUE(host.ok()) << host.status();
+  ASSERT_EQ(host->expert_ids(), ids);
+  ExpectSameWeights(*host, **dev);
+  // Slot 1 is expert 4: the host generator's expert 4 alone.
+  auto four = core::ExpertSet::GenerateSwiGlu(9, 4, 4, 1, 64, 16);
+  ASSERT_TRUE(four.ok());
+  EXPECT_EQ(host->swiglu_weights(1).down, four->swiglu_weights(0).down);
+  // Upload of the host union keeps its ids.
+  auto uploaded = DeviceExpertSet::Upload(*host);
+  ASSERT_TRUE(uploaded.ok()) << uploaded.status();
+  EXPECT_EQ((*uploaded)->expert_ids(), ids);
+  ExpectSameWeights(*host, **uploaded);
+  auto identity =
+      DeviceExpertSet::Load(core::ExpertSource::Identity(0, 16, 0, 0, 64).WithExperts({0, 15}));
+  ASSERT_TRUE(identity.ok()) << identity.status();
+  EXPECT_EQ((*identity)->expert_ids(), (std::vector<int>{0, 15}));
+  EXPECT_EQ(DownloadIds(**identity), (std::vector<int32_t>{0, 15}));
+}
+
+// Renumber: the slots answer to new ids (the device copy follows on the
+// given stream), the weights and expert_ids() stay; bad ids change nothing.
+TEST(DeviceExpertSet, RenumberMovesTheSlotIdsOnly) {
+  MOE_EP_REQUIRE_GPUS(1);
+  auto dev = DeviceExpertSet::Load(
+      core::ExpertSource::Seeded(3, 0, 16, 0, 0, 32, 8).WithExperts({2, 7, 11}));
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  absl::Status s = (*dev)->Renumber({40, 41, 42}, stream);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ((*dev)->slot_ids(), (std::vector<int>{40, 41, 42}));
+  EXPECT_EQ((*dev)->expert_ids(), (std::vector<int>{2, 7, 11}));
+  EXPECT_EQ(DownloadIds(**dev), (std::vector<int32_t>{40, 41, 42}));
+  auto host = core::MakeHostExperts(
+      core::ExpertSource::Seeded(3, 0, 16, 0, 0, 32, 8).WithExperts({2, 7, 11}));
+  ASSERT_TRUE(host.ok());
+  ExpectSameWeights(*host, **dev);
+  absl::Status count = (*dev)->Renumber({1, 2}, stream);
+  EXPECT_EQ(count.code(), absl::StatusCode::kInvalidArgument) << count;
+  EXPECT_NE(count.message().find("expected 3 (one a slot), got 2"), absl::string_view::npos)
+      << count;
+  absl::Status order = (*dev)->Renumber({5, 5, 6}, stream);
+  EXPECT_EQ(order.code(), absl::StatusCode::kInvalidArgument) << order;
+  EXPECT_NE(order.message().find("expected ascending distinct ids >= 0, got 5 at slot 1"),
+            absl::string_view::npos)
+      << order;
+  EXPECT_EQ(DownloadIds(**dev), (std::vector<int32_t>{40, 41, 42}));
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 // The source is validated before any CUDA call (no GPU needed).

@@ -2,25 +2,32 @@
 // 2 and 5): the route kernel reads the device table (replica = (token +
 // rank) mod replicas, as core::PlacementTable::ChooseReplica) and bumps the
 // device load counters; the pack kernel writes core::PayloadExpertId; the
-// dispatcher at world 1 with replicas equals the CPU reference and counts
-// tokens per logical expert exactly. Kernel tests need one GPU (ep_size is
-// a kernel argument there); dispatcher cases need ep_size GPUs. Without
-// them every test skips with the reason printed.
+// dispatcher at world 1 with replicas, and under EPLB's real output on the
+// DeepSeek-V3 load, equals the CPU reference and counts tokens per logical
+// expert exactly; ranks may hold any set of ids (DESIGN §17, issue 34 item
+// 2). Kernel tests need one GPU (ep_size is a kernel argument there);
+// dispatcher cases need ep_size GPUs. Without them every test skips with
+// the reason printed.
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/eplb.h"
+#include "core/expert_load_file.h"
 #include "core/expert_source.h"
 #include "core/moe_reference.h"
 #include "core/placement_table.h"
 #include "core/routing.h"
+#include "core/routing_source.h"
 #include "kernels/device_experts.h"
 #include "kernels/dispatch_pack.cuh"
 #include "kernels/gpu_ep_dispatcher.h"
@@ -265,15 +272,17 @@ void RunRanks(int ep_size, const std::function<void(int)>& body) {
 }
 
 // GpuEpDispatcher with `table` installed on ep_size GPUs: two Forward steps
-// of seeded SwiGLU experts, output against the CPU reference under the
-// table, load counters against the ids counted on the host.
-void RunTableCase(const core::PlacementTable& table, int redundant) {
+// of seeded SwiGLU experts (each rank's its distinct slot experts, any set
+// of ids), output against the CPU reference under the table, load counters
+// against the ids counted on the host. The top-k ids and weights are
+// uniform (MakeInputs), or drawn from `routing` at `layer` when given.
+void RunTableCase(const core::PlacementTable& table, int redundant, int top_k = 2,
+                  const core::RoutingSource* routing = nullptr, int layer = 0) {
   const int ep = table.ep_size();
   MOE_EP_REQUIRE_GPUS(ep);
   const int num_experts = table.num_experts();
   const int64_t hidden = 256;
   const int64_t inter = 64;
-  const int top_k = 2;
   std::vector<core::ExpertSet> sets;
   sets.reserve(ep);
   for (int r = 0; r < ep; ++r) {
@@ -287,8 +296,15 @@ void RunTableCase(const core::PlacementTable& table, int redundant) {
   std::vector<core::EpRankInput> ref_inputs;
   std::vector<const core::ExpertSet*> set_ptrs;
   const int64_t tokens = 96;
-  for (int r = 0; r < ep; ++r)
+  for (int r = 0; r < ep; ++r) {
     inputs.push_back(MakeInputs(60 + r, tokens, hidden, top_k, num_experts, 0.05));
+    if (routing != nullptr) {
+      absl::StatusOr<core::Routing> drawn = routing->Generate(layer, 0, r, ep, tokens);
+      ASSERT_TRUE(drawn.ok()) << drawn.status();
+      inputs.back().ids = drawn->topk_ids;
+      inputs.back().weights = drawn->topk_weights;
+    }
+  }
   for (int r = 0; r < ep; ++r) {
     ref_inputs.push_back({inputs[r].hidden, inputs[r].ids, inputs[r].weights, tokens});
     set_ptrs.push_back(&sets[r]);
@@ -353,10 +369,62 @@ TEST(GpuEpDispatcherPlacement, World1WithReplicasEqualsReferenceAndCounts) {
 }
 
 // Two ranks (registered for a 2-GPU machine): expert 3 on both, twice on
-// rank 0; each rank's experts one range, as the device expert set needs.
+// rank 0; rank 1 holds {3, 4, 5, 6, 7}.
 TEST(GpuEpDispatcherPlacement, World2WithReplicasEqualsReferenceAndCounts) {
   RunTableCase(Table(8, {{0, 1, 2, 3, 3}, {4, 5, 6, 7, 3}}), 1);
 }
+
+// Two ranks whose experts are not ranges (DESIGN §17; issue 34 item 2; a
+// 2-GPU machine): rank 0 {0, 2, 5, 7}, rank 1 {1, 3, 4, 6, 7}.
+TEST(GpuEpDispatcherPlacement, World2IdsThatAreNotRangesEqualReferenceAndCounts) {
+  RunTableCase(Table(8, {{0, 2, 5, 7, 0}, {1, 3, 4, 6, 7}}), 1);
+}
+
+std::string DataDir() {
+  const char* env = std::getenv("MOE_EP_DATA_DIR");
+  return (env != nullptr && *env != '\0') ? env : MOE_EP_DATA_DIR;
+}
+
+// EPLB's real output on the DeepSeek-V3 load (issue 34 item 2): layer 10
+// of SGLang's prefill statistics, 256 experts on `ep` ranks with 32
+// redundant slots (core::RebalanceHierarchical, 8 groups, one node), top-8
+// choices drawn from the same load; Forward under the table equals the CPU
+// reference and the device counters count every choice. At world 1 the
+// rank holds all 256 experts with the 32 hottest twice; at world 2 and 4
+// (machines of that many GPUs) the ranks hold ids that are not ranges.
+void RunEplbCase(int ep) {
+  MOE_EP_REQUIRE_GPUS(ep);
+  const std::string file = DataDir() + "/traces/sglang_ep_statistics_deepseek/prefill_in4096.json";
+  if (!std::filesystem::exists(file)) GTEST_SKIP() << "DeepSeek-V3 load not found at " << file;
+  const int layer = 10;
+  auto load = core::ReadExpertLoadFile(file);
+  ASSERT_TRUE(load.ok()) << load.status();
+  auto table = core::RebalanceHierarchical((*load)[layer], {256 + 32, ep, 8, 1});
+  ASSERT_TRUE(table.ok()) << table.status();
+  int replicated = 0;
+  for (int e = 0; e < 256; ++e) replicated += table->Replicas(e).size() > 1;
+  ASSERT_GT(replicated, 0) << "EPLB must replicate the hottest experts";
+  if (ep > 1) {
+    int not_ranges = 0;
+    for (int r = 0; r < ep; ++r) {
+      const std::vector<int> held = core::DistinctSlotExperts(*table, r);
+      not_ranges += held.back() - held.front() + 1 != static_cast<int>(held.size());
+    }
+    ASSERT_GT(not_ranges, 0) << "EPLB's ranks must hold ids that are not ranges";
+  }
+  core::RoutingSourceOptions routing;
+  routing.kind = "load:" + file;
+  routing.num_experts = 256;
+  routing.top_k = 8;
+  routing.seed = 3;
+  auto source = core::RoutingSource::Create(routing);
+  ASSERT_TRUE(source.ok()) << source.status();
+  RunTableCase(*table, 32 / ep, 8, &*source, layer);
+}
+
+TEST(GpuEpDispatcherPlacement, World1EplbDeepSeekV3LoadEqualsReferenceAndCounts) { RunEplbCase(1); }
+TEST(GpuEpDispatcherPlacement, World2EplbDeepSeekV3LoadEqualsReferenceAndCounts) { RunEplbCase(2); }
+TEST(GpuEpDispatcherPlacement, World4EplbDeepSeekV3LoadEqualsReferenceAndCounts) { RunEplbCase(4); }
 
 TEST(GpuEpDispatcherPlacement, RejectsTablesTheDeviceExpertSetCannotHold) {
   MOE_EP_REQUIRE_GPUS(1);

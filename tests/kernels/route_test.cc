@@ -113,7 +113,7 @@ TEST(KernelLaunchers, RejectInvalidArguments) {
   EXPECT_EQ(LaunchCombineReduce(combine, nullptr).code(), absl::StatusCode::kInvalidArgument);
 
   ExpertEntryBuffers buffers;
-  EXPECT_EQ(LaunchGroupEntriesByExpert(nullptr, 4, 8, 2, 0, 0, buffers, nullptr).code(),
+  EXPECT_EQ(LaunchGroupEntriesByExpert(nullptr, 4, 8, 2, nullptr, 0, buffers, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(LaunchSiluMul(nullptr, nullptr, 4, 0, nullptr, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
