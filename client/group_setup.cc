@@ -16,16 +16,16 @@ absl::Status AtLeastOne(const char* flag, int64_t value) {
 
 absl::Status ValidateGroupSetup(const GroupSetupOptions& o, int world) {
   if (!(o.group_timeout_s > 0 && o.group_timeout_s <= 3600)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--group-timeout: expected seconds in (0, 3600], got ", o.group_timeout_s));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--group-timeout: expected seconds in (0, 3600], got ", o.group_timeout_s));
   }
   if (o.invalid_expert_id != "-1" && o.invalid_expert_id != "num_experts") {
     return absl::InvalidArgumentError(absl::StrCat(
         "--invalid-expert-id: expected -1 or num_experts, got '", o.invalid_expert_id, "'"));
   }
   if (o.dispatch_dtype != "bf16" && o.dispatch_dtype != "fp8_e4m3") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--dispatch-dtype: expected bf16 or fp8_e4m3, got '", o.dispatch_dtype, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dispatch-dtype: expected bf16 or fp8_e4m3, got '", o.dispatch_dtype, "'"));
   }
   if (o.hidden == 0) return absl::OkStatus();
   RETURN_IF_ERROR(AtLeastOne("--hidden", o.hidden));

@@ -96,8 +96,8 @@ TEST(EstimateRunMemory, Fp8ExpertsInTheirOwnBytes) {
   // 1 GiB / 44,050,944 = 24 experts, capped at 16.
   EXPECT_EQ(e->reference_chunk_experts, 16);
   EXPECT_EQ(e->reference_chunk_bytes, 16 * 44050944);
-  EXPECT_EQ(e->coordinator_bytes, 16 * 44050944 + 28736000 + (292960768 - 176160768) + 34406400 +
-                                      268435456);
+  EXPECT_EQ(e->coordinator_bytes,
+            16 * 44050944 + 28736000 + (292960768 - 176160768) + 34406400 + 268435456);
 }
 
 TEST(EstimateRunMemory, IdentityExpertsHoldNoWeights) {

@@ -30,9 +30,9 @@ using ::testing::Not;
   GTEST_SKIP() << "moe-ep-worker is not built"
 
 std::string WriteConfig(const std::string& name, const nlohmann::json& config) {
-  std::string path = (std::filesystem::temp_directory_path() /
-                      (name + "-" + std::to_string(getpid()) + ".json"))
-                         .string();
+  std::string path =
+      (std::filesystem::temp_directory_path() / (name + "-" + std::to_string(getpid()) + ".json"))
+          .string();
   std::ofstream(path) << config.dump();
   return path;
 }
@@ -54,20 +54,19 @@ absl::StatusOr<RunJobResult> RunSmall(const std::string& model, const std::strin
 TEST(RunJobQuantized, Fp8ExpertsPassAgainstTheFp8Reference) {
   REQUIRE_WORKER();
   // DeepSeek-V3's keys at a small size (H 256, I 256: 2 x 2 scale blocks).
-  const std::string path = WriteConfig(
-      "fp8-moe", {{"model_type", "deepseek_v3"},
-                  {"hidden_size", 256},
-                  {"num_hidden_layers", 3},
-                  {"first_k_dense_replace", 1},
-                  {"n_routed_experts", 8},
-                  {"num_experts_per_tok", 2},
-                  {"moe_intermediate_size", 256},
-                  {"intermediate_size", 512},
-                  {"quantization_config",
-                   {{"quant_method", "fp8"},
-                    {"fmt", "e4m3"},
-                    {"activation_scheme", "dynamic"},
-                    {"weight_block_size", {128, 128}}}}});
+  const std::string path = WriteConfig("fp8-moe", {{"model_type", "deepseek_v3"},
+                                                   {"hidden_size", 256},
+                                                   {"num_hidden_layers", 3},
+                                                   {"first_k_dense_replace", 1},
+                                                   {"n_routed_experts", 8},
+                                                   {"num_experts_per_tok", 2},
+                                                   {"moe_intermediate_size", 256},
+                                                   {"intermediate_size", 512},
+                                                   {"quantization_config",
+                                                    {{"quant_method", "fp8"},
+                                                     {"fmt", "e4m3"},
+                                                     {"activation_scheme", "dynamic"},
+                                                     {"weight_block_size", {128, 128}}}}});
   std::ostringstream out;
   absl::StatusOr<RunJobResult> r = RunSmall(path, "checkpoint", out);
   ASSERT_TRUE(r.ok()) << r.status() << "\n" << out.str();
@@ -92,17 +91,17 @@ TEST(RunJobQuantized, Fp8ExpertsPassAgainstTheFp8Reference) {
 
 TEST(RunJobQuantized, GptOssMxfp4ExpertsPass) {
   REQUIRE_WORKER();
-  const std::string path = WriteConfig("mxfp4-moe", {{"model_type", "gpt_oss"},
-                                                     {"hidden_size", 128},
-                                                     {"num_hidden_layers", 2},
-                                                     {"num_local_experts", 8},
-                                                     {"experts_per_token", 2},
-                                                     {"intermediate_size", 96},
-                                                     {"swiglu_limit", 7.0},
-                                                     {"quantization_config",
-                                                      {{"quant_method", "mxfp4"},
-                                                       {"modules_to_not_convert",
-                                                        {"model.layers.*.mlp.router"}}}}});
+  const std::string path = WriteConfig(
+      "mxfp4-moe",
+      {{"model_type", "gpt_oss"},
+       {"hidden_size", 128},
+       {"num_hidden_layers", 2},
+       {"num_local_experts", 8},
+       {"experts_per_token", 2},
+       {"intermediate_size", 96},
+       {"swiglu_limit", 7.0},
+       {"quantization_config",
+        {{"quant_method", "mxfp4"}, {"modules_to_not_convert", {"model.layers.*.mlp.router"}}}}});
   std::ostringstream out;
   absl::StatusOr<RunJobResult> r = RunSmall(path, "checkpoint", out);
   ASSERT_TRUE(r.ok()) << r.status() << "\n" << out.str();
@@ -116,16 +115,15 @@ TEST(RunJobQuantized, GptOssMxfp4ExpertsPass) {
 
 TEST(RunJobQuantized, Llama4ScalesTheExpertInput) {
   REQUIRE_WORKER();
-  const std::string path =
-      WriteConfig("llama4-moe", {{"model_type", "llama4"},
-                                 {"text_config",
-                                  {{"hidden_size", 128},
-                                   {"num_hidden_layers", 2},
-                                   {"num_local_experts", 8},
-                                   {"num_experts_per_tok", 1},
-                                   {"intermediate_size", 64},
-                                   {"intermediate_size_mlp", 128},
-                                   {"interleave_moe_layer_step", 1}}}});
+  const std::string path = WriteConfig("llama4-moe", {{"model_type", "llama4"},
+                                                      {"text_config",
+                                                       {{"hidden_size", 128},
+                                                        {"num_hidden_layers", 2},
+                                                        {"num_local_experts", 8},
+                                                        {"num_experts_per_tok", 1},
+                                                        {"intermediate_size", 64},
+                                                        {"intermediate_size_mlp", 128},
+                                                        {"interleave_moe_layer_step", 1}}}});
   std::ostringstream out;
   absl::StatusOr<RunJobResult> r = RunSmall(path, "swiglu", out);
   ASSERT_TRUE(r.ok()) << r.status() << "\n" << out.str();

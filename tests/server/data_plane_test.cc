@@ -636,7 +636,8 @@ TEST(CheckGpuExpertSource, RefusesWhatTheGpuPlanesDoNotComputeYet) {
   s.weight_format = core::quant::ExpertWeightFormat::kFp8Block128;
   absl::Status status = CheckGpuExpertSource(s);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(status.message(), ::testing::HasSubstr("fp8-swiglu experts are computed on the gloo"));
+  EXPECT_THAT(status.message(),
+              ::testing::HasSubstr("fp8-swiglu experts are computed on the gloo"));
   s.weight_format = core::quant::ExpertWeightFormat::kBf16;
   s.router_weight_use = core::RouterWeightUse::kScalesInput;
   status = CheckGpuExpertSource(s);
