@@ -14,6 +14,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <numeric>
 #include <set>
@@ -24,12 +25,15 @@
 #include "client/grpc_status.h"
 #include "client/local_cluster.h"
 #include "client/placement_request.h"
+#include "core/eplb.h"
+#include "core/expert_load_file.h"
 #include "core/expert_placement.h"
 #include "core/expert_source.h"
 #include "core/experts.h"
 #include "core/moe_reference.h"
 #include "core/placement_table.h"
 #include "core/routing.h"
+#include "core/routing_source.h"
 #include "core/status_macros.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
@@ -231,17 +235,18 @@ namespace {
 // Rank masks and placement tables on the one-sided plane (DESIGN §15;
 // issue 17 item 5): 4 worker processes on CUDA device 0 (CUDA IPC windows),
 // 10 experts on 4 ranks x 5 slots (2 redundant a rank), each rank's experts
-// one range of ids as the one-sided plane needs: rank 0 [0, 5), rank 1
-// [5, 10), rank 2 [2, 7), rank 3 [4, 9). Experts 0 and 1 live only on rank
-// 0, expert 9 only on rank 1; every other expert has two or three replicas.
-// Steps run with that table and are checked against the CPU reference with
-// the same table (core::ReferenceEpForward: the outputs within the bf16
-// tolerance of the GPU's SwiGLU, the token copies sent per rank exactly:
-// they follow the replica each choice went to); then `victim` is killed
-// with SIGKILL during a step, the survivors mask it, and every later step
-// equals the reference under the same mask, the lost experts reported by
-// id. The time from the kill to the first correct masked step is printed
-// (bench/results/masks-onesided/README.md); nothing asserts a time.
+// one range of ids: rank 0 [0, 5), rank 1 [5, 10), rank 2 [2, 7), rank 3
+// [4, 9) (tables whose ranks hold other sets: EplbTables... below). Experts
+// 0 and 1 live only on rank 0, expert 9 only on rank 1; every other expert
+// has two or three replicas. Steps run with that table and are checked
+// against the CPU reference with the same table (core::ReferenceEpForward:
+// the outputs within the bf16 tolerance of the GPU's SwiGLU, the token
+// copies sent per rank exactly: they follow the replica each choice went
+// to); then `victim` is killed with SIGKILL during a step, the survivors
+// mask it, and every later step equals the reference under the same mask,
+// the lost experts reported by id. The time from the kill to the first
+// correct masked step is printed (bench/results/masks-onesided/README.md);
+// nothing asserts a time.
 constexpr int kOsWorld = 4;
 constexpr int64_t kOsCapacity = 32;
 constexpr uint64_t kOsSeed = 11;
@@ -471,6 +476,147 @@ TEST_F(GpuOneSidedRejoin, RestartedRankRejoinsAndStepsEqualTheFullReference) {
             << absl::ToDoubleMilliseconds(to_mask) << " ms after the kill (" << attempts
             << " step attempts); restart -> first correct unmasked step "
             << absl::ToDoubleMilliseconds(to_first_step) << " ms" << std::endl;
+}
+
+}  // namespace
+}  // namespace moe_ep::testing
+
+namespace moe_ep::testing {
+namespace {
+
+// EPLB's real output on 4 one-sided worker processes sharing GPU 0 (DESIGN
+// §17; issue 34 item 2): SGLang's DeepSeek-V3 prefill load of file layers 10
+// and 40, 256 experts on 4 ranks x 72 slots (8 redundant a rank,
+// core::RebalanceHierarchical with 8 groups on one node), installed on this
+// model's layers 0 (seeded SwiGLU) and 1 (identity); the ranks hold ids that
+// are not ranges (asserted). Three steps of top-8 choices drawn from the
+// same load (uneven tokens, one rank with none in a step) equal the CPU
+// reference under the same tables (core::ReferenceEpForward: outputs within
+// the bf16 tolerance, token copies sent per rank exactly). This was
+// FAILED_PRECONDITION at InstallPlacement while the one-sided route map
+// needed ranges of ids.
+constexpr int kEplbWorld = 4;
+constexpr uint64_t kEplbSeed = 13;
+
+std::string TraceFile() {
+  const char* env = std::getenv("MOE_EP_DATA_DIR");
+  const std::string data = (env != nullptr && *env != '\0') ? env : MOE_EP_DATA_DIR;
+  return data + "/traces/sglang_ep_statistics_deepseek/prefill_in4096.json";
+}
+
+TEST(GpuOneSidedWorkers, EplbTablesOfTheDeepSeekV3LoadEqualTheReference) {
+  MOE_EP_REQUIRE_GPU();
+  const std::string file = TraceFile();
+  if (!std::filesystem::exists(file)) GTEST_SKIP() << "DeepSeek-V3 load not found at " << file;
+  absl::StatusOr<std::vector<std::vector<double>>> load = core::ReadExpertLoadFile(file);
+  ASSERT_TRUE(load.ok()) << load.status();
+  SmallModel model;
+  model.num_experts = 256;
+  model.top_k = 8;
+  const int file_layers[2] = {10, 40};
+  std::vector<core::PlacementTable> tables;
+  int not_ranges = 0;
+  for (int file_layer : file_layers) {
+    absl::StatusOr<core::PlacementTable> t =
+        core::RebalanceHierarchical((*load)[file_layer], {256 + 32, kEplbWorld, 8, 1});
+    ASSERT_TRUE(t.ok()) << t.status();
+    for (int r = 0; r < kEplbWorld; ++r) {
+      const std::vector<int> held = core::DistinctSlotExperts(*t, r);
+      not_ranges += held.back() - held.front() + 1 != static_cast<int>(held.size());
+    }
+    tables.push_back(std::move(*t));
+  }
+  ASSERT_GT(not_ranges, 0) << "EPLB's ranks must hold ids that are not ranges";
+  // The CPU experts of each rank under each layer's table.
+  std::vector<std::vector<core::ExpertSet>> sets(2);
+  for (int r = 0; r < kEplbWorld; ++r) {
+    for (int layer = 0; layer < 2; ++layer) {
+      const core::ExpertSource source =
+          layer == 0 ? core::ExpertSource::Seeded(kEplbSeed, 0, model.num_experts, 0, 0,
+                                                  model.hidden, model.intermediate)
+                     : core::ExpertSource::Identity(1, model.num_experts, 0, 0, model.hidden);
+      absl::StatusOr<core::ExpertSet> set =
+          core::MakeHostExperts(source.WithExperts(core::DistinctSlotExperts(tables[layer], r)));
+      ASSERT_TRUE(set.ok()) << set.status();
+      sets[layer].push_back(std::move(*set));
+    }
+  }
+  core::RoutingSourceOptions routing;
+  routing.kind = "load:" + file;
+  routing.num_experts = model.num_experts;
+  routing.top_k = model.top_k;
+  routing.seed = kEplbSeed;
+  absl::StatusOr<core::RoutingSource> source = core::RoutingSource::Create(routing);
+  ASSERT_TRUE(source.ok()) << source.status();
+
+  absl::StatusOr<SharedGpuGroup> group = StartOnDeviceZero(kEplbWorld, "one-sided");
+  ASSERT_TRUE(group.ok()) << group.status();
+  client::Coordinator& c = *group->coordinator;
+  absl::StatusOr<std::vector<v1::JoinResponse>> joined = c.FormGroup();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  for (const v1::JoinResponse& r : *joined) ASSERT_EQ(r.data_plane(), "one-sided");
+  ASSERT_TRUE(c.ConfigureLayers(MakeConfigureRequest(kEplbWorld, model)).ok());
+  v1::AllocateWorkspaceRequest allocate = MakeAllocateRequest(model, 64);
+  allocate.set_redundant_slots_per_rank(8);
+  absl::StatusOr<std::vector<v1::AllocateWorkspaceResponse>> allocated =
+      c.AllocateWorkspace(allocate);
+  ASSERT_TRUE(allocated.ok()) << allocated.status();
+  for (int layer = 0; layer < 2; ++layer) {
+    absl::StatusOr<std::vector<v1::InstallPlacementResponse>> installed =
+        c.InstallPlacement(client::MakeInstallPlacementRequest(layer, tables[layer]));
+    ASSERT_TRUE(installed.ok()) << "layer " << layer << ": " << installed.status();
+    v1::LoadExpertsRequest experts;
+    experts.set_layer(layer);
+    experts.set_kind(layer == 0 ? v1::EXPERT_KIND_SWIGLU : v1::EXPERT_KIND_IDENTITY);
+    experts.set_seed(kEplbSeed);
+    experts.set_intermediate_size(model.intermediate);
+    absl::StatusOr<std::vector<v1::LoadExpertsResponse>> loaded = c.LoadExperts(experts);
+    ASSERT_TRUE(loaded.ok()) << "layer " << layer << ": " << loaded.status();
+  }
+
+  const std::vector<std::vector<int64_t>> steps = {{24, 17, 40, 9}, {31, 0, 12, 64}, {5, 5, 5, 5}};
+  for (size_t step = 0; step < steps.size(); ++step) {
+    const int64_t epoch = static_cast<int64_t>(step) + 1;
+    absl::StatusOr<client::TokenCountSync> sync = c.SyncTokenCounts(epoch, steps[step]);
+    ASSERT_TRUE(sync.ok()) << sync.status();
+    ASSERT_TRUE(c.CommitGeometry(epoch, sync->runtime_max_tokens_per_rank, steps[step]).ok());
+    for (int layer = 0; layer < 2; ++layer) {
+      std::vector<RankInputs> inputs;
+      std::vector<v1::ForwardRequest> requests;
+      for (int r = 0; r < kEplbWorld; ++r) {
+        RankInputs in = MakeInputs(500 * step + 10 * layer + r, steps[step][r], model);
+        absl::StatusOr<core::Routing> drawn = source->Generate(
+            file_layers[layer], static_cast<int64_t>(step), r, kEplbWorld, in.num_tokens);
+        ASSERT_TRUE(drawn.ok()) << drawn.status();
+        in.ids = drawn->topk_ids;
+        in.weights = drawn->topk_weights;
+        requests.push_back(MakeForwardRequest(layer, epoch, in, model));
+        inputs.push_back(std::move(in));
+      }
+      std::vector<core::EpRankInput> ref_inputs;
+      std::vector<const core::ExpertSet*> set_ptrs;
+      for (int r = 0; r < kEplbWorld; ++r) {
+        ref_inputs.push_back(
+            {inputs[r].hidden, inputs[r].ids, inputs[r].weights, inputs[r].num_tokens});
+        set_ptrs.push_back(&sets[layer][r]);
+      }
+      absl::StatusOr<core::EpReferenceResult> ref =
+          core::ReferenceEpForward(tables[layer], set_ptrs, ref_inputs, model.top_k);
+      ASSERT_TRUE(ref.ok()) << ref.status();
+      absl::StatusOr<std::vector<v1::ForwardResponse>> out = c.Forward(requests);
+      ASSERT_TRUE(out.ok()) << "step " << step << " layer " << layer << ": " << out.status();
+      for (int r = 0; r < kEplbWorld; ++r) {
+        const std::string what = "step " + std::to_string(step) + " layer " +
+                                 std::to_string(layer) + " rank " + std::to_string(r);
+        std::vector<float> want(ref->output[r].size());
+        for (size_t i = 0; i < want.size(); ++i) want[i] = core::Bf16ToFloat(ref->output[r][i]);
+        ExpectClose(DecodeBf16((*out)[r].output()), want, model.hidden, what);
+        EXPECT_EQ((*out)[r].tokens_sent(), static_cast<int64_t>(ref->routes[r].dest_rank.size()))
+            << what;
+        EXPECT_TRUE((*out)[r].lost_experts().empty()) << what;
+      }
+    }
+  }
 }
 
 }  // namespace
