@@ -95,7 +95,10 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "%s failed\n", up.c_str());
     return 1;
   }
-  if (!Ok(moe_ep_worker_wait_ready(worker, 120000), "moe_ep_worker_wait_ready")) return 1;
+  if (!Ok(moe_ep_worker_wait_ready_for_steps(worker, MOE_EP_STEPS_WORKER_EXPERTS, 120000),
+          "moe_ep_worker_wait_ready_for_steps")) {
+    return 1;
+  }
   const double form_s = (NowUs() - form0) / 1e6;
 
   const Inputs in = MakeInputs(o);

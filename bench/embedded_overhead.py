@@ -81,7 +81,7 @@ def main():
         subprocess.run([args.moe_ep, "up", "--targets", worker.address, "--backend", "gloo",
                         "--hidden", str(hidden), "--num-experts", str(experts), "--top-k", str(top_k),
                         "--capacity", "16"], check=True, stdout=subprocess.DEVNULL)
-        worker.wait_ready(timeout_s=30)
+        worker.wait_ready(timeout_s=30, experts="own")  # no experts loaded: dispatch/combine only
         info = worker.info()
         worker.commit_geometry(1, tokens, tokens)
         rng = np.random.default_rng(1)

@@ -81,6 +81,9 @@ absl::Status CpuDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) 
   mask_.live = std::move(agreed.live);
   mask_.round = agreed_round;
   mask_.host = agreed.host;
+  // Every member adopts the agreement in the same call: the engine calls
+  // are numbered afresh on the new group (a returning rank has counted none).
+  engine_round_.Reset();
   return absl::OkStatus();
 }
 

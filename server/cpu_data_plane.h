@@ -18,6 +18,7 @@
 #include "core/gloo_collective.h"
 #include "server/call_gate.h"
 #include "server/data_plane.h"
+#include "server/engine_call_round.h"
 #include "server/rank_mask.h"
 
 namespace moe_ep::server {
@@ -68,6 +69,17 @@ class CpuDataPlane final : public DataPlane {
                                           absl::Span<const float> topk_weights, int64_t num_tokens,
                                           absl::Span<core::bf16_t> output) override;
   // Host pointers; `stream` must be null (server/cpu_engine_calls.cc).
+  // Each opens with the engine call round (server/engine_call_round.h):
+  // the call's own checks go into it, so a rank that refuses its call
+  // (kInvalidArgument, kFailedPrecondition: "a dispatch is in flight: call
+  // combine first", "combine needs a dispatch first", no committed
+  // geometry, a layer without experts) returns that error and its peers
+  // kAborted naming it, with nothing moved on any rank; so do ranks in
+  // different calls. EngineSyncTokenCounts here takes host pointers:
+  // *local_tokens -> counts[E] (may be null), the agreement of
+  // moe_ep_sync_token_counts on this plane in that one round.
+  absl::Status EngineSyncTokenCounts(const int64_t* local_tokens, int64_t* counts,
+                                     void* stream) override;
   absl::StatusOr<core::StepStats> EngineDispatch(const void* hidden, const int32_t* topk_ids,
                                                  const float* topk_weights, int64_t num_tokens,
                                                  const EngineRecvBuffers& out,
@@ -103,6 +115,7 @@ class CpuDataPlane final : public DataPlane {
   int64_t hidden_ = 0;                        // H of the allocated workspace
   core::EpDispatcherOptions options_;         // of the allocated workspace
   int64_t engine_tokens_ = 0;                 // T of the last EngineDispatch
+  EngineCallRound engine_round_;              // opens every Engine* call
   // The call now running (SetCall; the call gates of Forward and Benchmark
   // read it).
   CallBound call_;

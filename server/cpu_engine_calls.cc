@@ -5,6 +5,13 @@
 // later step cannot overwrite what the caller still reads); combine packs the
 // caller's expert outputs as the combine payload (EpDispatcher::
 // SetExpertOutputs) and runs Combine.
+//
+// Every call opens with the engine call round (server/engine_call_round.h,
+// issue 30): all of a call's own checks (arguments, call order, geometry,
+// loaded experts) run first and their verdict goes into the round, so the
+// ranks either all move the call's payload or all return with nothing moved
+// and the same Gloo operation count; no rank can fail between the round and
+// the payload.
 
 #include <algorithm>
 #include <cstring>
@@ -17,14 +24,42 @@
 namespace moe_ep::server {
 namespace {
 
-absl::Status RequireHostCall(const core::EpDispatcher* dispatcher, const char* call, void* stream) {
+// The call-independent checks: a workspace (never missing once the worker
+// is ready for steps) and a null stream.
+absl::Status CheckHostCall(const char* call, void* stream) {
+  if (stream != nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(call, ": stream must be null on the CPU data plane (host memory over Gloo)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RequireWorkspace(const core::EpDispatcher* dispatcher, const char* call) {
   if (dispatcher == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat(call, ": no workspace; AllocateWorkspace first"));
   }
-  if (stream != nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(call, ": stream must be null on the CPU data plane (host memory over Gloo)"));
+  return absl::OkStatus();
+}
+
+// The call order (DESIGN §7: idle -> dispatched -> idle) and a committed
+// geometry that holds `num_tokens` (< 0: not a step's tokens).
+absl::Status CheckStepStart(const core::EpDispatcher& d, const char* call, int rank,
+                            int64_t num_tokens) {
+  if (d.step_in_flight()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(call, ": a dispatch is in flight on rank ", rank,
+                     ": call combine first (one step at a time: dispatch, then combine)"));
+  }
+  if (d.epoch() < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(call, ": no committed geometry on rank ", rank,
+                     "; call moe_ep_sync_token_counts and moe_ep_commit_geometry first"));
+  }
+  if (num_tokens < 0 || num_tokens > d.runtime_max_tokens_per_rank()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        call, ": num_tokens: expected in [0, R = ", d.runtime_max_tokens_per_rank(),
+        "] (the committed runtime_max_tokens_per_rank) on rank ", rank, ", got ", num_tokens));
   }
   return absl::OkStatus();
 }
@@ -47,28 +82,64 @@ absl::Status CheckRecvBuffers(const EngineRecvBuffers& out, int64_t runtime_max)
   return absl::OkStatus();
 }
 
+absl::Status CheckInputs(const char* call, int64_t num_tokens, const void* hidden,
+                         const int32_t* topk_ids, const float* topk_weights) {
+  if (num_tokens > 0 && (hidden == nullptr || topk_ids == nullptr || topk_weights == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        call, ": hidden, topk_ids, topk_weights: must not be null when num_tokens > 0"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status CpuDataPlane::EngineSyncTokenCounts(const int64_t* local_tokens, int64_t* counts,
+                                                 void* stream) {
+  const char* call = EngineCallName(EngineCall::kSyncTokenCounts);
+  absl::Status local = CheckHostCall(call, stream);
+  if (local.ok() && local_tokens == nullptr) {
+    local = absl::InvalidArgumentError(absl::StrCat(call, ": local_tokens must not be null"));
+  }
+  if (local.ok() && *local_tokens < 0) {
+    local = absl::InvalidArgumentError(absl::StrCat(call, ": local_tokens: expected >= 0, got ",
+                                                    *local_tokens, " (rank ", collective_->rank(),
+                                                    ")"));
+  }
+  EngineCallTicket ticket;
+  ticket.call = EngineCall::kSyncTokenCounts;
+  ticket.value = local.ok() ? *local_tokens : 0;
+  std::vector<int64_t> values;
+  RETURN_IF_ERROR(engine_round_.Open(*collective_, ticket, local, &values));
+  if (counts != nullptr) std::copy(values.begin(), values.end(), counts);
+  return absl::OkStatus();
+}
 
 absl::StatusOr<core::StepStats> CpuDataPlane::EngineDispatch(
     const void* hidden, const int32_t* topk_ids, const float* topk_weights, int64_t num_tokens,
     const EngineRecvBuffers& out, void* stream) {
-  RETURN_IF_ERROR(RequireHostCall(dispatcher_.get(), "dispatch", stream));
+  const EngineCall kind = out.end_step ? EngineCall::kDispatchOnly : EngineCall::kDispatch;
+  const char* call = EngineCallName(kind);
+  RETURN_IF_ERROR(RequireWorkspace(dispatcher_.get(), call));
   const int64_t h = options_.workspace.hidden;
   const int k = options_.workspace.top_k;
-  const int64_t t = std::max<int64_t>(num_tokens, 0);
-  absl::Status local = CheckRecvBuffers(out, dispatcher_->runtime_max_tokens_per_rank());
-  if (local.ok() && t > 0 &&
-      (hidden == nullptr || topk_ids == nullptr || topk_weights == nullptr)) {
-    local = absl::InvalidArgumentError(
-        "hidden, topk_ids, topk_weights: must not be null when num_tokens > 0");
-  }
-  const bool inputs = local.ok() && t > 0;
+  const int me = collective_->rank();
+  absl::Status local = CheckHostCall(call, stream);
+  if (local.ok()) local = CheckStepStart(*dispatcher_, call, me, num_tokens);
+  if (local.ok()) local = CheckRecvBuffers(out, dispatcher_->runtime_max_tokens_per_rank());
+  if (local.ok()) local = CheckInputs(call, num_tokens, hidden, topk_ids, topk_weights);
   // Engine-run experts are the contiguous placement's (EngineRecvBuffers).
-  RETURN_IF_ERROR(dispatcher_->SetPlacement(book_.contiguous()));
+  if (local.ok()) local = dispatcher_->SetPlacement(book_.contiguous());
+  EngineCallTicket ticket;
+  ticket.call = kind;
+  ticket.epoch = dispatcher_->epoch();
+  ticket.runtime_max_tokens_per_rank = dispatcher_->runtime_max_tokens_per_rank();
+  RETURN_IF_ERROR(engine_round_.Open(*collective_, ticket, local, nullptr));
+  // Every rank is in this dispatch: the expert ids are checked in the
+  // dispatcher's own agreement round (core::ValidateExpertIds).
+  const int64_t t = num_tokens;
   RETURN_IF_ERROR(dispatcher_->Dispatch(
-      absl::MakeConstSpan(static_cast<const core::bf16_t*>(hidden), inputs ? t * h : 0),
-      absl::MakeConstSpan(topk_ids, inputs ? t * k : 0),
-      absl::MakeConstSpan(topk_weights, inputs ? t * k : 0), local.ok() ? num_tokens : 0, local));
+      absl::MakeConstSpan(static_cast<const core::bf16_t*>(hidden), t * h),
+      absl::MakeConstSpan(topk_ids, t * k), absl::MakeConstSpan(topk_weights, t * k), t));
   engine_tokens_ = num_tokens;
   // No layer to count for (DataPlane::ReadExpertLoad).
   dispatcher_->ReadExpertLoad(/*reset=*/true);
@@ -77,7 +148,6 @@ absl::StatusOr<core::StepStats> CpuDataPlane::EngineDispatch(
   const int64_t r = dispatcher_->runtime_max_tokens_per_rank();
   ASSIGN_OR_RETURN(core::ExpertPlacement placement,
                    core::ExpertPlacement::Contiguous(options_.num_experts, e));
-  const int me = collective_->rank();
   const int first = placement.FirstExpert(me);
   const int local_experts = placement.NumLocalExperts(me);
   std::fill_n(out.expert_counts, local_experts, 0);
@@ -99,19 +169,39 @@ absl::StatusOr<core::StepStats> CpuDataPlane::EngineDispatch(
       if (id >= first && id < first + local_experts) ++out.expert_counts[id - first];
     }
   }
+  // An exchange: every rank ends this step here (the ticket's call said so).
+  if (out.end_step) RETURN_IF_ERROR(dispatcher_->ReleaseStep());
   return dispatcher_->last_step();
 }
 
 absl::StatusOr<core::StepStats> CpuDataPlane::EngineCombine(const void* expert_out, int64_t rows,
                                                             void* output, void* stream) {
-  RETURN_IF_ERROR(RequireHostCall(dispatcher_.get(), "combine", stream));
+  const char* call = EngineCallName(EngineCall::kCombine);
+  RETURN_IF_ERROR(RequireWorkspace(dispatcher_.get(), call));
   const int64_t h = options_.workspace.hidden;
-  if ((expert_out == nullptr && rows > 0) || (output == nullptr && engine_tokens_ > 0)) {
-    return absl::InvalidArgumentError(
-        "combine: expert_out must not be null when rows > 0, output not when the step has "
-        "tokens");
-  }
   const int64_t e = options_.workspace.ep_size;
+  const int64_t r = dispatcher_->runtime_max_tokens_per_rank();
+  absl::Status local = CheckHostCall(call, stream);
+  if (local.ok() && !dispatcher_->step_in_flight()) {
+    local = absl::FailedPreconditionError(
+        absl::StrCat(call, ": combine needs a dispatch first: no dispatched step on rank ",
+                     collective_->rank(), " (call moe_ep_dispatch, then combine its step once)"));
+  }
+  if (local.ok() && rows < r) {
+    local = absl::InvalidArgumentError(absl::StrCat(call, ": expert_out: rows per source ", rows,
+                                                    " is below the dispatched step's R = ", r,
+                                                    "; the step stays dispatched: call again"));
+  }
+  if (local.ok() &&
+      ((expert_out == nullptr && rows > 0) || (output == nullptr && engine_tokens_ > 0))) {
+    local = absl::InvalidArgumentError(absl::StrCat(
+        call, ": expert_out must not be null when rows > 0, output not when the step has tokens"));
+  }
+  EngineCallTicket ticket;
+  ticket.call = EngineCall::kCombine;
+  ticket.epoch = dispatcher_->epoch();
+  ticket.runtime_max_tokens_per_rank = r;
+  RETURN_IF_ERROR(engine_round_.Open(*collective_, ticket, local, nullptr));
   RETURN_IF_ERROR(dispatcher_->SetExpertOutputs(
       absl::MakeConstSpan(static_cast<const core::bf16_t*>(expert_out),
                           rows > 0 ? e * rows * h : 0),
@@ -126,14 +216,31 @@ absl::StatusOr<core::StepStats> CpuDataPlane::EngineForward(int layer, const voi
                                                             const float* topk_weights,
                                                             int64_t num_tokens, void* output,
                                                             void* stream) {
-  RETURN_IF_ERROR(RequireHostCall(dispatcher_.get(), "forward", stream));
+  const char* call = EngineCallName(EngineCall::kForward);
+  RETURN_IF_ERROR(RequireWorkspace(dispatcher_.get(), call));
   const int64_t h = options_.workspace.hidden;
   const int k = options_.workspace.top_k;
-  // A null buffer becomes an empty span: the dispatcher rejects its size in
-  // the agreement round, so the peers abort instead of waiting for this rank.
-  const bool given =
-      hidden != nullptr && topk_ids != nullptr && topk_weights != nullptr && output != nullptr;
-  const int64_t t = given ? std::max<int64_t>(num_tokens, 0) : 0;
+  const int me = collective_->rank();
+  absl::Status local = CheckHostCall(call, stream);
+  if (local.ok()) local = CheckStepStart(*dispatcher_, call, me, num_tokens);
+  if (local.ok()) local = CheckInputs(call, num_tokens, hidden, topk_ids, topk_weights);
+  if (local.ok() && num_tokens > 0 && output == nullptr) {
+    local = absl::InvalidArgumentError(
+        absl::StrCat(call, ": output must not be null when num_tokens > 0"));
+  }
+  if (local.ok() && !experts_.contains(layer)) {
+    local = absl::FailedPreconditionError(
+        absl::StrCat(call, ": layer ", layer, " has no loaded experts on rank ", me,
+                     "; LoadExperts it first (moe_ep_worker_wait_ready_for_steps with "
+                     "MOE_EP_STEPS_WORKER_EXPERTS waits for every layer of the plan)"));
+  }
+  EngineCallTicket ticket;
+  ticket.call = EngineCall::kForward;
+  ticket.epoch = dispatcher_->epoch();
+  ticket.runtime_max_tokens_per_rank = dispatcher_->runtime_max_tokens_per_rank();
+  ticket.layer = layer;
+  RETURN_IF_ERROR(engine_round_.Open(*collective_, ticket, local, nullptr));
+  const int64_t t = num_tokens;
   return Forward(layer, absl::MakeConstSpan(static_cast<const core::bf16_t*>(hidden), t * h),
                  absl::MakeConstSpan(topk_ids, t * k), absl::MakeConstSpan(topk_weights, t * k),
                  num_tokens, absl::MakeSpan(static_cast<core::bf16_t*>(output), t * h));

@@ -128,6 +128,9 @@ struct EngineRecvBuffers {
   float* topk_weights = nullptr;     // [E, rows, K]
   int64_t* source_counts = nullptr;  // [E]: valid rows from each source
   int64_t* expert_counts = nullptr;  // [L]: (row, choice) pairs routed to each local expert
+  // The step ends with this dispatch (server/moe_ep.h moe_ep_dispatch_only):
+  // no combine follows. The CPU plane only.
+  bool end_step = false;
 };
 
 class DataPlane {
@@ -338,8 +341,8 @@ class DataPlane {
                                                         void* stream);
   // The token-count agreement of an engine's step on the GPU plane:
   // `local_tokens` device int64 -> `counts` device [E] int64 (an all-gather
-  // enqueued on `stream`, capturable). The default (the CPU plane, whose
-  // agreement is the host SyncTokenCounts) returns kUnimplemented.
+  // enqueued on `stream`, capturable). The default returns kUnimplemented;
+  // the CPU plane overrides it with host pointers (server/cpu_data_plane.h).
   virtual absl::Status EngineSyncTokenCounts(const int64_t* local_tokens, int64_t* counts,
                                              void* stream);
   // The sync point of the engine calls: waits for the data plane's work and

@@ -6,6 +6,7 @@
 
 #include "server/moe_ep.h"
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -18,6 +19,7 @@
 #include "absl/time/time.h"
 #include "core/command_line.h"
 #include "core/expert_placement.h"
+#include "core/geometry.h"
 #include "core/status_macros.h"
 #include "server/worker_flags.h"
 #include "server/worker_process.h"
@@ -73,16 +75,54 @@ absl::Status FromGrpc(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
-// Runs `fn` on the worker's data plane under its collective slot.
+// Runs `fn` on the worker's data plane under its collective slot; a data
+// call (`needs_steps`) only once the worker is ready for steps
+// (moe_ep_worker_wait_ready_for_steps).
 template <typename Fn>
-absl::Status OnDataPlane(moe_ep_worker* worker, const char* call, int64_t timeout_ms, Fn&& fn) {
+absl::Status OnDataPlane(moe_ep_worker* worker, const char* call, int64_t timeout_ms,
+                         bool needs_steps, Fn&& fn) {
   RETURN_IF_ERROR(RequireWorker(worker, call));
   ASSIGN_OR_RETURN(absl::Time deadline, SlotDeadline(timeout_ms, call));
-  return worker->process->worker().RunOnDataPlane(call, deadline, fn);
+  return worker->process->worker().RunOnDataPlane(call, deadline, needs_steps, fn);
+}
+
+// The readiness check of a data call that runs an RPC handler in process
+// (its own slot): the worker is ready for steps now.
+absl::Status RequireReadyForSteps(moe_ep_worker* worker, const char* call) {
+  return OnDataPlane(
+      worker, call, 0, true,
+      [](DataPlane&, const moe_ep::core::EpDispatcherOptions&) { return absl::OkStatus(); });
 }
 
 absl::Status StatsStatus(const absl::StatusOr<moe_ep::core::StepStats>& stats) {
   return stats.status();
+}
+
+absl::Status Dispatch(const char* call, bool end_step, moe_ep_worker* worker,
+                      const uint16_t* hidden, const int32_t* topk_ids, const float* topk_weights,
+                      int64_t num_tokens, uint16_t* recv_hidden, int32_t* recv_topk_ids,
+                      float* recv_topk_weights, int64_t recv_rows, int64_t* source_counts,
+                      int64_t* expert_counts, void* stream, int64_t timeout_ms) {
+  return OnDataPlane(
+      worker, call, timeout_ms, true,
+      [&](DataPlane& plane, const moe_ep::core::EpDispatcherOptions&) -> absl::Status {
+        if (end_step && plane.backend() != "gloo") {
+          return absl::UnimplementedError(absl::StrCat(
+              call, ": the ", plane.data_plane(),
+              " plane runs dispatch + combine steps only; moe_ep_dispatch_only is the gloo "
+              "plane's"));
+        }
+        moe_ep::server::EngineRecvBuffers out;
+        out.rows = recv_rows;
+        out.hidden = reinterpret_cast<moe_ep::core::bf16_t*>(recv_hidden);
+        out.topk_ids = recv_topk_ids;
+        out.topk_weights = recv_topk_weights;
+        out.source_counts = source_counts;
+        out.expert_counts = expert_counts;
+        out.end_step = end_step;
+        return StatsStatus(
+            plane.EngineDispatch(hidden, topk_ids, topk_weights, num_tokens, out, stream));
+      });
 }
 
 }  // namespace
@@ -185,6 +225,23 @@ moe_ep_status moe_ep_worker_wait_ready(moe_ep_worker* worker, int64_t timeout_ms
   });
 }
 
+moe_ep_status moe_ep_worker_wait_ready_for_steps(moe_ep_worker* worker, int32_t experts,
+                                                 int64_t timeout_ms) {
+  return Guard("moe_ep_worker_wait_ready_for_steps", [&]() -> absl::Status {
+    RETURN_IF_ERROR(RequireWorker(worker, "moe_ep_worker_wait_ready_for_steps"));
+    if (experts != MOE_EP_STEPS_OWN_EXPERTS && experts != MOE_EP_STEPS_WORKER_EXPERTS) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "moe_ep_worker_wait_ready_for_steps: experts: expected MOE_EP_STEPS_OWN_EXPERTS (0) or "
+          "MOE_EP_STEPS_WORKER_EXPERTS (1), got ",
+          experts));
+    }
+    ASSIGN_OR_RETURN(absl::Time deadline,
+                     SlotDeadline(timeout_ms, "moe_ep_worker_wait_ready_for_steps"));
+    return worker->process->worker().WaitReadyForSteps(experts == MOE_EP_STEPS_WORKER_EXPERTS,
+                                                       deadline);
+  });
+}
+
 moe_ep_status moe_ep_worker_info_get(moe_ep_worker* worker, moe_ep_worker_info* info) {
   return Guard("moe_ep_worker_info_get", [&]() -> absl::Status {
     if (info == nullptr || info->struct_size < sizeof(uint64_t)) {
@@ -194,7 +251,7 @@ moe_ep_status moe_ep_worker_info_get(moe_ep_worker* worker, moe_ep_worker_info* 
     moe_ep_worker_info full = {};
     full.struct_size = info->struct_size;
     RETURN_IF_ERROR(OnDataPlane(
-        worker, "moe_ep_worker_info_get", 0,
+        worker, "moe_ep_worker_info_get", 0, false,
         [&](DataPlane& plane, const moe_ep::core::EpDispatcherOptions& options) -> absl::Status {
           const moe_ep::core::WorkspaceSpec& spec = options.workspace;
           const int rank = plane.collective().rank();
@@ -230,8 +287,30 @@ moe_ep_status moe_ep_sync_token_counts(moe_ep_worker* worker, int64_t local_toke
                                        int64_t* runtime_max_tokens_per_rank) {
   return Guard("moe_ep_sync_token_counts", [&]() -> absl::Status {
     RETURN_IF_ERROR(RequireWorker(worker, "moe_ep_sync_token_counts"));
-    // The service's own handler, called in process (no transport): the same
-    // checks, state and error counting as the RPC.
+    bool gloo = false;
+    std::vector<int64_t> all;
+    int64_t runtime_max = 0;
+    // The CPU plane: one engine call round carries the counts (server/
+    // engine_call_round.h), in step with the other data calls.
+    RETURN_IF_ERROR(OnDataPlane(
+        worker, "moe_ep_sync_token_counts", 0, true,
+        [&](DataPlane& plane, const moe_ep::core::EpDispatcherOptions& options) -> absl::Status {
+          if (plane.backend() != "gloo") return absl::OkStatus();
+          gloo = true;
+          all.assign(options.workspace.ep_size, 0);
+          RETURN_IF_ERROR(plane.EngineSyncTokenCounts(&local_tokens, all.data(), nullptr));
+          ASSIGN_OR_RETURN(runtime_max,
+                           moe_ep::core::ChooseRuntimeMaxTokens(all, options.cuda_graph_buckets,
+                                                                options.workspace.capacity_tokens));
+          return absl::OkStatus();
+        }));
+    if (gloo) {
+      if (counts != nullptr) std::copy(all.begin(), all.end(), counts);
+      if (runtime_max_tokens_per_rank != nullptr) *runtime_max_tokens_per_rank = runtime_max;
+      return absl::OkStatus();
+    }
+    // The GPU planes: the service's own handler, called in process (no
+    // transport): the same checks, state and error counting as the RPC.
     moe_ep::v1::SyncTokenCountsRequest request;
     request.set_local_tokens(local_tokens);
     moe_ep::v1::SyncTokenCountsResponse response;
@@ -250,17 +329,23 @@ moe_ep_status moe_ep_sync_token_counts(moe_ep_worker* worker, int64_t local_toke
 moe_ep_status moe_ep_sync_token_counts_async(moe_ep_worker* worker, const int64_t* local_tokens,
                                              int64_t* counts, void* stream, int64_t timeout_ms) {
   return Guard("moe_ep_sync_token_counts_async", [&]() -> absl::Status {
-    return OnDataPlane(worker, "moe_ep_sync_token_counts_async", timeout_ms,
-                       [&](DataPlane& plane, const moe_ep::core::EpDispatcherOptions&) {
-                         return plane.EngineSyncTokenCounts(local_tokens, counts, stream);
-                       });
+    return OnDataPlane(
+        worker, "moe_ep_sync_token_counts_async", timeout_ms, true,
+        [&](DataPlane& plane, const moe_ep::core::EpDispatcherOptions&) -> absl::Status {
+          if (plane.backend() == "gloo") {
+            return absl::UnimplementedError(
+                "sync_token_counts on device memory: the gloo data plane agrees host counts; use "
+                "moe_ep_sync_token_counts");
+          }
+          return plane.EngineSyncTokenCounts(local_tokens, counts, stream);
+        });
   });
 }
 
 moe_ep_status moe_ep_commit_geometry(moe_ep_worker* worker, int64_t epoch,
                                      int64_t runtime_max_tokens_per_rank, int64_t local_tokens) {
   return Guard("moe_ep_commit_geometry", [&]() -> absl::Status {
-    RETURN_IF_ERROR(RequireWorker(worker, "moe_ep_commit_geometry"));
+    RETURN_IF_ERROR(RequireReadyForSteps(worker, "moe_ep_commit_geometry"));
     moe_ep::v1::CommitGeometryRequest request;
     request.set_epoch(epoch);
     request.set_runtime_max_tokens_per_rank(runtime_max_tokens_per_rank);
@@ -276,18 +361,22 @@ moe_ep_status moe_ep_dispatch(moe_ep_worker* worker, const uint16_t* hidden,
                               float* recv_topk_weights, int64_t recv_rows, int64_t* source_counts,
                               int64_t* expert_counts, void* stream, int64_t timeout_ms) {
   return Guard("moe_ep_dispatch", [&]() -> absl::Status {
-    return OnDataPlane(worker, "moe_ep_dispatch", timeout_ms,
-                       [&](DataPlane& plane, const moe_ep::core::EpDispatcherOptions&) {
-                         moe_ep::server::EngineRecvBuffers out;
-                         out.rows = recv_rows;
-                         out.hidden = reinterpret_cast<moe_ep::core::bf16_t*>(recv_hidden);
-                         out.topk_ids = recv_topk_ids;
-                         out.topk_weights = recv_topk_weights;
-                         out.source_counts = source_counts;
-                         out.expert_counts = expert_counts;
-                         return StatsStatus(plane.EngineDispatch(hidden, topk_ids, topk_weights,
-                                                                 num_tokens, out, stream));
-                       });
+    return Dispatch("moe_ep_dispatch", false, worker, hidden, topk_ids, topk_weights, num_tokens,
+                    recv_hidden, recv_topk_ids, recv_topk_weights, recv_rows, source_counts,
+                    expert_counts, stream, timeout_ms);
+  });
+}
+
+moe_ep_status moe_ep_dispatch_only(moe_ep_worker* worker, const uint16_t* hidden,
+                                   const int32_t* topk_ids, const float* topk_weights,
+                                   int64_t num_tokens, uint16_t* recv_hidden,
+                                   int32_t* recv_topk_ids, float* recv_topk_weights,
+                                   int64_t recv_rows, int64_t* source_counts,
+                                   int64_t* expert_counts, void* stream, int64_t timeout_ms) {
+  return Guard("moe_ep_dispatch_only", [&]() -> absl::Status {
+    return Dispatch("moe_ep_dispatch_only", true, worker, hidden, topk_ids, topk_weights,
+                    num_tokens, recv_hidden, recv_topk_ids, recv_topk_weights, recv_rows,
+                    source_counts, expert_counts, stream, timeout_ms);
   });
 }
 
@@ -295,7 +384,7 @@ moe_ep_status moe_ep_combine(moe_ep_worker* worker, const uint16_t* expert_out, 
                              uint16_t* output, void* stream, int64_t timeout_ms) {
   return Guard("moe_ep_combine", [&]() -> absl::Status {
     return OnDataPlane(
-        worker, "moe_ep_combine", timeout_ms,
+        worker, "moe_ep_combine", timeout_ms, true,
         [&](DataPlane& plane, const moe_ep::core::EpDispatcherOptions&) {
           return StatsStatus(plane.EngineCombine(expert_out, recv_rows, output, stream));
         });
@@ -306,7 +395,7 @@ moe_ep_status moe_ep_forward(moe_ep_worker* worker, int32_t layer, const uint16_
                              const int32_t* topk_ids, const float* topk_weights, int64_t num_tokens,
                              uint16_t* output, void* stream, int64_t timeout_ms) {
   return Guard("moe_ep_forward", [&]() -> absl::Status {
-    return OnDataPlane(worker, "moe_ep_forward", timeout_ms,
+    return OnDataPlane(worker, "moe_ep_forward", timeout_ms, true,
                        [&](DataPlane& plane, const moe_ep::core::EpDispatcherOptions&) {
                          return StatsStatus(plane.EngineForward(
                              layer, hidden, topk_ids, topk_weights, num_tokens, output, stream));
@@ -316,7 +405,7 @@ moe_ep_status moe_ep_forward(moe_ep_worker* worker, int32_t layer, const uint16_
 
 moe_ep_status moe_ep_check_step(moe_ep_worker* worker, int64_t timeout_ms) {
   return Guard("moe_ep_check_step", [&]() -> absl::Status {
-    return OnDataPlane(worker, "moe_ep_check_step", timeout_ms,
+    return OnDataPlane(worker, "moe_ep_check_step", timeout_ms, true,
                        [&](DataPlane& plane, const moe_ep::core::EpDispatcherOptions&) {
                          return plane.EngineCheckStep();
                        });
@@ -326,7 +415,7 @@ moe_ep_status moe_ep_check_step(moe_ep_worker* worker, int64_t timeout_ms) {
 moe_ep_status moe_ep_graph_token(moe_ep_worker* worker, uint64_t* token) {
   return Guard("moe_ep_graph_token", [&]() -> absl::Status {
     if (token == nullptr) return absl::InvalidArgumentError("moe_ep_graph_token: token is NULL");
-    return OnDataPlane(worker, "moe_ep_graph_token", 0,
+    return OnDataPlane(worker, "moe_ep_graph_token", 0, false,
                        [&](DataPlane& plane, const moe_ep::core::EpDispatcherOptions&) {
                          *token = plane.workspace_token();
                          return absl::OkStatus();

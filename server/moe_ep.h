@@ -25,6 +25,35 @@
  * Every data call is a collective: all ranks of the group make the same
  * calls in the same order (a rank with T = 0 still calls).
  *
+ * Readiness (issue 30): data calls run only once
+ * moe_ep_worker_wait_ready_for_steps has returned MOE_EP_OK on every rank
+ * of the group in force (formed, configured, allocated, and, for engines
+ * that step the worker's experts, every sparse layer of the plan loaded on
+ * every rank, agreed across ranks); before that, and again after the group
+ * re-formed or the workspace was re-allocated, they return
+ * MOE_EP_FAILED_PRECONDITION at once naming what is missing.
+ *
+ * Call order and agreement (CPU backend): each data call opens with one
+ * fixed-size all-gather in which every rank says which call it makes and
+ * whether its own arguments and state are fine (server/engine_call_round.h).
+ * A rank whose call fails its checks returns that error, its peers
+ * MOE_EP_ABORTED naming it, and ranks in different calls (dispatch on one,
+ * combine on another) are MOE_EP_ABORTED everywhere: nothing moves, the
+ * group stays usable, and the next calls pair as before. The order of one
+ * step is dispatch -> combine (or one forward): a second dispatch is
+ * MOE_EP_FAILED_PRECONDITION "a dispatch is in flight: call combine first",
+ * a combine without one "combine needs a dispatch first".
+ *
+ * Exceptions: no C++ exception (Gloo's, NCCL's, CUDA's or ours) leaves a
+ * call: each becomes a status (MOE_EP_INTERNAL for anything unexpected);
+ * every Gloo operation of the library runs inside a handler
+ * (core/gloo_collective.cc). Gloo's own TCP device thread cannot be guarded
+ * by any caller (an operation whose peer sends a larger message than it
+ * posted throws gloo::EnforceNotMet there and the process aborts), so the
+ * library never lets the ranks post different operations: the opening
+ * round above, and the arrival round of every collective RPC before its
+ * vote (issue 29), keep the ranks' Gloo operations paired.
+ *
  * Stable C ABI (C11): opaque handles, fixed-width integer arguments, structs
  * that begin with their own size (fields are only ever appended). Symbols:
  * moe_ep_* only. MOE_EP_ABI_VERSION changes only when an existing call or
@@ -77,7 +106,8 @@
  *
  * Thread safety: every call is thread-safe. Data calls and the worker's
  * collective RPCs are serialized by the worker's collective slot; a data call
- * waits for it at most `timeout_ms` (MOE_EP_DEADLINE_EXCEEDED). A group
+ * waits for it at most `timeout_ms` (MOE_EP_DEADLINE_EXCEEDED; nothing ran,
+ * call it again: the peers wait for it in the opening round). A group
  * error (a peer gone, a collective timeout) marks the group broken: later
  * data calls return MOE_EP_FAILED_PRECONDITION until the orchestrator
  * re-forms the group (Join with a new generation).
@@ -98,7 +128,7 @@ extern "C" {
 #define MOE_EP_EXPORT
 #endif
 
-#define MOE_EP_ABI_VERSION 1
+#define MOE_EP_ABI_VERSION 2
 
 /* Status codes: absl::StatusCode / grpc::StatusCode values. */
 typedef int32_t moe_ep_status;
@@ -199,14 +229,41 @@ MOE_EP_EXPORT moe_ep_status moe_ep_worker_address(const moe_ep_worker* worker,
                                                   const char** address);
 
 /* Blocks until the orchestrator has formed the group and allocated the
- * workspace (the worker is ready: GetStatus state ALLOCATED, not broken), at
- * most timeout_ms (>= 0). An orchestrator may still send collective RPCs
- * after that (LoadExperts): data calls interleaved with them break the
- * group, so an engine starts its steps only once the orchestrator says it
- * is done (e.g. `moe-ep up --targets` has returned). Errors:
- * MOE_EP_DEADLINE_EXCEEDED (not ready in time; the message gives the
- * state), MOE_EP_INVALID_ARGUMENT. */
+ * workspace on this rank (GetStatus state ALLOCATED, not broken), at most
+ * timeout_ms (>= 0): the control plane's readiness, what a health probe
+ * reports. Not the readiness for steps: the orchestrator may still be
+ * loading experts on this rank or a peer; data calls need
+ * moe_ep_worker_wait_ready_for_steps. Errors: MOE_EP_DEADLINE_EXCEEDED (not
+ * ready in time; the message gives the state), MOE_EP_INVALID_ARGUMENT. */
 MOE_EP_EXPORT moe_ep_status moe_ep_worker_wait_ready(moe_ep_worker* worker, int64_t timeout_ms);
+
+/* What the engine steps (moe_ep_worker_wait_ready_for_steps). */
+#define MOE_EP_STEPS_OWN_EXPERTS 0    /* dispatch + combine: the engine's own experts */
+#define MOE_EP_STEPS_WORKER_EXPERTS 1 /* forward too: the experts LoadExperts put here */
+
+/* The readiness contract of the data calls (issue 30 item 1). Blocks until
+ * (1) this rank is joined, configured, allocated, not broken, not under a
+ * rank mask, and, with MOE_EP_STEPS_WORKER_EXPERTS, holds experts for every
+ * sparse layer of the configured plan (LoadExperts done, none running), and
+ * (2) every rank of the group is so with the same generation, workspace
+ * and (with MOE_EP_STEPS_WORKER_EXPERTS) the same layers and expert specs:
+ * the ranks agree in one arrival round on the group's store (no data-plane
+ * collective: a peer that is still being set up breaks nothing, the wait
+ * just goes on). Then it returns MOE_EP_OK on every rank, and the data
+ * calls run until the group re-forms or the workspace is re-allocated
+ * (then wait again). Collective in the sense that every rank's engine
+ * calls it; ranks that call it at different times wait for each other.
+ * A LoadExperts of a layer after the wait does not end readiness; while it
+ * runs it holds that rank's calls (and its peers' collectives wait for
+ * them, at most the group's timeout): reload between steps, not during.
+ * timeout_ms >= 0, 0 = no limit. Errors: MOE_EP_INVALID_ARGUMENT
+ * (`experts` not one of the two values, timeout_ms < 0, NULL worker),
+ * MOE_EP_DEADLINE_EXCEEDED (the message says what this rank lacks, e.g.
+ * "sparse layers [2,3] of the plan have no experts loaded on rank 1", or
+ * which ranks did not agree), MOE_EP_UNAVAILABLE (shutting down).
+ * Thread-safe; holds the worker only for short checks. */
+MOE_EP_EXPORT moe_ep_status moe_ep_worker_wait_ready_for_steps(moe_ep_worker* worker,
+                                                               int32_t experts, int64_t timeout_ms);
 
 /* Fills `info` (struct_size set by the caller) from the allocated group.
  * Errors: MOE_EP_FAILED_PRECONDITION (not joined, or no workspace yet),
@@ -225,9 +282,12 @@ MOE_EP_EXPORT moe_ep_status moe_ep_worker_info_get(moe_ep_worker* worker, moe_ep
 /* All-gathers local_tokens (>= 0) of every rank. Writes counts[world_size]
  * (may be NULL) and *runtime_max_tokens_per_rank (may be NULL): the smallest
  * CUDA-graph bucket >= max(counts), or max(counts) without buckets (DESIGN
- * §6). Collective. Errors: MOE_EP_INVALID_ARGUMENT (local_tokens < 0),
+ * §6). Collective (on gloo: the opening round of the data calls, nothing
+ * else). Errors: MOE_EP_INVALID_ARGUMENT (local_tokens < 0),
  * MOE_EP_RESOURCE_EXHAUSTED (max(counts) > capacity_tokens),
- * MOE_EP_FAILED_PRECONDITION (no workspace / group broken), group errors.
+ * MOE_EP_FAILED_PRECONDITION (no workspace / group broken / not ready for
+ * steps), MOE_EP_ABORTED (a peer refused, or is in another call), group
+ * errors.
  * Host values on both backends: blocking, not capturable (on nccl use
  * moe_ep_sync_token_counts_async inside a graph). */
 MOE_EP_EXPORT moe_ep_status moe_ep_sync_token_counts(moe_ep_worker* worker, int64_t local_tokens,
@@ -250,13 +310,18 @@ MOE_EP_EXPORT moe_ep_status moe_ep_sync_token_counts_async(moe_ep_worker* worker
  * pair (dispatch and forward check it across ranks: MOE_EP_ABORTED). Not a
  * collective. Errors: MOE_EP_INVALID_ARGUMENT (R < local_tokens, negative
  * values), MOE_EP_RESOURCE_EXHAUSTED (R > capacity_tokens),
- * MOE_EP_FAILED_PRECONDITION (a dispatched step is in flight). */
+ * MOE_EP_FAILED_PRECONDITION (a dispatched step is in flight; not ready for
+ * steps). */
 MOE_EP_EXPORT moe_ep_status moe_ep_commit_geometry(moe_ep_worker* worker, int64_t epoch,
                                                    int64_t runtime_max_tokens_per_rank,
                                                    int64_t local_tokens);
 
 /* Dispatch of a step whose experts the caller runs. In: hidden [T,H] bf16,
- * topk_ids [T,K] int32 (global expert ids; invalid_expert_id selects none),
+ * topk_ids [T,K] int32 (global expert ids in [0, num_experts); the
+ * configured invalid_expert_id, -1 or num_experts, is padding and selects
+ * none; any other id is the caller's routing bug: MOE_EP_INVALID_ARGUMENT
+ * "topk_ids[row t, choice k] = id: outside [0, E) ..." here, MOE_EP_ABORTED
+ * on the peers, nothing moved; the GPU planes do not check it yet),
  * topk_weights [T,K] fp32, T <= R (inputs may be NULL when T = 0). Out, for
  * recv_rows >= R rows per source (the three row buffers may be NULL when
  * recv_rows = 0): recv_hidden [E,recv_rows,H] bf16,
@@ -271,9 +336,10 @@ MOE_EP_EXPORT moe_ep_status moe_ep_commit_geometry(moe_ep_worker* worker, int64_
  * memory, and a slot of source s holds a token when one of its ids is a
  * local expert (the counts are computed on the device). Errors: MOE_EP_INVALID_ARGUMENT (sizes,
  * NULL buffers, recv_rows < R, T > R, an expert id out of range, stream not
- * NULL on the CPU backend), MOE_EP_FAILED_PRECONDITION (no committed
- * geometry; a step already dispatched: combine first), MOE_EP_ABORTED,
- * group errors. */
+ * NULL on the CPU backend), MOE_EP_FAILED_PRECONDITION (not ready for
+ * steps; no committed geometry; "a dispatch is in flight: call combine
+ * first"), MOE_EP_ABORTED (a peer refused its dispatch or is in another
+ * call), group errors. */
 MOE_EP_EXPORT moe_ep_status moe_ep_dispatch(moe_ep_worker* worker, const uint16_t* hidden,
                                             const int32_t* topk_ids, const float* topk_weights,
                                             int64_t num_tokens, uint16_t* recv_hidden,
@@ -282,15 +348,32 @@ MOE_EP_EXPORT moe_ep_status moe_ep_dispatch(moe_ep_worker* worker, const uint16_
                                             int64_t* expert_counts, void* stream,
                                             int64_t timeout_ms);
 
+/* An exchange: moe_ep_dispatch (same arguments, same results, same
+ * errors) whose step ends with it: no combine follows, and the next data
+ * call may be another dispatch. For layers that move rows both ways with
+ * dispatches (python/moe_ep_client/deep_ep.py returns expert outputs to
+ * their sources this way, each (token, choice) row unweighted so the
+ * source sums w * expert(x) in fp32 with one rounding). Every rank makes
+ * the same kind of call (a peer in moe_ep_dispatch: MOE_EP_ABORTED on
+ * every rank). CPU backend only: MOE_EP_UNIMPLEMENTED on the GPU planes. */
+MOE_EP_EXPORT moe_ep_status moe_ep_dispatch_only(moe_ep_worker* worker, const uint16_t* hidden,
+                                                 const int32_t* topk_ids, const float* topk_weights,
+                                                 int64_t num_tokens, uint16_t* recv_hidden,
+                                                 int32_t* recv_topk_ids, float* recv_topk_weights,
+                                                 int64_t recv_rows, int64_t* source_counts,
+                                                 int64_t* expert_counts, void* stream,
+                                                 int64_t timeout_ms);
+
 /* Combine of the dispatched step: expert_out [E,recv_rows,H] bf16 (slot j <
  * source_counts[s] of row s = that token's sum over its choices k among
  * this rank's experts of topk_weights[k] * expert(hidden); other slots are
  * not read; NULL when recv_rows = 0) -> output [T,H] bf16 (T of the
  * dispatch; NULL allowed when T = 0), the
  * sum over ranks, accumulated in fp32 (DESIGN §7). Collective. Errors:
- * MOE_EP_FAILED_PRECONDITION (no dispatched step), MOE_EP_INVALID_ARGUMENT
- * (recv_rows < R, NULL; the step stays dispatched: call again), group
- * errors. */
+ * MOE_EP_FAILED_PRECONDITION ("combine needs a dispatch first"; not ready
+ * for steps), MOE_EP_INVALID_ARGUMENT (recv_rows < R, NULL; the step stays
+ * dispatched on every rank: call again), MOE_EP_ABORTED (a peer refused its
+ * combine or is in another call), group errors. */
 MOE_EP_EXPORT moe_ep_status moe_ep_combine(moe_ep_worker* worker, const uint16_t* expert_out,
                                            int64_t recv_rows, uint16_t* output, void* stream,
                                            int64_t timeout_ms);
@@ -308,7 +391,9 @@ MOE_EP_EXPORT moe_ep_status moe_ep_combine(moe_ep_worker* worker, const uint16_t
  * collective each, with no work of the library's between them to stop, so
  * they have no gate.
  * Errors: MOE_EP_FAILED_PRECONDITION (no experts for `layer`, no committed
- * geometry), MOE_EP_INVALID_ARGUMENT, MOE_EP_ABORTED, MOE_EP_DEADLINE_EXCEEDED
+ * geometry, a dispatch in flight, not ready for steps),
+ * MOE_EP_INVALID_ARGUMENT (as moe_ep_dispatch, ids included),
+ * MOE_EP_ABORTED, MOE_EP_DEADLINE_EXCEEDED
  * (the agreed stop above), group errors. */
 MOE_EP_EXPORT moe_ep_status moe_ep_forward(moe_ep_worker* worker, int32_t layer,
                                            const uint16_t* hidden, const int32_t* topk_ids,

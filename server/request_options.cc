@@ -1,13 +1,16 @@
 #include "server/request_options.h"
 
 #include <cmath>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/ep_contract.h"
 #include "core/expert_placement.h"
 #include "core/expert_source.h"
+#include "core/routing.h"
 #include "core/status_macros.h"
 #include "core/workspace.h"
 #include "server/backend_selection.h"
@@ -464,6 +467,12 @@ absl::StatusOr<ForwardInputs> ForwardFromRequest(const RequestLimits& limits,
                                                    allocation.workspace.top_k,
                                                    " (the allocated top_k), got ", ids.shape(1)));
   }
+  // DESIGN §7 on every plane: only the configured invalid id is padding
+  // (issue 30). A copy, as the message's bytes need not be 4-byte aligned.
+  std::vector<int32_t> id_values(in.tensors.topk_ids.size() / sizeof(int32_t));
+  std::memcpy(id_values.data(), in.tensors.topk_ids.data(), id_values.size() * sizeof(int32_t));
+  RETURN_IF_ERROR(core::ValidateExpertIds(id_values, allocation.workspace.top_k,
+                                          allocation.num_experts, allocation.invalid_expert_id));
   return in;
 }
 

@@ -230,7 +230,9 @@ struct ForwardInputs {
 //
 // layer, epoch >= 0; the three tensors checked (dtype: hidden bf16 or fp32,
 // ids int32, weights fp32; shape; byte length), with T rows each, H = the
-// allocated hidden size, K = the allocated top_k. Copies no tensor: the
+// allocated hidden size, K = the allocated top_k, every id in
+// [0, num_experts) or the allocated invalid id (core::ValidateExpertIds:
+// kInvalidArgument naming the row and the id). Copies no tensor: the
 // result views `request`'s bytes and is valid while it lives.
 absl::StatusOr<ForwardInputs> ForwardFromRequest(const RequestLimits& limits,
                                                  const v1::ForwardRequest& request,

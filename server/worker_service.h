@@ -144,11 +144,28 @@ class WorkerService final : public v1::Worker::Service {
   // DESIGN §14; server/worker_service_engine.cc): takes the collective slot
   // (waiting until `deadline`: kDeadlineExceeded), requires an allocated
   // group that is not broken (the RPCs' kFailedPrecondition / kUnavailable),
-  // and runs `fn` on the data plane with the allocated options. A group
-  // error from `fn` marks the group broken, as an RPC's does.
+  // with `needs_steps` also readiness for steps (WaitReadyForSteps in this
+  // group and workspace; kFailedPrecondition naming what is missing), and
+  // runs `fn` on the data plane with the allocated options. A group error
+  // from `fn` marks the group broken, as an RPC's does.
   absl::Status RunOnDataPlane(
-      const char* call, absl::Time deadline,
+      const char* call, absl::Time deadline, bool needs_steps,
       absl::FunctionRef<absl::Status(DataPlane&, const core::EpDispatcherOptions&)> fn);
+
+  // The readiness contract of the engine calls (server/moe_ep.h
+  // moe_ep_worker_wait_ready_for_steps; issue 30 item 1): waits until this
+  // rank is joined, configured, allocated, not broken, not under a rank
+  // mask and, with `worker_experts`, holds experts for every sparse layer
+  // of the plan; then until every rank of the group is so with the same
+  // (generation, workspace, mask round, loaded layers) fingerprint, agreed
+  // in one arrival round on the group's store (server/call_arrival.h; no
+  // data-plane collective, so a peer still loading breaks nothing). From
+  // then on data calls run (RunOnDataPlane with needs_steps) until the
+  // group re-forms or the workspace is re-allocated. `deadline`
+  // absl::InfiniteFuture() = no limit. Errors: kDeadlineExceeded naming
+  // what this rank lacks or which ranks did not agree, kUnavailable
+  // (shutting down). Thread-safe; holds the slot only for short checks.
+  absl::Status WaitReadyForSteps(bool worker_experts, absl::Time deadline);
 
   grpc::Status GetStatus(grpc::ServerContext* context, const v1::GetStatusRequest* request,
                          v1::GetStatusResponse* response) override;
@@ -253,6 +270,23 @@ class WorkerService final : public v1::Worker::Service {
   // What the members of a re-admitted group vote on before it serves: the
   // allocation, the model, every MoE layer's table and the loaded layers.
   std::vector<core::BallotField> MemberStateFields() const;
+  // What WaitReadyForSteps agreed on (server/worker_service_engine.cc).
+  // Owned by the slot holder.
+  struct StepReadiness {
+    bool ready = false;
+    int64_t generation = 0;
+    uint64_t allocation = 0;  // Allocation::fingerprint
+    int mask_round = 0;
+    int64_t rounds = 0;  // readiness rounds completed in `generation`
+  };
+  // This rank's side of WaitReadyForSteps, under the slot: OK with the
+  // round's fingerprint text in *fingerprint, or kFailedPrecondition saying
+  // what is missing.
+  absl::Status LocalStepReadiness(bool worker_experts, std::string* fingerprint);
+  // kFailedPrecondition naming `call` and what is missing unless the data
+  // calls may run (StepReadiness matches the group in force). Needs the slot.
+  absl::Status RequireReadyForSteps(const char* call) const;
+
   // Why a call that needs every rank cannot run under the rank mask in
   // force: kFailedPrecondition naming the masked ranks and the round (OK
   // when no rank is masked). ForwardLayers, Benchmark and the engine calls
@@ -388,6 +422,7 @@ class WorkerService final : public v1::Worker::Service {
   int64_t expert_bytes_ = 0;  // all layers' experts held by the data plane
   // layer -> fingerprint of what its LoadExperts asked for (Forward's vote).
   std::map<int, int64_t> expert_specs_;
+  StepReadiness step_ready_;  // WaitReadyForSteps (issue 30)
   // ForwardLayers' stack (server/layer_stack_runner.h); built on the data
   // plane's collective, so declared after data_plane_ and reset before it.
   LayerStackRunner layer_stack_;

@@ -7,7 +7,10 @@ that name the argument before any call, and NumPy / torch buffers:
     from moe_ep_client.engine import Worker, Dispatcher
     worker = Worker(["--listen=127.0.0.1:0", "--backend=gloo"])  # serves gRPC
     print(worker.address)                 # give this to the orchestrator
-    worker.wait_ready(timeout_s=60)       # `moe-ep up --targets ...` configures it
+    # `moe-ep up --targets ...` configures it; the wait returns once every
+    # rank is set up (experts="own": the engine runs its own experts;
+    # "worker": every sparse layer's experts are loaded on every rank).
+    worker.wait_ready(timeout_s=60, experts="own")
     dispatcher = Dispatcher(worker)
     out = dispatcher.dispatch(hidden_states, topk_ids, topk_weights)
     # out.hidden_states [E, R, H], out.topk_ids / out.topk_weights [E, R, K],
@@ -69,7 +72,8 @@ _CODE_NAMES = {
     100: "RECAPTURE",
 }
 _RECAPTURE = 100
-_ABI_VERSION = 1
+_ABI_VERSION = 2
+_STEP_EXPERTS = {"own": 0, "worker": 1}  # MOE_EP_STEPS_OWN_EXPERTS, MOE_EP_STEPS_WORKER_EXPERTS
 _BACKENDS = {1: "gloo", 2: "nccl"}
 
 
@@ -136,10 +140,12 @@ _SIGNATURES = {
     "moe_ep_worker_stop": (_I32, [_P, _I64]),
     "moe_ep_worker_address": (_I32, [_P, ctypes.POINTER(ctypes.c_char_p)]),
     "moe_ep_worker_wait_ready": (_I32, [_P, _I64]),
+    "moe_ep_worker_wait_ready_for_steps": (_I32, [_P, _I32, _I64]),
     "moe_ep_worker_info_get": (_I32, [_P, ctypes.POINTER(_WorkerInfoStruct)]),
     "moe_ep_sync_token_counts": (_I32, [_P, _I64, _P, _P]),
     "moe_ep_commit_geometry": (_I32, [_P, _I64, _I64, _I64]),
     "moe_ep_dispatch": (_I32, [_P, _P, _P, _P, _I64, _P, _P, _P, _I64, _P, _P, _P, _I64]),
+    "moe_ep_dispatch_only": (_I32, [_P, _P, _P, _P, _I64, _P, _P, _P, _I64, _P, _P, _P, _I64]),
     "moe_ep_combine": (_I32, [_P, _P, _I64, _P, _P, _I64]),
     "moe_ep_forward": (_I32, [_P, _I32, _P, _P, _P, _I64, _P, _P, _I64]),
     "moe_ep_sync_token_counts_async": (_I32, [_P, _P, _P, _P, _I64]),
@@ -434,8 +440,30 @@ class Worker:
         self._live()
         _check(self._lib, "moe_ep_noop", self._lib.moe_ep_noop())
 
-    def wait_ready(self, timeout_s: float = 60.0) -> None:
-        """Blocks until the orchestrator has formed the group and allocated the workspace."""
+    def wait_ready(self, timeout_s: float = 60.0, experts: str = "worker") -> None:
+        """The readiness contract of the data calls (moe_ep_worker_wait_ready_for_steps,
+        issue 30): blocks until the orchestrator has formed, configured and
+        allocated the group on every rank and, with experts="worker" (the
+        default: the engine calls forward), loaded every sparse layer of the
+        plan on every rank; experts="own" (the engine runs its own experts:
+        dispatch / combine only) does not wait for experts. Every rank calls
+        it; it returns on all of them together, and data calls before it
+        raise EngineError FAILED_PRECONDITION. Call it again after the group
+        re-formed or the workspace was re-allocated. timeout_s > 0; on
+        timeout EngineError DEADLINE_EXCEEDED says what this rank lacks or
+        which ranks did not agree."""
+        if experts not in _STEP_EXPERTS:
+            raise ValueError(f"experts: expected 'worker' or 'own', got {experts!r}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s: expected > 0 seconds, got {timeout_s!r}")
+        _check(self._lib, "moe_ep_worker_wait_ready_for_steps",
+               self._lib.moe_ep_worker_wait_ready_for_steps(
+                   self._live(), _STEP_EXPERTS[experts], max(1, int(timeout_s * 1000))))
+        self._info = None
+
+    def wait_configured(self, timeout_s: float = 60.0) -> None:
+        """Blocks until this rank's control plane is set up (moe_ep_worker_wait_ready:
+        joined, allocated, not broken). Not the readiness for data calls: wait_ready."""
         _check(self._lib, "moe_ep_worker_wait_ready",
                self._lib.moe_ep_worker_wait_ready(self._live(), int(timeout_s * 1000)))
         self._info = None
@@ -521,12 +549,14 @@ class Worker:
 
     def dispatch(self, hidden_states: Any, topk_ids: Any, topk_weights: Any,
                  recv_rows: Optional[int] = None, timeout_s: float = 0.0,
-                 out: Optional[DispatchOutput] = None) -> DispatchOutput:
+                 out: Optional[DispatchOutput] = None, end_step: bool = False) -> DispatchOutput:
         """Dispatch of a committed step (collective): see DispatchOutput.
         recv_rows (>= R; default: the committed R) sizes the outputs' R axis.
         out: a DispatchOutput of an earlier dispatch with the same recv_rows
         and kind of tensor, written again instead of allocating (its arrays
-        then hold this step's rows)."""
+        then hold this step's rows). end_step: an exchange
+        (moe_ep_dispatch_only, gloo): the step ends here, no combine follows;
+        every rank passes the same value."""
         info = self.info()
         h, ids, w = self._inputs(hidden_states, topk_ids, topk_weights)
         if recv_rows is None:
@@ -548,11 +578,12 @@ class Worker:
             raise ValueError(
                 f"out: expected a DispatchOutput of a dispatch with recv_rows {rows} and "
                 f"{'torch tensors' if h.torch else 'NumPy arrays'}")
-        status = self._lib.moe_ep_dispatch(
+        call = self._lib.moe_ep_dispatch_only if end_step else self._lib.moe_ep_dispatch
+        status = call(
             self._live(), h.ptr, ids.ptr, w.ptr, h.shape[0], pointers[2], pointers[3], pointers[4],
             rows, pointers[6], pointers[5], _stream(h) if h.cuda else None, int(timeout_s * 1000))
         if status:
-            _check(self._lib, "moe_ep_dispatch", status)
+            _check(self._lib, "moe_ep_dispatch_only" if end_step else "moe_ep_dispatch", status)
         self._step_tokens = h.shape[0]
         self._step_recv_rows = rows
         return out

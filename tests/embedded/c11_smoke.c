@@ -44,6 +44,14 @@ int main(int argc, char** argv) {
   expect(moe_ep_worker_wait_ready(worker, 50) == MOE_EP_DEADLINE_EXCEEDED,
          "not ready before the orchestrator configures it");
   expect(strstr(moe_ep_last_error(), "WORKER_STATE_STARTED") != NULL, "message gives the state");
+  expect(moe_ep_worker_wait_ready_for_steps(worker, MOE_EP_STEPS_WORKER_EXPERTS, 50) ==
+             MOE_EP_DEADLINE_EXCEEDED,
+         "not ready for steps before the orchestrator configures it");
+  expect(strstr(moe_ep_last_error(), "not ready for steps") != NULL &&
+             strstr(moe_ep_last_error(), "STARTED") != NULL,
+         "the readiness message gives the state");
+  expect(moe_ep_worker_wait_ready_for_steps(worker, 2, 50) == MOE_EP_INVALID_ARGUMENT,
+         "an unknown experts value is refused");
   int64_t r = -1;
   expect(moe_ep_sync_token_counts(worker, 4, NULL, &r) == MOE_EP_FAILED_PRECONDITION && r == -1,
          "sync before Join: FAILED_PRECONDITION, nothing written");

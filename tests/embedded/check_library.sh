@@ -21,6 +21,7 @@ if [ -n "$others" ]; then
   echo "FAIL exported symbols other than moe_ep_*:"; printf '%s\n' "$others" | head -20; status=1
 fi
 for want in moe_ep_version moe_ep_worker_start moe_ep_dispatch moe_ep_combine moe_ep_forward \
+            moe_ep_worker_wait_ready_for_steps moe_ep_dispatch_only \
             moe_ep_sync_token_counts_async moe_ep_check_step moe_ep_graph_token moe_ep_check_graph \
             moe_ep_worker_main; do
   printf '%s\n' "$symbols" | grep -qx "$want" || { echo "FAIL $want is not exported"; status=1; }

@@ -194,7 +194,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "FATAL: %s failed\n", up.c_str());
     return 1;
   }
-  if (!Ok(moe_ep_worker_wait_ready(worker, 60000), "moe_ep_worker_wait_ready")) return 1;
+  if (!Ok(moe_ep_worker_wait_ready_for_steps(worker, MOE_EP_STEPS_WORKER_EXPERTS, 60000),
+          "moe_ep_worker_wait_ready_for_steps")) {
+    return 1;
+  }
   moe_ep_worker_info info;
   info.struct_size = sizeof(info);
   Ok(moe_ep_worker_info_get(worker, &info), "moe_ep_worker_info_get");

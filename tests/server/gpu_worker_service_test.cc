@@ -102,7 +102,12 @@ Inputs MakeInputs(uint64_t seed, int64_t tokens, const Model& m) {
       if (!dup) chosen.push_back(e);
     }
     for (int32_t id : chosen) {
-      if (coin(rng) < 0.1) id = coin(rng) < 0.5 ? -1 : m.num_experts + 3;
+      // Padding is the configured invalid id -1 only (DESIGN §7); the second
+      // draw keeps the stream of the earlier -1 / num_experts + 3 choice.
+      if (coin(rng) < 0.1) {
+        (void)coin(rng);
+        id = -1;
+      }
       in.ids.push_back(id);
       in.weights.push_back(weight(rng));
     }
@@ -528,9 +533,10 @@ TEST_P(GpuAndGlooStepCounters, EqualAHostCount) {
     std::vector<Inputs> inputs;
     for (int r = 0; r < c.world; ++r) {
       Inputs in = MakeInputs(77 + 10 * step + r, steps[step][r], m);
-      // Every fifth token has no valid id at all and goes nowhere.
+      // Every fifth token is padding (the configured invalid id -1 only:
+      // any other id outside [0, E) is refused, DESIGN §7) and goes nowhere.
       for (size_t i = 0; i < in.ids.size(); ++i) {
-        if ((i / m.top_k) % 5 == 0) in.ids[i] = i % 2 == 0 ? -1 : m.num_experts;
+        if ((i / m.top_k) % 5 == 0) in.ids[i] = -1;
       }
       inputs.push_back(std::move(in));
     }

@@ -96,7 +96,7 @@ TEST(MaskedCalls, CallsThatNeedEveryRankNameTheMaskedRank) {
   // The engine's entry: refused before anything runs.
   bool ran = false;
   const absl::Status engine =
-      rank0->service().RunOnDataPlane("moe_ep_dispatch", absl::Now() + absl::Seconds(10),
+      rank0->service().RunOnDataPlane("moe_ep_dispatch", absl::Now() + absl::Seconds(10), true,
                                       [&](DataPlane&, const core::EpDispatcherOptions&) {
                                         ran = true;
                                         return absl::OkStatus();

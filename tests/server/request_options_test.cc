@@ -214,6 +214,7 @@ TEST(RequestOptions, ForwardChecksShapesAgainstTheAllocation) {
   core::EpDispatcherOptions allocation;
   allocation.workspace.hidden = 4;
   allocation.workspace.top_k = 2;
+  allocation.num_experts = 4;
   v1::ForwardRequest r;
   r.set_layer(1);
   r.set_epoch(7);
@@ -231,6 +232,17 @@ TEST(RequestOptions, ForwardChecksShapesAgainstTheAllocation) {
   EXPECT_THAT(ForwardFromRequest(RequestLimits(), r, allocation).status().message(),
               HasSubstr("topk_ids.shape[1]: expected 3 (the allocated top_k), got 2"));
   allocation.workspace.top_k = 2;
+  // DESIGN §7: an id outside [0, 4) other than the invalid id -1 (issue 30).
+  *r.mutable_topk_ids() =
+      EncodeInt32(std::vector<int32_t>{0, 1, -1, 3, 2, 4}, std::vector<int64_t>{3, 2});
+  EXPECT_THAT(ForwardFromRequest(RequestLimits(), r, allocation).status().message(),
+              HasSubstr("topk_ids[row 2, choice 1] = 4: outside [0, 4) and not the invalid "
+                        "expert id -1"));
+  allocation.invalid_expert_id = 4;  // the num_experts convention: 4 pads, -1 does not
+  EXPECT_THAT(ForwardFromRequest(RequestLimits(), r, allocation).status().message(),
+              HasSubstr("topk_ids[row 1, choice 0] = -1"));
+  allocation.invalid_expert_id = -1;
+  *r.mutable_topk_ids() = EncodeInt32(std::vector<int32_t>(6), std::vector<int64_t>{3, 2});
   // One byte short of the shape.
   r.mutable_hidden_states()->mutable_data()->pop_back();
   EXPECT_EQ(ForwardFromRequest(RequestLimits(), r, allocation).status().code(),
