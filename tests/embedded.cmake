@@ -74,3 +74,16 @@ add_test(NAME embedded_python_engine
           ${MOE_EP_SYSTEM_PYTHON} -m unittest -v test_engine
   WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}/python/tests)
 set_tests_properties(embedded_python_engine PROPERTIES LABELS embedded TIMEOUT 300)
+# Issue 30: the DeepEP-shaped Buffer (python/moe_ep_client/deep_ep.py) with
+# DeepEP's checks in 1, 2 and 4 rank processes, and the engines' first steps
+# racing `moe-ep up --load-experts` / rank-by-rank LoadExperts, 100 runs.
+add_test(NAME embedded_python_deep_ep
+  COMMAND ${CMAKE_COMMAND} -E env ${moe_ep_embedded_env}
+          ${MOE_EP_SYSTEM_PYTHON} -m unittest -v test_deep_ep
+  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}/python/tests)
+set_tests_properties(embedded_python_deep_ep PROPERTIES LABELS embedded TIMEOUT 600)
+add_test(NAME embedded_python_engine_race
+  COMMAND ${CMAKE_COMMAND} -E env ${moe_ep_embedded_env} MOE_EP_CLI=$<TARGET_FILE:moe-ep>
+          ${MOE_EP_SYSTEM_PYTHON} -m unittest -v test_engine_race
+  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}/python/tests)
+set_tests_properties(embedded_python_engine_race PROPERTIES LABELS embedded TIMEOUT 1500)
