@@ -180,8 +180,8 @@ absl::Status GeometryState::CheckStep(const char* call, int64_t num_tokens) cons
 absl::Status GeometryState::BeginDispatch(const char* call) const {
   if (in_step()) {
     return absl::FailedPreconditionError(
-        absl::StrCat(call, ": the previous step was dispatched but not combined on rank ", rank_,
-                     "; call Combine first"));
+        absl::StrCat(call, ": a dispatch is in flight on rank ", rank_,
+                     ": call combine first (its step was dispatched but not combined)"));
   }
   return absl::OkStatus();
 }
@@ -189,7 +189,7 @@ absl::Status GeometryState::BeginDispatch(const char* call) const {
 absl::Status GeometryState::RequireDispatched(const char* call) const {
   if (!in_step()) {
     return absl::FailedPreconditionError(
-        absl::StrCat(call, ": no dispatched step on rank ", rank_, "; call Dispatch first"));
+        absl::StrCat(call, " needs a dispatch first: no dispatched step on rank ", rank_));
   }
   return absl::OkStatus();
 }

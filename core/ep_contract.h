@@ -138,7 +138,9 @@ class GeometryState {
   absl::Status CheckStep(const char* call, int64_t num_tokens) const;
 
   // Phase guards. BeginDispatch: kFailedPrecondition when a step is already
-  // dispatched ("... call Combine first"). RequireDispatched: when none is.
+  // dispatched ("Dispatch: a dispatch is in flight on rank 0: call combine
+  // first ..."). RequireDispatched: when none is ("Combine needs a dispatch
+  // first: no dispatched step on rank 0"; issue 30).
   // RequireComputed: when the dispatched step's experts have not run.
   absl::Status BeginDispatch(const char* call) const;
   absl::Status RequireDispatched(const char* call) const;

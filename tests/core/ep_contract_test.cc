@@ -183,7 +183,8 @@ TEST(GeometryState, RefusesCommitAndSecondDispatchMidStep) {
   EXPECT_EQ(g.epoch(), 1);
   const absl::Status again = g.BeginDispatch("Dispatch");
   EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(again.message()), HasSubstr("call Combine first"));
+  EXPECT_THAT(std::string(again.message()), HasSubstr("a dispatch is in flight on rank 0: call "
+                                                      "combine first"));
   const absl::Status combine = g.RequireComputed("Combine");
   EXPECT_THAT(std::string(combine.message()), HasSubstr("call ComputeExperts first"));
   g.MarkComputed();
@@ -192,7 +193,7 @@ TEST(GeometryState, RefusesCommitAndSecondDispatchMidStep) {
   const absl::Status idle = g.RequireDispatched("Combine");
   EXPECT_EQ(idle.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(idle.message()),
-              HasSubstr("Combine: no dispatched step on rank 0; call Dispatch first"));
+              HasSubstr("Combine needs a dispatch first: no dispatched step on rank 0"));
   EXPECT_TRUE(g.Commit(2, 4, 4).ok());
 }
 
