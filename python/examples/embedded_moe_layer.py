@@ -68,8 +68,9 @@ def run_rank(rank: int, ranks: int, steps: int) -> int:
     w = expert_weights(NUM_EXPERTS, HIDDEN)
     with Worker(["--listen=127.0.0.1:0", "--backend=gloo", "--log-level=warn"]) as worker:
         print(f"ADDRESS {worker.address}", flush=True)
-        # The orchestrator says when it is done (the group is ready once the
-        # workspace is allocated, but LoadExperts may still follow): one line.
+        # The orchestrator says GO when it is done, so a failed set-up ends
+        # the rank at once; the wait alone would also hold until every rank
+        # is allocated and has every layer's experts (issue 30).
         if sys.stdin.readline().strip() != "GO":
             print(f"rank {rank}: the orchestrator gave up", flush=True)
             return 1
