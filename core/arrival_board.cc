@@ -43,12 +43,16 @@ absl::Status ArrivalBoard::OpenRound(const std::string& name, Round** round) {
   return absl::OkStatus();
 }
 
-ArrivalOutcome ArrivalBoard::Describe(const std::string& name, const Round& round, int rank) const {
+ArrivalOutcome ArrivalBoard::Describe(const std::string& name, const Round& round, int rank,
+                                      absl::Time now) const {
   ArrivalOutcome out;
   out.complete = round.complete;
   if (round.complete) return out;
   for (int member : round.members) {
-    if (member != rank && !round.arrived.contains(member)) out.missing.push_back(member);
+    auto it = round.arrived.find(member);
+    if (member != rank && (it == round.arrived.end() || it->second <= now)) {
+      out.missing.push_back(member);
+    }
   }
   std::sort(out.missing.begin(), out.missing.end());
   const auto generation = addresses_.find(GenerationOfRound(name));
@@ -74,7 +78,9 @@ void ArrivalBoard::MaybeFree(const std::string& name, absl::Time now) {
     rounds_.erase(it);
     return;
   }
-  if (!round.arrived.empty()) return;
+  for (const auto& [rank, lapses] : round.arrived) {
+    if (lapses > now) return;
+  }
   for (const auto& [rank, refusal] : round.refusals) {
     if (refusal.expiry > now) return;
   }
@@ -89,7 +95,9 @@ void ArrivalBoard::Prune(absl::Time now) {
     // A round left by a rank that died inside it (complete and never seen,
     // or never completed) goes after kCompletedRoundLifetime untouched.
     const bool stale = now - round.touched > kCompletedRoundLifetime;
-    const bool empty = !round.complete && round.arrived.empty() && !refusal_stands;
+    bool arrival_stands = false;
+    for (const auto& [rank, lapses] : round.arrived) arrival_stands |= lapses > now;
+    const bool empty = !round.complete && !arrival_stands && !refusal_stands;
     if (stale || empty) {
       rounds_.erase(it++);
     } else {
@@ -101,7 +109,8 @@ void ArrivalBoard::Prune(absl::Time now) {
 absl::StatusOr<ArrivalOutcome> ArrivalBoard::Arrive(const std::string& round_name, int rank,
                                                     absl::Span<const int> members,
                                                     const std::string& address, absl::Time deadline,
-                                                    const std::function<bool()>& cancelled) {
+                                                    const std::function<bool()>& cancelled,
+                                                    absl::Time lapses) {
   if (std::find(members.begin(), members.end(), rank) == members.end()) {
     return absl::InvalidArgumentError(
         absl::StrCat("members: expected to contain the arriving rank ", rank, " (", members.size(),
@@ -114,11 +123,14 @@ absl::StatusOr<ArrivalOutcome> ArrivalBoard::Arrive(const std::string& round_nam
   if (!address.empty()) addresses_[GenerationOfRound(round_name)][rank] = address;
   round->refusals.erase(rank);  // it comes with a valid call now
   if (!round->complete) {
-    round->arrived.insert(rank);
-    if (std::all_of(round->members.begin(), round->members.end(),
-                    [&](int m) { return round->arrived.contains(m); })) {
+    const absl::Time now = absl::Now();
+    round->arrived[rank] = lapses;
+    if (std::all_of(round->members.begin(), round->members.end(), [&](int m) {
+          auto it = round->arrived.find(m);
+          return it != round->arrived.end() && it->second > now;
+        })) {
       round->complete = true;
-      round->completed_at = absl::Now();
+      round->completed_at = now;
       changed_.SignalAll();
     }
   }
@@ -152,14 +164,14 @@ absl::StatusOr<ArrivalOutcome> ArrivalBoard::Arrive(const std::string& round_nam
     if (standing != nullptr && now >= refusal_seen + kRefusalGrace) {
       round->arrived.erase(rank);
       standing->ended.insert(rank);
-      ArrivalOutcome out = Describe(round_name, *round, rank);
+      ArrivalOutcome out = Describe(round_name, *round, rank, now);
       out.refused_rank = refuser;
       out.refusal = standing->text;
       MaybeFree(round_name, now);
       return out;
     }
     if (now >= deadline || (cancelled && cancelled())) {
-      return Describe(round_name, *round, rank);
+      return Describe(round_name, *round, rank, now);
     }
     absl::Time wake = std::min(deadline, now + kCancelPoll);
     if (standing != nullptr) wake = std::min(wake, refusal_seen + kRefusalGrace);
@@ -181,7 +193,7 @@ ArrivalOutcome ArrivalBoard::Withdraw(const std::string& round_name, int rank) {
     return out;
   }
   round.arrived.erase(rank);
-  ArrivalOutcome out = Describe(round_name, round, rank);
+  ArrivalOutcome out = Describe(round_name, round, rank, now);
   MaybeFree(round_name, now);
   return out;
 }

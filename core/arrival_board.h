@@ -75,10 +75,13 @@ class ArrivalBoard {
   // now).
   // Errors: kInvalidArgument (members empty or not containing `rank`),
   // kResourceExhausted (max_rounds open rounds).
+  // `lapses`: when this arrival stops counting (the call's own deadline;
+  // each Arrive of the call may move it).
   absl::StatusOr<ArrivalOutcome> Arrive(const std::string& round, int rank,
                                         absl::Span<const int> members, const std::string& address,
                                         absl::Time deadline,
-                                        const std::function<bool()>& cancelled = nullptr);
+                                        const std::function<bool()>& cancelled = nullptr,
+                                        absl::Time lapses = absl::InfiniteFuture());
 
   // Withdraw(): takes `rank`'s arrival back unless the round is complete
   // (then complete is answered and the caller goes on). Never blocks.
@@ -99,7 +102,10 @@ class ArrivalBoard {
  private:
   struct Round {
     absl::flat_hash_set<int> members;
-    absl::flat_hash_set<int> arrived;
+    // rank -> when its arrival lapses (its call's deadline): a lapsed
+    // arrival neither counts nor completes a round, so a call whose worker
+    // was slow to withdraw cannot be joined to its peers' next call.
+    absl::flat_hash_map<int, absl::Time> arrived;
     absl::flat_hash_set<int> seen_complete;
     bool complete = false;
     absl::Time completed_at;
@@ -116,8 +122,8 @@ class ArrivalBoard {
   };
 
   absl::Status OpenRound(const std::string& name, Round** round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  ArrivalOutcome Describe(const std::string& name, const Round& round, int rank) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ArrivalOutcome Describe(const std::string& name, const Round& round, int rank,
+                          absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees `name` when nothing holds it any more (see the file comment).
   void MaybeFree(const std::string& name, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Prune(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

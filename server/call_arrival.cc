@@ -78,6 +78,9 @@ absl::Status ArriveForCall(GrpcStore& host, const CallArrival& call) {
     if (now >= call.deadline) break;
     request.set_timeout_ms(std::max<int64_t>(
         0, absl::ToInt64Milliseconds(std::min(call.deadline - now, kArriveSlice))));
+    // The arrival lapses at this call's deadline even if this worker is
+    // slow to withdraw it (core/arrival_board.h).
+    request.set_lapses_in_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(call.deadline - now)));
     v1::ArriveResponse response;
     const grpc::Status status = host.Arrive(request, &response);
     if (!status.ok()) return HostError(call, host, status);
@@ -100,6 +103,8 @@ absl::Status ArriveForCall(GrpcStore& host, const CallArrival& call) {
       if (address.empty()) continue;
       auto it = probed.find(m);
       if (it != probed.end() && absl::Now() - it->second < kProbeInterval) continue;
+      // A probe never holds the answer past the call's deadline.
+      if (call.deadline - absl::Now() < 2 * kProbeTimeout) continue;
       probed[m] = absl::Now();
       GrpcStore probe(address, kProbeTimeout);
       switch (probe.Probe(kProbeTimeout)) {

@@ -283,6 +283,10 @@ grpc::Status RendezvousService::Arrive(grpc::ServerContext* context,
     }
   }
   if (request->timeout_ms() < 0) return BadTimeout(request->timeout_ms());
+  if (request->lapses_in_ms() < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("lapses_in_ms: expected >= 0, got ", request->lapses_in_ms()));
+  }
   if (request->refusal_ttl_ms() < 0) {
     return grpc::Status(
         grpc::StatusCode::INVALID_ARGUMENT,
@@ -317,9 +321,13 @@ grpc::Status RendezvousService::Arrive(grpc::ServerContext* context,
       break;
     default: {
       const std::vector<int> members(request->members().begin(), request->members().end());
-      outcome = board_.Arrive(request->round(), request->rank(), members, request->address(),
-                              WaitDeadline(context, request->timeout_ms()),
-                              [context] { return context->IsCancelled(); });
+      const absl::Time lapses = request->lapses_in_ms() > 0
+                                    ? absl::Now() + absl::Milliseconds(request->lapses_in_ms())
+                                    : absl::InfiniteFuture();
+      outcome = board_.Arrive(
+          request->round(), request->rank(), members, request->address(),
+          WaitDeadline(context, request->timeout_ms()),
+          [context] { return context->IsCancelled(); }, lapses);
       break;
     }
   }

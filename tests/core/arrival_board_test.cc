@@ -202,6 +202,24 @@ TEST(ArrivalBoard, BoundsTheOpenRounds) {
   EXPECT_TRUE(board.Arrive("gen2/a/0", 0, {0, 1}, "", absl::Now()).ok());
 }
 
+TEST(ArrivalBoard, LapsedArrivalNeitherCountsNorCompletes) {
+  // A stray call on rank 0 whose worker never withdrew: once its deadline
+  // passed, the peers' next call under the same name needs rank 0 again.
+  ArrivalBoard board;
+  const std::string round = "gen1/arrive/0/7/SyncTokenCounts";
+  const std::vector<int> two = {0, 1};
+  ASSERT_FALSE(
+      board.Arrive(round, 0, two, "", absl::Now(), nullptr, absl::Now() + absl::Milliseconds(10))
+          ->complete);
+  absl::SleepFor(absl::Milliseconds(20));
+  absl::StatusOr<ArrivalOutcome> peer = board.Arrive(round, 1, two, "", Soon());
+  ASSERT_TRUE(peer.ok());
+  EXPECT_FALSE(peer->complete);
+  EXPECT_THAT(peer->missing, ElementsAre(0));
+  // Rank 0 arriving again (its next call) completes it.
+  EXPECT_TRUE(board.Arrive(round, 0, two, "", Soon())->complete);
+}
+
 TEST(ArrivalBoard, CancelledWaitLeavesTheArrivalIn) {
   ArrivalBoard board;
   const std::string round = "gen1/arrive/0/0/Forward";
