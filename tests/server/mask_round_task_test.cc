@@ -110,7 +110,7 @@ TEST(MaskRoundTask, LeaveDuringARoundReturnsAndTheWorkerRejoins) {
   ASSERT_TRUE(rank1.Leave(1).ok());
   v1::ConfigureLayersResponse configured;
   const grpc::Status alone =
-      rank0.CallWithin(std::chrono::milliseconds(300), &v1::Worker::Stub::ConfigureLayers,
+      rank0.CallWithin(std::chrono::milliseconds(1500), &v1::Worker::Stub::ConfigureLayers,
                        OneLayerOverTwoRanks(4), &configured);
   // The caller's own deadline ends the call (or the worker's UNAVAILABLE
   // naming the lost rank comes first); the round it started runs on, and
