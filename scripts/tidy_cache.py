@@ -20,8 +20,11 @@ dependencies cannot be computed (the compiler fails, a generated header is
 missing) gets no key and is always tidied.
 
 A file with no compile command (a header no .cc includes, a .cc outside the
-build) uses the command of the nearest .cc in the database, as clang-tidy's
-own interpolation does, compiled as C++ (-x c++).
+build) has its dependencies listed with the command of the nearest .cc in the
+database, compiled as C++ (-x c++); since clang-tidy's own interpolation may
+pick another entry near it (even a .cu's nvcc command), every compile command
+of the nearest directory (at or above the file's) that has any is part of its
+key too.
 
 Usage (both take --tidy BINARY --tidy-args "FLAGS", as lint.sh passes them):
   tidy_cache.py keys --build-dir DIR [--jobs N] FILE...
@@ -101,6 +104,22 @@ class Database:
 
         return min(self.cc_files, key=rank)
 
+    def directory_commands(self, path: str) -> List[str]:
+        """Every compile command of the database files in the nearest directory
+        at or above `path`'s that has any, sorted."""
+        directory = os.path.dirname(path)
+        while True:
+            found = sorted(
+                e.get("command") or shlex.join(e["arguments"])
+                for f, entries in self.by_file.items()
+                if os.path.dirname(f) == directory
+                for e in entries
+            )
+            parent = os.path.dirname(directory)
+            if found or parent == directory or not directory.startswith(self.root):
+                return found
+            directory = parent
+
     def commands(self, path: str) -> List[Tuple[str, List[str]]]:
         """(directory, argv) of each compile command of `path` (interpolated when it has none)."""
         entries = self.by_file.get(path)
@@ -158,6 +177,11 @@ def material(db: Database, header: bytes, relpath: str) -> bytes:
             deps[name] = dep
     if not deps:
         raise RuntimeError(f"{relpath}: the compiler listed no dependency")
+    if path not in db.by_file:
+        # clang-tidy interpolates from any entry (a .cu's nvcc command too):
+        # every command of the file's directory is an input as well.
+        for neighbour in db.directory_commands(path):
+            lines.append("neighbour " + db.normalize(neighbour) + "\n")
     for name in sorted(deps):
         lines.append(f"dep {name} {sha256_file(deps[name])}\n")
     return header + "".join(lines).encode()
