@@ -53,7 +53,7 @@ fi
 mapfile -t tidy < <(
   git ls-files '*.cc'
   for h in $(git ls-files '*.h'); do
-    git grep -qF "#include \"$h\"" -- '*.cc' || echo "$h"
+    git grep -qF "#include \"$h\"" -- '*.cc' '*.cu' || echo "$h"
   done
 )
 tidy_bin=clang-tidy-14
