@@ -153,23 +153,7 @@ void GrpcStore::wait(const std::vector<std::string>& keys,
                 });
 }
 
-bool GrpcStore::Answers(absl::Duration timeout) {
-  std::string ignored;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  if (!secret_.empty()) context.AddMetadata(kSecretMetadataKey, secret_);
-  v1::GetRequest request;
-  request.set_key("probe");
-  request.set_timeout_ms(0);
-  v1::GetResponse response;
-  const absl::Time start = absl::Now();
-  const grpc::Status status = stub_->Get(&context, request, &response);
-  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) return false;
-  // A missing key with timeout 0 is the server's DEADLINE_EXCEEDED at once;
-  // the client's own deadline means nobody answered.
-  return status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED ||
-         absl::Now() - start < timeout;
-}
+bool GrpcStore::Answers(absl::Duration timeout) { return Probe(timeout) == ProbeResult::kAnswers; }
 
 GrpcStore::ProbeResult GrpcStore::Probe(absl::Duration timeout) {
   grpc::ClientContext context;
