@@ -499,7 +499,7 @@ TEST(LoadModelConfig, QuantizationOfEveryFamily) {
     ASSERT_TRUE(m.ok()) << m.status();
     const QuantizationConfig& q = m->quantization;
     EXPECT_EQ(q.method, e.method) << e.file;
-    EXPECT_EQ(q.present(), std::string(e.method) != "") << e.file;
+    EXPECT_EQ(q.present(), !std::string(e.method).empty()) << e.file;
     EXPECT_EQ(q.fmt, e.fmt) << e.file;
     EXPECT_EQ(q.weight_block_size, e.block) << e.file;
     EXPECT_EQ(q.modules_to_not_convert, e.not_converted) << e.file;

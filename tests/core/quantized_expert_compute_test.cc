@@ -103,7 +103,8 @@ TEST(Fp8BlockGemm, WithinItsBoundOnRaggedBlocks) {
   const int64_t M = 4, N = 200, K = 300;
   std::vector<float> x = Activations(5, M, K);
   for (int64_t i = 0; i < M * K; ++i) {
-    x[i] = Bf16ToFloat(FloatToBf16(x[i] * static_cast<float>(1 + (i % K) / 128 + 3 * (i / K))));
+    const int64_t amplitude = 1 + ((i % K) / 128) + (3 * (i / K));
+    x[i] = Bf16ToFloat(FloatToBf16(x[i] * static_cast<float>(amplitude)));
   }
   std::fill(x.begin() + 2 * K, x.begin() + 3 * K, 0.0f);
   const Fp8Activations a = Fp8QuantizeActivations(x, M, K);

@@ -303,6 +303,7 @@ TEST(ReadGptOssExperts, PublishedLayoutBitForBit) {
 
 TEST(ReadGptOssExperts, EachMalformedTensorIsNamed) {
   std::vector<GptOssExpertWeights> all;
+  all.reserve(4);
   for (int e = 0; e < 4; ++e) all.push_back(*GenerateGptOssExpert(9, 1, e, 64, 96));
   const std::string p = "model.layers.1.mlp.experts.";
   struct Case {
