@@ -1,8 +1,15 @@
 #pragma once
 
 // The moe_ep.v1.Worker service (proto/moe_ep/v1/worker.proto, whose comments
-// are the contract): a thin synchronous gRPC service that validates each
-// request, calls core/ and replies. One per worker process (one per rank).
+// are the contract): a synchronous gRPC service that converts and validates
+// each request (server/request_options.h), calls the group session
+// (server/group_session.h: the formed data plane, votes, arrival rounds,
+// rank masks) or the data plane, and replies. It owns the reported state
+// (phase, GetStatus, health), the lease and the collective slot. One per
+// worker process (one per rank). The RPCs are split by concern:
+// worker_service.cc (state, set-up and step RPCs), _join.cc (Join, Leave),
+// _stack.cc (Benchmark, ForwardLayers), _placement.cc, _rejoin.cc and
+// _engine.cc (the embedded engine's calls).
 //
 // Locking: all collective work (Join, Leave, ConfigureLayers,
 // AllocateWorkspace, LoadExperts, SyncTokenCounts, CommitGeometry, Forward,
@@ -40,8 +47,8 @@
 //
 // Rank masks (DESIGN §15; issue 17): in a group joined with every rank's
 // address (Gloo, or NCCL on either GPU plane) a collective failure starts a mask round instead (the
-// survivors agree on who is left and keep serving Forward; see GroupResult
-// and Vote); ForwardLayers, Benchmark and the engine calls then fail
+// survivors agree on who is left and keep serving Forward; see
+// GroupSession::GroupResult and Vote); ForwardLayers, Benchmark and the engine calls then fail
 // FAILED_PRECONDITION naming the masked ranks (they route by the unmasked
 // placement). A restarted worker Joins with rejoin (alone: only its rank
 // live), is set up with the group's requests sent to it only, and Rejoin on
@@ -87,7 +94,7 @@
 #include "server/backend_selection.h"
 #include "server/collective_slot.h"
 #include "server/data_plane.h"
-#include "server/grpc_store.h"
+#include "server/group_session.h"
 #include "server/health.h"
 #include "server/layer_stack_runner.h"
 #include "server/memory_budget.h"
@@ -129,7 +136,7 @@ struct WorkerOptions {
   bool enable_echo = false;
 };
 
-class WorkerService final : public v1::Worker::Service {
+class WorkerService final : public v1::Worker::Service, private GroupSession::Observer {
  public:
   // `health` may be null; it must outlive the service.
   WorkerService(WorkerOptions options, HealthReporter* health);
@@ -287,11 +294,6 @@ class WorkerService final : public v1::Worker::Service {
   // calls may run (StepReadiness matches the group in force). Needs the slot.
   absl::Status RequireReadyForSteps(const char* call) const;
 
-  // Why a call that needs every rank cannot run under the rank mask in
-  // force: kFailedPrecondition naming the masked ranks and the round (OK
-  // when no rank is masked). ForwardLayers, Benchmark and the engine calls
-  // route by the unmasked contiguous placement (issue 17).
-  absl::Status RequireNoMask(const char* call) const;
   // kFailedPrecondition while this worker joined alone (JoinRequest.rejoin)
   // and Rejoin has not re-admitted it: its steps would not be the group's.
   absl::Status RequireReadmitted(const char* call) const;
@@ -316,6 +318,10 @@ class WorkerService final : public v1::Worker::Service {
   // EnterGroup's error.
   absl::Status EnterLeasedGroup(SlotLease& slot, const grpc::ServerContext* context,
                                 const char* rpc, WorkerPhase phase, const absl::Status& refused);
+  // GroupSession::Observer: the session's changes in the reported state.
+  void OnGroupBroken(const std::string& reason) override;
+  void OnMaskAdopted(const RankMaskState& mask) override;
+  std::string SelfAddress() override;
   // Counts errors, converts to grpc::Status.
   grpc::Status Finish(const absl::Status& status);
   // Finish for a collective RPC: also counts consecutive group errors
@@ -323,55 +329,12 @@ class WorkerService final : public v1::Worker::Service {
   // kFailedCollectivesNotReady on, issue 29 item 4), reset by a success.
   static constexpr int64_t kFailedCollectivesNotReady = 3;
   grpc::Status FinishCollective(const absl::Status& status);
-  // The arrival round of the call Vote is about to vote on (issue 29;
-  // server/call_arrival.h): with `local` OK, waits for every live rank to
-  // enter the same call (OK) or returns why not; with `local` an error,
-  // posts it as this rank's refusal and returns it at once. Does not count
-  // the call (vote_sequence_ stays). OK at once in a group of one live rank.
-  absl::Status ArriveForVote(const char* rpc, const absl::Status& local);
-  // `status` from a collective operation of `rpc`: a group error marks the
-  // group broken, with "<rpc>: <CODE>: <message>" as the reason GetStatus shows.
-  // With rank masks (DataPlane::CanMask) it marks a mask pending instead:
-  // the next call applies the one agreed with the survivors (DESIGN §15).
-  absl::Status GroupResult(const char* rpc, absl::Status status);
-  // Marks the group broken with "<rpc>: <CODE>: <message>"; returns `status`.
-  absl::Status MarkGroupBroken(const char* rpc, absl::Status status);
-  // Waits up to `wait` for the rank mask round (DataPlane::FinishMaskRound):
-  // true once the plane serves on the survivors' group (then GetStatus shows
-  // the mask and votes are numbered from the round on), false while it
-  // runs; a failed round breaks the group. Needs the slot.
-  absl::StatusOr<bool> FinishMask(const char* rpc, absl::Duration wait);
-  // Applies a round a failed earlier call left running (mask_pending_):
-  // waits for it (up to 4 group timeouts; then the group is broken). Called
-  // by EnterGroup. Needs the slot.
-  absl::Status FinishPendingMask(const char* rpc);
-  // After the plane took a new mask (a round ended): ForwardLayers'
-  // sub-groups are made again, GetStatus shows the mask. `renumber` (a
-  // re-admission, whose returning rank counted no votes): votes are
-  // numbered from the round on. Otherwise (a survivors' round, FinishMask)
-  // the count goes on, and the first vote on the new group is the call
-  // numbered DataPlane::agreed_votes() on every member (Vote). Needs the slot.
-  void AdoptMask(const char* rpc, bool renumber);
-  // How long a failed call waits for the round before it returns: half the
-  // group's timeout, at most 1 s.
-  absl::Duration MaskGrace() const;
-  // The error of a call in which the mask round ended (nothing ran).
-  absl::Status MaskAgreedError(const char* rpc) const;
-  // How long a call that finds a round pending waits before it counts the
-  // round as not ended yet (one that ended during its peers' last call).
-  static constexpr absl::Duration kMaskSettled = absl::Milliseconds(100);
-  // The cross-rank vote (core/agreement.h) of a collective RPC, before its
-  // payload moves: (rpc, generation, sequence), this rank's `local`
-  // validation status and its spec `fields`. A rank whose `local` is an error
-  // still votes, so its peers get kAborted naming it at once and the group
-  // stays usable. Group errors mark the group broken (GroupResult).
-  absl::Status Vote(const char* rpc, absl::Status local, std::vector<core::BallotField> fields);
   // Takes `slot` for `rpc` (server/collective_slot.h); then the worker must
-  // be in a usable group (joined, not broken), whose collective waits end by
-  // the call's deadline (plus server/call_gate.h's grace) from now on and
-  // whose call gates watch the call's deadline and cancellation (call_). Outside a group: the error
-  // of `phase`, the state the RPC needs (within a group the RPC checks its phase itself and votes
-  // on the result).
+  // be in a usable group (joined, not broken) and the call enters it
+  // (GroupSession::BeginCall: its deadline and cancellation bound the
+  // group's waits). Outside a group: the error of `phase`, the state the
+  // RPC needs (within a group the RPC checks its phase itself and votes on
+  // the result).
   absl::Status EnterGroup(SlotLease& slot, const grpc::ServerContext* context, const char* rpc,
                           WorkerPhase phase);
   // OK when the worker is at `phase` or later (kFailedPrecondition naming
@@ -402,19 +365,11 @@ class WorkerService final : public v1::Worker::Service {
   // collective call at a time.
   CollectiveSlot slot_;
 
-  // Owned by the holder of the collective slot. The data plane
-  // (server/data_plane.h) holds the group's collective, the dispatcher and
-  // the experts of each layer.
-  std::unique_ptr<DataPlane> data_plane_;
-  JoinArgs joined_;
+  // The group this worker is a member of (server/group_session.h): its data
+  // plane (the group's collective, the dispatcher and the experts of each
+  // layer), votes and rank masks. Owned by the holder of the collective slot.
+  GroupSession session_{this};
   int64_t max_generation_used_ = 0;
-  int64_t vote_sequence_ = 0;    // calls voted (or skipped by a mask) in the joined group
-  int64_t first_mask_vote_ = 0;  // the first call that votes on the survivors' group
-  bool mask_pending_ = false;    // a collective failed: mask at the next call
-  // The store that hosts the calls' arrival rounds (server/call_arrival.h):
-  // rank 0's, or the last mask round's host; made again when that changes.
-  std::unique_ptr<GrpcStore> arrival_host_;
-  CallBound call_;              // of the call holding the slot
   v1::ModelDescription model_;  // as configured (0 = field not given)
   std::vector<core::LayerPlan> plan_;
   std::unique_ptr<Allocation> allocation_;
@@ -423,9 +378,6 @@ class WorkerService final : public v1::Worker::Service {
   // layer -> fingerprint of what its LoadExperts asked for (Forward's vote).
   std::map<int, int64_t> expert_specs_;
   StepReadiness step_ready_;  // WaitReadyForSteps (issue 30)
-  // ForwardLayers' stack (server/layer_stack_runner.h); built on the data
-  // plane's collective, so declared after data_plane_ and reset before it.
-  LayerStackRunner layer_stack_;
 
   // Who owns the group (thread-safe on its own; never under state_mu_).
   WorkerLease lease_;

@@ -46,14 +46,14 @@ absl::Status WorkerService::RunOnDataPlane(
   RETURN_IF_ERROR(RequireGroup(WorkerPhase::kAllocated, call));
   // Every rank's engine sees the same agreed mask, so every rank fails here
   // alike: no route to a lost rank, no wait on it.
-  RETURN_IF_ERROR(RequireNoMask(call));
+  RETURN_IF_ERROR(session_.RequireNoMask(call));
   if (needs_steps) RETURN_IF_ERROR(RequireReadyForSteps(call));
-  data_plane_->SetCall(CallBound{deadline, nullptr});
-  return GroupResult(call, fn(*data_plane_, allocation_->options));
+  session_.plane()->SetCall(CallBound{deadline, nullptr});
+  return session_.GroupResult(call, fn(*session_.plane(), allocation_->options));
 }
 
 absl::Status WorkerService::RequireReadyForSteps(const char* call) const {
-  const int64_t generation = joined_.generation;
+  const int64_t generation = session_.args().generation;
   std::string why;
   if (!step_ready_.ready || step_ready_.generation != generation) {
     why = step_ready_.ready
@@ -65,13 +65,13 @@ absl::Status WorkerService::RequireReadyForSteps(const char* call) const {
                     generation);
   } else if (allocation_ == nullptr || step_ready_.allocation != allocation_->fingerprint) {
     why = "the workspace was re-allocated since the last wait";
-  } else if (step_ready_.mask_round != data_plane_->mask().round) {
+  } else if (step_ready_.mask_round != session_.plane()->mask().round) {
     why = "a rank mask was agreed since the last wait";
   } else {
     return absl::OkStatus();
   }
   return absl::FailedPreconditionError(absl::StrCat(
-      call, ": rank ", joined_.rank, " is not ready for steps: ", why,
+      call, ": rank ", session_.args().rank, " is not ready for steps: ", why,
       "; call moe_ep_worker_wait_ready_for_steps (Python: Worker.wait_ready) on every rank "
       "first"));
 }
@@ -85,32 +85,33 @@ absl::Status WorkerService::LocalStepReadiness(bool worker_experts, std::string*
     RETURN_IF_ERROR(state_.Require(WorkerPhase::kAllocated, kWaitCall));
     if (state_.broken()) {
       return absl::FailedPreconditionError(
-          absl::StrCat("the group of generation ", joined_.generation, " is broken (",
+          absl::StrCat("the group of generation ", session_.args().generation, " is broken (",
                        state_.broken_reason(), "); the orchestrator must re-form it"));
     }
   }
-  RETURN_IF_ERROR(RequireNoMask(kWaitCall));
+  RETURN_IF_ERROR(session_.RequireNoMask(kWaitCall));
   RETURN_IF_ERROR(RequireReadmitted(kWaitCall));
-  std::string text = absl::StrCat(
-      "generation=", joined_.generation, ";workspace=", core::Hex64(allocation_->fingerprint),
-      ";mask=", data_plane_->mask().round, ";experts=", worker_experts ? "worker" : "own");
+  std::string text = absl::StrCat("generation=", session_.args().generation,
+                                  ";workspace=", core::Hex64(allocation_->fingerprint),
+                                  ";mask=", session_.plane()->mask().round,
+                                  ";experts=", worker_experts ? "worker" : "own");
   if (worker_experts) {
     std::vector<int> missing;
     for (const core::LayerPlan& layer : plan_) {
       if (!layer.sparse) continue;
       auto spec = expert_specs_.find(layer.layer);
-      if (!data_plane_->HasExperts(layer.layer) || spec == expert_specs_.end()) {
+      if (!session_.plane()->HasExperts(layer.layer) || spec == expert_specs_.end()) {
         missing.push_back(layer.layer);
         continue;
       }
       absl::StrAppend(&text, ";", layer.layer, ":", spec->second);
     }
     if (!missing.empty()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("sparse layers [", absl::StrJoin(missing, ","), "] of the plan have no ",
-                       "experts loaded on rank ", joined_.rank, " (LoadExperts still to come or ",
-                       "running; an engine that runs its own experts waits with "
-                       "MOE_EP_STEPS_OWN_EXPERTS)"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "sparse layers [", absl::StrJoin(missing, ","), "] of the plan have no ",
+          "experts loaded on rank ", session_.args().rank, " (LoadExperts still to come or ",
+          "running; an engine that runs its own experts waits with "
+          "MOE_EP_STEPS_OWN_EXPERTS)"));
     }
   }
   *fingerprint = std::move(text);
@@ -120,7 +121,7 @@ absl::Status WorkerService::LocalStepReadiness(bool worker_experts, std::string*
 absl::Status WorkerService::WaitReadyForSteps(bool worker_experts, absl::Time deadline) {
   const absl::Time start = absl::Now();
   std::string why = "not checked yet";
-  int rank = -1;  // joined_.rank as last seen under the slot
+  int rank = -1;  // session_.args().rank as last seen under the slot
   while (true) {
     std::string fingerprint;
     CallArrival arrival;
@@ -143,26 +144,26 @@ absl::Status WorkerService::WaitReadyForSteps(bool worker_experts, absl::Time de
             "a control-plane call holds the worker (a set-up call such as LoadExperts is "
             "still running)";
       }
-      if (took.ok()) rank = joined_.rank;
+      if (took.ok()) rank = session_.args().rank;
       if (!fingerprint.empty()) {
-        generation = joined_.generation;
+        generation = session_.args().generation;
         round_number = step_ready_.generation == generation ? step_ready_.rounds : 0;
-        if (joined_.world_size == 1) {
+        if (session_.args().world_size == 1) {
           step_ready_ = StepReadiness{true, generation, allocation_->fingerprint,
-                                      data_plane_->mask().round, round_number + 1};
+                                      session_.plane()->mask().round, round_number + 1};
           return absl::OkStatus();
         }
         arrival.rpc = kWaitCall;
         arrival.round =
-            absl::StrCat("gen", generation, "/engine-ready/", data_plane_->mask().round, "/",
+            absl::StrCat("gen", generation, "/engine-ready/", session_.plane()->mask().round, "/",
                          round_number, "/", core::Hex64(core::Fingerprint64(fingerprint)));
-        arrival.rank = joined_.rank;
-        for (int r = 0; r < joined_.world_size; ++r) arrival.members.push_back(r);
-        arrival.addresses = joined_.rendezvous_addresses;
+        arrival.rank = session_.args().rank;
+        for (int r = 0; r < session_.args().world_size; ++r) arrival.members.push_back(r);
+        arrival.addresses = session_.args().rendezvous_addresses;
         arrival.host_rank = 0;
-        host_address = joined_.rendezvous_address;
-        secret = joined_.rendezvous_secret;
-        store_timeout = joined_.timeout;
+        host_address = session_.args().rendezvous_address;
+        secret = session_.args().rendezvous_secret;
+        store_timeout = session_.args().timeout;
         absl::MutexLock lock(&state_mu_);
         arrival.self_address = status_.listen_address();
       }
@@ -180,7 +181,7 @@ absl::Status WorkerService::WaitReadyForSteps(bool worker_experts, absl::Time de
             kWaitCall));
         std::string now_fingerprint;
         const absl::Status local = LocalStepReadiness(worker_experts, &now_fingerprint);
-        if (joined_.generation == generation) {
+        if (session_.args().generation == generation) {
           step_ready_.generation = generation;
           step_ready_.rounds = round_number + 1;
           step_ready_.ready = false;
@@ -188,7 +189,7 @@ absl::Status WorkerService::WaitReadyForSteps(bool worker_experts, absl::Time de
         if (local.ok() && now_fingerprint == fingerprint) {
           step_ready_.ready = true;
           step_ready_.allocation = allocation_->fingerprint;
-          step_ready_.mask_round = data_plane_->mask().round;
+          step_ready_.mask_round = session_.plane()->mask().round;
           return absl::OkStatus();
         }
         why =

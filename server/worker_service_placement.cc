@@ -31,7 +31,7 @@ absl::StatusOr<core::PlacementTable> WorkerService::PreparePlacement(
     const v1::InstallPlacementRequest& request) {
   RETURN_IF_ERROR(RequirePhase(WorkerPhase::kAllocated, "InstallPlacement"));
   return PlacementFromRequest(options_.limits, request, plan_, allocation_->options,
-                              joined_.world_size);
+                              session_.args().world_size);
 }
 
 absl::Status WorkerService::DoInstallPlacement(grpc::ServerContext* context,
@@ -48,19 +48,19 @@ absl::Status WorkerService::DoInstallPlacement(grpc::ServerContext* context,
   // rank whose table is invalid answers with its error and its peers with
   // kAborted naming it; differing tables abort every rank, naming each
   // rank's fingerprint (core/agreement.h).
-  RETURN_IF_ERROR(Vote(
+  RETURN_IF_ERROR(session_.Vote(
       "InstallPlacement", table.status(),
       table.ok() ? PlacementFields(request.layer(), *table) : std::vector<core::BallotField>{}));
   const int layer = request.layer();
-  const bool had_experts = data_plane_->HasExperts(layer);
-  const int64_t old_bytes = data_plane_->ExpertBytes(layer);
+  const bool had_experts = session_.plane()->HasExperts(layer);
+  const int64_t old_bytes = session_.plane()->ExpertBytes(layer);
   auto installed = std::make_shared<const core::PlacementTable>(*std::move(table));
-  RETURN_IF_ERROR(data_plane_->InstallPlacement(layer, installed));
-  const bool dropped = had_experts && !data_plane_->HasExperts(layer);
+  RETURN_IF_ERROR(session_.plane()->InstallPlacement(layer, installed));
+  const bool dropped = had_experts && !session_.plane()->HasExperts(layer);
   if (dropped) expert_bytes_ -= old_bytes;
   response->set_fingerprint(installed->Fingerprint());
   response->set_num_slots(installed->num_slots());
-  const std::vector<int>& mine = installed->SlotExperts(joined_.rank);
+  const std::vector<int>& mine = installed->SlotExperts(session_.args().rank);
   response->mutable_slot_experts()->Assign(mine.begin(), mine.end());
   response->set_experts_dropped(dropped);
   absl::MutexLock lock(&state_mu_);
@@ -88,11 +88,11 @@ absl::Status WorkerService::DoGetExpertLoad(grpc::ServerContext* context,
   RETURN_IF_ERROR(slot.Acquire(context, "GetExpertLoad"));
   RETURN_IF_ERROR(RequirePhase(WorkerPhase::kAllocated, "GetExpertLoad"));
   ASSIGN_OR_RETURN(core::ExpertLoadCounts counts,
-                   data_plane_->ReadExpertLoad(request.layer(), request.reset()));
+                   session_.plane()->ReadExpertLoad(request.layer(), request.reset()));
   response->mutable_tokens_per_expert()->Assign(counts.tokens_per_expert.begin(),
                                                 counts.tokens_per_expert.end());
   response->set_steps(counts.steps);
-  response->set_placement_fingerprint(data_plane_->Placement(request.layer())->Fingerprint());
+  response->set_placement_fingerprint(session_.plane()->Placement(request.layer())->Fingerprint());
   return absl::OkStatus();
 }
 

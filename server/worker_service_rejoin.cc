@@ -38,7 +38,7 @@ grpc::Status WorkerService::Rejoin(grpc::ServerContext* context, const v1::Rejoi
 }
 
 absl::Status WorkerService::CheckRejoin(const v1::RejoinRequest& request, bool* returning) const {
-  const int world = joined_.world_size;
+  const int world = session_.args().world_size;
   const std::vector<int> masked(request.masked_ranks().begin(), request.masked_ranks().end());
   const std::vector<int> ranks(request.ranks().begin(), request.ranks().end());
   for (size_t i = 0; i < masked.size(); ++i) {
@@ -64,18 +64,18 @@ absl::Status WorkerService::CheckRejoin(const v1::RejoinRequest& request, bool* 
           "ranks: rank ", ranks[i], " is not among masked_ranks [", RankList(masked), "]"));
     }
   }
-  if (request.generation() != joined_.generation) {
+  if (request.generation() != session_.args().generation) {
     return absl::FailedPreconditionError(absl::StrCat("Rejoin: generation ", request.generation(),
                                                       " is not the joined generation ",
-                                                      joined_.generation));
+                                                      session_.args().generation));
   }
-  const RankMaskState mask = data_plane_->mask();
-  *returning = std::binary_search(ranks.begin(), ranks.end(), joined_.rank);
+  const RankMaskState mask = session_.plane()->mask();
+  *returning = std::binary_search(ranks.begin(), ranks.end(), session_.args().rank);
   if (*returning) {
     // A restarted worker set up alone: only its own rank is live.
-    if (!joined_.rejoin || mask.round != 0) {
+    if (!session_.args().rejoin || mask.round != 0) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "Rejoin: rank ", joined_.rank,
+          "Rejoin: rank ", session_.args().rank,
           " is listed as returning but did not join alone (JoinRequest.rejoin), or was already "
           "re-admitted (mask round ",
           mask.round, ")"));
@@ -83,10 +83,11 @@ absl::Status WorkerService::CheckRejoin(const v1::RejoinRequest& request, bool* 
     return absl::OkStatus();
   }
   if (mask.round != request.mask_round() || mask.MaskedRanks() != masked) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "Rejoin: rank ", joined_.rank, " is at mask round ", mask.round, " with masked ranks [",
-        RankList(mask.MaskedRanks()), "], the request says round ", request.mask_round(), " with [",
-        RankList(masked), "]; read GetStatus.mask_round and masked_ranks again"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("Rejoin: rank ", session_.args().rank, " is at mask round ", mask.round,
+                     " with masked ranks [", RankList(mask.MaskedRanks()),
+                     "], the request says round ", request.mask_round(), " with [",
+                     RankList(masked), "]; read GetStatus.mask_round and masked_ranks again"));
   }
   return absl::OkStatus();
 }
@@ -100,9 +101,10 @@ std::vector<core::BallotField> WorkerService::MemberStateFields() const {
   std::string loaded;
   for (const core::LayerPlan& layer : plan_) {
     if (!layer.sparse) continue;
-    const std::shared_ptr<const core::PlacementTable> table = data_plane_->Placement(layer.layer);
+    const std::shared_ptr<const core::PlacementTable> table =
+        session_.plane()->Placement(layer.layer);
     absl::StrAppend(&tables, layer.layer, "=", table != nullptr ? table->CanonicalText() : "", ";");
-    if (data_plane_->HasExperts(layer.layer)) absl::StrAppend(&loaded, layer.layer, ",");
+    if (session_.plane()->HasExperts(layer.layer)) absl::StrAppend(&loaded, layer.layer, ",");
   }
   fields.push_back({"placement tables (every MoE layer)",
                     static_cast<int64_t>(core::Fingerprint64(tables)), true});
@@ -118,7 +120,7 @@ absl::Status WorkerService::DoRejoin(grpc::ServerContext* context, const v1::Rej
   bool returning = false;
   absl::Status local = refused;
   if (local.ok()) local = RequirePhase(WorkerPhase::kAllocated, "Rejoin");
-  if (local.ok() && !data_plane_->CanMask()) {
+  if (local.ok() && !session_.plane()->CanMask()) {
     local = absl::UnimplementedError(
         "Rejoin: this group cannot re-admit a rank (Gloo joined with rendezvous_addresses "
         "only); re-form it with a new generation");
@@ -128,41 +130,41 @@ absl::Status WorkerService::DoRejoin(grpc::ServerContext* context, const v1::Rej
   // votes alone in its own).
   const std::vector<int> masked_ranks(request.masked_ranks().begin(), request.masked_ranks().end());
   const std::vector<int> ranks(request.ranks().begin(), request.ranks().end());
-  RETURN_IF_ERROR(Vote("Rejoin", local,
-                       {{"mask_round", request.mask_round()},
-                        {"masked_ranks", RanksDigest(masked_ranks), true},
-                        {"ranks", RanksDigest(ranks), true}}));
-  const int world = joined_.world_size;
+  RETURN_IF_ERROR(session_.Vote("Rejoin", local,
+                                {{"mask_round", request.mask_round()},
+                                 {"masked_ranks", RanksDigest(masked_ranks), true},
+                                 {"ranks", RanksDigest(ranks), true}}));
+  const int world = session_.args().world_size;
   std::vector<bool> live_before(world, true);
   for (int r : masked_ranks) live_before[r] = false;
   std::vector<bool> joining(world, false);
   for (int r : ranks) joining[r] = true;
   const int round = request.mask_round() + 1;
-  absl::Status readmitted = data_plane_->Readmit(round, live_before, joining);
+  absl::Status readmitted = session_.plane()->Readmit(round, live_before, joining);
   if (!readmitted.ok()) {
     // A returning rank left out keeps its plane (it stays alone and may be
     // sent Rejoin again); a survivor whose round failed has no usable group.
     if (returning) return readmitted;
-    return MarkGroupBroken(
+    return session_.MarkBroken(
         "Rejoin",
         absl::Status(readmitted.code(),
                      absl::StrCat("rank mask round ", round, " (Rejoin): ", readmitted.message())));
   }
-  AdoptMask("Rejoin", /*renumber=*/true);
+  session_.AdoptMask("Rejoin", /*renumber=*/true);
   // The members check that they serve the same state before any step.
-  const absl::Status same =
-      core::RunVote(data_plane_->collective(),
-                    core::Ballot{"Rejoin (member state)", joined_.generation, vote_sequence_++,
-                                 absl::OkStatus(), MemberStateFields()});
+  const absl::Status same = core::RunVote(
+      session_.plane()->collective(),
+      core::Ballot{"Rejoin (member state)", session_.args().generation, session_.TakeVoteSequence(),
+                   absl::OkStatus(), MemberStateFields()});
   if (!same.ok()) {
-    return MarkGroupBroken(
+    return session_.MarkBroken(
         "Rejoin", absl::Status(same.code(), absl::StrCat(same.message(),
                                                          "; the re-admitted group is unusable: "
                                                          "re-form it with a new generation")));
   }
   // A step needs its geometry again (the returning rank has none).
   geometry_committed_ = geometry_committed_ && !returning;
-  const RankMaskState mask = data_plane_->mask();
+  const RankMaskState mask = session_.plane()->mask();
   spdlog::warn("Rejoin: rank mask round {} re-admitted ranks [{}]; masked now [{}]", mask.round,
                absl::StrJoin(request.ranks(), ","), RankList(mask.MaskedRanks()));
   response->set_mask_round(mask.round);
