@@ -95,7 +95,7 @@ absl::StatusOr<DataPlaneAllocation> CpuDataPlane::Allocate(const core::EpDispatc
   DataPlaneAllocation allocation;
   allocation.allocated_bytes = dispatcher->allocated_bytes();
   allocation.regions = dispatcher->layout().Regions();
-  experts_.clear();
+  experts_.Clear();
   shared_.clear();
   book_.Reset(dispatcher->placement());
   book_.SetLive(mask_.live);
@@ -121,11 +121,9 @@ absl::StatusOr<int64_t> CpuDataPlane::LoadExperts(int layer, const core::ExpertS
       CheckExpertSourceForWorkspace(source, options_, group_.rank, book_.Installed(layer)));
   ASSIGN_OR_RETURN(core::ExpertSet experts, core::MakeHostExperts(source));
   const int64_t bytes = experts.weight_bytes();
-  experts_.insert_or_assign(layer, std::move(experts));
+  experts_.Put(layer, std::make_unique<core::ExpertSet>(std::move(experts)));
   return bytes;
 }
-
-bool CpuDataPlane::HasExperts(int layer) const { return experts_.contains(layer); }
 
 absl::StatusOr<int64_t> CpuDataPlane::LoadSharedExpert(int layer,
                                                        std::optional<core::SharedExpert> shared,
@@ -145,11 +143,6 @@ int64_t CpuDataPlane::SharedExpertBytes(int layer) const {
   return it == shared_.end() ? 0 : it->second.weight_bytes();
 }
 
-int64_t CpuDataPlane::ExpertBytes(int layer) const {
-  auto it = experts_.find(layer);
-  return it == experts_.end() ? 0 : it->second.weight_bytes();
-}
-
 absl::Status CpuDataPlane::InstallPlacement(int layer,
                                             std::shared_ptr<const core::PlacementTable> table) {
   if (dispatcher_ == nullptr) {
@@ -158,11 +151,7 @@ absl::Status CpuDataPlane::InstallPlacement(int layer,
   if (table == nullptr) return absl::InvalidArgumentError("InstallPlacement: null table");
   RETURN_IF_ERROR(core::ValidatePlacement(*table, options_));
   const int rank = group_.rank;
-  auto experts = experts_.find(layer);
-  if (experts != experts_.end() &&
-      experts->second.expert_ids() != core::DistinctSlotExperts(*table, rank)) {
-    experts_.erase(experts);
-  }
+  experts_.KeepIfSlotsOf(layer, *table, rank);
   book_.Install(layer, std::move(table));
   return absl::OkStatus();
 }
@@ -181,8 +170,8 @@ int64_t CpuDataPlane::epoch() const { return dispatcher_ ? dispatcher_->epoch() 
 absl::StatusOr<core::StepStats> CpuDataPlane::Forward(
     int layer, absl::Span<const core::bf16_t> hidden, absl::Span<const int32_t> topk_ids,
     absl::Span<const float> topk_weights, int64_t num_tokens, absl::Span<core::bf16_t> output) {
-  auto experts = experts_.find(layer);
-  if (experts == experts_.end()) {
+  const core::ExpertSet* experts = experts_.Find<core::ExpertSet>(layer);
+  if (experts == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("Forward: layer ", layer, " has no loaded experts; call LoadExperts first"));
   }
@@ -210,7 +199,7 @@ absl::StatusOr<core::StepStats> CpuDataPlane::Forward(
   // cancelled (call_.Expired latches it), and the gate after it then stops
   // every rank (server/call_gate.h).
   const absl::Status forwarded = dispatcher_->Forward(
-      hidden, topk_ids, topk_weights, num_tokens, experts->second, output, shared_out,
+      hidden, topk_ids, topk_weights, num_tokens, *experts, output, shared_out,
       [&] {
         return CallGate(*collective_, call_,
                         absl::StrCat(call, ": between expert compute and combine"),

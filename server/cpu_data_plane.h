@@ -51,13 +51,11 @@ class CpuDataPlane final : public DataPlane {
   int64_t allocated_bytes() const override;
   absl::StatusOr<int64_t> LoadExperts(int layer, const core::ExpertSource& source,
                                       int64_t memory_cap_bytes) override;
-  bool HasExperts(int layer) const override;
   // The shared expert runs on this thread before dispatch (BLAS uses every
   // core already, so nothing overlaps it on the CPU).
   absl::StatusOr<int64_t> LoadSharedExpert(int layer, std::optional<core::SharedExpert> shared,
                                            int64_t memory_cap_bytes) override;
   int64_t SharedExpertBytes(int layer) const override;
-  int64_t ExpertBytes(int layer) const override;
   absl::Status InstallPlacement(int layer,
                                 std::shared_ptr<const core::PlacementTable> table) override;
   absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens) override;
@@ -110,7 +108,6 @@ class CpuDataPlane final : public DataPlane {
   DataPlaneGroup group_;  // as formed (rank, world, rendezvous addresses)
   RankMaskState mask_;
   std::unique_ptr<core::EpDispatcher> dispatcher_;
-  std::map<int, core::ExpertSet> experts_;    // layer -> this rank's experts
   std::map<int, core::SharedExpert> shared_;  // layer -> its shared expert (replica)
   int64_t hidden_ = 0;                        // H of the allocated workspace
   core::EpDispatcherOptions options_;         // of the allocated workspace

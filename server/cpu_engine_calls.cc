@@ -228,7 +228,7 @@ absl::StatusOr<core::StepStats> CpuDataPlane::EngineForward(int layer, const voi
     local = absl::InvalidArgumentError(
         absl::StrCat(call, ": output must not be null when num_tokens > 0"));
   }
-  if (local.ok() && !experts_.contains(layer)) {
+  if (local.ok() && !experts_.Has(layer)) {
     local = absl::FailedPreconditionError(
         absl::StrCat(call, ": layer ", layer, " has no loaded experts on rank ", me,
                      "; LoadExperts it first (moe_ep_worker_wait_ready_for_steps with "

@@ -36,6 +36,7 @@
 #include "core/ep_dispatcher.h"
 #include "core/expert_source.h"
 #include "core/experts.h"
+#include "core/layer_experts.h"
 #include "core/placement_table.h"
 #include "core/shared_expert.h"
 #include "core/workspace.h"
@@ -235,7 +236,8 @@ class DataPlane {
   // previous experts.
   virtual absl::StatusOr<int64_t> LoadExperts(int layer, const core::ExpertSource& source,
                                               int64_t memory_cap_bytes) = 0;
-  virtual bool HasExperts(int layer) const = 0;
+  // Whether `layer` holds routed experts (experts_, every plane alike).
+  bool HasExperts(int layer) const { return experts_.Has(layer); }
   // Holds `shared` as `layer`'s shared expert (replacing any; nullopt drops
   // it; on the device for the GPU plane); Forward on `layer` then computes it for this rank's
   // own tokens and adds it at combine (core/shared_expert.h; issue 18).
@@ -248,8 +250,8 @@ class DataPlane {
                                                    int64_t memory_cap_bytes) = 0;
   // Bytes of `layer`'s shared-expert weights (0 when none).
   virtual int64_t SharedExpertBytes(int layer) const = 0;
-  // Bytes of expert weights held for `layer` (0 when none).
-  virtual int64_t ExpertBytes(int layer) const = 0;
+  // Bytes of routed expert weights held for `layer` (0 when none).
+  int64_t ExpertBytes(int layer) const { return experts_.Bytes(layer); }
 
   // InstallPlacement()
   //
@@ -368,6 +370,10 @@ class DataPlane {
   // synchronizes for its output anyway); Placement, ReadExpertLoad and
   // ExpertTokenTotals read it.
   PlacementBook book_;
+  // Each layer's routed experts (core/layer_experts.h): the plane puts what
+  // its LoadExperts made, clears it at Allocate, and applies its one drop
+  // rule (KeepIfSlotsOf) when a table is installed.
+  core::LayerExperts experts_;
 
   // The hooks of the rank-mask flow above. group(): the arguments the plane
   // was formed with (its rank, world, Rendezvous addresses, timeout; what

@@ -187,7 +187,7 @@ GpuDataPlane::~GpuDataPlane() {
   // Frees and event destruction happen on this group's device.
   (void)MakeDeviceCurrent();
   if (view_ != nullptr && view_->healthy()) (void)Synchronize();
-  experts_.clear();
+  experts_.Clear();
   staging_.reset();
   dispatcher_.reset();
   for (cudaEvent_t event : {events_[0], events_[1], events_[2], events_[3], fork_, join_}) {
@@ -305,9 +305,7 @@ absl::Status GpuDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) 
 }
 
 int64_t GpuDataPlane::TotalExpertBytes() const {
-  int64_t total = 0;
-  for (const auto& [layer, experts] : experts_) total += experts->weight_bytes();
-  return total + shared_.TotalBytes();
+  return experts_.TotalBytes() + shared_.TotalBytes();
 }
 
 absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatcherOptions& options,
@@ -354,7 +352,7 @@ absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatc
                    core::PlacementTable::Contiguous(options.num_experts, ws.ep_size));
   book_.Reset(std::make_shared<const core::PlacementTable>(std::move(contiguous)));
   book_.SetLive(mask_.live);  // a returning rank allocates under its mask
-  experts_.clear();
+  experts_.Clear();
   shared_.Reset(ws.capacity_tokens, ws.hidden);
   staging_ = std::move(staging);
   dispatcher_ = std::move(*dispatcher);
@@ -422,11 +420,9 @@ absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, const core::ExpertS
     NewWorkspaceToken();  // new buffers: graphs of engine calls must be captured again
   }
   const int64_t bytes = device->weight_bytes();
-  experts_.insert_or_assign(layer, std::move(device));
+  experts_.Put(layer, std::move(device));
   return bytes;
 }
-
-bool GpuDataPlane::HasExperts(int layer) const { return experts_.contains(layer); }
 
 absl::StatusOr<int64_t> GpuDataPlane::LoadSharedExpert(int layer,
                                                        std::optional<core::SharedExpert> shared,
@@ -441,11 +437,6 @@ absl::StatusOr<int64_t> GpuDataPlane::LoadSharedExpert(int layer,
 
 int64_t GpuDataPlane::SharedExpertBytes(int layer) const { return shared_.Bytes(layer); }
 
-int64_t GpuDataPlane::ExpertBytes(int layer) const {
-  auto it = experts_.find(layer);
-  return it == experts_.end() ? 0 : it->second->weight_bytes();
-}
-
 absl::Status GpuDataPlane::InstallPlacement(int layer,
                                             std::shared_ptr<const core::PlacementTable> table) {
   if (dispatcher_ == nullptr) {
@@ -456,11 +447,7 @@ absl::Status GpuDataPlane::InstallPlacement(int layer,
   RETURN_IF_ERROR(dispatcher_->SetPlacement(*table));
   // The layer's experts stay when they are this rank's new distinct slot
   // experts (any set of ids, DESIGN §17), else they go (LoadExperts again).
-  auto experts = experts_.find(layer);
-  if (experts != experts_.end() &&
-      experts->second->expert_ids() != core::DistinctSlotExperts(*table, view_->rank())) {
-    experts_.erase(experts);
-  }
+  experts_.KeepIfSlotsOf(layer, *table, view_->rank());
   book_.Install(layer, std::move(table));
   return absl::OkStatus();
 }
@@ -540,8 +527,8 @@ absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostFo
   const int k = ws.top_k;
   const int rank = view_->rank();
   const int world = view_->size();
-  auto experts = experts_.find(layer);
-  if (experts == experts_.end()) {
+  kernels::DeviceExpertSet* experts = experts_.Find<kernels::DeviceExpertSet>(layer);
+  if (experts == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("Forward: layer ", layer, " has no loaded experts; call LoadExperts first"));
   }
@@ -587,7 +574,7 @@ absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostFo
     RETURN_IF_ERROR(Upload(staging_->d_weights(), io.topk_weights, k_bytes, staging_->h_weights(),
                            "topk_weights"));
   }
-  const kernels::DeviceExpertSet& set = *experts->second;
+  const kernels::DeviceExpertSet& set = *experts;
   // The shared expert starts on its own stream once the inputs are on the
   // device, and runs while the dispatch does (issue 18).
   const bool has_shared = shared_.Has(layer);

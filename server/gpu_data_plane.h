@@ -131,8 +131,6 @@ class GpuDataPlane final : public DataPlane {
   int64_t allocated_bytes() const override;
   absl::StatusOr<int64_t> LoadExperts(int layer, const core::ExpertSource& source,
                                       int64_t memory_cap_bytes) override;
-  bool HasExperts(int layer) const override;
-  int64_t ExpertBytes(int layer) const override;
   // Shared experts run on their own stream, overlapped with the dispatch
   // (server/gpu_shared_experts.h).
   absl::StatusOr<int64_t> LoadSharedExpert(int layer, std::optional<core::SharedExpert> shared,
@@ -250,7 +248,6 @@ class GpuDataPlane final : public DataPlane {
   std::unique_ptr<kernels::GpuEpDispatcher> dispatcher_;
   std::unique_ptr<Staging> staging_;
   bool geometry_committed_ = false;
-  std::map<int, std::unique_ptr<kernels::DeviceExpertSet>> experts_;
   cudaEvent_t events_[4] = {nullptr, nullptr, nullptr, nullptr};
   ForwardHostCopy host_copy_ = ForwardHostCopy::kPageable;
   cudaEvent_t fork_ = nullptr;  // engine calls: caller's stream -> dispatcher's stream

@@ -185,8 +185,8 @@ absl::StatusOr<core::StepStats> GpuDataPlane::EngineForward(int layer, const voi
                                                 {"topk_ids", topk_ids},
                                                 {"topk_weights", topk_weights},
                                                 {"output", output}}));
-  auto experts = experts_.find(layer);
-  if (experts == experts_.end()) {
+  kernels::DeviceExpertSet* experts = experts_.Find<kernels::DeviceExpertSet>(layer);
+  if (experts == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("forward: layer ", layer, " has no loaded experts; call LoadExperts first"));
   }
@@ -195,7 +195,7 @@ absl::StatusOr<core::StepStats> GpuDataPlane::EngineForward(int layer, const voi
     return absl::InvalidArgumentError("forward: output must not be null when num_tokens > 0");
   }
   const auto* in = static_cast<const uint16_t*>(hidden);
-  const kernels::DeviceExpertSet& set = *experts->second;
+  const kernels::DeviceExpertSet& set = *experts;
   const bool has_shared = shared_.Has(layer);
   RETURN_IF_ERROR(OnCallerStream(static_cast<cudaStream_t>(stream), [&]() -> absl::Status {
     cudaStream_t own = dispatcher_->stream();

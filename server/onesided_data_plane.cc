@@ -162,7 +162,7 @@ absl::StatusOr<std::unique_ptr<OneSidedDataPlane>> OneSidedDataPlane::Form(
 
 OneSidedDataPlane::~OneSidedDataPlane() {
   (void)MakeDeviceCurrent();
-  experts_.clear();
+  experts_.Clear();
   // The dispatcher's destructor waits for its stream; a step that failed
   // on a deadline has already been waited for (CheckStep bounds it).
   dispatcher_.reset();
@@ -188,9 +188,7 @@ kernels::onesided::OneSidedDispatcherOptions OneSidedDataPlane::DispatcherOption
 }
 
 int64_t OneSidedDataPlane::TotalExpertBytes() const {
-  int64_t total = 0;
-  for (const auto& [layer, experts] : experts_) total += experts->weight_bytes();
-  return total + shared_.TotalBytes();
+  return experts_.TotalBytes() + shared_.TotalBytes();
 }
 
 absl::Status OneSidedDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) {
@@ -245,7 +243,7 @@ absl::StatusOr<DataPlaneAllocation> OneSidedDataPlane::Allocate(
                    OneSidedDispatcher::WindowBytes(WindowOptionsFor(options, map)));
   // No peer may still use the old windows once they go.
   RETURN_IF_ERROR(compact_->Barrier());
-  experts_.clear();
+  experts_.Clear();
   dispatcher_.reset();
   staging_.reset();
   windows_.reset();
@@ -347,13 +345,8 @@ absl::StatusOr<int64_t> OneSidedDataPlane::LoadExperts(int layer, const core::Ex
     max_intermediate_ = source.intermediate;
   }
   const int64_t bytes = device->weight_bytes();
-  experts_.insert_or_assign(layer, std::move(device));
+  experts_.Put(layer, std::move(device));
   return bytes;
-}
-
-int64_t OneSidedDataPlane::ExpertBytes(int layer) const {
-  auto it = experts_.find(layer);
-  return it == experts_.end() ? 0 : it->second->weight_bytes();
 }
 
 absl::StatusOr<int64_t> OneSidedDataPlane::LoadSharedExpert(
@@ -376,11 +369,7 @@ absl::Status OneSidedDataPlane::InstallPlacement(
   // Any table: the route map numbers every rank's slots (DESIGN §17). The
   // layer's experts stay when they are this rank's new distinct slot
   // experts, else they go (LoadExperts again).
-  auto experts = experts_.find(layer);
-  if (experts != experts_.end() &&
-      experts->second->expert_ids() != core::DistinctSlotExperts(*table, rank_)) {
-    experts_.erase(experts);
-  }
+  experts_.KeepIfSlotsOf(layer, *table, rank_);
   book_.Install(layer, std::move(table));
   return absl::OkStatus();
 }
@@ -506,11 +495,11 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::Forward(
   // peer waits on it.
   const bool makes_windows = windows_dropped_;
   if (local.ok()) local = MakeWindowsIfDropped();
-  auto experts = experts_.find(layer);
+  kernels::DeviceExpertSet* experts = experts_.Find<kernels::DeviceExpertSet>(layer);
   if (local.ok() && staging_ == nullptr) {
     local = absl::FailedPreconditionError("Forward: no workspace; call AllocateWorkspace first");
   }
-  if (local.ok() && experts == experts_.end()) {
+  if (local.ok() && experts == nullptr) {
     local = absl::FailedPreconditionError(
         absl::StrCat("Forward: layer ", layer, " has no loaded experts; call LoadExperts first"));
   }
@@ -541,7 +530,7 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::Forward(
     // This rank's slots answer to their dispatch ids (the expert set's
     // slots are its distinct slot experts, as the map's).
     if (local.ok()) {
-      local = experts->second->Renumber(OneSidedSlotIds(map, rank_), dispatcher_->stream());
+      local = experts->Renumber(OneSidedSlotIds(map, rank_), dispatcher_->stream());
     }
     if (local.ok()) {
       route = map.table_fingerprint;
@@ -568,7 +557,7 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::Forward(
   RETURN_IF_ERROR(dispatcher_->Dispatch(staging_->hidden(), staging_->topk_ids(),
                                         staging_->topk_weights(), num_tokens));
   RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[1], stream), "cudaEventRecord"));
-  absl::Status computed = dispatcher_->ComputeExperts(*experts->second);
+  absl::Status computed = dispatcher_->ComputeExperts(*experts);
   if (computed.ok() && has_shared) computed = shared_.JoinInto(stream);
   RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[2], stream), "cudaEventRecord"));
   // Combine even when this rank's compute failed: the peers wait for its

@@ -126,8 +126,6 @@ class OneSidedDataPlane final : public DataPlane {
   int64_t allocated_bytes() const override;
   absl::StatusOr<int64_t> LoadExperts(int layer, const core::ExpertSource& source,
                                       int64_t memory_cap_bytes) override;
-  bool HasExperts(int layer) const override { return experts_.contains(layer); }
-  int64_t ExpertBytes(int layer) const override;
   absl::StatusOr<int64_t> LoadSharedExpert(int layer, std::optional<core::SharedExpert> shared,
                                            int64_t memory_cap_bytes) override;
   int64_t SharedExpertBytes(int layer) const override { return shared_.Bytes(layer); }
@@ -196,7 +194,6 @@ class OneSidedDataPlane final : public DataPlane {
   std::unique_ptr<kernels::onesided::OneSidedDispatcher> dispatcher_;
   std::unique_ptr<DeviceStepBuffers> staging_;
   int32_t* host_counts_ = nullptr;  // pinned [2, E]: send, receive counts of a step
-  std::map<int, std::unique_ptr<kernels::DeviceExpertSet>> experts_;
   cudaEvent_t events_[4] = {nullptr, nullptr, nullptr, nullptr};
   GpuSharedExperts shared_;  // last: destroyed first, on the current device
 };
