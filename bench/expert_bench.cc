@@ -16,7 +16,22 @@
 // the largest |hopper - cublas| / max|cublas| and |hopper - wmma| / max|wmma|
 // over the outputs, and the count of non-finite outputs (checks that the paths
 // computed the same thing). CSV to stdout; progress to stderr.
-// Source: issue 14; DESIGN §10.
+//
+// --paths fp8 (issue 35 item 4) times ExpertCompute::RunFp8 instead: the
+// same seeded bf16 experts block-quantized to fp8 e4m3 on the device
+// (LaunchQuantizeFp8BlockMatrices, DeepSeek-V3's 128 x 128 format), the
+// whole step graph-replayed (grouping, gather + per-128 activation
+// quantization, fused gate/up + SwiGLU + re-quantization, down, weighted
+// sum), and each fp8 GEMM alone from its own graph on the step's own
+// per-expert offsets (the step's tile height; with --fp8-tile-compare also
+// 128 and 256 rows; 0 when not timed). Printed per token count
+// (one CSV table): p50s, the step's and each GEMM's TFLOP/s (rows * 6 H I FLOP over the step, 4 H I
+// and 2 H I per GEMM) and their share of --fp8-peak-tflops (1979), the
+// fp8 weight-streaming bound (fp8 bytes + scales of the experts that got
+// rows / --bound-tbps) and the step's ratio to it, the copy rate, and the
+// largest |fp8 - bf16 hopper| / max|bf16| (the quantization's own error:
+// a check that both computed the same experts) with non-finite counts.
+// Source: issue 14; issue 35; DESIGN §10.
 
 #include <cuda_runtime.h>
 
@@ -34,6 +49,8 @@
 #include "core/bf16.h"
 #include "kernels/device_experts.h"
 #include "kernels/expert_compute.h"
+#include "kernels/fp8_expert_kernels.cuh"
+#include "kernels/fp8_grouped_gemm.cuh"
 
 namespace moe_ep::kernels {
 namespace {
@@ -115,10 +132,18 @@ int Main(int argc, char** argv) {
   app.add_option("--intermediate", inter);
   app.add_option("--warmup", warmup);
   app.add_option("--iters", iters);
-  app.add_option("--paths", paths, "hopper, wmma, cublas");
+  app.add_option("--paths", paths, "hopper, wmma, cublas; or fp8 alone (issue 35)");
   app.add_option("--bound-tbps", bound_tbps, "memory rate of the weight bound");
   app.add_option("--bound-tflops", bound_tflops, "bf16 matrix rate of the matrix bound");
+  double fp8_peak_tflops = 1979;
+  app.add_option("--fp8-peak-tflops", fp8_peak_tflops, "dense fp8 rate the fp8 path is a share of");
+  int fp8_tile_rows = 0;
+  app.add_option("--fp8-tile-rows", fp8_tile_rows, "the fp8 step's tile height: 0 auto, 128, 256");
+  bool fp8_tile_compare = false;
+  app.add_flag("--fp8-tile-compare", fp8_tile_compare,
+               "also time each fp8 GEMM alone with 128- and 256-row tiles");
   CLI11_PARSE(app, argc, argv);
+  const bool fp8_only = paths.size() == 1 && paths[0] == "fp8";
 
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -141,6 +166,36 @@ int Main(int argc, char** argv) {
   const int64_t max_tokens = *std::max_element(token_list.begin(), token_list.end());
   auto ec = ExpertCompute::Create(max_tokens, top_k, hidden, inter, num_experts);
   BENCH_CHECK(ec.status());
+  // fp8 experts: the bf16 ones block-quantized on the device.
+  Fp8SwiGluExperts fp8;
+  uint8_t* fp8_codes = nullptr;
+  float* fp8_scales = nullptr;
+  int32_t* fp8_slots = nullptr;
+  const int64_t gsz = inter * hidden;
+  const int64_t ssz = (inter / 128) * (hidden / 128);
+  if (fp8_only) {
+    CUDA_CHECK(cudaMalloc(&fp8_codes, num_experts * 3 * gsz));
+    CUDA_CHECK(cudaMalloc(&fp8_scales, num_experts * 3 * ssz * 4));
+    CUDA_CHECK(cudaMalloc(&fp8_slots, num_experts * 4));
+    std::vector<int32_t> slots(num_experts);
+    for (int e = 0; e < num_experts; ++e) slots[e] = e;
+    CUDA_CHECK(cudaMemcpy(fp8_slots, slots.data(), num_experts * 4, cudaMemcpyHostToDevice));
+    fp8.slot_ids = fp8_slots;
+    fp8.num_experts = num_experts;
+    fp8.hidden = hidden;
+    fp8.intermediate = inter;
+    fp8.gate_up = fp8_codes;
+    fp8.down = fp8_codes + num_experts * 2 * gsz;
+    fp8.gate_up_scale = fp8_scales;
+    fp8.down_scale = fp8_scales + num_experts * 2 * ssz;
+    BENCH_CHECK(LaunchQuantizeFp8BlockMatrices((*experts)->gate_up(), 2 * num_experts, inter,
+                                               hidden, fp8_codes, fp8_scales, stream));
+    BENCH_CHECK(LaunchQuantizeFp8BlockMatrices((*experts)->down(), num_experts, hidden, inter,
+                                               fp8_codes + num_experts * 2 * gsz,
+                                               fp8_scales + num_experts * 2 * ssz, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  (*ec)->SetFp8TileRowsForTest(fp8_tile_rows);
   const int64_t row_bytes = 2 * hidden + 8 * top_k;
   uint8_t* recv = nullptr;
   uint16_t* out = nullptr;
@@ -148,10 +203,19 @@ int Main(int argc, char** argv) {
   CUDA_CHECK(cudaMalloc(&recv, max_tokens * row_bytes));
   CUDA_CHECK(cudaMalloc(&out, max_tokens * hidden * 2));
 
-  std::printf(
-      "tokens,rows,experts_hit,H,I,topk,hopper_kernel,hopper_graph_p50_us,wmma_graph_p50_us,"
-      "cublas_eager_p50_us,weight_bound_us,matrix_bound_us,hopper_weight_tbps,copy_tbps,"
-      "hopper_vs_cublas_max_rel,hopper_vs_wmma_max_rel,hopper_nonfinite,cublas_nonfinite\n");
+  if (fp8_only) {
+    std::printf(
+        "tokens,rows,experts_hit,H,I,topk,fp8_step_graph_p50_us,fp8_gate_up_gemm_p50_us,"
+        "fp8_down_gemm_p50_us,bf16_hopper_graph_p50_us,step_tflops,step_pct_fp8_peak,"
+        "gemms_tflops,gemms_pct_fp8_peak,gate_up_tflops,down_tflops,fp8_weight_bound_us,"
+        "step_vs_weight_bound,fp8_weight_tbps,copy_tbps,fp8_vs_bf16_max_rel,fp8_nonfinite,"
+        "gate_up_128_rows_us,gate_up_256_rows_us,down_128_rows_us,down_256_rows_us\n");
+  } else {
+    std::printf(
+        "tokens,rows,experts_hit,H,I,topk,hopper_kernel,hopper_graph_p50_us,wmma_graph_p50_us,"
+        "cublas_eager_p50_us,weight_bound_us,matrix_bound_us,hopper_weight_tbps,copy_tbps,"
+        "hopper_vs_cublas_max_rel,hopper_vs_wmma_max_rel,hopper_nonfinite,cublas_nonfinite\n");
+  }
   for (const int64_t tokens : token_list) {
     // recv rows: hidden ~ U(-1, 1) bf16 | top_k distinct ids | weights ~ U(0, 1).
     std::mt19937_64 rng(1000 + tokens);
@@ -196,6 +260,110 @@ int Main(int argc, char** argv) {
     auto has = [&](const char* p) {
       return std::find(paths.begin(), paths.end(), p) != paths.end();
     };
+    if (fp8_only) {
+      // The bf16 Hopper step first (the comparison's output), then fp8.
+      const double bf16_us = graph_p50(ExpertGemm::kGroupedDevice);
+      std::vector<uint16_t> bf16_out(tokens * hidden), fp8_out(tokens * hidden);
+      CUDA_CHECK(cudaMemcpy(bf16_out.data(), out, tokens * hidden * 2, cudaMemcpyDeviceToHost));
+      auto run_fp8 = [&] { BENCH_CHECK((*ec)->RunFp8(recv, tokens, fp8, out, stream)); };
+      run_fp8();
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      auto graph_of = [&](auto fn) {
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        fn();
+        CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+        CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        const double us =
+            TimeP50(stream, warmup, iters, [&] { CUDA_CHECK(cudaGraphLaunch(exec, stream)); });
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        return us;
+      };
+      const double step_us = graph_of(run_fp8);
+      CUDA_CHECK(cudaMemcpy(fp8_out.data(), out, tokens * hidden * 2, cudaMemcpyDeviceToHost));
+      // Each GEMM alone: operands of the step's sizes on the step's offsets
+      // (the routing's per-expert counts, contiguous), activations seeded.
+      std::vector<int32_t> counts(num_experts, 0);
+      for (int64_t t = 0; t < tokens; ++t) {
+        const auto* ids =
+            reinterpret_cast<const int32_t*>(host.data() + t * row_bytes + 2 * hidden);
+        for (int k = 0; k < top_k; ++k) ++counts[ids[k]];
+      }
+      std::vector<int32_t> offsets(num_experts + 1, 0);
+      for (int e = 0; e < num_experts; ++e) offsets[e + 1] = offsets[e] + counts[e];
+      int32_t* d_off = nullptr;
+      uint8_t *a_codes = nullptr, *act_codes = nullptr;
+      float *a_sc = nullptr, *act_sc = nullptr;
+      uint16_t* y = nullptr;
+      CUDA_CHECK(cudaMalloc(&d_off, (num_experts + 1) * 4));
+      CUDA_CHECK(cudaMalloc(&a_codes, rows * hidden));
+      CUDA_CHECK(cudaMalloc(&a_sc, rows * (hidden / 128) * 4));
+      CUDA_CHECK(cudaMalloc(&act_codes, rows * inter));
+      CUDA_CHECK(cudaMalloc(&act_sc, rows * (inter / 128) * 4));
+      CUDA_CHECK(cudaMalloc(&y, rows * hidden * 2));
+      CUDA_CHECK(cudaMemcpy(d_off, offsets.data(), (num_experts + 1) * 4, cudaMemcpyHostToDevice));
+      BENCH_CHECK(LaunchQuantizeFp8BlockMatrices((*experts)->gate_up(), 1, rows, hidden, a_codes,
+                                                 a_sc, stream));  // any bf16 values will do
+      const std::vector<float> a_sc_host(rows * (hidden / 128), 1.0f / 448);
+      CUDA_CHECK(cudaMemcpy(a_sc, a_sc_host.data(), a_sc_host.size() * 4, cudaMemcpyHostToDevice));
+      Fp8GemmParams gu;
+      gu.a = a_codes;
+      gu.a_scale = a_sc;
+      gu.a_scale_stride = rows;
+      gu.max_rows = rows;
+      gu.b = fp8.gate_up;
+      gu.b_scale = fp8.gate_up_scale;
+      gu.offsets = d_off;
+      gu.num_local_experts = num_experts;
+      gu.n = inter;
+      gu.k = hidden;
+      Fp8GemmParams dn = gu;
+      dn.a = act_codes;
+      dn.a_scale = act_sc;
+      dn.b = fp8.down;
+      dn.b_scale = fp8.down_scale;
+      dn.n = hidden;
+      dn.k = inter;
+      // The gate/up graph runs first and leaves act codes and scales for down.
+      // Each GEMM with the step's tile choice, then (--fp8-tile-compare) with
+      // each height.
+      double gu_tile_us[3] = {0, 0, 0}, dn_tile_us[3] = {0, 0, 0};
+      for (int v = 0; v < (fp8_tile_compare ? 3 : 1); ++v) {
+        gu.tile_rows = dn.tile_rows = v == 0 ? fp8_tile_rows : 128 * v;
+        gu_tile_us[v] = graph_of(
+            [&] { BENCH_CHECK(LaunchFp8GroupedSwiGlu(gu, act_codes, act_sc, rows, stream)); });
+        dn_tile_us[v] = graph_of([&] { BENCH_CHECK(LaunchFp8GroupedGemm(dn, y, stream)); });
+      }
+      const double gu_us = gu_tile_us[0];
+      const double dn_us = dn_tile_us[0];
+      cudaFree(d_off);
+      cudaFree(a_codes);
+      cudaFree(a_sc);
+      cudaFree(act_codes);
+      cudaFree(act_sc);
+      cudaFree(y);
+      const double flop = rows * 6.0 * hidden * inter;
+      const double step_tflops = flop / (step_us * 1e-6) / 1e12;
+      const double gemm_tflops = flop / ((gu_us + dn_us) * 1e-6) / 1e12;
+      const double wbytes8 =
+          static_cast<double>(hit.size()) * (3.0 * inter * hidden + 3.0 * ssz * 4);
+      const double bound8_us = wbytes8 / (bound_tbps * 1e12) * 1e6;
+      std::printf(
+          "%lld,%lld,%zu,%lld,%lld,%d,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.3f,"
+          "%.3f,%.3f,%.3e,%lld,%.1f,%.1f,%.1f,%.1f\n",
+          static_cast<long long>(tokens), static_cast<long long>(rows), hit.size(),
+          static_cast<long long>(hidden), static_cast<long long>(inter), top_k, step_us, gu_us,
+          dn_us, bf16_us, step_tflops, 100 * step_tflops / fp8_peak_tflops, gemm_tflops,
+          100 * gemm_tflops / fp8_peak_tflops, rows * 4.0 * hidden * inter / (gu_us * 1e-6) / 1e12,
+          rows * 2.0 * hidden * inter / (dn_us * 1e-6) / 1e12, bound8_us, step_us / bound8_us,
+          wbytes8 / (step_us * 1e-6) / 1e12, copy_tbps, MaxRel(fp8_out, bf16_out),
+          static_cast<long long>(NonFinite(fp8_out)), gu_tile_us[1], gu_tile_us[2], dn_tile_us[1],
+          dn_tile_us[2]);
+      std::fflush(stdout);
+      continue;
+    }
     double hopper_us = 0, wmma_us = 0, cublas_us = 0, max_rel = -1;
     std::vector<uint16_t> hopper_out(tokens * hidden), cublas_out(tokens * hidden);
     if (has("cublas")) {
@@ -232,6 +400,9 @@ int Main(int argc, char** argv) {
   }
   cudaFree(recv);
   cudaFree(out);
+  cudaFree(fp8_codes);
+  cudaFree(fp8_scales);
+  cudaFree(fp8_slots);
   cudaStreamDestroy(stream);
   return 0;
 }

@@ -3,10 +3,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "core/expert_source.h"
+#include "core/quantized_weights.h"
 #include "core/status_macros.h"
+#include "kernels/fp8_expert_kernels.cuh"
 #include "kernels/internal/cuda_status.h"
 #include "kernels/pinned_upload.h"
 #include "kernels/seeded_weights.cuh"
@@ -58,6 +61,16 @@ absl::StatusOr<std::unique_ptr<DeviceExpertSet>> DeviceExpertSet::Upload(
       std::unique_ptr<DeviceExpertSet> set,
       WithSlots(experts.kind(), experts.expert_ids(), experts.hidden(), experts.intermediate()));
   if (set->kind_ == core::ExpertKind::kIdentity || set->num_experts_ == 0) return set;
+  if (set->kind_ == core::ExpertKind::kFp8SwiGlu) {
+    RETURN_IF_ERROR(set->AllocateFp8());
+    RETURN_IF_ERROR(set->UploadFp8(experts));
+    return set;
+  }
+  if (set->kind_ != core::ExpertKind::kSwiGlu) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("DeviceExpertSet::Upload: ", core::ExpertKindName(set->kind_),
+                     " experts have no GPU kernel (bf16 and fp8 SwiGLU and identity experts do)"));
+  }
 
   const int64_t h = set->hidden_;
   const int64_t i = set->intermediate_;
@@ -163,6 +176,25 @@ absl::StatusOr<std::unique_ptr<DeviceExpertSet>> DeviceExpertSet::Load(
   if (source.kind == core::ExpertSourceKind::kIdentity) {
     return WithSlots(core::ExpertKind::kIdentity, source.Ids(), source.hidden, 0);
   }
+  const core::ExpertKind kind = source.expert_kind();
+  if (kind == core::ExpertKind::kGptOssMxfp4) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("DeviceExpertSet::Load: expert source (", source.Describe(),
+                     "): mxfp4 experts have no GPU kernel yet (the gloo plane computes them)"));
+  }
+  if (kind == core::ExpertKind::kFp8SwiGlu) {
+    if (source.kind != core::ExpertSourceKind::kSeeded) {
+      ASSIGN_OR_RETURN(const core::ExpertSet host, core::MakeHostExperts(source));
+      return Upload(host);
+    }
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<DeviceExpertSet> set,
+        WithSlots(core::ExpertKind::kFp8SwiGlu, source.Ids(), source.hidden, source.intermediate));
+    if (set->num_experts_ == 0) return set;
+    RETURN_IF_ERROR(set->AllocateFp8());
+    RETURN_IF_ERROR(set->GenerateSeededFp8(source.seed, source.layer));
+    return set;
+  }
   if (source.kind == core::ExpertSourceKind::kSeeded) {
     ASSIGN_OR_RETURN(
         std::unique_ptr<DeviceExpertSet> set,
@@ -199,15 +231,137 @@ absl::StatusOr<std::unique_ptr<DeviceExpertSet>> DeviceExpertSet::Load(
   return set;
 }
 
+int64_t DeviceExpertSet::Fp8GateScales() const {
+  return core::quant::Fp8ScaleBlocks(intermediate_) * core::quant::Fp8ScaleBlocks(hidden_);
+}
+
+int64_t DeviceExpertSet::Fp8DownScales() const {
+  return core::quant::Fp8ScaleBlocks(hidden_) * core::quant::Fp8ScaleBlocks(intermediate_);
+}
+
+absl::Status DeviceExpertSet::AllocateFp8() {
+  const int64_t l = num_experts_;
+  const int64_t ih = hidden_ * intermediate_;
+  RETURN_IF_ERROR(
+      internal::CudaStatus(cudaMalloc(&fp8_gate_up_, l * 2 * ih), "cudaMalloc(fp8 gate_up)"));
+  RETURN_IF_ERROR(
+      internal::CudaStatus(cudaMalloc(&fp8_gate_up_scale_, l * 2 * Fp8GateScales() * sizeof(float)),
+                           "cudaMalloc(fp8 gate_up scales)"));
+  RETURN_IF_ERROR(internal::CudaStatus(cudaMalloc(&fp8_down_, l * ih), "cudaMalloc(fp8 down)"));
+  return internal::CudaStatus(cudaMalloc(&fp8_down_scale_, l * Fp8DownScales() * sizeof(float)),
+                              "cudaMalloc(fp8 down scales)");
+}
+
+absl::Status DeviceExpertSet::UploadFp8(const core::ExpertSet& experts) {
+  const int64_t ih = hidden_ * intermediate_;
+  const int64_t gs = Fp8GateScales();
+  const int64_t ds = Fp8DownScales();
+  for (int l = 0; l < num_experts_; ++l) {
+    const core::quant::Fp8SwiGluWeights& w = experts.fp8_weights(l);
+    const core::quant::Fp8BlockMatrix* parts[2] = {&w.gate, &w.up};
+    for (int p = 0; p < 2; ++p) {
+      if (static_cast<int64_t>(parts[p]->codes.size()) != ih ||
+          static_cast<int64_t>(parts[p]->scale_inv.size()) != gs) {
+        return absl::InternalError(
+            "DeviceExpertSet::Upload: host fp8 weights have unexpected sizes");
+      }
+      RETURN_IF_ERROR(
+          internal::CudaStatus(cudaMemcpy(fp8_gate_up_ + (l * 2 + p) * ih, parts[p]->codes.data(),
+                                          ih, cudaMemcpyHostToDevice),
+                               "cudaMemcpy(fp8 gate_up)"));
+      RETURN_IF_ERROR(internal::CudaStatus(
+          cudaMemcpy(fp8_gate_up_scale_ + (l * 2 + p) * gs, parts[p]->scale_inv.data(),
+                     gs * sizeof(float), cudaMemcpyHostToDevice),
+          "cudaMemcpy(fp8 gate_up scales)"));
+    }
+    if (static_cast<int64_t>(w.down.codes.size()) != ih ||
+        static_cast<int64_t>(w.down.scale_inv.size()) != ds) {
+      return absl::InternalError("DeviceExpertSet::Upload: host fp8 weights have unexpected sizes");
+    }
+    RETURN_IF_ERROR(internal::CudaStatus(
+        cudaMemcpy(fp8_down_ + l * ih, w.down.codes.data(), ih, cudaMemcpyHostToDevice),
+        "cudaMemcpy(fp8 down)"));
+    RETURN_IF_ERROR(
+        internal::CudaStatus(cudaMemcpy(fp8_down_scale_ + l * ds, w.down.scale_inv.data(),
+                                        ds * sizeof(float), cudaMemcpyHostToDevice),
+                             "cudaMemcpy(fp8 down scales)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceExpertSet::GenerateSeededFp8(uint64_t seed, int layer) {
+  const int64_t ih = hidden_ * intermediate_;
+  // One expert's bf16 weights at a time: the scratch is 3 I H bf16, freed here.
+  uint16_t* bf16 = nullptr;
+  RETURN_IF_ERROR(internal::CudaStatus(cudaMalloc(&bf16, 3 * ih * sizeof(uint16_t)),
+                                       "cudaMalloc(seeded bf16 scratch)"));
+  absl::Status status = absl::OkStatus();
+  for (int l = 0; l < num_experts_ && status.ok(); ++l) {
+    SeededSwiGluParams params;
+    params.seed = seed;
+    params.layer = layer;
+    params.first_expert = expert_ids_[l];
+    params.num_experts = 1;
+    params.hidden = hidden_;
+    params.intermediate = intermediate_;
+    params.gate_up = bf16;
+    params.down = bf16 + 2 * ih;
+    // The legacy default stream throughout: each launch is ordered after the
+    // previous one, so the scratch is reused safely.
+    status = LaunchSeededSwiGluWeights(params, /*stream=*/nullptr);
+    if (status.ok()) {
+      status =
+          LaunchQuantizeFp8BlockMatrices(bf16, 2, intermediate_, hidden_, fp8_gate_up_ + l * 2 * ih,
+                                         fp8_gate_up_scale_ + l * 2 * Fp8GateScales(),
+                                         /*stream=*/nullptr);
+    }
+    if (status.ok()) {
+      status =
+          LaunchQuantizeFp8BlockMatrices(bf16 + 2 * ih, 1, hidden_, intermediate_,
+                                         fp8_down_ + l * ih, fp8_down_scale_ + l * Fp8DownScales(),
+                                         /*stream=*/nullptr);
+    }
+  }
+  const absl::Status synced = internal::CudaStatus(
+      cudaStreamSynchronize(nullptr), "cudaStreamSynchronize(seeded fp8 expert weights)");
+  cudaFree(bf16);
+  RETURN_IF_ERROR(status);
+  return synced;
+}
+
+Fp8SwiGluExperts DeviceExpertSet::fp8() const {
+  Fp8SwiGluExperts view;
+  view.slot_ids = device_slot_ids_;
+  view.num_experts = num_experts_;
+  view.hidden = hidden_;
+  view.intermediate = intermediate_;
+  view.gate_up = fp8_gate_up_;
+  view.gate_up_scale = fp8_gate_up_scale_;
+  view.down = fp8_down_;
+  view.down_scale = fp8_down_scale_;
+  return view;
+}
+
 DeviceExpertSet::~DeviceExpertSet() {
   cudaFree(gate_up_);
   cudaFree(down_);
+  cudaFree(fp8_gate_up_);
+  cudaFree(fp8_gate_up_scale_);
+  cudaFree(fp8_down_);
+  cudaFree(fp8_down_scale_);
   cudaFree(device_slot_ids_);
 }
 
 int64_t DeviceExpertSet::weight_bytes() const {
-  if (kind_ == core::ExpertKind::kIdentity) return 0;
-  return int64_t{num_experts_} * 3 * hidden_ * intermediate_ * 2;
+  switch (kind_) {
+    case core::ExpertKind::kIdentity:
+      return 0;
+    case core::ExpertKind::kFp8SwiGlu:
+      return int64_t{num_experts_} *
+             (3 * hidden_ * intermediate_ + (2 * Fp8GateScales() + Fp8DownScales()) * 4);
+    default:
+      return int64_t{num_experts_} * 3 * hidden_ * intermediate_ * 2;
+  }
 }
 
 }  // namespace moe_ep::kernels

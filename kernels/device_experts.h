@@ -2,7 +2,9 @@
 
 // The experts of one MoE layer held by one rank on its GPU (DESIGN §7):
 // SwiGLU weights in bf16, laid out for the grouped GEMMs of
-// kernels/expert_compute.h, or identity experts (no weights).
+// kernels/expert_compute.h, fp8 block-scaled SwiGLU weights (DeepSeek-V3's
+// checkpoint format, Fp8SwiGluExperts below; issue 35 item 3), or identity
+// experts (no weights).
 //
 // Device layout (row-major bf16):
 //   gate_up [L, 2I, H]: rows [0, I) of slot l are gate, rows [I, 2I) up
@@ -40,6 +42,27 @@
 
 namespace moe_ep::kernels {
 
+// fp8 block-scaled SwiGLU experts of one rank on its GPU, the DeepSeek-V3
+// checkpoint format (DESIGN §7 "Weight formats"; issue 35 item 3), as
+// non-owning device pointers. Per local expert l the checkpoint's tensors go
+// here unchanged: gate_proj.weight [I, H] to gate_up[l] rows [0, I),
+// up_proj.weight to rows [I, 2I), their weight_scale_inv [I/128, H/128] to
+// gate_up_scale[l][0] and [l][1], down_proj.weight [H, I] and its
+// weight_scale_inv [H/128, I/128] to down[l] and down_scale[l]. A weight is
+// code * scale of its 128 x 128 block; slot l holds the expert that
+// slot_ids[l] names (kernels/device_experts.h's slots).
+struct Fp8SwiGluExperts {
+  const int32_t* slot_ids = nullptr;     // device [L]: the id slot l answers to, ascending
+                                         // (core::LocalSlot, as DeviceExpertSet)
+  int num_experts = 0;                   // L
+  int64_t hidden = 0;                    // H, a multiple of 128
+  int64_t intermediate = 0;              // I, a multiple of 128
+  const uint8_t* gate_up = nullptr;      // [L, 2I, H] e4m3, 16-byte aligned
+  const float* gate_up_scale = nullptr;  // [L, 2, I/128, H/128] fp32
+  const uint8_t* down = nullptr;         // [L, H, I] e4m3, 16-byte aligned
+  const float* down_scale = nullptr;     // [L, H/128, I/128] fp32
+};
+
 // Default pinned staging of DeviceExpertSet::Load: 64 MiB (two 32 MiB
 // buffers, more than one DeepSeek-V3 expert tensor of 2048 x 7168 bf16).
 inline constexpr int64_t kExpertStagingBytes = int64_t{64} << 20;
@@ -48,8 +71,9 @@ class DeviceExpertSet {
  public:
   // Copies `experts` to the current CUDA device (synchronous; not a step-path
   // call); slot l holds experts.expert_ids()[l] (any set, e.g. a
-  // core::ExpertSet::Union). Errors: kResourceExhausted (cudaMalloc failed),
-  // kInternal (copy).
+  // core::ExpertSet::Union). bf16 SwiGLU, fp8 SwiGLU and identity experts.
+  // Errors: kFailedPrecondition (mxfp4 experts), kResourceExhausted
+  // (cudaMalloc failed), kInternal (copy).
   static absl::StatusOr<std::unique_ptr<DeviceExpertSet>> Upload(const core::ExpertSet& experts);
 
   // Seeded SwiGLU experts [first_expert, first_expert + num_experts) of
@@ -83,6 +107,13 @@ class DeviceExpertSet {
   //                 read (core::ReleaseTensorPages), so host memory stays
   //                 about staging_bytes plus one tensor, whatever the layer;
   //   kIdentity     no weights.
+  // fp8 block-scaled sources (weight_format kFp8Block128, issue 35): seeded
+  // weights are generated in bf16 on the device one expert at a time and
+  // quantized there (GenerateFp8SwiGlu's bits, no host copy); checkpoint
+  // experts are read on the host (core::MakeHostExperts: the F8_E4M3 codes
+  // and F32 scale_inv as stored) and uploaded, so host memory holds the
+  // layer's fp8 bytes during the call. mxfp4 sources are refused
+  // (kFailedPrecondition: the GPU has no mxfp4 kernel yet).
   // The pinned buffers are min(staging_bytes / 2, one tensor's bytes) each,
   // allocated for the call and freed before it returns. Synchronous (not a
   // step-path call).
@@ -123,9 +154,12 @@ class DeviceExpertSet {
   absl::Status Renumber(const std::vector<int>& slot_ids, cudaStream_t stream);
   int64_t hidden() const { return hidden_; }
   int64_t intermediate() const { return intermediate_; }
-  // Device pointers; null for identity experts.
+  // Device pointers of bf16 SwiGLU weights; null for the other kinds.
   const uint16_t* gate_up() const { return gate_up_; }
   const uint16_t* down() const { return down_; }
+  // The fp8 weights (kind() kFp8SwiGlu) as ExpertCompute::RunFp8 reads
+  // them; null pointers for the other kinds. Valid while the set lives.
+  Fp8SwiGluExperts fp8() const;
   // Bytes of device weight storage (the L slot ids, 4 bytes each, are not
   // counted).
   int64_t weight_bytes() const;
@@ -140,6 +174,18 @@ class DeviceExpertSet {
                                                                     int64_t intermediate);
   // Allocates gate_up_ and down_ for num_experts_ SwiGLU experts.
   absl::Status AllocateSwiGlu();
+  // Allocates the fp8 codes and scales for num_experts_ fp8 experts.
+  absl::Status AllocateFp8();
+  // Copies host fp8 experts (kFp8SwiGlu) into the allocated fp8 buffers.
+  absl::Status UploadFp8(const core::ExpertSet& experts);
+  // The seeded bf16 weights of every slot's expert, generated on the device
+  // one expert at a time and quantized there (LaunchQuantizeFp8BlockMatrices:
+  // core::quant::GenerateFp8SwiGlu's bits) into the allocated fp8 buffers;
+  // waits for them.
+  absl::Status GenerateSeededFp8(uint64_t seed, int layer);
+  // Elements of one expert's gate (or up) scale grid and its down grid.
+  int64_t Fp8GateScales() const;
+  int64_t Fp8DownScales() const;
   // Generates the seeded weights of every slot's expert into the allocated
   // gate_up_ / down_ and waits for them.
   absl::Status GenerateSeeded(uint64_t seed, int layer);
@@ -152,6 +198,10 @@ class DeviceExpertSet {
   int64_t intermediate_ = 0;
   uint16_t* gate_up_ = nullptr;
   uint16_t* down_ = nullptr;
+  uint8_t* fp8_gate_up_ = nullptr;      // [L, 2I, H] e4m3
+  float* fp8_gate_up_scale_ = nullptr;  // [L, 2, I/128, H/128]
+  uint8_t* fp8_down_ = nullptr;         // [L, H, I] e4m3
+  float* fp8_down_scale_ = nullptr;     // [L, H/128, I/128]
 };
 
 }  // namespace moe_ep::kernels

@@ -1,10 +1,14 @@
 #include "kernels/expert_compute.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/status_macros.h"
+#include "kernels/fp8_expert_kernels.cuh"
+#include "kernels/fp8_grouped_gemm.cuh"
 #include "kernels/grouped_gemm.cuh"
 #include "kernels/hopper_grouped_gemm.cuh"
 #include "kernels/internal/cuda_status.h"
@@ -47,6 +51,12 @@ int64_t Take(int64_t* cursor, int64_t bytes) {
   return at;
 }
 
+// Bytes of `rows` rows of `width` e4m3 codes, then (128-byte aligned) their
+// scales [width / 128, rows] fp32: RunFp8's activation layout.
+int64_t Fp8RowsBytes(int64_t rows, int64_t width) {
+  return (rows * width + 127) / 128 * 128 + rows * (width / kFp8ScaleBlock) * 4;
+}
+
 absl::Status CheckSizes(int64_t max_rows, int top_k, int64_t hidden, int64_t max_intermediate,
                         int max_local_experts) {
   if (max_rows < 0 || top_k < 1 || top_k > kMaxTopK || hidden < 4 || hidden % 4 != 0 ||
@@ -82,8 +92,10 @@ absl::StatusOr<ExpertCompute::ScratchPlan> ExpertCompute::Plan(int64_t max_rows,
   ASSIGN_OR_RETURN(plan.sort_temp_bytes, SortTempBytes(n, max_local_experts));
   plan.sort_temp = Take(&cursor, static_cast<int64_t>(plan.sort_temp_bytes) + 256);
   if (max_intermediate > 0) {
-    plan.x = Take(&cursor, n * hidden * 2);
-    plan.gate_up = Take(&cursor, n * 2 * max_intermediate * 4);
+    // RunFp8 keeps its codes and scales in the x and gate_up parts.
+    plan.x = Take(&cursor, std::max(n * hidden * 2, Fp8RowsBytes(n, hidden)));
+    plan.gate_up =
+        Take(&cursor, std::max(n * 2 * max_intermediate * 4, Fp8RowsBytes(n, max_intermediate)));
     plan.act = Take(&cursor, n * max_intermediate * 2);
     plan.y = Take(&cursor, n * hidden * 4);
   }
@@ -167,6 +179,9 @@ ExpertCompute::~ExpertCompute() {
 absl::Status ExpertCompute::Run(const uint8_t* recv, int64_t num_rows,
                                 const DeviceExpertSet& experts, uint16_t* combine_send,
                                 cudaStream_t stream) {
+  if (experts.kind() == core::ExpertKind::kFp8SwiGlu) {
+    return RunFp8(recv, num_rows, experts.fp8(), combine_send, stream);
+  }
   if (num_rows < 0 || num_rows > max_rows_) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "ExpertCompute::Run: num_rows expected in [0, %d], got %d", max_rows_, num_rows));
@@ -292,6 +307,84 @@ absl::Status ExpertCompute::Run(const uint8_t* recv, int64_t num_rows,
   }
   return LaunchWeightedExpertSum(recv, num_rows, hidden_, top_k_, entries_.position, y_,
                                  combine_send, stream);
+}
+
+absl::Status ExpertCompute::RunFp8(const uint8_t* recv, int64_t num_rows,
+                                   const Fp8SwiGluExperts& experts, uint16_t* combine_send,
+                                   cudaStream_t stream) {
+  if (num_rows < 0 || num_rows > max_rows_) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "ExpertCompute::RunFp8: num_rows expected in [0, %d], got %d", max_rows_, num_rows));
+  }
+  if (experts.hidden != hidden_) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "ExpertCompute::RunFp8: experts hidden expected %d, got %d", hidden_, experts.hidden));
+  }
+  const int64_t inter = experts.intermediate;
+  if (inter < kFp8ScaleBlock || inter > max_intermediate_ || inter % kFp8ScaleBlock != 0 ||
+      hidden_ % kFp8ScaleBlock != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "ExpertCompute::RunFp8: intermediate expected a multiple of %d in [%d, max_intermediate "
+        "%d] and hidden a multiple of %d, got intermediate %d, hidden %d",
+        kFp8ScaleBlock, kFp8ScaleBlock, max_intermediate_, kFp8ScaleBlock, inter, hidden_));
+  }
+  if (experts.num_experts < 0 || experts.num_experts > max_local_experts_) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("ExpertCompute::RunFp8: local experts expected in [0, %d], got %d",
+                        max_local_experts_, experts.num_experts));
+  }
+  if (experts.num_experts > 0 &&
+      (experts.slot_ids == nullptr || experts.gate_up == nullptr ||
+       experts.gate_up_scale == nullptr || experts.down == nullptr ||
+       experts.down_scale == nullptr || reinterpret_cast<uintptr_t>(experts.gate_up) % 16 != 0 ||
+       reinterpret_cast<uintptr_t>(experts.down) % 16 != 0)) {
+    return absl::InvalidArgumentError(
+        "ExpertCompute::RunFp8: slot_ids, gate_up, gate_up_scale, down and down_scale must be "
+        "non-null device pointers, the codes 16-byte aligned");
+  }
+  if (!hopper_available_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ExpertCompute::RunFp8 needs the Hopper kernels: ",
+                     HopperGroupedGemmAvailable().message()));
+  }
+  if (num_rows == 0 || experts.num_experts == 0) return absl::OkStatus();
+  const int num_local = experts.num_experts;
+  RETURN_IF_ERROR(LaunchGroupEntriesByExpert(recv, num_rows, hidden_, top_k_, experts.slot_ids,
+                                             num_local, entries_, stream));
+  const int64_t max_entries = num_rows * top_k_;
+  // Scratch: x part = codes [entries, H] | scales [H/128, entries]; gate_up
+  // part = act codes [entries, I] | scales [I/128, entries]; y part = bf16 y.
+  auto* x_codes = reinterpret_cast<uint8_t*>(x_);
+  auto* x_scales = reinterpret_cast<float*>(x_codes + (max_entries * hidden_ + 127) / 128 * 128);
+  auto* act_codes = reinterpret_cast<uint8_t*>(gate_up_);
+  auto* act_scales = reinterpret_cast<float*>(act_codes + (max_entries * inter + 127) / 128 * 128);
+  auto* y = reinterpret_cast<uint16_t*>(y_);
+  RETURN_IF_ERROR(LaunchGatherQuantizeExpertRows(recv, max_entries, hidden_, top_k_, entries_,
+                                                 num_local, x_codes, x_scales, max_entries,
+                                                 stream));
+  Fp8GemmParams gate_up;
+  gate_up.a = x_codes;
+  gate_up.a_scale = x_scales;
+  gate_up.a_scale_stride = max_entries;
+  gate_up.max_rows = max_entries;
+  gate_up.b = experts.gate_up;
+  gate_up.b_scale = experts.gate_up_scale;
+  gate_up.offsets = entries_.offsets;
+  gate_up.num_local_experts = num_local;
+  gate_up.n = inter;
+  gate_up.k = hidden_;
+  gate_up.tile_rows = fp8_tile_rows_;
+  RETURN_IF_ERROR(LaunchFp8GroupedSwiGlu(gate_up, act_codes, act_scales, max_entries, stream));
+  Fp8GemmParams down = gate_up;
+  down.a = act_codes;
+  down.a_scale = act_scales;
+  down.b = experts.down;
+  down.b_scale = experts.down_scale;
+  down.n = hidden_;
+  down.k = inter;
+  RETURN_IF_ERROR(LaunchFp8GroupedGemm(down, y, stream));
+  return LaunchWeightedExpertSumBf16(recv, num_rows, hidden_, top_k_, entries_.position, y,
+                                     combine_send, stream);
 }
 
 }  // namespace moe_ep::kernels

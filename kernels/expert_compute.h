@@ -97,6 +97,32 @@ class ExpertCompute {
   absl::Status Run(const uint8_t* recv, int64_t num_rows, const DeviceExpertSet& experts,
                    uint16_t* combine_send, cudaStream_t stream);
 
+  // Run with fp8 experts (DeviceExpertSet kind kFp8SwiGlu) is RunFp8 on
+  // DeviceExpertSet::fp8().
+  //
+  // RunFp8()
+  //
+  // Run's SwiGLU with fp8 block-scaled experts (issue 35 item 3): the same
+  // grouping, then on the Hopper kernels of kernels/fp8_grouped_gemm.cuh:
+  // each gathered row quantized per 128 channels (core/fp8_e4m3.h's rule:
+  // scale = amax / 448, codes of the bf16 values), gate/up with fp32
+  // promotion of every 128-wide K block by both scales, act = bf16(silu(g) *
+  // u) re-quantized per 128 columns the same way, down likewise, expert
+  // outputs rounded to bf16, then the weighted sum over k ascending in fp32
+  // into `combine_send` [rows, H] bf16 (rows with no local expert are not
+  // written). Uses the scratch slab of Create (no extra memory; needs
+  // max_intermediate >= I). Never allocates or synchronises: capturable.
+  // Errors: kInvalidArgument (num_rows > max_rows, experts.hidden != H, I
+  // not in [128, max_intermediate] or not a multiple of 128, more local
+  // experts than max_local_experts, null slot ids or null or unaligned
+  // weights), kFailedPrecondition (no sm_90a device or build), kInternal (CUDA).
+  absl::Status RunFp8(const uint8_t* recv, int64_t num_rows, const Fp8SwiGluExperts& experts,
+                      uint16_t* combine_send, cudaStream_t stream);
+
+  // RunFp8's tile height (Fp8GemmParams::tile_rows: 0 picks from the rows
+  // per expert, 128 or 256 forces one), for benches and tests.
+  void SetFp8TileRowsForTest(int rows) { fp8_tile_rows_ = rows; }
+
   // Device bytes of scratch in use: the slab (owned or borrowed), plus the
   // cuBLAS workspace once kCublasHostCounts was chosen.
   int64_t allocated_bytes() const { return allocated_bytes_; }
@@ -126,6 +152,7 @@ class ExpertCompute {
   int64_t allocated_bytes_ = 0;
   ExpertGemm gemm_ = ExpertGemm::kGroupedDevice;
   bool hopper_available_ = false;  // HopperGroupedGemmAvailable() at Create
+  int fp8_tile_rows_ = 0;          // SetFp8TileRowsForTest
   ExpertEntryBuffers entries_;
   int32_t* tile_offsets_ = nullptr;  // device [max_local_experts + 1]
   uint16_t* x_ = nullptr;

@@ -60,11 +60,21 @@ absl::Status CheckExpertSourceForWorkspace(const core::ExpertSource& source,
 
 absl::Status CheckGpuExpertSource(const core::ExpertSource& source) {
   const core::ExpertKind kind = source.expert_kind();
-  if (kind != core::ExpertKind::kSwiGlu && kind != core::ExpertKind::kIdentity) {
+  if (kind == core::ExpertKind::kGptOssMxfp4) {
     return absl::FailedPreconditionError(absl::StrCat(
         "expert source (", source.Describe(), "): ", core::ExpertKindName(kind),
-        " experts are computed on the gloo plane only (the GPU planes run bf16 SwiGLU and "
-        "identity experts)"));
+        " experts are computed on the gloo plane only (the GPU planes run bf16 and fp8 SwiGLU "
+        "and identity experts)"));
+  }
+  // The Hopper fp8 kernels tile K and N by the 128 x 128 scale blocks.
+  if (kind == core::ExpertKind::kFp8SwiGlu &&
+      (source.hidden % 128 != 0 || source.intermediate % 128 != 0)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("expert source (", source.Describe(),
+                     "): fp8 experts on a GPU plane need hidden and "
+                     "intermediate multiples of 128, got hidden ",
+                     source.hidden, ", intermediate ", source.intermediate,
+                     " (the gloo plane computes any size)"));
   }
   if (kind != core::ExpertKind::kIdentity &&
       source.router_weight_use == core::RouterWeightUse::kScalesInput) {

@@ -448,11 +448,12 @@ absl::Status CheckExpertSourceForWorkspace(const core::ExpertSource& source,
 
 // CheckGpuExpertSource()
 //
-// What the GPU planes (NCCL, one-sided) compute today: bf16 SwiGLU and
-// identity experts with the router weight on the output. Errors:
-// kFailedPrecondition naming the source for fp8 / mxfp4 experts (the
-// quantized kernels are not wired to these planes yet; the Gloo plane
-// computes them) and for Llama-4's input scaling (issue 35). Pure.
+// What the GPU planes (NCCL, one-sided) compute today: bf16 and fp8
+// block-scaled SwiGLU (kernels/expert_compute.h RunFp8; H and I multiples
+// of 128) and identity experts, with the router weight on the output.
+// Errors: kFailedPrecondition naming the source for mxfp4 experts (no GPU
+// kernel yet; the Gloo plane computes them), for fp8 sizes the kernels do
+// not tile and for Llama-4's input scaling (issue 35). Pure.
 absl::Status CheckGpuExpertSource(const core::ExpertSource& source);
 
 // ResolveBenchmarkPlane()

@@ -629,15 +629,23 @@ TEST(CpuDataPlane, TwoRanksStopTogetherWhenOneStopsInsideItsExpertCompute) {
 }
 
 TEST(CheckGpuExpertSource, RefusesWhatTheGpuPlanesDoNotComputeYet) {
-  // issue 35: fp8 / mxfp4 experts and Llama-4's input scaling run on the
-  // gloo plane; the GPU planes refuse them instead of loading bf16 weights.
+  // issue 35: mxfp4 experts, fp8 sizes the Hopper kernels do not tile and
+  // Llama-4's input scaling run on the gloo plane; the GPU planes refuse
+  // them instead of loading something else. fp8 at multiples of 128 runs.
   core::ExpertSource s = core::ExpertSource::Seeded(1, 0, 8, 0, 4, 256, 128);
   EXPECT_TRUE(CheckGpuExpertSource(s).ok());
   s.weight_format = core::quant::ExpertWeightFormat::kFp8Block128;
+  EXPECT_TRUE(CheckGpuExpertSource(s).ok());
+  s.intermediate = 192;
   absl::Status status = CheckGpuExpertSource(s);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), ::testing::HasSubstr("got hidden 256, intermediate 192"));
+  s.intermediate = 128;
+  s.weight_format = core::quant::ExpertWeightFormat::kMxfp4;
+  status = CheckGpuExpertSource(s);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(status.message(),
-              ::testing::HasSubstr("fp8-swiglu experts are computed on the gloo"));
+              ::testing::HasSubstr("gpt-oss-mxfp4 experts are computed on the gloo"));
   s.weight_format = core::quant::ExpertWeightFormat::kBf16;
   s.router_weight_use = core::RouterWeightUse::kScalesInput;
   status = CheckGpuExpertSource(s);
