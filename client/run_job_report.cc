@@ -15,26 +15,35 @@
 
 namespace moe_ep::client {
 
-std::string RenderRunSummary(const RunJobResult& result) {
+namespace {
+
+// The per-layer table and its total row; *tokens and *seconds (zero on
+// entry) get the totals for the throughput line.
+std::string LayerTable(const RunJobResult& result, int64_t* tokens, double* seconds) {
   TextTable table({"layer", "tokens", "R", "bytes sent", "time", "max abs err", "bound", "result"});
-  int64_t tokens = 0, bytes = 0, max_r = 0;
-  double seconds = 0, max_err = 0;
+  int64_t bytes = 0, max_r = 0;
+  double max_err = 0;
   for (const LayerRunSummary& l : result.layers) {
     table.AddRow(
         {absl::StrCat(l.layer), absl::StrCat(l.tokens), absl::StrCat(l.max_r),
          FormatBytes(static_cast<double>(l.bytes_sent)), absl::StrFormat("%.3f s", l.forward_s),
          absl::StrFormat("%.3g", l.comparison.max_abs_err),
          absl::StrFormat("%.3g", l.comparison.bound), l.comparison.pass ? "PASS" : "FAIL"});
-    tokens += l.tokens;
+    *tokens += l.tokens;
     bytes += l.bytes_sent;
     max_r = std::max(max_r, l.max_r);
-    seconds += l.forward_s;
+    *seconds += l.forward_s;
     max_err = std::max(max_err, l.comparison.max_abs_err);
   }
-  table.AddRow({"total", absl::StrCat(tokens), absl::StrCat(max_r),
-                FormatBytes(static_cast<double>(bytes)), absl::StrFormat("%.3f s", seconds),
+  table.AddRow({"total", absl::StrCat(*tokens), absl::StrCat(max_r),
+                FormatBytes(static_cast<double>(bytes)), absl::StrFormat("%.3f s", *seconds),
                 absl::StrFormat("%.3g", max_err), "", result.AllPass() ? "PASS" : "FAIL"});
-  std::string text = table.Render();
+  return table.Render();
+}
+
+// With a shared expert: its compute and overlap line; else "".
+std::string SharedExpertLine(const RunJobResult& result) {
+  std::string text;
   if (result.shared_expert.present()) {
     int64_t dispatch = 0, shared = 0, overlap = 0;
     for (const LayerRunSummary& l : result.layers) {
@@ -50,6 +59,12 @@ std::string RenderRunSummary(const RunJobResult& result) {
                           result.shared_expert.sigmoid_gate ? "sigmoid" : "none", shared, overlap,
                           dispatch);
   }
+  return text;
+}
+
+// With a kill: the rank-mask line (and the restart's); else "".
+std::string MaskLine(const RunJobResult& result) {
+  std::string text;
   if (result.masks.kill_rank >= 0) {
     const MaskRunSummary& m = result.masks;
     absl::StrAppendFormat(
@@ -66,9 +81,11 @@ std::string RenderRunSummary(const RunJobResult& result) {
     }
     text += "\n";
   }
-  absl::StrAppendFormat(&text, "throughput: %.0f tokens/s through %d MoE layer(s) on %d ranks\n",
-                        seconds > 0 ? tokens / seconds : 0.0, result.layers.size(), result.world);
+  return text;
+}
 
+// The memory footprint table (routed experts; the preflight's figures).
+std::string MemoryTable(const RunJobResult& result) {
   int64_t max_rank_bytes = 0;
   for (int64_t b : result.expert_bytes_per_rank) max_rank_bytes = std::max(max_rank_bytes, b);
   const double all_layers =
@@ -103,7 +120,12 @@ std::string RenderRunSummary(const RunJobResult& result) {
   if (pages > 0 && page_size > 0) {
     memory.AddRow({"this machine's memory", FormatBytes(pages * page_size)});
   }
-  text += memory.Render();
+  return memory.Render();
+}
+
+// The notes under the tables: identity experts, fp8 dispatch, tolerance.
+std::string RunNotes(const RunJobResult& result) {
+  std::string text;
   if (result.identity_experts) {
     text +=
         "identity experts hold no weights; the sizes above are what the model's SwiGLU "
@@ -120,6 +142,21 @@ std::string RenderRunSummary(const RunJobResult& result) {
       "tolerance: |out - ref| <= %.4g * max|ref| + %.3g per layer and rank "
       "(bf16 partial sums and output round by <= 2^-9 relative; see client/tolerance.h)\n",
       result.tolerance.rel, result.tolerance.atol);
+  return text;
+}
+
+}  // namespace
+
+std::string RenderRunSummary(const RunJobResult& result) {
+  int64_t tokens = 0;
+  double seconds = 0;
+  std::string text = LayerTable(result, &tokens, &seconds);
+  text += SharedExpertLine(result);
+  text += MaskLine(result);
+  absl::StrAppendFormat(&text, "throughput: %.0f tokens/s through %d MoE layer(s) on %d ranks\n",
+                        seconds > 0 ? tokens / seconds : 0.0, result.layers.size(), result.world);
+  text += MemoryTable(result);
+  text += RunNotes(result);
   return text;
 }
 
