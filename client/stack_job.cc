@@ -56,6 +56,324 @@ absl::StatusOr<std::vector<float>> Fp32Values(const v1::Tensor& t, int64_t rows,
   return out;
 }
 
+// Everything the steps of RunStackJob share, filled step by step. Members
+// are destroyed in reverse order: the group before the workers.
+struct StackJobState {
+  // ResolveStack.
+  core::ModelDescription model;
+  core::LayerStackConfig config;  // as the workers will resolve it (sizes sent explicitly)
+  std::vector<core::LayerPlan> plans;
+  std::vector<std::vector<int64_t>> counts;  // [step][DP group] tokens
+  int64_t max_count = 0;                     // the largest DP group of the run
+  double tolerance = 0;                      // of every group's max relative error
+  // PreflightStackMemory.
+  WorkerSelection selection;  // gloo, --tp workers, memory cap set
+  bool local = true;          // no --targets: local workers
+  StackMemoryEstimate memory;
+  absl::StatusOr<int64_t> available;  // MemAvailable, or why it is unknown
+  // FormStackGroup.
+  AttachedWorkers workers;
+  GroupSession group;
+  v1::LayerStackSpec spec;  // every ForwardLayersRequest's stack
+  StackJobResult result;
+
+  int attn_tp() const { return config.layout.tp_size / config.layout.attn_dp_size; }
+};
+
+// The layer stack of the model's first --layers layers under the options'
+// layout and sizes (capacity, layout validation and plans: ResolveStack).
+absl::StatusOr<core::LayerStackConfig> StackConfigOf(const StackJobOptions& options,
+                                                     const core::ModelDescription& model) {
+  const int tp = options.tp_size;
+  core::LayerStackConfig config;
+  config.layout = core::ParallelLayout{tp, options.attn_dp_size, options.moe_dense_tp_size};
+  config.sparse_layers.assign(model.sparse_layers.begin(),
+                              model.sparse_layers.begin() + options.num_layers);
+  config.a2a_enabled = options.a2a_enabled;
+  config.hidden = options.hidden > 0 ? options.hidden : model.hidden_size;
+  config.moe_intermediate =
+      options.moe_intermediate > 0 ? options.moe_intermediate : model.moe_intermediate_size;
+  const bool any_dense = std::find(config.sparse_layers.begin(), config.sparse_layers.end(),
+                                   false) != config.sparse_layers.end();
+  config.dense_intermediate =
+      options.dense_intermediate > 0 ? options.dense_intermediate : model.intermediate_size;
+  if (config.dense_intermediate == 0) {
+    if (any_dense) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--dense-intermediate: required, ", model.name, " has no dense MLP size"));
+    }
+    config.dense_intermediate = tp;  // unused: no dense layer runs
+  }
+  config.num_experts = model.num_experts;
+  config.top_k = model.top_k;
+  config.seed = options.seed;
+  config.rms_eps = model.rms_norm_eps > 0 ? static_cast<float>(model.rms_norm_eps) : 1e-6f;
+  config.allow_reduce_scatter = options.allow_reduce_scatter;
+  return config;
+}
+
+// No workers yet: the model, the stack, every step's DP token counts, the
+// capacity that bounds every rank's SCATTERED rows, the plans.
+absl::Status ResolveStack(const StackJobOptions& options, StackJobState& job) {
+  ASSIGN_OR_RETURN(job.model, ResolveModel(options.model));
+  if (options.num_layers > job.model.num_layers) {
+    return Bad("--layers",
+               absl::StrCat("<= ", job.model.num_layers, " (", job.model.name, "'s layers)"),
+               options.num_layers);
+  }
+  ASSIGN_OR_RETURN(job.config, StackConfigOf(options, job.model));
+  core::LayerStackConfig& config = job.config;
+  const int attn_dp = options.attn_dp_size;
+  job.counts.assign(options.steps, {});
+  for (int s = 0; s < options.steps; ++s) {
+    job.counts[s] = PlanStackTokenCounts(options.tokens_per_group, attn_dp, s, options.seed);
+    for (int64_t c : job.counts[s]) job.max_count = std::max(job.max_count, c);
+  }
+  config.capacity_tokens =
+      options.capacity_tokens > 0 ? options.capacity_tokens : job.max_count + job.attn_tp();
+  {
+    absl::Status valid = core::ValidateLayerStackConfig(config);
+    if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("stack: ", valid.message()));
+  }
+  ASSIGN_OR_RETURN(job.plans,
+                   core::PlanLayers(config.layout, config.sparse_layers, config.a2a_enabled));
+  const bool any_sparse = std::find(config.sparse_layers.begin(), config.sparse_layers.end(),
+                                    true) != config.sparse_layers.end();
+  job.tolerance = any_sparse ? kSparseTol : kDenseTol;
+  return absl::OkStatus();
+}
+
+// Still no workers: --targets must name --tp workers; the memory preflight
+// fails here when the stack cannot fit on this machine (issue 9) and caps
+// each local worker's memory.
+absl::Status PreflightStackMemory(const StackJobOptions& options, StackJobState& job,
+                                  std::ostream& out) {
+  const int tp = options.tp_size;
+  job.selection = options.workers;
+  job.selection.backend = "gloo";  // the layer stack runs on the Gloo backend
+  job.selection.num_workers = tp;
+  job.local = job.selection.targets.empty();
+  if (!job.local) {
+    ASSIGN_OR_RETURN(std::vector<std::string> targets, ParseTargets(job.selection.targets));
+    if (static_cast<int>(targets.size()) != tp) {
+      return Bad("--targets", absl::StrCat(tp, " workers (--tp)"),
+                 static_cast<int64_t>(targets.size()));
+    }
+  }
+  StackMemoryInput memory_input;
+  memory_input.config = job.config;
+  memory_input.num_local_workers = job.local ? tp : 0;
+  for (int s = 0; s < options.steps; ++s) {
+    int64_t step_rows = 0;
+    for (int64_t c : job.counts[s]) step_rows += c;
+    memory_input.step_rows = std::max(memory_input.step_rows, step_rows);
+  }
+  memory_input.gathered_rows = options.attn_dp_size * job.max_count;
+  ASSIGN_OR_RETURN(job.memory, EstimateStackMemory(memory_input));
+  const StackMemoryEstimate& memory = job.memory;
+  job.available = core::AvailableMemoryBytes();
+  if (job.available.ok()) {
+    const int64_t available = *job.available;
+    RETURN_IF_ERROR(CheckStackMemory(memory_input, available));
+    job.selection.worker_memory_cap_bytes =
+        StackWorkerMemoryCapBytes(memory, memory_input.num_local_workers, available);
+    out << "memory: needs about " << FormatBytes(static_cast<double>(memory.needed_bytes))
+        << " here (";
+    if (job.local) {
+      out << tp << " local worker(s) x " << FormatBytes(static_cast<double>(memory.worker_bytes))
+          << ", capped at "
+          << FormatBytes(static_cast<double>(job.selection.worker_memory_cap_bytes)) << " each; ";
+    }
+    out << "this process " << FormatBytes(static_cast<double>(memory.coordinator_bytes))
+        << " with the reference's largest layer) of " << FormatBytes(static_cast<double>(available))
+        << " available\n";
+  } else {
+    out << "memory: preflight skipped (" << job.available.status().message()
+        << "); local workers run uncapped\n";
+  }
+  return absl::OkStatus();
+}
+
+// Starts or attaches the workers, forms the group and configures the
+// stack's layers (ConfigureLayers); sets the stack spec every step sends.
+absl::Status FormStackGroup(const StackJobOptions& options, StackJobState& job, std::ostream& out) {
+  const int tp = options.tp_size;
+  const core::LayerStackConfig& config = job.config;
+  out << (job.local ? absl::StrCat("workers: starting ", tp, " local Gloo workers")
+                    : absl::StrCat("workers: attaching ", tp, " --targets workers"))
+      << " and forming the group\n";
+  out.flush();
+  ASSIGN_OR_RETURN(job.workers, AttachWorkers(job.selection));
+  CoordinatorOptions copts;
+  copts.rpc_timeout = options.rpc_timeout;
+  // workers.backend is "gloo" (selection.backend above).
+  ASSIGN_OR_RETURN(job.group, FormWorkerGroup(job.workers, copts));
+  Coordinator* const coordinator = job.group.coordinator.get();
+  out << "group: " << tp << " workers ("
+      << (job.workers.cluster ? "embedded local cluster" : "--targets")
+      << ", backend gloo, generation " << coordinator->generation()
+      << "): " << absl::StrJoin(job.workers.targets, " ") << "\n";
+  out.flush();
+
+  v1::ConfigureLayersRequest configure;
+  configure.mutable_layout()->set_tp_size(tp);
+  configure.mutable_layout()->set_attn_dp_size(options.attn_dp_size);
+  configure.mutable_layout()->set_moe_dense_tp_size(options.moe_dense_tp_size);
+  configure.set_a2a_enabled(options.a2a_enabled);
+  v1::ModelDescription* md = configure.mutable_model();
+  md->set_name(absl::StrCat(job.model.name, " (stand-in stack)"));
+  md->set_hidden_size(config.hidden);
+  md->set_num_layers(options.num_layers);
+  md->set_num_experts(config.num_experts);
+  md->set_top_k(config.top_k);
+  md->set_moe_intermediate_size(config.moe_intermediate);
+  for (bool s : config.sparse_layers) md->add_sparse_layers(s);
+  ASSIGN_OR_RETURN(std::vector<v1::ConfigureLayersResponse> configured,
+                   coordinator->ConfigureLayers(configure));
+  out << "configured: " << job.model.name << ", first " << options.num_layers << " layers, tp "
+      << tp << ", attn_dp " << options.attn_dp_size << ", moe_dense_tp "
+      << (options.moe_dense_tp_size == 0 ? std::string("unset")
+                                         : absl::StrCat(options.moe_dense_tp_size))
+      << ", a2a " << (options.a2a_enabled ? "on" : "off") << "; H " << config.hidden
+      << ", expert I " << config.moe_intermediate << ", dense I " << config.dense_intermediate
+      << ", " << config.num_experts << " experts, top-" << config.top_k << ", capacity "
+      << config.capacity_tokens << "; plan fingerprint " << configured[0].fingerprint() << "\n"
+      << core::FormatPlanTable(job.plans);
+  out.flush();
+  return absl::OkStatus();
+}
+
+// The stack every ForwardLayersRequest carries, and the result's fields
+// known before any step.
+void StartStackSteps(const StackJobOptions& options, StackJobState& job) {
+  const core::LayerStackConfig& config = job.config;
+  v1::LayerStackSpec& spec = job.spec;
+  spec.set_hidden_size(config.hidden);
+  spec.set_dense_intermediate_size(config.dense_intermediate);
+  spec.set_moe_intermediate_size(config.moe_intermediate);
+  spec.set_num_experts(config.num_experts);
+  spec.set_top_k(config.top_k);
+  spec.set_seed(config.seed);
+  spec.set_rms_eps(config.rms_eps);
+  spec.set_allow_reduce_scatter(config.allow_reduce_scatter);
+  spec.set_capacity_tokens(config.capacity_tokens);
+
+  StackJobResult& result = job.result;
+  result.model_name = job.model.name;
+  result.tp_size = options.tp_size;
+  result.attn_dp_size = options.attn_dp_size;
+  result.moe_dense_tp_size = options.moe_dense_tp_size;
+  result.capacity_tokens = config.capacity_tokens;
+  result.sparse_layers = config.sparse_layers;
+  result.memory = job.memory;
+  result.memory_available_bytes = job.available.ok() ? *job.available : 0;
+}
+
+// The reference of step s's DP groups' tokens (fp32, group after group),
+// with a line per layer as it goes on the first step (a real model's
+// sparse layer builds every expert here).
+absl::StatusOr<std::vector<float>> StackReference(const StackJobState& job, int s,
+                                                  const std::vector<std::vector<float>>& dp_tokens,
+                                                  std::ostream& out) {
+  absl::Time layer_start = absl::Now();
+  const std::function<void(int)> on_layer = [&](int layer) {
+    const absl::Time now = absl::Now();
+    out << absl::StrFormat("  reference (this process): layer %d (%s) in %.1f s\n", layer,
+                           job.config.sparse_layers[layer] ? "sparse" : "dense",
+                           absl::ToDoubleSeconds(now - layer_start));
+    out.flush();
+    layer_start = now;
+  };
+  return core::ReferenceLayerStack(job.config, dp_tokens, s == 0 ? on_layer : nullptr);
+}
+
+// Step s's DP groups: each rank's output against the reference `ref`, and
+// the ranks of a group against each other; one StackGroupResult a group.
+absl::Status CompareStackGroups(StackJobState& job, int s,
+                                const std::vector<v1::ForwardLayersResponse>& responses,
+                                const std::vector<float>& ref, double forward_ms) {
+  const int attn_tp = job.attn_tp();
+  const int64_t h = job.config.hidden;
+  int64_t offset = 0;
+  for (int g = 0; g < job.config.layout.attn_dp_size; ++g) {
+    StackGroupResult row;
+    row.step = s;
+    row.dp_group = g;
+    row.tokens = job.counts[s][g];
+    row.padding_mode = responses[0].padding_mode();
+    row.tolerance = job.tolerance;
+    row.forward_ms = forward_ms;
+    std::vector<float> first;
+    for (int j = 0; j < attn_tp; ++j) {
+      const int r = g * attn_tp + j;
+      ASSIGN_OR_RETURN(std::vector<float> got,
+                       Fp32Values(responses[r].output(), job.counts[s][g], h, r));
+      for (size_t i = 0; i < got.size(); ++i) {
+        const double want = ref[offset + i];
+        const double err = std::abs(static_cast<double>(got[i]) - want) / (1 + std::abs(want));
+        row.max_rel_err = std::isfinite(err) ? std::max(row.max_rel_err, err) : INFINITY;
+      }
+      if (j == 0) {
+        first = std::move(got);
+      } else if (got != first) {
+        row.ranks_agree = false;
+      }
+    }
+    row.pass = row.ranks_agree && row.max_rel_err <= job.tolerance;
+    offset += job.counts[s][g] * h;
+    job.result.groups.push_back(row);
+  }
+  return absl::OkStatus();
+}
+
+// Step s (epoch s + 1): seeded tokens per DP group to each of its ranks,
+// one ForwardLayers, the reference, the comparison and the step's line.
+absl::Status RunStackStep(const StackJobOptions& options, StackJobState& job, int s,
+                          std::ostream& out) {
+  const int attn_dp = options.attn_dp_size;
+  const int64_t h = job.config.hidden;
+  const std::vector<int64_t>& counts = job.counts[s];
+  std::vector<std::vector<float>> dp_tokens(attn_dp);
+  std::vector<v1::Tensor> group_tensors(attn_dp);
+  for (int g = 0; g < attn_dp; ++g) {
+    const std::vector<core::bf16_t> x = GenerateHidden(options.seed, s, g, counts[g], h);
+    dp_tokens[g].resize(x.size());
+    for (size_t i = 0; i < x.size(); ++i) dp_tokens[g][i] = core::Bf16ToFloat(x[i]);
+    group_tensors[g] = Bf16Tensor(x, counts[g], h);
+  }
+  std::vector<v1::ForwardLayersRequest> requests(options.tp_size);
+  for (int r = 0; r < options.tp_size; ++r) {
+    requests[r].set_epoch(s + 1);
+    *requests[r].mutable_stack() = job.spec;
+    *requests[r].mutable_tokens() = group_tensors[r / job.attn_tp()];
+  }
+  if (s == 0) {
+    out << "step 0: ForwardLayers; the workers build the stack first (about "
+        << FormatBytes(static_cast<double>(job.memory.worker_stack_bytes))
+        << " of weights and workspace on rank 0)\n";
+    out.flush();
+  }
+  const absl::Time start = absl::Now();
+  ASSIGN_OR_RETURN(std::vector<v1::ForwardLayersResponse> responses,
+                   job.group.coordinator->ForwardLayers(requests));
+  const double forward_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+  const absl::Time ref_start = absl::Now();
+  ASSIGN_OR_RETURN(std::vector<float> ref, StackReference(job, s, dp_tokens, out));
+  const double reference_s = absl::ToDoubleSeconds(absl::Now() - ref_start);
+  RETURN_IF_ERROR(CompareStackGroups(job, s, responses, ref, forward_ms));
+  out << "step " << s << ": DP token counts [" << absl::StrJoin(counts, ", ") << "], "
+      << responses[0].padding_mode() << ", " << responses[0].global_rows() << " global rows, "
+      << absl::StrFormat("%.1f ms", forward_ms)
+      << (responses[0].rebuilt() ? absl::StrFormat(" (stack built in %.1f ms)",
+                                                   responses[0].timings().build_us() / 1000.0)
+                                 : "")
+      << absl::StrFormat(", reference %.1f s", reference_s) << "\n";
+  out.flush();
+  job.result.after_mlp_ops.assign(responses[0].after_mlp_ops().begin(),
+                                  responses[0].after_mlp_ops().end());
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::vector<int64_t> PlanStackTokenCounts(int64_t tokens_per_group, int attn_dp_size, int64_t step,
@@ -105,248 +423,13 @@ absl::Status ValidateStackJobOptions(const StackJobOptions& o) {
 
 absl::StatusOr<StackJobResult> RunStackJob(const StackJobOptions& options, std::ostream& out) {
   RETURN_IF_ERROR(ValidateStackJobOptions(options));
-  ASSIGN_OR_RETURN(core::ModelDescription model, ResolveModel(options.model));
-  if (options.num_layers > model.num_layers) {
-    return Bad("--layers", absl::StrCat("<= ", model.num_layers, " (", model.name, "'s layers)"),
-               options.num_layers);
-  }
-  const int tp = options.tp_size;
-  const int attn_dp = options.attn_dp_size;
-  const int attn_tp = tp / attn_dp;
-
-  // The stack, as the workers will resolve it (sizes sent explicitly).
-  core::LayerStackConfig config;
-  config.layout = core::ParallelLayout{tp, attn_dp, options.moe_dense_tp_size};
-  config.sparse_layers.assign(model.sparse_layers.begin(),
-                              model.sparse_layers.begin() + options.num_layers);
-  config.a2a_enabled = options.a2a_enabled;
-  config.hidden = options.hidden > 0 ? options.hidden : model.hidden_size;
-  config.moe_intermediate =
-      options.moe_intermediate > 0 ? options.moe_intermediate : model.moe_intermediate_size;
-  const bool any_dense = std::find(config.sparse_layers.begin(), config.sparse_layers.end(),
-                                   false) != config.sparse_layers.end();
-  const bool any_sparse = std::find(config.sparse_layers.begin(), config.sparse_layers.end(),
-                                    true) != config.sparse_layers.end();
-  config.dense_intermediate =
-      options.dense_intermediate > 0 ? options.dense_intermediate : model.intermediate_size;
-  if (config.dense_intermediate == 0) {
-    if (any_dense) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--dense-intermediate: required, ", model.name, " has no dense MLP size"));
-    }
-    config.dense_intermediate = tp;  // unused: no dense layer runs
-  }
-  config.num_experts = model.num_experts;
-  config.top_k = model.top_k;
-  config.seed = options.seed;
-  config.rms_eps = model.rms_norm_eps > 0 ? static_cast<float>(model.rms_norm_eps) : 1e-6f;
-  config.allow_reduce_scatter = options.allow_reduce_scatter;
-
-  // Token counts per (step, DP group); capacity bounds every rank's SCATTERED rows.
-  std::vector<std::vector<int64_t>> counts(options.steps);
-  int64_t max_count = 0;
-  for (int s = 0; s < options.steps; ++s) {
-    counts[s] = PlanStackTokenCounts(options.tokens_per_group, attn_dp, s, options.seed);
-    for (int64_t c : counts[s]) max_count = std::max(max_count, c);
-  }
-  config.capacity_tokens =
-      options.capacity_tokens > 0 ? options.capacity_tokens : max_count + attn_tp;
-  {
-    absl::Status valid = core::ValidateLayerStackConfig(config);
-    if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("stack: ", valid.message()));
-  }
-  ASSIGN_OR_RETURN(std::vector<core::LayerPlan> plans,
-                   core::PlanLayers(config.layout, config.sparse_layers, config.a2a_enabled));
-  const double tolerance = any_sparse ? kSparseTol : kDenseTol;
-
-  WorkerSelection selection = options.workers;
-  selection.backend = "gloo";  // the layer stack runs on the Gloo backend
-  selection.num_workers = tp;
-  const bool local = selection.targets.empty();
-  if (!local) {
-    ASSIGN_OR_RETURN(std::vector<std::string> targets, ParseTargets(selection.targets));
-    if (static_cast<int>(targets.size()) != tp) {
-      return Bad("--targets", absl::StrCat(tp, " workers (--tp)"),
-                 static_cast<int64_t>(targets.size()));
-    }
-  }
-
-  // Memory preflight: fail here, before any worker starts, when the stack
-  // cannot fit on this machine (issue 9).
-  StackMemoryInput memory_input;
-  memory_input.config = config;
-  memory_input.num_local_workers = local ? tp : 0;
-  for (int s = 0; s < options.steps; ++s) {
-    int64_t step_rows = 0;
-    for (int64_t c : counts[s]) step_rows += c;
-    memory_input.step_rows = std::max(memory_input.step_rows, step_rows);
-  }
-  memory_input.gathered_rows = attn_dp * max_count;
-  ASSIGN_OR_RETURN(StackMemoryEstimate memory, EstimateStackMemory(memory_input));
-  const absl::StatusOr<int64_t> available = core::AvailableMemoryBytes();
-  if (available.ok()) {
-    RETURN_IF_ERROR(CheckStackMemory(memory_input, *available));
-    selection.worker_memory_cap_bytes =
-        StackWorkerMemoryCapBytes(memory, memory_input.num_local_workers, *available);
-    out << "memory: needs about " << FormatBytes(static_cast<double>(memory.needed_bytes))
-        << " here (";
-    if (local) {
-      out << tp << " local worker(s) x " << FormatBytes(static_cast<double>(memory.worker_bytes))
-          << ", capped at " << FormatBytes(static_cast<double>(selection.worker_memory_cap_bytes))
-          << " each; ";
-    }
-    out << "this process " << FormatBytes(static_cast<double>(memory.coordinator_bytes))
-        << " with the reference's largest layer) of "
-        << FormatBytes(static_cast<double>(*available)) << " available\n";
-  } else {
-    out << "memory: preflight skipped (" << available.status().message()
-        << "); local workers run uncapped\n";
-  }
-  out << (local ? absl::StrCat("workers: starting ", tp, " local Gloo workers")
-                : absl::StrCat("workers: attaching ", tp, " --targets workers"))
-      << " and forming the group\n";
-  out.flush();
-
-  ASSIGN_OR_RETURN(AttachedWorkers workers, AttachWorkers(selection));
-  CoordinatorOptions copts;
-  copts.rpc_timeout = options.rpc_timeout;
-  // workers.backend is "gloo" (selection.backend above).
-  ASSIGN_OR_RETURN(GroupSession group, FormWorkerGroup(workers, copts));
-  Coordinator* const coordinator = group.coordinator.get();
-  out << "group: " << tp << " workers ("
-      << (workers.cluster ? "embedded local cluster" : "--targets") << ", backend gloo, generation "
-      << coordinator->generation() << "): " << absl::StrJoin(workers.targets, " ") << "\n";
-  out.flush();
-
-  v1::ConfigureLayersRequest configure;
-  configure.mutable_layout()->set_tp_size(tp);
-  configure.mutable_layout()->set_attn_dp_size(attn_dp);
-  configure.mutable_layout()->set_moe_dense_tp_size(options.moe_dense_tp_size);
-  configure.set_a2a_enabled(options.a2a_enabled);
-  v1::ModelDescription* md = configure.mutable_model();
-  md->set_name(absl::StrCat(model.name, " (stand-in stack)"));
-  md->set_hidden_size(config.hidden);
-  md->set_num_layers(options.num_layers);
-  md->set_num_experts(config.num_experts);
-  md->set_top_k(config.top_k);
-  md->set_moe_intermediate_size(config.moe_intermediate);
-  for (bool s : config.sparse_layers) md->add_sparse_layers(s);
-  ASSIGN_OR_RETURN(std::vector<v1::ConfigureLayersResponse> configured,
-                   coordinator->ConfigureLayers(configure));
-  out << "configured: " << model.name << ", first " << options.num_layers << " layers, tp " << tp
-      << ", attn_dp " << attn_dp << ", moe_dense_tp "
-      << (options.moe_dense_tp_size == 0 ? std::string("unset")
-                                         : absl::StrCat(options.moe_dense_tp_size))
-      << ", a2a " << (options.a2a_enabled ? "on" : "off") << "; H " << config.hidden
-      << ", expert I " << config.moe_intermediate << ", dense I " << config.dense_intermediate
-      << ", " << config.num_experts << " experts, top-" << config.top_k << ", capacity "
-      << config.capacity_tokens << "; plan fingerprint " << configured[0].fingerprint() << "\n"
-      << core::FormatPlanTable(plans);
-  out.flush();
-
-  v1::LayerStackSpec spec;
-  spec.set_hidden_size(config.hidden);
-  spec.set_dense_intermediate_size(config.dense_intermediate);
-  spec.set_moe_intermediate_size(config.moe_intermediate);
-  spec.set_num_experts(config.num_experts);
-  spec.set_top_k(config.top_k);
-  spec.set_seed(config.seed);
-  spec.set_rms_eps(config.rms_eps);
-  spec.set_allow_reduce_scatter(config.allow_reduce_scatter);
-  spec.set_capacity_tokens(config.capacity_tokens);
-
-  StackJobResult result;
-  result.model_name = model.name;
-  result.tp_size = tp;
-  result.attn_dp_size = attn_dp;
-  result.moe_dense_tp_size = options.moe_dense_tp_size;
-  result.capacity_tokens = config.capacity_tokens;
-  result.sparse_layers = config.sparse_layers;
-  result.memory = memory;
-  result.memory_available_bytes = available.ok() ? *available : 0;
-  const int64_t h = config.hidden;
-  for (int s = 0; s < options.steps; ++s) {
-    std::vector<std::vector<float>> dp_tokens(attn_dp);
-    std::vector<v1::Tensor> group_tensors(attn_dp);
-    for (int g = 0; g < attn_dp; ++g) {
-      const std::vector<core::bf16_t> x = GenerateHidden(options.seed, s, g, counts[s][g], h);
-      dp_tokens[g].resize(x.size());
-      for (size_t i = 0; i < x.size(); ++i) dp_tokens[g][i] = core::Bf16ToFloat(x[i]);
-      group_tensors[g] = Bf16Tensor(x, counts[s][g], h);
-    }
-    std::vector<v1::ForwardLayersRequest> requests(tp);
-    for (int r = 0; r < tp; ++r) {
-      requests[r].set_epoch(s + 1);
-      *requests[r].mutable_stack() = spec;
-      *requests[r].mutable_tokens() = group_tensors[r / attn_tp];
-    }
-    if (s == 0) {
-      out << "step 0: ForwardLayers; the workers build the stack first (about "
-          << FormatBytes(static_cast<double>(memory.worker_stack_bytes))
-          << " of weights and workspace on rank 0)\n";
-      out.flush();
-    }
-    const absl::Time start = absl::Now();
-    ASSIGN_OR_RETURN(std::vector<v1::ForwardLayersResponse> responses,
-                     coordinator->ForwardLayers(requests));
-    const double forward_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
-    // The reference, layer by layer as it goes on the first step (a real
-    // model's sparse layer builds every expert here).
-    const absl::Time ref_start = absl::Now();
-    absl::Time layer_start = ref_start;
-    const std::function<void(int)> on_layer = [&](int layer) {
-      const absl::Time now = absl::Now();
-      out << absl::StrFormat("  reference (this process): layer %d (%s) in %.1f s\n", layer,
-                             config.sparse_layers[layer] ? "sparse" : "dense",
-                             absl::ToDoubleSeconds(now - layer_start));
-      out.flush();
-      layer_start = now;
-    };
-    ASSIGN_OR_RETURN(std::vector<float> ref,
-                     core::ReferenceLayerStack(config, dp_tokens, s == 0 ? on_layer : nullptr));
-    const double reference_s = absl::ToDoubleSeconds(absl::Now() - ref_start);
-
-    int64_t offset = 0;
-    for (int g = 0; g < attn_dp; ++g) {
-      StackGroupResult row;
-      row.step = s;
-      row.dp_group = g;
-      row.tokens = counts[s][g];
-      row.padding_mode = responses[0].padding_mode();
-      row.tolerance = tolerance;
-      row.forward_ms = forward_ms;
-      std::vector<float> first;
-      for (int j = 0; j < attn_tp; ++j) {
-        const int r = g * attn_tp + j;
-        ASSIGN_OR_RETURN(std::vector<float> got,
-                         Fp32Values(responses[r].output(), counts[s][g], h, r));
-        for (size_t i = 0; i < got.size(); ++i) {
-          const double want = ref[offset + i];
-          const double err = std::abs(static_cast<double>(got[i]) - want) / (1 + std::abs(want));
-          row.max_rel_err = std::isfinite(err) ? std::max(row.max_rel_err, err) : INFINITY;
-        }
-        if (j == 0) {
-          first = std::move(got);
-        } else if (got != first) {
-          row.ranks_agree = false;
-        }
-      }
-      row.pass = row.ranks_agree && row.max_rel_err <= tolerance;
-      offset += counts[s][g] * h;
-      result.groups.push_back(row);
-    }
-    out << "step " << s << ": DP token counts [" << absl::StrJoin(counts[s], ", ") << "], "
-        << responses[0].padding_mode() << ", " << responses[0].global_rows() << " global rows, "
-        << absl::StrFormat("%.1f ms", forward_ms)
-        << (responses[0].rebuilt() ? absl::StrFormat(" (stack built in %.1f ms)",
-                                                     responses[0].timings().build_us() / 1000.0)
-                                   : "")
-        << absl::StrFormat(", reference %.1f s", reference_s) << "\n";
-    out.flush();
-    result.after_mlp_ops.assign(responses[0].after_mlp_ops().begin(),
-                                responses[0].after_mlp_ops().end());
-  }
-  return result;
+  StackJobState job;
+  RETURN_IF_ERROR(ResolveStack(options, job));
+  RETURN_IF_ERROR(PreflightStackMemory(options, job, out));
+  RETURN_IF_ERROR(FormStackGroup(options, job, out));
+  StartStackSteps(options, job);
+  for (int s = 0; s < options.steps; ++s) RETURN_IF_ERROR(RunStackStep(options, job, s, out));
+  return std::move(job.result);
 }
 
 std::string RenderStackSummary(const StackJobResult& result) {
