@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -180,27 +181,26 @@ void AddCoordinatorFlags(CLI::App* cmd, CoordinatorCommandOptions* o) {
                 "validate the desired state, print its ranks and exit (does not serve)");
 }
 
-absl::Status RunCoordinatorCommand(const CoordinatorCommandOptions& options, std::ostream& out,
-                                   const std::function<bool()>& stop) {
-  if (!options.check_only) RETURN_IF_ERROR(ConfigureCoordinatorLog(options));
-  ASSIGN_OR_RETURN(std::optional<v1::DesiredState> initial, InitialState(options));
-  if (initial.has_value()) RETURN_IF_ERROR(ValidateDesiredState(*initial));
-  if (options.check_only) {
-    if (!initial.has_value())
-      return absl::InvalidArgumentError("--check needs --state or --targets");
-    const v1::DesiredState full = WithDefaults(*initial);
-    const std::vector<std::string> targets =
-        full.has_headless_service()
-            ? HeadlessServiceTargets(full.headless_service())
-            : std::vector<std::string>(full.targets().begin(), full.targets().end());
-    ASSIGN_OR_RETURN(GroupRequests requests,
-                     BuildGroupRequests(full, static_cast<int>(targets.size())));
-    out << "desired state OK: " << targets.size() << " ranks (" << absl::StrJoin(targets, ",")
-        << "), backend " << full.backend() << ", model " << full.model() << ", "
-        << requests.load.size() << " layer(s), capacity " << full.capacity_tokens() << "\n";
-    return absl::OkStatus();
-  }
+namespace {
 
+// --check: the desired state's ranks and sizes, without serving.
+absl::Status PrintDesiredStateCheck(const std::optional<v1::DesiredState>& initial,
+                                    std::ostream& out) {
+  if (!initial.has_value()) return absl::InvalidArgumentError("--check needs --state or --targets");
+  const v1::DesiredState full = WithDefaults(*initial);
+  const std::vector<std::string> targets =
+      full.has_headless_service()
+          ? HeadlessServiceTargets(full.headless_service())
+          : std::vector<std::string>(full.targets().begin(), full.targets().end());
+  ASSIGN_OR_RETURN(GroupRequests requests,
+                   BuildGroupRequests(full, static_cast<int>(targets.size())));
+  out << "desired state OK: " << targets.size() << " ranks (" << absl::StrJoin(targets, ",")
+      << "), backend " << full.backend() << ", model " << full.model() << ", "
+      << requests.load.size() << " layer(s), capacity " << full.capacity_tokens() << "\n";
+  return absl::OkStatus();
+}
+
+server::ServerSecurityOptions SecurityOf(const CoordinatorCommandOptions& options) {
   server::ServerSecurityOptions security;
   security.listen = options.listen;
   security.tls_cert = options.tls_cert;
@@ -210,6 +210,106 @@ absl::Status RunCoordinatorCommand(const CoordinatorCommandOptions& options, std
   security.refresh_interval = absl::Seconds(options.tls_refresh_s);
   security.allow_insecure = options.allow_insecure;
   security.auth_token = !options.auth_token_file.empty();
+  return security;
+}
+
+// The keeper's channel, lease, probe, backoff and rank-loss settings (the
+// callbacks are the caller's).
+void SetKeeperOptions(const CoordinatorCommandOptions& options, GroupKeeperOptions* keeper) {
+  keeper->resolver = options.resolver;
+  if (options.owner != "none") {
+    char host[256] = {};
+    if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+    keeper->channel.owner_id =
+        !options.owner.empty() ? options.owner
+                               : absl::StrCat("coordinator@", host[0] != '\0' ? host : "localhost");
+    keeper->channel.lease_ttl = absl::Milliseconds(options.lease_ttl_ms);
+  }
+  keeper->probe_interval = absl::Milliseconds(options.probe_interval_ms);
+  keeper->probe_timeout = absl::Milliseconds(options.probe_timeout_ms);
+  keeper->probe_failure_threshold = options.probe_failure_threshold;
+  keeper->backoff_initial = absl::Milliseconds(options.backoff_initial_ms);
+  keeper->backoff_max = absl::Milliseconds(options.backoff_max_ms);
+  keeper->settle_timeout = absl::Milliseconds(options.settle_timeout_ms);
+  keeper->rank_loss = options.on_rank_loss == "re-form"       ? v1::RANK_LOSS_REFORM
+                      : options.on_rank_loss == "mask-always" ? v1::RANK_LOSS_MASK_ALWAYS
+                                                              : v1::RANK_LOSS_MASK_COVERED;
+}
+
+// Health of the coordinator on every server that serves it: liveness
+// always, readiness while the group is ready. SetReady is called under the
+// keeper's lock (GroupKeeperOptions::on_ready), never from gRPC's threads.
+// Thread-safe.
+class CoordinatorHealth {
+ public:
+  void Add(grpc::HealthCheckServiceInterface* service) {
+    std::lock_guard<std::mutex> lock(mu_);
+    services_.push_back(service);
+    service->SetServingStatus(server::kLivenessServiceName, true);
+    service->SetServingStatus(kReadinessName, ready_);
+  }
+  void SetReady(bool ready) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ready_ = ready;
+    for (auto* s : services_) s->SetServingStatus(kReadinessName, ready);
+  }
+  void Shutdown() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto* s : services_) s->Shutdown();
+    services_.clear();
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<grpc::HealthCheckServiceInterface*> services_;
+  bool ready_ = false;
+};
+
+// Every call's end in the log (server/rpc_log.h): failures of the
+// Coordinator service at warn, Apply and Drain at info, the rest debug.
+void AddRpcLog(grpc::ServerBuilder* builder) {
+  server::RpcLogOptions rpc_log;
+  rpc_log.warn_prefixes = {"/moe_ep.v1.Coordinator/"};
+  rpc_log.info_methods = {"/moe_ep.v1.Coordinator/Apply", "/moe_ep.v1.Coordinator/Drain"};
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+  creators.push_back(server::MakeRpcLogInterceptorFactory(std::move(rpc_log)));
+  builder->experimental().SetInterceptorCreators(std::move(creators));
+}
+
+// --health-listen and --metrics-listen (when given): the plaintext probe
+// port and /metrics, each announced on `out` and in the log.
+absl::Status ServeProbesAndMetrics(const CoordinatorCommandOptions& options,
+                                   CoordinatorHealth& health, CoordinatorMetrics& metrics,
+                                   grpc::CallbackGenericService* probe_unimplemented,
+                                   std::unique_ptr<grpc::Server>* probe_server, std::ostream& out) {
+  if (!options.health_listen.empty()) {
+    int probe_port = 0;
+    ASSIGN_OR_RETURN(*probe_server, server::StartProbeServer(options.health_listen,
+                                                             probe_unimplemented, &probe_port));
+    health.Add((*probe_server)->GetHealthCheckService());
+    out << "moe-ep coordinator: grpc.health.v1 (plaintext) on " << HostOf(options.health_listen)
+        << ":" << probe_port << std::endl;
+    spdlog::info("grpc.health.v1 (plaintext) on {}:{}", HostOf(options.health_listen), probe_port);
+  }
+  if (!options.metrics_listen.empty()) {
+    RETURN_IF_ERROR(metrics.Serve(options.metrics_listen));
+    out << "moe-ep coordinator: metrics on http://" << HostOf(options.metrics_listen) << ":"
+        << metrics.port() << "/metrics" << std::endl;
+    spdlog::info("metrics on http://{}:{}/metrics", HostOf(options.metrics_listen), metrics.port());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunCoordinatorCommand(const CoordinatorCommandOptions& options, std::ostream& out,
+                                   const std::function<bool()>& stop) {
+  if (!options.check_only) RETURN_IF_ERROR(ConfigureCoordinatorLog(options));
+  ASSIGN_OR_RETURN(std::optional<v1::DesiredState> initial, InitialState(options));
+  if (initial.has_value()) RETURN_IF_ERROR(ValidateDesiredState(*initial));
+  if (options.check_only) return PrintDesiredStateCheck(initial, out);
+
+  const server::ServerSecurityOptions security = SecurityOf(options);
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                    server::MakeServerCredentials(security));
   std::string token;
@@ -222,39 +322,9 @@ absl::Status RunCoordinatorCommand(const CoordinatorCommandOptions& options, std
   GroupKeeperOptions keeper_options;
   ASSIGN_OR_RETURN(keeper_options.channel.channel_credentials,
                    server::MakePeerChannelCredentials(security, token));
-  keeper_options.resolver = options.resolver;
-  if (options.owner != "none") {
-    char host[256] = {};
-    if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
-    keeper_options.channel.owner_id =
-        !options.owner.empty() ? options.owner
-                               : absl::StrCat("coordinator@", host[0] != '\0' ? host : "localhost");
-    keeper_options.channel.lease_ttl = absl::Milliseconds(options.lease_ttl_ms);
-  }
-  keeper_options.probe_interval = absl::Milliseconds(options.probe_interval_ms);
-  keeper_options.probe_timeout = absl::Milliseconds(options.probe_timeout_ms);
-  keeper_options.probe_failure_threshold = options.probe_failure_threshold;
-  keeper_options.backoff_initial = absl::Milliseconds(options.backoff_initial_ms);
-  keeper_options.backoff_max = absl::Milliseconds(options.backoff_max_ms);
-  keeper_options.settle_timeout = absl::Milliseconds(options.settle_timeout_ms);
-  keeper_options.rank_loss = options.on_rank_loss == "re-form"       ? v1::RANK_LOSS_REFORM
-                             : options.on_rank_loss == "mask-always" ? v1::RANK_LOSS_MASK_ALWAYS
-                                                                     : v1::RANK_LOSS_MASK_COVERED;
-
-  // Health of the coordinator on every server that serves it; set under the
-  // keeper's lock (GroupKeeperOptions::on_ready), never from gRPC's threads.
-  std::mutex health_mu;
-  std::vector<grpc::HealthCheckServiceInterface*> health_services;
-  bool group_ready = false;
-  auto apply_health = [&](grpc::HealthCheckServiceInterface* service) {
-    service->SetServingStatus(server::kLivenessServiceName, true);
-    service->SetServingStatus(kReadinessName, group_ready);
-  };
-  keeper_options.on_ready = [&](bool ready) {
-    std::lock_guard<std::mutex> lock(health_mu);
-    group_ready = ready;
-    for (auto* s : health_services) s->SetServingStatus(kReadinessName, ready);
-  };
+  SetKeeperOptions(options, &keeper_options);
+  CoordinatorHealth health;
+  keeper_options.on_ready = [&health](bool ready) { health.SetReady(ready); };
   CoordinatorMetrics* metrics_ptr = nullptr;
   keeper_options.on_event = [&metrics_ptr](const v1::GroupEvent& e) {
     if (metrics_ptr != nullptr) metrics_ptr->RecordEvent(e);
@@ -276,44 +346,16 @@ absl::Status RunCoordinatorCommand(const CoordinatorCommandOptions& options, std
   int port = 0;
   builder.AddListeningPort(options.listen, credentials, &port);
   builder.RegisterService(&service);
-  {
-    // Every call's end in the log (server/rpc_log.h): failures of the
-    // Coordinator service at warn, Apply and Drain at info, the rest debug.
-    server::RpcLogOptions rpc_log;
-    rpc_log.warn_prefixes = {"/moe_ep.v1.Coordinator/"};
-    rpc_log.info_methods = {"/moe_ep.v1.Coordinator/Apply", "/moe_ep.v1.Coordinator/Drain"};
-    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
-    creators.push_back(server::MakeRpcLogInterceptorFactory(std::move(rpc_log)));
-    builder.experimental().SetInterceptorCreators(std::move(creators));
-  }
+  AddRpcLog(&builder);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("--listen: cannot bind ", options.listen));
   }
-  {
-    std::lock_guard<std::mutex> lock(health_mu);
-    health_services.push_back(server->GetHealthCheckService());
-    apply_health(server->GetHealthCheckService());
-  }
+  health.Add(server->GetHealthCheckService());
   grpc::CallbackGenericService probe_unimplemented;
   std::unique_ptr<grpc::Server> probe_server;
-  if (!options.health_listen.empty()) {
-    int probe_port = 0;
-    ASSIGN_OR_RETURN(probe_server, server::StartProbeServer(options.health_listen,
-                                                            &probe_unimplemented, &probe_port));
-    std::lock_guard<std::mutex> lock(health_mu);
-    health_services.push_back(probe_server->GetHealthCheckService());
-    apply_health(probe_server->GetHealthCheckService());
-    out << "moe-ep coordinator: grpc.health.v1 (plaintext) on " << HostOf(options.health_listen)
-        << ":" << probe_port << std::endl;
-    spdlog::info("grpc.health.v1 (plaintext) on {}:{}", HostOf(options.health_listen), probe_port);
-  }
-  if (!options.metrics_listen.empty()) {
-    RETURN_IF_ERROR(metrics.Serve(options.metrics_listen));
-    out << "moe-ep coordinator: metrics on http://" << HostOf(options.metrics_listen) << ":"
-        << metrics.port() << "/metrics" << std::endl;
-    spdlog::info("metrics on http://{}:{}/metrics", HostOf(options.metrics_listen), metrics.port());
-  }
+  RETURN_IF_ERROR(
+      ServeProbesAndMetrics(options, health, metrics, &probe_unimplemented, &probe_server, out));
   out << "moe-ep coordinator listening on " << HostOf(options.listen) << ":" << port << std::endl;
   spdlog::info(
       "serving moe_ep.v1.Coordinator on {}:{} (owner {}, probes every {} ms, deadline {} "
@@ -324,11 +366,7 @@ absl::Status RunCoordinatorCommand(const CoordinatorCommandOptions& options, std
 
   while (!(stop && stop())) std::this_thread::sleep_for(std::chrono::milliseconds(100));
 
-  {
-    std::lock_guard<std::mutex> lock(health_mu);
-    for (auto* s : health_services) s->Shutdown();
-    health_services.clear();
-  }
+  health.Shutdown();
   const auto now = std::chrono::system_clock::now();
   server->Shutdown(now);
   if (probe_server != nullptr) probe_server->Shutdown(now);
