@@ -227,6 +227,19 @@ class Coordinator {
   int FirstStepRank() const;
   std::function<bool(int)> StepRanks() const;  // FanOut's filter; null = every rank
 
+  // RejoinRanks's steps (client/coordinator_rejoin.cc). RejoinSurvivors():
+  // the live ranks, once every rank of `ranks` (sorted, in range) is masked
+  // in the survivors' latest view (copied to *latest) and every live rank
+  // reports that view; kFailedPrecondition otherwise. SetUpReturningRank():
+  // Join (rejoin) and `setup` sent to `rank` alone; errors name the call and
+  // the rank. RejoinMembers(): `request` to every rank of `members` at once;
+  // `rank`'s response, or the ranks' errors aggregated.
+  absl::StatusOr<std::vector<int>> RejoinSurvivors(const std::vector<int>& ranks,
+                                                   v1::GetStatusResponse* latest);
+  absl::Status SetUpReturningRank(int rank, const RankSetup& setup);
+  absl::StatusOr<v1::RejoinResponse> RejoinMembers(const std::vector<int>& members,
+                                                   const v1::RejoinRequest& request, int rank);
+
   std::vector<bool> step_ranks_;         // SetStepRanks; empty = every rank
   std::string secret_;                   // of generation_ (FormGroup)
   std::vector<std::string> join_hosts_;  // data_plane_host of each rank (FormGroup)

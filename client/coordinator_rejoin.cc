@@ -75,6 +75,26 @@ absl::StatusOr<v1::RejoinResponse> Coordinator::RejoinRanks(std::vector<int> ran
     return absl::FailedPreconditionError(
         "RejoinRank: needs a group this coordinator formed with rank_masks");
   }
+  v1::GetStatusResponse view;
+  ASSIGN_OR_RETURN(std::vector<int> survivors, RejoinSurvivors(ranks, &view));
+
+  // Each returning rank alone: Join, then the group's set-up.
+  for (int rank : ranks) RETURN_IF_ERROR(SetUpReturningRank(rank, setup));
+
+  // Rejoin on the survivors and the returning ranks at once.
+  v1::RejoinRequest request;
+  request.set_generation(generation_);
+  request.set_mask_round(view.mask_round());
+  *request.mutable_masked_ranks() = view.masked_ranks();
+  for (int rank : ranks) request.add_ranks(rank);
+  *request.mutable_lease() = Claim();
+  std::vector<int> members = survivors;
+  members.insert(members.end(), ranks.begin(), ranks.end());
+  return RejoinMembers(members, request, ranks.front());
+}
+
+absl::StatusOr<std::vector<int>> Coordinator::RejoinSurvivors(const std::vector<int>& ranks,
+                                                              v1::GetStatusResponse* latest) {
   // The survivors' mask: every live rank must report the same one.
   const std::vector<absl::StatusOr<v1::GetStatusResponse>> statuses = StatusEach();
   const v1::GetStatusResponse* view = LatestView(statuses, generation_);
@@ -106,71 +126,68 @@ absl::StatusOr<v1::RejoinResponse> Coordinator::RejoinRanks(std::vector<int> ran
           "; try again once the survivors agree"));
     }
   }
+  *latest = *view;
+  return survivors;
+}
 
-  // Each returning rank alone: Join, then the group's set-up.
+absl::Status Coordinator::SetUpReturningRank(int rank, const RankSetup& setup) {
   const bool leased = !options_.owner_id.empty();
-  for (int rank : ranks) {
-    const auto on_rank = [&](const char* op, auto call) -> absl::Status {
-      grpc::ClientContext context;
-      SetDeadline(&context, options_.rpc_timeout);
-      absl::Status status = ToAbslStatus(call(&context));
-      if (status.ok()) return status;
-      return absl::Status(status.code(), absl::StrCat(op, " on rank ", rank, " (", targets_[rank],
-                                                      "): ", status.message()));
-    };
-    v1::JoinRequest join;
-    join.set_world_size(world_size());
-    join.set_rank(rank);
-    join.set_backend(options_.backend);
-    join.set_rendezvous_address(targets_[0]);
-    join.set_generation(generation_);
-    join.set_timeout_ms(absl::ToInt64Milliseconds(options_.group_timeout));
-    if (rank < static_cast<int>(join_hosts_.size())) join.set_data_plane_host(join_hosts_[rank]);
-    join.set_rendezvous_secret(secret_);
-    for (const std::string& t : targets_) join.add_rendezvous_addresses(t);
-    join.set_rejoin(true);
-    *join.mutable_lease() = Claim();
-    v1::JoinResponse joined;
-    RETURN_IF_ERROR(on_rank("Join (rejoin)", [&](grpc::ClientContext* c) {
-      return stubs_[rank]->Join(c, join, &joined);
+  const auto on_rank = [&](const char* op, auto call) -> absl::Status {
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.rpc_timeout);
+    absl::Status status = ToAbslStatus(call(&context));
+    if (status.ok()) return status;
+    return absl::Status(status.code(), absl::StrCat(op, " on rank ", rank, " (", targets_[rank],
+                                                    "): ", status.message()));
+  };
+  v1::JoinRequest join;
+  join.set_world_size(world_size());
+  join.set_rank(rank);
+  join.set_backend(options_.backend);
+  join.set_rendezvous_address(targets_[0]);
+  join.set_generation(generation_);
+  join.set_timeout_ms(absl::ToInt64Milliseconds(options_.group_timeout));
+  if (rank < static_cast<int>(join_hosts_.size())) join.set_data_plane_host(join_hosts_[rank]);
+  join.set_rendezvous_secret(secret_);
+  for (const std::string& t : targets_) join.add_rendezvous_addresses(t);
+  join.set_rejoin(true);
+  *join.mutable_lease() = Claim();
+  v1::JoinResponse joined;
+  RETURN_IF_ERROR(on_rank("Join (rejoin)", [&](grpc::ClientContext* c) {
+    return stubs_[rank]->Join(c, join, &joined);
+  }));
+  v1::ConfigureLayersRequest configure = setup.configure;
+  if (leased) *configure.mutable_lease() = Claim();
+  v1::ConfigureLayersResponse configured;
+  RETURN_IF_ERROR(on_rank("ConfigureLayers", [&](grpc::ClientContext* c) {
+    return stubs_[rank]->ConfigureLayers(c, configure, &configured);
+  }));
+  v1::AllocateWorkspaceRequest allocate = setup.allocate;
+  if (leased) *allocate.mutable_lease() = Claim();
+  v1::AllocateWorkspaceResponse allocated;
+  RETURN_IF_ERROR(on_rank("AllocateWorkspace", [&](grpc::ClientContext* c) {
+    return stubs_[rank]->AllocateWorkspace(c, allocate, &allocated);
+  }));
+  for (v1::InstallPlacementRequest placement : setup.placements) {
+    if (leased) *placement.mutable_lease() = Claim();
+    v1::InstallPlacementResponse installed;
+    RETURN_IF_ERROR(on_rank("InstallPlacement", [&](grpc::ClientContext* c) {
+      return stubs_[rank]->InstallPlacement(c, placement, &installed);
     }));
-    v1::ConfigureLayersRequest configure = setup.configure;
-    if (leased) *configure.mutable_lease() = Claim();
-    v1::ConfigureLayersResponse configured;
-    RETURN_IF_ERROR(on_rank("ConfigureLayers", [&](grpc::ClientContext* c) {
-      return stubs_[rank]->ConfigureLayers(c, configure, &configured);
-    }));
-    v1::AllocateWorkspaceRequest allocate = setup.allocate;
-    if (leased) *allocate.mutable_lease() = Claim();
-    v1::AllocateWorkspaceResponse allocated;
-    RETURN_IF_ERROR(on_rank("AllocateWorkspace", [&](grpc::ClientContext* c) {
-      return stubs_[rank]->AllocateWorkspace(c, allocate, &allocated);
-    }));
-    for (v1::InstallPlacementRequest placement : setup.placements) {
-      if (leased) *placement.mutable_lease() = Claim();
-      v1::InstallPlacementResponse installed;
-      RETURN_IF_ERROR(on_rank("InstallPlacement", [&](grpc::ClientContext* c) {
-        return stubs_[rank]->InstallPlacement(c, placement, &installed);
-      }));
-    }
-    for (v1::LoadExpertsRequest load : setup.loads) {
-      if (leased) *load.mutable_lease() = Claim();
-      v1::LoadExpertsResponse loaded;
-      RETURN_IF_ERROR(on_rank("LoadExperts", [&](grpc::ClientContext* c) {
-        return stubs_[rank]->LoadExperts(c, load, &loaded);
-      }));
-    }
   }
+  for (v1::LoadExpertsRequest load : setup.loads) {
+    if (leased) *load.mutable_lease() = Claim();
+    v1::LoadExpertsResponse loaded;
+    RETURN_IF_ERROR(on_rank("LoadExperts", [&](grpc::ClientContext* c) {
+      return stubs_[rank]->LoadExperts(c, load, &loaded);
+    }));
+  }
+  return absl::OkStatus();
+}
 
-  // Rejoin on the survivors and the returning ranks at once.
-  v1::RejoinRequest request;
-  request.set_generation(generation_);
-  request.set_mask_round(view->mask_round());
-  *request.mutable_masked_ranks() = view->masked_ranks();
-  for (int rank : ranks) request.add_ranks(rank);
-  *request.mutable_lease() = Claim();
-  std::vector<int> members = survivors;
-  members.insert(members.end(), ranks.begin(), ranks.end());
+absl::StatusOr<v1::RejoinResponse> Coordinator::RejoinMembers(const std::vector<int>& members,
+                                                              const v1::RejoinRequest& request,
+                                                              int rank) {
   std::vector<absl::Status> per_rank(world_size());
   std::vector<v1::RejoinResponse> responses(world_size());
   std::vector<std::thread> threads;
@@ -185,7 +202,7 @@ absl::StatusOr<v1::RejoinResponse> Coordinator::RejoinRanks(std::vector<int> ran
   }
   for (auto& t : threads) t.join();
   RETURN_IF_ERROR(AggregateRankErrors("Rejoin", targets_, per_rank));
-  return responses[ranks.front()];
+  return responses[rank];
 }
 
 }  // namespace moe_ep::client
