@@ -277,8 +277,8 @@ void AddRunJobFlags(CLI::App* run, RunCommandFlags& r) {
   run->add_option("--seed", r.job.seed, "seed of hidden states, routing and experts")
       ->capture_default_str();
   run->add_option("--experts", r.job.experts,
-                  "swiglu (bf16) | identity | checkpoint (the config's quantization: fp8 or "
-                  "mxfp4 experts, gloo plane)")
+                  "swiglu (bf16) | identity | checkpoint (the config's quantization: fp8 "
+                  "experts on every plane, mxfp4 on gloo)")
       ->check(CLI::IsMember({"swiglu", "identity", "checkpoint"}))
       ->capture_default_str();
   run->add_option("--dispatch-dtype", r.dispatch_dtype,

@@ -69,7 +69,7 @@ struct RunJobOptions {
   std::string routing = "skewed";  // uniform | skewed[:S] | trace:FILE | load:FILE
   uint64_t seed = 1;
   // swiglu (bf16) | identity | checkpoint (the model's quantization_config
-  // format: fp8 or mxfp4 experts on the gloo plane; bf16 without one).
+  // format: fp8 experts on every plane, mxfp4 on gloo; bf16 without one).
   std::string experts = "swiglu";
   int64_t capacity_tokens = 0;  // N; 0 = the largest per-rank count of the run
   Tolerance tolerance;
@@ -182,6 +182,9 @@ struct RunJobResult {
   int64_t layer_expert_bytes = 0;              // ExpertBytesPerLayer
   int num_sparse_layers = 0;
   bool identity_experts = false;  // --experts identity: no weights held
+  // The routed experts' weight format (core::quant::ExpertWeightFormatName:
+  // "bf16", "fp8-block128", "mxfp4"), named by the memory table.
+  std::string expert_format = "bf16";
   core::DispatchDType dispatch_dtype = core::DispatchDType::kBF16;
   Tolerance tolerance;
   RunMemoryEstimate memory;            // the preflight's estimate

@@ -128,6 +128,7 @@ void StartRunResult(const RunJobOptions& options, RunJobState& job) {
   result.num_sparse_layers = static_cast<int>(job.sparse.size());
   result.tolerance = options.tolerance;
   result.identity_experts = job.identity;
+  result.expert_format = core::quant::ExpertWeightFormatName(job.format);
   result.dispatch_dtype = options.dispatch_dtype;
   result.memory = job.memory;
   result.memory_available_bytes = job.available.ok() ? *job.available : 0;

@@ -92,7 +92,8 @@ std::string MemoryTable(const RunJobResult& result) {
       static_cast<double>(result.layer_expert_bytes) * result.num_sparse_layers;
   const double pages = static_cast<double>(sysconf(_SC_PHYS_PAGES));
   const double page_size = static_cast<double>(sysconf(_SC_PAGESIZE));
-  TextTable memory({"memory footprint (routed experts, bf16)", "bytes"});
+  TextTable memory(
+      {absl::StrCat("memory footprint (routed experts, ", result.expert_format, ")"), "bytes"});
   memory.AddRow({absl::StrCat("held by each worker (", result.layers.size(), " layer(s), max)"),
                  FormatBytes(static_cast<double>(max_rank_bytes))});
   memory.AddRow({result.identity_experts
