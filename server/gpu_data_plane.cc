@@ -19,6 +19,7 @@
 #include "server/call_gate.h"
 #include "server/device_info.h"
 #include "server/gpu_step_buffers.h"
+#include "server/memory_budget.h"
 #include "server/nccl_id_share.h"
 
 namespace moe_ep::server {
@@ -657,15 +658,7 @@ absl::StatusOr<BenchmarkTimes> GpuDataPlane::Benchmark(const core::EpDispatcherO
   const int64_t h = options.workspace.hidden;
   const int k = options.workspace.top_k;
   const int64_t input_bytes = DeviceStepBuffers::Bytes(tokens, h, k);
-  int64_t cap = 0;
-  if (memory_cap_bytes > 0) {
-    cap = memory_cap_bytes - input_bytes;
-    if (cap <= 0) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "Benchmark: inputs and output need ", input_bytes, " device bytes, more than the ",
-          memory_cap_bytes, " bytes the memory cap leaves (--memory-cap-bytes)"));
-    }
-  }
+  ASSIGN_OR_RETURN(const int64_t cap, DeviceScratchCap(input_bytes, memory_cap_bytes));
   ASSIGN_OR_RETURN(core::ExpertPlacement placement,
                    core::ExpertPlacement::Contiguous(options.num_experts, view_->size()));
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::DeviceExpertSet> identity,

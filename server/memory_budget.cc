@@ -44,4 +44,15 @@ absl::Status CheckBenchmarkFits(const MemoryBudget& budget, int64_t workspace_by
       " held, more than the memory cap of ", budget.cap_bytes, " bytes (--memory-cap-bytes)"));
 }
 
+absl::StatusOr<int64_t> DeviceScratchCap(int64_t device_bytes, int64_t memory_cap_bytes) {
+  if (memory_cap_bytes <= 0) return 0;
+  const int64_t cap = memory_cap_bytes - device_bytes;
+  if (cap <= 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "Benchmark: inputs and output need ", device_bytes, " device bytes, more than the ",
+        memory_cap_bytes, " bytes the memory cap leaves (--memory-cap-bytes)"));
+  }
+  return cap;
+}
+
 }  // namespace moe_ep::server

@@ -64,4 +64,14 @@ int64_t BenchmarkInputBytes(int64_t tokens, int64_t hidden, int top_k);
 absl::Status CheckBenchmarkFits(const MemoryBudget& budget, int64_t workspace_bytes,
                                 int64_t input_bytes);
 
+// DeviceScratchCap()
+//
+// The cap a GPU plane passes to the scratch dispatcher of a call (Benchmark)
+// once the call's own device buffers (`device_bytes`: inputs and output)
+// are taken from `memory_cap_bytes`: 0 (= unlimited) when there is no cap.
+// kResourceExhausted "Benchmark: inputs and output need N device bytes, more
+// than the C bytes the memory cap leaves (--memory-cap-bytes)" when nothing
+// is left. The same rule and message on both GPU planes (issue 34 item 1).
+absl::StatusOr<int64_t> DeviceScratchCap(int64_t device_bytes, int64_t memory_cap_bytes);
+
 }  // namespace moe_ep::server

@@ -18,6 +18,7 @@
 #include "core/status_macros.h"
 #include "core/workspace.h"
 #include "server/call_gate.h"
+#include "server/memory_budget.h"
 
 namespace moe_ep::server {
 namespace {
@@ -612,15 +613,7 @@ absl::StatusOr<BenchmarkTimes> OneSidedDataPlane::Benchmark(
   const int64_t h = options.workspace.hidden;
   const int k = options.workspace.top_k;
   const int64_t input_bytes = DeviceStepBuffers::Bytes(tokens, h, k);
-  int64_t cap = 0;
-  if (memory_cap_bytes > 0) {
-    cap = memory_cap_bytes - input_bytes;
-    if (cap <= 0) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "Benchmark: inputs and output need ", input_bytes, " device bytes, more than the ",
-          memory_cap_bytes, " bytes the memory cap leaves (--memory-cap-bytes)"));
-    }
-  }
+  ASSIGN_OR_RETURN(const int64_t cap, DeviceScratchCap(input_bytes, memory_cap_bytes));
   ASSIGN_OR_RETURN(const int64_t window_bytes, OneSidedDispatcher::WindowBytes(options));
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::onesided::PeerWindows> windows,
                    kernels::onesided::CreateIpcPeerWindows(compact_, device_, window_bytes));

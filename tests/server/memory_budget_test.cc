@@ -54,5 +54,19 @@ TEST(MemoryBudget, BenchmarkInputsAndFit) {
               HasSubstr("Benchmark: needs 501 bytes (workspace and inputs) on top of 500 held"));
 }
 
+TEST(DeviceScratchCap, WhatTheCapLeavesAfterTheCallsOwnBuffers) {
+  // No cap: unlimited (0), whatever the buffers.
+  EXPECT_EQ(*DeviceScratchCap(1 << 20, 0), 0);
+  // 1 MiB cap, 144 * 1000 bytes of inputs and output: the rest.
+  EXPECT_EQ(*DeviceScratchCap(144000, 1 << 20), (1 << 20) - 144000);
+  // Exactly the cap: nothing left is an error naming both numbers.
+  absl::StatusOr<int64_t> none = DeviceScratchCap(4096, 4096);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(none.status().message(),
+            "Benchmark: inputs and output need 4096 device bytes, more than the 4096 bytes the "
+            "memory cap leaves (--memory-cap-bytes)");
+}
+
 }  // namespace
 }  // namespace moe_ep::server
