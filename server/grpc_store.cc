@@ -22,6 +22,13 @@ constexpr absl::Duration kRetryInterval = absl::Milliseconds(100);
 // answers DEADLINE_EXCEEDED (with the missing keys) before the client gives up.
 constexpr absl::Duration kRpcSlack = absl::Milliseconds(500);
 
+// Sends `secret` with the call when there is one. One that gRPC would abort
+// on (server/store_limits.h IsSendableSecret; Join refuses those) is not
+// sent: a store that wants a secret then answers PERMISSION_DENIED.
+void AddSecret(grpc::ClientContext* context, const std::string& secret) {
+  if (!secret.empty() && IsSendableSecret(secret)) context->AddMetadata(kSecretMetadataKey, secret);
+}
+
 // Runs `attempt` (one RPC with the given deadline and server-side wait in ms)
 // until it succeeds or fails with something other than UNAVAILABLE, or the
 // overall deadline passes. With `stop`, each attempt waits at most
@@ -45,7 +52,7 @@ void CallWithRetry(const std::string& what, const std::string& address, absl::Du
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + slice + kRpcSlack));
     context.set_wait_for_ready(true);
-    if (!secret.empty()) context.AddMetadata(kSecretMetadataKey, secret);
+    AddSecret(&context, secret);
     last = attempt(&context, std::max<int64_t>(0, absl::ToInt64Milliseconds(slice)));
     if (last.ok()) return;
     if (last.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
@@ -158,7 +165,7 @@ bool GrpcStore::Answers(absl::Duration timeout) { return Probe(timeout) == Probe
 GrpcStore::ProbeResult GrpcStore::Probe(absl::Duration timeout) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  if (!secret_.empty()) context.AddMetadata(kSecretMetadataKey, secret_);
+  AddSecret(&context, secret_);
   v1::GetRequest request;
   request.set_key("probe");
   request.set_timeout_ms(0);
@@ -179,14 +186,14 @@ grpc::Status GrpcStore::Arrive(const v1::ArriveRequest& request, v1::ArriveRespo
   grpc::ClientContext context;
   context.set_deadline(
       absl::ToChronoTime(absl::Now() + absl::Milliseconds(request.timeout_ms()) + kRpcSlack));
-  if (!secret_.empty()) context.AddMetadata(kSecretMetadataKey, secret_);
+  AddSecret(&context, secret_);
   return stub_->Arrive(&context, request, response);
 }
 
 bool GrpcStore::Poll(const std::string& key, absl::Duration timeout, std::string* value) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  if (!secret_.empty()) context.AddMetadata(kSecretMetadataKey, secret_);
+  AddSecret(&context, secret_);
   v1::GetRequest request;
   request.set_key(key);
   request.set_timeout_ms(0);

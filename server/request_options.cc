@@ -15,6 +15,7 @@
 #include "core/workspace.h"
 #include "server/backend_selection.h"
 #include "server/path_policy.h"
+#include "server/store_limits.h"
 
 namespace moe_ep::server {
 namespace {
@@ -144,6 +145,12 @@ absl::StatusOr<JoinArgs> JoinArgsFromRequest(const RequestLimits& limits,
                        request.rendezvous_address().substr(0, 64), "\", got \"",
                        request.rendezvous_addresses(0).substr(0, 64), "\""));
     }
+  }
+  if (!IsSendableSecret(request.rendezvous_secret())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous_secret: expected at most ", kMaxSecretBytes,
+                     " bytes of printable ASCII (0x20-0x7E: it is sent as gRPC metadata), got ",
+                     request.rendezvous_secret().size(), " bytes"));
   }
   if (request.rejoin() && (request.world_size() < 2 || request.rendezvous_addresses_size() == 0)) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -83,7 +83,8 @@ struct JoinDefaults {
 // rendezvous_addresses empty or one non-empty address per rank with entry 0
 // equal to rendezvous_address (kInvalidArgument naming the entry), the
 // backend resolved and its device present, gpu_data_plane a known name
-// (server/backend_selection.h).
+// (server/backend_selection.h), rendezvous_secret sendable as gRPC metadata
+// (server/store_limits.h IsSendableSecret).
 absl::StatusOr<JoinArgs> JoinArgsFromRequest(const RequestLimits& limits,
                                              const v1::JoinRequest& request,
                                              const JoinDefaults& defaults);

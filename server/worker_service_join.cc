@@ -22,6 +22,7 @@
 #include "server/grpc_store.h"
 #include "server/join_vote.h"
 #include "server/request_limits.h"
+#include "server/store_limits.h"
 #include "server/worker_service.h"
 #include "spdlog/spdlog.h"
 
@@ -38,6 +39,7 @@ bool WorkerService::CanVoteOnJoin(const v1::JoinRequest& request) const {
   return !request.rejoin() && request.world_size() > 1 &&
          request.world_size() <= options_.limits.max_world_size && request.rank() >= 0 &&
          request.rank() < request.world_size() && !request.rendezvous_address().empty() &&
+         IsSendableSecret(request.rendezvous_secret()) &&
          request.generation() > max_generation_used_ &&
          request.generation() <=
              GenerationLimit(max_generation_used_, options_.limits.max_generation);
@@ -142,7 +144,7 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
 void WorkerService::RefuseJoin(const grpc::ServerContext* context, const v1::JoinRequest& request,
                                const absl::Status& local) {
   if (request.world_size() <= 1 || request.rendezvous_address().empty() ||
-      request.generation() < 1) {
+      request.generation() < 1 || !IsSendableSecret(request.rendezvous_secret())) {
     return;  // no store to reach: the peers wait their timeout (join_vote.h)
   }
   // Posted from a detached thread, so a store that is slow or gone (a

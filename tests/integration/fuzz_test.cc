@@ -1109,5 +1109,46 @@ TEST(Fuzz, OneRankCallsToAGroupAreAnsweredInTimeAndChangeNothingWhenRejected) {
   RunFuzz(run);
 }
 
+// The long run's crash (bench/results/fuzz-long/README.md run 7): a Join
+// whose rendezvous_secret holds a byte gRPC does not allow in a header value
+// (here 0xd9 0x83, as the run sent) made the worker abort when it sent the
+// secret to rank 0's store (its Join vote or refusal). It is now refused at
+// once, on either rank of a group of two, and both workers keep serving.
+TEST(Fuzz, JoinWithASecretThatIsNoHeaderValueIsRefusedAndTheWorkerServes) {
+  client::LocalClusterOptions options;
+  options.num_workers = 2;
+  options.backend = "gloo";
+  options.worker_binary = std::string(MOE_EP_BINARY_DIR) + "/server/moe-ep-worker";
+  auto cluster = client::LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::vector<std::string>& targets = (*cluster)->targets();
+  for (const std::string& secret :
+       {std::string("\xd9\x83"), std::string("ok\nsecret"), std::string(1025, 'w')}) {
+    for (int rank = 0; rank < 2; ++rank) {
+      v1::JoinRequest join;
+      join.set_world_size(2);
+      join.set_rank(rank);
+      join.set_backend("gloo");
+      join.set_generation(1);
+      join.set_timeout_ms(1000);
+      join.set_rendezvous_address(targets[0]);
+      join.set_rendezvous_secret(secret);
+      Target target(targets[rank]);
+      std::chrono::milliseconds took;
+      const grpc::Status status = target.Raw("/moe_ep.v1.Worker/Join", join.SerializeAsString(),
+                                             std::chrono::milliseconds(5000), &took);
+      EXPECT_EQ(status.error_code(), StatusCode::INVALID_ARGUMENT)
+          << "rank " << rank << ": " << status.error_message();
+      EXPECT_NE(status.error_message().find("rendezvous_secret"), std::string::npos)
+          << status.error_message();
+      EXPECT_LT(took.count(), 1000) << "rank " << rank;
+      v1::GetStatusResponse after;
+      ASSERT_TRUE(target.Snapshot(&after)) << "rank " << rank << " stopped answering";
+      EXPECT_EQ(after.max_generation_seen(), 0) << "rank " << rank;
+    }
+  }
+  for (int w = 0; w < 2; ++w) EXPECT_TRUE((*cluster)->IsRunning(w)) << "worker " << w;
+}
+
 }  // namespace
 }  // namespace moe_ep::testing
