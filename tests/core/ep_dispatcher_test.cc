@@ -433,7 +433,9 @@ TEST_P(EpDispatcherOutOfRangeTest, OutOfRangeIdFailsTheStepOnEveryRank) {
     ASSERT_TRUE(d.Combine(absl::MakeSpan(out)).ok());
     EXPECT_FALSE(d.step_in_flight());
     // Rank 1's t1 keeps only its first choice (weight 0.25): 0.25 * x.
-    if (rank == 1) EXPECT_EQ(Bf16ToFloat(out[2]), 0.25f * 12);
+    if (rank == 1) {
+      EXPECT_EQ(Bf16ToFloat(out[2]), 0.25f * 12);
+    }
   });
 }
 
@@ -458,7 +460,9 @@ TEST(EpDispatcher, ReleaseStepEndsADispatchWithoutCombine) {
     ASSERT_TRUE(d.Dispatch(in.hidden, ids, in.weights, in.tokens).ok());
     EXPECT_EQ(d.received_counts()[0], rank == 1 ? 3 : 0);
     EXPECT_EQ(d.received_counts()[1], rank == 1 ? 2 : 0);
-    if (rank == 1) EXPECT_EQ(Bf16ToFloat(d.ReceivedHidden(0)[4]), 3.0f);  // rank 0's t2
+    if (rank == 1) {
+      EXPECT_EQ(Bf16ToFloat(d.ReceivedHidden(0)[4]), 3.0f);  // rank 0's t2
+    }
     ASSERT_TRUE(d.ReleaseStep().ok());
   });
 }
