@@ -322,7 +322,7 @@ absl::Status DeviceExpertSet::GenerateSeededFp8(uint64_t seed, int layer) {
                                          /*stream=*/nullptr);
     }
   }
-  const absl::Status synced = internal::CudaStatus(
+  absl::Status synced = internal::CudaStatus(
       cudaStreamSynchronize(nullptr), "cudaStreamSynchronize(seeded fp8 expert weights)");
   cudaFree(bf16);
   RETURN_IF_ERROR(status);
