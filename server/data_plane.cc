@@ -273,19 +273,6 @@ absl::StatusOr<std::unique_ptr<DataPlane>> FormDataPlane(
       absl::StrCat("backend: expected \"gloo\" or \"nccl\", got \"", group.backend, "\""));
 }
 
-}  // namespace moe_ep::server
-
-namespace moe_ep::server {
-namespace {
-
-absl::Status EngineCallsUnimplemented(const DataPlane& plane, const char* call) {
-  return absl::UnimplementedError(absl::StrCat(
-      call, ": the ", plane.data_plane(),
-      " data plane does not take an engine's buffers in process; use the Forward RPC"));
-}
-
-}  // namespace
-
 absl::StatusOr<core::StepStats> DataPlane::ForwardBytes(int layer, const ForwardTensorBytes& in,
                                                         int64_t num_tokens, std::string* output) {
   const size_t hidden_elem = in.hidden_fp32 ? sizeof(float) : sizeof(core::bf16_t);
@@ -315,33 +302,6 @@ absl::StatusOr<core::StepStats> DataPlane::ForwardBytes(int layer, const Forward
   output->resize(hidden.size() * sizeof(core::bf16_t));
   return Forward(layer, hidden, ids, weights, num_tokens,
                  absl::MakeSpan(reinterpret_cast<core::bf16_t*>(output->data()), hidden.size()));
-}
-
-absl::StatusOr<core::StepStats> DataPlane::EngineDispatch(
-    const void* /*hidden*/, const int32_t* /*topk_ids*/, const float* /*topk_weights*/,
-    int64_t /*num_tokens*/, const EngineRecvBuffers& /*out*/, void* /*stream*/) {
-  return EngineCallsUnimplemented(*this, "dispatch");
-}
-
-absl::StatusOr<core::StepStats> DataPlane::EngineCombine(const void* /*expert_out*/,
-                                                         int64_t /*rows*/, void* /*output*/,
-                                                         void* /*stream*/) {
-  return EngineCallsUnimplemented(*this, "combine");
-}
-
-absl::StatusOr<core::StepStats> DataPlane::EngineForward(int /*layer*/, const void* /*hidden*/,
-                                                         const int32_t* /*topk_ids*/,
-                                                         const float* /*topk_weights*/,
-                                                         int64_t /*num_tokens*/, void* /*output*/,
-                                                         void* /*stream*/) {
-  return EngineCallsUnimplemented(*this, "forward");
-}
-
-absl::Status DataPlane::EngineSyncTokenCounts(const int64_t* /*local_tokens*/, int64_t* /*counts*/,
-                                              void* /*stream*/) {
-  return absl::UnimplementedError(
-      absl::StrCat("sync_token_counts on device memory: the ", backend(),
-                   " data plane agrees host counts; use moe_ep_sync_token_counts"));
 }
 
 absl::Status DataPlane::EngineCheckStep() { return absl::OkStatus(); }

@@ -330,23 +330,24 @@ class DataPlane {
   // this rank's experts) back to output [T, H]. EngineForward: dispatch,
   // `layer`'s loaded experts and combine. Collectives with the errors of
   // Forward (kAborted on disagreeing geometry, kFailedPrecondition out of
-  // sequence); the defaults return kUnimplemented naming the backend.
+  // sequence). Every plane serves them (issue 34 item 2).
   virtual absl::StatusOr<core::StepStats> EngineDispatch(
       const void* hidden, const int32_t* topk_ids, const float* topk_weights, int64_t num_tokens,
-      const EngineRecvBuffers& out, void* stream);
+      const EngineRecvBuffers& out, void* stream) = 0;
   virtual absl::StatusOr<core::StepStats> EngineCombine(const void* expert_out, int64_t rows,
-                                                        void* output, void* stream);
+                                                        void* output, void* stream) = 0;
   virtual absl::StatusOr<core::StepStats> EngineForward(int layer, const void* hidden,
                                                         const int32_t* topk_ids,
                                                         const float* topk_weights,
                                                         int64_t num_tokens, void* output,
-                                                        void* stream);
-  // The token-count agreement of an engine's step on the GPU plane:
-  // `local_tokens` device int64 -> `counts` device [E] int64 (an all-gather
-  // enqueued on `stream`, capturable). The default returns kUnimplemented;
-  // the CPU plane overrides it with host pointers (server/cpu_data_plane.h).
+                                                        void* stream) = 0;
+  // The token-count agreement of an engine's step: `local_tokens` int64 ->
+  // `counts` [E] int64. On the NCCL plane device memory and an all-gather
+  // enqueued on `stream` (capturable); on the one-sided plane device memory
+  // agreed on the host (syncs `stream`; kFailedPrecondition while it is
+  // captured); on the CPU plane host pointers (server/cpu_data_plane.h).
   virtual absl::Status EngineSyncTokenCounts(const int64_t* local_tokens, int64_t* counts,
-                                             void* stream);
+                                             void* stream) = 0;
   // The sync point of the engine calls: waits for the data plane's work and
   // reports a geometry disagreement its device-side check recorded
   // (kAborted, naming the rank). The CPU plane checks synchronously in

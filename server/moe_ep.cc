@@ -157,8 +157,10 @@ moe_ep_status moe_ep_worker_start(int32_t argc, const char* const* argv, moe_ep_
       args.push_back(argv[i]);
     }
     moe_ep::server::WorkerFlags flags;
-    // The engine's in-process calls run on the nccl plane only (the
-    // one-sided plane refuses them), so that is an embedded worker's default.
+    // An embedded worker's default plane stays nccl, the one its engine
+    // calls were first measured on (bench/results/embedded/); the one-sided
+    // plane serves the same calls (--gpu-data-plane one-sided; issue 34,
+    // bench/results/onesided-engine/).
     flags.gpu_data_plane = "nccl";
     std::ostringstream help;
     std::ostringstream errors;

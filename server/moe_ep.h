@@ -95,6 +95,13 @@
  * replayed: moe_ep_check_graph returns MOE_EP_RECAPTURE; capture again.
  * While a capture in cudaStreamCaptureModeGlobal is open, no orchestrator
  * RPC may run on the worker (they synchronise).
+ * Both GPU data planes (--gpu-data-plane, GetStatus.data_plane) serve these
+ * calls with the same results: "nccl" (NCCL send/recv) and "one-sided"
+ * (kernels storing into CUDA IPC peer windows: several worker processes may
+ * share one GPU; issue 34). On the one-sided plane the calls route by the
+ * contiguous placement (a forward of a layer with another installed table
+ * is MOE_EP_FAILED_PRECONDITION), and moe_ep_sync_token_counts_async agrees
+ * on the host: it synchronises `stream` and cannot be captured.
  *
  * NCCL: moe_ep_worker_start compares the NCCL found at run time with the
  * one built against on major.minor, not the patch level: NCCL keeps its
@@ -296,11 +303,12 @@ MOE_EP_EXPORT moe_ep_status moe_ep_sync_token_counts(moe_ep_worker* worker, int6
 
 /* GPU backend: the token-count agreement on the device. local_tokens: device
  * int64 (this rank's T); counts: device int64 [world_size], rank-major.
- * Enqueued on `stream` (an NCCL all-gather; capturable, see the top).
+ * Enqueued on `stream` (an NCCL all-gather; capturable, see the top); on
+ * the one-sided plane a host all-gather that synchronises `stream`.
  * Collective. Errors: MOE_EP_UNIMPLEMENTED (gloo: use
  * moe_ep_sync_token_counts), MOE_EP_INVALID_ARGUMENT (NULL or host
- * pointers), MOE_EP_FAILED_PRECONDITION (no workspace / group broken),
- * group errors. */
+ * pointers), MOE_EP_FAILED_PRECONDITION (no workspace / group broken; on
+ * the one-sided plane, while `stream` is being captured), group errors. */
 MOE_EP_EXPORT moe_ep_status moe_ep_sync_token_counts_async(moe_ep_worker* worker,
                                                            const int64_t* local_tokens,
                                                            int64_t* counts, void* stream,

@@ -66,12 +66,17 @@ core::EpDispatcherOptions WindowOptionsFor(core::EpDispatcherOptions o,
 }
 
 // The dispatcher's options for `map` (server/onesided_route_map.h): the
-// live ranks and their ids; invalid and lost choices arrive as -1.
+// live ranks and their ids.
 core::EpDispatcherOptions DispatchOptionsFor(core::EpDispatcherOptions o,
                                              const OneSidedRouteMap& map) {
   o.workspace.ep_size = map.ep_size();
+  // Invalid and lost choices arrive as -1; the configured invalid id stays
+  // when it is still "no expert" in the dispatcher's ids (the padding ids an
+  // engine reads back from dispatch: server/onesided_engine_calls.cc).
+  if (o.invalid_expert_id != -1 && o.num_experts != map.num_dispatch_experts) {
+    o.invalid_expert_id = -1;
+  }
   o.num_experts = map.num_dispatch_experts;
-  o.invalid_expert_id = -1;
   o.redundant_slots_per_rank = 0;
   return o;
 }
@@ -156,6 +161,10 @@ absl::StatusOr<std::unique_ptr<OneSidedDataPlane>> OneSidedDataPlane::Form(
   for (cudaEvent_t& event : plane->events_) {
     RETURN_IF_ERROR(Cuda(cudaEventCreate(&event), "cudaEventCreate"));
   }
+  for (cudaEvent_t* event : {&plane->fork_, &plane->join_}) {
+    RETURN_IF_ERROR(
+        Cuda(cudaEventCreateWithFlags(event, cudaEventDisableTiming), "cudaEventCreate(engine)"));
+  }
   RETURN_IF_ERROR(Cuda(cudaMallocHost(&plane->host_counts_, 2 * kernels::kMaxEpSize * 4),
                        "cudaMallocHost(step counts)"));
   return plane;
@@ -170,6 +179,9 @@ OneSidedDataPlane::~OneSidedDataPlane() {
   staging_.reset();
   windows_.reset();
   for (cudaEvent_t event : events_) {
+    if (event != nullptr) cudaEventDestroy(event);
+  }
+  for (cudaEvent_t event : {fork_, join_}) {
     if (event != nullptr) cudaEventDestroy(event);
   }
   cudaFreeHost(host_counts_);
@@ -439,6 +451,7 @@ absl::Status OneSidedDataPlane::UseRouteMap(const OneSidedRouteMap& map) {
           dispatcher_cap_));
   dispatch_ep_ = map.ep_size();
   dispatch_experts_ = map.num_dispatch_experts;
+  NewWorkspaceToken();  // new buffers: graphs of engine calls must be captured again
   if (geometry_committed_) {
     RETURN_IF_ERROR(dispatcher_->CommitGeometry(committed_epoch_, committed_r_, 0));
   }

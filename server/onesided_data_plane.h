@@ -45,8 +45,16 @@
 // A restarted rank forms a plane of itself alone and Readmit takes it back,
 // as on the CPU plane.
 //
-// What it does not do (refused by name): the engine's in-process calls
-// (kUnimplemented).
+// The engine's in-process calls (server/moe_ep.h, DESIGN §14; issue 34
+// item 2): dispatch, combine and forward on the engine's device buffers and
+// stream, with no host agreement and nothing that syncs the host, so they
+// can be captured in the engine's CUDA graph (the (epoch, R) agreement rides
+// in the dispatch flags; EngineCheckStep reports it). They route by the
+// contiguous placement of all ranks (the engine's ids are the dispatcher's):
+// under a rank mask, or for a layer whose installed table is another one,
+// they fail with kFailedPrecondition naming it (the Forward RPC serves any
+// table). sync_token_counts agrees on the host (the group's Gloo
+// collective): it syncs the caller's stream and cannot be captured.
 // Benchmark: scratch windows and a dispatcher of the benchmark's size,
 // identity experts, as the NCCL plane (server/gpu_step_buffers.h).
 // Every call makes the group's device current. Not thread-safe.
@@ -56,10 +64,13 @@
 
 #include <cuda_runtime.h>
 
+#include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/gloo_collective.h"
@@ -145,6 +156,22 @@ class OneSidedDataPlane final : public DataPlane {
                                           absl::Span<const int32_t> topk_ids,
                                           absl::Span<const float> topk_weights, int64_t num_tokens,
                                           absl::Span<core::bf16_t> output) override;
+  // The engine's calls (see the header comment; server/data_plane.h for
+  // shapes). Errors as the NCCL plane's (server/gpu_engine_calls.cc), and
+  // kFailedPrecondition under a rank mask or another layer table.
+  absl::StatusOr<core::StepStats> EngineDispatch(const void* hidden, const int32_t* topk_ids,
+                                                 const float* topk_weights, int64_t num_tokens,
+                                                 const EngineRecvBuffers& out,
+                                                 void* stream) override;
+  absl::StatusOr<core::StepStats> EngineCombine(const void* expert_out, int64_t rows,
+                                                void* output, void* stream) override;
+  absl::StatusOr<core::StepStats> EngineForward(int layer, const void* hidden,
+                                                const int32_t* topk_ids, const float* topk_weights,
+                                                int64_t num_tokens, void* output,
+                                                void* stream) override;
+  absl::Status EngineSyncTokenCounts(const int64_t* local_tokens, int64_t* counts,
+                                     void* stream) override;
+  absl::Status EngineCheckStep() override;
   // data_plane "" or "one-sided" only.
   absl::StatusOr<BenchmarkTimes> Benchmark(const core::EpDispatcherOptions& options,
                                            const BenchmarkInputs& inputs, int warmup,
@@ -165,6 +192,18 @@ class OneSidedDataPlane final : public DataPlane {
   // A dispatcher over windows_ whose id space is `map`'s (a new one when it
   // differs; the committed geometry carried over).
   absl::Status UseRouteMap(const OneSidedRouteMap& map);
+  // The engine calls' checks: a workspace, no rank mask, the dispatcher on
+  // the contiguous placement of all ranks (made again when a Forward RPC
+  // left another id space), the device current, and every non-null pointer
+  // in `ptrs` device memory (kInvalidArgument naming it).
+  absl::Status RequireEngineCall(const char* call,
+                                 std::initializer_list<std::pair<const char*, const void*>> ptrs);
+  // The route map of the contiguous placement of all ranks (the engine
+  // calls' ids), made once for each allocation's table.
+  const OneSidedRouteMap& EngineMap();
+  // Runs `enqueue` (work on the dispatcher's stream) ordered after the
+  // caller's stream and joined back into it (two events; capturable).
+  absl::Status OnCallerStream(cudaStream_t caller, const std::function<absl::Status()>& enqueue);
   const DataPlaneGroup& group() const override { return group_; }
   // Serves on the members of `agreed` (round `agreed_round`).
   absl::Status UseAgreement(MaskAgreement agreed, int agreed_round) override;
@@ -195,6 +234,11 @@ class OneSidedDataPlane final : public DataPlane {
   std::unique_ptr<DeviceStepBuffers> staging_;
   int32_t* host_counts_ = nullptr;  // pinned [2, E]: send, receive counts of a step
   cudaEvent_t events_[4] = {nullptr, nullptr, nullptr, nullptr};
+  cudaEvent_t fork_ = nullptr;  // engine calls: caller's stream -> dispatcher's stream
+  cudaEvent_t join_ = nullptr;  // and back
+  int64_t engine_tokens_ = 0;   // T of the last EngineDispatch
+  std::shared_ptr<const core::PlacementTable> engine_map_table_;  // EngineMap()'s table
+  OneSidedRouteMap engine_map_;
   GpuSharedExperts shared_;  // last: destroyed first, on the current device
 };
 

@@ -121,6 +121,15 @@ class OneSidedDispatcher {
   // worker service's step counters come from.
   const int32_t* send_counts() const { return local_.send_counts; }
   const int32_t* recv_counts() const { return local_.recv_counts; }
+  // What an engine's in-process calls read and fill (server/onesided_engine_calls.cc,
+  // DESIGN §14), valid on stream() after a Dispatch: the received rows
+  // [E, R, 2H + 8K] as kernels/dispatch_pack.cuh packs them (bf16 hidden,
+  // int32 ids, fp32 weights; dequantized with fp8_e4m3 dispatch), the rows
+  // expert compute reads; and the expert output [E, R, H] bf16 (row j of
+  // source s at s * R + j) that Combine sends back when no identity experts
+  // were applied.
+  const uint8_t* received_rows() const { return BfRows(); }
+  uint16_t* expert_output() const { return expert_out_; }
 
   // As GpuEpDispatcher::CommitGeometry (core::GeometryState::Commit).
   absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,

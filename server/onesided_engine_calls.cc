@@ -1,0 +1,279 @@
+// The in-process data calls of the one-sided GPU data plane
+// (server/onesided_data_plane.h, OneSidedDataPlane::Engine*; DESIGN §14,
+// issue 34 item 2): kernels::onesided::OneSidedDispatcher on the engine's
+// device buffers and stream, the counterpart of the NCCL plane's
+// server/gpu_engine_calls.cc. Nothing here synchronises with the host,
+// allocates or copies through host memory (sync_token_counts aside, which
+// agrees on the host), so dispatch, combine and forward can be captured:
+//   dispatch: the dispatcher's route and pushes into the peers' windows
+//     (inputs read in place), then one kernel unpacks this rank's window
+//     into the caller's [E, rows, ...] buffers and counts rows per source
+//     and per local expert on the device (kernels/engine_rows.cuh, the NCCL
+//     plane's unpack: the window holds the same packed rows);
+//   combine: the caller's expert outputs are copied into the dispatcher's
+//     expert output (one strided copy), which the combine kernel pushes back;
+//   forward: dispatch, the layer's loaded experts, the shared expert, combine.
+// The (epoch, R) agreement rides in the dispatch flags; EngineCheckStep is
+// the sync point that reports it and a peer that never came.
+
+#ifdef MOE_EP_HAVE_CUDA
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/status_macros.h"
+#include "kernels/engine_rows.cuh"
+#include "kernels/internal/cuda_status.h"
+#include "kernels/nccl_collective.h"
+#include "server/onesided_data_plane.h"
+
+namespace moe_ep::server {
+namespace {
+
+using kernels::internal::CudaStatus;
+
+}  // namespace
+
+absl::Status OneSidedDataPlane::RequireEngineCall(
+    const char* call, std::initializer_list<std::pair<const char*, const void*>> ptrs) {
+  if (staging_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(call, ": no workspace; AllocateWorkspace first"));
+  }
+  if (const std::vector<int> masked = mask_.MaskedRanks(); !masked.empty() || windows_dropped_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        call, " on rank ", rank_, ": rank mask round ", mask_.round, " masks ranks [",
+        absl::StrJoin(masked, ", "),
+        "]; the one-sided plane's engine calls route by the contiguous placement of all ranks "
+        "(the Forward RPC serves a masked group; re-admit the ranks first)"));
+  }
+  RETURN_IF_ERROR(MakeDeviceCurrent());
+  for (const auto& [name, ptr] : ptrs) {
+    if (ptr != nullptr && !kernels::IsDevicePointer(ptr)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(call, ": ", name,
+                       " is not device memory; the one-sided data plane takes device pointers "
+                       "(CUDA device ",
+                       device_, ")"));
+    }
+  }
+  // A Forward RPC under another table may have left another id space: the
+  // engine's ids are the contiguous placement's (a new dispatcher then;
+  // graphs captured before must be captured again: NewWorkspaceToken).
+  return UseRouteMap(EngineMap());
+}
+
+const OneSidedRouteMap& OneSidedDataPlane::EngineMap() {
+  if (engine_map_table_ != book_.contiguous()) {
+    engine_map_ = MakeOneSidedRouteMap(*book_.contiguous());
+    engine_map_table_ = book_.contiguous();
+  }
+  return engine_map_;
+}
+
+absl::Status OneSidedDataPlane::OnCallerStream(cudaStream_t caller,
+                                               const std::function<absl::Status()>& enqueue) {
+  cudaStream_t own = dispatcher_->stream();
+  const bool fork = caller != own;
+  if (fork) {
+    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(fork_, caller), "cudaEventRecord(caller stream)"));
+    RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(own, fork_, 0), "cudaStreamWaitEvent"));
+  }
+  absl::Status status = enqueue();
+  if (fork) {
+    // Joined on error too: a capture of `caller` then still ends cleanly.
+    absl::Status joined =
+        CudaStatus(cudaEventRecord(join_, own), "cudaEventRecord(dispatcher stream)");
+    if (joined.ok()) {
+      joined = CudaStatus(cudaStreamWaitEvent(caller, join_, 0), "cudaStreamWaitEvent");
+    }
+    if (status.ok()) status = joined;
+  }
+  return status;
+}
+
+absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineDispatch(
+    const void* hidden, const int32_t* topk_ids, const float* topk_weights, int64_t num_tokens,
+    const EngineRecvBuffers& out, void* stream) {
+  RETURN_IF_ERROR(RequireEngineCall("dispatch", {{"hidden", hidden},
+                                                 {"topk_ids", topk_ids},
+                                                 {"topk_weights", topk_weights},
+                                                 {"recv_hidden", out.hidden},
+                                                 {"recv_topk_ids", out.topk_ids},
+                                                 {"recv_topk_weights", out.topk_weights},
+                                                 {"source_counts", out.source_counts},
+                                                 {"expert_counts", out.expert_counts}}));
+  if (out.end_step) {
+    return absl::UnimplementedError(
+        "dispatch: the one-sided plane runs dispatch + combine steps only; moe_ep_dispatch_only "
+        "is the gloo plane's");
+  }
+  const int64_t r = dispatcher_->runtime_max_tokens_per_rank();
+  if (r < 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("dispatch on rank ", rank_, ": no geometry committed; call CommitGeometry"));
+  }
+  if (out.rows < r) {
+    return absl::InvalidArgumentError(absl::StrCat("dispatch on rank ", rank_, ": recv_rows ",
+                                                   out.rows, " < the committed R ", r));
+  }
+  const OneSidedRouteMap& map = EngineMap();
+  const int local_experts = map.num_local[rank_];
+  if (out.source_counts == nullptr || (out.expert_counts == nullptr && local_experts > 0)) {
+    return absl::InvalidArgumentError("dispatch: source_counts and expert_counts must not be null");
+  }
+  if (out.rows > 0 &&
+      (out.hidden == nullptr || out.topk_ids == nullptr || out.topk_weights == nullptr)) {
+    return absl::InvalidArgumentError(
+        "dispatch: recv_hidden, recv_topk_ids and recv_topk_weights must not be null when "
+        "recv_rows > 0");
+  }
+  const auto* in_hidden = static_cast<const uint16_t*>(hidden);
+  RETURN_IF_ERROR(OnCallerStream(static_cast<cudaStream_t>(stream), [&]() -> absl::Status {
+    RETURN_IF_ERROR(dispatcher_->Dispatch(in_hidden, topk_ids, topk_weights, num_tokens));
+    kernels::UnpackReceivedParams p;
+    p.recv = dispatcher_->received_rows();
+    p.runtime_max = r;
+    p.rows = out.rows;
+    p.hidden_size = options_.workspace.hidden;
+    p.top_k = options_.workspace.top_k;
+    p.ep_size = options_.workspace.ep_size;
+    p.first_expert = map.dispatch_base[rank_];
+    p.num_local_experts = local_experts;
+    p.invalid_expert_id = options_.invalid_expert_id;
+    p.hidden = reinterpret_cast<uint16_t*>(out.hidden);
+    p.topk_ids = out.topk_ids;
+    p.topk_weights = out.topk_weights;
+    p.source_counts = out.source_counts;
+    p.expert_counts = out.expert_counts;
+    return kernels::LaunchUnpackReceived(p, dispatcher_->stream());
+  }));
+  engine_tokens_ = num_tokens;
+  core::StepStats stats;
+  stats.runtime_max_tokens_per_rank = r;
+  return stats;
+}
+
+absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineCombine(const void* expert_out,
+                                                                 int64_t rows, void* output,
+                                                                 void* stream) {
+  RETURN_IF_ERROR(RequireEngineCall("combine", {{"expert_out", expert_out}, {"output", output}}));
+  const int64_t r = dispatcher_->runtime_max_tokens_per_rank();
+  const int64_t h = options_.workspace.hidden;
+  const int64_t e = options_.workspace.ep_size;
+  if (rows < r) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("combine: recv_rows ", rows, " < the committed R ", r));
+  }
+  if ((expert_out == nullptr && rows > 0) || (output == nullptr && engine_tokens_ > 0)) {
+    return absl::InvalidArgumentError(
+        "combine: expert_out must not be null when recv_rows > 0, output not when the step "
+        "has tokens");
+  }
+  RETURN_IF_ERROR(OnCallerStream(static_cast<cudaStream_t>(stream), [&]() -> absl::Status {
+    if (r > 0) {
+      // [E, rows, H] -> [E, R, H]: the rows the combine kernel pushes back.
+      RETURN_IF_ERROR(CudaStatus(
+          cudaMemcpy2DAsync(dispatcher_->expert_output(), r * h * 2, expert_out, rows * h * 2,
+                            r * h * 2, e, cudaMemcpyDeviceToDevice, dispatcher_->stream()),
+          "cudaMemcpy2DAsync(expert outputs)"));
+    }
+    return dispatcher_->Combine(static_cast<uint16_t*>(output));
+  }));
+  core::StepStats stats;
+  stats.runtime_max_tokens_per_rank = r;
+  return stats;
+}
+
+absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineForward(int layer, const void* hidden,
+                                                                 const int32_t* topk_ids,
+                                                                 const float* topk_weights,
+                                                                 int64_t num_tokens, void* output,
+                                                                 void* stream) {
+  RETURN_IF_ERROR(RequireEngineCall("forward", {{"hidden", hidden},
+                                                {"topk_ids", topk_ids},
+                                                {"topk_weights", topk_weights},
+                                                {"output", output}}));
+  kernels::DeviceExpertSet* experts = experts_.Find<kernels::DeviceExpertSet>(layer);
+  if (experts == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("forward: layer ", layer, " has no loaded experts; call LoadExperts first"));
+  }
+  const std::shared_ptr<const core::PlacementTable> table = Placement(layer);
+  // (A pointer compare first: Fingerprint() hashes the table's text.)
+  if (table != book_.contiguous() && table->Fingerprint() != book_.contiguous()->Fingerprint()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "forward: layer ", layer,
+        " has an installed placement table other than the contiguous one; the one-sided plane's "
+        "engine calls route by the contiguous placement (the Forward RPC serves any table)"));
+  }
+  if (num_tokens > 0 && output == nullptr) {
+    return absl::InvalidArgumentError("forward: output must not be null when num_tokens > 0");
+  }
+  // The experts answer to the contiguous map's ids (a no-op unless a
+  // Forward RPC under another table renumbered them).
+  RETURN_IF_ERROR(experts->Renumber(OneSidedSlotIds(EngineMap(), rank_), dispatcher_->stream()));
+  const auto* in = static_cast<const uint16_t*>(hidden);
+  const kernels::DeviceExpertSet& set = *experts;
+  const bool has_shared = shared_.Has(layer);
+  RETURN_IF_ERROR(OnCallerStream(static_cast<cudaStream_t>(stream), [&]() -> absl::Status {
+    cudaStream_t own = dispatcher_->stream();
+    if (has_shared) RETURN_IF_ERROR(shared_.Begin(layer, in, num_tokens, own));
+    RETURN_IF_ERROR(dispatcher_->Dispatch(in, topk_ids, topk_weights, num_tokens));
+    absl::Status computed = dispatcher_->ComputeExperts(set);
+    if (computed.ok() && has_shared) computed = shared_.JoinInto(own);
+    // Combine even when this rank's compute failed: the peers wait for its
+    // combine flags (the output is then not used).
+    absl::Status combined = dispatcher_->Combine(
+        static_cast<uint16_t*>(output), computed.ok() && has_shared ? shared_.output() : nullptr);
+    RETURN_IF_ERROR(computed);
+    return combined;
+  }));
+  core::StepStats stats;
+  stats.runtime_max_tokens_per_rank = dispatcher_->runtime_max_tokens_per_rank();
+  return stats;
+}
+
+absl::Status OneSidedDataPlane::EngineSyncTokenCounts(const int64_t* local_tokens,
+                                                      int64_t* counts, void* stream) {
+  RETURN_IF_ERROR(
+      RequireEngineCall("sync_token_counts", {{"local_tokens", local_tokens}, {"counts", counts}}));
+  if (local_tokens == nullptr || counts == nullptr) {
+    return absl::InvalidArgumentError(
+        "sync_token_counts: local_tokens and counts must not be null (device int64 and [E])");
+  }
+  auto caller = static_cast<cudaStream_t>(stream);
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  RETURN_IF_ERROR(
+      CudaStatus(cudaStreamIsCapturing(caller, &capturing), "cudaStreamIsCapturing(stream)"));
+  if (capturing != cudaStreamCaptureStatusNone) {
+    return absl::FailedPreconditionError(
+        "sync_token_counts: the one-sided plane agrees token counts on the host (Gloo), which a "
+        "CUDA graph cannot capture; call it before the capture, or use moe_ep_sync_token_counts");
+  }
+  int64_t mine = 0;
+  RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(&mine, local_tokens, sizeof(mine), cudaMemcpyDeviceToHost, caller),
+      "cudaMemcpyAsync(local_tokens to host)"));
+  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(caller), "cudaStreamSynchronize(stream)"));
+  ASSIGN_OR_RETURN(const std::vector<int64_t> all, SyncTokenCounts(mine));
+  RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(counts, all.data(), all.size() * sizeof(int64_t),
+                                             cudaMemcpyHostToDevice, caller),
+                             "cudaMemcpyAsync(counts to device)"));
+  // `all` is a local: the copy must have read it before it goes.
+  return CudaStatus(cudaStreamSynchronize(caller), "cudaStreamSynchronize(stream)");
+}
+
+absl::Status OneSidedDataPlane::EngineCheckStep() {
+  if (dispatcher_ == nullptr) {
+    return absl::FailedPreconditionError("check_step: no workspace; AllocateWorkspace first");
+  }
+  RETURN_IF_ERROR(MakeDeviceCurrent());
+  return dispatcher_->CheckStep();
+}
+
+}  // namespace moe_ep::server
+
+#endif  // MOE_EP_HAVE_CUDA
