@@ -31,6 +31,16 @@ if(TARGET moe_ep_kernels AND TARGET moe-ep)
   add_test(NAME embedded_gpu_c_api COMMAND moe_ep_gpu_embedded $<TARGET_FILE:moe-ep>)
   set_tests_properties(embedded_gpu_c_api PROPERTIES LABELS "embedded;gpu" SKIP_RETURN_CODE 77
     TIMEOUT 300)
+  # The same calls on the one-sided plane (issue 34 item 2).
+  add_test(NAME embedded_gpu_c_api_onesided
+    COMMAND moe_ep_gpu_embedded $<TARGET_FILE:moe-ep> one-sided)
+  set_tests_properties(embedded_gpu_c_api_onesided PROPERTIES LABELS "embedded;gpu"
+    SKIP_RETURN_CODE 77 TIMEOUT 300)
+  # Two ranks as two processes sharing the GPU (DESIGN §10's engine-path set-up).
+  add_test(NAME embedded_gpu_c_api_onesided_2_ranks
+    COMMAND moe_ep_gpu_embedded $<TARGET_FILE:moe-ep> one-sided 2)
+  set_tests_properties(embedded_gpu_c_api_onesided_2_ranks PROPERTIES LABELS "embedded;gpu"
+    SKIP_RETURN_CODE 77 TIMEOUT 300)
 endif()
 find_program(MOE_EP_GPU_PYTHON NAMES python3)
 if(MOE_EP_GPU_PYTHON AND TARGET moe-ep)

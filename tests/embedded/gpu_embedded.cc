@@ -6,7 +6,13 @@
 // host reference; forward with the worker's identity experts; dispatch +
 // combine captured in a CUDA graph and replayed with new inputs; the graph
 // token (MOE_EP_RECAPTURE for another one); host pointers refused naming
-// the argument. Exits 77 (skipped, with the reason) without a CUDA device.
+// the argument. argv[2] picks the data plane (--gpu-data-plane: nccl, the
+// default, or one-sided; issue 34 item 2): both serve the same calls with
+// the same results. argv[3] = 2 runs two ranks as two processes sharing the
+// GPU (the one-sided plane: NCCL takes one rank a device); each checks what
+// it received from both sources and its combined output against the host
+// reference of its own tokens. Exits 77 (skipped, with the reason) without
+// a CUDA device.
 
 #include <cuda_runtime.h>
 
@@ -18,6 +24,9 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "server/moe_ep.h"
 
@@ -139,7 +148,10 @@ void ExpectClose(const char* what, const std::vector<uint16_t>& got,
   float worst = 0.0f;
   size_t at = 0;
   for (size_t i = 0; i < want.size(); ++i) {
-    const float err = std::fabs(FromBf16(got[i]) - want[i]) - 1e-2f * std::fabs(want[i]) - 1e-3f;
+    // Each rank's partial (|p| <= 2) is rounded to bf16 (2^-9 relative)
+    // before the sum: 2 ranks * 2 * 2^-9 < 8e-3 absolute, then the output's
+    // own rounding.
+    const float err = std::fabs(FromBf16(got[i]) - want[i]) - 1e-2f * std::fabs(want[i]) - 8e-3f;
     if (err > worst) {
       worst = err;
       at = i;
@@ -153,6 +165,9 @@ T* Device(size_t count) {
   void* p = nullptr;
   CUDA(cudaMalloc(&p, count * sizeof(T) + 16));
   CUDA(cudaMemset(p, 0, count * sizeof(T) + 16));
+  // cudaMemset may still run on the legacy stream, which a non-blocking
+  // stream's uploads do not wait for: finish it before any upload.
+  CUDA(cudaDeviceSynchronize());
   return static_cast<T*>(p);
 }
 
@@ -168,42 +183,21 @@ std::vector<T> Download(const T* src, size_t count) {
   return out;
 }
 
-}  // namespace
+// Tokens of rank `rank` in the eager steps (uneven across ranks).
+int TokensOf(int rank) { return rank == 0 ? 20 : 13; }
 
-int main(int argc, char** argv) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("SKIP: no CUDA device visible (the GPU data calls need one)\n");
-    return 77;
-  }
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: gpu_embedded MOE_EP_CLI\n");
-    return 2;
-  }
-  const char* args[] = {"--listen=127.0.0.1:0", "--backend=nccl", "--device=0", "--log-level=warn"};
-  moe_ep_worker* worker = nullptr;
-  if (!Ok(moe_ep_worker_start(4, args, &worker), "moe_ep_worker_start")) return 1;
-  const char* address = nullptr;
-  Ok(moe_ep_worker_address(worker, &address), "moe_ep_worker_address");
-  const std::string up = std::string(argv[1]) + " up --targets " + address +
-                         " --backend nccl --hidden " + std::to_string(kHidden) + " --num-experts " +
-                         std::to_string(kExperts) + " --top-k " + std::to_string(kTopK) +
-                         " --capacity " + std::to_string(kCapacity) +
-                         " --load-experts identity > /dev/null";
-  if (std::system(up.c_str()) != 0) {
-    std::fprintf(stderr, "FATAL: %s failed\n", up.c_str());
-    return 1;
-  }
-  if (!Ok(moe_ep_worker_wait_ready_for_steps(worker, MOE_EP_STEPS_WORKER_EXPERTS, 60000),
-          "moe_ep_worker_wait_ready_for_steps")) {
-    return 1;
-  }
+// The checks of one rank; `world` ranks with the inputs MakeInputs(TokensOf(s), 1 + 100 * s).
+void RunRank(moe_ep_worker* worker, int world) {
   moe_ep_worker_info info;
   info.struct_size = sizeof(info);
   Ok(moe_ep_worker_info_get(worker, &info), "moe_ep_worker_info_get");
-  EXPECT(info.backend == MOE_EP_BACKEND_NCCL && info.device == 0 && info.world_size == 1,
+  EXPECT(info.backend == MOE_EP_BACKEND_NCCL && info.device == 0 && info.world_size == world,
          "info: backend %d device %d world %d", info.backend, info.device, info.world_size);
+  const int rank = info.rank;
   const int32_t invalid = info.invalid_expert_id;
+  const int first = info.first_expert;
+  const int local = info.num_local_experts;
+  const int rows = world * kRows;  // [E, kRows] receive slots
 
   CUDA(cudaSetDevice(0));
   cudaStream_t stream = nullptr;
@@ -211,17 +205,32 @@ int main(int argc, char** argv) {
   auto* d_hidden = Device<uint16_t>(kCapacity * kHidden);
   auto* d_ids = Device<int32_t>(kCapacity * kTopK);
   auto* d_weights = Device<float>(kCapacity * kTopK);
-  auto* d_recv_hidden = Device<uint16_t>(kRows * kHidden);
-  auto* d_recv_ids = Device<int32_t>(kRows * kTopK);
-  auto* d_recv_weights = Device<float>(kRows * kTopK);
-  auto* d_source_counts = Device<int64_t>(1);
+  auto* d_recv_hidden = Device<uint16_t>(rows * kHidden);
+  auto* d_recv_ids = Device<int32_t>(rows * kTopK);
+  auto* d_recv_weights = Device<float>(rows * kTopK);
+  auto* d_source_counts = Device<int64_t>(world);
   auto* d_expert_counts = Device<int64_t>(kExperts);
-  auto* d_expert_out = Device<uint16_t>(kRows * kHidden);
+  auto* d_expert_out = Device<uint16_t>(rows * kHidden);
   auto* d_output = Device<uint16_t>(kCapacity * kHidden);
+  auto* d_local_tokens = Device<int64_t>(1);
+  auto* d_token_counts = Device<int64_t>(world);
+
+  // 0. The token counts agreed on the device buffers.
+  const int tokens = TokensOf(rank);
+  Upload(d_local_tokens, std::vector<int64_t>{tokens}, stream);
+  Ok(moe_ep_sync_token_counts_async(worker, d_local_tokens, d_token_counts, stream, 0),
+     "moe_ep_sync_token_counts_async");
+  CUDA(cudaStreamSynchronize(stream));
+  const auto counts = Download(d_token_counts, world);
+  for (int s = 0; s < world; ++s) {
+    EXPECT(counts[s] == TokensOf(s), "token count of rank %d: %lld, want %d", s,
+           static_cast<long long>(counts[s]), TokensOf(s));
+  }
 
   // 1. Eager dispatch (recv_rows 40 > R 32), the caller's experts, combine.
-  const int tokens = 20;
-  Inputs in = MakeInputs(tokens, 1, invalid);
+  std::vector<Inputs> all;
+  for (int s = 0; s < world; ++s) all.push_back(MakeInputs(TokensOf(s), 1 + 100 * s, invalid));
+  const Inputs& in = all[rank];
   Upload(d_hidden, in.hidden, stream);
   Upload(d_ids, in.ids, stream);
   Upload(d_weights, in.weights, stream);
@@ -230,43 +239,56 @@ int main(int argc, char** argv) {
                      d_recv_weights, kRows, d_source_counts, d_expert_counts, stream, 0),
      "moe_ep_dispatch");
   CUDA(cudaStreamSynchronize(stream));
-  const auto recv_hidden = Download(d_recv_hidden, kRows * kHidden);
-  const auto recv_ids = Download(d_recv_ids, kRows * kTopK);
-  const auto recv_weights = Download(d_recv_weights, kRows * kTopK);
-  const auto source_counts = Download(d_source_counts, 1);
-  const auto expert_counts = Download(d_expert_counts, kExperts);
-  std::vector<int64_t> want_experts(kExperts, 0);
-  int slot = 0;
-  for (int t = 0; t < tokens; ++t) {
-    for (int k = 0; k < kTopK; ++k) {
-      if (in.ids[t * kTopK + k] != invalid) ++want_experts[in.ids[t * kTopK + k]];
+  const auto recv_hidden = Download(d_recv_hidden, rows * kHidden);
+  const auto recv_ids = Download(d_recv_ids, rows * kTopK);
+  const auto recv_weights = Download(d_recv_weights, rows * kTopK);
+  const auto source_counts = Download(d_source_counts, world);
+  const auto expert_counts = Download(d_expert_counts, local);
+  auto is_local = [&](int32_t id) { return id != invalid && id >= first && id < first + local; };
+  std::vector<int64_t> want_experts(local, 0);
+  for (int s = 0; s < world; ++s) {
+    const Inputs& src = all[s];
+    int slot = 0;
+    for (int t = 0; t < TokensOf(s); ++t) {
+      bool here = false;
+      for (int k = 0; k < kTopK; ++k) {
+        const int32_t id = src.ids[t * kTopK + k];
+        if (is_local(id)) {
+          ++want_experts[id - first];
+          here = true;
+        }
+      }
+      if (!here) continue;
+      const int j = s * kRows + slot;
+      EXPECT(std::memcmp(&recv_hidden[j * kHidden], &src.hidden[t * kHidden], kHidden * 2) == 0,
+             "source %d slot %d: hidden is not token %d's", s, slot, t);
+      EXPECT(std::memcmp(&recv_ids[j * kTopK], &src.ids[t * kTopK], kTopK * 4) == 0 &&
+                 SameBits(&recv_weights[j * kTopK], &src.weights[t * kTopK], kTopK),
+             "source %d slot %d: ids / weights are not token %d's", s, slot, t);
+      ++slot;
     }
-    if (!Routed(in, t, invalid)) continue;
-    EXPECT(std::memcmp(&recv_hidden[slot * kHidden], &in.hidden[t * kHidden], kHidden * 2) == 0,
-           "slot %d: hidden is not token %d's", slot, t);
-    EXPECT(std::memcmp(&recv_ids[slot * kTopK], &in.ids[t * kTopK], kTopK * 4) == 0 &&
-               SameBits(&recv_weights[slot * kTopK], &in.weights[t * kTopK], kTopK),
-           "slot %d: ids / weights are not token %d's", slot, t);
-    ++slot;
+    EXPECT(source_counts[s] == slot, "source_counts[%d] %lld, want %d", s,
+           static_cast<long long>(source_counts[s]), slot);
+    for (int j = slot; j < kRows; ++j) {
+      const int at = s * kRows + j;
+      EXPECT(recv_ids[at * kTopK] == invalid && recv_weights[at * kTopK] == 0.0f,
+             "source %d padding slot %d: id %d weight %g", s, j, recv_ids[at * kTopK],
+             recv_weights[at * kTopK]);
+      EXPECT(recv_hidden[at * kHidden] == 0, "source %d padding slot %d: hidden not zero", s, j);
+    }
   }
-  EXPECT(source_counts[0] == slot, "source_counts[0] %lld, want %d",
-         static_cast<long long>(source_counts[0]), slot);
-  for (int e = 0; e < kExperts; ++e) {
-    EXPECT(expert_counts[e] == want_experts[e], "expert_counts[%d] %lld, want %lld", e,
-           static_cast<long long>(expert_counts[e]), static_cast<long long>(want_experts[e]));
+  for (int l = 0; l < local; ++l) {
+    EXPECT(expert_counts[l] == want_experts[l], "expert_counts[%d] %lld, want %lld", l,
+           static_cast<long long>(expert_counts[l]), static_cast<long long>(want_experts[l]));
   }
-  for (int j = slot; j < kRows; ++j) {
-    EXPECT(recv_ids[j * kTopK] == invalid && recv_weights[j * kTopK] == 0.0f,
-           "padding slot %d: id %d weight %g", j, recv_ids[j * kTopK], recv_weights[j * kTopK]);
-    EXPECT(recv_hidden[j * kHidden] == 0, "padding slot %d: hidden not zero", j);
-  }
-  std::vector<uint16_t> expert_out(kRows * kHidden, 0);
-  for (int j = 0; j < slot; ++j) {
+  // The caller's experts: each slot's weighted sum over its local choices.
+  std::vector<uint16_t> expert_out(rows * kHidden, 0);
+  for (int j = 0; j < rows; ++j) {
     for (int h = 0; h < kHidden; ++h) {
       float acc = 0.0f;
       for (int k = 0; k < kTopK; ++k) {
         const int32_t id = recv_ids[j * kTopK + k];
-        if (id != invalid)
+        if (is_local(id))
           acc += recv_weights[j * kTopK + k] * Scale(id) * FromBf16(recv_hidden[j * kHidden + h]);
       }
       expert_out[j * kHidden + h] = ToBf16(acc);
@@ -304,19 +326,30 @@ int main(int argc, char** argv) {
   Ok(captured_combine, "captured moe_ep_combine");
   cudaGraphExec_t exec = nullptr;
   CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  const int experts_per_rank = kExperts / world;
   for (int replay = 0; replay < 2; ++replay) {
-    Inputs next = MakeInputs(kR, 10 + replay, invalid);
+    Inputs next = MakeInputs(kR, 10 + replay + 100 * rank, invalid);
     Upload(d_hidden, next.hidden, stream);
     Upload(d_ids, next.ids, stream);
     Upload(d_weights, next.weights, stream);
     EXPECT(moe_ep_check_graph(worker, token) == MOE_EP_OK, "check_graph: %s", moe_ep_last_error());
     CUDA(cudaGraphLaunch(exec, stream));
     CUDA(cudaStreamSynchronize(stream));
-    std::vector<float> want(kR * kHidden, 0.0f);  // identity: routed tokens come back as x
+    // The received rows go back as they are: a routed token returns x once
+    // for every rank that holds one of its experts.
+    std::vector<float> want(kR * kHidden, 0.0f);
     for (int t = 0; t < kR; ++t) {
-      if (!Routed(next, t, invalid)) continue;
+      int ranks = 0;
+      for (int d = 0; d < world; ++d) {
+        bool to_d = false;
+        for (int k = 0; k < kTopK; ++k) {
+          const int32_t id = next.ids[t * kTopK + k];
+          to_d = to_d || (id != invalid && id / experts_per_rank == d);
+        }
+        ranks += to_d ? 1 : 0;
+      }
       for (int h = 0; h < kHidden; ++h)
-        want[t * kHidden + h] = FromBf16(next.hidden[t * kHidden + h]);
+        want[t * kHidden + h] = static_cast<float>(ranks) * FromBf16(next.hidden[t * kHidden + h]);
     }
     ExpectClose(replay == 0 ? "graph replay 0" : "graph replay 1", Download(d_output, kR * kHidden),
                 want);
@@ -332,10 +365,94 @@ int main(int argc, char** argv) {
                       d_recv_weights, kR, d_source_counts, d_expert_counts, stream, 0);
   EXPECT(host == MOE_EP_INVALID_ARGUMENT && std::strstr(moe_ep_last_error(), "hidden"),
          "host hidden: status %d (%s)", host, moe_ep_last_error());
-
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: gpu_embedded MOE_EP_CLI [nccl|one-sided] [1|2]\n");
+    return 2;
+  }
+  const std::string plane = argc > 2 ? argv[2] : "nccl";
+  const int world = argc > 3 ? std::atoi(argv[3]) : 1;
+  if (world != 1 && world != 2) {
+    std::fprintf(stderr, "gpu_embedded: world must be 1 or 2, got %s\n", argv[3]);
+    return 2;
+  }
+  // Two ranks: fork before CUDA is touched; the child is rank 1 and sends
+  // its worker's address to the parent, which forms the group.
+  int address_pipe[2] = {-1, -1};
+  pid_t child = -1;
+  if (world == 2) {
+    if (pipe(address_pipe) != 0) return 1;
+    child = fork();
+    if (child < 0) return 1;
+  }
+  const bool is_child = world == 2 && child == 0;
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("SKIP: no CUDA device visible (the GPU data calls need one)\n");
+    if (is_child) _exit(77);
+    if (child > 0) waitpid(child, nullptr, 0);
+    return 77;
+  }
+  const std::string plane_flag = "--gpu-data-plane=" + plane;
+  const char* args[] = {"--listen=127.0.0.1:0", "--backend=nccl", "--device=0", "--log-level=warn",
+                        plane_flag.c_str()};
+  moe_ep_worker* worker = nullptr;
+  if (!Ok(moe_ep_worker_start(5, args, &worker), "moe_ep_worker_start")) return 1;
+  const char* address = nullptr;
+  Ok(moe_ep_worker_address(worker, &address), "moe_ep_worker_address");
+  std::string targets = address;
+  if (is_child) {
+    char line[256] = {0};
+    std::snprintf(line, sizeof(line), "%s\n", address);
+    if (write(address_pipe[1], line, std::strlen(line)) < 0) _exit(1);
+    close(address_pipe[1]);
+  } else if (world == 2) {
+    char line[256] = {0};
+    size_t got = 0;
+    while (got < sizeof(line) - 1) {
+      const ssize_t n = read(address_pipe[0], line + got, sizeof(line) - 1 - got);
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+      if (std::strchr(line, '\n') != nullptr) break;
+    }
+    if (char* nl = std::strchr(line, '\n')) *nl = '\0';
+    targets += std::string(",") + line;
+  }
+  if (!is_child) {
+    std::printf("data plane: %s, %d rank(s)\n", plane.c_str(), world);
+    const std::string up = std::string(argv[1]) + " up --targets " + targets +
+                           " --backend nccl --hidden " + std::to_string(kHidden) +
+                           " --num-experts " + std::to_string(kExperts) + " --top-k " +
+                           std::to_string(kTopK) + " --capacity " + std::to_string(kCapacity) +
+                           " --load-experts identity > /dev/null";
+    if (std::system(up.c_str()) != 0) {
+      std::fprintf(stderr, "FATAL: %s failed\n", up.c_str());
+      return 1;
+    }
+  }
+  if (Ok(moe_ep_worker_wait_ready_for_steps(worker, MOE_EP_STEPS_WORKER_EXPERTS, 60000),
+         "moe_ep_worker_wait_ready_for_steps")) {
+    RunRank(worker, world);
+  }
   Ok(moe_ep_worker_stop(worker, 1000), "moe_ep_worker_stop");
+  if (is_child) {
+    std::printf("rank 1 %s: %d failure(s)\n", failures ? "FAIL" : "PASS", failures);
+    std::fflush(stdout);
+    _exit(failures ? 1 : 0);
+  }
+  int child_status = 0;
+  if (child > 0 && (waitpid(child, &child_status, 0) != child || !WIFEXITED(child_status) ||
+                    WEXITSTATUS(child_status) != 0)) {
+    std::fprintf(stderr, "FAIL: rank 1 (pid %d) exited with status %d\n", static_cast<int>(child),
+                 child_status);
+    ++failures;
+  }
   std::printf("%s: %d failure(s)\n", failures ? "FAIL" : "PASS", failures);
   return failures ? 1 : 0;
 }
