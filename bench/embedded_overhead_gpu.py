@@ -4,7 +4,8 @@
     MOE_EP_LIBRARY=.../libmoe_ep.so PYTHONPATH=python python3 \\
         bench/embedded_overhead_gpu.py --moe-ep .../moe-ep --out DIR
 
-One embedded nccl worker (EP 1 on cuda:0, H 128, K 2, 8 experts) formed by
+One embedded GPU worker (EP 1 on cuda:0, H 128, K 2, 8 experts; its data plane
+--gpu-data-plane nccl or one-sided, the file names carry it) formed by
 `moe-ep up --targets`; torch CUDA tensors, T = 4. Times --calls single
 calls with perf_counter_ns (host time of the call: the GPU calls only
 enqueue) and takes the p50: Worker.dispatch (argument checks, current
@@ -39,10 +40,12 @@ def main():
     parser.add_argument("--moe-ep", required=True)
     parser.add_argument("--calls", type=int, default=5000)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--gpu-data-plane", choices=["nccl", "one-sided"], default="nccl")
     args = parser.parse_args()
     hidden, top_k, experts, tokens, rows = 128, 2, 8, 4, 4
+    plane = args.gpu_data_plane
     with Worker(["--listen=127.0.0.1:0", "--backend=nccl", "--device=0",
-                 "--log-level=warn"]) as worker:
+                 "--log-level=warn", f"--gpu-data-plane={plane}"]) as worker:
         subprocess.run([args.moe_ep, "up", "--targets", worker.address, "--backend", "nccl",
                         "--hidden", str(hidden), "--num-experts", str(experts), "--top-k",
                         str(top_k), "--capacity", "16", "--load-experts", "identity"],
@@ -93,17 +96,19 @@ def main():
         "torch": torch.__version__,
         "gpu": torch.cuda.get_device_name(0),
         "backend": info.backend,
+        "gpu_data_plane": plane,
     }
     result["overhead_dispatch_out_us"] = round(
         result["p50_us"]["python_worker_dispatch_out"] - result["p50_us"]["c_dispatch_via_ctypes"], 2)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "overhead_gpu.json"), "w") as f:
+    stem = "overhead_gpu" if plane == "nccl" else "overhead_gpu_onesided"
+    with open(os.path.join(args.out, f"{stem}.json"), "w") as f:
         json.dump(result, f, indent=2)
-    with open(os.path.join(args.out, "overhead_gpu.md"), "w") as f:
+    with open(os.path.join(args.out, f"{stem}.md"), "w") as f:
         f.write("# Python layer overhead on the GPU backend (issue 16 item 5)\n\n")
         f.write(f"`bench/embedded_overhead_gpu.py`, {args.calls} calls each, p50 of the host time "
                 f"of the call (it only enqueues); {result['gpu']}, Python {result['python']}, "
-                f"torch {result['torch']}; EP 1, nccl, T 4, H 128, K 2.\n\n")
+                f"torch {result['torch']}; EP 1, {plane} data plane, T 4, H 128, K 2.\n\n")
         f.write("| call | p50 (µs) |\n|---|---|\n")
         for k, v in result["p50_us"].items():
             f.write(f"| {k} | {v} |\n")
