@@ -163,8 +163,8 @@ class OneSidedDataPlane final : public DataPlane {
                                                  const float* topk_weights, int64_t num_tokens,
                                                  const EngineRecvBuffers& out,
                                                  void* stream) override;
-  absl::StatusOr<core::StepStats> EngineCombine(const void* expert_out, int64_t rows,
-                                                void* output, void* stream) override;
+  absl::StatusOr<core::StepStats> EngineCombine(const void* expert_out, int64_t rows, void* output,
+                                                void* stream) override;
   absl::StatusOr<core::StepStats> EngineForward(int layer, const void* hidden,
                                                 const int32_t* topk_ids, const float* topk_weights,
                                                 int64_t num_tokens, void* output,

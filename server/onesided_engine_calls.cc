@@ -236,8 +236,8 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineForward(int layer, cons
   return stats;
 }
 
-absl::Status OneSidedDataPlane::EngineSyncTokenCounts(const int64_t* local_tokens,
-                                                      int64_t* counts, void* stream) {
+absl::Status OneSidedDataPlane::EngineSyncTokenCounts(const int64_t* local_tokens, int64_t* counts,
+                                                      void* stream) {
   RETURN_IF_ERROR(
       RequireEngineCall("sync_token_counts", {{"local_tokens", local_tokens}, {"counts", counts}}));
   if (local_tokens == nullptr || counts == nullptr) {
@@ -254,9 +254,9 @@ absl::Status OneSidedDataPlane::EngineSyncTokenCounts(const int64_t* local_token
         "CUDA graph cannot capture; call it before the capture, or use moe_ep_sync_token_counts");
   }
   int64_t mine = 0;
-  RETURN_IF_ERROR(CudaStatus(
-      cudaMemcpyAsync(&mine, local_tokens, sizeof(mine), cudaMemcpyDeviceToHost, caller),
-      "cudaMemcpyAsync(local_tokens to host)"));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaMemcpyAsync(&mine, local_tokens, sizeof(mine), cudaMemcpyDeviceToHost, caller),
+                 "cudaMemcpyAsync(local_tokens to host)"));
   RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(caller), "cudaStreamSynchronize(stream)"));
   ASSIGN_OR_RETURN(const std::vector<int64_t> all, SyncTokenCounts(mine));
   RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(counts, all.data(), all.size() * sizeof(int64_t),

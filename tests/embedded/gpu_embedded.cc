@@ -15,6 +15,8 @@
 // a CUDA device.
 
 #include <cuda_runtime.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <bit>
 #include <cmath>
@@ -24,9 +26,6 @@
 #include <cstring>
 #include <string>
 #include <vector>
-
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "server/moe_ep.h"
 
