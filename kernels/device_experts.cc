@@ -322,8 +322,8 @@ absl::Status DeviceExpertSet::GenerateSeededFp8(uint64_t seed, int layer) {
                                          /*stream=*/nullptr);
     }
   }
-  absl::Status synced = internal::CudaStatus(
-      cudaStreamSynchronize(nullptr), "cudaStreamSynchronize(seeded fp8 expert weights)");
+  absl::Status synced = internal::CudaStatus(cudaStreamSynchronize(nullptr),
+                                             "cudaStreamSynchronize(seeded fp8 expert weights)");
   cudaFree(bf16);
   RETURN_IF_ERROR(status);
   return synced;
