@@ -120,13 +120,6 @@ Inputs MakeInputs(int tokens, int seed, int32_t invalid) {
 // The caller's experts: expert e multiplies by (e + 1) / 8.
 float Scale(int32_t id) { return static_cast<float>(id + 1) / 8.0f; }
 
-bool Routed(const Inputs& in, int t, int32_t invalid) {
-  for (int k = 0; k < kTopK; ++k) {
-    if (in.ids[t * kTopK + k] != invalid) return true;
-  }
-  return false;
-}
-
 // sum_k w_k * scale(k) * x over valid choices; scale = nullptr: identity.
 std::vector<float> Reference(const Inputs& in, int tokens, int32_t invalid, bool scaled) {
   std::vector<float> out(static_cast<size_t>(tokens) * kHidden, 0.0f);
