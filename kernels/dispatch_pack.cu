@@ -31,7 +31,9 @@ __device__ void PackTopKTails(const int32_t* __restrict__ topk_ids,
       for (int d = 0; d < ep_size; ++d) {
         if (dest_slot[d] < 0) continue;
         uint8_t* r = row(d, dest_slot[d]);
-        int32_t out_id = id;
+        // Receivers see only valid ids or the invalid id: an out-of-range
+        // one (recorded by the route kernel) selects no expert there either.
+        int32_t out_id = id >= 0 && id < num_experts ? id : invalid_expert_id;
         if (placement.replica_offsets != nullptr && id >= 0 && id < num_experts &&
             internal::NumReplicas(placement, id) != 1 &&
             internal::DestinationRank(placement, b, id, 0, 0) != d) {
@@ -155,6 +157,11 @@ absl::Status LaunchPackDispatch(const PackDispatchParams& p, cudaStream_t stream
   if (p.ep_size < 1 || p.ep_size > kMaxEpSize) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "LaunchPackDispatch: ep_size expected in [1, %d], got %d", kMaxEpSize, p.ep_size));
+  }
+  if (p.num_experts < p.ep_size) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("LaunchPackDispatch: num_experts expected >= ep_size %d, got %d", p.ep_size,
+                        p.num_experts));
   }
   if (reinterpret_cast<uintptr_t>(p.send) % 8 != 0 ||
       reinterpret_cast<uintptr_t>(p.hidden) % 8 != 0) {

@@ -46,7 +46,7 @@ struct PackDispatchParams {
   // as invalid_expert_id into the copies for ranks that do not serve it
   // (core::PayloadExpertId).
   DevicePlacement placement;
-  int num_experts = 0;  // ids outside [0, num_experts) are never masked
+  int num_experts = 0;  // >= ep_size; ids outside [0, num_experts) travel as invalid_expert_id
   // kBF16 (rows of DispatchRowBytes) or kFP8E4M3 (Fp8DispatchRowBytes; H a
   // multiple of 128, send 4-byte aligned).
   core::DispatchDType dtype = core::DispatchDType::kBF16;
@@ -65,7 +65,8 @@ struct PackDispatchParams {
 // into each destination row.
 // Errors (host checks, nothing enqueued):
 //   kInvalidArgument  null pointers, max_tokens < 0, H < 4 or not a multiple
-//                     of 4 (fp8: of 128), K or E out of range, send not
+//                     of 4 (fp8: of 128), K or E out of range, num_experts
+//                     < E, send not
 //                     8-byte aligned, a dtype other than bf16 / fp8_e4m3.
 //   kInternal         the launch failed.
 // Never allocates or synchronises (graph-capturable).

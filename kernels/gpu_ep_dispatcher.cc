@@ -12,6 +12,7 @@
 #include "core/workspace.h"
 #include "kernels/combine_reduce.cuh"
 #include "kernels/dispatch_pack.cuh"
+#include "kernels/expert_id_error.h"
 #include "kernels/fp8_dispatch.cuh"
 #include "kernels/internal/cuda_status.h"
 #include "kernels/route.cuh"
@@ -219,6 +220,8 @@ absl::Status GpuEpDispatcher::EnqueueDispatch(int64_t r, const uint16_t* hidden,
   route.send_counts = send_counts_;
   route.placement = placement;
   route.expert_tokens = expert_tokens_;
+  route.invalid_expert_id = options_.dispatcher.invalid_expert_id;
+  route.id_error = &error_->ids;
   RETURN_IF_ERROR(LaunchRoute(route, s));
   PackDispatchParams pack;
   pack.hidden = in_hidden;
@@ -417,8 +420,14 @@ absl::Status GpuEpDispatcher::CheckStep() {
   StepHeaderError error;
   RETURN_IF_ERROR(CudaStatus(cudaMemcpy(&error, error_, sizeof(error), cudaMemcpyDeviceToHost),
                              "cudaMemcpy(step error record)"));
-  if (error.rank_plus_1 == 0) return absl::OkStatus();
+  if (error.rank_plus_1 == 0 && error.ids.count == 0) return absl::OkStatus();
   RETURN_IF_ERROR(CudaStatus(cudaMemset(error_, 0, sizeof(error)), "cudaMemset(error record)"));
+  if (error.rank_plus_1 == 0) {
+    // Only this rank's input was wrong: the payload moved with those choices
+    // masked, so the communicator is intact and the next step may run.
+    return ExpertIdErrorStatus(error.ids, top_k_, options_.dispatcher.num_experts,
+                               options_.dispatcher.invalid_expert_id, rank_);
+  }
   std::string what = absl::StrFormat(
       "geometry mismatch: rank %d has (epoch %d, R %d), rank %d has (epoch %d, R %d); the step "
       "wrote no output",

@@ -3,6 +3,7 @@
 #include "absl/strings/str_format.h"
 #include "kernels/internal/cuda_status.h"
 #include "kernels/internal/device_placement.cuh"
+#include "kernels/internal/expert_id_check.cuh"
 #include "kernels/route.cuh"
 
 namespace moe_ep::kernels {
@@ -19,7 +20,8 @@ __global__ void RouteKernel(const int32_t* __restrict__ topk_ids, const int64_t*
                             int64_t max_tokens, int top_k, int num_experts, int ep_size, int base,
                             int rem, int32_t* __restrict__ token_slot,
                             int32_t* __restrict__ send_counts, DevicePlacement placement,
-                            unsigned long long* __restrict__ expert_tokens) {
+                            unsigned long long* __restrict__ expert_tokens,
+                            int32_t invalid_expert_id, ExpertIdError* id_error) {
   using BlockScan = cub::BlockScan<int, kRouteThreads>;
   __shared__ typename BlockScan::TempStorage temp;
   const int d = blockIdx.x;
@@ -31,6 +33,8 @@ __global__ void RouteKernel(const int32_t* __restrict__ topk_ids, const int64_t*
     if (t < n) {
       for (int k = 0; k < top_k; ++k) {
         const int32_t id = topk_ids[t * top_k + k];
+        if (d == 0)
+          internal::CheckExpertId(id_error, id, t * top_k + k, num_experts, invalid_expert_id);
         if (id < 0 || id >= num_experts) continue;
         if (internal::DestinationRank(placement, t, id, base, rem) == d) flag = 1;
         if (d == 0 && expert_tokens != nullptr) atomicAdd(expert_tokens + id, 1ULL);
@@ -76,7 +80,7 @@ absl::Status LaunchRoute(const RouteParams& p, cudaStream_t stream) {
   const int rem = p.num_experts % p.ep_size;
   RouteKernel<<<p.ep_size, kRouteThreads, 0, stream>>>(
       p.topk_ids, p.num_tokens, p.max_tokens, p.top_k, p.num_experts, p.ep_size, base, rem,
-      p.token_slot, p.send_counts, p.placement, p.expert_tokens);
+      p.token_slot, p.send_counts, p.placement, p.expert_tokens, p.invalid_expert_id, p.id_error);
   return internal::LaunchStatus("RouteKernel");
 }
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/expert_id_error.h"
 
 namespace moe_ep::kernels {
 
@@ -47,6 +48,11 @@ struct RouteParams {
   // (token, choice) pair of the step, by atomics of block 0 (integer sums, so
   // the totals are exact and deterministic). Null: not counted.
   unsigned long long* expert_tokens = nullptr;
+  // DESIGN §7: ids neither in [0, num_experts) nor invalid_expert_id are the
+  // caller's bug; block 0 records them in *id_error (kernels/expert_id_error.h)
+  // and they select no rank, like the invalid id. Null: not checked.
+  int32_t invalid_expert_id = -1;
+  ExpertIdError* id_error = nullptr;
 };
 
 // LaunchRoute()
@@ -65,7 +71,8 @@ struct RouteParams {
 // Never allocates or synchronises (graph-capturable).
 // Example: E=2, 4 experts (2 per rank), K=2, ids [[0,3],[1,1],[-1,9]] ->
 //   token_slot [[0,0],[1,-1],[-1,-1]], send_counts [2,1]; with
-//   expert_tokens, += {1, 2, 0, 1}.
+//   expert_tokens, += {1, 2, 0, 1}; with id_error (invalid id -1), 9 at
+//   flat index 5 is recorded: count 1.
 absl::Status LaunchRoute(const RouteParams& params, cudaStream_t stream);
 
 }  // namespace moe_ep::kernels

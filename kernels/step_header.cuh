@@ -10,11 +10,13 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/expert_id_error.h"
 
 namespace moe_ep::kernels {
 
 // The device-side record of the first (epoch, R) disagreement seen since the
-// owner last reset it (all zero = none). 40 bytes, device memory.
+// owner last reset it (all zero = none), and of the out-of-range expert ids
+// the route kernel saw (kernels/expert_id_error.h). 56 bytes, device memory.
 struct StepHeaderError {
   int32_t rank_plus_1 = 0;  // first disagreeing rank + 1; 0 = no error
   int32_t r_differs = 0;    // 1 when that rank's R differs (not only its epoch)
@@ -22,6 +24,7 @@ struct StepHeaderError {
   int64_t their_r = 0;      // that rank's R
   int64_t my_epoch = 0;     // this rank's epoch in that step
   int64_t my_r = 0;         // this rank's R in that step
+  ExpertIdError ids;        // ids neither valid nor the invalid id (DESIGN §7)
 };
 
 // LaunchWriteStepHeader()

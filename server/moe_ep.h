@@ -329,7 +329,10 @@ MOE_EP_EXPORT moe_ep_status moe_ep_commit_geometry(moe_ep_worker* worker, int64_
  * configured invalid_expert_id, -1 or num_experts, is padding and selects
  * none; any other id is the caller's routing bug: MOE_EP_INVALID_ARGUMENT
  * "topk_ids[row t, choice k] = id: outside [0, E) ..." here, MOE_EP_ABORTED
- * on the peers, nothing moved; the GPU planes do not check it yet),
+ * on the peers, nothing moved, on gloo; the GPU planes read ids on the
+ * device only, so there such a choice selects no expert, the step runs,
+ * and this rank's next moe_ep_check_step returns MOE_EP_INVALID_ARGUMENT
+ * with the same words),
  * topk_weights [T,K] fp32, T <= R (inputs may be NULL when T = 0). Out, for
  * recv_rows >= R rows per source (the three row buffers may be NULL when
  * recv_rows = 0): recv_hidden [E,recv_rows,H] bf16,
@@ -412,8 +415,14 @@ MOE_EP_EXPORT moe_ep_status moe_ep_forward(moe_ep_worker* worker, int32_t layer,
  * enqueued on the worker's stream, at most the group's timeout, and reports
  * the first (epoch, R) disagreement the device-side check recorded since the
  * last call (MOE_EP_ABORTED naming the rank; when R differed the
- * communicator is aborted too: re-form the group). Not capturable. On gloo
- * the checks are synchronous: MOE_EP_OK. Errors: MOE_EP_ABORTED,
+ * communicator is aborted too: re-form the group), else the first expert
+ * id out of range the route kernel saw (MOE_EP_INVALID_ARGUMENT
+ * "topk_ids[row t, choice k] = id: outside [0, E) ... (n ids out of range;
+ * found on the device by rank r's step: those choices selected no
+ * expert ...)"; on that rank only, the group stays usable; DESIGN §7,
+ * issue 30). Each record is reported once. Not capturable. On gloo the
+ * checks are synchronous: MOE_EP_OK. Errors: MOE_EP_ABORTED,
+ * MOE_EP_INVALID_ARGUMENT,
  * MOE_EP_DEADLINE_EXCEEDED (a peer did not take part; the group is broken),
  * MOE_EP_FAILED_PRECONDITION (no workspace / group broken). */
 MOE_EP_EXPORT moe_ep_status moe_ep_check_step(moe_ep_worker* worker, int64_t timeout_ms);

@@ -10,6 +10,7 @@
 #include "core/expert_source.h"
 #include "core/status_macros.h"
 #include "kernels/dispatch_pack.cuh"
+#include "kernels/expert_id_error.h"
 #include "kernels/fp8_dispatch.cuh"
 #include "kernels/internal/cuda_status.h"
 
@@ -464,10 +465,16 @@ absl::Status OneSidedDispatcher::CheckStep() {
       CudaStatus(cudaMemcpyAsync(&e, local_.error, sizeof(e), cudaMemcpyDeviceToHost, stream_),
                  "cudaMemcpyAsync(step error record)"));
   RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
-  if (e.kind == kOsNone) return absl::OkStatus();
+  if (e.kind == kOsNone && e.ids.count == 0) return absl::OkStatus();
   RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(local_.error, 0, sizeof(e), stream_),
                              "cudaMemsetAsync(step error record)"));
   RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
+  if (e.kind == kOsNone) {
+    // Only this rank's ids were wrong: those choices were masked and every
+    // flag was published, so the next step may run.
+    return ExpertIdErrorStatus(e.ids, top_k_, options_.dispatcher.num_experts,
+                               options_.dispatcher.invalid_expert_id, rank_);
+  }
   if (e.kind == kOsMismatch) {
     return absl::AbortedError(absl::StrFormat(
         "geometry mismatch: rank %d has (epoch %d, R %d), rank %d has (epoch %d, R %d); the step "

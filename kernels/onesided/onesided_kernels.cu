@@ -8,6 +8,7 @@
 #include "core/status_macros.h"
 #include "kernels/fp8_dispatch.cuh"
 #include "kernels/internal/cuda_status.h"
+#include "kernels/internal/expert_id_check.cuh"
 #include "kernels/onesided/onesided_kernels.cuh"
 
 namespace moe_ep::kernels::onesided {
@@ -76,6 +77,15 @@ __device__ __forceinline__ uint64_t DestMask(const int32_t* ids, int64_t t, int 
   return m;
 }
 
+// Records token t's ids that are neither valid nor the invalid id (one block
+// calls it, so each is counted once; kernels/expert_id_error.h).
+__device__ __forceinline__ void CheckTokenIds(const OsDispatchParams& p, int64_t t) {
+  for (int k = 0; k < p.top_k; ++k) {
+    internal::CheckExpertId(&p.local.error->ids, p.topk_ids[t * p.top_k + k], t * p.top_k + k,
+                            p.num_experts, p.invalid_expert_id);
+  }
+}
+
 // Spins until flag->seq == q or the timeout passes: 0 (arrived) or kOsDeadline.
 __device__ __forceinline__ int WaitFlag(const OsFlag* flag, uint64_t q, uint64_t timeout_ns,
                                         bool sys) {
@@ -132,6 +142,7 @@ __global__ void __launch_bounds__(kRouteThreads) OsRouteKernel(const OsDispatchP
     for (int64_t t = threadIdx.x; t < n; t += kRouteThreads) {
       const bool to_d = (DestMask(p.topk_ids, t, p.top_k, p.num_experts, base, rem) >> d) & 1;
       p.local.token_slot[t * p.ep_size + d] = to_d ? static_cast<int32_t>(t) : -1;
+      if (d == 0) CheckTokenIds(p, t);
     }
     running = static_cast<int>(n);
   }
@@ -139,6 +150,7 @@ __global__ void __launch_bounds__(kRouteThreads) OsRouteKernel(const OsDispatchP
     const int64_t t = start + threadIdx.x;
     int flag = 0;
     if (t < n) flag = (DestMask(p.topk_ids, t, p.top_k, p.num_experts, base, rem) >> d) & 1;
+    if (t < n && d == 0) CheckTokenIds(p, t);
     int prefix = 0;
     int total = 0;
     BlockScan(temp).ExclusiveSum(flag, prefix, total);
@@ -218,6 +230,7 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
     const int base = p.num_experts / E;
     const int rem = p.num_experts % E;
     const uint64_t mask = tid < T ? DestMask(p.topk_ids, tid, K, p.num_experts, base, rem) : 0;
+    if (blockIdx.x == 0 && tid < T) CheckTokenIds(p, tid);
     for (int d = 0; d < E; ++d) {
       const int flag = (mask >> d) & 1;
       int prefix = 0;
@@ -272,7 +285,10 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
     if (c != 0) continue;
     if (b < T) {
       for (int k = lane; k < K; k += 32) {
-        const int32_t id = p.topk_ids[b * K + k];
+        // Receivers see only valid ids or the invalid id (CheckTokenIds
+        // recorded any other).
+        const int32_t raw = p.topk_ids[b * K + k];
+        const int32_t id = raw >= 0 && raw < p.num_experts ? raw : p.invalid_expert_id;
         const float w = p.topk_weights[b * K + k];
         for (int d = 0; d < E; ++d) {
           uint8_t* row = dst(d);

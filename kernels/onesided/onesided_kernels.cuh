@@ -93,6 +93,7 @@ struct OsStepError {
   int32_t claimed;  // set by the first recorder (kernels), cleared with the record
   uint64_t seq;     // the step
   int64_t their_epoch, their_r, my_epoch, my_r;
+  ExpertIdError ids;  // ids neither valid nor the invalid id (kernels/expert_id_error.h)
 };
 
 // Byte offsets of the regions inside every window.

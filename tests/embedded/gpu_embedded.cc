@@ -6,13 +6,13 @@
 // host reference; forward with the worker's identity experts; dispatch +
 // combine captured in a CUDA graph and replayed with new inputs; the graph
 // token (MOE_EP_RECAPTURE for another one); host pointers refused naming
-// the argument. argv[2] picks the data plane (--gpu-data-plane: nccl, the
-// default, or one-sided; issue 34 item 2): both serve the same calls with
-// the same results. argv[3] = 2 runs two ranks as two processes sharing the
-// GPU (the one-sided plane: NCCL takes one rank a device); each checks what
-// it received from both sources and its combined output against the host
-// reference of its own tokens. Exits 77 (skipped, with the reason) without
-// a CUDA device.
+// the argument; an expert id out of range on the last rank named by that
+// rank's moe_ep_check_step (peers OK) and the next step exact. argv[2] picks the data plane
+// (--gpu-data-plane: nccl, the default, or one-sided; issue 34 item 2): both serve the same calls
+// with the same results. argv[3] = 2 runs two ranks as two processes sharing the GPU (the one-sided
+// plane: NCCL takes one rank a device); each checks what it received from both sources and its
+// combined output against the host reference of its own tokens. Exits 77 (skipped, with the reason)
+// without a CUDA device.
 
 #include <cuda_runtime.h>
 #include <sys/wait.h>
@@ -357,6 +357,45 @@ void RunRank(moe_ep_worker* worker, int world) {
                       d_recv_weights, kR, d_source_counts, d_expert_counts, stream, 0);
   EXPECT(host == MOE_EP_INVALID_ARGUMENT && std::strstr(moe_ep_last_error(), "hidden"),
          "host hidden: status %d (%s)", host, moe_ep_last_error());
+
+  // 5. An expert id out of range on the last rank (DESIGN §7; issue 30): the
+  // ids are on the device, so the route kernel records it, that choice
+  // selects no expert, and the step's sync point names it on that rank only.
+  Inputs bad = in;
+  const int bad_row = tokens - 1;
+  const int32_t bad_id = kExperts + 5;
+  if (rank == world - 1) bad.ids[bad_row * kTopK + 1] = bad_id;
+  Upload(d_hidden, in.hidden, stream);  // the graph replays left other inputs there
+  Upload(d_ids, bad.ids, stream);
+  Upload(d_weights, in.weights, stream);
+  Ok(moe_ep_commit_geometry(worker, 5, kR, tokens), "commit_geometry");
+  Ok(moe_ep_forward(worker, 0, d_hidden, d_ids, d_weights, tokens, d_output, stream, 0),
+     "moe_ep_forward (an id out of range)");
+  CUDA(cudaStreamSynchronize(stream));
+  const moe_ep_status checked = moe_ep_check_step(worker, 0);
+  if (rank == world - 1) {
+    char want[96];
+    std::snprintf(want, sizeof(want), "topk_ids[row %d, choice 1] = %d", bad_row, bad_id);
+    EXPECT(checked == MOE_EP_INVALID_ARGUMENT && std::strstr(moe_ep_last_error(), want),
+           "check_step after an id out of range: status %d (%s), want INVALID_ARGUMENT with '%s'",
+           checked, moe_ep_last_error(), want);
+    Inputs masked = in;
+    masked.ids[bad_row * kTopK + 1] = invalid;
+    ExpectClose("forward with the bad choice masked", Download(d_output, tokens * kHidden),
+                Reference(masked, tokens, invalid, false));
+  } else {
+    EXPECT(checked == MOE_EP_OK, "check_step of a peer of the bad id: status %d (%s)", checked,
+           moe_ep_last_error());
+  }
+  // The record was reset and nothing broke: the next step is exact everywhere.
+  Upload(d_ids, in.ids, stream);
+  Ok(moe_ep_commit_geometry(worker, 6, kR, tokens), "commit_geometry");
+  Ok(moe_ep_forward(worker, 0, d_hidden, d_ids, d_weights, tokens, d_output, stream, 0),
+     "moe_ep_forward after the refused ids");
+  CUDA(cudaStreamSynchronize(stream));
+  ExpectClose("forward after the refused ids", Download(d_output, tokens * kHidden),
+              Reference(in, tokens, invalid, false));
+  Ok(moe_ep_check_step(worker, 0), "moe_ep_check_step after the refused ids");
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
 }

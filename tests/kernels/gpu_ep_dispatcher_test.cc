@@ -121,8 +121,8 @@ void RunCase(const Case& c) {
   inputs.reserve(c.ep_size);
   std::vector<core::EpRankInput> ref_inputs;
   for (int r = 0; r < c.ep_size; ++r) {
-    inputs.push_back(
-        MakeInputs(77 + r, c.tokens[r], c.hidden, c.top_k, c.num_experts, c.invalid_fraction));
+    inputs.push_back(MakeInputs(77 + r, c.tokens[r], c.hidden, c.top_k, c.num_experts,
+                                c.invalid_fraction, c.invalid_id));
   }
   std::vector<const core::ExpertSet*> set_ptrs;
   for (int r = 0; r < c.ep_size; ++r) {

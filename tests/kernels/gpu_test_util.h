@@ -72,8 +72,9 @@ class DeviceBuffer {
 };
 
 // Seeded inputs of one rank: hidden uniform in [-1, 1] (bf16), K distinct
-// expert ids per token, a fraction of them replaced by invalid ids (-1 or
-// num_experts + 3), weights uniform in (0, 1).
+// expert ids per token, a fraction of them replaced by the configured invalid
+// id (DESIGN §7: no other out-of-range id is valid input; route_test covers
+// those), weights uniform in (0, 1).
 struct MoeInputs {
   std::vector<core::bf16_t> hidden;  // [T, H]
   std::vector<int32_t> ids;          // [T, K]
@@ -81,7 +82,7 @@ struct MoeInputs {
 };
 
 inline MoeInputs MakeInputs(uint64_t seed, int64_t num_tokens, int64_t hidden, int top_k,
-                            int num_experts, double invalid_fraction) {
+                            int num_experts, double invalid_fraction, int32_t invalid_id = -1) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> value(-1.0f, 1.0f);
   std::uniform_real_distribution<float> weight(0.05f, 1.0f);
@@ -102,7 +103,7 @@ inline MoeInputs MakeInputs(uint64_t seed, int64_t num_tokens, int64_t hidden, i
     }
     for (int k = 0; k < top_k; ++k) {
       int32_t id = chosen[k];
-      if (coin(rng) < invalid_fraction) id = (coin(rng) < 0.5) ? -1 : num_experts + 3;
+      if (coin(rng) < invalid_fraction) id = invalid_id;
       in.ids[t * top_k + k] = id;
       in.weights[t * top_k + k] = weight(rng);
     }

@@ -68,8 +68,8 @@ inline Prepared Prepare(const OsCase& c) {
       p.sets.push_back(core::ExpertSet::Identity(placement->FirstExpert(r),
                                                  placement->NumLocalExperts(r), c.hidden));
     }
-    p.inputs.push_back(
-        MakeInputs(c.seed + r, c.tokens[r], c.hidden, c.top_k, c.num_experts, c.invalid_fraction));
+    p.inputs.push_back(MakeInputs(c.seed + r, c.tokens[r], c.hidden, c.top_k, c.num_experts,
+                                  c.invalid_fraction, c.invalid_id));
   }
   std::vector<core::EpRankInput> in;
   std::vector<const core::ExpertSet*> sets;

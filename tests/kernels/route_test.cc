@@ -5,6 +5,7 @@
 #include "core/routing.h"
 #include "kernels/combine_reduce.cuh"
 #include "kernels/dispatch_pack.cuh"
+#include "kernels/expert_id_error.h"
 #include "kernels/expert_kernels.cuh"
 #include "tests/kernels/gpu_test_util.h"
 
@@ -75,6 +76,56 @@ TEST(LaunchRoute, WorkedExample) {
   EXPECT_EQ(counts.Download(2), (std::vector<int32_t>{2, 1}));
 }
 
+// DESIGN §7: only the configured invalid id masks. Same ids: with invalid id
+// -1 the 9 (flat index 5) is recorded; with invalid id 4 (= num_experts) the
+// -1 (index 4) is the first of two. Routing is unchanged either way.
+TEST(LaunchRoute, RecordsIdsOutOfRange) {
+  MOE_EP_REQUIRE_GPUS(1);
+  DeviceBuffer<int32_t> ids(std::vector<int32_t>{0, 3, 1, 1, -1, 9});
+  DeviceBuffer<int64_t> t(std::vector<int64_t>{3});
+  DeviceBuffer<int32_t> slots(6);
+  DeviceBuffer<int32_t> counts(2);
+  for (const int32_t invalid : {-1, 4}) {
+    DeviceBuffer<ExpertIdError> error(std::vector<ExpertIdError>{ExpertIdError{}});
+    RouteParams p{ids.get(), t.get(), 3, 2, 4, 2, slots.get(), counts.get(), {}, nullptr};
+    p.invalid_expert_id = invalid;
+    p.id_error = error.get();
+    ASSERT_TRUE(LaunchRoute(p, nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(slots.Download(6), (std::vector<int32_t>{0, 0, 1, -1, -1, -1}));
+    const ExpertIdError got = error.Download(1)[0];
+    const absl::Status s = ExpertIdErrorStatus(got, 2, 4, invalid, 0);
+    if (invalid == -1) {
+      EXPECT_EQ(got.count, 1u);
+      EXPECT_NE(s.message().find("topk_ids[row 2, choice 1] = 9: outside [0, 4)"),
+                std::string::npos)
+          << s;
+    } else {
+      EXPECT_EQ(got.count, 2u);
+      EXPECT_NE(s.message().find("topk_ids[row 2, choice 0] = -1: outside [0, 4) and not the "
+                                 "invalid expert id 4 (2 ids out of range"),
+                std::string::npos)
+          << s;
+    }
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+// The record's decoding, on the host: the lowest flat index wins and a
+// negative id survives the packing.
+TEST(ExpertIdErrorStatus, NamesRowChoiceAndCount) {
+  EXPECT_TRUE(ExpertIdErrorStatus(ExpertIdError{}, 8, 256, -1, 0).ok());
+  const auto packed = [](uint64_t index, int32_t id) {
+    return ~((index << 32) | static_cast<uint32_t>(id));
+  };
+  const absl::Status s = ExpertIdErrorStatus({packed(7 * 8 + 3, -5), 3}, 8, 256, 256, 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "topk_ids[row 7, choice 3] = -5: outside [0, 256) and not the invalid expert id 256 "
+            "(3 ids out of range; found on the device by rank 2's step: those choices selected "
+            "no expert, only the configured invalid id marks padding)");
+}
+
 // Host-side argument checks return kInvalidArgument before touching the GPU,
 // so these run on machines without one.
 TEST(KernelLaunchers, RejectInvalidArguments) {
@@ -103,6 +154,9 @@ TEST(KernelLaunchers, RejectInvalidArguments) {
   EXPECT_EQ(LaunchPackDispatch(pack, nullptr).code(), absl::StatusCode::kInvalidArgument);
   pack.hidden_size = 8;
   pack.ep_size = kMaxEpSize + 1;
+  EXPECT_EQ(LaunchPackDispatch(pack, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  pack.ep_size = 1;
+  pack.num_experts = 0;  // fewer experts than ranks
   EXPECT_EQ(LaunchPackDispatch(pack, nullptr).code(), absl::StatusCode::kInvalidArgument);
 
   CombineReduceParams combine;
