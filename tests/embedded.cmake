@@ -92,6 +92,13 @@ add_test(NAME embedded_python_deep_ep
           ${MOE_EP_SYSTEM_PYTHON} -m unittest -v test_deep_ep
   WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}/python/tests)
 set_tests_properties(embedded_python_deep_ep PROPERTIES LABELS embedded TIMEOUT 600)
+# Issue 30 item 4: vLLM's FusedMoEPrepareAndFinalize and SGLang's DEEPEP_LL
+# token dispatcher over that Buffer, with their documented call sequences.
+add_test(NAME embedded_python_seams
+  COMMAND ${CMAKE_COMMAND} -E env ${moe_ep_embedded_env}
+          ${MOE_EP_SYSTEM_PYTHON} -m unittest -v test_seams
+  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}/python/tests)
+set_tests_properties(embedded_python_seams PROPERTIES LABELS embedded TIMEOUT 600)
 add_test(NAME embedded_python_engine_race
   COMMAND ${CMAKE_COMMAND} -E env ${moe_ep_embedded_env} MOE_EP_CLI=$<TARGET_FILE:moe-ep>
           ${MOE_EP_SYSTEM_PYTHON} -m unittest -v test_engine_race

@@ -363,6 +363,7 @@ class Buffer:
         self._first_expert = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         self._rank_of_expert = np.repeat(np.arange(world_size), sizes)
         self.num_local_experts = int(sizes[rank])
+        self.first_local_expert = int(self._first_expert[rank])  # global id of local 0
 
     # ------------------------------------------------------------ set-up
 
