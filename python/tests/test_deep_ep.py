@@ -245,13 +245,28 @@ def run_rank(rank: int, world: int, addresses):
 
 
 def free_ports(n: int):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
+    """n loopback addresses free now, below Linux's ephemeral range (32768+):
+    a port picked there and closed again can be taken, before the worker
+    binds it, as the source port of any connection on the machine (ctest runs
+    other tests beside this one), and a rank that cannot listen leaves its
+    peers waiting for readiness."""
+    import random
+
+    rng = random.Random()
+    found, socks = [], []
+    while len(found) < n:
+        port = rng.randrange(20000, 32000)
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            s.close()
+            continue
+        socks.append(s)
+        found.append(port)
     for s in socks:
         s.close()
-    return [f"127.0.0.1:{p}" for p in ports]
+    return [f"127.0.0.1:{p}" for p in found]
 
 
 @unittest.skipUnless(LIBRARY, "MOE_EP_LIBRARY is not set (tests/embedded.cmake sets it)")
