@@ -221,6 +221,7 @@ void RunRank(moe_ep_worker* worker, int world) {
 
   // 1. Eager dispatch (recv_rows 40 > R 32), the caller's experts, combine.
   std::vector<Inputs> all;
+  all.reserve(world);
   for (int s = 0; s < world; ++s) all.push_back(MakeInputs(TokensOf(s), 1 + 100 * s, invalid));
   const Inputs& in = all[rank];
   Upload(d_hidden, in.hidden, stream);
