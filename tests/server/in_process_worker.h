@@ -68,6 +68,11 @@ class InProcessWorker {
                           const Req& request, Resp* response) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + timeout);
+    // The server runs as long as this object: a failed first connect is
+    // transient (CI saw one fail a fail-fast Join at once, "ipv4:127.0.0.1:
+    // 44475: No such file or directory", and its peer wait 8 s), so the call
+    // waits for the channel, within its deadline, as GrpcStore's do.
+    context.set_wait_for_ready(true);
     return (stub_.get()->*method)(&context, request, response);
   }
 
