@@ -118,11 +118,19 @@ absl::Status ValidateExpertIds(absl::Span<const int32_t> topk_ids, int top_k, in
   }
   if (bad == 0) return absl::OkStatus();
   const int64_t rows = static_cast<int64_t>(topk_ids.size()) / top_k;
+  return ExpertIdError(
+      first, top_k, topk_ids[first], num_experts, invalid_expert_id,
+      absl::StrFormat("%d id%s out of range in %d rows; only the configured invalid id marks "
+                      "padding",
+                      bad, bad == 1 ? "" : "s", rows));
+}
+
+absl::Status ExpertIdError(int64_t index, int top_k, int32_t id, int num_experts,
+                           int32_t invalid_expert_id, std::string_view detail) {
+  const int k = top_k > 0 ? top_k : 1;
   return absl::InvalidArgumentError(absl::StrFormat(
-      "topk_ids[row %d, choice %d] = %d: outside [0, %d) and not the invalid expert id %d "
-      "(%d id%s out of range in %d rows; only the configured invalid id marks padding)",
-      first / top_k, first % top_k, topk_ids[first], num_experts, invalid_expert_id, bad,
-      bad == 1 ? "" : "s", rows));
+      "topk_ids[row %d, choice %d] = %d: outside [0, %d) and not the invalid expert id %d (%s)",
+      index / k, index % k, id, num_experts, invalid_expert_id, detail));
 }
 
 void CountExpertTokens(absl::Span<const int32_t> topk_ids, int num_experts,

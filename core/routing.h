@@ -10,6 +10,7 @@
 // deterministic (the reference kernel uses atomics and is not).
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -84,6 +85,15 @@ int32_t PayloadExpertId(const PlacementTable& table, int source_rank, int64_t so
 // expert id -1 (1 id out of range in 5 rows)". Pure; one pass over the ids.
 absl::Status ValidateExpertIds(absl::Span<const int32_t> topk_ids, int top_k, int num_experts,
                                int32_t invalid_expert_id);
+
+// ExpertIdError()
+//
+// The kInvalidArgument of an id out of range at flat index `index` of
+// [T, top_k] ids: "topk_ids[row r, choice c] = id: outside [0, E) and not the
+// invalid expert id X (<detail>)". ValidateExpertIds and the GPU planes'
+// device record (kernels/expert_id_error.h) word it the same way. Pure.
+absl::Status ExpertIdError(int64_t index, int top_k, int32_t id, int num_experts,
+                           int32_t invalid_expert_id, std::string_view detail);
 
 // CountExpertTokens()
 //

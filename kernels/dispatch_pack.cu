@@ -3,6 +3,7 @@
 #include "kernels/fp8_dispatch.cuh"
 #include "kernels/internal/cuda_status.h"
 #include "kernels/internal/device_placement.cuh"
+#include "kernels/internal/expert_id_check.cuh"
 #include "kernels/route.cuh"
 
 namespace moe_ep::kernels {
@@ -31,9 +32,7 @@ __device__ void PackTopKTails(const int32_t* __restrict__ topk_ids,
       for (int d = 0; d < ep_size; ++d) {
         if (dest_slot[d] < 0) continue;
         uint8_t* r = row(d, dest_slot[d]);
-        // Receivers see only valid ids or the invalid id: an out-of-range
-        // one (recorded by the route kernel) selects no expert there either.
-        int32_t out_id = id >= 0 && id < num_experts ? id : invalid_expert_id;
+        int32_t out_id = internal::ExpertOrInvalid(id, num_experts, invalid_expert_id);
         if (placement.replica_offsets != nullptr && id >= 0 && id < num_experts &&
             internal::NumReplicas(placement, id) != 1 &&
             internal::DestinationRank(placement, b, id, 0, 0) != d) {

@@ -24,8 +24,8 @@ struct ExpertIdError {
 
 // ExpertIdErrorStatus()
 //
-// OK when `e` records nothing; else kInvalidArgument in core::ValidateExpertIds'
-// words plus where it was found, e.g. "topk_ids[row 3, choice 1] = 300: outside
+// OK when `e` records nothing; else core::ExpertIdError (ValidateExpertIds'
+// words) plus where it was found, e.g. "topk_ids[row 3, choice 1] = 300: outside
 // [0, 256) and not the invalid expert id -1 (2 ids out of range; found on the
 // device by rank 0's step: those choices selected no expert)". Thread-safe.
 absl::Status ExpertIdErrorStatus(const ExpertIdError& e, int top_k, int num_experts,

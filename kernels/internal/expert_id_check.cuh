@@ -20,4 +20,12 @@ __device__ __forceinline__ void CheckExpertId(ExpertIdError* e, int32_t id, int6
   atomicMax(&e->first_inverted, ~packed);
 }
 
+// The id a receiver is sent for `id`: itself when it is an expert, else the
+// invalid id (receivers see only those two kinds; CheckExpertId recorded
+// any other).
+__device__ __forceinline__ int32_t ExpertOrInvalid(int32_t id, int num_experts,
+                                                   int32_t invalid_expert_id) {
+  return id >= 0 && id < num_experts ? id : invalid_expert_id;
+}
+
 }  // namespace moe_ep::kernels::internal

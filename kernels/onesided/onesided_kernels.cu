@@ -285,10 +285,8 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
     if (c != 0) continue;
     if (b < T) {
       for (int k = lane; k < K; k += 32) {
-        // Receivers see only valid ids or the invalid id (CheckTokenIds
-        // recorded any other).
-        const int32_t raw = p.topk_ids[b * K + k];
-        const int32_t id = raw >= 0 && raw < p.num_experts ? raw : p.invalid_expert_id;
+        const int32_t id =
+            internal::ExpertOrInvalid(p.topk_ids[b * K + k], p.num_experts, p.invalid_expert_id);
         const float w = p.topk_weights[b * K + k];
         for (int d = 0; d < E; ++d) {
           uint8_t* row = dst(d);

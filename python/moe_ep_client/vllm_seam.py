@@ -71,7 +71,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Deque, Optional, Tuple
 
 from .deep_ep import Buffer, LowLatencyHandle
-from .engine import bf16_to_float32, float32_to_bf16
+from .engine import _is_torch, bf16_to_float32, float32_to_bf16
 
 try:  # vLLM's own types where vLLM is installed (an engine's process)
     from vllm.model_executor.layers.fused_moe import modular_kernel as _mk
@@ -98,10 +98,6 @@ except ImportError:  # a stand-in with the same names and fields
     _Base = object
 
 MAX_IN_FLIGHT = 2  # micro-batches between a prepare and its finalize
-
-
-def _is_torch(x: Any) -> bool:
-    return type(x).__module__.startswith("torch")
 
 
 def _wants_fp8(quant_config: Any) -> bool:

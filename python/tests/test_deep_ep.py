@@ -269,29 +269,35 @@ def free_ports(n: int):
     return [f"127.0.0.1:{p}" for p in found]
 
 
+def run_rank_processes(test: unittest.TestCase, script: str, world: int):
+    """Runs `script --rank r --world N --addresses ...` as N processes and
+    fails `test` unless every rank exits 0 and prints [] (its failures) last."""
+    addresses = free_ports(world)
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(script), "--rank", str(r),
+                               "--world", str(world), "--addresses", ",".join(addresses)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(world)]
+    finished = []
+    for r, p in enumerate(procs):
+        try:
+            out, err = p.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+                q.communicate()
+            test.fail(f"rank {r} of {world} did not finish in 240 s")
+        finished.append((p.returncode, out, err))
+    crashed = [f"rank {r}: exit {code}\n{err[-3000:]}"
+               for r, (code, _, err) in enumerate(finished) if code != 0]
+    test.assertEqual(crashed, [], f"{world} ranks:\n" + "\n".join(crashed))
+    for r, (_, out, _) in enumerate(finished):
+        test.assertEqual(json.loads(out.strip().splitlines()[-1]), [], f"rank {r} of {world}")
+
+
 @unittest.skipUnless(LIBRARY, "MOE_EP_LIBRARY is not set (tests/embedded.cmake sets it)")
 class DeepEpBufferTest(unittest.TestCase):
     def run_ranks(self, world: int):
-        addresses = free_ports(world)
-        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--rank", str(r),
-                                   "--world", str(world), "--addresses", ",".join(addresses)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for r in range(world)]
-        finished = []
-        for r, p in enumerate(procs):
-            try:
-                out, err = p.communicate(timeout=240)
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                    q.communicate()
-                self.fail(f"rank {r} of {world} did not finish in 240 s")
-            finished.append((p.returncode, out, err))
-        crashed = [f"rank {r}: exit {code}\n{err[-3000:]}"
-                   for r, (code, _, err) in enumerate(finished) if code != 0]
-        self.assertEqual(crashed, [], f"{world} ranks:\n" + "\n".join(crashed))
-        for r, (_, out, _) in enumerate(finished):
-            self.assertEqual(json.loads(out.strip().splitlines()[-1]), [], f"rank {r} of {world}")
+        run_rank_processes(self, __file__, world)
 
     def test_one_rank(self):
         self.run_ranks(1)

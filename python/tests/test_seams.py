@@ -25,14 +25,14 @@ MOE_EP_LIBRARY and PYTHONPATH set; skips without them.
 
 import json
 import os
-import subprocess
 import sys
 import unittest
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from test_deep_ep import HIDDEN, MAX_TOKENS, NUM_EXPERTS, TOP_K, free_ports, inputs, placement
+from test_deep_ep import (HIDDEN, MAX_TOKENS, NUM_EXPERTS, TOP_K, inputs, placement,
+                          run_rank_processes)
 
 LIBRARY = os.environ.get("MOE_EP_LIBRARY")
 
@@ -245,26 +245,7 @@ def run_rank(rank: int, world: int, addresses):
 @unittest.skipUnless(LIBRARY, "MOE_EP_LIBRARY is not set (tests/embedded.cmake sets it)")
 class SeamsTest(unittest.TestCase):
     def run_ranks(self, world: int):
-        addresses = free_ports(world)
-        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--rank", str(r),
-                                   "--world", str(world), "--addresses", ",".join(addresses)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for r in range(world)]
-        finished = []
-        for r, p in enumerate(procs):
-            try:
-                out, err = p.communicate(timeout=240)
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                    q.communicate()
-                self.fail(f"rank {r} of {world} did not finish in 240 s")
-            finished.append((p.returncode, out, err))
-        crashed = [f"rank {r}: exit {code}\n{err[-3000:]}"
-                   for r, (code, _, err) in enumerate(finished) if code != 0]
-        self.assertEqual(crashed, [], f"{world} ranks:\n" + "\n".join(crashed))
-        for r, (_, out, _) in enumerate(finished):
-            self.assertEqual(json.loads(out.strip().splitlines()[-1]), [], f"rank {r} of {world}")
+        run_rank_processes(self, __file__, world)
 
     def test_two_ranks(self):
         self.run_ranks(2)
