@@ -11,7 +11,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/routing.h"
 #include "core/shrink_plan.h"
 #include "core/status_macros.h"
 #include "core/workspace.h"
@@ -689,6 +688,10 @@ absl::StatusOr<BenchmarkTimes> GpuDataPlane::Benchmark(const core::EpDispatcherO
       kernels::onesided::OneSidedDispatcher* d = bench.get();
       times = TimeIdentitySteps(*d, *identity, *buffers, tokens, warmup, iterations, *control_,
                                 call_, events_, [d] { return d->CheckStep(); });
+      if (times.ok()) {
+        ASSIGN_OR_RETURN(times->tokens_sent,
+                         DeviceTokensSent(d->send_counts(), view_->size(), d->stream()));
+      }
     }
     // No peer may still store into the windows when they go (a collective).
     if (times.ok()) RETURN_IF_ERROR(control_->Barrier());
@@ -703,11 +706,13 @@ absl::StatusOr<BenchmarkTimes> GpuDataPlane::Benchmark(const core::EpDispatcherO
     RETURN_IF_ERROR(bench->CommitGeometry(1, tokens, tokens));
     times = TimeIdentitySteps(*bench, *identity, *buffers, tokens, warmup, iterations, *control_,
                               call_, events_, [this] { return Synchronize(); });
+    // Row 0 of the step counts: what this rank sent to each rank.
+    if (times.ok()) {
+      ASSIGN_OR_RETURN(times->tokens_sent,
+                       DeviceTokensSent(bench->step_counts(), view_->size(), bench->stream()));
+    }
   }
   if (!times.ok()) return times.status();
-  ASSIGN_OR_RETURN(core::DispatchRoute route,
-                   core::ComputeDispatchRoute(inputs.topk_ids, tokens, k, placement));
-  times->tokens_sent = static_cast<int64_t>(route.dest_rank.size());
   times->data_plane = plane;
   return times;
 }

@@ -2,6 +2,8 @@
 
 #ifdef MOE_EP_HAVE_CUDA
 
+#include <vector>
+
 #include "core/workspace.h"
 
 namespace moe_ep::server {
@@ -72,6 +74,18 @@ absl::StatusOr<core::StepStats> StepCountStats(const int32_t* counts, int member
     stats.bytes_sent_remote += sent * dispatch_bytes + received * combine_bytes;
   }
   return stats;
+}
+
+absl::StatusOr<int64_t> DeviceTokensSent(const int32_t* send_counts, int members,
+                                         cudaStream_t stream) {
+  std::vector<int32_t> counts(members);
+  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(counts.data(), send_counts, members * sizeof(int32_t),
+                                       cudaMemcpyDeviceToHost, stream),
+                       "cudaMemcpyAsync(send counts to host)"));
+  RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+  int64_t sent = 0;
+  for (const int32_t c : counts) sent += c;
+  return sent;
 }
 
 absl::Status AddStepTimes(const cudaEvent_t events[4], const GpuSharedExperts* shared,

@@ -86,6 +86,17 @@ class DeviceStepBuffers {
 absl::StatusOr<core::StepStats> StepCountStats(const int32_t* counts, int members, int self,
                                                const core::WorkspaceSpec& ws, int64_t runtime_max);
 
+// DeviceTokensSent()
+//
+// The token copies the last step on `stream` sent, summed from a
+// dispatcher's device send counts `send_counts` [members] int32 (each token
+// once per distinct destination rank, as core::ComputeDispatchRoute counts
+// it): Benchmark reads the route the device took, as Forward does, instead
+// of routing again on the host (issue 32 item 2). Waits for `stream`.
+// Errors: kInternal (CUDA).
+absl::StatusOr<int64_t> DeviceTokensSent(const int32_t* send_counts, int members,
+                                         cudaStream_t stream);
+
 // AddStepTimes()
 //
 // After the step's stream synchronised: the phase times of `stats` in whole

@@ -649,9 +649,8 @@ absl::StatusOr<BenchmarkTimes> OneSidedDataPlane::Benchmark(
     times = TimeIdentitySteps(*d, *identity, *buffers, tokens, warmup, iterations, *compact_, call_,
                               events_, [d] { return d->CheckStep(); });
     if (times.ok()) {
-      ASSIGN_OR_RETURN(core::DispatchRoute route,
-                       core::ComputeDispatchRoute(inputs.topk_ids, tokens, k, placement));
-      times->tokens_sent = static_cast<int64_t>(route.dest_rank.size());
+      ASSIGN_OR_RETURN(times->tokens_sent,
+                       DeviceTokensSent(d->send_counts(), compact_->size(), d->stream()));
       times->data_plane = plane;
     }
   }

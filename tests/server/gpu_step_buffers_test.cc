@@ -50,6 +50,28 @@ TEST(StepCountStats, RejectsAZeroTopK) {
   EXPECT_THAT(stats.status().message(), testing::HasSubstr("top_k must be >= 1, got 0"));
 }
 
+// What Benchmark's tokens_sent reads (issue 32 item 2): the device's send
+// counts summed after the stream, here counts put there by hand.
+TEST(DeviceTokensSent, SumsTheDeviceSendCounts) {
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) GTEST_SKIP() << "needs a CUDA device";
+  const int32_t counts[3] = {5, 0, 11};
+  int32_t* device = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, sizeof(counts)), cudaSuccess);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(device, counts, sizeof(counts), cudaMemcpyHostToDevice, stream),
+            cudaSuccess);
+  absl::StatusOr<int64_t> all = DeviceTokensSent(device, 3, stream);
+  absl::StatusOr<int64_t> first_two = DeviceTokensSent(device, 2, stream);
+  cudaStreamDestroy(stream);
+  cudaFree(device);
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_TRUE(first_two.ok()) << first_two.status();
+  EXPECT_EQ(*all, 16);
+  EXPECT_EQ(*first_two, 5);
+}
+
 }  // namespace
 }  // namespace moe_ep::server
 

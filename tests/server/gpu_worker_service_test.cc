@@ -451,6 +451,35 @@ TEST(GpuWorkerService, BenchmarkTimesEitherPlaneAndNamesIt) {
   EXPECT_FALSE(worker.Status().group_broken());
 }
 
+// The one-sided plane's own Benchmark (server/onesided_data_plane.h) counts
+// what its dispatch sent on the device (issue 32 item 2): at world 1 every
+// token goes once to rank 0, so dispatch moves 8 tokens x (2H + 8K) bytes
+// and combine 8 x 2H.
+TEST(GpuWorkerService, OneSidedPlaneBenchmarkCountsEveryTokenOnce) {
+  MOE_EP_REQUIRE_GPUS(1);
+  WorkerOptions options;
+  options.default_gpu_data_plane = "one-sided";
+  InProcessWorker worker(options);
+  ASSERT_TRUE(worker.Join(1, 0, 1, "", "nccl", 60000).ok());
+  EXPECT_EQ(worker.Status().data_plane(), "one-sided");
+  v1::BenchmarkRequest request;
+  request.set_tokens_per_rank(8);
+  request.set_hidden_size(16);
+  request.set_top_k(2);
+  request.set_num_experts(4);
+  request.set_routing("skewed");
+  request.set_iterations(5);
+  request.set_warmup(2);
+  request.set_seed(1);
+  v1::BenchmarkResponse response;
+  grpc::Status status = worker.Benchmark(request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.data_plane(), "one-sided");
+  EXPECT_EQ(response.dispatch_bytes(), 8 * (2 * 16 + 8 * 2));
+  EXPECT_EQ(response.combine_bytes(), 8 * 2 * 16);
+  EXPECT_GT(response.dispatch_p50_us(), 0.0);
+}
+
 struct MatchCase {
   int world;
   int64_t configured_intermediate;           // 0: LoadExperts grows the expert scratch
