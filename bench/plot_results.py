@@ -21,6 +21,12 @@ one line per (source, operation, routing): moe-ep (per CSV and `check`
 column value when there is one) against the baseline, uniform routing solid
 and skewed dashed; both axes logarithmic.
 
+A directory holding floor_bench.csv and onesided_bench.csv (one GPU call of
+moe_ep_floor_bench and moe_ep_onesided_bench; bench/floor_table.py) gets
+<dir>/floor_plot.png instead for those two (issue 32 item 3): one panel per
+speed-target phase, its figure beside its floor, the copy of the same bytes
+and the NCCL plane's anchor from the same call, the target a dashed line.
+
 Usage: plot_results.py DIR [DIR ...]     (e.g. bench/results/run*)
        plot_results.py --all bench/results  (every subdirectory with CSVs)
 Exit status: 0 when every figure was written; 1 on a CSV without the
@@ -36,6 +42,8 @@ import json
 import os
 import sys
 
+import floor_table
+
 REQUIRED = ("ep", "routing", "hidden", "top_k", "tokens", "dispatch_p50_us", "combine_p50_us",
             "dispatch_logical_GBps", "combine_logical_GBps")
 # `moe-ep bench --json` (client/bench_command.h): the run's keys and each rank's.
@@ -43,6 +51,7 @@ JSON_REQUIRED = ("world", "backend", "routing", "hidden", "top_k", "tokens_per_r
 JSON_RANK_REQUIRED = ("dispatch_p50_us", "combine_p50_us", "dispatch_logical_gbps",
                       "combine_logical_gbps")
 OUTPUT_NAME = "bench_plot.png"
+FLOOR_OUTPUT_NAME = "floor_plot.png"
 
 
 class CsvError(Exception):
@@ -218,11 +227,60 @@ def plot_directory(directory, paths):
     return out
 
 
+def plot_floors(directory):
+    """<directory>/floor_plot.png from its floor_bench.csv and onesided_bench.csv."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    try:
+        rows = floor_table.table(directory)
+    except floor_table.FloorError as e:
+        raise CsvError(str(e)) from e
+    columns = 4
+    lines = (len(rows) + columns - 1) // columns
+    fig, axes = plt.subplots(lines, columns, figsize=(4 * columns, 3.6 * lines), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, ax in enumerate(axes.flat):
+        if i >= len(rows):
+            ax.axis("off")
+            continue
+        r = rows[i]
+        bars = [("moe-ep", r["figure"]), ("fixed floor", r["fixed"]), ("copy", r["copy"]),
+                ("NCCL EP 1", r["anchor"])]
+        # One colour per kind of bar in every panel (a panel may lack the fixed floor).
+        color = {"moe-ep": colors[0], "fixed floor": colors[1], "copy": colors[2],
+                 "NCCL EP 1": colors[3]}
+        bars = [(name, v) for name, v in bars if v is not None]
+        ax.bar([b[0] for b in bars], [b[1] for b in bars], color=[color[b[0]] for b in bars])
+        for j, (_, v) in enumerate(bars):
+            ax.annotate(f"{v:.1f}", (j, v), ha="center", va="bottom", fontsize="small")
+        ax.axhline(r["target"], color="black", linestyle="--", linewidth=1)
+        ax.set_ylim(0, 1.15 * max([v for _, v in bars] + [r["target"]]))
+        verdict = "met" if r["met"] else "not met"
+        ax.set_title(f"{r['phase']}\n{r['ratio']:.2f}x floor; target (dashed) "
+                     f"{r['target_text']}: {verdict}", fontsize="small")
+        ax.set_ylabel("p50 (us)")
+        ax.tick_params(axis="x", labelsize="small")
+    fig.suptitle(f"{os.path.basename(os.path.abspath(directory))}: each phase against its floor "
+                 f"and the NCCL plane, one call")
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    out = os.path.join(directory, FLOOR_OUTPUT_NAME)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
 def results_in(directory):
-    """The CSVs and the `moe-ep bench --json` files in `directory` (others noted, skipped)."""
+    """The CSVs and the `moe-ep bench --json` files in `directory` (others noted, skipped);
+    a floor call's two CSVs are plot_floors' and left out."""
+    floor_pair = ((floor_table.FLOOR_CSV, floor_table.PHASE_CSV)
+                  if floor_table.has_floor_results(directory) else ())
     paths = []
     for name in sorted(os.listdir(directory)):
         path = os.path.join(directory, name)
+        if name in floor_pair:
+            continue
         if name.endswith(".csv"):
             paths.append(path)
         elif name.endswith(".json"):
@@ -246,8 +304,9 @@ def main(argv):
         dirs += sorted(os.path.join(args.all, d) for d in os.listdir(args.all)
                        if os.path.isdir(os.path.join(args.all, d)))
     found = [(d, results_in(d)) for d in dirs]
+    floors = [d for d in dirs if floor_table.has_floor_results(d)]
     found = [(d, paths) for d, paths in found if paths]
-    if not found:
+    if not found and not floors:
         parser.error("no directory with benchmark CSVs or `moe-ep bench --json` files given")
     try:
         import matplotlib  # noqa: F401
@@ -255,12 +314,14 @@ def main(argv):
         print("plot_results.py: matplotlib is missing (Debian: apt-get install "
               "python3-matplotlib; scripts/install-deps.sh installs it)", file=sys.stderr)
         return 1
-    for d, paths in found:
-        try:
+    try:
+        for d in floors:
+            print(plot_floors(d))
+        for d, paths in found:
             print(plot_directory(d, paths))
-        except CsvError as e:
-            print(f"plot_results.py: {e}", file=sys.stderr)
-            return 1
+    except CsvError as e:
+        print(f"plot_results.py: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,5 +1,6 @@
 # bench/plot_results.py (ctest -L bench): draws a small CSV fixture as a PNG
-# and refuses a CSV without the benchmark columns. Runs with /usr/bin/python3,
+# and refuses a CSV without the benchmark columns; draws a floor call's
+# phases over their floors (bench/floor_table.py, fixture/floors). Runs with /usr/bin/python3,
 # whose matplotlib is Debian's python3-matplotlib (scripts/install-deps.sh);
 # without it the test is skipped with the reason (exit 77).
 find_program(MOE_EP_PLOT_PYTHON NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)

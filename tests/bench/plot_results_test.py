@@ -1,7 +1,8 @@
 """ctest bench_plot: bench/plot_results.py on a small CSV fixture and on real
 `moe-ep bench --json` output writes a PNG beside them, and refuses a CSV
 without the benchmark columns or a bench JSON without a key, naming it
-(issue 9 item 10, issue 31 item 5). Exits 77 (ctest: skipped) with the reason when
+(issue 9 item 10, issue 31 item 5), and a floor call's phases over their
+floors as a table and a plot (issue 32 item 3). Exits 77 (ctest: skipped) with the reason when
 matplotlib is missing.
 
 Usage: plot_results_test.py SCRIPT FIXTURE_DIR WORK_DIR
@@ -95,6 +96,75 @@ class PlotResults(unittest.TestCase):
         self.assertEqual(r.returncode, 1)
         self.assertIn("other.csv: no column dispatch_p50_us", r.stderr)
         self.assertFalse(os.path.exists(os.path.join(WORK, "bench_plot.png")))
+
+
+class FloorPlot(unittest.TestCase):
+    """A floor call's directory (floor_bench.csv + onesided_bench.csv; issue 32
+    item 3): the fixture's hand values give ratios and verdicts worked out
+    here, and the sm path's rows are read, never the ce path's."""
+
+    def setUp(self):
+        shutil.rmtree(WORK, ignore_errors=True)
+        shutil.copytree(os.path.join(FIXTURE, "floors"), WORK)
+        sys.path.insert(0, os.path.dirname(SCRIPT))
+        import floor_table
+        self.floor_table = floor_table
+
+    def run_script(self, *args):
+        return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True)
+
+    def test_phases_over_their_floors(self):
+        rows = {r["phase"]: r for r in self.floor_table.table(WORK)}
+        self.assertEqual(len(rows), 7)
+        d = rows["dispatch graph, EP 2 thr, 128"]  # 15 over flag/2/graph 5, copy 4
+        self.assertEqual((d["figure"], d["fixed"], d["copy"], d["anchor"]), (15.0, 5.0, 4.0, 20.0))
+        self.assertAlmostEqual(d["ratio"], 3.0)
+        self.assertAlmostEqual(d["copy_ratio"], 3.75)
+        self.assertFalse(d["met"])  # 15 > 12
+        c = rows["combine graph, EP 2 thr, 128"]  # the ce row's 20 must not be read
+        self.assertEqual(c["figure"], 11.0)
+        self.assertTrue(c["met"])
+        e = rows["combine eager, EP 2 thr, 128"]  # 9 over flag/2/eager 8
+        self.assertAlmostEqual(e["ratio"], 1.125)
+        self.assertTrue(e["met"])
+        s = rows["step graph, EP 1, 128"]  # 16 over step_graph 10, target 15
+        self.assertAlmostEqual(s["ratio"], 1.6)
+        self.assertFalse(s["met"])
+        one = rows["combine graph, EP 1, 4096"]  # 100 against NCCL's 70, copy 40
+        self.assertEqual((one["target"], one["floor"]), (70.0, 40.0))
+        self.assertAlmostEqual(one["ratio"], 2.5)
+        self.assertFalse(one["met"])
+        two = rows["combine graph, EP 2 thr, 4096"]  # 96 <= 1.25 x 80
+        self.assertAlmostEqual(two["target"], 100.0)
+        self.assertAlmostEqual(two["ratio"], 1.2)
+        self.assertTrue(two["met"])
+
+    def test_markdown_prints_every_phase(self):
+        text = self.floor_table.markdown(self.floor_table.table(WORK))
+        self.assertEqual(len(text.splitlines()), 2 + 7)
+        self.assertIn("| step graph, EP 1, 128 | 16.00 | 10.00 (step_graph/1/eager) | 1.60 |", text)
+
+    def test_writes_floor_plot_beside_the_bench_plot(self):
+        shutil.copy(os.path.join(FIXTURE, "ep_bench.csv"), WORK)
+        r = self.run_script(WORK)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        floor_png = os.path.join(WORK, "floor_plot.png")
+        bench_png = os.path.join(WORK, "bench_plot.png")
+        self.assertEqual(r.stdout.split(), [floor_png, bench_png])
+        # 7 phases: 2 lines of 4 panels, 16 x 7.2 inches at 100 dpi.
+        self.assertEqual(png_size(floor_png), (1600, 720))
+        self.assertEqual(png_size(bench_png), (1000, 800))
+
+    def test_refuses_a_floor_file_without_a_piece(self):
+        path = os.path.join(WORK, "floor_bench.csv")
+        with open(path) as f:
+            kept = [line for line in f if not line.startswith("flag,2,eager")]
+        with open(path, "w") as f:
+            f.writelines(kept)
+        r = self.run_script(WORK)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("floor_bench.csv: no row flag ranks 2 mode eager", r.stderr)
+        self.assertFalse(os.path.exists(os.path.join(WORK, "floor_plot.png")))
 
 
 if __name__ == "__main__":
