@@ -154,7 +154,11 @@ class GroupSession {
   // How long a failed call waits for the round before it returns: half the
   // group's timeout, at most 1 s.
   absl::Duration MaskGrace() const;
-  // The error of a call in which the mask round ended (nothing ran).
+  // The error of a call in which the mask round ended (nothing ran):
+  // kUnavailable naming the masked ranks when the round masked a rank, and
+  // kAborted when it found every rank alive (the mask is the one in force
+  // before it; issue 29 item 4): not a group error, so the call counts no
+  // failed collective and the next call serves as before.
   absl::Status MaskAgreedError(const char* rpc) const;
 
   Observer* const observer_;
@@ -163,6 +167,9 @@ class GroupSession {
   int64_t vote_sequence_ = 0;    // calls voted (or skipped by a mask) in the group
   int64_t first_mask_vote_ = 0;  // the first call that votes on the survivors' group
   bool mask_pending_ = false;    // a collective failed: mask at the next call
+  // The ranks masked when the last round started: a round that ends with the
+  // same ones found every rank alive.
+  std::vector<int> masked_before_round_;
   // The store that hosts the calls' arrival rounds: rank 0's, or the last
   // mask round's host; made again when that changes.
   std::unique_ptr<GrpcStore> arrival_host_;
