@@ -264,6 +264,8 @@ absl::Status WorkerService::DoConfigureLayers(grpc::ServerContext* context,
   absl::MutexLock lock(&state_mu_);
   state_.Configured();
   status_.set_plan_summary(absl::StrCat(plan_.size(), " layers, ", num_sparse, " sparse"));
+  spdlog::debug("ConfigureLayers: planned {} layers ({} sparse) for hidden_size {}", plan_.size(),
+                num_sparse, model_.hidden_size());
   UpdateHealthLocked();
   return absl::OkStatus();
 }
@@ -318,6 +320,9 @@ absl::Status WorkerService::DoAllocateWorkspace(grpc::ServerContext* context,
   status_.set_workspace_bytes(allocation_->response.allocated_bytes());
   status_.set_capacity_tokens(options->workspace.capacity_tokens);
   status_.set_expert_bytes(expert_bytes_);
+  spdlog::debug("AllocateWorkspace: {} ({} bytes, capacity {} tokens a rank)",
+                same_spec ? "same spec, workspace and experts kept" : "new workspace",
+                allocation_->response.allocated_bytes(), options->workspace.capacity_tokens);
   if (!same_spec) {
     status_.set_geometry_epoch(0);
     status_.set_runtime_max_tokens_per_rank(0);
@@ -414,6 +419,8 @@ absl::Status WorkerService::DoLoadExperts(grpc::ServerContext* context,
   response->set_expert_bytes(bytes);
   response->set_shared_expert_bytes(shared_bytes);
   response->mutable_slot_experts()->Assign(load->slot_experts.begin(), load->slot_experts.end());
+  spdlog::debug("LoadExperts: layer {}, {} local experts from id {}, {} expert bytes, {} shared",
+                load->layer, load->num_local_experts, load->first_expert, bytes, shared_bytes);
   absl::MutexLock lock(&state_mu_);
   status_.set_expert_bytes(expert_bytes_);
   status_.set_workspace_bytes(session_.plane()->allocated_bytes());
@@ -448,6 +455,10 @@ absl::Status WorkerService::DoSyncTokenCounts(grpc::ServerContext* context,
   response->mutable_token_counts()->Assign(counts->begin(), counts->end());
   response->set_max_tokens(*std::max_element(counts->begin(), counts->end()));
   response->set_runtime_max_tokens_per_rank(runtime_max);
+  spdlog::debug(
+      "SyncTokenCounts: epoch {}, local {} tokens, ranks [{}] -> "
+      "runtime_max_tokens_per_rank {}",
+      request.epoch(), request.local_tokens(), absl::StrJoin(*counts, ","), runtime_max);
   return absl::OkStatus();
 }
 
@@ -473,6 +484,8 @@ absl::Status WorkerService::DoCommitGeometry(grpc::ServerContext* context,
   absl::MutexLock lock(&state_mu_);
   status_.set_geometry_epoch(request.epoch());
   status_.set_runtime_max_tokens_per_rank(request.runtime_max_tokens_per_rank());
+  spdlog::debug("CommitGeometry: epoch {}, runtime_max_tokens_per_rank {}, local {} tokens",
+                request.epoch(), request.runtime_max_tokens_per_rank(), request.local_tokens());
   UpdateHealthLocked();  // the log fields carry the epoch
   return absl::OkStatus();
 }
@@ -549,6 +562,8 @@ absl::Status WorkerService::DoForward(grpc::ServerContext* context,
   counters->set_forwards(counters->forwards() + 1);
   counters->set_tokens_dispatched(counters->tokens_dispatched() + stats->tokens_sent);
   counters->set_bytes_sent(counters->bytes_sent() + stats->bytes_sent_remote);
+  spdlog::debug("Forward: layer {}, {} tokens, {} token-copies dispatched, {} bytes to peers",
+                in->layer, in->tokens, stats->tokens_sent, stats->bytes_sent_remote);
   return absl::OkStatus();
 }
 

@@ -138,6 +138,9 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
   lease_.Apply(request.lease());
   response->set_backend(args->backend);
   response->set_data_plane(session_.plane()->data_plane());
+  spdlog::debug("Join: formed generation {} as rank {} of {} ({} backend, {} data plane{})",
+                args->generation, args->rank, args->world_size, args->backend,
+                session_.plane()->data_plane(), args->rejoin ? ", rejoining alone" : "");
   return absl::OkStatus();
 }
 

@@ -12,6 +12,7 @@
 #include "core/status_macros.h"
 #include "server/request_options.h"
 #include "server/worker_service.h"
+#include "spdlog/spdlog.h"
 
 namespace moe_ep::server {
 
@@ -63,6 +64,9 @@ absl::Status WorkerService::DoInstallPlacement(grpc::ServerContext* context,
   const std::vector<int>& mine = installed->SlotExperts(session_.args().rank);
   response->mutable_slot_experts()->Assign(mine.begin(), mine.end());
   response->set_experts_dropped(dropped);
+  spdlog::debug("InstallPlacement: layer {}, {} slots, this rank holds {} slots{}", layer,
+                installed->num_slots(), mine.size(),
+                dropped ? "; the layer's experts were dropped (load them again)" : "");
   absl::MutexLock lock(&state_mu_);
   status_.set_expert_bytes(expert_bytes_);
   return absl::OkStatus();

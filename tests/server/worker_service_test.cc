@@ -1,6 +1,8 @@
 #include "server/worker_service.h"
 
 #include <functional>
+#include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -9,6 +11,8 @@
 #include "gtest/gtest.h"
 #include "server/health.h"
 #include "server/tensor_codec.h"
+#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/spdlog.h"
 #include "tests/server/health_probe.h"
 #include "tests/server/in_process_worker.h"
 
@@ -183,6 +187,42 @@ TEST(WorkerService, OneRankFullFlowComputesWeightedSumExactly) {
   EXPECT_EQ(ProbeHealth(worker.address(), kReadinessServiceName), kNotServing);
   EXPECT_EQ(ProbeHealth(worker.address(), kLivenessServiceName), kServing);
   EXPECT_TRUE(worker.Leave(1).ok());  // idempotent
+}
+
+// At debug level each call of the one-rank flow says what it did, with the
+// figures of its reply (issue 31 item 5); at info none of these lines is
+// written.
+TEST(WorkerService, DebugLogSaysWhatEachCallDid) {
+  const std::shared_ptr<spdlog::logger> previous = spdlog::default_logger();
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  sink->set_pattern("%l %v");
+  auto logger = std::make_shared<spdlog::logger>("debug-log-test", sink);
+  logger->set_level(spdlog::level::debug);
+  spdlog::set_default_logger(logger);
+  {
+    InProcessWorker worker;
+    SetUpOneRank(worker);
+    ASSERT_TRUE(worker.Sync(1, 2).ok());
+    ASSERT_TRUE(worker.Commit(1, 2, 2).ok());
+    ASSERT_TRUE(worker.Forward(HandForward(1)).ok());
+    logger->set_level(spdlog::level::info);
+    ASSERT_TRUE(worker.Sync(2, 1).ok());
+  }
+  spdlog::set_default_logger(previous);
+  const std::string text = log.str();
+  EXPECT_THAT(text, HasSubstr("debug Join: formed generation 1 as rank 0 of 1 (gloo backend"));
+  EXPECT_THAT(text, HasSubstr("debug ConfigureLayers: planned 2 layers (1 sparse) for "
+                              "hidden_size 4"));
+  EXPECT_THAT(text, HasSubstr("debug AllocateWorkspace: new workspace ("));
+  EXPECT_THAT(text, HasSubstr("capacity 8 tokens a rank)"));
+  EXPECT_THAT(text, HasSubstr("debug LoadExperts: layer 0, 4 local experts from id 0"));
+  EXPECT_THAT(text, HasSubstr("debug SyncTokenCounts: epoch 1, local 2 tokens, ranks [2] -> "
+                              "runtime_max_tokens_per_rank 2"));
+  EXPECT_THAT(text, HasSubstr("debug CommitGeometry: epoch 1, runtime_max_tokens_per_rank 2"));
+  EXPECT_THAT(text, HasSubstr("debug Forward: layer 0, 2 tokens, 2 token-copies dispatched, "
+                              "0 bytes to peers"));
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("SyncTokenCounts: epoch 2")));
 }
 
 TEST(WorkerService, ZeroTokenForwardReturnsEmptyOutput) {
