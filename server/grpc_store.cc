@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -174,7 +175,13 @@ GrpcStore::ProbeResult GrpcStore::Probe(absl::Duration timeout) {
   const grpc::Status status = stub_->Get(&context, request, &response);
   const bool in_time = absl::Now() - start < timeout;
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    return in_time ? ProbeResult::kRefuses : ProbeResult::kSilent;
+    // With the 100 ms minimum connect timeout of these channels, a process
+    // that accepts the TCP connection but never answers (stopped, or too
+    // busy to run its server) fails fast too, as "connection attempt timed
+    // out before receiving SETTINGS frame" (gRPC 1.51): silent, not gone.
+    const bool handshake_timed_out = absl::StrContains(status.error_message(), "timed out") ||
+                                     absl::StrContains(status.error_message(), "SETTINGS frame");
+    return in_time && !handshake_timed_out ? ProbeResult::kRefuses : ProbeResult::kSilent;
   }
   if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && !in_time) {
     return ProbeResult::kSilent;

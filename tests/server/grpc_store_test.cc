@@ -1,5 +1,9 @@
 #include "server/grpc_store.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <future>
@@ -128,6 +132,39 @@ TEST(GrpcStore, AStopFlagEndsAWait) {
   stopper.join();
   EXPECT_THAT([&] { store.set("after", {'1'}); },
               ::testing::ThrowsMessage<gloo::IoException>(HasSubstr("set \"after\" stopped")));
+}
+
+// Probe tells the three answers apart (call_arrival.h relies on it: a port
+// that refuses is a lost rank, a silent one is stopped or busy and is not
+// masked). A socket that listens but never accepts is what a stopped worker
+// looks like from outside: the kernel completes the TCP handshake and
+// nothing answers, which gRPC reports as UNAVAILABLE "connection attempt
+// timed out before receiving SETTINGS frame" after these channels' 100 ms
+// minimum connect timeout, before the probe's own 300 ms.
+TEST(GrpcStore, ProbeTellsAnsweringRefusingAndSilentPortsApart) {
+  RendezvousServer server;
+  ASSERT_NE(server.server, nullptr);
+  GrpcStore live(server.address(), absl::Seconds(5));
+  EXPECT_EQ(live.Probe(absl::Milliseconds(300)), GrpcStore::ProbeResult::kAnswers);
+
+  GrpcStore closed("127.0.0.1:" + std::to_string(FreePort()), absl::Seconds(5));
+  EXPECT_EQ(closed.Probe(absl::Milliseconds(300)), GrpcStore::ProbeResult::kRefuses);
+
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 16), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  GrpcStore stopped("127.0.0.1:" + std::to_string(ntohs(addr.sin_port)), absl::Seconds(5));
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(stopped.Probe(absl::Milliseconds(300)), GrpcStore::ProbeResult::kSilent);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  close(fd);
 }
 
 }  // namespace
