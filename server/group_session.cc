@@ -107,6 +107,14 @@ absl::Status GroupSession::Vote(const char* rpc, absl::Status local,
   absl::Status status = ArriveForVote(rpc, local);
   if (!local.ok()) return local;
   if (!status.ok() && !IsGroupError(status)) return status;  // nothing moved, nothing counted
+  // Ranks that did not enter and do not answer their probe (stopped or
+  // overloaded, not gone): nothing moved, so no vote is counted and no mask
+  // round starts (issue 29 items 2 and 4); the caller sees
+  // DEADLINE_EXCEEDED naming them, the failed collective is counted, and
+  // readiness goes NOT_SERVING from the third in a row, which the
+  // coordinator acts on. A rank that refuses connections or left the
+  // generation is a loss (UNAVAILABLE below).
+  if (status.code() == absl::StatusCode::kDeadlineExceeded) return status;
   if (status.ok()) {
     core::Ballot ballot;
     ballot.rpc = rpc;

@@ -8,8 +8,10 @@
 // every rank, checked against the CPU reference.
 
 #include <chrono>
+#include <csignal>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -19,8 +21,10 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "server/health.h"
 #include "tests/integration/fake_coordinator.h"
 #include "tests/integration/rank_mask_fixture.h"
+#include "tests/server/health_probe.h"
 
 namespace moe_ep::testing {
 namespace {
@@ -344,6 +348,62 @@ TEST_F(StrayCall, MaskEnabledGroupServesTenStepsAfterAStraySyncTokenCounts) {
   ExpectNothingBroken("after 10 steps");
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_EQ(fake_->StatusOf(r).counters().consecutive_failed_collectives(), 0) << "rank " << r;
+  }
+}
+
+}  // namespace
+}  // namespace moe_ep::testing
+
+namespace moe_ep::testing {
+namespace {
+
+// A peer that is stopped (SIGSTOP), not gone, on a mask-enabled group
+// (issue 29 items 2 and 4): the ranks that call fail DEADLINE_EXCEEDED
+// naming it before their deadline, no mask round starts and nothing is
+// broken; each such call counts as a failed collective, so from the third
+// in a row readiness is NOT_SERVING (what the coordinator acts on). Once
+// the peer runs again the group steps as before and readiness comes back.
+TEST_F(StrayCall, AStoppedPeerFailsCallsWithoutAMaskAndReadinessShowsIt) {
+  Start(/*rank_masks=*/true);
+  ExpectStepPasses(0, "before");
+  const std::vector<std::string> targets = fake_->cluster().targets();
+  ASSERT_TRUE(fake_->cluster().Kill(3, SIGSTOP).ok());
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    std::vector<Answer> answers(3);
+    std::vector<std::thread> callers;
+    for (int r = 0; r < 3; ++r) {
+      callers.emplace_back([&, r] {
+        v1::SyncTokenCountsRequest sync;
+        sync.set_epoch(1);
+        sync.set_local_tokens(4);
+        answers[r] = CallOne(fake_->stub(r), &v1::Worker::Stub::SyncTokenCounts, sync,
+                             std::chrono::milliseconds(1500));
+      });
+    }
+    for (std::thread& t : callers) t.join();
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_EQ(answers[r].status.code(), absl::StatusCode::kDeadlineExceeded)
+          << "attempt " << attempt << " rank " << r << ": " << answers[r].status;
+      EXPECT_THAT(std::string(answers[r].status.message()),
+                  HasSubstr("ranks [3] do not answer their probe"))
+          << "attempt " << attempt << " rank " << r;
+    }
+  }
+  for (int r = 0; r < 3; ++r) {
+    const v1::GetStatusResponse s = fake_->StatusOf(r);
+    EXPECT_EQ(s.counters().consecutive_failed_collectives(), 3) << "rank " << r;
+    EXPECT_EQ(s.mask_round(), 0) << "rank " << r;
+    EXPECT_FALSE(s.group_broken()) << "rank " << r << ": " << s.broken_reason();
+    EXPECT_EQ(server::ProbeHealth(targets[r], server::kReadinessServiceName), server::kNotServing)
+        << "rank " << r;
+  }
+  ASSERT_TRUE(fake_->cluster().Kill(3, SIGCONT).ok());
+  ExpectNothingBroken("after SIGCONT");
+  ExpectStepPasses(1, "after SIGCONT");
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(fake_->StatusOf(r).counters().consecutive_failed_collectives(), 0) << "rank " << r;
+    EXPECT_EQ(server::ProbeHealth(targets[r], server::kReadinessServiceName), server::kServing)
+        << "rank " << r;
   }
 }
 
