@@ -69,7 +69,7 @@ inline constexpr int kBallotMessageBytes = 240;
 absl::Status RunVote(ControlCollective& group, const Ballot& ballot);
 
 // The two halves of RunVote, for a vote gathered by other means (Join's,
-// through the rendezvous store: server/join_vote.h).
+// through the rendezvous store: core/join_vote.h).
 //
 // EncodeBallot(): the fixed-size wire form of `ballot` (what RunVote
 // all-gathers). kInvalidArgument beyond kBallotMaxFields fields.

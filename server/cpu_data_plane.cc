@@ -207,12 +207,13 @@ absl::StatusOr<core::StepStats> CpuDataPlane::Forward(
       },
       call_.StopCheck());
   // This step's counts go to the layer's counters, keyed by its routing (a
-  // step resent after a mask counts once: server/expert_load_book.h); those
+  // step resent after a mask counts once: core/expert_load_book.h); those
   // of a step that did not complete are dropped.
   const core::ExpertLoadCounts step = dispatcher_->ReadExpertLoad(/*reset=*/true);
   RETURN_IF_ERROR(forwarded);
-  book_.AddLoad(layer, step,
-                LoadStepKey{dispatcher_->epoch(), mask_.round, RoutingFingerprint(topk_ids)});
+  book_.AddLoad(
+      layer, step,
+      core::LoadStepKey{dispatcher_->epoch(), mask_.round, core::RoutingFingerprint(topk_ids)});
   core::StepStats stats = dispatcher_->last_step();
   stats.shared_us = shared_us;
   return stats;

@@ -12,13 +12,13 @@
 #include <string>
 #include <vector>
 
+#include "core/engine_call_round.h"
 #include "core/ep_dispatcher.h"
 #include "core/expert_source.h"
 #include "core/experts.h"
 #include "core/gloo_collective.h"
 #include "server/call_gate.h"
 #include "server/data_plane.h"
-#include "server/engine_call_round.h"
 #include "server/rank_mask.h"
 
 namespace moe_ep::server {
@@ -67,7 +67,7 @@ class CpuDataPlane final : public DataPlane {
                                           absl::Span<const float> topk_weights, int64_t num_tokens,
                                           absl::Span<core::bf16_t> output) override;
   // Host pointers; `stream` must be null (server/cpu_engine_calls.cc).
-  // Each opens with the engine call round (server/engine_call_round.h):
+  // Each opens with the engine call round (core/engine_call_round.h):
   // the call's own checks go into it, so a rank that refuses its call
   // (kInvalidArgument, kFailedPrecondition: "a dispatch is in flight: call
   // combine first", "combine needs a dispatch first", no committed
@@ -112,7 +112,7 @@ class CpuDataPlane final : public DataPlane {
   int64_t hidden_ = 0;                        // H of the allocated workspace
   core::EpDispatcherOptions options_;         // of the allocated workspace
   int64_t engine_tokens_ = 0;                 // T of the last EngineDispatch
-  EngineCallRound engine_round_;              // opens every Engine* call
+  core::EngineCallRound engine_round_;        // opens every Engine* call
   // The call now running (SetCall; the call gates of Forward and Benchmark
   // read it).
   CallBound call_;

@@ -6,7 +6,7 @@
 // caller's expert outputs as the combine payload (EpDispatcher::
 // SetExpertOutputs) and runs Combine.
 //
-// Every call opens with the engine call round (server/engine_call_round.h,
+// Every call opens with the engine call round (core/engine_call_round.h,
 // issue 30): all of a call's own checks (arguments, call order, geometry,
 // loaded experts) run first and their verdict goes into the round, so the
 // ranks either all move the call's payload or all return with nothing moved
@@ -95,7 +95,7 @@ absl::Status CheckInputs(const char* call, int64_t num_tokens, const void* hidde
 
 absl::Status CpuDataPlane::EngineSyncTokenCounts(const int64_t* local_tokens, int64_t* counts,
                                                  void* stream) {
-  const char* call = EngineCallName(EngineCall::kSyncTokenCounts);
+  const char* call = core::EngineCallName(core::EngineCall::kSyncTokenCounts);
   absl::Status local = CheckHostCall(call, stream);
   if (local.ok() && local_tokens == nullptr) {
     local = absl::InvalidArgumentError(absl::StrCat(call, ": local_tokens must not be null"));
@@ -105,8 +105,8 @@ absl::Status CpuDataPlane::EngineSyncTokenCounts(const int64_t* local_tokens, in
                                                     *local_tokens, " (rank ", collective_->rank(),
                                                     ")"));
   }
-  EngineCallTicket ticket;
-  ticket.call = EngineCall::kSyncTokenCounts;
+  core::EngineCallTicket ticket;
+  ticket.call = core::EngineCall::kSyncTokenCounts;
   ticket.value = local.ok() ? *local_tokens : 0;
   std::vector<int64_t> values;
   RETURN_IF_ERROR(engine_round_.Open(*collective_, ticket, local, &values));
@@ -117,8 +117,9 @@ absl::Status CpuDataPlane::EngineSyncTokenCounts(const int64_t* local_tokens, in
 absl::StatusOr<core::StepStats> CpuDataPlane::EngineDispatch(
     const void* hidden, const int32_t* topk_ids, const float* topk_weights, int64_t num_tokens,
     const EngineRecvBuffers& out, void* stream) {
-  const EngineCall kind = out.end_step ? EngineCall::kDispatchOnly : EngineCall::kDispatch;
-  const char* call = EngineCallName(kind);
+  const core::EngineCall kind =
+      out.end_step ? core::EngineCall::kDispatchOnly : core::EngineCall::kDispatch;
+  const char* call = core::EngineCallName(kind);
   RETURN_IF_ERROR(RequireWorkspace(dispatcher_.get(), call));
   const int64_t h = options_.workspace.hidden;
   const int k = options_.workspace.top_k;
@@ -129,7 +130,7 @@ absl::StatusOr<core::StepStats> CpuDataPlane::EngineDispatch(
   if (local.ok()) local = CheckInputs(call, num_tokens, hidden, topk_ids, topk_weights);
   // Engine-run experts are the contiguous placement's (EngineRecvBuffers).
   if (local.ok()) local = dispatcher_->SetPlacement(book_.contiguous());
-  EngineCallTicket ticket;
+  core::EngineCallTicket ticket;
   ticket.call = kind;
   ticket.epoch = dispatcher_->epoch();
   ticket.runtime_max_tokens_per_rank = dispatcher_->runtime_max_tokens_per_rank();
@@ -176,7 +177,7 @@ absl::StatusOr<core::StepStats> CpuDataPlane::EngineDispatch(
 
 absl::StatusOr<core::StepStats> CpuDataPlane::EngineCombine(const void* expert_out, int64_t rows,
                                                             void* output, void* stream) {
-  const char* call = EngineCallName(EngineCall::kCombine);
+  const char* call = core::EngineCallName(core::EngineCall::kCombine);
   RETURN_IF_ERROR(RequireWorkspace(dispatcher_.get(), call));
   const int64_t h = options_.workspace.hidden;
   const int64_t e = options_.workspace.ep_size;
@@ -197,8 +198,8 @@ absl::StatusOr<core::StepStats> CpuDataPlane::EngineCombine(const void* expert_o
     local = absl::InvalidArgumentError(absl::StrCat(
         call, ": expert_out must not be null when rows > 0, output not when the step has tokens"));
   }
-  EngineCallTicket ticket;
-  ticket.call = EngineCall::kCombine;
+  core::EngineCallTicket ticket;
+  ticket.call = core::EngineCall::kCombine;
   ticket.epoch = dispatcher_->epoch();
   ticket.runtime_max_tokens_per_rank = r;
   RETURN_IF_ERROR(engine_round_.Open(*collective_, ticket, local, nullptr));
@@ -216,7 +217,7 @@ absl::StatusOr<core::StepStats> CpuDataPlane::EngineForward(int layer, const voi
                                                             const float* topk_weights,
                                                             int64_t num_tokens, void* output,
                                                             void* stream) {
-  const char* call = EngineCallName(EngineCall::kForward);
+  const char* call = core::EngineCallName(core::EngineCall::kForward);
   RETURN_IF_ERROR(RequireWorkspace(dispatcher_.get(), call));
   const int64_t h = options_.workspace.hidden;
   const int k = options_.workspace.top_k;
@@ -234,8 +235,8 @@ absl::StatusOr<core::StepStats> CpuDataPlane::EngineForward(int layer, const voi
                      "; LoadExperts it first (moe_ep_worker_wait_ready_for_steps with "
                      "MOE_EP_STEPS_WORKER_EXPERTS waits for every layer of the plan)"));
   }
-  EngineCallTicket ticket;
-  ticket.call = EngineCall::kForward;
+  core::EngineCallTicket ticket;
+  ticket.call = core::EngineCall::kForward;
   ticket.epoch = dispatcher_->epoch();
   ticket.runtime_max_tokens_per_rank = dispatcher_->runtime_max_tokens_per_rank();
   ticket.layer = layer;

@@ -37,6 +37,7 @@
 #include "core/expert_source.h"
 #include "core/experts.h"
 #include "core/layer_experts.h"
+#include "core/placement_book.h"
 #include "core/placement_table.h"
 #include "core/shared_expert.h"
 #include "core/workspace.h"
@@ -44,7 +45,6 @@
 #include "server/call_gate.h"
 #include "server/mask_round_task.h"
 #include "server/nccl_id_share.h"
-#include "server/placement_book.h"
 #include "server/rank_mask.h"
 
 namespace moe_ep::server {
@@ -287,7 +287,7 @@ class DataPlane {
     return book_.ReadExpertLoad(layer, reset);
   }
   // Tokens per logical expert of `layer` since Allocate, never reset (for
-  // /metrics; server/expert_load_book.h). Zeros for a layer without steps.
+  // /metrics; core/expert_load_book.h). Zeros for a layer without steps.
   std::vector<int64_t> ExpertTokenTotals(int layer) const { return book_.ExpertTokenTotals(layer); }
 
   // As core::EpDispatcher (REQUIRES: Allocate succeeded).
@@ -370,7 +370,7 @@ class DataPlane {
   // counters (the GPU planes drain the device ones after every Forward, which
   // synchronizes for its output anyway); Placement, ReadExpertLoad and
   // ExpertTokenTotals read it.
-  PlacementBook book_;
+  core::PlacementBook book_;
   // Each layer's routed experts (core/layer_experts.h): the plane puts what
   // its LoadExperts made, clears it at Allocate, and applies its one drop
   // rule (KeepIfSlotsOf) when a table is installed.

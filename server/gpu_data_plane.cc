@@ -638,9 +638,9 @@ absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostFo
   }
   // Keyed like the CPU plane: a step resent after a mask round counts once.
   book_.AddLoad(layer, step,
-                LoadStepKey{dispatcher_->epoch(), mask_.round,
-                            RoutingFingerprint(absl::string_view(
-                                static_cast<const char*>(io.topk_ids), num_tokens * k * 4))});
+                core::LoadStepKey{dispatcher_->epoch(), mask_.round,
+                                  core::RoutingFingerprint(absl::string_view(
+                                      static_cast<const char*>(io.topk_ids), num_tokens * k * 4))});
   RETURN_IF_ERROR(AddStepTimes(events_, has_shared ? &shared_ : nullptr, &stats));
   return stats;
 }

@@ -35,7 +35,7 @@
  *
  * Call order and agreement (CPU backend): each data call opens with one
  * fixed-size all-gather in which every rank says which call it makes and
- * whether its own arguments and state are fine (server/engine_call_round.h).
+ * whether its own arguments and state are fine (core/engine_call_round.h).
  * A rank whose call fails its checks returns that error, its peers
  * MOE_EP_ABORTED naming it, and ranks in different calls (dispatch on one,
  * combine on another) are MOE_EP_ABORTED everywhere: nothing moves, the

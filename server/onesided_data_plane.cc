@@ -606,8 +606,9 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::Forward(
   step.steps = 1;
   core::CountExpertTokens(topk_ids, options_.num_experts, absl::MakeSpan(step.tokens_per_expert));
   // Keyed like the CPU plane's: a step resent after a mask counts once.
-  book_.AddLoad(layer, step,
-                LoadStepKey{committed_epoch_, mask_.round, RoutingFingerprint(topk_ids)});
+  book_.AddLoad(
+      layer, step,
+      core::LoadStepKey{committed_epoch_, mask_.round, core::RoutingFingerprint(topk_ids)});
   RETURN_IF_ERROR(AddStepTimes(events_, has_shared ? &shared_ : nullptr, &stats));
   return stats;
 }

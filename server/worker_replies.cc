@@ -2,9 +2,9 @@
 
 #include <utility>
 
+#include "core/percentile.h"
 #include "core/status_macros.h"
 #include "core/workspace.h"
-#include "server/percentile.h"
 
 namespace moe_ep::server {
 namespace {
@@ -89,8 +89,8 @@ absl::Status FillBenchmarkReply(const core::EpDispatcherOptions& options, Benchm
   ASSIGN_OR_RETURN(
       int64_t dispatch_per_token,
       core::DispatchBytesPerToken(core::DispatchDType::kBF16, hidden, options.workspace.top_k));
-  const LatencySummary dispatch = Summarize(times.dispatch_us);
-  const LatencySummary combine = Summarize(times.combine_us);
+  const core::LatencySummary dispatch = core::Summarize(times.dispatch_us);
+  const core::LatencySummary combine = core::Summarize(times.combine_us);
   response->set_data_plane(times.data_plane);
   response->set_dispatch_p50_us(dispatch.p50_us);
   response->set_dispatch_p99_us(dispatch.p99_us);

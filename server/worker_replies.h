@@ -43,7 +43,7 @@ void FillForwardReply(const core::StepStats& step, absl::Duration total,
 
 // FillBenchmarkReply()
 //
-// Benchmark's p50/p99 of dispatch and combine (server/percentile.h) and its
+// Benchmark's p50/p99 of dispatch and combine (core/percentile.h) and its
 // logical bytes and GB/s: every token copy this rank sent, the local share
 // included, times the bf16 bytes per token of `options`.
 absl::Status FillBenchmarkReply(const core::EpDispatcherOptions& options, BenchmarkTimes times,

@@ -23,7 +23,7 @@
 // it was (server/request_options.h converts and checks each request).
 //
 // Failure isolation (DESIGN §16; issues 12 and 13): Join votes through the
-// generation's rendezvous store before forming (server/join_vote.h: a bad
+// generation's rendezvous store before forming (core/join_vote.h: a bad
 // Join on one rank, e.g. another world_size or backend, fails every rank at
 // once, the peers ABORTED naming it; one too malformed to vote, e.g. a rank
 // outside [0, world), posts a refusal that fails them just as fast); every collective RPC
@@ -231,7 +231,7 @@ class WorkerService final : public v1::Worker::Service, private GroupSession::Ob
   bool CanVoteOnJoin(const v1::JoinRequest& request) const;
   absl::Status DoJoin(grpc::ServerContext* context, const v1::JoinRequest& request,
                       v1::JoinResponse* response);
-  // A Join rejected as `local` whose ballot has no place (server/join_vote.h):
+  // A Join rejected as `local` whose ballot has no place (core/join_vote.h):
   // posts its refusal to the request's store from a detached thread (at most
   // 4 at once, each for at most the call's deadline, the request's timeout
   // and 30 s), so its peers fail at once and this call answers at once; a

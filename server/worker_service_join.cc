@@ -1,6 +1,6 @@
 // WorkerService::Join and Leave (worker.proto; DESIGN §8, §16; issues 12, 13
 // and 29): a Join votes through its generation's rendezvous store before the
-// group forms (server/join_vote.h), a failed formation leaves the old group
+// group forms (core/join_vote.h), a failed formation leaves the old group
 // in force, and only then is the group session replaced
 // (server/group_session.h). Kept apart from the step RPCs: they share the
 // slot and the reported state, not the formation.
@@ -15,12 +15,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/agreement.h"
+#include "core/join_vote.h"
 #include "core/status_macros.h"
 #include "server/collective_slot.h"
 #include "server/device_info.h"
 #include "server/group_formation.h"
 #include "server/grpc_store.h"
-#include "server/join_vote.h"
 #include "server/request_limits.h"
 #include "server/store_limits.h"
 #include "server/worker_service.h"
@@ -91,7 +91,7 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
   }
   if (votes) {
     // Join's cross-rank vote goes through the generation's store (there is
-    // no group yet): server/join_vote.h.
+    // no group yet): core/join_vote.h.
     // With every rank's address, every rank's store may host a rank mask
     // round of this generation (server/rank_mask.h).
     if ((request.rank() == 0 || request.rendezvous_addresses_size() > 0) &&
@@ -115,7 +115,7 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
                         : args->gpu_data_plane == "nccl"      ? 3
                                                               : 0}};
     }
-    RETURN_IF_ERROR(RunJoinVote(
+    RETURN_IF_ERROR(core::RunJoinVote(
         store, ballot, request.rank(), request.world_size(),
         std::clamp(CallDeadline(context) - absl::Now(), absl::Milliseconds(1), timeout)));
   }
@@ -178,7 +178,7 @@ void WorkerService::RefuseJoin(const grpc::ServerContext* context, const v1::Joi
                generation = request.generation(), rank = request.rank(),
                world = request.world_size(), local, self, wait] {
     GrpcStore store(address, wait, secret);
-    const absl::Status posted = PostJoinRefusal(store, generation, local, self, rank, world);
+    const absl::Status posted = core::PostJoinRefusal(store, generation, local, self, rank, world);
     if (!posted.ok()) spdlog::warn("Join: refusal not posted: {}", posted.ToString());
     in_flight.fetch_sub(1);
   }).detach();

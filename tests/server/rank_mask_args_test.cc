@@ -5,9 +5,9 @@
 #include <memory>
 #include <string>
 
+#include "core/placement_book.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/placement_book.h"
 #include "server/request_limits.h"
 #include "server/request_options.h"
 
@@ -59,7 +59,7 @@ TEST(RankMaskArgs, RendezvousAddressesAreOnePerRankOrNone) {
 }
 
 TEST(RankMaskArgs, ThePlacementBookServesEveryTableUnderTheMask) {
-  PlacementBook book;
+  core::PlacementBook book;
   book.Reset(
       std::make_shared<const core::PlacementTable>(core::PlacementTable::Contiguous(4, 2).value()));
   book.Install(1, std::make_shared<const core::PlacementTable>(

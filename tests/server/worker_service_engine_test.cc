@@ -1,5 +1,5 @@
 // The engine's in-process data calls (server/worker_service_engine.cc,
-// server/engine_call_round.h; issue 30 item 1) on two in-process Gloo
+// core/engine_call_round.h; issue 30 item 1) on two in-process Gloo
 // workers: the readiness contract (data calls refused until every rank
 // waited, the wait holding until every sparse layer is loaded on every
 // rank), and the opening round of each call (ranks in different calls,

@@ -11,7 +11,7 @@
 
 #include "absl/types/span.h"
 
-namespace moe_ep::server {
+namespace moe_ep::core {
 
 // Percentile()
 //
@@ -29,4 +29,4 @@ struct LatencySummary {
 // p50 and p99 of `samples_us` (any order; sorted in place).
 LatencySummary Summarize(std::vector<double>& samples_us);
 
-}  // namespace moe_ep::server
+}  // namespace moe_ep::core

@@ -1,10 +1,10 @@
-#include "server/percentile.h"
+#include "core/percentile.h"
 
 #include <vector>
 
 #include "gtest/gtest.h"
 
-namespace moe_ep::server {
+namespace moe_ep::core {
 namespace {
 
 TEST(Percentile, NearestRankOfAscendingSamples) {
@@ -30,4 +30,4 @@ TEST(Percentile, SummarizeSortsFirst) {
 }
 
 }  // namespace
-}  // namespace moe_ep::server
+}  // namespace moe_ep::core

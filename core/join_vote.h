@@ -34,7 +34,7 @@
 #include "core/agreement.h"
 #include "gloo/rendezvous/store.h"
 
-namespace moe_ep::server {
+namespace moe_ep::core {
 
 // The store key of `rank`'s Join ballot in `generation`.
 std::string JoinVoteKey(int64_t generation, int rank);
@@ -70,7 +70,7 @@ absl::Status PostJoinRefusal(gloo::rendezvous::Store& store, int64_t generation,
 // are polled in turn, kJoinVotePoll at a time.
 // REQUIRES: 0 <= rank < world_size; timeout > 0.
 inline constexpr absl::Duration kJoinVotePoll = absl::Milliseconds(20);
-absl::Status RunJoinVote(gloo::rendezvous::Store& store, const core::Ballot& ballot, int rank,
+absl::Status RunJoinVote(gloo::rendezvous::Store& store, const Ballot& ballot, int rank,
                          int world_size, absl::Duration timeout);
 
-}  // namespace moe_ep::server
+}  // namespace moe_ep::core

@@ -1,4 +1,4 @@
-#include "server/join_vote.h"
+#include "core/join_vote.h"
 
 #include <algorithm>
 #include <chrono>
@@ -10,7 +10,7 @@
 #include "absl/time/clock.h"
 #include "core/status_macros.h"
 
-namespace moe_ep::server {
+namespace moe_ep::core {
 namespace {
 
 bool IsTimeout(const std::exception& e) {
@@ -91,10 +91,10 @@ absl::Status PostJoinRefusal(gloo::rendezvous::Store& store, int64_t generation,
   return absl::OkStatus();
 }
 
-absl::Status RunJoinVote(gloo::rendezvous::Store& store, const core::Ballot& ballot, int rank,
+absl::Status RunJoinVote(gloo::rendezvous::Store& store, const Ballot& ballot, int rank,
                          int world_size, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  ASSIGN_OR_RETURN(std::string mine, core::EncodeBallot(ballot));
+  ASSIGN_OR_RETURN(std::string mine, EncodeBallot(ballot));
   try {
     store.set(JoinVoteKey(ballot.generation, rank), std::vector<char>(mine.begin(), mine.end()));
   } catch (const std::exception& e) {
@@ -112,9 +112,9 @@ absl::Status RunJoinVote(gloo::rendezvous::Store& store, const core::Ballot& bal
                        ReadBallot(store, ballot.generation, r, deadline, timeout));
       wire.push_back(std::move(value));
     }
-    RETURN_IF_ERROR(core::DecideVote(ballot, rank, wire));
+    RETURN_IF_ERROR(DecideVote(ballot, rank, wire));
   }
   return absl::OkStatus();
 }
 
-}  // namespace moe_ep::server
+}  // namespace moe_ep::core

@@ -16,7 +16,7 @@
 #include "absl/types/span.h"
 #include "core/ep_dispatcher.h"
 
-namespace moe_ep::server {
+namespace moe_ep::core {
 
 // Which step a drained count belongs to: its geometry epoch, the rank mask
 // round it ran under, and its routing (RoutingFingerprint of this rank's
@@ -59,11 +59,11 @@ class ExpertLoadBook {
   // a later mask round (that step resent after a mask), that step's counts
   // are replaced by these: the step counts once, in the window (unless it
   // was reset since) and in the totals. Any other key adds.
-  void Add(int layer, const core::ExpertLoadCounts& step, LoadStepKey key = {});
+  void Add(int layer, const ExpertLoadCounts& step, LoadStepKey key = {});
 
   // The layer's window (zeros and 0 steps for a layer with none); with
   // `reset`, the window starts again from zero. Totals are unaffected.
-  core::ExpertLoadCounts Read(int layer, bool reset);
+  ExpertLoadCounts Read(int layer, bool reset);
 
   // Tokens per logical expert of `layer` since Reset ([num_experts]; zeros
   // for a layer with no step).
@@ -71,7 +71,7 @@ class ExpertLoadBook {
 
  private:
   struct Layer {
-    core::ExpertLoadCounts window;
+    ExpertLoadCounts window;
     std::vector<int64_t> totals;
     LoadStepKey last_key;              // of the last Add
     std::vector<int64_t> last_counts;  // what it added
@@ -82,4 +82,4 @@ class ExpertLoadBook {
   std::map<int, Layer> layers_;
 };
 
-}  // namespace moe_ep::server
+}  // namespace moe_ep::core

@@ -1,10 +1,10 @@
-#include "server/expert_load_book.h"
+#include "core/expert_load_book.h"
 
 #include <algorithm>
 
 #include "absl/hash/hash.h"
 
-namespace moe_ep::server {
+namespace moe_ep::core {
 
 uint64_t RoutingFingerprint(absl::string_view topk_ids) {
   return static_cast<uint64_t>(absl::Hash<absl::string_view>{}(topk_ids));
@@ -20,7 +20,7 @@ void ExpertLoadBook::Reset(int num_experts) {
   layers_.clear();
 }
 
-void ExpertLoadBook::Add(int layer, const core::ExpertLoadCounts& step, LoadStepKey key) {
+void ExpertLoadBook::Add(int layer, const ExpertLoadCounts& step, LoadStepKey key) {
   Layer& l = layers_[layer];
   if (l.totals.empty()) {
     l.totals.assign(num_experts_, 0);
@@ -48,14 +48,14 @@ void ExpertLoadBook::Add(int layer, const core::ExpertLoadCounts& step, LoadStep
   l.last_in_window = true;
 }
 
-core::ExpertLoadCounts ExpertLoadBook::Read(int layer, bool reset) {
+ExpertLoadCounts ExpertLoadBook::Read(int layer, bool reset) {
   auto it = layers_.find(layer);
   if (it == layers_.end()) {
-    core::ExpertLoadCounts none;
+    ExpertLoadCounts none;
     none.tokens_per_expert.assign(num_experts_, 0);
     return none;
   }
-  core::ExpertLoadCounts out = it->second.window;
+  ExpertLoadCounts out = it->second.window;
   if (reset) {
     std::fill(it->second.window.tokens_per_expert.begin(),
               it->second.window.tokens_per_expert.end(), 0);
@@ -71,4 +71,4 @@ std::vector<int64_t> ExpertLoadBook::Totals(int layer) const {
   return it->second.totals;
 }
 
-}  // namespace moe_ep::server
+}  // namespace moe_ep::core

@@ -1,8 +1,8 @@
-#include "server/engine_call_round.h"
+#include "core/engine_call_round.h"
 
 #include "absl/strings/str_cat.h"
 
-namespace moe_ep::server {
+namespace moe_ep::core {
 namespace {
 
 constexpr int kTicketWords = 8;
@@ -28,9 +28,8 @@ const char* EngineCallName(EngineCall call) {
   return "another call";
 }
 
-absl::Status EngineCallRound::Open(core::ControlCollective& collective,
-                                   const EngineCallTicket& mine, const absl::Status& local,
-                                   std::vector<int64_t>* values) {
+absl::Status EngineCallRound::Open(ControlCollective& collective, const EngineCallTicket& mine,
+                                   const absl::Status& local, std::vector<int64_t>* values) {
   const int size = collective.size();
   const int rank = collective.rank();
   send_.assign(kTicketWords, 0);
@@ -94,4 +93,4 @@ absl::Status EngineCallRound::Open(core::ControlCollective& collective,
   return absl::OkStatus();
 }
 
-}  // namespace moe_ep::server
+}  // namespace moe_ep::core

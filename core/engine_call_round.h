@@ -35,7 +35,7 @@
 #include "absl/status/status.h"
 #include "core/collective.h"
 
-namespace moe_ep::server {
+namespace moe_ep::core {
 
 enum class EngineCall : int64_t {
   kSyncTokenCounts = 1,
@@ -80,7 +80,7 @@ class EngineCallRound {
   //   the collective's error (a group error: DEADLINE_EXCEEDED, UNAVAILABLE).
   // With OK, `values` (may be null) receives each rank's ticket value
   // ([size], 0 for a masked rank).
-  absl::Status Open(core::ControlCollective& collective, const EngineCallTicket& mine,
+  absl::Status Open(ControlCollective& collective, const EngineCallTicket& mine,
                     const absl::Status& local, std::vector<int64_t>* values);
 
   // Calls opened since construction or Reset (the ticket's sequence).
@@ -95,4 +95,4 @@ class EngineCallRound {
   std::vector<int64_t> all_;
 };
 
-}  // namespace moe_ep::server
+}  // namespace moe_ep::core

@@ -1,10 +1,10 @@
-#include "server/percentile.h"
+#include "core/percentile.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 
-namespace moe_ep::server {
+namespace moe_ep::core {
 
 double Percentile(absl::Span<const double> sorted, double p) {
   if (sorted.empty()) return 0.0;
@@ -18,4 +18,4 @@ LatencySummary Summarize(std::vector<double>& samples_us) {
   return LatencySummary{Percentile(samples_us, 50), Percentile(samples_us, 99)};
 }
 
-}  // namespace moe_ep::server
+}  // namespace moe_ep::core

@@ -1,4 +1,4 @@
-#include "server/expert_load_book.h"
+#include "core/expert_load_book.h"
 
 #include <string>
 #include <vector>
@@ -6,13 +6,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace moe_ep::server {
+namespace moe_ep::core {
 namespace {
 
 using ::testing::ElementsAre;
 
-core::ExpertLoadCounts Step(std::vector<int64_t> tokens, int64_t steps = 1) {
-  return core::ExpertLoadCounts{std::move(tokens), steps};
+ExpertLoadCounts Step(std::vector<int64_t> tokens, int64_t steps = 1) {
+  return ExpertLoadCounts{std::move(tokens), steps};
 }
 
 TEST(ExpertLoadBook, WindowsResetTotalsDoNot) {
@@ -22,7 +22,7 @@ TEST(ExpertLoadBook, WindowsResetTotalsDoNot) {
   book.Add(0, Step({1, 0, 2}));
   book.Add(0, Step({0, 4, 1}));
   book.Add(2, Step({5, 5, 5}));
-  const core::ExpertLoadCounts w = book.Read(0, /*reset=*/true);
+  const ExpertLoadCounts w = book.Read(0, /*reset=*/true);
   EXPECT_THAT(w.tokens_per_expert, ElementsAre(1, 4, 3));
   EXPECT_EQ(w.steps, 2);
   EXPECT_THAT(book.Read(0, false).tokens_per_expert, ElementsAre(0, 0, 0));
@@ -53,7 +53,7 @@ TEST(ExpertLoadBook, AStepResentAfterAMaskCountsOnce) {
   book.Add(0, Step({1, 1, 0}), Key(3, 0, 11));
   book.Add(0, Step({2, 0, 1}), Key(4, 0, 12));  // finished here, lost elsewhere
   book.Add(0, Step({2, 0, 1}), Key(4, 1, 12));  // the resend under mask round 1
-  core::ExpertLoadCounts w = book.Read(0, /*reset=*/false);
+  ExpertLoadCounts w = book.Read(0, /*reset=*/false);
   // {1,1,0} + {2,0,1}, the second once.
   EXPECT_THAT(w.tokens_per_expert, ElementsAre(3, 1, 1));
   EXPECT_EQ(w.steps, 2);
@@ -89,7 +89,7 @@ TEST(ExpertLoadBook, ANewStepAfterAMaskAdds) {
   book.Add(0, Step({1, 1, 0}), Key(7, 0, 21));
   book.Add(0, Step({0, 2, 0}), Key(7, 0, 22));
   book.Add(0, Step({0, 0, 2}), Key(7, 1, 23));  // first step under mask round 1
-  core::ExpertLoadCounts w = book.Read(0, /*reset=*/false);
+  ExpertLoadCounts w = book.Read(0, /*reset=*/false);
   EXPECT_THAT(w.tokens_per_expert, ElementsAre(1, 3, 2));
   EXPECT_EQ(w.steps, 3);
   EXPECT_THAT(book.Totals(0), ElementsAre(1, 3, 2));
@@ -118,4 +118,4 @@ TEST(ExpertLoadBook, RoutingFingerprintFollowsTheIds) {
 }
 
 }  // namespace
-}  // namespace moe_ep::server
+}  // namespace moe_ep::core
