@@ -371,6 +371,7 @@ TEST_F(StrayCall, AStoppedPeerFailsCallsWithoutAMaskAndReadinessShowsIt) {
   for (int attempt = 1; attempt <= 3; ++attempt) {
     std::vector<Answer> answers(3);
     std::vector<std::thread> callers;
+    callers.reserve(3);
     for (int r = 0; r < 3; ++r) {
       callers.emplace_back([&, r] {
         v1::SyncTokenCountsRequest sync;
