@@ -91,7 +91,12 @@ absl::Status ArriveForCall(GrpcStore& host, const CallArrival& call) {
           " request: ", response.refusal(),
           "; nothing moved, the group is still usable (this rank is rank ", call.rank, ")"));
     }
-    missing.assign(response.missing().begin(), response.missing().end());
+    // A look that finds nobody missing yet no completion (the round lapsed
+    // on the host as this call's deadline came) keeps what the last look
+    // saw, so the answer still names the ranks that never came.
+    if (response.missing_size() > 0 || missing.empty()) {
+      missing.assign(response.missing().begin(), response.missing().end());
+    }
     std::vector<std::string> lost;
     for (int i = 0; i < static_cast<int>(missing.size()); ++i) {
       const int m = missing[i];
