@@ -36,8 +36,13 @@ absl::Status HostError(const CallArrival& call, const GrpcStore& host, const grp
   const std::string what = absl::StrCat(call.rpc, ": the arrival round on the store of rank ",
                                         call.host_rank, " (", host.address(), ") failed: gRPC ",
                                         status.error_code(), ": ", status.error_message());
-  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+  // A host that takes the connection and says nothing is stopped or
+  // overloaded, as a silent probe (server/grpc_store.h): not lost yet.
+  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED || IsUnansweredHandshake(status)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        what, " (the host rank does not answer: stopped or overloaded); nothing moved"));
+  }
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
     return absl::UnavailableError(absl::StrCat(what, " (the host rank is lost)"));
   }
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), what);

@@ -35,6 +35,7 @@ void GroupSession::TearDown() {
   first_mask_vote_ = 0;
   mask_pending_ = false;
   masked_before_round_.clear();
+  silent_since_ = absl::InfiniteFuture();
   layer_stack_.Reset();   // before the data plane its sub-groups point into
   arrival_host_.reset();  // the next generation has its own secret (and host)
   plane_.reset();
@@ -114,7 +115,19 @@ absl::Status GroupSession::Vote(const char* rpc, absl::Status local,
   // readiness goes NOT_SERVING from the third in a row, which the
   // coordinator acts on. A rank that refuses connections or left the
   // generation is a loss (UNAVAILABLE below).
-  if (status.code() == absl::StatusCode::kDeadlineExceeded) return status;
+  if (status.code() == absl::StatusCode::kDeadlineExceeded) {
+    // Silent for longer than the group timeout (over this and earlier
+    // calls): a node that is gone without a reset looks like this too, so
+    // it is taken for lost from then on (DESIGN §15 masks it).
+    const absl::Time now = absl::Now();
+    if (silent_since_ == absl::InfiniteFuture()) silent_since_ = now;
+    if (now - silent_since_ < args_.timeout) return status;
+    status = absl::UnavailableError(
+        absl::StrCat(status.message(), "; silent for ", absl::FormatDuration(now - silent_since_),
+                     ", longer than the group timeout ", absl::FormatDuration(args_.timeout),
+                     ": taken for lost"));
+  }
+  silent_since_ = absl::InfiniteFuture();
   if (status.ok()) {
     core::Ballot ballot;
     ballot.rpc = rpc;

@@ -170,6 +170,9 @@ class GroupSession {
   // The ranks masked when the last round started: a round that ends with the
   // same ones found every rank alive.
   std::vector<int> masked_before_round_;
+  // When the calls' arrival rounds began to find ranks that do not answer
+  // (InfiniteFuture while they do): past the group timeout they are lost.
+  absl::Time silent_since_ = absl::InfiniteFuture();
   // The store that hosts the calls' arrival rounds: rank 0's, or the last
   // mask round's host; made again when that changes.
   std::unique_ptr<GrpcStore> arrival_host_;

@@ -163,26 +163,34 @@ void GrpcStore::wait(const std::vector<std::string>& keys,
 
 bool GrpcStore::Answers(absl::Duration timeout) { return Probe(timeout) == ProbeResult::kAnswers; }
 
+bool IsUnansweredHandshake(const grpc::Status& status) {
+  // With the 100 ms minimum connect timeout of these channels, a process
+  // that accepts the TCP connection but never answers (stopped, or too busy
+  // to run its server) fails fast as UNAVAILABLE "connection attempt timed
+  // out before receiving SETTINGS frame" (gRPC 1.51). Only that: a TCP
+  // connect that times out ("connect() timed out": a node that is gone) or
+  // is refused is not it.
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+         absl::StrContains(status.error_message(), "SETTINGS frame");
+}
+
 GrpcStore::ProbeResult GrpcStore::Probe(absl::Duration timeout) {
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  const absl::Time start = absl::Now();
+  context.set_deadline(absl::ToChronoTime(start + timeout));
   AddSecret(&context, secret_);
   v1::GetRequest request;
   request.set_key("probe");
   request.set_timeout_ms(0);
   v1::GetResponse response;
-  const absl::Time start = absl::Now();
   const grpc::Status status = stub_->Get(&context, request, &response);
   const bool in_time = absl::Now() - start < timeout;
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    // With the 100 ms minimum connect timeout of these channels, a process
-    // that accepts the TCP connection but never answers (stopped, or too
-    // busy to run its server) fails fast too, as "connection attempt timed
-    // out before receiving SETTINGS frame" (gRPC 1.51): silent, not gone.
-    const bool handshake_timed_out = absl::StrContains(status.error_message(), "timed out") ||
-                                     absl::StrContains(status.error_message(), "SETTINGS frame");
-    return in_time && !handshake_timed_out ? ProbeResult::kRefuses : ProbeResult::kSilent;
+    return in_time && !IsUnansweredHandshake(status) ? ProbeResult::kRefuses : ProbeResult::kSilent;
   }
+  // A live store answers the missing key at once with DEADLINE_EXCEEDED
+  // (in time); the probe's own deadline comes at `timeout` (start is read
+  // before the deadline is set, so that one is never in time).
   if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && !in_time) {
     return ProbeResult::kSilent;
   }

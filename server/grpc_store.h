@@ -37,6 +37,12 @@ namespace moe_ep::server {
 // (the default) means plaintext. Thread-safe.
 void SetPeerChannelCredentials(std::shared_ptr<grpc::ChannelCredentials> credentials);
 
+// Whether `status` of a call on a GrpcStore channel says the peer accepted
+// the TCP connection but sent nothing (stopped or overloaded, not gone):
+// UNAVAILABLE "... timed out before receiving SETTINGS frame" (gRPC 1.51).
+// A refused or timed-out TCP connect is not.
+bool IsUnansweredHandshake(const grpc::Status& status);
+
 class GrpcStore : public gloo::rendezvous::Store {
  public:
   // `address` is host:port of the Rendezvous service; `timeout` bounds each

@@ -251,6 +251,10 @@ TEST_F(StrayCall, EveryOtherRpcOnOneRankEndsAtItsDeadlineOrAtOnce) {
   // GetExpertLoad is local: one rank answers alone.
   load.set_layer(0);
   EXPECT_TRUE(CallOne(rank0, &v1::Worker::Stub::GetExpertLoad, load, deadline).status.ok());
+  // The refusals posted for rank 0's invalid calls stand until their calls'
+  // deadlines (call_arrival.h); let them lapse so the step below does not
+  // depend on rank 0 arriving within the board's refusal grace.
+  absl::SleepFor(absl::Milliseconds(1600));
 
   ExpectNothingBroken("after the one-rank calls");
   for (int r = 0; r < kWorld; ++r) {
@@ -406,6 +410,61 @@ TEST_F(StrayCall, AStoppedPeerFailsCallsWithoutAMaskAndReadinessShowsIt) {
     EXPECT_EQ(server::ProbeHealth(targets[r], server::kReadinessServiceName), server::kServing)
         << "rank " << r;
   }
+}
+
+// A peer silent for longer than the group timeout (5 s here) is taken for
+// lost, as a node gone without a TCP reset would be: the survivors mask it
+// and serve on, and their step equals the reference under that mask.
+TEST_F(StrayCall, APeerSilentPastTheGroupTimeoutIsMasked) {
+  Start(/*rank_masks=*/true);
+  ExpectStepPasses(0, "before");
+  ASSERT_TRUE(fake_->cluster().Kill(3, SIGSTOP).ok());
+  const absl::Time stopped = absl::Now();
+  bool all_masked = false;
+  std::vector<Answer> last(3);
+  while (!all_masked && absl::Now() - stopped < absl::Seconds(30)) {
+    std::vector<std::thread> callers;
+    callers.reserve(3);
+    for (int r = 0; r < 3; ++r) {
+      callers.emplace_back([&, r] {
+        v1::SyncTokenCountsRequest sync;
+        sync.set_epoch(1);
+        sync.set_local_tokens(4);
+        last[r] = CallOne(fake_->stub(r), &v1::Worker::Stub::SyncTokenCounts, sync,
+                          std::chrono::milliseconds(1500));
+      });
+    }
+    for (std::thread& t : callers) t.join();
+    all_masked = true;
+    for (int r = 0; r < 3; ++r) {
+      const v1::GetStatusResponse s = fake_->StatusOf(r);
+      all_masked = all_masked && s.masked_ranks_size() == 1 && s.masked_ranks(0) == 3;
+    }
+  }
+  const double took = absl::ToDoubleSeconds(absl::Now() - stopped);
+  std::cout << "stopped rank 3 masked after " << took << " s\n";
+  ASSERT_TRUE(all_masked) << "rank 0's last answer: " << last[0].status;
+  EXPECT_GE(took, 5.0) << "masked before the group timeout";
+  for (int r = 0; r < 3; ++r) EXPECT_FALSE(fake_->StatusOf(r).group_broken()) << "rank " << r;
+
+  std::vector<v1::ForwardResponse> out;
+  const std::vector<absl::Status> status = StepOnRanks(
+      1, {0, 1, 2}, kWorld, model_, kStepTimeout,
+      [&](int r) -> v1::Worker::Stub& { return fake_->stub(r); },
+      [&](int r) { return InputsOf(1, r); }, &out);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(status[i].ok()) << "rank " << i << ": " << status[i];
+  absl::StatusOr<core::EpReferenceResult> ref =
+      MaskedReference(table_, {true, true, true, false}, sets_, model_.top_k,
+                      [&](int r) { return InputsOf(1, r); });
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  for (int r = 0; r < 3; ++r) {
+    const std::vector<float> got = DecodeBf16(out[r].output());
+    ASSERT_EQ(got.size(), ref->output[r].size()) << "rank " << r;
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i], core::Bf16ToFloat(ref->output[r][i])) << "rank " << r << " element " << i;
+    }
+  }
+  ASSERT_TRUE(fake_->cluster().Kill(3, SIGCONT).ok());
 }
 
 }  // namespace
