@@ -689,8 +689,14 @@ absl::StatusOr<BenchmarkTimes> GpuDataPlane::Benchmark(const core::EpDispatcherO
       times = TimeIdentitySteps(*d, *identity, *buffers, tokens, warmup, iterations, *control_,
                                 call_, events_, [d] { return d->CheckStep(); });
       if (times.ok()) {
-        ASSIGN_OR_RETURN(times->tokens_sent,
-                         DeviceTokensSent(d->send_counts(), view_->size(), d->stream()));
+        // A failed read fails the step like a failed timing (no barrier).
+        absl::StatusOr<int64_t> sent =
+            DeviceTokensSent(d->send_counts(), view_->size(), d->stream());
+        if (sent.ok()) {
+          times->tokens_sent = *sent;
+        } else {
+          times = sent.status();
+        }
       }
     }
     // No peer may still store into the windows when they go (a collective).

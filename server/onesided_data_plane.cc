@@ -650,9 +650,15 @@ absl::StatusOr<BenchmarkTimes> OneSidedDataPlane::Benchmark(
     times = TimeIdentitySteps(*d, *identity, *buffers, tokens, warmup, iterations, *compact_, call_,
                               events_, [d] { return d->CheckStep(); });
     if (times.ok()) {
-      ASSIGN_OR_RETURN(times->tokens_sent,
-                       DeviceTokensSent(d->send_counts(), compact_->size(), d->stream()));
-      times->data_plane = plane;
+      // A failed read fails the step like a failed timing (no barrier).
+      absl::StatusOr<int64_t> sent =
+          DeviceTokensSent(d->send_counts(), compact_->size(), d->stream());
+      if (sent.ok()) {
+        times->tokens_sent = *sent;
+        times->data_plane = plane;
+      } else {
+        times = sent.status();
+      }
     }
   }
   // No peer may still store into the scratch windows once they go.
