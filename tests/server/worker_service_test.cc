@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "core/bf16.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -200,6 +201,9 @@ TEST(WorkerService, DebugLogSaysWhatEachCallDid) {
   auto logger = std::make_shared<spdlog::logger>("debug-log-test", sink);
   logger->set_level(spdlog::level::debug);
   spdlog::set_default_logger(logger);
+  // Restored however the test ends (an ASSERT returns early): later tests
+  // must not log into this test's stream.
+  absl::Cleanup restore = [&previous] { spdlog::set_default_logger(previous); };
   {
     InProcessWorker worker;
     SetUpOneRank(worker);
@@ -209,7 +213,7 @@ TEST(WorkerService, DebugLogSaysWhatEachCallDid) {
     logger->set_level(spdlog::level::info);
     ASSERT_TRUE(worker.Sync(2, 1).ok());
   }
-  spdlog::set_default_logger(previous);
+  std::move(restore).Invoke();
   const std::string text = log.str();
   EXPECT_THAT(text, HasSubstr("debug Join: formed generation 1 as rank 0 of 1 (gloo backend"));
   EXPECT_THAT(text, HasSubstr("debug ConfigureLayers: planned 2 layers (1 sparse) for "
