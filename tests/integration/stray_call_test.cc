@@ -101,6 +101,25 @@ class StrayCall : public ::testing::Test {
     }
   }
 
+  // SyncTokenCounts (epoch 1, 4 tokens, 1.5 s deadline) on ranks 0-2 at
+  // once, as a step of the survivors of a stopped rank 3 would start.
+  std::vector<Answer> SyncOnRanksZeroToTwo() {
+    std::vector<Answer> answers(3);
+    std::vector<std::thread> callers;
+    callers.reserve(3);
+    for (int r = 0; r < 3; ++r) {
+      callers.emplace_back([&, r] {
+        v1::SyncTokenCountsRequest sync;
+        sync.set_epoch(1);
+        sync.set_local_tokens(4);
+        answers[r] = CallOne(fake_->stub(r), &v1::Worker::Stub::SyncTokenCounts, sync,
+                             std::chrono::milliseconds(1500));
+      });
+    }
+    for (std::thread& t : callers) t.join();
+    return answers;
+  }
+
   void ExpectNothingBroken(const std::string& what) {
     for (int r = 0; r < kWorld; ++r) {
       const v1::GetStatusResponse s = fake_->StatusOf(r);
@@ -373,19 +392,7 @@ TEST_F(StrayCall, AStoppedPeerFailsCallsWithoutAMaskAndReadinessShowsIt) {
   const std::vector<std::string> targets = fake_->cluster().targets();
   ASSERT_TRUE(fake_->cluster().Kill(3, SIGSTOP).ok());
   for (int attempt = 1; attempt <= 3; ++attempt) {
-    std::vector<Answer> answers(3);
-    std::vector<std::thread> callers;
-    callers.reserve(3);
-    for (int r = 0; r < 3; ++r) {
-      callers.emplace_back([&, r] {
-        v1::SyncTokenCountsRequest sync;
-        sync.set_epoch(1);
-        sync.set_local_tokens(4);
-        answers[r] = CallOne(fake_->stub(r), &v1::Worker::Stub::SyncTokenCounts, sync,
-                             std::chrono::milliseconds(1500));
-      });
-    }
-    for (std::thread& t : callers) t.join();
+    const std::vector<Answer> answers = SyncOnRanksZeroToTwo();
     for (int r = 0; r < 3; ++r) {
       EXPECT_EQ(answers[r].status.code(), absl::StatusCode::kDeadlineExceeded)
           << "attempt " << attempt << " rank " << r << ": " << answers[r].status;
@@ -423,18 +430,7 @@ TEST_F(StrayCall, APeerSilentPastTheGroupTimeoutIsMasked) {
   bool all_masked = false;
   std::vector<Answer> last(3);
   while (!all_masked && absl::Now() - stopped < absl::Seconds(30)) {
-    std::vector<std::thread> callers;
-    callers.reserve(3);
-    for (int r = 0; r < 3; ++r) {
-      callers.emplace_back([&, r] {
-        v1::SyncTokenCountsRequest sync;
-        sync.set_epoch(1);
-        sync.set_local_tokens(4);
-        last[r] = CallOne(fake_->stub(r), &v1::Worker::Stub::SyncTokenCounts, sync,
-                          std::chrono::milliseconds(1500));
-      });
-    }
-    for (std::thread& t : callers) t.join();
+    last = SyncOnRanksZeroToTwo();
     all_masked = true;
     for (int r = 0; r < 3; ++r) {
       const v1::GetStatusResponse s = fake_->StatusOf(r);
