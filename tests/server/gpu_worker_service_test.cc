@@ -127,6 +127,21 @@ v1::ForwardRequest ForwardRequest(int64_t epoch, const Inputs& in, const Model& 
   return request;
 }
 
+// A one-rank Benchmark of 8 tokens, H 16, top-2 of 4 experts, 5 timed
+// iterations after 2 warm-up ones.
+v1::BenchmarkRequest SmallBenchmark(const std::string& routing) {
+  v1::BenchmarkRequest request;
+  request.set_tokens_per_rank(8);
+  request.set_hidden_size(16);
+  request.set_top_k(2);
+  request.set_num_experts(4);
+  request.set_routing(routing);
+  request.set_iterations(5);
+  request.set_warmup(2);
+  request.set_seed(1);
+  return request;
+}
+
 std::vector<float> DecodeOutput(const v1::Tensor& tensor) {
   auto decoded = DecodeBf16(tensor, "output", 2);
   EXPECT_TRUE(decoded.ok()) << decoded.status();
@@ -346,15 +361,7 @@ TEST(GpuWorkerService, BenchmarkOnOneGpuReportsLatenciesAndLogicalBytes) {
   MOE_EP_REQUIRE_GPUS(1);
   InProcessWorker worker;
   ASSERT_TRUE(worker.Join(1, 0, 1, "", "nccl", 60000).ok());
-  v1::BenchmarkRequest request;
-  request.set_tokens_per_rank(8);
-  request.set_hidden_size(16);
-  request.set_top_k(2);
-  request.set_num_experts(4);
-  request.set_routing("skewed");
-  request.set_iterations(5);
-  request.set_warmup(2);
-  request.set_seed(1);
+  v1::BenchmarkRequest request = SmallBenchmark("skewed");
   v1::BenchmarkResponse response;
   grpc::Status status = worker.Benchmark(request, &response);
   ASSERT_TRUE(status.ok()) << status.error_message();
@@ -424,15 +431,7 @@ TEST(GpuWorkerService, BenchmarkTimesEitherPlaneAndNamesIt) {
   InProcessWorker worker;  // default gpu_data_plane "nccl"
   ASSERT_TRUE(worker.Join(1, 0, 1, "", "nccl", 60000).ok());
   EXPECT_EQ(worker.Status().data_plane(), "nccl");
-  v1::BenchmarkRequest request;
-  request.set_tokens_per_rank(8);
-  request.set_hidden_size(16);
-  request.set_top_k(2);
-  request.set_num_experts(4);
-  request.set_routing("uniform");
-  request.set_iterations(5);
-  request.set_warmup(2);
-  request.set_seed(1);
+  v1::BenchmarkRequest request = SmallBenchmark("uniform");
   for (const std::string plane : {"", "nccl", "one-sided"}) {
     request.set_data_plane(plane);
     v1::BenchmarkResponse response;
@@ -462,15 +461,7 @@ TEST(GpuWorkerService, OneSidedPlaneBenchmarkCountsEveryTokenOnce) {
   InProcessWorker worker(options);
   ASSERT_TRUE(worker.Join(1, 0, 1, "", "nccl", 60000).ok());
   EXPECT_EQ(worker.Status().data_plane(), "one-sided");
-  v1::BenchmarkRequest request;
-  request.set_tokens_per_rank(8);
-  request.set_hidden_size(16);
-  request.set_top_k(2);
-  request.set_num_experts(4);
-  request.set_routing("skewed");
-  request.set_iterations(5);
-  request.set_warmup(2);
-  request.set_seed(1);
+  v1::BenchmarkRequest request = SmallBenchmark("skewed");
   v1::BenchmarkResponse response;
   grpc::Status status = worker.Benchmark(request, &response);
   ASSERT_TRUE(status.ok()) << status.error_message();
