@@ -39,7 +39,6 @@
 #include <algorithm>
 #include <barrier>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -52,6 +51,7 @@
 #include "bench/ep_bench_inputs.h"
 #include "bench/floor_kernels.h"
 #include "core/expert_placement.h"
+#include "core/percentile.h"
 #include "core/routing.h"
 #include "core/workspace.h"
 
@@ -71,14 +71,10 @@ struct Stats {
   double p10 = 0, p50 = 0, p90 = 0;
 };
 
-double Percentile(std::vector<double> v, double q) {
+// Nearest-rank percentiles, as the Benchmark RPC reports them.
+Stats Summarize(std::vector<double> v) {
   std::sort(v.begin(), v.end());
-  const size_t i = std::min(v.size() - 1, static_cast<size_t>(std::ceil(q * v.size())) - 1);
-  return v[i];
-}
-
-Stats Summarize(const std::vector<double>& v) {
-  return {Percentile(v, 0.1), Percentile(v, 0.5), Percentile(v, 0.9)};
+  return {core::Percentile(v, 10), core::Percentile(v, 50), core::Percentile(v, 90)};
 }
 
 Stats SlowerOf(const std::vector<Stats>& per_rank) {
