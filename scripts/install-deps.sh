@@ -11,6 +11,8 @@ PACKAGES=(
   libabsl-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev
   libgloo-dev nlohmann-json3-dev prometheus-cpp-dev libopenblas-dev libcli11-dev
   clang-format
+  # The linker (CMakeLists.txt MOE_EP_USE_LLD): ~4x faster links than ld.bfd.
+  lld
   openssl python3-grpcio python3-protobuf python3-matplotlib
   # python/ installs into a venv offline: python3 -m venv (ensurepip's wheels)
   # and pip install --no-build-isolation (setuptools + wheel from the system).

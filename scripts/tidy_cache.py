@@ -84,8 +84,10 @@ class Database:
     def normalize(self, text: str) -> str:
         """Absolute source / build paths as <src> / <build> (build first: it may lie in src),
         and no -Werror: scripts/lint.sh runs clang-tidy with -Wno-error, so a build with
-        or without MOE_EP_WERROR tidies alike and shares its keys."""
+        or without MOE_EP_WERROR tidies alike and shares its keys. Debug-info levels
+        (-g, -g1) change no line of the AST, so a build with either shares keys too."""
         text = re.sub(r" -Werror(?=\s|$)", "", text)
+        text = re.sub(r" -g[0-3]?(?=\s|$)", "", text)
         return text.replace(self.build, "<build>").replace(self.root, "<src>")
 
     def name(self, path: str) -> Optional[str]:
