@@ -182,7 +182,7 @@ absl::Status ResolveRunModel(const RunJobOptions& options, RunJobState& job, std
   if (job.scale_input) {
     out << "note: " << model.model_type
         << " scales an expert's input by its router score: the workers and the reference "
-           "compute e(w * x) (the gloo plane; the GPU planes refuse it for now)\n";
+           "compute e(w * x) on every plane\n";
   }
   return absl::OkStatus();
 }

@@ -60,6 +60,7 @@ absl::StatusOr<std::unique_ptr<DeviceExpertSet>> DeviceExpertSet::Upload(
   ASSIGN_OR_RETURN(
       std::unique_ptr<DeviceExpertSet> set,
       WithSlots(experts.kind(), experts.expert_ids(), experts.hidden(), experts.intermediate()));
+  set->router_weight_use_ = experts.router_weight_use();
   if (set->kind_ == core::ExpertKind::kIdentity || set->num_experts_ == 0) return set;
   if (set->kind_ == core::ExpertKind::kFp8SwiGlu) {
     RETURN_IF_ERROR(set->AllocateFp8());
@@ -167,6 +168,13 @@ absl::Status DeviceExpertSet::AllocateSwiGlu() {
 }
 
 absl::StatusOr<std::unique_ptr<DeviceExpertSet>> DeviceExpertSet::Load(
+    const core::ExpertSource& source, int64_t staging_bytes) {
+  ASSIGN_OR_RETURN(std::unique_ptr<DeviceExpertSet> set, LoadWeights(source, staging_bytes));
+  set->router_weight_use_ = source.router_weight_use;
+  return set;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceExpertSet>> DeviceExpertSet::LoadWeights(
     const core::ExpertSource& source, int64_t staging_bytes) {
   RETURN_IF_ERROR(core::ValidateExpertSource(source));
   if (staging_bytes < 4) {
@@ -339,6 +347,7 @@ Fp8SwiGluExperts DeviceExpertSet::fp8() const {
   view.gate_up_scale = fp8_gate_up_scale_;
   view.down = fp8_down_;
   view.down_scale = fp8_down_scale_;
+  view.scales_input = router_weight_use_ == core::RouterWeightUse::kScalesInput;
   return view;
 }
 

@@ -61,6 +61,7 @@ struct Fp8SwiGluExperts {
   const float* gate_up_scale = nullptr;  // [L, 2, I/128, H/128] fp32
   const uint8_t* down = nullptr;         // [L, H, I] e4m3, 16-byte aligned
   const float* down_scale = nullptr;     // [L, H/128, I/128] fp32
+  bool scales_input = false;             // e(w * x), Llama-4 (router_weight_use)
 };
 
 // Default pinned staging of DeviceExpertSet::Load: 64 MiB (two 32 MiB
@@ -129,6 +130,10 @@ class DeviceExpertSet {
   DeviceExpertSet& operator=(const DeviceExpertSet&) = delete;
 
   core::ExpertKind kind() const { return kind_; }
+  // Where the router weight applies (issue 35 item 5): kScalesOutput w * e(x)
+  // (default), kScalesInput e(w * x) (Llama-4). From the source (Load) or the
+  // host set (Upload); GenerateSwiGlu's sets scale the output.
+  core::RouterWeightUse router_weight_use() const { return router_weight_use_; }
   // Local slots (L).
   int num_experts() const { return num_experts_; }
   // The logical expert whose weights each slot holds, ascending [L]; fixed
@@ -166,6 +171,9 @@ class DeviceExpertSet {
 
  private:
   DeviceExpertSet() = default;
+  // Load without the router weight use (Load sets it from the source).
+  static absl::StatusOr<std::unique_ptr<DeviceExpertSet>> LoadWeights(
+      const core::ExpertSource& source, int64_t staging_bytes);
   // A set of `kind` whose slots hold `ids` (ascending, distinct), with the
   // device slot ids written; no weights yet.
   static absl::StatusOr<std::unique_ptr<DeviceExpertSet>> WithSlots(core::ExpertKind kind,
@@ -190,6 +198,7 @@ class DeviceExpertSet {
   // gate_up_ / down_ and waits for them.
   absl::Status GenerateSeeded(uint64_t seed, int layer);
   core::ExpertKind kind_ = core::ExpertKind::kIdentity;
+  core::RouterWeightUse router_weight_use_ = core::RouterWeightUse::kScalesOutput;
   int num_experts_ = 0;
   std::vector<int> expert_ids_;  // [L]
   std::vector<int> slot_ids_;    // [L]

@@ -221,8 +221,11 @@ absl::Status ExpertCompute::Run(const uint8_t* recv, int64_t num_rows,
                                    combine_send, stream);
   }
   const int64_t max_entries = num_rows * top_k_;
-  RETURN_IF_ERROR(
-      LaunchGatherExpertRows(recv, max_entries, hidden_, top_k_, entries_, num_local, x_, stream));
+  // Llama-4 (issue 35 item 5): the weight scales the gathered input, and each
+  // expert output enters the sum with weight 1.
+  const bool scale_input = experts.router_weight_use() == core::RouterWeightUse::kScalesInput;
+  RETURN_IF_ERROR(LaunchGatherExpertRows(recv, max_entries, hidden_, top_k_, entries_, num_local,
+                                         x_, stream, scale_input));
   if (gemm_ == ExpertGemm::kGroupedDevice && UsesHopperGemm(inter)) {
     HopperGemmParams gate_up;
     gate_up.a = x_;
@@ -240,7 +243,7 @@ absl::Status ExpertCompute::Run(const uint8_t* recv, int64_t num_rows,
     down.k = inter;
     RETURN_IF_ERROR(LaunchHopperGroupedGemm(down, y_, stream));
     return LaunchWeightedExpertSum(recv, num_rows, hidden_, top_k_, entries_.position, y_,
-                                   combine_send, stream);
+                                   combine_send, stream, scale_input);
   }
   if (gemm_ != ExpertGemm::kCublasHostCounts) {
     RETURN_IF_ERROR(LaunchExpertTileOffsets(entries_.offsets, num_local, tile_offsets_, stream));
@@ -261,7 +264,7 @@ absl::Status ExpertCompute::Run(const uint8_t* recv, int64_t num_rows,
     down.k = inter;
     RETURN_IF_ERROR(LaunchGroupedGemm(down, y_, stream));
     return LaunchWeightedExpertSum(recv, num_rows, hidden_, top_k_, entries_.position, y_,
-                                   combine_send, stream);
+                                   combine_send, stream, scale_input);
   }
   // The one documented host sync: cuBLAS takes each expert's m on the host.
   RETURN_IF_ERROR(internal::CudaStatus(
@@ -306,7 +309,7 @@ absl::Status ExpertCompute::Run(const uint8_t* recv, int64_t num_rows,
                                "cublasGemmEx(down)"));
   }
   return LaunchWeightedExpertSum(recv, num_rows, hidden_, top_k_, entries_.position, y_,
-                                 combine_send, stream);
+                                 combine_send, stream, scale_input);
 }
 
 absl::Status ExpertCompute::RunFp8(const uint8_t* recv, int64_t num_rows,
@@ -360,8 +363,8 @@ absl::Status ExpertCompute::RunFp8(const uint8_t* recv, int64_t num_rows,
   auto* act_scales = reinterpret_cast<float*>(act_codes + (max_entries * inter + 127) / 128 * 128);
   auto* y = reinterpret_cast<uint16_t*>(y_);
   RETURN_IF_ERROR(LaunchGatherQuantizeExpertRows(recv, max_entries, hidden_, top_k_, entries_,
-                                                 num_local, x_codes, x_scales, max_entries,
-                                                 stream));
+                                                 num_local, x_codes, x_scales, max_entries, stream,
+                                                 experts.scales_input));
   Fp8GemmParams gate_up;
   gate_up.a = x_codes;
   gate_up.a_scale = x_scales;
@@ -384,7 +387,7 @@ absl::Status ExpertCompute::RunFp8(const uint8_t* recv, int64_t num_rows,
   down.k = inter;
   RETURN_IF_ERROR(LaunchFp8GroupedGemm(down, y, stream));
   return LaunchWeightedExpertSumBf16(recv, num_rows, hidden_, top_k_, entries_.position, y,
-                                     combine_send, stream);
+                                     combine_send, stream, experts.scales_input);
 }
 
 }  // namespace moe_ep::kernels

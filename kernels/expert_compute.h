@@ -89,7 +89,9 @@ class ExpertCompute {
 
   // Enqueues the expert compute for `num_rows` rows of `recv` ([rows, 2H+8K])
   // on `stream`, writing `combine_send` [rows, H] bf16 (rows with no local
-  // expert are not written).
+  // expert are not written). Experts whose router_weight_use() is
+  // kScalesInput (Llama-4; issue 35 item 5) compute sum_k e(bf16(w * x)):
+  // the gathered row is scaled by the entry's weight, the sum weighs 1.
   // Errors: kInvalidArgument (num_rows > max_rows, experts' H differs, I >
   // max_intermediate, more local experts than max_local_experts),
   // kFailedPrecondition (SwiGLU with kCublasHostCounts while `stream` is
@@ -116,6 +118,8 @@ class ExpertCompute {
   // not in [128, max_intermediate] or not a multiple of 128, more local
   // experts than max_local_experts, null slot ids or null or unaligned
   // weights), kFailedPrecondition (no sm_90a device or build), kInternal (CUDA).
+  // experts.scales_input: the row quantized is bf16(w * x), the sum weighs 1
+  // (Llama-4, as Run).
   absl::Status RunFp8(const uint8_t* recv, int64_t num_rows, const Fp8SwiGluExperts& experts,
                       uint16_t* combine_send, cudaStream_t stream);
 

@@ -68,18 +68,30 @@ __global__ void ExpertOffsetsKernel(const int32_t* __restrict__ sorted_keys,
 }
 
 // Block-stride over local entries i < offsets[L]; uint2 = 4 bf16 per thread.
+// scale_input: the entry's router weight times each value, rounded to bf16.
 __global__ void GatherRowsKernel(const uint8_t* __restrict__ recv, int64_t row_bytes,
-                                 int64_t hidden_size, int top_k,
+                                 int64_t hidden_size, int top_k, bool scale_input,
                                  const int32_t* __restrict__ sorted_values,
                                  const int32_t* __restrict__ num_entries,
                                  uint16_t* __restrict__ x) {
   const int64_t n = *num_entries;
   const int64_t vecs = hidden_size / 4;
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
-    const int64_t r = sorted_values[i] / top_k;
-    const uint2* src = reinterpret_cast<const uint2*>(recv + r * row_bytes);
+    const int32_t entry = sorted_values[i];
+    const uint8_t* row = recv + entry / top_k * row_bytes;
+    const uint2* src = reinterpret_cast<const uint2*>(row);
     uint2* dst = reinterpret_cast<uint2*>(x + i * hidden_size);
-    for (int64_t v = threadIdx.x; v < vecs; v += blockDim.x) dst[v] = src[v];
+    if (!scale_input) {
+      for (int64_t v = threadIdx.x; v < vecs; v += blockDim.x) dst[v] = src[v];
+      continue;
+    }
+    const float w =
+        reinterpret_cast<const float*>(row + 2 * hidden_size + 4 * top_k)[entry % top_k];
+    for (int64_t v = threadIdx.x; v < vecs; v += blockDim.x) {
+      const uint2 s = src[v];
+      dst[v] = make_uint2(PackBf16(w * Bf16Lo(s.x), w * Bf16Hi(s.x)),
+                          PackBf16(w * Bf16Lo(s.y), w * Bf16Hi(s.y)));
+    }
   }
 }
 
@@ -103,7 +115,7 @@ __global__ void SiluMulKernel(const float* __restrict__ gate_up,
 // weights. Skips rows with no local entry.
 __global__ void WeightedExpertSumKernel(const uint8_t* __restrict__ recv, int64_t num_rows,
                                         int64_t row_bytes, int64_t hidden_size, int top_k,
-                                        const int32_t* __restrict__ position,
+                                        bool unit_weights, const int32_t* __restrict__ position,
                                         const float* __restrict__ y, uint16_t* __restrict__ out) {
   __shared__ int32_t pos[kMaxTopK];
   __shared__ float w[kMaxTopK];
@@ -116,7 +128,9 @@ __global__ void WeightedExpertSumKernel(const uint8_t* __restrict__ recv, int64_
     if (threadIdx.x < top_k) {
       pos[threadIdx.x] = position[r * top_k + threadIdx.x];
       w[threadIdx.x] =
-          reinterpret_cast<const float*>(row + 2 * hidden_size + 4 * top_k)[threadIdx.x];
+          unit_weights
+              ? 1.0f
+              : reinterpret_cast<const float*>(row + 2 * hidden_size + 4 * top_k)[threadIdx.x];
       if (pos[threadIdx.x] >= 0) any_local = 1;
     }
     __syncthreads();
@@ -239,7 +253,7 @@ absl::Status LaunchGroupEntriesByExpert(const uint8_t* recv, int64_t num_rows, i
 
 absl::Status LaunchGatherExpertRows(const uint8_t* recv, int64_t max_entries, int64_t hidden_size,
                                     int top_k, const ExpertEntryBuffers& b, int num_local_experts,
-                                    uint16_t* x, cudaStream_t stream) {
+                                    uint16_t* x, cudaStream_t stream, bool scale_input) {
   absl::Status s = CheckCommon(max_entries, hidden_size, top_k, "LaunchGatherExpertRows");
   if (!s.ok()) return s;
   if (max_entries == 0) return absl::OkStatus();
@@ -247,7 +261,7 @@ absl::Status LaunchGatherExpertRows(const uint8_t* recv, int64_t max_entries, in
     return absl::InvalidArgumentError("LaunchGatherExpertRows: null device pointer");
   }
   GatherRowsKernel<<<GridFor(max_entries, 1), kThreads, 0, stream>>>(
-      recv, 2 * hidden_size + 8 * top_k, hidden_size, top_k, b.sorted_values,
+      recv, 2 * hidden_size + 8 * top_k, hidden_size, top_k, scale_input, b.sorted_values,
       b.offsets + num_local_experts, x);
   return internal::LaunchStatus("GatherRowsKernel");
 }
@@ -270,7 +284,7 @@ absl::Status LaunchSiluMul(const float* gate_up, const int32_t* num_entries, int
 
 absl::Status LaunchWeightedExpertSum(const uint8_t* recv, int64_t num_rows, int64_t hidden_size,
                                      int top_k, const int32_t* position, const float* y,
-                                     uint16_t* out, cudaStream_t stream) {
+                                     uint16_t* out, cudaStream_t stream, bool unit_weights) {
   absl::Status s = CheckCommon(num_rows, hidden_size, top_k, "LaunchWeightedExpertSum");
   if (!s.ok()) return s;
   if (num_rows == 0) return absl::OkStatus();
@@ -278,7 +292,8 @@ absl::Status LaunchWeightedExpertSum(const uint8_t* recv, int64_t num_rows, int6
     return absl::InvalidArgumentError("LaunchWeightedExpertSum: null device pointer");
   }
   WeightedExpertSumKernel<<<GridFor(num_rows, 1), kThreads, 0, stream>>>(
-      recv, num_rows, 2 * hidden_size + 8 * top_k, hidden_size, top_k, position, y, out);
+      recv, num_rows, 2 * hidden_size + 8 * top_k, hidden_size, top_k, unit_weights && y != nullptr,
+      position, y, out);
   return internal::LaunchStatus("WeightedExpertSumKernel");
 }
 

@@ -56,11 +56,15 @@ absl::Status LaunchGroupEntriesByExpert(const uint8_t* recv, int64_t num_rows, i
 // LaunchGatherExpertRows()
 //
 // x[i, :] = hidden of row sorted_values[i] / K, for sorted positions
-// i < offsets[L] (the number of local entries, read on the device).
+// i < offsets[L] (the number of local entries, read on the device). With
+// `scale_input` (core::RouterWeightUse::kScalesInput, Llama-4; issue 35
+// item 5) x[i, :] = bf16(w * hidden) with w the entry's router weight, so the
+// expert computes e(w * x).
 // x: device [max_entries, H] bf16. Errors: kInvalidArgument, kInternal.
 absl::Status LaunchGatherExpertRows(const uint8_t* recv, int64_t max_entries, int64_t hidden_size,
                                     int top_k, const ExpertEntryBuffers& buffers,
-                                    int num_local_experts, uint16_t* x, cudaStream_t stream);
+                                    int num_local_experts, uint16_t* x, cudaStream_t stream,
+                                    bool scale_input = false);
 
 // LaunchSiluMul()
 //
@@ -79,9 +83,12 @@ absl::Status LaunchSiluMul(const float* gate_up, const int32_t* num_entries, int
 // where y is the expert output [entries, H] fp32, or, when y == nullptr
 // (identity experts), the row's own hidden state. Rows with no local entry
 // (padding) are not written. out: device [M, H] bf16 (the combine send buffer).
+// `unit_weights`: every weight is 1, for outputs whose input the weight
+// already scaled (LaunchGatherExpertRows' scale_input); ignored for identity
+// experts (y null), whose sum (sum of weights) * x is e(w * x) summed.
 // Errors: kInvalidArgument, kInternal. Never allocates or synchronises.
 absl::Status LaunchWeightedExpertSum(const uint8_t* recv, int64_t num_rows, int64_t hidden_size,
                                      int top_k, const int32_t* position, const float* y,
-                                     uint16_t* out, cudaStream_t stream);
+                                     uint16_t* out, cudaStream_t stream, bool unit_weights = false);
 
 }  // namespace moe_ep::kernels

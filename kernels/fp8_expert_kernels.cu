@@ -23,7 +23,7 @@ int GridFor(int64_t items, int per_block) {
 // values [4l, 4l + 4) of block b (8 bytes), writes their 4 codes (4 bytes,
 // so the warp's 128 bytes are contiguous) and lane 0 the block's scale.
 __global__ void GatherQuantizeRowsKernel(const uint8_t* __restrict__ recv, int64_t row_bytes,
-                                         int64_t hidden, int top_k,
+                                         int64_t hidden, int top_k, bool scale_input,
                                          const int32_t* __restrict__ sorted_values,
                                          const int32_t* __restrict__ num_entries,
                                          uint8_t* __restrict__ x, float* __restrict__ x_scale,
@@ -33,12 +33,21 @@ __global__ void GatherQuantizeRowsKernel(const uint8_t* __restrict__ recv, int64
   const int lane = threadIdx.x % 32;
   const int64_t blocks = hidden / core::fp8::kBlockSize;
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
-    const int64_t r = sorted_values[i] / top_k;
-    const uint8_t* src = recv + r * row_bytes;
+    const int32_t entry = sorted_values[i];
+    const uint8_t* src = recv + entry / top_k * row_bytes;
+    // Llama-4 (scale_input): quantize bf16(w * x), w the entry's router weight.
+    const float w =
+        scale_input ? reinterpret_cast<const float*>(src + 2 * hidden + 4 * top_k)[entry % top_k]
+                    : 1.0f;
     for (int64_t b = warp; b < blocks; b += kThreads / 32) {
       const uint2 raw = reinterpret_cast<const uint2*>(src + b * 2 * core::fp8::kBlockSize)[lane];
-      const uint16_t v[4] = {static_cast<uint16_t>(raw.x), static_cast<uint16_t>(raw.x >> 16),
-                             static_cast<uint16_t>(raw.y), static_cast<uint16_t>(raw.y >> 16)};
+      uint16_t v[4] = {static_cast<uint16_t>(raw.x), static_cast<uint16_t>(raw.x >> 16),
+                       static_cast<uint16_t>(raw.y), static_cast<uint16_t>(raw.y >> 16)};
+      if (scale_input) {
+        for (uint16_t& value : v) {
+          value = core::fp8::Bf16FromFloat(w * __uint_as_float(static_cast<uint32_t>(value) << 16));
+        }
+      }
       float scale = 0.0f;
       const uint32_t codes = internal::QuantizeWarpBlock(v, &scale);
       reinterpret_cast<uint32_t*>(x + i * hidden + b * core::fp8::kBlockSize)[lane] = codes;
@@ -54,7 +63,7 @@ __device__ __forceinline__ float Bf16Hi(uint32_t v) { return __uint_as_float(v &
 // (uint2 of bf16) over the row's local entries in ascending k.
 __global__ void WeightedSumBf16Kernel(const uint8_t* __restrict__ recv, int64_t num_rows,
                                       int64_t row_bytes, int64_t hidden, int top_k,
-                                      const int32_t* __restrict__ position,
+                                      bool unit_weights, const int32_t* __restrict__ position,
                                       const uint16_t* __restrict__ y, uint16_t* __restrict__ out) {
   __shared__ int32_t pos[kMaxTopK];
   __shared__ float w[kMaxTopK];
@@ -66,7 +75,9 @@ __global__ void WeightedSumBf16Kernel(const uint8_t* __restrict__ recv, int64_t 
     __syncthreads();
     if (threadIdx.x < top_k) {
       pos[threadIdx.x] = position[r * top_k + threadIdx.x];
-      w[threadIdx.x] = reinterpret_cast<const float*>(row + 2 * hidden + 4 * top_k)[threadIdx.x];
+      w[threadIdx.x] =
+          unit_weights ? 1.0f
+                       : reinterpret_cast<const float*>(row + 2 * hidden + 4 * top_k)[threadIdx.x];
       if (pos[threadIdx.x] >= 0) any_local = 1;
     }
     __syncthreads();
@@ -143,7 +154,8 @@ __global__ void QuantizeFp8BlocksKernel(const uint16_t* __restrict__ w, int64_t 
 absl::Status LaunchGatherQuantizeExpertRows(const uint8_t* recv, int64_t max_entries,
                                             int64_t hidden, int top_k, const ExpertEntryBuffers& b,
                                             int num_local_experts, uint8_t* x, float* x_scale,
-                                            int64_t x_scale_stride, cudaStream_t stream) {
+                                            int64_t x_scale_stride, cudaStream_t stream,
+                                            bool scale_input) {
   if (max_entries < 0 || max_entries > INT_MAX || hidden < core::fp8::kBlockSize ||
       hidden % core::fp8::kBlockSize != 0 || top_k < 1 || top_k > kMaxTopK ||
       num_local_experts < 1 || x_scale_stride < max_entries) {
@@ -162,14 +174,14 @@ absl::Status LaunchGatherQuantizeExpertRows(const uint8_t* recv, int64_t max_ent
     return absl::InvalidArgumentError("LaunchGatherQuantizeExpertRows: x must be 4-byte aligned");
   }
   GatherQuantizeRowsKernel<<<GridFor(max_entries, 1), kThreads, 0, stream>>>(
-      recv, 2 * hidden + 8 * top_k, hidden, top_k, b.sorted_values, b.offsets + num_local_experts,
-      x, x_scale, x_scale_stride);
+      recv, 2 * hidden + 8 * top_k, hidden, top_k, scale_input, b.sorted_values,
+      b.offsets + num_local_experts, x, x_scale, x_scale_stride);
   return internal::LaunchStatus("GatherQuantizeRowsKernel");
 }
 
 absl::Status LaunchWeightedExpertSumBf16(const uint8_t* recv, int64_t num_rows, int64_t hidden,
                                          int top_k, const int32_t* position, const uint16_t* y,
-                                         uint16_t* out, cudaStream_t stream) {
+                                         uint16_t* out, cudaStream_t stream, bool unit_weights) {
   if (num_rows < 0 || hidden < 4 || hidden % 4 != 0 || top_k < 1 || top_k > kMaxTopK ||
       num_rows * top_k > INT_MAX) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -182,7 +194,7 @@ absl::Status LaunchWeightedExpertSumBf16(const uint8_t* recv, int64_t num_rows, 
     return absl::InvalidArgumentError("LaunchWeightedExpertSumBf16: null device pointer");
   }
   WeightedSumBf16Kernel<<<GridFor(num_rows, 1), kThreads, 0, stream>>>(
-      recv, num_rows, 2 * hidden + 8 * top_k, hidden, top_k, position, y, out);
+      recv, num_rows, 2 * hidden + 8 * top_k, hidden, top_k, unit_weights, position, y, out);
   return internal::LaunchStatus("WeightedSumBf16Kernel");
 }
 

@@ -25,6 +25,8 @@ namespace moe_ep::kernels {
 //   x[i, :] = codes, x_scale[b * x_scale_stride + i] = scale of block b.
 // x: device [max_entries, H] e4m3; x_scale: device [H / 128,
 // x_scale_stride] fp32 (the A operand layout of kernels/fp8_grouped_gemm.cuh).
+// With `scale_input` (Llama-4, issue 35 item 5) the row quantized is
+// bf16(w * hidden), w the entry's router weight: the expert computes e(w * x).
 // Grid: one block of 256 threads per position (grid-stride), one warp per
 // 128-value block. Rows i >= offsets[L] are not written.
 // Errors (nothing enqueued): kInvalidArgument (null pointers, H not a
@@ -35,7 +37,8 @@ absl::Status LaunchGatherQuantizeExpertRows(const uint8_t* recv, int64_t max_ent
                                             int64_t hidden, int top_k,
                                             const ExpertEntryBuffers& buffers,
                                             int num_local_experts, uint8_t* x, float* x_scale,
-                                            int64_t x_scale_stride, cudaStream_t stream);
+                                            int64_t x_scale_stride, cudaStream_t stream,
+                                            bool scale_input = false);
 
 // LaunchWeightedExpertSumBf16()
 //
@@ -43,12 +46,14 @@ absl::Status LaunchGatherQuantizeExpertRows(const uint8_t* recv, int64_t max_ent
 // r < num_rows with a local entry, out[r, :] = bf16( sum over k ascending
 // with position[r*K+k] >= 0 of weights[r, k] * y[position[r*K+k], :] ), fp32
 // sum. y: device [entries, H] bf16; out: device [rows, H] bf16. Rows with no
-// local entry are not written. Errors: kInvalidArgument (null pointers, H
-// not a positive multiple of 4, K out of range), kInternal. Never allocates
-// or synchronises.
+// local entry are not written. `unit_weights`: every weight is 1 (the
+// weights scaled the experts' inputs: LaunchGatherQuantizeExpertRows'
+// scale_input). Errors: kInvalidArgument (null pointers, H not a positive
+// multiple of 4, K out of range), kInternal. Never allocates or synchronises.
 absl::Status LaunchWeightedExpertSumBf16(const uint8_t* recv, int64_t num_rows, int64_t hidden,
                                          int top_k, const int32_t* position, const uint16_t* y,
-                                         uint16_t* out, cudaStream_t stream);
+                                         uint16_t* out, cudaStream_t stream,
+                                         bool unit_weights = false);
 
 // LaunchQuantizeFp8BlockMatrices()
 //

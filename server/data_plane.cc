@@ -76,12 +76,6 @@ absl::Status CheckGpuExpertSource(const core::ExpertSource& source) {
                      source.hidden, ", intermediate ", source.intermediate,
                      " (the gloo plane computes any size)"));
   }
-  if (kind != core::ExpertKind::kIdentity &&
-      source.router_weight_use == core::RouterWeightUse::kScalesInput) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "expert source (", source.Describe(),
-        "): router_weight_scales_input (e(w * x), Llama-4) is computed on the gloo plane only"));
-  }
   return absl::OkStatus();
 }
 

@@ -451,10 +451,11 @@ absl::Status CheckExpertSourceForWorkspace(const core::ExpertSource& source,
 //
 // What the GPU planes (NCCL, one-sided) compute today: bf16 and fp8
 // block-scaled SwiGLU (kernels/expert_compute.h RunFp8; H and I multiples
-// of 128) and identity experts, with the router weight on the output.
+// of 128) and identity experts, with the router weight on the output or,
+// for Llama-4, on the input (issue 35 item 5).
 // Errors: kFailedPrecondition naming the source for mxfp4 experts (no GPU
-// kernel yet; the Gloo plane computes them), for fp8 sizes the kernels do
-// not tile and for Llama-4's input scaling (issue 35). Pure.
+// kernel yet; the Gloo plane computes them) and for fp8 sizes the kernels do
+// not tile (issue 35). Pure.
 absl::Status CheckGpuExpertSource(const core::ExpertSource& source);
 
 // ResolveBenchmarkPlane()

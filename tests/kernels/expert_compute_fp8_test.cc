@@ -146,11 +146,15 @@ std::vector<uint8_t> PackRows(const testing::MoeInputs& in, int64_t rows, int64_
   return out;
 }
 
+// scale_input: Llama-4's e(w * x) (issue 35 item 5): the reference feeds
+// bf16(w * x), the row the GPU quantizes, and sums the outputs with weight 1.
 void RunLayer(const Layer& c, int64_t rows, int top_k, double invalid_fraction,
-              bool expect_nonlocal_rows) {
-  SCOPED_TRACE(::testing::Message() << "H " << c.hidden << " I " << c.inter << " rows " << rows);
+              bool expect_nonlocal_rows, bool scale_input = false) {
+  SCOPED_TRACE(::testing::Message() << "H " << c.hidden << " I " << c.inter << " rows " << rows
+                                    << (scale_input ? " e(w x)" : ""));
   std::vector<Fp8SwiGluWeights> host;
   DeviceFp8 dev(c, &host);
+  dev.view.scales_input = scale_input;
   ASSERT_EQ(host.size(), c.ids.size());
   const testing::MoeInputs in =
       testing::MakeInputs(c.seed + 1, rows, c.hidden, top_k, c.num_experts, invalid_fraction);
@@ -184,7 +188,7 @@ void RunLayer(const Layer& c, int64_t rows, int top_k, double invalid_fraction,
   // Reference, per row and local choice.
   int64_t bad = 0, local_rows = 0;
   double worst = 0;  // largest |error| / tolerance
-  std::vector<float> x(c.hidden), y(c.hidden);
+  std::vector<float> x(c.hidden), xk(c.hidden), y(c.hidden);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t j = 0; j < c.hidden; ++j) x[j] = core::Bf16ToFloat(in.hidden[r * c.hidden + j]);
     std::vector<double> want(c.hidden, 0.0), tol(c.hidden, 0.0);
@@ -196,8 +200,12 @@ void RunLayer(const Layer& c, int64_t rows, int top_k, double invalid_fraction,
       local = true;
       const Fp8SwiGluWeights& w = host[it - c.ids.begin()];
       core::quant::Fp8SwiGluTrace trace;
-      ASSERT_TRUE(core::quant::Fp8SwiGluForward(w, x, 1, absl::MakeSpan(y), &trace).ok());
-      const double wk = in.weights[r * top_k + k];
+      const float weight = in.weights[r * top_k + k];
+      for (int64_t j = 0; j < c.hidden; ++j) {
+        xk[j] = scale_input ? core::Bf16ToFloat(core::FloatToBf16(weight * x[j])) : x[j];
+      }
+      ASSERT_TRUE(core::quant::Fp8SwiGluForward(w, xk, 1, absl::MakeSpan(y), &trace).ok());
+      const double wk = scale_input ? 1.0 : weight;
       for (int64_t j = 0; j < c.hidden; ++j) {
         double s = 0, m = 0;
         for (int64_t i = 0; i < c.inter; ++i) {
@@ -245,6 +253,19 @@ TEST(ExpertComputeFp8, SmallLayerOnSlotsThatAreNotARangeEqualsTheReference) {
   c.seed = 5;
   c.layer = 2;
   RunLayer(c, 80, 4, 0.1, true);
+}
+
+TEST(ExpertComputeFp8, InputScalingComputesExpertOfTheScaledRow) {
+  REQUIRE_HOPPER();
+  Layer c;
+  c.hidden = 256;
+  c.inter = 512;
+  c.num_experts = 12;
+  c.ids = {1, 4, 5, 9};
+  c.seed = 9;
+  c.layer = 1;
+  RunLayer(c, 80, 1, 0.1, true, /*scale_input=*/true);  // Llama-4: top-1
+  RunLayer(c, 80, 4, 0.1, true, /*scale_input=*/true);  // any top-k alike
 }
 
 TEST(ExpertComputeFp8, DeepSeekV3ShapeForAFewTokens) {

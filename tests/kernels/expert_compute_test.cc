@@ -131,6 +131,45 @@ TEST(ExpertCompute, SwiGluOnIdsThatAreNotARangeEqualsTheHostExperts) {
   EXPECT_EQ(RunOnDevice(PackRows(in, rename), **device, ExpertGemm::kGroupedDevice), grouped);
 }
 
+TEST(ExpertCompute, InputScalingComputesTheExpertOfTheScaledRow) {
+  // Llama-4 (issue 35 item 5): sum_k e(w_k x), every GEMM path, against the
+  // host experts of the same source (core::ExpertSet, fp32 w * x); the
+  // device's bf16(w * x) is within the same tolerance. And not w * e(x):
+  // SwiGLU is not linear, so most values move beyond it.
+  MOE_EP_REQUIRE_GPUS(1);
+  core::ExpertSource source =
+      core::ExpertSource::Seeded(23, 1, kNumExperts, 0, 0, kHidden, kInter).WithExperts(kIds);
+  source.router_weight_use = core::RouterWeightUse::kScalesInput;
+  auto host = core::MakeHostExperts(source);
+  ASSERT_TRUE(host.ok()) << host.status();
+  ASSERT_EQ(host->router_weight_use(), core::RouterWeightUse::kScalesInput);
+  auto device = DeviceExpertSet::Load(source);
+  ASSERT_TRUE(device.ok()) << device.status();
+  EXPECT_EQ((*device)->router_weight_use(), core::RouterWeightUse::kScalesInput);
+  const testing::MoeInputs in = MakeInputs(8, kRows, kHidden, kTopK, kNumExperts, 0.1);
+  std::vector<int32_t> same(kNumExperts);
+  for (int e = 0; e < kNumExperts; ++e) same[e] = e;
+  const std::vector<uint8_t> rows = PackRows(in, same);
+  const std::vector<bf16_t> grouped = RunOnDevice(rows, **device, ExpertGemm::kGroupedDevice);
+  ExpectReference(*host, in, grouped, "grouped device, e(w x)");
+  ExpectReference(*host, in, RunOnDevice(rows, **device, ExpertGemm::kGroupedWmma), "wmma, e(w x)");
+  ExpectReference(*host, in, RunOnDevice(rows, **device, ExpertGemm::kCublasHostCounts),
+                  "cublas, e(w x)");
+
+  source.router_weight_use = core::RouterWeightUse::kScalesOutput;
+  auto output_scaled = DeviceExpertSet::Load(source);
+  ASSERT_TRUE(output_scaled.ok()) << output_scaled.status();
+  const std::vector<bf16_t> w_e = RunOnDevice(rows, **output_scaled, ExpertGemm::kGroupedDevice);
+  int64_t written = 0, far = 0;
+  for (size_t i = 0; i < grouped.size(); ++i) {
+    if (grouped[i] == 0xffff) continue;
+    ++written;
+    const double a = core::Bf16ToFloat(grouped[i]), b = core::Bf16ToFloat(w_e[i]);
+    far += std::abs(a - b) > std::abs(b) / 32 + 2e-3;
+  }
+  EXPECT_GT(far, written / 2) << "e(w x) and w e(x) should differ for SwiGLU";
+}
+
 TEST(ExpertCompute, IdentityOnIdsThatAreNotARangeSumsTheLocalWeights) {
   MOE_EP_REQUIRE_GPUS(1);
   const core::ExpertSource source =

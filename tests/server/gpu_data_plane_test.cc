@@ -445,6 +445,78 @@ TEST(GpuDataPlane, Fp8ExpertsForwardWithinTheQuantizedReferenceBound) {
   std::printf("[          ] fp8 plane: largest |error| / bound %.3g\n", worst);
 }
 
+// Llama-4's routed experts (issue 35 item 5): the router weight scales the
+// expert's input, sum_k e(w_k x), on the NCCL plane at world 1 as in the
+// CPU experts of the same source (core::ExpertSet::ComputeWeightedSum, fp32
+// w * x), within bf16's tolerance (the device rounds w * x to bf16 before
+// the GEMM, the output to bf16); not w * e(x), which most values miss.
+TEST(GpuDataPlane, InputScaledExpertsForwardAsTheReference) {
+  if (Gpus() < 1) {
+    std::printf("[  SKIPPED ] needs 1 CUDA device\n");
+    GTEST_SKIP() << "needs 1 CUDA device";
+  }
+  constexpr int64_t kT = 40;
+  constexpr int64_t kH = 256;
+  constexpr int64_t kI = 128;
+  constexpr int kK = 1;  // Llama-4 routes each token to one expert
+  constexpr int kE = 16;
+  DataPlaneGroup group;
+  group.backend = "nccl";
+  auto plane = GpuDataPlane::Form(group, std::make_shared<gloo::rendezvous::HashStore>());
+  ASSERT_TRUE(plane.ok()) << plane.status();
+  core::EpDispatcherOptions options;
+  options.workspace = core::WorkspaceSpec{1, 64, kH, kK};
+  options.num_experts = kE;
+  ASSERT_TRUE((*plane)->Allocate(options, kI, 0).ok());
+  core::ExpertSource source = core::ExpertSource::Seeded(31, 0, kE, 0, kE, kH, kI);
+  source.router_weight_use = core::RouterWeightUse::kScalesInput;
+  ASSERT_TRUE((*plane)->LoadExperts(0, source, 0).ok());
+  ASSERT_TRUE((*plane)->CommitGeometry(1, kT, kT).ok());
+  auto host = core::MakeHostExperts(source);
+  ASSERT_TRUE(host.ok()) << host.status();
+
+  std::vector<core::bf16_t> x(kT * kH);
+  std::vector<int32_t> ids(kT * kK);
+  std::vector<float> weights(kT * kK);
+  for (int64_t t = 0; t < kT; ++t) {
+    for (int64_t j = 0; j < kH; ++j) {
+      x[t * kH + j] = core::FloatToBf16(static_cast<float>(((t * 29 + j * 7) % 23) - 11) / 4);
+    }
+    ids[t] = t % 9 == 4 ? -1 : static_cast<int32_t>((t * 5) % kE);
+    weights[t] = 0.05f + static_cast<float>(t % 7) / 8;  // sigmoid scores in (0, 1)
+  }
+  std::vector<core::bf16_t> out(kT * kH, 0x7fc0);
+  absl::StatusOr<core::StepStats> stats =
+      (*plane)->Forward(0, x, ids, weights, kT, absl::MakeSpan(out));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+
+  std::vector<float> xf(kT * kH), want(kT * kH), output_scaled(kT * kH);
+  for (int64_t i = 0; i < kT * kH; ++i) xf[i] = core::Bf16ToFloat(x[i]);
+  ASSERT_TRUE(host->ComputeWeightedSum(xf, ids, weights, kT, kK, absl::MakeSpan(want)).ok());
+  host->set_router_weight_use(core::RouterWeightUse::kScalesOutput);
+  ASSERT_TRUE(
+      host->ComputeWeightedSum(xf, ids, weights, kT, kK, absl::MakeSpan(output_scaled)).ok());
+  int64_t bad = 0, far_from_output_scaled = 0, valued = 0;
+  for (int64_t t = 0; t < kT; ++t) {
+    for (int64_t j = 0; j < kH; ++j) {
+      const double got = core::Bf16ToFloat(out[t * kH + j]);
+      const double w = want[t * kH + j];
+      if (ids[t] < 0) {
+        bad += got != 0.0;  // no valid id: +0
+        continue;
+      }
+      if (!(std::abs(got - w) <= std::abs(w) / 32 + 2e-3) && ++bad <= 5) {
+        ADD_FAILURE() << "out[" << t << ", " << j << "] got " << got << " want " << w;
+      }
+      const double o = output_scaled[t * kH + j];
+      valued += std::abs(o) > 1e-2;
+      far_from_output_scaled += std::abs(o) > 1e-2 && std::abs(got - o) > std::abs(o) / 32 + 2e-3;
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_GT(far_from_output_scaled, valued / 2) << "e(w x) must differ from w e(x)";
+}
+
 }  // namespace
 }  // namespace moe_ep::server
 
