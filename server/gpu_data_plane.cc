@@ -14,6 +14,7 @@
 #include "core/shrink_plan.h"
 #include "core/status_macros.h"
 #include "core/workspace.h"
+#include "kernels/cuda_status.h"
 #include "server/backend_selection.h"
 #include "server/call_gate.h"
 #include "server/device_info.h"
@@ -33,16 +34,6 @@ static_assert(kNcclUniqueIdBytes == NCCL_UNIQUE_ID_BYTES);
 // (a vote's ballot, about 704 bytes a rank) are never captured: they grow
 // the second scratch once.
 constexpr int64_t kMaskedCaptureGatherBytes = 256;
-
-// OK for cudaSuccess; kResourceExhausted for allocation failures, else
-// kInternal, with the runtime's error string.
-absl::Status Cuda(cudaError_t error, absl::string_view what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  cudaGetLastError();
-  const std::string message = absl::StrCat(what, ": ", cudaGetErrorString(error));
-  if (error == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
-  return absl::InternalError(message);
-}
 
 std::string JoinContext(const DataPlaneGroup& group) {
   return absl::StrCat("Join (rank ", group.rank, " of ", group.world_size, ", generation ",
@@ -73,15 +64,16 @@ class GpuDataPlane::Staging {
     s->offsets_ = {0, hidden_bytes, hidden_bytes + k_bytes, hidden_bytes + 2 * k_bytes};
     const int64_t total = DeviceBytes(capacity, hidden, top_k);
     if (device == nullptr) {
-      RETURN_IF_ERROR(Cuda(cudaMalloc(&s->owned_device_, total),
-                           absl::StrCat("cudaMalloc(forward staging, ", total, " bytes)")));
+      RETURN_IF_ERROR(
+          kernels::CudaStatus(cudaMalloc(&s->owned_device_, total),
+                              absl::StrCat("cudaMalloc(forward staging, ", total, " bytes)")));
       device = s->owned_device_;
     }
     s->device_ = device;
     s->host_bytes_ = total + kCountsBytes;
-    RETURN_IF_ERROR(
-        Cuda(cudaMallocHost(&s->host_, s->host_bytes_),
-             absl::StrCat("cudaMallocHost(forward staging, ", s->host_bytes_, " bytes)")));
+    RETURN_IF_ERROR(kernels::CudaStatus(
+        cudaMallocHost(&s->host_, s->host_bytes_),
+        absl::StrCat("cudaMallocHost(forward staging, ", s->host_bytes_, " bytes)")));
     return s;
   }
   // Moves the device part to `device` (a grown dispatcher's tail), when it
@@ -134,7 +126,8 @@ absl::StatusOr<std::unique_ptr<GpuDataPlane>> GpuDataPlane::Form(
     absl::Status device = CheckDevice(group.device, VisibleGpuCount(), "nccl");
     if (!device.ok()) return WithContext(device, context);
   }
-  RETURN_IF_ERROR(WithContext(Cuda(cudaSetDevice(group.device), "cudaSetDevice"), context));
+  RETURN_IF_ERROR(
+      WithContext(kernels::CudaStatus(cudaSetDevice(group.device), "cudaSetDevice"), context));
   // A returning rank (group.rejoin): a communicator of itself alone, every
   // other rank masked, until Readmit forms one with the survivors.
   const bool alone = group.rejoin && group.world_size > 1;
@@ -172,11 +165,14 @@ absl::StatusOr<std::unique_ptr<GpuDataPlane>> GpuDataPlane::Form(
   plane->device_ = group.device;
   plane->collective_timeout_ = group.timeout;
   for (cudaEvent_t& event : plane->events_) {
-    RETURN_IF_ERROR(WithContext(Cuda(cudaEventCreate(&event), "cudaEventCreate"), context));
+    RETURN_IF_ERROR(
+        WithContext(kernels::CudaStatus(cudaEventCreate(&event), "cudaEventCreate"), context));
   }
   for (cudaEvent_t* event : {&plane->fork_, &plane->join_}) {
-    RETURN_IF_ERROR(WithContext(
-        Cuda(cudaEventCreateWithFlags(event, cudaEventDisableTiming), "cudaEventCreate"), context));
+    RETURN_IF_ERROR(
+        WithContext(kernels::CudaStatus(cudaEventCreateWithFlags(event, cudaEventDisableTiming),
+                                        "cudaEventCreate"),
+                    context));
   }
   return plane;
 }
@@ -196,7 +192,7 @@ GpuDataPlane::~GpuDataPlane() {
 }
 
 absl::Status GpuDataPlane::MakeDeviceCurrent() const {
-  return Cuda(cudaSetDevice(device_), absl::StrCat("cudaSetDevice(", device_, ")"));
+  return kernels::CudaStatus(cudaSetDevice(device_), absl::StrCat("cudaSetDevice(", device_, ")"));
 }
 
 absl::Status GpuDataPlane::Synchronize() { return view_->Synchronize(); }
@@ -516,8 +512,9 @@ absl::Status GpuDataPlane::Upload(void* dst, const void* src, int64_t bytes, voi
     std::memcpy(pinned, src, bytes);
     src = pinned;
   }
-  return Cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream),
-              absl::StrCat("cudaMemcpyAsync(", what, " to device, ", bytes, " bytes)"));
+  return kernels::CudaStatus(
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream),
+      absl::StrCat("cudaMemcpyAsync(", what, " to device, ", bytes, " bytes)"));
 }
 
 absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostForward& io,
@@ -563,9 +560,10 @@ absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostFo
         std::memcpy(&value, src + i * 4, 4);
         dst[i] = core::FloatToBf16(value);
       }
-      RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(staging_->d_hidden(), staging_->h_hidden(), hidden_bytes,
-                                           cudaMemcpyHostToDevice, stream),
-                           "cudaMemcpyAsync(hidden to device)"));
+      RETURN_IF_ERROR(
+          kernels::CudaStatus(cudaMemcpyAsync(staging_->d_hidden(), staging_->h_hidden(),
+                                              hidden_bytes, cudaMemcpyHostToDevice, stream),
+                              "cudaMemcpyAsync(hidden to device)"));
     } else {
       RETURN_IF_ERROR(
           Upload(staging_->d_hidden(), io.hidden, hidden_bytes, staging_->h_hidden(), "hidden"));
@@ -579,10 +577,10 @@ absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostFo
   // device, and runs while the dispatch does (issue 18).
   const bool has_shared = shared_.Has(layer);
   if (has_shared) RETURN_IF_ERROR(shared_.Begin(layer, staging_->d_hidden(), num_tokens, stream));
-  RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[0], stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events_[0], stream), "cudaEventRecord"));
   RETURN_IF_ERROR(dispatcher_->Dispatch(staging_->d_hidden(), staging_->d_ids(),
                                         staging_->d_weights(), num_tokens));
-  RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[1], stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events_[1], stream), "cudaEventRecord"));
   // The dispatcher's expert compute is ExpertGemm::kGroupedDevice (the
   // default): SwiGLU reads no row count on the host, so nothing waits here.
   absl::Status computed = dispatcher_->ComputeExperts(set);
@@ -593,20 +591,22 @@ absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostFo
     return computed;
   }
   if (has_shared) RETURN_IF_ERROR(shared_.JoinInto(stream));
-  RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[2], stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events_[2], stream), "cudaEventRecord"));
   RETURN_IF_ERROR(
       dispatcher_->Combine(staging_->d_output(), has_shared ? shared_.output() : nullptr));
-  RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[3], stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events_[3], stream), "cudaEventRecord"));
   // The counters: the dispatcher's device counts, one small async copy.
   int32_t* counts = staging_->h_counts();
-  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(counts, dispatcher_->step_counts(),
-                                       2 * world * sizeof(int32_t), cudaMemcpyDeviceToHost, stream),
-                       "cudaMemcpyAsync(step counts to host)"));
+  RETURN_IF_ERROR(kernels::CudaStatus(
+      cudaMemcpyAsync(counts, dispatcher_->step_counts(), 2 * world * sizeof(int32_t),
+                      cudaMemcpyDeviceToHost, stream),
+      "cudaMemcpyAsync(step counts to host)"));
   const bool pinned_out = host_copy_ == ForwardHostCopy::kPinned;
   if (num_tokens > 0 && pinned_out) {
-    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(staging_->h_output(), staging_->d_output(), hidden_bytes,
-                                         cudaMemcpyDeviceToHost, stream),
-                         "cudaMemcpyAsync(output to host)"));
+    RETURN_IF_ERROR(
+        kernels::CudaStatus(cudaMemcpyAsync(staging_->h_output(), staging_->d_output(),
+                                            hidden_bytes, cudaMemcpyDeviceToHost, stream),
+                            "cudaMemcpyAsync(output to host)"));
   }
   RETURN_IF_ERROR(Synchronize());
   if (num_tokens > 0) {
@@ -615,9 +615,10 @@ absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostFo
     } else {
       // The stream is idle now, so this pageable copy (which returns once
       // done) waits for nothing but itself.
-      RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(io.output, staging_->d_output(), hidden_bytes,
-                                           cudaMemcpyDeviceToHost, stream),
-                           "cudaMemcpyAsync(output to host)"));
+      RETURN_IF_ERROR(
+          kernels::CudaStatus(cudaMemcpyAsync(io.output, staging_->d_output(), hidden_bytes,
+                                              cudaMemcpyDeviceToHost, stream),
+                              "cudaMemcpyAsync(output to host)"));
     }
   }
 

@@ -20,17 +20,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "kernels/cuda_status.h"
 #include "kernels/engine_rows.cuh"
 #include "server/gpu_data_plane.h"
 
 namespace moe_ep::server {
 namespace {
-
-absl::Status CudaCall(cudaError_t error, const char* what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  cudaGetLastError();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(error)));
-}
 
 // Restores the dispatcher's host-side geometry check (the Forward RPC's)
 // when an engine call returns.
@@ -74,16 +69,18 @@ absl::Status GpuDataPlane::OnCallerStream(cudaStream_t caller,
   cudaStream_t own = dispatcher_->stream();
   const bool fork = caller != own;
   if (fork) {
-    RETURN_IF_ERROR(CudaCall(cudaEventRecord(fork_, caller), "cudaEventRecord(caller stream)"));
-    RETURN_IF_ERROR(CudaCall(cudaStreamWaitEvent(own, fork_, 0), "cudaStreamWaitEvent"));
+    RETURN_IF_ERROR(
+        kernels::CudaStatus(cudaEventRecord(fork_, caller), "cudaEventRecord(caller stream)"));
+    RETURN_IF_ERROR(kernels::CudaStatus(cudaStreamWaitEvent(own, fork_, 0), "cudaStreamWaitEvent"));
   }
   DeviceGeometryCheck device_check(dispatcher_.get());
   absl::Status status = enqueue();
   if (fork) {
     // Joined on error too: a capture of `caller` then still ends cleanly.
-    absl::Status joined = CudaCall(cudaEventRecord(join_, own), "cudaEventRecord(worker stream)");
+    absl::Status joined =
+        kernels::CudaStatus(cudaEventRecord(join_, own), "cudaEventRecord(worker stream)");
     if (joined.ok())
-      joined = CudaCall(cudaStreamWaitEvent(caller, join_, 0), "cudaStreamWaitEvent");
+      joined = kernels::CudaStatus(cudaStreamWaitEvent(caller, join_, 0), "cudaStreamWaitEvent");
     if (status.ok()) status = joined;
   }
   return status;
@@ -163,10 +160,10 @@ absl::StatusOr<core::StepStats> GpuDataPlane::EngineCombine(const void* expert_o
     const uint16_t* send = in;
     if (rows != r && r > 0) {
       // [E, rows, H] -> [E, R, H]: the rows the all-to-all sends.
-      RETURN_IF_ERROR(
-          CudaCall(cudaMemcpy2DAsync(dispatcher_->expert_output(), r * h * 2, in, rows * h * 2,
-                                     r * h * 2, e, cudaMemcpyDeviceToDevice, dispatcher_->stream()),
-                   "cudaMemcpy2DAsync(expert outputs)"));
+      RETURN_IF_ERROR(kernels::CudaStatus(
+          cudaMemcpy2DAsync(dispatcher_->expert_output(), r * h * 2, in, rows * h * 2, r * h * 2, e,
+                            cudaMemcpyDeviceToDevice, dispatcher_->stream()),
+          "cudaMemcpy2DAsync(expert outputs)"));
       send = nullptr;
     }
     return dispatcher_->Combine(static_cast<uint16_t*>(output), nullptr, send);

@@ -7,19 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "kernels/cuda_status.h"
 
 namespace moe_ep::server {
-namespace {
-
-absl::Status Cuda(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  const std::string msg = absl::StrCat("shared expert: ", what, ": ", cudaGetErrorString(err));
-  return err == cudaErrorMemoryAllocation ? absl::ResourceExhaustedError(msg)
-                                          : absl::InternalError(msg);
-}
-
-}  // namespace
-
 GpuSharedExperts::~GpuSharedExperts() {
   layers_.clear();
   runner_.reset();
@@ -38,10 +28,10 @@ void GpuSharedExperts::Reset(int64_t max_tokens, int64_t hidden) {
 
 absl::Status GpuSharedExperts::EnsureStream() {
   if (stream_ != nullptr) return absl::OkStatus();
-  RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-                       "cudaStreamCreateWithFlags"));
+  RETURN_IF_ERROR(kernels::CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                                      "shared expert: cudaStreamCreateWithFlags"));
   for (cudaEvent_t* e : {&ready_, &start_, &end_}) {
-    RETURN_IF_ERROR(Cuda(cudaEventCreate(e), "cudaEventCreate"));
+    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventCreate(e), "shared expert: cudaEventCreate"));
   }
   return absl::OkStatus();
 }
@@ -102,25 +92,31 @@ absl::Status GpuSharedExperts::Begin(int layer, const uint16_t* hidden, int64_t 
     return absl::FailedPreconditionError(
         absl::StrCat("shared expert: layer ", layer, " has none loaded"));
   }
-  RETURN_IF_ERROR(Cuda(cudaEventRecord(ready_, main), "cudaEventRecord(inputs ready)"));
-  RETURN_IF_ERROR(Cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent"));
-  RETURN_IF_ERROR(Cuda(cudaEventRecord(start_, stream_), "cudaEventRecord(shared start)"));
+  RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(ready_, main),
+                                      "shared expert: cudaEventRecord(inputs ready)"));
+  RETURN_IF_ERROR(kernels::CudaStatus(cudaStreamWaitEvent(stream_, ready_, 0),
+                                      "shared expert: cudaStreamWaitEvent"));
+  RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(start_, stream_),
+                                      "shared expert: cudaEventRecord(shared start)"));
   RETURN_IF_ERROR(runner_->Enqueue(*it->second, hidden, num_tokens, stream_));
-  return Cuda(cudaEventRecord(end_, stream_), "cudaEventRecord(shared end)");
+  return kernels::CudaStatus(cudaEventRecord(end_, stream_),
+                             "shared expert: cudaEventRecord(shared end)");
 }
 
 absl::Status GpuSharedExperts::JoinInto(cudaStream_t main) {
-  return Cuda(cudaStreamWaitEvent(main, end_, 0), "cudaStreamWaitEvent(shared end)");
+  return kernels::CudaStatus(cudaStreamWaitEvent(main, end_, 0),
+                             "shared expert: cudaStreamWaitEvent(shared end)");
 }
 
 absl::StatusOr<std::pair<int64_t, int64_t>> GpuSharedExperts::Times(
     cudaEvent_t dispatch_start, cudaEvent_t dispatch_end) const {
   float d_end = 0, s_start = 0, s_end = 0;  // ms after dispatch_start (may be negative)
-  RETURN_IF_ERROR(
-      Cuda(cudaEventElapsedTime(&d_end, dispatch_start, dispatch_end), "cudaEventElapsedTime"));
-  RETURN_IF_ERROR(
-      Cuda(cudaEventElapsedTime(&s_start, dispatch_start, start_), "cudaEventElapsedTime"));
-  RETURN_IF_ERROR(Cuda(cudaEventElapsedTime(&s_end, dispatch_start, end_), "cudaEventElapsedTime"));
+  RETURN_IF_ERROR(kernels::CudaStatus(cudaEventElapsedTime(&d_end, dispatch_start, dispatch_end),
+                                      "shared expert: cudaEventElapsedTime"));
+  RETURN_IF_ERROR(kernels::CudaStatus(cudaEventElapsedTime(&s_start, dispatch_start, start_),
+                                      "shared expert: cudaEventElapsedTime"));
+  RETURN_IF_ERROR(kernels::CudaStatus(cudaEventElapsedTime(&s_end, dispatch_start, end_),
+                                      "shared expert: cudaEventElapsedTime"));
   const float overlap = std::max(0.0f, std::min(d_end, s_end) - std::max(0.0f, s_start));
   return std::make_pair(static_cast<int64_t>((s_end - s_start) * 1000.0f),
                         static_cast<int64_t>(overlap * 1000.0f));

@@ -5,20 +5,9 @@
 #include <vector>
 
 #include "core/workspace.h"
+#include "kernels/cuda_status.h"
 
 namespace moe_ep::server {
-namespace {
-
-absl::Status Cuda(cudaError_t error, absl::string_view what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  cudaGetLastError();
-  const std::string message = absl::StrCat(what, ": ", cudaGetErrorString(error));
-  if (error == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
-  return absl::InternalError(message);
-}
-
-}  // namespace
-
 int64_t DeviceStepBuffers::Bytes(int64_t capacity, int64_t hidden, int top_k) {
   return 2 * core::AlignTo128(capacity * hidden * 2) + 2 * core::AlignTo128(capacity * top_k * 4);
 }
@@ -30,8 +19,9 @@ absl::StatusOr<std::unique_ptr<DeviceStepBuffers>> DeviceStepBuffers::Create(int
   b->bytes_ = Bytes(capacity, hidden, top_k);
   b->hidden_size_ = hidden;
   b->top_k_ = top_k;
-  RETURN_IF_ERROR(Cuda(cudaMalloc(&b->base_, b->bytes_),
-                       absl::StrCat("cudaMalloc(step buffers, ", b->bytes_, " bytes)")));
+  RETURN_IF_ERROR(
+      kernels::CudaStatus(cudaMalloc(&b->base_, b->bytes_),
+                          absl::StrCat("cudaMalloc(step buffers, ", b->bytes_, " bytes)")));
   const int64_t hidden_bytes = core::AlignTo128(capacity * hidden * 2);
   const int64_t k_bytes = core::AlignTo128(capacity * top_k * 4);
   b->hidden_ = reinterpret_cast<uint16_t*>(b->base_);
@@ -47,15 +37,16 @@ absl::Status DeviceStepBuffers::Upload(const uint16_t* hidden, const int32_t* to
                                        const float* topk_weights, int64_t num_tokens,
                                        cudaStream_t stream) const {
   if (num_tokens <= 0) return absl::OkStatus();
-  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(hidden_, hidden, num_tokens * hidden_size_ * 2,
-                                       cudaMemcpyHostToDevice, stream),
-                       "cudaMemcpyAsync(hidden to device)"));
   RETURN_IF_ERROR(
-      Cuda(cudaMemcpyAsync(ids_, topk_ids, num_tokens * top_k_ * 4, cudaMemcpyHostToDevice, stream),
-           "cudaMemcpyAsync(topk_ids to device)"));
-  return Cuda(cudaMemcpyAsync(weights_, topk_weights, num_tokens * top_k_ * 4,
-                              cudaMemcpyHostToDevice, stream),
-              "cudaMemcpyAsync(topk_weights to device)");
+      kernels::CudaStatus(cudaMemcpyAsync(hidden_, hidden, num_tokens * hidden_size_ * 2,
+                                          cudaMemcpyHostToDevice, stream),
+                          "cudaMemcpyAsync(hidden to device)"));
+  RETURN_IF_ERROR(kernels::CudaStatus(
+      cudaMemcpyAsync(ids_, topk_ids, num_tokens * top_k_ * 4, cudaMemcpyHostToDevice, stream),
+      "cudaMemcpyAsync(topk_ids to device)"));
+  return kernels::CudaStatus(cudaMemcpyAsync(weights_, topk_weights, num_tokens * top_k_ * 4,
+                                             cudaMemcpyHostToDevice, stream),
+                             "cudaMemcpyAsync(topk_weights to device)");
 }
 
 absl::StatusOr<core::StepStats> StepCountStats(const int32_t* counts, int members, int self,
@@ -79,10 +70,11 @@ absl::StatusOr<core::StepStats> StepCountStats(const int32_t* counts, int member
 absl::StatusOr<int64_t> DeviceTokensSent(const int32_t* send_counts, int members,
                                          cudaStream_t stream) {
   std::vector<int32_t> counts(members);
-  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(counts.data(), send_counts, members * sizeof(int32_t),
-                                       cudaMemcpyDeviceToHost, stream),
-                       "cudaMemcpyAsync(send counts to host)"));
-  RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+  RETURN_IF_ERROR(
+      kernels::CudaStatus(cudaMemcpyAsync(counts.data(), send_counts, members * sizeof(int32_t),
+                                          cudaMemcpyDeviceToHost, stream),
+                          "cudaMemcpyAsync(send counts to host)"));
+  RETURN_IF_ERROR(kernels::CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
   int64_t sent = 0;
   for (const int32_t c : counts) sent += c;
   return sent;
@@ -92,8 +84,8 @@ absl::Status AddStepTimes(const cudaEvent_t events[4], const GpuSharedExperts* s
                           core::StepStats* stats) {
   float ms[3] = {0, 0, 0};
   for (int i = 0; i < 3; ++i) {
-    RETURN_IF_ERROR(
-        Cuda(cudaEventElapsedTime(&ms[i], events[i], events[i + 1]), "cudaEventElapsedTime"));
+    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventElapsedTime(&ms[i], events[i], events[i + 1]),
+                                        "cudaEventElapsedTime"));
   }
   stats->dispatch_us = static_cast<int64_t>(ms[0] * 1000.0f);
   stats->expert_us = static_cast<int64_t>(ms[1] * 1000.0f);

@@ -24,6 +24,7 @@
 #include "core/ep_contract.h"
 #include "core/status_macros.h"
 #include "core/workspace.h"
+#include "kernels/cuda_status.h"
 #include "kernels/device_experts.h"
 #include "server/call_gate.h"
 #include "server/data_plane.h"
@@ -135,30 +136,26 @@ absl::StatusOr<BenchmarkTimes> TimeIdentitySteps(
     Dispatcher& dispatcher, const kernels::DeviceExpertSet& identity, const DeviceStepBuffers& in,
     int64_t tokens, int warmup, int iterations, core::ControlCollective& control,
     const CallBound& call, cudaEvent_t events[4], const std::function<absl::Status()>& wait) {
-  auto cuda = [](cudaError_t e, const char* what) {
-    return e == cudaSuccess ? absl::OkStatus()
-                            : absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
-  };
   cudaStream_t stream = dispatcher.stream();
   BenchmarkTimes times;
   for (int i = 0; i < warmup + iterations; ++i) {
     RETURN_IF_ERROR(
         CallGate(control, call, BenchmarkGatePoint(i, warmup + iterations), kBenchmarkStopHint));
-    RETURN_IF_ERROR(cuda(cudaEventRecord(events[0], stream), "cudaEventRecord"));
+    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events[0], stream), "cudaEventRecord"));
     RETURN_IF_ERROR(dispatcher.Dispatch(in.hidden(), in.topk_ids(), in.topk_weights(), tokens));
-    RETURN_IF_ERROR(cuda(cudaEventRecord(events[1], stream), "cudaEventRecord"));
+    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events[1], stream), "cudaEventRecord"));
     RETURN_IF_ERROR(dispatcher.ComputeExperts(identity));
-    RETURN_IF_ERROR(cuda(cudaEventRecord(events[2], stream), "cudaEventRecord"));
+    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events[2], stream), "cudaEventRecord"));
     RETURN_IF_ERROR(dispatcher.Combine(in.output()));
-    RETURN_IF_ERROR(cuda(cudaEventRecord(events[3], stream), "cudaEventRecord"));
+    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events[3], stream), "cudaEventRecord"));
     RETURN_IF_ERROR(wait());
     if (i < warmup) continue;
     float dispatch_ms = 0;
     float combine_ms = 0;
-    RETURN_IF_ERROR(
-        cuda(cudaEventElapsedTime(&dispatch_ms, events[0], events[1]), "cudaEventElapsedTime"));
-    RETURN_IF_ERROR(
-        cuda(cudaEventElapsedTime(&combine_ms, events[2], events[3]), "cudaEventElapsedTime"));
+    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventElapsedTime(&dispatch_ms, events[0], events[1]),
+                                        "cudaEventElapsedTime"));
+    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventElapsedTime(&combine_ms, events[2], events[3]),
+                                        "cudaEventElapsedTime"));
     times.dispatch_us.push_back(dispatch_ms * 1000.0);
     times.combine_us.push_back(combine_ms * 1000.0);
   }

@@ -17,6 +17,7 @@
 #include "core/routing.h"
 #include "core/status_macros.h"
 #include "core/workspace.h"
+#include "kernels/cuda_status.h"
 #include "server/call_gate.h"
 #include "server/memory_budget.h"
 
@@ -24,14 +25,6 @@ namespace moe_ep::server {
 namespace {
 
 using kernels::onesided::OneSidedDispatcher;
-
-absl::Status Cuda(cudaError_t error, absl::string_view what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  cudaGetLastError();
-  const std::string message = absl::StrCat(what, ": ", cudaGetErrorString(error));
-  if (error == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
-  return absl::InternalError(message);
-}
 
 // What ProbeOneSidedPlane all-gathers: where a rank runs.
 struct PlaceRecord {
@@ -89,8 +82,8 @@ absl::StatusOr<bool> ProbeOneSidedPlane(core::ControlCollective& control, int de
   std::memset(&mine, 0, sizeof(mine));
   const std::string host = HostIdentity();
   std::memcpy(mine.host, host.data(), std::min(host.size(), sizeof(mine.host) - 1));
-  RETURN_IF_ERROR(Cuda(cudaDeviceGetPCIBusId(mine.bus, sizeof(mine.bus), device),
-                       absl::StrCat("cudaDeviceGetPCIBusId(", device, ")")));
+  RETURN_IF_ERROR(kernels::CudaStatus(cudaDeviceGetPCIBusId(mine.bus, sizeof(mine.bus), device),
+                                      absl::StrCat("cudaDeviceGetPCIBusId(", device, ")")));
   mine.pid = static_cast<int64_t>(getpid());
   const int world = control.size();
   std::vector<PlaceRecord> all(world);
@@ -159,14 +152,15 @@ absl::StatusOr<std::unique_ptr<OneSidedDataPlane>> OneSidedDataPlane::Form(
   plane->timeout_ = group.timeout;
   RETURN_IF_ERROR(plane->MakeDeviceCurrent());
   for (cudaEvent_t& event : plane->events_) {
-    RETURN_IF_ERROR(Cuda(cudaEventCreate(&event), "cudaEventCreate"));
+    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventCreate(&event), "cudaEventCreate"));
   }
   for (cudaEvent_t* event : {&plane->fork_, &plane->join_}) {
-    RETURN_IF_ERROR(
-        Cuda(cudaEventCreateWithFlags(event, cudaEventDisableTiming), "cudaEventCreate(engine)"));
+    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventCreateWithFlags(event, cudaEventDisableTiming),
+                                        "cudaEventCreate(engine)"));
   }
-  RETURN_IF_ERROR(Cuda(cudaMallocHost(&plane->host_counts_, 2 * kernels::kMaxEpSize * 4),
-                       "cudaMallocHost(step counts)"));
+  RETURN_IF_ERROR(
+      kernels::CudaStatus(cudaMallocHost(&plane->host_counts_, 2 * kernels::kMaxEpSize * 4),
+                          "cudaMallocHost(step counts)"));
   return plane;
 }
 
@@ -188,7 +182,7 @@ OneSidedDataPlane::~OneSidedDataPlane() {
 }
 
 absl::Status OneSidedDataPlane::MakeDeviceCurrent() const {
-  return Cuda(cudaSetDevice(device_), absl::StrCat("cudaSetDevice(", device_, ")"));
+  return kernels::CudaStatus(cudaSetDevice(device_), absl::StrCat("cudaSetDevice(", device_, ")"));
 }
 
 kernels::onesided::OneSidedDispatcherOptions OneSidedDataPlane::DispatcherOptions(
@@ -567,31 +561,32 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::Forward(
                                    choices.ids.data(), choices.weights.data(), num_tokens, stream));
   const bool has_shared = shared_.Has(layer);
   if (has_shared) RETURN_IF_ERROR(shared_.Begin(layer, staging_->hidden(), num_tokens, stream));
-  RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[0], stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events_[0], stream), "cudaEventRecord"));
   RETURN_IF_ERROR(dispatcher_->Dispatch(staging_->hidden(), staging_->topk_ids(),
                                         staging_->topk_weights(), num_tokens));
-  RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[1], stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events_[1], stream), "cudaEventRecord"));
   absl::Status computed = dispatcher_->ComputeExperts(*experts);
   if (computed.ok() && has_shared) computed = shared_.JoinInto(stream);
-  RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[2], stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events_[2], stream), "cudaEventRecord"));
   // Combine even when this rank's compute failed: the peers wait for its
   // combine flags (the output is then not used).
   absl::Status combined = dispatcher_->Combine(
       staging_->output(), computed.ok() && has_shared ? shared_.output() : nullptr);
-  RETURN_IF_ERROR(Cuda(cudaEventRecord(events_[3], stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events_[3], stream), "cudaEventRecord"));
   const int members = dispatch_ep_;
-  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(host_counts_, dispatcher_->send_counts(), members * 4,
-                                       cudaMemcpyDeviceToHost, stream),
-                       "cudaMemcpyAsync(send counts to host)"));
-  RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(host_counts_ + members, dispatcher_->recv_counts(),
-                                       members * 4, cudaMemcpyDeviceToHost, stream),
-                       "cudaMemcpyAsync(receive counts to host)"));
+  RETURN_IF_ERROR(kernels::CudaStatus(cudaMemcpyAsync(host_counts_, dispatcher_->send_counts(),
+                                                      members * 4, cudaMemcpyDeviceToHost, stream),
+                                      "cudaMemcpyAsync(send counts to host)"));
+  RETURN_IF_ERROR(
+      kernels::CudaStatus(cudaMemcpyAsync(host_counts_ + members, dispatcher_->recv_counts(),
+                                          members * 4, cudaMemcpyDeviceToHost, stream),
+                          "cudaMemcpyAsync(receive counts to host)"));
   // The bounded wait: kAborted (geometry) or kDeadlineExceeded (a peer).
   RETURN_IF_ERROR(dispatcher_->CheckStep());
   RETURN_IF_ERROR(computed);
   RETURN_IF_ERROR(combined);
   if (num_tokens > 0) {
-    RETURN_IF_ERROR(Cuda(
+    RETURN_IF_ERROR(kernels::CudaStatus(
         cudaMemcpy(output.data(), staging_->output(), num_tokens * h * 2, cudaMemcpyDeviceToHost),
         "cudaMemcpy(output to host)"));
   }

@@ -24,15 +24,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/status_macros.h"
+#include "kernels/cuda_status.h"
 #include "kernels/engine_rows.cuh"
-#include "kernels/internal/cuda_status.h"
 #include "kernels/nccl_collective.h"
 #include "server/onesided_data_plane.h"
 
 namespace moe_ep::server {
 namespace {
 
-using kernels::internal::CudaStatus;
+using kernels::CudaStatus;
 
 }  // namespace
 

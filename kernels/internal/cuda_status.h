@@ -11,17 +11,13 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda_status.h"
 
 namespace moe_ep::kernels::internal {
 
-// OK for cudaSuccess, else kInternal "<what>: <cudaGetErrorString>".
-// cudaErrorMemoryAllocation maps to kResourceExhausted.
-inline absl::Status CudaStatus(cudaError_t err, const std::string& what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  const std::string msg = absl::StrCat(what, ": ", cudaGetErrorString(err));
-  if (err == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(msg);
-  return absl::InternalError(msg);
-}
+// kernels/cuda_status.h's rule (kResourceExhausted for allocation, else
+// kInternal, with the runtime's text).
+using kernels::CudaStatus;
 
 // The status of the last kernel launch on this thread.
 inline absl::Status LaunchStatus(const std::string& kernel) {
