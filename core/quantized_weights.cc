@@ -292,10 +292,10 @@ absl::StatusOr<GptOssExpertWeights> GenerateGptOssExpert(uint64_t seed, int laye
   return w;
 }
 
-absl::StatusOr<Fp8BlockMatrix> ReadFp8BlockMatrix(SafetensorsCheckpoint& ckpt,
-                                                  const std::string& weight_name,
-                                                  const std::string& scale_name, int64_t rows,
-                                                  int64_t cols) {
+absl::StatusOr<Fp8BlockTensorViews> FindFp8BlockMatrix(SafetensorsCheckpoint& ckpt,
+                                                       const std::string& weight_name,
+                                                       const std::string& scale_name, int64_t rows,
+                                                       int64_t cols) {
   ASSIGN_OR_RETURN(SafetensorsTensorView weight,
                    FindTensor(ckpt, weight_name, {SafetensorsDType::kF8E4M3}, {rows, cols},
                               "fp8 e4m3 block-scaled weight"));
@@ -320,13 +320,23 @@ absl::StatusOr<Fp8BlockMatrix> ReadFp8BlockMatrix(SafetensorsCheckpoint& ckpt,
         "): shape: expected ", ShapeText(grid),
         " (one scale per 128 x 128 block, tiling the weight), got ", ShapeText(found->shape)));
   }
+  return Fp8BlockTensorViews{std::move(weight), *std::move(found)};
+}
+
+absl::StatusOr<Fp8BlockMatrix> ReadFp8BlockMatrix(SafetensorsCheckpoint& ckpt,
+                                                  const std::string& weight_name,
+                                                  const std::string& scale_name, int64_t rows,
+                                                  int64_t cols) {
+  ASSIGN_OR_RETURN(const Fp8BlockTensorViews views,
+                   FindFp8BlockMatrix(ckpt, weight_name, scale_name, rows, cols));
   Fp8BlockMatrix m;
   m.rows = rows;
   m.cols = cols;
-  m.codes.assign(weight.data.begin(), weight.data.end());
-  m.scale_inv.resize(grid[0] * grid[1]);
-  for (size_t i = 0; i < m.scale_inv.size(); ++i)
-    m.scale_inv[i] = LoadF32(found->data.data() + 4 * i);
+  m.codes.assign(views.weight.data.begin(), views.weight.data.end());
+  m.scale_inv.resize(Fp8ScaleBlocks(rows) * Fp8ScaleBlocks(cols));
+  for (size_t i = 0; i < m.scale_inv.size(); ++i) {
+    m.scale_inv[i] = LoadF32(views.scale_inv.data.data() + 4 * i);
+  }
   return m;
 }
 

@@ -172,6 +172,25 @@ absl::StatusOr<Fp8BlockMatrix> ReadFp8BlockMatrix(SafetensorsCheckpoint& ckpt,
                                                   const std::string& scale_name, int64_t rows,
                                                   int64_t cols);
 
+// The two tensors of an fp8 block-scaled weight, unread: views into the
+// checkpoint's mapping (valid while `ckpt` lives). weight.data holds the
+// rows * cols e4m3 codes, scale_inv.data the grid's F32 values
+// little-endian, both as the file stores them.
+struct Fp8BlockTensorViews {
+  SafetensorsTensorView weight;
+  SafetensorsTensorView scale_inv;
+};
+
+// FindFp8BlockMatrix()
+//
+// ReadFp8BlockMatrix's checks from the headers alone, no tensor data read:
+// a loader that streams the bytes (kernels::DeviceExpertSet::Load, issue 35
+// item 2) checks every tensor first, then copies. Same errors.
+absl::StatusOr<Fp8BlockTensorViews> FindFp8BlockMatrix(SafetensorsCheckpoint& ckpt,
+                                                       const std::string& weight_name,
+                                                       const std::string& scale_name, int64_t rows,
+                                                       int64_t cols);
+
 // The names of one gpt-oss layer's expert tensors: `prefix` with {layer}
 // replaced, followed by gate_up_proj_blocks etc. Default prefix
 // "model.layers.{layer}.mlp.experts." (the published checkpoints).

@@ -191,10 +191,8 @@ absl::StatusOr<std::unique_ptr<DeviceExpertSet>> DeviceExpertSet::LoadWeights(
                      "): mxfp4 experts have no GPU kernel yet (the gloo plane computes them)"));
   }
   if (kind == core::ExpertKind::kFp8SwiGlu) {
-    if (source.kind != core::ExpertSourceKind::kSeeded) {
-      ASSIGN_OR_RETURN(const core::ExpertSet host, core::MakeHostExperts(source));
-      return Upload(host);
-    }
+    if (source.kind != core::ExpertSourceKind::kSeeded)
+      return LoadFp8Checkpoint(source, staging_bytes);
     ASSIGN_OR_RETURN(
         std::unique_ptr<DeviceExpertSet> set,
         WithSlots(core::ExpertKind::kFp8SwiGlu, source.Ids(), source.hidden, source.intermediate));
@@ -233,6 +231,62 @@ absl::StatusOr<std::unique_ptr<DeviceExpertSet>> DeviceExpertSet::LoadWeights(
       ASSIGN_OR_RETURN(core::SafetensorsTensorView view, ckpt.Find(source.TensorName(e, projs[p])));
       RETURN_IF_ERROR(upload->Copy(view, ih, dst[p]));
       core::ReleaseTensorPages(view);
+    }
+  }
+  RETURN_IF_ERROR(upload->Finish());
+  return set;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceExpertSet>> DeviceExpertSet::LoadFp8Checkpoint(
+    const core::ExpertSource& source, int64_t staging_bytes) {
+  auto with_source = [&](const absl::Status& s) {
+    return absl::Status(s.code(),
+                        absl::StrCat("expert source (", source.Describe(), "): ", s.message()));
+  };
+  absl::StatusOr<core::SafetensorsCheckpoint> ckpt =
+      core::SafetensorsCheckpoint::Open(source.checkpoint_path);
+  if (!ckpt.ok()) return with_source(ckpt.status());
+  // Every tensor is found and checked (dtype, shape, scale grid) from the
+  // headers before device memory is taken; then the bytes stream through.
+  const std::vector<int> ids = source.Ids();
+  const core::SeededProjection projs[3] = {
+      core::SeededProjection::kGate, core::SeededProjection::kUp, core::SeededProjection::kDown};
+  std::vector<core::quant::Fp8BlockTensorViews> views;
+  views.reserve(3 * ids.size());
+  for (const int e : ids) {
+    for (int p = 0; p < 3; ++p) {
+      const bool down = p == 2;
+      const std::string name = source.TensorName(e, projs[p]);
+      absl::StatusOr<core::quant::Fp8BlockTensorViews> found = core::quant::FindFp8BlockMatrix(
+          *ckpt, name, name + "_scale_inv", down ? source.hidden : source.intermediate,
+          down ? source.intermediate : source.hidden);
+      if (!found.ok()) return with_source(found.status());
+      views.push_back(*std::move(found));
+    }
+  }
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<DeviceExpertSet> set,
+      WithSlots(core::ExpertKind::kFp8SwiGlu, ids, source.hidden, source.intermediate));
+  if (set->num_experts_ == 0) return set;
+  RETURN_IF_ERROR(set->AllocateFp8());
+  const int64_t ih = source.hidden * source.intermediate;
+  const int64_t gs = set->Fp8GateScales();
+  const int64_t ds = set->Fp8DownScales();
+  // Slots of staging_bytes / 2 bytes each (at most one weight's codes).
+  ASSIGN_OR_RETURN(std::unique_ptr<PinnedUpload> upload,
+                   PinnedUpload::Create(std::max<int64_t>(1, std::min(staging_bytes / 4, ih / 2))));
+  for (int l = 0; l < set->num_experts_; ++l) {
+    uint8_t* const codes[3] = {set->fp8_gate_up_ + (2 * l) * ih,
+                               set->fp8_gate_up_ + (2 * l + 1) * ih, set->fp8_down_ + l * ih};
+    float* const scales[3] = {set->fp8_gate_up_scale_ + (2 * l) * gs,
+                              set->fp8_gate_up_scale_ + (2 * l + 1) * gs,
+                              set->fp8_down_scale_ + l * ds};
+    for (int p = 0; p < 3; ++p) {
+      const core::quant::Fp8BlockTensorViews& v = views[3 * l + p];
+      RETURN_IF_ERROR(upload->CopyBytes(v.weight.data, codes[p]));
+      RETURN_IF_ERROR(upload->CopyBytes(v.scale_inv.data, scales[p]));
+      core::ReleaseTensorPages(v.weight);
+      core::ReleaseTensorPages(v.scale_inv);
     }
   }
   RETURN_IF_ERROR(upload->Finish());

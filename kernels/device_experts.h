@@ -111,10 +111,12 @@ class DeviceExpertSet {
   // fp8 block-scaled sources (weight_format kFp8Block128, issue 35): seeded
   // weights are generated in bf16 on the device one expert at a time and
   // quantized there (GenerateFp8SwiGlu's bits, no host copy); checkpoint
-  // experts are read on the host (core::MakeHostExperts: the F8_E4M3 codes
-  // and F32 scale_inv as stored) and uploaded, so host memory holds the
-  // layer's fp8 bytes during the call. mxfp4 sources are refused
-  // (kFailedPrecondition: the GPU has no mxfp4 kernel yet).
+  // experts' tensors are all checked from the headers first
+  // (core::quant::FindFp8BlockMatrix: dtype, shape, scale grid), then the
+  // F8_E4M3 codes and F32 scale_inv stream as stored through the same two
+  // pinned buffers, each tensor's pages released once read, so host memory
+  // stays about staging_bytes plus one tensor (issue 35 item 2). mxfp4
+  // sources are refused (kFailedPrecondition: the GPU has no mxfp4 kernel yet).
   // The pinned buffers are min(staging_bytes / 2, one tensor's bytes) each,
   // allocated for the call and freed before it returns. Synchronous (not a
   // step-path call).
@@ -173,6 +175,11 @@ class DeviceExpertSet {
   DeviceExpertSet() = default;
   // Load without the router weight use (Load sets it from the source).
   static absl::StatusOr<std::unique_ptr<DeviceExpertSet>> LoadWeights(
+      const core::ExpertSource& source, int64_t staging_bytes);
+  // Load of an fp8 checkpoint source: every tensor checked from the headers
+  // (core::quant::FindFp8BlockMatrix), then codes and scales streamed as
+  // stored through a PinnedUpload, each tensor's pages released once read.
+  static absl::StatusOr<std::unique_ptr<DeviceExpertSet>> LoadFp8Checkpoint(
       const core::ExpertSource& source, int64_t staging_bytes);
   // A set of `kind` whose slots hold `ids` (ascending, distinct), with the
   // device slot ids written; no weights yet.

@@ -1,6 +1,7 @@
 #include "kernels/pinned_upload.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
@@ -58,6 +59,24 @@ absl::Status PinnedUpload::Copy(const core::SafetensorsTensorView& view, int64_t
     RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(done_[slot]), "cudaEventSynchronize"));
     RETURN_IF_ERROR(core::SafetensorsToBf16(view, begin, absl::MakeSpan(host, count)));
     RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(dst + begin, host, count * sizeof(uint16_t),
+                                               cudaMemcpyHostToDevice, stream_),
+                               "cudaMemcpyAsync(expert weights to device)"));
+    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(done_[slot], stream_), "cudaEventRecord"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PinnedUpload::CopyBytes(absl::Span<const uint8_t> bytes, void* dst) {
+  const int64_t slot_bytes = slot_elements_ * static_cast<int64_t>(sizeof(uint16_t));
+  const int64_t total = static_cast<int64_t>(bytes.size());
+  for (int64_t begin = 0; begin < total; begin += slot_bytes) {
+    const int slot = next_slot_;
+    next_slot_ ^= 1;
+    const int64_t count = std::min(slot_bytes, total - begin);
+    auto* host = reinterpret_cast<uint8_t*>(host_ + slot * slot_elements_);
+    RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(done_[slot]), "cudaEventSynchronize"));
+    std::memcpy(host, bytes.data() + begin, count);
+    RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(static_cast<uint8_t*>(dst) + begin, host, count,
                                                cudaMemcpyHostToDevice, stream_),
                                "cudaMemcpyAsync(expert weights to device)"));
     RETURN_IF_ERROR(CudaStatus(cudaEventRecord(done_[slot], stream_), "cudaEventRecord"));

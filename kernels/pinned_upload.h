@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "core/safetensors.h"
 
 namespace moe_ep::kernels {
@@ -37,6 +38,12 @@ class PinnedUpload {
   // Errors: kInvalidArgument (the view does not hold `elements` elements),
   // kInternal (copy or event).
   absl::Status Copy(const core::SafetensorsTensorView& view, int64_t elements, uint16_t* dst);
+  // Enqueues the copy of `bytes` unchanged to device `dst` in pieces of at
+  // most one slot (2 * slot_elements bytes), as Copy: fp8 codes and their
+  // F32 scales go to the GPU as the file stores them (issue 35 item 2; a
+  // little-endian host). `bytes` is all read when this returns.
+  // Errors: kInternal (copy or event).
+  absl::Status CopyBytes(absl::Span<const uint8_t> bytes, void* dst);
   // Waits for every copy enqueued. Errors: kInternal (a copy failed).
   absl::Status Finish();
   // Pinned bytes held (both slots).

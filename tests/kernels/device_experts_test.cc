@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/expert_source.h"
+#include "core/quantized_weights.h"
 #include "core/safetensors.h"
 #include "tests/kernels/gpu_test_util.h"
 
@@ -235,6 +236,47 @@ TEST(DeviceExpertSet, LoadFromSourceEqualsTheHostExperts) {
   EXPECT_EQ((*identity)->gate_up(), nullptr);
 }
 
+// The device fp8 weights of `dev` equal the host fp8 experts slot by slot:
+// codes and scales in Fp8SwiGluExperts' layout, bit for bit.
+void ExpectSameFp8Weights(const core::ExpertSet& host, const DeviceExpertSet& dev) {
+  const Fp8SwiGluExperts view = dev.fp8();
+  const int n = host.num_experts();
+  ASSERT_EQ(view.num_experts, n);
+  ASSERT_EQ(view.hidden, host.hidden());
+  ASSERT_EQ(view.intermediate, host.intermediate());
+  const int64_t ih = view.hidden * view.intermediate;
+  const int64_t scales = ((view.intermediate + 127) / 128) * ((view.hidden + 127) / 128);
+  std::vector<uint8_t> gate_up(n * 2 * ih), down(n * ih);
+  std::vector<float> gate_up_scale(n * 2 * scales), down_scale(n * scales);
+  ASSERT_EQ(cudaMemcpy(gate_up.data(), view.gate_up, gate_up.size(), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(down.data(), view.down, down.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(gate_up_scale.data(), view.gate_up_scale, gate_up_scale.size() * 4,
+                       cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  ASSERT_EQ(
+      cudaMemcpy(down_scale.data(), view.down_scale, down_scale.size() * 4, cudaMemcpyDeviceToHost),
+      cudaSuccess);
+  for (int l = 0; l < n; ++l) {
+    const core::quant::Fp8SwiGluWeights& w = host.fp8_weights(l);
+    EXPECT_TRUE(std::equal(w.gate.codes.begin(), w.gate.codes.end(), gate_up.begin() + l * 2 * ih))
+        << "slot " << l;
+    EXPECT_TRUE(std::equal(w.up.codes.begin(), w.up.codes.end(), gate_up.begin() + l * 2 * ih + ih))
+        << "slot " << l;
+    EXPECT_TRUE(std::equal(w.down.codes.begin(), w.down.codes.end(), down.begin() + l * ih))
+        << "slot " << l;
+    EXPECT_TRUE(std::equal(w.gate.scale_inv.begin(), w.gate.scale_inv.end(),
+                           gate_up_scale.begin() + l * 2 * scales))
+        << "slot " << l;
+    EXPECT_TRUE(std::equal(w.up.scale_inv.begin(), w.up.scale_inv.end(),
+                           gate_up_scale.begin() + l * 2 * scales + scales))
+        << "slot " << l;
+    EXPECT_TRUE(std::equal(w.down.scale_inv.begin(), w.down.scale_inv.end(),
+                           down_scale.begin() + l * scales))
+        << "slot " << l;
+  }
+}
+
 // fp8 block-scaled experts (issue 35 item 3): the seeded source is made on
 // the device (bf16 generated and quantized there) with the bits of the host
 // experts of the same source (core::quant::GenerateFp8SwiGlu per expert),
@@ -264,41 +306,7 @@ TEST(DeviceExpertSet, Fp8SeededAndUploadedEqualTheHostFp8Experts) {
     EXPECT_EQ(dev->weight_bytes(), 3 * (3 * ih + 3 * scales * 4));
     EXPECT_EQ(dev->weight_bytes(), source.weight_bytes());
     EXPECT_EQ(dev->gate_up(), nullptr);
-    const Fp8SwiGluExperts view = dev->fp8();
-    EXPECT_EQ(view.num_experts, 3);
-    EXPECT_EQ(view.hidden, h);
-    EXPECT_EQ(view.intermediate, i);
-    std::vector<uint8_t> gate_up(3 * 2 * ih), down(3 * ih);
-    std::vector<float> gate_up_scale(3 * 2 * scales), down_scale(3 * scales);
-    ASSERT_EQ(cudaMemcpy(gate_up.data(), view.gate_up, gate_up.size(), cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(down.data(), view.down, down.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(gate_up_scale.data(), view.gate_up_scale, gate_up_scale.size() * 4,
-                         cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(down_scale.data(), view.down_scale, down_scale.size() * 4,
-                         cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    for (int l = 0; l < 3; ++l) {
-      const core::quant::Fp8SwiGluWeights& w = host->fp8_weights(l);
-      EXPECT_TRUE(
-          std::equal(w.gate.codes.begin(), w.gate.codes.end(), gate_up.begin() + l * 2 * ih))
-          << "slot " << l;
-      EXPECT_TRUE(
-          std::equal(w.up.codes.begin(), w.up.codes.end(), gate_up.begin() + l * 2 * ih + ih))
-          << "slot " << l;
-      EXPECT_TRUE(std::equal(w.down.codes.begin(), w.down.codes.end(), down.begin() + l * ih))
-          << "slot " << l;
-      EXPECT_TRUE(std::equal(w.gate.scale_inv.begin(), w.gate.scale_inv.end(),
-                             gate_up_scale.begin() + l * 2 * scales))
-          << "slot " << l;
-      EXPECT_TRUE(std::equal(w.up.scale_inv.begin(), w.up.scale_inv.end(),
-                             gate_up_scale.begin() + l * 2 * scales + scales))
-          << "slot " << l;
-      EXPECT_TRUE(std::equal(w.down.scale_inv.begin(), w.down.scale_inv.end(),
-                             down_scale.begin() + l * scales))
-          << "slot " << l;
-    }
+    ExpectSameFp8Weights(*host, *dev);
   }
   // mxfp4 has no GPU kernel: refused by name, nothing allocated.
   source.weight_format = core::quant::ExpertWeightFormat::kMxfp4;
@@ -306,6 +314,63 @@ TEST(DeviceExpertSet, Fp8SeededAndUploadedEqualTheHostFp8Experts) {
   ASSERT_FALSE(mxfp4.ok());
   EXPECT_EQ(mxfp4.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(mxfp4.status().message().find("mxfp4"), std::string::npos) << mxfp4.status();
+}
+
+// An fp8 checkpoint in DeepSeek-V3's layout (issue 35 item 2): the
+// F8_E4M3 codes and F32 weight_scale_inv stream to the device as stored,
+// through 64-byte pinned pieces, bit for bit the host loader's experts
+// (core::MakeHostExperts) and the seeded experts written; a missing scale is
+// an error naming the tensor, before any device memory is taken.
+TEST(DeviceExpertSet, Fp8CheckpointStreamsAsStored) {
+  MOE_EP_REQUIRE_GPUS(1);
+  const int64_t h = 256;
+  const int64_t i = 384;
+  const char* pattern = "model.layers.{layer}.mlp.experts.{expert}.{proj}.weight";
+  auto all = core::ExpertSet::GenerateFp8SwiGlu(13, 3, 0, 4, h, i);
+  ASSERT_TRUE(all.ok()) << all.status();
+  std::vector<core::SafetensorsTensor> tensors;
+  const core::SeededProjection projs[3] = {
+      core::SeededProjection::kGate, core::SeededProjection::kUp, core::SeededProjection::kDown};
+  for (int e = 0; e < 4; ++e) {
+    const core::quant::Fp8SwiGluWeights& w = all->fp8_weights(e);
+    const core::quant::Fp8BlockMatrix* parts[3] = {&w.gate, &w.up, &w.down};
+    for (int p = 0; p < 3; ++p) {
+      const std::string name = core::ExpertTensorName(pattern, 3, e, projs[p]);
+      for (core::SafetensorsTensor& t :
+           core::quant::Fp8Tensors(*parts[p], name, name + "_scale_inv")) {
+        tensors.push_back(std::move(t));
+      }
+    }
+  }
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "moe_ep_device_experts_fp8.safetensors").string();
+  ASSERT_TRUE(core::WriteSafetensors(path, tensors).ok());
+  // Rank 1 of 2: experts [2, 4).
+  core::ExpertSource source = core::ExpertSource::Safetensors(path, pattern, 3, 4, 2, 2, h, i);
+  source.weight_format = core::quant::ExpertWeightFormat::kFp8Block128;
+  auto streamed = DeviceExpertSet::Load(source, /*staging_bytes=*/128);
+  ASSERT_TRUE(streamed.ok()) << streamed.status();
+  EXPECT_EQ((*streamed)->kind(), core::ExpertKind::kFp8SwiGlu);
+  EXPECT_EQ((*streamed)->expert_ids(), (std::vector<int>{2, 3}));
+  EXPECT_EQ((*streamed)->weight_bytes(), source.weight_bytes());
+  auto host = core::MakeHostExperts(source);
+  ASSERT_TRUE(host.ok()) << host.status();
+  ExpectSameFp8Weights(*host, **streamed);
+  for (int l = 0; l < 2; ++l) {
+    EXPECT_EQ(host->fp8_weights(l).down.codes, all->fp8_weights(2 + l).down.codes);
+  }
+  // Without expert 3's down scale: NOT_FOUND naming both tensors.
+  const std::string missing = core::ExpertTensorName(pattern, 3, 3, projs[2]) + "_scale_inv";
+  tensors.erase(std::remove_if(tensors.begin(), tensors.end(),
+                               [&](const core::SafetensorsTensor& t) { return t.name == missing; }),
+                tensors.end());
+  ASSERT_TRUE(core::WriteSafetensors(path, tensors).ok());
+  auto refused = DeviceExpertSet::Load(source, 128);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kNotFound) << refused.status();
+  EXPECT_NE(refused.status().message().find(missing), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("expert source ("), std::string::npos);
+  std::remove(path.c_str());
 }
 
 // Any set of ids (DESIGN §17; issue 34 item 2): slot l holds expert
