@@ -84,10 +84,11 @@ class Database:
     def normalize(self, text: str) -> str:
         """Absolute source / build paths as <src> / <build> (build first: it may lie in src),
         and no -Werror: scripts/lint.sh runs clang-tidy with -Wno-error, so a build with
-        or without MOE_EP_WERROR tidies alike and shares its keys. Debug-info levels
-        (-g, -g1) change no line of the AST, so a build with either shares keys too."""
+        or without MOE_EP_WERROR tidies alike and shares its keys. Any debug-info level
+        (-g, -g1, ...) reads as -g: it changes no line of the AST, so builds with line
+        tables only (the default) and with full debug info share keys."""
         text = re.sub(r" -Werror(?=\s|$)", "", text)
-        text = re.sub(r" -g[0-3]?(?=\s|$)", "", text)
+        text = re.sub(r" -g[0-3]?(?=\s|$)", " -g", text)
         return text.replace(self.build, "<build>").replace(self.root, "<src>")
 
     def name(self, path: str) -> Optional[str]:

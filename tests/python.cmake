@@ -39,4 +39,4 @@ endif()
 add_test(NAME python_client
   COMMAND ${PROJECT_SOURCE_DIR}/tests/python/install_offline.sh $<TARGET_FILE:moe-ep-worker>
           ${moe_ep_python_cli})
-set_tests_properties(python_client PROPERTIES LABELS python TIMEOUT 180)
+set_tests_properties(python_client PROPERTIES LABELS python TIMEOUT 180 COST 45)
