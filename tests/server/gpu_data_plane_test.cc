@@ -379,6 +379,38 @@ TEST(GpuDataPlane, ForwardBytesIsExactInBothHostCopyModes) {
 
 // fp8 block-scaled experts on the NCCL plane (issue 35 item 3): seeded fp8
 // experts of DeepSeek-V3's format made on the device (no host copy), one
+// A world-1 NCCL plane (capacity N tokens, top-k K, E experts) with
+// `source`'s experts in layer 0, their bytes the format's, and the geometry
+// committed for `tokens` tokens: the Forward tests' set-up. Null (with the
+// failure recorded) when a step fails.
+std::unique_ptr<GpuDataPlane> FormWithExperts(const core::ExpertSource& source, int num_experts,
+                                              int top_k, int64_t capacity, int64_t tokens) {
+  DataPlaneGroup group;
+  group.backend = "nccl";
+  auto plane = GpuDataPlane::Form(group, std::make_shared<gloo::rendezvous::HashStore>());
+  if (!plane.ok()) {
+    ADD_FAILURE() << plane.status();
+    return nullptr;
+  }
+  core::EpDispatcherOptions options;
+  options.workspace = core::WorkspaceSpec{1, capacity, source.hidden, top_k};
+  options.num_experts = num_experts;
+  auto allocated = (*plane)->Allocate(options, source.intermediate, 0);
+  absl::StatusOr<int64_t> bytes = allocated.ok() ? (*plane)->LoadExperts(0, source, 0)
+                                                 : absl::StatusOr<int64_t>(allocated.status());
+  if (!bytes.ok()) {
+    ADD_FAILURE() << bytes.status();
+    return nullptr;
+  }
+  EXPECT_EQ(*bytes, source.weight_bytes());
+  absl::Status committed = (*plane)->CommitGeometry(1, tokens, tokens);
+  if (!committed.ok()) {
+    ADD_FAILURE() << committed;
+    return nullptr;
+  }
+  return *std::move(plane);
+}
+
 // Forward at world 1 against the quantized CPU reference
 // (core::quant::Fp8SwiGluForward of the same experts, router weights summed
 // in fp64), within the bound of tests/kernels/expert_compute_fp8_test.cc:
@@ -394,20 +426,10 @@ TEST(GpuDataPlane, Fp8ExpertsForwardWithinTheQuantizedReferenceBound) {
   constexpr int64_t kI = 384;
   constexpr int kK = 4;
   constexpr int kE = 8;
-  DataPlaneGroup group;
-  group.backend = "nccl";
-  auto plane = GpuDataPlane::Form(group, std::make_shared<gloo::rendezvous::HashStore>());
-  ASSERT_TRUE(plane.ok()) << plane.status();
-  core::EpDispatcherOptions options;
-  options.workspace = core::WorkspaceSpec{1, 32, kH, kK};
-  options.num_experts = kE;
-  ASSERT_TRUE((*plane)->Allocate(options, kI, 0).ok());
   core::ExpertSource source = core::ExpertSource::Seeded(21, 0, kE, 0, kE, kH, kI);
   source.weight_format = core::quant::ExpertWeightFormat::kFp8Block128;
-  absl::StatusOr<int64_t> bytes = (*plane)->LoadExperts(0, source, 0);
-  ASSERT_TRUE(bytes.ok()) << bytes.status();
-  EXPECT_EQ(*bytes, source.weight_bytes());
-  ASSERT_TRUE((*plane)->CommitGeometry(1, kT, kT).ok());
+  std::unique_ptr<GpuDataPlane> plane = FormWithExperts(source, kE, kK, 32, kT);
+  ASSERT_NE(plane, nullptr);
   auto host = core::MakeHostExperts(source);
   ASSERT_TRUE(host.ok()) << host.status();
 
@@ -428,7 +450,7 @@ TEST(GpuDataPlane, Fp8ExpertsForwardWithinTheQuantizedReferenceBound) {
   }
   std::vector<core::bf16_t> out(kT * kH, 0x7fc0);
   absl::StatusOr<core::StepStats> stats =
-      (*plane)->Forward(0, x, ids, weights, kT, absl::MakeSpan(out));
+      plane->Forward(0, x, ids, weights, kT, absl::MakeSpan(out));
   ASSERT_TRUE(stats.ok()) << stats.status();
 
   int64_t bad = 0;
@@ -487,18 +509,10 @@ TEST(GpuDataPlane, InputScaledExpertsForwardAsTheReference) {
   constexpr int64_t kI = 128;
   constexpr int kK = 1;  // Llama-4 routes each token to one expert
   constexpr int kE = 16;
-  DataPlaneGroup group;
-  group.backend = "nccl";
-  auto plane = GpuDataPlane::Form(group, std::make_shared<gloo::rendezvous::HashStore>());
-  ASSERT_TRUE(plane.ok()) << plane.status();
-  core::EpDispatcherOptions options;
-  options.workspace = core::WorkspaceSpec{1, 64, kH, kK};
-  options.num_experts = kE;
-  ASSERT_TRUE((*plane)->Allocate(options, kI, 0).ok());
   core::ExpertSource source = core::ExpertSource::Seeded(31, 0, kE, 0, kE, kH, kI);
   source.router_weight_use = core::RouterWeightUse::kScalesInput;
-  ASSERT_TRUE((*plane)->LoadExperts(0, source, 0).ok());
-  ASSERT_TRUE((*plane)->CommitGeometry(1, kT, kT).ok());
+  std::unique_ptr<GpuDataPlane> plane = FormWithExperts(source, kE, kK, 64, kT);
+  ASSERT_NE(plane, nullptr);
   auto host = core::MakeHostExperts(source);
   ASSERT_TRUE(host.ok()) << host.status();
 
@@ -514,7 +528,7 @@ TEST(GpuDataPlane, InputScaledExpertsForwardAsTheReference) {
   }
   std::vector<core::bf16_t> out(kT * kH, 0x7fc0);
   absl::StatusOr<core::StepStats> stats =
-      (*plane)->Forward(0, x, ids, weights, kT, absl::MakeSpan(out));
+      plane->Forward(0, x, ids, weights, kT, absl::MakeSpan(out));
   ASSERT_TRUE(stats.ok()) << stats.status();
 
   std::vector<float> xf(kT * kH), want(kT * kH), output_scaled(kT * kH);
