@@ -184,11 +184,16 @@ void ForwardOutlastingItsDeadline(int n) {
     OnAllRanks(n, [&](int r) { status[r] = w[r].Load(load); });
     ExpectAllOk(status, "LoadExperts");
     for (v1::ForwardRequest& request : heavy_requests) request.set_layer(layer);
+    // The faster of two runs: a run slowed by a concurrent test would make
+    // W / 5 a deadline the unloaded step meets (seen once in ctest -j2).
     work = ForwardAll(w, heavy_requests, long_deadline, &status, &out);
     ExpectAllOk(status, "heavy Forward");
-    ++forwards;
+    const Clock::duration again = ForwardAll(w, heavy_requests, long_deadline, &status, &out);
+    ExpectAllOk(status, "heavy Forward, again");
+    forwards += 2;
+    work = std::min(work, again);
     std::cout << n << " rank(s), I = " << intermediate << ": the heavy Forward took "
-              << Millis(work).count() << " ms\n";
+              << Millis(work).count() << " ms (the faster of two)\n";
     if (work >= kMinWork || layer == 2) break;
   }
   if (work < kMinWork) {
