@@ -50,35 +50,37 @@ absl::Status PinnedUpload::Copy(const core::SafetensorsTensorView& view, int64_t
     return absl::InvalidArgumentError(
         absl::StrCat("PinnedUpload: expected a tensor of ", elements, " elements, got ", held));
   }
-  for (int64_t begin = 0; begin < elements; begin += slot_elements_) {
-    const int slot = next_slot_;
-    next_slot_ ^= 1;
-    const int64_t count = std::min(slot_elements_, elements - begin);
-    uint16_t* host = host_ + slot * slot_elements_;
-    // A never-recorded event is complete, so the first use of a slot does not wait.
-    RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(done_[slot]), "cudaEventSynchronize"));
-    RETURN_IF_ERROR(core::SafetensorsToBf16(view, begin, absl::MakeSpan(host, count)));
-    RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(dst + begin, host, count * sizeof(uint16_t),
-                                               cudaMemcpyHostToDevice, stream_),
-                               "cudaMemcpyAsync(expert weights to device)"));
-    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(done_[slot], stream_), "cudaEventRecord"));
-  }
-  return absl::OkStatus();
+  // Pieces of whole bf16 values: byte offsets and sizes are even.
+  return Enqueue(elements * 2, reinterpret_cast<uint8_t*>(dst),
+                 [&](int64_t begin, int64_t bytes, uint8_t* host) {
+                   return core::SafetensorsToBf16(
+                       view, begin / 2,
+                       absl::MakeSpan(reinterpret_cast<uint16_t*>(host), bytes / 2));
+                 });
 }
 
 absl::Status PinnedUpload::CopyBytes(absl::Span<const uint8_t> bytes, void* dst) {
+  return Enqueue(static_cast<int64_t>(bytes.size()), static_cast<uint8_t*>(dst),
+                 [&](int64_t begin, int64_t count, uint8_t* host) {
+                   std::memcpy(host, bytes.data() + begin, count);
+                   return absl::OkStatus();
+                 });
+}
+
+absl::Status PinnedUpload::Enqueue(
+    int64_t total, uint8_t* dst, absl::FunctionRef<absl::Status(int64_t, int64_t, uint8_t*)> fill) {
   const int64_t slot_bytes = slot_elements_ * static_cast<int64_t>(sizeof(uint16_t));
-  const int64_t total = static_cast<int64_t>(bytes.size());
   for (int64_t begin = 0; begin < total; begin += slot_bytes) {
     const int slot = next_slot_;
     next_slot_ ^= 1;
     const int64_t count = std::min(slot_bytes, total - begin);
     auto* host = reinterpret_cast<uint8_t*>(host_ + slot * slot_elements_);
+    // A never-recorded event is complete, so the first use of a slot does not wait.
     RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(done_[slot]), "cudaEventSynchronize"));
-    std::memcpy(host, bytes.data() + begin, count);
-    RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(static_cast<uint8_t*>(dst) + begin, host, count,
-                                               cudaMemcpyHostToDevice, stream_),
-                               "cudaMemcpyAsync(expert weights to device)"));
+    RETURN_IF_ERROR(fill(begin, count, host));
+    RETURN_IF_ERROR(
+        CudaStatus(cudaMemcpyAsync(dst + begin, host, count, cudaMemcpyHostToDevice, stream_),
+                   "cudaMemcpyAsync(expert weights to device)"));
     RETURN_IF_ERROR(CudaStatus(cudaEventRecord(done_[slot], stream_), "cudaEventRecord"));
   }
   return absl::OkStatus();

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "core/safetensors.h"
@@ -51,6 +52,11 @@ class PinnedUpload {
 
  private:
   PinnedUpload() = default;
+  // The loop of Copy and CopyBytes: `total` bytes to device `dst` in pieces
+  // of at most one slot, each filled by fill(first byte, bytes, slot) once the
+  // slot's previous copy is done, then copied on the stream.
+  absl::Status Enqueue(int64_t total, uint8_t* dst,
+                       absl::FunctionRef<absl::Status(int64_t, int64_t, uint8_t*)> fill);
   int64_t slot_elements_ = 0;
   uint16_t* host_ = nullptr;  // [2, slot_elements] pinned
   cudaStream_t stream_ = nullptr;
