@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/bf16.h"
@@ -101,6 +102,27 @@ void ExpectReference(const core::ExpertSet& host, const testing::MoeInputs& in,
   EXPECT_LT(local_rows, kRows) << what << ": and some must reach none of them";
 }
 
+// The rename that keeps every id: rows carry the experts' own ids.
+std::vector<int32_t> SameIds() {
+  std::vector<int32_t> same(kNumExperts);
+  for (int e = 0; e < kNumExperts; ++e) same[e] = e;
+  return same;
+}
+
+// `rows` through `device` on every GEMM path, each against the host experts
+// (ExpectReference); returns the kGroupedDevice output.
+std::vector<bf16_t> ExpectEveryGemmPath(const core::ExpertSet& host, const testing::MoeInputs& in,
+                                        const std::vector<uint8_t>& rows,
+                                        const DeviceExpertSet& device, const std::string& what) {
+  std::vector<bf16_t> grouped = RunOnDevice(rows, device, ExpertGemm::kGroupedDevice);
+  ExpectReference(host, in, grouped, ("grouped device" + what).c_str());
+  ExpectReference(host, in, RunOnDevice(rows, device, ExpertGemm::kGroupedWmma),
+                  ("wmma" + what).c_str());
+  ExpectReference(host, in, RunOnDevice(rows, device, ExpertGemm::kCublasHostCounts),
+                  ("cublas" + what).c_str());
+  return grouped;
+}
+
 TEST(ExpertCompute, SwiGluOnIdsThatAreNotARangeEqualsTheHostExperts) {
   MOE_EP_REQUIRE_GPUS(1);
   const core::ExpertSource source =
@@ -110,13 +132,8 @@ TEST(ExpertCompute, SwiGluOnIdsThatAreNotARangeEqualsTheHostExperts) {
   auto device = DeviceExpertSet::Load(source);
   ASSERT_TRUE(device.ok()) << device.status();
   const testing::MoeInputs in = MakeInputs(5, kRows, kHidden, kTopK, kNumExperts, 0.1);
-  std::vector<int32_t> same(kNumExperts);
-  for (int e = 0; e < kNumExperts; ++e) same[e] = e;
-  const std::vector<uint8_t> rows = PackRows(in, same);
-  const std::vector<bf16_t> grouped = RunOnDevice(rows, **device, ExpertGemm::kGroupedDevice);
-  ExpectReference(*host, in, grouped, "grouped device");
-  ExpectReference(*host, in, RunOnDevice(rows, **device, ExpertGemm::kGroupedWmma), "wmma");
-  ExpectReference(*host, in, RunOnDevice(rows, **device, ExpertGemm::kCublasHostCounts), "cublas");
+  const std::vector<uint8_t> rows = PackRows(in, SameIds());
+  const std::vector<bf16_t> grouped = ExpectEveryGemmPath(*host, in, rows, **device, "");
 
   // Renumbered: slot l answers to 100 + 2l, the rows carry those ids for the
   // set's experts and ids no slot answers to for the others: same bits.
@@ -147,14 +164,8 @@ TEST(ExpertCompute, InputScalingComputesTheExpertOfTheScaledRow) {
   ASSERT_TRUE(device.ok()) << device.status();
   EXPECT_EQ((*device)->router_weight_use(), core::RouterWeightUse::kScalesInput);
   const testing::MoeInputs in = MakeInputs(8, kRows, kHidden, kTopK, kNumExperts, 0.1);
-  std::vector<int32_t> same(kNumExperts);
-  for (int e = 0; e < kNumExperts; ++e) same[e] = e;
-  const std::vector<uint8_t> rows = PackRows(in, same);
-  const std::vector<bf16_t> grouped = RunOnDevice(rows, **device, ExpertGemm::kGroupedDevice);
-  ExpectReference(*host, in, grouped, "grouped device, e(w x)");
-  ExpectReference(*host, in, RunOnDevice(rows, **device, ExpertGemm::kGroupedWmma), "wmma, e(w x)");
-  ExpectReference(*host, in, RunOnDevice(rows, **device, ExpertGemm::kCublasHostCounts),
-                  "cublas, e(w x)");
+  const std::vector<uint8_t> rows = PackRows(in, SameIds());
+  const std::vector<bf16_t> grouped = ExpectEveryGemmPath(*host, in, rows, **device, ", e(w x)");
 
   source.router_weight_use = core::RouterWeightUse::kScalesOutput;
   auto output_scaled = DeviceExpertSet::Load(source);
@@ -179,9 +190,8 @@ TEST(ExpertCompute, IdentityOnIdsThatAreNotARangeSumsTheLocalWeights) {
   auto device = DeviceExpertSet::Load(source);
   ASSERT_TRUE(device.ok()) << device.status();
   const testing::MoeInputs in = MakeInputs(6, kRows, kHidden, kTopK, kNumExperts, 0.1);
-  std::vector<int32_t> same(kNumExperts);
-  for (int e = 0; e < kNumExperts; ++e) same[e] = e;
-  ExpectReference(*host, in, RunOnDevice(PackRows(in, same), **device, ExpertGemm::kGroupedDevice),
+  ExpectReference(*host, in,
+                  RunOnDevice(PackRows(in, SameIds()), **device, ExpertGemm::kGroupedDevice),
                   "identity");
 }
 
