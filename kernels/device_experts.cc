@@ -67,10 +67,13 @@ absl::StatusOr<std::unique_ptr<DeviceExpertSet>> DeviceExpertSet::Upload(
     RETURN_IF_ERROR(set->UploadFp8(experts));
     return set;
   }
-  if (set->kind_ != core::ExpertKind::kSwiGlu) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("DeviceExpertSet::Upload: ", core::ExpertKindName(set->kind_),
-                     " experts have no GPU kernel (bf16 and fp8 SwiGLU and identity experts do)"));
+  if (set->kind_ == core::ExpertKind::kGptOssMxfp4) {
+    set->gpt_oss_activation_ = experts.gpt_oss_activation();
+    RETURN_IF_ERROR(set->AllocateMxfp4());
+    for (int l = 0; l < set->num_experts_; ++l) {
+      RETURN_IF_ERROR(set->UploadMxfp4(l, experts.gpt_oss_weights(l)));
+    }
+    return set;
   }
 
   const int64_t h = set->hidden_;
@@ -185,11 +188,7 @@ absl::StatusOr<std::unique_ptr<DeviceExpertSet>> DeviceExpertSet::LoadWeights(
     return WithSlots(core::ExpertKind::kIdentity, source.Ids(), source.hidden, 0);
   }
   const core::ExpertKind kind = source.expert_kind();
-  if (kind == core::ExpertKind::kGptOssMxfp4) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("DeviceExpertSet::Load: expert source (", source.Describe(),
-                     "): mxfp4 experts have no GPU kernel yet (the gloo plane computes them)"));
-  }
+  if (kind == core::ExpertKind::kGptOssMxfp4) return LoadMxfp4(source);
   if (kind == core::ExpertKind::kFp8SwiGlu) {
     if (source.kind != core::ExpertSourceKind::kSeeded)
       return LoadFp8Checkpoint(source, staging_bytes);
@@ -412,6 +411,7 @@ DeviceExpertSet::~DeviceExpertSet() {
   cudaFree(fp8_gate_up_scale_);
   cudaFree(fp8_down_);
   cudaFree(fp8_down_scale_);
+  cudaFree(mxfp4_);
   cudaFree(device_slot_ids_);
 }
 
@@ -422,6 +422,8 @@ int64_t DeviceExpertSet::weight_bytes() const {
     case core::ExpertKind::kFp8SwiGlu:
       return int64_t{num_experts_} *
              (3 * hidden_ * intermediate_ + (2 * Fp8GateScales() + Fp8DownScales()) * 4);
+    case core::ExpertKind::kGptOssMxfp4:
+      return int64_t{num_experts_} * Mxfp4SlotBytes();
     default:
       return int64_t{num_experts_} * 3 * hidden_ * intermediate_ * 2;
   }

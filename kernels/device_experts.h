@@ -3,8 +3,8 @@
 // The experts of one MoE layer held by one rank on its GPU (DESIGN §7):
 // SwiGLU weights in bf16, laid out for the grouped GEMMs of
 // kernels/expert_compute.h, fp8 block-scaled SwiGLU weights (DeepSeek-V3's
-// checkpoint format, Fp8SwiGluExperts below; issue 35 item 3), or identity
-// experts (no weights).
+// checkpoint format, Fp8SwiGluExperts below; issue 35 item 3), gpt-oss's
+// mxfp4 experts (Mxfp4Experts below), or identity experts (no weights).
 //
 // Device layout (row-major bf16):
 //   gate_up [L, 2I, H]: rows [0, I) of slot l are gate, rows [I, 2I) up
@@ -39,6 +39,8 @@
 #include "absl/status/statusor.h"
 #include "core/expert_source.h"
 #include "core/experts.h"
+#include "core/quantized_expert_compute.h"
+#include "core/quantized_weights.h"
 
 namespace moe_ep::kernels {
 
@@ -64,6 +66,27 @@ struct Fp8SwiGluExperts {
   bool scales_input = false;             // e(w * x), Llama-4 (router_weight_use)
 };
 
+// gpt-oss's mxfp4 experts of one rank on its GPU (issue 35 item 3), as
+// non-owning device pointers, each slot's tensors as the checkpoint stores
+// them (core/quantized_formats.h): gate_up blocks [2I, H/32, 16] (row 2j the
+// gate and 2j + 1 the up of feature j), scales [2I, H/32] E8M0, bias [2I]
+// bf16; down blocks [H, I/32, 16], scales [H, I/32], bias [H]; slot l at
+// offset l times each one's size. Slot l holds the expert slot_ids[l] names.
+struct Mxfp4Experts {
+  const int32_t* slot_ids = nullptr;         // device [L], ascending (core::LocalSlot)
+  int num_experts = 0;                       // L
+  int64_t hidden = 0;                        // H
+  int64_t intermediate = 0;                  // I
+  const uint8_t* gate_up_blocks = nullptr;   // [L, 2I, H/32, 16]
+  const uint8_t* gate_up_scales = nullptr;   // [L, 2I, H/32]
+  const uint16_t* gate_up_bias = nullptr;    // [L, 2I] bf16
+  const uint8_t* down_blocks = nullptr;      // [L, H, I/32, 16]
+  const uint8_t* down_scales = nullptr;      // [L, H, I/32]
+  const uint16_t* down_bias = nullptr;       // [L, H] bf16
+  core::quant::GptOssActivation activation;  // swiglu_limit and alpha
+  bool scales_input = false;                 // e(w * x) (router_weight_use)
+};
+
 // Default pinned staging of DeviceExpertSet::Load: 64 MiB (two 32 MiB
 // buffers, more than one DeepSeek-V3 expert tensor of 2048 x 7168 bf16).
 inline constexpr int64_t kExpertStagingBytes = int64_t{64} << 20;
@@ -72,9 +95,9 @@ class DeviceExpertSet {
  public:
   // Copies `experts` to the current CUDA device (synchronous; not a step-path
   // call); slot l holds experts.expert_ids()[l] (any set, e.g. a
-  // core::ExpertSet::Union). bf16 SwiGLU, fp8 SwiGLU and identity experts.
-  // Errors: kFailedPrecondition (mxfp4 experts), kResourceExhausted
-  // (cudaMalloc failed), kInternal (copy).
+  // core::ExpertSet::Union). bf16 SwiGLU, fp8 SwiGLU, gpt-oss mxfp4 and
+  // identity experts. Errors: kResourceExhausted (cudaMalloc failed),
+  // kInternal (copy, or host weights of unexpected sizes).
   static absl::StatusOr<std::unique_ptr<DeviceExpertSet>> Upload(const core::ExpertSet& experts);
 
   // Seeded SwiGLU experts [first_expert, first_expert + num_experts) of
@@ -116,7 +139,11 @@ class DeviceExpertSet {
   // F8_E4M3 codes and F32 scale_inv stream as stored through the same two
   // pinned buffers, each tensor's pages released once read, so host memory
   // stays about staging_bytes plus one tensor (issue 35 item 2). mxfp4
-  // sources are refused (kFailedPrecondition: the GPU has no mxfp4 kernel yet).
+  // sources (gpt-oss) go one expert at a time through host memory: seeded
+  // experts from core::quant::GenerateGptOssExpert, checkpoint experts
+  // sliced from the fused tensors by core::quant::ReadGptOssExperts (every
+  // tensor's dtype and shape checked on the first, before any device
+  // allocation), so the host holds one expert's bytes, never the layer's.
   // The pinned buffers are min(staging_bytes / 2, one tensor's bytes) each,
   // allocated for the call and freed before it returns. Synchronous (not a
   // step-path call).
@@ -167,6 +194,9 @@ class DeviceExpertSet {
   // The fp8 weights (kind() kFp8SwiGlu) as ExpertCompute::RunFp8 reads
   // them; null pointers for the other kinds. Valid while the set lives.
   Fp8SwiGluExperts fp8() const;
+  // The mxfp4 weights (kind() kGptOssMxfp4) as ExpertCompute::RunMxfp4
+  // reads them; null pointers for the other kinds. Valid while the set lives.
+  Mxfp4Experts mxfp4() const;
   // Bytes of device weight storage (the L slot ids, 4 bytes each, are not
   // counted).
   int64_t weight_bytes() const;
@@ -198,6 +228,19 @@ class DeviceExpertSet {
   // core::quant::GenerateFp8SwiGlu's bits) into the allocated fp8 buffers;
   // waits for them.
   absl::Status GenerateSeededFp8(uint64_t seed, int layer);
+  // Load of an mxfp4 source (kernels/device_experts_mxfp4.cc).
+  static absl::StatusOr<std::unique_ptr<DeviceExpertSet>> LoadMxfp4(
+      const core::ExpertSource& source);
+  // Bytes of one slot's mxfp4 tensors and their offsets in the slab
+  // (kernels/device_experts_mxfp4.cc).
+  struct Mxfp4Layout;
+  Mxfp4Layout Mxfp4Sizes() const;
+  int64_t Mxfp4SlotBytes() const;
+  // Allocates the mxfp4 slab for num_experts_ experts.
+  absl::Status AllocateMxfp4();
+  // Copies one expert's host mxfp4 weights into slot `slot` (synchronous).
+  // Errors: kInternal (sizes other than [2I, H] / [H, I]; CUDA).
+  absl::Status UploadMxfp4(int slot, const core::quant::GptOssExpertWeights& weights);
   // Elements of one expert's gate (or up) scale grid and its down grid.
   int64_t Fp8GateScales() const;
   int64_t Fp8DownScales() const;
@@ -218,6 +261,8 @@ class DeviceExpertSet {
   float* fp8_gate_up_scale_ = nullptr;  // [L, 2, I/128, H/128]
   uint8_t* fp8_down_ = nullptr;         // [L, H, I] e4m3
   float* fp8_down_scale_ = nullptr;     // [L, H/128, I/128]
+  uint8_t* mxfp4_ = nullptr;            // Mxfp4Experts' six arrays, one slab
+  core::quant::GptOssActivation gpt_oss_activation_;
 };
 
 }  // namespace moe_ep::kernels

@@ -12,6 +12,7 @@
 #include "kernels/grouped_gemm.cuh"
 #include "kernels/hopper_grouped_gemm.cuh"
 #include "kernels/internal/cuda_status.h"
+#include "kernels/mxfp4_grouped_gemm.cuh"
 #include "kernels/route.cuh"
 
 namespace moe_ep::kernels {
@@ -181,6 +182,9 @@ absl::Status ExpertCompute::Run(const uint8_t* recv, int64_t num_rows,
                                 cudaStream_t stream) {
   if (experts.kind() == core::ExpertKind::kFp8SwiGlu) {
     return RunFp8(recv, num_rows, experts.fp8(), combine_send, stream);
+  }
+  if (experts.kind() == core::ExpertKind::kGptOssMxfp4) {
+    return RunMxfp4(recv, num_rows, experts.mxfp4(), combine_send, stream);
   }
   if (num_rows < 0 || num_rows > max_rows_) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -388,6 +392,69 @@ absl::Status ExpertCompute::RunFp8(const uint8_t* recv, int64_t num_rows,
   RETURN_IF_ERROR(LaunchFp8GroupedGemm(down, y, stream));
   return LaunchWeightedExpertSumBf16(recv, num_rows, hidden_, top_k_, entries_.position, y,
                                      combine_send, stream, experts.scales_input);
+}
+
+absl::Status ExpertCompute::RunMxfp4(const uint8_t* recv, int64_t num_rows,
+                                     const Mxfp4Experts& experts, uint16_t* combine_send,
+                                     cudaStream_t stream) {
+  if (num_rows < 0 || num_rows > max_rows_) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "ExpertCompute::RunMxfp4: num_rows expected in [0, %d], got %d", max_rows_, num_rows));
+  }
+  if (experts.hidden != hidden_) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "ExpertCompute::RunMxfp4: experts hidden expected %d, got %d", hidden_, experts.hidden));
+  }
+  const int64_t inter = experts.intermediate;
+  if (inter < kMxfp4KStep || inter > max_intermediate_ || inter % kMxfp4KStep != 0 ||
+      hidden_ % kMxfp4KStep != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "ExpertCompute::RunMxfp4: intermediate expected a multiple of %d in [%d, max_intermediate "
+        "%d] and hidden a multiple of %d, got intermediate %d, hidden %d",
+        kMxfp4KStep, kMxfp4KStep, max_intermediate_, kMxfp4KStep, inter, hidden_));
+  }
+  if (experts.num_experts < 0 || experts.num_experts > max_local_experts_) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("ExpertCompute::RunMxfp4: local experts expected in [0, %d], got %d",
+                        max_local_experts_, experts.num_experts));
+  }
+  if (experts.num_experts > 0 &&
+      (experts.slot_ids == nullptr || experts.gate_up_blocks == nullptr ||
+       experts.gate_up_scales == nullptr || experts.gate_up_bias == nullptr ||
+       experts.down_blocks == nullptr || experts.down_scales == nullptr ||
+       experts.down_bias == nullptr)) {
+    return absl::InvalidArgumentError(
+        "ExpertCompute::RunMxfp4: slot_ids and the six weight arrays must be device pointers");
+  }
+  if (num_rows == 0 || experts.num_experts == 0) return absl::OkStatus();
+  const int num_local = experts.num_experts;
+  RETURN_IF_ERROR(LaunchGroupEntriesByExpert(recv, num_rows, hidden_, top_k_, experts.slot_ids,
+                                             num_local, entries_, stream));
+  const int64_t max_entries = num_rows * top_k_;
+  RETURN_IF_ERROR(LaunchGatherExpertRows(recv, max_entries, hidden_, top_k_, entries_, num_local,
+                                         x_, stream, experts.scales_input));
+  Mxfp4GemmParams gate_up;
+  gate_up.a = x_;
+  gate_up.max_rows = max_entries;
+  gate_up.blocks = experts.gate_up_blocks;
+  gate_up.scales = experts.gate_up_scales;
+  gate_up.bias = experts.gate_up_bias;
+  gate_up.offsets = entries_.offsets;
+  gate_up.num_local_experts = num_local;
+  gate_up.n = inter;
+  gate_up.k = hidden_;
+  RETURN_IF_ERROR(LaunchMxfp4GroupedGptOssGlu(gate_up, experts.activation.alpha,
+                                              experts.activation.limit, act_, stream));
+  Mxfp4GemmParams down = gate_up;
+  down.a = act_;
+  down.blocks = experts.down_blocks;
+  down.scales = experts.down_scales;
+  down.bias = experts.down_bias;
+  down.n = hidden_;
+  down.k = inter;
+  RETURN_IF_ERROR(LaunchMxfp4GroupedGemm(down, y_, stream));
+  return LaunchWeightedExpertSum(recv, num_rows, hidden_, top_k_, entries_.position, y_,
+                                 combine_send, stream, experts.scales_input);
 }
 
 }  // namespace moe_ep::kernels

@@ -123,6 +123,26 @@ class ExpertCompute {
   absl::Status RunFp8(const uint8_t* recv, int64_t num_rows, const Fp8SwiGluExperts& experts,
                       uint16_t* combine_send, cudaStream_t stream);
 
+  // Run with gpt-oss mxfp4 experts (kind kGptOssMxfp4) is RunMxfp4 on
+  // DeviceExpertSet::mxfp4().
+  //
+  // RunMxfp4()
+  //
+  // Run with gpt-oss's mxfp4 experts (issue 35 item 3), the arithmetic of
+  // core::quant::GptOssExpertForward: the same grouping, each expert's rows
+  // gathered as bf16 (bf16(w * x) when experts.scales_input), then on the
+  // kernels of kernels/mxfp4_grouped_gemm.cuh gate_up + bias and the clamped
+  // SwiGLU fused (act = bf16(GptOssGlu(g, u)) [rows, I]), the down GEMM + bias
+  // in fp32, and the weighted sum over k ascending in fp32 into
+  // `combine_send` [rows, H] bf16 (rows with no local expert are not
+  // written). Uses the scratch slab of Create (needs max_intermediate >= I).
+  // Never allocates or synchronises: capturable.
+  // Errors: kInvalidArgument (num_rows > max_rows, experts.hidden != H, I
+  // not in [64, max_intermediate], H or I not a multiple of 64, more local
+  // experts than max_local_experts, null pointers), kInternal (CUDA).
+  absl::Status RunMxfp4(const uint8_t* recv, int64_t num_rows, const Mxfp4Experts& experts,
+                        uint16_t* combine_send, cudaStream_t stream);
+
   // RunFp8's tile height (Fp8GemmParams::tile_rows: 0 picks from the rows
   // per expert, 128 or 256 forces one), for benches and tests.
   void SetFp8TileRowsForTest(int rows) { fp8_tile_rows_ = rows; }

@@ -1,0 +1,238 @@
+// gpt-oss mxfp4 expert compute on one GPU (issue 35 item 4; DESIGN §10):
+// ExpertCompute::Run on mxfp4 experts at gpt-oss-120b's shape (128 experts,
+// H 2880, I 2880, top-4) against the weight-streaming bound, the bytes of the
+// experts that got rows (blocks + scales + biases) over --bound-tbps (the
+// H200's 4.8 TB/s), and the device's measured copy rate in the same run.
+// The weights are random e2m1 codes with E8M0 scales 118..122 (finite; the
+// time does not depend on the values), one expert's bytes copied to every
+// slot; the step runs from a CUDA graph (it is capturable) and the p50 of
+// --iters replays is reported, one CSV row per token count:
+//   tokens,rows,experts_hit,H,I,topk,step_p50_us,weight_bound_us,
+//   step_vs_weight_bound,weight_tbps,copy_tbps,nonfinite
+// Usage: moe_ep_mxfp4_bench [--tokens 1 128 4096] [--iters 100].
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "core/bf16.h"
+#include "core/quantized_formats.h"
+#include "kernels/device_experts.h"
+#include "kernels/dispatch_pack.cuh"
+#include "kernels/expert_compute.h"
+
+namespace moe_ep::kernels {
+namespace {
+
+#define BENCH_CHECK(expr)                                                             \
+  do {                                                                                \
+    const absl::Status& s_ = (expr);                                                  \
+    if (!s_.ok()) {                                                                   \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, s_.ToString().c_str()); \
+      std::exit(1);                                                                   \
+    }                                                                                 \
+  } while (0)
+#define CUDA_CHECK(expr)                                                                          \
+  do {                                                                                            \
+    cudaError_t e_ = (expr);                                                                      \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+// p50 of `iters` timed calls of `fn` (after `warmup`), in µs, by events.
+template <typename Fn>
+double TimeP50(cudaStream_t stream, int warmup, int iters, Fn fn) {
+  cudaEvent_t a;
+  cudaEvent_t b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> us;
+  for (int it = 0; it < warmup + iters; ++it) {
+    CUDA_CHECK(cudaEventRecord(a, stream));
+    fn();
+    CUDA_CHECK(cudaEventRecord(b, stream));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    if (it >= warmup) us.push_back(ms * 1000.0);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(us.begin(), us.end());
+  return us[(us.size() - 1) / 2];
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"moe-ep gpt-oss mxfp4 expert compute against its weight-streaming bound"};
+  std::vector<int64_t> token_list = {1, 128, 4096};
+  int num_experts = 128;
+  int top_k = 4;
+  int warmup = 10;
+  int iters = 100;
+  int64_t hidden = 2880;
+  int64_t inter = 2880;
+  double bound_tbps = 4.8;
+  app.add_option("--tokens", token_list, "token counts");
+  app.add_option("--experts", num_experts, "local experts (EP 1: all)");
+  app.add_option("--topk", top_k);
+  app.add_option("--hidden", hidden, "H, a multiple of 64");
+  app.add_option("--intermediate", inter, "I, a multiple of 64");
+  app.add_option("--warmup", warmup);
+  app.add_option("--iters", iters);
+  app.add_option("--bound-tbps", bound_tbps, "memory rate of the weight bound (TB/s)");
+  CLI11_PARSE(app, argc, argv);
+
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // Device-to-device copy rate (read + write), the same process.
+  const size_t copy_bytes = size_t{2} << 30;
+  void* src = nullptr;
+  void* dst = nullptr;
+  CUDA_CHECK(cudaMalloc(&src, copy_bytes));
+  CUDA_CHECK(cudaMalloc(&dst, copy_bytes));
+  CUDA_CHECK(cudaMemset(src, 1, copy_bytes));
+  const double copy_us = TimeP50(stream, 3, 20, [&] {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, stream));
+  });
+  const double copy_tbps = 2.0 * copy_bytes / (copy_us * 1e-6) / 1e12;
+  cudaFree(src);
+  cudaFree(dst);
+
+  // One random expert's six arrays, copied to every slot.
+  const int64_t gu_blocks = 2 * inter * hidden / 2;
+  const int64_t dn_blocks = hidden * inter / 2;
+  const int64_t gu_scales = 2 * inter * hidden / core::quant::kMxfp4Block;
+  const int64_t dn_scales = hidden * inter / core::quant::kMxfp4Block;
+  const int64_t expert_bytes =
+      gu_blocks + dn_blocks + gu_scales + dn_scales + 2 * (2 * inter + hidden);
+  std::mt19937_64 rng(17);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_int_distribution<int> exponent(118, 122);
+  std::uniform_real_distribution<float> v(-0.05f, 0.05f);
+  std::vector<uint8_t> host_blocks(gu_blocks + dn_blocks);
+  std::vector<uint8_t> host_scales(gu_scales + dn_scales);
+  std::vector<uint16_t> host_bias(2 * inter + hidden);
+  for (uint8_t& b : host_blocks) b = static_cast<uint8_t>(byte(rng));
+  for (uint8_t& s : host_scales) s = static_cast<uint8_t>(exponent(rng));
+  for (uint16_t& b : host_bias) b = core::FloatToBf16(v(rng));
+  uint8_t* blocks = nullptr;
+  uint8_t* scales = nullptr;
+  uint16_t* bias = nullptr;
+  int32_t* slots = nullptr;
+  const int64_t e = num_experts;
+  CUDA_CHECK(cudaMalloc(&blocks, e * (gu_blocks + dn_blocks)));
+  CUDA_CHECK(cudaMalloc(&scales, e * (gu_scales + dn_scales)));
+  CUDA_CHECK(cudaMalloc(&bias, e * (2 * inter + hidden) * 2));
+  CUDA_CHECK(cudaMalloc(&slots, e * 4));
+  std::vector<int32_t> slot_ids(num_experts);
+  for (int l = 0; l < num_experts; ++l) {
+    slot_ids[l] = l;
+    CUDA_CHECK(
+        cudaMemcpy(blocks + l * gu_blocks, host_blocks.data(), gu_blocks, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(blocks + e * gu_blocks + l * dn_blocks, host_blocks.data() + gu_blocks,
+                          dn_blocks, cudaMemcpyHostToDevice));
+    CUDA_CHECK(
+        cudaMemcpy(scales + l * gu_scales, host_scales.data(), gu_scales, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(scales + e * gu_scales + l * dn_scales, host_scales.data() + gu_scales,
+                          dn_scales, cudaMemcpyHostToDevice));
+    CUDA_CHECK(
+        cudaMemcpy(bias + l * 2 * inter, host_bias.data(), 2 * inter * 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(bias + e * 2 * inter + l * hidden, host_bias.data() + 2 * inter,
+                          hidden * 2, cudaMemcpyHostToDevice));
+  }
+  CUDA_CHECK(cudaMemcpy(slots, slot_ids.data(), e * 4, cudaMemcpyHostToDevice));
+  Mxfp4Experts experts;
+  experts.slot_ids = slots;
+  experts.num_experts = num_experts;
+  experts.hidden = hidden;
+  experts.intermediate = inter;
+  experts.gate_up_blocks = blocks;
+  experts.down_blocks = blocks + e * gu_blocks;
+  experts.gate_up_scales = scales;
+  experts.down_scales = scales + e * gu_scales;
+  experts.gate_up_bias = bias;
+  experts.down_bias = bias + e * 2 * inter;
+
+  const int64_t max_tokens = *std::max_element(token_list.begin(), token_list.end());
+  auto ec = ExpertCompute::Create(max_tokens, top_k, hidden, inter, num_experts);
+  BENCH_CHECK(ec.status());
+  const int64_t row_bytes = DispatchRowBytes(hidden, top_k);
+  uint8_t* recv = nullptr;
+  uint16_t* out = nullptr;
+  CUDA_CHECK(cudaMalloc(&recv, max_tokens * row_bytes));
+  CUDA_CHECK(cudaMalloc(&out, max_tokens * hidden * 2));
+  std::printf(
+      "tokens,rows,experts_hit,H,I,topk,step_p50_us,weight_bound_us,step_vs_weight_bound,"
+      "weight_tbps,copy_tbps,nonfinite\n");
+  for (const int64_t tokens : token_list) {
+    // recv rows: hidden ~ U(-1, 1) bf16 | top_k distinct ids | weights ~ U(0, 1).
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<uint8_t> host(tokens * row_bytes);
+    std::set<int> hit;
+    for (int64_t t = 0; t < tokens; ++t) {
+      uint8_t* row = host.data() + t * row_bytes;
+      auto* h = reinterpret_cast<uint16_t*>(row);
+      for (int64_t j = 0; j < hidden; ++j) h[j] = core::FloatToBf16(u(rng));
+      auto* ids = reinterpret_cast<int32_t*>(row + 2 * hidden);
+      auto* w = reinterpret_cast<float*>(row + 2 * hidden + 4 * top_k);
+      std::vector<int> perm(num_experts);
+      for (int x = 0; x < num_experts; ++x) perm[x] = x;
+      for (int k = 0; k < top_k; ++k) {
+        std::uniform_int_distribution<int> pick(k, num_experts - 1);
+        std::swap(perm[k], perm[pick(rng)]);
+        ids[k] = perm[k];
+        w[k] = 0.5f * (u(rng) + 1.0f);
+        hit.insert(ids[k]);
+      }
+    }
+    CUDA_CHECK(cudaMemcpy(recv, host.data(), host.size(), cudaMemcpyHostToDevice));
+    auto run = [&] { BENCH_CHECK((*ec)->RunMxfp4(recv, tokens, experts, out, stream)); };
+    run();  // module load and attributes outside the capture
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    run();
+    CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    const double step_us =
+        TimeP50(stream, warmup, iters, [&] { CUDA_CHECK(cudaGraphLaunch(exec, stream)); });
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    std::vector<uint16_t> result(tokens * hidden);
+    CUDA_CHECK(cudaMemcpy(result.data(), out, result.size() * 2, cudaMemcpyDeviceToHost));
+    int64_t nonfinite = 0;
+    for (uint16_t x : result) nonfinite += std::isfinite(core::Bf16ToFloat(x)) ? 0 : 1;
+    const double bytes = static_cast<double>(hit.size()) * static_cast<double>(expert_bytes);
+    const double bound_us = bytes / (bound_tbps * 1e12) * 1e6;
+    std::printf("%lld,%lld,%zu,%lld,%lld,%d,%.1f,%.1f,%.2f,%.2f,%.2f,%lld\n",
+                static_cast<long long>(tokens), static_cast<long long>(tokens * top_k), hit.size(),
+                static_cast<long long>(hidden), static_cast<long long>(inter), top_k, step_us,
+                bound_us, step_us / bound_us, bytes / (step_us * 1e-6) / 1e12, copy_tbps,
+                static_cast<long long>(nonfinite));
+    std::fflush(stdout);
+  }
+  cudaFree(blocks);
+  cudaFree(scales);
+  cudaFree(bias);
+  cudaFree(slots);
+  cudaFree(recv);
+  cudaFree(out);
+  cudaStreamDestroy(stream);
+  return 0;
+}
+
+}  // namespace
+}  // namespace moe_ep::kernels
+
+int main(int argc, char** argv) { return moe_ep::kernels::Main(argc, argv); }
