@@ -278,7 +278,7 @@ void AddRunJobFlags(CLI::App* run, RunCommandFlags& r) {
       ->capture_default_str();
   run->add_option("--experts", r.job.experts,
                   "swiglu (bf16) | identity | checkpoint (the config's quantization: fp8 "
-                  "experts on every plane, mxfp4 on gloo)")
+                  "or mxfp4 experts, on every plane)")
       ->check(CLI::IsMember({"swiglu", "identity", "checkpoint"}))
       ->capture_default_str();
   run->add_option("--dispatch-dtype", r.dispatch_dtype,

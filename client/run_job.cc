@@ -162,7 +162,7 @@ absl::Status ResolveRunModel(const RunJobOptions& options, RunJobState& job, std
   ASSIGN_OR_RETURN(job.routing, core::RoutingSource::Create(routing_options));
   job.identity = options.experts == "identity";
   // --experts checkpoint: the format of the model's quantization_config
-  // (issue 35; fp8 on every plane, mxfp4 on gloo); swiglu: bf16.
+  // (issue 35; fp8 and mxfp4 on every plane); swiglu: bf16.
   job.format = options.experts == "checkpoint" ? model.quantization.expert_format
                                                : core::quant::ExpertWeightFormat::kBf16;
   // Llama-4: the router weight scales the expert's input (issue 35 item 5).

@@ -60,11 +60,16 @@ absl::Status CheckExpertSourceForWorkspace(const core::ExpertSource& source,
 
 absl::Status CheckGpuExpertSource(const core::ExpertSource& source) {
   const core::ExpertKind kind = source.expert_kind();
-  if (kind == core::ExpertKind::kGptOssMxfp4) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "expert source (", source.Describe(), "): ", core::ExpertKindName(kind),
-        " experts are computed on the gloo plane only (the GPU planes run bf16 and fp8 SwiGLU "
-        "and identity experts)"));
+  // The mxfp4 kernels step K by 64 (kernels/mxfp4_grouped_gemm.cuh
+  // kMxfp4KStep): gate_up's K is H, down's is I.
+  if (kind == core::ExpertKind::kGptOssMxfp4 &&
+      (source.hidden % 64 != 0 || source.intermediate % 64 != 0)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("expert source (", source.Describe(),
+                     "): mxfp4 experts on a GPU plane need hidden and intermediate multiples of "
+                     "64, got hidden ",
+                     source.hidden, ", intermediate ", source.intermediate,
+                     " (the gloo plane computes any multiple of 32)"));
   }
   // The Hopper fp8 kernels tile K and N by the 128 x 128 scale blocks.
   if (kind == core::ExpertKind::kFp8SwiGlu &&

@@ -449,13 +449,13 @@ absl::Status CheckExpertSourceForWorkspace(const core::ExpertSource& source,
 
 // CheckGpuExpertSource()
 //
-// What the GPU planes (NCCL, one-sided) compute today: bf16 and fp8
+// What the GPU planes (NCCL, one-sided) compute: bf16 SwiGLU, fp8
 // block-scaled SwiGLU (kernels/expert_compute.h RunFp8; H and I multiples
-// of 128) and identity experts, with the router weight on the output or,
-// for Llama-4, on the input (issue 35 item 5).
-// Errors: kFailedPrecondition naming the source for mxfp4 experts (no GPU
-// kernel yet; the Gloo plane computes them) and for fp8 sizes the kernels do
-// not tile (issue 35). Pure.
+// of 128), gpt-oss's mxfp4 experts (RunMxfp4; H and I multiples of 64) and
+// identity experts, with the router weight on the output or, for Llama-4,
+// on the input (issue 35 items 3 and 5).
+// Errors: kFailedPrecondition naming the source for fp8 or mxfp4 sizes the
+// kernels do not step through (the Gloo plane computes them). Pure.
 absl::Status CheckGpuExpertSource(const core::ExpertSource& source);
 
 // ResolveBenchmarkPlane()

@@ -629,10 +629,11 @@ TEST(CpuDataPlane, TwoRanksStopTogetherWhenOneStopsInsideItsExpertCompute) {
 }
 
 TEST(CheckGpuExpertSource, RefusesWhatTheGpuPlanesDoNotComputeYet) {
-  // issue 35: mxfp4 experts and fp8 sizes the Hopper kernels do not tile run
+  // issue 35: fp8 and mxfp4 sizes the GPU kernels do not step through run
   // on the gloo plane; the GPU planes refuse them instead of loading
-  // something else. fp8 at multiples of 128 runs, and so does Llama-4's
-  // input scaling (item 5: the GPU gather scales the rows).
+  // something else. fp8 at multiples of 128 and mxfp4 at multiples of 64
+  // run, and so does Llama-4's input scaling (item 5: the GPU gather
+  // scales the rows).
   core::ExpertSource s = core::ExpertSource::Seeded(1, 0, 8, 0, 4, 256, 128);
   EXPECT_TRUE(CheckGpuExpertSource(s).ok());
   s.weight_format = core::quant::ExpertWeightFormat::kFp8Block128;
@@ -641,14 +642,17 @@ TEST(CheckGpuExpertSource, RefusesWhatTheGpuPlanesDoNotComputeYet) {
   absl::Status status = CheckGpuExpertSource(s);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(status.message(), ::testing::HasSubstr("got hidden 256, intermediate 192"));
-  s.intermediate = 128;
+  s.intermediate = 160;  // a multiple of the mxfp4 block (32), not of the kernels' K step (64)
   s.weight_format = core::quant::ExpertWeightFormat::kMxfp4;
   status = CheckGpuExpertSource(s);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(status.message(),
-              ::testing::HasSubstr("gpt-oss-mxfp4 experts are computed on the gloo"));
+              ::testing::HasSubstr("mxfp4 experts on a GPU plane need hidden and intermediate "
+                                   "multiples of 64, got hidden 256, intermediate 160"));
+  s.intermediate = 128;
+  EXPECT_TRUE(CheckGpuExpertSource(s).ok());
   s.router_weight_use = core::RouterWeightUse::kScalesInput;
-  EXPECT_EQ(CheckGpuExpertSource(s).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(CheckGpuExpertSource(s).ok());
   s.weight_format = core::quant::ExpertWeightFormat::kBf16;
   EXPECT_TRUE(CheckGpuExpertSource(s).ok());
   s.weight_format = core::quant::ExpertWeightFormat::kFp8Block128;

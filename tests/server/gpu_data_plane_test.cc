@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <vector>
 
 #include "core/expert_source.h"
@@ -377,8 +378,6 @@ TEST(GpuDataPlane, ForwardBytesIsExactInBothHostCopyModes) {
   }
 }
 
-// fp8 block-scaled experts on the NCCL plane (issue 35 item 3): seeded fp8
-// experts of DeepSeek-V3's format made on the device (no host copy), one
 // A world-1 NCCL plane (capacity N tokens, top-k K, E experts) with
 // `source`'s experts in layer 0, their bytes the format's, and the geometry
 // committed for `tokens` tokens: the Forward tests' set-up. Null (with the
@@ -411,6 +410,90 @@ std::unique_ptr<GpuDataPlane> FormWithExperts(const core::ExpertSource& source, 
   return *std::move(plane);
 }
 
+// The quantized plane tests' tokens: each its own amplitude (so a wrong
+// activation scale shows), top-4 ids over kE experts with every sixth token
+// routed nowhere and one masked choice in others.
+struct QuantizedTokens {
+  int64_t tokens = 0;
+  int64_t hidden = 0;
+  int top_k = 0;
+  std::vector<core::bf16_t> x;
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+
+QuantizedTokens MakeQuantizedTokens(int64_t tokens, int64_t hidden, int top_k, int num_experts) {
+  QuantizedTokens c;
+  c.tokens = tokens;
+  c.hidden = hidden;
+  c.top_k = top_k;
+  c.x.resize(tokens * hidden);
+  c.ids.resize(tokens * top_k);
+  c.weights.resize(tokens * top_k);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t j = 0; j < hidden; ++j) {
+      c.x[t * hidden + j] = core::FloatToBf16(static_cast<float>(((t * 37 + j * 11) % 19) - 9) *
+                                              static_cast<float>(1 + t % 5) / 8);
+    }
+    for (int k = 0; k < top_k; ++k) {
+      c.ids[t * top_k + k] = t % 6 == 5 ? -1 : static_cast<int32_t>((t + 3 * k) % num_experts);
+      c.weights[t * top_k + k] = static_cast<float>(k + 1) / 10.0f;
+    }
+    if (t % 6 == 2) c.ids[t * top_k + 1] = -1;  // one masked choice
+  }
+  return c;
+}
+
+// One expert's reference for one token: y [H] = e_id(x) and, per output, the
+// bound of |y_gpu - y| before the router weight (tol [H], added to).
+using ChoiceReference = std::function<void(int32_t id, const std::vector<float>& x,
+                                           std::vector<float>* y, std::vector<double>* tol)>;
+
+// Forward of `c` on `plane` (layer 0) against sum_k w_k reference(id_k, x)
+// in fp64 within sum_k w_k tol_k + |W| / 256 (the bf16 output). Tokens with
+// no valid id give +0. Returns the largest |error| / bound.
+double ForwardWithinQuantizedBound(GpuDataPlane& plane, const QuantizedTokens& c,
+                                   const ChoiceReference& reference) {
+  const int64_t h = c.hidden;
+  std::vector<core::bf16_t> out(c.tokens * h, 0x7fc0);
+  absl::StatusOr<core::StepStats> stats =
+      plane.Forward(0, c.x, c.ids, c.weights, c.tokens, absl::MakeSpan(out));
+  EXPECT_TRUE(stats.ok()) << stats.status();
+  if (!stats.ok()) return 0;
+  int64_t bad = 0;
+  double worst = 0;
+  std::vector<float> xf(h);
+  std::vector<float> y(h);
+  for (int64_t t = 0; t < c.tokens; ++t) {
+    for (int64_t j = 0; j < h; ++j) xf[j] = core::Bf16ToFloat(c.x[t * h + j]);
+    std::vector<double> want(h, 0.0);
+    std::vector<double> tol(h, 0.0);
+    for (int k = 0; k < c.top_k; ++k) {
+      const int32_t id = c.ids[t * c.top_k + k];
+      if (id < 0) continue;
+      std::vector<double> choice_tol(h, 0.0);
+      reference(id, xf, &y, &choice_tol);
+      const double wk = c.weights[t * c.top_k + k];
+      for (int64_t j = 0; j < h; ++j) {
+        want[j] += wk * y[j];
+        tol[j] += wk * choice_tol[j];
+      }
+    }
+    for (int64_t j = 0; j < h; ++j) {
+      const double got = core::Bf16ToFloat(out[t * h + j]);
+      const double bound = tol[j] + std::abs(want[j]) / 256 + 1e-30;
+      const double err = std::abs(got - want[j]);
+      worst = std::max(worst, err / bound);
+      if (!(err <= bound) && ++bad <= 5) {
+        ADD_FAILURE() << "out[" << t << ", " << j << "] got " << got << " want " << want[j]
+                      << " bound " << bound;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  return worst;
+}
+
 // Forward at world 1 against the quantized CPU reference
 // (core::quant::Fp8SwiGluForward of the same experts, router weights summed
 // in fp64), within the bound of tests/kernels/expert_compute_fp8_test.cc:
@@ -432,66 +515,67 @@ TEST(GpuDataPlane, Fp8ExpertsForwardWithinTheQuantizedReferenceBound) {
   ASSERT_NE(plane, nullptr);
   auto host = core::MakeHostExperts(source);
   ASSERT_TRUE(host.ok()) << host.status();
-
-  std::vector<core::bf16_t> x(kT * kH);
-  std::vector<int32_t> ids(kT * kK);
-  std::vector<float> weights(kT * kK);
-  for (int64_t t = 0; t < kT; ++t) {
-    for (int64_t j = 0; j < kH; ++j) {
-      // Each token its own amplitude, so a wrong activation scale shows.
-      x[t * kH + j] = core::FloatToBf16(static_cast<float>(((t * 37 + j * 11) % 19) - 9) *
-                                        static_cast<float>(1 + t % 5) / 8);
-    }
-    for (int k = 0; k < kK; ++k) {
-      ids[t * kK + k] = t % 6 == 5 ? -1 : static_cast<int32_t>((t + 3 * k) % kE);
-      weights[t * kK + k] = static_cast<float>(k + 1) / 10.0f;
-    }
-    if (t % 6 == 2) ids[t * kK + 1] = -1;  // one masked choice
-  }
-  std::vector<core::bf16_t> out(kT * kH, 0x7fc0);
-  absl::StatusOr<core::StepStats> stats =
-      plane->Forward(0, x, ids, weights, kT, absl::MakeSpan(out));
-  ASSERT_TRUE(stats.ok()) << stats.status();
-
-  int64_t bad = 0;
-  double worst = 0;
-  std::vector<float> xf(kH), y(kH);
-  for (int64_t t = 0; t < kT; ++t) {
-    for (int64_t j = 0; j < kH; ++j) xf[j] = core::Bf16ToFloat(x[t * kH + j]);
-    std::vector<double> want(kH, 0.0), tol(kH, 0.0);
-    for (int k = 0; k < kK; ++k) {
-      const int32_t id = ids[t * kK + k];
-      if (id < 0) continue;
-      const core::quant::Fp8SwiGluWeights& w = host->fp8_weights(id);
-      core::quant::Fp8SwiGluTrace trace;
-      ASSERT_TRUE(core::quant::Fp8SwiGluForward(w, xf, 1, absl::MakeSpan(y), &trace).ok());
-      const double wk = weights[t * kK + k];
-      for (int64_t j = 0; j < kH; ++j) {
-        double sum = 0, largest = 0;
-        for (int64_t i = 0; i < kI; ++i) {
-          const double a = static_cast<double>(core::fp8::E4m3ToFloat(trace.h_q.codes[i])) *
-                           trace.h_q.scales[i / 128];
-          const double term = std::abs(a * w.down.Value(j, i));
-          sum += term;
-          largest = std::max(largest, term);
+  const double worst = ForwardWithinQuantizedBound(
+      *plane, MakeQuantizedTokens(kT, kH, kK, kE),
+      [&](int32_t id, const std::vector<float>& x, std::vector<float>* y,
+          std::vector<double>* tol) {
+        const core::quant::Fp8SwiGluWeights& w = host->fp8_weights(id);
+        core::quant::Fp8SwiGluTrace trace;
+        ASSERT_TRUE(core::quant::Fp8SwiGluForward(w, x, 1, absl::MakeSpan(*y), &trace).ok());
+        for (int64_t j = 0; j < kH; ++j) {
+          double sum = 0;
+          double largest = 0;
+          for (int64_t i = 0; i < kI; ++i) {
+            const double a = static_cast<double>(core::fp8::E4m3ToFloat(trace.h_q.codes[i])) *
+                             trace.h_q.scales[i / 128];
+            const double term = std::abs(a * w.down.Value(j, i));
+            sum += term;
+            largest = std::max(largest, term);
+          }
+          (*tol)[j] += std::abs((*y)[j]) / 256 + sum / 1024 + largest / 4;
         }
-        want[j] += wk * y[j];
-        tol[j] += wk * (std::abs(y[j]) / 256 + sum / 1024 + largest / 4);
-      }
-    }
-    for (int64_t j = 0; j < kH; ++j) {
-      const double got = core::Bf16ToFloat(out[t * kH + j]);
-      const double bound = tol[j] + std::abs(want[j]) / 256 + 1e-30;
-      const double err = std::abs(got - want[j]);
-      worst = std::max(worst, err / bound);
-      if (!(err <= bound) && ++bad <= 5) {
-        ADD_FAILURE() << "out[" << t << ", " << j << "] got " << got << " want " << want[j]
-                      << " bound " << bound;
-      }
-    }
-  }
-  EXPECT_EQ(bad, 0);
+      });
   std::printf("[          ] fp8 plane: largest |error| / bound %.3g\n", worst);
+}
+
+// gpt-oss's mxfp4 experts (issue 35 item 3) through the NCCL plane at world
+// 1 against core::quant::GptOssExpertForward of the same experts (loaded on
+// the device from the seeded source), within the bound of
+// tests/kernels/expert_compute_mxfp4_test.cc: per choice 2^-8 S + 2^-12 S,
+// S = sum_i |h_i d_ji| + |bias_j| (one bf16 ulp of the intermediate where the
+// GEMM orders differ), and |W|/256 for the bf16 output.
+TEST(GpuDataPlane, Mxfp4ExpertsForwardWithinTheQuantizedReferenceBound) {
+  if (Gpus() < 1) {
+    std::printf("[  SKIPPED ] needs 1 CUDA device\n");
+    GTEST_SKIP() << "needs 1 CUDA device";
+  }
+  constexpr int64_t kT = 24;
+  constexpr int64_t kH = 256;
+  constexpr int64_t kI = 192;
+  constexpr int kK = 4;
+  constexpr int kE = 8;
+  core::ExpertSource source = core::ExpertSource::Seeded(23, 0, kE, 0, kE, kH, kI);
+  source.weight_format = core::quant::ExpertWeightFormat::kMxfp4;
+  std::unique_ptr<GpuDataPlane> plane = FormWithExperts(source, kE, kK, 32, kT);
+  ASSERT_NE(plane, nullptr);
+  auto host = core::MakeHostExperts(source);
+  ASSERT_TRUE(host.ok()) << host.status();
+  const double worst = ForwardWithinQuantizedBound(
+      *plane, MakeQuantizedTokens(kT, kH, kK, kE),
+      [&](int32_t id, const std::vector<float>& x, std::vector<float>* y,
+          std::vector<double>* tol) {
+        const core::quant::GptOssExpertWeights& w = host->gpt_oss_weights(id);
+        core::quant::GptOssTrace trace;
+        ASSERT_TRUE(core::quant::GptOssExpertForward(w, x, 1, host->gpt_oss_activation(),
+                                                     absl::MakeSpan(*y), &trace)
+                        .ok());
+        for (int64_t j = 0; j < kH; ++j) {
+          double sum = std::abs(core::Bf16ToFloat(w.down_bias[j]));
+          for (int64_t i = 0; i < kI; ++i) sum += std::abs(trace.h[i] * w.down.Value(j, i));
+          (*tol)[j] += sum / 256 + sum / 4096;
+        }
+      });
+  std::printf("[          ] mxfp4 plane: largest |error| / bound %.3g\n", worst);
 }
 
 // Llama-4's routed experts (issue 35 item 5): the router weight scales the
