@@ -6,9 +6,12 @@
 // The weights are random e2m1 codes with E8M0 scales 118..122 (finite; the
 // time does not depend on the values), one expert's bytes copied to every
 // slot; the step runs from a CUDA graph (it is capturable) and the p50 of
-// --iters replays is reported, one CSV row per token count:
+// --iters replays is reported, then the two GEMMs alone (gate_up + GLU, then
+// down, one graph, on the routing's per-expert row counts) with each
+// prefetch depth of --prefetch; one CSV row per token count:
 //   tokens,rows,experts_hit,H,I,topk,step_p50_us,weight_bound_us,
-//   step_vs_weight_bound,weight_tbps,copy_tbps,nonfinite
+//   step_vs_weight_bound,weight_tbps,copy_tbps,nonfinite,
+//   gemms_p50_us_prefetch<d>... (one column per depth)
 // Usage: moe_ep_mxfp4_bench [--tokens 1 128 4096] [--iters 100].
 
 #include <cuda_runtime.h>
@@ -28,6 +31,7 @@
 #include "kernels/device_experts.h"
 #include "kernels/dispatch_pack.cuh"
 #include "kernels/expert_compute.h"
+#include "kernels/mxfp4_grouped_gemm.cuh"
 
 namespace moe_ep::kernels {
 namespace {
@@ -90,6 +94,8 @@ int Main(int argc, char** argv) {
   app.add_option("--warmup", warmup);
   app.add_option("--iters", iters);
   app.add_option("--bound-tbps", bound_tbps, "memory rate of the weight bound (TB/s)");
+  std::vector<int> prefetch = {3, 6};
+  app.add_option("--prefetch", prefetch, "prefetch depths of the GEMMs-alone timings");
   CLI11_PARSE(app, argc, argv);
 
   cudaStream_t stream;
@@ -173,7 +179,22 @@ int Main(int argc, char** argv) {
   CUDA_CHECK(cudaMalloc(&out, max_tokens * hidden * 2));
   std::printf(
       "tokens,rows,experts_hit,H,I,topk,step_p50_us,weight_bound_us,step_vs_weight_bound,"
-      "weight_tbps,copy_tbps,nonfinite\n");
+      "weight_tbps,copy_tbps,nonfinite");
+  for (const int d : prefetch) std::printf(",gemms_p50_us_prefetch%d", d);
+  std::printf("\n");
+  // The GEMMs-alone operands: random bf16 rows (x [rows, H], act [rows, I]).
+  const int64_t max_rows = max_tokens * top_k;
+  std::vector<uint16_t> host_a(max_rows * std::max(hidden, inter));
+  for (uint16_t& x : host_a) x = core::FloatToBf16(v(rng) * 20.0f);
+  uint16_t* gemm_a = nullptr;
+  uint16_t* gemm_act = nullptr;
+  float* gemm_y = nullptr;
+  int32_t* gemm_offsets = nullptr;
+  CUDA_CHECK(cudaMalloc(&gemm_a, host_a.size() * 2));
+  CUDA_CHECK(cudaMalloc(&gemm_act, max_rows * inter * 2));
+  CUDA_CHECK(cudaMalloc(&gemm_y, max_rows * hidden * 4));
+  CUDA_CHECK(cudaMalloc(&gemm_offsets, (e + 1) * 4));
+  CUDA_CHECK(cudaMemcpy(gemm_a, host_a.data(), host_a.size() * 2, cudaMemcpyHostToDevice));
   for (const int64_t tokens : token_list) {
     // recv rows: hidden ~ U(-1, 1) bf16 | top_k distinct ids | weights ~ U(0, 1).
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -215,11 +236,56 @@ int Main(int argc, char** argv) {
     for (uint16_t x : result) nonfinite += std::isfinite(core::Bf16ToFloat(x)) ? 0 : 1;
     const double bytes = static_cast<double>(hit.size()) * static_cast<double>(expert_bytes);
     const double bound_us = bytes / (bound_tbps * 1e12) * 1e6;
-    std::printf("%lld,%lld,%zu,%lld,%lld,%d,%.1f,%.1f,%.2f,%.2f,%.2f,%lld\n",
+    // The GEMMs alone on the routing's per-expert counts, contiguous.
+    std::vector<int32_t> offsets(num_experts + 1, 0);
+    for (int64_t t = 0; t < tokens; ++t) {
+      const auto* ids = reinterpret_cast<const int32_t*>(host.data() + t * row_bytes + 2 * hidden);
+      for (int k = 0; k < top_k; ++k) ++offsets[ids[k] + 1];
+    }
+    for (int x = 0; x < num_experts; ++x) offsets[x + 1] += offsets[x];
+    CUDA_CHECK(cudaMemcpy(gemm_offsets, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice));
+    std::vector<double> gemms_us;
+    for (const int depth : prefetch) {
+      Mxfp4GemmParams gate_up;
+      gate_up.a = gemm_a;
+      gate_up.max_rows = tokens * top_k;
+      gate_up.blocks = experts.gate_up_blocks;
+      gate_up.scales = experts.gate_up_scales;
+      gate_up.bias = experts.gate_up_bias;
+      gate_up.offsets = gemm_offsets;
+      gate_up.num_local_experts = num_experts;
+      gate_up.n = inter;
+      gate_up.k = hidden;
+      gate_up.prefetch_steps = depth;
+      Mxfp4GemmParams down = gate_up;
+      down.a = gemm_act;
+      down.blocks = experts.down_blocks;
+      down.scales = experts.down_scales;
+      down.bias = experts.down_bias;
+      down.n = hidden;
+      down.k = inter;
+      auto gemms = [&] {
+        BENCH_CHECK(LaunchMxfp4GroupedGptOssGlu(gate_up, 1.702f, 7.0f, gemm_act, stream));
+        BENCH_CHECK(LaunchMxfp4GroupedGemm(down, gemm_y, stream));
+      };
+      gemms();
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      gemms();
+      CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+      CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      gemms_us.push_back(
+          TimeP50(stream, warmup, iters, [&] { CUDA_CHECK(cudaGraphLaunch(exec, stream)); }));
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    }
+    std::printf("%lld,%lld,%zu,%lld,%lld,%d,%.1f,%.1f,%.2f,%.2f,%.2f,%lld",
                 static_cast<long long>(tokens), static_cast<long long>(tokens * top_k), hit.size(),
                 static_cast<long long>(hidden), static_cast<long long>(inter), top_k, step_us,
                 bound_us, step_us / bound_us, bytes / (step_us * 1e-6) / 1e12, copy_tbps,
                 static_cast<long long>(nonfinite));
+    for (const double us : gemms_us) std::printf(",%.1f", us);
+    std::printf("\n");
     std::fflush(stdout);
   }
   cudaFree(blocks);
@@ -228,6 +294,10 @@ int Main(int argc, char** argv) {
   cudaFree(slots);
   cudaFree(recv);
   cudaFree(out);
+  cudaFree(gemm_a);
+  cudaFree(gemm_act);
+  cudaFree(gemm_y);
+  cudaFree(gemm_offsets);
   cudaStreamDestroy(stream);
   return 0;
 }

@@ -20,9 +20,8 @@ constexpr int kRowsPerCta = kWarps * kRowsPerWarp;
 constexpr int kTokensPerTile = 8;            // the MMA's N
 constexpr int kStepBytes = kMxfp4KStep / 2;  // of one weight row a step
 constexpr int kStepBlocks = kMxfp4KStep / core::quant::kMxfp4Block;
-// Steps whose weights are loaded ahead of the one being multiplied: with 16
-// warps an SM, about 24 KB of weights in flight per SM.
-constexpr int kDepth = 3;
+// Steps whose weights are loaded ahead of the one being multiplied
+// (Mxfp4GemmParams::prefetch_steps; 0 picks PickDepth).
 
 struct KernelArgs {
   const uint16_t* a;
@@ -155,7 +154,7 @@ __device__ __forceinline__ float BiasOf(const uint16_t* bias, int64_t index) {
 // kGlu: gpt-oss's gate_up + clamped SwiGLU (lane g's rows are gate 2j and up
 // 2j + 1 of feature j, so one thread holds both halves of its outputs); else
 // the plain GEMM with bias.
-template <int kTiles, bool kGlu>
+template <int kTiles, int kDepth, bool kGlu>
 __global__ void __launch_bounds__(kThreads) Mxfp4GroupedKernel(KernelArgs args) {
   const int l = static_cast<int>(blockIdx.x) / args.tiles_per_expert;
   const int tile = static_cast<int>(blockIdx.x) % args.tiles_per_expert;
@@ -260,6 +259,10 @@ absl::Status CheckParams(const char* call, const Mxfp4GemmParams& p, const void*
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: tile_tokens expected 0, 1, 2, 4 or 8, got %d", call, p.tile_tokens));
   }
+  if (p.prefetch_steps != 0 && p.prefetch_steps != 3 && p.prefetch_steps != 6) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: prefetch_steps expected 0, 3 or 6, got %d", call, p.prefetch_steps));
+  }
   return absl::OkStatus();
 }
 
@@ -270,6 +273,31 @@ int PickTiles(const Mxfp4GemmParams& p) {
   if (rows <= 16) return 2;
   if (rows <= 32) return 4;
   return 8;
+}
+
+// Measured on an H100 at gpt-oss-120b's shape (bench/results/run21): at 1
+// and 128 tokens (chunks of 8) depth 3 beats 6 and 8 (1058 vs 1193 and 1384
+// µs for both GEMMs at 128 tokens: more registers cost more warps than the
+// deeper prefetch gains); at 4096 tokens (chunks of 64) depth 6 beats 3
+// (7.6 vs 11.5 ms).
+int PickDepth(int tiles) { return tiles <= 2 ? 3 : 6; }
+
+template <int kDepth, bool kGlu>
+void LaunchTiles(int tiles, dim3 grid, const KernelArgs& args, cudaStream_t stream) {
+  switch (tiles) {
+    case 1:
+      Mxfp4GroupedKernel<1, kDepth, kGlu><<<grid, kThreads, 0, stream>>>(args);
+      break;
+    case 2:
+      Mxfp4GroupedKernel<2, kDepth, kGlu><<<grid, kThreads, 0, stream>>>(args);
+      break;
+    case 4:
+      Mxfp4GroupedKernel<4, kDepth, kGlu><<<grid, kThreads, 0, stream>>>(args);
+      break;
+    default:
+      Mxfp4GroupedKernel<8, kDepth, kGlu><<<grid, kThreads, 0, stream>>>(args);
+      break;
+  }
 }
 
 template <bool kGlu>
@@ -296,18 +324,13 @@ absl::Status Launch(const char* call, const Mxfp4GemmParams& p, float alpha, flo
   args.limit = limit;
   args.out = out;
   const dim3 grid(static_cast<unsigned>(tiles * p.num_local_experts));
-  switch (PickTiles(p)) {
-    case 1:
-      Mxfp4GroupedKernel<1, kGlu><<<grid, kThreads, 0, stream>>>(args);
-      break;
-    case 2:
-      Mxfp4GroupedKernel<2, kGlu><<<grid, kThreads, 0, stream>>>(args);
-      break;
-    case 4:
-      Mxfp4GroupedKernel<4, kGlu><<<grid, kThreads, 0, stream>>>(args);
+  const int tiles_per_chunk = PickTiles(p);
+  switch (p.prefetch_steps != 0 ? p.prefetch_steps : PickDepth(tiles_per_chunk)) {
+    case 3:
+      LaunchTiles<3, kGlu>(tiles_per_chunk, grid, args, stream);
       break;
     default:
-      Mxfp4GroupedKernel<8, kGlu><<<grid, kThreads, 0, stream>>>(args);
+      LaunchTiles<6, kGlu>(tiles_per_chunk, grid, args, stream);
       break;
   }
   return internal::LaunchStatus(kGlu ? "Mxfp4GroupedGptOssGluKernel" : "Mxfp4GroupedGemmKernel");

@@ -27,7 +27,7 @@
 //
 // Requirements (else kInvalidArgument): K % 64 == 0 (H and I of the
 // experts; gpt-oss's 2880 is 45 * 64), n >= 1, a 16-byte aligned, sizes
-// within int32, tile_tokens 0, 1, 2, 4 or 8. Any CUDA device of compute
+// within int32, tile_tokens 0, 1, 2, 4 or 8, prefetch_steps 0, 3 or 6. Any CUDA device of compute
 // capability 8.0 or later (mma.sync bf16).
 // Source: issue 35 item 3; OCP Microscaling Formats v1.0; openai/gpt-oss.
 
@@ -56,6 +56,9 @@ struct Mxfp4GemmParams {
   // (max_rows / L: 1 up to 8 rows, 2 up to 16, 4 up to 32, else 8); 1, 2, 4
   // or 8 forces one (tests, benches).
   int tile_tokens = 0;
+  // K steps whose weights a warp loads ahead: 0 picks (3 for chunks of up
+  // to 16 tokens, else 6); 3 or 6 forces one (benches).
+  int prefetch_steps = 0;
 };
 
 // LaunchMxfp4GroupedGptOssGlu()

@@ -32,6 +32,7 @@
 #include "core/experts.h"
 #include "core/moe_reference.h"
 #include "core/placement_table.h"
+#include "core/quantized_formats.h"
 #include "core/routing.h"
 #include "core/routing_source.h"
 #include "core/status_macros.h"
@@ -215,6 +216,70 @@ TEST(GpuOneSidedWorkers, TwoProcessesOnOneGpuForwardIdentityAndSwiGluAsTheRefere
   absl::StatusOr<std::vector<v1::BenchmarkResponse>> refused = c.Benchmark(bench);
   ASSERT_FALSE(refused.ok());
   EXPECT_THAT(refused.status().message(), HasSubstr("cannot run on this group"));
+}
+
+// The checkpoint formats on the one-sided plane (issue 35 item 3; issue 34
+// item 2's matrix): two worker processes sharing the GPU compute fp8
+// block-scaled (layer 0) and gpt-oss mxfp4 (layer 1) experts as the CPU
+// experts of the same seeded sources (core::MakeHostExperts: the quantized
+// reference), within ExpectClose's bf16 bound.
+TEST(GpuOneSidedWorkers, TwoProcessesComputeFp8AndMxfp4ExpertsAsTheReference) {
+  MOE_EP_REQUIRE_GPU();
+  absl::StatusOr<SharedGpuGroup> group = StartOnDeviceZero(2, "one-sided");
+  ASSERT_TRUE(group.ok()) << group.status();
+  client::Coordinator& c = *group->coordinator;
+  absl::StatusOr<std::vector<v1::JoinResponse>> joined = c.FormGroup();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  for (const v1::JoinResponse& r : *joined) EXPECT_EQ(r.data_plane(), "one-sided");
+  SmallModel model;  // fp8 tiles H and I by 128; mxfp4 steps them by 64
+  model.hidden = 128;
+  model.intermediate = 128;
+  ASSERT_TRUE(c.ConfigureLayers(MakeConfigureRequest(2, model)).ok());
+  ASSERT_TRUE(c.AllocateWorkspace(MakeAllocateRequest(model, 16)).ok());
+  const uint64_t seed = 13;
+  const v1::ExpertKind kinds[2] = {v1::EXPERT_KIND_FP8_BLOCK_SWIGLU,
+                                   v1::EXPERT_KIND_MXFP4_GPT_OSS};
+  const core::quant::ExpertWeightFormat formats[2] = {
+      core::quant::ExpertWeightFormat::kFp8Block128, core::quant::ExpertWeightFormat::kMxfp4};
+  std::vector<core::ExpertSet> host;
+  for (int layer = 0; layer < 2; ++layer) {
+    v1::LoadExpertsRequest load;
+    load.set_layer(layer);
+    load.set_kind(kinds[layer]);
+    load.set_seed(seed);
+    load.set_intermediate_size(model.intermediate);
+    absl::StatusOr<std::vector<v1::LoadExpertsResponse>> loaded = c.LoadExperts(load);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    core::ExpertSource all = core::ExpertSource::Seeded(
+        seed, layer, model.num_experts, 0, model.num_experts, model.hidden, model.intermediate);
+    all.weight_format = formats[layer];
+    absl::StatusOr<core::ExpertSet> experts = core::MakeHostExperts(all);
+    ASSERT_TRUE(experts.ok()) << experts.status();
+    host.push_back(*std::move(experts));
+  }
+  const std::vector<int64_t> tokens = {9, 6};
+  absl::StatusOr<client::TokenCountSync> sync = c.SyncTokenCounts(1, tokens);
+  ASSERT_TRUE(sync.ok()) << sync.status();
+  ASSERT_TRUE(c.CommitGeometry(1, sync->runtime_max_tokens_per_rank, tokens).ok());
+  std::vector<RankInputs> inputs;
+  inputs.reserve(2);
+  for (int r = 0; r < 2; ++r) inputs.push_back(MakeInputs(40 + r, tokens[r], model, 4));
+  for (int layer = 0; layer < 2; ++layer) {
+    std::vector<v1::ForwardRequest> requests;
+    requests.reserve(2);
+    for (const RankInputs& in : inputs) requests.push_back(MakeForwardRequest(layer, 1, in, model));
+    absl::StatusOr<std::vector<v1::ForwardResponse>> out = c.Forward(requests);
+    ASSERT_TRUE(out.ok()) << out.status();
+    for (int r = 0; r < 2; ++r) {
+      std::vector<float> want(inputs[r].num_tokens * model.hidden);
+      const absl::Status ref = core::DenseMoeReference(
+          {&host[layer]}, model.num_experts, inputs[r].hidden, inputs[r].ids, inputs[r].weights,
+          inputs[r].num_tokens, model.top_k, absl::MakeSpan(want));
+      ASSERT_TRUE(ref.ok()) << ref;
+      ExpectClose(DecodeBf16((*out)[r].output()), want, model.hidden,
+                  "layer " + std::to_string(layer) + " rank " + std::to_string(r));
+    }
+  }
 }
 
 TEST(GpuOneSidedWorkers, AutoPicksOneSidedForTwoProcessesOnOneGpu) {
