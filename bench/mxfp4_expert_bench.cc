@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <random>
 #include <set>
 #include <vector>
@@ -243,7 +244,8 @@ int Main(int argc, char** argv) {
       for (int k = 0; k < top_k; ++k) ++offsets[ids[k] + 1];
     }
     for (int x = 0; x < num_experts; ++x) offsets[x + 1] += offsets[x];
-    CUDA_CHECK(cudaMemcpy(gemm_offsets, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(
+        cudaMemcpy(gemm_offsets, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice));
     std::vector<double> gemms_us;
     for (const int depth : prefetch) {
       Mxfp4GemmParams gate_up;
@@ -280,7 +282,7 @@ int Main(int argc, char** argv) {
       cudaGraphDestroy(graph);
     }
     std::printf("%lld,%lld,%zu,%lld,%lld,%d,%.1f,%.1f,%.2f,%.2f,%.2f,%lld",
-                static_cast<long long>(tokens), static_cast<long long>(tokens * top_k), hit.size(),
+                static_cast<long long>(tokens), static_cast<long long>(tokens) * top_k, hit.size(),
                 static_cast<long long>(hidden), static_cast<long long>(inter), top_k, step_us,
                 bound_us, step_us / bound_us, bytes / (step_us * 1e-6) / 1e12, copy_tbps,
                 static_cast<long long>(nonfinite));
@@ -305,4 +307,13 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace moe_ep::kernels
 
-int main(int argc, char** argv) { return moe_ep::kernels::Main(argc, argv); }
+int main(int argc, char** argv) {
+  try {
+    return moe_ep::kernels::Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mxfp4_expert_bench: error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "mxfp4_expert_bench: error: an exception that is not a std::exception\n");
+  }
+  return 1;
+}

@@ -237,10 +237,9 @@ TEST(GpuOneSidedWorkers, TwoProcessesComputeFp8AndMxfp4ExpertsAsTheReference) {
   ASSERT_TRUE(c.ConfigureLayers(MakeConfigureRequest(2, model)).ok());
   ASSERT_TRUE(c.AllocateWorkspace(MakeAllocateRequest(model, 16)).ok());
   const uint64_t seed = 13;
-  const v1::ExpertKind kinds[2] = {v1::EXPERT_KIND_FP8_BLOCK_SWIGLU,
-                                   v1::EXPERT_KIND_MXFP4_GPT_OSS};
-  const core::quant::ExpertWeightFormat formats[2] = {
-      core::quant::ExpertWeightFormat::kFp8Block128, core::quant::ExpertWeightFormat::kMxfp4};
+  const v1::ExpertKind kinds[2] = {v1::EXPERT_KIND_FP8_BLOCK_SWIGLU, v1::EXPERT_KIND_MXFP4_GPT_OSS};
+  const core::quant::ExpertWeightFormat formats[2] = {core::quant::ExpertWeightFormat::kFp8Block128,
+                                                      core::quant::ExpertWeightFormat::kMxfp4};
   std::vector<core::ExpertSet> host;
   for (int layer = 0; layer < 2; ++layer) {
     v1::LoadExpertsRequest load;
