@@ -2,7 +2,7 @@
 
 // Channel credentials of the coordinator (`moe-ep --tls-ca ... --tls-cert ...
 // --tls-key ... --auth-token-file ...`) for workers that serve TLS, mutual
-// TLS and/or a bearer token (server/tls_credentials.h, server/auth.h).
+// TLS and/or a bearer token (proto/rpc/tls_credentials.h, proto/rpc/auth.h).
 //
 //   - no flag: plaintext (the workers must allow it: loopback, or
 //     --allow-insecure);

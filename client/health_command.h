@@ -6,7 +6,7 @@
 // depends on neither DNS nor a certificate's validity (a DNS blip or a lapsed
 // certificate must not restart a whole NCCL group).
 //
-// Service names (server/health.h): "" is liveness (SERVING while the process
+// Service names (proto/rpc/health.h): "" is liveness (SERVING while the process
 // serves), "moe_ep.v1.Worker" readiness (SERVING while joined, allocated and
 // not broken).
 

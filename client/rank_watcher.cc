@@ -16,7 +16,7 @@ std::chrono::system_clock::time_point After(absl::Duration d) {
              absl::ToChronoNanoseconds(d));
 }
 
-constexpr const char kReadinessName[] = "moe_ep.v1.Worker";  // server/health.h
+constexpr const char kReadinessName[] = "moe_ep.v1.Worker";  // proto/rpc/health.h
 
 }  // namespace
 

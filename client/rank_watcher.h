@@ -3,7 +3,7 @@
 // What the coordinator service knows of one worker (DESIGN §16, issue 12
 // item 5), from two sources on their own threads:
 //   - a grpc.health.v1 Watch of the readiness name "moe_ep.v1.Worker"
-//     (server/health.h): every status the worker pushes, and the moment the
+//     (proto/rpc/health.h): every status the worker pushes, and the moment the
 //     stream breaks (a killed worker's connection closes at once, so a lost
 //     rank shows within milliseconds); a broken stream is opened again every
 //     `retry_interval`;
@@ -14,7 +14,7 @@
 // Each change calls `on_change` (on the watcher's threads, with no lock of
 // the watcher held; it must not destroy the watcher).
 //
-// Thread-safe. Source: DESIGN §16; issue 12 item 5; server/health.h.
+// Thread-safe. Source: DESIGN §16; issue 12 item 5; proto/rpc/health.h.
 
 #include <condition_variable>
 #include <cstdint>

@@ -31,8 +31,8 @@
 namespace moe_ep::server {
 
 // The channel credentials every GrpcStore created afterwards uses to reach
-// rank 0 (TLS, client certificate, bearer token: server/tls_credentials.h's
-// MakePeerChannelCredentials). Process-wide because it is process
+// rank 0 (TLS, client certificate, bearer token: proto/rpc/tls_credentials.h's
+// rpc::MakePeerChannelCredentials). Process-wide because it is process
 // configuration (main.cc sets it once from the flags, before serving); null
 // (the default) means plaintext. Thread-safe.
 void SetPeerChannelCredentials(std::shared_ptr<grpc::ChannelCredentials> credentials);

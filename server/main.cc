@@ -9,11 +9,11 @@
 #include <cstddef>
 
 #include "server/moe_ep.h"
-#include "server/thread_stack_floor.h"
+#include "core/thread_stack_floor.h"
 
 int main(int argc, char** argv) {
   // Links this executable's pthread_attr_setstacksize floor (exported for
-  // the shared libraries it loads; server/thread_stack_floor.h).
-  (void)moe_ep::server::EffectiveThreadStackBytes(0);
+  // the shared libraries it loads; core/thread_stack_floor.h).
+  (void)moe_ep::core::EffectiveThreadStackBytes(0);
   return moe_ep_worker_main(argc, argv);
 }

@@ -11,7 +11,7 @@
 #include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
 #include "prometheus/metric_family.h"
-#include "server/thread_stack_floor.h"
+#include "core/thread_stack_floor.h"
 
 namespace moe_ep::server {
 namespace {
@@ -147,7 +147,7 @@ class MetricsInterceptor final : public grpc::experimental::Interceptor {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
       // Runs under gRPC's per-call locks (a health Watch ends inside its
       // reactor's mutex): record into prometheus only, never take a lock of
-      // the worker here (server/health.h, issue 8).
+      // the worker here (proto/rpc/health.h, issue 8).
       metrics_->RecordRpc(method_, methods->GetSendStatus().error_code(), seconds);
     }
     methods->Proceed();
@@ -321,8 +321,8 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
         absl::StrCat("--metrics-listen: expected host:port, got \"", listen, "\""));
   }
   std::unique_ptr<MetricsServer> server(new MetricsServer());
-  // civetweb's small thread stacks need the floor (server/thread_stack_floor.h).
-  (void)EffectiveThreadStackBytes(0);
+  // civetweb's small thread stacks need the floor (core/thread_stack_floor.h).
+  (void)core::EffectiveThreadStackBytes(0);
   try {
     server->exposer_ = std::make_unique<prometheus::Exposer>(listen, 2);
   } catch (const std::exception& e) {

@@ -152,7 +152,7 @@ std::optional<int> ParseWorkerFlags(int argc, const char* const* argv, WorkerFla
           "on SIGTERM/SIGINT: health goes NOT_SERVING, new calls are refused, and in-flight "
           "calls may run this long before they are cancelled (an idle worker exits at once)",
           {non_negative}, err, spellings);
-  // Control-plane security and limits (server/tls_credentials.h, server/auth.h).
+  // Control-plane security and limits (proto/rpc/tls_credentials.h, proto/rpc/auth.h).
   AddFlag(app, "tls-cert", &f->tls_cert, "PEM certificate chain of this worker; TLS when set", {},
           err, spellings);
   AddFlag(app, "tls-key", &f->tls_key, "PEM private key of --tls-cert", {}, err, spellings);
@@ -176,7 +176,7 @@ std::optional<int> ParseWorkerFlags(int argc, const char* const* argv, WorkerFla
   AddFlag(app, "max-message-bytes", &f->max_message_bytes,
           "largest request this worker accepts, bytes (Forward carries [T, H] tensors)", {positive},
           err, spellings);
-  // Observability (server/metrics.h, server/logging.h).
+  // Observability (server/metrics.h, core/logging.h).
   AddFlag(app, "metrics-listen", &f->metrics_listen,
           "host:port of the Prometheus /metrics endpoint (plain HTTP); empty = off; port 0 "
           "picks a free port (logged, and written to --metrics-port-file)",

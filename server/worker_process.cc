@@ -17,21 +17,21 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
-#include "server/auth.h"
+#include "proto/rpc/auth.h"
 #include "server/data_plane_host.h"
 #include "server/device_info.h"
 #include "server/grpc_store.h"
-#include "server/health.h"
+#include "proto/rpc/health.h"
 #include "server/in_flight_calls.h"
-#include "server/logging.h"
+#include "core/logging.h"
 #include "server/memory_limit.h"
 #include "server/metrics.h"
 #include "server/nccl_runtime.h"
-#include "server/probe_server.h"
+#include "proto/rpc/probe_server.h"
 #include "server/reflection_v1.h"
 #include "server/rendezvous_service.h"
-#include "server/rpc_log.h"
-#include "server/tls_credentials.h"
+#include "proto/rpc/rpc_log.h"
+#include "proto/rpc/tls_credentials.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -63,14 +63,14 @@ absl::Status ConfigureLogging(const WorkerFlags& flags) {
   if (logger == nullptr) logger = spdlog::stderr_color_mt(kLoggerName);
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(flags.log_level));  // checked by the parser
-  return ConfigureLogFormat(flags.log_format);
+  return core::ConfigureLogFormat(flags.log_format);
 }
 
 }  // namespace
 
 struct WorkerProcess::Parts {
   // Declared before the servers, which are stopped and destroyed first.
-  std::unique_ptr<HealthReporter> health;
+  std::unique_ptr<rpc::HealthReporter> health;
   std::unique_ptr<RendezvousService> rendezvous;
   std::unique_ptr<WorkerService> worker;
   std::unique_ptr<ReflectionV1Service> reflection_v1;
@@ -137,8 +137,8 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const Worker
   options.enable_echo = flags.enable_echo;
 
   // Transport security: TLS / mTLS from files, a bearer token, plaintext only
-  // on loopback unless --allow-insecure (server/tls_credentials.h).
-  ServerSecurityOptions security;
+  // on loopback unless --allow-insecure (proto/rpc/tls_credentials.h).
+  rpc::ServerSecurityOptions security;
   security.listen = flags.listen;
   security.tls_cert = flags.tls_cert;
   security.tls_key = flags.tls_key;
@@ -147,21 +147,21 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const Worker
   security.refresh_interval = absl::Seconds(flags.tls_refresh_s);
   security.allow_insecure = flags.allow_insecure;
   security.auth_token = !flags.auth_token_file.empty();
-  auto credentials = MakeServerCredentials(security);
+  auto credentials = rpc::MakeServerCredentials(security);
   if (!credentials.ok()) return credentials.status();
   std::string peer_token;
   if (security.auth_token) {
-    auto auth = BearerTokenAuth::Create(flags.auth_token_file);
+    auto auth = rpc::BearerTokenAuth::Create(flags.auth_token_file);
     if (!auth.ok()) return auth.status();
     (*credentials)->SetAuthMetadataProcessor(*auth);
     peer_token = (*auth)->CurrentToken();
   }
-  auto peer_credentials = MakePeerChannelCredentials(security, peer_token);
+  auto peer_credentials = rpc::MakePeerChannelCredentials(security, peer_token);
   if (!peer_credentials.ok()) return peer_credentials.status();
   SetPeerChannelCredentials(*peer_credentials);
 
   auto parts = std::make_unique<Parts>();
-  parts->health = std::make_unique<HealthReporter>();
+  parts->health = std::make_unique<rpc::HealthReporter>();
   parts->rendezvous = std::make_unique<RendezvousService>(store_limits);
   options.rendezvous = parts->rendezvous.get();
   const std::string default_backend = options.default_backend;
@@ -169,7 +169,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const Worker
   const int64_t worker_cap = options.memory_cap_bytes;
   parts->worker = std::make_unique<WorkerService>(std::move(options), parts->health.get());
 
-  EnableDefaultHealthService();
+  rpc::EnableDefaultHealthService();
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
@@ -182,7 +182,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const Worker
   // also answers UNIMPLEMENTED for every unknown method.
   parts->reflection_v1 = std::make_unique<ReflectionV1Service>();
   builder.RegisterCallbackGenericService(parts->reflection_v1.get());
-  // RPC metrics (the log fields are the worker service's: server/logging.h).
+  // RPC metrics (the log fields are the worker service's: core/logging.h).
   WorkerService* worker = parts->worker.get();
   auto snapshot = [worker] {
     v1::GetStatusRequest request;
@@ -195,10 +195,10 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const Worker
   interceptors.push_back(parts->metrics->MakeInterceptorFactory());
   // The drain waits for these; not for open health Watch streams, which
   // Shutdown ends (issue 31 item 3: a coordinator watches every worker).
-  parts->in_flight = std::make_unique<InFlightCalls>(std::vector<std::string>{kHealthWatchMethod});
+  parts->in_flight = std::make_unique<InFlightCalls>(std::vector<std::string>{rpc::kHealthWatchMethod});
   interceptors.push_back(parts->in_flight->MakeInterceptorFactory());
-  // Every call's end in the log: failures at warn (server/rpc_log.h).
-  interceptors.push_back(MakeRpcLogInterceptorFactory(WorkerRpcLogOptions()));
+  // Every call's end in the log: failures at warn (proto/rpc/rpc_log.h).
+  interceptors.push_back(rpc::MakeRpcLogInterceptorFactory(rpc::WorkerRpcLogOptions()));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   parts->server = builder.BuildAndStart();
   if (parts->server == nullptr || port == 0) {
@@ -212,7 +212,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const Worker
   if (!flags.health_listen.empty()) {
     int probe_port = 0;
     auto probe =
-        StartProbeServer(flags.health_listen, parts->probe_unimplemented.get(), &probe_port);
+        rpc::StartProbeServer(flags.health_listen, parts->probe_unimplemented.get(), &probe_port);
     if (!probe.ok()) return probe.status();
     parts->probe_server = std::move(*probe);
     parts->health->Attach(parts->probe_server->GetHealthCheckService());

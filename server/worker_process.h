@@ -50,7 +50,7 @@ class WorkerProcess {
   WorkerService& worker();
   // RPCs now running.
   int64_t in_flight() const;
-  // Readiness (server/health.h): joined, allocated, not broken, not stopping.
+  // Readiness (proto/rpc/health.h): joined, allocated, not broken, not stopping.
   bool ready() const;
 
   // Health NOT_SERVING, new calls UNAVAILABLE "shutting down", waits for the

@@ -23,10 +23,10 @@
 #include "server/device_info.h"
 #include "server/group_formation.h"
 #include "server/grpc_store.h"
-#include "server/logging.h"
+#include "core/logging.h"
 #include "server/request_limits.h"
 #include "server/shared_expert_request.h"
-#include "server/status_conversion.h"
+#include "proto/rpc/status_conversion.h"
 #include "server/tensor_codec.h"
 #include "server/worker_replies.h"
 #include "spdlog/spdlog.h"
@@ -47,7 +47,7 @@ int64_t ExpertSpecFingerprint(const std::vector<core::BallotField>& fields) {
 
 }  // namespace
 
-WorkerService::WorkerService(WorkerOptions options, HealthReporter* health)
+WorkerService::WorkerService(WorkerOptions options, rpc::HealthReporter* health)
     : options_(std::move(options)), health_(health) {
   // The default backend's device until a Join (and again after Leave).
   absl::MutexLock lock(&state_mu_);
@@ -75,7 +75,7 @@ grpc::Status WorkerService::Finish(const absl::Status& status) {
     absl::MutexLock lock(&state_mu_);
     status_.mutable_counters()->set_errors(status_.counters().errors() + 1);
   }
-  return ToGrpcStatus(CapMessage(status));
+  return rpc::ToGrpcStatus(CapMessage(status));
 }
 
 grpc::Status WorkerService::FinishCollective(const absl::Status& status) {
@@ -166,7 +166,7 @@ void WorkerService::UpdateHealthLocked() {
   status_.set_group_broken(state_.broken());
   status_.set_broken_reason(state_.broken_reason());
   const bool joined = state_.phase() != WorkerPhase::kStarted;
-  SetLogContext(joined ? status_.rank() : -1, status_.generation(), status_.geometry_epoch());
+  core::SetLogContext(joined ? status_.rank() : -1, status_.generation(), status_.geometry_epoch());
   if (health_ != nullptr) {
     health_->SetReady(
         state_.phase() == WorkerPhase::kAllocated && !state_.broken() && !shutting_down_ &&

@@ -43,7 +43,7 @@
 // broken: later collective calls return FAILED_PRECONDITION "... re-join with
 // a new generation" until Join with a new generation re-forms it. GetStatus
 // shows it (group_broken, broken_reason: "<rpc>: <CODE>: <message>"). Health
-// (server/health.h) is SERVING only while joined, allocated and not broken.
+// (proto/rpc/health.h) is SERVING only while joined, allocated and not broken.
 //
 // Rank masks (DESIGN §15; issue 17): in a group joined with every rank's
 // address (Gloo, or NCCL on either GPU plane) a collective failure starts a mask round instead (the
@@ -95,7 +95,7 @@
 #include "server/collective_slot.h"
 #include "server/data_plane.h"
 #include "server/group_session.h"
-#include "server/health.h"
+#include "proto/rpc/health.h"
 #include "server/layer_stack_runner.h"
 #include "server/memory_budget.h"
 #include "server/rendezvous_service.h"
@@ -139,7 +139,7 @@ struct WorkerOptions {
 class WorkerService final : public v1::Worker::Service, private GroupSession::Observer {
  public:
   // `health` may be null; it must outlive the service.
-  WorkerService(WorkerOptions options, HealthReporter* health);
+  WorkerService(WorkerOptions options, rpc::HealthReporter* health);
   ~WorkerService() override;
 
   // Shown by GetStatus (the address main.cc bound).
@@ -359,7 +359,7 @@ class WorkerService final : public v1::Worker::Service, private GroupSession::Ob
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_);
 
   const WorkerOptions options_;
-  HealthReporter* const health_;
+  rpc::HealthReporter* const health_;
 
   // The collective slot (server/collective_slot.h): held by at most one
   // collective call at a time.

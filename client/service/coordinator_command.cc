@@ -19,12 +19,12 @@
 #include "core/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "server/auth.h"
-#include "server/health.h"
-#include "server/logging.h"
-#include "server/probe_server.h"
-#include "server/rpc_log.h"
-#include "server/tls_credentials.h"
+#include "proto/rpc/auth.h"
+#include "proto/rpc/health.h"
+#include "core/logging.h"
+#include "proto/rpc/probe_server.h"
+#include "proto/rpc/rpc_log.h"
+#include "proto/rpc/tls_credentials.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -60,7 +60,7 @@ absl::StatusOr<std::optional<v1::DesiredState>> InitialState(
 constexpr char kLoggerName[] = "moe-ep-coordinator";
 
 // The process's default logger: stderr, --log-level, --log-format without
-// the worker's fields (server/logging.h).
+// the worker's fields (core/logging.h).
 absl::Status ConfigureCoordinatorLog(const CoordinatorCommandOptions& options) {
   const spdlog::level::level_enum level = spdlog::level::from_str(options.log_level);
   if (level == spdlog::level::off && options.log_level != "off") {
@@ -72,7 +72,7 @@ absl::Status ConfigureCoordinatorLog(const CoordinatorCommandOptions& options) {
   if (logger == nullptr) logger = spdlog::stderr_color_mt(kLoggerName);
   spdlog::set_default_logger(logger);
   spdlog::set_level(level);
-  return server::ConfigureLogFormat(options.log_format, server::LogFields::kPlain);
+  return core::ConfigureLogFormat(options.log_format, core::LogFields::kPlain);
 }
 
 // The level of a group event in the log: losses and failures warn.
@@ -200,8 +200,8 @@ absl::Status PrintDesiredStateCheck(const std::optional<v1::DesiredState>& initi
   return absl::OkStatus();
 }
 
-server::ServerSecurityOptions SecurityOf(const CoordinatorCommandOptions& options) {
-  server::ServerSecurityOptions security;
+rpc::ServerSecurityOptions SecurityOf(const CoordinatorCommandOptions& options) {
+  rpc::ServerSecurityOptions security;
   security.listen = options.listen;
   security.tls_cert = options.tls_cert;
   security.tls_key = options.tls_key;
@@ -245,7 +245,7 @@ class CoordinatorHealth {
   void Add(grpc::HealthCheckServiceInterface* service) {
     std::lock_guard<std::mutex> lock(mu_);
     services_.push_back(service);
-    service->SetServingStatus(server::kLivenessServiceName, true);
+    service->SetServingStatus(rpc::kLivenessServiceName, true);
     service->SetServingStatus(kReadinessName, ready_);
   }
   void SetReady(bool ready) {
@@ -265,14 +265,14 @@ class CoordinatorHealth {
   bool ready_ = false;
 };
 
-// Every call's end in the log (server/rpc_log.h): failures of the
+// Every call's end in the log (proto/rpc/rpc_log.h): failures of the
 // Coordinator service at warn, Apply and Drain at info, the rest debug.
 void AddRpcLog(grpc::ServerBuilder* builder) {
-  server::RpcLogOptions rpc_log;
+  rpc::RpcLogOptions rpc_log;
   rpc_log.warn_prefixes = {"/moe_ep.v1.Coordinator/"};
   rpc_log.info_methods = {"/moe_ep.v1.Coordinator/Apply", "/moe_ep.v1.Coordinator/Drain"};
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
-  creators.push_back(server::MakeRpcLogInterceptorFactory(std::move(rpc_log)));
+  creators.push_back(rpc::MakeRpcLogInterceptorFactory(std::move(rpc_log)));
   builder->experimental().SetInterceptorCreators(std::move(creators));
 }
 
@@ -284,7 +284,7 @@ absl::Status ServeProbesAndMetrics(const CoordinatorCommandOptions& options,
                                    std::unique_ptr<grpc::Server>* probe_server, std::ostream& out) {
   if (!options.health_listen.empty()) {
     int probe_port = 0;
-    ASSIGN_OR_RETURN(*probe_server, server::StartProbeServer(options.health_listen,
+    ASSIGN_OR_RETURN(*probe_server, rpc::StartProbeServer(options.health_listen,
                                                              probe_unimplemented, &probe_port));
     health.Add((*probe_server)->GetHealthCheckService());
     out << "moe-ep coordinator: grpc.health.v1 (plaintext) on " << HostOf(options.health_listen)
@@ -309,19 +309,19 @@ absl::Status RunCoordinatorCommand(const CoordinatorCommandOptions& options, std
   if (initial.has_value()) RETURN_IF_ERROR(ValidateDesiredState(*initial));
   if (options.check_only) return PrintDesiredStateCheck(initial, out);
 
-  const server::ServerSecurityOptions security = SecurityOf(options);
+  const rpc::ServerSecurityOptions security = SecurityOf(options);
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
-                   server::MakeServerCredentials(security));
+                   rpc::MakeServerCredentials(security));
   std::string token;
   if (security.auth_token) {
-    ASSIGN_OR_RETURN(std::shared_ptr<server::BearerTokenAuth> auth,
-                     server::BearerTokenAuth::Create(options.auth_token_file));
+    ASSIGN_OR_RETURN(std::shared_ptr<rpc::BearerTokenAuth> auth,
+                     rpc::BearerTokenAuth::Create(options.auth_token_file));
     credentials->SetAuthMetadataProcessor(auth);
     token = auth->CurrentToken();
   }
   GroupKeeperOptions keeper_options;
   ASSIGN_OR_RETURN(keeper_options.channel.channel_credentials,
-                   server::MakePeerChannelCredentials(security, token));
+                   rpc::MakePeerChannelCredentials(security, token));
   SetKeeperOptions(options, &keeper_options);
   CoordinatorHealth health;
   keeper_options.on_ready = [&health](bool ready) { health.SetReady(ready); };
@@ -341,7 +341,7 @@ absl::Status RunCoordinatorCommand(const CoordinatorCommandOptions& options, std
   ASSIGN_OR_RETURN(keeper, GroupKeeper::Start(keeper_options, initial));
   CoordinatorService service(keeper.get());
 
-  server::EnableDefaultHealthService();
+  rpc::EnableDefaultHealthService();
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen, credentials, &port);

@@ -14,7 +14,7 @@
 // (client/service/coordinator_metrics.h).
 //
 // Transport security, with the worker's flags and rules
-// (server/tls_credentials.h, server/auth.h): --tls-cert/--tls-key serve TLS
+// (proto/rpc/tls_credentials.h, proto/rpc/auth.h): --tls-cert/--tls-key serve TLS
 // and are also the client certificate presented to the workers;
 // --tls-client-ca requires clients of the coordinator to present a
 // certificate it signed (mutual TLS); the workers' certificates are checked
@@ -27,11 +27,11 @@
 // manifests' ConfigMaps) and prints "desired state OK: ..." with its targets.
 //
 // Logs (issue 31 item 5) go to stderr through spdlog, with a timestamp and a
-// level, as text or JSON Lines (--log-format; server/logging.h): every group
+// level, as text or JSON Lines (--log-format; core/logging.h): every group
 // event (GroupEvent: "formed", "adopted", "drained", ... at info; "rank_lost",
 // "group_broken", "attempt_failed", "resolve_failed", "readd_failed", "lease"
 // at warn), every failed call of moe_ep.v1.Coordinator at warn and every
-// Apply and Drain at info (server/rpc_log.h), and at debug each step of a
+// Apply and Drain at info (proto/rpc/rpc_log.h), and at debug each step of a
 // formation, each rank a Drain left and every other call served.
 // SIGTERM / SIGINT (or `stop`): NOT_SERVING, the servers stop, the lease on
 // the workers is given back (client/group_keeper.h), exit 0.
@@ -74,7 +74,7 @@ struct CoordinatorCommandOptions {
   int probe_timeout_ms = 1000;
   // --probe-failure-threshold (GroupKeeperOptions::probe_failure_threshold).
   int probe_failure_threshold = 3;
-  // The log (stderr; server/logging.h without the worker's fields): --log-level
+  // The log (stderr; core/logging.h without the worker's fields): --log-level
   // trace | debug | info | warn | error | critical | off, --log-format text | json.
   std::string log_level = "info";
   std::string log_format = "text";

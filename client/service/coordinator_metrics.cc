@@ -8,7 +8,7 @@
 #include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
 #include "prometheus/metric_family.h"
-#include "server/thread_stack_floor.h"
+#include "core/thread_stack_floor.h"
 
 namespace moe_ep::client {
 namespace {
@@ -140,7 +140,7 @@ void CoordinatorMetrics::StopServing() { exposer_.reset(); }
 
 absl::Status CoordinatorMetrics::Serve(const std::string& listen) {
   // civetweb's threads need the stack floor on CUDA-linked builds.
-  (void)server::EffectiveThreadStackBytes(0);
+  (void)core::EffectiveThreadStackBytes(0);
   try {
     exposer_ = std::make_unique<prometheus::Exposer>(listen, 2);
   } catch (const std::exception& e) {

@@ -1,6 +1,6 @@
 #include "client/service/coordinator_service.h"
 
-#include "server/status_conversion.h"
+#include "proto/rpc/status_conversion.h"
 
 namespace moe_ep::client {
 
@@ -13,7 +13,7 @@ grpc::Status CoordinatorService::GetGroup(grpc::ServerContext*, const v1::GetGro
 grpc::Status CoordinatorService::Apply(grpc::ServerContext*, const v1::ApplyRequest* request,
                                        v1::ApplyResponse* response) {
   absl::StatusOr<v1::ApplyResponse> applied = keeper_->Apply(request->desired());
-  if (!applied.ok()) return server::ToGrpcStatus(applied.status());
+  if (!applied.ok()) return rpc::ToGrpcStatus(applied.status());
   *response = *applied;
   return grpc::Status::OK;
 }

@@ -21,8 +21,8 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "server/health.h"
-#include "server/probe_server.h"
+#include "proto/rpc/health.h"
+#include "proto/rpc/probe_server.h"
 
 namespace moe_ep::client {
 namespace {
@@ -168,10 +168,10 @@ TEST_F(CoordinatorCliTest, RefusalsNameTheFieldOrWhatServesThere) {
   EXPECT_THAT(bad.message(), HasSubstr("layers"));
 
   // A server that is no coordinator (a worker's plaintext health port).
-  server::EnableDefaultHealthService();
+  rpc::EnableDefaultHealthService();
   grpc::CallbackGenericService unimplemented;
   int port = 0;
-  auto probe = server::StartProbeServer("127.0.0.1:0", &unimplemented, &port);
+  auto probe = rpc::StartProbeServer("127.0.0.1:0", &unimplemented, &port);
   ASSERT_TRUE(probe.ok()) << probe.status();
   std::unique_ptr<grpc::Server> other = std::move(*probe);
   CoordinatorClientOptions o;

@@ -31,7 +31,7 @@
 #include "gtest/gtest.h"
 #include "moe_ep/v1/coordinator.grpc.pb.h"
 #include "moe_ep/v1/worker.grpc.pb.h"
-#include "server/health.h"
+#include "proto/rpc/health.h"
 
 namespace moe_ep::testing {
 namespace {
@@ -105,7 +105,7 @@ class CoordinatorServiceTest : public ::testing::Test {
     ASSERT_TRUE(keeper.ok()) << keeper.status();
     keeper_ = std::move(*keeper);
     service_ = std::make_unique<client::CoordinatorService>(keeper_.get());
-    server::EnableDefaultHealthService();
+    rpc::EnableDefaultHealthService();
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -188,7 +188,7 @@ class CoordinatorServiceTest : public ::testing::Test {
       context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
       context.set_wait_for_ready(true);
       grpc::health::v1::HealthCheckRequest request;
-      request.set_service(server::kLivenessServiceName);
+      request.set_service(rpc::kLivenessServiceName);
       HealthCheckResponse response;
       if (stub->Check(&context, request, &response).ok() &&
           response.status() == HealthCheckResponse::SERVING) {

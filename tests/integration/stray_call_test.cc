@@ -21,7 +21,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "server/health.h"
+#include "proto/rpc/health.h"
 #include "tests/integration/fake_coordinator.h"
 #include "tests/integration/rank_mask_fixture.h"
 #include "tests/server/health_probe.h"
@@ -406,7 +406,7 @@ TEST_F(StrayCall, AStoppedPeerFailsCallsWithoutAMaskAndReadinessShowsIt) {
     EXPECT_EQ(s.counters().consecutive_failed_collectives(), 3) << "rank " << r;
     EXPECT_EQ(s.mask_round(), 0) << "rank " << r;
     EXPECT_FALSE(s.group_broken()) << "rank " << r << ": " << s.broken_reason();
-    EXPECT_EQ(server::ProbeHealth(targets[r], server::kReadinessServiceName), server::kNotServing)
+    EXPECT_EQ(server::ProbeHealth(targets[r], rpc::kReadinessServiceName), server::kNotServing)
         << "rank " << r;
   }
   ASSERT_TRUE(fake_->cluster().Kill(3, SIGCONT).ok());
@@ -414,7 +414,7 @@ TEST_F(StrayCall, AStoppedPeerFailsCallsWithoutAMaskAndReadinessShowsIt) {
   ExpectStepPasses(1, "after SIGCONT");
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_EQ(fake_->StatusOf(r).counters().consecutive_failed_collectives(), 0) << "rank " << r;
-    EXPECT_EQ(server::ProbeHealth(targets[r], server::kReadinessServiceName), server::kServing)
+    EXPECT_EQ(server::ProbeHealth(targets[r], rpc::kReadinessServiceName), server::kServing)
         << "rank " << r;
   }
 }

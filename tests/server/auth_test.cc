@@ -1,4 +1,4 @@
-#include "server/auth.h"
+#include "proto/rpc/auth.h"
 
 #include <filesystem>
 #include <string>
@@ -25,7 +25,7 @@ class BearerTokenAuthTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   // Process() on metadata {"authorization": value} (or none when null).
-  grpc::Status Check(BearerTokenAuth& auth, const char* value,
+  grpc::Status Check(rpc::BearerTokenAuth& auth, const char* value,
                      grpc::AuthMetadataProcessor::OutputMetadata* consumed) {
     grpc::AuthMetadataProcessor::InputMetadata input;
     if (value != nullptr)
@@ -40,7 +40,7 @@ class BearerTokenAuthTest : public ::testing::Test {
 
 TEST_F(BearerTokenAuthTest, AcceptsOnlyTheBearerToken) {
   WriteTextFile(path_, "  abc123\n");
-  auto auth = BearerTokenAuth::Create(path_);
+  auto auth = rpc::BearerTokenAuth::Create(path_);
   ASSERT_TRUE(auth.ok()) << auth.status();
   grpc::AuthMetadataProcessor::OutputMetadata consumed;
   EXPECT_TRUE(Check(**auth, "Bearer abc123", &consumed).ok());
@@ -61,7 +61,7 @@ TEST_F(BearerTokenAuthTest, AcceptsOnlyTheBearerToken) {
 
 TEST_F(BearerTokenAuthTest, RotatedTokenFileTakesEffect) {
   WriteTextFile(path_, "old-token");
-  auto auth = BearerTokenAuth::Create(path_);
+  auto auth = rpc::BearerTokenAuth::Create(path_);
   ASSERT_TRUE(auth.ok());
   grpc::AuthMetadataProcessor::OutputMetadata consumed;
   ASSERT_TRUE(Check(**auth, "Bearer old-token", &consumed).ok());
@@ -75,11 +75,11 @@ TEST_F(BearerTokenAuthTest, RotatedTokenFileTakesEffect) {
 }
 
 TEST_F(BearerTokenAuthTest, MissingOrEmptyFileIsInvalidArgument) {
-  auto missing = BearerTokenAuth::Create(path_ + ".missing");
+  auto missing = rpc::BearerTokenAuth::Create(path_ + ".missing");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(missing.status().message(), HasSubstr("cannot read"));
   WriteTextFile(path_, " \n");
-  auto empty = BearerTokenAuth::Create(path_);
+  auto empty = rpc::BearerTokenAuth::Create(path_);
   EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(empty.status().message(), HasSubstr("holds no token"));
 }

@@ -1,4 +1,4 @@
-#include "server/health.h"
+#include "proto/rpc/health.h"
 
 #include <memory>
 #include <string>
@@ -17,7 +17,7 @@ namespace moe_ep::server {
 namespace {
 
 TEST(HealthReporter, LivenessServesWhileReadinessFollowsTheGroupAndShutdownEndsBoth) {
-  EnableDefaultHealthService();
+  rpc::EnableDefaultHealthService();
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -27,34 +27,34 @@ TEST(HealthReporter, LivenessServesWhileReadinessFollowsTheGroupAndShutdownEndsB
   ASSERT_NE(server, nullptr);
   const std::string address = "127.0.0.1:" + std::to_string(port);
 
-  HealthReporter health;
+  rpc::HealthReporter health;
   health.Attach(server->GetHealthCheckService());
   EXPECT_TRUE(health.live());
   EXPECT_FALSE(health.ready());
-  EXPECT_EQ(ProbeHealth(address, kLivenessServiceName), kServing);
-  EXPECT_EQ(ProbeHealth(address, kReadinessServiceName), kNotServing);
+  EXPECT_EQ(ProbeHealth(address, rpc::kLivenessServiceName), kServing);
+  EXPECT_EQ(ProbeHealth(address, rpc::kReadinessServiceName), kNotServing);
 
   health.SetReady(true);
   EXPECT_TRUE(health.ready());
-  EXPECT_EQ(ProbeHealth(address, kLivenessServiceName), kServing);
-  EXPECT_EQ(ProbeHealth(address, kReadinessServiceName), kServing);
+  EXPECT_EQ(ProbeHealth(address, rpc::kLivenessServiceName), kServing);
+  EXPECT_EQ(ProbeHealth(address, rpc::kReadinessServiceName), kServing);
 
   health.SetReady(false);  // e.g. the group broke: still alive
-  EXPECT_EQ(ProbeHealth(address, kLivenessServiceName), kServing);
-  EXPECT_EQ(ProbeHealth(address, kReadinessServiceName), kNotServing);
+  EXPECT_EQ(ProbeHealth(address, rpc::kLivenessServiceName), kServing);
+  EXPECT_EQ(ProbeHealth(address, rpc::kReadinessServiceName), kNotServing);
 
   health.SetReady(true);
   health.Shutdown();
   health.SetReady(true);  // ignored after Shutdown
   EXPECT_FALSE(health.ready());
   EXPECT_FALSE(health.live());
-  EXPECT_EQ(ProbeHealth(address, kLivenessServiceName), kNotServing);
-  EXPECT_EQ(ProbeHealth(address, kReadinessServiceName), kNotServing);
+  EXPECT_EQ(ProbeHealth(address, rpc::kLivenessServiceName), kNotServing);
+  EXPECT_EQ(ProbeHealth(address, rpc::kReadinessServiceName), kNotServing);
   server->Shutdown();
 }
 
 TEST(HealthReporter, RemembersReadinessUntilAttached) {
-  HealthReporter health;
+  rpc::HealthReporter health;
   health.SetReady(true);
   EXPECT_TRUE(health.ready());
   health.Attach(nullptr);
@@ -62,7 +62,7 @@ TEST(HealthReporter, RemembersReadinessUntilAttached) {
 }
 
 TEST(HealthReporter, ServerAttachedAfterShutdownReportsNotServing) {
-  EnableDefaultHealthService();
+  rpc::EnableDefaultHealthService();
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -70,13 +70,13 @@ TEST(HealthReporter, ServerAttachedAfterShutdownReportsNotServing) {
   builder.RegisterService(&some_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   ASSERT_NE(server, nullptr);
-  HealthReporter health;
+  rpc::HealthReporter health;
   health.SetReady(true);
   health.Shutdown();
   health.Attach(server->GetHealthCheckService());
   const std::string address = "127.0.0.1:" + std::to_string(port);
-  EXPECT_EQ(ProbeHealth(address, kLivenessServiceName), kNotServing);
-  EXPECT_EQ(ProbeHealth(address, kReadinessServiceName), kNotServing);
+  EXPECT_EQ(ProbeHealth(address, rpc::kLivenessServiceName), kNotServing);
+  EXPECT_EQ(ProbeHealth(address, rpc::kReadinessServiceName), kNotServing);
   server->Shutdown();
 }
 

@@ -18,7 +18,7 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
-#include "server/health.h"
+#include "proto/rpc/health.h"
 #include "server/rendezvous_service.h"
 #include "server/worker_service.h"
 
@@ -27,7 +27,7 @@ namespace moe_ep::server::testing {
 class InProcessWorker {
  public:
   explicit InProcessWorker(WorkerOptions options = {}) : worker_(options, &health_) {
-    EnableDefaultHealthService();
+    rpc::EnableDefaultHealthService();
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
     builder.SetMaxReceiveMessageSize(256 << 20);
@@ -139,7 +139,7 @@ class InProcessWorker {
   }
 
  private:
-  HealthReporter health_;
+  rpc::HealthReporter health_;
   WorkerService worker_;
   RendezvousService rendezvous_;
   int port_ = 0;

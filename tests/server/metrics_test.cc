@@ -19,7 +19,7 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
-#include "server/health.h"
+#include "proto/rpc/health.h"
 #include "server/tensor_codec.h"
 #include "server/worker_service.h"
 
@@ -107,7 +107,7 @@ class MeteredWorker {
   WorkerMetrics& metrics() { return metrics_; }
 
  private:
-  HealthReporter health_;
+  rpc::HealthReporter health_;
   WorkerService worker_;
   WorkerMetrics metrics_;
   int port_ = 0;

@@ -1,4 +1,4 @@
-#include "server/probe_server.h"
+#include "proto/rpc/probe_server.h"
 
 #include <chrono>
 #include <condition_variable>
@@ -12,7 +12,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
-#include "server/health.h"
+#include "proto/rpc/health.h"
 #include "tests/server/health_probe.h"
 
 namespace moe_ep::server {
@@ -45,10 +45,10 @@ grpc::Status CallGeneric(const std::string& address, const std::string& method) 
 TEST(ProbeServer, ServesHealthAndNotReflectionEvenWithTheReflectionPluginRegistered) {
   // As main.cc does for the main port: the plugin is then process-global.
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  EnableDefaultHealthService();
+  rpc::EnableDefaultHealthService();
   grpc::CallbackGenericService unimplemented;
   int port = 0;
-  auto server = StartProbeServer("127.0.0.1:0", &unimplemented, &port);
+  auto server = rpc::StartProbeServer("127.0.0.1:0", &unimplemented, &port);
   ASSERT_TRUE(server.ok()) << server.status();
   const std::string address = "127.0.0.1:" + std::to_string(port);
   const grpc::Status reflection =

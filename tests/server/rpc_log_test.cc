@@ -1,4 +1,4 @@
-#include "server/rpc_log.h"
+#include "proto/rpc/rpc_log.h"
 
 #include <memory>
 #include <sstream>
@@ -33,7 +33,7 @@ class RpcLogTest : public ::testing::Test {
     logger->set_level(spdlog::level::trace);
     spdlog::set_default_logger(logger);
 
-    RpcLogOptions options;
+    rpc::RpcLogOptions options;
     options.warn_prefixes = {"/moe_ep.v1.Rendezvous/"};
     options.info_methods = {"/moe_ep.v1.Rendezvous/Set"};
     grpc::ServerBuilder builder;
@@ -41,7 +41,7 @@ class RpcLogTest : public ::testing::Test {
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(&rendezvous_);
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
-    creators.push_back(MakeRpcLogInterceptorFactory(options));
+    creators.push_back(rpc::MakeRpcLogInterceptorFactory(options));
     builder.experimental().SetInterceptorCreators(std::move(creators));
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
@@ -108,7 +108,7 @@ TEST_F(RpcLogTest, AStateChangeIsInfoAndOtherCallsDebug) {
 }
 
 TEST(WorkerRpcLogOptions, WarnsOnWorkerFailuresAndLogsItsStateChangesAtInfo) {
-  const RpcLogOptions o = WorkerRpcLogOptions();
+  const rpc::RpcLogOptions o = rpc::WorkerRpcLogOptions();
   EXPECT_EQ(o.warn_prefixes, std::vector<std::string>{"/moe_ep.v1.Worker/"});
   EXPECT_THAT(o.info_methods, ::testing::Contains("/moe_ep.v1.Worker/Join"));
   EXPECT_THAT(o.info_methods, ::testing::Contains("/moe_ep.v1.Worker/LoadExperts"));

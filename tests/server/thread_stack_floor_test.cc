@@ -1,4 +1,4 @@
-#include "server/thread_stack_floor.h"
+#include "core/thread_stack_floor.h"
 
 #include <pthread.h>
 
@@ -8,9 +8,9 @@ namespace moe_ep::server {
 namespace {
 
 TEST(EffectiveThreadStackBytes, RaisesSmallRequestsToTheFloor) {
-  EXPECT_EQ(EffectiveThreadStackBytes(40512), size_t{1} << 20);  // civetweb's request
-  EXPECT_EQ(EffectiveThreadStackBytes(0), size_t{1} << 20);
-  EXPECT_EQ(EffectiveThreadStackBytes(size_t{8} << 20), size_t{8} << 20);
+  EXPECT_EQ(core::EffectiveThreadStackBytes(40512), size_t{1} << 20);  // civetweb's request
+  EXPECT_EQ(core::EffectiveThreadStackBytes(0), size_t{1} << 20);
+  EXPECT_EQ(core::EffectiveThreadStackBytes(size_t{8} << 20), size_t{8} << 20);
 }
 
 // The interposer is what a shared library calling pthread_attr_setstacksize

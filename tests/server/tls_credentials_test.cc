@@ -1,4 +1,4 @@
-#include "server/tls_credentials.h"
+#include "proto/rpc/tls_credentials.h"
 
 #include <chrono>
 #include <filesystem>
@@ -15,9 +15,9 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
-#include "server/auth.h"
+#include "proto/rpc/auth.h"
 #include "server/grpc_store.h"
-#include "server/health.h"
+#include "proto/rpc/health.h"
 #include "server/rendezvous_service.h"
 #include "server/worker_service.h"
 #include "tests/server/health_probe.h"
@@ -33,17 +33,17 @@ using ::moe_ep::testing::WriteTextFile;
 using ::testing::HasSubstr;
 
 TEST(IsLoopbackHost, AcceptsOnlyLoopbackNames) {
-  EXPECT_TRUE(IsLoopbackHost("127.0.0.1"));
-  EXPECT_TRUE(IsLoopbackHost("127.1.2.3"));
-  EXPECT_TRUE(IsLoopbackHost("localhost"));
-  EXPECT_TRUE(IsLoopbackHost("::1"));
-  EXPECT_TRUE(IsLoopbackHost("[::1]"));
-  EXPECT_FALSE(IsLoopbackHost("0.0.0.0"));
-  EXPECT_FALSE(IsLoopbackHost("10.0.0.7"));
-  EXPECT_FALSE(IsLoopbackHost("[::]"));
-  EXPECT_FALSE(IsLoopbackHost("127.0.0.256"));
-  EXPECT_FALSE(IsLoopbackHost("127.0.0"));
-  EXPECT_FALSE(IsLoopbackHost("worker-0.moe-ep.default.svc"));
+  EXPECT_TRUE(rpc::IsLoopbackHost("127.0.0.1"));
+  EXPECT_TRUE(rpc::IsLoopbackHost("127.1.2.3"));
+  EXPECT_TRUE(rpc::IsLoopbackHost("localhost"));
+  EXPECT_TRUE(rpc::IsLoopbackHost("::1"));
+  EXPECT_TRUE(rpc::IsLoopbackHost("[::1]"));
+  EXPECT_FALSE(rpc::IsLoopbackHost("0.0.0.0"));
+  EXPECT_FALSE(rpc::IsLoopbackHost("10.0.0.7"));
+  EXPECT_FALSE(rpc::IsLoopbackHost("[::]"));
+  EXPECT_FALSE(rpc::IsLoopbackHost("127.0.0.256"));
+  EXPECT_FALSE(rpc::IsLoopbackHost("127.0.0"));
+  EXPECT_FALSE(rpc::IsLoopbackHost("worker-0.moe-ep.default.svc"));
 }
 
 class TlsTest : public ::testing::Test {
@@ -54,8 +54,8 @@ class TlsTest : public ::testing::Test {
   void TearDown() override {
     if (!pki_.dir.empty()) std::filesystem::remove_all(pki_.dir);
   }
-  ServerSecurityOptions Tls() const {
-    ServerSecurityOptions options;
+  rpc::ServerSecurityOptions Tls() const {
+    rpc::ServerSecurityOptions options;
     options.listen = "127.0.0.1:0";
     options.tls_cert = pki_.server_cert;
     options.tls_key = pki_.server_key;
@@ -67,74 +67,74 @@ class TlsTest : public ::testing::Test {
 };
 
 TEST(MakeServerCredentials, PlaintextOnLoopbackIsAllowedByDefault) {
-  ServerSecurityOptions options;
+  rpc::ServerSecurityOptions options;
   for (const char* listen : {"127.0.0.1:0", "localhost:50051", "[::1]:0"}) {
     options.listen = listen;
-    EXPECT_TRUE(MakeServerCredentials(options).ok()) << listen;
+    EXPECT_TRUE(rpc::MakeServerCredentials(options).ok()) << listen;
   }
 }
 
 TEST(MakeServerCredentials, PlaintextOnOtherAddressesNeedsAllowInsecure) {
-  ServerSecurityOptions options;
+  rpc::ServerSecurityOptions options;
   options.listen = "0.0.0.0:50051";
-  auto refused = MakeServerCredentials(options);
+  auto refused = rpc::MakeServerCredentials(options);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(refused.status().message(), HasSubstr("--allow-insecure"));
   EXPECT_THAT(refused.status().message(), HasSubstr("0.0.0.0"));
   options.allow_insecure = true;
-  EXPECT_TRUE(MakeServerCredentials(options).ok());
+  EXPECT_TRUE(rpc::MakeServerCredentials(options).ok());
 }
 
 TEST(MakeServerCredentials, TokenWithoutTlsIsFailedPrecondition) {
-  ServerSecurityOptions options;
+  rpc::ServerSecurityOptions options;
   options.listen = "127.0.0.1:0";
   options.auth_token = true;
-  auto refused = MakeServerCredentials(options);
+  auto refused = rpc::MakeServerCredentials(options);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(refused.status().message(), HasSubstr("--auth-token-file needs TLS"));
 }
 
 TEST_F(TlsTest, RejectsInconsistentOrUnreadableFiles) {
-  ServerSecurityOptions options = Tls();
+  rpc::ServerSecurityOptions options = Tls();
   options.tls_key.clear();
-  auto status = MakeServerCredentials(options).status();
+  auto status = rpc::MakeServerCredentials(options).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("--tls-cert and --tls-key go together"));
 
-  options = ServerSecurityOptions();
+  options = rpc::ServerSecurityOptions();
   options.listen = "127.0.0.1:0";
   options.tls_client_ca = pki_.ca_cert;
-  status = MakeServerCredentials(options).status();
+  status = rpc::MakeServerCredentials(options).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("--tls-client-ca (mutual TLS) needs TLS"));
 
   options = Tls();
   options.tls_client_ca = pki_.dir + "/missing.crt";
-  status = MakeServerCredentials(options).status();
+  status = rpc::MakeServerCredentials(options).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("--tls-client-ca: cannot read"));
 
   options = Tls();
   WriteTextFile(pki_.dir + "/not-pem.crt", "hello\n");
   options.tls_cert = pki_.dir + "/not-pem.crt";
-  status = MakeServerCredentials(options).status();
+  status = rpc::MakeServerCredentials(options).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("holds no PEM block"));
 
   options = Tls();
   options.refresh_interval = absl::Milliseconds(100);
-  EXPECT_EQ(MakeServerCredentials(options).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(rpc::MakeServerCredentials(options).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // A worker serving TLS (+ mTLS, + optional token) in process.
 class SecureWorker {
  public:
-  SecureWorker(const ServerSecurityOptions& security, const std::string& token_file)
+  SecureWorker(const rpc::ServerSecurityOptions& security, const std::string& token_file)
       : worker_(WorkerOptions(), &health_) {
-    auto credentials = MakeServerCredentials(security);
+    auto credentials = rpc::MakeServerCredentials(security);
     EXPECT_TRUE(credentials.ok()) << credentials.status();
     if (!token_file.empty()) {
-      auto auth = BearerTokenAuth::Create(token_file);
+      auto auth = rpc::BearerTokenAuth::Create(token_file);
       EXPECT_TRUE(auth.ok()) << auth.status();
       (*credentials)->SetAuthMetadataProcessor(*auth);
     }
@@ -151,7 +151,7 @@ class SecureWorker {
   std::string address() const { return "localhost:" + std::to_string(port_); }
 
  private:
-  HealthReporter health_;
+  rpc::HealthReporter health_;
   WorkerService worker_;
   RendezvousService rendezvous_;
   int port_ = 0;
@@ -253,7 +253,7 @@ TEST_F(TlsTest, MutualTlsAndTokenAdmitOnlyFullyCredentialedClients) {
 }
 
 TEST_F(TlsTest, TlsWithoutClientCaAcceptsClientsWithoutCertificate) {
-  ServerSecurityOptions options = Tls();
+  rpc::ServerSecurityOptions options = Tls();
   options.tls_client_ca.clear();
   SecureWorker worker(options, "");
   v1::GetStatusResponse status;
@@ -269,7 +269,7 @@ TEST_F(TlsTest, RotatedServerCertificateIsPickedUpWithoutRestart) {
   const std::string key = pki_.dir + "/serving.key";
   std::filesystem::copy_file(pki_.server_cert, cert);
   std::filesystem::copy_file(pki_.server_key, key);
-  ServerSecurityOptions options = Tls();
+  rpc::ServerSecurityOptions options = Tls();
   options.tls_cert = cert;
   options.tls_key = key;
   options.tls_client_ca.clear();
@@ -298,12 +298,12 @@ TEST_F(TlsTest, RotatedServerCertificateIsPickedUpWithoutRestart) {
 TEST_F(TlsTest, TwoRanksFormAGroupOverMutualTlsWithToken) {
   const std::string token_file = pki_.dir + "/token";
   WriteTextFile(token_file, "group-token");
-  const ServerSecurityOptions options = Tls();
+  const rpc::ServerSecurityOptions options = Tls();
   SecureWorker rank0(options, token_file);
   SecureWorker rank1(options, token_file);
   // The peers' rendezvous client (GrpcStore) presents the worker's own
   // certificate and the token, and checks rank 0 against the CA.
-  auto peer = MakePeerChannelCredentials(options, "group-token");
+  auto peer = rpc::MakePeerChannelCredentials(options, "group-token");
   ASSERT_TRUE(peer.ok()) << peer.status();
   SetPeerChannelCredentials(*peer);
   const auto good =
@@ -330,13 +330,13 @@ namespace moe_ep::server {
 namespace {
 
 // --health-listen: a TLS control plane plus a plaintext port serving only
-// grpc.health.v1, both fed by one HealthReporter (Kubernetes gRPC probes
+// grpc.health.v1, both fed by one rpc::HealthReporter (Kubernetes gRPC probes
 // speak neither TLS nor tokens).
 TEST_F(TlsTest, PlaintextProbePortMirrorsHealthOfTlsServer) {
-  EnableDefaultHealthService();
-  auto credentials = MakeServerCredentials(Tls());
+  rpc::EnableDefaultHealthService();
+  auto credentials = rpc::MakeServerCredentials(Tls());
   ASSERT_TRUE(credentials.ok());
-  HealthReporter health;
+  rpc::HealthReporter health;
   int tls_port = 0;
   int probe_port = 0;
   // Servers without sync services need a callback service to poll their
@@ -354,9 +354,9 @@ TEST_F(TlsTest, PlaintextProbePortMirrorsHealthOfTlsServer) {
   health.Attach(tls_server->GetHealthCheckService());
   health.Attach(probe_server->GetHealthCheckService());
   const std::string probe = "127.0.0.1:" + std::to_string(probe_port);
-  EXPECT_EQ(ProbeHealth(probe, kWorkerServiceName), kNotServing);
+  EXPECT_EQ(ProbeHealth(probe, rpc::kWorkerServiceName), kNotServing);
   health.SetReady(true);
-  EXPECT_EQ(ProbeHealth(probe, kWorkerServiceName), kServing);
+  EXPECT_EQ(ProbeHealth(probe, rpc::kWorkerServiceName), kServing);
   EXPECT_EQ(ProbeHealth(probe, ""), kServing);
   // The TLS port itself refuses a plaintext probe.
   EXPECT_LT(ProbeHealth("127.0.0.1:" + std::to_string(tls_port), ""), 0);

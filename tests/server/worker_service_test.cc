@@ -10,7 +10,7 @@
 #include "core/bf16.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/health.h"
+#include "proto/rpc/health.h"
 #include "server/tensor_codec.h"
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
@@ -106,14 +106,14 @@ void ExpectError(const grpc::Status& status, grpc::StatusCode code, const std::s
 TEST(WorkerService, OneRankFullFlowComputesWeightedSumExactly) {
   InProcessWorker worker;
   // Liveness ("") serves from the start; readiness waits for the group.
-  EXPECT_EQ(ProbeHealth(worker.address(), kLivenessServiceName), kServing);
-  EXPECT_EQ(ProbeHealth(worker.address(), kReadinessServiceName), kNotServing);
+  EXPECT_EQ(ProbeHealth(worker.address(), rpc::kLivenessServiceName), kServing);
+  EXPECT_EQ(ProbeHealth(worker.address(), rpc::kReadinessServiceName), kNotServing);
   EXPECT_EQ(worker.Status().state(), v1::WORKER_STATE_STARTED);
   // Rendezvous through this worker's own Rendezvous service (GrpcStore).
   ASSERT_TRUE(worker.Join(1, 0, 1, worker.address(), "gloo").ok());
   EXPECT_EQ(worker.Status().state(), v1::WORKER_STATE_JOINED);
   EXPECT_EQ(worker.Status().backend(), "gloo");
-  EXPECT_EQ(ProbeHealth(worker.address(), kWorkerServiceName), kNotServing);
+  EXPECT_EQ(ProbeHealth(worker.address(), rpc::kWorkerServiceName), kNotServing);
 
   v1::ConfigureLayersResponse plan;
   ASSERT_TRUE(worker.Configure(ConfigureRequest(1, {true, false}), &plan).ok());
@@ -138,7 +138,7 @@ TEST(WorkerService, OneRankFullFlowComputesWeightedSumExactly) {
   }
   EXPECT_LE(region_bytes, alloc.allocated_bytes());
   EXPECT_EQ(ProbeHealth(worker.address(), ""), kServing);
-  EXPECT_EQ(ProbeHealth(worker.address(), kWorkerServiceName), kServing);
+  EXPECT_EQ(ProbeHealth(worker.address(), rpc::kWorkerServiceName), kServing);
 
   v1::LoadExpertsResponse loaded;
   ASSERT_TRUE(worker.Load(IdentityExperts(0), &loaded).ok());
@@ -185,8 +185,8 @@ TEST(WorkerService, OneRankFullFlowComputesWeightedSumExactly) {
 
   ASSERT_TRUE(worker.Leave(1).ok());
   EXPECT_EQ(worker.Status().state(), v1::WORKER_STATE_STARTED);
-  EXPECT_EQ(ProbeHealth(worker.address(), kReadinessServiceName), kNotServing);
-  EXPECT_EQ(ProbeHealth(worker.address(), kLivenessServiceName), kServing);
+  EXPECT_EQ(ProbeHealth(worker.address(), rpc::kReadinessServiceName), kNotServing);
+  EXPECT_EQ(ProbeHealth(worker.address(), rpc::kLivenessServiceName), kServing);
   EXPECT_TRUE(worker.Leave(1).ok());  // idempotent
 }
 
@@ -686,8 +686,8 @@ TEST(WorkerService, TwoRanksFormGroupCheckConfigsAndForward) {
               broken.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)
       << broken.error_message();
   // Broken: not ready, but alive (a liveness probe must not restart it).
-  EXPECT_EQ(ProbeHealth(rank0.address(), kReadinessServiceName), kNotServing);
-  EXPECT_EQ(ProbeHealth(rank0.address(), kLivenessServiceName), kServing);
+  EXPECT_EQ(ProbeHealth(rank0.address(), rpc::kReadinessServiceName), kNotServing);
+  EXPECT_EQ(ProbeHealth(rank0.address(), rpc::kLivenessServiceName), kServing);
   ExpectError(rank0.Sync(2, 1), grpc::StatusCode::FAILED_PRECONDITION,
               "re-join with a new generation");
   ExpectError(rank0.Join(2, 0, 1, rendezvous, "gloo", 5000), grpc::StatusCode::FAILED_PRECONDITION,

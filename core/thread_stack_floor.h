@@ -13,7 +13,7 @@
 
 #include <cstddef>
 
-namespace moe_ep::server {
+namespace moe_ep::core {
 
 // 1 MiB: room for the static TLS of the CUDA libraries and the thread's own use.
 inline constexpr size_t kMinThreadStackBytes = size_t{1} << 20;
@@ -23,4 +23,4 @@ inline constexpr size_t kMinThreadStackBytes = size_t{1} << 20;
 // interposer's object file is linked into the executable.
 size_t EffectiveThreadStackBytes(size_t requested);
 
-}  // namespace moe_ep::server
+}  // namespace moe_ep::core

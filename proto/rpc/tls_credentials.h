@@ -15,7 +15,7 @@
 //     address (127.0.0.0/8, localhost, [::1]) it is allowed by default, so the
 //     embedded local cluster and the tests keep working; on any other address
 //     (0.0.0.0, a pod IP, a DNS name) it is refused unless --allow-insecure.
-//   - A bearer token (server/auth.h) needs TLS: it would travel in clear
+//   - A bearer token (proto/rpc/auth.h) needs TLS: it would travel in clear
 //     otherwise.
 //
 // Thread-safe (pure functions). Source: issue 5; gRPC 1.51
@@ -30,7 +30,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 
-namespace moe_ep::server {
+namespace moe_ep::rpc {
 
 struct ServerSecurityOptions {
   std::string listen;           // host:port the server binds (for the loopback rule)
@@ -69,4 +69,4 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakePeerChannelCredentials(
     const ServerSecurityOptions& options, const std::string& bearer_token);
 
-}  // namespace moe_ep::server
+}  // namespace moe_ep::rpc

@@ -1,4 +1,4 @@
-#include "server/thread_stack_floor.h"
+#include "core/thread_stack_floor.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -6,13 +6,13 @@
 #include <algorithm>
 #include <cerrno>
 
-namespace moe_ep::server {
+namespace moe_ep::core {
 
 size_t EffectiveThreadStackBytes(size_t requested) {
   return std::max(requested, kMinThreadStackBytes);
 }
 
-}  // namespace moe_ep::server
+}  // namespace moe_ep::core
 
 // The executable's definition comes first in symbol lookup, so calls from
 // shared libraries (civetweb) land here; the real function is the next one.
@@ -21,5 +21,5 @@ extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t stacksize)
   static const SetStackSize real =
       reinterpret_cast<SetStackSize>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
   if (real == nullptr) return ENOSYS;
-  return real(attr, moe_ep::server::EffectiveThreadStackBytes(stacksize));
+  return real(attr, moe_ep::core::EffectiveThreadStackBytes(stacksize));
 }

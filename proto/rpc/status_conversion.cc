@@ -1,8 +1,8 @@
-#include "server/status_conversion.h"
+#include "proto/rpc/status_conversion.h"
 
 #include <string>
 
-namespace moe_ep::server {
+namespace moe_ep::rpc {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
@@ -10,4 +10,4 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
                       std::string(status.message()));
 }
 
-}  // namespace moe_ep::server
+}  // namespace moe_ep::rpc

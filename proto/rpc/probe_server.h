@@ -15,13 +15,13 @@
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/server.h"
 
-namespace moe_ep::server {
+namespace moe_ep::rpc {
 
 // StartProbeServer()
 //
 // Binds `listen` (host:port; port 0 picks one, written to `*port`) without
 // TLS and serves the default health service (EnableDefaultHealthService()
-// of server/health.h must have run) and `unimplemented` (a callback service
+// of proto/rpc/health.h must have run) and `unimplemented` (a callback service
 // that answers UNIMPLEMENTED; it makes gRPC poll the server's completion
 // queue, and must outlive the server). Attach the server's
 // GetHealthCheckService() to a HealthReporter. UNAVAILABLE when the address
@@ -29,4 +29,4 @@ namespace moe_ep::server {
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartProbeServer(
     const std::string& listen, grpc::CallbackGenericService* unimplemented, int* port);
 
-}  // namespace moe_ep::server
+}  // namespace moe_ep::rpc

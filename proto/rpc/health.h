@@ -33,7 +33,7 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/health_check_service_interface.h"
 
-namespace moe_ep::server {
+namespace moe_ep::rpc {
 
 inline constexpr const char* kLivenessServiceName = "";
 inline constexpr const char* kReadinessServiceName = "moe_ep.v1.Worker";
@@ -74,4 +74,4 @@ class HealthReporter {
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-}  // namespace moe_ep::server
+}  // namespace moe_ep::rpc

@@ -14,7 +14,7 @@
 // ignored.
 //
 // gRPC runs AuthMetadataProcessors only on secure (TLS) server credentials;
-// server/tls_credentials.h refuses a token without TLS.
+// proto/rpc/tls_credentials.h refuses a token without TLS.
 //
 // Thread-safe. Source: issue 5; gRPC 1.51 grpcpp/security/auth_metadata_processor.h.
 
@@ -27,7 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/security/auth_metadata_processor.h"
 
-namespace moe_ep::server {
+namespace moe_ep::rpc {
 
 // The token in `path`, whitespace-trimmed.
 // Errors: kInvalidArgument when the file cannot be read or holds no token
@@ -61,4 +61,4 @@ class BearerTokenAuth final : public grpc::AuthMetadataProcessor {
   off_t size_ ABSL_GUARDED_BY(mu_) = -1;
 };
 
-}  // namespace moe_ep::server
+}  // namespace moe_ep::rpc

@@ -3,7 +3,7 @@
 // One log line per RPC a gRPC server answers (issue 31 item 5), from a
 // server interceptor, through spdlog's default logger (the worker's
 // "moe-ep-worker", the coordinator's "moe-ep-coordinator"; format and level:
-// server/logging.h):
+// core/logging.h):
 //
 //   warn   a call of a method under one of `warn_prefixes` that failed: once,
 //          with the method, its code, the caller (gRPC's peer string, e.g.
@@ -23,7 +23,7 @@
 //
 // The line is written at PRE_SEND_STATUS, under gRPC's per-call locks (a
 // health Watch ends inside its reactor's mutex): it takes spdlog's sink
-// lock only, never a lock of this process (server/health.h lock order).
+// lock only, never a lock of this process (proto/rpc/health.h lock order).
 //
 // Thread-safe. Source: issue 31 item 5.
 
@@ -33,7 +33,7 @@
 
 #include "grpcpp/support/server_interceptor.h"
 
-namespace moe_ep::server {
+namespace moe_ep::rpc {
 
 struct RpcLogOptions {
   // Full-method prefixes whose failures are warnings, e.g. "/moe_ep.v1.Worker/".
@@ -52,4 +52,4 @@ RpcLogOptions WorkerRpcLogOptions();
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeRpcLogInterceptorFactory(
     RpcLogOptions options);
 
-}  // namespace moe_ep::server
+}  // namespace moe_ep::rpc

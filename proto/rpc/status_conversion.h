@@ -6,7 +6,7 @@
 #include "absl/status/status.h"
 #include "grpcpp/support/status.h"
 
-namespace moe_ep::server {
+namespace moe_ep::rpc {
 
 // ToGrpcStatus()
 //
@@ -15,4 +15,4 @@ namespace moe_ep::server {
 // Pure and thread-safe. Source: STYLE §3.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
-}  // namespace moe_ep::server
+}  // namespace moe_ep::rpc

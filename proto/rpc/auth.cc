@@ -1,4 +1,4 @@
-#include "server/auth.h"
+#include "proto/rpc/auth.h"
 
 #include <sys/stat.h>
 
@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 
-namespace moe_ep::server {
+namespace moe_ep::rpc {
 namespace {
 
 constexpr absl::string_view kBearerPrefix = "Bearer ";
@@ -99,4 +99,4 @@ grpc::Status BearerTokenAuth::Process(const InputMetadata& auth_metadata,
   return grpc::Status::OK;
 }
 
-}  // namespace moe_ep::server
+}  // namespace moe_ep::rpc

@@ -33,7 +33,7 @@
 #include "absl/status/statusor.h"
 #include "spdlog/formatter.h"
 
-namespace moe_ep::server {
+namespace moe_ep::core {
 
 // rank < 0 means "not joined" (rank, generation and epoch print as null / "-").
 void SetLogContext(int rank, int64_t generation, int64_t epoch);
@@ -53,4 +53,4 @@ absl::StatusOr<std::unique_ptr<spdlog::formatter>> MakeLogFormatter(
 // Errors: as MakeLogFormatter.
 absl::Status ConfigureLogFormat(const std::string& format, LogFields fields = LogFields::kWorker);
 
-}  // namespace moe_ep::server
+}  // namespace moe_ep::core

@@ -1,4 +1,4 @@
-#include "server/rpc_log.h"
+#include "proto/rpc/rpc_log.h"
 
 #include <chrono>
 #include <utility>
@@ -8,7 +8,7 @@
 #include "grpcpp/server_context.h"
 #include "spdlog/spdlog.h"
 
-namespace moe_ep::server {
+namespace moe_ep::rpc {
 namespace {
 
 class RpcLogInterceptor final : public grpc::experimental::Interceptor {
@@ -93,4 +93,4 @@ std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeRpcLo
   return std::make_unique<RpcLogFactory>(std::move(options));
 }
 
-}  // namespace moe_ep::server
+}  // namespace moe_ep::rpc

@@ -1,4 +1,4 @@
-#include "server/logging.h"
+#include "core/logging.h"
 
 #include <atomic>
 #include <chrono>
@@ -10,7 +10,7 @@
 #include "spdlog/pattern_formatter.h"
 #include "spdlog/spdlog.h"
 
-namespace moe_ep::server {
+namespace moe_ep::core {
 namespace {
 
 std::atomic<int> g_rank{-1};
@@ -117,4 +117,4 @@ absl::Status ConfigureLogFormat(const std::string& format, LogFields fields) {
   return absl::OkStatus();
 }
 
-}  // namespace moe_ep::server
+}  // namespace moe_ep::core

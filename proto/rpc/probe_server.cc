@@ -1,4 +1,4 @@
-#include "server/probe_server.h"
+#include "proto/rpc/probe_server.h"
 
 #include <memory>
 #include <string>
@@ -10,7 +10,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 
-namespace moe_ep::server {
+namespace moe_ep::rpc {
 namespace {
 
 // Removes the builder's plugins (server reflection, and any other the
@@ -39,4 +39,4 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartProbeServer(
   return server;
 }
 
-}  // namespace moe_ep::server
+}  // namespace moe_ep::rpc

@@ -1,4 +1,4 @@
-#include "server/tls_credentials.h"
+#include "proto/rpc/tls_credentials.h"
 
 #include <fstream>
 #include <sstream>
@@ -7,11 +7,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "core/status_macros.h"
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_credentials_options.h"
 
-namespace moe_ep::server {
+namespace moe_ep::rpc {
 namespace {
 
 using grpc::experimental::FileWatcherCertificateProvider;
@@ -57,13 +56,13 @@ absl::Status Validate(const ServerSecurityOptions& options) {
                                                    absl::FormatDuration(options.refresh_interval)));
   }
   if (TlsOn(options)) {
-    RETURN_IF_ERROR(CheckPemFile("--tls-cert", options.tls_cert));
-    RETURN_IF_ERROR(CheckPemFile("--tls-key", options.tls_key));
+    if (absl::Status s = CheckPemFile("--tls-cert", options.tls_cert); !s.ok()) return s;
+    if (absl::Status s = CheckPemFile("--tls-key", options.tls_key); !s.ok()) return s;
     if (!options.tls_client_ca.empty()) {
-      RETURN_IF_ERROR(CheckPemFile("--tls-client-ca", options.tls_client_ca));
+      if (absl::Status s = CheckPemFile("--tls-client-ca", options.tls_client_ca); !s.ok()) return s;
     }
     if (!options.tls_peer_ca.empty()) {
-      RETURN_IF_ERROR(CheckPemFile("--tls-peer-ca", options.tls_peer_ca));
+      if (absl::Status s = CheckPemFile("--tls-peer-ca", options.tls_peer_ca); !s.ok()) return s;
     }
     return absl::OkStatus();
   }
@@ -104,7 +103,7 @@ bool IsLoopbackHost(absl::string_view host) {
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const ServerSecurityOptions& options) {
-  RETURN_IF_ERROR(Validate(options));
+  if (absl::Status s = Validate(options); !s.ok()) return s;
   if (!TlsOn(options)) return grpc::InsecureServerCredentials();
   auto provider = std::make_shared<FileWatcherCertificateProvider>(
       options.tls_key, options.tls_cert, options.tls_client_ca, RefreshSeconds(options));
@@ -126,7 +125,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakePeerChannelCredentials(
     const ServerSecurityOptions& options, const std::string& bearer_token) {
-  RETURN_IF_ERROR(Validate(options));
+  if (absl::Status s = Validate(options); !s.ok()) return s;
   if (!TlsOn(options)) {
     if (!bearer_token.empty()) {
       return absl::FailedPreconditionError("a bearer token for peers needs TLS");
@@ -148,4 +147,4 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakePeerChannelCredent
   return grpc::CompositeChannelCredentials(channel, grpc::AccessTokenCredentials(bearer_token));
 }
 
-}  // namespace moe_ep::server
+}  // namespace moe_ep::rpc

@@ -1,8 +1,8 @@
-#include "server/health.h"
+#include "proto/rpc/health.h"
 
 #include "grpcpp/server.h"
 
-namespace moe_ep::server {
+namespace moe_ep::rpc {
 
 void EnableDefaultHealthService() { grpc::EnableDefaultHealthCheckService(true); }
 
@@ -54,4 +54,4 @@ void HealthReporter::ApplyLocked() {
   }
 }
 
-}  // namespace moe_ep::server
+}  // namespace moe_ep::rpc
