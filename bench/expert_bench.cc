@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "bench/expert_bench_util.h"
 #include "core/bf16.h"
 #include "kernels/device_experts.h"
 #include "kernels/expert_compute.h"
@@ -54,28 +55,6 @@
 
 namespace moe_ep::kernels {
 namespace {
-
-#define BENCH_CHECK(expr)                                                             \
-  do {                                                                                \
-    const absl::Status& s_ = (expr);                                                  \
-    if (!s_.ok()) {                                                                   \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, s_.ToString().c_str()); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
-#define CUDA_CHECK(expr)                                                                          \
-  do {                                                                                            \
-    cudaError_t e_ = (expr);                                                                      \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
-
-double P50(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[(v.size() - 1) / 2];
-}
 
 // max |got - want| / max |want| over bf16 outputs; a non-finite element in
 // either makes it infinite.
@@ -95,27 +74,6 @@ int64_t NonFinite(const std::vector<uint16_t>& v) {
   int64_t bad = 0;
   for (uint16_t x : v) bad += std::isfinite(core::Bf16ToFloat(x)) ? 0 : 1;
   return bad;
-}
-
-// Times `fn` (enqueues on `stream`) with events: p50 in µs.
-template <typename Fn>
-double TimeP50(cudaStream_t stream, int warmup, int iters, Fn fn) {
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<double> us;
-  for (int it = 0; it < warmup + iters; ++it) {
-    CUDA_CHECK(cudaEventRecord(a, stream));
-    fn();
-    CUDA_CHECK(cudaEventRecord(b, stream));
-    CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    if (it >= warmup) us.push_back(ms * 1000.0);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return P50(us);
 }
 
 int Main(int argc, char** argv) {
@@ -148,17 +106,7 @@ int Main(int argc, char** argv) {
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   // Device-to-device copy rate (read + write), same process.
-  const size_t copy_bytes = size_t{2} << 30;
-  void *src = nullptr, *dst = nullptr;
-  CUDA_CHECK(cudaMalloc(&src, copy_bytes));
-  CUDA_CHECK(cudaMalloc(&dst, copy_bytes));
-  CUDA_CHECK(cudaMemset(src, 1, copy_bytes));
-  const double copy_us = TimeP50(stream, 3, 20, [&] {
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, stream));
-  });
-  const double copy_tbps = 2.0 * copy_bytes / (copy_us * 1e-6) / 1e12;
-  cudaFree(src);
-  cudaFree(dst);
+  const double copy_tbps = bench::CopyTbps(stream);
   std::fprintf(stderr, "d2d copy: %.2f TB/s (read + write)\n", copy_tbps);
 
   auto experts = DeviceExpertSet::GenerateSwiGlu(7, 3, 0, num_experts, hidden, inter);
@@ -217,27 +165,10 @@ int Main(int argc, char** argv) {
         "hopper_vs_cublas_max_rel,hopper_vs_wmma_max_rel,hopper_nonfinite,cublas_nonfinite\n");
   }
   for (const int64_t tokens : token_list) {
-    // recv rows: hidden ~ U(-1, 1) bf16 | top_k distinct ids | weights ~ U(0, 1).
     std::mt19937_64 rng(1000 + tokens);
-    std::uniform_real_distribution<float> v(-1.0f, 1.0f);
-    std::vector<uint8_t> host(tokens * row_bytes);
     std::set<int> hit;
-    for (int64_t t = 0; t < tokens; ++t) {
-      uint8_t* row = host.data() + t * row_bytes;
-      auto* h = reinterpret_cast<uint16_t*>(row);
-      for (int64_t j = 0; j < hidden; ++j) h[j] = core::FloatToBf16(v(rng));
-      auto* ids = reinterpret_cast<int32_t*>(row + 2 * hidden);
-      auto* w = reinterpret_cast<float*>(row + 2 * hidden + 4 * top_k);
-      std::vector<int> perm(num_experts);
-      for (int e = 0; e < num_experts; ++e) perm[e] = e;
-      for (int k = 0; k < top_k; ++k) {
-        std::uniform_int_distribution<int> pick(k, num_experts - 1);
-        std::swap(perm[k], perm[pick(rng)]);
-        ids[k] = perm[k];
-        w[k] = 0.5f * (v(rng) + 1.0f);
-        hit.insert(ids[k]);
-      }
-    }
+    const std::vector<uint8_t> host =
+        bench::MakeRecvRows(rng, tokens, hidden, top_k, num_experts, row_bytes, &hit);
     CUDA_CHECK(cudaMemcpy(recv, host.data(), host.size(), cudaMemcpyHostToDevice));
     const int64_t rows = tokens * top_k;
     auto run = [&] { BENCH_CHECK((*ec)->Run(recv, tokens, **experts, out, stream)); };
@@ -252,7 +183,7 @@ int Main(int argc, char** argv) {
       CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
       CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
       const double us =
-          TimeP50(stream, warmup, iters, [&] { CUDA_CHECK(cudaGraphLaunch(exec, stream)); });
+          bench::TimeP50(stream, warmup, iters, [&] { CUDA_CHECK(cudaGraphLaunch(exec, stream)); });
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
       return us;
@@ -275,8 +206,8 @@ int Main(int argc, char** argv) {
         fn();
         CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
         CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-        const double us =
-            TimeP50(stream, warmup, iters, [&] { CUDA_CHECK(cudaGraphLaunch(exec, stream)); });
+        const double us = bench::TimeP50(stream, warmup, iters,
+                                         [&] { CUDA_CHECK(cudaGraphLaunch(exec, stream)); });
         cudaGraphExecDestroy(exec);
         cudaGraphDestroy(graph);
         return us;
@@ -368,7 +299,7 @@ int Main(int argc, char** argv) {
     std::vector<uint16_t> hopper_out(tokens * hidden), cublas_out(tokens * hidden);
     if (has("cublas")) {
       BENCH_CHECK((*ec)->set_gemm(ExpertGemm::kCublasHostCounts));
-      cublas_us = TimeP50(stream, warmup, iters, run);
+      cublas_us = bench::TimeP50(stream, warmup, iters, run);
       CUDA_CHECK(cudaMemcpy(cublas_out.data(), out, tokens * hidden * 2, cudaMemcpyDeviceToHost));
     }
     if (has("hopper")) {

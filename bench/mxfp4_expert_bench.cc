@@ -27,6 +27,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
+#include "bench/expert_bench_util.h"
 #include "core/bf16.h"
 #include "core/quantized_formats.h"
 #include "kernels/device_experts.h"
@@ -36,46 +37,6 @@
 
 namespace moe_ep::kernels {
 namespace {
-
-#define BENCH_CHECK(expr)                                                             \
-  do {                                                                                \
-    const absl::Status& s_ = (expr);                                                  \
-    if (!s_.ok()) {                                                                   \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, s_.ToString().c_str()); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
-#define CUDA_CHECK(expr)                                                                          \
-  do {                                                                                            \
-    cudaError_t e_ = (expr);                                                                      \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
-
-// p50 of `iters` timed calls of `fn` (after `warmup`), in µs, by events.
-template <typename Fn>
-double TimeP50(cudaStream_t stream, int warmup, int iters, Fn fn) {
-  cudaEvent_t a;
-  cudaEvent_t b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<double> us;
-  for (int it = 0; it < warmup + iters; ++it) {
-    CUDA_CHECK(cudaEventRecord(a, stream));
-    fn();
-    CUDA_CHECK(cudaEventRecord(b, stream));
-    CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    if (it >= warmup) us.push_back(ms * 1000.0);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(us.begin(), us.end());
-  return us[(us.size() - 1) / 2];
-}
 
 int Main(int argc, char** argv) {
   CLI::App app{"moe-ep gpt-oss mxfp4 expert compute against its weight-streaming bound"};
@@ -102,18 +63,7 @@ int Main(int argc, char** argv) {
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   // Device-to-device copy rate (read + write), the same process.
-  const size_t copy_bytes = size_t{2} << 30;
-  void* src = nullptr;
-  void* dst = nullptr;
-  CUDA_CHECK(cudaMalloc(&src, copy_bytes));
-  CUDA_CHECK(cudaMalloc(&dst, copy_bytes));
-  CUDA_CHECK(cudaMemset(src, 1, copy_bytes));
-  const double copy_us = TimeP50(stream, 3, 20, [&] {
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, stream));
-  });
-  const double copy_tbps = 2.0 * copy_bytes / (copy_us * 1e-6) / 1e12;
-  cudaFree(src);
-  cudaFree(dst);
+  const double copy_tbps = bench::CopyTbps(stream);
 
   // One random expert's six arrays, copied to every slot.
   const int64_t gu_blocks = 2 * inter * hidden / 2;
@@ -197,26 +147,9 @@ int Main(int argc, char** argv) {
   CUDA_CHECK(cudaMalloc(&gemm_offsets, (e + 1) * 4));
   CUDA_CHECK(cudaMemcpy(gemm_a, host_a.data(), host_a.size() * 2, cudaMemcpyHostToDevice));
   for (const int64_t tokens : token_list) {
-    // recv rows: hidden ~ U(-1, 1) bf16 | top_k distinct ids | weights ~ U(0, 1).
-    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    std::vector<uint8_t> host(tokens * row_bytes);
     std::set<int> hit;
-    for (int64_t t = 0; t < tokens; ++t) {
-      uint8_t* row = host.data() + t * row_bytes;
-      auto* h = reinterpret_cast<uint16_t*>(row);
-      for (int64_t j = 0; j < hidden; ++j) h[j] = core::FloatToBf16(u(rng));
-      auto* ids = reinterpret_cast<int32_t*>(row + 2 * hidden);
-      auto* w = reinterpret_cast<float*>(row + 2 * hidden + 4 * top_k);
-      std::vector<int> perm(num_experts);
-      for (int x = 0; x < num_experts; ++x) perm[x] = x;
-      for (int k = 0; k < top_k; ++k) {
-        std::uniform_int_distribution<int> pick(k, num_experts - 1);
-        std::swap(perm[k], perm[pick(rng)]);
-        ids[k] = perm[k];
-        w[k] = 0.5f * (u(rng) + 1.0f);
-        hit.insert(ids[k]);
-      }
-    }
+    const std::vector<uint8_t> host =
+        bench::MakeRecvRows(rng, tokens, hidden, top_k, num_experts, row_bytes, &hit);
     CUDA_CHECK(cudaMemcpy(recv, host.data(), host.size(), cudaMemcpyHostToDevice));
     auto run = [&] { BENCH_CHECK((*ec)->RunMxfp4(recv, tokens, experts, out, stream)); };
     run();  // module load and attributes outside the capture
@@ -228,7 +161,7 @@ int Main(int argc, char** argv) {
     CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     const double step_us =
-        TimeP50(stream, warmup, iters, [&] { CUDA_CHECK(cudaGraphLaunch(exec, stream)); });
+        bench::TimeP50(stream, warmup, iters, [&] { CUDA_CHECK(cudaGraphLaunch(exec, stream)); });
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
     std::vector<uint16_t> result(tokens * hidden);
@@ -276,8 +209,8 @@ int Main(int argc, char** argv) {
       gemms();
       CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
       CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      gemms_us.push_back(
-          TimeP50(stream, warmup, iters, [&] { CUDA_CHECK(cudaGraphLaunch(exec, stream)); }));
+      gemms_us.push_back(bench::TimeP50(stream, warmup, iters,
+                                        [&] { CUDA_CHECK(cudaGraphLaunch(exec, stream)); }));
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
     }

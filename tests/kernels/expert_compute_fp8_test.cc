@@ -25,14 +25,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <vector>
 
 #include "core/bf16.h"
 #include "core/fp8_e4m3.h"
 #include "core/quantized_expert_compute.h"
 #include "core/quantized_weights.h"
-#include "kernels/dispatch_pack.cuh"
 #include "kernels/expert_compute.h"
 #include "kernels/fp8_expert_kernels.cuh"
 #include "kernels/hopper_grouped_gemm.cuh"
@@ -133,19 +131,6 @@ struct DeviceFp8 {
   }
 };
 
-std::vector<uint8_t> PackRows(const testing::MoeInputs& in, int64_t rows, int64_t hidden,
-                              int top_k) {
-  const int64_t row_bytes = DispatchRowBytes(hidden, top_k);
-  std::vector<uint8_t> out(rows * row_bytes);
-  for (int64_t r = 0; r < rows; ++r) {
-    uint8_t* row = out.data() + r * row_bytes;
-    std::memcpy(row, in.hidden.data() + r * hidden, hidden * 2);
-    std::memcpy(row + 2 * hidden, in.ids.data() + r * top_k, 4 * top_k);
-    std::memcpy(row + 2 * hidden + 4 * top_k, in.weights.data() + r * top_k, 4 * top_k);
-  }
-  return out;
-}
-
 // scale_input: Llama-4's e(w * x) (issue 35 item 5): the reference feeds
 // bf16(w * x), the row the GPU quantizes, and sums the outputs with weight 1.
 void RunLayer(const Layer& c, int64_t rows, int top_k, double invalid_fraction,
@@ -161,7 +146,7 @@ void RunLayer(const Layer& c, int64_t rows, int top_k, double invalid_fraction,
   auto compute =
       ExpertCompute::Create(rows, top_k, c.hidden, c.inter, static_cast<int>(c.ids.size()));
   ASSERT_TRUE(compute.ok()) << compute.status();
-  DeviceBuffer<uint8_t> recv(PackRows(in, rows, c.hidden, top_k));
+  DeviceBuffer<uint8_t> recv(testing::PackRows(in, rows, c.hidden, top_k));
   DeviceBuffer<bf16_t> out(std::vector<bf16_t>(rows * c.hidden, 0xffff));
   ASSERT_TRUE((*compute)->RunFp8(recv.get(), rows, dev.view, out.get(), nullptr).ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -169,21 +154,11 @@ void RunLayer(const Layer& c, int64_t rows, int top_k, double invalid_fraction,
 
   // Repeat eagerly, then from a graph: the same bits.
   DeviceBuffer<bf16_t> out2(std::vector<bf16_t>(rows * c.hidden, 0xffff));
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  cudaGraph_t graph;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  const absl::Status captured = (*compute)->RunFp8(recv.get(), rows, dev.view, out2.get(), stream);
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  ASSERT_TRUE(captured.ok()) << captured;
-  cudaGraphExec_t exec;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  const absl::Status replayed = testing::ReplayFromGraph([&](cudaStream_t stream) {
+    return (*compute)->RunFp8(recv.get(), rows, dev.view, out2.get(), stream);
+  });
+  ASSERT_TRUE(replayed.ok()) << replayed;
   EXPECT_TRUE(out2.Download(rows * c.hidden) == got) << "graph replay differs from the eager run";
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 
   // Reference, per row and local choice.
   int64_t bad = 0, local_rows = 0;

@@ -28,7 +28,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -42,7 +41,6 @@
 #include "core/quantized_weights.h"
 #include "core/safetensors.h"
 #include "kernels/device_experts.h"
-#include "kernels/dispatch_pack.cuh"
 #include "kernels/expert_compute.h"
 #include "kernels/mxfp4_grouped_gemm.cuh"
 #include "tests/kernels/gpu_test_util.h"
@@ -130,24 +128,38 @@ int ExpertOf(const GemmCase& c, int64_t i) {
   return -1;
 }
 
+// A case's operands on the device and the launch parameters over them
+// (n is the caller's: b_rows for the plain GEMM, the features for the GLU).
+struct OnDevice {
+  DeviceBuffer<bf16_t> a;
+  DeviceBuffer<uint8_t> blocks;
+  DeviceBuffer<uint8_t> scales;
+  DeviceBuffer<bf16_t> bias;
+  DeviceBuffer<int32_t> offsets;
+  Mxfp4GemmParams params;
+  explicit OnDevice(const GemmCase& c)
+      : a(c.a),
+        blocks(Concat(c.w, true)),
+        scales(Concat(c.w, false)),
+        bias(c.bias),
+        offsets(c.offsets) {
+    params.a = a.get();
+    params.max_rows = c.max_rows;
+    params.blocks = blocks.get();
+    params.scales = scales.get();
+    params.bias = bias.get();
+    params.offsets = offsets.get();
+    params.num_local_experts = static_cast<int>(c.offsets.size()) - 1;
+    params.k = c.k;
+  }
+};
+
 TEST(Mxfp4GroupedGemm, MatchesTheExactSumOnEveryTileWidth) {
   MOE_EP_REQUIRE_GPUS(1);
   const GemmCase c = MakeCase(3, /*b_rows=*/80, /*k=*/128);  // 80: a tail tile of 16 rows
-  DeviceBuffer<bf16_t> a(c.a);
-  DeviceBuffer<uint8_t> blocks(Concat(c.w, true));
-  DeviceBuffer<uint8_t> scales(Concat(c.w, false));
-  DeviceBuffer<bf16_t> bias(c.bias);
-  DeviceBuffer<int32_t> offsets(c.offsets);
-  Mxfp4GemmParams p;
-  p.a = a.get();
-  p.max_rows = c.max_rows;
-  p.blocks = blocks.get();
-  p.scales = scales.get();
-  p.bias = bias.get();
-  p.offsets = offsets.get();
-  p.num_local_experts = 3;
+  OnDevice d(c);
+  Mxfp4GemmParams& p = d.params;
   p.n = c.b_rows;
-  p.k = c.k;
   std::vector<float> first;
   for (const int tiles : {1, 2, 4, 8}) {
     SCOPED_TRACE(::testing::Message() << "tile_tokens " << tiles);
@@ -187,21 +199,9 @@ TEST(Mxfp4GroupedGemm, GptOssGluOfTheExactGateAndUp) {
   MOE_EP_REQUIRE_GPUS(1);
   const int64_t features = 40;  // b_rows 80: rows 2j gate, 2j + 1 up
   const GemmCase c = MakeCase(4, 2 * features, 128);
-  DeviceBuffer<bf16_t> a(c.a);
-  DeviceBuffer<uint8_t> blocks(Concat(c.w, true));
-  DeviceBuffer<uint8_t> scales(Concat(c.w, false));
-  DeviceBuffer<bf16_t> bias(c.bias);
-  DeviceBuffer<int32_t> offsets(c.offsets);
-  Mxfp4GemmParams p;
-  p.a = a.get();
-  p.max_rows = c.max_rows;
-  p.blocks = blocks.get();
-  p.scales = scales.get();
-  p.bias = bias.get();
-  p.offsets = offsets.get();
-  p.num_local_experts = 3;
+  OnDevice d(c);
+  Mxfp4GemmParams& p = d.params;
   p.n = features;
-  p.k = c.k;
   // A limit low enough that some gates and ups clamp.
   const float alpha = core::quant::kGptOssAlpha;
   const float limit = 2.0f;
@@ -357,19 +357,6 @@ TEST(DeviceExpertSetMxfp4, SeededAndCheckpointExpertsAsStored) {
   std::remove(path.c_str());
 }
 
-std::vector<uint8_t> PackRows(const testing::MoeInputs& in, int64_t rows, int64_t hidden,
-                              int top_k) {
-  const int64_t row_bytes = DispatchRowBytes(hidden, top_k);
-  std::vector<uint8_t> out(rows * row_bytes);
-  for (int64_t r = 0; r < rows; ++r) {
-    uint8_t* row = out.data() + r * row_bytes;
-    std::memcpy(row, in.hidden.data() + r * hidden, hidden * 2);
-    std::memcpy(row + 2 * hidden, in.ids.data() + r * top_k, 4 * top_k);
-    std::memcpy(row + 2 * hidden + 4 * top_k, in.weights.data() + r * top_k, 4 * top_k);
-  }
-  return out;
-}
-
 struct Layer {
   int64_t hidden = 0;
   int64_t inter = 0;
@@ -397,28 +384,18 @@ void RunLayer(const Layer& c, int64_t rows, int top_k, bool scale_input) {
   auto compute =
       ExpertCompute::Create(rows, top_k, c.hidden, c.inter, static_cast<int>(c.ids.size()));
   ASSERT_TRUE(compute.ok()) << compute.status();
-  DeviceBuffer<uint8_t> recv(PackRows(in, rows, c.hidden, top_k));
+  DeviceBuffer<uint8_t> recv(testing::PackRows(in, rows, c.hidden, top_k));
   DeviceBuffer<bf16_t> out(std::vector<bf16_t>(rows * c.hidden, 0xffff));
   ASSERT_TRUE((*compute)->Run(recv.get(), rows, **dev, out.get(), nullptr).ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<bf16_t> got = out.Download(rows * c.hidden);
 
   DeviceBuffer<bf16_t> out2(std::vector<bf16_t>(rows * c.hidden, 0xffff));
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  cudaGraph_t graph;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  const absl::Status captured = (*compute)->Run(recv.get(), rows, **dev, out2.get(), stream);
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  ASSERT_TRUE(captured.ok()) << captured;
-  cudaGraphExec_t exec;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  const absl::Status replayed = testing::ReplayFromGraph([&](cudaStream_t stream) {
+    return (*compute)->Run(recv.get(), rows, **dev, out2.get(), stream);
+  });
+  ASSERT_TRUE(replayed.ok()) << replayed;
   EXPECT_TRUE(out2.Download(rows * c.hidden) == got) << "graph replay differs from the eager run";
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 
   int64_t bad = 0;
   int64_t local_rows = 0;

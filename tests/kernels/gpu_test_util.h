@@ -8,11 +8,15 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "core/bf16.h"
+#include "kernels/dispatch_pack.cuh"
 
 namespace moe_ep::kernels::testing {
 
@@ -109,6 +113,41 @@ inline MoeInputs MakeInputs(uint64_t seed, int64_t num_tokens, int64_t hidden, i
     }
   }
   return in;
+}
+
+// The received rows of `in` as dispatch packs them: [rows, 2H + 8K] of
+// hidden bf16 | ids int32 | weights fp32 (DispatchRowBytes).
+inline std::vector<uint8_t> PackRows(const MoeInputs& in, int64_t rows, int64_t hidden, int top_k) {
+  const int64_t row_bytes = DispatchRowBytes(hidden, top_k);
+  std::vector<uint8_t> out(rows * row_bytes);
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* row = out.data() + r * row_bytes;
+    std::memcpy(row, in.hidden.data() + r * hidden, hidden * 2);
+    std::memcpy(row + 2 * hidden, in.ids.data() + r * top_k, 4 * top_k);
+    std::memcpy(row + 2 * hidden + 4 * top_k, in.weights.data() + r * top_k, 4 * top_k);
+  }
+  return out;
+}
+
+// Captures what `enqueue` puts on a fresh stream into a CUDA graph, replays
+// it once and waits: the status of the capture (failures are recorded).
+inline absl::Status ReplayFromGraph(const std::function<absl::Status(cudaStream_t)>& enqueue) {
+  cudaStream_t stream;
+  EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  cudaGraph_t graph;
+  EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const absl::Status captured = enqueue(stream);
+  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  if (captured.ok()) {
+    cudaGraphExec_t exec;
+    EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    cudaGraphExecDestroy(exec);
+  }
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  return captured;
 }
 
 }  // namespace moe_ep::kernels::testing
