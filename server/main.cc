@@ -8,8 +8,8 @@
 
 #include <cstddef>
 
-#include "server/moe_ep.h"
 #include "core/thread_stack_floor.h"
+#include "server/moe_ep.h"
 
 int main(int argc, char** argv) {
   // Links this executable's pthread_attr_setstacksize floor (exported for

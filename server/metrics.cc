@@ -8,10 +8,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/thread_stack_floor.h"
 #include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
 #include "prometheus/metric_family.h"
-#include "core/thread_stack_floor.h"
 
 namespace moe_ep::server {
 namespace {

@@ -12,26 +12,26 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "core/logging.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "proto/rpc/auth.h"
+#include "proto/rpc/health.h"
+#include "proto/rpc/probe_server.h"
+#include "proto/rpc/rpc_log.h"
+#include "proto/rpc/tls_credentials.h"
 #include "server/data_plane_host.h"
 #include "server/device_info.h"
 #include "server/grpc_store.h"
-#include "proto/rpc/health.h"
 #include "server/in_flight_calls.h"
-#include "core/logging.h"
 #include "server/memory_limit.h"
 #include "server/metrics.h"
 #include "server/nccl_runtime.h"
-#include "proto/rpc/probe_server.h"
 #include "server/reflection_v1.h"
 #include "server/rendezvous_service.h"
-#include "proto/rpc/rpc_log.h"
-#include "proto/rpc/tls_credentials.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -195,7 +195,8 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const Worker
   interceptors.push_back(parts->metrics->MakeInterceptorFactory());
   // The drain waits for these; not for open health Watch streams, which
   // Shutdown ends (issue 31 item 3: a coordinator watches every worker).
-  parts->in_flight = std::make_unique<InFlightCalls>(std::vector<std::string>{rpc::kHealthWatchMethod});
+  parts->in_flight =
+      std::make_unique<InFlightCalls>(std::vector<std::string>{rpc::kHealthWatchMethod});
   interceptors.push_back(parts->in_flight->MakeInterceptorFactory());
   // Every call's end in the log: failures at warn (proto/rpc/rpc_log.h).
   interceptors.push_back(rpc::MakeRpcLogInterceptorFactory(rpc::WorkerRpcLogOptions()));

@@ -16,12 +16,12 @@
 #include "client/service/coordinator_metrics.h"
 #include "client/service/coordinator_service.h"
 #include "client/targets.h"
+#include "core/logging.h"
 #include "core/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "proto/rpc/auth.h"
 #include "proto/rpc/health.h"
-#include "core/logging.h"
 #include "proto/rpc/probe_server.h"
 #include "proto/rpc/rpc_log.h"
 #include "proto/rpc/tls_credentials.h"
@@ -285,7 +285,7 @@ absl::Status ServeProbesAndMetrics(const CoordinatorCommandOptions& options,
   if (!options.health_listen.empty()) {
     int probe_port = 0;
     ASSIGN_OR_RETURN(*probe_server, rpc::StartProbeServer(options.health_listen,
-                                                             probe_unimplemented, &probe_port));
+                                                          probe_unimplemented, &probe_port));
     health.Add((*probe_server)->GetHealthCheckService());
     out << "moe-ep coordinator: grpc.health.v1 (plaintext) on " << HostOf(options.health_listen)
         << ":" << probe_port << std::endl;

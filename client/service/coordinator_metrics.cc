@@ -5,10 +5,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/thread_stack_floor.h"
 #include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
 #include "prometheus/metric_family.h"
-#include "core/thread_stack_floor.h"
 
 namespace moe_ep::client {
 namespace {

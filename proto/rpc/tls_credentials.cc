@@ -59,7 +59,8 @@ absl::Status Validate(const ServerSecurityOptions& options) {
     if (absl::Status s = CheckPemFile("--tls-cert", options.tls_cert); !s.ok()) return s;
     if (absl::Status s = CheckPemFile("--tls-key", options.tls_key); !s.ok()) return s;
     if (!options.tls_client_ca.empty()) {
-      if (absl::Status s = CheckPemFile("--tls-client-ca", options.tls_client_ca); !s.ok()) return s;
+      if (absl::Status s = CheckPemFile("--tls-client-ca", options.tls_client_ca); !s.ok())
+        return s;
     }
     if (!options.tls_peer_ca.empty()) {
       if (absl::Status s = CheckPemFile("--tls-peer-ca", options.tls_peer_ca); !s.ok()) return s;

@@ -16,8 +16,8 @@
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "proto/rpc/auth.h"
-#include "server/grpc_store.h"
 #include "proto/rpc/health.h"
+#include "server/grpc_store.h"
 #include "server/rendezvous_service.h"
 #include "server/worker_service.h"
 #include "tests/server/health_probe.h"
@@ -123,7 +123,8 @@ TEST_F(TlsTest, RejectsInconsistentOrUnreadableFiles) {
 
   options = Tls();
   options.refresh_interval = absl::Milliseconds(100);
-  EXPECT_EQ(rpc::MakeServerCredentials(options).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(rpc::MakeServerCredentials(options).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // A worker serving TLS (+ mTLS, + optional token) in process.
