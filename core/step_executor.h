@@ -59,10 +59,25 @@ absl::Status CheckStepInputs(const StepProgram& program, int64_t hidden, int64_t
                              int rank);
 
 // The executor over a rank's ParallelGroups (Gloo, or the host view of any
-// group). Collectives as documented in core/layer_communicator.h: all-gather
-// = AllGather; reduce-scatter = AllToAllV of equal chunks then the sum of
-// the received chunks in ascending source-rank order (fp32, deterministic);
-// all-reduce = AllReduceSum. Not thread-safe (like its groups).
+// group). Collective operations and how they are built on core/collective.h:
+//   attention-TP all-gather   AllGather of equal chunks in the attn-TP group
+//   reduce-scatter            AllToAllV of equal chunks, then each rank sums
+//                             the chunks it received in ascending source-rank
+//                             order (fp32): a true reduce-scatter (each rank
+//                             moves 1/size of the buffer), deterministic
+//   TP / attention-TP all-reduce   AllReduceSum (every rank gets the same bits)
+//   DP gather (summing)       this rank's rows placed at its DP group's offset
+//                             in a zeroed [global_rows, H] buffer, then
+//                             AllReduceSum over the world (DESIGN §4)
+//   DP scatter                copy of rows [offset, offset + local_rows)
+//   DP reduce-scatter         reduce-scatter of the global buffer over the
+//                             world (rank r gets rows [r*c, (r+1)*c), c =
+//                             global_rows / tp_size, which lie inside its DP
+//                             group's slice under MAX_LEN), then an attention-
+//                             TP all-gather back to TP_ATTN_FULL
+// The "fused" all-reduce + residual + RMSNorm is the all-reduce followed by
+// one add-and-norm pass; the all-reduce is never skipped.
+// Not thread-safe (like its groups).
 class HostStepExecutor final : public StepExecutor {
  public:
   // `groups` (not owned) must outlive the executor; `hidden` is H >= 1.

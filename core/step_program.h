@@ -8,8 +8,8 @@
 // executors that know nothing about plans:
 //   - core::HostStepExecutor (core/step_executor.h) over core::ControlCollective;
 //   - kernels::DeviceStepExecutor over kernels::StreamCollective.
-// core::LayerCommunicator and kernels::GpuLayerCommunicator check their
-// inputs, build the program and hand it to their executor.
+// The layer stacks (core/layer_stack.h, kernels/staged_step_executor.h)
+// build every layer's programs once and hand them to their executor.
 //
 // Rows a rank holds per mode are ModeRows (below); a program's primitives
 // carry resolved row counts, offsets and whether this rank takes part, so an

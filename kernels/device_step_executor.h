@@ -3,8 +3,8 @@
 // The device executor of step programs (core/step_program.h; issue 11 item
 // 1): runs a program's primitives on a rank's GpuLayerActivations over two
 // stream collectives (the world and the attention-TP group), the same list
-// core::HostStepExecutor runs on host vectors. kernels::GpuLayerCommunicator
-// and kernels::StagedStepExecutor use it.
+// core::HostStepExecutor runs on host vectors. kernels::StagedStepExecutor
+// uses it.
 //
 // How the primitives map to the device:
 //   all_gather       StreamCollective::AllGather into the scratch buffer

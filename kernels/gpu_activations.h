@@ -76,7 +76,7 @@ class GpuLayerActivations {
 
   // Synchronous copies between `host` and the buffers (cudaMemcpy), for setup
   // and checks. REQUIRES: the stream that last wrote the buffers has finished
-  // (GpuLayerCommunicator::Synchronize). Rows = vector size / H.
+  // (the executor's stream). Rows = vector size / H.
   // Errors: kInvalidArgument when a size is not a multiple of H or exceeds
   // the capacity; kInternal from CUDA.
   absl::Status Upload(const core::LayerActivations& host);

@@ -7,7 +7,7 @@
 // the all-reduce.
 //
 // Tensors are fp32 [rows, H] device buffers, row-major, matching the CPU path
-// (core/rms_norm.h, core/layer_communicator.h). The math is the CPU's:
+// (core/rms_norm.h, core/step_executor.h). The math is the CPU's:
 //   inv = 1 / sqrt(sum(v^2) / H + eps);  out = v * inv * weight
 // with the sum of squares accumulated in fp32 but in a different order (a
 // tree over the block, not ascending columns), so results agree with
@@ -73,7 +73,7 @@ absl::Status LaunchAddInPlace(float* dst, const float* src, int64_t count, cudaS
 //
 // out[i] = in[0 * count + i] + in[1 * count + i] + ... (ascending chunk
 // order, fp32) for i < count: the local half of a reduce-scatter built from
-// an all-to-all (core/layer_communicator.h), bitwise equal to the CPU sum.
+// an all-to-all (core/step_executor.h), bitwise equal to the CPU sum.
 // `in` [num_chunks, count], `out` [count]; out must not overlap in.
 // Errors: kInvalidArgument for num_chunks < 1, count < 0, null pointers when
 // count > 0; kInternal when the launch fails.

@@ -9,8 +9,8 @@
 #include "tests/core/thread_group.h"
 
 // core::HostStepExecutor on hand-made programs with hand-computed values.
-// The layer programs themselves run through core::LayerCommunicator
-// (tests/core/layer_communicator_test.cc) and the layer stack.
+// The layer programs themselves run in tests/core/layer_step_programs_test.cc
+// (DESIGN §4's worked examples) and through the layer stack.
 
 namespace moe_ep::core {
 namespace {

@@ -1,10 +1,23 @@
-#include "core/layer_communicator.h"
+// The worked examples of DESIGN §3 and §4 (DP gather and scatter under
+// MAX_LEN and SUM_LEN, zero-token ranks, the scattered path's reduce-scatter
+// and all-gather, the attention-TP all-reduce) through what the layer stack
+// runs for one layer: each step's program (core/step_program.h) on a
+// core::HostStepExecutor over the rank's groups.
 
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/dp_padding.h"
+#include "core/layer_plan.h"
+#include "core/parallel_groups.h"
+#include "core/rms_norm.h"
+#include "core/step_executor.h"
+#include "core/step_program.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/core/thread_group.h"
@@ -103,10 +116,39 @@ void RunRanks(const ParallelLayout& layout, const std::vector<int64_t>& counts,
   });
 }
 
-LayerCommunicator MakeComm(const RankEnv& env, const LayerPlan& plan) {
-  auto comm = LayerCommunicator::Create(env.groups, plan, kH);
-  EXPECT_TRUE(comm.ok()) << comm.status();
-  return *comm;
+// One layer's three communication steps on one rank, as core/layer_stack.cc
+// runs them: build the step's program, run it on a HostStepExecutor.
+struct LayerSteps {
+  const ParallelGroups* groups = nullptr;
+  LayerPlan plan;
+
+  absl::Status PrepareAttention(const DpGatherLayout& dp, const RmsNorm& norm,
+                                LayerActivations& act) const {
+    absl::StatusOr<StepProgram> program = BuildBeforeAttentionProgram(
+        plan, groups->layout(), groups->rank(), dp, act.residual.has_value());
+    if (!program.ok()) return program.status();
+    return HostStepExecutor(groups, kH).Run(*program, &norm, act);
+  }
+  absl::Status PrepareMlp(const DpGatherLayout& dp, const RmsNorm& norm,
+                          LayerActivations& act) const {
+    absl::StatusOr<StepProgram> program =
+        BuildBeforeMlpProgram(plan, groups->layout(), groups->rank(), dp);
+    if (!program.ok()) return program.status();
+    return HostStepExecutor(groups, kH).Run(*program, &norm, act);
+  }
+  AfterMlpOp ResolveAfterMlp(const DpGatherLayout& dp, bool allow_reduce_scatter) const {
+    return ResolveAfterMlpOp(plan, dp.mode, allow_reduce_scatter);
+  }
+  absl::Status PostMlp(const DpGatherLayout& dp, AfterMlpOp op, LayerActivations& act) const {
+    absl::StatusOr<StepProgram> program = BuildAfterMlpProgram(
+        plan, groups->layout(), groups->rank(), dp, op, act.residual.has_value());
+    if (!program.ok()) return program.status();
+    return HostStepExecutor(groups, kH).Run(*program, nullptr, act);
+  }
+};
+
+LayerSteps MakeComm(const RankEnv& env, const LayerPlan& plan) {
+  return LayerSteps{env.groups, plan};
 }
 
 TokenFn AplusX(int attn_tp) {
@@ -123,7 +165,7 @@ TokenFn PartialFn(int j) {
 
 // DESIGN §4 worked example through the dense layer of tp 4, attn_dp 2:
 // dp_gather[norm_after_gather] then dp_scatter or the MAX_LEN reduce-scatter.
-TEST(LayerCommunicator, WorkedExampleDpGatherAndScatterMaxLen) {
+TEST(LayerStepPrograms, WorkedExampleDpGatherAndScatterMaxLen) {
   const ParallelLayout layout{4, 2, 0};
   const std::vector<int64_t> counts = {5, 2};
   auto plans = PlanLayers(layout, {false}, true);
@@ -139,7 +181,7 @@ TEST(LayerCommunicator, WorkedExampleDpGatherAndScatterMaxLen) {
     EXPECT_EQ(ModeRows(env.dp, ScatterMode::kTpAttnFull), 6);
     EXPECT_EQ(ModeRows(env.dp, ScatterMode::kScattered), 3);
     EXPECT_EQ(ModeRows(env.dp, ScatterMode::kFull), 12);
-    LayerCommunicator comm = MakeComm(env, plan);
+    LayerSteps comm = MakeComm(env, plan);
     RmsNorm norm = MakeNorm();
 
     // Step 1: input norm creates the residual; no communication (T -> T).
@@ -188,7 +230,7 @@ TEST(LayerCommunicator, WorkedExampleDpGatherAndScatterMaxLen) {
 // SUM_LEN: tp 4, attn_dp 4 (attn_tp 1), counts [7, 1, 0, 0]: aligned sum 8,
 // 2*8 < 7*4 -> SUM_LEN, global 8 rows, offsets [0, 7, 8, 8]; ranks 2 and 3
 // hold zero tokens and still take part. The norm runs before the gather.
-TEST(LayerCommunicator, SumLenGatherWithZeroTokenRanks) {
+TEST(LayerStepPrograms, SumLenGatherWithZeroTokenRanks) {
   const ParallelLayout layout{4, 4, 0};
   const std::vector<int64_t> counts = {7, 1, 0, 0};
   auto plans = PlanLayers(layout, {false}, true);
@@ -201,7 +243,7 @@ TEST(LayerCommunicator, SumLenGatherWithZeroTokenRanks) {
     EXPECT_EQ(env.dp.global_rows, 8);
     const int64_t local = counts[g];
     EXPECT_EQ(env.dp.local_rows, local);
-    LayerCommunicator comm = MakeComm(env, plan);
+    LayerSteps comm = MakeComm(env, plan);
     RmsNorm norm = MakeNorm();
     LayerActivations act;
     act.hidden = GroupRows(counts, g, 0, local, PartialFn(0));
@@ -226,7 +268,7 @@ TEST(LayerCommunicator, SumLenGatherWithZeroTokenRanks) {
 
 // The issue text's counts [6, 0] on 2 DP groups of attn_tp 2: 2*6 >= 6*2, so
 // the §4 rule gives MAX_LEN (the zero-token group is padded to 6 rows).
-TEST(LayerCommunicator, CountsSixZeroOnTwoGroupsIsMaxLen) {
+TEST(LayerStepPrograms, CountsSixZeroOnTwoGroupsIsMaxLen) {
   auto dp = ComputeDpGatherLayout(std::vector<int64_t>{6, 0}, 2, false, 1);
   ASSERT_TRUE(dp.ok());
   EXPECT_EQ(dp->mode, DpPaddingMode::kMaxLen);
@@ -235,7 +277,7 @@ TEST(LayerCommunicator, CountsSixZeroOnTwoGroupsIsMaxLen) {
 }
 
 // Without DP attention (tp 2, attn_dp 1): all-reduce, then add-and-norm.
-TEST(LayerCommunicator, AllReduceAddNormWithoutDpAttention) {
+TEST(LayerStepPrograms, AllReduceAddNormWithoutDpAttention) {
   const ParallelLayout layout{2, 1, 0};
   const std::vector<int64_t> counts = {3};  // aligned to 4 rows
   auto plans = PlanLayers(layout, {false}, true);
@@ -245,7 +287,7 @@ TEST(LayerCommunicator, AllReduceAddNormWithoutDpAttention) {
   ASSERT_EQ(plan.after_mlp, AfterMlpOp::kNone);
   RunRanks(layout, counts, [&](RankEnv& env) {
     const int j = env.groups->attn_tp_rank();
-    LayerCommunicator comm = MakeComm(env, plan);
+    LayerSteps comm = MakeComm(env, plan);
     RmsNorm norm = MakeNorm();
     LayerActivations act;
     act.hidden = GroupRows(counts, 0, 0, 4, PartialFn(j));
@@ -262,7 +304,7 @@ TEST(LayerCommunicator, AllReduceAddNormWithoutDpAttention) {
 // Two sparse layers (tp 4, attn_dp 2, a2a): reduce_scatter_norm with and
 // without split_residual, the before-attention all-gather of SCATTERED input,
 // and add_residual_all_gather.
-TEST(LayerCommunicator, ScatteredPathReduceScatterAllGatherAndAddResidual) {
+TEST(LayerStepPrograms, ScatteredPathReduceScatterAllGatherAndAddResidual) {
   const ParallelLayout layout{4, 2, 0};
   const std::vector<int64_t> counts = {5, 2};
   auto plans = PlanLayers(layout, {true, true}, true);
@@ -278,7 +320,7 @@ TEST(LayerCommunicator, ScatteredPathReduceScatterAllGatherAndAddResidual) {
   auto M = [](int64_t t, int64_t c) { return 0.3 - 0.05 * t * (c + 1); };
   RunRanks(layout, counts, [&](RankEnv& env) {
     const int g = env.groups->dp_rank(), j = env.groups->attn_tp_rank();
-    LayerCommunicator c0 = MakeComm(env, l0), c1 = MakeComm(env, l1);
+    LayerSteps c0 = MakeComm(env, l0), c1 = MakeComm(env, l1);
     RmsNorm norm = MakeNorm();
     LayerActivations act;
     act.hidden = GroupRows(counts, g, 0, 6, PartialFn(j));
@@ -318,7 +360,7 @@ TEST(LayerCommunicator, ScatteredPathReduceScatterAllGatherAndAddResidual) {
 
 // A SCATTERED residual entering a FULL dense MLP: dp_gather[gather_residual,
 // norm_after_gather].
-TEST(LayerCommunicator, DpGatherGathersScatteredResidualFirst) {
+TEST(LayerStepPrograms, DpGatherGathersScatteredResidualFirst) {
   const ParallelLayout layout{4, 2, 0};
   const std::vector<int64_t> counts = {2, 5};
   auto plans = PlanLayers(layout, {true, false}, true);
@@ -328,7 +370,7 @@ TEST(LayerCommunicator, DpGatherGathersScatteredResidualFirst) {
   ASSERT_TRUE(plan.gather_residual);
   RunRanks(layout, counts, [&](RankEnv& env) {
     const int g = env.groups->dp_rank(), j = env.groups->attn_tp_rank();
-    LayerCommunicator comm = MakeComm(env, plan);
+    LayerSteps comm = MakeComm(env, plan);
     RmsNorm norm = MakeNorm();
     LayerActivations act;
     act.hidden = GroupRows(counts, g, 0, 6, PartialFn(j));
@@ -345,7 +387,7 @@ TEST(LayerCommunicator, DpGatherGathersScatteredResidualFirst) {
 
 // sglang issue 23996: moe_dense_tp_size == attn_tp_size: attention-TP
 // all-reduce then norm, trivial after-MLP step.
-TEST(LayerCommunicator, AttnTpAllReduceNormExtension) {
+TEST(LayerStepPrograms, AttnTpAllReduceNormExtension) {
   const ParallelLayout layout{4, 2, 2};
   const std::vector<int64_t> counts = {5, 0};
   auto plans = PlanLayers(layout, {true, false}, true);
@@ -356,7 +398,7 @@ TEST(LayerCommunicator, AttnTpAllReduceNormExtension) {
   ASSERT_EQ(plan.after_mlp, AfterMlpOp::kNone);
   RunRanks(layout, counts, [&](RankEnv& env) {
     const int g = env.groups->dp_rank(), j = env.groups->attn_tp_rank();
-    LayerCommunicator comm = MakeComm(env, plan);
+    LayerSteps comm = MakeComm(env, plan);
     RmsNorm norm = MakeNorm();
     LayerActivations act;
     act.hidden = GroupRows(counts, g, 0, 6, PartialFn(j));
@@ -369,7 +411,7 @@ TEST(LayerCommunicator, AttnTpAllReduceNormExtension) {
 
 // (TP_ATTN_FULL, TP_ATTN_FULL) -> SCATTERED: take this rank's split; a
 // residual is a precondition error.
-TEST(LayerCommunicator, TakeSplitRequiresNoResidual) {
+TEST(LayerStepPrograms, TakeSplitRequiresNoResidual) {
   const ParallelLayout layout{4, 2, 0};
   const std::vector<int64_t> counts = {5, 2};
   const ScatterMode T = ScatterMode::kTpAttnFull;
@@ -378,7 +420,7 @@ TEST(LayerCommunicator, TakeSplitRequiresNoResidual) {
   ASSERT_EQ(plan->after_mlp, AfterMlpOp::kTakeSplit);
   RunRanks(layout, counts, [&](RankEnv& env) {
     const int g = env.groups->dp_rank(), j = env.groups->attn_tp_rank();
-    LayerCommunicator comm = MakeComm(env, *plan);
+    LayerSteps comm = MakeComm(env, *plan);
     LayerActivations act;
     act.hidden = GroupRows(counts, g, 0, 6, X);
     act.residual = act.hidden;
@@ -392,18 +434,14 @@ TEST(LayerCommunicator, TakeSplitRequiresNoResidual) {
   });
 }
 
-TEST(LayerCommunicator, RejectsBadInputBeforeAnyCommunication) {
+TEST(LayerStepPrograms, RejectsBadInputBeforeAnyCommunication) {
   const ParallelLayout layout{1, 1, 0};
   const std::vector<int64_t> counts = {2};
   auto plans = PlanLayers(layout, {false}, true);
   ASSERT_TRUE(plans.ok());
   const LayerPlan& plan = (*plans)[0];
-  EXPECT_EQ(LayerCommunicator::Create(nullptr, plan, kH).status().code(),
-            absl::StatusCode::kInvalidArgument);
   RunRanks(layout, counts, [&](RankEnv& env) {
-    EXPECT_EQ(LayerCommunicator::Create(env.groups, plan, 0).status().code(),
-              absl::StatusCode::kInvalidArgument);
-    LayerCommunicator comm = MakeComm(env, plan);
+    LayerSteps comm = MakeComm(env, plan);
     RmsNorm norm = MakeNorm();
     // Wrong row count.
     LayerActivations act;
@@ -412,11 +450,11 @@ TEST(LayerCommunicator, RejectsBadInputBeforeAnyCommunication) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(std::string(s.message()), HasSubstr("must have 2 rows"));
     EXPECT_FALSE(act.residual.has_value());
-    // No residual before the MLP.
+    // No residual before the MLP (the input norm makes one).
     act.hidden.assign(2 * kH, 1.0f);
     s = comm.PrepareMlp(env.dp, norm, act);
-    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_THAT(std::string(s.message()), HasSubstr("no residual"));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()), HasSubstr("residual must have 2 rows * H 4, got none"));
     // A layout for another DP structure.
     auto other = ComputeDpGatherLayout(std::vector<int64_t>{2, 2}, 1, false, 0);
     ASSERT_TRUE(other.ok());
