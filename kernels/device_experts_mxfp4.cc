@@ -123,8 +123,6 @@ absl::StatusOr<std::unique_ptr<DeviceExpertSet>> DeviceExpertSet::LoadMxfp4(
     return absl::Status(s.code(),
                         absl::StrCat("expert source (", source.Describe(), "): ", s.message()));
   };
-  // A checkpoint's fused tensors are checked (dtype, shape) by reading the
-  // first expert, before the weights' device memory is taken.
   std::optional<core::SafetensorsCheckpoint> ckpt;
   const std::string prefix = source.name_pattern.empty()
                                  ? std::string(core::quant::kGptOssExpertPrefix)
@@ -146,15 +144,25 @@ absl::StatusOr<std::unique_ptr<DeviceExpertSet>> DeviceExpertSet::LoadMxfp4(
     if (!opened.ok()) return with_source(opened.status());
     ckpt.emplace(*std::move(opened));
   }
+  // The first expert is read before any device memory is taken (for a
+  // checkpoint that checks the fused tensors' dtypes and shapes); then one
+  // expert at a time.
+  absl::StatusOr<core::quant::GptOssExpertWeights> w;
+  if (!ids.empty()) {
+    w = read(ids.front());
+    if (!w.ok()) return with_source(w.status());
+  }
   ASSIGN_OR_RETURN(
       std::unique_ptr<DeviceExpertSet> set,
       WithSlots(core::ExpertKind::kGptOssMxfp4, ids, source.hidden, source.intermediate));
   set->gpt_oss_activation_ = source.gpt_oss_activation;
+  if (set->num_experts_ == 0) return set;
+  RETURN_IF_ERROR(set->AllocateMxfp4());
   for (int l = 0; l < set->num_experts_; ++l) {
-    absl::StatusOr<core::quant::GptOssExpertWeights> w = read(ids[l]);
-    if (!w.ok()) return with_source(w.status());
-    // After the first expert read (and checked): the slab.
-    if (l == 0) RETURN_IF_ERROR(set->AllocateMxfp4());
+    if (l > 0) {
+      w = read(ids[l]);
+      if (!w.ok()) return with_source(w.status());
+    }
     RETURN_IF_ERROR(set->UploadMxfp4(l, *w));
   }
   return set;
