@@ -59,29 +59,33 @@ absl::Status CheckExpertSourceForWorkspace(const core::ExpertSource& source,
 }
 
 absl::Status CheckGpuExpertSource(const core::ExpertSource& source) {
-  const core::ExpertKind kind = source.expert_kind();
-  // The mxfp4 kernels step K by 64 (kernels/mxfp4_grouped_gemm.cuh
-  // kMxfp4KStep): gate_up's K is H, down's is I.
-  if (kind == core::ExpertKind::kGptOssMxfp4 &&
-      (source.hidden % 64 != 0 || source.intermediate % 64 != 0)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("expert source (", source.Describe(),
-                     "): mxfp4 experts on a GPU plane need hidden and intermediate multiples of "
-                     "64, got hidden ",
-                     source.hidden, ", intermediate ", source.intermediate,
-                     " (the gloo plane computes any multiple of 32)"));
+  // The step H and I must be multiples of on the GPU, and what Gloo takes:
+  // the Hopper fp8 kernels tile K and N by the 128 x 128 scale blocks; the
+  // mxfp4 kernels step K by 64 (kernels/mxfp4_grouped_gemm.cuh kMxfp4KStep;
+  // gate_up's K is H, down's is I). bf16 and identity experts take any size.
+  int64_t step = 0;
+  const char* format = "";
+  const char* gloo = "";
+  switch (source.expert_kind()) {
+    case core::ExpertKind::kFp8SwiGlu:
+      step = 128;
+      format = "fp8";
+      gloo = "any size";
+      break;
+    case core::ExpertKind::kGptOssMxfp4:
+      step = 64;
+      format = "mxfp4";
+      gloo = "any multiple of 32";
+      break;
+    default:
+      return absl::OkStatus();
   }
-  // The Hopper fp8 kernels tile K and N by the 128 x 128 scale blocks.
-  if (kind == core::ExpertKind::kFp8SwiGlu &&
-      (source.hidden % 128 != 0 || source.intermediate % 128 != 0)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("expert source (", source.Describe(),
-                     "): fp8 experts on a GPU plane need hidden and "
-                     "intermediate multiples of 128, got hidden ",
-                     source.hidden, ", intermediate ", source.intermediate,
-                     " (the gloo plane computes any size)"));
-  }
-  return absl::OkStatus();
+  if (source.hidden % step == 0 && source.intermediate % step == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("expert source (", source.Describe(), "): ", format,
+                   " experts on a GPU plane need hidden and intermediate multiples of ", step,
+                   ", got hidden ", source.hidden, ", intermediate ", source.intermediate,
+                   " (the gloo plane computes ", gloo, ")"));
 }
 
 std::vector<int> RankMaskState::MaskedRanks() const {
