@@ -1,5 +1,7 @@
 #include "tests/integration/fake_coordinator.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -7,6 +9,7 @@
 #include "client/grpc_status.h"
 #include "core/status_macros.h"
 #include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
 
 namespace moe_ep::testing {
 
@@ -66,6 +69,20 @@ std::vector<float> DecodeBf16(const v1::Tensor& tensor) {
     out[i] = core::Bf16ToFloat(v);
   }
   return out;
+}
+
+void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, int64_t hidden,
+                 const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t row = 0; row * hidden < want.size(); ++row) {
+    float scale = 0;
+    for (int64_t h = 0; h < hidden; ++h) scale = std::max(scale, std::abs(want[row * hidden + h]));
+    for (int64_t h = 0; h < hidden; ++h) {
+      const size_t i = row * hidden + h;
+      ASSERT_NEAR(got[i], want[i], 4 * 0.0078125f * scale + 1e-6f)
+          << what << " row " << row << " col " << h;
+    }
+  }
 }
 
 v1::ConfigureLayersRequest MakeConfigureRequest(int world, const SmallModel& model) {

@@ -49,6 +49,13 @@ v1::ForwardRequest MakeForwardRequest(int layer, int64_t epoch, const RankInputs
                                       const SmallModel& model);
 std::vector<float> DecodeBf16(const v1::Tensor& tensor);
 
+// A bf16 output `got` against an fp32 reference `want`, both [rows, hidden]:
+// every element within one bf16 rounding of the result plus one of each
+// per-rank partial sum (<= K terms), 4 * 2^-7 of its row's largest |want|
+// (+ 1e-6). Adds a failure naming `what`, the row and the column.
+void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, int64_t hidden,
+                 const std::string& what);
+
 v1::ConfigureLayersRequest MakeConfigureRequest(int world, const SmallModel& model);
 v1::AllocateWorkspaceRequest MakeAllocateRequest(const SmallModel& model, int64_t capacity_tokens);
 

@@ -107,22 +107,6 @@ std::vector<float> Reference(const SmallModel& model, v1::ExpertKind kind, uint6
   return out;
 }
 
-// bf16 output vs fp32 reference: the bf16 roundings of the per-rank partial
-// sums (<= K terms) and of the result, relative to the row's magnitude.
-void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, int64_t hidden,
-                 const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t row = 0; row * hidden < want.size(); ++row) {
-    float scale = 0;
-    for (int64_t h = 0; h < hidden; ++h) scale = std::max(scale, std::abs(want[row * hidden + h]));
-    for (int64_t h = 0; h < hidden; ++h) {
-      const size_t i = row * hidden + h;
-      ASSERT_NEAR(got[i], want[i], 4 * 0.0078125f * scale + 1e-6f)
-          << what << " row " << row << " col " << h;
-    }
-  }
-}
-
 TEST(GpuOneSidedWorkers, TwoProcessesOnOneGpuForwardIdentityAndSwiGluAsTheReference) {
   MOE_EP_REQUIRE_GPU();
   absl::StatusOr<SharedGpuGroup> group = StartOnDeviceZero(2, "one-sided");

@@ -38,23 +38,6 @@ std::vector<float> Reference(const SmallModel& model, v1::ExpertKind kind, uint6
   return out;
 }
 
-// bf16 output vs fp32 reference: one bf16 rounding of the result plus the
-// bf16 rounding of each per-rank partial sum (<= K terms), relative to the
-// row's magnitude.
-void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, int64_t hidden,
-                 const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t row = 0; row * hidden < want.size(); ++row) {
-    float scale = 0;
-    for (int64_t h = 0; h < hidden; ++h) scale = std::max(scale, std::abs(want[row * hidden + h]));
-    for (int64_t h = 0; h < hidden; ++h) {
-      size_t i = row * hidden + h;
-      ASSERT_NEAR(got[i], want[i], 4 * 0.0078125f * scale + 1e-6f)
-          << what << " row " << row << " col " << h;
-    }
-  }
-}
-
 // Runs one step (sync, commit, forward of `layer`) and returns the outputs.
 absl::StatusOr<std::vector<v1::ForwardResponse>> Step(FakeCoordinator& fake, int layer,
                                                       int64_t epoch,
