@@ -31,7 +31,9 @@ absl::Status CheckSharedHidden(const core::SharedExpert& shared,
 
 CpuDataPlane::CpuDataPlane(std::unique_ptr<core::ControlCollective> collective,
                            DataPlaneGroup group, std::vector<bool> live)
-    : collective_(std::move(collective)), group_(std::move(group)) {
+    : DataPlane(PlaneKind::kGloo, core::EpDispatcher::kCpuLimits),
+      collective_(std::move(collective)) {
+  group_ = std::move(group);
   mask_.live = std::move(live);
 }
 

@@ -33,18 +33,11 @@ class CpuDataPlane final : public DataPlane {
   static absl::StatusOr<std::unique_ptr<CpuDataPlane>> Form(
       const DataPlaneGroup& group, std::shared_ptr<gloo::rendezvous::Store> store);
 
-  std::string backend() const override { return "gloo"; }
-  const core::BackendLimits& limits() const override { return core::EpDispatcher::kCpuLimits; }
   // The group's collective: the Gloo group as formed, or after a rank mask
   // the survivors' group in the original numbering (core/masked_collective.h).
   core::ControlCollective& collective() override { return *collective_; }
-  void SetCall(const CallBound& call) override {
-    call_ = call;
-    collective_->SetCallDeadline(CollectiveDeadline(call));
-  }
   // Rank masks (server/data_plane.h): with every rank's Rendezvous address
   // and more than one rank.
-  RankMaskState mask() const override { return mask_; }
   absl::StatusOr<DataPlaneAllocation> Allocate(const core::EpDispatcherOptions& options,
                                                int64_t max_intermediate,
                                                int64_t memory_cap_bytes) override;
@@ -96,7 +89,6 @@ class CpuDataPlane final : public DataPlane {
  private:
   CpuDataPlane(std::unique_ptr<core::ControlCollective> collective, DataPlaneGroup group,
                std::vector<bool> live);
-  const DataPlaneGroup& group() const override { return group_; }
   // Serves on the members' group of `agreed` (round `agreed_round`), on the
   // caller's thread: a new dispatcher on it (the same buffers' shapes, the
   // committed geometry carried over), every table under its mask
@@ -105,17 +97,12 @@ class CpuDataPlane final : public DataPlane {
 
   // Declared first: the dispatcher points into the collective.
   std::unique_ptr<core::ControlCollective> collective_;
-  DataPlaneGroup group_;  // as formed (rank, world, rendezvous addresses)
-  RankMaskState mask_;
   std::unique_ptr<core::EpDispatcher> dispatcher_;
   std::map<int, core::SharedExpert> shared_;  // layer -> its shared expert (replica)
   int64_t hidden_ = 0;                        // H of the allocated workspace
   core::EpDispatcherOptions options_;         // of the allocated workspace
   int64_t engine_tokens_ = 0;                 // T of the last EngineDispatch
   core::EngineCallRound engine_round_;        // opens every Engine* call
-  // The call now running (SetCall; the call gates of Forward and Benchmark
-  // read it).
-  CallBound call_;
 };
 
 }  // namespace moe_ep::server

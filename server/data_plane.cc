@@ -148,10 +148,21 @@ absl::Status DataPlane::Readmit(int round, const std::vector<bool>& live_before,
   return UseAgreement(std::move(agreed), round);
 }
 
-RankMaskState DataPlane::mask() const {
-  RankMaskState state;
-  state.live.assign(1, true);
-  return state;
+std::string PlaneKindName(PlaneKind kind) {
+  switch (kind) {
+    case PlaneKind::kGloo:
+      return "gloo";
+    case PlaneKind::kNccl:
+      return "nccl";
+    case PlaneKind::kOneSided:
+      return "one-sided";
+  }
+  return "unknown";
+}
+
+void DataPlane::SetCall(const CallBound& call) {
+  call_ = call;
+  collective().SetCallDeadline(CollectiveDeadline(call));
 }
 
 absl::StatusOr<std::string> ResolveBenchmarkPlane(const std::string& asked, const std::string& own,

@@ -134,19 +134,27 @@ struct EngineRecvBuffers {
   bool end_step = false;
 };
 
+// Which transport moves a formed group's tokens (DESIGN §13, §17): a field
+// of the plane, fixed when FormDataPlane resolves Join's backend and
+// gpu_data_plane (NCCL EP's habit: the kind is a config field).
+enum class PlaneKind { kGloo, kNccl, kOneSided };
+// "gloo", "nccl" or "one-sided" (GetStatus.data_plane).
+std::string PlaneKindName(PlaneKind kind);
+
 class DataPlane {
  public:
   // A mask round still running is stopped (MaskRoundTask), after the
   // derived plane is gone: the round's thread touches none of it.
   virtual ~DataPlane() = default;
 
-  // "gloo" or "nccl".
-  virtual std::string backend() const = 0;
+  PlaneKind kind() const { return kind_; }
+  // Join's backend: "gloo" for the Gloo plane, "nccl" for both GPU planes.
+  std::string backend() const { return kind_ == PlaneKind::kGloo ? "gloo" : "nccl"; }
   // Which data plane moves the tokens (GetStatus.data_plane; DESIGN §13):
   // "gloo" (CPU), "one-sided" (GPU peer windows) or "nccl" (GPU send/recv).
-  virtual std::string data_plane() const { return backend(); }
+  std::string data_plane() const { return PlaneKindName(kind_); }
   // The CUDA device ordinal of a GPU plane; -1 on the CPU plane.
-  virtual int cuda_device() const { return -1; }
+  int cuda_device() const { return kind_ == PlaneKind::kGloo ? -1 : group_.device; }
   // The group's collective (host-memory calls work on both backends).
   virtual core::ControlCollective& collective() = 0;
   // Rank masks (DESIGN §15; issue 17 item 3). CanMask(): whether this plane
@@ -181,7 +189,8 @@ class DataPlane {
   void BeginMaskRound(int64_t votes);
   absl::StatusOr<bool> FinishMaskRound(absl::Duration wait);
   int64_t agreed_votes() const { return agreed_votes_; }
-  virtual RankMaskState mask() const;
+  // The mask this plane serves under (all live without one).
+  RankMaskState mask() const { return mask_; }
   // Readmit(): the re-admission of masked ranks at a step boundary (the
   // Rejoin RPC; DESIGN §15): runs mask round `round` (the current round +
   // 1) with `live_before` (the survivors) and the `joining` ranks as
@@ -201,14 +210,15 @@ class DataPlane {
   // min(the group's timeout, CollectiveDeadline(call)) (core/collective.h,
   // server/call_gate.h: the deadline plus a 2 s grace), and the
   // plane's call gates (server/call_gate.h) stop Forward and Benchmark on
-  // every rank once any rank is past its deadline or cancelled.
-  virtual void SetCall(const CallBound& call) = 0;
+  // every rank once any rank is past its deadline or cancelled. The
+  // deadline goes to collective(), whose views pass it to the payload path.
+  void SetCall(const CallBound& call);
 
   // What this plane's memory space limits (core::BackendLimits): the
   // service checks the dispatch dtype against it before sizing anything, so
   // a dtype the plane cannot move is refused by name at AllocateWorkspace
   // (issue 15 item 4) rather than failing later in a size formula.
-  virtual const core::BackendLimits& limits() const = 0;
+  const core::BackendLimits& limits() const { return *limits_; }
 
   // Replaces the workspace (and drops all experts, shared ones too) with one sized by
   // `options`; `max_intermediate` is the largest SwiGLU I expected (0 when
@@ -362,8 +372,20 @@ class DataPlane {
   uint64_t workspace_token() const { return workspace_token_; }
 
  protected:
+  // `limits` outlives the plane (each transport's static limits).
+  DataPlane(PlaneKind kind, const core::BackendLimits& limits) : kind_(kind), limits_(&limits) {}
+
   // Takes a new workspace_token() (call when the buffers are re-made).
   void NewWorkspaceToken();
+
+  // The state every transport shares, owned here once (DESIGN §17; issue 34
+  // item 1): the arguments the group was formed with (rank, world,
+  // Rendezvous addresses, timeout, device), the mask served under (each
+  // transport's UseAgreement sets it) and the call now running (SetCall;
+  // the call gates of Forward and Benchmark read it).
+  DataPlaneGroup group_;
+  RankMaskState mask_;
+  CallBound call_;
 
   // DESIGN §15: each layer's table and load counters. The plane resets it at
   // Allocate, installs tables, masks it (SetLive) and adds every step's
@@ -384,7 +406,7 @@ class DataPlane {
   // `agreed`, now mask round `agreed_round` (each plane rebuilds its own
   // group, dispatcher and tables; mask() reports it afterwards); on error
   // the group is broken.
-  virtual const DataPlaneGroup& group() const = 0;
+  const DataPlaneGroup& group() const { return group_; }
   virtual void BeforeMaskRound() {}
   virtual absl::Status UseAgreement(MaskAgreement agreed, int agreed_round) = 0;
 
@@ -407,6 +429,8 @@ class DataPlane {
                                                    const std::string& data_plane) = 0;
 
  private:
+  PlaneKind kind_;
+  const core::BackendLimits* limits_;
   uint64_t workspace_token_ = 0;
   MaskRoundTask round_;       // the round BeginMaskRound started, if any
   int64_t round_votes_ = 0;   // BeginMaskRound's votes, for a round FinishMaskRound starts

@@ -162,8 +162,6 @@ absl::StatusOr<std::unique_ptr<GpuDataPlane>> GpuDataPlane::Form(
     plane->members_ = core::LiveMembers(plane->mask_.live);
   }
   plane->control_ = std::make_unique<kernels::StagedControlCollective>(plane->view_);
-  plane->device_ = group.device;
-  plane->collective_timeout_ = group.timeout;
   for (cudaEvent_t& event : plane->events_) {
     RETURN_IF_ERROR(
         WithContext(kernels::CudaStatus(cudaEventCreate(&event), "cudaEventCreate"), context));
@@ -176,6 +174,8 @@ absl::StatusOr<std::unique_ptr<GpuDataPlane>> GpuDataPlane::Form(
   }
   return plane;
 }
+
+GpuDataPlane::GpuDataPlane() : DataPlane(PlaneKind::kNccl, kernels::GpuEpDispatcher::kGpuLimits) {}
 
 GpuDataPlane::~GpuDataPlane() {
   // Whatever is still enqueued must not outlive the buffers; a broken group
@@ -192,7 +192,8 @@ GpuDataPlane::~GpuDataPlane() {
 }
 
 absl::Status GpuDataPlane::MakeDeviceCurrent() const {
-  return kernels::CudaStatus(cudaSetDevice(device_), absl::StrCat("cudaSetDevice(", device_, ")"));
+  return kernels::CudaStatus(cudaSetDevice(group_.device),
+                             absl::StrCat("cudaSetDevice(", group_.device, ")"));
 }
 
 absl::Status GpuDataPlane::Synchronize() { return view_->Synchronize(); }
@@ -225,7 +226,7 @@ absl::Status GpuDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) 
         std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(group_.timeout)));
     absl::StatusOr<std::unique_ptr<kernels::NcclCollective>> fresh =
         kernels::NcclCollective::Create(*id, plan.new_rank, static_cast<int>(plan.members.size()),
-                                        device_, timeout_ms);
+                                        group_.device, timeout_ms);
     if (!fresh.ok()) return WithContext(fresh.status(), context);
     next = std::move(*fresh);
   } else if (plan.kind == core::ShrinkPlan::Kind::kShrink) {
@@ -681,7 +682,7 @@ absl::StatusOr<BenchmarkTimes> GpuDataPlane::Benchmark(const core::EpDispatcherO
     {
       kernels::onesided::OneSidedDispatcherOptions o;
       o.dispatcher = options;
-      o.timeout = std::min(collective_timeout_, absl::Seconds(60));
+      o.timeout = std::min(group_.timeout, absl::Seconds(60));
       ASSIGN_OR_RETURN(std::unique_ptr<kernels::onesided::OneSidedDispatcher> bench,
                        kernels::onesided::OneSidedDispatcher::Create(windows.get(), o, cap));
       RETURN_IF_ERROR(upload(bench->stream()));

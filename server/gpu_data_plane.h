@@ -107,24 +107,14 @@ class GpuDataPlane final : public DataPlane {
       const DataPlaneGroup& group, const std::shared_ptr<gloo::rendezvous::Store>& store);
   ~GpuDataPlane() override;
 
-  std::string backend() const override { return "nccl"; }
-  std::string data_plane() const override { return "nccl"; }
-  const core::BackendLimits& limits() const override {
-    return kernels::GpuEpDispatcher::kGpuLimits;
-  }
   core::ControlCollective& collective() override { return *control_; }
-  // The control view shares the NCCL communicator, so one deadline covers both.
-  void SetCall(const CallBound& call) override {
-    call_ = call;
-    view_->SetCallDeadline(CollectiveDeadline(call));
-  }
+  // The control view shares the NCCL communicator, so SetCall's one
+  // deadline covers both.
   // Rank masks (see the file comment; server/data_plane.h for the
   // contract): a round starting revokes the communicator (its in-flight
   // work stops; BeforeMaskRound); FinishMaskRound and Readmit follow the
   // agreed mask on the caller's thread (UseAgreement).
-  RankMaskState mask() const override { return mask_; }
-  int device() const { return device_; }
-  int cuda_device() const override { return device_; }
+  int device() const { return group_.device; }
   absl::StatusOr<DataPlaneAllocation> Allocate(const core::EpDispatcherOptions& options,
                                                int64_t max_intermediate,
                                                int64_t memory_cap_bytes) override;
@@ -198,7 +188,7 @@ class GpuDataPlane final : public DataPlane {
     void* output = nullptr;
   };
 
-  GpuDataPlane() = default;
+  GpuDataPlane();
   // Forward and ForwardBytes after their size checks.
   absl::StatusOr<core::StepStats> RunForward(int layer, const HostForward& io, int64_t num_tokens);
   // Enqueues the host -> device copy of `bytes` at `src` into `dst` (one
@@ -214,7 +204,6 @@ class GpuDataPlane final : public DataPlane {
   absl::Status OnCallerStream(cudaStream_t caller, const std::function<absl::Status()>& enqueue);
   // Waits for the stream with the group's deadline.
   absl::Status Synchronize();
-  const DataPlaneGroup& group() const override { return group_; }
   // A peer is gone: stops what the communicator still runs (an NCCL error
   // revoked it already), keeping it for ncclCommShrink.
   void BeforeMaskRound() override;
@@ -234,14 +223,7 @@ class GpuDataPlane final : public DataPlane {
   kernels::NcclCollective* nccl_ = nullptr;                    // the communicator in use
   kernels::StreamCollective* view_ = nullptr;                  // what the dispatcher runs on
   std::unique_ptr<kernels::StagedControlCollective> control_;  // host view of view_
-  DataPlaneGroup group_;                                       // as formed (rank, world, addresses)
-  RankMaskState mask_;                                         // the mask served under
   std::vector<int> members_;                                   // original ranks of nccl_, ascending
-  // The call now running (SetCall; the call gates of Forward and Benchmark
-  // read it).
-  CallBound call_;
-  int device_ = 0;
-  absl::Duration collective_timeout_ = absl::Seconds(30);  // the group's
   core::EpDispatcherOptions options_;
   int64_t max_intermediate_ = 0;
   std::unique_ptr<core::ExpertPlacement> placement_;

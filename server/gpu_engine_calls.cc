@@ -58,7 +58,7 @@ absl::Status GpuDataPlane::RequireEngineCall(
           absl::StrCat(call, ": ", name,
                        " is not device memory; the nccl data plane takes device pointers "
                        "(CUDA device ",
-                       device_, ")"));
+                       group_.device, ")"));
     }
   }
   return absl::OkStatus();

@@ -146,10 +146,6 @@ absl::StatusOr<std::unique_ptr<OneSidedDataPlane>> OneSidedDataPlane::Form(
     plane->collective_ = std::move(control);
   }
   plane->group_ = group;
-  plane->device_ = group.device;
-  plane->rank_ = group.rank;
-  plane->world_ = group.world_size;
-  plane->timeout_ = group.timeout;
   RETURN_IF_ERROR(plane->MakeDeviceCurrent());
   for (cudaEvent_t& event : plane->events_) {
     RETURN_IF_ERROR(kernels::CudaStatus(cudaEventCreate(&event), "cudaEventCreate"));
@@ -163,6 +159,9 @@ absl::StatusOr<std::unique_ptr<OneSidedDataPlane>> OneSidedDataPlane::Form(
                           "cudaMallocHost(step counts)"));
   return plane;
 }
+
+OneSidedDataPlane::OneSidedDataPlane()
+    : DataPlane(PlaneKind::kOneSided, kernels::onesided::OneSidedDispatcher::kLimits) {}
 
 OneSidedDataPlane::~OneSidedDataPlane() {
   (void)MakeDeviceCurrent();
@@ -182,7 +181,8 @@ OneSidedDataPlane::~OneSidedDataPlane() {
 }
 
 absl::Status OneSidedDataPlane::MakeDeviceCurrent() const {
-  return kernels::CudaStatus(cudaSetDevice(device_), absl::StrCat("cudaSetDevice(", device_, ")"));
+  return kernels::CudaStatus(cudaSetDevice(group_.device),
+                             absl::StrCat("cudaSetDevice(", group_.device, ")"));
 }
 
 kernels::onesided::OneSidedDispatcherOptions OneSidedDataPlane::DispatcherOptions(
@@ -190,7 +190,7 @@ kernels::onesided::OneSidedDispatcherOptions OneSidedDataPlane::DispatcherOption
   kernels::onesided::OneSidedDispatcherOptions o;
   o.dispatcher = options;
   o.max_intermediate = max_intermediate;
-  o.timeout = timeout_;
+  o.timeout = group_.timeout;
   return o;
 }
 
@@ -200,8 +200,9 @@ int64_t OneSidedDataPlane::TotalExpertBytes() const {
 
 absl::Status OneSidedDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) {
   core::GlooCollective* members = agreed.group.get();
-  ASSIGN_OR_RETURN(std::unique_ptr<core::MaskedCollective> masked,
-                   core::MaskedCollective::Create(std::move(agreed.group), rank_, agreed.live));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<core::MaskedCollective> masked,
+      core::MaskedCollective::Create(std::move(agreed.group), group_.rank, agreed.live));
   RETURN_IF_ERROR(MakeDeviceCurrent());
   // No kernel of this plane runs now (the failed step was waited for, with
   // a bound, before its call returned): the old dispatcher and windows go,
@@ -257,8 +258,8 @@ absl::StatusOr<DataPlaneAllocation> OneSidedDataPlane::Allocate(
   windows_dropped_ = false;
   geometry_committed_ = false;
   committed_epoch_ = -1;
-  ASSIGN_OR_RETURN(windows_,
-                   kernels::onesided::CreateIpcPeerWindows(compact_, device_, member_window_bytes));
+  ASSIGN_OR_RETURN(windows_, kernels::onesided::CreateIpcPeerWindows(compact_, group_.device,
+                                                                     member_window_bytes));
   // Under a mask (a returning rank alone) the members' ids may number fewer
   // experts than top_k: the dispatcher is made at the first Forward after
   // Readmit (UseRouteMap).
@@ -309,7 +310,8 @@ absl::StatusOr<int64_t> OneSidedDataPlane::LoadExperts(int layer, const core::Ex
   }
   // An installed table is checked slot by slot; without one, the range of
   // the contiguous placement (and its message).
-  RETURN_IF_ERROR(CheckExpertSourceForWorkspace(source, options_, rank_, book_.Installed(layer)));
+  RETURN_IF_ERROR(
+      CheckExpertSourceForWorkspace(source, options_, group_.rank, book_.Installed(layer)));
   RETURN_IF_ERROR(CheckGpuExpertSource(source));
   RETURN_IF_ERROR(MakeDeviceCurrent());
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::DeviceExpertSet> device,
@@ -376,7 +378,7 @@ absl::Status OneSidedDataPlane::InstallPlacement(
   // Any table: the route map numbers every rank's slots (DESIGN §17). The
   // layer's experts stay when they are this rank's new distinct slot
   // experts, else they go (LoadExperts again).
-  experts_.KeepIfSlotsOf(layer, *table, rank_);
+  experts_.KeepIfSlotsOf(layer, *table, group_.rank);
   book_.Install(layer, std::move(table));
   return absl::OkStatus();
 }
@@ -385,7 +387,7 @@ absl::StatusOr<std::vector<int64_t>> OneSidedDataPlane::SyncTokenCounts(int64_t 
   ASSIGN_OR_RETURN(std::vector<int64_t> counts, core::AllGatherInt64(*collective_, local_tokens));
   if (local_tokens < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("local_tokens: expected >= 0 on rank ", rank_, ", got ", local_tokens));
+        absl::StrCat("local_tokens: expected >= 0 on rank ", group_.rank, ", got ", local_tokens));
   }
   for (int r = 0; r < static_cast<int>(counts.size()); ++r) {
     if (counts[r] < 0) {
@@ -423,7 +425,8 @@ absl::Status OneSidedDataPlane::MakeWindowsIfDropped() {
   const OneSidedRouteMap map = MakeOneSidedRouteMap(served);
   ASSIGN_OR_RETURN(const int64_t bytes,
                    OneSidedDispatcher::WindowBytes(WindowOptionsFor(options_, map)));
-  ASSIGN_OR_RETURN(windows_, kernels::onesided::CreateIpcPeerWindows(compact_, device_, bytes));
+  ASSIGN_OR_RETURN(windows_,
+                   kernels::onesided::CreateIpcPeerWindows(compact_, group_.device, bytes));
   windows_dropped_ = false;
   return absl::OkStatus();
 }
@@ -461,7 +464,7 @@ absl::Status OneSidedDataPlane::AgreeOnStep(const absl::Status& local, uint64_t 
   RETURN_IF_ERROR(compact_->AllGather(&mine, sizeof(mine), all.data()));
   RETURN_IF_ERROR(local);
   std::vector<int> original;  // member index -> rank
-  for (int r = 0; r < world_; ++r) {
+  for (int r = 0; r < group_.world_size; ++r) {
     if (mask_.live[r]) original.push_back(r);
   }
   for (int m = 0; m < members; ++m) {
@@ -475,13 +478,13 @@ absl::Status OneSidedDataPlane::AgreeOnStep(const absl::Status& local, uint64_t 
     if (all[m].route != mine.route) {
       return absl::AbortedError(absl::StrCat(
           "Forward: rank ", r, " routes by another placement table or rank mask (fingerprint ",
-          all[m].route, ", rank ", rank_, " has ", mine.route,
+          all[m].route, ", rank ", group_.rank, " has ", mine.route,
           "); install the same table on every rank"));
     }
     if (all[m].epoch != mine.epoch || all[m].r != mine.r) {
-      return absl::AbortedError(absl::StrCat("geometry mismatch: rank ", r, " has (epoch ",
-                                             all[m].epoch, ", R ", all[m].r, "), rank ", rank_,
-                                             " has (epoch ", mine.epoch, ", R ", mine.r, ")"));
+      return absl::AbortedError(absl::StrCat(
+          "geometry mismatch: rank ", r, " has (epoch ", all[m].epoch, ", R ", all[m].r, "), rank ",
+          group_.rank, " has (epoch ", mine.epoch, ", R ", mine.r, ")"));
     }
   }
   return absl::OkStatus();
@@ -515,7 +518,7 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::Forward(
     local = absl::FailedPreconditionError("Forward: no geometry committed; call CommitGeometry");
   }
   if (local.ok() && (num_tokens < 0 || num_tokens > committed_r_)) {
-    local = absl::InvalidArgumentError(absl::StrCat("Forward on rank ", rank_,
+    local = absl::InvalidArgumentError(absl::StrCat("Forward on rank ", group_.rank,
                                                     ": num_tokens: expected in [0, ", committed_r_,
                                                     "] (the committed R), got ", num_tokens));
   }
@@ -524,7 +527,7 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::Forward(
                      static_cast<int64_t>(topk_weights.size()) != num_tokens * k ||
                      static_cast<int64_t>(output.size()) != num_tokens * h)) {
     local = absl::InvalidArgumentError(
-        absl::StrCat("Forward on rank ", rank_, ": tensor sizes expected hidden/output ",
+        absl::StrCat("Forward on rank ", group_.rank, ": tensor sizes expected hidden/output ",
                      num_tokens * h, " and topk ", num_tokens * k, " elements, got ", hidden.size(),
                      ", ", topk_ids.size(), ", ", topk_weights.size(), ", ", output.size()));
   }
@@ -538,11 +541,11 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::Forward(
     // This rank's slots answer to their dispatch ids (the expert set's
     // slots are its distinct slot experts, as the map's).
     if (local.ok()) {
-      local = experts->Renumber(OneSidedSlotIds(map, rank_), dispatcher_->stream());
+      local = experts->Renumber(OneSidedSlotIds(map, group_.rank), dispatcher_->stream());
     }
     if (local.ok()) {
       route = map.table_fingerprint;
-      choices = MapOneSidedChoices(*table, map, rank_, topk_ids, topk_weights, num_tokens, k);
+      choices = MapOneSidedChoices(*table, map, group_.rank, topk_ids, topk_weights, num_tokens, k);
     }
   }
   if (absl::Status agreed = AgreeOnStep(local, route); !agreed.ok()) {
@@ -625,16 +628,17 @@ absl::StatusOr<BenchmarkTimes> OneSidedDataPlane::Benchmark(
   ASSIGN_OR_RETURN(const int64_t cap, DeviceScratchCap(input_bytes, memory_cap_bytes));
   ASSIGN_OR_RETURN(const int64_t window_bytes, OneSidedDispatcher::WindowBytes(options));
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::onesided::PeerWindows> windows,
-                   kernels::onesided::CreateIpcPeerWindows(compact_, device_, window_bytes));
+                   kernels::onesided::CreateIpcPeerWindows(compact_, group_.device, window_bytes));
   absl::StatusOr<BenchmarkTimes> times;
   {
     ASSIGN_OR_RETURN(std::unique_ptr<OneSidedDispatcher> bench,
                      OneSidedDispatcher::Create(windows.get(), DispatcherOptions(options, 0), cap));
     ASSIGN_OR_RETURN(core::ExpertPlacement placement,
                      core::ExpertPlacement::Contiguous(options.num_experts, compact_->size()));
-    ASSIGN_OR_RETURN(std::unique_ptr<kernels::DeviceExpertSet> identity,
-                     kernels::DeviceExpertSet::Upload(core::ExpertSet::Identity(
-                         placement.FirstExpert(rank_), placement.NumLocalExperts(rank_), h)));
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<kernels::DeviceExpertSet> identity,
+        kernels::DeviceExpertSet::Upload(core::ExpertSet::Identity(
+            placement.FirstExpert(group_.rank), placement.NumLocalExperts(group_.rank), h)));
     ASSIGN_OR_RETURN(std::unique_ptr<DeviceStepBuffers> buffers,
                      DeviceStepBuffers::Create(tokens, h, k));
     RETURN_IF_ERROR(buffers->Upload(reinterpret_cast<const uint16_t*>(inputs.hidden.data()),

@@ -107,25 +107,15 @@ class OneSidedDataPlane final : public DataPlane {
       const DataPlaneGroup& group, std::unique_ptr<core::GlooCollective> control);
   ~OneSidedDataPlane() override;
 
-  // The GPU backend ("nccl" in Join's terms); its data plane is one-sided.
-  std::string backend() const override { return "nccl"; }
-  std::string data_plane() const override { return "one-sided"; }
-  const core::BackendLimits& limits() const override {
-    return kernels::onesided::OneSidedDispatcher::kLimits;
-  }
+  // The GPU backend ("nccl" in Join's terms); its data plane is one-sided
+  // (PlaneKind::kOneSided).
   // The group as formed, or after a mask the members' group in the original
   // numbering (core/masked_collective.h).
   core::ControlCollective& collective() override { return *collective_; }
-  void SetCall(const CallBound& call) override {
-    call_ = call;
-    collective_->SetCallDeadline(CollectiveDeadline(call));
-  }
   // Rank masks (server/data_plane.h), as CpuDataPlane: with every rank's
   // Rendezvous address and more than one rank; FinishMaskRound and Readmit
   // drop the dispatcher and the windows on the caller's thread and mask
   // every layer's table (UseAgreement).
-  RankMaskState mask() const override { return mask_; }
-  int cuda_device() const override { return device_; }
 
   // Collective: a barrier (no peer still uses the old windows), then new
   // windows (IPC handles all-gathered) and a dispatcher. The options are
@@ -179,7 +169,7 @@ class OneSidedDataPlane final : public DataPlane {
                                            const std::string& data_plane) override;
 
  private:
-  OneSidedDataPlane() = default;
+  OneSidedDataPlane();
   absl::Status MakeDeviceCurrent() const;
   kernels::onesided::OneSidedDispatcherOptions DispatcherOptions(
       const core::EpDispatcherOptions& options, int64_t max_intermediate) const;
@@ -204,7 +194,6 @@ class OneSidedDataPlane final : public DataPlane {
   // Runs `enqueue` (work on the dispatcher's stream) ordered after the
   // caller's stream and joined back into it (two events; capturable).
   absl::Status OnCallerStream(cudaStream_t caller, const std::function<absl::Status()>& enqueue);
-  const DataPlaneGroup& group() const override { return group_; }
   // Serves on the members of `agreed` (round `agreed_round`).
   absl::Status UseAgreement(MaskAgreement agreed, int agreed_round) override;
   int64_t TotalExpertBytes() const;
@@ -213,13 +202,6 @@ class OneSidedDataPlane final : public DataPlane {
   // owns compact_ (the members' Gloo group, numbered among the members).
   std::unique_ptr<core::ControlCollective> collective_;
   core::GlooCollective* compact_ = nullptr;
-  CallBound call_;        // the call now running (SetCall; Benchmark's gates read it)
-  DataPlaneGroup group_;  // as formed (rank, world, rendezvous addresses)
-  RankMaskState mask_;
-  int device_ = 0;
-  int rank_ = 0;   // in the original numbering
-  int world_ = 1;  // as formed
-  absl::Duration timeout_ = absl::Seconds(30);
   core::EpDispatcherOptions options_;
   int64_t max_intermediate_ = 0;
   bool geometry_committed_ = false;

@@ -44,7 +44,7 @@ absl::Status OneSidedDataPlane::RequireEngineCall(
   }
   if (const std::vector<int> masked = mask_.MaskedRanks(); !masked.empty() || windows_dropped_) {
     return absl::FailedPreconditionError(absl::StrCat(
-        call, " on rank ", rank_, ": rank mask round ", mask_.round, " masks ranks [",
+        call, " on rank ", group_.rank, ": rank mask round ", mask_.round, " masks ranks [",
         absl::StrJoin(masked, ", "),
         "]; the one-sided plane's engine calls route by the contiguous placement of all ranks "
         "(the Forward RPC serves a masked group; re-admit the ranks first)"));
@@ -56,7 +56,7 @@ absl::Status OneSidedDataPlane::RequireEngineCall(
           absl::StrCat(call, ": ", name,
                        " is not device memory; the one-sided data plane takes device pointers "
                        "(CUDA device ",
-                       device_, ")"));
+                       group_.device, ")"));
     }
   }
   // A Forward RPC under another table may have left another id space: the
@@ -112,15 +112,15 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineDispatch(
   }
   const int64_t r = dispatcher_->runtime_max_tokens_per_rank();
   if (r < 1) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("dispatch on rank ", rank_, ": no geometry committed; call CommitGeometry"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dispatch on rank ", group_.rank, ": no geometry committed; call CommitGeometry"));
   }
   if (out.rows < r) {
-    return absl::InvalidArgumentError(absl::StrCat("dispatch on rank ", rank_, ": recv_rows ",
+    return absl::InvalidArgumentError(absl::StrCat("dispatch on rank ", group_.rank, ": recv_rows ",
                                                    out.rows, " < the committed R ", r));
   }
   const OneSidedRouteMap& map = EngineMap();
-  const int local_experts = map.num_local[rank_];
+  const int local_experts = map.num_local[group_.rank];
   if (out.source_counts == nullptr || (out.expert_counts == nullptr && local_experts > 0)) {
     return absl::InvalidArgumentError("dispatch: source_counts and expert_counts must not be null");
   }
@@ -140,7 +140,7 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineDispatch(
     p.hidden_size = options_.workspace.hidden;
     p.top_k = options_.workspace.top_k;
     p.ep_size = options_.workspace.ep_size;
-    p.first_expert = map.dispatch_base[rank_];
+    p.first_expert = map.dispatch_base[group_.rank];
     p.num_local_experts = local_experts;
     p.invalid_expert_id = options_.invalid_expert_id;
     p.hidden = reinterpret_cast<uint16_t*>(out.hidden);
@@ -214,7 +214,8 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineForward(int layer, cons
   }
   // The experts answer to the contiguous map's ids (a no-op unless a
   // Forward RPC under another table renumbered them).
-  RETURN_IF_ERROR(experts->Renumber(OneSidedSlotIds(EngineMap(), rank_), dispatcher_->stream()));
+  RETURN_IF_ERROR(
+      experts->Renumber(OneSidedSlotIds(EngineMap(), group_.rank), dispatcher_->stream()));
   const auto* in = static_cast<const uint16_t*>(hidden);
   const kernels::DeviceExpertSet& set = *experts;
   const bool has_shared = shared_.Has(layer);
