@@ -97,7 +97,7 @@ absl::StatusOr<DataPlaneAllocation> CpuDataPlane::Allocate(const core::EpDispatc
   DataPlaneAllocation allocation;
   allocation.allocated_bytes = dispatcher->allocated_bytes();
   allocation.regions = dispatcher->layout().Regions();
-  experts_.Clear();
+  ForgetExperts();
   shared_.clear();
   book_.Reset(dispatcher->placement());
   book_.SetLive(mask_.live);
@@ -127,8 +127,9 @@ absl::StatusOr<int64_t> CpuDataPlane::LoadExperts(int layer, const core::ExpertS
   return bytes;
 }
 
-absl::StatusOr<int64_t> CpuDataPlane::LoadSharedExpert(int layer,
+absl::StatusOr<int64_t> CpuDataPlane::HoldSharedExpert(int layer,
                                                        std::optional<core::SharedExpert> shared,
+                                                       int64_t /*others_bytes*/,
                                                        int64_t /*memory_cap_bytes*/) {
   if (!shared.has_value()) {
     shared_.erase(layer);
@@ -138,11 +139,6 @@ absl::StatusOr<int64_t> CpuDataPlane::LoadSharedExpert(int layer,
   const int64_t bytes = shared->weight_bytes();
   shared_.insert_or_assign(layer, std::move(*shared));
   return bytes;
-}
-
-int64_t CpuDataPlane::SharedExpertBytes(int layer) const {
-  auto it = shared_.find(layer);
-  return it == shared_.end() ? 0 : it->second.weight_bytes();
 }
 
 absl::Status CpuDataPlane::InstallPlacement(int layer,

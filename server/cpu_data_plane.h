@@ -44,11 +44,6 @@ class CpuDataPlane final : public DataPlane {
   int64_t allocated_bytes() const override;
   absl::StatusOr<int64_t> LoadExperts(int layer, const core::ExpertSource& source,
                                       int64_t memory_cap_bytes) override;
-  // The shared expert runs on this thread before dispatch (BLAS uses every
-  // core already, so nothing overlaps it on the CPU).
-  absl::StatusOr<int64_t> LoadSharedExpert(int layer, std::optional<core::SharedExpert> shared,
-                                           int64_t memory_cap_bytes) override;
-  int64_t SharedExpertBytes(int layer) const override;
   absl::Status InstallPlacement(int layer,
                                 std::shared_ptr<const core::PlacementTable> table) override;
   absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens) override;
@@ -89,6 +84,10 @@ class CpuDataPlane final : public DataPlane {
  private:
   CpuDataPlane(std::unique_ptr<core::ControlCollective> collective, DataPlaneGroup group,
                std::vector<bool> live);
+  // The shared expert runs on this thread before dispatch (BLAS uses every
+  // core already, so nothing overlaps it on the CPU).
+  absl::StatusOr<int64_t> HoldSharedExpert(int layer, std::optional<core::SharedExpert> shared,
+                                           int64_t others_bytes, int64_t memory_cap_bytes) override;
   // Serves on the members' group of `agreed` (round `agreed_round`), on the
   // caller's thread: a new dispatcher on it (the same buffers' shapes, the
   // committed geometry carried over), every table under its mask

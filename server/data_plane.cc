@@ -160,6 +160,37 @@ std::string PlaneKindName(PlaneKind kind) {
   return "unknown";
 }
 
+absl::StatusOr<int64_t> DataPlane::LoadSharedExpert(int layer,
+                                                    std::optional<core::SharedExpert> shared,
+                                                    int64_t memory_cap_bytes) {
+  const bool drop = !shared.has_value();
+  ASSIGN_OR_RETURN(const int64_t bytes,
+                   HoldSharedExpert(layer, std::move(shared),
+                                    allocated_bytes() + experts_.TotalBytes(), memory_cap_bytes));
+  if (drop) {
+    shared_bytes_.erase(layer);
+  } else {
+    shared_bytes_[layer] = bytes;
+  }
+  return bytes;
+}
+
+int64_t DataPlane::SharedExpertBytes(int layer) const {
+  auto it = shared_bytes_.find(layer);
+  return it == shared_bytes_.end() ? 0 : it->second;
+}
+
+void DataPlane::ForgetExperts() {
+  experts_.Clear();
+  shared_bytes_.clear();
+}
+
+int64_t DataPlane::HeldExpertBytes() const {
+  int64_t bytes = experts_.TotalBytes();
+  for (const auto& [layer, held] : shared_bytes_) bytes += held;
+  return bytes;
+}
+
 void DataPlane::SetCall(const CallBound& call) {
   call_ = call;
   collective().SetCallDeadline(CollectiveDeadline(call));

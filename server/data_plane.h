@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -255,11 +256,12 @@ class DataPlane {
   // succeeded. Errors: kInvalidArgument (H differs from the workspace's),
   // kResourceExhausted (device memory or scratch beyond `memory_cap_bytes`),
   // kInternal (copy). On error the layer keeps its previous shared expert.
-  virtual absl::StatusOr<int64_t> LoadSharedExpert(int layer,
-                                                   std::optional<core::SharedExpert> shared,
-                                                   int64_t memory_cap_bytes) = 0;
+  // The core keeps the bytes (SharedExpertBytes); the transport holds the
+  // weights (HoldSharedExpert).
+  absl::StatusOr<int64_t> LoadSharedExpert(int layer, std::optional<core::SharedExpert> shared,
+                                           int64_t memory_cap_bytes);
   // Bytes of `layer`'s shared-expert weights (0 when none).
-  virtual int64_t SharedExpertBytes(int layer) const = 0;
+  int64_t SharedExpertBytes(int layer) const;
   // Bytes of routed expert weights held for `layer` (0 when none).
   int64_t ExpertBytes(int layer) const { return experts_.Bytes(layer); }
 
@@ -377,6 +379,21 @@ class DataPlane {
 
   // Takes a new workspace_token() (call when the buffers are re-made).
   void NewWorkspaceToken();
+  // Drops every layer's routed experts and shared-expert bytes from the
+  // books (a new workspace: Allocate).
+  void ForgetExperts();
+  // Bytes of every routed and shared expert weight held, all layers.
+  int64_t HeldExpertBytes() const;
+  // The transport's half of LoadSharedExpert: holds `shared` for `layer`
+  // (its device or host memory; nullopt drops it) and returns the bytes of
+  // its weights. `others_bytes`: the workspace and the routed experts the
+  // memory cap also counts (the other layers' shared experts are the
+  // transport's to add). Errors: as LoadSharedExpert; on error the layer
+  // keeps its previous shared expert.
+  virtual absl::StatusOr<int64_t> HoldSharedExpert(int layer,
+                                                   std::optional<core::SharedExpert> shared,
+                                                   int64_t others_bytes,
+                                                   int64_t memory_cap_bytes) = 0;
 
   // The state every transport shares, owned here once (DESIGN §17; issue 34
   // item 1): the arguments the group was formed with (rank, world,
@@ -429,6 +446,7 @@ class DataPlane {
                                                    const std::string& data_plane) = 0;
 
  private:
+  std::map<int, int64_t> shared_bytes_;  // layer -> its shared expert's weight bytes
   PlaneKind kind_;
   const core::BackendLimits* limits_;
   uint64_t workspace_token_ = 0;

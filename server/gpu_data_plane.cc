@@ -301,10 +301,6 @@ absl::Status GpuDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) 
   return absl::OkStatus();
 }
 
-int64_t GpuDataPlane::TotalExpertBytes() const {
-  return experts_.TotalBytes() + shared_.TotalBytes();
-}
-
 absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatcherOptions& options,
                                                            int64_t max_intermediate,
                                                            int64_t memory_cap_bytes) {
@@ -349,7 +345,7 @@ absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatc
                    core::PlacementTable::Contiguous(options.num_experts, ws.ep_size));
   book_.Reset(std::make_shared<const core::PlacementTable>(std::move(contiguous)));
   book_.SetLive(mask_.live);  // a returning rank allocates under its mask
-  experts_.Clear();
+  ForgetExperts();
   shared_.Reset(ws.capacity_tokens, ws.hidden);
   staging_ = std::move(staging);
   dispatcher_ = std::move(*dispatcher);
@@ -389,7 +385,7 @@ absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, const core::ExpertS
     const core::WorkspaceSpec& ws = options_.workspace;
     int64_t cap = 0;
     if (memory_cap_bytes > 0) {
-      cap = memory_cap_bytes - (TotalExpertBytes() - ExpertBytes(layer)) - device->weight_bytes();
+      cap = memory_cap_bytes - (HeldExpertBytes() - ExpertBytes(layer)) - device->weight_bytes();
       if (cap <= 0) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "LoadExperts: layer ", layer, " (intermediate ", source.intermediate,
@@ -421,18 +417,16 @@ absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, const core::ExpertS
   return bytes;
 }
 
-absl::StatusOr<int64_t> GpuDataPlane::LoadSharedExpert(int layer,
+absl::StatusOr<int64_t> GpuDataPlane::HoldSharedExpert(int layer,
                                                        std::optional<core::SharedExpert> shared,
+                                                       int64_t others_bytes,
                                                        int64_t memory_cap_bytes) {
   if (dispatcher_ == nullptr) {
     return absl::FailedPreconditionError("LoadSharedExpert: no workspace; call Allocate first");
   }
   RETURN_IF_ERROR(MakeDeviceCurrent());
-  const int64_t others = allocated_bytes() + TotalExpertBytes() - shared_.TotalBytes();
-  return shared_.Load(layer, std::move(shared), others, memory_cap_bytes);
+  return shared_.Load(layer, std::move(shared), others_bytes, memory_cap_bytes);
 }
-
-int64_t GpuDataPlane::SharedExpertBytes(int layer) const { return shared_.Bytes(layer); }
 
 absl::Status GpuDataPlane::InstallPlacement(int layer,
                                             std::shared_ptr<const core::PlacementTable> table) {

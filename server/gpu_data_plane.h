@@ -121,11 +121,6 @@ class GpuDataPlane final : public DataPlane {
   int64_t allocated_bytes() const override;
   absl::StatusOr<int64_t> LoadExperts(int layer, const core::ExpertSource& source,
                                       int64_t memory_cap_bytes) override;
-  // Shared experts run on their own stream, overlapped with the dispatch
-  // (server/gpu_shared_experts.h).
-  absl::StatusOr<int64_t> LoadSharedExpert(int layer, std::optional<core::SharedExpert> shared,
-                                           int64_t memory_cap_bytes) override;
-  int64_t SharedExpertBytes(int layer) const override;
   // Validates the table against the device copy's rules and writes it to the
   // device at once (kernels::GpuEpDispatcher::SetPlacement: any set of slot
   // experts a rank); a layer's experts that are not this rank's new
@@ -207,13 +202,16 @@ class GpuDataPlane final : public DataPlane {
   // A peer is gone: stops what the communicator still runs (an NCCL error
   // revoked it already), keeping it for ncclCommShrink.
   void BeforeMaskRound() override;
+  // Shared experts run on their own stream, overlapped with the dispatch
+  // (server/gpu_shared_experts.h).
+  absl::StatusOr<int64_t> HoldSharedExpert(int layer, std::optional<core::SharedExpert> shared,
+                                           int64_t others_bytes, int64_t memory_cap_bytes) override;
   // Serves under the mask of `agreed` (round `agreed_round`): the
   // communicator of core::PlanShrink (kept, shrunk, or formed afresh), the
   // masked view over it, a new dispatcher on it (geometry carried), every
   // table under the mask. On error the plane is unchanged where it can be
   // (the old communicator stays revoked: the group is broken).
   absl::Status UseAgreement(MaskAgreement agreed, int agreed_round) override;
-  int64_t TotalExpertBytes() const;
 
   // Declared first: everything below points into the collective. Without
   // a mask collective_ is the communicator and view_ points to it; under a

@@ -194,10 +194,6 @@ kernels::onesided::OneSidedDispatcherOptions OneSidedDataPlane::DispatcherOption
   return o;
 }
 
-int64_t OneSidedDataPlane::TotalExpertBytes() const {
-  return experts_.TotalBytes() + shared_.TotalBytes();
-}
-
 absl::Status OneSidedDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) {
   core::GlooCollective* members = agreed.group.get();
   ASSIGN_OR_RETURN(
@@ -251,7 +247,7 @@ absl::StatusOr<DataPlaneAllocation> OneSidedDataPlane::Allocate(
                    OneSidedDispatcher::WindowBytes(WindowOptionsFor(options, map)));
   // No peer may still use the old windows once they go.
   RETURN_IF_ERROR(compact_->Barrier());
-  experts_.Clear();
+  ForgetExperts();
   dispatcher_.reset();
   staging_.reset();
   windows_.reset();
@@ -322,7 +318,7 @@ absl::StatusOr<int64_t> OneSidedDataPlane::LoadExperts(int layer, const core::Ex
     // touches no window; the step counter lives there and carries on).
     int64_t cap = 0;
     if (memory_cap_bytes > 0) {
-      cap = memory_cap_bytes - (TotalExpertBytes() - ExpertBytes(layer)) - device->weight_bytes() -
+      cap = memory_cap_bytes - (HeldExpertBytes() - ExpertBytes(layer)) - device->weight_bytes() -
             staging_->bytes();
       if (cap <= 0) {
         return absl::ResourceExhaustedError(absl::StrCat(
@@ -358,14 +354,14 @@ absl::StatusOr<int64_t> OneSidedDataPlane::LoadExperts(int layer, const core::Ex
   return bytes;
 }
 
-absl::StatusOr<int64_t> OneSidedDataPlane::LoadSharedExpert(
-    int layer, std::optional<core::SharedExpert> shared, int64_t memory_cap_bytes) {
+absl::StatusOr<int64_t> OneSidedDataPlane::HoldSharedExpert(
+    int layer, std::optional<core::SharedExpert> shared, int64_t others_bytes,
+    int64_t memory_cap_bytes) {
   if (staging_ == nullptr) {
     return absl::FailedPreconditionError("LoadSharedExpert: no workspace; call Allocate first");
   }
   RETURN_IF_ERROR(MakeDeviceCurrent());
-  const int64_t others = allocated_bytes() + TotalExpertBytes() - shared_.TotalBytes();
-  return shared_.Load(layer, std::move(shared), others, memory_cap_bytes);
+  return shared_.Load(layer, std::move(shared), others_bytes, memory_cap_bytes);
 }
 
 absl::Status OneSidedDataPlane::InstallPlacement(

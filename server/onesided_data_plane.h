@@ -127,9 +127,6 @@ class OneSidedDataPlane final : public DataPlane {
   int64_t allocated_bytes() const override;
   absl::StatusOr<int64_t> LoadExperts(int layer, const core::ExpertSource& source,
                                       int64_t memory_cap_bytes) override;
-  absl::StatusOr<int64_t> LoadSharedExpert(int layer, std::optional<core::SharedExpert> shared,
-                                           int64_t memory_cap_bytes) override;
-  int64_t SharedExpertBytes(int layer) const override { return shared_.Bytes(layer); }
   // Checks `table` (core::ValidatePlacement; any set of experts a rank)
   // and installs it; a layer's experts that are not this rank's new
   // distinct slot experts are dropped (LoadExperts again), as on the CPU
@@ -194,9 +191,10 @@ class OneSidedDataPlane final : public DataPlane {
   // Runs `enqueue` (work on the dispatcher's stream) ordered after the
   // caller's stream and joined back into it (two events; capturable).
   absl::Status OnCallerStream(cudaStream_t caller, const std::function<absl::Status()>& enqueue);
+  absl::StatusOr<int64_t> HoldSharedExpert(int layer, std::optional<core::SharedExpert> shared,
+                                           int64_t others_bytes, int64_t memory_cap_bytes) override;
   // Serves on the members of `agreed` (round `agreed_round`).
   absl::Status UseAgreement(MaskAgreement agreed, int agreed_round) override;
-  int64_t TotalExpertBytes() const;
 
   // Declared first: everything below uses the collective. collective_
   // owns compact_ (the members' Gloo group, numbered among the members).
