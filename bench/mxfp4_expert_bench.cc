@@ -8,10 +8,11 @@
 // slot; the step runs from a CUDA graph (it is capturable) and the p50 of
 // --iters replays is reported, then the two GEMMs alone (gate_up + GLU, then
 // down, one graph, on the routing's per-expert row counts) with each
-// prefetch depth of --prefetch; one CSV row per token count:
+// prefetch depth of --prefetch, activations in the register ring or not
+// (--ring-x 1 -1); one CSV row per token count:
 //   tokens,rows,experts_hit,H,I,topk,step_p50_us,weight_bound_us,
 //   step_vs_weight_bound,weight_tbps,copy_tbps,nonfinite,
-//   gemms_p50_us_prefetch<d>... (one column per depth)
+//   gemms_p50_us_prefetch<d>_x<r>... (one column per depth and ring choice)
 // Usage: moe_ep_mxfp4_bench [--tokens 1 128 4096] [--iters 100].
 
 #include <cuda_runtime.h>
@@ -23,6 +24,7 @@
 #include <exception>
 #include <random>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -58,6 +60,8 @@ int Main(int argc, char** argv) {
   app.add_option("--bound-tbps", bound_tbps, "memory rate of the weight bound (TB/s)");
   std::vector<int> prefetch = {3, 6};
   app.add_option("--prefetch", prefetch, "prefetch depths of the GEMMs-alone timings");
+  std::vector<int> ring_x = {1};
+  app.add_option("--ring-x", ring_x, "activations in the ring (1) or loaded at use (-1)");
   CLI11_PARSE(app, argc, argv);
 
   cudaStream_t stream;
@@ -80,6 +84,7 @@ int Main(int argc, char** argv) {
   std::vector<uint8_t> host_scales(gu_scales + dn_scales);
   std::vector<uint16_t> host_bias(2 * inter + hidden);
   for (uint8_t& b : host_blocks) b = static_cast<uint8_t>(byte(rng));
+  Mxfp4BlocksToDeviceOrder(host_blocks.data(), static_cast<int64_t>(host_blocks.size()));
   for (uint8_t& s : host_scales) s = static_cast<uint8_t>(exponent(rng));
   for (uint16_t& b : host_bias) b = core::FloatToBf16(v(rng));
   uint8_t* blocks = nullptr;
@@ -131,7 +136,9 @@ int Main(int argc, char** argv) {
   std::printf(
       "tokens,rows,experts_hit,H,I,topk,step_p50_us,weight_bound_us,step_vs_weight_bound,"
       "weight_tbps,copy_tbps,nonfinite");
-  for (const int d : prefetch) std::printf(",gemms_p50_us_prefetch%d", d);
+  for (const int d : prefetch) {
+    for (const int r : ring_x) std::printf(",gemms_p50_us_prefetch%d_x%d", d, r);
+  }
   std::printf("\n");
   // The GEMMs-alone operands: random bf16 rows (x [rows, H], act [rows, I]).
   const int64_t max_rows = max_tokens * top_k;
@@ -180,7 +187,11 @@ int Main(int argc, char** argv) {
     CUDA_CHECK(
         cudaMemcpy(gemm_offsets, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice));
     std::vector<double> gemms_us;
+    std::vector<std::pair<int, int>> configs;
     for (const int depth : prefetch) {
+      for (const int r : ring_x) configs.emplace_back(depth, r);
+    }
+    for (const auto& [depth, ring] : configs) {
       Mxfp4GemmParams gate_up;
       gate_up.a = gemm_a;
       gate_up.max_rows = tokens * top_k;
@@ -192,6 +203,7 @@ int Main(int argc, char** argv) {
       gate_up.n = inter;
       gate_up.k = hidden;
       gate_up.prefetch_steps = depth;
+      gate_up.ring_activations = ring;
       Mxfp4GemmParams down = gate_up;
       down.a = gemm_act;
       down.blocks = experts.down_blocks;

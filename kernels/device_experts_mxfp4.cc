@@ -1,7 +1,8 @@
 // DeviceExpertSet's gpt-oss mxfp4 experts (issue 35 item 3): one device
-// slab holding every slot's tensors as the checkpoint stores them, filled
-// one expert at a time from the host (seeded or sliced from the fused
-// checkpoint tensors).
+// slab holding every slot's tensors as the checkpoint stores them (the
+// e2m1 codes of each 4-byte word in the kernels' order,
+// Mxfp4BlocksToDeviceOrder), filled one expert at a time from the host
+// (seeded or sliced from the fused checkpoint tensors).
 
 #include <cuda_runtime.h>
 
@@ -19,6 +20,7 @@
 #include "core/status_macros.h"
 #include "kernels/device_experts.h"
 #include "kernels/internal/cuda_status.h"
+#include "kernels/mxfp4_grouped_gemm.cuh"
 
 namespace moe_ep::kernels {
 
@@ -97,9 +99,14 @@ absl::Status DeviceExpertSet::UploadMxfp4(int slot, const core::quant::GptOssExp
     int64_t bytes;
     const char* name;
   };
+  // The kernels read the e2m1 codes in their device order (same bytes).
+  std::vector<uint8_t> gate_up_blocks = w.gate_up.blocks;
+  std::vector<uint8_t> down_blocks = w.down.blocks;
+  Mxfp4BlocksToDeviceOrder(gate_up_blocks.data(), static_cast<int64_t>(gate_up_blocks.size()));
+  Mxfp4BlocksToDeviceOrder(down_blocks.data(), static_cast<int64_t>(down_blocks.size()));
   const Piece pieces[6] = {
-      {w.gate_up.blocks.data(), view.gate_up_blocks, s.gate_up_blocks, "gate_up blocks"},
-      {w.down.blocks.data(), view.down_blocks, s.down_blocks, "down blocks"},
+      {gate_up_blocks.data(), view.gate_up_blocks, s.gate_up_blocks, "gate_up blocks"},
+      {down_blocks.data(), view.down_blocks, s.down_blocks, "down blocks"},
       {w.gate_up.scales.data(), view.gate_up_scales, s.gate_up_scales, "gate_up scales"},
       {w.down.scales.data(), view.down_scales, s.down_scales, "down scales"},
       {w.gate_up_bias.data(), view.gate_up_bias, s.gate_up_bias, "gate_up bias"},

@@ -20,9 +20,6 @@ constexpr int kRowsPerCta = kWarps * kRowsPerWarp;
 constexpr int kTokensPerTile = 8;            // the MMA's N
 constexpr int kStepBytes = kMxfp4KStep / 2;  // of one weight row a step
 constexpr int kStepBlocks = kMxfp4KStep / core::quant::kMxfp4Block;
-// Steps whose weights are loaded ahead of the one being multiplied
-// (Mxfp4GemmParams::prefetch_steps; 0 picks PickDepth).
-
 struct KernelArgs {
   const uint16_t* a;
   const uint8_t* blocks;
@@ -37,23 +34,75 @@ struct KernelArgs {
   void* out;  // GLU: bf16 act [rows, n]; else fp32 y [rows, n]
 };
 
-// One step of a thread's two weight rows: 8 bytes (16 e2m1 values, K
-// 16 t .. 16 t + 15 of the step for lane t of its quad) and the E8M0 scale
-// of the block they lie in.
-struct StepWeights {
+// One step of a thread: its two weight rows' 8 bytes (16 e2m1 values, K
+// 16 t .. 16 t + 15 of the step for lane t of its quad, in the device order
+// of Mxfp4BlocksToDeviceOrder), the E8M0 scale of the block they lie in,
+// and, where kRingX, the activations the step multiplies them by (16 bf16 of
+// each token tile, K 16 t .. 16 t + 15).
+template <int kTiles, bool kRingX>
+struct StepOperands {
   uint2 lo;
   uint2 hi;
   uint32_t scale_lo;
   uint32_t scale_hi;
+  uint4 x[kRingX ? kTiles : 1][2];
 };
 
-// The e2m1 values in nibbles 3 and 7 of q (the low and high half), as bf16
-// times 2^-126: the sign to bit 15, the three magnitude bits under the
-// exponent's two low bits and the mantissa's top bit, so the bf16 value is
-// exactly e2m1 * 2^-126 (a subnormal for 0.5). Shifting q left by 4 r first
-// gives nibbles 3 - r and 7 - r.
+// Where a thread's operands of step 0 of the current chunk lie; Load reads
+// step `step` of them at constant offsets from these pointers, which
+// advance a whole ring of steps at a time (no per-load address arithmetic).
+template <int kTiles>
+struct Cursor {
+  const uint8_t* w_lo;
+  const uint8_t* w_hi;
+  const uint8_t* s_lo;
+  const uint8_t* s_hi;
+  const uint16_t* x[kTiles];  // token row + 16 t
+  __device__ __forceinline__ void Advance(int steps) {
+    w_lo += steps * kStepBytes;
+    w_hi += steps * kStepBytes;
+    s_lo += steps * kStepBlocks;
+    s_hi += steps * kStepBlocks;
+#pragma unroll
+    for (int nt = 0; nt < kTiles; ++nt) x[nt] += steps * kMxfp4KStep;
+  }
+};
+
+template <int kTiles, bool kRingX>
+__device__ __forceinline__ StepOperands<kTiles, kRingX> Load(const Cursor<kTiles>& c, int step) {
+  StepOperands<kTiles, kRingX> w;
+  w.lo = __ldg(reinterpret_cast<const uint2*>(c.w_lo + step * kStepBytes));
+  w.hi = __ldg(reinterpret_cast<const uint2*>(c.w_hi + step * kStepBytes));
+  w.scale_lo = __ldg(c.s_lo + step * kStepBlocks);
+  w.scale_hi = __ldg(c.s_hi + step * kStepBlocks);
+  if constexpr (kRingX) {
+#pragma unroll
+    for (int nt = 0; nt < kTiles; ++nt) {
+      const auto* xp = reinterpret_cast<const uint4*>(c.x[nt] + step * kMxfp4KStep);
+      w.x[nt][0] = __ldg(xp);
+      w.x[nt][1] = __ldg(xp + 1);
+    }
+  }
+  return w;
+}
+
+// The e2m1 pair `s` of a 32-bit word in the device order, as bf16x2 times
+// 2^-126: each value's sign at bit 15 of its half and its three magnitude
+// bits under the exponent's two low bits and the mantissa's top bit, so the
+// bf16 is exactly e2m1 * 2^-126 (a subnormal for 0.5). The device order puts
+// the bits where one mask (pair 0), a shift and a mask (pair 1), or two
+// shifted pieces (pairs 2, 3) take them there: 11 integer operations a word
+// of 8 values, where the checkpoint's nibble order needs 15 and a byte
+// permute of the activations. Low half = the word's value 2 s, high half =
+// value 2 s + 1; Mxfp4BlocksToDeviceOrder places them (kPairSign, kPairMagnitude).
+constexpr uint32_t kSigns = 0x80008000u;
+constexpr uint32_t kMagnitudes = 0x01c001c0u;
+template <int s>
 __device__ __forceinline__ uint32_t E2m1PairScaledDown(uint32_t q) {
-  return (q & 0x80008000u) | ((q >> 6) & 0x01c001c0u);
+  if constexpr (s == 0) return q & (kSigns | kMagnitudes);
+  if constexpr (s == 1) return (q << 6) & (kSigns | kMagnitudes);
+  if constexpr (s == 2) return ((q >> 6) & kMagnitudes) | ((q << 4) & kSigns);
+  return ((q << 3) & kMagnitudes) | ((q << 5) & kSigns);
 }
 
 // a * b + (-0) on two bf16 lanes: the product, rounded (exact here).
@@ -63,35 +112,20 @@ __device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
   return d;
 }
 
-__device__ __forceinline__ uint32_t Bf16Pair(uint32_t bits) { return bits | (bits << 16); }
-
-// The multipliers taking E2m1PairScaledDown's value to e2m1 * 2^(s - 127):
-// one, 2^(s - 1), for s <= 128 (a normal bf16); else 2^126 then 2^(s - 127)
-// (NaN for s = 255, OCP MX's E8M0 NaN), flagged by `twice`.
-struct Multipliers {
-  uint32_t first;
-  uint32_t second;
-  bool twice;
-};
-
-__device__ __forceinline__ Multipliers MultipliersOf(uint32_t s) {
-  Multipliers m;
-  m.twice = s > 128;
-  m.first = Bf16Pair(m.twice ? 0x7e80u : (s + 126u) << 7);
-  m.second = s == 255 ? 0x7fc07fc0u : Bf16Pair(s << 7);
-  return m;
+// The multiplier taking E2m1PairScaledDown's value to e2m1 * 2^(s - 127):
+// 2^(s - 1), a normal bf16 (bits (s + 126) << 7 in each half) for E8M0 s <=
+// 128, one integer multiply-add. Above 128 it is capped at 2^127 and
+// SecondMultiplier finishes the job.
+__device__ __forceinline__ uint32_t FirstMultiplier(uint32_t s) {
+  return min(s, 128u) * 0x00800080u + 0x3f003f00u;
 }
 
-__device__ __forceinline__ uint32_t Dequantize(uint32_t q, const Multipliers& m) {
-  uint32_t v = MulBf16x2(E2m1PairScaledDown(q), m.first);
-  if (m.twice) v = MulBf16x2(v, m.second);
-  return v;
-}
-
-__device__ __forceinline__ uint32_t Prmt(uint32_t a, uint32_t b, uint32_t selector) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(selector));
-  return d;
+// For E8M0 s > 128 (scales above 2; rare in checkpoints), the
+// rest after FirstMultiplier's 2^127: 2^(s - 128), bits (s - 1) << 7; NaN for
+// s = 255 (OCP MX's E8M0 NaN); 1 for s <= 128.
+__device__ __forceinline__ uint32_t SecondMultiplier(uint32_t s) {
+  if (s == 255) return 0x7fc07fc0u;
+  return s > 128 ? (s - 1) * 0x00800080u : 0x3f803f80u;
 }
 
 __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
@@ -103,47 +137,65 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ StepWeights LoadStep(const uint8_t* lo, const uint8_t* hi,
-                                                const uint8_t* scale_lo, const uint8_t* scale_hi,
-                                                int step) {
-  StepWeights w;
-  w.lo = __ldg(reinterpret_cast<const uint2*>(lo + static_cast<int64_t>(step) * kStepBytes));
-  w.hi = __ldg(reinterpret_cast<const uint2*>(hi + static_cast<int64_t>(step) * kStepBytes));
-  w.scale_lo = __ldg(scale_lo + step * kStepBlocks);
-  w.scale_hi = __ldg(scale_hi + step * kStepBlocks);
-  return w;
-}
-
 // One K step (64) of a warp: its 16 weight rows times every token tile.
 // The K order inside the step is permuted the same way on both operands:
-// logical k 2t + c of MMA sub-step s is K 16 t + (3 - s, 7 - s)[c] of the
-// step, and 8 + 2t + c is 16 t + 8 + (3 - s, 7 - s)[c], so lane t's 8 bytes
-// of each row and 32 bytes of each token are all it reads.
-template <int kTiles>
-__device__ __forceinline__ void MultiplyStep(const StepWeights& w, int step,
-                                             const uint16_t* const (&x)[kTiles], int t,
+// logical k 2t + c of MMA sub-step s is K 16 t + 2 s + c of the step, and
+// 8 + 2t + c is 16 t + 8 + 2 s + c, so lane t's 8 bytes of each row and its
+// 32 bytes of each token are all it reads, and word s of those 32 bytes is
+// the sub-step's B operand as loaded.
+template <int kTiles, bool kRingX>
+__device__ __forceinline__ void MultiplyStep(const StepOperands<kTiles, kRingX>& w,
+                                             const Cursor<kTiles>& c, int step,
                                              float (&acc)[kTiles][4]) {
-  const Multipliers m_lo = MultipliersOf(w.scale_lo);
-  const Multipliers m_hi = MultipliersOf(w.scale_hi);
+  const uint32_t m_lo = FirstMultiplier(w.scale_lo);
+  const uint32_t m_hi = FirstMultiplier(w.scale_hi);
   uint32_t a[4][4];
+  a[0][0] = MulBf16x2(E2m1PairScaledDown<0>(w.lo.x), m_lo);
+  a[0][1] = MulBf16x2(E2m1PairScaledDown<0>(w.hi.x), m_hi);
+  a[0][2] = MulBf16x2(E2m1PairScaledDown<0>(w.lo.y), m_lo);
+  a[0][3] = MulBf16x2(E2m1PairScaledDown<0>(w.hi.y), m_hi);
+  a[1][0] = MulBf16x2(E2m1PairScaledDown<1>(w.lo.x), m_lo);
+  a[1][1] = MulBf16x2(E2m1PairScaledDown<1>(w.hi.x), m_hi);
+  a[1][2] = MulBf16x2(E2m1PairScaledDown<1>(w.lo.y), m_lo);
+  a[1][3] = MulBf16x2(E2m1PairScaledDown<1>(w.hi.y), m_hi);
+  a[2][0] = MulBf16x2(E2m1PairScaledDown<2>(w.lo.x), m_lo);
+  a[2][1] = MulBf16x2(E2m1PairScaledDown<2>(w.hi.x), m_hi);
+  a[2][2] = MulBf16x2(E2m1PairScaledDown<2>(w.lo.y), m_lo);
+  a[2][3] = MulBf16x2(E2m1PairScaledDown<2>(w.hi.y), m_hi);
+  a[3][0] = MulBf16x2(E2m1PairScaledDown<3>(w.lo.x), m_lo);
+  a[3][1] = MulBf16x2(E2m1PairScaledDown<3>(w.hi.x), m_hi);
+  a[3][2] = MulBf16x2(E2m1PairScaledDown<3>(w.lo.y), m_lo);
+  a[3][3] = MulBf16x2(E2m1PairScaledDown<3>(w.hi.y), m_hi);
+  // Scales above 128 need a second exact multiply; one vote a step keeps
+  // that work off the common path (warp-uniform branch).
+  if (__any_sync(0xffffffffu, max(w.scale_lo, w.scale_hi) > 128)) {
+    const uint32_t second_lo = SecondMultiplier(w.scale_lo);
+    const uint32_t second_hi = SecondMultiplier(w.scale_hi);
 #pragma unroll
-  for (int s = 0; s < 4; ++s) {
-    a[s][0] = Dequantize(w.lo.x << (4 * s), m_lo);
-    a[s][1] = Dequantize(w.hi.x << (4 * s), m_hi);
-    a[s][2] = Dequantize(w.lo.y << (4 * s), m_lo);
-    a[s][3] = Dequantize(w.hi.y << (4 * s), m_hi);
+    for (int s = 0; s < 4; ++s) {
+      a[s][0] = MulBf16x2(a[s][0], second_lo);
+      a[s][1] = MulBf16x2(a[s][1], second_hi);
+      a[s][2] = MulBf16x2(a[s][2], second_lo);
+      a[s][3] = MulBf16x2(a[s][3], second_hi);
+    }
   }
 #pragma unroll
   for (int nt = 0; nt < kTiles; ++nt) {
-    const auto* xp =
-        reinterpret_cast<const uint4*>(x[nt] + static_cast<int64_t>(step) * kMxfp4KStep + 16 * t);
-    const uint4 p = __ldg(xp);
-    const uint4 q = __ldg(xp + 1);
-    // p holds K 16t + 0..7 as bf16 pairs (x0 x1 | x2 x3 | x4 x5 | x6 x7), q 8..15.
-    Mma(acc[nt], a[0], Prmt(p.y, p.w, 0x7632), Prmt(q.y, q.w, 0x7632));  // (3, 7)
-    Mma(acc[nt], a[1], Prmt(p.y, p.w, 0x5410), Prmt(q.y, q.w, 0x5410));  // (2, 6)
-    Mma(acc[nt], a[2], Prmt(p.x, p.z, 0x7632), Prmt(q.x, q.z, 0x7632));  // (1, 5)
-    Mma(acc[nt], a[3], Prmt(p.x, p.z, 0x5410), Prmt(q.x, q.z, 0x5410));  // (0, 4)
+    uint4 p;
+    uint4 q;
+    if constexpr (kRingX) {
+      p = w.x[nt][0];
+      q = w.x[nt][1];
+    } else {
+      const auto* xp = reinterpret_cast<const uint4*>(c.x[nt] + step * kMxfp4KStep);
+      p = __ldg(xp);
+      q = __ldg(xp + 1);
+    }
+    // p holds K 16 t + 0..7 as bf16 pairs, q K 16 t + 8..15.
+    Mma(acc[nt], a[0], p.x, q.x);
+    Mma(acc[nt], a[1], p.y, q.y);
+    Mma(acc[nt], a[2], p.z, q.z);
+    Mma(acc[nt], a[3], p.w, q.w);
   }
 }
 
@@ -153,8 +205,12 @@ __device__ __forceinline__ float BiasOf(const uint16_t* bias, int64_t index) {
 
 // kGlu: gpt-oss's gate_up + clamped SwiGLU (lane g's rows are gate 2j and up
 // 2j + 1 of feature j, so one thread holds both halves of its outputs); else
-// the plain GEMM with bias.
-template <int kTiles, int kDepth, bool kGlu>
+// the plain GEMM with bias. kDepth: the ring of steps in registers; a slot
+// is refilled right after its step is multiplied (so the load lands in the
+// registers just read, with no copies that would wait on it), kDepth - 1
+// steps ahead. kRingX: the activations ride in the ring too (their L2
+// latency, exposed, was the largest stall), else they are loaded at use.
+template <int kTiles, int kDepth, bool kGlu, bool kRingX>
 __global__ void __launch_bounds__(kThreads) Mxfp4GroupedKernel(KernelArgs args) {
   const int l = static_cast<int>(blockIdx.x) / args.tiles_per_expert;
   const int tile = static_cast<int>(blockIdx.x) % args.tiles_per_expert;
@@ -177,60 +233,68 @@ __global__ void __launch_bounds__(kThreads) Mxfp4GroupedKernel(KernelArgs args) 
   const int64_t row_bytes = args.k / 2;
   const int64_t row_blocks = args.k / core::quant::kMxfp4Block;
   const int64_t expert_row = static_cast<int64_t>(l) * b_rows;
-  const uint8_t* w_lo = args.blocks + (expert_row + row_lo) * row_bytes + 8 * t;
-  const uint8_t* w_hi = args.blocks + (expert_row + row_hi) * row_bytes + 8 * t;
-  const uint8_t* s_lo = args.scales + (expert_row + row_lo) * row_blocks + t / 2;
-  const uint8_t* s_hi = args.scales + (expert_row + row_hi) * row_blocks + t / 2;
   const int steps = args.k / kMxfp4KStep;
 
   for (int chunk = begin; chunk < end; chunk += kTokensPerTile * kTiles) {
+    Cursor<kTiles> c;
+    c.w_lo = args.blocks + (expert_row + row_lo) * row_bytes + 8 * t;
+    c.w_hi = args.blocks + (expert_row + row_hi) * row_bytes + 8 * t;
+    c.s_lo = args.scales + (expert_row + row_lo) * row_blocks + t / 2;
+    c.s_hi = args.scales + (expert_row + row_hi) * row_blocks + t / 2;
     // Lane g reads token chunk + 8 nt + g (clamped; its outputs are not stored).
-    const uint16_t* x[kTiles];
 #pragma unroll
     for (int nt = 0; nt < kTiles; ++nt) {
       const int row = min(chunk + kTokensPerTile * nt + g, end - 1);
-      x[nt] = args.a + static_cast<int64_t>(row) * args.k;
+      c.x[nt] = args.a + static_cast<int64_t>(row) * args.k + 16 * t;
     }
     float acc[kTiles][4];
 #pragma unroll
     for (int nt = 0; nt < kTiles; ++nt) {
 #pragma unroll
-      for (int c = 0; c < 4; ++c) acc[nt][c] = 0.0f;
+      for (int i = 0; i < 4; ++i) acc[nt][i] = 0.0f;
     }
-    StepWeights ring[kDepth];
+    StepOperands<kTiles, kRingX> ring[kDepth];
 #pragma unroll
-    for (int d = 0; d < kDepth; ++d) {
-      if (d < steps) ring[d] = LoadStep(w_lo, w_hi, s_lo, s_hi, d);
-    }
-    for (int s0 = 0; s0 < steps; s0 += kDepth) {
+    for (int d = 0; d < kDepth; ++d) ring[d] = Load<kTiles, kRingX>(c, min(d, steps - 1));
+    // Steps [s0, s0 + kDepth) with every refill inside the matrix...
+    int s0 = 0;
+    for (; s0 + 2 * kDepth <= steps; s0 += kDepth) {
 #pragma unroll
       for (int d = 0; d < kDepth; ++d) {
-        const int step = s0 + d;
-        if (step < steps) {
-          const StepWeights w = ring[d];
-          if (step + kDepth < steps) ring[d] = LoadStep(w_lo, w_hi, s_lo, s_hi, step + kDepth);
-          MultiplyStep<kTiles>(w, step, x, t, acc);
+        MultiplyStep(ring[d], c, d, acc);
+        ring[d] = Load<kTiles, kRingX>(c, d + kDepth);
+      }
+      c.Advance(kDepth);
+    }
+    // ...then the last (at most 2 kDepth - 1) steps, refilling while any is left.
+    for (; s0 < steps; s0 += kDepth) {
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d) {
+        if (s0 + d < steps) {
+          MultiplyStep(ring[d], c, d, acc);
+          if (s0 + d + kDepth < steps) ring[d] = Load<kTiles, kRingX>(c, d + kDepth);
         }
       }
+      c.Advance(kDepth);
     }
     // acc[nt]: {row lo, row hi} x {token 2t, 2t + 1} of the tile.
 #pragma unroll
     for (int nt = 0; nt < kTiles; ++nt) {
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int token = chunk + kTokensPerTile * nt + 2 * t + c;
+      for (int i = 0; i < 2; ++i) {
+        const int token = chunk + kTokensPerTile * nt + 2 * t + i;
         if (token >= end) continue;
         if (kGlu) {
           if (col_lo >= n) continue;
-          const float gate = acc[nt][c] + BiasOf(args.bias, expert_row + row_lo);
-          const float up = acc[nt][2 + c] + BiasOf(args.bias, expert_row + row_hi);
+          const float gate = acc[nt][i] + BiasOf(args.bias, expert_row + row_lo);
+          const float up = acc[nt][2 + i] + BiasOf(args.bias, expert_row + row_hi);
           const float h = core::quant::GptOssGlu(gate, up, args.alpha, args.limit);
           static_cast<uint16_t*>(args.out)[static_cast<int64_t>(token) * n + col_lo] =
               __bfloat16_as_ushort(__float2bfloat16_rn(h));
         } else {
           float* y = static_cast<float*>(args.out) + static_cast<int64_t>(token) * n;
-          if (col_lo < n) y[col_lo] = acc[nt][c] + BiasOf(args.bias, expert_row + col_lo);
-          if (col_hi < n) y[col_hi] = acc[nt][2 + c] + BiasOf(args.bias, expert_row + col_hi);
+          if (col_lo < n) y[col_lo] = acc[nt][i] + BiasOf(args.bias, expert_row + col_lo);
+          if (col_hi < n) y[col_hi] = acc[nt][2 + i] + BiasOf(args.bias, expert_row + col_hi);
         }
       }
     }
@@ -259,9 +323,10 @@ absl::Status CheckParams(const char* call, const Mxfp4GemmParams& p, const void*
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: tile_tokens expected 0, 1, 2, 4 or 8, got %d", call, p.tile_tokens));
   }
-  if (p.prefetch_steps != 0 && p.prefetch_steps != 3 && p.prefetch_steps != 6) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: prefetch_steps expected 0, 3 or 6, got %d", call, p.prefetch_steps));
+  if (p.prefetch_steps != 0 && p.prefetch_steps != 3 && p.prefetch_steps != 4 &&
+      p.prefetch_steps != 6) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: prefetch_steps expected 0, 3, 4 or 6, got %d", call, p.prefetch_steps));
   }
   return absl::OkStatus();
 }
@@ -283,19 +348,27 @@ int PickTiles(const Mxfp4GemmParams& p) {
 int PickDepth(int tiles) { return tiles <= 2 ? 3 : 6; }
 
 template <int kDepth, bool kGlu>
-void LaunchTiles(int tiles, dim3 grid, const KernelArgs& args, cudaStream_t stream) {
+void LaunchTiles(int tiles, bool ring_x, dim3 grid, const KernelArgs& args, cudaStream_t stream) {
   switch (tiles) {
     case 1:
-      Mxfp4GroupedKernel<1, kDepth, kGlu><<<grid, kThreads, 0, stream>>>(args);
+      if (ring_x) {
+        Mxfp4GroupedKernel<1, kDepth, kGlu, true><<<grid, kThreads, 0, stream>>>(args);
+      } else {
+        Mxfp4GroupedKernel<1, kDepth, kGlu, false><<<grid, kThreads, 0, stream>>>(args);
+      }
       break;
     case 2:
-      Mxfp4GroupedKernel<2, kDepth, kGlu><<<grid, kThreads, 0, stream>>>(args);
+      if (ring_x) {
+        Mxfp4GroupedKernel<2, kDepth, kGlu, true><<<grid, kThreads, 0, stream>>>(args);
+      } else {
+        Mxfp4GroupedKernel<2, kDepth, kGlu, false><<<grid, kThreads, 0, stream>>>(args);
+      }
       break;
     case 4:
-      Mxfp4GroupedKernel<4, kDepth, kGlu><<<grid, kThreads, 0, stream>>>(args);
+      Mxfp4GroupedKernel<4, kDepth, kGlu, false><<<grid, kThreads, 0, stream>>>(args);
       break;
     default:
-      Mxfp4GroupedKernel<8, kDepth, kGlu><<<grid, kThreads, 0, stream>>>(args);
+      Mxfp4GroupedKernel<8, kDepth, kGlu, false><<<grid, kThreads, 0, stream>>>(args);
       break;
   }
 }
@@ -325,12 +398,18 @@ absl::Status Launch(const char* call, const Mxfp4GemmParams& p, float alpha, flo
   args.out = out;
   const dim3 grid(static_cast<unsigned>(tiles * p.num_local_experts));
   const int tiles_per_chunk = PickTiles(p);
+  // The activations ride in the ring only for chunks of up to 16 tokens
+  // (their registers grow with the tiles).
+  const bool ring_x = tiles_per_chunk <= 2 && p.ring_activations >= 0;
   switch (p.prefetch_steps != 0 ? p.prefetch_steps : PickDepth(tiles_per_chunk)) {
     case 3:
-      LaunchTiles<3, kGlu>(tiles_per_chunk, grid, args, stream);
+      LaunchTiles<3, kGlu>(tiles_per_chunk, ring_x, grid, args, stream);
+      break;
+    case 4:
+      LaunchTiles<4, kGlu>(tiles_per_chunk, ring_x, grid, args, stream);
       break;
     default:
-      LaunchTiles<6, kGlu>(tiles_per_chunk, grid, args, stream);
+      LaunchTiles<6, kGlu>(tiles_per_chunk, ring_x, grid, args, stream);
       break;
   }
   return internal::LaunchStatus(kGlu ? "Mxfp4GroupedGptOssGluKernel" : "Mxfp4GroupedGemmKernel");
@@ -345,6 +424,46 @@ absl::Status LaunchMxfp4GroupedGptOssGlu(const Mxfp4GemmParams& params, float al
 
 absl::Status LaunchMxfp4GroupedGemm(const Mxfp4GemmParams& params, float* y, cudaStream_t stream) {
   return Launch<false>("LaunchMxfp4GroupedGemm", params, 0.0f, 0.0f, y, stream);
+}
+
+namespace {
+
+// Where E2m1PairScaledDown<s> takes value 2 s (half 0) and 2 s + 1 (half 1)
+// of a word from: the sign bit and the lowest of the three magnitude bits,
+// within each 16-bit half.
+constexpr int kPairSign[4] = {15, 9, 11, 10};
+constexpr int kPairMagnitude[4] = {6, 0, 12, 3};
+
+}  // namespace
+
+void Mxfp4BlocksToDeviceOrder(uint8_t* blocks, int64_t bytes) {
+  for (int64_t w = 0; w + 4 <= bytes; w += 4) {
+    uint32_t in = 0;
+    for (int b = 0; b < 4; ++b) in |= static_cast<uint32_t>(blocks[w + b]) << (8 * b);
+    uint32_t out = 0;
+    for (int v = 0; v < 8; ++v) {
+      const uint32_t code = (in >> (4 * v)) & 0xfu;  // value v: the low nibble first
+      const int half = 16 * (v % 2);
+      out |= (code >> 3) << (half + kPairSign[v / 2]);
+      out |= (code & 7u) << (half + kPairMagnitude[v / 2]);
+    }
+    for (int b = 0; b < 4; ++b) blocks[w + b] = static_cast<uint8_t>(out >> (8 * b));
+  }
+}
+
+void Mxfp4BlocksFromDeviceOrder(uint8_t* blocks, int64_t bytes) {
+  for (int64_t w = 0; w + 4 <= bytes; w += 4) {
+    uint32_t in = 0;
+    for (int b = 0; b < 4; ++b) in |= static_cast<uint32_t>(blocks[w + b]) << (8 * b);
+    uint32_t out = 0;
+    for (int v = 0; v < 8; ++v) {
+      const int half = 16 * (v % 2);
+      const uint32_t sign = (in >> (half + kPairSign[v / 2])) & 1u;
+      const uint32_t magnitude = (in >> (half + kPairMagnitude[v / 2])) & 7u;
+      out |= ((sign << 3) | magnitude) << (4 * v);
+    }
+    for (int b = 0; b < 4; ++b) blocks[w + b] = static_cast<uint8_t>(out >> (8 * b));
+  }
 }
 
 }  // namespace moe_ep::kernels

@@ -1,14 +1,17 @@
 #pragma once
 
 // mxfp4 grouped expert GEMMs with bf16 activations, gpt-oss's experts
-// (DESIGN §7 "Weight formats"; issue 35 item 3): the weights stay in the
-// checkpoint's format on the device (blocks [N, K/32, 16] of two e2m1 values
-// a byte, low nibble first, and one E8M0 scale a block,
-// core/quantized_formats.h) and are dequantized to bf16 in the load path of
-// the GEMM, exactly (an e2m1 value times a power of two has at most two
-// significant bits); the products run on the tensor cores (mma.sync
-// m16n8k16 bf16, fp32 accumulation) and the bias is added once after the
-// sum, as core::quant::Mxfp4Gemm does.
+// (DESIGN §7 "Weight formats"; issue 35 items 3 and 4): the weights stay in
+// the checkpoint's format on the device (blocks [N, K/32, 16] of e2m1
+// values, 4 bits each, and one E8M0 scale a block,
+// core/quantized_formats.h), the e2m1 codes of each aligned 4-byte word
+// rearranged once at upload (Mxfp4BlocksToDeviceOrder: same bytes, same
+// words, so the weight-streaming bound is unchanged) so that the kernels
+// dequantize 8 values with 11 integer operations and 4 bf16 multiplies. The
+// dequantization to bf16 is exact (an e2m1 value times a power of two has
+// at most two significant bits); the products run on the tensor cores
+// (mma.sync m16n8k16 bf16, fp32 accumulation) and the bias is added once
+// after the sum, as core::quant::Mxfp4Gemm does.
 //
 // Shape: the rows of the weight matrix are the MMA's M side and the tokens
 // its N side (8 a tile), so an expert with a handful of rows reads each
@@ -27,8 +30,8 @@
 //
 // Requirements (else kInvalidArgument): K % 64 == 0 (H and I of the
 // experts; gpt-oss's 2880 is 45 * 64), n >= 1, a 16-byte aligned, sizes
-// within int32, tile_tokens 0, 1, 2, 4 or 8, prefetch_steps 0, 3 or 6. Any CUDA device of compute
-// capability 8.0 or later (mma.sync bf16).
+// within int32, tile_tokens 0, 1, 2, 4 or 8, prefetch_steps 0, 3, 4 or 6.
+// Any CUDA device of compute capability 8.0 or later (mma.sync bf16).
 // Source: issue 35 item 3; OCP Microscaling Formats v1.0; openai/gpt-oss.
 
 #include <cuda_runtime.h>
@@ -45,7 +48,7 @@ inline constexpr int kMxfp4KStep = 64;
 struct Mxfp4GemmParams {
   const uint16_t* a = nullptr;       // device [max_rows, K] bf16, row-major, 16-byte aligned
   int64_t max_rows = 0;              // rows of a
-  const uint8_t* blocks = nullptr;   // device [L, b_rows, K / 32, 16] e2m1 pairs
+  const uint8_t* blocks = nullptr;   // device [L, b_rows, K / 32, 16] e2m1, device order
   const uint8_t* scales = nullptr;   // device [L, b_rows, K / 32] E8M0
   const uint16_t* bias = nullptr;    // device [L, b_rows] bf16, or null (no bias)
   const int32_t* offsets = nullptr;  // device [L+1], non-decreasing, offsets[L] <= max_rows
@@ -56,9 +59,13 @@ struct Mxfp4GemmParams {
   // (max_rows / L: 1 up to 8 rows, 2 up to 16, 4 up to 32, else 8); 1, 2, 4
   // or 8 forces one (tests, benches).
   int tile_tokens = 0;
-  // K steps whose weights a warp loads ahead: 0 picks (3 for chunks of up
-  // to 16 tokens, else 6); 3 or 6 forces one (benches).
+  // Steps of operands in a warp's register ring (loaded up to this many
+  // minus one steps ahead): 0 picks (see PickDepth); 3, 4 or 6 forces one
+  // (benches).
   int prefetch_steps = 0;
+  // Whether chunks of up to 16 tokens carry their activations in the ring
+  // too: 0 or 1 yes, -1 no (benches). Larger chunks load them at use.
+  int ring_activations = 0;
 };
 
 // LaunchMxfp4GroupedGptOssGlu()
@@ -80,5 +87,16 @@ absl::Status LaunchMxfp4GroupedGptOssGlu(const Mxfp4GemmParams& params, float al
 // l and j < n (b_rows = n): the down projection. y: device [max_rows, n]
 // fp32; rows >= offsets[L] are not written. Errors and properties as above.
 absl::Status LaunchMxfp4GroupedGemm(const Mxfp4GemmParams& params, float* y, cudaStream_t stream);
+
+// Mxfp4BlocksToDeviceOrder()
+//
+// Rearranges checkpoint mxfp4 blocks (two e2m1 values a byte, low nibble
+// first) in place into the kernels' device order: within each aligned
+// 4-byte word (8 values), value 2s and 2s + 1 sit where the kernels'
+// pair-s extraction takes them (signs and magnitudes at fixed bits of the
+// word's low and high 16-bit halves). `bytes` a multiple of 4 (every row of
+// K % 64 == 0 is). Host code; Mxfp4BlocksFromDeviceOrder is its inverse.
+void Mxfp4BlocksToDeviceOrder(uint8_t* blocks, int64_t bytes);
+void Mxfp4BlocksFromDeviceOrder(uint8_t* blocks, int64_t bytes);
 
 }  // namespace moe_ep::kernels

@@ -1,13 +1,14 @@
 // gpt-oss's mxfp4 experts on the GPU (issue 35 item 3):
 // - the grouped kernels of kernels/mxfp4_grouped_gemm.cuh against the fp64
 //   sum of the dequantized weights (core::quant::Mxfp4Value), on every token
-//   tile width, with scales on both of the dequantizer's paths (E8M0 above
-//   and below 128), a tail tile of weight rows, an empty expert and rows
-//   past the experts left unwritten; every tile width gives the same bits
-//   (one fixed-order sum per output);
+//   tile width, ring depth and activation ring choice, with scales on both
+//   of the dequantizer's paths (E8M0 above and below 128), a tail tile of
+//   weight rows, an empty expert and rows past the experts left unwritten;
+//   every configuration gives the same bits (one fixed-order sum per
+//   output); the device order of the codes a permutation within each word;
 // - DeviceExpertSet holding mxfp4 experts as stored: seeded (ids not a
 //   range) and sliced from gpt-oss's fused checkpoint tensors, bit for bit
-//   the host's, a missing tensor an error naming it;
+//   the host's once the device order is undone, a missing tensor an error naming it;
 // - ExpertCompute::Run over received rows against the CPU reference
 //   core::quant::GptOssExpertForward summed with the router weights in fp64,
 //   Llama-style input scaling included, at gpt-oss-120b's H = I = 2880 for a
@@ -73,12 +74,14 @@ std::vector<Mxfp4Matrix> MakeWeights(std::mt19937_64& rng, int num, int64_t b_ro
   return out;
 }
 
+// The experts' blocks (in the kernels' device order) or scales, back to back.
 std::vector<uint8_t> Concat(const std::vector<Mxfp4Matrix>& ms, bool blocks) {
   std::vector<uint8_t> out;
   for (const Mxfp4Matrix& m : ms) {
     const std::vector<uint8_t>& v = blocks ? m.blocks : m.scales;
     out.insert(out.end(), v.begin(), v.end());
   }
+  if (blocks) Mxfp4BlocksToDeviceOrder(out.data(), static_cast<int64_t>(out.size()));
   return out;
 }
 
@@ -154,45 +157,78 @@ struct OnDevice {
   }
 };
 
-TEST(Mxfp4GroupedGemm, MatchesTheExactSumOnEveryTileWidth) {
+TEST(Mxfp4GroupedGemm, MatchesTheExactSumOnEveryTileWidthAndRing) {
   MOE_EP_REQUIRE_GPUS(1);
-  const GemmCase c = MakeCase(3, /*b_rows=*/80, /*k=*/128);  // 80: a tail tile of 16 rows
-  OnDevice d(c);
-  Mxfp4GemmParams& p = d.params;
-  p.n = c.b_rows;
-  std::vector<float> first;
-  for (const int tiles : {1, 2, 4, 8}) {
-    SCOPED_TRACE(::testing::Message() << "tile_tokens " << tiles);
-    p.tile_tokens = tiles;
-    const std::vector<float> sentinel(c.max_rows * c.b_rows, -12345.0f);
-    DeviceBuffer<float> y(sentinel);
-    ASSERT_TRUE(LaunchMxfp4GroupedGemm(p, y.get(), nullptr).ok());
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const std::vector<float> got = y.Download(sentinel.size());
-    int64_t bad = 0;
-    for (int64_t i = 0; i < c.max_rows; ++i) {
-      const int l = ExpertOf(c, i);
-      for (int64_t n = 0; n < c.b_rows; ++n) {
-        const float g = got[i * c.b_rows + n];
-        if (l < 0) {
-          bad += g != -12345.0f;
-          continue;
-        }
-        double want = 0;
-        double mag = 0;
-        Exact(c, l, i, n, &want, &mag);
-        if (!(std::abs(g - want) <= mag / 16384) && ++bad <= 5) {
-          ADD_FAILURE() << "y[" << i << ", " << n << "] got " << g << " want " << want;
+  // K 128: two steps, fewer than any ring; K 640: ten, through the ring's
+  // steady loop and its tail for every depth.
+  for (const int64_t k : {128, 640}) {
+    const GemmCase c = MakeCase(3, /*b_rows=*/80, k);  // 80: a tail tile of 16 rows
+    OnDevice d(c);
+    Mxfp4GemmParams& p = d.params;
+    p.n = c.b_rows;
+    std::vector<float> first;
+    for (const int tiles : {1, 2, 4, 8}) {
+      for (const int depth : {0, 3, 4, 6}) {
+        for (const int ring : {0, -1}) {
+          SCOPED_TRACE(::testing::Message() << "K " << k << " tile_tokens " << tiles << " prefetch "
+                                            << depth << " ring " << ring);
+          p.tile_tokens = tiles;
+          p.prefetch_steps = depth;
+          p.ring_activations = ring;
+          const std::vector<float> sentinel(c.max_rows * c.b_rows, -12345.0f);
+          DeviceBuffer<float> y(sentinel);
+          ASSERT_TRUE(LaunchMxfp4GroupedGemm(p, y.get(), nullptr).ok());
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          const std::vector<float> got = y.Download(sentinel.size());
+          int64_t bad = 0;
+          for (int64_t i = 0; i < c.max_rows; ++i) {
+            const int l = ExpertOf(c, i);
+            for (int64_t n = 0; n < c.b_rows; ++n) {
+              const float g = got[i * c.b_rows + n];
+              if (l < 0) {
+                bad += g != -12345.0f;
+                continue;
+              }
+              double want = 0;
+              double mag = 0;
+              Exact(c, l, i, n, &want, &mag);
+              if (!(std::abs(g - want) <= mag / 16384) && ++bad <= 5) {
+                ADD_FAILURE() << "y[" << i << ", " << n << "] got " << g << " want " << want;
+              }
+            }
+          }
+          EXPECT_EQ(bad, 0);
+          if (first.empty()) {
+            first = got;
+          } else {
+            EXPECT_TRUE(got == first) << "a tile width or ring changed the bits";
+          }
         }
       }
     }
-    EXPECT_EQ(bad, 0);
-    if (first.empty()) {
-      first = got;
-    } else {
-      EXPECT_TRUE(got == first) << "a tile width changed the bits";
-    }
   }
+}
+
+TEST(Mxfp4GroupedGemm, DeviceOrderPermutesTheCodesOfEachWord) {
+  // Host code: runs without a GPU.
+  std::mt19937_64 rng(9);
+  std::vector<uint8_t> blocks(4096);
+  for (uint8_t& b : blocks) b = static_cast<uint8_t>(rng());
+  std::vector<uint8_t> device = blocks;
+  Mxfp4BlocksToDeviceOrder(device.data(), static_cast<int64_t>(device.size()));
+  EXPECT_NE(device, blocks);
+  for (size_t w = 0; w < blocks.size(); w += 4) {
+    // The same word's bits, moved: as many ones.
+    int ones_in = 0;
+    int ones_out = 0;
+    for (size_t b = w; b < w + 4; ++b) {
+      ones_in += __builtin_popcount(blocks[b]);
+      ones_out += __builtin_popcount(device[b]);
+    }
+    ASSERT_EQ(ones_in, ones_out) << "word " << w / 4;
+  }
+  Mxfp4BlocksFromDeviceOrder(device.data(), static_cast<int64_t>(device.size()));
+  EXPECT_EQ(device, blocks);
 }
 
 TEST(Mxfp4GroupedGemm, GptOssGluOfTheExactGateAndUp) {
@@ -260,7 +296,8 @@ TEST(Mxfp4GroupedGemm, RefusesAKOffTheStep) {
   EXPECT_NE(s.message().find("got 96"), std::string::npos) << s;
 }
 
-// Downloads slot `slot`'s six arrays of `set` (kind kGptOssMxfp4).
+// Downloads slot `slot`'s six arrays of `set` (kind kGptOssMxfp4), the
+// blocks back in the checkpoint's nibble order.
 GptOssExpertWeights DownloadMxfp4(const DeviceExpertSet& set, int slot) {
   const Mxfp4Experts v = set.mxfp4();
   const int64_t h = v.hidden;
@@ -282,6 +319,9 @@ GptOssExpertWeights DownloadMxfp4(const DeviceExpertSet& set, int slot) {
   get(&w.down.blocks, v.down_blocks, h * i / 2, slot);
   get(&w.down.scales, v.down_scales, h * i / 32, slot);
   get(&w.down_bias, v.down_bias, h, slot);
+  Mxfp4BlocksFromDeviceOrder(w.gate_up.blocks.data(),
+                             static_cast<int64_t>(w.gate_up.blocks.size()));
+  Mxfp4BlocksFromDeviceOrder(w.down.blocks.data(), static_cast<int64_t>(w.down.blocks.size()));
   return w;
 }
 
