@@ -340,12 +340,11 @@ int PickTiles(const Mxfp4GemmParams& p) {
   return 8;
 }
 
-// Measured on an H100 at gpt-oss-120b's shape (bench/results/run21): at 1
-// and 128 tokens (chunks of 8) depth 3 beats 6 and 8 (1058 vs 1193 and 1384
-// µs for both GEMMs at 128 tokens: more registers cost more warps than the
-// deeper prefetch gains); at 4096 tokens (chunks of 64) depth 6 beats 3
-// (7.6 vs 11.5 ms).
-int PickDepth(int tiles) { return tiles <= 2 ? 3 : 6; }
+// Measured on an H100 at gpt-oss-120b's shape, both GEMMs alone
+// (bench/results/run22): at 128 tokens (chunks of 8, activations in the
+// ring) depth 4 beats 3 and 6 (737 vs 755 and 810 µs); at 4096 tokens
+// (chunks of 64) depth 6 beats 3 and 4 (6.35 vs 8.37 and 8.78 ms).
+int PickDepth(int tiles) { return tiles <= 2 ? 4 : 6; }
 
 template <int kDepth, bool kGlu>
 void LaunchTiles(int tiles, bool ring_x, dim3 grid, const KernelArgs& args, cudaStream_t stream) {
