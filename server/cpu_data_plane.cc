@@ -62,7 +62,7 @@ absl::StatusOr<std::unique_ptr<CpuDataPlane>> CpuDataPlane::Form(
   return std::unique_ptr<CpuDataPlane>(new CpuDataPlane(std::move(masked), group, std::move(live)));
 }
 
-absl::Status CpuDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) {
+absl::Status CpuDataPlane::UseAgreement(MaskAgreement agreed, int /*agreed_round*/) {
   ASSIGN_OR_RETURN(
       std::unique_ptr<core::MaskedCollective> masked,
       core::MaskedCollective::Create(std::move(agreed.group), group_.rank, agreed.live));
@@ -70,19 +70,15 @@ absl::Status CpuDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) 
   if (dispatcher_ != nullptr) {
     // The same buffers' shapes on the survivors' group; the geometry stays.
     ASSIGN_OR_RETURN(dispatcher, core::EpDispatcher::Create(masked.get(), options_, 0));
-    if (dispatcher_->epoch() >= 0) {
-      RETURN_IF_ERROR(dispatcher->CommitGeometry(dispatcher_->epoch(),
-                                                 dispatcher_->runtime_max_tokens_per_rank(), 0));
+    if (geometry_.committed) {
+      RETURN_IF_ERROR(
+          dispatcher->CommitGeometry(geometry_.epoch, geometry_.runtime_max_tokens_per_rank, 0));
     }
   }
   // The old dispatcher points into the old group: it goes first; closing
   // the old group fails any laggard of it at once.
   dispatcher_ = std::move(dispatcher);
   collective_ = std::move(masked);
-  book_.SetLive(agreed.live);
-  mask_.live = std::move(agreed.live);
-  mask_.round = agreed_round;
-  mask_.host = agreed.host;
   // Every member adopts the agreement in the same call: the engine calls
   // are numbered afresh on the new group (a returning rank has counted none).
   engine_round_.Reset();
@@ -104,6 +100,7 @@ absl::StatusOr<DataPlaneAllocation> CpuDataPlane::Allocate(const core::EpDispatc
   hidden_ = options.workspace.hidden;
   options_ = options;
   dispatcher_ = std::move(dispatcher);
+  geometry_ = {};
   NewWorkspaceToken();
   return allocation;
 }
@@ -160,10 +157,10 @@ absl::StatusOr<std::vector<int64_t>> CpuDataPlane::SyncTokenCounts(int64_t local
 
 absl::Status CpuDataPlane::CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
                                           int64_t local_tokens) {
-  return dispatcher_->CommitGeometry(epoch, runtime_max_tokens_per_rank, local_tokens);
+  RETURN_IF_ERROR(dispatcher_->CommitGeometry(epoch, runtime_max_tokens_per_rank, local_tokens));
+  geometry_ = {true, epoch, runtime_max_tokens_per_rank};
+  return absl::OkStatus();
 }
-
-int64_t CpuDataPlane::epoch() const { return dispatcher_ ? dispatcher_->epoch() : -1; }
 
 absl::StatusOr<core::StepStats> CpuDataPlane::Forward(
     int layer, absl::Span<const core::bf16_t> hidden, absl::Span<const int32_t> topk_ids,

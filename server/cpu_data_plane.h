@@ -49,7 +49,6 @@ class CpuDataPlane final : public DataPlane {
   absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens) override;
   absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
                               int64_t local_tokens) override;
-  int64_t epoch() const override;
   absl::StatusOr<core::StepStats> Forward(int layer, absl::Span<const core::bf16_t> hidden,
                                           absl::Span<const int32_t> topk_ids,
                                           absl::Span<const float> topk_weights, int64_t num_tokens,

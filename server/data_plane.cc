@@ -123,7 +123,7 @@ absl::StatusOr<bool> DataPlane::FinishMaskRound(absl::Duration wait) {
   if (!result.has_value()) return false;
   if (!result->ok()) return result->status();
   const int64_t votes = (*result)->votes;
-  RETURN_IF_ERROR(UseAgreement(*std::move(*result), mask().round + 1));
+  RETURN_IF_ERROR(Adopt(*std::move(*result), mask().round + 1));
   agreed_votes_ = votes;
   return true;
 }
@@ -145,7 +145,18 @@ absl::Status DataPlane::Readmit(int round, const std::vector<bool>& live_before,
   agree.joining = joining;
   ASSIGN_OR_RETURN(MaskAgreement agreed, AgreeRankMask(agree));
   agreed_votes_ = 0;
-  return UseAgreement(std::move(agreed), round);
+  return Adopt(std::move(agreed), round);
+}
+
+absl::Status DataPlane::Adopt(MaskAgreement agreed, int round) {
+  std::vector<bool> live = agreed.live;
+  const int host = agreed.host;
+  RETURN_IF_ERROR(UseAgreement(std::move(agreed), round));
+  book_.SetLive(live);
+  mask_.live = std::move(live);
+  mask_.round = round;
+  mask_.host = host;
+  return absl::OkStatus();
 }
 
 std::string PlaneKindName(PlaneKind kind) {
@@ -189,6 +200,24 @@ int64_t DataPlane::HeldExpertBytes() const {
   int64_t bytes = experts_.TotalBytes();
   for (const auto& [layer, held] : shared_bytes_) bytes += held;
   return bytes;
+}
+
+absl::StatusOr<int64_t> DataPlane::GrownScratchCap(int layer, int64_t intermediate,
+                                                   int64_t workspace_intermediate,
+                                                   int64_t new_weight_bytes, int64_t other_bytes,
+                                                   int64_t memory_cap_bytes) const {
+  if (memory_cap_bytes <= 0) return 0;
+  const int64_t cap =
+      memory_cap_bytes - (HeldExpertBytes() - ExpertBytes(layer)) - new_weight_bytes - other_bytes;
+  if (cap <= 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "LoadExperts: layer ", layer, " (intermediate ", intermediate,
+        ") needs more expert scratch than the workspace was allocated with (intermediate ",
+        workspace_intermediate, "), and the memory cap of ", memory_cap_bytes,
+        " bytes leaves no room; configure the model's moe_intermediate_size before "
+        "AllocateWorkspace or raise --memory-cap-bytes"));
+  }
+  return cap;
 }
 
 void DataPlane::SetCall(const CallBound& call) {

@@ -306,7 +306,9 @@ class DataPlane {
   virtual absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens) = 0;
   virtual absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
                                       int64_t local_tokens) = 0;
-  virtual int64_t epoch() const = 0;
+  // The committed geometry's epoch; -1 before the first CommitGeometry
+  // after each Allocate.
+  int64_t epoch() const { return geometry_.committed ? geometry_.epoch : -1; }
 
   // One MoE layer with `layer`'s experts (REQUIRES: HasExperts(layer) and a
   // committed geometry), plus its shared expert when one is loaded. Collective. Returns the step's
@@ -384,6 +386,16 @@ class DataPlane {
   void ForgetExperts();
   // Bytes of every routed and shared expert weight held, all layers.
   int64_t HeldExpertBytes() const;
+  // The cap a grown dispatcher may allocate when `layer`'s new experts (SwiGLU
+  // intermediate `intermediate`, `new_weight_bytes` of weights) need more
+  // scratch than the workspace's `workspace_intermediate`: `memory_cap_bytes`
+  // less every other expert held, the new weights and `other_bytes` the
+  // transport holds outside its dispatcher; 0 when there is no cap.
+  // Errors: kResourceExhausted naming the layer, both intermediates and the
+  // cap (what to configure instead).
+  absl::StatusOr<int64_t> GrownScratchCap(int layer, int64_t intermediate,
+                                          int64_t workspace_intermediate, int64_t new_weight_bytes,
+                                          int64_t other_bytes, int64_t memory_cap_bytes) const;
   // The transport's half of LoadSharedExpert: holds `shared` for `layer`
   // (its device or host memory; nullopt drops it) and returns the bytes of
   // its weights. `others_bytes`: the workspace and the routed experts the
@@ -397,12 +409,22 @@ class DataPlane {
 
   // The state every transport shares, owned here once (DESIGN §17; issue 34
   // item 1): the arguments the group was formed with (rank, world,
-  // Rendezvous addresses, timeout, device), the mask served under (each
-  // transport's UseAgreement sets it) and the call now running (SetCall;
-  // the call gates of Forward and Benchmark read it).
+  // Rendezvous addresses, timeout, device), the mask served under (set
+  // after each agreed round, or by a transport that forms masked: Rejoin)
+  // and the call now running (SetCall; the call gates of Forward and
+  // Benchmark read it).
   DataPlaneGroup group_;
   RankMaskState mask_;
   CallBound call_;
+  // The geometry CommitGeometry agreed (DESIGN §6): each transport records
+  // it on success, forgets it at Allocate, and carries it to every new
+  // dispatcher of the same workspace (mask rounds, grown expert scratch).
+  struct CommittedGeometry {
+    bool committed = false;
+    int64_t epoch = -1;
+    int64_t runtime_max_tokens_per_rank = 0;
+  };
+  CommittedGeometry geometry_;
 
   // DESIGN §15: each layer's table and load counters. The plane resets it at
   // Allocate, installs tables, masks it (SetLive) and adds every step's
@@ -421,8 +443,9 @@ class DataPlane {
   // a round starts, on the caller's thread (default nothing; the NCCL plane
   // revokes its communicator). UseAgreement(): serve on the members of
   // `agreed`, now mask round `agreed_round` (each plane rebuilds its own
-  // group, dispatcher and tables; mask() reports it afterwards); on error
-  // the group is broken.
+  // group and dispatcher; then the core records the mask, which mask()
+  // reports, and masks every layer's table: Adopt); on error the group is
+  // broken.
   const DataPlaneGroup& group() const { return group_; }
   virtual void BeforeMaskRound() {}
   virtual absl::Status UseAgreement(MaskAgreement agreed, int agreed_round) = 0;
@@ -446,6 +469,9 @@ class DataPlane {
                                                    const std::string& data_plane) = 0;
 
  private:
+  // UseAgreement, then the mask and the tables' live ranks.
+  absl::Status Adopt(MaskAgreement agreed, int round);
+
   std::map<int, int64_t> shared_bytes_;  // layer -> its shared expert's weight bytes
   PlaneKind kind_;
   const core::BackendLimits* limits_;

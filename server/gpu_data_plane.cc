@@ -272,7 +272,7 @@ absl::Status GpuDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) 
         kernels::GpuEpDispatcher::Create(next_view, gpu_options, 0);
     if (!made.ok()) return WithContext(made.status(), context);
     dispatcher = std::move(*made);
-    if (geometry_committed_) {
+    if (geometry_.committed) {
       RETURN_IF_ERROR(dispatcher->CommitGeometry(epoch, runtime_max, 0));
     }
   }
@@ -294,10 +294,6 @@ absl::Status GpuDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) 
   view_ = next_view;
   view_->SetCallDeadline(CollectiveDeadline(call_));
   members_ = plan.members;
-  book_.SetLive(agreed.live);
-  mask_.live = std::move(agreed.live);
-  mask_.round = agreed_round;
-  mask_.host = agreed.host;
   return absl::OkStatus();
 }
 
@@ -352,7 +348,7 @@ absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatc
   placement_ = std::make_unique<core::ExpertPlacement>(placement);
   options_ = options;
   max_intermediate_ = max_intermediate;
-  geometry_committed_ = false;
+  geometry_ = {};
   NewWorkspaceToken();
   return allocation;
 }
@@ -383,26 +379,17 @@ absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, const core::ExpertS
     // More scratch than the workspace was sized for: a new dispatcher with
     // the same buffers' shapes, the committed geometry carried over.
     const core::WorkspaceSpec& ws = options_.workspace;
-    int64_t cap = 0;
-    if (memory_cap_bytes > 0) {
-      cap = memory_cap_bytes - (HeldExpertBytes() - ExpertBytes(layer)) - device->weight_bytes();
-      if (cap <= 0) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "LoadExperts: layer ", layer, " (intermediate ", source.intermediate,
-            ") needs more expert scratch than the workspace was allocated with (intermediate ",
-            max_intermediate_, "), and the memory cap of ", memory_cap_bytes,
-            " bytes leaves no room; configure the model's moe_intermediate_size before "
-            "AllocateWorkspace or raise --memory-cap-bytes"));
-      }
-    }
+    ASSIGN_OR_RETURN(const int64_t cap,
+                     GrownScratchCap(layer, source.intermediate, max_intermediate_,
+                                     device->weight_bytes(), 0, memory_cap_bytes));
     kernels::GpuEpDispatcherOptions gpu_options;
     gpu_options.dispatcher = options_;
     gpu_options.max_intermediate = source.intermediate;
     gpu_options.tail_bytes = Staging::DeviceBytes(ws.capacity_tokens, ws.hidden, ws.top_k);
     ASSIGN_OR_RETURN(grown, kernels::GpuEpDispatcher::Create(view_, gpu_options, cap));
-    if (geometry_committed_) {
-      RETURN_IF_ERROR(grown->CommitGeometry(dispatcher_->epoch(),
-                                            dispatcher_->runtime_max_tokens_per_rank(), 0));
+    if (geometry_.committed) {
+      RETURN_IF_ERROR(
+          grown->CommitGeometry(geometry_.epoch, geometry_.runtime_max_tokens_per_rank, 0));
     }
   }
   if (grown != nullptr) {
@@ -451,11 +438,9 @@ absl::StatusOr<std::vector<int64_t>> GpuDataPlane::SyncTokenCounts(int64_t local
 absl::Status GpuDataPlane::CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
                                           int64_t local_tokens) {
   RETURN_IF_ERROR(dispatcher_->CommitGeometry(epoch, runtime_max_tokens_per_rank, local_tokens));
-  geometry_committed_ = true;
+  geometry_ = {true, epoch, runtime_max_tokens_per_rank};
   return absl::OkStatus();
 }
-
-int64_t GpuDataPlane::epoch() const { return dispatcher_ ? dispatcher_->epoch() : -1; }
 
 absl::StatusOr<core::StepStats> GpuDataPlane::Forward(
     int layer, absl::Span<const core::bf16_t> hidden, absl::Span<const int32_t> topk_ids,

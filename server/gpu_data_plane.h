@@ -132,7 +132,6 @@ class GpuDataPlane final : public DataPlane {
   absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens) override;
   absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
                               int64_t local_tokens) override;
-  int64_t epoch() const override;
   absl::StatusOr<core::StepStats> Forward(int layer, absl::Span<const core::bf16_t> hidden,
                                           absl::Span<const int32_t> topk_ids,
                                           absl::Span<const float> topk_weights, int64_t num_tokens,
@@ -227,7 +226,6 @@ class GpuDataPlane final : public DataPlane {
   std::unique_ptr<core::ExpertPlacement> placement_;
   std::unique_ptr<kernels::GpuEpDispatcher> dispatcher_;
   std::unique_ptr<Staging> staging_;
-  bool geometry_committed_ = false;
   cudaEvent_t events_[4] = {nullptr, nullptr, nullptr, nullptr};
   ForwardHostCopy host_copy_ = ForwardHostCopy::kPageable;
   cudaEvent_t fork_ = nullptr;  // engine calls: caller's stream -> dispatcher's stream

@@ -194,7 +194,7 @@ kernels::onesided::OneSidedDispatcherOptions OneSidedDataPlane::DispatcherOption
   return o;
 }
 
-absl::Status OneSidedDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) {
+absl::Status OneSidedDataPlane::UseAgreement(MaskAgreement agreed, int /*agreed_round*/) {
   core::GlooCollective* members = agreed.group.get();
   ASSIGN_OR_RETURN(
       std::unique_ptr<core::MaskedCollective> masked,
@@ -213,10 +213,6 @@ absl::Status OneSidedDataPlane::UseAgreement(MaskAgreement agreed, int agreed_ro
   collective_ = std::move(masked);
   compact_ = members;
   collective_->SetCallDeadline(CollectiveDeadline(call_));
-  book_.SetLive(agreed.live);
-  mask_.live = std::move(agreed.live);
-  mask_.round = agreed_round;
-  mask_.host = agreed.host;
   return absl::OkStatus();
 }
 
@@ -252,8 +248,7 @@ absl::StatusOr<DataPlaneAllocation> OneSidedDataPlane::Allocate(
   staging_.reset();
   windows_.reset();
   windows_dropped_ = false;
-  geometry_committed_ = false;
-  committed_epoch_ = -1;
+  geometry_ = {};
   ASSIGN_OR_RETURN(windows_, kernels::onesided::CreateIpcPeerWindows(compact_, group_.device,
                                                                      member_window_bytes));
   // Under a mask (a returning rank alone) the members' ids may number fewer
@@ -316,19 +311,9 @@ absl::StatusOr<int64_t> OneSidedDataPlane::LoadExperts(int layer, const core::Ex
       source.intermediate > max_intermediate_ && dispatcher_ != nullptr) {
     // More expert scratch: a new dispatcher over the same windows (Create
     // touches no window; the step counter lives there and carries on).
-    int64_t cap = 0;
-    if (memory_cap_bytes > 0) {
-      cap = memory_cap_bytes - (HeldExpertBytes() - ExpertBytes(layer)) - device->weight_bytes() -
-            staging_->bytes();
-      if (cap <= 0) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "LoadExperts: layer ", layer, " (intermediate ", source.intermediate,
-            ") needs more expert scratch than the workspace was allocated with (intermediate ",
-            max_intermediate_, "), and the memory cap of ", memory_cap_bytes,
-            " bytes leaves no room; configure the model's moe_intermediate_size before "
-            "AllocateWorkspace or raise --memory-cap-bytes"));
-      }
-    }
+    ASSIGN_OR_RETURN(const int64_t cap,
+                     GrownScratchCap(layer, source.intermediate, max_intermediate_,
+                                     device->weight_bytes(), staging_->bytes(), memory_cap_bytes));
     core::EpDispatcherOptions dispatch = options_;
     dispatch.workspace.ep_size = dispatch_ep_;
     dispatch.num_experts = dispatch_experts_;
@@ -337,8 +322,9 @@ absl::StatusOr<int64_t> OneSidedDataPlane::LoadExperts(int layer, const core::Ex
     ASSIGN_OR_RETURN(std::unique_ptr<OneSidedDispatcher> grown,
                      OneSidedDispatcher::Create(
                          windows_.get(), DispatcherOptions(dispatch, source.intermediate), cap));
-    if (geometry_committed_) {
-      RETURN_IF_ERROR(grown->CommitGeometry(committed_epoch_, committed_r_, 0));
+    if (geometry_.committed) {
+      RETURN_IF_ERROR(
+          grown->CommitGeometry(geometry_.epoch, geometry_.runtime_max_tokens_per_rank, 0));
     }
     dispatcher_ = std::move(grown);  // the old one waits for its stream as it goes
     dispatcher_cap_ = cap;
@@ -409,9 +395,7 @@ absl::Status OneSidedDataPlane::CommitGeometry(int64_t epoch, int64_t runtime_ma
                      options_.workspace.capacity_tokens, "] (capacity_tokens), got ",
                      runtime_max_tokens_per_rank));
   }
-  geometry_committed_ = true;
-  committed_epoch_ = epoch;
-  committed_r_ = runtime_max_tokens_per_rank;
+  geometry_ = {true, epoch, runtime_max_tokens_per_rank};
   return absl::OkStatus();
 }
 
@@ -445,8 +429,9 @@ absl::Status OneSidedDataPlane::UseRouteMap(const OneSidedRouteMap& map) {
   dispatch_ep_ = map.ep_size();
   dispatch_experts_ = map.num_dispatch_experts;
   NewWorkspaceToken();  // new buffers: graphs of engine calls must be captured again
-  if (geometry_committed_) {
-    RETURN_IF_ERROR(dispatcher_->CommitGeometry(committed_epoch_, committed_r_, 0));
+  if (geometry_.committed) {
+    RETURN_IF_ERROR(
+        dispatcher_->CommitGeometry(geometry_.epoch, geometry_.runtime_max_tokens_per_rank, 0));
   }
   return absl::OkStatus();
 }
@@ -510,13 +495,13 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::Forward(
     local = absl::FailedPreconditionError(
         absl::StrCat("Forward: layer ", layer, " has no loaded experts; call LoadExperts first"));
   }
-  if (local.ok() && !geometry_committed_) {
+  if (local.ok() && !geometry_.committed) {
     local = absl::FailedPreconditionError("Forward: no geometry committed; call CommitGeometry");
   }
-  if (local.ok() && (num_tokens < 0 || num_tokens > committed_r_)) {
-    local = absl::InvalidArgumentError(absl::StrCat("Forward on rank ", group_.rank,
-                                                    ": num_tokens: expected in [0, ", committed_r_,
-                                                    "] (the committed R), got ", num_tokens));
+  if (local.ok() && (num_tokens < 0 || num_tokens > geometry_.runtime_max_tokens_per_rank)) {
+    local = absl::InvalidArgumentError(absl::StrCat(
+        "Forward on rank ", group_.rank, ": num_tokens: expected in [0, ",
+        geometry_.runtime_max_tokens_per_rank, "] (the committed R), got ", num_tokens));
   }
   if (local.ok() && (static_cast<int64_t>(hidden.size()) != num_tokens * h ||
                      static_cast<int64_t>(topk_ids.size()) != num_tokens * k ||
@@ -602,7 +587,7 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::Forward(
   // Keyed like the CPU plane's: a step resent after a mask counts once.
   book_.AddLoad(
       layer, step,
-      core::LoadStepKey{committed_epoch_, mask_.round, core::RoutingFingerprint(topk_ids)});
+      core::LoadStepKey{geometry_.epoch, mask_.round, core::RoutingFingerprint(topk_ids)});
   RETURN_IF_ERROR(AddStepTimes(events_, has_shared ? &shared_ : nullptr, &stats));
   return stats;
 }

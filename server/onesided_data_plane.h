@@ -138,7 +138,6 @@ class OneSidedDataPlane final : public DataPlane {
                               int64_t local_tokens) override;
   // The committed epoch (-1 before CommitGeometry), also while a mask has
   // dropped the dispatcher.
-  int64_t epoch() const override { return geometry_committed_ ? committed_epoch_ : -1; }
   absl::StatusOr<core::StepStats> Forward(int layer, absl::Span<const core::bf16_t> hidden,
                                           absl::Span<const int32_t> topk_ids,
                                           absl::Span<const float> topk_weights, int64_t num_tokens,
@@ -202,9 +201,6 @@ class OneSidedDataPlane final : public DataPlane {
   core::GlooCollective* compact_ = nullptr;
   core::EpDispatcherOptions options_;
   int64_t max_intermediate_ = 0;
-  bool geometry_committed_ = false;
-  int64_t committed_epoch_ = -1;  // the committed geometry, carried to new dispatchers
-  int64_t committed_r_ = 0;
   int64_t dispatcher_cap_ = 0;    // the memory cap the dispatcher was made under (0 none)
   bool windows_dropped_ = false;  // a mask dropped them: made at the next Forward
   int dispatch_ep_ = 0;           // the dispatcher's ranks and ids (UseRouteMap)
