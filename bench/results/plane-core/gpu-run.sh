@@ -2,7 +2,7 @@
 # Issue 34 item 4 after the plane-core steps (DataPlane owns group, mask,
 # call, limits, kind and the shared-expert bytes): the GPU tests of both GPU
 # planes, the capability matrix, the embedded C API and Python engine on the
-# GPU, and the main jobs (DeepSeek-V3 fp8 and gpt-oss-120b mxfp4 on NCCL),
+# GPU, the merged mxfp4 kernels' tests, and the main jobs (DeepSeek-V3 fp8 and gpt-oss-120b mxfp4 on NCCL),
 # in one device call.
 #   mkdir -p g && tar -C g -xJf gpu-call2/b.tar.xz && bash bench/results/plane-core/gpu-run.sh g "$OUT"
 set -u
@@ -14,6 +14,8 @@ bin=$g/bin
 SECONDS=0
 mark() { echo "$1 rc $2 at ${SECONDS}s" >> "$out/rc.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.txt" 2>&1
+timeout 120 "$bin/moe_ep_gpu_tests" --gtest_filter='*Mxfp4*:DeviceExpertSet*:ExpertCompute*' > "$out/gpu_kernels.log" 2>&1
+mark gpu_kernel_tests $?
 timeout 240 "$bin/moe_ep_server_tests" --gtest_filter='Gpu*:CheckGpu*:DeviceTokensSent.*:StepCountStats.*:*OneSided*' > "$out/server_gpu.log" 2>&1
 mark server_gpu_tests $?
 timeout 300 "$bin/moe_ep_integration_tests" --gtest_filter='*GpuOneSided*:*CapabilityMatrix*' > "$out/integration_gpu.log" 2>&1
