@@ -25,7 +25,7 @@ for args in "" "one-sided" "one-sided 2"; do
   timeout 200 "$bin/moe_ep_gpu_embedded" "$bin/moe-ep" $args > "$out/embedded_${args// /_}.log" 2>&1
   mark "embedded[$args]" $?
 done
-(cd python/tests && MOE_EP_LIBRARY="$OLDPWD/$g/lib/libmoe_ep.so" MOE_EP_CLI="$OLDPWD/$bin/moe-ep" \
+(cd python/tests && MOE_EP_LIBRARY="$OLDPWD/$g/lib/libmoe_ep.so.0" MOE_EP_CLI="$OLDPWD/$bin/moe-ep" \
   PYTHONPATH="$OLDPWD/python" PYTHONDONTWRITEBYTECODE=1 timeout 200 python3 -m unittest -v test_engine_gpu) \
   > "$out/python_engine_gpu.log" 2>&1
 mark python_engine_gpu $?
