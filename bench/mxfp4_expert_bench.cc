@@ -13,17 +13,24 @@
 //   tokens,rows,experts_hit,H,I,topk,step_p50_us,weight_bound_us,
 //   step_vs_weight_bound,weight_tbps,copy_tbps,nonfinite,
 //   gemms_p50_us_prefetch<d>_x<r>... (one column per depth and ring choice)
+// then, per --pairs entry (glu/down variants, each depth:min_ctas_per_sm
+// [:pair_chunks] of Mxfp4GemmParams, 0 the default), both GEMMs with those,
+// and per --variants entry each GEMM alone with it:
+//   gemms_p50_us_<pair>..., glu_us_<variant>,down_us_<variant>...
 // Usage: moe_ep_mxfp4_bench [--tokens 1 128 4096] [--iters 100].
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <random>
 #include <set>
+#include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -62,7 +69,35 @@ int Main(int argc, char** argv) {
   app.add_option("--prefetch", prefetch, "prefetch depths of the GEMMs-alone timings");
   std::vector<int> ring_x = {1};
   app.add_option("--ring-x", ring_x, "activations in the ring (1) or loaded at use (-1)");
+  std::vector<std::string> variants;
+  app.add_option("--variants", variants,
+                 "depth:min_ctas_per_sm[:pair_chunks]; each GEMM is timed alone with each (0:0 "
+                 "the default)");
+  std::vector<std::string> pairs;
+  app.add_option("--pairs", pairs,
+                 "glu_depth:glu_min_ctas/down_depth:down_min_ctas; both GEMMs are timed with each");
   CLI11_PARSE(app, argc, argv);
+  // depth:min_ctas[:pair_chunks]
+  auto parse = [](const std::string& v) {
+    std::vector<int> f;
+    size_t from = 0;
+    for (size_t colon; (colon = v.find(':', from)) != std::string::npos; from = colon + 1) {
+      f.push_back(std::stoi(v.substr(from, colon - from)));
+    }
+    f.push_back(std::stoi(v.substr(from)));
+    if (f.size() < 2 || f.size() > 3) {
+      throw std::invalid_argument("expected depth:min_ctas[:pair_chunks]: " + v);
+    }
+    return std::array<int, 3>{f[0], f[1], f.size() == 3 ? f[2] : 0};
+  };
+  std::vector<std::array<int, 3>> kernel_variants;
+  for (const std::string& v : variants) kernel_variants.push_back(parse(v));
+  std::vector<std::pair<std::array<int, 3>, std::array<int, 3>>> variant_pairs;
+  for (const std::string& v : pairs) {
+    const size_t slash = v.find('/');
+    if (slash == std::string::npos) throw std::invalid_argument("expected glu/down: " + v);
+    variant_pairs.emplace_back(parse(v.substr(0, slash)), parse(v.substr(slash + 1)));
+  }
 
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -139,6 +174,8 @@ int Main(int argc, char** argv) {
   for (const int d : prefetch) {
     for (const int r : ring_x) std::printf(",gemms_p50_us_prefetch%d_x%d", d, r);
   }
+  for (const std::string& v : pairs) std::printf(",gemms_p50_us_%s", v.c_str());
+  for (const std::string& v : variants) std::printf(",glu_us_%s,down_us_%s", v.c_str(), v.c_str());
   std::printf("\n");
   // The GEMMs-alone operands: random bf16 rows (x [rows, H], act [rows, I]).
   const int64_t max_rows = max_tokens * top_k;
@@ -191,40 +228,73 @@ int Main(int argc, char** argv) {
     for (const int depth : prefetch) {
       for (const int r : ring_x) configs.emplace_back(depth, r);
     }
-    for (const auto& [depth, ring] : configs) {
-      Mxfp4GemmParams gate_up;
-      gate_up.a = gemm_a;
-      gate_up.max_rows = tokens * top_k;
-      gate_up.blocks = experts.gate_up_blocks;
-      gate_up.scales = experts.gate_up_scales;
-      gate_up.bias = experts.gate_up_bias;
-      gate_up.offsets = gemm_offsets;
-      gate_up.num_local_experts = num_experts;
-      gate_up.n = inter;
-      gate_up.k = hidden;
-      gate_up.prefetch_steps = depth;
-      gate_up.ring_activations = ring;
-      Mxfp4GemmParams down = gate_up;
-      down.a = gemm_act;
-      down.blocks = experts.down_blocks;
-      down.scales = experts.down_scales;
-      down.bias = experts.down_bias;
-      down.n = hidden;
-      down.k = inter;
-      auto gemms = [&] {
-        BENCH_CHECK(LaunchMxfp4GroupedGptOssGlu(gate_up, 1.702f, 7.0f, gemm_act, stream));
-        BENCH_CHECK(LaunchMxfp4GroupedGemm(down, gemm_y, stream));
-      };
-      gemms();
+    auto params = [&](int depth, int ring, const std::array<int, 3>& variant,
+                      Mxfp4GemmParams* gate_up, Mxfp4GemmParams* down) {
+      gate_up->a = gemm_a;
+      gate_up->max_rows = tokens * top_k;
+      gate_up->blocks = experts.gate_up_blocks;
+      gate_up->scales = experts.gate_up_scales;
+      gate_up->bias = experts.gate_up_bias;
+      gate_up->offsets = gemm_offsets;
+      gate_up->num_local_experts = num_experts;
+      gate_up->n = inter;
+      gate_up->k = hidden;
+      gate_up->prefetch_steps = depth != 0 ? depth : variant[0];
+      gate_up->ring_activations = ring;
+      gate_up->min_ctas_per_sm = variant[1];
+      gate_up->pair_chunks = variant[2];
+      *down = *gate_up;
+      down->a = gemm_act;
+      down->blocks = experts.down_blocks;
+      down->scales = experts.down_scales;
+      down->bias = experts.down_bias;
+      down->n = hidden;
+      down->k = inter;
+    };
+    auto time_graph = [&](const auto& body) {
+      body();
       CUDA_CHECK(cudaStreamSynchronize(stream));
       CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-      gemms();
+      body();
       CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
       CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      gemms_us.push_back(bench::TimeP50(stream, warmup, iters,
-                                        [&] { CUDA_CHECK(cudaGraphLaunch(exec, stream)); }));
+      const double us =
+          bench::TimeP50(stream, warmup, iters, [&] { CUDA_CHECK(cudaGraphLaunch(exec, stream)); });
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
+      return us;
+    };
+    std::vector<double> alone_us;
+    for (const std::array<int, 3>& variant : kernel_variants) {
+      Mxfp4GemmParams gate_up;
+      Mxfp4GemmParams down;
+      params(0, 0, variant, &gate_up, &down);
+      alone_us.push_back(time_graph([&] {
+        BENCH_CHECK(LaunchMxfp4GroupedGptOssGlu(gate_up, 1.702f, 7.0f, gemm_act, stream));
+      }));
+      alone_us.push_back(
+          time_graph([&] { BENCH_CHECK(LaunchMxfp4GroupedGemm(down, gemm_y, stream)); }));
+    }
+    for (const auto& [depth, ring] : configs) {
+      Mxfp4GemmParams gate_up;
+      Mxfp4GemmParams down;
+      params(depth, ring, {0, 0, 0}, &gate_up, &down);
+      gemms_us.push_back(time_graph([&] {
+        BENCH_CHECK(LaunchMxfp4GroupedGptOssGlu(gate_up, 1.702f, 7.0f, gemm_act, stream));
+        BENCH_CHECK(LaunchMxfp4GroupedGemm(down, gemm_y, stream));
+      }));
+    }
+    // Both GEMMs, each with its own variant.
+    for (const auto& [glu_variant, down_variant] : variant_pairs) {
+      Mxfp4GemmParams gate_up;
+      Mxfp4GemmParams down;
+      Mxfp4GemmParams unused;
+      params(0, 0, glu_variant, &gate_up, &unused);
+      params(0, 0, down_variant, &unused, &down);
+      gemms_us.push_back(time_graph([&] {
+        BENCH_CHECK(LaunchMxfp4GroupedGptOssGlu(gate_up, 1.702f, 7.0f, gemm_act, stream));
+        BENCH_CHECK(LaunchMxfp4GroupedGemm(down, gemm_y, stream));
+      }));
     }
     std::printf("%lld,%lld,%zu,%lld,%lld,%d,%.1f,%.1f,%.2f,%.2f,%.2f,%lld",
                 static_cast<long long>(tokens), static_cast<long long>(tokens) * top_k, hit.size(),
@@ -232,6 +302,7 @@ int Main(int argc, char** argv) {
                 bound_us, step_us / bound_us, bytes / (step_us * 1e-6) / 1e12, copy_tbps,
                 static_cast<long long>(nonfinite));
     for (const double us : gemms_us) std::printf(",%.1f", us);
+    for (const double us : alone_us) std::printf(",%.1f", us);
     std::printf("\n");
     std::fflush(stdout);
   }

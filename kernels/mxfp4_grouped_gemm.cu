@@ -203,15 +203,107 @@ __device__ __forceinline__ float BiasOf(const uint16_t* bias, int64_t index) {
   return bias == nullptr ? 0.0f : __bfloat162float(__ushort_as_bfloat16(__ldg(bias + index)));
 }
 
-// kGlu: gpt-oss's gate_up + clamped SwiGLU (lane g's rows are gate 2j and up
-// 2j + 1 of feature j, so one thread holds both halves of its outputs); else
-// the plain GEMM with bias. kDepth: the ring of steps in registers; a slot
-// is refilled right after its step is multiplied (so the load lands in the
-// registers just read, with no copies that would wait on it), kDepth - 1
-// steps ahead. kRingX: the activations ride in the ring too (their L2
-// latency, exposed, was the largest stall), else they are loaded at use.
+// What a thread's chunks share: its warp's rows of the expert's matrix.
+struct LaneRows {
+  int t;       // lane % 4
+  int g;       // lane / 4
+  int col_lo;  // output column(s) of this lane (see the kernel)
+  int col_hi;
+  int row_lo;  // the weight rows it reads (clamped into the matrix)
+  int row_hi;
+  int64_t expert_row;  // the expert's first weight row
+};
+
+// One chunk of kTiles * 8 tokens from row `chunk` of A (rows at or past
+// `end` are clamped for loads and not stored). kGlu: gpt-oss's gate_up +
+// clamped SwiGLU (lane g's rows are gate 2j and up 2j + 1 of feature j, so
+// one thread holds both halves of its outputs); else the plain GEMM with
+// bias. kDepth: the ring of steps in registers; a slot is refilled right
+// after its step is multiplied (so the load lands in the registers just
+// read, with no copies that would wait on it), kDepth - 1 steps ahead.
+// kRingX: the activations ride in the ring too (their L2 latency, exposed,
+// was the largest stall), else they are loaded at use.
 template <int kTiles, int kDepth, bool kGlu, bool kRingX>
-__global__ void __launch_bounds__(kThreads) Mxfp4GroupedKernel(KernelArgs args) {
+__device__ __forceinline__ void MultiplyChunk(const KernelArgs& args, const LaneRows& r, int chunk,
+                                              int end) {
+  const int t = r.t;
+  const int n = args.n;
+  const int64_t row_bytes = args.k / 2;
+  const int64_t row_blocks = args.k / core::quant::kMxfp4Block;
+  const int steps = args.k / kMxfp4KStep;
+  Cursor<kTiles> c;
+  c.w_lo = args.blocks + (r.expert_row + r.row_lo) * row_bytes + 8 * t;
+  c.w_hi = args.blocks + (r.expert_row + r.row_hi) * row_bytes + 8 * t;
+  c.s_lo = args.scales + (r.expert_row + r.row_lo) * row_blocks + t / 2;
+  c.s_hi = args.scales + (r.expert_row + r.row_hi) * row_blocks + t / 2;
+  // Lane g reads token chunk + 8 nt + g (clamped; its outputs are not stored).
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt) {
+    const int row = min(chunk + kTokensPerTile * nt + r.g, end - 1);
+    c.x[nt] = args.a + static_cast<int64_t>(row) * args.k + 16 * t;
+  }
+  float acc[kTiles][4];
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.0f;
+  }
+  StepOperands<kTiles, kRingX> ring[kDepth];
+#pragma unroll
+  for (int d = 0; d < kDepth; ++d) ring[d] = Load<kTiles, kRingX>(c, min(d, steps - 1));
+  // Steps [s0, s0 + kDepth) with every refill inside the matrix...
+  int s0 = 0;
+  for (; s0 + 2 * kDepth <= steps; s0 += kDepth) {
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      MultiplyStep(ring[d], c, d, acc);
+      ring[d] = Load<kTiles, kRingX>(c, d + kDepth);
+    }
+    c.Advance(kDepth);
+  }
+  // ...then the last (at most 2 kDepth - 1) steps, refilling while any is left.
+  for (; s0 < steps; s0 += kDepth) {
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      if (s0 + d < steps) {
+        MultiplyStep(ring[d], c, d, acc);
+        if (s0 + d + kDepth < steps) ring[d] = Load<kTiles, kRingX>(c, d + kDepth);
+      }
+    }
+    c.Advance(kDepth);
+  }
+  // acc[nt]: {row lo, row hi} x {token 2t, 2t + 1} of the tile.
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int token = chunk + kTokensPerTile * nt + 2 * t + i;
+      if (token >= end) continue;
+      if (kGlu) {
+        if (r.col_lo >= n) continue;
+        const float gate = acc[nt][i] + BiasOf(args.bias, r.expert_row + r.row_lo);
+        const float up = acc[nt][2 + i] + BiasOf(args.bias, r.expert_row + r.row_hi);
+        const float h = core::quant::GptOssGlu(gate, up, args.alpha, args.limit);
+        static_cast<uint16_t*>(args.out)[static_cast<int64_t>(token) * n + r.col_lo] =
+            __bfloat16_as_ushort(__float2bfloat16_rn(h));
+      } else {
+        float* y = static_cast<float*>(args.out) + static_cast<int64_t>(token) * n;
+        if (r.col_lo < n) y[r.col_lo] = acc[nt][i] + BiasOf(args.bias, r.expert_row + r.col_lo);
+        if (r.col_hi < n) {
+          y[r.col_hi] = acc[nt][2 + i] + BiasOf(args.bias, r.expert_row + r.col_hi);
+        }
+      }
+    }
+  }
+}
+
+// A CTA: 64 weight rows of one expert times all of its rows of A, in chunks
+// of kTiles * 8 tokens (MultiplyChunk). kPairChunks (kTiles 1 only): while
+// more than 8 rows are left, one pass of 16 (activations loaded at use, so
+// its registers stay within the 8-row pass's), rather than two passes over
+// the weights. kMinCtas: __launch_bounds__'s minimum CTAs an SM (0: none).
+template <int kTiles, int kDepth, bool kGlu, bool kRingX, bool kPairChunks, int kMinCtas>
+__global__ void __launch_bounds__(kThreads, kMinCtas) Mxfp4GroupedKernel(KernelArgs args) {
   const int l = static_cast<int>(blockIdx.x) / args.tiles_per_expert;
   const int tile = static_cast<int>(blockIdx.x) % args.tiles_per_expert;
   const int begin = args.offsets[l];
@@ -219,85 +311,26 @@ __global__ void __launch_bounds__(kThreads) Mxfp4GroupedKernel(KernelArgs args) 
   if (begin >= end) return;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int g = lane / 4;
-  const int t = lane % 4;
   const int n = args.n;
-  const int b_rows = kGlu ? 2 * n : n;
+  LaneRows r;
+  r.g = lane / 4;
+  r.t = lane % 4;
   // Output column(s) of this lane: GLU feature j (rows 2j, 2j + 1); else
-  // rows r and r + 8. Rows past the matrix are clamped for loads and not stored.
-  const int col_lo = kGlu ? tile * (kRowsPerCta / 2) + warp * (kRowsPerWarp / 2) + g
-                          : tile * kRowsPerCta + warp * kRowsPerWarp + g;
-  const int col_hi = kGlu ? col_lo : col_lo + 8;
-  const int row_lo = kGlu ? 2 * min(col_lo, n - 1) : min(col_lo, n - 1);
-  const int row_hi = kGlu ? row_lo + 1 : min(col_hi, n - 1);
-  const int64_t row_bytes = args.k / 2;
-  const int64_t row_blocks = args.k / core::quant::kMxfp4Block;
-  const int64_t expert_row = static_cast<int64_t>(l) * b_rows;
-  const int steps = args.k / kMxfp4KStep;
-
-  for (int chunk = begin; chunk < end; chunk += kTokensPerTile * kTiles) {
-    Cursor<kTiles> c;
-    c.w_lo = args.blocks + (expert_row + row_lo) * row_bytes + 8 * t;
-    c.w_hi = args.blocks + (expert_row + row_hi) * row_bytes + 8 * t;
-    c.s_lo = args.scales + (expert_row + row_lo) * row_blocks + t / 2;
-    c.s_hi = args.scales + (expert_row + row_hi) * row_blocks + t / 2;
-    // Lane g reads token chunk + 8 nt + g (clamped; its outputs are not stored).
-#pragma unroll
-    for (int nt = 0; nt < kTiles; ++nt) {
-      const int row = min(chunk + kTokensPerTile * nt + g, end - 1);
-      c.x[nt] = args.a + static_cast<int64_t>(row) * args.k + 16 * t;
+  // rows c and c + 8. Rows past the matrix are clamped for loads and not stored.
+  r.col_lo = kGlu ? tile * (kRowsPerCta / 2) + warp * (kRowsPerWarp / 2) + r.g
+                  : tile * kRowsPerCta + warp * kRowsPerWarp + r.g;
+  r.col_hi = kGlu ? r.col_lo : r.col_lo + 8;
+  r.row_lo = kGlu ? 2 * min(r.col_lo, n - 1) : min(r.col_lo, n - 1);
+  r.row_hi = kGlu ? r.row_lo + 1 : min(r.col_hi, n - 1);
+  r.expert_row = static_cast<int64_t>(l) * (kGlu ? 2 * n : n);
+  int chunk = begin;
+  if constexpr (kTiles == 1 && kPairChunks) {
+    for (; end - chunk > kTokensPerTile; chunk += 2 * kTokensPerTile) {
+      MultiplyChunk<2, kDepth, kGlu, false>(args, r, chunk, end);
     }
-    float acc[kTiles][4];
-#pragma unroll
-    for (int nt = 0; nt < kTiles; ++nt) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[nt][i] = 0.0f;
-    }
-    StepOperands<kTiles, kRingX> ring[kDepth];
-#pragma unroll
-    for (int d = 0; d < kDepth; ++d) ring[d] = Load<kTiles, kRingX>(c, min(d, steps - 1));
-    // Steps [s0, s0 + kDepth) with every refill inside the matrix...
-    int s0 = 0;
-    for (; s0 + 2 * kDepth <= steps; s0 += kDepth) {
-#pragma unroll
-      for (int d = 0; d < kDepth; ++d) {
-        MultiplyStep(ring[d], c, d, acc);
-        ring[d] = Load<kTiles, kRingX>(c, d + kDepth);
-      }
-      c.Advance(kDepth);
-    }
-    // ...then the last (at most 2 kDepth - 1) steps, refilling while any is left.
-    for (; s0 < steps; s0 += kDepth) {
-#pragma unroll
-      for (int d = 0; d < kDepth; ++d) {
-        if (s0 + d < steps) {
-          MultiplyStep(ring[d], c, d, acc);
-          if (s0 + d + kDepth < steps) ring[d] = Load<kTiles, kRingX>(c, d + kDepth);
-        }
-      }
-      c.Advance(kDepth);
-    }
-    // acc[nt]: {row lo, row hi} x {token 2t, 2t + 1} of the tile.
-#pragma unroll
-    for (int nt = 0; nt < kTiles; ++nt) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int token = chunk + kTokensPerTile * nt + 2 * t + i;
-        if (token >= end) continue;
-        if (kGlu) {
-          if (col_lo >= n) continue;
-          const float gate = acc[nt][i] + BiasOf(args.bias, expert_row + row_lo);
-          const float up = acc[nt][2 + i] + BiasOf(args.bias, expert_row + row_hi);
-          const float h = core::quant::GptOssGlu(gate, up, args.alpha, args.limit);
-          static_cast<uint16_t*>(args.out)[static_cast<int64_t>(token) * n + col_lo] =
-              __bfloat16_as_ushort(__float2bfloat16_rn(h));
-        } else {
-          float* y = static_cast<float*>(args.out) + static_cast<int64_t>(token) * n;
-          if (col_lo < n) y[col_lo] = acc[nt][i] + BiasOf(args.bias, expert_row + col_lo);
-          if (col_hi < n) y[col_hi] = acc[nt][2 + i] + BiasOf(args.bias, expert_row + col_hi);
-        }
-      }
-    }
+  }
+  for (; chunk < end; chunk += kTokensPerTile * kTiles) {
+    MultiplyChunk<kTiles, kDepth, kGlu, kRingX>(args, r, chunk, end);
   }
 }
 
@@ -323,10 +356,14 @@ absl::Status CheckParams(const char* call, const Mxfp4GemmParams& p, const void*
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: tile_tokens expected 0, 1, 2, 4 or 8, got %d", call, p.tile_tokens));
   }
-  if (p.prefetch_steps != 0 && p.prefetch_steps != 3 && p.prefetch_steps != 4 &&
-      p.prefetch_steps != 6) {
+  if (p.prefetch_steps != 0 && (p.prefetch_steps < 3 || p.prefetch_steps > 6)) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: prefetch_steps expected 0, 3, 4 or 6, got %d", call, p.prefetch_steps));
+        "%s: prefetch_steps expected 0, 3, 4, 5 or 6, got %d", call, p.prefetch_steps));
+  }
+  if (p.min_ctas_per_sm != 0 && p.min_ctas_per_sm != 1 && p.min_ctas_per_sm != 4 &&
+      p.min_ctas_per_sm != 5) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: min_ctas_per_sm expected 0, 1, 4 or 5, got %d", call, p.min_ctas_per_sm));
   }
   return absl::OkStatus();
 }
@@ -340,35 +377,66 @@ int PickTiles(const Mxfp4GemmParams& p) {
   return 8;
 }
 
-// Measured on an H100 at gpt-oss-120b's shape, both GEMMs alone
-// (bench/results/run22): at 128 tokens (chunks of 8, activations in the
-// ring) depth 4 beats 3 and 6 (737 vs 755 and 810 µs); at 4096 tokens
-// (chunks of 64) depth 6 beats 3 and 4 (6.35 vs 8.37 and 8.78 ms).
-int PickDepth(int tiles) { return tiles <= 2 ? 4 : 6; }
+// Measured on an H100 at gpt-oss-120b's shape (bench/results/run22): at 128
+// tokens (chunks of 8, activations in the ring) depth 4 beats 3 and 6 for
+// both GEMMs together (737 vs 755 and 810 µs, call 2); each GEMM alone
+// (call 6, no 16-row passes), the GLU's depth 4 beats 3 (474 vs 496 µs; 5:
+// 481, call 5) while the down projection's depth 3 (128 registers, 4 CTAs an
+// SM) beats its 4 (149, 3 CTAs): 262 vs 272 µs. At 4096 tokens (chunks of
+// 64) depth 6 beats 3 and 4 (6.35 vs 8.37 and 8.78 ms, call 2).
+int PickDepth(int tiles, bool glu) {
+  if (tiles == 1) return glu ? 4 : 3;
+  return tiles <= 2 ? 4 : 6;
+}
 
-template <int kDepth, bool kGlu>
+template <int kDepth, bool kGlu, bool kPairChunks, int kMinCtas>
 void LaunchTiles(int tiles, bool ring_x, dim3 grid, const KernelArgs& args, cudaStream_t stream) {
   switch (tiles) {
     case 1:
       if (ring_x) {
-        Mxfp4GroupedKernel<1, kDepth, kGlu, true><<<grid, kThreads, 0, stream>>>(args);
+        Mxfp4GroupedKernel<1, kDepth, kGlu, true, kPairChunks, kMinCtas>
+            <<<grid, kThreads, 0, stream>>>(args);
       } else {
-        Mxfp4GroupedKernel<1, kDepth, kGlu, false><<<grid, kThreads, 0, stream>>>(args);
+        Mxfp4GroupedKernel<1, kDepth, kGlu, false, kPairChunks, kMinCtas>
+            <<<grid, kThreads, 0, stream>>>(args);
       }
       break;
     case 2:
       if (ring_x) {
-        Mxfp4GroupedKernel<2, kDepth, kGlu, true><<<grid, kThreads, 0, stream>>>(args);
+        Mxfp4GroupedKernel<2, kDepth, kGlu, true, false, kMinCtas>
+            <<<grid, kThreads, 0, stream>>>(args);
       } else {
-        Mxfp4GroupedKernel<2, kDepth, kGlu, false><<<grid, kThreads, 0, stream>>>(args);
+        Mxfp4GroupedKernel<2, kDepth, kGlu, false, false, kMinCtas>
+            <<<grid, kThreads, 0, stream>>>(args);
       }
       break;
     case 4:
-      Mxfp4GroupedKernel<4, kDepth, kGlu, false><<<grid, kThreads, 0, stream>>>(args);
+      Mxfp4GroupedKernel<4, kDepth, kGlu, false, false, 0><<<grid, kThreads, 0, stream>>>(args);
       break;
     default:
-      Mxfp4GroupedKernel<8, kDepth, kGlu, false><<<grid, kThreads, 0, stream>>>(args);
+      Mxfp4GroupedKernel<8, kDepth, kGlu, false, false, 0><<<grid, kThreads, 0, stream>>>(args);
       break;
+  }
+}
+
+template <int kDepth, bool kGlu>
+void LaunchCapped(int min_ctas, bool pair_chunks, int tiles, bool ring_x, dim3 grid,
+                  const KernelArgs& args, cudaStream_t stream) {
+  if (pair_chunks && tiles == 1) {
+    switch (min_ctas) {
+      case 4:
+        return LaunchTiles<kDepth, kGlu, true, 4>(tiles, ring_x, grid, args, stream);
+      default:
+        return LaunchTiles<kDepth, kGlu, true, 0>(tiles, ring_x, grid, args, stream);
+    }
+  }
+  switch (min_ctas) {
+    case 4:
+      return LaunchTiles<kDepth, kGlu, false, 4>(tiles, ring_x, grid, args, stream);
+    case 5:
+      return LaunchTiles<kDepth, kGlu, false, 5>(tiles, ring_x, grid, args, stream);
+    default:
+      return LaunchTiles<kDepth, kGlu, false, 0>(tiles, ring_x, grid, args, stream);
   }
 }
 
@@ -400,15 +468,20 @@ absl::Status Launch(const char* call, const Mxfp4GemmParams& p, float alpha, flo
   // The activations ride in the ring only for chunks of up to 16 tokens
   // (their registers grow with the tiles).
   const bool ring_x = tiles_per_chunk <= 2 && p.ring_activations >= 0;
-  switch (p.prefetch_steps != 0 ? p.prefetch_steps : PickDepth(tiles_per_chunk)) {
+  const int min_ctas = p.min_ctas_per_sm;
+  const bool pair_chunks = p.pair_chunks >= 0;
+  switch (p.prefetch_steps != 0 ? p.prefetch_steps : PickDepth(tiles_per_chunk, kGlu)) {
     case 3:
-      LaunchTiles<3, kGlu>(tiles_per_chunk, ring_x, grid, args, stream);
+      LaunchCapped<3, kGlu>(min_ctas, pair_chunks, tiles_per_chunk, ring_x, grid, args, stream);
       break;
     case 4:
-      LaunchTiles<4, kGlu>(tiles_per_chunk, ring_x, grid, args, stream);
+      LaunchCapped<4, kGlu>(min_ctas, pair_chunks, tiles_per_chunk, ring_x, grid, args, stream);
+      break;
+    case 5:
+      LaunchCapped<5, kGlu>(min_ctas, pair_chunks, tiles_per_chunk, ring_x, grid, args, stream);
       break;
     default:
-      LaunchTiles<6, kGlu>(tiles_per_chunk, ring_x, grid, args, stream);
+      LaunchCapped<6, kGlu>(min_ctas, pair_chunks, tiles_per_chunk, ring_x, grid, args, stream);
       break;
   }
   return internal::LaunchStatus(kGlu ? "Mxfp4GroupedGptOssGluKernel" : "Mxfp4GroupedGemmKernel");

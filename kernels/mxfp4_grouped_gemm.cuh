@@ -18,7 +18,8 @@
 // weight once and multiplies it by every row it has: the decode and
 // small-prefill regime, where the weights' bytes bound the time. A CTA of 4
 // warps owns 64 weight rows of one expert (the GLU: 32 (gate, up) pairs) and
-// walks that expert's rows in chunks of 8 * tile_tokens; a warp walks K in
+// walks that expert's rows in chunks of 8 * tile_tokens (chunks of 8: while
+// more than 8 rows are left, passes of 16, see pair_chunks); a warp walks K in
 // steps of 64 (32 contiguous bytes of a row a step, loaded ahead), the K
 // order inside a step permuted identically on both operands so every load
 // is one aligned vector. Each output is one fixed-order sum: results repeat
@@ -30,7 +31,8 @@
 //
 // Requirements (else kInvalidArgument): K % 64 == 0 (H and I of the
 // experts; gpt-oss's 2880 is 45 * 64), n >= 1, a 16-byte aligned, sizes
-// within int32, tile_tokens 0, 1, 2, 4 or 8, prefetch_steps 0, 3, 4 or 6.
+// within int32, tile_tokens 0, 1, 2, 4 or 8, prefetch_steps 0, 3, 4, 5 or 6,
+// min_ctas_per_sm 0, 1, 4 or 5.
 // Any CUDA device of compute capability 8.0 or later (mma.sync bf16).
 // Source: issue 35 item 3; OCP Microscaling Formats v1.0; openai/gpt-oss.
 
@@ -60,12 +62,20 @@ struct Mxfp4GemmParams {
   // or 8 forces one (tests, benches).
   int tile_tokens = 0;
   // Steps of operands in a warp's register ring (loaded up to this many
-  // minus one steps ahead): 0 picks (see PickDepth); 3, 4 or 6 forces one
+  // minus one steps ahead): 0 picks (see PickDepth); 3, 4, 5 or 6 forces one
   // (benches).
   int prefetch_steps = 0;
   // Whether chunks of up to 16 tokens carry their activations in the ring
   // too: 0 or 1 yes, -1 no (benches). Larger chunks load them at use.
   int ring_activations = 0;
+  // Chunks of up to 16 tokens: the CTAs an SM the kernel's registers are
+  // capped for (__launch_bounds__'s minimum; 4 caps them at 128, 5 at 96):
+  // 0 or 1 no cap; 4 or 5 forces one (benches).
+  int min_ctas_per_sm = 0;
+  // Chunks of 8 tokens: whether an expert with more than 8 rows left takes
+  // them 16 at a time (one pass over its weights, activations loaded at
+  // use): 0 or 1 yes, -1 no (benches).
+  int pair_chunks = 0;
 };
 
 // LaunchMxfp4GroupedGptOssGlu()

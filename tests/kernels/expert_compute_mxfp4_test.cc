@@ -168,40 +168,49 @@ TEST(Mxfp4GroupedGemm, MatchesTheExactSumOnEveryTileWidthAndRing) {
     p.n = c.b_rows;
     std::vector<float> first;
     for (const int tiles : {1, 2, 4, 8}) {
-      for (const int depth : {0, 3, 4, 6}) {
+      for (const int depth : {0, 3, 4, 5, 6}) {
         for (const int ring : {0, -1}) {
-          SCOPED_TRACE(::testing::Message() << "K " << k << " tile_tokens " << tiles << " prefetch "
-                                            << depth << " ring " << ring);
-          p.tile_tokens = tiles;
-          p.prefetch_steps = depth;
-          p.ring_activations = ring;
-          const std::vector<float> sentinel(c.max_rows * c.b_rows, -12345.0f);
-          DeviceBuffer<float> y(sentinel);
-          ASSERT_TRUE(LaunchMxfp4GroupedGemm(p, y.get(), nullptr).ok());
-          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-          const std::vector<float> got = y.Download(sentinel.size());
-          int64_t bad = 0;
-          for (int64_t i = 0; i < c.max_rows; ++i) {
-            const int l = ExpertOf(c, i);
-            for (int64_t n = 0; n < c.b_rows; ++n) {
-              const float g = got[i * c.b_rows + n];
-              if (l < 0) {
-                bad += g != -12345.0f;
-                continue;
-              }
-              double want = 0;
-              double mag = 0;
-              Exact(c, l, i, n, &want, &mag);
-              if (!(std::abs(g - want) <= mag / 16384) && ++bad <= 5) {
-                ADD_FAILURE() << "y[" << i << ", " << n << "] got " << g << " want " << want;
+          // Register caps; 8-token chunks with and without 16-row passes
+          // (expert 2's 21 rows: one of 16 and one of 5, or three).
+          for (const auto& [min_ctas, pairs] : {std::pair{0, 0}, std::pair{4, 0}, std::pair{5, 0},
+                                                std::pair{0, -1}, std::pair{4, -1}}) {
+            SCOPED_TRACE(::testing::Message()
+                         << "K " << k << " tile_tokens " << tiles << " prefetch " << depth
+                         << " ring " << ring << " min_ctas " << min_ctas << " pair_chunks "
+                         << pairs);
+            p.tile_tokens = tiles;
+            p.prefetch_steps = depth;
+            p.ring_activations = ring;
+            p.min_ctas_per_sm = min_ctas;
+            p.pair_chunks = pairs;
+            const std::vector<float> sentinel(c.max_rows * c.b_rows, -12345.0f);
+            DeviceBuffer<float> y(sentinel);
+            ASSERT_TRUE(LaunchMxfp4GroupedGemm(p, y.get(), nullptr).ok());
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            const std::vector<float> got = y.Download(sentinel.size());
+            int64_t bad = 0;
+            for (int64_t i = 0; i < c.max_rows; ++i) {
+              const int l = ExpertOf(c, i);
+              for (int64_t n = 0; n < c.b_rows; ++n) {
+                const float g = got[i * c.b_rows + n];
+                if (l < 0) {
+                  bad += g != -12345.0f;
+                  continue;
+                }
+                double want = 0;
+                double mag = 0;
+                Exact(c, l, i, n, &want, &mag);
+                if (!(std::abs(g - want) <= mag / 16384) && ++bad <= 5) {
+                  ADD_FAILURE() << "y[" << i << ", " << n << "] got " << g << " want " << want;
+                }
               }
             }
-          }
-          EXPECT_EQ(bad, 0);
-          if (first.empty()) {
-            first = got;
-          } else {
-            EXPECT_TRUE(got == first) << "a tile width or ring changed the bits";
+            EXPECT_EQ(bad, 0);
+            if (first.empty()) {
+              first = got;
+            } else {
+              EXPECT_TRUE(got == first) << "a tile width or ring changed the bits";
+            }
           }
         }
       }
@@ -241,42 +250,49 @@ TEST(Mxfp4GroupedGemm, GptOssGluOfTheExactGateAndUp) {
   // A limit low enough that some gates and ups clamp.
   const float alpha = core::quant::kGptOssAlpha;
   const float limit = 2.0f;
-  DeviceBuffer<bf16_t> act(std::vector<bf16_t>(c.max_rows * features, 0xffff));
-  ASSERT_TRUE(LaunchMxfp4GroupedGptOssGlu(p, alpha, limit, act.get(), nullptr).ok());
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<bf16_t> got = act.Download(c.max_rows * features);
-  int64_t bad = 0;
-  int64_t clamped = 0;
-  for (int64_t i = 0; i < c.max_rows; ++i) {
-    const int l = ExpertOf(c, i);
-    for (int64_t j = 0; j < features; ++j) {
-      const bf16_t g = got[i * features + j];
-      if (l < 0) {
-        bad += g != 0xffff;
-        continue;
-      }
-      double gate = 0;
-      double gate_mag = 0;
-      double up = 0;
-      double up_mag = 0;
-      Exact(c, l, i, 2 * j, &gate, &gate_mag);
-      Exact(c, l, i, 2 * j + 1, &up, &up_mag);
-      clamped += gate > limit || std::abs(up) > limit;
-      const double h =
-          core::quant::GptOssGlu(static_cast<float>(gate), static_cast<float>(up), alpha, limit);
-      // GEMM errors e_g, e_u (2^-14 of their magnitudes) move h by at most
-      // (|u| + 2)(1 + |g|) e_g + (|g| + 1) e_u; bf16 adds |h| / 256.
-      const double tol = std::abs(h) / 128 +
-                         (std::abs(up) + 2) * (1 + std::abs(gate)) * gate_mag / 16384 +
-                         (std::abs(gate) + 1) * up_mag / 16384 + 1e-30;
-      if (!(std::abs(core::Bf16ToFloat(g) - h) <= tol) && ++bad <= 5) {
-        ADD_FAILURE() << "act[" << i << ", " << j << "] got " << core::Bf16ToFloat(g) << " want "
-                      << h;
+  // Tile widths: picked (16 tokens a chunk), and 8 with and without 16-row
+  // passes (expert 2's 21 rows: one of 16 and one of 5, or three).
+  for (const auto& [tiles, pairs] : {std::pair{0, 0}, std::pair{1, 0}, std::pair{1, -1}}) {
+    SCOPED_TRACE(::testing::Message() << "tile_tokens " << tiles << " pair_chunks " << pairs);
+    p.tile_tokens = tiles;
+    p.pair_chunks = pairs;
+    DeviceBuffer<bf16_t> act(std::vector<bf16_t>(c.max_rows * features, 0xffff));
+    ASSERT_TRUE(LaunchMxfp4GroupedGptOssGlu(p, alpha, limit, act.get(), nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<bf16_t> got = act.Download(c.max_rows * features);
+    int64_t bad = 0;
+    int64_t clamped = 0;
+    for (int64_t i = 0; i < c.max_rows; ++i) {
+      const int l = ExpertOf(c, i);
+      for (int64_t j = 0; j < features; ++j) {
+        const bf16_t g = got[i * features + j];
+        if (l < 0) {
+          bad += g != 0xffff;
+          continue;
+        }
+        double gate = 0;
+        double gate_mag = 0;
+        double up = 0;
+        double up_mag = 0;
+        Exact(c, l, i, 2 * j, &gate, &gate_mag);
+        Exact(c, l, i, 2 * j + 1, &up, &up_mag);
+        clamped += gate > limit || std::abs(up) > limit;
+        const double h =
+            core::quant::GptOssGlu(static_cast<float>(gate), static_cast<float>(up), alpha, limit);
+        // GEMM errors e_g, e_u (2^-14 of their magnitudes) move h by at most
+        // (|u| + 2)(1 + |g|) e_g + (|g| + 1) e_u; bf16 adds |h| / 256.
+        const double tol = std::abs(h) / 128 +
+                           (std::abs(up) + 2) * (1 + std::abs(gate)) * gate_mag / 16384 +
+                           (std::abs(gate) + 1) * up_mag / 16384 + 1e-30;
+        if (!(std::abs(core::Bf16ToFloat(g) - h) <= tol) && ++bad <= 5) {
+          ADD_FAILURE() << "act[" << i << ", " << j << "] got " << core::Bf16ToFloat(g) << " want "
+                        << h;
+        }
       }
     }
+    EXPECT_EQ(bad, 0);
+    EXPECT_GT(clamped, 0) << "the case must reach the clamp";
   }
-  EXPECT_EQ(bad, 0);
-  EXPECT_GT(clamped, 0) << "the case must reach the clamp";
 }
 
 TEST(Mxfp4GroupedGemm, RefusesAKOffTheStep) {
