@@ -91,6 +91,7 @@ int Main(int argc, char** argv) {
     return std::array<int, 3>{f[0], f[1], f.size() == 3 ? f[2] : 0};
   };
   std::vector<std::array<int, 3>> kernel_variants;
+  kernel_variants.reserve(variants.size());
   for (const std::string& v : variants) kernel_variants.push_back(parse(v));
   std::vector<std::pair<std::array<int, 3>, std::array<int, 3>>> variant_pairs;
   for (const std::string& v : pairs) {

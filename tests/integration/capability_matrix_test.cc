@@ -201,6 +201,7 @@ class CapabilityMatrix : public ::testing::TestWithParam<Column> {
   std::vector<RankInputs> Inputs(const SmallModel& model, int64_t epoch,
                                  const std::vector<int64_t>& counts) {
     std::vector<RankInputs> inputs;
+    inputs.reserve(world());
     for (int r = 0; r < world(); ++r) {
       inputs.push_back(MakeInputs(1000 * epoch + r, counts[r], model, /*invalid_every=*/5));
     }
@@ -211,6 +212,7 @@ class CapabilityMatrix : public ::testing::TestWithParam<Column> {
   std::vector<int64_t> Uneven(int epoch) const {
     if (world() == 1) return {epoch == 1 ? 7 : 12};
     std::vector<int64_t> counts;
+    counts.reserve(world());
     for (int r = 0; r < world(); ++r) counts.push_back(r == epoch % world() ? 0 : 3 + 5 * r);
     return counts;
   }
