@@ -147,6 +147,14 @@ class CapabilityMatrix : public ::testing::TestWithParam<Column> {
     return sets;
   }
 
+  // Layer 0's seeded SwiGLU experts of kMatrixSeed under `table`, by rank.
+  std::vector<core::ExpertSet> SwiGluSets(const SmallModel& model,
+                                          const core::PlacementTable& table) {
+    return SlotSets(core::ExpertSource::Seeded(kMatrixSeed, 0, model.num_experts, 0, 0,
+                                               model.hidden, model.intermediate),
+                    table);
+  }
+
   // Syncs the step's token counts, commits the geometry, runs Forward on
   // every rank and checks each output against the reference under `table`
   // with `sets`, and each rank's token copies sent exactly.
@@ -228,10 +236,7 @@ TEST_P(CapabilityMatrix, ForwardEqualsTheReference) {
   Load(Experts(0, v1::EXPERT_KIND_SWIGLU, model));
   Load(Experts(1, v1::EXPERT_KIND_IDENTITY, model));
   const core::PlacementTable table = *core::PlacementTable::Contiguous(model.num_experts, world());
-  const std::vector<core::ExpertSet> swiglu =
-      SlotSets(core::ExpertSource::Seeded(kMatrixSeed, 0, model.num_experts, 0, 0, model.hidden,
-                                          model.intermediate),
-               table);
+  const std::vector<core::ExpertSet> swiglu = SwiGluSets(model, table);
   const std::vector<core::ExpertSet> identity =
       SlotSets(core::ExpertSource::Identity(1, model.num_experts, 0, 0, model.hidden), table);
   for (int epoch = 1; epoch <= 2; ++epoch) {
@@ -248,30 +253,25 @@ TEST_P(CapabilityMatrix, ForwardEqualsTheReference) {
 // Benchmark runs on the group's own plane, names it, and moves exactly the
 // bytes of the route its seeded inputs (server/benchmark_inputs.h) take.
 TEST_P(CapabilityMatrix, BenchmarkTimesTheGroupsPlane) {
-  v1::BenchmarkRequest bench;
-  bench.set_tokens_per_rank(32);
-  bench.set_hidden_size(128);
-  bench.set_top_k(4);
-  bench.set_num_experts(8);
-  bench.set_routing("uniform");
-  bench.set_iterations(5);
-  bench.set_warmup(1);
-  bench.set_seed(3);
+  const v1::BenchmarkRequest bench = MakeBenchmarkRequest();
   auto timed = c().Benchmark(bench);
   ASSERT_TRUE(timed.ok()) << timed.status();
-  const core::ExpertPlacement placement = *core::ExpertPlacement::Contiguous(8, world());
+  const core::ExpertPlacement placement =
+      *core::ExpertPlacement::Contiguous(bench.num_experts(), world());
   for (int r = 0; r < world(); ++r) {
     const v1::BenchmarkResponse& got = (*timed)[r];
     EXPECT_EQ(got.data_plane(), GetParam().data_plane) << "rank " << r;
     EXPECT_GT(got.dispatch_p50_us(), 0.0) << "rank " << r;
     EXPECT_GT(got.combine_p50_us(), 0.0) << "rank " << r;
     EXPECT_GE(got.dispatch_p99_us(), got.dispatch_p50_us()) << "rank " << r;
-    const server::BenchmarkInputs inputs =
-        server::GenerateBenchmarkInputs(3, r, 32, 128, 4, 8, server::BenchmarkRouting::kUniform);
-    auto route = core::ComputeDispatchRoute(inputs.topk_ids, 32, 4, placement);
+    const server::BenchmarkInputs inputs = server::GenerateBenchmarkInputs(
+        bench.seed(), r, bench.tokens_per_rank(), bench.hidden_size(), bench.top_k(),
+        bench.num_experts(), server::BenchmarkRouting::kUniform);
+    auto route = core::ComputeDispatchRoute(inputs.topk_ids, bench.tokens_per_rank(), bench.top_k(),
+                                            placement);
     ASSERT_TRUE(route.ok()) << route.status();
-    EXPECT_EQ(got.combine_bytes(),
-              static_cast<int64_t>(route->dest_rank.size()) * core::CombineBytesPerToken(128))
+    EXPECT_EQ(got.combine_bytes(), static_cast<int64_t>(route->dest_rank.size()) *
+                                       core::CombineBytesPerToken(bench.hidden_size()))
         << "rank " << r;
   }
 }
@@ -310,9 +310,7 @@ TEST_P(CapabilityMatrix, EplbTablesOfTheDeepSeekV3LoadEqualTheReference) {
     EXPECT_GT(not_ranges, 0) << "EPLB's ranks must hold ids that are not ranges";
   }
   const std::vector<core::ExpertSet> sets[2] = {
-      SlotSets(core::ExpertSource::Seeded(kMatrixSeed, 0, model.num_experts, 0, 0, model.hidden,
-                                          model.intermediate),
-               tables[0]),
+      SwiGluSets(model, tables[0]),
       SlotSets(core::ExpertSource::Identity(1, model.num_experts, 0, 0, model.hidden), tables[1])};
   core::RoutingSourceOptions routing;
   routing.kind = "load:" + file;
@@ -347,10 +345,7 @@ TEST_P(CapabilityMatrix, Fp8DispatchEqualsTheQuantizedReference) {
   ConfigureAndAllocate(model, 32, 0, v1::DISPATCH_DTYPE_FP8_E4M3);
   Load(Experts(0, v1::EXPERT_KIND_SWIGLU, model));
   const core::PlacementTable table = *core::PlacementTable::Contiguous(model.num_experts, world());
-  const std::vector<core::ExpertSet> sets =
-      SlotSets(core::ExpertSource::Seeded(kMatrixSeed, 0, model.num_experts, 0, 0, model.hidden,
-                                          model.intermediate),
-               table);
+  const std::vector<core::ExpertSet> sets = SwiGluSets(model, table);
   StepCase step;
   step.inputs = Inputs(model, 1, Uneven(1));
   step.options.dispatch_dtype = core::DispatchDType::kFP8E4M3;
@@ -369,10 +364,7 @@ TEST_P(CapabilityMatrix, SharedExpertIsAddedToEveryOwnToken) {
       core::SharedExpert::Generate(kMatrixSeed, 0, model.hidden, 48, /*sigmoid_gate=*/false);
   ASSERT_TRUE(shared.ok()) << shared.status();
   const core::PlacementTable table = *core::PlacementTable::Contiguous(model.num_experts, world());
-  const std::vector<core::ExpertSet> sets =
-      SlotSets(core::ExpertSource::Seeded(kMatrixSeed, 0, model.num_experts, 0, 0, model.hidden,
-                                          model.intermediate),
-               table);
+  const std::vector<core::ExpertSet> sets = SwiGluSets(model, table);
   StepCase step;
   step.inputs = Inputs(model, 1, Uneven(1));
   step.shared = &*shared;

@@ -112,6 +112,19 @@ v1::AllocateWorkspaceRequest MakeAllocateRequest(const SmallModel& model, int64_
   return request;
 }
 
+v1::BenchmarkRequest MakeBenchmarkRequest() {
+  v1::BenchmarkRequest bench;
+  bench.set_tokens_per_rank(32);
+  bench.set_hidden_size(128);
+  bench.set_top_k(4);
+  bench.set_num_experts(8);
+  bench.set_routing("uniform");
+  bench.set_iterations(5);
+  bench.set_warmup(1);
+  bench.set_seed(3);
+  return bench;
+}
+
 absl::StatusOr<std::unique_ptr<FakeCoordinator>> FakeCoordinator::Start(
     int num_workers, std::vector<std::string> extra_args, bool rank_masks,
     const std::string& backend) {

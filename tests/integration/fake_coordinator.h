@@ -58,6 +58,9 @@ void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, 
 
 v1::ConfigureLayersRequest MakeConfigureRequest(int world, const SmallModel& model);
 v1::AllocateWorkspaceRequest MakeAllocateRequest(const SmallModel& model, int64_t capacity_tokens);
+// A small Benchmark: 32 tokens a rank, H 128, top-4 of 8 experts, uniform
+// routing of seed 3, 1 warm-up and 5 timed iterations.
+v1::BenchmarkRequest MakeBenchmarkRequest();
 
 class FakeCoordinator {
  public:

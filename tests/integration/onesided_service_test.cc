@@ -178,15 +178,7 @@ TEST(GpuOneSidedWorkers, TwoProcessesOnOneGpuForwardIdentityAndSwiGluAsTheRefere
 
   // Benchmark on the group's plane reports latencies and names the plane;
   // the nccl plane cannot run on this group.
-  v1::BenchmarkRequest bench;
-  bench.set_tokens_per_rank(32);
-  bench.set_hidden_size(128);
-  bench.set_top_k(4);
-  bench.set_num_experts(8);
-  bench.set_routing("uniform");
-  bench.set_iterations(5);
-  bench.set_warmup(1);
-  bench.set_seed(3);
+  v1::BenchmarkRequest bench = MakeBenchmarkRequest();
   absl::StatusOr<std::vector<v1::BenchmarkResponse>> timed = c.Benchmark(bench);
   ASSERT_TRUE(timed.ok()) << timed.status();
   for (const v1::BenchmarkResponse& r : *timed) {
