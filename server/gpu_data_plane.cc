@@ -379,9 +379,9 @@ absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, const core::ExpertS
     // More scratch than the workspace was sized for: a new dispatcher with
     // the same buffers' shapes, the committed geometry carried over.
     const core::WorkspaceSpec& ws = options_.workspace;
-    ASSIGN_OR_RETURN(const int64_t cap,
-                     GrownScratchCap(layer, source.intermediate, max_intermediate_,
-                                     device->weight_bytes(), 0, memory_cap_bytes));
+    ASSIGN_OR_RETURN(const int64_t cap, GrownScratchCap(layer, source.intermediate,
+                                                        max_intermediate_, device->weight_bytes(),
+                                                        shared_.ScratchBytes(), memory_cap_bytes));
     kernels::GpuEpDispatcherOptions gpu_options;
     gpu_options.dispatcher = options_;
     gpu_options.max_intermediate = source.intermediate;

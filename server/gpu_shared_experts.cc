@@ -74,16 +74,7 @@ absl::StatusOr<int64_t> GpuSharedExperts::Load(int layer, std::optional<core::Sh
   return bytes;
 }
 
-int64_t GpuSharedExperts::Bytes(int layer) const {
-  auto it = layers_.find(layer);
-  return it == layers_.end() ? 0 : it->second->weight_bytes();
-}
-
-int64_t GpuSharedExperts::TotalBytes() const {
-  int64_t total = runner_ ? runner_->allocated_bytes() : 0;
-  for (const auto& [l, s] : layers_) total += s->weight_bytes();
-  return total;
-}
+int64_t GpuSharedExperts::ScratchBytes() const { return runner_ ? runner_->allocated_bytes() : 0; }
 
 absl::Status GpuSharedExperts::Begin(int layer, const uint16_t* hidden, int64_t num_tokens,
                                      cudaStream_t main) {

@@ -43,9 +43,9 @@ class GpuSharedExperts {
   absl::StatusOr<int64_t> Load(int layer, std::optional<core::SharedExpert> shared,
                                int64_t other_bytes, int64_t memory_cap_bytes);
   bool Has(int layer) const { return layers_.contains(layer); }
-  int64_t Bytes(int layer) const;
-  // Weights of every layer plus the runner's scratch.
-  int64_t TotalBytes() const;
+  // The runner's scratch (the weights' bytes are the plane core's ledger,
+  // DataPlane::SharedExpertBytes).
+  int64_t ScratchBytes() const;
 
   // Enqueues `layer`'s shared expert for device `hidden` [T, H] after the
   // work already on `main` (REQUIRES: Has(layer)).

@@ -311,9 +311,10 @@ absl::StatusOr<int64_t> OneSidedDataPlane::LoadExperts(int layer, const core::Ex
       source.intermediate > max_intermediate_ && dispatcher_ != nullptr) {
     // More expert scratch: a new dispatcher over the same windows (Create
     // touches no window; the step counter lives there and carries on).
-    ASSIGN_OR_RETURN(const int64_t cap,
-                     GrownScratchCap(layer, source.intermediate, max_intermediate_,
-                                     device->weight_bytes(), staging_->bytes(), memory_cap_bytes));
+    ASSIGN_OR_RETURN(
+        const int64_t cap,
+        GrownScratchCap(layer, source.intermediate, max_intermediate_, device->weight_bytes(),
+                        staging_->bytes() + shared_.ScratchBytes(), memory_cap_bytes));
     core::EpDispatcherOptions dispatch = options_;
     dispatch.workspace.ep_size = dispatch_ep_;
     dispatch.num_experts = dispatch_experts_;
