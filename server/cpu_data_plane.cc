@@ -9,6 +9,7 @@
 #include "core/status_macros.h"
 #include "core/workspace.h"
 #include "server/call_gate.h"
+#include "server/host_forward.h"
 #include "server/rank_mask.h"
 
 namespace moe_ep::server {
@@ -31,8 +32,8 @@ absl::Status CheckSharedHidden(const core::SharedExpert& shared,
 
 CpuDataPlane::CpuDataPlane(std::unique_ptr<core::ControlCollective> collective,
                            DataPlaneGroup group, std::vector<bool> live)
-    : DataPlane(PlaneKind::kGloo, core::EpDispatcher::kCpuLimits),
-      collective_(std::move(collective)) {
+    : DataPlane(PlaneKind::kGloo, core::EpDispatcher::kCpuLimits) {
+  control_ = std::move(collective);
   group_ = std::move(group);
   mask_.live = std::move(live);
 }
@@ -78,7 +79,7 @@ absl::Status CpuDataPlane::UseAgreement(MaskAgreement agreed, int /*agreed_round
   // The old dispatcher points into the old group: it goes first; closing
   // the old group fails any laggard of it at once.
   dispatcher_ = std::move(dispatcher);
-  collective_ = std::move(masked);
+  control_ = std::move(masked);
   // Every member adopts the agreement in the same call: the engine calls
   // are numbered afresh on the new group (a returning rank has counted none).
   engine_round_.Reset();
@@ -89,7 +90,7 @@ absl::StatusOr<DataPlaneAllocation> CpuDataPlane::Allocate(const core::EpDispatc
                                                            int64_t /*max_intermediate*/,
                                                            int64_t memory_cap_bytes) {
   ASSIGN_OR_RETURN(std::unique_ptr<core::EpDispatcher> dispatcher,
-                   core::EpDispatcher::Create(collective_.get(), options, memory_cap_bytes));
+                   core::EpDispatcher::Create(control_.get(), options, memory_cap_bytes));
   DataPlaneAllocation allocation;
   allocation.allocated_bytes = dispatcher->allocated_bytes();
   allocation.regions = dispatcher->layout().Regions();
@@ -151,10 +152,6 @@ absl::Status CpuDataPlane::InstallPlacement(int layer,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int64_t>> CpuDataPlane::SyncTokenCounts(int64_t local_tokens) {
-  return dispatcher_->SyncTokenCounts(local_tokens);
-}
-
 absl::Status CpuDataPlane::CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
                                           int64_t local_tokens) {
   RETURN_IF_ERROR(dispatcher_->CommitGeometry(epoch, runtime_max_tokens_per_rank, local_tokens));
@@ -162,7 +159,14 @@ absl::Status CpuDataPlane::CommitGeometry(int64_t epoch, int64_t runtime_max_tok
   return absl::OkStatus();
 }
 
-absl::StatusOr<core::StepStats> CpuDataPlane::Forward(
+absl::StatusOr<core::StepStats> CpuDataPlane::RunForward(int layer, const HostForward& io,
+                                                         int64_t num_tokens) {
+  return RunOnHostTensors(io, [&](auto hidden, auto topk_ids, auto topk_weights, auto output) {
+    return StepOnHost(layer, hidden, topk_ids, topk_weights, num_tokens, output);
+  });
+}
+
+absl::StatusOr<core::StepStats> CpuDataPlane::StepOnHost(
     int layer, absl::Span<const core::bf16_t> hidden, absl::Span<const int32_t> topk_ids,
     absl::Span<const float> topk_weights, int64_t num_tokens, absl::Span<core::bf16_t> output) {
   const core::ExpertSet* experts = experts_.Find<core::ExpertSet>(layer);
@@ -172,7 +176,7 @@ absl::StatusOr<core::StepStats> CpuDataPlane::Forward(
   }
   const std::string call = absl::StrCat("Forward (layer ", layer, ")");
   RETURN_IF_ERROR(
-      CallGate(*collective_, call_, absl::StrCat(call, ": before dispatch"), kForwardStopHint));
+      CallGate(*control_, call_, absl::StrCat(call, ": before dispatch"), kForwardStopHint));
   // This rank's shared-expert term, added at combine. A size error here is
   // reported through the dispatcher's agreement round (an output-size
   // mismatch), so peers abort instead of waiting.
@@ -196,7 +200,7 @@ absl::StatusOr<core::StepStats> CpuDataPlane::Forward(
   const absl::Status forwarded = dispatcher_->Forward(
       hidden, topk_ids, topk_weights, num_tokens, *experts, output, shared_out,
       [&] {
-        return CallGate(*collective_, call_,
+        return CallGate(*control_, call_,
                         absl::StrCat(call, ": between expert compute and combine"),
                         kForwardStopHint);
       },
@@ -222,10 +226,10 @@ absl::StatusOr<BenchmarkTimes> CpuDataPlane::Benchmark(const core::EpDispatcherO
   // The caller checked the cap against core::CpuWorkspaceLayout, which is
   // exactly what this dispatcher allocates.
   ASSIGN_OR_RETURN(std::unique_ptr<core::EpDispatcher> bench,
-                   core::EpDispatcher::Create(collective_.get(), options, 0));
-  const int rank = collective_->rank();
+                   core::EpDispatcher::Create(control_.get(), options, 0));
+  const int rank = control_->rank();
   ASSIGN_OR_RETURN(core::ExpertPlacement placement,
-                   core::ExpertPlacement::Contiguous(options.num_experts, collective_->size()));
+                   core::ExpertPlacement::Contiguous(options.num_experts, control_->size()));
   const core::ExpertSet identity = core::ExpertSet::Identity(
       placement.FirstExpert(rank), placement.NumLocalExperts(rank), options.workspace.hidden);
   const int64_t tokens = inputs.num_tokens;
@@ -233,8 +237,8 @@ absl::StatusOr<BenchmarkTimes> CpuDataPlane::Benchmark(const core::EpDispatcherO
   std::vector<core::bf16_t> output(inputs.hidden.size());
   BenchmarkTimes times;
   for (int i = 0; i < warmup + iterations; ++i) {
-    RETURN_IF_ERROR(CallGate(*collective_, call_, BenchmarkGatePoint(i, warmup + iterations),
-                             kBenchmarkStopHint));
+    RETURN_IF_ERROR(
+        CallGate(*control_, call_, BenchmarkGatePoint(i, warmup + iterations), kBenchmarkStopHint));
     const auto t0 = std::chrono::steady_clock::now();
     RETURN_IF_ERROR(bench->Dispatch(inputs.hidden, inputs.topk_ids, inputs.topk_weights, tokens));
     const auto t1 = std::chrono::steady_clock::now();

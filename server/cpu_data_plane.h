@@ -33,9 +33,8 @@ class CpuDataPlane final : public DataPlane {
   static absl::StatusOr<std::unique_ptr<CpuDataPlane>> Form(
       const DataPlaneGroup& group, std::shared_ptr<gloo::rendezvous::Store> store);
 
-  // The group's collective: the Gloo group as formed, or after a rank mask
-  // the survivors' group in the original numbering (core/masked_collective.h).
-  core::ControlCollective& collective() override { return *collective_; }
+  // collective(): the Gloo group as formed, or after a rank mask the
+  // survivors' group in the original numbering (core/masked_collective.h).
   // Rank masks (server/data_plane.h): with every rank's Rendezvous address
   // and more than one rank.
   absl::StatusOr<DataPlaneAllocation> Allocate(const core::EpDispatcherOptions& options,
@@ -46,13 +45,8 @@ class CpuDataPlane final : public DataPlane {
                                       int64_t memory_cap_bytes) override;
   absl::Status InstallPlacement(int layer,
                                 std::shared_ptr<const core::PlacementTable> table) override;
-  absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens) override;
   absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
                               int64_t local_tokens) override;
-  absl::StatusOr<core::StepStats> Forward(int layer, absl::Span<const core::bf16_t> hidden,
-                                          absl::Span<const int32_t> topk_ids,
-                                          absl::Span<const float> topk_weights, int64_t num_tokens,
-                                          absl::Span<core::bf16_t> output) override;
   // Host pointers; `stream` must be null (server/cpu_engine_calls.cc).
   // Each opens with the engine call round (core/engine_call_round.h):
   // the call's own checks go into it, so a rank that refuses its call
@@ -83,6 +77,15 @@ class CpuDataPlane final : public DataPlane {
  private:
   CpuDataPlane(std::unique_ptr<core::ControlCollective> collective, DataPlaneGroup group,
                std::vector<bool> live);
+  // Forward on the host tensors of `io` (in place where aligned:
+  // server/host_forward.h). Sizes are checked in the dispatcher's agreement
+  // round, so a rank with a bad size aborts its peers instead of stalling them.
+  absl::StatusOr<core::StepStats> RunForward(int layer, const HostForward& io,
+                                             int64_t num_tokens) override;
+  absl::StatusOr<core::StepStats> StepOnHost(int layer, absl::Span<const core::bf16_t> hidden,
+                                             absl::Span<const int32_t> topk_ids,
+                                             absl::Span<const float> topk_weights,
+                                             int64_t num_tokens, absl::Span<core::bf16_t> output);
   // The shared expert runs on this thread before dispatch (BLAS uses every
   // core already, so nothing overlaps it on the CPU).
   absl::StatusOr<int64_t> HoldSharedExpert(int layer, std::optional<core::SharedExpert> shared,
@@ -93,8 +96,7 @@ class CpuDataPlane final : public DataPlane {
   // (PlacementBook::SetLive).
   absl::Status UseAgreement(MaskAgreement agreed, int agreed_round) override;
 
-  // Declared first: the dispatcher points into the collective.
-  std::unique_ptr<core::ControlCollective> collective_;
+  // Points into control_ (the core's, destroyed after it).
   std::unique_ptr<core::EpDispatcher> dispatcher_;
   std::map<int, core::SharedExpert> shared_;  // layer -> its shared expert (replica)
   int64_t hidden_ = 0;                        // H of the allocated workspace

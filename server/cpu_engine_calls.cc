@@ -101,15 +101,15 @@ absl::Status CpuDataPlane::EngineSyncTokenCounts(const int64_t* local_tokens, in
     local = absl::InvalidArgumentError(absl::StrCat(call, ": local_tokens must not be null"));
   }
   if (local.ok() && *local_tokens < 0) {
-    local = absl::InvalidArgumentError(absl::StrCat(call, ": local_tokens: expected >= 0, got ",
-                                                    *local_tokens, " (rank ", collective_->rank(),
-                                                    ")"));
+    local =
+        absl::InvalidArgumentError(absl::StrCat(call, ": local_tokens: expected >= 0, got ",
+                                                *local_tokens, " (rank ", control_->rank(), ")"));
   }
   core::EngineCallTicket ticket;
   ticket.call = core::EngineCall::kSyncTokenCounts;
   ticket.value = local.ok() ? *local_tokens : 0;
   std::vector<int64_t> values;
-  RETURN_IF_ERROR(engine_round_.Open(*collective_, ticket, local, &values));
+  RETURN_IF_ERROR(engine_round_.Open(*control_, ticket, local, &values));
   if (counts != nullptr) std::copy(values.begin(), values.end(), counts);
   return absl::OkStatus();
 }
@@ -123,7 +123,7 @@ absl::StatusOr<core::StepStats> CpuDataPlane::EngineDispatch(
   RETURN_IF_ERROR(RequireWorkspace(dispatcher_.get(), call));
   const int64_t h = options_.workspace.hidden;
   const int k = options_.workspace.top_k;
-  const int me = collective_->rank();
+  const int me = control_->rank();
   absl::Status local = CheckHostCall(call, stream);
   if (local.ok()) local = CheckStepStart(*dispatcher_, call, me, num_tokens);
   if (local.ok()) local = CheckRecvBuffers(out, dispatcher_->runtime_max_tokens_per_rank());
@@ -134,7 +134,7 @@ absl::StatusOr<core::StepStats> CpuDataPlane::EngineDispatch(
   ticket.call = kind;
   ticket.epoch = dispatcher_->epoch();
   ticket.runtime_max_tokens_per_rank = dispatcher_->runtime_max_tokens_per_rank();
-  RETURN_IF_ERROR(engine_round_.Open(*collective_, ticket, local, nullptr));
+  RETURN_IF_ERROR(engine_round_.Open(*control_, ticket, local, nullptr));
   // Every rank is in this dispatch: the expert ids are checked in the
   // dispatcher's own agreement round (core::ValidateExpertIds).
   const int64_t t = num_tokens;
@@ -186,7 +186,7 @@ absl::StatusOr<core::StepStats> CpuDataPlane::EngineCombine(const void* expert_o
   if (local.ok() && !dispatcher_->step_in_flight()) {
     local = absl::FailedPreconditionError(
         absl::StrCat(call, ": combine needs a dispatch first: no dispatched step on rank ",
-                     collective_->rank(), " (call moe_ep_dispatch, then combine its step once)"));
+                     control_->rank(), " (call moe_ep_dispatch, then combine its step once)"));
   }
   if (local.ok() && rows < r) {
     local = absl::InvalidArgumentError(absl::StrCat(call, ": expert_out: rows per source ", rows,
@@ -202,7 +202,7 @@ absl::StatusOr<core::StepStats> CpuDataPlane::EngineCombine(const void* expert_o
   ticket.call = core::EngineCall::kCombine;
   ticket.epoch = dispatcher_->epoch();
   ticket.runtime_max_tokens_per_rank = r;
-  RETURN_IF_ERROR(engine_round_.Open(*collective_, ticket, local, nullptr));
+  RETURN_IF_ERROR(engine_round_.Open(*control_, ticket, local, nullptr));
   RETURN_IF_ERROR(dispatcher_->SetExpertOutputs(
       absl::MakeConstSpan(static_cast<const core::bf16_t*>(expert_out),
                           rows > 0 ? e * rows * h : 0),
@@ -221,7 +221,7 @@ absl::StatusOr<core::StepStats> CpuDataPlane::EngineForward(int layer, const voi
   RETURN_IF_ERROR(RequireWorkspace(dispatcher_.get(), call));
   const int64_t h = options_.workspace.hidden;
   const int k = options_.workspace.top_k;
-  const int me = collective_->rank();
+  const int me = control_->rank();
   absl::Status local = CheckHostCall(call, stream);
   if (local.ok()) local = CheckStepStart(*dispatcher_, call, me, num_tokens);
   if (local.ok()) local = CheckInputs(call, num_tokens, hidden, topk_ids, topk_weights);
@@ -240,11 +240,11 @@ absl::StatusOr<core::StepStats> CpuDataPlane::EngineForward(int layer, const voi
   ticket.epoch = dispatcher_->epoch();
   ticket.runtime_max_tokens_per_rank = dispatcher_->runtime_max_tokens_per_rank();
   ticket.layer = layer;
-  RETURN_IF_ERROR(engine_round_.Open(*collective_, ticket, local, nullptr));
+  RETURN_IF_ERROR(engine_round_.Open(*control_, ticket, local, nullptr));
   const int64_t t = num_tokens;
-  return Forward(layer, absl::MakeConstSpan(static_cast<const core::bf16_t*>(hidden), t * h),
-                 absl::MakeConstSpan(topk_ids, t * k), absl::MakeConstSpan(topk_weights, t * k),
-                 num_tokens, absl::MakeSpan(static_cast<core::bf16_t*>(output), t * h));
+  return StepOnHost(layer, absl::MakeConstSpan(static_cast<const core::bf16_t*>(hidden), t * h),
+                    absl::MakeConstSpan(topk_ids, t * k), absl::MakeConstSpan(topk_weights, t * k),
+                    num_tokens, absl::MakeSpan(static_cast<core::bf16_t*>(output), t * h));
 }
 
 }  // namespace moe_ep::server

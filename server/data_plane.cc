@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/ep_contract.h"
 #include "core/gloo_collective.h"
 #include "core/status_macros.h"
 #include "server/backend_selection.h"
@@ -347,6 +348,28 @@ absl::StatusOr<std::unique_ptr<DataPlane>> FormDataPlane(
       absl::StrCat("backend: expected \"gloo\" or \"nccl\", got \"", group.backend, "\""));
 }
 
+namespace {
+
+template <typename T>
+absl::string_view BytesOf(absl::Span<const T> values) {
+  return {reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T)};
+}
+
+}  // namespace
+
+absl::StatusOr<core::StepStats> DataPlane::Forward(int layer, absl::Span<const core::bf16_t> hidden,
+                                                   absl::Span<const int32_t> topk_ids,
+                                                   absl::Span<const float> topk_weights,
+                                                   int64_t num_tokens,
+                                                   absl::Span<core::bf16_t> output) {
+  HostForward io;
+  io.hidden = BytesOf(hidden);
+  io.topk_ids = BytesOf(topk_ids);
+  io.topk_weights = BytesOf(topk_weights);
+  io.output = absl::MakeSpan(reinterpret_cast<char*>(output.data()), output.size() * 2);
+  return RunForward(layer, io, num_tokens);
+}
+
 absl::StatusOr<core::StepStats> DataPlane::ForwardBytes(int layer, const ForwardTensorBytes& in,
                                                         int64_t num_tokens, std::string* output) {
   const size_t hidden_elem = in.hidden_fp32 ? sizeof(float) : sizeof(core::bf16_t);
@@ -357,25 +380,31 @@ absl::StatusOr<core::StepStats> DataPlane::ForwardBytes(int layer, const Forward
                      " (", hidden_elem, " a value), topk_ids ", in.topk_ids.size(),
                      ", topk_weights ", in.topk_weights.size(), " (4 a value)"));
   }
-  // The same decoding as DecodeBf16 / DecodeInt32 / DecodeFloat32.
-  std::vector<core::bf16_t> hidden(in.hidden.size() / hidden_elem);
-  if (in.hidden_fp32) {
-    for (size_t i = 0; i < hidden.size(); ++i) {
-      float value;
-      std::memcpy(&value, in.hidden.data() + i * sizeof(float), sizeof(float));
-      hidden[i] = core::FloatToBf16(value);
-    }
-  } else if (!hidden.empty()) {
-    std::memcpy(hidden.data(), in.hidden.data(), in.hidden.size());
-  }
-  std::vector<int32_t> ids(in.topk_ids.size() / sizeof(int32_t));
-  if (!ids.empty()) std::memcpy(ids.data(), in.topk_ids.data(), in.topk_ids.size());
-  std::vector<float> weights(in.topk_weights.size() / sizeof(float));
-  if (!weights.empty()) std::memcpy(weights.data(), in.topk_weights.data(), in.topk_weights.size());
   // The output is written in place into the reply's bytes (no second copy).
-  output->resize(hidden.size() * sizeof(core::bf16_t));
-  return Forward(layer, hidden, ids, weights, num_tokens,
-                 absl::MakeSpan(reinterpret_cast<core::bf16_t*>(output->data()), hidden.size()));
+  output->resize(in.hidden.size() / hidden_elem * sizeof(core::bf16_t));
+  HostForward io;
+  io.hidden = in.hidden;
+  io.hidden_fp32 = in.hidden_fp32;
+  io.topk_ids = in.topk_ids;
+  io.topk_weights = in.topk_weights;
+  io.output = absl::MakeSpan(output->data(), output->size());
+  return RunForward(layer, io, num_tokens);
+}
+
+absl::StatusOr<std::vector<int64_t>> DataPlane::SyncTokenCounts(int64_t local_tokens) {
+  if (allocated_bytes() == 0) {
+    return absl::FailedPreconditionError("SyncTokenCounts: no workspace; call Allocate first");
+  }
+  // A negative count still joins the all-gather so peers fail fast too.
+  ASSIGN_OR_RETURN(std::vector<int64_t> counts, core::AllGatherInt64(collective(), local_tokens));
+  RETURN_IF_ERROR(core::ValidateLocalTokens(local_tokens, group_.rank));
+  for (int r = 0; r < static_cast<int>(counts.size()); ++r) {
+    if (counts[r] < 0) {
+      return absl::AbortedError(
+          absl::StrCat("rank ", r, " reported an invalid local token count ", counts[r]));
+    }
+  }
+  return counts;
 }
 
 absl::Status DataPlane::EngineCheckStep() { return absl::OkStatus(); }

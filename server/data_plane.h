@@ -1,13 +1,19 @@
 #pragma once
 
-// The data plane a worker drives (DESIGN §1, §6, §7): one joined group's
-// collective, the EP dispatcher sized by AllocateWorkspace, the experts of
-// each layer, and the step calls the Worker service makes on them. Two
-// implementations behind this interface, so server/worker_service.cc stays
-// free of CUDA:
+// The data plane a worker drives (DESIGN §1, §6, §7, §17): one joined
+// group's collective, the EP dispatcher sized by AllocateWorkspace, the
+// experts of each layer, and the step calls the Worker service makes on
+// them. The class is the plane core: it owns, once, the state every
+// transport shares (group, rank mask and its rounds, call bound, committed
+// geometry, placement and load book, expert registry and bytes, the
+// control collective) and the calls made of it alone (SyncTokenCounts, both
+// Forward entry points, the mask protocol). Three transports implement its
+// virtual functions, so server/worker_service.cc stays free of CUDA:
 //   - server/cpu_data_plane.h: Gloo over TCP + core::EpDispatcher, host memory;
 //   - server/gpu_data_plane.h: NCCL + kernels::GpuEpDispatcher on one CUDA
-//     device (only on a CUDA build, MOE_EP_HAVE_CUDA).
+//     device (only on a CUDA build, MOE_EP_HAVE_CUDA);
+//   - server/onesided_data_plane.h: CUDA IPC peer windows between the
+//     processes of one host (kernels/onesided/).
 // FormDataPlane() forms the group of the resolved backend.
 //
 // Tensors cross this interface in host memory (they come from and go to
@@ -118,6 +124,18 @@ struct ForwardTensorBytes {
   absl::string_view topk_weights;  // [T, K] fp32
 };
 
+// A Forward's tensors on the host as a transport receives them
+// (DataPlane::RunForward): inputs [T, H] bf16 (or fp32 when hidden_fp32),
+// [T, K] int32 and [T, K] fp32, output [T, H] bf16; little-endian bytes at
+// any alignment, each a whole number of elements.
+struct HostForward {
+  absl::string_view hidden;
+  bool hidden_fp32 = false;
+  absl::string_view topk_ids;
+  absl::string_view topk_weights;
+  absl::Span<char> output;
+};
+
 // The caller's buffers of an in-process Dispatch (server/moe_ep.h, DESIGN
 // §14), host memory on the CPU plane. E = ep_size, K = top_k, H = hidden,
 // L = this rank's experts; rows >= the committed R. Source s's tokens for
@@ -156,8 +174,11 @@ class DataPlane {
   std::string data_plane() const { return PlaneKindName(kind_); }
   // The CUDA device ordinal of a GPU plane; -1 on the CPU plane.
   int cuda_device() const { return kind_ == PlaneKind::kGloo ? -1 : group_.device; }
-  // The group's collective (host-memory calls work on both backends).
-  virtual core::ControlCollective& collective() = 0;
+  // The group's host-memory collective (core/collective.h): the Gloo group,
+  // or the NCCL plane's staged view of its communicator; after a rank mask,
+  // the survivors' group in the original numbering. The transport sets it
+  // (control_) when it forms and at every agreed mask round.
+  core::ControlCollective& collective() { return *control_; }
   // Rank masks (DESIGN §15; issue 17 item 3). CanMask(): whether this plane
   // can go on without lost ranks (world > 1 and every rank's Rendezvous
   // address, on Gloo, the NCCL plane (which follows the mask with
@@ -302,8 +323,16 @@ class DataPlane {
   // /metrics; core/expert_load_book.h). Zeros for a layer without steps.
   std::vector<int64_t> ExpertTokenTotals(int layer) const { return book_.ExpertTokenTotals(layer); }
 
+  // SyncTokenCounts()
+  //
+  // The cross-rank token counts of a step (DESIGN §6): every rank's
+  // `local_tokens` gathered over collective(), [world] int64 in rank order.
+  // Collective; every plane alike (issue 34 item 1). A negative count still
+  // joins the all-gather, so its peers fail at once rather than wait.
+  // Errors: kFailedPrecondition (no workspace), kInvalidArgument (this
+  // rank's count < 0), kAborted (a peer's count < 0, naming it), group errors.
+  absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens);
   // As core::EpDispatcher (REQUIRES: Allocate succeeded).
-  virtual absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens) = 0;
   virtual absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
                                       int64_t local_tokens) = 0;
   // The committed geometry's epoch; -1 before the first CommitGeometry
@@ -311,28 +340,30 @@ class DataPlane {
   int64_t epoch() const { return geometry_.committed ? geometry_.epoch : -1; }
 
   // One MoE layer with `layer`'s experts (REQUIRES: HasExperts(layer) and a
-  // committed geometry), plus its shared expert when one is loaded. Collective. Returns the step's
-  // counters and phase times. Call gates (server/call_gate.h): the CPU plane before dispatch and
-  // between expert compute and combine, the GPU plane before it uploads the inputs; a stop there
-  // is kDeadlineExceeded / kCancelled "Forward (layer L): <point>: stopped on every rank ..." and
-  // adds nothing to the layer's load counters. Errors: kInvalidArgument (span sizes, T > R),
-  // kAborted (ranks disagree on (epoch, R)), the gate's stops, group errors.
-  virtual absl::StatusOr<core::StepStats> Forward(int layer, absl::Span<const core::bf16_t> hidden,
-                                                  absl::Span<const int32_t> topk_ids,
-                                                  absl::Span<const float> topk_weights,
-                                                  int64_t num_tokens,
-                                                  absl::Span<core::bf16_t> output) = 0;
-
+  // committed geometry), plus its shared expert when one is loaded.
+  // Collective. `hidden` [T, H] bf16, `topk_ids` [T, K] int32,
+  // `topk_weights` [T, K] fp32, `output` [T, H] bf16, host memory, T =
+  // `num_tokens`. Returns the step's counters and phase times. Call gates
+  // (server/call_gate.h): the CPU plane before dispatch and between expert
+  // compute and combine, the GPU planes before they upload the inputs; a
+  // stop there is kDeadlineExceeded / kCancelled "Forward (layer L): <point>:
+  // stopped on every rank ..." and adds nothing to the layer's load
+  // counters. Errors: kInvalidArgument (sizes, T > R), kAborted (ranks
+  // disagree on (epoch, R)), the gate's stops, group errors. Both entry
+  // points reach the transport's one RunForward.
+  absl::StatusOr<core::StepStats> Forward(int layer, absl::Span<const core::bf16_t> hidden,
+                                          absl::Span<const int32_t> topk_ids,
+                                          absl::Span<const float> topk_weights, int64_t num_tokens,
+                                          absl::Span<core::bf16_t> output);
   // Forward from and to message bytes: the Forward RPC's path (issue 11
   // item 2). `in` holds `num_tokens` rows; `output` is resized to the
   // hidden element count * 2 bytes and receives the [T, H] bf16 output
   // (unspecified on error). Errors: Forward's, plus kInvalidArgument when a
-  // byte length is not a whole number of elements. The default decodes into
-  // host vectors and calls Forward (the CPU plane, whose experts read host
-  // memory); the GPU plane overrides it with one host copy each way between
-  // the message and device memory and the counters read from the device.
-  virtual absl::StatusOr<core::StepStats> ForwardBytes(int layer, const ForwardTensorBytes& in,
-                                                       int64_t num_tokens, std::string* output);
+  // byte length is not a whole number of elements. No copy on the way in
+  // where the bytes are aligned (the CPU plane reads them in place; the GPU
+  // planes copy once to the device).
+  absl::StatusOr<core::StepStats> ForwardBytes(int layer, const ForwardTensorBytes& in,
+                                               int64_t num_tokens, std::string* output);
 
   // The in-process data calls of an engine (server/moe_ep.h, DESIGN §14) on
   // the caller's buffers: host pointers on the CPU plane (`stream` must be
@@ -406,6 +437,12 @@ class DataPlane {
                                                    std::optional<core::SharedExpert> shared,
                                                    int64_t others_bytes,
                                                    int64_t memory_cap_bytes) = 0;
+  // The transport's Forward (both entry points above): `io` in host memory
+  // as HostForward says, whole elements; sizes not yet checked against
+  // num_tokens (each transport checks them where its peers learn of a
+  // mismatch rather than wait). Errors: as Forward.
+  virtual absl::StatusOr<core::StepStats> RunForward(int layer, const HostForward& io,
+                                                     int64_t num_tokens) = 0;
 
   // The state every transport shares, owned here once (DESIGN §17; issue 34
   // item 1): the arguments the group was formed with (rank, world,
@@ -415,6 +452,10 @@ class DataPlane {
   // Benchmark read it).
   DataPlaneGroup group_;
   RankMaskState mask_;
+  // collective(): set by the transport when it forms and at each agreed
+  // mask round. Destroyed after the transport's members, so a transport
+  // whose collective views its communicator resets it first.
+  std::unique_ptr<core::ControlCollective> control_;
   CallBound call_;
   // The geometry CommitGeometry agreed (DESIGN §6): each transport records
   // it on success, forgets it at Allocate, and carries it to every new

@@ -183,6 +183,8 @@ GpuDataPlane::~GpuDataPlane() {
   // Frees and event destruction happen on this group's device.
   (void)MakeDeviceCurrent();
   if (view_ != nullptr && view_->healthy()) (void)Synchronize();
+  // The core's control_ views view_, which the members below own.
+  control_.reset();
   experts_.Clear();
   staging_.reset();
   dispatcher_.reset();
@@ -430,11 +432,6 @@ absl::Status GpuDataPlane::InstallPlacement(int layer,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int64_t>> GpuDataPlane::SyncTokenCounts(int64_t local_tokens) {
-  RETURN_IF_ERROR(MakeDeviceCurrent());
-  return dispatcher_->SyncTokenCounts(local_tokens);
-}
-
 absl::Status GpuDataPlane::CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
                                           int64_t local_tokens) {
   RETURN_IF_ERROR(dispatcher_->CommitGeometry(epoch, runtime_max_tokens_per_rank, local_tokens));
@@ -442,47 +439,23 @@ absl::Status GpuDataPlane::CommitGeometry(int64_t epoch, int64_t runtime_max_tok
   return absl::OkStatus();
 }
 
-absl::StatusOr<core::StepStats> GpuDataPlane::Forward(
-    int layer, absl::Span<const core::bf16_t> hidden, absl::Span<const int32_t> topk_ids,
-    absl::Span<const float> topk_weights, int64_t num_tokens, absl::Span<core::bf16_t> output) {
+absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostForward& io,
+                                                         int64_t num_tokens) {
   const core::WorkspaceSpec& ws = options_.workspace;
   const int64_t h = ws.hidden;
   const int k = ws.top_k;
-  if (static_cast<int64_t>(hidden.size()) != num_tokens * h ||
-      static_cast<int64_t>(topk_ids.size()) != num_tokens * k ||
-      static_cast<int64_t>(topk_weights.size()) != num_tokens * k ||
-      static_cast<int64_t>(output.size()) != num_tokens * h) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Forward on rank ", view_->rank(), ": tensor sizes expected hidden/output ",
-                     num_tokens * h, " and topk ", num_tokens * k, " elements, got ", hidden.size(),
-                     ", ", topk_ids.size(), ", ", topk_weights.size(), ", ", output.size()));
-  }
-  return RunForward(layer,
-                    {hidden.data(), false, topk_ids.data(), topk_weights.data(), output.data()},
-                    num_tokens);
-}
-
-absl::StatusOr<core::StepStats> GpuDataPlane::ForwardBytes(int layer, const ForwardTensorBytes& in,
-                                                           int64_t num_tokens,
-                                                           std::string* output) {
-  const core::WorkspaceSpec& ws = options_.workspace;
-  const int64_t h = ws.hidden;
-  const int k = ws.top_k;
-  const int64_t hidden_elem = in.hidden_fp32 ? 4 : 2;
-  if (num_tokens < 0 || static_cast<int64_t>(in.hidden.size()) != num_tokens * h * hidden_elem ||
-      static_cast<int64_t>(in.topk_ids.size()) != num_tokens * k * 4 ||
-      static_cast<int64_t>(in.topk_weights.size()) != num_tokens * k * 4) {
+  const int64_t hidden_elem = io.hidden_fp32 ? 4 : 2;
+  if (num_tokens < 0 || static_cast<int64_t>(io.hidden.size()) != num_tokens * h * hidden_elem ||
+      static_cast<int64_t>(io.topk_ids.size()) != num_tokens * k * 4 ||
+      static_cast<int64_t>(io.topk_weights.size()) != num_tokens * k * 4 ||
+      static_cast<int64_t>(io.output.size()) != num_tokens * h * 2) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Forward on rank ", view_->rank(), ": tensor bytes expected hidden ",
-        num_tokens * h * hidden_elem, " and topk ", num_tokens * k * 4, " each for ", num_tokens,
-        " tokens, got ", in.hidden.size(), ", ", in.topk_ids.size(), ", ", in.topk_weights.size()));
+        num_tokens * h * hidden_elem, ", topk ", num_tokens * k * 4, " each and output ",
+        num_tokens * h * 2, " for ", num_tokens, " tokens, got ", io.hidden.size(), ", ",
+        io.topk_ids.size(), ", ", io.topk_weights.size(), ", ", io.output.size()));
   }
-  // Zero-filled by resize, then overwritten by the one copy from the device.
-  output->resize(static_cast<size_t>(num_tokens * h * 2));
-  return RunForward(layer,
-                    {in.hidden.data(), in.hidden_fp32, in.topk_ids.data(), in.topk_weights.data(),
-                     output->data()},
-                    num_tokens);
+  return StepFromHost(layer, io, num_tokens);
 }
 
 absl::Status GpuDataPlane::Upload(void* dst, const void* src, int64_t bytes, void* pinned,
@@ -497,8 +470,8 @@ absl::Status GpuDataPlane::Upload(void* dst, const void* src, int64_t bytes, voi
       absl::StrCat("cudaMemcpyAsync(", what, " to device, ", bytes, " bytes)"));
 }
 
-absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostForward& io,
-                                                         int64_t num_tokens) {
+absl::StatusOr<core::StepStats> GpuDataPlane::StepFromHost(int layer, const HostForward& io,
+                                                           int64_t num_tokens) {
   const core::WorkspaceSpec& ws = options_.workspace;
   const int64_t h = ws.hidden;
   const int k = ws.top_k;
@@ -533,7 +506,7 @@ absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostFo
     if (io.hidden_fp32) {
       // The rounding to bf16 is the hidden states' one copy, into pinned
       // staging (as DecodeBf16 rounds: core::FloatToBf16).
-      const char* src = static_cast<const char*>(io.hidden);
+      const char* src = io.hidden.data();
       auto* dst = static_cast<core::bf16_t*>(staging_->h_hidden());
       for (int64_t i = 0; i < num_tokens * h; ++i) {
         float value;
@@ -545,12 +518,13 @@ absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostFo
                                               hidden_bytes, cudaMemcpyHostToDevice, stream),
                               "cudaMemcpyAsync(hidden to device)"));
     } else {
-      RETURN_IF_ERROR(
-          Upload(staging_->d_hidden(), io.hidden, hidden_bytes, staging_->h_hidden(), "hidden"));
+      RETURN_IF_ERROR(Upload(staging_->d_hidden(), io.hidden.data(), hidden_bytes,
+                             staging_->h_hidden(), "hidden"));
     }
-    RETURN_IF_ERROR(Upload(staging_->d_ids(), io.topk_ids, k_bytes, staging_->h_ids(), "topk_ids"));
-    RETURN_IF_ERROR(Upload(staging_->d_weights(), io.topk_weights, k_bytes, staging_->h_weights(),
-                           "topk_weights"));
+    RETURN_IF_ERROR(
+        Upload(staging_->d_ids(), io.topk_ids.data(), k_bytes, staging_->h_ids(), "topk_ids"));
+    RETURN_IF_ERROR(Upload(staging_->d_weights(), io.topk_weights.data(), k_bytes,
+                           staging_->h_weights(), "topk_weights"));
   }
   const kernels::DeviceExpertSet& set = *experts;
   // The shared expert starts on its own stream once the inputs are on the
@@ -591,12 +565,12 @@ absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostFo
   RETURN_IF_ERROR(Synchronize());
   if (num_tokens > 0) {
     if (pinned_out) {
-      std::memcpy(io.output, staging_->h_output(), hidden_bytes);
+      std::memcpy(io.output.data(), staging_->h_output(), hidden_bytes);
     } else {
       // The stream is idle now, so this pageable copy (which returns once
       // done) waits for nothing but itself.
       RETURN_IF_ERROR(
-          kernels::CudaStatus(cudaMemcpyAsync(io.output, staging_->d_output(), hidden_bytes,
+          kernels::CudaStatus(cudaMemcpyAsync(io.output.data(), staging_->d_output(), hidden_bytes,
                                               cudaMemcpyDeviceToHost, stream),
                               "cudaMemcpyAsync(output to host)"));
     }
@@ -618,10 +592,9 @@ absl::StatusOr<core::StepStats> GpuDataPlane::RunForward(int layer, const HostFo
     stats.lost_choices += chosen;
   }
   // Keyed like the CPU plane: a step resent after a mask round counts once.
-  book_.AddLoad(layer, step,
-                core::LoadStepKey{dispatcher_->epoch(), mask_.round,
-                                  core::RoutingFingerprint(absl::string_view(
-                                      static_cast<const char*>(io.topk_ids), num_tokens * k * 4))});
+  book_.AddLoad(
+      layer, step,
+      core::LoadStepKey{dispatcher_->epoch(), mask_.round, core::RoutingFingerprint(io.topk_ids)});
   RETURN_IF_ERROR(AddStepTimes(events_, has_shared ? &shared_ : nullptr, &stats));
   return stats;
 }

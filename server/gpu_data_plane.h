@@ -107,9 +107,9 @@ class GpuDataPlane final : public DataPlane {
       const DataPlaneGroup& group, const std::shared_ptr<gloo::rendezvous::Store>& store);
   ~GpuDataPlane() override;
 
-  core::ControlCollective& collective() override { return *control_; }
-  // The control view shares the NCCL communicator, so SetCall's one
-  // deadline covers both.
+  // collective() is a staged host view of the NCCL communicator
+  // (kernels/staged_control_collective.h), so SetCall's one deadline covers
+  // both.
   // Rank masks (see the file comment; server/data_plane.h for the
   // contract): a round starting revokes the communicator (its in-flight
   // work stops; BeforeMaskRound); FinishMaskRound and Readmit follow the
@@ -129,15 +129,8 @@ class GpuDataPlane final : public DataPlane {
   // differs from the one there.
   absl::Status InstallPlacement(int layer,
                                 std::shared_ptr<const core::PlacementTable> table) override;
-  absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens) override;
   absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
                               int64_t local_tokens) override;
-  absl::StatusOr<core::StepStats> Forward(int layer, absl::Span<const core::bf16_t> hidden,
-                                          absl::Span<const int32_t> topk_ids,
-                                          absl::Span<const float> topk_weights, int64_t num_tokens,
-                                          absl::Span<core::bf16_t> output) override;
-  absl::StatusOr<core::StepStats> ForwardBytes(int layer, const ForwardTensorBytes& in,
-                                               int64_t num_tokens, std::string* output) override;
   // How Forward's bytes cross between host and device (see above); both make
   // one host copy each way. bench/forward_copy_bench.cc measures both.
   enum class ForwardHostCopy { kPageable, kPinned };
@@ -172,19 +165,15 @@ class GpuDataPlane final : public DataPlane {
  private:
   class Staging;  // the Forward staging buffers (device + pinned host)
 
-  // A Forward's host side: inputs [T, H] (bf16, or fp32 when hidden_fp32),
-  // [T, K] int32 and fp32; output [T, H] bf16. Unaligned addresses are fine.
-  struct HostForward {
-    const void* hidden = nullptr;
-    bool hidden_fp32 = false;
-    const void* topk_ids = nullptr;
-    const void* topk_weights = nullptr;
-    void* output = nullptr;
-  };
-
   GpuDataPlane();
-  // Forward and ForwardBytes after their size checks.
-  absl::StatusOr<core::StepStats> RunForward(int layer, const HostForward& io, int64_t num_tokens);
+  // Forward and ForwardBytes (server/data_plane.h): checks the byte sizes
+  // against num_tokens, then StepFromHost.
+  absl::StatusOr<core::StepStats> RunForward(int layer, const HostForward& io,
+                                             int64_t num_tokens) override;
+  // Uploads `io` (one host copy), runs the step on the device and copies
+  // the output back.
+  absl::StatusOr<core::StepStats> StepFromHost(int layer, const HostForward& io,
+                                               int64_t num_tokens);
   // Enqueues the host -> device copy of `bytes` at `src` into `dst` (one
   // host copy: pageable directly, or through `pinned`).
   absl::Status Upload(void* dst, const void* src, int64_t bytes, void* pinned, const char* what);
@@ -217,10 +206,9 @@ class GpuDataPlane final : public DataPlane {
   // mask masked_ owns the survivors' communicator (nccl_) and is view_.
   std::unique_ptr<kernels::NcclCollective> collective_;
   std::unique_ptr<kernels::MaskedStreamCollective> masked_;
-  kernels::NcclCollective* nccl_ = nullptr;                    // the communicator in use
-  kernels::StreamCollective* view_ = nullptr;                  // what the dispatcher runs on
-  std::unique_ptr<kernels::StagedControlCollective> control_;  // host view of view_
-  std::vector<int> members_;                                   // original ranks of nccl_, ascending
+  kernels::NcclCollective* nccl_ = nullptr;    // the communicator in use
+  kernels::StreamCollective* view_ = nullptr;  // what the dispatcher runs on
+  std::vector<int> members_;                   // original ranks of nccl_, ascending
   core::EpDispatcherOptions options_;
   int64_t max_intermediate_ = 0;
   std::unique_ptr<core::ExpertPlacement> placement_;

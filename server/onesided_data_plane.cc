@@ -19,6 +19,7 @@
 #include "core/workspace.h"
 #include "kernels/cuda_status.h"
 #include "server/call_gate.h"
+#include "server/host_forward.h"
 #include "server/memory_budget.h"
 
 namespace moe_ep::server {
@@ -136,14 +137,14 @@ absl::StatusOr<std::unique_ptr<OneSidedDataPlane>> OneSidedDataPlane::Form(
   if (alone) {
     // A returning rank: a group of itself, every other rank masked.
     plane->mask_.live[group.rank] = true;
-    ASSIGN_OR_RETURN(plane->collective_, core::MaskedCollective::Create(
-                                             std::move(control), group.rank, plane->mask_.live));
+    ASSIGN_OR_RETURN(plane->control_, core::MaskedCollective::Create(std::move(control), group.rank,
+                                                                     plane->mask_.live));
   } else if (control->size() != group.world_size || control->rank() != group.rank) {
     return absl::InvalidArgumentError(
         absl::StrCat("OneSidedDataPlane: the collective is rank ", control->rank(), " of ",
                      control->size(), ", the group rank ", group.rank, " of ", group.world_size));
   } else {
-    plane->collective_ = std::move(control);
+    plane->control_ = std::move(control);
   }
   plane->group_ = group;
   RETURN_IF_ERROR(plane->MakeDeviceCurrent());
@@ -210,9 +211,9 @@ absl::Status OneSidedDataPlane::UseAgreement(MaskAgreement agreed, int /*agreed_
   windows_.reset();
   dispatch_ep_ = 0;
   dispatch_experts_ = 0;
-  collective_ = std::move(masked);
+  control_ = std::move(masked);
   compact_ = members;
-  collective_->SetCallDeadline(CollectiveDeadline(call_));
+  control_->SetCallDeadline(CollectiveDeadline(call_));
   return absl::OkStatus();
 }
 
@@ -366,21 +367,6 @@ absl::Status OneSidedDataPlane::InstallPlacement(
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int64_t>> OneSidedDataPlane::SyncTokenCounts(int64_t local_tokens) {
-  ASSIGN_OR_RETURN(std::vector<int64_t> counts, core::AllGatherInt64(*collective_, local_tokens));
-  if (local_tokens < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("local_tokens: expected >= 0 on rank ", group_.rank, ", got ", local_tokens));
-  }
-  for (int r = 0; r < static_cast<int>(counts.size()); ++r) {
-    if (counts[r] < 0) {
-      return absl::AbortedError(
-          absl::StrCat("rank ", r, " reported an invalid local token count ", counts[r]));
-    }
-  }
-  return counts;
-}
-
 absl::Status OneSidedDataPlane::CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
                                                int64_t local_tokens) {
   if (staging_ == nullptr) {
@@ -472,14 +458,21 @@ absl::Status OneSidedDataPlane::AgreeOnStep(const absl::Status& local, uint64_t 
   return absl::OkStatus();
 }
 
-absl::StatusOr<core::StepStats> OneSidedDataPlane::Forward(
+absl::StatusOr<core::StepStats> OneSidedDataPlane::RunForward(int layer, const HostForward& io,
+                                                              int64_t num_tokens) {
+  return RunOnHostTensors(io, [&](auto hidden, auto topk_ids, auto topk_weights, auto output) {
+    return StepOnHost(layer, hidden, topk_ids, topk_weights, num_tokens, output);
+  });
+}
+
+absl::StatusOr<core::StepStats> OneSidedDataPlane::StepOnHost(
     int layer, absl::Span<const core::bf16_t> hidden, absl::Span<const int32_t> topk_ids,
     absl::Span<const float> topk_weights, int64_t num_tokens, absl::Span<core::bf16_t> output) {
   const int64_t h = options_.workspace.hidden;
   const int k = options_.workspace.top_k;
   // The call gate (server/call_gate.h) before anything collective: every
   // rank stops together once one is past its deadline or cancelled.
-  RETURN_IF_ERROR(CallGate(*collective_, call_,
+  RETURN_IF_ERROR(CallGate(*control_, call_,
                            absl::StrCat("Forward (layer ", layer, "): before dispatch"),
                            kForwardStopHint));
   absl::Status local = MakeDeviceCurrent();

@@ -11,8 +11,8 @@
 // "gen<generation>/gpu".
 //
 // Forward (the gRPC path, a correctness path: processes without MPS
-// time-slice a shared GPU): the default ForwardBytes decodes the message
-// into host vectors; Forward all-gathers every rank's {epoch, R, ready} on
+// time-slice a shared GPU): the message's bytes are read in place where
+// aligned (server/host_forward.h); Forward all-gathers every rank's {epoch, R, ready} on
 // the host first (so that a rank whose step cannot start makes every rank
 // fail at once with kAborted, and no kernel waits for it), copies the
 // inputs to device staging, runs Dispatch -> ComputeExperts -> Combine on
@@ -109,9 +109,8 @@ class OneSidedDataPlane final : public DataPlane {
 
   // The GPU backend ("nccl" in Join's terms); its data plane is one-sided
   // (PlaneKind::kOneSided).
-  // The group as formed, or after a mask the members' group in the original
-  // numbering (core/masked_collective.h).
-  core::ControlCollective& collective() override { return *collective_; }
+  // collective(): the group as formed, or after a mask the members' group
+  // in the original numbering (core/masked_collective.h).
   // Rank masks (server/data_plane.h), as CpuDataPlane: with every rank's
   // Rendezvous address and more than one rank; FinishMaskRound and Readmit
   // drop the dispatcher and the windows on the caller's thread and mask
@@ -133,15 +132,8 @@ class OneSidedDataPlane final : public DataPlane {
   // plane.
   absl::Status InstallPlacement(int layer,
                                 std::shared_ptr<const core::PlacementTable> table) override;
-  absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens) override;
   absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
                               int64_t local_tokens) override;
-  // The committed epoch (-1 before CommitGeometry), also while a mask has
-  // dropped the dispatcher.
-  absl::StatusOr<core::StepStats> Forward(int layer, absl::Span<const core::bf16_t> hidden,
-                                          absl::Span<const int32_t> topk_ids,
-                                          absl::Span<const float> topk_weights, int64_t num_tokens,
-                                          absl::Span<core::bf16_t> output) override;
   // The engine's calls (see the header comment; server/data_plane.h for
   // shapes). Errors as the NCCL plane's (server/gpu_engine_calls.cc), and
   // kFailedPrecondition under a rank mask or another layer table.
@@ -167,6 +159,15 @@ class OneSidedDataPlane final : public DataPlane {
  private:
   OneSidedDataPlane();
   absl::Status MakeDeviceCurrent() const;
+  // Forward (server/data_plane.h): the host tensors of `io`
+  // (server/host_forward.h), uploaded by StepOnHost; a rank whose checks
+  // fail still reaches the step agreement, so no peer waits on it.
+  absl::StatusOr<core::StepStats> RunForward(int layer, const HostForward& io,
+                                             int64_t num_tokens) override;
+  absl::StatusOr<core::StepStats> StepOnHost(int layer, absl::Span<const core::bf16_t> hidden,
+                                             absl::Span<const int32_t> topk_ids,
+                                             absl::Span<const float> topk_weights,
+                                             int64_t num_tokens, absl::Span<core::bf16_t> output);
   kernels::onesided::OneSidedDispatcherOptions DispatcherOptions(
       const core::EpDispatcherOptions& options, int64_t max_intermediate) const;
   // The host agreement before a step's kernels (see the header comment):
@@ -195,9 +196,8 @@ class OneSidedDataPlane final : public DataPlane {
   // Serves on the members of `agreed` (round `agreed_round`).
   absl::Status UseAgreement(MaskAgreement agreed, int agreed_round) override;
 
-  // Declared first: everything below uses the collective. collective_
-  // owns compact_ (the members' Gloo group, numbered among the members).
-  std::unique_ptr<core::ControlCollective> collective_;
+  // The core's control_ (destroyed after everything here) owns compact_
+  // (the members' Gloo group, numbered among the members).
   core::GlooCollective* compact_ = nullptr;
   core::EpDispatcherOptions options_;
   int64_t max_intermediate_ = 0;
