@@ -33,7 +33,7 @@ TEST(UnderscoreSpelling, ReplacesEveryDash) {
 }
 
 TEST(Version, IsMajorMinorPatch) {
-  EXPECT_THAT(std::string(Version()), testing::MatchesRegex("[0-9]+\\.[0-9]+\\.[0-9]+"));
+  EXPECT_THAT(std::string(Version()), ::testing::MatchesRegex("[0-9]+\\.[0-9]+\\.[0-9]+"));
 }
 
 TEST(ExitBadCommandLine, IsTwo) { EXPECT_EQ(kExitBadCommandLine, 2); }

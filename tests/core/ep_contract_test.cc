@@ -10,7 +10,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-EpDispatcherOptions Options(int ep, int64_t n, int64_t h, int k, int experts) {
+EpDispatcherOptions ContractOptions(int ep, int64_t n, int64_t h, int k, int experts) {
   EpDispatcherOptions o;
   o.workspace = WorkspaceSpec{ep, n, h, k, DispatchDType::kBF16};
   o.num_experts = experts;
@@ -26,32 +26,32 @@ void ExpectInvalid(const absl::Status& s, const std::string& fragment) {
 
 // Each rule has one message, used by the service and by both backends.
 TEST(ValidateEpOptions, PinsEachMessageOnce) {
-  EXPECT_TRUE(ValidateEpOptions(Options(2, 8, 64, 2, 4), 2, kTest).ok());
-  ExpectInvalid(ValidateEpOptions(Options(2, 8, 64, 2, 4), 3, kTest),
+  EXPECT_TRUE(ValidateEpOptions(ContractOptions(2, 8, 64, 2, 4), 2, kTest).ok());
+  ExpectInvalid(ValidateEpOptions(ContractOptions(2, 8, 64, 2, 4), 3, kTest),
                 "workspace.ep_size: expected the group size 3, got 2");
-  ExpectInvalid(ValidateEpOptions(Options(9, 8, 64, 2, 16), 9, kTest),
+  ExpectInvalid(ValidateEpOptions(ContractOptions(9, 8, 64, 2, 16), 9, kTest),
                 "workspace.ep_size: expected in [1, 8] on the test data plane, got 9");
-  ExpectInvalid(ValidateEpOptions(Options(2, 0, 64, 2, 4), 2, kTest),
+  ExpectInvalid(ValidateEpOptions(ContractOptions(2, 0, 64, 2, 4), 2, kTest),
                 "workspace.capacity_tokens: expected >= 1, got 0");
-  ExpectInvalid(ValidateEpOptions(Options(2, 8, 64, 5, 4), 2, kTest),
+  ExpectInvalid(ValidateEpOptions(ContractOptions(2, 8, 64, 5, 4), 2, kTest),
                 "top_k: expected <= num_experts (4), got 5");
-  ExpectInvalid(ValidateEpOptions(Options(2, 8, 64, 5, 8), 2, kTest),
+  ExpectInvalid(ValidateEpOptions(ContractOptions(2, 8, 64, 5, 8), 2, kTest),
                 "top_k: expected in [1, 4] on the test data plane, got 5");
-  ExpectInvalid(ValidateEpOptions(Options(2, 8, 66, 2, 4), 2, kTest),
+  ExpectInvalid(ValidateEpOptions(ContractOptions(2, 8, 66, 2, 4), 2, kTest),
                 "workspace.hidden: the test data plane needs a multiple of 4");
-  ExpectInvalid(ValidateEpOptions(Options(4, 8, 64, 1, 3), 4, BackendLimits{}),
+  ExpectInvalid(ValidateEpOptions(ContractOptions(4, 8, 64, 1, 3), 4, BackendLimits{}),
                 "num_experts: expected >= 4 (the world size: every rank owns an expert), got 3");
-  EpDispatcherOptions fp4 = Options(2, 8, 64, 2, 4);
+  EpDispatcherOptions fp4 = ContractOptions(2, 8, 64, 2, 4);
   fp4.workspace.dtype = DispatchDType::kNVFP4;
   ExpectInvalid(ValidateEpOptions(fp4, 2, kTest),
                 "workspace.dtype (dispatch_dtype): the test data plane moves bf16, got nvfp4");
-  EpDispatcherOptions invalid = Options(2, 8, 64, 2, 4);
+  EpDispatcherOptions invalid = ContractOptions(2, 8, 64, 2, 4);
   invalid.invalid_expert_id = 3;
   ExpectInvalid(ValidateEpOptions(invalid, 2, kTest),
                 "invalid_expert_id: expected -1 or num_experts (4), got 3");
   invalid.invalid_expert_id = 4;
   EXPECT_TRUE(ValidateEpOptions(invalid, 2, kTest).ok());
-  EpDispatcherOptions buckets = Options(2, 8, 64, 2, 4);
+  EpDispatcherOptions buckets = ContractOptions(2, 8, 64, 2, 4);
   buckets.cuda_graph_buckets = {2, 9};
   ExpectInvalid(ValidateEpOptions(buckets, 2, kTest),
                 "cuda_graph_buckets: expected strictly ascending values in [1, capacity_tokens = "
@@ -74,7 +74,7 @@ TEST(ValidateDispatchDType, RefusesWhatTheBackendCannotMove) {
   ExpectInvalid(ValidateDispatchDType(DispatchDType::kFP8E4M3, kTest),
                 "the test data plane moves bf16, got fp8_e4m3");
   // fp8_e4m3 also needs H a multiple of its 128-value scale block.
-  EpDispatcherOptions fp8 = Options(2, 8, 64, 2, 4);
+  EpDispatcherOptions fp8 = ContractOptions(2, 8, 64, 2, 4);
   fp8.workspace.dtype = DispatchDType::kFP8E4M3;
   ExpectInvalid(ValidateEpOptions(fp8, 2, kFp8),
                 "workspace.hidden: fp8_e4m3 dispatch needs a multiple of 128 (one fp32 scale per "
@@ -84,7 +84,7 @@ TEST(ValidateDispatchDType, RefusesWhatTheBackendCannotMove) {
 }
 
 TEST(ValidatePlacement, AgainstTheSlotBudget) {
-  EpDispatcherOptions o = Options(2, 8, 64, 2, 6);
+  EpDispatcherOptions o = ContractOptions(2, 8, 64, 2, 6);
   o.redundant_slots_per_rank = 1;
   EXPECT_EQ(SlotBudgetPerRank(o), 4);  // ceil(6 / 2) + 1
   auto fits = PlacementTable::FromSlotExperts(6, {{5, 2, 0, 3}, {1, 4, 5, 2}});

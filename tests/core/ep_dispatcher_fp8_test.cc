@@ -38,7 +38,8 @@ EpDispatcherOptions Fp8Options(int ep_size, int64_t capacity, int64_t hidden, in
 
 // Values over several binades (so that blocks mix normals and e4m3
 // subnormals) and distinct valid experts.
-StepInput RandomInput(uint32_t seed, int64_t tokens, int64_t hidden, int top_k, int num_experts) {
+StepInput Fp8RandomInput(uint32_t seed, int64_t tokens, int64_t hidden, int top_k,
+                         int num_experts) {
   std::normal_distribution<float> val(0.0f, 1.0f);
   std::uniform_int_distribution<int> binade(-12, 3);
   return RandomInputWith(seed, tokens, hidden, top_k, num_experts, [&](std::mt19937& gen) {
@@ -97,7 +98,7 @@ TEST_P(EpDispatcherFp8Test, MatchesTheReferenceWithTheSameRounding) {
   std::vector<StepInput> inputs;
   inputs.reserve(ep);
   for (int r = 0; r < ep; ++r)
-    inputs.push_back(RandomInput(40 + r, tokens_of(r), h, k, num_experts));
+    inputs.push_back(Fp8RandomInput(40 + r, tokens_of(r), h, k, num_experts));
   auto placement = ExpertPlacement::Contiguous(num_experts, ep).value();
   std::vector<ExpertSet> sets;
   sets.reserve(ep);
@@ -187,7 +188,7 @@ TEST(EpDispatcherFp8, IdentityWithinTheE4m3Bound) {
   const int k = 2;
   const int num_experts = 4;
   RunEp(ep, Fp8Options(ep, 16, h, k, num_experts), [&](int rank, EpDispatcher& d) {
-    const StepInput in = RandomInput(90 + rank, 9, h, k, num_experts);
+    const StepInput in = Fp8RandomInput(90 + rank, 9, h, k, num_experts);
     ASSERT_TRUE(d.CommitGeometry(1, 9, 9).ok());
     auto placement = ExpertPlacement::Contiguous(num_experts, ep).value();
     ExpertSet experts =

@@ -37,8 +37,8 @@ using ::testing::HasSubstr;
 constexpr double kBf16RelTol = 1.0 / 128.0;
 constexpr double kAbsSlack = 1e-5;
 
-EpDispatcherOptions Options(int ep_size, int64_t capacity, int64_t hidden, int top_k,
-                            int num_experts, int32_t invalid_id = -1) {
+EpDispatcherOptions DispatcherTestOptions(int ep_size, int64_t capacity, int64_t hidden, int top_k,
+                                          int num_experts, int32_t invalid_id = -1) {
   EpDispatcherOptions o = DispatcherOptions(ep_size, capacity, hidden, top_k, num_experts);
   o.invalid_expert_id = invalid_id;
   return o;
@@ -57,7 +57,7 @@ TEST_P(EpDispatcherRanksTest, IdentityExpertsGiveSumOfWeightsTimesInput) {
   const int64_t h = 8;
   const int k = 2;
   const int num_experts = 8;
-  RunEp(ep, Options(ep, 16, h, k, num_experts), [&](int rank, EpDispatcher& d) {
+  RunEp(ep, DispatcherTestOptions(ep, 16, h, k, num_experts), [&](int rank, EpDispatcher& d) {
     const int64_t tokens = 3 + 2 * rank;
     StepInput in = RandomInput(100 + rank, tokens, h, k, num_experts);
     auto counts = d.SyncTokenCounts(tokens);
@@ -136,7 +136,7 @@ TEST_P(EpDispatcherSwiGluTest, MatchesDenseReference) {
   ASSERT_TRUE(ref.ok()) << ref.status();
   const int64_t r_max = ref->runtime_max_tokens_per_rank;
 
-  RunEp(ep, Options(ep, 8, h, k, num_experts), [&](int rank, EpDispatcher& d) {
+  RunEp(ep, DispatcherTestOptions(ep, 8, h, k, num_experts), [&](int rank, EpDispatcher& d) {
     const int64_t tokens = tokens_of(rank);
     const StepInput& in = inputs[rank];
     auto counts = d.SyncTokenCounts(tokens);
@@ -202,7 +202,7 @@ TEST_P(EpDispatcherRanksTest, ZeroTokenRankStillTakesPartAndGetsEmptyOutput) {
   const int k = 2;
   const int num_experts = 4;
   std::vector<int64_t> sent(ep), received(ep);
-  RunEp(ep, Options(ep, 8, h, k, num_experts), [&](int rank, EpDispatcher& d) {
+  RunEp(ep, DispatcherTestOptions(ep, 8, h, k, num_experts), [&](int rank, EpDispatcher& d) {
     // Rank 0 has no tokens; rank r > 0 has r + 2.
     const int64_t tokens = rank == 0 ? 0 : rank + 2;
     StepInput in = RandomInput(300 + rank, tokens, h, k, num_experts);
@@ -276,7 +276,7 @@ class EpDispatcherHandTest : public ::testing::TestWithParam<int32_t> {};
 
 TEST_P(EpDispatcherHandTest, ReceivedRowsSlotsAndPaddingAreExact) {
   const int32_t invalid = GetParam();  // -1 or num_experts (4)
-  RunEp(2, Options(2, 4, 2, 2, 4, invalid), [&](int rank, EpDispatcher& d) {
+  RunEp(2, DispatcherTestOptions(2, 4, 2, 2, 4, invalid), [&](int rank, EpDispatcher& d) {
     HandCase in = HandInput(rank);
     ASSERT_TRUE(d.CommitGeometry(9, 3, in.tokens).ok());
     ASSERT_TRUE(d.Dispatch(in.hidden, in.ids, in.weights, in.tokens).ok());
@@ -349,7 +349,7 @@ INSTANTIATE_TEST_SUITE_P(InvalidIdConventions, EpDispatcherHandTest, ::testing::
 
 TEST(EpDispatcher, InvalidInputIdsContributeNothingAndNeverGoToRankZero) {
   const int num_experts = 4;  // rank 0 owns {0,1}, rank 1 owns {2,3}
-  RunEp(2, Options(2, 4, 2, 2, num_experts), [&](int rank, EpDispatcher& d) {
+  RunEp(2, DispatcherTestOptions(2, 4, 2, 2, num_experts), [&](int rank, EpDispatcher& d) {
     // Only rank 1 has tokens: t0 [-1, 3], t1 [-1, -1] (no expert), t2 [2, -1].
     const int64_t tokens = rank == 1 ? 3 : 0;
     std::vector<int32_t> ids =
@@ -407,7 +407,7 @@ class EpDispatcherOutOfRangeTest : public ::testing::TestWithParam<int32_t> {};
 TEST_P(EpDispatcherOutOfRangeTest, OutOfRangeIdFailsTheStepOnEveryRank) {
   const int32_t invalid = GetParam();  // -1 or num_experts (4)
   const int32_t bad_id = invalid == -1 ? 4 : -1;
-  RunEp(2, Options(2, 4, 2, 2, 4, invalid), [&](int rank, EpDispatcher& d) {
+  RunEp(2, DispatcherTestOptions(2, 4, 2, 2, 4, invalid), [&](int rank, EpDispatcher& d) {
     HandCase in = HandInput(rank);
     ASSERT_TRUE(d.CommitGeometry(1, 3, in.tokens).ok());
     std::vector<int32_t> ids = in.ids;
@@ -445,7 +445,7 @@ INSTANTIATE_TEST_SUITE_P(InvalidIdConventions, EpDispatcherOutOfRangeTest,
 // A step released after its dispatch (an exchange: the received rows are
 // the result) needs no combine: the next dispatch runs and sees its own rows.
 TEST(EpDispatcher, ReleaseStepEndsADispatchWithoutCombine) {
-  RunEp(2, Options(2, 4, 2, 2, 4), [&](int rank, EpDispatcher& d) {
+  RunEp(2, DispatcherTestOptions(2, 4, 2, 2, 4), [&](int rank, EpDispatcher& d) {
     HandCase in = HandInput(rank);
     EXPECT_EQ(d.ReleaseStep().code(), absl::StatusCode::kFailedPrecondition);
     ASSERT_TRUE(d.CommitGeometry(1, 3, in.tokens).ok());
@@ -470,7 +470,7 @@ TEST(EpDispatcher, ReleaseStepEndsADispatchWithoutCombine) {
 // --- geometry -------------------------------------------------------------------
 
 TEST(EpDispatcher, CommitGeometryChecksBoundsAndKeepsPreviousOnError) {
-  RunEp(1, Options(1, 8, 4, 2, 4), [&](int, EpDispatcher& d) {
+  RunEp(1, DispatcherTestOptions(1, 8, 4, 2, 4), [&](int, EpDispatcher& d) {
     ASSERT_TRUE(d.CommitGeometry(3, 6, 5).ok());
     absl::Status over = d.CommitGeometry(4, 9, 5);
     EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
@@ -489,7 +489,7 @@ TEST(EpDispatcher, CommitGeometryChecksBoundsAndKeepsPreviousOnError) {
 }
 
 TEST(EpDispatcher, SyncTokenCountsGathersAllRanksAndRejectsNegative) {
-  RunEp(2, Options(2, 8, 4, 2, 4), [&](int rank, EpDispatcher& d) {
+  RunEp(2, DispatcherTestOptions(2, 8, 4, 2, 4), [&](int rank, EpDispatcher& d) {
     auto counts = d.SyncTokenCounts(rank == 0 ? 5 : 0);
     ASSERT_TRUE(counts.ok()) << counts.status();
     EXPECT_EQ(*counts, (std::vector<int64_t>{5, 0}));
@@ -501,7 +501,7 @@ TEST(EpDispatcher, SyncTokenCountsGathersAllRanksAndRejectsNegative) {
 }
 
 TEST(EpDispatcher, RanksWithDifferentGeometryAbortOnEveryRank) {
-  RunEp(2, Options(2, 16, 4, 2, 4), [&](int rank, EpDispatcher& d) {
+  RunEp(2, DispatcherTestOptions(2, 16, 4, 2, 4), [&](int rank, EpDispatcher& d) {
     ASSERT_TRUE(d.CommitGeometry(7, rank == 0 ? 16 : 12, 2).ok());
     StepInput in = RandomInput(400 + rank, 2, 4, 2, 4);
     absl::Status s = d.Dispatch(in.hidden, in.ids, in.weights, 2);
@@ -525,7 +525,7 @@ TEST(EpDispatcher, RanksWithDifferentGeometryAbortOnEveryRank) {
 }
 
 TEST(EpDispatcher, DifferentEpochAborts) {
-  RunEp(2, Options(2, 16, 4, 2, 4), [&](int rank, EpDispatcher& d) {
+  RunEp(2, DispatcherTestOptions(2, 16, 4, 2, 4), [&](int rank, EpDispatcher& d) {
     ASSERT_TRUE(d.CommitGeometry(rank == 0 ? 7 : 6, 4, 0).ok());
     absl::Status s = d.Dispatch({}, {}, {}, 0);
     EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
@@ -535,7 +535,7 @@ TEST(EpDispatcher, DifferentEpochAborts) {
 }
 
 TEST(EpDispatcher, TooManyTokensIsInvalidHereAndAbortedOnPeers) {
-  RunEp(2, Options(2, 16, 4, 2, 4), [&](int rank, EpDispatcher& d) {
+  RunEp(2, DispatcherTestOptions(2, 16, 4, 2, 4), [&](int rank, EpDispatcher& d) {
     ASSERT_TRUE(d.CommitGeometry(1, 2, 0).ok());
     const int64_t tokens = rank == 1 ? 3 : 1;  // rank 1 exceeds R = 2
     StepInput in = RandomInput(500 + rank, tokens, 4, 2, 4);
@@ -553,7 +553,7 @@ TEST(EpDispatcher, TooManyTokensIsInvalidHereAndAbortedOnPeers) {
 // --- sequence and argument checks --------------------------------------------------
 
 TEST(EpDispatcher, SequenceErrorsAreFailedPrecondition) {
-  RunEp(1, Options(1, 4, 2, 1, 2), [&](int, EpDispatcher& d) {
+  RunEp(1, DispatcherTestOptions(1, 4, 2, 1, 2), [&](int, EpDispatcher& d) {
     std::vector<bf16_t> hidden = {FloatToBf16(1.0f), FloatToBf16(2.0f)};
     std::vector<int32_t> ids = {1};
     std::vector<float> weights = {0.5f};
@@ -589,7 +589,7 @@ TEST(EpDispatcher, SequenceErrorsAreFailedPrecondition) {
 // returned and still nothing is combined.
 TEST(EpDispatcher, ForwardStoppedInsideExpertComputeStillRunsBeforeCombine) {
   constexpr int64_t kH = 8;
-  RunEp(1, Options(1, 4, kH, 2, 4), [&](int, EpDispatcher& d) {
+  RunEp(1, DispatcherTestOptions(1, 4, kH, 2, 4), [&](int, EpDispatcher& d) {
     auto experts = ExpertSet::GenerateSwiGlu(3, 0, 0, 4, kH, 16);
     ASSERT_TRUE(experts.ok());
     std::vector<bf16_t> hidden;
@@ -642,7 +642,7 @@ TEST(EpDispatcher, ForwardStoppedInsideExpertComputeStillRunsBeforeCombine) {
 }
 
 TEST(EpDispatcher, BadSpansAreInvalidArgumentAndLeaveStateUnchanged) {
-  RunEp(1, Options(1, 4, 2, 2, 2), [&](int, EpDispatcher& d) {
+  RunEp(1, DispatcherTestOptions(1, 4, 2, 2, 2), [&](int, EpDispatcher& d) {
     ASSERT_TRUE(d.CommitGeometry(1, 2, 1).ok());
     std::vector<bf16_t> hidden = {FloatToBf16(1.0f), FloatToBf16(3.0f)};
     std::vector<int32_t> ids = {0, 1};
@@ -680,39 +680,40 @@ TEST(EpDispatcher, CreateValidatesOptions) {
   auto group = JoinLoopback(store, 0, 1);
   ASSERT_TRUE(group.ok()) << group.status();
   ControlCollective* c = group->get();
-  auto wrong_size = EpDispatcher::Create(c, Options(2, 4, 4, 2, 4), 0);
+  auto wrong_size = EpDispatcher::Create(c, DispatcherTestOptions(2, 4, 4, 2, 4), 0);
   EXPECT_EQ(wrong_size.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(wrong_size.status().message(), HasSubstr("ep_size"));
-  EXPECT_EQ(EpDispatcher::Create(nullptr, Options(1, 4, 4, 2, 4), 0).status().code(),
+  EXPECT_EQ(EpDispatcher::Create(nullptr, DispatcherTestOptions(1, 4, 4, 2, 4), 0).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(EpDispatcher::Create(c, Options(1, 4, 4, 2, 4, 7), 0).status().code(),
+  EXPECT_EQ(EpDispatcher::Create(c, DispatcherTestOptions(1, 4, 4, 2, 4, 7), 0).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(EpDispatcher::Create(c, Options(1, 4, 4, 2, 0), 0).status().code(),
+  EXPECT_EQ(EpDispatcher::Create(c, DispatcherTestOptions(1, 4, 4, 2, 0), 0).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(EpDispatcher::Create(c, Options(1, 0, 4, 2, 4), 0).status().code(),
+  EXPECT_EQ(EpDispatcher::Create(c, DispatcherTestOptions(1, 0, 4, 2, 4), 0).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(EpDispatcher::Create(c, Options(1, 4, 3, 2, 4), 0).status().code(),
+  EXPECT_EQ(EpDispatcher::Create(c, DispatcherTestOptions(1, 4, 3, 2, 4), 0).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EpDispatcherOptions fp4 = Options(1, 4, 32, 2, 4);
+  EpDispatcherOptions fp4 = DispatcherTestOptions(1, 4, 32, 2, 4);
   fp4.workspace.dtype = DispatchDType::kNVFP4;
   EXPECT_EQ(EpDispatcher::Create(c, fp4, 0).status().code(), absl::StatusCode::kInvalidArgument);
-  EpDispatcherOptions buckets = Options(1, 4, 4, 2, 4);
+  EpDispatcherOptions buckets = DispatcherTestOptions(1, 4, 4, 2, 4);
   buckets.cuda_graph_buckets = {2, 2};
   EXPECT_EQ(EpDispatcher::Create(c, buckets, 0).status().code(),
             absl::StatusCode::kInvalidArgument);
 
-  auto ok = EpDispatcher::Create(c, Options(1, 4, 4, 2, 4), 0);
+  auto ok = EpDispatcher::Create(c, DispatcherTestOptions(1, 4, 4, 2, 4), 0);
   ASSERT_TRUE(ok.ok()) << ok.status();
-  auto layout = ComputeAllocatedWorkspace(Options(1, 4, 4, 2, 4).workspace);
+  auto layout = ComputeAllocatedWorkspace(DispatcherTestOptions(1, 4, 4, 2, 4).workspace);
   ASSERT_TRUE(layout.ok());
   EXPECT_EQ((*ok)->allocated_bytes(), layout->total_bytes);
-  auto capped = EpDispatcher::Create(c, Options(1, 4, 4, 2, 4), layout->total_bytes - 1);
+  auto capped =
+      EpDispatcher::Create(c, DispatcherTestOptions(1, 4, 4, 2, 4), layout->total_bytes - 1);
   EXPECT_EQ(capped.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(capped.status().message(), HasSubstr(std::to_string(layout->total_bytes)));
 }
 
 TEST(EpDispatcher, RepeatedStepsWithShrinkingGeometryStaySanitized) {
-  RunEp(2, Options(2, 8, 2, 1, 2), [&](int rank, EpDispatcher& d) {
+  RunEp(2, DispatcherTestOptions(2, 8, 2, 1, 2), [&](int rank, EpDispatcher& d) {
     ExpertSet experts = ExpertSet::Identity(rank, 1, 2);
     for (int64_t step = 0; step < 3; ++step) {
       const int64_t r = 6 - 2 * step;  // 6, 4, 2

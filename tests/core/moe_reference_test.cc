@@ -175,7 +175,7 @@ TEST(ReferenceEpForward, MatchesDenseReferenceWithinBf16Rounding) {
   constexpr int64_t kH = 32, kI = 16;
   constexpr int kK = 4, kE = 10;  // 10 experts: uneven placement on 4 ranks
   for (int ep : {1, 2, 4}) {
-    SCOPED_TRACE(testing::Message() << "ep_size " << ep);
+    SCOPED_TRACE(::testing::Message() << "ep_size " << ep);
     auto p = ExpertPlacement::Contiguous(kE, ep);
     ASSERT_TRUE(p.ok());
     std::vector<ExpertSet> sets = RankSets(*p, 99, 3, kH, kI);

@@ -190,7 +190,7 @@ TEST(Mxfp4Gemm, WithinItsBoundWithBias) {
 
 // The fp8 SwiGLU expert of (H, I), stage by stage and end to end.
 void CheckFp8Expert(int64_t H, int64_t I, int64_t rows) {
-  SCOPED_TRACE(testing::Message() << "fp8 expert H " << H << " I " << I);
+  SCOPED_TRACE(::testing::Message() << "fp8 expert H " << H << " I " << I);
   absl::StatusOr<Fp8SwiGluWeights> w = GenerateFp8SwiGlu(21, 3, 5, H, I);
   ASSERT_TRUE(w.ok()) << w.status();
   const std::vector<float> x = Activations(23, rows, H);
@@ -274,7 +274,7 @@ TEST(Fp8SwiGluForward, SmallRaggedExpert) { CheckFp8Expert(320, 200, 3); }
 
 // The gpt-oss expert of (H, I), stage by stage and end to end.
 void CheckGptOssExpert(int64_t H, int64_t I, int64_t rows, float limit) {
-  SCOPED_TRACE(testing::Message() << "gpt-oss expert H " << H << " I " << I);
+  SCOPED_TRACE(::testing::Message() << "gpt-oss expert H " << H << " I " << I);
   absl::StatusOr<GptOssExpertWeights> w = GenerateGptOssExpert(31, 2, 9, H, I);
   ASSERT_TRUE(w.ok()) << w.status();
   // Inputs scaled up so that some gates and ups reach the clamp at 7.

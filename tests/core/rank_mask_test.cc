@@ -91,7 +91,7 @@ TEST(PlacementTableMask, TheReferenceRejectsTokensOnAMaskedRank) {
   EXPECT_THAT(std::string(ref.status().message()), HasSubstr("rank 2 is masked out"));
 }
 
-EpDispatcherOptions Options() {
+EpDispatcherOptions MaskOptions() {
   EpDispatcherOptions o;
   o.workspace.ep_size = 4;
   o.workspace.capacity_tokens = 8;
@@ -157,7 +157,7 @@ TEST(MaskedCollective, SurvivorsDispatchEqualsTheMaskedReference) {
     auto counts = AllGatherInt64(**group, 10 + rank);
     ASSERT_TRUE(counts.ok()) << counts.status();
     EXPECT_THAT(*counts, ElementsAre(10, 11, 0, 13));
-    auto dispatcher = EpDispatcher::Create(group->get(), Options(), 0);
+    auto dispatcher = EpDispatcher::Create(group->get(), MaskOptions(), 0);
     ASSERT_TRUE(dispatcher.ok()) << dispatcher.status();
     ASSERT_TRUE((*dispatcher)->SetPlacement(masked).ok());
     ASSERT_TRUE((*dispatcher)->CommitGeometry(1, 6, tokens[rank]).ok());

@@ -112,8 +112,8 @@ TEST(SharedExpert, RejectsBadShapes) {
   EXPECT_TRUE(shared->Compute({}, 0, absl::MakeSpan(none)).ok());
 }
 
-EpDispatcherOptions Options(int ep_size, int64_t capacity, int64_t hidden, int top_k,
-                            int num_experts) {
+EpDispatcherOptions SharedOptions(int ep_size, int64_t capacity, int64_t hidden, int top_k,
+                                  int num_experts) {
   EpDispatcherOptions o;
   o.workspace.ep_size = ep_size;
   o.workspace.capacity_tokens = capacity;
@@ -131,7 +131,7 @@ EpDispatcherOptions Options(int ep_size, int64_t capacity, int64_t hidden, int t
 // -> [2.5, 2.5]. Token 1: x = [4, 4], ids [-1, -1] (no expert) -> only the
 // shared term 0.5 x = [2, 2].
 TEST(EpDispatcherShared, AddsSharedTermAtCombineWithZeroTokenRank) {
-  const EpDispatcherOptions options = Options(2, 4, 2, 2, 4);
+  const EpDispatcherOptions options = SharedOptions(2, 4, 2, 2, 4);
   auto store = NewHashStore();
   std::vector<std::vector<bf16_t>> outputs(2);
   RunOnRanks(2, [&](int rank) {
@@ -168,7 +168,7 @@ TEST(EpDispatcherShared, AddsSharedTermAtCombineWithZeroTokenRank) {
 // A shared term of the wrong size is this rank's input error, reported to
 // both ranks through the agreement round (the peer aborts, nobody hangs).
 TEST(EpDispatcherShared, WrongSizedSharedTermIsRejectedCollectively) {
-  const EpDispatcherOptions options = Options(2, 4, 2, 1, 2);
+  const EpDispatcherOptions options = SharedOptions(2, 4, 2, 1, 2);
   auto store = NewHashStore();
   std::vector<absl::Status> results(2);
   RunOnRanks(2, [&](int rank) {

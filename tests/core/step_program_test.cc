@@ -203,8 +203,8 @@ TEST(BuildBeforeAttentionProgram, RejectsALayoutOfAnotherRank) {
 // ---------------------------------------------------------------------------
 // ValidateStepProgram on hand-made programs.
 
-StepPrimitive Prim(StepOp op, StepTensor t, int64_t in, int64_t out,
-                   StepGroup g = StepGroup::kAttnTp) {
+StepPrimitive ProgramPrim(StepOp op, StepTensor t, int64_t in, int64_t out,
+                          StepGroup g = StepGroup::kAttnTp) {
   StepPrimitive p;
   p.op = op;
   p.tensor = t;
@@ -215,8 +215,8 @@ StepPrimitive Prim(StepOp op, StepTensor t, int64_t in, int64_t out,
   return p;
 }
 
-StepProgram Program(int64_t h_in, int64_t r_in, std::vector<StepPrimitive> prims, int64_t h_out,
-                    int64_t r_out) {
+StepProgram MakeProgram(int64_t h_in, int64_t r_in, std::vector<StepPrimitive> prims, int64_t h_out,
+                        int64_t r_out) {
   StepProgram p;
   p.label = "test";
   p.hidden_rows_in = h_in;
@@ -229,13 +229,14 @@ StepProgram Program(int64_t h_in, int64_t r_in, std::vector<StepPrimitive> prims
 
 TEST(ValidateStepProgram, AcceptsAWellFormedProgram) {
   // attn_tp 2, tp 4: gather 3 -> 6, reduce-scatter 12 -> 3 over the world.
-  StepProgram p = Program(3, 3,
-                          {Prim(StepOp::kAddAndNorm, StepTensor::kHidden, 3, 3),
-                           Prim(StepOp::kAllGather, StepTensor::kHidden, 3, 6)},
-                          6, 3);
+  StepProgram p = MakeProgram(3, 3,
+                              {ProgramPrim(StepOp::kAddAndNorm, StepTensor::kHidden, 3, 3),
+                               ProgramPrim(StepOp::kAllGather, StepTensor::kHidden, 3, 6)},
+                              6, 3);
   EXPECT_TRUE(ValidateStepProgram(p, kTp4Dp2).ok());
-  StepProgram rs = Program(
-      12, -1, {Prim(StepOp::kReduceScatter, StepTensor::kHidden, 12, 3, StepGroup::kWorld)}, 3, -1);
+  StepProgram rs = MakeProgram(
+      12, -1, {ProgramPrim(StepOp::kReduceScatter, StepTensor::kHidden, 12, 3, StepGroup::kWorld)},
+      3, -1);
   EXPECT_TRUE(ValidateStepProgram(rs, kTp4Dp2).ok());
 }
 
@@ -244,27 +245,29 @@ TEST(ValidateStepProgram, RejectsEachMalformedPrimitive) {
     StepProgram program;
     std::string fragment;
   };
-  StepPrimitive slice = Prim(StepOp::kSlice, StepTensor::kHidden, 6, 3);
+  StepPrimitive slice = ProgramPrim(StepOp::kSlice, StepTensor::kHidden, 6, 3);
   slice.first = 4;  // [4, 7) of 6 rows
-  StepPrimitive place = Prim(StepOp::kPlace, StepTensor::kHidden, 6, 10);
+  StepPrimitive place = ProgramPrim(StepOp::kPlace, StepTensor::kHidden, 6, 10);
   place.first = 6;  // [6, 12) of 10 rows
   const std::vector<Case> cases = {
-      {Program(3, -1, {Prim(StepOp::kNorm, StepTensor::kHidden, 4, 4)}, 4, -1),
+      {MakeProgram(3, -1, {ProgramPrim(StepOp::kNorm, StepTensor::kHidden, 4, 4)}, 4, -1),
        "rows_in must be the 3 rows hidden holds, got 4"},
-      {Program(3, -1, {Prim(StepOp::kAllGather, StepTensor::kHidden, 3, 12)}, 12, -1),
+      {MakeProgram(3, -1, {ProgramPrim(StepOp::kAllGather, StepTensor::kHidden, 3, 12)}, 12, -1),
        "rows_out must be 6, got 12"},
-      {Program(6, -1, {Prim(StepOp::kReduceScatter, StepTensor::kHidden, 6, 1, StepGroup::kWorld)},
-               1, -1),
+      {MakeProgram(
+           6, -1,
+           {ProgramPrim(StepOp::kReduceScatter, StepTensor::kHidden, 6, 1, StepGroup::kWorld)}, 1,
+           -1),
        "not a multiple of the world group size 4"},
-      {Program(6, -1, {Prim(StepOp::kAddAndNorm, StepTensor::kHidden, 6, 6)}, 6, -1),
+      {MakeProgram(6, -1, {ProgramPrim(StepOp::kAddAndNorm, StepTensor::kHidden, 6, 6)}, 6, -1),
        "needs a residual of hidden's 6 rows, got none"},
-      {Program(6, 6, {Prim(StepOp::kStoreAndNorm, StepTensor::kHidden, 6, 6)}, 6, 6),
+      {MakeProgram(6, 6, {ProgramPrim(StepOp::kStoreAndNorm, StepTensor::kHidden, 6, 6)}, 6, 6),
        "needs no residual"},
-      {Program(6, -1, {slice}, 3, -1), "rows [4, 7) are outside the 6 rows read"},
-      {Program(6, -1, {place}, 10, -1), "rows [6, 12) are outside the 10 rows written"},
-      {Program(6, -1, {Prim(StepOp::kAllReduce, StepTensor::kResidual, 6, 6)}, 6, -1),
+      {MakeProgram(6, -1, {slice}, 3, -1), "rows [4, 7) are outside the 6 rows read"},
+      {MakeProgram(6, -1, {place}, 10, -1), "rows [6, 12) are outside the 10 rows written"},
+      {MakeProgram(6, -1, {ProgramPrim(StepOp::kAllReduce, StepTensor::kResidual, 6, 6)}, 6, -1),
        "reads the residual, there is none"},
-      {Program(6, -1, {Prim(StepOp::kNorm, StepTensor::kHidden, 6, 6)}, 3, -1),
+      {MakeProgram(6, -1, {ProgramPrim(StepOp::kNorm, StepTensor::kHidden, 6, 6)}, 3, -1),
        "ends with hidden 6 rows and residual -1 rows (-1 = none), expected 3 and -1"},
   };
   for (const Case& c : cases) {

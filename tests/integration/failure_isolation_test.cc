@@ -35,9 +35,9 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-constexpr int kWorld = 3;
+constexpr int kIsolationWorld = 3;
 constexpr int kBadRank = 1;
-constexpr int64_t kCapacity = 64;
+constexpr int64_t kIsolationCapacity = 64;
 
 // Each rank's status of one collective call made on all ranks at once, and
 // the time until the last rank answered.
@@ -49,10 +49,10 @@ struct Outcome {
 class FailureIsolation : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto fake = FakeCoordinator::Start(kWorld);
+    auto fake = FakeCoordinator::Start(kIsolationWorld);
     ASSERT_TRUE(fake.ok()) << fake.status();
     fake_ = std::move(*fake);
-    ASSERT_TRUE(fake_->SetUp(model_, kCapacity, v1::EXPERT_KIND_IDENTITY).ok());
+    ASSERT_TRUE(fake_->SetUp(model_, kIsolationCapacity, v1::EXPERT_KIND_IDENTITY).ok());
   }
 
   // `method` on every rank at once with make(rank) as its request.
@@ -79,7 +79,7 @@ class FailureIsolation : public ::testing::Test {
     EXPECT_LT(out.took, absl::Seconds(1)) << rpc << ": every rank must fail at once";
     std::cout << rpc << " bad rank (" << fragment << "): all ranks answered in "
               << absl::ToDoubleMilliseconds(out.took) << " ms\n";
-    for (int r = 0; r < kWorld; ++r) {
+    for (int r = 0; r < kIsolationWorld; ++r) {
       if (r == kBadRank) {
         EXPECT_EQ(out.status[r].code(), code) << out.status[r];
         EXPECT_THAT(std::string(out.status[r].message()), HasSubstr(fragment));
@@ -92,11 +92,11 @@ class FailureIsolation : public ::testing::Test {
                                          " request: ", absl::StatusCodeToString(code), ": ")));
       EXPECT_THAT(std::string(out.status[r].message()), HasSubstr(fragment));
     }
-    for (int r = 0; r < kWorld; ++r) EXPECT_FALSE(fake_->StatusOf(r).group_broken());
+    for (int r = 0; r < kIsolationWorld; ++r) EXPECT_FALSE(fake_->StatusOf(r).group_broken());
   }
 
   static void ExpectAllOk(const Outcome& out, const std::string& what) {
-    for (int r = 0; r < kWorld; ++r) {
+    for (int r = 0; r < kIsolationWorld; ++r) {
       EXPECT_TRUE(out.status[r].ok()) << what << " rank " << r << ": " << out.status[r];
     }
   }
@@ -130,7 +130,7 @@ class FailureIsolation : public ::testing::Test {
 
 TEST_F(FailureIsolation, ConfigureLayersWithAWrongLayoutOnOneRank) {
   const auto make = [&](int rank) {
-    v1::ConfigureLayersRequest request = MakeConfigureRequest(kWorld, model_);
+    v1::ConfigureLayersRequest request = MakeConfigureRequest(kIsolationWorld, model_);
     if (rank == kBadRank) {
       request.mutable_layout()->set_tp_size(2);
       request.mutable_layout()->set_attn_dp_size(2);
@@ -143,7 +143,7 @@ TEST_F(FailureIsolation, ConfigureLayersWithAWrongLayoutOnOneRank) {
                  "layout.tp_size: expected 3 (the world size), got 2");
   ExpectAllOk(Call<v1::ConfigureLayersRequest, v1::ConfigureLayersResponse>(
                   &v1::Worker::Stub::ConfigureLayers,
-                  [&](int) { return MakeConfigureRequest(kWorld, model_); }),
+                  [&](int) { return MakeConfigureRequest(kIsolationWorld, model_); }),
               "ConfigureLayers after");
 }
 
@@ -162,7 +162,7 @@ TEST_F(FailureIsolation, AllocateWorkspaceWithBadTopKCapacityOrDtypeOnOneRank) {
     // A named local: clang 14 cannot capture a structured binding in a lambda.
     const auto& spoil_request = spoil;
     const auto make = [&](int rank) {
-      v1::AllocateWorkspaceRequest request = MakeAllocateRequest(model_, kCapacity);
+      v1::AllocateWorkspaceRequest request = MakeAllocateRequest(model_, kIsolationCapacity);
       if (rank == kBadRank) spoil_request(&request);
       return request;
     };
@@ -172,7 +172,7 @@ TEST_F(FailureIsolation, AllocateWorkspaceWithBadTopKCapacityOrDtypeOnOneRank) {
   }
   ExpectAllOk(Call<v1::AllocateWorkspaceRequest, v1::AllocateWorkspaceResponse>(
                   &v1::Worker::Stub::AllocateWorkspace,
-                  [&](int) { return MakeAllocateRequest(model_, kCapacity); }),
+                  [&](int) { return MakeAllocateRequest(model_, kIsolationCapacity); }),
               "AllocateWorkspace after");
 }
 
@@ -188,7 +188,7 @@ TEST_F(FailureIsolation, LoadExpertsOfALayerOutOfRangeOnOneRankFailsThatRankOnly
   const Outcome out =
       Call<v1::LoadExpertsRequest, v1::LoadExpertsResponse>(&v1::Worker::Stub::LoadExperts, make);
   EXPECT_LT(out.took, absl::Seconds(1));
-  for (int r = 0; r < kWorld; ++r) {
+  for (int r = 0; r < kIsolationWorld; ++r) {
     if (r == kBadRank) {
       EXPECT_EQ(out.status[r].code(), absl::StatusCode::kInvalidArgument) << out.status[r];
       EXPECT_THAT(std::string(out.status[r].message()),
@@ -299,13 +299,13 @@ TEST_F(FailureIsolation, ForwardLayersWithANegativeEpochOnOneRank) {
 
 TEST_F(FailureIsolation, MismatchNamesTheFieldAndEveryRanksValue) {
   const auto make = [&](int rank) {
-    v1::AllocateWorkspaceRequest request = MakeAllocateRequest(model_, kCapacity);
+    v1::AllocateWorkspaceRequest request = MakeAllocateRequest(model_, kIsolationCapacity);
     if (rank == 2) request.set_capacity_tokens(128);
     return request;
   };
   const Outcome out = Call<v1::AllocateWorkspaceRequest, v1::AllocateWorkspaceResponse>(
       &v1::Worker::Stub::AllocateWorkspace, make);
-  for (int r = 0; r < kWorld; ++r) {
+  for (int r = 0; r < kIsolationWorld; ++r) {
     EXPECT_EQ(out.status[r].code(), absl::StatusCode::kAborted) << out.status[r];
     EXPECT_THAT(std::string(out.status[r].message()),
                 HasSubstr("AllocateWorkspace: capacity_tokens differs across ranks: rank 0 = 64, "
@@ -324,7 +324,7 @@ TEST_F(FailureIsolation, RanksInDifferentCollectivesAreAbortedAndTheGroupSurvive
     if (rank == 0) {
       v1::ConfigureLayersResponse response;
       return client::ToAbslStatus(fake_->stub(0).ConfigureLayers(
-          &context, MakeConfigureRequest(kWorld, model_), &response));
+          &context, MakeConfigureRequest(kIsolationWorld, model_), &response));
     }
     if (rank == 1) {
       v1::ForwardResponse response;
@@ -337,7 +337,7 @@ TEST_F(FailureIsolation, RanksInDifferentCollectivesAreAbortedAndTheGroupSurvive
     return client::ToAbslStatus(fake_->stub(2).SyncTokenCounts(&context, request, &response));
   });
   EXPECT_LT(absl::Now() - start, absl::Seconds(1));
-  for (int r = 0; r < kWorld; ++r) {
+  for (int r = 0; r < kIsolationWorld; ++r) {
     EXPECT_EQ(status[r].code(), absl::StatusCode::kAborted) << "rank " << r << ": " << status[r];
     EXPECT_THAT(std::string(status[r].message()), HasSubstr("ranks are not in the same call"));
     EXPECT_TRUE(fake_->cluster().IsRunning(r)) << "rank " << r;
@@ -351,7 +351,7 @@ TEST_F(FailureIsolation, RanksInDifferentCollectivesAreAbortedAndTheGroupSurvive
     if (rank == 2) {
       v1::ConfigureLayersResponse response;
       return client::ToAbslStatus(fake_->stub(2).ConfigureLayers(
-          &context, MakeConfigureRequest(kWorld, model_), &response));
+          &context, MakeConfigureRequest(kIsolationWorld, model_), &response));
     }
     v1::SyncTokenCountsRequest request;
     request.set_epoch(2);
@@ -359,7 +359,7 @@ TEST_F(FailureIsolation, RanksInDifferentCollectivesAreAbortedAndTheGroupSurvive
     v1::SyncTokenCountsResponse response;
     return client::ToAbslStatus(fake_->stub(rank).SyncTokenCounts(&context, request, &response));
   });
-  for (int r = 0; r < kWorld; ++r) {
+  for (int r = 0; r < kIsolationWorld; ++r) {
     EXPECT_EQ(status[r].code(), absl::StatusCode::kAborted) << "rank " << r << ": " << status[r];
   }
   // The group survives: a full step, no new Join.
@@ -367,7 +367,7 @@ TEST_F(FailureIsolation, RanksInDifferentCollectivesAreAbortedAndTheGroupSurvive
   ExpectAllOk(Call<v1::ForwardRequest, v1::ForwardResponse>(
                   &v1::Worker::Stub::Forward, [&](int rank) { return Forward(rank, 2); }),
               "Forward after");
-  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(fake_->StatusOf(r).generation(), 1);
+  for (int r = 0; r < kIsolationWorld; ++r) EXPECT_EQ(fake_->StatusOf(r).generation(), 1);
 }
 
 TEST_F(FailureIsolation, ACollectiveItsPeersNeverEnterEndsAtTheDeadlineAndBreaksNothing) {
@@ -410,13 +410,13 @@ TEST_F(FailureIsolation, ACollectiveItsPeersNeverEnterEndsAtTheDeadlineAndBreaks
 // the old group stays in force, and the next valid Join forms.
 TEST_F(FailureIsolation, JoinWithABadBackendOrAnotherWorldSizeOnOneRank) {
   int64_t generation = 0;
-  for (int r = 0; r < kWorld; ++r) {
+  for (int r = 0; r < kIsolationWorld; ++r) {
     generation = std::max(generation, fake_->StatusOf(r).max_generation_seen());
   }
   const int64_t formed = fake_->StatusOf(0).generation();
   const auto join = [&](int rank, int64_t g) {
     v1::JoinRequest request;
-    request.set_world_size(kWorld);
+    request.set_world_size(kIsolationWorld);
     request.set_rank(rank);
     request.set_backend("gloo");
     request.set_rendezvous_address(fake_->cluster().targets()[0]);
@@ -446,13 +446,13 @@ TEST_F(FailureIsolation, JoinWithABadBackendOrAnotherWorldSizeOnOneRank) {
   EXPECT_LT(bad_world.took, absl::Seconds(1)) << "every rank must fail at once";
   std::cout << "Join with world_size 4 on rank 1 of 3: all ranks answered in "
             << absl::ToDoubleMilliseconds(bad_world.took) << " ms\n";
-  for (int r = 0; r < kWorld; ++r) {
+  for (int r = 0; r < kIsolationWorld; ++r) {
     EXPECT_EQ(bad_world.status[r].code(), absl::StatusCode::kAborted) << bad_world.status[r];
     EXPECT_THAT(std::string(bad_world.status[r].message()),
                 HasSubstr("Join: world_size differs across ranks: rank 0 = 3, rank 1 = 4"));
   }
   // The old group is still in force and usable.
-  for (int r = 0; r < kWorld; ++r) {
+  for (int r = 0; r < kIsolationWorld; ++r) {
     const v1::GetStatusResponse status = fake_->StatusOf(r);
     EXPECT_EQ(status.state(), v1::WORKER_STATE_ALLOCATED);
     EXPECT_EQ(status.generation(), formed);
@@ -465,7 +465,7 @@ TEST_F(FailureIsolation, JoinWithABadBackendOrAnotherWorldSizeOnOneRank) {
   const Outcome valid = Call<v1::JoinRequest, v1::JoinResponse>(
       &v1::Worker::Stub::Join, [&](int rank) { return join(rank, generation); });
   ExpectAllOk(valid, "valid Join");
-  for (int r = 0; r < kWorld; ++r) {
+  for (int r = 0; r < kIsolationWorld; ++r) {
     EXPECT_EQ(fake_->StatusOf(r).generation(), generation);
     EXPECT_EQ(fake_->StatusOf(r).state(), v1::WORKER_STATE_JOINED);
   }
@@ -480,14 +480,14 @@ TEST_F(FailureIsolation, JoinWithABadBackendOrAnotherWorldSizeOnOneRank) {
 // and fail DEADLINE_EXCEEDED naming the rank whose ballot never came.
 TEST_F(FailureIsolation, AJoinTooMalformedToVoteFailsItsPeersAtOnce) {
   int64_t generation = 0;
-  for (int r = 0; r < kWorld; ++r) {
+  for (int r = 0; r < kIsolationWorld; ++r) {
     generation = std::max(generation, fake_->StatusOf(r).max_generation_seen());
   }
   const int64_t formed = fake_->StatusOf(0).generation();
   const std::string bad_target = fake_->cluster().targets()[kBadRank];
   const auto join = [&](int rank, int64_t g, int64_t timeout_ms = 5000) {
     v1::JoinRequest request;
-    request.set_world_size(kWorld);
+    request.set_world_size(kIsolationWorld);
     request.set_rank(rank);
     request.set_backend("gloo");
     request.set_rendezvous_address(fake_->cluster().targets()[0]);
@@ -527,7 +527,7 @@ TEST_F(FailureIsolation, AJoinTooMalformedToVoteFailsItsPeersAtOnce) {
                    "rank");
   }
   // The old group is still in force and usable.
-  for (int r = 0; r < kWorld; ++r) {
+  for (int r = 0; r < kIsolationWorld; ++r) {
     EXPECT_EQ(fake_->StatusOf(r).generation(), formed);
     EXPECT_EQ(fake_->StatusOf(r).state(), v1::WORKER_STATE_ALLOCATED);
     EXPECT_FALSE(fake_->StatusOf(r).group_broken());
@@ -577,7 +577,7 @@ TEST_F(FailureIsolation, AJoinTooMalformedToVoteFailsItsPeersAtOnce) {
   const Outcome valid = Call<v1::JoinRequest, v1::JoinResponse>(
       &v1::Worker::Stub::Join, [&](int rank) { return join(rank, generation); });
   ExpectAllOk(valid, "valid Join");
-  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(fake_->StatusOf(r).generation(), generation);
+  for (int r = 0; r < kIsolationWorld; ++r) EXPECT_EQ(fake_->StatusOf(r).generation(), generation);
 }
 
 TEST_F(FailureIsolation, StatusShowsAGroupBrokenByADeadPeer) {

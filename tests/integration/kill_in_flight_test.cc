@@ -23,13 +23,13 @@
 namespace moe_ep::testing {
 namespace {
 
-constexpr int kWorld = 4;
+constexpr int kKillWorld = 4;
 
 class KillInFlight : public ::testing::TestWithParam<int> {};
 
 TEST_P(KillInFlight, TheCallFailsOnEverySurvivorWithinOneSecond) {
   const int victim = GetParam();
-  auto fake = FakeCoordinator::Start(kWorld);
+  auto fake = FakeCoordinator::Start(kKillWorld);
   ASSERT_TRUE(fake.ok()) << fake.status();
   SmallModel model;
   ASSERT_TRUE((*fake)->SetUp(model, 256, v1::EXPERT_KIND_IDENTITY).ok());
@@ -40,13 +40,13 @@ TEST_P(KillInFlight, TheCallFailsOnEverySurvivorWithinOneSecond) {
   request.set_num_experts(model.num_experts);
   request.set_top_k(model.top_k);
   request.set_iterations(10000);  // the --max-iterations default: seconds, in flight at the kill
-  std::vector<absl::Status> status(kWorld);
-  std::vector<absl::Time> ended(kWorld);
+  std::vector<absl::Status> status(kKillWorld);
+  std::vector<absl::Time> ended(kKillWorld);
   absl::Mutex mu;
   int started = 0;
   std::vector<std::thread> calls;
-  calls.reserve(kWorld);
-  for (int r = 0; r < kWorld; ++r) {
+  calls.reserve(kKillWorld);
+  for (int r = 0; r < kKillWorld; ++r) {
     calls.emplace_back([&, r] {
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
@@ -63,7 +63,7 @@ TEST_P(KillInFlight, TheCallFailsOnEverySurvivorWithinOneSecond) {
   {
     absl::MutexLock lock(&mu);
     mu.Await(absl::Condition(
-        +[](int* n) { return *n == kWorld; }, &started));
+        +[](int* n) { return *n == kKillWorld; }, &started));
   }
   absl::SleepFor(absl::Milliseconds(800));
   const absl::Time killed = absl::Now();
@@ -71,7 +71,7 @@ TEST_P(KillInFlight, TheCallFailsOnEverySurvivorWithinOneSecond) {
   for (auto& t : calls) t.join();
 
   double worst_ms = 0;
-  for (int r = 0; r < kWorld; ++r) {
+  for (int r = 0; r < kKillWorld; ++r) {
     if (r == victim) continue;
     const double ms = absl::ToDoubleMilliseconds(ended[r] - killed);
     worst_ms = std::max(worst_ms, ms);
@@ -83,7 +83,7 @@ TEST_P(KillInFlight, TheCallFailsOnEverySurvivorWithinOneSecond) {
     EXPECT_TRUE(s.group_broken()) << "rank " << r;
     EXPECT_THAT(s.broken_reason(), ::testing::HasSubstr("Benchmark: "));
   }
-  std::cout << "kill -9 rank " << victim << " of " << kWorld
+  std::cout << "kill -9 rank " << victim << " of " << kKillWorld
             << " during Benchmark: slowest survivor failed " << worst_ms << " ms after the kill\n";
 }
 

@@ -34,8 +34,8 @@ constexpr int64_t kDenseI = 64;
 constexpr int64_t kMoeI = 32;
 constexpr int kExperts = 8;
 constexpr int kTopK = 3;
-constexpr uint64_t kSeed = 7;
-constexpr int64_t kCapacity = 64;
+constexpr uint64_t kStackSeed = 7;
+constexpr int64_t kStackCapacity = 64;
 
 struct Layout {
   int tp;
@@ -73,17 +73,17 @@ core::LayerStackConfig ReferenceConfig(const Layout& l) {
   c.moe_intermediate = kMoeI;
   c.num_experts = kExperts;
   c.top_k = kTopK;
-  c.seed = kSeed;
+  c.seed = kStackSeed;
   c.rms_eps = 1e-6f;
-  c.capacity_tokens = kCapacity;
+  c.capacity_tokens = kStackCapacity;
   return c;
 }
 
 v1::LayerStackSpec Spec() {
   v1::LayerStackSpec spec;  // hidden, experts, top_k, expert I from the model
   spec.set_dense_intermediate_size(kDenseI);
-  spec.set_seed(kSeed);
-  spec.set_capacity_tokens(kCapacity);
+  spec.set_seed(kStackSeed);
+  spec.set_capacity_tokens(kStackCapacity);
   return spec;
 }
 
@@ -275,7 +275,7 @@ TEST_F(TwoWorkerStack, DifferentSpecsAcrossRanksAreAborted) {
   const Layout l{2, 2};
   Configure(l);
   std::vector<v1::ForwardLayersRequest> requests = Requests(l, {2, 2}, 1);
-  requests[1].mutable_stack()->set_seed(kSeed + 1);
+  requests[1].mutable_stack()->set_seed(kStackSeed + 1);
   auto result = fake_->coordinator().ForwardLayers(requests);
   ASSERT_EQ(result.status().code(), absl::StatusCode::kAborted) << result.status();
   EXPECT_THAT(result.status().message(),

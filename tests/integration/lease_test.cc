@@ -32,13 +32,13 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr int kWorld = 3;
-constexpr int64_t kCapacity = 32;
+constexpr int kLeaseWorld = 3;
+constexpr int64_t kLeaseCapacity = 32;
 
 class LeaseTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto fake = FakeCoordinator::Start(kWorld);
+    auto fake = FakeCoordinator::Start(kLeaseWorld);
     ASSERT_TRUE(fake.ok()) << fake.status();
     fake_ = std::move(*fake);
   }
@@ -59,17 +59,18 @@ class LeaseTest : public ::testing::Test {
   // Forms, configures and allocates the group through `c`.
   static absl::Status SetUpGroup(client::Coordinator& c, const SmallModel& model) {
     if (absl::Status s = c.FormGroup().status(); !s.ok()) return s;
-    if (absl::Status s = c.ConfigureLayers(MakeConfigureRequest(kWorld, model)).status(); !s.ok()) {
+    if (absl::Status s = c.ConfigureLayers(MakeConfigureRequest(kLeaseWorld, model)).status();
+        !s.ok()) {
       return s;
     }
-    return c.AllocateWorkspace(MakeAllocateRequest(model, kCapacity)).status();
+    return c.AllocateWorkspace(MakeAllocateRequest(model, kLeaseCapacity)).status();
   }
 
   // Every rank's GetStatus, without the lease's time left (it runs down)
   // and, unless `with_errors`, the error counter (a refused call counts).
   std::vector<std::string> Snapshot(bool with_errors = false) {
     std::vector<std::string> out;
-    for (int r = 0; r < kWorld; ++r) {
+    for (int r = 0; r < kLeaseWorld; ++r) {
       v1::GetStatusResponse s = fake_->StatusOf(r);
       s.set_lease_remaining_ms(0);
       if (!with_errors) s.mutable_counters()->set_errors(0);
@@ -86,7 +87,7 @@ TEST_F(LeaseTest, ASecondClientIsRefusedNamingTheOwnerAndTheOwnerGoesOn) {
   std::unique_ptr<client::Coordinator> owner = Client("coordinator@a");
   ASSERT_TRUE(owner->AcquireLease(/*take_over=*/false).ok());
   ASSERT_TRUE(SetUpGroup(*owner, model_).ok());
-  for (int r = 0; r < kWorld; ++r) {
+  for (int r = 0; r < kLeaseWorld; ++r) {
     const v1::GetStatusResponse s = fake_->StatusOf(r);
     EXPECT_EQ(s.lease_owner(), "coordinator@a");
     EXPECT_GT(s.lease_remaining_ms(), 20000);
@@ -104,7 +105,7 @@ TEST_F(LeaseTest, ASecondClientIsRefusedNamingTheOwnerAndTheOwnerGoesOn) {
   EXPECT_THAT(std::string(form.message()),
               HasSubstr("Leave: this worker is leased by owner 'coordinator@a' for another "));
   const absl::Status configure =
-      other->ConfigureLayers(MakeConfigureRequest(kWorld, model_)).status();
+      other->ConfigureLayers(MakeConfigureRequest(kLeaseWorld, model_)).status();
   EXPECT_EQ(configure.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(configure.message()), HasSubstr("failed on 3 of 3 ranks: rank 0 ("));
   EXPECT_THAT(std::string(configure.message()),
@@ -131,7 +132,7 @@ TEST_F(LeaseTest, ASecondClientIsRefusedNamingTheOwnerAndTheOwnerGoesOn) {
   }
   // Nothing changed, the owner's group still works.
   EXPECT_EQ(Snapshot(), before);
-  EXPECT_TRUE(owner->ConfigureLayers(MakeConfigureRequest(kWorld, model_)).ok());
+  EXPECT_TRUE(owner->ConfigureLayers(MakeConfigureRequest(kLeaseWorld, model_)).ok());
   auto sync = owner->SyncTokenCounts(1, {2, 3, 4});
   ASSERT_TRUE(sync.ok()) << sync.status();
   EXPECT_EQ(sync->max_tokens, 4);
@@ -141,7 +142,7 @@ TEST_F(LeaseTest, ASecondClientIsRefusedNamingTheOwnerAndTheOwnerGoesOn) {
   ASSERT_TRUE(SetUpGroup(*other, model_).ok());
   EXPECT_EQ(fake_->StatusOf(0).lease_owner(), "moe-ep@b:7");
   const absl::Status old_owner =
-      owner->ConfigureLayers(MakeConfigureRequest(kWorld, model_)).status();
+      owner->ConfigureLayers(MakeConfigureRequest(kLeaseWorld, model_)).status();
   EXPECT_EQ(old_owner.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(old_owner.message()), HasSubstr("leased by owner 'moe-ep@b:7'"));
 }
@@ -165,7 +166,7 @@ TEST_F(LeaseTest, ADeadOwnersLeaseLapsesAfterItsTtlAndAnotherClientForms) {
   }
   // Within the TTL the group is still owned; after it, not.
   const absl::Time died = absl::Now();
-  for (int r = 0; r < kWorld; ++r) {
+  for (int r = 0; r < kLeaseWorld; ++r) {
     while (!fake_->StatusOf(r).lease_owner().empty()) {
       ASSERT_LT(absl::Now() - died, absl::Seconds(20)) << "rank " << r << " kept the lease";
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -175,7 +176,7 @@ TEST_F(LeaseTest, ADeadOwnersLeaseLapsesAfterItsTtlAndAnotherClientForms) {
   ASSERT_TRUE(other->AcquireLease(false).ok());
   const absl::Status formed = SetUpGroup(*other, model_);
   ASSERT_TRUE(formed.ok()) << formed;
-  for (int r = 0; r < kWorld; ++r) {
+  for (int r = 0; r < kLeaseWorld; ++r) {
     const v1::GetStatusResponse s = fake_->StatusOf(r);
     EXPECT_EQ(s.lease_owner(), "moe-ep@next:1");
     EXPECT_EQ(s.state(), v1::WORKER_STATE_ALLOCATED);
@@ -215,7 +216,7 @@ TEST_F(LeaseTest, BenchTargetsAgainstAnOwnedGroupLeavesItsStateAsItWas) {
                             "--iterations 2 --take-over --owner bench@test"));
   EXPECT_EQ(taken.exit_code, 0) << taken.output;
   EXPECT_THAT(taken.output, HasSubstr("bench: 3 ranks"));
-  for (int r = 0; r < kWorld; ++r) {
+  for (int r = 0; r < kLeaseWorld; ++r) {
     EXPECT_EQ(fake_->StatusOf(r).lease_owner(), "");
     EXPECT_GT(fake_->StatusOf(r).generation(), owner->generation());
   }
@@ -243,7 +244,7 @@ TEST_F(LeaseTest, StackTargetsHoldsTheLease) {
   const CliResult taken = RunMoeEp(absl::StrCat(stack, " --take-over --owner stack@test"));
   EXPECT_EQ(taken.exit_code, 0) << taken.output;
   EXPECT_THAT(taken.output, HasSubstr("PASS: every DP group matches"));
-  for (int r = 0; r < kWorld; ++r) {
+  for (int r = 0; r < kLeaseWorld; ++r) {
     EXPECT_EQ(fake_->StatusOf(r).lease_owner(), "") << "rank " << r;
     EXPECT_GT(fake_->StatusOf(r).generation(), owner->generation());
   }
@@ -259,7 +260,7 @@ TEST_F(LeaseTest, StackTargetsHoldsTheLease) {
 // released the same call works without a new Join.
 TEST_F(LeaseTest, APartlyLeasedGroupAbortsThePeersOfTheRefusedRankAtOnce) {
   constexpr int kLeased = 1;
-  ASSERT_TRUE(fake_->SetUp(model_, kCapacity, v1::EXPERT_KIND_IDENTITY).ok());
+  ASSERT_TRUE(fake_->SetUp(model_, kLeaseCapacity, v1::EXPERT_KIND_IDENTITY).ok());
   v1::LeaseRequest take;
   take.mutable_claim()->set_owner_id("other@host:9");
   take.mutable_claim()->set_ttl_ms(60000);
@@ -300,7 +301,7 @@ TEST_F(LeaseTest, APartlyLeasedGroupAbortsThePeersOfTheRefusedRankAtOnce) {
     return std::make_pair(status, absl::Now() - start);
   };
   auto [configure, t1] =
-      timed([&] { return c.ConfigureLayers(MakeConfigureRequest(kWorld, model_)).status(); });
+      timed([&] { return c.ConfigureLayers(MakeConfigureRequest(kLeaseWorld, model_)).status(); });
   expect_refused("ConfigureLayers", configure, t1);
   auto [allocate, t2] =
       timed([&] { return c.AllocateWorkspace(MakeAllocateRequest(model_, 16)).status(); });
@@ -316,13 +317,13 @@ TEST_F(LeaseTest, APartlyLeasedGroupAbortsThePeersOfTheRefusedRankAtOnce) {
                              fake_->cluster().targets()[1], "): FAILED_PRECONDITION: ",
                              "LoadExperts: this worker is leased by owner 'other@host:9'")));
   const core::PlacementTable table =
-      core::PlacementTable::Contiguous(model_.num_experts, kWorld).value();
+      core::PlacementTable::Contiguous(model_.num_experts, kLeaseWorld).value();
   auto [placed, t4] = timed(
       [&] { return c.InstallPlacement(client::MakeInstallPlacementRequest(0, table)).status(); });
   expect_refused("InstallPlacement", placed, t4);
   // Nothing changed and the group is not broken.
   EXPECT_EQ(Snapshot(), before);
-  for (int r = 0; r < kWorld; ++r) EXPECT_FALSE(fake_->StatusOf(r).group_broken());
+  for (int r = 0; r < kLeaseWorld; ++r) EXPECT_FALSE(fake_->StatusOf(r).group_broken());
   // Released: the same calls work without a new Join.
   take.set_release(true);
   {
@@ -333,7 +334,7 @@ TEST_F(LeaseTest, APartlyLeasedGroupAbortsThePeersOfTheRefusedRankAtOnce) {
   EXPECT_TRUE(c.AllocateWorkspace(MakeAllocateRequest(model_, 16)).ok());
   const absl::Status reloaded = c.LoadExperts(load).status();
   EXPECT_TRUE(reloaded.ok()) << reloaded;
-  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(fake_->StatusOf(r).capacity_tokens(), 16);
+  for (int r = 0; r < kLeaseWorld; ++r) EXPECT_EQ(fake_->StatusOf(r).capacity_tokens(), 16);
 }
 
 // InstallPlacement carries the client's claim (issue 12 item 4): the owner
@@ -344,7 +345,7 @@ TEST_F(LeaseTest, InstallPlacementIsTheOwnersCall) {
   ASSERT_TRUE(owner->AcquireLease(false).ok());
   ASSERT_TRUE(SetUpGroup(*owner, model_).ok());
   const core::PlacementTable table =
-      core::PlacementTable::Contiguous(model_.num_experts, kWorld).value();
+      core::PlacementTable::Contiguous(model_.num_experts, kLeaseWorld).value();
   const v1::InstallPlacementRequest request = client::MakeInstallPlacementRequest(0, table);
   std::unique_ptr<client::Coordinator> other = Client("moe-ep@b:8");
   for (client::Coordinator* refused : {other.get(), &fake_->coordinator()}) {

@@ -92,8 +92,8 @@ absl::StatusOr<SharedGpuGroup> StartOnDeviceZero(int workers, const std::string&
   return group;
 }
 
-std::vector<float> Reference(const SmallModel& model, v1::ExpertKind kind, uint64_t seed, int layer,
-                             const RankInputs& in) {
+std::vector<float> OneSidedReference(const SmallModel& model, v1::ExpertKind kind, uint64_t seed,
+                                     int layer, const RankInputs& in) {
   auto experts = kind == v1::EXPERT_KIND_IDENTITY
                      ? core::ExpertSet::Identity(0, model.num_experts, model.hidden)
                      : core::ExpertSet::GenerateSwiGlu(seed, layer, 0, model.num_experts,
@@ -159,8 +159,8 @@ TEST(GpuOneSidedWorkers, TwoProcessesOnOneGpuForwardIdentityAndSwiGluAsTheRefere
       ASSERT_TRUE(out.ok()) << out.status();
       for (int r = 0; r < 2; ++r) {
         const v1::ExpertKind kind = layer == 0 ? v1::EXPERT_KIND_IDENTITY : v1::EXPERT_KIND_SWIGLU;
-        ExpectClose(DecodeBf16((*out)[r].output()), Reference(model, kind, seed, layer, inputs[r]),
-                    model.hidden,
+        ExpectClose(DecodeBf16((*out)[r].output()),
+                    OneSidedReference(model, kind, seed, layer, inputs[r]), model.hidden,
                     "step " + std::to_string(step) + " layer " + std::to_string(layer) + " rank " +
                         std::to_string(r));
         absl::StatusOr<core::DispatchRoute> route =

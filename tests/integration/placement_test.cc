@@ -27,8 +27,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr int64_t kCapacity = 32;
-constexpr uint64_t kSeed = 7;
+constexpr int64_t kPlacementCapacity = 32;
+constexpr uint64_t kPlacementSeed = 7;
 
 core::PlacementTable Table(int num_experts, std::vector<std::vector<int>> slots) {
   return core::PlacementTable::FromSlotExperts(num_experts, std::move(slots)).value();
@@ -49,7 +49,7 @@ class PlacementTest : public ::testing::TestWithParam<int> {
     client::Coordinator& c = fake_->coordinator();
     ASSERT_TRUE(c.FormGroup().ok());
     ASSERT_TRUE(c.ConfigureLayers(MakeConfigureRequest(GetParam(), model_)).ok());
-    v1::AllocateWorkspaceRequest allocate = MakeAllocateRequest(model_, kCapacity);
+    v1::AllocateWorkspaceRequest allocate = MakeAllocateRequest(model_, kPlacementCapacity);
     allocate.set_redundant_slots_per_rank(1);
     auto allocated = c.AllocateWorkspace(allocate);
     ASSERT_TRUE(allocated.ok()) << allocated.status();
@@ -61,7 +61,7 @@ class PlacementTest : public ::testing::TestWithParam<int> {
     v1::LoadExpertsRequest load;
     load.set_layer(0);
     load.set_kind(v1::EXPERT_KIND_SWIGLU);
-    load.set_seed(kSeed);
+    load.set_seed(kPlacementSeed);
     load.set_intermediate_size(model_.intermediate);
     return fake_->coordinator().LoadExperts(load).status();
   }
@@ -116,8 +116,8 @@ TEST_P(PlacementTest, ForwardEqualsTheReferenceUnderTheTableAndRepeats) {
   sets.reserve(world);
   for (int r = 0; r < world; ++r) {
     sets.push_back(
-        core::MakeHostExperts(core::ExpertSource::Seeded(kSeed, 0, model_.num_experts, 0, 0,
-                                                         model_.hidden, model_.intermediate)
+        core::MakeHostExperts(core::ExpertSource::Seeded(kPlacementSeed, 0, model_.num_experts, 0,
+                                                         0, model_.hidden, model_.intermediate)
                                   .WithExperts(core::DistinctSlotExperts(table, r)))
             .value());
   }
@@ -226,7 +226,7 @@ class PlacementIsolation : public ::testing::Test {
     auto fake = FakeCoordinator::Start(kWorld);
     ASSERT_TRUE(fake.ok()) << fake.status();
     fake_ = std::move(*fake);
-    ASSERT_TRUE(fake_->SetUp(model_, kCapacity, v1::EXPERT_KIND_IDENTITY).ok());
+    ASSERT_TRUE(fake_->SetUp(model_, kPlacementCapacity, v1::EXPERT_KIND_IDENTITY).ok());
   }
 
   std::vector<absl::Status> InstallOnEachRank(

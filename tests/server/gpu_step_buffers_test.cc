@@ -47,7 +47,7 @@ TEST(StepCountStats, RejectsAZeroTopK) {
   const int32_t counts[2] = {1, 1};
   absl::StatusOr<core::StepStats> stats = StepCountStats(counts, 1, 0, Bf16Spec(8, 0), 1);
   EXPECT_EQ(stats.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(stats.status().message(), testing::HasSubstr("top_k must be >= 1, got 0"));
+  EXPECT_THAT(stats.status().message(), ::testing::HasSubstr("top_k must be >= 1, got 0"));
 }
 
 // What Benchmark's tokens_sent reads (issue 32 item 2): the device's send

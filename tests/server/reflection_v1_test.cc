@@ -176,7 +176,7 @@ TEST_F(ReflectionV1Test, V1AnswersEveryRequestOfAStreamInOrder) {
   // error_response (7) for an unknown symbol: error_code (1) NOT_FOUND (5).
   const std::vector<std::string> errors = Fields(v1.responses[2], 7);
   ASSERT_EQ(errors.size(), 1u);
-  EXPECT_THAT(Varints(errors[0], 1), testing::ElementsAre(5u));
+  EXPECT_THAT(Varints(errors[0], 1), ::testing::ElementsAre(5u));
 }
 
 TEST_F(ReflectionV1Test, OtherUnknownMethodsStayUnimplemented) {

@@ -26,7 +26,7 @@ using testing::InProcessWorker;
 using testing::OnAllRanks;
 
 // GetStatus without the error counter (which bad calls are meant to bump).
-std::string Snapshot(InProcessWorker& worker) {
+std::string StatusSnapshot(InProcessWorker& worker) {
   v1::GetStatusResponse status = worker.Status();
   status.mutable_counters()->set_errors(0);
   return status.SerializeAsString();
@@ -249,7 +249,7 @@ TEST(WorkerService, ZeroTokenForwardReturnsEmptyOutput) {
 
 TEST(WorkerService, CallsInTheWrongStateAreFailedPrecondition) {
   InProcessWorker worker;
-  const std::string before = Snapshot(worker);
+  const std::string before = StatusSnapshot(worker);
   ExpectError(worker.Configure(ConfigureRequest(1, {true})), grpc::StatusCode::FAILED_PRECONDITION,
               "ConfigureLayers requires state JOINED or later; worker is STARTED");
   ExpectError(worker.Allocate(AllocateRequest()), grpc::StatusCode::FAILED_PRECONDITION,
@@ -262,21 +262,21 @@ TEST(WorkerService, CallsInTheWrongStateAreFailedPrecondition) {
               "CommitGeometry requires state ALLOCATED");
   ExpectError(worker.Forward(HandForward(1)), grpc::StatusCode::FAILED_PRECONDITION,
               "Forward requires state ALLOCATED");
-  EXPECT_EQ(Snapshot(worker), before);
+  EXPECT_EQ(StatusSnapshot(worker), before);
   EXPECT_EQ(worker.Status().counters().errors(), 6);
 
   ASSERT_TRUE(worker.Join(1, 0, 1, "", "gloo").ok());
-  const std::string joined = Snapshot(worker);
+  const std::string joined = StatusSnapshot(worker);
   ExpectError(worker.Allocate(AllocateRequest()), grpc::StatusCode::FAILED_PRECONDITION,
               "worker is JOINED");
   ExpectError(worker.Forward(HandForward(1)), grpc::StatusCode::FAILED_PRECONDITION,
               "worker is JOINED");
-  EXPECT_EQ(Snapshot(worker), joined);
+  EXPECT_EQ(StatusSnapshot(worker), joined);
 }
 
 TEST(WorkerService, JoinRejectsBadInputWithoutChangingState) {
   InProcessWorker worker;
-  const std::string before = Snapshot(worker);
+  const std::string before = StatusSnapshot(worker);
   ExpectError(worker.Join(0, 0, 1, "", "gloo"), grpc::StatusCode::INVALID_ARGUMENT, "world_size");
   ExpectError(worker.Join(2, 2, 1, "127.0.0.1:1", "gloo"), grpc::StatusCode::INVALID_ARGUMENT,
               "rank: expected in [0, 2) (world_size 2), got 2");
@@ -292,7 +292,7 @@ TEST(WorkerService, JoinRejectsBadInputWithoutChangingState) {
   ExpectError(worker.Join(1, 0, 1, "", "nccl", 1000), grpc::StatusCode::FAILED_PRECONDITION,
               "NCCL backend needs a CUDA build");
 #endif
-  EXPECT_EQ(Snapshot(worker), before);
+  EXPECT_EQ(StatusSnapshot(worker), before);
 }
 
 TEST(WorkerService, JoinIsIdempotentAndGenerationsAreFresh) {
@@ -317,7 +317,7 @@ TEST(WorkerService, JoinIsIdempotentAndGenerationsAreFresh) {
 TEST(WorkerService, ConfigureLayersRejectsBadInput) {
   InProcessWorker worker;
   ASSERT_TRUE(worker.Join(1, 0, 1, "", "gloo").ok());
-  const std::string before = Snapshot(worker);
+  const std::string before = StatusSnapshot(worker);
   ExpectError(worker.Configure(ConfigureRequest(2, {true})), grpc::StatusCode::INVALID_ARGUMENT,
               "layout.tp_size: expected 1 (the world size), got 2");
   v1::ConfigureLayersRequest request = ConfigureRequest(1, {true, true});
@@ -335,14 +335,14 @@ TEST(WorkerService, ConfigureLayersRejectsBadInput) {
   request = ConfigureRequest(1, {true});
   request.mutable_layout()->set_attn_dp_size(0);
   ExpectError(worker.Configure(request), grpc::StatusCode::INVALID_ARGUMENT, "layout");
-  EXPECT_EQ(Snapshot(worker), before);
+  EXPECT_EQ(StatusSnapshot(worker), before);
 }
 
 TEST(WorkerService, AllocateWorkspaceRejectsBadInput) {
   InProcessWorker worker;
   ASSERT_TRUE(worker.Join(1, 0, 1, "", "gloo").ok());
   ASSERT_TRUE(worker.Configure(ConfigureRequest(1, {true})).ok());
-  const std::string before = Snapshot(worker);
+  const std::string before = StatusSnapshot(worker);
   struct Case {
     std::function<void(v1::AllocateWorkspaceRequest&)> edit;
     std::string fragment;
@@ -378,7 +378,7 @@ TEST(WorkerService, AllocateWorkspaceRejectsBadInput) {
     c.edit(request);
     ExpectError(worker.Allocate(request), grpc::StatusCode::INVALID_ARGUMENT, c.fragment);
   }
-  EXPECT_EQ(Snapshot(worker), before);
+  EXPECT_EQ(StatusSnapshot(worker), before);
   EXPECT_EQ(worker.Status().state(), v1::WORKER_STATE_CONFIGURED);
 }
 
@@ -446,12 +446,12 @@ TEST(WorkerService, AllocateBeyondMemoryCapIsResourceExhaustedWithBothNumbers) {
   InProcessWorker worker(options);
   ASSERT_TRUE(worker.Join(1, 0, 1, "", "gloo").ok());
   ASSERT_TRUE(worker.Configure(ConfigureRequest(1, {true})).ok());
-  const std::string before = Snapshot(worker);
+  const std::string before = StatusSnapshot(worker);
   grpc::Status s = worker.Allocate(AllocateRequest());
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(s.error_message(), HasSubstr("memory cap of 1000 bytes"));
   EXPECT_THAT(s.error_message(), ::testing::ContainsRegex("needs [0-9]+ bytes"));
-  EXPECT_EQ(Snapshot(worker), before);
+  EXPECT_EQ(StatusSnapshot(worker), before);
 }
 
 TEST(WorkerService, StepCallsRejectBadInputWithoutChangingState) {
@@ -459,7 +459,7 @@ TEST(WorkerService, StepCallsRejectBadInputWithoutChangingState) {
   SetUpOneRank(worker);
   ASSERT_TRUE(worker.Sync(1, 2).ok());
   ASSERT_TRUE(worker.Commit(1, 2, 2).ok());
-  const std::string before = Snapshot(worker);
+  const std::string before = StatusSnapshot(worker);
 
   // LoadExperts.
   v1::LoadExpertsRequest load = IdentityExperts(0);
@@ -532,7 +532,7 @@ TEST(WorkerService, StepCallsRejectBadInputWithoutChangingState) {
   ExpectError(worker.Forward(HandForward(5)), grpc::StatusCode::FAILED_PRECONDITION,
               "epoch 5 does not match the committed geometry epoch 1");
 
-  EXPECT_EQ(Snapshot(worker), before);
+  EXPECT_EQ(StatusSnapshot(worker), before);
   // And the worker still works.
   v1::ForwardResponse out;
   ASSERT_TRUE(worker.Forward(HandForward(1), &out).ok());
@@ -613,8 +613,8 @@ TEST(WorkerService, TwoRanksFormGroupCheckConfigsAndForward) {
 
   // Rank 1 gets a different sparse pattern: both ranks refuse, naming rank 1,
   // and keep the configuration they had.
-  const std::string before0 = Snapshot(rank0);
-  const std::string before1 = Snapshot(rank1);
+  const std::string before0 = StatusSnapshot(rank0);
+  const std::string before1 = StatusSnapshot(rank1);
   OnAllRanks(2, [&](int r) {
     status[r] = workers[r]->Configure(ConfigureRequest(2, {true, r == 0}));
   });
@@ -622,8 +622,8 @@ TEST(WorkerService, TwoRanksFormGroupCheckConfigsAndForward) {
     EXPECT_EQ(status[r].error_code(), grpc::StatusCode::ABORTED) << status[r].error_message();
     EXPECT_THAT(status[r].error_message(), HasSubstr("rank 1"));
   }
-  EXPECT_EQ(Snapshot(rank0), before0);
-  EXPECT_EQ(Snapshot(rank1), before1);
+  EXPECT_EQ(StatusSnapshot(rank0), before0);
+  EXPECT_EQ(StatusSnapshot(rank1), before1);
 
   // num_experts below the world size on rank 0: it says why, rank 1 (whose
   // request is fine) is ABORTED naming rank 0 and its error (the vote).
@@ -706,7 +706,7 @@ TEST(WorkerService, EchoReturnsTheRequestTensorOnlyWhenEnabled) {
   WorkerOptions options;
   options.enable_echo = true;
   InProcessWorker worker(options);
-  const std::string before = Snapshot(worker);
+  const std::string before = StatusSnapshot(worker);
   const float x[6] = {1.5f, -2, 0, 3.25f, 1e30f, -0.0f};
   v1::EchoRequest request;
   *request.mutable_tensor() = EncodeFloat32(x, std::vector<int64_t>{1, 2, 3});
@@ -716,7 +716,7 @@ TEST(WorkerService, EchoReturnsTheRequestTensorOnlyWhenEnabled) {
   EXPECT_EQ(response.tensor().dtype(), v1::DTYPE_FP32);
   EXPECT_THAT(response.tensor().shape(), ElementsAre(1, 2, 3));
   EXPECT_EQ(response.tensor().data(), std::string(reinterpret_cast<const char*>(x), sizeof(x)));
-  EXPECT_EQ(Snapshot(worker), before);  // no state, not even a counter
+  EXPECT_EQ(StatusSnapshot(worker), before);  // no state, not even a counter
 
   // A large bf16 tensor comes back unchanged, and so does an empty one.
   std::vector<core::bf16_t> big(3 * 4099);
