@@ -64,6 +64,9 @@ tidy_args=(-quiet '--warnings-as-errors=*')
 start=$(date +%s)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# clang-tidy reads the build's commands with unity batches expanded, so each
+# test source is tidied with its own command (scripts/tidy_cache.py).
+scripts/tidy_cache.py compdb --build-dir "$BUILD_DIR" --out "$work/db"
 scripts/tidy_cache.py keys --build-dir "$BUILD_DIR" --jobs "$jobs" --tidy "$tidy_bin" \
   --tidy-args "${tidy_args[*]}" "${tidy[@]}" >"$work/keys"
 touch "$work/cached"
@@ -97,7 +100,7 @@ if [ "${#todo[@]}" -gt 0 ]; then
     else
       printf "%s\n" "$log" >>"$work/failed"
       exit 1
-    fi' _ {} "$work" "$tidy_bin" "$BUILD_DIR" "${tidy_args[@]}" || status=$?
+    fi' _ {} "$work" "$tidy_bin" "$work/db" "${tidy_args[@]}" || status=$?
 fi
 if [ "$update" = 1 ]; then
   pick_keys "$work/clean" 2 1 1 >>"$work/clean-keys"

@@ -9,7 +9,8 @@ says about it:
   - .clang-tidy's bytes;
   - the file's repository path and its compile commands from
     compile_commands.json, with the source and build directories written as
-    <src> and <build> (so a clone elsewhere gets the same key);
+    <src> and <build> (so a clone elsewhere gets the same key), without the
+    object file (-o);
   - the path and bytes of every project file the preprocessor reads for it:
     the compiler's own dependency output (`-MM`: the file itself and every
     header it includes transitively, system headers left out), including the
@@ -26,11 +27,21 @@ pick another entry near it (even a .cu's nvcc command), every compile command
 of the nearest directory (at or above the file's) that has any is part of its
 key too.
 
-Usage (both take --tidy BINARY --tidy-args "FLAGS", as lint.sh passes them):
+A unity build (the test binaries: tests/CMakeLists.txt) compiles batches of
+sources as one file (".../Unity/unity_N_cxx.cxx", a list of #include lines),
+and compile_commands.json names only the batches. Each batch entry is read
+as one entry per source it includes, with the batch's command on that source:
+the command the source has without the unity build, so its key is the same
+either way and clang-tidy (given the expanded database: `compdb`) tidies each
+source with its own command.
+
+Usage (keys and inputs take --tidy BINARY --tidy-args "FLAGS", as lint.sh passes them):
   tidy_cache.py keys --build-dir DIR [--jobs N] FILE...
       prints "KEY PATH" per file (KEY "-" when it has none), in input order.
   tidy_cache.py inputs --build-dir DIR FILE
       prints what FILE's key hashes (one input per line), to see why it changed.
+  tidy_cache.py compdb --build-dir DIR --out OUT
+      writes OUT/compile_commands.json: DIR's, unity batches expanded.
 The cache itself (.ci/tidy-clean.txt: one key per line, sorted) is read and
 written by scripts/lint.sh. Standard library only; Python >= 3.9.
 """
@@ -67,6 +78,44 @@ def sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
+UNITY_BATCH = re.compile(r"/Unity/unity_[^/]*\.(cxx|c|cu)$")
+UNITY_MEMBER = re.compile(r'^#include "([^"]+)"\s*$', re.MULTILINE)
+
+
+def expand_unity(entries: List[dict]) -> List[dict]:
+    """`entries` with each unity batch replaced by one entry per source it includes
+    (the batch's command, the batch's path replaced by the source's)."""
+    out: List[dict] = []
+    for e in entries:
+        batch = os.path.join(e["directory"], e["file"])
+        if not UNITY_BATCH.search(batch):
+            out.append(e)
+            continue
+        try:
+            with open(batch) as f:
+                members = UNITY_MEMBER.findall(f.read())
+        except OSError:
+            out.append(e)  # not generated yet: nothing to expand
+            continue
+        for member in members:
+            m = dict(e, file=member)
+            if "arguments" in e:
+                m["arguments"] = [member if a in (e["file"], batch) else a for a in e["arguments"]]
+            else:
+                argv = shlex.split(e["command"])
+                m["command"] = shlex.join(member if a in (e["file"], batch) else a for a in argv)
+            out.append(m)
+    return out
+
+
+def without_output(entry: dict) -> str:
+    """An entry's command without its "-o OBJECT" (which names a unity batch's object
+    when the entry came from one: not an input of clang-tidy)."""
+    argv = entry["arguments"] if "arguments" in entry else shlex.split(entry["command"])
+    kept = [a for i, a in enumerate(argv) if a != "-o" and (i == 0 or argv[i - 1] != "-o")]
+    return shlex.join(kept)
+
+
 class Database:
     """compile_commands.json, indexed by absolute file path."""
 
@@ -74,7 +123,7 @@ class Database:
         self.root = os.path.realpath(root)
         self.build = os.path.realpath(build_dir)
         with open(os.path.join(self.build, "compile_commands.json")) as f:
-            entries = json.load(f)
+            entries = expand_unity(json.load(f))
         self.by_file: Dict[str, List[dict]] = {}
         for e in entries:
             path = os.path.realpath(os.path.join(e["directory"], e["file"]))
@@ -117,7 +166,7 @@ class Database:
         directory = os.path.dirname(path)
         while True:
             found = sorted(
-                e.get("command") or shlex.join(e["arguments"])
+                without_output(e)
                 for f, entries in self.by_file.items()
                 if os.path.dirname(f) == directory
                 for e in entries
@@ -208,6 +257,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     keys = sub.add_parser("keys", help='print "KEY PATH" per file')
     inputs = sub.add_parser("inputs", help="print what the key of one file hashes")
+    compdb = sub.add_parser("compdb", help="write compile_commands.json, unity batches expanded")
+    compdb.add_argument("--build-dir", required=True)
+    compdb.add_argument("--out", required=True)
     for p in (keys, inputs):
         p.add_argument("--build-dir", required=True)
         p.add_argument("--root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -217,6 +269,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     keys.add_argument("files", nargs="*")
     inputs.add_argument("file")
     args = parser.parse_args(argv)
+    if args.command == "compdb":
+        with open(os.path.join(args.build_dir, "compile_commands.json")) as f:
+            entries = expand_unity(json.load(f))
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "compile_commands.json"), "w") as f:
+            json.dump(entries, f, indent=1)
+        return 0
 
     db = Database(args.root, args.build_dir)
     with open(os.path.join(db.root, ".clang-tidy"), "rb") as f:
