@@ -141,6 +141,23 @@ TEST(CallBound, ExpiredLatchesTheFirstStop) {
   EXPECT_EQ(CallBound{}.seen, CallBound::Stop::kNone);
 }
 
+// A client cancels its call itself when its deadline passes, and that
+// cancel can arrive before the server's later copy of the deadline passes
+// (seen under load: WorkerCallGate.BenchmarkStopLeavesTheGroupUsable named
+// "the client cancelled" for a 752 ms deadline). A cancel within 250 ms of
+// the deadline is the deadline; an earlier one is a cancel.
+TEST(CallBound, ACancelJustBeforeTheDeadlineIsTheDeadline) {
+  const CallBound near{absl::Now() + absl::Milliseconds(100), [] { return true; }};
+  EXPECT_TRUE(near.Expired());
+  EXPECT_EQ(near.seen, CallBound::Stop::kLate);
+  const CallBound early{absl::Now() + absl::Seconds(30), [] { return true; }};
+  EXPECT_TRUE(early.Expired());
+  EXPECT_EQ(early.seen, CallBound::Stop::kCancelled);
+  const CallBound endless{absl::InfiniteFuture(), [] { return true; }};
+  EXPECT_TRUE(endless.Expired());
+  EXPECT_EQ(endless.seen, CallBound::Stop::kCancelled);
+}
+
 // The borderline case: work on rank 0 stopped early (its Expired() fired),
 // yet at the gate its own checks would now answer "go" (the cancel flag
 // reads false again, as a clock read back would). The gate still votes the
