@@ -65,7 +65,7 @@ start=$(date +%s)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # clang-tidy reads the build's commands with unity batches expanded, so each
-# test source is tidied with its own command (scripts/tidy_cache.py).
+# batched source is tidied with its own command (scripts/tidy_cache.py).
 scripts/tidy_cache.py compdb --build-dir "$BUILD_DIR" --out "$work/db"
 scripts/tidy_cache.py keys --build-dir "$BUILD_DIR" --jobs "$jobs" --tidy "$tidy_bin" \
   --tidy-args "${tidy_args[*]}" "${tidy[@]}" >"$work/keys"

@@ -27,9 +27,10 @@ pick another entry near it (even a .cu's nvcc command), every compile command
 of the nearest directory (at or above the file's) that has any is part of its
 key too.
 
-A unity build (the test binaries: tests/CMakeLists.txt) compiles batches of
-sources as one file (".../Unity/unity_N_cxx.cxx", a list of #include lines),
-and compile_commands.json names only the batches. Each batch entry is read
+A unity build (the libraries and test binaries: MOE_EP_UNITY_BUILD in
+CMakeLists.txt) compiles batches of sources as one file
+(".../Unity/unity_N_cxx.cxx", a list of #include lines), and
+compile_commands.json names only the batches. Each batch entry is read
 as one entry per source it includes, with the batch's command on that source:
 the command the source has without the unity build, so its key is the same
 either way and clang-tidy (given the expanded database: `compdb`) tidies each
