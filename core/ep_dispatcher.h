@@ -31,6 +31,7 @@
 #include "core/expert_placement.h"
 #include "core/experts.h"
 #include "core/placement_table.h"
+#include "core/step_dispatcher.h"
 #include "core/stop_check.h"
 #include "core/workspace.h"
 
@@ -45,7 +46,7 @@ struct ExpertLoadCounts {
   int64_t steps = 0;                       // dispatched steps counted
 };
 
-class EpDispatcher {
+class EpDispatcher final : public StepDispatcher {
  public:
   // `collective` must outlive the dispatcher; its size() is ep_size.
   // Errors: kInvalidArgument (core::ValidateEpOptions with kCpuLimits),
@@ -87,7 +88,7 @@ class EpDispatcher {
   ExpertLoadCounts ReadExpertLoad(bool reset);
 
   // Bytes this dispatcher allocated (equals layout().total_bytes).
-  int64_t allocated_bytes() const;
+  int64_t allocated_bytes() const override;
   // The workspace layout it allocated (AllocateWorkspace's breakdown).
   const CpuWorkspaceLayout& layout() const;
 
@@ -100,7 +101,7 @@ class EpDispatcher {
   // kInvalidArgument R < local_tokens or R < 0). On error the previous
   // geometry stays.
   absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
-                              int64_t local_tokens);
+                              int64_t local_tokens) override;
   int64_t epoch() const;
   int64_t runtime_max_tokens_per_rank() const;
 
@@ -184,7 +185,7 @@ class EpDispatcher {
   std::unique_ptr<Impl> impl_;
 
  public:
-  ~EpDispatcher();
+  ~EpDispatcher() override;
 };
 
 }  // namespace moe_ep::core

@@ -48,6 +48,7 @@
 #include "core/ep_contract.h"
 #include "core/ep_dispatcher.h"
 #include "core/expert_placement.h"
+#include "core/step_dispatcher.h"
 #include "kernels/device_experts.h"
 #include "kernels/expert_compute.h"
 #include "kernels/gpu_workspace_layout.h"
@@ -90,7 +91,7 @@ struct ReceivedRowsForTest {
 ReceivedRowsForTest UnpackReceivedRows(const uint8_t* raw, int64_t rows, int64_t hidden, int top_k,
                                        int64_t runtime_max_tokens_per_rank);
 
-class GpuEpDispatcher {
+class GpuEpDispatcher final : public core::StepDispatcher {
  public:
   // What the GPU data plane cannot do (route.cuh's bounds, H % 4 for the
   // vectorized pack and combine).
@@ -108,7 +109,7 @@ class GpuEpDispatcher {
   static absl::StatusOr<std::unique_ptr<GpuEpDispatcher>> Create(
       StreamCollective* collective, const GpuEpDispatcherOptions& options,
       int64_t memory_cap_bytes);
-  ~GpuEpDispatcher();
+  ~GpuEpDispatcher() override;
   GpuEpDispatcher(const GpuEpDispatcher&) = delete;
   GpuEpDispatcher& operator=(const GpuEpDispatcher&) = delete;
 
@@ -117,7 +118,7 @@ class GpuEpDispatcher {
   // then the placement table and load counters (DESIGN §15: replica offsets
   // [E + 1] int32, replica ranks [ep_size * slot budget] int32, counters
   // [num_experts] uint64, each 128-byte aligned).
-  int64_t allocated_bytes() const { return placement_offset_ + placement_bytes_; }
+  int64_t allocated_bytes() const override { return placement_offset_ + placement_bytes_; }
   // Where the placement table and load counters start in the one allocation
   // (after the tail, 128-byte aligned), and their bytes.
   int64_t placement_offset() const { return placement_offset_; }
@@ -172,7 +173,7 @@ class GpuEpDispatcher {
   // in flight), kResourceExhausted (R > N), kInvalidArgument (R <
   // local_tokens or R < 0); previous geometry kept on error.
   absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
-                              int64_t local_tokens);
+                              int64_t local_tokens) override;
   int64_t epoch() const { return geometry_.epoch(); }
   int64_t runtime_max_tokens_per_rank() const { return geometry_.runtime_max_tokens_per_rank(); }
   bool geometry_committed() const { return geometry_.committed(); }
@@ -249,7 +250,7 @@ class GpuEpDispatcher {
   // had mismatched sizes, so the communicator is aborted too (later calls
   // kFailedPrecondition; form a new group). Collective errors as
   // Synchronize.
-  absl::Status CheckStep();
+  absl::Status CheckStep() override;
 
   // After a completed Forward: the receive region copied to the host (sync);
   // with fp8_e4m3 the dequantized rows (received_rows()).

@@ -79,6 +79,7 @@ absl::Status CpuDataPlane::UseAgreement(MaskAgreement agreed, int /*agreed_round
   // The old dispatcher points into the old group: it goes first; closing
   // the old group fails any laggard of it at once.
   dispatcher_ = std::move(dispatcher);
+  UseDispatcher(dispatcher_.get(), 0);
   control_ = std::move(masked);
   // Every member adopts the agreement in the same call: the engine calls
   // are numbered afresh on the new group (a returning rank has counted none).
@@ -101,13 +102,10 @@ absl::StatusOr<DataPlaneAllocation> CpuDataPlane::Allocate(const core::EpDispatc
   hidden_ = options.workspace.hidden;
   options_ = options;
   dispatcher_ = std::move(dispatcher);
+  UseDispatcher(dispatcher_.get(), 0);
   geometry_ = {};
   NewWorkspaceToken();
   return allocation;
-}
-
-int64_t CpuDataPlane::allocated_bytes() const {
-  return dispatcher_ ? dispatcher_->allocated_bytes() : 0;
 }
 
 absl::StatusOr<int64_t> CpuDataPlane::LoadExperts(int layer, const core::ExpertSource& source,
@@ -149,13 +147,6 @@ absl::Status CpuDataPlane::InstallPlacement(int layer,
   const int rank = group_.rank;
   experts_.KeepIfSlotsOf(layer, *table, rank);
   book_.Install(layer, std::move(table));
-  return absl::OkStatus();
-}
-
-absl::Status CpuDataPlane::CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
-                                          int64_t local_tokens) {
-  RETURN_IF_ERROR(dispatcher_->CommitGeometry(epoch, runtime_max_tokens_per_rank, local_tokens));
-  geometry_ = {true, epoch, runtime_max_tokens_per_rank};
   return absl::OkStatus();
 }
 

@@ -40,13 +40,10 @@ class CpuDataPlane final : public DataPlane {
   absl::StatusOr<DataPlaneAllocation> Allocate(const core::EpDispatcherOptions& options,
                                                int64_t max_intermediate,
                                                int64_t memory_cap_bytes) override;
-  int64_t allocated_bytes() const override;
   absl::StatusOr<int64_t> LoadExperts(int layer, const core::ExpertSource& source,
                                       int64_t memory_cap_bytes) override;
   absl::Status InstallPlacement(int layer,
                                 std::shared_ptr<const core::PlacementTable> table) override;
-  absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
-                              int64_t local_tokens) override;
   // Host pointers; `stream` must be null (server/cpu_engine_calls.cc).
   // Each opens with the engine call round (core/engine_call_round.h):
   // the call's own checks go into it, so a rank that refuses its call
@@ -96,11 +93,11 @@ class CpuDataPlane final : public DataPlane {
   // (PlacementBook::SetLive).
   absl::Status UseAgreement(MaskAgreement agreed, int agreed_round) override;
 
-  // Points into control_ (the core's, destroyed after it).
+  // Points into control_ (the core's, destroyed after it); the core's
+  // UseDispatcher view of it is set whenever it changes.
   std::unique_ptr<core::EpDispatcher> dispatcher_;
   std::map<int, core::SharedExpert> shared_;  // layer -> its shared expert (replica)
   int64_t hidden_ = 0;                        // H of the allocated workspace
-  core::EpDispatcherOptions options_;         // of the allocated workspace
   int64_t engine_tokens_ = 0;                 // T of the last EngineDispatch
   core::EngineCallRound engine_round_;        // opens every Engine* call
 };

@@ -407,7 +407,32 @@ absl::StatusOr<std::vector<int64_t>> DataPlane::SyncTokenCounts(int64_t local_to
   return counts;
 }
 
-absl::Status DataPlane::EngineCheckStep() { return absl::OkStatus(); }
+absl::Status DataPlane::CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
+                                       int64_t local_tokens) {
+  if (allocated_bytes() == 0) {
+    return absl::FailedPreconditionError("CommitGeometry: no workspace; call Allocate first");
+  }
+  if (step_dispatcher_ != nullptr) {
+    RETURN_IF_ERROR(step_dispatcher_->CommitGeometry(epoch, runtime_max_tokens_per_rank, local_tokens));
+  } else if (runtime_max_tokens_per_rank < 1 ||
+             runtime_max_tokens_per_rank > options_.workspace.capacity_tokens) {
+    // No dispatcher now (one-sided windows dropped by a mask): the next one
+    // the transport makes takes the geometry, so check its bound here.
+    return absl::InvalidArgumentError(
+        absl::StrCat("CommitGeometry: runtime_max_tokens_per_rank: expected in [1, ",
+                     options_.workspace.capacity_tokens, "] (capacity_tokens), got ",
+                     runtime_max_tokens_per_rank));
+  }
+  geometry_ = {true, epoch, runtime_max_tokens_per_rank};
+  return absl::OkStatus();
+}
+
+absl::Status DataPlane::EngineCheckStep() {
+  if (step_dispatcher_ == nullptr) {
+    return absl::FailedPreconditionError("check_step: no workspace; AllocateWorkspace first");
+  }
+  return step_dispatcher_->CheckStep();
+}
 
 void DataPlane::NewWorkspaceToken() {
   static std::atomic<uint64_t> next{1};

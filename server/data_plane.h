@@ -6,9 +6,11 @@
 // them. The class is the plane core: it owns, once, the state every
 // transport shares (group, rank mask and its rounds, call bound, committed
 // geometry, placement and load book, expert registry and bytes, the
-// control collective) and the calls made of it alone (SyncTokenCounts, both
+// workspace options, the control collective) and the calls made of it
+// alone (SyncTokenCounts, CommitGeometry, EngineCheckStep and the
+// workspace's bytes through each transport's core::StepDispatcher, both
 // Forward entry points, the mask protocol). Three transports implement its
-// virtual functions, so server/worker_service.cc stays free of CUDA:
+// 12 virtual functions, so server/worker_service.cc stays free of CUDA:
 //   - server/cpu_data_plane.h: Gloo over TCP + core::EpDispatcher, host memory;
 //   - server/gpu_data_plane.h: NCCL + kernels::GpuEpDispatcher on one CUDA
 //     device (only on a CUDA build, MOE_EP_HAVE_CUDA);
@@ -47,6 +49,7 @@
 #include "core/placement_book.h"
 #include "core/placement_table.h"
 #include "core/shared_expert.h"
+#include "core/step_dispatcher.h"
 #include "core/workspace.h"
 #include "gloo/rendezvous/store.h"
 #include "server/call_gate.h"
@@ -251,8 +254,11 @@ class DataPlane {
   virtual absl::StatusOr<DataPlaneAllocation> Allocate(const core::EpDispatcherOptions& options,
                                                        int64_t max_intermediate,
                                                        int64_t memory_cap_bytes) = 0;
-  // Workspace bytes held (0 before Allocate).
-  virtual int64_t allocated_bytes() const = 0;
+  // Workspace bytes held (0 before Allocate): the serving dispatcher's plus
+  // what the transport holds beside it (UseDispatcher).
+  int64_t allocated_bytes() const {
+    return (step_dispatcher_ != nullptr ? step_dispatcher_->allocated_bytes() : 0) + outside_bytes_;
+  }
 
   // Makes the experts `source` describes (core/expert_source.h) and holds
   // them for `layer` (replacing that layer's): the CPU plane materialises a
@@ -332,9 +338,15 @@ class DataPlane {
   // Errors: kFailedPrecondition (no workspace), kInvalidArgument (this
   // rank's count < 0), kAborted (a peer's count < 0, naming it), group errors.
   absl::StatusOr<std::vector<int64_t>> SyncTokenCounts(int64_t local_tokens);
-  // As core::EpDispatcher (REQUIRES: Allocate succeeded).
-  virtual absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
-                                      int64_t local_tokens) = 0;
+  // Commits (epoch, R = `runtime_max_tokens_per_rank`) for the next steps
+  // on the serving dispatcher (core::StepDispatcher::CommitGeometry, DESIGN
+  // §6) and records it, so every dispatcher the transport makes for the same
+  // workspace (a mask round, grown expert scratch) takes it too. Local.
+  // Errors: kFailedPrecondition (no workspace, or a step in flight),
+  // kResourceExhausted (R > capacity_tokens), kInvalidArgument (R <
+  // local_tokens or R < 1). On error the previous geometry stays.
+  absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
+                              int64_t local_tokens);
   // The committed geometry's epoch; -1 before the first CommitGeometry
   // after each Allocate.
   int64_t epoch() const { return geometry_.committed ? geometry_.epoch : -1; }
@@ -393,11 +405,14 @@ class DataPlane {
   // captured); on the CPU plane host pointers (server/cpu_data_plane.h).
   virtual absl::Status EngineSyncTokenCounts(const int64_t* local_tokens, int64_t* counts,
                                              void* stream) = 0;
-  // The sync point of the engine calls: waits for the data plane's work and
-  // reports a geometry disagreement its device-side check recorded
-  // (kAborted, naming the rank). The CPU plane checks synchronously in
-  // every call, so its default returns OK.
-  virtual absl::Status EngineCheckStep();
+  // The sync point of the engine calls: the serving dispatcher's CheckStep
+  // (core::StepDispatcher): waits for its work and reports a geometry
+  // disagreement (kAborted, naming the rank), an expert id out of range
+  // (kInvalidArgument) or a silent peer (kDeadlineExceeded) its device-side
+  // checks recorded. The CPU dispatcher checks each call before it returns,
+  // so it reports OK. Errors: kFailedPrecondition (no dispatcher: before
+  // Allocate, or one-sided windows dropped by a mask).
+  absl::Status EngineCheckStep();
 
   // Identifies the workspace the engine calls run on: a process-wide
   // counter value taken by every (re)allocation of the dispatcher's buffers
@@ -466,6 +481,19 @@ class DataPlane {
     int64_t runtime_max_tokens_per_rank = 0;
   };
   CommittedGeometry geometry_;
+  // The options of the workspace Allocate made (what every transport sizes
+  // its buffers, checks sources and tables by); default before Allocate.
+  core::EpDispatcherOptions options_;
+
+  // Makes `dispatcher` (owned by the transport; null when it holds none)
+  // the one allocated_bytes, CommitGeometry and EngineCheckStep use, and
+  // `outside_bytes` what the transport holds beside it (the one-sided
+  // staging). The transport calls it whenever it makes or drops either, and
+  // drops it (null, 0) before the dispatcher goes.
+  void UseDispatcher(core::StepDispatcher* dispatcher, int64_t outside_bytes) {
+    step_dispatcher_ = dispatcher;
+    outside_bytes_ = outside_bytes;
+  }
 
   // DESIGN §15: each layer's table and load counters. The plane resets it at
   // Allocate, installs tables, masks it (SetLive) and adds every step's
@@ -514,6 +542,8 @@ class DataPlane {
   absl::Status Adopt(MaskAgreement agreed, int round);
 
   std::map<int, int64_t> shared_bytes_;  // layer -> its shared expert's weight bytes
+  core::StepDispatcher* step_dispatcher_ = nullptr;  // UseDispatcher; the transport owns it
+  int64_t outside_bytes_ = 0;                        // UseDispatcher
   PlaneKind kind_;
   const core::BackendLimits* limits_;
   uint64_t workspace_token_ = 0;

@@ -187,6 +187,7 @@ GpuDataPlane::~GpuDataPlane() {
   control_.reset();
   experts_.Clear();
   staging_.reset();
+  UseDispatcher(nullptr, 0);
   dispatcher_.reset();
   for (cudaEvent_t event : {events_[0], events_[1], events_[2], events_[3], fork_, join_}) {
     if (event != nullptr) cudaEventDestroy(event);
@@ -264,6 +265,7 @@ absl::Status GpuDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) 
     const int64_t epoch = dispatcher_->epoch();
     const int64_t runtime_max = dispatcher_->runtime_max_tokens_per_rank();
     staging_->Rebind(nullptr);
+    UseDispatcher(nullptr, 0);
     dispatcher_.reset();
     const core::WorkspaceSpec& ws = options_.workspace;
     kernels::GpuEpDispatcherOptions gpu_options;
@@ -282,6 +284,7 @@ absl::Status GpuDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) 
   auto control = std::make_unique<kernels::StagedControlCollective>(next_view);
   if (dispatcher != nullptr) {
     dispatcher_ = std::move(dispatcher);
+    UseDispatcher(dispatcher_.get(), 0);
     staging_->Rebind(dispatcher_->tail());
     NewWorkspaceToken();  // new buffers: graphs of engine calls must be captured again
   }
@@ -347,17 +350,13 @@ absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatc
   shared_.Reset(ws.capacity_tokens, ws.hidden);
   staging_ = std::move(staging);
   dispatcher_ = std::move(*dispatcher);
+  UseDispatcher(dispatcher_.get(), 0);  // the staging lives in its tail
   placement_ = std::make_unique<core::ExpertPlacement>(placement);
   options_ = options;
   max_intermediate_ = max_intermediate;
   geometry_ = {};
   NewWorkspaceToken();
   return allocation;
-}
-
-int64_t GpuDataPlane::allocated_bytes() const {
-  if (dispatcher_ == nullptr) return 0;
-  return dispatcher_->allocated_bytes();
 }
 
 absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, const core::ExpertSource& source,
@@ -397,6 +396,7 @@ absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, const core::ExpertS
   if (grown != nullptr) {
     RETURN_IF_ERROR(Synchronize());  // nothing of the old dispatcher may still run
     dispatcher_ = std::move(grown);
+    UseDispatcher(dispatcher_.get(), 0);
     staging_->Rebind(dispatcher_->tail());
     max_intermediate_ = source.intermediate;
     NewWorkspaceToken();  // new buffers: graphs of engine calls must be captured again
@@ -429,13 +429,6 @@ absl::Status GpuDataPlane::InstallPlacement(int layer,
   // experts (any set of ids, DESIGN §17), else they go (LoadExperts again).
   experts_.KeepIfSlotsOf(layer, *table, view_->rank());
   book_.Install(layer, std::move(table));
-  return absl::OkStatus();
-}
-
-absl::Status GpuDataPlane::CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
-                                          int64_t local_tokens) {
-  RETURN_IF_ERROR(dispatcher_->CommitGeometry(epoch, runtime_max_tokens_per_rank, local_tokens));
-  geometry_ = {true, epoch, runtime_max_tokens_per_rank};
   return absl::OkStatus();
 }
 

@@ -118,7 +118,6 @@ class GpuDataPlane final : public DataPlane {
   absl::StatusOr<DataPlaneAllocation> Allocate(const core::EpDispatcherOptions& options,
                                                int64_t max_intermediate,
                                                int64_t memory_cap_bytes) override;
-  int64_t allocated_bytes() const override;
   absl::StatusOr<int64_t> LoadExperts(int layer, const core::ExpertSource& source,
                                       int64_t memory_cap_bytes) override;
   // Validates the table against the device copy's rules and writes it to the
@@ -129,8 +128,6 @@ class GpuDataPlane final : public DataPlane {
   // differs from the one there.
   absl::Status InstallPlacement(int layer,
                                 std::shared_ptr<const core::PlacementTable> table) override;
-  absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
-                              int64_t local_tokens) override;
   // How Forward's bytes cross between host and device (see above); both make
   // one host copy each way. bench/forward_copy_bench.cc measures both.
   enum class ForwardHostCopy { kPageable, kPinned };
@@ -160,7 +157,6 @@ class GpuDataPlane final : public DataPlane {
                                                 void* stream) override;
   absl::Status EngineSyncTokenCounts(const int64_t* local_tokens, int64_t* counts,
                                      void* stream) override;
-  absl::Status EngineCheckStep() override;
 
  private:
   class Staging;  // the Forward staging buffers (device + pinned host)
@@ -209,7 +205,6 @@ class GpuDataPlane final : public DataPlane {
   kernels::NcclCollective* nccl_ = nullptr;    // the communicator in use
   kernels::StreamCollective* view_ = nullptr;  // what the dispatcher runs on
   std::vector<int> members_;                   // original ranks of nccl_, ascending
-  core::EpDispatcherOptions options_;
   int64_t max_intermediate_ = 0;
   std::unique_ptr<core::ExpertPlacement> placement_;
   std::unique_ptr<kernels::GpuEpDispatcher> dispatcher_;

@@ -225,14 +225,6 @@ absl::Status GpuDataPlane::EngineSyncTokenCounts(const int64_t* local_tokens, in
                         [&]() { return view_->AllGather(local_tokens, sizeof(int64_t), counts); });
 }
 
-absl::Status GpuDataPlane::EngineCheckStep() {
-  if (dispatcher_ == nullptr) {
-    return absl::FailedPreconditionError("check_step: no workspace; AllocateWorkspace first");
-  }
-  RETURN_IF_ERROR(MakeDeviceCurrent());
-  return dispatcher_->CheckStep();
-}
-
 }  // namespace moe_ep::server
 
 #endif  // MOE_EP_HAVE_CUDA

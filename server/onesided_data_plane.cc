@@ -169,6 +169,7 @@ OneSidedDataPlane::~OneSidedDataPlane() {
   experts_.Clear();
   // The dispatcher's destructor waits for its stream; a step that failed
   // on a deadline has already been waited for (CheckStep bounds it).
+  UseDispatcher(nullptr, 0);
   dispatcher_.reset();
   staging_.reset();
   windows_.reset();
@@ -207,6 +208,7 @@ absl::Status OneSidedDataPlane::UseAgreement(MaskAgreement agreed, int /*agreed_
   // never touched again. The members' windows are made at their next
   // Forward or Allocate (MakeWindowsIfDropped).
   dispatcher_.reset();
+  ServeDispatcher();
   if (windows_ != nullptr || staging_ != nullptr) windows_dropped_ = true;
   windows_.reset();
   dispatch_ep_ = 0;
@@ -247,6 +249,7 @@ absl::StatusOr<DataPlaneAllocation> OneSidedDataPlane::Allocate(
   ForgetExperts();
   dispatcher_.reset();
   staging_.reset();
+  ServeDispatcher();
   windows_.reset();
   windows_dropped_ = false;
   geometry_ = {};
@@ -271,6 +274,7 @@ absl::StatusOr<DataPlaneAllocation> OneSidedDataPlane::Allocate(
   }
   ASSIGN_OR_RETURN(staging_, DeviceStepBuffers::Create(ws.capacity_tokens, ws.hidden, ws.top_k));
   dispatcher_ = std::move(*dispatcher);
+  ServeDispatcher();
   dispatcher_cap_ = cap;
   dispatch_ep_ = masked ? 0 : map.ep_size();
   dispatch_experts_ = masked ? 0 : map.num_dispatch_experts;
@@ -290,9 +294,8 @@ absl::StatusOr<DataPlaneAllocation> OneSidedDataPlane::Allocate(
   return allocation;
 }
 
-int64_t OneSidedDataPlane::allocated_bytes() const {
-  if (staging_ == nullptr) return 0;
-  return (dispatcher_ != nullptr ? dispatcher_->allocated_bytes() : 0) + staging_->bytes();
+void OneSidedDataPlane::ServeDispatcher() {
+  UseDispatcher(dispatcher_.get(), staging_ != nullptr ? staging_->bytes() : 0);
 }
 
 absl::StatusOr<int64_t> OneSidedDataPlane::LoadExperts(int layer, const core::ExpertSource& source,
@@ -329,6 +332,7 @@ absl::StatusOr<int64_t> OneSidedDataPlane::LoadExperts(int layer, const core::Ex
           grown->CommitGeometry(geometry_.epoch, geometry_.runtime_max_tokens_per_rank, 0));
     }
     dispatcher_ = std::move(grown);  // the old one waits for its stream as it goes
+    ServeDispatcher();
     dispatcher_cap_ = cap;
     max_intermediate_ = source.intermediate;
     NewWorkspaceToken();
@@ -367,25 +371,6 @@ absl::Status OneSidedDataPlane::InstallPlacement(
   return absl::OkStatus();
 }
 
-absl::Status OneSidedDataPlane::CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
-                                               int64_t local_tokens) {
-  if (staging_ == nullptr) {
-    return absl::FailedPreconditionError("CommitGeometry: no workspace; call Allocate first");
-  }
-  if (dispatcher_ != nullptr) {
-    RETURN_IF_ERROR(dispatcher_->CommitGeometry(epoch, runtime_max_tokens_per_rank, local_tokens));
-  } else if (runtime_max_tokens_per_rank < 1 ||
-             runtime_max_tokens_per_rank > options_.workspace.capacity_tokens) {
-    // Windows dropped by a mask: the next dispatcher takes the geometry.
-    return absl::InvalidArgumentError(
-        absl::StrCat("CommitGeometry: runtime_max_tokens_per_rank: expected in [1, ",
-                     options_.workspace.capacity_tokens, "] (capacity_tokens), got ",
-                     runtime_max_tokens_per_rank));
-  }
-  geometry_ = {true, epoch, runtime_max_tokens_per_rank};
-  return absl::OkStatus();
-}
-
 absl::Status OneSidedDataPlane::MakeWindowsIfDropped() {
   if (!windows_dropped_ || staging_ == nullptr) return absl::OkStatus();
   ASSIGN_OR_RETURN(const core::PlacementTable served, book_.contiguous()->WithMask(mask_.live));
@@ -408,11 +393,13 @@ absl::Status OneSidedDataPlane::UseRouteMap(const OneSidedRouteMap& map) {
   }
   // Create touches no window; the step counter lives there and carries on.
   dispatcher_.reset();  // waits for its stream
+  ServeDispatcher();
   ASSIGN_OR_RETURN(
       dispatcher_,
       OneSidedDispatcher::Create(
           windows_.get(), DispatcherOptions(DispatchOptionsFor(options_, map), max_intermediate_),
           dispatcher_cap_));
+  ServeDispatcher();
   dispatch_ep_ = map.ep_size();
   dispatch_experts_ = map.num_dispatch_experts;
   NewWorkspaceToken();  // new buffers: graphs of engine calls must be captured again
@@ -528,6 +515,7 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::StepOnHost(
       // Every member made windows in this call (or failed to): drop them on
       // every rank alike, so the next Forward makes them again together.
       dispatcher_.reset();
+      ServeDispatcher();
       windows_.reset();
       windows_dropped_ = true;
     }

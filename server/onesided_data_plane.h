@@ -123,7 +123,6 @@ class OneSidedDataPlane final : public DataPlane {
   absl::StatusOr<DataPlaneAllocation> Allocate(const core::EpDispatcherOptions& options,
                                                int64_t max_intermediate,
                                                int64_t memory_cap_bytes) override;
-  int64_t allocated_bytes() const override;
   absl::StatusOr<int64_t> LoadExperts(int layer, const core::ExpertSource& source,
                                       int64_t memory_cap_bytes) override;
   // Checks `table` (core::ValidatePlacement; any set of experts a rank)
@@ -132,8 +131,6 @@ class OneSidedDataPlane final : public DataPlane {
   // plane.
   absl::Status InstallPlacement(int layer,
                                 std::shared_ptr<const core::PlacementTable> table) override;
-  absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
-                              int64_t local_tokens) override;
   // The engine's calls (see the header comment; server/data_plane.h for
   // shapes). Errors as the NCCL plane's (server/gpu_engine_calls.cc), and
   // kFailedPrecondition under a rank mask or another layer table.
@@ -149,7 +146,6 @@ class OneSidedDataPlane final : public DataPlane {
                                                 void* stream) override;
   absl::Status EngineSyncTokenCounts(const int64_t* local_tokens, int64_t* counts,
                                      void* stream) override;
-  absl::Status EngineCheckStep() override;
   // data_plane "" or "one-sided" only.
   absl::StatusOr<BenchmarkTimes> Benchmark(const core::EpDispatcherOptions& options,
                                            const BenchmarkInputs& inputs, int warmup,
@@ -195,11 +191,13 @@ class OneSidedDataPlane final : public DataPlane {
                                            int64_t others_bytes, int64_t memory_cap_bytes) override;
   // Serves on the members of `agreed` (round `agreed_round`).
   absl::Status UseAgreement(MaskAgreement agreed, int agreed_round) override;
+  // Gives the core dispatcher_ and the staging's bytes (UseDispatcher):
+  // called after either changes.
+  void ServeDispatcher();
 
   // The core's control_ (destroyed after everything here) owns compact_
   // (the members' Gloo group, numbered among the members).
   core::GlooCollective* compact_ = nullptr;
-  core::EpDispatcherOptions options_;
   int64_t max_intermediate_ = 0;
   int64_t dispatcher_cap_ = 0;    // the memory cap the dispatcher was made under (0 none)
   bool windows_dropped_ = false;  // a mask dropped them: made at the next Forward

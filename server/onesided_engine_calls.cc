@@ -267,14 +267,6 @@ absl::Status OneSidedDataPlane::EngineSyncTokenCounts(const int64_t* local_token
   return CudaStatus(cudaStreamSynchronize(caller), "cudaStreamSynchronize(stream)");
 }
 
-absl::Status OneSidedDataPlane::EngineCheckStep() {
-  if (dispatcher_ == nullptr) {
-    return absl::FailedPreconditionError("check_step: no workspace; AllocateWorkspace first");
-  }
-  RETURN_IF_ERROR(MakeDeviceCurrent());
-  return dispatcher_->CheckStep();
-}
-
 }  // namespace moe_ep::server
 
 #endif  // MOE_EP_HAVE_CUDA

@@ -50,6 +50,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/ep_contract.h"
+#include "core/step_dispatcher.h"
 #include "kernels/device_experts.h"
 #include "kernels/expert_compute.h"
 #include "kernels/gpu_ep_dispatcher.h"
@@ -81,7 +82,7 @@ struct OneSidedDispatcherOptions {
   static constexpr int64_t kDefaultCeMinTokens = 4096;
 };
 
-class OneSidedDispatcher {
+class OneSidedDispatcher final : public core::StepDispatcher {
  public:
   // H % 8 (16-byte row stores); the rest as the NCCL GPU plane, fp8_e4m3
   // dispatch included (the send kernel quantizes; Dispatch then dequantizes
@@ -103,14 +104,14 @@ class OneSidedDispatcher {
   // memory_cap_bytes when > 0: both numbers; cudaMalloc).
   static absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> Create(
       PeerWindows* windows, const OneSidedDispatcherOptions& options, int64_t memory_cap_bytes);
-  ~OneSidedDispatcher();
+  ~OneSidedDispatcher() override;
   OneSidedDispatcher(const OneSidedDispatcher&) = delete;
   OneSidedDispatcher& operator=(const OneSidedDispatcher&) = delete;
 
   // The stream every step is enqueued on (owned, non-blocking).
   cudaStream_t stream() const { return stream_; }
   // Device bytes this rank holds: window + local state + expert scratch.
-  int64_t allocated_bytes() const;
+  int64_t allocated_bytes() const override;
   // The path a step of R rows takes (options.path, ce_min_tokens, dtype).
   OsPath PathFor(int64_t r) const;
   // The path of the last dispatch enqueued (eager or captured); kSm before any.
@@ -133,7 +134,7 @@ class OneSidedDispatcher {
 
   // As GpuEpDispatcher::CommitGeometry (core::GeometryState::Commit).
   absl::Status CommitGeometry(int64_t epoch, int64_t runtime_max_tokens_per_rank,
-                              int64_t local_tokens);
+                              int64_t local_tokens) override;
   int64_t epoch() const { return geometry_.epoch(); }
   int64_t runtime_max_tokens_per_rank() const { return geometry_.runtime_max_tokens_per_rank(); }
 
@@ -178,7 +179,7 @@ class OneSidedDispatcher {
   // flag never came, the phase and the step (the dispatcher is then broken;
   // a dispatch-phase deadline wrote no output row, a combine-phase one may
   // have written some).
-  absl::Status CheckStep();
+  absl::Status CheckStep() override;
 
   // After a completed step: the received rows [E, R, ...] of this rank's
   // window and the per-source counts, copied to the host (sync; tests).

@@ -389,6 +389,34 @@ TEST(CpuDataPlane, AllocateBeyondTheCapKeepsThePreviousWorkspace) {
   EXPECT_EQ(plane.allocated_bytes(), held);
 }
 
+// The core answers CommitGeometry and check_step over the transport's
+// dispatcher (core::StepDispatcher): refused without a workspace, the
+// dispatcher's bounds after (capacity 8), the previous geometry kept on error.
+TEST(CpuDataPlane, CommitGeometryAndCheckStepGoThroughTheServingDispatcher) {
+  absl::StatusOr<std::unique_ptr<DataPlane>> formed =
+      FormDataPlane(OneRank("gloo"), std::make_shared<gloo::rendezvous::HashStore>());
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  DataPlane& plane = **formed;
+  absl::Status early = plane.CommitGeometry(1, 2, 2);
+  EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(early.message()), HasSubstr("no workspace; call Allocate first"));
+  EXPECT_EQ(plane.EngineCheckStep().code(), absl::StatusCode::kFailedPrecondition);
+
+  ASSERT_TRUE(plane.Allocate(HandOptions(), 0, 0).ok());
+  EXPECT_EQ(plane.epoch(), -1);
+  EXPECT_EQ(plane.CommitGeometry(1, 9, 2).code(), absl::StatusCode::kResourceExhausted);  // R > 8
+  EXPECT_EQ(plane.CommitGeometry(1, 2, 3).code(), absl::StatusCode::kInvalidArgument);  // T > R
+  EXPECT_EQ(plane.epoch(), -1);
+  ASSERT_TRUE(plane.CommitGeometry(7, 8, 8).ok());
+  EXPECT_EQ(plane.epoch(), 7);
+  EXPECT_EQ(plane.CommitGeometry(8, 9, 1).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(plane.epoch(), 7);
+  EXPECT_TRUE(plane.EngineCheckStep().ok());
+  // A new workspace forgets the geometry.
+  ASSERT_TRUE(plane.Allocate(HandOptions(), 0, 0).ok());
+  EXPECT_EQ(plane.epoch(), -1);
+}
+
 TEST(CpuDataPlane, BenchmarkTimesEveryIterationAfterWarmup) {
   absl::StatusOr<std::unique_ptr<DataPlane>> formed =
       FormDataPlane(OneRank("gloo"), std::make_shared<gloo::rendezvous::HashStore>());
