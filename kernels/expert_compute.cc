@@ -11,6 +11,7 @@
 #include "kernels/fp8_grouped_gemm.cuh"
 #include "kernels/grouped_gemm.cuh"
 #include "kernels/hopper_grouped_gemm.cuh"
+#include "kernels/internal/cublas_loader.h"
 #include "kernels/internal/cuda_status.h"
 #include "kernels/mxfp4_grouped_gemm.cuh"
 #include "kernels/route.cuh"
@@ -161,17 +162,24 @@ absl::StatusOr<std::unique_ptr<ExpertCompute>> ExpertCompute::Create(int64_t max
 
 absl::Status ExpertCompute::set_gemm(ExpertGemm gemm) {
   if (gemm == ExpertGemm::kCublasHostCounts && max_intermediate_ > 0 && cublas_ == nullptr) {
-    RETURN_IF_ERROR(internal::CudaStatus(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes),
-                                         "cudaMalloc(cublas workspace)"));
-    allocated_bytes_ += kCublasWorkspaceBytes;
-    RETURN_IF_ERROR(internal::CublasStatus(cublasCreate(&cublas_), "cublasCreate"));
+    ASSIGN_OR_RETURN(const internal::CublasApi* api, internal::LoadCublas());
+    if (cublas_workspace_ == nullptr) {
+      RETURN_IF_ERROR(internal::CudaStatus(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes),
+                                           "cudaMalloc(cublas workspace)"));
+      allocated_bytes_ += kCublasWorkspaceBytes;
+    }
+    RETURN_IF_ERROR(internal::CublasStatus(*api, api->create(&cublas_), "cublasCreate"));
   }
   gemm_ = gemm;
   return absl::OkStatus();
 }
 
 ExpertCompute::~ExpertCompute() {
-  if (cublas_ != nullptr) cublasDestroy(cublas_);
+  if (cublas_ != nullptr) {
+    // A handle exists only where LoadCublas succeeded, so this finds it open.
+    absl::StatusOr<const internal::CublasApi*> api = internal::LoadCublas();
+    if (api.ok()) (*api)->destroy(cublas_);
+  }
   cudaFree(cublas_workspace_);
   cudaFree(owned_scratch_);
   cudaFreeHost(host_offsets_);
@@ -277,9 +285,12 @@ absl::Status ExpertCompute::Run(const uint8_t* recv, int64_t num_rows,
       "cudaMemcpyAsync(offsets)"));
   RETURN_IF_ERROR(internal::CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
 
-  RETURN_IF_ERROR(internal::CublasStatus(cublasSetStream(cublas_, stream), "cublasSetStream"));
+  ASSIGN_OR_RETURN(const internal::CublasApi* api, internal::LoadCublas());
+  RETURN_IF_ERROR(
+      internal::CublasStatus(*api, api->set_stream(cublas_, stream), "cublasSetStream"));
   RETURN_IF_ERROR(internal::CublasStatus(
-      cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes), "cublasSetWorkspace"));
+      *api, api->set_workspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes),
+      "cublasSetWorkspace"));
   const float one = 1.0f;
   const float zero = 0.0f;
   const int h = static_cast<int>(hidden_);
@@ -292,7 +303,8 @@ absl::Status ExpertCompute::Run(const uint8_t* recv, int64_t num_rows,
     // Row-major C[m, 2I] = X[m, H] * W[2I, H]^T, i.e. column-major
     // C^T[2I, m] = W^T^T * X^T: op(A) = T on W (ld H), op(B) = N on X (ld H).
     RETURN_IF_ERROR(internal::CublasStatus(
-        cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, i2, m, h, &one,
+        *api,
+        api->gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, i2, m, h, &one,
                      experts.gate_up() + int64_t{l} * i2 * h, CUDA_R_16BF, h, x_ + off * h,
                      CUDA_R_16BF, h, &zero, gate_up_ + off * i2, CUDA_R_32F, i2, CUBLAS_COMPUTE_32F,
                      CUBLAS_GEMM_DEFAULT),
@@ -306,7 +318,8 @@ absl::Status ExpertCompute::Run(const uint8_t* recv, int64_t num_rows,
     const int64_t off = host_offsets_[l];
     // Row-major Y[m, H] = act[m, I] * down[H, I]^T.
     RETURN_IF_ERROR(
-        internal::CublasStatus(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, h, m, i1, &one,
+        internal::CublasStatus(*api,
+                               api->gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, h, m, i1, &one,
                                             experts.down() + int64_t{l} * h * i1, CUDA_R_16BF, i1,
                                             act_ + off * i1, CUDA_R_16BF, i1, &zero, y_ + off * h,
                                             CUDA_R_32F, h, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),

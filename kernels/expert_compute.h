@@ -153,7 +153,9 @@ class ExpertCompute {
 
   // Chooses the GEMM path. kCublasHostCounts (SwiGLU only) creates the cuBLAS
   // handle and its workspace on first choice.
-  // Errors: kResourceExhausted (cudaMalloc), kInternal (cublasCreate).
+  // Errors: kResourceExhausted (cudaMalloc), kFailedPrecondition (cuBLAS
+  // cannot be opened: kernels/internal/cublas_loader.h), kInternal
+  // (cublasCreate).
   absl::Status set_gemm(ExpertGemm gemm);
   // True when kGroupedDevice runs the Hopper kernels for intermediate size
   // `intermediate` (device, build and alignment allow it).

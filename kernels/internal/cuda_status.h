@@ -1,10 +1,9 @@
 #pragma once
 
-// Conversions of CUDA, cuBLAS and NCCL return codes to absl::Status, shared by
+// Conversions of CUDA and NCCL return codes to absl::Status, shared by
 // the files of kernels/ (STYLE §3: every CUDA/NCCL return is checked and its
 // text carried in the Status). Header-only; not part of the public API.
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <string>
@@ -22,12 +21,6 @@ using kernels::CudaStatus;
 // The status of the last kernel launch on this thread.
 inline absl::Status LaunchStatus(const std::string& kernel) {
   return CudaStatus(cudaGetLastError(), absl::StrCat("launch of ", kernel));
-}
-
-// OK for CUBLAS_STATUS_SUCCESS, else kInternal with cublasGetStatusString.
-inline absl::Status CublasStatus(cublasStatus_t err, const std::string& what) {
-  if (err == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cublasGetStatusString(err)));
 }
 
 }  // namespace moe_ep::kernels::internal
