@@ -13,6 +13,9 @@ PACKAGES=(
   clang-format
   # The linker (CMakeLists.txt MOE_EP_USE_LLD): ~4x faster links than ld.bfd.
   lld
+  # The build tool scripts/setup.sh configures with: it starts a target's
+  # objects while its dependencies still link (make waits per target).
+  ninja-build
   openssl python3-grpcio python3-protobuf python3-matplotlib
   # python/ installs into a venv offline: python3 -m venv (ensurepip's wheels)
   # and pip install --no-build-isolation (setuptools + wheel from the system).

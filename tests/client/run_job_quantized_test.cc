@@ -20,6 +20,7 @@
 #include "nlohmann/json.hpp"
 
 namespace moe_ep::client {
+namespace run_job_quantized_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -134,4 +135,5 @@ TEST(RunJobQuantized, Llama4ScalesTheExpertInput) {
 }
 
 }  // namespace
+}  // namespace run_job_quantized_test
 }  // namespace moe_ep::client

@@ -15,6 +15,7 @@
 #include "nlohmann/json.hpp"
 
 namespace moe_ep::client {
+namespace run_job_shared_expert_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -104,4 +105,5 @@ TEST(RunJobShared, DeepSeekSharedExpertsAndRoutedScaling) {
 }
 
 }  // namespace
+}  // namespace run_job_shared_expert_test
 }  // namespace moe_ep::client

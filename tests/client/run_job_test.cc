@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 
 namespace moe_ep::client {
+namespace run_job_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -352,4 +353,5 @@ TEST(RenderRunSummary, TableTotalsAndFootprint) {
 }
 
 }  // namespace
+}  // namespace run_job_test
 }  // namespace moe_ep::client

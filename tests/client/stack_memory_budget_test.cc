@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 
 namespace moe_ep::client {
+namespace stack_memory_budget_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -141,4 +142,5 @@ TEST(RunStackJob, DeepSeekV3Tp2Layers4IsRefusedBeforeAnyWorkerStarts) {
 }
 
 }  // namespace
+}  // namespace stack_memory_budget_test
 }  // namespace moe_ep::client

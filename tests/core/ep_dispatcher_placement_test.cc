@@ -19,6 +19,7 @@
 #include "tests/core/ep_dispatcher_harness.h"
 
 namespace moe_ep::core {
+namespace ep_dispatcher_placement_test {
 namespace {
 
 using ::moe_ep::core::testing::DispatcherOptions;
@@ -291,4 +292,5 @@ TEST(ReferenceEpForwardTable, MatchesDenseReference) {
 }
 
 }  // namespace
+}  // namespace ep_dispatcher_placement_test
 }  // namespace moe_ep::core

@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 
 namespace moe_ep::core {
+namespace expert_load_file_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -65,4 +66,5 @@ TEST(ReadExpertLoadFile, RejectsMissingAndMalformedFiles) {
 }
 
 }  // namespace
+}  // namespace expert_load_file_test
 }  // namespace moe_ep::core

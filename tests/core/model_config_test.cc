@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 
 namespace moe_ep::core {
+namespace model_config_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -570,4 +571,5 @@ TEST(ParseModelConfig, RejectsQuantizationItCannotCompute) {
 }
 
 }  // namespace
+}  // namespace model_config_test
 }  // namespace moe_ep::core

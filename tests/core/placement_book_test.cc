@@ -7,6 +7,7 @@
 #include "gtest/gtest.h"
 
 namespace moe_ep::core {
+namespace placement_book_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -48,4 +49,5 @@ TEST(PlacementBook, InstalledTablesOverrideTheContiguousOneUntilReset) {
 }
 
 }  // namespace
+}  // namespace placement_book_test
 }  // namespace moe_ep::core

@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 
 namespace moe_ep::core {
+namespace placement_table_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -187,4 +188,5 @@ TEST(PlacementTable, FingerprintChangesWhenAReplicaMoves) {
 }
 
 }  // namespace
+}  // namespace placement_table_test
 }  // namespace moe_ep::core

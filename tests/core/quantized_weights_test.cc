@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 
 namespace moe_ep::core::quant {
+namespace quantized_weights_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -377,4 +378,5 @@ TEST(Safetensors, ReadsF8E5M2AndU8ButNotAsBf16) {
 }
 
 }  // namespace
+}  // namespace quantized_weights_test
 }  // namespace moe_ep::core::quant

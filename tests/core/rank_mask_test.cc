@@ -18,6 +18,7 @@
 #include "tests/core/thread_group.h"
 
 namespace moe_ep::core {
+namespace rank_mask_test {
 namespace {
 
 using ::moe_ep::core::testing::JoinLoopback;
@@ -187,4 +188,5 @@ TEST(MaskedCollective, SurvivorsDispatchEqualsTheMaskedReference) {
 }
 
 }  // namespace
+}  // namespace rank_mask_test
 }  // namespace moe_ep::core

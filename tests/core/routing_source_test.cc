@@ -15,6 +15,7 @@
 #include "nlohmann/json.hpp"
 
 namespace moe_ep::core {
+namespace routing_source_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -330,4 +331,5 @@ TEST(RoutingSource, GenerateErrors) {
 }
 
 }  // namespace
+}  // namespace routing_source_test
 }  // namespace moe_ep::core

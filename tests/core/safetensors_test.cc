@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 
 namespace moe_ep::core {
+namespace safetensors_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -250,4 +251,5 @@ TEST(SafetensorsToBf16, PiecesEqualTheWholeAndReleasedPagesStayReadable) {
 }
 
 }  // namespace
+}  // namespace safetensors_test
 }  // namespace moe_ep::core

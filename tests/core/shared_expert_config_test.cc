@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 
 namespace moe_ep::core {
+namespace shared_expert_config_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -209,4 +210,5 @@ TEST(SharedExpertConfig, UnreadableFamilyNamesTheKeysItWouldNeed) {
 }
 
 }  // namespace
+}  // namespace shared_expert_config_test
 }  // namespace moe_ep::core

@@ -13,6 +13,7 @@
 // (DESIGN §4's worked examples) and through the layer stack.
 
 namespace moe_ep::core {
+namespace step_executor_test {
 namespace {
 
 using ::moe_ep::core::testing::JoinLoopback;
@@ -163,4 +164,5 @@ TEST(HostStepExecutor, RejectsInputsThatDoNotMatchTheProgram) {
 }
 
 }  // namespace
+}  // namespace step_executor_test
 }  // namespace moe_ep::core

@@ -8,6 +8,7 @@
 #include "gtest/gtest.h"
 
 namespace moe_ep::core {
+namespace workspace_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -207,9 +208,11 @@ TEST(ComputeAllocatedWorkspace, Errors) {
 }
 
 }  // namespace
+}  // namespace workspace_test
 }  // namespace moe_ep::core
 
 namespace moe_ep::core {
+namespace workspace_test {
 namespace {
 
 // The typed layout is the named breakdown: same regions, same figures, each
@@ -236,4 +239,5 @@ TEST(CpuWorkspaceLayout, FieldsAreTheNamedRegions) {
 }
 
 }  // namespace
+}  // namespace workspace_test
 }  // namespace moe_ep::core

@@ -47,6 +47,7 @@
 #include "tests/kernels/gpu_test_util.h"
 
 namespace moe_ep::kernels {
+namespace expert_compute_mxfp4_test {
 namespace {
 
 using core::bf16_t;
@@ -543,4 +544,5 @@ TEST(ExpertComputeMxfp4, RejectsAnIntermediateOffTheStep) {
 }
 
 }  // namespace
+}  // namespace expert_compute_mxfp4_test
 }  // namespace moe_ep::kernels

@@ -38,6 +38,7 @@
 // graph replays with new counts; every fp8 config's (H, I) runs at real size.
 
 namespace moe_ep::kernels {
+namespace fp8_grouped_gemm_test {
 namespace {
 
 using core::bf16_t;
@@ -510,4 +511,5 @@ TEST(Fp8GroupedGemm, RejectsShapesOffTheScaleBlock) {
 }
 
 }  // namespace
+}  // namespace fp8_grouped_gemm_test
 }  // namespace moe_ep::kernels

@@ -16,6 +16,7 @@
 // differs from fp64 by well under 1e-3 relative to sum |a*b| here.
 
 namespace moe_ep::kernels {
+namespace grouped_gemm_test {
 namespace {
 
 using core::bf16_t;
@@ -149,4 +150,5 @@ TEST(GroupedGemm, RejectsBadArguments) {
 }
 
 }  // namespace
+}  // namespace grouped_gemm_test
 }  // namespace moe_ep::kernels

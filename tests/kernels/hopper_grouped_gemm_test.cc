@@ -23,6 +23,7 @@
 // tests/kernels/grouped_gemm_test.cc (fp32 accumulation vs fp64).
 
 namespace moe_ep::kernels {
+namespace hopper_grouped_gemm_test {
 namespace {
 
 using core::bf16_t;
@@ -320,4 +321,5 @@ TEST(HopperGroupedGemm, RejectsBadArguments) {
 }
 
 }  // namespace
+}  // namespace hopper_grouped_gemm_test
 }  // namespace moe_ep::kernels

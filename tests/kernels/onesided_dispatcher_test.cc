@@ -23,6 +23,7 @@
 // (kernels::GpuEpDispatcher).
 
 namespace moe_ep::kernels::onesided {
+namespace onesided_dispatcher_test {
 namespace {
 
 using core::bf16_t;
@@ -468,4 +469,5 @@ TEST(OneSidedWorld1, Fp8BitExactVsNcclH7168Top8E256Tokens128) {
 }
 
 }  // namespace
+}  // namespace onesided_dispatcher_test
 }  // namespace moe_ep::kernels::onesided

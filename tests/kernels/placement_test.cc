@@ -36,6 +36,7 @@
 #include "tests/kernels/gpu_test_util.h"
 
 namespace moe_ep::kernels {
+namespace placement_test {
 namespace {
 
 using core::bf16_t;
@@ -447,4 +448,5 @@ TEST(GpuEpDispatcherPlacement, RejectsTablesTheDeviceExpertSetCannotHold) {
 }
 
 }  // namespace
+}  // namespace placement_test
 }  // namespace moe_ep::kernels

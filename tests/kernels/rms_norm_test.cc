@@ -16,6 +16,7 @@
 #include "tests/kernels/gpu_test_util.h"
 
 namespace moe_ep::kernels {
+namespace rms_norm_test {
 namespace {
 
 using testing::DeviceBuffer;
@@ -315,4 +316,5 @@ TEST(AllReduceAddRmsNorm, RejectsHostPointersAndBadShapes) {
 }
 
 }  // namespace
+}  // namespace rms_norm_test
 }  // namespace moe_ep::kernels

@@ -10,6 +10,7 @@
 #include "tests/kernels/gpu_test_util.h"
 
 namespace moe_ep::kernels {
+namespace seeded_weights_test {
 namespace {
 
 using testing::DeviceBuffer;
@@ -121,4 +122,5 @@ TEST(LaunchSeededSwiGluWeights, RejectsBadArguments) {
 }
 
 }  // namespace
+}  // namespace seeded_weights_test
 }  // namespace moe_ep::kernels

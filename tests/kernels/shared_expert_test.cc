@@ -15,6 +15,7 @@
 #include "tests/kernels/gpu_test_util.h"
 
 namespace moe_ep::kernels {
+namespace shared_expert_test {
 namespace {
 
 std::vector<core::bf16_t> RandomHidden(uint32_t seed, int64_t n) {
@@ -125,4 +126,5 @@ TEST(GpuSharedExpert, ZeroTokensAndBadSizes) {
 }
 
 }  // namespace
+}  // namespace shared_expert_test
 }  // namespace moe_ep::kernels

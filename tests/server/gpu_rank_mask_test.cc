@@ -26,6 +26,7 @@
 #include "core/expert_source.h"
 
 namespace moe_ep::server {
+namespace gpu_rank_mask_test {
 namespace {
 
 int Gpus() {
@@ -131,6 +132,7 @@ TEST(GpuRankMask, SurvivorStepsEqualTheMaskedReference) {
 }
 
 }  // namespace
+}  // namespace gpu_rank_mask_test
 }  // namespace moe_ep::server
 
 #endif  // MOE_EP_HAVE_CUDA

@@ -23,6 +23,7 @@
 // (NCCL_NVLS_ENABLE=0 per DESIGN §11). Source: issue 3.
 
 namespace moe_ep::server {
+namespace gpu_worker_service_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -673,4 +674,5 @@ TEST(GpuWorkerService, RanksJoiningWithDifferentBackendsAreAbortedNamingTheField
 }
 
 }  // namespace
+}  // namespace gpu_worker_service_test
 }  // namespace moe_ep::server

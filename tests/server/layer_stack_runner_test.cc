@@ -15,6 +15,7 @@
 #include "server/tensor_codec.h"
 
 namespace moe_ep::server {
+namespace layer_stack_runner_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -374,4 +375,5 @@ TEST(LayerStackRunner, TwoRanksStopTogetherWhenOneStopsInsideALayerBuild) {
 }
 
 }  // namespace
+}  // namespace layer_stack_runner_test
 }  // namespace moe_ep::server

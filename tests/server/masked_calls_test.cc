@@ -18,6 +18,7 @@
 #include "tests/server/in_process_worker.h"
 
 namespace moe_ep::server {
+namespace masked_calls_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -148,4 +149,5 @@ TEST(MaskedCalls, CallsThatNeedEveryRankNameTheMaskedRank) {
 }
 
 }  // namespace
+}  // namespace masked_calls_test
 }  // namespace moe_ep::server

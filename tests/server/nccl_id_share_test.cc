@@ -11,6 +11,7 @@
 // the Join's store exchange.
 
 namespace moe_ep::server {
+namespace nccl_id_share_test {
 namespace {
 
 std::string FakeId(char fill) { return std::string(kNcclUniqueIdBytes, fill); }
@@ -82,4 +83,5 @@ TEST(NcclIdRecord, MalformedRecordsAreUnavailableSayingWhatIsWrong) {
 }
 
 }  // namespace
+}  // namespace nccl_id_share_test
 }  // namespace moe_ep::server

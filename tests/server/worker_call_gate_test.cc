@@ -26,6 +26,7 @@
 #include "tests/server/in_process_worker.h"
 
 namespace moe_ep::server {
+namespace worker_call_gate_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -379,4 +380,5 @@ TEST(WorkerCallGate, BenchmarkStopLeavesTheGroupUsable) {
 }
 
 }  // namespace
+}  // namespace worker_call_gate_test
 }  // namespace moe_ep::server

@@ -13,6 +13,7 @@
 #include "tests/server/in_process_worker.h"
 
 namespace moe_ep::server {
+namespace worker_hardening_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -197,4 +198,5 @@ TEST(WorkerHardening, CheckpointsOutsideTheCheckpointDirectoriesAreRefusedUnread
 }
 
 }  // namespace
+}  // namespace worker_hardening_test
 }  // namespace moe_ep::server

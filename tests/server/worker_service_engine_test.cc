@@ -22,6 +22,7 @@
 #include "tests/server/in_process_worker.h"
 
 namespace moe_ep::server {
+namespace worker_service_engine_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -345,4 +346,5 @@ TEST_F(EngineCallsTest, ForwardRpcRefusesAnOutOfRangeId) {
 }
 
 }  // namespace
+}  // namespace worker_service_engine_test
 }  // namespace moe_ep::server

@@ -18,6 +18,7 @@
 #include "tests/server/in_process_worker.h"
 
 namespace moe_ep::server {
+namespace worker_service_test {
 namespace {
 
 using ::testing::ElementsAre;
@@ -746,4 +747,5 @@ TEST(WorkerService, EchoReturnsTheRequestTensorOnlyWhenEnabled) {
 }
 
 }  // namespace
+}  // namespace worker_service_test
 }  // namespace moe_ep::server
