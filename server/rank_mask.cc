@@ -20,6 +20,8 @@ namespace {
 // host that is gone may need the whole of it).
 constexpr absl::Duration kProbeTimeout = absl::Milliseconds(500);
 constexpr absl::Duration kPollInterval = absl::Milliseconds(2);
+// How long past the group timeout the host waits for a candidate (above).
+constexpr absl::Duration kLateCollectiveGrace = absl::Seconds(2);
 
 std::string ListRanks(const std::vector<bool>& live) {
   std::vector<int> ranks;
@@ -108,7 +110,13 @@ absl::StatusOr<MaskAgreement> AgreeRankMask(const MaskRound& round) {
       std::vector<bool> arrived(world, false);
       arrived[round.rank] = true;
       int64_t most_votes = round.votes;
-      const absl::Time deadline = absl::Now() + round.timeout;
+      // A candidate that answered the probe may still sit in the collective
+      // that failed here: it comes once that collective's own deadline (the
+      // group timeout, which began before this round did) has passed, so
+      // the wait is the timeout plus a grace for its way here; with the
+      // timeout alone a rank in the all-gather arrived 20 ms too late.
+      const absl::Duration grace = std::min(round.timeout / 2, kLateCollectiveGrace);
+      const absl::Time deadline = absl::Now() + round.timeout + grace;
       while (true) {
         if (Stopped(round)) return StoppedError(round);
         bool all = true;

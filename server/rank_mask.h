@@ -17,7 +17,9 @@
 //  2. Each survivor sets "gen<N>/mask<k>/alive/<rank>" = its vote count
 //     (MaskRound::votes, decimal) on the host.
 //  3. The host probes the other ranks live before; it waits (up to the
-//     timeout) for the alive keys of those that answer, then sets
+//     timeout plus min(timeout / 2, 2 s): a rank that answers may still be
+//     in the failed collective until its own timeout) for the alive keys
+//     of those that answer, then sets
 //     "gen<N>/mask<k>/members" = the ranks whose key arrived ("0,1,3"), and
 //     before it "gen<N>/mask<k>/votes" = the largest vote count the
 //     members' keys carry (MaskRound::votes).
@@ -27,7 +29,8 @@
 //  5. The members form a Gloo context under "gen<N>/mask<k>" on the host's
 //     store, member i being the i-th listed rank.
 // A killed worker's port refuses at once, so a round takes milliseconds plus
-// Gloo's connect; a peer that answers but never arrives costs one timeout.
+// Gloo's connect; a peer that answers but never arrives costs one timeout
+// and the grace.
 //
 // A round can be stopped (MaskRound::stop; what a data plane that goes away
 // mid-round does, server/mask_round_task.h): every store wait of the round
