@@ -413,7 +413,8 @@ absl::Status DataPlane::CommitGeometry(int64_t epoch, int64_t runtime_max_tokens
     return absl::FailedPreconditionError("CommitGeometry: no workspace; call Allocate first");
   }
   if (step_dispatcher_ != nullptr) {
-    RETURN_IF_ERROR(step_dispatcher_->CommitGeometry(epoch, runtime_max_tokens_per_rank, local_tokens));
+    RETURN_IF_ERROR(
+        step_dispatcher_->CommitGeometry(epoch, runtime_max_tokens_per_rank, local_tokens));
   } else if (runtime_max_tokens_per_rank < 1 ||
              runtime_max_tokens_per_rank > options_.workspace.capacity_tokens) {
     // No dispatcher now (one-sided windows dropped by a mask): the next one

@@ -541,7 +541,7 @@ class DataPlane {
   // UseAgreement, then the mask and the tables' live ranks.
   absl::Status Adopt(MaskAgreement agreed, int round);
 
-  std::map<int, int64_t> shared_bytes_;  // layer -> its shared expert's weight bytes
+  std::map<int, int64_t> shared_bytes_;              // layer -> its shared expert's weight bytes
   core::StepDispatcher* step_dispatcher_ = nullptr;  // UseDispatcher; the transport owns it
   int64_t outside_bytes_ = 0;                        // UseDispatcher
   PlaneKind kind_;

@@ -405,7 +405,7 @@ TEST(CpuDataPlane, CommitGeometryAndCheckStepGoThroughTheServingDispatcher) {
   ASSERT_TRUE(plane.Allocate(HandOptions(), 0, 0).ok());
   EXPECT_EQ(plane.epoch(), -1);
   EXPECT_EQ(plane.CommitGeometry(1, 9, 2).code(), absl::StatusCode::kResourceExhausted);  // R > 8
-  EXPECT_EQ(plane.CommitGeometry(1, 2, 3).code(), absl::StatusCode::kInvalidArgument);  // T > R
+  EXPECT_EQ(plane.CommitGeometry(1, 2, 3).code(), absl::StatusCode::kInvalidArgument);    // T > R
   EXPECT_EQ(plane.epoch(), -1);
   ASSERT_TRUE(plane.CommitGeometry(7, 8, 8).ok());
   EXPECT_EQ(plane.epoch(), 7);
