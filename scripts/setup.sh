@@ -25,16 +25,16 @@ done
 scripts/install-deps.sh
 if [ "$deploy_tools" = 1 ]; then scripts/install-deploy-tools.sh; fi
 BUILD_DIR=${BUILD_DIR:-build}
-if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
+if [ ! -f "$BUILD_DIR/CMakeCache.txt" ] || [ ${#cmake_args[@]} -gt 0 ]; then
   # A new build directory: Ninja where installed (scripts/install-deps.sh),
   # which keeps both cores busy across target boundaries. An existing one
   # keeps the generator it was configured with.
   generator=()
-  if command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); fi
+  if [ ! -f "$BUILD_DIR/CMakeCache.txt" ] && command -v ninja >/dev/null 2>&1; then
+    generator=(-G Ninja)
+  fi
   cmake -S . -B "$BUILD_DIR" "${generator[@]}" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" \
     "${cmake_args[@]}"
-elif [ ${#cmake_args[@]} -gt 0 ]; then
-  cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" "${cmake_args[@]}"
 fi
 target_args=()
 for t in "${targets[@]}"; do target_args+=(--target "$t"); done

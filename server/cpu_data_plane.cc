@@ -99,7 +99,6 @@ absl::StatusOr<DataPlaneAllocation> CpuDataPlane::Allocate(const core::EpDispatc
   shared_.clear();
   book_.Reset(dispatcher->placement());
   book_.SetLive(mask_.live);
-  hidden_ = options.workspace.hidden;
   options_ = options;
   dispatcher_ = std::move(dispatcher);
   UseDispatcher(dispatcher_.get(), 0);
@@ -131,7 +130,7 @@ absl::StatusOr<int64_t> CpuDataPlane::HoldSharedExpert(int layer,
     shared_.erase(layer);
     return 0;
   }
-  RETURN_IF_ERROR(CheckSharedHidden(*shared, dispatcher_.get(), hidden_));
+  RETURN_IF_ERROR(CheckSharedHidden(*shared, dispatcher_.get(), options_.workspace.hidden));
   const int64_t bytes = shared->weight_bytes();
   shared_.insert_or_assign(layer, std::move(*shared));
   return bytes;

@@ -97,7 +97,6 @@ class CpuDataPlane final : public DataPlane {
   // UseDispatcher view of it is set whenever it changes.
   std::unique_ptr<core::EpDispatcher> dispatcher_;
   std::map<int, core::SharedExpert> shared_;  // layer -> its shared expert (replica)
-  int64_t hidden_ = 0;                        // H of the allocated workspace
   int64_t engine_tokens_ = 0;                 // T of the last EngineDispatch
   core::EngineCallRound engine_round_;        // opens every Engine* call
 };
