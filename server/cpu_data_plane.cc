@@ -1,7 +1,9 @@
 #include "server/cpu_data_plane.h"
 
 #include <chrono>
+#include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/expert_placement.h"
@@ -208,11 +210,48 @@ absl::StatusOr<core::StepStats> CpuDataPlane::StepOnHost(
   return stats;
 }
 
-absl::StatusOr<BenchmarkTimes> CpuDataPlane::Benchmark(const core::EpDispatcherOptions& options,
-                                                       const BenchmarkInputs& inputs, int warmup,
-                                                       int iterations, int64_t /*memory_cap_bytes*/,
-                                                       const std::string& data_plane) {
-  ASSIGN_OR_RETURN(const std::string plane, ResolveBenchmarkPlane(data_plane, "gloo", {}));
+namespace {
+
+// Benchmark's scratch step on the CPU plane: a dispatcher of the
+// benchmark's size over the plane's collective, the contiguous placement's
+// identity experts, timed by the host clock.
+class CpuBenchmarkRun final : public BenchmarkRun {
+ public:
+  CpuBenchmarkRun(std::unique_ptr<core::EpDispatcher> bench, core::ExpertSet identity,
+                  const BenchmarkInputs& inputs)
+      : bench_(std::move(bench)),
+        identity_(std::move(identity)),
+        inputs_(inputs),
+        output_(inputs.hidden.size()) {}
+
+  absl::StatusOr<PhaseTimes> Step() override {
+    const auto t0 = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(bench_->Dispatch(inputs_.hidden, inputs_.topk_ids, inputs_.topk_weights,
+                                     inputs_.num_tokens));
+    const auto t1 = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(bench_->ComputeExperts(identity_));
+    const auto t2 = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(bench_->Combine(absl::MakeSpan(output_)));
+    const auto t3 = std::chrono::steady_clock::now();
+    PhaseTimes times;
+    times.dispatch_us = std::chrono::duration<double, std::micro>(t1 - t0).count();
+    times.combine_us = std::chrono::duration<double, std::micro>(t3 - t2).count();
+    return times;
+  }
+  absl::StatusOr<int64_t> TokensSent() override { return bench_->last_step().tokens_sent; }
+
+ private:
+  std::unique_ptr<core::EpDispatcher> bench_;
+  core::ExpertSet identity_;
+  const BenchmarkInputs& inputs_;
+  std::vector<core::bf16_t> output_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BenchmarkRun>> CpuDataPlane::MakeBenchmarkRun(
+    const core::EpDispatcherOptions& options, const BenchmarkInputs& inputs,
+    int64_t /*memory_cap_bytes*/, const std::string& /*plane*/) {
   // The caller checked the cap against core::CpuWorkspaceLayout, which is
   // exactly what this dispatcher allocates.
   ASSIGN_OR_RETURN(std::unique_ptr<core::EpDispatcher> bench,
@@ -220,29 +259,10 @@ absl::StatusOr<BenchmarkTimes> CpuDataPlane::Benchmark(const core::EpDispatcherO
   const int rank = control_->rank();
   ASSIGN_OR_RETURN(core::ExpertPlacement placement,
                    core::ExpertPlacement::Contiguous(options.num_experts, control_->size()));
-  const core::ExpertSet identity = core::ExpertSet::Identity(
+  core::ExpertSet identity = core::ExpertSet::Identity(
       placement.FirstExpert(rank), placement.NumLocalExperts(rank), options.workspace.hidden);
-  const int64_t tokens = inputs.num_tokens;
-  RETURN_IF_ERROR(bench->CommitGeometry(1, tokens, tokens));
-  std::vector<core::bf16_t> output(inputs.hidden.size());
-  BenchmarkTimes times;
-  for (int i = 0; i < warmup + iterations; ++i) {
-    RETURN_IF_ERROR(
-        CallGate(*control_, call_, BenchmarkGatePoint(i, warmup + iterations), kBenchmarkStopHint));
-    const auto t0 = std::chrono::steady_clock::now();
-    RETURN_IF_ERROR(bench->Dispatch(inputs.hidden, inputs.topk_ids, inputs.topk_weights, tokens));
-    const auto t1 = std::chrono::steady_clock::now();
-    RETURN_IF_ERROR(bench->ComputeExperts(identity));
-    const auto t2 = std::chrono::steady_clock::now();
-    RETURN_IF_ERROR(bench->Combine(absl::MakeSpan(output)));
-    const auto t3 = std::chrono::steady_clock::now();
-    if (i < warmup) continue;
-    times.dispatch_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-    times.combine_us.push_back(std::chrono::duration<double, std::micro>(t3 - t2).count());
-    times.tokens_sent = bench->last_step().tokens_sent;
-  }
-  times.data_plane = plane;
-  return times;
+  RETURN_IF_ERROR(bench->CommitGeometry(1, inputs.num_tokens, inputs.num_tokens));
+  return std::make_unique<CpuBenchmarkRun>(std::move(bench), std::move(identity), inputs);
 }
 
 }  // namespace moe_ep::server

@@ -66,12 +66,13 @@ class CpuDataPlane final : public DataPlane {
                                                 const int32_t* topk_ids, const float* topk_weights,
                                                 int64_t num_tokens, void* output,
                                                 void* stream) override;
-  absl::StatusOr<BenchmarkTimes> Benchmark(const core::EpDispatcherOptions& options,
-                                           const BenchmarkInputs& inputs, int warmup,
-                                           int iterations, int64_t memory_cap_bytes,
-                                           const std::string& data_plane) override;
 
  private:
+  // Benchmark's scratch step: a dispatcher of the benchmark's size over
+  // this group, identity experts, the host clock (the "gloo" plane only).
+  absl::StatusOr<std::unique_ptr<BenchmarkRun>> MakeBenchmarkRun(
+      const core::EpDispatcherOptions& options, const BenchmarkInputs& inputs,
+      int64_t memory_cap_bytes, const std::string& plane) override;
   CpuDataPlane(std::unique_ptr<core::ControlCollective> collective, DataPlaneGroup group,
                std::vector<bool> live);
   // Forward on the host tensors of `io` (in place where aligned:
@@ -97,7 +98,6 @@ class CpuDataPlane final : public DataPlane {
   // UseDispatcher view of it is set whenever it changes.
   std::unique_ptr<core::EpDispatcher> dispatcher_;
   std::map<int, core::SharedExpert> shared_;  // layer -> its shared expert (replica)
-  int64_t engine_tokens_ = 0;                 // T of the last EngineDispatch
   core::EngineCallRound engine_round_;        // opens every Engine* call
 };
 

@@ -20,6 +20,7 @@
 #include "core/expert_placement.h"
 #include "core/status_macros.h"
 #include "server/cpu_data_plane.h"
+#include "server/engine_call_checks.h"
 
 namespace moe_ep::server {
 namespace {
@@ -64,33 +65,6 @@ absl::Status CheckStepStart(const core::EpDispatcher& d, const char* call, int r
   return absl::OkStatus();
 }
 
-// The caller's receive buffers for a step of R rows per source.
-absl::Status CheckRecvBuffers(const EngineRecvBuffers& out, int64_t runtime_max) {
-  if (out.rows < runtime_max) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "received rows: ", out.rows, " rows per source, the committed R is ", runtime_max));
-  }
-  if (out.source_counts == nullptr || out.expert_counts == nullptr) {
-    return absl::InvalidArgumentError(
-        "received buffers: source_counts and expert_counts must not be null");
-  }
-  if (out.rows > 0 &&
-      (out.hidden == nullptr || out.topk_ids == nullptr || out.topk_weights == nullptr)) {
-    return absl::InvalidArgumentError(
-        "received buffers: hidden, topk_ids and topk_weights must not be null when rows > 0");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckInputs(const char* call, int64_t num_tokens, const void* hidden,
-                         const int32_t* topk_ids, const float* topk_weights) {
-  if (num_tokens > 0 && (hidden == nullptr || topk_ids == nullptr || topk_weights == nullptr)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        call, ": hidden, topk_ids, topk_weights: must not be null when num_tokens > 0"));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::Status CpuDataPlane::EngineSyncTokenCounts(const int64_t* local_tokens, int64_t* counts,
@@ -126,8 +100,11 @@ absl::StatusOr<core::StepStats> CpuDataPlane::EngineDispatch(
   const int me = control_->rank();
   absl::Status local = CheckHostCall(call, stream);
   if (local.ok()) local = CheckStepStart(*dispatcher_, call, me, num_tokens);
-  if (local.ok()) local = CheckRecvBuffers(out, dispatcher_->runtime_max_tokens_per_rank());
-  if (local.ok()) local = CheckInputs(call, num_tokens, hidden, topk_ids, topk_weights);
+  if (local.ok()) {
+    local = CheckEngineRecvBuffers(call, me, out, dispatcher_->runtime_max_tokens_per_rank(),
+                                   book_.contiguous()->NumSlots(me));
+  }
+  if (local.ok()) local = CheckEngineInputs(call, num_tokens, hidden, topk_ids, topk_weights);
   // Engine-run experts are the contiguous placement's (EngineRecvBuffers).
   if (local.ok()) local = dispatcher_->SetPlacement(book_.contiguous());
   core::EngineCallTicket ticket;
@@ -188,15 +165,9 @@ absl::StatusOr<core::StepStats> CpuDataPlane::EngineCombine(const void* expert_o
         absl::StrCat(call, ": combine needs a dispatch first: no dispatched step on rank ",
                      control_->rank(), " (call moe_ep_dispatch, then combine its step once)"));
   }
-  if (local.ok() && rows < r) {
-    local = absl::InvalidArgumentError(absl::StrCat(call, ": expert_out: rows per source ", rows,
-                                                    " is below the dispatched step's R = ", r,
-                                                    "; the step stays dispatched: call again"));
-  }
-  if (local.ok() &&
-      ((expert_out == nullptr && rows > 0) || (output == nullptr && engine_tokens_ > 0))) {
-    local = absl::InvalidArgumentError(absl::StrCat(
-        call, ": expert_out must not be null when rows > 0, output not when the step has tokens"));
+  if (local.ok()) {
+    local =
+        CheckEngineCombineArgs(call, control_->rank(), rows, r, expert_out, output, engine_tokens_);
   }
   core::EngineCallTicket ticket;
   ticket.call = core::EngineCall::kCombine;
@@ -224,11 +195,8 @@ absl::StatusOr<core::StepStats> CpuDataPlane::EngineForward(int layer, const voi
   const int me = control_->rank();
   absl::Status local = CheckHostCall(call, stream);
   if (local.ok()) local = CheckStepStart(*dispatcher_, call, me, num_tokens);
-  if (local.ok()) local = CheckInputs(call, num_tokens, hidden, topk_ids, topk_weights);
-  if (local.ok() && num_tokens > 0 && output == nullptr) {
-    local = absl::InvalidArgumentError(
-        absl::StrCat(call, ": output must not be null when num_tokens > 0"));
-  }
+  if (local.ok()) local = CheckEngineInputs(call, num_tokens, hidden, topk_ids, topk_weights);
+  if (local.ok()) local = CheckEngineOutput(call, num_tokens, output);
   if (local.ok() && !experts_.Has(layer)) {
     local = absl::FailedPreconditionError(
         absl::StrCat(call, ": layer ", layer, " has no loaded experts on rank ", me,

@@ -435,6 +435,34 @@ absl::Status DataPlane::EngineCheckStep() {
   return step_dispatcher_->CheckStep();
 }
 
+absl::StatusOr<BenchmarkTimes> DataPlane::Benchmark(const core::EpDispatcherOptions& options,
+                                                    const BenchmarkInputs& inputs, int warmup,
+                                                    int iterations, int64_t memory_cap_bytes,
+                                                    const std::string& data_plane) {
+  // The NCCL plane also times the one-sided kernels over NCCL symmetric
+  // windows of its own communicator (kernels/onesided/).
+  std::vector<std::string> also;
+  if (kind_ == PlaneKind::kNccl) also.push_back(PlaneKindName(PlaneKind::kOneSided));
+  ASSIGN_OR_RETURN(const std::string plane,
+                   ResolveBenchmarkPlane(data_plane, this->data_plane(), also));
+  ASSIGN_OR_RETURN(std::unique_ptr<BenchmarkRun> run,
+                   MakeBenchmarkRun(options, inputs, memory_cap_bytes, plane));
+  BenchmarkTimes times;
+  const int total = warmup + iterations;
+  for (int i = 0; i < total; ++i) {
+    RETURN_IF_ERROR(CallGate(*control_, call_, BenchmarkGatePoint(i, total), kBenchmarkStopHint));
+    ASSIGN_OR_RETURN(const BenchmarkRun::PhaseTimes phase, run->Step());
+    if (i < warmup) continue;
+    times.dispatch_us.push_back(phase.dispatch_us);
+    times.combine_us.push_back(phase.combine_us);
+  }
+  // A failed read fails the run like a failed step: no Finish then.
+  ASSIGN_OR_RETURN(times.tokens_sent, run->TokensSent());
+  RETURN_IF_ERROR(run->Finish());
+  times.data_plane = plane;
+  return times;
+}
+
 void DataPlane::NewWorkspaceToken() {
   static std::atomic<uint64_t> next{1};
   workspace_token_ = next.fetch_add(1);

@@ -117,6 +117,29 @@ struct BenchmarkTimes {
   std::string data_plane;  // the plane that ran (DataPlane::data_plane() names)
 };
 
+// One Benchmark's scratch step on a transport (DataPlane::MakeBenchmarkRun):
+// identity experts on a dispatcher of the benchmark's size, separate from
+// the workspace. The core runs the loop over it (DataPlane::Benchmark).
+// Not thread-safe; destroyed before the plane.
+class BenchmarkRun {
+ public:
+  virtual ~BenchmarkRun() = default;
+  // Dispatch, identity experts and Combine of the inputs, to completion; a
+  // collective. Returns the dispatch and combine microseconds (host clock
+  // on the CPU plane, CUDA events on the GPU planes).
+  struct PhaseTimes {
+    double dispatch_us = 0;
+    double combine_us = 0;
+  };
+  virtual absl::StatusOr<PhaseTimes> Step() = 0;
+  // The token copies this rank sent in the last Step (0 before one).
+  virtual absl::StatusOr<int64_t> TokensSent() = 0;
+  // After the last step, before the run goes: a collective where peers
+  // still write into this run's memory (the one-sided windows). Skipped
+  // when a step failed.
+  virtual absl::Status Finish() { return absl::OkStatus(); }
+};
+
 // Forward's tensors as the request carries them (ValidateTensorOf in
 // server/tensor_codec.h): views of the message's little-endian bytes, not
 // copies, valid for the call.
@@ -523,19 +546,36 @@ class DataPlane {
   // Times `iterations` steps (after `warmup`) of Dispatch and Combine with
   // identity experts on a scratch dispatcher sized by `options` (capacity =
   // inputs.num_tokens), separate from the allocated workspace. Collective.
-  // Each iteration starts with a call gate (server/call_gate.h): once any
-  // rank is past its SetCall deadline or cancelled, every rank stops there.
-  // `data_plane`: "" = this plane, else a data_plane() name this plane can
-  // time (the nccl plane also times "one-sided" over NCCL symmetric
-  // windows); the reply says which ran (BenchmarkTimes::data_plane).
+  // The core owns the loop on every transport (issue 34 item 1): it
+  // resolves `data_plane`, has the transport make its scratch step
+  // (MakeBenchmarkRun), enters each iteration through a call gate
+  // (server/call_gate.h: once any rank is past its SetCall deadline or
+  // cancelled, every rank stops there), keeps the timed iterations and
+  // reads the tokens sent. `data_plane`: "" = this plane, else a
+  // data_plane() name this plane can time (the nccl plane also times
+  // "one-sided" over NCCL symmetric windows); the reply says which ran
+  // (BenchmarkTimes::data_plane).
   // Errors: kInvalidArgument, kResourceExhausted (beyond `memory_cap_bytes`
   // when > 0), the gate's kDeadlineExceeded / kCancelled,
-  // kFailedPrecondition (a data_plane this plane cannot time: named), group
-  // errors.
-  virtual absl::StatusOr<BenchmarkTimes> Benchmark(const core::EpDispatcherOptions& options,
-                                                   const BenchmarkInputs& inputs, int warmup,
-                                                   int iterations, int64_t memory_cap_bytes,
-                                                   const std::string& data_plane) = 0;
+  // kFailedPrecondition (a data_plane this plane cannot time: named; the
+  // one-sided plane under a rank mask), group errors.
+  absl::StatusOr<BenchmarkTimes> Benchmark(const core::EpDispatcherOptions& options,
+                                           const BenchmarkInputs& inputs, int warmup,
+                                           int iterations, int64_t memory_cap_bytes,
+                                           const std::string& data_plane);
+
+ protected:
+  // The transport's half of Benchmark: a scratch step on `plane` (this
+  // plane's name or one it also times, resolved already) over `inputs`,
+  // within `memory_cap_bytes` (0 = none), separate from the workspace.
+  // Errors: Benchmark's, before any iteration.
+  virtual absl::StatusOr<std::unique_ptr<BenchmarkRun>> MakeBenchmarkRun(
+      const core::EpDispatcherOptions& options, const BenchmarkInputs& inputs,
+      int64_t memory_cap_bytes, const std::string& plane) = 0;
+
+  // T of the last engine dispatch: the rows its combine writes (every
+  // transport's engine calls; 0 before one).
+  int64_t engine_tokens_ = 0;
 
  private:
   // UseAgreement, then the mask and the tables' live ranks.

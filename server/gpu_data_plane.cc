@@ -162,15 +162,10 @@ absl::StatusOr<std::unique_ptr<GpuDataPlane>> GpuDataPlane::Form(
     plane->members_ = core::LiveMembers(plane->mask_.live);
   }
   plane->control_ = std::make_unique<kernels::StagedControlCollective>(plane->view_);
-  for (cudaEvent_t& event : plane->events_) {
-    RETURN_IF_ERROR(
-        WithContext(kernels::CudaStatus(cudaEventCreate(&event), "cudaEventCreate"), context));
-  }
-  for (cudaEvent_t* event : {&plane->fork_, &plane->join_}) {
-    RETURN_IF_ERROR(
-        WithContext(kernels::CudaStatus(cudaEventCreateWithFlags(event, cudaEventDisableTiming),
-                                        "cudaEventCreate"),
-                    context));
+  {
+    absl::StatusOr<std::unique_ptr<GpuPlaneEvents>> events = GpuPlaneEvents::Create();
+    RETURN_IF_ERROR(WithContext(events.status(), context));
+    plane->events_ = std::move(*events);
   }
   return plane;
 }
@@ -189,9 +184,7 @@ GpuDataPlane::~GpuDataPlane() {
   staging_.reset();
   UseDispatcher(nullptr, 0);
   dispatcher_.reset();
-  for (cudaEvent_t event : {events_[0], events_[1], events_[2], events_[3], fork_, join_}) {
-    if (event != nullptr) cudaEventDestroy(event);
-  }
+  events_.reset();
 }
 
 absl::Status GpuDataPlane::MakeDeviceCurrent() const {
@@ -524,10 +517,12 @@ absl::StatusOr<core::StepStats> GpuDataPlane::StepFromHost(int layer, const Host
   // device, and runs while the dispatch does (issue 18).
   const bool has_shared = shared_.Has(layer);
   if (has_shared) RETURN_IF_ERROR(shared_.Begin(layer, staging_->d_hidden(), num_tokens, stream));
-  RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events_[0], stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(
+      kernels::CudaStatus(cudaEventRecord(events_->step()[0], stream), "cudaEventRecord"));
   RETURN_IF_ERROR(dispatcher_->Dispatch(staging_->d_hidden(), staging_->d_ids(),
                                         staging_->d_weights(), num_tokens));
-  RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events_[1], stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(
+      kernels::CudaStatus(cudaEventRecord(events_->step()[1], stream), "cudaEventRecord"));
   // The dispatcher's expert compute is ExpertGemm::kGroupedDevice (the
   // default): SwiGLU reads no row count on the host, so nothing waits here.
   absl::Status computed = dispatcher_->ComputeExperts(set);
@@ -538,10 +533,12 @@ absl::StatusOr<core::StepStats> GpuDataPlane::StepFromHost(int layer, const Host
     return computed;
   }
   if (has_shared) RETURN_IF_ERROR(shared_.JoinInto(stream));
-  RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events_[2], stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(
+      kernels::CudaStatus(cudaEventRecord(events_->step()[2], stream), "cudaEventRecord"));
   RETURN_IF_ERROR(
       dispatcher_->Combine(staging_->d_output(), has_shared ? shared_.output() : nullptr));
-  RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events_[3], stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(
+      kernels::CudaStatus(cudaEventRecord(events_->step()[3], stream), "cudaEventRecord"));
   // The counters: the dispatcher's device counts, one small async copy.
   int32_t* counts = staging_->h_counts();
   RETURN_IF_ERROR(kernels::CudaStatus(
@@ -588,25 +585,23 @@ absl::StatusOr<core::StepStats> GpuDataPlane::StepFromHost(int layer, const Host
   book_.AddLoad(
       layer, step,
       core::LoadStepKey{dispatcher_->epoch(), mask_.round, core::RoutingFingerprint(io.topk_ids)});
-  RETURN_IF_ERROR(AddStepTimes(events_, has_shared ? &shared_ : nullptr, &stats));
+  RETURN_IF_ERROR(AddStepTimes(events_->step(), has_shared ? &shared_ : nullptr, &stats));
   return stats;
 }
 
-absl::StatusOr<BenchmarkTimes> GpuDataPlane::Benchmark(const core::EpDispatcherOptions& options,
-                                                       const BenchmarkInputs& inputs, int warmup,
-                                                       int iterations, int64_t memory_cap_bytes,
-                                                       const std::string& data_plane) {
-  ASSIGN_OR_RETURN(const std::string plane,
-                   ResolveBenchmarkPlane(data_plane, this->data_plane(), {"one-sided"}));
+absl::StatusOr<std::unique_ptr<BenchmarkRun>> GpuDataPlane::MakeBenchmarkRun(
+    const core::EpDispatcherOptions& options, const BenchmarkInputs& inputs,
+    int64_t memory_cap_bytes, const std::string& plane) {
   RETURN_IF_ERROR(MakeDeviceCurrent());
   const int rank = view_->rank();
+  const int members = view_->size();
   const int64_t tokens = inputs.num_tokens;
   const int64_t h = options.workspace.hidden;
   const int k = options.workspace.top_k;
   const int64_t input_bytes = DeviceStepBuffers::Bytes(tokens, h, k);
   ASSIGN_OR_RETURN(const int64_t cap, DeviceScratchCap(input_bytes, memory_cap_bytes));
   ASSIGN_OR_RETURN(core::ExpertPlacement placement,
-                   core::ExpertPlacement::Contiguous(options.num_experts, view_->size()));
+                   core::ExpertPlacement::Contiguous(options.num_experts, members));
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::DeviceExpertSet> identity,
                    kernels::DeviceExpertSet::Upload(core::ExpertSet::Identity(
                        placement.FirstExpert(rank), placement.NumLocalExperts(rank), h)));
@@ -616,58 +611,50 @@ absl::StatusOr<BenchmarkTimes> GpuDataPlane::Benchmark(const core::EpDispatcherO
     return buffers->Upload(reinterpret_cast<const uint16_t*>(inputs.hidden.data()),
                            inputs.topk_ids.data(), inputs.topk_weights.data(), tokens, stream);
   };
-  absl::StatusOr<BenchmarkTimes> times;
-  if (plane == "one-sided") {
+  if (plane == PlaneKindName(PlaneKind::kOneSided)) {
     // Scratch symmetric windows of this communicator (a collective), then
-    // the one-sided dispatcher over them; both go before the windows do.
+    // the one-sided dispatcher over them; the run drops both in that order.
     ASSIGN_OR_RETURN(const int64_t window_bytes,
                      kernels::onesided::OneSidedDispatcher::WindowBytes(options));
     ASSIGN_OR_RETURN(std::unique_ptr<kernels::onesided::PeerWindows> windows,
                      kernels::onesided::CreateNcclPeerWindows(nccl_, window_bytes));
-    {
-      kernels::onesided::OneSidedDispatcherOptions o;
-      o.dispatcher = options;
-      o.timeout = std::min(group_.timeout, absl::Seconds(60));
-      ASSIGN_OR_RETURN(std::unique_ptr<kernels::onesided::OneSidedDispatcher> bench,
-                       kernels::onesided::OneSidedDispatcher::Create(windows.get(), o, cap));
-      RETURN_IF_ERROR(upload(bench->stream()));
-      RETURN_IF_ERROR(bench->CommitGeometry(1, tokens, tokens));
-      kernels::onesided::OneSidedDispatcher* d = bench.get();
-      times = TimeIdentitySteps(*d, *identity, *buffers, tokens, warmup, iterations, *control_,
-                                call_, events_, [d] { return d->CheckStep(); });
-      if (times.ok()) {
-        // A failed read fails the step like a failed timing (no barrier).
-        absl::StatusOr<int64_t> sent =
-            DeviceTokensSent(d->send_counts(), view_->size(), d->stream());
-        if (sent.ok()) {
-          times->tokens_sent = *sent;
-        } else {
-          times = sent.status();
-        }
-      }
-    }
-    // No peer may still store into the windows when they go (a collective).
-    if (times.ok()) RETURN_IF_ERROR(control_->Barrier());
-  } else {
-    kernels::GpuEpDispatcherOptions gpu_options;
-    gpu_options.dispatcher = options;
-    ASSIGN_OR_RETURN(std::unique_ptr<kernels::GpuEpDispatcher> bench,
-                     kernels::GpuEpDispatcher::Create(view_, gpu_options, cap));
-    // One upload before timing; the stream is idle (no collective pending).
+    kernels::onesided::OneSidedDispatcherOptions o;
+    o.dispatcher = options;
+    o.timeout = std::min(group_.timeout, absl::Seconds(60));
+    ASSIGN_OR_RETURN(std::unique_ptr<kernels::onesided::OneSidedDispatcher> bench,
+                     kernels::onesided::OneSidedDispatcher::Create(windows.get(), o, cap));
     RETURN_IF_ERROR(upload(bench->stream()));
-    RETURN_IF_ERROR(Synchronize());
     RETURN_IF_ERROR(bench->CommitGeometry(1, tokens, tokens));
-    times = TimeIdentitySteps(*bench, *identity, *buffers, tokens, warmup, iterations, *control_,
-                              call_, events_, [this] { return Synchronize(); });
-    // Row 0 of the step counts: what this rank sent to each rank.
-    if (times.ok()) {
-      ASSIGN_OR_RETURN(times->tokens_sent,
-                       DeviceTokensSent(bench->step_counts(), view_->size(), bench->stream()));
-    }
+    kernels::onesided::OneSidedDispatcher* d = bench.get();
+    GpuBenchmarkHooks hooks;
+    hooks.wait = [d] { return d->CheckStep(); };
+    hooks.tokens_sent = [d, members] {
+      return DeviceTokensSent(d->send_counts(), members, d->stream());
+    };
+    // No peer may still store into the windows when they go.
+    hooks.finish = [this] { return control_->Barrier(); };
+    return std::make_unique<GpuBenchmarkRun<kernels::onesided::OneSidedDispatcher>>(
+        std::move(windows), std::move(bench), std::move(identity), std::move(buffers), tokens,
+        events_->step(), std::move(hooks));
   }
-  if (!times.ok()) return times.status();
-  times->data_plane = plane;
-  return times;
+  kernels::GpuEpDispatcherOptions gpu_options;
+  gpu_options.dispatcher = options;
+  ASSIGN_OR_RETURN(std::unique_ptr<kernels::GpuEpDispatcher> bench,
+                   kernels::GpuEpDispatcher::Create(view_, gpu_options, cap));
+  // One upload before timing; the stream is idle (no collective pending).
+  RETURN_IF_ERROR(upload(bench->stream()));
+  RETURN_IF_ERROR(Synchronize());
+  RETURN_IF_ERROR(bench->CommitGeometry(1, tokens, tokens));
+  kernels::GpuEpDispatcher* d = bench.get();
+  GpuBenchmarkHooks hooks;
+  hooks.wait = [this] { return Synchronize(); };
+  // Row 0 of the step counts: what this rank sent to each rank.
+  hooks.tokens_sent = [d, members] {
+    return DeviceTokensSent(d->step_counts(), members, d->stream());
+  };
+  return std::make_unique<GpuBenchmarkRun<kernels::GpuEpDispatcher>>(
+      nullptr, std::move(bench), std::move(identity), std::move(buffers), tokens, events_->step(),
+      std::move(hooks));
 }
 
 }  // namespace moe_ep::server

@@ -94,6 +94,7 @@
 #include "kernels/onesided/onesided_dispatcher.h"
 #include "kernels/staged_control_collective.h"
 #include "server/data_plane.h"
+#include "server/gpu_plane_events.h"
 #include "server/gpu_shared_experts.h"
 #include "server/rank_mask.h"
 
@@ -132,10 +133,6 @@ class GpuDataPlane final : public DataPlane {
   // one host copy each way. bench/forward_copy_bench.cc measures both.
   enum class ForwardHostCopy { kPageable, kPinned };
   void set_forward_host_copy(ForwardHostCopy copy) { host_copy_ = copy; }
-  absl::StatusOr<BenchmarkTimes> Benchmark(const core::EpDispatcherOptions& options,
-                                           const BenchmarkInputs& inputs, int warmup,
-                                           int iterations, int64_t memory_cap_bytes,
-                                           const std::string& data_plane) override;
 
   // The engine's in-process calls (server/gpu_engine_calls.cc; DESIGN §14):
   // device pointers, enqueued on the caller's `stream` (a cudaStream_t; null
@@ -186,6 +183,13 @@ class GpuDataPlane final : public DataPlane {
   // A peer is gone: stops what the communicator still runs (an NCCL error
   // revoked it already), keeping it for ncclCommShrink.
   void BeforeMaskRound() override;
+  // Benchmark's scratch step (DataPlane::MakeBenchmarkRun): identity
+  // experts, scratch device buffers and a dispatcher of the benchmark's
+  // size (the NCCL dispatcher, or for "one-sided" the one-sided
+  // dispatcher over scratch NCCL symmetric windows).
+  absl::StatusOr<std::unique_ptr<BenchmarkRun>> MakeBenchmarkRun(
+      const core::EpDispatcherOptions& options, const BenchmarkInputs& inputs,
+      int64_t memory_cap_bytes, const std::string& plane) override;
   // Shared experts run on their own stream, overlapped with the dispatch
   // (server/gpu_shared_experts.h).
   absl::StatusOr<int64_t> HoldSharedExpert(int layer, std::optional<core::SharedExpert> shared,
@@ -209,12 +213,9 @@ class GpuDataPlane final : public DataPlane {
   std::unique_ptr<core::ExpertPlacement> placement_;
   std::unique_ptr<kernels::GpuEpDispatcher> dispatcher_;
   std::unique_ptr<Staging> staging_;
-  cudaEvent_t events_[4] = {nullptr, nullptr, nullptr, nullptr};
+  std::unique_ptr<GpuPlaneEvents> events_;  // step timing, engine stream fork / join
   ForwardHostCopy host_copy_ = ForwardHostCopy::kPageable;
-  cudaEvent_t fork_ = nullptr;  // engine calls: caller's stream -> dispatcher's stream
-  cudaEvent_t join_ = nullptr;  // and back
-  int64_t engine_tokens_ = 0;   // T of the last EngineDispatch
-  GpuSharedExperts shared_;     // last: destroyed first, on the current device
+  GpuSharedExperts shared_;  // last: destroyed first, on the current device
 };
 
 }  // namespace moe_ep::server

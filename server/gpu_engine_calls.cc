@@ -22,6 +22,7 @@
 #include "core/status_macros.h"
 #include "kernels/cuda_status.h"
 #include "kernels/engine_rows.cuh"
+#include "server/engine_call_checks.h"
 #include "server/gpu_data_plane.h"
 
 namespace moe_ep::server {
@@ -52,38 +53,15 @@ absl::Status GpuDataPlane::RequireEngineCall(
         absl::StrCat(call, ": no workspace; AllocateWorkspace first"));
   }
   RETURN_IF_ERROR(MakeDeviceCurrent());
-  for (const auto& [name, ptr] : ptrs) {
-    if (ptr != nullptr && !kernels::IsDevicePointer(ptr)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(call, ": ", name,
-                       " is not device memory; the nccl data plane takes device pointers "
-                       "(CUDA device ",
-                       group_.device, ")"));
-    }
-  }
-  return absl::OkStatus();
+  return CheckEngineDevicePointers(call, data_plane(), group_.device, ptrs);
 }
 
 absl::Status GpuDataPlane::OnCallerStream(cudaStream_t caller,
                                           const std::function<absl::Status()>& enqueue) {
-  cudaStream_t own = dispatcher_->stream();
-  const bool fork = caller != own;
-  if (fork) {
-    RETURN_IF_ERROR(
-        kernels::CudaStatus(cudaEventRecord(fork_, caller), "cudaEventRecord(caller stream)"));
-    RETURN_IF_ERROR(kernels::CudaStatus(cudaStreamWaitEvent(own, fork_, 0), "cudaStreamWaitEvent"));
-  }
-  DeviceGeometryCheck device_check(dispatcher_.get());
-  absl::Status status = enqueue();
-  if (fork) {
-    // Joined on error too: a capture of `caller` then still ends cleanly.
-    absl::Status joined =
-        kernels::CudaStatus(cudaEventRecord(join_, own), "cudaEventRecord(worker stream)");
-    if (joined.ok())
-      joined = kernels::CudaStatus(cudaStreamWaitEvent(caller, join_, 0), "cudaStreamWaitEvent");
-    if (status.ok()) status = joined;
-  }
-  return status;
+  return events_->OnCallerStream(caller, dispatcher_->stream(), [&]() -> absl::Status {
+    DeviceGeometryCheck device_check(dispatcher_.get());
+    return enqueue();
+  });
 }
 
 absl::StatusOr<core::StepStats> GpuDataPlane::EngineDispatch(
@@ -100,39 +78,16 @@ absl::StatusOr<core::StepStats> GpuDataPlane::EngineDispatch(
   RETURN_IF_ERROR(dispatcher_->CheckStep("dispatch", num_tokens));
   const int64_t r = dispatcher_->runtime_max_tokens_per_rank();
   const int rank = view_->rank();
-  if (out.rows < r) {
-    return absl::InvalidArgumentError(absl::StrCat("dispatch on rank ", rank, ": recv_rows ",
-                                                   out.rows, " < the committed R ", r));
-  }
   const int local_experts = placement_->NumLocalExperts(rank);
-  if (out.source_counts == nullptr || (out.expert_counts == nullptr && local_experts > 0)) {
-    return absl::InvalidArgumentError("dispatch: source_counts and expert_counts must not be null");
-  }
-  if (out.rows > 0 &&
-      (out.hidden == nullptr || out.topk_ids == nullptr || out.topk_weights == nullptr)) {
-    return absl::InvalidArgumentError(
-        "dispatch: recv_hidden, recv_topk_ids and recv_topk_weights must not be null when "
-        "recv_rows > 0");
-  }
+  RETURN_IF_ERROR(CheckEngineRecvBuffers("dispatch", rank, out, r, local_experts));
+  RETURN_IF_ERROR(CheckEngineInputs("dispatch", num_tokens, hidden, topk_ids, topk_weights));
   const auto* in_hidden = static_cast<const uint16_t*>(hidden);
   RETURN_IF_ERROR(OnCallerStream(static_cast<cudaStream_t>(stream), [&]() -> absl::Status {
     RETURN_IF_ERROR(dispatcher_->Dispatch(in_hidden, topk_ids, topk_weights, num_tokens));
-    kernels::UnpackReceivedParams p;
-    p.recv = dispatcher_->received_rows();
-    p.runtime_max = r;
-    p.rows = out.rows;
-    p.hidden_size = options_.workspace.hidden;
-    p.top_k = options_.workspace.top_k;
-    p.ep_size = options_.workspace.ep_size;
-    p.first_expert = placement_->FirstExpert(rank);
-    p.num_local_experts = local_experts;
-    p.invalid_expert_id = options_.invalid_expert_id;
-    p.hidden = reinterpret_cast<uint16_t*>(out.hidden);
-    p.topk_ids = out.topk_ids;
-    p.topk_weights = out.topk_weights;
-    p.source_counts = out.source_counts;
-    p.expert_counts = out.expert_counts;
-    return kernels::LaunchUnpackReceived(p, dispatcher_->stream());
+    return kernels::LaunchUnpackReceived(
+        EngineUnpackParams(options_, out, dispatcher_->received_rows(), r,
+                           placement_->FirstExpert(rank), local_experts),
+        dispatcher_->stream());
   }));
   engine_tokens_ = num_tokens;
   core::StepStats stats;
@@ -146,24 +101,15 @@ absl::StatusOr<core::StepStats> GpuDataPlane::EngineCombine(const void* expert_o
   const int64_t r = dispatcher_->runtime_max_tokens_per_rank();
   const int64_t h = options_.workspace.hidden;
   const int64_t e = options_.workspace.ep_size;
-  if (rows < r) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("combine: recv_rows ", rows, " < the committed R ", r));
-  }
-  if ((expert_out == nullptr && rows > 0) || (output == nullptr && engine_tokens_ > 0)) {
-    return absl::InvalidArgumentError(
-        "combine: expert_out must not be null when recv_rows > 0, output not when the step "
-        "has tokens");
-  }
+  RETURN_IF_ERROR(CheckEngineCombineArgs("combine", view_->rank(), rows, r, expert_out, output,
+                                         engine_tokens_));
   const auto* in = static_cast<const uint16_t*>(expert_out);
   RETURN_IF_ERROR(OnCallerStream(static_cast<cudaStream_t>(stream), [&]() -> absl::Status {
     const uint16_t* send = in;
     if (rows != r && r > 0) {
       // [E, rows, H] -> [E, R, H]: the rows the all-to-all sends.
-      RETURN_IF_ERROR(kernels::CudaStatus(
-          cudaMemcpy2DAsync(dispatcher_->expert_output(), r * h * 2, in, rows * h * 2, r * h * 2, e,
-                            cudaMemcpyDeviceToDevice, dispatcher_->stream()),
-          "cudaMemcpy2DAsync(expert outputs)"));
+      RETURN_IF_ERROR(EnqueueExpertOutputsPack(in, rows, dispatcher_->expert_output(), r, h,
+                                               static_cast<int>(e), dispatcher_->stream()));
       send = nullptr;
     }
     return dispatcher_->Combine(static_cast<uint16_t*>(output), nullptr, send);
@@ -188,9 +134,8 @@ absl::StatusOr<core::StepStats> GpuDataPlane::EngineForward(int layer, const voi
         absl::StrCat("forward: layer ", layer, " has no loaded experts; call LoadExperts first"));
   }
   RETURN_IF_ERROR(dispatcher_->CheckStep("forward", num_tokens));
-  if (num_tokens > 0 && output == nullptr) {
-    return absl::InvalidArgumentError("forward: output must not be null when num_tokens > 0");
-  }
+  RETURN_IF_ERROR(CheckEngineInputs("forward", num_tokens, hidden, topk_ids, topk_weights));
+  RETURN_IF_ERROR(CheckEngineOutput("forward", num_tokens, output));
   const auto* in = static_cast<const uint16_t*>(hidden);
   const kernels::DeviceExpertSet& set = *experts;
   const bool has_shared = shared_.Has(layer);

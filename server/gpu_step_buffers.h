@@ -3,10 +3,10 @@
 // What both GPU data planes' Benchmark and Forward share
 // (server/gpu_data_plane.h, server/onesided_data_plane.h; issue 15 item 5):
 // device buffers of one step's inputs and output (the one-sided plane's
-// Forward staging), the timed Benchmark loop over a dispatcher with identity
-// experts, and the tail of a Forward step: its counters and phase times.
-// Only on a CUDA build (MOE_EP_HAVE_CUDA). Not thread-safe.
-// Source: DESIGN §10, §13.
+// Forward staging), the timed Benchmark step over a dispatcher with identity
+// experts (the loop is the core's: DataPlane::Benchmark), and the tail of a Forward step: its
+// counters and phase times. Only on a CUDA build (MOE_EP_HAVE_CUDA). Not thread-safe. Source:
+// DESIGN §10, §13.
 
 #ifdef MOE_EP_HAVE_CUDA
 
@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -26,7 +27,7 @@
 #include "core/workspace.h"
 #include "kernels/cuda_status.h"
 #include "kernels/device_experts.h"
-#include "server/call_gate.h"
+#include "kernels/onesided/peer_window.h"
 #include "server/data_plane.h"
 #include "server/gpu_shared_experts.h"
 
@@ -122,45 +123,71 @@ concept StepPhases = requires(Dispatcher& d, const uint16_t* h, const int32_t* i
   { d.stream() } -> std::same_as<cudaStream_t>;
 };
 
-// TimeIdentitySteps()
+// GpuBenchmarkRun
 //
-// The Benchmark loop of both GPU planes: `warmup + iterations` steps of
-// `tokens` rows from `in` (uploaded already) on `dispatcher` (geometry
-// committed at R = tokens), each entered through a call gate
-// (server/call_gate.h) on `control` with `call`, then CUDA events (`events`, 4) around
-// Dispatch and Combine, then `wait` (the plane's bounded wait for the
-// stream). Returns the timed iterations' microseconds. Errors: those of
-// the gate, the phases and `wait`; kInternal (CUDA events).
+// Benchmark's scratch step on a GPU transport (DataPlane::MakeBenchmarkRun):
+// `dispatcher` (geometry committed at R = tokens, inputs uploaded into
+// `buffers`) over `windows` where it runs on peer windows (null for the
+// NCCL dispatcher), identity experts, CUDA events (`events`, 4, the
+// plane's) around Dispatch and Combine, then `hooks.wait` (the plane's
+// bounded wait for the stream). Members go in reverse order: the
+// dispatcher before the windows it stores into.
+struct GpuBenchmarkHooks {
+  std::function<absl::Status()> wait;                    // after each step's work is enqueued
+  std::function<absl::StatusOr<int64_t>()> tokens_sent;  // the device's count of the last step
+  std::function<absl::Status()> finish;                  // null: nothing (DataPlane's Finish)
+};
+
 template <StepPhases Dispatcher>
-absl::StatusOr<BenchmarkTimes> TimeIdentitySteps(
-    Dispatcher& dispatcher, const kernels::DeviceExpertSet& identity, const DeviceStepBuffers& in,
-    int64_t tokens, int warmup, int iterations, core::ControlCollective& control,
-    const CallBound& call, cudaEvent_t events[4], const std::function<absl::Status()>& wait) {
-  cudaStream_t stream = dispatcher.stream();
-  BenchmarkTimes times;
-  for (int i = 0; i < warmup + iterations; ++i) {
-    RETURN_IF_ERROR(
-        CallGate(control, call, BenchmarkGatePoint(i, warmup + iterations), kBenchmarkStopHint));
-    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events[0], stream), "cudaEventRecord"));
-    RETURN_IF_ERROR(dispatcher.Dispatch(in.hidden(), in.topk_ids(), in.topk_weights(), tokens));
-    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events[1], stream), "cudaEventRecord"));
-    RETURN_IF_ERROR(dispatcher.ComputeExperts(identity));
-    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events[2], stream), "cudaEventRecord"));
-    RETURN_IF_ERROR(dispatcher.Combine(in.output()));
-    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events[3], stream), "cudaEventRecord"));
-    RETURN_IF_ERROR(wait());
-    if (i < warmup) continue;
+class GpuBenchmarkRun final : public BenchmarkRun {
+ public:
+  GpuBenchmarkRun(std::unique_ptr<kernels::onesided::PeerWindows> windows,
+                  std::unique_ptr<Dispatcher> dispatcher,
+                  std::unique_ptr<kernels::DeviceExpertSet> identity,
+                  std::unique_ptr<DeviceStepBuffers> buffers, int64_t tokens, cudaEvent_t* events,
+                  GpuBenchmarkHooks hooks)
+      : windows_(std::move(windows)),
+        dispatcher_(std::move(dispatcher)),
+        identity_(std::move(identity)),
+        buffers_(std::move(buffers)),
+        tokens_(tokens),
+        events_(events),
+        hooks_(std::move(hooks)) {}
+
+  absl::StatusOr<PhaseTimes> Step() override {
+    cudaStream_t stream = dispatcher_->stream();
+    const DeviceStepBuffers& in = *buffers_;
+    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events_[0], stream), "cudaEventRecord"));
+    RETURN_IF_ERROR(dispatcher_->Dispatch(in.hidden(), in.topk_ids(), in.topk_weights(), tokens_));
+    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events_[1], stream), "cudaEventRecord"));
+    RETURN_IF_ERROR(dispatcher_->ComputeExperts(*identity_));
+    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events_[2], stream), "cudaEventRecord"));
+    RETURN_IF_ERROR(dispatcher_->Combine(in.output()));
+    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events_[3], stream), "cudaEventRecord"));
+    RETURN_IF_ERROR(hooks_.wait());
     float dispatch_ms = 0;
     float combine_ms = 0;
-    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventElapsedTime(&dispatch_ms, events[0], events[1]),
+    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventElapsedTime(&dispatch_ms, events_[0], events_[1]),
                                         "cudaEventElapsedTime"));
-    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventElapsedTime(&combine_ms, events[2], events[3]),
+    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventElapsedTime(&combine_ms, events_[2], events_[3]),
                                         "cudaEventElapsedTime"));
-    times.dispatch_us.push_back(dispatch_ms * 1000.0);
-    times.combine_us.push_back(combine_ms * 1000.0);
+    PhaseTimes times;
+    times.dispatch_us = dispatch_ms * 1000.0;
+    times.combine_us = combine_ms * 1000.0;
+    return times;
   }
-  return times;
-}
+  absl::StatusOr<int64_t> TokensSent() override { return hooks_.tokens_sent(); }
+  absl::Status Finish() override { return hooks_.finish ? hooks_.finish() : absl::OkStatus(); }
+
+ private:
+  std::unique_ptr<kernels::onesided::PeerWindows> windows_;
+  std::unique_ptr<Dispatcher> dispatcher_;
+  std::unique_ptr<kernels::DeviceExpertSet> identity_;
+  std::unique_ptr<DeviceStepBuffers> buffers_;
+  int64_t tokens_;
+  cudaEvent_t* events_;
+  GpuBenchmarkHooks hooks_;
+};
 
 }  // namespace moe_ep::server
 

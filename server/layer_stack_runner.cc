@@ -15,6 +15,7 @@
 #include "core/dp_padding.h"
 #include "core/status_macros.h"
 #include "core/stop_check.h"
+#include "server/request_options.h"
 #include "server/tensor_codec.h"
 
 #ifdef MOE_EP_HAVE_CUDA
@@ -24,11 +25,9 @@
 namespace moe_ep::server {
 namespace {
 
-constexpr int64_t kMaxHidden = int64_t{1} << 20;
+// kMaxHidden, kMaxExperts and kMaxTokens: server/request_options.h's.
 constexpr int64_t kMaxIntermediate = int64_t{1} << 24;
-constexpr int64_t kMaxExperts = int64_t{1} << 16;
 constexpr int64_t kMaxCapacity = int64_t{1} << 24;
-constexpr int64_t kMaxTokens = int64_t{1} << 24;
 constexpr float kDefaultRmsEps = 1e-6f;
 constexpr absl::string_view kStopHint =
     "send it again with a longer deadline, fewer layers (stack.num_layers) or smaller sizes";

@@ -148,13 +148,7 @@ absl::StatusOr<std::unique_ptr<OneSidedDataPlane>> OneSidedDataPlane::Form(
   }
   plane->group_ = group;
   RETURN_IF_ERROR(plane->MakeDeviceCurrent());
-  for (cudaEvent_t& event : plane->events_) {
-    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventCreate(&event), "cudaEventCreate"));
-  }
-  for (cudaEvent_t* event : {&plane->fork_, &plane->join_}) {
-    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventCreateWithFlags(event, cudaEventDisableTiming),
-                                        "cudaEventCreate(engine)"));
-  }
+  ASSIGN_OR_RETURN(plane->events_, GpuPlaneEvents::Create());
   RETURN_IF_ERROR(
       kernels::CudaStatus(cudaMallocHost(&plane->host_counts_, 2 * kernels::kMaxEpSize * 4),
                           "cudaMallocHost(step counts)"));
@@ -173,12 +167,7 @@ OneSidedDataPlane::~OneSidedDataPlane() {
   dispatcher_.reset();
   staging_.reset();
   windows_.reset();
-  for (cudaEvent_t event : events_) {
-    if (event != nullptr) cudaEventDestroy(event);
-  }
-  for (cudaEvent_t event : {fork_, join_}) {
-    if (event != nullptr) cudaEventDestroy(event);
-  }
+  events_.reset();
   cudaFreeHost(host_counts_);
 }
 
@@ -527,18 +516,22 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::StepOnHost(
                                    choices.ids.data(), choices.weights.data(), num_tokens, stream));
   const bool has_shared = shared_.Has(layer);
   if (has_shared) RETURN_IF_ERROR(shared_.Begin(layer, staging_->hidden(), num_tokens, stream));
-  RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events_[0], stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(
+      kernels::CudaStatus(cudaEventRecord(events_->step()[0], stream), "cudaEventRecord"));
   RETURN_IF_ERROR(dispatcher_->Dispatch(staging_->hidden(), staging_->topk_ids(),
                                         staging_->topk_weights(), num_tokens));
-  RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events_[1], stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(
+      kernels::CudaStatus(cudaEventRecord(events_->step()[1], stream), "cudaEventRecord"));
   absl::Status computed = dispatcher_->ComputeExperts(*experts);
   if (computed.ok() && has_shared) computed = shared_.JoinInto(stream);
-  RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events_[2], stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(
+      kernels::CudaStatus(cudaEventRecord(events_->step()[2], stream), "cudaEventRecord"));
   // Combine even when this rank's compute failed: the peers wait for its
   // combine flags (the output is then not used).
   absl::Status combined = dispatcher_->Combine(
       staging_->output(), computed.ok() && has_shared ? shared_.output() : nullptr);
-  RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events_[3], stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(
+      kernels::CudaStatus(cudaEventRecord(events_->step()[3], stream), "cudaEventRecord"));
   const int members = dispatch_ep_;
   RETURN_IF_ERROR(kernels::CudaStatus(cudaMemcpyAsync(host_counts_, dispatcher_->send_counts(),
                                                       members * 4, cudaMemcpyDeviceToHost, stream),
@@ -570,20 +563,19 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::StepOnHost(
   book_.AddLoad(
       layer, step,
       core::LoadStepKey{geometry_.epoch, mask_.round, core::RoutingFingerprint(topk_ids)});
-  RETURN_IF_ERROR(AddStepTimes(events_, has_shared ? &shared_ : nullptr, &stats));
+  RETURN_IF_ERROR(AddStepTimes(events_->step(), has_shared ? &shared_ : nullptr, &stats));
   return stats;
 }
 
-absl::StatusOr<BenchmarkTimes> OneSidedDataPlane::Benchmark(
-    const core::EpDispatcherOptions& options, const BenchmarkInputs& inputs, int warmup,
-    int iterations, int64_t memory_cap_bytes, const std::string& data_plane) {
-  ASSIGN_OR_RETURN(const std::string plane,
-                   ResolveBenchmarkPlane(data_plane, this->data_plane(), {}));
+absl::StatusOr<std::unique_ptr<BenchmarkRun>> OneSidedDataPlane::MakeBenchmarkRun(
+    const core::EpDispatcherOptions& options, const BenchmarkInputs& inputs,
+    int64_t memory_cap_bytes, const std::string& /*plane*/) {
   if (!mask_.MaskedRanks().empty()) {
     return absl::FailedPreconditionError(
         "Benchmark: the one-sided plane serves a rank mask; Benchmark needs every rank");
   }
   RETURN_IF_ERROR(MakeDeviceCurrent());
+  const int members = compact_->size();
   const int64_t tokens = inputs.num_tokens;
   const int64_t h = options.workspace.hidden;
   const int k = options.workspace.top_k;
@@ -592,40 +584,31 @@ absl::StatusOr<BenchmarkTimes> OneSidedDataPlane::Benchmark(
   ASSIGN_OR_RETURN(const int64_t window_bytes, OneSidedDispatcher::WindowBytes(options));
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::onesided::PeerWindows> windows,
                    kernels::onesided::CreateIpcPeerWindows(compact_, group_.device, window_bytes));
-  absl::StatusOr<BenchmarkTimes> times;
-  {
-    ASSIGN_OR_RETURN(std::unique_ptr<OneSidedDispatcher> bench,
-                     OneSidedDispatcher::Create(windows.get(), DispatcherOptions(options, 0), cap));
-    ASSIGN_OR_RETURN(core::ExpertPlacement placement,
-                     core::ExpertPlacement::Contiguous(options.num_experts, compact_->size()));
-    ASSIGN_OR_RETURN(
-        std::unique_ptr<kernels::DeviceExpertSet> identity,
-        kernels::DeviceExpertSet::Upload(core::ExpertSet::Identity(
-            placement.FirstExpert(group_.rank), placement.NumLocalExperts(group_.rank), h)));
-    ASSIGN_OR_RETURN(std::unique_ptr<DeviceStepBuffers> buffers,
-                     DeviceStepBuffers::Create(tokens, h, k));
-    RETURN_IF_ERROR(buffers->Upload(reinterpret_cast<const uint16_t*>(inputs.hidden.data()),
-                                    inputs.topk_ids.data(), inputs.topk_weights.data(), tokens,
-                                    bench->stream()));
-    RETURN_IF_ERROR(bench->CommitGeometry(1, tokens, tokens));
-    OneSidedDispatcher* d = bench.get();
-    times = TimeIdentitySteps(*d, *identity, *buffers, tokens, warmup, iterations, *compact_, call_,
-                              events_, [d] { return d->CheckStep(); });
-    if (times.ok()) {
-      // A failed read fails the step like a failed timing (no barrier).
-      absl::StatusOr<int64_t> sent =
-          DeviceTokensSent(d->send_counts(), compact_->size(), d->stream());
-      if (sent.ok()) {
-        times->tokens_sent = *sent;
-        times->data_plane = plane;
-      } else {
-        times = sent.status();
-      }
-    }
-  }
+  ASSIGN_OR_RETURN(std::unique_ptr<OneSidedDispatcher> bench,
+                   OneSidedDispatcher::Create(windows.get(), DispatcherOptions(options, 0), cap));
+  ASSIGN_OR_RETURN(core::ExpertPlacement placement,
+                   core::ExpertPlacement::Contiguous(options.num_experts, members));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<kernels::DeviceExpertSet> identity,
+      kernels::DeviceExpertSet::Upload(core::ExpertSet::Identity(
+          placement.FirstExpert(group_.rank), placement.NumLocalExperts(group_.rank), h)));
+  ASSIGN_OR_RETURN(std::unique_ptr<DeviceStepBuffers> buffers,
+                   DeviceStepBuffers::Create(tokens, h, k));
+  RETURN_IF_ERROR(buffers->Upload(reinterpret_cast<const uint16_t*>(inputs.hidden.data()),
+                                  inputs.topk_ids.data(), inputs.topk_weights.data(), tokens,
+                                  bench->stream()));
+  RETURN_IF_ERROR(bench->CommitGeometry(1, tokens, tokens));
+  OneSidedDispatcher* d = bench.get();
+  GpuBenchmarkHooks hooks;
+  hooks.wait = [d] { return d->CheckStep(); };
+  hooks.tokens_sent = [d, members] {
+    return DeviceTokensSent(d->send_counts(), members, d->stream());
+  };
   // No peer may still store into the scratch windows once they go.
-  if (times.ok()) RETURN_IF_ERROR(compact_->Barrier());
-  return times;
+  hooks.finish = [this] { return compact_->Barrier(); };
+  return std::make_unique<GpuBenchmarkRun<OneSidedDispatcher>>(
+      std::move(windows), std::move(bench), std::move(identity), std::move(buffers), tokens,
+      events_->step(), std::move(hooks));
 }
 
 }  // namespace moe_ep::server

@@ -78,6 +78,7 @@
 #include "kernels/onesided/onesided_dispatcher.h"
 #include "kernels/onesided/peer_window.h"
 #include "server/data_plane.h"
+#include "server/gpu_plane_events.h"
 #include "server/gpu_shared_experts.h"
 #include "server/gpu_step_buffers.h"
 #include "server/onesided_route_map.h"
@@ -146,11 +147,6 @@ class OneSidedDataPlane final : public DataPlane {
                                                 void* stream) override;
   absl::Status EngineSyncTokenCounts(const int64_t* local_tokens, int64_t* counts,
                                      void* stream) override;
-  // data_plane "" or "one-sided" only.
-  absl::StatusOr<BenchmarkTimes> Benchmark(const core::EpDispatcherOptions& options,
-                                           const BenchmarkInputs& inputs, int warmup,
-                                           int iterations, int64_t memory_cap_bytes,
-                                           const std::string& data_plane) override;
 
  private:
   OneSidedDataPlane();
@@ -184,9 +180,13 @@ class OneSidedDataPlane final : public DataPlane {
   // The route map of the contiguous placement of all ranks (the engine
   // calls' ids), made once for each allocation's table.
   const OneSidedRouteMap& EngineMap();
-  // Runs `enqueue` (work on the dispatcher's stream) ordered after the
-  // caller's stream and joined back into it (two events; capturable).
-  absl::Status OnCallerStream(cudaStream_t caller, const std::function<absl::Status()>& enqueue);
+  // Benchmark's scratch step (DataPlane::MakeBenchmarkRun): identity
+  // experts, scratch device buffers and a dispatcher of the benchmark's
+  // size over scratch IPC windows; every rank (kFailedPrecondition
+  // under a rank mask).
+  absl::StatusOr<std::unique_ptr<BenchmarkRun>> MakeBenchmarkRun(
+      const core::EpDispatcherOptions& options, const BenchmarkInputs& inputs,
+      int64_t memory_cap_bytes, const std::string& plane) override;
   absl::StatusOr<int64_t> HoldSharedExpert(int layer, std::optional<core::SharedExpert> shared,
                                            int64_t others_bytes, int64_t memory_cap_bytes) override;
   // Serves on the members of `agreed` (round `agreed_round`).
@@ -206,11 +206,8 @@ class OneSidedDataPlane final : public DataPlane {
   std::unique_ptr<kernels::onesided::PeerWindows> windows_;
   std::unique_ptr<kernels::onesided::OneSidedDispatcher> dispatcher_;
   std::unique_ptr<DeviceStepBuffers> staging_;
-  int32_t* host_counts_ = nullptr;  // pinned [2, E]: send, receive counts of a step
-  cudaEvent_t events_[4] = {nullptr, nullptr, nullptr, nullptr};
-  cudaEvent_t fork_ = nullptr;  // engine calls: caller's stream -> dispatcher's stream
-  cudaEvent_t join_ = nullptr;  // and back
-  int64_t engine_tokens_ = 0;   // T of the last EngineDispatch
+  int32_t* host_counts_ = nullptr;          // pinned [2, E]: send, receive counts of a step
+  std::unique_ptr<GpuPlaneEvents> events_;  // step timing, engine stream fork / join
   std::shared_ptr<const core::PlacementTable> engine_map_table_;  // EngineMap()'s table
   OneSidedRouteMap engine_map_;
   GpuSharedExperts shared_;  // last: destroyed first, on the current device

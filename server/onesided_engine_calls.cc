@@ -27,6 +27,7 @@
 #include "kernels/cuda_status.h"
 #include "kernels/engine_rows.cuh"
 #include "kernels/nccl_collective.h"
+#include "server/engine_call_checks.h"
 #include "server/onesided_data_plane.h"
 
 namespace moe_ep::server {
@@ -50,15 +51,7 @@ absl::Status OneSidedDataPlane::RequireEngineCall(
         "(the Forward RPC serves a masked group; re-admit the ranks first)"));
   }
   RETURN_IF_ERROR(MakeDeviceCurrent());
-  for (const auto& [name, ptr] : ptrs) {
-    if (ptr != nullptr && !kernels::IsDevicePointer(ptr)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(call, ": ", name,
-                       " is not device memory; the one-sided data plane takes device pointers "
-                       "(CUDA device ",
-                       group_.device, ")"));
-    }
-  }
+  RETURN_IF_ERROR(CheckEngineDevicePointers(call, data_plane(), group_.device, ptrs));
   // A Forward RPC under another table may have left another id space: the
   // engine's ids are the contiguous placement's (a new dispatcher then;
   // graphs captured before must be captured again: NewWorkspaceToken).
@@ -71,27 +64,6 @@ const OneSidedRouteMap& OneSidedDataPlane::EngineMap() {
     engine_map_table_ = book_.contiguous();
   }
   return engine_map_;
-}
-
-absl::Status OneSidedDataPlane::OnCallerStream(cudaStream_t caller,
-                                               const std::function<absl::Status()>& enqueue) {
-  cudaStream_t own = dispatcher_->stream();
-  const bool fork = caller != own;
-  if (fork) {
-    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(fork_, caller), "cudaEventRecord(caller stream)"));
-    RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(own, fork_, 0), "cudaStreamWaitEvent"));
-  }
-  absl::Status status = enqueue();
-  if (fork) {
-    // Joined on error too: a capture of `caller` then still ends cleanly.
-    absl::Status joined =
-        CudaStatus(cudaEventRecord(join_, own), "cudaEventRecord(dispatcher stream)");
-    if (joined.ok()) {
-      joined = CudaStatus(cudaStreamWaitEvent(caller, join_, 0), "cudaStreamWaitEvent");
-    }
-    if (status.ok()) status = joined;
-  }
-  return status;
 }
 
 absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineDispatch(
@@ -115,41 +87,19 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineDispatch(
     return absl::FailedPreconditionError(absl::StrCat(
         "dispatch on rank ", group_.rank, ": no geometry committed; call CommitGeometry"));
   }
-  if (out.rows < r) {
-    return absl::InvalidArgumentError(absl::StrCat("dispatch on rank ", group_.rank, ": recv_rows ",
-                                                   out.rows, " < the committed R ", r));
-  }
   const OneSidedRouteMap& map = EngineMap();
   const int local_experts = map.num_local[group_.rank];
-  if (out.source_counts == nullptr || (out.expert_counts == nullptr && local_experts > 0)) {
-    return absl::InvalidArgumentError("dispatch: source_counts and expert_counts must not be null");
-  }
-  if (out.rows > 0 &&
-      (out.hidden == nullptr || out.topk_ids == nullptr || out.topk_weights == nullptr)) {
-    return absl::InvalidArgumentError(
-        "dispatch: recv_hidden, recv_topk_ids and recv_topk_weights must not be null when "
-        "recv_rows > 0");
-  }
+  RETURN_IF_ERROR(CheckEngineRecvBuffers("dispatch", group_.rank, out, r, local_experts));
+  RETURN_IF_ERROR(CheckEngineInputs("dispatch", num_tokens, hidden, topk_ids, topk_weights));
   const auto* in_hidden = static_cast<const uint16_t*>(hidden);
-  RETURN_IF_ERROR(OnCallerStream(static_cast<cudaStream_t>(stream), [&]() -> absl::Status {
-    RETURN_IF_ERROR(dispatcher_->Dispatch(in_hidden, topk_ids, topk_weights, num_tokens));
-    kernels::UnpackReceivedParams p;
-    p.recv = dispatcher_->received_rows();
-    p.runtime_max = r;
-    p.rows = out.rows;
-    p.hidden_size = options_.workspace.hidden;
-    p.top_k = options_.workspace.top_k;
-    p.ep_size = options_.workspace.ep_size;
-    p.first_expert = map.dispatch_base[group_.rank];
-    p.num_local_experts = local_experts;
-    p.invalid_expert_id = options_.invalid_expert_id;
-    p.hidden = reinterpret_cast<uint16_t*>(out.hidden);
-    p.topk_ids = out.topk_ids;
-    p.topk_weights = out.topk_weights;
-    p.source_counts = out.source_counts;
-    p.expert_counts = out.expert_counts;
-    return kernels::LaunchUnpackReceived(p, dispatcher_->stream());
-  }));
+  RETURN_IF_ERROR(events_->OnCallerStream(
+      static_cast<cudaStream_t>(stream), dispatcher_->stream(), [&]() -> absl::Status {
+        RETURN_IF_ERROR(dispatcher_->Dispatch(in_hidden, topk_ids, topk_weights, num_tokens));
+        return kernels::LaunchUnpackReceived(
+            EngineUnpackParams(options_, out, dispatcher_->received_rows(), r,
+                               map.dispatch_base[group_.rank], local_experts),
+            dispatcher_->stream());
+      }));
   engine_tokens_ = num_tokens;
   core::StepStats stats;
   stats.runtime_max_tokens_per_rank = r;
@@ -163,25 +113,18 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineCombine(const void* exp
   const int64_t r = dispatcher_->runtime_max_tokens_per_rank();
   const int64_t h = options_.workspace.hidden;
   const int64_t e = options_.workspace.ep_size;
-  if (rows < r) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("combine: recv_rows ", rows, " < the committed R ", r));
-  }
-  if ((expert_out == nullptr && rows > 0) || (output == nullptr && engine_tokens_ > 0)) {
-    return absl::InvalidArgumentError(
-        "combine: expert_out must not be null when recv_rows > 0, output not when the step "
-        "has tokens");
-  }
-  RETURN_IF_ERROR(OnCallerStream(static_cast<cudaStream_t>(stream), [&]() -> absl::Status {
-    if (r > 0) {
-      // [E, rows, H] -> [E, R, H]: the rows the combine kernel pushes back.
-      RETURN_IF_ERROR(CudaStatus(
-          cudaMemcpy2DAsync(dispatcher_->expert_output(), r * h * 2, expert_out, rows * h * 2,
-                            r * h * 2, e, cudaMemcpyDeviceToDevice, dispatcher_->stream()),
-          "cudaMemcpy2DAsync(expert outputs)"));
-    }
-    return dispatcher_->Combine(static_cast<uint16_t*>(output));
-  }));
+  RETURN_IF_ERROR(
+      CheckEngineCombineArgs("combine", group_.rank, rows, r, expert_out, output, engine_tokens_));
+  RETURN_IF_ERROR(events_->OnCallerStream(
+      static_cast<cudaStream_t>(stream), dispatcher_->stream(), [&]() -> absl::Status {
+        if (r > 0) {
+          // [E, rows, H] -> [E, R, H]: the rows the combine kernel pushes back.
+          RETURN_IF_ERROR(EnqueueExpertOutputsPack(expert_out, rows, dispatcher_->expert_output(),
+                                                   r, h, static_cast<int>(e),
+                                                   dispatcher_->stream()));
+        }
+        return dispatcher_->Combine(static_cast<uint16_t*>(output));
+      }));
   core::StepStats stats;
   stats.runtime_max_tokens_per_rank = r;
   return stats;
@@ -209,9 +152,8 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineForward(int layer, cons
         " has an installed placement table other than the contiguous one; the one-sided plane's "
         "engine calls route by the contiguous placement (the Forward RPC serves any table)"));
   }
-  if (num_tokens > 0 && output == nullptr) {
-    return absl::InvalidArgumentError("forward: output must not be null when num_tokens > 0");
-  }
+  RETURN_IF_ERROR(CheckEngineInputs("forward", num_tokens, hidden, topk_ids, topk_weights));
+  RETURN_IF_ERROR(CheckEngineOutput("forward", num_tokens, output));
   // The experts answer to the contiguous map's ids (a no-op unless a
   // Forward RPC under another table renumbered them).
   RETURN_IF_ERROR(
@@ -219,19 +161,21 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineForward(int layer, cons
   const auto* in = static_cast<const uint16_t*>(hidden);
   const kernels::DeviceExpertSet& set = *experts;
   const bool has_shared = shared_.Has(layer);
-  RETURN_IF_ERROR(OnCallerStream(static_cast<cudaStream_t>(stream), [&]() -> absl::Status {
-    cudaStream_t own = dispatcher_->stream();
-    if (has_shared) RETURN_IF_ERROR(shared_.Begin(layer, in, num_tokens, own));
-    RETURN_IF_ERROR(dispatcher_->Dispatch(in, topk_ids, topk_weights, num_tokens));
-    absl::Status computed = dispatcher_->ComputeExperts(set);
-    if (computed.ok() && has_shared) computed = shared_.JoinInto(own);
-    // Combine even when this rank's compute failed: the peers wait for its
-    // combine flags (the output is then not used).
-    absl::Status combined = dispatcher_->Combine(
-        static_cast<uint16_t*>(output), computed.ok() && has_shared ? shared_.output() : nullptr);
-    RETURN_IF_ERROR(computed);
-    return combined;
-  }));
+  RETURN_IF_ERROR(events_->OnCallerStream(
+      static_cast<cudaStream_t>(stream), dispatcher_->stream(), [&]() -> absl::Status {
+        cudaStream_t own = dispatcher_->stream();
+        if (has_shared) RETURN_IF_ERROR(shared_.Begin(layer, in, num_tokens, own));
+        RETURN_IF_ERROR(dispatcher_->Dispatch(in, topk_ids, topk_weights, num_tokens));
+        absl::Status computed = dispatcher_->ComputeExperts(set);
+        if (computed.ok() && has_shared) computed = shared_.JoinInto(own);
+        // Combine even when this rank's compute failed: the peers wait for its
+        // combine flags (the output is then not used).
+        absl::Status combined =
+            dispatcher_->Combine(static_cast<uint16_t*>(output),
+                                 computed.ok() && has_shared ? shared_.output() : nullptr);
+        RETURN_IF_ERROR(computed);
+        return combined;
+      }));
   core::StepStats stats;
   stats.runtime_max_tokens_per_rank = dispatcher_->runtime_max_tokens_per_rank();
   return stats;

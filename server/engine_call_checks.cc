@@ -1,0 +1,66 @@
+#include "server/engine_call_checks.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace moe_ep::server {
+
+absl::Status CheckEngineInputs(const char* call, int64_t num_tokens, const void* hidden,
+                               const int32_t* topk_ids, const float* topk_weights) {
+  if (num_tokens > 0 && (hidden == nullptr || topk_ids == nullptr || topk_weights == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        call, ": hidden, topk_ids, topk_weights: must not be null when num_tokens > 0 (got ",
+        num_tokens, " tokens)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckEngineOutput(const char* call, int64_t num_tokens, const void* output) {
+  if (num_tokens > 0 && output == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        call, ": output must not be null when num_tokens > 0 (got ", num_tokens, " tokens)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckEngineRecvBuffers(const char* call, int rank, const EngineRecvBuffers& out,
+                                    int64_t runtime_max, int num_local_experts) {
+  if (out.rows < runtime_max) {
+    return absl::InvalidArgumentError(absl::StrCat(call, " on rank ", rank, ": recv_rows ",
+                                                   out.rows, " < the committed R ", runtime_max,
+                                                   " (rows per source)"));
+  }
+  if (out.source_counts == nullptr || (out.expert_counts == nullptr && num_local_experts > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(call, " on rank ", rank, ": source_counts [E] and expert_counts [",
+                     num_local_experts, " local experts] must not be null"));
+  }
+  if (out.rows > 0 &&
+      (out.hidden == nullptr || out.topk_ids == nullptr || out.topk_weights == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        call, " on rank ", rank,
+        ": recv_hidden, recv_topk_ids and recv_topk_weights must not be null when recv_rows > 0 "
+        "(got ",
+        out.rows, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckEngineCombineArgs(const char* call, int rank, int64_t rows, int64_t runtime_max,
+                                    const void* expert_out, const void* output,
+                                    int64_t step_tokens) {
+  if (rows < runtime_max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(call, " on rank ", rank, ": expert_out: rows per source ", rows,
+                     " is below the dispatched step's R = ", runtime_max,
+                     "; the step stays dispatched: call again"));
+  }
+  if ((expert_out == nullptr && rows > 0) || (output == nullptr && step_tokens > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        call, " on rank ", rank,
+        ": expert_out must not be null when rows > 0, output not when the step has tokens (rows ",
+        rows, ", step tokens ", step_tokens, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace moe_ep::server

@@ -1,0 +1,52 @@
+#pragma once
+
+// The argument checks of an engine's in-process data calls
+// (server/data_plane.h Engine*, server/moe_ep.h; DESIGN §14), written once
+// for every transport (issue 34 item 1): each plane runs these before it
+// enqueues anything, then reports a failure its own way (the CPU plane in
+// its engine call round, so no peer waits; the GPU planes at once, their
+// peers meeting the step's device-side check instead). All pure and
+// thread-safe; messages name the call, the field, the rank, expected and got.
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "server/data_plane.h"
+
+namespace moe_ep::server {
+
+// CheckEngineInputs()
+//
+// A step's inputs: hidden [T, H], topk_ids [T, K], topk_weights [T, K] must
+// not be null when `num_tokens` > 0. Errors: kInvalidArgument naming them.
+absl::Status CheckEngineInputs(const char* call, int64_t num_tokens, const void* hidden,
+                               const int32_t* topk_ids, const float* topk_weights);
+
+// CheckEngineOutput()
+//
+// A step's output [T, H] must not be null when `num_tokens` > 0.
+// Errors: kInvalidArgument.
+absl::Status CheckEngineOutput(const char* call, int64_t num_tokens, const void* output);
+
+// CheckEngineRecvBuffers()
+//
+// The receive buffers of a dispatch on `rank` whose committed geometry is
+// R = `runtime_max` rows per source and which holds `num_local_experts`
+// experts: out.rows >= R; source_counts [E] not null; expert_counts [L] not
+// null when L > 0; hidden, topk_ids and topk_weights not null when
+// out.rows > 0. Errors: kInvalidArgument naming the field, expected and got.
+absl::Status CheckEngineRecvBuffers(const char* call, int rank, const EngineRecvBuffers& out,
+                                    int64_t runtime_max, int num_local_experts);
+
+// CheckEngineCombineArgs()
+//
+// A combine on `rank` of `expert_out` [E, rows, H] into `output` [T, H],
+// the dispatched step holding `step_tokens` tokens at R = `runtime_max`:
+// rows >= R (the step stays dispatched: the caller may call again),
+// expert_out not null when rows > 0, output not null when the step has
+// tokens. Errors: kInvalidArgument naming the field, expected and got.
+absl::Status CheckEngineCombineArgs(const char* call, int rank, int64_t rows, int64_t runtime_max,
+                                    const void* expert_out, const void* output,
+                                    int64_t step_tokens);
+
+}  // namespace moe_ep::server

@@ -1,0 +1,111 @@
+// Tests of server/engine_call_checks.h: the engine calls' argument checks
+// every transport runs (issue 34 item 1), each case worked by hand.
+
+#include "server/engine_call_checks.h"
+
+#include <cstdint>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace moe_ep::server {
+namespace engine_call_checks_test {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+// Receive buffers for E = 2 sources, `rows` rows each, H = 4, K = 2, L = 3.
+struct Recv {
+  explicit Recv(int64_t rows)
+      : hidden(2 * rows * 4), ids(2 * rows * 2), weights(2 * rows * 2), sources(2), experts(3) {
+    out.rows = rows;
+    out.hidden = hidden.data();
+    out.topk_ids = ids.data();
+    out.topk_weights = weights.data();
+    out.source_counts = sources.data();
+    out.expert_counts = experts.data();
+  }
+  std::vector<core::bf16_t> hidden;
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  std::vector<int64_t> sources;
+  std::vector<int64_t> experts;
+  EngineRecvBuffers out;
+};
+
+TEST(CheckEngineRecvBuffers, AcceptsRowsAtOrAboveTheCommittedR) {
+  Recv recv(5);
+  EXPECT_TRUE(CheckEngineRecvBuffers("dispatch", 1, recv.out, 5, 3).ok());
+  EXPECT_TRUE(CheckEngineRecvBuffers("dispatch", 1, recv.out, 4, 3).ok());
+}
+
+TEST(CheckEngineRecvBuffers, RefusesFewerRowsThanRNamingRankAndBoth) {
+  Recv recv(3);
+  const absl::Status got = CheckEngineRecvBuffers("dispatch", 1, recv.out, 4, 3);
+  EXPECT_EQ(got.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(got.message(),
+              AllOf(HasSubstr("dispatch on rank 1"), HasSubstr("recv_rows 3 < the committed R 4")));
+}
+
+TEST(CheckEngineRecvBuffers, ExpertCountsMayBeNullOnlyWithoutLocalExperts) {
+  Recv recv(4);
+  recv.out.expert_counts = nullptr;
+  EXPECT_TRUE(CheckEngineRecvBuffers("dispatch", 0, recv.out, 4, 0).ok());
+  const absl::Status got = CheckEngineRecvBuffers("dispatch", 0, recv.out, 4, 3);
+  EXPECT_EQ(got.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(got.message(), HasSubstr("expert_counts [3 local experts]"));
+  recv.out.expert_counts = recv.experts.data();
+  recv.out.source_counts = nullptr;
+  EXPECT_EQ(CheckEngineRecvBuffers("dispatch", 0, recv.out, 4, 0).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CheckEngineRecvBuffers, RowBuffersMayBeNullOnlyForZeroRows) {
+  Recv recv(0);
+  recv.out.hidden = nullptr;
+  recv.out.topk_ids = nullptr;
+  recv.out.topk_weights = nullptr;
+  EXPECT_TRUE(CheckEngineRecvBuffers("dispatch", 0, recv.out, 0, 3).ok());
+  recv.out.rows = 2;
+  const absl::Status got = CheckEngineRecvBuffers("dispatch", 0, recv.out, 2, 3);
+  EXPECT_EQ(got.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(got.message(), HasSubstr("must not be null when recv_rows > 0 (got 2)"));
+}
+
+TEST(CheckEngineInputs, NullInputsAreAnErrorOnlyWithTokens) {
+  const int32_t ids[2] = {0, 1};
+  const float weights[2] = {0.5f, 0.5f};
+  EXPECT_TRUE(CheckEngineInputs("forward", 0, nullptr, nullptr, nullptr).ok());
+  const absl::Status got = CheckEngineInputs("forward", 1, nullptr, ids, weights);
+  EXPECT_EQ(got.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(got.message(), AllOf(HasSubstr("forward: hidden"), HasSubstr("(got 1 tokens)")));
+  EXPECT_TRUE(CheckEngineOutput("forward", 0, nullptr).ok());
+  EXPECT_EQ(CheckEngineOutput("forward", 3, nullptr).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CheckEngineCombineArgs, RowsBelowRKeepTheStepAndSayCallAgain) {
+  const core::bf16_t expert_out[8] = {};
+  core::bf16_t output[4] = {};
+  EXPECT_TRUE(CheckEngineCombineArgs("combine", 0, 4, 4, expert_out, output, 1).ok());
+  const absl::Status got = CheckEngineCombineArgs("combine", 2, 3, 4, expert_out, output, 1);
+  EXPECT_EQ(got.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(got.message(),
+              AllOf(HasSubstr("combine on rank 2"),
+                    HasSubstr("rows per source 3 is below the dispatched step's R = 4"),
+                    HasSubstr("call again")));
+}
+
+TEST(CheckEngineCombineArgs, OutputMayBeNullOnlyWhenTheStepHadNoTokens) {
+  const core::bf16_t expert_out[8] = {};
+  EXPECT_TRUE(CheckEngineCombineArgs("combine", 0, 0, 0, nullptr, nullptr, 0).ok());
+  EXPECT_EQ(CheckEngineCombineArgs("combine", 0, 4, 4, expert_out, nullptr, 2).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckEngineCombineArgs("combine", 0, 4, 4, nullptr, nullptr, 0).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace engine_call_checks_test
+}  // namespace moe_ep::server
