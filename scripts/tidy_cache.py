@@ -450,6 +450,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
 
     cuda = (args.cuda_clang, args.cuda_shim) if args.cuda_clang and args.cuda_shim else None
+    if cuda:
+        write_cuda_shim(args.cuda_shim)  # -MM reads it too (the same bytes every time)
     db = Database(args.root, args.build_dir, cuda)
     with open(os.path.join(db.root, ".clang-tidy"), "rb") as f:
         clang_tidy = f.read()
