@@ -17,7 +17,9 @@ __global__ void FlagExchangeKernel(FlagSlots s) {
   *s.epoch = e;
   asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(s.peer), "l"(e) : "memory");
   uint64_t seen = 0;
-  do {
+  // The asm's output operand writes `seen`; clang-tidy does not see asm
+  // outputs, so bugprone-infinite-loop thinks nothing in the loop changes it.
+  do {  // NOLINT(bugprone-infinite-loop)
     asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(seen) : "l"(s.own) : "memory");
   } while (seen < e);
 }

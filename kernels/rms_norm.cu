@@ -20,7 +20,7 @@ constexpr int64_t kMaxGridBlocks = int64_t{1} << 20;
 constexpr int kElementwiseThreads = 256;
 
 // What the norm kernel does with the residual.
-enum NormMode : int {
+enum NormMode : uint8_t {
   kNormOnly = 0,       // out = norm(in)
   kAddResidual = 1,    // residual += x; x = norm(residual)   (in == out == x)
   kStoreResidual = 2,  // residual = x;  x = norm(x)          (in == out == x)

@@ -30,6 +30,11 @@ PACKAGES=(
 # Debian's npm conflicts with a NodeSource nodejs. Debian 12's kubectl
 # (kubernetes-client 1.20) embeds kustomize v2, too old for deploy/k8s.
 if ! command -v npm >/dev/null 2>&1; then PACKAGES+=(nodejs npm); fi
+# scripts/lint.sh tidies the .cu files with clang-tidy 19 (14 cannot parse
+# CUDA 13's headers) where the build compiles CUDA, i.e. where nvcc exists.
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  PACKAGES+=(clang-tidy-19)
+fi
 missing=()
 for p in "${PACKAGES[@]}"; do
   status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)

@@ -36,13 +36,22 @@ the command the source has without the unity build, so its key is the same
 either way and clang-tidy (given the expanded database: `compdb`) tidies each
 source with its own command.
 
+A .cu file (issue 34 item 3) is tidied by clang-tidy 19 as clang's CUDA:
+with --cuda-clang CLANG --cuda-shim DIR, its nvcc command is read as the clang
+command `cuda_command` writes (DIR holds the generated headers, CUDA_SHIM), and
+its key hashes that command (DIR written as <cuda-shim>), its -MM list under
+it, the nvcc release line and the generated headers' text; compdb --cuda-out
+writes those commands as a database of their own for clang-tidy 19.
+
 Usage (keys and inputs take --tidy BINARY --tidy-args "FLAGS", as lint.sh passes them):
   tidy_cache.py keys --build-dir DIR [--jobs N] FILE...
       prints "KEY PATH" per file (KEY "-" when it has none), in input order.
   tidy_cache.py inputs --build-dir DIR FILE
       prints what FILE's key hashes (one input per line), to see why it changed.
   tidy_cache.py compdb --build-dir DIR --out OUT
-      writes OUT/compile_commands.json: DIR's, unity batches expanded.
+                       [--cuda-out CUDB --cuda-clang CLANG --cuda-shim SHIM]
+      writes OUT/compile_commands.json: DIR's, unity batches expanded (and
+      CUDB/compile_commands.json: the .cu entries as clang's; SHIM's headers).
 The cache itself (.ci/tidy-clean.txt: one key per line, sorted) is read and
 written by scripts/lint.sh. Standard library only; Python >= 3.9.
 """
@@ -55,6 +64,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -109,6 +119,134 @@ def expand_unity(entries: List[dict]) -> List[dict]:
     return out
 
 
+# CUDA sources (.cu) are tidied by a newer clang-tidy, which parses them as
+# clang's CUDA (scripts/lint.sh: clang-tidy 14 cannot read CUDA 13's headers).
+# Their compile commands are nvcc's; `cuda_command` rewrites one as the clang
+# command that parses the same translation unit for the host (--cuda-host-only:
+# the host pass sees every __global__ / __device__ body too; only code under
+# `#if __CUDA_ARCH__` would be left out, and the kernels have none).
+# Two generated headers (`write_cuda_shim`, in a folder of lint.sh's) make
+# clang 19 read CUDA 13 as nvcc does; each is small and changes no code:
+#  - texture_fetch_functions.h, empty: clang 19's __clang_cuda_runtime_wrapper.h
+#    includes it, CUDA 13 no longer ships it (texture references are gone since
+#    CUDA 12); LLVM PR 151766 (clang 21) drops the include, as this does.
+#  - moe_ep_cuda_tidy.h, included first (-include, after clang's wrapper):
+#    nvcc defines __CUDACC__ as 1, clang's wrapper defines it empty, so NCCL's
+#    device headers' `#if __CUDACC__` (nccl_device/*.h) do not parse; this
+#    defines it as nvcc does. And clang 19 keeps CUDA's sm_32_intrinsics.h
+#    out and defines only some of its functions: not the write-through store
+#    __stwt, which nccl_device/gin/proxy/gin_proxy.h calls; this declares it
+#    (the host pass generates no device code, so nothing needs its body).
+CUDA_SHIM = {
+    "texture_fetch_functions.h": (
+        "// Empty: clang 19 includes this header, CUDA 13 no longer ships it\n"
+        "// (written by scripts/tidy_cache.py for clang-tidy only).\n"
+    ),
+    "moe_ep_cuda_tidy.h": (
+        "// __CUDACC__ as nvcc defines it (clang's CUDA wrapper defines it empty;\n"
+        "// written by scripts/tidy_cache.py for clang-tidy only).\n"
+        "#undef __CUDACC__\n"
+        "#define __CUDACC__ 1\n"
+        "// CUDA's write-through store (sm_32_intrinsics.h), which clang 19 lacks.\n"
+        "template <typename T>\n"
+        "__device__ void __stwt(T* ptr, T value);\n"
+    ),
+}
+CUDA_SHIM_INCLUDE = "moe_ep_cuda_tidy.h"
+NVCC_DROPPED = {"-forward-unknown-to-host-compiler", "-c"}
+
+
+def cuda_command(entry: dict, clang: str, shim: str) -> List[str]:
+    """The clang argv (CUDA, host side) that parses what the nvcc `entry` compiles.
+
+    Keeps the preprocessor and language flags (-D -U -I -isystem -std -O -g -f -W,
+    the host flags of -Xcompiler=), maps --generate-code's first sm_XX to
+    --cuda-gpu-arch, adds the toolkit's CCCL headers (nvcc's implicit
+    include/cccl) and the shim folder. Raises RuntimeError on an nvcc flag it
+    does not know, so a new one is noticed rather than silently dropped.
+    """
+    argv = entry["arguments"] if "arguments" in entry else shlex.split(entry["command"])
+    cuda = os.path.dirname(os.path.dirname(os.path.abspath(shutil.which(argv[0]) or argv[0])))
+    src = os.path.realpath(os.path.join(entry["directory"], entry["file"]))
+    archs: List[str] = []
+    kept: List[str] = []
+    i = 1
+    while i < len(argv):
+        a = argv[i]
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if a in ("-o", "-x") or a in NVCC_DROPPED:
+            i += 2 if a in ("-o", "-x") else 1
+            continue
+        if os.path.realpath(os.path.join(entry["directory"], a)) == src:
+            i += 1
+            continue
+        if a.startswith("--generate-code=") or a.startswith("-gencode="):
+            archs += re.findall(r"sm_[0-9]+[a-z]?", a)
+        elif a.startswith("-Xcompiler="):
+            kept += [f for f in a[len("-Xcompiler=") :].split(",") if f]
+        elif a.startswith("-isystem="):
+            kept += ["-isystem", a[len("-isystem=") :]]
+        elif a in ("-isystem", "-I", "-D", "-U") and nxt is not None:
+            kept += [a, nxt]
+            i += 1
+        elif re.match(r"-(D|U|I|std=|O|g|f|W)", a) and not a.startswith("--"):
+            kept.append(a)
+        else:
+            raise RuntimeError(f"{entry['file']}: nvcc flag {a!r} has no clang translation")
+        i += 1
+    return [
+        clang,
+        "-x",
+        "cuda",
+        "--cuda-host-only",
+        f"--cuda-path={cuda}",
+        f"--cuda-gpu-arch={archs[0] if archs else 'sm_90a'}",
+        "-nocudalib",
+        "-Wno-unknown-cuda-version",
+        *kept,
+        "-isystem",
+        os.path.join(cuda, "include", "cccl"),
+        "-isystem",
+        shim,
+        "-include",
+        os.path.join(shim, CUDA_SHIM_INCLUDE),
+        "-c",
+        src,
+    ]
+
+
+def cuda_entries(entries: List[dict], clang: str, shim: str) -> List[dict]:
+    """The .cu entries of `entries`, as clang commands (see `cuda_command`)."""
+    return [
+        {"directory": e["directory"], "file": e["file"], "arguments": cuda_command(e, clang, shim)}
+        for e in entries
+        if e["file"].endswith(".cu")
+    ]
+
+
+def write_cuda_shim(shim: str) -> None:
+    os.makedirs(shim, exist_ok=True)
+    for name, text in CUDA_SHIM.items():
+        with open(os.path.join(shim, name), "w") as f:
+            f.write(text)
+
+
+def cuda_shim_digest() -> str:
+    h = hashlib.sha256()
+    for name in sorted(CUDA_SHIM):
+        h.update(f"{name}\n{CUDA_SHIM[name]}\n".encode())
+    return h.hexdigest()
+
+
+def nvcc_version(nvcc: str) -> str:
+    """nvcc's release line ("Cuda compilation tools, release 13.0, V13.0.88")."""
+    out = subprocess.run([nvcc, "--version"], check=True, capture_output=True, text=True).stdout
+    lines = [line.strip() for line in out.splitlines() if "release" in line]
+    if not lines:
+        raise RuntimeError(f"{nvcc} --version printed no release line: {out!r}")
+    return lines[-1]
+
+
 def without_output(entry: dict) -> str:
     """An entry's command without its "-o OBJECT" (which names a unity batch's object
     when the entry came from one: not an input of clang-tidy)."""
@@ -120,9 +258,12 @@ def without_output(entry: dict) -> str:
 class Database:
     """compile_commands.json, indexed by absolute file path."""
 
-    def __init__(self, root: str, build_dir: str):
+    def __init__(self, root: str, build_dir: str, cuda: Optional[Tuple[str, str]] = None):
+        """`cuda`: (clang, shim folder) to read .cu files' nvcc commands as clang's
+        (`cuda_command`); without it a .cu file has no key."""
         self.root = os.path.realpath(root)
         self.build = os.path.realpath(build_dir)
+        self.cuda = (cuda[0], os.path.realpath(cuda[1])) if cuda else None
         with open(os.path.join(self.build, "compile_commands.json")) as f:
             entries = expand_unity(json.load(f))
         self.by_file: Dict[str, List[dict]] = {}
@@ -139,12 +280,17 @@ class Database:
         tables only (the default) and with full debug info share keys."""
         text = re.sub(r" -Werror(?=\s|$)", "", text)
         text = re.sub(r" -g[0-3]?(?=\s|$)", " -g", text)
+        if self.cuda:
+            text = text.replace(self.cuda[1], "<cuda-shim>")
         return text.replace(self.build, "<build>").replace(self.root, "<src>")
 
     def name(self, path: str) -> Optional[str]:
         """A dependency's key name: its path under <build> or <src>; None outside both."""
         real = os.path.realpath(path)
-        for base, tag in ((self.build, "<build>"), (self.root, "<src>")):
+        bases = [(self.build, "<build>"), (self.root, "<src>")]
+        if self.cuda:
+            bases.insert(0, (self.cuda[1], "<cuda-shim>"))
+        for base, tag in bases:
             if real == base or real.startswith(base + os.sep):
                 return tag + "/" + os.path.relpath(real, base)
         return None
@@ -181,6 +327,11 @@ class Database:
         """(directory, argv) of each compile command of `path` (interpolated when it has none)."""
         entries = self.by_file.get(path)
         interpolated = entries is None
+        if path.endswith(".cu"):
+            if self.cuda is None or interpolated:
+                raise RuntimeError(f"{path}: a .cu file needs its nvcc command and --cuda-clang")
+            clang, shim = self.cuda
+            entries = [dict(e, arguments=cuda_command(e, clang, shim)) for e in entries]
         if interpolated:
             entries = self.by_file[self.nearest(path)]
         out = []
@@ -227,6 +378,12 @@ def material(db: Database, header: bytes, relpath: str) -> bytes:
     path = os.path.realpath(os.path.join(db.root, relpath))
     lines = [f"file {relpath}\n"]
     deps: Dict[str, str] = {}
+    if path.endswith(".cu") and path in db.by_file and db.cuda:
+        # clang-tidy reads the toolkit's headers (system headers: not in -MM),
+        # so its release and the shim that makes clang read it are inputs.
+        nvcc = db.by_file[path][0]
+        nvcc_argv = nvcc["arguments"] if "arguments" in nvcc else shlex.split(nvcc["command"])
+        lines.append(f"cuda {nvcc_version(nvcc_argv[0])}\ncuda-shim {cuda_shim_digest()}\n")
     for directory, argv in db.commands(path):
         lines.append("command " + db.normalize(shlex.join(argv)) + "\n")
         for dep in dependencies(directory, argv, path):
@@ -261,6 +418,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     compdb = sub.add_parser("compdb", help="write compile_commands.json, unity batches expanded")
     compdb.add_argument("--build-dir", required=True)
     compdb.add_argument("--out", required=True)
+    compdb.add_argument(
+        "--cuda-out", help="also write CUDA_OUT/compile_commands.json: the .cu entries as clang's"
+    )
+    for p in (keys, inputs, compdb):
+        p.add_argument("--cuda-clang", help="the clang that parses .cu files (with --cuda-shim)")
+        p.add_argument("--cuda-shim", help="the folder of the generated CUDA headers")
     for p in (keys, inputs):
         p.add_argument("--build-dir", required=True)
         p.add_argument("--root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -276,9 +439,20 @@ def main(argv: Optional[List[str]] = None) -> int:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "compile_commands.json"), "w") as f:
             json.dump(entries, f, indent=1)
+        if args.cuda_out:
+            if not (args.cuda_clang and args.cuda_shim):
+                parser.error("--cuda-out needs --cuda-clang and --cuda-shim")
+            write_cuda_shim(args.cuda_shim)
+            shim = os.path.realpath(args.cuda_shim)
+            os.makedirs(args.cuda_out, exist_ok=True)
+            with open(os.path.join(args.cuda_out, "compile_commands.json"), "w") as f:
+                json.dump(cuda_entries(entries, args.cuda_clang, shim), f, indent=1)
         return 0
 
-    db = Database(args.root, args.build_dir)
+    cuda = (args.cuda_clang, args.cuda_shim) if args.cuda_clang and args.cuda_shim else None
+    if cuda:
+        write_cuda_shim(args.cuda_shim)  # -MM reads it too (the same bytes every time)
+    db = Database(args.root, args.build_dir, cuda)
     with open(os.path.join(db.root, ".clang-tidy"), "rb") as f:
         clang_tidy = f.read()
     header = b"".join(

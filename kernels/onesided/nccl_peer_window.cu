@@ -27,7 +27,8 @@ absl::Status ReadPeerTable(ncclWindow_t window, int size, void** table, cudaStre
   PeerPointersKernel<<<1, size, 0, s>>>(window, size, table);
   RETURN_IF_ERROR(internal::LaunchStatus("PeerPointersKernel"));
   RETURN_IF_ERROR(
-      CudaStatus(cudaMemcpyAsync(out, table, size * sizeof(void*), cudaMemcpyDeviceToHost, s),
+      CudaStatus(cudaMemcpyAsync(static_cast<void*>(out), static_cast<const void*>(table),
+                                 size * sizeof(void*), cudaMemcpyDeviceToHost, s),
                  "cudaMemcpyAsync(peer table)"));
   return CudaStatus(cudaStreamSynchronize(s), "cudaStreamSynchronize");
 }
@@ -100,7 +101,7 @@ class NcclPeerWindows final : public PeerWindows {
                    "cudaMallocAsync(peer table)"));
     peers_.assign(size, nullptr);
     const absl::Status read = ReadPeerTable(window_, size, table, s, peers_.data());
-    cudaFreeAsync(table, s);
+    cudaFreeAsync(static_cast<void*>(table), s);
     cudaStreamSynchronize(s);
     return read;
   }

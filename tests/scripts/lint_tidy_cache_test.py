@@ -16,7 +16,11 @@ clang-tidy-14) on it:
   - MOE_EP_TIDY_CACHE=0 tidies every file;
   - a unity build's batch (CMake's Unity/unity_0_cxx.cxx including main.cc
     and other.cc) is read as its sources: the same keys as without it, and a
-    finding in a source of a batch is still found, with that source's command.
+    finding in a source of a batch is still found, with that source's command;
+  - where nvcc, clang-tidy-19 and clang++-19 exist, a gpu/k.cu compiled by
+    nvcc (issue 34 item 3) is tidied with clang-tidy-19, cached like the
+    others (a header it includes re-tidies it; a clone elsewhere hits), and
+    a finding in it fails the run.
 Run by ctest (tests/scripts.cmake, label lint) with /usr/bin/python3.
 """
 
@@ -30,6 +34,16 @@ import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOLS = all(shutil.which(t) for t in ("clang-tidy-14", "clang-format", "g++", "git"))
+NVCC = shutil.which("nvcc")
+CUDA = NVCC and all(shutil.which(t) for t in ("clang-tidy-19", "clang++-19"))
+# A kernel and its launch; reaches core/b.h through core/a.h, as main.cc does.
+# In a folder of its own: clang-tidy 14 interpolates lonely.h's command from
+# the nearest entry, which must not be nvcc's.
+KERNEL = (
+    '#include "core/a.h"\n\n'
+    "__global__ void Kernel(int* out) { *out = 1; }\n\n"
+    "int Launch(int* out) {\n  Kernel<<<1, 1>>>(out);\n  return A();\n}\n"
+)
 
 FILES = {
     "core/b.h": "#pragma once\n\ninline int B() { return 2; }\n",
@@ -54,7 +68,7 @@ class LintTidyCacheTest(unittest.TestCase):
         self.write_commands()
         self.cache = os.path.join(d, ".ci", "tidy-clean.txt")
 
-    def write_commands(self, flags="-O2", unity=False):
+    def write_commands(self, flags="-O2", unity=False, cuda=False):
         d = self.dir
         build = os.path.join(d, "build")
         os.makedirs(build, exist_ok=True)
@@ -75,6 +89,19 @@ class LintTidyCacheTest(unittest.TestCase):
             }
             for src in sources
         ]
+        if cuda:  # as CMake writes nvcc's command
+            src = f"{d}/gpu/k.cu"
+            toolkit = os.path.dirname(os.path.dirname(NVCC))
+            commands.append(
+                {
+                    "directory": build,
+                    "command": f"{NVCC} -forward-unknown-to-host-compiler -I{d} "
+                    f"-isystem={toolkit}/include {flags} "
+                    "--generate-code=arch=compute_90a,code=[compute_90a,sm_90a] "
+                    f"-std=c++17 -x cu -c {src} -o {src}.o",
+                    "file": src,
+                }
+            )
         with open(os.path.join(build, "compile_commands.json"), "w") as f:
             json.dump(commands, f)
 
@@ -195,6 +222,38 @@ class LintTidyCacheTest(unittest.TestCase):
         self.assertEqual((tidied, total), (1, 4))
         self.assertIn("modernize-use-nullptr", out)
         self.assertIn("other.cc", out)
+
+    @unittest.skipUnless(CUDA, "needs nvcc, clang-tidy-19 and clang++-19")
+    def test_a_cu_file_is_tidied_with_clang_tidy_19(self):
+        self.write("gpu/k.cu", KERNEL)
+        self.git("add", ".")
+        self.write_commands(cuda=True)
+        tidied, total, out = self.lint("--update-tidy-cache")
+        self.assertEqual((tidied, total), (5, 5), out)
+        self.assertIn("1 of 1 .cu files, with clang-tidy-19", out)
+        self.assertEqual(len(self.keys()), 5)
+        self.assertEqual(self.lint()[:2], (0, 5))
+        # b.h, which k.cu reaches through a.h: main.cc, b.h and k.cu are tidied.
+        self.write("core/b.h", FILES["core/b.h"].replace("return 2", "return 4"))
+        tidied, _, out = self.lint("--update-tidy-cache")
+        self.assertEqual(tidied, 3, out)
+        self.assertIn("1 of 1 .cu files", out)
+        # A clone elsewhere: the .cu key names no absolute path either.
+        clone = self.dir + "-clone"
+        shutil.copytree(self.dir, clone, symlinks=True)
+        try:
+            self.dir, original = clone, self.dir
+            self.write_commands(cuda=True)
+            self.assertEqual(self.lint()[:2], (0, 5))
+        finally:
+            self.dir = original
+            shutil.rmtree(clone, ignore_errors=True)
+        # modernize-use-nullptr in the kernel's file fails the run.
+        self.write("gpu/k.cu", KERNEL + "\nint* Null() { return 0; }\n")
+        tidied, _, out = self.lint(expect=1)
+        self.assertEqual(tidied, 1, out)
+        self.assertIn("modernize-use-nullptr", out)
+        self.assertIn("k.cu", out)
 
     def test_bad_argument_exits_2(self):
         r = subprocess.run(
