@@ -277,9 +277,13 @@ class Database:
         and no -Werror: scripts/lint.sh runs clang-tidy with -Wno-error, so a build with
         or without MOE_EP_WERROR tidies alike and shares its keys. Any debug-info level
         (-g, -g1, ...) reads as -g: it changes no line of the AST, so builds with line
-        tables only (the default) and with full debug info share keys."""
+        tables only (the default) and with full debug info share keys. Any optimisation
+        level reads as -O2: it changes only the __OPTIMIZE__ / __NO_INLINE__ macros, which
+        the project's sources never read, so the test sources (tests/CMakeLists.txt
+        MOE_EP_TEST_OPT, -O0) share keys with an -O2 build of them."""
         text = re.sub(r" -Werror(?=\s|$)", "", text)
         text = re.sub(r" -g[0-3]?(?=\s|$)", " -g", text)
+        text = re.sub(r" -O[0-3sg]?(?=\s|$)", " -O2", text)
         if self.cuda:
             text = text.replace(self.cuda[1], "<cuda-shim>")
         return text.replace(self.build, "<build>").replace(self.root, "<src>")

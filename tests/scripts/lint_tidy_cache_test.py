@@ -10,7 +10,8 @@ clang-tidy-14) on it:
   - a warm run tidies nothing;
   - editing b.h, which main.cc includes only through a.h, re-tidies main.cc
     and b.h alone, and again on every run until the cache is updated;
-  - editing .clang-tidy re-tidies everything;
+  - editing .clang-tidy re-tidies everything, and so does a compile flag,
+    but not an optimisation or debug-info level (-O0 reads as -O2, -g1 as -g);
   - a file with a finding fails the run and is never recorded;
   - a file whose includes cannot be resolved has no key and is tidied;
   - MOE_EP_TIDY_CACHE=0 tidies every file;
@@ -170,6 +171,18 @@ class LintTidyCacheTest(unittest.TestCase):
         self.lint("--update-tidy-cache")
         self.write_commands("-O2 -DEXTRA=1")
         self.assertEqual(self.lint()[:2], (4, 4))
+        # ... but not the optimisation or debug-info level (the test sources
+        # build at -O0, the libraries at -O2: one key for both).
+        self.write_commands("-O0")
+        self.assertEqual(self.lint()[:2], (0, 4))
+        self.write_commands("-Og")
+        self.assertEqual(self.lint()[:2], (0, 4))
+        self.lint("--update-tidy-cache")
+        self.write_commands("-O2 -g")
+        self.assertEqual(self.lint()[:2], (4, 4))  # debug info added: a new flag
+        self.lint("--update-tidy-cache")
+        self.write_commands("-O0 -g1")
+        self.assertEqual(self.lint()[:2], (0, 4))
         self.write_commands()
 
         # MOE_EP_TIDY_CACHE=0 tidies every file even with a fresh cache.
