@@ -60,6 +60,14 @@ struct Fp8GemmParams {
   // Rows of a tile: 0 picks from the average rows per expert (256 from 192
   // max_rows / L up, else 128); 128 or 256 forces one (tests, benches).
   int tile_rows = 0;
+  // 128-row tiles only: 2 runs pairs of adjacent n-tiles in 2-CTA clusters
+  // whose CTAs each load half of the shared A boxes and multicast them to
+  // both (half the L2 reads of A); 1 one CTA per tile; 0 picks (1: pairs
+  // measured slower). Same products, same order: the same bits either way.
+  int cluster = 0;
+  // k-blocks (128 K) by which the producer prefetches each tile's A and B
+  // boxes into L2 ahead of its shared-memory loads; -1 the default.
+  int l2_prefetch = -1;
 };
 
 // LaunchFp8GroupedSwiGlu()
