@@ -21,10 +21,12 @@ namespace {
 // warpgroup cw owns sub-tiles cw, cw + 2, ...) times 128 B rows; one ring
 // stage is one 128-wide K block (one scale block of both operands, one
 // 128-byte swizzle row of e4m3 codes): 2 kSubs A boxes and 2 B boxes of
-// 64 rows x 128 codes. kSubs 1 (128 rows, 6 stages of 32 KB) for few rows
-// per expert (decode: the weights stream), kSubs 2 (256 rows, 48 KB stages:
-// 4, or 3 for the fused kernel, which parks pass 0's SwiGLU values in 64 KB
-// of shared memory) for many: half the L2 traffic of B per FLOP.
+// 64 rows x 128 codes. kSubs 1 (128 rows, 6 stages of 32 KB, 5 for the
+// fused kernel, which parks pass 0's SwiGLU values in 32 KB of shared
+// memory; k-blocks in wgmma ping-pong pairs) for few rows per expert
+// (decode: the weights stream), kSubs 2 (256 rows, 48 KB stages: 4, or 3
+// for the fused kernel, 64 KB parked) for many: half the L2 traffic of B
+// per FLOP.
 constexpr int kWgRows = 64;                // rows of one m64 sub-tile (one A box)
 constexpr int kBK = 128;                   // K per stage (codes = bytes)
 constexpr int kBoxRows = 64;               // rows of one TMA box (A and B)
@@ -283,19 +285,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int32_t r0 =
             kFused ? tile.expert * 2 * n + tile.n0 + kBoxRows * p : tile.expert * n + tile.n0;
         const int32_t r1 = kFused ? r0 + n : r0 + kBoxRows;
-        // L2 prefetch of k-block kp's boxes (this CTA's share of A, both of
-        // B), `prefetch` k-blocks ahead of the loads: the weights stream from
-        // device memory, and the ring alone holds too few bytes in flight
-        // to cover that latency.
+        // Optional L2 prefetch of k-block kp's B boxes (the weights, from
+        // device memory), `prefetch` k-blocks ahead of the loads; off by
+        // default: it measured slower (kDefaultL2Prefetch).
         auto prefetch_block = [&](int kp) {
-          const int32_t kc = kp * kBK;
-          for (int j = 0; j < boxes; ++j) {
-            if (kCluster == 1 || j % kCluster == static_cast<int>(rank)) {
-              TmaPrefetchL2(&map_a, kc, tile.m_start + j * kBoxRows);
-            }
-          }
-          TmaPrefetchL2(&map_b, kc, r0);
-          TmaPrefetchL2(&map_b, kc, r1);
+          TmaPrefetchL2(&map_b, kp * kBK, r0);
+          TmaPrefetchL2(&map_b, kp * kBK, r1);
         };
         for (int kp = 0; kp < min(prefetch, k_blocks); ++kp) prefetch_block(kp);
         for (int kb = 0; kb < k_blocks; ++kb, ++it) {
@@ -655,10 +650,14 @@ absl::Status Check(const Fp8GemmParams& p, const void* out, const char* who) {
 // Average rows per expert (max_rows / L) from which the 256-row tiles run
 // (as kernels/hopper_grouped_gemm.cu's tall tiles).
 constexpr int64_t kTallRowsPerExpert = 192;
-// Fp8GemmParams::cluster 0 (auto) runs 128-row tiles in 2-CTA clusters.
+// Whether Fp8GemmParams::cluster 0 (auto) runs 128-row tiles in 2-CTA
+// clusters: no, they measured level at 128 tokens and slower at 4096
+// (bench/results/fp8-speed call 2).
 constexpr bool kClusterByDefault = false;
-// Fp8GemmParams::l2_prefetch -1: k-blocks of L2 prefetch ahead of the loads.
-constexpr int kDefaultL2Prefetch = 8;
+// Fp8GemmParams::l2_prefetch -1: no L2 prefetch. Measured on an H100
+// (bench/results/fp8-speed call 2): 8 k-blocks ahead made the GEMMs 16-22%
+// slower at 128 tokens and 3-18% at 4096, 16 ahead worse still.
+constexpr int kDefaultL2Prefetch = 0;
 
 template <bool kFused, int kSubs, int kCluster>
 absl::Status LaunchShape(const Fp8GemmParams& p, const CUtensorMap& map_a, const CUtensorMap& map_b,
