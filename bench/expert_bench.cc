@@ -97,6 +97,12 @@ int Main(int argc, char** argv) {
   app.add_option("--fp8-peak-tflops", fp8_peak_tflops, "dense fp8 rate the fp8 path is a share of");
   int fp8_tile_rows = 0;
   app.add_option("--fp8-tile-rows", fp8_tile_rows, "the fp8 step's tile height: 0 auto, 128, 256");
+  int fp8_prefetch = -1;
+  app.add_option("--fp8-prefetch", fp8_prefetch,
+                 "k-blocks of L2 prefetch ahead in the fp8 GEMMs (-1 the default)");
+  int fp8_cluster = 0;
+  app.add_option("--fp8-cluster", fp8_cluster,
+                 "128-row fp8 tiles in 2-CTA clusters sharing A: 0 auto, 1 off, 2 on");
   bool fp8_tile_compare = false;
   app.add_flag("--fp8-tile-compare", fp8_tile_compare,
                "also time each fp8 GEMM alone with 128- and 256-row tiles");
@@ -144,6 +150,8 @@ int Main(int argc, char** argv) {
     CUDA_CHECK(cudaStreamSynchronize(stream));
   }
   (*ec)->SetFp8TileRowsForTest(fp8_tile_rows);
+  (*ec)->SetFp8ClusterForTest(fp8_cluster);
+  (*ec)->SetFp8L2PrefetchForTest(fp8_prefetch);
   const int64_t row_bytes = 2 * hidden + 8 * top_k;
   uint8_t* recv = nullptr;
   uint16_t* out = nullptr;
@@ -157,7 +165,8 @@ int Main(int argc, char** argv) {
         "fp8_down_gemm_p50_us,bf16_hopper_graph_p50_us,step_tflops,step_pct_fp8_peak,"
         "gemms_tflops,gemms_pct_fp8_peak,gate_up_tflops,down_tflops,fp8_weight_bound_us,"
         "step_vs_weight_bound,fp8_weight_tbps,copy_tbps,fp8_vs_bf16_max_rel,fp8_nonfinite,"
-        "gate_up_128_rows_us,gate_up_256_rows_us,down_128_rows_us,down_256_rows_us\n");
+        "gate_up_128_rows_us,gate_up_256_rows_us,down_128_rows_us,down_256_rows_us,gate_up_128_"
+        "cluster2_us,down_128_cluster2_us\n");
   } else {
     std::printf(
         "tokens,rows,experts_hit,H,I,topk,hopper_kernel,hopper_graph_p50_us,wmma_graph_p50_us,"
@@ -250,6 +259,7 @@ int Main(int argc, char** argv) {
       gu.num_local_experts = num_experts;
       gu.n = inter;
       gu.k = hidden;
+      gu.l2_prefetch = fp8_prefetch;
       Fp8GemmParams dn = gu;
       dn.a = act_codes;
       dn.a_scale = act_sc;
@@ -260,9 +270,12 @@ int Main(int argc, char** argv) {
       // The gate/up graph runs first and leaves act codes and scales for down.
       // Each GEMM with the step's tile choice, then (--fp8-tile-compare) with
       // each height.
-      double gu_tile_us[3] = {0, 0, 0}, dn_tile_us[3] = {0, 0, 0};
-      for (int v = 0; v < (fp8_tile_compare ? 3 : 1); ++v) {
-        gu.tile_rows = dn.tile_rows = v == 0 ? fp8_tile_rows : 128 * v;
+      // v: 0 the step's choice, 1 128 rows one CTA a tile, 2 256 rows, 3 128
+      // rows in 2-CTA clusters.
+      double gu_tile_us[4] = {0, 0, 0, 0}, dn_tile_us[4] = {0, 0, 0, 0};
+      for (int v = 0; v < (fp8_tile_compare ? 4 : 1); ++v) {
+        gu.tile_rows = dn.tile_rows = v == 0 ? fp8_tile_rows : (v == 2 ? 256 : 128);
+        gu.cluster = dn.cluster = v == 0 ? fp8_cluster : (v == 3 ? 2 : 1);
         gu_tile_us[v] = graph_of(
             [&] { BENCH_CHECK(LaunchFp8GroupedSwiGlu(gu, act_codes, act_sc, rows, stream)); });
         dn_tile_us[v] = graph_of([&] { BENCH_CHECK(LaunchFp8GroupedGemm(dn, y, stream)); });
@@ -283,7 +296,7 @@ int Main(int argc, char** argv) {
       const double bound8_us = wbytes8 / (bound_tbps * 1e12) * 1e6;
       std::printf(
           "%lld,%lld,%zu,%lld,%lld,%d,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%.3f,"
-          "%.3f,%.3f,%.3e,%lld,%.1f,%.1f,%.1f,%.1f\n",
+          "%.3f,%.3f,%.3e,%lld,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f\n",
           static_cast<long long>(tokens), static_cast<long long>(rows), hit.size(),
           static_cast<long long>(hidden), static_cast<long long>(inter), top_k, step_us, gu_us,
           dn_us, bf16_us, step_tflops, 100 * step_tflops / fp8_peak_tflops, gemm_tflops,
@@ -291,7 +304,7 @@ int Main(int argc, char** argv) {
           rows * 2.0 * hidden * inter / (dn_us * 1e-6) / 1e12, bound8_us, step_us / bound8_us,
           wbytes8 / (step_us * 1e-6) / 1e12, copy_tbps, MaxRel(fp8_out, bf16_out),
           static_cast<long long>(NonFinite(fp8_out)), gu_tile_us[1], gu_tile_us[2], dn_tile_us[1],
-          dn_tile_us[2]);
+          dn_tile_us[2], gu_tile_us[3], dn_tile_us[3]);
       std::fflush(stdout);
       continue;
     }

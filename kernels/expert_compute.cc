@@ -394,6 +394,8 @@ absl::Status ExpertCompute::RunFp8(const uint8_t* recv, int64_t num_rows,
   gate_up.n = inter;
   gate_up.k = hidden_;
   gate_up.tile_rows = fp8_tile_rows_;
+  gate_up.cluster = fp8_cluster_;
+  gate_up.l2_prefetch = fp8_l2_prefetch_;
   RETURN_IF_ERROR(LaunchFp8GroupedSwiGlu(gate_up, act_codes, act_scales, max_entries, stream));
   Fp8GemmParams down = gate_up;
   down.a = act_codes;

@@ -146,6 +146,10 @@ class ExpertCompute {
   // RunFp8's tile height (Fp8GemmParams::tile_rows: 0 picks from the rows
   // per expert, 128 or 256 forces one), for benches and tests.
   void SetFp8TileRowsForTest(int rows) { fp8_tile_rows_ = rows; }
+  // Fp8GemmParams::cluster of both fp8 GEMMs (0 auto; benches compare).
+  void SetFp8ClusterForTest(int cluster) { fp8_cluster_ = cluster; }
+  // Fp8GemmParams::l2_prefetch of both fp8 GEMMs (-1 default; benches sweep).
+  void SetFp8L2PrefetchForTest(int blocks) { fp8_l2_prefetch_ = blocks; }
 
   // Device bytes of scratch in use: the slab (owned or borrowed), plus the
   // cuBLAS workspace once kCublasHostCounts was chosen.
@@ -179,6 +183,8 @@ class ExpertCompute {
   ExpertGemm gemm_ = ExpertGemm::kGroupedDevice;
   bool hopper_available_ = false;  // HopperGroupedGemmAvailable() at Create
   int fp8_tile_rows_ = 0;          // SetFp8TileRowsForTest
+  int fp8_cluster_ = 0;            // SetFp8ClusterForTest
+  int fp8_l2_prefetch_ = -1;       // SetFp8L2PrefetchForTest
   ExpertEntryBuffers entries_;
   int32_t* tile_offsets_ = nullptr;  // device [max_local_experts + 1]
   uint16_t* x_ = nullptr;

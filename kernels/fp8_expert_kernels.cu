@@ -56,6 +56,66 @@ __global__ void GatherQuantizeRowsKernel(const uint8_t* __restrict__ recv, int64
   }
 }
 
+// Token-major form of the above (no input scaling): block-stride over
+// received rows r < rows; each 128-value block of the row is quantized once
+// (warp w: blocks w, w + 8, ..., four loads in flight per lane) and its codes
+// and scale are written to every local sorted position of the row
+// (position[r * K + k] >= 0). The codes are those of GatherQuantizeRowsKernel
+// (the same rule on the same values); each row is read once instead of once
+// per local entry (at 4096 tokens x top-8: 59 MB read instead of 470 MB).
+constexpr int kScatterUnroll = 4;
+__global__ void QuantizeScatterRowsKernel(const uint8_t* __restrict__ recv, int64_t row_bytes,
+                                          int64_t hidden, int top_k, int64_t rows,
+                                          const int32_t* __restrict__ position,
+                                          uint8_t* __restrict__ x, float* __restrict__ x_scale,
+                                          int64_t x_scale_stride) {
+  __shared__ int32_t pos[kMaxTopK];
+  __shared__ int any_local;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t blocks = hidden / core::fp8::kBlockSize;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    if (threadIdx.x == 0) any_local = 0;
+    __syncthreads();
+    if (threadIdx.x < top_k) {
+      pos[threadIdx.x] = position[r * top_k + threadIdx.x];
+      if (pos[threadIdx.x] >= 0) any_local = 1;
+    }
+    __syncthreads();
+    if (any_local) {
+      const uint8_t* src = recv + r * row_bytes;
+      for (int64_t b0 = warp; b0 < blocks; b0 += kScatterUnroll * (kThreads / 32)) {
+        uint2 raw[kScatterUnroll];
+#pragma unroll
+        for (int u = 0; u < kScatterUnroll; ++u) {
+          const int64_t b = b0 + u * (kThreads / 32);
+          if (b < blocks) {
+            raw[u] = reinterpret_cast<const uint2*>(src + b * 2 * core::fp8::kBlockSize)[lane];
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kScatterUnroll; ++u) {
+          const int64_t b = b0 + u * (kThreads / 32);
+          if (b >= blocks) break;  // warp-uniform
+          const uint16_t v[4] = {
+              static_cast<uint16_t>(raw[u].x), static_cast<uint16_t>(raw[u].x >> 16),
+              static_cast<uint16_t>(raw[u].y), static_cast<uint16_t>(raw[u].y >> 16)};
+          float scale = 0.0f;
+          const uint32_t codes = internal::QuantizeWarpBlock(v, &scale);
+          for (int k = 0; k < top_k; ++k) {
+            const int32_t p = pos[k];
+            if (p < 0) continue;
+            reinterpret_cast<uint32_t*>(x + int64_t{p} * hidden + b * core::fp8::kBlockSize)[lane] =
+                codes;
+            if (lane == 0) x_scale[b * x_scale_stride + p] = scale;
+          }
+        }
+      }
+    }
+    __syncthreads();  // pos / any_local are rewritten for the next row
+  }
+}
+
 __device__ __forceinline__ float Bf16Lo(uint32_t v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float Bf16Hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
 
@@ -172,6 +232,12 @@ absl::Status LaunchGatherQuantizeExpertRows(const uint8_t* recv, int64_t max_ent
   }
   if (reinterpret_cast<uintptr_t>(x) % 4 != 0) {
     return absl::InvalidArgumentError("LaunchGatherQuantizeExpertRows: x must be 4-byte aligned");
+  }
+  if (!scale_input && b.position != nullptr && max_entries % top_k == 0) {
+    QuantizeScatterRowsKernel<<<GridFor(max_entries / top_k, 1), kThreads, 0, stream>>>(
+        recv, 2 * hidden + 8 * top_k, hidden, top_k, max_entries / top_k, b.position, x, x_scale,
+        x_scale_stride);
+    return internal::LaunchStatus("QuantizeScatterRowsKernel");
   }
   GatherQuantizeRowsKernel<<<GridFor(max_entries, 1), kThreads, 0, stream>>>(
       recv, 2 * hidden + 8 * top_k, hidden, top_k, scale_input, b.sorted_values,

@@ -28,7 +28,10 @@ namespace moe_ep::kernels {
 // With `scale_input` (Llama-4, issue 35 item 5) the row quantized is
 // bf16(w * hidden), w the entry's router weight: the expert computes e(w * x).
 // Grid: one block of 256 threads per position (grid-stride), one warp per
-// 128-value block. Rows i >= offsets[L] are not written.
+// 128-value block; or, with buffers.position set, no `scale_input` and
+// max_entries = rows * K, one block per received row that quantizes it once
+// and writes the codes to each of its local positions (same bits; the row
+// is read once, not K times). Rows i >= offsets[L] are not written.
 // Errors (nothing enqueued): kInvalidArgument (null pointers, H not a
 // positive multiple of 128, K out of range, x_scale_stride < max_entries,
 // x not 4-byte aligned), kInternal (launch). Never allocates or

@@ -21,10 +21,12 @@ namespace {
 // warpgroup cw owns sub-tiles cw, cw + 2, ...) times 128 B rows; one ring
 // stage is one 128-wide K block (one scale block of both operands, one
 // 128-byte swizzle row of e4m3 codes): 2 kSubs A boxes and 2 B boxes of
-// 64 rows x 128 codes. kSubs 1 (128 rows, 6 stages of 32 KB) for few rows
-// per expert (decode: the weights stream), kSubs 2 (256 rows, 48 KB stages:
-// 4, or 3 for the fused kernel, which parks pass 0's SwiGLU values in 64 KB
-// of shared memory) for many: half the L2 traffic of B per FLOP.
+// 64 rows x 128 codes. kSubs 1 (128 rows, 6 stages of 32 KB, 5 for the
+// fused kernel, which parks pass 0's SwiGLU values in 32 KB of shared
+// memory; k-blocks in wgmma ping-pong pairs) for few rows per expert
+// (decode: the weights stream), kSubs 2 (256 rows, 48 KB stages: 4, or 3
+// for the fused kernel, 64 KB parked) for many: half the L2 traffic of B
+// per FLOP.
 constexpr int kWgRows = 64;                // rows of one m64 sub-tile (one A box)
 constexpr int kBK = 128;                   // K per stage (codes = bytes)
 constexpr int kBoxRows = 64;               // rows of one TMA box (A and B)
@@ -45,11 +47,14 @@ struct Shape {
   static constexpr int kBM = 128 * kSubs;                        // most rows of a tile
   static constexpr int kABoxes = 2 * kSubs;                      // A boxes of a stage
   static constexpr int kStageBytes = (kABoxes + 2) * kBoxBytes;  // A boxes, then B0 | B1
-  static constexpr int kStages = kSubs == 1 ? 6 : (kFused ? 3 : 4);
+  // Fused, kSubs 1: 5, so that pass 0's values (32 KB) and the offsets of
+  // kHopperGemmMaxExperts experts fit beside the ring.
+  static constexpr int kStages = kSubs == 1 ? (kFused ? 5 : 6) : (kFused ? 3 : 4);
   static constexpr int kRingBytes = kStages * kStageBytes;
   static constexpr int kBarrierBytes = 2 * kStages * 8;
-  // Fused, kSubs 2: pass 0's values, [warpgroup][value 0..63][thread].
-  static constexpr int kHeldBytes = (kFused && kSubs == 2) ? 2 * 64 * 128 * 4 : 0;
+  // Fused: pass 0's values, [warpgroup][value 0 .. 32 kSubs - 1][thread]
+  // (kSubs 1 too: its registers hold the two ping-pong partial sums).
+  static constexpr int kHeldBytes = kFused ? 2 * 32 * kSubs * 128 * 4 : 0;
   // Dynamic shared memory: 1024 (alignment slack) + ring + held values +
   // barriers + the offsets and the m-tile prefix, (L+1) int32 each.
   static int SmemBytes(int num_local_experts) {
@@ -129,6 +134,49 @@ __device__ __forceinline__ void MbarWaitBounded(uint32_t bar, uint32_t parity) {
   }
 }
 
+// 2-CTA clusters (multicast of A): this CTA's rank, a cluster-wide barrier,
+// an arrival on the peer CTA's copy of a local mbarrier, and a TMA load
+// written to the same offset of every CTA in `mask` (completing there on
+// the same barrier offset).
+__device__ __forceinline__ uint32_t ClusterCtaRank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+__device__ __forceinline__ void ClusterSync() {
+  asm volatile(
+      "barrier.cluster.arrive.release.aligned;\n"
+      "barrier.cluster.wait.acquire.aligned;\n" ::
+          : "memory");
+}
+
+__device__ __forceinline__ void MbarArrivePeer(uint32_t bar, uint32_t peer) {
+  asm volatile(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      "r"(peer)
+      : "memory");
+}
+
+__device__ __forceinline__ void TmaLoad2dMulticast(uint32_t dst, const CUtensorMap* map, int32_t c0,
+                                                   int32_t c1, uint32_t bar, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+      : "memory");
+}
+
+// Brings a box of the tensor into L2 (no shared memory, no barrier).
+__device__ __forceinline__ void TmaPrefetchL2(const CUtensorMap* map, int32_t c0, int32_t c1) {
+  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(c0), "r"(c1)
+               : "memory");
+}
+
 __device__ __forceinline__ uint16_t Bf16Bits(float v) {
   const __nv_bfloat16 b = __float2bfloat16_rn(v);
   return *reinterpret_cast<const uint16_t*>(&b);
@@ -150,15 +198,15 @@ __device__ __forceinline__ uint16_t Bf16Bits(float v) {
 // `empty[s]` (kEmptyArrivals per phase) once its own wait for the wgmma
 // reading stage s has returned, or, with no rows in the tile, once it has
 // seen the stage land.
-template <bool kFused, int kSubs>
+template <bool kFused, int kSubs, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     Fp8GroupedGemmKernel(const __grid_constant__ CUtensorMap map_a,
                          const __grid_constant__ CUtensorMap map_b,
                          const float* __restrict__ a_scale, int64_t a_stride,
                          const float* __restrict__ b_scale, const int32_t* __restrict__ offsets,
-                         int num_local_experts, int n, int k, uint8_t* __restrict__ act,
-                         float* __restrict__ act_scale, int64_t act_stride,
-                         uint16_t* __restrict__ y) {
+                         int num_local_experts, int n, int k, int prefetch,
+                         uint8_t* __restrict__ act, float* __restrict__ act_scale,
+                         int64_t act_stride, uint16_t* __restrict__ y) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace internal;
   using S = Shape<kFused, kSubs>;
@@ -177,11 +225,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       MbarInit(SmemAddr(&full[s]), 1);
-      MbarInit(SmemAddr(&empty[s]), kEmptyArrivals);  // lane 0 of each consumer warp
+      // Lane 0 of each consumer warp, of both CTAs of a cluster.
+      MbarInit(SmemAddr(&empty[s]), kEmptyArrivals * kCluster);
     }
     FenceBarrierInit();
   }
-  __syncthreads();
+  if constexpr (kCluster > 1) {
+    ClusterSync();  // the peer's barriers exist before its first multicast or arrival
+  } else {
+    __syncthreads();
+  }
   if (tid < 32) {  // m-tile prefix: each lane a run of experts, then a warp scan
     const int per = (num_l + 31) / 32;
     const int lo = min(num_l, tid * per);
@@ -204,16 +257,27 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   constexpr int kPasses = kFused ? 2 : 1;
   const int n_tiles = n / kBN;
-  const int num_tiles = s_mt[num_l] * n_tiles;
+  // Work units: tiles, or with kCluster 2 pairs of tiles of adjacent n-tiles
+  // (same expert, same rows: the cluster's CTAs share A, each loads half of
+  // its boxes and multicasts them to both).
+  const int num_units = s_mt[num_l] * (n_tiles / kCluster);
   const int k_blocks = k / kBK;
   const int wg = tid / 128;
+  const uint32_t rank = kCluster > 1 ? ClusterCtaRank() : 0;
+  const int unit0 = blockIdx.x / kCluster;
+  const int unit_stride = gridDim.x / kCluster;
+  auto decode = [&](int u) {
+    Tile tile = DecodeTile(u, s_off, s_mt, num_l, n_tiles / kCluster);
+    tile.n0 = (tile.n0 / kBN * kCluster + static_cast<int>(rank)) * kBN;
+    return tile;
+  };
 
   if (wg == 0) {
     SetMaxRegsDec<40>();
     if (tid != 0) return;
     int it = 0;
-    for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-      const Tile tile = DecodeTile(t, s_off, s_mt, num_l, n_tiles);
+    for (int u = unit0; u < num_units; u += unit_stride) {
+      const Tile tile = decode(u);
       const int boxes = (tile.m_end - tile.m_start + kBoxRows - 1) / kBoxRows;  // <= kABoxes
       const uint32_t bytes = (boxes + 2) * kBoxBytes;
       for (int p = 0; p < kPasses; ++p) {
@@ -221,7 +285,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int32_t r0 =
             kFused ? tile.expert * 2 * n + tile.n0 + kBoxRows * p : tile.expert * n + tile.n0;
         const int32_t r1 = kFused ? r0 + n : r0 + kBoxRows;
+        // Optional L2 prefetch of k-block kp's B boxes (the weights, from
+        // device memory), `prefetch` k-blocks ahead of the loads; off by
+        // default: it measured slower (kDefaultL2Prefetch).
+        auto prefetch_block = [&](int kp) {
+          TmaPrefetchL2(&map_b, kp * kBK, r0);
+          TmaPrefetchL2(&map_b, kp * kBK, r1);
+        };
+        for (int kp = 0; kp < min(prefetch, k_blocks); ++kp) prefetch_block(kp);
         for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+          if (prefetch > 0 && kb + prefetch < k_blocks) prefetch_block(kb + prefetch);
           const int s = it % kStages;
           MbarWaitBounded(SmemAddr(&empty[s]), ((it / kStages) & 1) ^ 1);
           const uint32_t bar = SmemAddr(&full[s]);
@@ -229,11 +302,25 @@ __global__ void __launch_bounds__(kThreads, 1)
           uint8_t* st = ring + s * S::kStageBytes;
           const int32_t kc = kb * kBK;
           for (int j = 0; j < boxes; ++j) {
-            TmaLoad2d(SmemAddr(st + j * kBoxBytes), &map_a, kc, tile.m_start + j * kBoxRows, bar);
+            if constexpr (kCluster > 1) {
+              if (j % kCluster == static_cast<int>(rank)) {
+                TmaLoad2dMulticast(SmemAddr(st + j * kBoxBytes), &map_a, kc,
+                                   tile.m_start + j * kBoxRows, bar, (1u << kCluster) - 1);
+              }
+            } else {
+              TmaLoad2d(SmemAddr(st + j * kBoxBytes), &map_a, kc, tile.m_start + j * kBoxRows, bar);
+            }
           }
           TmaLoad2d(SmemAddr(st + S::kABoxes * kBoxBytes), &map_b, kc, r0, bar);
           TmaLoad2d(SmemAddr(st + (S::kABoxes + 1) * kBoxBytes), &map_b, kc, r1, bar);
         }
+      }
+    }
+    if constexpr (kCluster > 1) {
+      // Stay until both CTAs' consumers have freed every stage: the peer's
+      // arrivals on this CTA's barriers must land before its memory goes.
+      for (int i = max(0, it - kStages); i < it; ++i) {
+        MbarWaitBounded(SmemAddr(&empty[i % kStages]), (i / kStages) & 1);
       }
     }
     return;
@@ -244,9 +331,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int lt = tid % 128;  // thread in the warpgroup
   const int warp_row = (lt / 32) * 16 + (lt % 32) / 4;  // accumulator row of d[0]
   const int lane_col = (lt % 4) * 2;                    // accumulator column of d[0]
+  // Frees ring stage s: this CTA's barrier, and the peer's (its producer
+  // multicasts into this CTA's stage s too).
+  auto release = [&](int s, bool pred) {
+    MbarArriveIf(SmemAddr(&empty[s]), pred);
+    if constexpr (kCluster > 1) {
+      if (pred) MbarArrivePeer(SmemAddr(&empty[s]), rank ^ 1);
+    }
+  };
   int it = 0;
-  for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-    const Tile tile = DecodeTile(t, s_off, s_mt, num_l, n_tiles);
+  for (int u = unit0; u < num_units; u += unit_stride) {
+    const Tile tile = decode(u);
     // This warpgroup's sub-tiles with rows of the tile: 0 .. kSubs.
     const int tile_subs = (tile.m_end - tile.m_start + kWgRows - 1) / kWgRows;
     const int subs = min(kSubs, (tile_subs - cw + 1) / 2);
@@ -254,7 +349,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kb = 0; kb < kPasses * k_blocks; ++kb, ++it) {
         const int s = it % kStages;
         MbarWaitBounded(SmemAddr(&full[s]), (it / kStages) & 1);
-        MbarArriveIf(SmemAddr(&empty[s]), lt % 32 == 0);
+        release(s, lt % 32 == 0);
       }
       continue;
     }
@@ -274,7 +369,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       w_lo = b_scale + (int64_t{tile.expert} * n_tiles + nb) * k_blocks;
       w_hi = w_lo;
     }
-    [[maybe_unused]] float held[kSubs == 1 ? 32 : 1];  // fused, kSubs 1: pass 0's values
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       float acc[kSubs][64];
@@ -283,42 +377,42 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int j = 0; j < 64; ++j) acc[i][j] = 0.0f;
       }
-      // Scales are loaded one k-block ahead of their use, so that their
-      // latency hides behind a whole k-block's wait, products and promotion.
-      float sa_next[kSubs][2];
-      float wl_next;
-      float wh_next;
-      auto load_scales = [&](int kb) {
+      // Promotion: acc += partial * (s_a * s_w), per element one FFMA.
+      auto promote = [&](float(&dst)[64], const float(&part)[64], float sa0, float sa1, float wl,
+                         float wh) {
+        const float c_al = sa0 * wl;
+        const float c_ah = sa0 * wh;
+        const float c_bl = sa1 * wl;
+        const float c_bh = sa1 * wh;
 #pragma unroll
-        for (int i = 0; i < kSubs; ++i) {
+        for (int c = 0; c < 16; ++c) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            sa_next[i][h] = row_ok(i, h) ? __ldg(a_scale + kb * a_stride + row_of(i, h)) : 0.0f;
+          for (int e = 0; e < 2; ++e) {
+            dst[4 * c + e] = fmaf(part[4 * c + e], c < 8 ? c_al : c_ah, dst[4 * c + e]);
+            dst[4 * c + 2 + e] = fmaf(part[4 * c + 2 + e], c < 8 ? c_bl : c_bh, dst[4 * c + 2 + e]);
           }
         }
-        wl_next = __ldg(w_lo + kb);
-        wh_next = __ldg(w_hi + kb);
       };
-      load_scales(0);
-      for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-        const int s = it % kStages;
-        float sa[kSubs][2];
+      if constexpr (kSubs == 1) {
+        // 128-row tiles, one m64 sub-tile per warpgroup: k-blocks in pairs,
+        // both groups of products queued on the tensor cores before the
+        // first is waited for, so that the first pair member's promotion
+        // overlaps the second's products. The partial sums are declared in
+        // the loop body: nothing of an unfinished group is live across an
+        // iteration or a branch (else ptxas copies and serializes them).
+        // A k-block's scales are loaded when its products are issued.
+        auto issue = [&](float(&part)[64], float(&sc)[4], int kb, int itx) {
 #pragma unroll
-        for (int i = 0; i < kSubs; ++i) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) sa[i][h] = sa_next[i][h];
-        }
-        const float wl = wl_next;
-        const float wh = wh_next;
-        if (kb + 1 < k_blocks) load_scales(kb + 1);
-        MbarWaitBounded(SmemAddr(&full[s]), (it / kStages) & 1);
-        const uint8_t* st = ring + s * S::kStageBytes;
-        const uint32_t b_addr = SmemAddr(st + S::kABoxes * kBoxBytes);
-#pragma unroll
-        for (int i = 0; i < kSubs; ++i) {
-          if (i >= subs) break;  // warpgroup-uniform
-          const uint32_t a_addr = SmemAddr(st + (cw + 2 * i) * kBoxBytes);
-          float part[64];
+          for (int h = 0; h < 2; ++h) {
+            sc[h] = row_ok(0, h) ? __ldg(a_scale + kb * a_stride + row_of(0, h)) : 0.0f;
+          }
+          sc[2] = __ldg(w_lo + kb);
+          sc[3] = __ldg(w_hi + kb);
+          const int s = itx % kStages;
+          MbarWaitBounded(SmemAddr(&full[s]), (itx / kStages) & 1);
+          const uint8_t* st = ring + s * S::kStageBytes;
+          const uint32_t a_addr = SmemAddr(st + cw * kBoxBytes);
+          const uint32_t b_addr = SmemAddr(st + S::kABoxes * kBoxBytes);
           WgmmaFence();
 #pragma unroll
           for (int kk = 0; kk < kBK / 32; ++kk) {
@@ -326,23 +420,83 @@ __global__ void __launch_bounds__(kThreads, 1)
                           SwizzledKMajorDesc(b_addr + kk * 32), kk > 0 ? 1 : 0);
           }
           WgmmaCommit();
+        };
+        // After the wait for ring iteration itx's group: free its stage (each
+        // consumer warp has seen the products complete) and promote.
+        auto finish = [&](const float(&part)[64], const float(&sc)[4], int itx) {
+          release(itx % kStages, lt % 32 == 0);
+          promote(acc[0], part, sc[0], sc[1], sc[2], sc[3]);
+        };
+        int kb = 0;
+        for (; kb + 2 <= k_blocks; kb += 2, it += 2) {
+          float part_a[64];
+          float part_b[64];
+          float sc_a[4];  // s_a of rows h = 0, 1; s_w of columns [0, 64), [64, 128)
+          float sc_b[4];
+          issue(part_a, sc_a, kb, it);
+          issue(part_b, sc_b, kb + 1, it + 1);
+          WgmmaWait<1>();
+          finish(part_a, sc_a, it);
           WgmmaWait<0>();
-          // The stage is free once every consumer warp has seen its last
-          // sub-tile's products complete.
-          MbarArriveIf(SmemAddr(&empty[s]), lt % 32 == 0 && i + 1 == subs);
-          // Promotion: acc += partial * (s_a * s_w), per element one FFMA.
-          const float c_al = sa[i][0] * wl;
-          const float c_ah = sa[i][0] * wh;
-          const float c_bl = sa[i][1] * wl;
-          const float c_bh = sa[i][1] * wh;
+          finish(part_b, sc_b, it + 1);
+        }
+        if (kb < k_blocks) {  // odd k_blocks: the last one alone
+          float part_a[64];
+          float sc_a[4];
+          issue(part_a, sc_a, kb, it);
+          WgmmaWait<0>();
+          finish(part_a, sc_a, it);
+          ++it;
+        }
+      } else {
+        // Scales are loaded one k-block ahead of their use, so that their
+        // latency hides behind a whole k-block's wait, products and promotion.
+        float sa_next[kSubs][2];
+        float wl_next;
+        float wh_next;
+        auto load_scales = [&](int kb) {
 #pragma unroll
-          for (int c = 0; c < 16; ++c) {
+          for (int i = 0; i < kSubs; ++i) {
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              acc[i][4 * c + e] = fmaf(part[4 * c + e], c < 8 ? c_al : c_ah, acc[i][4 * c + e]);
-              acc[i][4 * c + 2 + e] =
-                  fmaf(part[4 * c + 2 + e], c < 8 ? c_bl : c_bh, acc[i][4 * c + 2 + e]);
+            for (int h = 0; h < 2; ++h) {
+              sa_next[i][h] = row_ok(i, h) ? __ldg(a_scale + kb * a_stride + row_of(i, h)) : 0.0f;
             }
+          }
+          wl_next = __ldg(w_lo + kb);
+          wh_next = __ldg(w_hi + kb);
+        };
+        load_scales(0);
+        for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+          const int s = it % kStages;
+          float sa[kSubs][2];
+#pragma unroll
+          for (int i = 0; i < kSubs; ++i) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) sa[i][h] = sa_next[i][h];
+          }
+          const float wl = wl_next;
+          const float wh = wh_next;
+          if (kb + 1 < k_blocks) load_scales(kb + 1);
+          MbarWaitBounded(SmemAddr(&full[s]), (it / kStages) & 1);
+          const uint8_t* st = ring + s * S::kStageBytes;
+          const uint32_t b_addr = SmemAddr(st + S::kABoxes * kBoxBytes);
+#pragma unroll
+          for (int i = 0; i < kSubs; ++i) {
+            if (i >= subs) break;  // warpgroup-uniform
+            const uint32_t a_addr = SmemAddr(st + (cw + 2 * i) * kBoxBytes);
+            float part[64];
+            WgmmaFence();
+#pragma unroll
+            for (int kk = 0; kk < kBK / 32; ++kk) {
+              WgmmaE4m3x128(part, SwizzledKMajorDesc(a_addr + kk * 32),
+                            SwizzledKMajorDesc(b_addr + kk * 32), kk > 0 ? 1 : 0);
+            }
+            WgmmaCommit();
+            WgmmaWait<0>();
+            // The stage is free once every consumer warp has seen its last
+            // sub-tile's products complete.
+            release(s, lt % 32 == 0 && i + 1 == subs);
+            promote(acc[i], part, sa[i][0], sa[i][1], wl, wh);
           }
         }
       }
@@ -363,26 +517,18 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
           }
           // Pass 0's values, v = 4c + j (c < 8): registers or shared memory.
-          float* parked = held_smem + (cw * 64 + i * 32) * 128 + lt;
+          float* parked = held_smem + (cw * kSubs * 32 + i * 32) * 128 + lt;
           if (p == 0) {
 #pragma unroll
             for (int v = 0; v < 32; ++v) {
-              if constexpr (kSubs == 1) {
-                held[v] = acc[i][v];
-              } else {
-                parked[v * 128] = acc[i][v];
-              }
+              parked[v * 128] = acc[i][v];
             }
             continue;
           }
           float prev[32];
 #pragma unroll
           for (int v = 0; v < 32; ++v) {
-            if constexpr (kSubs == 1) {
-              prev[v] = held[v];
-            } else {
-              prev[v] = parked[v * 128];
-            }
+            prev[v] = parked[v * 128];
           }
           // The row's 128 columns: passes 0 and 1 of the 4 threads of its quad.
 #pragma unroll
@@ -473,6 +619,14 @@ absl::Status Check(const Fp8GemmParams& p, const void* out, const char* who) {
         absl::StrFormat("%s: n and k must be multiples of the %d-wide scale block, got n %d, k %d",
                         who, kFp8ScaleBlock, p.n, p.k));
   }
+  if (p.l2_prefetch < -1 || p.l2_prefetch > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: l2_prefetch expected -1 .. 64, got %d", who, p.l2_prefetch));
+  }
+  if (p.cluster < 0 || p.cluster > 2) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: cluster expected 0, 1 or 2, got %d", who, p.cluster));
+  }
   if (p.tile_rows != 0 && p.tile_rows != 128 && p.tile_rows != 256) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: tile_rows expected 0, 128 or 256, got %d", who, p.tile_rows));
@@ -496,25 +650,63 @@ absl::Status Check(const Fp8GemmParams& p, const void* out, const char* who) {
 // Average rows per expert (max_rows / L) from which the 256-row tiles run
 // (as kernels/hopper_grouped_gemm.cu's tall tiles).
 constexpr int64_t kTallRowsPerExpert = 192;
+// Whether Fp8GemmParams::cluster 0 (auto) runs 128-row tiles in 2-CTA
+// clusters: no, they measured level at 128 tokens and slower at 4096
+// (bench/results/fp8-speed call 2).
+constexpr bool kClusterByDefault = false;
+// Fp8GemmParams::l2_prefetch -1: no L2 prefetch. Measured on an H100
+// (bench/results/fp8-speed call 2): 8 k-blocks ahead made the GEMMs 16-22%
+// slower at 128 tokens and 3-18% at 4096, 16 ahead worse still.
+constexpr int kDefaultL2Prefetch = 0;
 
-template <bool kFused, int kSubs>
+template <bool kFused, int kSubs, int kCluster>
 absl::Status LaunchShape(const Fp8GemmParams& p, const CUtensorMap& map_a, const CUtensorMap& map_b,
                          int sms, uint8_t* act, float* act_scale, int64_t act_stride, uint16_t* y,
                          cudaStream_t stream, const char* name) {
   using S = Shape<kFused, kSubs>;
   const int smem = S::SmemBytes(p.num_local_experts);
-  auto* kernel = Fp8GroupedGemmKernel<kFused, kSubs>;
+  auto* kernel = Fp8GroupedGemmKernel<kFused, kSubs, kCluster>;
   RETURN_IF_ERROR(internal::CudaStatus(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
       absl::StrFormat("cudaFuncSetAttribute(%s, %d rows, %d bytes of shared memory)", name, S::kBM,
                       smem)));
-  const int64_t most_tiles =
-      ((p.max_rows + S::kBM - 1) / S::kBM + p.num_local_experts) * (p.n / kBN);
-  const int grid = static_cast<int>(std::min<int64_t>(sms, most_tiles));
-  kernel<<<grid, kThreads, smem, stream>>>(map_a, map_b, p.a_scale, p.a_scale_stride, p.b_scale,
-                                           p.offsets, p.num_local_experts, static_cast<int>(p.n),
-                                           static_cast<int>(p.k), act, act_scale, act_stride, y);
-  return internal::LaunchStatus(name);
+  const int prefetch = p.l2_prefetch >= 0 ? p.l2_prefetch : kDefaultL2Prefetch;
+  const int64_t most_units =
+      ((p.max_rows + S::kBM - 1) / S::kBM + p.num_local_experts) * (p.n / kBN / kCluster);
+  if constexpr (kCluster == 1) {
+    const int grid = static_cast<int>(std::min<int64_t>(sms, most_units));
+    kernel<<<grid, kThreads, smem, stream>>>(
+        map_a, map_b, p.a_scale, p.a_scale_stride, p.b_scale, p.offsets, p.num_local_experts,
+        static_cast<int>(p.n), static_cast<int>(p.k), prefetch, act, act_scale, act_stride, y);
+    return internal::LaunchStatus(name);
+  } else {
+    // Persistent clusters: no more than can be resident at once (an SM pair
+    // of one GPC each), else the surplus would run after the others.
+    cudaLaunchConfig_t config = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = kCluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    config.gridDim = dim3(sms / kCluster * kCluster);
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    int clusters = 0;
+    RETURN_IF_ERROR(
+        internal::CudaStatus(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config),
+                             absl::StrFormat("cudaOccupancyMaxActiveClusters(%s)", name)));
+    clusters = static_cast<int>(std::min<int64_t>(std::max(clusters, 1), most_units));
+    config.gridDim = dim3(clusters * kCluster);
+    RETURN_IF_ERROR(internal::CudaStatus(
+        cudaLaunchKernelEx(&config, kernel, map_a, map_b, p.a_scale, p.a_scale_stride, p.b_scale,
+                           p.offsets, p.num_local_experts, static_cast<int>(p.n),
+                           static_cast<int>(p.k), prefetch, act, act_scale, act_stride, y),
+        absl::StrFormat("cudaLaunchKernelEx(%s, %d clusters of %d)", name, clusters, kCluster)));
+    return internal::LaunchStatus(name);
+  }
 }
 
 template <bool kFused>
@@ -539,10 +731,18 @@ absl::Status Launch(const Fp8GemmParams& p, uint8_t* act, float* act_scale, int6
   const bool tall = p.tile_rows == 256 || (p.tile_rows == 0 && tall_fits &&
                                            p.max_rows >= kTallRowsPerExpert * p.num_local_experts);
   if (tall) {
-    return LaunchShape<kFused, 2>(p, map_a, map_b, sms, act, act_scale, act_stride, y, stream,
-                                  name);
+    return LaunchShape<kFused, 2, 1>(p, map_a, map_b, sms, act, act_scale, act_stride, y, stream,
+                                     name);
   }
-  return LaunchShape<kFused, 1>(p, map_a, map_b, sms, act, act_scale, act_stride, y, stream, name);
+  // 128-row tiles in 2-CTA clusters sharing A where the n-tiles pair up.
+  const bool pairs = (p.n / kBN) % 2 == 0 && sms >= 2;
+  const bool cluster = p.cluster == 2 || (p.cluster == 0 && pairs && kClusterByDefault);
+  if (cluster && pairs) {
+    return LaunchShape<kFused, 1, 2>(p, map_a, map_b, sms, act, act_scale, act_stride, y, stream,
+                                     name);
+  }
+  return LaunchShape<kFused, 1, 1>(p, map_a, map_b, sms, act, act_scale, act_stride, y, stream,
+                                   name);
 }
 
 }  // namespace

@@ -19,14 +19,16 @@
 // are cut into equal m-tiles) times 128 B rows. CTA = 3 warpgroups: one
 // thread of warpgroup 0 issues TMA loads (A: up to 2 or 4 boxes of 64 x 128
 // bytes, B: two, 128-byte swizzle) into a ring of stages (128 rows: 6 of
-// 32 KB; 256 rows: 4 of 48 KB, 3 when fused), one stage per 128-wide K
-// block; warpgroups 1 and 2 each run, per sub-tile, 4 m64n128k32 e4m3 wgmma
-// into a partial accumulator, wait for it, release the stage after the last
-// sub-tile and promote: one FFMA per element with the combined scale s_a * s_w
-// (core/quantized_formats.h's reference rounds p * s and the sum apart: one
-// rounding of 2^-24 fewer, below the tensor cores' own order inside a
-// block). The two consumer warpgroups' promotions overlap each other's
-// tensor work.
+// 32 KB, 5 when fused; 256 rows: 4 of 48 KB, 3 when fused), one stage per
+// 128-wide K block; warpgroups 1 and 2 each run, per sub-tile, 4 m64n128k32
+// e4m3 wgmma into a partial accumulator, wait for it, release the stage
+// after the last sub-tile and promote: one FFMA per element with the
+// combined scale s_a * s_w (core/quantized_formats.h's reference rounds
+// p * s and the sum apart: one rounding of 2^-24 fewer, below the tensor
+// cores' own order inside a block). With 128-row tiles a warpgroup issues
+// two k-blocks' products before waiting for the first (two partial sums),
+// so its first promotion overlaps the second's products; the two consumer
+// warpgroups' promotions overlap each other's tensor work.
 // No split along K and a fixed order of every sum: results repeat bit for
 // bit.
 //
@@ -60,6 +62,16 @@ struct Fp8GemmParams {
   // Rows of a tile: 0 picks from the average rows per expert (256 from 192
   // max_rows / L up, else 128); 128 or 256 forces one (tests, benches).
   int tile_rows = 0;
+  // 128-row tiles only: 2 runs pairs of adjacent n-tiles in 2-CTA clusters
+  // whose CTAs each load half of the shared A boxes and multicast them to
+  // both (half the L2 reads of A); 1 one CTA per tile; 0 picks (1: pairs
+  // measured no faster, bench/results/fp8-speed). Same products, same
+  // order: the same bits either way.
+  int cluster = 0;
+  // k-blocks (128 K) by which the producer prefetches each tile's B boxes
+  // (the weights) into L2 ahead of its shared-memory loads; -1 the default
+  // (0: measured slower with any distance, bench/results/fp8-speed).
+  int l2_prefetch = -1;
 };
 
 // LaunchFp8GroupedSwiGlu()

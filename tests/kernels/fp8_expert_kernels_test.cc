@@ -49,44 +49,53 @@ TEST(GatherQuantizeExpertRows, EqualsTheActivationRuleBitForBit) {
   constexpr int64_t kEntries = kRows * kTopK, kUsed = 70;
   std::vector<int32_t> sorted(kEntries);
   for (int64_t i = 0; i < kEntries; ++i) sorted[i] = static_cast<int32_t>((i * 37) % kEntries);
+  // position: the inverse of sorted over the used positions, -1 elsewhere.
+  std::vector<int32_t> position(kEntries, -1);
+  for (int64_t i = 0; i < kUsed; ++i) position[sorted[i]] = static_cast<int32_t>(i);
   DeviceBuffer<uint8_t> drecv(recv);
-  DeviceBuffer<int32_t> dsorted(sorted), doff(std::vector<int32_t>{0, 30, kUsed});
-  ExpertEntryBuffers b;
-  b.sorted_values = dsorted.get();
-  b.offsets = doff.get();
-  DeviceBuffer<uint8_t> x(std::vector<uint8_t>(kEntries * kHidden, 0x5a));
-  DeviceBuffer<float> xs(std::vector<float>(kEntries * 3, -1.0f));
-  ASSERT_TRUE(LaunchGatherQuantizeExpertRows(drecv.get(), kEntries, kHidden, kTopK, b, 2, x.get(),
-                                             xs.get(), kEntries, nullptr)
-                  .ok());
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<uint8_t> codes = x.Download(kEntries * kHidden);
-  const std::vector<float> scales = xs.Download(kEntries * 3);
-  int64_t bad = 0;
-  for (int64_t i = 0; i < kEntries; ++i) {
-    const int64_t r = sorted[i] / kTopK;
-    std::vector<float> row(kHidden);
-    for (int64_t j = 0; j < kHidden; ++j) row[j] = core::Bf16ToFloat(hidden[r * kHidden + j]);
-    std::vector<uint8_t> want(kHidden);
-    float want_s[3];
-    core::quant::Fp8QuantizeActivationRow(row.data(), kHidden, want.data(), want_s);
-    for (int64_t blk = 0; blk < 3; ++blk) {
-      const float got = scales[blk * kEntries + i];
-      if (i < kUsed) {
-        bad += core::fp8::FloatBits(got) != core::fp8::FloatBits(want_s[blk]);
-      } else {
-        bad += got != -1.0f;
+  DeviceBuffer<int32_t> dsorted(sorted), doff(std::vector<int32_t>{0, 30, kUsed}), dpos(position);
+  // Entry-major (no position) and token-major (position set: each row
+  // quantized once, scattered to its positions) kernels alike.
+  for (const bool token_major : {false, true}) {
+    SCOPED_TRACE(token_major ? "token-major" : "entry-major");
+    ExpertEntryBuffers b;
+    b.sorted_values = dsorted.get();
+    b.offsets = doff.get();
+    b.position = token_major ? dpos.get() : nullptr;
+    DeviceBuffer<uint8_t> x(std::vector<uint8_t>(kEntries * kHidden, 0x5a));
+    DeviceBuffer<float> xs(std::vector<float>(kEntries * 3, -1.0f));
+    ASSERT_TRUE(LaunchGatherQuantizeExpertRows(drecv.get(), kEntries, kHidden, kTopK, b, 2, x.get(),
+                                               xs.get(), kEntries, nullptr)
+                    .ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<uint8_t> codes = x.Download(kEntries * kHidden);
+    const std::vector<float> scales = xs.Download(kEntries * 3);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < kEntries; ++i) {
+      const int64_t r = sorted[i] / kTopK;
+      std::vector<float> row(kHidden);
+      for (int64_t j = 0; j < kHidden; ++j) row[j] = core::Bf16ToFloat(hidden[r * kHidden + j]);
+      std::vector<uint8_t> want(kHidden);
+      float want_s[3];
+      core::quant::Fp8QuantizeActivationRow(row.data(), kHidden, want.data(), want_s);
+      for (int64_t blk = 0; blk < 3; ++blk) {
+        const float got = scales[blk * kEntries + i];
+        if (i < kUsed) {
+          bad += core::fp8::FloatBits(got) != core::fp8::FloatBits(want_s[blk]);
+        } else {
+          bad += got != -1.0f;
+        }
+      }
+      for (int64_t j = 0; j < kHidden; ++j) {
+        bad += codes[i * kHidden + j] != (i < kUsed ? want[j] : 0x5a);
       }
     }
-    for (int64_t j = 0; j < kHidden; ++j) {
-      bad += codes[i * kHidden + j] != (i < kUsed ? want[j] : 0x5a);
-    }
-  }
-  EXPECT_EQ(bad, 0);
-  // The zero block of row 5 has scale 1 and codes 0 wherever row 5 lands.
-  for (int64_t i = 0; i < kUsed; ++i) {
-    if (sorted[i] / kTopK == 5) {
-      EXPECT_EQ(scales[1 * kEntries + i], 1.0f);
+    EXPECT_EQ(bad, 0);
+    // The zero block of row 5 has scale 1 and codes 0 wherever row 5 lands.
+    for (int64_t i = 0; i < kUsed; ++i) {
+      if (sorted[i] / kTopK == 5) {
+        EXPECT_EQ(scales[1 * kEntries + i], 1.0f);
+      }
     }
   }
 }

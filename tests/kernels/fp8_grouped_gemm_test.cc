@@ -72,6 +72,7 @@ struct GemmCase {
   bool fused;
   bool exact;
   int tile_rows = 0;  // Fp8GemmParams::tile_rows
+  int cluster = 0;    // Fp8GemmParams::cluster
 };
 
 struct Inputs {
@@ -188,6 +189,7 @@ GpuRun RunOnGpu(const GemmCase& c, const Inputs& in, int passes) {
   p.n = c.n;
   p.k = c.k;
   p.tile_rows = c.tile_rows;
+  p.cluster = c.cluster;
   GpuRun first;
   for (int pass = 0; pass < passes; ++pass) {
     DeviceBuffer<uint16_t> y(std::vector<uint16_t>(c.fused ? 0 : in.max_rows * c.n, 0x7fc1));
@@ -377,6 +379,20 @@ TEST(Fp8GroupedGemm, ManyTilesFusedRepeatBitForBit) {
 TEST(Fp8GroupedGemm, ManyTilesPlainRepeatBitForBit) {
   REQUIRE_HOPPER();
   RunGemmCase({ManyTileRows(), 1024, 256, false, true}, /*passes=*/2);
+}
+// 128-row tiles run in 2-CTA clusters by default where N / 128 is even (the
+// cases above with N 256 and 1024); the same cases one CTA a tile, and the
+// clusters forced where N / 128 is odd (no pairs: one CTA a tile).
+TEST(Fp8GroupedGemm, ManyTilesOneCtaPerTileRepeatBitForBit) {
+  REQUIRE_HOPPER();
+  RunGemmCase({ManyTileRows(), 1024, 256, true, true, 128, 1}, /*passes=*/2);
+  RunGemmCase({ManyTileRows(), 1024, 384, false, true, 128, 1}, /*passes=*/2);
+  RunGemmCase({kEdgeRows, 384, 256, false, false, 128, 2});
+}
+TEST(Fp8GroupedGemm, ClusterPairsRandomWithinTheRounding) {
+  REQUIRE_HOPPER();
+  RunGemmCase({kTallRows, 256, 640, false, false, 128, 2});
+  RunGemmCase({kTallRows, 512, 384, true, false, 128, 2});
 }
 TEST(Fp8GroupedGemm, ManyTallTilesFusedRepeatBitForBit) {
   REQUIRE_HOPPER();
