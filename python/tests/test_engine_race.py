@@ -18,10 +18,12 @@ experts="worker" (forward too), the same with experts="own" (dispatch and
 combine only: steps run while the loads do), and a Group client that forms,
 configures, allocates and then loads each layer rank by rank with pauses.
 
-MOE_EP_RACE_RUNS runs (default 100). Run by ctest (tests/embedded.cmake:
+MOE_EP_RACE_RUNS runs (default 100), MOE_EP_RACE_PARALLEL of them at a
+time (default 2). Run by ctest (tests/embedded.cmake:
 embedded_python_engine_race) with MOE_EP_LIBRARY, MOE_EP_CLI and PYTHONPATH.
 """
 
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -34,6 +36,7 @@ import numpy as np
 LIBRARY = os.environ.get("MOE_EP_LIBRARY")
 CLI = os.environ.get("MOE_EP_CLI")
 RUNS = int(os.environ.get("MOE_EP_RACE_RUNS", "100"))
+PARALLEL = max(1, int(os.environ.get("MOE_EP_RACE_PARALLEL", "2")))
 RANKS = 2
 HIDDEN = 256
 NUM_EXPERTS = 8
@@ -165,49 +168,63 @@ def form(mode: str, targets):
 
 @unittest.skipUnless(LIBRARY and CLI, "MOE_EP_LIBRARY / MOE_EP_CLI are not set")
 class StepsRacingTheSetUpTest(unittest.TestCase):
-    def test_runs(self):
+    def one_run(self, run: int):
+        """One run: two engine processes and an orchestrator. Returns (the
+        slowest data call in s, 1 when an up-own run stepped before `up`
+        had exited else 0); a failed check raises."""
+        mode = MODES[run % len(MODES)]
         slowest = 0.0
-        overlapped = 0  # "up-own" runs whose first step began before `up` had exited
-        for run in range(RUNS):
-            mode = MODES[run % len(MODES)]
-            procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--rank", str(r)],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True) for r in range(RANKS)]
-            try:
-                targets = []
-                for r, p in enumerate(procs):
-                    line = p.stdout.readline()
-                    self.assertTrue(line.startswith("ADDRESS "), f"run {run} rank {r}: {line!r}")
-                    targets.append(line.split()[1])
-                # The engines start waiting before the orchestrator has done anything.
-                for p in procs:
-                    p.stdin.write(f"GO {mode}\n")
-                    p.stdin.flush()
-                done = form(mode, targets)
-                code, text, set_up_done = done()
-                self.assertEqual(code, 0, f"run {run} ({mode}): the orchestrator failed:\n{text}")
-                for p in procs:
-                    p.stdin.write("BYE\n")
-                    p.stdin.flush()
-                for r, p in enumerate(procs):
-                    out, err = p.communicate(timeout=120)
-                    self.assertEqual(p.returncode, 0,
-                                     f"run {run} ({mode}) rank {r}: exit {p.returncode} "
-                                     f"(negative: a signal)\n{err[-3000:]}")
-                    result = json.loads(out.strip().splitlines()[-1])
-                    self.assertEqual(result["failures"], [], f"run {run} ({mode}) rank {r}")
-                    self.assertLess(result["slowest_call_s"], CALL_TIMEOUT_S + 5,
-                                    f"run {run} ({mode}) rank {r}: a call stalled")
-                    slowest = max(slowest, result["slowest_call_s"])
-                    if mode == "up-own" and r == 0 and result["first_step"] < set_up_done:
-                        overlapped += 1
-            finally:
-                for p in procs:
-                    if p.poll() is None:
-                        p.kill()
-                        p.wait()
-        print(f"{RUNS} runs: no abort, no mixed batch, slowest data call {slowest:.3f} s; "
-              f"{overlapped} of the up-own runs stepped before `up` had exited", file=sys.stderr)
+        overlapped = 0
+        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--rank", str(r)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for r in range(RANKS)]
+        try:
+            targets = []
+            for r, p in enumerate(procs):
+                line = p.stdout.readline()
+                self.assertTrue(line.startswith("ADDRESS "), f"run {run} rank {r}: {line!r}")
+                targets.append(line.split()[1])
+            # The engines start waiting before the orchestrator has done anything.
+            for p in procs:
+                p.stdin.write(f"GO {mode}\n")
+                p.stdin.flush()
+            done = form(mode, targets)
+            code, text, set_up_done = done()
+            self.assertEqual(code, 0, f"run {run} ({mode}): the orchestrator failed:\n{text}")
+            for p in procs:
+                p.stdin.write("BYE\n")
+                p.stdin.flush()
+            for r, p in enumerate(procs):
+                out, err = p.communicate(timeout=120)
+                self.assertEqual(p.returncode, 0,
+                                 f"run {run} ({mode}) rank {r}: exit {p.returncode} "
+                                 f"(negative: a signal)\n{err[-3000:]}")
+                result = json.loads(out.strip().splitlines()[-1])
+                self.assertEqual(result["failures"], [], f"run {run} ({mode}) rank {r}")
+                self.assertLess(result["slowest_call_s"], CALL_TIMEOUT_S + 5,
+                                f"run {run} ({mode}) rank {r}: a call stalled")
+                slowest = max(slowest, result["slowest_call_s"])
+                if mode == "up-own" and r == 0 and result["first_step"] < set_up_done:
+                    overlapped = 1
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        return slowest, overlapped
+
+    def test_runs(self):
+        # PARALLEL runs at a time: each run is its own group on its own
+        # loopback ports, and most of a run is waiting (process start-up,
+        # the orchestrator's calls), so overlapping runs shortens the test
+        # and adds contention the race should survive anyway.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=PARALLEL) as pool:
+            results = list(pool.map(self.one_run, range(RUNS)))
+        slowest = max((r[0] for r in results), default=0.0)
+        overlapped = sum(r[1] for r in results)
+        print(f"{RUNS} runs ({PARALLEL} at a time): no abort, no mixed batch, slowest data call "
+              f"{slowest:.3f} s; {overlapped} of the up-own runs stepped before `up` had exited",
+              file=sys.stderr)
 
 
 if __name__ == "__main__":
