@@ -576,6 +576,10 @@ class DataPlane {
   // T of the last engine dispatch: the rows its combine writes (every
   // transport's engine calls; 0 before one).
   int64_t engine_tokens_ = 0;
+  // The SwiGLU intermediate the transport's expert scratch is sized for:
+  // Allocate's max_intermediate, grown by a LoadExperts of a larger one
+  // (GrownScratchCap; the GPU transports).
+  int64_t max_intermediate_ = 0;
 
  private:
   // UseAgreement, then the mask and the tables' live ranks.

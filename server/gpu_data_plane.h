@@ -209,7 +209,6 @@ class GpuDataPlane final : public DataPlane {
   kernels::NcclCollective* nccl_ = nullptr;    // the communicator in use
   kernels::StreamCollective* view_ = nullptr;  // what the dispatcher runs on
   std::vector<int> members_;                   // original ranks of nccl_, ascending
-  int64_t max_intermediate_ = 0;
   std::unique_ptr<core::ExpertPlacement> placement_;
   std::unique_ptr<kernels::GpuEpDispatcher> dispatcher_;
   std::unique_ptr<Staging> staging_;

@@ -198,7 +198,6 @@ class OneSidedDataPlane final : public DataPlane {
   // The core's control_ (destroyed after everything here) owns compact_
   // (the members' Gloo group, numbered among the members).
   core::GlooCollective* compact_ = nullptr;
-  int64_t max_intermediate_ = 0;
   int64_t dispatcher_cap_ = 0;    // the memory cap the dispatcher was made under (0 none)
   bool windows_dropped_ = false;  // a mask dropped them: made at the next Forward
   int dispatch_ep_ = 0;           // the dispatcher's ranks and ids (UseRouteMap)
