@@ -156,6 +156,15 @@ absl::Status ArriveForCall(GrpcStore& host, const CallArrival& call) {
         absl::StrCat(call.rpc, ": the caller cancelled the call while ranks [",
                      absl::StrJoin(missing, ","), "] had not entered it; nothing moved"));
   }
+  if (missing.empty()) {
+    // No look at the board came back before the deadline (one shorter than
+    // a look), or the last one found nobody missing yet no completion:
+    // the call ran out of time with no rank known to be absent.
+    return absl::DeadlineExceededError(absl::StrCat(
+        call.rpc, ": the call's deadline passed ", Seconds(absl::Now() - start),
+        " after it started, before every rank's arrival was seen (no rank is known to be "
+        "missing); nothing moved, the group is unchanged: send it again with a longer deadline"));
+  }
   std::vector<int> quiet;
   for (int m : missing) {
     if (silent.contains(m)) quiet.push_back(m);

@@ -104,7 +104,7 @@ absl::StatusOr<core::StepStats> CpuDataPlane::EngineDispatch(
     local = CheckEngineRecvBuffers(call, me, out, dispatcher_->runtime_max_tokens_per_rank(),
                                    book_.contiguous()->NumSlots(me));
   }
-  if (local.ok()) local = CheckEngineInputs(call, num_tokens, hidden, topk_ids, topk_weights);
+  if (local.ok()) local = CheckEngineInputs(call, me, num_tokens, hidden, topk_ids, topk_weights);
   // Engine-run experts are the contiguous placement's (EngineRecvBuffers).
   if (local.ok()) local = dispatcher_->SetPlacement(book_.contiguous());
   core::EngineCallTicket ticket;
@@ -195,8 +195,8 @@ absl::StatusOr<core::StepStats> CpuDataPlane::EngineForward(int layer, const voi
   const int me = control_->rank();
   absl::Status local = CheckHostCall(call, stream);
   if (local.ok()) local = CheckStepStart(*dispatcher_, call, me, num_tokens);
-  if (local.ok()) local = CheckEngineInputs(call, num_tokens, hidden, topk_ids, topk_weights);
-  if (local.ok()) local = CheckEngineOutput(call, num_tokens, output);
+  if (local.ok()) local = CheckEngineInputs(call, me, num_tokens, hidden, topk_ids, topk_weights);
+  if (local.ok()) local = CheckEngineOutput(call, me, num_tokens, output);
   if (local.ok() && !experts_.Has(layer)) {
     local = absl::FailedPreconditionError(
         absl::StrCat(call, ": layer ", layer, " has no loaded experts on rank ", me,

@@ -1,23 +1,32 @@
 #include "server/engine_call_checks.h"
 
+#include <string>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace moe_ep::server {
 
-absl::Status CheckEngineInputs(const char* call, int64_t num_tokens, const void* hidden,
+absl::Status CheckEngineInputs(const char* call, int rank, int64_t num_tokens, const void* hidden,
                                const int32_t* topk_ids, const float* topk_weights) {
-  if (num_tokens > 0 && (hidden == nullptr || topk_ids == nullptr || topk_weights == nullptr)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        call, ": hidden, topk_ids, topk_weights: must not be null when num_tokens > 0 (got ",
-        num_tokens, " tokens)"));
-  }
-  return absl::OkStatus();
+  if (num_tokens <= 0) return absl::OkStatus();
+  std::vector<std::string> null;
+  if (hidden == nullptr) null.emplace_back("hidden");
+  if (topk_ids == nullptr) null.emplace_back("topk_ids");
+  if (topk_weights == nullptr) null.emplace_back("topk_weights");
+  if (null.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(call, " on rank ", rank, ": ", absl::StrJoin(null, ", "), " null with ",
+                   num_tokens, " tokens (they must not be null when num_tokens > 0)"));
 }
 
-absl::Status CheckEngineOutput(const char* call, int64_t num_tokens, const void* output) {
+absl::Status CheckEngineOutput(const char* call, int rank, int64_t num_tokens, const void* output) {
   if (num_tokens > 0 && output == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        call, ": output must not be null when num_tokens > 0 (got ", num_tokens, " tokens)"));
+    return absl::InvalidArgumentError(absl::StrCat(call, " on rank ", rank,
+                                                   ": output must not be null when num_tokens > 0 "
+                                                   "(got ",
+                                                   num_tokens, " tokens)"));
   }
   return absl::OkStatus();
 }
@@ -54,11 +63,15 @@ absl::Status CheckEngineCombineArgs(const char* call, int rank, int64_t rows, in
                      " is below the dispatched step's R = ", runtime_max,
                      "; the step stays dispatched: call again"));
   }
-  if ((expert_out == nullptr && rows > 0) || (output == nullptr && step_tokens > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        call, " on rank ", rank,
-        ": expert_out must not be null when rows > 0, output not when the step has tokens (rows ",
-        rows, ", step tokens ", step_tokens, ")"));
+  if (expert_out == nullptr && rows > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(call, " on rank ", rank, ": expert_out is null with ", rows,
+                     " rows per source (it must not be null when rows > 0)"));
+  }
+  if (output == nullptr && step_tokens > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(call, " on rank ", rank, ": output is null and the dispatched step has ",
+                     step_tokens, " tokens (it must not be null when the step has tokens)"));
   }
   return absl::OkStatus();
 }

@@ -17,16 +17,17 @@ namespace moe_ep::server {
 
 // CheckEngineInputs()
 //
-// A step's inputs: hidden [T, H], topk_ids [T, K], topk_weights [T, K] must
-// not be null when `num_tokens` > 0. Errors: kInvalidArgument naming them.
-absl::Status CheckEngineInputs(const char* call, int64_t num_tokens, const void* hidden,
+// A step's inputs on `rank`: hidden [T, H], topk_ids [T, K], topk_weights
+// [T, K] must not be null when `num_tokens` > 0. Errors: kInvalidArgument
+// naming the null ones.
+absl::Status CheckEngineInputs(const char* call, int rank, int64_t num_tokens, const void* hidden,
                                const int32_t* topk_ids, const float* topk_weights);
 
 // CheckEngineOutput()
 //
-// A step's output [T, H] must not be null when `num_tokens` > 0.
+// A step's output [T, H] on `rank` must not be null when `num_tokens` > 0.
 // Errors: kInvalidArgument.
-absl::Status CheckEngineOutput(const char* call, int64_t num_tokens, const void* output);
+absl::Status CheckEngineOutput(const char* call, int rank, int64_t num_tokens, const void* output);
 
 // CheckEngineRecvBuffers()
 //
@@ -44,7 +45,8 @@ absl::Status CheckEngineRecvBuffers(const char* call, int rank, const EngineRecv
 // the dispatched step holding `step_tokens` tokens at R = `runtime_max`:
 // rows >= R (the step stays dispatched: the caller may call again),
 // expert_out not null when rows > 0, output not null when the step has
-// tokens. Errors: kInvalidArgument naming the field, expected and got.
+// tokens. Errors: kInvalidArgument naming the field (the null one), expected
+// and got.
 absl::Status CheckEngineCombineArgs(const char* call, int rank, int64_t rows, int64_t runtime_max,
                                     const void* expert_out, const void* output,
                                     int64_t step_tokens);

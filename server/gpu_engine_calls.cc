@@ -80,7 +80,7 @@ absl::StatusOr<core::StepStats> GpuDataPlane::EngineDispatch(
   const int rank = view_->rank();
   const int local_experts = placement_->NumLocalExperts(rank);
   RETURN_IF_ERROR(CheckEngineRecvBuffers("dispatch", rank, out, r, local_experts));
-  RETURN_IF_ERROR(CheckEngineInputs("dispatch", num_tokens, hidden, topk_ids, topk_weights));
+  RETURN_IF_ERROR(CheckEngineInputs("dispatch", rank, num_tokens, hidden, topk_ids, topk_weights));
   const auto* in_hidden = static_cast<const uint16_t*>(hidden);
   RETURN_IF_ERROR(OnCallerStream(static_cast<cudaStream_t>(stream), [&]() -> absl::Status {
     RETURN_IF_ERROR(dispatcher_->Dispatch(in_hidden, topk_ids, topk_weights, num_tokens));
@@ -134,8 +134,9 @@ absl::StatusOr<core::StepStats> GpuDataPlane::EngineForward(int layer, const voi
         absl::StrCat("forward: layer ", layer, " has no loaded experts; call LoadExperts first"));
   }
   RETURN_IF_ERROR(dispatcher_->CheckStep("forward", num_tokens));
-  RETURN_IF_ERROR(CheckEngineInputs("forward", num_tokens, hidden, topk_ids, topk_weights));
-  RETURN_IF_ERROR(CheckEngineOutput("forward", num_tokens, output));
+  RETURN_IF_ERROR(
+      CheckEngineInputs("forward", view_->rank(), num_tokens, hidden, topk_ids, topk_weights));
+  RETURN_IF_ERROR(CheckEngineOutput("forward", view_->rank(), num_tokens, output));
   const auto* in = static_cast<const uint16_t*>(hidden);
   const kernels::DeviceExpertSet& set = *experts;
   const bool has_shared = shared_.Has(layer);

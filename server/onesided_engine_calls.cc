@@ -90,7 +90,8 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineDispatch(
   const OneSidedRouteMap& map = EngineMap();
   const int local_experts = map.num_local[group_.rank];
   RETURN_IF_ERROR(CheckEngineRecvBuffers("dispatch", group_.rank, out, r, local_experts));
-  RETURN_IF_ERROR(CheckEngineInputs("dispatch", num_tokens, hidden, topk_ids, topk_weights));
+  RETURN_IF_ERROR(
+      CheckEngineInputs("dispatch", group_.rank, num_tokens, hidden, topk_ids, topk_weights));
   const auto* in_hidden = static_cast<const uint16_t*>(hidden);
   RETURN_IF_ERROR(events_->OnCallerStream(
       static_cast<cudaStream_t>(stream), dispatcher_->stream(), [&]() -> absl::Status {
@@ -152,8 +153,9 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineForward(int layer, cons
         " has an installed placement table other than the contiguous one; the one-sided plane's "
         "engine calls route by the contiguous placement (the Forward RPC serves any table)"));
   }
-  RETURN_IF_ERROR(CheckEngineInputs("forward", num_tokens, hidden, topk_ids, topk_weights));
-  RETURN_IF_ERROR(CheckEngineOutput("forward", num_tokens, output));
+  RETURN_IF_ERROR(
+      CheckEngineInputs("forward", group_.rank, num_tokens, hidden, topk_ids, topk_weights));
+  RETURN_IF_ERROR(CheckEngineOutput("forward", group_.rank, num_tokens, output));
   // The experts answer to the contiguous map's ids (a no-op unless a
   // Forward RPC under another table renumbered them).
   RETURN_IF_ERROR(

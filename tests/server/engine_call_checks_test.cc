@@ -74,15 +74,21 @@ TEST(CheckEngineRecvBuffers, RowBuffersMayBeNullOnlyForZeroRows) {
   EXPECT_THAT(got.message(), HasSubstr("must not be null when recv_rows > 0 (got 2)"));
 }
 
-TEST(CheckEngineInputs, NullInputsAreAnErrorOnlyWithTokens) {
+TEST(CheckEngineInputs, NullInputsAreAnErrorOnlyWithTokensAndAreNamed) {
+  const core::bf16_t hidden[4] = {};
   const int32_t ids[2] = {0, 1};
   const float weights[2] = {0.5f, 0.5f};
-  EXPECT_TRUE(CheckEngineInputs("forward", 0, nullptr, nullptr, nullptr).ok());
-  const absl::Status got = CheckEngineInputs("forward", 1, nullptr, ids, weights);
+  EXPECT_TRUE(CheckEngineInputs("forward", 0, 0, nullptr, nullptr, nullptr).ok());
+  EXPECT_TRUE(CheckEngineInputs("forward", 0, 1, hidden, ids, weights).ok());
+  absl::Status got = CheckEngineInputs("forward", 3, 1, nullptr, ids, weights);
   EXPECT_EQ(got.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(got.message(), AllOf(HasSubstr("forward: hidden"), HasSubstr("(got 1 tokens)")));
-  EXPECT_TRUE(CheckEngineOutput("forward", 0, nullptr).ok());
-  EXPECT_EQ(CheckEngineOutput("forward", 3, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(got.message(), AllOf(HasSubstr("forward on rank 3: hidden null with 1 tokens")));
+  got = CheckEngineInputs("dispatch", 0, 2, hidden, nullptr, nullptr);
+  EXPECT_THAT(got.message(), HasSubstr("dispatch on rank 0: topk_ids, topk_weights null"));
+  EXPECT_TRUE(CheckEngineOutput("forward", 0, 0, nullptr).ok());
+  got = CheckEngineOutput("forward", 1, 3, nullptr);
+  EXPECT_EQ(got.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(got.message(), HasSubstr("forward on rank 1: output must not be null"));
 }
 
 TEST(CheckEngineCombineArgs, RowsBelowRKeepTheStepAndSayCallAgain) {
@@ -100,10 +106,12 @@ TEST(CheckEngineCombineArgs, RowsBelowRKeepTheStepAndSayCallAgain) {
 TEST(CheckEngineCombineArgs, OutputMayBeNullOnlyWhenTheStepHadNoTokens) {
   const core::bf16_t expert_out[8] = {};
   EXPECT_TRUE(CheckEngineCombineArgs("combine", 0, 0, 0, nullptr, nullptr, 0).ok());
-  EXPECT_EQ(CheckEngineCombineArgs("combine", 0, 4, 4, expert_out, nullptr, 2).code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(CheckEngineCombineArgs("combine", 0, 4, 4, nullptr, nullptr, 0).code(),
-            absl::StatusCode::kInvalidArgument);
+  absl::Status got = CheckEngineCombineArgs("combine", 0, 4, 4, expert_out, nullptr, 2);
+  EXPECT_EQ(got.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(got.message(), HasSubstr("output is null and the dispatched step has 2 tokens"));
+  got = CheckEngineCombineArgs("combine", 0, 4, 4, nullptr, nullptr, 0);
+  EXPECT_EQ(got.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(got.message(), HasSubstr("expert_out is null with 4 rows per source"));
 }
 
 }  // namespace
