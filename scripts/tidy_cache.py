@@ -9,8 +9,9 @@ says about it:
   - .clang-tidy's bytes;
   - the file's repository path and its compile commands from
     compile_commands.json, with the source and build directories written as
-    <src> and <build> (so a clone elsewhere gets the same key), without the
-    object file (-o);
+    <src> and <build> (so a clone elsewhere gets the same key), the CUDA
+    toolkit's paths under /usr/local/cuda whatever link or nvcc wrapper the
+    build reached it by (CUDA_ROOT_KEY), without the object file (-o);
   - the path and bytes of every project file the preprocessor reads for it:
     the compiler's own dependency output (`-MM`: the file itself and every
     header it includes transitively, system headers left out), including the
@@ -156,6 +157,40 @@ CUDA_SHIM_INCLUDE = "moe_ep_cuda_tidy.h"
 NVCC_DROPPED = {"-forward-unknown-to-host-compiler", "-c"}
 
 
+# Keys write the CUDA toolkit's root as the NVIDIA installers' link names it,
+# whatever path a build reached it by (CMake may find nvcc as /usr/local/cuda/bin/
+# nvcc here and as a wrapper script /usr/local/bin/nvcc that execs
+# /usr/local/cuda-13.0/bin/nvcc on CI, and the include folders follow): the same
+# toolkit then gives the same key. Its release is hashed apart (`nvcc_version`).
+CUDA_ROOT_KEY = "/usr/local/cuda"
+
+
+def toolkit_root(argv: Sequence[str]) -> str:
+    """The real root of the CUDA toolkit an nvcc command compiles against.
+
+    It is the parent of the include folder (-isystem / -I, CMake's
+    CUDAToolkit_INCLUDE_DIRS) that holds cuda_runtime.h, else the parent of the
+    folder nvcc really lies in. nvcc's own path is not enough: it may be a
+    wrapper script outside the toolkit. Raises RuntimeError when neither holds
+    cuda_runtime.h.
+    """
+    for i, a in enumerate(argv):
+        d = None
+        if a in ("-isystem", "-I") and i + 1 < len(argv):
+            d = argv[i + 1]
+        elif a.startswith("-isystem="):
+            d = a[len("-isystem=") :]
+        elif a.startswith("-I") and len(a) > 2:
+            d = a[2:]
+        if d and os.path.isfile(os.path.join(d, "cuda_runtime.h")):
+            return os.path.dirname(os.path.realpath(d))
+    nvcc = os.path.realpath(shutil.which(argv[0]) or argv[0])
+    root = os.path.dirname(os.path.dirname(nvcc))
+    if os.path.isfile(os.path.join(root, "include", "cuda_runtime.h")):
+        return root
+    raise RuntimeError(f"{argv[0]}: no CUDA toolkit (no include folder with cuda_runtime.h)")
+
+
 def cuda_command(entry: dict, clang: str, shim: str) -> List[str]:
     """The clang argv (CUDA, host side) that parses what the nvcc `entry` compiles.
 
@@ -166,7 +201,7 @@ def cuda_command(entry: dict, clang: str, shim: str) -> List[str]:
     does not know, so a new one is noticed rather than silently dropped.
     """
     argv = entry["arguments"] if "arguments" in entry else shlex.split(entry["command"])
-    cuda = os.path.dirname(os.path.dirname(os.path.abspath(shutil.which(argv[0]) or argv[0])))
+    cuda = toolkit_root(argv)
     src = os.path.realpath(os.path.join(entry["directory"], entry["file"]))
     archs: List[str] = []
     kept: List[str] = []
@@ -271,6 +306,12 @@ class Database:
             path = os.path.realpath(os.path.join(e["directory"], e["file"]))
             self.by_file.setdefault(path, []).append(e)
         self.cc_files = sorted(p for p in self.by_file if p.endswith(".cc"))
+        nvcc = [e for es in self.by_file.values() for e in es if e["file"].endswith(".cu")]
+        self.toolkit: Optional[str] = None
+        if nvcc:
+            first = nvcc[0]
+            argv = first["arguments"] if "arguments" in first else shlex.split(first["command"])
+            self.toolkit = toolkit_root(argv)
 
     def normalize(self, text: str) -> str:
         """Absolute source / build paths as <src> / <build> (build first: it may lie in src),
@@ -286,7 +327,26 @@ class Database:
         text = re.sub(r" -O[0-3sg]?(?=\s|$)", " -O2", text)
         if self.cuda:
             text = text.replace(self.cuda[1], "<cuda-shim>")
+        if self.toolkit:
+            text = self.toolkit_paths(text)
         return text.replace(self.build, "<build>").replace(self.root, "<src>")
+
+    def toolkit_paths(self, text: str) -> str:
+        """`text` with every path into the CUDA toolkit, by whatever link it went,
+        written under CUDA_ROOT_KEY, and a leading nvcc (maybe a wrapper) as
+        CUDA_ROOT_KEY/bin/nvcc."""
+        argv0, sep, rest = text.partition(" ")
+        if os.path.basename(argv0) == "nvcc":
+            text = f"{CUDA_ROOT_KEY}/bin/nvcc{sep}{rest}"
+
+        def rewrite(m: "re.Match[str]") -> str:
+            path = m.group(0)
+            real = os.path.realpath(path)
+            if real == self.toolkit or real.startswith(self.toolkit + os.sep):
+                return CUDA_ROOT_KEY + real[len(self.toolkit) :]
+            return path
+
+        return re.sub(r"/[^\s'\"=,]+", rewrite, text)
 
     def name(self, path: str) -> Optional[str]:
         """A dependency's key name: its path under <build> or <src>; None outside both."""

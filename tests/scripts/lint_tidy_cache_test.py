@@ -21,7 +21,8 @@ clang-tidy-14) on it:
   - where nvcc, clang-tidy-19 and clang++-19 exist, a gpu/k.cu compiled by
     nvcc (issue 34 item 3) is tidied with clang-tidy-19, cached like the
     others (a header it includes re-tidies it; a clone elsewhere hits), and
-    a finding in it fails the run.
+    a finding in it fails the run; nvcc reached through a wrapper script
+    and the toolkit through another link give the same keys and still parse.
 Run by ctest (tests/scripts.cmake, label lint) with /usr/bin/python3.
 """
 
@@ -37,6 +38,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TOOLS = all(shutil.which(t) for t in ("clang-tidy-14", "clang-format", "g++", "git"))
 NVCC = shutil.which("nvcc")
 CUDA = NVCC and all(shutil.which(t) for t in ("clang-tidy-19", "clang++-19"))
+
+
+def toolkit_bin():
+    """The folder nvcc really runs from, as nvcc itself reports it (its _HERE_):
+    `nvcc` on PATH may be a wrapper script elsewhere (CI's /usr/local/bin/nvcc)."""
+    with tempfile.TemporaryDirectory() as d:
+        open(os.path.join(d, "e.cu"), "w").close()
+        out = subprocess.run(
+            [NVCC, "--dryrun", "-c", "e.cu"], cwd=d, capture_output=True, text=True
+        ).stderr
+    return re.search(r"_HERE_=(\S+)", out).group(1)
+
 # A kernel and its launch; reaches core/b.h through core/a.h, as main.cc does.
 # In a folder of its own: clang-tidy 14 interpolates lonely.h's command from
 # the nearest entry, which must not be nvcc's.
@@ -69,7 +82,7 @@ class LintTidyCacheTest(unittest.TestCase):
         self.write_commands()
         self.cache = os.path.join(d, ".ci", "tidy-clean.txt")
 
-    def write_commands(self, flags="-O2", unity=False, cuda=False):
+    def write_commands(self, flags="-O2", unity=False, cuda=False, nvcc=None, toolkit=None):
         d = self.dir
         build = os.path.join(d, "build")
         os.makedirs(build, exist_ok=True)
@@ -92,11 +105,11 @@ class LintTidyCacheTest(unittest.TestCase):
         ]
         if cuda:  # as CMake writes nvcc's command
             src = f"{d}/gpu/k.cu"
-            toolkit = os.path.dirname(os.path.dirname(NVCC))
+            toolkit = toolkit or os.path.dirname(toolkit_bin())
             commands.append(
                 {
                     "directory": build,
-                    "command": f"{NVCC} -forward-unknown-to-host-compiler -I{d} "
+                    "command": f"{nvcc or NVCC} -forward-unknown-to-host-compiler -I{d} "
                     f"-isystem={toolkit}/include {flags} "
                     "--generate-code=arch=compute_90a,code=[compute_90a,sm_90a] "
                     f"-std=c++17 -x cu -c {src} -o {src}.o",
@@ -261,6 +274,29 @@ class LintTidyCacheTest(unittest.TestCase):
         finally:
             self.dir = original
             shutil.rmtree(clone, ignore_errors=True)
+        # The same toolkit reached another way, as CMake found it on CI: nvcc a
+        # wrapper script outside it (/usr/local/bin/nvcc execs the real one) and
+        # the include folder by another link (/usr/local/cuda-13.0 for
+        # /usr/local/cuda). The keys are the same, and clang 19 still finds the
+        # toolkit (with the wrapper's folder as its root it saw no CUDA release
+        # and no CCCL: "cudaConfigureCall" undeclared, <cub/...> not found).
+        real_bin = toolkit_bin()
+        wrapper = os.path.join(self.dir + "-wrapper", "nvcc")
+        os.makedirs(os.path.dirname(wrapper))
+        with open(wrapper, "w") as f:
+            f.write(f'#!/bin/sh\nexec {real_bin}/nvcc "$@"\n')
+        os.chmod(wrapper, 0o755)
+        link = os.path.join(os.path.dirname(wrapper), "cuda")
+        os.symlink(os.path.dirname(real_bin), link)
+        try:
+            for toolkit in (os.path.dirname(real_bin), link):
+                self.write_commands(cuda=True, nvcc=wrapper, toolkit=toolkit)
+                self.assertEqual(self.lint()[:2], (0, 5))
+            tidied, _, out = self.lint(env={"MOE_EP_TIDY_CACHE": "0"})
+            self.assertEqual(tidied, 5, out)
+        finally:
+            shutil.rmtree(os.path.dirname(wrapper), ignore_errors=True)
+        self.write_commands(cuda=True)
         # modernize-use-nullptr in the kernel's file fails the run.
         self.write("gpu/k.cu", KERNEL + "\nint* Null() { return 0; }\n")
         tidied, _, out = self.lint(expect=1)
