@@ -275,6 +275,11 @@ TEST(Coordinator, ErrorsAndDeadlinesAreAggregatedPerRank) {
     return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
   };
   auto coordinator = ConnectOrDie(cluster.targets());
+  // Channels connected first: a call on a channel still connecting fails at
+  // once with UNAVAILABLE when the first attempt fails (no wait_for_ready),
+  // which is not what this test is about (once, under load, rank 2 answered
+  // in 20 ms with another code than DEADLINE_EXCEEDED).
+  ASSERT_TRUE(coordinator->WaitReady(absl::Seconds(10)).ok());
   // Long enough that rank 0's answer comes in time on a loaded machine (a
   // 300 ms deadline once missed it under ctest -j2: "3 of 3 ranks").
   coordinator->set_rpc_timeout(absl::Seconds(2));
