@@ -197,7 +197,7 @@ std::string Bytes(const void* data, size_t bytes) {
 std::pair<Times, Times> PlaneInProcess(const Args& a, const Inputs& in, const std::string& want,
                                        bool* identical) {
   server::DataPlaneGroup group;
-  group.backend = "nccl";
+  group.plane = server::PlaneRequest::kNccl;
   auto plane = server::GpuDataPlane::Form(group, std::make_shared<gloo::rendezvous::HashStore>());
   Check(plane.status(), "GpuDataPlane::Form");
   Check((*plane)->Allocate(Options(a), a.intermediate, 0).status(), "Allocate");

@@ -1,6 +1,7 @@
 #include "server/backend_selection.h"
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "server/device_info.h"
 
 namespace moe_ep::server {
@@ -54,6 +55,33 @@ absl::StatusOr<std::string> ResolveGpuDataPlane(const std::string& requested,
   if (name == "auto" || name == "one-sided" || name == "nccl") return name;
   return absl::InvalidArgumentError(absl::StrCat(
       "gpu_data_plane: expected \"auto\", \"one-sided\" or \"nccl\", got \"", name, "\""));
+}
+
+const char* PlaneRequestName(PlaneRequest plane) {
+  switch (plane) {
+    case PlaneRequest::kGloo:
+      return "gloo";
+    case PlaneRequest::kNccl:
+      return "nccl";
+    case PlaneRequest::kOneSided:
+      return "one-sided";
+    case PlaneRequest::kGpuAuto:
+      return "auto";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<PlaneRequest> PlaneRequestOf(const std::string& backend,
+                                            const std::string& gpu_data_plane) {
+  if (backend == "gloo") return PlaneRequest::kGloo;
+  if (backend != "nccl") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("backend: expected \"gloo\" or \"nccl\", got \"", backend, "\""));
+  }
+  ASSIGN_OR_RETURN(const std::string name, ResolveGpuDataPlane(gpu_data_plane, "nccl"));
+  if (name == "one-sided") return PlaneRequest::kOneSided;
+  if (name == "auto") return PlaneRequest::kGpuAuto;
+  return PlaneRequest::kNccl;
 }
 
 }  // namespace moe_ep::server

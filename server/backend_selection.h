@@ -52,4 +52,25 @@ absl::Status CheckDevice(int device, int visible_gpus, const std::string& backen
 absl::StatusOr<std::string> ResolveGpuDataPlane(const std::string& requested,
                                                 const std::string& default_plane);
 
+// The data plane a group asks for (DESIGN §13, §17; issue 34 item 1): one
+// field of server::DataPlaneGroup, as NCCL EP takes the kind in its one
+// config struct, instead of Join's two names. kGpuAuto: the one-sided plane
+// where every rank can map every peer's window, else the NCCL plane
+// (FormDataPlane decides when the group forms, alike on every rank).
+enum class PlaneRequest { kGloo, kNccl, kOneSided, kGpuAuto };
+
+// "gloo", "nccl", "one-sided" or "auto" (messages, logs). Pure.
+const char* PlaneRequestName(PlaneRequest plane);
+
+// PlaneRequestOf()
+//
+// Join's resolved `backend` ("gloo" or "nccl": ResolveBackend) and, for
+// "nccl", its `gpu_data_plane` ("auto", "one-sided", "nccl"; empty = "nccl";
+// ignored for "gloo") as the one request. Errors: kInvalidArgument naming
+// the field for another backend ("backend: expected \"gloo\" or \"nccl\"")
+// or GPU plane name (as ResolveGpuDataPlane). Pure.
+// Example: ("nccl", "") -> kNccl; ("gloo", "one-sided") -> kGloo.
+absl::StatusOr<PlaneRequest> PlaneRequestOf(const std::string& backend,
+                                            const std::string& gpu_data_plane);
+
 }  // namespace moe_ep::server

@@ -25,7 +25,7 @@ namespace moe_ep::server {
 
 class CpuDataPlane final : public DataPlane {
  public:
-  // Forms the Gloo group (group.backend must be "gloo"; group.device is
+  // Forms the Gloo group (group.plane must be kGloo; group.device is
   // ignored); with group.rejoin, a group of this rank alone on `store` (an
   // in-process one), every other rank masked, until Readmit. Errors: those
   // of core::GlooCollective::Create, prefixed with "Join (rank r of n,

@@ -317,35 +317,31 @@ absl::StatusOr<std::unique_ptr<DataPlane>> FormOneSidedPlane(
 
 absl::StatusOr<std::unique_ptr<DataPlane>> FormDataPlane(
     const DataPlaneGroup& group, std::shared_ptr<gloo::rendezvous::Store> store) {
-  if (group.backend == "gloo") {
+  if (group.plane == PlaneRequest::kGloo) {
     absl::StatusOr<std::unique_ptr<CpuDataPlane>> plane =
         CpuDataPlane::Form(group, std::move(store));
     if (!plane.ok()) return plane.status();
     return std::unique_ptr<DataPlane>(std::move(*plane));
   }
-  if (group.backend == "nccl") {
 #ifdef MOE_EP_HAVE_CUDA
-    ASSIGN_OR_RETURN(const std::string asked, ResolveGpuDataPlane(group.gpu_data_plane, "nccl"));
-    if (asked != "nccl") {
-      absl::StatusOr<std::unique_ptr<DataPlane>> one_sided = FormOneSidedPlane(group, store);
-      if (one_sided.ok() || asked == "one-sided" ||
-          one_sided.status().code() != absl::StatusCode::kFailedPrecondition) {
-        return one_sided;
-      }
-      spdlog::info("Join: gpu_data_plane \"auto\": {}; using the nccl plane",
-                   std::string(one_sided.status().message()));
+  if (group.plane != PlaneRequest::kNccl) {
+    absl::StatusOr<std::unique_ptr<DataPlane>> one_sided = FormOneSidedPlane(group, store);
+    if (one_sided.ok() || group.plane == PlaneRequest::kOneSided ||
+        one_sided.status().code() != absl::StatusCode::kFailedPrecondition) {
+      return one_sided;
     }
-    absl::StatusOr<std::unique_ptr<GpuDataPlane>> plane = GpuDataPlane::Form(group, store);
-    if (!plane.ok()) return plane.status();
-    return std::unique_ptr<DataPlane>(std::move(*plane));
-#else
-    return absl::FailedPreconditionError(
-        "backend \"nccl\": NCCL backend needs a CUDA build; this worker was built without CUDA "
-        "(use \"gloo\" or \"auto\")");
-#endif
+    spdlog::info("Join: gpu_data_plane \"auto\": {}; using the nccl plane",
+                 std::string(one_sided.status().message()));
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("backend: expected \"gloo\" or \"nccl\", got \"", group.backend, "\""));
+  absl::StatusOr<std::unique_ptr<GpuDataPlane>> plane = GpuDataPlane::Form(group, store);
+  if (!plane.ok()) return plane.status();
+  return std::unique_ptr<DataPlane>(std::move(*plane));
+#else
+  return absl::FailedPreconditionError(
+      absl::StrCat("data plane \"", PlaneRequestName(group.plane),
+                   "\": NCCL backend needs a CUDA build; this worker was built without CUDA "
+                   "(use backend \"gloo\" or \"auto\")"));
+#endif
 }
 
 namespace {

@@ -52,6 +52,7 @@
 #include "core/step_dispatcher.h"
 #include "core/workspace.h"
 #include "gloo/rendezvous/store.h"
+#include "server/backend_selection.h"
 #include "server/call_gate.h"
 #include "server/mask_round_task.h"
 #include "server/nccl_id_share.h"
@@ -61,18 +62,16 @@ namespace moe_ep::server {
 
 // The arguments a group is formed with (Join, normalized).
 struct DataPlaneGroup {
-  std::string backend;  // "gloo" or "nccl" (server/backend_selection.h)
+  // The transport (server/backend_selection.h PlaneRequest; Join's backend
+  // and gpu_data_plane read as one by PlaneRequestOf).
+  PlaneRequest plane = PlaneRequest::kGloo;
   int world_size = 1;
   int rank = 0;
   int64_t generation = 1;
   absl::Duration timeout = absl::Seconds(30);  // collective and rendezvous timeout
   std::string rendezvous_address;              // for messages; empty = in-process store
   std::string data_plane_host = "127.0.0.1";   // gloo: address the TCP device binds to
-  int device = 0;                              // nccl: CUDA device ordinal
-  // nccl: the GPU data plane asked for, "auto", "one-sided" or "nccl"
-  // (server/backend_selection.h ResolveGpuDataPlane); Join passes the
-  // worker's resolved choice.
-  std::string gpu_data_plane = "nccl";
+  int device = 0;                              // GPU planes: CUDA device ordinal
   // Every rank's Rendezvous address ([world_size]; empty = rank masks off)
   // and the generation's secret: where the survivors of a lost rank agree
   // on a mask (server/rank_mask.h; DESIGN §15).
@@ -180,8 +179,8 @@ struct EngineRecvBuffers {
 };
 
 // Which transport moves a formed group's tokens (DESIGN §13, §17): a field
-// of the plane, fixed when FormDataPlane resolves Join's backend and
-// gpu_data_plane (NCCL EP's habit: the kind is a config field).
+// of the plane, fixed when FormDataPlane resolves the group's PlaneRequest
+// (kGpuAuto becomes kOneSided or kNccl).
 enum class PlaneKind { kGloo, kNccl, kOneSided };
 // "gloo", "nccl" or "one-sided" (GetStatus.data_plane).
 std::string PlaneKindName(PlaneKind kind);
@@ -596,16 +595,16 @@ class DataPlane {
   int64_t agreed_votes_ = 0;  // agreed_votes()
 };
 
-// Forms the group of `group.backend` through `store` (rank 0's Rendezvous
+// Forms the group of `group.plane` through `store` (rank 0's Rendezvous
 // service, or an in-process store for world 1) and returns its data plane.
-// Gloo: core::GlooCollective under the prefix "gen<generation>". NCCL
-// (the GPU backend) by group.gpu_data_plane (DESIGN §13; issue 15 item 5):
-// "one-sided" and "auto" first form a Gloo group under
-// "gen<generation>/gpu" and probe where the ranks run (ProbeOneSidedPlane);
-// when the one-sided plane works (every rank on this host, GPUs that reach
-// each other) that is the plane (server/onesided_data_plane.h); otherwise
-// "one-sided" fails with kFailedPrecondition giving the reason, and "auto"
-// (every rank alike) goes on to the NCCL plane: rank 0 makes the unique id
+// kGloo: core::GlooCollective under the prefix "gen<generation>". The GPU
+// planes (DESIGN §13; issue 15 item 5): kOneSided and kGpuAuto first form a
+// Gloo group under "gen<generation>/gpu" and probe where the ranks run
+// (ProbeOneSidedPlane); when the one-sided plane works (every rank on this
+// host, GPUs that reach each other) that is the plane
+// (server/onesided_data_plane.h); otherwise kOneSided fails with
+// kFailedPrecondition giving the reason, and kGpuAuto (every rank alike)
+// goes on to the NCCL plane, as kNccl does: rank 0 makes the unique id
 // and sets it under "gen<generation>/nccl_unique_id"; the other ranks get it
 // (waiting at most group.timeout); then every rank creates its communicator
 // on group.device (server/gpu_data_plane.h).

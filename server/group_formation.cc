@@ -5,7 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/status_macros.h"
 #include "gloo/rendezvous/hash_store.h"
+#include "server/backend_selection.h"
 #include "server/grpc_store.h"
 #include "spdlog/spdlog.h"
 
@@ -74,7 +76,7 @@ absl::StatusOr<std::unique_ptr<DataPlane>> FormJoinedGroup(const JoinArgs& args,
                args.rendezvous_address.empty() || args.rejoin ? "an in-process store (alone)"
                                                               : args.rendezvous_address);
   DataPlaneGroup group;
-  group.backend = args.backend;
+  ASSIGN_OR_RETURN(group.plane, PlaneRequestOf(args.backend, args.gpu_data_plane));
   group.world_size = args.world_size;
   group.rank = args.rank;
   group.generation = args.generation;
@@ -82,7 +84,6 @@ absl::StatusOr<std::unique_ptr<DataPlane>> FormJoinedGroup(const JoinArgs& args,
   group.rendezvous_address = args.rendezvous_address;
   group.data_plane_host = args.data_plane_host;
   group.device = device;
-  if (!args.gpu_data_plane.empty()) group.gpu_data_plane = args.gpu_data_plane;
   group.rendezvous_addresses = args.rendezvous_addresses;
   group.rendezvous_secret = args.rendezvous_secret;
   group.rejoin = args.rejoin;

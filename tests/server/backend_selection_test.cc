@@ -46,6 +46,23 @@ TEST(ResolveGpuDataPlane, KnownNamesAndTheDefault) {
               "got \"rdma\"");
 }
 
+// Join's two names read as one request (issue 34 item 1): the GPU plane name
+// counts only for "nccl", and an empty one is "nccl".
+TEST(PlaneRequestOf, ReadsBackendAndGpuPlaneAsOneField) {
+  EXPECT_EQ(*PlaneRequestOf("gloo", ""), PlaneRequest::kGloo);
+  EXPECT_EQ(*PlaneRequestOf("gloo", "one-sided"), PlaneRequest::kGloo);
+  EXPECT_EQ(*PlaneRequestOf("nccl", ""), PlaneRequest::kNccl);
+  EXPECT_EQ(*PlaneRequestOf("nccl", "nccl"), PlaneRequest::kNccl);
+  EXPECT_EQ(*PlaneRequestOf("nccl", "one-sided"), PlaneRequest::kOneSided);
+  EXPECT_EQ(*PlaneRequestOf("nccl", "auto"), PlaneRequest::kGpuAuto);
+  ExpectError(PlaneRequestOf("auto", "").status(), absl::StatusCode::kInvalidArgument,
+              "backend: expected \"gloo\" or \"nccl\", got \"auto\"");
+  ExpectError(PlaneRequestOf("nccl", "ib").status(), absl::StatusCode::kInvalidArgument,
+              "gpu_data_plane: expected \"auto\", \"one-sided\" or \"nccl\", got \"ib\"");
+  EXPECT_STREQ(PlaneRequestName(PlaneRequest::kGpuAuto), "auto");
+  EXPECT_STREQ(PlaneRequestName(PlaneRequest::kOneSided), "one-sided");
+}
+
 TEST(ResolveBackend, EmptyRequestUsesTheDefault) {
   EXPECT_EQ(*ResolveBackend("", "gloo", 4), "gloo");
   EXPECT_EQ(*ResolveBackend("", "auto", 0), "gloo");

@@ -34,9 +34,9 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-DataPlaneGroup OneRank(const std::string& backend) {
+DataPlaneGroup OneRank(PlaneRequest plane) {
   DataPlaneGroup group;
-  group.backend = backend;
+  group.plane = plane;
   group.world_size = 1;
   group.rank = 0;
   group.generation = 3;
@@ -88,7 +88,7 @@ class UniqueIdRendezvous : public ::testing::Test {
 
   DataPlaneGroup Rank(int rank, int64_t generation, absl::Duration timeout) {
     DataPlaneGroup group;
-    group.backend = "nccl";
+    group.plane = PlaneRequest::kNccl;
     group.world_size = 2;
     group.rank = rank;
     group.generation = generation;
@@ -251,17 +251,10 @@ TEST_F(UniqueIdRendezvous, MemberZerosFailedIdReachesBothMembersNamingIt) {
   EXPECT_EQ(member1_calls.load(), 0);
 }
 
-TEST(FormDataPlane, UnknownBackendIsInvalidArgument) {
-  absl::StatusOr<std::unique_ptr<DataPlane>> plane =
-      FormDataPlane(OneRank("auto"), std::make_shared<gloo::rendezvous::HashStore>());
-  EXPECT_EQ(plane.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(plane.status().message()), HasSubstr("got \"auto\""));
-}
-
 TEST(FormDataPlane, NcclWithoutCudaBuildIsFailedPrecondition) {
   if (BuiltWithCuda()) GTEST_SKIP() << "CUDA build: NCCL is available";
   absl::StatusOr<std::unique_ptr<DataPlane>> plane =
-      FormDataPlane(OneRank("nccl"), std::make_shared<gloo::rendezvous::HashStore>());
+      FormDataPlane(OneRank(PlaneRequest::kNccl), std::make_shared<gloo::rendezvous::HashStore>());
   EXPECT_EQ(plane.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(plane.status().message()), HasSubstr("NCCL backend needs a CUDA build"));
 }
@@ -271,7 +264,7 @@ TEST(FormDataPlane, NcclWithoutVisibleGpuNamesTheDevice) {
     GTEST_SKIP() << "needs a CUDA build on a machine without a GPU";
   }
   absl::StatusOr<std::unique_ptr<DataPlane>> plane =
-      FormDataPlane(OneRank("nccl"), std::make_shared<gloo::rendezvous::HashStore>());
+      FormDataPlane(OneRank(PlaneRequest::kNccl), std::make_shared<gloo::rendezvous::HashStore>());
   EXPECT_EQ(plane.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(plane.status().message()),
               HasSubstr("Join (rank 0 of 1, generation 3): device: CUDA device 0 is not visible"));
@@ -279,7 +272,7 @@ TEST(FormDataPlane, NcclWithoutVisibleGpuNamesTheDevice) {
 
 TEST(CpuDataPlane, ForwardsHandTokensThroughIdentityExperts) {
   absl::StatusOr<std::unique_ptr<DataPlane>> formed =
-      FormDataPlane(OneRank("gloo"), std::make_shared<gloo::rendezvous::HashStore>());
+      FormDataPlane(OneRank(PlaneRequest::kGloo), std::make_shared<gloo::rendezvous::HashStore>());
   ASSERT_TRUE(formed.ok()) << formed.status();
   DataPlane& plane = **formed;
   EXPECT_EQ(plane.backend(), "gloo");
@@ -339,7 +332,7 @@ TEST(CpuDataPlane, ForwardsHandTokensThroughIdentityExperts) {
 // refused source leaves the layer's experts as they were.
 TEST(CpuDataPlane, LoadExpertsRefusesASourceThatDoesNotFitTheWorkspace) {
   absl::StatusOr<std::unique_ptr<DataPlane>> formed =
-      FormDataPlane(OneRank("gloo"), std::make_shared<gloo::rendezvous::HashStore>());
+      FormDataPlane(OneRank(PlaneRequest::kGloo), std::make_shared<gloo::rendezvous::HashStore>());
   ASSERT_TRUE(formed.ok()) << formed.status();
   DataPlane& plane = **formed;
   absl::StatusOr<int64_t> early =
@@ -377,7 +370,7 @@ TEST(CpuDataPlane, LoadExpertsRefusesASourceThatDoesNotFitTheWorkspace) {
 
 TEST(CpuDataPlane, AllocateBeyondTheCapKeepsThePreviousWorkspace) {
   absl::StatusOr<std::unique_ptr<DataPlane>> formed =
-      FormDataPlane(OneRank("gloo"), std::make_shared<gloo::rendezvous::HashStore>());
+      FormDataPlane(OneRank(PlaneRequest::kGloo), std::make_shared<gloo::rendezvous::HashStore>());
   ASSERT_TRUE(formed.ok()) << formed.status();
   DataPlane& plane = **formed;
   ASSERT_TRUE(plane.Allocate(HandOptions(), 0, 0).ok());
@@ -394,7 +387,7 @@ TEST(CpuDataPlane, AllocateBeyondTheCapKeepsThePreviousWorkspace) {
 // dispatcher's bounds after (capacity 8), the previous geometry kept on error.
 TEST(CpuDataPlane, CommitGeometryAndCheckStepGoThroughTheServingDispatcher) {
   absl::StatusOr<std::unique_ptr<DataPlane>> formed =
-      FormDataPlane(OneRank("gloo"), std::make_shared<gloo::rendezvous::HashStore>());
+      FormDataPlane(OneRank(PlaneRequest::kGloo), std::make_shared<gloo::rendezvous::HashStore>());
   ASSERT_TRUE(formed.ok()) << formed.status();
   DataPlane& plane = **formed;
   absl::Status early = plane.CommitGeometry(1, 2, 2);
@@ -419,7 +412,7 @@ TEST(CpuDataPlane, CommitGeometryAndCheckStepGoThroughTheServingDispatcher) {
 
 TEST(CpuDataPlane, BenchmarkTimesEveryIterationAfterWarmup) {
   absl::StatusOr<std::unique_ptr<DataPlane>> formed =
-      FormDataPlane(OneRank("gloo"), std::make_shared<gloo::rendezvous::HashStore>());
+      FormDataPlane(OneRank(PlaneRequest::kGloo), std::make_shared<gloo::rendezvous::HashStore>());
   ASSERT_TRUE(formed.ok()) << formed.status();
   BenchmarkInputs inputs;
   inputs.num_tokens = 2;
@@ -465,7 +458,7 @@ TEST(ResolveBenchmarkPlane, OwnPlaneOrOneItCanTime) {
 // gave up. Past the call's deadline it stops before the next iteration.
 TEST(CpuDataPlane, BenchmarkStopsAtTheCallsDeadline) {
   absl::StatusOr<std::unique_ptr<DataPlane>> formed =
-      FormDataPlane(OneRank("gloo"), std::make_shared<gloo::rendezvous::HashStore>());
+      FormDataPlane(OneRank(PlaneRequest::kGloo), std::make_shared<gloo::rendezvous::HashStore>());
   ASSERT_TRUE(formed.ok()) << formed.status();
   BenchmarkInputs inputs;
   inputs.num_tokens = 2;
@@ -498,7 +491,7 @@ CallBound CancelledAtCheck(int at, const std::shared_ptr<int>& checks) {
 // same plane gives the exact result.
 TEST(CpuDataPlane, ForwardStopsAtItsGatesAndTheNextForwardIsExact) {
   absl::StatusOr<std::unique_ptr<DataPlane>> formed =
-      FormDataPlane(OneRank("gloo"), std::make_shared<gloo::rendezvous::HashStore>());
+      FormDataPlane(OneRank(PlaneRequest::kGloo), std::make_shared<gloo::rendezvous::HashStore>());
   ASSERT_TRUE(formed.ok()) << formed.status();
   DataPlane& plane = **formed;
   ASSERT_TRUE(plane.Allocate(HandOptions(), 0, 0).ok());
@@ -570,7 +563,7 @@ TEST(CpuDataPlane, TwoRanksStopTogetherWhenOneStopsInsideItsExpertCompute) {
     for (std::thread& t : threads) t.join();
   };
   on_ranks([&](int r) {
-    DataPlaneGroup group = OneRank("gloo");
+    DataPlaneGroup group = OneRank(PlaneRequest::kGloo);
     group.world_size = kRanks;
     group.rank = r;
     absl::StatusOr<std::unique_ptr<DataPlane>> formed = FormDataPlane(group, store);

@@ -70,7 +70,7 @@ TEST(GpuDataPlane, BreakdownMatchesOwnersAndFreeMemoryDrop) {
     GTEST_SKIP() << "needs 1 CUDA device";
   }
   DataPlaneGroup group;
-  group.backend = "nccl";
+  group.plane = PlaneRequest::kNccl;
   auto plane = GpuDataPlane::Form(group, std::make_shared<gloo::rendezvous::HashStore>());
   ASSERT_TRUE(plane.ok()) << plane.status();
   core::EpDispatcherOptions options;
@@ -213,7 +213,7 @@ TEST(GpuDataPlane, LoadExpertsKeepsHostMemoryFarBelowTheLayersWeights) {
     GTEST_SKIP() << "needs 1 CUDA device";
   }
   DataPlaneGroup group;
-  group.backend = "nccl";
+  group.plane = PlaneRequest::kNccl;
   auto plane = GpuDataPlane::Form(group, std::make_shared<gloo::rendezvous::HashStore>());
   ASSERT_TRUE(plane.ok()) << plane.status();
   constexpr int64_t kH = 7168;
@@ -294,7 +294,7 @@ TEST(GpuDataPlane, ForwardBytesIsExactInBothHostCopyModes) {
   constexpr int kK = 4;
   constexpr int kE = 16;
   DataPlaneGroup group;
-  group.backend = "nccl";
+  group.plane = PlaneRequest::kNccl;
   auto plane = GpuDataPlane::Form(group, std::make_shared<gloo::rendezvous::HashStore>());
   ASSERT_TRUE(plane.ok()) << plane.status();
   core::EpDispatcherOptions options;
@@ -385,7 +385,7 @@ TEST(GpuDataPlane, ForwardBytesIsExactInBothHostCopyModes) {
 std::unique_ptr<GpuDataPlane> FormWithExperts(const core::ExpertSource& source, int num_experts,
                                               int top_k, int64_t capacity, int64_t tokens) {
   DataPlaneGroup group;
-  group.backend = "nccl";
+  group.plane = PlaneRequest::kNccl;
   auto plane = GpuDataPlane::Form(group, std::make_shared<gloo::rendezvous::HashStore>());
   if (!plane.ok()) {
     ADD_FAILURE() << plane.status();

@@ -48,7 +48,7 @@ int Gpus() {
 
 DataPlaneGroup RejoinGroup(bool with_addresses) {
   DataPlaneGroup group;
-  group.backend = "nccl";
+  group.plane = PlaneRequest::kNccl;
   group.world_size = 2;
   group.rank = 1;
   group.rejoin = true;
