@@ -47,78 +47,6 @@ absl::Status WithContext(const absl::Status& status, absl::string_view context) 
 
 }  // namespace
 
-// Pinned host and device staging of Forward, for N rows; freed on
-// destruction. One device allocation (and one pinned one) of four
-// 128-byte-aligned parts: hidden [N, H] bf16, ids [N, K] int32, weights
-// [N, K] fp32, output [N, H] bf16; the pinned one ends with the step counts.
-class GpuDataPlane::Staging {
- public:
-  // `device`: null to allocate the device part here, or DeviceBytes() bytes
-  // of 128-byte-aligned device memory that outlives this object (the
-  // dispatcher's tail, so the workspace is one allocation).
-  static absl::StatusOr<std::unique_ptr<Staging>> Create(int64_t capacity, int64_t hidden,
-                                                         int top_k, void* device = nullptr) {
-    std::unique_ptr<Staging> s(new Staging());
-    const int64_t hidden_bytes = core::AlignTo128(capacity * hidden * 2);
-    const int64_t k_bytes = core::AlignTo128(capacity * top_k * 4);
-    s->offsets_ = {0, hidden_bytes, hidden_bytes + k_bytes, hidden_bytes + 2 * k_bytes};
-    const int64_t total = DeviceBytes(capacity, hidden, top_k);
-    if (device == nullptr) {
-      RETURN_IF_ERROR(
-          kernels::CudaStatus(cudaMalloc(&s->owned_device_, total),
-                              absl::StrCat("cudaMalloc(forward staging, ", total, " bytes)")));
-      device = s->owned_device_;
-    }
-    s->device_ = device;
-    s->host_bytes_ = total + kCountsBytes;
-    RETURN_IF_ERROR(kernels::CudaStatus(
-        cudaMallocHost(&s->host_, s->host_bytes_),
-        absl::StrCat("cudaMallocHost(forward staging, ", s->host_bytes_, " bytes)")));
-    return s;
-  }
-  // Moves the device part to `device` (a grown dispatcher's tail), when it
-  // was not allocated here.
-  void Rebind(void* device) {
-    if (owned_device_ == nullptr) device_ = device;
-  }
-  // Device bytes of staging for N rows (what Create allocates on the device).
-  static int64_t DeviceBytes(int64_t capacity, int64_t hidden, int top_k) {
-    return 2 * core::AlignTo128(capacity * hidden * 2) + 2 * core::AlignTo128(capacity * top_k * 4);
-  }
-  ~Staging() {
-    cudaFree(owned_device_);
-    cudaFreeHost(host_);
-  }
-  Staging(const Staging&) = delete;
-  Staging& operator=(const Staging&) = delete;
-
-  uint16_t* d_hidden() const { return Part<uint16_t>(device_, 0); }
-  int32_t* d_ids() const { return Part<int32_t>(device_, 1); }
-  float* d_weights() const { return Part<float>(device_, 2); }
-  uint16_t* d_output() const { return Part<uint16_t>(device_, 3); }
-  void* h_hidden() const { return Part<char>(host_, 0); }
-  void* h_ids() const { return Part<char>(host_, 1); }
-  void* h_weights() const { return Part<char>(host_, 2); }
-  void* h_output() const { return Part<char>(host_, 3); }
-  // Pinned [2, kMaxEpSize] int32: a step's GpuEpDispatcher::step_counts().
-  int32_t* h_counts() const {
-    return reinterpret_cast<int32_t*>(static_cast<char*>(host_) + host_bytes_ - kCountsBytes);
-  }
-
- private:
-  Staging() = default;
-  template <typename T>
-  T* Part(void* base, int i) const {
-    return reinterpret_cast<T*>(static_cast<char*>(base) + offsets_[i]);
-  }
-  static constexpr int64_t kCountsBytes = 2 * kernels::kMaxEpSize * sizeof(int32_t);
-  std::array<int64_t, 4> offsets_ = {0, 0, 0, 0};
-  int64_t host_bytes_ = 0;
-  void* device_ = nullptr;
-  void* owned_device_ = nullptr;  // device_ when Create allocated it
-  void* host_ = nullptr;
-};
-
 absl::StatusOr<std::unique_ptr<GpuDataPlane>> GpuDataPlane::Form(
     const DataPlaneGroup& group, const std::shared_ptr<gloo::rendezvous::Store>& store) {
   const std::string context = JoinContext(group);
@@ -264,7 +192,7 @@ absl::Status GpuDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) 
     kernels::GpuEpDispatcherOptions gpu_options;
     gpu_options.dispatcher = options_;
     gpu_options.max_intermediate = max_intermediate_;
-    gpu_options.tail_bytes = Staging::DeviceBytes(ws.capacity_tokens, ws.hidden, ws.top_k);
+    gpu_options.tail_bytes = StepStaging::Bytes(ws.capacity_tokens, ws.hidden, ws.top_k);
     absl::StatusOr<std::unique_ptr<kernels::GpuEpDispatcher>> made =
         kernels::GpuEpDispatcher::Create(next_view, gpu_options, 0);
     if (!made.ok()) return WithContext(made.status(), context);
@@ -302,7 +230,7 @@ absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatc
   const core::WorkspaceSpec& ws = options.workspace;
   ASSIGN_OR_RETURN(core::ExpertPlacement placement,
                    core::ExpertPlacement::Contiguous(options.num_experts, ws.ep_size));
-  const int64_t staging_bytes = Staging::DeviceBytes(ws.capacity_tokens, ws.hidden, ws.top_k);
+  const int64_t staging_bytes = StepStaging::Bytes(ws.capacity_tokens, ws.hidden, ws.top_k);
   kernels::GpuEpDispatcherOptions gpu_options;
   gpu_options.dispatcher = options;
   gpu_options.max_intermediate = max_intermediate;
@@ -317,8 +245,9 @@ absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatc
     }
     return dispatcher.status();
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<Staging> staging,
-                   Staging::Create(ws.capacity_tokens, ws.hidden, ws.top_k, (*dispatcher)->tail()));
+  ASSIGN_OR_RETURN(std::unique_ptr<StepStaging> staging,
+                   StepStaging::Create(ws.capacity_tokens, ws.hidden, ws.top_k,
+                                       {.device = (*dispatcher)->tail(), .pinned_host = true}));
 
   // The breakdown is the dispatcher's one allocation: its typed layout, then
   // what the expert compute says its scratch is, then the Forward staging
@@ -379,7 +308,7 @@ absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, const core::ExpertS
     kernels::GpuEpDispatcherOptions gpu_options;
     gpu_options.dispatcher = options_;
     gpu_options.max_intermediate = source.intermediate;
-    gpu_options.tail_bytes = Staging::DeviceBytes(ws.capacity_tokens, ws.hidden, ws.top_k);
+    gpu_options.tail_bytes = StepStaging::Bytes(ws.capacity_tokens, ws.hidden, ws.top_k);
     ASSIGN_OR_RETURN(grown, kernels::GpuEpDispatcher::Create(view_, gpu_options, cap));
     if (geometry_.committed) {
       RETURN_IF_ERROR(
@@ -493,34 +422,34 @@ absl::StatusOr<core::StepStats> GpuDataPlane::StepFromHost(int layer, const Host
       // The rounding to bf16 is the hidden states' one copy, into pinned
       // staging (as DecodeBf16 rounds: core::FloatToBf16).
       const char* src = io.hidden.data();
-      auto* dst = static_cast<core::bf16_t*>(staging_->h_hidden());
+      auto* dst = static_cast<core::bf16_t*>(staging_->host_hidden());
       for (int64_t i = 0; i < num_tokens * h; ++i) {
         float value;
         std::memcpy(&value, src + i * 4, 4);
         dst[i] = core::FloatToBf16(value);
       }
       RETURN_IF_ERROR(
-          kernels::CudaStatus(cudaMemcpyAsync(staging_->d_hidden(), staging_->h_hidden(),
+          kernels::CudaStatus(cudaMemcpyAsync(staging_->hidden(), staging_->host_hidden(),
                                               hidden_bytes, cudaMemcpyHostToDevice, stream),
                               "cudaMemcpyAsync(hidden to device)"));
     } else {
-      RETURN_IF_ERROR(Upload(staging_->d_hidden(), io.hidden.data(), hidden_bytes,
-                             staging_->h_hidden(), "hidden"));
+      RETURN_IF_ERROR(Upload(staging_->hidden(), io.hidden.data(), hidden_bytes,
+                             staging_->host_hidden(), "hidden"));
     }
-    RETURN_IF_ERROR(
-        Upload(staging_->d_ids(), io.topk_ids.data(), k_bytes, staging_->h_ids(), "topk_ids"));
-    RETURN_IF_ERROR(Upload(staging_->d_weights(), io.topk_weights.data(), k_bytes,
-                           staging_->h_weights(), "topk_weights"));
+    RETURN_IF_ERROR(Upload(staging_->topk_ids(), io.topk_ids.data(), k_bytes,
+                           staging_->host_topk_ids(), "topk_ids"));
+    RETURN_IF_ERROR(Upload(staging_->topk_weights(), io.topk_weights.data(), k_bytes,
+                           staging_->host_topk_weights(), "topk_weights"));
   }
   const kernels::DeviceExpertSet& set = *experts;
   // The shared expert starts on its own stream once the inputs are on the
   // device, and runs while the dispatch does (issue 18).
   const bool has_shared = shared_.Has(layer);
-  if (has_shared) RETURN_IF_ERROR(shared_.Begin(layer, staging_->d_hidden(), num_tokens, stream));
+  if (has_shared) RETURN_IF_ERROR(shared_.Begin(layer, staging_->hidden(), num_tokens, stream));
   RETURN_IF_ERROR(
       kernels::CudaStatus(cudaEventRecord(events_->step()[0], stream), "cudaEventRecord"));
-  RETURN_IF_ERROR(dispatcher_->Dispatch(staging_->d_hidden(), staging_->d_ids(),
-                                        staging_->d_weights(), num_tokens));
+  RETURN_IF_ERROR(dispatcher_->Dispatch(staging_->hidden(), staging_->topk_ids(),
+                                        staging_->topk_weights(), num_tokens));
   RETURN_IF_ERROR(
       kernels::CudaStatus(cudaEventRecord(events_->step()[1], stream), "cudaEventRecord"));
   // The dispatcher's expert compute is ExpertGemm::kGroupedDevice (the
@@ -529,18 +458,18 @@ absl::StatusOr<core::StepStats> GpuDataPlane::StepFromHost(int layer, const Host
   if (!computed.ok()) {
     // Keep the ranks' collective sequence aligned (the peers go on to the
     // combine all-to-all), then report this rank's failure.
-    (void)dispatcher_->Combine(staging_->d_output());
+    (void)dispatcher_->Combine(staging_->output());
     return computed;
   }
   if (has_shared) RETURN_IF_ERROR(shared_.JoinInto(stream));
   RETURN_IF_ERROR(
       kernels::CudaStatus(cudaEventRecord(events_->step()[2], stream), "cudaEventRecord"));
   RETURN_IF_ERROR(
-      dispatcher_->Combine(staging_->d_output(), has_shared ? shared_.output() : nullptr));
+      dispatcher_->Combine(staging_->output(), has_shared ? shared_.output() : nullptr));
   RETURN_IF_ERROR(
       kernels::CudaStatus(cudaEventRecord(events_->step()[3], stream), "cudaEventRecord"));
   // The counters: the dispatcher's device counts, one small async copy.
-  int32_t* counts = staging_->h_counts();
+  int32_t* counts = staging_->host_counts();
   RETURN_IF_ERROR(kernels::CudaStatus(
       cudaMemcpyAsync(counts, dispatcher_->step_counts(), 2 * world * sizeof(int32_t),
                       cudaMemcpyDeviceToHost, stream),
@@ -548,19 +477,19 @@ absl::StatusOr<core::StepStats> GpuDataPlane::StepFromHost(int layer, const Host
   const bool pinned_out = host_copy_ == ForwardHostCopy::kPinned;
   if (num_tokens > 0 && pinned_out) {
     RETURN_IF_ERROR(
-        kernels::CudaStatus(cudaMemcpyAsync(staging_->h_output(), staging_->d_output(),
+        kernels::CudaStatus(cudaMemcpyAsync(staging_->host_output(), staging_->output(),
                                             hidden_bytes, cudaMemcpyDeviceToHost, stream),
                             "cudaMemcpyAsync(output to host)"));
   }
   RETURN_IF_ERROR(Synchronize());
   if (num_tokens > 0) {
     if (pinned_out) {
-      std::memcpy(io.output.data(), staging_->h_output(), hidden_bytes);
+      std::memcpy(io.output.data(), staging_->host_output(), hidden_bytes);
     } else {
       // The stream is idle now, so this pageable copy (which returns once
       // done) waits for nothing but itself.
       RETURN_IF_ERROR(
-          kernels::CudaStatus(cudaMemcpyAsync(io.output.data(), staging_->d_output(), hidden_bytes,
+          kernels::CudaStatus(cudaMemcpyAsync(io.output.data(), staging_->output(), hidden_bytes,
                                               cudaMemcpyDeviceToHost, stream),
                               "cudaMemcpyAsync(output to host)"));
     }
@@ -598,15 +527,14 @@ absl::StatusOr<std::unique_ptr<BenchmarkRun>> GpuDataPlane::MakeBenchmarkRun(
   const int64_t tokens = inputs.num_tokens;
   const int64_t h = options.workspace.hidden;
   const int k = options.workspace.top_k;
-  const int64_t input_bytes = DeviceStepBuffers::Bytes(tokens, h, k);
+  const int64_t input_bytes = StepStaging::Bytes(tokens, h, k);
   ASSIGN_OR_RETURN(const int64_t cap, DeviceScratchCap(input_bytes, memory_cap_bytes));
   ASSIGN_OR_RETURN(core::ExpertPlacement placement,
                    core::ExpertPlacement::Contiguous(options.num_experts, members));
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::DeviceExpertSet> identity,
                    kernels::DeviceExpertSet::Upload(core::ExpertSet::Identity(
                        placement.FirstExpert(rank), placement.NumLocalExperts(rank), h)));
-  ASSIGN_OR_RETURN(std::unique_ptr<DeviceStepBuffers> buffers,
-                   DeviceStepBuffers::Create(tokens, h, k));
+  ASSIGN_OR_RETURN(std::unique_ptr<StepStaging> buffers, StepStaging::Create(tokens, h, k));
   auto upload = [&](cudaStream_t stream) {
     return buffers->Upload(reinterpret_cast<const uint16_t*>(inputs.hidden.data()),
                            inputs.topk_ids.data(), inputs.topk_weights.data(), tokens, stream);

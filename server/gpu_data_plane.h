@@ -96,6 +96,7 @@
 #include "server/data_plane.h"
 #include "server/gpu_plane_events.h"
 #include "server/gpu_shared_experts.h"
+#include "server/gpu_step_buffers.h"
 #include "server/rank_mask.h"
 
 namespace moe_ep::server {
@@ -156,8 +157,6 @@ class GpuDataPlane final : public DataPlane {
                                      void* stream) override;
 
  private:
-  class Staging;  // the Forward staging buffers (device + pinned host)
-
   GpuDataPlane();
   // Forward and ForwardBytes (server/data_plane.h): checks the byte sizes
   // against num_tokens, then StepFromHost.
@@ -211,7 +210,9 @@ class GpuDataPlane final : public DataPlane {
   std::vector<int> members_;                   // original ranks of nccl_, ascending
   std::unique_ptr<core::ExpertPlacement> placement_;
   std::unique_ptr<kernels::GpuEpDispatcher> dispatcher_;
-  std::unique_ptr<Staging> staging_;
+  // Forward's staging: the device block in the dispatcher's tail, a pinned
+  // host mirror (server/gpu_step_buffers.h).
+  std::unique_ptr<StepStaging> staging_;
   std::unique_ptr<GpuPlaneEvents> events_;  // step timing, engine stream fork / join
   ForwardHostCopy host_copy_ = ForwardHostCopy::kPageable;
   GpuSharedExperts shared_;  // last: destroyed first, on the current device

@@ -2,16 +2,16 @@
 
 // What both GPU data planes' Benchmark and Forward share
 // (server/gpu_data_plane.h, server/onesided_data_plane.h; issue 15 item 5):
-// device buffers of one step's inputs and output (the one-sided plane's
-// Forward staging), the timed Benchmark step over a dispatcher with identity
-// experts (the loop is the core's: DataPlane::Benchmark), and the tail of a Forward step: its
-// counters and phase times. Only on a CUDA build (MOE_EP_HAVE_CUDA). Not thread-safe. Source:
-// DESIGN §10, §13.
+// one step's inputs and output on the device (both planes' Forward staging), the timed Benchmark
+// step over a dispatcher with identity experts (the loop is the core's: DataPlane::Benchmark), and
+// the tail of a Forward step: its counters and phase times. Only on a CUDA build
+// (MOE_EP_HAVE_CUDA). Not thread-safe. Source: DESIGN §10, §13.
 
 #ifdef MOE_EP_HAVE_CUDA
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <concepts>
 #include <cstdint>
 #include <functional>
@@ -33,25 +33,60 @@
 
 namespace moe_ep::server {
 
-// One cudaMalloc on the current device of four 128-byte-aligned parts for
-// N rows: hidden [N, H] bf16, topk_ids [N, K] int32, topk_weights [N, K]
-// fp32, output [N, H] bf16. Freed on destruction.
-class DeviceStepBuffers {
+// StepStaging
+//
+// One step's inputs and output on the device, for N rows: Forward's staging
+// on both GPU transports and the Benchmark step's buffers (one class, DESIGN
+// §17; issue 34 item 1). One device block of four 128-byte-aligned parts:
+// hidden [N, H] bf16, topk_ids [N, K] int32, topk_weights [N, K] fp32,
+// output [N, H] bf16; allocated here, or bound to device memory the caller
+// owns (the NCCL dispatcher's tail, so its workspace is one allocation).
+// Optionally a pinned host mirror of the same four parts followed by a
+// step's counts [2, kMaxEpSize] int32 (the NCCL plane's host copies, DESIGN
+// §10). Frees what it allocated on destruction. Not thread-safe.
+class StepStaging {
  public:
-  // Errors: kResourceExhausted (cudaMalloc), kInternal.
-  static absl::StatusOr<std::unique_ptr<DeviceStepBuffers>> Create(int64_t capacity, int64_t hidden,
-                                                                   int top_k);
-  // What Create allocates for these sizes.
+  struct Options {
+    // Null: allocate the device block here (cudaMalloc on the current
+    // device). Else Bytes() bytes of 128-byte-aligned device memory that
+    // outlives this object (Rebind moves it).
+    void* device = nullptr;
+    bool pinned_host = false;  // also the pinned host mirror and counts
+  };
+  // Errors: kResourceExhausted (cudaMalloc / cudaMallocHost, with the
+  // bytes), kInternal.
+  static absl::StatusOr<std::unique_ptr<StepStaging>> Create(int64_t capacity, int64_t hidden,
+                                                             int top_k, Options options);
+  static absl::StatusOr<std::unique_ptr<StepStaging>> Create(int64_t capacity, int64_t hidden,
+                                                             int top_k) {
+    return Create(capacity, hidden, top_k, Options());
+  }
+  // The device block's bytes for these sizes:
+  // 2 * AlignTo128(N * H * 2) + 2 * AlignTo128(N * K * 4).
   static int64_t Bytes(int64_t capacity, int64_t hidden, int top_k);
-  ~DeviceStepBuffers();
-  DeviceStepBuffers(const DeviceStepBuffers&) = delete;
-  DeviceStepBuffers& operator=(const DeviceStepBuffers&) = delete;
+  ~StepStaging();
+  StepStaging(const StepStaging&) = delete;
+  StepStaging& operator=(const StepStaging&) = delete;
 
-  uint16_t* hidden() const { return hidden_; }
-  int32_t* topk_ids() const { return ids_; }
-  float* topk_weights() const { return weights_; }
-  uint16_t* output() const { return output_; }
+  // The device parts.
+  uint16_t* hidden() const { return Part<uint16_t>(device_, 0); }
+  int32_t* topk_ids() const { return Part<int32_t>(device_, 1); }
+  float* topk_weights() const { return Part<float>(device_, 2); }
+  uint16_t* output() const { return Part<uint16_t>(device_, 3); }
+  // The pinned mirror's parts (null without Options::pinned_host).
+  void* host_hidden() const { return Part<char>(host_, 0); }
+  void* host_topk_ids() const { return Part<char>(host_, 1); }
+  void* host_topk_weights() const { return Part<char>(host_, 2); }
+  void* host_output() const { return Part<char>(host_, 3); }
+  // Pinned [2, kMaxEpSize] int32 for a step's counts (null without the mirror).
+  int32_t* host_counts() const;
+  // Bytes() for this object's sizes (the device block, allocated here or not).
   int64_t bytes() const { return bytes_; }
+  // Moves a bound device block to `device` (a grown dispatcher's tail);
+  // nothing when the block was allocated here.
+  void Rebind(void* device) {
+    if (owned_device_ == nullptr) device_ = device;
+  }
 
   // Enqueues on `stream` the copies of `num_tokens` rows of host inputs
   // ([T, H] bf16, [T, K] int32, [T, K] fp32; pageable: each call returns once
@@ -60,15 +95,19 @@ class DeviceStepBuffers {
                       int64_t num_tokens, cudaStream_t stream) const;
 
  private:
-  DeviceStepBuffers() = default;
-  char* base_ = nullptr;
-  uint16_t* hidden_ = nullptr;
-  int32_t* ids_ = nullptr;
-  float* weights_ = nullptr;
-  uint16_t* output_ = nullptr;
+  StepStaging() = default;
+  template <typename T>
+  T* Part(void* base, int i) const {
+    return base == nullptr ? nullptr : reinterpret_cast<T*>(static_cast<char*>(base) + offsets_[i]);
+  }
+  std::array<int64_t, 4> offsets_ = {0, 0, 0, 0};
   int64_t bytes_ = 0;
+  int64_t host_bytes_ = 0;
   int64_t hidden_size_ = 0;
   int top_k_ = 0;
+  void* device_ = nullptr;
+  void* owned_device_ = nullptr;  // device_ when Create allocated it
+  void* host_ = nullptr;
 };
 
 // StepCountStats()
@@ -144,7 +183,7 @@ class GpuBenchmarkRun final : public BenchmarkRun {
   GpuBenchmarkRun(std::unique_ptr<kernels::onesided::PeerWindows> windows,
                   std::unique_ptr<Dispatcher> dispatcher,
                   std::unique_ptr<kernels::DeviceExpertSet> identity,
-                  std::unique_ptr<DeviceStepBuffers> buffers, int64_t tokens, cudaEvent_t* events,
+                  std::unique_ptr<StepStaging> buffers, int64_t tokens, cudaEvent_t* events,
                   GpuBenchmarkHooks hooks)
       : windows_(std::move(windows)),
         dispatcher_(std::move(dispatcher)),
@@ -156,7 +195,7 @@ class GpuBenchmarkRun final : public BenchmarkRun {
 
   absl::StatusOr<PhaseTimes> Step() override {
     cudaStream_t stream = dispatcher_->stream();
-    const DeviceStepBuffers& in = *buffers_;
+    const StepStaging& in = *buffers_;
     RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events_[0], stream), "cudaEventRecord"));
     RETURN_IF_ERROR(dispatcher_->Dispatch(in.hidden(), in.topk_ids(), in.topk_weights(), tokens_));
     RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events_[1], stream), "cudaEventRecord"));
@@ -183,7 +222,7 @@ class GpuBenchmarkRun final : public BenchmarkRun {
   std::unique_ptr<kernels::onesided::PeerWindows> windows_;
   std::unique_ptr<Dispatcher> dispatcher_;
   std::unique_ptr<kernels::DeviceExpertSet> identity_;
-  std::unique_ptr<DeviceStepBuffers> buffers_;
+  std::unique_ptr<StepStaging> buffers_;
   int64_t tokens_;
   cudaEvent_t* events_;
   GpuBenchmarkHooks hooks_;
