@@ -153,7 +153,9 @@ class WorkerService final : public v1::Worker::Service, private GroupSession::Ob
   // group that is not broken (the RPCs' kFailedPrecondition / kUnavailable),
   // with `needs_steps` also readiness for steps (WaitReadyForSteps in this
   // group and workspace; kFailedPrecondition naming what is missing), and
-  // runs `fn` on the data plane with the allocated options. A group error
+  // runs `fn` on the data plane with the allocated options; `fn`'s
+  // collectives are bounded by the group's timeout, not by `deadline` (a
+  // peer later than the caller's timeout is waited for). A group error
   // from `fn` marks the group broken, as an RPC's does.
   absl::Status RunOnDataPlane(
       const char* call, absl::Time deadline, bool needs_steps,

@@ -48,7 +48,10 @@ absl::Status WorkerService::RunOnDataPlane(
   // alike: no route to a lost rank, no wait on it.
   RETURN_IF_ERROR(session_.RequireNoMask(call));
   if (needs_steps) RETURN_IF_ERROR(RequireReadyForSteps(call));
-  session_.plane()->SetCall(CallBound{deadline, nullptr});
+  // `deadline` bounded the wait for the slot only (server/moe_ep.h): the
+  // call's collectives are bounded by the group's timeout, so a peer later
+  // than the caller's timeout is waited for rather than breaking the group.
+  session_.plane()->SetCall(CallBound{absl::InfiniteFuture(), nullptr});
   return session_.GroupResult(call, fn(*session_.plane(), allocation_->options));
 }
 

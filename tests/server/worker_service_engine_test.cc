@@ -127,8 +127,10 @@ class EngineCallsTest : public ::testing::Test {
     for (int r = 0; r < 2; ++r) ASSERT_TRUE(workers_[r]->Commit(epoch, kRows, 0).ok());
   }
 
-  absl::Status Dispatch(int r, const Inputs& in, Received* out) {
-    return Service(r).RunOnDataPlane("moe_ep_dispatch", absl::Now() + absl::Seconds(20), true,
+  // `slot_timeout`: the engine call's timeout_ms (the wait for the call slot).
+  absl::Status Dispatch(int r, const Inputs& in, Received* out,
+                        absl::Duration slot_timeout = absl::Seconds(20)) {
+    return Service(r).RunOnDataPlane("moe_ep_dispatch", absl::Now() + slot_timeout, true,
                                      [&](DataPlane& plane, const core::EpDispatcherOptions&) {
                                        return plane
                                            .EngineDispatch(in.hidden.data(), in.ids.data(),
@@ -308,6 +310,37 @@ TEST_F(EngineCallsTest, MismatchedCallsAndRefusalsMoveNothing) {
   EXPECT_EQ(counts[1][1], 4);
   EXPECT_FALSE(workers_[0]->Status().group_broken());
   EXPECT_FALSE(workers_[1]->Status().group_broken());
+}
+
+// server/moe_ep.h: a data call's timeout_ms bounds only its wait for the
+// collective slot; the collective is bounded by the group's timeout (8 s
+// here). A peer 3.5 s late to a dispatch whose timeout is 200 ms is a slow
+// peer, not a broken group: both ranks get their rows and the group serves
+// on. (It broke the group when the call's deadline, plus the 2 s
+// kCollectiveGrace, bounded the collective.)
+TEST_F(EngineCallsTest, APeerLaterThanTheCallTimeoutIsWaitedFor) {
+  ReadyAndCommit(1);
+  const Inputs in[2] = {MakeInputs(0, {0, 2, 1, -1}), MakeInputs(1, {3, -1, 2, 3})};
+  Received received[2];
+  absl::Status status[2];
+  const absl::Time start = absl::Now();
+  OnAllRanks(2, [&](int r) {
+    if (r == 1) absl::SleepFor(absl::Milliseconds(3500));
+    status[r] = Dispatch(r, in[r], &received[r], absl::Milliseconds(200));
+  });
+  ASSERT_TRUE(status[0].ok()) << status[0];
+  ASSERT_TRUE(status[1].ok()) << status[1];
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(3500));
+  EXPECT_EQ(received[0].source_counts, (std::array<int64_t, 2>{2, 0}));
+  EXPECT_EQ(received[1].source_counts, (std::array<int64_t, 2>{1, 2}));
+  std::vector<core::bf16_t> output[2];
+  OnAllRanks(2, [&](int r) { status[r] = Combine(r, received[r], &output[r], in[r].tokens); });
+  ASSERT_TRUE(status[0].ok()) << status[0];
+  ASSERT_TRUE(status[1].ok()) << status[1];
+  EXPECT_EQ(core::Bf16ToFloat(output[0][0]), 2.0f);
+  EXPECT_FALSE(workers_[0]->Status().group_broken());
+  EXPECT_FALSE(workers_[1]->Status().group_broken());
+  ExactStep("after a late peer");
 }
 
 // DESIGN §7 on the Forward RPC: an id outside [0, 4) that is not the
