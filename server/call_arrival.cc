@@ -72,6 +72,9 @@ absl::Status ArriveForCall(GrpcStore& host, const CallArrival& call) {
   request.set_action(v1::ArriveRequest::ACTION_ARRIVE);
   absl::flat_hash_map<int, absl::Time> probed;
   absl::flat_hash_set<int> silent;
+  // Members a look saw arrived: one missing at the end entered and took its
+  // arrival back at its own (earlier) deadline, not absent.
+  absl::flat_hash_set<int> came;
   std::vector<int> missing;
   bool cancelled = false;
   while (true) {
@@ -101,6 +104,11 @@ absl::Status ArriveForCall(GrpcStore& host, const CallArrival& call) {
     // saw, so the answer still names the ranks that never came.
     if (response.missing_size() > 0 || missing.empty()) {
       missing.assign(response.missing().begin(), response.missing().end());
+    }
+    if (response.missing_size() > 0) {
+      for (const int m : call.members) {
+        if (std::find(missing.begin(), missing.end(), m) == missing.end()) came.insert(m);
+      }
     }
     std::vector<std::string> lost;
     for (int i = 0; i < static_cast<int>(missing.size()); ++i) {
@@ -166,11 +174,21 @@ absl::Status ArriveForCall(GrpcStore& host, const CallArrival& call) {
         "missing); nothing moved, the group is unchanged: send it again with a longer deadline"));
   }
   std::vector<int> quiet;
+  std::vector<int> absent;
+  std::vector<int> withdrew;
   for (int m : missing) {
     if (silent.contains(m)) quiet.push_back(m);
+    (came.contains(m) ? withdrew : absent).push_back(m);
   }
-  const std::string head = absl::StrCat("ranks [", absl::StrJoin(missing, ","), "] did not enter ",
-                                        call.rpc, " within ", Seconds(absl::Now() - start));
+  std::string head =
+      absent.empty()
+          ? absl::StrCat("every rank entered ", call.rpc, " but not at once")
+          : absl::StrCat("ranks [", absl::StrJoin(absent, ","), "] did not enter ", call.rpc,
+                         " within ", Seconds(absl::Now() - start));
+  if (!withdrew.empty()) {
+    absl::StrAppend(&head, "; ranks [", absl::StrJoin(withdrew, ","),
+                    "] entered and took their arrival back at their own, earlier deadline");
+  }
   if (!quiet.empty()) {
     return absl::DeadlineExceededError(
         absl::StrCat(head, "; ranks [", absl::StrJoin(quiet, ","),

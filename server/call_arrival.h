@@ -67,7 +67,10 @@ std::string ArrivalRoundName(int64_t generation, int mask_round, int64_t call_nu
 //   kFailedPrecondition the deadline passed with members missing that
 //                       answer their probe: "ranks [1] did not enter <rpc>
 //                       within 1.0 s ...; nothing moved, the group is
-//                       unchanged";
+//                       unchanged"; a missing member that had entered and
+//                       withdrew at its own earlier deadline is named apart
+//                       ("ranks [2] entered and took their arrival back at
+//                       their own, earlier deadline");
 //   kDeadlineExceeded   ... and some missing member never answered its probe
 //                       (stopped or overloaded);
 //   kUnavailable        a missing member's worker refuses connections (it is

@@ -199,6 +199,27 @@ TEST_F(StrayCall, ValidCollectiveOnOneRankEndsAtItsDeadlineNamingTheAbsentRanks)
   EXPECT_EQ(two.status.code(), absl::StatusCode::kFailedPrecondition) << two.status;
   EXPECT_THAT(std::string(two.status.message()), HasSubstr("ranks [0,1,3] did not enter"));
   ExpectNothingBroken("after the one-rank SyncTokenCounts");
+  // Two ranks, rank 1 with the shorter deadline: rank 1 enters and takes its
+  // arrival back 1 s before rank 2's deadline, so rank 2 names it apart
+  // from ranks 0 and 3, which never came (a 3-worker run of the breaker
+  // listed such a rank as "did not enter").
+  Answer pair[2];
+  std::thread first([&] {
+    pair[0] = CallOne(fake_->stub(1), &v1::Worker::Stub::SyncTokenCounts, sync,
+                      std::chrono::milliseconds(600));
+  });
+  pair[1] = CallOne(fake_->stub(2), &v1::Worker::Stub::SyncTokenCounts, sync,
+                    std::chrono::milliseconds(1600));
+  first.join();
+  EXPECT_EQ(pair[0].status.code(), absl::StatusCode::kFailedPrecondition) << pair[0].status;
+  EXPECT_THAT(std::string(pair[0].status.message()), HasSubstr("ranks [0,3] did not enter"));
+  EXPECT_EQ(pair[1].status.code(), absl::StatusCode::kFailedPrecondition) << pair[1].status;
+  EXPECT_THAT(std::string(pair[1].status.message()),
+              HasSubstr("ranks [0,3] did not enter SyncTokenCounts within"));
+  EXPECT_THAT(std::string(pair[1].status.message()),
+              HasSubstr("; ranks [1] entered and took their arrival back at their own, earlier "
+                        "deadline"));
+  ExpectNothingBroken("after the two-rank SyncTokenCounts");
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_EQ(fake_->StatusOf(r).counters().consecutive_failed_collectives(), 0) << "rank " << r;
   }
