@@ -71,12 +71,12 @@ absl::Status ValidateEpOptions(const EpDispatcherOptions& options, int group_siz
   RETURN_IF_ERROR(ValidateDispatchDType(ws.dtype, limits));
   if (ws.hidden % limits.hidden_multiple != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "workspace.hidden: the ", limits.name, " needs a multiple of ", limits.hidden_multiple,
+        "hidden_size: the ", limits.name, " needs a multiple of ", limits.hidden_multiple,
         " (keeps the int32/fp32 payload parts aligned), got ", ws.hidden));
   }
   if (ws.dtype == DispatchDType::kFP8E4M3 && ws.hidden % fp8::kBlockSize != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("workspace.hidden: fp8_e4m3 dispatch needs a multiple of ", fp8::kBlockSize,
+        absl::StrCat("hidden_size: fp8_e4m3 dispatch needs a multiple of ", fp8::kBlockSize,
                      " (one fp32 scale per ", fp8::kBlockSize, " values), got ", ws.hidden));
   }
   if (options.num_experts < ws.ep_size) {

@@ -1,5 +1,6 @@
 #include "server/request_options.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -38,9 +39,14 @@ absl::Status NonNegative(absl::string_view field, int64_t value) {
   return absl::OkStatus();
 }
 
-// The MoE sizes of AllocateWorkspace and Benchmark: the contract's one rule.
-absl::Status CheckMoeSizes(int64_t hidden_size, int num_experts, int top_k) {
-  return core::ValidateMoeSizes(hidden_size, num_experts, top_k, kMaxHidden, kMaxExperts);
+// The MoE sizes of AllocateWorkspace and Benchmark: the contract's one rule,
+// its bounds this worker's (the flags' limits where they are tighter), so a
+// message quotes the limit that holds.
+absl::Status CheckMoeSizes(const RequestLimits& limits, int64_t hidden_size, int num_experts,
+                           int top_k) {
+  return core::ValidateMoeSizes(hidden_size, num_experts, top_k,
+                                std::min<int64_t>(kMaxHidden, limits.max_hidden),
+                                std::min<int64_t>(kMaxExperts, limits.max_experts));
 }
 
 // Contiguous placement gives every rank at least one expert: num_experts >= world.
@@ -248,13 +254,15 @@ absl::StatusOr<core::EpDispatcherOptions> AllocationFromRequest(
     const RequestLimits& limits, const v1::AllocateWorkspaceRequest& request, int world_size,
     const v1::ModelDescription& model) {
   RETURN_IF_ERROR(CheckAllocateWorkspace(limits, request));
-  RETURN_IF_ERROR(CheckMoeSizes(request.hidden_size(), request.num_experts(), request.top_k()));
+  RETURN_IF_ERROR(
+      CheckMoeSizes(limits, request.hidden_size(), request.num_experts(), request.top_k()));
   RETURN_IF_ERROR(NonNegative("capacity_tokens", request.capacity_tokens()));
   RETURN_IF_ERROR(NonNegative("chunked_prefill_size", request.chunked_prefill_size()));
   const int64_t capacity = request.capacity_tokens() > 0
                                ? request.capacity_tokens()
                                : core::DefaultCapacityTokens(request.chunked_prefill_size());
-  RETURN_IF_ERROR(Positive("capacity_tokens", capacity, kMaxTokens));
+  RETURN_IF_ERROR(
+      Positive("capacity_tokens", capacity, std::min<int64_t>(kMaxTokens, limits.max_tokens)));
   ASSIGN_OR_RETURN(core::DispatchDType dtype, ToCore(request.dispatch_dtype()));
   ASSIGN_OR_RETURN(int32_t invalid_id, InvalidExpertId(request));
   std::vector<int64_t> buckets(request.cuda_graph_buckets().begin(),
@@ -491,9 +499,12 @@ absl::StatusOr<BenchmarkSpec> BenchmarkFromRequest(const RequestLimits& limits,
                                                    const v1::BenchmarkRequest& request,
                                                    int world_size) {
   RETURN_IF_ERROR(CheckBenchmark(limits, request));
-  RETURN_IF_ERROR(Positive("tokens_per_rank", request.tokens_per_rank(), kMaxTokens));
-  RETURN_IF_ERROR(CheckMoeSizes(request.hidden_size(), request.num_experts(), request.top_k()));
-  RETURN_IF_ERROR(Positive("iterations", request.iterations(), kMaxBenchmarkIterations));
+  RETURN_IF_ERROR(Positive("tokens_per_rank", request.tokens_per_rank(),
+                           std::min<int64_t>(kMaxTokens, limits.max_tokens)));
+  RETURN_IF_ERROR(
+      CheckMoeSizes(limits, request.hidden_size(), request.num_experts(), request.top_k()));
+  RETURN_IF_ERROR(Positive("iterations", request.iterations(),
+                           std::min<int64_t>(kMaxBenchmarkIterations, limits.max_iterations)));
   RETURN_IF_ERROR(NonNegative("warmup", request.warmup()));
   if (request.warmup() > kMaxBenchmarkIterations) {
     return absl::InvalidArgumentError(

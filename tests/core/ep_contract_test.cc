@@ -38,7 +38,7 @@ TEST(ValidateEpOptions, PinsEachMessageOnce) {
   ExpectInvalid(ValidateEpOptions(ContractOptions(2, 8, 64, 5, 8), 2, kTest),
                 "top_k: expected in [1, 4] on the test data plane, got 5");
   ExpectInvalid(ValidateEpOptions(ContractOptions(2, 8, 66, 2, 4), 2, kTest),
-                "workspace.hidden: the test data plane needs a multiple of 4");
+                "hidden_size: the test data plane needs a multiple of 4");
   ExpectInvalid(ValidateEpOptions(ContractOptions(4, 8, 64, 1, 3), 4, BackendLimits{}),
                 "num_experts: expected >= 4 (the world size: every rank owns an expert), got 3");
   EpDispatcherOptions fp4 = ContractOptions(2, 8, 64, 2, 4);
@@ -77,7 +77,7 @@ TEST(ValidateDispatchDType, RefusesWhatTheBackendCannotMove) {
   EpDispatcherOptions fp8 = ContractOptions(2, 8, 64, 2, 4);
   fp8.workspace.dtype = DispatchDType::kFP8E4M3;
   ExpectInvalid(ValidateEpOptions(fp8, 2, kFp8),
-                "workspace.hidden: fp8_e4m3 dispatch needs a multiple of 128 (one fp32 scale per "
+                "hidden_size: fp8_e4m3 dispatch needs a multiple of 128 (one fp32 scale per "
                 "128 values), got 64");
   fp8.workspace.hidden = 256;
   EXPECT_TRUE(ValidateEpOptions(fp8, 2, kFp8).ok());

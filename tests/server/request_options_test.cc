@@ -284,7 +284,18 @@ TEST(RequestOptions, BenchmarkSpec) {
   r.set_data_plane("");
   r.set_iterations(0);
   EXPECT_THAT(BenchmarkFromRequest(RequestLimits(), r, 2).status().message(),
-              HasSubstr("iterations: expected in [1, "));
+              HasSubstr("iterations: expected in [1, 10000], got 0"));
+  // The range quoted is this worker's (--max-iterations, --max-tokens), not
+  // the compile-time bound.
+  RequestLimits tight;
+  tight.max_iterations = 50;
+  tight.max_tokens = 64;
+  EXPECT_THAT(BenchmarkFromRequest(tight, r, 2).status().message(),
+              HasSubstr("iterations: expected in [1, 50], got 0"));
+  r.set_iterations(1);
+  r.set_tokens_per_rank(0);
+  EXPECT_THAT(BenchmarkFromRequest(tight, r, 2).status().message(),
+              HasSubstr("tokens_per_rank: expected in [1, 64], got 0"));
 }
 
 TEST(RequestOptions, JoinDefaults) {

@@ -591,6 +591,45 @@ TEST(WorkerService, BenchmarkReportsLatenciesAndLogicalBytes) {
               grpc::StatusCode::INVALID_ARGUMENT, "top_k");
 }
 
+// Benchmark's data_plane "" is the group's plane: one rank leaving it empty
+// and the other naming "gloo" run the same Benchmark (they were refused as
+// different fields); a plane the group is not on still differs.
+TEST(WorkerService, BenchmarkReadsTheGroupsOwnPlaneAsTheDefault) {
+  InProcessWorker workers[2];
+  const std::string rendezvous = workers[0].address();
+  grpc::Status status[2];
+  OnAllRanks(2, [&](int r) { status[r] = workers[r].Join(2, r, 1, rendezvous, "gloo", 5000); });
+  ASSERT_TRUE(status[0].ok() && status[1].ok()) << status[0].error_message();
+  v1::BenchmarkRequest request;
+  request.set_tokens_per_rank(4);
+  request.set_hidden_size(16);
+  request.set_top_k(2);
+  request.set_num_experts(4);
+  request.set_iterations(2);
+  request.set_seed(1);
+  v1::BenchmarkResponse response[2];
+  OnAllRanks(2, [&](int r) {
+    v1::BenchmarkRequest mine = request;
+    mine.set_data_plane(r == 0 ? "" : "gloo");
+    status[r] = workers[r].Call(&v1::Worker::Stub::Benchmark, mine, &response[r]);
+  });
+  ASSERT_TRUE(status[0].ok()) << status[0].error_message();
+  ASSERT_TRUE(status[1].ok()) << status[1].error_message();
+  // Each rank's own tokens: 4 tokens of 2H + 8K = 48 bytes to 1 or 2 ranks.
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_GE(response[r].dispatch_bytes(), 4 * 48) << "rank " << r;
+    EXPECT_LE(response[r].dispatch_bytes(), 2 * 4 * 48) << "rank " << r;
+  }
+  OnAllRanks(2, [&](int r) {
+    v1::BenchmarkRequest mine = request;
+    mine.set_data_plane(r == 0 ? "" : "nccl");
+    status[r] = workers[r].Call(&v1::Worker::Stub::Benchmark, mine, &response[r]);
+  });
+  EXPECT_FALSE(status[0].ok());
+  EXPECT_FALSE(status[1].ok());
+  EXPECT_THAT(status[0].error_message() + status[1].error_message(), HasSubstr("data_plane"));
+}
+
 TEST(WorkerService, TwoRanksFormGroupCheckConfigsAndForward) {
   InProcessWorker rank0;
   InProcessWorker rank1;
