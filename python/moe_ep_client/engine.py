@@ -413,8 +413,9 @@ class Worker:
                self._lib.moe_ep_worker_address(self._handle, ctypes.byref(address)))
         self.address: str = address.value.decode()
         self._info: Optional[WorkerInfo] = None
-        self._step_tokens = 0
-        self._step_recv_rows = 0
+        # The dispatched step combine() completes (None: none known here).
+        self._step_tokens: Optional[int] = None
+        self._step_recv_rows: Optional[int] = None
 
     def __enter__(self) -> "Worker":
         return self
@@ -584,8 +585,9 @@ class Worker:
             rows, pointers[6], pointers[5], _stream(h) if h.cuda else None, int(timeout_s * 1000))
         if status:
             _check(self._lib, "moe_ep_dispatch_only" if end_step else "moe_ep_dispatch", status)
-        self._step_tokens = h.shape[0]
-        self._step_recv_rows = rows
+        # A dispatch that ends the step (end_step) leaves nothing to combine.
+        self._step_tokens = None if end_step else h.shape[0]
+        self._step_recv_rows = None if end_step else rows
         return out
 
     def combine(self, expert_outputs: Any, timeout_s: float = 0.0) -> Any:
@@ -593,12 +595,21 @@ class Worker:
         bf16 -> [T, H] bf16 (T of the dispatch)."""
         info = self.info()
         cuda = info.backend == "nccl"
-        x = _buffer("hidden_states", expert_outputs, "bf16",
-                    (info.world_size, self._step_recv_rows, info.hidden), cuda, info.device)
-        out = _empty(x, (self._step_tokens, info.hidden), "bf16")
+        rows, tokens = self._step_recv_rows, self._step_tokens
+        if rows is None or tokens is None:
+            # No dispatched step here (none yet, or the last one was
+            # combined): the library still meets the peers in the call's
+            # opening round and refuses it there ("combine needs a dispatch
+            # first"), so every rank's calls stay paired.
+            shape = tuple(getattr(expert_outputs, "shape", ()))
+            rows, tokens = (int(shape[1]) if len(shape) == 3 else 0), 0
+        x = _buffer("expert_outputs", expert_outputs, "bf16",
+                    (info.world_size, rows, info.hidden), cuda, info.device)
+        out = _empty(x, (tokens, info.hidden), "bf16")
         ptr = _ptr(out)
         _check(self._lib, "moe_ep_combine", self._lib.moe_ep_combine(
-            self._live(), x.ptr, self._step_recv_rows, ptr, _stream(x), int(timeout_s * 1000)))
+            self._live(), x.ptr, rows, ptr, _stream(x), int(timeout_s * 1000)))
+        self._step_tokens = self._step_recv_rows = None
         return out
 
     def forward(self, layer: int, hidden_states: Any, topk_ids: Any, topk_weights: Any,

@@ -112,6 +112,12 @@ class OneRankTest(unittest.TestCase):
             y = d.combine(float32_to_bf16(xf * scale[:, :, None]))
             ref = bf16_to_float32(x) * (w * (ids + 1)).sum(axis=1)[:, None]
             np.testing.assert_allclose(bf16_to_float32(y), ref, rtol=2**-7, atol=1e-6)
+            # A combine with no step dispatched goes to the library, which
+            # names the order (not a shape check against the last step).
+            with self.assertRaises(EngineError) as caught:
+                worker.combine(np.zeros((1, 3, 8), np.uint16))
+            self.assertEqual(caught.exception.code, "FAILED_PRECONDITION")
+            self.assertIn("combine needs a dispatch first", str(caught.exception))
             # dispatch(out=) writes the same arrays again; another R is refused.
             worker.commit_geometry(50, 8, 5)
             again = worker.dispatch(x[::-1].copy(), ids[::-1].copy(), w[::-1].copy(),
