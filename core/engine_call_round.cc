@@ -1,6 +1,10 @@
 #include "core/engine_call_round.h"
 
+#include <string>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace moe_ep::core {
 namespace {
@@ -50,6 +54,9 @@ absl::Status EngineCallRound::Open(ControlCollective& collective, const EngineCa
   const std::string me = EngineCallName(mine.call);
   const std::string tail =
       absl::StrCat("; nothing moved, the group is still usable (this rank is rank ", rank, ")");
+  // Every refusing rank with its code (a ticket has no room for the
+  // reason: each refusing rank's own error gives it).
+  std::vector<std::string> refusals;
   for (int r = 0; r < size; ++r) {
     if (!collective.IsLive(r)) continue;
     const int64_t* t = all_.data() + static_cast<size_t>(r) * kTicketWords;
@@ -64,11 +71,16 @@ absl::Status EngineCallRound::Open(ControlCollective& collective, const EngineCa
                        "): every rank makes the same data calls in the same order", tail));
     }
     if (t[kCode] != 0) {
-      return absl::AbortedError(
+      refusals.push_back(
           absl::StrCat("rank ", r, " refused its ", me, " (",
-                       absl::StatusCodeToString(static_cast<absl::StatusCode>(t[kCode])),
-                       "; its error names why)", tail));
+                       absl::StatusCodeToString(static_cast<absl::StatusCode>(t[kCode])), ")"));
     }
+  }
+  if (!refusals.empty()) {
+    return absl::AbortedError(absl::StrCat(
+        absl::StrJoin(refusals, ", "),
+        refusals.size() == 1 ? "; its own error names why" : "; each one's own error names why",
+        tail));
   }
   for (int r = 0; r < size; ++r) {
     if (!collective.IsLive(r)) continue;

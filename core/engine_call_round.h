@@ -69,9 +69,11 @@ class EngineCallRound {
   // verdict, then counts the call (sequence() + 1) whatever the outcome,
   // once the all-gather completed. Returns:
   //   `local`            when it is an error (the peers learn it);
-  //   kAborted           a live peer refused its call ("rank 1 refused its
-  //                      moe_ep_dispatch (INVALID_ARGUMENT); nothing moved,
-  //                      the group is still usable (this rank is rank 0)"),
+  //   kAborted           live peers refused their call, each named with
+  //                      its code ("rank 1 refused its moe_ep_dispatch
+  //                      (INVALID_ARGUMENT); its own error names why;
+  //                      nothing moved, the group is still usable (this
+  //                      rank is rank 0)"),
   //                      or the ranks are not in the same call: another
   //                      call or call number ("rank 1 is in moe_ep_combine,
   //                      this rank (0) in moe_ep_dispatch: every rank makes
