@@ -180,11 +180,10 @@ absl::Status ArriveForCall(GrpcStore& host, const CallArrival& call) {
     if (silent.contains(m)) quiet.push_back(m);
     (came.contains(m) ? withdrew : absent).push_back(m);
   }
-  std::string head =
-      absent.empty()
-          ? absl::StrCat("every rank entered ", call.rpc, " but not at once")
-          : absl::StrCat("ranks [", absl::StrJoin(absent, ","), "] did not enter ", call.rpc,
-                         " within ", Seconds(absl::Now() - start));
+  std::string head = absent.empty()
+                         ? absl::StrCat("every rank entered ", call.rpc, " but not at once")
+                         : absl::StrCat("ranks [", absl::StrJoin(absent, ","), "] did not enter ",
+                                        call.rpc, " within ", Seconds(absl::Now() - start));
   if (!withdrew.empty()) {
     absl::StrAppend(&head, "; ranks [", absl::StrJoin(withdrew, ","),
                     "] entered and took their arrival back at their own, earlier deadline");
