@@ -192,7 +192,7 @@ absl::Status GpuDataPlane::UseAgreement(MaskAgreement agreed, int agreed_round) 
     kernels::GpuEpDispatcherOptions gpu_options;
     gpu_options.dispatcher = options_;
     gpu_options.max_intermediate = max_intermediate_;
-    gpu_options.tail_bytes = StepStaging::Bytes(ws.capacity_tokens, ws.hidden, ws.top_k);
+    gpu_options.tail_bytes = kernels::StepStaging::Bytes(ws.capacity_tokens, ws.hidden, ws.top_k);
     absl::StatusOr<std::unique_ptr<kernels::GpuEpDispatcher>> made =
         kernels::GpuEpDispatcher::Create(next_view, gpu_options, 0);
     if (!made.ok()) return WithContext(made.status(), context);
@@ -230,7 +230,8 @@ absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatc
   const core::WorkspaceSpec& ws = options.workspace;
   ASSIGN_OR_RETURN(core::ExpertPlacement placement,
                    core::ExpertPlacement::Contiguous(options.num_experts, ws.ep_size));
-  const int64_t staging_bytes = StepStaging::Bytes(ws.capacity_tokens, ws.hidden, ws.top_k);
+  const int64_t staging_bytes =
+      kernels::StepStaging::Bytes(ws.capacity_tokens, ws.hidden, ws.top_k);
   kernels::GpuEpDispatcherOptions gpu_options;
   gpu_options.dispatcher = options;
   gpu_options.max_intermediate = max_intermediate;
@@ -245,9 +246,10 @@ absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatc
     }
     return dispatcher.status();
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<StepStaging> staging,
-                   StepStaging::Create(ws.capacity_tokens, ws.hidden, ws.top_k,
-                                       {.device = (*dispatcher)->tail(), .pinned_host = true}));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<kernels::StepStaging> staging,
+      kernels::StepStaging::Create(ws.capacity_tokens, ws.hidden, ws.top_k,
+                                   {.device = (*dispatcher)->tail(), .pinned_host = true}));
 
   // The breakdown is the dispatcher's one allocation: its typed layout, then
   // what the expert compute says its scratch is, then the Forward staging
@@ -308,7 +310,7 @@ absl::StatusOr<int64_t> GpuDataPlane::LoadExperts(int layer, const core::ExpertS
     kernels::GpuEpDispatcherOptions gpu_options;
     gpu_options.dispatcher = options_;
     gpu_options.max_intermediate = source.intermediate;
-    gpu_options.tail_bytes = StepStaging::Bytes(ws.capacity_tokens, ws.hidden, ws.top_k);
+    gpu_options.tail_bytes = kernels::StepStaging::Bytes(ws.capacity_tokens, ws.hidden, ws.top_k);
     ASSIGN_OR_RETURN(grown, kernels::GpuEpDispatcher::Create(view_, gpu_options, cap));
     if (geometry_.committed) {
       RETURN_IF_ERROR(
@@ -527,14 +529,15 @@ absl::StatusOr<std::unique_ptr<BenchmarkRun>> GpuDataPlane::MakeBenchmarkRun(
   const int64_t tokens = inputs.num_tokens;
   const int64_t h = options.workspace.hidden;
   const int k = options.workspace.top_k;
-  const int64_t input_bytes = StepStaging::Bytes(tokens, h, k);
+  const int64_t input_bytes = kernels::StepStaging::Bytes(tokens, h, k);
   ASSIGN_OR_RETURN(const int64_t cap, DeviceScratchCap(input_bytes, memory_cap_bytes));
   ASSIGN_OR_RETURN(core::ExpertPlacement placement,
                    core::ExpertPlacement::Contiguous(options.num_experts, members));
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::DeviceExpertSet> identity,
                    kernels::DeviceExpertSet::Upload(core::ExpertSet::Identity(
                        placement.FirstExpert(rank), placement.NumLocalExperts(rank), h)));
-  ASSIGN_OR_RETURN(std::unique_ptr<StepStaging> buffers, StepStaging::Create(tokens, h, k));
+  ASSIGN_OR_RETURN(std::unique_ptr<kernels::StepStaging> buffers,
+                   kernels::StepStaging::Create(tokens, h, k));
   auto upload = [&](cudaStream_t stream) {
     return buffers->Upload(reinterpret_cast<const uint16_t*>(inputs.hidden.data()),
                            inputs.topk_ids.data(), inputs.topk_weights.data(), tokens, stream);
@@ -557,7 +560,7 @@ absl::StatusOr<std::unique_ptr<BenchmarkRun>> GpuDataPlane::MakeBenchmarkRun(
     GpuBenchmarkHooks hooks;
     hooks.wait = [d] { return d->CheckStep(); };
     hooks.tokens_sent = [d, members] {
-      return DeviceTokensSent(d->send_counts(), members, d->stream());
+      return kernels::DeviceTokensSent(d->send_counts(), members, d->stream());
     };
     // No peer may still store into the windows when they go.
     hooks.finish = [this] { return control_->Barrier(); };
@@ -578,7 +581,7 @@ absl::StatusOr<std::unique_ptr<BenchmarkRun>> GpuDataPlane::MakeBenchmarkRun(
   hooks.wait = [this] { return Synchronize(); };
   // Row 0 of the step counts: what this rank sent to each rank.
   hooks.tokens_sent = [d, members] {
-    return DeviceTokensSent(d->step_counts(), members, d->stream());
+    return kernels::DeviceTokensSent(d->step_counts(), members, d->stream());
   };
   return std::make_unique<GpuBenchmarkRun<kernels::GpuEpDispatcher>>(
       nullptr, std::move(bench), std::move(identity), std::move(buffers), tokens, events_->step(),

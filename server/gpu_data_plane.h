@@ -93,10 +93,10 @@
 #include "kernels/onesided/nccl_peer_window.h"
 #include "kernels/onesided/onesided_dispatcher.h"
 #include "kernels/staged_control_collective.h"
+#include "kernels/step_staging.h"
 #include "server/data_plane.h"
 #include "server/gpu_plane_events.h"
 #include "server/gpu_shared_experts.h"
-#include "server/gpu_step_buffers.h"
 #include "server/rank_mask.h"
 
 namespace moe_ep::server {
@@ -211,8 +211,8 @@ class GpuDataPlane final : public DataPlane {
   std::unique_ptr<core::ExpertPlacement> placement_;
   std::unique_ptr<kernels::GpuEpDispatcher> dispatcher_;
   // Forward's staging: the device block in the dispatcher's tail, a pinned
-  // host mirror (server/gpu_step_buffers.h).
-  std::unique_ptr<StepStaging> staging_;
+  // host mirror (kernels/step_staging.h).
+  std::unique_ptr<kernels::StepStaging> staging_;
   std::unique_ptr<GpuPlaneEvents> events_;  // step timing, engine stream fork / join
   ForwardHostCopy host_copy_ = ForwardHostCopy::kPageable;
   GpuSharedExperts shared_;  // last: destroyed first, on the current device

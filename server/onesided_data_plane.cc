@@ -213,7 +213,8 @@ absl::StatusOr<DataPlaneAllocation> OneSidedDataPlane::Allocate(
   RETURN_IF_ERROR(MakeDeviceCurrent());
   const core::WorkspaceSpec& ws = options.workspace;
   ASSIGN_OR_RETURN(const int64_t window_bytes, OneSidedDispatcher::WindowBytes(options));
-  const int64_t staging_bytes = StepStaging::Bytes(ws.capacity_tokens, ws.hidden, ws.top_k);
+  const int64_t staging_bytes =
+      kernels::StepStaging::Bytes(ws.capacity_tokens, ws.hidden, ws.top_k);
   int64_t cap = 0;
   if (memory_cap_bytes > 0) {
     cap = memory_cap_bytes - staging_bytes;
@@ -261,7 +262,7 @@ absl::StatusOr<DataPlaneAllocation> OneSidedDataPlane::Allocate(
     }
     return dispatcher.status();
   }
-  ASSIGN_OR_RETURN(staging_, StepStaging::Create(ws.capacity_tokens, ws.hidden, ws.top_k));
+  ASSIGN_OR_RETURN(staging_, kernels::StepStaging::Create(ws.capacity_tokens, ws.hidden, ws.top_k));
   dispatcher_ = std::move(*dispatcher);
   ServeDispatcher();
   dispatcher_cap_ = cap;
@@ -579,7 +580,7 @@ absl::StatusOr<std::unique_ptr<BenchmarkRun>> OneSidedDataPlane::MakeBenchmarkRu
   const int64_t tokens = inputs.num_tokens;
   const int64_t h = options.workspace.hidden;
   const int k = options.workspace.top_k;
-  const int64_t input_bytes = StepStaging::Bytes(tokens, h, k);
+  const int64_t input_bytes = kernels::StepStaging::Bytes(tokens, h, k);
   ASSIGN_OR_RETURN(const int64_t cap, DeviceScratchCap(input_bytes, memory_cap_bytes));
   ASSIGN_OR_RETURN(const int64_t window_bytes, OneSidedDispatcher::WindowBytes(options));
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::onesided::PeerWindows> windows,
@@ -592,7 +593,8 @@ absl::StatusOr<std::unique_ptr<BenchmarkRun>> OneSidedDataPlane::MakeBenchmarkRu
       std::unique_ptr<kernels::DeviceExpertSet> identity,
       kernels::DeviceExpertSet::Upload(core::ExpertSet::Identity(
           placement.FirstExpert(group_.rank), placement.NumLocalExperts(group_.rank), h)));
-  ASSIGN_OR_RETURN(std::unique_ptr<StepStaging> buffers, StepStaging::Create(tokens, h, k));
+  ASSIGN_OR_RETURN(std::unique_ptr<kernels::StepStaging> buffers,
+                   kernels::StepStaging::Create(tokens, h, k));
   RETURN_IF_ERROR(buffers->Upload(reinterpret_cast<const uint16_t*>(inputs.hidden.data()),
                                   inputs.topk_ids.data(), inputs.topk_weights.data(), tokens,
                                   bench->stream()));
@@ -601,7 +603,7 @@ absl::StatusOr<std::unique_ptr<BenchmarkRun>> OneSidedDataPlane::MakeBenchmarkRu
   GpuBenchmarkHooks hooks;
   hooks.wait = [d] { return d->CheckStep(); };
   hooks.tokens_sent = [d, members] {
-    return DeviceTokensSent(d->send_counts(), members, d->stream());
+    return kernels::DeviceTokensSent(d->send_counts(), members, d->stream());
   };
   // No peer may still store into the scratch windows once they go.
   hooks.finish = [this] { return compact_->Barrier(); };

@@ -204,7 +204,7 @@ class OneSidedDataPlane final : public DataPlane {
   int dispatch_experts_ = 0;
   std::unique_ptr<kernels::onesided::PeerWindows> windows_;
   std::unique_ptr<kernels::onesided::OneSidedDispatcher> dispatcher_;
-  std::unique_ptr<StepStaging> staging_;
+  std::unique_ptr<kernels::StepStaging> staging_;
   int32_t* host_counts_ = nullptr;          // pinned [2, E]: send, receive counts of a step
   std::unique_ptr<GpuPlaneEvents> events_;  // step timing, engine stream fork / join
   std::shared_ptr<const core::PlacementTable> engine_map_table_;  // EngineMap()'s table
