@@ -86,4 +86,14 @@ absl::Status LaunchUnpackReceived(const UnpackReceivedParams& p, cudaStream_t st
   return internal::LaunchStatus("UnpackReceivedKernel");
 }
 
+absl::Status EnqueueExpertOutputsPack(const void* expert_out, int64_t rows, void* dst,
+                                      int64_t runtime_max, int64_t hidden, int ep_size,
+                                      cudaStream_t stream) {
+  const int64_t row_bytes = hidden * 2;
+  return internal::CudaStatus(
+      cudaMemcpy2DAsync(dst, runtime_max * row_bytes, expert_out, rows * row_bytes,
+                        runtime_max * row_bytes, ep_size, cudaMemcpyDeviceToDevice, stream),
+      "cudaMemcpy2DAsync(expert outputs)");
+}
+
 }  // namespace moe_ep::kernels

@@ -45,4 +45,13 @@ struct UnpackReceivedParams {
 // kInternal (launch). Never allocates or synchronises.
 absl::Status LaunchUnpackReceived(const UnpackReceivedParams& p, cudaStream_t stream);
 
+// EnqueueExpertOutputsPack()
+//
+// Enqueues on `stream` the copy of an engine's expert outputs [E, rows, H]
+// bf16 at `expert_out` into [E, R, H] at `dst` (R = `runtime_max` <= rows;
+// what a combine sends). Errors: kInternal (cudaMemcpy2DAsync).
+absl::Status EnqueueExpertOutputsPack(const void* expert_out, int64_t rows, void* dst,
+                                      int64_t runtime_max, int64_t hidden, int ep_size,
+                                      cudaStream_t stream);
+
 }  // namespace moe_ep::kernels

@@ -91,7 +91,8 @@ absl::StatusOr<std::unique_ptr<GpuDataPlane>> GpuDataPlane::Form(
   }
   plane->control_ = std::make_unique<kernels::StagedControlCollective>(plane->view_);
   {
-    absl::StatusOr<std::unique_ptr<GpuPlaneEvents>> events = GpuPlaneEvents::Create();
+    absl::StatusOr<std::unique_ptr<kernels::GpuPlaneEvents>> events =
+        kernels::GpuPlaneEvents::Create();
     RETURN_IF_ERROR(WithContext(events.status(), context));
     plane->events_ = std::move(*events);
   }

@@ -88,15 +88,15 @@
 #include "core/expert_placement.h"
 #include "kernels/device_experts.h"
 #include "kernels/gpu_ep_dispatcher.h"
+#include "kernels/gpu_shared_experts.h"
 #include "kernels/masked_stream_collective.h"
 #include "kernels/nccl_collective.h"
 #include "kernels/onesided/nccl_peer_window.h"
 #include "kernels/onesided/onesided_dispatcher.h"
+#include "kernels/plane_events.h"
 #include "kernels/staged_control_collective.h"
 #include "kernels/step_staging.h"
 #include "server/data_plane.h"
-#include "server/gpu_plane_events.h"
-#include "server/gpu_shared_experts.h"
 #include "server/rank_mask.h"
 
 namespace moe_ep::server {
@@ -213,9 +213,9 @@ class GpuDataPlane final : public DataPlane {
   // Forward's staging: the device block in the dispatcher's tail, a pinned
   // host mirror (kernels/step_staging.h).
   std::unique_ptr<kernels::StepStaging> staging_;
-  std::unique_ptr<GpuPlaneEvents> events_;  // step timing, engine stream fork / join
+  std::unique_ptr<kernels::GpuPlaneEvents> events_;  // step timing, engine stream fork / join
   ForwardHostCopy host_copy_ = ForwardHostCopy::kPageable;
-  GpuSharedExperts shared_;  // last: destroyed first, on the current device
+  kernels::GpuSharedExperts shared_;  // last: destroyed first, on the current device
 };
 
 }  // namespace moe_ep::server

@@ -24,6 +24,7 @@
 #include "kernels/engine_rows.cuh"
 #include "server/engine_call_checks.h"
 #include "server/gpu_data_plane.h"
+#include "server/gpu_engine_args.h"
 
 namespace moe_ep::server {
 namespace {
@@ -108,8 +109,9 @@ absl::StatusOr<core::StepStats> GpuDataPlane::EngineCombine(const void* expert_o
     const uint16_t* send = in;
     if (rows != r && r > 0) {
       // [E, rows, H] -> [E, R, H]: the rows the all-to-all sends.
-      RETURN_IF_ERROR(EnqueueExpertOutputsPack(in, rows, dispatcher_->expert_output(), r, h,
-                                               static_cast<int>(e), dispatcher_->stream()));
+      RETURN_IF_ERROR(kernels::EnqueueExpertOutputsPack(in, rows, dispatcher_->expert_output(), r,
+                                                        h, static_cast<int>(e),
+                                                        dispatcher_->stream()));
       send = nullptr;
     }
     return dispatcher_->Combine(static_cast<uint16_t*>(output), nullptr, send);

@@ -26,7 +26,7 @@ absl::StatusOr<core::StepStats> StepCountStats(const int32_t* counts, int member
   return stats;
 }
 
-absl::Status AddStepTimes(const cudaEvent_t events[4], const GpuSharedExperts* shared,
+absl::Status AddStepTimes(const cudaEvent_t events[4], const kernels::GpuSharedExperts* shared,
                           core::StepStats* stats) {
   float ms[3] = {0, 0, 0};
   for (int i = 0; i < 3; ++i) {

@@ -28,10 +28,10 @@
 #include "core/workspace.h"
 #include "kernels/cuda_status.h"
 #include "kernels/device_experts.h"
+#include "kernels/gpu_shared_experts.h"
 #include "kernels/onesided/peer_window.h"
 #include "kernels/step_staging.h"
 #include "server/data_plane.h"
-#include "server/gpu_shared_experts.h"
 
 namespace moe_ep::server {
 
@@ -59,10 +59,10 @@ absl::StatusOr<core::StepStats> StepCountStats(const int32_t* counts, int member
 // before Dispatch, after Dispatch, before and after Combine: dispatch_us
 // [0, 1], expert_us [1, 2], combine_us [2, 3]. With `shared` (not null: the
 // layer has a shared expert) also shared_us and shared_overlap_us
-// (GpuSharedExperts::Times against the dispatch events). Errors: kInternal
-// (cudaEventElapsedTime), those of GpuSharedExperts::Times; `stats` may then
+// (kernels::GpuSharedExperts::Times against the dispatch events). Errors: kInternal
+// (cudaEventElapsedTime), those of kernels::GpuSharedExperts::Times; `stats` may then
 // be partly written.
-absl::Status AddStepTimes(const cudaEvent_t events[4], const GpuSharedExperts* shared,
+absl::Status AddStepTimes(const cudaEvent_t events[4], const kernels::GpuSharedExperts* shared,
                           core::StepStats* stats);
 
 // The three phases a timed step calls, on stream(): what GpuEpDispatcher

@@ -148,7 +148,7 @@ absl::StatusOr<std::unique_ptr<OneSidedDataPlane>> OneSidedDataPlane::Form(
   }
   plane->group_ = group;
   RETURN_IF_ERROR(plane->MakeDeviceCurrent());
-  ASSIGN_OR_RETURN(plane->events_, GpuPlaneEvents::Create());
+  ASSIGN_OR_RETURN(plane->events_, kernels::GpuPlaneEvents::Create());
   RETURN_IF_ERROR(
       kernels::CudaStatus(cudaMallocHost(&plane->host_counts_, 2 * kernels::kMaxEpSize * 4),
                           "cudaMallocHost(step counts)"));

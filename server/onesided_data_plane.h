@@ -75,11 +75,11 @@
 
 #include "core/gloo_collective.h"
 #include "kernels/device_experts.h"
+#include "kernels/gpu_shared_experts.h"
 #include "kernels/onesided/onesided_dispatcher.h"
 #include "kernels/onesided/peer_window.h"
+#include "kernels/plane_events.h"
 #include "server/data_plane.h"
-#include "server/gpu_plane_events.h"
-#include "server/gpu_shared_experts.h"
 #include "server/gpu_step_buffers.h"
 #include "server/onesided_route_map.h"
 #include "server/rank_mask.h"
@@ -205,11 +205,11 @@ class OneSidedDataPlane final : public DataPlane {
   std::unique_ptr<kernels::onesided::PeerWindows> windows_;
   std::unique_ptr<kernels::onesided::OneSidedDispatcher> dispatcher_;
   std::unique_ptr<kernels::StepStaging> staging_;
-  int32_t* host_counts_ = nullptr;          // pinned [2, E]: send, receive counts of a step
-  std::unique_ptr<GpuPlaneEvents> events_;  // step timing, engine stream fork / join
+  int32_t* host_counts_ = nullptr;  // pinned [2, E]: send, receive counts of a step
+  std::unique_ptr<kernels::GpuPlaneEvents> events_;  // step timing, engine stream fork / join
   std::shared_ptr<const core::PlacementTable> engine_map_table_;  // EngineMap()'s table
   OneSidedRouteMap engine_map_;
-  GpuSharedExperts shared_;  // last: destroyed first, on the current device
+  kernels::GpuSharedExperts shared_;  // last: destroyed first, on the current device
 };
 
 }  // namespace moe_ep::server

@@ -28,6 +28,7 @@
 #include "kernels/engine_rows.cuh"
 #include "kernels/nccl_collective.h"
 #include "server/engine_call_checks.h"
+#include "server/gpu_engine_args.h"
 #include "server/onesided_data_plane.h"
 
 namespace moe_ep::server {
@@ -120,9 +121,9 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineCombine(const void* exp
       static_cast<cudaStream_t>(stream), dispatcher_->stream(), [&]() -> absl::Status {
         if (r > 0) {
           // [E, rows, H] -> [E, R, H]: the rows the combine kernel pushes back.
-          RETURN_IF_ERROR(EnqueueExpertOutputsPack(expert_out, rows, dispatcher_->expert_output(),
-                                                   r, h, static_cast<int>(e),
-                                                   dispatcher_->stream()));
+          RETURN_IF_ERROR(
+              kernels::EnqueueExpertOutputsPack(expert_out, rows, dispatcher_->expert_output(), r,
+                                                h, static_cast<int>(e), dispatcher_->stream()));
         }
         return dispatcher_->Combine(static_cast<uint16_t*>(output));
       }));

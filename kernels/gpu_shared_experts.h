@@ -1,7 +1,7 @@
 #pragma once
 
 // The shared experts of the GPU data plane (DESIGN §7; issue 18): one
-// device replica per layer, one kernels::SharedExpertRunner sized for the
+// device replica per layer, one SharedExpertRunner sized for the
 // workspace's capacity and the largest shared I, and a CUDA stream of their
 // own. Per Forward: Begin() makes the shared stream wait for the inputs on
 // the main stream, then enqueues the shared expert there (events around
@@ -9,8 +9,6 @@
 // wait for it before the combine, which adds output(). Times() measures the
 // overlap after the step has synchronised.
 // Not thread-safe; the owner makes the device current.
-
-#ifdef MOE_EP_HAVE_CUDA
 
 #include <cuda_runtime.h>
 
@@ -23,7 +21,7 @@
 #include "core/shared_expert.h"
 #include "kernels/shared_expert.h"
 
-namespace moe_ep::server {
+namespace moe_ep::kernels {
 
 class GpuSharedExperts {
  public:
@@ -65,12 +63,10 @@ class GpuSharedExperts {
 
   int64_t max_tokens_ = 0;
   int64_t hidden_ = 0;
-  std::map<int, std::unique_ptr<kernels::DeviceSharedExpert>> layers_;
-  std::unique_ptr<kernels::SharedExpertRunner> runner_;
+  std::map<int, std::unique_ptr<DeviceSharedExpert>> layers_;
+  std::unique_ptr<SharedExpertRunner> runner_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr, start_ = nullptr, end_ = nullptr;
 };
 
-}  // namespace moe_ep::server
-
-#endif  // MOE_EP_HAVE_CUDA
+}  // namespace moe_ep::kernels

@@ -1,0 +1,53 @@
+#include "server/gpu_engine_args.h"
+
+#ifdef MOE_EP_HAVE_CUDA
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "kernels/cuda_status.h"
+#include "kernels/nccl_collective.h"
+
+namespace moe_ep::server {
+
+using kernels::CudaStatus;
+
+absl::Status CheckEngineDevicePointers(
+    const char* call, absl::string_view plane, int device,
+    std::initializer_list<std::pair<const char*, const void*>> ptrs) {
+  for (const auto& [name, ptr] : ptrs) {
+    if (ptr != nullptr && !kernels::IsDevicePointer(ptr)) {
+      return absl::InvalidArgumentError(absl::StrCat(call, ": ", name,
+                                                     " is not device memory; the ", plane,
+                                                     " data plane takes device pointers "
+                                                     "(CUDA device ",
+                                                     device, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+kernels::UnpackReceivedParams EngineUnpackParams(const core::EpDispatcherOptions& options,
+                                                 const EngineRecvBuffers& out, const uint8_t* recv,
+                                                 int64_t runtime_max, int first_expert,
+                                                 int num_local_experts) {
+  kernels::UnpackReceivedParams p;
+  p.recv = recv;
+  p.runtime_max = runtime_max;
+  p.rows = out.rows;
+  p.hidden_size = options.workspace.hidden;
+  p.top_k = options.workspace.top_k;
+  p.ep_size = options.workspace.ep_size;
+  p.first_expert = first_expert;
+  p.num_local_experts = num_local_experts;
+  p.invalid_expert_id = options.invalid_expert_id;
+  p.hidden = reinterpret_cast<uint16_t*>(out.hidden);
+  p.topk_ids = out.topk_ids;
+  p.topk_weights = out.topk_weights;
+  p.source_counts = out.source_counts;
+  p.expert_counts = out.expert_counts;
+  return p;
+}
+
+}  // namespace moe_ep::server
+
+#endif  // MOE_EP_HAVE_CUDA

@@ -1,0 +1,51 @@
+#pragma once
+
+// What both GPU transports' engine calls (server/gpu_engine_calls.cc,
+// server/onesided_engine_calls.cc) check and build alike, written once
+// (issue 34 item 1): the device-pointer check of an engine's buffers and
+// the unpack parameters of a dispatch's receive region. The stream events
+// and the expert-output pack are kernels/ (kernels/plane_events.h,
+// kernels/engine_rows.cuh).
+
+#ifdef MOE_EP_HAVE_CUDA
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/ep_dispatcher.h"
+#include "kernels/engine_rows.cuh"
+#include "server/data_plane.h"
+
+namespace moe_ep::server {
+
+// CheckEngineDevicePointers()
+//
+// Every non-null pointer of `ptrs` (name, pointer) is device memory: the
+// GPU planes' engine calls take device pointers on `device`.
+// Errors: kInvalidArgument naming the call, the pointer, `plane` and `device`.
+absl::Status CheckEngineDevicePointers(
+    const char* call, absl::string_view plane, int device,
+    std::initializer_list<std::pair<const char*, const void*>> ptrs);
+
+// EngineUnpackParams()
+//
+// The unpack of a dispatch's receive region `recv` (R = `runtime_max`) into
+// the caller's `out`, for the rank holding experts [first_expert,
+// first_expert + num_local_experts) of a workspace of `options`
+// (kernels/engine_rows.cuh LaunchUnpackReceived). Pure.
+kernels::UnpackReceivedParams EngineUnpackParams(const core::EpDispatcherOptions& options,
+                                                 const EngineRecvBuffers& out, const uint8_t* recv,
+                                                 int64_t runtime_max, int first_expert,
+                                                 int num_local_experts);
+
+}  // namespace moe_ep::server
+
+#endif  // MOE_EP_HAVE_CUDA
