@@ -4,12 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
-#include "kernels/cuda_status.h"
 #include "kernels/nccl_collective.h"
 
 namespace moe_ep::server {
-
-using kernels::CudaStatus;
 
 absl::Status CheckEngineDevicePointers(
     const char* call, absl::string_view plane, int device,
