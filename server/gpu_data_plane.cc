@@ -229,8 +229,9 @@ absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatc
                                                            int64_t memory_cap_bytes) {
   RETURN_IF_ERROR(MakeDeviceCurrent());
   const core::WorkspaceSpec& ws = options.workspace;
-  ASSIGN_OR_RETURN(core::ExpertPlacement placement,
-                   core::ExpertPlacement::Contiguous(options.num_experts, ws.ep_size));
+  // The contiguous placement must exist (the engine calls compute it from
+  // the options when they need it).
+  RETURN_IF_ERROR(core::ExpertPlacement::Contiguous(options.num_experts, ws.ep_size).status());
   const int64_t staging_bytes =
       kernels::StepStaging::Bytes(ws.capacity_tokens, ws.hidden, ws.top_k);
   kernels::GpuEpDispatcherOptions gpu_options;
@@ -276,7 +277,6 @@ absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatc
   staging_ = std::move(staging);
   dispatcher_ = std::move(*dispatcher);
   UseDispatcher(dispatcher_.get(), 0);  // the staging lives in its tail
-  placement_ = std::make_unique<core::ExpertPlacement>(placement);
   options_ = options;
   max_intermediate_ = max_intermediate;
   geometry_ = {};

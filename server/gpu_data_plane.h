@@ -208,7 +208,6 @@ class GpuDataPlane final : public DataPlane {
   kernels::NcclCollective* nccl_ = nullptr;    // the communicator in use
   kernels::StreamCollective* view_ = nullptr;  // what the dispatcher runs on
   std::vector<int> members_;                   // original ranks of nccl_, ascending
-  std::unique_ptr<core::ExpertPlacement> placement_;
   std::unique_ptr<kernels::GpuEpDispatcher> dispatcher_;
   // Forward's staging: the device block in the dispatcher's tail, a pinned
   // host mirror (kernels/step_staging.h).
