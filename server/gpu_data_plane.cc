@@ -229,9 +229,10 @@ absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatc
                                                            int64_t memory_cap_bytes) {
   RETURN_IF_ERROR(MakeDeviceCurrent());
   const core::WorkspaceSpec& ws = options.workspace;
-  // The contiguous placement must exist (the engine calls compute it from
-  // the options when they need it).
-  RETURN_IF_ERROR(core::ExpertPlacement::Contiguous(options.num_experts, ws.ep_size).status());
+  // The book's contiguous table, before anything is allocated (the engine
+  // calls read their experts from it).
+  ASSIGN_OR_RETURN(core::PlacementTable contiguous,
+                   core::PlacementTable::Contiguous(options.num_experts, ws.ep_size));
   const int64_t staging_bytes =
       kernels::StepStaging::Bytes(ws.capacity_tokens, ws.hidden, ws.top_k);
   kernels::GpuEpDispatcherOptions gpu_options;
@@ -268,8 +269,6 @@ absl::StatusOr<DataPlaneAllocation> GpuDataPlane::Allocate(const core::EpDispatc
       {"placement_table", held.placement_offset(), held.placement_bytes()});
   allocation.allocated_bytes = held.allocated_bytes();
 
-  ASSIGN_OR_RETURN(core::PlacementTable contiguous,
-                   core::PlacementTable::Contiguous(options.num_experts, ws.ep_size));
   book_.Reset(std::make_shared<const core::PlacementTable>(std::move(contiguous)));
   book_.SetLive(mask_.live);  // a returning rank allocates under its mask
   ForgetExperts();

@@ -19,7 +19,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "core/expert_placement.h"
+#include "core/placement_table.h"
 #include "core/status_macros.h"
 #include "kernels/cuda_status.h"
 #include "kernels/engine_rows.cuh"
@@ -80,11 +80,10 @@ absl::StatusOr<core::StepStats> GpuDataPlane::EngineDispatch(
   RETURN_IF_ERROR(dispatcher_->CheckStep("dispatch", num_tokens));
   const int64_t r = dispatcher_->runtime_max_tokens_per_rank();
   const int rank = view_->rank();
-  // The contiguous placement Allocate checked (no state kept for it).
-  ASSIGN_OR_RETURN(
-      const core::ExpertPlacement placement,
-      core::ExpertPlacement::Contiguous(options_.num_experts, options_.workspace.ep_size));
-  const int local_experts = placement.NumLocalExperts(rank);
+  // Engine-run experts are the contiguous placement's: the core's book
+  // holds it (every rank owns at least one expert: num_experts >= E).
+  const core::PlacementTable& contiguous = *book_.contiguous();
+  const int local_experts = contiguous.NumSlots(rank);
   RETURN_IF_ERROR(CheckEngineRecvBuffers("dispatch", rank, out, r, local_experts));
   RETURN_IF_ERROR(CheckEngineInputs("dispatch", rank, num_tokens, hidden, topk_ids, topk_weights));
   const auto* in_hidden = static_cast<const uint16_t*>(hidden);
@@ -92,7 +91,7 @@ absl::StatusOr<core::StepStats> GpuDataPlane::EngineDispatch(
     RETURN_IF_ERROR(dispatcher_->Dispatch(in_hidden, topk_ids, topk_weights, num_tokens));
     return kernels::LaunchUnpackReceived(
         EngineUnpackParams(options_, out, dispatcher_->received_rows(), r,
-                           placement.FirstExpert(rank), local_experts),
+                           contiguous.SlotExperts(rank).front(), local_experts),
         dispatcher_->stream());
   }));
   engine_tokens_ = num_tokens;
