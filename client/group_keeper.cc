@@ -544,8 +544,9 @@ bool GroupKeeper::MaskableLocked(std::string* why) {
       ++serving;
     } else if (s == v1::RANK_STATE_MASKED || Lost(s)) {
       live[r] = false;
-    } else if (watchers_[r]->Observe().last_answer <= last_readd_end_) {
-      // Re-added just now: its last probe (STARTED, alone) predates the re-add.
+    } else if (watchers_[r]->Observe().last_answer_asked <= last_readd_end_) {
+      // Re-added just now: its last probe (STARTED, alone) was asked before
+      // the re-add ended (an answer arriving after it can still be stale).
     } else if (cause.empty()) {
       cause = absl::StrCat("rank ", r, " is ", v1::RankState_Name(s),
                            s == v1::RANK_STATE_IDLE
@@ -582,11 +583,11 @@ bool GroupKeeper::MaskableLocked(std::string* why) {
 std::vector<int> GroupKeeper::ReturnedMaskedRanksLocked() const {
   std::vector<int> back;
   if (!degraded_ || masked_.empty() || readding_ || forming_) return back;
-  // Only answers probed after the last re-add count (earlier ones may show
-  // a rank that was re-added since still STARTED).
+  // Only answers to probes asked after the last re-add count (earlier ones
+  // may show a rank that was re-added since still STARTED).
   for (int r : masked_) {
     const RankObservation obs = watchers_[r]->Observe();
-    if (obs.probed && obs.probe.ok() && obs.last_answer > last_readd_end_ &&
+    if (obs.probed && obs.probe.ok() && obs.last_answer_asked > last_readd_end_ &&
         obs.status.state() == v1::WORKER_STATE_STARTED) {
       back.push_back(r);
     }
@@ -596,7 +597,7 @@ std::vector<int> GroupKeeper::ReturnedMaskedRanksLocked() const {
   for (size_t r = 0; r < watchers_.size(); ++r) {
     if (std::binary_search(masked_.begin(), masked_.end(), static_cast<int>(r))) continue;
     const RankObservation obs = watchers_[r]->Observe();
-    if (!obs.probed || !obs.probe.ok() || obs.last_answer <= last_readd_end_ ||
+    if (!obs.probed || !obs.probe.ok() || obs.last_answer_asked <= last_readd_end_ ||
         obs.status.mask_round() != mask_round_ ||
         !std::equal(obs.status.masked_ranks().begin(), obs.status.masked_ranks().end(),
                     masked_.begin(), masked_.end())) {

@@ -102,6 +102,7 @@ void RankWatcher::ProbeLoop() {
     context.set_deadline(After(options_.probe_timeout));
     v1::GetStatusRequest request;
     v1::GetStatusResponse response;
+    const absl::Time asked = absl::Now();
     const absl::Status status = ToAbslStatus(worker_->GetStatus(&context, request, &response));
     bool changed = false;
     {
@@ -118,6 +119,7 @@ void RankWatcher::ProbeLoop() {
                   response.group_broken() != observation_.status.group_broken();
         observation_.status = response;
         observation_.last_answer = absl::Now();
+        observation_.last_answer_asked = asked;
       }
       observation_.probed = true;
       observation_.probe = status;

@@ -54,6 +54,10 @@ struct RankObservation {
   absl::Status probe;
   v1::GetStatusResponse status;
   absl::Time last_answer = absl::InfinitePast();
+  // When the probe that brought `status` was sent. A worker's state may
+  // change while a probe is in flight, so "the state after event X" is an
+  // answer asked after X, not one that merely arrived after it.
+  absl::Time last_answer_asked = absl::InfinitePast();
   // Probes that failed in a row since the last answer (0 after an answer):
   // what a failure threshold counts (GroupKeeperOptions::probe_failure_threshold,
   // as a kubelet probe's failureThreshold; issue 31 item 3).
