@@ -68,6 +68,13 @@ event.current_stream_wait() or hook() returns. previous_event is waited for
 first. Config, num_sms and allocate_on_comm_stream are accepted for
 compatibility and have no effect.
 
+Bad input: dispatch, combine and their low-latency forms check their
+arguments before any exchange (TypeError / ValueError naming the argument);
+a rank whose checks fail still enters the exchange's first round, refusing
+it (engine.Worker.refuse), so its peers' calls raise EngineError ABORTED
+naming that rank at once, nothing moves on any rank, and the next call of
+every rank pairs as before.
+
 Tensors: NumPy arrays (bf16 as uint16 bit patterns, engine.float32_to_bf16)
 or CPU torch tensors (outputs are then torch tensors too). Not thread-safe:
 one engine thread per Buffer. Every rank makes the same calls in the same
@@ -75,6 +82,7 @@ order (DeepEP's rule too).
 """
 
 import concurrent.futures
+import functools
 import os
 import socket
 import time
@@ -86,6 +94,26 @@ __all__ = ["Buffer", "Config", "EventOverlap", "DispatchHandle", "LowLatencyHand
            "fp8_e4m3_quantize", "fp8_e4m3_dequantize"]
 
 _INT32_MIN = -(2 ** 31)
+
+
+def _refused_on_error(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A Buffer call that raises before its first exchange was queued
+    (Buffer._runs unchanged) refuses that exchange's first call
+    (moe_ep_sync_token_counts) on the buffer's thread, in call order, so the
+    peers are not left waiting in it; then raises its error."""
+
+    @functools.wraps(method)
+    def wrapper(self: "Buffer", *args: Any, **kwargs: Any) -> Any:
+        queued = self._runs
+        try:
+            return method(self, *args, **kwargs)
+        except Exception:
+            if self._runs == queued:
+                self._run(lambda: self.worker.refuse("moe_ep_sync_token_counts", self._timeout_s),
+                          background=False)
+            raise
+
+    return wrapper
 
 
 def _np() -> Any:
@@ -333,6 +361,7 @@ class Buffer:
         self.worker = Worker([f"--listen={listen}", "--backend=gloo", "--log-level=warn",
                               *worker_args], library=library)
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._runs = 0  # calls queued on the buffer's thread (_run)
         self._epoch = 0
         try:
             if addresses is None:
@@ -438,6 +467,7 @@ class Buffer:
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="moe-ep-deep-ep")
+        self._runs += 1
         future = self._executor.submit(fn)
         if background:
             return None, EventOverlap(future)
@@ -515,6 +545,7 @@ class Buffer:
         return (_like(torch_out, per_rank), None, _like(torch_out, per_expert),
                 _like(torch_out, in_rank), EventOverlap())
 
+    @_refused_on_error
     def dispatch(self, x: Any, handle: Optional[DispatchHandle] = None,
                  num_tokens_per_rank: Any = None, num_tokens_per_rdma_rank: Any = None,
                  is_token_in_rank: Any = None, num_tokens_per_expert: Any = None,
@@ -603,6 +634,7 @@ class Buffer:
         return (recv_x, _like(torch_out, recv_topk_idx), _like(torch_out, recv_topk_weights),
                 aligned, new_handle, EventOverlap())
 
+    @_refused_on_error
     def combine(self, x: Any, handle: DispatchHandle, topk_weights: Any = None,
                 config: Optional[Config] = None, previous_event: Optional[EventOverlap] = None,
                 async_finish: bool = False, allocate_on_comm_stream: bool = False
@@ -648,6 +680,7 @@ class Buffer:
                                  num_experts: int) -> None:
         """Kept for DeepEP compatibility: nothing to clean (every call's rows are its own)."""
 
+    @_refused_on_error
     def low_latency_dispatch(self, x: Any, topk_idx: Any, num_max_dispatch_tokens_per_rank: int,
                              num_experts: int, cumulative_local_expert_recv_stats: Any = None,
                              use_fp8: bool = True, round_scale: bool = False,
@@ -742,6 +775,7 @@ class Buffer:
         hook = event.current_stream_wait
         return recv, _like(torch_out, count), handle, event, hook
 
+    @_refused_on_error
     def low_latency_combine(self, x: Any, topk_idx: Any, topk_weights: Any,
                             handle: LowLatencyHandle, use_logfmt: bool = False,
                             zero_copy: bool = False, async_finish: bool = False,

@@ -29,15 +29,20 @@ graph_bucket, Worker.graph_token / check_graph, and server/moe_ep.h).
 
 The library: MOE_EP_LIBRARY (a path), else libmoe_ep.so.0 on the loader's
 path. Errors: EngineError (the C status code and message) from the library,
-TypeError / ValueError naming the argument from the checks here.
+TypeError / ValueError naming the argument from the checks here. A data
+call whose checks here fail still enters the call's opening round on the
+CPU plane, refusing it (Worker.refuse), so its peers return at once with
+EngineError ABORTED naming this rank instead of waiting out the group's
+timeout (issue 30 item 1).
 Thread safety: as the C API (every call is thread-safe; the data calls are
 serialized by the worker).
 """
 
 import ctypes
+import functools
 import os
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar
 
 __all__ = [
     "Dispatcher",
@@ -394,6 +399,34 @@ class DispatchOutput:
     _pointers: Any = field(default=None, repr=False, compare=False)
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+# The data calls Worker.refuse enters, by C name.
+_REFUSABLE = ("moe_ep_sync_token_counts", "moe_ep_dispatch", "moe_ep_dispatch_only",
+              "moe_ep_combine", "moe_ep_forward")
+
+
+def _refused_on_error(call: str) -> Callable[[_F], _F]:
+    """A Worker data call whose checks raise before the C call was made
+    (self._calls unchanged) refuses `call` in its round (Worker.refuse),
+    then raises the checks' error."""
+
+    def decorate(method: _F) -> _F:
+        @functools.wraps(method)
+        def wrapper(self: "Worker", *args: Any, **kwargs: Any) -> Any:
+            made = self._calls
+            try:
+                return method(self, *args, **kwargs)
+            except Exception:
+                if self._calls == made:
+                    self.refuse(call, kwargs.get("timeout_s", 0.0))
+                raise
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
 class Worker:
     """A worker started in this process (moe_ep_worker_start): `args` are
     moe-ep-worker's flags. Stop it with stop() or a `with` block."""
@@ -416,6 +449,8 @@ class Worker:
         # The dispatched step combine() completes (None: none known here).
         self._step_tokens: Optional[int] = None
         self._step_recv_rows: Optional[int] = None
+        # Data calls made into the library (a check that raised made none).
+        self._calls = 0
 
     def __enter__(self) -> "Worker":
         return self
@@ -440,6 +475,49 @@ class Worker:
         """One call of the C no-op through this wrapper's checks (overhead figure)."""
         self._live()
         _check(self._lib, "moe_ep_noop", self._lib.moe_ep_noop())
+
+    def refuse(self, call: str, timeout_s: float = 0.0) -> Optional["EngineError"]:
+        """Takes part in the opening round of data call `call` (a C name:
+        "moe_ep_sync_token_counts", "moe_ep_dispatch", "moe_ep_dispatch_only",
+        "moe_ep_combine", "moe_ep_forward") refusing it, for a rank that cannot
+        make the call its peers are making (its own inputs failed a check):
+        on the CPU (gloo) plane every data call opens with one round that
+        pairs the ranks' calls (core/engine_call_round.h), and a refusal there
+        returns the peers' calls at once with EngineError ABORTED naming this
+        rank ("rank r refused its moe_ep_dispatch (INVALID_ARGUMENT) ...;
+        nothing moved, the group is still usable"). Returns this rank's
+        EngineError from the library (its own refusal), or None where there
+        is nothing to enter: a stopped or not yet allocated worker, a GPU
+        plane (no round: an argument error there is returned before anything
+        is enqueued and the peers' collectives wait for this rank; see
+        server/moe_ep.h). Never raises except ValueError for an unknown
+        `call`. The data calls of this module call it themselves when their
+        checks fail."""
+        if call not in _REFUSABLE:
+            raise ValueError(f"call: expected one of {', '.join(_REFUSABLE)}, got {call!r}")
+        try:
+            handle = self._live()
+            backend = self.info().backend
+            ms = max(0, int(float(timeout_s) * 1000))
+        except Exception:  # stopped, not allocated, or a bad timeout: nothing to enter
+            return None
+        if backend != "gloo":
+            return None
+        lib = self._lib
+        # Arguments every plane refuses in the round: num_tokens / rows = -1.
+        if call == "moe_ep_sync_token_counts":
+            status = lib.moe_ep_sync_token_counts(handle, -1, None, None)
+        elif call == "moe_ep_combine":
+            status = lib.moe_ep_combine(handle, None, -1, None, None, ms)
+        elif call == "moe_ep_forward":
+            status = lib.moe_ep_forward(handle, 0, None, None, None, -1, None, None, ms)
+        else:
+            fn = lib.moe_ep_dispatch_only if call == "moe_ep_dispatch_only" else lib.moe_ep_dispatch
+            status = fn(handle, None, None, None, -1, None, None, None, 0, None, None, None, ms)
+        self._calls += 1
+        if status == 0:  # not reachable: -1 tokens is always refused
+            return None
+        return EngineError(call, status, lib.moe_ep_last_error().decode(errors="replace"))
 
     def wait_ready(self, timeout_s: float = 60.0, experts: str = "worker") -> None:
         """The readiness contract of the data calls (moe_ep_worker_wait_ready_for_steps,
@@ -485,6 +563,7 @@ class Worker:
                 device=s.device)
         return self._info
 
+    @_refused_on_error("moe_ep_sync_token_counts")
     def sync_token_counts(self, local_tokens: int) -> Tuple[List[int], int]:
         """All ranks' token counts and the step's R (collective)."""
         if not isinstance(local_tokens, int) or local_tokens < 0:
@@ -492,8 +571,10 @@ class Worker:
         info = self.info()
         counts = (ctypes.c_int64 * info.world_size)()
         r = ctypes.c_int64()
+        handle = self._live()
+        self._calls += 1
         _check(self._lib, "moe_ep_sync_token_counts",
-               self._lib.moe_ep_sync_token_counts(self._live(), local_tokens,
+               self._lib.moe_ep_sync_token_counts(handle, local_tokens,
                                                   ctypes.addressof(counts), ctypes.addressof(r)))
         return list(counts), int(r.value)
 
@@ -551,6 +632,19 @@ class Worker:
     def dispatch(self, hidden_states: Any, topk_ids: Any, topk_weights: Any,
                  recv_rows: Optional[int] = None, timeout_s: float = 0.0,
                  out: Optional[DispatchOutput] = None, end_step: bool = False) -> DispatchOutput:
+        made = self._calls
+        try:
+            return self._dispatch(hidden_states, topk_ids, topk_weights, recv_rows, timeout_s, out,
+                                  end_step)
+        except Exception:
+            if self._calls == made:
+                self.refuse("moe_ep_dispatch_only" if end_step is True else "moe_ep_dispatch",
+                            timeout_s)
+            raise
+
+    def _dispatch(self, hidden_states: Any, topk_ids: Any, topk_weights: Any,
+                  recv_rows: Optional[int], timeout_s: float, out: Optional[DispatchOutput],
+                  end_step: bool) -> DispatchOutput:
         """Dispatch of a committed step (collective): see DispatchOutput.
         recv_rows (>= R; default: the committed R) sizes the outputs' R axis.
         out: a DispatchOutput of an earlier dispatch with the same recv_rows
@@ -580,9 +674,13 @@ class Worker:
                 f"out: expected a DispatchOutput of a dispatch with recv_rows {rows} and "
                 f"{'torch tensors' if h.torch else 'NumPy arrays'}")
         call = self._lib.moe_ep_dispatch_only if end_step else self._lib.moe_ep_dispatch
+        handle = self._live()
+        stream = _stream(h) if h.cuda else None
+        ms = int(timeout_s * 1000)
+        self._calls += 1
         status = call(
-            self._live(), h.ptr, ids.ptr, w.ptr, h.shape[0], pointers[2], pointers[3], pointers[4],
-            rows, pointers[6], pointers[5], _stream(h) if h.cuda else None, int(timeout_s * 1000))
+            handle, h.ptr, ids.ptr, w.ptr, h.shape[0], pointers[2], pointers[3], pointers[4],
+            rows, pointers[6], pointers[5], stream, ms)
         if status:
             _check(self._lib, "moe_ep_dispatch_only" if end_step else "moe_ep_dispatch", status)
         # A dispatch that ends the step (end_step) leaves nothing to combine.
@@ -590,6 +688,7 @@ class Worker:
         self._step_recv_rows = None if end_step else rows
         return out
 
+    @_refused_on_error("moe_ep_combine")
     def combine(self, expert_outputs: Any, timeout_s: float = 0.0) -> Any:
         """Combine of the dispatched step (collective): expert_outputs [E, recv_rows, H]
         bf16 -> [T, H] bf16 (T of the dispatch)."""
@@ -607,11 +706,14 @@ class Worker:
                     (info.world_size, rows, info.hidden), cuda, info.device)
         out = _empty(x, (tokens, info.hidden), "bf16")
         ptr = _ptr(out)
-        _check(self._lib, "moe_ep_combine", self._lib.moe_ep_combine(
-            self._live(), x.ptr, rows, ptr, _stream(x), int(timeout_s * 1000)))
+        handle, stream, ms = self._live(), _stream(x), int(timeout_s * 1000)
+        self._calls += 1
+        _check(self._lib, "moe_ep_combine", self._lib.moe_ep_combine(handle, x.ptr, rows, ptr, stream,
+                                                                     ms))
         self._step_tokens = self._step_recv_rows = None
         return out
 
+    @_refused_on_error("moe_ep_forward")
     def forward(self, layer: int, hidden_states: Any, topk_ids: Any, topk_weights: Any,
                 timeout_s: float = 0.0) -> Any:
         """One MoE layer with the worker's loaded experts (collective): -> [T, H] bf16."""
@@ -620,9 +722,10 @@ class Worker:
         h, ids, w = self._inputs(hidden_states, topk_ids, topk_weights)
         out = _empty(h, h.shape, "bf16")
         ptr = _ptr(out)
+        handle, stream, ms = self._live(), _stream(h), int(timeout_s * 1000)
+        self._calls += 1
         _check(self._lib, "moe_ep_forward", self._lib.moe_ep_forward(
-            self._live(), layer, h.ptr, ids.ptr, w.ptr, h.shape[0], ptr, _stream(h),
-            int(timeout_s * 1000)))
+            handle, layer, h.ptr, ids.ptr, w.ptr, h.shape[0], ptr, stream, ms))
         return out
 
 
@@ -662,12 +765,17 @@ class Dispatcher:
         return self.worker.graph_token()
 
     def dispatch(self, hidden_states: Any, topk_ids: Any, topk_weights: Any) -> DispatchOutput:
-        self.worker._inputs(hidden_states, topk_ids, topk_weights)  # checks before any call
-        tokens = int(hidden_states.shape[0])
-        if self._bucket is not None:
-            if tokens > self._bucket:
+        try:  # checks before any call; on error this rank refuses its first call
+            self.worker._inputs(hidden_states, topk_ids, topk_weights)
+            tokens = int(hidden_states.shape[0])
+            if self._bucket is not None and tokens > self._bucket:
                 raise ValueError(
                     f"hidden_states: {tokens} tokens, more than graph_bucket {self._bucket}")
+        except Exception:
+            self.worker.refuse(
+                "moe_ep_dispatch" if self._bucket is not None else "moe_ep_sync_token_counts")
+            raise
+        if self._bucket is not None:
             r = self._bucket
         else:
             _, r = self.worker.sync_token_counts(tokens)

@@ -25,6 +25,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import unittest
 
 import numpy as np
@@ -233,6 +234,42 @@ def run_rank(rank: int, world: int, addresses):
             else:
                 check(e.code == "ABORTED" and f"rank {world - 1} rejected its input" in e.message,
                       f"peer of an out-of-range id: {e}")
+        # --- bad input on the last rank: refused in the round ---------------
+        # The last rank's own checks fail before any call; it still enters
+        # the call's round refusing it, so the peers' calls end at once
+        # (well inside the 120 s group timeout) with ABORTED naming it, and
+        # nothing moves anywhere: the step after them is exact.
+        last = rank == world - 1
+
+        def refused(what: str, call: str, run, error) -> None:
+            start = time.monotonic()
+            try:
+                run()
+                check(False, f"{what}: accepted on rank {rank}")
+            except EngineError as e:
+                check(not last, f"{what}: the failing rank got {e}, not its own check's error")
+                check(e.code == "ABORTED" and f"rank {world - 1} refused its {call}" in e.message,
+                      f"{what}: peer of a refused call: {e}")
+            except error as e:
+                check(last, f"{what}: a peer raised its own check's error: {e}")
+            took = time.monotonic() - start
+            check(took < 30, f"{what}: rank {rank} waited {took:.1f} s")
+
+        x, idx, w = inputs(rank, world, 5)
+        bad_x = x[:, : HIDDEN // 2].copy() if last else x
+        refused("Buffer.dispatch, x of half the hidden size", "moe_ep_sync_token_counts",
+                lambda: buf.dispatch(bad_x, topk_idx=idx, topk_weights=w), ValueError)
+        refused("Worker.sync_token_counts(-1)", "moe_ep_sync_token_counts",
+                lambda: buf.worker.sync_token_counts(-1 if last else len(x)), ValueError)
+        # The engine module's dispatch: every rank commits a step, the last
+        # passes int64 ids (its check: int32).
+        _, r5 = buf.worker.sync_token_counts(len(x))
+        buf._epoch += 1
+        buf.worker.commit_geometry(buf._epoch, r5, len(x))
+        ids5 = idx.astype(np.int64) if last else idx.astype(np.int32)
+        refused("Worker.dispatch, int64 topk_ids", "moe_ep_dispatch_only",
+                lambda: buf.worker.dispatch(x, ids5, w, recv_rows=r5, timeout_s=60,
+                                            end_step=True), TypeError)
         x, idx, w = inputs(rank, world, 4)
         rx, _, rw, _, h4, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
         back, _, _ = buf.combine(rx, h4)
