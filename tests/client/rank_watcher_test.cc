@@ -102,7 +102,7 @@ TEST(RankWatcher, AnAnswerCarriesWhenItsProbeWasAsked) {
   options.retry_interval = absl::Milliseconds(20);
   worker.Hold();
   RankWatcher watcher("127.0.0.1:" + std::to_string(port), options, [] {});
-  worker.WaitForAHeldProbe();  // asked while STARTED
+  worker.WaitForAHeldProbe();            // asked while STARTED
   const absl::Time event = absl::Now();  // the state changes after the ask
   worker.SetStateAndRelease(v1::WORKER_STATE_ALLOCATED);
   RankObservation obs;
