@@ -24,6 +24,19 @@ GpuPlaneEvents::~GpuPlaneEvents() {
   }
 }
 
+absl::Status GpuPlaneEvents::Record(int i, cudaStream_t stream) {
+  return CudaStatus(cudaEventRecord(step_[i], stream),
+                    absl::StrCat("cudaEventRecord(step event ", i, ")"));
+}
+
+absl::StatusOr<float> GpuPlaneEvents::ElapsedMs(int from, int to) const {
+  float ms = 0;
+  RETURN_IF_ERROR(
+      CudaStatus(cudaEventElapsedTime(&ms, step_[from], step_[to]),
+                 absl::StrCat("cudaEventElapsedTime(step events ", from, ", ", to, ")")));
+  return ms;
+}
+
 absl::Status GpuPlaneEvents::OnCallerStream(cudaStream_t caller, cudaStream_t own,
                                             const std::function<absl::Status()>& enqueue) {
   const bool fork = caller != own;

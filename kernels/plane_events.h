@@ -32,6 +32,14 @@ class GpuPlaneEvents {
   // [4], recorded on the step's stream before Dispatch, after Dispatch,
   // before and after Combine (server/gpu_step_buffers.h AddStepTimes).
   cudaEvent_t* step() { return step_; }
+  const cudaEvent_t* step() const { return step_; }
+
+  // Records step event `i` (0..3, as step()) on `stream`.
+  // Errors: kInternal "cudaEventRecord(step event <i>): ...".
+  absl::Status Record(int i, cudaStream_t stream);
+  // Milliseconds from step event `from` to step event `to`, both recorded
+  // and complete. Errors: kInternal (not recorded, not complete).
+  absl::StatusOr<float> ElapsedMs(int from, int to) const;
 
   // Runs `enqueue` (work on `own`) ordered after the work already on
   // `caller` and joins it back into `caller` (an event each way; a CUDA

@@ -7,7 +7,7 @@
 #include "server/backend_selection.h"
 
 #ifdef MOE_EP_HAVE_CUDA
-#include <cuda_runtime.h>
+#include "kernels/device_calls.h"
 #endif
 
 namespace moe_ep::server {
@@ -22,12 +22,7 @@ bool BuiltWithCuda() {
 
 int VisibleGpuCount() {
 #ifdef MOE_EP_HAVE_CUDA
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no driver / no device" error
-    return 0;
-  }
-  return count;
+  return kernels::VisibleDeviceCount();
 #else
   return 0;
 #endif
@@ -40,14 +35,9 @@ absl::StatusOr<DeviceInfo> DescribeGpu(int device) {
     return absl::InvalidArgumentError(
         absl::StrCat("device: expected in [0, ", count, ") (visible CUDA devices), got ", device));
   }
-  cudaDeviceProp props;
-  const cudaError_t error = cudaGetDeviceProperties(&props, device);
-  if (error != cudaSuccess) {
-    cudaGetLastError();
-    return absl::UnavailableError(
-        absl::StrCat("cudaGetDeviceProperties(device ", device, "): ", cudaGetErrorString(error)));
-  }
-  return DeviceInfo{props.name, static_cast<int64_t>(props.totalGlobalMem)};
+  absl::StatusOr<kernels::DeviceProperties> props = kernels::QueryDevice(device);
+  if (!props.ok()) return props.status();
+  return DeviceInfo{props->name, props->total_memory_bytes};
 #else
   return absl::FailedPreconditionError(
       absl::StrCat("device ", device, ": this worker was built without CUDA"));

@@ -14,7 +14,7 @@
 #include "core/shrink_plan.h"
 #include "core/status_macros.h"
 #include "core/workspace.h"
-#include "kernels/cuda_status.h"
+#include "kernels/device_calls.h"
 #include "server/backend_selection.h"
 #include "server/call_gate.h"
 #include "server/device_info.h"
@@ -54,8 +54,7 @@ absl::StatusOr<std::unique_ptr<GpuDataPlane>> GpuDataPlane::Form(
     absl::Status device = CheckDevice(group.device, VisibleGpuCount(), "nccl");
     if (!device.ok()) return WithContext(device, context);
   }
-  RETURN_IF_ERROR(
-      WithContext(kernels::CudaStatus(cudaSetDevice(group.device), "cudaSetDevice"), context));
+  RETURN_IF_ERROR(WithContext(kernels::SetDevice(group.device), context));
   // A returning rank (group.rejoin): a communicator of itself alone, every
   // other rank masked, until Readmit forms one with the survivors.
   const bool alone = group.rejoin && group.world_size > 1;
@@ -116,10 +115,7 @@ GpuDataPlane::~GpuDataPlane() {
   events_.reset();
 }
 
-absl::Status GpuDataPlane::MakeDeviceCurrent() const {
-  return kernels::CudaStatus(cudaSetDevice(group_.device),
-                             absl::StrCat("cudaSetDevice(", group_.device, ")"));
-}
+absl::Status GpuDataPlane::MakeDeviceCurrent() const { return kernels::SetDevice(group_.device); }
 
 absl::Status GpuDataPlane::Synchronize() { return view_->Synchronize(); }
 
@@ -382,9 +378,8 @@ absl::Status GpuDataPlane::Upload(void* dst, const void* src, int64_t bytes, voi
     std::memcpy(pinned, src, bytes);
     src = pinned;
   }
-  return kernels::CudaStatus(
-      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream),
-      absl::StrCat("cudaMemcpyAsync(", what, " to device, ", bytes, " bytes)"));
+  return kernels::CopyToDeviceAsync(dst, src, bytes, stream,
+                                    absl::StrCat(what, " to device, ", bytes, " bytes"));
 }
 
 absl::StatusOr<core::StepStats> GpuDataPlane::StepFromHost(int layer, const HostForward& io,
@@ -430,10 +425,8 @@ absl::StatusOr<core::StepStats> GpuDataPlane::StepFromHost(int layer, const Host
         std::memcpy(&value, src + i * 4, 4);
         dst[i] = core::FloatToBf16(value);
       }
-      RETURN_IF_ERROR(
-          kernels::CudaStatus(cudaMemcpyAsync(staging_->hidden(), staging_->host_hidden(),
-                                              hidden_bytes, cudaMemcpyHostToDevice, stream),
-                              "cudaMemcpyAsync(hidden to device)"));
+      RETURN_IF_ERROR(kernels::CopyToDeviceAsync(staging_->hidden(), staging_->host_hidden(),
+                                                 hidden_bytes, stream, "hidden to device"));
     } else {
       RETURN_IF_ERROR(Upload(staging_->hidden(), io.hidden.data(), hidden_bytes,
                              staging_->host_hidden(), "hidden"));
@@ -448,12 +441,10 @@ absl::StatusOr<core::StepStats> GpuDataPlane::StepFromHost(int layer, const Host
   // device, and runs while the dispatch does (issue 18).
   const bool has_shared = shared_.Has(layer);
   if (has_shared) RETURN_IF_ERROR(shared_.Begin(layer, staging_->hidden(), num_tokens, stream));
-  RETURN_IF_ERROR(
-      kernels::CudaStatus(cudaEventRecord(events_->step()[0], stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(events_->Record(0, stream));
   RETURN_IF_ERROR(dispatcher_->Dispatch(staging_->hidden(), staging_->topk_ids(),
                                         staging_->topk_weights(), num_tokens));
-  RETURN_IF_ERROR(
-      kernels::CudaStatus(cudaEventRecord(events_->step()[1], stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(events_->Record(1, stream));
   // The dispatcher's expert compute is ExpertGemm::kGroupedDevice (the
   // default): SwiGLU reads no row count on the host, so nothing waits here.
   absl::Status computed = dispatcher_->ComputeExperts(set);
@@ -464,24 +455,19 @@ absl::StatusOr<core::StepStats> GpuDataPlane::StepFromHost(int layer, const Host
     return computed;
   }
   if (has_shared) RETURN_IF_ERROR(shared_.JoinInto(stream));
-  RETURN_IF_ERROR(
-      kernels::CudaStatus(cudaEventRecord(events_->step()[2], stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(events_->Record(2, stream));
   RETURN_IF_ERROR(
       dispatcher_->Combine(staging_->output(), has_shared ? shared_.output() : nullptr));
-  RETURN_IF_ERROR(
-      kernels::CudaStatus(cudaEventRecord(events_->step()[3], stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(events_->Record(3, stream));
   // The counters: the dispatcher's device counts, one small async copy.
   int32_t* counts = staging_->host_counts();
-  RETURN_IF_ERROR(kernels::CudaStatus(
-      cudaMemcpyAsync(counts, dispatcher_->step_counts(), 2 * world * sizeof(int32_t),
-                      cudaMemcpyDeviceToHost, stream),
-      "cudaMemcpyAsync(step counts to host)"));
+  RETURN_IF_ERROR(kernels::CopyToHostAsync(counts, dispatcher_->step_counts(),
+                                           2 * world * sizeof(int32_t), stream,
+                                           "step counts to host"));
   const bool pinned_out = host_copy_ == ForwardHostCopy::kPinned;
   if (num_tokens > 0 && pinned_out) {
-    RETURN_IF_ERROR(
-        kernels::CudaStatus(cudaMemcpyAsync(staging_->host_output(), staging_->output(),
-                                            hidden_bytes, cudaMemcpyDeviceToHost, stream),
-                            "cudaMemcpyAsync(output to host)"));
+    RETURN_IF_ERROR(kernels::CopyToHostAsync(staging_->host_output(), staging_->output(),
+                                             hidden_bytes, stream, "output to host"));
   }
   RETURN_IF_ERROR(Synchronize());
   if (num_tokens > 0) {
@@ -490,10 +476,8 @@ absl::StatusOr<core::StepStats> GpuDataPlane::StepFromHost(int layer, const Host
     } else {
       // The stream is idle now, so this pageable copy (which returns once
       // done) waits for nothing but itself.
-      RETURN_IF_ERROR(
-          kernels::CudaStatus(cudaMemcpyAsync(io.output.data(), staging_->output(), hidden_bytes,
-                                              cudaMemcpyDeviceToHost, stream),
-                              "cudaMemcpyAsync(output to host)"));
+      RETURN_IF_ERROR(kernels::CopyToHostAsync(io.output.data(), staging_->output(), hidden_bytes,
+                                               stream, "output to host"));
     }
   }
 
@@ -516,7 +500,7 @@ absl::StatusOr<core::StepStats> GpuDataPlane::StepFromHost(int layer, const Host
   book_.AddLoad(
       layer, step,
       core::LoadStepKey{dispatcher_->epoch(), mask_.round, core::RoutingFingerprint(io.topk_ids)});
-  RETURN_IF_ERROR(AddStepTimes(events_->step(), has_shared ? &shared_ : nullptr, &stats));
+  RETURN_IF_ERROR(AddStepTimes(*events_, has_shared ? &shared_ : nullptr, &stats));
   return stats;
 }
 
@@ -566,7 +550,7 @@ absl::StatusOr<std::unique_ptr<BenchmarkRun>> GpuDataPlane::MakeBenchmarkRun(
     hooks.finish = [this] { return control_->Barrier(); };
     return std::make_unique<GpuBenchmarkRun<kernels::onesided::OneSidedDispatcher>>(
         std::move(windows), std::move(bench), std::move(identity), std::move(buffers), tokens,
-        events_->step(), std::move(hooks));
+        events_.get(), std::move(hooks));
   }
   kernels::GpuEpDispatcherOptions gpu_options;
   gpu_options.dispatcher = options;
@@ -584,7 +568,7 @@ absl::StatusOr<std::unique_ptr<BenchmarkRun>> GpuDataPlane::MakeBenchmarkRun(
     return kernels::DeviceTokensSent(d->step_counts(), members, d->stream());
   };
   return std::make_unique<GpuBenchmarkRun<kernels::GpuEpDispatcher>>(
-      nullptr, std::move(bench), std::move(identity), std::move(buffers), tokens, events_->step(),
+      nullptr, std::move(bench), std::move(identity), std::move(buffers), tokens, events_.get(),
       std::move(hooks));
 }
 

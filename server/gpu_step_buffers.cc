@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "core/workspace.h"
-#include "kernels/cuda_status.h"
 
 namespace moe_ep::server {
 absl::StatusOr<core::StepStats> StepCountStats(const int32_t* counts, int members, int self,
@@ -26,18 +25,17 @@ absl::StatusOr<core::StepStats> StepCountStats(const int32_t* counts, int member
   return stats;
 }
 
-absl::Status AddStepTimes(const cudaEvent_t events[4], const kernels::GpuSharedExperts* shared,
-                          core::StepStats* stats) {
+absl::Status AddStepTimes(const kernels::GpuPlaneEvents& events,
+                          const kernels::GpuSharedExperts* shared, core::StepStats* stats) {
   float ms[3] = {0, 0, 0};
   for (int i = 0; i < 3; ++i) {
-    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventElapsedTime(&ms[i], events[i], events[i + 1]),
-                                        "cudaEventElapsedTime"));
+    ASSIGN_OR_RETURN(ms[i], events.ElapsedMs(i, i + 1));
   }
   stats->dispatch_us = static_cast<int64_t>(ms[0] * 1000.0f);
   stats->expert_us = static_cast<int64_t>(ms[1] * 1000.0f);
   stats->combine_us = static_cast<int64_t>(ms[2] * 1000.0f);
   if (shared != nullptr) {
-    ASSIGN_OR_RETURN(auto shared_times, shared->Times(events[0], events[1]));
+    ASSIGN_OR_RETURN(auto shared_times, shared->Times(events.step()[0], events.step()[1]));
     stats->shared_us = shared_times.first;
     stats->shared_overlap_us = shared_times.second;
   }

@@ -30,6 +30,7 @@
 #include "kernels/device_experts.h"
 #include "kernels/gpu_shared_experts.h"
 #include "kernels/onesided/peer_window.h"
+#include "kernels/plane_events.h"
 #include "kernels/step_staging.h"
 #include "server/data_plane.h"
 
@@ -55,15 +56,15 @@ absl::StatusOr<core::StepStats> StepCountStats(const int32_t* counts, int member
 // AddStepTimes()
 //
 // After the step's stream synchronised: the phase times of `stats` in whole
-// microseconds (truncated) from `events` [4], recorded on the main stream
+// microseconds (truncated) from `events`' four step events, recorded on the main stream
 // before Dispatch, after Dispatch, before and after Combine: dispatch_us
 // [0, 1], expert_us [1, 2], combine_us [2, 3]. With `shared` (not null: the
 // layer has a shared expert) also shared_us and shared_overlap_us
 // (kernels::GpuSharedExperts::Times against the dispatch events). Errors: kInternal
 // (cudaEventElapsedTime), those of kernels::GpuSharedExperts::Times; `stats` may then
 // be partly written.
-absl::Status AddStepTimes(const cudaEvent_t events[4], const kernels::GpuSharedExperts* shared,
-                          core::StepStats* stats);
+absl::Status AddStepTimes(const kernels::GpuPlaneEvents& events,
+                          const kernels::GpuSharedExperts* shared, core::StepStats* stats);
 
 // The three phases a timed step calls, on stream(): what GpuEpDispatcher
 // and OneSidedDispatcher both offer.
@@ -81,8 +82,8 @@ concept StepPhases = requires(Dispatcher& d, const uint16_t* h, const int32_t* i
 // Benchmark's scratch step on a GPU transport (DataPlane::MakeBenchmarkRun):
 // `dispatcher` (geometry committed at R = tokens, inputs uploaded into
 // `buffers`) over `windows` where it runs on peer windows (null for the
-// NCCL dispatcher), identity experts, CUDA events (`events`, 4, the
-// plane's) around Dispatch and Combine, then `hooks.wait` (the plane's
+// NCCL dispatcher), identity experts, the plane's step events (`events`)
+// around Dispatch and Combine, then `hooks.wait` (the plane's
 // bounded wait for the stream). Members go in reverse order: the
 // dispatcher before the windows it stores into.
 struct GpuBenchmarkHooks {
@@ -98,7 +99,7 @@ class GpuBenchmarkRun final : public BenchmarkRun {
                   std::unique_ptr<Dispatcher> dispatcher,
                   std::unique_ptr<kernels::DeviceExpertSet> identity,
                   std::unique_ptr<kernels::StepStaging> buffers, int64_t tokens,
-                  cudaEvent_t* events, GpuBenchmarkHooks hooks)
+                  kernels::GpuPlaneEvents* events, GpuBenchmarkHooks hooks)
       : windows_(std::move(windows)),
         dispatcher_(std::move(dispatcher)),
         identity_(std::move(identity)),
@@ -110,20 +111,16 @@ class GpuBenchmarkRun final : public BenchmarkRun {
   absl::StatusOr<PhaseTimes> Step() override {
     cudaStream_t stream = dispatcher_->stream();
     const kernels::StepStaging& in = *buffers_;
-    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events_[0], stream), "cudaEventRecord"));
+    RETURN_IF_ERROR(events_->Record(0, stream));
     RETURN_IF_ERROR(dispatcher_->Dispatch(in.hidden(), in.topk_ids(), in.topk_weights(), tokens_));
-    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events_[1], stream), "cudaEventRecord"));
+    RETURN_IF_ERROR(events_->Record(1, stream));
     RETURN_IF_ERROR(dispatcher_->ComputeExperts(*identity_));
-    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events_[2], stream), "cudaEventRecord"));
+    RETURN_IF_ERROR(events_->Record(2, stream));
     RETURN_IF_ERROR(dispatcher_->Combine(in.output()));
-    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventRecord(events_[3], stream), "cudaEventRecord"));
+    RETURN_IF_ERROR(events_->Record(3, stream));
     RETURN_IF_ERROR(hooks_.wait());
-    float dispatch_ms = 0;
-    float combine_ms = 0;
-    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventElapsedTime(&dispatch_ms, events_[0], events_[1]),
-                                        "cudaEventElapsedTime"));
-    RETURN_IF_ERROR(kernels::CudaStatus(cudaEventElapsedTime(&combine_ms, events_[2], events_[3]),
-                                        "cudaEventElapsedTime"));
+    ASSIGN_OR_RETURN(const float dispatch_ms, events_->ElapsedMs(0, 1));
+    ASSIGN_OR_RETURN(const float combine_ms, events_->ElapsedMs(2, 3));
     PhaseTimes times;
     times.dispatch_us = dispatch_ms * 1000.0;
     times.combine_us = combine_ms * 1000.0;
@@ -138,7 +135,7 @@ class GpuBenchmarkRun final : public BenchmarkRun {
   std::unique_ptr<kernels::DeviceExpertSet> identity_;
   std::unique_ptr<kernels::StepStaging> buffers_;
   int64_t tokens_;
-  cudaEvent_t* events_;
+  kernels::GpuPlaneEvents* events_;  // the plane's
   GpuBenchmarkHooks hooks_;
 };
 

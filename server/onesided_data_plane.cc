@@ -17,7 +17,6 @@
 #include "core/routing.h"
 #include "core/status_macros.h"
 #include "core/workspace.h"
-#include "kernels/cuda_status.h"
 #include "server/call_gate.h"
 #include "server/host_forward.h"
 #include "server/memory_budget.h"
@@ -83,8 +82,8 @@ absl::StatusOr<bool> ProbeOneSidedPlane(core::ControlCollective& control, int de
   std::memset(&mine, 0, sizeof(mine));
   const std::string host = HostIdentity();
   std::memcpy(mine.host, host.data(), std::min(host.size(), sizeof(mine.host) - 1));
-  RETURN_IF_ERROR(kernels::CudaStatus(cudaDeviceGetPCIBusId(mine.bus, sizeof(mine.bus), device),
-                                      absl::StrCat("cudaDeviceGetPCIBusId(", device, ")")));
+  ASSIGN_OR_RETURN(const std::string bus, kernels::PciBusId(device));
+  std::memcpy(mine.bus, bus.data(), std::min(bus.size(), sizeof(mine.bus) - 1));
   mine.pid = static_cast<int64_t>(getpid());
   const int world = control.size();
   std::vector<PlaceRecord> all(world);
@@ -107,11 +106,8 @@ absl::StatusOr<bool> ProbeOneSidedPlane(core::ControlCollective& control, int de
   int32_t reach = -1;  // the first rank this one cannot reach, or -1
   for (int r = 0; r < world && reach < 0; ++r) {
     if (std::strncmp(all[r].bus, mine.bus, sizeof(mine.bus)) == 0) continue;
-    int peer = -1;
-    int can = 0;
-    if (cudaDeviceGetByPCIBusId(&peer, all[r].bus) != cudaSuccess ||
-        cudaDeviceCanAccessPeer(&can, device, peer) != cudaSuccess || can == 0) {
-      cudaGetLastError();
+    if (!kernels::CanReachPeer(device,
+                               std::string(all[r].bus, strnlen(all[r].bus, sizeof(all[r].bus))))) {
       reach = r;
     }
   }
@@ -149,9 +145,8 @@ absl::StatusOr<std::unique_ptr<OneSidedDataPlane>> OneSidedDataPlane::Form(
   plane->group_ = group;
   RETURN_IF_ERROR(plane->MakeDeviceCurrent());
   ASSIGN_OR_RETURN(plane->events_, kernels::GpuPlaneEvents::Create());
-  RETURN_IF_ERROR(
-      kernels::CudaStatus(cudaMallocHost(&plane->host_counts_, 2 * kernels::kMaxEpSize * 4),
-                          "cudaMallocHost(step counts)"));
+  ASSIGN_OR_RETURN(plane->host_counts_,
+                   kernels::AllocatePinned(2 * kernels::kMaxEpSize * 4, "step counts"));
   return plane;
 }
 
@@ -168,12 +163,10 @@ OneSidedDataPlane::~OneSidedDataPlane() {
   staging_.reset();
   windows_.reset();
   events_.reset();
-  cudaFreeHost(host_counts_);
 }
 
 absl::Status OneSidedDataPlane::MakeDeviceCurrent() const {
-  return kernels::CudaStatus(cudaSetDevice(group_.device),
-                             absl::StrCat("cudaSetDevice(", group_.device, ")"));
+  return kernels::SetDevice(group_.device);
 }
 
 kernels::onesided::OneSidedDispatcherOptions OneSidedDataPlane::DispatcherOptions(
@@ -517,42 +510,35 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::StepOnHost(
                                    choices.ids.data(), choices.weights.data(), num_tokens, stream));
   const bool has_shared = shared_.Has(layer);
   if (has_shared) RETURN_IF_ERROR(shared_.Begin(layer, staging_->hidden(), num_tokens, stream));
-  RETURN_IF_ERROR(
-      kernels::CudaStatus(cudaEventRecord(events_->step()[0], stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(events_->Record(0, stream));
   RETURN_IF_ERROR(dispatcher_->Dispatch(staging_->hidden(), staging_->topk_ids(),
                                         staging_->topk_weights(), num_tokens));
-  RETURN_IF_ERROR(
-      kernels::CudaStatus(cudaEventRecord(events_->step()[1], stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(events_->Record(1, stream));
   absl::Status computed = dispatcher_->ComputeExperts(*experts);
   if (computed.ok() && has_shared) computed = shared_.JoinInto(stream);
-  RETURN_IF_ERROR(
-      kernels::CudaStatus(cudaEventRecord(events_->step()[2], stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(events_->Record(2, stream));
   // Combine even when this rank's compute failed: the peers wait for its
   // combine flags (the output is then not used).
   absl::Status combined = dispatcher_->Combine(
       staging_->output(), computed.ok() && has_shared ? shared_.output() : nullptr);
-  RETURN_IF_ERROR(
-      kernels::CudaStatus(cudaEventRecord(events_->step()[3], stream), "cudaEventRecord"));
+  RETURN_IF_ERROR(events_->Record(3, stream));
   const int members = dispatch_ep_;
-  RETURN_IF_ERROR(kernels::CudaStatus(cudaMemcpyAsync(host_counts_, dispatcher_->send_counts(),
-                                                      members * 4, cudaMemcpyDeviceToHost, stream),
-                                      "cudaMemcpyAsync(send counts to host)"));
-  RETURN_IF_ERROR(
-      kernels::CudaStatus(cudaMemcpyAsync(host_counts_ + members, dispatcher_->recv_counts(),
-                                          members * 4, cudaMemcpyDeviceToHost, stream),
-                          "cudaMemcpyAsync(receive counts to host)"));
+  auto* host_counts = static_cast<int32_t*>(host_counts_.get());
+  RETURN_IF_ERROR(kernels::CopyToHostAsync(host_counts, dispatcher_->send_counts(), members * 4,
+                                           stream, "send counts to host"));
+  RETURN_IF_ERROR(kernels::CopyToHostAsync(host_counts + members, dispatcher_->recv_counts(),
+                                           members * 4, stream, "receive counts to host"));
   // The bounded wait: kAborted (geometry) or kDeadlineExceeded (a peer).
   RETURN_IF_ERROR(dispatcher_->CheckStep());
   RETURN_IF_ERROR(computed);
   RETURN_IF_ERROR(combined);
   if (num_tokens > 0) {
-    RETURN_IF_ERROR(kernels::CudaStatus(
-        cudaMemcpy(output.data(), staging_->output(), num_tokens * h * 2, cudaMemcpyDeviceToHost),
-        "cudaMemcpy(output to host)"));
+    RETURN_IF_ERROR(kernels::CopyToHost(output.data(), staging_->output(), num_tokens * h * 2,
+                                        "output to host"));
   }
 
   ASSIGN_OR_RETURN(core::StepStats stats,
-                   StepCountStats(host_counts_, members, compact_->rank(), options_.workspace,
+                   StepCountStats(host_counts, members, compact_->rank(), options_.workspace,
                                   dispatcher_->runtime_max_tokens_per_rank()));
   stats.lost_choices = choices.lost_choices;
   stats.lost_experts = std::move(choices.lost_experts);
@@ -564,7 +550,7 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::StepOnHost(
   book_.AddLoad(
       layer, step,
       core::LoadStepKey{geometry_.epoch, mask_.round, core::RoutingFingerprint(topk_ids)});
-  RETURN_IF_ERROR(AddStepTimes(events_->step(), has_shared ? &shared_ : nullptr, &stats));
+  RETURN_IF_ERROR(AddStepTimes(*events_, has_shared ? &shared_ : nullptr, &stats));
   return stats;
 }
 
@@ -609,7 +595,7 @@ absl::StatusOr<std::unique_ptr<BenchmarkRun>> OneSidedDataPlane::MakeBenchmarkRu
   hooks.finish = [this] { return compact_->Barrier(); };
   return std::make_unique<GpuBenchmarkRun<OneSidedDispatcher>>(
       std::move(windows), std::move(bench), std::move(identity), std::move(buffers), tokens,
-      events_->step(), std::move(hooks));
+      events_.get(), std::move(hooks));
 }
 
 }  // namespace moe_ep::server

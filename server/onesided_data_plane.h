@@ -74,6 +74,7 @@
 #include <vector>
 
 #include "core/gloo_collective.h"
+#include "kernels/device_calls.h"
 #include "kernels/device_experts.h"
 #include "kernels/gpu_shared_experts.h"
 #include "kernels/onesided/onesided_dispatcher.h"
@@ -205,7 +206,7 @@ class OneSidedDataPlane final : public DataPlane {
   std::unique_ptr<kernels::onesided::PeerWindows> windows_;
   std::unique_ptr<kernels::onesided::OneSidedDispatcher> dispatcher_;
   std::unique_ptr<kernels::StepStaging> staging_;
-  int32_t* host_counts_ = nullptr;  // pinned [2, E]: send, receive counts of a step
+  kernels::PinnedHostMemory host_counts_;            // int32 [2, E]: send, receive counts of a step
   std::unique_ptr<kernels::GpuPlaneEvents> events_;  // step timing, engine stream fork / join
   std::shared_ptr<const core::PlacementTable> engine_map_table_;  // EngineMap()'s table
   OneSidedRouteMap engine_map_;

@@ -24,7 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/status_macros.h"
-#include "kernels/cuda_status.h"
+#include "kernels/device_calls.h"
 #include "kernels/engine_rows.cuh"
 #include "kernels/nccl_collective.h"
 #include "server/engine_call_checks.h"
@@ -32,11 +32,7 @@
 #include "server/onesided_data_plane.h"
 
 namespace moe_ep::server {
-namespace {
-
-using kernels::CudaStatus;
-
-}  // namespace
+namespace {}  // namespace
 
 absl::Status OneSidedDataPlane::RequireEngineCall(
     const char* call, std::initializer_list<std::pair<const char*, const void*>> ptrs) {
@@ -193,25 +189,21 @@ absl::Status OneSidedDataPlane::EngineSyncTokenCounts(const int64_t* local_token
         "sync_token_counts: local_tokens and counts must not be null (device int64 and [E])");
   }
   auto caller = static_cast<cudaStream_t>(stream);
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  RETURN_IF_ERROR(
-      CudaStatus(cudaStreamIsCapturing(caller, &capturing), "cudaStreamIsCapturing(stream)"));
-  if (capturing != cudaStreamCaptureStatusNone) {
+  ASSIGN_OR_RETURN(const bool capturing, kernels::StreamIsCapturing(caller));
+  if (capturing) {
     return absl::FailedPreconditionError(
         "sync_token_counts: the one-sided plane agrees token counts on the host (Gloo), which a "
         "CUDA graph cannot capture; call it before the capture, or use moe_ep_sync_token_counts");
   }
   int64_t mine = 0;
   RETURN_IF_ERROR(
-      CudaStatus(cudaMemcpyAsync(&mine, local_tokens, sizeof(mine), cudaMemcpyDeviceToHost, caller),
-                 "cudaMemcpyAsync(local_tokens to host)"));
-  RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(caller), "cudaStreamSynchronize(stream)"));
+      kernels::CopyToHostAsync(&mine, local_tokens, sizeof(mine), caller, "local_tokens to host"));
+  RETURN_IF_ERROR(kernels::SynchronizeStream(caller, "stream"));
   ASSIGN_OR_RETURN(const std::vector<int64_t> all, SyncTokenCounts(mine));
-  RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(counts, all.data(), all.size() * sizeof(int64_t),
-                                             cudaMemcpyHostToDevice, caller),
-                             "cudaMemcpyAsync(counts to device)"));
+  RETURN_IF_ERROR(kernels::CopyToDeviceAsync(counts, all.data(), all.size() * sizeof(int64_t),
+                                             caller, "counts to device"));
   // `all` is a local: the copy must have read it before it goes.
-  return CudaStatus(cudaStreamSynchronize(caller), "cudaStreamSynchronize(stream)");
+  return kernels::SynchronizeStream(caller, "stream");
 }
 
 }  // namespace moe_ep::server
