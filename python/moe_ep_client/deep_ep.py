@@ -91,26 +91,28 @@ from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 from .engine import Worker, bf16_to_float32, float32_to_bf16
 
 __all__ = ["Buffer", "Config", "EventOverlap", "DispatchHandle", "LowLatencyHandle",
-           "fp8_e4m3_quantize", "fp8_e4m3_dequantize"]
+           "fp8_e4m3_quantize", "fp8_e4m3_dequantize", "refused_on_error"]
 
 _INT32_MIN = -(2 ** 31)
 
 
-def _refused_on_error(method: Callable[..., Any]) -> Callable[..., Any]:
-    """A Buffer call that raises before its first exchange was queued
-    (Buffer._runs unchanged) refuses that exchange's first call
-    (moe_ep_sync_token_counts) on the buffer's thread, in call order, so the
-    peers are not left waiting in it; then raises its error."""
+def refused_on_error(method: Callable[..., Any]) -> Callable[..., Any]:
+    """For a collective call of a Buffer, or of an adapter over one (an
+    object whose `buffer` is a Buffer: python/moe_ep_client/vllm_seam.py,
+    sglang_seam.py): when the call raises before it queued any exchange on
+    the buffer, this rank refuses the exchange its peers are in
+    (Buffer.refuse), so they raise EngineError ABORTED naming it instead of
+    pairing with this rank's next call; then the error is raised."""
 
     @functools.wraps(method)
-    def wrapper(self: "Buffer", *args: Any, **kwargs: Any) -> Any:
-        queued = self._runs
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        buf = self if isinstance(self, Buffer) else self.buffer
+        queued = buf._runs
         try:
             return method(self, *args, **kwargs)
         except Exception:
-            if self._runs == queued:
-                self._run(lambda: self.worker.refuse("moe_ep_sync_token_counts", self._timeout_s),
-                          background=False)
+            if buf._runs == queued:
+                buf.refuse()
             raise
 
     return wrapper
@@ -296,6 +298,7 @@ class LowLatencyHandle(NamedTuple):
     hidden: int
     num_experts: int
     rows: dict  # "rows": [P, 5] int64: local expert, slot, source rank, source token, choice
+    num_tokens: int = 0  # T of the dispatch (low_latency_combine's topk_idx rows)
 
 
 # -------------------------------------------------------------------- buffer
@@ -473,6 +476,16 @@ class Buffer:
             return None, EventOverlap(future)
         return future.result(), EventOverlap()
 
+    def refuse(self) -> None:
+        """Meets the exchange the peers are in, refusing it, for a rank that
+        will not make the call they are making (its own checks failed): the
+        peers' call raises EngineError ABORTED naming this rank and nothing
+        moves (engine.Worker.refuse). Queued on the buffer's thread, after
+        this rank's earlier calls. The collective calls here and the seams'
+        call it themselves when their checks fail (refused_on_error)."""
+        self._run(lambda: self.worker.refuse("moe_ep_sync_token_counts", self._timeout_s),
+                  background=False)
+
     def _exchange(self, hidden: Any, ids: Any, weights: Any, max_tokens: Optional[int] = None
                   ) -> Any:
         """One step that ends with its dispatch (moe_ep_dispatch_only):
@@ -482,22 +495,33 @@ class Buffer:
         counts, so no rank is left waiting)."""
         t = int(hidden.shape[0])
         counts, r = self.worker.sync_token_counts(t)
-        if max_tokens is not None and max(counts) > max_tokens:
-            worst = max(range(len(counts)), key=lambda i: counts[i])
-            raise ValueError(f"num_tokens: rank {worst} has {counts[worst]} tokens, more than "
-                             f"num_max_dispatch_tokens_per_rank = {max_tokens}")
+        # Every rank was in the sync: the epoch moves on every rank alike,
+        # whatever follows, so the next exchange commits the same epoch.
         self._epoch += 1
-        self.worker.commit_geometry(self._epoch, r, t)
+        try:
+            if max_tokens is not None and max(counts) > max_tokens:
+                worst = max(range(len(counts)), key=lambda i: counts[i])
+                raise ValueError(f"num_tokens: rank {worst} has {counts[worst]} tokens, more than "
+                                 f"num_max_dispatch_tokens_per_rank = {max_tokens} (this rank's)")
+            self.worker.commit_geometry(self._epoch, r, t)
+        except Exception:
+            # A rank that stops here still meets its peers' dispatch, refusing it.
+            self.worker.refuse("moe_ep_dispatch_only", self._timeout_s)
+            raise
         return self.worker.dispatch(hidden, ids, weights, recv_rows=r,
                                     timeout_s=self._timeout_s, end_step=True)
 
     def _ids(self, topk_idx: Any) -> Any:
-        """int64 [T, K] -> int32 for the C API: ids beyond int32 become INT32_MIN
-        (still outside the range, so the worker refuses the row)."""
+        """int64 [T, K] -> int32 for the C API. An id beyond int32 is refused
+        here with its value (ValueError naming topk_idx); other ids outside
+        [-1, num_experts) go to the worker, which refuses the row."""
         np = _np()
-        ids = np.where((topk_idx > np.iinfo(np.int32).max) | (topk_idx < _INT32_MIN), _INT32_MIN,
-                       topk_idx)
-        return np.ascontiguousarray(ids, dtype=np.int32)
+        wide = (topk_idx > np.iinfo(np.int32).max) | (topk_idx < _INT32_MIN)
+        if wide.any():
+            t, k = np.argwhere(wide)[0]
+            raise ValueError(f"topk_idx[row {t}, choice {k}] = {topk_idx[t, k]}: outside "
+                             f"[0, {self.num_experts}) and not -1")
+        return np.ascontiguousarray(topk_idx, dtype=np.int32)
 
     def _layout(self, ids: Any) -> Any:
         """is_token_in_rank [T, E] bool of valid ids (others select no rank)."""
@@ -545,7 +569,7 @@ class Buffer:
         return (_like(torch_out, per_rank), None, _like(torch_out, per_expert),
                 _like(torch_out, in_rank), EventOverlap())
 
-    @_refused_on_error
+    @refused_on_error
     def dispatch(self, x: Any, handle: Optional[DispatchHandle] = None,
                  num_tokens_per_rank: Any = None, num_tokens_per_rdma_rank: Any = None,
                  is_token_in_rank: Any = None, num_tokens_per_expert: Any = None,
@@ -581,6 +605,9 @@ class Buffer:
         t = hidden.shape[0]
         has_topk = topk_idx is not None
         if handle is not None:
+            if not isinstance(handle, DispatchHandle):
+                raise TypeError(f"handle: expected the DispatchHandle of a dispatch, got "
+                                f"{type(handle).__name__}")
             if has_topk or topk_weights is not None:
                 raise ValueError("topk_idx / topk_weights: a cached dispatch (handle) takes none")
             if handle.num_tokens != t:
@@ -634,7 +661,7 @@ class Buffer:
         return (recv_x, _like(torch_out, recv_topk_idx), _like(torch_out, recv_topk_weights),
                 aligned, new_handle, EventOverlap())
 
-    @_refused_on_error
+    @refused_on_error
     def combine(self, x: Any, handle: DispatchHandle, topk_weights: Any = None,
                 config: Optional[Config] = None, previous_event: Optional[EventOverlap] = None,
                 async_finish: bool = False, allocate_on_comm_stream: bool = False
@@ -647,6 +674,9 @@ class Buffer:
         np = _np()
         if previous_event is not None:
             previous_event.current_stream_wait()
+        if not isinstance(handle, DispatchHandle):
+            raise TypeError(f"handle: expected the DispatchHandle of a dispatch, got "
+                            f"{type(handle).__name__}")
         torch_out = _is_torch(x)
         rows = _array("x", x, "bf16")
         num_recv = int(handle.num_recv_tokens_per_rank.sum())
@@ -680,7 +710,7 @@ class Buffer:
                                  num_experts: int) -> None:
         """Kept for DeepEP compatibility: nothing to clean (every call's rows are its own)."""
 
-    @_refused_on_error
+    @refused_on_error
     def low_latency_dispatch(self, x: Any, topk_idx: Any, num_max_dispatch_tokens_per_rank: int,
                              num_experts: int, cumulative_local_expert_recv_stats: Any = None,
                              use_fp8: bool = True, round_scale: bool = False,
@@ -712,6 +742,13 @@ class Buffer:
         idx = _array("topk_idx", topk_idx, "int64")
         _shape("topk_idx", idx, (t, self.num_topk))
         ids = self._ids(idx)
+        stats = cumulative_local_expert_recv_stats
+        if stats is not None:
+            kind = str(stats.dtype)
+            if tuple(stats.shape) != (self.num_local_experts,) or "int" not in kind:
+                raise ValueError(f"cumulative_local_expert_recv_stats: expected an integer array "
+                                 f"of shape [{self.num_local_experts}] (this rank's experts), got "
+                                 f"{kind} {list(stats.shape)}")
         # Each row carries its token index (the receiver's src_info).
         weights = np.zeros((t, self.num_topk), dtype=np.float32)
         weights[:, 0] = np.arange(t, dtype=np.float32)
@@ -767,7 +804,7 @@ class Buffer:
         # thread; a later call on this buffer runs after it (one thread).
         _, event = self._run(run, background=async_finish or return_recv_hook)
         handle = LowLatencyHandle(_like(torch_out, src_info), _like(torch_out, layout_range), max_t,
-                                  h, num_experts, result)
+                                  h, num_experts, result, t)
         if use_fp8:
             recv: Any = (_like(torch_out, codes, "fp8"), _like(torch_out, scales))
         else:
@@ -775,7 +812,7 @@ class Buffer:
         hook = event.current_stream_wait
         return recv, _like(torch_out, count), handle, event, hook
 
-    @_refused_on_error
+    @refused_on_error
     def low_latency_combine(self, x: Any, topk_idx: Any, topk_weights: Any,
                             handle: LowLatencyHandle, use_logfmt: bool = False,
                             zero_copy: bool = False, async_finish: bool = False,
@@ -789,13 +826,16 @@ class Buffer:
         With async_finish / return_recv_hook the result is complete once the
         event or hook is waited for."""
         np = _np()
+        if not isinstance(handle, LowLatencyHandle):
+            raise TypeError(f"handle: expected the LowLatencyHandle of a low_latency_dispatch, got "
+                            f"{type(handle).__name__}")
         torch_out = _is_torch(x)
         rows_x = _array("x", x, "bf16")
         l, e, h = self.num_local_experts, self.group_size, self.hidden
         max_t = handle.num_max_dispatch_tokens_per_rank
         _shape("x", rows_x, (l, max_t * e, h))
         idx = _array("topk_idx", topk_idx, "int64")
-        t = idx.shape[0]
+        t = handle.num_tokens
         _shape("topk_idx", idx, (t, self.num_topk))
         w = _array("topk_weights", topk_weights, "float32")
         _shape("topk_weights", w, (t, self.num_topk))
@@ -806,6 +846,9 @@ class Buffer:
             target = np.zeros((t, h), dtype=np.uint16)
 
         def run() -> None:
+            if "rows" not in handle.rows:  # every rank alike: the dispatch failed everywhere
+                raise ValueError("handle: its low_latency_dispatch did not complete (it raised); "
+                                 "dispatch again")
             plan = handle.rows["rows"]  # the dispatch ran before (same thread, in order)
             expert, pos, src, token, choice = (plan[:, i] for i in range(5))
             back = np.ascontiguousarray(rows_x[expert, pos])

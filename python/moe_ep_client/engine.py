@@ -566,7 +566,7 @@ class Worker:
     @_refused_on_error("moe_ep_sync_token_counts")
     def sync_token_counts(self, local_tokens: int) -> Tuple[List[int], int]:
         """All ranks' token counts and the step's R (collective)."""
-        if not isinstance(local_tokens, int) or local_tokens < 0:
+        if not isinstance(local_tokens, int) or isinstance(local_tokens, bool) or local_tokens < 0:
             raise ValueError(f"local_tokens: expected an int >= 0, got {local_tokens!r}")
         info = self.info()
         counts = (ctypes.c_int64 * info.world_size)()

@@ -35,7 +35,9 @@ dispatch_a / dispatch_b and combine_a / combine_b split each call around the
 exchange for SGLang's two-batch overlap: _a starts it, _b waits and returns;
 each _a is matched by its _b in order, and at most two dispatches are in
 flight before their combines. Errors: ValueError / TypeError for arguments
-and call order, the Buffer's EngineError from the worker. Not thread-safe;
+and call order (a rank whose _a call fails them still meets its peers'
+exchange, refusing it: they raise EngineError ABORTED naming it), the
+Buffer's EngineError from the worker. Not thread-safe;
 every rank makes the same calls in the same order. NumPy arrays or CPU torch
 tensors; SGLang's own output classes are used when SGLang is installed.
 """
@@ -44,7 +46,7 @@ import collections
 import enum
 from typing import Any, Deque, NamedTuple, Optional, Tuple
 
-from .deep_ep import Buffer
+from .deep_ep import Buffer, refused_on_error
 
 try:  # SGLang's own types where SGLang is installed (an engine's process)
     from sglang.srt.layers.moe.token_dispatcher import base as _base
@@ -122,11 +124,15 @@ class MoeEpLowLatencyDispatcher(_Base):  # type: ignore[misc,valid-type]
 
     # ------------------------------------------------------------- dispatch
 
+    @refused_on_error
     def dispatch_a(self, hidden_states: Any, topk_output: Any) -> None:
         """Starts the dispatch of hidden_states routed by topk_output."""
         if len(self._dispatches) + len(self._handles) >= MAX_IN_FLIGHT:
             raise ValueError(f"dispatch: {MAX_IN_FLIGHT} dispatches are already in flight; "
                              f"combine the oldest first")
+        if not (hasattr(topk_output, "topk_ids") and hasattr(topk_output, "topk_weights")):
+            raise TypeError(f"topk_output: expected SGLang's TopKOutput (topk_weights, topk_ids), "
+                            f"got {type(topk_output).__name__}")
         ids, weights = topk_output.topk_ids, topk_output.topk_weights
         recv, count, handle, _, hook = self.buffer.low_latency_dispatch(
             hidden_states, ids, self.num_max_dispatch_tokens_per_rank, self.buffer.num_experts,
@@ -150,6 +156,7 @@ class MoeEpLowLatencyDispatcher(_Base):  # type: ignore[misc,valid-type]
 
     # -------------------------------------------------------------- combine
 
+    @refused_on_error
     def combine_a(self, combine_input: Any) -> None:
         """Starts the combine of the oldest returned dispatch."""
         if not self._handles:

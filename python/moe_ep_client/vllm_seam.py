@@ -54,11 +54,16 @@ Micro-batches: every prepare is matched by a finalize in the same order
 (vLLM's dual-batch overlap calls prepare(0), prepare(1), finalize(0),
 finalize(1)); up to two may be in flight. prepare_async / finalize_async
 return (hook, receiver) as vLLM's document describes: hook() waits for the
-exchange, receiver() gives prepare's tuple (or completes `output`).
+exchange, receiver() gives prepare's tuple (or completes `output`). A
+prepare or finalize that raises leaves the prepares in flight as they were,
+on every rank alike (a prepare refused anywhere is in flight nowhere; a
+refused finalize's prepare stays in flight: finalize it again).
 
 Errors: ValueError / TypeError for arguments (shape, dtype, order), the
 Buffer's EngineError for the worker (an id outside [-1, E) is
-INVALID_ARGUMENT on its rank, ABORTED on its peers; nothing moves). Not
+INVALID_ARGUMENT on its rank, ABORTED on its peers; nothing moves). A rank
+whose arguments fail here still meets its peers' exchange, refusing it
+(deep_ep.refused_on_error): they raise EngineError ABORTED naming it. Not
 thread-safe: one engine thread per rank, every rank making the same calls in
 the same order. Works with NumPy arrays (bf16 as uint16 bits) and CPU torch
 tensors, without vLLM installed; with vLLM installed the class derives from
@@ -70,7 +75,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Optional, Tuple
 
-from .deep_ep import Buffer, LowLatencyHandle
+from .deep_ep import Buffer, LowLatencyHandle, refused_on_error
 from .engine import _is_torch, bf16_to_float32, float32_to_bf16
 
 try:  # vLLM's own types where vLLM is installed (an engine's process)
@@ -203,6 +208,13 @@ class MoeEpPrepareAndFinalize(_Base):  # type: ignore[misc,valid-type]
 
     # -------------------------------------------------------------- prepare
 
+    def _drop(self, entry: Any) -> None:
+        """Removes `entry` (by identity) from the prepares in flight."""
+        for i, e in enumerate(self._handles):
+            if e is entry:
+                del self._handles[i]
+                return
+
     def _check_expert_map(self, expert_map: Any) -> None:
         if expert_map is None:
             return
@@ -218,6 +230,7 @@ class MoeEpPrepareAndFinalize(_Base):  # type: ignore[misc,valid-type]
                              f"{first + b.num_local_experts}) as local 0..{b.num_local_experts - 1}"
                              f" (the buffer's contiguous placement); the map given differs")
 
+    @refused_on_error
     def prepare_async(self, a1: Any, topk_weights: Any, topk_ids: Any, num_experts: int,
                       expert_map: Any, apply_router_weight_on_input: bool, quant_config: Any,
                       defer_input_quant: bool = False
@@ -240,9 +253,19 @@ class MoeEpPrepareAndFinalize(_Base):  # type: ignore[misc,valid-type]
             a1 = _scaled_by_weight(a1, topk_weights)
         topk_ids, topk_weights = _pad_topk(topk_ids, topk_weights, self.buffer.num_topk)
         use_fp8 = _wants_fp8(quant_config) and not defer_input_quant
-        recv, count, handle, _, hook = self.buffer.low_latency_dispatch(
+        recv, count, handle, _, exchange = self.buffer.low_latency_dispatch(
             a1, topk_ids, self.max_tokens, num_experts, use_fp8=use_fp8, return_recv_hook=True)
-        self._handles.append((handle, int(topk_ids.shape[0])))
+        entry = (handle, int(topk_ids.shape[0]))
+        self._handles.append(entry)
+
+        def hook() -> None:
+            try:
+                exchange()
+            except Exception:
+                # The exchange failed on every rank (a peer refused it:
+                # nothing moved), so this prepare is not in flight anywhere.
+                self._drop(entry)
+                raise
 
         def receiver() -> Tuple:
             hook()
@@ -265,6 +288,7 @@ class MoeEpPrepareAndFinalize(_Base):  # type: ignore[misc,valid-type]
 
     # ------------------------------------------------------------- finalize
 
+    @refused_on_error
     def finalize_async(self, output: Any, fused_expert_output: Any, topk_weights: Any,
                        topk_ids: Any, apply_router_weight_on_input: bool,
                        weight_and_reduce_impl: Any = None
@@ -279,7 +303,8 @@ class MoeEpPrepareAndFinalize(_Base):  # type: ignore[misc,valid-type]
             raise ValueError(f"weight_and_reduce_impl: the combine applies the weights and "
                              f"reduces (TopKWeightAndReduceDelegate); got "
                              f"{type(weight_and_reduce_impl).__name__}")
-        handle, tokens = self._handles[0]
+        entry = self._handles[0]
+        handle, tokens = entry
         if topk_ids.shape[0] != tokens:
             raise ValueError(f"topk_ids: the oldest prepare had {tokens} tokens, got "
                              f"{topk_ids.shape[0]}")
@@ -291,8 +316,25 @@ class MoeEpPrepareAndFinalize(_Base):  # type: ignore[misc,valid-type]
                 np.ones(topk_weights.shape, np.float32)
         topk_ids, weights = _pad_topk(topk_ids, weights, self.buffer.num_topk)
         self._handles.popleft()
-        _, _, hook = self.buffer.low_latency_combine(fused_expert_output, topk_ids, weights,
-                                                     handle, return_recv_hook=True, out=output)
+        try:
+            _, _, exchange = self.buffer.low_latency_combine(
+                fused_expert_output, topk_ids, weights, handle, return_recv_hook=True, out=output)
+        except Exception:
+            self._handles.appendleft(entry)  # refused here: the prepare stays in flight
+            raise
+        failed = []
+
+        def hook() -> None:
+            try:
+                exchange()
+            except Exception:
+                # Refused by a peer (nothing moved): the prepare stays in
+                # flight, as on the refusing rank; finalize it again.
+                if not failed:
+                    failed.append(True)
+                    self._handles.appendleft(entry)
+                raise
+
         return hook, hook
 
     def finalize(self, output: Any, fused_expert_output: Any, topk_weights: Any, topk_ids: Any,

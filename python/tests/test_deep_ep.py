@@ -270,6 +270,40 @@ def run_rank(rank: int, world: int, addresses):
         refused("Worker.dispatch, int64 topk_ids", "moe_ep_dispatch_only",
                 lambda: buf.worker.dispatch(x, ids5, w, recv_rows=r5, timeout_s=60,
                                             end_step=True), TypeError)
+        # An id beyond int32 is named with its value (not the int32 it would wrap to).
+        last_t = len(inputs(world - 1, world, 5)[1])  # the same test on every rank
+        wide = idx.astype(np.int64).copy()
+        if last and len(wide):
+            wide[0, 0] = 2 ** 33 + 1
+        if last_t:
+            refused("Buffer.dispatch, an id beyond int32", "moe_ep_sync_token_counts",
+                    lambda: buf.dispatch(x, topk_idx=wide, topk_weights=w), ValueError)
+        # The agreed counts against a limit that differs on one rank: that rank
+        # raises after the sync and refuses the dispatch; the epochs stay
+        # aligned, so the later steps pass (they failed "geometry mismatch").
+        counts5 = [len(inputs(s, world, 5)[1]) for s in range(world)]
+        if max(counts5) > 1:
+            limit = 1 if last else MAX_TOKENS
+            refused("low_latency_dispatch over one rank's smaller limit", "moe_ep_dispatch_only",
+                    lambda: buf.low_latency_dispatch(x, idx, limit, NUM_EXPERTS, use_fp8=False),
+                    ValueError)
+        # Receive stats of the wrong length: refused before the exchange.
+        bad_stats = np.zeros(me_l + (1 if last else 0), np.int64)
+        refused("low_latency_dispatch with stats of the wrong length", "moe_ep_sync_token_counts",
+                lambda: buf.low_latency_dispatch(x, idx, MAX_TOKENS, NUM_EXPERTS, use_fp8=False,
+                                                 cumulative_local_expert_recv_stats=bad_stats),
+                ValueError)
+        # A combine whose routing has fewer rows than its dispatch.
+        recv5, c5, ll5, _, hook5 = buf.low_latency_dispatch(x, idx, MAX_TOKENS, NUM_EXPERTS,
+                                                            use_fp8=False)
+        hook5()
+        if last_t > 1:
+            short = slice(0, len(idx) - 1) if last else slice(0, len(idx))
+            refused("low_latency_combine with fewer tokens than its dispatch",
+                    "moe_ep_sync_token_counts",
+                    lambda: buf.low_latency_combine(recv5, idx[short], w[short], ll5), ValueError)
+        y5, _, _ = buf.low_latency_combine(recv5, idx, w, ll5)
+        check(y5.shape == (len(x), HIDDEN), "the combine after a refused one")
         x, idx, w = inputs(rank, world, 4)
         rx, _, rw, _, h4, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
         back, _, _ = buf.combine(rx, h4)

@@ -51,7 +51,7 @@ def scale_of(g):
 
 def run_rank(rank: int, world: int, addresses):
     from moe_ep_client.deep_ep import Buffer, fp8_e4m3_dequantize
-    from moe_ep_client.engine import bf16_to_float32, float32_to_bf16
+    from moe_ep_client.engine import EngineError, bf16_to_float32, float32_to_bf16
     from moe_ep_client.sglang_seam import (DeepEPLLCombineInput, DispatchOutputFormat,
                                            MoeEpLowLatencyDispatcher)
     from moe_ep_client.vllm_seam import FusedMoEActivationFormat, MoeEpPrepareAndFinalize
@@ -195,6 +195,32 @@ def run_rank(rank: int, world: int, addresses):
                 "a reduction outside the combine", "TopKWeightAndReduceDelegate")
         pf.finalize(out, experts(a, meta.expert_num_tokens), w, idx, False)
         check_combined(out, x, idx, w, "the step after the refusals")
+        # One rank's own check fails (issue 30 item 1): that rank raises, the
+        # peers' same call raises EngineError ABORTED naming it at once (it
+        # meets their exchange, refusing it), and the next step is exact.
+        last = rank == world - 1
+
+        def alone(fn, what, needle):
+            try:
+                fn()
+                check(False, f"{what}: accepted on rank {rank}")
+            except EngineError as e:
+                check(not last and e.code == "ABORTED" and f"rank {world - 1} refused" in e.message,
+                      f"{what}: peer got {e}")
+            except (TypeError, ValueError) as e:
+                check(last and needle in str(e), f"{what}: rank {rank} raised {e}")
+
+        big = np.zeros((MAX_TOKENS + 1, HIDDEN), np.uint16)
+        alone(lambda: pf.prepare(big if last else x, w, idx, NUM_EXPERTS, None, False, None),
+              "vLLM prepare with too many tokens on one rank", "more than max_num_tokens_per_rank")
+        a, _, meta, _, _ = pf.prepare(x, w, idx, NUM_EXPERTS, None, False, None)
+        out = np.zeros((len(x), HIDDEN), np.uint16)
+        alone(lambda: pf.finalize(out, experts(a, meta.expert_num_tokens), w,
+                                  idx[:-1] if last else idx, False),
+              "vLLM finalize with the wrong token count on one rank", "the oldest prepare had")
+        # The refused finalize kept its prepare on every rank: finalize it.
+        pf.finalize(out, experts(a, meta.expert_num_tokens), w, idx, False)
+        check_combined(out, x, idx, w, "the finalize after one rank's refusal")
         # apply_router_weight_on_input: top-1, the weight scales the input.
         x1, i1, w1 = x, idx[:, :1].copy(), w[:, :1].copy()
         a, _, meta, _, _ = pf.prepare(x1, w1, i1, NUM_EXPERTS, None, True, None)
@@ -217,6 +243,13 @@ def run_rank(rank: int, world: int, addresses):
             y = d.combine(DeepEPLLCombineInput(experts(o.hidden_states, o.masked_m), o.topk_ids,
                                                o.topk_weights))
             check_combined(y, x, idx, w, f"SGLang step {step}")
+        # One rank's dispatch without a routing: refused there (dispatch_a),
+        # ABORTED on the peers (their dispatch_b), the next dispatch exact.
+        alone(lambda: d.dispatch(x, None if last else TopKOutput(w, idx, None)),
+              "SGLang dispatch without topk_output on one rank", "topk_output")
+        o = d.dispatch(x, TopKOutput(w, idx, None))
+        y = d.combine(DeepEPLLCombineInput(experts(o.hidden_states, o.masked_m), idx, w))
+        check_combined(y, x, idx, w, "SGLang step after one rank's refusal")
         # Two-batch overlap: a, a, b, b, then each combine split.
         (xa, ia, wa), (xb, ib, wb) = inputs(rank, world, 12), inputs(rank, world, 13)
         d.dispatch_a(xa, TopKOutput(wa, ia, None))
