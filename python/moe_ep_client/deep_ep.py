@@ -78,22 +78,34 @@ every rank pairs as before.
 Tensors: NumPy arrays (bf16 as uint16 bit patterns, engine.float32_to_bf16)
 or CPU torch tensors (outputs are then torch tensors too). Not thread-safe:
 one engine thread per Buffer. Every rank makes the same calls in the same
-order (DeepEP's rule too).
+order (DeepEP's rule too); ranks in different collective calls (one in
+dispatch, another in combine) get EngineError ABORTED naming both calls,
+with nothing moved (each exchange's epoch carries its call).
 """
 
 import concurrent.futures
 import functools
 import os
+import re
 import socket
 import time
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
-from .engine import Worker, bf16_to_float32, float32_to_bf16
+from .engine import EngineError, Worker, bf16_to_float32, float32_to_bf16
 
 __all__ = ["Buffer", "Config", "EventOverlap", "DispatchHandle", "LowLatencyHandle",
            "fp8_e4m3_quantize", "fp8_e4m3_dequantize", "refused_on_error"]
 
 _INT32_MIN = -(2 ** 31)
+
+# The Buffer call an exchange serves, in the low 3 bits of the epoch it
+# commits: ranks in different Buffer calls (which all make the same C calls)
+# then commit different epochs, and the dispatch's opening round refuses the
+# step on every rank before anything moves ("geometry mismatch"), instead of
+# pairing a dispatch's rows with a combine's.
+_CALL_KINDS = {1: "dispatch", 2: "combine", 3: "low_latency_dispatch", 4: "low_latency_combine"}
+_KIND_OF = {name: kind for kind, name in _CALL_KINDS.items()}
+_EPOCH_MISMATCH = re.compile(r"geometry mismatch: rank (\d+) has \(epoch (\d+),")
 
 
 def refused_on_error(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -486,11 +498,12 @@ class Buffer:
         self._run(lambda: self.worker.refuse("moe_ep_sync_token_counts", self._timeout_s),
                   background=False)
 
-    def _exchange(self, hidden: Any, ids: Any, weights: Any, max_tokens: Optional[int] = None
-                  ) -> Any:
+    def _exchange(self, call: str, hidden: Any, ids: Any, weights: Any,
+                  max_tokens: Optional[int] = None) -> Any:
         """One step that ends with its dispatch (moe_ep_dispatch_only):
         hidden [T, H] uint16, ids [T, K] int32, weights [T, K] float32 ->
-        engine.DispatchOutput [E, R, ...]. max_tokens: every rank raises
+        engine.DispatchOutput [E, R, ...], for Buffer call `call` (a key of
+        _KIND_OF: tagged into the epoch). max_tokens: every rank raises
         ValueError alike when a rank has more tokens (checked on the agreed
         counts, so no rank is left waiting)."""
         t = int(hidden.shape[0])
@@ -503,13 +516,24 @@ class Buffer:
                 worst = max(range(len(counts)), key=lambda i: counts[i])
                 raise ValueError(f"num_tokens: rank {worst} has {counts[worst]} tokens, more than "
                                  f"num_max_dispatch_tokens_per_rank = {max_tokens} (this rank's)")
-            self.worker.commit_geometry(self._epoch, r, t)
+            self.worker.commit_geometry(self._epoch * 8 + _KIND_OF[call], r, t)
         except Exception:
             # A rank that stops here still meets its peers' dispatch, refusing it.
             self.worker.refuse("moe_ep_dispatch_only", self._timeout_s)
             raise
-        return self.worker.dispatch(hidden, ids, weights, recv_rows=r,
-                                    timeout_s=self._timeout_s, end_step=True)
+        try:
+            return self.worker.dispatch(hidden, ids, weights, recv_rows=r,
+                                        timeout_s=self._timeout_s, end_step=True)
+        except EngineError as e:
+            found = _EPOCH_MISMATCH.search(e.message) if e.code == "ABORTED" else None
+            if found is None or int(found.group(2)) % 8 == _KIND_OF[call]:
+                raise
+            other = _CALL_KINDS.get(int(found.group(2)) % 8, "another call")
+            raise EngineError(
+                e.call, e.status,
+                f"deep_ep.Buffer: rank {found.group(1)} is in Buffer.{other}, this rank "
+                f"({self.rank}) in Buffer.{call}: every rank makes the same Buffer calls in the "
+                f"same order; nothing moved, the buffer is still usable") from e
 
     def _ids(self, topk_idx: Any) -> Any:
         """int64 [T, K] -> int32 for the C API. An id beyond int32 is refused
@@ -636,7 +660,8 @@ class Buffer:
                                      f"num_topk = {self.num_topk} (the routing has K slots)")
                 ids[row, :len(ranks)] = self._first_expert[ranks]
             weights = np.zeros(ids.shape, dtype=np.float32)
-        out, _ = self._run(lambda: self._exchange(hidden, ids, weights), background=False)
+        out, _ = self._run(lambda: self._exchange("dispatch", hidden, ids, weights),
+                           background=False)
         counts = np.asarray(out.num_recv_tokens_per_source, dtype=np.int64)
         rows = [out.hidden_states[s, :counts[s]] for s in range(self.group_size)]
         recv_hidden = np.concatenate(rows, axis=0) if rows else np.zeros((0, self.hidden), np.uint16)
@@ -688,7 +713,7 @@ class Buffer:
             back_w = np.zeros((num_recv, self.num_topk), dtype=np.float32)
         sources = np.repeat(np.arange(self.group_size), handle.num_recv_tokens_per_rank)
         ids = self._back_ids(sources)
-        out, _ = self._run(lambda: self._exchange(rows, ids, back_w), background=False)
+        out, _ = self._run(lambda: self._exchange("combine", rows, ids, back_w), background=False)
         t = handle.num_tokens
         acc = np.zeros((t, self.hidden), dtype=np.float32)
         acc_w = np.zeros((t, self.num_topk), dtype=np.float32)
@@ -764,7 +789,7 @@ class Buffer:
         scales = np.zeros((l, slots, h // 128), dtype=np.float32) if use_fp8 else None
 
         def run() -> None:
-            out = self._exchange(hidden, ids, weights, max_tokens=max_t)
+            out = self._exchange("low_latency_dispatch", hidden, ids, weights, max_tokens=max_t)
             r = out.topk_ids.shape[1]
             valid = (np.arange(r)[None, :, None] <
                      np.asarray(out.num_recv_tokens_per_source)[:, None, None])
@@ -857,7 +882,8 @@ class Buffer:
             meta[:, 0] = token
             if self.num_topk > 1:
                 meta[:, 1] = choice
-            got = self._exchange(back if len(plan) else np.zeros((0, h), np.uint16), ids, meta)
+            got = self._exchange("low_latency_combine",
+                                 back if len(plan) else np.zeros((0, h), np.uint16), ids, meta)
             acc = np.zeros((t, h), dtype=np.float32)
             for d in range(e):
                 c = int(got.num_recv_tokens_per_source[d])

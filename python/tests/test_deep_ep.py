@@ -304,6 +304,25 @@ def run_rank(rank: int, world: int, addresses):
                     lambda: buf.low_latency_combine(recv5, idx[short], w[short], ll5), ValueError)
         y5, _, _ = buf.low_latency_combine(recv5, idx, w, ll5)
         check(y5.shape == (len(x), HIDDEN), "the combine after a refused one")
+        # Ranks in different Buffer calls (the last in low_latency_dispatch,
+        # the others in dispatch): each exchange's epoch carries its call, so
+        # every rank gets ABORTED naming both calls and nothing moves.
+        if world > 1:
+            try:
+                if last:
+                    _, _, _, ev, _ = buf.low_latency_dispatch(x, idx, MAX_TOKENS, NUM_EXPERTS,
+                                                              use_fp8=False)
+                    ev.current_stream_wait()
+                else:
+                    buf.dispatch(x, topk_idx=idx, topk_weights=w)
+                check(False, f"rank {rank}: different Buffer calls were accepted")
+            except EngineError as e:
+                mine, other = (("low_latency_dispatch", "dispatch") if last
+                               else ("dispatch", "low_latency_dispatch"))
+                peer = 0 if last else world - 1
+                check(e.code == "ABORTED" and
+                      f"rank {peer} is in Buffer.{other}, this rank ({rank}) in Buffer.{mine}"
+                      in e.message, f"different calls: {e}")
         x, idx, w = inputs(rank, world, 4)
         rx, _, rw, _, h4, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
         back, _, _ = buf.combine(rx, h4)
