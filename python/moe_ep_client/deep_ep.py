@@ -500,6 +500,18 @@ class Buffer:
 
     def _exchange(self, call: str, hidden: Any, ids: Any, weights: Any,
                   max_tokens: Optional[int] = None) -> Any:
+        """_exchange_step, its worker errors prefixed with the Buffer call
+        ("deep_ep.Buffer.combine: rank 1 refused its moe_ep_sync_token_counts
+        ..."): the C call a peer names is not one the engine made."""
+        try:
+            return self._exchange_step(call, hidden, ids, weights, max_tokens)
+        except EngineError as e:
+            if e.message.startswith("deep_ep.Buffer"):
+                raise
+            raise EngineError(e.call, e.status, f"deep_ep.Buffer.{call}: {e.message}") from e
+
+    def _exchange_step(self, call: str, hidden: Any, ids: Any, weights: Any,
+                       max_tokens: Optional[int]) -> Any:
         """One step that ends with its dispatch (moe_ep_dispatch_only):
         hidden [T, H] uint16, ids [T, K] int32, weights [T, K] float32 ->
         engine.DispatchOutput [E, R, ...], for Buffer call `call` (a key of

@@ -241,15 +241,15 @@ def run_rank(rank: int, world: int, addresses):
         # nothing moves anywhere: the step after them is exact.
         last = rank == world - 1
 
-        def refused(what: str, call: str, run, error) -> None:
+        def refused(what: str, call: str, run, error, where: str = "") -> None:
             start = time.monotonic()
             try:
                 run()
                 check(False, f"{what}: accepted on rank {rank}")
             except EngineError as e:
                 check(not last, f"{what}: the failing rank got {e}, not its own check's error")
-                check(e.code == "ABORTED" and f"rank {world - 1} refused its {call}" in e.message,
-                      f"{what}: peer of a refused call: {e}")
+                check(e.code == "ABORTED" and f"rank {world - 1} refused its {call}" in e.message
+                      and e.message.startswith(where), f"{what}: peer of a refused call: {e}")
             except error as e:
                 check(last, f"{what}: a peer raised its own check's error: {e}")
             took = time.monotonic() - start
@@ -258,7 +258,8 @@ def run_rank(rank: int, world: int, addresses):
         x, idx, w = inputs(rank, world, 5)
         bad_x = x[:, : HIDDEN // 2].copy() if last else x
         refused("Buffer.dispatch, x of half the hidden size", "moe_ep_sync_token_counts",
-                lambda: buf.dispatch(bad_x, topk_idx=idx, topk_weights=w), ValueError)
+                lambda: buf.dispatch(bad_x, topk_idx=idx, topk_weights=w), ValueError,
+                where="deep_ep.Buffer.dispatch: ")
         refused("Worker.sync_token_counts(-1)", "moe_ep_sync_token_counts",
                 lambda: buf.worker.sync_token_counts(-1 if last else len(x)), ValueError)
         # The engine module's dispatch: every rank commits a step, the last
