@@ -519,6 +519,14 @@ class Buffer:
         ValueError alike when a rank has more tokens (checked on the agreed
         counts, so no rank is left waiting)."""
         t = int(hidden.shape[0])
+        if t > self.capacity_tokens:
+            # Before the sync, which would refuse it on every rank in the
+            # worker's terms (runtime_max_tokens_per_rank vs capacity_tokens).
+            self.worker.refuse("moe_ep_sync_token_counts", self._timeout_s)
+            raise ValueError(
+                f"num_tokens: {t} rows on rank {self.rank}, more than the buffer's "
+                f"{self.capacity_tokens} (num_ranks {self.group_size} x num_max_tokens_per_rank "
+                f"{self.num_max_tokens_per_rank} x num_topk {self.num_topk})")
         counts, r = self.worker.sync_token_counts(t)
         # Every rank was in the sync: the epoch moves on every rank alike,
         # whatever follows, so the next exchange commits the same epoch.

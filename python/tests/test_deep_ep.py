@@ -260,6 +260,15 @@ def run_rank(rank: int, world: int, addresses):
         refused("Buffer.dispatch, x of half the hidden size", "moe_ep_sync_token_counts",
                 lambda: buf.dispatch(bad_x, topk_idx=idx, topk_weights=w), ValueError,
                 where="deep_ep.Buffer.dispatch: ")
+        # More rows than the buffer holds on one rank: named in the Buffer's terms.
+        cap = world * MAX_TOKENS * TOP_K
+        many = np.zeros((cap + 1, HIDDEN), np.uint16) if last else x
+        many_idx = np.zeros((cap + 1, TOP_K), np.int64) if last else idx
+        many_w = np.zeros((cap + 1, TOP_K), np.float32) if last else w
+        refused("Buffer.dispatch, more rows than the buffer's capacity",
+                "moe_ep_sync_token_counts",
+                lambda: buf.dispatch(many, topk_idx=many_idx, topk_weights=many_w), ValueError,
+                where="deep_ep.Buffer.dispatch: ")
         refused("Worker.sync_token_counts(-1)", "moe_ep_sync_token_counts",
                 lambda: buf.worker.sync_token_counts(-1 if last else len(x)), ValueError)
         # The engine module's dispatch: every rank commits a step, the last
