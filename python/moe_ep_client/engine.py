@@ -401,6 +401,16 @@ class DispatchOutput:
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
+
+def _timeout_ms(timeout_s: Any) -> int:
+    """A data call's slot wait in ms (0 = no limit). Checked here, before the
+    call: the library refuses a negative timeout before the call's round,
+    where the peers would be left waiting for this rank."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or \
+            not timeout_s >= 0:
+        raise ValueError(f"timeout_s: expected seconds >= 0 (0 = no limit), got {timeout_s!r}")
+    return int(timeout_s * 1000)
+
 # The data calls Worker.refuse enters, by C name.
 _REFUSABLE = ("moe_ep_sync_token_counts", "moe_ep_dispatch", "moe_ep_dispatch_only",
               "moe_ep_combine", "moe_ep_forward")
@@ -498,9 +508,12 @@ class Worker:
         try:
             handle = self._live()
             backend = self.info().backend
-            ms = max(0, int(float(timeout_s) * 1000))
-        except Exception:  # stopped, not allocated, or a bad timeout: nothing to enter
+        except Exception:  # stopped, or not allocated: nothing to enter
             return None
+        try:
+            ms = _timeout_ms(timeout_s)
+        except ValueError:  # the call's own bad timeout: still meet the peers
+            ms = 0
         if backend != "gloo":
             return None
         lib = self._lib
@@ -676,7 +689,7 @@ class Worker:
         call = self._lib.moe_ep_dispatch_only if end_step else self._lib.moe_ep_dispatch
         handle = self._live()
         stream = _stream(h) if h.cuda else None
-        ms = int(timeout_s * 1000)
+        ms = _timeout_ms(timeout_s)
         self._calls += 1
         status = call(
             handle, h.ptr, ids.ptr, w.ptr, h.shape[0], pointers[2], pointers[3], pointers[4],
@@ -706,7 +719,7 @@ class Worker:
                     (info.world_size, rows, info.hidden), cuda, info.device)
         out = _empty(x, (tokens, info.hidden), "bf16")
         ptr = _ptr(out)
-        handle, stream, ms = self._live(), _stream(x), int(timeout_s * 1000)
+        handle, stream, ms = self._live(), _stream(x), _timeout_ms(timeout_s)
         self._calls += 1
         _check(self._lib, "moe_ep_combine", self._lib.moe_ep_combine(handle, x.ptr, rows, ptr, stream,
                                                                      ms))
@@ -722,7 +735,7 @@ class Worker:
         h, ids, w = self._inputs(hidden_states, topk_ids, topk_weights)
         out = _empty(h, h.shape, "bf16")
         ptr = _ptr(out)
-        handle, stream, ms = self._live(), _stream(h), int(timeout_s * 1000)
+        handle, stream, ms = self._live(), _stream(h), _timeout_ms(timeout_s)
         self._calls += 1
         _check(self._lib, "moe_ep_forward", self._lib.moe_ep_forward(
             handle, layer, h.ptr, ids.ptr, w.ptr, h.shape[0], ptr, stream, ms))

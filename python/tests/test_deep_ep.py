@@ -280,6 +280,11 @@ def run_rank(rank: int, world: int, addresses):
         refused("Worker.dispatch, int64 topk_ids", "moe_ep_dispatch_only",
                 lambda: buf.worker.dispatch(x, ids5, w, recv_rows=r5, timeout_s=60,
                                             end_step=True), TypeError)
+        # A negative timeout: the library would refuse it before the round.
+        refused("Worker.dispatch, a negative timeout", "moe_ep_dispatch_only",
+                lambda: buf.worker.dispatch(x, idx.astype(np.int32), w, recv_rows=r5,
+                                            timeout_s=-1 if last else 60, end_step=True),
+                ValueError)
         # An id beyond int32 is named with its value (not the int32 it would wrap to).
         last_t = len(inputs(world - 1, world, 5)[1])  # the same test on every rank
         wide = idx.astype(np.int64).copy()
