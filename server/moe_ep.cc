@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -98,11 +99,30 @@ absl::Status StatsStatus(const absl::StatusOr<moe_ep::core::StepStats>& stats) {
   return stats.status();
 }
 
+// A data call with a negative timeout: this rank's argument error. Every
+// data call on the CPU plane opens with a round its peers wait in
+// (core/engine_call_round.h), so the call still enters it under no slot
+// limit, refusing it through `refuse` (a token or row count of -1, which
+// every plane refuses), and the peers return ABORTED at once instead of
+// waiting out the group's timeout; then the timeout is named (SlotDeadline's
+// words). The GPU planes refuse before enqueueing, as for any argument.
+absl::Status RefuseNegativeTimeout(const char* call, int64_t timeout_ms,
+                                   const std::function<absl::Status()>& refuse) {
+  (void)refuse();
+  return SlotDeadline(timeout_ms, call).status();
+}
+
 absl::Status Dispatch(const char* call, bool end_step, moe_ep_worker* worker,
                       const uint16_t* hidden, const int32_t* topk_ids, const float* topk_weights,
                       int64_t num_tokens, uint16_t* recv_hidden, int32_t* recv_topk_ids,
                       float* recv_topk_weights, int64_t recv_rows, int64_t* source_counts,
                       int64_t* expert_counts, void* stream, int64_t timeout_ms) {
+  if (timeout_ms < 0) {
+    return RefuseNegativeTimeout(call, timeout_ms, [&] {
+      return Dispatch(call, end_step, worker, nullptr, nullptr, nullptr, -1, nullptr, nullptr,
+                      nullptr, 0, nullptr, nullptr, stream, 0);
+    });
+  }
   return OnDataPlane(
       worker, call, timeout_ms, true,
       [&](DataPlane& plane, const moe_ep::core::EpDispatcherOptions&) -> absl::Status {
@@ -385,6 +405,14 @@ moe_ep_status moe_ep_dispatch_only(moe_ep_worker* worker, const uint16_t* hidden
 moe_ep_status moe_ep_combine(moe_ep_worker* worker, const uint16_t* expert_out, int64_t recv_rows,
                              uint16_t* output, void* stream, int64_t timeout_ms) {
   return Guard("moe_ep_combine", [&]() -> absl::Status {
+    if (timeout_ms < 0) {
+      return RefuseNegativeTimeout("moe_ep_combine", timeout_ms, [&] {
+        return OnDataPlane(worker, "moe_ep_combine", 0, true,
+                           [&](DataPlane& plane, const moe_ep::core::EpDispatcherOptions&) {
+                             return StatsStatus(plane.EngineCombine(nullptr, -1, nullptr, stream));
+                           });
+      });
+    }
     return OnDataPlane(
         worker, "moe_ep_combine", timeout_ms, true,
         [&](DataPlane& plane, const moe_ep::core::EpDispatcherOptions&) {
@@ -397,6 +425,15 @@ moe_ep_status moe_ep_forward(moe_ep_worker* worker, int32_t layer, const uint16_
                              const int32_t* topk_ids, const float* topk_weights, int64_t num_tokens,
                              uint16_t* output, void* stream, int64_t timeout_ms) {
   return Guard("moe_ep_forward", [&]() -> absl::Status {
+    if (timeout_ms < 0) {
+      return RefuseNegativeTimeout("moe_ep_forward", timeout_ms, [&] {
+        return OnDataPlane(worker, "moe_ep_forward", 0, true,
+                           [&](DataPlane& plane, const moe_ep::core::EpDispatcherOptions&) {
+                             return StatsStatus(plane.EngineForward(layer, nullptr, nullptr,
+                                                                    nullptr, -1, nullptr, stream));
+                           });
+      });
+    }
     return OnDataPlane(worker, "moe_ep_forward", timeout_ms, true,
                        [&](DataPlane& plane, const moe_ep::core::EpDispatcherOptions&) {
                          return StatsStatus(plane.EngineForward(

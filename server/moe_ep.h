@@ -114,7 +114,10 @@
  * Thread safety: every call is thread-safe. Data calls and the worker's
  * collective RPCs are serialized by the worker's collective slot; a data call
  * waits for it at most `timeout_ms` (MOE_EP_DEADLINE_EXCEEDED; nothing ran,
- * call it again: the peers wait for it in the opening round). A group
+ * call it again: the peers wait for it in the opening round; 0 = no limit;
+ * a negative timeout_ms is MOE_EP_INVALID_ARGUMENT, and on gloo the call
+ * still meets its peers in the opening round, refusing it, so they return
+ * MOE_EP_ABORTED at once). A group
  * error (a peer gone, a collective timeout) marks the group broken: later
  * data calls return MOE_EP_FAILED_PRECONDITION until the orchestrator
  * re-forms the group (Join with a new generation).

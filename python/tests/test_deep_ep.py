@@ -280,6 +280,19 @@ def run_rank(rank: int, world: int, addresses):
         refused("Worker.dispatch, int64 topk_ids", "moe_ep_dispatch_only",
                 lambda: buf.worker.dispatch(x, ids5, w, recv_rows=r5, timeout_s=60,
                                             end_step=True), TypeError)
+        # The C call itself with a negative timeout_ms: refused in the round
+        # (MOE_EP_INVALID_ARGUMENT here, ABORTED on the peers).
+        if last:
+            lib = buf.worker._lib
+            st = lib.moe_ep_dispatch_only(buf.worker._live(), None, None, None, 0, None, None,
+                                          None, 0, None, None, None, -5)
+            msg = lib.moe_ep_last_error().decode()
+            check(st == 3 and "timeout_ms: expected >= 0 (0 = no limit), got -5" in msg,
+                  f"C dispatch with timeout_ms -5: status {st}, {msg}")
+        else:
+            refused("the C dispatch of a peer with a negative timeout", "moe_ep_dispatch_only",
+                    lambda: buf.worker.dispatch(x, idx.astype(np.int32), w, recv_rows=r5,
+                                                timeout_s=60, end_step=True), ValueError)
         # A negative timeout: the library would refuse it before the round.
         refused("Worker.dispatch, a negative timeout", "moe_ep_dispatch_only",
                 lambda: buf.worker.dispatch(x, idx.astype(np.int32), w, recv_rows=r5,
