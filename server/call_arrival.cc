@@ -72,6 +72,9 @@ absl::Status ArriveForCall(GrpcStore& host, const CallArrival& call) {
   request.set_action(v1::ArriveRequest::ACTION_ARRIVE);
   absl::flat_hash_map<int, absl::Time> probed;
   absl::flat_hash_set<int> silent;
+  // Members that answered a probe during this call: alive, even if a later
+  // probe times out on a loaded machine (a stopped process never answers).
+  absl::flat_hash_set<int> answered;
   // Members a look saw arrived: one missing at the end entered and took its
   // arrival back at its own (earlier) deadline, not absent.
   absl::flat_hash_set<int> came;
@@ -130,9 +133,10 @@ absl::Status ArriveForCall(GrpcStore& host, const CallArrival& call) {
           lost.push_back(absl::StrCat("rank ", m, " (", address, ") refuses connections"));
           break;
         case GrpcStore::ProbeResult::kSilent:
-          silent.insert(m);
+          if (!answered.contains(m)) silent.insert(m);
           break;
         case GrpcStore::ProbeResult::kAnswers: {
+          answered.insert(m);
           silent.erase(m);
           // Alive; but still a member of this group?
           const absl::StatusOr<v1::GetStatusResponse> peer = probe.PeerStatus(kProbeTimeout);
