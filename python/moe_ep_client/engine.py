@@ -35,12 +35,15 @@ CPU plane, refusing it (Worker.refuse), so its peers return at once with
 EngineError ABORTED naming this rank instead of waiting out the group's
 timeout (issue 30 item 1).
 Thread safety: as the C API (every call is thread-safe; the data calls are
-serialized by the worker).
+serialized by the worker), and Worker.stop() may run beside other calls: it
+waits for the calls in flight on other threads, and later calls raise
+ValueError "worker: stopped".
 """
 
 import ctypes
 import functools
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar
 
@@ -409,7 +412,7 @@ def _timeout_ms(timeout_s: Any) -> int:
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or \
             not timeout_s >= 0:
         raise ValueError(f"timeout_s: expected seconds >= 0 (0 = no limit), got {timeout_s!r}")
-    return int(timeout_s * 1000)
+    return 0 if timeout_s == 0 else max(1, int(timeout_s * 1000))  # never "no limit" by rounding
 
 # The data calls Worker.refuse enters, by C name.
 _REFUSABLE = ("moe_ep_sync_token_counts", "moe_ep_dispatch", "moe_ep_dispatch_only",
@@ -437,6 +440,36 @@ def _refused_on_error(call: str) -> Callable[[_F], _F]:
     return decorate
 
 
+class _LiveCalls:
+    """The library's calls on a Worker's handle: `calls.moe_ep_x(args...)`
+    runs moe_ep_x(handle, args...) while counted in flight, so that
+    Worker.stop() frees the handle only once no other thread is inside a call
+    (server/moe_ep.h: moe_ep_worker_stop must not race with other calls).
+    ValueError "worker: stopped" once stop() began."""
+
+    def __init__(self, worker: "Worker") -> None:
+        self._worker = worker
+
+    def __getattr__(self, name: str) -> Callable[..., int]:
+        fn = getattr(self._worker._lib, name)
+        w = self._worker
+
+        def call(*args: Any) -> int:
+            with w._state:
+                if w._handle is None:
+                    raise ValueError("worker: stopped")
+                handle = w._handle
+                w._in_flight += 1
+            try:
+                return fn(handle, *args)
+            finally:
+                with w._state:
+                    w._in_flight -= 1
+                    w._state.notify_all()
+
+        return call
+
+
 class Worker:
     """A worker started in this process (moe_ep_worker_start): `args` are
     moe-ep-worker's flags. Stop it with stop() or a `with` block."""
@@ -461,6 +494,10 @@ class Worker:
         self._step_recv_rows: Optional[int] = None
         # Data calls made into the library (a check that raised made none).
         self._calls = 0
+        # Library calls on the handle now running on any thread (_LiveCalls).
+        self._state = threading.Condition()
+        self._in_flight = 0
+        self._c = _LiveCalls(self)
 
     def __enter__(self) -> "Worker":
         return self
@@ -474,10 +511,17 @@ class Worker:
         return self._handle
 
     def stop(self, drain_timeout_s: float = 5.0) -> None:
-        """Drains running RPCs (up to drain_timeout_s), stops serving, frees the worker."""
-        if self._handle is None:
-            return
-        handle, self._handle = self._handle, None
+        """Stops the worker: calls from now on raise ValueError "worker:
+        stopped"; waits for this module's calls already running on other
+        threads to return (each is bounded by its timeout or the group's);
+        then drains running RPCs (up to drain_timeout_s), stops serving and
+        frees the worker. A second stop does nothing."""
+        with self._state:
+            if self._handle is None:
+                return
+            handle, self._handle = self._handle, None
+            while self._in_flight:
+                self._state.wait()
         _check(self._lib, "moe_ep_worker_stop",
                self._lib.moe_ep_worker_stop(handle, int(drain_timeout_s * 1000)))
 
@@ -506,7 +550,6 @@ class Worker:
         if call not in _REFUSABLE:
             raise ValueError(f"call: expected one of {', '.join(_REFUSABLE)}, got {call!r}")
         try:
-            handle = self._live()
             backend = self.info().backend
         except Exception:  # stopped, or not allocated: nothing to enter
             return None
@@ -516,17 +559,20 @@ class Worker:
             ms = 0
         if backend != "gloo":
             return None
-        lib = self._lib
+        lib, c = self._lib, self._c
         # Arguments every plane refuses in the round: num_tokens / rows = -1.
-        if call == "moe_ep_sync_token_counts":
-            status = lib.moe_ep_sync_token_counts(handle, -1, None, None)
-        elif call == "moe_ep_combine":
-            status = lib.moe_ep_combine(handle, None, -1, None, None, ms)
-        elif call == "moe_ep_forward":
-            status = lib.moe_ep_forward(handle, 0, None, None, None, -1, None, None, ms)
-        else:
-            fn = lib.moe_ep_dispatch_only if call == "moe_ep_dispatch_only" else lib.moe_ep_dispatch
-            status = fn(handle, None, None, None, -1, None, None, None, 0, None, None, None, ms)
+        try:
+            if call == "moe_ep_sync_token_counts":
+                status = c.moe_ep_sync_token_counts(-1, None, None)
+            elif call == "moe_ep_combine":
+                status = c.moe_ep_combine(None, -1, None, None, ms)
+            elif call == "moe_ep_forward":
+                status = c.moe_ep_forward(0, None, None, None, -1, None, None, ms)
+            else:
+                fn = c.moe_ep_dispatch_only if call == "moe_ep_dispatch_only" else c.moe_ep_dispatch
+                status = fn(None, None, None, -1, None, None, None, 0, None, None, None, ms)
+        except ValueError:  # stopped meanwhile
+            return None
         self._calls += 1
         if status == 0:  # not reachable: -1 tokens is always refused
             return None
@@ -549,24 +595,25 @@ class Worker:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s: expected > 0 seconds, got {timeout_s!r}")
         _check(self._lib, "moe_ep_worker_wait_ready_for_steps",
-               self._lib.moe_ep_worker_wait_ready_for_steps(
-                   self._live(), _STEP_EXPERTS[experts], max(1, int(timeout_s * 1000))))
+               self._c.moe_ep_worker_wait_ready_for_steps(_STEP_EXPERTS[experts],
+                                                          max(1, int(timeout_s * 1000))))
         self._info = None
 
     def wait_configured(self, timeout_s: float = 60.0) -> None:
         """Blocks until this rank's control plane is set up (moe_ep_worker_wait_ready:
         joined, allocated, not broken). Not the readiness for data calls: wait_ready."""
         _check(self._lib, "moe_ep_worker_wait_ready",
-               self._lib.moe_ep_worker_wait_ready(self._live(), int(timeout_s * 1000)))
+               self._c.moe_ep_worker_wait_ready(int(timeout_s * 1000)))
         self._info = None
 
     def info(self, refresh: bool = False) -> WorkerInfo:
         """The allocated group (cached; refresh=True asks the worker again)."""
+        self._live()  # a stopped worker has no group to describe
         if self._info is None or refresh:
             s = _WorkerInfoStruct()
             s.struct_size = ctypes.sizeof(_WorkerInfoStruct)
             _check(self._lib, "moe_ep_worker_info_get",
-                   self._lib.moe_ep_worker_info_get(self._live(), ctypes.byref(s)))
+                   self._c.moe_ep_worker_info_get(ctypes.byref(s)))
             self._info = WorkerInfo(
                 rank=s.rank, world_size=s.world_size, generation=s.generation, hidden=s.hidden,
                 top_k=s.top_k, num_experts=s.num_experts, first_expert=s.first_expert,
@@ -584,11 +631,11 @@ class Worker:
         info = self.info()
         counts = (ctypes.c_int64 * info.world_size)()
         r = ctypes.c_int64()
-        handle = self._live()
+        self._live()
         self._calls += 1
         _check(self._lib, "moe_ep_sync_token_counts",
-               self._lib.moe_ep_sync_token_counts(handle, local_tokens,
-                                                  ctypes.addressof(counts), ctypes.addressof(r)))
+               self._c.moe_ep_sync_token_counts(local_tokens, ctypes.addressof(counts),
+                                                ctypes.addressof(r)))
         return list(counts), int(r.value)
 
     def sync_token_counts_async(self, local_tokens: Any) -> Any:
@@ -599,28 +646,27 @@ class Worker:
         t = _buffer("local_tokens", local_tokens, "int64", (1,), True, info.device)
         counts = _counts(t, info.world_size)
         _check(self._lib, "moe_ep_sync_token_counts_async",
-               self._lib.moe_ep_sync_token_counts_async(self._live(), t.ptr, _ptr(counts),
-                                                        _stream(t), 0))
+               self._c.moe_ep_sync_token_counts_async(t.ptr, _ptr(counts), _stream(t), 0))
         return counts
 
     def check_step(self, timeout_s: float = 0.0) -> None:
         """nccl: the sync point (waits for the enqueued calls; raises EngineError
         ABORTED when ranks disagreed on (epoch, R)). Not capturable."""
         _check(self._lib, "moe_ep_check_step",
-               self._lib.moe_ep_check_step(self._live(), int(timeout_s * 1000)))
+               self._c.moe_ep_check_step(int(timeout_s * 1000)))
 
     def graph_token(self) -> int:
         """The workspace's token: record it when capturing a CUDA graph."""
         token = ctypes.c_uint64()
         _check(self._lib, "moe_ep_graph_token",
-               self._lib.moe_ep_graph_token(self._live(), ctypes.byref(token)))
+               self._c.moe_ep_graph_token(ctypes.byref(token)))
         return int(token.value)
 
     def check_graph(self, token: int) -> bool:
         """True when a graph captured under `token` may be replayed; False when
         the group re-formed or the workspace was re-allocated since (capture
         again). Raises EngineError otherwise (e.g. the group is broken)."""
-        status = self._lib.moe_ep_check_graph(self._live(), int(token))
+        status = self._c.moe_ep_check_graph(int(token))
         if status == _RECAPTURE:
             return False
         _check(self._lib, "moe_ep_check_graph", status)
@@ -629,8 +675,7 @@ class Worker:
     def commit_geometry(self, epoch: int, runtime_max_tokens_per_rank: int, local_tokens: int) -> None:
         """Commits (epoch, R) for the next steps; every rank commits the same pair."""
         _check(self._lib, "moe_ep_commit_geometry",
-               self._lib.moe_ep_commit_geometry(self._live(), epoch, runtime_max_tokens_per_rank,
-                                                local_tokens))
+               self._c.moe_ep_commit_geometry(epoch, runtime_max_tokens_per_rank, local_tokens))
 
     def _inputs(self, hidden: Any, topk_ids: Any, topk_weights: Any) -> Tuple[_Buffer, _Buffer, _Buffer]:
         info = self.info()
@@ -686,13 +731,13 @@ class Worker:
             raise ValueError(
                 f"out: expected a DispatchOutput of a dispatch with recv_rows {rows} and "
                 f"{'torch tensors' if h.torch else 'NumPy arrays'}")
-        call = self._lib.moe_ep_dispatch_only if end_step else self._lib.moe_ep_dispatch
-        handle = self._live()
+        call = self._c.moe_ep_dispatch_only if end_step else self._c.moe_ep_dispatch
+        self._live()
         stream = _stream(h) if h.cuda else None
         ms = _timeout_ms(timeout_s)
         self._calls += 1
         status = call(
-            handle, h.ptr, ids.ptr, w.ptr, h.shape[0], pointers[2], pointers[3], pointers[4],
+            h.ptr, ids.ptr, w.ptr, h.shape[0], pointers[2], pointers[3], pointers[4],
             rows, pointers[6], pointers[5], stream, ms)
         if status:
             _check(self._lib, "moe_ep_dispatch_only" if end_step else "moe_ep_dispatch", status)
@@ -719,10 +764,10 @@ class Worker:
                     (info.world_size, rows, info.hidden), cuda, info.device)
         out = _empty(x, (tokens, info.hidden), "bf16")
         ptr = _ptr(out)
-        handle, stream, ms = self._live(), _stream(x), _timeout_ms(timeout_s)
+        self._live()
+        stream, ms = _stream(x), _timeout_ms(timeout_s)
         self._calls += 1
-        _check(self._lib, "moe_ep_combine", self._lib.moe_ep_combine(handle, x.ptr, rows, ptr, stream,
-                                                                     ms))
+        _check(self._lib, "moe_ep_combine", self._c.moe_ep_combine(x.ptr, rows, ptr, stream, ms))
         self._step_tokens = self._step_recv_rows = None
         return out
 
@@ -735,10 +780,11 @@ class Worker:
         h, ids, w = self._inputs(hidden_states, topk_ids, topk_weights)
         out = _empty(h, h.shape, "bf16")
         ptr = _ptr(out)
-        handle, stream, ms = self._live(), _stream(h), _timeout_ms(timeout_s)
+        self._live()
+        stream, ms = _stream(h), _timeout_ms(timeout_s)
         self._calls += 1
-        _check(self._lib, "moe_ep_forward", self._lib.moe_ep_forward(
-            handle, layer, h.ptr, ids.ptr, w.ptr, h.shape[0], ptr, stream, ms))
+        _check(self._lib, "moe_ep_forward", self._c.moe_ep_forward(
+            layer, h.ptr, ids.ptr, w.ptr, h.shape[0], ptr, stream, ms))
         return out
 
 

@@ -42,6 +42,43 @@ class ArgumentChecksTest(unittest.TestCase):
             _buffer("hidden_states", np.zeros((1, 4), np.float32), "bf16", (None, 4), False)
         self.assertIn("uint16 (bf16 bit patterns)", str(caught.exception))
 
+    def test_timeouts_are_seconds_and_never_round_to_no_limit(self):
+        from moe_ep_client.engine import _timeout_ms
+
+        self.assertEqual([_timeout_ms(v) for v in (0, 0.0, 1e-9, 0.0015, 2)], [0, 0, 1, 1, 2000])
+        for bad in ("1", -1, -0.5, True, None, float("nan")):
+            with self.assertRaises(ValueError) as caught:
+                _timeout_ms(bad)
+            self.assertIn("timeout_s: expected seconds >= 0", str(caught.exception))
+
+    def test_stop_waits_for_a_call_running_on_another_thread(self):
+        import threading
+        import time
+
+        from moe_ep_client.engine import EngineError, Worker
+
+        worker = Worker(["--listen=127.0.0.1:0", "--backend=gloo", "--log-level=warn"])
+        ended = {}
+
+        def waiting():
+            try:
+                worker.wait_ready(timeout_s=1.5)  # never formed: DEADLINE_EXCEEDED at 1.5 s
+            except EngineError as e:
+                ended["code"] = e.code
+            ended["at"] = time.monotonic()
+
+        t = threading.Thread(target=waiting)
+        t.start()
+        time.sleep(0.3)
+        worker.stop()  # must not free the worker under the running call
+        stopped_at = time.monotonic()
+        t.join()
+        self.assertEqual(ended.get("code"), "DEADLINE_EXCEEDED")
+        self.assertGreaterEqual(stopped_at, ended["at"])
+        with self.assertRaises(ValueError) as caught:
+            worker.info()
+        self.assertIn("worker: stopped", str(caught.exception))
+
     def test_bf16_conversion_rounds_to_nearest_even(self):
         from moe_ep_client.engine import bf16_to_float32, float32_to_bf16
 
