@@ -321,9 +321,18 @@ moe_ep_status moe_ep_sync_token_counts(moe_ep_worker* worker, int64_t local_toke
           gloo = true;
           all.assign(options.workspace.ep_size, 0);
           RETURN_IF_ERROR(plane.EngineSyncTokenCounts(&local_tokens, all.data(), nullptr));
-          ASSIGN_OR_RETURN(runtime_max,
-                           moe_ep::core::ChooseRuntimeMaxTokens(all, options.cuda_graph_buckets,
-                                                                options.workspace.capacity_tokens));
+          absl::StatusOr<int64_t> chosen = moe_ep::core::ChooseRuntimeMaxTokens(
+              all, options.cuda_graph_buckets, options.workspace.capacity_tokens);
+          if (!chosen.ok()) {
+            // Every rank fails alike here (the counts are agreed): name the
+            // rank whose count set R, so each rank can tell whose batch it is.
+            const auto most = std::max_element(all.begin(), all.end());
+            return absl::Status(
+                chosen.status().code(),
+                absl::StrCat("moe_ep_sync_token_counts: rank ", most - all.begin(), " has ", *most,
+                             " tokens, the most of the ranks: ", chosen.status().message()));
+          }
+          runtime_max = *chosen;
           return absl::OkStatus();
         }));
     if (gloo) {

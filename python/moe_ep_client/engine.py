@@ -623,12 +623,21 @@ class Worker:
                 device=s.device)
         return self._info
 
+    def _group(self, call: str) -> WorkerInfo:
+        """info() for data call `call`: before the group is allocated its
+        error names `call` (not moe_ep_worker_info_get) and the wait."""
+        try:
+            return self.info()
+        except EngineError as e:
+            raise EngineError(call, e.status, f"{e.message} (no allocated group yet: "
+                                              f"wait_ready() returns once there is one)") from e
+
     @_refused_on_error("moe_ep_sync_token_counts")
     def sync_token_counts(self, local_tokens: int) -> Tuple[List[int], int]:
         """All ranks' token counts and the step's R (collective)."""
         if not isinstance(local_tokens, int) or isinstance(local_tokens, bool) or local_tokens < 0:
             raise ValueError(f"local_tokens: expected an int >= 0, got {local_tokens!r}")
-        info = self.info()
+        info = self._group("moe_ep_sync_token_counts")
         counts = (ctypes.c_int64 * info.world_size)()
         r = ctypes.c_int64()
         self._live()
@@ -642,7 +651,7 @@ class Worker:
         """nccl: the token-count agreement on the device (collective, enqueued on
         the current stream, capturable): local_tokens a CUDA int64 tensor of
         one element -> counts, a CUDA int64 tensor [E]."""
-        info = self.info()
+        info = self._group("moe_ep_sync_token_counts_async")
         t = _buffer("local_tokens", local_tokens, "int64", (1,), True, info.device)
         counts = _counts(t, info.world_size)
         _check(self._lib, "moe_ep_sync_token_counts_async",
@@ -677,8 +686,9 @@ class Worker:
         _check(self._lib, "moe_ep_commit_geometry",
                self._c.moe_ep_commit_geometry(epoch, runtime_max_tokens_per_rank, local_tokens))
 
-    def _inputs(self, hidden: Any, topk_ids: Any, topk_weights: Any) -> Tuple[_Buffer, _Buffer, _Buffer]:
-        info = self.info()
+    def _inputs(self, hidden: Any, topk_ids: Any, topk_weights: Any,
+                call: str = "moe_ep_dispatch") -> Tuple[_Buffer, _Buffer, _Buffer]:
+        info = self._group(call)
         cuda = info.backend == "nccl"
         d = info.device
         h = _buffer("hidden_states", hidden, "bf16", (None, info.hidden), cuda, d)
@@ -710,7 +720,7 @@ class Worker:
         then hold this step's rows). end_step: an exchange
         (moe_ep_dispatch_only, gloo): the step ends here, no combine follows;
         every rank passes the same value."""
-        info = self.info()
+        info = self._group("moe_ep_dispatch_only" if end_step else "moe_ep_dispatch")
         h, ids, w = self._inputs(hidden_states, topk_ids, topk_weights)
         if recv_rows is None:
             recv_rows = self.info(refresh=True).runtime_max_tokens_per_rank
@@ -750,7 +760,7 @@ class Worker:
     def combine(self, expert_outputs: Any, timeout_s: float = 0.0) -> Any:
         """Combine of the dispatched step (collective): expert_outputs [E, recv_rows, H]
         bf16 -> [T, H] bf16 (T of the dispatch)."""
-        info = self.info()
+        info = self._group("moe_ep_combine")
         cuda = info.backend == "nccl"
         rows, tokens = self._step_recv_rows, self._step_tokens
         if rows is None or tokens is None:
@@ -777,7 +787,7 @@ class Worker:
         """One MoE layer with the worker's loaded experts (collective): -> [T, H] bf16."""
         if not isinstance(layer, int) or layer < 0:
             raise ValueError(f"layer: expected an int >= 0, got {layer!r}")
-        h, ids, w = self._inputs(hidden_states, topk_ids, topk_weights)
+        h, ids, w = self._inputs(hidden_states, topk_ids, topk_weights, "moe_ep_forward")
         out = _empty(h, h.shape, "bf16")
         ptr = _ptr(out)
         self._live()

@@ -269,6 +269,15 @@ def run_rank(rank: int, world: int, addresses):
                 "moe_ep_sync_token_counts",
                 lambda: buf.dispatch(many, topk_idx=many_idx, topk_weights=many_w), ValueError,
                 where="deep_ep.Buffer.dispatch: ")
+        # More tokens than the capacity on one rank, through the engine
+        # module: every rank fails alike, each told whose count it is.
+        try:
+            buf.worker.sync_token_counts(cap + 1 if last else len(x))
+            check(False, "a count above the capacity was accepted")
+        except EngineError as e:
+            check(e.code == "RESOURCE_EXHAUSTED" and
+                  f"rank {world - 1} has {cap + 1} tokens, the most of the ranks" in e.message,
+                  f"capacity exceeded: {e}")
         refused("Worker.sync_token_counts(-1)", "moe_ep_sync_token_counts",
                 lambda: buf.worker.sync_token_counts(-1 if last else len(x)), ValueError)
         # The engine module's dispatch: every rank commits a step, the last

@@ -101,6 +101,12 @@ class ArgumentChecksTest(unittest.TestCase):
             with self.assertRaises(EngineError) as caught:
                 worker.info()
             self.assertEqual(caught.exception.code, "FAILED_PRECONDITION")
+            # A data call before the group exists names itself and the wait.
+            with self.assertRaises(EngineError) as caught:
+                worker.sync_token_counts(1)
+            self.assertEqual((caught.exception.call, caught.exception.code),
+                             ("moe_ep_sync_token_counts", "FAILED_PRECONDITION"))
+            self.assertIn("wait_ready()", caught.exception.message)
         with self.assertRaises(ValueError):
             worker.noop()  # stopped
 
