@@ -1,5 +1,7 @@
 #include "core/layer_experts.h"
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/expert_source.h"
 
 namespace moe_ep::core {
@@ -7,6 +9,16 @@ namespace moe_ep::core {
 int64_t LayerExperts::Bytes(int layer) const {
   auto it = layers_.find(layer);
   return it == layers_.end() ? 0 : it->second.bytes;
+}
+
+absl::Status LayerExperts::NotLoaded(absl::string_view call, int layer, int rank) const {
+  std::vector<int> loaded;
+  for (const auto& [l, entry] : layers_) loaded.push_back(l);
+  return absl::FailedPreconditionError(absl::StrCat(
+      call, ": layer ", layer, " has no loaded experts on rank ", rank,
+      " (layers with experts here: ",
+      loaded.empty() ? std::string("none") : absl::StrCat("[", absl::StrJoin(loaded, ","), "]"),
+      "); LoadExperts it first"));
 }
 
 int64_t LayerExperts::TotalBytes() const {

@@ -15,9 +15,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "core/placement_table.h"
 
 namespace moe_ep::core {
@@ -46,6 +49,14 @@ class LayerExperts {
   }
 
   bool Has(int layer) const { return layers_.contains(layer); }
+  // NotLoaded()
+  //
+  // kFailedPrecondition for a step of `layer` on `rank`, which holds none of
+  // its experts here: "<call>: layer 99 has no loaded experts on rank 0
+  // (layers with experts here: [0,1]); LoadExperts it first". Naming what
+  // is loaded tells a layer outside the plan from one still loading (every
+  // plane's Forward and engine forward; issue 30 item 1).
+  absl::Status NotLoaded(absl::string_view call, int layer, int rank) const;
   // Bytes of `layer`'s expert weights (0 when none).
   int64_t Bytes(int layer) const;
   // Bytes of every layer's expert weights.

@@ -163,8 +163,7 @@ absl::StatusOr<core::StepStats> CpuDataPlane::StepOnHost(
     absl::Span<const float> topk_weights, int64_t num_tokens, absl::Span<core::bf16_t> output) {
   const core::ExpertSet* experts = experts_.Find<core::ExpertSet>(layer);
   if (experts == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("Forward: layer ", layer, " has no loaded experts; call LoadExperts first"));
+    return ExpertsNotLoaded("Forward", layer);
   }
   const std::string call = absl::StrCat("Forward (layer ", layer, ")");
   RETURN_IF_ERROR(

@@ -198,10 +198,7 @@ absl::StatusOr<core::StepStats> CpuDataPlane::EngineForward(int layer, const voi
   if (local.ok()) local = CheckEngineInputs(call, me, num_tokens, hidden, topk_ids, topk_weights);
   if (local.ok()) local = CheckEngineOutput(call, me, num_tokens, output);
   if (local.ok() && !experts_.Has(layer)) {
-    local = absl::FailedPreconditionError(
-        absl::StrCat(call, ": layer ", layer, " has no loaded experts on rank ", me,
-                     "; LoadExperts it first (moe_ep_worker_wait_ready_for_steps with "
-                     "MOE_EP_STEPS_WORKER_EXPERTS waits for every layer of the plan)"));
+    local = ExpertsNotLoaded(call, layer);
   }
   core::EngineCallTicket ticket;
   ticket.call = core::EngineCall::kForward;

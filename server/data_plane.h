@@ -298,6 +298,11 @@ class DataPlane {
                                               int64_t memory_cap_bytes) = 0;
   // Whether `layer` holds routed experts (experts_, every plane alike).
   bool HasExperts(int layer) const { return experts_.Has(layer); }
+  // The error of a step of `layer` without experts here
+  // (core::LayerExperts::NotLoaded, naming the layers that have some).
+  absl::Status ExpertsNotLoaded(absl::string_view call, int layer) const {
+    return experts_.NotLoaded(call, layer, group_.rank);
+  }
   // Holds `shared` as `layer`'s shared expert (replacing any; nullopt drops
   // it; on the device for the GPU plane); Forward on `layer` then computes it for this rank's
   // own tokens and adds it at combine (core/shared_expert.h; issue 18).

@@ -391,8 +391,7 @@ absl::StatusOr<core::StepStats> GpuDataPlane::StepFromHost(int layer, const Host
   const int world = view_->size();
   kernels::DeviceExpertSet* experts = experts_.Find<kernels::DeviceExpertSet>(layer);
   if (experts == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("Forward: layer ", layer, " has no loaded experts; call LoadExperts first"));
+    return ExpertsNotLoaded("Forward", layer);
   }
   RETURN_IF_ERROR(dispatcher_->CheckStep("Forward", num_tokens));
   RETURN_IF_ERROR(MakeDeviceCurrent());

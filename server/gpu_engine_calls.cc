@@ -136,8 +136,7 @@ absl::StatusOr<core::StepStats> GpuDataPlane::EngineForward(int layer, const voi
                                                 {"output", output}}));
   kernels::DeviceExpertSet* experts = experts_.Find<kernels::DeviceExpertSet>(layer);
   if (experts == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("forward: layer ", layer, " has no loaded experts; call LoadExperts first"));
+    return ExpertsNotLoaded("forward", layer);
   }
   RETURN_IF_ERROR(dispatcher_->CheckStep("forward", num_tokens));
   RETURN_IF_ERROR(

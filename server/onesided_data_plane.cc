@@ -456,8 +456,7 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::StepOnHost(
     local = absl::FailedPreconditionError("Forward: no workspace; call AllocateWorkspace first");
   }
   if (local.ok() && experts == nullptr) {
-    local = absl::FailedPreconditionError(
-        absl::StrCat("Forward: layer ", layer, " has no loaded experts; call LoadExperts first"));
+    local = ExpertsNotLoaded("Forward", layer);
   }
   if (local.ok() && !geometry_.committed) {
     local = absl::FailedPreconditionError("Forward: no geometry committed; call CommitGeometry");

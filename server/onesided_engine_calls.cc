@@ -139,8 +139,7 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineForward(int layer, cons
                                                 {"output", output}}));
   kernels::DeviceExpertSet* experts = experts_.Find<kernels::DeviceExpertSet>(layer);
   if (experts == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("forward: layer ", layer, " has no loaded experts; call LoadExperts first"));
+    return ExpertsNotLoaded("forward", layer);
   }
   const std::shared_ptr<const core::PlacementTable> table = Placement(layer);
   // (A pointer compare first: Fingerprint() hashes the table's text.)

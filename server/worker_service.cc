@@ -512,8 +512,7 @@ absl::StatusOr<ForwardInputs> WorkerService::PrepareForward(const v1::ForwardReq
   ASSIGN_OR_RETURN(ForwardInputs in,
                    ForwardFromRequest(options_.limits, request, allocation_->options));
   if (!session_.plane()->HasExperts(in.layer)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "Forward: layer ", in.layer, " has no loaded experts; call LoadExperts first"));
+    return session_.plane()->ExpertsNotLoaded("Forward", in.layer);
   }
   if (!geometry_committed_) {
     return absl::FailedPreconditionError(

@@ -82,5 +82,21 @@ TEST(LayerExperts, KeepIfSlotsOfKeepsOnlyTheRanksDistinctSlotExperts) {
   EXPECT_FALSE(experts.KeepIfSlotsOf(8, *same, 0));
 }
 
+// The error of a layer without experts names the layers that have some, so
+// a layer outside the plan reads differently from one still loading.
+TEST(LayerExperts, NotLoadedNamesTheLayersThatHaveExperts) {
+  LayerExperts experts;
+  const absl::Status none = experts.NotLoaded("moe_ep_forward", 99, 1);
+  EXPECT_EQ(none.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(none.message(),
+            "moe_ep_forward: layer 99 has no loaded experts on rank 1 (layers with experts here: "
+            "none); LoadExperts it first");
+  experts.Put(4, std::make_unique<Holder>(std::vector<int>{0}, 8, nullptr));
+  experts.Put(0, std::make_unique<Holder>(std::vector<int>{1}, 8, nullptr));
+  EXPECT_EQ(experts.NotLoaded("Forward", 2, 0).message(),
+            "Forward: layer 2 has no loaded experts on rank 0 (layers with experts here: [0,4]); "
+            "LoadExperts it first");
+}
+
 }  // namespace
 }  // namespace moe_ep::core

@@ -316,7 +316,9 @@ TEST(CpuDataPlane, ForwardsHandTokensThroughIdentityExperts) {
   absl::StatusOr<core::StepStats> missing =
       plane.Forward(1, hidden, ids, weights, 2, absl::MakeSpan(output));
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("layer 1 has no loaded experts"));
+  EXPECT_THAT(std::string(missing.status().message()),
+              HasSubstr("Forward: layer 1 has no loaded experts on rank 0 (layers with experts "
+                        "here: [0]); LoadExperts it first"));
 
   // SwiGLU experts replace the layer's: 4 experts x 3 x I*H x 2 bytes.
   EXPECT_EQ(*plane.LoadExperts(0, core::ExpertSource::Seeded(1, 0, 4, 0, 4, 4, 6), 0),
