@@ -18,7 +18,7 @@ absl::Status LayerExperts::NotLoaded(absl::string_view call, int layer, int rank
       call, ": layer ", layer, " has no loaded experts on rank ", rank,
       " (layers with experts here: ",
       loaded.empty() ? std::string("none") : absl::StrCat("[", absl::StrJoin(loaded, ","), "]"),
-      "); LoadExperts it first"));
+      "); call LoadExperts first"));
 }
 
 int64_t LayerExperts::TotalBytes() const {

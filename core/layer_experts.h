@@ -53,7 +53,7 @@ class LayerExperts {
   //
   // kFailedPrecondition for a step of `layer` on `rank`, which holds none of
   // its experts here: "<call>: layer 99 has no loaded experts on rank 0
-  // (layers with experts here: [0,1]); LoadExperts it first". Naming what
+  // (layers with experts here: [0,1]); call LoadExperts first". Naming what
   // is loaded tells a layer outside the plan from one still loading (every
   // plane's Forward and engine forward; issue 30 item 1).
   absl::Status NotLoaded(absl::string_view call, int layer, int rank) const;

@@ -90,12 +90,12 @@ TEST(LayerExperts, NotLoadedNamesTheLayersThatHaveExperts) {
   EXPECT_EQ(none.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(none.message(),
             "moe_ep_forward: layer 99 has no loaded experts on rank 1 (layers with experts here: "
-            "none); LoadExperts it first");
+            "none); call LoadExperts first");
   experts.Put(4, std::make_unique<Holder>(std::vector<int>{0}, 8, nullptr));
   experts.Put(0, std::make_unique<Holder>(std::vector<int>{1}, 8, nullptr));
   EXPECT_EQ(experts.NotLoaded("Forward", 2, 0).message(),
             "Forward: layer 2 has no loaded experts on rank 0 (layers with experts here: [0,4]); "
-            "LoadExperts it first");
+            "call LoadExperts first");
 }
 
 }  // namespace

@@ -318,7 +318,7 @@ TEST(CpuDataPlane, ForwardsHandTokensThroughIdentityExperts) {
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(missing.status().message()),
               HasSubstr("Forward: layer 1 has no loaded experts on rank 0 (layers with experts "
-                        "here: [0]); LoadExperts it first"));
+                        "here: [0]); call LoadExperts first"));
 
   // SwiGLU experts replace the layer's: 4 experts x 3 x I*H x 2 bytes.
   EXPECT_EQ(*plane.LoadExperts(0, core::ExpertSource::Seeded(1, 0, 4, 0, 4, 4, 6), 0),
