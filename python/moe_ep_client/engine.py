@@ -467,6 +467,9 @@ class _LiveCalls:
                     w._in_flight -= 1
                     w._state.notify_all()
 
+        # Made once per name: later lookups find the attribute and skip
+        # __getattr__ (the data calls' hot path).
+        setattr(self, name, call)
         return call
 
 
