@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "kernels/cuda_status.h"
+#include "kernels/nccl_collective.h"
 
 namespace moe_ep::kernels {
 
@@ -89,6 +90,15 @@ bool CanReachPeer(int device, const std::string& peer_bus) {
     return false;
   }
   return can != 0;
+}
+
+bool DevicePointerCache::IsDevicePointer(const void* ptr) {
+  if (ptr == nullptr) return false;
+  if (device_.contains(ptr)) return true;
+  if (!kernels::IsDevicePointer(ptr)) return false;
+  if (device_.size() >= kMaxEntries) device_.clear();
+  device_.insert(ptr);
+  return true;
 }
 
 }  // namespace moe_ep::kernels

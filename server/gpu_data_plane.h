@@ -86,6 +86,7 @@
 #include <vector>
 
 #include "core/expert_placement.h"
+#include "kernels/device_calls.h"
 #include "kernels/device_experts.h"
 #include "kernels/gpu_ep_dispatcher.h"
 #include "kernels/gpu_shared_experts.h"
@@ -213,6 +214,7 @@ class GpuDataPlane final : public DataPlane {
   // host mirror (kernels/step_staging.h).
   std::unique_ptr<kernels::StepStaging> staging_;
   std::unique_ptr<kernels::GpuPlaneEvents> events_;  // step timing, engine stream fork / join
+  kernels::DevicePointerCache device_pointers_;      // the engine calls' checked buffers
   ForwardHostCopy host_copy_ = ForwardHostCopy::kPageable;
   kernels::GpuSharedExperts shared_;  // last: destroyed first, on the current device
 };

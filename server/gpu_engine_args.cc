@@ -4,15 +4,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
-#include "kernels/nccl_collective.h"
 
 namespace moe_ep::server {
 
 absl::Status CheckEngineDevicePointers(
-    const char* call, absl::string_view plane, int device,
+    const char* call, absl::string_view plane, int device, kernels::DevicePointerCache& known,
     std::initializer_list<std::pair<const char*, const void*>> ptrs) {
   for (const auto& [name, ptr] : ptrs) {
-    if (ptr != nullptr && !kernels::IsDevicePointer(ptr)) {
+    if (ptr != nullptr && !known.IsDevicePointer(ptr)) {
       return absl::InvalidArgumentError(absl::StrCat(call, ": ", name,
                                                      " is not device memory; the ", plane,
                                                      " data plane takes device pointers "

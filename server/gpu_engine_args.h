@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/ep_dispatcher.h"
+#include "kernels/device_calls.h"
 #include "kernels/engine_rows.cuh"
 #include "server/data_plane.h"
 
@@ -29,10 +30,12 @@ namespace moe_ep::server {
 // CheckEngineDevicePointers()
 //
 // Every non-null pointer of `ptrs` (name, pointer) is device memory: the
-// GPU planes' engine calls take device pointers on `device`.
+// GPU planes' engine calls take device pointers on `device`. `known` is the
+// plane's memory of addresses already checked (a hash lookup each in an
+// engine's steady state instead of a driver call: issue 30 item 3).
 // Errors: kInvalidArgument naming the call, the pointer, `plane` and `device`.
 absl::Status CheckEngineDevicePointers(
-    const char* call, absl::string_view plane, int device,
+    const char* call, absl::string_view plane, int device, kernels::DevicePointerCache& known,
     std::initializer_list<std::pair<const char*, const void*>> ptrs);
 
 // EngineUnpackParams()

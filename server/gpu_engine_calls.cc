@@ -55,7 +55,7 @@ absl::Status GpuDataPlane::RequireEngineCall(
         absl::StrCat(call, ": no workspace; AllocateWorkspace first"));
   }
   RETURN_IF_ERROR(MakeDeviceCurrent());
-  return CheckEngineDevicePointers(call, data_plane(), group_.device, ptrs);
+  return CheckEngineDevicePointers(call, data_plane(), group_.device, device_pointers_, ptrs);
 }
 
 absl::Status GpuDataPlane::OnCallerStream(cudaStream_t caller,

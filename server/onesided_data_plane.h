@@ -208,6 +208,7 @@ class OneSidedDataPlane final : public DataPlane {
   std::unique_ptr<kernels::StepStaging> staging_;
   kernels::PinnedHostMemory host_counts_;            // int32 [2, E]: send, receive counts of a step
   std::unique_ptr<kernels::GpuPlaneEvents> events_;  // step timing, engine stream fork / join
+  kernels::DevicePointerCache device_pointers_;      // the engine calls' checked buffers
   std::shared_ptr<const core::PlacementTable> engine_map_table_;  // EngineMap()'s table
   OneSidedRouteMap engine_map_;
   kernels::GpuSharedExperts shared_;  // last: destroyed first, on the current device

@@ -48,7 +48,8 @@ absl::Status OneSidedDataPlane::RequireEngineCall(
         "(the Forward RPC serves a masked group; re-admit the ranks first)"));
   }
   RETURN_IF_ERROR(MakeDeviceCurrent());
-  RETURN_IF_ERROR(CheckEngineDevicePointers(call, data_plane(), group_.device, ptrs));
+  RETURN_IF_ERROR(
+      CheckEngineDevicePointers(call, data_plane(), group_.device, device_pointers_, ptrs));
   // A Forward RPC under another table may have left another id space: the
   // engine's ids are the contiguous placement's (a new dispatcher then;
   // graphs captured before must be captured again: NewWorkspaceToken).

@@ -83,5 +83,28 @@ TEST(DeviceCalls, CopiesRoundTripAndACaptureIsSeen) {
   cudaFree(device);
 }
 
+// Host memory and nullptr are never device memory, remembered or not; a
+// device address is found once and then remembered, and the memory's cap
+// starts it again rather than growing.
+TEST(DevicePointerCache, RemembersDeviceAddressesOnly) {
+  DevicePointerCache cache;
+  std::vector<int32_t> host(16, 0);
+  EXPECT_FALSE(cache.IsDevicePointer(nullptr));
+  EXPECT_FALSE(cache.IsDevicePointer(host.data()));
+  EXPECT_FALSE(cache.IsDevicePointer(host.data()));
+  if (VisibleDeviceCount() < 1) GTEST_SKIP() << "device addresses need a CUDA device";
+  ASSERT_TRUE(SetDevice(0).ok());
+  int32_t* device = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, 64 * 4), cudaSuccess);
+  EXPECT_TRUE(cache.IsDevicePointer(device));
+  EXPECT_TRUE(cache.IsDevicePointer(device));
+  EXPECT_TRUE(cache.IsDevicePointer(device + 5));  // inside the allocation
+  EXPECT_FALSE(cache.IsDevicePointer(host.data()));
+  for (size_t i = 0; i < DevicePointerCache::kMaxEntries + 2; ++i) {
+    EXPECT_TRUE(cache.IsDevicePointer(device + (i % 64)));
+  }
+  EXPECT_EQ(cudaFree(device), cudaSuccess);
+}
+
 }  // namespace
 }  // namespace moe_ep::kernels
