@@ -289,7 +289,8 @@ def _buffer(name: str, x: Any, dtype: str, shape: Tuple[Optional[int], ...],
     C-contiguity and device (CUDA device `cuda_device` when `cuda` and
     cuda_device >= 0, any CUDA device when cuda_device < 0, else host).
     Raises TypeError or ValueError naming `name`."""
-    np = None if _is_torch(x) else _numpy()
+    is_torch = _is_torch(x)
+    np = None if is_torch else _numpy()
     if np is not None and type(x) is np.ndarray:
         want = _NUMPY_DTYPE_OBJECTS.get(dtype)
         if want is None:
@@ -307,7 +308,7 @@ def _buffer(name: str, x: Any, dtype: str, shape: Tuple[Optional[int], ...],
             raise ValueError(
                 f"{name}: must be C-contiguous (call .contiguous() / np.ascontiguousarray)")
         return _Buffer(_address(x), got_shape, False, False, None)
-    if _is_torch(x):
+    if is_torch:
         want_t = _TORCH_DTYPE_OBJECTS.get(dtype)
         if want_t is None:
             import torch
@@ -316,13 +317,13 @@ def _buffer(name: str, x: Any, dtype: str, shape: Tuple[Optional[int], ...],
         if x.dtype != want_t:
             raise TypeError(f"{name}: expected dtype torch.{_TORCH_DTYPES[dtype]}, got {x.dtype}")
         got_shape = tuple(x.shape)  # torch.Size: a tuple of ints
-        on_cuda = x.is_cuda
+        index = x.get_device()  # -1 on the CPU
+        on_cuda = index >= 0
         if on_cuda != cuda:
             raise ValueError(
                 f"{name}: expected a {'CUDA' if cuda else 'CPU'} tensor for this backend, "
                 f"got one on {x.device}"
             )
-        index = x.get_device() if on_cuda else -1
         if on_cuda and cuda_device >= 0 and index != cuda_device:
             raise ValueError(
                 f"{name}: expected a tensor on cuda:{cuda_device} (the worker's device), "
@@ -465,7 +466,9 @@ class _LiveCalls:
             finally:
                 with w._state:
                     w._in_flight -= 1
-                    w._state.notify_all()
+                    # Only stop() waits, and it clears the handle first.
+                    if w._handle is None:
+                        w._state.notify_all()
 
         # Made once per name: later lookups find the attribute and skip
         # __getattr__ (the data calls' hot path).
@@ -690,8 +693,10 @@ class Worker:
                self._c.moe_ep_commit_geometry(epoch, runtime_max_tokens_per_rank, local_tokens))
 
     def _inputs(self, hidden: Any, topk_ids: Any, topk_weights: Any,
-                call: str = "moe_ep_dispatch") -> Tuple[_Buffer, _Buffer, _Buffer]:
-        info = self._group(call)
+                call: str = "moe_ep_dispatch",
+                info: Optional[WorkerInfo] = None) -> Tuple[_Buffer, _Buffer, _Buffer]:
+        if info is None:
+            info = self._group(call)
         cuda = info.backend == "nccl"
         d = info.device
         h = _buffer("hidden_states", hidden, "bf16", (None, info.hidden), cuda, d)
@@ -724,7 +729,7 @@ class Worker:
         (moe_ep_dispatch_only, gloo): the step ends here, no combine follows;
         every rank passes the same value."""
         info = self._group("moe_ep_dispatch_only" if end_step else "moe_ep_dispatch")
-        h, ids, w = self._inputs(hidden_states, topk_ids, topk_weights)
+        h, ids, w = self._inputs(hidden_states, topk_ids, topk_weights, info=info)
         if recv_rows is None:
             recv_rows = self.info(refresh=True).runtime_max_tokens_per_rank
         elif not isinstance(recv_rows, int) or recv_rows < 0:
