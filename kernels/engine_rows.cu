@@ -72,10 +72,12 @@ absl::Status LaunchUnpackReceived(const UnpackReceivedParams& p, cudaStream_t st
                       (p.runtime_max > 0 && p.recv == nullptr)))) {
     return absl::InvalidArgumentError("LaunchUnpackReceived: null device pointer");
   }
-  RETURN_IF_ERROR(
-      internal::CudaStatus(cudaMemsetAsync(p.source_counts, 0, p.ep_size * sizeof(int64_t), stream),
-                           "cudaMemsetAsync(source_counts)"));
-  if (p.num_local_experts > 0) {
+  if (!p.counts_zeroed) {
+    RETURN_IF_ERROR(internal::CudaStatus(
+        cudaMemsetAsync(p.source_counts, 0, p.ep_size * sizeof(int64_t), stream),
+        "cudaMemsetAsync(source_counts)"));
+  }
+  if (p.num_local_experts > 0 && !p.counts_zeroed) {
     RETURN_IF_ERROR(internal::CudaStatus(
         cudaMemsetAsync(p.expert_counts, 0, p.num_local_experts * sizeof(int64_t), stream),
         "cudaMemsetAsync(expert_counts)"));

@@ -30,6 +30,9 @@ struct UnpackReceivedParams {
   float* topk_weights = nullptr;     // device [E, rows, K]
   int64_t* source_counts = nullptr;  // device [E]: slots of source s holding a token
   int64_t* expert_counts = nullptr;  // device [L]: (slot, choice) pairs per local expert
+  // The two count arrays are zero already (a kernel before this one on the
+  // stream zeroed them: OsZeroCounts), so no cudaMemsetAsync is enqueued.
+  bool counts_zeroed = false;
 };
 
 // LaunchUnpackReceived()

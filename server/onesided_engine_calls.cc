@@ -10,8 +10,9 @@
 //     into the caller's [E, rows, ...] buffers and counts rows per source
 //     and per local expert on the device (kernels/engine_rows.cuh, the NCCL
 //     plane's unpack: the window holds the same packed rows);
-//   combine: the caller's expert outputs are copied into the dispatcher's
-//     expert output (one strided copy), which the combine kernel pushes back;
+//   combine: the combine kernel pushes the caller's expert outputs back,
+//     read in place (packed into the dispatcher's expert output first only
+//     on the copy-engine path);
 //   forward: dispatch, the layer's loaded experts, the shared expert, combine.
 // The (epoch, R) agreement rides in the dispatch flags; EngineCheckStep is
 // the sync point that reports it and a peer that never came.
@@ -93,11 +94,18 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineDispatch(
   const auto* in_hidden = static_cast<const uint16_t*>(hidden);
   RETURN_IF_ERROR(events_->OnCallerStream(
       static_cast<cudaStream_t>(stream), dispatcher_->stream(), [&]() -> absl::Status {
-        RETURN_IF_ERROR(dispatcher_->Dispatch(in_hidden, topk_ids, topk_weights, num_tokens));
-        return kernels::LaunchUnpackReceived(
+        // The send kernel zeroes the counts the unpack adds into.
+        kernels::onesided::OsZeroCounts zero;
+        zero.ptr[0] = out.source_counts;
+        zero.n[0] = out.source_counts != nullptr ? static_cast<int>(options_.workspace.ep_size) : 0;
+        zero.ptr[1] = out.expert_counts;
+        zero.n[1] = out.expert_counts != nullptr ? local_experts : 0;
+        RETURN_IF_ERROR(dispatcher_->Dispatch(in_hidden, topk_ids, topk_weights, num_tokens, zero));
+        kernels::UnpackReceivedParams unpack =
             EngineUnpackParams(options_, out, dispatcher_->received_rows(), r,
-                               map.dispatch_base[group_.rank], local_experts),
-            dispatcher_->stream());
+                               map.dispatch_base[group_.rank], local_experts);
+        unpack.counts_zeroed = true;
+        return kernels::LaunchUnpackReceived(unpack, dispatcher_->stream());
       }));
   engine_tokens_ = num_tokens;
   core::StepStats stats;
@@ -110,19 +118,13 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineCombine(const void* exp
                                                                  void* stream) {
   RETURN_IF_ERROR(RequireEngineCall("combine", {{"expert_out", expert_out}, {"output", output}}));
   const int64_t r = dispatcher_->runtime_max_tokens_per_rank();
-  const int64_t h = options_.workspace.hidden;
-  const int64_t e = options_.workspace.ep_size;
   RETURN_IF_ERROR(
       CheckEngineCombineArgs("combine", group_.rank, rows, r, expert_out, output, engine_tokens_));
   RETURN_IF_ERROR(events_->OnCallerStream(
       static_cast<cudaStream_t>(stream), dispatcher_->stream(), [&]() -> absl::Status {
-        if (r > 0) {
-          // [E, rows, H] -> [E, R, H]: the rows the combine kernel pushes back.
-          RETURN_IF_ERROR(
-              kernels::EnqueueExpertOutputsPack(expert_out, rows, dispatcher_->expert_output(), r,
-                                                h, static_cast<int>(e), dispatcher_->stream()));
-        }
-        return dispatcher_->Combine(static_cast<uint16_t*>(output));
+        // The combine kernel reads the caller's [E, rows, H] rows in place.
+        return dispatcher_->CombineFrom(static_cast<const uint16_t*>(expert_out), rows,
+                                        static_cast<uint16_t*>(output));
       }));
   core::StepStats stats;
   stats.runtime_max_tokens_per_rank = r;

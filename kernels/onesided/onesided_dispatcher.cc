@@ -10,6 +10,7 @@
 #include "core/expert_source.h"
 #include "core/status_macros.h"
 #include "kernels/dispatch_pack.cuh"
+#include "kernels/engine_rows.cuh"
 #include "kernels/expert_id_error.h"
 #include "kernels/fp8_dispatch.cuh"
 #include "kernels/internal/cuda_status.h"
@@ -243,10 +244,11 @@ absl::Status OneSidedDispatcher::EnqueueDispatchParams(const OsDispatchParams& p
 }
 
 absl::Status OneSidedDispatcher::EnqueueDispatch(const OsStepArgs& step, const uint16_t* hidden,
-                                                 const int32_t* topk_ids,
-                                                 const float* topk_weights) {
-  return EnqueueDispatchParams(DispatchParams(step, hidden, topk_ids, topk_weights),
-                               std::min(step.t, step.r));
+                                                 const int32_t* topk_ids, const float* topk_weights,
+                                                 const OsZeroCounts& zero) {
+  OsDispatchParams p = DispatchParams(step, hidden, topk_ids, topk_weights);
+  p.zero = zero;
+  return EnqueueDispatchParams(p, std::min(step.t, step.r));
 }
 
 absl::Status OneSidedDispatcher::EnqueueExperts(int64_t r, const DeviceExpertSet& experts) {
@@ -280,7 +282,8 @@ absl::Status OneSidedDispatcher::EnqueueExperts(int64_t r, const DeviceExpertSet
 }
 
 absl::Status OneSidedDispatcher::EnqueueCombine(int64_t r, uint16_t* output,
-                                                const uint16_t* shared_out) {
+                                                const uint16_t* shared_out, const uint16_t* source,
+                                                int64_t source_rows) {
   OsCombineParams p;
   p.peers = peers_;
   p.off = off_;
@@ -288,7 +291,8 @@ absl::Status OneSidedDispatcher::EnqueueCombine(int64_t r, uint16_t* output,
   p.identity = identity_pending_;
   p.slot_ids = identity_slot_ids_;
   p.num_local_experts = identity_slots_;
-  p.expert_out = expert_out_;
+  p.expert_out = source != nullptr ? source : expert_out_;
+  p.expert_out_rows = source != nullptr ? source_rows : r;
   p.rows = fp8_ ? rows_ : nullptr;
   // T == 0 writes no row; any aligned address stands in for a null output.
   p.output = output ? output : expert_out_;
@@ -327,13 +331,14 @@ absl::Status OneSidedDispatcher::Forward(const uint16_t* hidden, const int32_t* 
 }
 
 absl::Status OneSidedDispatcher::Dispatch(const uint16_t* hidden, const int32_t* topk_ids,
-                                          const float* topk_weights, int64_t num_tokens) {
+                                          const float* topk_weights, int64_t num_tokens,
+                                          const OsZeroCounts& zero) {
   RETURN_IF_ERROR(geometry_.BeginDispatch("Dispatch"));
   RETURN_IF_ERROR(CheckArgs("Dispatch", num_tokens, hidden, topk_ids, topk_weights));
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
   RETURN_IF_ERROR(
       EnqueueDispatch({geometry_.epoch(), geometry_.runtime_max_tokens_per_rank(), num_tokens},
-                      hidden, topk_ids, topk_weights));
+                      hidden, topk_ids, topk_weights, zero));
   geometry_.MarkDispatched();
   return absl::OkStatus();
 }
@@ -352,6 +357,26 @@ absl::Status OneSidedDispatcher::Combine(uint16_t* output, const uint16_t* share
   RETURN_IF_ERROR(geometry_.RequireDispatched("Combine"));
   geometry_.MarkIdle();
   return EnqueueCombine(geometry_.runtime_max_tokens_per_rank(), output, shared_out);
+}
+
+absl::Status OneSidedDispatcher::CombineFrom(const uint16_t* expert_out, int64_t rows,
+                                             uint16_t* output) {
+  RETURN_IF_ERROR(geometry_.RequireDispatched("Combine"));
+  const int64_t r = geometry_.runtime_max_tokens_per_rank();
+  if (rows < r || (r > 0 && expert_out == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Combine on rank %d: expert outputs of %d rows per source (want >= R = %d, not null)",
+        rank_, rows, r));
+  }
+  const bool in_place = r > 0 && PathFor(r) == OsPath::kSm && !identity_pending_ &&
+                        reinterpret_cast<uintptr_t>(expert_out) % 16 == 0;
+  if (r > 0 && !in_place) {
+    RETURN_IF_ERROR(
+        EnqueueExpertOutputsPack(expert_out, rows, expert_out_, r, hidden_, ep_size_, stream_));
+  }
+  geometry_.MarkIdle();
+  return in_place ? EnqueueCombine(r, output, nullptr, expert_out, rows)
+                  : EnqueueCombine(r, output, nullptr);
 }
 
 absl::Status OneSidedDispatcher::CaptureForward(int64_t bucket, const uint16_t* hidden,

@@ -151,10 +151,20 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   absl::Status Forward(const uint16_t* hidden, const int32_t* topk_ids, const float* topk_weights,
                        int64_t num_tokens, const DeviceExpertSet& experts, uint16_t* output);
   // The phases, as GpuEpDispatcher's (same sequence errors).
+  // `zero`: device arrays the dispatch's send kernel zeroes (an engine's
+  // count outputs, for an unpack with counts_zeroed after it).
   absl::Status Dispatch(const uint16_t* hidden, const int32_t* topk_ids, const float* topk_weights,
-                        int64_t num_tokens);
+                        int64_t num_tokens, const OsZeroCounts& zero = {});
   absl::Status ComputeExperts(const DeviceExpertSet& experts);
   absl::Status Combine(uint16_t* output, const uint16_t* shared_out = nullptr);
+  // Combine whose expert outputs are the caller's `expert_out` [E, rows, H]
+  // bf16 (rows >= R; slab s's first R rows are sent back), as an engine's
+  // combine passes them (server/onesided_engine_calls.cc). The SM path's
+  // kernel reads them in place (no host call and no device copy into
+  // expert_output() first: issue 30 item 3); the copy-engine path, and an
+  // address not 16-byte aligned, pack them into expert_output() first.
+  // Errors: Combine's, and kInvalidArgument (rows < R, null with R > 0).
+  absl::Status CombineFrom(const uint16_t* expert_out, int64_t rows, uint16_t* output);
 
   // Captures one whole step at R = bucket (a local operation: no peer takes
   // part; a peer that captured another bucket shows up as an R mismatch at
@@ -203,7 +213,8 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   OsDispatchParams DispatchParams(const OsStepArgs& step, const uint16_t* hidden,
                                   const int32_t* topk_ids, const float* topk_weights) const;
   absl::Status EnqueueDispatch(const OsStepArgs& step, const uint16_t* hidden,
-                               const int32_t* topk_ids, const float* topk_weights);
+                               const int32_t* topk_ids, const float* topk_weights,
+                               const OsZeroCounts& zero = {});
   // The dispatch of p (its path in p.ce); the copy-engine path copies
   // `copy_rows` hidden rows (T eager, the bucket in a capture).
   absl::Status EnqueueDispatchParams(const OsDispatchParams& p, int64_t copy_rows);
@@ -212,7 +223,10 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   // The bf16 rows the experts read: the window's dispatch_recv, or rows_.
   const uint8_t* BfRows() const;
   absl::Status EnqueueExperts(int64_t r, const DeviceExpertSet& experts);
-  absl::Status EnqueueCombine(int64_t r, uint16_t* output, const uint16_t* shared_out);
+  // `source` (null: expert_output()) holds the expert outputs with
+  // `source_rows` rows per source slab.
+  absl::Status EnqueueCombine(int64_t r, uint16_t* output, const uint16_t* shared_out,
+                              const uint16_t* source = nullptr, int64_t source_rows = 0);
 
   PeerWindows* windows_;
   core::GeometryState geometry_;

@@ -213,6 +213,11 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
   const int K = p.top_k;
   const int64_t H = p.hidden_size;
   const int tid = threadIdx.x;
+  if (blockIdx.x == 0) {
+    for (int a = 0; a < 2; ++a) {
+      for (int i = tid; i < p.zero.n[a]; i += blockDim.x) p.zero.ptr[a][i] = 0;
+    }
+  }
   const int warp = tid / 32;
   const int lane = tid % 32;
   const bool sys = p.sys_scope;
@@ -440,6 +445,7 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
   const bool sys = p.sys_scope;
   const uint64_t q = *p.local.seq;
   const int64_t row_bytes = 2 * H + 8 * K;
+  const int64_t src_rows = p.expert_out_rows > 0 ? p.expert_out_rows : R;
   if (tid < E) rc[tid] = p.local.recv_counts[tid];
   if (tid == 0) failed = 0;
   __syncthreads();
@@ -487,7 +493,7 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
       const int64_t out_vecs = H / 8;
       if (c * 32 * kUnroll < out_vecs) {
         WarpCopyChunk<uint4>(
-            reinterpret_cast<const uint4*>(p.expert_out + idx * H), out_vecs, c, 1,
+            reinterpret_cast<const uint4*>(p.expert_out + (s * src_rows + j) * H), out_vecs, c, 1,
             [&](int) { return out_row; }, lane);
       }
     }

@@ -129,6 +129,15 @@ struct OsLocalState {
   OsStepError* error = nullptr;
 };
 
+// Device int64 arrays the send kernel zeroes before anything reads them:
+// an engine's count outputs, which the unpack that follows the dispatch on
+// the same stream adds into (in place of two cudaMemsetAsync calls of host
+// time each: issue 30 item 3). n[i] == 0: none.
+struct OsZeroCounts {
+  int64_t* ptr[2] = {nullptr, nullptr};
+  int n[2] = {0, 0};
+};
+
 struct OsDispatchParams {
   OsPeerTable peers;
   OsWindowOffsets off;
@@ -150,6 +159,7 @@ struct OsDispatchParams {
   // Copy-engine path: slots = token index, the send kernel moves no hidden
   // bytes (EnqueueOsBulkDispatch copies them); never with fp8.
   bool ce = false;
+  OsZeroCounts zero;  // zeroed by the send kernel's block 0
 };
 
 struct OsCombineParams {
@@ -165,6 +175,9 @@ struct OsCombineParams {
   const int32_t* slot_ids = nullptr;
   int num_local_experts = 0;
   const uint16_t* expert_out = nullptr;
+  // Rows per source slab of expert_out (>= R; 0 = R): an engine's own
+  // [E, rows, H] buffer is read in place.
+  int64_t expert_out_rows = 0;
   // The bf16 rows [E, R, 2H + 8K] identity experts read: null = the
   // window's dispatch_recv (bf16 dispatch); with fp8 the owner's
   // dequantized rows.
