@@ -269,6 +269,11 @@ class _Buffer:
         self.device = device
 
 
+# [torch.Tensor] once a torch tensor was checked (an exact type test is the
+# fast path of _buffer; subclasses go through _is_torch).
+_TORCH_TYPES: List[Any] = []
+
+
 def _shape_error(name: str, shape: Tuple[Optional[int], ...], got: Tuple[int, ...]) -> ValueError:
     want_text = ", ".join("*" if d is None else str(d) for d in shape)
     return ValueError(f"{name}: expected shape [{want_text}], got {list(got)}")
@@ -289,7 +294,7 @@ def _buffer(name: str, x: Any, dtype: str, shape: Tuple[Optional[int], ...],
     C-contiguity and device (CUDA device `cuda_device` when `cuda` and
     cuda_device >= 0, any CUDA device when cuda_device < 0, else host).
     Raises TypeError or ValueError naming `name`."""
-    is_torch = _is_torch(x)
+    is_torch = type(x) in _TORCH_TYPES or _is_torch(x)
     np = None if is_torch else _numpy()
     if np is not None and type(x) is np.ndarray:
         want = _NUMPY_DTYPE_OBJECTS.get(dtype)
@@ -313,6 +318,8 @@ def _buffer(name: str, x: Any, dtype: str, shape: Tuple[Optional[int], ...],
         if want_t is None:
             import torch
 
+            if not _TORCH_TYPES:
+                _TORCH_TYPES.append(torch.Tensor)
             want_t = _TORCH_DTYPE_OBJECTS.setdefault(dtype, getattr(torch, _TORCH_DTYPES[dtype]))
         if x.dtype != want_t:
             raise TypeError(f"{name}: expected dtype torch.{_TORCH_DTYPES[dtype]}, got {x.dtype}")
@@ -455,20 +462,22 @@ class _LiveCalls:
         fn = getattr(self._worker._lib, name)
         w = self._worker
 
+        lock = w._state
+
         def call(*args: Any) -> int:
-            with w._state:
-                if w._handle is None:
-                    raise ValueError("worker: stopped")
+            with lock:
                 handle = w._handle
+                if handle is None:
+                    raise ValueError("worker: stopped")
                 w._in_flight += 1
             try:
                 return fn(handle, *args)
             finally:
-                with w._state:
+                with lock:
                     w._in_flight -= 1
                     # Only stop() waits, and it clears the handle first.
-                    if w._handle is None:
-                        w._state.notify_all()
+                    if w._handle is None and w._in_flight == 0:
+                        w._drained.set()
 
         # Made once per name: later lookups find the attribute and skip
         # __getattr__ (the data calls' hot path).
@@ -501,8 +510,10 @@ class Worker:
         # Data calls made into the library (a check that raised made none).
         self._calls = 0
         # Library calls on the handle now running on any thread (_LiveCalls).
-        self._state = threading.Condition()
+        # (A plain lock: the data calls' hot path takes it twice.)
+        self._state = threading.Lock()
         self._in_flight = 0
+        self._drained = threading.Event()  # set once stop() found no call in flight
         self._c = _LiveCalls(self)
 
     def __enter__(self) -> "Worker":
@@ -526,8 +537,9 @@ class Worker:
             if self._handle is None:
                 return
             handle, self._handle = self._handle, None
-            while self._in_flight:
-                self._state.wait()
+            if self._in_flight == 0:
+                self._drained.set()
+        self._drained.wait()
         _check(self._lib, "moe_ep_worker_stop",
                self._lib.moe_ep_worker_stop(handle, int(drain_timeout_s * 1000)))
 
@@ -765,9 +777,12 @@ class Worker:
         return out
 
     @_refused_on_error("moe_ep_combine")
-    def combine(self, expert_outputs: Any, timeout_s: float = 0.0) -> Any:
+    def combine(self, expert_outputs: Any, timeout_s: float = 0.0, out: Any = None) -> Any:
         """Combine of the dispatched step (collective): expert_outputs [E, recv_rows, H]
-        bf16 -> [T, H] bf16 (T of the dispatch)."""
+        bf16 -> [T, H] bf16 (T of the dispatch), written into `out` when given
+        (a C-contiguous [T, H] bf16 array or tensor of the same kind and
+        device as expert_outputs; DeepEP's low_latency_combine takes one too)
+        and returned."""
         info = self._group("moe_ep_combine")
         cuda = info.backend == "nccl"
         rows, tokens = self._step_recv_rows, self._step_tokens
@@ -780,8 +795,15 @@ class Worker:
             rows, tokens = (int(shape[1]) if len(shape) == 3 else 0), 0
         x = _buffer("expert_outputs", expert_outputs, "bf16",
                     (info.world_size, rows, info.hidden), cuda, info.device)
-        out = _empty(x, (tokens, info.hidden), "bf16")
-        ptr = _ptr(out)
+        if out is None:
+            out = _empty(x, (tokens, info.hidden), "bf16")
+            ptr = _ptr(out)
+        else:
+            o = _buffer("out", out, "bf16", (tokens, info.hidden), cuda, info.device)
+            if o.torch != x.torch:
+                raise TypeError("out: expected the same kind of array as expert_outputs "
+                                f"({'a torch tensor' if x.torch else 'a NumPy array'})")
+            ptr = o.ptr
         self._live()
         stream, ms = _stream(x), _timeout_ms(timeout_s)
         self._calls += 1

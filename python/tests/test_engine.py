@@ -167,7 +167,18 @@ class OneRankTest(unittest.TestCase):
                                     recv_rows=8, out=out)
             self.assertIs(again, out)
             np.testing.assert_array_equal(out.hidden_states[0, :5], x[::-1])
-            worker.combine(np.zeros((1, 8, 8), np.uint16))
+            # combine(out=): a wrong shape is refused naming `out` (the step
+            # stays dispatched), then the result lands in the caller's array.
+            with self.assertRaises(ValueError) as caught:
+                worker.combine(np.zeros((1, 8, 8), np.uint16), out=np.zeros((4, 8), np.uint16))
+            self.assertIn("out: expected shape [5, 8], got [4, 8]", str(caught.exception))
+            xf = bf16_to_float32(out.hidden_states)
+            scale = (out.topk_weights * (out.topk_ids + 1) * (out.topk_ids >= 0)).sum(axis=2)
+            y_out = np.full((5, 8), 0x7FC0, np.uint16)  # NaN until written
+            got = worker.combine(float32_to_bf16(xf * scale[:, :, None]), out=y_out)
+            self.assertIs(got, y_out)
+            ref = bf16_to_float32(x[::-1]) * (w[::-1] * (ids[::-1] + 1)).sum(axis=1)[:, None]
+            np.testing.assert_allclose(bf16_to_float32(y_out), ref, rtol=2**-7, atol=1e-6)
             worker.commit_geometry(51, 16, 5)
             with self.assertRaises(ValueError) as caught:
                 worker.dispatch(x, ids, w, recv_rows=16, out=out)
