@@ -289,10 +289,11 @@ def _shape_ok(shape: Tuple[Optional[int], ...], got: Tuple[int, ...]) -> bool:
 
 
 def _buffer(name: str, x: Any, dtype: str, shape: Tuple[Optional[int], ...],
-            cuda: bool, cuda_device: int = -1) -> _Buffer:
+            cuda: bool, cuda_device: int = -1, written: bool = False) -> _Buffer:
     """Checks `x` (NumPy array or torch tensor): dtype, rank, sizes (the first may be None = any),
     C-contiguity and device (CUDA device `cuda_device` when `cuda` and
-    cuda_device >= 0, any CUDA device when cuda_device < 0, else host).
+    cuda_device >= 0, any CUDA device when cuda_device < 0, else host);
+    `written`: the library writes into it, so a read-only NumPy array is refused.
     Raises TypeError or ValueError naming `name`."""
     is_torch = type(x) in _TORCH_TYPES or _is_torch(x)
     np = None if is_torch else _numpy()
@@ -312,6 +313,8 @@ def _buffer(name: str, x: Any, dtype: str, shape: Tuple[Optional[int], ...],
         if not x.flags.c_contiguous:
             raise ValueError(
                 f"{name}: must be C-contiguous (call .contiguous() / np.ascontiguousarray)")
+        if written and not x.flags.writeable:
+            raise ValueError(f"{name}: must be writeable (the result is written into it)")
         return _Buffer(_address(x), got_shape, False, False, None)
     if is_torch:
         want_t = _TORCH_DTYPE_OBJECTS.get(dtype)
@@ -798,8 +801,10 @@ class Worker:
         if out is None:
             out = _empty(x, (tokens, info.hidden), "bf16")
             ptr = _ptr(out)
+        elif self._step_tokens is None:
+            ptr = None  # no step: the library refuses the call, naming the order
         else:
-            o = _buffer("out", out, "bf16", (tokens, info.hidden), cuda, info.device)
+            o = _buffer("out", out, "bf16", (tokens, info.hidden), cuda, info.device, written=True)
             if o.torch != x.torch:
                 raise TypeError("out: expected the same kind of array as expert_outputs "
                                 f"({'a torch tensor' if x.torch else 'a NumPy array'})")

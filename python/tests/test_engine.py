@@ -157,10 +157,11 @@ class OneRankTest(unittest.TestCase):
             np.testing.assert_allclose(bf16_to_float32(y), ref, rtol=2**-7, atol=1e-6)
             # A combine with no step dispatched goes to the library, which
             # names the order (not a shape check against the last step).
-            with self.assertRaises(EngineError) as caught:
-                worker.combine(np.zeros((1, 3, 8), np.uint16))
-            self.assertEqual(caught.exception.code, "FAILED_PRECONDITION")
-            self.assertIn("combine needs a dispatch first", str(caught.exception))
+            for out_arg in (None, np.zeros((5, 8), np.uint16)):  # out= changes nothing here
+                with self.assertRaises(EngineError) as caught:
+                    worker.combine(np.zeros((1, 3, 8), np.uint16), out=out_arg)
+                self.assertEqual(caught.exception.code, "FAILED_PRECONDITION")
+                self.assertIn("combine needs a dispatch first", str(caught.exception))
             # dispatch(out=) writes the same arrays again; another R is refused.
             worker.commit_geometry(50, 8, 5)
             again = worker.dispatch(x[::-1].copy(), ids[::-1].copy(), w[::-1].copy(),
@@ -172,6 +173,11 @@ class OneRankTest(unittest.TestCase):
             with self.assertRaises(ValueError) as caught:
                 worker.combine(np.zeros((1, 8, 8), np.uint16), out=np.zeros((4, 8), np.uint16))
             self.assertIn("out: expected shape [5, 8], got [4, 8]", str(caught.exception))
+            read_only = np.zeros((5, 8), np.uint16)
+            read_only.flags.writeable = False
+            with self.assertRaises(ValueError) as caught:
+                worker.combine(np.zeros((1, 8, 8), np.uint16), out=read_only)
+            self.assertIn("out: must be writeable", str(caught.exception))
             xf = bf16_to_float32(out.hidden_states)
             scale = (out.topk_weights * (out.topk_ids + 1) * (out.topk_ids >= 0)).sum(axis=2)
             y_out = np.full((5, 8), 0x7FC0, np.uint16)  # NaN until written
