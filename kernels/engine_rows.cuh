@@ -43,7 +43,8 @@ struct UnpackReceivedParams {
 // local expert (a token is sent only to ranks owning one of its experts;
 // padding carries only the invalid id); source_counts[s] counts those slots,
 // expert_counts[l] the ids equal to first_expert + l among them. The counts
-// are zeroed on the stream first. Errors: kInvalidArgument (null pointers
+// are zeroed on the stream first (or, with counts_zeroed, by a kernel before
+// this one on the stream: OsZeroCounts). Errors: kInvalidArgument (null pointers
 // with rows > 0, rows < R, H not a positive multiple of 4, sizes),
 // kInternal (launch). Never allocates or synchronises.
 absl::Status LaunchUnpackReceived(const UnpackReceivedParams& p, cudaStream_t stream);

@@ -227,6 +227,9 @@ void RunRank(moe_ep_worker* worker, int world) {
   Upload(d_hidden, in.hidden, stream);
   Upload(d_ids, in.ids, stream);
   Upload(d_weights, in.weights, stream);
+  // Counts that hold another step's values: the dispatch starts them from zero.
+  Upload(d_source_counts, std::vector<int64_t>(world, 777), stream);
+  Upload(d_expert_counts, std::vector<int64_t>(kExperts, 777), stream);
   Ok(moe_ep_commit_geometry(worker, 1, kR, tokens), "commit_geometry");
   Ok(moe_ep_dispatch(worker, d_hidden, d_ids, d_weights, tokens, d_recv_hidden, d_recv_ids,
                      d_recv_weights, kRows, d_source_counts, d_expert_counts, stream, 0),
