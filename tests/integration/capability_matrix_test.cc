@@ -21,7 +21,6 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -290,12 +289,7 @@ TEST_P(CapabilityMatrix, ForwardLayersEqualsTheReferenceStack) {
       spec->set_dense_intermediate_size(config.dense_intermediate);
       spec->set_seed(config.seed);
       spec->set_capacity_tokens(config.capacity_tokens);
-      v1::Tensor* t = requests[r].mutable_tokens();
-      t->set_dtype(v1::DTYPE_FP32);
-      t->add_shape(counts[r]);
-      t->add_shape(model.hidden);
-      t->set_data(std::string(reinterpret_cast<const char*>(tokens[r].data()),
-                              tokens[r].size() * sizeof(float)));
+      *requests[r].mutable_tokens() = Fp32Tensor(tokens[r], counts[r], model.hidden);
     }
     auto ref = core::ReferenceLayerStack(config, tokens);
     ASSERT_TRUE(ref.ok()) << ref.status();
@@ -308,8 +302,7 @@ TEST_P(CapabilityMatrix, ForwardLayersEqualsTheReferenceStack) {
       ASSERT_EQ(got.dtype(), v1::DTYPE_FP32) << "rank " << r;
       ASSERT_EQ(got.data().size(), static_cast<size_t>(counts[r] * model.hidden * 4))
           << "rank " << r;
-      std::vector<float> values(counts[r] * model.hidden);
-      std::memcpy(values.data(), got.data().data(), got.data().size());
+      const std::vector<float> values = FloatsOf(got);
       for (size_t i = 0; i < values.size(); ++i) {
         const double want = (*ref)[offset + i];
         ref_max = std::max(ref_max, std::abs(want));

@@ -71,6 +71,21 @@ std::vector<float> DecodeBf16(const v1::Tensor& tensor) {
   return out;
 }
 
+v1::Tensor Fp32Tensor(const std::vector<float>& values, int64_t rows, int64_t cols) {
+  v1::Tensor t;
+  t.set_dtype(v1::DTYPE_FP32);
+  t.add_shape(rows);
+  t.add_shape(cols);
+  t.set_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
+  return t;
+}
+
+std::vector<float> FloatsOf(const v1::Tensor& t) {
+  std::vector<float> out(t.data().size() / 4);
+  std::memcpy(out.data(), t.data().data(), out.size() * 4);
+  return out;
+}
+
 void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, int64_t hidden,
                  const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;

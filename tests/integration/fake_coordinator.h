@@ -48,6 +48,10 @@ RankInputs MakeInputs(uint64_t seed, int64_t num_tokens, const SmallModel& model
 v1::ForwardRequest MakeForwardRequest(int layer, int64_t epoch, const RankInputs& in,
                                       const SmallModel& model);
 std::vector<float> DecodeBf16(const v1::Tensor& tensor);
+// An fp32 [rows, cols] tensor of `values`, and the floats of an fp32 tensor
+// (ForwardLayers' tokens and output).
+v1::Tensor Fp32Tensor(const std::vector<float>& values, int64_t rows, int64_t cols);
+std::vector<float> FloatsOf(const v1::Tensor& t);
 
 // A bf16 output `got` against an fp32 reference `want`, both [rows, hidden]:
 // every element within one bf16 rounding of the result plus one of each

@@ -7,7 +7,6 @@
 #include "core/layer_stack.h"
 
 #include <cmath>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -96,21 +95,6 @@ std::vector<float> GroupTokens(int g, int64_t n) {
     }
   }
   return x;
-}
-
-v1::Tensor Fp32Tensor(const std::vector<float>& values, int64_t rows, int64_t cols) {
-  v1::Tensor t;
-  t.set_dtype(v1::DTYPE_FP32);
-  t.add_shape(rows);
-  t.add_shape(cols);
-  t.set_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
-  return t;
-}
-
-std::vector<float> FloatsOf(const v1::Tensor& t) {
-  std::vector<float> out(t.data().size() / 4);
-  std::memcpy(out.data(), t.data().data(), out.size() * 4);
-  return out;
 }
 
 // Rank r's request: its DP group's tokens.
