@@ -661,7 +661,6 @@ class Worker:
         info = self._group("moe_ep_sync_token_counts")
         counts = (ctypes.c_int64 * info.world_size)()
         r = ctypes.c_int64()
-        self._live()
         self._calls += 1
         _check(self._lib, "moe_ep_sync_token_counts",
                self._c.moe_ep_sync_token_counts(local_tokens, ctypes.addressof(counts),
@@ -765,7 +764,6 @@ class Worker:
                 f"out: expected a DispatchOutput of a dispatch with recv_rows {rows} and "
                 f"{'torch tensors' if h.torch else 'NumPy arrays'}")
         call = self._c.moe_ep_dispatch_only if end_step else self._c.moe_ep_dispatch
-        self._live()
         stream = _stream(h) if h.cuda else None
         ms = _timeout_ms(timeout_s)
         self._calls += 1
@@ -809,7 +807,6 @@ class Worker:
                 raise TypeError("out: expected the same kind of array as expert_outputs "
                                 f"({'a torch tensor' if x.torch else 'a NumPy array'})")
             ptr = o.ptr
-        self._live()
         stream, ms = _stream(x), _timeout_ms(timeout_s)
         self._calls += 1
         _check(self._lib, "moe_ep_combine", self._c.moe_ep_combine(x.ptr, rows, ptr, stream, ms))
@@ -825,7 +822,6 @@ class Worker:
         h, ids, w = self._inputs(hidden_states, topk_ids, topk_weights, "moe_ep_forward")
         out = _empty(h, h.shape, "bf16")
         ptr = _ptr(out)
-        self._live()
         stream, ms = _stream(h), _timeout_ms(timeout_s)
         self._calls += 1
         _check(self._lib, "moe_ep_forward", self._c.moe_ep_forward(
