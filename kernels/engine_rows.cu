@@ -76,11 +76,11 @@ absl::Status LaunchUnpackReceived(const UnpackReceivedParams& p, cudaStream_t st
     RETURN_IF_ERROR(internal::CudaStatus(
         cudaMemsetAsync(p.source_counts, 0, p.ep_size * sizeof(int64_t), stream),
         "cudaMemsetAsync(source_counts)"));
-  }
-  if (p.num_local_experts > 0 && !p.counts_zeroed) {
-    RETURN_IF_ERROR(internal::CudaStatus(
-        cudaMemsetAsync(p.expert_counts, 0, p.num_local_experts * sizeof(int64_t), stream),
-        "cudaMemsetAsync(expert_counts)"));
+    if (p.num_local_experts > 0) {
+      RETURN_IF_ERROR(internal::CudaStatus(
+          cudaMemsetAsync(p.expert_counts, 0, p.num_local_experts * sizeof(int64_t), stream),
+          "cudaMemsetAsync(expert_counts)"));
+    }
   }
   const int64_t blocks = p.ep_size * p.rows;
   if (blocks == 0) return absl::OkStatus();
