@@ -176,6 +176,12 @@ class OneSidedDataPlane final : public DataPlane {
   // the contiguous placement of all ranks (made again when a Forward RPC
   // left another id space), the device current, and every non-null pointer
   // in `ptrs` device memory (kInvalidArgument naming it).
+  // Runs an engine call's `enqueue` with the dispatcher's engine-call
+  // window open on the caller's `stream` (OneSidedDispatcher::
+  // BeginEngineCall: no fork and join per call); `enqueue` gets the stream
+  // to put its own kernels on. The window closes on error too.
+  absl::Status OnEngineStream(void* stream,
+                              const std::function<absl::Status(cudaStream_t)>& enqueue);
   absl::Status RequireEngineCall(const char* call,
                                  std::initializer_list<std::pair<const char*, const void*>> ptrs);
   // The route map of the contiguous placement of all ranks (the engine

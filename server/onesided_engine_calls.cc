@@ -57,6 +57,15 @@ absl::Status OneSidedDataPlane::RequireEngineCall(
   return UseRouteMap(EngineMap());
 }
 
+absl::Status OneSidedDataPlane::OnEngineStream(
+    void* stream, const std::function<absl::Status(cudaStream_t)>& enqueue) {
+  ASSIGN_OR_RETURN(cudaStream_t on,
+                   dispatcher_->BeginEngineCall(static_cast<cudaStream_t>(stream)));
+  absl::Status status = enqueue(on);
+  absl::Status ended = dispatcher_->EndEngineCall();
+  return status.ok() ? ended : status;
+}
+
 const OneSidedRouteMap& OneSidedDataPlane::EngineMap() {
   if (engine_map_table_ != book_.contiguous()) {
     engine_map_ = MakeOneSidedRouteMap(*book_.contiguous());
@@ -92,21 +101,20 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineDispatch(
   RETURN_IF_ERROR(
       CheckEngineInputs("dispatch", group_.rank, num_tokens, hidden, topk_ids, topk_weights));
   const auto* in_hidden = static_cast<const uint16_t*>(hidden);
-  RETURN_IF_ERROR(events_->OnCallerStream(
-      static_cast<cudaStream_t>(stream), dispatcher_->stream(), [&]() -> absl::Status {
-        // The send kernel zeroes the counts the unpack adds into.
-        kernels::onesided::OsZeroCounts zero;
-        zero.ptr[0] = out.source_counts;
-        zero.n[0] = out.source_counts != nullptr ? static_cast<int>(options_.workspace.ep_size) : 0;
-        zero.ptr[1] = out.expert_counts;
-        zero.n[1] = out.expert_counts != nullptr ? local_experts : 0;
-        RETURN_IF_ERROR(dispatcher_->Dispatch(in_hidden, topk_ids, topk_weights, num_tokens, zero));
-        kernels::UnpackReceivedParams unpack =
-            EngineUnpackParams(options_, out, dispatcher_->received_rows(), r,
-                               map.dispatch_base[group_.rank], local_experts);
-        unpack.counts_zeroed = true;
-        return kernels::LaunchUnpackReceived(unpack, dispatcher_->stream());
-      }));
+  RETURN_IF_ERROR(OnEngineStream(stream, [&](cudaStream_t on) -> absl::Status {
+    // The send kernel zeroes the counts the unpack adds into.
+    kernels::onesided::OsZeroCounts zero;
+    zero.ptr[0] = out.source_counts;
+    zero.n[0] = out.source_counts != nullptr ? static_cast<int>(options_.workspace.ep_size) : 0;
+    zero.ptr[1] = out.expert_counts;
+    zero.n[1] = out.expert_counts != nullptr ? local_experts : 0;
+    RETURN_IF_ERROR(dispatcher_->Dispatch(in_hidden, topk_ids, topk_weights, num_tokens, zero));
+    kernels::UnpackReceivedParams unpack =
+        EngineUnpackParams(options_, out, dispatcher_->received_rows(), r,
+                           map.dispatch_base[group_.rank], local_experts);
+    unpack.counts_zeroed = true;
+    return kernels::LaunchUnpackReceived(unpack, on);
+  }));
   engine_tokens_ = num_tokens;
   core::StepStats stats;
   stats.runtime_max_tokens_per_rank = r;
@@ -120,12 +128,11 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineCombine(const void* exp
   const int64_t r = dispatcher_->runtime_max_tokens_per_rank();
   RETURN_IF_ERROR(
       CheckEngineCombineArgs("combine", group_.rank, rows, r, expert_out, output, engine_tokens_));
-  RETURN_IF_ERROR(events_->OnCallerStream(
-      static_cast<cudaStream_t>(stream), dispatcher_->stream(), [&]() -> absl::Status {
-        // The combine kernel reads the caller's [E, rows, H] rows in place.
-        return dispatcher_->CombineFrom(static_cast<const uint16_t*>(expert_out), rows,
-                                        static_cast<uint16_t*>(output));
-      }));
+  RETURN_IF_ERROR(OnEngineStream(stream, [&](cudaStream_t) -> absl::Status {
+    // The combine kernel reads the caller's [E, rows, H] rows in place.
+    return dispatcher_->CombineFrom(static_cast<const uint16_t*>(expert_out), rows,
+                                    static_cast<uint16_t*>(output));
+  }));
   core::StepStats stats;
   stats.runtime_max_tokens_per_rank = r;
   return stats;

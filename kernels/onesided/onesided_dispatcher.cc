@@ -124,6 +124,7 @@ absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
   RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(d->local_base_, 0, d->local_bytes_, d->stream_),
                              "cudaMemsetAsync(local state)"));
   RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(d->stream_), "cudaStreamSynchronize"));
+  ASSIGN_OR_RETURN(d->order_, EngineStreamOrder::Create(d->stream_));
   char* b = d->local_base_;
   d->expert_out_ = reinterpret_cast<uint16_t*>(b + o_out);
   d->local_.token_slot = reinterpret_cast<int32_t*>(b + o_slot);
@@ -146,6 +147,10 @@ OneSidedDispatcher::~OneSidedDispatcher() {
   for (auto& [bucket, g] : graphs_) {
     cudaGraphExecDestroy(g.exec);
     cudaGraphDestroy(g.graph);
+  }
+  if (order_ != nullptr) {
+    (void)order_->End();
+    (void)order_->Settle();  // the engine's last call on its stream too
   }
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   expert_compute_.reset();
@@ -226,21 +231,21 @@ const uint8_t* OneSidedDispatcher::BfRows() const {
 absl::Status OneSidedDispatcher::EnqueueDequantize(int64_t r) {
   if (!fp8_) return absl::OkStatus();
   return LaunchDequantizeDispatchRows(peers_.window[rank_] + off_.dispatch_recv, ep_size_ * r,
-                                      hidden_, top_k_, rows_, stream_);
+                                      hidden_, top_k_, rows_, Launch());
 }
 
 absl::Status OneSidedDispatcher::EnqueueDispatchParams(const OsDispatchParams& p,
                                                        int64_t copy_rows) {
   last_path_ = p.ce ? OsPath::kCopyEngine : OsPath::kSm;
   if (!p.ce) {
-    RETURN_IF_ERROR(LaunchOsDispatch(p, stream_));
+    RETURN_IF_ERROR(LaunchOsDispatch(p, Launch()));
     return EnqueueDequantize(p.step.r);
   }
   // Route (slots = token index), the copies, then ids + flags (stream order
   // puts the flags after the copies).
-  RETURN_IF_ERROR(LaunchOsRoute(p, stream_));
-  RETURN_IF_ERROR(EnqueueOsBulkDispatch(p, copy_rows, stream_));
-  return LaunchOsSend(p, stream_);
+  RETURN_IF_ERROR(LaunchOsRoute(p, Launch()));
+  RETURN_IF_ERROR(EnqueueOsBulkDispatch(p, copy_rows, Launch()));
+  return LaunchOsSend(p, Launch());
 }
 
 absl::Status OneSidedDispatcher::EnqueueDispatch(const OsStepArgs& step, const uint16_t* hidden,
@@ -267,7 +272,7 @@ absl::Status OneSidedDispatcher::EnqueueExperts(int64_t r, const DeviceExpertSet
     ip.num_local_experts = experts.num_experts();
     ip.max_tokens = r;
     ip.blocks = 2 * sm_count_;
-    return LaunchOsIdentityRows(ip, stream_);
+    return LaunchOsIdentityRows(ip, Launch());
   }
   if (experts.kind() == core::ExpertKind::kIdentity) {
     // The combine kernel applies identity experts to the received rows as it
@@ -278,7 +283,7 @@ absl::Status OneSidedDispatcher::EnqueueExperts(int64_t r, const DeviceExpertSet
     return absl::OkStatus();
   }
   identity_pending_ = false;
-  return expert_compute_->Run(BfRows(), ep_size_ * r, experts, expert_out_, stream_);
+  return expert_compute_->Run(BfRows(), ep_size_ * r, experts, expert_out_, Launch());
 }
 
 absl::Status OneSidedDispatcher::EnqueueCombine(int64_t r, uint16_t* output,
@@ -309,16 +314,42 @@ absl::Status OneSidedDispatcher::EnqueueCombine(int64_t r, uint16_t* output,
   if (p.ce) {
     p.identity = false;  // EnqueueExperts wrote the identity rows
     RETURN_IF_ERROR(
-        EnqueueOsBulkCombine(peers_, off_, rank_, ep_size_, r, hidden_, expert_out_, stream_));
+        EnqueueOsBulkCombine(peers_, off_, rank_, ep_size_, r, hidden_, expert_out_, Launch()));
   }
   identity_pending_ = false;
-  return LaunchOsCombine(p, stream_);
+  return LaunchOsCombine(p, Launch());
+}
+
+absl::StatusOr<cudaStream_t> OneSidedDispatcher::BeginEngineCall(cudaStream_t caller) {
+  return order_->Begin(caller);
+}
+
+absl::Status OneSidedDispatcher::EndEngineCall() { return order_->End(); }
+
+cudaStream_t OneSidedDispatcher::stream() {
+  // A failed wait leaves a broken context, which the caller's next CUDA
+  // call on the stream reports.
+  (void)order_->Settle();
+  return stream_;
+}
+
+absl::Status OneSidedDispatcher::SettleOwn() {
+  if (order_->launch() != stream_) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "one-sided dispatcher on rank %d: own-stream work inside an open engine call", rank_));
+  }
+  return order_->Settle();
+}
+
+absl::Status OneSidedDispatcher::SettleUnlessOpen() {
+  return order_->launch() == stream_ ? order_->Settle() : absl::OkStatus();
 }
 
 absl::Status OneSidedDispatcher::Forward(const uint16_t* hidden, const int32_t* topk_ids,
                                          const float* topk_weights, int64_t num_tokens,
                                          const DeviceExpertSet& experts, uint16_t* output) {
   RETURN_IF_ERROR(geometry_.BeginDispatch("Forward"));
+  RETURN_IF_ERROR(SettleUnlessOpen());
   RETURN_IF_ERROR(CheckArgs("Forward", num_tokens, hidden, topk_ids, topk_weights));
   RETURN_IF_ERROR(core::ValidateStepOutput("Forward", rank_, num_tokens, output));
   RETURN_IF_ERROR(CheckExperts(experts));
@@ -334,6 +365,7 @@ absl::Status OneSidedDispatcher::Dispatch(const uint16_t* hidden, const int32_t*
                                           const float* topk_weights, int64_t num_tokens,
                                           const OsZeroCounts& zero) {
   RETURN_IF_ERROR(geometry_.BeginDispatch("Dispatch"));
+  RETURN_IF_ERROR(SettleUnlessOpen());
   RETURN_IF_ERROR(CheckArgs("Dispatch", num_tokens, hidden, topk_ids, topk_weights));
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
   RETURN_IF_ERROR(
@@ -345,6 +377,7 @@ absl::Status OneSidedDispatcher::Dispatch(const uint16_t* hidden, const int32_t*
 
 absl::Status OneSidedDispatcher::ComputeExperts(const DeviceExpertSet& experts) {
   RETURN_IF_ERROR(geometry_.RequireDispatched("ComputeExperts"));
+  RETURN_IF_ERROR(SettleUnlessOpen());
   RETURN_IF_ERROR(CheckExperts(experts));
   RETURN_IF_ERROR(EnqueueExperts(geometry_.runtime_max_tokens_per_rank(), experts));
   geometry_.MarkComputed();
@@ -355,6 +388,7 @@ absl::Status OneSidedDispatcher::Combine(uint16_t* output, const uint16_t* share
   // As the NCCL plane: combine whenever a step was dispatched, so every
   // rank's flag sequence stays aligned even if its expert compute failed.
   RETURN_IF_ERROR(geometry_.RequireDispatched("Combine"));
+  RETURN_IF_ERROR(SettleUnlessOpen());
   geometry_.MarkIdle();
   return EnqueueCombine(geometry_.runtime_max_tokens_per_rank(), output, shared_out);
 }
@@ -362,6 +396,7 @@ absl::Status OneSidedDispatcher::Combine(uint16_t* output, const uint16_t* share
 absl::Status OneSidedDispatcher::CombineFrom(const uint16_t* expert_out, int64_t rows,
                                              uint16_t* output) {
   RETURN_IF_ERROR(geometry_.RequireDispatched("Combine"));
+  RETURN_IF_ERROR(SettleUnlessOpen());
   const int64_t r = geometry_.runtime_max_tokens_per_rank();
   if (rows < r || (r > 0 && expert_out == nullptr)) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -372,7 +407,7 @@ absl::Status OneSidedDispatcher::CombineFrom(const uint16_t* expert_out, int64_t
                         reinterpret_cast<uintptr_t>(expert_out) % 16 == 0;
   if (r > 0 && !in_place) {
     RETURN_IF_ERROR(
-        EnqueueExpertOutputsPack(expert_out, rows, expert_out_, r, hidden_, ep_size_, stream_));
+        EnqueueExpertOutputsPack(expert_out, rows, expert_out_, r, hidden_, ep_size_, Launch()));
   }
   geometry_.MarkIdle();
   return in_place ? EnqueueCombine(r, output, nullptr, expert_out, rows)
@@ -392,6 +427,7 @@ absl::Status OneSidedDispatcher::CaptureForward(int64_t bucket, const uint16_t* 
   RETURN_IF_ERROR(CheckExperts(experts));
   RETURN_IF_ERROR(CheckCapturable(rank_, experts.kind(), options_.expert_gemm));
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  RETURN_IF_ERROR(SettleOwn());
   Graph g;
   g.dispatch = DispatchParams({geometry_.epoch(), bucket, bucket}, hidden, topk_ids, topk_weights);
   RETURN_IF_ERROR(CudaStatus(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
@@ -470,6 +506,7 @@ absl::Status OneSidedDispatcher::ReplayForward(int64_t bucket, int64_t epoch, in
         bucket));
   }
   RETURN_IF_ERROR(core::ValidateReplayTokens(rank_, bucket, num_tokens));
+  RETURN_IF_ERROR(SettleOwn());
   Graph& g = it->second;
   OsDispatchParams p = g.dispatch;
   p.step = {epoch, bucket, num_tokens};
@@ -484,6 +521,7 @@ absl::Status OneSidedDispatcher::ReplayForward(int64_t bucket, int64_t epoch, in
 
 absl::Status OneSidedDispatcher::CheckStep() {
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  RETURN_IF_ERROR(SettleOwn());
   RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
   OsStepError e;
   RETURN_IF_ERROR(
@@ -516,6 +554,7 @@ absl::Status OneSidedDispatcher::CheckStep() {
 }
 
 absl::StatusOr<ReceivedRowsForTest> OneSidedDispatcher::CopyReceivedForTest() {
+  RETURN_IF_ERROR(SettleOwn());
   RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
   const int64_t r = geometry_.runtime_max_tokens_per_rank();
   const int64_t row_bytes = DispatchRowBytes(hidden_, top_k_);
@@ -530,6 +569,7 @@ absl::StatusOr<ReceivedRowsForTest> OneSidedDispatcher::CopyReceivedForTest() {
 }
 
 absl::StatusOr<std::vector<int32_t>> OneSidedDispatcher::ReceivedCountsForTest() {
+  RETURN_IF_ERROR(SettleOwn());
   RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
   std::vector<int32_t> counts(ep_size_);
   RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(counts.data(), local_.recv_counts, ep_size_ * 4,

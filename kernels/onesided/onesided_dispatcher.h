@@ -52,6 +52,7 @@
 #include "core/ep_contract.h"
 #include "core/step_dispatcher.h"
 #include "kernels/device_experts.h"
+#include "kernels/engine_stream_order.h"
 #include "kernels/expert_compute.h"
 #include "kernels/gpu_ep_dispatcher.h"
 #include "kernels/onesided/onesided_bulk.h"
@@ -108,8 +109,20 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   OneSidedDispatcher(const OneSidedDispatcher&) = delete;
   OneSidedDispatcher& operator=(const OneSidedDispatcher&) = delete;
 
-  // The stream every step is enqueued on (owned, non-blocking).
-  cudaStream_t stream() const { return stream_; }
+  // The dispatcher's own stream (owned, non-blocking), which every step
+  // outside an engine call is enqueued on. It is first made to wait for
+  // the last engine call's work on the engine's stream (EngineStreamOrder::
+  // Settle), so work the caller enqueues on it follows that call.
+  cudaStream_t stream();
+  // An engine's call (server/onesided_engine_calls.cc; issue 30 item 3):
+  // between BeginEngineCall and EndEngineCall, Dispatch, CombineFrom and
+  // Combine enqueue on `caller`'s stream (returned: the stream to enqueue
+  // the call's own kernels on too), ordered after this dispatcher's earlier
+  // work, with no fork and join per call (kernels/engine_stream_order.h).
+  // End the call on error too. Errors: kFailedPrecondition (a call open),
+  // kInternal (CUDA).
+  absl::StatusOr<cudaStream_t> BeginEngineCall(cudaStream_t caller);
+  absl::Status EndEngineCall();
   // Device bytes this rank holds: window + local state + expert scratch.
   int64_t allocated_bytes() const override;
   // The path a step of R rows takes (options.path, ce_min_tokens, dtype).
@@ -222,6 +235,13 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   absl::Status EnqueueDequantize(int64_t r);
   // The bf16 rows the experts read: the window's dispatch_recv, or rows_.
   const uint8_t* BfRows() const;
+  // The stream the enqueue helpers use: the open engine call's, else own.
+  cudaStream_t Launch() const { return order_->launch(); }
+  // Own-stream entry points: the own stream first waits for the last
+  // engine call. SettleOwn refuses inside an open engine call;
+  // SettleUnlessOpen (the phases an engine call runs) leaves it alone.
+  absl::Status SettleOwn();
+  absl::Status SettleUnlessOpen();
   absl::Status EnqueueExperts(int64_t r, const DeviceExpertSet& experts);
   // `source` (null: expert_output()) holds the expert outputs with
   // `source_rows` rows per source slab.
@@ -250,6 +270,7 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   bool fp8_ = false;                // fp8_e4m3 dispatch
   uint8_t* rows_ = nullptr;         // fp8: dequantized rows [E, N, 2H + 8K] (local)
   cudaStream_t stream_ = nullptr;
+  std::unique_ptr<EngineStreamOrder> order_;  // stream_ and the engine's streams
   std::unique_ptr<ExpertCompute> expert_compute_;
   absl::Status broken_;
   bool identity_pending_ = false;  // the next combine applies identity experts
