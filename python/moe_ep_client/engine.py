@@ -347,6 +347,49 @@ def _buffer(name: str, x: Any, dtype: str, shape: Tuple[Optional[int], ...],
     raise TypeError(f"{name}: expected a NumPy array or a torch tensor, got {type(x).__name__}")
 
 
+def _torch_inputs(hidden: Any, topk_ids: Any, topk_weights: Any,
+                  info: Any) -> Optional[Tuple[_Buffer, Optional[int], Optional[int]]]:
+    """A CUDA engine's usual dispatch arguments, checked in one pass (issue
+    30 item 3: the host time of a call): exact torch.Tensors of bf16 /
+    int32 / float32, shapes [T, H] / [T, K] / [T, K], C-contiguous, on the
+    worker's device. -> (hidden's _Buffer, the ids' and weights' addresses),
+    or None when anything differs or torch's types are not known yet: then
+    _buffer's checks run and name the argument."""
+    if not _TORCH_TYPES or info.device < 0:
+        return None
+    tensor = _TORCH_TYPES[0]
+    if type(hidden) is not tensor or type(topk_ids) is not tensor or type(topk_weights) is not tensor:
+        return None
+    types = _TORCH_DTYPE_OBJECTS
+    if (hidden.dtype is not types.get("bf16") or topk_ids.dtype is not types.get("int32")
+            or topk_weights.dtype is not types.get("float32")):
+        return None
+    shape = hidden.shape
+    if len(shape) != 2 or shape[1] != info.hidden:
+        return None
+    choices = (shape[0], info.top_k)
+    if topk_ids.shape != choices or topk_weights.shape != choices:
+        return None
+    d = info.device
+    if hidden.get_device() != d or topk_ids.get_device() != d or topk_weights.get_device() != d:
+        return None
+    if not (hidden.is_contiguous() and topk_ids.is_contiguous() and topk_weights.is_contiguous()):
+        return None
+    return (_Buffer(hidden.data_ptr() or None, tuple(shape), True, True, d),
+            topk_ids.data_ptr() or None, topk_weights.data_ptr() or None)
+
+
+def _torch_address(x: Any, dtype: str, shape: Tuple[int, ...], device: int) -> Any:
+    """x's address (None when empty) when x is an exact torch.Tensor of
+    `dtype` and `shape`, C-contiguous, on CUDA `device`; False otherwise or
+    before torch's types are known (then _buffer checks it and names it)."""
+    if (not _TORCH_TYPES or device < 0 or type(x) is not _TORCH_TYPES[0]
+            or x.dtype is not _TORCH_DTYPE_OBJECTS.get(dtype) or x.shape != shape
+            or x.get_device() != device or not x.is_contiguous()):
+        return False
+    return x.data_ptr() or None
+
+
 def _empty(like: _Buffer, shape: Sequence[int], dtype: str) -> Any:
     if like.torch:
         import torch
@@ -708,16 +751,23 @@ class Worker:
 
     def _inputs(self, hidden: Any, topk_ids: Any, topk_weights: Any,
                 call: str = "moe_ep_dispatch",
-                info: Optional[WorkerInfo] = None) -> Tuple[_Buffer, _Buffer, _Buffer]:
+                info: Optional[WorkerInfo] = None
+                ) -> Tuple[_Buffer, Optional[int], Optional[int]]:
+        """The checked inputs of a dispatch or forward: hidden's _Buffer and
+        the addresses of topk_ids and topk_weights."""
         if info is None:
             info = self._group(call)
         cuda = info.backend == "nccl"
+        if cuda:
+            fast = _torch_inputs(hidden, topk_ids, topk_weights, info)
+            if fast is not None:
+                return fast
         d = info.device
         h = _buffer("hidden_states", hidden, "bf16", (None, info.hidden), cuda, d)
         t = h.shape[0]
         ids = _buffer("topk_ids", topk_ids, "int32", (t, info.top_k), cuda, d)
         w = _buffer("topk_weights", topk_weights, "float32", (t, info.top_k), cuda, d)
-        return h, ids, w
+        return h, ids.ptr, w.ptr
 
     def dispatch(self, hidden_states: Any, topk_ids: Any, topk_weights: Any,
                  recv_rows: Optional[int] = None, timeout_s: float = 0.0,
@@ -768,7 +818,7 @@ class Worker:
         ms = _timeout_ms(timeout_s)
         self._calls += 1
         status = call(
-            h.ptr, ids.ptr, w.ptr, h.shape[0], pointers[2], pointers[3], pointers[4],
+            h.ptr, ids, w, h.shape[0], pointers[2], pointers[3], pointers[4],
             rows, pointers[6], pointers[5], stream, ms)
         if status:
             _check(self._lib, "moe_ep_dispatch_only" if end_step else "moe_ep_dispatch", status)
@@ -794,19 +844,27 @@ class Worker:
             # first"), so every rank's calls stay paired.
             shape = tuple(getattr(expert_outputs, "shape", ()))
             rows, tokens = (int(shape[1]) if len(shape) == 3 else 0), 0
-        x = _buffer("expert_outputs", expert_outputs, "bf16",
-                    (info.world_size, rows, info.hidden), cuda, info.device)
+        shape = (info.world_size, rows, info.hidden)
+        fast = _torch_address(expert_outputs, "bf16", shape, info.device) if cuda else False
+        if fast is not False:
+            x = _Buffer(fast, shape, True, True, info.device)
+        else:
+            x = _buffer("expert_outputs", expert_outputs, "bf16", shape, cuda, info.device)
         if out is None:
             out = _empty(x, (tokens, info.hidden), "bf16")
             ptr = _ptr(out)
         elif self._step_tokens is None:
             ptr = None  # no step: the library refuses the call, naming the order
         else:
-            o = _buffer("out", out, "bf16", (tokens, info.hidden), cuda, info.device, written=True)
-            if o.torch != x.torch:
-                raise TypeError("out: expected the same kind of array as expert_outputs "
-                                f"({'a torch tensor' if x.torch else 'a NumPy array'})")
-            ptr = o.ptr
+            ptr = (_torch_address(out, "bf16", (tokens, info.hidden), info.device)
+                   if x.torch and x.cuda else False)
+            if ptr is False:
+                o = _buffer("out", out, "bf16", (tokens, info.hidden), cuda, info.device,
+                            written=True)
+                if o.torch != x.torch:
+                    raise TypeError("out: expected the same kind of array as expert_outputs "
+                                    f"({'a torch tensor' if x.torch else 'a NumPy array'})")
+                ptr = o.ptr
         stream, ms = _stream(x), _timeout_ms(timeout_s)
         self._calls += 1
         _check(self._lib, "moe_ep_combine", self._c.moe_ep_combine(x.ptr, rows, ptr, stream, ms))
@@ -825,7 +883,7 @@ class Worker:
         stream, ms = _stream(h), _timeout_ms(timeout_s)
         self._calls += 1
         _check(self._lib, "moe_ep_forward", self._c.moe_ep_forward(
-            layer, h.ptr, ids.ptr, w.ptr, h.shape[0], ptr, stream, ms))
+            layer, h.ptr, ids, w, h.shape[0], ptr, stream, ms))
         return out
 
 

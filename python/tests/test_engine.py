@@ -42,6 +42,69 @@ class ArgumentChecksTest(unittest.TestCase):
             _buffer("hidden_states", np.zeros((1, 4), np.float32), "bf16", (None, 4), False)
         self.assertIn("uint16 (bf16 bit patterns)", str(caught.exception))
 
+    def test_the_torch_fast_path_accepts_only_what_the_full_checks_accept(self):
+        # A stand-in for torch.Tensor (no torch here): the one-pass check of a
+        # CUDA engine's arguments (issue 30 item 3) takes exact tensors of the
+        # right dtype, shape, device and layout, and leaves anything else to
+        # _buffer, which names the argument.
+        from types import SimpleNamespace
+        from unittest import mock
+
+        from moe_ep_client import engine
+
+        class Tensor:
+            def __init__(self, dtype, shape, device=0, contiguous=True, ptr=4096):
+                self.dtype, self.shape = dtype, shape
+                self._device, self._contiguous, self._ptr = device, contiguous, ptr
+
+            def get_device(self):
+                return self._device
+
+            def is_contiguous(self):
+                return self._contiguous
+
+            def data_ptr(self):
+                return self._ptr
+
+        class Sub(Tensor):
+            pass
+
+        bf16, i32, f32 = object(), object(), object()
+        dtypes = {"bf16": bf16, "int32": i32, "float32": f32}
+        info = SimpleNamespace(device=1, hidden=8, top_k=2)
+        with mock.patch.object(engine, "_TORCH_TYPES", [Tensor]), \
+                mock.patch.object(engine, "_TORCH_DTYPE_OBJECTS", dtypes):
+            def args(**change):
+                a = {"h": Tensor(bf16, (3, 8), 1, ptr=1000), "ids": Tensor(i32, (3, 2), 1, ptr=2000),
+                     "w": Tensor(f32, (3, 2), 1, ptr=3000)}
+                a.update(change)
+                return a["h"], a["ids"], a["w"]
+
+            h, ids, w = engine._torch_inputs(*args(), info)
+            self.assertEqual((h.ptr, h.shape, h.torch, h.cuda, h.device, ids, w),
+                             (1000, (3, 8), True, True, 1, 2000, 3000))
+            empty = engine._torch_inputs(Tensor(bf16, (0, 8), 1, ptr=0), Tensor(i32, (0, 2), 1, ptr=0),
+                                         Tensor(f32, (0, 2), 1, ptr=0), info)
+            self.assertEqual((empty[0].ptr, empty[0].shape, empty[1], empty[2]), (None, (0, 8), None, None))
+            for change in ({"h": Sub(bf16, (3, 8), 1)}, {"ids": Tensor(f32, (3, 2), 1)},
+                           {"w": Tensor(bf16, (3, 2), 1)}, {"h": Tensor(bf16, (3, 9), 1)},
+                           {"h": Tensor(bf16, (3, 8, 1), 1)}, {"ids": Tensor(i32, (4, 2), 1)},
+                           {"w": Tensor(f32, (3, 3), 1)}, {"h": Tensor(bf16, (3, 8), 0)},
+                           {"ids": Tensor(i32, (3, 2), -1)}, {"w": Tensor(f32, (3, 2), 1, False)}):
+                self.assertIsNone(engine._torch_inputs(*args(**change), info), change)
+            self.assertIsNone(engine._torch_inputs(*args(), SimpleNamespace(device=-1, hidden=8, top_k=2)))
+            out = Tensor(bf16, (2, 3, 8), 1, ptr=5000)
+            self.assertEqual(engine._torch_address(out, "bf16", (2, 3, 8), 1), 5000)
+            self.assertIsNone(engine._torch_address(Tensor(bf16, (2, 0, 8), 1, ptr=0), "bf16", (2, 0, 8), 1))
+            for x, shape, device in ((out, (2, 3, 9), 1), (out, (2, 3, 8), 0), (out, (2, 3, 8), -1),
+                                     (Sub(bf16, (2, 3, 8), 1), (2, 3, 8), 1),
+                                     (Tensor(f32, (2, 3, 8), 1), (2, 3, 8), 1),
+                                     (Tensor(bf16, (2, 3, 8), 1, False), (2, 3, 8), 1)):
+                self.assertIs(engine._torch_address(x, "bf16", shape, device), False)
+        with mock.patch.object(engine, "_TORCH_TYPES", []):  # torch not seen yet
+            self.assertIsNone(engine._torch_inputs(*args(), info))
+            self.assertIs(engine._torch_address(out, "bf16", (2, 3, 8), 1), False)
+
     def test_timeouts_are_seconds_and_never_round_to_no_limit(self):
         from moe_ep_client.engine import _timeout_ms
 
