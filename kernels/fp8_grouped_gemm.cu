@@ -169,6 +169,16 @@ __device__ __forceinline__ void TmaLoad2dMulticast(uint32_t dst, const CUtensorM
       : "memory");
 }
 
+__device__ __forceinline__ void TmaLoad2dMulticast(uint32_t dst, const CUtensorMap* map, int32_t c0,
+                                                   int32_t c1, uint32_t bar, uint16_t mask,
+                                                   uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster.L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5, %6;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask), "l"(policy)
+      : "memory");
+}
+
 // Brings a box of the tensor into L2 (no shared memory, no barrier).
 __device__ __forceinline__ void TmaPrefetchL2(const CUtensorMap* map, int32_t c0, int32_t c1) {
   asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(
@@ -204,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                          const __grid_constant__ CUtensorMap map_b,
                          const float* __restrict__ a_scale, int64_t a_stride,
                          const float* __restrict__ b_scale, const int32_t* __restrict__ offsets,
-                         int num_local_experts, int n, int k, int prefetch,
+                         int num_local_experts, int n, int k, int prefetch, int l2_hint,
                          uint8_t* __restrict__ act, float* __restrict__ act_scale,
                          int64_t act_stride, uint16_t* __restrict__ y) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -275,6 +285,31 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     SetMaxRegsDec<40>();
     if (tid != 0) return;
+    // Fp8GemmParams::l2_hint: the L2 policies of the A and B loads (0: the
+    // loads carry none).
+    const bool hinted = l2_hint != 0;
+    uint64_t policy_a = 0;
+    uint64_t policy_b = 0;
+    if (hinted) {
+      policy_a = l2_hint == 3 ? CreatePolicyEvictNormal() : CreatePolicyEvictLast();
+      policy_b = l2_hint == 1 ? CreatePolicyEvictNormal() : CreatePolicyEvictFirst();
+    }
+    // One box into this CTA's stage, or (mask != 0) into the same offset of
+    // every CTA of `mask`, with the operand's policy when hinted.
+    auto load = [&](uint32_t dst, const CUtensorMap* map, int32_t c0, int32_t c1, uint32_t bar,
+                    uint16_t mask, uint64_t policy) {
+      if (mask != 0) {
+        if (hinted) {
+          TmaLoad2dMulticast(dst, map, c0, c1, bar, mask, policy);
+        } else {
+          TmaLoad2dMulticast(dst, map, c0, c1, bar, mask);
+        }
+      } else if (hinted) {
+        TmaLoad2d(dst, map, c0, c1, bar, policy);
+      } else {
+        TmaLoad2d(dst, map, c0, c1, bar);
+      }
+    };
     int it = 0;
     for (int u = unit0; u < num_units; u += unit_stride) {
       const Tile tile = decode(u);
@@ -304,15 +339,16 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int j = 0; j < boxes; ++j) {
             if constexpr (kCluster > 1) {
               if (j % kCluster == static_cast<int>(rank)) {
-                TmaLoad2dMulticast(SmemAddr(st + j * kBoxBytes), &map_a, kc,
-                                   tile.m_start + j * kBoxRows, bar, (1u << kCluster) - 1);
+                load(SmemAddr(st + j * kBoxBytes), &map_a, kc, tile.m_start + j * kBoxRows, bar,
+                     (1u << kCluster) - 1, policy_a);
               }
             } else {
-              TmaLoad2d(SmemAddr(st + j * kBoxBytes), &map_a, kc, tile.m_start + j * kBoxRows, bar);
+              load(SmemAddr(st + j * kBoxBytes), &map_a, kc, tile.m_start + j * kBoxRows, bar, 0,
+                   policy_a);
             }
           }
-          TmaLoad2d(SmemAddr(st + S::kABoxes * kBoxBytes), &map_b, kc, r0, bar);
-          TmaLoad2d(SmemAddr(st + (S::kABoxes + 1) * kBoxBytes), &map_b, kc, r1, bar);
+          load(SmemAddr(st + S::kABoxes * kBoxBytes), &map_b, kc, r0, bar, 0, policy_b);
+          load(SmemAddr(st + (S::kABoxes + 1) * kBoxBytes), &map_b, kc, r1, bar, 0, policy_b);
         }
       }
     }
@@ -623,6 +659,10 @@ absl::Status Check(const Fp8GemmParams& p, const void* out, const char* who) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: l2_prefetch expected -1 .. 64, got %d", who, p.l2_prefetch));
   }
+  if (p.l2_hint < 0 || p.l2_hint > 3) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: l2_hint expected 0 .. 3, got %d", who, p.l2_hint));
+  }
   if (p.cluster < 0 || p.cluster > 2) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: cluster expected 0, 1 or 2, got %d", who, p.cluster));
@@ -675,9 +715,10 @@ absl::Status LaunchShape(const Fp8GemmParams& p, const CUtensorMap& map_a, const
       ((p.max_rows + S::kBM - 1) / S::kBM + p.num_local_experts) * (p.n / kBN / kCluster);
   if constexpr (kCluster == 1) {
     const int grid = static_cast<int>(std::min<int64_t>(sms, most_units));
-    kernel<<<grid, kThreads, smem, stream>>>(
-        map_a, map_b, p.a_scale, p.a_scale_stride, p.b_scale, p.offsets, p.num_local_experts,
-        static_cast<int>(p.n), static_cast<int>(p.k), prefetch, act, act_scale, act_stride, y);
+    kernel<<<grid, kThreads, smem, stream>>>(map_a, map_b, p.a_scale, p.a_scale_stride, p.b_scale,
+                                             p.offsets, p.num_local_experts, static_cast<int>(p.n),
+                                             static_cast<int>(p.k), prefetch, p.l2_hint, act,
+                                             act_scale, act_stride, y);
     return internal::LaunchStatus(name);
   } else {
     // Persistent clusters: no more than can be resident at once (an SM pair
@@ -703,7 +744,8 @@ absl::Status LaunchShape(const Fp8GemmParams& p, const CUtensorMap& map_a, const
     RETURN_IF_ERROR(internal::CudaStatus(
         cudaLaunchKernelEx(&config, kernel, map_a, map_b, p.a_scale, p.a_scale_stride, p.b_scale,
                            p.offsets, p.num_local_experts, static_cast<int>(p.n),
-                           static_cast<int>(p.k), prefetch, act, act_scale, act_stride, y),
+                           static_cast<int>(p.k), prefetch, p.l2_hint, act, act_scale, act_stride,
+                           y),
         absl::StrFormat("cudaLaunchKernelEx(%s, %d clusters of %d)", name, clusters, kCluster)));
     return internal::LaunchStatus(name);
   }

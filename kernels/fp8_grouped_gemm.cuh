@@ -72,6 +72,13 @@ struct Fp8GemmParams {
   // (the weights) into L2 ahead of its shared-memory loads; -1 the default
   // (0: measured slower with any distance, bench/results/fp8-speed).
   int l2_prefetch = -1;
+  // L2 eviction priority of the TMA loads (PTX createpolicy, the
+  // .L2::cache_hint copies), so that tiles other CTAs will read again stay
+  // in L2 while the weights stream past: 0 none (the loads carry no policy),
+  // 1 A evict_last and B evict_normal, 2 A evict_last and B evict_first,
+  // 3 A evict_normal and B evict_first. Placement in L2 only: the same bits
+  // in every mode.
+  int l2_hint = 0;
 };
 
 // LaunchFp8GroupedSwiGlu()
