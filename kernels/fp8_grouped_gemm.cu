@@ -378,6 +378,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       const Tile tile = decode(u);
       const int boxes = (tile.m_end - tile.m_start + kBoxRows - 1) / kBoxRows;  // <= kABoxes
       const uint32_t bytes = (boxes + 2) * kBoxBytes;
+      // Unrolled as the compiler chose before the l2_hint branches (which
+      // made it stop): the fused kernels' default loads stay as they were.
+#pragma unroll
       for (int p = 0; p < kPasses; ++p) {
         // B rows of the two boxes: gate and up halves (fused) or 128 rows.
         const int32_t r0 =
