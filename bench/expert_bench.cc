@@ -31,6 +31,9 @@
 // rows / --bound-tbps) and the step's ratio to it, the copy rate, and the
 // largest |fp8 - bf16 hopper| / max|bf16| (the quantization's own error:
 // a check that both computed the same experts) with non-finite counts.
+// --fp8-cluster and --fp8-l2-hint (Fp8GemmParams::cluster, l2_hint) apply
+// to the step and to each GEMM alone, so runs that differ only in them
+// compare the variants (--fp8-tile-compare's extra rows keep the hint).
 // Source: issue 14; issue 35; DESIGN §10.
 
 #include <cuda_runtime.h>
@@ -102,7 +105,12 @@ int Main(int argc, char** argv) {
                  "k-blocks of L2 prefetch ahead in the fp8 GEMMs (-1 the default)");
   int fp8_cluster = 0;
   app.add_option("--fp8-cluster", fp8_cluster,
-                 "128-row fp8 tiles in 2-CTA clusters sharing A: 0 auto, 1 off, 2 on");
+                 "fp8 tiles in 2-CTA clusters: 0 auto, 1 off, 2 128-row tiles sharing A, 3 "
+                 "pairs of m-tiles sharing B (either height)");
+  int fp8_l2_hint = 0;
+  app.add_option("--fp8-l2-hint", fp8_l2_hint,
+                 "L2 policy of the fp8 TMA loads: 0 none, 1 A evict_last, 2 A evict_last + B "
+                 "evict_first, 3 B evict_first");
   bool fp8_tile_compare = false;
   app.add_flag("--fp8-tile-compare", fp8_tile_compare,
                "also time each fp8 GEMM alone with 128- and 256-row tiles");
@@ -152,6 +160,7 @@ int Main(int argc, char** argv) {
   (*ec)->SetFp8TileRowsForTest(fp8_tile_rows);
   (*ec)->SetFp8ClusterForTest(fp8_cluster);
   (*ec)->SetFp8L2PrefetchForTest(fp8_prefetch);
+  (*ec)->SetFp8L2HintForTest(fp8_l2_hint);
   const int64_t row_bytes = 2 * hidden + 8 * top_k;
   uint8_t* recv = nullptr;
   uint16_t* out = nullptr;
@@ -260,6 +269,7 @@ int Main(int argc, char** argv) {
       gu.n = inter;
       gu.k = hidden;
       gu.l2_prefetch = fp8_prefetch;
+      gu.l2_hint = fp8_l2_hint;
       Fp8GemmParams dn = gu;
       dn.a = act_codes;
       dn.a_scale = act_sc;

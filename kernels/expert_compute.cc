@@ -396,6 +396,7 @@ absl::Status ExpertCompute::RunFp8(const uint8_t* recv, int64_t num_rows,
   gate_up.tile_rows = fp8_tile_rows_;
   gate_up.cluster = fp8_cluster_;
   gate_up.l2_prefetch = fp8_l2_prefetch_;
+  gate_up.l2_hint = fp8_l2_hint_;
   RETURN_IF_ERROR(LaunchFp8GroupedSwiGlu(gate_up, act_codes, act_scales, max_entries, stream));
   Fp8GemmParams down = gate_up;
   down.a = act_codes;

@@ -148,6 +148,8 @@ class ExpertCompute {
   void SetFp8TileRowsForTest(int rows) { fp8_tile_rows_ = rows; }
   // Fp8GemmParams::cluster of both fp8 GEMMs (0 auto; benches compare).
   void SetFp8ClusterForTest(int cluster) { fp8_cluster_ = cluster; }
+  // Fp8GemmParams::l2_hint of both fp8 GEMMs (0 none; benches compare).
+  void SetFp8L2HintForTest(int hint) { fp8_l2_hint_ = hint; }
   // Fp8GemmParams::l2_prefetch of both fp8 GEMMs (-1 default; benches sweep).
   void SetFp8L2PrefetchForTest(int blocks) { fp8_l2_prefetch_ = blocks; }
 
@@ -185,6 +187,7 @@ class ExpertCompute {
   int fp8_tile_rows_ = 0;          // SetFp8TileRowsForTest
   int fp8_cluster_ = 0;            // SetFp8ClusterForTest
   int fp8_l2_prefetch_ = -1;       // SetFp8L2PrefetchForTest
+  int fp8_l2_hint_ = 0;            // SetFp8L2HintForTest
   ExpertEntryBuffers entries_;
   int32_t* tile_offsets_ = nullptr;  // device [max_local_experts + 1]
   uint16_t* x_ = nullptr;

@@ -72,31 +72,67 @@ struct Tile {
 // m-tiles of an expert of `rows` rows, tiles of at most `bm` rows.
 __device__ __forceinline__ int MTiles(int rows, int bm) { return (rows + bm - 1) / bm; }
 
-// Tile t of the walk: expert-major, then n-tile, then m-tile (fastest), so
-// CTAs working at the same time share the expert's weight tiles in L2. An
-// expert's m-tiles are equal runs of a multiple of 64 rows (the last
-// clipped), so no expert pays a nearly empty last pass over its weights.
-__device__ __forceinline__ Tile DecodeTile(int t, const int32_t* s_off, const int32_t* s_mt,
-                                           int num_local_experts, int n_tiles) {
+// The expert of work unit t: the last l with s_mt[l] * n_tiles <= t
+// (s_mt: the prefix of each expert's units per n-tile).
+__device__ __forceinline__ int ExpertOfUnit(int t, const int32_t* s_mt, int num_local_experts,
+                                            int n_tiles) {
   int lo = 0;
   int hi = num_local_experts - 1;
-  while (lo < hi) {  // last l with s_mt[l] * n_tiles <= t
+  while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
     if (s_mt[mid] * n_tiles <= t)
       lo = mid;
     else
       hi = mid - 1;
   }
+  return lo;
+}
+
+// Rows of each m-tile of an expert of `rows` rows cut into m_tiles equal runs
+// of a multiple of 64 rows (the last clipped).
+__device__ __forceinline__ int MTileStep(int32_t rows, int m_tiles) {
+  return ((rows + m_tiles - 1) / m_tiles + kWgRows - 1) / kWgRows * kWgRows;
+}
+
+// Tile t of the walk: expert-major, then n-tile, then m-tile (fastest), so
+// CTAs working at the same time share the expert's weight tiles in L2. An
+// expert's m-tiles are equal runs of a multiple of 64 rows (the last
+// clipped), so no expert pays a nearly empty last pass over its weights.
+__device__ __forceinline__ Tile DecodeTile(int t, const int32_t* s_off, const int32_t* s_mt,
+                                           int num_local_experts, int n_tiles) {
+  const int lo = ExpertOfUnit(t, s_mt, num_local_experts, n_tiles);
   const int local = t - s_mt[lo] * n_tiles;
   const int m_tiles = s_mt[lo + 1] - s_mt[lo];
   const int32_t e0 = s_off[lo];
   const int32_t e1 = s_off[lo + 1];
-  const int step = ((e1 - e0 + m_tiles - 1) / m_tiles + kWgRows - 1) / kWgRows * kWgRows;
+  const int step = MTileStep(e1 - e0, m_tiles);
   Tile tile;
   tile.expert = lo;
   tile.m_start = e0 + (local % m_tiles) * step;
   tile.m_end = min(e1, tile.m_start + step);
   tile.n0 = (local / m_tiles) * kBN;
+  return tile;
+}
+
+// B-sharing clusters (Fp8GemmParams::cluster 3): unit t is (expert, n-tile,
+// pair j of m-tiles), walked as DecodeTile's tiles (pair fastest); s_pairs
+// is the prefix of each expert's pairs. The expert's rows are cut into 2 *
+// pairs m-tiles (DecodeTile's count rounded up to even: both CTAs of a pair
+// get rows where the expert has more than 64) and CTA `rank` takes m-tile
+// 2j + rank; a trailing m-tile may be empty (m_start == m_end).
+__device__ __forceinline__ Tile DecodePairTile(int t, const int32_t* s_off, const int32_t* s_pairs,
+                                               int num_local_experts, int n_tiles, int rank) {
+  const int lo = ExpertOfUnit(t, s_pairs, num_local_experts, n_tiles);
+  const int local = t - s_pairs[lo] * n_tiles;
+  const int pairs = s_pairs[lo + 1] - s_pairs[lo];
+  const int32_t e0 = s_off[lo];
+  const int32_t e1 = s_off[lo + 1];
+  const int step = MTileStep(e1 - e0, 2 * pairs);
+  Tile tile;
+  tile.expert = lo;
+  tile.m_start = min(e1, e0 + (2 * (local % pairs) + rank) * step);
+  tile.m_end = min(e1, tile.m_start + step);
+  tile.n0 = (local / pairs) * kBN;
   return tile;
 }
 
@@ -134,7 +170,7 @@ __device__ __forceinline__ void MbarWaitBounded(uint32_t bar, uint32_t parity) {
   }
 }
 
-// 2-CTA clusters (multicast of A): this CTA's rank, a cluster-wide barrier,
+// 2-CTA clusters (multicast of A or of B): this CTA's rank, a cluster-wide barrier,
 // an arrival on the peer CTA's copy of a local mbarrier, and a TMA load
 // written to the same offset of every CTA in `mask` (completing there on
 // the same barrier offset).
@@ -160,12 +196,32 @@ __device__ __forceinline__ void MbarArrivePeer(uint32_t bar, uint32_t peer) {
       : "memory");
 }
 
+// MbarArrivePeer when `pred`, predicated as MbarArriveIf (no branch).
+__device__ __forceinline__ void MbarArrivePeerIf(uint32_t bar, uint32_t peer, bool pred) {
+  asm volatile(
+      "{\n.reg .pred p;\n.reg .b32 remote;\nsetp.ne.b32 p, %2, 0;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "@p mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      "r"(peer), "r"(static_cast<int>(pred))
+      : "memory");
+}
+
 __device__ __forceinline__ void TmaLoad2dMulticast(uint32_t dst, const CUtensorMap* map, int32_t c0,
                                                    int32_t c1, uint32_t bar, uint16_t mask) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
       ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+      : "memory");
+}
+
+__device__ __forceinline__ void TmaLoad2dMulticast(uint32_t dst, const CUtensorMap* map, int32_t c0,
+                                                   int32_t c1, uint32_t bar, uint16_t mask,
+                                                   uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster.L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5, %6;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask), "l"(policy)
       : "memory");
 }
 
@@ -198,13 +254,21 @@ __device__ __forceinline__ uint16_t Bf16Bits(float v) {
 // `empty[s]` (kEmptyArrivals per phase) once its own wait for the wgmma
 // reading stage s has returned, or, with no rows in the tile, once it has
 // seen the stage land.
-template <bool kFused, int kSubs, int kCluster>
+// kCluster 2: CTA pairs; kShareB false: a pair's tiles are adjacent n-tiles
+// of the same rows, each CTA loads every other A box and multicasts it to
+// both (kSubs 1); kShareB true: a pair's tiles are adjacent m-tiles of the
+// same n-tile, each CTA loads its own A boxes and one of the stage's two B
+// boxes (rank r box r), multicast to both. Either way each CTA's expect-tx
+// is the bytes that land in its own stage (its A boxes + both B boxes), and
+// a CTA without rows still loads its share for the peer and keeps the
+// ring's phases.
+template <bool kFused, int kSubs, int kCluster, bool kShareB>
 __global__ void __launch_bounds__(kThreads, 1)
     Fp8GroupedGemmKernel(const __grid_constant__ CUtensorMap map_a,
                          const __grid_constant__ CUtensorMap map_b,
                          const float* __restrict__ a_scale, int64_t a_stride,
                          const float* __restrict__ b_scale, const int32_t* __restrict__ offsets,
-                         int num_local_experts, int n, int k, int prefetch,
+                         int num_local_experts, int n, int k, int prefetch, int l2_hint,
                          uint8_t* __restrict__ act, float* __restrict__ act_scale,
                          int64_t act_stride, uint16_t* __restrict__ y) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -235,12 +299,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     __syncthreads();
   }
-  if (tid < 32) {  // m-tile prefix: each lane a run of experts, then a warp scan
+  // An expert's work units per n-tile: m-tiles, or with kShareB pairs of them.
+  auto units_per_n_tile = [](int rows) {
+    const int m_tiles = MTiles(rows, S::kBM);
+    return kShareB ? (m_tiles + 1) / 2 : m_tiles;
+  };
+  if (tid < 32) {  // unit prefix: each lane a run of experts, then a warp scan
     const int per = (num_l + 31) / 32;
     const int lo = min(num_l, tid * per);
     const int hi = min(num_l, lo + per);
     int sum = 0;
-    for (int l = lo; l < hi; ++l) sum += MTiles(s_off[l + 1] - s_off[l], S::kBM);
+    for (int l = lo; l < hi; ++l) sum += units_per_n_tile(s_off[l + 1] - s_off[l]);
     int incl = sum;
     for (int d = 1; d < 32; d *= 2) {
       const int v = __shfl_up_sync(0xffffffffu, incl, d);
@@ -249,7 +318,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     int run = incl - sum;
     for (int l = lo; l < hi; ++l) {
       s_mt[l] = run;
-      run += MTiles(s_off[l + 1] - s_off[l], S::kBM);
+      run += units_per_n_tile(s_off[l + 1] - s_off[l]);
     }
     if (tid == 31) s_mt[num_l] = incl;
   }
@@ -259,14 +328,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int n_tiles = n / kBN;
   // Work units: tiles, or with kCluster 2 pairs of tiles of adjacent n-tiles
   // (same expert, same rows: the cluster's CTAs share A, each loads half of
-  // its boxes and multicasts them to both).
-  const int num_units = s_mt[num_l] * (n_tiles / kCluster);
+  // its boxes and multicasts them to both), or with kShareB pairs of
+  // adjacent m-tiles (same expert and n-tile: the CTAs share B).
+  const int num_units = s_mt[num_l] * (kShareB ? n_tiles : n_tiles / kCluster);
   const int k_blocks = k / kBK;
   const int wg = tid / 128;
   const uint32_t rank = kCluster > 1 ? ClusterCtaRank() : 0;
   const int unit0 = blockIdx.x / kCluster;
   const int unit_stride = gridDim.x / kCluster;
   auto decode = [&](int u) {
+    if constexpr (kShareB) {
+      return DecodePairTile(u, s_off, s_mt, num_l, n_tiles, static_cast<int>(rank));
+    }
     Tile tile = DecodeTile(u, s_off, s_mt, num_l, n_tiles / kCluster);
     tile.n0 = (tile.n0 / kBN * kCluster + static_cast<int>(rank)) * kBN;
     return tile;
@@ -275,22 +348,58 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     SetMaxRegsDec<40>();
     if (tid != 0) return;
+    // Fp8GemmParams::l2_hint: the L2 policies of the A and B loads (0: the
+    // loads carry none).
+    const bool hinted = l2_hint != 0;
+    uint64_t policy_a = 0;
+    uint64_t policy_b = 0;
+    if (hinted) {
+      policy_a = l2_hint == 3 ? CreatePolicyEvictNormal() : CreatePolicyEvictLast();
+      policy_b = l2_hint == 1 ? CreatePolicyEvictNormal() : CreatePolicyEvictFirst();
+    }
+    // One box into this CTA's stage, or (mask != 0) into the same offset of
+    // every CTA of `mask`, with the operand's policy when hinted.
+    auto load = [&](uint32_t dst, const CUtensorMap* map, int32_t c0, int32_t c1, uint32_t bar,
+                    uint16_t mask, uint64_t policy) {
+      if (mask != 0) {
+        if (hinted) {
+          TmaLoad2dMulticast(dst, map, c0, c1, bar, mask, policy);
+        } else {
+          TmaLoad2dMulticast(dst, map, c0, c1, bar, mask);
+        }
+      } else if (hinted) {
+        TmaLoad2d(dst, map, c0, c1, bar, policy);
+      } else {
+        TmaLoad2d(dst, map, c0, c1, bar);
+      }
+    };
     int it = 0;
     for (int u = unit0; u < num_units; u += unit_stride) {
       const Tile tile = decode(u);
       const int boxes = (tile.m_end - tile.m_start + kBoxRows - 1) / kBoxRows;  // <= kABoxes
       const uint32_t bytes = (boxes + 2) * kBoxBytes;
+      // Unrolled as the compiler chose before the l2_hint branches (which
+      // made it stop): the fused kernels' default loads stay as they were.
+#pragma unroll
       for (int p = 0; p < kPasses; ++p) {
         // B rows of the two boxes: gate and up halves (fused) or 128 rows.
         const int32_t r0 =
             kFused ? tile.expert * 2 * n + tile.n0 + kBoxRows * p : tile.expert * n + tile.n0;
         const int32_t r1 = kFused ? r0 + n : r0 + kBoxRows;
+        // kShareB: the one B box this CTA loads (and multicasts), box `rank`;
+        // only its row stays live in the k-loop (the producer has 40
+        // registers).
+        const int32_t r_own = rank == 0 ? r0 : r1;
         // Optional L2 prefetch of k-block kp's B boxes (the weights, from
         // device memory), `prefetch` k-blocks ahead of the loads; off by
         // default: it measured slower (kDefaultL2Prefetch).
         auto prefetch_block = [&](int kp) {
-          TmaPrefetchL2(&map_b, kp * kBK, r0);
-          TmaPrefetchL2(&map_b, kp * kBK, r1);
+          if constexpr (kShareB) {
+            TmaPrefetchL2(&map_b, kp * kBK, r_own);
+          } else {
+            TmaPrefetchL2(&map_b, kp * kBK, r0);
+            TmaPrefetchL2(&map_b, kp * kBK, r1);
+          }
         };
         for (int kp = 0; kp < min(prefetch, k_blocks); ++kp) prefetch_block(kp);
         for (int kb = 0; kb < k_blocks; ++kb, ++it) {
@@ -302,17 +411,23 @@ __global__ void __launch_bounds__(kThreads, 1)
           uint8_t* st = ring + s * S::kStageBytes;
           const int32_t kc = kb * kBK;
           for (int j = 0; j < boxes; ++j) {
-            if constexpr (kCluster > 1) {
+            if constexpr (kCluster > 1 && !kShareB) {
               if (j % kCluster == static_cast<int>(rank)) {
-                TmaLoad2dMulticast(SmemAddr(st + j * kBoxBytes), &map_a, kc,
-                                   tile.m_start + j * kBoxRows, bar, (1u << kCluster) - 1);
+                load(SmemAddr(st + j * kBoxBytes), &map_a, kc, tile.m_start + j * kBoxRows, bar,
+                     (1u << kCluster) - 1, policy_a);
               }
             } else {
-              TmaLoad2d(SmemAddr(st + j * kBoxBytes), &map_a, kc, tile.m_start + j * kBoxRows, bar);
+              load(SmemAddr(st + j * kBoxBytes), &map_a, kc, tile.m_start + j * kBoxRows, bar, 0,
+                   policy_a);
             }
           }
-          TmaLoad2d(SmemAddr(st + S::kABoxes * kBoxBytes), &map_b, kc, r0, bar);
-          TmaLoad2d(SmemAddr(st + (S::kABoxes + 1) * kBoxBytes), &map_b, kc, r1, bar);
+          if constexpr (kShareB) {  // B box `rank` into both CTAs' stage
+            load(SmemAddr(st + (S::kABoxes + rank) * kBoxBytes), &map_b, kc, r_own, bar,
+                 (1u << kCluster) - 1, policy_b);
+          } else {
+            load(SmemAddr(st + S::kABoxes * kBoxBytes), &map_b, kc, r0, bar, 0, policy_b);
+            load(SmemAddr(st + (S::kABoxes + 1) * kBoxBytes), &map_b, kc, r1, bar, 0, policy_b);
+          }
         }
       }
     }
@@ -335,7 +450,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // multicasts into this CTA's stage s too).
   auto release = [&](int s, bool pred) {
     MbarArriveIf(SmemAddr(&empty[s]), pred);
-    if constexpr (kCluster > 1) {
+    if constexpr (kShareB) {
+      MbarArrivePeerIf(SmemAddr(&empty[s]), rank ^ 1, pred);
+    } else if constexpr (kCluster > 1) {
       if (pred) MbarArrivePeer(SmemAddr(&empty[s]), rank ^ 1);
     }
   };
@@ -623,9 +740,13 @@ absl::Status Check(const Fp8GemmParams& p, const void* out, const char* who) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: l2_prefetch expected -1 .. 64, got %d", who, p.l2_prefetch));
   }
-  if (p.cluster < 0 || p.cluster > 2) {
+  if (p.l2_hint < 0 || p.l2_hint > 3) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("%s: cluster expected 0, 1 or 2, got %d", who, p.cluster));
+        absl::StrFormat("%s: l2_hint expected 0 .. 3, got %d", who, p.l2_hint));
+  }
+  if (p.cluster < 0 || p.cluster > 3) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: cluster expected 0 .. 3, got %d", who, p.cluster));
   }
   if (p.tile_rows != 0 && p.tile_rows != 128 && p.tile_rows != 256) {
     return absl::InvalidArgumentError(
@@ -659,25 +780,26 @@ constexpr bool kClusterByDefault = false;
 // slower at 128 tokens and 3-18% at 4096, 16 ahead worse still.
 constexpr int kDefaultL2Prefetch = 0;
 
-template <bool kFused, int kSubs, int kCluster>
+template <bool kFused, int kSubs, int kCluster, bool kShareB>
 absl::Status LaunchShape(const Fp8GemmParams& p, const CUtensorMap& map_a, const CUtensorMap& map_b,
                          int sms, uint8_t* act, float* act_scale, int64_t act_stride, uint16_t* y,
                          cudaStream_t stream, const char* name) {
   using S = Shape<kFused, kSubs>;
   const int smem = S::SmemBytes(p.num_local_experts);
-  auto* kernel = Fp8GroupedGemmKernel<kFused, kSubs, kCluster>;
+  auto* kernel = Fp8GroupedGemmKernel<kFused, kSubs, kCluster, kShareB>;
   RETURN_IF_ERROR(internal::CudaStatus(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
       absl::StrFormat("cudaFuncSetAttribute(%s, %d rows, %d bytes of shared memory)", name, S::kBM,
                       smem)));
   const int prefetch = p.l2_prefetch >= 0 ? p.l2_prefetch : kDefaultL2Prefetch;
-  const int64_t most_units =
-      ((p.max_rows + S::kBM - 1) / S::kBM + p.num_local_experts) * (p.n / kBN / kCluster);
+  const int64_t most_units = ((p.max_rows + S::kBM - 1) / S::kBM + p.num_local_experts) *
+                             (p.n / kBN / (kShareB ? 1 : kCluster));
   if constexpr (kCluster == 1) {
     const int grid = static_cast<int>(std::min<int64_t>(sms, most_units));
-    kernel<<<grid, kThreads, smem, stream>>>(
-        map_a, map_b, p.a_scale, p.a_scale_stride, p.b_scale, p.offsets, p.num_local_experts,
-        static_cast<int>(p.n), static_cast<int>(p.k), prefetch, act, act_scale, act_stride, y);
+    kernel<<<grid, kThreads, smem, stream>>>(map_a, map_b, p.a_scale, p.a_scale_stride, p.b_scale,
+                                             p.offsets, p.num_local_experts, static_cast<int>(p.n),
+                                             static_cast<int>(p.k), prefetch, p.l2_hint, act,
+                                             act_scale, act_stride, y);
     return internal::LaunchStatus(name);
   } else {
     // Persistent clusters: no more than can be resident at once (an SM pair
@@ -703,7 +825,8 @@ absl::Status LaunchShape(const Fp8GemmParams& p, const CUtensorMap& map_a, const
     RETURN_IF_ERROR(internal::CudaStatus(
         cudaLaunchKernelEx(&config, kernel, map_a, map_b, p.a_scale, p.a_scale_stride, p.b_scale,
                            p.offsets, p.num_local_experts, static_cast<int>(p.n),
-                           static_cast<int>(p.k), prefetch, act, act_scale, act_stride, y),
+                           static_cast<int>(p.k), prefetch, p.l2_hint, act, act_scale, act_stride,
+                           y),
         absl::StrFormat("cudaLaunchKernelEx(%s, %d clusters of %d)", name, clusters, kCluster)));
     return internal::LaunchStatus(name);
   }
@@ -730,19 +853,28 @@ absl::Status Launch(const Fp8GemmParams& p, uint8_t* act, float* act_scale, int6
   const bool tall_fits = Shape<kFused, 2>::SmemBytes(p.num_local_experts) <= smem_optin;
   const bool tall = p.tile_rows == 256 || (p.tile_rows == 0 && tall_fits &&
                                            p.max_rows >= kTallRowsPerExpert * p.num_local_experts);
+  // Either tile height in 2-CTA clusters sharing B (pairs of m-tiles).
+  if (p.cluster == 3 && sms >= 2) {
+    if (tall) {
+      return LaunchShape<kFused, 2, 2, true>(p, map_a, map_b, sms, act, act_scale, act_stride, y,
+                                             stream, name);
+    }
+    return LaunchShape<kFused, 1, 2, true>(p, map_a, map_b, sms, act, act_scale, act_stride, y,
+                                           stream, name);
+  }
   if (tall) {
-    return LaunchShape<kFused, 2, 1>(p, map_a, map_b, sms, act, act_scale, act_stride, y, stream,
-                                     name);
+    return LaunchShape<kFused, 2, 1, false>(p, map_a, map_b, sms, act, act_scale, act_stride, y,
+                                            stream, name);
   }
   // 128-row tiles in 2-CTA clusters sharing A where the n-tiles pair up.
   const bool pairs = (p.n / kBN) % 2 == 0 && sms >= 2;
   const bool cluster = p.cluster == 2 || (p.cluster == 0 && pairs && kClusterByDefault);
   if (cluster && pairs) {
-    return LaunchShape<kFused, 1, 2>(p, map_a, map_b, sms, act, act_scale, act_stride, y, stream,
-                                     name);
+    return LaunchShape<kFused, 1, 2, false>(p, map_a, map_b, sms, act, act_scale, act_stride, y,
+                                            stream, name);
   }
-  return LaunchShape<kFused, 1, 1>(p, map_a, map_b, sms, act, act_scale, act_stride, y, stream,
-                                   name);
+  return LaunchShape<kFused, 1, 1, false>(p, map_a, map_b, sms, act, act_scale, act_stride, y,
+                                          stream, name);
 }
 
 }  // namespace

@@ -65,13 +65,26 @@ struct Fp8GemmParams {
   // 128-row tiles only: 2 runs pairs of adjacent n-tiles in 2-CTA clusters
   // whose CTAs each load half of the shared A boxes and multicast them to
   // both (half the L2 reads of A); 1 one CTA per tile; 0 picks (1: pairs
-  // measured no faster, bench/results/fp8-speed). Same products, same
-  // order: the same bits either way.
+  // measured no faster, bench/results/fp8-speed).
+  // 3, either tile height: pairs of adjacent m-tiles of one expert and
+  // n-tile in 2-CTA clusters sharing B (the weights): an expert's rows are
+  // cut into an even number of m-tiles (ceil(rows / tile) rounded up), CTA r
+  // of a pair takes m-tile 2j + r, loads its own A boxes and B box r of
+  // each stage, multicast to both (half the L2 reads of B, and the pair
+  // reads the weights at the same time). Same products, same order: the
+  // same bits in every mode.
   int cluster = 0;
   // k-blocks (128 K) by which the producer prefetches each tile's B boxes
   // (the weights) into L2 ahead of its shared-memory loads; -1 the default
   // (0: measured slower with any distance, bench/results/fp8-speed).
   int l2_prefetch = -1;
+  // L2 eviction priority of the TMA loads (PTX createpolicy, the
+  // .L2::cache_hint copies), so that tiles other CTAs will read again stay
+  // in L2 while the weights stream past: 0 none (the loads carry no policy),
+  // 1 A evict_last and B evict_normal, 2 A evict_last and B evict_first,
+  // 3 A evict_normal and B evict_first. Placement in L2 only: the same bits
+  // in every mode.
+  int l2_hint = 0;
 };
 
 // LaunchFp8GroupedSwiGlu()

@@ -1,12 +1,12 @@
 #pragma once
 
 // Inline-PTX wrappers of the Hopper (sm_90a) instructions used by
-// kernels/hopper_grouped_gemm.cu: mbarriers, the bulk tensor copy (TMA),
-// wgmma and its shared-memory matrix descriptors, setmaxnreg. Device-only,
-// header-only; not part of the public API. Each wrapper is one PTX
-// instruction (PTX ISA 8.x, "Asynchronous warpgroup level matrix
-// multiply-accumulate" and "Tensor copy" sections); callers compile them only
-// under __CUDA_ARCH_FEAT_SM90_ALL.
+// kernels/hopper_grouped_gemm.cu: mbarriers, the bulk tensor copy (TMA) and
+// its L2 cache policies, wgmma and its shared-memory matrix descriptors,
+// setmaxnreg. Device-only, header-only; not part of the public API. Each
+// wrapper is one PTX instruction (PTX ISA 8.x, "Asynchronous warpgroup level
+// matrix multiply-accumulate", "Tensor copy" and "createpolicy" sections);
+// callers compile them only under __CUDA_ARCH_FEAT_SM90_ALL.
 
 #include <cuda.h>
 
@@ -69,6 +69,36 @@ __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, 
       " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
+}
+
+// The same copy with an L2 eviction policy (a CreatePolicy* value) for the
+// lines it brings into L2.
+__device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, int32_t c0,
+                                          int32_t c1, uint32_t bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "l"(policy)
+      : "memory");
+}
+
+// L2 cache policies (fraction 1.0: every access they tag) for the
+// .L2::cache_hint forms: evict_last lines outlive evict_normal ones, which
+// outlive evict_first ones, when L2 must make room.
+__device__ __forceinline__ uint64_t CreatePolicyEvictLast() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+__device__ __forceinline__ uint64_t CreatePolicyEvictNormal() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+__device__ __forceinline__ uint64_t CreatePolicyEvictFirst() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
 }
 
 // Descriptor of a K-major bf16 tile whose rows are 128 bytes (64 elements),

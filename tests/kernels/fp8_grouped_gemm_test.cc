@@ -36,6 +36,8 @@
 // several m-tiles, both tile heights (128 and 256 rows); outputs start as sentinels and rows past
 // offsets[L] must stay untouched; repeated runs agree bit for bit; a CUDA
 // graph replays with new counts; every fp8 config's (H, I) runs at real size.
+// The variants (Fp8GemmParams::l2_hint 1-3, cluster 2 and 3) equal the
+// default mode bit for bit on random uneven experts.
 
 namespace moe_ep::kernels {
 namespace fp8_grouped_gemm_test {
@@ -73,6 +75,7 @@ struct GemmCase {
   bool exact;
   int tile_rows = 0;  // Fp8GemmParams::tile_rows
   int cluster = 0;    // Fp8GemmParams::cluster
+  int l2_hint = 0;    // Fp8GemmParams::l2_hint
 };
 
 struct Inputs {
@@ -190,6 +193,7 @@ GpuRun RunOnGpu(const GemmCase& c, const Inputs& in, int passes) {
   p.k = c.k;
   p.tile_rows = c.tile_rows;
   p.cluster = c.cluster;
+  p.l2_hint = c.l2_hint;
   GpuRun first;
   for (int pass = 0; pass < passes; ++pass) {
     DeviceBuffer<uint16_t> y(std::vector<uint16_t>(c.fused ? 0 : in.max_rows * c.n, 0x7fc1));
@@ -219,7 +223,8 @@ constexpr double kGemmRel = 1.0 / 1024;  // of sum |products|: the tensor cores'
 void RunGemmCase(const GemmCase& c, int passes = 1, uint64_t seed = 1) {
   SCOPED_TRACE(::testing::Message()
                << "N " << c.n << " K " << c.k << (c.fused ? " fused" : "")
-               << (c.exact ? " exact" : " random") << " tile_rows " << c.tile_rows);
+               << (c.exact ? " exact" : " random") << " tile_rows " << c.tile_rows << " cluster "
+               << c.cluster << " l2_hint " << c.l2_hint);
   const Inputs in = MakeCase(c, seed + c.n * 31 + c.k);
   const GpuRun got = RunOnGpu(c, in, passes);
   const int num_local = static_cast<int>(c.rows_per_expert.size());
@@ -394,6 +399,110 @@ TEST(Fp8GroupedGemm, ClusterPairsRandomWithinTheRounding) {
   RunGemmCase({kTallRows, 256, 640, false, false, 128, 2});
   RunGemmCase({kTallRows, 512, 384, true, false, 128, 2});
 }
+
+// Variants against the default mode (cluster 0, l2_hint 0, the same tile
+// height) on the same inputs: the same products in the same order, so
+// every output byte agrees, the sentinels of rows past offsets[L] included;
+// the variant runs twice (repeats bit for bit). No fp64 reference: random
+// values at any size stay cheap.
+void ExpectTheDefaultsBits(const GemmCase& variant, uint64_t seed) {
+  SCOPED_TRACE(::testing::Message()
+               << "N " << variant.n << " K " << variant.k << (variant.fused ? " fused" : " plain")
+               << " tile_rows " << variant.tile_rows << " cluster " << variant.cluster
+               << " l2_hint " << variant.l2_hint << " seed " << seed);
+  const Inputs in = MakeCase(variant, seed);
+  GemmCase base = variant;
+  base.cluster = 0;
+  base.l2_hint = 0;
+  const GpuRun want = RunOnGpu(base, in, 1);
+  const GpuRun got = RunOnGpu(variant, in, 2);
+  auto expect_same = [](const auto& g, const auto& w, const char* what, int64_t n) {
+    ASSERT_EQ(g.size(), w.size()) << what;
+    int64_t bad = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (g[i] != w[i] && ++bad <= 5) {
+        ADD_FAILURE() << what << "[" << static_cast<int64_t>(i) / n << ", "
+                      << static_cast<int64_t>(i) % n << "] differs from the default mode's";
+      }
+    }
+    EXPECT_EQ(bad, 0) << what;
+  };
+  expect_same(got.y, want.y, "y", variant.n);
+  expect_same(got.act, want.act, "act", variant.n);
+  // act_sc is [N / 128, max_rows]: (block, row).
+  expect_same(got.act_sc, want.act_sc, "act_scale", in.max_rows);
+}
+
+// Uneven experts: empty ones, 1 row, 64/65 (the second m64 half), 129, 257,
+// 513 and 600 (> 512: several m-tiles of either height, an odd count rounded
+// up to even pairs with cluster 3), and seeded random counts up to 300,
+// shuffled.
+std::vector<int32_t> UnevenRows(uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> rows = {0, 1, 64, 65, 129, 0, 257, 513, 600};
+  for (int i = 0; i < 7; ++i) rows.push_back(rng.Int(0, 300));
+  for (int i = static_cast<int>(rows.size()) - 1; i > 0; --i)
+    std::swap(rows[i], rows[rng.Int(0, i)]);
+  return rows;
+}
+
+TEST(Fp8GroupedGemm, L2HintsEqualTheDefaultBitForBit) {
+  REQUIRE_HOPPER();
+  for (int hint = 1; hint <= 3; ++hint) {
+    for (int tile_rows : {128, 256}) {
+      for (bool fused : {false, true}) {
+        ExpectTheDefaultsBits({UnevenRows(hint), 384, 256, fused, false, tile_rows, 0, hint},
+                              10 + hint);
+      }
+    }
+  }
+}
+// The hinted multicast copies: A shared over n-tile pairs (cluster 2),
+// B over m-tile pairs (cluster 3).
+TEST(Fp8GroupedGemm, L2HintsInClustersEqualTheDefaultBitForBit) {
+  REQUIRE_HOPPER();
+  for (int hint = 1; hint <= 3; ++hint) {
+    ExpectTheDefaultsBits({UnevenRows(4), 512, 256, hint == 2, false, 128, 2, hint}, 20 + hint);
+    ExpectTheDefaultsBits({UnevenRows(5), 384, 256, hint != 2, false, 128, 3, hint}, 30 + hint);
+    ExpectTheDefaultsBits({UnevenRows(6), 256, 384, hint == 3, false, 256, 3, hint}, 40 + hint);
+  }
+}
+TEST(Fp8GroupedGemm, BSharingPairsEqualTheDefaultBitForBit) {
+  REQUIRE_HOPPER();
+  for (uint64_t seed : {1, 2, 3}) {
+    for (int tile_rows : {128, 256}) {
+      for (bool fused : {false, true}) {
+        ExpectTheDefaultsBits({UnevenRows(seed), 384, 384, fused, false, tile_rows, 3}, seed);
+      }
+    }
+  }
+}
+// More pair units than resident clusters: the walk and the ring's phases
+// wrap many times, experts of 9 rows leave every pair's second CTA empty
+// (it still loads its B half for the first).
+TEST(Fp8GroupedGemm, ManyBSharingPairsEqualTheDefaultBitForBit) {
+  REQUIRE_HOPPER();
+  for (int tile_rows : {128, 256}) {
+    ExpectTheDefaultsBits({ManyTileRows(), 1024, 256, true, false, tile_rows, 3}, 7);
+    ExpectTheDefaultsBits({ManyTileRows(), 1024, 384, false, false, tile_rows, 3}, 8);
+  }
+}
+// Against the CPU reference, exact: small-integer codes make every sum
+// exact, so each output is known without the GPU's order.
+TEST(Fp8GroupedGemm, BSharingPairsExactBitForBit) {
+  REQUIRE_HOPPER();
+  RunGemmCase({kEdgeRows, 256, 384, false, true, 128, 3}, /*passes=*/2);
+  RunGemmCase({kEdgeRows, 384, 256, true, true, 128, 3}, /*passes=*/2);
+  RunGemmCase({kTallRows, 256, 384, false, true, 256, 3}, /*passes=*/2);
+  RunGemmCase({kTallRows, 384, 256, true, true, 256, 3}, /*passes=*/2);
+}
+TEST(Fp8GroupedGemm, L2HintsExactBitForBit) {
+  REQUIRE_HOPPER();
+  RunGemmCase({kEdgeRows, 256, 384, false, true, 128, 0, 1});
+  RunGemmCase({kTallRows, 384, 256, true, true, 256, 0, 2});
+  RunGemmCase({kEdgeRows, 384, 256, true, true, 128, 3, 3});
+}
+
 TEST(Fp8GroupedGemm, ManyTallTilesFusedRepeatBitForBit) {
   REQUIRE_HOPPER();
   RunGemmCase({ManyTileRows(), 1024, 256, true, true, 256}, /*passes=*/2);
@@ -524,6 +633,16 @@ TEST(Fp8GroupedGemm, RejectsShapesOffTheScaleBlock) {
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("a_scale_stride expected >= max_rows 4, got 3"), std::string::npos)
       << st;
+  p.a_scale_stride = 4;
+  p.cluster = 4;
+  st = LaunchFp8GroupedGemm(p, y.get(), nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("cluster expected 0 .. 3, got 4"), std::string::npos) << st;
+  p.cluster = 3;
+  p.l2_hint = 4;
+  st = LaunchFp8GroupedGemm(p, y.get(), nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("l2_hint expected 0 .. 3, got 4"), std::string::npos) << st;
 }
 
 }  // namespace
