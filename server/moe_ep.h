@@ -74,9 +74,11 @@
  * counts) is device memory of the worker's CUDA device (moe_ep_worker_info
  * .device; MOE_EP_INVALID_ARGUMENT names a host pointer), and `stream` is
  * the caller's cudaStream_t (NULL = the legacy default stream). A data call
- * only enqueues: the worker's stream waits for an event recorded on
- * `stream`, the step runs there, and `stream` waits for the step's end
- * event; no host synchronisation, allocation or pageable copy, so outputs
+ * only enqueues, in `stream` order: the one-sided plane enqueues on `stream`
+ * itself (ordered after the worker's own earlier work; issue 30 item 3), the
+ * nccl plane on the worker's stream after an event recorded on `stream`,
+ * which then waits for the step's end event; no host synchronisation,
+ * allocation or pageable copy, so outputs
  * are ready in `stream` order, and the calls can be captured in the
  * caller's CUDA graph (stream capture of `stream`, any capture mode). In a
  * graph: R is the committed R at capture time (commit the capture bucket
@@ -86,9 +88,15 @@
  * (moe_ep_sync_token_counts_async, the step header {epoch, R, T}, the
  * received counts) are exchanged and checked on the device. A rank whose
  * (epoch, R) differs makes the step move only padding; the disagreement is
- * reported by moe_ep_check_step (MOE_EP_ABORTED). An argument error is
- * returned before anything is enqueued on that rank; the peers' enqueued
- * collectives then wait for it: their next moe_ep_check_step returns
+ * reported by moe_ep_check_step (MOE_EP_ABORTED). A dispatch whose
+ * arguments fail this rank's checks returns the error; on the one-sided
+ * plane it first enqueues a refusal in place of the step (no rows, its
+ * flags marked refused), so the peers' dispatch and combine end at once
+ * without output and their next moe_ep_check_step returns MOE_EP_ABORTED
+ * "rank r refused its dispatch ..."; the group stays usable (issue 30 item
+ * 1). Other argument errors (and any on the nccl plane) are returned before
+ * anything is enqueued on that rank; the peers' enqueued collectives then
+ * wait for it: their next moe_ep_check_step returns
  * MOE_EP_DEADLINE_EXCEEDED after the group's timeout and the group is broken
  * (re-form it). A graph holds the workspace's buffers and communicator:
  * after the group re-forms (or the workspace is re-allocated) it must not be

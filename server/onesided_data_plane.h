@@ -182,6 +182,10 @@ class OneSidedDataPlane final : public DataPlane {
   // to put its own kernels on. The window closes on error too.
   absl::Status OnEngineStream(void* stream,
                               const std::function<absl::Status(cudaStream_t)>& enqueue);
+  // RequireEngineCall less the device-pointer check: the plane can serve
+  // an engine call (workspace, no mask, device current, the engine's route
+  // map). Dispatch checks its pointers itself, so it can refuse the step.
+  absl::Status RequireEnginePlane(const char* call);
   absl::Status RequireEngineCall(const char* call,
                                  std::initializer_list<std::pair<const char*, const void*>> ptrs);
   // The route map of the contiguous placement of all ranks (the engine

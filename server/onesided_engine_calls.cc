@@ -37,6 +37,11 @@ namespace {}  // namespace
 
 absl::Status OneSidedDataPlane::RequireEngineCall(
     const char* call, std::initializer_list<std::pair<const char*, const void*>> ptrs) {
+  RETURN_IF_ERROR(RequireEnginePlane(call));
+  return CheckEngineDevicePointers(call, data_plane(), group_.device, device_pointers_, ptrs);
+}
+
+absl::Status OneSidedDataPlane::RequireEnginePlane(const char* call) {
   if (staging_ == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat(call, ": no workspace; AllocateWorkspace first"));
@@ -49,8 +54,6 @@ absl::Status OneSidedDataPlane::RequireEngineCall(
         "(the Forward RPC serves a masked group; re-admit the ranks first)"));
   }
   RETURN_IF_ERROR(MakeDeviceCurrent());
-  RETURN_IF_ERROR(
-      CheckEngineDevicePointers(call, data_plane(), group_.device, device_pointers_, ptrs));
   // A Forward RPC under another table may have left another id space: the
   // engine's ids are the contiguous placement's (a new dispatcher then;
   // graphs captured before must be captured again: NewWorkspaceToken).
@@ -77,14 +80,7 @@ const OneSidedRouteMap& OneSidedDataPlane::EngineMap() {
 absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineDispatch(
     const void* hidden, const int32_t* topk_ids, const float* topk_weights, int64_t num_tokens,
     const EngineRecvBuffers& out, void* stream) {
-  RETURN_IF_ERROR(RequireEngineCall("dispatch", {{"hidden", hidden},
-                                                 {"topk_ids", topk_ids},
-                                                 {"topk_weights", topk_weights},
-                                                 {"recv_hidden", out.hidden},
-                                                 {"recv_topk_ids", out.topk_ids},
-                                                 {"recv_topk_weights", out.topk_weights},
-                                                 {"source_counts", out.source_counts},
-                                                 {"expert_counts", out.expert_counts}}));
+  RETURN_IF_ERROR(RequireEnginePlane("dispatch"));
   if (out.end_step) {
     return absl::UnimplementedError(
         "dispatch: the one-sided plane runs dispatch + combine steps only; moe_ep_dispatch_only "
@@ -97,9 +93,27 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineDispatch(
   }
   const OneSidedRouteMap& map = EngineMap();
   const int local_experts = map.num_local[group_.rank];
-  RETURN_IF_ERROR(CheckEngineRecvBuffers("dispatch", group_.rank, out, r, local_experts));
-  RETURN_IF_ERROR(
-      CheckEngineInputs("dispatch", group_.rank, num_tokens, hidden, topk_ids, topk_weights));
+  absl::Status args =
+      CheckEngineDevicePointers("dispatch", data_plane(), group_.device, device_pointers_,
+                                {{"hidden", hidden},
+                                 {"topk_ids", topk_ids},
+                                 {"topk_weights", topk_weights},
+                                 {"recv_hidden", out.hidden},
+                                 {"recv_topk_ids", out.topk_ids},
+                                 {"recv_topk_weights", out.topk_weights},
+                                 {"source_counts", out.source_counts},
+                                 {"expert_counts", out.expert_counts}});
+  if (args.ok()) args = CheckEngineRecvBuffers("dispatch", group_.rank, out, r, local_experts);
+  if (args.ok()) {
+    args = CheckEngineInputs("dispatch", group_.rank, num_tokens, hidden, topk_ids, topk_weights);
+  }
+  if (!args.ok()) {
+    // The peers' kernels would wait out the timeout for this rank's flags:
+    // publish a refusal in their place (issue 30 item 1). The caller gets
+    // its own error either way.
+    (void)OnEngineStream(stream, [&](cudaStream_t) { return dispatcher_->RefuseStep(); });
+    return args;
+  }
   const auto* in_hidden = static_cast<const uint16_t*>(hidden);
   RETURN_IF_ERROR(OnEngineStream(stream, [&](cudaStream_t on) -> absl::Status {
     // The send kernel zeroes the counts the unpack adds into.

@@ -375,6 +375,20 @@ absl::Status OneSidedDispatcher::Dispatch(const uint16_t* hidden, const int32_t*
   return absl::OkStatus();
 }
 
+absl::Status OneSidedDispatcher::RefuseStep() {
+  RETURN_IF_ERROR(geometry_.BeginDispatch("Dispatch"));
+  RETURN_IF_ERROR(SettleUnlessOpen());
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  const int64_t r = geometry_.runtime_max_tokens_per_rank();
+  OsDispatchParams p = DispatchParams({geometry_.epoch(), r, 0}, nullptr, nullptr, nullptr);
+  p.refused = true;
+  RETURN_IF_ERROR(EnqueueDispatchParams(p, 0));
+  // The combine the peers' engines will call after their dispatch: every
+  // rank saw the refusal, so it moves no row and writes no output.
+  geometry_.MarkIdle();
+  return EnqueueCombine(r, nullptr, nullptr);
+}
+
 absl::Status OneSidedDispatcher::ComputeExperts(const DeviceExpertSet& experts) {
   RETURN_IF_ERROR(geometry_.RequireDispatched("ComputeExperts"));
   RETURN_IF_ERROR(SettleUnlessOpen());
@@ -537,6 +551,16 @@ absl::Status OneSidedDispatcher::CheckStep() {
     // flag was published, so the next step may run.
     return ExpertIdErrorStatus(e.ids, top_k_, options_.dispatcher.num_experts,
                                options_.dispatcher.invalid_expert_id, rank_);
+  }
+  if (e.kind == kOsMismatch && e.my_r == kOsRefusedR) {
+    return absl::OkStatus();  // this rank refused the step: its caller has the error
+  }
+  if (e.kind == kOsMismatch && e.their_r == kOsRefusedR) {
+    return absl::AbortedError(absl::StrFormat(
+        "rank %d refused its dispatch of the step at epoch %d (its arguments failed that rank's "
+        "checks; its call returned the error); the step moved no row here and wrote no output; "
+        "the group is still usable",
+        e.rank, e.their_epoch));
   }
   if (e.kind == kOsMismatch) {
     return absl::AbortedError(absl::StrFormat(

@@ -168,6 +168,15 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   // count outputs, for an unpack with counts_zeroed after it).
   absl::Status Dispatch(const uint16_t* hidden, const int32_t* topk_ids, const float* topk_weights,
                         int64_t num_tokens, const OsZeroCounts& zero = {});
+  // In place of a Dispatch this rank's caller could not make (its
+  // arguments failed the checks; issue 30 item 1): a dispatch of no rows
+  // whose flags say "refused" (OsDispatchParams::refused) and the combine
+  // after it, so the peers' kernels finish at once without output instead
+  // of waiting out the timeout; each peer's next CheckStep is kAborted
+  // naming this rank, this rank's reports nothing (its caller has the
+  // error). The step is then over here (no Combine follows); the peers'
+  // Combine of it completes. Errors: Dispatch's sequence errors, kInternal.
+  absl::Status RefuseStep();
   absl::Status ComputeExperts(const DeviceExpertSet& experts);
   absl::Status Combine(uint16_t* output, const uint16_t* shared_out = nullptr);
   // Combine whose expert outputs are the caller's `expert_out` [E, rows, H]

@@ -321,11 +321,14 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
     if (tid < E) p.local.send_counts[tid] = counts[tid];
   }
   Fence(sys);
+  // What this rank publishes and compares: a refused dispatch's R differs
+  // from every step's.
+  const int64_t my_r = p.refused ? kOsRefusedR : R;
   if (tid < E) {
     OsFlag* f = reinterpret_cast<OsFlag*>(p.peers.window[tid] + p.off.dispatch_flags) + p.rank;
     volatile OsFlag* vf = f;
     vf->epoch = epoch;
-    vf->r = R;
+    vf->r = my_r;
     vf->count = counts[tid];
     StoreRelease(&f->seq, q, sys);
   }
@@ -340,7 +343,7 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
       their_epoch[tid] = vf->epoch;
       their_r[tid] = vf->r;
       count = static_cast<int32_t>(vf->count);
-      if (their_epoch[tid] != epoch || their_r[tid] != R) st = kOsMismatch;
+      if (their_epoch[tid] != epoch || their_r[tid] != my_r) st = kOsMismatch;
     }
     p.local.recv_counts[tid] = count;
     state[tid] = st;
@@ -361,7 +364,7 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
         RecordError(p.local.error, kOsDeadline, bad, kOsDispatch, q, 0, 0, epoch, R);
       } else if (state[bad] == kOsMismatch) {
         RecordError(p.local.error, kOsMismatch, bad, kOsDispatch, q, their_epoch[bad], their_r[bad],
-                    epoch, R);
+                    epoch, my_r);
       }
     }
   }

@@ -85,6 +85,9 @@ struct alignas(32) OsFlag {
 
 // The first failure a rank's kernels saw since the owner last cleared it.
 enum OsErrorKind : int32_t { kOsNone = 0, kOsMismatch = 1, kOsDeadline = 2 };
+// The R a refused dispatch publishes in its flags (OsDispatchParams::
+// refused): every peer sees an (epoch, R) mismatch naming the refusing rank.
+inline constexpr int64_t kOsRefusedR = -1;
 enum OsPhase : int32_t { kOsDispatch = 0, kOsCombine = 1 };
 struct OsStepError {
   int32_t kind;  // OsErrorKind
@@ -160,6 +163,11 @@ struct OsDispatchParams {
   // bytes (EnqueueOsBulkDispatch copies them); never with fp8.
   bool ce = false;
   OsZeroCounts zero;  // zeroed by the send kernel's block 0
+  // This rank's caller failed its checks (T = 0, no inputs): its flags carry
+  // R = kOsRefusedR, so every rank's kernel sees a mismatch and writes no
+  // output instead of waiting out the timeout for a dispatch that never
+  // comes (issue 30 item 1 on the GPU planes).
+  bool refused = false;
 };
 
 struct OsCombineParams {

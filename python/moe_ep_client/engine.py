@@ -606,23 +606,31 @@ class Worker:
         nothing moved, the group is still usable"). Returns this rank's
         EngineError from the library (its own refusal), or None where there
         is nothing to enter: a stopped or not yet allocated worker, a GPU
-        plane (no round: an argument error there is returned before anything
-        is enqueued and the peers' collectives wait for this rank; see
-        server/moe_ep.h). Never raises except ValueError for an unknown
+        plane's calls other than moe_ep_dispatch (no round there). On a GPU
+        plane a refused moe_ep_dispatch is enqueued on the current torch
+        stream: the one-sided plane publishes the refusal, so the peers'
+        step ends at once and their check_step names this rank; the nccl
+        plane enqueues nothing and the peers' collectives wait for this rank
+        (server/moe_ep.h). Never raises except ValueError for an unknown
         `call`. The data calls of this module call it themselves when their
         checks fail."""
         if call not in _REFUSABLE:
             raise ValueError(f"call: expected one of {', '.join(_REFUSABLE)}, got {call!r}")
         try:
-            backend = self.info().backend
+            info = self.info()
         except Exception:  # stopped, or not allocated: nothing to enter
             return None
+        backend = info.backend
         try:
             ms = _timeout_ms(timeout_s)
         except ValueError:  # the call's own bad timeout: still meet the peers
             ms = 0
+        stream = None
         if backend != "gloo":
-            return None
+            if call != "moe_ep_dispatch":
+                return None
+            if _current_raw_stream is not None and info.device >= 0:
+                stream = _current_raw_stream(info.device) or None
         lib, c = self._lib, self._c
         # Arguments every plane refuses in the round: num_tokens / rows = -1.
         try:
@@ -634,7 +642,7 @@ class Worker:
                 status = c.moe_ep_forward(0, None, None, None, -1, None, None, ms)
             else:
                 fn = c.moe_ep_dispatch_only if call == "moe_ep_dispatch_only" else c.moe_ep_dispatch
-                status = fn(None, None, None, -1, None, None, None, 0, None, None, None, ms)
+                status = fn(None, None, None, -1, None, None, None, 0, None, None, stream, ms)
         except ValueError:  # stopped meanwhile
             return None
         self._calls += 1

@@ -6,7 +6,8 @@
 // host reference; forward with the worker's identity experts; dispatch +
 // combine captured in a CUDA graph and replayed with new inputs; the graph
 // token (MOE_EP_RECAPTURE for another one); host pointers refused naming
-// the argument; an expert id out of range on the last rank named by that
+// the argument (with two ranks, a refusal on one rank only ends the peers' step at once,
+// named by their moe_ep_check_step); an expert id out of range on the last rank named by that
 // rank's moe_ep_check_step (peers OK) and the next step exact. argv[2] picks the data plane
 // (--gpu-data-plane: nccl, the default, or one-sided; issue 34 item 2): both serve the same calls
 // with the same results. argv[3] = 2 runs two ranks as two processes sharing the GPU (the one-sided
@@ -361,6 +362,46 @@ void RunRank(moe_ep_worker* worker, int world) {
                       d_recv_weights, kR, d_source_counts, d_expert_counts, stream, 0);
   EXPECT(host == MOE_EP_INVALID_ARGUMENT && std::strstr(moe_ep_last_error(), "hidden"),
          "host hidden: status %d (%s)", host, moe_ep_last_error());
+
+  // 4b. Two ranks: only the last rank's arguments fail (a host pointer)
+  // while its peers dispatch. On the one-sided plane the refusing rank
+  // publishes a refusal in place of its step (issue 30 item 1), so the
+  // peers' dispatch and combine end at once with no output and their
+  // check_step names it; the group stays usable (step 5 runs on).
+  if (world > 1) {
+    CUDA(cudaMemsetAsync(d_output, 0xff, tokens * kHidden * sizeof(uint16_t), stream));
+    Ok(moe_ep_commit_geometry(worker, 40, kR, tokens), "commit_geometry");
+    const bool refusing = rank == world - 1;
+    const moe_ep_status dispatched = moe_ep_dispatch(
+        worker, refusing ? in.hidden.data() : d_hidden, d_ids, d_weights, tokens, d_recv_hidden,
+        d_recv_ids, d_recv_weights, kRows, d_source_counts, d_expert_counts, stream, 0);
+    if (refusing) {
+      EXPECT(dispatched == MOE_EP_INVALID_ARGUMENT && std::strstr(moe_ep_last_error(), "hidden"),
+             "refusing rank's host hidden: status %d (%s)", dispatched, moe_ep_last_error());
+    } else {
+      Ok(dispatched, "moe_ep_dispatch beside a refusing rank");
+      Ok(moe_ep_combine(worker, d_expert_out, kRows, d_output, stream, 0),
+         "moe_ep_combine beside a refusing rank");
+    }
+    CUDA(cudaStreamSynchronize(stream));
+    const moe_ep_status refused = moe_ep_check_step(worker, 0);
+    if (refusing) {
+      EXPECT(refused == MOE_EP_OK, "check_step of the refusing rank: status %d (%s)", refused,
+             moe_ep_last_error());
+    } else {
+      char want[80];
+      std::snprintf(want, sizeof(want), "rank %d refused its dispatch", world - 1);
+      EXPECT(refused == MOE_EP_ABORTED && std::strstr(moe_ep_last_error(), want),
+             "check_step beside a refusing rank: status %d (%s), want ABORTED with '%s'", refused,
+             moe_ep_last_error(), want);
+      for (uint16_t v : Download(d_output, tokens * kHidden)) {
+        if (v != 0xffff) {
+          EXPECT(false, "rank %d wrote an output row of the refused step", rank);
+          break;
+        }
+      }
+    }
+  }
 
   // 5. An expert id out of range on the last rank (DESIGN §7; issue 30): the
   // ids are on the device, so the route kernel records it, that choice
