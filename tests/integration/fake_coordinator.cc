@@ -1,11 +1,13 @@
 #include "tests/integration/fake_coordinator.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "client/grpc_status.h"
 #include "core/status_macros.h"
 #include "grpcpp/grpcpp.h"
@@ -38,6 +40,22 @@ RankInputs MakeInputs(uint64_t seed, int64_t num_tokens, const SmallModel& model
 }
 
 namespace {
+
+// A channel to `target` that is READY. gRPC 1.51 (Debian's) can fail a
+// fresh channel's first connect spuriously under load (the connect's errno
+// overwritten before it is read: "No such file or directory"; fixed upstream
+// in grpc/grpc#35064), and a fail-fast RPC on it then never reaches the
+// worker while its peers wait out the call's deadline. Connecting here,
+// where a retry costs nothing, keeps the tests' timed calls honest.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectedChannel(const std::string& target) {
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(20))) {
+    return absl::UnavailableError(
+        absl::StrCat("fake coordinator: the channel to ", target, " was not ready within 20 s"));
+  }
+  return channel;
+}
 template <typename T>
 void SetTensor(v1::Tensor* tensor, v1::DType dtype, const std::vector<int64_t>& shape,
                const std::vector<T>& values) {
@@ -163,16 +181,17 @@ absl::StatusOr<std::unique_ptr<FakeCoordinator>> FakeCoordinator::Start(
                    client::Coordinator::Connect(fake->cluster_->targets(), coordinator_options));
   RETURN_IF_ERROR(fake->coordinator_->WaitReady(absl::Seconds(20)));
   for (const std::string& target : fake->cluster_->targets()) {
-    fake->stubs_.push_back(
-        v1::Worker::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials())));
+    ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, ConnectedChannel(target));
+    fake->stubs_.push_back(v1::Worker::NewStub(channel));
   }
   return fake;
 }
 
 absl::Status FakeCoordinator::RestartWorker(int rank) {
   RETURN_IF_ERROR(cluster_->Restart(rank));
-  stubs_[rank] = v1::Worker::NewStub(
-      grpc::CreateChannel(cluster_->targets()[rank], grpc::InsecureChannelCredentials()));
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                   ConnectedChannel(cluster_->targets()[rank]));
+  stubs_[rank] = v1::Worker::NewStub(channel);
   return absl::OkStatus();
 }
 
