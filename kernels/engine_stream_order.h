@@ -7,8 +7,11 @@
 // record and a stream wait each way: four CUDA calls). In the steady state
 // (the same engine stream, nothing else enqueued in between) a call costs
 // one event record plus two host-side queries; a change of stream, or own
-// work in between, adds one event record and one wait. Only on a CUDA
-// build. Thread-compatible: the transport serialises its calls.
+// work in between, adds one event record and one wait. A default stream
+// (NULL, cudaStreamLegacy, cudaStreamPerThread) is forked from and joined
+// back as before: launches into the legacy stream measured slower on the
+// host than the fork and join. Only on a CUDA build. Thread-compatible:
+// the transport serialises its calls.
 
 #include <cuda_runtime.h>
 
@@ -31,7 +34,8 @@ class EngineStreamOrder {
 
   // Opens an engine call on `caller` and returns the stream its work goes
   // on: `caller`, ordered after every earlier piece of work (on the own
-  // stream, or an earlier engine stream). While a graph capture of `caller`
+  // stream, or an earlier engine stream); for a default stream the own
+  // stream, forked from `caller` (End joins it back). While a graph capture of `caller`
   // is open nothing is recorded or waited for (the graph's order is the
   // capture's; a replay is ordered by the engine). `caller` == own runs on
   // own. Every Begin must be followed by End, on error too.
@@ -46,15 +50,20 @@ class EngineStreamOrder {
   absl::Status Settle();
 
   // The stream work goes on now: the open call's, else own.
-  cudaStream_t launch() const { return open_ != nullptr ? open_ : own_; }
+  cudaStream_t launch() const {
+    return mode_ == Mode::kDirect || mode_ == Mode::kCaptured ? open_ : own_;
+  }
 
  private:
   EngineStreamOrder() = default;
   cudaStream_t own_ = nullptr;
-  cudaEvent_t fork_ = nullptr;   // own's work so far, for a caller to wait on
-  cudaEvent_t join_ = nullptr;   // the last eager engine call's work
-  cudaStream_t open_ = nullptr;  // the open call's stream
-  bool open_captured_ = false;
+  cudaEvent_t fork_ = nullptr;  // own's work so far, for a caller to wait on
+  cudaEvent_t join_ = nullptr;  // the last eager engine call's work
+  // The open call: none; on the caller's stream (direct, or inside a
+  // capture of it); or forked onto the own stream from a default stream.
+  enum class Mode { kNone, kDirect, kCaptured, kForked };
+  Mode mode_ = Mode::kNone;
+  cudaStream_t open_ = nullptr;  // the open call's caller stream
   // The stream holding the latest work when it is an engine stream (join_
   // recorded at its end), by handle and by CUDA's stream id (a handle of a
   // destroyed stream can come back for a new one; ids are never reused).

@@ -172,6 +172,25 @@ TEST_F(EngineStreamOrderTest, OwnCallerAndNestedBegin) {
   EXPECT_TRUE(order_->End().ok());  // nothing open: no-op
 }
 
+// A default stream (here the legacy one, NULL) forks onto the own stream:
+// the call's work goes there, after the default stream's, and End joins it
+// back.
+TEST_F(EngineStreamOrderTest, ADefaultStreamForksOntoTheOwnStream) {
+  gate_.Enqueue(nullptr);
+  Write(nullptr, 9);
+  absl::StatusOr<cudaStream_t> on = order_->Begin(nullptr);
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_EQ(*on, own_);
+  EXPECT_EQ(order_->launch(), own_);
+  Read(*on);
+  ASSERT_TRUE(order_->End().ok());
+  EXPECT_TRUE(StillPending(own_));
+  gate_.Open();
+  ASSERT_EQ(cudaStreamSynchronize(own_), cudaSuccess);
+  EXPECT_EQ(*Seen(), Bytes(9));
+  ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+}
+
 // Inside a capture of the engine's stream nothing is recorded or waited
 // for: the capture ends cleanly (no stream left joined to it), the graph
 // holds the call's work, and Settle afterwards does not touch the graph.
