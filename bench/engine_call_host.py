@@ -62,6 +62,10 @@ def rank_main(args):
         os.rename(os.path.join(args.rendezvous, f"addr.{rank}.tmp"),
                   os.path.join(args.rendezvous, f"addr.{rank}"))
         worker.wait_ready(timeout_s=120, experts="own")
+        if args.side_stream:
+            # The engine's own stream rather than torch's default (the legacy
+            # stream): the one-sided calls then enqueue on it directly.
+            torch.cuda.set_stream(torch.cuda.Stream())
         rows = t
         worker.commit_geometry(1, rows, t)
         dev = "cuda:0"
@@ -254,6 +258,8 @@ def main():
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--drain", type=int, default=32)
     parser.add_argument("--graph-replays", type=int, default=500)
+    parser.add_argument("--side-stream", action="store_true",
+                        help="run the calls on a torch.cuda.Stream, not the default stream")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--profile-calls", type=int, default=0)
     parser.add_argument("--profiler-lib", default="libprofiler.so.0")
