@@ -22,6 +22,21 @@ absl::Status CheckEngineDevicePointers(
   return absl::OkStatus();
 }
 
+absl::Status CheckEngineDispatchPointers(absl::string_view plane, int device,
+                                         kernels::DevicePointerCache& known, const void* hidden,
+                                         const int32_t* topk_ids, const float* topk_weights,
+                                         const EngineRecvBuffers& out) {
+  return CheckEngineDevicePointers("dispatch", plane, device, known,
+                                   {{"hidden", hidden},
+                                    {"topk_ids", topk_ids},
+                                    {"topk_weights", topk_weights},
+                                    {"recv_hidden", out.hidden},
+                                    {"recv_topk_ids", out.topk_ids},
+                                    {"recv_topk_weights", out.topk_weights},
+                                    {"source_counts", out.source_counts},
+                                    {"expert_counts", out.expert_counts}});
+}
+
 kernels::UnpackReceivedParams EngineUnpackParams(const core::EpDispatcherOptions& options,
                                                  const EngineRecvBuffers& out, const uint8_t* recv,
                                                  int64_t runtime_max, int first_expert,

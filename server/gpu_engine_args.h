@@ -38,6 +38,15 @@ absl::Status CheckEngineDevicePointers(
     const char* call, absl::string_view plane, int device, kernels::DevicePointerCache& known,
     std::initializer_list<std::pair<const char*, const void*>> ptrs);
 
+// CheckEngineDispatchPointers()
+//
+// CheckEngineDevicePointers of a dispatch's eight buffers (the inputs and
+// `out`'s), named as moe_ep_dispatch names them; both GPU planes' dispatch.
+absl::Status CheckEngineDispatchPointers(absl::string_view plane, int device,
+                                         kernels::DevicePointerCache& known, const void* hidden,
+                                         const int32_t* topk_ids, const float* topk_weights,
+                                         const EngineRecvBuffers& out);
+
 // EngineUnpackParams()
 //
 // The unpack of a dispatch's receive region `recv` (R = `runtime_max`) into

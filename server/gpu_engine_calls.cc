@@ -69,14 +69,9 @@ absl::Status GpuDataPlane::OnCallerStream(cudaStream_t caller,
 absl::StatusOr<core::StepStats> GpuDataPlane::EngineDispatch(
     const void* hidden, const int32_t* topk_ids, const float* topk_weights, int64_t num_tokens,
     const EngineRecvBuffers& out, void* stream) {
-  RETURN_IF_ERROR(RequireEngineCall("dispatch", {{"hidden", hidden},
-                                                 {"topk_ids", topk_ids},
-                                                 {"topk_weights", topk_weights},
-                                                 {"recv_hidden", out.hidden},
-                                                 {"recv_topk_ids", out.topk_ids},
-                                                 {"recv_topk_weights", out.topk_weights},
-                                                 {"source_counts", out.source_counts},
-                                                 {"expert_counts", out.expert_counts}}));
+  RETURN_IF_ERROR(RequireEngineCall("dispatch", {}));
+  RETURN_IF_ERROR(CheckEngineDispatchPointers(data_plane(), group_.device, device_pointers_, hidden,
+                                              topk_ids, topk_weights, out));
   RETURN_IF_ERROR(dispatcher_->CheckStep("dispatch", num_tokens));
   const int64_t r = dispatcher_->runtime_max_tokens_per_rank();
   const int rank = view_->rank();

@@ -93,16 +93,8 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineDispatch(
   }
   const OneSidedRouteMap& map = EngineMap();
   const int local_experts = map.num_local[group_.rank];
-  absl::Status args =
-      CheckEngineDevicePointers("dispatch", data_plane(), group_.device, device_pointers_,
-                                {{"hidden", hidden},
-                                 {"topk_ids", topk_ids},
-                                 {"topk_weights", topk_weights},
-                                 {"recv_hidden", out.hidden},
-                                 {"recv_topk_ids", out.topk_ids},
-                                 {"recv_topk_weights", out.topk_weights},
-                                 {"source_counts", out.source_counts},
-                                 {"expert_counts", out.expert_counts}});
+  absl::Status args = CheckEngineDispatchPointers(data_plane(), group_.device, device_pointers_,
+                                                  hidden, topk_ids, topk_weights, out);
   if (args.ok()) args = CheckEngineRecvBuffers("dispatch", group_.rank, out, r, local_experts);
   if (args.ok()) {
     args = CheckEngineInputs("dispatch", group_.rank, num_tokens, hidden, topk_ids, topk_weights);
