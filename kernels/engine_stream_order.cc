@@ -29,33 +29,30 @@ absl::StatusOr<cudaStream_t> EngineStreamOrder::Begin(cudaStream_t caller) {
     RETURN_IF_ERROR(Settle());
     return own_;
   }
-  if (caller == nullptr || caller == cudaStreamLegacy || caller == cudaStreamPerThread) {
-    // A default stream (torch's unless the engine sets one): launches into
-    // the legacy stream cost more on the host than the fork and join
-    // (bench/results/engine-host call 3), so the call forks onto the own
-    // stream and joins back.
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (caller == cudaStreamPerThread) {
-      RETURN_IF_ERROR(CudaStatus(cudaStreamIsCapturing(caller, &capture),
-                                 "cudaStreamIsCapturing(engine stream)"));
-    }
-    if (capture == cudaStreamCaptureStatusNone) {
-      RETURN_IF_ERROR(Settle());
-      RETURN_IF_ERROR(CudaStatus(cudaEventRecord(fork_, caller), "cudaEventRecord(engine stream)"));
-      RETURN_IF_ERROR(
-          CudaStatus(cudaStreamWaitEvent(own_, fork_, 0), "cudaStreamWaitEvent(own stream)"));
-      open_ = caller;
-      mode_ = Mode::kForked;
-      return own_;
-    }
-  }
+  // The legacy stream is never captured: no query for it.
+  const bool legacy = caller == nullptr || caller == cudaStreamLegacy;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  RETURN_IF_ERROR(
-      CudaStatus(cudaStreamIsCapturing(caller, &capture), "cudaStreamIsCapturing(engine stream)"));
+  if (!legacy) {
+    RETURN_IF_ERROR(CudaStatus(cudaStreamIsCapturing(caller, &capture),
+                               "cudaStreamIsCapturing(engine stream)"));
+  }
   if (capture != cudaStreamCaptureStatusNone) {
     open_ = caller;
     mode_ = Mode::kCaptured;
     return caller;
+  }
+  if (legacy || caller == cudaStreamPerThread) {
+    // A default stream (torch's unless the engine sets one): launches into
+    // the legacy stream cost more on the host than the fork and join
+    // (bench/results/engine-host call 3), so the call forks onto the own
+    // stream and joins back.
+    RETURN_IF_ERROR(Settle());
+    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(fork_, caller), "cudaEventRecord(engine stream)"));
+    RETURN_IF_ERROR(
+        CudaStatus(cudaStreamWaitEvent(own_, fork_, 0), "cudaStreamWaitEvent(own stream)"));
+    open_ = caller;
+    mode_ = Mode::kForked;
+    return own_;
   }
   unsigned long long id = 0;  // NOLINT(google-runtime-int)
   RETURN_IF_ERROR(CudaStatus(cudaStreamGetId(caller, &id), "cudaStreamGetId(engine stream)"));
