@@ -347,38 +347,6 @@ def _buffer(name: str, x: Any, dtype: str, shape: Tuple[Optional[int], ...],
     raise TypeError(f"{name}: expected a NumPy array or a torch tensor, got {type(x).__name__}")
 
 
-def _torch_inputs(hidden: Any, topk_ids: Any, topk_weights: Any,
-                  info: Any) -> Optional[Tuple[_Buffer, Optional[int], Optional[int]]]:
-    """A CUDA engine's usual dispatch arguments, checked in one pass (issue
-    30 item 3: the host time of a call): exact torch.Tensors of bf16 /
-    int32 / float32, shapes [T, H] / [T, K] / [T, K], C-contiguous, on the
-    worker's device. -> (hidden's _Buffer, the ids' and weights' addresses),
-    or None when anything differs or torch's types are not known yet: then
-    _buffer's checks run and name the argument."""
-    if not _TORCH_TYPES or info.device < 0:
-        return None
-    tensor = _TORCH_TYPES[0]
-    if type(hidden) is not tensor or type(topk_ids) is not tensor or type(topk_weights) is not tensor:
-        return None
-    types = _TORCH_DTYPE_OBJECTS
-    if (hidden.dtype is not types.get("bf16") or topk_ids.dtype is not types.get("int32")
-            or topk_weights.dtype is not types.get("float32")):
-        return None
-    shape = hidden.shape
-    if len(shape) != 2 or shape[1] != info.hidden:
-        return None
-    choices = (shape[0], info.top_k)
-    if topk_ids.shape != choices or topk_weights.shape != choices:
-        return None
-    d = info.device
-    if hidden.get_device() != d or topk_ids.get_device() != d or topk_weights.get_device() != d:
-        return None
-    if not (hidden.is_contiguous() and topk_ids.is_contiguous() and topk_weights.is_contiguous()):
-        return None
-    return (_Buffer(hidden.data_ptr() or None, tuple(shape), True, True, d),
-            topk_ids.data_ptr() or None, topk_weights.data_ptr() or None)
-
-
 def _torch_address(x: Any, dtype: str, shape: Tuple[int, ...], device: int) -> Any:
     """x's address (None when empty) when x is an exact torch.Tensor of
     `dtype` and `shape`, C-contiguous, on CUDA `device`; False otherwise or
@@ -388,6 +356,27 @@ def _torch_address(x: Any, dtype: str, shape: Tuple[int, ...], device: int) -> A
             or x.get_device() != device or not x.is_contiguous()):
         return False
     return x.data_ptr() or None
+
+
+def _torch_inputs(hidden: Any, topk_ids: Any, topk_weights: Any,
+                  info: Any) -> Optional[Tuple[_Buffer, Optional[int], Optional[int]]]:
+    """A CUDA engine's usual dispatch arguments, checked in one pass (issue
+    30 item 3: the host time of a call): exact torch.Tensors of bf16 /
+    int32 / float32, shapes [T, H] / [T, K] / [T, K], C-contiguous, on the
+    worker's device. -> (hidden's _Buffer, the ids' and weights' addresses),
+    or None when anything differs or torch's types are not known yet: then
+    _buffer's checks run and name the argument."""
+    if not _TORCH_TYPES or type(hidden) is not _TORCH_TYPES[0] or len(hidden.shape) != 2:
+        return None
+    d = info.device
+    shape = (hidden.shape[0], info.hidden)
+    choices = (shape[0], info.top_k)
+    h = _torch_address(hidden, "bf16", shape, d)
+    ids = _torch_address(topk_ids, "int32", choices, d)
+    w = _torch_address(topk_weights, "float32", choices, d)
+    if h is False or ids is False or w is False:
+        return None
+    return _Buffer(h, shape, True, True, d), ids, w
 
 
 def _empty(like: _Buffer, shape: Sequence[int], dtype: str) -> Any:
