@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "client/grpc_status.h"
 #include "client/targets.h"
+#include "client/unsent_retry.h"
 #include "core/status_macros.h"
 #include "grpcpp/grpcpp.h"
 
@@ -40,10 +41,14 @@ std::chrono::system_clock::time_point DeadlineAfter(absl::Duration timeout) {
 }
 
 // Runs call(rank, context, response) on every rank where `include(rank)`, one
-// thread per rank, all under one deadline, and aggregates the errors.
+// thread per rank, all under one deadline, and aggregates the errors. A call
+// that failed before it was sent is sent again once its channel connects
+// within `connect_grace`.
 template <typename Response>
 absl::StatusOr<std::vector<Response>> FanOut(
-    absl::string_view op, const std::vector<std::string>& targets, absl::Duration timeout,
+    absl::string_view op, const std::vector<std::string>& targets,
+    const std::vector<std::shared_ptr<grpc::Channel>>& channels, absl::Duration connect_grace,
+    absl::Duration timeout,
     const std::function<grpc::Status(int, grpc::ClientContext*, Response*)>& call,
     const std::function<bool(int)>& include = nullptr) {
   const int n = static_cast<int>(targets.size());
@@ -55,9 +60,11 @@ absl::StatusOr<std::vector<Response>> FanOut(
   for (int r = 0; r < n; ++r) {
     if (include && !include(r)) continue;
     threads.emplace_back([&, r] {
-      grpc::ClientContext context;
-      context.set_deadline(deadline);
-      statuses[r] = ToAbslStatus(call(r, &context, &responses[r]));
+      // A call gRPC failed before sending it is sent once more
+      // (client/unsent_retry.h).
+      statuses[r] = ToAbslStatus(CallRetryingUnsent(
+          *channels[r], deadline, connect_grace,
+          [&](grpc::ClientContext* context) { return call(r, context, &responses[r]); }));
     });
   }
   for (auto& t : threads) t.join();
@@ -110,9 +117,12 @@ std::shared_ptr<grpc::Channel> MakeWorkerChannel(const std::string& target,
 }
 
 Coordinator::Coordinator(std::vector<std::string> targets, CoordinatorOptions options)
-    : targets_(std::move(targets)), options_(std::move(options)) {
+    : targets_(std::move(targets)),
+      options_(std::move(options)),
+      connect_grace_(ConnectGrace(options_.max_reconnect_backoff)) {
   for (const std::string& target : targets_) {
-    stubs_.push_back(v1::Worker::NewStub(MakeWorkerChannel(target, options_)));
+    channels_.push_back(MakeWorkerChannel(target, options_));
+    stubs_.push_back(v1::Worker::NewStub(channels_.back()));
   }
 }
 
@@ -185,11 +195,11 @@ std::vector<absl::StatusOr<v1::GetStatusResponse>> Coordinator::StatusEach() {
   const auto deadline = DeadlineAfter(std::min(options_.rpc_timeout, absl::Seconds(10)));
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      grpc::ClientContext context;
-      context.set_deadline(deadline);
       v1::GetStatusRequest request;
       v1::GetStatusResponse response;
-      absl::Status s = ToAbslStatus(stubs_[r]->GetStatus(&context, request, &response));
+      absl::Status s = ToAbslStatus(CallRetryingUnsent(
+          *channels_[r], deadline, connect_grace_,
+          [&](grpc::ClientContext* c) { return stubs_[r]->GetStatus(c, request, &response); }));
       if (s.ok()) {
         out[r] = std::move(response);
       } else {
@@ -203,7 +213,7 @@ std::vector<absl::StatusOr<v1::GetStatusResponse>> Coordinator::StatusEach() {
 
 absl::StatusOr<std::vector<v1::GetStatusResponse>> Coordinator::Status() {
   return FanOut<v1::GetStatusResponse>(
-      "GetStatus", targets_, options_.rpc_timeout,
+      "GetStatus", targets_, channels_, connect_grace_, options_.rpc_timeout,
       [&](int r, grpc::ClientContext* c, v1::GetStatusResponse* resp) {
         return stubs_[r]->GetStatus(c, v1::GetStatusRequest(), resp);
       });
@@ -223,7 +233,8 @@ absl::StatusOr<std::vector<v1::JoinResponse>> Coordinator::FormGroup() {
   // Ranks still in an earlier group leave it first (Join with new arguments
   // would be FAILED_PRECONDITION).
   RETURN_IF_ERROR(FanOut<v1::LeaveResponse>(
-                      "Leave (before Join)", targets_, options_.rpc_timeout,
+                      "Leave (before Join)", targets_, channels_, connect_grace_,
+                      options_.rpc_timeout,
                       [&](int r, grpc::ClientContext* c, v1::LeaveResponse* resp) {
                         v1::LeaveRequest request;
                         request.set_generation(statuses[r].generation());
@@ -246,7 +257,8 @@ absl::StatusOr<std::vector<v1::JoinResponse>> Coordinator::FormGroup() {
   const int64_t timeout_ms = absl::ToInt64Milliseconds(options_.group_timeout);
   ASSIGN_OR_RETURN(
       std::vector<v1::JoinResponse> joined,
-      FanOut<v1::JoinResponse>("Join", targets_, options_.group_timeout + absl::Seconds(10),
+      FanOut<v1::JoinResponse>("Join", targets_, channels_, connect_grace_,
+                               options_.group_timeout + absl::Seconds(10),
                                [&](int r, grpc::ClientContext* c, v1::JoinResponse* resp) {
                                  v1::JoinRequest request;
                                  request.set_world_size(world_size());
@@ -272,7 +284,8 @@ absl::StatusOr<std::vector<v1::JoinResponse>> Coordinator::FormGroup() {
 }
 
 absl::Status Coordinator::Leave() {
-  return FanOut<v1::LeaveResponse>("Leave", targets_, options_.rpc_timeout,
+  return FanOut<v1::LeaveResponse>("Leave", targets_, channels_, connect_grace_,
+                                   options_.rpc_timeout,
                                    [&](int r, grpc::ClientContext* c, v1::LeaveResponse* resp) {
                                      v1::LeaveRequest request;
                                      request.set_generation(generation_);
@@ -339,12 +352,12 @@ absl::StatusOr<std::vector<v1::LeaseResponse>> Coordinator::AcquireLease(bool ta
   threads.reserve(n);
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      grpc::ClientContext context;
-      context.set_deadline(deadline);
       v1::LeaseRequest request;
       *request.mutable_claim() = Claim();
       request.mutable_claim()->set_take_over(take_over);
-      statuses[r] = ToAbslStatus(stubs_[r]->Lease(&context, request, &responses[r]));
+      statuses[r] = ToAbslStatus(CallRetryingUnsent(
+          *channels_[r], deadline, connect_grace_,
+          [&](grpc::ClientContext* c) { return stubs_[r]->Lease(c, request, &responses[r]); }));
     });
   }
   for (auto& t : threads) t.join();
@@ -369,7 +382,7 @@ absl::StatusOr<std::vector<v1::LeaseResponse>> Coordinator::AcquireLease(bool ta
 
 absl::Status Coordinator::ReleaseLease() {
   if (options_.owner_id.empty()) return absl::OkStatus();
-  return FanOut<v1::LeaseResponse>("Lease (release)", targets_,
+  return FanOut<v1::LeaseResponse>("Lease (release)", targets_, channels_, connect_grace_,
                                    std::min(options_.rpc_timeout, absl::Seconds(10)),
                                    [&](int r, grpc::ClientContext* c, v1::LeaseResponse* resp) {
                                      v1::LeaseRequest request;
@@ -385,7 +398,7 @@ absl::StatusOr<std::vector<v1::ConfigureLayersResponse>> Coordinator::ConfigureL
   v1::ConfigureLayersRequest claimed = request;
   if (!options_.owner_id.empty()) *claimed.mutable_lease() = Claim();
   return FanOut<v1::ConfigureLayersResponse>(
-      "ConfigureLayers", targets_, options_.rpc_timeout,
+      "ConfigureLayers", targets_, channels_, connect_grace_, options_.rpc_timeout,
       [&](int r, grpc::ClientContext* c, v1::ConfigureLayersResponse* resp) {
         return stubs_[r]->ConfigureLayers(c, claimed, resp);
       });
@@ -396,7 +409,7 @@ absl::StatusOr<std::vector<v1::AllocateWorkspaceResponse>> Coordinator::Allocate
   v1::AllocateWorkspaceRequest claimed = request;
   if (!options_.owner_id.empty()) *claimed.mutable_lease() = Claim();
   return FanOut<v1::AllocateWorkspaceResponse>(
-      "AllocateWorkspace", targets_, options_.rpc_timeout,
+      "AllocateWorkspace", targets_, channels_, connect_grace_, options_.rpc_timeout,
       [&](int r, grpc::ClientContext* c, v1::AllocateWorkspaceResponse* resp) {
         return stubs_[r]->AllocateWorkspace(c, claimed, resp);
       });
@@ -407,7 +420,7 @@ absl::StatusOr<std::vector<v1::LoadExpertsResponse>> Coordinator::LoadExperts(
   v1::LoadExpertsRequest claimed = request;
   if (!options_.owner_id.empty()) *claimed.mutable_lease() = Claim();
   return FanOut<v1::LoadExpertsResponse>(
-      "LoadExperts", targets_, options_.rpc_timeout,
+      "LoadExperts", targets_, channels_, connect_grace_, options_.rpc_timeout,
       [&](int r, grpc::ClientContext* c, v1::LoadExpertsResponse* resp) {
         return stubs_[r]->LoadExperts(c, claimed, resp);
       });
@@ -418,7 +431,7 @@ absl::StatusOr<std::vector<v1::InstallPlacementResponse>> Coordinator::InstallPl
   v1::InstallPlacementRequest claimed = request;
   if (!options_.owner_id.empty()) *claimed.mutable_lease() = Claim();
   return FanOut<v1::InstallPlacementResponse>(
-      "InstallPlacement", targets_, options_.rpc_timeout,
+      "InstallPlacement", targets_, channels_, connect_grace_, options_.rpc_timeout,
       [&](int r, grpc::ClientContext* c, v1::InstallPlacementResponse* resp) {
         return stubs_[r]->InstallPlacement(c, claimed, resp);
       });
@@ -427,7 +440,7 @@ absl::StatusOr<std::vector<v1::InstallPlacementResponse>> Coordinator::InstallPl
 absl::StatusOr<std::vector<v1::GetExpertLoadResponse>> Coordinator::GetExpertLoad(
     const v1::GetExpertLoadRequest& request) {
   return FanOut<v1::GetExpertLoadResponse>(
-      "GetExpertLoad", targets_, options_.rpc_timeout,
+      "GetExpertLoad", targets_, channels_, connect_grace_, options_.rpc_timeout,
       [&](int r, grpc::ClientContext* c, v1::GetExpertLoadResponse* resp) {
         return stubs_[r]->GetExpertLoad(c, request, resp);
       });
@@ -436,7 +449,7 @@ absl::StatusOr<std::vector<v1::GetExpertLoadResponse>> Coordinator::GetExpertLoa
 absl::StatusOr<std::vector<v1::BenchmarkResponse>> Coordinator::Benchmark(
     const v1::BenchmarkRequest& request) {
   return FanOut<v1::BenchmarkResponse>(
-      "Benchmark", targets_, options_.rpc_timeout,
+      "Benchmark", targets_, channels_, connect_grace_, options_.rpc_timeout,
       [&](int r, grpc::ClientContext* c, v1::BenchmarkResponse* resp) {
         return stubs_[r]->Benchmark(c, request, resp);
       });
@@ -451,7 +464,7 @@ absl::StatusOr<TokenCountSync> Coordinator::SyncTokenCounts(
   }
   ASSIGN_OR_RETURN(std::vector<v1::SyncTokenCountsResponse> responses,
                    FanOut<v1::SyncTokenCountsResponse>(
-                       "SyncTokenCounts", targets_, options_.rpc_timeout,
+                       "SyncTokenCounts", targets_, channels_, connect_grace_, options_.rpc_timeout,
                        [&](int r, grpc::ClientContext* c, v1::SyncTokenCountsResponse* resp) {
                          v1::SyncTokenCountsRequest request;
                          request.set_epoch(epoch);
@@ -492,7 +505,7 @@ absl::Status Coordinator::CommitGeometry(int64_t epoch, int64_t runtime_max_toke
                                                    local_tokens.size()));
   }
   return FanOut<v1::CommitGeometryResponse>(
-             "CommitGeometry", targets_, options_.rpc_timeout,
+             "CommitGeometry", targets_, channels_, connect_grace_, options_.rpc_timeout,
              [&](int r, grpc::ClientContext* c, v1::CommitGeometryResponse* resp) {
                v1::CommitGeometryRequest request;
                request.set_epoch(epoch);
@@ -511,7 +524,7 @@ absl::StatusOr<std::vector<v1::ForwardResponse>> Coordinator::Forward(
         "requests: expected ", world_size(), " entries (one per rank), got ", requests.size()));
   }
   return FanOut<v1::ForwardResponse>(
-      "Forward", targets_, options_.rpc_timeout,
+      "Forward", targets_, channels_, connect_grace_, options_.rpc_timeout,
       [&](int r, grpc::ClientContext* c, v1::ForwardResponse* resp) {
         return stubs_[r]->Forward(c, requests[r], resp);
       },
@@ -525,7 +538,7 @@ absl::StatusOr<std::vector<v1::ForwardLayersResponse>> Coordinator::ForwardLayer
         "requests: expected ", world_size(), " entries (one per rank), got ", requests.size()));
   }
   return FanOut<v1::ForwardLayersResponse>(
-      "ForwardLayers", targets_, options_.rpc_timeout,
+      "ForwardLayers", targets_, channels_, connect_grace_, options_.rpc_timeout,
       [&](int r, grpc::ClientContext* c, v1::ForwardLayersResponse* resp) {
         return stubs_[r]->ForwardLayers(c, requests[r], resp);
       });

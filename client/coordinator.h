@@ -221,6 +221,8 @@ class Coordinator {
 
   std::vector<std::string> targets_;
   CoordinatorOptions options_;
+  absl::Duration connect_grace_;                          // client/unsent_retry.h
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;  // [world], stubs_'s
   std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_;
   int64_t generation_ = 0;
   bool StepRank(int rank) const;
