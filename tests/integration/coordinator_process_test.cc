@@ -140,6 +140,7 @@ v1::GetStatusResponse WorkerStatus(const std::string& target) {
   auto stub = v1::Worker::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  context.set_wait_for_ready(true);  // a fresh channel: gRPC 1.51 may fail its first connect
   v1::GetStatusResponse response;
   EXPECT_TRUE(stub->GetStatus(&context, v1::GetStatusRequest(), &response).ok()) << target;
   return response;
@@ -269,6 +270,8 @@ TEST_F(CoordinatorProcessTest, AnOperatorSeesTheGroupDrivesTheCoordinatorAndRead
     auto stub = v1::Worker::NewStub(
         grpc::CreateChannel(cluster_->targets()[0], grpc::InsecureChannelCredentials()));
     grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    context.set_wait_for_ready(true);    // a fresh channel: gRPC 1.51 may fail its first connect
     v1::ConfigureLayersRequest request;  // unclaimed: refused by the lease
     v1::ConfigureLayersResponse response;
     EXPECT_EQ(stub->ConfigureLayers(&context, request, &response).error_code(),

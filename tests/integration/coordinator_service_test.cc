@@ -172,6 +172,7 @@ class CoordinatorServiceTest : public ::testing::Test {
         grpc::CreateChannel(cluster_->targets()[rank], grpc::InsecureChannelCredentials()));
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    context.set_wait_for_ready(true);  // a fresh channel: gRPC 1.51 may fail its first connect
     v1::GetStatusResponse response;
     const grpc::Status s = stub->GetStatus(&context, v1::GetStatusRequest(), &response);
     EXPECT_TRUE(s.ok()) << "rank " << rank << ": " << s.error_message();

@@ -39,14 +39,6 @@ RankInputs MakeInputs(uint64_t seed, int64_t num_tokens, const SmallModel& model
   return in;
 }
 
-namespace {
-
-// A channel to `target` that is READY. gRPC 1.51 (Debian's) can fail a
-// fresh channel's first connect spuriously under load (the connect's errno
-// overwritten before it is read: "No such file or directory"; fixed upstream
-// in grpc/grpc#35064), and a fail-fast RPC on it then never reaches the
-// worker while its peers wait out the call's deadline. Connecting here,
-// where a retry costs nothing, keeps the tests' timed calls honest.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectedChannel(const std::string& target) {
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
@@ -56,6 +48,9 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectedChannel(const std::strin
   }
   return channel;
 }
+
+namespace {
+
 template <typename T>
 void SetTensor(v1::Tensor* tensor, v1::DType dtype, const std::vector<int64_t>& shape,
                const std::vector<T>& values) {

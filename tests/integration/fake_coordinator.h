@@ -62,6 +62,13 @@ void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, 
 
 v1::ConfigureLayersRequest MakeConfigureRequest(int world, const SmallModel& model);
 v1::AllocateWorkspaceRequest MakeAllocateRequest(const SmallModel& model, int64_t capacity_tokens);
+// A channel to `target` that is READY (within 20 s; UNAVAILABLE naming the
+// target otherwise). gRPC 1.51 (Debian's) can fail a fresh channel's first
+// connect spuriously under load ("No such file or directory"; grpc/grpc#35064)
+// and a fail-fast RPC on it then never reaches the worker: tests that send one
+// on a channel of their own connect it here first.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectedChannel(const std::string& target);
+
 // A small Benchmark: 32 tokens a rank, H 128, top-4 of 8 experts, uniform
 // routing of seed 3, 1 warm-up and 5 timed iterations.
 v1::BenchmarkRequest MakeBenchmarkRequest();

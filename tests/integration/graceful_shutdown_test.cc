@@ -74,8 +74,10 @@ TEST(GracefulShutdown, IdleWorkerWithAnOpenHealthWatchExitsWithinOneSecond) {
   auto fake = FakeCoordinator::Start(2, {"--drain-timeout-ms=5000"});
   ASSERT_TRUE(fake.ok()) << fake.status();
   ASSERT_TRUE((*fake)->SetUp(SmallModel(), 16, v1::EXPERT_KIND_IDENTITY).ok());
-  auto health = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel((*fake)->cluster().targets()[1], grpc::InsecureChannelCredentials()));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      ConnectedChannel((*fake)->cluster().targets()[1]);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  auto health = grpc::health::v1::Health::NewStub(*channel);
   grpc::ClientContext context;
   grpc::health::v1::HealthCheckRequest request;
   request.set_service("moe_ep.v1.Worker");

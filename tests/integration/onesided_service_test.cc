@@ -316,8 +316,9 @@ class GpuOneSidedMasks : public ::testing::TestWithParam<int> {
     coordinator_ = std::move(*coordinator);
     ASSERT_TRUE(coordinator_->WaitReady(absl::Seconds(30)).ok());
     for (const std::string& target : cluster_->targets()) {
-      stubs_.push_back(
-          v1::Worker::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials())));
+      absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = ConnectedChannel(target);
+      ASSERT_TRUE(channel.ok()) << channel.status();
+      stubs_.push_back(v1::Worker::NewStub(*channel));
     }
     client::Coordinator& c = *coordinator_;
     absl::StatusOr<std::vector<v1::JoinResponse>> joined = c.FormGroup();
@@ -494,8 +495,10 @@ TEST_F(GpuOneSidedRejoin, RestartedRankRejoinsAndStepsEqualTheFullReference) {
   ASSERT_TRUE(cluster_->Restart(kVictim).ok());
   // A fresh channel: the old one saw the worker die and may be in reconnect
   // backoff, failing the next call at once while the peers wait for it.
-  stubs_[kVictim] = v1::Worker::NewStub(
-      grpc::CreateChannel(cluster_->targets()[kVictim], grpc::InsecureChannelCredentials()));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> fresh =
+      ConnectedChannel(cluster_->targets()[kVictim]);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  stubs_[kVictim] = v1::Worker::NewStub(*fresh);
   absl::StatusOr<v1::RejoinResponse> rejoined = coordinator_->RejoinRank(kVictim, setup_);
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   EXPECT_TRUE(rejoined->masked_ranks().empty());

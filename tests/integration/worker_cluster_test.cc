@@ -252,8 +252,10 @@ TEST(WorkerCluster, BadTensorOverTheWireIsInvalidArgumentAndStateUnchanged) {
 TEST(WorkerCluster, HealthIsNotServingUntilJoinedAndAllocated) {
   auto fake = FakeCoordinator::Start(1);
   ASSERT_TRUE(fake.ok()) << fake.status();
-  auto health = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel((*fake)->cluster().targets()[0], grpc::InsecureChannelCredentials()));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      ConnectedChannel((*fake)->cluster().targets()[0]);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  auto health = grpc::health::v1::Health::NewStub(*channel);
   auto check = [&] {
     grpc::ClientContext context;
     grpc::health::v1::HealthCheckRequest request;
