@@ -193,9 +193,10 @@ absl::Status GpuEpDispatcher::CheckExperts(const DeviceExpertSet& experts) const
                                    {experts.hidden(), experts.slot_ids()});
 }
 
-absl::Status GpuEpDispatcher::WriteHeader(int64_t epoch, int64_t r, int64_t num_tokens) {
+absl::Status GpuEpDispatcher::WriteHeader(int64_t epoch, int64_t r, int64_t num_tokens,
+                                          bool refused) {
   // A one-thread kernel with the values as arguments: no host copy, no wait.
-  return LaunchWriteStepHeader(header_, header_replicas_, ep_size_, epoch, r, num_tokens,
+  return LaunchWriteStepHeader(header_, header_replicas_, ep_size_, epoch, r, num_tokens, refused,
                                collective_->stream());
 }
 
@@ -249,7 +250,7 @@ absl::Status GpuEpDispatcher::EnqueueDispatch(int64_t r, const uint16_t* hidden,
       {send_counts_, count_bytes_, send_counts_ + ep_size_, count_bytes_},
       {send_, counts_, wire_recv_, counts_}};
   RETURN_IF_ERROR(collective_->GroupedAllToAllV(parts));
-  RETURN_IF_ERROR(LaunchCheckStepHeaders(gathered_, ep_size_, header_, error_, s));
+  RETURN_IF_ERROR(LaunchCheckStepHeaders(gathered_, ep_size_, rank_, header_, error_, s));
   // fp8: the dequantizing pass the expert compute reads through.
   if (recv_ == wire_recv_) return absl::OkStatus();
   return LaunchDequantizeDispatchRows(wire_recv_, ep_size_ * r, hidden_, top_k_, recv_, s);
@@ -280,7 +281,7 @@ absl::Status GpuEpDispatcher::CheckForwardArgs(const char* call, int64_t num_tok
   return core::ValidateStepPointers(call, rank_, num_tokens, hidden, topk_ids, topk_weights);
 }
 
-absl::Status GpuEpDispatcher::AgreeAndWriteHeader(int64_t num_tokens) {
+absl::Status GpuEpDispatcher::AgreeAndWriteHeader(int64_t num_tokens, bool refused) {
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(collective_->device()), "cudaSetDevice"));
   // (epoch, R) agreement before any payload moves (DESIGN §6).
   const int64_t epoch = geometry_.epoch();
@@ -297,15 +298,16 @@ absl::Status GpuEpDispatcher::AgreeAndWriteHeader(int64_t num_tokens) {
           r, all[2 * r], all[2 * r + 1], rank_, epoch, runtime_max));
     }
   }
-  return WriteHeader(epoch, runtime_max, num_tokens);
+  return WriteHeader(epoch, runtime_max, num_tokens, refused);
 }
 
-absl::Status GpuEpDispatcher::BeginStep(int64_t num_tokens) {
+absl::Status GpuEpDispatcher::BeginStep(int64_t num_tokens, bool refused) {
   if (options_.geometry_check == GeometryCheck::kHostAllGather) {
-    return AgreeAndWriteHeader(num_tokens);
+    return AgreeAndWriteHeader(num_tokens, refused);
   }
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(collective_->device()), "cudaSetDevice"));
-  return WriteHeader(geometry_.epoch(), geometry_.runtime_max_tokens_per_rank(), num_tokens);
+  return WriteHeader(geometry_.epoch(), geometry_.runtime_max_tokens_per_rank(), num_tokens,
+                     refused);
 }
 
 absl::Status GpuEpDispatcher::Forward(const uint16_t* hidden, const int32_t* topk_ids,
@@ -333,6 +335,26 @@ absl::Status GpuEpDispatcher::Dispatch(const uint16_t* hidden, const int32_t* to
   ++counted_steps_;
   geometry_.MarkDispatched();
   return absl::OkStatus();
+}
+
+absl::Status GpuEpDispatcher::RefuseStep() {
+  RETURN_IF_ERROR(geometry_.BeginDispatch("Dispatch"));
+  if (!geometry_.committed()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "RefuseStep on rank %d: no geometry committed, so the step's transfer sizes are unknown; "
+        "call CommitGeometry",
+        rank_));
+  }
+  // The peers' step in full (the same transfer sizes, or NCCL's channels
+  // would be misaligned): a header whose T the peers read as "refused", a
+  // dispatch of no token (padding rows, zero counts) and the combine after
+  // it, which writes no row (T = 0 here, and on the peers after the header
+  // check).
+  RETURN_IF_ERROR(BeginStep(0, /*refused=*/true));
+  const int64_t r = geometry_.runtime_max_tokens_per_rank();
+  RETURN_IF_ERROR(EnqueueDispatch(r, nullptr, nullptr, nullptr));
+  geometry_.MarkIdle();
+  return EnqueueCombine(r, nullptr);
 }
 
 absl::Status GpuEpDispatcher::ComputeExperts(const DeviceExpertSet& experts) {
@@ -427,6 +449,15 @@ absl::Status GpuEpDispatcher::CheckStep() {
     // masked, so the communicator is intact and the next step may run.
     return ExpertIdErrorStatus(error.ids, top_k_, options_.dispatcher.num_experts,
                                options_.dispatcher.invalid_expert_id, rank_);
+  }
+  if (error.refused != 0) {
+    // The refusing rank ran the same transfers (RefuseStep): the
+    // communicator is intact. The one-sided plane's words (issue 30 item 1).
+    return absl::AbortedError(absl::StrFormat(
+        "rank %d refused its dispatch of the step at epoch %d (its arguments failed that rank's "
+        "checks; its call returned the error); the step moved no row here and wrote no output; "
+        "the group is still usable",
+        error.rank_plus_1 - 1, error.their_epoch));
   }
   std::string what = absl::StrFormat(
       "geometry mismatch: rank %d has (epoch %d, R %d), rank %d has (epoch %d, R %d); the step "

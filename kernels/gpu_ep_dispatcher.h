@@ -31,6 +31,10 @@
 //     0 so the step writes no output row. CheckStep() (the documented sync
 //     point) waits for the stream and reports it as kAborted.
 // A captured graph always checks on the device (CheckReplay() == CheckStep()).
+// A refused step (RefuseStep: this rank's caller failed its checks; issue
+// 30 item 1) runs the step's transfers with a header the peers' check
+// reads as a refusal: their step writes no output row and their CheckStep
+// names the refusing rank, instead of their transfers waiting for it.
 // Expert compute: with ExpertGemm::kGroupedDevice (default) SwiGLU reads no
 // count on the host, so the whole step, SwiGLU included, is capturable and
 // runs with no host sync; kCublasHostCounts keeps the cuBLAS path with its
@@ -211,6 +215,30 @@ class GpuEpDispatcher final : public core::StepDispatcher {
   absl::Status Combine(uint16_t* output, const uint16_t* shared_out = nullptr,
                        const uint16_t* expert_out = nullptr);
 
+  // RefuseStep()
+  //
+  // In place of the Dispatch (and the Combine after it) this rank's caller
+  // could not make because its arguments failed the checks (issue 30 item
+  // 1): enqueues on stream() the transfers of a whole step at the committed
+  // R, so every rank's NCCL calls still match in order and size: the step
+  // header with T = kRefusedStepTokens for the peers (0 here), the count
+  // exchange with zero counts, the dispatch all-to-all of E x R padding rows
+  // (the invalid id, zero weights), then the combine all-to-all of E x R
+  // rows and a reduction that writes no row. The peers' own Dispatch and
+  // Combine of that step run as usual, their header check sets their T to
+  // 0 (no output row) and records the refusal, so each peer's next
+  // CheckStep is kAborted "rank r refused its dispatch of the step at
+  // epoch e ..." and the group stays usable; this rank's CheckStep reports
+  // nothing for it (its caller has the error). The step is then over here:
+  // no Combine follows (a Combine is kFailedPrecondition). Under
+  // kHostAllGather the (epoch, R) agreement runs first, as in Dispatch.
+  // Moves E x R rows each way like any step (no host sync under kDevice;
+  // capturable, like Dispatch).
+  // Errors: kFailedPrecondition (a dispatched step in flight, no geometry
+  // committed), kAborted (kHostAllGather: ranks disagree on (epoch, R)),
+  // collective and CUDA errors. Not thread-safe.
+  absl::Status RefuseStep();
+
   // Where Forward / Dispatch agree on (epoch, R) from now on (see above): an
   // engine's in-process calls use kDevice, so that they only enqueue and can
   // be captured; the Forward RPC keeps kHostAllGather.
@@ -244,12 +272,18 @@ class GpuEpDispatcher final : public core::StepDispatcher {
 
   // The sync point of the device-side geometry check: waits for the stream
   // (StreamCollective::Synchronize, with the group's deadline) and reports the
-  // first (epoch, R) disagreement recorded by any step (eager kDevice or
-  // replayed) since the last call, then clears it. Errors: kAborted naming
-  // the rank and its (epoch, R); when R differed, the step's NCCL transfers
-  // had mismatched sizes, so the communicator is aborted too (later calls
-  // kFailedPrecondition; form a new group). Collective errors as
-  // Synchronize.
+  // first (epoch, R) disagreement or peer's refusal recorded by any step
+  // (eager kDevice or replayed) since the last call, then clears it. Errors:
+  // kAborted naming the rank and its (epoch, R); when R differed, the step's
+  // NCCL transfers had mismatched sizes, so the communicator is aborted too
+  // (later calls kFailedPrecondition; form a new group). kAborted "rank r
+  // refused its dispatch of the step at epoch e (its arguments failed that
+  // rank's checks; its call returned the error); the step moved no row here
+  // and wrote no output; the group is still usable" when a peer's
+  // RefuseStep met this rank's step (the communicator stays usable; issue
+  // 30 item 1); a rank's own refusal is not reported. kInvalidArgument for
+  // an expert id out of range (kernels/expert_id_error.h). Collective
+  // errors as Synchronize.
   absl::Status CheckStep() override;
 
   // After a completed Forward: the receive region copied to the host (sync);
@@ -265,11 +299,13 @@ class GpuEpDispatcher final : public core::StepDispatcher {
                               const uint16_t* expert_out = nullptr);
   absl::Status CheckForwardArgs(const char* call, int64_t num_tokens, const void* hidden,
                                 const void* topk_ids, const void* topk_weights) const;
-  absl::Status AgreeAndWriteHeader(int64_t num_tokens);
+  // `refused`: the header tells the peers this rank refused the step
+  // (LaunchWriteStepHeader; RefuseStep).
+  absl::Status AgreeAndWriteHeader(int64_t num_tokens, bool refused = false);
   // kHostAllGather: AgreeAndWriteHeader; kDevice: WriteHeader only.
-  absl::Status BeginStep(int64_t num_tokens);
+  absl::Status BeginStep(int64_t num_tokens, bool refused = false);
   absl::Status CheckExperts(const DeviceExpertSet& experts) const;
-  absl::Status WriteHeader(int64_t epoch, int64_t r, int64_t num_tokens);
+  absl::Status WriteHeader(int64_t epoch, int64_t r, int64_t num_tokens, bool refused = false);
 
   StreamCollective* collective_ = nullptr;
   StagedControlCollective control_;  // host agreements over collective_

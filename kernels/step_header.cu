@@ -6,9 +6,12 @@
 namespace moe_ep::kernels {
 namespace {
 
-// Thread i < num_replicas writes replica row i; thread 0 also the header.
+// Thread i < num_replicas writes replica row i (T = `sent_tokens`, what the
+// peers see); thread 0 also the header (T = `num_tokens`, what this rank's
+// kernels read).
 __global__ void WriteStepHeaderKernel(int64_t* header, int64_t* replicas, int num_replicas,
-                                      int64_t epoch, int64_t r, int64_t num_tokens) {
+                                      int64_t epoch, int64_t r, int64_t num_tokens,
+                                      int64_t sent_tokens) {
   const int i = threadIdx.x;
   if (i == 0) {
     header[0] = epoch;
@@ -18,7 +21,7 @@ __global__ void WriteStepHeaderKernel(int64_t* header, int64_t* replicas, int nu
   if (i < num_replicas) {
     replicas[3 * i] = epoch;
     replicas[3 * i + 1] = r;
-    replicas[3 * i + 2] = num_tokens;
+    replicas[3 * i + 2] = sent_tokens;
   }
 }
 
@@ -33,13 +36,34 @@ __global__ void VerifyStepHeaderKernel(const int64_t* gathered, int ep_size, int
   }
 }
 
-__global__ void CheckStepHeadersKernel(const int64_t* gathered, int ep_size, int64_t* header,
-                                       StepHeaderError* error) {
+// One thread: the (epoch, R) disagreements first (they may have sized the
+// transfers differently), then the refusals (issue 30 item 1): this rank's
+// own (its caller has the error: nothing recorded), else the lowest peer's.
+__global__ void CheckStepHeadersKernel(const int64_t* gathered, int ep_size, int rank,
+                                       int64_t* header, StepHeaderError* error) {
   for (int r = 0; r < ep_size; ++r) {
     if (gathered[3 * r] != header[0] || gathered[3 * r + 1] != header[1]) {
       if (error->rank_plus_1 == 0) {
         error->rank_plus_1 = r + 1;
         error->r_differs = gathered[3 * r + 1] != header[1] ? 1 : 0;
+        error->their_epoch = gathered[3 * r];
+        error->their_r = gathered[3 * r + 1];
+        error->my_epoch = header[0];
+        error->my_r = header[1];
+      }
+      header[2] = 0;
+      return;
+    }
+  }
+  if (gathered[3 * rank + 2] == kRefusedStepTokens) {
+    header[2] = 0;
+    return;
+  }
+  for (int r = 0; r < ep_size; ++r) {
+    if (gathered[3 * r + 2] == kRefusedStepTokens) {
+      if (error->rank_plus_1 == 0) {
+        error->rank_plus_1 = r + 1;
+        error->refused = 1;
         error->their_epoch = gathered[3 * r];
         error->their_r = gathered[3 * r + 1];
         error->my_epoch = header[0];
@@ -66,7 +90,7 @@ absl::Status CheckArgs(const void* gathered, int ep_size, const void* header, co
 }  // namespace
 
 absl::Status LaunchWriteStepHeader(int64_t* header, int64_t* replicas, int num_replicas,
-                                   int64_t epoch, int64_t r, int64_t num_tokens,
+                                   int64_t epoch, int64_t r, int64_t num_tokens, bool refused,
                                    cudaStream_t stream) {
   if (header == nullptr || (replicas == nullptr && num_replicas > 0)) {
     return absl::InvalidArgumentError("LaunchWriteStepHeader: null device pointer");
@@ -77,7 +101,8 @@ absl::Status LaunchWriteStepHeader(int64_t* header, int64_t* replicas, int num_r
                         kMaxEpSize, num_replicas));
   }
   WriteStepHeaderKernel<<<1, kMaxEpSize, 0, stream>>>(header, replicas, num_replicas, epoch, r,
-                                                      num_tokens);
+                                                      num_tokens,
+                                                      refused ? kRefusedStepTokens : num_tokens);
   return internal::LaunchStatus("WriteStepHeaderKernel");
 }
 
@@ -89,11 +114,15 @@ absl::Status LaunchVerifyStepHeader(const int64_t* gathered, int ep_size, int64_
   return internal::LaunchStatus("VerifyStepHeaderKernel");
 }
 
-absl::Status LaunchCheckStepHeaders(const int64_t* gathered, int ep_size, int64_t* header,
+absl::Status LaunchCheckStepHeaders(const int64_t* gathered, int ep_size, int rank, int64_t* header,
                                     StepHeaderError* error, cudaStream_t stream) {
   absl::Status s = CheckArgs(gathered, ep_size, header, error, "LaunchCheckStepHeaders");
   if (!s.ok()) return s;
-  CheckStepHeadersKernel<<<1, 1, 0, stream>>>(gathered, ep_size, header, error);
+  if (rank < 0 || rank >= ep_size) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "LaunchCheckStepHeaders: rank expected in [0, %d) (ep_size), got %d", ep_size, rank));
+  }
+  CheckStepHeadersKernel<<<1, 1, 0, stream>>>(gathered, ep_size, rank, header, error);
   return internal::LaunchStatus("CheckStepHeadersKernel");
 }
 

@@ -14,17 +14,29 @@
 
 namespace moe_ep::kernels {
 
-// The device-side record of the first (epoch, R) disagreement seen since the
-// owner last reset it (all zero = none), and of the out-of-range expert ids
-// the route kernel saw (kernels/expert_id_error.h). 56 bytes, device memory.
+// The T a refused step's header carries to the peers in place of the token
+// count (LaunchWriteStepHeader with `refused`; GpuEpDispatcher::RefuseStep):
+// no step has a negative T, so every peer's header check sees the refusal.
+// Issue 30 item 1.
+inline constexpr int64_t kRefusedStepTokens = -1;
+
+// The device-side record of the first (epoch, R) disagreement or refused
+// step seen since the owner last reset it (all zero = none), and of the
+// out-of-range expert ids the route kernel saw (kernels/expert_id_error.h).
+// 64 bytes, device memory.
 struct StepHeaderError {
-  int32_t rank_plus_1 = 0;  // first disagreeing rank + 1; 0 = no error
+  int32_t rank_plus_1 = 0;  // first disagreeing (or refusing) rank + 1; 0 = no error
   int32_t r_differs = 0;    // 1 when that rank's R differs (not only its epoch)
   int64_t their_epoch = 0;  // that rank's epoch
   int64_t their_r = 0;      // that rank's R
   int64_t my_epoch = 0;     // this rank's epoch in that step
   int64_t my_r = 0;         // this rank's R in that step
-  ExpertIdError ids;        // ids neither valid nor the invalid id (DESIGN §7)
+  // 1 when that rank agreed on (epoch, R) but refused its dispatch (its
+  // header's T was kRefusedStepTokens: its caller's arguments failed its
+  // checks); the step then moved only padding from it and wrote no output.
+  int32_t refused = 0;
+  int32_t reserved = 0;  // keeps `ids` 8-byte aligned; always 0
+  ExpertIdError ids;     // ids neither valid nor the invalid id (DESIGN §7)
 };
 
 // LaunchWriteStepHeader()
@@ -32,13 +44,17 @@ struct StepHeaderError {
 // Writes header[0..2] = {epoch, r, num_tokens} and the same three values
 // into each of the `num_replicas` rows of `replicas` ([num_replicas, 3]
 // int64, the send buffer of the header exchange; may be null when
-// num_replicas is 0). The values travel as kernel arguments, so nothing is
-// copied from (pageable) host memory and the host never waits.
+// num_replicas is 0). With `refused` (this rank's caller failed its checks;
+// issue 30 item 1) the replicas' T is kRefusedStepTokens instead, so the
+// peers' LaunchCheckStepHeaders record the refusal; `header` keeps
+// `num_tokens` (0 for a refusal: this rank's kernels move only padding).
+// The values travel as kernel arguments, so nothing is copied from
+// (pageable) host memory and the host never waits.
 // Errors: kInvalidArgument (null header, null replicas with num_replicas > 0,
 // num_replicas outside [0, kMaxEpSize]), kInternal (launch). Never allocates
 // or synchronises.
 absl::Status LaunchWriteStepHeader(int64_t* header, int64_t* replicas, int num_replicas,
-                                   int64_t epoch, int64_t r, int64_t num_tokens,
+                                   int64_t epoch, int64_t r, int64_t num_tokens, bool refused,
                                    cudaStream_t stream);
 
 // LaunchVerifyStepHeader()
@@ -59,8 +75,13 @@ absl::Status LaunchVerifyStepHeader(const int64_t* gathered, int ep_size, int64_
 // As LaunchVerifyStepHeader, recording the disagreement in `error` (only
 // when error->rank_plus_1 is still 0, so the first one sticks until the
 // owner resets it) and setting header[2] (T) to 0, so the rest of the step
-// writes no output row. Errors and guarantees as LaunchVerifyStepHeader.
-absl::Status LaunchCheckStepHeaders(const int64_t* gathered, int ep_size, int64_t* header,
+// writes no output row. When every rank agrees on (epoch, R) but some sent
+// T = kRefusedStepTokens (a refused step, issue 30 item 1): on `rank`
+// itself (its own row refused) nothing is recorded (its caller has the
+// error); elsewhere the lowest refusing rank is recorded with
+// error->refused = 1. Either way header[2] becomes 0. Errors (also `rank`
+// outside [0, E)) and guarantees as LaunchVerifyStepHeader.
+absl::Status LaunchCheckStepHeaders(const int64_t* gathered, int ep_size, int rank, int64_t* header,
                                     StepHeaderError* error, cudaStream_t stream);
 
 }  // namespace moe_ep::kernels
