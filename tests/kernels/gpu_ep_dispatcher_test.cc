@@ -8,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "core/moe_reference.h"
 #include "kernels/nccl_collective.h"
 #include "tests/kernels/gpu_test_util.h"
@@ -508,6 +510,143 @@ TEST(GpuEpDispatcher, DeviceCheckReportsEpochMismatchAtCheckStep) {
     s = (*disp)->CheckStep();
     EXPECT_TRUE(s.ok()) << s;
   });
+}
+
+// A rank whose caller's arguments failed its checks refuses the step
+// (RefuseStep, issue 30 item 1) while its peers run theirs: the peers' step
+// ends at once (a wait would end at the 20 s NCCL deadline), each peer's
+// CheckStep is kAborted naming the refusing rank and it wrote no output
+// row, the refusing rank's CheckStep reports nothing and a Combine there is
+// a sequence error, the communicator stays healthy, and the next step
+// equals the reference on every rank. One thread and one GPU a rank (NCCL
+// takes one rank a device).
+void RunRefusal(int ep_size, int refusing, GeometryCheck check) {
+  MOE_EP_REQUIRE_GPUS(ep_size);
+  constexpr int64_t kHidden = 256;
+  constexpr int kTopK = 2;
+  constexpr int kExperts = 8;
+  constexpr int64_t kCapacity = 32;
+  auto placement = core::ExpertPlacement::Contiguous(kExperts, ep_size);
+  ASSERT_TRUE(placement.ok()) << placement.status();
+  std::vector<core::ExpertSet> sets;
+  std::vector<MoeInputs> inputs;
+  std::vector<core::EpRankInput> ref_inputs;
+  std::vector<int64_t> tokens;
+  for (int r = 0; r < ep_size; ++r) {
+    tokens.push_back(5 + 7 * r);
+    sets.push_back(core::ExpertSet::Identity(placement->FirstExpert(r),
+                                             placement->NumLocalExperts(r), kHidden));
+    inputs.push_back(MakeInputs(300 + r, tokens[r], kHidden, kTopK, kExperts, 0.1, -1));
+  }
+  std::vector<const core::ExpertSet*> set_ptrs;
+  for (int r = 0; r < ep_size; ++r) {
+    ref_inputs.push_back({inputs[r].hidden, inputs[r].ids, inputs[r].weights, tokens[r]});
+    set_ptrs.push_back(&sets[r]);
+  }
+  core::EpReferenceOptions ref_options;
+  auto ref = core::ReferenceEpForward(*placement, set_ptrs, ref_inputs, kTopK, ref_options);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const int64_t r_max = ref->runtime_max_tokens_per_rank;
+  ASSERT_LE(r_max, kCapacity);
+
+  auto id = NcclCollective::NewUniqueId();
+  ASSERT_TRUE(id.ok()) << id.status();
+  RunRanks(ep_size, [&](int rank) {
+    auto coll = NcclCollective::Create(*id, rank, ep_size, rank, std::chrono::seconds(20));
+    ASSERT_TRUE(coll.ok()) << coll.status();
+    GpuEpDispatcherOptions options;
+    options.dispatcher.workspace = {ep_size, kCapacity, kHidden, kTopK, core::DispatchDType::kBF16};
+    options.dispatcher.num_experts = kExperts;
+    options.geometry_check = check;
+    auto disp = GpuEpDispatcher::Create(coll->get(), options, 0);
+    ASSERT_TRUE(disp.ok()) << disp.status();
+    auto experts = DeviceExpertSet::Upload(sets[rank]);
+    ASSERT_TRUE(experts.ok()) << experts.status();
+    const int64_t t = tokens[rank];
+    DeviceBuffer<bf16_t> hidden(inputs[rank].hidden);
+    DeviceBuffer<int32_t> ids(inputs[rank].ids);
+    DeviceBuffer<float> weights(inputs[rank].weights);
+    DeviceBuffer<bf16_t> out(std::vector<bf16_t>(t * kHidden, 0xffff));
+
+    ASSERT_TRUE((*disp)->CommitGeometry(5, r_max, t).ok());
+    const absl::Time start = absl::Now();
+    if (rank == refusing) {
+      const absl::Status refused = (*disp)->RefuseStep();
+      ASSERT_TRUE(refused.ok()) << refused;
+    } else {
+      ASSERT_TRUE((*disp)->Dispatch(hidden.get(), ids.get(), weights.get(), t).ok());
+      ASSERT_TRUE((*disp)->ComputeExperts(**experts).ok());
+      ASSERT_TRUE((*disp)->Combine(out.get()).ok());
+    }
+    absl::Status s = (*disp)->CheckStep();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(10))
+        << "rank " << rank << " waited for the refusal";
+    if (rank == refusing) {
+      EXPECT_TRUE(s.ok()) << s;
+      // RefuseStep ended the step here: no Combine follows.
+      EXPECT_EQ((*disp)->Combine(out.get()).code(), absl::StatusCode::kFailedPrecondition);
+    } else {
+      EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+      const std::string want = "rank " + std::to_string(refusing) +
+                               " refused its dispatch of the step at epoch 5 (its arguments "
+                               "failed that rank's checks; its call returned the error); the "
+                               "step moved no row here and wrote no output; the group is still "
+                               "usable";
+      EXPECT_NE(s.message().find(want), std::string::npos) << s;
+      for (bf16_t v : out.Download(t * kHidden)) {
+        ASSERT_EQ(v, 0xffff) << "rank " << rank << " wrote an output row of a refused step";
+      }
+    }
+    EXPECT_TRUE((*coll)->healthy()) << "rank " << rank;
+    s = (*disp)->CheckStep();
+    EXPECT_TRUE(s.ok()) << "the record is cleared: " << s;
+
+    // The next step is exact on every rank: the group is still usable.
+    ASSERT_TRUE((*disp)->CommitGeometry(6, r_max, t).ok());
+    s = (*disp)->Forward(hidden.get(), ids.get(), weights.get(), t, **experts, out.get());
+    ASSERT_TRUE(s.ok()) << s;
+    s = (*disp)->CheckStep();
+    ASSERT_TRUE(s.ok()) << "rank " << rank << ": " << s;
+    ExpectClose(out.Download(t * kHidden), ref->output[rank],
+                PartialMagnitude(*ref, rank, t, kHidden),
+                "output after the refused step, rank " + std::to_string(rank));
+  });
+}
+
+TEST(GpuEpDispatcher, Ep1RefusedStepReportsNothingAndTheNextStepIsExact) {
+  RunRefusal(1, 0, GeometryCheck::kDevice);
+}
+TEST(GpuEpDispatcher, Ep2RefusedStepEndsAtOnce) { RunRefusal(2, 1, GeometryCheck::kDevice); }
+TEST(GpuEpDispatcher, Ep4RefusedStepEndsAtOnce) { RunRefusal(4, 2, GeometryCheck::kDevice); }
+TEST(GpuEpDispatcher, Ep2HostCheckRefusedStepEndsAtOnce) {
+  RunRefusal(2, 0, GeometryCheck::kHostAllGather);
+}
+
+// RefuseStep keeps the step sequence: with no geometry committed there is
+// no R to size the transfers, and a dispatched step must be combined first.
+TEST(GpuEpDispatcher, RefuseStepNeedsAGeometryAndNoStepInFlight) {
+  MOE_EP_REQUIRE_GPUS(1);
+  auto id = NcclCollective::NewUniqueId();
+  ASSERT_TRUE(id.ok());
+  auto coll = NcclCollective::Create(*id, 0, 1, 0, std::chrono::seconds(20));
+  ASSERT_TRUE(coll.ok()) << coll.status();
+  GpuEpDispatcherOptions options;
+  options.dispatcher.workspace = {1, 16, 64, 2, core::DispatchDType::kBF16};
+  options.dispatcher.num_experts = 4;
+  options.geometry_check = GeometryCheck::kDevice;
+  auto disp = GpuEpDispatcher::Create(coll->get(), options, 0);
+  ASSERT_TRUE(disp.ok()) << disp.status();
+  absl::Status s = (*disp)->RefuseStep();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("no geometry committed"), std::string::npos) << s;
+  ASSERT_TRUE((*disp)->CommitGeometry(1, 8, 0).ok());
+  ASSERT_TRUE((*disp)->Dispatch(nullptr, nullptr, nullptr, 0).ok());
+  s = (*disp)->RefuseStep();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  ASSERT_TRUE((*disp)->Combine(nullptr).ok());
+  EXPECT_TRUE((*disp)->RefuseStep().ok());
+  s = (*disp)->CheckStep();
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 // kDevice with ranks disagreeing on R: the transfers were sized differently,
