@@ -414,7 +414,11 @@ class DataPlane {
   // this rank's experts) back to output [T, H]. EngineForward: dispatch,
   // `layer`'s loaded experts and combine. Collectives with the errors of
   // Forward (kAborted on disagreeing geometry, kFailedPrecondition out of
-  // sequence). Every plane serves them (issue 34 item 2).
+  // sequence). Every plane serves them (issue 34 item 2). An EngineDispatch
+  // whose arguments fail this rank's checks returns that error; a GPU plane
+  // first enqueues a refusal in place of the step, so the peers' step ends
+  // without output and their EngineCheckStep names this rank (issue 30
+  // item 1; the CPU plane refuses in its call round).
   virtual absl::StatusOr<core::StepStats> EngineDispatch(
       const void* hidden, const int32_t* topk_ids, const float* topk_weights, int64_t num_tokens,
       const EngineRecvBuffers& out, void* stream) = 0;
@@ -434,9 +438,10 @@ class DataPlane {
                                              void* stream) = 0;
   // The sync point of the engine calls: the serving dispatcher's CheckStep
   // (core::StepDispatcher): waits for its work and reports a geometry
-  // disagreement (kAborted, naming the rank), an expert id out of range
-  // (kInvalidArgument) or a silent peer (kDeadlineExceeded) its device-side
-  // checks recorded. The CPU dispatcher checks each call before it returns,
+  // disagreement or a peer's refused dispatch (kAborted, naming the rank;
+  // "rank r refused its dispatch of the step at epoch e ..."), an expert
+  // id out of range (kInvalidArgument) or a silent peer (kDeadlineExceeded)
+  // its device-side checks recorded. The CPU dispatcher checks each call before it returns,
   // so it reports OK. Errors: kFailedPrecondition (no dispatcher: before
   // Allocate, or one-sided windows dropped by a mask).
   absl::Status EngineCheckStep();

@@ -4,8 +4,9 @@
 // (server/data_plane.h Engine*, server/moe_ep.h; DESIGN §14), written once
 // for every transport (issue 34 item 1): each plane runs these before it
 // enqueues anything, then reports a failure its own way (the CPU plane in
-// its engine call round, so no peer waits; the GPU planes at once, their
-// peers meeting the step's device-side check instead). All pure and
+// its engine call round, so no peer waits; the GPU planes' dispatch by
+// enqueueing a refusal in place of the step, which the peers' device-side
+// check reports (issue 30 item 1), their other calls at once). All pure and
 // thread-safe; messages name the call, the field, the rank, expected and got.
 
 #include <cstdint>

@@ -12,7 +12,11 @@
 //   forward: dispatch, the loaded experts (grouped GEMM reading counts on
 //     the device), the shared expert on its own stream, combine.
 // The (epoch, R) agreement is the device-side one (GeometryCheck::kDevice);
-// EngineCheckStep is the sync point that reports it.
+// EngineCheckStep is the sync point that reports it. A dispatch whose
+// arguments fail this rank's checks enqueues a refusal in place of the step
+// (GpuEpDispatcher::RefuseStep: the same transfers, a header the peers read
+// as refused), so the peers' step ends without output instead of waiting
+// out the group's timeout (issue 30 item 1).
 
 #ifdef MOE_EP_HAVE_CUDA
 
@@ -70,17 +74,34 @@ absl::StatusOr<core::StepStats> GpuDataPlane::EngineDispatch(
     const void* hidden, const int32_t* topk_ids, const float* topk_weights, int64_t num_tokens,
     const EngineRecvBuffers& out, void* stream) {
   RETURN_IF_ERROR(RequireEngineCall("dispatch", {}));
-  RETURN_IF_ERROR(CheckEngineDispatchPointers(data_plane(), group_.device, device_pointers_, hidden,
-                                              topk_ids, topk_weights, out));
-  RETURN_IF_ERROR(dispatcher_->CheckStep("dispatch", num_tokens));
+  if (!dispatcher_->geometry_committed()) {
+    // No R, so no step to refuse either: kFailedPrecondition naming
+    // CommitGeometry.
+    return dispatcher_->CheckStep("dispatch", num_tokens);
+  }
   const int64_t r = dispatcher_->runtime_max_tokens_per_rank();
   const int rank = view_->rank();
   // Engine-run experts are the contiguous placement's: the core's book
   // holds it (every rank owns at least one expert: num_experts >= E).
   const core::PlacementTable& contiguous = *book_.contiguous();
   const int local_experts = contiguous.NumSlots(rank);
-  RETURN_IF_ERROR(CheckEngineRecvBuffers("dispatch", rank, out, r, local_experts));
-  RETURN_IF_ERROR(CheckEngineInputs("dispatch", rank, num_tokens, hidden, topk_ids, topk_weights));
+  absl::Status args = CheckEngineDispatchPointers(data_plane(), group_.device, device_pointers_,
+                                                  hidden, topk_ids, topk_weights, out);
+  if (args.ok()) args = dispatcher_->CheckStep("dispatch", num_tokens);
+  if (args.ok()) args = CheckEngineRecvBuffers("dispatch", rank, out, r, local_experts);
+  if (args.ok()) {
+    args = CheckEngineInputs("dispatch", rank, num_tokens, hidden, topk_ids, topk_weights);
+  }
+  if (!args.ok()) {
+    // The peers' NCCL transfers of this step would wait for this rank's
+    // until the group's timeout and break the group: run the step's
+    // transfers as a refusal instead (issue 30 item 1), so the peers' step
+    // ends at once without output and their check_step names this rank.
+    // The caller gets its own error either way.
+    (void)OnCallerStream(static_cast<cudaStream_t>(stream),
+                         [&]() { return dispatcher_->RefuseStep(); });
+    return args;
+  }
   const auto* in_hidden = static_cast<const uint16_t*>(hidden);
   RETURN_IF_ERROR(OnCallerStream(static_cast<cudaStream_t>(stream), [&]() -> absl::Status {
     RETURN_IF_ERROR(dispatcher_->Dispatch(in_hidden, topk_ids, topk_weights, num_tokens));

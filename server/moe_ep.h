@@ -88,17 +88,30 @@
  * (moe_ep_sync_token_counts_async, the step header {epoch, R, T}, the
  * received counts) are exchanged and checked on the device. A rank whose
  * (epoch, R) differs makes the step move only padding; the disagreement is
- * reported by moe_ep_check_step (MOE_EP_ABORTED). A dispatch whose
- * arguments fail this rank's checks returns the error; on the one-sided
- * plane it first enqueues a refusal in place of the step (no rows, its
- * flags marked refused), so the peers' dispatch and combine end at once
- * without output and their next moe_ep_check_step returns MOE_EP_ABORTED
- * "rank r refused its dispatch ..."; the group stays usable (issue 30 item
- * 1). Other argument errors (and any on the nccl plane) are returned before
+ * reported by moe_ep_check_step (MOE_EP_ABORTED). A moe_ep_dispatch whose
+ * arguments fail this rank's checks (host pointers, NULL buffers, recv_rows
+ * < R; on the nccl plane also T outside [0, R], which the one-sided plane
+ * returns before enqueueing) returns the error, having first enqueued, in
+ * `stream` order as any data call, a refusal in place of the step, on both
+ * GPU planes: the one-sided plane publishes flags marked refused and moves
+ * no row; the nccl plane runs the step's transfers at the committed R
+ * (NCCL's calls must match in order and size on every rank) with a step
+ * header marked refused, zero counts and padding rows, then the combine's
+ * transfer. Either way the peers' dispatch and combine of that step end at
+ * once without output (their `output` is not written) and their next
+ * moe_ep_check_step returns MOE_EP_ABORTED "rank r refused its dispatch of
+ * the step at epoch e (its arguments failed that rank's checks; its call
+ * returned the error); the step moved no row here and wrote no output; the
+ * group is still usable"; the refusing rank's own moe_ep_check_step reports
+ * nothing for it, and the group serves the next step (issue 30 item 1).
+ * Errors found before the plane is known usable (not ready for steps, no
+ * workspace, no committed geometry, moe_ep_dispatch_only) and the argument
+ * errors of moe_ep_combine and moe_ep_forward (a negative timeout_ms
+ * included; on moe_ep_dispatch it is refused as above) are returned before
  * anything is enqueued on that rank; the peers' enqueued collectives then
- * wait for it: their next moe_ep_check_step returns
- * MOE_EP_DEADLINE_EXCEEDED after the group's timeout and the group is broken
- * (re-form it). A graph holds the workspace's buffers and communicator:
+ * wait for it: their next moe_ep_check_step returns MOE_EP_DEADLINE_EXCEEDED
+ * after the group's timeout and the group is broken (re-form it). A graph
+ * holds the workspace's buffers and communicator:
  * after the group re-forms (or the workspace is re-allocated) it must not be
  * replayed: moe_ep_check_graph returns MOE_EP_RECAPTURE; capture again.
  * While a capture in cudaStreamCaptureModeGlobal is open, no orchestrator
@@ -426,7 +439,9 @@ MOE_EP_EXPORT moe_ep_status moe_ep_forward(moe_ep_worker* worker, int32_t layer,
  * enqueued on the worker's stream, at most the group's timeout, and reports
  * the first (epoch, R) disagreement the device-side check recorded since the
  * last call (MOE_EP_ABORTED naming the rank; when R differed the
- * communicator is aborted too: re-form the group), else the first expert
+ * communicator is aborted too: re-form the group) or a peer's refused
+ * dispatch (MOE_EP_ABORTED "rank r refused its dispatch of the step at
+ * epoch e ..."; the group stays usable; see the top), else the first expert
  * id out of range the route kernel saw (MOE_EP_INVALID_ARGUMENT
  * "topk_ids[row t, choice k] = id: outside [0, E) ... (n ids out of range;
  * found on the device by rank r's step: those choices selected no

@@ -597,9 +597,9 @@ class Worker:
         is nothing to enter: a stopped or not yet allocated worker, a GPU
         plane's calls other than moe_ep_dispatch (no round there). On a GPU
         plane a refused moe_ep_dispatch is enqueued on the current torch
-        stream: the one-sided plane publishes the refusal, so the peers'
-        step ends at once and their check_step names this rank; the nccl
-        plane enqueues nothing and the peers' collectives wait for this rank
+        stream: the one-sided plane publishes the refusal, the nccl plane
+        runs the step's transfers with a header marked refused, so on both
+        the peers' step ends at once and their check_step names this rank
         (server/moe_ep.h). Never raises except ValueError for an unknown
         `call`. The data calls of this module call it themselves when their
         checks fail."""
