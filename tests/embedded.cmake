@@ -41,6 +41,12 @@ if(TARGET moe_ep_kernels AND TARGET moe-ep)
     COMMAND moe_ep_gpu_embedded $<TARGET_FILE:moe-ep> one-sided 2)
   set_tests_properties(embedded_gpu_c_api_onesided_2_ranks PROPERTIES LABELS "embedded;gpu"
     SKIP_RETURN_CODE 77 TIMEOUT 300)
+  # Two ranks on the nccl plane, one GPU each (skips with fewer than two):
+  # step 4b's refused dispatch (issue 30 item 1).
+  add_test(NAME embedded_gpu_c_api_nccl_2_ranks
+    COMMAND moe_ep_gpu_embedded $<TARGET_FILE:moe-ep> nccl 2)
+  set_tests_properties(embedded_gpu_c_api_nccl_2_ranks PROPERTIES LABELS "embedded;gpu"
+    SKIP_RETURN_CODE 77 TIMEOUT 300)
 endif()
 find_program(MOE_EP_GPU_PYTHON NAMES python3)
 if(MOE_EP_GPU_PYTHON AND TARGET moe-ep)

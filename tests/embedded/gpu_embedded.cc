@@ -1,19 +1,20 @@
 // The C API's GPU data calls (server/moe_ep.h; issue 16 item 1), EP 1 on
-// CUDA device 0, through libmoe_ep.so only: an embedded nccl worker, the
-// group formed by `moe-ep up --targets` (argv[1]), then on device buffers
+// CUDA device 0 (or EP 2, below), through libmoe_ep.so only: an embedded
+// nccl worker, the group formed by `moe-ep up --targets` (argv[1]), then on device buffers
 // and a caller stream: dispatch into recv_rows > R (padding slots), the
 // caller's experts (expert e scales by (e + 1) / 8) and combine against a
 // host reference; forward with the worker's identity experts; dispatch +
 // combine captured in a CUDA graph and replayed with new inputs; the graph
 // token (MOE_EP_RECAPTURE for another one); host pointers refused naming
 // the argument (with two ranks, a refusal on one rank only ends the peers' step at once,
-// named by their moe_ep_check_step); an expert id out of range on the last rank named by that
-// rank's moe_ep_check_step (peers OK) and the next step exact. argv[2] picks the data plane
-// (--gpu-data-plane: nccl, the default, or one-sided; issue 34 item 2): both serve the same calls
-// with the same results. argv[3] = 2 runs two ranks as two processes sharing the GPU (the one-sided
-// plane: NCCL takes one rank a device); each checks what it received from both sources and its
-// combined output against the host reference of its own tokens. Exits 77 (skipped, with the reason)
-// without a CUDA device.
+// named by their moe_ep_check_step; issue 30 item 1); an expert id out of range on the last rank
+// named by that rank's moe_ep_check_step (peers OK) and the next step exact. argv[2] picks the data
+// plane (--gpu-data-plane: nccl, the default, or one-sided; issue 34 item 2): both serve the same
+// calls with the same results. argv[3] = 2 runs two ranks as two processes: on the one-sided plane
+// sharing CUDA device 0, on the nccl plane rank r on device r (NCCL takes one rank a device, so it
+// needs two); each checks what it received from both sources and its combined output against the
+// host reference of its own tokens. Exits 77 (skipped, with the reason) without the CUDA devices it
+// needs.
 
 #include <cuda_runtime.h>
 #include <sys/wait.h>
@@ -179,20 +180,22 @@ std::vector<T> Download(const T* src, size_t count) {
 // Tokens of rank `rank` in the eager steps (uneven across ranks).
 int TokensOf(int rank) { return rank == 0 ? 20 : 13; }
 
-// The checks of one rank; `world` ranks with the inputs MakeInputs(TokensOf(s), 1 + 100 * s).
-void RunRank(moe_ep_worker* worker, int world) {
+// The checks of one rank on CUDA `device`; `world` ranks with the inputs
+// MakeInputs(TokensOf(s), 1 + 100 * s).
+void RunRank(moe_ep_worker* worker, int world, int device) {
   moe_ep_worker_info info;
   info.struct_size = sizeof(info);
   Ok(moe_ep_worker_info_get(worker, &info), "moe_ep_worker_info_get");
-  EXPECT(info.backend == MOE_EP_BACKEND_NCCL && info.device == 0 && info.world_size == world,
-         "info: backend %d device %d world %d", info.backend, info.device, info.world_size);
+  EXPECT(info.backend == MOE_EP_BACKEND_NCCL && info.device == device && info.world_size == world,
+         "info: backend %d device %d (want %d) world %d", info.backend, info.device, device,
+         info.world_size);
   const int rank = info.rank;
   const int32_t invalid = info.invalid_expert_id;
   const int first = info.first_expert;
   const int local = info.num_local_experts;
   const int rows = world * kRows;  // [E, kRows] receive slots
 
-  CUDA(cudaSetDevice(0));
+  CUDA(cudaSetDevice(device));
   cudaStream_t stream = nullptr;
   CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   auto* d_hidden = Device<uint16_t>(kCapacity * kHidden);
@@ -355,7 +358,8 @@ void RunRank(moe_ep_worker* worker, int world) {
   EXPECT(moe_ep_check_graph(worker, token + 1000) == MOE_EP_RECAPTURE,
          "check_graph of another workspace's token: expected MOE_EP_RECAPTURE");
 
-  // 4. Host pointers are refused, naming the argument; nothing enqueued.
+  // 4. Host pointers are refused, naming the argument (every rank refuses
+  // here, so the refusals it enqueues meet each other and report nothing).
   Ok(moe_ep_commit_geometry(worker, 4, kR, tokens), "commit_geometry");
   const moe_ep_status host =
       moe_ep_dispatch(worker, in.hidden.data(), d_ids, d_weights, tokens, d_recv_hidden, d_recv_ids,
@@ -364,10 +368,11 @@ void RunRank(moe_ep_worker* worker, int world) {
          "host hidden: status %d (%s)", host, moe_ep_last_error());
 
   // 4b. Two ranks: only the last rank's arguments fail (a host pointer)
-  // while its peers dispatch. On the one-sided plane the refusing rank
-  // publishes a refusal in place of its step (issue 30 item 1), so the
-  // peers' dispatch and combine end at once with no output and their
-  // check_step names it; the group stays usable (step 5 runs on).
+  // while its peers dispatch. The refusing rank enqueues a refusal in place
+  // of its step (issue 30 item 1; the one-sided plane in its flags, the
+  // nccl plane in the step header of the same transfers), so the peers'
+  // dispatch and combine end at once with no output and their check_step
+  // names it; the group stays usable (step 5 runs on).
   if (world > 1) {
     CUDA(cudaMemsetAsync(d_output, 0xff, tokens * kHidden * sizeof(uint16_t), stream));
     Ok(moe_ep_commit_geometry(worker, 40, kR, tokens), "commit_geometry");
@@ -468,16 +473,21 @@ int main(int argc, char** argv) {
     if (child < 0) return 1;
   }
   const bool is_child = world == 2 && child == 0;
+  // NCCL refuses two ranks on one device: its ranks take devices 0 and 1.
+  const int needed = plane == "nccl" ? world : 1;
+  const int device = plane == "nccl" && is_child ? 1 : 0;
   int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("SKIP: no CUDA device visible (the GPU data calls need one)\n");
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < needed) {
+    std::printf("SKIP: %d CUDA device(s) visible; the %s plane's %d rank(s) need %d\n", devices,
+                plane.c_str(), world, needed);
     if (is_child) _exit(77);
     if (child > 0) waitpid(child, nullptr, 0);
     return 77;
   }
   const std::string plane_flag = "--gpu-data-plane=" + plane;
-  const char* args[] = {"--listen=127.0.0.1:0", "--backend=nccl", "--device=0", "--log-level=warn",
-                        plane_flag.c_str()};
+  const std::string device_flag = "--device=" + std::to_string(device);
+  const char* args[] = {"--listen=127.0.0.1:0", "--backend=nccl", device_flag.c_str(),
+                        "--log-level=warn", plane_flag.c_str()};
   moe_ep_worker* worker = nullptr;
   if (!Ok(moe_ep_worker_start(5, args, &worker), "moe_ep_worker_start")) return 1;
   const char* address = nullptr;
@@ -514,7 +524,7 @@ int main(int argc, char** argv) {
   }
   if (Ok(moe_ep_worker_wait_ready_for_steps(worker, MOE_EP_STEPS_WORKER_EXPERTS, 60000),
          "moe_ep_worker_wait_ready_for_steps")) {
-    RunRank(worker, world);
+    RunRank(worker, world, device);
   }
   Ok(moe_ep_worker_stop(worker, 1000), "moe_ep_worker_stop");
   if (is_child) {
