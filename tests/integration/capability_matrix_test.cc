@@ -28,8 +28,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/coordinator.h"
+#include "client/grpc_status.h"
 #include "client/placement_request.h"
 #include "core/eplb.h"
 #include "core/expert_load_file.h"
@@ -44,6 +46,7 @@
 #include "core/routing_source.h"
 #include "core/shared_expert.h"
 #include "core/workspace.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "server/benchmark_inputs.h"
 #include "server/device_info.h"
@@ -506,6 +509,63 @@ TEST_P(CapabilityMatrix, QuantizedExpertsEqualTheQuantizedReference) {
     step.inputs = Inputs(model, step.epoch, Uneven(step.epoch));
     StepAndCheck(step, model, table, SlotSets(source, table));
   }
+}
+
+// A refused dispatch frees the peers (DESIGN §16; issue 30 item 1): one
+// rank's Forward request fails its own checks (a hidden_states byte short)
+// while its peers send good ones. That rank gets INVALID_ARGUMENT naming the
+// field, every peer ABORTED naming that rank and its error, all within a
+// second (the group's timeout is far longer), no rank's group is broken, and
+// the next step equals the reference on every rank. The service's vote runs
+// before any payload moves, on every transport; the engine's in-process
+// dispatch refusal (its device-side counterpart) is tests/embedded's step
+// 4b and the planes' RefusedStepEndsAtOnce tests. Needs peers: skips at
+// world 1.
+TEST_P(CapabilityMatrix, RefusedDispatchFreesThePeers) {
+  if (world() < 2) GTEST_SKIP() << "a refusal needs peers: this column runs one rank";
+  const SmallModel model;
+  ConfigureAndAllocate(model, 32);
+  Load(Experts(0, v1::EXPERT_KIND_IDENTITY, model));
+  const core::PlacementTable table = *core::PlacementTable::Contiguous(model.num_experts, world());
+  const std::vector<core::ExpertSet> identity =
+      SlotSets(core::ExpertSource::Identity(0, model.num_experts, 0, 0, model.hidden), table);
+  const int refusing = world() - 1;
+  const std::vector<int64_t> counts = Uneven(1);
+  ASSERT_GT(counts[refusing], 0) << "the refusing rank's request needs bytes to spoil";
+  const std::vector<RankInputs> inputs = Inputs(model, 1, counts);
+  auto sync = c().SyncTokenCounts(1, counts);
+  ASSERT_TRUE(sync.ok()) << sync.status();
+  ASSERT_TRUE(c().CommitGeometry(1, sync->runtime_max_tokens_per_rank, counts).ok());
+  const absl::Time start = absl::Now();
+  const std::vector<absl::Status> status = fake_->OnEachRank([&](int rank) {
+    v1::ForwardRequest request = MakeForwardRequest(0, 1, inputs[rank], model);
+    if (rank == refusing) request.mutable_hidden_states()->mutable_data()->pop_back();
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::ForwardResponse response;
+    return client::ToAbslStatus(fake_->stub(rank).Forward(&context, request, &response));
+  });
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_LT(took, absl::Seconds(1)) << "every rank must answer at once";
+  for (int r = 0; r < world(); ++r) {
+    const std::string message(status[r].message());
+    if (r == refusing) {
+      EXPECT_EQ(status[r].code(), absl::StatusCode::kInvalidArgument) << status[r];
+      EXPECT_NE(message.find("hidden_states"), std::string::npos) << status[r];
+      continue;
+    }
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kAborted) << "rank " << r << ": " << status[r];
+    EXPECT_NE(message.find(absl::StrCat("rank ", refusing, " rejected its Forward request")),
+              std::string::npos)
+        << "rank " << r << ": " << status[r];
+  }
+  for (int r = 0; r < world(); ++r) {
+    EXPECT_FALSE(fake_->StatusOf(r).group_broken()) << "rank " << r;
+  }
+  StepCase step;
+  step.epoch = 2;
+  step.inputs = Inputs(model, 2, Uneven(2));
+  StepAndCheck(step, model, table, identity);
 }
 
 // A rank killed between steps is masked by the survivors, whose steps equal
