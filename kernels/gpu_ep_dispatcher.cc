@@ -452,11 +452,12 @@ absl::Status GpuEpDispatcher::CheckStep() {
   }
   if (error.refused != 0) {
     // The refusing rank ran the same transfers (RefuseStep): the
-    // communicator is intact. The one-sided plane's words (issue 30 item 1).
+    // communicator is intact. The one-sided plane's words, except that the
+    // other sources' rows did arrive here (issue 30 item 1).
     return absl::AbortedError(absl::StrFormat(
         "rank %d refused its dispatch of the step at epoch %d (its arguments failed that rank's "
-        "checks; its call returned the error); the step moved no row here and wrote no output; "
-        "the group is still usable",
+        "checks; its call returned the error); the step wrote no output here (its received rows "
+        "lack that rank's); the group is still usable",
         error.rank_plus_1 - 1, error.their_epoch));
   }
   std::string what = absl::StrFormat(

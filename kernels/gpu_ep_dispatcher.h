@@ -278,8 +278,9 @@ class GpuEpDispatcher final : public core::StepDispatcher {
   // NCCL transfers had mismatched sizes, so the communicator is aborted too
   // (later calls kFailedPrecondition; form a new group). kAborted "rank r
   // refused its dispatch of the step at epoch e (its arguments failed that
-  // rank's checks; its call returned the error); the step moved no row here
-  // and wrote no output; the group is still usable" when a peer's
+  // rank's checks; its call returned the error); the step wrote no output
+  // here (its received rows lack that rank's); the group is still usable"
+  // when a peer's
   // RefuseStep met this rank's step (the communicator stays usable; issue
   // 30 item 1); a rank's own refusal is not reported. kInvalidArgument for
   // an expert id out of range (kernels/expert_id_error.h). Collective

@@ -101,8 +101,11 @@
  * once without output (their `output` is not written) and their next
  * moe_ep_check_step returns MOE_EP_ABORTED "rank r refused its dispatch of
  * the step at epoch e (its arguments failed that rank's checks; its call
- * returned the error); the step moved no row here and wrote no output; the
- * group is still usable"; the refusing rank's own moe_ep_check_step reports
+ * returned the error); ..." ending "the step moved no row here and wrote no
+ * output; the group is still usable" on the one-sided plane and "the step
+ * wrote no output here (its received rows lack that rank's); the group is
+ * still usable" on the nccl plane (the other sources' rows did arrive); the
+ * refusing rank's own moe_ep_check_step reports
  * nothing for it, and the group serves the next step (issue 30 item 1).
  * Errors found before the plane is known usable (not ready for steps, no
  * workspace, no committed geometry, moe_ep_dispatch_only) and the argument

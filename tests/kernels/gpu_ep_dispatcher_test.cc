@@ -590,8 +590,8 @@ void RunRefusal(int ep_size, int refusing, GeometryCheck check) {
       const std::string want = "rank " + std::to_string(refusing) +
                                " refused its dispatch of the step at epoch 5 (its arguments "
                                "failed that rank's checks; its call returned the error); the "
-                               "step moved no row here and wrote no output; the group is still "
-                               "usable";
+                               "step wrote no output here (its received rows lack that rank's); "
+                               "the group is still usable";
       EXPECT_NE(s.message().find(want), std::string::npos) << s;
       for (bf16_t v : out.Download(t * kHidden)) {
         ASSERT_EQ(v, 0xffff) << "rank " << rank << " wrote an output row of a refused step";
