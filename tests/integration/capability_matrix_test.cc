@@ -514,8 +514,8 @@ TEST_P(CapabilityMatrix, QuantizedExpertsEqualTheQuantizedReference) {
 // A refused dispatch frees the peers (DESIGN §16; issue 30 item 1): one
 // rank's Forward request fails its own checks (a hidden_states byte short)
 // while its peers send good ones. That rank gets INVALID_ARGUMENT naming the
-// field, every peer ABORTED naming that rank and its error, all within a
-// second (the group's timeout is far longer), no rank's group is broken, and
+// field, every peer ABORTED naming that rank and its error, all before the
+// group's 5 s timeout could pass, no rank's group is broken, and
 // the next step equals the reference on every rank. The service's vote runs
 // before any payload moves, on every transport; the engine's in-process
 // dispatch refusal (its device-side counterpart) is tests/embedded's step
@@ -546,7 +546,9 @@ TEST_P(CapabilityMatrix, RefusedDispatchFreesThePeers) {
     return client::ToAbslStatus(fake_->stub(rank).Forward(&context, request, &response));
   });
   const absl::Duration took = absl::Now() - start;
-  EXPECT_LT(took, absl::Seconds(1)) << "every rank must answer at once";
+  // The group's timeout is 5 s (fake_coordinator.cc): a peer left waiting
+  // would answer after it; 4 s leaves a loaded CI machine room.
+  EXPECT_LT(took, absl::Seconds(4)) << "every rank must answer before the group's timeout";
   for (int r = 0; r < world(); ++r) {
     const std::string message(status[r].message());
     if (r == refusing) {
