@@ -90,8 +90,7 @@
  * (epoch, R) differs makes the step move only padding; the disagreement is
  * reported by moe_ep_check_step (MOE_EP_ABORTED). A moe_ep_dispatch whose
  * arguments fail this rank's checks (host pointers, NULL buffers, recv_rows
- * < R; on the nccl plane also T outside [0, R], which the one-sided plane
- * returns before enqueueing) returns the error, having first enqueued, in
+ * < R, T outside [0, R]) returns the error, having first enqueued, in
  * `stream` order as any data call, a refusal in place of the step, on both
  * GPU planes: the one-sided plane publishes flags marked refused and moves
  * no row; the nccl plane runs the step's transfers at the committed R

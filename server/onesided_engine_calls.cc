@@ -95,6 +95,7 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineDispatch(
   const int local_experts = map.num_local[group_.rank];
   absl::Status args = CheckEngineDispatchPointers(data_plane(), group_.device, device_pointers_,
                                                   hidden, topk_ids, topk_weights, out);
+  if (args.ok()) args = dispatcher_->CheckStep("dispatch", num_tokens);
   if (args.ok()) args = CheckEngineRecvBuffers("dispatch", group_.rank, out, r, local_experts);
   if (args.ok()) {
     args = CheckEngineInputs("dispatch", group_.rank, num_tokens, hidden, topk_ids, topk_weights);

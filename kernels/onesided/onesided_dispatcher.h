@@ -212,6 +212,13 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   // a dispatch-phase deadline wrote no output row, a combine-phase one may
   // have written some).
   absl::Status CheckStep() override;
+  // core::GeometryState::CheckStep: a committed geometry and 0 <= T <= R
+  // (kFailedPrecondition, kInvalidArgument naming T). No device work: the
+  // engine's dispatch checks T with it before it enqueues (a T out of range
+  // is refused like the other argument errors; issue 30 item 1).
+  absl::Status CheckStep(const char* call, int64_t num_tokens) const {
+    return geometry_.CheckStep(call, num_tokens);
+  }
 
   // After a completed step: the received rows [E, R, ...] of this rank's
   // window and the per-source counts, copied to the host (sync; tests).

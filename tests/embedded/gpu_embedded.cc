@@ -367,22 +367,33 @@ void RunRank(moe_ep_worker* worker, int world, int device) {
   EXPECT(host == MOE_EP_INVALID_ARGUMENT && std::strstr(moe_ep_last_error(), "hidden"),
          "host hidden: status %d (%s)", host, moe_ep_last_error());
 
-  // 4b. Two ranks: only the last rank's arguments fail (a host pointer)
-  // while its peers dispatch. The refusing rank enqueues a refusal in place
-  // of its step (issue 30 item 1; the one-sided plane in its flags, the
-  // nccl plane in the step header of the same transfers), so the peers'
-  // dispatch and combine end at once with no output and their check_step
-  // names it; the group stays usable (step 5 runs on).
-  if (world > 1) {
+  // 4b. Two ranks: only the last rank's arguments fail while its peers
+  // dispatch, once with a host pointer and once with T = R + 1. The refusing
+  // rank enqueues a refusal in place of its step (issue 30 item 1; the
+  // one-sided plane in its flags, the nccl plane in the step header of the
+  // same transfers), so the peers' dispatch and combine end at once with no
+  // output and their check_step names it; the group stays usable (the next
+  // refusal and step 5 run on).
+  struct Refusal {
+    const char* what;
+    const char* names;  // the argument the refusing rank's error names
+    bool host_hidden;
+    int64_t tokens;
+  };
+  const Refusal refusals[] = {{"host hidden", "hidden", true, tokens},
+                              {"T = R + 1", "num_tokens", false, kR + 1}};
+  for (int k = 0; world > 1 && k < 2; ++k) {
+    const Refusal& f = refusals[k];
     CUDA(cudaMemsetAsync(d_output, 0xff, tokens * kHidden * sizeof(uint16_t), stream));
-    Ok(moe_ep_commit_geometry(worker, 40, kR, tokens), "commit_geometry");
+    Ok(moe_ep_commit_geometry(worker, 40 + k, kR, tokens), "commit_geometry");
     const bool refusing = rank == world - 1;
-    const moe_ep_status dispatched = moe_ep_dispatch(
-        worker, refusing ? in.hidden.data() : d_hidden, d_ids, d_weights, tokens, d_recv_hidden,
-        d_recv_ids, d_recv_weights, kRows, d_source_counts, d_expert_counts, stream, 0);
+    const moe_ep_status dispatched =
+        moe_ep_dispatch(worker, refusing && f.host_hidden ? in.hidden.data() : d_hidden, d_ids,
+                        d_weights, refusing ? f.tokens : tokens, d_recv_hidden, d_recv_ids,
+                        d_recv_weights, kRows, d_source_counts, d_expert_counts, stream, 0);
     if (refusing) {
-      EXPECT(dispatched == MOE_EP_INVALID_ARGUMENT && std::strstr(moe_ep_last_error(), "hidden"),
-             "refusing rank's host hidden: status %d (%s)", dispatched, moe_ep_last_error());
+      EXPECT(dispatched == MOE_EP_INVALID_ARGUMENT && std::strstr(moe_ep_last_error(), f.names),
+             "refusing rank's %s: status %d (%s)", f.what, dispatched, moe_ep_last_error());
     } else {
       Ok(dispatched, "moe_ep_dispatch beside a refusing rank");
       Ok(moe_ep_combine(worker, d_expert_out, kRows, d_output, stream, 0),
@@ -391,17 +402,17 @@ void RunRank(moe_ep_worker* worker, int world, int device) {
     CUDA(cudaStreamSynchronize(stream));
     const moe_ep_status refused = moe_ep_check_step(worker, 0);
     if (refusing) {
-      EXPECT(refused == MOE_EP_OK, "check_step of the refusing rank: status %d (%s)", refused,
-             moe_ep_last_error());
+      EXPECT(refused == MOE_EP_OK, "check_step of the refusing rank (%s): status %d (%s)", f.what,
+             refused, moe_ep_last_error());
     } else {
       char want[80];
       std::snprintf(want, sizeof(want), "rank %d refused its dispatch", world - 1);
       EXPECT(refused == MOE_EP_ABORTED && std::strstr(moe_ep_last_error(), want),
-             "check_step beside a refusing rank: status %d (%s), want ABORTED with '%s'", refused,
-             moe_ep_last_error(), want);
+             "check_step beside a refusing rank (%s): status %d (%s), want ABORTED with '%s'",
+             f.what, refused, moe_ep_last_error(), want);
       for (uint16_t v : Download(d_output, tokens * kHidden)) {
         if (v != 0xffff) {
-          EXPECT(false, "rank %d wrote an output row of the refused step", rank);
+          EXPECT(false, "rank %d wrote an output row of the refused step (%s)", rank, f.what);
           break;
         }
       }
