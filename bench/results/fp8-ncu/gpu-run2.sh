@@ -11,6 +11,16 @@ g=$1
 out=$2
 mkdir -p "$out"
 source "$g/env.sh"
+# The same 32,768 rows and FLOPs over fewer, larger experts (M per expert
+# 256 -> 2,048 -> 32,768): if the kernel nears the fp8 peak with large M,
+# the 4096-token step loses to its per-expert tiles (few rows a weight
+# tile), else to the consumers' issue structure itself.
+for e in 128 16 1; do
+  k=$((e < 8 ? 1 : 8)); t=$((e < 8 ? 32768 : 4096)); [ "$e" = 16 ] && k=1 && t=32768
+  timeout 60 "$g/bin/moe_ep_expert_bench" --paths fp8 --experts "$e" --topk "$k" --tokens "$t" \
+    --warmup 5 --iters 50 --bound-tbps 3.35 > "$out/bench_experts$e.csv" 2>> "$out/bench.log"
+  echo "bench experts $e rc $?" >> "$out/rc.txt"
+done
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
 timeout 150 "$ncu" --clock-control none -k regex:Fp8GroupedGemm --launch-skip 2 --launch-count 2 \
   --set full --import-source no -f -o "$out/fp8_full" \
