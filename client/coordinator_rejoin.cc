@@ -10,16 +10,17 @@
 #include "absl/strings/str_join.h"
 #include "client/coordinator.h"
 #include "client/grpc_status.h"
+#include "client/unsent_retry.h"
 #include "core/status_macros.h"
 #include "grpcpp/grpcpp.h"
 
 namespace moe_ep::client {
 namespace {
 
-void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
-  context->set_deadline(std::chrono::system_clock::now() +
-                        std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                            absl::ToChronoNanoseconds(timeout)));
+std::chrono::system_clock::time_point DeadlineIn(absl::Duration timeout) {
+  return std::chrono::system_clock::now() +
+         std::chrono::duration_cast<std::chrono::system_clock::duration>(
+             absl::ToChronoNanoseconds(timeout));
 }
 
 // The answering rank of the group whose view of the mask is the latest (the
@@ -133,9 +134,11 @@ absl::StatusOr<std::vector<int>> Coordinator::RejoinSurvivors(const std::vector<
 absl::Status Coordinator::SetUpReturningRank(int rank, const RankSetup& setup) {
   const bool leased = !options_.owner_id.empty();
   const auto on_rank = [&](const char* op, auto call) -> absl::Status {
-    grpc::ClientContext context;
-    SetDeadline(&context, options_.rpc_timeout);
-    absl::Status status = ToAbslStatus(call(&context));
+    // A call gRPC failed before sending it is sent once more
+    // (client/unsent_retry.h).
+    absl::Status status = ToAbslStatus(
+        CallRetryingUnsent(*channels_[rank], DeadlineIn(options_.rpc_timeout), connect_grace_,
+                           [&](grpc::ClientContext* context) { return call(context); }));
     if (status.ok()) return status;
     return absl::Status(status.code(), absl::StrCat(op, " on rank ", rank, " (", targets_[rank],
                                                     "): ", status.message()));
@@ -194,10 +197,13 @@ absl::StatusOr<v1::RejoinResponse> Coordinator::RejoinMembers(const std::vector<
   threads.reserve(members.size());
   for (int r : members) {
     threads.emplace_back([&, r] {
-      grpc::ClientContext context;
-      // Bounded by the round: a few group timeouts.
-      SetDeadline(&context, 4 * options_.group_timeout + options_.rpc_timeout);
-      per_rank[r] = ToAbslStatus(stubs_[r]->Rejoin(&context, request, &responses[r]));
+      // Bounded by the round: a few group timeouts. A call gRPC failed
+      // before sending it is sent once more (client/unsent_retry.h).
+      per_rank[r] = ToAbslStatus(CallRetryingUnsent(
+          *channels_[r], DeadlineIn(4 * options_.group_timeout + options_.rpc_timeout),
+          connect_grace_, [&](grpc::ClientContext* context) {
+            return stubs_[r]->Rejoin(context, request, &responses[r]);
+          }));
     });
   }
   for (auto& t : threads) t.join();

@@ -1,6 +1,7 @@
 #include "client/unsent_retry.h"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -8,8 +9,11 @@
 namespace moe_ep::client {
 
 bool FailedBeforeSending(const grpc::Status& status) {
+  // gRPC's own status begins with it; a worker's answer may quote it further
+  // in (a host error naming rank 0's store: server/call_arrival.cc), and
+  // that call did run.
   return status.error_code() == grpc::StatusCode::UNAVAILABLE &&
-         absl::StrContains(status.error_message(), "failed to connect to all addresses");
+         absl::StartsWith(status.error_message(), "failed to connect to all addresses");
 }
 
 bool FailedBeforeSendingTransiently(const grpc::Status& status) {
@@ -32,6 +36,9 @@ grpc::Status CallRetryingUnsent(grpc::Channel& channel,
                          std::chrono::duration_cast<std::chrono::system_clock::duration>(
                              absl::ToChronoNanoseconds(connect_grace));
   if (!channel.WaitForConnected(std::min(deadline, grace_end))) return status;
+  // Connected with no time left to send: the first failure says more than
+  // a bare DEADLINE_EXCEEDED would.
+  if (deadline - std::chrono::system_clock::now() < std::chrono::milliseconds(5)) return status;
   grpc::ClientContext context;
   context.set_deadline(deadline);
   return call(&context);

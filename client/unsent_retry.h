@@ -22,10 +22,11 @@
 namespace moe_ep::client {
 
 // True when `status` is gRPC's failure of a fail-fast call for want of a
-// connection (UNAVAILABLE "failed to connect to all addresses"): the call
-// never left this client. False for every other status, including a failure
-// after the call was sent (a reset or closed socket, a deadline) and a
-// worker's own UNAVAILABLE.
+// connection (UNAVAILABLE whose message begins "failed to connect to all
+// addresses"): the call never left this client. False for every other
+// status, including a failure after the call was sent (a reset or closed
+// socket, a deadline) and a worker's own UNAVAILABLE, even one quoting that
+// text about a connection of its own.
 bool FailedBeforeSending(const grpc::Status& status);
 
 // FailedBeforeSending(status), except a refused connection ("Connection
@@ -36,8 +37,8 @@ bool FailedBeforeSendingTransiently(const grpc::Status& status);
 // fails with FailedBeforeSendingTransiently, waits for `channel` to connect
 // (at most `connect_grace`, never past `deadline`) and, once connected, runs
 // `call` once more with a fresh context; otherwise, or when the channel does
-// not connect in time, returns the first status. `call` must not change the
-// context's deadline. Blocks up to `deadline`. Thread-safe when `call` is.
+// not connect in time (or with under 5 ms left), returns the first status. `call` must not change
+// the context's deadline. Blocks up to `deadline`. Thread-safe when `call` is.
 grpc::Status CallRetryingUnsent(grpc::Channel& channel,
                                 std::chrono::system_clock::time_point deadline,
                                 absl::Duration connect_grace,

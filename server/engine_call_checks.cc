@@ -76,4 +76,13 @@ absl::Status CheckEngineCombineArgs(const char* call, int rank, int64_t rows, in
   return absl::OkStatus();
 }
 
+absl::Status RefusedDispatchError(const absl::Status& args, const absl::Status& refused) {
+  if (refused.ok()) return args;
+  return absl::Status(
+      args.code(),
+      absl::StrCat(args.message(), "; no refusal could be enqueued in place of the step (",
+                   refused.ToString(),
+                   "), so the peers' dispatch waits for this rank until the group's timeout"));
+}
+
 }  // namespace moe_ep::server

@@ -52,4 +52,14 @@ absl::Status CheckEngineCombineArgs(const char* call, int rank, int64_t rows, in
                                     const void* expert_out, const void* output,
                                     int64_t step_tokens);
 
+// RefusedDispatchError()
+//
+// What a GPU plane's dispatch returns when its arguments failed this rank's
+// checks (`args`, not OK) and it tried to enqueue a refusal in place of the
+// step (issue 30 item 1) with result `refused`: `args` itself when the
+// refusal was enqueued (the peers' step ends at once); otherwise `args`
+// with its code and, appended, that no refusal was enqueued, why, and that
+// the peers' step waits for this rank until the group's timeout.
+absl::Status RefusedDispatchError(const absl::Status& args, const absl::Status& refused);
+
 }  // namespace moe_ep::server

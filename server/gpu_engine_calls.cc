@@ -97,10 +97,10 @@ absl::StatusOr<core::StepStats> GpuDataPlane::EngineDispatch(
     // until the group's timeout and break the group: run the step's
     // transfers as a refusal instead (issue 30 item 1), so the peers' step
     // ends at once without output and their check_step names this rank.
-    // The caller gets its own error either way.
-    (void)OnCallerStream(static_cast<cudaStream_t>(stream),
-                         [&]() { return dispatcher_->RefuseStep(); });
-    return args;
+    // The caller gets its own error either way, told when the refusal
+    // itself failed.
+    return RefusedDispatchError(args, OnCallerStream(static_cast<cudaStream_t>(stream),
+                                                     [&]() { return dispatcher_->RefuseStep(); }));
   }
   const auto* in_hidden = static_cast<const uint16_t*>(hidden);
   RETURN_IF_ERROR(OnCallerStream(static_cast<cudaStream_t>(stream), [&]() -> absl::Status {

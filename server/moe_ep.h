@@ -104,8 +104,12 @@
  * output; the group is still usable" on the one-sided plane and "the step
  * wrote no output here (its received rows lack that rank's); the group is
  * still usable" on the nccl plane (the other sources' rows did arrive); the
- * refusing rank's own moe_ep_check_step reports
- * nothing for it, and the group serves the next step (issue 30 item 1).
+ * refusing rank's own moe_ep_check_step reports nothing for it, and the
+ * group serves the next step (issue 30 item 1). On the nccl plane the
+ * refusal's transfers are on `stream`, so work enqueued after it there
+ * waits for the peers' step, as after any dispatch. When the refusal itself
+ * cannot be enqueued (e.g. this rank's previous step is still dispatched),
+ * the returned error says so and the peers wait for this rank as before.
  * Errors found before the plane is known usable (not ready for steps, no
  * workspace, no committed geometry, moe_ep_dispatch_only) and the argument
  * errors of moe_ep_combine and moe_ep_forward (a negative timeout_ms

@@ -104,8 +104,8 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineDispatch(
     // The peers' kernels would wait out the timeout for this rank's flags:
     // publish a refusal in their place (issue 30 item 1). The caller gets
     // its own error either way.
-    (void)OnEngineStream(stream, [&](cudaStream_t) { return dispatcher_->RefuseStep(); });
-    return args;
+    return RefusedDispatchError(
+        args, OnEngineStream(stream, [&](cudaStream_t) { return dispatcher_->RefuseStep(); }));
   }
   const auto* in_hidden = static_cast<const uint16_t*>(hidden);
   RETURN_IF_ERROR(OnEngineStream(stream, [&](cudaStream_t on) -> absl::Status {

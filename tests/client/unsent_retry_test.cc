@@ -1,6 +1,12 @@
 #include "client/unsent_retry.h"
 
-#include <atomic>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -46,14 +52,30 @@ struct BareServer {
   std::unique_ptr<grpc::Server> server;
 };
 
-// A loopback port nothing listens on (a server's, after it shut down).
-std::string ClosedTarget() {
-  BareServer gone;
-  const std::string target = gone.target();
-  gone.server->Shutdown();
-  gone.server->Wait();
-  return target;
-}
+// A loopback port held by a socket that is bound and never listens: a
+// connect to it is refused, and no other test can take the port while this
+// object lives.
+class ClosedPort {
+ public:
+  ClosedPort() : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0)
+        << std::strerror(errno);
+    socklen_t len = sizeof(addr);
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+  }
+  ~ClosedPort() { close(fd_); }
+  ClosedPort(const ClosedPort&) = delete;
+  ClosedPort& operator=(const ClosedPort&) = delete;
+  std::string target() const { return absl::StrCat("127.0.0.1:", port_); }
+
+ private:
+  int fd_;
+  int port_ = 0;
+};
 
 grpc::Status GetStatus(grpc::Channel& channel, grpc::ClientContext* context) {
   auto stub = v1::Worker::NewStub(std::shared_ptr<grpc::Channel>(&channel, [](grpc::Channel*) {}));
@@ -74,11 +96,18 @@ TEST(FailedBeforeSending, TellsAnUnsentCallFromEveryOtherFailure) {
   // The worker's own UNAVAILABLE, and the same text under another code.
   EXPECT_FALSE(FailedBeforeSending(grpc::Status(grpc::StatusCode::UNAVAILABLE, "draining")));
   EXPECT_FALSE(FailedBeforeSending(grpc::Status(grpc::StatusCode::INTERNAL, kMisreportedConnect)));
+  // A worker's answer quoting gRPC about a connection of its own (a host
+  // error naming rank 0's store): that call ran, and must not be resent.
+  EXPECT_FALSE(FailedBeforeSending(grpc::Status(
+      grpc::StatusCode::UNAVAILABLE,
+      absl::StrCat("Forward: the arrival round on the store of rank 0 failed: gRPC 14: ",
+                   kMisreportedConnect, " (the host rank is lost)"))));
   EXPECT_FALSE(FailedBeforeSending(grpc::Status::OK));
 }
 
 TEST(FailedBeforeSending, MatchesThisGrpcsTextForARefusedConnection) {
-  auto channel = grpc::CreateChannel(ClosedTarget(), grpc::InsecureChannelCredentials());
+  const ClosedPort closed;
+  auto channel = grpc::CreateChannel(closed.target(), grpc::InsecureChannelCredentials());
   grpc::ClientContext context;
   context.set_deadline(In(absl::Seconds(10)));
   const grpc::Status s = GetStatus(*channel, &context);
@@ -119,7 +148,8 @@ TEST(CallRetryingUnsent, NeverResendsASentOrRefusedCall) {
 }
 
 TEST(CallRetryingUnsent, GivesUpAfterTheGraceWhenTheChannelNeverConnects) {
-  auto channel = grpc::CreateChannel(ClosedTarget(), grpc::InsecureChannelCredentials());
+  const ClosedPort closed;
+  auto channel = grpc::CreateChannel(closed.target(), grpc::InsecureChannelCredentials());
   int calls = 0;
   const absl::Time start = absl::Now();
   const grpc::Status s = CallRetryingUnsent(

@@ -114,6 +114,19 @@ TEST(CheckEngineCombineArgs, OutputMayBeNullOnlyWhenTheStepHadNoTokens) {
   EXPECT_THAT(got.message(), HasSubstr("expert_out is null with 4 rows per source"));
 }
 
+TEST(RefusedDispatchError, IsTheArgumentErrorAndSaysWhenNoRefusalWasEnqueued) {
+  const absl::Status args = absl::InvalidArgumentError("dispatch on rank 1: hidden is host memory");
+  const absl::Status kept = RefusedDispatchError(args, absl::OkStatus());
+  EXPECT_EQ(kept, args);
+  const absl::Status lost =
+      RefusedDispatchError(args, absl::FailedPreconditionError("Dispatch: a step is in flight"));
+  EXPECT_EQ(lost.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(lost.message(),
+            "dispatch on rank 1: hidden is host memory; no refusal could be enqueued in place of "
+            "the step (FAILED_PRECONDITION: Dispatch: a step is in flight), so the peers' "
+            "dispatch waits for this rank until the group's timeout");
+}
+
 }  // namespace
 }  // namespace engine_call_checks_test
 }  // namespace moe_ep::server
