@@ -103,6 +103,10 @@ std::shared_ptr<grpc::Channel> MakeWorkerChannel(const std::string& target,
   // Workers are addressed directly; an http_proxy in the environment must not
   // capture loopback or cluster-internal addresses.
   args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
+  // No service config from DNS: a retry policy from there could resend a
+  // collective the worker already ran (client/unsent_retry.h resends only
+  // what never left).
+  args.SetInt(GRPC_ARG_SERVICE_CONFIG_DISABLE_RESOLUTION, 1);
   if (options.max_reconnect_backoff > absl::ZeroDuration()) {
     const int ms = static_cast<int>(absl::ToInt64Milliseconds(options.max_reconnect_backoff));
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, ms);
