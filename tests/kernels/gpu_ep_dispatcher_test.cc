@@ -519,8 +519,10 @@ TEST(GpuEpDispatcher, DeviceCheckReportsEpochMismatchAtCheckStep) {
 // row, the refusing rank's CheckStep reports nothing and a Combine there is
 // a sequence error, the communicator stays healthy, and the next step
 // equals the reference on every rank. One thread and one GPU a rank (NCCL
-// takes one rank a device).
-void RunRefusal(int ep_size, int refusing, GeometryCheck check) {
+// takes one rank a device). `dtype` fp8: the peers' dequantizing pass runs
+// on the refused step's padding rows too (a local pass: no collective).
+void RunRefusal(int ep_size, int refusing, GeometryCheck check,
+                core::DispatchDType dtype = core::DispatchDType::kBF16) {
   MOE_EP_REQUIRE_GPUS(ep_size);
   constexpr int64_t kHidden = 256;
   constexpr int kTopK = 2;
@@ -544,6 +546,7 @@ void RunRefusal(int ep_size, int refusing, GeometryCheck check) {
     set_ptrs.push_back(&sets[r]);
   }
   core::EpReferenceOptions ref_options;
+  ref_options.dispatch_dtype = dtype;
   auto ref = core::ReferenceEpForward(*placement, set_ptrs, ref_inputs, kTopK, ref_options);
   ASSERT_TRUE(ref.ok()) << ref.status();
   const int64_t r_max = ref->runtime_max_tokens_per_rank;
@@ -555,7 +558,7 @@ void RunRefusal(int ep_size, int refusing, GeometryCheck check) {
     auto coll = NcclCollective::Create(*id, rank, ep_size, rank, std::chrono::seconds(20));
     ASSERT_TRUE(coll.ok()) << coll.status();
     GpuEpDispatcherOptions options;
-    options.dispatcher.workspace = {ep_size, kCapacity, kHidden, kTopK, core::DispatchDType::kBF16};
+    options.dispatcher.workspace = {ep_size, kCapacity, kHidden, kTopK, dtype};
     options.dispatcher.num_experts = kExperts;
     options.geometry_check = check;
     auto disp = GpuEpDispatcher::Create(coll->get(), options, 0);
@@ -620,6 +623,12 @@ TEST(GpuEpDispatcher, Ep2RefusedStepEndsAtOnce) { RunRefusal(2, 1, GeometryCheck
 TEST(GpuEpDispatcher, Ep4RefusedStepEndsAtOnce) { RunRefusal(4, 2, GeometryCheck::kDevice); }
 TEST(GpuEpDispatcher, Ep2HostCheckRefusedStepEndsAtOnce) {
   RunRefusal(2, 0, GeometryCheck::kHostAllGather);
+}
+TEST(GpuEpDispatcher, Fp8Ep1RefusedStepReportsNothingAndTheNextStepIsExact) {
+  RunRefusal(1, 0, GeometryCheck::kDevice, core::DispatchDType::kFP8E4M3);
+}
+TEST(GpuEpDispatcher, Fp8Ep2RefusedStepEndsAtOnce) {
+  RunRefusal(2, 1, GeometryCheck::kDevice, core::DispatchDType::kFP8E4M3);
 }
 
 // RefuseStep keeps the step sequence: with no geometry committed there is
