@@ -36,6 +36,22 @@ __global__ void VerifyStepHeaderKernel(const int64_t* gathered, int ep_size, int
   }
 }
 
+// Records rank r's header row in `error` unless an earlier record sticks,
+// and makes this rank's step move no token (header[2], T = 0).
+__device__ void RecordAndStop(const int64_t* gathered, int r, int32_t r_differs, int32_t refused,
+                              int64_t* header, StepHeaderError* error) {
+  if (error->rank_plus_1 == 0) {
+    error->rank_plus_1 = r + 1;
+    error->r_differs = r_differs;
+    error->refused = refused;
+    error->their_epoch = gathered[3 * r];
+    error->their_r = gathered[3 * r + 1];
+    error->my_epoch = header[0];
+    error->my_r = header[1];
+  }
+  header[2] = 0;
+}
+
 // One thread: the (epoch, R) disagreements first (they may have sized the
 // transfers differently), then the refusals (issue 30 item 1): this rank's
 // own (its caller has the error: nothing recorded), else the lowest peer's.
@@ -43,15 +59,7 @@ __global__ void CheckStepHeadersKernel(const int64_t* gathered, int ep_size, int
                                        int64_t* header, StepHeaderError* error) {
   for (int r = 0; r < ep_size; ++r) {
     if (gathered[3 * r] != header[0] || gathered[3 * r + 1] != header[1]) {
-      if (error->rank_plus_1 == 0) {
-        error->rank_plus_1 = r + 1;
-        error->r_differs = gathered[3 * r + 1] != header[1] ? 1 : 0;
-        error->their_epoch = gathered[3 * r];
-        error->their_r = gathered[3 * r + 1];
-        error->my_epoch = header[0];
-        error->my_r = header[1];
-      }
-      header[2] = 0;
+      RecordAndStop(gathered, r, gathered[3 * r + 1] != header[1] ? 1 : 0, 0, header, error);
       return;
     }
   }
@@ -61,15 +69,7 @@ __global__ void CheckStepHeadersKernel(const int64_t* gathered, int ep_size, int
   }
   for (int r = 0; r < ep_size; ++r) {
     if (gathered[3 * r + 2] == kRefusedStepTokens) {
-      if (error->rank_plus_1 == 0) {
-        error->rank_plus_1 = r + 1;
-        error->refused = 1;
-        error->their_epoch = gathered[3 * r];
-        error->their_r = gathered[3 * r + 1];
-        error->my_epoch = header[0];
-        error->my_r = header[1];
-      }
-      header[2] = 0;
+      RecordAndStop(gathered, r, 0, 1, header, error);
       return;
     }
   }
