@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "server/engine_call_checks.h"
 
 namespace moe_ep::server {
 
@@ -22,19 +23,24 @@ absl::Status CheckEngineDevicePointers(
   return absl::OkStatus();
 }
 
-absl::Status CheckEngineDispatchPointers(absl::string_view plane, int device,
-                                         kernels::DevicePointerCache& known, const void* hidden,
-                                         const int32_t* topk_ids, const float* topk_weights,
-                                         const EngineRecvBuffers& out) {
-  return CheckEngineDevicePointers("dispatch", plane, device, known,
-                                   {{"hidden", hidden},
-                                    {"topk_ids", topk_ids},
-                                    {"topk_weights", topk_weights},
-                                    {"recv_hidden", out.hidden},
-                                    {"recv_topk_ids", out.topk_ids},
-                                    {"recv_topk_weights", out.topk_weights},
-                                    {"source_counts", out.source_counts},
-                                    {"expert_counts", out.expert_counts}});
+absl::Status CheckEngineDispatchArgs(absl::string_view plane, int device,
+                                     kernels::DevicePointerCache& known, int rank,
+                                     const absl::Status& step, int64_t runtime_max,
+                                     int num_local_experts, const void* hidden,
+                                     const int32_t* topk_ids, const float* topk_weights,
+                                     int64_t num_tokens, const EngineRecvBuffers& out) {
+  RETURN_IF_ERROR(CheckEngineDevicePointers("dispatch", plane, device, known,
+                                            {{"hidden", hidden},
+                                             {"topk_ids", topk_ids},
+                                             {"topk_weights", topk_weights},
+                                             {"recv_hidden", out.hidden},
+                                             {"recv_topk_ids", out.topk_ids},
+                                             {"recv_topk_weights", out.topk_weights},
+                                             {"source_counts", out.source_counts},
+                                             {"expert_counts", out.expert_counts}}));
+  RETURN_IF_ERROR(step);
+  RETURN_IF_ERROR(CheckEngineRecvBuffers("dispatch", rank, out, runtime_max, num_local_experts));
+  return CheckEngineInputs("dispatch", rank, num_tokens, hidden, topk_ids, topk_weights);
 }
 
 kernels::UnpackReceivedParams EngineUnpackParams(const core::EpDispatcherOptions& options,

@@ -2,8 +2,8 @@
 
 // What both GPU transports' engine calls (server/gpu_engine_calls.cc,
 // server/onesided_engine_calls.cc) check and build alike, written once
-// (issue 34 item 1): the device-pointer check of an engine's buffers and
-// the unpack parameters of a dispatch's receive region. The stream events
+// (issue 34 item 1): the device-pointer check of an engine's buffers, a
+// dispatch's argument checks and the unpack parameters of its receive region. The stream events
 // and the expert-output pack are kernels/ (kernels/plane_events.h,
 // kernels/engine_rows.cuh).
 
@@ -38,14 +38,22 @@ absl::Status CheckEngineDevicePointers(
     const char* call, absl::string_view plane, int device, kernels::DevicePointerCache& known,
     std::initializer_list<std::pair<const char*, const void*>> ptrs);
 
-// CheckEngineDispatchPointers()
+// CheckEngineDispatchArgs()
 //
-// CheckEngineDevicePointers of a dispatch's eight buffers (the inputs and
-// `out`'s), named as moe_ep_dispatch names them; both GPU planes' dispatch.
-absl::Status CheckEngineDispatchPointers(absl::string_view plane, int device,
-                                         kernels::DevicePointerCache& known, const void* hidden,
-                                         const int32_t* topk_ids, const float* topk_weights,
-                                         const EngineRecvBuffers& out);
+// The argument checks of both GPU planes' dispatch on `rank`, whose failure
+// makes the plane refuse the step (issue 30 item 1), in the order their
+// errors are reported: CheckEngineDevicePointers of the eight buffers (the
+// inputs and `out`'s, named as moe_ep_dispatch names them); `step`, the
+// plane dispatcher's geometry check of T (a committed geometry, 0 <= T <=
+// R: computed by the caller, reported here); CheckEngineRecvBuffers for R =
+// `runtime_max` and `num_local_experts`; CheckEngineInputs of the T =
+// `num_tokens` inputs. Errors: the first failing check's.
+absl::Status CheckEngineDispatchArgs(absl::string_view plane, int device,
+                                     kernels::DevicePointerCache& known, int rank,
+                                     const absl::Status& step, int64_t runtime_max,
+                                     int num_local_experts, const void* hidden,
+                                     const int32_t* topk_ids, const float* topk_weights,
+                                     int64_t num_tokens, const EngineRecvBuffers& out);
 
 // EngineUnpackParams()
 //

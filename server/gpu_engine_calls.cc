@@ -85,13 +85,10 @@ absl::StatusOr<core::StepStats> GpuDataPlane::EngineDispatch(
   // holds it (every rank owns at least one expert: num_experts >= E).
   const core::PlacementTable& contiguous = *book_.contiguous();
   const int local_experts = contiguous.NumSlots(rank);
-  absl::Status args = CheckEngineDispatchPointers(data_plane(), group_.device, device_pointers_,
-                                                  hidden, topk_ids, topk_weights, out);
-  if (args.ok()) args = dispatcher_->CheckStep("dispatch", num_tokens);
-  if (args.ok()) args = CheckEngineRecvBuffers("dispatch", rank, out, r, local_experts);
-  if (args.ok()) {
-    args = CheckEngineInputs("dispatch", rank, num_tokens, hidden, topk_ids, topk_weights);
-  }
+  const absl::Status args =
+      CheckEngineDispatchArgs(data_plane(), group_.device, device_pointers_, rank,
+                              dispatcher_->CheckStep("dispatch", num_tokens), r, local_experts,
+                              hidden, topk_ids, topk_weights, num_tokens, out);
   if (!args.ok()) {
     // The peers' NCCL transfers of this step would wait for this rank's
     // until the group's timeout and break the group: run the step's

@@ -93,13 +93,10 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineDispatch(
   }
   const OneSidedRouteMap& map = EngineMap();
   const int local_experts = map.num_local[group_.rank];
-  absl::Status args = CheckEngineDispatchPointers(data_plane(), group_.device, device_pointers_,
-                                                  hidden, topk_ids, topk_weights, out);
-  if (args.ok()) args = dispatcher_->CheckStep("dispatch", num_tokens);
-  if (args.ok()) args = CheckEngineRecvBuffers("dispatch", group_.rank, out, r, local_experts);
-  if (args.ok()) {
-    args = CheckEngineInputs("dispatch", group_.rank, num_tokens, hidden, topk_ids, topk_weights);
-  }
+  const absl::Status args =
+      CheckEngineDispatchArgs(data_plane(), group_.device, device_pointers_, group_.rank,
+                              dispatcher_->CheckStep("dispatch", num_tokens), r, local_experts,
+                              hidden, topk_ids, topk_weights, num_tokens, out);
   if (!args.ok()) {
     // The peers' kernels would wait out the timeout for this rank's flags:
     // publish a refusal in their place (issue 30 item 1). The caller gets
