@@ -352,8 +352,8 @@ absl::Status GpuEpDispatcher::RefuseStep() {
   // check).
   RETURN_IF_ERROR(BeginStep(0, /*refused=*/true));
   const int64_t r = geometry_.runtime_max_tokens_per_rank();
+  // The step never becomes dispatched here (BeginDispatch found it idle).
   RETURN_IF_ERROR(EnqueueDispatch(r, nullptr, nullptr, nullptr));
-  geometry_.MarkIdle();
   return EnqueueCombine(r, nullptr);
 }
 
