@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 30 item 1 on the NCCL plane (1551353..1da9277): the refusal's
+# Issue 30 item 1 on the NCCL plane (ea83556..baa5451): the refusal's
 # one-GPU tests (step header, RefuseStep at EP 1), the NCCL dispatcher's and
 # both GPU planes' tests around it (the step header record grew), the
 # capability matrix (new RefusedDispatchFreesThePeers cell), the embedded C
