@@ -253,8 +253,15 @@ int Main(int argc, char** argv) {
       CUDA_CHECK(cudaMalloc(&act_sc, rows * (inter / 128) * 4));
       CUDA_CHECK(cudaMalloc(&y, rows * hidden * 2));
       CUDA_CHECK(cudaMemcpy(d_off, offsets.data(), (num_experts + 1) * 4, cudaMemcpyHostToDevice));
-      BENCH_CHECK(LaunchQuantizeFp8BlockMatrices((*experts)->gate_up(), 1, rows, hidden, a_codes,
-                                                 a_sc, stream));  // any bf16 values will do
+      // Any bf16 values will do: the gate/up weights' 2 E I rows of H, reused
+      // in chunks (at one expert they are fewer than the rows); the block
+      // scales land in a_sc and are overwritten below.
+      const int64_t seed_rows = int64_t{2} * num_experts * inter;
+      for (int64_t r0 = 0; r0 < rows; r0 += seed_rows) {
+        BENCH_CHECK(LaunchQuantizeFp8BlockMatrices((*experts)->gate_up(), 1,
+                                                   std::min(seed_rows, rows - r0), hidden,
+                                                   a_codes + r0 * hidden, a_sc, stream));
+      }
       const std::vector<float> a_sc_host(rows * (hidden / 128), 1.0f / 448);
       CUDA_CHECK(cudaMemcpy(a_sc, a_sc_host.data(), a_sc_host.size() * 4, cudaMemcpyHostToDevice));
       Fp8GemmParams gu;
