@@ -25,26 +25,39 @@ set_tests_properties(embedded_c11_smoke PROPERTIES LABELS embedded TIMEOUT 60)
 # (python/tests/test_engine_gpu.py; skips, with the reason, without torch, a
 # GPU or enough GPUs). Both form the group with `moe-ep up --targets`.
 if(TARGET moe_ep_kernels AND TARGET moe-ep)
-  add_executable(moe_ep_gpu_embedded ${CMAKE_CURRENT_SOURCE_DIR}/embedded/gpu_embedded.cc)
-  target_link_libraries(moe_ep_gpu_embedded PRIVATE moe_ep CUDA::cudart)
-  set_target_properties(moe_ep_gpu_embedded PROPERTIES BUILD_RPATH $<TARGET_FILE_DIR:moe_ep>)
-  add_test(NAME embedded_gpu_c_api COMMAND moe_ep_gpu_embedded $<TARGET_FILE:moe-ep>)
+  add_executable(moe_ep_engine_embedded ${CMAKE_CURRENT_SOURCE_DIR}/embedded/engine_embedded.cc)
+  target_link_libraries(moe_ep_engine_embedded PRIVATE moe_ep CUDA::cudart)
+  set_target_properties(moe_ep_engine_embedded PROPERTIES BUILD_RPATH $<TARGET_FILE_DIR:moe_ep>)
+  if(TARGET moe_ep_integration_tests)  # CapabilityMatrixEngine runs it
+    add_dependencies(moe_ep_integration_tests moe_ep_engine_embedded)
+  endif()
+  add_test(NAME embedded_gpu_c_api COMMAND moe_ep_engine_embedded $<TARGET_FILE:moe-ep>)
   set_tests_properties(embedded_gpu_c_api PROPERTIES LABELS "embedded;gpu" SKIP_RETURN_CODE 77
     TIMEOUT 300)
   # The same calls on the one-sided plane (issue 34 item 2).
   add_test(NAME embedded_gpu_c_api_onesided
-    COMMAND moe_ep_gpu_embedded $<TARGET_FILE:moe-ep> one-sided)
+    COMMAND moe_ep_engine_embedded $<TARGET_FILE:moe-ep> one-sided)
   set_tests_properties(embedded_gpu_c_api_onesided PROPERTIES LABELS "embedded;gpu"
     SKIP_RETURN_CODE 77 TIMEOUT 300)
   # Two ranks as two processes sharing the GPU (DESIGN §10's engine-path set-up).
   add_test(NAME embedded_gpu_c_api_onesided_2_ranks
-    COMMAND moe_ep_gpu_embedded $<TARGET_FILE:moe-ep> one-sided 2)
+    COMMAND moe_ep_engine_embedded $<TARGET_FILE:moe-ep> one-sided 2)
   set_tests_properties(embedded_gpu_c_api_onesided_2_ranks PROPERTIES LABELS "embedded;gpu"
     SKIP_RETURN_CODE 77 TIMEOUT 300)
+  # Four ranks as processes sharing the GPU on the one-sided plane, and on
+  # the gloo plane with host buffers (no GPU: runs in CI); the capability
+  # matrix runs the same three columns (issue 34 item 2).
+  add_test(NAME embedded_gpu_c_api_onesided_4_ranks
+    COMMAND moe_ep_engine_embedded $<TARGET_FILE:moe-ep> one-sided 4)
+  set_tests_properties(embedded_gpu_c_api_onesided_4_ranks PROPERTIES LABELS "embedded;gpu"
+    SKIP_RETURN_CODE 77 TIMEOUT 300)
+  add_test(NAME embedded_c_api_gloo_4_ranks
+    COMMAND moe_ep_engine_embedded $<TARGET_FILE:moe-ep> gloo 4)
+  set_tests_properties(embedded_c_api_gloo_4_ranks PROPERTIES LABELS embedded TIMEOUT 300)
   # Two ranks on the nccl plane, one GPU each (skips with fewer than two):
   # step 4b's refused dispatch (issue 30 item 1).
   add_test(NAME embedded_gpu_c_api_nccl_2_ranks
-    COMMAND moe_ep_gpu_embedded $<TARGET_FILE:moe-ep> nccl 2)
+    COMMAND moe_ep_engine_embedded $<TARGET_FILE:moe-ep> nccl 2)
   set_tests_properties(embedded_gpu_c_api_nccl_2_ranks PROPERTIES LABELS "embedded;gpu"
     SKIP_RETURN_CODE 77 TIMEOUT 300)
 endif()

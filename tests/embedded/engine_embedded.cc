@@ -1,22 +1,28 @@
-// The C API's GPU data calls (server/moe_ep.h; issue 16 item 1), EP 1 on
-// CUDA device 0 (or EP 2, below), through libmoe_ep.so only: an embedded
-// nccl worker, the group formed by `moe-ep up --targets` (argv[1]), then on device buffers
-// and a caller stream: dispatch into recv_rows > R (padding slots), the
-// caller's experts (expert e scales by (e + 1) / 8) and combine against a
-// host reference; forward with the worker's identity experts; dispatch +
-// combine captured in a CUDA graph and replayed with new inputs; the graph
-// token (MOE_EP_RECAPTURE for another one); host pointers refused naming
-// the argument (with two ranks, a refusal on one rank only ends the peers' step at once,
-// named by their moe_ep_check_step; issue 30 item 1); an expert id out of range on the last rank
-// named by that rank's moe_ep_check_step (peers OK) and the next step exact. argv[2] picks the data
-// plane (--gpu-data-plane: nccl, the default, or one-sided; issue 34 item 2): both serve the same
-// calls with the same results. argv[3] = 2 runs two ranks as two processes: on the one-sided plane
-// sharing CUDA device 0, on the nccl plane rank r on device r (NCCL takes one rank a device, so it
-// needs two); each checks what it received from both sources and its combined output against the
-// host reference of its own tokens. Exits 77 (skipped, with the reason) without the CUDA devices it
-// needs.
+// The C API's engine data calls (server/moe_ep.h; issue 16 item 1, issue 34
+// item 2) through libmoe_ep.so only, on any data plane: embedded workers
+// (one a process), the group formed by `moe-ep up --targets` (argv[1]), then
+// on the plane's buffers (device memory and a caller stream on the GPU
+// planes, host memory on gloo): the token-count agreement; dispatch into
+// recv_rows > R (padding slots), the caller's experts (expert e scales by
+// (e + 1) / 8) and combine against a host reference; forward with the
+// worker's identity experts; on the GPU planes dispatch + combine captured
+// in a CUDA graph and replayed with new inputs, the graph token
+// (MOE_EP_RECAPTURE for another one) and host pointers refused naming the
+// argument; with peers, a refusal on the last rank only ends the peers' step
+// at once (the GPU planes: their moe_ep_check_step names it; gloo: their
+// call returns ABORTED naming it; issue 30 item 1); an expert id out of
+// range on the last rank named by that rank (DESIGN §7) and the next step
+// exact. Usage: engine_embedded MOE_EP_CLI [nccl|one-sided|gloo] [world 1-4].
+// nccl (the default) runs rank r on CUDA device r (NCCL takes one rank a
+// device); one-sided runs every rank on device 0 (CUDA IPC windows); gloo
+// needs no GPU. Each rank checks what it received from every source and its
+// combined output against the host reference of its own tokens; rank 2 has
+// no tokens. Exits 77 (skipped, with the reason) without the CUDA devices
+// it needs. The capability matrix runs it on each column
+// (tests/integration/capability_matrix_test.cc).
 
 #include <cuda_runtime.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,6 +32,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -41,6 +48,7 @@ constexpr int kR = 32;     // committed R
 constexpr int kRows = 40;  // recv_rows of the eager dispatch (> R)
 
 int failures = 0;
+bool host_plane = false;  // gloo: host buffers, a null stream, no CUDA call
 
 #define EXPECT(cond, ...)                               \
   do {                                                  \
@@ -154,8 +162,10 @@ void ExpectClose(const char* what, const std::vector<uint16_t>& got,
   EXPECT(worst <= 0.0f, "%s: element %zu got %g want %g", what, at, FromBf16(got[at]), want[at]);
 }
 
+// A zeroed buffer of the plane's memory (device, or host on gloo).
 template <typename T>
 T* Device(size_t count) {
+  if (host_plane) return static_cast<T*>(std::calloc(count * sizeof(T) + 16, 1));
   void* p = nullptr;
   CUDA(cudaMalloc(&p, count * sizeof(T) + 16));
   CUDA(cudaMemset(p, 0, count * sizeof(T) + 16));
@@ -167,37 +177,73 @@ T* Device(size_t count) {
 
 template <typename T>
 void Upload(T* dst, const std::vector<T>& src, cudaStream_t s) {
+  if (host_plane) {
+    if (!src.empty()) std::memcpy(dst, src.data(), src.size() * sizeof(T));
+    return;
+  }
   CUDA(cudaMemcpyAsync(dst, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice, s));
 }
 
 template <typename T>
 std::vector<T> Download(const T* src, size_t count) {
   std::vector<T> out(count);
+  if (host_plane) {
+    if (count > 0) std::memcpy(out.data(), src, count * sizeof(T));
+    return out;
+  }
   CUDA(cudaMemcpy(out.data(), src, count * sizeof(T), cudaMemcpyDeviceToHost));
   return out;
 }
 
-// Tokens of rank `rank` in the eager steps (uneven across ranks).
-int TokensOf(int rank) { return rank == 0 ? 20 : 13; }
+void Sync(cudaStream_t s) {
+  if (!host_plane) CUDA(cudaStreamSynchronize(s));
+}
+
+void Fill(void* dst, int byte, size_t bytes, cudaStream_t s) {
+  if (host_plane) {
+    std::memset(dst, byte, bytes);
+  } else {
+    CUDA(cudaMemsetAsync(dst, byte, bytes, s));
+  }
+}
+
+void Free(void* p) {
+  if (host_plane) {
+    std::free(p);
+  } else {
+    CUDA(cudaFree(p));
+  }
+}
+
+// Tokens of rank `rank` of `world` in the eager steps: uneven, and rank 2
+// of 4 has none (the last rank, which refuses in steps 4b and 5, has some).
+int TokensOf(int rank, int world) {
+  constexpr int kTokens[] = {20, 13, 0, 7};
+  return world == 3 && rank == 2 ? 5 : kTokens[rank];
+}
 
 // The checks of one rank on CUDA `device`; `world` ranks with the inputs
-// MakeInputs(TokensOf(s), 1 + 100 * s).
+// MakeInputs(TokensOf(s, world), 1 + 100 * s).
 void RunRank(moe_ep_worker* worker, int world, int device) {
   moe_ep_worker_info info;
   info.struct_size = sizeof(info);
   Ok(moe_ep_worker_info_get(worker, &info), "moe_ep_worker_info_get");
-  EXPECT(info.backend == MOE_EP_BACKEND_NCCL && info.device == device && info.world_size == world,
-         "info: backend %d device %d (want %d) world %d", info.backend, info.device, device,
-         info.world_size);
+  const int32_t backend = host_plane ? MOE_EP_BACKEND_GLOO : MOE_EP_BACKEND_NCCL;
+  EXPECT(
+      info.backend == backend && (host_plane || info.device == device) && info.world_size == world,
+      "info: backend %d (want %d) device %d (want %d) world %d", info.backend, backend, info.device,
+      device, info.world_size);
   const int rank = info.rank;
   const int32_t invalid = info.invalid_expert_id;
   const int first = info.first_expert;
   const int local = info.num_local_experts;
   const int rows = world * kRows;  // [E, kRows] receive slots
 
-  CUDA(cudaSetDevice(device));
   cudaStream_t stream = nullptr;
-  CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  if (!host_plane) {
+    CUDA(cudaSetDevice(device));
+    CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  }
   auto* d_hidden = Device<uint16_t>(kCapacity * kHidden);
   auto* d_ids = Device<int32_t>(kCapacity * kTopK);
   auto* d_weights = Device<float>(kCapacity * kTopK);
@@ -211,22 +257,31 @@ void RunRank(moe_ep_worker* worker, int world, int device) {
   auto* d_local_tokens = Device<int64_t>(1);
   auto* d_token_counts = Device<int64_t>(world);
 
-  // 0. The token counts agreed on the device buffers.
-  const int tokens = TokensOf(rank);
+  // 0. The token counts agreed (on the device buffers on the GPU planes).
+  const int tokens = TokensOf(rank, world);
   Upload(d_local_tokens, std::vector<int64_t>{tokens}, stream);
-  Ok(moe_ep_sync_token_counts_async(worker, d_local_tokens, d_token_counts, stream, 0),
-     "moe_ep_sync_token_counts_async");
-  CUDA(cudaStreamSynchronize(stream));
+  if (host_plane) {
+    int64_t r_max = 0;
+    Ok(moe_ep_sync_token_counts(worker, tokens, d_token_counts, &r_max),
+       "moe_ep_sync_token_counts");
+    EXPECT(r_max >= TokensOf(0, world), "runtime_max_tokens_per_rank %lld < rank 0's %d tokens",
+           static_cast<long long>(r_max), TokensOf(0, world));
+  } else {
+    Ok(moe_ep_sync_token_counts_async(worker, d_local_tokens, d_token_counts, stream, 0),
+       "moe_ep_sync_token_counts_async");
+  }
+  Sync(stream);
   const auto counts = Download(d_token_counts, world);
   for (int s = 0; s < world; ++s) {
-    EXPECT(counts[s] == TokensOf(s), "token count of rank %d: %lld, want %d", s,
-           static_cast<long long>(counts[s]), TokensOf(s));
+    EXPECT(counts[s] == TokensOf(s, world), "token count of rank %d: %lld, want %d", s,
+           static_cast<long long>(counts[s]), TokensOf(s, world));
   }
 
   // 1. Eager dispatch (recv_rows 40 > R 32), the caller's experts, combine.
   std::vector<Inputs> all;
   all.reserve(world);
-  for (int s = 0; s < world; ++s) all.push_back(MakeInputs(TokensOf(s), 1 + 100 * s, invalid));
+  for (int s = 0; s < world; ++s)
+    all.push_back(MakeInputs(TokensOf(s, world), 1 + 100 * s, invalid));
   const Inputs& in = all[rank];
   Upload(d_hidden, in.hidden, stream);
   Upload(d_ids, in.ids, stream);
@@ -238,7 +293,7 @@ void RunRank(moe_ep_worker* worker, int world, int device) {
   Ok(moe_ep_dispatch(worker, d_hidden, d_ids, d_weights, tokens, d_recv_hidden, d_recv_ids,
                      d_recv_weights, kRows, d_source_counts, d_expert_counts, stream, 0),
      "moe_ep_dispatch");
-  CUDA(cudaStreamSynchronize(stream));
+  Sync(stream);
   const auto recv_hidden = Download(d_recv_hidden, rows * kHidden);
   const auto recv_ids = Download(d_recv_ids, rows * kTopK);
   const auto recv_weights = Download(d_recv_weights, rows * kTopK);
@@ -249,7 +304,7 @@ void RunRank(moe_ep_worker* worker, int world, int device) {
   for (int s = 0; s < world; ++s) {
     const Inputs& src = all[s];
     int slot = 0;
-    for (int t = 0; t < TokensOf(s); ++t) {
+    for (int t = 0; t < TokensOf(s, world); ++t) {
       bool here = false;
       for (int k = 0; k < kTopK; ++k) {
         const int32_t id = src.ids[t * kTopK + k];
@@ -296,7 +351,7 @@ void RunRank(moe_ep_worker* worker, int world, int device) {
   }
   Upload(d_expert_out, expert_out, stream);
   Ok(moe_ep_combine(worker, d_expert_out, kRows, d_output, stream, 0), "moe_ep_combine");
-  CUDA(cudaStreamSynchronize(stream));
+  Sync(stream);
   ExpectClose("combine", Download(d_output, tokens * kHidden),
               Reference(in, tokens, invalid, true));
 
@@ -304,110 +359,124 @@ void RunRank(moe_ep_worker* worker, int world, int device) {
   Ok(moe_ep_commit_geometry(worker, 2, kR, tokens), "commit_geometry");
   Ok(moe_ep_forward(worker, 0, d_hidden, d_ids, d_weights, tokens, d_output, stream, 0),
      "moe_ep_forward");
-  CUDA(cudaStreamSynchronize(stream));
+  Sync(stream);
   ExpectClose("forward", Download(d_output, tokens * kHidden),
               Reference(in, tokens, invalid, false));
   Ok(moe_ep_check_step(worker, 0), "moe_ep_check_step");
 
-  // 3. Dispatch + combine (the received rows as expert outputs, rows = R)
-  // captured in a CUDA graph, replayed twice with new inputs.
-  Ok(moe_ep_commit_geometry(worker, 3, kR, 0), "commit_geometry(bucket)");
-  uint64_t token = 0;
-  Ok(moe_ep_graph_token(worker, &token), "moe_ep_graph_token");
-  CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  const moe_ep_status captured_dispatch =
-      moe_ep_dispatch(worker, d_hidden, d_ids, d_weights, kR, d_recv_hidden, d_recv_ids,
-                      d_recv_weights, kR, d_source_counts, d_expert_counts, stream, 0);
-  const moe_ep_status captured_combine =
-      moe_ep_combine(worker, d_recv_hidden, kR, d_output, stream, 0);
+  // 3. GPU planes: dispatch + combine (the received rows as expert outputs,
+  // rows = R) captured in a CUDA graph, replayed twice with new inputs.
   cudaGraph_t graph = nullptr;
-  CUDA(cudaStreamEndCapture(stream, &graph));
-  Ok(captured_dispatch, "captured moe_ep_dispatch");
-  Ok(captured_combine, "captured moe_ep_combine");
   cudaGraphExec_t exec = nullptr;
-  CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  const int experts_per_rank = kExperts / world;
-  for (int replay = 0; replay < 2; ++replay) {
-    Inputs next = MakeInputs(kR, 10 + replay + 100 * rank, invalid);
-    Upload(d_hidden, next.hidden, stream);
-    Upload(d_ids, next.ids, stream);
-    Upload(d_weights, next.weights, stream);
-    EXPECT(moe_ep_check_graph(worker, token) == MOE_EP_OK, "check_graph: %s", moe_ep_last_error());
-    CUDA(cudaGraphLaunch(exec, stream));
-    CUDA(cudaStreamSynchronize(stream));
-    // The received rows go back as they are: a routed token returns x once
-    // for every rank that holds one of its experts.
-    std::vector<float> want(kR * kHidden, 0.0f);
-    for (int t = 0; t < kR; ++t) {
-      int ranks = 0;
-      for (int d = 0; d < world; ++d) {
-        bool to_d = false;
-        for (int k = 0; k < kTopK; ++k) {
-          const int32_t id = next.ids[t * kTopK + k];
-          to_d = to_d || (id != invalid && id / experts_per_rank == d);
+  if (!host_plane) {
+    Ok(moe_ep_commit_geometry(worker, 3, kR, 0), "commit_geometry(bucket)");
+    uint64_t token = 0;
+    Ok(moe_ep_graph_token(worker, &token), "moe_ep_graph_token");
+    CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    const moe_ep_status captured_dispatch =
+        moe_ep_dispatch(worker, d_hidden, d_ids, d_weights, kR, d_recv_hidden, d_recv_ids,
+                        d_recv_weights, kR, d_source_counts, d_expert_counts, stream, 0);
+    const moe_ep_status captured_combine =
+        moe_ep_combine(worker, d_recv_hidden, kR, d_output, stream, 0);
+    CUDA(cudaStreamEndCapture(stream, &graph));
+    Ok(captured_dispatch, "captured moe_ep_dispatch");
+    Ok(captured_combine, "captured moe_ep_combine");
+    CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    const int experts_per_rank = kExperts / world;
+    for (int replay = 0; replay < 2; ++replay) {
+      Inputs next = MakeInputs(kR, 10 + replay + 100 * rank, invalid);
+      Upload(d_hidden, next.hidden, stream);
+      Upload(d_ids, next.ids, stream);
+      Upload(d_weights, next.weights, stream);
+      EXPECT(moe_ep_check_graph(worker, token) == MOE_EP_OK, "check_graph: %s",
+             moe_ep_last_error());
+      CUDA(cudaGraphLaunch(exec, stream));
+      Sync(stream);
+      // The received rows go back as they are: a routed token returns x once
+      // for every rank that holds one of its experts.
+      std::vector<float> want(kR * kHidden, 0.0f);
+      for (int t = 0; t < kR; ++t) {
+        int ranks = 0;
+        for (int d = 0; d < world; ++d) {
+          bool to_d = false;
+          for (int k = 0; k < kTopK; ++k) {
+            const int32_t id = next.ids[t * kTopK + k];
+            to_d = to_d || (id != invalid && id / experts_per_rank == d);
+          }
+          ranks += to_d ? 1 : 0;
         }
-        ranks += to_d ? 1 : 0;
+        for (int h = 0; h < kHidden; ++h)
+          want[t * kHidden + h] =
+              static_cast<float>(ranks) * FromBf16(next.hidden[t * kHidden + h]);
       }
-      for (int h = 0; h < kHidden; ++h)
-        want[t * kHidden + h] = static_cast<float>(ranks) * FromBf16(next.hidden[t * kHidden + h]);
+      ExpectClose(replay == 0 ? "graph replay 0" : "graph replay 1",
+                  Download(d_output, kR * kHidden), want);
     }
-    ExpectClose(replay == 0 ? "graph replay 0" : "graph replay 1", Download(d_output, kR * kHidden),
-                want);
-  }
-  Ok(moe_ep_check_step(worker, 0), "moe_ep_check_step after replays");
-  EXPECT(moe_ep_check_graph(worker, token + 1000) == MOE_EP_RECAPTURE,
-         "check_graph of another workspace's token: expected MOE_EP_RECAPTURE");
+    Ok(moe_ep_check_step(worker, 0), "moe_ep_check_step after replays");
+    EXPECT(moe_ep_check_graph(worker, token + 1000) == MOE_EP_RECAPTURE,
+           "check_graph of another workspace's token: expected MOE_EP_RECAPTURE");
 
-  // 4. Host pointers are refused, naming the argument (every rank refuses
-  // here, so the refusals it enqueues meet each other and report nothing).
-  Ok(moe_ep_commit_geometry(worker, 4, kR, tokens), "commit_geometry");
-  const moe_ep_status host =
-      moe_ep_dispatch(worker, in.hidden.data(), d_ids, d_weights, tokens, d_recv_hidden, d_recv_ids,
-                      d_recv_weights, kR, d_source_counts, d_expert_counts, stream, 0);
-  EXPECT(host == MOE_EP_INVALID_ARGUMENT && std::strstr(moe_ep_last_error(), "hidden"),
-         "host hidden: status %d (%s)", host, moe_ep_last_error());
+    // 4. Host pointers are refused, naming the argument (every rank refuses
+    // here, so the refusals it enqueues meet each other and report nothing).
+    Ok(moe_ep_commit_geometry(worker, 4, kR, tokens), "commit_geometry");
+    const moe_ep_status host = moe_ep_dispatch(worker, in.hidden.data(), d_ids, d_weights, tokens,
+                                               d_recv_hidden, d_recv_ids, d_recv_weights, kR,
+                                               d_source_counts, d_expert_counts, stream, 0);
+    EXPECT(host == MOE_EP_INVALID_ARGUMENT && std::strstr(moe_ep_last_error(), "hidden"),
+           "host hidden: status %d (%s)", host, moe_ep_last_error());
+  }  // the GPU planes' steps 3 and 4
 
-  // 4b. Two ranks: only the last rank's arguments fail while its peers
-  // dispatch, once with a host pointer and once with T = R + 1. The refusing
-  // rank enqueues a refusal in place of its step (issue 30 item 1; the
-  // one-sided plane in its flags, the nccl plane in the step header of the
-  // same transfers), so the peers' dispatch and combine end at once with no
-  // output and their check_step names it; the group stays usable (the next
-  // refusal and step 5 run on).
+  // 4b. With peers: only the last rank's arguments fail while its peers
+  // dispatch, once with a host (gloo: null) hidden and once with T = R + 1.
+  // On the GPU planes the refusing rank enqueues a refusal in place of its
+  // step (issue 30 item 1; the one-sided plane in its flags, the nccl plane
+  // in the step header of the same transfers), so the peers' dispatch and
+  // combine end at once with no output and their check_step names it; on
+  // gloo the call's agreement round returns ABORTED naming it on the peers.
+  // The group stays usable (the next refusal and step 5 run on).
   struct Refusal {
     const char* what;
     const char* names;  // the argument the refusing rank's error names
     bool host_hidden;
     int64_t tokens;
   };
-  const Refusal refusals[] = {{"host hidden", "hidden", true, tokens},
+  const Refusal refusals[] = {{host_plane ? "null hidden" : "host hidden", "hidden", true, tokens},
                               {"T = R + 1", "num_tokens", false, kR + 1}};
   for (int k = 0; world > 1 && k < 2; ++k) {
     const Refusal& f = refusals[k];
-    CUDA(cudaMemsetAsync(d_output, 0xff, tokens * kHidden * sizeof(uint16_t), stream));
+    Fill(d_output, 0xff, tokens * kHidden * sizeof(uint16_t), stream);
     Ok(moe_ep_commit_geometry(worker, 40 + k, kR, tokens), "commit_geometry");
     const bool refusing = rank == world - 1;
     const moe_ep_status dispatched =
-        moe_ep_dispatch(worker, refusing && f.host_hidden ? in.hidden.data() : d_hidden, d_ids,
-                        d_weights, refusing ? f.tokens : tokens, d_recv_hidden, d_recv_ids,
+        moe_ep_dispatch(worker,
+                        !refusing || !f.host_hidden ? d_hidden
+                        : host_plane                ? nullptr
+                                                    : in.hidden.data(),
+                        d_ids, d_weights, refusing ? f.tokens : tokens, d_recv_hidden, d_recv_ids,
                         d_recv_weights, kRows, d_source_counts, d_expert_counts, stream, 0);
     if (refusing) {
       EXPECT(dispatched == MOE_EP_INVALID_ARGUMENT && std::strstr(moe_ep_last_error(), f.names),
              "refusing rank's %s: status %d (%s)", f.what, dispatched, moe_ep_last_error());
-    } else {
+    }
+    char want[80];
+    std::snprintf(want, sizeof(want), "rank %d refused its", world - 1);
+    if (!refusing && host_plane) {
+      EXPECT(dispatched == MOE_EP_ABORTED && std::strstr(moe_ep_last_error(), want),
+             "dispatch beside a refusing rank (%s): status %d (%s), want ABORTED with '%s'", f.what,
+             dispatched, moe_ep_last_error(), want);
+    } else if (!refusing) {
       Ok(dispatched, "moe_ep_dispatch beside a refusing rank");
       Ok(moe_ep_combine(worker, d_expert_out, kRows, d_output, stream, 0),
          "moe_ep_combine beside a refusing rank");
     }
-    CUDA(cudaStreamSynchronize(stream));
+    Sync(stream);
     const moe_ep_status refused = moe_ep_check_step(worker, 0);
-    if (refusing) {
-      EXPECT(refused == MOE_EP_OK, "check_step of the refusing rank (%s): status %d (%s)", f.what,
+    if (refusing || host_plane) {
+      EXPECT(refused == MOE_EP_OK, "check_step of rank %d (%s): status %d (%s)", rank, f.what,
              refused, moe_ep_last_error());
-    } else {
-      char want[80];
-      std::snprintf(want, sizeof(want), "rank %d refused its dispatch", world - 1);
-      EXPECT(refused == MOE_EP_ABORTED && std::strstr(moe_ep_last_error(), want),
+    }
+    if (!refusing) {
+      EXPECT(host_plane || (refused == MOE_EP_ABORTED && std::strstr(moe_ep_last_error(), want)),
              "check_step beside a refusing rank (%s): status %d (%s), want ABORTED with '%s'",
              f.what, refused, moe_ep_last_error(), want);
       for (uint16_t v : Download(d_output, tokens * kHidden)) {
@@ -419,9 +488,11 @@ void RunRank(moe_ep_worker* worker, int world, int device) {
     }
   }
 
-  // 5. An expert id out of range on the last rank (DESIGN §7; issue 30): the
-  // ids are on the device, so the route kernel records it, that choice
-  // selects no expert, and the step's sync point names it on that rank only.
+  // 5. An expert id out of range on the last rank (DESIGN §7; issue 30). GPU
+  // planes: the ids are on the device, so the route kernel records it, that
+  // choice selects no expert, and the step's sync point names it on that
+  // rank only. Gloo: the dispatcher's agreement round fails the step before
+  // anything moves, INVALID_ARGUMENT naming it there, ABORTED on the peers.
   Inputs bad = in;
   const int bad_row = tokens - 1;
   const int32_t bad_id = kExperts + 5;
@@ -430,11 +501,28 @@ void RunRank(moe_ep_worker* worker, int world, int device) {
   Upload(d_ids, bad.ids, stream);
   Upload(d_weights, in.weights, stream);
   Ok(moe_ep_commit_geometry(worker, 5, kR, tokens), "commit_geometry");
-  Ok(moe_ep_forward(worker, 0, d_hidden, d_ids, d_weights, tokens, d_output, stream, 0),
-     "moe_ep_forward (an id out of range)");
-  CUDA(cudaStreamSynchronize(stream));
+  const moe_ep_status forwarded =
+      moe_ep_forward(worker, 0, d_hidden, d_ids, d_weights, tokens, d_output, stream, 0);
+  if (host_plane) {
+    char want[96];
+    if (rank == world - 1) {
+      std::snprintf(want, sizeof(want), "topk_ids[row %d, choice 1] = %d", bad_row, bad_id);
+    } else {
+      std::snprintf(want, sizeof(want), "rank %d", world - 1);
+    }
+    const moe_ep_status code = rank == world - 1 ? MOE_EP_INVALID_ARGUMENT : MOE_EP_ABORTED;
+    EXPECT(forwarded == code && std::strstr(moe_ep_last_error(), want),
+           "forward with an id out of range on rank %d: status %d (%s), want %d with '%s'",
+           world - 1, forwarded, moe_ep_last_error(), code, want);
+  } else {
+    Ok(forwarded, "moe_ep_forward (an id out of range)");
+  }
+  Sync(stream);
   const moe_ep_status checked = moe_ep_check_step(worker, 0);
-  if (rank == world - 1) {
+  if (host_plane) {
+    EXPECT(checked == MOE_EP_OK, "check_step after a refused forward: status %d (%s)", checked,
+           moe_ep_last_error());
+  } else if (rank == world - 1) {
     char want[96];
     std::snprintf(want, sizeof(want), "topk_ids[row %d, choice 1] = %d", bad_row, bad_id);
     EXPECT(checked == MOE_EP_INVALID_ARGUMENT && std::strstr(moe_ep_last_error(), want),
@@ -453,83 +541,126 @@ void RunRank(moe_ep_worker* worker, int world, int device) {
   Ok(moe_ep_commit_geometry(worker, 6, kR, tokens), "commit_geometry");
   Ok(moe_ep_forward(worker, 0, d_hidden, d_ids, d_weights, tokens, d_output, stream, 0),
      "moe_ep_forward after the refused ids");
-  CUDA(cudaStreamSynchronize(stream));
+  Sync(stream);
   ExpectClose("forward after the refused ids", Download(d_output, tokens * kHidden),
               Reference(in, tokens, invalid, false));
   Ok(moe_ep_check_step(worker, 0), "moe_ep_check_step after the refused ids");
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
+  if (!host_plane) {
+    CUDA(cudaGraphExecDestroy(exec));
+    CUDA(cudaGraphDestroy(graph));
+    CUDA(cudaStreamDestroy(stream));
+  }
+  for (void* p : std::initializer_list<void*>{
+           d_hidden, d_ids, d_weights, d_recv_hidden, d_recv_ids, d_recv_weights, d_source_counts,
+           d_expert_counts, d_expert_out, d_output, d_local_tokens, d_token_counts}) {
+    Free(p);
+  }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: gpu_embedded MOE_EP_CLI [nccl|one-sided] [1|2]\n");
+    std::fprintf(stderr, "usage: engine_embedded MOE_EP_CLI [nccl|one-sided|gloo] [world 1-4]\n");
     return 2;
   }
   const std::string plane = argc > 2 ? argv[2] : "nccl";
   const int world = argc > 3 ? std::atoi(argv[3]) : 1;
-  if (world != 1 && world != 2) {
-    std::fprintf(stderr, "gpu_embedded: world must be 1 or 2, got %s\n", argv[3]);
+  if (world < 1 || world > 4) {
+    std::fprintf(stderr, "engine_embedded: world must be 1 to 4, got %s\n", argv[3]);
     return 2;
   }
-  // Two ranks: fork before CUDA is touched; the child is rank 1 and sends
-  // its worker's address to the parent, which forms the group.
-  int address_pipe[2] = {-1, -1};
-  pid_t child = -1;
-  if (world == 2) {
-    if (pipe(address_pipe) != 0) return 1;
-    child = fork();
-    if (child < 0) return 1;
+  if (plane != "nccl" && plane != "one-sided" && plane != "gloo") {
+    std::fprintf(stderr, "engine_embedded: plane must be nccl, one-sided or gloo, got %s\n",
+                 plane.c_str());
+    return 2;
   }
-  const bool is_child = world == 2 && child == 0;
-  // NCCL refuses two ranks on one device: its ranks take devices 0 and 1.
-  const int needed = plane == "nccl" ? world : 1;
-  const int device = plane == "nccl" && is_child ? 1 : 0;
+  host_plane = plane == "gloo";
+  // Ranks 1 .. world - 1 are children forked before CUDA is touched; each
+  // sends its worker's address to the parent (rank 0) on its own pipe, and
+  // the parent forms the group in rank order.
+  std::vector<int> address_fd(world, -1);
+  std::vector<pid_t> children;
+  int rank = 0;
+  int my_pipe = -1;
+  for (int r = 1; r < world; ++r) {
+    int fds[2] = {-1, -1};
+    if (pipe(fds) != 0) return 1;
+    const pid_t pid = fork();
+    if (pid < 0) return 1;
+    if (pid == 0) {
+      rank = r;
+      my_pipe = fds[1];
+      close(fds[0]);
+      break;
+    }
+    close(fds[1]);
+    address_fd[r] = fds[0];
+    children.push_back(pid);
+  }
+  const bool is_child = rank > 0;
+  auto finish_children = [&] {
+    for (pid_t pid : children) waitpid(pid, nullptr, 0);
+  };
+  // NCCL refuses two ranks on one device: rank r takes device r.
+  const int needed = host_plane ? 0 : (plane == "nccl" ? world : 1);
+  const int device = plane == "nccl" ? rank : 0;
   int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < needed) {
+  if (needed > 0 && (cudaGetDeviceCount(&devices) != cudaSuccess || devices < needed)) {
     std::printf("SKIP: %d CUDA device(s) visible; the %s plane's %d rank(s) need %d\n", devices,
                 plane.c_str(), world, needed);
     if (is_child) _exit(77);
-    if (child > 0) waitpid(child, nullptr, 0);
+    finish_children();
     return 77;
   }
   const std::string plane_flag = "--gpu-data-plane=" + plane;
   const std::string device_flag = "--device=" + std::to_string(device);
-  const char* args[] = {"--listen=127.0.0.1:0", "--backend=nccl", device_flag.c_str(),
-                        "--log-level=warn", plane_flag.c_str()};
+  std::vector<const char*> args = {"--listen=127.0.0.1:0", "--log-level=warn"};
+  if (host_plane) {
+    args.push_back("--backend=gloo");
+  } else {
+    args.insert(args.end(), {"--backend=nccl", device_flag.c_str(), plane_flag.c_str()});
+  }
   moe_ep_worker* worker = nullptr;
-  if (!Ok(moe_ep_worker_start(5, args, &worker), "moe_ep_worker_start")) return 1;
+  if (!Ok(moe_ep_worker_start(static_cast<int32_t>(args.size()), args.data(), &worker),
+          "moe_ep_worker_start")) {
+    if (is_child) _exit(1);
+    finish_children();
+    return 1;
+  }
   const char* address = nullptr;
   Ok(moe_ep_worker_address(worker, &address), "moe_ep_worker_address");
   std::string targets = address;
   if (is_child) {
     char line[256] = {0};
     std::snprintf(line, sizeof(line), "%s\n", address);
-    if (write(address_pipe[1], line, std::strlen(line)) < 0) _exit(1);
-    close(address_pipe[1]);
-  } else if (world == 2) {
+    if (write(my_pipe, line, std::strlen(line)) < 0) _exit(1);
+    close(my_pipe);
+  }
+  for (int r = 1; r < world && !is_child; ++r) {
     char line[256] = {0};
     size_t got = 0;
     while (got < sizeof(line) - 1) {
-      const ssize_t n = read(address_pipe[0], line + got, sizeof(line) - 1 - got);
+      const ssize_t n = read(address_fd[r], line + got, sizeof(line) - 1 - got);
       if (n <= 0) break;
       got += static_cast<size_t>(n);
       if (std::strchr(line, '\n') != nullptr) break;
     }
+    close(address_fd[r]);
     if (char* nl = std::strchr(line, '\n')) *nl = '\0';
     targets += std::string(",") + line;
   }
   if (!is_child) {
     std::printf("data plane: %s, %d rank(s)\n", plane.c_str(), world);
-    const std::string up = std::string(argv[1]) + " up --targets " + targets +
-                           " --backend nccl --hidden " + std::to_string(kHidden) +
+    const std::string up = std::string(argv[1]) + " up --targets " + targets + " --backend " +
+                           (host_plane ? "gloo" : "nccl") + " --hidden " + std::to_string(kHidden) +
                            " --num-experts " + std::to_string(kExperts) + " --top-k " +
                            std::to_string(kTopK) + " --capacity " + std::to_string(kCapacity) +
                            " --load-experts identity > /dev/null";
     if (std::system(up.c_str()) != 0) {
       std::fprintf(stderr, "FATAL: %s failed\n", up.c_str());
+      for (pid_t pid : children) kill(pid, SIGKILL);
+      finish_children();
       return 1;
     }
   }
@@ -539,16 +670,18 @@ int main(int argc, char** argv) {
   }
   Ok(moe_ep_worker_stop(worker, 1000), "moe_ep_worker_stop");
   if (is_child) {
-    std::printf("rank 1 %s: %d failure(s)\n", failures ? "FAIL" : "PASS", failures);
+    std::printf("rank %d %s: %d failure(s)\n", rank, failures ? "FAIL" : "PASS", failures);
     std::fflush(stdout);
     _exit(failures ? 1 : 0);
   }
-  int child_status = 0;
-  if (child > 0 && (waitpid(child, &child_status, 0) != child || !WIFEXITED(child_status) ||
-                    WEXITSTATUS(child_status) != 0)) {
-    std::fprintf(stderr, "FAIL: rank 1 (pid %d) exited with status %d\n", static_cast<int>(child),
-                 child_status);
-    ++failures;
+  for (size_t i = 0; i < children.size(); ++i) {
+    int child_status = 0;
+    if (waitpid(children[i], &child_status, 0) != children[i] || !WIFEXITED(child_status) ||
+        WEXITSTATUS(child_status) != 0) {
+      std::fprintf(stderr, "FAIL: rank %zu (pid %d) exited with status %d\n", i + 1,
+                   static_cast<int>(children[i]), child_status);
+      ++failures;
+    }
   }
   std::printf("%s: %d failure(s)\n", failures ? "FAIL" : "PASS", failures);
   return failures ? 1 : 0;
