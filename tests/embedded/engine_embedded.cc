@@ -26,6 +26,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -418,10 +419,15 @@ void RunRank(moe_ep_worker* worker, int world, int device) {
 
     // 4. Host pointers are refused, naming the argument (every rank refuses
     // here, so the refusals it enqueues meet each other and report nothing).
-    Ok(moe_ep_commit_geometry(worker, 4, kR, tokens), "commit_geometry");
-    const moe_ep_status host = moe_ep_dispatch(worker, in.hidden.data(), d_ids, d_weights, tokens,
-                                               d_recv_hidden, d_recv_ids, d_recv_weights, kR,
-                                               d_source_counts, d_expert_counts, stream, 0);
+    // At least one token a rank: with none, hidden is never read, so a rank
+    // of no tokens may pass any pointer (and would dispatch beside the
+    // refusals: the one-sided run of 4 ranks, rank 2, at first).
+    const int64_t host_tokens = std::max(tokens, 1);
+    const std::vector<uint16_t> host_hidden(host_tokens * kHidden, 0);
+    Ok(moe_ep_commit_geometry(worker, 4, kR, host_tokens), "commit_geometry");
+    const moe_ep_status host = moe_ep_dispatch(
+        worker, host_hidden.data(), d_ids, d_weights, host_tokens, d_recv_hidden, d_recv_ids,
+        d_recv_weights, kR, d_source_counts, d_expert_counts, stream, 0);
     EXPECT(host == MOE_EP_INVALID_ARGUMENT && std::strstr(moe_ep_last_error(), "hidden"),
            "host hidden: status %d (%s)", host, moe_ep_last_error());
   }  // the GPU planes' steps 3 and 4

@@ -657,15 +657,22 @@ class CapabilityMatrixEngine : public ::testing::TestWithParam<Column> {};
 
 TEST_P(CapabilityMatrixEngine, EngineCallsEqualTheReference) {
   const Column& column = GetParam();
+  // The build tree's program and CLI, or (a bundle on the GPU machine) the
+  // MOE_EP_ENGINE_EMBEDDED and MOE_EP_CLI paths.
+  auto path = [](const char* env, const std::string& built) {
+    const char* set = std::getenv(env);
+    return set != nullptr && *set != '\0' ? std::string(set) : built;
+  };
   const std::string bin = MOE_EP_BINARY_DIR;
-  const std::string program = bin + "/tests/moe_ep_engine_embedded";
+  const std::string program = path("MOE_EP_ENGINE_EMBEDDED", bin + "/tests/moe_ep_engine_embedded");
+  const std::string cli = path("MOE_EP_CLI", bin + "/client/moe-ep");
   if (!std::filesystem::exists(program)) {
     GTEST_SKIP() << program << " is not built (it needs the CUDA toolkit at build time)";
   }
   const std::string plane = column.backend == "gloo" ? "gloo" : column.gpu_data_plane;
   // timeout(1) bounds a hung group well inside the test's own 600 s.
-  const std::string command = absl::StrCat("timeout 240 ", program, " ", bin, "/client/moe-ep ",
-                                           plane, " ", column.world, " 2>&1");
+  const std::string command =
+      absl::StrCat("timeout 240 ", program, " ", cli, " ", plane, " ", column.world, " 2>&1");
   FILE* pipe = popen(command.c_str(), "r");
   ASSERT_NE(pipe, nullptr) << command;
   std::string output;
