@@ -43,6 +43,23 @@ absl::Status CheckEngineDispatchArgs(absl::string_view plane, int device,
   return CheckEngineInputs("dispatch", rank, num_tokens, hidden, topk_ids, topk_weights);
 }
 
+absl::Status CheckEngineForwardArgs(absl::string_view plane, int device,
+                                    kernels::DevicePointerCache& known, int rank,
+                                    const absl::Status& loaded, const absl::Status& step,
+                                    const void* hidden, const int32_t* topk_ids,
+                                    const float* topk_weights, int64_t num_tokens,
+                                    const void* output) {
+  RETURN_IF_ERROR(loaded);
+  RETURN_IF_ERROR(CheckEngineDevicePointers("forward", plane, device, known,
+                                            {{"hidden", hidden},
+                                             {"topk_ids", topk_ids},
+                                             {"topk_weights", topk_weights},
+                                             {"output", output}}));
+  RETURN_IF_ERROR(step);
+  RETURN_IF_ERROR(CheckEngineInputs("forward", rank, num_tokens, hidden, topk_ids, topk_weights));
+  return CheckEngineOutput("forward", rank, num_tokens, output);
+}
+
 kernels::UnpackReceivedParams EngineUnpackParams(const core::EpDispatcherOptions& options,
                                                  const EngineRecvBuffers& out, const uint8_t* recv,
                                                  int64_t runtime_max, int first_expert,

@@ -3,7 +3,7 @@
 // What both GPU transports' engine calls (server/gpu_engine_calls.cc,
 // server/onesided_engine_calls.cc) check and build alike, written once
 // (issue 34 item 1): the device-pointer check of an engine's buffers, a
-// dispatch's argument checks and the unpack parameters of its receive region. The stream events
+// dispatch's and a forward's argument checks and the unpack parameters of its receive region. The stream events
 // and the expert-output pack are kernels/ (kernels/plane_events.h,
 // kernels/engine_rows.cuh).
 
@@ -54,6 +54,23 @@ absl::Status CheckEngineDispatchArgs(absl::string_view plane, int device,
                                      int num_local_experts, const void* hidden,
                                      const int32_t* topk_ids, const float* topk_weights,
                                      int64_t num_tokens, const EngineRecvBuffers& out);
+
+// CheckEngineForwardArgs()
+//
+// The argument checks of both GPU planes' forward on `rank`, whose failure
+// makes the plane refuse the step as a refused dispatch (issue 30 item 1),
+// in the order their errors are reported: `loaded`, the plane's check that
+// the layer's experts are loaded (computed by the caller, reported here);
+// CheckEngineDevicePointers of the four buffers (named as moe_ep_forward
+// names them); `step`, the dispatcher's geometry check of T (0 <= T <= R);
+// CheckEngineInputs and CheckEngineOutput of the T = `num_tokens` rows.
+// Errors: the first failing check's.
+absl::Status CheckEngineForwardArgs(absl::string_view plane, int device,
+                                    kernels::DevicePointerCache& known, int rank,
+                                    const absl::Status& loaded, const absl::Status& step,
+                                    const void* hidden, const int32_t* topk_ids,
+                                    const float* topk_weights, int64_t num_tokens,
+                                    const void* output);
 
 // EngineUnpackParams()
 //

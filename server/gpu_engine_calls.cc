@@ -16,7 +16,7 @@
 // arguments fail this rank's checks enqueues a refusal in place of the step
 // (GpuEpDispatcher::RefuseStep: the same transfers, a header the peers read
 // as refused), so the peers' step ends without output instead of waiting
-// out the group's timeout (issue 30 item 1).
+// out the group's timeout (issue 30 item 1); so does a forward.
 
 #ifdef MOE_EP_HAVE_CUDA
 
@@ -143,18 +143,22 @@ absl::StatusOr<core::StepStats> GpuDataPlane::EngineForward(int layer, const voi
                                                             const float* topk_weights,
                                                             int64_t num_tokens, void* output,
                                                             void* stream) {
-  RETURN_IF_ERROR(RequireEngineCall("forward", {{"hidden", hidden},
-                                                {"topk_ids", topk_ids},
-                                                {"topk_weights", topk_weights},
-                                                {"output", output}}));
-  kernels::DeviceExpertSet* experts = experts_.Find<kernels::DeviceExpertSet>(layer);
-  if (experts == nullptr) {
-    return ExpertsNotLoaded("forward", layer);
+  RETURN_IF_ERROR(RequireEngineCall("forward", {}));
+  if (!dispatcher_->geometry_committed()) {
+    return dispatcher_->CheckStep("forward", num_tokens);  // no R: nothing to refuse
   }
-  RETURN_IF_ERROR(dispatcher_->CheckStep("forward", num_tokens));
-  RETURN_IF_ERROR(
-      CheckEngineInputs("forward", view_->rank(), num_tokens, hidden, topk_ids, topk_weights));
-  RETURN_IF_ERROR(CheckEngineOutput("forward", view_->rank(), num_tokens, output));
+  kernels::DeviceExpertSet* experts = experts_.Find<kernels::DeviceExpertSet>(layer);
+  const absl::Status args = CheckEngineForwardArgs(
+      data_plane(), group_.device, device_pointers_, view_->rank(),
+      experts == nullptr ? ExpertsNotLoaded("forward", layer) : absl::OkStatus(),
+      dispatcher_->CheckStep("forward", num_tokens), hidden, topk_ids, topk_weights, num_tokens,
+      output);
+  if (!args.ok()) {
+    // As a refused dispatch: the peers' forward ends at once without output
+    // and their check_step names this rank (issue 30 item 1).
+    return RefusedDispatchError(args, OnCallerStream(static_cast<cudaStream_t>(stream),
+                                                     [&]() { return dispatcher_->RefuseStep(); }));
+  }
   const auto* in = static_cast<const uint16_t*>(hidden);
   const kernels::DeviceExpertSet& set = *experts;
   const bool has_shared = shared_.Has(layer);

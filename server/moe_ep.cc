@@ -105,9 +105,9 @@ absl::Status StatsStatus(const absl::StatusOr<moe_ep::core::StepStats>& stats) {
 // limit, refusing it through `refuse` (a token or row count of -1, which
 // every plane refuses), and the peers return ABORTED at once instead of
 // waiting out the group's timeout; then the timeout is named (SlotDeadline's
-// words). On the GPU planes a refused moe_ep_dispatch enqueues its refusal
-// (the peers' step ends at once; server/moe_ep.h), as for any argument
-// error; their other calls refuse before enqueueing.
+// words). On the GPU planes a refused moe_ep_dispatch or moe_ep_forward
+// enqueues its refusal (the peers' step ends at once; server/moe_ep.h), as
+// for any argument error; their combine refuses before enqueueing.
 absl::Status RefuseNegativeTimeout(const char* call, int64_t timeout_ms,
                                    const std::function<absl::Status()>& refuse) {
   (void)refuse();

@@ -88,9 +88,10 @@
  * (moe_ep_sync_token_counts_async, the step header {epoch, R, T}, the
  * received counts) are exchanged and checked on the device. A rank whose
  * (epoch, R) differs makes the step move only padding; the disagreement is
- * reported by moe_ep_check_step (MOE_EP_ABORTED). A moe_ep_dispatch whose
- * arguments fail this rank's checks (host pointers, NULL buffers, recv_rows
- * < R, T outside [0, R]) returns the error, having first enqueued, in
+ * reported by moe_ep_check_step (MOE_EP_ABORTED). A moe_ep_dispatch or
+ * moe_ep_forward whose arguments fail this rank's checks (host pointers,
+ * NULL buffers, recv_rows < R, T outside [0, R]; a forward's layer without
+ * loaded experts) returns the error, having first enqueued, in
  * `stream` order as any data call, a refusal in place of the step, on both
  * GPU planes: the one-sided plane publishes flags marked refused and moves
  * no row; the nccl plane runs the step's transfers at the committed R
@@ -112,8 +113,8 @@
  * the returned error says so and the peers wait for this rank as before.
  * Errors found before the plane is known usable (not ready for steps, no
  * workspace, no committed geometry, moe_ep_dispatch_only) and the argument
- * errors of moe_ep_combine and moe_ep_forward (a negative timeout_ms
- * included; on moe_ep_dispatch it is refused as above) are returned before
+ * errors of moe_ep_combine (a negative timeout_ms included; on
+ * moe_ep_dispatch and moe_ep_forward it is refused as above) are returned before
  * anything is enqueued on that rank; the peers' enqueued collectives then
  * wait for it: their next moe_ep_check_step returns MOE_EP_DEADLINE_EXCEEDED
  * after the group's timeout and the group is broken (re-form it). A graph

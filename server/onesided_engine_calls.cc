@@ -147,25 +147,36 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineForward(int layer, cons
                                                                  const float* topk_weights,
                                                                  int64_t num_tokens, void* output,
                                                                  void* stream) {
-  RETURN_IF_ERROR(RequireEngineCall("forward", {{"hidden", hidden},
-                                                {"topk_ids", topk_ids},
-                                                {"topk_weights", topk_weights},
-                                                {"output", output}}));
-  kernels::DeviceExpertSet* experts = experts_.Find<kernels::DeviceExpertSet>(layer);
-  if (experts == nullptr) {
-    return ExpertsNotLoaded("forward", layer);
-  }
-  const std::shared_ptr<const core::PlacementTable> table = Placement(layer);
-  // (A pointer compare first: Fingerprint() hashes the table's text.)
-  if (table != book_.contiguous() && table->Fingerprint() != book_.contiguous()->Fingerprint()) {
+  RETURN_IF_ERROR(RequireEnginePlane("forward"));
+  if (dispatcher_->runtime_max_tokens_per_rank() < 1) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "forward: layer ", layer,
-        " has an installed placement table other than the contiguous one; the one-sided plane's "
-        "engine calls route by the contiguous placement (the Forward RPC serves any table)"));
+        "forward on rank ", group_.rank, ": no geometry committed; call CommitGeometry"));
   }
-  RETURN_IF_ERROR(
-      CheckEngineInputs("forward", group_.rank, num_tokens, hidden, topk_ids, topk_weights));
-  RETURN_IF_ERROR(CheckEngineOutput("forward", group_.rank, num_tokens, output));
+  kernels::DeviceExpertSet* experts = experts_.Find<kernels::DeviceExpertSet>(layer);
+  absl::Status loaded =
+      experts == nullptr ? ExpertsNotLoaded("forward", layer) : absl::OkStatus();
+  if (loaded.ok()) {
+    const std::shared_ptr<const core::PlacementTable> table = Placement(layer);
+    // (A pointer compare first: Fingerprint() hashes the table's text.)
+    if (table != book_.contiguous() &&
+        table->Fingerprint() != book_.contiguous()->Fingerprint()) {
+      loaded = absl::FailedPreconditionError(absl::StrCat(
+          "forward: layer ", layer,
+          " has an installed placement table other than the contiguous one; the one-sided "
+          "plane's engine calls route by the contiguous placement (the Forward RPC serves any "
+          "table)"));
+    }
+  }
+  const absl::Status args = CheckEngineForwardArgs(
+      data_plane(), group_.device, device_pointers_, group_.rank, loaded,
+      dispatcher_->CheckStep("forward", num_tokens), hidden, topk_ids, topk_weights, num_tokens,
+      output);
+  if (!args.ok()) {
+    // As a refused dispatch: the peers' forward ends at once without output
+    // and their check_step names this rank (issue 30 item 1).
+    return RefusedDispatchError(
+        args, OnEngineStream(stream, [&](cudaStream_t) { return dispatcher_->RefuseStep(); }));
+  }
   // The experts answer to the contiguous map's ids (a no-op unless a
   // Forward RPC under another table renumbered them).
   RETURN_IF_ERROR(

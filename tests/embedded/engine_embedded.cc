@@ -433,7 +433,8 @@ void RunRank(moe_ep_worker* worker, int world, int device) {
   }  // the GPU planes' steps 3 and 4
 
   // 4b. With peers: only the last rank's arguments fail while its peers
-  // dispatch, once with a host (gloo: null) hidden and once with T = R + 1.
+  // dispatch (then forward), once with a host (gloo: null) hidden and once
+  // with T = R + 1.
   // On the GPU planes the refusing rank enqueues a refusal in place of its
   // step (issue 30 item 1; the one-sided plane in its flags, the nccl plane
   // in the step header of the same transfers), so the peers' dispatch and
@@ -445,21 +446,28 @@ void RunRank(moe_ep_worker* worker, int world, int device) {
     const char* names;  // the argument the refusing rank's error names
     bool host_hidden;
     int64_t tokens;
+    bool forward;  // every rank calls moe_ep_forward (else dispatch + combine)
   };
-  const Refusal refusals[] = {{host_plane ? "null hidden" : "host hidden", "hidden", true, tokens},
-                              {"T = R + 1", "num_tokens", false, kR + 1}};
-  for (int k = 0; world > 1 && k < 2; ++k) {
+  const Refusal refusals[] = {
+      {host_plane ? "null hidden" : "host hidden", "hidden", true, tokens, false},
+      {"T = R + 1", "num_tokens", false, kR + 1, false},
+      {"forward, T = R + 1", "num_tokens", false, kR + 1, true},
+      {host_plane ? "forward, null hidden" : "forward, host hidden", "hidden", true, tokens, true}};
+  for (int k = 0; world > 1 && k < 4; ++k) {
     const Refusal& f = refusals[k];
     Fill(d_output, 0xff, tokens * kHidden * sizeof(uint16_t), stream);
     Ok(moe_ep_commit_geometry(worker, 40 + k, kR, tokens), "commit_geometry");
     const bool refusing = rank == world - 1;
+    const uint16_t* hidden_arg = !refusing || !f.host_hidden ? d_hidden
+                                 : host_plane                ? nullptr
+                                                             : in.hidden.data();
+    const int64_t tokens_arg = refusing ? f.tokens : tokens;
     const moe_ep_status dispatched =
-        moe_ep_dispatch(worker,
-                        !refusing || !f.host_hidden ? d_hidden
-                        : host_plane                ? nullptr
-                                                    : in.hidden.data(),
-                        d_ids, d_weights, refusing ? f.tokens : tokens, d_recv_hidden, d_recv_ids,
-                        d_recv_weights, kRows, d_source_counts, d_expert_counts, stream, 0);
+        f.forward ? moe_ep_forward(worker, 0, hidden_arg, d_ids, d_weights, tokens_arg, d_output,
+                                   stream, 0)
+                  : moe_ep_dispatch(worker, hidden_arg, d_ids, d_weights, tokens_arg, d_recv_hidden,
+                                    d_recv_ids, d_recv_weights, kRows, d_source_counts,
+                                    d_expert_counts, stream, 0);
     if (refusing) {
       EXPECT(dispatched == MOE_EP_INVALID_ARGUMENT && std::strstr(moe_ep_last_error(), f.names),
              "refusing rank's %s: status %d (%s)", f.what, dispatched, moe_ep_last_error());
@@ -471,9 +479,12 @@ void RunRank(moe_ep_worker* worker, int world, int device) {
              "dispatch beside a refusing rank (%s): status %d (%s), want ABORTED with '%s'", f.what,
              dispatched, moe_ep_last_error(), want);
     } else if (!refusing) {
-      Ok(dispatched, "moe_ep_dispatch beside a refusing rank");
-      Ok(moe_ep_combine(worker, d_expert_out, kRows, d_output, stream, 0),
-         "moe_ep_combine beside a refusing rank");
+      Ok(dispatched, f.forward ? "moe_ep_forward beside a refusing rank"
+                               : "moe_ep_dispatch beside a refusing rank");
+      if (!f.forward) {
+        Ok(moe_ep_combine(worker, d_expert_out, kRows, d_output, stream, 0),
+           "moe_ep_combine beside a refusing rank");
+      }
     }
     Sync(stream);
     const moe_ep_status refused = moe_ep_check_step(worker, 0);
