@@ -288,7 +288,7 @@ absl::Status OneSidedDispatcher::EnqueueExperts(int64_t r, const DeviceExpertSet
 
 absl::Status OneSidedDispatcher::EnqueueCombine(int64_t r, uint16_t* output,
                                                 const uint16_t* shared_out, const uint16_t* source,
-                                                int64_t source_rows) {
+                                                int64_t source_rows, bool refused) {
   OsCombineParams p;
   p.peers = peers_;
   p.off = off_;
@@ -311,7 +311,8 @@ absl::Status OneSidedDispatcher::EnqueueCombine(int64_t r, uint16_t* output,
   p.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.timeout));
   p.sys_scope = !windows_->same_device();
   p.ce = PathFor(r) == OsPath::kCopyEngine;
-  if (p.ce) {
+  p.refused = refused;
+  if (p.ce && !refused) {
     p.identity = false;  // EnqueueExperts wrote the identity rows
     RETURN_IF_ERROR(
         EnqueueOsBulkCombine(peers_, off_, rank_, ep_size_, r, hidden_, expert_out_, Launch()));
@@ -426,6 +427,15 @@ absl::Status OneSidedDispatcher::CombineFrom(const uint16_t* expert_out, int64_t
   geometry_.MarkIdle();
   return in_place ? EnqueueCombine(r, output, nullptr, expert_out, rows)
                   : EnqueueCombine(r, output, nullptr);
+}
+
+absl::Status OneSidedDispatcher::RefuseCombine() {
+  RETURN_IF_ERROR(geometry_.RequireDispatched("Combine"));
+  RETURN_IF_ERROR(SettleUnlessOpen());
+  identity_pending_ = false;
+  geometry_.MarkIdle();
+  return EnqueueCombine(geometry_.runtime_max_tokens_per_rank(), nullptr, nullptr, nullptr, 0,
+                        /*refused=*/true);
 }
 
 absl::Status OneSidedDispatcher::CaptureForward(int64_t bucket, const uint16_t* hidden,
@@ -554,6 +564,13 @@ absl::Status OneSidedDispatcher::CheckStep() {
   }
   if (e.kind == kOsMismatch && e.my_r == kOsRefusedR) {
     return absl::OkStatus();  // this rank refused the step: its caller has the error
+  }
+  if (e.kind == kOsMismatch && e.their_r == kOsRefusedR && e.phase == kOsCombine) {
+    return absl::AbortedError(absl::StrFormat(
+        "rank %d refused its combine of the step at epoch %d (its arguments failed that rank's "
+        "checks; its call returned the error); the step wrote no output here (its expert outputs "
+        "lack that rank's); the group is still usable",
+        e.rank, e.their_epoch));
   }
   if (e.kind == kOsMismatch && e.their_r == kOsRefusedR) {
     return absl::AbortedError(absl::StrFormat(

@@ -187,6 +187,14 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   // address not 16-byte aligned, pack them into expert_output() first.
   // Errors: Combine's, and kInvalidArgument (rows < R, null with R > 0).
   absl::Status CombineFrom(const uint16_t* expert_out, int64_t rows, uint16_t* output);
+  // In place of a Combine this rank's caller could not make (its arguments
+  // failed the checks; issue 30 item 1): the dispatched step's combine with
+  // no rows and flags marked refused (OsCombineParams::refused), so the
+  // peers' combine ends at once without output instead of waiting out the
+  // timeout; each peer's next CheckStep is kAborted naming this rank, this
+  // rank's reports nothing. The step is then over on every rank. Errors:
+  // Combine's sequence errors (no dispatched step: nothing to refuse).
+  absl::Status RefuseCombine();
 
   // Captures one whole step at R = bucket (a local operation: no peer takes
   // part; a peer that captured another bucket shows up as an R mismatch at
@@ -262,7 +270,8 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   // `source` (null: expert_output()) holds the expert outputs with
   // `source_rows` rows per source slab.
   absl::Status EnqueueCombine(int64_t r, uint16_t* output, const uint16_t* shared_out,
-                              const uint16_t* source = nullptr, int64_t source_rows = 0);
+                              const uint16_t* source = nullptr, int64_t source_rows = 0,
+                              bool refused = false);
 
   PeerWindows* windows_;
   core::GeometryState geometry_;

@@ -458,7 +458,7 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
   // copy-engine path (the rows are in the sources' windows already).
   const int64_t in_vecs = 2 * H / static_cast<int64_t>(sizeof(Vec));
   const int64_t chunks = (in_vecs + 32 * kUnroll - 1) / (32 * kUnroll);
-  const int64_t push_items = p.ce ? 0 : E * R * chunks;
+  const int64_t push_items = p.ce || p.refused ? 0 : E * R * chunks;
   for (int64_t item = first_warp; item < push_items; item += stride) {
     const int64_t idx = item / chunks;
     const int64_t c = item % chunks;
@@ -506,6 +506,7 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
     Fence(sys);
     if (tid < E) {
       OsFlag* f = reinterpret_cast<OsFlag*>(p.peers.window[tid] + p.off.combine_flags) + p.rank;
+      f->r = p.refused ? kOsRefusedR : R;  // published by the release store of q
       StoreRelease(&f->seq, q, sys);
     }
   }
@@ -520,10 +521,16 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
         RecordError(p.local.error, kOsDeadline, tid, kOsCombine, q, 0, 0, p.local.header[0],
                     p.local.header[1]);
       }
+    } else if (tid != p.rank && reinterpret_cast<const volatile OsFlag*>(f)->r == kOsRefusedR) {
+      // Peer tid refused its combine: its rows for this rank's tokens never
+      // came, so no output row is written here.
+      atomicExch(&failed, 1);
+      RecordError(p.local.error, kOsMismatch, tid, kOsCombine, q, p.local.header[0], kOsRefusedR,
+                  p.local.header[0], p.local.header[1]);
     }
   }
   __syncthreads();
-  if (failed) return;  // this block writes no output row
+  if (failed || p.refused) return;  // this block writes no output row
   const int64_t T = *reinterpret_cast<volatile int64_t*>(p.local.header + 2);
   const uint16_t* recv =
       reinterpret_cast<const uint16_t*>(p.peers.window[p.rank] + p.off.combine_recv);

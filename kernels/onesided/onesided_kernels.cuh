@@ -44,7 +44,10 @@
 //     over d ascending of combine_recv[d, slot] [+ shared]) in fp32, the
 //     arithmetic of combine_reduce.cuh, so outputs equal the NCCL plane's bit
 //     for bit. A block whose wait fails writes no row (other blocks may have:
-//     after a combine deadline the output is not valid).
+//     after a combine deadline the output is not valid). A refused combine
+//     pushes nothing and publishes r = kOsRefusedR with its q: no rank
+//     writes an output row and each peer records a combine-phase mismatch
+//     naming it (issue 30 item 1).
 // Copy-engine path (ce, issue 15 item 3; kernels/onesided/onesided_bulk.h):
 //   a source's slot for token t at every destination is t itself (no
 //   compaction, count = T: increasing source-token order still), so its
@@ -203,6 +206,11 @@ struct OsCombineParams {
   // Copy-engine path: the rows are already in the sources' windows
   // (EnqueueOsBulkCombine before this kernel): no push.
   bool ce = false;
+  // This rank's caller failed its combine's checks (issue 30 item 1): no
+  // row is pushed, its flags carry r = kOsRefusedR and it writes no
+  // output; every peer's kernel records a combine-phase mismatch naming
+  // this rank and writes no output, instead of waiting out the timeout.
+  bool refused = false;
 };
 
 // Identity experts of the copy-engine path: out[s, j] = bf16(ws * row[s, j])
