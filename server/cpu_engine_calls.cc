@@ -168,6 +168,11 @@ absl::StatusOr<core::StepStats> CpuDataPlane::EngineCombine(const void* expert_o
   if (local.ok()) {
     local =
         CheckEngineCombineArgs(call, control_->rank(), rows, r, expert_out, output, engine_tokens_);
+    if (!local.ok()) {
+      local = absl::Status(local.code(), absl::StrCat(local.message(),
+                                                      "; the step stays dispatched on every "
+                                                      "rank: call again"));
+    }
   }
   core::EngineCallTicket ticket;
   ticket.call = core::EngineCall::kCombine;

@@ -60,8 +60,7 @@ absl::Status CheckEngineCombineArgs(const char* call, int rank, int64_t rows, in
   if (rows < runtime_max) {
     return absl::InvalidArgumentError(
         absl::StrCat(call, " on rank ", rank, ": expert_out: rows per source ", rows,
-                     " is below the dispatched step's R = ", runtime_max,
-                     "; the step stays dispatched: call again"));
+                     " is below the dispatched step's R = ", runtime_max));
   }
   if (expert_out == nullptr && rows > 0) {
     return absl::InvalidArgumentError(

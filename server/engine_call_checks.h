@@ -44,10 +44,10 @@ absl::Status CheckEngineRecvBuffers(const char* call, int rank, const EngineRecv
 //
 // A combine on `rank` of `expert_out` [E, rows, H] into `output` [T, H],
 // the dispatched step holding `step_tokens` tokens at R = `runtime_max`:
-// rows >= R (the step stays dispatched: the caller may call again),
-// expert_out not null when rows > 0, output not null when the step has
-// tokens. Errors: kInvalidArgument naming the field (the null one), expected
-// and got.
+// rows >= R, expert_out not null when rows > 0, output not null when the
+// step has tokens. Pure: what then happens to the step is the plane's (gloo
+// and nccl keep it dispatched, the one-sided plane refuses it). Errors:
+// kInvalidArgument naming the field (the null one), expected and got.
 absl::Status CheckEngineCombineArgs(const char* call, int rank, int64_t rows, int64_t runtime_max,
                                     const void* expert_out, const void* output,
                                     int64_t step_tokens);

@@ -3,8 +3,8 @@
 // What both GPU transports' engine calls (server/gpu_engine_calls.cc,
 // server/onesided_engine_calls.cc) check and build alike, written once
 // (issue 34 item 1): the device-pointer check of an engine's buffers, a
-// dispatch's and a forward's argument checks and the unpack parameters of its receive region. The stream events
-// and the expert-output pack are kernels/ (kernels/plane_events.h,
+// dispatch's and a forward's argument checks and the unpack parameters of its receive region. The
+// stream events and the expert-output pack are kernels/ (kernels/plane_events.h,
 // kernels/engine_rows.cuh).
 
 #ifdef MOE_EP_HAVE_CUDA

@@ -119,8 +119,17 @@ absl::StatusOr<core::StepStats> GpuDataPlane::EngineCombine(const void* expert_o
   const int64_t r = dispatcher_->runtime_max_tokens_per_rank();
   const int64_t h = options_.workspace.hidden;
   const int64_t e = options_.workspace.ep_size;
-  RETURN_IF_ERROR(CheckEngineCombineArgs("combine", view_->rank(), rows, r, expert_out, output,
-                                         engine_tokens_));
+  if (absl::Status args = CheckEngineCombineArgs("combine", view_->rank(), rows, r, expert_out,
+                                                 output, engine_tokens_);
+      !args.ok()) {
+    // No refusal on this plane's combine (its transfer carries no header):
+    // the peers' combine transfer waits for this rank's.
+    return absl::Status(args.code(),
+                        absl::StrCat(args.message(),
+                                     "; the step stays dispatched here: call combine again "
+                                     "within the group's timeout (the peers' combine waits for "
+                                     "this rank's)"));
+  }
   const auto* in = static_cast<const uint16_t*>(expert_out);
   RETURN_IF_ERROR(OnCallerStream(static_cast<cudaStream_t>(stream), [&]() -> absl::Status {
     const uint16_t* send = in;

@@ -113,8 +113,9 @@
  * the returned error says so and the peers wait for this rank as before.
  * Errors found before the plane is known usable (not ready for steps, no
  * workspace, no committed geometry, moe_ep_dispatch_only) and the argument
- * errors of moe_ep_combine (a negative timeout_ms included; on
- * moe_ep_dispatch and moe_ep_forward it is refused as above) are returned before
+ * errors of moe_ep_combine on the nccl plane (a negative timeout_ms
+ * included; on moe_ep_dispatch and moe_ep_forward, and on the one-sided
+ * plane's moe_ep_combine, it is refused as above) are returned before
  * anything is enqueued on that rank; the peers' enqueued collectives then
  * wait for it: their next moe_ep_check_step returns MOE_EP_DEADLINE_EXCEEDED
  * after the group's timeout and the group is broken (re-form it). A graph
@@ -413,9 +414,15 @@ MOE_EP_EXPORT moe_ep_status moe_ep_dispatch_only(moe_ep_worker* worker, const ui
  * dispatch; NULL allowed when T = 0), the
  * sum over ranks, accumulated in fp32 (DESIGN §7). Collective. Errors:
  * MOE_EP_FAILED_PRECONDITION ("combine needs a dispatch first"; not ready
- * for steps), MOE_EP_INVALID_ARGUMENT (recv_rows < R, NULL; the step stays
- * dispatched on every rank: call again), MOE_EP_ABORTED (a peer refused its
- * combine or is in another call), group errors. */
+ * for steps), MOE_EP_INVALID_ARGUMENT (recv_rows < R, NULL, host pointers:
+ * on gloo the step stays dispatched on every rank, call again; on nccl it
+ * stays dispatched here and the peers' combine waits for this rank, so call
+ * again within the group's timeout; the one-sided plane refuses it: its
+ * flags tell the peers, whose combine ends at once without output and whose
+ * moe_ep_check_step returns MOE_EP_ABORTED "rank r refused its combine of
+ * the step at epoch e ...", and the step is over on every rank; issue 30
+ * item 1), MOE_EP_ABORTED (a peer refused its combine or is in another
+ * call), group errors. */
 MOE_EP_EXPORT moe_ep_status moe_ep_combine(moe_ep_worker* worker, const uint16_t* expert_out,
                                            int64_t recv_rows, uint16_t* output, void* stream,
                                            int64_t timeout_ms);

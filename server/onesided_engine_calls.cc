@@ -128,10 +128,29 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineDispatch(
 absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineCombine(const void* expert_out,
                                                                  int64_t rows, void* output,
                                                                  void* stream) {
-  RETURN_IF_ERROR(RequireEngineCall("combine", {{"expert_out", expert_out}, {"output", output}}));
+  RETURN_IF_ERROR(RequireEnginePlane("combine"));
   const int64_t r = dispatcher_->runtime_max_tokens_per_rank();
-  RETURN_IF_ERROR(
-      CheckEngineCombineArgs("combine", group_.rank, rows, r, expert_out, output, engine_tokens_));
+  absl::Status args =
+      CheckEngineDevicePointers("combine", data_plane(), group_.device, device_pointers_,
+                                {{"expert_out", expert_out}, {"output", output}});
+  if (args.ok()) {
+    args =
+        CheckEngineCombineArgs("combine", group_.rank, rows, r, expert_out, output, engine_tokens_);
+  }
+  if (!args.ok()) {
+    // The peers' combine kernels wait for this rank's flags: publish a
+    // refusal in their place (issue 30 item 1). Without a dispatched step
+    // there is nothing to refuse (no peer waits on this rank's combine).
+    absl::Status refused =
+        OnEngineStream(stream, [&](cudaStream_t) { return dispatcher_->RefuseCombine(); });
+    if (refused.ok()) {
+      return absl::Status(args.code(),
+                          absl::StrCat(args.message(),
+                                       " (refused: the step is over on every rank; the peers' "
+                                       "check_step names this rank)"));
+    }
+    return args;
+  }
   RETURN_IF_ERROR(OnEngineStream(stream, [&](cudaStream_t) -> absl::Status {
     // The combine kernel reads the caller's [E, rows, H] rows in place.
     return dispatcher_->CombineFrom(static_cast<const uint16_t*>(expert_out), rows,
@@ -153,13 +172,11 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineForward(int layer, cons
         "forward on rank ", group_.rank, ": no geometry committed; call CommitGeometry"));
   }
   kernels::DeviceExpertSet* experts = experts_.Find<kernels::DeviceExpertSet>(layer);
-  absl::Status loaded =
-      experts == nullptr ? ExpertsNotLoaded("forward", layer) : absl::OkStatus();
+  absl::Status loaded = experts == nullptr ? ExpertsNotLoaded("forward", layer) : absl::OkStatus();
   if (loaded.ok()) {
     const std::shared_ptr<const core::PlacementTable> table = Placement(layer);
     // (A pointer compare first: Fingerprint() hashes the table's text.)
-    if (table != book_.contiguous() &&
-        table->Fingerprint() != book_.contiguous()->Fingerprint()) {
+    if (table != book_.contiguous() && table->Fingerprint() != book_.contiguous()->Fingerprint()) {
       loaded = absl::FailedPreconditionError(absl::StrCat(
           "forward: layer ", layer,
           " has an installed placement table other than the contiguous one; the one-sided "
@@ -167,10 +184,10 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineForward(int layer, cons
           "table)"));
     }
   }
-  const absl::Status args = CheckEngineForwardArgs(
-      data_plane(), group_.device, device_pointers_, group_.rank, loaded,
-      dispatcher_->CheckStep("forward", num_tokens), hidden, topk_ids, topk_weights, num_tokens,
-      output);
+  const absl::Status args =
+      CheckEngineForwardArgs(data_plane(), group_.device, device_pointers_, group_.rank, loaded,
+                             dispatcher_->CheckStep("forward", num_tokens), hidden, topk_ids,
+                             topk_weights, num_tokens, output);
   if (!args.ok()) {
     // As a refused dispatch: the peers' forward ends at once without output
     // and their check_step names this rank (issue 30 item 1).

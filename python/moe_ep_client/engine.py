@@ -595,12 +595,14 @@ class Worker:
         nothing moved, the group is still usable"). Returns this rank's
         EngineError from the library (its own refusal), or None where there
         is nothing to enter: a stopped or not yet allocated worker, a GPU
-        plane's calls other than moe_ep_dispatch and moe_ep_forward (no
-        round there). On a GPU plane a refused moe_ep_dispatch or
-        moe_ep_forward is enqueued on the current torch stream: the
-        one-sided plane publishes the refusal, the nccl plane runs the step's
-        transfers with a header marked refused, so on both the peers' step
-        ends at once and their check_step names this rank (server/moe_ep.h). Never raises except ValueError for an unknown
+        plane's sync_token_counts / dispatch_only (no round there). On a GPU
+        plane a refused moe_ep_dispatch or moe_ep_forward is enqueued on the
+        current torch stream: the one-sided plane publishes the refusal, the
+        nccl plane runs the step's transfers with a header marked refused, so
+        on both the peers' step ends at once and their check_step names this
+        rank (server/moe_ep.h); a refused moe_ep_combine is published so on
+        the one-sided plane and only returned on nccl (its peers' combine
+        waits for this rank's next combine). Never raises except ValueError for an unknown
         `call`. The data calls of this module call it themselves when their
         checks fail."""
         if call not in _REFUSABLE:
@@ -616,7 +618,7 @@ class Worker:
             ms = 0
         stream = None
         if backend != "gloo":
-            if call not in ("moe_ep_dispatch", "moe_ep_forward"):
+            if call not in ("moe_ep_dispatch", "moe_ep_forward", "moe_ep_combine"):
                 return None
             if _current_raw_stream is not None and info.device >= 0:
                 stream = _current_raw_stream(info.device) or None
@@ -626,7 +628,7 @@ class Worker:
             if call == "moe_ep_sync_token_counts":
                 status = c.moe_ep_sync_token_counts(-1, None, None)
             elif call == "moe_ep_combine":
-                status = c.moe_ep_combine(None, -1, None, None, ms)
+                status = c.moe_ep_combine(None, -1, None, stream, ms)
             elif call == "moe_ep_forward":
                 status = c.moe_ep_forward(0, None, None, None, -1, None, stream, ms)
             else:

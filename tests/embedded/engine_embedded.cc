@@ -50,6 +50,7 @@ constexpr int kRows = 40;  // recv_rows of the eager dispatch (> R)
 
 int failures = 0;
 bool host_plane = false;  // gloo: host buffers, a null stream, no CUDA call
+bool nccl_plane = false;
 
 #define EXPECT(cond, ...)                               \
   do {                                                  \
@@ -505,6 +506,72 @@ void RunRank(moe_ep_worker* worker, int world, int device) {
     }
   }
 
+  // 4c. With peers, gloo and one-sided: every rank dispatched, then only the
+  // last rank's combine fails its checks (recv_rows < R). Gloo: the combine's
+  // round returns ABORTED naming it on the peers and the step stays
+  // dispatched everywhere, so a second combine on every rank completes it
+  // (checked against step 1's reference: same inputs, same expert outputs).
+  // One-sided: the refusing rank publishes a refused combine (issue 30 item
+  // 1), so the peers' combine ends at once without output, their check_step
+  // names it, and the step is over. (The nccl plane's combine has no
+  // refusal: its peers would wait for this rank's next combine.)
+  if (world > 1 && !nccl_plane) {
+    Upload(d_hidden, in.hidden, stream);  // the graph replays left other inputs there
+    Upload(d_ids, in.ids, stream);
+    Upload(d_weights, in.weights, stream);
+    Fill(d_output, 0xff, tokens * kHidden * sizeof(uint16_t), stream);
+    Ok(moe_ep_commit_geometry(worker, 45, kR, tokens), "commit_geometry");
+    Ok(moe_ep_dispatch(worker, d_hidden, d_ids, d_weights, tokens, d_recv_hidden, d_recv_ids,
+                       d_recv_weights, kRows, d_source_counts, d_expert_counts, stream, 0),
+       "moe_ep_dispatch before a refused combine");
+    const bool refusing = rank == world - 1;
+    char want[80];
+    std::snprintf(want, sizeof(want), "rank %d refused its", world - 1);
+    const moe_ep_status combined =
+        moe_ep_combine(worker, d_expert_out, refusing ? kR - 1 : kRows, d_output, stream, 0);
+    if (refusing) {
+      EXPECT(combined == MOE_EP_INVALID_ARGUMENT &&
+                 std::strstr(moe_ep_last_error(), "rows per source"),
+             "refusing rank's combine (recv_rows < R): status %d (%s)", combined,
+             moe_ep_last_error());
+    } else if (host_plane) {
+      EXPECT(combined == MOE_EP_ABORTED && std::strstr(moe_ep_last_error(), want),
+             "combine beside a refusing rank: status %d (%s), want ABORTED with '%s'", combined,
+             moe_ep_last_error(), want);
+    } else {
+      Ok(combined, "moe_ep_combine beside a refused combine");
+    }
+    Sync(stream);
+    const moe_ep_status checked = moe_ep_check_step(worker, 0);
+    if (refusing || host_plane) {
+      EXPECT(checked == MOE_EP_OK, "check_step of rank %d after a refused combine: %d (%s)", rank,
+             checked, moe_ep_last_error());
+    } else {
+      std::snprintf(want, sizeof(want), "rank %d refused its combine", world - 1);
+      EXPECT(checked == MOE_EP_ABORTED && std::strstr(moe_ep_last_error(), want),
+             "check_step beside a refused combine: status %d (%s), want ABORTED with '%s'", checked,
+             moe_ep_last_error(), want);
+    }
+    for (uint16_t v : Download(d_output, tokens * kHidden)) {
+      if (v != 0xffff) {
+        EXPECT(false, "rank %d wrote an output row of a refused combine", rank);
+        break;
+      }
+    }
+    if (host_plane) {
+      Ok(moe_ep_combine(worker, d_expert_out, kRows, d_output, stream, 0),
+         "moe_ep_combine again after a refused combine");
+      ExpectClose("combine again after a refused combine", Download(d_output, tokens * kHidden),
+                  Reference(in, tokens, invalid, true));
+    } else {
+      const moe_ep_status again = moe_ep_combine(worker, d_expert_out, kRows, d_output, stream, 0);
+      EXPECT(again == MOE_EP_FAILED_PRECONDITION,
+             "a second combine of a refused combine's step: status %d (%s), want "
+             "FAILED_PRECONDITION (the step is over)",
+             again, moe_ep_last_error());
+    }
+  }
+
   // 5. An expert id out of range on the last rank (DESIGN §7; issue 30). GPU
   // planes: the ids are on the device, so the route kernel records it, that
   // choice selects no expert, and the step's sync point names it on that
@@ -593,6 +660,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   host_plane = plane == "gloo";
+  nccl_plane = plane == "nccl";
   // Ranks 1 .. world - 1 are children forked before CUDA is touched; each
   // sends its worker's address to the parent (rank 0) on its own pipe, and
   // the parent forms the group in rank order.

@@ -284,6 +284,8 @@ TEST_F(EngineCallsTest, MismatchedCallsAndRefusalsMoveNothing) {
                                           });
   });
   EXPECT_EQ(status[0].code(), absl::StatusCode::kInvalidArgument) << status[0];
+  EXPECT_THAT(std::string(status[0].message()),
+              HasSubstr("the step stays dispatched on every rank: call again"));
   EXPECT_EQ(status[1].code(), absl::StatusCode::kAborted) << status[1];
   EXPECT_THAT(std::string(status[1].message()),
               HasSubstr("rank 0 refused its moe_ep_combine (INVALID_ARGUMENT"));
