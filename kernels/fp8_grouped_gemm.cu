@@ -862,12 +862,16 @@ absl::Status Launch(const Fp8GemmParams& p, uint8_t* act, float* act_scale, int6
     return LaunchShape<kFused, 1, 2, true>(p, map_a, map_b, sms, act, act_scale, act_stride, y,
                                            stream, name);
   }
+  // 2-CTA clusters sharing A where the n-tiles pair up (either height).
+  const bool pairs = (p.n / kBN) % 2 == 0 && sms >= 2;
   if (tall) {
+    if (p.cluster == 2 && pairs) {
+      return LaunchShape<kFused, 2, 2, false>(p, map_a, map_b, sms, act, act_scale, act_stride, y,
+                                              stream, name);
+    }
     return LaunchShape<kFused, 2, 1, false>(p, map_a, map_b, sms, act, act_scale, act_stride, y,
                                             stream, name);
   }
-  // 128-row tiles in 2-CTA clusters sharing A where the n-tiles pair up.
-  const bool pairs = (p.n / kBN) % 2 == 0 && sms >= 2;
   const bool cluster = p.cluster == 2 || (p.cluster == 0 && pairs && kClusterByDefault);
   if (cluster && pairs) {
     return LaunchShape<kFused, 1, 2, false>(p, map_a, map_b, sms, act, act_scale, act_stride, y,

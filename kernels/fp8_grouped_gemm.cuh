@@ -62,10 +62,11 @@ struct Fp8GemmParams {
   // Rows of a tile: 0 picks from the average rows per expert (256 from 192
   // max_rows / L up, else 128); 128 or 256 forces one (tests, benches).
   int tile_rows = 0;
-  // 128-row tiles only: 2 runs pairs of adjacent n-tiles in 2-CTA clusters
+  // 2, either tile height: pairs of adjacent n-tiles in 2-CTA clusters
   // whose CTAs each load half of the shared A boxes and multicast them to
-  // both (half the L2 reads of A); 1 one CTA per tile; 0 picks (1: pairs
-  // measured no faster, bench/results/fp8-speed).
+  // both (half the L2 reads of A; N / 128 odd: one CTA a tile); 1 one CTA
+  // per tile; 0 picks (1: 128-row pairs measured no faster,
+  // bench/results/fp8-speed; 256-row pairs, issue 35: bench/results/fp8-ncu).
   // 3, either tile height: pairs of adjacent m-tiles of one expert and
   // n-tile in 2-CTA clusters sharing B (the weights): an expert's rows are
   // cut into an even number of m-tiles (ceil(rows / tile) rounded up), CTA r

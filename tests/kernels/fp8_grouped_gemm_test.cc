@@ -400,6 +400,15 @@ TEST(Fp8GroupedGemm, ClusterPairsRandomWithinTheRounding) {
   RunGemmCase({kTallRows, 512, 384, true, false, 128, 2});
 }
 
+// 256-row tiles in A-sharing pairs (cluster 2, issue 35): exact against the
+// CPU reference (several m-tiles an expert, edge rows, both kernels).
+TEST(Fp8GroupedGemm, TallClusterPairsExactBitForBit) {
+  REQUIRE_HOPPER();
+  RunGemmCase({kTallRows, 256, 384, false, true, 256, 2}, /*passes=*/2);
+  RunGemmCase({kTallRows, 512, 256, true, true, 256, 2}, /*passes=*/2);
+  RunGemmCase({kEdgeRows, 256, 256, false, true, 256, 2}, /*passes=*/2);
+}
+
 // Variants against the default mode (cluster 0, l2_hint 0, the same tile
 // height) on the same inputs: the same products in the same order, so
 // every output byte agrees, the sentinels of rows past offsets[L] included;
@@ -476,6 +485,18 @@ TEST(Fp8GroupedGemm, BSharingPairsEqualTheDefaultBitForBit) {
       }
     }
   }
+}
+// 256-row A-sharing pairs against one CTA a tile, uneven experts and more
+// units than resident clusters (the walk wraps), both kernels.
+TEST(Fp8GroupedGemm, TallAPairsEqualTheDefaultBitForBit) {
+  REQUIRE_HOPPER();
+  for (uint64_t seed : {1, 2}) {
+    for (bool fused : {false, true}) {
+      ExpectTheDefaultsBits({UnevenRows(seed), 512, 384, fused, false, 256, 2}, 50 + seed);
+    }
+  }
+  ExpectTheDefaultsBits({ManyTileRows(), 1024, 256, true, false, 256, 2}, 60);
+  ExpectTheDefaultsBits({ManyTileRows(), 1024, 384, false, false, 256, 2}, 61);
 }
 // More pair units than resident clusters: the walk and the ring's phases
 // wrap many times, experts of 9 rows leave every pair's second CTA empty
