@@ -53,7 +53,7 @@ __global__ void UnpackReceivedKernel(UnpackReceivedParams p) {
 
 }  // namespace
 
-absl::Status LaunchUnpackReceived(const UnpackReceivedParams& p, cudaStream_t stream) {
+absl::Status CheckUnpackReceived(const UnpackReceivedParams& p) {
   if (p.ep_size < 1 || p.top_k < 1 || p.num_local_experts < 0 || p.runtime_max < 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "LaunchUnpackReceived: expected E >= 1, K >= 1, L >= 0, R >= 0, got %d, %d, %d, %d",
@@ -72,6 +72,11 @@ absl::Status LaunchUnpackReceived(const UnpackReceivedParams& p, cudaStream_t st
                       (p.runtime_max > 0 && p.recv == nullptr)))) {
     return absl::InvalidArgumentError("LaunchUnpackReceived: null device pointer");
   }
+  return absl::OkStatus();
+}
+
+absl::Status LaunchUnpackReceived(const UnpackReceivedParams& p, cudaStream_t stream) {
+  RETURN_IF_ERROR(CheckUnpackReceived(p));
   if (!p.counts_zeroed) {
     RETURN_IF_ERROR(internal::CudaStatus(
         cudaMemsetAsync(p.source_counts, 0, p.ep_size * sizeof(int64_t), stream),

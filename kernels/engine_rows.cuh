@@ -49,6 +49,13 @@ struct UnpackReceivedParams {
 // kInternal (launch). Never allocates or synchronises.
 absl::Status LaunchUnpackReceived(const UnpackReceivedParams& p, cudaStream_t stream);
 
+// CheckUnpackReceived()
+//
+// LaunchUnpackReceived's argument checks alone, for a kernel that unpacks
+// in its own tail (kernels/onesided: OsDispatchParams::fuse_unpack). Same
+// errors.
+absl::Status CheckUnpackReceived(const UnpackReceivedParams& p);
+
 // EnqueueExpertOutputsPack()
 //
 // Enqueues on `stream` the copy of an engine's expert outputs [E, rows, H]

@@ -105,19 +105,20 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineDispatch(
         args, OnEngineStream(stream, [&](cudaStream_t) { return dispatcher_->RefuseStep(); }));
   }
   const auto* in_hidden = static_cast<const uint16_t*>(hidden);
-  RETURN_IF_ERROR(OnEngineStream(stream, [&](cudaStream_t on) -> absl::Status {
+  RETURN_IF_ERROR(OnEngineStream(stream, [&](cudaStream_t) -> absl::Status {
     // The send kernel zeroes the counts the unpack adds into.
     kernels::onesided::OsZeroCounts zero;
     zero.ptr[0] = out.source_counts;
     zero.n[0] = out.source_counts != nullptr ? static_cast<int>(options_.workspace.ep_size) : 0;
     zero.ptr[1] = out.expert_counts;
     zero.n[1] = out.expert_counts != nullptr ? local_experts : 0;
-    RETURN_IF_ERROR(dispatcher_->Dispatch(in_hidden, topk_ids, topk_weights, num_tokens, zero));
+    // The unpack into the caller's buffers: after the send kernel, or in its
+    // tail (one launch; issue 30 item 3) with MOE_EP_ONESIDED_FUSED_UNPACK=1.
     kernels::UnpackReceivedParams unpack =
         EngineUnpackParams(options_, out, dispatcher_->received_rows(), r,
                            map.dispatch_base[group_.rank], local_experts);
     unpack.counts_zeroed = true;
-    return kernels::LaunchUnpackReceived(unpack, on);
+    return dispatcher_->Dispatch(in_hidden, topk_ids, topk_weights, num_tokens, zero, &unpack);
   }));
   engine_tokens_ = num_tokens;
   core::StepStats stats;

@@ -1,8 +1,10 @@
 #include "kernels/onesided/onesided_dispatcher.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -93,7 +95,7 @@ absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
   const int64_t o_recv = Align128(o_send + e * 4);
   const int64_t o_header = Align128(o_recv + e * 4);
   const int64_t o_done = Align128(o_header + 3 * 8);
-  const int64_t o_error = Align128(o_done + 2 * 4);
+  const int64_t o_error = Align128(o_done + 2 * 4 + 8);  // counters, then unpacked
   const int64_t o_rows = Align128(o_error + static_cast<int64_t>(sizeof(OsStepError)));
   const int64_t rows_bytes = fp8 ? e * n * DispatchRowBytes(ws.hidden, ws.top_k) : 0;
   d->local_bytes_ = Align128(o_rows + rows_bytes);
@@ -133,6 +135,14 @@ absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
   d->local_.header = reinterpret_cast<int64_t*>(b + o_header);
   d->local_.seq = reinterpret_cast<uint64_t*>(d->peers_.window[d->rank_] + off.seq);
   d->local_.done = reinterpret_cast<uint32_t*>(b + o_done);
+  // MOE_EP_ONESIDED_FUSED_UNPACK=1 unpacks an engine's dispatch in the send
+  // kernel; off by default until it has run on a GPU (built at stop 49 when
+  // no device time was left; bench/results/engine-host/gpu-run9.sh is its
+  // test and A/B).
+  const char* fused = std::getenv("MOE_EP_ONESIDED_FUSED_UNPACK");
+  d->fuse_unpack_ = fused != nullptr && std::string_view(fused) == "1";
+  // After the two counters (8-aligned).
+  d->local_.unpacked = reinterpret_cast<uint64_t*>(b + o_done + 8);
   d->local_.error = reinterpret_cast<OsStepError*>(b + o_error);
   if (fp8) d->rows_ = reinterpret_cast<uint8_t*>(b + o_rows);
   ASSIGN_OR_RETURN(d->expert_compute_,
@@ -250,10 +260,19 @@ absl::Status OneSidedDispatcher::EnqueueDispatchParams(const OsDispatchParams& p
 
 absl::Status OneSidedDispatcher::EnqueueDispatch(const OsStepArgs& step, const uint16_t* hidden,
                                                  const int32_t* topk_ids, const float* topk_weights,
-                                                 const OsZeroCounts& zero) {
+                                                 const OsZeroCounts& zero,
+                                                 const UnpackReceivedParams* unpack) {
   OsDispatchParams p = DispatchParams(step, hidden, topk_ids, topk_weights);
   p.zero = zero;
-  return EnqueueDispatchParams(p, std::min(step.t, step.r));
+  if (unpack != nullptr) {
+    RETURN_IF_ERROR(CheckUnpackReceived(*unpack));
+    // The fused SM path with bf16 rows unpacks in the send kernel's tail.
+    p.fuse_unpack = fuse_unpack_ && !p.ce && !p.fp8 && OsDispatchFused(step.r, ep_size_);
+    if (p.fuse_unpack) p.unpack = *unpack;
+  }
+  RETURN_IF_ERROR(EnqueueDispatchParams(p, std::min(step.t, step.r)));
+  if (unpack == nullptr || p.fuse_unpack) return absl::OkStatus();
+  return LaunchUnpackReceived(*unpack, Launch());
 }
 
 absl::Status OneSidedDispatcher::EnqueueExperts(int64_t r, const DeviceExpertSet& experts) {
@@ -364,14 +383,15 @@ absl::Status OneSidedDispatcher::Forward(const uint16_t* hidden, const int32_t* 
 
 absl::Status OneSidedDispatcher::Dispatch(const uint16_t* hidden, const int32_t* topk_ids,
                                           const float* topk_weights, int64_t num_tokens,
-                                          const OsZeroCounts& zero) {
+                                          const OsZeroCounts& zero,
+                                          const UnpackReceivedParams* unpack) {
   RETURN_IF_ERROR(geometry_.BeginDispatch("Dispatch"));
   RETURN_IF_ERROR(SettleUnlessOpen());
   RETURN_IF_ERROR(CheckArgs("Dispatch", num_tokens, hidden, topk_ids, topk_weights));
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
   RETURN_IF_ERROR(
       EnqueueDispatch({geometry_.epoch(), geometry_.runtime_max_tokens_per_rank(), num_tokens},
-                      hidden, topk_ids, topk_weights, zero));
+                      hidden, topk_ids, topk_weights, zero, unpack));
   geometry_.MarkDispatched();
   return absl::OkStatus();
 }

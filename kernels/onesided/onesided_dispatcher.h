@@ -165,9 +165,16 @@ class OneSidedDispatcher final : public core::StepDispatcher {
                        int64_t num_tokens, const DeviceExpertSet& experts, uint16_t* output);
   // The phases, as GpuEpDispatcher's (same sequence errors).
   // `zero`: device arrays the dispatch's send kernel zeroes (an engine's
-  // count outputs, for an unpack with counts_zeroed after it).
+  // count outputs, for an unpack with counts_zeroed after it). `unpack`
+  // (an engine's dispatch; recv = received_rows()): the received rows are
+  // also unpacked into the engine's buffers, inside the send kernel on the
+  // fused SM path with bf16 rows (one launch: OsDispatchParams::
+  // fuse_unpack, with MOE_EP_ONESIDED_FUSED_UNPACK=1: off by default until
+  // it has run on a GPU), else by LaunchUnpackReceived after it; errors of
+  // CheckUnpackReceived as well.
   absl::Status Dispatch(const uint16_t* hidden, const int32_t* topk_ids, const float* topk_weights,
-                        int64_t num_tokens, const OsZeroCounts& zero = {});
+                        int64_t num_tokens, const OsZeroCounts& zero = {},
+                        const UnpackReceivedParams* unpack = nullptr);
   // In place of a Dispatch this rank's caller could not make (its
   // arguments failed the checks; issue 30 item 1): a dispatch of no rows
   // whose flags say "refused" (OsDispatchParams::refused) and the combine
@@ -251,7 +258,8 @@ class OneSidedDispatcher final : public core::StepDispatcher {
                                   const int32_t* topk_ids, const float* topk_weights) const;
   absl::Status EnqueueDispatch(const OsStepArgs& step, const uint16_t* hidden,
                                const int32_t* topk_ids, const float* topk_weights,
-                               const OsZeroCounts& zero = {});
+                               const OsZeroCounts& zero = {},
+                               const UnpackReceivedParams* unpack = nullptr);
   // The dispatch of p (its path in p.ce); the copy-engine path copies
   // `copy_rows` hidden rows (T eager, the bucket in a capture).
   absl::Status EnqueueDispatchParams(const OsDispatchParams& p, int64_t copy_rows);
@@ -281,6 +289,7 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   OsLocalState local_;
   int ep_size_ = 0;
   int rank_ = 0;
+  bool fuse_unpack_ = false;  // Dispatch's `unpack` in the send kernel where the path allows
   int device_ = 0;
   int64_t capacity_ = 0;
   int64_t hidden_ = 0;

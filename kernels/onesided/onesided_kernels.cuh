@@ -74,6 +74,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/engine_rows.cuh"
 #include "kernels/route.cuh"
 
 namespace moe_ep::kernels::onesided {
@@ -132,6 +133,9 @@ struct OsLocalState {
   int64_t* header = nullptr;       // {epoch, R, T}; T set to 0 on failure
   uint64_t* seq = nullptr;         // the step counter q (in this rank's window)
   uint32_t* done = nullptr;        // [2] block counters (dispatch, combine)
+  // The step q whose received rows the fused send kernel's blocks may
+  // unpack (released by its last block; OsDispatchParams::fuse_unpack).
+  uint64_t* unpacked = nullptr;
   OsStepError* error = nullptr;
 };
 
@@ -171,6 +175,15 @@ struct OsDispatchParams {
   // output instead of waiting out the timeout for a dispatch that never
   // comes (issue 30 item 1 on the GPU planes).
   bool refused = false;
+  // An engine's dispatch on the fused SM path (bf16): after the flags, every
+  // block of the send kernel unpacks its share of the received rows into
+  // the engine's buffers, as LaunchUnpackReceived would (same results), so
+  // the call launches one kernel instead of two (host time, issue 30 item
+  // 3). The blocks that finish sending first wait for the last block's
+  // release of q in local.unpacked. Off unless MOE_EP_ONESIDED_FUSED_UNPACK=1
+  // (OneSidedDispatcher::Dispatch): not yet run on a GPU.
+  UnpackReceivedParams unpack;
+  bool fuse_unpack = false;
 };
 
 struct OsCombineParams {
