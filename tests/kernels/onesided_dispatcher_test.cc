@@ -262,12 +262,15 @@ TEST(OneSidedThreadsCe, Ep2EpochMismatch) { RunMismatch(false, OsPathChoice::kCo
 TEST(OneSidedThreadsCe, Ep2RMismatch) { RunMismatch(true, OsPathChoice::kCopyEngine); }
 
 // A rank whose caller's arguments failed its checks refuses the step
-// (RefuseStep, issue 30 item 1): the peers' kernels finish at once instead
-// of waiting out the timeout (5 s here: a wait would end kDeadlineExceeded),
-// their CheckStep is kAborted naming the refusing rank and they wrote no
-// output row, the refusing rank's CheckStep reports nothing, and the next
-// step is correct on every rank.
-void RunRefusal(int ep_size, int refusing, OsPathChoice path) {
+// (RefuseStep in place of its dispatch, or with `at_combine` RefuseCombine
+// after a dispatch and expert compute like every rank's; issue 30 item 1):
+// the peers' kernels finish at once instead of waiting out the timeout (5 s
+// here: a wait would end kDeadlineExceeded), their CheckStep is kAborted
+// naming the refusing rank and the refused phase, no rank wrote an output
+// row, the refusing rank's CheckStep reports nothing, the step is over on
+// every rank (another Combine is a sequence error), and the next step is
+// correct on every rank.
+void RunRefusal(int ep_size, int refusing, OsPathChoice path, bool at_combine = false) {
   MOE_EP_REQUIRE_GPUS(1);
   OsCase c{ep_size, 1024, 8, 64, {}};
   for (int r = 0; r < ep_size; ++r) c.tokens.push_back(5 + 7 * r);
@@ -284,12 +287,16 @@ void RunRefusal(int ep_size, int refusing, OsPathChoice path) {
     sync();
     ASSERT_TRUE((*d)->CommitGeometry(5, p.r, t).ok());
     const absl::Time start = absl::Now();
-    if (rank == refusing) {
+    if (rank == refusing && !at_combine) {
       ASSERT_TRUE((*d)->RefuseStep().ok());
     } else {
       ASSERT_TRUE((*d)->Dispatch(b.hidden.get(), b.ids.get(), b.weights.get(), t).ok());
       ASSERT_TRUE((*d)->ComputeExperts(*experts).ok());
-      ASSERT_TRUE((*d)->Combine(b.out.get()).ok());
+      if (rank == refusing) {
+        ASSERT_TRUE((*d)->RefuseCombine().ok());
+      } else {
+        ASSERT_TRUE((*d)->Combine(b.out.get()).ok());
+      }
     }
     const absl::Status s = (*d)->CheckStep();
     EXPECT_LT(absl::Now() - start, absl::Seconds(4))
@@ -298,19 +305,16 @@ void RunRefusal(int ep_size, int refusing, OsPathChoice path) {
       EXPECT_TRUE(s.ok()) << s;
     } else {
       EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
-      EXPECT_NE(s.message().find(absl::StrFormat(
-                    "rank %d refused its dispatch of the step at epoch 5", refusing)),
+      EXPECT_NE(s.message().find(absl::StrFormat("rank %d refused its %s of the step at epoch 5",
+                                                 refusing, at_combine ? "combine" : "dispatch")),
                 std::string::npos)
           << s;
-      for (bf16_t v : b.out.Download(t * c.hidden)) {
-        ASSERT_EQ(v, 0xffff) << "rank " << rank << " wrote an output row of a refused step";
-      }
     }
-    // A second Combine of the refused step is a sequence error on the
-    // refusing rank: RefuseStep ended its step.
-    if (rank == refusing) {
-      EXPECT_EQ((*d)->Combine(b.out.get()).code(), absl::StatusCode::kFailedPrecondition);
+    for (bf16_t v : b.out.Download(t * c.hidden)) {
+      ASSERT_EQ(v, 0xffff) << "rank " << rank << " wrote an output row of a refused step";
     }
+    EXPECT_EQ((*d)->Combine(b.out.get()).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ((*d)->RefuseCombine().code(), absl::StatusCode::kFailedPrecondition);
     sync();
     RunCheckedStep(p, rank, **d, *experts, b, 7, false);
   });
@@ -318,64 +322,14 @@ void RunRefusal(int ep_size, int refusing, OsPathChoice path) {
 TEST(OneSidedThreads, Ep2RefusedStepEndsAtOnce) { RunRefusal(2, 1, OsPathChoice::kAuto); }
 TEST(OneSidedThreads, Ep4RefusedStepEndsAtOnce) { RunRefusal(4, 2, OsPathChoice::kAuto); }
 TEST(OneSidedThreadsCe, Ep2RefusedStepEndsAtOnce) { RunRefusal(2, 0, OsPathChoice::kCopyEngine); }
-
-// A rank whose caller's combine arguments failed its checks refuses the
-// combine of a dispatched step (RefuseCombine, issue 30 item 1): every rank
-// dispatched and computed; the peers' combine ends at once (a wait would
-// end kDeadlineExceeded after 5 s), their CheckStep is kAborted naming the
-// refusing rank's combine and no output row was written anywhere; the
-// refusing rank's CheckStep reports nothing; the step is over on every rank
-// and the next one is correct.
-void RunCombineRefusal(int ep_size, int refusing, OsPathChoice path) {
-  MOE_EP_REQUIRE_GPUS(1);
-  OsCase c{ep_size, 1024, 8, 64, {}};
-  for (int r = 0; r < ep_size; ++r) c.tokens.push_back(5 + 7 * r);
-  c.path = path;
-  const Prepared p = Prepare(c);
-  const int64_t capacity = 32;
-  RunThreads(c, capacity, [&](int rank, PeerWindows* w, const Sync& sync) {
-    auto d = OneSidedDispatcher::Create(w, testing::Options(c, capacity, absl::Seconds(5)), 0);
-    ASSERT_TRUE(d.ok()) << d.status();
-    auto experts = UploadExperts(p, rank);
-    const int64_t t = c.tokens[rank];
-    RankBuffers b(p, rank, t);
-    b.PoisonOutput(t, c.hidden);
-    sync();
-    ASSERT_TRUE((*d)->CommitGeometry(5, p.r, t).ok());
-    const absl::Time start = absl::Now();
-    ASSERT_TRUE((*d)->Dispatch(b.hidden.get(), b.ids.get(), b.weights.get(), t).ok());
-    ASSERT_TRUE((*d)->ComputeExperts(*experts).ok());
-    if (rank == refusing) {
-      ASSERT_TRUE((*d)->RefuseCombine().ok());
-    } else {
-      ASSERT_TRUE((*d)->Combine(b.out.get()).ok());
-    }
-    const absl::Status s = (*d)->CheckStep();
-    EXPECT_LT(absl::Now() - start, absl::Seconds(4))
-        << "rank " << rank << " waited for the refusal";
-    if (rank == refusing) {
-      EXPECT_TRUE(s.ok()) << s;
-    } else {
-      EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
-      EXPECT_NE(s.message().find(absl::StrFormat(
-                    "rank %d refused its combine of the step at epoch 5", refusing)),
-                std::string::npos)
-          << s;
-    }
-    for (bf16_t v : b.out.Download(t * c.hidden)) {
-      ASSERT_EQ(v, 0xffff) << "rank " << rank << " wrote an output row of a refused combine";
-    }
-    // The step is over on every rank: another combine is a sequence error.
-    EXPECT_EQ((*d)->Combine(b.out.get()).code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_EQ((*d)->RefuseCombine().code(), absl::StatusCode::kFailedPrecondition);
-    sync();
-    RunCheckedStep(p, rank, **d, *experts, b, 7, false);
-  });
+TEST(OneSidedThreads, Ep2RefusedCombineEndsAtOnce) {
+  RunRefusal(2, 1, OsPathChoice::kAuto, /*at_combine=*/true);
 }
-TEST(OneSidedThreads, Ep2RefusedCombineEndsAtOnce) { RunCombineRefusal(2, 1, OsPathChoice::kAuto); }
-TEST(OneSidedThreads, Ep4RefusedCombineEndsAtOnce) { RunCombineRefusal(4, 0, OsPathChoice::kAuto); }
+TEST(OneSidedThreads, Ep4RefusedCombineEndsAtOnce) {
+  RunRefusal(4, 0, OsPathChoice::kAuto, /*at_combine=*/true);
+}
 TEST(OneSidedThreadsCe, Ep2RefusedCombineEndsAtOnce) {
-  RunCombineRefusal(2, 0, OsPathChoice::kCopyEngine);
+  RunRefusal(2, 0, OsPathChoice::kCopyEngine, /*at_combine=*/true);
 }
 
 // A peer that never publishes its flag: the waiting rank's step ends by the
