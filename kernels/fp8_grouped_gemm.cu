@@ -256,7 +256,7 @@ __device__ __forceinline__ uint16_t Bf16Bits(float v) {
 // seen the stage land.
 // kCluster 2: CTA pairs; kShareB false: a pair's tiles are adjacent n-tiles
 // of the same rows, each CTA loads every other A box and multicasts it to
-// both (kSubs 1); kShareB true: a pair's tiles are adjacent m-tiles of the
+// both (either kSubs); kShareB true: a pair's tiles are adjacent m-tiles of the
 // same n-tile, each CTA loads its own A boxes and one of the stage's two B
 // boxes (rank r box r), multicast to both. Either way each CTA's expect-tx
 // is the bytes that land in its own stage (its A boxes + both B boxes), and

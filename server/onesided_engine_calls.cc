@@ -168,10 +168,8 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineForward(int layer, cons
                                                                  int64_t num_tokens, void* output,
                                                                  void* stream) {
   RETURN_IF_ERROR(RequireEnginePlane("forward"));
-  if (dispatcher_->runtime_max_tokens_per_rank() < 1) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "forward on rank ", group_.rank, ": no geometry committed; call CommitGeometry"));
-  }
+  // No committed geometry: no step to refuse (R = 0 is a step: it runs).
+  RETURN_IF_ERROR(dispatcher_->CheckStep("forward", 0));
   kernels::DeviceExpertSet* experts = experts_.Find<kernels::DeviceExpertSet>(layer);
   absl::Status loaded = experts == nullptr ? ExpertsNotLoaded("forward", layer) : absl::OkStatus();
   if (loaded.ok()) {

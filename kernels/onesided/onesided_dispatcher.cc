@@ -265,14 +265,14 @@ absl::Status OneSidedDispatcher::EnqueueDispatch(const OsStepArgs& step, const u
   OsDispatchParams p = DispatchParams(step, hidden, topk_ids, topk_weights);
   p.zero = zero;
   if (unpack != nullptr) {
-    RETURN_IF_ERROR(CheckUnpackReceived(*unpack));
-    // The fused SM path with bf16 rows unpacks in the send kernel's tail.
-    p.fuse_unpack = fuse_unpack_ && !p.ce && !p.fp8 && OsDispatchFused(step.r, ep_size_);
+    // The fused SM path with bf16 rows unpacks in the send kernel's tail
+    // (counts zeroed by it: the unpack only adds).
+    p.fuse_unpack = fuse_unpack_ && unpack->counts_zeroed && !p.ce && !p.fp8 &&
+                    OsDispatchFused(step.r, ep_size_);
     if (p.fuse_unpack) p.unpack = *unpack;
   }
-  RETURN_IF_ERROR(EnqueueDispatchParams(p, std::min(step.t, step.r)));
-  if (unpack == nullptr || p.fuse_unpack) return absl::OkStatus();
-  return LaunchUnpackReceived(*unpack, Launch());
+  last_unpack_fused_ = p.fuse_unpack;
+  return EnqueueDispatchParams(p, std::min(step.t, step.r));
 }
 
 absl::Status OneSidedDispatcher::EnqueueExperts(int64_t r, const DeviceExpertSet& experts) {
@@ -389,11 +389,15 @@ absl::Status OneSidedDispatcher::Dispatch(const uint16_t* hidden, const int32_t*
   RETURN_IF_ERROR(SettleUnlessOpen());
   RETURN_IF_ERROR(CheckArgs("Dispatch", num_tokens, hidden, topk_ids, topk_weights));
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  if (unpack != nullptr) RETURN_IF_ERROR(CheckUnpackReceived(*unpack));
   RETURN_IF_ERROR(
       EnqueueDispatch({geometry_.epoch(), geometry_.runtime_max_tokens_per_rank(), num_tokens},
                       hidden, topk_ids, topk_weights, zero, unpack));
+  // Dispatched once the flags are enqueued, whatever follows: the peers'
+  // combine now waits for this rank's.
   geometry_.MarkDispatched();
-  return absl::OkStatus();
+  if (unpack == nullptr || last_unpack_fused_) return absl::OkStatus();
+  return LaunchUnpackReceived(*unpack, Launch());
 }
 
 absl::Status OneSidedDispatcher::RefuseStep() {

@@ -289,7 +289,8 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   OsLocalState local_;
   int ep_size_ = 0;
   int rank_ = 0;
-  bool fuse_unpack_ = false;  // Dispatch's `unpack` in the send kernel where the path allows
+  bool fuse_unpack_ = false;        // Dispatch's `unpack` in the send kernel where the path allows
+  bool last_unpack_fused_ = false;  // the last EnqueueDispatch's send kernel unpacked
   int device_ = 0;
   int64_t capacity_ = 0;
   int64_t hidden_ = 0;

@@ -363,14 +363,23 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
   }
   if (!CountDone(&p.local.done[0], &is_last, sys)) {
     if (kFused && p.fuse_unpack) {
-      // The last block (resident: it counted last) releases q once the
-      // sources' flags are in; its waits are bounded, so this one is too.
+      // The last block releases q once the sources' flags are in. Bounded
+      // like every wait: should the grid not all be resident (no block then
+      // counts last), the waiters time out, record it and free their SMs.
+      __shared__ int late;
       if (tid == 0) {
+        late = 0;
+        const uint64_t start = GlobalTimerNs();
         while (LoadAcquire(p.local.unpacked, false) != q) {
+          if (GlobalTimerNs() - start > p.timeout_ns) {
+            late = 1;
+            RecordError(p.local.error, kOsDeadline, p.rank, kOsDispatch, q, 0, 0, epoch, R);
+            break;
+          }
         }
       }
       __syncthreads();
-      UnpackShare(p.unpack);
+      if (!late) UnpackShare(p.unpack);
     }
     return;
   }
@@ -592,9 +601,11 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
         RecordError(p.local.error, kOsDeadline, tid, kOsCombine, q, 0, 0, p.local.header[0],
                     p.local.header[1]);
       }
-    } else if (tid != p.rank && reinterpret_cast<const volatile OsFlag*>(f)->r == kOsRefusedR) {
+    } else if (!p.refused && tid != p.rank &&
+               reinterpret_cast<const volatile OsFlag*>(f)->r == kOsRefusedR) {
       // Peer tid refused its combine: its rows for this rank's tokens never
-      // came, so no output row is written here.
+      // came, so no output row is written here. (A rank that refused too
+      // records nothing: its caller has the error.)
       atomicExch(&failed, 1);
       RecordError(p.local.error, kOsMismatch, tid, kOsCombine, q, p.local.header[0], kOsRefusedR,
                   p.local.header[0], p.local.header[1]);
@@ -720,6 +731,12 @@ absl::Status CheckDispatch(const OsDispatchParams& p) {
   if (absl::Status s = CheckCommon(p.ep_size, p.hidden_size, p.local, "LaunchOsDispatch");
       !s.ok()) {
     return s;
+  }
+  if (p.fuse_unpack &&
+      (p.ce || p.fp8 || !OsDispatchFused(p.step.r, p.ep_size) || !p.unpack.counts_zeroed)) {
+    return absl::InvalidArgumentError(
+        "LaunchOsDispatch: fuse_unpack needs the fused SM path with bf16 rows (R <= 512, E <= 8) "
+        "and counts the send kernel zeroes (unpack.counts_zeroed)");
   }
   if (p.top_k < 1 || p.top_k > kMaxTopK || p.num_experts < p.ep_size || p.step.r < 0 ||
       p.step.t < 0 || p.blocks < 1) {

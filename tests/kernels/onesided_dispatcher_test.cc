@@ -269,8 +269,10 @@ TEST(OneSidedThreadsCe, Ep2RMismatch) { RunMismatch(true, OsPathChoice::kCopyEng
 // naming the refusing rank and the refused phase, no rank wrote an output
 // row, the refusing rank's CheckStep reports nothing, the step is over on
 // every rank (another Combine is a sequence error), and the next step is
-// correct on every rank.
-void RunRefusal(int ep_size, int refusing, OsPathChoice path, bool at_combine = false) {
+// correct on every rank. `also` (>= 0): a second refusing rank, whose own
+// CheckStep reports nothing either (both refusals are their callers').
+void RunRefusal(int ep_size, int refusing, OsPathChoice path, bool at_combine = false,
+                int also = -1) {
   MOE_EP_REQUIRE_GPUS(1);
   OsCase c{ep_size, 1024, 8, 64, {}};
   for (int r = 0; r < ep_size; ++r) c.tokens.push_back(5 + 7 * r);
@@ -287,12 +289,13 @@ void RunRefusal(int ep_size, int refusing, OsPathChoice path, bool at_combine = 
     sync();
     ASSERT_TRUE((*d)->CommitGeometry(5, p.r, t).ok());
     const absl::Time start = absl::Now();
-    if (rank == refusing && !at_combine) {
+    const bool refuses = rank == refusing || rank == also;
+    if (refuses && !at_combine) {
       ASSERT_TRUE((*d)->RefuseStep().ok());
     } else {
       ASSERT_TRUE((*d)->Dispatch(b.hidden.get(), b.ids.get(), b.weights.get(), t).ok());
       ASSERT_TRUE((*d)->ComputeExperts(*experts).ok());
-      if (rank == refusing) {
+      if (refuses) {
         ASSERT_TRUE((*d)->RefuseCombine().ok());
       } else {
         ASSERT_TRUE((*d)->Combine(b.out.get()).ok());
@@ -301,14 +304,23 @@ void RunRefusal(int ep_size, int refusing, OsPathChoice path, bool at_combine = 
     const absl::Status s = (*d)->CheckStep();
     EXPECT_LT(absl::Now() - start, absl::Seconds(4))
         << "rank " << rank << " waited for the refusal";
-    if (rank == refusing) {
+    if (refuses) {
       EXPECT_TRUE(s.ok()) << s;
     } else {
       EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
-      EXPECT_NE(s.message().find(absl::StrFormat("rank %d refused its %s of the step at epoch 5",
-                                                 refusing, at_combine ? "combine" : "dispatch")),
-                std::string::npos)
-          << s;
+      const char* phase = at_combine ? "combine" : "dispatch";
+      // With two refusing ranks either may be the one recorded first.
+      const bool named = [&] {
+        for (int r : {refusing, also}) {
+          if (r >= 0 &&
+              s.message().find(absl::StrFormat("rank %d refused its %s of the step at epoch 5", r,
+                                               phase)) != std::string::npos) {
+            return true;
+          }
+        }
+        return false;
+      }();
+      EXPECT_TRUE(named) << s;
     }
     for (bf16_t v : b.out.Download(t * c.hidden)) {
       ASSERT_EQ(v, 0xffff) << "rank " << rank << " wrote an output row of a refused step";
@@ -327,6 +339,12 @@ TEST(OneSidedThreads, Ep2RefusedCombineEndsAtOnce) {
 }
 TEST(OneSidedThreads, Ep4RefusedCombineEndsAtOnce) {
   RunRefusal(4, 0, OsPathChoice::kAuto, /*at_combine=*/true);
+}
+TEST(OneSidedThreads, Ep4TwoRefusedStepsEndAtOnce) {
+  RunRefusal(4, 1, OsPathChoice::kAuto, /*at_combine=*/false, /*also=*/3);
+}
+TEST(OneSidedThreads, Ep4TwoRefusedCombinesEndAtOnce) {
+  RunRefusal(4, 1, OsPathChoice::kAuto, /*at_combine=*/true, /*also=*/3);
 }
 TEST(OneSidedThreadsCe, Ep2RefusedCombineEndsAtOnce) {
   RunRefusal(2, 0, OsPathChoice::kCopyEngine, /*at_combine=*/true);
