@@ -264,15 +264,18 @@ absl::Status OneSidedDispatcher::EnqueueDispatch(const OsStepArgs& step, const u
                                                  const UnpackReceivedParams* unpack) {
   OsDispatchParams p = DispatchParams(step, hidden, topk_ids, topk_weights);
   p.zero = zero;
-  if (unpack != nullptr) {
-    // The fused SM path with bf16 rows unpacks in the send kernel's tail
-    // (counts zeroed by it: the unpack only adds).
-    p.fuse_unpack = fuse_unpack_ && unpack->counts_zeroed && !p.ce && !p.fp8 &&
-                    OsDispatchFused(step.r, ep_size_);
-    if (p.fuse_unpack) p.unpack = *unpack;
+  if (FusesUnpack(unpack, step.r)) {
+    p.fuse_unpack = true;
+    p.unpack = *unpack;
   }
-  last_unpack_fused_ = p.fuse_unpack;
   return EnqueueDispatchParams(p, std::min(step.t, step.r));
+}
+
+bool OneSidedDispatcher::FusesUnpack(const UnpackReceivedParams* unpack, int64_t r) const {
+  // The fused SM path with bf16 rows, its counts zeroed by the send kernel
+  // (the unpack only adds).
+  return unpack != nullptr && fuse_unpack_ && unpack->counts_zeroed && PathFor(r) == OsPath::kSm &&
+         !fp8_ && OsDispatchFused(r, ep_size_);
 }
 
 absl::Status OneSidedDispatcher::EnqueueExperts(int64_t r, const DeviceExpertSet& experts) {
@@ -396,7 +399,9 @@ absl::Status OneSidedDispatcher::Dispatch(const uint16_t* hidden, const int32_t*
   // Dispatched once the flags are enqueued, whatever follows: the peers'
   // combine now waits for this rank's.
   geometry_.MarkDispatched();
-  if (unpack == nullptr || last_unpack_fused_) return absl::OkStatus();
+  if (unpack == nullptr || FusesUnpack(unpack, geometry_.runtime_max_tokens_per_rank())) {
+    return absl::OkStatus();
+  }
   return LaunchUnpackReceived(*unpack, Launch());
 }
 

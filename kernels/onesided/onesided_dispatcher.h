@@ -256,6 +256,8 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   absl::Status CheckExperts(const DeviceExpertSet& experts) const;
   OsDispatchParams DispatchParams(const OsStepArgs& step, const uint16_t* hidden,
                                   const int32_t* topk_ids, const float* topk_weights) const;
+  // Whether a dispatch at R = r unpacks `unpack` in its send kernel.
+  bool FusesUnpack(const UnpackReceivedParams* unpack, int64_t r) const;
   absl::Status EnqueueDispatch(const OsStepArgs& step, const uint16_t* hidden,
                                const int32_t* topk_ids, const float* topk_weights,
                                const OsZeroCounts& zero = {},
@@ -289,8 +291,7 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   OsLocalState local_;
   int ep_size_ = 0;
   int rank_ = 0;
-  bool fuse_unpack_ = false;        // Dispatch's `unpack` in the send kernel where the path allows
-  bool last_unpack_fused_ = false;  // the last EnqueueDispatch's send kernel unpacked
+  bool fuse_unpack_ = false;  // Dispatch's `unpack` in the send kernel where the path allows
   int device_ = 0;
   int64_t capacity_ = 0;
   int64_t hidden_ = 0;

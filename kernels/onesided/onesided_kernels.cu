@@ -86,14 +86,19 @@ __device__ __forceinline__ void CheckTokenIds(const OsDispatchParams& p, int64_t
   }
 }
 
-// Spins until flag->seq == q or the timeout passes: 0 (arrived) or kOsDeadline.
-__device__ __forceinline__ int WaitFlag(const OsFlag* flag, uint64_t q, uint64_t timeout_ns,
-                                        bool sys) {
+// Spins until *seq == q or the timeout passes: 0 (arrived) or kOsDeadline.
+__device__ __forceinline__ int WaitSeq(const uint64_t* seq, uint64_t q, uint64_t timeout_ns,
+                                       bool sys) {
   const uint64_t start = GlobalTimerNs();
-  while (LoadAcquire(&flag->seq, sys) != q) {
+  while (LoadAcquire(seq, sys) != q) {
     if (GlobalTimerNs() - start > timeout_ns) return kOsDeadline;
   }
   return 0;
+}
+
+__device__ __forceinline__ int WaitFlag(const OsFlag* flag, uint64_t q, uint64_t timeout_ns,
+                                        bool sys) {
+  return WaitSeq(&flag->seq, q, timeout_ns, sys);
 }
 
 // Records the first failure (atomically: several blocks may fail at once).
@@ -368,15 +373,8 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
       // counts last), the waiters time out, record it and free their SMs.
       __shared__ int late;
       if (tid == 0) {
-        late = 0;
-        const uint64_t start = GlobalTimerNs();
-        while (LoadAcquire(p.local.unpacked, false) != q) {
-          if (GlobalTimerNs() - start > p.timeout_ns) {
-            late = 1;
-            RecordError(p.local.error, kOsDeadline, p.rank, kOsDispatch, q, 0, 0, epoch, R);
-            break;
-          }
-        }
+        late = WaitSeq(p.local.unpacked, q, p.timeout_ns, false) != 0;
+        if (late) RecordError(p.local.error, kOsDeadline, p.rank, kOsDispatch, q, 0, 0, epoch, R);
       }
       __syncthreads();
       if (!late) UnpackShare(p.unpack);
