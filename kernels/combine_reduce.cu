@@ -17,17 +17,53 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// The row of `headers` ([E, 3] {epoch, R, T}) whose T says its rank refused
+// the combine: this rank's own first (it writes no row and records
+// nothing), else the lowest peer's; -1 when none did.
+__device__ int RefusedCombineRow(const int64_t* headers, int ep_size, int rank) {
+  if (headers[3 * rank + 2] == kRefusedCombineTokens) return rank;
+  for (int r = 0; r < ep_size; ++r) {
+    if (headers[3 * r + 2] == kRefusedCombineTokens) return r;
+  }
+  return -1;
+}
+
+// Records peer r's refused combine unless an earlier record sticks. The
+// ranks agreed on (epoch, R) at the dispatch, so "mine" is theirs.
+__device__ void RecordRefusal(const int64_t* headers, int r, StepHeaderError* error) {
+  if (error->rank_plus_1 != 0) return;
+  error->rank_plus_1 = r + 1;
+  error->r_differs = 0;
+  error->refused = 1;
+  error->combine = 1;
+  error->their_epoch = headers[3 * r];
+  error->their_r = headers[3 * r + 1];
+  error->my_epoch = headers[3 * r];
+  error->my_r = headers[3 * r + 1];
+}
+
 // Block t = source token t; uint2 = 4 bf16 per thread step.
 __global__ void CombineReduceKernel(const uint16_t* __restrict__ recv,
                                     const int32_t* __restrict__ token_slot,
                                     const int64_t* num_tokens, int64_t max_tokens,
                                     int64_t hidden_size, int ep_size,
                                     const uint16_t* __restrict__ shared,
-                                    uint16_t* __restrict__ output) {
+                                    uint16_t* __restrict__ output, const int64_t* headers, int rank,
+                                    StepHeaderError* error) {
   __shared__ int32_t slot[kMaxEpSize];
+  __shared__ int refusing;
   const int64_t t = blockIdx.x;
   const int64_t n = *num_tokens < max_tokens ? *num_tokens : max_tokens;
-  if (t >= n) return;
+  if (t >= n && (headers == nullptr || t != 0)) return;
+  if (headers != nullptr) {
+    if (threadIdx.x == 0) refusing = RefusedCombineRow(headers, ep_size, rank);
+    __syncthreads();
+    if (refusing >= 0) {
+      if (t == 0 && threadIdx.x == 0 && refusing != rank) RecordRefusal(headers, refusing, error);
+      return;
+    }
+    if (t >= n) return;
+  }
   if (threadIdx.x < ep_size) slot[threadIdx.x] = token_slot[t * ep_size + threadIdx.x];
   __syncthreads();
   const int64_t vecs = hidden_size / 4;
@@ -73,11 +109,20 @@ absl::Status LaunchCombineReduce(const CombineReduceParams& p, cudaStream_t stre
     return absl::InvalidArgumentError(absl::StrFormat(
         "LaunchCombineReduce: ep_size expected in [1, %d], got %d", kMaxEpSize, p.ep_size));
   }
-  if (p.max_tokens == 0) return absl::OkStatus();
-  if (p.output == nullptr) return absl::InvalidArgumentError("LaunchCombineReduce: null output");
-  CombineReduceKernel<<<static_cast<unsigned>(p.max_tokens), kCombineThreads, 0, stream>>>(
+  if (p.headers != nullptr && (p.error == nullptr || p.rank < 0 || p.rank >= p.ep_size)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "LaunchCombineReduce: with headers, error must not be null and rank must be in [0, %d) "
+        "(ep_size); got error %p, rank %d",
+        p.ep_size, static_cast<const void*>(p.error), p.rank));
+  }
+  if (p.max_tokens == 0 && p.headers == nullptr) return absl::OkStatus();
+  if (p.output == nullptr && p.max_tokens > 0) {
+    return absl::InvalidArgumentError("LaunchCombineReduce: null output");
+  }
+  const int64_t blocks = p.max_tokens > 0 ? p.max_tokens : 1;  // block 0 checks the headers
+  CombineReduceKernel<<<static_cast<unsigned>(blocks), kCombineThreads, 0, stream>>>(
       p.recv, p.token_slot, p.num_tokens, p.max_tokens, p.hidden_size, p.ep_size, p.shared,
-      p.output);
+      p.output, p.headers, p.rank, p.error);
   return internal::LaunchStatus("CombineReduceKernel");
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/step_header.cuh"
 
 namespace moe_ep::kernels {
 
@@ -23,6 +24,13 @@ struct CombineReduceParams {
   // device [T, H] bf16: this rank's shared-expert term (issue 18), added
   // after the ranks' terms; null = none.
   const uint16_t* shared = nullptr;
+  // device [E, 3] int64: every rank's step header {epoch, R, T} as the
+  // combine's NCCL group delivered it (GpuEpDispatcher), or null for no
+  // check. A T of kRefusedCombineTokens (a refused combine, issue 30 item 1)
+  // in any row ends the step here without an output row.
+  const int64_t* headers = nullptr;
+  int rank = 0;                      // this rank, with headers
+  StepHeaderError* error = nullptr;  // device; with headers: where a peer's refusal is recorded
 };
 
 // LaunchCombineReduce()
@@ -32,8 +40,14 @@ struct CombineReduceParams {
 // threads, block t reads its destination slots into shared memory and
 // reduces 4 elements per thread step; blocks t >= T exit.
 // A token with no valid expert gets a zero row.
+// With `headers`: when some row's T is kRefusedCombineTokens no block writes
+// a row; when that row is a peer's (the lowest such, and not this rank's
+// own) and error->rank_plus_1 is 0, block 0 records it (refused = 1,
+// combine = 1, their/my epoch and R from its row). Launches max(R, 1)
+// blocks then, so the check runs even at R = 0.
 //
-// Errors (host checks): kInvalidArgument for null pointers, max_tokens < 0,
+// Errors (host checks): kInvalidArgument for null pointers (error null
+// with headers; rank outside [0, E) with headers), max_tokens < 0,
 // H not a positive multiple of 4, E outside [1, kMaxEpSize]; kInternal when
 // the launch fails. Never allocates or synchronises (graph-capturable).
 absl::Status LaunchCombineReduce(const CombineReduceParams& params, cudaStream_t stream);

@@ -15,6 +15,7 @@
 #include "kernels/expert_id_error.h"
 #include "kernels/fp8_dispatch.cuh"
 #include "kernels/internal/cuda_status.h"
+#include "kernels/peer_refusal.h"
 #include "kernels/route.cuh"
 #include "kernels/step_header.cuh"
 
@@ -194,9 +195,9 @@ absl::Status GpuEpDispatcher::CheckExperts(const DeviceExpertSet& experts) const
 }
 
 absl::Status GpuEpDispatcher::WriteHeader(int64_t epoch, int64_t r, int64_t num_tokens,
-                                          bool refused) {
+                                          HeaderRefusal sent) {
   // A one-thread kernel with the values as arguments: no host copy, no wait.
-  return LaunchWriteStepHeader(header_, header_replicas_, ep_size_, epoch, r, num_tokens, refused,
+  return LaunchWriteStepHeader(header_, header_replicas_, ep_size_, epoch, r, num_tokens, sent,
                                collective_->stream());
 }
 
@@ -260,9 +261,18 @@ absl::Status GpuEpDispatcher::EnqueueCombine(int64_t r, uint16_t* output,
                                              const uint16_t* shared_out,
                                              const uint16_t* expert_out) {
   std::fill(counts_.begin(), counts_.end(), r * hidden_ * 2);
-  RETURN_IF_ERROR(collective_->AllToAllV(expert_out != nullptr ? expert_out : combine_send_,
-                                         counts_, combine_recv_, counts_));
+  // The step header rides in the combine's NCCL group too (the dispatch's
+  // replicas, unless RefuseCombine rewrote their T): the reduction reads
+  // it, so a peer's refused combine ends this rank's step without output
+  // instead of waiting (issue 30 item 1). 24 bytes a peer, no launch.
+  const AllToAllVPart parts[2] = {
+      {header_replicas_, header_counts_, gathered_, header_counts_},
+      {expert_out != nullptr ? expert_out : combine_send_, counts_, combine_recv_, counts_}};
+  RETURN_IF_ERROR(collective_->GroupedAllToAllV(parts));
   CombineReduceParams combine;
+  combine.headers = gathered_;
+  combine.rank = rank_;
+  combine.error = error_;
   combine.recv = combine_recv_;
   combine.token_slot = token_slot_;
   combine.num_tokens = header_ + 2;
@@ -298,7 +308,8 @@ absl::Status GpuEpDispatcher::AgreeAndWriteHeader(int64_t num_tokens, bool refus
           r, all[2 * r], all[2 * r + 1], rank_, epoch, runtime_max));
     }
   }
-  return WriteHeader(epoch, runtime_max, num_tokens, refused);
+  return WriteHeader(epoch, runtime_max, num_tokens,
+                     refused ? HeaderRefusal::kStep : HeaderRefusal::kNone);
 }
 
 absl::Status GpuEpDispatcher::BeginStep(int64_t num_tokens, bool refused) {
@@ -307,7 +318,7 @@ absl::Status GpuEpDispatcher::BeginStep(int64_t num_tokens, bool refused) {
   }
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(collective_->device()), "cudaSetDevice"));
   return WriteHeader(geometry_.epoch(), geometry_.runtime_max_tokens_per_rank(), num_tokens,
-                     refused);
+                     refused ? HeaderRefusal::kStep : HeaderRefusal::kNone);
 }
 
 absl::Status GpuEpDispatcher::Forward(const uint16_t* hidden, const int32_t* topk_ids,
@@ -354,6 +365,18 @@ absl::Status GpuEpDispatcher::RefuseStep() {
   const int64_t r = geometry_.runtime_max_tokens_per_rank();
   // The step never becomes dispatched here (BeginDispatch found it idle).
   RETURN_IF_ERROR(EnqueueDispatch(r, nullptr, nullptr, nullptr));
+  return EnqueueCombine(r, nullptr);
+}
+
+absl::Status GpuEpDispatcher::RefuseCombine() {
+  RETURN_IF_ERROR(geometry_.RequireDispatched("Combine"));
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(collective_->device()), "cudaSetDevice"));
+  const int64_t r = geometry_.runtime_max_tokens_per_rank();
+  // The step's combine transfers as the peers make them, its header's T
+  // kRefusedCombineTokens: every rank's reduction (this one's too) then
+  // writes no row. T = 0 here: nothing after the combine reads it.
+  RETURN_IF_ERROR(WriteHeader(geometry_.epoch(), r, 0, HeaderRefusal::kCombine));
+  geometry_.MarkIdle();
   return EnqueueCombine(r, nullptr);
 }
 
@@ -451,14 +474,15 @@ absl::Status GpuEpDispatcher::CheckStep() {
                                options_.dispatcher.invalid_expert_id, rank_);
   }
   if (error.refused != 0) {
-    // The refusing rank ran the same transfers (RefuseStep): the
-    // communicator is intact. The one-sided plane's words, except that the
-    // other sources' rows did arrive here (issue 30 item 1).
-    return absl::AbortedError(absl::StrFormat(
-        "rank %d refused its dispatch of the step at epoch %d (its arguments failed that rank's "
-        "checks; its call returned the error); the step wrote no output here (its received rows "
-        "lack that rank's); the group is still usable",
-        error.rank_plus_1 - 1, error.their_epoch));
+    // The refusing rank ran the same transfers (RefuseStep, RefuseCombine):
+    // the communicator is intact (issue 30 item 1).
+    const bool combine = error.combine != 0;
+    return PeerRefusalError(error.rank_plus_1 - 1, error.their_epoch,
+                            combine ? RefusedPhase::kCombine : RefusedPhase::kDispatch,
+                            combine ? "the step wrote no output here (its expert outputs lack "
+                                      "that rank's)"
+                                    : "the step wrote no output here (its received rows lack "
+                                      "that rank's)");
   }
   std::string what = absl::StrFormat(
       "geometry mismatch: rank %d has (epoch %d, R %d), rank %d has (epoch %d, R %d); the step "

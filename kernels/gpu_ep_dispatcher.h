@@ -181,6 +181,9 @@ class GpuEpDispatcher final : public core::StepDispatcher {
   int64_t epoch() const { return geometry_.epoch(); }
   int64_t runtime_max_tokens_per_rank() const { return geometry_.runtime_max_tokens_per_rank(); }
   bool geometry_committed() const { return geometry_.committed(); }
+  // A step is dispatched and not yet combined (or refused): the peers'
+  // combine waits for this rank's (RefuseCombine has something to refuse).
+  bool in_step() const { return geometry_.in_step(); }
   // core::GeometryState::CheckStep: a committed geometry and 0 <= T <= R.
   absl::Status CheckStep(const char* call, int64_t num_tokens) const {
     return geometry_.CheckStep(call, num_tokens);
@@ -239,6 +242,22 @@ class GpuEpDispatcher final : public core::StepDispatcher {
   // collective and CUDA errors. Not thread-safe.
   absl::Status RefuseStep();
 
+  // RefuseCombine()
+  //
+  // In place of the Combine this rank's caller could not make because its
+  // arguments failed the checks (issue 30 item 1): enqueues on stream() the
+  // combine's transfers as the peers make them (E x R rows, whatever the
+  // expert output region holds), the step header among them with T =
+  // kRefusedCombineTokens. Every rank's combine reduction reads the headers
+  // first and writes no output row of that step; each peer records the
+  // refusal, so its next CheckStep is kAborted "rank r refused its combine
+  // of the step at epoch e ..." and the group stays usable; this rank's
+  // CheckStep reports nothing for it. The step is then over here (a second
+  // Combine is kFailedPrecondition). No host sync; capturable.
+  // Errors: kFailedPrecondition (no dispatched step: no peer waits on this
+  // rank's combine), collective and CUDA errors. Not thread-safe.
+  absl::Status RefuseCombine();
+
   // Where Forward / Dispatch agree on (epoch, R) from now on (see above): an
   // engine's in-process calls use kDevice, so that they only enqueue and can
   // be captured; the Forward RPC keeps kHostAllGather.
@@ -282,7 +301,8 @@ class GpuEpDispatcher final : public core::StepDispatcher {
   // here (its received rows lack that rank's); the group is still usable"
   // when a peer's
   // RefuseStep met this rank's step (the communicator stays usable; issue
-  // 30 item 1); a rank's own refusal is not reported. kInvalidArgument for
+  // 30 item 1), "rank r refused its combine ..." for a peer's
+  // RefuseCombine; a rank's own refusal is not reported. kInvalidArgument for
   // an expert id out of range (kernels/expert_id_error.h). Collective
   // errors as Synchronize.
   absl::Status CheckStep() override;
@@ -306,7 +326,8 @@ class GpuEpDispatcher final : public core::StepDispatcher {
   // kHostAllGather: AgreeAndWriteHeader; kDevice: WriteHeader only.
   absl::Status BeginStep(int64_t num_tokens, bool refused = false);
   absl::Status CheckExperts(const DeviceExpertSet& experts) const;
-  absl::Status WriteHeader(int64_t epoch, int64_t r, int64_t num_tokens, bool refused = false);
+  absl::Status WriteHeader(int64_t epoch, int64_t r, int64_t num_tokens,
+                           HeaderRefusal sent = HeaderRefusal::kNone);
 
   StreamCollective* collective_ = nullptr;
   StagedControlCollective control_;  // host agreements over collective_

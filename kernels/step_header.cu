@@ -90,7 +90,7 @@ absl::Status CheckArgs(const void* gathered, int ep_size, const void* header, co
 }  // namespace
 
 absl::Status LaunchWriteStepHeader(int64_t* header, int64_t* replicas, int num_replicas,
-                                   int64_t epoch, int64_t r, int64_t num_tokens, bool refused,
+                                   int64_t epoch, int64_t r, int64_t num_tokens, HeaderRefusal sent,
                                    cudaStream_t stream) {
   if (header == nullptr || (replicas == nullptr && num_replicas > 0)) {
     return absl::InvalidArgumentError("LaunchWriteStepHeader: null device pointer");
@@ -100,9 +100,11 @@ absl::Status LaunchWriteStepHeader(int64_t* header, int64_t* replicas, int num_r
         absl::StrFormat("LaunchWriteStepHeader: num_replicas expected in [0, %d], got %d",
                         kMaxEpSize, num_replicas));
   }
+  const int64_t sent_tokens = sent == HeaderRefusal::kStep      ? kRefusedStepTokens
+                              : sent == HeaderRefusal::kCombine ? kRefusedCombineTokens
+                                                                : num_tokens;
   WriteStepHeaderKernel<<<1, kMaxEpSize, 0, stream>>>(header, replicas, num_replicas, epoch, r,
-                                                      num_tokens,
-                                                      refused ? kRefusedStepTokens : num_tokens);
+                                                      num_tokens, sent_tokens);
   return internal::LaunchStatus("WriteStepHeaderKernel");
 }
 

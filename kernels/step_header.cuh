@@ -19,6 +19,19 @@ namespace moe_ep::kernels {
 // no step has a negative T, so every peer's header check sees the refusal.
 // Issue 30 item 1.
 inline constexpr int64_t kRefusedStepTokens = -1;
+// The T a refused combine's header carries (GpuEpDispatcher::RefuseCombine):
+// the rank dispatched the step but its combine's arguments failed its
+// checks. The header travels in the combine's NCCL group and the combine
+// reduction reads it (CombineReduceParams::headers): no rank writes an
+// output row of that step. Issue 30 item 1.
+inline constexpr int64_t kRefusedCombineTokens = -2;
+
+// What a header's T says of the step (LaunchWriteStepHeader's `sent`).
+enum class HeaderRefusal : int {
+  kNone,     // the step's own T
+  kStep,     // kRefusedStepTokens: the dispatch (and the step) refused
+  kCombine,  // kRefusedCombineTokens: the combine refused
+};
 
 // The device-side record of the first (epoch, R) disagreement or refused
 // step seen since the owner last reset it (all zero = none), and of the
@@ -35,8 +48,10 @@ struct StepHeaderError {
   // header's T was kRefusedStepTokens: its caller's arguments failed its
   // checks); the step then moved only padding from it and wrote no output.
   int32_t refused = 0;
-  int32_t reserved = 0;  // keeps `ids` 8-byte aligned; always 0
-  ExpertIdError ids;     // ids neither valid nor the invalid id (DESIGN §7)
+  // 1 when the refusal was of the combine (kRefusedCombineTokens, recorded
+  // by the combine reduction; my_epoch / my_r are then that rank's too).
+  int32_t combine = 0;
+  ExpertIdError ids;  // ids neither valid nor the invalid id (DESIGN §7)
 };
 
 // LaunchWriteStepHeader()
@@ -44,17 +59,19 @@ struct StepHeaderError {
 // Writes header[0..2] = {epoch, r, num_tokens} and the same three values
 // into each of the `num_replicas` rows of `replicas` ([num_replicas, 3]
 // int64, the send buffer of the header exchange; may be null when
-// num_replicas is 0). With `refused` (this rank's caller failed its checks;
-// issue 30 item 1) the replicas' T is kRefusedStepTokens instead, so the
-// peers' LaunchCheckStepHeaders record the refusal; `header` keeps
-// `num_tokens` (0 for a refusal: this rank's kernels move only padding).
+// num_replicas is 0). With `sent` kStep (this rank's caller failed its
+// checks; issue 30 item 1) the replicas' T is kRefusedStepTokens instead, so
+// the peers' LaunchCheckStepHeaders record the refusal; with kCombine it is
+// kRefusedCombineTokens, which the peers' combine reduction reads; `header`
+// keeps `num_tokens` (0 for a refusal: this rank's kernels move only
+// padding).
 // The values travel as kernel arguments, so nothing is copied from
 // (pageable) host memory and the host never waits.
 // Errors: kInvalidArgument (null header, null replicas with num_replicas > 0,
 // num_replicas outside [0, kMaxEpSize]), kInternal (launch). Never allocates
 // or synchronises.
 absl::Status LaunchWriteStepHeader(int64_t* header, int64_t* replicas, int num_replicas,
-                                   int64_t epoch, int64_t r, int64_t num_tokens, bool refused,
+                                   int64_t epoch, int64_t r, int64_t num_tokens, HeaderRefusal sent,
                                    cudaStream_t stream);
 
 // LaunchVerifyStepHeader()

@@ -84,4 +84,18 @@ absl::Status RefusedDispatchError(const absl::Status& args, const absl::Status& 
                    "), so the peers' dispatch waits for this rank until the group's timeout"));
 }
 
+absl::Status RefusedCombineError(const absl::Status& args, const absl::Status& refused) {
+  if (refused.ok()) {
+    return absl::Status(args.code(),
+                        absl::StrCat(args.message(),
+                                     " (refused: the step is over on every rank; the peers' "
+                                     "check_step names this rank)"));
+  }
+  return absl::Status(
+      args.code(),
+      absl::StrCat(args.message(), "; no refusal could be enqueued in place of the combine (",
+                   refused.ToString(),
+                   "), so the peers' combine waits for this rank until the group's timeout"));
+}
+
 }  // namespace moe_ep::server

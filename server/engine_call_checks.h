@@ -62,4 +62,15 @@ absl::Status CheckEngineCombineArgs(const char* call, int rank, int64_t rows, in
 // the peers' step waits for this rank until the group's timeout.
 absl::Status RefusedDispatchError(const absl::Status& args, const absl::Status& refused);
 
+// RefusedCombineError()
+//
+// What a GPU plane's combine returns when its arguments failed this rank's
+// checks (`args`, not OK) while a step was dispatched, and it enqueued a
+// refused combine in place of it (issue 30 item 1) with result `refused`:
+// `args` with "(refused: the step is over on every rank; the peers'
+// check_step names this rank)" appended when the refusal was enqueued;
+// otherwise `args` with, appended, that no refusal was enqueued, why, and
+// that the peers' combine waits for this rank until the group's timeout.
+absl::Status RefusedCombineError(const absl::Status& args, const absl::Status& refused);
+
 }  // namespace moe_ep::server

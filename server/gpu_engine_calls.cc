@@ -16,7 +16,8 @@
 // arguments fail this rank's checks enqueues a refusal in place of the step
 // (GpuEpDispatcher::RefuseStep: the same transfers, a header the peers read
 // as refused), so the peers' step ends without output instead of waiting
-// out the group's timeout (issue 30 item 1); so does a forward.
+// out the group's timeout (issue 30 item 1); so does a forward, and a
+// combine refuses in place (GpuEpDispatcher::RefuseCombine).
 
 #ifdef MOE_EP_HAVE_CUDA
 
@@ -115,20 +116,26 @@ absl::StatusOr<core::StepStats> GpuDataPlane::EngineDispatch(
 
 absl::StatusOr<core::StepStats> GpuDataPlane::EngineCombine(const void* expert_out, int64_t rows,
                                                             void* output, void* stream) {
-  RETURN_IF_ERROR(RequireEngineCall("combine", {{"expert_out", expert_out}, {"output", output}}));
+  RETURN_IF_ERROR(RequireEngineCall("combine", {}));
   const int64_t r = dispatcher_->runtime_max_tokens_per_rank();
   const int64_t h = options_.workspace.hidden;
   const int64_t e = options_.workspace.ep_size;
-  if (absl::Status args = CheckEngineCombineArgs("combine", view_->rank(), rows, r, expert_out,
-                                                 output, engine_tokens_);
-      !args.ok()) {
-    // No refusal on this plane's combine (its transfer carries no header):
-    // the peers' combine transfer waits for this rank's.
-    return absl::Status(args.code(),
-                        absl::StrCat(args.message(),
-                                     "; the step stays dispatched here: call combine again "
-                                     "within the group's timeout (the peers' combine waits for "
-                                     "this rank's)"));
+  absl::Status args =
+      CheckEngineDevicePointers("combine", data_plane(), group_.device, device_pointers_,
+                                {{"expert_out", expert_out}, {"output", output}});
+  if (args.ok()) {
+    args = CheckEngineCombineArgs("combine", view_->rank(), rows, r, expert_out, output,
+                                  engine_tokens_);
+  }
+  if (!args.ok()) {
+    // The peers' combine transfers wait for this rank's: run them as a
+    // refused combine (the header among them says so), so the peers' step
+    // ends at once without output (issue 30 item 1). Without a dispatched
+    // step no peer waits on this rank's combine.
+    if (!dispatcher_->in_step()) return args;
+    return RefusedCombineError(args, OnCallerStream(static_cast<cudaStream_t>(stream), [&]() {
+                                 return dispatcher_->RefuseCombine();
+                               }));
   }
   const auto* in = static_cast<const uint16_t*>(expert_out);
   RETURN_IF_ERROR(OnCallerStream(static_cast<cudaStream_t>(stream), [&]() -> absl::Status {

@@ -107,8 +107,8 @@ absl::Status StatsStatus(const absl::StatusOr<moe_ep::core::StepStats>& stats) {
 // waiting out the group's timeout; then the timeout is named (SlotDeadline's
 // words). On the GPU planes a refused moe_ep_dispatch or moe_ep_forward
 // enqueues its refusal (the peers' step ends at once; server/moe_ep.h), as
-// for any argument error, and so does the one-sided plane's combine; the
-// nccl plane's combine returns before enqueueing.
+// for any argument error, and so does a moe_ep_combine (both GPU planes
+// refuse it in place).
 absl::Status RefuseNegativeTimeout(const char* call, int64_t timeout_ms,
                                    const std::function<absl::Status()>& refuse) {
   (void)refuse();

@@ -111,12 +111,11 @@
  * waits for the peers' step, as after any dispatch. When the refusal itself
  * cannot be enqueued (e.g. this rank's previous step is still dispatched),
  * the returned error says so and the peers wait for this rank as before.
- * Errors found before the plane is known usable (not ready for steps, no
- * workspace, no committed geometry, moe_ep_dispatch_only) and the argument
- * errors of moe_ep_combine on the nccl plane (a negative timeout_ms
- * included; on moe_ep_dispatch and moe_ep_forward, and on the one-sided
- * plane's moe_ep_combine, it is refused as above) are returned before
- * anything is enqueued on that rank; the peers' enqueued collectives then
+ * A moe_ep_combine whose arguments fail is refused likewise on both GPU
+ * planes (moe_ep_combine below). Errors found before the plane is known
+ * usable (not ready for steps, no workspace, no committed geometry,
+ * moe_ep_dispatch_only) are returned before anything is enqueued on that
+ * rank; the peers' enqueued collectives then
  * wait for it: their next moe_ep_check_step returns MOE_EP_DEADLINE_EXCEEDED
  * after the group's timeout and the group is broken (re-form it). A graph
  * holds the workspace's buffers and communicator:
@@ -414,13 +413,18 @@ MOE_EP_EXPORT moe_ep_status moe_ep_dispatch_only(moe_ep_worker* worker, const ui
  * dispatch; NULL allowed when T = 0), the
  * sum over ranks, accumulated in fp32 (DESIGN §7). Collective. Errors:
  * MOE_EP_FAILED_PRECONDITION ("combine needs a dispatch first"; not ready
- * for steps), MOE_EP_INVALID_ARGUMENT (recv_rows < R, NULL, host pointers:
- * on gloo the step stays dispatched on every rank, call again; on nccl it
- * stays dispatched here and the peers' combine waits for this rank, so call
- * again within the group's timeout; the one-sided plane refuses it: its
- * flags tell the peers, whose combine ends at once without output and whose
- * moe_ep_check_step returns MOE_EP_ABORTED "rank r refused its combine of
- * the step at epoch e ...", and the step is over on every rank; issue 30
+ * for steps), MOE_EP_INVALID_ARGUMENT (recv_rows < R, NULL, host pointers,
+ * a negative timeout_ms: on gloo the step stays dispatched on every rank,
+ * call again; the GPU planes refuse it in place, on `stream`: the one-sided
+ * plane publishes flags marked refused, the nccl plane runs the combine's
+ * transfers with a step header marked refused among them; the peers'
+ * combine ends at once without output, their moe_ep_check_step returns
+ * MOE_EP_ABORTED "rank r refused its combine of the step at epoch e (its
+ * arguments failed that rank's checks; its call returned the error); the
+ * step wrote no output here (its expert outputs lack that rank's); the
+ * group is still usable", this rank's reports nothing for it, and the step
+ * is over on every rank; the error returned here ends "(refused: the step
+ * is over on every rank; the peers' check_step names this rank)"; issue 30
  * item 1), MOE_EP_ABORTED (a peer refused its combine or is in another
  * call), group errors. */
 MOE_EP_EXPORT moe_ep_status moe_ep_combine(moe_ep_worker* worker, const uint16_t* expert_out,

@@ -142,15 +142,9 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineCombine(const void* exp
     // The peers' combine kernels wait for this rank's flags: publish a
     // refusal in their place (issue 30 item 1). Without a dispatched step
     // there is nothing to refuse (no peer waits on this rank's combine).
-    absl::Status refused =
-        OnEngineStream(stream, [&](cudaStream_t) { return dispatcher_->RefuseCombine(); });
-    if (refused.ok()) {
-      return absl::Status(args.code(),
-                          absl::StrCat(args.message(),
-                                       " (refused: the step is over on every rank; the peers' "
-                                       "check_step names this rank)"));
-    }
-    return args;
+    if (!dispatcher_->in_step()) return args;
+    return RefusedCombineError(
+        args, OnEngineStream(stream, [&](cudaStream_t) { return dispatcher_->RefuseCombine(); }));
   }
   RETURN_IF_ERROR(OnEngineStream(stream, [&](cudaStream_t) -> absl::Status {
     // The combine kernel reads the caller's [E, rows, H] rows in place.

@@ -16,6 +16,7 @@
 #include "kernels/expert_id_error.h"
 #include "kernels/fp8_dispatch.cuh"
 #include "kernels/internal/cuda_status.h"
+#include "kernels/peer_refusal.h"
 
 namespace moe_ep::kernels::onesided {
 
@@ -594,19 +595,13 @@ absl::Status OneSidedDispatcher::CheckStep() {
   if (e.kind == kOsMismatch && e.my_r == kOsRefusedR) {
     return absl::OkStatus();  // this rank refused the step: its caller has the error
   }
-  if (e.kind == kOsMismatch && e.their_r == kOsRefusedR && e.phase == kOsCombine) {
-    return absl::AbortedError(absl::StrFormat(
-        "rank %d refused its combine of the step at epoch %d (its arguments failed that rank's "
-        "checks; its call returned the error); the step wrote no output here (its expert outputs "
-        "lack that rank's); the group is still usable",
-        e.rank, e.their_epoch));
-  }
   if (e.kind == kOsMismatch && e.their_r == kOsRefusedR) {
-    return absl::AbortedError(absl::StrFormat(
-        "rank %d refused its dispatch of the step at epoch %d (its arguments failed that rank's "
-        "checks; its call returned the error); the step moved no row here and wrote no output; "
-        "the group is still usable",
-        e.rank, e.their_epoch));
+    const bool combine = e.phase == kOsCombine;
+    return PeerRefusalError(e.rank, e.their_epoch,
+                            combine ? RefusedPhase::kCombine : RefusedPhase::kDispatch,
+                            combine ? "the step wrote no output here (its expert outputs lack "
+                                      "that rank's)"
+                                    : "the step moved no row here and wrote no output");
   }
   if (e.kind == kOsMismatch) {
     return absl::AbortedError(absl::StrFormat(

@@ -150,6 +150,9 @@ class OneSidedDispatcher final : public core::StepDispatcher {
                               int64_t local_tokens) override;
   int64_t epoch() const { return geometry_.epoch(); }
   int64_t runtime_max_tokens_per_rank() const { return geometry_.runtime_max_tokens_per_rank(); }
+  // A step is dispatched and not yet combined (or refused): the peers'
+  // combine waits for this rank's (RefuseCombine has something to refuse).
+  bool in_step() const { return geometry_.in_step(); }
 
   // One MoE layer, as GpuEpDispatcher::Forward, enqueued on stream() with no
   // host agreement (the flags carry it: see CheckStep). Errors:

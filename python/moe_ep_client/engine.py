@@ -600,9 +600,9 @@ class Worker:
         current torch stream: the one-sided plane publishes the refusal, the
         nccl plane runs the step's transfers with a header marked refused, so
         on both the peers' step ends at once and their check_step names this
-        rank (server/moe_ep.h); a refused moe_ep_combine is published so on
-        the one-sided plane and only returned on nccl (its peers' combine
-        waits for this rank's next combine). Never raises except ValueError for an unknown
+        rank (server/moe_ep.h); so is a refused moe_ep_combine (flags marked
+        refused on one-sided, a header marked refused among the combine's
+        transfers on nccl). Never raises except ValueError for an unknown
         `call`. The data calls of this module call it themselves when their
         checks fail."""
         if call not in _REFUSABLE:

@@ -50,7 +50,6 @@ constexpr int kRows = 40;  // recv_rows of the eager dispatch (> R)
 
 int failures = 0;
 bool host_plane = false;  // gloo: host buffers, a null stream, no CUDA call
-bool nccl_plane = false;
 
 #define EXPECT(cond, ...)                               \
   do {                                                  \
@@ -506,16 +505,16 @@ void RunRank(moe_ep_worker* worker, int world, int device) {
     }
   }
 
-  // 4c. With peers, gloo and one-sided: every rank dispatched, then only the
-  // last rank's combine fails its checks (recv_rows < R). Gloo: the combine's
-  // round returns ABORTED naming it on the peers and the step stays
-  // dispatched everywhere, so a second combine on every rank completes it
-  // (checked against step 1's reference: same inputs, same expert outputs).
-  // One-sided: the refusing rank publishes a refused combine (issue 30 item
-  // 1), so the peers' combine ends at once without output, their check_step
-  // names it, and the step is over. (The nccl plane's combine has no
-  // refusal: its peers would wait for this rank's next combine.)
-  if (world > 1 && !nccl_plane) {
+  // 4c. Every rank dispatched, then only the last rank's combine fails its
+  // checks (recv_rows < R). Gloo: the combine's round returns ABORTED naming
+  // it on the peers and the step stays dispatched everywhere, so a second
+  // combine on every rank completes it (checked against step 1's reference:
+  // same inputs, same expert outputs). One-sided and nccl: the refusing rank
+  // runs a refused combine in place of its own (issue 30 item 1: flags
+  // marked refused; a header among the combine's NCCL transfers), so the
+  // peers' combine ends at once without output, their check_step names it,
+  // and the step is over. At world 1 the one rank is the refusing one.
+  {
     Upload(d_hidden, in.hidden, stream);  // the graph replays left other inputs there
     Upload(d_ids, in.ids, stream);
     Upload(d_weights, in.weights, stream);
@@ -660,7 +659,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   host_plane = plane == "gloo";
-  nccl_plane = plane == "nccl";
   // Ranks 1 .. world - 1 are children forked before CUDA is touched; each
   // sends its worker's address to the parent (rank 0) on its own pipe, and
   // the parent forms the group in rank order.

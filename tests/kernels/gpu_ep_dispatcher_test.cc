@@ -521,8 +521,10 @@ TEST(GpuEpDispatcher, DeviceCheckReportsEpochMismatchAtCheckStep) {
 // equals the reference on every rank. One thread and one GPU a rank (NCCL
 // takes one rank a device). `dtype` fp8: the peers' dequantizing pass runs
 // on the refused step's padding rows too (a local pass: no collective).
+// `at_combine`: every rank dispatched and the refusing rank refuses its
+// combine instead (RefuseCombine): the same outcome, named as a combine.
 void RunRefusal(int ep_size, int refusing, GeometryCheck check,
-                core::DispatchDType dtype = core::DispatchDType::kBF16) {
+                core::DispatchDType dtype = core::DispatchDType::kBF16, bool at_combine = false) {
   MOE_EP_REQUIRE_GPUS(ep_size);
   constexpr int64_t kHidden = 256;
   constexpr int kTopK = 2;
@@ -573,7 +575,12 @@ void RunRefusal(int ep_size, int refusing, GeometryCheck check,
 
     ASSERT_TRUE((*disp)->CommitGeometry(5, r_max, t).ok());
     const absl::Time start = absl::Now();
-    if (rank == refusing) {
+    if (rank == refusing && at_combine) {
+      ASSERT_TRUE((*disp)->Dispatch(hidden.get(), ids.get(), weights.get(), t).ok());
+      ASSERT_TRUE((*disp)->ComputeExperts(**experts).ok());
+      const absl::Status refused = (*disp)->RefuseCombine();
+      ASSERT_TRUE(refused.ok()) << refused;
+    } else if (rank == refusing) {
       const absl::Status refused = (*disp)->RefuseStep();
       ASSERT_TRUE(refused.ok()) << refused;
     } else {
@@ -590,15 +597,17 @@ void RunRefusal(int ep_size, int refusing, GeometryCheck check,
       EXPECT_EQ((*disp)->Combine(out.get()).code(), absl::StatusCode::kFailedPrecondition);
     } else {
       EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
-      const std::string want = "rank " + std::to_string(refusing) +
-                               " refused its dispatch of the step at epoch 5 (its arguments "
-                               "failed that rank's checks; its call returned the error); the "
-                               "step wrote no output here (its received rows lack that rank's); "
-                               "the group is still usable";
+      const std::string want =
+          "rank " + std::to_string(refusing) + " refused its " +
+          (at_combine ? "combine" : "dispatch") +
+          " of the step at epoch 5 (its arguments failed that rank's checks; its call returned "
+          "the error); the step wrote no output here (its " +
+          (at_combine ? "expert outputs" : "received rows") +
+          " lack that rank's); the group is still usable";
       EXPECT_NE(s.message().find(want), std::string::npos) << s;
-      for (bf16_t v : out.Download(t * kHidden)) {
-        ASSERT_EQ(v, 0xffff) << "rank " << rank << " wrote an output row of a refused step";
-      }
+    }
+    for (bf16_t v : out.Download(t * kHidden)) {
+      ASSERT_EQ(v, 0xffff) << "rank " << rank << " wrote an output row of a refused step";
     }
     EXPECT_TRUE((*coll)->healthy()) << "rank " << rank;
     s = (*disp)->CheckStep();
@@ -630,10 +639,23 @@ TEST(GpuEpDispatcher, Fp8Ep1RefusedStepReportsNothingAndTheNextStepIsExact) {
 TEST(GpuEpDispatcher, Fp8Ep2RefusedStepEndsAtOnce) {
   RunRefusal(2, 1, GeometryCheck::kDevice, core::DispatchDType::kFP8E4M3);
 }
+TEST(GpuEpDispatcher, Ep1RefusedCombineReportsNothingAndTheNextStepIsExact) {
+  RunRefusal(1, 0, GeometryCheck::kDevice, core::DispatchDType::kBF16, /*at_combine=*/true);
+}
+TEST(GpuEpDispatcher, Ep2RefusedCombineEndsAtOnce) {
+  RunRefusal(2, 0, GeometryCheck::kDevice, core::DispatchDType::kBF16, /*at_combine=*/true);
+}
+TEST(GpuEpDispatcher, Ep4RefusedCombineEndsAtOnce) {
+  RunRefusal(4, 3, GeometryCheck::kDevice, core::DispatchDType::kBF16, /*at_combine=*/true);
+}
+TEST(GpuEpDispatcher, Ep2HostCheckRefusedCombineEndsAtOnce) {
+  RunRefusal(2, 1, GeometryCheck::kHostAllGather, core::DispatchDType::kBF16,
+             /*at_combine=*/true);
+}
 
 // RefuseStep keeps the step sequence: with no geometry committed there is
 // no R to size the transfers, and a dispatched step must be combined first.
-TEST(GpuEpDispatcher, RefuseStepNeedsAGeometryAndNoStepInFlight) {
+TEST(GpuEpDispatcher, RefuseStepAndRefuseCombineKeepTheStepSequence) {
   MOE_EP_REQUIRE_GPUS(1);
   auto id = NcclCollective::NewUniqueId();
   ASSERT_TRUE(id.ok());
@@ -654,6 +676,17 @@ TEST(GpuEpDispatcher, RefuseStepNeedsAGeometryAndNoStepInFlight) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   ASSERT_TRUE((*disp)->Combine(nullptr).ok());
   EXPECT_TRUE((*disp)->RefuseStep().ok());
+  s = (*disp)->CheckStep();
+  EXPECT_TRUE(s.ok()) << s;
+  // RefuseCombine needs a dispatched step (nothing waits on this rank's
+  // combine otherwise), and ends it.
+  s = (*disp)->RefuseCombine();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  ASSERT_TRUE((*disp)->Dispatch(nullptr, nullptr, nullptr, 0).ok());
+  EXPECT_TRUE((*disp)->in_step());
+  EXPECT_TRUE((*disp)->RefuseCombine().ok());
+  EXPECT_FALSE((*disp)->in_step());
+  EXPECT_EQ((*disp)->Combine(nullptr).code(), absl::StatusCode::kFailedPrecondition);
   s = (*disp)->CheckStep();
   EXPECT_TRUE(s.ok()) << s;
 }

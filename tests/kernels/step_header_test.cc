@@ -28,17 +28,29 @@ TEST(LaunchWriteStepHeader, RefusedHeaderSendsTheRefusalAndKeepsZeroTokensHere) 
   MOE_EP_REQUIRE_GPUS(1);
   DeviceBuffer<int64_t> header(std::vector<int64_t>(3, 99));
   DeviceBuffer<int64_t> replicas(std::vector<int64_t>(3 * 3, 99));
-  ASSERT_TRUE(LaunchWriteStepHeader(header.get(), replicas.get(), 3, 7, 16, 0, true, nullptr).ok());
+  ASSERT_TRUE(LaunchWriteStepHeader(header.get(), replicas.get(), 3, 7, 16, 0, HeaderRefusal::kStep,
+                                    nullptr)
+                  .ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(header.Download(3), (std::vector<int64_t>{7, 16, 0}));
   EXPECT_EQ(replicas.Download(9),
             (std::vector<int64_t>{7, 16, kRefusedStepTokens, 7, 16, kRefusedStepTokens, 7, 16,
                                   kRefusedStepTokens}));
-  ASSERT_TRUE(
-      LaunchWriteStepHeader(header.get(), replicas.get(), 3, 8, 16, 5, false, nullptr).ok());
+  ASSERT_TRUE(LaunchWriteStepHeader(header.get(), replicas.get(), 3, 8, 16, 5, HeaderRefusal::kNone,
+                                    nullptr)
+                  .ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(header.Download(3), (std::vector<int64_t>{8, 16, 5}));
   EXPECT_EQ(replicas.Download(9), (std::vector<int64_t>{8, 16, 5, 8, 16, 5, 8, 16, 5}));
+  // A refused combine (GpuEpDispatcher::RefuseCombine) sends
+  // kRefusedCombineTokens, keeping this rank's T as given.
+  ASSERT_TRUE(LaunchWriteStepHeader(header.get(), replicas.get(), 2, 9, 16, 0,
+                                    HeaderRefusal::kCombine, nullptr)
+                  .ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(header.Download(3), (std::vector<int64_t>{9, 16, 0}));
+  EXPECT_EQ(replicas.Download(9), (std::vector<int64_t>{9, 16, kRefusedCombineTokens, 9, 16,
+                                                        kRefusedCombineTokens, 8, 16, 5}));
 }
 
 // Rank 1 of 3 refused (epoch 7, R 16): ranks 0 and 2 record it with

@@ -130,6 +130,22 @@ TEST(RefusedDispatchError, IsTheArgumentErrorAndSaysWhenNoRefusalWasEnqueued) {
             "dispatch waits for this rank until the group's timeout");
 }
 
+TEST(RefusedCombineError, NamesTheRefusalOrSaysWhyNoneWasEnqueued) {
+  const absl::Status args = absl::InvalidArgumentError(
+      "combine on rank 3: recv_rows: expected >= 8 (R) rows per source, got 7");
+  const absl::Status refused = RefusedCombineError(args, absl::OkStatus());
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.message(),
+            "combine on rank 3: recv_rows: expected >= 8 (R) rows per source, got 7 (refused: "
+            "the step is over on every rank; the peers' check_step names this rank)");
+  const absl::Status lost = RefusedCombineError(args, absl::InternalError("launch failed"));
+  EXPECT_EQ(lost.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(lost.message(),
+            "combine on rank 3: recv_rows: expected >= 8 (R) rows per source, got 7; no refusal "
+            "could be enqueued in place of the combine (INTERNAL: launch failed), so the peers' "
+            "combine waits for this rank until the group's timeout");
+}
+
 }  // namespace
 }  // namespace engine_call_checks_test
 }  // namespace moe_ep::server

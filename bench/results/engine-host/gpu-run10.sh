@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Issue 30 item 1 and 3 at stop 50, one call: gpu-run9.sh (the fused unpack
+# of the one-sided engine dispatch: correctness at 1, 2, 4 ranks fused and
+# not, then host time fused vs not), and the nccl plane's refused combine
+# (GpuEpDispatcher::RefuseCombine: a step header among the combine's NCCL
+# transfers, read by the combine reduction): the reduction's header check,
+# the dispatcher's refusal at one rank, the engine program's step 4c at
+# nccl 1 (the refusing rank alone), and the tests stop 49 left unrun.
+#   mkdir -p g && tar -C g -xJf gpu-callN/b.tar.xz && bash bench/results/engine-host/gpu-run10.sh g "$OUT/r"
+set -u
+g=$1
+out=$2
+mkdir -p "$out"
+source "$g/env.sh"
+export NCCL_NVLS_ENABLE=0 MOE_EP_DATA_DIR="$PWD/$g/data" MOE_EP_WORKER_BINARY="$PWD/$g/bin/moe-ep-worker"
+bin=$g/bin
+SECONDS=0
+timeout 120 "$bin/moe_ep_gpu_tests" \
+  --gtest_filter='LaunchCombineReduce.*:LaunchWriteStepHeader.*:LaunchCheckStepHeaders.*:GpuEpDispatcher.*Refuse*:GpuEpDispatcher.Ep1*:GpuEpDispatcher.Graph*' \
+  > "$out/gpu_refusal.log" 2>&1
+echo "gpu_refusal rc $? at ${SECONDS}s" >> "$out/rc.txt"
+timeout 90 "$bin/moe_ep_engine_embedded" "$bin/moe-ep" nccl 1 > "$out/engine_nccl_1.log" 2>&1
+echo "engine[nccl 1] rc $? at ${SECONDS}s" >> "$out/rc.txt"
+bash bench/results/engine-host/gpu-run9.sh "$g" "$out"
+grep -h -E "^\[  (PASSED|FAILED)|^\[  FAILED|PASS: |FAIL" "$out/gpu_refusal.log" "$out/engine_nccl_1.log" >> "$out/summary.txt"
+tail -5 "$out/summary.txt"
