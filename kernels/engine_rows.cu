@@ -8,46 +8,15 @@ namespace {
 
 constexpr int kUnpackThreads = 128;
 
-// Block b: output slot b of [E * rows]. Hidden rows move as uint2 (4 bf16);
-// H % 4 == 0 and 2H + 8K being a multiple of 8 keep the vectors aligned.
+// Block b: output slot b of [E * rows] (UnpackSlot).
 __global__ void UnpackReceivedKernel(UnpackReceivedParams p) {
-  const int64_t b = blockIdx.x;
-  const int64_t s = b / p.rows;
-  const int64_t j = b % p.rows;
-  const int64_t vecs = p.hidden_size / 4;
-  uint2* dst = reinterpret_cast<uint2*>(p.hidden + b * p.hidden_size);
-  int32_t* ids = p.topk_ids + b * p.top_k;
-  float* weights = p.topk_weights + b * p.top_k;
-  if (j >= p.runtime_max) {
-    for (int64_t v = threadIdx.x; v < vecs; v += blockDim.x) dst[v] = make_uint2(0, 0);
-    for (int k = threadIdx.x; k < p.top_k; k += blockDim.x) {
-      ids[k] = p.invalid_expert_id;
-      weights[k] = 0.0f;
-    }
-    return;
-  }
-  const int64_t row_bytes = 2 * p.hidden_size + 8 * p.top_k;
-  const uint8_t* row = p.recv + (s * p.runtime_max + j) * row_bytes;
-  const uint2* src = reinterpret_cast<const uint2*>(row);
-  for (int64_t v = threadIdx.x; v < vecs; v += blockDim.x) dst[v] = src[v];
-  const int32_t* row_ids = reinterpret_cast<const int32_t*>(row + 2 * p.hidden_size);
-  const float* row_weights = reinterpret_cast<const float*>(row + 2 * p.hidden_size + 4 * p.top_k);
   __shared__ int local;
   if (threadIdx.x == 0) local = 0;
   __syncthreads();
-  for (int k = threadIdx.x; k < p.top_k; k += blockDim.x) {
-    const int32_t id = row_ids[k];
-    ids[k] = id;
-    weights[k] = row_weights[k];
-    const int l = id - p.first_expert;
-    if (id != p.invalid_expert_id && l >= 0 && l < p.num_local_experts) {
-      atomicAdd(reinterpret_cast<unsigned long long*>(p.expert_counts + l), 1ull);
-      local = 1;  // benign race: every writer stores 1
-    }
-  }
+  if (UnpackSlot(p, blockIdx.x, threadIdx.x, blockDim.x)) local = 1;  // every writer stores 1
   __syncthreads();
   if (threadIdx.x == 0 && local) {
-    atomicAdd(reinterpret_cast<unsigned long long*>(p.source_counts + s), 1ull);
+    atomicAdd(reinterpret_cast<unsigned long long*>(p.source_counts + blockIdx.x / p.rows), 1ull);
   }
 }
 

@@ -134,51 +134,18 @@ __device__ __forceinline__ bool CountDone(uint32_t* counter, int* is_last, bool 
 
 // The fused dispatch's unpack (OsDispatchParams::fuse_unpack): a warp per
 // slot of the engine's [E, rows] buffers, the grid's warps striding over
-// them; UnpackReceivedKernel's results (kernels/engine_rows.cu): slots j < R
-// copied as they are, [R, rows) padding, source_counts[s] the slots with a
-// local id, expert_counts[l] the ids first_expert + l (the counts zeroed by
-// block 0 at the kernel's start: OsZeroCounts).
+// them, each slot UnpackSlot's (kernels/engine_rows.cuh, as
+// UnpackReceivedKernel): source_counts[s] the slots with a local id (the
+// counts zeroed by block 0 at the kernel's start: OsZeroCounts).
 __device__ void UnpackShare(const UnpackReceivedParams& u) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int K = u.top_k;
-  const int64_t H = u.hidden_size;
-  const int64_t vecs = H / 4;  // uint2 = 4 bf16
-  const int64_t row_bytes = 2 * H + 8 * K;
   const int64_t slots = static_cast<int64_t>(u.ep_size) * u.rows;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
   for (int64_t b = static_cast<int64_t>(blockIdx.x) * kWarps + warp; b < slots; b += stride) {
-    const int64_t s = b / u.rows;
-    const int64_t j = b % u.rows;
-    uint2* dst = reinterpret_cast<uint2*>(u.hidden + b * H);
-    int32_t* ids = u.topk_ids + b * K;
-    float* weights = u.topk_weights + b * K;
-    if (j >= u.runtime_max) {
-      for (int64_t v = lane; v < vecs; v += 32) dst[v] = make_uint2(0, 0);
-      for (int k = lane; k < K; k += 32) {
-        ids[k] = u.invalid_expert_id;
-        weights[k] = 0.0f;
-      }
-      continue;
-    }
-    const uint8_t* row = u.recv + (s * u.runtime_max + j) * row_bytes;
-    const uint2* src = reinterpret_cast<const uint2*>(row);
-    for (int64_t v = lane; v < vecs; v += 32) dst[v] = src[v];
-    const int32_t* row_ids = reinterpret_cast<const int32_t*>(row + 2 * H);
-    const float* row_weights = reinterpret_cast<const float*>(row + 2 * H + 4 * K);
-    bool local = false;
-    for (int k = lane; k < K; k += 32) {
-      const int32_t id = row_ids[k];
-      ids[k] = id;
-      weights[k] = row_weights[k];
-      const int l = id - u.first_expert;
-      if (id != u.invalid_expert_id && l >= 0 && l < u.num_local_experts) {
-        atomicAdd(reinterpret_cast<unsigned long long*>(u.expert_counts + l), 1ull);
-        local = true;
-      }
-    }
+    const bool local = UnpackSlot(u, b, lane, 32);
     if (__any_sync(0xffffffffu, local) && lane == 0) {
-      atomicAdd(reinterpret_cast<unsigned long long*>(u.source_counts + s), 1ull);
+      atomicAdd(reinterpret_cast<unsigned long long*>(u.source_counts + b / u.rows), 1ull);
     }
   }
 }

@@ -5,7 +5,8 @@
 # (GpuEpDispatcher::RefuseCombine: a step header among the combine's NCCL
 # transfers, read by the combine reduction): the reduction's header check,
 # the dispatcher's refusal at one rank, the engine program's step 4c at
-# nccl 1 (the refusing rank alone), and the tests stop 49 left unrun.
+# nccl 1 (the refusing rank alone), and the tests stop 49 left unrun; then
+# the Python layer's tensor checks piece by piece (bench/python_checks_bench.py).
 #   mkdir -p g && tar -C g -xJf gpu-callN/b.tar.xz && bash bench/results/engine-host/gpu-run10.sh g "$OUT/r"
 set -u
 g=$1
@@ -22,5 +23,7 @@ echo "gpu_refusal rc $? at ${SECONDS}s" >> "$out/rc.txt"
 timeout 90 "$bin/moe_ep_engine_embedded" "$bin/moe-ep" nccl 1 > "$out/engine_nccl_1.log" 2>&1
 echo "engine[nccl 1] rc $? at ${SECONDS}s" >> "$out/rc.txt"
 bash bench/results/engine-host/gpu-run9.sh "$g" "$out"
+timeout 60 python3 bench/python_checks_bench.py --out "$out/python_checks.json" > "$out/python_checks.log" 2>&1
+echo "python_checks rc $? at ${SECONDS}s" >> "$out/rc.txt"
 grep -h -E "^\[  (PASSED|FAILED)|^\[  FAILED|PASS: |FAIL" "$out/gpu_refusal.log" "$out/engine_nccl_1.log" >> "$out/summary.txt"
 tail -5 "$out/summary.txt"
