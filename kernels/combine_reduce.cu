@@ -9,23 +9,15 @@ namespace moe_ep::kernels {
 namespace {
 
 constexpr int kCombineThreads = 256;
+static_assert(kCombineThreads >= kMaxEpSize, "a thread per rank reads the headers");
+constexpr int kNoRefusal = 1 << 30;  // above every rank
+constexpr int kOwnRefusal = -1;      // below every rank: this rank's own wins
 
 __device__ __forceinline__ float Bf16Lo(uint32_t v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float Bf16Hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
 __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// The row of `headers` ([E, 3] {epoch, R, T}) whose T says its rank refused
-// the combine: this rank's own first (it writes no row and records
-// nothing), else the lowest peer's; -1 when none did.
-__device__ int RefusedCombineRow(const int64_t* headers, int ep_size, int rank) {
-  if (headers[3 * rank + 2] == kRefusedCombineTokens) return rank;
-  for (int r = 0; r < ep_size; ++r) {
-    if (headers[3 * r + 2] == kRefusedCombineTokens) return r;
-  }
-  return -1;
 }
 
 // Records peer r's refused combine unless an earlier record sticks. The
@@ -51,15 +43,24 @@ __global__ void CombineReduceKernel(const uint16_t* __restrict__ recv,
                                     uint16_t* __restrict__ output, const int64_t* headers, int rank,
                                     StepHeaderError* error) {
   __shared__ int32_t slot[kMaxEpSize];
-  __shared__ int refusing;
+  __shared__ int refusing;  // kNoRefusal, kOwnRefusal or the lowest refusing peer
   const int64_t t = blockIdx.x;
   const int64_t n = *num_tokens < max_tokens ? *num_tokens : max_tokens;
   if (t >= n && (headers == nullptr || t != 0)) return;
   if (headers != nullptr) {
-    if (threadIdx.x == 0) refusing = RefusedCombineRow(headers, ep_size, rank);
+    // Thread r reads rank r's row: one load each, not a chain of E.
+    if (threadIdx.x == 0) refusing = kNoRefusal;
     __syncthreads();
-    if (refusing >= 0) {
-      if (t == 0 && threadIdx.x == 0 && refusing != rank) RecordRefusal(headers, refusing, error);
+    const int r = threadIdx.x;
+    if (r < ep_size && headers[3 * r + 2] == kRefusedCombineTokens) {
+      atomicMin(&refusing, r == rank ? kOwnRefusal : r);
+    }
+    __syncthreads();
+    if (refusing != kNoRefusal) {
+      // This rank's own refusal records nothing (its caller has the error).
+      if (t == 0 && threadIdx.x == 0 && refusing != kOwnRefusal) {
+        RecordRefusal(headers, refusing, error);
+      }
       return;
     }
     if (t >= n) return;

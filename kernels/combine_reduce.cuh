@@ -41,8 +41,9 @@ struct CombineReduceParams {
 // reduces 4 elements per thread step; blocks t >= T exit.
 // A token with no valid expert gets a zero row.
 // With `headers`: when some row's T is kRefusedCombineTokens no block writes
-// a row; when that row is a peer's (the lowest such, and not this rank's
-// own) and error->rank_plus_1 is 0, block 0 records it (refused = 1,
+// a row. When this rank's own row is one of them nothing is recorded (its
+// caller has the error), whatever the peers' rows say; else block 0 records
+// the lowest refusing peer if error->rank_plus_1 is 0 (refused = 1,
 // combine = 1, their/my epoch and R from its row). Launches max(R, 1)
 // blocks then, so the check runs even at R = 0.
 //

@@ -214,7 +214,9 @@ class GpuEpDispatcher final : public core::StepDispatcher {
   // caller orders its producer before this call on stream() (an event).
   // `expert_out` (device [E, R, H] bf16, null = the expert compute's output
   // in the workspace): the caller's expert outputs, sent as they are (an
-  // engine that runs its own experts, server/moe_ep.h; no copy).
+  // engine that runs its own experts, server/moe_ep.h; no copy). The step
+  // header rides in the combine's exchange: when a peer refused its combine
+  // (RefuseCombine) no output row is written here and CheckStep names it.
   absl::Status Combine(uint16_t* output, const uint16_t* shared_out = nullptr,
                        const uint16_t* expert_out = nullptr);
 
@@ -226,8 +228,9 @@ class GpuEpDispatcher final : public core::StepDispatcher {
   // R, so every rank's NCCL calls still match in order and size: the step
   // header with T = kRefusedStepTokens for the peers (0 here), the count
   // exchange with zero counts, the dispatch all-to-all of E x R padding rows
-  // (the invalid id, zero weights), then the combine all-to-all of E x R
-  // rows and a reduction that writes no row. The peers' own Dispatch and
+  // (the invalid id, zero weights), then the combine's exchange (the header
+  // again and E x R rows) and a reduction that writes no row. The peers'
+  // own Dispatch and
   // Combine of that step run as usual, their header check sets their T to
   // 0 (no output row) and records the refusal, so each peer's next
   // CheckStep is kAborted "rank r refused its dispatch of the step at

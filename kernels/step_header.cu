@@ -44,6 +44,7 @@ __device__ void RecordAndStop(const int64_t* gathered, int r, int32_t r_differs,
     error->rank_plus_1 = r + 1;
     error->r_differs = r_differs;
     error->refused = refused;
+    error->combine = 0;  // a combine's refusal is the combine reduction's to record
     error->their_epoch = gathered[3 * r];
     error->their_r = gathered[3 * r + 1];
     error->my_epoch = header[0];

@@ -46,7 +46,8 @@ struct StepHeaderError {
   int64_t my_r = 0;         // this rank's R in that step
   // 1 when that rank agreed on (epoch, R) but refused its dispatch (its
   // header's T was kRefusedStepTokens: its caller's arguments failed its
-  // checks); the step then moved only padding from it and wrote no output.
+  // checks; the step then moved only padding from it) or, with `combine`,
+  // its combine (kRefusedCombineTokens); either way no output was written.
   int32_t refused = 0;
   // 1 when the refusal was of the combine (kRefusedCombineTokens, recorded
   // by the combine reduction; my_epoch / my_r are then that rank's too).

@@ -142,9 +142,9 @@ absl::StatusOr<core::StepStats> GpuDataPlane::EngineCombine(const void* expert_o
     const uint16_t* send = in;
     if (rows != r && r > 0) {
       // [E, rows, H] -> [E, R, H]: the rows the all-to-all sends.
-      RETURN_IF_ERROR(kernels::EnqueueExpertOutputsPack(in, rows, dispatcher_->expert_output(), r,
-                                                        h, static_cast<int>(e),
-                                                        dispatcher_->stream()));
+      const absl::Status packed = kernels::EnqueueExpertOutputsPack(
+          in, rows, dispatcher_->expert_output(), r, h, static_cast<int>(e), dispatcher_->stream());
+      if (!packed.ok()) return RefusedCombineError(packed, dispatcher_->RefuseCombine());
       send = nullptr;
     }
     return dispatcher_->Combine(static_cast<uint16_t*>(output), nullptr, send);
@@ -183,12 +183,13 @@ absl::StatusOr<core::StepStats> GpuDataPlane::EngineForward(int layer, const voi
     if (has_shared) RETURN_IF_ERROR(shared_.Begin(layer, in, num_tokens, own));
     RETURN_IF_ERROR(dispatcher_->Dispatch(in, topk_ids, topk_weights, num_tokens));
     absl::Status computed = dispatcher_->ComputeExperts(set);
+    if (computed.ok() && has_shared) computed = shared_.JoinInto(own);
     if (!computed.ok()) {
-      // Keep the ranks' collective sequence aligned, then report.
-      (void)dispatcher_->Combine(static_cast<uint16_t*>(output));
-      return computed;
+      // The peers' combine waits for this rank's, and its expert outputs
+      // are not this step's: refuse the combine, so the peers write no
+      // output and their check_step names this rank (issue 30 item 1).
+      return RefusedCombineError(computed, dispatcher_->RefuseCombine());
     }
-    if (has_shared) RETURN_IF_ERROR(shared_.JoinInto(own));
     return dispatcher_->Combine(static_cast<uint16_t*>(output),
                                 has_shared ? shared_.output() : nullptr);
   }));

@@ -423,10 +423,13 @@ MOE_EP_EXPORT moe_ep_status moe_ep_dispatch_only(moe_ep_worker* worker, const ui
  * arguments failed that rank's checks; its call returned the error); the
  * step wrote no output here (its expert outputs lack that rank's); the
  * group is still usable", this rank's reports nothing for it, and the step
- * is over on every rank; the error returned here ends "(refused: the step
- * is over on every rank; the peers' check_step names this rank)"; issue 30
- * item 1), MOE_EP_ABORTED (a peer refused its combine or is in another
- * call), group errors. */
+ * is over on every rank; the argument error returned here then ends
+ * "(refused: the step is over on every rank; the peers' check_step names
+ * this rank)", or says that no refusal could be enqueued and the peers
+ * wait until the group's timeout; with no dispatched step nothing is
+ * refused (no peer waits on this rank's combine); issue 30 item 1),
+ * MOE_EP_ABORTED (a peer refused its combine or is in another call), group
+ * errors. */
 MOE_EP_EXPORT moe_ep_status moe_ep_combine(moe_ep_worker* worker, const uint16_t* expert_out,
                                            int64_t recv_rows, uint16_t* output, void* stream,
                                            int64_t timeout_ms);
@@ -458,8 +461,9 @@ MOE_EP_EXPORT moe_ep_status moe_ep_forward(moe_ep_worker* worker, int32_t layer,
  * the first (epoch, R) disagreement the device-side check recorded since the
  * last call (MOE_EP_ABORTED naming the rank; when R differed the
  * communicator is aborted too: re-form the group) or a peer's refused
- * dispatch (MOE_EP_ABORTED "rank r refused its dispatch of the step at
- * epoch e ..."; the group stays usable; see the top), else the first expert
+ * dispatch or combine (MOE_EP_ABORTED "rank r refused its dispatch (or:
+ * its combine) of the step at epoch e ..."; the group stays usable; see the
+ * top and moe_ep_combine), else the first expert
  * id out of range the route kernel saw (MOE_EP_INVALID_ARGUMENT
  * "topk_ids[row t, choice k] = id: outside [0, E) ... (n ids out of range;
  * found on the device by rank r's step: those choices selected no

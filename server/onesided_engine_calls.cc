@@ -201,13 +201,14 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineForward(int layer, cons
         RETURN_IF_ERROR(dispatcher_->Dispatch(in, topk_ids, topk_weights, num_tokens));
         absl::Status computed = dispatcher_->ComputeExperts(set);
         if (computed.ok() && has_shared) computed = shared_.JoinInto(own);
-        // Combine even when this rank's compute failed: the peers wait for its
-        // combine flags (the output is then not used).
-        absl::Status combined =
-            dispatcher_->Combine(static_cast<uint16_t*>(output),
-                                 computed.ok() && has_shared ? shared_.output() : nullptr);
-        RETURN_IF_ERROR(computed);
-        return combined;
+        if (!computed.ok()) {
+          // The peers wait for this rank's combine flags, and its expert
+          // outputs are not this step's: refuse the combine, so the peers
+          // write no output and their check_step names this rank.
+          return RefusedCombineError(computed, dispatcher_->RefuseCombine());
+        }
+        return dispatcher_->Combine(static_cast<uint16_t*>(output),
+                                    has_shared ? shared_.output() : nullptr);
       }));
   core::StepStats stats;
   stats.runtime_max_tokens_per_rank = dispatcher_->runtime_max_tokens_per_rank();

@@ -866,8 +866,13 @@ class Worker:
                 ptr = o.ptr
         stream, ms = _stream(x), _timeout_ms(timeout_s)
         self._calls += 1
-        _check(self._lib, "moe_ep_combine", self._c.moe_ep_combine(x.ptr, rows, ptr, stream, ms))
-        self._step_tokens = self._step_recv_rows = None
+        status = self._c.moe_ep_combine(x.ptr, rows, ptr, stream, ms)
+        if not status or info.backend != "gloo":
+            # A failed combine ends the step on the GPU planes (refused in
+            # place); the CPU plane keeps it dispatched (call again).
+            self._step_tokens = self._step_recv_rows = None
+        if status:
+            _check(self._lib, "moe_ep_combine", status)
         return out
 
     @_refused_on_error("moe_ep_forward")

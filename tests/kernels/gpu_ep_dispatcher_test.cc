@@ -605,9 +605,9 @@ void RunRefusal(int ep_size, int refusing, GeometryCheck check,
           (at_combine ? "expert outputs" : "received rows") +
           " lack that rank's); the group is still usable";
       EXPECT_NE(s.message().find(want), std::string::npos) << s;
-    }
-    for (bf16_t v : out.Download(t * kHidden)) {
-      ASSERT_EQ(v, 0xffff) << "rank " << rank << " wrote an output row of a refused step";
+      for (bf16_t v : out.Download(t * kHidden)) {
+        ASSERT_EQ(v, 0xffff) << "rank " << rank << " wrote an output row of a refused step";
+      }
     }
     EXPECT_TRUE((*coll)->healthy()) << "rank " << rank;
     s = (*disp)->CheckStep();
@@ -622,6 +622,18 @@ void RunRefusal(int ep_size, int refusing, GeometryCheck check,
     ExpectClose(out.Download(t * kHidden), ref->output[rank],
                 PartialMagnitude(*ref, rank, t, kHidden),
                 "output after the refused step, rank " + std::to_string(rank));
+    // And a step of the three phases (every header is rewritten by its
+    // dispatch: none still reads as refused).
+    out.Upload(std::vector<bf16_t>(t * kHidden, 0xffff));
+    ASSERT_TRUE((*disp)->CommitGeometry(7, r_max, t).ok());
+    ASSERT_TRUE((*disp)->Dispatch(hidden.get(), ids.get(), weights.get(), t).ok());
+    ASSERT_TRUE((*disp)->ComputeExperts(**experts).ok());
+    ASSERT_TRUE((*disp)->Combine(out.get()).ok());
+    s = (*disp)->CheckStep();
+    ASSERT_TRUE(s.ok()) << "rank " << rank << ": " << s;
+    ExpectClose(out.Download(t * kHidden), ref->output[rank],
+                PartialMagnitude(*ref, rank, t, kHidden),
+                "phases after the refused step, rank " + std::to_string(rank));
   });
 }
 
@@ -647,6 +659,9 @@ TEST(GpuEpDispatcher, Ep2RefusedCombineEndsAtOnce) {
 }
 TEST(GpuEpDispatcher, Ep4RefusedCombineEndsAtOnce) {
   RunRefusal(4, 3, GeometryCheck::kDevice, core::DispatchDType::kBF16, /*at_combine=*/true);
+}
+TEST(GpuEpDispatcher, Fp8Ep2RefusedCombineEndsAtOnce) {
+  RunRefusal(2, 1, GeometryCheck::kDevice, core::DispatchDType::kFP8E4M3, /*at_combine=*/true);
 }
 TEST(GpuEpDispatcher, Ep2HostCheckRefusedCombineEndsAtOnce) {
   RunRefusal(2, 1, GeometryCheck::kHostAllGather, core::DispatchDType::kBF16,
