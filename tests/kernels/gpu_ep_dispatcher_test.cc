@@ -372,6 +372,28 @@ void RunGraphCase(int ne, int64_t intermediate) {
                   PartialMagnitude(refs[round], rank, t, h),
                   "replay " + std::to_string(round) + " rank " + std::to_string(rank));
     }
+    {
+      // A step whose combine rank 0 refused (issue 30 item 1), between
+      // replays: its header replicas said "refused combine", and the next
+      // replay rewrites them, so it is exact and reports nothing.
+      const int64_t t = rounds[1][rank];
+      ASSERT_TRUE((*disp)->CommitGeometry(20, bucket, t).ok());
+      ASSERT_TRUE((*disp)->Dispatch(hidden.get(), ids.get(), weights.get(), t).ok());
+      ASSERT_TRUE((*disp)->ComputeExperts(**experts).ok());
+      ASSERT_TRUE((rank == 0 ? (*disp)->RefuseCombine() : (*disp)->Combine(out.get())).ok());
+      s = (*disp)->CheckStep();
+      if (rank == 0) {
+        EXPECT_TRUE(s.ok()) << s;
+      } else {
+        EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+        EXPECT_NE(s.message().find("rank 0 refused its combine"), std::string::npos) << s;
+      }
+      ASSERT_TRUE((*disp)->ReplayForward(bucket, 21, t).ok());
+      s = (*disp)->CheckReplay();
+      ASSERT_TRUE(s.ok()) << s;
+      ExpectClose(out.Download(t * h), refs[1].output[rank], PartialMagnitude(refs[1], rank, t, h),
+                  "replay after a refused combine, rank " + std::to_string(rank));
+    }
     EXPECT_EQ((*disp)->ReplayForward(64, 1, 1).code(), absl::StatusCode::kNotFound);
     EXPECT_EQ((*disp)->ReplayForward(bucket, 1, bucket + 1).code(),
               absl::StatusCode::kInvalidArgument);
