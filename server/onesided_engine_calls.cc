@@ -112,8 +112,8 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineDispatch(
     zero.n[0] = out.source_counts != nullptr ? static_cast<int>(options_.workspace.ep_size) : 0;
     zero.ptr[1] = out.expert_counts;
     zero.n[1] = out.expert_counts != nullptr ? local_experts : 0;
-    // The unpack into the caller's buffers: after the send kernel, or in its
-    // tail (one launch; issue 30 item 3) with MOE_EP_ONESIDED_FUSED_UNPACK=1.
+    // The unpack into the caller's buffers: in the send kernel's tail on its
+    // fused path (one launch; issue 30 item 3), else after it.
     kernels::UnpackReceivedParams unpack =
         EngineUnpackParams(options_, out, dispatcher_->received_rows(), r,
                            map.dispatch_base[group_.rank], local_experts);

@@ -172,9 +172,8 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   // (an engine's dispatch; recv = received_rows()): the received rows are
   // also unpacked into the engine's buffers, inside the send kernel on the
   // fused SM path with bf16 rows (one launch: OsDispatchParams::
-  // fuse_unpack, with MOE_EP_ONESIDED_FUSED_UNPACK=1: off by default until
-  // it has run on a GPU), else by LaunchUnpackReceived after it; errors of
-  // CheckUnpackReceived as well.
+  // fuse_unpack; MOE_EP_ONESIDED_FUSED_UNPACK=0 turns it off), else by
+  // LaunchUnpackReceived after it; errors of CheckUnpackReceived as well.
   absl::Status Dispatch(const uint16_t* hidden, const int32_t* topk_ids, const float* topk_weights,
                         int64_t num_tokens, const OsZeroCounts& zero = {},
                         const UnpackReceivedParams* unpack = nullptr);
@@ -294,7 +293,7 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   OsLocalState local_;
   int ep_size_ = 0;
   int rank_ = 0;
-  bool fuse_unpack_ = false;  // Dispatch's `unpack` in the send kernel where the path allows
+  bool fuse_unpack_ = true;  // Dispatch's `unpack` in the send kernel where the path allows
   int device_ = 0;
   int64_t capacity_ = 0;
   int64_t hidden_ = 0;
