@@ -26,7 +26,7 @@ bash bench/results/engine-host/gpu-run9.sh "$g" "$out"
 # The nccl plane's calls (1 rank: NCCL takes one rank a device), its combine
 # now carrying the step header: beside call 2's figures.
 MOE_EP_LIBRARY="$PWD/$g/lib/libmoe_ep.so.0" timeout 60 python3 bench/engine_call_host.py \
-  --moe-ep "$bin/moe-ep" --out "$out/host/nccl1" --plane nccl --ranks 1 --calls 1000 \
+  --moe-ep "$bin/moe-ep" --out "$out/host/nccl1" --plane nccl --ranks 1 --calls 1000 --graph-replays 0 \
   --side-stream > "$out/host/nccl1.log" 2>&1
 echo "host_nccl1 rc $? at ${SECONDS}s" >> "$out/rc.txt"
 timeout 60 python3 bench/python_checks_bench.py --out "$out/python_checks.json" > "$out/python_checks.log" 2>&1
