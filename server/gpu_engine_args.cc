@@ -60,6 +60,16 @@ absl::Status CheckEngineForwardArgs(absl::string_view plane, int device,
   return CheckEngineOutput("forward", rank, num_tokens, output);
 }
 
+absl::Status CheckGpuEngineCombineArgs(absl::string_view plane, int device,
+                                       kernels::DevicePointerCache& known, int rank, int64_t rows,
+                                       int64_t runtime_max, const void* expert_out,
+                                       const void* output, int64_t step_tokens) {
+  RETURN_IF_ERROR(CheckEngineDevicePointers("combine", plane, device, known,
+                                            {{"expert_out", expert_out}, {"output", output}}));
+  return CheckEngineCombineArgs("combine", rank, rows, runtime_max, expert_out, output,
+                                step_tokens);
+}
+
 kernels::UnpackReceivedParams EngineUnpackParams(const core::EpDispatcherOptions& options,
                                                  const EngineRecvBuffers& out, const uint8_t* recv,
                                                  int64_t runtime_max, int first_expert,

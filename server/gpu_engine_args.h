@@ -72,6 +72,18 @@ absl::Status CheckEngineForwardArgs(absl::string_view plane, int device,
                                     const float* topk_weights, int64_t num_tokens,
                                     const void* output);
 
+// CheckGpuEngineCombineArgs()
+//
+// The argument checks of both GPU planes' combine on `rank`, whose failure
+// makes the plane refuse the combine when a step is dispatched (issue 30
+// item 1), in the order their errors are reported: CheckEngineDevicePointers
+// of `expert_out` and `output`; CheckEngineCombineArgs for R = `runtime_max`
+// and the dispatched step's `step_tokens`. Errors: the first failing check's.
+absl::Status CheckGpuEngineCombineArgs(absl::string_view plane, int device,
+                                       kernels::DevicePointerCache& known, int rank, int64_t rows,
+                                       int64_t runtime_max, const void* expert_out,
+                                       const void* output, int64_t step_tokens);
+
 // EngineUnpackParams()
 //
 // The unpack of a dispatch's receive region `recv` (R = `runtime_max`) into

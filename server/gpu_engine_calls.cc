@@ -120,14 +120,10 @@ absl::StatusOr<core::StepStats> GpuDataPlane::EngineCombine(const void* expert_o
   const int64_t r = dispatcher_->runtime_max_tokens_per_rank();
   const int64_t h = options_.workspace.hidden;
   const int64_t e = options_.workspace.ep_size;
-  absl::Status args =
-      CheckEngineDevicePointers("combine", data_plane(), group_.device, device_pointers_,
-                                {{"expert_out", expert_out}, {"output", output}});
-  if (args.ok()) {
-    args = CheckEngineCombineArgs("combine", view_->rank(), rows, r, expert_out, output,
-                                  engine_tokens_);
-  }
-  if (!args.ok()) {
+  if (const absl::Status args =
+          CheckGpuEngineCombineArgs(data_plane(), group_.device, device_pointers_, view_->rank(),
+                                    rows, r, expert_out, output, engine_tokens_);
+      !args.ok()) {
     // The peers' combine transfers wait for this rank's: run them as a
     // refused combine (the header among them says so), so the peers' step
     // ends at once without output (issue 30 item 1). Without a dispatched

@@ -131,14 +131,10 @@ absl::StatusOr<core::StepStats> OneSidedDataPlane::EngineCombine(const void* exp
                                                                  void* stream) {
   RETURN_IF_ERROR(RequireEnginePlane("combine"));
   const int64_t r = dispatcher_->runtime_max_tokens_per_rank();
-  absl::Status args =
-      CheckEngineDevicePointers("combine", data_plane(), group_.device, device_pointers_,
-                                {{"expert_out", expert_out}, {"output", output}});
-  if (args.ok()) {
-    args =
-        CheckEngineCombineArgs("combine", group_.rank, rows, r, expert_out, output, engine_tokens_);
-  }
-  if (!args.ok()) {
+  if (const absl::Status args =
+          CheckGpuEngineCombineArgs(data_plane(), group_.device, device_pointers_, group_.rank,
+                                    rows, r, expert_out, output, engine_tokens_);
+      !args.ok()) {
     // The peers' combine kernels wait for this rank's flags: publish a
     // refusal in their place (issue 30 item 1). Without a dispatched step
     // there is nothing to refuse (no peer waits on this rank's combine).
