@@ -20,20 +20,6 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// Records peer r's refused combine unless an earlier record sticks. The
-// ranks agreed on (epoch, R) at the dispatch, so "mine" is theirs.
-__device__ void RecordRefusal(const int64_t* headers, int r, StepHeaderError* error) {
-  if (error->rank_plus_1 != 0) return;
-  error->rank_plus_1 = r + 1;
-  error->r_differs = 0;
-  error->refused = 1;
-  error->combine = 1;
-  error->their_epoch = headers[3 * r];
-  error->their_r = headers[3 * r + 1];
-  error->my_epoch = headers[3 * r];
-  error->my_r = headers[3 * r + 1];
-}
-
 // Block t = source token t; uint2 = 4 bf16 per thread step.
 __global__ void CombineReduceKernel(const uint16_t* __restrict__ recv,
                                     const int32_t* __restrict__ token_slot,
@@ -59,7 +45,9 @@ __global__ void CombineReduceKernel(const uint16_t* __restrict__ recv,
     if (refusing != kNoRefusal) {
       // This rank's own refusal records nothing (its caller has the error).
       if (t == 0 && threadIdx.x == 0 && refusing != kOwnRefusal) {
-        RecordRefusal(headers, refusing, error);
+        // The ranks agreed on (epoch, R) at the dispatch: "mine" is theirs.
+        const int64_t* row = headers + 3 * refusing;
+        RecordStepHeaderError(error, refusing, row, 0, 1, 1, row[0], row[1]);
       }
       return;
     }

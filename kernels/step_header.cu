@@ -40,16 +40,8 @@ __global__ void VerifyStepHeaderKernel(const int64_t* gathered, int ep_size, int
 // and makes this rank's step move no token (header[2], T = 0).
 __device__ void RecordAndStop(const int64_t* gathered, int r, int32_t r_differs, int32_t refused,
                               int64_t* header, StepHeaderError* error) {
-  if (error->rank_plus_1 == 0) {
-    error->rank_plus_1 = r + 1;
-    error->r_differs = r_differs;
-    error->refused = refused;
-    error->combine = 0;  // a combine's refusal is the combine reduction's to record
-    error->their_epoch = gathered[3 * r];
-    error->their_r = gathered[3 * r + 1];
-    error->my_epoch = header[0];
-    error->my_r = header[1];
-  }
+  // A combine's refusal is the combine reduction's to record (combine 0).
+  RecordStepHeaderError(error, r, gathered + 3 * r, r_differs, refused, 0, header[0], header[1]);
   header[2] = 0;
 }
 

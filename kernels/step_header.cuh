@@ -55,6 +55,29 @@ struct StepHeaderError {
   ExpertIdError ids;  // ids neither valid nor the invalid id (DESIGN §7)
 };
 
+#ifdef __CUDACC__
+// RecordStepHeaderError()
+//
+// Records rank r's header row `row` ({epoch, R, T}) in `error`, with this
+// rank's (my_epoch, my_r) and the flags, unless an earlier record sticks
+// (error->rank_plus_1 != 0). One thread; the header check
+// (LaunchCheckStepHeaders) and the combine reduction's refusal check both
+// fill the record through it.
+__device__ inline void RecordStepHeaderError(StepHeaderError* error, int r, const int64_t* row,
+                                             int32_t r_differs, int32_t refused, int32_t combine,
+                                             int64_t my_epoch, int64_t my_r) {
+  if (error->rank_plus_1 != 0) return;
+  error->rank_plus_1 = r + 1;
+  error->r_differs = r_differs;
+  error->refused = refused;
+  error->combine = combine;
+  error->their_epoch = row[0];
+  error->their_r = row[1];
+  error->my_epoch = my_epoch;
+  error->my_r = my_r;
+}
+#endif  // __CUDACC__
+
 // LaunchWriteStepHeader()
 //
 // Writes header[0..2] = {epoch, r, num_tokens} and the same three values
