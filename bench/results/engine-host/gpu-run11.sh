@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# gpu-run10.sh's checks reordered for a short device budget (stop 50): what
-# decides the most first. 1) the fused unpack of the one-sided engine
+# Stop 50's device call, ordered for a short device budget: what decides
+# the most first. 1) the fused unpack of the one-sided engine
 # dispatch (MOE_EP_ONESIDED_FUSED_UNPACK=1) exact in the C API program at 2
 # ranks, then its host time against the default (2 ranks as processes, 128
 # tokens, H 7168, top-8, an engine stream of its own); 2) the nccl refused
