@@ -92,13 +92,16 @@ bool CanReachPeer(int device, const std::string& peer_bus) {
   return can != 0;
 }
 
-bool DevicePointerCache::IsDevicePointer(const void* ptr) {
+bool DevicePointerCache::IsDevicePointer(const void* ptr, int device) {
   if (ptr == nullptr) return false;
-  if (device_.contains(ptr)) return true;
-  if (!kernels::IsDevicePointer(ptr)) return false;
-  if (device_.size() >= kMaxEntries) device_.clear();
-  device_.insert(ptr);
-  return true;
+  auto it = device_.find(ptr);
+  if (it == device_.end()) {
+    const int ordinal = kernels::DeviceOrdinalOf(ptr);
+    if (ordinal == kNotDeviceMemory) return false;
+    if (device_.size() >= kMaxEntries) device_.clear();
+    it = device_.emplace(ptr, ordinal == kManagedMemory ? kManaged : ordinal).first;
+  }
+  return device < 0 || it->second == kManaged || it->second == device;
 }
 
 }  // namespace moe_ep::kernels

@@ -13,7 +13,7 @@
 #include <memory>
 #include <string>
 
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -81,27 +81,30 @@ bool CanReachPeer(int device, const std::string& peer_bus);
 
 // DevicePointerCache
 //
-// IsDevicePointer (kernels/nccl_collective.h) with a memory of the addresses
-// already found to be device memory, so that an engine's steady-state calls,
-// which pass the same buffers every step, cost a hash lookup per pointer
-// rather than a cudaPointerGetAttributes (8 per dispatch call; issue 30
-// item 3 bounds the call's host time at 10 us). A remembered answer stays
-// true: under unified addressing a device allocation's range is reserved
-// from the host's address space, so a freed device address can only become
-// device memory again or nothing, and passing freed memory is a
-// use-after-free that no check before the kernel could catch either.
-// Holds at most kMaxEntries addresses (then it starts again). Not
-// thread-safe: one owner (a plane, whose calls hold its slot).
+// DeviceOrdinalOf (kernels/nccl_collective.h) with a memory of the
+// addresses already found to be device memory and of their device, so that an engine's steady-state
+// calls, which pass the same buffers every step, cost a hash lookup per pointer rather than a
+// cudaPointerGetAttributes (8 per dispatch call; issue 30 item 3 bounds the call's host time at 10
+// us). A remembered answer stays true: under unified addressing a device allocation's range is
+// reserved from the host's address space, so a freed device address can only become device memory
+// again or nothing, and passing freed memory is a use-after-free that no check before the kernel
+// could catch either. Holds at most kMaxEntries addresses (then it starts again). Not thread-safe:
+// one owner (a plane, whose calls hold its slot).
 class DevicePointerCache {
  public:
   static constexpr size_t kMaxEntries = 4096;
 
-  // True when `ptr` is device (or managed) memory of any device; false for
-  // nullptr, host memory and addresses CUDA does not know.
-  bool IsDevicePointer(const void* ptr);
+  // True when `ptr` is device memory of CUDA device `device` (any device
+  // when `device` < 0) or managed memory; false for nullptr, host memory,
+  // addresses CUDA does not know and another device's memory (a kernel on
+  // `device` would read it over the fabric or fault: the engine passed a
+  // tensor of the wrong device, issue 30 item 3).
+  bool IsDevicePointer(const void* ptr, int device = -1);
 
  private:
-  absl::flat_hash_set<const void*> device_;
+  // Address -> its device ordinal (kManaged for managed memory).
+  static constexpr int kManaged = -1;
+  absl::flat_hash_map<const void*, int> device_;
 };
 
 }  // namespace moe_ep::kernels

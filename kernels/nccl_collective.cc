@@ -38,14 +38,17 @@ ncclResult_t PollComm(ncclComm_t comm, Clock::time_point deadline) {
 
 }  // namespace
 
-bool IsDevicePointer(const void* ptr) {
-  if (ptr == nullptr) return false;
+bool IsDevicePointer(const void* ptr) { return DeviceOrdinalOf(ptr) != kNotDeviceMemory; }
+
+int DeviceOrdinalOf(const void* ptr) {
+  if (ptr == nullptr) return kNotDeviceMemory;
   cudaPointerAttributes attr{};
   if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
     cudaGetLastError();  // clear the sticky-free error of an unknown pointer
-    return false;
+    return kNotDeviceMemory;
   }
-  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+  if (attr.type == cudaMemoryTypeManaged) return kManagedMemory;
+  return attr.type == cudaMemoryTypeDevice ? attr.device : kNotDeviceMemory;
 }
 
 absl::StatusOr<std::string> NcclCollective::NewUniqueId() {

@@ -172,4 +172,12 @@ class NcclCollective final : public StreamCollective {
 // kernel) of any device.
 bool IsDevicePointer(const void* ptr);
 
+// DeviceOrdinalOf() results that are not a device ordinal.
+inline constexpr int kNotDeviceMemory = -1;  // nullptr, host memory, unknown to CUDA
+inline constexpr int kManagedMemory = -2;    // managed memory: any device reads it
+
+// The CUDA device ordinal whose memory `ptr` points into (device memory), or
+// kManagedMemory or kNotDeviceMemory. Clears the error a failed lookup leaves.
+int DeviceOrdinalOf(const void* ptr);
+
 }  // namespace moe_ep::kernels

@@ -12,12 +12,11 @@ absl::Status CheckEngineDevicePointers(
     const char* call, absl::string_view plane, int device, kernels::DevicePointerCache& known,
     std::initializer_list<std::pair<const char*, const void*>> ptrs) {
   for (const auto& [name, ptr] : ptrs) {
-    if (ptr != nullptr && !known.IsDevicePointer(ptr)) {
-      return absl::InvalidArgumentError(absl::StrCat(call, ": ", name,
-                                                     " is not device memory; the ", plane,
-                                                     " data plane takes device pointers "
-                                                     "(CUDA device ",
-                                                     device, ")"));
+    if (ptr != nullptr && !known.IsDevicePointer(ptr, device)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          call, ": ", name, " is not device memory of CUDA device ", device, "; the ", plane,
+          " data plane takes device pointers on the worker's device (a host buffer or another "
+          "device's tensor?)"));
     }
   }
   return absl::OkStatus();

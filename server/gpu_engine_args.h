@@ -29,8 +29,10 @@ namespace moe_ep::server {
 
 // CheckEngineDevicePointers()
 //
-// Every non-null pointer of `ptrs` (name, pointer) is device memory: the
-// GPU planes' engine calls take device pointers on `device`. `known` is the
+// Every non-null pointer of `ptrs` (name, pointer) is device memory of CUDA
+// device `device` (or managed memory): the GPU planes' engine calls take
+// device pointers on the worker's device, and the Python layer leaves the
+// tensors' device to this check (issue 30 item 3). `known` is the
 // plane's memory of addresses already checked (a hash lookup each in an
 // engine's steady state instead of a driver call: issue 30 item 3).
 // Errors: kInvalidArgument naming the call, the pointer, `plane` and `device`.

@@ -100,6 +100,13 @@ TEST(DevicePointerCache, RemembersDeviceAddressesOnly) {
   EXPECT_TRUE(cache.IsDevicePointer(device));
   EXPECT_TRUE(cache.IsDevicePointer(device + 5));  // inside the allocation
   EXPECT_FALSE(cache.IsDevicePointer(host.data()));
+  // The remembered ordinal: device 0's memory is not device 1's (the engine
+  // passed another device's tensor), remembered or looked up.
+  EXPECT_TRUE(cache.IsDevicePointer(device, 0));
+  EXPECT_FALSE(cache.IsDevicePointer(device, 1));
+  EXPECT_FALSE(cache.IsDevicePointer(device + 7, 1));
+  EXPECT_TRUE(cache.IsDevicePointer(device + 7, 0));
+  EXPECT_FALSE(cache.IsDevicePointer(host.data(), 0));
   for (size_t i = 0; i < DevicePointerCache::kMaxEntries + 2; ++i) {
     EXPECT_TRUE(cache.IsDevicePointer(device + (i % 64)));
   }
