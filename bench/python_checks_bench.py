@@ -7,10 +7,10 @@ piece (issue 30 item 3: Worker.dispatch's host time over the C call).
 Times, on tensors of issue 30's shape (128 tokens, H 7168, top-8) on
 cuda:0, each torch attribute read the fast path makes (type, dtype, shape,
 get_device, is_contiguous, data_ptr, stride, dim, size) and whole
-formulations of the three-tensor check: the module's _torch_inputs, and
-the same without get_device (the C library checks each pointer's device
-itself: server/gpu_engine_args.h). p50 of 20,000 calls each, in us,
-printed as JSON. Needs torch and a CUDA device; no worker.
+formulations of the three-tensor check: the module's _torch_inputs, the
+same without get_device (the C library checks each pointer's device
+itself: server/gpu_engine_args.h) and Worker._dispatch_fast's one pass.
+p50 of 20,000 calls each, in us, printed as JSON. Needs torch and a CUDA device; no worker.
 """
 
 import argparse
@@ -64,6 +64,22 @@ def main():
             return None
         return x.data_ptr(), ids.data_ptr(), w.data_ptr()
 
+    i32, f32 = torch.int32, torch.float32
+
+    def one_pass(x, ids, w):
+        # Worker._dispatch_fast's checks and addresses (no device read).
+        if (type(x) is not tensor or type(ids) is not tensor or type(w) is not tensor
+                or x.dtype is not bf16 or ids.dtype is not i32 or w.dtype is not f32):
+            return None
+        s = x.shape
+        if len(s) != 2 or s[1] != h:
+            return None
+        choices = (s[0], k)
+        if (ids.shape != choices or w.shape != choices or not x.is_contiguous()
+                or not ids.is_contiguous() or not w.is_contiguous()):
+            return None
+        return x.data_ptr(), ids.data_ptr(), w.data_ptr()
+
     out = {
         "empty_lambda": p50(lambda: None),
         "type_is": p50(lambda: type(x) is tensor),
@@ -78,6 +94,7 @@ def main():
         "torch_address_one": p50(lambda: engine._torch_address(x, "bf16", shape, 0)),
         "torch_inputs_three": p50(lambda: engine._torch_inputs(x, ids, w, info)),
         "one_tensor_no_device": p50(lambda: no_device(x, ids, w)),
+        "dispatch_fast_checks_three": p50(lambda: one_pass(x, ids, w)),
         "buffer_init": p50(lambda: engine._Buffer(1, shape, True, True, 0)),
     }
     text = json.dumps(out, indent=1)

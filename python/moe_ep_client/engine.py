@@ -273,6 +273,26 @@ class _Buffer:
 # fast path of _buffer; subclasses go through _is_torch).
 _TORCH_TYPES: List[Any] = []
 
+# (torch.Tensor, torch.bfloat16, torch.int32, torch.float32, the current raw
+# stream of a device ordinal) once a torch tensor was checked: what the data
+# calls' steady-state paths (Worker._dispatch_fast, _combine_fast) compare
+# against, as locals.
+_TORCH_FAST: Optional[Tuple[Any, Any, Any, Any, Callable[[int], int]]] = None
+
+
+def _init_torch_fast(torch: Any) -> None:
+    global _TORCH_FAST, _current_raw_stream
+    if not _TORCH_TYPES:
+        _TORCH_TYPES.append(torch.Tensor)
+    if _current_raw_stream is None:
+        # torch's own fast path (what its compiled code calls), else the
+        # public API: the same value.
+        _current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+            lambda d: torch.cuda.current_stream(d).cuda_stream)
+    for name in ("bf16", "int32", "float32"):
+        _TORCH_DTYPE_OBJECTS.setdefault(name, getattr(torch, _TORCH_DTYPES[name]))
+    _TORCH_FAST = (torch.Tensor, torch.bfloat16, torch.int32, torch.float32, _current_raw_stream)
+
 
 def _shape_error(name: str, shape: Tuple[Optional[int], ...], got: Tuple[int, ...]) -> ValueError:
     want_text = ", ".join("*" if d is None else str(d) for d in shape)
@@ -321,8 +341,7 @@ def _buffer(name: str, x: Any, dtype: str, shape: Tuple[Optional[int], ...],
         if want_t is None:
             import torch
 
-            if not _TORCH_TYPES:
-                _TORCH_TYPES.append(torch.Tensor)
+            _init_torch_fast(torch)
             want_t = _TORCH_DTYPE_OBJECTS.setdefault(dtype, getattr(torch, _TORCH_DTYPES[dtype]))
         if x.dtype != want_t:
             raise TypeError(f"{name}: expected dtype torch.{_TORCH_DTYPES[dtype]}, got {x.dtype}")
@@ -401,14 +420,10 @@ def _stream(buf: _Buffer) -> Optional[int]:
     the legacy default stream)."""
     if not buf.cuda:
         return None
-    global _current_raw_stream
     if _current_raw_stream is None:
         import torch
 
-        # torch's own fast path (what its compiled code calls), else the
-        # public API: the same value.
-        _current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
-            lambda d: torch.cuda.current_stream(d).cuda_stream)
+        _init_torch_fast(torch)
     return _current_raw_stream(buf.device) or None
 
 
@@ -771,6 +786,11 @@ class Worker:
     def dispatch(self, hidden_states: Any, topk_ids: Any, topk_weights: Any,
                  recv_rows: Optional[int] = None, timeout_s: float = 0.0,
                  out: Optional[DispatchOutput] = None, end_step: bool = False) -> DispatchOutput:
+        if out is not None and end_step is False:
+            done = self._dispatch_fast(hidden_states, topk_ids, topk_weights, recv_rows, timeout_s,
+                                       out)
+            if done is not None:
+                return done
         made = self._calls
         try:
             return self._dispatch(hidden_states, topk_ids, topk_weights, recv_rows, timeout_s, out,
@@ -780,6 +800,57 @@ class Worker:
                 self.refuse("moe_ep_dispatch_only" if end_step is True else "moe_ep_dispatch",
                             timeout_s)
             raise
+
+    def _dispatch_fast(self, x: Any, ids: Any, w: Any, recv_rows: Any, timeout_s: Any,
+                       out: DispatchOutput) -> Optional[DispatchOutput]:
+        """A CUDA engine's steady-state dispatch in one pass (issue 30 item 3:
+        the Python layer's host time over the C call): exact torch.Tensors
+        of bf16 [T, H] / int32 [T, K] / float32 [T, K], C-contiguous, into
+        `out` of an earlier dispatch with the same recv_rows, timeout_s a
+        number in [0, 1e9). The tensors' device is left to the library's
+        pointer check (server/gpu_engine_args.h names the argument and the
+        worker's device). None, having called nothing, when anything differs
+        or the worker is stopped: then _dispatch checks and names it."""
+        info, fast, ptrs = self._info, _TORCH_FAST, getattr(out, "_pointers", None)
+        if (fast is None or info is None or info.backend != "nccl" or ptrs is None
+                or type(recv_rows) is not int or recv_rows != ptrs[0] or ptrs[1] is not True):
+            return None
+        tensor, bf16, int32, float32, raw_stream = fast
+        if (type(x) is not tensor or type(ids) is not tensor or type(w) is not tensor
+                or x.dtype is not bf16 or ids.dtype is not int32 or w.dtype is not float32):
+            return None
+        shape = x.shape
+        if len(shape) != 2 or shape[1] != info.hidden:
+            return None
+        t = shape[0]
+        choices = (t, info.top_k)
+        if (ids.shape != choices or w.shape != choices or not x.is_contiguous()
+                or not ids.is_contiguous() or not w.is_contiguous()):
+            return None
+        kind = type(timeout_s)
+        if (kind is not float and kind is not int) or not 0 <= timeout_s < 1e9:
+            return None
+        ms = 0 if timeout_s == 0 else max(1, int(timeout_s * 1000))
+        fn, lock = self._lib.moe_ep_dispatch, self._state
+        with lock:  # counted in flight, as _LiveCalls does
+            handle = self._handle
+            if handle is None:
+                return None
+            self._in_flight += 1
+        self._calls += 1
+        try:
+            status = fn(handle, x.data_ptr() or None, ids.data_ptr() or None,
+                        w.data_ptr() or None, t, ptrs[2], ptrs[3], ptrs[4], recv_rows, ptrs[6],
+                        ptrs[5], raw_stream(info.device) or None, ms)
+        finally:
+            with lock:
+                self._in_flight -= 1
+                if self._handle is None and self._in_flight == 0:
+                    self._drained.set()
+        if status:
+            _check(self._lib, "moe_ep_dispatch", status)
+        self._step_tokens, self._step_recv_rows = t, recv_rows
+        return out
 
     def _dispatch(self, hidden_states: Any, topk_ids: Any, topk_weights: Any,
                   recv_rows: Optional[int], timeout_s: float, out: Optional[DispatchOutput],
@@ -826,13 +897,62 @@ class Worker:
         self._step_recv_rows = None if end_step else rows
         return out
 
-    @_refused_on_error("moe_ep_combine")
     def combine(self, expert_outputs: Any, timeout_s: float = 0.0, out: Any = None) -> Any:
         """Combine of the dispatched step (collective): expert_outputs [E, recv_rows, H]
         bf16 -> [T, H] bf16 (T of the dispatch), written into `out` when given
         (a C-contiguous [T, H] bf16 array or tensor of the same kind and
         device as expert_outputs; DeepEP's low_latency_combine takes one too)
         and returned."""
+        if out is not None:
+            done = self._combine_fast(expert_outputs, timeout_s, out)
+            if done is not None:
+                return done
+        return self._combine(expert_outputs, timeout_s=timeout_s, out=out)
+
+    def _combine_fast(self, x: Any, timeout_s: Any, out: Any) -> Any:
+        """A CUDA engine's steady-state combine in one pass (issue 30 item 3),
+        as _dispatch_fast: exact torch.Tensors, expert_outputs bf16 [E,
+        recv_rows, H] and out bf16 [T, H] of the dispatched step, both
+        C-contiguous, the device left to the library's check. None, having
+        called nothing, when anything differs: then _combine checks."""
+        info, fast = self._info, _TORCH_FAST
+        rows, tokens = self._step_recv_rows, self._step_tokens
+        if fast is None or info is None or info.backend != "nccl" or rows is None or tokens is None:
+            return None
+        tensor, bf16 = fast[0], fast[1]
+        if (type(x) is not tensor or type(out) is not tensor or x.dtype is not bf16
+                or out.dtype is not bf16 or x.shape != (info.world_size, rows, info.hidden)
+                or out.shape != (tokens, info.hidden) or not x.is_contiguous()
+                or not out.is_contiguous()):
+            return None
+        kind = type(timeout_s)
+        if (kind is not float and kind is not int) or not 0 <= timeout_s < 1e9:
+            return None
+        ms = 0 if timeout_s == 0 else max(1, int(timeout_s * 1000))
+        fn, lock = self._lib.moe_ep_combine, self._state
+        with lock:  # counted in flight, as _LiveCalls does
+            handle = self._handle
+            if handle is None:
+                return None
+            self._in_flight += 1
+        self._calls += 1
+        try:
+            status = fn(handle, x.data_ptr() or None, rows, out.data_ptr() or None,
+                        fast[4](info.device) or None, ms)
+        finally:
+            with lock:
+                self._in_flight -= 1
+                if self._handle is None and self._in_flight == 0:
+                    self._drained.set()
+        # A failed combine ends the step on the GPU planes too (_combine).
+        self._step_tokens = self._step_recv_rows = None
+        if status:
+            _check(self._lib, "moe_ep_combine", status)
+        return out
+
+    @_refused_on_error("moe_ep_combine")
+    def _combine(self, expert_outputs: Any, timeout_s: float, out: Any) -> Any:
+        """combine() with every argument checked by name."""
         info = self._group("moe_ep_combine")
         cuda = info.backend == "nccl"
         rows, tokens = self._step_recv_rows, self._step_tokens

@@ -191,6 +191,52 @@ class OneGpuTest(unittest.TestCase):
             assert_close(self, f"replay {trial}", static_out, want)
         self.worker.check_step()
 
+    def test_steady_state_calls_write_into_out(self) -> None:
+        # dispatch(out=) / combine(out=) with exact CUDA tensors: an engine's
+        # steady state, checked in one pass (issue 30 item 3), exact as the
+        # checked path; the tensors' device is the library's check.
+        from moe_ep_client.engine import EngineError
+
+        invalid = self.info.invalid_expert_id
+        tokens = 24
+        _, r = self.worker.sync_token_counts(tokens)
+        self.worker.commit_geometry(600, r, tokens)
+        hidden, ids, weights = random_inputs(tokens, 61, "cuda:0", invalid)
+        out = self.worker.dispatch(hidden, ids, weights, recv_rows=r)
+        y = torch.empty(tokens, HIDDEN, dtype=torch.bfloat16, device="cuda:0")
+        self.worker.combine(self.experts(out), out=y)
+
+        def step(seed: int) -> None:
+            h, i, w = random_inputs(tokens, seed, "cuda:0", invalid)
+            self.assertIs(self.worker.dispatch(h, i, w, recv_rows=r, out=out), out)
+            routed = (i != invalid).any(dim=1)
+            n = int(routed.sum().item())
+            self.assertEqual(out.num_recv_tokens_per_source.tolist(), [n], f"seed {seed}")
+            self.assertTrue(torch.equal(out.hidden_states[0, :n], h[routed]), f"seed {seed}")
+            self.assertTrue(torch.equal(out.topk_weights[0, :n], w[routed]), f"seed {seed}")
+            self.assertIs(self.worker.combine(self.experts(out), out=y), y)
+            assert_close(self, f"seed {seed}", y, run_experts(h, i, w, self.w, 0, NUM_EXPERTS))
+
+        for seed in (62, 63, 64):
+            step(seed)
+        # A host tensor passes the one-pass checks; the library refuses it,
+        # naming the argument and the device, and the step ends there.
+        with self.assertRaisesRegex(EngineError, "hidden is not device memory of CUDA device 0"):
+            self.worker.dispatch(hidden.cpu(), ids, weights, recv_rows=r, out=out)
+        with self.assertRaisesRegex(ValueError, r"topk_weights: expected shape \[24, 4\]"):
+            self.worker.dispatch(hidden, ids, weights[:4], recv_rows=r, out=out)
+        step(65)
+        # combine's out: a host tensor is the library's to refuse, a wrong
+        # shape the checked path's.
+        self.worker.dispatch(hidden, ids, weights, recv_rows=r, out=out)
+        with self.assertRaisesRegex(EngineError, "output is not device memory of CUDA device 0"):
+            self.worker.combine(self.experts(out), out=y.cpu())
+        self.worker.dispatch(hidden, ids, weights, recv_rows=r, out=out)
+        with self.assertRaisesRegex(ValueError, r"out: expected shape \[24, 256\]"):
+            self.worker.combine(self.experts(out), out=y[:3])
+        step(66)
+        self.worker.check_step()
+
     def test_token_counts_on_the_device(self) -> None:
         local = torch.tensor([13], dtype=torch.int64, device="cuda:0")
         counts = self.worker.sync_token_counts_async(local)
