@@ -142,6 +142,11 @@ absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
   // MOE_EP_ONESIDED_FUSED_UNPACK=0 keeps the separate kernel (an A/B knob).
   const char* fused = std::getenv("MOE_EP_ONESIDED_FUSED_UNPACK");
   d->fuse_unpack_ = fused == nullptr || std::string_view(fused) != "0";
+  // The combine reads this rank's own rows in place (OsCombineParams::
+  // push_own); MOE_EP_ONESIDED_PUSH_OWN=1 pushes them through the window as
+  // before (an A/B knob).
+  const char* push_own = std::getenv("MOE_EP_ONESIDED_PUSH_OWN");
+  d->push_own_ = push_own != nullptr && std::string_view(push_own) == "1";
   // After the two counters (8-aligned).
   d->local_.unpacked = reinterpret_cast<uint64_t*>(b + o_done + 8);
   d->local_.error = reinterpret_cast<OsStepError*>(b + o_error);
@@ -335,6 +340,7 @@ absl::Status OneSidedDispatcher::EnqueueCombine(int64_t r, uint16_t* output,
   p.sys_scope = !windows_->same_device();
   p.ce = PathFor(r) == OsPath::kCopyEngine;
   p.refused = refused;
+  p.push_own = push_own_;
   if (p.ce && !refused) {
     p.identity = false;  // EnqueueExperts wrote the identity rows
     RETURN_IF_ERROR(

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cub/block/block_scan.cuh>
+#include <type_traits>
 
 #include "absl/strings/str_format.h"
 #include "core/expert_slots.h"
@@ -499,16 +500,26 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
   __syncthreads();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
   const int64_t first_warp = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
-  // Push: items (received row idx = (s, j), chunk c); none on the
-  // copy-engine path (the rows are in the sources' windows already).
+  // This rank's own rows are not pushed into its window and read back: the
+  // reduction reads them where they are (the expert output, or the received
+  // row scaled on the fly), which halves the bytes at EP 1 (issue 32: the
+  // 4096-token combine against a copy of its bytes). Identity rows need
+  // 16-byte rows for the reduction's vectors; the copy-engine path has its
+  // rows in the window already.
+  const bool own_in_place = !p.ce && !p.push_own && (!kIdentity || std::is_same_v<Vec, uint4>);
+  // Push: items (received row idx = (s, j), chunk c) over the sources s that
+  // are pushed; none on the copy-engine path (the rows are in the sources'
+  // windows already).
   const int64_t in_vecs = 2 * H / static_cast<int64_t>(sizeof(Vec));
   const int64_t chunks = (in_vecs + 32 * kUnroll - 1) / (32 * kUnroll);
-  const int64_t push_items = p.ce || p.refused ? 0 : E * R * chunks;
+  const int pushed = own_in_place ? E - 1 : E;
+  const int64_t push_items = p.ce || p.refused ? 0 : pushed * R * chunks;
   for (int64_t item = first_warp; item < push_items; item += stride) {
-    const int64_t idx = item / chunks;
     const int64_t c = item % chunks;
-    const int s = static_cast<int>(idx / R);
-    const int64_t j = idx % R;
+    int s = static_cast<int>(item / chunks / R);
+    if (own_in_place && s >= p.rank) ++s;  // skip this rank's own slab
+    const int64_t j = (item / chunks) % R;
+    const int64_t idx = s * R + j;
     if (j >= rc[s]) continue;  // uniform over the warp
     uint8_t* out_row = p.peers.window[s] + p.off.combine_recv + (p.rank * R + j) * H * 2;
     if (kIdentity) {
@@ -619,7 +630,34 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
     };
     for (int d = 0; d < E; ++d) {
       const int32_t slot = p.local.token_slot[t * E + d];
-      if (slot >= 0) add_row(reinterpret_cast<const uint4*>(recv + (d * R + slot) * H));
+      if (slot < 0) continue;
+      if (d != p.rank || !own_in_place) {
+        add_row(reinterpret_cast<const uint4*>(recv + (d * R + slot) * H));
+      } else if constexpr (kIdentity) {
+        // The push's arithmetic: bf16(ws * x) of the received row, then
+        // added as the pushed row would have been.
+        const uint8_t* row =
+            (p.rows != nullptr ? p.rows : p.peers.window[p.rank] + p.off.dispatch_recv) +
+            (p.rank * R + slot) * row_bytes;
+        const int32_t* ids = reinterpret_cast<const int32_t*>(row + 2 * H);
+        const float* w = reinterpret_cast<const float*>(row + 2 * H + 4 * K);
+        float ws = 0.f;
+        for (int k = 0; k < K; ++k) {
+          ws += core::LocalSlot(p.slot_ids, p.num_local_experts, ids[k]) >= 0 ? w[k] : 0.f;
+        }
+        const uint4* src = reinterpret_cast<const uint4*>(row);
+        uint4 x[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          if (v0 + u * 32 < vecs8) x[u] = ScaleBf16(src[v0 + u * 32], ws);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          if (v0 + u * 32 < vecs8) add(acc[u], x[u]);
+        }
+      } else {
+        add_row(reinterpret_cast<const uint4*>(p.expert_out + (d * src_rows + slot) * H));
+      }
     }
     if (p.shared != nullptr) add_row(reinterpret_cast<const uint4*>(p.shared + t * H));
 #pragma unroll

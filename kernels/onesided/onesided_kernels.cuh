@@ -34,8 +34,9 @@
 //     becomes 0 (no output row) and no row is pushed back; a flag that does
 //     not arrive within timeout_ns (%globaltimer) is recorded as kDeadline
 //     naming the source.
-//   combine (one kernel): a warp per received row j < count of source s
-//     pushes it to combine_recv[me, j] of s's window — for identity experts
+//   combine (one kernel): a warp per received row j < count of source s != me
+//     pushes it to combine_recv[me, j] of s's window (the rows of me's own
+//     tokens the reduction reads in place: OsCombineParams::push_own) — for identity experts
 //     computed on the fly from the received row (bf16(sum of the local
 //     weights * x), the expert kernel's own arithmetic), else copied from the
 //     expert output; the last block release-stores q into combine_flags[me]
@@ -224,6 +225,11 @@ struct OsCombineParams {
   // output; every peer's kernel records a combine-phase mismatch naming
   // this rank and writes no output, instead of waiting out the timeout.
   bool refused = false;
+  // Push this rank's own rows into its window too, and reduce them from
+  // there (the layout's first protocol; MOE_EP_ONESIDED_PUSH_OWN=1). False:
+  // the reduction reads them in place (expert_out, or the received row
+  // scaled as the push would), half the bytes at EP 1 (issue 32).
+  bool push_own = false;
 };
 
 // Identity experts of the copy-engine path: out[s, j] = bf16(ws * row[s, j])
