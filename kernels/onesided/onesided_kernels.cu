@@ -557,35 +557,42 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
       }
     }
   }
-  const bool last = CountDone(&p.local.done[1], &is_last, sys);
-  if (last) {
-    Fence(sys);
-    if (tid < E) {
-      OsFlag* f = reinterpret_cast<OsFlag*>(p.peers.window[tid] + p.off.combine_flags) + p.rank;
-      f->r = p.refused ? kOsRefusedR : R;  // published by the release store of q
-      StoreRelease(&f->seq, q, sys);
-    }
-  }
   const bool skip = reinterpret_cast<volatile OsStepError*>(p.local.error)->kind == kOsDeadline;
-  if (tid < E) {
-    const OsFlag* f =
-        reinterpret_cast<const OsFlag*>(p.peers.window[p.rank] + p.off.combine_flags) + tid;
-    const int st = skip ? 3 : WaitFlag(f, q, p.timeout_ns, sys);
-    if (st != 0) {
-      atomicExch(&failed, 1);
-      if (st == kOsDeadline) {
-        RecordError(p.local.error, kOsDeadline, tid, kOsCombine, q, 0, 0, p.local.header[0],
-                    p.local.header[1]);
+  // A rank alone whose rows are all in place waits for no one: no flag, no
+  // grid-wide count (issue 32: the EP 1 step at 128 tokens).
+  const bool alone = E == 1 && own_in_place;
+  if (!alone) {
+    const bool last = CountDone(&p.local.done[1], &is_last, sys);
+    if (last) {
+      Fence(sys);
+      if (tid < E) {
+        OsFlag* f = reinterpret_cast<OsFlag*>(p.peers.window[tid] + p.off.combine_flags) + p.rank;
+        f->r = p.refused ? kOsRefusedR : R;  // published by the release store of q
+        StoreRelease(&f->seq, q, sys);
       }
-    } else if (!p.refused && tid != p.rank &&
-               reinterpret_cast<const volatile OsFlag*>(f)->r == kOsRefusedR) {
-      // Peer tid refused its combine: its rows for this rank's tokens never
-      // came, so no output row is written here. (A rank that refused too
-      // records nothing: its caller has the error.)
-      atomicExch(&failed, 1);
-      RecordError(p.local.error, kOsMismatch, tid, kOsCombine, q, p.local.header[0], kOsRefusedR,
-                  p.local.header[0], p.local.header[1]);
     }
+    if (tid < E) {
+      const OsFlag* f =
+          reinterpret_cast<const OsFlag*>(p.peers.window[p.rank] + p.off.combine_flags) + tid;
+      const int st = skip ? 3 : WaitFlag(f, q, p.timeout_ns, sys);
+      if (st != 0) {
+        atomicExch(&failed, 1);
+        if (st == kOsDeadline) {
+          RecordError(p.local.error, kOsDeadline, tid, kOsCombine, q, 0, 0, p.local.header[0],
+                      p.local.header[1]);
+        }
+      } else if (!p.refused && tid != p.rank &&
+                 reinterpret_cast<const volatile OsFlag*>(f)->r == kOsRefusedR) {
+        // Peer tid refused its combine: its rows for this rank's tokens never
+        // came, so no output row is written here. (A rank that refused too
+        // records nothing: its caller has the error.)
+        atomicExch(&failed, 1);
+        RecordError(p.local.error, kOsMismatch, tid, kOsCombine, q, p.local.header[0], kOsRefusedR,
+                    p.local.header[0], p.local.header[1]);
+      }
+    }
+  } else if (tid == 0 && skip) {
+    failed = 1;
   }
   __syncthreads();
   if (failed || p.refused) return;  // this block writes no output row

@@ -35,20 +35,21 @@
 //     not arrive within timeout_ns (%globaltimer) is recorded as kDeadline
 //     naming the source.
 //   combine (one kernel): a warp per received row j < count of source s != me
-//     pushes it to combine_recv[me, j] of s's window (the rows of me's own
-//     tokens the reduction reads in place: OsCombineParams::push_own) — for identity experts
+//     pushes it to combine_recv[me, j] of s's window — for identity experts
 //     computed on the fly from the received row (bf16(sum of the local
 //     weights * x), the expert kernel's own arithmetic), else copied from the
-//     expert output; the last block release-stores q into combine_flags[me]
-//     of every peer; every block acquires every peer's flag (bounded the same
-//     way) and reduces its share of this rank's tokens: out[t] = bf16(sum
-//     over d ascending of combine_recv[d, slot] [+ shared]) in fp32, the
-//     arithmetic of combine_reduce.cuh, so outputs equal the NCCL plane's bit
-//     for bit. A block whose wait fails writes no row (other blocks may have:
-//     after a combine deadline the output is not valid). A refused combine
-//     pushes nothing and publishes r = kOsRefusedR with its q: no rank
-//     writes an output row and each peer records a combine-phase mismatch
-//     naming it (issue 30 item 1).
+//     expert output; me's own rows are read in place by the reduction
+//     (OsCombineParams::push_own). The last block release-stores q into
+//     combine_flags[me] of every peer; every block acquires every peer's
+//     flag (bounded the same way; at EP 1 with the rows in place there is no
+//     flag to wait for) and reduces its share of this rank's tokens: out[t] =
+//     bf16(sum over d ascending of combine_recv[d, slot] [+ shared]) in fp32,
+//     the arithmetic of combine_reduce.cuh, so outputs equal the NCCL
+//     plane's bit for bit. A block whose wait fails writes no row (other
+//     blocks may have: after a combine deadline the output is not valid). A
+//     refused combine pushes nothing and publishes r = kOsRefusedR with its
+//     q: no rank writes an output row and each peer records a combine-phase
+//     mismatch naming it (issue 30 item 1).
 // Copy-engine path (ce, issue 15 item 3; kernels/onesided/onesided_bulk.h):
 //   a source's slot for token t at every destination is t itself (no
 //   compaction, count = T: increasing source-token order still), so its
