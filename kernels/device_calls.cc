@@ -95,13 +95,18 @@ bool CanReachPeer(int device, const std::string& peer_bus) {
 bool DevicePointerCache::IsDevicePointer(const void* ptr, int device) {
   if (ptr == nullptr) return false;
   auto it = device_.find(ptr);
-  if (it == device_.end()) {
-    const int ordinal = kernels::DeviceOrdinalOf(ptr);
-    if (ordinal == kNotDeviceMemory) return false;
-    if (device_.size() >= kMaxEntries) device_.clear();
-    it = device_.emplace(ptr, ordinal == kManagedMemory ? kManaged : ordinal).first;
+  const auto ok = [&] { return device < 0 || it->second == kManaged || it->second == device; };
+  if (it != device_.end()) {
+    if (ok()) return true;
+    // A remembered address of another device is looked up again before it
+    // is refused: freed, its range may have gone to another device's memory.
+    device_.erase(it);
   }
-  return device < 0 || it->second == kManaged || it->second == device;
+  const int ordinal = kernels::DeviceOrdinalOf(ptr);
+  if (ordinal == kNotDeviceMemory) return false;
+  if (device_.size() >= kMaxEntries) device_.clear();
+  it = device_.emplace(ptr, ordinal == kManagedMemory ? kManaged : ordinal).first;
+  return ok();
 }
 
 }  // namespace moe_ep::kernels

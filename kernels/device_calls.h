@@ -82,14 +82,18 @@ bool CanReachPeer(int device, const std::string& peer_bus);
 // DevicePointerCache
 //
 // DeviceOrdinalOf (kernels/nccl_collective.h) with a memory of the
-// addresses already found to be device memory and of their device, so that an engine's steady-state
-// calls, which pass the same buffers every step, cost a hash lookup per pointer rather than a
-// cudaPointerGetAttributes (8 per dispatch call; issue 30 item 3 bounds the call's host time at 10
-// us). A remembered answer stays true: under unified addressing a device allocation's range is
-// reserved from the host's address space, so a freed device address can only become device memory
-// again or nothing, and passing freed memory is a use-after-free that no check before the kernel
-// could catch either. Holds at most kMaxEntries addresses (then it starts again). Not thread-safe:
-// one owner (a plane, whose calls hold its slot).
+// addresses already found to be device memory and of their device, so that
+// an engine's steady-state calls, which pass the same buffers every step,
+// cost a hash lookup per pointer rather than a cudaPointerGetAttributes (8
+// per dispatch call; issue 30 item 3 bounds the call's host time at 10 us).
+// A remembered "device memory" stays true: under unified addressing a device
+// allocation's range is reserved from the host's address space, so a freed
+// device address can only become device memory again or nothing, and
+// passing freed memory is a use-after-free that no check before the kernel
+// could catch either. Its device may change (the range reused by another
+// device's allocation): a remembered other device is looked up again before
+// a refusal. Holds at most kMaxEntries addresses (then it starts again). Not
+// thread-safe: one owner (a plane, whose calls hold its slot).
 class DevicePointerCache {
  public:
   static constexpr size_t kMaxEntries = 4096;

@@ -340,7 +340,16 @@ absl::Status OneSidedDispatcher::EnqueueCombine(int64_t r, uint16_t* output,
   p.sys_scope = !windows_->same_device();
   p.ce = PathFor(r) == OsPath::kCopyEngine;
   p.refused = refused;
-  p.push_own = push_own_;
+  // An output overlapping the expert output it reduces (an engine may
+  // combine in place) must not be written while other warps still read this
+  // rank's rows from it: those rows then travel through the window, read
+  // before the flag round as before.
+  const auto at = [](const uint16_t* x) { return reinterpret_cast<uintptr_t>(x); };
+  const bool in_place_output =
+      output != nullptr && !p.identity &&
+      at(output) < at(p.expert_out) + 2 * ep_size_ * p.expert_out_rows * hidden_ &&
+      at(p.expert_out) < at(output) + 2 * r * hidden_;
+  p.push_own = push_own_ || in_place_output;
   if (p.ce && !refused) {
     p.identity = false;  // EnqueueExperts wrote the identity rows
     RETURN_IF_ERROR(

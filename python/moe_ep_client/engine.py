@@ -42,6 +42,7 @@ ValueError "worker: stopped".
 
 import ctypes
 import functools
+import inspect
 import os
 import threading
 from dataclasses import dataclass, field
@@ -483,6 +484,8 @@ def _refused_on_error(call: str) -> Callable[[_F], _F]:
     then raises the checks' error."""
 
     def decorate(method: _F) -> _F:
+        signature = inspect.signature(method)
+
         @functools.wraps(method)
         def wrapper(self: "Worker", *args: Any, **kwargs: Any) -> Any:
             made = self._calls
@@ -490,7 +493,12 @@ def _refused_on_error(call: str) -> Callable[[_F], _F]:
                 return method(self, *args, **kwargs)
             except Exception:
                 if self._calls == made:
-                    self.refuse(call, kwargs.get("timeout_s", 0.0))
+                    # timeout_s passed by keyword or by position alike.
+                    try:
+                        bound = signature.bind(self, *args, **kwargs).arguments
+                    except TypeError:
+                        bound = {}
+                    self.refuse(call, bound.get("timeout_s", 0.0))
                 raise
 
         return wrapper  # type: ignore[return-value]
@@ -786,13 +794,13 @@ class Worker:
     def dispatch(self, hidden_states: Any, topk_ids: Any, topk_weights: Any,
                  recv_rows: Optional[int] = None, timeout_s: float = 0.0,
                  out: Optional[DispatchOutput] = None, end_step: bool = False) -> DispatchOutput:
-        if out is not None and end_step is False:
-            done = self._dispatch_fast(hidden_states, topk_ids, topk_weights, recv_rows, timeout_s,
-                                       out)
-            if done is not None:
-                return done
         made = self._calls
         try:
+            if out is not None and end_step is False:
+                done = self._dispatch_fast(hidden_states, topk_ids, topk_weights, recv_rows,
+                                           timeout_s, out)
+                if done is not None:
+                    return done
             return self._dispatch(hidden_states, topk_ids, topk_weights, recv_rows, timeout_s, out,
                                   end_step)
         except Exception:
@@ -831,6 +839,12 @@ class Worker:
         if (kind is not float and kind is not int) or not 0 <= timeout_s < 1e9:
             return None
         ms = 0 if timeout_s == 0 else max(1, int(timeout_s * 1000))
+        # No empty tensor (its address is 0: the checked path refuses a host
+        # one, which the library's check could not see).
+        hp, ip, wp = x.data_ptr(), ids.data_ptr(), w.data_ptr()
+        if not hp or not ip or not wp:
+            return None
+        stream = raw_stream(info.device) or None
         fn, lock = self._lib.moe_ep_dispatch, self._state
         with lock:  # counted in flight, as _LiveCalls does
             handle = self._handle
@@ -839,9 +853,8 @@ class Worker:
             self._in_flight += 1
         self._calls += 1
         try:
-            status = fn(handle, x.data_ptr() or None, ids.data_ptr() or None,
-                        w.data_ptr() or None, t, ptrs[2], ptrs[3], ptrs[4], recv_rows, ptrs[6],
-                        ptrs[5], raw_stream(info.device) or None, ms)
+            status = fn(handle, hp, ip, wp, t, ptrs[2], ptrs[3], ptrs[4], recv_rows, ptrs[6],
+                        ptrs[5], stream, ms)
         finally:
             with lock:
                 self._in_flight -= 1
@@ -903,11 +916,17 @@ class Worker:
         (a C-contiguous [T, H] bf16 array or tensor of the same kind and
         device as expert_outputs; DeepEP's low_latency_combine takes one too)
         and returned."""
-        if out is not None:
-            done = self._combine_fast(expert_outputs, timeout_s, out)
-            if done is not None:
-                return done
-        return self._combine(expert_outputs, timeout_s=timeout_s, out=out)
+        made = self._calls
+        try:
+            if out is not None:
+                done = self._combine_fast(expert_outputs, timeout_s, out)
+                if done is not None:
+                    return done
+            return self._combine(expert_outputs, timeout_s, out)
+        except Exception:
+            if self._calls == made:
+                self.refuse("moe_ep_combine", timeout_s)
+            raise
 
     def _combine_fast(self, x: Any, timeout_s: Any, out: Any) -> Any:
         """A CUDA engine's steady-state combine in one pass (issue 30 item 3),
@@ -929,6 +948,10 @@ class Worker:
         if (kind is not float and kind is not int) or not 0 <= timeout_s < 1e9:
             return None
         ms = 0 if timeout_s == 0 else max(1, int(timeout_s * 1000))
+        xp, op = x.data_ptr(), out.data_ptr()
+        if not xp or not op:  # an empty tensor: the checked path's (as _dispatch_fast)
+            return None
+        stream = fast[4](info.device) or None
         fn, lock = self._lib.moe_ep_combine, self._state
         with lock:  # counted in flight, as _LiveCalls does
             handle = self._handle
@@ -937,8 +960,7 @@ class Worker:
             self._in_flight += 1
         self._calls += 1
         try:
-            status = fn(handle, x.data_ptr() or None, rows, out.data_ptr() or None,
-                        fast[4](info.device) or None, ms)
+            status = fn(handle, xp, rows, op, stream, ms)
         finally:
             with lock:
                 self._in_flight -= 1
@@ -950,9 +972,9 @@ class Worker:
             _check(self._lib, "moe_ep_combine", status)
         return out
 
-    @_refused_on_error("moe_ep_combine")
     def _combine(self, expert_outputs: Any, timeout_s: float, out: Any) -> Any:
-        """combine() with every argument checked by name."""
+        """combine() with every argument checked by name (combine refuses the
+        call in its round when a check raises)."""
         info = self._group("moe_ep_combine")
         cuda = info.backend == "nccl"
         rows, tokens = self._step_recv_rows, self._step_tokens

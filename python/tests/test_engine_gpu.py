@@ -3,9 +3,10 @@
 On the nccl backend, with torch CUDA tensors: torch experts between dispatch
 and combine equal a dense torch reference; dispatch + experts + combine
 captured in a torch CUDA graph and replayed with new inputs equal it too;
-forward with the worker's identity experts; the argument checks; and a graph
-captured before the group re-forms is reported stale (RECAPTURE). EP 1 on
-one GPU; the 2- and 4-GPU cases run one process per GPU and skip on fewer.
+forward with the worker's identity experts; the argument checks; a graph
+captured before the group re-forms is reported stale (RECAPTURE); and an
+engine's steady state (dispatch(out=) / combine(out=), in place too) on both
+GPU data planes. EP 1 on one GPU; the 2- and 4-GPU cases run one process per GPU and skip on fewer.
 
 Needs torch with CUDA, libmoe_ep.so (MOE_EP_LIBRARY) and the `moe-ep` CLI
 (MOE_EP_CLI) that forms the group with `up --targets` (no gRPC in Python).
@@ -92,31 +93,100 @@ def assert_close(test: unittest.TestCase, name: str, got: Any, want: Any) -> Non
     test.assertLessEqual(err, 2e-2 * scale + 1e-3, f"{name}: max |got - want| {err}, scale {scale}")
 
 
+class SteadyStateCase:
+    """An engine's steady state on one GPU, run on each GPU plane."""
+
+    worker: Any
+    info: Any
+    w: Any
+
+    def experts(self, out: Any) -> Any:
+        return run_experts(out.hidden_states, out.topk_ids, out.topk_weights, self.w,
+                           self.info.first_expert, self.info.num_local_experts)
+
+    def test_steady_state_calls_write_into_out(self) -> None:
+        # dispatch(out=) / combine(out=) with exact CUDA tensors: an engine's
+        # steady state, checked in one pass (issue 30 item 3), exact as the
+        # checked path; the tensors' device is the library's check.
+        from moe_ep_client.engine import EngineError
+
+        invalid = self.info.invalid_expert_id
+        tokens = 24
+        _, r = self.worker.sync_token_counts(tokens)
+        self.worker.commit_geometry(600, r, tokens)
+        hidden, ids, weights = random_inputs(tokens, 61, "cuda:0", invalid)
+        out = self.worker.dispatch(hidden, ids, weights, recv_rows=r)
+        y = torch.empty(tokens, HIDDEN, dtype=torch.bfloat16, device="cuda:0")
+        self.worker.combine(self.experts(out), out=y)
+
+        def step(seed: int) -> None:
+            h, i, w = random_inputs(tokens, seed, "cuda:0", invalid)
+            self.assertIs(self.worker.dispatch(h, i, w, recv_rows=r, out=out), out)
+            routed = (i != invalid).any(dim=1)
+            n = int(routed.sum().item())
+            self.assertEqual(out.num_recv_tokens_per_source.tolist(), [n], f"seed {seed}")
+            self.assertTrue(torch.equal(out.hidden_states[0, :n], h[routed]), f"seed {seed}")
+            self.assertTrue(torch.equal(out.topk_weights[0, :n], w[routed]), f"seed {seed}")
+            self.assertIs(self.worker.combine(self.experts(out), out=y), y)
+            assert_close(self, f"seed {seed}", y, run_experts(h, i, w, self.w, 0, NUM_EXPERTS))
+
+        for seed in (62, 63, 64):
+            step(seed)
+        # A host tensor passes the one-pass checks; the library refuses it,
+        # naming the argument and the device, and the step ends there.
+        with self.assertRaisesRegex(EngineError, "hidden is not device memory of CUDA device 0"):
+            self.worker.dispatch(hidden.cpu(), ids, weights, recv_rows=r, out=out)
+        with self.assertRaisesRegex(ValueError, r"topk_weights: expected shape \[24, 4\]"):
+            self.worker.dispatch(hidden, ids, weights[:4], recv_rows=r, out=out)
+        step(65)
+        # combine's out: a host tensor is the library's to refuse, a wrong
+        # shape the checked path's.
+        self.worker.dispatch(hidden, ids, weights, recv_rows=r, out=out)
+        with self.assertRaisesRegex(EngineError, "output is not device memory of CUDA device 0"):
+            self.worker.combine(self.experts(out), out=y.cpu())
+        self.worker.dispatch(hidden, ids, weights, recv_rows=r, out=out)
+        with self.assertRaisesRegex(ValueError, r"out: expected shape \[24, 256\]"):
+            self.worker.combine(self.experts(out), out=y[:3])
+        step(66)
+        # Combine in place: out a view of the expert outputs' own rows (an
+        # engine reusing the buffer); the planes read every row before
+        # writing one.
+        h, i, w = random_inputs(tokens, 67, "cuda:0", invalid)
+        self.worker.dispatch(h, i, w, recv_rows=r, out=out)
+        expert_out = self.experts(out)
+        alias = expert_out[0, :tokens]
+        self.assertIs(self.worker.combine(expert_out, out=alias), alias)
+        assert_close(self, "in place", alias, run_experts(h, i, w, self.w, 0, NUM_EXPERTS))
+        self.worker.check_step()
+
+
+def start_one_gpu(cls: Any, plane: str) -> None:
+    """EP 1 on cuda:0 on GPU data plane `plane`, formed, with torch experts."""
+    from moe_ep_client.engine import Worker
+
+    cls.worker = Worker(["--listen=127.0.0.1:0", "--backend=nccl", "--device=0",
+                         "--log-level=warn", f"--gpu-data-plane={plane}"])
+    form_group([cls.worker.address])
+    cls.worker.wait_ready(timeout_s=60)
+    cls.info = cls.worker.info(refresh=True)
+    cls.w = expert_weights("cuda:0")
+
+
 @unittest.skipIf(_skip_reason() is not None, _skip_reason() or "")
-class OneGpuTest(unittest.TestCase):
+class OneGpuTest(SteadyStateCase, unittest.TestCase):
     """EP 1 on cuda:0."""
 
     worker: Any = None
 
     @classmethod
     def setUpClass(cls) -> None:
-        from moe_ep_client.engine import Worker
-
-        cls.worker = Worker(["--listen=127.0.0.1:0", "--backend=nccl", "--device=0",
-                             "--log-level=warn"])
-        form_group([cls.worker.address])
-        cls.worker.wait_ready(timeout_s=60)
-        cls.info = cls.worker.info(refresh=True)
-        cls.w = expert_weights("cuda:0")
+        start_one_gpu(cls, "nccl")
 
     @classmethod
     def tearDownClass(cls) -> None:
         if cls.worker is not None:
             cls.worker.stop()
 
-    def experts(self, out: Any) -> Any:
-        return run_experts(out.hidden_states, out.topk_ids, out.topk_weights, self.w,
-                           self.info.first_expert, self.info.num_local_experts)
 
     def test_info_is_the_gpu_group(self) -> None:
         self.assertEqual(self.info.backend, "nccl")
@@ -191,52 +261,6 @@ class OneGpuTest(unittest.TestCase):
             assert_close(self, f"replay {trial}", static_out, want)
         self.worker.check_step()
 
-    def test_steady_state_calls_write_into_out(self) -> None:
-        # dispatch(out=) / combine(out=) with exact CUDA tensors: an engine's
-        # steady state, checked in one pass (issue 30 item 3), exact as the
-        # checked path; the tensors' device is the library's check.
-        from moe_ep_client.engine import EngineError
-
-        invalid = self.info.invalid_expert_id
-        tokens = 24
-        _, r = self.worker.sync_token_counts(tokens)
-        self.worker.commit_geometry(600, r, tokens)
-        hidden, ids, weights = random_inputs(tokens, 61, "cuda:0", invalid)
-        out = self.worker.dispatch(hidden, ids, weights, recv_rows=r)
-        y = torch.empty(tokens, HIDDEN, dtype=torch.bfloat16, device="cuda:0")
-        self.worker.combine(self.experts(out), out=y)
-
-        def step(seed: int) -> None:
-            h, i, w = random_inputs(tokens, seed, "cuda:0", invalid)
-            self.assertIs(self.worker.dispatch(h, i, w, recv_rows=r, out=out), out)
-            routed = (i != invalid).any(dim=1)
-            n = int(routed.sum().item())
-            self.assertEqual(out.num_recv_tokens_per_source.tolist(), [n], f"seed {seed}")
-            self.assertTrue(torch.equal(out.hidden_states[0, :n], h[routed]), f"seed {seed}")
-            self.assertTrue(torch.equal(out.topk_weights[0, :n], w[routed]), f"seed {seed}")
-            self.assertIs(self.worker.combine(self.experts(out), out=y), y)
-            assert_close(self, f"seed {seed}", y, run_experts(h, i, w, self.w, 0, NUM_EXPERTS))
-
-        for seed in (62, 63, 64):
-            step(seed)
-        # A host tensor passes the one-pass checks; the library refuses it,
-        # naming the argument and the device, and the step ends there.
-        with self.assertRaisesRegex(EngineError, "hidden is not device memory of CUDA device 0"):
-            self.worker.dispatch(hidden.cpu(), ids, weights, recv_rows=r, out=out)
-        with self.assertRaisesRegex(ValueError, r"topk_weights: expected shape \[24, 4\]"):
-            self.worker.dispatch(hidden, ids, weights[:4], recv_rows=r, out=out)
-        step(65)
-        # combine's out: a host tensor is the library's to refuse, a wrong
-        # shape the checked path's.
-        self.worker.dispatch(hidden, ids, weights, recv_rows=r, out=out)
-        with self.assertRaisesRegex(EngineError, "output is not device memory of CUDA device 0"):
-            self.worker.combine(self.experts(out), out=y.cpu())
-        self.worker.dispatch(hidden, ids, weights, recv_rows=r, out=out)
-        with self.assertRaisesRegex(ValueError, r"out: expected shape \[24, 256\]"):
-            self.worker.combine(self.experts(out), out=y[:3])
-        step(66)
-        self.worker.check_step()
-
     def test_token_counts_on_the_device(self) -> None:
         local = torch.tensor([13], dtype=torch.int64, device="cuda:0")
         counts = self.worker.sync_token_counts_async(local)
@@ -267,6 +291,21 @@ class OneGpuTest(unittest.TestCase):
         self.worker.wait_ready(timeout_s=60)
         self.assertFalse(self.worker.check_graph(token))
         self.assertTrue(self.worker.check_graph(self.worker.graph_token()))
+
+
+@unittest.skipIf(_skip_reason() is not None, _skip_reason() or "")
+class OneSidedOneGpuTest(SteadyStateCase, unittest.TestCase):
+    """The steady state on the one-sided plane, EP 1 on cuda:0 (its combine
+    reads this rank's rows in place unless out overlaps them)."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        start_one_gpu(cls, "one-sided")
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        if cls.worker is not None:
+            cls.worker.stop()
 
 
 def _rank_main(rank: int, ranks: int) -> int:
