@@ -7,8 +7,7 @@
 # LaunchCheckStepHeaders.*, LaunchCombineReduce.*, unrun since); the Python
 # checks piece by piece; the one-sided combine reading its own rows in place
 # (issue 32): the one-sided GPU tests, then moe_ep_onesided_bench at 128 and
-# 4096 tokens with it, with MOE_EP_ONESIDED_PUSH_OWN=1 (the old push), and
-# with it again. Results land in $2 as each step ends.
+# 4096 tokens with it and with MOE_EP_ONESIDED_PUSH_OWN=1 (the old push). Results land in $2 as each step ends.
 #   mkdir -p g && tar -C g -xJf gpu-callN/b.tar.xz && bash bench/results/engine-host/gpu-run12.sh g /tmp/r; tar -C /tmp/r -czf "$OUT/r.tgz" .
 set -u
 g=$1
@@ -42,7 +41,6 @@ ob() {  # name, push_own, extra flags
 }
 ob inplace 0 ""
 ob pushown 1 --skip-nccl
-ob inplace_again 0 --skip-nccl
 timeout 150 "$bin/moe_ep_gpu_tests" \
   --gtest_filter='DevicePointerCache.*:LaunchCombineReduce.*:LaunchWriteStepHeader.*:LaunchCheckStepHeaders.*:GpuEpDispatcher.*Refuse*:GpuEpDispatcher.Ep1*' \
   > "$out/gpu_checks.log" 2>&1
@@ -57,7 +55,6 @@ for pr in "one-sided 2" "nccl 1"; do
 done
 timeout 90 "$bin/moe_ep_server_tests" --gtest_filter='Gpu*:CheckGpu*:*OneSided*' > "$out/server_gpu.log" 2>&1
 mark server_gpu $?
-host 3
 grep -h -E "^\[  (PASSED|FAILED)|^\[  FAILED|^(OK|FAILED)|PASS: |FAIL" "$out"/*.log | grep -v "^\[20" | sort | uniq -c > "$out/summary.txt"
 for f in "$out"/host/*/*.json; do echo "$f"; python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print([{k: v['p50'] for k, v in x.items() if isinstance(v, dict) and 'p50' in v} for x in d['per_rank']], d['python_over_c_us'])" "$f"; done >> "$out/summary.txt" 2>&1
 cat "$out/python_checks.json" "$out"/onesided_*.csv >> "$out/summary.txt" 2>&1
