@@ -34,12 +34,12 @@
 //     becomes 0 (no output row) and no row is pushed back; a flag that does
 //     not arrive within timeout_ns (%globaltimer) is recorded as kDeadline
 //     naming the source.
-//   combine (one kernel): a warp per received row j < count of source s != me
+//   combine (one kernel): a warp per received row j < count of source s
 //     pushes it to combine_recv[me, j] of s's window — for identity experts
 //     computed on the fly from the received row (bf16(sum of the local
 //     weights * x), the expert kernel's own arithmetic), else copied from the
-//     expert output; me's own rows are read in place by the reduction
-//     (OsCombineParams::push_own). The last block release-stores q into
+//     expert output (me's own rows too, or with OsCombineParams::push_own
+//     false read in place by the reduction). The last block release-stores q into
 //     combine_flags[me] of every peer; every block acquires every peer's
 //     flag (bounded the same way; at EP 1 with the rows in place there is no
 //     flag to wait for) and reduces its share of this rank's tokens: out[t] =
@@ -227,10 +227,11 @@ struct OsCombineParams {
   // this rank and writes no output, instead of waiting out the timeout.
   bool refused = false;
   // Push this rank's own rows into its window too, and reduce them from
-  // there (the layout's first protocol; MOE_EP_ONESIDED_PUSH_OWN=1). False:
-  // the reduction reads them in place (expert_out, or the received row
-  // scaled as the push would), half the bytes at EP 1 (issue 32).
-  bool push_own = false;
+  // there (the layout's first protocol; the default until the in-place
+  // read has run on a GPU). False (MOE_EP_ONESIDED_PUSH_OWN=0): the
+  // reduction reads them in place (expert_out, or the received row scaled
+  // as the push would), half the bytes at EP 1 (issue 32).
+  bool push_own = true;
 };
 
 // Identity experts of the copy-engine path: out[s, j] = bf16(ws * row[s, j])

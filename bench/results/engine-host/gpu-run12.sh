@@ -7,7 +7,8 @@
 # LaunchCheckStepHeaders.*, LaunchCombineReduce.*, unrun since); the Python
 # checks piece by piece; the one-sided combine reading its own rows in place
 # (issue 32): the one-sided GPU tests, then moe_ep_onesided_bench at 128 and
-# 4096 tokens with it and with MOE_EP_ONESIDED_PUSH_OWN=1 (the old push). Results land in $2 as each step ends.
+# 4096 tokens with the old push (the default) and with it
+# (MOE_EP_ONESIDED_PUSH_OWN=0). Results land in $2 as each step ends.
 #   mkdir -p g && tar -C g -xJf gpu-callN/b.tar.xz && bash bench/results/engine-host/gpu-run12.sh g /tmp/r; tar -C /tmp/r -czf "$OUT/r.tgz" .
 set -u
 g=$1
@@ -27,20 +28,20 @@ host() {  # round
   mark "host_r$1" $?
 }
 host 1
-(cd python/tests && MOE_EP_LIBRARY="$lib/libmoe_ep.so.0" MOE_EP_CLI="$OLDPWD/$bin/moe-ep" \
+(cd python/tests && MOE_EP_ONESIDED_PUSH_OWN=0 MOE_EP_LIBRARY="$lib/libmoe_ep.so.0" MOE_EP_CLI="$OLDPWD/$bin/moe-ep" \
   PYTHONPATH="$OLDPWD/python" PYTHONDONTWRITEBYTECODE=1 timeout 100 python3 -m unittest -v test_engine_gpu) \
   > "$out/python_engine_gpu.log" 2>&1
 mark python_engine_gpu $?
-timeout 150 "$bin/moe_ep_gpu_tests" --gtest_filter='*OneSided*:EngineStreamOrder*:*Unpack*:*EngineRows*' \
-  > "$out/gpu_onesided.log" 2>&1
+MOE_EP_ONESIDED_PUSH_OWN=0 timeout 150 "$bin/moe_ep_gpu_tests" \
+  --gtest_filter='*OneSided*:EngineStreamOrder*:*Unpack*:*EngineRows*' > "$out/gpu_onesided.log" 2>&1
 mark gpu_onesided $?
 ob() {  # name, push_own, extra flags
   MOE_EP_ONESIDED_PUSH_OWN=$2 timeout 120 "$bin/moe_ep_onesided_bench" --tokens 128 4096 \
     --sm-budget 64 --path sm $3 > "$out/onesided_$1.csv" 2> "$out/onesided_$1.log"
   mark "onesided_bench_$1" $?
 }
-ob inplace 0 ""
-ob pushown 1 --skip-nccl
+ob pushown 1 ""
+ob inplace 0 --skip-nccl
 timeout 150 "$bin/moe_ep_gpu_tests" \
   --gtest_filter='DevicePointerCache.*:LaunchCombineReduce.*:LaunchWriteStepHeader.*:LaunchCheckStepHeaders.*:GpuEpDispatcher.*Refuse*:GpuEpDispatcher.Ep1*' \
   > "$out/gpu_checks.log" 2>&1
