@@ -294,7 +294,7 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   int ep_size_ = 0;
   int rank_ = 0;
   bool fuse_unpack_ = true;  // Dispatch's `unpack` in the send kernel where the path allows
-  bool push_own_ = true;     // OsCombineParams::push_own (MOE_EP_ONESIDED_PUSH_OWN=0: false)
+  bool push_own_ = false;    // OsCombineParams::push_own (MOE_EP_ONESIDED_PUSH_OWN=1: true)
   int device_ = 0;
   int64_t capacity_ = 0;
   int64_t hidden_ = 0;

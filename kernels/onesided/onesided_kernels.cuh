@@ -227,11 +227,11 @@ struct OsCombineParams {
   // this rank and writes no output, instead of waiting out the timeout.
   bool refused = false;
   // Push this rank's own rows into its window too, and reduce them from
-  // there (the layout's first protocol; the default until the in-place
-  // read has run on a GPU). False (MOE_EP_ONESIDED_PUSH_OWN=0): the
+  // there (the layout's first protocol; MOE_EP_ONESIDED_PUSH_OWN=1, and a
+  // combine whose output overlaps its expert output). False: the
   // reduction reads them in place (expert_out, or the received row scaled
   // as the push would), half the bytes at EP 1 (issue 32).
-  bool push_own = true;
+  bool push_own = false;
 };
 
 // Identity experts of the copy-engine path: out[s, j] = bf16(ws * row[s, j])

@@ -7,8 +7,8 @@
 # LaunchCheckStepHeaders.*, LaunchCombineReduce.*, unrun since); the Python
 # checks piece by piece; the one-sided combine reading its own rows in place
 # (issue 32): the one-sided GPU tests, then moe_ep_onesided_bench at 128 and
-# 4096 tokens with the old push (the default) and with it
-# (MOE_EP_ONESIDED_PUSH_OWN=0). Results land in $2 as each step ends.
+# 4096 tokens with the old push (MOE_EP_ONESIDED_PUSH_OWN=1; the default when
+# this ran) and with it (=0, the default since). Results land in $2 as each step ends.
 #   mkdir -p g && tar -C g -xJf gpu-callN/b.tar.xz && bash bench/results/engine-host/gpu-run12.sh g /tmp/r; tar -C /tmp/r -czf "$OUT/r.tgz" .
 set -u
 g=$1
