@@ -95,7 +95,9 @@ bool CanReachPeer(int device, const std::string& peer_bus) {
 bool DevicePointerCache::IsDevicePointer(const void* ptr, int device) {
   if (ptr == nullptr) return false;
   auto it = device_.find(ptr);
-  const auto ok = [&] { return device < 0 || it->second == kManaged || it->second == device; };
+  const auto ok = [&] {
+    return device < 0 || it->second == kManagedMemory || it->second == device;
+  };
   if (it != device_.end()) {
     if (ok()) return true;
     // A remembered address of another device is looked up again before it
@@ -105,7 +107,7 @@ bool DevicePointerCache::IsDevicePointer(const void* ptr, int device) {
   const int ordinal = kernels::DeviceOrdinalOf(ptr);
   if (ordinal == kNotDeviceMemory) return false;
   if (device_.size() >= kMaxEntries) device_.clear();
-  it = device_.emplace(ptr, ordinal == kManagedMemory ? kManaged : ordinal).first;
+  it = device_.emplace(ptr, ordinal).first;
   return ok();
 }
 

@@ -106,8 +106,7 @@ class DevicePointerCache {
   bool IsDevicePointer(const void* ptr, int device = -1);
 
  private:
-  // Address -> its device ordinal (kManaged for managed memory).
-  static constexpr int kManaged = -1;
+  // Address -> DeviceOrdinalOf(address): a device ordinal or kManagedMemory.
   absl::flat_hash_map<const void*, int> device_;
 };
 

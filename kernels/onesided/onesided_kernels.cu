@@ -416,6 +416,20 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
   }
 }
 
+// The identity expert's weight of a received bf16 row [2H values | K ids |
+// K weights]: the sum over k ascending of the weights whose id is one of
+// this rank's slot_ids (the expert kernel's arithmetic).
+__device__ __forceinline__ float IdentityRowWeight(const uint8_t* row, int64_t H, int K,
+                                                   const int32_t* slot_ids, int num_local_experts) {
+  const int32_t* ids = reinterpret_cast<const int32_t*>(row + 2 * H);
+  const float* w = reinterpret_cast<const float*>(row + 2 * H + 4 * K);
+  float ws = 0.f;
+  for (int k = 0; k < K; ++k) {
+    ws += core::LocalSlot(slot_ids, num_local_experts, ids[k]) >= 0 ? w[k] : 0.f;
+  }
+  return ws;
+}
+
 // out = bf16(ws * x) per element, the identity expert's arithmetic
 // (kernels/expert_kernels.cu WeightedExpertSumKernel).
 template <typename Vec>
@@ -453,13 +467,7 @@ __global__ void __launch_bounds__(kThreads) OsIdentityRowsKernel(const OsIdentit
     const int64_t c = item % chunks;
     if (idx % R >= rc[idx / R]) continue;  // uniform over the warp
     const uint8_t* row = p.rows + idx * row_bytes;
-    const int32_t* ids = reinterpret_cast<const int32_t*>(row + 2 * H);
-    const float* w = reinterpret_cast<const float*>(row + 2 * H + 4 * K);
-    float ws = 0.f;
-    for (int k = 0; k < K; ++k) {
-      const int32_t id = ids[k];
-      ws += core::LocalSlot(p.slot_ids, p.num_local_experts, id) >= 0 ? w[k] : 0.f;
-    }
+    const float ws = IdentityRowWeight(row, H, K, p.slot_ids, p.num_local_experts);
     const Vec* x = reinterpret_cast<const Vec*>(row);
     Vec* out = reinterpret_cast<Vec*>(p.out + idx * H);
     const int64_t v0 = c * 32 * kUnroll;
@@ -495,6 +503,10 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
   const uint64_t q = *p.local.seq;
   const int64_t row_bytes = 2 * H + 8 * K;
   const int64_t src_rows = p.expert_out_rows > 0 ? p.expert_out_rows : R;
+  // Identity experts' received rows: the window's, or with fp8 the owner's
+  // dequantized copy.
+  const uint8_t* identity_rows =
+      p.rows != nullptr ? p.rows : p.peers.window[p.rank] + p.off.dispatch_recv;
   if (tid < E) rc[tid] = p.local.recv_counts[tid];
   if (tid == 0) failed = 0;
   __syncthreads();
@@ -523,16 +535,8 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
     if (j >= rc[s]) continue;  // uniform over the warp
     uint8_t* out_row = p.peers.window[s] + p.off.combine_recv + (p.rank * R + j) * H * 2;
     if (kIdentity) {
-      const uint8_t* rows =
-          p.rows != nullptr ? p.rows : p.peers.window[p.rank] + p.off.dispatch_recv;
-      const uint8_t* row = rows + idx * row_bytes;
-      const int32_t* ids = reinterpret_cast<const int32_t*>(row + 2 * H);
-      const float* w = reinterpret_cast<const float*>(row + 2 * H + 4 * K);
-      float ws = 0.f;
-      for (int k = 0; k < K; ++k) {
-        const int32_t id = ids[k];
-        ws += core::LocalSlot(p.slot_ids, p.num_local_experts, id) >= 0 ? w[k] : 0.f;
-      }
+      const uint8_t* row = identity_rows + idx * row_bytes;
+      const float ws = IdentityRowWeight(row, H, K, p.slot_ids, p.num_local_experts);
       const Vec* x = reinterpret_cast<const Vec*>(row);
       Vec* out = reinterpret_cast<Vec*>(out_row);
       const int64_t v0 = c * 32 * kUnroll;
@@ -643,15 +647,8 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
       } else if constexpr (kIdentity) {
         // The push's arithmetic: bf16(ws * x) of the received row, then
         // added as the pushed row would have been.
-        const uint8_t* row =
-            (p.rows != nullptr ? p.rows : p.peers.window[p.rank] + p.off.dispatch_recv) +
-            (p.rank * R + slot) * row_bytes;
-        const int32_t* ids = reinterpret_cast<const int32_t*>(row + 2 * H);
-        const float* w = reinterpret_cast<const float*>(row + 2 * H + 4 * K);
-        float ws = 0.f;
-        for (int k = 0; k < K; ++k) {
-          ws += core::LocalSlot(p.slot_ids, p.num_local_experts, ids[k]) >= 0 ? w[k] : 0.f;
-        }
+        const uint8_t* row = identity_rows + (p.rank * R + slot) * row_bytes;
+        const float ws = IdentityRowWeight(row, H, K, p.slot_ids, p.num_local_experts);
         const uint4* src = reinterpret_cast<const uint4*>(row);
         uint4 x[kUnroll];
 #pragma unroll
