@@ -473,6 +473,15 @@ def _timeout_ms(timeout_s: Any) -> int:
         raise ValueError(f"timeout_s: expected seconds >= 0 (0 = no limit), got {timeout_s!r}")
     return 0 if timeout_s == 0 else max(1, int(timeout_s * 1000))  # never "no limit" by rounding
 
+def _plain_timeout_ms(timeout_s: Any) -> Optional[int]:
+    """_timeout_ms of a plain int or float in [0, 1e9) s, else None (the
+    checked path then checks it and names it): the one-pass calls'."""
+    kind = type(timeout_s)
+    if (kind is not float and kind is not int) or not 0 <= timeout_s < 1e9:
+        return None
+    return 0 if timeout_s == 0 else max(1, int(timeout_s * 1000))
+
+
 # The data calls Worker.refuse enters, by C name.
 _REFUSABLE = ("moe_ep_sync_token_counts", "moe_ep_dispatch", "moe_ep_dispatch_only",
               "moe_ep_combine", "moe_ep_forward")
@@ -520,22 +529,14 @@ class _LiveCalls:
         fn = getattr(self._worker._lib, name)
         w = self._worker
 
-        lock = w._state
-
         def call(*args: Any) -> int:
-            with lock:
-                handle = w._handle
-                if handle is None:
-                    raise ValueError("worker: stopped")
-                w._in_flight += 1
+            handle = w._enter()
+            if handle is None:
+                raise ValueError("worker: stopped")
             try:
                 return fn(handle, *args)
             finally:
-                with lock:
-                    w._in_flight -= 1
-                    # Only stop() waits, and it clears the handle first.
-                    if w._handle is None and w._in_flight == 0:
-                        w._drained.set()
+                w._leave()
 
         # Made once per name: later lookups find the attribute and skip
         # __getattr__ (the data calls' hot path).
@@ -573,6 +574,25 @@ class Worker:
         self._in_flight = 0
         self._drained = threading.Event()  # set once stop() found no call in flight
         self._c = _LiveCalls(self)
+
+    def _enter(self) -> Any:
+        """A library call on the handle begins: counted in flight, so that
+        stop() frees the handle only once no other thread is inside a call
+        (server/moe_ep.h: moe_ep_worker_stop must not race with other
+        calls). -> the handle, or None (counted nothing) once stop() began.
+        Every non-None return is paired with _leave()."""
+        with self._state:
+            handle = self._handle
+            if handle is not None:
+                self._in_flight += 1
+            return handle
+
+    def _leave(self) -> None:
+        with self._state:
+            self._in_flight -= 1
+            # Only stop() waits, and it clears the handle first.
+            if self._handle is None and self._in_flight == 0:
+                self._drained.set()
 
     def __enter__(self) -> "Worker":
         return self
@@ -835,31 +855,24 @@ class Worker:
         if (ids.shape != choices or w.shape != choices or not x.is_contiguous()
                 or not ids.is_contiguous() or not w.is_contiguous()):
             return None
-        kind = type(timeout_s)
-        if (kind is not float and kind is not int) or not 0 <= timeout_s < 1e9:
+        ms = _plain_timeout_ms(timeout_s)
+        if ms is None:
             return None
-        ms = 0 if timeout_s == 0 else max(1, int(timeout_s * 1000))
         # No empty tensor (its address is 0: the checked path refuses a host
         # one, which the library's check could not see).
         hp, ip, wp = x.data_ptr(), ids.data_ptr(), w.data_ptr()
         if not hp or not ip or not wp:
             return None
         stream = raw_stream(info.device) or None
-        fn, lock = self._lib.moe_ep_dispatch, self._state
-        with lock:  # counted in flight, as _LiveCalls does
-            handle = self._handle
-            if handle is None:
-                return None
-            self._in_flight += 1
+        handle = self._enter()
+        if handle is None:
+            return None
         self._calls += 1
         try:
-            status = fn(handle, hp, ip, wp, t, ptrs[2], ptrs[3], ptrs[4], recv_rows, ptrs[6],
-                        ptrs[5], stream, ms)
+            status = self._lib.moe_ep_dispatch(handle, hp, ip, wp, t, ptrs[2], ptrs[3], ptrs[4],
+                                               recv_rows, ptrs[6], ptrs[5], stream, ms)
         finally:
-            with lock:
-                self._in_flight -= 1
-                if self._handle is None and self._in_flight == 0:
-                    self._drained.set()
+            self._leave()
         if status:
             _check(self._lib, "moe_ep_dispatch", status)
         self._step_tokens, self._step_recv_rows = t, recv_rows
@@ -944,28 +957,21 @@ class Worker:
                 or out.shape != (tokens, info.hidden) or not x.is_contiguous()
                 or not out.is_contiguous()):
             return None
-        kind = type(timeout_s)
-        if (kind is not float and kind is not int) or not 0 <= timeout_s < 1e9:
+        ms = _plain_timeout_ms(timeout_s)
+        if ms is None:
             return None
-        ms = 0 if timeout_s == 0 else max(1, int(timeout_s * 1000))
         xp, op = x.data_ptr(), out.data_ptr()
         if not xp or not op:  # an empty tensor: the checked path's (as _dispatch_fast)
             return None
         stream = fast[4](info.device) or None
-        fn, lock = self._lib.moe_ep_combine, self._state
-        with lock:  # counted in flight, as _LiveCalls does
-            handle = self._handle
-            if handle is None:
-                return None
-            self._in_flight += 1
+        handle = self._enter()
+        if handle is None:
+            return None
         self._calls += 1
         try:
-            status = fn(handle, xp, rows, op, stream, ms)
+            status = self._lib.moe_ep_combine(handle, xp, rows, op, stream, ms)
         finally:
-            with lock:
-                self._in_flight -= 1
-                if self._handle is None and self._in_flight == 0:
-                    self._drained.set()
+            self._leave()
         # A failed combine ends the step on the GPU planes too (_combine).
         self._step_tokens = self._step_recv_rows = None
         if status:
