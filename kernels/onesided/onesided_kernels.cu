@@ -418,14 +418,24 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
 
 // The identity expert's weight of a received bf16 row [2H values | K ids |
 // K weights]: the sum over k ascending of the weights whose id is one of
-// this rank's slot_ids (the expert kernel's arithmetic).
+// this rank's slot_ids (the expert kernel's arithmetic). Warp-wide, called by
+// all 32 lanes: lane k looks up choice k, so the K lookups are one round of
+// loads instead of K dependent ones (issue 32: the 4096-token identity
+// combine spent its time here), and the terms are added in k order through
+// shuffles, which keeps the sum bit-equal to the sequential one. Every lane
+// returns the sum.
 __device__ __forceinline__ float IdentityRowWeight(const uint8_t* row, int64_t H, int K,
-                                                   const int32_t* slot_ids, int num_local_experts) {
+                                                   const int32_t* slot_ids, int num_local_experts,
+                                                   int lane) {
   const int32_t* ids = reinterpret_cast<const int32_t*>(row + 2 * H);
   const float* w = reinterpret_cast<const float*>(row + 2 * H + 4 * K);
   float ws = 0.f;
-  for (int k = 0; k < K; ++k) {
-    ws += core::LocalSlot(slot_ids, num_local_experts, ids[k]) >= 0 ? w[k] : 0.f;
+  for (int k0 = 0; k0 < K; k0 += 32) {
+    const int k = k0 + lane;
+    float term = 0.f;
+    if (k < K && core::LocalSlot(slot_ids, num_local_experts, ids[k]) >= 0) term = w[k];
+    const int n = K - k0 < 32 ? K - k0 : 32;
+    for (int i = 0; i < n; ++i) ws += __shfl_sync(0xffffffffu, term, i);
   }
   return ws;
 }
@@ -467,7 +477,6 @@ __global__ void __launch_bounds__(kThreads) OsIdentityRowsKernel(const OsIdentit
     const int64_t c = item % chunks;
     if (idx % R >= rc[idx / R]) continue;  // uniform over the warp
     const uint8_t* row = p.rows + idx * row_bytes;
-    const float ws = IdentityRowWeight(row, H, K, p.slot_ids, p.num_local_experts);
     const Vec* x = reinterpret_cast<const Vec*>(row);
     Vec* out = reinterpret_cast<Vec*>(p.out + idx * H);
     const int64_t v0 = c * 32 * kUnroll;
@@ -477,6 +486,8 @@ __global__ void __launch_bounds__(kThreads) OsIdentityRowsKernel(const OsIdentit
       const int64_t v = v0 + u * 32 + lane;
       if (v < in_vecs) xv[u] = x[v];
     }
+    // After the row's loads, so they are in flight beside the weight's.
+    const float ws = IdentityRowWeight(row, H, K, p.slot_ids, p.num_local_experts, lane);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t v = v0 + u * 32 + lane;
@@ -536,7 +547,6 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
     uint8_t* out_row = p.peers.window[s] + p.off.combine_recv + (p.rank * R + j) * H * 2;
     if (kIdentity) {
       const uint8_t* row = identity_rows + idx * row_bytes;
-      const float ws = IdentityRowWeight(row, H, K, p.slot_ids, p.num_local_experts);
       const Vec* x = reinterpret_cast<const Vec*>(row);
       Vec* out = reinterpret_cast<Vec*>(out_row);
       const int64_t v0 = c * 32 * kUnroll;
@@ -546,6 +556,7 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
         const int64_t v = v0 + u * 32 + lane;
         if (v < in_vecs) xv[u] = x[v];
       }
+      const float ws = IdentityRowWeight(row, H, K, p.slot_ids, p.num_local_experts, lane);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t v = v0 + u * 32 + lane;
@@ -648,16 +659,16 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
         // The push's arithmetic: bf16(ws * x) of the received row, then
         // added as the pushed row would have been.
         const uint8_t* row = identity_rows + (p.rank * R + slot) * row_bytes;
-        const float ws = IdentityRowWeight(row, H, K, p.slot_ids, p.num_local_experts);
         const uint4* src = reinterpret_cast<const uint4*>(row);
         uint4 x[kUnroll];
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
-          if (v0 + u * 32 < vecs8) x[u] = ScaleBf16(src[v0 + u * 32], ws);
+          if (v0 + u * 32 < vecs8) x[u] = src[v0 + u * 32];
         }
+        const float ws = IdentityRowWeight(row, H, K, p.slot_ids, p.num_local_experts, lane);
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
-          if (v0 + u * 32 < vecs8) add(acc[u], x[u]);
+          if (v0 + u * 32 < vecs8) add(acc[u], ScaleBf16(x[u], ws));
         }
       } else {
         add_row(reinterpret_cast<const uint4*>(p.expert_out + (d * src_rows + slot) * H));
