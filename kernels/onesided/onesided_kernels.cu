@@ -650,29 +650,53 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
         if (v0 + u * 32 < vecs8) add(acc[u], x[u]);
       }
     };
-    for (int d = 0; d < E; ++d) {
-      const int32_t slot = p.local.token_slot[t * E + d];
-      if (slot < 0) continue;
+    // Rank d's term of token t: its pushed row, or this rank's own row read
+    // in place (for identity experts the received row, scaled below).
+    auto term = [&](int d, int32_t slot, const uint8_t** own_row) -> const uint4* {
+      *own_row = nullptr;
       if (d != p.rank || !own_in_place) {
-        add_row(reinterpret_cast<const uint4*>(recv + (d * R + slot) * H));
-      } else if constexpr (kIdentity) {
-        // The push's arithmetic: bf16(ws * x) of the received row, then
-        // added as the pushed row would have been.
-        const uint8_t* row = identity_rows + (p.rank * R + slot) * row_bytes;
-        const uint4* src = reinterpret_cast<const uint4*>(row);
-        uint4 x[kUnroll];
+        return reinterpret_cast<const uint4*>(recv + (d * R + slot) * H);
+      }
+      if constexpr (kIdentity) {
+        *own_row = identity_rows + (p.rank * R + slot) * row_bytes;
+        return reinterpret_cast<const uint4*>(*own_row);
+      }
+      return reinterpret_cast<const uint4*>(p.expert_out + (d * src_rows + slot) * H);
+    };
+    auto load = [&](const uint4* src, uint4(&x)[kUnroll]) {
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          if (v0 + u * 32 < vecs8) x[u] = src[v0 + u * 32];
-        }
-        const float ws = IdentityRowWeight(row, H, K, p.slot_ids, p.num_local_experts, lane);
+      for (int u = 0; u < kUnroll; ++u) {
+        if (v0 + u * 32 < vecs8) x[u] = src[v0 + u * 32];
+      }
+    };
+    auto accumulate = [&](const uint4(&x)[kUnroll], const uint8_t* own_row) {
+      if (kIdentity && own_row != nullptr) {
+        // The push's arithmetic: bf16(ws * x), added as the pushed row would be.
+        const float ws = IdentityRowWeight(own_row, H, K, p.slot_ids, p.num_local_experts, lane);
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
           if (v0 + u * 32 < vecs8) add(acc[u], ScaleBf16(x[u], ws));
         }
-      } else {
-        add_row(reinterpret_cast<const uint4*>(p.expert_out + (d * src_rows + slot) * H));
+        return;
       }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (v0 + u * 32 < vecs8) add(acc[u], x[u]);
+      }
+    };
+    // Two ranks' rows in flight at once (twice the loads per lane: the
+    // reduction waits on memory, issue 32), still added in rank order.
+    for (int d = 0; d < E; d += 2) {
+      const int32_t s0 = p.local.token_slot[t * E + d];
+      const int32_t s1 = d + 1 < E ? p.local.token_slot[t * E + d + 1] : -1;
+      const uint8_t* own0 = nullptr;
+      const uint8_t* own1 = nullptr;
+      uint4 x0[kUnroll];
+      uint4 x1[kUnroll];
+      if (s0 >= 0) load(term(d, s0, &own0), x0);
+      if (s1 >= 0) load(term(d + 1, s1, &own1), x1);
+      if (s0 >= 0) accumulate(x0, own0);
+      if (s1 >= 0) accumulate(x1, own1);
     }
     if (p.shared != nullptr) add_row(reinterpret_cast<const uint4*>(p.shared + t * H));
 #pragma unroll
