@@ -21,9 +21,6 @@ constexpr int kThreads = 512;  // == kOsFusedMaxTokens: one scan lane per token
 constexpr int kWarps = kThreads / 32;
 constexpr int kRouteThreads = 512;
 constexpr int kUnroll = 4;  // vectors in flight per lane
-// The combine's push: twice the loads in flight per lane (issue 32: the
-// 4096-token combine waits on memory, not on issue).
-constexpr int kPushUnroll = 8;
 static_assert(kThreads == kOsFusedMaxTokens, "fused scan needs one thread per token");
 
 int64_t Align128(int64_t x) { return (x + 127) / 128 * 128; }
@@ -197,15 +194,15 @@ __global__ void __launch_bounds__(kRouteThreads) OsRouteKernel(const OsDispatchP
 }
 
 // One warp's share of a row copy: chunk c of a row of `vecs` vectors
-// (32 * kU vectors per chunk, kU loads in flight per lane) from src to every
-// destination rank d < n whose row pointer dst(d) is not null.
-template <typename Vec, int kU = kUnroll, typename DstFn>
+// (32 * kUnroll vectors per chunk, kUnroll loads in flight per lane) from src
+// to every destination rank d < n whose row pointer dst(d) is not null.
+template <typename Vec, typename DstFn>
 __device__ __forceinline__ void WarpCopyChunk(const Vec* __restrict__ src, int64_t vecs, int64_t c,
                                               int n, const DstFn& dst, int lane) {
-  const int64_t v0 = c * 32 * kU;
-  Vec x[kU];
+  const int64_t v0 = c * 32 * kUnroll;
+  Vec x[kUnroll];
 #pragma unroll
-  for (int u = 0; u < kU; ++u) {
+  for (int u = 0; u < kUnroll; ++u) {
     const int64_t v = v0 + u * 32 + lane;
     if (v < vecs) x[u] = src[v];
   }
@@ -213,7 +210,7 @@ __device__ __forceinline__ void WarpCopyChunk(const Vec* __restrict__ src, int64
     Vec* out = reinterpret_cast<Vec*>(dst(d));
     if (out == nullptr) continue;
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
       const int64_t v = v0 + u * 32 + lane;
       if (v < vecs) out[v] = x[u];
     }
@@ -537,7 +534,7 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
   // are pushed; none on the copy-engine path (the rows are in the sources'
   // windows already).
   const int64_t in_vecs = 2 * H / static_cast<int64_t>(sizeof(Vec));
-  const int64_t chunks = (in_vecs + 32 * kPushUnroll - 1) / (32 * kPushUnroll);
+  const int64_t chunks = (in_vecs + 32 * kUnroll - 1) / (32 * kUnroll);
   const int pushed = own_in_place ? E - 1 : E;
   const int64_t push_items = p.ce || p.refused ? 0 : pushed * R * chunks;
   for (int64_t item = first_warp; item < push_items; item += stride) {
@@ -552,24 +549,24 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
       const uint8_t* row = identity_rows + idx * row_bytes;
       const Vec* x = reinterpret_cast<const Vec*>(row);
       Vec* out = reinterpret_cast<Vec*>(out_row);
-      const int64_t v0 = c * 32 * kPushUnroll;
-      Vec xv[kPushUnroll];
+      const int64_t v0 = c * 32 * kUnroll;
+      Vec xv[kUnroll];
 #pragma unroll
-      for (int u = 0; u < kPushUnroll; ++u) {
+      for (int u = 0; u < kUnroll; ++u) {
         const int64_t v = v0 + u * 32 + lane;
         if (v < in_vecs) xv[u] = x[v];
       }
       const float ws = IdentityRowWeight(row, H, K, p.slot_ids, p.num_local_experts, lane);
 #pragma unroll
-      for (int u = 0; u < kPushUnroll; ++u) {
+      for (int u = 0; u < kUnroll; ++u) {
         const int64_t v = v0 + u * 32 + lane;
         if (v < in_vecs) out[v] = ScaleBf16(xv[u], ws);
       }
     } else {
       // Same chunking over the expert output's uint4 vectors.
       const int64_t out_vecs = H / 8;
-      if (c * 32 * kPushUnroll < out_vecs) {
-        WarpCopyChunk<uint4, kPushUnroll>(
+      if (c * 32 * kUnroll < out_vecs) {
+        WarpCopyChunk<uint4>(
             reinterpret_cast<const uint4*>(p.expert_out + (s * src_rows + j) * H), out_vecs, c, 1,
             [&](int) { return out_row; }, lane);
       }
