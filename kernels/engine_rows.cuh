@@ -57,38 +57,32 @@ absl::Status LaunchUnpackReceived(const UnpackReceivedParams& p, cudaStream_t st
 absl::Status CheckUnpackReceived(const UnpackReceivedParams& p);
 
 #ifdef __CUDACC__
-// UnpackSlot()
+// UnpackSlotIds()
 //
-// Output slot b of [E * rows] by `width` threads, this one `lane` of them:
-// slot j < R of source s = b / rows copied as it is (hidden as uint2 = 4
-// bf16; H % 4 == 0 and 2H + 8K a multiple of 8 keep the vectors aligned),
-// slots [R, rows) written as padding, expert_counts[l] bumped for each of
-// this thread's ids equal to first_expert + l. Returns whether this
-// thread's ids held a local expert: the caller ORs that over the `width`
-// threads and counts the slot once in source_counts[s]. Shared by
-// LaunchUnpackReceived (a block a slot) and the one-sided dispatch's fused
-// unpack (a warp a slot).
-__device__ inline bool UnpackSlot(const UnpackReceivedParams& u, int64_t b, int lane, int width) {
+// The ids and weights of output slot b of [E * rows] by `width` threads,
+// this one `lane` of them: slot j < R of source s = b / rows copied as it
+// is, slots [R, rows) written as padding (the invalid id, zero weights),
+// expert_counts[l] bumped for each of this thread's ids equal to
+// first_expert + l. Returns whether this thread's ids held a local expert:
+// the caller ORs that over the `width` threads and counts the slot once in
+// source_counts[s]. The hidden row is the caller's (UnpackSlot's loop, or
+// the one-sided fused unpack's chunks).
+__device__ inline bool UnpackSlotIds(const UnpackReceivedParams& u, int64_t b, int lane,
+                                     int width) {
   const int64_t s = b / u.rows;
   const int64_t j = b % u.rows;
   const int K = u.top_k;
   const int64_t H = u.hidden_size;
-  const int64_t vecs = H / 4;
-  uint2* dst = reinterpret_cast<uint2*>(u.hidden + b * H);
   int32_t* ids = u.topk_ids + b * K;
   float* weights = u.topk_weights + b * K;
   if (j >= u.runtime_max) {
-    for (int64_t v = lane; v < vecs; v += width) dst[v] = make_uint2(0, 0);
     for (int k = lane; k < K; k += width) {
       ids[k] = u.invalid_expert_id;
       weights[k] = 0.0f;
     }
     return false;
   }
-  const int64_t row_bytes = 2 * H + 8 * K;
-  const uint8_t* row = u.recv + (s * u.runtime_max + j) * row_bytes;
-  const uint2* src = reinterpret_cast<const uint2*>(row);
-  for (int64_t v = lane; v < vecs; v += width) dst[v] = src[v];
+  const uint8_t* row = u.recv + (s * u.runtime_max + j) * (2 * H + 8 * K);
   const int32_t* row_ids = reinterpret_cast<const int32_t*>(row + 2 * H);
   const float* row_weights = reinterpret_cast<const float*>(row + 2 * H + 4 * K);
   bool local = false;
@@ -103,6 +97,28 @@ __device__ inline bool UnpackSlot(const UnpackReceivedParams& u, int64_t b, int 
     }
   }
   return local;
+}
+
+// UnpackSlot()
+//
+// All of output slot b by `width` threads: its hidden row (slot j < R of
+// source s copied as uint2 = 4 bf16, H % 4 == 0 and 2H + 8K a multiple of 8
+// keeping the vectors aligned; zeros past R), then UnpackSlotIds, whose
+// return value it passes on. LaunchUnpackReceived's, a block a slot.
+__device__ inline bool UnpackSlot(const UnpackReceivedParams& u, int64_t b, int lane, int width) {
+  const int64_t s = b / u.rows;
+  const int64_t j = b % u.rows;
+  const int64_t H = u.hidden_size;
+  const int64_t vecs = H / 4;
+  uint2* dst = reinterpret_cast<uint2*>(u.hidden + b * H);
+  if (j >= u.runtime_max) {
+    for (int64_t v = lane; v < vecs; v += width) dst[v] = make_uint2(0, 0);
+  } else {
+    const uint2* src = reinterpret_cast<const uint2*>(
+        u.recv + (s * u.runtime_max + j) * (2 * H + 8 * static_cast<int64_t>(u.top_k)));
+    for (int64_t v = lane; v < vecs; v += width) dst[v] = src[v];
+  }
+  return UnpackSlotIds(u, b, lane, width);
 }
 #endif  // __CUDACC__
 

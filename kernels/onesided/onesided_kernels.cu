@@ -133,18 +133,70 @@ __device__ __forceinline__ bool CountDone(uint32_t* counter, int* is_last, bool 
   return *is_last != 0;
 }
 
-// The fused dispatch's unpack (OsDispatchParams::fuse_unpack): a warp per
-// slot of the engine's [E, rows] buffers, the grid's warps striding over
-// them, each slot UnpackSlot's (kernels/engine_rows.cuh, as
-// UnpackReceivedKernel): source_counts[s] the slots with a local id (the
-// counts zeroed by block 0 at the kernel's start: OsZeroCounts).
+// Chunk c (32 * kUnroll vectors, kUnroll loads in flight per lane) of the
+// hidden row of the fused unpack's output slot b: slot j < R of source s
+// copied, zeros past R (UnpackSlot's values).
+template <typename Vec>
+__device__ __forceinline__ void UnpackHiddenChunk(const UnpackReceivedParams& u, int64_t b,
+                                                  int64_t c, int lane) {
+  const int64_t s = b / u.rows;
+  const int64_t j = b % u.rows;
+  const int64_t H = u.hidden_size;
+  const int64_t vecs = 2 * H / static_cast<int64_t>(sizeof(Vec));
+  Vec* dst = reinterpret_cast<Vec*>(u.hidden + b * H);
+  const int64_t v0 = c * 32 * kUnroll + lane;
+  if (j >= u.runtime_max) {
+#pragma unroll
+    for (int i = 0; i < kUnroll; ++i) {
+      if (v0 + i * 32 < vecs) dst[v0 + i * 32] = Vec{};
+    }
+    return;
+  }
+  const Vec* src = reinterpret_cast<const Vec*>(
+      u.recv + (s * u.runtime_max + j) * (2 * H + 8 * static_cast<int64_t>(u.top_k)));
+  Vec x[kUnroll];
+#pragma unroll
+  for (int i = 0; i < kUnroll; ++i) {
+    if (v0 + i * 32 < vecs) x[i] = src[v0 + i * 32];
+  }
+#pragma unroll
+  for (int i = 0; i < kUnroll; ++i) {
+    if (v0 + i * 32 < vecs) dst[v0 + i * 32] = x[i];
+  }
+}
+
+// The fused dispatch's unpack (OsDispatchParams::fuse_unpack): UnpackSlot's
+// values for every slot of the engine's [E, rows] buffers, as items (slot b,
+// chunk c of its hidden row) over the grid's warps, so that a row is copied
+// by several warps with kUnroll loads in flight per lane (a warp a slot,
+// one 8-byte load in flight per lane, took 29 us for the 128-token EP 1
+// dispatch against 10.8 us without the unpack: bench/results/floors call
+// 2, issue 30's graph target). Chunk 0 also writes the ids and weights and
+// counts: source_counts[s] the slots with a local id (the counts zeroed by
+// block 0 at the kernel's start: OsZeroCounts).
 __device__ void UnpackShare(const UnpackReceivedParams& u) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int64_t slots = static_cast<int64_t>(u.ep_size) * u.rows;
+  const int64_t H = u.hidden_size;
+  // 16-byte vectors where the rows and the output keep them aligned.
+  const bool vec16 = (2 * H + 8 * static_cast<int64_t>(u.top_k)) % 16 == 0 && H % 8 == 0 &&
+                     reinterpret_cast<uintptr_t>(u.recv) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(u.hidden) % 16 == 0;
+  const int64_t vecs = 2 * H / (vec16 ? 16 : 8);
+  const int64_t chunks = (vecs + 32 * kUnroll - 1) / (32 * kUnroll);
+  const int64_t items = static_cast<int64_t>(u.ep_size) * u.rows * chunks;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
-  for (int64_t b = static_cast<int64_t>(blockIdx.x) * kWarps + warp; b < slots; b += stride) {
-    const bool local = UnpackSlot(u, b, lane, 32);
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + warp; item < items;
+       item += stride) {
+    const int64_t b = item / chunks;
+    const int64_t c = item % chunks;
+    if (vec16) {
+      UnpackHiddenChunk<uint4>(u, b, c, lane);
+    } else {
+      UnpackHiddenChunk<uint2>(u, b, c, lane);
+    }
+    if (c != 0) continue;
+    const bool local = UnpackSlotIds(u, b, lane, 32);
     if (__any_sync(0xffffffffu, local) && lane == 0) {
       atomicAdd(reinterpret_cast<unsigned long long*>(u.source_counts + b / u.rows), 1ull);
     }
