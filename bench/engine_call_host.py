@@ -55,8 +55,11 @@ def rank_main(args):
 
     rank, world = args.rank, args.ranks
     t, h, k, e = args.tokens, args.hidden, args.top_k, args.experts
-    with Worker(["--listen=127.0.0.1:0", "--backend=nccl", "--device=0", "--log-level=warn",
-                 f"--gpu-data-plane={args.plane}"]) as worker:
+    flags = ["--listen=127.0.0.1:0", "--backend=nccl", "--device=0", "--log-level=warn",
+             f"--gpu-data-plane={args.plane}"]
+    if args.onesided_sm_budget > 0:
+        flags.append(f"--onesided-sm-budget={args.onesided_sm_budget}")
+    with Worker(flags) as worker:
         with open(os.path.join(args.rendezvous, f"addr.{rank}.tmp"), "w") as f:
             f.write(worker.address)
         os.rename(os.path.join(args.rendezvous, f"addr.{rank}.tmp"),
@@ -233,6 +236,7 @@ def parent_main(args):
         "plane": args.plane, "ranks": args.ranks, "tokens": args.tokens, "hidden": args.hidden,
         "top_k": args.top_k, "experts": args.experts, "calls": args.calls,
         "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+        "onesided_sm_budget": args.onesided_sm_budget or 16,
         "p50_us_slower_rank": {n: max(pr[n]["p50"] for pr in per_rank) for n in per_rank[0]},
         "per_rank": per_rank,
     }
@@ -258,6 +262,8 @@ def main():
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--drain", type=int, default=32)
     parser.add_argument("--graph-replays", type=int, default=500)
+    parser.add_argument("--onesided-sm-budget", type=int, default=0,
+                        help="the workers' --onesided-sm-budget (0: their default, 16)")
     parser.add_argument("--side-stream", action="store_true",
                         help="run the calls on a torch.cuda.Stream, not the default stream")
     parser.add_argument("--profile", action="store_true")

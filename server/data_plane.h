@@ -72,6 +72,10 @@ struct DataPlaneGroup {
   std::string rendezvous_address;              // for messages; empty = in-process store
   std::string data_plane_host = "127.0.0.1";   // gloo: address the TCP device binds to
   int device = 0;                              // GPU planes: CUDA device ordinal
+  // One-sided plane: blocks of each communication kernel, at most one per
+  // multiprocessor (kernels/onesided OneSidedDispatcherOptions::sm_budget;
+  // DeepEP's num_sms); the SMs left run the experts and peers sharing the GPU.
+  int onesided_sm_budget = 16;
   // Every rank's Rendezvous address ([world_size]; empty = rank masks off)
   // and the generation's secret: where the survivors of a lost rank agree
   // on a mask (server/rank_mask.h; DESIGN §15).

@@ -61,6 +61,7 @@ absl::Status CheckJoin(const JoinedGroup& current, int64_t max_generation_used,
 }
 
 absl::StatusOr<std::unique_ptr<DataPlane>> FormJoinedGroup(const JoinArgs& args, int device,
+                                                           int onesided_sm_budget,
                                                            absl::Time call_deadline) {
   std::shared_ptr<gloo::rendezvous::Store> store;
   if (args.rendezvous_address.empty() || args.rejoin) {
@@ -84,6 +85,7 @@ absl::StatusOr<std::unique_ptr<DataPlane>> FormJoinedGroup(const JoinArgs& args,
   group.rendezvous_address = args.rendezvous_address;
   group.data_plane_host = args.data_plane_host;
   group.device = device;
+  group.onesided_sm_budget = onesided_sm_budget;
   group.rendezvous_addresses = args.rendezvous_addresses;
   group.rendezvous_secret = args.rendezvous_secret;
   group.rejoin = args.rejoin;

@@ -175,6 +175,7 @@ kernels::onesided::OneSidedDispatcherOptions OneSidedDataPlane::DispatcherOption
   o.dispatcher = options;
   o.max_intermediate = max_intermediate;
   o.timeout = group_.timeout;
+  o.sm_budget = group_.onesided_sm_budget;
   return o;
 }
 

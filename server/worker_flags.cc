@@ -88,6 +88,10 @@ std::optional<int> ParseWorkerFlags(int argc, const char* const* argv, WorkerFla
           "CUDA device ordinal the NCCL backend runs on (one worker per GPU: 0, 1, ...); "
           "ignored by gloo",
           {non_negative}, err, spellings);
+  AddFlag(app, "onesided-sm-budget", &f->onesided_sm_budget,
+          "blocks (one per multiprocessor at most) of each one-sided plane kernel, as DeepEP's "
+          "num_sms; the other multiprocessors run the experts and ranks sharing the GPU",
+          {positive}, err, spellings);
   AddFlag(app, "memory-cap-bytes", &f->memory_cap_bytes,
           "bytes of workspace + expert weights + Rendezvous store this worker may hold; 0 = 3/4 "
           "of the machine's memory or its cgroup's limit (the larger GPU memory for nccl)",

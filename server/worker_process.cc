@@ -107,6 +107,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const Worker
   if (!data_plane_host.ok()) return data_plane_host.status();
   options.data_plane_host = *data_plane_host;
   options.device = flags.device;
+  options.onesided_sm_budget = flags.onesided_sm_budget;
   auto backend = ResolveBackend(options.default_backend, "auto");
   if (!backend.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--backend: ", backend.status().message()));

@@ -122,6 +122,9 @@ struct WorkerOptions {
   absl::Duration default_timeout = absl::Seconds(30);
   // CUDA device ordinal the NCCL backend runs on (--device); Gloo ignores it.
   int device = 0;
+  // Blocks of each one-sided communication kernel (--onesided-sm-budget;
+  // DataPlaneGroup::onesided_sm_budget).
+  int onesided_sm_budget = 16;
   // Bounds on request sizes (--max-*; server/request_limits.h).
   RequestLimits limits;
   // Directories LoadExperts may read checkpoints from (--checkpoint-dir;

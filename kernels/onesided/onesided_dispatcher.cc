@@ -115,6 +115,13 @@ absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
   RETURN_IF_ERROR(
       CudaStatus(cudaDeviceGetAttribute(&d->sm_count_, cudaDevAttrMultiProcessorCount, d->device_),
                  "cudaDeviceGetAttribute(multiprocessors)"));
+  if (options.sm_budget > d->sm_count_) {
+    // The communication kernels' blocks wait on each other: all must be
+    // resident, one per multiprocessor.
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sm_budget: expected <= the %d multiprocessors of CUDA device %d, got %d",
+                        d->sm_count_, d->device_, options.sm_budget));
+  }
   RETURN_IF_ERROR(PreloadOsKernels());
   if (fp8) RETURN_IF_ERROR(PreloadFp8DispatchKernels());
   RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&d->stream_, cudaStreamNonBlocking),

@@ -40,6 +40,7 @@ TEST(ParseWorkerFlags, DefaultsWithoutArguments) {
   EXPECT_EQ(p.flags.listen, "127.0.0.1:0");
   EXPECT_EQ(p.flags.backend, "auto");
   EXPECT_EQ(p.flags.gpu_data_plane, "auto");
+  EXPECT_EQ(p.flags.onesided_sm_budget, 16);
   EXPECT_EQ(p.flags.log_level, "info");
   EXPECT_EQ(p.flags.drain_timeout_ms, 5000);
   EXPECT_EQ(p.flags.max_message_bytes, 256 << 20);
@@ -49,9 +50,10 @@ TEST(ParseWorkerFlags, DefaultsWithoutArguments) {
 }
 
 TEST(ParseWorkerFlags, KebabCaseInBothForms) {
-  const Parsed p = Parse({"--listen", "127.0.0.1:7000", "--log-level=warn", "--memory-cap-bytes",
-                          "1024", "--allow-insecure", "--health-listen=127.0.0.1:0",
-                          "--tls-refresh-s=3", "--device=1", "--gpu-data-plane", "one-sided"});
+  const Parsed p =
+      Parse({"--listen", "127.0.0.1:7000", "--log-level=warn", "--memory-cap-bytes", "1024",
+             "--allow-insecure", "--health-listen=127.0.0.1:0", "--tls-refresh-s=3", "--device=1",
+             "--gpu-data-plane", "one-sided", "--onesided-sm-budget", "64"});
   ASSERT_EQ(p.exit_code, std::nullopt) << p.err;
   EXPECT_EQ(p.flags.listen, "127.0.0.1:7000");
   EXPECT_EQ(p.flags.log_level, "warn");
@@ -61,6 +63,7 @@ TEST(ParseWorkerFlags, KebabCaseInBothForms) {
   EXPECT_EQ(p.flags.tls_refresh_s, 3);
   EXPECT_EQ(p.flags.device, 1);
   EXPECT_EQ(p.flags.gpu_data_plane, "one-sided");
+  EXPECT_EQ(p.flags.onesided_sm_budget, 64);
   EXPECT_EQ(p.err, "");
 }
 
@@ -129,6 +132,9 @@ TEST(ParseWorkerFlags, RangeErrorsAreReadable) {
   EXPECT_EQ(q.exit_code, 2);
   EXPECT_THAT(q.err, HasSubstr("--max-message-bytes: expected a number > 0, got 0"));
   EXPECT_EQ(Parse({"--device=-1"}).exit_code, 2);
+  const Parsed budget = Parse({"--onesided-sm-budget=0"});
+  EXPECT_EQ(budget.exit_code, 2);
+  EXPECT_THAT(budget.err, HasSubstr("--onesided-sm-budget: expected a number > 0, got 0"));
 }
 
 TEST(ParseWorkerFlags, BadValuesExitTwo) {
