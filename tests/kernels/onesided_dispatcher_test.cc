@@ -104,6 +104,31 @@ void RunEager(const OsCase& c, bool phases = false) {
   });
 }
 
+// The kernels' blocks wait on each other, so a budget past the device's
+// multiprocessors (which could not all be resident) is refused up front,
+// naming the count; the device's own count is accepted and steps exactly.
+TEST(OneSidedThreads, SmBudgetBoundByTheMultiprocessors) {
+  MOE_EP_REQUIRE_GPUS(1);
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const OsCase c{1, 1024, 4, 16, {20}};
+  RunThreads(c, 32, [&](int, PeerWindows* w, const Sync&) {
+    OneSidedDispatcherOptions o = testing::Options(c, 32);
+    o.sm_budget = sms + 1;
+    auto over = OneSidedDispatcher::Create(w, o, 0);
+    ASSERT_FALSE(over.ok());
+    EXPECT_EQ(over.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(over.status().message().find(absl::StrFormat(
+                  "sm_budget: expected <= the %d multiprocessors of CUDA device 0, got %d", sms,
+                  sms + 1)),
+              std::string::npos)
+        << over.status();
+  });
+  OsCase all = c;
+  all.sm_budget = sms;
+  RunEager(all);
+}
+
 TEST(OneSidedThreads, Ep2UnevenTokensFused) { RunEager({2, 2048, 8, 256, {37, 5}}); }
 TEST(OneSidedThreads, Ep2UnevenTokensPhases) { RunEager({2, 2048, 8, 256, {37, 5}}, true); }
 // R > 256: the separate route kernel, then the send kernel.

@@ -41,6 +41,7 @@ struct OsCase {
   // The data plane's path (issue 15 item 3) and the auto threshold.
   OsPathChoice path = OsPathChoice::kAuto;
   int64_t ce_min_tokens = OneSidedDispatcherOptions::kDefaultCeMinTokens;
+  int sm_budget = 8;  // blocks of each communication kernel
 };
 
 // Inputs, experts and the CPU reference of one case.
@@ -101,7 +102,7 @@ inline OneSidedDispatcherOptions Options(const OsCase& c, int64_t capacity,
   OneSidedDispatcherOptions o;
   o.dispatcher = EpOptions(c, capacity);
   o.max_intermediate = c.intermediate;
-  o.sm_budget = 8;
+  o.sm_budget = c.sm_budget;
   o.timeout = timeout;
   o.path = c.path;
   o.ce_min_tokens = c.ce_min_tokens;
