@@ -386,6 +386,27 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
       }
     }
   }
+  if (E == 1 && !(kFused && p.fuse_unpack)) {
+    // A rank alone, unpacking nothing, waits for no one and no block waits
+    // for it: its rows reach the next kernel by stream order. No grid-wide
+    // count, no flag (issue 32: the EP 1 step at 128 tokens); block 0
+    // writes what the last block would. (The other blocks have used the
+    // sequence number they read, if at all, before they return.)
+    if (blockIdx.x != 0 || tid != 0) return;
+    if (kFused) {
+      header[0] = epoch;
+      header[1] = R;
+      header[2] = T;
+      *p.local.seq = q;
+      p.local.send_counts[0] = counts[0];
+    }
+    // A step after a deadline moves nothing, as the flag round's "missing
+    // peer" (state 3) would have it.
+    const bool failed = reinterpret_cast<volatile OsStepError*>(p.local.error)->kind == kOsDeadline;
+    p.local.recv_counts[0] = failed ? 0 : counts[0];
+    if (failed) header[2] = 0;
+    return;
+  }
   if (!CountDone(&p.local.done[0], &is_last, sys)) {
     if (kFused && p.fuse_unpack) {
       // The last block releases q once the sources' flags are in. Bounded
