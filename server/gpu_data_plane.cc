@@ -535,6 +535,7 @@ absl::StatusOr<std::unique_ptr<BenchmarkRun>> GpuDataPlane::MakeBenchmarkRun(
     kernels::onesided::OneSidedDispatcherOptions o;
     o.dispatcher = options;
     o.timeout = std::min(group_.timeout, absl::Seconds(60));
+    o.sm_budget = group_.onesided_sm_budget;
     ASSIGN_OR_RETURN(std::unique_ptr<kernels::onesided::OneSidedDispatcher> bench,
                      kernels::onesided::OneSidedDispatcher::Create(windows.get(), o, cap));
     RETURN_IF_ERROR(upload(bench->stream()));

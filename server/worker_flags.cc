@@ -90,7 +90,8 @@ std::optional<int> ParseWorkerFlags(int argc, const char* const* argv, WorkerFla
           {non_negative}, err, spellings);
   AddFlag(app, "onesided-sm-budget", &f->onesided_sm_budget,
           "blocks (one per multiprocessor at most) of each one-sided plane kernel, as DeepEP's "
-          "num_sms; the other multiprocessors run the experts and ranks sharing the GPU",
+          "num_sms; the other multiprocessors run the experts. Workers sharing one GPU need "
+          "workers x budget <= its multiprocessors",
           {positive}, err, spellings);
   AddFlag(app, "memory-cap-bytes", &f->memory_cap_bytes,
           "bytes of workspace + expert weights + Rendezvous store this worker may hold; 0 = 3/4 "

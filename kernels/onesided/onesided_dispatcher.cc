@@ -117,7 +117,8 @@ absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
                  "cudaDeviceGetAttribute(multiprocessors)"));
   if (options.sm_budget > d->sm_count_) {
     // The communication kernels' blocks wait on each other: all must be
-    // resident, one per multiprocessor.
+    // resident, one per multiprocessor (and, for ranks sharing this GPU,
+    // all of theirs too: the caller's to keep; see sm_budget).
     return absl::InvalidArgumentError(
         absl::StrFormat("sm_budget: expected <= the %d multiprocessors of CUDA device %d, got %d",
                         d->sm_count_, d->device_, options.sm_budget));

@@ -66,7 +66,10 @@ struct OneSidedDispatcherOptions {
   int64_t max_intermediate = 0;          // I of the largest SwiGLU layer (0: identity only)
   ExpertGemm expert_gemm = ExpertGemm::kGroupedDevice;
   // Blocks (one per SM at most) of each communication kernel: the SM budget
-  // that lets ranks sharing a GPU, and expert GEMMs, run beside it.
+  // that lets ranks sharing a GPU, and expert GEMMs, run beside it. The
+  // kernels' blocks wait on their peers' flags, so every rank's blocks must
+  // be resident at once: ranks sharing one GPU need ranks x sm_budget <=
+  // its multiprocessors (a block each), else their steps time out.
   int sm_budget = 16;
   // Bound of every wait on a peer's flag (DEADLINE_EXCEEDED after it).
   absl::Duration timeout = absl::Seconds(10);
@@ -101,7 +104,8 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   // `windows` must outlive the dispatcher; its size() is ep_size and its
   // bytes() equal WindowBytes(options.dispatcher) (every rank creates its
   // dispatcher with the same options). Errors: kInvalidArgument (validation,
-  // sm_budget < 1, timeout <= 0, window size), kResourceExhausted (more than
+  // sm_budget < 1 or over the device's multiprocessors, timeout <= 0,
+  // window size), kResourceExhausted (more than
   // memory_cap_bytes when > 0: both numbers; cudaMalloc).
   static absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> Create(
       PeerWindows* windows, const OneSidedDispatcherOptions& options, int64_t memory_cap_bytes);

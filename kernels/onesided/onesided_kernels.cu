@@ -273,7 +273,8 @@ __device__ __forceinline__ void WarpCopyChunk(const Vec* __restrict__ src, int64
 // token b's row to each of its destinations; chunk 0 also carries the ids
 // and weights, and the padding ids/weights at slot b of every destination
 // with count <= b. The last block publishes the flags and acquires the
-// sources'. Fused: every block routes the T <= 512 tokens itself (a mask per
+// sources' (a rank alone that unpacks nothing skips both: block 0 writes the
+// header and counts). Fused: every block routes the T <= 512 tokens itself (a mask per
 // token, one block scan per destination), block 0 writes token_slot.
 template <bool kFused, typename Vec>
 __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams p) {
@@ -301,7 +302,11 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
   const int64_t R = kFused ? p.step.r : header[1];
   const int64_t T = kFused ? (p.step.t < R ? p.step.t : R) : header[2];
   const int64_t epoch = kFused ? p.step.epoch : header[0];
-  const uint64_t q = kFused ? *p.local.seq + 1 : *p.local.seq;
+  // A rank alone, unpacking nothing, skips the grid-wide count and the flag
+  // round (below): its block 0 then writes the sequence number while other
+  // blocks may still be starting, so only block 0 reads it.
+  const bool alone = E == 1 && !(kFused && p.fuse_unpack);
+  const uint64_t q = alone && blockIdx.x != 0 ? 0 : (kFused ? *p.local.seq + 1 : *p.local.seq);
   const bool fp8 = p.fp8;
   const bool ce = !kFused && p.ce;  // the hidden rows travel by copy engine
   // Where a row's ids start: after 2H bytes of bf16, or the fp8 codes and scales.
@@ -386,12 +391,13 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
       }
     }
   }
-  if (E == 1 && !(kFused && p.fuse_unpack)) {
+  if (alone) {
     // A rank alone, unpacking nothing, waits for no one and no block waits
     // for it: its rows reach the next kernel by stream order. No grid-wide
     // count, no flag (issue 32: the EP 1 step at 128 tokens); block 0
-    // writes what the last block would. (The other blocks have used the
-    // sequence number they read, if at all, before they return.)
+    // writes what the last block would. (Unfused, after a deadline, a block
+    // starting late may read T = 0 from the header: that step moves no row
+    // anyway.)
     if (blockIdx.x != 0 || tid != 0) return;
     if (kFused) {
       header[0] = epoch;

@@ -30,7 +30,8 @@
 //     atomics); every block fences and counts itself done; the last block
 //     stores {epoch, R, count} into dispatch_flags[me] of each peer, then q
 //     with a release store, and acquires every source's flag until its q
-//     arrives. A source whose (epoch, R) differs is recorded (kMismatch), T
+//     arrives (a rank alone that unpacks nothing skips the count and the
+//     flag: nothing waits on it, stream order carries its rows). A source whose (epoch, R) differs is recorded (kMismatch), T
 //     becomes 0 (no output row) and no row is pushed back; a flag that does
 //     not arrive within timeout_ns (%globaltimer) is recorded as kDeadline
 //     naming the source.

@@ -251,17 +251,24 @@ class OneRankTest(unittest.TestCase):
             # Combine in place: out a view of the expert outputs' own rows (an
             # engine reusing the buffer, as the GPU planes' steady-state test
             # does); every row is read before one is written, so the result
-            # is the same bits as into a fresh array.
-            worker.dispatch(x, ids, w, recv_rows=8, out=out)
+            # is the same bits as into a fresh array. Token 0 routes nowhere,
+            # so token t's row sits in slot t - 1 and output row t overwrites
+            # token t + 1's input: a plane writing before it read all would
+            # show.
+            shifted = ids.copy()
+            shifted[0] = -1
+            worker.dispatch(x, shifted, w, recv_rows=8, out=out)
+            self.assertEqual(out.num_recv_tokens_per_source.tolist(), [4])
             xf = bf16_to_float32(out.hidden_states)
             scale = (out.topk_weights * (out.topk_ids + 1) * (out.topk_ids >= 0)).sum(axis=2)
             expert_out = float32_to_bf16(xf * scale[:, :, None])
             fresh = worker.combine(expert_out.copy())
-            worker.dispatch(x, ids, w, recv_rows=8, out=out)
+            worker.dispatch(x, shifted, w, recv_rows=8, out=out)
             alias = expert_out[0, :5]
             self.assertIs(worker.combine(expert_out, out=alias), alias)
             np.testing.assert_array_equal(alias, fresh)
-            ref = bf16_to_float32(x) * (w * (ids + 1)).sum(axis=1)[:, None]
+            ref = bf16_to_float32(x) * (w * (shifted + 1) * (shifted >= 0)).sum(axis=1)[:, None]
+            self.assertTrue((alias[0] == 0).all())  # a token routed nowhere sums nothing
             np.testing.assert_allclose(bf16_to_float32(alias), ref, rtol=2**-7, atol=1e-6)
             worker.commit_geometry(51, 16, 5)
             with self.assertRaises(ValueError) as caught:

@@ -106,7 +106,9 @@ void RunEager(const OsCase& c, bool phases = false) {
 
 // The kernels' blocks wait on each other, so a budget past the device's
 // multiprocessors (which could not all be resident) is refused up front,
-// naming the count; the device's own count is accepted and steps exactly.
+// naming the count; the device's own count is accepted and steps exactly
+// with a grid of that many blocks (4096 rows of one 2 KB chunk each: 256
+// warps' worth of blocks, cut to the budget).
 TEST(OneSidedThreads, SmBudgetBoundByTheMultiprocessors) {
   MOE_EP_REQUIRE_GPUS(1);
   int sms = 0;
@@ -124,7 +126,8 @@ TEST(OneSidedThreads, SmBudgetBoundByTheMultiprocessors) {
               std::string::npos)
         << over.status();
   });
-  OsCase all = c;
+  OsCase all{1, 1024, 4, 16, {4096}};
+  all.path = OsPathChoice::kSm;
   all.sm_budget = sms;
   RunEager(all);
 }
