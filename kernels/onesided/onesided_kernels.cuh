@@ -31,10 +31,11 @@
 //     stores {epoch, R, count} into dispatch_flags[me] of each peer, then q
 //     with a release store, and acquires every source's flag until its q
 //     arrives (a rank alone that unpacks nothing skips the count and the
-//     flag: nothing waits on it, stream order carries its rows). A source whose (epoch, R) differs is recorded (kMismatch), T
-//     becomes 0 (no output row) and no row is pushed back; a flag that does
-//     not arrive within timeout_ns (%globaltimer) is recorded as kDeadline
-//     naming the source.
+//     flag: nothing waits on it, stream order carries its rows). A source
+//     whose (epoch, R) differs is recorded (kMismatch), T becomes 0 (no
+//     output row) and no row is pushed back; a flag that does not arrive
+//     within timeout_ns (%globaltimer) is recorded as kDeadline naming the
+//     source.
 //   combine (one kernel): a warp per received row j < count of source s
 //     pushes it to combine_recv[me, j] of s's window — for identity experts
 //     computed on the fly from the received row (bf16(sum of the local
