@@ -57,6 +57,18 @@ absl::Status LaunchUnpackReceived(const UnpackReceivedParams& p, cudaStream_t st
 absl::Status CheckUnpackReceived(const UnpackReceivedParams& p);
 
 #ifdef __CUDACC__
+// UnpackSourceRow()
+//
+// The received row [2H bf16 | K ids | K weights] that output slot b of
+// [E * rows] copies: slot j < R of source s = b / rows, at row s * R + j of
+// the receive region; nullptr for the padding slots [R, rows).
+__device__ inline const uint8_t* UnpackSourceRow(const UnpackReceivedParams& u, int64_t b) {
+  const int64_t j = b % u.rows;
+  if (j >= u.runtime_max) return nullptr;
+  return u.recv +
+         (b / u.rows * u.runtime_max + j) * (2 * u.hidden_size + 8 * static_cast<int64_t>(u.top_k));
+}
+
 // UnpackSlotIds()
 //
 // The ids and weights of output slot b of [E * rows] by `width` threads,
@@ -69,20 +81,18 @@ absl::Status CheckUnpackReceived(const UnpackReceivedParams& p);
 // the one-sided fused unpack's chunks).
 __device__ inline bool UnpackSlotIds(const UnpackReceivedParams& u, int64_t b, int lane,
                                      int width) {
-  const int64_t s = b / u.rows;
-  const int64_t j = b % u.rows;
   const int K = u.top_k;
   const int64_t H = u.hidden_size;
   int32_t* ids = u.topk_ids + b * K;
   float* weights = u.topk_weights + b * K;
-  if (j >= u.runtime_max) {
+  const uint8_t* row = UnpackSourceRow(u, b);
+  if (row == nullptr) {
     for (int k = lane; k < K; k += width) {
       ids[k] = u.invalid_expert_id;
       weights[k] = 0.0f;
     }
     return false;
   }
-  const uint8_t* row = u.recv + (s * u.runtime_max + j) * (2 * H + 8 * K);
   const int32_t* row_ids = reinterpret_cast<const int32_t*>(row + 2 * H);
   const float* row_weights = reinterpret_cast<const float*>(row + 2 * H + 4 * K);
   bool local = false;
@@ -106,16 +116,13 @@ __device__ inline bool UnpackSlotIds(const UnpackReceivedParams& u, int64_t b, i
 // keeping the vectors aligned; zeros past R), then UnpackSlotIds, whose
 // return value it passes on. LaunchUnpackReceived's, a block a slot.
 __device__ inline bool UnpackSlot(const UnpackReceivedParams& u, int64_t b, int lane, int width) {
-  const int64_t s = b / u.rows;
-  const int64_t j = b % u.rows;
   const int64_t H = u.hidden_size;
   const int64_t vecs = H / 4;
   uint2* dst = reinterpret_cast<uint2*>(u.hidden + b * H);
-  if (j >= u.runtime_max) {
+  const uint2* src = reinterpret_cast<const uint2*>(UnpackSourceRow(u, b));
+  if (src == nullptr) {
     for (int64_t v = lane; v < vecs; v += width) dst[v] = make_uint2(0, 0);
   } else {
-    const uint2* src = reinterpret_cast<const uint2*>(
-        u.recv + (s * u.runtime_max + j) * (2 * H + 8 * static_cast<int64_t>(u.top_k)));
     for (int64_t v = lane; v < vecs; v += width) dst[v] = src[v];
   }
   return UnpackSlotIds(u, b, lane, width);

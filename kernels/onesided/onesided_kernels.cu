@@ -133,35 +133,48 @@ __device__ __forceinline__ bool CountDone(uint32_t* counter, int* is_last, bool 
   return *is_last != 0;
 }
 
+// One warp's share of a row copy: chunk c of a row of `vecs` vectors
+// (32 * kUnroll vectors per chunk, kUnroll loads in flight per lane) from src
+// to every destination rank d < n whose row pointer dst(d) is not null.
+template <typename Vec, typename DstFn>
+__device__ __forceinline__ void WarpCopyChunk(const Vec* __restrict__ src, int64_t vecs, int64_t c,
+                                              int n, const DstFn& dst, int lane) {
+  const int64_t v0 = c * 32 * kUnroll;
+  Vec x[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int64_t v = v0 + u * 32 + lane;
+    if (v < vecs) x[u] = src[v];
+  }
+  for (int d = 0; d < n; ++d) {
+    Vec* out = reinterpret_cast<Vec*>(dst(d));
+    if (out == nullptr) continue;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t v = v0 + u * 32 + lane;
+      if (v < vecs) out[v] = x[u];
+    }
+  }
+}
+
 // Chunk c (32 * kUnroll vectors, kUnroll loads in flight per lane) of the
-// hidden row of the fused unpack's output slot b: slot j < R of source s
-// copied, zeros past R (UnpackSlot's values).
+// hidden row of the fused unpack's output slot b: its received row copied
+// (WarpCopyChunk), zeros for a padding slot (UnpackSlot's values).
 template <typename Vec>
 __device__ __forceinline__ void UnpackHiddenChunk(const UnpackReceivedParams& u, int64_t b,
                                                   int64_t c, int lane) {
-  const int64_t s = b / u.rows;
-  const int64_t j = b % u.rows;
-  const int64_t H = u.hidden_size;
-  const int64_t vecs = 2 * H / static_cast<int64_t>(sizeof(Vec));
-  Vec* dst = reinterpret_cast<Vec*>(u.hidden + b * H);
-  const int64_t v0 = c * 32 * kUnroll + lane;
-  if (j >= u.runtime_max) {
-#pragma unroll
-    for (int i = 0; i < kUnroll; ++i) {
-      if (v0 + i * 32 < vecs) dst[v0 + i * 32] = Vec{};
-    }
+  const int64_t vecs = 2 * u.hidden_size / static_cast<int64_t>(sizeof(Vec));
+  Vec* dst = reinterpret_cast<Vec*>(u.hidden + b * u.hidden_size);
+  const Vec* src = reinterpret_cast<const Vec*>(UnpackSourceRow(u, b));
+  if (src != nullptr) {
+    WarpCopyChunk<Vec>(
+        src, vecs, c, 1, [&](int) { return dst; }, lane);
     return;
   }
-  const Vec* src = reinterpret_cast<const Vec*>(
-      u.recv + (s * u.runtime_max + j) * (2 * H + 8 * static_cast<int64_t>(u.top_k)));
-  Vec x[kUnroll];
+  const int64_t v0 = c * 32 * kUnroll + lane;
 #pragma unroll
   for (int i = 0; i < kUnroll; ++i) {
-    if (v0 + i * 32 < vecs) x[i] = src[v0 + i * 32];
-  }
-#pragma unroll
-  for (int i = 0; i < kUnroll; ++i) {
-    if (v0 + i * 32 < vecs) dst[v0 + i * 32] = x[i];
+    if (v0 + i * 32 < vecs) dst[v0 + i * 32] = Vec{};
   }
 }
 
@@ -241,30 +254,6 @@ __global__ void __launch_bounds__(kRouteThreads) OsRouteKernel(const OsDispatchP
       p.local.header[1] = p.step.r;
       p.local.header[2] = n;
       *p.local.seq += 1;
-    }
-  }
-}
-
-// One warp's share of a row copy: chunk c of a row of `vecs` vectors
-// (32 * kUnroll vectors per chunk, kUnroll loads in flight per lane) from src
-// to every destination rank d < n whose row pointer dst(d) is not null.
-template <typename Vec, typename DstFn>
-__device__ __forceinline__ void WarpCopyChunk(const Vec* __restrict__ src, int64_t vecs, int64_t c,
-                                              int n, const DstFn& dst, int lane) {
-  const int64_t v0 = c * 32 * kUnroll;
-  Vec x[kUnroll];
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int64_t v = v0 + u * 32 + lane;
-    if (v < vecs) x[u] = src[v];
-  }
-  for (int d = 0; d < n; ++d) {
-    Vec* out = reinterpret_cast<Vec*>(dst(d));
-    if (out == nullptr) continue;
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t v = v0 + u * 32 + lane;
-      if (v < vecs) out[v] = x[u];
     }
   }
 }
@@ -533,6 +522,31 @@ __device__ __forceinline__ Vec ScaleBf16(const Vec& x, float ws) {
   return y;
 }
 
+// Chunk c (32 * kUnroll vectors) of an identity expert's output row: the
+// received bf16 row `row` scaled by its weight (IdentityRowWeight), into
+// `out`. Warp-wide. The row's loads are issued before the weight's, so both
+// are in flight together. Shared by the copy-engine path's identity rows and
+// the combine's push.
+template <typename Vec>
+__device__ __forceinline__ void IdentityChunk(const uint8_t* row, Vec* out, int64_t in_vecs,
+                                              int64_t c, int64_t H, int K, const int32_t* slot_ids,
+                                              int num_local_experts, int lane) {
+  const Vec* x = reinterpret_cast<const Vec*>(row);
+  const int64_t v0 = c * 32 * kUnroll;
+  Vec xv[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int64_t v = v0 + u * 32 + lane;
+    if (v < in_vecs) xv[u] = x[v];
+  }
+  const float ws = IdentityRowWeight(row, H, K, slot_ids, num_local_experts, lane);
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int64_t v = v0 + u * 32 + lane;
+    if (v < in_vecs) out[v] = ScaleBf16(xv[u], ws);
+  }
+}
+
 // Identity rows of the copy-engine path: items (row idx = (s, j), chunk c)
 // over the grid's warps, rows j < recv_counts[s], the push's arithmetic.
 template <typename Vec>
@@ -555,23 +569,8 @@ __global__ void __launch_bounds__(kThreads) OsIdentityRowsKernel(const OsIdentit
     const int64_t idx = item / chunks;
     const int64_t c = item % chunks;
     if (idx % R >= rc[idx / R]) continue;  // uniform over the warp
-    const uint8_t* row = p.rows + idx * row_bytes;
-    const Vec* x = reinterpret_cast<const Vec*>(row);
-    Vec* out = reinterpret_cast<Vec*>(p.out + idx * H);
-    const int64_t v0 = c * 32 * kUnroll;
-    Vec xv[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t v = v0 + u * 32 + lane;
-      if (v < in_vecs) xv[u] = x[v];
-    }
-    // After the row's loads, so they are in flight beside the weight's.
-    const float ws = IdentityRowWeight(row, H, K, p.slot_ids, p.num_local_experts, lane);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t v = v0 + u * 32 + lane;
-      if (v < in_vecs) out[v] = ScaleBf16(xv[u], ws);
-    }
+    IdentityChunk(p.rows + idx * row_bytes, reinterpret_cast<Vec*>(p.out + idx * H), in_vecs, c, H,
+                  K, p.slot_ids, p.num_local_experts, lane);
   }
 }
 
@@ -625,22 +624,8 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
     if (j >= rc[s]) continue;  // uniform over the warp
     uint8_t* out_row = p.peers.window[s] + p.off.combine_recv + (p.rank * R + j) * H * 2;
     if (kIdentity) {
-      const uint8_t* row = identity_rows + idx * row_bytes;
-      const Vec* x = reinterpret_cast<const Vec*>(row);
-      Vec* out = reinterpret_cast<Vec*>(out_row);
-      const int64_t v0 = c * 32 * kUnroll;
-      Vec xv[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t v = v0 + u * 32 + lane;
-        if (v < in_vecs) xv[u] = x[v];
-      }
-      const float ws = IdentityRowWeight(row, H, K, p.slot_ids, p.num_local_experts, lane);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t v = v0 + u * 32 + lane;
-        if (v < in_vecs) out[v] = ScaleBf16(xv[u], ws);
-      }
+      IdentityChunk(identity_rows + idx * row_bytes, reinterpret_cast<Vec*>(out_row), in_vecs, c, H,
+                    K, p.slot_ids, p.num_local_experts, lane);
     } else {
       // Same chunking over the expert output's uint4 vectors.
       const int64_t out_vecs = H / 8;
@@ -718,17 +703,6 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
       a[6] += Bf16Lo(x.w);
       a[7] += Bf16Hi(x.w);
     };
-    auto add_row = [&](const uint4* src) {
-      uint4 x[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (v0 + u * 32 < vecs8) x[u] = src[v0 + u * 32];
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (v0 + u * 32 < vecs8) add(acc[u], x[u]);
-      }
-    };
     // Rank d's term of token t: its pushed row, or this rank's own row read
     // in place (for identity experts the received row, scaled below).
     auto term = [&](int d, int32_t slot, const uint8_t** own_row) -> const uint4* {
@@ -777,7 +751,11 @@ __global__ void __launch_bounds__(kThreads) OsCombineKernel(const OsCombineParam
       if (s0 >= 0) accumulate(x0, own0);
       if (s1 >= 0) accumulate(x1, own1);
     }
-    if (p.shared != nullptr) add_row(reinterpret_cast<const uint4*>(p.shared + t * H));
+    if (p.shared != nullptr) {
+      uint4 x[kUnroll];
+      load(reinterpret_cast<const uint4*>(p.shared + t * H), x);
+      accumulate(x, nullptr);
+    }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (v0 + u * 32 >= vecs8) continue;
