@@ -112,8 +112,9 @@ NcclCollective::~NcclCollective() {
   cudaSetDevice(device_);
   // Abort rather than finalize + destroy: it is local, so tearing down never
   // waits on a peer that is gone. Every collective this object returned from
-  // has been enqueued; callers synchronise before destroying.
-  if (comm_ != nullptr) ncclCommAbort(comm_);
+  // has been enqueued; callers synchronise before destroying. Nor on the
+  // caller's CUDA graphs that captured work here (AbortNcclComm).
+  AbortNcclComm(comm_, device_, graph_refs_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -128,10 +129,8 @@ absl::Status NcclCollective::CheckUsable() const {
 }
 
 void NcclCollective::Abort() {
-  if (comm_ != nullptr) {
-    ncclCommAbort(comm_);
-    comm_ = nullptr;
-  }
+  AbortNcclComm(comm_, device_, graph_refs_);
+  comm_ = nullptr;
 }
 
 absl::Status NcclCollective::Revoke() {
@@ -299,6 +298,7 @@ ncclResult_t NcclCollective::PostAllToAllV(const char* send, absl::Span<const in
 absl::Status NcclCollective::EnqueueAllToAllV(const char* send,
                                               absl::Span<const int64_t> send_bytes, char* recv,
                                               absl::Span<const int64_t> recv_bytes) {
+  RETURN_IF_ERROR(graph_refs_.NoteEnqueue(stream_));
   ncclResult_t r = ncclGroupStart();
   if (r == ncclSuccess) r = PostAllToAllV(send, send_bytes, recv, recv_bytes);
   const ncclResult_t end = ncclGroupEnd();
@@ -331,6 +331,7 @@ absl::Status NcclCollective::GroupedAllToAllV(absl::Span<const AllToAllVPart> pa
     }
   }
   RETURN_IF_ERROR(internal::CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  RETURN_IF_ERROR(graph_refs_.NoteEnqueue(stream_));
   ncclResult_t r = ncclGroupStart();
   for (size_t i = 0; i < parts.size() && r == ncclSuccess; ++i) {
     r = PostAllToAllV(static_cast<const char*>(parts[i].send), parts[i].send_bytes,
@@ -381,6 +382,7 @@ absl::Status NcclCollective::AllGather(const void* send, int64_t bytes_per_rank,
   }
   if (bytes_per_rank == 0) return absl::OkStatus();
   RETURN_IF_ERROR(internal::CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  RETURN_IF_ERROR(graph_refs_.NoteEnqueue(stream_));
   return WaitForNccl(ncclAllGather(send, recv, bytes_per_rank, ncclChar, comm_, stream_),
                      "AllGather");
 }
@@ -393,6 +395,7 @@ absl::Status NcclCollective::AllReduceSum(float* data, int64_t count) {
   }
   if (count == 0) return absl::OkStatus();
   RETURN_IF_ERROR(internal::CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  RETURN_IF_ERROR(graph_refs_.NoteEnqueue(stream_));
   return WaitForNccl(ncclAllReduce(data, data, count, ncclFloat, ncclSum, comm_, stream_),
                      "AllReduceSum");
 }

@@ -14,8 +14,9 @@
 // fails too) and the call returns kUnavailable (error) or kDeadlineExceeded
 // (timeout); every later call returns kFailedPrecondition. A dead peer
 // therefore becomes an error within `timeout`, never a hang (the destructor
-// aborts, never waits). A revoked communicator can still be shrunk: the
-// survivors of a lost rank call Shrink on it (DESIGN §15 rank masks).
+// aborts, never waits: not on a peer, nor on CUDA graphs that captured this
+// communicator's work and still exist, kernels/nccl_graph_refs.h). A revoked communicator can still
+// be shrunk: the survivors of a lost rank call Shrink on it (DESIGN §15 rank masks).
 //
 // Not thread-safe: one caller thread per object. The CUDA device given at
 // creation is made current on the calling thread by every call.
@@ -31,6 +32,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "kernels/nccl_graph_refs.h"
 #include "kernels/stream_collective.h"
 
 namespace moe_ep::kernels {
@@ -165,7 +167,8 @@ class NcclCollective final : public StreamCollective {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   std::string last_error_;
-  bool revoked_ = false;  // ncclCommRevoke done: only Shrink and the destructor use comm_
+  bool revoked_ = false;      // ncclCommRevoke done: only Shrink and the destructor use comm_
+  NcclGraphRefs graph_refs_;  // graphs that captured work on comm_
 };
 
 // True when `ptr` is device memory (or managed/registered memory usable by a

@@ -610,7 +610,11 @@ class Worker:
         stopped"; waits for this module's calls already running on other
         threads to return (each is bounded by its timeout or the group's);
         then drains running RPCs (up to drain_timeout_s), stops serving and
-        frees the worker. A second stop does nothing."""
+        frees the worker. A second stop does nothing. Never waits on CUDA
+        graphs that captured this worker's calls: on the NCCL plane, where
+        they still exist, NCCL's communicator is freed in the background
+        once they are destroyed (del them first to free it at once); never
+        replay such a graph after stop."""
         with self._state:
             if self._handle is None:
                 return

@@ -1,0 +1,130 @@
+// A worker's NCCL communicator torn down while CUDA graphs that captured its
+// work still exist (issue 30: moe_ep_worker_stop hung there, since NCCL 2.26
+// aborts only once such graphs are destroyed).
+#include "kernels/nccl_graph_refs.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <functional>
+#include <future>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "kernels/nccl_collective.h"
+#include "tests/kernels/gpu_test_util.h"
+
+namespace moe_ep::kernels {
+namespace {
+
+using testing::DeviceBuffer;
+using Clock = std::chrono::steady_clock;
+
+std::unique_ptr<NcclCollective> OneRank() {
+  auto id = NcclCollective::NewUniqueId();
+  EXPECT_TRUE(id.ok()) << id.status();
+  auto c = NcclCollective::Create(*id, 0, 1, 0, std::chrono::seconds(20));
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
+// Destroys `c` on another thread; true when that returned within `limit`.
+// (A hung destructor leaves its thread behind: the test then fails.)
+bool DestroyWithin(std::unique_ptr<NcclCollective> c, std::chrono::seconds limit) {
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> f = done->get_future();
+  std::thread([c = std::move(c), done]() mutable {
+    c.reset();
+    done->set_value();
+  }).detach();
+  return f.wait_for(limit) == std::future_status::ready;
+}
+
+bool WaitUntil(const std::function<bool()>& cond, std::chrono::seconds limit) {
+  const auto end = Clock::now() + limit;
+  while (Clock::now() < end) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return cond();
+}
+
+TEST(NcclGraphRefs, StreamNotCapturingCountsNothing) {
+  MOE_EP_REQUIRE_GPUS(1);
+  NcclGraphRefs refs;
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_TRUE(refs.NoteEnqueue(s).ok());
+  EXPECT_EQ(refs.live(), 0);
+  cudaStreamDestroy(s);
+}
+
+// One capture counts once however many calls it holds; the count falls only
+// when the graph and its instance are both destroyed.
+TEST(NcclGraphRefs, CountsEachCaptureUntilGraphAndInstanceAreGone) {
+  MOE_EP_REQUIRE_GPUS(1);
+  NcclGraphRefs refs;
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  ASSERT_TRUE(refs.NoteEnqueue(s).ok());
+  ASSERT_TRUE(refs.NoteEnqueue(s).ok());  // same capture: not counted again
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  EXPECT_EQ(refs.live(), 1);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(refs.live(), 1);  // the instance still holds it
+  ASSERT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_TRUE(WaitUntil([&] { return refs.live() == 0; }, std::chrono::seconds(10))) << refs.live();
+  cudaStreamDestroy(s);
+}
+
+// The hang of issue 30: a communicator whose all-gather was captured and
+// replayed is destroyed while the graph lives. Destruction returns at once;
+// the abort finishes when the graph goes.
+TEST(NcclGraphRefs, CommunicatorTornDownWhileItsGraphLivesDoesNotWait) {
+  MOE_EP_REQUIRE_GPUS(1);
+  const int before = NcclAbortsWaitingForGraphs();
+  std::unique_ptr<NcclCollective> c = OneRank();
+  ASSERT_NE(c, nullptr);
+  DeviceBuffer<uint8_t> send(std::vector<uint8_t>{1, 2, 3, 4});
+  DeviceBuffer<uint8_t> recv(4);
+  ASSERT_EQ(cudaStreamBeginCapture(c->stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  ASSERT_TRUE(c->AllGather(send.get(), 4, recv.get()).ok());
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(c->stream(), &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, c->stream()), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(c->stream()), cudaSuccess);
+  EXPECT_EQ(recv.Download(4), (std::vector<uint8_t>{1, 2, 3, 4}));
+
+  ASSERT_TRUE(DestroyWithin(std::move(c), std::chrono::seconds(20)));
+  EXPECT_EQ(NcclAbortsWaitingForGraphs(), before + 1);
+  ASSERT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  EXPECT_TRUE(
+      WaitUntil([&] { return NcclAbortsWaitingForGraphs() == before; }, std::chrono::seconds(20)))
+      << NcclAbortsWaitingForGraphs();
+}
+
+// With no graph left, the communicator is aborted on the caller's thread.
+TEST(NcclGraphRefs, CommunicatorWithoutLiveGraphsAbortsInline) {
+  MOE_EP_REQUIRE_GPUS(1);
+  const int before = NcclAbortsWaitingForGraphs();
+  std::unique_ptr<NcclCollective> c = OneRank();
+  ASSERT_NE(c, nullptr);
+  DeviceBuffer<uint8_t> send(std::vector<uint8_t>{7});
+  DeviceBuffer<uint8_t> recv(1);
+  ASSERT_TRUE(c->AllGather(send.get(), 1, recv.get()).ok());
+  ASSERT_TRUE(c->Synchronize().ok());
+  ASSERT_TRUE(DestroyWithin(std::move(c), std::chrono::seconds(20)));
+  EXPECT_EQ(NcclAbortsWaitingForGraphs(), before);
+}
+
+}  // namespace
+}  // namespace moe_ep::kernels
