@@ -43,7 +43,7 @@ absl::Status NcclGraphRefs::NoteEnqueue(cudaStream_t stream) {
   live_->fetch_add(1, std::memory_order_acq_rel);
   // Moves the only reference into the graph: instantiation adds the
   // instances' own, so the release comes once all of them are destroyed.
-  const absl::Status moved =
+  absl::Status moved =
       CudaStatus(cudaGraphRetainUserObject(graph, object, 1, cudaGraphUserObjectMove),
                  "cudaGraphRetainUserObject(NCCL graph reference)");
   if (!moved.ok()) {
