@@ -1,0 +1,159 @@
+// smem_stream_bench: how fast asynchronous bulk copies fill shared memory on
+// one GPU, alone: the floor of a GEMM whose time is its operand loads
+// (issues 32, 35; bench/results/fp8-ablate: the fp8 and bf16 expert GEMMs
+// take as long with their products removed).
+//
+// Each CTA's producer threads (lane 0 of warps 0 .. producers-1) stream
+// `iters` chunks of `chunk` bytes each from a device buffer of `src_mib` MiB
+// into their own ring of `stages` chunks with cp.async.bulk (one-dimensional
+// bulk copy, mbarrier completion), reusing a slot once its previous copy has
+// landed (no consumer). Chunk i of producer p of CTA b is read from offset
+// ((b * 7919 + i * producers + p) * chunk) mod the buffer's size: all CTAs
+// stream at once from spread-out addresses. A buffer of 32 MiB stays in L2;
+// 1024 MiB streams from DRAM. One row per configuration: CTAs, CTAs per SM
+// (1 or 2, from the shared memory asked for), producers, in-flight bytes per
+// SM, p50 over --reps of the kernel's time (CUDA events), the aggregate rate
+// (TB/s) and the rate per SM (GB/s).
+// Usage: moe_ep_smem_stream_bench [--reps N]. Output: CSV on stdout.
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "kernels/internal/hopper_ptx.cuh"
+
+namespace {
+
+#define CHECK(call)                                                                  \
+  do {                                                                               \
+    const cudaError_t e = (call);                                                    \
+    if (e != cudaSuccess) {                                                          \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); \
+      std::exit(1);                                                                  \
+    }                                                                                \
+  } while (0)
+
+constexpr int kMaxProducers = 4;
+
+__device__ __forceinline__ bool TryWait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+__global__ void StreamKernel(const uint8_t* src, int64_t src_bytes, int chunk, int stages,
+                             int producers, int iters) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using namespace moe_ep::kernels::internal;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int per = stages / producers;  // slots of one producer's ring
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + int64_t{stages} * chunk);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) MbarInit(SmemAddr(&full[s]), 1);
+    FenceBarrierInit();
+  }
+  __syncthreads();
+  const int p = threadIdx.x / 32;
+  if (threadIdx.x % 32 != 0 || p >= producers) return;
+  const int64_t chunks = src_bytes / chunk;
+  for (int i = 0; i < iters; ++i) {
+    const int s = p * per + i % per;
+    const uint32_t bar = SmemAddr(&full[s]);
+    if (i >= per) {
+      while (!TryWait(bar, ((i / per) & 1) ^ 1)) {
+      }
+    }
+    MbarArriveExpectTx(bar, chunk);
+    const int64_t c = (int64_t{blockIdx.x} * 7919 + int64_t{i} * producers + p) % chunks;
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+        "[%3];\n" ::"r"(SmemAddr(smem + int64_t{s} * chunk)),
+        "l"(src + c * chunk), "r"(chunk), "r"(bar)
+        : "memory");
+  }
+  for (int i = iters > per ? iters - per : 0; i < iters; ++i) {
+    const int s = p * per + i % per;
+    while (!TryWait(SmemAddr(&full[s]), (i / per) & 1)) {
+    }
+  }
+#endif
+}
+
+struct Config {
+  int ctas_per_sm;  // 1 or 2
+  int sm_share;     // 1: every SM; 2: half of them
+  int producers;
+  int stages;
+  int chunk;
+  int src_mib;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 20;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--reps") reps = std::atoi(argv[i + 1]);
+  }
+  cudaDeviceProp prop{};
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  const int sms = prop.multiProcessorCount;
+  const std::vector<Config> configs = {
+      {1, 1, 1, 24, 8192, 32},   {1, 1, 1, 6, 32768, 32},   {1, 1, 1, 12, 8192, 32},
+      {1, 1, 1, 4, 8192, 32},    {1, 1, 2, 24, 8192, 32},   {1, 1, 4, 24, 8192, 32},
+      {2, 1, 1, 12, 8192, 32},   {2, 1, 2, 12, 8192, 32},   {1, 2, 1, 24, 8192, 32},
+      {1, 1, 1, 24, 8192, 1024}, {2, 1, 1, 12, 8192, 1024},
+  };
+  uint8_t* src = nullptr;
+  CHECK(cudaMalloc(&src, int64_t{1024} << 20));
+  CHECK(cudaMemset(src, 1, int64_t{1024} << 20));
+  CHECK(cudaFuncSetAttribute(StreamKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             prop.sharedMemPerBlockOptin));
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  std::printf(
+      "gpu,ctas,ctas_per_sm,sms_used,producers,stages,chunk,inflight_kib_per_sm,src_mib,p50_us,"
+      "tbps,gbps_per_sm\n");
+  for (const Config& c : configs) {
+    const int sms_used = sms / c.sm_share;
+    const int ctas = sms_used * c.ctas_per_sm;
+    // 64 MiB into each SM used, shared by its CTAs and producers.
+    const int iters =
+        static_cast<int>((int64_t{64} << 20) / c.chunk / (c.ctas_per_sm * c.producers));
+    const size_t smem = size_t{static_cast<size_t>(c.stages)} * c.chunk + c.stages * 8;
+    const int64_t src_bytes = int64_t{c.src_mib} << 20;
+    std::vector<float> ms;
+    for (int r = 0; r < reps + 2; ++r) {
+      CHECK(cudaEventRecord(e0));
+      StreamKernel<<<ctas, 32 * kMaxProducers, smem>>>(src, src_bytes, c.chunk, c.stages,
+                                                       c.producers, iters);
+      CHECK(cudaEventRecord(e1));
+      CHECK(cudaEventSynchronize(e1));
+      CHECK(cudaGetLastError());
+      float t = 0;
+      CHECK(cudaEventElapsedTime(&t, e0, e1));
+      if (r >= 2) ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    const double us = ms[ms.size() / 2] * 1e3;
+    const double bytes = double{1.0} * ctas * c.producers * iters * c.chunk;
+    std::printf("%s,%d,%d,%d,%d,%d,%d,%d,%d,%.1f,%.3f,%.1f\n", prop.name, ctas, c.ctas_per_sm,
+                sms_used, c.producers, c.stages, c.chunk, c.stages * c.chunk * c.ctas_per_sm / 1024,
+                c.src_mib, us, bytes / us / 1e6, bytes / us / 1e3 / sms_used);
+    std::fflush(stdout);
+  }
+  cudaFree(src);
+  return 0;
+}
