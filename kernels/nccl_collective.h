@@ -15,8 +15,11 @@
 // (timeout); every later call returns kFailedPrecondition. A dead peer
 // therefore becomes an error within `timeout`, never a hang (the destructor
 // aborts, never waits: not on a peer, nor on CUDA graphs that captured this
-// communicator's work and still exist, kernels/nccl_graph_refs.h). A revoked communicator can still
-// be shrunk: the survivors of a lost rank call Shrink on it (DESIGN §15 rank masks).
+// communicator's work and still exist, kernels/nccl_graph_refs.h). A
+// revoked communicator can still be shrunk: the survivors of a lost rank
+// call Shrink on it (DESIGN §15 rank masks). Every data call first asks
+// CUDA whether stream() is capturing (NcclGraphRefs::NoteEnqueue): a
+// failing query is returned as its CUDA status.
 //
 // Not thread-safe: one caller thread per object. The CUDA device given at
 // creation is made current on the calling thread by every call.
@@ -87,7 +90,9 @@ class NcclCollective final : public StreamCollective {
   absl::Status Synchronize() override;
 
   // Aborts the communicator (e.g. when the control plane learns a peer is
-  // gone). Later calls return kFailedPrecondition.
+  // gone). Later calls return kFailedPrecondition. Where CUDA graphs that
+  // captured its work still exist, returns before NCCL has freed it (the
+  // abort finishes once they are destroyed: kernels/nccl_graph_refs.h).
   void Abort() override;
 
   // Rank masks (DESIGN §15; issue 17 item 3).

@@ -1,8 +1,10 @@
 #include "kernels/nccl_graph_refs.h"
 
+#include <chrono>
+#include <cstdlib>
+#include <system_error>
 #include <thread>
 
-#include "absl/strings/str_format.h"
 #include "core/status_macros.h"
 #include "kernels/cuda_status.h"
 #include "spdlog/spdlog.h"
@@ -10,7 +12,15 @@
 namespace moe_ep::kernels {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 std::atomic<int> g_waiting_aborts{0};
+// Set by an atexit hook: a deferred abort that has not started by then
+// leaves the communicator to the exit (NCCL's and CUDA's teardown would race
+// a late ncclCommAbort).
+std::atomic<bool> g_exiting{false};
+
+void MarkExiting() { g_exiting.store(true, std::memory_order_release); }
 
 // The user object's destructor: runs on a CUDA thread once the graph and all
 // its instances are gone, so it only touches the counter (no CUDA call).
@@ -18,6 +28,24 @@ void ReleaseGraph(void* counter) {
   auto* live = static_cast<std::shared_ptr<std::atomic<int>>*>(counter);
   (*live)->fetch_sub(1, std::memory_order_acq_rel);
   delete live;
+}
+
+// Waits until `live` reads 0 or `limit` has passed; true when it reached 0.
+bool WaitForNoCaptures(const std::shared_ptr<std::atomic<int>>& live, Clock::duration limit) {
+  const Clock::time_point end = Clock::now() + limit;
+  while (live->load(std::memory_order_acquire) > 0) {
+    if (Clock::now() >= end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+void AbortNow(ncclComm_t comm, int device) {
+  cudaSetDevice(device);
+  const ncclResult_t r = ncclCommAbort(comm);
+  if (r != ncclSuccess) {
+    spdlog::warn("ncclCommAbort on device {}: {}", device, ncclGetErrorString(r));
+  }
 }
 
 }  // namespace
@@ -40,39 +68,51 @@ absl::Status NcclGraphRefs::NoteEnqueue(cudaStream_t stream) {
     delete counter;
     return made;
   }
+  // Counted before the move: if the move fails, releasing the object runs
+  // ReleaseGraph, which takes the count back.
   live_->fetch_add(1, std::memory_order_acq_rel);
-  // Moves the only reference into the graph: instantiation adds the
-  // instances' own, so the release comes once all of them are destroyed.
+  // Moves the only reference into the graph: instantiation and cloning add
+  // their own, so the release comes once all of them are destroyed.
   absl::Status moved =
       CudaStatus(cudaGraphRetainUserObject(graph, object, 1, cudaGraphUserObjectMove),
                  "cudaGraphRetainUserObject(NCCL graph reference)");
   if (!moved.ok()) {
-    cudaUserObjectRelease(object, 1);  // runs ReleaseGraph: uncounted
+    cudaUserObjectRelease(object, 1);
     return moved;
   }
   last_capture_id_ = id;
   return absl::OkStatus();
 }
 
-void AbortNcclComm(ncclComm_t comm, int device, const NcclGraphRefs& refs) {
-  if (comm == nullptr) return;
-  const int live = refs.live();
-  if (live == 0) {
-    cudaSetDevice(device);
-    ncclCommAbort(comm);
-    return;
+bool AbortNcclComm(ncclComm_t comm, int device, const NcclGraphRefs& refs) {
+  if (comm == nullptr) return false;
+  // A graph destroyed just before this call is released on a CUDA thread a
+  // moment later: wait briefly rather than defer a clean shutdown.
+  const std::shared_ptr<std::atomic<int>> live = refs.live_;
+  if (WaitForNoCaptures(live, std::chrono::milliseconds(200))) {
+    AbortNow(comm, device);
+    return false;
   }
+  static const bool hooked = std::atexit(MarkExiting) == 0;
+  (void)hooked;
   spdlog::warn(
-      "NCCL communicator on device {}: {} CUDA graph(s) that captured its work still exist; NCCL "
-      "frees it only once they are destroyed, so the abort finishes in the background when they "
-      "are (destroy captured graphs before stopping the worker to free it at once)",
-      device, live);
+      "NCCL communicator on device {}: {} CUDA graph capture(s) of its work still exist; NCCL "
+      "frees it only once they are destroyed, so it is aborted in the background when they are "
+      "(destroy captured graphs before stopping the worker to free it at once)",
+      device, live->load(std::memory_order_acquire));
   g_waiting_aborts.fetch_add(1, std::memory_order_acq_rel);
-  std::thread([comm, device] {
-    cudaSetDevice(device);
-    ncclCommAbort(comm);
+  try {
+    std::thread([comm, device, live] {
+      WaitForNoCaptures(live, Clock::duration::max() / 2);
+      if (!g_exiting.load(std::memory_order_acquire)) AbortNow(comm, device);
+      g_waiting_aborts.fetch_sub(1, std::memory_order_acq_rel);
+    }).detach();
+  } catch (const std::system_error& e) {
+    // No thread: leave the communicator to the exit rather than block here.
     g_waiting_aborts.fetch_sub(1, std::memory_order_acq_rel);
-  }).detach();
+    spdlog::warn("NCCL communicator on device {} left unaborted: no thread ({})", device, e.what());
+  }
+  return true;
 }
 
 int NcclAbortsWaitingForGraphs() { return g_waiting_aborts.load(std::memory_order_acquire); }

@@ -2,19 +2,22 @@
 
 // CUDA graphs that captured a communicator's NCCL work, and a teardown that
 // never waits on them (issue 30: an engine stopping its worker while its
-// captured graphs still exist hung in moe_ep_worker_stop).
+// captured graphs still existed hung in moe_ep_worker_stop).
 //
-// Since NCCL 2.26, ncclCommAbort and ncclCommDestroy poll until every CUDA
-// graph (and executable instance) that captured work of the communicator is
-// destroyed: a graph holds the communicator. An engine that captured
-// dispatch / combine on the NCCL plane and stops the worker before it drops
-// its graphs (torch keeps them until they go out of scope) would block that
-// thread forever. NcclGraphRefs counts those graphs the same way NCCL does
-// (a cudaUserObject moved into each capture, released when the graph and
-// all its instances are gone); AbortNcclComm aborts at once when none is
-// left and otherwise hands the abort to a detached thread, which finishes
-// when the engine destroys its last graph (or never, if it keeps them to
-// the end of the process: the communicator is then reclaimed at exit).
+// ncclCommAbort and ncclCommDestroy poll until every CUDA graph (with its
+// instances and clones) that captured a kernel plan of the communicator is
+// destroyed (NCCL's commDestroySync, since 2.14; per communicator since
+// 2.26): a graph holds the communicator. An engine that captured dispatch /
+// combine on the NCCL plane and stops the worker before it drops its graphs
+// (torch keeps them until they go out of scope) would block that thread
+// forever. NcclGraphRefs counts those captures the way NCCL does (a
+// cudaUserObject moved into each capture, released when the graph and all
+// its instances are gone). It may count a capture NCCL does not hold (a
+// one-rank collective NCCL runs as a copy, a call that failed): the abort
+// then only waits longer than it had to. AbortNcclComm aborts at once when
+// no capture is left and otherwise on a detached thread once the engine has
+// destroyed them; if the process exits first, the communicator is left to
+// the exit (never aborted while the process tears down).
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -29,30 +32,41 @@ namespace moe_ep::kernels {
 class NcclGraphRefs {
  public:
   NcclGraphRefs();
+  NcclGraphRefs(const NcclGraphRefs&) = delete;
+  NcclGraphRefs& operator=(const NcclGraphRefs&) = delete;
 
   // Call before enqueueing NCCL work on `stream`: when the stream is
-  // capturing into a graph not counted yet, moves a user object into that
-  // graph whose release (the graph and every instance of it destroyed)
+  // capturing (on its own, or joined to another stream's capture through an
+  // event) into a graph not counted yet, moves a user object into that graph
+  // whose release (the graph and every instance and clone of it destroyed)
   // uncounts it. A stream not capturing costs one cudaStreamGetCaptureInfo.
-  // Errors: kInternal (a CUDA call failed; nothing counted).
+  // Errors: the CUDA error as a status (kernels/cuda_status.h: e.g.
+  // kResourceExhausted, kInternal) naming the call; nothing is counted.
   // Not thread-safe (the collective's caller thread); live() is.
   absl::Status NoteEnqueue(cudaStream_t stream);
 
-  // Graphs (with their instances) that captured work and still exist.
+  // Captures (each with its instances and clones) that still exist. The
+  // release runs on a CUDA thread shortly after the last one is destroyed.
   int live() const { return live_->load(std::memory_order_acquire); }
 
  private:
+  friend bool AbortNcclComm(ncclComm_t comm, int device, const NcclGraphRefs& refs);
+
+  // Shared with each capture's user object, which may outlive this object.
   std::shared_ptr<std::atomic<int>> live_;
   unsigned long long last_capture_id_ = 0;  // NOLINT(google-runtime-int): CUDA's type
 };
 
-// ncclCommAbort(comm) on `device`, on this thread when `refs` counts no live
-// graph, else on a detached thread (a warning is logged naming the count),
-// so that the caller never waits on graphs it does not own. Thread-safe.
-void AbortNcclComm(ncclComm_t comm, int device, const NcclGraphRefs& refs);
+// ncclCommAbort(comm) on `device`. When `refs` counts no live capture (after
+// up to 200 ms for releases of graphs destroyed just before, which CUDA runs
+// asynchronously), on this thread; else a warning naming the count is logged
+// and a detached thread waits until the captures are gone, then aborts
+// (skipped once the process has begun to exit). Returns true when the abort
+// was deferred. Never waits on graphs the caller does not own. Thread-safe.
+bool AbortNcclComm(ncclComm_t comm, int device, const NcclGraphRefs& refs);
 
-// Aborts handed to a detached thread that have not finished: their graphs
-// still exist. For tests and diagnostics. Thread-safe.
+// Deferred aborts that have not finished: their captures still exist. For
+// tests and diagnostics. Thread-safe.
 int NcclAbortsWaitingForGraphs();
 
 }  // namespace moe_ep::kernels

@@ -258,7 +258,7 @@ MOE_EP_EXPORT moe_ep_status moe_ep_worker_start(int32_t argc, const char* const*
  * (>= 0) for running RPCs, stops serving and frees `worker` (also on error).
  * Must not race with other calls on `worker`. NULL: no-op. Never waits on
  * the engine's CUDA graphs: where graphs that captured NCCL-plane calls
- * still exist (NCCL >= 2.26 frees a communicator only after them), the
+ * still exist (NCCL frees a communicator only after them), the
  * communicator's abort finishes in the background once they are destroyed
  * and a warning says so; destroy such graphs first to free it at once. A
  * graph that captured calls of a stopped worker must not be replayed.

@@ -1,6 +1,6 @@
 // A worker's NCCL communicator torn down while CUDA graphs that captured its
-// work still exist (issue 30: moe_ep_worker_stop hung there, since NCCL 2.26
-// aborts only once such graphs are destroyed).
+// work still exist (issue 30: moe_ep_worker_stop hung there, since NCCL's
+// abort waits until such graphs are destroyed).
 #include "kernels/nccl_graph_refs.h"
 
 #include <gtest/gtest.h>
@@ -60,32 +60,52 @@ TEST(NcclGraphRefs, StreamNotCapturingCountsNothing) {
   cudaStreamDestroy(s);
 }
 
-// One capture counts once however many calls it holds; the count falls only
-// when the graph and its instance are both destroyed.
+// One capture counts once however many calls it holds, a second capture
+// again; a stream joined to another stream's capture (the engine's path:
+// the caller's stream forks onto the collective's) counts that capture; the
+// count falls only when the graph and its instance are both destroyed.
 TEST(NcclGraphRefs, CountsEachCaptureUntilGraphAndInstanceAreGone) {
   MOE_EP_REQUIRE_GPUS(1);
   NcclGraphRefs refs;
-  cudaStream_t s = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  ASSERT_TRUE(refs.NoteEnqueue(s).ok());
-  ASSERT_TRUE(refs.NoteEnqueue(s).ok());  // same capture: not counted again
-  cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
-  EXPECT_EQ(refs.live(), 1);
+  cudaStream_t caller = nullptr;
+  cudaStream_t own = nullptr;
+  cudaEvent_t fork = nullptr;
+  cudaEvent_t join = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&caller, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
+  cudaGraph_t graphs[2] = {nullptr, nullptr};
+  for (cudaGraph_t& graph : graphs) {
+    ASSERT_EQ(cudaStreamBeginCapture(caller, cudaStreamCaptureModeGlobal), cudaSuccess);
+    ASSERT_EQ(cudaEventRecord(fork, caller), cudaSuccess);
+    ASSERT_EQ(cudaStreamWaitEvent(own, fork, 0), cudaSuccess);
+    ASSERT_TRUE(refs.NoteEnqueue(own).ok());
+    ASSERT_TRUE(refs.NoteEnqueue(own).ok());  // same capture: not counted again
+    ASSERT_EQ(cudaEventRecord(join, own), cudaSuccess);
+    ASSERT_EQ(cudaStreamWaitEvent(caller, join, 0), cudaSuccess);
+    ASSERT_EQ(cudaStreamEndCapture(caller, &graph), cudaSuccess);
+  }
+  EXPECT_EQ(refs.live(), 2);
   cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_EQ(refs.live(), 1);  // the instance still holds it
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graphs[0], 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphDestroy(graphs[0]), cudaSuccess);
+  ASSERT_EQ(cudaGraphDestroy(graphs[1]), cudaSuccess);
+  EXPECT_TRUE(WaitUntil([&] { return refs.live() == 1; }, std::chrono::seconds(10)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(refs.live(), 1);  // the instance still holds graphs[0]'s
   ASSERT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
   EXPECT_TRUE(WaitUntil([&] { return refs.live() == 0; }, std::chrono::seconds(10))) << refs.live();
-  cudaStreamDestroy(s);
+  cudaEventDestroy(fork);
+  cudaEventDestroy(join);
+  cudaStreamDestroy(caller);
+  cudaStreamDestroy(own);
 }
 
-// The hang of issue 30: a communicator whose all-gather was captured and
-// replayed is destroyed while the graph lives. Destruction returns at once;
-// the abort finishes when the graph goes.
+// The hang of issue 30: a communicator whose all-to-all (a send and a
+// receive to itself: a kernel plan NCCL's abort waits on) was captured and
+// replayed is destroyed while the graph lives. Destruction returns; the
+// abort stays pending while the graph lives and finishes once it is gone.
 TEST(NcclGraphRefs, CommunicatorTornDownWhileItsGraphLivesDoesNotWait) {
   MOE_EP_REQUIRE_GPUS(1);
   const int before = NcclAbortsWaitingForGraphs();
@@ -93,8 +113,9 @@ TEST(NcclGraphRefs, CommunicatorTornDownWhileItsGraphLivesDoesNotWait) {
   ASSERT_NE(c, nullptr);
   DeviceBuffer<uint8_t> send(std::vector<uint8_t>{1, 2, 3, 4});
   DeviceBuffer<uint8_t> recv(4);
-  ASSERT_EQ(cudaStreamBeginCapture(c->stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  ASSERT_TRUE(c->AllGather(send.get(), 4, recv.get()).ok());
+  const std::vector<int64_t> bytes = {4};
+  ASSERT_EQ(cudaStreamBeginCapture(c->stream(), cudaStreamCaptureModeGlobal), cudaSuccess);
+  ASSERT_TRUE(c->AllToAllV(send.get(), bytes, recv.get(), bytes).ok());
   cudaGraph_t graph = nullptr;
   ASSERT_EQ(cudaStreamEndCapture(c->stream(), &graph), cudaSuccess);
   cudaGraphExec_t exec = nullptr;
@@ -104,7 +125,8 @@ TEST(NcclGraphRefs, CommunicatorTornDownWhileItsGraphLivesDoesNotWait) {
   EXPECT_EQ(recv.Download(4), (std::vector<uint8_t>{1, 2, 3, 4}));
 
   ASSERT_TRUE(DestroyWithin(std::move(c), std::chrono::seconds(20)));
-  EXPECT_EQ(NcclAbortsWaitingForGraphs(), before + 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(NcclAbortsWaitingForGraphs(), before + 1);  // pending: the graph lives
   ASSERT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
   ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
   EXPECT_TRUE(
@@ -112,17 +134,34 @@ TEST(NcclGraphRefs, CommunicatorTornDownWhileItsGraphLivesDoesNotWait) {
       << NcclAbortsWaitingForGraphs();
 }
 
-// With no graph left, the communicator is aborted on the caller's thread.
-TEST(NcclGraphRefs, CommunicatorWithoutLiveGraphsAbortsInline) {
+// Graphs destroyed just before the teardown (their release is asynchronous)
+// and no capture at all: the communicator is aborted on the caller's thread.
+TEST(NcclGraphRefs, CommunicatorWhoseGraphsAreGoneAbortsInline) {
   MOE_EP_REQUIRE_GPUS(1);
   const int before = NcclAbortsWaitingForGraphs();
   std::unique_ptr<NcclCollective> c = OneRank();
   ASSERT_NE(c, nullptr);
   DeviceBuffer<uint8_t> send(std::vector<uint8_t>{7});
   DeviceBuffer<uint8_t> recv(1);
-  ASSERT_TRUE(c->AllGather(send.get(), 1, recv.get()).ok());
-  ASSERT_TRUE(c->Synchronize().ok());
+  const std::vector<int64_t> bytes = {1};
+  ASSERT_EQ(cudaStreamBeginCapture(c->stream(), cudaStreamCaptureModeGlobal), cudaSuccess);
+  ASSERT_TRUE(c->AllToAllV(send.get(), bytes, recv.get(), bytes).ok());
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(c->stream(), &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, c->stream()), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(c->stream()), cudaSuccess);
+  ASSERT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
   ASSERT_TRUE(DestroyWithin(std::move(c), std::chrono::seconds(20)));
+  EXPECT_EQ(NcclAbortsWaitingForGraphs(), before);
+
+  std::unique_ptr<NcclCollective> plain = OneRank();
+  ASSERT_NE(plain, nullptr);
+  ASSERT_TRUE(plain->AllToAllV(send.get(), bytes, recv.get(), bytes).ok());
+  ASSERT_TRUE(plain->Synchronize().ok());
+  ASSERT_TRUE(DestroyWithin(std::move(plain), std::chrono::seconds(20)));
   EXPECT_EQ(NcclAbortsWaitingForGraphs(), before);
 }
 
