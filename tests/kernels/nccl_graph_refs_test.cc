@@ -41,6 +41,21 @@ bool DestroyWithin(std::unique_ptr<NcclCollective> c, std::chrono::seconds limit
   return f.wait_for(limit) == std::future_status::ready;
 }
 
+// Captures an all-to-all of `n` bytes to this rank itself (a send and a
+// receive: a kernel plan, which NCCL's abort waits on) on c's stream into
+// *graph, instantiates it as *exec and replays it once.
+void CaptureAndReplay(NcclCollective& c, const DeviceBuffer<uint8_t>& send,
+                      DeviceBuffer<uint8_t>& recv, int64_t n, cudaGraph_t* graph,
+                      cudaGraphExec_t* exec) {
+  const std::vector<int64_t> bytes = {n};
+  ASSERT_EQ(cudaStreamBeginCapture(c.stream(), cudaStreamCaptureModeGlobal), cudaSuccess);
+  ASSERT_TRUE(c.AllToAllV(send.get(), bytes, recv.get(), bytes).ok());
+  ASSERT_EQ(cudaStreamEndCapture(c.stream(), graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(exec, *graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(*exec, c.stream()), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(c.stream()), cudaSuccess);
+}
+
 bool WaitUntil(const std::function<bool()>& cond, std::chrono::seconds limit) {
   const auto end = Clock::now() + limit;
   while (Clock::now() < end) {
@@ -113,15 +128,9 @@ TEST(NcclGraphRefs, CommunicatorTornDownWhileItsGraphLivesDoesNotWait) {
   ASSERT_NE(c, nullptr);
   DeviceBuffer<uint8_t> send(std::vector<uint8_t>{1, 2, 3, 4});
   DeviceBuffer<uint8_t> recv(4);
-  const std::vector<int64_t> bytes = {4};
-  ASSERT_EQ(cudaStreamBeginCapture(c->stream(), cudaStreamCaptureModeGlobal), cudaSuccess);
-  ASSERT_TRUE(c->AllToAllV(send.get(), bytes, recv.get(), bytes).ok());
   cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaStreamEndCapture(c->stream(), &graph), cudaSuccess);
   cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  ASSERT_EQ(cudaGraphLaunch(exec, c->stream()), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(c->stream()), cudaSuccess);
+  ASSERT_NO_FATAL_FAILURE(CaptureAndReplay(*c, send, recv, 4, &graph, &exec));
   EXPECT_EQ(recv.Download(4), (std::vector<uint8_t>{1, 2, 3, 4}));
 
   ASSERT_TRUE(DestroyWithin(std::move(c), std::chrono::seconds(20)));
@@ -144,14 +153,9 @@ TEST(NcclGraphRefs, CommunicatorWhoseGraphsAreGoneAbortsInline) {
   DeviceBuffer<uint8_t> send(std::vector<uint8_t>{7});
   DeviceBuffer<uint8_t> recv(1);
   const std::vector<int64_t> bytes = {1};
-  ASSERT_EQ(cudaStreamBeginCapture(c->stream(), cudaStreamCaptureModeGlobal), cudaSuccess);
-  ASSERT_TRUE(c->AllToAllV(send.get(), bytes, recv.get(), bytes).ok());
   cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaStreamEndCapture(c->stream(), &graph), cudaSuccess);
   cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  ASSERT_EQ(cudaGraphLaunch(exec, c->stream()), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(c->stream()), cudaSuccess);
+  ASSERT_NO_FATAL_FAILURE(CaptureAndReplay(*c, send, recv, 1, &graph, &exec));
   ASSERT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
   ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
   ASSERT_TRUE(DestroyWithin(std::move(c), std::chrono::seconds(20)));
