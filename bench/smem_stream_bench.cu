@@ -18,39 +18,18 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "bench/expert_bench_util.h"
 #include "kernels/internal/hopper_ptx.cuh"
 
 namespace {
 
-#define CHECK(call)                                                                  \
-  do {                                                                               \
-    const cudaError_t e = (call);                                                    \
-    if (e != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); \
-      std::exit(1);                                                                  \
-    }                                                                                \
-  } while (0)
-
 constexpr int kMaxProducers = 4;
-
-__device__ __forceinline__ bool TryWait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return done != 0;
-}
 
 __global__ void StreamKernel(const uint8_t* src, int64_t src_bytes, int chunk, int stages,
                              int producers, int iters) {
@@ -71,8 +50,7 @@ __global__ void StreamKernel(const uint8_t* src, int64_t src_bytes, int chunk, i
     const int s = p * per + i % per;
     const uint32_t bar = SmemAddr(&full[s]);
     if (i >= per) {
-      while (!TryWait(bar, ((i / per) & 1) ^ 1)) {
-      }
+      MbarWait(bar, ((i / per) & 1) ^ 1);
     }
     MbarArriveExpectTx(bar, chunk);
     const int64_t c = (int64_t{blockIdx.x} * 7919 + int64_t{i} * producers + p) % chunks;
@@ -84,8 +62,7 @@ __global__ void StreamKernel(const uint8_t* src, int64_t src_bytes, int chunk, i
   }
   for (int i = iters > per ? iters - per : 0; i < iters; ++i) {
     const int s = p * per + i % per;
-    while (!TryWait(SmemAddr(&full[s]), (i / per) & 1)) {
-    }
+    MbarWait(SmemAddr(&full[s]), (i / per) & 1);
   }
 #endif
 }
@@ -107,7 +84,7 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--reps") reps = std::atoi(argv[i + 1]);
   }
   cudaDeviceProp prop{};
-  CHECK(cudaGetDeviceProperties(&prop, 0));
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
   const std::vector<Config> configs = {
       {1, 1, 1, 24, 8192, 32},   {1, 1, 1, 6, 32768, 32},   {1, 1, 1, 12, 8192, 32},
@@ -116,13 +93,13 @@ int main(int argc, char** argv) {
       {1, 1, 1, 24, 8192, 1024}, {2, 1, 1, 12, 8192, 1024},
   };
   uint8_t* src = nullptr;
-  CHECK(cudaMalloc(&src, int64_t{1024} << 20));
-  CHECK(cudaMemset(src, 1, int64_t{1024} << 20));
-  CHECK(cudaFuncSetAttribute(StreamKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             prop.sharedMemPerBlockOptin));
+  CUDA_CHECK(cudaMalloc(&src, int64_t{1024} << 20));
+  CUDA_CHECK(cudaMemset(src, 1, int64_t{1024} << 20));
+  CUDA_CHECK(cudaFuncSetAttribute(StreamKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  prop.sharedMemPerBlockOptin));
   cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
   std::printf(
       "gpu,ctas,ctas_per_sm,sms_used,producers,stages,chunk,inflight_kib_per_sm,src_mib,p50_us,"
       "tbps,gbps_per_sm\n");
@@ -134,20 +111,19 @@ int main(int argc, char** argv) {
         static_cast<int>((int64_t{64} << 20) / c.chunk / (c.ctas_per_sm * c.producers));
     const size_t smem = size_t{static_cast<size_t>(c.stages)} * c.chunk + c.stages * 8;
     const int64_t src_bytes = int64_t{c.src_mib} << 20;
-    std::vector<float> ms;
+    std::vector<double> us_samples;
     for (int r = 0; r < reps + 2; ++r) {
-      CHECK(cudaEventRecord(e0));
+      CUDA_CHECK(cudaEventRecord(e0));
       StreamKernel<<<ctas, 32 * kMaxProducers, smem>>>(src, src_bytes, c.chunk, c.stages,
                                                        c.producers, iters);
-      CHECK(cudaEventRecord(e1));
-      CHECK(cudaEventSynchronize(e1));
-      CHECK(cudaGetLastError());
+      CUDA_CHECK(cudaEventRecord(e1));
+      CUDA_CHECK(cudaEventSynchronize(e1));
+      CUDA_CHECK(cudaGetLastError());
       float t = 0;
-      CHECK(cudaEventElapsedTime(&t, e0, e1));
-      if (r >= 2) ms.push_back(t);
+      CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+      if (r >= 2) us_samples.push_back(t * 1e3);
     }
-    std::sort(ms.begin(), ms.end());
-    const double us = ms[ms.size() / 2] * 1e3;
+    const double us = moe_ep::bench::P50(us_samples);
     const double bytes = double{1.0} * ctas * c.producers * iters * c.chunk;
     std::printf("%s,%d,%d,%d,%d,%d,%d,%d,%d,%.1f,%.3f,%.1f\n", prop.name, ctas, c.ctas_per_sm,
                 sms_used, c.producers, c.stages, c.chunk, c.stages * c.chunk * c.ctas_per_sm / 1024,
