@@ -170,32 +170,9 @@ __device__ __forceinline__ void MbarWaitBounded(uint32_t bar, uint32_t parity) {
   }
 }
 
-// 2-CTA clusters (multicast of A or of B): this CTA's rank, a cluster-wide barrier,
-// an arrival on the peer CTA's copy of a local mbarrier, and a TMA load
-// written to the same offset of every CTA in `mask` (completing there on
-// the same barrier offset).
-__device__ __forceinline__ uint32_t ClusterCtaRank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-
-__device__ __forceinline__ void ClusterSync() {
-  asm volatile(
-      "barrier.cluster.arrive.release.aligned;\n"
-      "barrier.cluster.wait.acquire.aligned;\n" ::
-          : "memory");
-}
-
-__device__ __forceinline__ void MbarArrivePeer(uint32_t bar, uint32_t peer) {
-  asm volatile(
-      "{\n.reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
-      "r"(peer)
-      : "memory");
-}
-
+// 2-CTA clusters (multicast of A or of B): a TMA load written to the same
+// offset of every CTA in `mask` (completing there on the same barrier offset);
+// the cluster helpers are in kernels/internal/hopper_ptx.cuh.
 // MbarArrivePeer when `pred`, predicated as MbarArriveIf (no branch).
 __device__ __forceinline__ void MbarArrivePeerIf(uint32_t bar, uint32_t peer, bool pred) {
   asm volatile(

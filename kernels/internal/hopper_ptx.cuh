@@ -60,6 +60,32 @@ __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
   } while (done == 0);
 }
 
+// 2-CTA clusters: this CTA's rank in its cluster, a barrier of every thread
+// of the cluster (aligned: every thread of each warp executes it), and an
+// arrival on the peer CTA's copy of a local mbarrier (`bar` is this CTA's
+// shared-memory address of it).
+__device__ __forceinline__ uint32_t ClusterCtaRank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+__device__ __forceinline__ void ClusterSync() {
+  asm volatile(
+      "barrier.cluster.arrive.release.aligned;\n"
+      "barrier.cluster.wait.acquire.aligned;\n" ::
+          : "memory");
+}
+
+__device__ __forceinline__ void MbarArrivePeer(uint32_t bar, uint32_t peer) {
+  asm volatile(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      "r"(peer)
+      : "memory");
+}
+
 // 2-D tile copy global -> shared through the tensor map; completes `bytes`
 // transactions on `bar`. c0: innermost (column) coordinate, c1: row.
 __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, int32_t c0,
