@@ -16,7 +16,10 @@ with perf_counter_ns around the call alone (the GPU calls only enqueue):
 at --ranks 1, each call captured alone in a torch CUDA graph and replayed
 --graph-replays times from an idle stream (graph_dispatch / graph_combine,
 CUDA events around each replay: the phases' device time), then both in one
-graph (graph_step); and, outside the
+graph (graph_step); then both in one graph with external event record
+nodes between them, as onesided_bench times the bare kernels
+(graph_dispatch_inside / graph_combine_inside / graph_phases_inside:
+device time alone, no graph launch); and, outside the
 steps, the Python pieces of Worker.dispatch one by one
 (py_inputs: the three tensor checks; py_stream: the current stream;
 py_info: Worker.info()). Steps alternate C and Python; the stream is drained
@@ -28,6 +31,7 @@ loop of C calls only. Writes DIR/host_<plane>_<ranks>.json and prints it.
 """
 
 import argparse
+import ctypes
 import json
 import os
 import subprocess
@@ -180,7 +184,41 @@ def rank_main(args):
                 ev[1].record()
                 ev[1].synchronize()
                 gs.append(ev[0].elapsed_time(ev[1]) * 1e3)
+            # As onesided_bench times the bare kernels' phases: both calls in
+            # one graph with external event record nodes between them, so a
+            # phase's figure is device time alone (no graph launch, no idle
+            # stream before it).
+            ext = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+            for e in ext:
+                e.record(side)  # creates the CUDA event behind it
+            side.synchronize()
+            cuda = ctypes.CDLL("libcuda.so.1")
+            cuda.cuEventRecordWithFlags.argtypes = [ctypes.c_void_p, ctypes.c_void_p,
+                                                    ctypes.c_uint]
+            external = 1  # CU_EVENT_RECORD_EXTERNAL
+
+            def mark(e):
+                rc = cuda.cuEventRecordWithFlags(e.cuda_event, sid, external)
+                assert rc == 0, f"cuEventRecordWithFlags: CUresult {rc}"
+
+            g_inside = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g_inside, stream=side):
+                mark(ext[0])
+                assert c_dispatch(*gd_args) == 0, lib.moe_ep_last_error()
+                mark(ext[1])
+                assert c_combine(*gc_args) == 0, lib.moe_ep_last_error()
+                mark(ext[2])
+            gdi, gci, gpi = [], [], []
+            for _ in range(args.graph_replays):
+                g_inside.replay()
+                ext[2].synchronize()
+                gdi.append(ext[0].elapsed_time(ext[1]) * 1e3)
+                gci.append(ext[1].elapsed_time(ext[2]) * 1e3)
+                gpi.append(ext[0].elapsed_time(ext[2]) * 1e3)
             worker.check_step()
+            result["graph_dispatch_inside"] = summary(gdi)
+            result["graph_combine_inside"] = summary(gci)
+            result["graph_phases_inside"] = summary(gpi)
             result["graph_dispatch"] = summary(gd)
             result["graph_combine"] = summary(gc)
             result["graph_step"] = summary(gs)
