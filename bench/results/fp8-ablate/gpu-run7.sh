@@ -3,7 +3,9 @@
 # really in the binary (stop 53's were not: ninja rebuilt the object from the
 # repository's source, so every "variant" ran the committed kernel; see the
 # README). prod.patch builds each from kernels/fp8_grouped_gemm.cu:
-#   p1   MOE_EP_FP8_PRODUCERS=1: the committed kernel through the same build
+#   p1   MOE_EP_FP8_PRODUCERS=1: main's kernel before this call (one producer)
+#   new  the bundle's own build: 4 producer threads in every form (this
+#        stop's change to kernels/fp8_grouped_gemm.cu), after its GPU tests
 #   p2   2 producer threads (warps 0, 1), box j by producer j % 2
 #   p4   4 producer threads
 #   lo   MOE_EP_FP8_LOADS_ONLY=1: no products, no promotion (1 producer)
@@ -11,15 +13,18 @@
 #   bb1  MOE_EP_FP8_BIG_A=1: A as one TMA box of the whole tile (32 KB at
 #        256 rows), 1 producer
 #   bb2  big A box from producer 0, B from producer 1
-# and the bf16 Hopper step with its products removed (babl2.patch, hb) beside
-# the same source with them (h0). One process order per shape.
-#   mkdir -p g && tar -C g -xJf gpu-callN/b.tar.xz && timeout 400 bash bench/results/fp8-ablate/gpu-run7.sh g /tmp/r; tar -C /tmp/r -czf "$OUT/r.tgz" .
+# and the bf16 Hopper step (issue 32) with its products removed (babl2.patch,
+# hb) beside the same source with them (h0), and with 4 producer threads in
+# its tall kernel (bf16-prod.patch: hp4; hp1 the same source at 1, main's).
+# One process order per shape.
+#   mkdir -p g && tar -C g -xJf gpu-callN/b.tar.xz && timeout 500 bash bench/results/fp8-ablate/gpu-run7.sh g /tmp/r; tar -C /tmp/r -czf "$OUT/r.tgz" .
 set -u
 g=$1
 out=$2
 mkdir -p "$out"
 source "$g/env.sh"
 bin=$g/bin
+export MOE_EP_DATA_DIR="$PWD/$g/data"
 SECONDS=0
 mark() { echo "$1 rc $2 at ${SECONDS}s" >> "$out/rc.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv > "$out/gpu.txt" 2>&1
@@ -28,21 +33,35 @@ fb() {  # name, binary, shape args
   timeout 40 "$2" --paths fp8 --warmup 10 --iters 100 $3 > "$out/fp8_$1.csv" 2> "$out/fp8_$1.log"
   mark "fp8_$1" $?
 }
+# The kernel as built here (main's working tree: 4 producer threads in
+# every form, clusters included) on the GPU tests of the fp8 GEMMs first.
+timeout 150 "$bin/moe_ep_gpu_tests" --gtest_filter='Fp8GroupedGemm.*:ExpertComputeFp8.*' \
+  > "$out/fp8_tests.log" 2>&1
+mark fp8_tests $?
 for shape in "t4096:--tokens 4096" "e16:--experts 16 --topk 1 --tokens 32768"; do
   s=${shape%%:*}; a=${shape#*:}
-  fb "base_$s" "$bin/moe_ep_expert_bench" "$a"
-  for v in p1 lo lo4 p2 p4 bb1 bb2; do fb "${v}_$s" "$bin/moe_ep_expert_bench_$v" "$a"; done
-  fb "base_again_$s" "$bin/moe_ep_expert_bench" "$a"
+  fb "p1_$s" "$bin/moe_ep_expert_bench_p1" "$a"
+  fb "new_$s" "$bin/moe_ep_expert_bench" "$a"
+  for v in lo lo4 p2 p4 bb1 bb2; do fb "${v}_$s" "$bin/moe_ep_expert_bench_$v" "$a"; done
+  fb "p1_again_$s" "$bin/moe_ep_expert_bench_p1" "$a"
+  fb "new_again_$s" "$bin/moe_ep_expert_bench" "$a"
 done
-for v in base hb h0 base_again; do
-  b="$bin/moe_ep_expert_bench"; case $v in hb|h0) b="$bin/moe_ep_expert_bench_$v";; esac
-  timeout 40 "$b" --paths hopper --tokens 128 4096 --warmup 5 --iters 50 > "$out/bf16_$v.csv" 2> "$out/bf16_$v.log"
+# The new kernel at 1 / 128 / 4096 tokens with its tile comparison (clusters).
+timeout 60 "$bin/moe_ep_expert_bench" --paths fp8 --fp8-tile-compare --tokens 1 128 4096 \
+  --warmup 10 --iters 100 --bound-tbps 3.35 > "$out/fp8_new_tiles.csv" 2> "$out/fp8_new_tiles.log"
+mark fp8_new_tiles $?
+for v in hp1 hp4 hb h0 hp1_again hp4_again; do
+  b="$bin/moe_ep_expert_bench_${v%_again}"
+  timeout 40 "$b" --paths hopper cublas --tokens 128 4096 --warmup 5 --iters 50 \
+    > "$out/bf16_$v.csv" 2> "$out/bf16_$v.log"
   mark "bf16_$v" $?
 done
 nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,power.draw --format=csv >> "$out/gpu.txt" 2>&1
 {
   echo "fp8: name step_us gate_up_us down_us fp8_vs_bf16_max_rel"
   for f in "$out"/fp8_*.csv; do echo "$(basename "$f" .csv) $(tail -1 "$f" | cut -d, -f7,8,9,21)"; done
-  for f in "$out"/bf16_*.csv; do echo "$(basename "$f" .csv)"; tail -2 "$f" | cut -d, -f1,8; done
+  grep -h -E "^\[  (PASSED|FAILED)" "$out/fp8_tests.log"
+  tail -3 "$out/fp8_new_tiles.csv" | cut -d, -f1,7,8,9,12,18,21,23-30
+  for f in "$out"/bf16_*.csv; do echo "$(basename "$f" .csv)"; tail -2 "$f" | cut -d, -f1,8,10,15; done
 } > "$out/summary.txt"
 cat "$out/rc.txt" "$out/summary.txt"
