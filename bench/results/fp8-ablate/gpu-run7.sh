@@ -17,7 +17,7 @@
 # hb) beside the same source with them (h0), and with 4 producer threads in
 # its tall kernel (bf16-prod.patch: hp4; hp1 the same source at 1, main's).
 # One process order per shape.
-#   mkdir -p g && tar -C g -xJf gpu-callN/b.tar.xz && timeout 500 bash bench/results/fp8-ablate/gpu-run7.sh g /tmp/r; tar -C /tmp/r -czf "$OUT/r.tgz" .
+#   mkdir -p g && tar -C g -xJf gpu-callN/b.tar.xz && timeout 360 bash bench/results/fp8-ablate/gpu-run7.sh g /tmp/r; tar -C /tmp/r -czf "$OUT/r.tgz" .
 set -u
 g=$1
 out=$2
@@ -35,22 +35,24 @@ fb() {  # name, binary, shape args
 }
 # The kernel as built here (main's working tree: 4 producer threads in
 # every form, clusters included) on the GPU tests of the fp8 GEMMs first.
-timeout 150 "$bin/moe_ep_gpu_tests" --gtest_filter='Fp8GroupedGemm.*:ExpertComputeFp8.*' \
+timeout 120 "$bin/moe_ep_gpu_tests" --gtest_filter='Fp8GroupedGemm.*:ExpertComputeFp8.*' \
   > "$out/fp8_tests.log" 2>&1
 mark fp8_tests $?
-for shape in "t4096:--tokens 4096" "e16:--experts 16 --topk 1 --tokens 32768"; do
-  s=${shape%%:*}; a=${shape#*:}
-  fb "p1_$s" "$bin/moe_ep_expert_bench_p1" "$a"
-  fb "new_$s" "$bin/moe_ep_expert_bench" "$a"
-  for v in lo lo4 p2 p4 bb1 bb2; do fb "${v}_$s" "$bin/moe_ep_expert_bench_$v" "$a"; done
-  fb "p1_again_$s" "$bin/moe_ep_expert_bench_p1" "$a"
-  fb "new_again_$s" "$bin/moe_ep_expert_bench" "$a"
+a="--tokens 4096"
+for v in p1 new p2 p4 lo lo4 bb1 bb2 p1_again new_again; do
+  b="$bin/moe_ep_expert_bench_${v%_again}"; [ "${v%_again}" = new ] && b="$bin/moe_ep_expert_bench"
+  fb "${v}_t4096" "$b" "$a"
 done
-# The new kernel at 1 / 128 / 4096 tokens with its tile comparison (clusters).
-timeout 60 "$bin/moe_ep_expert_bench" --paths fp8 --fp8-tile-compare --tokens 1 128 4096 \
+a="--experts 16 --topk 1 --tokens 32768"
+for v in p1 new p4 lo4 p1_again; do
+  b="$bin/moe_ep_expert_bench_${v%_again}"; [ "${v%_again}" = new ] && b="$bin/moe_ep_expert_bench"
+  fb "${v}_e16" "$b" "$a"
+done
+# The new kernel at 128 / 4096 tokens with its tile comparison (clusters).
+timeout 40 "$bin/moe_ep_expert_bench" --paths fp8 --fp8-tile-compare --tokens 128 4096 \
   --warmup 10 --iters 100 --bound-tbps 3.35 > "$out/fp8_new_tiles.csv" 2> "$out/fp8_new_tiles.log"
 mark fp8_new_tiles $?
-for v in hp1 hp4 hb h0 hp1_again hp4_again; do
+for v in hp1 hp4 hb hp1_again; do
   b="$bin/moe_ep_expert_bench_${v%_again}"
   timeout 40 "$b" --paths hopper cublas --tokens 128 4096 --warmup 5 --iters 50 \
     > "$out/bf16_$v.csv" 2> "$out/bf16_$v.log"
