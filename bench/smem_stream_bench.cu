@@ -176,9 +176,15 @@ int main(int argc, char** argv) {
     cfg.numAttrs = 1;
     int sms_used = sms / c.sm_share;
     if (c.cluster > 1) {
+      // Whole pairs only, no more than can be resident at once.
+      sms_used = sms_used / c.cluster * c.cluster;
       cfg.gridDim = dim3(sms_used);
       int clusters = 0;
       CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, StreamKernel, &cfg));
+      if (clusters < 1) {
+        std::fprintf(stderr, "no %d-CTA cluster of %zu bytes fits: row skipped\n", c.cluster, smem);
+        continue;
+      }
       sms_used = std::min(sms_used, clusters * c.cluster);
     }
     const int ctas = sms_used * c.ctas_per_sm;

@@ -14,8 +14,8 @@
 #        256 rows), 1 producer
 #   bb2  big A box from producer 0, B from producer 1
 # and the bf16 Hopper step (issue 32) with its products removed (babl2.patch,
-# hb) beside the same source with them (h0), and with 4 producer threads in
-# its tall kernel (bf16-prod.patch: hp4; hp1 the same source at 1, main's).
+# hb), and with 4 producer threads in its tall kernel (bf16-prod.patch: hp4;
+# hp1 the same source at 1, main's kernel: the control).
 # One process order per shape.
 #   mkdir -p g && tar -C g -xJf gpu-callN/b.tar.xz && timeout 360 bash bench/results/fp8-ablate/gpu-run7.sh g /tmp/r; tar -C /tmp/r -czf "$OUT/r.tgz" .
 set -u
