@@ -84,14 +84,14 @@ absl::Status NcclGraphRefs::NoteEnqueue(cudaStream_t stream) {
   return absl::OkStatus();
 }
 
-bool AbortNcclComm(ncclComm_t comm, int device, const NcclGraphRefs& refs) {
-  if (comm == nullptr) return false;
+void AbortNcclComm(ncclComm_t comm, int device, const NcclGraphRefs& refs) {
+  if (comm == nullptr) return;
   // A graph destroyed just before this call is released on a CUDA thread a
   // moment later: wait briefly rather than defer a clean shutdown.
   const std::shared_ptr<std::atomic<int>> live = refs.live_;
   if (WaitForNoCaptures(live, std::chrono::milliseconds(200))) {
     AbortNow(comm, device);
-    return false;
+    return;
   }
   static const bool hooked = std::atexit(MarkExiting) == 0;
   (void)hooked;
@@ -112,7 +112,6 @@ bool AbortNcclComm(ncclComm_t comm, int device, const NcclGraphRefs& refs) {
     g_waiting_aborts.fetch_sub(1, std::memory_order_acq_rel);
     spdlog::warn("NCCL communicator on device {} left unaborted: no thread ({})", device, e.what());
   }
-  return true;
 }
 
 int NcclAbortsWaitingForGraphs() { return g_waiting_aborts.load(std::memory_order_acquire); }

@@ -50,7 +50,7 @@ class NcclGraphRefs {
   int live() const { return live_->load(std::memory_order_acquire); }
 
  private:
-  friend bool AbortNcclComm(ncclComm_t comm, int device, const NcclGraphRefs& refs);
+  friend void AbortNcclComm(ncclComm_t comm, int device, const NcclGraphRefs& refs);
 
   // Shared with each capture's user object, which may outlive this object.
   std::shared_ptr<std::atomic<int>> live_;
@@ -61,9 +61,9 @@ class NcclGraphRefs {
 // up to 200 ms for releases of graphs destroyed just before, which CUDA runs
 // asynchronously), on this thread; else a warning naming the count is logged
 // and a detached thread waits until the captures are gone, then aborts
-// (skipped once the process has begun to exit). Returns true when the abort
-// was deferred. Never waits on graphs the caller does not own. Thread-safe.
-bool AbortNcclComm(ncclComm_t comm, int device, const NcclGraphRefs& refs);
+// (skipped once the process has begun to exit); NcclAbortsWaitingForGraphs
+// counts those. Never waits on graphs the caller does not own. Thread-safe.
+void AbortNcclComm(ncclComm_t comm, int device, const NcclGraphRefs& refs);
 
 // Deferred aborts that have not finished: their captures still exist. For
 // tests and diagnostics. Thread-safe.
