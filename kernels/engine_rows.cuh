@@ -33,13 +33,19 @@ struct UnpackReceivedParams {
   // The two count arrays are zero already (a kernel before this one on the
   // stream zeroed them: OsZeroCounts), so no cudaMemsetAsync is enqueued.
   bool counts_zeroed = false;
+  // Device [E], or null: the rows source s really sent; slots j in
+  // [recv_counts[s], R) are then written as padding whatever the receive
+  // region holds there (the one-sided plane's window keeps an earlier
+  // step's rows past the count; the NCCL plane's pack writes padding rows).
+  const int32_t* recv_counts = nullptr;
 };
 
 // LaunchUnpackReceived()
 //
 // Slot j < R of source s is copied as is (a token, or padding: zero hidden,
 // the invalid id, zero weights, as the pack kernel wrote it); slots [R, rows)
-// are written as padding. A slot holds a token when one of its K ids is a
+// are written as padding, and with recv_counts the slots [recv_counts[s], R)
+// too. A slot holds a token when one of its K ids is a
 // local expert (a token is sent only to ranks owning one of its experts;
 // padding carries only the invalid id); source_counts[s] counts those slots,
 // expert_counts[l] the ids equal to first_expert + l among them. The counts
@@ -61,12 +67,13 @@ absl::Status CheckUnpackReceived(const UnpackReceivedParams& p);
 //
 // The received row [2H bf16 | K ids | K weights] that output slot b of
 // [E * rows] copies: slot j < R of source s = b / rows, at row s * R + j of
-// the receive region; nullptr for the padding slots [R, rows).
+// the receive region; nullptr for the padding slots [R, rows), and with
+// recv_counts for [recv_counts[s], R) too.
 __device__ inline const uint8_t* UnpackSourceRow(const UnpackReceivedParams& u, int64_t b) {
+  const int64_t s = b / u.rows;
   const int64_t j = b % u.rows;
-  if (j >= u.runtime_max) return nullptr;
-  return u.recv +
-         (b / u.rows * u.runtime_max + j) * (2 * u.hidden_size + 8 * static_cast<int64_t>(u.top_k));
+  if (j >= u.runtime_max || (u.recv_counts != nullptr && j >= u.recv_counts[s])) return nullptr;
+  return u.recv + (s * u.runtime_max + j) * (2 * u.hidden_size + 8 * static_cast<int64_t>(u.top_k));
 }
 
 // UnpackSlotIds()

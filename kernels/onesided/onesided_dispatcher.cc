@@ -150,6 +150,11 @@ absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
   // MOE_EP_ONESIDED_FUSED_UNPACK=0 keeps the separate kernel (an A/B knob).
   const char* fused = std::getenv("MOE_EP_ONESIDED_FUSED_UNPACK");
   d->fuse_unpack_ = fused == nullptr || std::string_view(fused) != "0";
+  // A rank alone unpacks straight into the engine's buffers (no window
+  // rows, no second pass: issue 30's graph dispatch against the bare
+  // kernel); MOE_EP_ONESIDED_DIRECT_UNPACK=0 keeps the window path (A/B).
+  const char* direct = std::getenv("MOE_EP_ONESIDED_DIRECT_UNPACK");
+  d->direct_unpack_ = direct == nullptr || std::string_view(direct) != "0";
   // The combine reads this rank's own rows in place (OsCombineParams::
   // push_own false: EP 1 combine at 128 tokens 7.87 us against 10.69,
   // 4096 128.45 against 137.60, EP 2 threads 267.23 against 309.66,
@@ -283,6 +288,7 @@ absl::Status OneSidedDispatcher::EnqueueDispatch(const OsStepArgs& step, const u
   if (FusesUnpack(unpack, step.r)) {
     p.fuse_unpack = true;
     p.unpack = *unpack;
+    p.direct_unpack = direct_unpack_ && OsDirectUnpackFits(ep_size_, *unpack);
   }
   return EnqueueDispatchParams(p, std::min(step.t, step.r));
 }
@@ -418,7 +424,15 @@ absl::Status OneSidedDispatcher::Dispatch(const uint16_t* hidden, const int32_t*
   RETURN_IF_ERROR(SettleUnlessOpen());
   RETURN_IF_ERROR(CheckArgs("Dispatch", num_tokens, hidden, topk_ids, topk_weights));
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
-  if (unpack != nullptr) RETURN_IF_ERROR(CheckUnpackReceived(*unpack));
+  // The window keeps an earlier step's rows past this step's counts: the
+  // unpack writes padding there (the counts the send kernel records).
+  UnpackReceivedParams counted;
+  if (unpack != nullptr) {
+    RETURN_IF_ERROR(CheckUnpackReceived(*unpack));
+    counted = *unpack;
+    counted.recv_counts = local_.recv_counts;
+    unpack = &counted;
+  }
   RETURN_IF_ERROR(
       EnqueueDispatch({geometry_.epoch(), geometry_.runtime_max_tokens_per_rank(), num_tokens},
                       hidden, topk_ids, topk_weights, zero, unpack));

@@ -177,7 +177,12 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   // also unpacked into the engine's buffers, inside the send kernel on the
   // fused SM path with bf16 rows (one launch: OsDispatchParams::
   // fuse_unpack; MOE_EP_ONESIDED_FUSED_UNPACK=0 turns it off), else by
-  // LaunchUnpackReceived after it; errors of CheckUnpackReceived as well.
+  // LaunchUnpackReceived after it; the slots past each source's count are
+  // written as padding (UnpackReceivedParams::recv_counts: the window keeps
+  // an earlier step's rows there). A rank alone writes the engine's buffers
+  // from its inputs directly (OsDispatchParams::direct_unpack;
+  // MOE_EP_ONESIDED_DIRECT_UNPACK=0 turns it off). Errors of
+  // CheckUnpackReceived as well.
   absl::Status Dispatch(const uint16_t* hidden, const int32_t* topk_ids, const float* topk_weights,
                         int64_t num_tokens, const OsZeroCounts& zero = {},
                         const UnpackReceivedParams* unpack = nullptr);
@@ -298,7 +303,10 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   int ep_size_ = 0;
   int rank_ = 0;
   bool fuse_unpack_ = true;  // Dispatch's `unpack` in the send kernel where the path allows
-  bool push_own_ = false;    // OsCombineParams::push_own (MOE_EP_ONESIDED_PUSH_OWN=1: true)
+  // A rank alone's fused unpack straight into the engine's buffers
+  // (OsDispatchParams::direct_unpack; MOE_EP_ONESIDED_DIRECT_UNPACK=0: false).
+  bool direct_unpack_ = true;
+  bool push_own_ = false;  // OsCombineParams::push_own (MOE_EP_ONESIDED_PUSH_OWN=1: true)
   int device_ = 0;
   int64_t capacity_ = 0;
   int64_t hidden_ = 0;

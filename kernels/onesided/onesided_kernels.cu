@@ -216,6 +216,76 @@ __device__ void UnpackShare(const UnpackReceivedParams& u) {
   }
 }
 
+// Direct unpack (OsDispatchParams::direct_unpack, a rank alone): block
+// 0's counts of the engine's step, from the inputs every block routes, with
+// UnpackSlotIds's rule (a slot counts for its source once one of its ids is
+// a local expert; expert_counts[l] the ids equal to first_expert + l).
+// Written whole, not added to: no other block touches them and none need
+// wait for a zeroing (the grid-wide count the window path pays for).
+__device__ void DirectUnpackCounts(const OsDispatchParams& p, int64_t T, int32_t* hist,
+                                   int* local_tokens) {
+  const UnpackReceivedParams& u = p.unpack;
+  const int L = u.num_local_experts;
+  const int tid = threadIdx.x;
+  for (int l = tid; l < L; l += blockDim.x) hist[l] = 0;
+  if (tid == 0) *local_tokens = 0;
+  __syncthreads();
+  if (tid < T) {
+    bool local = false;
+    for (int k = 0; k < p.top_k; ++k) {
+      const int32_t id = internal::ExpertOrInvalid(p.topk_ids[tid * p.top_k + k], p.num_experts,
+                                                   p.invalid_expert_id);
+      const int l = id - u.first_expert;
+      if (id != p.invalid_expert_id && l >= 0 && l < L) {
+        atomicAdd(&hist[l], 1);
+        local = true;
+      }
+    }
+    if (local) atomicAdd(local_tokens, 1);
+  }
+  __syncthreads();
+  for (int l = tid; l < L; l += blockDim.x) u.expert_counts[l] = hist[l];
+  if (tid == 0) u.source_counts[0] = *local_tokens;
+}
+
+// Direct unpack's item (slot b, chunk c) by one warp: token b's chunk c to
+// its slot of the engine's [rows, H] buffer (its ids and weights with chunk
+// 0), and output slot b past the sent count written as padding (zero hidden,
+// the invalid id, zero weights), as LaunchUnpackReceived leaves slots
+// [count, rows).
+template <typename Vec>
+__device__ __forceinline__ void DirectUnpackItem(const OsDispatchParams& p, int64_t b, int64_t c,
+                                                 int64_t T, int slot, int32_t count, int lane) {
+  const UnpackReceivedParams& u = p.unpack;
+  const int64_t H = p.hidden_size;
+  const int K = p.top_k;
+  const int64_t vecs = 2 * H / static_cast<int64_t>(sizeof(Vec));
+  if (b < T && slot >= 0) {
+    Vec* row = reinterpret_cast<Vec*>(u.hidden + slot * H);
+    WarpCopyChunk<Vec>(
+        reinterpret_cast<const Vec*>(p.hidden + b * H), vecs, c, 1, [&](int) { return row; }, lane);
+    if (c == 0) {
+      for (int k = lane; k < K; k += 32) {
+        u.topk_ids[slot * K + k] =
+            internal::ExpertOrInvalid(p.topk_ids[b * K + k], p.num_experts, p.invalid_expert_id);
+        u.topk_weights[slot * K + k] = p.topk_weights[b * K + k];
+      }
+    }
+  }
+  if (b < count || b >= u.rows) return;
+  Vec* pad = reinterpret_cast<Vec*>(u.hidden + b * H);
+  const int64_t v0 = c * 32 * kUnroll + lane;
+#pragma unroll
+  for (int i = 0; i < kUnroll; ++i) {
+    if (v0 + i * 32 < vecs) pad[v0 + i * 32] = Vec{};
+  }
+  if (c != 0) return;
+  for (int k = lane; k < K; k += 32) {
+    u.topk_ids[b * K + k] = u.invalid_expert_id;
+    u.topk_weights[b * K + k] = 0.0f;
+  }
+}
+
 // Route of the unfused path: block d = destination d, exclusive scans over
 // chunks of tokens (as kernels/route.cu), plus the step header and q + 1.
 __global__ void __launch_bounds__(kRouteThreads) OsRouteKernel(const OsDispatchParams p) {
@@ -275,6 +345,8 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
   __shared__ int state[kMaxEpSize];
   __shared__ int64_t their_epoch[kMaxEpSize];
   __shared__ int64_t their_r[kMaxEpSize];
+  __shared__ int32_t direct_hist[kFused ? kOsDirectMaxLocalExperts : 1];
+  __shared__ int direct_local_tokens;
   const int E = p.ep_size;
   const int K = p.top_k;
   const int64_t H = p.hidden_size;
@@ -291,10 +363,12 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
   const int64_t R = kFused ? p.step.r : header[1];
   const int64_t T = kFused ? (p.step.t < R ? p.step.t : R) : header[2];
   const int64_t epoch = kFused ? p.step.epoch : header[0];
-  // A rank alone, unpacking nothing, skips the grid-wide count and the flag
-  // round (below): its block 0 then writes the sequence number while other
-  // blocks may still be starting, so only block 0 reads it.
-  const bool alone = E == 1 && !(kFused && p.fuse_unpack);
+  // A rank alone skips the grid-wide count and the flag round (below) when
+  // it unpacks nothing or unpacks directly (its rows straight into the
+  // engine's buffers): its block 0 then writes the sequence number while
+  // other blocks may still be starting, so only block 0 reads it.
+  const bool direct = kFused && p.direct_unpack;
+  const bool alone = E == 1 && (!(kFused && p.fuse_unpack) || direct);
   const uint64_t q = alone && blockIdx.x != 0 ? 0 : (kFused ? *p.local.seq + 1 : *p.local.seq);
   const bool fp8 = p.fp8;
   const bool ce = !kFused && p.ce;  // the hidden rows travel by copy engine
@@ -320,6 +394,7 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
     counts[tid] = p.local.send_counts[tid];
   }
   __syncthreads();
+  if (direct && blockIdx.x == 0) DirectUnpackCounts(p, T, direct_hist, &direct_local_tokens);
   auto slot_of = [&](int64_t b, int d) -> int {
     if (b >= T) return -1;
     if (ce) return static_cast<int>(b);  // every destination, slot = token
@@ -332,10 +407,16 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
                          : fp8 ? H / core::fp8::kBlockSize
                                : (vecs + 32 * kUnroll - 1) / (32 * kUnroll);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
-  for (int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + warp; item < R * chunks;
+  // Direct: the output slots [0, rows) of the engine's buffer (rows >= R).
+  const int64_t slots_out = direct && p.unpack.rows > R ? p.unpack.rows : R;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + warp; item < slots_out * chunks;
        item += stride) {
     const int64_t b = item / chunks;
     const int64_t c = item % chunks;
+    if (direct) {
+      DirectUnpackItem<Vec>(p, b, c, T, slot_of(b, 0), counts[0], lane);
+      continue;
+    }
     auto dst = [&](int d) -> uint8_t* {
       const int slot = slot_of(b, d);
       return slot >= 0 ? p.peers.window[d] + p.off.dispatch_recv + (p.rank * R + slot) * row_bytes
@@ -837,6 +918,15 @@ absl::Status CheckDispatch(const OsDispatchParams& p) {
         "LaunchOsDispatch: fuse_unpack needs the fused SM path with bf16 rows (R <= 512, E <= 8) "
         "and counts the send kernel zeroes (unpack.counts_zeroed)");
   }
+  if (p.direct_unpack && (!p.fuse_unpack || !OsDirectUnpackFits(p.ep_size, p.unpack) ||
+                          p.unpack.hidden_size != p.hidden_size || p.unpack.rows < p.step.r)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "LaunchOsDispatch: direct_unpack needs fuse_unpack, ep_size 1 (got %d), at most %d local "
+        "experts (got %d), a 16-byte aligned hidden buffer of H %d (got H %d), rows >= R (got "
+        "%d, R %d)",
+        p.ep_size, kOsDirectMaxLocalExperts, p.unpack.num_local_experts, p.hidden_size,
+        p.unpack.hidden_size, p.unpack.rows, p.step.r));
+  }
   if (p.top_k < 1 || p.top_k > kMaxTopK || p.num_experts < p.ep_size || p.step.r < 0 ||
       p.step.t < 0 || p.blocks < 1) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -869,7 +959,9 @@ unsigned SendGrid(const OsDispatchParams& p) {
   const bool vec16 = (2 * p.hidden_size + 8 * p.top_k) % 16 == 0;
   const int64_t vecs = 2 * p.hidden_size / (vec16 ? 16 : 8);
   const int64_t chunks = p.ce ? 1 : (vecs + 32 * kUnroll - 1) / (32 * kUnroll);
-  const int64_t warps_needed = (p.step.r * chunks + kWarps - 1) / kWarps;
+  // A direct unpack also writes the engine's padding slots [R, rows).
+  const int64_t slots = p.direct_unpack ? std::max(p.step.r, p.unpack.rows) : p.step.r;
+  const int64_t warps_needed = (slots * chunks + kWarps - 1) / kWarps;
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(warps_needed, p.blocks)));
 }
 

@@ -184,11 +184,35 @@ struct OsDispatchParams {
   // the engine's buffers, as LaunchUnpackReceived would (same results), so
   // the call launches one kernel instead of two (host time, issue 30 item
   // 3). The blocks that finish sending first wait for the last block's
-  // release of q in local.unpacked. Off unless MOE_EP_ONESIDED_FUSED_UNPACK=1
-  // (OneSidedDispatcher::Dispatch): not yet run on a GPU.
+  // release of q in local.unpacked. On unless MOE_EP_ONESIDED_FUSED_UNPACK=0
+  // (OneSidedDispatcher::Dispatch).
   UnpackReceivedParams unpack;
   bool fuse_unpack = false;
+  // With fuse_unpack, a rank alone (ep_size 1) whose engine buffers take
+  // 16-byte rows and whose local experts fit kOsDirectMaxLocalExperts: the
+  // send writes each token straight into its slot of the engine's buffers
+  // and the padding slots [count, rows), block 0 writes the counts, and
+  // nothing goes through the window (no second pass, no grid-wide count,
+  // no flag: issue 30 item 3, the graph dispatch against the bare kernel).
+  // Same results as the window path; the window's receive rows are not
+  // written (an engine's combine reads its own expert outputs).
+  bool direct_unpack = false;
 };
+
+// The most local experts a direct unpack counts (one int32 each in the send
+// kernel's shared memory).
+inline constexpr int kOsDirectMaxLocalExperts = 1024;
+
+// OsDirectUnpackFits()
+//
+// Whether an engine dispatch with these buffers may unpack directly
+// (OsDispatchParams::direct_unpack): ep_size 1, the engine's hidden buffer
+// 16-byte aligned with H a multiple of 8, at most kOsDirectMaxLocalExperts
+// local experts.
+inline bool OsDirectUnpackFits(int ep_size, const UnpackReceivedParams& u) {
+  return ep_size == 1 && u.num_local_experts <= kOsDirectMaxLocalExperts &&
+         u.hidden_size % 8 == 0 && reinterpret_cast<uintptr_t>(u.hidden) % 16 == 0;
+}
 
 struct OsCombineParams {
   OsPeerTable peers;

@@ -290,6 +290,11 @@ void RunRank(moe_ep_worker* worker, int world, int device) {
   // Counts that hold another step's values: the dispatch starts them from zero.
   Upload(d_source_counts, std::vector<int64_t>(world, 777), stream);
   Upload(d_expert_counts, std::vector<int64_t>(kExperts, 777), stream);
+  // Receive buffers that hold another step's rows: every padding slot is
+  // written, not left as it was.
+  Fill(d_recv_hidden, 0x5a, rows * kHidden * sizeof(uint16_t), stream);
+  Fill(d_recv_ids, 0x5a, rows * kTopK * sizeof(int32_t), stream);
+  Fill(d_recv_weights, 0x5a, rows * kTopK * sizeof(float), stream);
   Ok(moe_ep_commit_geometry(worker, 1, kR, tokens), "commit_geometry");
   Ok(moe_ep_dispatch(worker, d_hidden, d_ids, d_weights, tokens, d_recv_hidden, d_recv_ids,
                      d_recv_weights, kRows, d_source_counts, d_expert_counts, stream, 0),
@@ -327,10 +332,14 @@ void RunRank(moe_ep_worker* worker, int world, int device) {
            static_cast<long long>(source_counts[s]), slot);
     for (int j = slot; j < kRows; ++j) {
       const int at = s * kRows + j;
-      EXPECT(recv_ids[at * kTopK] == invalid && recv_weights[at * kTopK] == 0.0f,
-             "source %d padding slot %d: id %d weight %g", s, j, recv_ids[at * kTopK],
-             recv_weights[at * kTopK]);
-      EXPECT(recv_hidden[at * kHidden] == 0, "source %d padding slot %d: hidden not zero", s, j);
+      for (int k = 0; k < kTopK; ++k) {
+        EXPECT(recv_ids[at * kTopK + k] == invalid && recv_weights[at * kTopK + k] == 0.0f,
+               "source %d padding slot %d choice %d: id %d weight %g", s, j, k,
+               recv_ids[at * kTopK + k], recv_weights[at * kTopK + k]);
+      }
+      EXPECT(std::all_of(&recv_hidden[at * kHidden], &recv_hidden[(at + 1) * kHidden],
+                         [](uint16_t v) { return v == 0; }),
+             "source %d padding slot %d: hidden not zero", s, j);
     }
   }
   for (int l = 0; l < local; ++l) {
