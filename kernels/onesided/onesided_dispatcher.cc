@@ -150,9 +150,9 @@ absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
   // MOE_EP_ONESIDED_FUSED_UNPACK=0 keeps the separate kernel (an A/B knob).
   const char* fused = std::getenv("MOE_EP_ONESIDED_FUSED_UNPACK");
   d->fuse_unpack_ = fused == nullptr || std::string_view(fused) != "0";
-  // A rank alone unpacks straight into the engine's buffers (no window
-  // rows, no second pass: issue 30's graph dispatch against the bare
-  // kernel); MOE_EP_ONESIDED_DIRECT_UNPACK=0 keeps the window path (A/B).
+  // A rank's own rows go straight into the engine's buffers (at EP 1 no
+  // window rows and no second pass: issue 30's graph dispatch against the
+  // bare kernel); MOE_EP_ONESIDED_DIRECT_UNPACK=0 keeps the window path (A/B).
   const char* direct = std::getenv("MOE_EP_ONESIDED_DIRECT_UNPACK");
   d->direct_unpack_ = direct == nullptr || std::string_view(direct) != "0";
   // The combine reads this rank's own rows in place (OsCombineParams::
@@ -288,7 +288,7 @@ absl::Status OneSidedDispatcher::EnqueueDispatch(const OsStepArgs& step, const u
   if (FusesUnpack(unpack, step.r)) {
     p.fuse_unpack = true;
     p.unpack = *unpack;
-    p.direct_unpack = direct_unpack_ && OsDirectUnpackFits(ep_size_, *unpack);
+    p.direct_unpack = direct_unpack_ && OsDirectUnpackFits(*unpack);
   }
   return EnqueueDispatchParams(p, std::min(step.t, step.r));
 }

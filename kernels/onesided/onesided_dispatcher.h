@@ -179,9 +179,9 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   // fuse_unpack; MOE_EP_ONESIDED_FUSED_UNPACK=0 turns it off), else by
   // LaunchUnpackReceived after it; the slots past each source's count are
   // written as padding (UnpackReceivedParams::recv_counts: the window keeps
-  // an earlier step's rows there). A rank alone writes the engine's buffers
-  // from its inputs directly (OsDispatchParams::direct_unpack;
-  // MOE_EP_ONESIDED_DIRECT_UNPACK=0 turns it off). Errors of
+  // an earlier step's rows there). On the fused path a rank's own rows go
+  // from its inputs to the engine's buffers directly (OsDispatchParams::
+  // direct_unpack; MOE_EP_ONESIDED_DIRECT_UNPACK=0 turns it off). Errors of
   // CheckUnpackReceived as well.
   absl::Status Dispatch(const uint16_t* hidden, const int32_t* topk_ids, const float* topk_weights,
                         int64_t num_tokens, const OsZeroCounts& zero = {},
@@ -303,8 +303,9 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   int ep_size_ = 0;
   int rank_ = 0;
   bool fuse_unpack_ = true;  // Dispatch's `unpack` in the send kernel where the path allows
-  // A rank alone's fused unpack straight into the engine's buffers
-  // (OsDispatchParams::direct_unpack; MOE_EP_ONESIDED_DIRECT_UNPACK=0: false).
+  // The fused unpack writes this rank's own rows straight into the engine's
+  // buffers (OsDispatchParams::direct_unpack; MOE_EP_ONESIDED_DIRECT_UNPACK=0:
+  // false).
   bool direct_unpack_ = true;
   bool push_own_ = false;  // OsCombineParams::push_own (MOE_EP_ONESIDED_PUSH_OWN=1: true)
   int device_ = 0;

@@ -187,7 +187,9 @@ __device__ __forceinline__ void UnpackHiddenChunk(const UnpackReceivedParams& u,
 // 2, issue 30's graph target). Chunk 0 also writes the ids and weights and
 // counts: source_counts[s] the slots with a local id (the counts zeroed by
 // block 0 at the kernel's start: OsZeroCounts).
-__device__ void UnpackShare(const UnpackReceivedParams& u) {
+// With skip_source >= 0 that source's slab is left alone (the direct
+// unpack wrote this rank's own rows already).
+__device__ void UnpackShare(const UnpackReceivedParams& u, int skip_source) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int64_t H = u.hidden_size;
@@ -203,6 +205,7 @@ __device__ void UnpackShare(const UnpackReceivedParams& u) {
        item += stride) {
     const int64_t b = item / chunks;
     const int64_t c = item % chunks;
+    if (b / u.rows == skip_source) continue;  // uniform over the warp
     if (vec16) {
       UnpackHiddenChunk<uint4>(u, b, c, lane);
     } else {
@@ -216,12 +219,14 @@ __device__ void UnpackShare(const UnpackReceivedParams& u) {
   }
 }
 
-// Direct unpack (OsDispatchParams::direct_unpack, a rank alone): block
-// 0's counts of the engine's step, from the inputs every block routes, with
-// UnpackSlotIds's rule (a slot counts for its source once one of its ids is
-// a local expert; expert_counts[l] the ids equal to first_expert + l).
-// Written whole, not added to: no other block touches them and none need
-// wait for a zeroing (the grid-wide count the window path pays for).
+// Direct unpack (OsDispatchParams::direct_unpack): block 0's counts of this
+// rank's own slab, from the inputs every block routes, with UnpackSlotIds's
+// rule (a slot counts for its source once one of its ids is a local
+// expert; expert_counts[l] the ids equal to first_expert + l). Written
+// whole, not added to, after block 0 zeroed them: a rank alone's counts
+// are then final with no grid-wide count; with peers, the unpack of their
+// slabs adds to expert_counts after the flag round, which follows these
+// stores.
 __device__ void DirectUnpackCounts(const OsDispatchParams& p, int64_t T, int32_t* hist,
                                    int* local_tokens) {
   const UnpackReceivedParams& u = p.unpack;
@@ -245,14 +250,14 @@ __device__ void DirectUnpackCounts(const OsDispatchParams& p, int64_t T, int32_t
   }
   __syncthreads();
   for (int l = tid; l < L; l += blockDim.x) u.expert_counts[l] = hist[l];
-  if (tid == 0) u.source_counts[0] = *local_tokens;
+  if (tid == 0) u.source_counts[p.rank] = *local_tokens;
 }
 
-// Direct unpack's item (slot b, chunk c) by one warp: token b's chunk c to
-// its slot of the engine's [rows, H] buffer (its ids and weights with chunk
-// 0), and output slot b past the sent count written as padding (zero hidden,
-// the invalid id, zero weights), as LaunchUnpackReceived leaves slots
-// [count, rows).
+// Direct unpack's item (slot b, chunk c) by one warp, in this rank's own
+// slab of the engine's [E, rows, H] buffers: token b's chunk c to its slot
+// (its ids and weights with chunk 0), and slot b past the count sent to
+// this rank written as padding (zero hidden, the invalid id, zero weights),
+// as LaunchUnpackReceived leaves slots [count, rows).
 template <typename Vec>
 __device__ __forceinline__ void DirectUnpackItem(const OsDispatchParams& p, int64_t b, int64_t c,
                                                  int64_t T, int slot, int32_t count, int lane) {
@@ -260,20 +265,21 @@ __device__ __forceinline__ void DirectUnpackItem(const OsDispatchParams& p, int6
   const int64_t H = p.hidden_size;
   const int K = p.top_k;
   const int64_t vecs = 2 * H / static_cast<int64_t>(sizeof(Vec));
+  const int64_t own = p.rank * u.rows;  // the slab's first slot
   if (b < T && slot >= 0) {
-    Vec* row = reinterpret_cast<Vec*>(u.hidden + slot * H);
+    Vec* row = reinterpret_cast<Vec*>(u.hidden + (own + slot) * H);
     WarpCopyChunk<Vec>(
         reinterpret_cast<const Vec*>(p.hidden + b * H), vecs, c, 1, [&](int) { return row; }, lane);
     if (c == 0) {
       for (int k = lane; k < K; k += 32) {
-        u.topk_ids[slot * K + k] =
+        u.topk_ids[(own + slot) * K + k] =
             internal::ExpertOrInvalid(p.topk_ids[b * K + k], p.num_experts, p.invalid_expert_id);
-        u.topk_weights[slot * K + k] = p.topk_weights[b * K + k];
+        u.topk_weights[(own + slot) * K + k] = p.topk_weights[b * K + k];
       }
     }
   }
   if (b < count || b >= u.rows) return;
-  Vec* pad = reinterpret_cast<Vec*>(u.hidden + b * H);
+  Vec* pad = reinterpret_cast<Vec*>(u.hidden + (own + b) * H);
   const int64_t v0 = c * 32 * kUnroll + lane;
 #pragma unroll
   for (int i = 0; i < kUnroll; ++i) {
@@ -281,8 +287,8 @@ __device__ __forceinline__ void DirectUnpackItem(const OsDispatchParams& p, int6
   }
   if (c != 0) return;
   for (int k = lane; k < K; k += 32) {
-    u.topk_ids[b * K + k] = u.invalid_expert_id;
-    u.topk_weights[b * K + k] = 0.0f;
+    u.topk_ids[(own + b) * K + k] = u.invalid_expert_id;
+    u.topk_weights[(own + b) * K + k] = 0.0f;
   }
 }
 
@@ -414,10 +420,11 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
     const int64_t b = item / chunks;
     const int64_t c = item % chunks;
     if (direct) {
-      DirectUnpackItem<Vec>(p, b, c, T, slot_of(b, 0), counts[0], lane);
-      continue;
+      DirectUnpackItem<Vec>(p, b, c, T, slot_of(b, p.rank), counts[p.rank], lane);
+      if (E == 1 || b >= R) continue;  // no peer's window to write
     }
     auto dst = [&](int d) -> uint8_t* {
+      if (direct && d == p.rank) return nullptr;  // written above
       const int slot = slot_of(b, d);
       return slot >= 0 ? p.peers.window[d] + p.off.dispatch_recv + (p.rank * R + slot) * row_bytes
                        : nullptr;
@@ -453,7 +460,7 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
       }
     }
     for (int d = 0; d < E; ++d) {
-      if (b < counts[d]) continue;
+      if (b < counts[d] || (direct && d == p.rank)) continue;
       uint8_t* row = p.peers.window[d] + p.off.dispatch_recv + (p.rank * R + b) * row_bytes;
       for (int k = lane; k < K; k += 32) {
         reinterpret_cast<int32_t*>(row + hp)[k] = p.invalid_expert_id;
@@ -494,7 +501,7 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
         if (late) RecordError(p.local.error, kOsDeadline, p.rank, kOsDispatch, q, 0, 0, epoch, R);
       }
       __syncthreads();
-      if (!late) UnpackShare(p.unpack);
+      if (!late) UnpackShare(p.unpack, direct ? p.rank : -1);
     }
     return;
   }
@@ -561,7 +568,7 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
       __threadfence();
       StoreRelease(p.local.unpacked, q, false);
     }
-    UnpackShare(p.unpack);
+    UnpackShare(p.unpack, direct ? p.rank : -1);
   }
 }
 
@@ -918,14 +925,15 @@ absl::Status CheckDispatch(const OsDispatchParams& p) {
         "LaunchOsDispatch: fuse_unpack needs the fused SM path with bf16 rows (R <= 512, E <= 8) "
         "and counts the send kernel zeroes (unpack.counts_zeroed)");
   }
-  if (p.direct_unpack && (!p.fuse_unpack || !OsDirectUnpackFits(p.ep_size, p.unpack) ||
-                          p.unpack.hidden_size != p.hidden_size || p.unpack.rows < p.step.r)) {
+  if (p.direct_unpack &&
+      (!p.fuse_unpack || !OsDirectUnpackFits(p.unpack) || p.unpack.hidden_size != p.hidden_size ||
+       p.unpack.rows < p.step.r || p.unpack.ep_size != p.ep_size)) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "LaunchOsDispatch: direct_unpack needs fuse_unpack, ep_size 1 (got %d), at most %d local "
-        "experts (got %d), a 16-byte aligned hidden buffer of H %d (got H %d), rows >= R (got "
-        "%d, R %d)",
-        p.ep_size, kOsDirectMaxLocalExperts, p.unpack.num_local_experts, p.hidden_size,
-        p.unpack.hidden_size, p.unpack.rows, p.step.r));
+        "LaunchOsDispatch: direct_unpack needs fuse_unpack, at most %d local experts (got %d), a "
+        "16-byte aligned hidden buffer of H %d (got H %d), rows >= R (got %d, R %d), the "
+        "unpack's ep_size %d (got %d)",
+        kOsDirectMaxLocalExperts, p.unpack.num_local_experts, p.hidden_size, p.unpack.hidden_size,
+        p.unpack.rows, p.step.r, p.ep_size, p.unpack.ep_size));
   }
   if (p.top_k < 1 || p.top_k > kMaxTopK || p.num_experts < p.ep_size || p.step.r < 0 ||
       p.step.t < 0 || p.blocks < 1) {

@@ -188,14 +188,16 @@ struct OsDispatchParams {
   // (OneSidedDispatcher::Dispatch).
   UnpackReceivedParams unpack;
   bool fuse_unpack = false;
-  // With fuse_unpack, a rank alone (ep_size 1) whose engine buffers take
-  // 16-byte rows and whose local experts fit kOsDirectMaxLocalExperts: the
-  // send writes each token straight into its slot of the engine's buffers
-  // and the padding slots [count, rows), block 0 writes the counts, and
-  // nothing goes through the window (no second pass, no grid-wide count,
-  // no flag: issue 30 item 3, the graph dispatch against the bare kernel).
-  // Same results as the window path; the window's receive rows are not
-  // written (an engine's combine reads its own expert outputs).
+  // With fuse_unpack, where the engine's buffers take 16-byte rows and the
+  // local experts fit kOsDirectMaxLocalExperts: the send writes each token
+  // this rank keeps straight into its slot of the engine's own slab (source
+  // = this rank) and that slab's padding slots [count, rows), and block 0
+  // writes its counts; the unpack after the flag round copies the peers'
+  // slabs only. A rank alone then has nothing in the window to wait for:
+  // no second pass, no grid-wide count, no flag (issue 30 item 3, the graph
+  // dispatch against the bare kernel). Same results as the window path;
+  // this rank's own receive rows in the window are not written (an
+  // engine's combine reads its own expert outputs).
   bool direct_unpack = false;
 };
 
@@ -205,13 +207,13 @@ inline constexpr int kOsDirectMaxLocalExperts = 1024;
 
 // OsDirectUnpackFits()
 //
-// Whether an engine dispatch with these buffers may unpack directly
-// (OsDispatchParams::direct_unpack): ep_size 1, the engine's hidden buffer
+// Whether an engine dispatch with these buffers may unpack its own rows
+// directly (OsDispatchParams::direct_unpack): the engine's hidden buffer
 // 16-byte aligned with H a multiple of 8, at most kOsDirectMaxLocalExperts
 // local experts.
-inline bool OsDirectUnpackFits(int ep_size, const UnpackReceivedParams& u) {
-  return ep_size == 1 && u.num_local_experts <= kOsDirectMaxLocalExperts &&
-         u.hidden_size % 8 == 0 && reinterpret_cast<uintptr_t>(u.hidden) % 16 == 0;
+inline bool OsDirectUnpackFits(const UnpackReceivedParams& u) {
+  return u.num_local_experts <= kOsDirectMaxLocalExperts && u.hidden_size % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(u.hidden) % 16 == 0;
 }
 
 struct OsCombineParams {
