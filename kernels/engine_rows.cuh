@@ -80,7 +80,8 @@ __device__ inline const uint8_t* UnpackSourceRow(const UnpackReceivedParams& u, 
 //
 // The ids and weights of output slot b of [E * rows] by `width` threads,
 // this one `lane` of them: slot j < R of source s = b / rows copied as it
-// is, slots [R, rows) written as padding (the invalid id, zero weights),
+// is, slots [R, rows) (and with recv_counts [recv_counts[s], R)) written as
+// padding (the invalid id, zero weights),
 // expert_counts[l] bumped for each of this thread's ids equal to
 // first_expert + l. Returns whether this thread's ids held a local expert:
 // the caller ORs that over the `width` threads and counts the slot once in
@@ -120,7 +121,8 @@ __device__ inline bool UnpackSlotIds(const UnpackReceivedParams& u, int64_t b, i
 //
 // All of output slot b by `width` threads: its hidden row (slot j < R of
 // source s copied as uint2 = 4 bf16, H % 4 == 0 and 2H + 8K a multiple of 8
-// keeping the vectors aligned; zeros past R), then UnpackSlotIds, whose
+// keeping the vectors aligned; zeros past R, and with recv_counts past
+// recv_counts[s]), then UnpackSlotIds, whose
 // return value it passes on. LaunchUnpackReceived's, a block a slot.
 __device__ inline bool UnpackSlot(const UnpackReceivedParams& u, int64_t b, int lane, int width) {
   const int64_t H = u.hidden_size;

@@ -139,13 +139,24 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   // worker service's step counters come from.
   const int32_t* send_counts() const { return local_.send_counts; }
   const int32_t* recv_counts() const { return local_.recv_counts; }
+  // Whether a Dispatch with `unpack` at the committed R writes this rank's
+  // own rows straight into the engine's buffers (OsDispatchParams::
+  // direct_unpack: the fused SM path with bf16 rows, the buffers fitting
+  // OsDirectUnpackFits, MOE_EP_ONESIDED_DIRECT_UNPACK not 0). Not thread-safe
+  // against CommitGeometry.
+  bool UnpacksDirectly(const UnpackReceivedParams& unpack) const {
+    return direct_unpack_ && FusesUnpack(&unpack, geometry_.runtime_max_tokens_per_rank()) &&
+           OsDirectUnpackFits(unpack);
+  }
   // What an engine's in-process calls read and fill (server/onesided_engine_calls.cc,
   // DESIGN §14), valid on stream() after a Dispatch: the received rows
   // [E, R, 2H + 8K] as kernels/dispatch_pack.cuh packs them (bf16 hidden,
   // int32 ids, fp32 weights; dequantized with fp8_e4m3 dispatch), the rows
   // expert compute reads; and the expert output [E, R, H] bf16 (row j of
   // source s at s * R + j) that Combine sends back when no identity experts
-  // were applied.
+  // were applied. An engine's dispatch with the direct unpack (Dispatch)
+  // leaves this rank's own slab of the received rows unwritten: its rows go
+  // to the engine's buffers only.
   const uint8_t* received_rows() const { return BfRows(); }
   uint16_t* expert_output() const { return expert_out_; }
 
@@ -179,7 +190,8 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   // fuse_unpack; MOE_EP_ONESIDED_FUSED_UNPACK=0 turns it off), else by
   // LaunchUnpackReceived after it; the slots past each source's count are
   // written as padding (UnpackReceivedParams::recv_counts: the window keeps
-  // an earlier step's rows there). On the fused path a rank's own rows go
+  // an earlier step's rows there; the unpack's recv_counts is set to this
+  // dispatcher's, whatever the caller passed). On the fused path a rank's own rows go
   // from its inputs to the engine's buffers directly (OsDispatchParams::
   // direct_unpack; MOE_EP_ONESIDED_DIRECT_UNPACK=0 turns it off). Errors of
   // CheckUnpackReceived as well.

@@ -292,6 +292,17 @@ __device__ __forceinline__ void DirectUnpackItem(const OsDispatchParams& p, int6
   }
 }
 
+// Whether the unpack after the flag round leaves this rank's own slab as
+// the direct unpack wrote it: yes unless the round failed (recv_counts
+// zeroed while rows were sent here), when the unpack writes the slab as
+// padding like every other (the window path's "no row moved"). Read after
+// the round's release / acquire of local.unpacked.
+__device__ __forceinline__ bool OwnSlabUnpacked(const OsDispatchParams& p, bool direct,
+                                                const int32_t* counts) {
+  return direct &&
+         reinterpret_cast<const volatile int32_t*>(p.local.recv_counts)[p.rank] == counts[p.rank];
+}
+
 // Route of the unfused path: block d = destination d, exclusive scans over
 // chunks of tokens (as kernels/route.cu), plus the step header and q + 1.
 __global__ void __launch_bounds__(kRouteThreads) OsRouteKernel(const OsDispatchParams p) {
@@ -338,9 +349,9 @@ __global__ void __launch_bounds__(kRouteThreads) OsRouteKernel(const OsDispatchP
 // token b's row to each of its destinations; chunk 0 also carries the ids
 // and weights, and the padding ids/weights at slot b of every destination
 // with count <= b. The last block publishes the flags and acquires the
-// sources' (a rank alone that unpacks nothing skips both: block 0 writes the
-// header and counts). Fused: every block routes the T <= 512 tokens itself (a mask per
-// token, one block scan per destination), block 0 writes token_slot.
+// sources' (a rank alone that unpacks nothing or unpacks directly skips
+// both: block 0 writes the header and counts). Fused: every block routes the T <= 512 tokens itself
+// (a mask per token, one block scan per destination), block 0 writes token_slot.
 template <bool kFused, typename Vec>
 __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams p) {
   using BlockScan = cub::BlockScan<int, kThreads>;
@@ -400,7 +411,16 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
     counts[tid] = p.local.send_counts[tid];
   }
   __syncthreads();
-  if (direct && blockIdx.x == 0) DirectUnpackCounts(p, T, direct_hist, &direct_local_tokens);
+  // A rank alone's step after a deadline moves nothing (the flag round's
+  // "missing peer" below): its direct unpack writes padding and zero
+  // counts only. (With peers the flag round decides: see `bad`.)
+  const bool moves_nothing =
+      direct && E == 1 &&
+      reinterpret_cast<volatile OsStepError*>(p.local.error)->kind == kOsDeadline;
+  const int64_t direct_t = moves_nothing ? 0 : T;
+  if (direct && blockIdx.x == 0) {
+    DirectUnpackCounts(p, direct_t, direct_hist, &direct_local_tokens);
+  }
   auto slot_of = [&](int64_t b, int d) -> int {
     if (b >= T) return -1;
     if (ce) return static_cast<int>(b);  // every destination, slot = token
@@ -420,7 +440,8 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
     const int64_t b = item / chunks;
     const int64_t c = item % chunks;
     if (direct) {
-      DirectUnpackItem<Vec>(p, b, c, T, slot_of(b, p.rank), counts[p.rank], lane);
+      DirectUnpackItem<Vec>(p, b, c, direct_t, slot_of(b, p.rank),
+                            moves_nothing ? 0 : counts[p.rank], lane);
       if (E == 1 || b >= R) continue;  // no peer's window to write
     }
     auto dst = [&](int d) -> uint8_t* {
@@ -469,8 +490,8 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
     }
   }
   if (alone) {
-    // A rank alone, unpacking nothing, waits for no one and no block waits
-    // for it: its rows reach the next kernel by stream order. No grid-wide
+    // A rank alone, unpacking nothing or directly, waits for no one and no
+    // block waits for it: its rows reach the next kernel by stream order. No grid-wide
     // count, no flag (issue 32: the EP 1 step at 128 tokens); block 0
     // writes what the last block would. (Unfused, after a deadline, a block
     // starting late may read T = 0 from the header: that step moves no row
@@ -501,7 +522,7 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
         if (late) RecordError(p.local.error, kOsDeadline, p.rank, kOsDispatch, q, 0, 0, epoch, R);
       }
       __syncthreads();
-      if (!late) UnpackShare(p.unpack, direct ? p.rank : -1);
+      if (!late) UnpackShare(p.unpack, OwnSlabUnpacked(p, direct, counts) ? p.rank : -1);
     }
     return;
   }
@@ -554,6 +575,12 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
     if (bad >= 0) {
       header[2] = 0;  // no output row
       for (int s = 0; s < E; ++s) p.local.recv_counts[s] = 0;
+      if (direct) {
+        // The own slab's counts written before the flags are taken back;
+        // the unpack below pads the slab (OwnSlabUnpacked).
+        p.unpack.source_counts[p.rank] = 0;
+        for (int l = 0; l < p.unpack.num_local_experts; ++l) p.unpack.expert_counts[l] = 0;
+      }
       if (state[bad] == kOsDeadline) {
         RecordError(p.local.error, kOsDeadline, bad, kOsDispatch, q, 0, 0, epoch, R);
       } else if (state[bad] == kOsMismatch) {
@@ -568,7 +595,7 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
       __threadfence();
       StoreRelease(p.local.unpacked, q, false);
     }
-    UnpackShare(p.unpack, direct ? p.rank : -1);
+    UnpackShare(p.unpack, OwnSlabUnpacked(p, direct, counts) ? p.rank : -1);
   }
 }
 

@@ -311,7 +311,13 @@ absl::Status PreloadOsKernels();
 // route kernel then the send kernel. The first kernel writes local.header
 // from p.step and advances local.seq. The copy-engine path (p.ce) instead
 // enqueues LaunchOsRoute, then its copies (EnqueueOsBulkDispatch), then
-// LaunchOsSend: the two halves of the unfused dispatch.
+// LaunchOsSend: the two halves of the unfused dispatch. Errors:
+// kInvalidArgument (top_k, R, T, blocks or num_experts out of range, null
+// inputs with T > 0, a missing window, fp8 with H not a multiple of 128 or
+// on the copy-engine path, fuse_unpack off the fused SM bf16 path or
+// without counts_zeroed, direct_unpack without fuse_unpack or with buffers
+// OsDirectUnpackFits refuses, rows < R, or the unpack's H or ep_size not
+// the dispatch's), kInternal (launch).
 absl::Status LaunchOsDispatch(const OsDispatchParams& p, cudaStream_t stream);
 absl::Status LaunchOsRoute(const OsDispatchParams& p, cudaStream_t stream);
 absl::Status LaunchOsSend(const OsDispatchParams& p, cudaStream_t stream);

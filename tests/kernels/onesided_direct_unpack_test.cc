@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -10,90 +11,147 @@
 #include "kernels/onesided/peer_window.h"
 #include "tests/kernels/onesided_test_util.h"
 
-// A rank alone's engine dispatch on the one-sided plane, unpacked straight
-// into the engine's buffers by the send kernel (OsDispatchParams::
-// direct_unpack, issue 30 item 3), against the window path it replaces
-// (MOE_EP_ONESIDED_DIRECT_UNPACK=0) and a host reference: every slot's
-// hidden row, ids and weights, the padding slots [count, rows) over
-// buffers holding another step's bytes, the per-source and per-expert
-// counts, and the combine of the unpacked rows (each token back as it was,
-// zero for a token with no valid id).
+// An engine's dispatch on the one-sided plane with the direct unpack (the
+// send kernel writes a rank's own rows straight into the engine's buffers;
+// OsDispatchParams::direct_unpack, issue 30 item 3) against the window path
+// it replaces (MOE_EP_ONESIDED_DIRECT_UNPACK=0) and a host reference, with
+// ranks as threads sharing GPU 0: every slot's hidden row, ids and weights,
+// the padding slots [count, rows) over buffers holding another step's
+// bytes, the per-source and per-expert counts, and the combine of the
+// unpacked rows (each token back times the ranks it went to, zero for a
+// token with no valid id). Two steps per dispatcher, the second sending
+// fewer rows than the first, so the window holds stale rows past the
+// counts.
 
 namespace moe_ep::kernels::onesided {
 namespace {
 
 using core::bf16_t;
+using testing::MoeInputs;
 using testing::OsCase;
 
 struct EngineOut {
-  std::vector<bf16_t> hidden;  // [rows, H]
-  std::vector<int32_t> ids;    // [rows, K]
-  std::vector<float> weights;  // [rows, K]
+  std::vector<bf16_t> hidden;  // [E, rows, H]
+  std::vector<int32_t> ids;    // [E, rows, K]
+  std::vector<float> weights;  // [E, rows, K]
   std::vector<int64_t> source_counts;
   std::vector<int64_t> expert_counts;
   std::vector<bf16_t> combined;  // [T, H]
 };
 
-struct Inputs {
-  std::vector<bf16_t> hidden;
-  std::vector<int32_t> ids;
-  std::vector<float> weights;
-};
-
-// Seeded inputs in which every 5th token selects no expert (all K ids are
-// the invalid id: it is not sent, so later tokens' slots move up) and
-// every 3rd token has one invalid choice.
-Inputs MakeCase(const OsCase& c, int64_t tokens) {
-  const testing::MoeInputs in =
-      testing::MakeInputs(c.seed, tokens, c.hidden, c.top_k, c.num_experts, 0.0, c.invalid_id);
-  Inputs out{in.hidden, in.ids, in.weights};
+// Seeded inputs of rank `rank` in which every 5th token selects no expert
+// (all K ids are the invalid id: it is sent nowhere, so later tokens' slots
+// move up) and every 3rd token has one invalid choice.
+MoeInputs MakeCase(const OsCase& c, int rank, int64_t tokens) {
+  MoeInputs in = testing::MakeInputs(c.seed + 10 * rank, tokens, c.hidden, c.top_k, c.num_experts,
+                                     0.0, c.invalid_id);
   for (int64_t t = 0; t < tokens; ++t) {
     for (int k = 0; k < c.top_k; ++k) {
-      if (t % 5 == 4 || (t % 3 == 1 && k == 1)) out.ids[t * c.top_k + k] = c.invalid_id;
+      if (t % 5 == 4 || (t % 3 == 1 && k == 1)) in.ids[t * c.top_k + k] = c.invalid_id;
     }
   }
-  return out;
+  return in;
 }
 
-// Two dispatch + combine steps through a fresh world-1 dispatcher with the
-// direct unpack on or off: first R tokens that all select an expert (every
-// receive slot below R filled), then `in`, into engine buffers of `rows`
-// slots filled with 0x5a bytes before each step (another step's rows) and
-// counts of 777. Returns the second step's buffers.
-EngineOut RunEngineStep(const OsCase& c, const Inputs& in, int64_t tokens, int64_t r, int64_t rows,
-                        bool direct) {
+// The experts of rank d: contiguous, num_experts / E each.
+int FirstExpert(const OsCase& c, int d) { return d * (c.num_experts / c.ep_size); }
+int LocalExperts(const OsCase& c) { return c.num_experts / c.ep_size; }
+
+// Rank `me`'s engine buffers and combined output, from the inputs alone:
+// slab s holds the tokens of source s with an id of rank me, in token order,
+// then padding; a token comes back times the ranks it was sent to.
+EngineOut Reference(const OsCase& c, const std::vector<MoeInputs>& in, int me, int64_t rows) {
+  const int64_t H = c.hidden;
+  const int K = c.top_k;
+  const int E = c.ep_size;
+  const int L = LocalExperts(c);
+  EngineOut want;
+  want.hidden.assign(E * rows * H, 0);
+  want.ids.assign(E * rows * K, c.invalid_id);
+  want.weights.assign(E * rows * K, 0.0f);
+  want.source_counts.assign(E, 0);
+  want.expert_counts.assign(L, 0);
+  auto owner = [&](int32_t id) { return id == c.invalid_id ? -1 : id / L; };
+  for (int s = 0; s < E; ++s) {
+    const int64_t tokens = c.tokens[s];
+    int64_t slot = 0;
+    for (int64_t t = 0; t < tokens; ++t) {
+      bool here = false;
+      for (int k = 0; k < K; ++k) {
+        const int32_t id = in[s].ids[t * K + k];
+        if (owner(id) != me) continue;
+        ++want.expert_counts[id - FirstExpert(c, me)];
+        here = true;
+      }
+      if (!here) continue;
+      const int64_t at = s * rows + slot;
+      std::copy_n(&in[s].hidden[t * H], H, &want.hidden[at * H]);
+      std::copy_n(&in[s].ids[t * K], K, &want.ids[at * K]);
+      std::copy_n(&in[s].weights[t * K], K, &want.weights[at * K]);
+      ++slot;
+    }
+    want.source_counts[s] = slot;
+  }
+  const int64_t tokens = c.tokens[me];
+  want.combined.assign(tokens * H, 0);
+  for (int64_t t = 0; t < tokens; ++t) {
+    int ranks = 0;
+    for (int d = 0; d < E; ++d) {
+      bool to_d = false;
+      for (int k = 0; k < K; ++k) to_d = to_d || owner(in[me].ids[t * K + k]) == d;
+      ranks += to_d ? 1 : 0;
+    }
+    // n * x in fp32, rounded to bf16: exact for n <= 2.
+    for (int64_t h = 0; h < H; ++h) {
+      want.combined[t * H + h] = core::FloatToBf16(static_cast<float>(ranks) *
+                                                   core::Bf16ToFloat(in[me].hidden[t * H + h]));
+    }
+  }
+  return want;
+}
+
+// Sets MOE_EP_ONESIDED_DIRECT_UNPACK for the dispatchers made in its scope.
+class DirectUnpackEnv {
+ public:
+  explicit DirectUnpackEnv(bool direct) {
+    EXPECT_EQ(setenv("MOE_EP_ONESIDED_DIRECT_UNPACK", direct ? "1" : "0", 1), 0);
+  }
+  ~DirectUnpackEnv() { unsetenv("MOE_EP_ONESIDED_DIRECT_UNPACK"); }
+  DirectUnpackEnv(const DirectUnpackEnv&) = delete;
+  DirectUnpackEnv& operator=(const DirectUnpackEnv&) = delete;
+};
+
+// Rank `rank`'s two dispatch + combine steps through a dispatcher on `w`:
+// first R tokens per rank that all select an expert (every receive slot
+// below each count filled), then `in`, into engine buffers of `rows` slots
+// per source filled with 0x5a bytes before each step and counts of 777.
+// Returns the second step's buffers.
+EngineOut RunRank(const OsCase& c, const std::vector<MoeInputs>& in, int rank, int64_t r,
+                  int64_t rows, bool direct, PeerWindows* w, const testing::Sync& sync) {
   EngineOut got;
-  EXPECT_EQ(setenv("MOE_EP_ONESIDED_DIRECT_UNPACK", direct ? "1" : "0", 1), 0);
-  auto bytes = OneSidedDispatcher::WindowBytes(testing::EpOptions(c, r));
-  EXPECT_TRUE(bytes.ok()) << bytes.status();
-  auto group = ThreadWindowGroup::Create(1);
-  EXPECT_TRUE(group.ok()) << group.status();
-  if (!bytes.ok() || !group.ok()) return got;
-  auto windows = (*group)->Join(0, 0, *bytes, absl::Seconds(60));
-  EXPECT_TRUE(windows.ok()) << windows.status();
-  if (!windows.ok()) return got;
-  auto d = OneSidedDispatcher::Create(windows->get(), testing::Options(c, r), 0);
-  unsetenv("MOE_EP_ONESIDED_DIRECT_UNPACK");
+  auto d = OneSidedDispatcher::Create(w, testing::Options(c, r), 0);
   EXPECT_TRUE(d.ok()) << d.status();
   if (!d.ok()) return got;
   const int64_t H = c.hidden;
   const int K = c.top_k;
-  const int L = c.num_experts;
-  const testing::MoeInputs first =
-      testing::MakeInputs(c.seed + 1, r, H, K, c.num_experts, 0.0, c.invalid_id);
-  testing::DeviceBuffer<bf16_t> hidden(std::max(first.hidden.size(), in.hidden.size()));
-  testing::DeviceBuffer<int32_t> ids(std::max(first.ids.size(), in.ids.size()));
-  testing::DeviceBuffer<float> weights(std::max(first.weights.size(), in.weights.size()));
-  testing::DeviceBuffer<bf16_t> recv_hidden(rows * H);
-  testing::DeviceBuffer<int32_t> recv_ids(rows * K);
-  testing::DeviceBuffer<float> recv_weights(rows * K);
-  testing::DeviceBuffer<int64_t> source_counts(1);
+  const int E = c.ep_size;
+  const int L = LocalExperts(c);
+  const int64_t tokens = c.tokens[rank];
+  const MoeInputs first =
+      testing::MakeInputs(c.seed + 1000 + rank, r, H, K, c.num_experts, 0.0, c.invalid_id);
+  testing::DeviceBuffer<bf16_t> hidden(std::max(r, tokens) * H);
+  testing::DeviceBuffer<int32_t> ids(std::max(r, tokens) * K);
+  testing::DeviceBuffer<float> weights(std::max(r, tokens) * K);
+  testing::DeviceBuffer<bf16_t> recv_hidden(E * rows * H);
+  testing::DeviceBuffer<int32_t> recv_ids(E * rows * K);
+  testing::DeviceBuffer<float> recv_weights(E * rows * K);
+  testing::DeviceBuffer<int64_t> source_counts(E);
   testing::DeviceBuffer<int64_t> expert_counts(L);
   const int64_t out_rows = std::max<int64_t>(std::max(tokens, r), 1);
   testing::DeviceBuffer<bf16_t> combined(out_rows * H);
   OsZeroCounts zero;
   zero.ptr[0] = source_counts.get();
-  zero.n[0] = 1;
+  zero.n[0] = E;
   zero.ptr[1] = expert_counts.get();
   zero.n[1] = L;
   UnpackReceivedParams u;
@@ -102,8 +160,8 @@ EngineOut RunEngineStep(const OsCase& c, const Inputs& in, int64_t tokens, int64
   u.rows = rows;
   u.hidden_size = H;
   u.top_k = K;
-  u.ep_size = 1;
-  u.first_expert = 0;
+  u.ep_size = E;
+  u.first_expert = FirstExpert(c, rank);
   u.num_local_experts = L;
   u.invalid_expert_id = c.invalid_id;
   u.hidden = recv_hidden.get();
@@ -112,21 +170,23 @@ EngineOut RunEngineStep(const OsCase& c, const Inputs& in, int64_t tokens, int64
   u.source_counts = source_counts.get();
   u.expert_counts = expert_counts.get();
   u.counts_zeroed = true;
-  std::vector<int32_t> stale_ids(rows * K);
+  std::vector<int32_t> stale_ids(E * rows * K);
   std::memset(stale_ids.data(), 0x5a, stale_ids.size() * sizeof(int32_t));
-  std::vector<float> stale_weights(rows * K);
+  std::vector<float> stale_weights(E * rows * K);
   std::memset(stale_weights.data(), 0x5a, stale_weights.size() * sizeof(float));
-  auto step = [&](int64_t epoch, const testing::MoeInputs& x, int64_t t) {
+  auto step = [&](int64_t epoch, const MoeInputs& x, int64_t t) {
     hidden.Upload(x.hidden);
     ids.Upload(x.ids);
     weights.Upload(x.weights);
-    recv_hidden.Upload(std::vector<bf16_t>(rows * H, 0x5a5a));
+    recv_hidden.Upload(std::vector<bf16_t>(E * rows * H, 0x5a5a));
     recv_ids.Upload(stale_ids);
     recv_weights.Upload(stale_weights);
-    source_counts.Upload(std::vector<int64_t>(1, 777));
+    source_counts.Upload(std::vector<int64_t>(E, 777));
     expert_counts.Upload(std::vector<int64_t>(L, 777));
     combined.Upload(std::vector<bf16_t>(out_rows * H, 0xffff));
     EXPECT_TRUE((*d)->CommitGeometry(epoch, r, t).ok());
+    EXPECT_EQ((*d)->UnpacksDirectly(u), direct);
+    sync();  // no rank uploads (device-wide) while a peer's kernel waits
     const absl::Status dispatched =
         (*d)->Dispatch(hidden.get(), ids.get(), weights.get(), t, zero, &u);
     EXPECT_TRUE(dispatched.ok()) << dispatched;
@@ -134,48 +194,18 @@ EngineOut RunEngineStep(const OsCase& c, const Inputs& in, int64_t tokens, int64
     EXPECT_TRUE(combined_status.ok()) << combined_status;
     const absl::Status checked = (*d)->CheckStep();
     EXPECT_TRUE(checked.ok()) << checked;
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize((*d)->stream()), cudaSuccess);
+    sync();
   };
   step(1, first, r);
-  step(2, {in.hidden, in.ids, in.weights}, tokens);
-  got.hidden = recv_hidden.Download(rows * H);
-  got.ids = recv_ids.Download(rows * K);
-  got.weights = recv_weights.Download(rows * K);
-  got.source_counts = source_counts.Download(1);
+  step(2, in[rank], tokens);
+  got.hidden = recv_hidden.Download(E * rows * H);
+  got.ids = recv_ids.Download(E * rows * K);
+  got.weights = recv_weights.Download(E * rows * K);
+  got.source_counts = source_counts.Download(E);
   got.expert_counts = expert_counts.Download(L);
   got.combined = combined.Download(tokens * H);
   return got;
-}
-
-// The engine's buffers as LaunchUnpackReceived's contract has them, from
-// the inputs alone: the tokens with a valid id in token order, then padding.
-EngineOut Reference(const OsCase& c, const Inputs& in, int64_t tokens, int64_t rows) {
-  const int64_t H = c.hidden;
-  const int K = c.top_k;
-  EngineOut want;
-  want.hidden.assign(rows * H, 0);
-  want.ids.assign(rows * K, c.invalid_id);
-  want.weights.assign(rows * K, 0.0f);
-  want.expert_counts.assign(c.num_experts, 0);
-  want.combined.assign(tokens * H, 0);
-  int64_t slot = 0;
-  for (int64_t t = 0; t < tokens; ++t) {
-    bool sent = false;
-    for (int k = 0; k < K; ++k) {
-      const int32_t id = in.ids[t * K + k];
-      if (id == c.invalid_id) continue;
-      ++want.expert_counts[id];
-      sent = true;
-    }
-    if (!sent) continue;
-    std::copy_n(&in.hidden[t * H], H, &want.hidden[slot * H]);
-    std::copy_n(&in.ids[t * K], K, &want.ids[slot * K]);
-    std::copy_n(&in.weights[t * K], K, &want.weights[slot * K]);
-    std::copy_n(&in.hidden[t * H], H, &want.combined[t * H]);
-    ++slot;
-  }
-  want.source_counts = {slot};
-  return want;
 }
 
 void ExpectSame(const EngineOut& got, const EngineOut& want, const std::string& what) {
@@ -195,25 +225,43 @@ void ExpectSame(const EngineOut& got, const EngineOut& want, const std::string& 
   EXPECT_EQ(got.combined, want.combined) << "combined output differs";
 }
 
-void RunDirectVsWindow(const OsCase& c, int64_t tokens, int64_t r, int64_t rows) {
+// c.tokens: the second step's tokens per rank (<= r); rows >= r.
+void RunDirectVsWindow(const OsCase& c, int64_t r, int64_t rows) {
   MOE_EP_REQUIRE_GPUS(1);
-  const Inputs in = MakeCase(c, tokens);
-  const EngineOut want = Reference(c, in, tokens, rows);
-  ASSERT_GT(want.source_counts[0], 0);
-  ASSERT_LT(want.source_counts[0], tokens);  // some tokens were not sent
-  ExpectSame(RunEngineStep(c, in, tokens, r, rows, true), want, "direct unpack");
-  ExpectSame(RunEngineStep(c, in, tokens, r, rows, false), want, "window path");
+  std::vector<MoeInputs> in;
+  for (int s = 0; s < c.ep_size; ++s) in.push_back(MakeCase(c, s, c.tokens[s]));
+  std::vector<EngineOut> want;
+  for (int me = 0; me < c.ep_size; ++me) {
+    want.push_back(Reference(c, in, me, rows));
+    // Some rows of the first step's count are stale in the second.
+    ASSERT_LT(want.back().source_counts[me], r);
+  }
+  for (const bool direct : {true, false}) {
+    const DirectUnpackEnv env(direct);
+    std::vector<EngineOut> got(c.ep_size);
+    testing::RunThreads(c, r, [&](int rank, PeerWindows* w, const testing::Sync& sync) {
+      got[rank] = RunRank(c, in, rank, r, rows, direct, w, sync);
+    });
+    for (int me = 0; me < c.ep_size; ++me) {
+      ExpectSame(got[me], want[me],
+                 (direct ? "direct unpack, rank " : "window path, rank ") + std::to_string(me));
+    }
+  }
 }
 
-// The issue's shape: H 7168, top-8, 256 experts, 113 tokens at R 128 into
-// 160 slots (padding below and above R).
-TEST(OneSidedDirectUnpack, H7168Top8E256MatchesWindowPathAndReference) {
-  RunDirectVsWindow({1, 7168, 8, 256, {113}, -1, 0.0}, 113, 128, 160);
+// The issue's shape at EP 1: H 7168, top-8, 256 experts, 113 tokens at R
+// 128 into 160 slots (padding below and above R).
+TEST(OneSidedDirectUnpack, Ep1H7168Top8E256MatchesWindowPathAndReference) {
+  RunDirectVsWindow({1, 7168, 8, 256, {113}, -1, 0.0}, 128, 160);
 }
 // Odd top-k (8-byte vectors on the send side), the invalid id num_experts
 // (DESIGN §7's other convention), T == R == rows.
-TEST(OneSidedDirectUnpack, OddTopKInvalidIdNumExpertsAllSlotsUsed) {
-  RunDirectVsWindow({1, 2048, 3, 64, {64}, 64, 0.0}, 64, 64, 64);
+TEST(OneSidedDirectUnpack, Ep1OddTopKInvalidIdNumExpertsAllSlotsUsed) {
+  RunDirectVsWindow({1, 2048, 3, 64, {64}, 64, 0.0}, 64, 64);
+}
+// EP 2: the own slab direct, the peer's through the window; uneven tokens.
+TEST(OneSidedDirectUnpack, Ep2H7168Top8E256UnevenTokens) {
+  RunDirectVsWindow({2, 7168, 8, 256, {113, 40}, -1, 0.0}, 128, 160);
 }
 
 }  // namespace

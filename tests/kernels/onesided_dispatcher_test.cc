@@ -32,36 +32,8 @@ using testing::Prepare;
 using testing::Prepared;
 using testing::RankBuffers;
 using testing::RunCheckedStep;
-
-// Runs body(rank, windows, sync) on ep_size threads sharing GPU 0, each
-// having joined one ThreadWindowGroup with windows for `capacity` tokens.
-// sync() is a barrier of the rank threads: bodies call it before each step,
-// so no rank allocates, frees or copies (device-wide syncs) while a peer's
-// kernel waits for it. A thread that ends (or fails) leaves the barrier.
-using Sync = std::function<void()>;
-void RunThreads(const OsCase& c, int64_t capacity,
-                const std::function<void(int, PeerWindows*, const Sync&)>& body) {
-  auto bytes = OneSidedDispatcher::WindowBytes(testing::EpOptions(c, capacity));
-  ASSERT_TRUE(bytes.ok()) << bytes.status();
-  auto group = ThreadWindowGroup::Create(c.ep_size);
-  ASSERT_TRUE(group.ok()) << group.status();
-  std::barrier<> bar(c.ep_size);
-  const Sync sync = [&bar] { bar.arrive_and_wait(); };
-  std::vector<std::thread> threads;
-  threads.reserve(c.ep_size);
-  for (int r = 0; r < c.ep_size; ++r) {
-    threads.emplace_back([&, r] {
-      [&] {
-        ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-        auto windows = (*group)->Join(r, 0, *bytes, absl::Seconds(60));
-        ASSERT_TRUE(windows.ok()) << windows.status();
-        body(r, windows->get(), sync);
-      }();
-      bar.arrive_and_drop();
-    });
-  }
-  for (auto& t : threads) t.join();
-}
+using testing::RunThreads;
+using testing::Sync;
 
 std::unique_ptr<DeviceExpertSet> UploadExperts(const Prepared& p, int rank) {
   auto e = DeviceExpertSet::Upload(p.sets[rank]);
