@@ -282,8 +282,10 @@ def parent_main(args):
         "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
         "onesided_sm_budget": args.onesided_sm_budget or 16,
         "p50_us_slower_rank": {n: max(pr[n]["p50"] for pr in per_rank) for n in per_rank[0]},
+        # A phase's own figure; a sum of phases (graph_phases_inside,
+        # graph_step) pairs each phase's later rank differently: none here.
         "p50_us_later_rank": {n: min(pr[n]["p50"] for pr in per_rank) for n in per_rank[0]
-                              if n.startswith("graph_")},
+                              if n.startswith(("graph_dispatch", "graph_combine"))},
         "per_rank": per_rank,
     }
     s = result["p50_us_slower_rank"]
