@@ -229,8 +229,10 @@ void ExpectSame(const EngineOut& got, const EngineOut& want, const std::string& 
 void RunDirectVsWindow(const OsCase& c, int64_t r, int64_t rows) {
   MOE_EP_REQUIRE_GPUS(1);
   std::vector<MoeInputs> in;
+  in.reserve(c.ep_size);
   for (int s = 0; s < c.ep_size; ++s) in.push_back(MakeCase(c, s, c.tokens[s]));
   std::vector<EngineOut> want;
+  want.reserve(c.ep_size);
   for (int me = 0; me < c.ep_size; ++me) {
     want.push_back(Reference(c, in, me, rows));
     // Some rows of the first step's count are stale in the second.
