@@ -76,6 +76,27 @@ __device__ inline const uint8_t* UnpackSourceRow(const UnpackReceivedParams& u, 
   return u.recv + (s * u.runtime_max + j) * (2 * u.hidden_size + 8 * static_cast<int64_t>(u.top_k));
 }
 
+// UnpackLocalExpert()
+//
+// The local expert l of `id` (id == first_expert + l, l < num_local_experts),
+// or -1 for the invalid id and another rank's expert: which ids count in
+// expert_counts and make a slot count in source_counts.
+__device__ inline int UnpackLocalExpert(const UnpackReceivedParams& u, int32_t id) {
+  const int l = id - u.first_expert;
+  return id != u.invalid_expert_id && l >= 0 && l < u.num_local_experts ? l : -1;
+}
+
+// UnpackPadIds()
+//
+// Output slot b's ids and weights as padding (the invalid id, zero
+// weights), by `width` threads, this one `lane` of them.
+__device__ inline void UnpackPadIds(const UnpackReceivedParams& u, int64_t b, int lane, int width) {
+  for (int k = lane; k < u.top_k; k += width) {
+    u.topk_ids[b * u.top_k + k] = u.invalid_expert_id;
+    u.topk_weights[b * u.top_k + k] = 0.0f;
+  }
+}
+
 // UnpackSlotIds()
 //
 // The ids and weights of output slot b of [E * rows] by `width` threads,
@@ -95,10 +116,7 @@ __device__ inline bool UnpackSlotIds(const UnpackReceivedParams& u, int64_t b, i
   float* weights = u.topk_weights + b * K;
   const uint8_t* row = UnpackSourceRow(u, b);
   if (row == nullptr) {
-    for (int k = lane; k < K; k += width) {
-      ids[k] = u.invalid_expert_id;
-      weights[k] = 0.0f;
-    }
+    UnpackPadIds(u, b, lane, width);
     return false;
   }
   const int32_t* row_ids = reinterpret_cast<const int32_t*>(row + 2 * H);
@@ -108,8 +126,8 @@ __device__ inline bool UnpackSlotIds(const UnpackReceivedParams& u, int64_t b, i
     const int32_t id = row_ids[k];
     ids[k] = id;
     weights[k] = row_weights[k];
-    const int l = id - u.first_expert;
-    if (id != u.invalid_expert_id && l >= 0 && l < u.num_local_experts) {
+    const int l = UnpackLocalExpert(u, id);
+    if (l >= 0) {
       atomicAdd(reinterpret_cast<unsigned long long*>(u.expert_counts + l), 1ull);
       local = true;
     }

@@ -157,6 +157,17 @@ __device__ __forceinline__ void WarpCopyChunk(const Vec* __restrict__ src, int64
   }
 }
 
+// One warp's share of zeroing a row of `vecs` vectors: chunk c, as
+// WarpCopyChunk splits it (a padding slot's hidden row).
+template <typename Vec>
+__device__ __forceinline__ void WarpZeroChunk(Vec* dst, int64_t vecs, int64_t c, int lane) {
+  const int64_t v0 = c * 32 * kUnroll + lane;
+#pragma unroll
+  for (int i = 0; i < kUnroll; ++i) {
+    if (v0 + i * 32 < vecs) dst[v0 + i * 32] = Vec{};
+  }
+}
+
 // Chunk c (32 * kUnroll vectors, kUnroll loads in flight per lane) of the
 // hidden row of the fused unpack's output slot b: its received row copied
 // (WarpCopyChunk), zeros for a padding slot (UnpackSlot's values).
@@ -171,11 +182,7 @@ __device__ __forceinline__ void UnpackHiddenChunk(const UnpackReceivedParams& u,
         src, vecs, c, 1, [&](int) { return dst; }, lane);
     return;
   }
-  const int64_t v0 = c * 32 * kUnroll + lane;
-#pragma unroll
-  for (int i = 0; i < kUnroll; ++i) {
-    if (v0 + i * 32 < vecs) dst[v0 + i * 32] = Vec{};
-  }
+  WarpZeroChunk<Vec>(dst, vecs, c, lane);
 }
 
 // The fused dispatch's unpack (OsDispatchParams::fuse_unpack): UnpackSlot's
@@ -238,10 +245,10 @@ __device__ void DirectUnpackCounts(const OsDispatchParams& p, int64_t T, int32_t
   if (tid < T) {
     bool local = false;
     for (int k = 0; k < p.top_k; ++k) {
-      const int32_t id = internal::ExpertOrInvalid(p.topk_ids[tid * p.top_k + k], p.num_experts,
-                                                   p.invalid_expert_id);
-      const int l = id - u.first_expert;
-      if (id != p.invalid_expert_id && l >= 0 && l < L) {
+      const int l =
+          UnpackLocalExpert(u, internal::ExpertOrInvalid(p.topk_ids[tid * p.top_k + k],
+                                                         p.num_experts, p.invalid_expert_id));
+      if (l >= 0) {
         atomicAdd(&hist[l], 1);
         local = true;
       }
@@ -279,17 +286,8 @@ __device__ __forceinline__ void DirectUnpackItem(const OsDispatchParams& p, int6
     }
   }
   if (b < count || b >= u.rows) return;
-  Vec* pad = reinterpret_cast<Vec*>(u.hidden + (own + b) * H);
-  const int64_t v0 = c * 32 * kUnroll + lane;
-#pragma unroll
-  for (int i = 0; i < kUnroll; ++i) {
-    if (v0 + i * 32 < vecs) pad[v0 + i * 32] = Vec{};
-  }
-  if (c != 0) return;
-  for (int k = lane; k < K; k += 32) {
-    u.topk_ids[(own + b) * K + k] = u.invalid_expert_id;
-    u.topk_weights[(own + b) * K + k] = 0.0f;
-  }
+  WarpZeroChunk<Vec>(reinterpret_cast<Vec*>(u.hidden + (own + b) * H), vecs, c, lane);
+  if (c == 0) UnpackPadIds(u, own + b, lane, 32);
 }
 
 // Whether the unpack after the flag round leaves this rank's own slab as
