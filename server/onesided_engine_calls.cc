@@ -6,13 +6,14 @@
 // allocates or copies through host memory (sync_token_counts aside, which
 // agrees on the host), so dispatch, combine and forward can be captured:
 //   dispatch: the dispatcher's route and pushes into the peers' windows
-//     (inputs read in place), then one kernel unpacks this rank's window
+//     (inputs read in place; the SM path at any R, whose slots are packed),
+//     then one kernel unpacks this rank's window
 //     into the caller's [E, rows, ...] buffers and counts rows per source
 //     and per local expert on the device (kernels/engine_rows.cuh, the NCCL
 //     plane's unpack: the window holds the same packed rows);
 //   combine: the combine kernel pushes the caller's expert outputs back,
 //     read in place (packed into the dispatcher's expert output first only
-//     on the copy-engine path);
+//     when not 16-byte aligned);
 //   forward: dispatch, the layer's loaded experts, the shared expert, combine.
 // The (epoch, R) agreement rides in the dispatch flags; EngineCheckStep is
 // the sync point that reports it and a peer that never came.

@@ -251,7 +251,7 @@ OsDispatchParams OneSidedDispatcher::DispatchParams(const OsStepArgs& step, cons
   p.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.timeout));
   p.sys_scope = !windows_->same_device();
   p.fp8 = fp8_;
-  p.ce = PathFor(step.r) == OsPath::kCopyEngine;
+  p.ce = step_path_ == OsPath::kCopyEngine;
   return p;
 }
 
@@ -295,13 +295,13 @@ absl::Status OneSidedDispatcher::EnqueueDispatch(const OsStepArgs& step, const u
 
 bool OneSidedDispatcher::FusesUnpack(const UnpackReceivedParams* unpack, int64_t r) const {
   // The fused SM path with bf16 rows, its counts zeroed by the send kernel
-  // (the unpack only adds).
-  return unpack != nullptr && fuse_unpack_ && unpack->counts_zeroed && PathFor(r) == OsPath::kSm &&
-         !fp8_ && OsDispatchFused(r, ep_size_);
+  // (the unpack only adds). An engine's dispatch always takes the SM path.
+  return unpack != nullptr && fuse_unpack_ && unpack->counts_zeroed && !fp8_ &&
+         OsDispatchFused(r, ep_size_);
 }
 
 absl::Status OneSidedDispatcher::EnqueueExperts(int64_t r, const DeviceExpertSet& experts) {
-  if (experts.kind() == core::ExpertKind::kIdentity && PathFor(r) == OsPath::kCopyEngine) {
+  if (experts.kind() == core::ExpertKind::kIdentity && step_path_ == OsPath::kCopyEngine) {
     // The copy engine moves the expert output: identity rows are written
     // into it first (the arithmetic the SM path applies as it pushes).
     identity_pending_ = false;
@@ -354,7 +354,7 @@ absl::Status OneSidedDispatcher::EnqueueCombine(int64_t r, uint16_t* output,
   p.blocks = options_.sm_budget;
   p.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.timeout));
   p.sys_scope = !windows_->same_device();
-  p.ce = PathFor(r) == OsPath::kCopyEngine;
+  p.ce = step_path_ == OsPath::kCopyEngine;
   p.refused = refused;
   // An output overlapping the expert output it reduces (an engine may
   // combine in place) must not be written while other warps still read this
@@ -410,6 +410,7 @@ absl::Status OneSidedDispatcher::Forward(const uint16_t* hidden, const int32_t* 
   RETURN_IF_ERROR(CheckExperts(experts));
   const int64_t r = geometry_.runtime_max_tokens_per_rank();
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  step_path_ = PathFor(r);
   RETURN_IF_ERROR(
       EnqueueDispatch({geometry_.epoch(), r, num_tokens}, hidden, topk_ids, topk_weights));
   RETURN_IF_ERROR(EnqueueExperts(r, experts));
@@ -433,6 +434,10 @@ absl::Status OneSidedDispatcher::Dispatch(const uint16_t* hidden, const int32_t*
     counted.recv_counts = local_.recv_counts;
     unpack = &counted;
   }
+  // The engine's buffers hold each source's rows packed in slot order: the
+  // SM path's slots. The copy-engine path's slot of a token is its index at
+  // every destination (tokens sent elsewhere would sit below the counts).
+  step_path_ = unpack != nullptr ? OsPath::kSm : PathFor(geometry_.runtime_max_tokens_per_rank());
   RETURN_IF_ERROR(
       EnqueueDispatch({geometry_.epoch(), geometry_.runtime_max_tokens_per_rank(), num_tokens},
                       hidden, topk_ids, topk_weights, zero, unpack));
@@ -450,6 +455,9 @@ absl::Status OneSidedDispatcher::RefuseStep() {
   RETURN_IF_ERROR(SettleUnlessOpen());
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
   const int64_t r = geometry_.runtime_max_tokens_per_rank();
+  // No row moves: nothing for the copy engine (the peers' flag rounds are
+  // the same on either path).
+  step_path_ = OsPath::kSm;
   OsDispatchParams p = DispatchParams({geometry_.epoch(), r, 0}, nullptr, nullptr, nullptr);
   p.refused = true;
   RETURN_IF_ERROR(EnqueueDispatchParams(p, 0));
@@ -487,7 +495,7 @@ absl::Status OneSidedDispatcher::CombineFrom(const uint16_t* expert_out, int64_t
         "Combine on rank %d: expert outputs of %d rows per source (want >= R = %d, not null)",
         rank_, rows, r));
   }
-  const bool in_place = r > 0 && PathFor(r) == OsPath::kSm && !identity_pending_ &&
+  const bool in_place = r > 0 && step_path_ == OsPath::kSm && !identity_pending_ &&
                         reinterpret_cast<uintptr_t>(expert_out) % 16 == 0;
   if (r > 0 && !in_place) {
     RETURN_IF_ERROR(
@@ -522,6 +530,7 @@ absl::Status OneSidedDispatcher::CaptureForward(int64_t bucket, const uint16_t* 
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
   RETURN_IF_ERROR(SettleOwn());
   Graph g;
+  step_path_ = PathFor(bucket);
   g.dispatch = DispatchParams({geometry_.epoch(), bucket, bucket}, hidden, topk_ids, topk_weights);
   RETURN_IF_ERROR(CudaStatus(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
                              "cudaStreamBeginCapture"));

@@ -193,8 +193,10 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   // an earlier step's rows there; the unpack's recv_counts is set to this
   // dispatcher's, whatever the caller passed). On the fused path a rank's own rows go
   // from its inputs to the engine's buffers directly (OsDispatchParams::
-  // direct_unpack; MOE_EP_ONESIDED_DIRECT_UNPACK=0 turns it off). Errors of
-  // CheckUnpackReceived as well.
+  // direct_unpack; MOE_EP_ONESIDED_DIRECT_UNPACK=0 turns it off). With
+  // `unpack` the step takes the SM path at any R (the engine's buffers hold
+  // each source's rows packed; the copy-engine path's slot of a token is its
+  // index). Errors of CheckUnpackReceived as well.
   absl::Status Dispatch(const uint16_t* hidden, const int32_t* topk_ids, const float* topk_weights,
                         int64_t num_tokens, const OsZeroCounts& zero = {},
                         const UnpackReceivedParams* unpack = nullptr);
@@ -213,8 +215,9 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   // bf16 (rows >= R; slab s's first R rows are sent back), as an engine's
   // combine passes them (server/onesided_engine_calls.cc). The SM path's
   // kernel reads them in place (no host call and no device copy into
-  // expert_output() first: issue 30 item 3); the copy-engine path, and an
-  // address not 16-byte aligned, pack them into expert_output() first.
+  // expert_output() first: issue 30 item 3); an address not 16-byte
+  // aligned, or a Dispatch without `unpack` on the copy-engine path, packs
+  // them into expert_output() first.
   // Errors: Combine's, and kInvalidArgument (rows < R, null with R > 0).
   absl::Status CombineFrom(const uint16_t* expert_out, int64_t rows, uint16_t* output);
   // In place of a Combine this rank's caller could not make (its arguments
@@ -329,6 +332,9 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   int64_t local_bytes_ = 0;
   int sm_count_ = 1;  // the device's multiprocessors (identity rows' grid)
   OsPath last_path_ = OsPath::kSm;
+  // The path of the step being enqueued and combined: PathFor(R), or the SM
+  // path for an engine's dispatch (Dispatch with `unpack`) and a refusal.
+  OsPath step_path_ = OsPath::kSm;
   char* local_base_ = nullptr;
   uint16_t* expert_out_ = nullptr;  // [E, N, H]
   bool fp8_ = false;                // fp8_e4m3 dispatch

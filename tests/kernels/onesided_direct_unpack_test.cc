@@ -21,7 +21,8 @@
 // unpacked rows (each token back times the ranks it went to, zero for a
 // token with no valid id). Two steps per dispatcher, the second sending
 // fewer rows than the first, so the window holds stale rows past the
-// counts.
+// counts. At and past the copy-engine threshold too (an engine's step
+// takes the SM path).
 
 namespace moe_ep::kernels::onesided {
 namespace {
@@ -185,11 +186,14 @@ EngineOut RunRank(const OsCase& c, const std::vector<MoeInputs>& in, int rank, i
     expert_counts.Upload(std::vector<int64_t>(L, 777));
     combined.Upload(std::vector<bf16_t>(out_rows * H, 0xffff));
     EXPECT_TRUE((*d)->CommitGeometry(epoch, r, t).ok());
-    EXPECT_EQ((*d)->UnpacksDirectly(u), direct);
+    // Large R runs the route kernel apart: the unpack is its own kernel.
+    EXPECT_EQ((*d)->UnpacksDirectly(u), direct && OsDispatchFused(r, E));
     sync();  // no rank uploads (device-wide) while a peer's kernel waits
     const absl::Status dispatched =
         (*d)->Dispatch(hidden.get(), ids.get(), weights.get(), t, zero, &u);
     EXPECT_TRUE(dispatched.ok()) << dispatched;
+    // Whatever options.path says: the engine's slots are the SM path's.
+    EXPECT_EQ((*d)->last_path(), OsPath::kSm);
     const absl::Status combined_status = (*d)->CombineFrom(recv_hidden.get(), rows, combined.get());
     EXPECT_TRUE(combined_status.ok()) << combined_status;
     const absl::Status checked = (*d)->CheckStep();
@@ -264,6 +268,19 @@ TEST(OneSidedDirectUnpack, Ep1OddTopKInvalidIdNumExpertsAllSlotsUsed) {
 // EP 2: the own slab direct, the peer's through the window; uneven tokens.
 TEST(OneSidedDirectUnpack, Ep2H7168Top8E256UnevenTokens) {
   RunDirectVsWindow({2, 7168, 8, 256, {113, 40}, -1, 0.0}, 128, 160);
+}
+// R at the copy-engine threshold (kAuto, ce_min_tokens 64 <= R 128): an
+// engine's dispatch still packs each source's rows (the copy-engine path
+// would leave tokens sent elsewhere in the slots below the counts).
+TEST(OneSidedDirectUnpack, Ep2CopyEngineThresholdStillPacksRows) {
+  OsCase c{2, 7168, 8, 256, {113, 40}, -1, 0.0};
+  c.ce_min_tokens = 64;
+  RunDirectVsWindow(c, 128, 160);
+}
+// The default threshold, R 4096 (the route kernel apart, the unpack its own
+// kernel after the send kernel), H 2048, top-8, 64 experts.
+TEST(OneSidedDirectUnpack, Ep2R4096DefaultThresholdUnfused) {
+  RunDirectVsWindow({2, 2048, 8, 64, {4000, 2500}, -1, 0.0}, 4096, 4100);
 }
 
 }  // namespace
