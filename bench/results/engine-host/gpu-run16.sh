@@ -4,7 +4,7 @@
 # unpack refactor), then time the engine's graph phases against the bare
 # kernels (gpu-run13.sh's timed half) so the card this call lands on gets
 # its figures; on an H200 these are issue 30's missing H200 figures.
-#   mkdir -p g && tar -C g -xJf gpu-callN/b.tar.xz && timeout 420 bash bench/results/engine-host/gpu-run16.sh g /tmp/r/e
+#   mkdir -p g && tar -C g -xJf gpu-callN/b.tar.xz && timeout 560 bash bench/results/engine-host/gpu-run16.sh g /tmp/r/e
 set -u
 g=$1
 out=$2
@@ -41,8 +41,35 @@ for b in 16 64; do
   done
 done
 host onesided2 1 one-sided 2 "--side-stream"
+# 2 ranks as processes sharing the GPU under MPS, so that their kernels run
+# side by side rather than time-sliced (call 14's ~4.5 ms phases). The MPS
+# control daemon is a user process with private pipe and log folders, quit
+# at the end; no setting of the card changes (compute mode stays Default).
+mps=$PWD/mps
+mkdir -p "$mps/pipe" "$mps/log"
+export CUDA_MPS_PIPE_DIRECTORY=$mps/pipe CUDA_MPS_LOG_DIRECTORY=$mps/log
+if command -v nvidia-cuda-mps-control > /dev/null && nvidia-cuda-mps-control -d; then
+  mark mps_started 0
+  sleep 1
+  for b in 16 64; do
+    timeout 30 "$bin/moe_ep_onesided_bench" --tokens 128 --sm-budget $b --path sm --skip-nccl \
+      > "$o/mps_onesided_sm$b.csv" 2> "$o/mps_onesided_sm$b.log"
+    mark "mps_onesided_bench_sm$b" $?
+    a="--side-stream --graph-replays 1000 --onesided-sm-budget $b"
+    host "mps_graph2_sm${b}_direct" 1 one-sided 2 "$a"
+    host "mps_graph2_sm${b}_window" 0 one-sided 2 "$a"
+    host "mps_graph2_sm${b}_direct_again" 1 one-sided 2 "$a"
+  done
+  host mps_onesided2 1 one-sided 2 "--side-stream"
+  echo quit | timeout 20 nvidia-cuda-mps-control
+  mark mps_quit $?
+  cp -r "$mps/log" "$o/mps_log"
+else
+  mark mps_started 1
+fi
+unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 {
-  for f in "$o"/host_*/*.json; do echo "$f"; python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d.get('onesided_sm_budget'), d.get('p50_us_slower_rank'), d.get('python_over_c_us'))" "$f"; done 2>&1
-  tail -n +1 "$o"/onesided_sm*.csv
+  for f in "$o"/host_*/*.json; do echo "$f"; python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d.get('onesided_sm_budget'), d.get('p50_us_slower_rank'), d.get('p50_us_later_rank'), d.get('python_over_c_us'))" "$f"; done 2>&1
+  tail -n +1 "$o"/onesided_sm*.csv "$o"/mps_onesided_sm*.csv
 } > "$o/summary.txt"
 cat "$o/rc.txt" "$o/summary.txt"
