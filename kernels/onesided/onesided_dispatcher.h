@@ -19,7 +19,8 @@
 // copy per destination, send kernel (ids, flags); identity experts = one
 // kernel into the expert output; combine = one copy per source, combine
 // kernel (flags, reduction). Its outputs equal the SM path's bit for bit.
-// last_path() says which path the last step took.
+// An engine's Dispatch (with `unpack`) and RefuseStep take the SM path at
+// any R. last_path() says which path the last step took.
 // (epoch, R) agreement rides in the dispatch flags, always on the device: a
 // disagreement makes the step write no output row, and CheckStep() reports
 // it (kAborted, naming the rank). A peer whose flag does not arrive within
@@ -75,8 +76,11 @@ struct OneSidedDispatcherOptions {
   absl::Duration timeout = absl::Seconds(10);
   // Which path moves the rows (onesided_bulk.h): kAuto takes the copy engine
   // for R >= ce_min_tokens (bf16 dispatch only; fp8 always takes the SM
-  // path). Every rank must use the same choice (the paths interoperate per
-  // source, but the same choice keeps the figures per R alike). Default
+  // path; an engine's Dispatch with `unpack` and RefuseStep take the SM
+  // path at any R). Every rank must use the same choice (the paths
+  // interoperate per source, a refusal on the SM path among peers on the
+  // copy engine included, but the same choice keeps the figures per R
+  // alike). Default
   // kSm: on one H200 (bench/results/onesided-ce/README.md) the ce step lost
   // at every R measured (1-4096 tokens, EP 1 and 2); only its combine phase
   // won at EP 1 from R 1024 (80 vs 101 us at 4096), so kAuto's default
@@ -207,7 +211,8 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   // of waiting out the timeout; each peer's next CheckStep is kAborted
   // naming this rank, this rank's reports nothing (its caller has the
   // error). The step is then over here (no Combine follows); the peers'
-  // Combine of it completes. Errors: Dispatch's sequence errors, kInternal.
+  // Combine of it completes. On the SM path at any R (no row moves).
+  // Errors: Dispatch's sequence errors, kInternal.
   absl::Status RefuseStep();
   absl::Status ComputeExperts(const DeviceExpertSet& experts);
   absl::Status Combine(uint16_t* output, const uint16_t* shared_out = nullptr);

@@ -15,7 +15,7 @@ bin=$g/bin
 SECONDS=0
 mark() { echo "$1 rc $2 at ${SECONDS}s" >> "$out/rc.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv > "$out/gpu.txt" 2>&1
-timeout 60 "$bin/moe_ep_gpu_tests" --gtest_filter='OneSidedDirectUnpack.*' > "$out/gtest_direct.log" 2>&1
+timeout 150 "$bin/moe_ep_gpu_tests" --gtest_filter='OneSidedDirectUnpack.*' > "$out/gtest_direct.log" 2>&1
 mark gtest_direct $?
 engine() {  # name, direct flag, ranks
   MOE_EP_ONESIDED_DIRECT_UNPACK=$2 timeout 60 "$bin/moe_ep_engine_embedded" "$bin/moe-ep" one-sided "$3" \

@@ -9,7 +9,7 @@ set -u
 g=$1
 out=$2
 here=$(dirname "$0")
-timeout 200 bash "$here/gpu-run15.sh" "$g" "$out/verify"
+timeout 290 bash "$here/gpu-run15.sh" "$g" "$out/verify"
 # The engine's dispatch past the copy-engine threshold (stop 56: the SM
 # path's packed slots) is in OneSidedDirectUnpack above; the Forward's
 # copy-engine path must stay as it was.
@@ -41,6 +41,9 @@ for b in 16 64; do
   done
 done
 host onesided2 1 one-sided 2 "--side-stream"
+# Side by side: the NCCL plane (one rank per GPU: 1 rank here; its graph
+# section hangs in NCCL's abort at one rank, stop 53).
+host nccl1 1 nccl 1 "--side-stream --graph-replays 0"
 # 2 ranks as processes sharing the GPU under MPS, so that their kernels run
 # side by side rather than time-sliced (call 14's ~4.5 ms phases). The MPS
 # control daemon is a user process with private pipe and log folders, quit
