@@ -124,6 +124,8 @@ absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
                         d->sm_count_, d->device_, options.sm_budget));
   }
   RETURN_IF_ERROR(PreloadOsKernels());
+  // An engine's dispatch past the fused sizes unpacks in a kernel of its own.
+  RETURN_IF_ERROR(PreloadUnpackReceived());
   if (fp8) RETURN_IF_ERROR(PreloadFp8DispatchKernels());
   RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&d->stream_, cudaStreamNonBlocking),
                              "cudaStreamCreateWithFlags"));
