@@ -5,13 +5,14 @@
 # unpack kernel (now preloaded by the dispatcher's Create). Runs
 # gpu-run15.sh (the gtests at EP 1 and 2, the threads tests, the C API
 # program at one-sided 1, 2 on/off and 4) and the copy-engine gtests.
-#   mkdir -p g && tar -C g -xJf gpu-callN/b.tar.xz && timeout 300 bash bench/results/engine-host/gpu-run17.sh g /tmp/r/e
+# gpu-run15.sh's own timeouts sum to 490 s; its wrapper leaves them room.
+#   mkdir -p g && tar -C g -xJf gpu-callN/b.tar.xz && timeout 590 bash bench/results/engine-host/gpu-run17.sh g /tmp/r/e
 set -u
 g=$1
 out=$2
 here=$(dirname "$0")
-timeout 200 bash "$here/gpu-run15.sh" "$g" "$out"
+timeout 495 bash "$here/gpu-run15.sh" "$g" "$out"
 (source "$g/env.sh"; export NCCL_NVLS_ENABLE=0
- timeout 90 "$g/bin/moe_ep_gpu_tests" --gtest_filter='OneSidedThreadsCe.*:OneSidedCe.*' \
+ timeout 85 "$g/bin/moe_ep_gpu_tests" --gtest_filter='OneSidedThreadsCe.*:OneSidedCe.*' \
    > "$out/gtest_ce.log" 2>&1; echo "gtest_ce rc $?" >> "$out/rc.txt")
 grep -h -E "^\[  (PASSED|FAILED)" "$out/gtest_ce.log"
