@@ -269,7 +269,6 @@ absl::Status OneSidedDispatcher::EnqueueDequantize(int64_t r) {
 
 absl::Status OneSidedDispatcher::EnqueueDispatchParams(const OsDispatchParams& p,
                                                        int64_t copy_rows) {
-  last_path_ = p.ce ? OsPath::kCopyEngine : OsPath::kSm;
   if (!p.ce) {
     RETURN_IF_ERROR(LaunchOsDispatch(p, Launch()));
     return EnqueueDequantize(p.step.r);

@@ -133,10 +133,11 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   absl::Status EndEngineCall();
   // Device bytes this rank holds: window + local state + expert scratch.
   int64_t allocated_bytes() const override;
-  // The path a step of R rows takes (options.path, ce_min_tokens, dtype).
+  // The path options.path, ce_min_tokens and the dtype give a step of R
+  // rows (an engine's Dispatch and RefuseStep take the SM path whatever).
   OsPath PathFor(int64_t r) const;
-  // The path of the last dispatch enqueued (eager or captured); kSm before any.
-  OsPath last_path() const { return last_path_; }
+  // The path of the last dispatch begun (eager or captured); kSm before any.
+  OsPath last_path() const { return step_path_; }
   // The last step's counts on the device, [E] int32 each: tokens this rank
   // sent to each rank, and rows each source rank sent here. Written by the
   // dispatch on stream(); read them after it (a copy on stream()). What the
@@ -336,9 +337,9 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   int num_local_experts_ = 0;
   int64_t local_bytes_ = 0;
   int sm_count_ = 1;  // the device's multiprocessors (identity rows' grid)
-  OsPath last_path_ = OsPath::kSm;
-  // The path of the step being enqueued and combined: PathFor(R), or the SM
-  // path for an engine's dispatch (Dispatch with `unpack`) and a refusal.
+  // The path of the step being enqueued and combined, chosen as its
+  // dispatch begins: PathFor(R), or the SM path for an engine's dispatch
+  // (Dispatch with `unpack`) and a refusal.
   OsPath step_path_ = OsPath::kSm;
   char* local_base_ = nullptr;
   uint16_t* expert_out_ = nullptr;  // [E, N, H]
