@@ -28,11 +28,12 @@ int64_t Align128(int64_t x) { return (x + 127) / 128 * 128; }
 
 }  // namespace
 
-absl::StatusOr<int64_t> OneSidedDispatcher::WindowBytes(const core::EpDispatcherOptions& o) {
+absl::StatusOr<int64_t> OneSidedDispatcher::WindowBytes(const core::EpDispatcherOptions& o,
+                                                        bool receive_buffers) {
   RETURN_IF_ERROR(core::ValidateEpOptions(o, o.workspace.ep_size, kLimits));
   const core::WorkspaceSpec& ws = o.workspace;
   return OsWindowLayout(ws.ep_size, ws.capacity_tokens, ws.hidden, ws.top_k,
-                        ws.dtype == core::DispatchDType::kFP8E4M3)
+                        ws.dtype == core::DispatchDType::kFP8E4M3, receive_buffers)
       .total_bytes;
 }
 
@@ -62,8 +63,8 @@ absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
         absl::StrFormat("timeout: expected > 0, got %s", absl::FormatDuration(options.timeout)));
   }
   const bool fp8 = ws.dtype == core::DispatchDType::kFP8E4M3;
-  const OsWindowOffsets off =
-      OsWindowLayout(ws.ep_size, ws.capacity_tokens, ws.hidden, ws.top_k, fp8);
+  const OsWindowOffsets off = OsWindowLayout(ws.ep_size, ws.capacity_tokens, ws.hidden, ws.top_k,
+                                             fp8, options.receive_buffers);
   if (windows->bytes() != off.total_bytes) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "peer windows: expected %d bytes per window for these options (WindowBytes), got %d",
@@ -290,8 +291,20 @@ absl::Status OneSidedDispatcher::EnqueueDispatch(const OsStepArgs& step, const u
     p.fuse_unpack = true;
     p.unpack = *unpack;
     p.direct_unpack = direct_unpack_ && OsDirectUnpackFits(*unpack);
+    const OsReceiveBuffers mine = receive_buffers();
+    p.peer_direct = p.direct_unpack && mine.hidden != nullptr && unpack->hidden == mine.hidden &&
+                    unpack->topk_ids == mine.topk_ids &&
+                    unpack->topk_weights == mine.topk_weights && unpack->rows == mine.rows;
   }
   return EnqueueDispatchParams(p, std::min(step.t, step.r));
+}
+
+OsReceiveBuffers OneSidedDispatcher::receive_buffers() const {
+  if (off_.receive_hidden == 0) return {};
+  auto* own = static_cast<uint8_t*>(windows_->window(rank_));
+  return {reinterpret_cast<uint16_t*>(own + off_.receive_hidden),
+          reinterpret_cast<int32_t*>(own + off_.receive_ids),
+          reinterpret_cast<float*>(own + off_.receive_weights), off_.receive_rows};
 }
 
 bool OneSidedDispatcher::FusesUnpack(const UnpackReceivedParams* unpack, int64_t r) const {
@@ -651,6 +664,17 @@ absl::Status OneSidedDispatcher::CheckStep() {
                             combine ? "the step wrote no output here (its expert outputs lack "
                                       "that rank's)"
                                     : "the step moved no row here and wrote no output");
+  }
+  if (e.kind == kOsMismatch && ((e.their_r ^ e.my_r) & kOsPeerDirectR) != 0 &&
+      (e.their_r & ~kOsPeerDirectR) == (e.my_r & ~kOsPeerDirectR) && e.their_epoch == e.my_epoch) {
+    const bool mine = (e.my_r & kOsPeerDirectR) != 0;
+    return absl::AbortedError(absl::StrFormat(
+        "receive buffers mismatch in the dispatch of (epoch %d, R %d): rank %d dispatched into %s, "
+        "rank %d into %s; every rank's engine passes the window's receive buffers "
+        "(moe_ep_receive_buffers), or every rank its own; the step wrote no output",
+        e.my_epoch, e.my_r & ~kOsPeerDirectR, e.rank,
+        mine ? "its own buffers" : "the window's receive buffers", rank_,
+        mine ? "the window's receive buffers" : "its own buffers"));
   }
   if (e.kind == kOsMismatch) {
     return absl::AbortedError(absl::StrFormat(

@@ -88,6 +88,20 @@ struct OneSidedDispatcherOptions {
   OsPathChoice path = OsPathChoice::kSm;
   int64_t ce_min_tokens = kDefaultCeMinTokens;
   static constexpr int64_t kDefaultCeMinTokens = 4096;
+  // The windows hold receive buffers (receive_buffers(); WindowBytes with
+  // receive_buffers true). Every rank the same.
+  bool receive_buffers = false;
+};
+
+// An engine's dispatch buffers inside this rank's window
+// (OneSidedDispatcher::receive_buffers): [E, rows, H] bf16, [E, rows, K]
+// int32 and [E, rows, K] fp32 device memory, rows = N, valid while the
+// windows live (the workspace).
+struct OsReceiveBuffers {
+  uint16_t* hidden = nullptr;
+  int32_t* topk_ids = nullptr;
+  float* topk_weights = nullptr;
+  int64_t rows = 0;
 };
 
 class OneSidedDispatcher final : public core::StepDispatcher {
@@ -100,13 +114,16 @@ class OneSidedDispatcher final : public core::StepDispatcher {
       core::DispatchDTypeBit(core::DispatchDType::kBF16) |
           core::DispatchDTypeBit(core::DispatchDType::kFP8E4M3)};
 
-  // Bytes of every rank's window for these options (OsWindowLayout).
+  // Bytes of every rank's window for these options (OsWindowLayout), with
+  // receive buffers when `receive_buffers`.
   // Errors: kInvalidArgument as core::ValidateEpOptions with kLimits, for a
   // group of options.workspace.ep_size ranks.
-  static absl::StatusOr<int64_t> WindowBytes(const core::EpDispatcherOptions& options);
+  static absl::StatusOr<int64_t> WindowBytes(const core::EpDispatcherOptions& options,
+                                             bool receive_buffers = false);
 
   // `windows` must outlive the dispatcher; its size() is ep_size and its
-  // bytes() equal WindowBytes(options.dispatcher) (every rank creates its
+  // bytes() equal WindowBytes(options.dispatcher, options.receive_buffers)
+  // (every rank creates its
   // dispatcher with the same options). Errors: kInvalidArgument (validation,
   // sm_budget < 1 or over the device's multiprocessors, timeout <= 0,
   // window size), kResourceExhausted (more than
@@ -163,6 +180,16 @@ class OneSidedDispatcher final : public core::StepDispatcher {
   // leaves this rank's own slab of the received rows unwritten: its rows go
   // to the engine's buffers only.
   const uint8_t* received_rows() const { return BfRows(); }
+  // The receive buffers of this rank's window (options.receive_buffers;
+  // all null without). A Dispatch whose `unpack` names them (hidden, ids,
+  // weights, rows = N) on the direct path (UnpacksDirectly, R <=
+  // kOsFusedMaxTokens) has the peers store their rows into them in place
+  // (OsDispatchParams::peer_direct): slots [R, N) are then not written.
+  // Every rank of a step must choose them alike: a peer that dispatched
+  // into its own buffers and one that used the receive buffers see
+  // kAborted "receive buffers" at CheckStep, and the step wrote no output.
+  // Elsewhere (a larger R, fp8 rows) they are ordinary buffers.
+  OsReceiveBuffers receive_buffers() const;
   uint16_t* expert_output() const { return expert_out_; }
 
   // As GpuEpDispatcher::CommitGeometry (core::GeometryState::Commit).

@@ -226,6 +226,52 @@ __device__ void UnpackShare(const UnpackReceivedParams& u, int skip_source) {
   }
 }
 
+// The peer-direct dispatch's pass after the flag round (OsDispatchParams::
+// peer_direct): the sources' rows are in this rank's receive buffers
+// already, so each item (slot b of [E, R], chunk c) only writes padding —
+// slots [recv_counts[s], R) as LaunchUnpackReceived leaves them — and chunk
+// 0 of a token's slot counts its ids (UnpackSlotIds's rule, no copy). The
+// own slab is skipped when the direct unpack wrote it (`skip_own`); after a
+// failed round the counts are zero and every slab becomes padding.
+__device__ void PeerDirectShare(const OsDispatchParams& p, int64_t R, bool skip_own) {
+  const UnpackReceivedParams& u = p.unpack;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t H = u.hidden_size;
+  const int K = u.top_k;
+  const int64_t vecs = 2 * H / 16;  // OsDirectUnpackFits: 16-byte rows
+  const int64_t chunks = (vecs + 32 * kUnroll - 1) / (32 * kUnroll);
+  const int64_t items = static_cast<int64_t>(u.ep_size) * R * chunks;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
+  const volatile int32_t* counts = p.local.recv_counts;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + warp; item < items;
+       item += stride) {
+    const int64_t b = item / chunks;
+    const int64_t c = item % chunks;
+    const int s = static_cast<int>(b / R);
+    const int64_t j = b % R;
+    if (s == p.rank && skip_own) continue;  // uniform over the warp
+    const int64_t slot = s * u.rows + j;
+    if (j >= counts[s]) {
+      WarpZeroChunk<uint4>(reinterpret_cast<uint4*>(u.hidden + slot * H), vecs, c, lane);
+      if (c == 0) UnpackPadIds(u, slot, lane, 32);
+      continue;
+    }
+    if (c != 0) continue;
+    bool local = false;
+    for (int k = lane; k < K; k += 32) {
+      const int l = UnpackLocalExpert(u, u.topk_ids[slot * K + k]);
+      if (l >= 0) {
+        atomicAdd(reinterpret_cast<unsigned long long*>(u.expert_counts + l), 1ull);
+        local = true;
+      }
+    }
+    if (__any_sync(0xffffffffu, local) && lane == 0) {
+      atomicAdd(reinterpret_cast<unsigned long long*>(u.source_counts + s), 1ull);
+    }
+  }
+}
+
 // Direct unpack (OsDispatchParams::direct_unpack): block 0's counts of this
 // rank's own slab, from the inputs every block routes, with UnpackSlotIds's
 // rule (a slot counts for its source once one of its ids is a local
@@ -431,8 +477,12 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
                          : fp8 ? H / core::fp8::kBlockSize
                                : (vecs + 32 * kUnroll - 1) / (32 * kUnroll);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
+  // Peer-direct: rows for peers go to their receive buffers (stride N =
+  // unpack.rows), and no slot past R is written.
+  const bool peer_direct = direct && p.peer_direct;
+  const int64_t n_rows = p.unpack.rows;
   // Direct: the output slots [0, rows) of the engine's buffer (rows >= R).
-  const int64_t slots_out = direct && p.unpack.rows > R ? p.unpack.rows : R;
+  const int64_t slots_out = direct && !peer_direct && n_rows > R ? n_rows : R;
   for (int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + warp; item < slots_out * chunks;
        item += stride) {
     const int64_t b = item / chunks;
@@ -445,8 +495,10 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
     auto dst = [&](int d) -> uint8_t* {
       if (direct && d == p.rank) return nullptr;  // written above
       const int slot = slot_of(b, d);
-      return slot >= 0 ? p.peers.window[d] + p.off.dispatch_recv + (p.rank * R + slot) * row_bytes
-                       : nullptr;
+      if (slot < 0) return nullptr;
+      if (peer_direct)
+        return p.peers.window[d] + p.off.receive_hidden + (p.rank * n_rows + slot) * 2 * H;
+      return p.peers.window[d] + p.off.dispatch_recv + (p.rank * R + slot) * row_bytes;
     };
     if (b < T && fp8) {
       const uint2 x =
@@ -473,13 +525,20 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
         for (int d = 0; d < E; ++d) {
           uint8_t* row = dst(d);
           if (row == nullptr) continue;
+          if (peer_direct) {
+            const int64_t at = (p.rank * n_rows + slot_of(b, d)) * K + k;
+            reinterpret_cast<int32_t*>(p.peers.window[d] + p.off.receive_ids)[at] = id;
+            reinterpret_cast<float*>(p.peers.window[d] + p.off.receive_weights)[at] = w;
+            continue;
+          }
           reinterpret_cast<int32_t*>(row + hp)[k] = id;
           reinterpret_cast<float*>(row + hp + 4 * K)[k] = w;
         }
       }
     }
     for (int d = 0; d < E; ++d) {
-      if (b < counts[d] || (direct && d == p.rank)) continue;
+      // Peer-direct: the owner pads its receive buffers after the flags.
+      if (b < counts[d] || (direct && d == p.rank) || peer_direct) continue;
       uint8_t* row = p.peers.window[d] + p.off.dispatch_recv + (p.rank * R + b) * row_bytes;
       for (int k = lane; k < K; k += 32) {
         reinterpret_cast<int32_t*>(row + hp)[k] = p.invalid_expert_id;
@@ -520,7 +579,10 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
         if (late) RecordError(p.local.error, kOsDeadline, p.rank, kOsDispatch, q, 0, 0, epoch, R);
       }
       __syncthreads();
-      if (!late) UnpackShare(p.unpack, OwnSlabUnpacked(p, direct, counts) ? p.rank : -1);
+      if (!late && peer_direct) PeerDirectShare(p, R, OwnSlabUnpacked(p, direct, counts));
+      if (!late && !peer_direct) {
+        UnpackShare(p.unpack, OwnSlabUnpacked(p, direct, counts) ? p.rank : -1);
+      }
     }
     return;
   }
@@ -536,7 +598,7 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
   Fence(sys);
   // What this rank publishes and compares: a refused dispatch's R differs
   // from every step's.
-  const int64_t my_r = p.refused ? kOsRefusedR : R;
+  const int64_t my_r = p.refused ? kOsRefusedR : (peer_direct ? R | kOsPeerDirectR : R);
   if (tid < E) {
     OsFlag* f = reinterpret_cast<OsFlag*>(p.peers.window[tid] + p.off.dispatch_flags) + p.rank;
     volatile OsFlag* vf = f;
@@ -593,7 +655,11 @@ __global__ void __launch_bounds__(kThreads) OsSendKernel(const OsDispatchParams 
       __threadfence();
       StoreRelease(p.local.unpacked, q, false);
     }
-    UnpackShare(p.unpack, OwnSlabUnpacked(p, direct, counts) ? p.rank : -1);
+    if (peer_direct) {
+      PeerDirectShare(p, R, OwnSlabUnpacked(p, direct, counts));
+    } else {
+      UnpackShare(p.unpack, OwnSlabUnpacked(p, direct, counts) ? p.rank : -1);
+    }
   }
 }
 
@@ -897,7 +963,8 @@ absl::Status CheckCommon(int ep_size, int64_t hidden, const OsLocalState& l, con
 
 }  // namespace
 
-OsWindowOffsets OsWindowLayout(int ep_size, int64_t capacity, int64_t hidden, int top_k, bool fp8) {
+OsWindowOffsets OsWindowLayout(int ep_size, int64_t capacity, int64_t hidden, int top_k, bool fp8,
+                               bool receive_buffers) {
   const int64_t row = fp8 ? Fp8DispatchRowBytes(hidden, top_k) : 2 * hidden + 8 * top_k;
   OsWindowOffsets o;
   const int64_t e = ep_size;
@@ -907,6 +974,13 @@ OsWindowOffsets OsWindowLayout(int ep_size, int64_t capacity, int64_t hidden, in
   o.dispatch_recv = Align128(o.combine_flags + e * static_cast<int64_t>(sizeof(OsFlag)));
   o.combine_recv = Align128(o.dispatch_recv + e * capacity * row);
   o.total_bytes = Align128(o.combine_recv + e * capacity * hidden * 2);
+  if (receive_buffers) {
+    o.receive_rows = capacity;
+    o.receive_hidden = o.total_bytes;
+    o.receive_ids = Align128(o.receive_hidden + e * capacity * hidden * 2);
+    o.receive_weights = Align128(o.receive_ids + e * capacity * top_k * 4);
+    o.total_bytes = Align128(o.receive_weights + e * capacity * top_k * 4);
+  }
   return o;
 }
 
@@ -960,6 +1034,20 @@ absl::Status CheckDispatch(const OsDispatchParams& p) {
         kOsDirectMaxLocalExperts, p.unpack.num_local_experts, p.hidden_size, p.unpack.hidden_size,
         p.unpack.rows, p.step.r, p.ep_size, p.unpack.ep_size));
   }
+  if (p.peer_direct) {
+    const uint8_t* own = p.rank >= 0 && p.rank < p.ep_size ? p.peers.window[p.rank] : nullptr;
+    const bool theirs =
+        p.off.receive_hidden != 0 && own != nullptr &&
+        reinterpret_cast<const uint8_t*>(p.unpack.hidden) == own + p.off.receive_hidden &&
+        reinterpret_cast<const uint8_t*>(p.unpack.topk_ids) == own + p.off.receive_ids &&
+        reinterpret_cast<const uint8_t*>(p.unpack.topk_weights) == own + p.off.receive_weights &&
+        p.unpack.rows == p.off.receive_rows;
+    if (!p.direct_unpack || !theirs) {
+      return absl::InvalidArgumentError(
+          "LaunchOsDispatch: peer_direct needs direct_unpack into this rank's window's receive "
+          "buffers (hidden, ids and weights at their offsets, rows = the window's N)");
+    }
+  }
   if (p.top_k < 1 || p.top_k > kMaxTopK || p.num_experts < p.ep_size || p.step.r < 0 ||
       p.step.t < 0 || p.blocks < 1) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -992,8 +1080,10 @@ unsigned SendGrid(const OsDispatchParams& p) {
   const bool vec16 = (2 * p.hidden_size + 8 * p.top_k) % 16 == 0;
   const int64_t vecs = 2 * p.hidden_size / (vec16 ? 16 : 8);
   const int64_t chunks = p.ce ? 1 : (vecs + 32 * kUnroll - 1) / (32 * kUnroll);
-  // A direct unpack also writes the engine's padding slots [R, rows).
-  const int64_t slots = p.direct_unpack ? std::max(p.step.r, p.unpack.rows) : p.step.r;
+  // A direct unpack also writes the engine's padding slots [R, rows)
+  // (peer-direct: none past R).
+  const int64_t slots =
+      p.direct_unpack && !p.peer_direct ? std::max(p.step.r, p.unpack.rows) : p.step.r;
   const int64_t warps_needed = (slots * chunks + kWarps - 1) / kWarps;
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(warps_needed, p.blocks)));
 }

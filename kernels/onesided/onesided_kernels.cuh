@@ -20,7 +20,19 @@
 //                               [count, R) carry the invalid id, zero weights
 //   combine_recv   [E, R, H]    rank d's result for this rank's token in slot
 //                               j at row d * R + j
+//   receive_hidden [E, N, H]    bf16, with receive buffers only (below)
+//   receive_ids    [E, N, K]    int32
+//   receive_weights [E, N, K]   fp32
 // (regions sized for R = N; a step packs them by its R, as the NCCL path.)
+// Receive buffers (OsWindowLayout's receive_buffers, bf16 dispatch): an
+// engine's dispatch buffers [E, N, ...] inside the window, laid out as the
+// engine's own (engine_rows.cuh). An engine dispatch into them on the fused
+// path (OsDispatchParams::peer_direct) has each source store its rows,
+// ids and weights straight into slab `source` of every destination's
+// receive buffers, so no row is copied again after the flag round (what
+// bounded issue 30's EP 2 dispatch at 1.54-1.60x of the bare kernel,
+// bench/results/engine-host call 15; DeepEP's low-latency mode likewise
+// returns tensors inside its buffer).
 //
 // Protocol of one step with sequence number q (a counter in every rank's
 // window that each step advances once, so all ranks agree on it):
@@ -96,6 +108,11 @@ enum OsErrorKind : int32_t { kOsNone = 0, kOsMismatch = 1, kOsDeadline = 2 };
 // The R a refused dispatch publishes in its flags (OsDispatchParams::
 // refused): every peer sees an (epoch, R) mismatch naming the refusing rank.
 inline constexpr int64_t kOsRefusedR = -1;
+// Set in the R a peer_direct dispatch publishes in its flags, so that a
+// peer that dispatched the other way (rows in its window's dispatch_recv)
+// sees a mismatch: its rows would land in the layout the owner does not
+// read. OneSidedDispatcher::CheckStep names the two ways.
+inline constexpr int64_t kOsPeerDirectR = int64_t{1} << 40;
 enum OsPhase : int32_t { kOsDispatch = 0, kOsCombine = 1 };
 struct OsStepError {
   int32_t kind;  // OsErrorKind
@@ -114,6 +131,11 @@ struct OsWindowOffsets {
   int64_t combine_flags = 0;
   int64_t dispatch_recv = 0;
   int64_t combine_recv = 0;
+  // The receive buffers (0: the window has none), N rows per source.
+  int64_t receive_rows = 0;
+  int64_t receive_hidden = 0;
+  int64_t receive_ids = 0;
+  int64_t receive_weights = 0;
   int64_t total_bytes = 0;
 };
 
@@ -199,6 +221,15 @@ struct OsDispatchParams {
   // this rank's own receive rows in the window are not written (an
   // engine's combine reads its own expert outputs).
   bool direct_unpack = false;
+  // With direct_unpack, the unpack buffers being this rank's window's
+  // receive buffers (unpack.rows = N, the window's capacity, and the same
+  // buffers on every rank by offset): the rows for each peer d are stored
+  // into slab `rank` of d's receive buffers (ids and weights too) instead
+  // of its dispatch_recv, and after the flag round each block counts its
+  // share of the peers' slots from the ids (expert_counts, source_counts)
+  // and writes slots [count, R) of the peers' slabs as padding. Slots
+  // [R, N) are not written. The flags carry R | kOsPeerDirectR.
+  bool peer_direct = false;
 };
 
 // The most local experts a direct unpack counts (one int32 each in the send
@@ -285,9 +316,10 @@ inline constexpr int64_t kOsFusedMaxTokens = 512;
 inline constexpr int kOsFusedMaxEpSize = 8;
 
 // The window regions for E ranks, N tokens, H, K (each region 128-aligned);
-// `fp8`: dispatch_recv holds fp8 wire rows.
+// `fp8`: dispatch_recv holds fp8 wire rows; `receive_buffers`: the window
+// also holds the receive buffers (E * N * (2H + 8K) bytes more).
 OsWindowOffsets OsWindowLayout(int ep_size, int64_t capacity, int64_t hidden, int top_k,
-                               bool fp8 = false);
+                               bool fp8 = false, bool receive_buffers = false);
 
 // Whether a step of R rows runs the fused kernel (no separate route launch).
 inline bool OsDispatchFused(int64_t r, int ep_size) {
@@ -317,7 +349,8 @@ absl::Status PreloadOsKernels();
 // on the copy-engine path, fuse_unpack off the fused SM bf16 path or
 // without counts_zeroed, direct_unpack without fuse_unpack or with buffers
 // OsDirectUnpackFits refuses, rows < R, or the unpack's H or ep_size not
-// the dispatch's), kInternal (launch).
+// the dispatch's, peer_direct without direct_unpack or with buffers other
+// than this rank's window's receive buffers), kInternal (launch).
 absl::Status LaunchOsDispatch(const OsDispatchParams& p, cudaStream_t stream);
 absl::Status LaunchOsRoute(const OsDispatchParams& p, cudaStream_t stream);
 absl::Status LaunchOsSend(const OsDispatchParams& p, cudaStream_t stream);

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,7 +23,9 @@
 // token with no valid id). Two steps per dispatcher, the second sending
 // fewer rows than the first, so the window holds stale rows past the
 // counts. At and past the copy-engine threshold too (an engine's step
-// takes the SM path).
+// takes the SM path). And into the window's receive buffers, where the
+// peers store their rows in place (OsDispatchParams::peer_direct), with a
+// group whose ranks choose differently refused as a mismatch.
 
 namespace moe_ep::kernels::onesided {
 namespace {
@@ -124,17 +127,40 @@ class DirectUnpackEnv {
   DirectUnpackEnv& operator=(const DirectUnpackEnv&) = delete;
 };
 
+// Device memory a test writes and reads by copies: a DeviceBuffer's, or a
+// region of the window (the receive buffers).
+template <typename T>
+void Fill(T* dst, const std::vector<T>& v) {
+  EXPECT_EQ(cudaMemcpy(dst, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+}
+template <typename T>
+std::vector<T> Read(const T* src, int64_t n) {
+  std::vector<T> v(n);
+  EXPECT_EQ(cudaMemcpy(v.data(), src, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return v;
+}
+
 // Rank `rank`'s two dispatch + combine steps through a dispatcher on `w`:
 // first R tokens per rank that all select an expert (every receive slot
 // below each count filled), then `in`, into engine buffers of `rows` slots
-// per source filled with 0x5a bytes before each step and counts of 777.
-// Returns the second step's buffers.
+// per source filled with 0x5a bytes before each step and counts of 777 —
+// with `receive`, the window's receive buffers (c.receive_buffers, rows =
+// N = r). Returns the second step's buffers. `check`, when set, judges
+// every step's CheckStep (else each must succeed).
 EngineOut RunRank(const OsCase& c, const std::vector<MoeInputs>& in, int rank, int64_t r,
-                  int64_t rows, bool direct, PeerWindows* w, const testing::Sync& sync) {
+                  int64_t rows, bool direct, PeerWindows* w, const testing::Sync& sync,
+                  bool receive = false,
+                  const std::function<void(const absl::Status&)>& check = nullptr) {
   EngineOut got;
   auto d = OneSidedDispatcher::Create(w, testing::Options(c, r), 0);
   EXPECT_TRUE(d.ok()) << d.status();
   if (!d.ok()) return got;
+  const OsReceiveBuffers rb = (*d)->receive_buffers();
+  EXPECT_EQ(rb.hidden != nullptr, c.receive_buffers);
+  if (receive) {
+    EXPECT_EQ(rb.rows, r);
+    EXPECT_EQ(rows, r);
+  }
   const int64_t H = c.hidden;
   const int K = c.top_k;
   const int E = c.ep_size;
@@ -167,9 +193,9 @@ EngineOut RunRank(const OsCase& c, const std::vector<MoeInputs>& in, int rank, i
   u.first_expert = FirstExpert(c, rank);
   u.num_local_experts = L;
   u.invalid_expert_id = c.invalid_id;
-  u.hidden = recv_hidden.get();
-  u.topk_ids = recv_ids.get();
-  u.topk_weights = recv_weights.get();
+  u.hidden = receive ? rb.hidden : recv_hidden.get();
+  u.topk_ids = receive ? rb.topk_ids : recv_ids.get();
+  u.topk_weights = receive ? rb.topk_weights : recv_weights.get();
   u.source_counts = source_counts.get();
   u.expert_counts = expert_counts.get();
   u.counts_zeroed = true;
@@ -181,9 +207,9 @@ EngineOut RunRank(const OsCase& c, const std::vector<MoeInputs>& in, int rank, i
     hidden.Upload(x.hidden);
     ids.Upload(x.ids);
     weights.Upload(x.weights);
-    recv_hidden.Upload(std::vector<bf16_t>(E * rows * H, 0x5a5a));
-    recv_ids.Upload(stale_ids);
-    recv_weights.Upload(stale_weights);
+    Fill(u.hidden, std::vector<bf16_t>(E * rows * H, 0x5a5a));
+    Fill(u.topk_ids, stale_ids);
+    Fill(u.topk_weights, stale_weights);
     source_counts.Upload(std::vector<int64_t>(E, 777));
     expert_counts.Upload(std::vector<int64_t>(L, 777));
     combined.Upload(std::vector<bf16_t>(out_rows * H, 0xffff));
@@ -196,18 +222,22 @@ EngineOut RunRank(const OsCase& c, const std::vector<MoeInputs>& in, int rank, i
     EXPECT_TRUE(dispatched.ok()) << dispatched;
     // Whatever options.path says: the engine's slots are the SM path's.
     EXPECT_EQ((*d)->last_path(), OsPath::kSm);
-    const absl::Status combined_status = (*d)->CombineFrom(recv_hidden.get(), rows, combined.get());
+    const absl::Status combined_status = (*d)->CombineFrom(u.hidden, rows, combined.get());
     EXPECT_TRUE(combined_status.ok()) << combined_status;
     const absl::Status checked = (*d)->CheckStep();
-    EXPECT_TRUE(checked.ok()) << checked;
+    if (check) {
+      check(checked);
+    } else {
+      EXPECT_TRUE(checked.ok()) << checked;
+    }
     EXPECT_EQ(cudaStreamSynchronize((*d)->stream()), cudaSuccess);
     sync();
   };
   step(1, first, r);
   step(2, in[rank], tokens);
-  got.hidden = recv_hidden.Download(E * rows * H);
-  got.ids = recv_ids.Download(E * rows * K);
-  got.weights = recv_weights.Download(E * rows * K);
+  got.hidden = Read(u.hidden, E * rows * H);
+  got.ids = Read(u.topk_ids, E * rows * K);
+  got.weights = Read(u.topk_weights, E * rows * K);
   got.source_counts = source_counts.Download(E);
   got.expert_counts = expert_counts.Download(L);
   got.combined = combined.Download(tokens * H);
@@ -263,6 +293,24 @@ void RunDirectVsWindow(const OsCase& c, int64_t r, int64_t rows) {
   }
 }
 
+// Into the window's receive buffers (rows = N = r): the peers store their
+// rows in place at R <= 512, the unpack's copy otherwise; the same values
+// as the reference (rows = R: no slot past R).
+void RunReceiveBuffers(OsCase c, int64_t r) {
+  MOE_EP_REQUIRE_GPUS(1);
+  c.receive_buffers = true;
+  std::vector<MoeInputs> in;
+  in.reserve(c.ep_size);
+  for (int s = 0; s < c.ep_size; ++s) in.push_back(MakeCase(c, s, c.tokens[s]));
+  std::vector<EngineOut> got(c.ep_size);
+  testing::RunThreads(c, r, [&](int rank, PeerWindows* w, const testing::Sync& sync) {
+    got[rank] = RunRank(c, in, rank, r, r, true, w, sync, true);
+  });
+  for (int me = 0; me < c.ep_size; ++me) {
+    ExpectSame(got[me], Reference(c, in, me, r), "receive buffers, rank " + std::to_string(me));
+  }
+}
+
 // The issue's shape at EP 1: H 7168, top-8, 256 experts, 113 tokens at R
 // 128 into 160 slots (padding below and above R).
 TEST(OneSidedDirectUnpack, Ep1H7168Top8E256MatchesWindowPathAndReference) {
@@ -289,6 +337,50 @@ TEST(OneSidedDirectUnpack, Ep2CopyEngineThresholdStillPacksRows) {
 // kernel after the send kernel), H 2048, top-8, 64 experts.
 TEST(OneSidedDirectUnpack, Ep2R4096DefaultThresholdUnfused) {
   RunDirectVsWindow({2, 2048, 8, 64, {4000, 2500}, -1, 0.0}, 4096, 4100);
+}
+
+// Issue 30's shape at EP 2 into the receive buffers: the peer's rows stored
+// in place by its send kernel (peer_direct), uneven tokens, stale bytes.
+TEST(OneSidedReceiveBuffers, Ep2H7168Top8E256PeersStoreInPlace) {
+  RunReceiveBuffers({2, 7168, 8, 256, {113, 40}, -1, 0.0}, 128);
+}
+// Odd top-k and H 2048 at EP 4 (three peers' slabs), the invalid id
+// num_experts.
+TEST(OneSidedReceiveBuffers, Ep4OddTopKInvalidIdNumExperts) {
+  RunReceiveBuffers({4, 2048, 3, 64, {64, 17, 0, 50}, 64, 0.0}, 64);
+}
+// R 1024 (the route kernel apart): the receive buffers are the unpack's
+// ordinary destination, same values.
+TEST(OneSidedReceiveBuffers, Ep2R1024UnfusedUnpacksIntoThem) {
+  RunReceiveBuffers({2, 2048, 8, 64, {1000, 700}, -1, 0.0}, 1024);
+}
+// Rank 0 dispatches into the receive buffers, rank 1 into its own: each
+// step is refused on both ranks with a message naming the two choices,
+// and the group keeps stepping (no deadline, no broken dispatcher).
+TEST(OneSidedReceiveBuffers, Ep2RanksChoosingDifferentlyMismatch) {
+  MOE_EP_REQUIRE_GPUS(1);
+  OsCase c{2, 2048, 8, 64, {100, 90}, -1, 0.0};
+  c.receive_buffers = true;
+  const int64_t r = 128;
+  std::vector<MoeInputs> in;
+  for (int s = 0; s < c.ep_size; ++s) in.push_back(MakeCase(c, s, c.tokens[s]));
+  std::vector<std::vector<absl::Status>> seen(c.ep_size);
+  testing::RunThreads(c, r, [&](int rank, PeerWindows* w, const testing::Sync& sync) {
+    const EngineOut out = RunRank(c, in, rank, r, r, true, w, sync, rank == 0,
+                                  [&](const absl::Status& s) { seen[rank].push_back(s); });
+    EXPECT_EQ(out.source_counts, std::vector<int64_t>(c.ep_size, 0)) << "rank " << rank;
+  });
+  for (int rank = 0; rank < c.ep_size; ++rank) {
+    ASSERT_EQ(seen[rank].size(), 2u) << "rank " << rank;
+    for (const absl::Status& s : seen[rank]) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << "rank " << rank << ": " << s;
+      EXPECT_NE(s.message().find("receive buffers mismatch"), std::string::npos) << s;
+      EXPECT_NE(s.message().find(rank == 0 ? "rank 1 dispatched into its own buffers"
+                                           : "rank 0 dispatched into the window's receive buffers"),
+                std::string::npos)
+          << s;
+    }
+  }
 }
 
 }  // namespace

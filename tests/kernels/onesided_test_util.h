@@ -45,7 +45,8 @@ struct OsCase {
   // The data plane's path (issue 15 item 3) and the auto threshold.
   OsPathChoice path = OsPathChoice::kAuto;
   int64_t ce_min_tokens = OneSidedDispatcherOptions::kDefaultCeMinTokens;
-  int sm_budget = 8;  // blocks of each communication kernel
+  int sm_budget = 8;             // blocks of each communication kernel
+  bool receive_buffers = false;  // windows with receive buffers (OsWindowLayout)
 };
 
 // Inputs, experts and the CPU reference of one case.
@@ -110,6 +111,7 @@ inline OneSidedDispatcherOptions Options(const OsCase& c, int64_t capacity,
   o.timeout = timeout;
   o.path = c.path;
   o.ce_min_tokens = c.ce_min_tokens;
+  o.receive_buffers = c.receive_buffers;
   return o;
 }
 
@@ -272,7 +274,7 @@ inline void RunCheckedStep(const Prepared& p, int rank, OneSidedDispatcher& d,
 using Sync = std::function<void()>;
 inline void RunThreads(const OsCase& c, int64_t capacity,
                        const std::function<void(int, PeerWindows*, const Sync&)>& body) {
-  auto bytes = OneSidedDispatcher::WindowBytes(testing::EpOptions(c, capacity));
+  auto bytes = OneSidedDispatcher::WindowBytes(testing::EpOptions(c, capacity), c.receive_buffers);
   ASSERT_TRUE(bytes.ok()) << bytes.status();
   auto group = ThreadWindowGroup::Create(c.ep_size);
   ASSERT_TRUE(group.ok()) << group.status();
