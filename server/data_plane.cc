@@ -424,6 +424,13 @@ absl::Status DataPlane::CommitGeometry(int64_t epoch, int64_t runtime_max_tokens
   return absl::OkStatus();
 }
 
+absl::StatusOr<EngineRecvBuffers> DataPlane::EngineReceiveBuffers() {
+  return absl::UnimplementedError(absl::StrCat(
+      "receive_buffers: the ", data_plane(),
+      " data plane has no receive buffers (the one-sided plane's windows hold them, with "
+      "--onesided-receive-buffers); pass buffers of your own to dispatch"));
+}
+
 absl::Status DataPlane::EngineCheckStep() {
   if (step_dispatcher_ == nullptr) {
     return absl::FailedPreconditionError("check_step: no workspace; AllocateWorkspace first");

@@ -76,6 +76,10 @@ struct DataPlaneGroup {
   // multiprocessor (kernels/onesided OneSidedDispatcherOptions::sm_budget;
   // DeepEP's num_sms); the SMs left run the experts and peers sharing the GPU.
   int onesided_sm_budget = 16;
+  // One-sided plane: every window also holds the receive buffers an
+  // engine's dispatch may fill in place (moe_ep_receive_buffers; kernels/
+  // onesided OsWindowLayout's receive_buffers), E * N * (2H + 8K) bytes.
+  bool onesided_receive_buffers = false;
   // Every rank's Rendezvous address ([world_size]; empty = rank masks off)
   // and the generation's secret: where the survivors of a lost rank agree
   // on a mask (server/rank_mask.h; DESIGN §15).
@@ -449,6 +453,14 @@ class DataPlane {
   // so it reports OK. Errors: kFailedPrecondition (no dispatcher: before
   // Allocate, or one-sided windows dropped by a mask).
   absl::Status EngineCheckStep();
+  // The engine's receive buffers inside the one-sided plane's window
+  // (server/moe_ep.h moe_ep_receive_buffers; kernels/onesided
+  // OneSidedDispatcher::receive_buffers): rows, hidden, topk_ids and
+  // topk_weights set, the counts null. Errors: kUnimplemented (another
+  // plane, or a group formed without DataPlaneGroup::
+  // onesided_receive_buffers), kFailedPrecondition (no workspace, a rank
+  // mask).
+  virtual absl::StatusOr<EngineRecvBuffers> EngineReceiveBuffers();
 
   // Identifies the workspace the engine calls run on: a process-wide
   // counter value taken by every (re)allocation of the dispatcher's buffers

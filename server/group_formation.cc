@@ -62,6 +62,7 @@ absl::Status CheckJoin(const JoinedGroup& current, int64_t max_generation_used,
 
 absl::StatusOr<std::unique_ptr<DataPlane>> FormJoinedGroup(const JoinArgs& args, int device,
                                                            int onesided_sm_budget,
+                                                           bool onesided_receive_buffers,
                                                            absl::Time call_deadline) {
   std::shared_ptr<gloo::rendezvous::Store> store;
   if (args.rendezvous_address.empty() || args.rejoin) {
@@ -86,6 +87,7 @@ absl::StatusOr<std::unique_ptr<DataPlane>> FormJoinedGroup(const JoinArgs& args,
   group.data_plane_host = args.data_plane_host;
   group.device = device;
   group.onesided_sm_budget = onesided_sm_budget;
+  group.onesided_receive_buffers = onesided_receive_buffers;
   group.rendezvous_addresses = args.rendezvous_addresses;
   group.rendezvous_secret = args.rendezvous_secret;
   group.rejoin = args.rejoin;

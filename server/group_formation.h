@@ -53,14 +53,16 @@ int64_t GenerationLimit(int64_t max_generation_used, int64_t max_generation);
 // FormJoinedGroup()
 //
 // Forms the group of `args` on CUDA device `device` (NCCL only), the
-// one-sided plane's kernels `onesided_sm_budget` blocks each
-// (DataPlaneGroup). Meeting the peers ends by `call_deadline` or after
-// args.timeout, whichever is first (the caller is gone once its deadline
-// passed). Errors: FormDataPlane's. (A budget over the device's
-// multiprocessors is refused later, when the one-sided dispatcher is made:
-// AllocateWorkspace, kInvalidArgument naming the count.)
+// one-sided plane's kernels `onesided_sm_budget` blocks each, its windows
+// with receive buffers when `onesided_receive_buffers` (DataPlaneGroup).
+// Meeting the peers ends by `call_deadline` or after args.timeout,
+// whichever is first (the caller is gone once its deadline passed).
+// Errors: FormDataPlane's. (A budget over the device's multiprocessors is
+// refused later, when the one-sided dispatcher is made: AllocateWorkspace,
+// kInvalidArgument naming the count.)
 absl::StatusOr<std::unique_ptr<DataPlane>> FormJoinedGroup(const JoinArgs& args, int device,
                                                            int onesided_sm_budget,
+                                                           bool onesided_receive_buffers,
                                                            absl::Time call_deadline);
 
 }  // namespace moe_ep::server

@@ -401,6 +401,29 @@ moe_ep_status moe_ep_dispatch(moe_ep_worker* worker, const uint16_t* hidden,
   });
 }
 
+moe_ep_status moe_ep_receive_buffers(moe_ep_worker* worker, uint16_t** recv_hidden,
+                                     int32_t** recv_topk_ids, float** recv_topk_weights,
+                                     int64_t* recv_rows) {
+  return Guard("moe_ep_receive_buffers", [&]() -> absl::Status {
+    if (recv_hidden == nullptr || recv_topk_ids == nullptr || recv_topk_weights == nullptr ||
+        recv_rows == nullptr) {
+      return absl::InvalidArgumentError(
+          "moe_ep_receive_buffers: recv_hidden, recv_topk_ids, recv_topk_weights and recv_rows "
+          "must not be NULL");
+    }
+    return OnDataPlane(worker, "moe_ep_receive_buffers", 0, false,
+                       [&](DataPlane& plane, const moe_ep::core::EpDispatcherOptions&) {
+                         ASSIGN_OR_RETURN(const moe_ep::server::EngineRecvBuffers b,
+                                          plane.EngineReceiveBuffers());
+                         *recv_hidden = reinterpret_cast<uint16_t*>(b.hidden);
+                         *recv_topk_ids = b.topk_ids;
+                         *recv_topk_weights = b.topk_weights;
+                         *recv_rows = b.rows;
+                         return absl::OkStatus();
+                       });
+  });
+}
+
 moe_ep_status moe_ep_dispatch_only(moe_ep_worker* worker, const uint16_t* hidden,
                                    const int32_t* topk_ids, const float* topk_weights,
                                    int64_t num_tokens, uint16_t* recv_hidden,

@@ -21,6 +21,7 @@
  *   moe_ep_check_step          the sync point: waits, reports a geometry
  *                              disagreement the device recorded
  *   moe_ep_graph_token / moe_ep_check_graph  is a captured graph still valid
+ *   moe_ep_receive_buffers     one-sided: dispatch buffers peers fill in place
  *
  * Every data call is a collective: all ranks of the group make the same
  * calls in the same order (a rank with T = 0 still calls).
@@ -394,6 +395,31 @@ MOE_EP_EXPORT moe_ep_status moe_ep_dispatch(moe_ep_worker* worker, const uint16_
                                             int64_t recv_rows, int64_t* source_counts,
                                             int64_t* expert_counts, void* stream,
                                             int64_t timeout_ms);
+
+/* The one-sided plane's receive buffers (a worker started with
+ * --onesided-receive-buffers; issue 30): device memory inside this rank's
+ * window, *recv_hidden [E,rows,H] bf16, *recv_topk_ids [E,rows,K] int32,
+ * *recv_topk_weights [E,rows,K] fp32, *recv_rows = capacity_tokens (N).
+ * Passed as moe_ep_dispatch's three row buffers with recv_rows = *recv_rows
+ * (the counts stay the caller's), a dispatch at R <= 512 (the fused path)
+ * has every peer store its rows into them in place: no copy of the peers'
+ * rows after their flags arrive, as DeepEP's low-latency receive tensors
+ * live in its buffer. Slots j < source_counts[s] and the padding slots up
+ * to R are as moe_ep_dispatch says; slots [R, rows) are not written then.
+ * At a larger R they take the rows like any buffers. In a step every rank's
+ * engine passes them, or none does (else the step writes no output and
+ * moe_ep_check_step returns MOE_EP_ABORTED "receive buffers mismatch ...",
+ * naming the ranks). The next dispatch overwrites them, and a peer's next
+ * dispatch may start once this rank's combine of the step has run: read
+ * them with work enqueued before this rank's moe_ep_combine. Valid while
+ * moe_ep_graph_token is unchanged (the workspace). Not a collective; no
+ * device work. Errors: MOE_EP_INVALID_ARGUMENT (NULL arguments),
+ * MOE_EP_UNIMPLEMENTED (the gloo or nccl plane, or a worker without the
+ * flag), MOE_EP_FAILED_PRECONDITION (no workspace / group broken / a rank
+ * mask). */
+MOE_EP_EXPORT moe_ep_status moe_ep_receive_buffers(moe_ep_worker* worker, uint16_t** recv_hidden,
+                                                   int32_t** recv_topk_ids,
+                                                   float** recv_topk_weights, int64_t* recv_rows);
 
 /* An exchange: moe_ep_dispatch (same arguments, same results, same
  * errors) whose step ends with it: no combine follows, and the next data

@@ -176,6 +176,7 @@ kernels::onesided::OneSidedDispatcherOptions OneSidedDataPlane::DispatcherOption
   o.max_intermediate = max_intermediate;
   o.timeout = group_.timeout;
   o.sm_budget = group_.onesided_sm_budget;
+  o.receive_buffers = group_.onesided_receive_buffers;
   return o;
 }
 
@@ -206,7 +207,8 @@ absl::StatusOr<DataPlaneAllocation> OneSidedDataPlane::Allocate(
     const core::EpDispatcherOptions& options, int64_t max_intermediate, int64_t memory_cap_bytes) {
   RETURN_IF_ERROR(MakeDeviceCurrent());
   const core::WorkspaceSpec& ws = options.workspace;
-  ASSIGN_OR_RETURN(const int64_t window_bytes, OneSidedDispatcher::WindowBytes(options));
+  ASSIGN_OR_RETURN(const int64_t window_bytes,
+                   OneSidedDispatcher::WindowBytes(options, group_.onesided_receive_buffers));
   const int64_t staging_bytes =
       kernels::StepStaging::Bytes(ws.capacity_tokens, ws.hidden, ws.top_k);
   int64_t cap = 0;
@@ -227,7 +229,8 @@ absl::StatusOr<DataPlaneAllocation> OneSidedDataPlane::Allocate(
   const OneSidedRouteMap map = MakeOneSidedRouteMap(served);
   const core::EpDispatcherOptions dispatch = DispatchOptionsFor(options, map);
   ASSIGN_OR_RETURN(const int64_t member_window_bytes,
-                   OneSidedDispatcher::WindowBytes(WindowOptionsFor(options, map)));
+                   OneSidedDispatcher::WindowBytes(WindowOptionsFor(options, map),
+                                                   group_.onesided_receive_buffers));
   // No peer may still use the old windows once they go.
   RETURN_IF_ERROR(compact_->Barrier());
   ForgetExperts();
@@ -360,7 +363,8 @@ absl::Status OneSidedDataPlane::MakeWindowsIfDropped() {
   ASSIGN_OR_RETURN(const core::PlacementTable served, book_.contiguous()->WithMask(mask_.live));
   const OneSidedRouteMap map = MakeOneSidedRouteMap(served);
   ASSIGN_OR_RETURN(const int64_t bytes,
-                   OneSidedDispatcher::WindowBytes(WindowOptionsFor(options_, map)));
+                   OneSidedDispatcher::WindowBytes(WindowOptionsFor(options_, map),
+                                                   group_.onesided_receive_buffers));
   ASSIGN_OR_RETURN(windows_,
                    kernels::onesided::CreateIpcPeerWindows(compact_, group_.device, bytes));
   windows_dropped_ = false;
@@ -571,8 +575,11 @@ absl::StatusOr<std::unique_ptr<BenchmarkRun>> OneSidedDataPlane::MakeBenchmarkRu
   ASSIGN_OR_RETURN(const int64_t window_bytes, OneSidedDispatcher::WindowBytes(options));
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::onesided::PeerWindows> windows,
                    kernels::onesided::CreateIpcPeerWindows(compact_, group_.device, window_bytes));
+  // The bench's own windows: no engine fills receive buffers in them.
+  kernels::onesided::OneSidedDispatcherOptions bench_options = DispatcherOptions(options, 0);
+  bench_options.receive_buffers = false;
   ASSIGN_OR_RETURN(std::unique_ptr<OneSidedDispatcher> bench,
-                   OneSidedDispatcher::Create(windows.get(), DispatcherOptions(options, 0), cap));
+                   OneSidedDispatcher::Create(windows.get(), bench_options, cap));
   ASSIGN_OR_RETURN(core::ExpertPlacement placement,
                    core::ExpertPlacement::Contiguous(options.num_experts, members));
   ASSIGN_OR_RETURN(

@@ -146,6 +146,7 @@ class OneSidedDataPlane final : public DataPlane {
                                                 const int32_t* topk_ids, const float* topk_weights,
                                                 int64_t num_tokens, void* output,
                                                 void* stream) override;
+  absl::StatusOr<EngineRecvBuffers> EngineReceiveBuffers() override;
   absl::Status EngineSyncTokenCounts(const int64_t* local_tokens, int64_t* counts,
                                      void* stream) override;
 

@@ -70,6 +70,25 @@ absl::Status OneSidedDataPlane::OnEngineStream(
   return status.ok() ? ended : status;
 }
 
+absl::StatusOr<EngineRecvBuffers> OneSidedDataPlane::EngineReceiveBuffers() {
+  RETURN_IF_ERROR(RequireEnginePlane("receive_buffers"));
+  const kernels::onesided::OsReceiveBuffers b = dispatcher_ != nullptr
+                                                    ? dispatcher_->receive_buffers()
+                                                    : kernels::onesided::OsReceiveBuffers{};
+  if (b.hidden == nullptr) {
+    return absl::UnimplementedError(
+        absl::StrCat("receive_buffers: rank ", group_.rank,
+                     "'s one-sided windows hold no receive buffers; start every worker with "
+                     "--onesided-receive-buffers"));
+  }
+  EngineRecvBuffers out;
+  out.rows = b.rows;
+  out.hidden = reinterpret_cast<core::bf16_t*>(b.hidden);
+  out.topk_ids = b.topk_ids;
+  out.topk_weights = b.topk_weights;
+  return out;
+}
+
 const OneSidedRouteMap& OneSidedDataPlane::EngineMap() {
   if (engine_map_table_ != book_.contiguous()) {
     engine_map_ = MakeOneSidedRouteMap(*book_.contiguous());

@@ -93,6 +93,11 @@ std::optional<int> ParseWorkerFlags(int argc, const char* const* argv, WorkerFla
           "num_sms; the other multiprocessors run the experts. Workers sharing one GPU need "
           "workers x budget <= its multiprocessors",
           {positive}, err, spellings);
+  AddFlag(app, "onesided-receive-buffers", &f->onesided_receive_buffers,
+          "one-sided plane: also hold an engine's dispatch receive buffers in every window "
+          "(E x N x (2H + 8K) bytes more), so that moe_ep_receive_buffers can hand them out and "
+          "peers store their rows into them directly (no copy after the flag round)",
+          {}, err, spellings);
   AddFlag(app, "memory-cap-bytes", &f->memory_cap_bytes,
           "bytes of workspace + expert weights + Rendezvous store this worker may hold; 0 = 3/4 "
           "of the machine's memory or its cgroup's limit (the larger GPU memory for nccl)",

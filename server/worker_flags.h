@@ -24,6 +24,7 @@ struct WorkerFlags {
   std::string gpu_data_plane = "auto";  // auto, one-sided, nccl (backend nccl)
   int32_t device = 0;
   int32_t onesided_sm_budget = 16;           // blocks of each one-sided communication kernel
+  bool onesided_receive_buffers = false;     // engine receive buffers in the one-sided windows
   int64_t memory_cap_bytes = 0;              // 0 = 3/4 of the machine's or cgroup's memory
   std::vector<std::string> checkpoint_dirs;  // --checkpoint-dir, repeatable
   RequestLimits limits;                      // --max-*

@@ -108,6 +108,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Start(const Worker
   options.data_plane_host = *data_plane_host;
   options.device = flags.device;
   options.onesided_sm_budget = flags.onesided_sm_budget;
+  options.onesided_receive_buffers = flags.onesided_receive_buffers;
   auto backend = ResolveBackend(options.default_backend, "auto");
   if (!backend.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--backend: ", backend.status().message()));

@@ -125,6 +125,9 @@ struct WorkerOptions {
   // Blocks of each one-sided communication kernel (--onesided-sm-budget;
   // DataPlaneGroup::onesided_sm_budget).
   int onesided_sm_budget = 16;
+  // Receive buffers in the one-sided windows (--onesided-receive-buffers;
+  // DataPlaneGroup::onesided_receive_buffers).
+  bool onesided_receive_buffers = false;
   // Bounds on request sizes (--max-*; server/request_limits.h).
   RequestLimits limits;
   // Directories LoadExperts may read checkpoints from (--checkpoint-dir;

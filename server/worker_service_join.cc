@@ -130,9 +130,9 @@ absl::Status WorkerService::DoJoin(grpc::ServerContext* context, const v1::JoinR
       !votes) {
     options_.rendezvous->OpenGeneration(args->generation, args->rendezvous_secret);
   }
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<DataPlane> formed,
-      FormJoinedGroup(*args, options_.device, options_.onesided_sm_budget, CallDeadline(context)));
+  ASSIGN_OR_RETURN(std::unique_ptr<DataPlane> formed,
+                   FormJoinedGroup(*args, options_.device, options_.onesided_sm_budget,
+                                   options_.onesided_receive_buffers, CallDeadline(context)));
   InstallGroup(*args, std::move(formed));
   if (args->rejoin)
     session_.AdoptMask("Join", /*renumber=*/true);  // GetStatus shows it alone until Rejoin

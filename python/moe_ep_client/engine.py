@@ -161,6 +161,8 @@ _SIGNATURES = {
     "moe_ep_check_step": (_I32, [_P, _I64]),
     "moe_ep_graph_token": (_I32, [_P, ctypes.POINTER(ctypes.c_uint64)]),
     "moe_ep_check_graph": (_I32, [_P, ctypes.c_uint64]),
+    "moe_ep_receive_buffers": (_I32, [_P, ctypes.POINTER(_P), ctypes.POINTER(_P),
+                                      ctypes.POINTER(_P), ctypes.POINTER(_I64)]),
 }
 
 _library: Optional[ctypes.CDLL] = None
@@ -789,6 +791,23 @@ class Worker:
             return False
         _check(self._lib, "moe_ep_check_graph", status)
         return True
+
+    def receive_buffers(self) -> Tuple[int, int, int, int]:
+        """One-sided plane, workers started with --onesided-receive-buffers:
+        (recv_rows, hidden, topk_ids, topk_weights), the device addresses of
+        the dispatch buffers inside this rank's window ([E, recv_rows, H]
+        bf16, [E, recv_rows, K] int32 and fp32; recv_rows = capacity N).
+        A dispatch into them at R <= 512 has the peers store their rows in
+        place (server/moe_ep.h moe_ep_receive_buffers says when, and what
+        every rank must do alike). Raises EngineError UNIMPLEMENTED on the
+        gloo and nccl planes or without the flag."""
+        hidden, ids, weights = _P(), _P(), _P()
+        rows = _I64()
+        _check(self._lib, "moe_ep_receive_buffers",
+               self._c.moe_ep_receive_buffers(ctypes.byref(hidden), ctypes.byref(ids),
+                                              ctypes.byref(weights), ctypes.byref(rows)))
+        return (int(rows.value), int(hidden.value or 0), int(ids.value or 0),
+                int(weights.value or 0))
 
     def commit_geometry(self, epoch: int, runtime_max_tokens_per_rank: int, local_tokens: int) -> None:
         """Commits (epoch, R) for the next steps; every rank commits the same pair."""

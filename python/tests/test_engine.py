@@ -302,6 +302,12 @@ class OneRankTest(unittest.TestCase):
             self.assertGreater(token, 0)
             self.assertTrue(worker.check_graph(token))
             self.assertFalse(worker.check_graph(token + 1))
+            # Receive buffers live in the one-sided plane's windows only.
+            with self.assertRaises(EngineError) as caught:
+                worker.receive_buffers()
+            self.assertEqual((caught.exception.call, caught.exception.code),
+                             ("moe_ep_receive_buffers", "UNIMPLEMENTED"))
+            self.assertIn("the gloo data plane has no receive buffers", caught.exception.message)
 
 
 if __name__ == "__main__":

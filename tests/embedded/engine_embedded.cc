@@ -50,6 +50,7 @@ constexpr int kRows = 40;  // recv_rows of the eager dispatch (> R)
 
 int failures = 0;
 bool host_plane = false;  // gloo: host buffers, a null stream, no CUDA call
+bool one_sided = false;   // the one-sided plane, its windows with receive buffers
 
 #define EXPECT(cond, ...)                               \
   do {                                                  \
@@ -300,70 +301,76 @@ void RunRank(moe_ep_worker* worker, int world, int device) {
                      d_recv_weights, kRows, d_source_counts, d_expert_counts, stream, 0),
      "moe_ep_dispatch");
   Sync(stream);
-  const auto recv_hidden = Download(d_recv_hidden, rows * kHidden);
-  const auto recv_ids = Download(d_recv_ids, rows * kTopK);
-  const auto recv_weights = Download(d_recv_weights, rows * kTopK);
-  const auto source_counts = Download(d_source_counts, world);
-  const auto expert_counts = Download(d_expert_counts, local);
   auto is_local = [&](int32_t id) { return id != invalid && id >= first && id < first + local; };
-  std::vector<int64_t> want_experts(local, 0);
-  for (int s = 0; s < world; ++s) {
-    const Inputs& src = all[s];
-    int slot = 0;
-    for (int t = 0; t < TokensOf(s, world); ++t) {
-      bool here = false;
-      for (int k = 0; k < kTopK; ++k) {
-        const int32_t id = src.ids[t * kTopK + k];
-        if (is_local(id)) {
-          ++want_experts[id - first];
-          here = true;
+  // A dispatch's received rows (kRows slots per source; the padding slots
+  // below pad_until) and counts against `all`, then the caller's experts on
+  // them (each slot's weighted sum over its local choices) and the combine,
+  // against the reference.
+  auto check_step = [&](const char* what, const std::vector<uint16_t>& recv_hidden,
+                        const std::vector<int32_t>& recv_ids,
+                        const std::vector<float>& recv_weights,
+                        const std::vector<int64_t>& source_counts,
+                        const std::vector<int64_t>& expert_counts, int pad_until) {
+    std::vector<int64_t> want_experts(local, 0);
+    for (int s = 0; s < world; ++s) {
+      const Inputs& src = all[s];
+      int slot = 0;
+      for (int t = 0; t < TokensOf(s, world); ++t) {
+        bool here = false;
+        for (int k = 0; k < kTopK; ++k) {
+          const int32_t id = src.ids[t * kTopK + k];
+          if (is_local(id)) {
+            ++want_experts[id - first];
+            here = true;
+          }
         }
+        if (!here) continue;
+        const int j = s * kRows + slot;
+        EXPECT(std::memcmp(&recv_hidden[j * kHidden], &src.hidden[t * kHidden], kHidden * 2) == 0,
+               "%s: source %d slot %d: hidden is not token %d's", what, s, slot, t);
+        EXPECT(std::memcmp(&recv_ids[j * kTopK], &src.ids[t * kTopK], kTopK * 4) == 0 &&
+                   SameBits(&recv_weights[j * kTopK], &src.weights[t * kTopK], kTopK),
+               "%s: source %d slot %d: ids / weights are not token %d's", what, s, slot, t);
+        ++slot;
       }
-      if (!here) continue;
-      const int j = s * kRows + slot;
-      EXPECT(std::memcmp(&recv_hidden[j * kHidden], &src.hidden[t * kHidden], kHidden * 2) == 0,
-             "source %d slot %d: hidden is not token %d's", s, slot, t);
-      EXPECT(std::memcmp(&recv_ids[j * kTopK], &src.ids[t * kTopK], kTopK * 4) == 0 &&
-                 SameBits(&recv_weights[j * kTopK], &src.weights[t * kTopK], kTopK),
-             "source %d slot %d: ids / weights are not token %d's", s, slot, t);
-      ++slot;
-    }
-    EXPECT(source_counts[s] == slot, "source_counts[%d] %lld, want %d", s,
-           static_cast<long long>(source_counts[s]), slot);
-    for (int j = slot; j < kRows; ++j) {
-      const int at = s * kRows + j;
-      for (int k = 0; k < kTopK; ++k) {
-        EXPECT(recv_ids[at * kTopK + k] == invalid && recv_weights[at * kTopK + k] == 0.0f,
-               "source %d padding slot %d choice %d: id %d weight %g", s, j, k,
-               recv_ids[at * kTopK + k], recv_weights[at * kTopK + k]);
+      EXPECT(source_counts[s] == slot, "%s: source_counts[%d] %lld, want %d", what, s,
+             static_cast<long long>(source_counts[s]), slot);
+      for (int j = slot; j < pad_until; ++j) {
+        const int at = s * kRows + j;
+        for (int k = 0; k < kTopK; ++k) {
+          EXPECT(recv_ids[at * kTopK + k] == invalid && recv_weights[at * kTopK + k] == 0.0f,
+                 "%s: source %d padding slot %d choice %d: id %d weight %g", what, s, j, k,
+                 recv_ids[at * kTopK + k], recv_weights[at * kTopK + k]);
+        }
+        EXPECT(std::all_of(&recv_hidden[at * kHidden], &recv_hidden[(at + 1) * kHidden],
+                           [](uint16_t v) { return v == 0; }),
+               "%s: source %d padding slot %d: hidden not zero", what, s, j);
       }
-      EXPECT(std::all_of(&recv_hidden[at * kHidden], &recv_hidden[(at + 1) * kHidden],
-                         [](uint16_t v) { return v == 0; }),
-             "source %d padding slot %d: hidden not zero", s, j);
     }
-  }
-  for (int l = 0; l < local; ++l) {
-    EXPECT(expert_counts[l] == want_experts[l], "expert_counts[%d] %lld, want %lld", l,
-           static_cast<long long>(expert_counts[l]), static_cast<long long>(want_experts[l]));
-  }
-  // The caller's experts: each slot's weighted sum over its local choices.
-  std::vector<uint16_t> expert_out(rows * kHidden, 0);
-  for (int j = 0; j < rows; ++j) {
-    for (int h = 0; h < kHidden; ++h) {
-      float acc = 0.0f;
-      for (int k = 0; k < kTopK; ++k) {
-        const int32_t id = recv_ids[j * kTopK + k];
-        if (is_local(id))
-          acc += recv_weights[j * kTopK + k] * Scale(id) * FromBf16(recv_hidden[j * kHidden + h]);
+    for (int l = 0; l < local; ++l) {
+      EXPECT(expert_counts[l] == want_experts[l], "%s: expert_counts[%d] %lld, want %lld", what, l,
+             static_cast<long long>(expert_counts[l]), static_cast<long long>(want_experts[l]));
+    }
+    std::vector<uint16_t> expert_out(rows * kHidden, 0);
+    for (int j = 0; j < rows; ++j) {
+      for (int h = 0; h < kHidden; ++h) {
+        float acc = 0.0f;
+        for (int k = 0; k < kTopK; ++k) {
+          const int32_t id = recv_ids[j * kTopK + k];
+          if (is_local(id))
+            acc += recv_weights[j * kTopK + k] * Scale(id) * FromBf16(recv_hidden[j * kHidden + h]);
+        }
+        expert_out[j * kHidden + h] = ToBf16(acc);
       }
-      expert_out[j * kHidden + h] = ToBf16(acc);
     }
-  }
-  Upload(d_expert_out, expert_out, stream);
-  Ok(moe_ep_combine(worker, d_expert_out, kRows, d_output, stream, 0), "moe_ep_combine");
-  Sync(stream);
-  ExpectClose("combine", Download(d_output, tokens * kHidden),
-              Reference(in, tokens, invalid, true));
+    Upload(d_expert_out, expert_out, stream);
+    Ok(moe_ep_combine(worker, d_expert_out, kRows, d_output, stream, 0), "moe_ep_combine");
+    Sync(stream);
+    ExpectClose(what, Download(d_output, tokens * kHidden), Reference(in, tokens, invalid, true));
+  };
+  check_step("combine", Download(d_recv_hidden, rows * kHidden), Download(d_recv_ids, rows * kTopK),
+             Download(d_recv_weights, rows * kTopK), Download(d_source_counts, world),
+             Download(d_expert_counts, local), kRows);
 
   // 2. Forward with the worker's identity experts.
   Ok(moe_ep_commit_geometry(worker, 2, kR, tokens), "commit_geometry");
@@ -637,6 +644,56 @@ void RunRank(moe_ep_worker* worker, int world, int device) {
   ExpectClose("forward after the refused ids", Download(d_output, tokens * kHidden),
               Reference(in, tokens, invalid, false));
   Ok(moe_ep_check_step(worker, 0), "moe_ep_check_step after the refused ids");
+
+  // 6. The window's receive buffers (one-sided, workers started with
+  // --onesided-receive-buffers; issue 30): [E, N] slots, the peers store
+  // their rows in place; step 1's values in the slots below R (slots [R, N)
+  // are not written). Gloo and nccl: MOE_EP_UNIMPLEMENTED.
+  uint16_t* rb_hidden = nullptr;
+  int32_t* rb_ids = nullptr;
+  float* rb_weights = nullptr;
+  int64_t rb_rows = 0;
+  const moe_ep_status rb =
+      moe_ep_receive_buffers(worker, &rb_hidden, &rb_ids, &rb_weights, &rb_rows);
+  if (!one_sided) {
+    EXPECT(rb == MOE_EP_UNIMPLEMENTED && std::strstr(moe_ep_last_error(), "receive buffers"),
+           "moe_ep_receive_buffers off the one-sided plane: status %d (%s), want UNIMPLEMENTED", rb,
+           moe_ep_last_error());
+  } else if (Ok(rb, "moe_ep_receive_buffers")) {
+    EXPECT(rb_rows == kCapacity, "receive buffers: %lld rows per source, want N = %d",
+           static_cast<long long>(rb_rows), kCapacity);
+    const int64_t n = world * rb_rows;
+    Fill(rb_hidden, 0x5a, n * kHidden * sizeof(uint16_t), stream);
+    Fill(rb_ids, 0x5a, n * kTopK * sizeof(int32_t), stream);
+    Fill(rb_weights, 0x5a, n * kTopK * sizeof(float), stream);
+    Upload(d_source_counts, std::vector<int64_t>(world, 777), stream);
+    Upload(d_expert_counts, std::vector<int64_t>(kExperts, 777), stream);
+    Ok(moe_ep_commit_geometry(worker, 7, kR, tokens), "commit_geometry");
+    Ok(moe_ep_dispatch(worker, d_hidden, d_ids, d_weights, tokens, rb_hidden, rb_ids, rb_weights,
+                       rb_rows, d_source_counts, d_expert_counts, stream, 0),
+       "moe_ep_dispatch into the receive buffers");
+    Sync(stream);
+    // Slots below R into step 1's layout (kRows a source; the slots past R
+    // as padding, unchecked).
+    const auto h = Download(rb_hidden, n * kHidden);
+    const auto ids = Download(rb_ids, n * kTopK);
+    const auto w = Download(rb_weights, n * kTopK);
+    std::vector<uint16_t> hidden_k(rows * kHidden, 0);
+    std::vector<int32_t> ids_k(rows * kTopK, invalid);
+    std::vector<float> weights_k(rows * kTopK, 0.0f);
+    for (int s = 0; s < world; ++s) {
+      for (int j = 0; j < kR; ++j) {
+        const int64_t from = s * rb_rows + j;
+        const int64_t to = s * kRows + j;
+        std::copy_n(&h[from * kHidden], kHidden, &hidden_k[to * kHidden]);
+        std::copy_n(&ids[from * kTopK], kTopK, &ids_k[to * kTopK]);
+        std::copy_n(&w[from * kTopK], kTopK, &weights_k[to * kTopK]);
+      }
+    }
+    check_step("combine of a dispatch into the receive buffers", hidden_k, ids_k, weights_k,
+               Download(d_source_counts, world), Download(d_expert_counts, local), kR);
+    Ok(moe_ep_check_step(worker, 0), "moe_ep_check_step after the receive buffers");
+  }
   if (!host_plane) {
     CUDA(cudaGraphExecDestroy(exec));
     CUDA(cudaGraphDestroy(graph));
@@ -668,6 +725,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   host_plane = plane == "gloo";
+  one_sided = plane == "one-sided";
   // Ranks 1 .. world - 1 are children forked before CUDA is touched; each
   // sends its worker's address to the parent (rank 0) on its own pipe, and
   // the parent forms the group in rank order.
@@ -713,6 +771,7 @@ int main(int argc, char** argv) {
   } else {
     args.insert(args.end(), {"--backend=nccl", device_flag.c_str(), plane_flag.c_str()});
   }
+  if (one_sided) args.push_back("--onesided-receive-buffers");
   moe_ep_worker* worker = nullptr;
   if (!Ok(moe_ep_worker_start(static_cast<int32_t>(args.size()), args.data(), &worker),
           "moe_ep_worker_start")) {

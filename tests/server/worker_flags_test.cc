@@ -41,6 +41,7 @@ TEST(ParseWorkerFlags, DefaultsWithoutArguments) {
   EXPECT_EQ(p.flags.backend, "auto");
   EXPECT_EQ(p.flags.gpu_data_plane, "auto");
   EXPECT_EQ(p.flags.onesided_sm_budget, 16);
+  EXPECT_FALSE(p.flags.onesided_receive_buffers);
   EXPECT_EQ(p.flags.log_level, "info");
   EXPECT_EQ(p.flags.drain_timeout_ms, 5000);
   EXPECT_EQ(p.flags.max_message_bytes, 256 << 20);
@@ -50,10 +51,10 @@ TEST(ParseWorkerFlags, DefaultsWithoutArguments) {
 }
 
 TEST(ParseWorkerFlags, KebabCaseInBothForms) {
-  const Parsed p =
-      Parse({"--listen", "127.0.0.1:7000", "--log-level=warn", "--memory-cap-bytes", "1024",
-             "--allow-insecure", "--health-listen=127.0.0.1:0", "--tls-refresh-s=3", "--device=1",
-             "--gpu-data-plane", "one-sided", "--onesided-sm-budget", "64"});
+  const Parsed p = Parse({"--listen", "127.0.0.1:7000", "--log-level=warn", "--memory-cap-bytes",
+                          "1024", "--allow-insecure", "--health-listen=127.0.0.1:0",
+                          "--tls-refresh-s=3", "--device=1", "--gpu-data-plane", "one-sided",
+                          "--onesided-sm-budget", "64", "--onesided-receive-buffers"});
   ASSERT_EQ(p.exit_code, std::nullopt) << p.err;
   EXPECT_EQ(p.flags.listen, "127.0.0.1:7000");
   EXPECT_EQ(p.flags.log_level, "warn");
@@ -64,6 +65,7 @@ TEST(ParseWorkerFlags, KebabCaseInBothForms) {
   EXPECT_EQ(p.flags.device, 1);
   EXPECT_EQ(p.flags.gpu_data_plane, "one-sided");
   EXPECT_EQ(p.flags.onesided_sm_budget, 64);
+  EXPECT_TRUE(p.flags.onesided_receive_buffers);
   EXPECT_EQ(p.err, "");
 }
 
