@@ -33,7 +33,10 @@ every --drain steps (the launch queue must not fill: that would time the
 GPU). p10 / p50 / p90 per rank; the figure is the slower rank's p50.
 --profile: each rank's process runs under gperftools' CPU profiler
 (LD_PRELOAD=--profiler-lib, CPUPROFILE=DIR/cpu.rankN.prof) for a second
-loop of C calls only. Writes DIR/host_<plane>_<ranks>.json and prints it.
+loop of C calls only. --receive-buffers: the workers hold receive buffers in
+their windows (--onesided-receive-buffers) and the C dispatch (and its graphs)
+fills those (moe_ep_receive_buffers: the peers store their rows in place).
+Writes DIR/host_<plane>_<ranks>.json and prints it.
 """
 
 import argparse
@@ -69,6 +72,8 @@ def rank_main(args):
              f"--gpu-data-plane={args.plane}"]
     if args.onesided_sm_budget > 0:
         flags.append(f"--onesided-sm-budget={args.onesided_sm_budget}")
+    if args.receive_buffers:
+        flags.append("--onesided-receive-buffers")
     with Worker(flags) as worker:
         with open(os.path.join(args.rendezvous, f"addr.{rank}.tmp"), "w") as f:
             f.write(worker.address)
@@ -95,8 +100,14 @@ def rank_main(args):
         reused = worker.dispatch(x, ids, w, recv_rows=rows)
         worker.combine(expert_out)
         p = reused._pointers
-        d_args = (handle, x.data_ptr(), ids.data_ptr(), w.data_ptr(), t, p[2], p[3], p[4], rows,
-                  p[6], p[5], stream, 0)
+        recv = (p[2], p[3], p[4], rows)
+        if args.receive_buffers:
+            # The window's receive buffers: the peers store their rows in
+            # place (no copy after the flag round).
+            rb_rows, rb_hidden, rb_ids, rb_weights = worker.receive_buffers()
+            recv = (rb_hidden, rb_ids, rb_weights, rb_rows)
+        d_args = (handle, x.data_ptr(), ids.data_ptr(), w.data_ptr(), t) + recv + (
+            p[6], p[5], stream, 0)
         c_args = (handle, expert_out.data_ptr(), rows, y.data_ptr(), stream, 0)
         c_dispatch, c_combine = lib.moe_ep_dispatch, lib.moe_ep_combine
         clock = time.perf_counter_ns
@@ -281,6 +292,7 @@ def parent_main(args):
         "top_k": args.top_k, "experts": args.experts, "calls": args.calls,
         "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
         "onesided_sm_budget": args.onesided_sm_budget or 16,
+        "receive_buffers": args.receive_buffers,
         "p50_us_slower_rank": {n: max(pr[n]["p50"] for pr in per_rank) for n in per_rank[0]},
         # A phase's own figure; a sum of phases (graph_phases_inside,
         # graph_step) pairs each phase's later rank differently: none here.
@@ -312,6 +324,9 @@ def main():
     parser.add_argument("--graph-replays", type=int, default=500)
     parser.add_argument("--onesided-sm-budget", type=int, default=0,
                         help="the workers' --onesided-sm-budget (0: their default, 16)")
+    parser.add_argument("--receive-buffers", action="store_true",
+                        help="one-sided: the C calls dispatch into the window's receive buffers "
+                             "(workers with --onesided-receive-buffers)")
     parser.add_argument("--side-stream", action="store_true",
                         help="run the calls on a torch.cuda.Stream, not the default stream")
     parser.add_argument("--profile", action="store_true")
