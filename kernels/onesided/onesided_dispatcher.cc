@@ -668,19 +668,23 @@ absl::Status OneSidedDispatcher::CheckStep() {
   if (e.kind == kOsMismatch && ((e.their_r ^ e.my_r) & kOsPeerDirectR) != 0 &&
       (e.their_r & ~kOsPeerDirectR) == (e.my_r & ~kOsPeerDirectR) && e.their_epoch == e.my_epoch) {
     const bool mine = (e.my_r & kOsPeerDirectR) != 0;
+    constexpr const char* kInPlace = "dispatched into the window's receive buffers";
+    constexpr const char* kOwn = "dispatched into its own buffers (or off the direct path)";
     return absl::AbortedError(absl::StrFormat(
-        "receive buffers mismatch in the dispatch of (epoch %d, R %d): rank %d dispatched into %s, "
-        "rank %d into %s; every rank's engine passes the window's receive buffers "
-        "(moe_ep_receive_buffers), or every rank its own; the step wrote no output",
-        e.my_epoch, e.my_r & ~kOsPeerDirectR, e.rank,
-        mine ? "its own buffers" : "the window's receive buffers", rank_,
-        mine ? "the window's receive buffers" : "its own buffers"));
+        "receive buffers mismatch in the dispatch of (epoch %d, R %d): rank %d %s, rank %d %s; in "
+        "a step every rank's engine passes the window's receive buffers (moe_ep_receive_buffers) "
+        "or none does, under the same MOE_EP_ONESIDED_DIRECT_UNPACK and "
+        "MOE_EP_ONESIDED_FUSED_UNPACK; the step wrote no output",
+        e.my_epoch, e.my_r & ~kOsPeerDirectR, e.rank, mine ? kOwn : kInPlace, rank_,
+        mine ? kInPlace : kOwn));
   }
+  // R as published, without the peer-direct bit (a refusal's R is negative).
+  auto shown = [](int64_t r) { return r >= 0 ? r & ~kOsPeerDirectR : r; };
   if (e.kind == kOsMismatch) {
     return absl::AbortedError(absl::StrFormat(
         "geometry mismatch: rank %d has (epoch %d, R %d), rank %d has (epoch %d, R %d); the step "
         "wrote no output",
-        e.rank, e.their_epoch, e.their_r, rank_, e.my_epoch, e.my_r));
+        e.rank, e.their_epoch, shown(e.their_r), rank_, e.my_epoch, shown(e.my_r)));
   }
   broken_ = absl::DeadlineExceededError(absl::StrFormat(
       "one-sided %s of step %d: rank %d waited %s for rank %d's flag, which did not come; %s",

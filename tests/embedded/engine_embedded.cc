@@ -635,6 +635,23 @@ void RunRank(moe_ep_worker* worker, int world, int device) {
     EXPECT(checked == MOE_EP_OK, "check_step of a peer of the bad id: status %d (%s)", checked,
            moe_ep_last_error());
   }
+  // Step 6's receive buffers get stale bytes here, before this rank's next
+  // step: a peer may store its step-6 rows into them once this rank's
+  // combine of that step has run (stream order keeps the fill first), and
+  // not before.
+  uint16_t* rb_hidden = nullptr;
+  int32_t* rb_ids = nullptr;
+  float* rb_weights = nullptr;
+  int64_t rb_rows = 0;
+  const moe_ep_status rb =
+      moe_ep_receive_buffers(worker, &rb_hidden, &rb_ids, &rb_weights, &rb_rows);
+  const std::string rb_error = moe_ep_last_error();
+  if (one_sided && rb == MOE_EP_OK) {
+    const int64_t n = world * rb_rows;
+    Fill(rb_hidden, 0x5a, n * kHidden * sizeof(uint16_t), stream);
+    Fill(rb_ids, 0x5a, n * kTopK * sizeof(int32_t), stream);
+    Fill(rb_weights, 0x5a, n * kTopK * sizeof(float), stream);
+  }
   // The record was reset and nothing broke: the next step is exact everywhere.
   Upload(d_ids, in.ids, stream);
   Ok(moe_ep_commit_geometry(worker, 6, kR, tokens), "commit_geometry");
@@ -649,23 +666,16 @@ void RunRank(moe_ep_worker* worker, int world, int device) {
   // --onesided-receive-buffers; issue 30): [E, N] slots, the peers store
   // their rows in place; step 1's values in the slots below R (slots [R, N)
   // are not written). Gloo and nccl: MOE_EP_UNIMPLEMENTED.
-  uint16_t* rb_hidden = nullptr;
-  int32_t* rb_ids = nullptr;
-  float* rb_weights = nullptr;
-  int64_t rb_rows = 0;
-  const moe_ep_status rb =
-      moe_ep_receive_buffers(worker, &rb_hidden, &rb_ids, &rb_weights, &rb_rows);
   if (!one_sided) {
-    EXPECT(rb == MOE_EP_UNIMPLEMENTED && std::strstr(moe_ep_last_error(), "receive buffers"),
+    EXPECT(rb == MOE_EP_UNIMPLEMENTED && rb_error.find("receive buffers") != std::string::npos,
            "moe_ep_receive_buffers off the one-sided plane: status %d (%s), want UNIMPLEMENTED", rb,
-           moe_ep_last_error());
-  } else if (Ok(rb, "moe_ep_receive_buffers")) {
+           rb_error.c_str());
+  } else if (rb != MOE_EP_OK) {
+    EXPECT(false, "moe_ep_receive_buffers: status %d (%s)", rb, rb_error.c_str());
+  } else {
     EXPECT(rb_rows == kCapacity, "receive buffers: %lld rows per source, want N = %d",
            static_cast<long long>(rb_rows), kCapacity);
     const int64_t n = world * rb_rows;
-    Fill(rb_hidden, 0x5a, n * kHidden * sizeof(uint16_t), stream);
-    Fill(rb_ids, 0x5a, n * kTopK * sizeof(int32_t), stream);
-    Fill(rb_weights, 0x5a, n * kTopK * sizeof(float), stream);
     Upload(d_source_counts, std::vector<int64_t>(world, 777), stream);
     Upload(d_expert_counts, std::vector<int64_t>(kExperts, 777), stream);
     Ok(moe_ep_commit_geometry(worker, 7, kR, tokens), "commit_geometry");

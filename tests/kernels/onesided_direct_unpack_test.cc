@@ -145,21 +145,22 @@ std::vector<T> Read(const T* src, int64_t n) {
 // below each count filled), then `in`, into engine buffers of `rows` slots
 // per source filled with 0x5a bytes before each step and counts of 777 —
 // with `receive`, the window's receive buffers (c.receive_buffers, rows =
-// N = r). Returns the second step's buffers. `check`, when set, judges
-// every step's CheckStep (else each must succeed).
+// N, the capacity). Returns the second step's buffers. `check`, when set,
+// judges every step's CheckStep (else each must succeed). `capacity`: N
+// (0: R).
 EngineOut RunRank(const OsCase& c, const std::vector<MoeInputs>& in, int rank, int64_t r,
                   int64_t rows, bool direct, PeerWindows* w, const testing::Sync& sync,
                   bool receive = false,
-                  const std::function<void(const absl::Status&)>& check = nullptr) {
+                  const std::function<void(const absl::Status&)>& check = nullptr,
+                  int64_t capacity = 0) {
   EngineOut got;
-  auto d = OneSidedDispatcher::Create(w, testing::Options(c, r), 0);
+  auto d = OneSidedDispatcher::Create(w, testing::Options(c, capacity > 0 ? capacity : r), 0);
   EXPECT_TRUE(d.ok()) << d.status();
   if (!d.ok()) return got;
   const OsReceiveBuffers rb = (*d)->receive_buffers();
   EXPECT_EQ(rb.hidden != nullptr, c.receive_buffers);
   if (receive) {
-    EXPECT_EQ(rb.rows, r);
-    EXPECT_EQ(rows, r);
+    EXPECT_EQ(rb.rows, rows);
   }
   const int64_t H = c.hidden;
   const int K = c.top_k;
@@ -293,21 +294,39 @@ void RunDirectVsWindow(const OsCase& c, int64_t r, int64_t rows) {
   }
 }
 
-// Into the window's receive buffers (rows = N = r): the peers store their
-// rows in place at R <= 512, the unpack's copy otherwise; the same values
-// as the reference (rows = R: no slot past R).
-void RunReceiveBuffers(OsCase c, int64_t r) {
+// Slots [0, keep) of each source's `rows` in `x` (the rest dropped).
+EngineOut FirstSlots(const EngineOut& x, int E, int64_t rows, int64_t keep, int64_t H, int K) {
+  EngineOut y = x;
+  y.hidden.clear();
+  y.ids.clear();
+  y.weights.clear();
+  for (int s = 0; s < E; ++s) {
+    const int64_t at = s * rows;
+    y.hidden.insert(y.hidden.end(), x.hidden.begin() + at * H, x.hidden.begin() + (at + keep) * H);
+    y.ids.insert(y.ids.end(), x.ids.begin() + at * K, x.ids.begin() + (at + keep) * K);
+    y.weights.insert(y.weights.end(), x.weights.begin() + at * K,
+                     x.weights.begin() + (at + keep) * K);
+  }
+  return y;
+}
+
+// Into the window's receive buffers of N >= R rows a source: the peers
+// store their rows in place at R <= 512, the unpack's copy otherwise; the
+// reference's values in slots [0, R) (slots [R, N) are not written).
+void RunReceiveBuffers(OsCase c, int64_t r, int64_t n) {
   MOE_EP_REQUIRE_GPUS(1);
   c.receive_buffers = true;
   std::vector<MoeInputs> in;
   in.reserve(c.ep_size);
   for (int s = 0; s < c.ep_size; ++s) in.push_back(MakeCase(c, s, c.tokens[s]));
   std::vector<EngineOut> got(c.ep_size);
-  testing::RunThreads(c, r, [&](int rank, PeerWindows* w, const testing::Sync& sync) {
-    got[rank] = RunRank(c, in, rank, r, r, true, w, sync, true);
+  testing::RunThreads(c, n, [&](int rank, PeerWindows* w, const testing::Sync& sync) {
+    got[rank] = RunRank(c, in, rank, r, n, true, w, sync, true, nullptr, n);
   });
   for (int me = 0; me < c.ep_size; ++me) {
-    ExpectSame(got[me], Reference(c, in, me, r), "receive buffers, rank " + std::to_string(me));
+    ExpectSame(FirstSlots(got[me], c.ep_size, n, r, c.hidden, c.top_k),
+               FirstSlots(Reference(c, in, me, n), c.ep_size, n, r, c.hidden, c.top_k),
+               "receive buffers, rank " + std::to_string(me));
   }
 }
 
@@ -342,17 +361,21 @@ TEST(OneSidedDirectUnpack, Ep2R4096DefaultThresholdUnfused) {
 // Issue 30's shape at EP 2 into the receive buffers: the peer's rows stored
 // in place by its send kernel (peer_direct), uneven tokens, stale bytes.
 TEST(OneSidedReceiveBuffers, Ep2H7168Top8E256PeersStoreInPlace) {
-  RunReceiveBuffers({2, 7168, 8, 256, {113, 40}, -1, 0.0}, 128);
+  RunReceiveBuffers({2, 7168, 8, 256, {113, 40}, -1, 0.0}, 128, 128);
+}
+// N 160 > R 128: the slab stride is N, not R (slots [R, N) not written).
+TEST(OneSidedReceiveBuffers, Ep2CapacityAboveRStridesByN) {
+  RunReceiveBuffers({2, 7168, 8, 256, {113, 40}, -1, 0.0}, 128, 160);
 }
 // Odd top-k and H 2048 at EP 4 (three peers' slabs), the invalid id
 // num_experts.
 TEST(OneSidedReceiveBuffers, Ep4OddTopKInvalidIdNumExperts) {
-  RunReceiveBuffers({4, 2048, 3, 64, {64, 17, 0, 50}, 64, 0.0}, 64);
+  RunReceiveBuffers({4, 2048, 3, 64, {64, 17, 0, 50}, 64, 0.0}, 64, 64);
 }
 // R 1024 (the route kernel apart): the receive buffers are the unpack's
 // ordinary destination, same values.
 TEST(OneSidedReceiveBuffers, Ep2R1024UnfusedUnpacksIntoThem) {
-  RunReceiveBuffers({2, 2048, 8, 64, {1000, 700}, -1, 0.0}, 1024);
+  RunReceiveBuffers({2, 2048, 8, 64, {1000, 700}, -1, 0.0}, 1024, 1024);
 }
 // Rank 0 dispatches into the receive buffers, rank 1 into its own: each
 // step is refused on both ranks with a message naming the two choices,
