@@ -11,7 +11,8 @@
 set -u
 g=$1
 out=$2
-here=$(dirname "$0")
+# Absolute, and not `here`: env.sh sets a variable of that name.
+run_dir=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out/verify"
 (source "$g/env.sh"; export NCCL_NVLS_ENABLE=0
  timeout 90 "$g/bin/moe_ep_gpu_tests" --gtest_filter='OneSidedReceiveBuffers.*' \
@@ -63,7 +64,7 @@ fi
 } > "$o/summary.txt"
 cat "$out/verify/rc.txt" "$o/rc.txt" "$o/summary.txt"
 unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-timeout 200 bash "$here/gpu-run15.sh" "$g" "$out/verify"
+timeout 200 bash "$run_dir/gpu-run15.sh" "$g" "$out/verify"
 timeout 60 "$g/bin/moe_ep_gpu_tests" --gtest_filter='OneSidedThreadsCe.*:OneSidedCe.*' \
   > "$out/verify/gtest_ce.log" 2>&1
 echo "gtest_ce rc $?" >> "$out/verify/rc.txt"
