@@ -386,6 +386,7 @@ TEST(OneSidedReceiveBuffers, Ep2RanksChoosingDifferentlyMismatch) {
   c.receive_buffers = true;
   const int64_t r = 128;
   std::vector<MoeInputs> in;
+  in.reserve(c.ep_size);
   for (int s = 0; s < c.ep_size; ++s) in.push_back(MakeCase(c, s, c.tokens[s]));
   std::vector<std::vector<absl::Status>> seen(c.ep_size);
   testing::RunThreads(c, r, [&](int rank, PeerWindows* w, const testing::Sync& sync) {
