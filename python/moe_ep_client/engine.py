@@ -463,6 +463,16 @@ class DispatchOutput:
     _pointers: Any = field(default=None, repr=False, compare=False)
 
 
+class _DeviceArray:
+    """Device memory torch.as_tensor can view (__cuda_array_interface__,
+    version 3): C-contiguous `shape` of `typestr` at `address`; owns nothing."""
+
+    def __init__(self, address: int, shape: Tuple[int, ...], typestr: str) -> None:
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr,
+                                         "data": (address, False), "strides": None,
+                                         "version": 3}
+
+
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
@@ -808,6 +818,36 @@ class Worker:
                                               ctypes.byref(weights), ctypes.byref(rows)))
         return (int(rows.value), int(hidden.value or 0), int(ids.value or 0),
                 int(weights.value or 0))
+
+    def receive_output(self) -> DispatchOutput:
+        """torch: a DispatchOutput whose hidden_states [E, N, H] bf16,
+        topk_ids [E, N, K] int32 and topk_weights [E, N, K] float32 are CUDA
+        tensors over this rank's receive buffers (receive_buffers()), with
+        count tensors of its own. Pass it as dispatch(..., recv_rows=N,
+        out=...): the peers then store their rows in place at R <= 512, as
+        DeepEP's low-latency receive tensors live in its buffer. The tensors
+        do not own the memory: valid while graph_token() is unchanged, and
+        the next dispatch overwrites them (server/moe_ep.h says when a
+        peer's may). Raises EngineError as receive_buffers(), ImportError
+        without torch."""
+        import torch
+
+        rows, hidden, ids, weights = self.receive_buffers()
+        info = self.info(refresh=True)
+        device = torch.device("cuda", info.device)
+        e, k = info.world_size, info.top_k
+
+        def over(address: int, shape: Tuple[int, ...], typestr: str) -> Any:
+            return torch.as_tensor(_DeviceArray(address, shape, typestr), device=device)
+
+        out = DispatchOutput(
+            over(hidden, (e, rows, info.hidden), "<i2").view(torch.bfloat16),
+            over(ids, (e, rows, k), "<i4"), over(weights, (e, rows, k), "<f4"),
+            torch.zeros(info.num_local_experts, dtype=torch.int64, device=device),
+            torch.zeros(e, dtype=torch.int64, device=device))
+        out._pointers = (rows, True, hidden, ids, weights, _ptr(out.num_recv_tokens_per_expert),
+                         _ptr(out.num_recv_tokens_per_source))
+        return out
 
     def commit_geometry(self, epoch: int, runtime_max_tokens_per_rank: int, local_tokens: int) -> None:
         """Commits (epoch, R) for the next steps; every rank commits the same pair."""

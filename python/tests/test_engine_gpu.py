@@ -160,12 +160,12 @@ class SteadyStateCase:
         self.worker.check_step()
 
 
-def start_one_gpu(cls: Any, plane: str) -> None:
+def start_one_gpu(cls: Any, plane: str, *flags: str) -> None:
     """EP 1 on cuda:0 on GPU data plane `plane`, formed, with torch experts."""
     from moe_ep_client.engine import Worker
 
     cls.worker = Worker(["--listen=127.0.0.1:0", "--backend=nccl", "--device=0",
-                         "--log-level=warn", f"--gpu-data-plane={plane}"])
+                         "--log-level=warn", f"--gpu-data-plane={plane}", *flags])
     form_group([cls.worker.address])
     cls.worker.wait_ready(timeout_s=60)
     cls.info = cls.worker.info(refresh=True)
@@ -300,7 +300,40 @@ class OneSidedOneGpuTest(SteadyStateCase, unittest.TestCase):
 
     @classmethod
     def setUpClass(cls) -> None:
-        start_one_gpu(cls, "one-sided")
+        start_one_gpu(cls, "one-sided", "--onesided-receive-buffers")
+
+    def test_dispatch_into_the_receive_buffers(self) -> None:
+        # receive_output(): torch tensors over the window's receive buffers,
+        # N = CAPACITY rows a source; a dispatch into them fills slots below
+        # R as into buffers of the engine's own, slots [R, N) are left alone.
+        out = self.worker.receive_output()
+        self.assertEqual(tuple(out.hidden_states.shape), (1, CAPACITY, HIDDEN))
+        self.assertEqual(out.hidden_states.dtype, torch.bfloat16)
+        self.assertEqual(tuple(out.topk_ids.shape), (1, CAPACITY, TOP_K))
+        rows, hidden_address, _, _ = self.worker.receive_buffers()
+        self.assertEqual((rows, out.hidden_states.data_ptr()), (CAPACITY, hidden_address))
+        invalid = self.info.invalid_expert_id
+        tokens = 24
+        _, r = self.worker.sync_token_counts(tokens)
+        self.assertLess(r, CAPACITY)
+        self.worker.commit_geometry(700, r, tokens)
+        out.hidden_states.fill_(7.0)
+        beyond = out.hidden_states[0, r:].clone()
+        y = torch.empty(tokens, HIDDEN, dtype=torch.bfloat16, device="cuda:0")
+        for seed in (71, 72):
+            h, i, w = random_inputs(tokens, seed, "cuda:0", invalid)
+            self.assertIs(self.worker.dispatch(h, i, w, recv_rows=CAPACITY, out=out), out)
+            routed = (i != invalid).any(dim=1)
+            n = int(routed.sum().item())
+            self.assertEqual(out.num_recv_tokens_per_source.tolist(), [n], f"seed {seed}")
+            self.assertTrue(torch.equal(out.hidden_states[0, :n], h[routed]), f"seed {seed}")
+            self.assertTrue(torch.equal(out.topk_ids[0, :n], i[routed]), f"seed {seed}")
+            self.assertTrue(torch.equal(out.hidden_states[0, n:r],
+                                        torch.zeros_like(out.hidden_states[0, n:r])))
+            self.assertTrue(torch.equal(out.hidden_states[0, r:], beyond), "slots past R")
+            self.assertIs(self.worker.combine(self.experts(out), out=y), y)
+            assert_close(self, f"seed {seed}", y, run_experts(h, i, w, self.w, 0, NUM_EXPERTS))
+        self.worker.check_step()
 
     @classmethod
     def tearDownClass(cls) -> None:
