@@ -396,27 +396,40 @@ MOE_EP_EXPORT moe_ep_status moe_ep_dispatch(moe_ep_worker* worker, const uint16_
                                             int64_t* expert_counts, void* stream,
                                             int64_t timeout_ms);
 
-/* The one-sided plane's receive buffers (a worker started with
- * --onesided-receive-buffers; issue 30): device memory inside this rank's
- * window, *recv_hidden [E,rows,H] bf16, *recv_topk_ids [E,rows,K] int32,
- * *recv_topk_weights [E,rows,K] fp32, *recv_rows = capacity_tokens (N).
+/* The one-sided plane's receive buffers (issue 30): device memory inside
+ * this rank's window, *recv_hidden [E,rows,H] bf16, *recv_topk_ids
+ * [E,rows,K] int32, *recv_topk_weights [E,rows,K] fp32, *recv_rows =
+ * capacity_tokens (N); laid out as moe_ep_dispatch's outputs (source-major,
+ * all K ids a slot), one set per worker. Every worker of the group must be
+ * started with --onesided-receive-buffers (the windows are sized alike:
+ * AllocateWorkspace refuses windows of different sizes).
  * Passed as moe_ep_dispatch's three row buffers with recv_rows = *recv_rows
- * (the counts stay the caller's), a dispatch at R <= 512 (the fused path)
- * has every peer store its rows into them in place: no copy of the peers'
- * rows after their flags arrive, as DeepEP's low-latency receive tensors
- * live in its buffer. Slots j < source_counts[s] and the padding slots up
- * to R are as moe_ep_dispatch says; slots [R, rows) are not written then.
- * At a larger R they take the rows like any buffers. In a step every rank's
+ * (the counts stay the caller's), the peers store their rows into them in
+ * place — no copy of the peers' rows after their flags arrive, as DeepEP's
+ * low-latency receive tensors live in its buffer — when the step takes the
+ * fused direct path: R <= 512, at most 8 ranks, bf16 dispatch, at most 1024
+ * local experts, and MOE_EP_ONESIDED_FUSED_UNPACK / _DIRECT_UNPACK not 0.
+ * Then slots j < source_counts[s] hold the tokens and slots [count, R) are
+ * padding, as moe_ep_dispatch says, but slots [R, rows) are not written:
+ * they keep an earlier step's rows, so read each source's slots below R
+ * (or below its count) only. Otherwise the rows are copied into them as
+ * into buffers of the caller's (same values, padding up to rows: E * (N -
+ * R) rows more to write than with recv_rows = R). In a step every rank's
  * engine passes them, or none does (else the step writes no output and
  * moe_ep_check_step returns MOE_EP_ABORTED "receive buffers mismatch ...",
  * naming the ranks). The next dispatch overwrites them, and a peer's next
- * dispatch may start once this rank's combine of the step has run: read
- * them with work enqueued before this rank's moe_ep_combine. Valid while
- * moe_ep_graph_token is unchanged (the workspace). Not a collective; no
- * device work. Errors: MOE_EP_INVALID_ARGUMENT (NULL arguments),
+ * dispatch may store into them once this rank's combine of the step has
+ * run: read them with work ordered before that combine on its stream (a
+ * read on another stream needs an event the combine's stream waits for).
+ * The GPU planes take one dispatched step at a time, so two micro-batches
+ * do not overlap here. Valid while moe_ep_graph_token is unchanged (the
+ * workspace). Not a collective; waits for the worker's collective slot
+ * like a data call (timeout: none), and like them may remake the plane's
+ * dispatcher after a Forward RPC under another placement table (a new
+ * moe_ep_graph_token). Errors: MOE_EP_INVALID_ARGUMENT (NULL arguments),
  * MOE_EP_UNIMPLEMENTED (the gloo or nccl plane, or a worker without the
- * flag), MOE_EP_FAILED_PRECONDITION (no workspace / group broken / a rank
- * mask). */
+ * flag), MOE_EP_FAILED_PRECONDITION (no workspace yet: wait for the
+ * orchestrator, moe_ep_worker_wait_ready; group broken; a rank mask). */
 MOE_EP_EXPORT moe_ep_status moe_ep_receive_buffers(moe_ep_worker* worker, uint16_t** recv_hidden,
                                                    int32_t** recv_topk_ids,
                                                    float** recv_topk_weights, int64_t* recv_rows);

@@ -96,7 +96,8 @@ std::optional<int> ParseWorkerFlags(int argc, const char* const* argv, WorkerFla
   AddFlag(app, "onesided-receive-buffers", &f->onesided_receive_buffers,
           "one-sided plane: also hold an engine's dispatch receive buffers in every window "
           "(E x N x (2H + 8K) bytes more), so that moe_ep_receive_buffers can hand them out and "
-          "peers store their rows into them directly (no copy after the flag round)",
+          "peers store their rows into them directly at R <= 512 (no copy after the flag "
+          "round). Give it to every worker of the group or to none",
           {}, err, spellings);
   AddFlag(app, "memory-cap-bytes", &f->memory_cap_bytes,
           "bytes of workspace + expert weights + Rendezvous store this worker may hold; 0 = 3/4 "

@@ -211,8 +211,10 @@ absl::StatusOr<std::unique_ptr<PeerWindows>> CreateIpcPeerWindows(core::ControlC
     same = same && std::memcmp(all[r].uuid, mine.uuid, sizeof(mine.uuid)) == 0;
     if (all[r].bytes != bytes) {
       return absl::InvalidArgumentError(
-          absl::StrFormat("peer windows: rank %d has a %d-byte window, rank %d %d bytes", r,
-                          all[r].bytes, rank, bytes));
+          absl::StrFormat("peer windows: rank %d has a %d-byte window, rank %d %d bytes; every "
+                          "rank sizes its window from the same workspace and flags (e.g. "
+                          "moe-ep-worker --onesided-receive-buffers on every worker or none)",
+                          r, all[r].bytes, rank, bytes));
     }
   }
   result->set_same_device(same);
