@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace moe_ep::kernels {
 
@@ -19,8 +20,10 @@ namespace moe_ep::kernels {
 // kResourceExhausted for cudaErrorMemoryAllocation and kInternal for the
 // rest. A failure also clears the thread's last error (cudaGetLastError), so
 // a later launch check does not report this call's error again (a sticky
-// error stays: the runtime keeps it). Thread-safe.
-inline absl::Status CudaStatus(cudaError_t err, const std::string& what) {
+// error stays: the runtime keeps it). Thread-safe. `what` is a view: a
+// success, every call on the step path, builds no string (issue 30's host
+// time).
+inline absl::Status CudaStatus(cudaError_t err, absl::string_view what) {
   if (err == cudaSuccess) return absl::OkStatus();
   cudaGetLastError();
   const std::string msg = absl::StrCat(what, ": ", cudaGetErrorString(err));

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "kernels/cuda_status.h"
 
 namespace moe_ep::kernels::internal {
@@ -18,9 +19,12 @@ namespace moe_ep::kernels::internal {
 // kInternal, with the runtime's text).
 using kernels::CudaStatus;
 
-// The status of the last kernel launch on this thread.
-inline absl::Status LaunchStatus(const std::string& kernel) {
-  return CudaStatus(cudaGetLastError(), absl::StrCat("launch of ", kernel));
+// The status of the last kernel launch on this thread; the message is
+// built only on failure (a launch on the step path allocates nothing here).
+inline absl::Status LaunchStatus(absl::string_view kernel) {
+  const cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) return absl::OkStatus();
+  return CudaStatus(err, absl::StrCat("launch of ", kernel));
 }
 
 }  // namespace moe_ep::kernels::internal
