@@ -291,10 +291,8 @@ absl::Status OneSidedDispatcher::EnqueueDispatch(const OsStepArgs& step, const u
     p.fuse_unpack = true;
     p.unpack = *unpack;
     p.direct_unpack = direct_unpack_ && OsDirectUnpackFits(*unpack);
-    const OsReceiveBuffers mine = receive_buffers();
-    p.peer_direct = p.direct_unpack && mine.hidden != nullptr && unpack->hidden == mine.hidden &&
-                    unpack->topk_ids == mine.topk_ids &&
-                    unpack->topk_weights == mine.topk_weights && unpack->rows == mine.rows;
+    p.peer_direct =
+        p.direct_unpack && OsUnpacksIntoReceiveBuffers(*unpack, peers_.window[rank_], off_);
   }
   return EnqueueDispatchParams(p, std::min(step.t, step.r));
 }

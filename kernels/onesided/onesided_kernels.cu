@@ -1036,13 +1036,7 @@ absl::Status CheckDispatch(const OsDispatchParams& p) {
   }
   if (p.peer_direct) {
     const uint8_t* own = p.rank >= 0 && p.rank < p.ep_size ? p.peers.window[p.rank] : nullptr;
-    const bool theirs =
-        p.off.receive_hidden != 0 && own != nullptr &&
-        reinterpret_cast<const uint8_t*>(p.unpack.hidden) == own + p.off.receive_hidden &&
-        reinterpret_cast<const uint8_t*>(p.unpack.topk_ids) == own + p.off.receive_ids &&
-        reinterpret_cast<const uint8_t*>(p.unpack.topk_weights) == own + p.off.receive_weights &&
-        p.unpack.rows == p.off.receive_rows;
-    if (!p.direct_unpack || !theirs) {
+    if (!p.direct_unpack || !OsUnpacksIntoReceiveBuffers(p.unpack, own, p.off)) {
       return absl::InvalidArgumentError(
           "LaunchOsDispatch: peer_direct needs direct_unpack into this rank's window's receive "
           "buffers (hidden, ids and weights at their offsets, rows = the window's N)");

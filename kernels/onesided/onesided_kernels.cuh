@@ -247,6 +247,21 @@ inline bool OsDirectUnpackFits(const UnpackReceivedParams& u) {
          reinterpret_cast<uintptr_t>(u.hidden) % 16 == 0;
 }
 
+// OsUnpacksIntoReceiveBuffers()
+//
+// Whether `u`'s hidden, ids and weights are exactly the receive buffers of
+// the window at `own` (laid out by `off`, with rows = its N): the one test
+// of OsDispatchParams::peer_direct, for the dispatcher that sets it and the
+// launcher that checks it.
+inline bool OsUnpacksIntoReceiveBuffers(const UnpackReceivedParams& u, const uint8_t* own,
+                                        const OsWindowOffsets& off) {
+  return off.receive_hidden != 0 && own != nullptr &&
+         reinterpret_cast<const uint8_t*>(u.hidden) == own + off.receive_hidden &&
+         reinterpret_cast<const uint8_t*>(u.topk_ids) == own + off.receive_ids &&
+         reinterpret_cast<const uint8_t*>(u.topk_weights) == own + off.receive_weights &&
+         u.rows == off.receive_rows;
+}
+
 struct OsCombineParams {
   OsPeerTable peers;
   OsWindowOffsets off;
