@@ -3,6 +3,7 @@
 #include "absl/strings/str_format.h"
 #include "kernels/combine_reduce.cuh"
 #include "kernels/internal/cuda_status.h"
+#include "kernels/internal/kernel_modules.h"
 #include "kernels/route.cuh"
 
 namespace moe_ep::kernels {
@@ -113,6 +114,10 @@ absl::Status LaunchCombineReduce(const CombineReduceParams& p, cudaStream_t stre
       p.recv, p.token_slot, p.num_tokens, p.max_tokens, p.hidden_size, p.ep_size, p.shared,
       p.output, p.headers, p.rank, p.error);
   return internal::LaunchStatus("CombineReduceKernel");
+}
+
+const void* internal::CombineReduceModule() {
+  return reinterpret_cast<const void*>(&CombineReduceKernel);
 }
 
 }  // namespace moe_ep::kernels

@@ -4,6 +4,7 @@
 #include "kernels/internal/cuda_status.h"
 #include "kernels/internal/device_placement.cuh"
 #include "kernels/internal/expert_id_check.cuh"
+#include "kernels/internal/kernel_modules.h"
 #include "kernels/route.cuh"
 
 namespace moe_ep::kernels {
@@ -188,6 +189,10 @@ absl::Status LaunchPackDispatch(const PackDispatchParams& p, cudaStream_t stream
       p.hidden, p.topk_ids, p.topk_weights, p.token_slot, p.send_counts, p.num_tokens, p.max_tokens,
       p.hidden_size, p.top_k, p.ep_size, p.invalid_expert_id, p.send, p.placement, p.num_experts);
   return internal::LaunchStatus("PackDispatchKernel");
+}
+
+const void* internal::DispatchPackModule() {
+  return reinterpret_cast<const void*>(&PackDispatchKernel);
 }
 
 }  // namespace moe_ep::kernels

@@ -2,6 +2,7 @@
 #include "core/status_macros.h"
 #include "kernels/engine_rows.cuh"
 #include "kernels/internal/cuda_status.h"
+#include "kernels/internal/kernel_modules.h"
 
 namespace moe_ep::kernels {
 namespace {
@@ -77,6 +78,10 @@ absl::Status EnqueueExpertOutputsPack(const void* expert_out, int64_t rows, void
       cudaMemcpy2DAsync(dst, runtime_max * row_bytes, expert_out, rows * row_bytes,
                         runtime_max * row_bytes, ep_size, cudaMemcpyDeviceToDevice, stream),
       "cudaMemcpy2DAsync(expert outputs)");
+}
+
+const void* internal::EngineRowsModule() {
+  return reinterpret_cast<const void*>(&UnpackReceivedKernel);
 }
 
 }  // namespace moe_ep::kernels

@@ -13,6 +13,7 @@
 #include "kernels/hopper_grouped_gemm.cuh"
 #include "kernels/internal/cublas_loader.h"
 #include "kernels/internal/cuda_status.h"
+#include "kernels/kernel_preload.h"
 #include "kernels/mxfp4_grouped_gemm.cuh"
 #include "kernels/route.cuh"
 
@@ -128,6 +129,8 @@ absl::StatusOr<std::unique_ptr<ExpertCompute>> ExpertCompute::Create(int64_t max
   ec->max_local_experts_ = max_local_experts;
   ec->hopper_available_ =
       max_local_experts <= kHopperGemmMaxExperts && HopperGroupedGemmAvailable().ok();
+  // No lazy load on the step path (kernels/kernel_preload.h).
+  RETURN_IF_ERROR(PreloadStepKernels());
   ec->allocated_bytes_ = plan.total;
   char* base = static_cast<char*>(scratch);
   if (base == nullptr) {

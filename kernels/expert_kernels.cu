@@ -7,6 +7,7 @@
 #include "core/expert_slots.h"
 #include "kernels/expert_kernels.cuh"
 #include "kernels/internal/cuda_status.h"
+#include "kernels/internal/kernel_modules.h"
 #include "kernels/route.cuh"
 
 namespace moe_ep::kernels {
@@ -295,6 +296,10 @@ absl::Status LaunchWeightedExpertSum(const uint8_t* recv, int64_t num_rows, int6
       recv, num_rows, 2 * hidden_size + 8 * top_k, hidden_size, top_k, unit_weights && y != nullptr,
       position, y, out);
   return internal::LaunchStatus("WeightedExpertSumKernel");
+}
+
+const void* internal::ExpertKernelsModule() {
+  return reinterpret_cast<const void*>(&ExpertKeysKernel);
 }
 
 }  // namespace moe_ep::kernels

@@ -1,6 +1,7 @@
 #include "absl/strings/str_format.h"
 #include "kernels/fp8_dispatch.cuh"
 #include "kernels/internal/cuda_status.h"
+#include "kernels/internal/kernel_modules.h"
 
 namespace moe_ep::kernels {
 namespace {
@@ -92,6 +93,10 @@ absl::Status LaunchE4m3ToFloatAllCodes(float* values, cudaStream_t stream) {
   if (values == nullptr) return absl::InvalidArgumentError("LaunchE4m3ToFloatAllCodes: null");
   E4m3ToFloatKernel<<<1, 256, 0, stream>>>(values);
   return internal::LaunchStatus("E4m3ToFloatKernel");
+}
+
+const void* internal::Fp8DispatchModule() {
+  return reinterpret_cast<const void*>(&DequantizeDispatchRowsKernel);
 }
 
 }  // namespace moe_ep::kernels

@@ -5,6 +5,7 @@
 #include "kernels/fp8_dispatch.cuh"
 #include "kernels/fp8_expert_kernels.cuh"
 #include "kernels/internal/cuda_status.h"
+#include "kernels/internal/kernel_modules.h"
 #include "kernels/route.cuh"
 
 namespace moe_ep::kernels {
@@ -285,6 +286,10 @@ absl::Status LaunchQuantizeFp8BlockMatrices(const uint16_t* w, int64_t num_matri
   QuantizeFp8BlocksKernel<<<static_cast<int>(blocks), kThreads, 0, stream>>>(
       w, rows, cols, row_blocks, col_blocks, codes, scale_inv);
   return internal::LaunchStatus("QuantizeFp8BlocksKernel");
+}
+
+const void* internal::Fp8ExpertKernelsModule() {
+  return reinterpret_cast<const void*>(&GatherQuantizeRowsKernel);
 }
 
 }  // namespace moe_ep::kernels

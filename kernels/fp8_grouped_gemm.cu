@@ -12,6 +12,7 @@
 #include "kernels/hopper_grouped_gemm.cuh"
 #include "kernels/internal/cuda_status.h"
 #include "kernels/internal/hopper_ptx.cuh"
+#include "kernels/internal/kernel_modules.h"
 #include "kernels/internal/tensor_map.h"
 
 namespace moe_ep::kernels {
@@ -875,6 +876,10 @@ absl::Status LaunchFp8GroupedSwiGlu(const Fp8GemmParams& p, uint8_t* act, float*
 absl::Status LaunchFp8GroupedGemm(const Fp8GemmParams& p, uint16_t* y, cudaStream_t stream) {
   RETURN_IF_ERROR(Check(p, y, "LaunchFp8GroupedGemm"));
   return Launch<false>(p, nullptr, nullptr, 0, y, stream, "Fp8GroupedGemmKernel<plain>");
+}
+
+const void* internal::Fp8GroupedGemmModule() {
+  return reinterpret_cast<const void*>(&Fp8GroupedGemmKernel<false, 1, 1, false>);
 }
 
 }  // namespace moe_ep::kernels

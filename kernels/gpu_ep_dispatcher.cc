@@ -15,6 +15,7 @@
 #include "kernels/expert_id_error.h"
 #include "kernels/fp8_dispatch.cuh"
 #include "kernels/internal/cuda_status.h"
+#include "kernels/kernel_preload.h"
 #include "kernels/peer_refusal.h"
 #include "kernels/route.cuh"
 #include "kernels/step_header.cuh"
@@ -51,6 +52,8 @@ absl::StatusOr<std::unique_ptr<GpuEpDispatcher>> GpuEpDispatcher::Create(
   const int64_t e = ws.ep_size;
   const int64_t n = ws.capacity_tokens;
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(collective->device()), "cudaSetDevice"));
+  // No lazy load on the step path (kernels/kernel_preload.h).
+  RETURN_IF_ERROR(PreloadStepKernels());
   if (options.tail_bytes < 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("tail_bytes: expected >= 0, got %d", options.tail_bytes));

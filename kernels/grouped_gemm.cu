@@ -4,6 +4,7 @@
 #include "absl/strings/str_format.h"
 #include "kernels/grouped_gemm.cuh"
 #include "kernels/internal/cuda_status.h"
+#include "kernels/internal/kernel_modules.h"
 
 namespace moe_ep::kernels {
 namespace {
@@ -264,6 +265,10 @@ absl::Status LaunchGroupedGemm(const GroupedGemmParams& p, float* y, cudaStream_
   absl::Status s = Check(p, y, "LaunchGroupedGemm");
   if (!s.ok()) return s;
   return Launch<false>(p, nullptr, y, stream, "GroupedGemmKernel<plain>");
+}
+
+const void* internal::GroupedGemmModule() {
+  return reinterpret_cast<const void*>(&ExpertTileOffsetsKernel);
 }
 
 }  // namespace moe_ep::kernels

@@ -9,6 +9,7 @@
 #include "kernels/hopper_grouped_gemm.cuh"
 #include "kernels/internal/cuda_status.h"
 #include "kernels/internal/hopper_ptx.cuh"
+#include "kernels/internal/kernel_modules.h"
 
 namespace moe_ep::kernels {
 namespace {
@@ -682,6 +683,10 @@ absl::Status LaunchHopperGroupedGemm(const HopperGemmParams& p, float* y, cudaSt
   absl::Status s = Check(p, y, "LaunchHopperGroupedGemm");
   if (!s.ok()) return s;
   return Launch<false>(p, nullptr, y, stream, "HopperGroupedGemmKernel<plain>");
+}
+
+const void* internal::HopperGroupedGemmModule() {
+  return reinterpret_cast<const void*>(&tall::HopperGroupedGemmKernel<false>);
 }
 
 }  // namespace moe_ep::kernels

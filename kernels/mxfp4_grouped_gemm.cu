@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "core/quantized_formats.h"
 #include "kernels/internal/cuda_status.h"
+#include "kernels/internal/kernel_modules.h"
 #include "kernels/mxfp4_grouped_gemm.cuh"
 
 namespace moe_ep::kernels {
@@ -536,6 +537,10 @@ void Mxfp4BlocksFromDeviceOrder(uint8_t* blocks, int64_t bytes) {
     }
     for (int b = 0; b < 4; ++b) blocks[w + b] = static_cast<uint8_t>(out >> (8 * b));
   }
+}
+
+const void* internal::Mxfp4GroupedGemmModule() {
+  return reinterpret_cast<const void*>(&Mxfp4GroupedKernel<4, 4, false, false, false, 0>);
 }
 
 }  // namespace moe_ep::kernels

@@ -4,6 +4,7 @@
 #include "absl/strings/str_format.h"
 #include "core/status_macros.h"
 #include "kernels/internal/cuda_status.h"
+#include "kernels/internal/kernel_modules.h"
 #include "kernels/nccl_collective.h"
 #include "kernels/rms_norm.cuh"
 #include "kernels/stream_collective.h"
@@ -315,6 +316,10 @@ absl::Status AllReduceAddRmsNorm(StreamCollective& group, AllReduceNormImpl impl
   }
   RETURN_IF_ERROR(LaunchAddInPlace(residual, x, rows * hidden, stream));
   return LaunchRmsNorm(residual, x, weight, rows, hidden, eps, stream);
+}
+
+const void* internal::RmsNormModule() {
+  return reinterpret_cast<const void*>(&AddInPlaceKernel<4>);
 }
 
 }  // namespace moe_ep::kernels

@@ -4,6 +4,7 @@
 #include "kernels/internal/cuda_status.h"
 #include "kernels/internal/device_placement.cuh"
 #include "kernels/internal/expert_id_check.cuh"
+#include "kernels/internal/kernel_modules.h"
 #include "kernels/route.cuh"
 
 namespace moe_ep::kernels {
@@ -83,5 +84,7 @@ absl::Status LaunchRoute(const RouteParams& p, cudaStream_t stream) {
       p.token_slot, p.send_counts, p.placement, p.expert_tokens, p.invalid_expert_id, p.id_error);
   return internal::LaunchStatus("RouteKernel");
 }
+
+const void* internal::RouteModule() { return reinterpret_cast<const void*>(&RouteKernel); }
 
 }  // namespace moe_ep::kernels

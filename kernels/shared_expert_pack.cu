@@ -1,6 +1,7 @@
 #include <cuda_bf16.h>
 
 #include "kernels/internal/cuda_status.h"
+#include "kernels/internal/kernel_modules.h"
 #include "kernels/shared_expert.h"
 
 namespace moe_ep::kernels {
@@ -53,6 +54,10 @@ absl::Status LaunchPackSharedRows(const uint16_t* hidden, const uint16_t* gate, 
   PackSharedRowsKernel<<<static_cast<unsigned>(num_tokens), kPackThreads, 0, stream>>>(
       hidden, gate, hidden_size, 2 * hidden_size + 8, rows);
   return internal::LaunchStatus("PackSharedRowsKernel");
+}
+
+const void* internal::SharedExpertPackModule() {
+  return reinterpret_cast<const void*>(&PackSharedRowsKernel);
 }
 
 }  // namespace moe_ep::kernels

@@ -1,5 +1,6 @@
 #include "absl/strings/str_format.h"
 #include "kernels/internal/cuda_status.h"
+#include "kernels/internal/kernel_modules.h"
 #include "kernels/route.cuh"
 #include "kernels/step_header.cuh"
 
@@ -119,6 +120,10 @@ absl::Status LaunchCheckStepHeaders(const int64_t* gathered, int ep_size, int ra
   }
   CheckStepHeadersKernel<<<1, 1, 0, stream>>>(gathered, ep_size, rank, header, error);
   return internal::LaunchStatus("CheckStepHeadersKernel");
+}
+
+const void* internal::StepHeaderModule() {
+  return reinterpret_cast<const void*>(&WriteStepHeaderKernel);
 }
 
 }  // namespace moe_ep::kernels

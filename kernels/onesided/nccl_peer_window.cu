@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "core/status_macros.h"
 #include "kernels/internal/cuda_status.h"
+#include "kernels/internal/kernel_modules.h"
 #include "kernels/onesided/nccl_peer_window.h"
 
 namespace moe_ep::kernels::onesided {
@@ -130,3 +131,11 @@ absl::StatusOr<std::unique_ptr<PeerWindows>> CreateNcclPeerWindows(NcclCollectiv
 }
 
 }  // namespace moe_ep::kernels::onesided
+
+namespace moe_ep::kernels::internal {
+
+const void* NcclPeerWindowModule() {
+  return reinterpret_cast<const void*>(&onesided::PeerPointersKernel);
+}
+
+}  // namespace moe_ep::kernels::internal

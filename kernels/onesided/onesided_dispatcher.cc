@@ -16,6 +16,7 @@
 #include "kernels/expert_id_error.h"
 #include "kernels/fp8_dispatch.cuh"
 #include "kernels/internal/cuda_status.h"
+#include "kernels/kernel_preload.h"
 #include "kernels/peer_refusal.h"
 
 namespace moe_ep::kernels::onesided {
@@ -125,6 +126,8 @@ absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
                         d->sm_count_, d->device_, options.sm_budget));
   }
   RETURN_IF_ERROR(PreloadOsKernels());
+  // Every other kernel a step may launch too (kernels/kernel_preload.h).
+  RETURN_IF_ERROR(PreloadStepKernels());
   // An engine's dispatch past the fused sizes unpacks in a kernel of its own.
   RETURN_IF_ERROR(PreloadUnpackReceived());
   if (fp8) RETURN_IF_ERROR(PreloadFp8DispatchKernels());

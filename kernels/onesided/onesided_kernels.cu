@@ -10,6 +10,7 @@
 #include "kernels/fp8_dispatch.cuh"
 #include "kernels/internal/cuda_status.h"
 #include "kernels/internal/expert_id_check.cuh"
+#include "kernels/internal/kernel_modules.h"
 #include "kernels/onesided/onesided_kernels.cuh"
 
 namespace moe_ep::kernels::onesided {
@@ -1177,3 +1178,11 @@ absl::Status LaunchOsIdentityRows(const OsIdentityParams& p, cudaStream_t stream
 }
 
 }  // namespace moe_ep::kernels::onesided
+
+namespace moe_ep::kernels::internal {
+
+const void* OneSidedKernelsModule() {
+  return reinterpret_cast<const void*>(&onesided::OsRouteKernel);
+}
+
+}  // namespace moe_ep::kernels::internal

@@ -1,0 +1,137 @@
+#include "kernels/kernel_preload.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "core/status_macros.h"
+#include "kernels/internal/cuda_status.h"
+#include "kernels/internal/kernel_modules.h"
+
+namespace moe_ep::kernels {
+namespace {
+
+// The driver entry points, looked up once; any null when the driver lacks it.
+struct DriverCalls {
+  PFN_cuFuncGetModule_v11000 get_module = nullptr;
+  PFN_cuModuleGetFunctionCount_v12040 function_count = nullptr;
+  PFN_cuModuleEnumerateFunctions_v12040 enumerate = nullptr;
+  PFN_cuFuncLoad_v12040 load = nullptr;
+  PFN_cuFuncIsLoaded_v12040 is_loaded = nullptr;
+};
+
+void* EntryPoint(const char* name, int version) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(name, &p, version, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return p;
+}
+
+absl::StatusOr<const DriverCalls*> Driver() {
+  static const DriverCalls calls = [] {
+    DriverCalls c;
+    c.get_module =
+        reinterpret_cast<PFN_cuFuncGetModule_v11000>(EntryPoint("cuFuncGetModule", 11000));
+    c.function_count = reinterpret_cast<PFN_cuModuleGetFunctionCount_v12040>(
+        EntryPoint("cuModuleGetFunctionCount", 12040));
+    c.enumerate = reinterpret_cast<PFN_cuModuleEnumerateFunctions_v12040>(
+        EntryPoint("cuModuleEnumerateFunctions", 12040));
+    c.load = reinterpret_cast<PFN_cuFuncLoad_v12040>(EntryPoint("cuFuncLoad", 12040));
+    c.is_loaded = reinterpret_cast<PFN_cuFuncIsLoaded_v12040>(EntryPoint("cuFuncIsLoaded", 12040));
+    return c;
+  }();
+  if (calls.get_module == nullptr || calls.function_count == nullptr ||
+      calls.enumerate == nullptr || calls.load == nullptr || calls.is_loaded == nullptr) {
+    return absl::FailedPreconditionError(
+        "kernel preload: the CUDA driver lacks cuFuncGetModule, cuModuleEnumerateFunctions, "
+        "cuFuncLoad or cuFuncIsLoaded (driver API 12.4 or later is needed)");
+  }
+  return &calls;
+}
+
+absl::Status DriverStatus(CUresult r, const char* call) {
+  if (r == CUDA_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrFormat("kernel preload: %s failed with CUresult %d", call, static_cast<int>(r)));
+}
+
+// Every function of the distinct modules holding `kernels`, in the current
+// context.
+absl::StatusOr<std::vector<CUfunction>> FunctionsOf(const DriverCalls& d,
+                                                    absl::Span<const void* const> kernels) {
+  std::set<CUmodule> modules;
+  for (const void* k : kernels) {
+    cudaFunction_t f = nullptr;
+    RETURN_IF_ERROR(internal::CudaStatus(cudaGetFuncBySymbol(&f, k), "cudaGetFuncBySymbol"));
+    CUmodule m = nullptr;
+    RETURN_IF_ERROR(DriverStatus(d.get_module(&m, f), "cuFuncGetModule"));
+    modules.insert(m);
+  }
+  std::vector<CUfunction> all;
+  for (CUmodule m : modules) {
+    unsigned int n = 0;
+    RETURN_IF_ERROR(DriverStatus(d.function_count(&n, m), "cuModuleGetFunctionCount"));
+    std::vector<CUfunction> fns(n);
+    RETURN_IF_ERROR(DriverStatus(d.enumerate(fns.data(), n, m), "cuModuleEnumerateFunctions"));
+    all.insert(all.end(), fns.begin(), fns.end());
+  }
+  return all;
+}
+
+}  // namespace
+
+absl::StatusOr<int> PreloadModulesOf(absl::Span<const void* const> kernels) {
+  ASSIGN_OR_RETURN(const DriverCalls* d, Driver());
+  ASSIGN_OR_RETURN(std::vector<CUfunction> fns, FunctionsOf(*d, kernels));
+  for (CUfunction f : fns) RETURN_IF_ERROR(DriverStatus(d->load(f), "cuFuncLoad"));
+  return static_cast<int>(fns.size());
+}
+
+absl::StatusOr<int> UnloadedKernelsOf(absl::Span<const void* const> kernels) {
+  ASSIGN_OR_RETURN(const DriverCalls* d, Driver());
+  ASSIGN_OR_RETURN(std::vector<CUfunction> fns, FunctionsOf(*d, kernels));
+  int unloaded = 0;
+  for (CUfunction f : fns) {
+    CUfunctionLoadingState state = CU_FUNCTION_LOADING_STATE_UNLOADED;
+    RETURN_IF_ERROR(DriverStatus(d->is_loaded(&state, f), "cuFuncIsLoaded"));
+    if (state != CU_FUNCTION_LOADING_STATE_LOADED) ++unloaded;
+  }
+  return unloaded;
+}
+
+absl::Span<const void* const> StepKernelModules() {
+  static const void* const kModules[] = {
+      internal::CombineReduceModule(),     internal::DispatchPackModule(),
+      internal::EngineRowsModule(),        internal::ExpertKernelsModule(),
+      internal::Fp8DispatchModule(),       internal::Fp8ExpertKernelsModule(),
+      internal::Fp8GroupedGemmModule(),    internal::GroupedGemmModule(),
+      internal::HopperGroupedGemmModule(), internal::Mxfp4GroupedGemmModule(),
+      internal::RmsNormModule(),           internal::RouteModule(),
+      internal::SharedExpertPackModule(),  internal::StepHeaderModule(),
+      internal::OneSidedKernelsModule(),   internal::NcclPeerWindowModule(),
+  };
+  return kModules;
+}
+
+absl::Status PreloadStepKernels() {
+  int device = 0;
+  RETURN_IF_ERROR(internal::CudaStatus(cudaGetDevice(&device), "cudaGetDevice"));
+  static std::mutex mu;
+  static std::set<int>* done = new std::set<int>();
+  std::lock_guard<std::mutex> lock(mu);
+  if (done->count(device) > 0) return absl::OkStatus();
+  RETURN_IF_ERROR(PreloadModulesOf(StepKernelModules()).status());
+  done->insert(device);
+  return absl::OkStatus();
+}
+
+}  // namespace moe_ep::kernels
