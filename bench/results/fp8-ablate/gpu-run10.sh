@@ -11,6 +11,11 @@
 #     them, the longer is the bound. fp8 from prod.patch (+ MATH_ONLY:
 #     prod2.patch), bf16 from bf16-math.patch (hp control, hb loads only,
 #     hm products only).
+#  4. `or`: the consumer warpgroups take turns issuing their sub-tile
+#     products (prod3.patch, MOE_EP_FP8_ORDER: named barriers), so that one's
+#     wait and promotion overlap the other's products, which today start and
+#     end together; `mor` the same with no loads. p3: the control from
+#     prod3.patch (ORDER 0), built like the variants.
 #   mkdir -p g && tar -C g -xJf gpu-callN/b.tar.xz && timeout 560 bash bench/results/fp8-ablate/gpu-run10.sh g /tmp/r; tar -C /tmp/r -czf "$OUT/r.tgz" .
 set -u
 g=$1
@@ -53,7 +58,7 @@ fb() {  # name, binary, shape args
 }
 for shape in "t4096:--tokens 4096" "e16:--experts 16 --topk 1 --tokens 32768"; do
   s=${shape%%:*}; a=${shape#*:}
-  for v in p1 lo mo p1_again; do fb "${v}_$s" "$bin/moe_ep_expert_bench_${v%_again}" "$a"; done
+  for v in p3 lo mo or mor p3_again; do fb "${v}_$s" "$bin/moe_ep_expert_bench_${v%_again}" "$a"; done
 done
 for v in hp hb hm hp_again; do
   timeout 40 "$bin/moe_ep_expert_bench_${v%_again}" --paths hopper --tokens 128 4096 --warmup 5 \
