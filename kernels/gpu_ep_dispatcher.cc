@@ -52,8 +52,6 @@ absl::StatusOr<std::unique_ptr<GpuEpDispatcher>> GpuEpDispatcher::Create(
   const int64_t e = ws.ep_size;
   const int64_t n = ws.capacity_tokens;
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(collective->device()), "cudaSetDevice"));
-  // No lazy load on the step path (kernels/kernel_preload.h).
-  RETURN_IF_ERROR(PreloadStepKernels());
   if (options.tail_bytes < 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("tail_bytes: expected >= 0, got %d", options.tail_bytes));
@@ -83,6 +81,9 @@ absl::StatusOr<std::unique_ptr<GpuEpDispatcher>> GpuEpDispatcher::Create(
         d->rank_, with_scratch, total, scratch, options.tail_bytes, d->placement_bytes_,
         memory_cap_bytes));
   }
+  // No lazy load on the step path (kernels/kernel_preload.h); after every
+  // argument check, so bad input pays nothing.
+  RETURN_IF_ERROR(PreloadStepKernels());
   // One cudaMalloc for buffers, expert scratch and the caller's tail: the
   // free-memory drop is the reported total, not three roundings of it.
   RETURN_IF_ERROR(

@@ -23,45 +23,53 @@ struct DriverCalls {
   PFN_cuModuleEnumerateFunctions_v12040 enumerate = nullptr;
   PFN_cuFuncLoad_v12040 load = nullptr;
   PFN_cuFuncIsLoaded_v12040 is_loaded = nullptr;
+  PFN_cuGetErrorName_v6000 error_name = nullptr;
+  PFN_cuModuleGetLoadingMode_v11070 loading_mode = nullptr;
 };
 
-void* EntryPoint(const char* name, int version) {
+template <typename Fn>
+Fn EntryPoint(const char* name, int version) {
   void* p = nullptr;
   cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
   if (cudaGetDriverEntryPointByVersion(name, &p, version, cudaEnableDefault, &q) != cudaSuccess ||
       q != cudaDriverEntryPointSuccess) {
-    cudaGetLastError();
+    cudaGetLastError();  // only where the lookup failed: the preload then fails too
     return nullptr;
   }
-  return p;
+  return reinterpret_cast<Fn>(p);
 }
 
 absl::StatusOr<const DriverCalls*> Driver() {
   static const DriverCalls calls = [] {
     DriverCalls c;
-    c.get_module =
-        reinterpret_cast<PFN_cuFuncGetModule_v11000>(EntryPoint("cuFuncGetModule", 11000));
-    c.function_count = reinterpret_cast<PFN_cuModuleGetFunctionCount_v12040>(
-        EntryPoint("cuModuleGetFunctionCount", 12040));
-    c.enumerate = reinterpret_cast<PFN_cuModuleEnumerateFunctions_v12040>(
-        EntryPoint("cuModuleEnumerateFunctions", 12040));
-    c.load = reinterpret_cast<PFN_cuFuncLoad_v12040>(EntryPoint("cuFuncLoad", 12040));
-    c.is_loaded = reinterpret_cast<PFN_cuFuncIsLoaded_v12040>(EntryPoint("cuFuncIsLoaded", 12040));
+    c.get_module = EntryPoint<PFN_cuFuncGetModule_v11000>("cuFuncGetModule", 11000);
+    c.function_count =
+        EntryPoint<PFN_cuModuleGetFunctionCount_v12040>("cuModuleGetFunctionCount", 12040);
+    c.enumerate =
+        EntryPoint<PFN_cuModuleEnumerateFunctions_v12040>("cuModuleEnumerateFunctions", 12040);
+    c.load = EntryPoint<PFN_cuFuncLoad_v12040>("cuFuncLoad", 12040);
+    c.is_loaded = EntryPoint<PFN_cuFuncIsLoaded_v12040>("cuFuncIsLoaded", 12040);
+    c.error_name = EntryPoint<PFN_cuGetErrorName_v6000>("cuGetErrorName", 6000);
+    c.loading_mode = EntryPoint<PFN_cuModuleGetLoadingMode_v11070>("cuModuleGetLoadingMode", 11070);
     return c;
   }();
   if (calls.get_module == nullptr || calls.function_count == nullptr ||
-      calls.enumerate == nullptr || calls.load == nullptr || calls.is_loaded == nullptr) {
+      calls.enumerate == nullptr || calls.load == nullptr || calls.is_loaded == nullptr ||
+      calls.error_name == nullptr || calls.loading_mode == nullptr) {
     return absl::FailedPreconditionError(
         "kernel preload: the CUDA driver lacks cuFuncGetModule, cuModuleEnumerateFunctions, "
-        "cuFuncLoad or cuFuncIsLoaded (driver API 12.4 or later is needed)");
+        "cuFuncLoad, cuFuncIsLoaded, cuGetErrorName or cuModuleGetLoadingMode (driver API 12.4 "
+        "or later is needed)");
   }
   return &calls;
 }
 
-absl::Status DriverStatus(CUresult r, const char* call) {
+absl::Status DriverStatus(const DriverCalls& d, CUresult r, const char* call) {
   if (r == CUDA_SUCCESS) return absl::OkStatus();
+  const char* name = nullptr;
+  if (d.error_name(r, &name) != CUDA_SUCCESS || name == nullptr) name = "an unknown CUresult";
   return absl::InternalError(
-      absl::StrFormat("kernel preload: %s failed with CUresult %d", call, static_cast<int>(r)));
+      absl::StrFormat("kernel preload: %s failed with %s (%d)", call, name, static_cast<int>(r)));
 }
 
 // Every function of the distinct modules holding `kernels`, in the current
@@ -73,15 +81,15 @@ absl::StatusOr<std::vector<CUfunction>> FunctionsOf(const DriverCalls& d,
     cudaFunction_t f = nullptr;
     RETURN_IF_ERROR(internal::CudaStatus(cudaGetFuncBySymbol(&f, k), "cudaGetFuncBySymbol"));
     CUmodule m = nullptr;
-    RETURN_IF_ERROR(DriverStatus(d.get_module(&m, f), "cuFuncGetModule"));
+    RETURN_IF_ERROR(DriverStatus(d, d.get_module(&m, f), "cuFuncGetModule"));
     modules.insert(m);
   }
   std::vector<CUfunction> all;
   for (CUmodule m : modules) {
     unsigned int n = 0;
-    RETURN_IF_ERROR(DriverStatus(d.function_count(&n, m), "cuModuleGetFunctionCount"));
+    RETURN_IF_ERROR(DriverStatus(d, d.function_count(&n, m), "cuModuleGetFunctionCount"));
     std::vector<CUfunction> fns(n);
-    RETURN_IF_ERROR(DriverStatus(d.enumerate(fns.data(), n, m), "cuModuleEnumerateFunctions"));
+    RETURN_IF_ERROR(DriverStatus(d, d.enumerate(fns.data(), n, m), "cuModuleEnumerateFunctions"));
     all.insert(all.end(), fns.begin(), fns.end());
   }
   return all;
@@ -92,7 +100,7 @@ absl::StatusOr<std::vector<CUfunction>> FunctionsOf(const DriverCalls& d,
 absl::StatusOr<int> PreloadModulesOf(absl::Span<const void* const> kernels) {
   ASSIGN_OR_RETURN(const DriverCalls* d, Driver());
   ASSIGN_OR_RETURN(std::vector<CUfunction> fns, FunctionsOf(*d, kernels));
-  for (CUfunction f : fns) RETURN_IF_ERROR(DriverStatus(d->load(f), "cuFuncLoad"));
+  for (CUfunction f : fns) RETURN_IF_ERROR(DriverStatus(*d, d->load(f), "cuFuncLoad"));
   return static_cast<int>(fns.size());
 }
 
@@ -102,10 +110,17 @@ absl::StatusOr<int> UnloadedKernelsOf(absl::Span<const void* const> kernels) {
   int unloaded = 0;
   for (CUfunction f : fns) {
     CUfunctionLoadingState state = CU_FUNCTION_LOADING_STATE_UNLOADED;
-    RETURN_IF_ERROR(DriverStatus(d->is_loaded(&state, f), "cuFuncIsLoaded"));
+    RETURN_IF_ERROR(DriverStatus(*d, d->is_loaded(&state, f), "cuFuncIsLoaded"));
     if (state != CU_FUNCTION_LOADING_STATE_LOADED) ++unloaded;
   }
   return unloaded;
+}
+
+absl::StatusOr<bool> LazyModuleLoading() {
+  ASSIGN_OR_RETURN(const DriverCalls* d, Driver());
+  CUmoduleLoadingMode mode = CU_MODULE_EAGER_LOADING;
+  RETURN_IF_ERROR(DriverStatus(*d, d->loading_mode(&mode), "cuModuleGetLoadingMode"));
+  return mode == CU_MODULE_LAZY_LOADING;
 }
 
 absl::Span<const void* const> StepKernelModules() {
@@ -116,8 +131,9 @@ absl::Span<const void* const> StepKernelModules() {
       internal::Fp8GroupedGemmModule(),    internal::GroupedGemmModule(),
       internal::HopperGroupedGemmModule(), internal::Mxfp4GroupedGemmModule(),
       internal::RmsNormModule(),           internal::RouteModule(),
-      internal::SharedExpertPackModule(),  internal::StepHeaderModule(),
-      internal::OneSidedKernelsModule(),   internal::NcclPeerWindowModule(),
+      internal::SeededWeightsModule(),     internal::SharedExpertPackModule(),
+      internal::StepHeaderModule(),        internal::OneSidedKernelsModule(),
+      internal::NcclPeerWindowModule(),
   };
   return kModules;
 }

@@ -12,8 +12,7 @@
 // and ExpertCompute call PreloadStepKernels in Create, so no launch on the
 // step path loads anything.
 
-#include <cstdint>
-
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
@@ -38,16 +37,35 @@ absl::StatusOr<int> PreloadModulesOf(absl::Span<const void* const> kernels);
 // not loaded yet (cuFuncIsLoaded). For tests and logs. Errors as above.
 absl::StatusOr<int> UnloadedKernelsOf(absl::Span<const void* const> kernels);
 
-// The step path's modules: one kernel of each translation unit of kernels/
-// and kernels/onesided/ that a step launches (kernels/internal/kernel_modules.h).
+// LazyModuleLoading()
+//
+// Whether this process loads modules lazily (cuModuleGetLoadingMode: the
+// CUDA_MODULE_LOADING environment variable, LAZY by default). Errors as
+// PreloadModulesOf. Thread-safe.
+absl::StatusOr<bool> LazyModuleLoading();
+
+// StepKernelModules()
+//
+// One kernel (host stub) of each translation unit of kernels/ and
+// kernels/onesided/ that a worker launches once it has a dispatcher: the
+// step path and LoadExperts' seeded weights (kernels/internal/kernel_modules.h;
+// every .cu file with a __global__ kernel). Static storage; thread-safe.
 absl::Span<const void* const> StepKernelModules();
 
 // PreloadStepKernels()
 //
-// PreloadModulesOf(StepKernelModules()) once per device and process (later
-// calls on a device that succeeded return at once). Errors: as
-// PreloadModulesOf; a failure is not remembered, the next call tries again.
-// Thread-safe.
+// PreloadModulesOf(StepKernelModules()) on the calling thread's current
+// device (cudaGetDevice), once per device and process: later calls on a
+// device that succeeded return at once. Every GEMM variant is loaded, used
+// or not (a few MB of device code). Not the cuBLAS kernels of
+// ExpertGemm::kCublasHostCounts (a comparison path, not capturable): cuBLAS
+// still loads those at their first call. Errors: kInternal
+// ("cudaGetDevice: ..." without a device or driver; a failed driver call,
+// named), kResourceExhausted (out of memory while loading), and
+// kFailedPrecondition as PreloadModulesOf (not with the CUDA 13 runtime,
+// which needs a 13.x driver). A failure is not remembered: the next call
+// tries again. Thread-safe (one lock; ranks on different devices preload one
+// after another). Source: CUDA programming guide, "Lazy Loading".
 absl::Status PreloadStepKernels();
 
 }  // namespace moe_ep::kernels

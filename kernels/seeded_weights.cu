@@ -3,6 +3,7 @@
 #include "absl/strings/str_format.h"
 #include "core/seeded_stream.h"
 #include "kernels/internal/cuda_status.h"
+#include "kernels/internal/kernel_modules.h"
 #include "kernels/seeded_weights.cuh"
 
 namespace moe_ep::kernels {
@@ -81,6 +82,10 @@ absl::Status LaunchSeededSwiGluWeights(const SeededSwiGluParams& params, cudaStr
     if (absl::Status st = internal::LaunchStatus("SeededSwiGluKernel"); !st.ok()) return st;
   }
   return absl::OkStatus();
+}
+
+const void* internal::SeededWeightsModule() {
+  return reinterpret_cast<const void*>(&SeededSwiGluKernel);
 }
 
 }  // namespace moe_ep::kernels

@@ -8,3 +8,10 @@ if(MOE_EP_SYSTEM_PYTHON)
     COMMAND ${MOE_EP_SYSTEM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/scripts/lint_tidy_cache_test.py)
   set_tests_properties(lint_tidy_cache PROPERTIES LABELS lint TIMEOUT 120 SKIP_RETURN_CODE 77)
 endif()
+# Every kernel file has a module anchor that the step-path preload lists
+# (tests/scripts/kernel_anchors_test.py; kernels/kernel_preload.h).
+if(MOE_EP_SYSTEM_PYTHON)
+  add_test(NAME kernel_anchors
+    COMMAND ${MOE_EP_SYSTEM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/scripts/kernel_anchors_test.py)
+  set_tests_properties(kernel_anchors PROPERTIES TIMEOUT 30)
+endif()
