@@ -8,14 +8,14 @@
 #     (`lo`: no products) against products only (`mo`: no loads, the stage
 #     marked full at once), beside the control built the same way (`p1`).
 #     If full ~ loads + products, the two do not overlap; if full ~ max of
-#     them, the longer is the bound. fp8 from prod.patch (+ MATH_ONLY:
-#     prod2.patch), bf16 from bf16-math.patch (hp control, hb loads only,
-#     hm products only).
+#     them, the longer is the bound. fp8 from prod3.patch, bf16 from
+#     bf16-math.patch (hp control, hb loads only, hm products only).
 #  4. `or`: the consumer warpgroups take turns issuing their sub-tile
 #     products (prod3.patch, MOE_EP_FP8_ORDER: named barriers), so that one's
 #     wait and promotion overlap the other's products, which today start and
 #     end together; `mor` the same with no loads. p3: the control from
 #     prod3.patch (ORDER 0), built like the variants.
+# Bundle: bench/results/fp8-ablate/bundle10.sh N (builds the variants). Then:
 #   mkdir -p g && tar -C g -xJf gpu-callN/b.tar.xz && timeout 560 bash bench/results/fp8-ablate/gpu-run10.sh g /tmp/r; tar -C /tmp/r -czf "$OUT/r.tgz" .
 set -u
 g=$1
