@@ -23,13 +23,6 @@ __global__ void UnpackReceivedKernel(UnpackReceivedParams p) {
 
 }  // namespace
 
-absl::Status PreloadUnpackReceived() {
-  cudaFuncAttributes attr;
-  return internal::CudaStatus(
-      cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(&UnpackReceivedKernel)),
-      "cudaFuncGetAttributes(UnpackReceivedKernel)");
-}
-
 absl::Status CheckUnpackReceived(const UnpackReceivedParams& p) {
   if (p.ep_size < 1 || p.top_k < 1 || p.num_local_experts < 0 || p.runtime_max < 0) {
     return absl::InvalidArgumentError(absl::StrFormat(

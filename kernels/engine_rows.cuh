@@ -55,16 +55,6 @@ struct UnpackReceivedParams {
 // kInternal (launch). Never allocates or synchronises.
 absl::Status LaunchUnpackReceived(const UnpackReceivedParams& p, cudaStream_t stream);
 
-// PreloadUnpackReceived()
-//
-// Loads LaunchUnpackReceived's kernel (cudaFuncGetAttributes), so that
-// CUDA's lazy module loading never happens on a step: a first launch that
-// loads a module takes a lock of the context and waits for its kernels, and
-// with ranks as threads a peer's dispatch kernel spinning for this rank's
-// flags then never ends (the one-sided dispatcher's Create calls it).
-// Errors: kInternal (CUDA).
-absl::Status PreloadUnpackReceived();
-
 // CheckUnpackReceived()
 //
 // LaunchUnpackReceived's argument checks alone, for a kernel that unpacks

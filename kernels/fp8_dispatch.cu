@@ -71,13 +71,6 @@ absl::Status LaunchDequantizeDispatchRows(const uint8_t* wire, int64_t num_rows,
   return internal::LaunchStatus("DequantizeDispatchRowsKernel");
 }
 
-absl::Status PreloadFp8DispatchKernels() {
-  cudaFuncAttributes attr;
-  return internal::CudaStatus(
-      cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(&DequantizeDispatchRowsKernel)),
-      "cudaFuncGetAttributes(DequantizeDispatchRowsKernel)");
-}
-
 absl::Status LaunchE4m3FromFloat(const float* in, int64_t n, uint8_t* codes, cudaStream_t stream) {
   if (n < 0 || (n > 0 && (in == nullptr || codes == nullptr))) {
     return absl::InvalidArgumentError("LaunchE4m3FromFloat: null pointers or n < 0");

@@ -42,11 +42,6 @@ MOE_EP_HOST_DEVICE constexpr int64_t Fp8DispatchRowBytes(int64_t hidden, int top
 absl::Status LaunchDequantizeDispatchRows(const uint8_t* wire, int64_t num_rows, int64_t hidden,
                                           int top_k, uint8_t* out, cudaStream_t stream);
 
-// Loads the dequantizing kernel (cudaFuncGetAttributes), so that lazy
-// module loading never happens on a step path where a peer may spin
-// (kernels/onesided: ranks as threads). Errors: kInternal (CUDA).
-absl::Status PreloadFp8DispatchKernels();
-
 // For the GPU tests: codes[i] = core::fp8::E4m3FromFloat(in[i]) on the
 // device (CUDA's cvt on sm_89+), and values[i] = E4m3ToFloat(i) for the 256
 // codes. Errors: kInvalidArgument (null, n < 0), kInternal (launch).

@@ -10,6 +10,7 @@
 #include "kernels/internal/cuda_status.h"
 #include "kernels/internal/hopper_ptx.cuh"
 #include "kernels/internal/kernel_modules.h"
+#include "kernels/internal/tensor_map.h"
 
 namespace moe_ep::kernels {
 namespace {
@@ -535,22 +536,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace tall
 
-// cuTensorMapEncodeTiled from the driver, looked up once; null when absent.
-PFN_cuTensorMapEncodeTiled_v12000 EncodeTiled() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }();
-  return fn;
-}
-
 // Row-major bf16 [rows, cols] with a box of box_rows x 64, 128-byte swizzle;
 // reads past the tensor are zero-filled.
 absl::Status EncodeMap(CUtensorMap* map, const uint16_t* ptr, int64_t rows, int64_t cols,
@@ -560,10 +545,10 @@ absl::Status EncodeMap(CUtensorMap* map, const uint16_t* ptr, int64_t rows, int6
   static_assert(tall::kBK == wide::kBK && tall::kThreads == wide::kThreads);
   const cuuint32_t box[2] = {tall::kBK, static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t elem[2] = {1, 1};
-  const CUresult r =
-      EncodeTiled()(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(ptr), dims,
-                    strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = internal::TensorMapEncodeTiled()(
+      map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(ptr), dims, strides, box,
+      elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     return absl::InternalError(
         absl::StrFormat("cuTensorMapEncodeTiled(%s, rows %d, cols %d) failed with CUresult %d",
@@ -664,7 +649,7 @@ absl::Status HopperGroupedGemmAvailable() {
         absl::StrFormat("Hopper grouped GEMM: needs compute capability 9.0, device %d is %d.%d",
                         device, major, minor));
   }
-  if (EncodeTiled() == nullptr) {
+  if (internal::TensorMapEncodeTiled() == nullptr) {
     return absl::FailedPreconditionError(
         "Hopper grouped GEMM: the driver has no cuTensorMapEncodeTiled");
   }

@@ -12,6 +12,7 @@
 #include "core/status_macros.h"
 #include "kernels/internal/cuda_status.h"
 #include "kernels/internal/kernel_modules.h"
+#include "kernels/internal/tensor_map.h"
 
 namespace moe_ep::kernels {
 namespace {
@@ -27,30 +28,19 @@ struct DriverCalls {
   PFN_cuModuleGetLoadingMode_v11070 loading_mode = nullptr;
 };
 
-template <typename Fn>
-Fn EntryPoint(const char* name, int version) {
-  void* p = nullptr;
-  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(name, &p, version, cudaEnableDefault, &q) != cudaSuccess ||
-      q != cudaDriverEntryPointSuccess) {
-    cudaGetLastError();  // only where the lookup failed: the preload then fails too
-    return nullptr;
-  }
-  return reinterpret_cast<Fn>(p);
-}
-
 absl::StatusOr<const DriverCalls*> Driver() {
   static const DriverCalls calls = [] {
     DriverCalls c;
-    c.get_module = EntryPoint<PFN_cuFuncGetModule_v11000>("cuFuncGetModule", 11000);
-    c.function_count =
-        EntryPoint<PFN_cuModuleGetFunctionCount_v12040>("cuModuleGetFunctionCount", 12040);
-    c.enumerate =
-        EntryPoint<PFN_cuModuleEnumerateFunctions_v12040>("cuModuleEnumerateFunctions", 12040);
-    c.load = EntryPoint<PFN_cuFuncLoad_v12040>("cuFuncLoad", 12040);
-    c.is_loaded = EntryPoint<PFN_cuFuncIsLoaded_v12040>("cuFuncIsLoaded", 12040);
-    c.error_name = EntryPoint<PFN_cuGetErrorName_v6000>("cuGetErrorName", 6000);
-    c.loading_mode = EntryPoint<PFN_cuModuleGetLoadingMode_v11070>("cuModuleGetLoadingMode", 11070);
+    c.get_module = internal::DriverEntryPoint<PFN_cuFuncGetModule_v11000>("cuFuncGetModule", 11000);
+    c.function_count = internal::DriverEntryPoint<PFN_cuModuleGetFunctionCount_v12040>(
+        "cuModuleGetFunctionCount", 12040);
+    c.enumerate = internal::DriverEntryPoint<PFN_cuModuleEnumerateFunctions_v12040>(
+        "cuModuleEnumerateFunctions", 12040);
+    c.load = internal::DriverEntryPoint<PFN_cuFuncLoad_v12040>("cuFuncLoad", 12040);
+    c.is_loaded = internal::DriverEntryPoint<PFN_cuFuncIsLoaded_v12040>("cuFuncIsLoaded", 12040);
+    c.error_name = internal::DriverEntryPoint<PFN_cuGetErrorName_v6000>("cuGetErrorName", 6000);
+    c.loading_mode = internal::DriverEntryPoint<PFN_cuModuleGetLoadingMode_v11070>(
+        "cuModuleGetLoadingMode", 11070);
     return c;
   }();
   if (calls.get_module == nullptr || calls.function_count == nullptr ||

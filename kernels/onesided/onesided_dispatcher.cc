@@ -125,12 +125,9 @@ absl::StatusOr<std::unique_ptr<OneSidedDispatcher>> OneSidedDispatcher::Create(
         absl::StrFormat("sm_budget: expected <= the %d multiprocessors of CUDA device %d, got %d",
                         d->sm_count_, d->device_, options.sm_budget));
   }
-  RETURN_IF_ERROR(PreloadOsKernels());
-  // Every other kernel a step may launch too (kernels/kernel_preload.h).
+  // Every kernel a step may launch, the engine's unpack and the fp8
+  // dequantizer included, before any can spin (kernels/kernel_preload.h).
   RETURN_IF_ERROR(PreloadStepKernels());
-  // An engine's dispatch past the fused sizes unpacks in a kernel of its own.
-  RETURN_IF_ERROR(PreloadUnpackReceived());
-  if (fp8) RETURN_IF_ERROR(PreloadFp8DispatchKernels());
   RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&d->stream_, cudaStreamNonBlocking),
                              "cudaStreamCreateWithFlags"));
   RETURN_IF_ERROR(

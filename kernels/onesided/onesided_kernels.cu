@@ -16,8 +16,6 @@
 namespace moe_ep::kernels::onesided {
 namespace {
 
-using internal::CudaStatus;
-
 constexpr int kThreads = 512;  // == kOsFusedMaxTokens: one scan lane per token
 constexpr int kWarps = kThreads / 32;
 constexpr int kRouteThreads = 512;
@@ -990,26 +988,6 @@ const void* OsFirstDispatchKernel(int64_t r, int ep_size, int64_t hidden, int to
   if (ce || !OsDispatchFused(r, ep_size)) return reinterpret_cast<const void*>(&OsRouteKernel);
   return vec16 ? reinterpret_cast<const void*>(&OsSendKernel<true, uint4>)
                : reinterpret_cast<const void*>(&OsSendKernel<true, uint2>);
-}
-
-absl::Status PreloadOsKernels() {
-  const void* kernels[] = {
-      reinterpret_cast<const void*>(&OsRouteKernel),
-      reinterpret_cast<const void*>(&OsSendKernel<true, uint4>),
-      reinterpret_cast<const void*>(&OsSendKernel<true, uint2>),
-      reinterpret_cast<const void*>(&OsSendKernel<false, uint4>),
-      reinterpret_cast<const void*>(&OsSendKernel<false, uint2>),
-      reinterpret_cast<const void*>(&OsCombineKernel<false, uint4>),
-      reinterpret_cast<const void*>(&OsCombineKernel<true, uint4>),
-      reinterpret_cast<const void*>(&OsCombineKernel<true, uint2>),
-      reinterpret_cast<const void*>(&OsIdentityRowsKernel<uint4>),
-      reinterpret_cast<const void*>(&OsIdentityRowsKernel<uint2>),
-  };
-  for (const void* k : kernels) {
-    cudaFuncAttributes attr;
-    RETURN_IF_ERROR(CudaStatus(cudaFuncGetAttributes(&attr, k), "cudaFuncGetAttributes"));
-  }
-  return absl::OkStatus();
 }
 
 namespace {

@@ -347,13 +347,6 @@ inline bool OsDispatchFused(int64_t r, int ep_size) {
 const void* OsFirstDispatchKernel(int64_t r, int ep_size, int64_t hidden, int top_k,
                                   bool ce = false);
 
-// Loads every kernel of this file (cudaFuncGetAttributes), so that CUDA's
-// lazy module loading never happens on the step path: a first launch that
-// loads a module waits for the device, and with ranks as threads a peer's
-// kernel may be spinning for this rank (a stall until the timeout).
-// Errors: kInternal (CUDA).
-absl::Status PreloadOsKernels();
-
 // Enqueues the dispatch: for small R one kernel (route fused in), else the
 // route kernel then the send kernel. The first kernel writes local.header
 // from p.step and advances local.seq. The copy-engine path (p.ce) instead

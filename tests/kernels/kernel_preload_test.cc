@@ -26,7 +26,7 @@ TEST(KernelPreload, WithoutADeviceTheErrorNamesTheCall) {
 // On a GPU: after the preload no kernel of any step-path module is left
 // unloaded, and the modules hold more kernels than their anchors (the
 // enumeration reached the template instantiations, e.g. the one-sided unit's
-// ten that PreloadOsKernels lists by hand).
+// ten dispatch, combine and identity variants).
 TEST(KernelPreload, EveryStepKernelIsLoaded) {
   if (VisibleDeviceCount() < 1) GTEST_SKIP() << "needs a CUDA device";
   ASSERT_TRUE(SetDevice(0).ok());
